@@ -1,0 +1,233 @@
+//! The demo merchant the local gateway creates on first start, its keys
+//! (kept in `demo-keys.json` so restarts print the same ones) and optional
+//! sample payments.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use shared::AppState;
+use shared::domain::account::{
+    self, ApiKey, KeyKind, NewKey, Plan, Project, Scope, hash_secret, mode_of_secret,
+};
+use shared::domain::payments::{self, Payment, PaymentStatus};
+use shared::domain::record::{from_item, to_item};
+use shared::domain::{Mode, Provider};
+use shared::ids::{IdKind, new_id};
+use shared::money::{Currency, Paisa};
+use shared::store::{Cond, Key, StoreError, Update};
+
+/// `demo-keys.json`: the secrets of the demo keys, for scripts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DemoKeys {
+    pub sandbox: String,
+    pub live: String,
+}
+
+/// What the store remembers about the demo merchant.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DemoAccount {
+    pub merchant_id: String,
+    pub project_id: String,
+    #[serde(default)]
+    pub payments_seeded: bool,
+    #[serde(skip)]
+    pub keys: DemoKeys,
+}
+
+fn marker_key() -> Key {
+    Key::new("DEMO", "DEMO")
+}
+
+/// Creates the demo merchant, project and keys on first start; later
+/// starts reuse them. Keys whose secrets were lost (file deleted) are
+/// replaced by new ones.
+pub async fn bootstrap(state: &AppState, keys_file: &Path) -> Result<DemoAccount, String> {
+    let store = &*state.store;
+    let now = state.clock.now();
+    let err = |e: StoreError| format!("demo setup failed: {e}");
+
+    let mut demo: DemoAccount = match store.get(&marker_key()).await.map_err(err)? {
+        Some(item) => from_item(item).map_err(err)?,
+        None => {
+            let merchant = account::create_merchant(
+                store,
+                now,
+                "Himalayan Java Demo",
+                "owner@himalayan-java.example",
+                Plan::Growth,
+            )
+            .await
+            .map_err(err)?;
+            let project = account::create_project(store, now, &merchant, "Demo shop", true)
+                .await
+                .map_err(err)?;
+            let demo = DemoAccount {
+                merchant_id: merchant.id,
+                project_id: project.id,
+                payments_seeded: false,
+                keys: DemoKeys::default(),
+            };
+            let item = to_item(&demo, &marker_key(), &[]).map_err(err)?;
+            store.put(item, Some(Cond::NotExists)).await.map_err(err)?;
+            demo
+        }
+    };
+
+    let saved: Option<DemoKeys> = std::fs::read_to_string(keys_file)
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok());
+    let mut keys = DemoKeys::default();
+    let mut changed = false;
+    for mode in [Mode::Sandbox, Mode::Live] {
+        let remembered = saved.as_ref().map(|k| match mode {
+            Mode::Sandbox => k.sandbox.clone(),
+            Mode::Live => k.live.clone(),
+        });
+        let usable = match remembered {
+            Some(secret) if mode_of_secret(&secret) == Some(mode) => {
+                let known = store
+                    .get(&ApiKey::key_for_hash(&hash_secret(&secret)))
+                    .await
+                    .map_err(err)?;
+                known.map(|_| secret)
+            }
+            _ => None,
+        };
+        let secret = match usable {
+            Some(secret) => secret,
+            None => {
+                changed = true;
+                issue_demo_key(state, &demo.project_id, mode)
+                    .await
+                    .map_err(err)?
+            }
+        };
+        match mode {
+            Mode::Sandbox => keys.sandbox = secret,
+            Mode::Live => keys.live = secret,
+        }
+    }
+    if changed || saved.is_none() {
+        write_keys_file(keys_file, &keys)?;
+    }
+    demo.keys = keys;
+    Ok(demo)
+}
+
+async fn issue_demo_key(
+    state: &AppState,
+    project_id: &str,
+    mode: Mode,
+) -> Result<String, StoreError> {
+    let store = &*state.store;
+    let project: Project = match store.get(&Project::key(project_id)).await? {
+        Some(item) => from_item(item)?,
+        None => {
+            return Err(StoreError::Backend(format!(
+                "demo project {project_id} is missing"
+            )));
+        }
+    };
+    let new = NewKey {
+        mode,
+        kind: KeyKind::Secret,
+        scopes: Scope::ALL.to_vec(),
+        description: format!("Local demo key ({})", mode.as_str()),
+        expires_at: None,
+        spend_cap_paisa: None,
+    };
+    let (secret, _) = account::issue_api_key(store, state.clock.now(), &project, new).await?;
+    Ok(secret)
+}
+
+fn write_keys_file(path: &Path, keys: &DemoKeys) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(keys).map_err(|e| e.to_string())?;
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, text + "\n")
+        .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600));
+    }
+    std::fs::rename(&tmp, path).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// Seeds sample payments in both modes, once. Returns how many it wrote.
+pub async fn seed_payments(state: &AppState, demo: &DemoAccount) -> Result<usize, StoreError> {
+    if demo.payments_seeded {
+        return Ok(0);
+    }
+    let store = &*state.store;
+    let now = state.clock.now();
+    let samples: [(Provider, i64, PaymentStatus, Option<&str>); 8] = [
+        (Provider::Esewa, 150_000, PaymentStatus::Success, None),
+        (Provider::Khalti, 45_000, PaymentStatus::Success, None),
+        (
+            Provider::Fonepay,
+            80_000,
+            PaymentStatus::Failed,
+            Some("Customer did not complete the QR payment"),
+        ),
+        (Provider::Khalti, 12_000, PaymentStatus::Pending, None),
+        (Provider::Esewa, 250_000, PaymentStatus::Refunded, None),
+        (
+            Provider::Khalti,
+            99_900,
+            PaymentStatus::Cancelled,
+            Some("Customer cancelled at the provider"),
+        ),
+        (Provider::Esewa, 30_000, PaymentStatus::Processing, None),
+        (Provider::Fonepay, 60_000, PaymentStatus::Success, None),
+    ];
+    let customers = [
+        ("Sita Sharma", "sita@example.com", "9841000001"),
+        ("Bikash Gurung", "bikash@example.com", "9801000002"),
+        ("Anjali Thapa", "anjali@example.com", "9761000003"),
+    ];
+    let mut written = 0;
+    for mode in [Mode::Sandbox, Mode::Live] {
+        for (i, (provider, amount, status, reason)) in samples.iter().enumerate() {
+            let created = now.plus(chrono::Duration::minutes(i as i64 - samples.len() as i64));
+            let (name, email, phone) = customers[i % customers.len()];
+            let mut metadata = Map::new();
+            metadata.insert("order_id".into(), json!(format!("ORD-{}", 1001 + i)));
+            let paid = matches!(status, PaymentStatus::Success | PaymentStatus::Refunded);
+            let payment = Payment {
+                id: new_id(IdKind::Payment),
+                project_id: demo.project_id.clone(),
+                checkout_session_id: new_id(IdKind::CheckoutSession),
+                mode,
+                amount: Paisa::new(*amount).unwrap_or_default(),
+                amount_refunded: if *status == PaymentStatus::Refunded {
+                    Paisa::new(*amount).unwrap_or_default()
+                } else {
+                    Paisa::ZERO
+                },
+                currency: Currency::Npr,
+                provider: *provider,
+                status: *status,
+                provider_ref: paid
+                    .then(|| format!("{}-DEMO-{}", provider.as_str().to_uppercase(), 5000 + i)),
+                failure_reason: reason.map(str::to_owned),
+                metadata,
+                customer_name: Some(name.into()),
+                customer_email: Some(email.into()),
+                customer_phone: Some(phone.into()),
+                created_at: created,
+                updated_at: created,
+            };
+            payments::insert(store, &payment).await?;
+            written += 1;
+        }
+    }
+    store
+        .update(
+            &marker_key(),
+            Update::new().set("payments_seeded", Value::Bool(true)),
+            Some(Cond::Exists),
+        )
+        .await?;
+    Ok(written)
+}

@@ -1,0 +1,38 @@
+//! `cargo run`: the whole gateway on one laptop.
+
+use std::process::ExitCode;
+
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let settings = match dhukuti::Settings::from_env_and_args(&args) {
+        Ok(s) => s,
+        Err(msg) => {
+            eprintln!("{msg}");
+            return ExitCode::from(2);
+        }
+    };
+    let data_dir = settings.data_dir.clone();
+    let running = match dhukuti::start(settings).await {
+        Ok(r) => r,
+        Err(msg) => {
+            eprintln!("dhukuti: {msg}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("{}", dhukuti::banner(&running, &data_dir));
+    match running.until_signal().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dhukuti: server error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

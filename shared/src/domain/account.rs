@@ -1,0 +1,734 @@
+//! Merchants, projects and API keys: who is calling, in which mode, with
+//! which scopes, and the account context they see.
+//!
+//! Secret keys are stored only as SHA-256 hashes, looked up by hash and
+//! compared in constant time. A key belongs to one project and one mode.
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::Mode;
+use super::record::{from_item, to_item};
+use crate::ids::{IdKind, new_id};
+use crate::store::{Cond, Index, Key, Store, StoreError};
+use crate::time::Timestamp;
+
+/// What a key may do. Unknown scope strings in storage are ignored, so a
+/// newer scope never breaks an older reader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scope {
+    AccountRead,
+    PaymentsRead,
+    PaymentsWrite,
+    LinksRead,
+    LinksWrite,
+    SessionsRead,
+    AnalyticsRead,
+    PiiRead,
+    InvoicesRead,
+    InvoicesWrite,
+    RefundsRead,
+    RefundsWrite,
+    WebhooksRead,
+    WebhooksWrite,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 14] = [
+        Scope::AccountRead,
+        Scope::PaymentsRead,
+        Scope::PaymentsWrite,
+        Scope::LinksRead,
+        Scope::LinksWrite,
+        Scope::SessionsRead,
+        Scope::AnalyticsRead,
+        Scope::PiiRead,
+        Scope::InvoicesRead,
+        Scope::InvoicesWrite,
+        Scope::RefundsRead,
+        Scope::RefundsWrite,
+        Scope::WebhooksRead,
+        Scope::WebhooksWrite,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::AccountRead => "account:read",
+            Scope::PaymentsRead => "payments:read",
+            Scope::PaymentsWrite => "payments:write",
+            Scope::LinksRead => "links:read",
+            Scope::LinksWrite => "links:write",
+            Scope::SessionsRead => "sessions:read",
+            Scope::AnalyticsRead => "analytics:read",
+            Scope::PiiRead => "pii:read",
+            Scope::InvoicesRead => "invoices:read",
+            Scope::InvoicesWrite => "invoices:write",
+            Scope::RefundsRead => "refunds:read",
+            Scope::RefundsWrite => "refunds:write",
+            Scope::WebhooksRead => "webhooks:read",
+            Scope::WebhooksWrite => "webhooks:write",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Scope> {
+        Scope::ALL.into_iter().find(|scope| scope.as_str() == s)
+    }
+}
+
+/// The merchant's subscription plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Plan {
+    Free,
+    Growth,
+    Pro,
+}
+
+impl Plan {
+    /// Live SMS reminders a month (spec: Free 0, Growth 200, Pro 1,000).
+    pub fn sms_monthly_quota(self) -> u32 {
+        match self {
+            Plan::Free => 0,
+            Plan::Growth => 200,
+            Plan::Pro => 1000,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Suspension {
+    pub suspended_at: Timestamp,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pause {
+    pub paused_at: Timestamp,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Merchant {
+    pub id: String,
+    pub name: String,
+    pub email: String,
+    pub plan: Plan,
+    #[serde(default)]
+    pub suspension: Option<Suspension>,
+    pub created_at: Timestamp,
+}
+
+impl Merchant {
+    pub fn key(id: &str) -> Key {
+        Key::new(format!("MER#{id}"), "MER")
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Project {
+    pub id: String,
+    pub merchant_id: String,
+    pub name: String,
+    /// Whether live one-time invoices are enabled (sandbox always is).
+    #[serde(default)]
+    pub live_invoicing: bool,
+    pub created_at: Timestamp,
+}
+
+impl Project {
+    pub fn key(id: &str) -> Key {
+        Key::new(format!("PROJ#{id}"), "PROJ")
+    }
+}
+
+/// `secret` keys hold every scope they list for a server; `restricted`
+/// keys are narrowed to a few scopes for one job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyKind {
+    Secret,
+    Restricted,
+}
+
+/// A stored API key. The secret itself is never stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiKey {
+    pub id: String,
+    /// Hex SHA-256 of the secret.
+    pub key_hash: String,
+    pub merchant_id: String,
+    pub project_id: String,
+    pub mode: Mode,
+    pub kind: KeyKind,
+    pub scopes: Vec<String>,
+    #[serde(default)]
+    pub description: String,
+    /// First 12 characters of the secret, e.g. `sk_test_AbCd`.
+    pub prefix: String,
+    /// Last 4 characters of the secret.
+    pub hint: String,
+    #[serde(default)]
+    pub expires_at: Option<Timestamp>,
+    #[serde(default)]
+    pub last_used_at: Option<Timestamp>,
+    #[serde(default)]
+    pub spend_cap_paisa: Option<i64>,
+    #[serde(default)]
+    pub pause: Option<Pause>,
+    pub created_at: Timestamp,
+}
+
+impl ApiKey {
+    pub fn key_for_hash(hash_hex: &str) -> Key {
+        Key::new(format!("AKEY#{hash_hex}"), "AKEY")
+    }
+
+    pub fn has_scope(&self, scope: Scope) -> bool {
+        self.scopes.iter().any(|s| s == scope.as_str())
+    }
+}
+
+/// Random characters after the mode prefix of a secret key.
+pub const SECRET_RANDOM_LEN: usize = 40;
+const SECRET_MIN_RANDOM_LEN: usize = 32;
+const SECRET_MAX_LEN: usize = 128;
+
+/// Hex SHA-256 of a secret key, the only form in which keys are stored.
+pub fn hash_secret(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+/// The mode a secret's prefix claims, if it is shaped like one of our keys.
+pub fn mode_of_secret(secret: &str) -> Option<Mode> {
+    let (mode, rest) = if let Some(rest) = secret.strip_prefix("sk_test_") {
+        (Mode::Sandbox, rest)
+    } else if let Some(rest) = secret.strip_prefix("sk_live_") {
+        (Mode::Live, rest)
+    } else {
+        return None;
+    };
+    let well_formed = rest.len() >= SECRET_MIN_RANDOM_LEN
+        && secret.len() <= SECRET_MAX_LEN
+        && rest.bytes().all(|b| b.is_ascii_alphanumeric());
+    well_formed.then_some(mode)
+}
+
+/// Who is calling: the key and its merchant, both read for every request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Principal {
+    pub key: ApiKey,
+    pub merchant: Merchant,
+}
+
+impl Principal {
+    pub fn mode(&self) -> Mode {
+        self.key.mode
+    }
+    pub fn project_id(&self) -> &str {
+        &self.key.project_id
+    }
+}
+
+/// Why a caller was turned away.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AuthError {
+    /// No `Authorization: Bearer …` header.
+    Missing,
+    /// Not shaped like a key, unknown, revoked or for the other mode.
+    Invalid,
+    Expired,
+    Suspended(Suspension),
+    Paused(Pause),
+    Store(StoreError),
+}
+
+/// Checks the bearer secret of a request: two store reads (the key by its
+/// hash, then its merchant).
+pub async fn authenticate(
+    store: &dyn Store,
+    now: Timestamp,
+    secret: &str,
+) -> Result<Principal, AuthError> {
+    let Some(claimed_mode) = mode_of_secret(secret) else {
+        return Err(AuthError::Invalid);
+    };
+    let hash = hash_secret(secret);
+    let item = store
+        .get(&ApiKey::key_for_hash(&hash))
+        .await
+        .map_err(AuthError::Store)?
+        .ok_or(AuthError::Invalid)?;
+    let key: ApiKey = from_item(item).map_err(AuthError::Store)?;
+    // The lookup was by hash already; the constant-time compare keeps the
+    // check itself free of timing signals whatever the store does.
+    let same: bool = key.key_hash.as_bytes().ct_eq(hash.as_bytes()).into();
+    if !same || key.mode != claimed_mode {
+        return Err(AuthError::Invalid);
+    }
+    if key.expires_at.is_some_and(|t| t <= now) {
+        return Err(AuthError::Expired);
+    }
+    let merchant: Merchant = match store.get(&Merchant::key(&key.merchant_id)).await {
+        Ok(Some(item)) => from_item(item).map_err(AuthError::Store)?,
+        Ok(None) => return Err(AuthError::Invalid),
+        Err(e) => return Err(AuthError::Store(e)),
+    };
+    if let Some(s) = &merchant.suspension {
+        return Err(AuthError::Suspended(s.clone()));
+    }
+    if let Some(p) = &key.pause {
+        return Err(AuthError::Paused(p.clone()));
+    }
+    Ok(Principal { key, merchant })
+}
+
+/// Creates a merchant.
+pub async fn create_merchant(
+    store: &dyn Store,
+    now: Timestamp,
+    name: &str,
+    email: &str,
+    plan: Plan,
+) -> Result<Merchant, StoreError> {
+    let merchant = Merchant {
+        id: new_id(IdKind::Merchant),
+        name: name.to_owned(),
+        email: email.to_owned(),
+        plan,
+        suspension: None,
+        created_at: now,
+    };
+    let item = to_item(&merchant, &Merchant::key(&merchant.id), &[])?;
+    store.put(item, Some(Cond::NotExists)).await?;
+    Ok(merchant)
+}
+
+/// Creates a project of `merchant`.
+pub async fn create_project(
+    store: &dyn Store,
+    now: Timestamp,
+    merchant: &Merchant,
+    name: &str,
+    live_invoicing: bool,
+) -> Result<Project, StoreError> {
+    let project = Project {
+        id: new_id(IdKind::Project),
+        merchant_id: merchant.id.clone(),
+        name: name.to_owned(),
+        live_invoicing,
+        created_at: now,
+    };
+    let item = to_item(&project, &Project::key(&project.id), &[])?;
+    store.put(item, Some(Cond::NotExists)).await?;
+    Ok(project)
+}
+
+/// What a new key may do and how it is labelled.
+#[derive(Clone, Debug)]
+pub struct NewKey {
+    pub mode: Mode,
+    pub kind: KeyKind,
+    pub scopes: Vec<Scope>,
+    pub description: String,
+    pub expires_at: Option<Timestamp>,
+    pub spend_cap_paisa: Option<i64>,
+}
+
+/// Mints a key for `project`. Returns the secret (shown once, never
+/// stored) and the stored record.
+pub async fn issue_api_key(
+    store: &dyn Store,
+    now: Timestamp,
+    project: &Project,
+    new: NewKey,
+) -> Result<(String, ApiKey), StoreError> {
+    let random: String = rand::rng()
+        .sample_iter(rand::distr::Alphanumeric)
+        .take(SECRET_RANDOM_LEN)
+        .map(char::from)
+        .collect();
+    let secret = format!("{}{random}", new.mode.key_prefix());
+    let hash = hash_secret(&secret);
+    let key = ApiKey {
+        id: new_id(IdKind::ApiKey),
+        key_hash: hash.clone(),
+        merchant_id: project.merchant_id.clone(),
+        project_id: project.id.clone(),
+        mode: new.mode,
+        kind: new.kind,
+        scopes: new.scopes.iter().map(|s| s.as_str().to_owned()).collect(),
+        description: new.description,
+        prefix: secret.chars().take(12).collect(),
+        hint: secret[secret.len() - 4..].to_owned(),
+        expires_at: new.expires_at,
+        last_used_at: None,
+        spend_cap_paisa: new.spend_cap_paisa,
+        pause: None,
+        created_at: now,
+    };
+    let index = (
+        Index::Gsi1,
+        format!("PROJ#{}#AKEYS", project.id),
+        key.id.clone(),
+    );
+    let item = to_item(&key, &ApiKey::key_for_hash(&hash), &[index])?;
+    store.put(item, Some(Cond::NotExists)).await?;
+    Ok((secret, key))
+}
+
+/// Suspends a merchant: every call of its keys answers 403 from now on.
+pub async fn suspend_merchant(
+    store: &dyn Store,
+    merchant_id: &str,
+    suspension: Suspension,
+) -> Result<(), StoreError> {
+    let value =
+        serde_json::to_value(&suspension).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let update = crate::store::Update::new().set("suspension", value);
+    store
+        .update(&Merchant::key(merchant_id), update, Some(Cond::Exists))
+        .await
+        .map(|_| ())
+}
+
+/// Pauses one key: its calls answer 423 until resumed.
+pub async fn pause_api_key(
+    store: &dyn Store,
+    key: &ApiKey,
+    pause: Pause,
+) -> Result<(), StoreError> {
+    let value = serde_json::to_value(&pause).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let update = crate::store::Update::new().set("pause", value);
+    store
+        .update(
+            &ApiKey::key_for_hash(&key.key_hash),
+            update,
+            Some(Cond::Exists),
+        )
+        .await
+        .map(|_| ())
+}
+
+/// `r***@example.com`: the first character and the domain, so a merchant
+/// recognises the address without the key exposing it.
+pub fn mask_email(email: &str) -> String {
+    match email.split_once('@') {
+        Some((local, domain)) if !local.is_empty() && !domain.is_empty() => {
+            let first: String = local.chars().take(1).collect();
+            format!("{first}***@{domain}")
+        }
+        _ => "***".to_owned(),
+    }
+}
+
+/// `GET /v1/account`, snake_case as the spec writes it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct AccountView {
+    pub merchant: MerchantView,
+    pub project: ProjectView,
+    pub api_key: ApiKeyView,
+    pub plan: Plan,
+    pub entitlements: Entitlements,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct MerchantView {
+    pub id: String,
+    pub name: String,
+    pub email: String,
+    pub created_at: Timestamp,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ProjectView {
+    pub id: String,
+    pub name: String,
+    pub mode: Mode,
+    pub created_at: Timestamp,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ApiKeyView {
+    pub id: String,
+    pub prefix: String,
+    pub hint: String,
+    pub kind: KeyKind,
+    pub scopes: Vec<String>,
+    pub description: String,
+    pub expires_at: Option<Timestamp>,
+    pub last_used_at: Option<Timestamp>,
+    pub spend_cap_paisa: Option<i64>,
+}
+
+/// What the plan and the project allow.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Entitlements {
+    pub live_invoicing: bool,
+    pub sms_monthly_quota: u32,
+    pub sandbox_fonepay_max_payment_paisa: i64,
+    pub sandbox_fonepay_max_month_paisa: i64,
+}
+
+/// Sandbox fonepay caps (spec: NPR 1,000 a payment, NPR 5,000 a month).
+pub const SANDBOX_FONEPAY_MAX_PAYMENT_PAISA: i64 = 100_000;
+pub const SANDBOX_FONEPAY_MAX_MONTH_PAISA: i64 = 500_000;
+
+/// The account context of the calling key: one more store read (the
+/// project) on top of authentication.
+pub async fn account_view(store: &dyn Store, who: &Principal) -> Result<AccountView, StoreError> {
+    let project: Project = match store.get(&Project::key(&who.key.project_id)).await? {
+        Some(item) => from_item(item)?,
+        None => {
+            return Err(StoreError::Backend(format!(
+                "project {} of key {} is missing",
+                who.key.project_id, who.key.id
+            )));
+        }
+    };
+    let email = if who.key.has_scope(Scope::PiiRead) {
+        who.merchant.email.clone()
+    } else {
+        mask_email(&who.merchant.email)
+    };
+    let key = &who.key;
+    Ok(AccountView {
+        merchant: MerchantView {
+            id: who.merchant.id.clone(),
+            name: who.merchant.name.clone(),
+            email,
+            created_at: who.merchant.created_at,
+        },
+        project: ProjectView {
+            id: project.id.clone(),
+            name: project.name.clone(),
+            mode: key.mode,
+            created_at: project.created_at,
+        },
+        api_key: ApiKeyView {
+            id: key.id.clone(),
+            prefix: key.prefix.clone(),
+            hint: key.hint.clone(),
+            kind: key.kind,
+            scopes: key.scopes.clone(),
+            description: key.description.clone(),
+            expires_at: key.expires_at,
+            last_used_at: key.last_used_at,
+            spend_cap_paisa: key.spend_cap_paisa,
+        },
+        plan: who.merchant.plan,
+        entitlements: Entitlements {
+            live_invoicing: project.live_invoicing,
+            sms_monthly_quota: who.merchant.plan.sms_monthly_quota(),
+            sandbox_fonepay_max_payment_paisa: SANDBOX_FONEPAY_MAX_PAYMENT_PAISA,
+            sandbox_fonepay_max_month_paisa: SANDBOX_FONEPAY_MAX_MONTH_PAISA,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+    use crate::time::{Clock, SystemClock};
+    use std::sync::Arc;
+
+    fn store() -> Arc<dyn Store> {
+        match EmbeddedStore::in_memory() {
+            Ok(s) => Arc::new(s),
+            Err(e) => panic!("in-memory store: {e}"),
+        }
+    }
+
+    fn all_scopes(mode: Mode) -> NewKey {
+        NewKey {
+            mode,
+            kind: KeyKind::Secret,
+            scopes: Scope::ALL.to_vec(),
+            description: "test".into(),
+            expires_at: None,
+            spend_cap_paisa: None,
+        }
+    }
+
+    async fn setup(store: &dyn Store) -> (Merchant, Project) {
+        let now = SystemClock.now();
+        let m = create_merchant(
+            store,
+            now,
+            "Himal Traders",
+            "ramesh@himal.example",
+            Plan::Growth,
+        )
+        .await;
+        let Ok(m) = m else { panic!("merchant") };
+        let Ok(p) = create_project(store, now, &m, "Main shop", false).await else {
+            panic!("project")
+        };
+        (m, p)
+    }
+
+    #[test]
+    fn secret_shapes() {
+        let good = format!("sk_test_{}", "a".repeat(32));
+        assert_eq!(mode_of_secret(&good), Some(Mode::Sandbox));
+        assert_eq!(
+            mode_of_secret(&format!("sk_live_{}", "Z9".repeat(20))),
+            Some(Mode::Live)
+        );
+        for bad in [
+            "",
+            "sk_test_",
+            "sk_test_short",
+            "pk_test_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        ] {
+            assert_eq!(mode_of_secret(bad), None, "{bad}");
+        }
+        assert_eq!(
+            mode_of_secret(&format!("sk_test_{}-", "a".repeat(32))),
+            None
+        );
+        assert_eq!(
+            mode_of_secret(&format!("sk_test_{}", "a".repeat(200))),
+            None
+        );
+    }
+
+    #[test]
+    fn emails_are_masked() {
+        assert_eq!(mask_email("ramesh@himal.example"), "r***@himal.example");
+        assert_eq!(mask_email("r@x.np"), "r***@x.np");
+        assert_eq!(mask_email("not-an-email"), "***");
+        assert_eq!(mask_email("@x.np"), "***");
+    }
+
+    #[test]
+    fn scopes_round_trip() {
+        for s in Scope::ALL {
+            assert_eq!(Scope::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(Scope::parse("payments:delete"), None);
+    }
+
+    #[tokio::test]
+    async fn keys_are_stored_only_as_hashes() {
+        let store = store();
+        let (_, p) = setup(&*store).await;
+        let Ok((secret, key)) =
+            issue_api_key(&*store, SystemClock.now(), &p, all_scopes(Mode::Sandbox)).await
+        else {
+            panic!("issue")
+        };
+        assert!(secret.starts_with("sk_test_"));
+        assert_eq!(key.prefix, &secret[..12]);
+        assert_eq!(key.hint, &secret[secret.len() - 4..]);
+        let item = store
+            .get(&ApiKey::key_for_hash(&hash_secret(&secret)))
+            .await;
+        let text = serde_json::to_string(&item.ok().flatten()).unwrap_or_default();
+        assert!(
+            !text.contains(&secret),
+            "the secret itself must never be stored"
+        );
+        assert!(text.contains(&hash_secret(&secret)));
+    }
+
+    #[tokio::test]
+    async fn authentication_checks_key_mode_expiry_suspension_and_pause() {
+        let store = store();
+        let now = SystemClock.now();
+        let (m, p) = setup(&*store).await;
+        let Ok((secret, key)) = issue_api_key(&*store, now, &p, all_scopes(Mode::Live)).await
+        else {
+            panic!("issue")
+        };
+        let who = authenticate(&*store, now, &secret).await;
+        assert_eq!(who.as_ref().map(|w| w.mode()), Ok(Mode::Live));
+
+        // Same random part, other mode: a different key, unknown.
+        let other_mode = secret.replacen("sk_live_", "sk_test_", 1);
+        assert_eq!(
+            authenticate(&*store, now, &other_mode).await,
+            Err(AuthError::Invalid)
+        );
+        // Unknown and malformed keys.
+        let unknown = format!("sk_live_{}", "x".repeat(40));
+        assert_eq!(
+            authenticate(&*store, now, &unknown).await,
+            Err(AuthError::Invalid)
+        );
+        assert_eq!(
+            authenticate(&*store, now, "garbage").await,
+            Err(AuthError::Invalid)
+        );
+
+        // Expired.
+        let mut expiring = all_scopes(Mode::Sandbox);
+        expiring.expires_at = Some(now.plus(chrono::Duration::seconds(1)));
+        let Ok((exp_secret, _)) = issue_api_key(&*store, now, &p, expiring).await else {
+            panic!()
+        };
+        assert!(authenticate(&*store, now, &exp_secret).await.is_ok());
+        let later = now.plus(chrono::Duration::seconds(2));
+        assert_eq!(
+            authenticate(&*store, later, &exp_secret).await,
+            Err(AuthError::Expired)
+        );
+
+        // Paused key.
+        let pause = Pause {
+            paused_at: now,
+            reason: "rotating".into(),
+        };
+        assert!(pause_api_key(&*store, &key, pause.clone()).await.is_ok());
+        assert_eq!(
+            authenticate(&*store, now, &secret).await,
+            Err(AuthError::Paused(pause))
+        );
+
+        // Suspension wins over everything else the key says.
+        let s = Suspension {
+            suspended_at: now,
+            reason: "chargeback review".into(),
+        };
+        assert!(suspend_merchant(&*store, &m.id, s.clone()).await.is_ok());
+        assert_eq!(
+            authenticate(&*store, now, &secret).await,
+            Err(AuthError::Suspended(s))
+        );
+    }
+
+    #[tokio::test]
+    async fn account_view_masks_email_without_pii_scope() {
+        let store = store();
+        let now = SystemClock.now();
+        let (_, p) = setup(&*store).await;
+        let mut narrow = all_scopes(Mode::Sandbox);
+        narrow.scopes = vec![Scope::AccountRead];
+        narrow.kind = KeyKind::Restricted;
+        let Ok((s1, _)) = issue_api_key(&*store, now, &p, narrow).await else {
+            panic!()
+        };
+        let Ok((s2, _)) = issue_api_key(&*store, now, &p, all_scopes(Mode::Sandbox)).await else {
+            panic!()
+        };
+        let Ok(w1) = authenticate(&*store, now, &s1).await else {
+            panic!()
+        };
+        let Ok(w2) = authenticate(&*store, now, &s2).await else {
+            panic!()
+        };
+        let Ok(v1) = account_view(&*store, &w1).await else {
+            panic!()
+        };
+        let Ok(v2) = account_view(&*store, &w2).await else {
+            panic!()
+        };
+        assert_eq!(v1.merchant.email, "r***@himal.example");
+        assert_eq!(v2.merchant.email, "ramesh@himal.example");
+        assert_eq!(v1.api_key.kind, KeyKind::Restricted);
+        assert_eq!(v1.project.mode, Mode::Sandbox);
+        assert_eq!(v2.entitlements.sms_monthly_quota, 200);
+    }
+}

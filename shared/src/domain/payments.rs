@@ -1,0 +1,292 @@
+//! Payments: one per attempt at a provider. Read here; written by checkout.
+//!
+//! Stored at `PAY#<id>` (so a provider callback finds it by id alone) and
+//! listed through `gsi1` on `PROJ#<project>#<mode>#PAY`, newest first
+//! because ids sort by time.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::record::{from_item, to_item};
+use super::{Mode, Provider};
+use crate::ids::{self, IdKind};
+use crate::money::{Currency, Paisa};
+use crate::store::{Cond, Index, Key, Query, Store, StoreError, query_window};
+use crate::time::Timestamp;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PaymentStatus {
+    Pending,
+    Processing,
+    Success,
+    Failed,
+    Refunded,
+    Cancelled,
+}
+
+/// A stored payment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Payment {
+    pub id: String,
+    pub project_id: String,
+    pub checkout_session_id: String,
+    pub mode: Mode,
+    pub amount: Paisa,
+    #[serde(default)]
+    pub amount_refunded: Paisa,
+    pub currency: Currency,
+    pub provider: Provider,
+    pub status: PaymentStatus,
+    #[serde(default)]
+    pub provider_ref: Option<String>,
+    #[serde(default)]
+    pub failure_reason: Option<String>,
+    #[serde(default)]
+    pub metadata: Map<String, Value>,
+    #[serde(default)]
+    pub customer_name: Option<String>,
+    #[serde(default)]
+    pub customer_email: Option<String>,
+    #[serde(default)]
+    pub customer_phone: Option<String>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl Payment {
+    pub fn key(id: &str) -> Key {
+        Key::new(format!("PAY#{id}"), "PAY")
+    }
+
+    fn list_partition(project_id: &str, mode: Mode) -> String {
+        format!("PROJ#{project_id}#{}#PAY", mode.as_str())
+    }
+
+    fn indexes(&self) -> [(Index, String, String); 1] {
+        [(
+            Index::Gsi1,
+            Payment::list_partition(&self.project_id, self.mode),
+            self.id.clone(),
+        )]
+    }
+}
+
+/// A payment as the API shows it (camelCase, as the spec writes it).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PaymentView {
+    pub id: String,
+    pub livemode: bool,
+    pub project_id: String,
+    pub checkout_session_id: String,
+    pub mode: Mode,
+    pub amount: Paisa,
+    pub amount_refunded: Paisa,
+    pub currency: Currency,
+    pub provider: Provider,
+    pub status: PaymentStatus,
+    pub provider_ref: Option<String>,
+    pub failure_reason: Option<String>,
+    pub metadata: Map<String, Value>,
+    pub customer_name: Option<String>,
+    pub customer_email: Option<String>,
+    pub customer_phone: Option<String>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl From<Payment> for PaymentView {
+    fn from(p: Payment) -> Self {
+        PaymentView {
+            livemode: p.mode.is_live(),
+            id: p.id,
+            project_id: p.project_id,
+            checkout_session_id: p.checkout_session_id,
+            mode: p.mode,
+            amount: p.amount,
+            amount_refunded: p.amount_refunded,
+            currency: p.currency,
+            provider: p.provider,
+            status: p.status,
+            provider_ref: p.provider_ref,
+            failure_reason: p.failure_reason,
+            metadata: p.metadata,
+            customer_name: p.customer_name,
+            customer_email: p.customer_email,
+            customer_phone: p.customer_phone,
+            created_at: p.created_at,
+            updated_at: p.updated_at,
+        }
+    }
+}
+
+/// Default page size of `GET /v1/payments` (decisions.md).
+pub const DEFAULT_PAGE: usize = 25;
+
+/// Stores a new payment; refuses to overwrite one.
+pub async fn insert(store: &dyn Store, payment: &Payment) -> Result<(), StoreError> {
+    let item = to_item(payment, &Payment::key(&payment.id), &payment.indexes())?;
+    store.put(item, Some(Cond::NotExists)).await
+}
+
+/// The payment `id` of `project_id` in `mode`; `None` for any other
+/// project's or mode's payment, exactly as for a missing one. One store
+/// read, none for an id that cannot exist.
+pub async fn find(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+) -> Result<Option<Payment>, StoreError> {
+    if !ids::is_valid(id, IdKind::Payment) {
+        return Ok(None);
+    }
+    let Some(item) = store.get(&Payment::key(id)).await? else {
+        return Ok(None);
+    };
+    let payment: Payment = from_item(item)?;
+    Ok((payment.project_id == project_id && payment.mode == mode).then_some(payment))
+}
+
+/// A page of the project's payments in `mode`, newest first, and the total.
+pub async fn list(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    offset: usize,
+    limit: usize,
+) -> Result<(Vec<Payment>, u64), StoreError> {
+    let query = Query::partition(Payment::list_partition(project_id, mode))
+        .on(Index::Gsi1)
+        .backward();
+    let items = query_window(store, &query, offset, limit).await?;
+    let total = store.count(&query).await?;
+    let payments = items
+        .into_iter()
+        .map(from_item)
+        .collect::<Result<Vec<Payment>, _>>()?;
+    Ok((payments, total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+    use crate::time::{Clock, SystemClock};
+    use std::sync::Arc;
+
+    fn payment(project: &str, mode: Mode, amount: i64) -> Payment {
+        let now = SystemClock.now();
+        Payment {
+            id: ids::new_id(IdKind::Payment),
+            project_id: project.into(),
+            checkout_session_id: ids::new_id(IdKind::CheckoutSession),
+            mode,
+            amount: Paisa::new(amount).unwrap_or_default(),
+            amount_refunded: Paisa::ZERO,
+            currency: Currency::Npr,
+            provider: Provider::Khalti,
+            status: PaymentStatus::Success,
+            provider_ref: Some("KTX-1".into()),
+            failure_reason: None,
+            metadata: Map::new(),
+            customer_name: None,
+            customer_email: None,
+            customer_phone: None,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
+    fn store() -> Arc<dyn Store> {
+        match EmbeddedStore::in_memory() {
+            Ok(s) => Arc::new(s),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_payment_is_visible_only_to_its_project_and_mode() {
+        let store = store();
+        let p = payment("proj_a", Mode::Sandbox, 1000);
+        assert!(insert(&*store, &p).await.is_ok());
+        let found = find(&*store, "proj_a", Mode::Sandbox, &p.id).await;
+        assert_eq!(found.ok().flatten().map(|x| x.id), Some(p.id.clone()));
+        assert_eq!(find(&*store, "proj_a", Mode::Live, &p.id).await, Ok(None));
+        assert_eq!(
+            find(&*store, "proj_b", Mode::Sandbox, &p.id).await,
+            Ok(None)
+        );
+        assert_eq!(
+            find(&*store, "proj_a", Mode::Sandbox, "pay_nope").await,
+            Ok(None)
+        );
+        // A second insert of the same id never overwrites.
+        assert!(insert(&*store, &p).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn lists_are_newest_first_with_totals() {
+        let store = store();
+        let mut ids_in_order = Vec::new();
+        for i in 0..7 {
+            let p = payment("proj_a", Mode::Live, 100 + i);
+            ids_in_order.push(p.id.clone());
+            assert!(insert(&*store, &p).await.is_ok());
+        }
+        assert!(
+            insert(&*store, &payment("proj_a", Mode::Sandbox, 5))
+                .await
+                .is_ok()
+        );
+        assert!(
+            insert(&*store, &payment("proj_b", Mode::Live, 5))
+                .await
+                .is_ok()
+        );
+        ids_in_order.reverse();
+        let Ok((page, total)) = list(&*store, "proj_a", Mode::Live, 2, 3).await else {
+            panic!()
+        };
+        assert_eq!(total, 7);
+        let got: Vec<String> = page.into_iter().map(|p| p.id).collect();
+        assert_eq!(got, ids_in_order[2..5].to_vec());
+        let Ok((tail, _)) = list(&*store, "proj_a", Mode::Live, 6, 10).await else {
+            panic!()
+        };
+        assert_eq!(tail.len(), 1);
+    }
+
+    #[test]
+    fn the_view_uses_the_spec_names() {
+        let p = payment("proj_a", Mode::Live, 2500);
+        let v = serde_json::to_value(PaymentView::from(p)).unwrap_or_default();
+        for field in [
+            "id",
+            "livemode",
+            "projectId",
+            "checkoutSessionId",
+            "mode",
+            "amount",
+            "currency",
+            "provider",
+            "status",
+            "providerRef",
+            "failureReason",
+            "metadata",
+            "customerName",
+            "customerEmail",
+            "customerPhone",
+            "createdAt",
+            "updatedAt",
+            "amountRefunded",
+        ] {
+            assert!(v.get(field).is_some(), "missing {field}");
+        }
+        assert_eq!(v["livemode"], true);
+        assert_eq!(v["mode"], "live");
+        assert_eq!(v["currency"], "NPR");
+        assert_eq!(v["status"], "success");
+    }
+}

@@ -1,0 +1,174 @@
+//! `Authorization: Bearer sk_test_…|sk_live_…` on every merchant route.
+//!
+//! Order of checks: a usable key (401) -> merchant suspended (403) -> key
+//! paused (423) -> the route's scope (403, checked by the handler through
+//! [`Auth::require`]).
+
+use axum::extract::FromRequestParts;
+use http::request::Parts;
+use http::{StatusCode, header};
+use serde_json::json;
+
+use super::error::{ApiError, ErrorType};
+use crate::app::AppState;
+use crate::domain::Mode;
+use crate::domain::account::{self, AuthError, Principal, Scope};
+
+/// The authenticated caller of a request.
+#[derive(Clone, Debug)]
+pub struct Auth(pub Principal);
+
+impl Auth {
+    /// 403 `missing_scope` unless the key holds `scope`.
+    pub fn require(&self, scope: Scope) -> Result<&Principal, ApiError> {
+        if self.0.key.has_scope(scope) {
+            Ok(&self.0)
+        } else {
+            Err(ApiError::missing_scope(scope.as_str()))
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.0.mode()
+    }
+
+    pub fn project_id(&self) -> &str {
+        self.0.project_id()
+    }
+}
+
+impl FromRequestParts<AppState> for Auth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let secret = bearer(parts)?;
+        let now = state.clock.now();
+        account::authenticate(&*state.store, now, secret)
+            .await
+            .map(Auth)
+            .map_err(auth_error)
+    }
+}
+
+fn bearer(parts: &Parts) -> Result<&str, ApiError> {
+    let Some(value) = parts.headers.get(header::AUTHORIZATION) else {
+        return Err(ApiError::api_key_invalid(
+            "No API key provided: send 'Authorization: Bearer <secret key>'",
+        ));
+    };
+    let value = value.to_str().unwrap_or_default().trim();
+    let mut parts = value.splitn(2, ' ');
+    let scheme = parts.next().unwrap_or_default();
+    let token = parts.next().unwrap_or_default().trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Err(ApiError::api_key_invalid(
+            "The Authorization header must be 'Bearer <secret key>'",
+        ));
+    }
+    Ok(token)
+}
+
+/// The one place authentication failures become answers.
+pub fn auth_error(err: AuthError) -> ApiError {
+    match err {
+        AuthError::Missing => ApiError::api_key_invalid("No API key provided"),
+        // One message for unknown, malformed and revoked keys: nothing to
+        // learn by probing.
+        AuthError::Invalid => ApiError::api_key_invalid("Invalid API key provided"),
+        AuthError::Expired => ApiError::api_key_invalid("This API key has expired"),
+        AuthError::Suspended(s) => ApiError::new(
+            StatusCode::FORBIDDEN,
+            ErrorType::AccountError,
+            "account_suspended",
+            "This merchant account is suspended; contact support",
+        )
+        .with_extra(
+            "suspension",
+            json!({"suspended_at": s.suspended_at, "reason": s.reason}),
+        ),
+        AuthError::Paused(p) => ApiError::new(
+            StatusCode::LOCKED,
+            ErrorType::AccountError,
+            "token_paused",
+            "This API key is paused",
+        )
+        .with_extra(
+            "pause",
+            json!({"paused_at": p.paused_at, "reason": p.reason}),
+        ),
+        AuthError::Store(e) => e.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::Timestamp;
+
+    fn parts(auth: Option<&str>) -> Parts {
+        let mut b = http::Request::get("/v1/account");
+        if let Some(a) = auth {
+            b = b.header(header::AUTHORIZATION, a);
+        }
+        b.body(()).unwrap_or_default().into_parts().0
+    }
+
+    #[test]
+    fn bearer_header_is_parsed_strictly() {
+        assert_eq!(
+            bearer(&parts(Some("Bearer sk_test_x"))).ok(),
+            Some("sk_test_x")
+        );
+        assert_eq!(
+            bearer(&parts(Some("bearer  sk_test_x "))).ok(),
+            Some("sk_test_x")
+        );
+        for bad in [
+            None,
+            Some("sk_test_x"),
+            Some("Basic abc"),
+            Some("Bearer "),
+            Some("Bearer"),
+        ] {
+            let e = bearer(&parts(bad)).err();
+            assert_eq!(
+                e.map(|e| (e.status, e.code)),
+                Some((StatusCode::UNAUTHORIZED, "api_key_invalid")),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn failures_map_to_the_spec_answers() {
+        let t = Timestamp::parse("2026-01-01T00:00:00Z")
+            .unwrap_or_else(|| crate::time::Clock::now(&crate::time::SystemClock));
+        let e = auth_error(AuthError::Invalid);
+        assert_eq!(
+            (e.status, e.kind, e.code),
+            (
+                StatusCode::UNAUTHORIZED,
+                ErrorType::AuthenticationError,
+                "api_key_invalid"
+            )
+        );
+        let e = auth_error(AuthError::Suspended(account::Suspension {
+            suspended_at: t,
+            reason: "r".into(),
+        }));
+        assert_eq!(
+            (e.status, e.code),
+            (StatusCode::FORBIDDEN, "account_suspended")
+        );
+        assert_eq!(
+            e.body("id")["error"]["suspension"]["suspended_at"],
+            "2026-01-01T00:00:00.000Z"
+        );
+        let e = auth_error(AuthError::Paused(account::Pause {
+            paused_at: t,
+            reason: "r".into(),
+        }));
+        assert_eq!((e.status, e.code), (StatusCode::LOCKED, "token_paused"));
+        assert_eq!(e.body("id")["error"]["pause"]["reason"], "r");
+    }
+}

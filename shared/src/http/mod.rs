@@ -1,0 +1,14 @@
+//! The HTTP edge every function shares: the error envelope, request ids and
+//! request logs, authentication and scopes, pagination and JSON input.
+
+pub mod auth;
+pub mod edge;
+pub mod error;
+pub mod input;
+pub mod pagination;
+
+pub use auth::Auth;
+pub use edge::{RequestId, with_edge};
+pub use error::{ApiError, ErrorType};
+pub use input::{JsonBody, QueryParams};
+pub use pagination::{Page, Pagination};

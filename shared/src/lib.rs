@@ -1,0 +1,18 @@
+//! Dhukuti's shared core: the rules every function runs.
+//!
+//! - [`domain`]: one module per resource (account, payments, ...), no HTTP
+//!   and no AWS types: it talks to the [`store::Store`] port only.
+//! - [`http`]: the edge every function shares: error envelope, request ids,
+//!   authentication and scopes, pagination, JSON input.
+//! - [`store`]: the storage port and its backends.
+//! - [`ids`], [`money`], [`time`]: the value types on the wire.
+
+pub mod app;
+pub mod domain;
+pub mod http;
+pub mod ids;
+pub mod money;
+pub mod store;
+pub mod time;
+
+pub use app::{AppState, Config};

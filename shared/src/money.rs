@@ -1,0 +1,128 @@
+//! Money in paisa (1 NPR = 100 paisa), as integers, never floats.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use std::fmt;
+
+/// A non-negative amount of Nepalese rupees in paisa.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct Paisa(i64);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MoneyError {
+    #[error("amount must not be negative")]
+    Negative,
+    #[error("amount is too large")]
+    Overflow,
+}
+
+impl Paisa {
+    pub const ZERO: Paisa = Paisa(0);
+
+    pub fn new(paisa: i64) -> Result<Self, MoneyError> {
+        if paisa < 0 {
+            Err(MoneyError::Negative)
+        } else {
+            Ok(Paisa(paisa))
+        }
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+
+    pub fn checked_add(self, other: Paisa) -> Result<Paisa, MoneyError> {
+        self.0
+            .checked_add(other.0)
+            .map(Paisa)
+            .ok_or(MoneyError::Overflow)
+    }
+
+    /// `self - other`, refusing to go below zero.
+    pub fn checked_sub(self, other: Paisa) -> Result<Paisa, MoneyError> {
+        match self.0.checked_sub(other.0) {
+            Some(v) if v >= 0 => Ok(Paisa(v)),
+            _ => Err(MoneyError::Negative),
+        }
+    }
+
+    /// Rupees with thousands separators, as shown to people:
+    /// `NPR 1,234.50`.
+    pub fn display_npr(self) -> String {
+        let rupees = self.0 / 100;
+        let paisa = self.0 % 100;
+        let digits = rupees.to_string();
+        let mut grouped = String::with_capacity(digits.len() + digits.len() / 3);
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                grouped.push(',');
+            }
+            grouped.push(c);
+        }
+        format!("NPR {grouped}.{paisa:02}")
+    }
+}
+
+impl fmt::Display for Paisa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.display_npr())
+    }
+}
+
+impl<'de> Deserialize<'de> for Paisa {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = i64::deserialize(d)?;
+        Paisa::new(v).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The one currency the service takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Currency {
+    #[default]
+    #[serde(rename = "NPR")]
+    Npr,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negative_amounts_are_refused() {
+        assert_eq!(Paisa::new(-1), Err(MoneyError::Negative));
+        assert!(serde_json::from_str::<Paisa>("-5").is_err());
+        assert!(serde_json::from_str::<Paisa>("1.5").is_err());
+        assert_eq!(
+            serde_json::from_str::<Paisa>("10000").ok(),
+            Some(Paisa(10000))
+        );
+    }
+
+    #[test]
+    fn arithmetic_never_wraps_or_goes_negative() {
+        let max = Paisa::new(i64::MAX).unwrap_or_default();
+        assert_eq!(max.checked_add(Paisa(1)), Err(MoneyError::Overflow));
+        assert_eq!(Paisa(5).checked_sub(Paisa(6)), Err(MoneyError::Negative));
+        assert_eq!(Paisa(5).checked_sub(Paisa(5)), Ok(Paisa::ZERO));
+        assert_eq!(Paisa(5).checked_add(Paisa(6)), Ok(Paisa(11)));
+    }
+
+    #[test]
+    fn amounts_display_in_rupees() {
+        assert_eq!(Paisa(0).display_npr(), "NPR 0.00");
+        assert_eq!(Paisa(5).display_npr(), "NPR 0.05");
+        assert_eq!(Paisa(10000).display_npr(), "NPR 100.00");
+        assert_eq!(Paisa(123456789).display_npr(), "NPR 1,234,567.89");
+        assert_eq!(Paisa(100000).display_npr(), "NPR 1,000.00");
+    }
+
+    #[test]
+    fn currency_is_npr_on_the_wire() {
+        assert_eq!(
+            serde_json::to_string(&Currency::Npr).ok().as_deref(),
+            Some("\"NPR\"")
+        );
+        assert!(serde_json::from_str::<Currency>("\"USD\"").is_err());
+    }
+}

@@ -1,0 +1,998 @@
+//! The embedded backend: a redb database (a file for the dev server, memory
+//! for tests) behind the [`Store`] port.
+//!
+//! Layout: the table `items` maps `(pk, sk)` to the item's JSON bytes; the
+//! tables `gsi1` and `gsi2` map `(index pk, index sk, pk, sk)` to `()` and
+//! hold exactly the items whose two index attributes are both present (a
+//! sparse index). Every write is one redb write transaction that reads the
+//! current item, evaluates the condition and rewrites the item and its index
+//! entries, so conditions and writes are atomic and the indexes never lag
+//! (stricter than DynamoDB, whose GSIs are eventually consistent). redb runs
+//! one write transaction at a time, so concurrent writers are serialised and
+//! [`TxReason::Conflict`] never happens here.
+//!
+//! Beyond what the brief of [`super`] states, requests DynamoDB refuses are
+//! refused here too ([`StoreError::Invalid`]): an empty `pk`/`sk`, an index
+//! key attribute that is not a non-empty string, an update naming a key
+//! attribute or one attribute twice, an empty transaction, a `Between` whose
+//! bounds are reversed, a `limit` of 0, an ordering condition against a
+//! constant that is neither a number nor a string.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::ops::Bound;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use redb::backends::InMemoryBackend;
+use redb::{
+    AccessGuard, Database, ReadableDatabase, ReadableTable, StorageError, Table, TableDefinition,
+    WriteTransaction,
+};
+use serde_json::{Map, Value};
+
+use super::cond;
+use super::{
+    Cond, Index, Item, Key, MAX_TX_OPS, PK, Query, QueryPage, SK, SkCond, Store, StoreError, TxOp,
+    TxReason, Update,
+};
+
+type MainKey = (&'static str, &'static str);
+type IndexKey = (&'static str, &'static str, &'static str, &'static str);
+
+const ITEMS: TableDefinition<MainKey, &[u8]> = TableDefinition::new("items");
+const GSI1: TableDefinition<IndexKey, ()> = TableDefinition::new("gsi1");
+const GSI2: TableDefinition<IndexKey, ()> = TableDefinition::new("gsi2");
+
+fn index_table(index: Index) -> TableDefinition<'static, IndexKey, ()> {
+    match index {
+        Index::Gsi1 => GSI1,
+        Index::Gsi2 => GSI2,
+    }
+}
+
+/// Maps a redb (or any displayable) error to [`StoreError::Backend`].
+fn backend<E: fmt::Display>(context: &str) -> impl FnOnce(E) -> StoreError + '_ {
+    move |e| StoreError::Backend(format!("{context}: {e}"))
+}
+
+/// [`Store`] on redb. Cheap to clone (the database is shared).
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    db: Arc<Database>,
+}
+
+impl fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EmbeddedStore").finish_non_exhaustive()
+    }
+}
+
+impl EmbeddedStore {
+    /// Opens the database file at `path`, creating it (and its parent
+    /// directories) when missing.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                StoreError::Backend(format!("create directory {}: {e}", parent.display()))
+            })?;
+        }
+        let db = Database::create(path)
+            .map_err(|e| StoreError::Backend(format!("open {}: {e}", path.display())))?;
+        Self::init(db)
+    }
+
+    /// A fresh database held in memory (for tests).
+    pub fn in_memory() -> Result<Self, StoreError> {
+        let db = Database::builder()
+            .set_cache_size(16 * 1024 * 1024)
+            .create_with_backend(InMemoryBackend::new())
+            .map_err(backend("create in-memory database"))?;
+        Self::init(db)
+    }
+
+    /// Creates the tables so read transactions always find them.
+    fn init(db: Database) -> Result<Self, StoreError> {
+        let txn = db.begin_write().map_err(backend("init: begin write"))?;
+        {
+            txn.open_table(ITEMS).map_err(backend("init: open items"))?;
+            for index in Index::ALL {
+                txn.open_table(index_table(index))
+                    .map_err(backend("init: open index"))?;
+            }
+        }
+        txn.commit().map_err(backend("init: commit"))?;
+        Ok(Self { db: Arc::new(db) })
+    }
+
+    /// Runs `f` in one write transaction on a blocking thread; commits when
+    /// it returns `Ok`, aborts (writing nothing) when it returns `Err`.
+    async fn write<T, F>(&self, what: &'static str, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Tables<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        let db = Arc::clone(&self.db);
+        let task = tokio::task::spawn_blocking(move || {
+            let txn = db.begin_write().map_err(backend(what))?;
+            let out = match Tables::open(&txn) {
+                Ok(mut tables) => f(&mut tables),
+                Err(e) => Err(e),
+            };
+            match out {
+                Ok(value) => {
+                    txn.commit().map_err(backend(what))?;
+                    Ok(value)
+                }
+                Err(e) => {
+                    if let Err(abort) = txn.abort() {
+                        tracing::warn!(error = %abort, what, "aborting a store write failed");
+                    }
+                    Err(e)
+                }
+            }
+        });
+        task.await
+            .map_err(|e| StoreError::Backend(format!("{what}: blocking task failed: {e}")))?
+    }
+
+    /// Runs a query (or a count when `paged` is false: no limit, no start).
+    fn scan(&self, q: &Query, paged: bool, keep: bool) -> Result<Scan, StoreError> {
+        if q.pk.is_empty() {
+            return Err(StoreError::Invalid(
+                "query on an empty partition key".into(),
+            ));
+        }
+        if let Some(filter) = &q.filter {
+            cond::validate(filter)?;
+        }
+        let limit = match (paged, q.limit) {
+            (true, Some(0)) => {
+                return Err(StoreError::Invalid("query limit must be at least 1".into()));
+            }
+            (true, limit) => limit,
+            (false, _) => None,
+        };
+        let (sk_lo, sk_hi) = sk_bounds(&q.sk)?;
+        let mut out = Collector {
+            filter: q.filter.as_ref(),
+            limit,
+            keep,
+            examined: 0,
+            scan: Scan::default(),
+        };
+        let txn = self.db.begin_read().map_err(backend("query: begin read"))?;
+        let items = txn
+            .open_table(ITEMS)
+            .map_err(backend("query: open items"))?;
+        let needs_item = keep || q.filter.is_some();
+        match q.index {
+            None => {
+                let start = match (&q.start_after, paged) {
+                    (Some(start), true) => Some(table_position(q, start)?),
+                    _ => None,
+                };
+                let Some((lo, hi)) = key_range::<2>(&q.pk, sk_lo, sk_hi, start, q.forward) else {
+                    return Ok(out.scan);
+                };
+                let range = items
+                    .range((lo.as_ref().map(pair), hi.as_ref().map(pair)))
+                    .map_err(backend("query: range"))?;
+                let entries: Box<dyn Iterator<Item = MainEntry<'_>>> = if q.forward {
+                    Box::new(range)
+                } else {
+                    Box::new(range.rev())
+                };
+                for entry in entries {
+                    let (key, value) = entry.map_err(backend("query: read"))?;
+                    let (pk, sk) = key.value();
+                    let item = if needs_item {
+                        Some(decode(value.value())?)
+                    } else {
+                        None
+                    };
+                    let last = || key_item(pk, sk);
+                    if !out.visit(item, last) {
+                        break;
+                    }
+                }
+            }
+            Some(index) => {
+                let table = txn
+                    .open_table(index_table(index))
+                    .map_err(backend("query: open index"))?;
+                let start = match (&q.start_after, paged) {
+                    (Some(start), true) => Some(index_position(q, index, start)?),
+                    _ => None,
+                };
+                let Some((lo, hi)) = key_range::<4>(&q.pk, sk_lo, sk_hi, start, q.forward) else {
+                    return Ok(out.scan);
+                };
+                let range = table
+                    .range((lo.as_ref().map(quad), hi.as_ref().map(quad)))
+                    .map_err(backend("query: index range"))?;
+                let entries: Box<dyn Iterator<Item = IndexEntry<'_>>> = if q.forward {
+                    Box::new(range)
+                } else {
+                    Box::new(range.rev())
+                };
+                for entry in entries {
+                    let (key, _) = entry.map_err(backend("query: read index"))?;
+                    let (ipk, isk, pk, sk) = key.value();
+                    let item = if needs_item {
+                        let guard = items
+                            .get((pk, sk))
+                            .map_err(backend("query: read indexed item"))?
+                            .ok_or_else(|| {
+                                StoreError::Backend(format!(
+                                    "{} entry for ({pk}, {sk}) has no item",
+                                    index.name()
+                                ))
+                            })?;
+                        Some(decode(guard.value())?)
+                    } else {
+                        None
+                    };
+                    let last = || {
+                        let mut k = key_item(pk, sk);
+                        k.insert(index.pk_attr().into(), Value::from(ipk));
+                        k.insert(index.sk_attr().into(), Value::from(isk));
+                        k
+                    };
+                    if !out.visit(item, last) {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(out.scan)
+    }
+}
+
+type MainEntry<'a> =
+    Result<(AccessGuard<'a, MainKey>, AccessGuard<'a, &'static [u8]>), StorageError>;
+type IndexEntry<'a> = Result<(AccessGuard<'a, IndexKey>, AccessGuard<'a, ()>), StorageError>;
+
+/// Result of a scan: the kept items, how many matched, where a page stopped.
+#[derive(Default)]
+struct Scan {
+    items: Vec<Item>,
+    matched: u64,
+    last_key: Option<Item>,
+}
+
+struct Collector<'q> {
+    filter: Option<&'q Cond>,
+    limit: Option<usize>,
+    keep: bool,
+    examined: usize,
+    scan: Scan,
+}
+
+impl Collector<'_> {
+    /// Examines one item (`None` when neither kept nor filtered, so not
+    /// loaded); returns false when the limit stops the scan.
+    fn visit(&mut self, item: Option<Item>, key: impl FnOnce() -> Item) -> bool {
+        self.examined += 1;
+        let matched = match (self.filter, &item) {
+            (Some(filter), Some(item)) => cond::eval(filter, Some(item)),
+            _ => true,
+        };
+        if matched {
+            self.scan.matched += 1;
+            if let (true, Some(item)) = (self.keep, item) {
+                self.scan.items.push(item);
+            }
+        }
+        let at_limit = self.limit.is_some_and(|limit| self.examined >= limit);
+        if at_limit {
+            self.scan.last_key = Some(key());
+        }
+        !at_limit
+    }
+}
+
+/// The open tables of one write transaction.
+struct Tables<'t> {
+    items: Table<'t, MainKey, &'static [u8]>,
+    gsi1: Table<'t, IndexKey, ()>,
+    gsi2: Table<'t, IndexKey, ()>,
+}
+
+impl<'t> Tables<'t> {
+    fn open(txn: &'t WriteTransaction) -> Result<Self, StoreError> {
+        Ok(Self {
+            items: txn.open_table(ITEMS).map_err(backend("open items"))?,
+            gsi1: txn.open_table(GSI1).map_err(backend("open gsi1"))?,
+            gsi2: txn.open_table(GSI2).map_err(backend("open gsi2"))?,
+        })
+    }
+
+    fn index(&mut self, index: Index) -> &mut Table<'t, IndexKey, ()> {
+        match index {
+            Index::Gsi1 => &mut self.gsi1,
+            Index::Gsi2 => &mut self.gsi2,
+        }
+    }
+
+    fn load(&self, key: &Key) -> Result<Option<Item>, StoreError> {
+        let guard = self
+            .items
+            .get((key.pk.as_str(), key.sk.as_str()))
+            .map_err(backend("read item"))?;
+        guard.map(|g| decode(g.value())).transpose()
+    }
+
+    /// Replaces `old` (the stored item at `key`, if any) by `new` (`None`
+    /// deletes), keeping both indexes in step.
+    fn save(
+        &mut self,
+        key: &Key,
+        old: Option<&Item>,
+        new: Option<&Item>,
+    ) -> Result<(), StoreError> {
+        let (pk, sk) = (key.pk.as_str(), key.sk.as_str());
+        for index in Index::ALL {
+            let before = index_key(index, old);
+            let after = index_key(index, new);
+            if before == after {
+                continue;
+            }
+            let table = self.index(index);
+            if let Some((ipk, isk)) = before {
+                table
+                    .remove((ipk, isk, pk, sk))
+                    .map_err(backend("remove index entry"))?;
+            }
+            if let Some((ipk, isk)) = after {
+                table
+                    .insert((ipk, isk, pk, sk), ())
+                    .map_err(backend("insert index entry"))?;
+            }
+        }
+        match new {
+            Some(item) => {
+                let bytes = serde_json::to_vec(item).map_err(backend("encode item"))?;
+                self.items
+                    .insert((pk, sk), bytes.as_slice())
+                    .map_err(backend("write item"))?;
+            }
+            None => {
+                self.items
+                    .remove((pk, sk))
+                    .map_err(backend("delete item"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn decode(bytes: &[u8]) -> Result<Item, StoreError> {
+    serde_json::from_slice(bytes).map_err(backend("decode stored item"))
+}
+
+fn key_item(pk: &str, sk: &str) -> Item {
+    let mut item = Map::new();
+    item.insert(PK.into(), Value::from(pk));
+    item.insert(SK.into(), Value::from(sk));
+    item
+}
+
+/// The index key of an item: both attributes present (and, items being
+/// validated on write, strings).
+fn index_key(index: Index, item: Option<&Item>) -> Option<(&str, &str)> {
+    let item = item?;
+    let pk = item.get(index.pk_attr())?.as_str()?;
+    let sk = item.get(index.sk_attr())?.as_str()?;
+    Some((pk, sk))
+}
+
+fn check(cond: Option<&Cond>, current: Option<&Item>) -> bool {
+    cond.is_none_or(|c| cond::eval(c, current))
+}
+
+fn validate_cond(cond: Option<&Cond>) -> Result<(), StoreError> {
+    cond.map_or(Ok(()), cond::validate)
+}
+
+fn validate_key(key: &Key) -> Result<(), StoreError> {
+    if key.pk.is_empty() || key.sk.is_empty() {
+        return Err(StoreError::Invalid(format!(
+            "key attributes must be non-empty strings: ({:?}, {:?})",
+            key.pk, key.sk
+        )));
+    }
+    Ok(())
+}
+
+/// The key of an item to write, after checking its key and index attributes.
+fn validate_item(item: &Item) -> Result<Key, StoreError> {
+    let key = Key::of(item)
+        .ok_or_else(|| StoreError::Invalid("an item needs string attributes pk and sk".into()))?;
+    validate_key(&key)?;
+    for index in Index::ALL {
+        for attr in [index.pk_attr(), index.sk_attr()] {
+            match item.get(attr) {
+                None => {}
+                Some(Value::String(s)) if !s.is_empty() => {}
+                Some(other) => {
+                    return Err(StoreError::Invalid(format!(
+                        "index key attribute {attr} must be a non-empty string, got {other}"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(key)
+}
+
+fn validate_update(update: &Update) -> Result<(), StoreError> {
+    let names = update
+        .set
+        .iter()
+        .map(|(a, _)| a)
+        .chain(update.add.iter().map(|(a, _)| a))
+        .chain(update.remove.iter());
+    let mut seen = HashSet::new();
+    for attr in names {
+        if attr.is_empty() {
+            return Err(StoreError::Invalid(
+                "update of an empty attribute name".into(),
+            ));
+        }
+        if attr == PK || attr == SK {
+            return Err(StoreError::Invalid(format!(
+                "key attribute {attr} cannot be updated"
+            )));
+        }
+        if !seen.insert(attr.as_str()) {
+            return Err(StoreError::Invalid(format!(
+                "attribute {attr} appears twice in one update"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The item after `update` (a missing item starts as its key).
+fn apply_update(key: &Key, current: Option<Item>, update: &Update) -> Result<Item, StoreError> {
+    let mut item = current.unwrap_or_else(|| key_item(&key.pk, &key.sk));
+    for (attr, value) in &update.set {
+        item.insert(attr.clone(), value.clone());
+    }
+    for (attr, delta) in &update.add {
+        let base = match item.get(attr) {
+            None => 0,
+            Some(value) => value.as_i64().ok_or_else(|| {
+                StoreError::Invalid(format!("add on {attr}: {value} is not an integer"))
+            })?,
+        };
+        let sum = base
+            .checked_add(*delta)
+            .ok_or_else(|| StoreError::Invalid(format!("add on {attr} overflows")))?;
+        item.insert(attr.clone(), Value::from(sum));
+    }
+    for attr in &update.remove {
+        item.remove(attr);
+    }
+    validate_item(&item)?;
+    Ok(item)
+}
+
+/// The sort-key range of a condition: `(lower, upper)` over sort keys.
+fn sk_bounds(sk: &SkCond) -> Result<(Bound<String>, Bound<String>), StoreError> {
+    use Bound::{Excluded, Included, Unbounded};
+    Ok(match sk {
+        SkCond::Any => (Unbounded, Unbounded),
+        SkCond::Eq(s) => (Included(s.clone()), Included(s.clone())),
+        SkCond::BeginsWith(prefix) => (
+            Included(prefix.clone()),
+            prefix_end(prefix).map_or(Unbounded, Excluded),
+        ),
+        SkCond::Between(lo, hi) => {
+            if lo > hi {
+                return Err(StoreError::Invalid(format!(
+                    "sort key between {lo:?} and {hi:?}: lower bound above upper bound"
+                )));
+            }
+            (Included(lo.clone()), Included(hi.clone()))
+        }
+        SkCond::Lt(s) => (Unbounded, Excluded(s.clone())),
+        SkCond::Le(s) => (Unbounded, Included(s.clone())),
+        SkCond::Gt(s) => (Excluded(s.clone()), Unbounded),
+        SkCond::Ge(s) => (Included(s.clone()), Unbounded),
+    })
+}
+
+/// The smallest string above every string starting with `prefix`, if any.
+fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = match last {
+            '\u{D7FF}' => Some('\u{E000}'),
+            c => char::from_u32(u32::from(c) + 1),
+        };
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+/// The smallest string above `s`.
+fn successor(s: &str) -> String {
+    format!("{s}\0")
+}
+
+/// A key of `N` strings (2 for the table, 4 for an index) starting with
+/// `pk, sk` and padded with the smallest string.
+fn position<const N: usize>(pk: &str, sk: &str) -> [String; N] {
+    std::array::from_fn(|i| match i {
+        0 => pk.to_owned(),
+        1 => sk.to_owned(),
+        _ => String::new(),
+    })
+}
+
+/// The key range of partition `pk` within the sort-key bounds, continuing
+/// strictly after `start` in the scan direction; `None` when empty. The
+/// lower bound is inclusive unless it is `start`, the upper one exclusive.
+#[allow(clippy::type_complexity)]
+fn key_range<const N: usize>(
+    pk: &str,
+    sk_lo: Bound<String>,
+    sk_hi: Bound<String>,
+    start: Option<[String; N]>,
+    forward: bool,
+) -> Option<(Bound<[String; N]>, Bound<[String; N]>)> {
+    let mut lo = match sk_lo {
+        Bound::Unbounded => position(pk, ""),
+        Bound::Included(s) => position(pk, &s),
+        Bound::Excluded(s) => position(pk, &successor(&s)),
+    };
+    let mut lo_inclusive = true;
+    let mut hi = match sk_hi {
+        Bound::Unbounded => position(&successor(pk), ""),
+        Bound::Included(s) => position(pk, &successor(&s)),
+        Bound::Excluded(s) => position(pk, &s),
+    };
+    if let Some(start) = start {
+        if forward && start >= lo {
+            lo = start;
+            lo_inclusive = false;
+        } else if !forward && start < hi {
+            hi = start;
+        }
+    }
+    if lo >= hi {
+        return None;
+    }
+    let lo = if lo_inclusive {
+        Bound::Included(lo)
+    } else {
+        Bound::Excluded(lo)
+    };
+    Some((lo, Bound::Excluded(hi)))
+}
+
+fn pair([a, b]: &[String; 2]) -> (&str, &str) {
+    (a, b)
+}
+
+fn quad([a, b, c, d]: &[String; 4]) -> (&str, &str, &str, &str) {
+    (a, b, c, d)
+}
+
+fn string_attr<'a>(item: &'a Item, attr: &str) -> Result<&'a str, StoreError> {
+    item.get(attr)
+        .and_then(Value::as_str)
+        .ok_or_else(|| StoreError::Invalid(format!("start_after needs a string attribute {attr}")))
+}
+
+fn table_position(q: &Query, start: &Item) -> Result<[String; 2], StoreError> {
+    let pk = string_attr(start, PK)?;
+    if pk != q.pk {
+        return Err(StoreError::Invalid(
+            "start_after is not in the queried partition".into(),
+        ));
+    }
+    Ok([pk.to_owned(), string_attr(start, SK)?.to_owned()])
+}
+
+fn index_position(q: &Query, index: Index, start: &Item) -> Result<[String; 4], StoreError> {
+    let ipk = string_attr(start, index.pk_attr())?;
+    if ipk != q.pk {
+        return Err(StoreError::Invalid(
+            "start_after is not in the queried index partition".into(),
+        ));
+    }
+    Ok([
+        ipk.to_owned(),
+        string_attr(start, index.sk_attr())?.to_owned(),
+        string_attr(start, PK)?.to_owned(),
+        string_attr(start, SK)?.to_owned(),
+    ])
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
+        validate_key(key)?;
+        let txn = self.db.begin_read().map_err(backend("get: begin read"))?;
+        let items = txn.open_table(ITEMS).map_err(backend("get: open items"))?;
+        let guard = items
+            .get((key.pk.as_str(), key.sk.as_str()))
+            .map_err(backend("get: read"))?;
+        guard.map(|g| decode(g.value())).transpose()
+    }
+
+    async fn put(&self, item: Item, cond: Option<Cond>) -> Result<(), StoreError> {
+        let key = validate_item(&item)?;
+        validate_cond(cond.as_ref())?;
+        self.write("put", move |t| {
+            let current = t.load(&key)?;
+            if !check(cond.as_ref(), current.as_ref()) {
+                return Err(StoreError::ConditionFailed);
+            }
+            t.save(&key, current.as_ref(), Some(&item))
+        })
+        .await
+    }
+
+    async fn update(
+        &self,
+        key: &Key,
+        update: Update,
+        cond: Option<Cond>,
+    ) -> Result<Item, StoreError> {
+        validate_key(key)?;
+        validate_update(&update)?;
+        validate_cond(cond.as_ref())?;
+        let key = key.clone();
+        self.write("update", move |t| {
+            let current = t.load(&key)?;
+            if !check(cond.as_ref(), current.as_ref()) {
+                return Err(StoreError::ConditionFailed);
+            }
+            let new = apply_update(&key, current.clone(), &update)?;
+            t.save(&key, current.as_ref(), Some(&new))?;
+            Ok(new)
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &Key, cond: Option<Cond>) -> Result<(), StoreError> {
+        validate_key(key)?;
+        validate_cond(cond.as_ref())?;
+        let key = key.clone();
+        self.write("delete", move |t| {
+            let current = t.load(&key)?;
+            if !check(cond.as_ref(), current.as_ref()) {
+                return Err(StoreError::ConditionFailed);
+            }
+            if current.is_some() {
+                t.save(&key, current.as_ref(), None)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn transact(&self, ops: Vec<TxOp>) -> Result<(), StoreError> {
+        if ops.is_empty() {
+            return Err(StoreError::Invalid(
+                "a transaction needs an operation".into(),
+            ));
+        }
+        if ops.len() > MAX_TX_OPS {
+            return Err(StoreError::Invalid(format!(
+                "a transaction holds at most {MAX_TX_OPS} operations, got {}",
+                ops.len()
+            )));
+        }
+        let mut seen = HashSet::new();
+        let mut keyed = Vec::with_capacity(ops.len());
+        for op in ops {
+            let key = match &op {
+                TxOp::Put { item, cond } => {
+                    validate_cond(cond.as_ref())?;
+                    validate_item(item)?
+                }
+                TxOp::Update { key, update, cond } => {
+                    validate_cond(cond.as_ref())?;
+                    validate_update(update)?;
+                    key.clone()
+                }
+                TxOp::Delete { key, cond } => {
+                    validate_cond(cond.as_ref())?;
+                    key.clone()
+                }
+                TxOp::Check { key, cond } => {
+                    cond::validate(cond)?;
+                    key.clone()
+                }
+            };
+            validate_key(&key)?;
+            if !seen.insert(key.clone()) {
+                return Err(StoreError::Invalid(format!(
+                    "a transaction touches ({}, {}) twice",
+                    key.pk, key.sk
+                )));
+            }
+            keyed.push((key, op));
+        }
+        self.write("transact", move |t| {
+            let mut currents = Vec::with_capacity(keyed.len());
+            let mut reasons = Vec::with_capacity(keyed.len());
+            for (key, op) in &keyed {
+                let current = t.load(key)?;
+                let holds = match op {
+                    TxOp::Put { cond, .. }
+                    | TxOp::Update { cond, .. }
+                    | TxOp::Delete { cond, .. } => check(cond.as_ref(), current.as_ref()),
+                    TxOp::Check { cond, .. } => cond::eval(cond, current.as_ref()),
+                };
+                reasons.push(if holds {
+                    TxReason::None
+                } else {
+                    TxReason::ConditionFailed
+                });
+                currents.push(current);
+            }
+            if reasons.iter().any(|r| *r != TxReason::None) {
+                return Err(StoreError::TransactionCanceled { reasons });
+            }
+            for ((key, op), current) in keyed.iter().zip(&currents) {
+                match op {
+                    TxOp::Put { item, .. } => t.save(key, current.as_ref(), Some(item))?,
+                    TxOp::Update { update, .. } => {
+                        let new = apply_update(key, current.clone(), update)?;
+                        t.save(key, current.as_ref(), Some(&new))?;
+                    }
+                    TxOp::Delete { .. } => {
+                        if current.is_some() {
+                            t.save(key, current.as_ref(), None)?;
+                        }
+                    }
+                    TxOp::Check { .. } => {}
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn query(&self, query: &Query) -> Result<QueryPage, StoreError> {
+        let scan = self.scan(query, true, true)?;
+        Ok(QueryPage {
+            items: scan.items,
+            last_key: scan.last_key,
+        })
+    }
+
+    async fn count(&self, query: &Query) -> Result<u64, StoreError> {
+        Ok(self.scan(query, false, false)?.matched)
+    }
+}
+
+#[cfg(test)]
+impl EmbeddedStore {
+    /// Checks that the indexes hold exactly the entries the items call for.
+    fn assert_indexes_consistent(&self) {
+        use std::collections::BTreeSet;
+        let txn = self.db.begin_read().unwrap();
+        let items = txn.open_table(ITEMS).unwrap();
+        for index in Index::ALL {
+            let mut expected = BTreeSet::new();
+            for entry in items.iter().unwrap() {
+                let (k, v) = entry.unwrap();
+                let item = decode(v.value()).unwrap();
+                let (pk, sk) = k.value();
+                assert_eq!(Key::of(&item), Some(Key::new(pk, sk)));
+                if let Some((ipk, isk)) = index_key(index, Some(&item)) {
+                    expected.insert([ipk, isk, pk, sk].map(str::to_owned));
+                }
+            }
+            let table = txn.open_table(index_table(index)).unwrap();
+            let actual: BTreeSet<[String; 4]> = table
+                .iter()
+                .unwrap()
+                .map(|e| {
+                    let (key, _) = e.unwrap();
+                    let (a, b, c, d) = key.value();
+                    [a, b, c, d].map(str::to_owned)
+                })
+                .collect();
+            assert_eq!(actual, expected, "{} out of step", index.name());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Query;
+    use serde_json::json;
+
+    async fn memory_store() -> Arc<dyn Store> {
+        Arc::new(EmbeddedStore::in_memory().expect("in-memory store"))
+    }
+
+    mod conformance {
+        crate::store_conformance_tests!(super::memory_store);
+    }
+
+    fn obj(v: Value) -> Item {
+        match v {
+            Value::Object(m) => m,
+            other => panic!("not an object: {other}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn file_store_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested").join("dhukuti.redb");
+        let item = obj(json!({
+            "pk": "acct#1", "sk": "meta", "name": "Sita", "balance": 1200,
+            "gsi1pk": "email#sita@example.com", "gsi1sk": "acct#1",
+        }));
+        {
+            let store = EmbeddedStore::open(&path).unwrap();
+            store
+                .put(item.clone(), Some(Cond::NotExists))
+                .await
+                .unwrap();
+            store
+                .update(
+                    &Key::new("acct#1", "meta"),
+                    Update::new().add("balance", 5),
+                    None,
+                )
+                .await
+                .unwrap();
+        }
+        let store = EmbeddedStore::open(&path).unwrap();
+        let mut expected = item.clone();
+        expected.insert("balance".into(), json!(1205));
+        let got = store.get(&Key::new("acct#1", "meta")).await.unwrap();
+        assert_eq!(got, Some(expected.clone()));
+        let page = store
+            .query(&Query::partition("email#sita@example.com").on(Index::Gsi1))
+            .await
+            .unwrap();
+        assert_eq!(page.items, vec![expected]);
+        assert!(matches!(
+            store.put(item, Some(Cond::NotExists)).await,
+            Err(StoreError::ConditionFailed)
+        ));
+        store.assert_indexes_consistent();
+    }
+
+    #[tokio::test]
+    async fn add_on_a_float_is_invalid() {
+        let store = EmbeddedStore::in_memory().unwrap();
+        let key = Key::new("p", "s");
+        store
+            .put(
+                obj(json!({"pk": "p", "sk": "s", "f": 1.5, "u": u64::MAX})),
+                None,
+            )
+            .await
+            .unwrap();
+        for attr in ["f", "u"] {
+            let res = store.update(&key, Update::new().add(attr, 1), None).await;
+            assert!(
+                matches!(res, Err(StoreError::Invalid(_))),
+                "{attr}: {res:?}"
+            );
+        }
+        let res = store
+            .update(&key, Update::new().set("n", i64::MAX).set("m", 1), None)
+            .await;
+        assert!(res.is_ok());
+        let res = store.update(&key, Update::new().add("n", 1), None).await;
+        assert!(
+            matches!(res, Err(StoreError::Invalid(_))),
+            "overflow: {res:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn last_key_is_set_when_the_limit_ends_on_the_last_item() {
+        let store = EmbeddedStore::in_memory().unwrap();
+        for i in 0..4 {
+            store
+                .put(obj(json!({"pk": "p", "sk": format!("s{i}")})), None)
+                .await
+                .unwrap();
+        }
+        let page = store.query(&Query::partition("p").limit(4)).await.unwrap();
+        assert_eq!(page.items.len(), 4);
+        assert_eq!(page.last_key, Some(obj(json!({"pk": "p", "sk": "s3"}))));
+        let mut q = Query::partition("p").limit(4);
+        q.start_after = page.last_key;
+        let page = store.query(&q).await.unwrap();
+        assert_eq!(page, QueryPage::default());
+    }
+
+    #[tokio::test]
+    async fn indexes_stay_consistent_through_mixed_writes() {
+        let store = EmbeddedStore::in_memory().unwrap();
+        for i in 0..30u32 {
+            let mut item = obj(json!({"pk": format!("p{}", i % 3), "sk": format!("s{i}")}));
+            if i % 2 == 0 {
+                item.insert("gsi1pk".into(), json!(format!("g{}", i % 4)));
+                item.insert("gsi1sk".into(), json!(format!("t{i}")));
+            }
+            if i % 5 == 0 {
+                item.insert("gsi2pk".into(), json!("all"));
+                item.insert("gsi2sk".into(), json!(format!("t{}", i / 10)));
+            }
+            store.put(item, None).await.unwrap();
+        }
+        for i in (0..30u32).step_by(3) {
+            let key = Key::new(format!("p{}", i % 3), format!("s{i}"));
+            let update = match i % 4 {
+                0 => Update::new().remove("gsi1pk"),
+                1 => Update::new().set("gsi1pk", "moved").set("gsi1sk", "x"),
+                2 => Update::new().set("gsi2pk", "all").set("gsi2sk", "y"),
+                _ => Update::new().set("other", 1),
+            };
+            store.update(&key, update, None).await.unwrap();
+        }
+        for i in (1..30u32).step_by(4) {
+            let key = Key::new(format!("p{}", i % 3), format!("s{i}"));
+            store.delete(&key, None).await.unwrap();
+        }
+        let ops = (100..110u32)
+            .map(|i| TxOp::Put {
+                item: obj(
+                    json!({"pk": "tx", "sk": format!("s{i}"), "gsi2pk": "all", "gsi2sk": "z"}),
+                ),
+                cond: None,
+            })
+            .collect();
+        store.transact(ops).await.unwrap();
+        store.assert_indexes_consistent();
+        let count = store
+            .count(&Query::partition("all").on(Index::Gsi2))
+            .await
+            .unwrap();
+        let page = store
+            .query(&Query::partition("all").on(Index::Gsi2))
+            .await
+            .unwrap();
+        assert_eq!(count, page.items.len() as u64);
+        assert!(page.last_key.is_none());
+    }
+
+    #[test]
+    fn prefix_end_handles_the_top_of_unicode() {
+        assert_eq!(prefix_end(""), None);
+        assert_eq!(prefix_end("a"), Some("b".into()));
+        assert_eq!(prefix_end("a#"), Some("a$".into()));
+        assert_eq!(prefix_end("\u{D7FF}"), Some("\u{E000}".into()));
+        assert_eq!(prefix_end("a\u{10FFFF}"), Some("b".into()));
+        assert_eq!(prefix_end("\u{10FFFF}\u{10FFFF}"), None);
+    }
+
+    #[test]
+    fn key_range_respects_start_after() {
+        let (lo, hi) = sk_bounds(&SkCond::Any).unwrap();
+        let start = Some(["p".to_owned(), "m".to_owned()]);
+        let (l, h) = key_range::<2>("p", lo.clone(), hi.clone(), start.clone(), true).unwrap();
+        assert_eq!(l, Bound::Excluded(["p".to_owned(), "m".to_owned()]));
+        assert_eq!(h, Bound::Excluded(["p\0".to_owned(), String::new()]));
+        let (l, h) = key_range::<2>("p", lo, hi, start, false).unwrap();
+        assert_eq!(l, Bound::Included(["p".to_owned(), String::new()]));
+        assert_eq!(h, Bound::Excluded(["p".to_owned(), "m".to_owned()]));
+        let (lo, hi) = sk_bounds(&SkCond::Ge("x".into())).unwrap();
+        let start = Some(["p".to_owned(), "b".to_owned()]);
+        let (l, _) = key_range::<2>("p", lo.clone(), hi.clone(), start.clone(), true).unwrap();
+        assert_eq!(l, Bound::Included(["p".to_owned(), "x".to_owned()]));
+        assert!(key_range::<2>("p", lo, hi, start, false).is_none());
+    }
+}

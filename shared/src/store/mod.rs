@@ -1,0 +1,377 @@
+//! The storage port: a small trait at the level DynamoDB offers, so that the
+//! embedded backend (redb) and the DynamoDB backend are both honest.
+//!
+//! Items are JSON objects (`serde_json::Map`) with string attributes `pk` and
+//! `sk` as the table key. Two sparse global secondary indexes exist:
+//! `gsi1` (attributes `gsi1pk`/`gsi1sk`) and `gsi2` (`gsi2pk`/`gsi2sk`); an
+//! item without both attributes of an index is not in that index.
+//!
+//! Semantics every backend follows (the conformance suite in [`testkit`]
+//! pins each one):
+//! - a comparison condition on a missing attribute is false, `Ne` included;
+//! - `update` on a missing item creates it (DynamoDB's upsert), unless the
+//!   condition says otherwise; `add` on a missing attribute starts from 0;
+//! - a transaction holds at most [`MAX_TX_OPS`] operations on distinct keys
+//!   and applies all or nothing;
+//! - a query's `limit` bounds the items *examined*; `filter` then drops
+//!   items from that page (DynamoDB's `Limit` + `FilterExpression`), so a
+//!   page may be short while `last_key` is still set.
+
+pub mod cond;
+pub mod counting;
+pub mod embedded;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+
+/// One stored record: a JSON object holding at least `pk` and `sk`.
+pub type Item = Map<String, Value>;
+
+pub const PK: &str = "pk";
+pub const SK: &str = "sk";
+/// Epoch seconds after which the record may be deleted (DynamoDB TTL).
+pub const TTL: &str = "ttl";
+/// Most operations one transaction may hold (DynamoDB's limit).
+pub const MAX_TX_OPS: usize = 100;
+
+/// The table key of one item.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub pk: String,
+    pub sk: String,
+}
+
+impl Key {
+    pub fn new(pk: impl Into<String>, sk: impl Into<String>) -> Self {
+        Self {
+            pk: pk.into(),
+            sk: sk.into(),
+        }
+    }
+
+    /// The key of a stored item, if it has string `pk` and `sk`.
+    pub fn of(item: &Item) -> Option<Key> {
+        let pk = item.get(PK)?.as_str()?;
+        let sk = item.get(SK)?.as_str()?;
+        Some(Key::new(pk, sk))
+    }
+}
+
+/// A global secondary index of the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Index {
+    Gsi1,
+    Gsi2,
+}
+
+impl Index {
+    pub const ALL: [Index; 2] = [Index::Gsi1, Index::Gsi2];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Index::Gsi1 => "gsi1",
+            Index::Gsi2 => "gsi2",
+        }
+    }
+
+    /// Partition-key attribute of the index.
+    pub fn pk_attr(self) -> &'static str {
+        match self {
+            Index::Gsi1 => "gsi1pk",
+            Index::Gsi2 => "gsi2pk",
+        }
+    }
+
+    /// Sort-key attribute of the index.
+    pub fn sk_attr(self) -> &'static str {
+        match self {
+            Index::Gsi1 => "gsi1sk",
+            Index::Gsi2 => "gsi2sk",
+        }
+    }
+}
+
+/// Comparison operators of a condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+/// A condition on one item, evaluated atomically with the write it guards.
+/// Attribute names are top-level attributes of the item.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Cond {
+    /// The item exists.
+    Exists,
+    /// The item does not exist.
+    NotExists,
+    AttrExists(String),
+    AttrNotExists(String),
+    /// `attr op value`. False when the attribute is missing. `Lt/Le/Gt/Ge`
+    /// compare numbers numerically and strings by UTF-8 bytes; a type
+    /// mismatch is false. `Eq/Ne` compare whole JSON values.
+    Cmp(String, CmpOp, Value),
+    And(Vec<Cond>),
+    Or(Vec<Cond>),
+    Not(Box<Cond>),
+}
+
+impl Cond {
+    pub fn eq(attr: impl Into<String>, v: impl Into<Value>) -> Cond {
+        Cond::Cmp(attr.into(), CmpOp::Eq, v.into())
+    }
+    pub fn ne(attr: impl Into<String>, v: impl Into<Value>) -> Cond {
+        Cond::Cmp(attr.into(), CmpOp::Ne, v.into())
+    }
+    pub fn lt(attr: impl Into<String>, v: impl Into<Value>) -> Cond {
+        Cond::Cmp(attr.into(), CmpOp::Lt, v.into())
+    }
+    pub fn le(attr: impl Into<String>, v: impl Into<Value>) -> Cond {
+        Cond::Cmp(attr.into(), CmpOp::Le, v.into())
+    }
+    pub fn gt(attr: impl Into<String>, v: impl Into<Value>) -> Cond {
+        Cond::Cmp(attr.into(), CmpOp::Gt, v.into())
+    }
+    pub fn ge(attr: impl Into<String>, v: impl Into<Value>) -> Cond {
+        Cond::Cmp(attr.into(), CmpOp::Ge, v.into())
+    }
+}
+
+/// Changes applied to one item by [`Store::update`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Update {
+    /// `SET attr = value`.
+    pub set: Vec<(String, Value)>,
+    /// `ADD attr delta` on an integer attribute (missing counts as 0).
+    pub add: Vec<(String, i64)>,
+    /// `REMOVE attr`.
+    pub remove: Vec<String>,
+}
+
+impl Update {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn set(mut self, attr: impl Into<String>, v: impl Into<Value>) -> Self {
+        self.set.push((attr.into(), v.into()));
+        self
+    }
+    pub fn add(mut self, attr: impl Into<String>, delta: i64) -> Self {
+        self.add.push((attr.into(), delta));
+        self
+    }
+    pub fn remove(mut self, attr: impl Into<String>) -> Self {
+        self.remove.push(attr.into());
+        self
+    }
+}
+
+/// One write of a transaction.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TxOp {
+    Put {
+        item: Item,
+        cond: Option<Cond>,
+    },
+    Update {
+        key: Key,
+        update: Update,
+        cond: Option<Cond>,
+    },
+    Delete {
+        key: Key,
+        cond: Option<Cond>,
+    },
+    /// Checks a condition on an item without writing it.
+    Check {
+        key: Key,
+        cond: Cond,
+    },
+}
+
+impl TxOp {
+    pub fn key(&self) -> Option<Key> {
+        match self {
+            TxOp::Put { item, .. } => Key::of(item),
+            TxOp::Update { key, .. } | TxOp::Delete { key, .. } | TxOp::Check { key, .. } => {
+                Some(key.clone())
+            }
+        }
+    }
+}
+
+/// Why one operation of a cancelled transaction failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TxReason {
+    /// This operation was fine; another one cancelled the transaction.
+    None,
+    ConditionFailed,
+    /// Another transaction was writing the same item (DynamoDB's
+    /// `TransactionConflict`); retrying may succeed.
+    Conflict,
+    Other(String),
+}
+
+/// Sort-key condition of a query.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum SkCond {
+    #[default]
+    Any,
+    Eq(String),
+    BeginsWith(String),
+    /// Inclusive on both ends.
+    Between(String, String),
+    Lt(String),
+    Le(String),
+    Gt(String),
+    Ge(String),
+}
+
+/// A query on one partition of the table or of an index.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Query {
+    pub index: Option<Index>,
+    pub pk: String,
+    pub sk: SkCond,
+    /// Ascending sort key when true, descending when false.
+    pub forward: bool,
+    /// At most this many items are examined (before `filter`).
+    pub limit: Option<usize>,
+    /// Continue after this key (a previous page's `last_key`).
+    pub start_after: Option<Item>,
+    /// Drops examined items that do not match.
+    pub filter: Option<Cond>,
+}
+
+impl Query {
+    /// Newest first on the table partition `pk` (ids sort by time).
+    pub fn partition(pk: impl Into<String>) -> Self {
+        Query {
+            pk: pk.into(),
+            forward: true,
+            ..Default::default()
+        }
+    }
+    pub fn on(mut self, index: Index) -> Self {
+        self.index = Some(index);
+        self
+    }
+    pub fn sk(mut self, sk: SkCond) -> Self {
+        self.sk = sk;
+        self
+    }
+    pub fn backward(mut self) -> Self {
+        self.forward = false;
+        self
+    }
+    pub fn limit(mut self, n: usize) -> Self {
+        self.limit = Some(n);
+        self
+    }
+    pub fn filter(mut self, cond: Cond) -> Self {
+        self.filter = Some(cond);
+        self
+    }
+}
+
+/// One page of query results.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct QueryPage {
+    pub items: Vec<Item>,
+    /// Key attributes of the last examined item when more may follow: pass
+    /// it as `start_after` to continue. `None` when the partition is done.
+    pub last_key: Option<Item>,
+}
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum StoreError {
+    /// The condition of a single write was false; nothing changed.
+    #[error("condition failed")]
+    ConditionFailed,
+    /// A transaction was cancelled; one reason per operation, in order.
+    #[error("transaction cancelled: {reasons:?}")]
+    TransactionCanceled { reasons: Vec<TxReason> },
+    /// The request itself is invalid (missing key attributes, a transaction
+    /// touching one key twice or holding too many operations, ...).
+    #[error("invalid store request: {0}")]
+    Invalid(String),
+    /// Throttling or a transient fault; the caller may retry.
+    #[error("store temporarily unavailable: {0}")]
+    Unavailable(String),
+    #[error("store failure: {0}")]
+    Backend(String),
+}
+
+impl StoreError {
+    /// Whether a transaction failed only because some condition was false.
+    pub fn is_condition_failure(&self) -> bool {
+        match self {
+            StoreError::ConditionFailed => true,
+            StoreError::TransactionCanceled { reasons } => reasons
+                .iter()
+                .any(|r| matches!(r, TxReason::ConditionFailed)),
+            _ => false,
+        }
+    }
+}
+
+/// The storage port. Every method is one round trip to the backend.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// The item at `key` (strongly consistent).
+    async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError>;
+
+    /// Writes the whole item if `cond` holds on the current one.
+    async fn put(&self, item: Item, cond: Option<Cond>) -> Result<(), StoreError>;
+
+    /// Applies `update` if `cond` holds; returns the item as written.
+    async fn update(
+        &self,
+        key: &Key,
+        update: Update,
+        cond: Option<Cond>,
+    ) -> Result<Item, StoreError>;
+
+    /// Deletes the item if `cond` holds (deleting a missing item is fine).
+    async fn delete(&self, key: &Key, cond: Option<Cond>) -> Result<(), StoreError>;
+
+    /// Applies every operation or none.
+    async fn transact(&self, ops: Vec<TxOp>) -> Result<(), StoreError>;
+
+    /// One page of a partition, in sort-key order.
+    async fn query(&self, query: &Query) -> Result<QueryPage, StoreError>;
+
+    /// How many items of the partition match `sk` and `filter` (ignores
+    /// `limit` and `start_after`).
+    async fn count(&self, query: &Query) -> Result<u64, StoreError>;
+}
+
+/// Skips `offset` matching items of `query` and returns up to `limit`,
+/// following pages as DynamoDB requires (it has no server-side skip).
+pub async fn query_window(
+    store: &dyn Store,
+    query: &Query,
+    offset: usize,
+    limit: usize,
+) -> Result<Vec<Item>, StoreError> {
+    let want = offset.saturating_add(limit);
+    let mut q = query.clone();
+    let mut seen = Vec::new();
+    loop {
+        q.limit = Some(want.saturating_sub(seen.len()).clamp(1, 1000));
+        let page = store.query(&q).await?;
+        seen.extend(page.items);
+        match page.last_key {
+            Some(last) if seen.len() < want => q.start_after = Some(last),
+            _ => break,
+        }
+    }
+    Ok(seen.into_iter().skip(offset).take(limit).collect())
+}

@@ -1,0 +1,421 @@
+//! End to end over HTTP: the local gateway on a real loopback socket, driven
+//! the way a merchant's server drives it.
+
+use dhukuti_tests::{Answer, TestApp, send, spawn_app, spawn_app_in};
+use serde_json::Value;
+use shared::domain::account::{self, Pause, Scope, Suspension};
+use shared::domain::{Mode, Provider};
+use shared::time::{Clock, SystemClock};
+
+fn keys_of(app: &TestApp) -> (String, String) {
+    let Some(r) = app.running.as_ref() else {
+        panic!("not running")
+    };
+    (r.keys.sandbox.clone(), r.keys.live.clone())
+}
+
+#[tokio::test]
+async fn health_answers_without_a_key() {
+    let app = spawn_app().await;
+    let a = app.get("/health", None).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.body["status"], "ok");
+    assert!(!a.header("x-request-id").is_empty());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn first_start_writes_demo_keys_that_work() {
+    let app = spawn_app().await;
+    let (sandbox, live) = keys_of(&app);
+    assert!(sandbox.starts_with("sk_test_") && live.starts_with("sk_live_"));
+    let text = std::fs::read_to_string(app.data_dir.join("demo-keys.json")).unwrap_or_default();
+    let file: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    assert_eq!(file["sandbox"], sandbox.as_str());
+    assert_eq!(file["live"], live.as_str());
+
+    let a = app.get("/v1/account", Some(&sandbox)).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.body["project"]["mode"], "sandbox");
+    let a = app.get("/v1/account", Some(&live)).await;
+    assert_eq!(a.body["project"]["mode"], "live");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_restart_keeps_data_and_keys() {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let app = spawn_app_in(tmp.path().to_path_buf()).await;
+    let keys = keys_of(&app);
+    let t = app.tenant("Kathmandu Books", "info@ktmbooks.example").await;
+    let key = app.key(&t, Mode::Live, &Scope::ALL).await;
+    let p = app.payment(&t, Mode::Live, 4200, Provider::Esewa).await;
+    app.stop().await;
+
+    let again = spawn_app_in(tmp.path().to_path_buf()).await;
+    assert_eq!(keys_of(&again), keys, "demo keys survive a restart");
+    let a = again
+        .get(&format!("/v1/payments/{}", p.id), Some(&key))
+        .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.body["amount"], 4200);
+    let a = again.get("/v1/account", Some(&keys.0)).await;
+    assert_eq!(a.status, 200);
+    again.stop().await;
+}
+
+#[tokio::test]
+async fn account_shows_the_key_context_and_masks_email_without_pii_read() {
+    let app = spawn_app().await;
+    let t = app.tenant("Pokhara Crafts", "maya@pokhara.example").await;
+    let narrow = app.key(&t, Mode::Sandbox, &[Scope::AccountRead]).await;
+    let wide = app
+        .key(&t, Mode::Live, &[Scope::AccountRead, Scope::PiiRead])
+        .await;
+
+    let a = app.get("/v1/account", Some(&narrow)).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let b = &a.body;
+    assert_eq!(b["merchant"]["id"], t.merchant.id.as_str());
+    assert_eq!(b["merchant"]["name"], "Pokhara Crafts");
+    assert_eq!(b["merchant"]["email"], "m***@pokhara.example");
+    assert!(b["merchant"]["created_at"].is_string());
+    assert_eq!(b["project"]["id"], t.project.id.as_str());
+    assert_eq!(b["project"]["mode"], "sandbox");
+    let k = &b["api_key"];
+    for field in [
+        "id",
+        "prefix",
+        "hint",
+        "kind",
+        "scopes",
+        "description",
+        "expires_at",
+        "last_used_at",
+        "spend_cap_paisa",
+    ] {
+        assert!(k.get(field).is_some(), "api_key.{field} missing: {k}");
+    }
+    assert!(k["id"].as_str().is_some_and(|s| s.starts_with("ak_")));
+    assert_eq!(k["prefix"], &narrow[..12]);
+    assert_eq!(k["hint"], &narrow[narrow.len() - 4..]);
+    assert_eq!(k["kind"], "restricted");
+    assert_eq!(k["scopes"], serde_json::json!(["account:read"]));
+    assert_eq!(b["plan"], "growth");
+    assert!(b["entitlements"].is_object());
+    // The secret never comes back.
+    assert!(!b.to_string().contains(&narrow));
+
+    let a = app.get("/v1/account", Some(&wide)).await;
+    assert_eq!(a.body["merchant"]["email"], "maya@pokhara.example");
+    assert_eq!(a.body["project"]["mode"], "live");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn missing_malformed_and_unknown_keys_get_401() {
+    let app = spawn_app().await;
+    for path in [
+        "/v1/account",
+        "/v1/payments",
+        "/v1/payments/pay_01j00000000000000000000000",
+    ] {
+        app.get(path, None)
+            .await
+            .assert_error(401, "authentication_error", "api_key_invalid");
+        app.get(path, Some("nonsense")).await.assert_error(
+            401,
+            "authentication_error",
+            "api_key_invalid",
+        );
+        let unknown = format!("sk_test_{}", "Q".repeat(40));
+        app.get(path, Some(&unknown)).await.assert_error(
+            401,
+            "authentication_error",
+            "api_key_invalid",
+        );
+    }
+    let a = send(
+        app.client
+            .get(app.url("/v1/account"))
+            .header("authorization", "Basic abc"),
+    )
+    .await;
+    a.assert_error(401, "authentication_error", "api_key_invalid");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn scopes_are_checked_per_route() {
+    let app = spawn_app().await;
+    let t = app.tenant("Scope Shop", "s@scope.example").await;
+    let only_account = app.key(&t, Mode::Sandbox, &[Scope::AccountRead]).await;
+    let only_payments = app.key(&t, Mode::Sandbox, &[Scope::PaymentsRead]).await;
+
+    let a = app.get("/v1/payments", Some(&only_account)).await;
+    a.assert_error(403, "permission_error", "missing_scope");
+    assert!(
+        a.body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("payments:read")
+    );
+    app.get(
+        "/v1/payments/pay_01j00000000000000000000000",
+        Some(&only_account),
+    )
+    .await
+    .assert_error(403, "permission_error", "missing_scope");
+    let a = app.get("/v1/account", Some(&only_payments)).await;
+    a.assert_error(403, "permission_error", "missing_scope");
+    assert!(
+        a.body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("account:read")
+    );
+    assert_eq!(
+        app.get("/v1/payments", Some(&only_payments)).await.status,
+        200
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn suspended_merchants_get_403_with_the_suspension() {
+    let app = spawn_app().await;
+    let t = app.tenant("Suspended Co", "x@susp.example").await;
+    let key = app.key(&t, Mode::Live, &Scope::ALL).await;
+    let s = Suspension {
+        suspended_at: SystemClock.now(),
+        reason: "Chargeback review".into(),
+    };
+    assert!(
+        account::suspend_merchant(&*app.store, &t.merchant.id, s)
+            .await
+            .is_ok()
+    );
+    for path in ["/v1/account", "/v1/payments"] {
+        let a = app.get(path, Some(&key)).await;
+        a.assert_error(403, "account_error", "account_suspended");
+        assert_eq!(a.body["error"]["suspension"]["reason"], "Chargeback review");
+        assert!(a.body["error"]["suspension"]["suspended_at"].is_string());
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn paused_keys_get_423_with_the_pause() {
+    let app = spawn_app().await;
+    let t = app.tenant("Paused Co", "x@paused.example").await;
+    let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    let hash = account::hash_secret(&key);
+    let Ok(Some(item)) = app.store.get(&account::ApiKey::key_for_hash(&hash)).await else {
+        panic!()
+    };
+    let Ok(record) = shared::domain::record::from_item::<account::ApiKey>(item) else {
+        panic!()
+    };
+    let pause = Pause {
+        paused_at: SystemClock.now(),
+        reason: "Key rotation".into(),
+    };
+    assert!(
+        account::pause_api_key(&*app.store, &record, pause)
+            .await
+            .is_ok()
+    );
+    let a = app.get("/v1/account", Some(&key)).await;
+    a.assert_error(423, "account_error", "token_paused");
+    assert_eq!(a.body["error"]["pause"]["reason"], "Key rotation");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn payment_retrieve_has_every_field_of_the_spec() {
+    let app = spawn_app().await;
+    let t = app.tenant("Field Shop", "f@field.example").await;
+    let key = app.key(&t, Mode::Live, &[Scope::PaymentsRead]).await;
+    let p = app.payment(&t, Mode::Live, 150_000, Provider::Khalti).await;
+    let a = app.get(&format!("/v1/payments/{}", p.id), Some(&key)).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let b = &a.body;
+    assert_eq!(b["id"], p.id.as_str());
+    assert_eq!(b["livemode"], true);
+    assert_eq!(b["projectId"], t.project.id.as_str());
+    assert_eq!(b["checkoutSessionId"], p.checkout_session_id.as_str());
+    assert_eq!(b["mode"], "live");
+    assert_eq!(b["amount"], 150_000);
+    assert_eq!(b["amountRefunded"], 0);
+    assert_eq!(b["currency"], "NPR");
+    assert_eq!(b["provider"], "khalti");
+    assert_eq!(b["status"], "success");
+    assert_eq!(b["providerRef"], "REF-1");
+    assert_eq!(b["failureReason"], Value::Null);
+    assert_eq!(b["metadata"]["order"], "A-1");
+    assert_eq!(b["customerName"], "Sita Sharma");
+    assert_eq!(b["customerEmail"], "sita@example.com");
+    assert_eq!(b["customerPhone"], "9841000001");
+    assert!(b["createdAt"].as_str().is_some_and(|s| s.ends_with('Z')));
+    assert!(b["updatedAt"].as_str().is_some_and(|s| s.ends_with('Z')));
+    assert_eq!(a.header("content-type"), "application/json");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn other_projects_and_other_modes_are_invisible() {
+    let app = spawn_app().await;
+    let a = app.tenant("Shop A", "a@a.example").await;
+    let b = app.tenant("Shop B", "b@b.example").await;
+    let a_live = app.key(&a, Mode::Live, &Scope::ALL).await;
+    let a_test = app.key(&a, Mode::Sandbox, &Scope::ALL).await;
+    let b_live = app.key(&b, Mode::Live, &Scope::ALL).await;
+    let live_payment = app.payment(&a, Mode::Live, 1000, Provider::Esewa).await;
+    let test_payment = app.payment(&a, Mode::Sandbox, 2000, Provider::Esewa).await;
+
+    let path = |id: &str| format!("/v1/payments/{id}");
+    assert_eq!(
+        app.get(&path(&live_payment.id), Some(&a_live)).await.status,
+        200
+    );
+    app.get(&path(&live_payment.id), Some(&a_test))
+        .await
+        .assert_error(404, "invalid_request_error", "not_found");
+    app.get(&path(&live_payment.id), Some(&b_live))
+        .await
+        .assert_error(404, "invalid_request_error", "not_found");
+    app.get(&path(&test_payment.id), Some(&a_live))
+        .await
+        .assert_error(404, "invalid_request_error", "not_found");
+    app.get(&path("pay_doesnotexist"), Some(&a_live))
+        .await
+        .assert_error(404, "invalid_request_error", "not_found");
+    app.get(&path("../v1/account"), Some(&a_live)).await;
+
+    let ids = |ans: &Answer| -> Vec<String> {
+        ans.body["data"]
+            .as_array()
+            .map(|d| {
+                d.iter()
+                    .filter_map(|p| p["id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let l = app.get("/v1/payments", Some(&a_live)).await;
+    assert_eq!(ids(&l), vec![live_payment.id.clone()]);
+    assert_eq!(l.body["meta"]["total"], 1);
+    let l = app.get("/v1/payments", Some(&a_test)).await;
+    assert_eq!(ids(&l), vec![test_payment.id.clone()]);
+    let l = app.get("/v1/payments", Some(&b_live)).await;
+    assert_eq!(ids(&l), Vec::<String>::new());
+    assert_eq!(l.body["meta"]["total"], 0);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn payments_list_is_newest_first_and_paginates() {
+    let app = spawn_app().await;
+    let t = app.tenant("List Shop", "l@list.example").await;
+    let key = app.key(&t, Mode::Sandbox, &[Scope::PaymentsRead]).await;
+    let mut created = Vec::new();
+    for i in 0..30 {
+        created.push(
+            app.payment(&t, Mode::Sandbox, 100 + i, Provider::Khalti)
+                .await
+                .id,
+        );
+    }
+    created.reverse();
+
+    let a = app.get("/v1/payments", Some(&key)).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(
+        a.body["meta"],
+        serde_json::json!({"total": 30, "limit": 25, "offset": 0})
+    );
+    let got: Vec<&str> = a.body["data"]
+        .as_array()
+        .map(|d| d.iter().filter_map(|p| p["id"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        got,
+        created[..25].iter().map(String::as_str).collect::<Vec<_>>()
+    );
+
+    let a = app.get("/v1/payments?limit=4&offset=27", Some(&key)).await;
+    assert_eq!(
+        a.body["meta"],
+        serde_json::json!({"total": 30, "limit": 4, "offset": 27})
+    );
+    let got: Vec<&str> = a.body["data"]
+        .as_array()
+        .map(|d| d.iter().filter_map(|p| p["id"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        got,
+        created[27..].iter().map(String::as_str).collect::<Vec<_>>()
+    );
+
+    let a = app.get("/v1/payments?offset=100", Some(&key)).await;
+    assert_eq!(a.body["data"], serde_json::json!([]));
+    assert_eq!(a.body["meta"]["total"], 30);
+
+    for (q, param) in [
+        ("limit=0", "limit"),
+        ("limit=101", "limit"),
+        ("limit=ten", "limit"),
+        ("offset=-1", "offset"),
+        ("offset=1e3", "offset"),
+    ] {
+        let a = app.get(&format!("/v1/payments?{q}"), Some(&key)).await;
+        a.assert_error(400, "invalid_request_error", "validation_failed");
+        assert_eq!(a.body["error"]["param"], param, "{q}");
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_get_the_envelope() {
+    let app = spawn_app().await;
+    let (key, _) = keys_of(&app);
+    app.get("/v1/nothing-here", Some(&key)).await.assert_error(
+        404,
+        "invalid_request_error",
+        "not_found",
+    );
+    let a = send(app.client.delete(app.url("/v1/account")).bearer_auth(&key)).await;
+    a.assert_error(405, "invalid_request_error", "method_not_allowed");
+    let big = vec![b'x'; 2 * 1024 * 1024];
+    let a = send(
+        app.client
+            .post(app.url("/v1/payments"))
+            .bearer_auth(&key)
+            .body(big),
+    )
+    .await;
+    assert!(a.status == 405 || a.status == 413, "{}", a.status);
+    assert!(a.body["error"]["request_id"].is_string());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_reads_all_succeed_with_distinct_request_ids() {
+    let app = spawn_app().await;
+    let t = app.tenant("Busy Shop", "b@busy.example").await;
+    let key = app.key(&t, Mode::Live, &Scope::ALL).await;
+    let p = app.payment(&t, Mode::Live, 500, Provider::Fonepay).await;
+    let path = format!("/v1/payments/{}", p.id);
+    let answers = futures::future::join_all((0..64).map(|_| app.get(&path, Some(&key)))).await;
+    let mut ids: Vec<String> = answers
+        .iter()
+        .map(|a| {
+            assert_eq!(a.status, 200);
+            a.header("x-request-id").to_owned()
+        })
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 64);
+    app.stop().await;
+}

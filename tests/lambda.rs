@@ -1,0 +1,182 @@
+//! The Lambda edge: real API Gateway HTTP API (payload v2) events through
+//! each function's Lambda handler (`lambda_http`'s adapter over the
+//! function's router), exactly as `lambda_http::run` drives it in AWS.
+
+use std::sync::Arc;
+
+use lambda_http::lambda_runtime::{Context, LambdaEvent};
+use lambda_http::request::LambdaRequest;
+use lambda_http::{Adapter, Service};
+use serde_json::Value;
+use shared::AppState;
+use shared::Config;
+use shared::domain::account::{KeyKind, NewKey, Plan, Scope};
+use shared::domain::payments::{Payment, PaymentStatus};
+use shared::domain::{Mode, Provider};
+use shared::ids::{IdKind, new_id};
+use shared::money::{Currency, Paisa};
+use shared::store::Store;
+use shared::store::embedded::EmbeddedStore;
+use shared::time::{Clock, SystemClock};
+
+struct Fixture {
+    state: AppState,
+    key: String,
+    payment_id: String,
+}
+
+async fn fixture() -> Fixture {
+    let store: Arc<dyn Store> = match EmbeddedStore::in_memory() {
+        Ok(s) => Arc::new(s),
+        Err(e) => panic!("{e}"),
+    };
+    let now = SystemClock.now();
+    let Ok(m) = shared::domain::account::create_merchant(
+        &*store,
+        now,
+        "Lambda Shop",
+        "owner@lambda.example",
+        Plan::Pro,
+    )
+    .await
+    else {
+        panic!()
+    };
+    let Ok(p) = shared::domain::account::create_project(&*store, now, &m, "Shop", false).await
+    else {
+        panic!()
+    };
+    let new = NewKey {
+        mode: Mode::Live,
+        kind: KeyKind::Secret,
+        scopes: Scope::ALL.to_vec(),
+        description: "lambda".into(),
+        expires_at: None,
+        spend_cap_paisa: Some(1_000_000),
+    };
+    let Ok((key, _)) = shared::domain::account::issue_api_key(&*store, now, &p, new).await else {
+        panic!()
+    };
+    let mut ids = Vec::new();
+    for amount in [700, 900] {
+        let payment = Payment {
+            id: new_id(IdKind::Payment),
+            project_id: p.id.clone(),
+            checkout_session_id: new_id(IdKind::CheckoutSession),
+            mode: Mode::Live,
+            amount: Paisa::new(amount).unwrap_or_default(),
+            amount_refunded: Paisa::ZERO,
+            currency: Currency::Npr,
+            provider: Provider::Esewa,
+            status: PaymentStatus::Success,
+            provider_ref: Some("000AE01".into()),
+            failure_reason: None,
+            metadata: Default::default(),
+            customer_name: None,
+            customer_email: None,
+            customer_phone: None,
+            created_at: now,
+            updated_at: now,
+        };
+        assert!(
+            shared::domain::payments::insert(&*store, &payment)
+                .await
+                .is_ok()
+        );
+        ids.push(payment.id);
+    }
+    let config = Config {
+        public_base_url: "https://pay.dhukuti.example".into(),
+    };
+    Fixture {
+        state: AppState::new(store, Arc::new(SystemClock), config),
+        key,
+        payment_id: ids.remove(0),
+    }
+}
+
+/// Feeds the event file through the function's Lambda handler and returns
+/// the API Gateway response as JSON (`statusCode`, `headers`, `body`).
+async fn invoke(router: axum::Router, event_file: &str, f: &Fixture) -> Value {
+    let path = format!("{}/events/{event_file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let text = text
+        .replace("__KEY__", &f.key)
+        .replace("__PAYMENT_ID__", &f.payment_id);
+    let request: LambdaRequest =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut handler = Adapter::from(router);
+    let response = match handler
+        .call(LambdaEvent::new(request, Context::default()))
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => panic!("handler failed: {e:?}"),
+    };
+    serde_json::to_value(&response).unwrap_or(Value::Null)
+}
+
+fn body_of(res: &Value) -> Value {
+    let body = res["body"].as_str().unwrap_or("null");
+    assert_eq!(res["isBase64Encoded"], false);
+    serde_json::from_str(body).unwrap_or(Value::Null)
+}
+
+#[tokio::test]
+async fn account_function_answers_an_http_api_event() {
+    let f = fixture().await;
+    let res = invoke(::account::router(f.state.clone()), "account-get.json", &f).await;
+    assert_eq!(res["statusCode"], 200, "{res}");
+    assert_eq!(res["headers"]["x-request-id"], "Bx1aAjZ5BcwEMVA=");
+    assert_eq!(res["headers"]["content-type"], "application/json");
+    let body = body_of(&res);
+    assert_eq!(body["merchant"]["name"], "Lambda Shop");
+    assert_eq!(body["project"]["mode"], "live");
+    assert_eq!(body["api_key"]["spend_cap_paisa"], 1_000_000);
+    assert_eq!(body["plan"], "pro");
+}
+
+#[tokio::test]
+async fn payments_function_lists_with_the_query_string() {
+    let f = fixture().await;
+    let res = invoke(
+        ::payments::router(f.state.clone()),
+        "payments-list.json",
+        &f,
+    )
+    .await;
+    assert_eq!(res["statusCode"], 200, "{res}");
+    assert_eq!(res["headers"]["x-request-id"], "Bx1aBhS8hcwEJ2Q=");
+    let body = body_of(&res);
+    assert_eq!(
+        body["meta"],
+        serde_json::json!({"total": 2, "limit": 1, "offset": 0})
+    );
+    assert_eq!(body["data"][0]["amount"], 900, "newest first");
+}
+
+#[tokio::test]
+async fn payments_function_retrieves_one() {
+    let f = fixture().await;
+    let res = invoke(::payments::router(f.state.clone()), "payment-get.json", &f).await;
+    assert_eq!(res["statusCode"], 200, "{res}");
+    let body = body_of(&res);
+    assert_eq!(body["id"], f.payment_id.as_str());
+    assert_eq!(body["livemode"], true);
+}
+
+#[tokio::test]
+async fn lambda_errors_carry_the_gateway_request_id() {
+    let f = fixture().await;
+    let res = invoke(
+        ::payments::router(f.state.clone()),
+        "payment-get-no-key.json",
+        &f,
+    )
+    .await;
+    assert_eq!(res["statusCode"], 401, "{res}");
+    assert_eq!(res["headers"]["x-request-id"], "Bx1aDhTbhcwEJyg=");
+    let body = body_of(&res);
+    assert_eq!(body["error"]["code"], "api_key_invalid");
+    assert_eq!(body["error"]["request_id"], "Bx1aDhTbhcwEJyg=");
+}

@@ -1,0 +1,100 @@
+//! The request log: one line per request with method, path, status,
+//! latency and request id, and never an API key. Its own test binary, so
+//! the global log subscriber captures only this test's gateway.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use dhukuti_tests::{send, spawn_app};
+use shared::domain::Mode;
+use shared::domain::account::Scope;
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .map_err(|_| std::io::Error::other("poisoned"))?
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn request_logs_have_one_line_per_request_and_never_a_key() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || writer.clone())
+        .finish();
+    assert!(tracing::subscriber::set_global_default(subscriber).is_ok());
+
+    let app = spawn_app().await;
+    let t = app.tenant("Log Shop", "log@shop.example").await;
+    let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    let ok = app.get("/v1/account", Some(&key)).await;
+    assert_eq!(ok.status, 200);
+    // A key in the query string (a client mistake) must not reach the logs either.
+    let bad = send(
+        app.client
+            .get(app.url(&format!("/v1/payments?api_key={key}")))
+            .bearer_auth("sk_test_wrongwrongwrongwrongwrongwrongwrong"),
+    )
+    .await;
+    assert_eq!(bad.status, 401);
+    let demo_keys = app.running.as_ref().map(|r| r.keys.clone());
+    app.stop().await;
+
+    let text = String::from_utf8(captured.0.lock().map(|b| b.clone()).unwrap_or_default())
+        .unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" request ") || l.ends_with(" request"))
+        .collect();
+    let account_line = lines
+        .iter()
+        .find(|l| l.contains("path=/v1/account"))
+        .copied()
+        .unwrap_or("");
+    for part in [
+        "method=GET",
+        "status=200",
+        "latency_ms=",
+        &format!("request_id={}", ok.header("x-request-id")),
+    ] {
+        assert!(
+            account_line.contains(part),
+            "{part:?} missing from {account_line:?}\n{text}"
+        );
+    }
+    let payments_line = lines
+        .iter()
+        .find(|l| l.contains("path=/v1/payments"))
+        .copied()
+        .unwrap_or("");
+    assert!(payments_line.contains("status=401"), "{text}");
+    assert_eq!(
+        lines.iter().filter(|l| l.contains("path=/v1/")).count(),
+        2,
+        "one line per request:\n{text}"
+    );
+
+    assert!(!text.contains(&key), "an API key reached the logs:\n{text}");
+    assert!(
+        !text.contains("sk_test_wrong"),
+        "a presented key reached the logs:\n{text}"
+    );
+    if let Some(k) = demo_keys {
+        assert!(
+            !text.contains(&k.sandbox) && !text.contains(&k.live),
+            "demo keys reached the logs"
+        );
+    }
+}

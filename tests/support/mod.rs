@@ -1,0 +1,206 @@
+//! Test support: a real gateway on a loopback socket with fresh storage
+//! per test, a typed client, and helpers that set up merchants, keys and
+//! payments directly through the domain.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use dhukuti::{Running, Settings};
+use serde_json::{Map, Value};
+use shared::domain::account::{self, KeyKind, Merchant, NewKey, Plan, Project, Scope};
+use shared::domain::payments::{self, Payment, PaymentStatus};
+use shared::domain::{Mode, Provider};
+use shared::ids::{IdKind, new_id};
+use shared::money::{Currency, Paisa};
+use shared::store::Store;
+use shared::time::{Clock, SystemClock};
+
+/// One running gateway for one test.
+pub struct TestApp {
+    pub base: String,
+    pub running: Option<Running>,
+    pub store: Arc<dyn Store>,
+    pub client: reqwest::Client,
+    pub data_dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+/// A started gateway on 127.0.0.1:0 with a fresh data directory.
+pub async fn spawn_app() -> TestApp {
+    let tmp = match tempfile::tempdir() {
+        Ok(t) => t,
+        Err(e) => panic!("tempdir: {e}"),
+    };
+    let dir = tmp.path().to_path_buf();
+    let mut app = spawn_app_in(dir).await;
+    app._tmp = Some(tmp);
+    app
+}
+
+/// A started gateway on an existing data directory (for restart tests).
+pub async fn spawn_app_in(data_dir: PathBuf) -> TestApp {
+    let settings = Settings {
+        addr: "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
+        data_dir: data_dir.clone(),
+        demo_payments: false,
+        public_url: None,
+    };
+    let running = match dhukuti::start(settings).await {
+        Ok(r) => r,
+        Err(e) => panic!("gateway did not start: {e}"),
+    };
+    TestApp {
+        base: running.base_url.clone(),
+        store: running.store.clone(),
+        running: Some(running),
+        client: reqwest::Client::new(),
+        data_dir,
+        _tmp: None,
+    }
+}
+
+/// A merchant with one project and a key of the chosen scopes.
+pub struct Tenant {
+    pub merchant: Merchant,
+    pub project: Project,
+}
+
+/// An answer: status, headers and JSON body.
+pub struct Answer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Value,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+
+    /// Asserts the spec's error envelope with `code`, and that
+    /// `error.request_id` equals `X-Request-Id`.
+    pub fn assert_error(&self, status: u16, kind: &str, code: &str) {
+        assert_eq!(self.status, status, "status; body {}", self.body);
+        let e = &self.body["error"];
+        assert_eq!(e["type"], kind, "error.type; body {}", self.body);
+        assert_eq!(e["code"], code, "error.code; body {}", self.body);
+        assert!(
+            e["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "message; body {}",
+            self.body
+        );
+        let rid = self.header("x-request-id");
+        assert!(!rid.is_empty(), "X-Request-Id missing");
+        assert_eq!(
+            e["request_id"], rid,
+            "error.request_id must equal X-Request-Id"
+        );
+    }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub async fn get(&self, path: &str, key: Option<&str>) -> Answer {
+        let mut req = self.client.get(self.url(path));
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        send(req).await
+    }
+
+    pub async fn tenant(&self, name: &str, email: &str) -> Tenant {
+        let now = SystemClock.now();
+        let store = &*self.store;
+        let Ok(merchant) = account::create_merchant(store, now, name, email, Plan::Growth).await
+        else {
+            panic!("merchant")
+        };
+        let Ok(project) = account::create_project(store, now, &merchant, "Shop", false).await
+        else {
+            panic!("project")
+        };
+        Tenant { merchant, project }
+    }
+
+    pub async fn key(&self, tenant: &Tenant, mode: Mode, scopes: &[Scope]) -> String {
+        let new = NewKey {
+            mode,
+            kind: if scopes.len() == Scope::ALL.len() {
+                KeyKind::Secret
+            } else {
+                KeyKind::Restricted
+            },
+            scopes: scopes.to_vec(),
+            description: "test key".into(),
+            expires_at: None,
+            spend_cap_paisa: None,
+        };
+        match account::issue_api_key(&*self.store, SystemClock.now(), &tenant.project, new).await {
+            Ok((secret, _)) => secret,
+            Err(e) => panic!("key: {e}"),
+        }
+    }
+
+    pub async fn payment(
+        &self,
+        tenant: &Tenant,
+        mode: Mode,
+        amount: i64,
+        provider: Provider,
+    ) -> Payment {
+        let now = SystemClock.now();
+        let mut metadata = Map::new();
+        metadata.insert("order".into(), Value::from("A-1"));
+        let p = Payment {
+            id: new_id(IdKind::Payment),
+            project_id: tenant.project.id.clone(),
+            checkout_session_id: new_id(IdKind::CheckoutSession),
+            mode,
+            amount: Paisa::new(amount).unwrap_or_default(),
+            amount_refunded: Paisa::ZERO,
+            currency: Currency::Npr,
+            provider,
+            status: PaymentStatus::Success,
+            provider_ref: Some("REF-1".into()),
+            failure_reason: None,
+            metadata,
+            customer_name: Some("Sita Sharma".into()),
+            customer_email: Some("sita@example.com".into()),
+            customer_phone: Some("9841000001".into()),
+            created_at: now,
+            updated_at: now,
+        };
+        if let Err(e) = payments::insert(&*self.store, &p).await {
+            panic!("payment: {e}");
+        }
+        p
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(r) = self.running.take() {
+            let _ = r.stop().await;
+        }
+    }
+}
+
+pub async fn send(req: reqwest::RequestBuilder) -> Answer {
+    let res = match req.send().await {
+        Ok(r) => r,
+        Err(e) => panic!("request failed: {e}"),
+    };
+    let status = res.status().as_u16();
+    let headers = res.headers().clone();
+    let bytes = res.bytes().await.unwrap_or_default();
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
