@@ -419,3 +419,44 @@ async fn concurrent_reads_all_succeed_with_distinct_request_ids() {
     assert_eq!(ids.len(), 64);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_payment_read_costs_three_store_calls() {
+    use shared::store::counting::CountingStore;
+    use shared::store::embedded::EmbeddedStore;
+    use std::sync::Arc;
+
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let inner: Arc<dyn shared::store::Store> = Arc::new(
+        EmbeddedStore::open(&tmp.path().join("db.redb")).unwrap_or_else(|e| panic!("{e}")),
+    );
+    let counting = Arc::new(CountingStore::new(inner));
+    let app = dhukuti_tests::spawn_app_on(counting.clone(), tmp).await;
+    let t = app.tenant("Count Shop", "c@count.example").await;
+    let key = app.key(&t, Mode::Live, &[Scope::PaymentsRead]).await;
+    let p = app.payment(&t, Mode::Live, 100, Provider::Khalti).await;
+
+    let before = counting.calls();
+    assert_eq!(
+        app.get(&format!("/v1/payments/{}", p.id), Some(&key))
+            .await
+            .status,
+        200
+    );
+    // The key by its hash, its merchant, the payment.
+    assert_eq!(counting.calls() - before, 3);
+
+    let before = counting.calls();
+    assert_eq!(
+        app.get("/v1/payments/pay_notavalidid", Some(&key))
+            .await
+            .status,
+        404
+    );
+    assert_eq!(
+        counting.calls() - before,
+        2,
+        "a malformed id never reaches the store"
+    );
+    app.stop().await;
+}

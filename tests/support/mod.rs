@@ -59,6 +59,29 @@ pub async fn spawn_app_in(data_dir: PathBuf) -> TestApp {
     }
 }
 
+/// A started gateway on `store` (e.g. a counting wrapper), keeping `tmp`
+/// (its data directory) alive as long as the app.
+pub async fn spawn_app_on(store: Arc<dyn Store>, tmp: tempfile::TempDir) -> TestApp {
+    let settings = Settings {
+        addr: "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
+        data_dir: tmp.path().to_path_buf(),
+        demo_payments: false,
+        public_url: None,
+    };
+    let running = match dhukuti::start_with_store(settings, store.clone()).await {
+        Ok(r) => r,
+        Err(e) => panic!("gateway did not start: {e}"),
+    };
+    TestApp {
+        base: running.base_url.clone(),
+        store,
+        running: Some(running),
+        client: reqwest::Client::new(),
+        data_dir: tmp.path().to_path_buf(),
+        _tmp: Some(tmp),
+    }
+}
+
 /// A merchant with one project and a key of the chosen scopes.
 pub struct Tenant {
     pub merchant: Merchant,

@@ -4,7 +4,9 @@
 //!
 //! - `Exists`/`NotExists` look at the item itself.
 //! - `AttrExists` holds for a present attribute, even one holding `null`.
-//! - `Cmp` on a missing attribute (or a missing item) is false, `Ne` included.
+//! - `Cmp` on a missing attribute (or a missing item) is false, except
+//!   `Ne`, which is true there, as in DynamoDB (`a <> :v` holds when `a` is
+//!   absent).
 //! - `Eq`/`Ne` compare whole JSON values. Numbers, also inside arrays and
 //!   objects, compare numerically, so `1 == 1.0` (DynamoDB stores numbers as
 //!   decimals and treats `1` and `1.0` as one number). A type mismatch is
@@ -29,7 +31,7 @@ pub fn eval(cond: &Cond, item: Option<&Item>) -> bool {
         Cond::AttrNotExists(attr) => !item.is_some_and(|i| i.contains_key(attr)),
         Cond::Cmp(attr, op, value) => match item.and_then(|i| i.get(attr)) {
             Some(actual) => compare(actual, *op, value),
-            None => false,
+            None => *op == CmpOp::Ne,
         },
         Cond::And(conds) => conds.iter().all(|c| eval(c, item)),
         Cond::Or(conds) => conds.iter().any(|c| eval(c, item)),
@@ -167,15 +169,11 @@ mod tests {
     }
 
     #[test]
-    fn missing_attribute_or_item_is_false_for_every_operator() {
-        for op in [
-            CmpOp::Eq,
-            CmpOp::Ne,
-            CmpOp::Lt,
-            CmpOp::Le,
-            CmpOp::Gt,
-            CmpOp::Ge,
-        ] {
+    fn missing_attribute_or_item_is_false_for_every_operator_but_ne() {
+        let c = Cond::ne("zz", 1);
+        assert!(holds(c.clone()), "Ne on a missing attribute holds");
+        assert!(eval(&c, None), "Ne on a missing item holds");
+        for op in [CmpOp::Eq, CmpOp::Lt, CmpOp::Le, CmpOp::Gt, CmpOp::Ge] {
             let c = Cond::Cmp("zz".into(), op, json!(1));
             assert!(!holds(c.clone()), "{op:?} on a missing attribute");
             assert!(!eval(&c, None), "{op:?} on a missing item");

@@ -8,11 +8,15 @@
 //!
 //! Semantics every backend follows (the conformance suite in [`testkit`]
 //! pins each one):
-//! - a comparison condition on a missing attribute is false, `Ne` included;
+//! - a comparison condition on a missing attribute is false, except `Ne`,
+//!   which is true there (DynamoDB's `a <> :v` on an absent `a`);
 //! - `update` on a missing item creates it (DynamoDB's upsert), unless the
 //!   condition says otherwise; `add` on a missing attribute starts from 0;
 //! - a transaction holds at most [`MAX_TX_OPS`] operations on distinct keys
 //!   and applies all or nothing;
+//! - table reads (`get`, table `query`, `count`) are strongly consistent;
+//!   index queries are eventually consistent on DynamoDB, so domain code
+//!   never relies on reading its own write through an index;
 //! - a query's `limit` bounds the items *examined*; `filter` then drops
 //!   items from that page (DynamoDB's `Limit` + `FilterExpression`), so a
 //!   page may be short while `last_key` is still set.
@@ -114,7 +118,8 @@ pub enum Cond {
     NotExists,
     AttrExists(String),
     AttrNotExists(String),
-    /// `attr op value`. False when the attribute is missing. `Lt/Le/Gt/Ge`
+    /// `attr op value`. On a missing attribute `Ne` is true and every other
+    /// operator false (as in DynamoDB). `Lt/Le/Gt/Ge`
     /// compare numbers numerically and strings by UTF-8 bytes; a type
     /// mismatch is false. `Eq/Ne` compare whole JSON values.
     Cmp(String, CmpOp, Value),
@@ -251,7 +256,8 @@ pub struct Query {
 }
 
 impl Query {
-    /// Newest first on the table partition `pk` (ids sort by time).
+    /// Every item of the partition `pk`, ascending by sort key (add
+    /// [`Query::backward`] for newest first: ids sort by time).
     pub fn partition(pk: impl Into<String>) -> Self {
         Query {
             pk: pk.into(),
@@ -365,7 +371,14 @@ pub async fn query_window(
     let mut q = query.clone();
     let mut seen = Vec::new();
     loop {
-        q.limit = Some(want.saturating_sub(seen.len()).clamp(1, 1000));
+        // A filtered query may drop most of a page: read in larger pages.
+        let remaining = want.saturating_sub(seen.len());
+        let page = if q.filter.is_some() {
+            remaining.max(100)
+        } else {
+            remaining
+        };
+        q.limit = Some(page.clamp(1, 1000));
         let page = store.query(&q).await?;
         seen.extend(page.items);
         match page.last_key {

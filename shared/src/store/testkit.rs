@@ -462,8 +462,9 @@ pub async fn condition_comparisons(store: Arc<dyn Store>) {
             "on write: {cond:?}"
         );
     }
-    // A missing attribute fails every comparison, `Ne` included.
-    for op in [Eq, Ne, Lt, Le, Gt, Ge] {
+    // A missing attribute fails every comparison but `Ne`, which holds
+    // (DynamoDB: `a <> :v` is true when `a` is absent).
+    for op in [Eq, Lt, Le, Gt, Ge] {
         let cond = Cond::Cmp("absent".into(), op, json!(1));
         assert!(!holds(&*store, &key, cond.clone()).await, "{cond:?}");
         assert!(
@@ -473,15 +474,19 @@ pub async fn condition_comparisons(store: Arc<dyn Store>) {
         let negated = Cond::Not(Box::new(cond));
         assert!(holds(&*store, &key, negated.clone()).await, "{negated:?}");
     }
+    let absent_ne = Cond::Cmp("absent".into(), Ne, json!(1));
+    assert!(holds(&*store, &key, absent_ne.clone()).await);
+    assert!(holds_on_write(&*store, &key, absent_ne).await);
     // So does a missing item.
     let missing = Key::new(&pk, "missing");
-    for op in [Eq, Ne, Lt, Ge] {
+    for op in [Eq, Lt, Ge] {
         let cond = Cond::Cmp("n".into(), op, json!(10));
         assert!(
             !holds(&*store, &missing, cond.clone()).await,
             "missing item {cond:?}"
         );
     }
+    assert!(holds(&*store, &missing, Cond::Cmp("n".into(), Ne, json!(10))).await);
     // Ordering against a constant that is not a number or string is refused.
     let res = store
         .transact(vec![TxOp::Check {
