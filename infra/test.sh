@@ -1,7 +1,48 @@
 #!/usr/bin/env bash
-# Runs every test of the project: unit tests, the store conformance suite,
-# the Lambda-edge tests and the end-to-end tests over HTTP against the local
-# gateway on a real loopback socket. Needs nothing but a Rust toolchain.
+# Runs every test of the project: unit tests, the store conformance suite on
+# both backends, the Lambda-edge tests and the end-to-end tests over HTTP
+# against the local gateway on the embedded store and on DynamoDB/SQS/S3
+# (a pinned moto server on 127.0.0.1, started and stopped here).
+#
+# Before the tests it lints template.yaml with cfn-lint and `sam validate`.
+#
+# Needs a Rust toolchain and python3 (with venv); installs the rest itself
+# into $DHUKUTI_VENV (default: target/test-venv). Extra arguments go to
+# `cargo test` (e.g. `bash infra/test.sh -p dhukuti-shared store`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec cargo test --workspace --locked "$@"
+
+venv="${DHUKUTI_VENV:-target/test-venv}"
+mkdir -p target
+if [ ! -x "$venv/bin/moto_server" ] || ! cmp -s infra/requirements-test.txt "$venv/.requirements"; then
+  echo "== installing test tools into $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r infra/requirements-test.txt
+  cp infra/requirements-test.txt "$venv/.requirements"
+fi
+
+echo "== template.yaml: cfn-lint and sam validate --lint (offline)"
+"$venv/bin/cfn-lint" template.yaml
+SAM_CLI_TELEMETRY=0 "$venv/bin/sam" validate --lint --region ap-south-1 --template-file template.yaml
+
+port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$venv/bin/python" infra/moto_server.py 127.0.0.1 "$port" > target/moto.log 2>&1 &
+moto_pid=$!
+trap 'kill "$moto_pid" 2>/dev/null || true; wait "$moto_pid" 2>/dev/null || true' EXIT
+for _ in $(seq 1 100); do
+  if "$venv/bin/python" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/moto-api/')" 2>/dev/null; then
+    break
+  fi
+  kill -0 "$moto_pid" 2>/dev/null || { echo "moto failed to start:"; cat target/moto.log; exit 1; }
+  sleep 0.2
+done
+echo "== moto $("$venv/bin/pip" show moto 2>/dev/null | sed -n 's/^Version: //p') on 127.0.0.1:$port (pid $moto_pid)"
+
+# The AWS-backed tests use this endpoint with dummy credentials; with
+# DHUKUTI_REQUIRE_AWS=1 they fail instead of skipping when it is missing.
+export DHUKUTI_TEST_AWS_ENDPOINT="http://127.0.0.1:$port"
+export DHUKUTI_REQUIRE_AWS=1
+export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=ap-south-1
+unset AWS_PROFILE AWS_SESSION_TOKEN
+
+cargo test --workspace --locked "$@"

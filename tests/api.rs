@@ -1,7 +1,10 @@
 //! End to end over HTTP: the local gateway on a real loopback socket, driven
 //! the way a merchant's server drives it.
 
-use dhukuti_tests::{Answer, TestApp, send, spawn_app, spawn_app_in};
+use dhukuti_tests::{
+    Answer, TestApp, Which, fresh_backend, on_both_backends, send, spawn_app, spawn_app_on,
+    spawn_app_wrapped,
+};
 use serde_json::Value;
 use shared::domain::account::{self, Pause, Scope, Suspension};
 use shared::domain::{Mode, Provider};
@@ -14,9 +17,10 @@ fn keys_of(app: &TestApp) -> (String, String) {
     (r.keys.sandbox.clone(), r.keys.live.clone())
 }
 
-#[tokio::test]
-async fn health_answers_without_a_key() {
-    let app = spawn_app().await;
+async fn health_answers_without_a_key(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
     let a = app.get("/health", None).await;
     assert_eq!(a.status, 200);
     assert_eq!(a.body["status"], "ok");
@@ -24,9 +28,10 @@ async fn health_answers_without_a_key() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn first_start_writes_demo_keys_that_work() {
-    let app = spawn_app().await;
+async fn first_start_writes_demo_keys_that_work(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
     let (sandbox, live) = keys_of(&app);
     assert!(sandbox.starts_with("sk_test_") && live.starts_with("sk_live_"));
     let text = std::fs::read_to_string(app.data_dir.join("demo-keys.json")).unwrap_or_default();
@@ -42,17 +47,19 @@ async fn first_start_writes_demo_keys_that_work() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn a_restart_keeps_data_and_keys() {
+async fn a_restart_keeps_data_and_keys(which: Which) {
     let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let app = spawn_app_in(tmp.path().to_path_buf()).await;
+    let Some(backend) = fresh_backend(which, tmp.path()) else {
+        return;
+    };
+    let app = spawn_app_on(backend.clone(), tmp.path().to_path_buf(), |s| s).await;
     let keys = keys_of(&app);
     let t = app.tenant("Kathmandu Books", "info@ktmbooks.example").await;
     let key = app.key(&t, Mode::Live, &Scope::ALL).await;
     let p = app.payment(&t, Mode::Live, 4200, Provider::Esewa).await;
     app.stop().await;
 
-    let again = spawn_app_in(tmp.path().to_path_buf()).await;
+    let again = spawn_app_on(backend, tmp.path().to_path_buf(), |s| s).await;
     assert_eq!(keys_of(&again), keys, "demo keys survive a restart");
     let a = again
         .get(&format!("/v1/payments/{}", p.id), Some(&key))
@@ -64,9 +71,10 @@ async fn a_restart_keeps_data_and_keys() {
     again.stop().await;
 }
 
-#[tokio::test]
-async fn account_shows_the_key_context_and_masks_email_without_pii_read() {
-    let app = spawn_app().await;
+async fn account_shows_the_key_context_and_masks_email_without_pii_read(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
     let t = app.tenant("Pokhara Crafts", "maya@pokhara.example").await;
     let narrow = app.key(&t, Mode::Sandbox, &[Scope::AccountRead]).await;
     let wide = app
@@ -112,9 +120,10 @@ async fn account_shows_the_key_context_and_masks_email_without_pii_read() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn missing_malformed_and_unknown_keys_get_401() {
-    let app = spawn_app().await;
+async fn missing_malformed_and_unknown_keys_get_401(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
     for path in [
         "/v1/account",
         "/v1/payments",
@@ -145,9 +154,10 @@ async fn missing_malformed_and_unknown_keys_get_401() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn scopes_are_checked_per_route() {
-    let app = spawn_app().await;
+async fn scopes_are_checked_per_route(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
     let t = app.tenant("Scope Shop", "s@scope.example").await;
     let only_account = app.key(&t, Mode::Sandbox, &[Scope::AccountRead]).await;
     let only_payments = app.key(&t, Mode::Sandbox, &[Scope::PaymentsRead]).await;
@@ -181,9 +191,10 @@ async fn scopes_are_checked_per_route() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn suspended_merchants_get_403_with_the_suspension() {
-    let app = spawn_app().await;
+async fn suspended_merchants_get_403_with_the_suspension(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
     let t = app.tenant("Suspended Co", "x@susp.example").await;
     let key = app.key(&t, Mode::Live, &Scope::ALL).await;
     let s = Suspension {
@@ -204,9 +215,10 @@ async fn suspended_merchants_get_403_with_the_suspension() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn paused_keys_get_423_with_the_pause() {
-    let app = spawn_app().await;
+async fn paused_keys_get_423_with_the_pause(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
     let t = app.tenant("Paused Co", "x@paused.example").await;
     let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
     let hash = account::hash_secret(&key);
@@ -231,9 +243,10 @@ async fn paused_keys_get_423_with_the_pause() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn payment_retrieve_has_every_field_of_the_spec() {
-    let app = spawn_app().await;
+async fn payment_retrieve_has_every_field_of_the_spec(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
     let t = app.tenant("Field Shop", "f@field.example").await;
     let key = app.key(&t, Mode::Live, &[Scope::PaymentsRead]).await;
     let p = app.payment(&t, Mode::Live, 150_000, Provider::Khalti).await;
@@ -262,9 +275,10 @@ async fn payment_retrieve_has_every_field_of_the_spec() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn other_projects_and_other_modes_are_invisible() {
-    let app = spawn_app().await;
+async fn other_projects_and_other_modes_are_invisible(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
     let a = app.tenant("Shop A", "a@a.example").await;
     let b = app.tenant("Shop B", "b@b.example").await;
     let a_live = app.key(&a, Mode::Live, &Scope::ALL).await;
@@ -313,9 +327,10 @@ async fn other_projects_and_other_modes_are_invisible() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn payments_list_is_newest_first_and_paginates() {
-    let app = spawn_app().await;
+async fn payments_list_is_newest_first_and_paginates(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
     let t = app.tenant("List Shop", "l@list.example").await;
     let key = app.key(&t, Mode::Sandbox, &[Scope::PaymentsRead]).await;
     let mut created = Vec::new();
@@ -375,9 +390,10 @@ async fn payments_list_is_newest_first_and_paginates() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn unknown_routes_and_methods_get_the_envelope() {
-    let app = spawn_app().await;
+async fn unknown_routes_and_methods_get_the_envelope(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
     let (key, _) = keys_of(&app);
     app.get("/v1/nothing-here", Some(&key)).await.assert_error(
         404,
@@ -399,9 +415,10 @@ async fn unknown_routes_and_methods_get_the_envelope() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn concurrent_reads_all_succeed_with_distinct_request_ids() {
-    let app = spawn_app().await;
+async fn concurrent_reads_all_succeed_with_distinct_request_ids(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
     let t = app.tenant("Busy Shop", "b@busy.example").await;
     let key = app.key(&t, Mode::Live, &Scope::ALL).await;
     let p = app.payment(&t, Mode::Live, 500, Provider::Fonepay).await;
@@ -420,18 +437,20 @@ async fn concurrent_reads_all_succeed_with_distinct_request_ids() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn a_payment_read_costs_three_store_calls() {
+async fn a_payment_read_costs_three_store_calls(which: Which) {
     use shared::store::counting::CountingStore;
-    use shared::store::embedded::EmbeddedStore;
     use std::sync::Arc;
 
-    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let inner: Arc<dyn shared::store::Store> = Arc::new(
-        EmbeddedStore::open(&tmp.path().join("db.redb")).unwrap_or_else(|e| panic!("{e}")),
-    );
-    let counting = Arc::new(CountingStore::new(inner));
-    let app = dhukuti_tests::spawn_app_on(counting.clone(), tmp).await;
+    let mut counting: Option<Arc<CountingStore>> = None;
+    let app = spawn_app_wrapped(which, |inner| {
+        let c = Arc::new(CountingStore::new(inner));
+        counting = Some(c.clone());
+        c
+    })
+    .await;
+    let (Some(app), Some(counting)) = (app, counting) else {
+        return;
+    };
     let t = app.tenant("Count Shop", "c@count.example").await;
     let key = app.key(&t, Mode::Live, &[Scope::PaymentsRead]).await;
     let p = app.payment(&t, Mode::Live, 100, Provider::Khalti).await;
@@ -460,3 +479,20 @@ async fn a_payment_read_costs_three_store_calls() {
     );
     app.stop().await;
 }
+
+on_both_backends!(
+    health_answers_without_a_key,
+    first_start_writes_demo_keys_that_work,
+    a_restart_keeps_data_and_keys,
+    account_shows_the_key_context_and_masks_email_without_pii_read,
+    missing_malformed_and_unknown_keys_get_401,
+    scopes_are_checked_per_route,
+    suspended_merchants_get_403_with_the_suspension,
+    paused_keys_get_423_with_the_pause,
+    payment_retrieve_has_every_field_of_the_spec,
+    other_projects_and_other_modes_are_invisible,
+    payments_list_is_newest_first_and_paginates,
+    unknown_routes_and_methods_get_the_envelope,
+    concurrent_reads_all_succeed_with_distinct_request_ids,
+    a_payment_read_costs_three_store_calls,
+);

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use dhukuti_tests::{Which, fresh_backend, on_both_backends};
 use lambda_http::lambda_runtime::{Context, LambdaEvent};
 use lambda_http::request::LambdaRequest;
 use lambda_http::{Adapter, Service};
@@ -15,21 +16,19 @@ use shared::domain::payments::{Payment, PaymentStatus};
 use shared::domain::{Mode, Provider};
 use shared::ids::{IdKind, new_id};
 use shared::money::{Currency, Paisa};
-use shared::store::Store;
-use shared::store::embedded::EmbeddedStore;
 use shared::time::{Clock, SystemClock};
 
 struct Fixture {
+    _tmp: tempfile::TempDir,
     state: AppState,
     key: String,
     payment_id: String,
 }
 
-async fn fixture() -> Fixture {
-    let store: Arc<dyn Store> = match EmbeddedStore::in_memory() {
-        Ok(s) => Arc::new(s),
-        Err(e) => panic!("{e}"),
-    };
+async fn fixture(which: Which) -> Option<Fixture> {
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let backend = fresh_backend(which, tmp.path())?;
+    let (store, queue, blobs) = backend.open(true).await.unwrap_or_else(|e| panic!("{e}"));
     let now = SystemClock.now();
     let Ok(m) = shared::domain::account::create_merchant(
         &*store,
@@ -88,11 +87,14 @@ async fn fixture() -> Fixture {
     let config = Config {
         public_base_url: "https://pay.dhukuti.example".into(),
     };
-    Fixture {
-        state: AppState::new(store, Arc::new(SystemClock), config),
+    Some(Fixture {
+        _tmp: tmp,
+        state: AppState::new(store, Arc::new(SystemClock), config)
+            .with_queue(queue)
+            .with_blobs(blobs),
         key,
         payment_id: ids.remove(0),
-    }
+    })
 }
 
 /// Feeds the event file through the function's Lambda handler and returns
@@ -122,9 +124,10 @@ fn body_of(res: &Value) -> Value {
     serde_json::from_str(body).unwrap_or(Value::Null)
 }
 
-#[tokio::test]
-async fn account_function_answers_an_http_api_event() {
-    let f = fixture().await;
+async fn account_function_answers_an_http_api_event(which: Which) {
+    let Some(f) = fixture(which).await else {
+        return;
+    };
     let res = invoke(::account::router(f.state.clone()), "account-get.json", &f).await;
     assert_eq!(res["statusCode"], 200, "{res}");
     assert_eq!(res["headers"]["x-request-id"], "Bx1aAjZ5BcwEMVA=");
@@ -136,9 +139,10 @@ async fn account_function_answers_an_http_api_event() {
     assert_eq!(body["plan"], "pro");
 }
 
-#[tokio::test]
-async fn payments_function_lists_with_the_query_string() {
-    let f = fixture().await;
+async fn payments_function_lists_with_the_query_string(which: Which) {
+    let Some(f) = fixture(which).await else {
+        return;
+    };
     let res = invoke(
         ::payments::router(f.state.clone()),
         "payments-list.json",
@@ -155,9 +159,10 @@ async fn payments_function_lists_with_the_query_string() {
     assert_eq!(body["data"][0]["amount"], 900, "newest first");
 }
 
-#[tokio::test]
-async fn payments_function_retrieves_one() {
-    let f = fixture().await;
+async fn payments_function_retrieves_one(which: Which) {
+    let Some(f) = fixture(which).await else {
+        return;
+    };
     let res = invoke(::payments::router(f.state.clone()), "payment-get.json", &f).await;
     assert_eq!(res["statusCode"], 200, "{res}");
     let body = body_of(&res);
@@ -165,9 +170,10 @@ async fn payments_function_retrieves_one() {
     assert_eq!(body["livemode"], true);
 }
 
-#[tokio::test]
-async fn lambda_errors_carry_the_gateway_request_id() {
-    let f = fixture().await;
+async fn lambda_errors_carry_the_gateway_request_id(which: Which) {
+    let Some(f) = fixture(which).await else {
+        return;
+    };
     let res = invoke(
         ::payments::router(f.state.clone()),
         "payment-get-no-key.json",
@@ -180,3 +186,10 @@ async fn lambda_errors_carry_the_gateway_request_id() {
     assert_eq!(body["error"]["code"], "api_key_invalid");
     assert_eq!(body["error"]["request_id"], "Bx1aDhTbhcwEJyg=");
 }
+
+on_both_backends!(
+    account_function_answers_an_http_api_event,
+    payments_function_lists_with_the_query_string,
+    payments_function_retrieves_one,
+    lambda_errors_carry_the_gateway_request_id,
+);

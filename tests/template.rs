@@ -77,6 +77,80 @@ fn the_table_in_template_yaml_matches_the_store() {
     );
 }
 
+/// An index as (name, key schema, projection type).
+type Gsi = (String, Vec<(String, String)>, String);
+
+/// `dynamo::create_table` builds the table from `dynamo::table_schema()`;
+/// that data must be exactly the table `template.yaml` deploys.
+#[test]
+fn the_dynamo_table_definition_matches_template_yaml() {
+    let t = template();
+    let props = &t["Resources"]["Table"]["Properties"];
+    let schema = shared::store::dynamo::table_schema();
+    let owned = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+            .collect()
+    };
+    assert_eq!(props["BillingMode"].as_str(), Some(schema.billing_mode));
+    let attrs: Vec<(String, String)> = props["AttributeDefinitions"]
+        .as_sequence()
+        .map(|s| {
+            s.iter()
+                .map(|a| {
+                    (
+                        a["AttributeName"].as_str().unwrap_or("").to_owned(),
+                        a["AttributeType"].as_str().unwrap_or("").to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(attrs, owned(&schema.attributes), "AttributeDefinitions");
+    assert_eq!(
+        key_schema(&props["KeySchema"]),
+        owned(&schema.key_schema),
+        "KeySchema"
+    );
+    let gsis: Vec<Gsi> = props["GlobalSecondaryIndexes"]
+        .as_sequence()
+        .map(|s| {
+            s.iter()
+                .map(|g| {
+                    (
+                        g["IndexName"].as_str().unwrap_or("").to_owned(),
+                        key_schema(&g["KeySchema"]),
+                        g["Projection"]["ProjectionType"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let expected: Vec<Gsi> = schema
+        .indexes
+        .iter()
+        .map(|i| {
+            (
+                i.name.to_owned(),
+                owned(&i.key_schema),
+                i.projection.to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(gsis, expected, "GlobalSecondaryIndexes");
+    let ttl = &props["TimeToLiveSpecification"];
+    assert_eq!(ttl["AttributeName"].as_str(), Some(schema.ttl_attribute));
+    assert_eq!(ttl["Enabled"].as_bool(), Some(true));
+    assert_eq!(
+        props["StreamSpecification"]["StreamViewType"].as_str(),
+        Some(schema.stream_view_type)
+    );
+}
+
 #[test]
 fn every_function_crate_is_a_cargo_lambda_function_in_template_yaml() {
     let t = template();

@@ -11,9 +11,11 @@ use std::sync::Arc;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
+use shared::app::Backend;
+use shared::blobs::Blobs;
 use shared::http::with_edge;
+use shared::queue::Queue;
 use shared::store::Store;
-use shared::store::embedded::EmbeddedStore;
 use shared::time::{Clock, SystemClock};
 use shared::{AppState, Config};
 use tokio::net::TcpListener;
@@ -37,8 +39,13 @@ pub fn app(state: AppState) -> Router {
 pub struct Settings {
     /// `DHUKUTI_ADDR`, default `127.0.0.1:8080`; port 0 picks a free one.
     pub addr: SocketAddr,
-    /// `DHUKUTI_DATA_DIR`, default `.dhukuti` in the working directory.
+    /// `DHUKUTI_DATA_DIR`, default `.dhukuti` in the working directory:
+    /// the embedded store and `demo-keys.json`.
     pub data_dir: PathBuf,
+    /// `DHUKUTI_BACKEND` (`embedded` or `aws`) and its settings.
+    pub backend: Backend,
+    /// `--init`: create the AWS table, queues and bucket if missing.
+    pub init: bool,
     /// `--demo-payments` or `DHUKUTI_DEMO_PAYMENTS=1`: seed sample payments.
     pub demo_payments: bool,
     /// `DHUKUTI_PUBLIC_URL`, default `http://<addr>`.
@@ -54,6 +61,8 @@ impl Settings {
         let data_dir = std::env::var("DHUKUTI_DATA_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|_| PathBuf::from(".dhukuti"));
+        let backend = Backend::from_env()?;
+        let mut init = false;
         let mut demo_payments = matches!(
             std::env::var("DHUKUTI_DEMO_PAYMENTS").as_deref(),
             Ok("1") | Ok("true") | Ok("yes")
@@ -61,6 +70,7 @@ impl Settings {
         for arg in args {
             match arg.as_str() {
                 "--demo-payments" => demo_payments = true,
+                "--init" => init = true,
                 "-h" | "--help" => return Err(USAGE.to_owned()),
                 other => return Err(format!("unknown argument {other:?}\n\n{USAGE}")),
             }
@@ -68,6 +78,8 @@ impl Settings {
         Ok(Settings {
             addr,
             data_dir,
+            backend,
+            init,
             demo_payments,
             public_url: std::env::var("DHUKUTI_PUBLIC_URL").ok(),
         })
@@ -75,13 +87,24 @@ impl Settings {
 }
 
 pub const USAGE: &str = "\
-Usage: cargo run [-- --demo-payments]
+Usage: cargo run [-- [--demo-payments] [--init]]
 
-Starts every Dhukuti function in one process on the embedded store.
+Starts every Dhukuti function in one process, on the embedded store or
+(DHUKUTI_BACKEND=aws) on DynamoDB, SQS and S3.
+
+  --demo-payments         seed sample payments (once)
+  --init                  with DHUKUTI_BACKEND=aws: create the table, queues
+                          and bucket if they are missing
 
 Environment:
   DHUKUTI_ADDR            listen address (default 127.0.0.1:8080)
   DHUKUTI_DATA_DIR        data directory (default ./.dhukuti)
+  DHUKUTI_BACKEND         embedded (default) or aws
+  DHUKUTI_TABLE, DHUKUTI_QUEUE_PREFIX, DHUKUTI_BUCKET
+                          AWS resource names (default dhukuti,
+                          dhukuti, dhukuti-documents)
+  AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, ...
+                          the standard AWS environment (moto: its URL)
   DHUKUTI_PUBLIC_URL      public base URL of hosted pages (default http://<addr>)
   DHUKUTI_DEMO_PAYMENTS   1 to seed sample payments (same as --demo-payments)
   RUST_LOG                log filter (default info)";
@@ -120,18 +143,8 @@ impl Running {
 /// Opens the store, creates the demo merchant on first start, binds and
 /// starts serving. Returns once `/health` would answer.
 pub async fn start(settings: Settings) -> Result<Running, String> {
-    std::fs::create_dir_all(&settings.data_dir).map_err(|e| {
-        format!(
-            "cannot create data directory {}: {e}",
-            settings.data_dir.display()
-        )
-    })?;
-    let db_path = settings.data_dir.join("dhukuti.redb");
-    let store: Arc<dyn Store> = Arc::new(
-        EmbeddedStore::open(&db_path)
-            .map_err(|e| format!("cannot open {}: {e}", db_path.display()))?,
-    );
-    start_with_store(settings, store).await
+    let (store, queue, blobs) = settings.backend.open(settings.init).await?;
+    start_with(settings, store, queue, blobs).await
 }
 
 /// [`start`] on a store the caller opened (benchmarks wrap it to count
@@ -139,6 +152,18 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
 pub async fn start_with_store(
     settings: Settings,
     store: Arc<dyn Store>,
+) -> Result<Running, String> {
+    let queue: Arc<dyn Queue> = Arc::new(shared::queue::memory::InProcessQueue::new());
+    let blobs: Arc<dyn Blobs> = Arc::new(shared::blobs::memory::MemoryBlobs::new());
+    start_with(settings, store, queue, blobs).await
+}
+
+/// [`start`] on backends the caller opened.
+pub async fn start_with(
+    settings: Settings,
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    blobs: Arc<dyn Blobs>,
 ) -> Result<Running, String> {
     std::fs::create_dir_all(&settings.data_dir).map_err(|e| {
         format!(
@@ -159,7 +184,9 @@ pub async fn start_with_store(
     let config = Config {
         public_base_url: base_url.trim_end_matches('/').to_owned(),
     };
-    let state = AppState::new(store.clone(), clock, config);
+    let state = AppState::new(store.clone(), clock, config)
+        .with_queue(queue)
+        .with_blobs(blobs);
 
     let keys_file = settings.data_dir.join("demo-keys.json");
     let demo = demo::bootstrap(&state, &keys_file).await?;

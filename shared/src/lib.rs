@@ -8,10 +8,12 @@
 //! - [`ids`], [`money`], [`time`]: the value types on the wire.
 
 pub mod app;
+pub mod blobs;
 pub mod domain;
 pub mod http;
 pub mod ids;
 pub mod money;
+pub mod queue;
 pub mod store;
 pub mod time;
 

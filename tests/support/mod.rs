@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use dhukuti::{Running, Settings};
 use serde_json::{Map, Value};
+use shared::app::{AwsSettings, Backend};
 use shared::domain::account::{self, KeyKind, Merchant, NewKey, Plan, Project, Scope};
 use shared::domain::payments::{self, Payment, PaymentStatus};
 use shared::domain::{Mode, Provider};
@@ -15,6 +16,40 @@ use shared::money::{Currency, Paisa};
 use shared::store::Store;
 use shared::time::{Clock, SystemClock};
 
+/// The backend an end-to-end test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Which {
+    /// redb in a temporary directory, in-process queue, local blobs.
+    Embedded,
+    /// DynamoDB, SQS and S3 on the moto server `infra/test.sh` starts
+    /// (`DHUKUTI_TEST_AWS_ENDPOINT`), with a fresh table, queues and bucket.
+    Aws,
+}
+
+/// Expands each listed `async fn name(which: Which)` into two tests,
+/// `embedded::name` and `aws::name`.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::Which::Embedded).await
+                }
+            )*
+        }
+        mod aws {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::Which::Aws).await
+                }
+            )*
+        }
+    };
+}
+
 /// One running gateway for one test.
 pub struct TestApp {
     pub base: String,
@@ -22,53 +57,73 @@ pub struct TestApp {
     pub store: Arc<dyn Store>,
     pub client: reqwest::Client,
     pub data_dir: PathBuf,
+    pub backend: Backend,
     _tmp: Option<tempfile::TempDir>,
 }
 
-/// A started gateway on 127.0.0.1:0 with a fresh data directory.
-pub async fn spawn_app() -> TestApp {
+/// A backend of kind `which` that no other test uses; `None` when the AWS
+/// endpoint is not configured (the test then skips, unless
+/// `DHUKUTI_REQUIRE_AWS=1`, which makes it fail).
+pub fn fresh_backend(which: Which, data_dir: &std::path::Path) -> Option<Backend> {
+    match which {
+        Which::Embedded => Some(Backend::Embedded {
+            data_dir: data_dir.to_path_buf(),
+        }),
+        Which::Aws => {
+            let endpoint = shared::queue::testkit::aws_endpoint()?;
+            let id = new_id(IdKind::Event)[4..].to_owned();
+            Some(Backend::Aws(AwsSettings {
+                endpoint: Some(endpoint),
+                table: format!("e2e-{id}"),
+                queue_urls: Default::default(),
+                queue_prefix: format!("e2e-{id}"),
+                bucket: format!("e2e-{id}"),
+            }))
+        }
+    }
+}
+
+/// A started gateway on `which` with fresh storage; `None` = skipped.
+pub async fn spawn_app(which: Which) -> Option<TestApp> {
+    spawn_app_wrapped(which, |s| s).await
+}
+
+/// [`spawn_app`] with the store wrapped (counting, faults).
+pub async fn spawn_app_wrapped(
+    which: Which,
+    wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+) -> Option<TestApp> {
     let tmp = match tempfile::tempdir() {
         Ok(t) => t,
         Err(e) => panic!("tempdir: {e}"),
     };
-    let dir = tmp.path().to_path_buf();
-    let mut app = spawn_app_in(dir).await;
+    let backend = fresh_backend(which, tmp.path())?;
+    let mut app = spawn_app_on(backend, tmp.path().to_path_buf(), wrap).await;
     app._tmp = Some(tmp);
-    app
+    Some(app)
 }
 
-/// A started gateway on an existing data directory (for restart tests).
-pub async fn spawn_app_in(data_dir: PathBuf) -> TestApp {
+/// A started gateway on `backend` (created if missing), keeping
+/// `demo-keys.json` in `data_dir` (restart tests reuse both).
+pub async fn spawn_app_on(
+    backend: Backend,
+    data_dir: PathBuf,
+    wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+) -> TestApp {
     let settings = Settings {
         addr: "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
         data_dir: data_dir.clone(),
+        backend: backend.clone(),
+        init: true,
         demo_payments: false,
         public_url: None,
     };
-    let running = match dhukuti::start(settings).await {
-        Ok(r) => r,
-        Err(e) => panic!("gateway did not start: {e}"),
+    let (store, queue, blobs) = match backend.open(true).await {
+        Ok(b) => b,
+        Err(e) => panic!("backend did not open: {e}"),
     };
-    TestApp {
-        base: running.base_url.clone(),
-        store: running.store.clone(),
-        running: Some(running),
-        client: reqwest::Client::new(),
-        data_dir,
-        _tmp: None,
-    }
-}
-
-/// A started gateway on `store` (e.g. a counting wrapper), keeping `tmp`
-/// (its data directory) alive as long as the app.
-pub async fn spawn_app_on(store: Arc<dyn Store>, tmp: tempfile::TempDir) -> TestApp {
-    let settings = Settings {
-        addr: "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
-        data_dir: tmp.path().to_path_buf(),
-        demo_payments: false,
-        public_url: None,
-    };
-    let running = match dhukuti::start_with_store(settings, store.clone()).await {
+    let store = wrap(store);
+    let running = match dhukuti::start_with(settings, store.clone(), queue, blobs).await {
         Ok(r) => r,
         Err(e) => panic!("gateway did not start: {e}"),
     };
@@ -77,8 +132,9 @@ pub async fn spawn_app_on(store: Arc<dyn Store>, tmp: tempfile::TempDir) -> Test
         store,
         running: Some(running),
         client: reqwest::Client::new(),
-        data_dir: tmp.path().to_path_buf(),
-        _tmp: Some(tmp),
+        data_dir,
+        backend,
+        _tmp: None,
     }
 }
 

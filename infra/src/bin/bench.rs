@@ -54,6 +54,10 @@ async fn main() -> std::result::Result<(), String> {
     let settings = Settings {
         addr: "127.0.0.1:0".parse().map_err(|_| "addr")?,
         data_dir: tmp.clone(),
+        backend: shared::app::Backend::Embedded {
+            data_dir: tmp.clone(),
+        },
+        init: false,
         demo_payments: false,
         public_url: None,
     };

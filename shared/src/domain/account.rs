@@ -12,7 +12,7 @@ use subtle::ConstantTimeEq;
 use super::Mode;
 use super::record::{from_item, to_item};
 use crate::ids::{IdKind, new_id};
-use crate::store::{Cond, Index, Key, Store, StoreError};
+use crate::store::{Cond, Index, Item, Key, Query, Store, StoreError, TxOp, Update};
 use crate::time::Timestamp;
 
 /// What a key may do. Unknown scope strings in storage are ignored, so a
@@ -344,38 +344,69 @@ pub async fn issue_api_key(
     project: &Project,
     new: NewKey,
 ) -> Result<(String, ApiKey), StoreError> {
-    let random: String = rand::rng()
-        .sample_iter(rand::distr::Alphanumeric)
-        .take(SECRET_RANDOM_LEN)
-        .map(char::from)
-        .collect();
-    let secret = format!("{}{random}", new.mode.key_prefix());
-    let hash = hash_secret(&secret);
-    let key = ApiKey {
-        id: new_id(IdKind::ApiKey),
-        key_hash: hash.clone(),
+    let fields = KeyFields {
         merchant_id: project.merchant_id.clone(),
         project_id: project.id.clone(),
         mode: new.mode,
         kind: new.kind,
         scopes: new.scopes.iter().map(|s| s.as_str().to_owned()).collect(),
         description: new.description,
+        expires_at: new.expires_at,
+        spend_cap_paisa: new.spend_cap_paisa,
+    };
+    let (secret, key, item) = mint_key(now, fields)?;
+    store.put(item, Some(Cond::NotExists)).await?;
+    Ok((secret, key))
+}
+
+/// Everything a minted key copies from its request (or, on rotation, from
+/// the key it replaces). Scopes stay strings so a rotation keeps scopes
+/// this build does not know.
+struct KeyFields {
+    merchant_id: String,
+    project_id: String,
+    mode: Mode,
+    kind: KeyKind,
+    scopes: Vec<String>,
+    description: String,
+    expires_at: Option<Timestamp>,
+    spend_cap_paisa: Option<i64>,
+}
+
+/// The gsi1 partition listing a project's keys (sort key: the key id).
+fn keys_partition(project_id: &str) -> String {
+    format!("PROJ#{project_id}#AKEYS")
+}
+
+/// A fresh secret, its record and the item to store (not yet written).
+fn mint_key(now: Timestamp, f: KeyFields) -> Result<(String, ApiKey, Item), StoreError> {
+    let random: String = rand::rng()
+        .sample_iter(rand::distr::Alphanumeric)
+        .take(SECRET_RANDOM_LEN)
+        .map(char::from)
+        .collect();
+    let secret = format!("{}{random}", f.mode.key_prefix());
+    let hash = hash_secret(&secret);
+    let key = ApiKey {
+        id: new_id(IdKind::ApiKey),
+        key_hash: hash.clone(),
+        merchant_id: f.merchant_id,
+        project_id: f.project_id,
+        mode: f.mode,
+        kind: f.kind,
+        scopes: f.scopes,
+        description: f.description,
         prefix: secret.chars().take(12).collect(),
         hint: secret[secret.len() - 4..].to_owned(),
-        expires_at: new.expires_at,
+        expires_at: f.expires_at,
         last_used_at: None,
-        spend_cap_paisa: new.spend_cap_paisa,
+        spend_cap_paisa: f.spend_cap_paisa,
         pause: None,
         created_at: now,
     };
-    let index = (
-        Index::Gsi1,
-        format!("PROJ#{}#AKEYS", project.id),
-        key.id.clone(),
-    );
+    let index = (Index::Gsi1, keys_partition(&key.project_id), key.id.clone());
     let item = to_item(&key, &ApiKey::key_for_hash(&hash), &[index])?;
-    store.put(item, Some(Cond::NotExists)).await?;
-    Ok((secret, key))
+    Ok((secret, key, item))
 }
 
 /// Suspends a merchant: every call of its keys answers 403 from now on.
@@ -386,7 +417,7 @@ pub async fn suspend_merchant(
 ) -> Result<(), StoreError> {
     let value =
         serde_json::to_value(&suspension).map_err(|e| StoreError::Invalid(e.to_string()))?;
-    let update = crate::store::Update::new().set("suspension", value);
+    let update = Update::new().set("suspension", value);
     store
         .update(&Merchant::key(merchant_id), update, Some(Cond::Exists))
         .await
@@ -400,7 +431,7 @@ pub async fn pause_api_key(
     pause: Pause,
 ) -> Result<(), StoreError> {
     let value = serde_json::to_value(&pause).map_err(|e| StoreError::Invalid(e.to_string()))?;
-    let update = crate::store::Update::new().set("pause", value);
+    let update = Update::new().set("pause", value);
     store
         .update(
             &ApiKey::key_for_hash(&key.key_hash),
@@ -409,6 +440,236 @@ pub async fn pause_api_key(
         )
         .await
         .map(|_| ())
+}
+
+/// The merchant `id`, if it exists.
+pub async fn get_merchant(store: &dyn Store, id: &str) -> Result<Option<Merchant>, StoreError> {
+    match store.get(&Merchant::key(id)).await? {
+        Some(item) => Ok(Some(from_item(item)?)),
+        None => Ok(None),
+    }
+}
+
+/// The project `id`, if it exists.
+pub async fn get_project(store: &dyn Store, id: &str) -> Result<Option<Project>, StoreError> {
+    match store.get(&Project::key(id)).await? {
+        Some(item) => Ok(Some(from_item(item)?)),
+        None => Ok(None),
+    }
+}
+
+/// Lifts a suspension: the merchant's keys work again. The merchant as
+/// written; [`StoreError::ConditionFailed`] when it does not exist.
+pub async fn reinstate_merchant(
+    store: &dyn Store,
+    merchant_id: &str,
+) -> Result<Merchant, StoreError> {
+    let update = Update::new().remove("suspension");
+    let item = store
+        .update(&Merchant::key(merchant_id), update, Some(Cond::Exists))
+        .await?;
+    from_item(item)
+}
+
+/// Moves a merchant to `plan` (its plan-derived entitlements follow at
+/// once). [`StoreError::ConditionFailed`] when the merchant does not exist.
+pub async fn set_plan(
+    store: &dyn Store,
+    merchant_id: &str,
+    plan: Plan,
+) -> Result<Merchant, StoreError> {
+    let value = serde_json::to_value(plan).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let update = Update::new().set("plan", value);
+    let item = store
+        .update(&Merchant::key(merchant_id), update, Some(Cond::Exists))
+        .await?;
+    from_item(item)
+}
+
+/// Turns live one-time invoices of a project on or off (sandbox always has
+/// them). [`StoreError::ConditionFailed`] when the project does not exist.
+pub async fn set_live_invoicing(
+    store: &dyn Store,
+    project_id: &str,
+    enabled: bool,
+) -> Result<Project, StoreError> {
+    let update = Update::new().set("live_invoicing", enabled);
+    let item = store
+        .update(&Project::key(project_id), update, Some(Cond::Exists))
+        .await?;
+    from_item(item)
+}
+
+/// Every key of a project, newest first, revoked ones excluded.
+///
+/// Reads the project's gsi1 partition, which lags writes on DynamoDB: a key
+/// issued or revoked a moment ago may be missing or still listed. Use
+/// [`find_api_key`] for a consistent answer about one key.
+pub async fn list_api_keys(store: &dyn Store, project_id: &str) -> Result<Vec<ApiKey>, StoreError> {
+    let mut query = Query::partition(keys_partition(project_id))
+        .on(Index::Gsi1)
+        .backward()
+        .limit(100);
+    let mut keys = Vec::new();
+    loop {
+        let page = store.query(&query).await?;
+        for item in page.items {
+            keys.push(from_item::<ApiKey>(item)?);
+        }
+        match page.last_key {
+            Some(last) => query.start_after = Some(last),
+            None => break,
+        }
+    }
+    Ok(keys)
+}
+
+/// The key `key_id` of `project_id`, read back from the table (strongly
+/// consistent) once the project's listing names it. `None` when the
+/// project has no such key (or it was revoked).
+pub async fn find_api_key(
+    store: &dyn Store,
+    project_id: &str,
+    key_id: &str,
+) -> Result<Option<ApiKey>, StoreError> {
+    let listed = list_api_keys(store, project_id).await?;
+    let Some(found) = listed.into_iter().find(|k| k.id == key_id) else {
+        return Ok(None);
+    };
+    match store.get(&ApiKey::key_for_hash(&found.key_hash)).await? {
+        Some(item) => {
+            let key: ApiKey = from_item(item)?;
+            Ok((key.id == key_id && key.project_id == project_id).then_some(key))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Revokes a key for good: its item is deleted, so [`authenticate`] answers
+/// [`AuthError::Invalid`] from now on. [`StoreError::ConditionFailed`] when
+/// it was already revoked.
+pub async fn revoke_api_key(store: &dyn Store, key: &ApiKey) -> Result<(), StoreError> {
+    let cond = Cond::And(vec![Cond::Exists, Cond::eq("id", key.id.as_str())]);
+    store
+        .delete(&ApiKey::key_for_hash(&key.key_hash), Some(cond))
+        .await
+}
+
+/// How long a rotated key keeps working unless the caller says otherwise.
+pub const DEFAULT_ROTATION_GRACE_SECS: i64 = 24 * 60 * 60;
+
+/// [`DEFAULT_ROTATION_GRACE_SECS`] as a duration.
+pub fn default_rotation_grace() -> chrono::Duration {
+    chrono::Duration::seconds(DEFAULT_ROTATION_GRACE_SECS)
+}
+
+/// The outcome of [`rotate_api_key`].
+#[derive(Clone, PartialEq)]
+pub struct Rotation {
+    /// The new key's secret: shown once, never stored.
+    pub secret: String,
+    pub new_key: ApiKey,
+    /// The old key as written, with its new `expires_at`.
+    pub old_key: ApiKey,
+}
+
+impl std::fmt::Debug for Rotation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rotation")
+            .field("secret", &"[redacted]")
+            .field("new_key", &self.new_key)
+            .field("old_key", &self.old_key)
+            .finish()
+    }
+}
+
+/// Replaces `old` by a new key with the same mode, kind, scopes,
+/// description and spend cap, and lets `old` expire at `now + grace` (or
+/// earlier, if it already expired sooner). Both keys work during the
+/// grace. The new key expires at `expires_at` (`None`: never) and starts
+/// unpaused. One transaction: either both changes happen or neither.
+pub async fn rotate_api_key(
+    store: &dyn Store,
+    now: Timestamp,
+    old: &ApiKey,
+    grace: chrono::Duration,
+    expires_at: Option<Timestamp>,
+) -> Result<Rotation, StoreError> {
+    if grace < chrono::Duration::zero() {
+        return Err(StoreError::Invalid(
+            "the grace period cannot be negative".into(),
+        ));
+    }
+    if old.expires_at.is_some_and(|t| t <= now) {
+        return Err(StoreError::Invalid(format!(
+            "key {} has already expired; issue a new key instead",
+            old.id
+        )));
+    }
+    if expires_at.is_some_and(|t| t <= now) {
+        return Err(StoreError::Invalid(
+            "the new key's expiry must be in the future".into(),
+        ));
+    }
+    let fields = KeyFields {
+        merchant_id: old.merchant_id.clone(),
+        project_id: old.project_id.clone(),
+        mode: old.mode,
+        kind: old.kind,
+        scopes: old.scopes.clone(),
+        description: old.description.clone(),
+        expires_at,
+        spend_cap_paisa: old.spend_cap_paisa,
+    };
+    let (secret, new_key, new_item) = mint_key(now, fields)?;
+    let grace_end = now.plus(grace);
+    let old_expiry = match old.expires_at {
+        Some(t) if t < grace_end => t,
+        _ => grace_end,
+    };
+    let expiry_value =
+        serde_json::to_value(old_expiry).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    store
+        .transact(vec![
+            TxOp::Put {
+                item: new_item,
+                cond: Some(Cond::NotExists),
+            },
+            TxOp::Update {
+                key: ApiKey::key_for_hash(&old.key_hash),
+                update: Update::new().set("expires_at", expiry_value),
+                cond: Some(Cond::And(vec![
+                    Cond::Exists,
+                    Cond::eq("id", old.id.as_str()),
+                ])),
+            },
+        ])
+        .await?;
+    let mut old_key = old.clone();
+    old_key.expires_at = Some(old_expiry);
+    Ok(Rotation {
+        secret,
+        new_key,
+        old_key,
+    })
+}
+
+/// A cheap sanity check of an email address: one `@`, a non-empty local
+/// part, a dotted domain, no spaces or control characters, at most 254
+/// characters. Not a full RFC 5322 parser.
+pub fn is_plausible_email(email: &str) -> bool {
+    if email.len() > 254 || email.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return false;
+    }
+    let Some((local, domain)) = email.split_once('@') else {
+        return false;
+    };
+    !local.is_empty()
+        && !domain.contains('@')
+        && domain.contains('.')
+        && !domain.starts_with('.')
+        && !domain.ends_with('.')
+        && !domain.contains("..")
 }
 
 /// `r***@example.com`: the first character and the domain, so a merchant
@@ -730,5 +991,277 @@ mod tests {
         assert_eq!(v1.api_key.kind, KeyKind::Restricted);
         assert_eq!(v1.project.mode, Mode::Sandbox);
         assert_eq!(v2.entitlements.sms_monthly_quota, 200);
+    }
+
+    fn ok<T, E: std::fmt::Debug>(r: Result<T, E>, what: &str) -> T {
+        match r {
+            Ok(v) => v,
+            Err(e) => panic!("{what}: {e:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn keys_are_listed_newest_first_and_found_by_id() {
+        let store = store();
+        let now = SystemClock.now();
+        let (m, p) = setup(&*store).await;
+        let q = ok(create_project(&*store, now, &m, "Other", false).await, "q");
+        let mut ids = Vec::new();
+        for mode in [Mode::Sandbox, Mode::Live, Mode::Sandbox] {
+            let (_, k) = ok(
+                issue_api_key(&*store, now, &p, all_scopes(mode)).await,
+                "issue",
+            );
+            ids.push(k.id);
+        }
+        let (_, other) = ok(
+            issue_api_key(&*store, now, &q, all_scopes(Mode::Sandbox)).await,
+            "issue q",
+        );
+        let listed = ok(list_api_keys(&*store, &p.id).await, "list");
+        let listed_ids: Vec<String> = listed.iter().map(|k| k.id.clone()).collect();
+        ids.reverse();
+        assert_eq!(listed_ids, ids, "newest first, only this project's keys");
+        assert!(listed.iter().all(|k| k.project_id == p.id));
+
+        let found = ok(find_api_key(&*store, &p.id, &ids[1]).await, "find");
+        assert_eq!(found.map(|k| k.mode), Some(Mode::Live));
+        // Another project's key is not found through this project.
+        assert_eq!(ok(find_api_key(&*store, &p.id, &other.id).await, "f"), None);
+        assert_eq!(ok(find_api_key(&*store, &p.id, "ak_nope").await, "f"), None);
+        assert_eq!(ok(list_api_keys(&*store, "proj_none").await, "l"), vec![]);
+    }
+
+    #[tokio::test]
+    async fn listing_follows_pages() {
+        let store = store();
+        let now = SystemClock.now();
+        let (_, p) = setup(&*store).await;
+        for _ in 0..230 {
+            ok(
+                issue_api_key(&*store, now, &p, all_scopes(Mode::Sandbox)).await,
+                "issue",
+            );
+        }
+        assert_eq!(ok(list_api_keys(&*store, &p.id).await, "list").len(), 230);
+    }
+
+    #[tokio::test]
+    async fn revoked_keys_stop_working_and_leave_the_list() {
+        let store = store();
+        let now = SystemClock.now();
+        let (_, p) = setup(&*store).await;
+        let (secret, key) = ok(
+            issue_api_key(&*store, now, &p, all_scopes(Mode::Live)).await,
+            "issue",
+        );
+        assert!(authenticate(&*store, now, &secret).await.is_ok());
+        ok(revoke_api_key(&*store, &key).await, "revoke");
+        assert_eq!(
+            authenticate(&*store, now, &secret).await,
+            Err(AuthError::Invalid)
+        );
+        assert_eq!(
+            revoke_api_key(&*store, &key).await,
+            Err(StoreError::ConditionFailed),
+            "revoking twice says so"
+        );
+        assert!(ok(list_api_keys(&*store, &p.id).await, "list").is_empty());
+        assert_eq!(ok(find_api_key(&*store, &p.id, &key.id).await, "f"), None);
+    }
+
+    #[tokio::test]
+    async fn rotation_keeps_both_keys_working_during_the_grace() {
+        let store = store();
+        let now = SystemClock.now();
+        let (_, p) = setup(&*store).await;
+        let new = NewKey {
+            mode: Mode::Live,
+            kind: KeyKind::Restricted,
+            scopes: vec![Scope::PaymentsRead, Scope::RefundsWrite],
+            description: "POS terminal".into(),
+            expires_at: None,
+            spend_cap_paisa: Some(5_000_000),
+        };
+        let (old_secret, old) = ok(issue_api_key(&*store, now, &p, new).await, "issue");
+        let grace = chrono::Duration::hours(1);
+        let r = ok(
+            rotate_api_key(&*store, now, &old, grace, None).await,
+            "rotate",
+        );
+        assert!(r.secret.starts_with("sk_live_"));
+        assert_ne!(r.secret, old_secret);
+        assert_ne!(r.new_key.id, old.id);
+        assert_eq!(r.new_key.mode, old.mode);
+        assert_eq!(r.new_key.kind, old.kind);
+        assert_eq!(r.new_key.scopes, old.scopes);
+        assert_eq!(r.new_key.description, old.description);
+        assert_eq!(r.new_key.spend_cap_paisa, old.spend_cap_paisa);
+        assert_eq!(r.new_key.expires_at, None);
+        assert_eq!(r.old_key.expires_at, Some(now.plus(grace)));
+        assert!(!format!("{r:?}").contains(&r.secret), "Debug redacts");
+
+        // Stored, not only returned.
+        let stored = ok(find_api_key(&*store, &p.id, &old.id).await, "find");
+        assert_eq!(stored.and_then(|k| k.expires_at), Some(now.plus(grace)));
+
+        let during = now.plus(chrono::Duration::minutes(59));
+        assert!(authenticate(&*store, during, &old_secret).await.is_ok());
+        assert!(authenticate(&*store, during, &r.secret).await.is_ok());
+        let after = now.plus(chrono::Duration::minutes(61));
+        assert_eq!(
+            authenticate(&*store, after, &old_secret).await,
+            Err(AuthError::Expired)
+        );
+        assert!(authenticate(&*store, after, &r.secret).await.is_ok());
+        assert_eq!(ok(list_api_keys(&*store, &p.id).await, "list").len(), 2);
+        assert_eq!(default_rotation_grace(), chrono::Duration::hours(24));
+    }
+
+    #[tokio::test]
+    async fn rotation_never_extends_an_expiry_and_refuses_bad_requests() {
+        let store = store();
+        let now = SystemClock.now();
+        let (_, p) = setup(&*store).await;
+        let mut soon = all_scopes(Mode::Sandbox);
+        soon.expires_at = Some(now.plus(chrono::Duration::minutes(5)));
+        let (_, key) = ok(issue_api_key(&*store, now, &p, soon).await, "issue");
+        let later = Some(now.plus(chrono::Duration::days(30)));
+        let r = ok(
+            rotate_api_key(&*store, now, &key, default_rotation_grace(), later).await,
+            "rotate",
+        );
+        assert_eq!(r.old_key.expires_at, key.expires_at, "never extended");
+        assert_eq!(r.new_key.expires_at, later);
+
+        let negative = chrono::Duration::seconds(-1);
+        assert!(matches!(
+            rotate_api_key(&*store, now, &key, negative, None).await,
+            Err(StoreError::Invalid(_))
+        ));
+        let past = Some(now.plus(chrono::Duration::seconds(-1)));
+        assert!(matches!(
+            rotate_api_key(&*store, now, &key, negative.abs(), past).await,
+            Err(StoreError::Invalid(_))
+        ));
+        let expired_at = now.plus(chrono::Duration::minutes(6));
+        assert!(matches!(
+            rotate_api_key(&*store, expired_at, &key, default_rotation_grace(), None).await,
+            Err(StoreError::Invalid(_))
+        ));
+
+        // A revoked key cannot be rotated, and the failed rotation leaves
+        // no new key behind.
+        let (_, gone) = ok(
+            issue_api_key(&*store, now, &p, all_scopes(Mode::Sandbox)).await,
+            "issue",
+        );
+        ok(revoke_api_key(&*store, &gone).await, "revoke");
+        let before = ok(list_api_keys(&*store, &p.id).await, "list").len();
+        let failed = rotate_api_key(&*store, now, &gone, default_rotation_grace(), None).await;
+        assert!(failed.is_err_and(|e| e.is_condition_failure()));
+        assert_eq!(
+            ok(list_api_keys(&*store, &p.id).await, "list").len(),
+            before
+        );
+    }
+
+    #[tokio::test]
+    async fn reinstated_merchants_work_again() {
+        let store = store();
+        let now = SystemClock.now();
+        let (m, p) = setup(&*store).await;
+        let (secret, _) = ok(
+            issue_api_key(&*store, now, &p, all_scopes(Mode::Sandbox)).await,
+            "issue",
+        );
+        let s = Suspension {
+            suspended_at: now,
+            reason: "KYC".into(),
+        };
+        ok(suspend_merchant(&*store, &m.id, s).await, "suspend");
+        assert!(matches!(
+            authenticate(&*store, now, &secret).await,
+            Err(AuthError::Suspended(_))
+        ));
+        let back = ok(reinstate_merchant(&*store, &m.id).await, "reinstate");
+        assert_eq!(back.suspension, None);
+        assert!(authenticate(&*store, now, &secret).await.is_ok());
+        // Reinstating twice is harmless; a missing merchant is an error.
+        ok(reinstate_merchant(&*store, &m.id).await, "again");
+        assert_eq!(
+            reinstate_merchant(&*store, "mer_missing").await,
+            Err(StoreError::ConditionFailed)
+        );
+        assert_eq!(
+            ok(get_merchant(&*store, "mer_missing").await, "g"),
+            None,
+            "reinstating a missing merchant must not create one"
+        );
+    }
+
+    #[tokio::test]
+    async fn plan_and_live_invoicing_change_the_entitlements() {
+        let store = store();
+        let now = SystemClock.now();
+        let (m, p) = setup(&*store).await;
+        let (secret, _) = ok(
+            issue_api_key(&*store, now, &p, all_scopes(Mode::Live)).await,
+            "issue",
+        );
+        let view = |store: Arc<dyn Store>, secret: String| async move {
+            let who = ok(authenticate(&*store, now, &secret).await, "auth");
+            ok(account_view(&*store, &who).await, "view")
+        };
+        let before = view(store.clone(), secret.clone()).await;
+        assert_eq!(before.plan, Plan::Growth);
+        assert!(!before.entitlements.live_invoicing);
+
+        let m2 = ok(set_plan(&*store, &m.id, Plan::Pro).await, "plan");
+        assert_eq!(m2.plan, Plan::Pro);
+        assert_eq!(m2.name, m.name, "other fields kept");
+        let p2 = ok(set_live_invoicing(&*store, &p.id, true).await, "inv");
+        assert!(p2.live_invoicing);
+        assert_eq!(
+            ok(get_project(&*store, &p.id).await, "get").map(|p| p.live_invoicing),
+            Some(true)
+        );
+
+        let after = view(store.clone(), secret).await;
+        assert_eq!(after.plan, Plan::Pro);
+        assert_eq!(after.entitlements.sms_monthly_quota, 1000);
+        assert!(after.entitlements.live_invoicing);
+
+        assert_eq!(
+            set_plan(&*store, "mer_missing", Plan::Free).await,
+            Err(StoreError::ConditionFailed)
+        );
+        assert_eq!(
+            set_live_invoicing(&*store, "proj_missing", true).await,
+            Err(StoreError::ConditionFailed)
+        );
+        assert_eq!(ok(get_project(&*store, "proj_missing").await, "g"), None);
+    }
+
+    #[test]
+    fn emails_are_checked_for_plausibility() {
+        for good in ["ramesh@himal.example", "a.b+c@x.com.np"] {
+            assert!(is_plausible_email(good), "{good}");
+        }
+        for bad in [
+            "",
+            "ramesh",
+            "@himal.example",
+            "ramesh@",
+            "ramesh@himal",
+            "a@b@c.np",
+            "ram esh@x.np",
+            "r@.x.np",
+            "r@x.np.",
+            "r@x..np",
+        ] {
+            assert!(!is_plausible_email(bad), "{bad}");
+        }
+        assert!(!is_plausible_email(&format!("{}@x.np", "a".repeat(260))));
     }
 }

@@ -41,13 +41,22 @@ impl FromRequestParts<AppState> for Auth {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let secret = bearer(parts)?;
-        let now = state.clock.now();
-        account::authenticate(&*state.store, now, secret)
-            .await
-            .map(Auth)
-            .map_err(auth_error)
+        // A layer that ran first (idempotency) may have authenticated already.
+        if let Some(auth) = parts.extensions.get::<Auth>() {
+            return Ok(auth.clone());
+        }
+        authenticate_request(parts, state).await
     }
+}
+
+/// Authenticates the request's bearer key.
+pub async fn authenticate_request(parts: &Parts, state: &AppState) -> Result<Auth, ApiError> {
+    let secret = bearer(parts)?;
+    let now = state.clock.now();
+    account::authenticate(&*state.store, now, secret)
+        .await
+        .map(Auth)
+        .map_err(auth_error)
 }
 
 fn bearer(parts: &Parts) -> Result<&str, ApiError> {

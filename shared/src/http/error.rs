@@ -159,6 +159,17 @@ impl ApiError {
         )
     }
 
+    /// 503 `api_error`: a dependency is busy; retry after a second.
+    pub fn unavailable() -> Self {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorType::ApiError,
+            "api_error",
+            "The service is busy; retry the request in a moment (with the same Idempotency-Key for writes)",
+        )
+        .with_header("retry-after", "1")
+    }
+
     /// The envelope for a status the router produced itself (no route,
     /// wrong method, a panic), so every error answer has the same shape.
     pub fn for_status(status: StatusCode) -> Self {
@@ -237,9 +248,13 @@ impl IntoResponse for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
-        // Storage details stay in the logs; the client gets a retryable 500.
+        // Storage details stay in the logs; the client gets a retryable
+        // error: 503 when the store was only busy, 500 otherwise.
         tracing::error!(error = %err, "store call failed");
-        ApiError::internal()
+        match err {
+            StoreError::Unavailable(_) => ApiError::unavailable(),
+            _ => ApiError::internal(),
+        }
     }
 }
 

@@ -23,7 +23,9 @@
 
 pub mod cond;
 pub mod counting;
+pub mod dynamo;
 pub mod embedded;
+pub mod faults;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 

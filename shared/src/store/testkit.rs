@@ -38,10 +38,21 @@ use super::{
 
 /// Expands to one `#[tokio::test]` per conformance case; `$make` is an async
 /// fn (or closure returning a future) yielding a fresh `Arc<dyn Store>`.
+///
+/// `store_conformance_tests!(@optional make)` is the same suite for a
+/// backend that may be unavailable: `make` yields
+/// `Option<Arc<dyn Store>>`, and a case whose `make` yields `None` returns
+/// at once (the maker says why, or panics when the backend is required).
 #[macro_export]
 macro_rules! store_conformance_tests {
     ($make:expr) => {
-        $crate::store_conformance_tests!(@cases $make;
+        $crate::store_conformance_tests!(@list @cases $make;);
+    };
+    (@optional $make:expr) => {
+        $crate::store_conformance_tests!(@list @optional_cases $make;);
+    };
+    (@list $($head:tt)+) => {
+        $crate::store_conformance_tests!($($head)+
             put_get_roundtrip,
             put_replaces_whole_item,
             put_rejects_invalid_items,
@@ -80,6 +91,18 @@ macro_rules! store_conformance_tests {
             async fn $case() {
                 let store: ::std::sync::Arc<dyn $crate::store::Store> = ($make)().await;
                 $crate::store::testkit::$case(store).await;
+            }
+        )+
+    };
+    (@optional_cases $make:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let store: ::std::option::Option<::std::sync::Arc<dyn $crate::store::Store>> =
+                    ($make)().await;
+                if let ::std::option::Option::Some(store) = store {
+                    $crate::store::testkit::$case(store).await;
+                }
             }
         )+
     };

@@ -1,0 +1,1316 @@
+//! `dhukuti-admin`: onboard and run merchants without a dashboard.
+//!
+//!     cargo run -p dhukuti --bin dhukuti-admin -- merchant create --name "Himal Traders" \
+//!         --email owner@himal.example --plan growth
+//!     dhukuti-admin project create --merchant mer_… --name "Main shop"
+//!     dhukuti-admin key issue --project proj_… --mode live --scopes all --kind secret
+//!     DHUKUTI_CREDENTIALS_KEY=… dhukuti-admin credentials set --project proj_… \
+//!         --mode live --provider khalti --secret-key-stdin < khalti.txt
+//!
+//! Every command takes `--json` for scripts (data on stdout, messages on
+//! stderr). Bad input exits 2, a failed operation 1.
+//!
+//! The store is chosen in one place, [`open_store`]: for now the embedded
+//! store at `$DHUKUTI_DATA_DIR/dhukuti.redb` (default `.dhukuti`), which one
+//! process at a time may hold, so the local gateway must be stopped first.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use serde::Serialize;
+use serde_json::{Value, json};
+use shared::domain::account::{
+    self, ApiKey, KeyKind, Merchant, NewKey, Pause, Plan, Project, Scope, Suspension,
+};
+use shared::domain::credentials::{
+    self, ConfiguredProvider, CredentialsError, CredentialsKey, CredentialsKeys,
+    ProviderCredentials,
+};
+use shared::domain::{Mode, Provider};
+use shared::ids::{self, IdKind};
+use shared::store::embedded::EmbeddedStore;
+use shared::store::{Store, StoreError};
+use shared::time::{Clock, SystemClock, Timestamp};
+
+const SECRET_WARNING: &str = "This is the only time this secret is shown: store it now. \
+     Dhukuti keeps only its hash and cannot show it again.";
+
+// ---------------------------------------------------------------- arguments
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "dhukuti-admin",
+    version,
+    about = "Onboard and run Dhukuti merchants: merchants, projects, API keys, provider credentials.",
+    after_help = "Environment:\n  \
+        DHUKUTI_DATA_DIR          data directory of the embedded store (default ./.dhukuti)\n  \
+        DHUKUTI_BACKEND           store backend (default embedded)\n  \
+        DHUKUTI_CREDENTIALS_KEY   master key sealing provider credentials: base64 of 32 bytes, or id:base64\n  \
+        DHUKUTI_CREDENTIALS_PREVIOUS_KEYS   older master keys, comma-separated id:base64"
+)]
+struct Cli {
+    /// Print the result as JSON on stdout (messages stay on stderr).
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create, suspend, reinstate merchants and change their plan.
+    #[command(subcommand)]
+    Merchant(MerchantCmd),
+    /// Create projects and change their settings.
+    #[command(subcommand)]
+    Project(ProjectCmd),
+    /// Issue, list, rotate and revoke API keys.
+    #[command(subcommand)]
+    Key(KeyCmd),
+    /// Store a project's credentials at eSewa, Khalti and Fonepay (encrypted).
+    #[command(subcommand)]
+    Credentials(CredentialsCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum MerchantCmd {
+    /// Create a merchant.
+    Create {
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        email: String,
+        #[arg(long, value_enum)]
+        plan: PlanArg,
+    },
+    /// Show a merchant.
+    Show { merchant_id: String },
+    /// Suspend a merchant: every call of its keys answers 403.
+    Suspend {
+        merchant_id: String,
+        /// Why (shown to the merchant in `error.suspension`).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Lift a suspension.
+    Reinstate { merchant_id: String },
+    /// Change a merchant's plan.
+    SetPlan {
+        merchant_id: String,
+        #[arg(long, value_enum)]
+        plan: PlanArg,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ProjectCmd {
+    /// Create a project of a merchant.
+    Create {
+        #[arg(long = "merchant", value_name = "MERCHANT_ID")]
+        merchant_id: String,
+        #[arg(long)]
+        name: String,
+        /// Enable live one-time invoices (sandbox always has them).
+        #[arg(long)]
+        live_invoicing: bool,
+    },
+    /// Show a project.
+    Show { project_id: String },
+    /// Change a project's settings.
+    Set {
+        project_id: String,
+        /// Enable or disable live one-time invoices.
+        #[arg(long, value_name = "true|false")]
+        live_invoicing: Option<bool>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum KeyCmd {
+    /// Issue a key; its secret is printed once.
+    Issue {
+        #[arg(long = "project", value_name = "PROJECT_ID")]
+        project_id: String,
+        #[arg(long, value_enum)]
+        mode: ModeArg,
+        /// Comma-separated scopes (e.g. payments:read,payments:write) or `all`.
+        #[arg(long, value_parser = parse_scopes)]
+        scopes: ScopeList,
+        #[arg(long, value_enum)]
+        kind: KindArg,
+        #[arg(long, default_value = "")]
+        description: String,
+        /// Lifetime, e.g. 30d, 12h, 90m, 2w (default: never expires).
+        #[arg(long, value_parser = parse_lifetime)]
+        expires_in: Option<Span>,
+        /// Most this key may create in checkouts per calendar month, in paisa.
+        #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+        spend_cap_paisa: Option<i64>,
+    },
+    /// List a project's keys (never their secrets).
+    List {
+        #[arg(long = "project", value_name = "PROJECT_ID")]
+        project_id: String,
+    },
+    /// Replace a key by a new one; the old one keeps working during the grace.
+    Rotate {
+        key_id: String,
+        #[arg(long = "project", value_name = "PROJECT_ID")]
+        project_id: String,
+        /// How long the old key keeps working, e.g. 24h, 7d, 0s.
+        #[arg(long, default_value = "24h", value_parser = parse_grace)]
+        grace: Span,
+        /// Lifetime of the new key (default: never expires).
+        #[arg(long, value_parser = parse_lifetime)]
+        expires_in: Option<Span>,
+    },
+    /// Revoke a key at once and for good.
+    Revoke {
+        key_id: String,
+        #[arg(long = "project", value_name = "PROJECT_ID")]
+        project_id: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum CredentialsCmd {
+    /// Store (or replace) a project's credentials at one provider, in one mode.
+    Set(CredentialsSet),
+    /// List the providers a project has credentials for (never the secrets).
+    List {
+        #[arg(long = "project", value_name = "PROJECT_ID")]
+        project_id: String,
+        /// Also decrypt each with the configured master key, to verify it.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Remove a project's credentials at one provider, in one mode.
+    Remove {
+        #[arg(long = "project", value_name = "PROJECT_ID")]
+        project_id: String,
+        #[arg(long, value_enum)]
+        mode: ModeArg,
+        #[arg(long, value_enum)]
+        provider: ProviderArg,
+    },
+    /// Print a new random master key for DHUKUTI_CREDENTIALS_KEY.
+    GenerateKey {
+        /// Key id stored beside each ciphertext (for rotating the master key).
+        #[arg(long, default_value = credentials::DEFAULT_KEY_ID)]
+        id: String,
+    },
+}
+
+#[derive(Args, Debug)]
+#[command(group(
+    ArgGroup::new("secret_key_source")
+        .args(["secret_key", "secret_key_env", "secret_key_stdin"])
+        .required(true)
+        .multiple(false)
+))]
+#[command(group(
+    ArgGroup::new("password_source")
+        .args(["password", "password_env", "password_stdin"])
+        .multiple(false)
+))]
+struct CredentialsSet {
+    #[arg(long = "project", value_name = "PROJECT_ID")]
+    project_id: String,
+    #[arg(long, value_enum)]
+    mode: ModeArg,
+    #[arg(long, value_enum)]
+    provider: ProviderArg,
+    /// eSewa: the product code.
+    #[arg(long)]
+    product_code: Option<String>,
+    /// Fonepay: the merchant code.
+    #[arg(long)]
+    merchant_code: Option<String>,
+    /// Fonepay: the username.
+    #[arg(long)]
+    username: Option<String>,
+    /// The secret key (visible in shell history: prefer the -env or -stdin forms).
+    #[arg(long)]
+    secret_key: Option<String>,
+    /// Read the secret key from this environment variable.
+    #[arg(long, value_name = "VAR")]
+    secret_key_env: Option<String>,
+    /// Read the secret key from the first line of stdin.
+    #[arg(long)]
+    secret_key_stdin: bool,
+    /// Fonepay: the password (visible in shell history: prefer the -env or -stdin forms).
+    #[arg(long)]
+    password: Option<String>,
+    /// Fonepay: read the password from this environment variable.
+    #[arg(long, value_name = "VAR")]
+    password_env: Option<String>,
+    /// Fonepay: read the password from stdin (the line after the secret key
+    /// when both come from stdin).
+    #[arg(long)]
+    password_stdin: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PlanArg {
+    Free,
+    Growth,
+    Pro,
+}
+
+impl From<PlanArg> for Plan {
+    fn from(p: PlanArg) -> Plan {
+        match p {
+            PlanArg::Free => Plan::Free,
+            PlanArg::Growth => Plan::Growth,
+            PlanArg::Pro => Plan::Pro,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ModeArg {
+    Sandbox,
+    Live,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(m: ModeArg) -> Mode {
+        match m {
+            ModeArg::Sandbox => Mode::Sandbox,
+            ModeArg::Live => Mode::Live,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum KindArg {
+    Secret,
+    Restricted,
+}
+
+impl From<KindArg> for KeyKind {
+    fn from(k: KindArg) -> KeyKind {
+        match k {
+            KindArg::Secret => KeyKind::Secret,
+            KindArg::Restricted => KeyKind::Restricted,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ProviderArg {
+    Esewa,
+    Khalti,
+    Fonepay,
+}
+
+impl From<ProviderArg> for Provider {
+    fn from(p: ProviderArg) -> Provider {
+        match p {
+            ProviderArg::Esewa => Provider::Esewa,
+            ProviderArg::Khalti => Provider::Khalti,
+            ProviderArg::Fonepay => Provider::Fonepay,
+        }
+    }
+}
+
+/// Validated scopes, in the order given, without repeats.
+#[derive(Clone, Debug)]
+struct ScopeList(Vec<Scope>);
+
+fn parse_scopes(text: &str) -> Result<ScopeList, String> {
+    let valid = || {
+        Scope::ALL
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if text.trim() == "all" {
+        return Ok(ScopeList(Scope::ALL.to_vec()));
+    }
+    let mut scopes = Vec::new();
+    for part in text.split(',').map(str::trim) {
+        if part.is_empty() {
+            return Err(format!(
+                "empty scope in {text:?}; give a comma-separated list or `all`"
+            ));
+        }
+        let scope = Scope::parse(part)
+            .ok_or_else(|| format!("unknown scope {part:?}; valid scopes: all, {}", valid()))?;
+        if !scopes.contains(&scope) {
+            scopes.push(scope);
+        }
+    }
+    Ok(ScopeList(scopes))
+}
+
+/// A span of time as given on the command line (`30d`).
+#[derive(Clone, Debug)]
+struct Span {
+    duration: chrono::Duration,
+}
+
+const MAX_SPAN_DAYS: i64 = 3650;
+
+fn parse_span(text: &str, allow_zero: bool) -> Result<Span, String> {
+    let t = text.trim();
+    let hint = "e.g. 90s, 15m, 24h, 30d, 2w";
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: i64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration ({hint})"))?;
+    let seconds_per = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        "" if n == 0 => 1,
+        _ => return Err(format!("{text:?} is not a duration ({hint})")),
+    };
+    if n == 0 && !allow_zero {
+        return Err(format!("{text:?}: the duration must be positive"));
+    }
+    let seconds = n
+        .checked_mul(seconds_per)
+        .filter(|s| *s <= MAX_SPAN_DAYS * 86_400)
+        .ok_or_else(|| format!("{text:?} is longer than {MAX_SPAN_DAYS} days"))?;
+    Ok(Span {
+        duration: chrono::Duration::seconds(seconds),
+    })
+}
+
+fn parse_lifetime(text: &str) -> Result<Span, String> {
+    parse_span(text, false)
+}
+
+fn parse_grace(text: &str) -> Result<Span, String> {
+    parse_span(text, true)
+}
+
+// ------------------------------------------------------------------ failure
+
+/// How a command failed: bad input (exit 2) or a failed operation (exit 1).
+#[derive(Debug)]
+enum Failure {
+    Usage(String),
+    Failed(String),
+}
+
+impl Failure {
+    fn code(&self) -> u8 {
+        match self {
+            Failure::Usage(_) => 2,
+            Failure::Failed(_) => 1,
+        }
+    }
+    fn message(&self) -> &str {
+        match self {
+            Failure::Usage(m) | Failure::Failed(m) => m,
+        }
+    }
+}
+
+fn failed(context: &str) -> impl FnOnce(StoreError) -> Failure + '_ {
+    move |e| Failure::Failed(format!("{context}: {e}"))
+}
+
+fn cred_failed(e: CredentialsError) -> Failure {
+    match e {
+        CredentialsError::MissingKey
+        | CredentialsError::BadKey(_)
+        | CredentialsError::Invalid(_) => Failure::Usage(e.to_string()),
+        other => Failure::Failed(other.to_string()),
+    }
+}
+
+fn check_id(id: &str, kind: IdKind, what: &str) -> Result<(), Failure> {
+    if ids::is_valid(id, kind) {
+        Ok(())
+    } else {
+        Err(Failure::Usage(format!(
+            "{id:?} is not a {what} id (expected {}…)",
+            kind.prefix()
+        )))
+    }
+}
+
+fn non_empty(value: &str, flag: &str) -> Result<String, Failure> {
+    let v = value.trim();
+    if v.is_empty() {
+        Err(Failure::Usage(format!("{flag} cannot be empty")))
+    } else if v.chars().any(char::is_control) {
+        Err(Failure::Usage(format!(
+            "{flag} cannot contain control characters"
+        )))
+    } else {
+        Ok(v.to_owned())
+    }
+}
+
+// -------------------------------------------------------------------- store
+
+fn data_dir() -> PathBuf {
+    std::env::var("DHUKUTI_DATA_DIR")
+        .ok()
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(".dhukuti"))
+}
+
+/// The store every command acts on, chosen by `DHUKUTI_BACKEND` (only
+/// `embedded` for now).
+fn open_store() -> Result<Arc<dyn Store>, String> {
+    let backend = std::env::var("DHUKUTI_BACKEND").unwrap_or_default();
+    match backend.as_str() {
+        "" | "embedded" => {
+            let path = data_dir().join("dhukuti.redb");
+            match EmbeddedStore::open(&path) {
+                Ok(store) => Ok(Arc::new(store)),
+                Err(e) => {
+                    let text = e.to_string();
+                    if text.contains("already open") || text.contains("acquire lock") {
+                        Err(format!(
+                            "{} is in use by another process: stop the local gateway first \
+                             (redb is single-process)",
+                            path.display()
+                        ))
+                    } else {
+                        Err(format!(
+                            "cannot open the embedded store {}: {text}",
+                            path.display()
+                        ))
+                    }
+                }
+            }
+        }
+        other => Err(format!(
+            "DHUKUTI_BACKEND={other:?} is not supported by dhukuti-admin yet; use 'embedded'"
+        )),
+    }
+}
+
+fn store() -> Result<Arc<dyn Store>, Failure> {
+    open_store().map_err(Failure::Failed)
+}
+
+async fn merchant(store: &dyn Store, id: &str) -> Result<Merchant, Failure> {
+    account::get_merchant(store, id)
+        .await
+        .map_err(failed("cannot read the merchant"))?
+        .ok_or_else(|| Failure::Failed(format!("merchant {id} not found")))
+}
+
+async fn project(store: &dyn Store, id: &str) -> Result<Project, Failure> {
+    account::get_project(store, id)
+        .await
+        .map_err(failed("cannot read the project"))?
+        .ok_or_else(|| Failure::Failed(format!("project {id} not found")))
+}
+
+async fn api_key(store: &dyn Store, project_id: &str, key_id: &str) -> Result<ApiKey, Failure> {
+    account::find_api_key(store, project_id, key_id)
+        .await
+        .map_err(failed("cannot read the key"))?
+        .ok_or_else(|| {
+            Failure::Failed(format!(
+                "key {key_id} not found in project {project_id} (or already revoked)"
+            ))
+        })
+}
+
+// ------------------------------------------------------------------- output
+
+/// What a command prints: JSON for `--json`, text lines otherwise.
+struct Output {
+    json: Value,
+    text: Vec<String>,
+    /// Printed on stderr after the result.
+    notes: Vec<String>,
+}
+
+impl Output {
+    fn new(json: Value, text: Vec<String>) -> Self {
+        Output {
+            json,
+            text,
+            notes: Vec::new(),
+        }
+    }
+
+    fn note(mut self, note: impl Into<String>) -> Self {
+        self.notes.push(note.into());
+        self
+    }
+}
+
+fn to_json<T: Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+fn ts(t: Option<Timestamp>) -> String {
+    t.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into())
+}
+
+fn merchant_lines(m: &Merchant) -> Vec<String> {
+    let mut lines = vec![
+        format!("merchant  {}", m.id),
+        format!("name      {}", m.name),
+        format!("email     {}", m.email),
+        format!("plan      {}", plan_str(m.plan)),
+        format!("created   {}", m.created_at),
+    ];
+    match &m.suspension {
+        Some(s) => lines.push(format!(
+            "status    suspended since {} ({})",
+            s.suspended_at, s.reason
+        )),
+        None => lines.push("status    active".into()),
+    }
+    lines
+}
+
+fn plan_str(p: Plan) -> &'static str {
+    match p {
+        Plan::Free => "free",
+        Plan::Growth => "growth",
+        Plan::Pro => "pro",
+    }
+}
+
+fn project_lines(p: &Project) -> Vec<String> {
+    vec![
+        format!("project         {}", p.id),
+        format!("merchant        {}", p.merchant_id),
+        format!("name            {}", p.name),
+        format!("live invoicing  {}", p.live_invoicing),
+        format!("created         {}", p.created_at),
+    ]
+}
+
+/// A key as the CLI shows it: everything but the hash (and never a secret).
+#[derive(Serialize)]
+struct KeySummary {
+    id: String,
+    project_id: String,
+    prefix: String,
+    hint: String,
+    mode: Mode,
+    kind: KeyKind,
+    scopes: Vec<String>,
+    description: String,
+    created_at: Timestamp,
+    expires_at: Option<Timestamp>,
+    last_used_at: Option<Timestamp>,
+    spend_cap_paisa: Option<i64>,
+    pause: Option<Pause>,
+    status: &'static str,
+}
+
+fn summary(k: &ApiKey, now: Timestamp) -> KeySummary {
+    let status = if k.expires_at.is_some_and(|t| t <= now) {
+        "expired"
+    } else if k.pause.is_some() {
+        "paused"
+    } else {
+        "active"
+    };
+    KeySummary {
+        id: k.id.clone(),
+        project_id: k.project_id.clone(),
+        prefix: k.prefix.clone(),
+        hint: k.hint.clone(),
+        mode: k.mode,
+        kind: k.kind,
+        scopes: k.scopes.clone(),
+        description: k.description.clone(),
+        created_at: k.created_at,
+        expires_at: k.expires_at,
+        last_used_at: k.last_used_at,
+        spend_cap_paisa: k.spend_cap_paisa,
+        pause: k.pause.clone(),
+        status,
+    }
+}
+
+fn kind_str(k: KeyKind) -> &'static str {
+    match k {
+        KeyKind::Secret => "secret",
+        KeyKind::Restricted => "restricted",
+    }
+}
+
+fn scopes_text(scopes: &[String]) -> String {
+    let all = Scope::ALL
+        .iter()
+        .all(|s| scopes.iter().any(|x| x == s.as_str()));
+    if all && scopes.len() == Scope::ALL.len() {
+        "all".into()
+    } else {
+        scopes.join(",")
+    }
+}
+
+fn key_lines(k: &ApiKey, now: Timestamp) -> Vec<String> {
+    let s = summary(k, now);
+    vec![
+        format!("key          {}", s.id),
+        format!("project      {}", s.project_id),
+        format!("mode         {}", s.mode.as_str()),
+        format!("kind         {}", kind_str(s.kind)),
+        format!("scopes       {}", scopes_text(&s.scopes)),
+        format!("prefix/hint  {}…{}", s.prefix, s.hint),
+        format!("description  {}", s.description),
+        format!("expires      {}", ts(s.expires_at)),
+        format!(
+            "spend cap    {}",
+            s.spend_cap_paisa
+                .map(|c| format!("{c} paisa"))
+                .unwrap_or_else(|| "-".into())
+        ),
+        format!("status       {}", s.status),
+    ]
+}
+
+fn table(header: &[&str], rows: Vec<Vec<String>>) -> Vec<String> {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (i, cell) in row.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+    }
+    let line = |cells: Vec<String>| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths.get(i).copied().unwrap_or(0)))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_owned()
+    };
+    let mut out = vec![line(header.iter().map(|h| h.to_string()).collect())];
+    out.extend(rows.into_iter().map(line));
+    out
+}
+
+// ----------------------------------------------------------------- commands
+
+async fn run(command: Command) -> Result<Output, Failure> {
+    let now = SystemClock.now();
+    match command {
+        Command::Merchant(cmd) => merchant_cmd(cmd, now).await,
+        Command::Project(cmd) => project_cmd(cmd, now).await,
+        Command::Key(cmd) => key_cmd(cmd, now).await,
+        Command::Credentials(cmd) => credentials_cmd(cmd, now).await,
+    }
+}
+
+async fn merchant_cmd(cmd: MerchantCmd, now: Timestamp) -> Result<Output, Failure> {
+    match cmd {
+        MerchantCmd::Create { name, email, plan } => {
+            let name = non_empty(&name, "--name")?;
+            let email = email.trim().to_owned();
+            if !account::is_plausible_email(&email) {
+                return Err(Failure::Usage(format!(
+                    "--email {email:?} is not an email address"
+                )));
+            }
+            let store = store()?;
+            let m = account::create_merchant(&*store, now, &name, &email, plan.into())
+                .await
+                .map_err(failed("cannot create the merchant"))?;
+            Ok(Output::new(to_json(&m), merchant_lines(&m)))
+        }
+        MerchantCmd::Show { merchant_id } => {
+            check_id(&merchant_id, IdKind::Merchant, "merchant")?;
+            let store = store()?;
+            let m = merchant(&*store, &merchant_id).await?;
+            Ok(Output::new(to_json(&m), merchant_lines(&m)))
+        }
+        MerchantCmd::Suspend {
+            merchant_id,
+            reason,
+        } => {
+            check_id(&merchant_id, IdKind::Merchant, "merchant")?;
+            let reason = non_empty(&reason, "--reason")?;
+            let store = store()?;
+            merchant(&*store, &merchant_id).await?;
+            let suspension = Suspension {
+                suspended_at: now,
+                reason,
+            };
+            account::suspend_merchant(&*store, &merchant_id, suspension)
+                .await
+                .map_err(failed("cannot suspend the merchant"))?;
+            let m = merchant(&*store, &merchant_id).await?;
+            let mut text = merchant_lines(&m);
+            text.push(
+                "Every call of this merchant's keys now answers 403 account_suspended.".into(),
+            );
+            Ok(Output::new(to_json(&m), text))
+        }
+        MerchantCmd::Reinstate { merchant_id } => {
+            check_id(&merchant_id, IdKind::Merchant, "merchant")?;
+            let store = store()?;
+            merchant(&*store, &merchant_id).await?;
+            let m = account::reinstate_merchant(&*store, &merchant_id)
+                .await
+                .map_err(failed("cannot reinstate the merchant"))?;
+            Ok(Output::new(to_json(&m), merchant_lines(&m)))
+        }
+        MerchantCmd::SetPlan { merchant_id, plan } => {
+            check_id(&merchant_id, IdKind::Merchant, "merchant")?;
+            let store = store()?;
+            merchant(&*store, &merchant_id).await?;
+            let m = account::set_plan(&*store, &merchant_id, plan.into())
+                .await
+                .map_err(failed("cannot change the plan"))?;
+            Ok(Output::new(to_json(&m), merchant_lines(&m)))
+        }
+    }
+}
+
+async fn project_cmd(cmd: ProjectCmd, now: Timestamp) -> Result<Output, Failure> {
+    match cmd {
+        ProjectCmd::Create {
+            merchant_id,
+            name,
+            live_invoicing,
+        } => {
+            check_id(&merchant_id, IdKind::Merchant, "merchant")?;
+            let name = non_empty(&name, "--name")?;
+            let store = store()?;
+            let m = merchant(&*store, &merchant_id).await?;
+            let p = account::create_project(&*store, now, &m, &name, live_invoicing)
+                .await
+                .map_err(failed("cannot create the project"))?;
+            Ok(Output::new(to_json(&p), project_lines(&p)))
+        }
+        ProjectCmd::Show { project_id } => {
+            check_id(&project_id, IdKind::Project, "project")?;
+            let store = store()?;
+            let p = project(&*store, &project_id).await?;
+            Ok(Output::new(to_json(&p), project_lines(&p)))
+        }
+        ProjectCmd::Set {
+            project_id,
+            live_invoicing,
+        } => {
+            check_id(&project_id, IdKind::Project, "project")?;
+            let Some(enabled) = live_invoicing else {
+                return Err(Failure::Usage(
+                    "nothing to change: give --live-invoicing true|false".into(),
+                ));
+            };
+            let store = store()?;
+            project(&*store, &project_id).await?;
+            let p = account::set_live_invoicing(&*store, &project_id, enabled)
+                .await
+                .map_err(failed("cannot change the project"))?;
+            Ok(Output::new(to_json(&p), project_lines(&p)))
+        }
+    }
+}
+
+async fn key_cmd(cmd: KeyCmd, now: Timestamp) -> Result<Output, Failure> {
+    match cmd {
+        KeyCmd::Issue {
+            project_id,
+            mode,
+            scopes,
+            kind,
+            description,
+            expires_in,
+            spend_cap_paisa,
+        } => {
+            check_id(&project_id, IdKind::Project, "project")?;
+            if description.chars().any(char::is_control) || description.len() > 500 {
+                return Err(Failure::Usage(
+                    "--description must be at most 500 characters without control characters"
+                        .into(),
+                ));
+            }
+            let store = store()?;
+            let p = project(&*store, &project_id).await?;
+            let new = NewKey {
+                mode: mode.into(),
+                kind: kind.into(),
+                scopes: scopes.0,
+                description: description.trim().to_owned(),
+                expires_at: expires_in.map(|s| now.plus(s.duration)),
+                spend_cap_paisa,
+            };
+            let (secret, key) = account::issue_api_key(&*store, now, &p, new)
+                .await
+                .map_err(failed("cannot issue the key"))?;
+            let json = json!({
+                "secret": secret,
+                "warning": SECRET_WARNING,
+                "key": to_json(&summary(&key, now)),
+            });
+            let mut text = key_lines(&key, now);
+            text.push(String::new());
+            text.push(format!("secret       {secret}"));
+            Ok(Output::new(json, text).note(SECRET_WARNING))
+        }
+        KeyCmd::List { project_id } => {
+            check_id(&project_id, IdKind::Project, "project")?;
+            let store = store()?;
+            project(&*store, &project_id).await?;
+            let keys = account::list_api_keys(&*store, &project_id)
+                .await
+                .map_err(failed("cannot list the keys"))?;
+            let summaries: Vec<KeySummary> = keys.iter().map(|k| summary(k, now)).collect();
+            let rows = summaries
+                .iter()
+                .map(|s| {
+                    vec![
+                        s.id.clone(),
+                        s.prefix.clone(),
+                        s.hint.clone(),
+                        s.mode.as_str().to_owned(),
+                        kind_str(s.kind).to_owned(),
+                        scopes_text(&s.scopes),
+                        ts(s.expires_at),
+                        s.status.to_owned(),
+                        s.description.clone(),
+                    ]
+                })
+                .collect();
+            let text = if summaries.is_empty() {
+                vec![format!("project {project_id} has no keys")]
+            } else {
+                table(
+                    &[
+                        "ID",
+                        "PREFIX",
+                        "HINT",
+                        "MODE",
+                        "KIND",
+                        "SCOPES",
+                        "EXPIRES",
+                        "STATUS",
+                        "DESCRIPTION",
+                    ],
+                    rows,
+                )
+            };
+            Ok(Output::new(to_json(&summaries), text))
+        }
+        KeyCmd::Rotate {
+            key_id,
+            project_id,
+            grace,
+            expires_in,
+        } => {
+            check_id(&key_id, IdKind::ApiKey, "key")?;
+            check_id(&project_id, IdKind::Project, "project")?;
+            let store = store()?;
+            let old = api_key(&*store, &project_id, &key_id).await?;
+            let expires_at = expires_in.map(|s| now.plus(s.duration));
+            let r = account::rotate_api_key(&*store, now, &old, grace.duration, expires_at)
+                .await
+                .map_err(|e| match e {
+                    StoreError::Invalid(m) => Failure::Failed(m),
+                    e if e.is_condition_failure() => Failure::Failed(format!(
+                        "key {key_id} was revoked or changed meanwhile; nothing was rotated"
+                    )),
+                    e => Failure::Failed(format!("cannot rotate the key: {e}")),
+                })?;
+            let json = json!({
+                "secret": r.secret,
+                "warning": SECRET_WARNING,
+                "new_key": to_json(&summary(&r.new_key, now)),
+                "old_key": to_json(&summary(&r.old_key, now)),
+            });
+            let mut text = key_lines(&r.new_key, now);
+            text.push(String::new());
+            text.push(format!("secret       {}", r.secret));
+            text.push(String::new());
+            text.push(format!(
+                "The old key {} keeps working until {}.",
+                r.old_key.id,
+                ts(r.old_key.expires_at)
+            ));
+            Ok(Output::new(json, text).note(SECRET_WARNING))
+        }
+        KeyCmd::Revoke { key_id, project_id } => {
+            check_id(&key_id, IdKind::ApiKey, "key")?;
+            check_id(&project_id, IdKind::Project, "project")?;
+            let store = store()?;
+            let key = api_key(&*store, &project_id, &key_id).await?;
+            account::revoke_api_key(&*store, &key)
+                .await
+                .map_err(|e| match e {
+                    StoreError::ConditionFailed => {
+                        Failure::Failed(format!("key {key_id} was already revoked"))
+                    }
+                    e => Failure::Failed(format!("cannot revoke the key: {e}")),
+                })?;
+            Ok(Output::new(
+                json!({"revoked": key_id, "project_id": project_id}),
+                vec![format!(
+                    "Revoked {key_id} ({}…{}): calls with it now answer 401.",
+                    key.prefix, key.hint
+                )],
+            ))
+        }
+    }
+}
+
+/// Reads stdin once, lazily, and hands out its lines in order.
+struct Stdin {
+    lines: Option<std::vec::IntoIter<String>>,
+}
+
+impl Stdin {
+    fn next_line(&mut self, what: &str) -> Result<String, Failure> {
+        if self.lines.is_none() {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .map_err(|e| Failure::Usage(format!("cannot read {what} from stdin: {e}")))?;
+            let lines: Vec<String> = text
+                .lines()
+                .map(|l| l.trim_end_matches('\r').to_owned())
+                .collect();
+            self.lines = Some(lines.into_iter());
+        }
+        match self.lines.as_mut().and_then(Iterator::next) {
+            Some(line) if !line.is_empty() => Ok(line),
+            _ => Err(Failure::Usage(format!("stdin holds no {what}"))),
+        }
+    }
+}
+
+fn secret_value(
+    what: &str,
+    flag: &str,
+    value: Option<String>,
+    env: Option<String>,
+    from_stdin: bool,
+    stdin: &mut Stdin,
+) -> Result<Option<String>, Failure> {
+    if let Some(v) = value {
+        eprintln!(
+            "note: {flag} on the command line may be kept in shell history; \
+             {flag}-env or {flag}-stdin avoid that"
+        );
+        return Ok(Some(v));
+    }
+    if let Some(var) = env {
+        return match std::env::var(&var) {
+            Ok(v) if !v.is_empty() => Ok(Some(v)),
+            _ => Err(Failure::Usage(format!(
+                "{flag}-env: environment variable {var} is not set or empty"
+            ))),
+        };
+    }
+    if from_stdin {
+        return stdin.next_line(what).map(Some);
+    }
+    Ok(None)
+}
+
+fn provider_credentials(args: CredentialsSet) -> Result<ProviderCredentials, Failure> {
+    let provider: Provider = args.provider.into();
+    let name = provider.as_str();
+    let mut stdin = Stdin { lines: None };
+    let secret_key = secret_value(
+        "secret key",
+        "--secret-key",
+        args.secret_key,
+        args.secret_key_env,
+        args.secret_key_stdin,
+        &mut stdin,
+    )?
+    .ok_or_else(|| Failure::Usage("a secret key is required".into()))?;
+    let password = secret_value(
+        "password",
+        "--password",
+        args.password,
+        args.password_env,
+        args.password_stdin,
+        &mut stdin,
+    )?;
+    let not_for = |flag: &str, given: bool| {
+        if given {
+            Err(Failure::Usage(format!("{flag} does not apply to {name}")))
+        } else {
+            Ok(())
+        }
+    };
+    let required = |flag: &str, v: Option<String>| {
+        v.ok_or_else(|| Failure::Usage(format!("{name} needs {flag}")))
+    };
+    let creds = match provider {
+        Provider::Esewa => {
+            not_for("--merchant-code", args.merchant_code.is_some())?;
+            not_for("--username", args.username.is_some())?;
+            not_for("--password", password.is_some())?;
+            ProviderCredentials::Esewa {
+                product_code: required("--product-code", args.product_code)?,
+                secret_key,
+            }
+        }
+        Provider::Khalti => {
+            not_for("--product-code", args.product_code.is_some())?;
+            not_for("--merchant-code", args.merchant_code.is_some())?;
+            not_for("--username", args.username.is_some())?;
+            not_for("--password", password.is_some())?;
+            ProviderCredentials::Khalti { secret_key }
+        }
+        Provider::Fonepay => {
+            not_for("--product-code", args.product_code.is_some())?;
+            ProviderCredentials::Fonepay {
+                merchant_code: required("--merchant-code", args.merchant_code)?,
+                secret_key,
+                username: required("--username", args.username)?,
+                password: required("--password (or --password-env/--password-stdin)", password)?,
+            }
+        }
+    };
+    creds.validate().map_err(cred_failed)?;
+    Ok(creds)
+}
+
+fn configured_lines(c: &ConfiguredProvider) -> Vec<String> {
+    vec![format!(
+        "{} credentials of project {} ({}) stored, sealed with key '{}' at {}",
+        c.provider.as_str(),
+        c.project_id,
+        c.mode.as_str(),
+        c.key_id,
+        c.updated_at
+    )]
+}
+
+async fn credentials_cmd(cmd: CredentialsCmd, now: Timestamp) -> Result<Output, Failure> {
+    match cmd {
+        CredentialsCmd::Set(args) => {
+            check_id(&args.project_id, IdKind::Project, "project")?;
+            let project_id = args.project_id.clone();
+            let mode: Mode = args.mode.into();
+            // The master key first: no secret is read for nothing.
+            let keys = CredentialsKeys::from_env().map_err(cred_failed)?;
+            let creds = provider_credentials(args)?;
+            let store = store()?;
+            let c = credentials::put_credentials(&*store, &keys, now, &project_id, mode, &creds)
+                .await
+                .map_err(cred_failed)?;
+            Ok(Output::new(to_json(&c), configured_lines(&c)))
+        }
+        CredentialsCmd::List { project_id, check } => {
+            check_id(&project_id, IdKind::Project, "project")?;
+            let keys = if check {
+                Some(CredentialsKeys::from_env().map_err(cred_failed)?)
+            } else {
+                None
+            };
+            let store = store()?;
+            project(&*store, &project_id).await?;
+            let listed = credentials::list_configured_providers(&*store, &project_id)
+                .await
+                .map_err(cred_failed)?;
+            let mut json_rows = Vec::new();
+            let mut rows = Vec::new();
+            let mut broken = 0;
+            for c in &listed {
+                let mut row = to_json(c);
+                let mut cells = vec![
+                    c.mode.as_str().to_owned(),
+                    c.provider.as_str().to_owned(),
+                    c.key_id.clone(),
+                    c.updated_at.to_rfc3339(),
+                ];
+                if let Some(keys) = &keys {
+                    let verdict = match credentials::get_credentials(
+                        &*store,
+                        keys,
+                        &project_id,
+                        c.mode,
+                        c.provider,
+                    )
+                    .await
+                    {
+                        Ok(Some(_)) => "ok".to_owned(),
+                        Ok(None) => "removed meanwhile".to_owned(),
+                        Err(e) => {
+                            broken += 1;
+                            e.to_string()
+                        }
+                    };
+                    if let Value::Object(map) = &mut row {
+                        map.insert("check".into(), Value::from(verdict.clone()));
+                    }
+                    cells.push(verdict);
+                }
+                json_rows.push(row);
+                rows.push(cells);
+            }
+            if broken > 0 {
+                return Err(Failure::Failed(format!(
+                    "{broken} of {} stored credentials do not decrypt with the configured key:\n{}",
+                    listed.len(),
+                    rows.iter()
+                        .map(|r| r.join("  "))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                )));
+            }
+            let mut header = vec!["MODE", "PROVIDER", "KEY ID", "UPDATED"];
+            if keys.is_some() {
+                header.push("CHECK");
+            }
+            let text = if listed.is_empty() {
+                vec![format!(
+                    "project {project_id} has no provider credentials yet"
+                )]
+            } else {
+                table(&header, rows)
+            };
+            Ok(Output::new(Value::Array(json_rows), text))
+        }
+        CredentialsCmd::Remove {
+            project_id,
+            mode,
+            provider,
+        } => {
+            check_id(&project_id, IdKind::Project, "project")?;
+            let (mode, provider): (Mode, Provider) = (mode.into(), provider.into());
+            let store = store()?;
+            let removed = credentials::delete_credentials(&*store, &project_id, mode, provider)
+                .await
+                .map_err(cred_failed)?;
+            if !removed {
+                return Err(Failure::Failed(format!(
+                    "project {project_id} has no {} credentials in {} mode",
+                    provider.as_str(),
+                    mode.as_str()
+                )));
+            }
+            Ok(Output::new(
+                json!({"removed": true, "project_id": project_id, "mode": mode, "provider": provider}),
+                vec![format!(
+                    "Removed the {} credentials of {project_id} ({}).",
+                    provider.as_str(),
+                    mode.as_str()
+                )],
+            ))
+        }
+        CredentialsCmd::GenerateKey { id } => {
+            let key = CredentialsKey::generate(&id).map_err(cred_failed)?;
+            let value = key.export();
+            Ok(Output::new(
+                json!({"key_id": key.id(), "value": value, "env": credentials::KEY_ENV}),
+                vec![value],
+            )
+            .note(format!(
+                "Keep this master key secret and backed up: without it the stored provider \
+                 credentials cannot be read. Set it as {}.",
+                credentials::KEY_ENV
+            )))
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dhukuti-admin: error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(out) => {
+            if cli.json {
+                match serde_json::to_string_pretty(&out.json) {
+                    Ok(text) => println!("{text}"),
+                    Err(e) => {
+                        eprintln!("dhukuti-admin: error: cannot print JSON: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            } else {
+                for line in out.text {
+                    println!("{line}");
+                }
+            }
+            // The result first, then what to keep in mind about it.
+            let _ = std::io::stdout().flush();
+            for note in out.notes {
+                eprintln!("{note}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(f) => {
+            eprintln!("dhukuti-admin: error: {}", f.message());
+            ExitCode::from(f.code())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_parse() {
+        let secs = |t: &str, zero: bool| parse_span(t, zero).map(|s| s.duration.num_seconds());
+        assert_eq!(secs("30d", false), Ok(30 * 86_400));
+        assert_eq!(secs("24h", false), Ok(86_400));
+        assert_eq!(secs("90m", false), Ok(5400));
+        assert_eq!(secs("45s", false), Ok(45));
+        assert_eq!(secs("2w", false), Ok(14 * 86_400));
+        assert_eq!(secs("0", true), Ok(0));
+        assert_eq!(secs("0s", true), Ok(0));
+        for bad in [
+            "",
+            "d",
+            "30",
+            "30x",
+            "-1d",
+            "1.5h",
+            "3651d",
+            "99999999999999999999d",
+        ] {
+            assert!(parse_span(bad, false).is_err(), "{bad}");
+        }
+        assert!(parse_span("0s", false).is_err());
+    }
+
+    #[test]
+    fn scopes_parse() {
+        assert_eq!(parse_scopes("all").map(|s| s.0.len()), Ok(Scope::ALL.len()));
+        let two = parse_scopes("payments:read, payments:write,payments:read");
+        assert_eq!(
+            two.map(|s| s.0),
+            Ok(vec![Scope::PaymentsRead, Scope::PaymentsWrite])
+        );
+        assert!(parse_scopes("payments:read,,x").is_err());
+        let e = parse_scopes("payments:delete").err().unwrap_or_default();
+        assert!(
+            e.contains("payments:delete") && e.contains("account:read"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,284 @@
+//! Cold-start benchmark: starts a function's binary against a minimal fake
+//! Lambda Runtime API on loopback and measures
+//! - init: process start to its first `GET /runtime/invocation/next`;
+//! - first invocation: the event handed over to the response posted back;
+//!
+//! next to the hello-world `lambda_http` binary (`hello-lambda`), built the
+//! same way. Every run is a fresh process.
+//!
+//!     cargo build --release -p dhukuti --bins -p dhukuti-account -p dhukuti-payments
+//!     cargo run --release -p dhukuti --bin coldstart -- [--runs 20]
+//!
+//! The functions get the environment of this process (so with
+//! `DHUKUTI_BACKEND=aws`, `AWS_ENDPOINT_URL`, `DHUKUTI_TABLE`, ... they
+//! talk to DynamoDB or moto), and this harness first seeds a merchant, a
+//! key and a payment through the same `AppState::from_env`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use shared::AppState;
+use shared::domain::Mode;
+use shared::domain::Provider;
+use shared::domain::account::{self, KeyKind, NewKey, Plan, Scope};
+use shared::domain::payments::{self, Payment, PaymentStatus};
+use shared::ids::{IdKind, new_id};
+use shared::money::{Currency, Paisa};
+use tokio::sync::{Mutex, mpsc};
+
+#[derive(Default)]
+struct Run {
+    event: Option<Value>,
+    served: bool,
+    sent_at: Option<Instant>,
+}
+
+struct Fake {
+    run: Mutex<Run>,
+    events: mpsc::UnboundedSender<(&'static str, Instant, String)>,
+}
+
+async fn next(State(fake): State<Arc<Fake>>) -> impl IntoResponse {
+    let now = Instant::now();
+    let _ = fake.events.send(("next", now, String::new()));
+    let mut run = fake.run.lock().await;
+    if run.served {
+        drop(run);
+        // One invocation per process: later polls wait until it is killed.
+        std::future::pending::<()>().await;
+        return (StatusCode::OK, HeaderMap::new(), String::new());
+    }
+    run.served = true;
+    run.sent_at = Some(Instant::now());
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "lambda-runtime-aws-request-id",
+        HeaderValue::from_static("8476a536-e9f4-11e8-9739-2dfe598c3fcd"),
+    );
+    headers.insert(
+        "lambda-runtime-deadline-ms",
+        HeaderValue::from_static("4102444800000"),
+    );
+    headers.insert(
+        "lambda-runtime-invoked-function-arn",
+        HeaderValue::from_static("arn:aws:lambda:ap-south-1:123456789012:function:bench"),
+    );
+    headers.insert(
+        "lambda-runtime-trace-id",
+        HeaderValue::from_static(
+            "Root=1-5bef4de7-ad49b0e87f6ef6c87fc2e700;Parent=9a9197af755a6419;Sampled=1",
+        ),
+    );
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    (
+        StatusCode::OK,
+        headers,
+        run.event.clone().unwrap_or(Value::Null).to_string(),
+    )
+}
+
+async fn response(
+    State(fake): State<Arc<Fake>>,
+    Path(_id): Path<String>,
+    body: String,
+) -> StatusCode {
+    let _ = fake.events.send(("response", Instant::now(), body));
+    StatusCode::ACCEPTED
+}
+
+async fn error(State(fake): State<Arc<Fake>>, body: String) -> StatusCode {
+    let _ = fake.events.send(("error", Instant::now(), body));
+    StatusCode::ACCEPTED
+}
+
+fn http_event(path: &str, key: &str) -> Value {
+    json!({
+        "version": "2.0", "routeKey": "$default", "rawPath": path, "rawQueryString": "",
+        "headers": {"authorization": format!("Bearer {key}"), "host": "bench.execute-api.ap-south-1.amazonaws.com"},
+        "requestContext": {"accountId": "123456789012", "apiId": "bench", "domainName": "bench", "domainPrefix": "bench",
+            "http": {"method": "GET", "path": path, "protocol": "HTTP/1.1", "sourceIp": "203.0.113.7", "userAgent": "bench"},
+            "requestId": "bench-request", "routeKey": "$default", "stage": "$default",
+            "time": "22/Nov/2026:01:30:00 +0000", "timeEpoch": 1795397400000i64},
+        "isBase64Encoded": false
+    })
+}
+
+struct Sample {
+    init: Duration,
+    first: Duration,
+    status: String,
+}
+
+async fn measure(bin: &PathBuf, event: Value) -> Result<Sample, String> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let fake = Arc::new(Fake {
+        run: Mutex::new(Run {
+            event: Some(event),
+            ..Default::default()
+        }),
+        events: tx,
+    });
+    let app = Router::new()
+        .route("/2018-06-01/runtime/invocation/next", get(next))
+        .route(
+            "/2018-06-01/runtime/invocation/{id}/response",
+            post(response),
+        )
+        .route("/2018-06-01/runtime/invocation/{id}/error", post(error))
+        .route("/2018-06-01/runtime/init/error", post(error))
+        .with_state(fake.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let addr: SocketAddr = listener.local_addr().map_err(|e| e.to_string())?;
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let started = Instant::now();
+    let mut child = tokio::process::Command::new(bin)
+        .env("AWS_LAMBDA_RUNTIME_API", addr.to_string())
+        .env("AWS_LAMBDA_FUNCTION_NAME", "bench")
+        .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "256")
+        .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
+        .env("AWS_LAMBDA_LOG_STREAM_NAME", "bench")
+        .env("AWS_LAMBDA_LOG_GROUP_NAME", "bench")
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+
+    let mut init = None;
+    let outcome = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some((what, at, body)) = rx.recv().await {
+            match what {
+                "next" if init.is_none() => init = Some(at - started),
+                "response" => return Ok((at, body)),
+                "error" => return Err(format!("{} reported an error: {body}", bin.display())),
+                _ => {}
+            }
+        }
+        Err("runtime API closed".to_owned())
+    })
+    .await
+    .map_err(|_| format!("{} did not answer within 30 s", bin.display()))??;
+    let _ = child.kill().await;
+    server.abort();
+    let sent_at = fake.run.lock().await.sent_at.ok_or("no event was sent")?;
+    let body: Value = serde_json::from_str(&outcome.1).unwrap_or(Value::Null);
+    Ok(Sample {
+        init: init.ok_or("no poll")?,
+        first: outcome.0 - sent_at,
+        status: body["statusCode"].to_string(),
+    })
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+#[tokio::main]
+async fn main() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runs: usize = args
+        .iter()
+        .position(|a| a == "--runs")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let dir = std::env::current_exe()
+        .map_err(|e| e.to_string())?
+        .parent()
+        .map(PathBuf::from)
+        .ok_or("no exe dir")?;
+
+    // Seed through the same configuration the functions read.
+    let state = AppState::from_env().await?;
+    let store = &*state.store;
+    let now = state.clock.now();
+    let err = |e: shared::store::StoreError| e.to_string();
+    let m = account::create_merchant(store, now, "Cold Start", "cold@start.example", Plan::Pro)
+        .await
+        .map_err(err)?;
+    let p = account::create_project(store, now, &m, "Cold", false)
+        .await
+        .map_err(err)?;
+    let new = NewKey {
+        mode: Mode::Live,
+        kind: KeyKind::Secret,
+        scopes: Scope::ALL.to_vec(),
+        description: "coldstart".into(),
+        expires_at: None,
+        spend_cap_paisa: None,
+    };
+    let (key, _) = account::issue_api_key(store, now, &p, new)
+        .await
+        .map_err(err)?;
+    let payment = Payment {
+        id: new_id(IdKind::Payment),
+        project_id: p.id.clone(),
+        checkout_session_id: new_id(IdKind::CheckoutSession),
+        mode: Mode::Live,
+        amount: Paisa::new(1000).map_err(|e| e.to_string())?,
+        amount_refunded: Paisa::ZERO,
+        currency: Currency::Npr,
+        provider: Provider::Esewa,
+        status: PaymentStatus::Success,
+        provider_ref: None,
+        failure_reason: None,
+        metadata: Default::default(),
+        customer_name: None,
+        customer_email: None,
+        customer_phone: None,
+        created_at: now,
+        updated_at: now,
+    };
+    payments::insert(store, &payment).await.map_err(err)?;
+    drop(state); // the embedded store is single-process: release it
+
+    let targets = [
+        ("hello-lambda", "/".to_owned()),
+        ("account", "/v1/account".to_owned()),
+        ("payments", format!("/v1/payments/{}", payment.id)),
+    ];
+    println!("runs per binary: {runs}\n");
+    println!("| binary | init p50 (ms) | first invocation p50 (ms) | init vs hello | status |");
+    println!("|---|---:|---:|---:|---|");
+    let mut hello_init = Duration::ZERO;
+    for (name, path) in targets {
+        let bin = dir.join(name);
+        let mut inits = Vec::new();
+        let mut firsts = Vec::new();
+        let mut status = String::new();
+        for _ in 0..runs {
+            let s = measure(&bin, http_event(&path, &key)).await?;
+            inits.push(s.init);
+            firsts.push(s.first);
+            status = s.status;
+        }
+        let init = median(inits);
+        if name == "hello-lambda" {
+            hello_init = init;
+        }
+        let ratio = if hello_init.is_zero() {
+            0.0
+        } else {
+            init.as_secs_f64() / hello_init.as_secs_f64()
+        };
+        println!(
+            "| {name} | {:.2} | {:.2} | {ratio:.2}x | {status} |",
+            init.as_secs_f64() * 1000.0,
+            median(firsts).as_secs_f64() * 1000.0
+        );
+    }
+    Ok(())
+}

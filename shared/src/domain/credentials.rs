@@ -1,0 +1,1156 @@
+//! A project's credentials at each payment provider, per mode, encrypted at
+//! rest.
+//!
+//! Each `(project, mode, provider)` has at most one stored item, in the
+//! project's partition (`pk = PROJ#{project}`, `sk = CRED#{mode}#{provider}`),
+//! so listing them is a strongly consistent table query. The item holds the
+//! AES-256-GCM ciphertext of the credentials (JSON), its 96-bit random
+//! nonce and the id of the master key that sealed it; never a plaintext
+//! field. The associated data binds the ciphertext to its project, mode,
+//! provider and key id: copied into another record, it no longer decrypts.
+//!
+//! The master key is 32 bytes from configuration ([`KEY_ENV`], base64,
+//! optionally `id:base64`). Older keys listed in [`PREVIOUS_KEYS_ENV`] still
+//! decrypt what they sealed, so the master key can be rotated: configure the
+//! new one as current, keep the old one as previous, run
+//! [`reencrypt_credentials`] for every project, then drop the old key.
+
+use aes_gcm::aead::{Aead, KeyInit, Payload};
+use aes_gcm::{Aes256Gcm, Nonce};
+use base64::Engine;
+use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+use rand::TryRngCore;
+use serde::{Deserialize, Serialize};
+
+use super::record::{from_item, to_item};
+use super::{Mode, Provider};
+use crate::store::{Cond, Key, Query, SkCond, Store, StoreError, TxOp};
+use crate::time::Timestamp;
+
+/// The current master key: `base64` (key id [`DEFAULT_KEY_ID`]) or
+/// `id:base64`, 32 bytes once decoded.
+pub const KEY_ENV: &str = "DHUKUTI_CREDENTIALS_KEY";
+/// Older master keys that may still have sealed stored credentials,
+/// comma-separated `id:base64`.
+pub const PREVIOUS_KEYS_ENV: &str = "DHUKUTI_CREDENTIALS_PREVIOUS_KEYS";
+/// The id of a master key given without one.
+pub const DEFAULT_KEY_ID: &str = "k1";
+/// The only algorithm so far; stored so a later one can be told apart.
+const ALG: &str = "A256GCM";
+const NONCE_LEN: usize = 12;
+const KEY_LEN: usize = 32;
+/// Longest accepted value of one credential field.
+const MAX_FIELD_LEN: usize = 1024;
+const REDACTED: &str = "[redacted]";
+
+/// What a project needs to talk to one provider. Secrets never show in
+/// `Debug` output, and the type is deliberately not `Serialize`: the only
+/// way out of this module is the sealed form.
+#[derive(Clone, PartialEq, Eq)]
+pub enum ProviderCredentials {
+    Esewa {
+        product_code: String,
+        secret_key: String,
+    },
+    Khalti {
+        secret_key: String,
+    },
+    Fonepay {
+        merchant_code: String,
+        secret_key: String,
+        username: String,
+        password: String,
+    },
+}
+
+/// The plaintext inside a ciphertext (JSON), private to this module.
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "provider", rename_all = "lowercase")]
+enum Plaintext {
+    Esewa {
+        product_code: String,
+        secret_key: String,
+    },
+    Khalti {
+        secret_key: String,
+    },
+    Fonepay {
+        merchant_code: String,
+        secret_key: String,
+        username: String,
+        password: String,
+    },
+}
+
+impl From<&ProviderCredentials> for Plaintext {
+    fn from(c: &ProviderCredentials) -> Self {
+        match c.clone() {
+            ProviderCredentials::Esewa {
+                product_code,
+                secret_key,
+            } => Plaintext::Esewa {
+                product_code,
+                secret_key,
+            },
+            ProviderCredentials::Khalti { secret_key } => Plaintext::Khalti { secret_key },
+            ProviderCredentials::Fonepay {
+                merchant_code,
+                secret_key,
+                username,
+                password,
+            } => Plaintext::Fonepay {
+                merchant_code,
+                secret_key,
+                username,
+                password,
+            },
+        }
+    }
+}
+
+impl From<Plaintext> for ProviderCredentials {
+    fn from(p: Plaintext) -> Self {
+        match p {
+            Plaintext::Esewa {
+                product_code,
+                secret_key,
+            } => ProviderCredentials::Esewa {
+                product_code,
+                secret_key,
+            },
+            Plaintext::Khalti { secret_key } => ProviderCredentials::Khalti { secret_key },
+            Plaintext::Fonepay {
+                merchant_code,
+                secret_key,
+                username,
+                password,
+            } => ProviderCredentials::Fonepay {
+                merchant_code,
+                secret_key,
+                username,
+                password,
+            },
+        }
+    }
+}
+
+impl std::fmt::Debug for ProviderCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProviderCredentials::Esewa { product_code, .. } => f
+                .debug_struct("Esewa")
+                .field("product_code", product_code)
+                .field("secret_key", &REDACTED)
+                .finish(),
+            ProviderCredentials::Khalti { .. } => f
+                .debug_struct("Khalti")
+                .field("secret_key", &REDACTED)
+                .finish(),
+            ProviderCredentials::Fonepay { merchant_code, .. } => f
+                .debug_struct("Fonepay")
+                .field("merchant_code", merchant_code)
+                .field("secret_key", &REDACTED)
+                .field("username", &REDACTED)
+                .field("password", &REDACTED)
+                .finish(),
+        }
+    }
+}
+
+impl ProviderCredentials {
+    pub fn provider(&self) -> Provider {
+        match self {
+            ProviderCredentials::Esewa { .. } => Provider::Esewa,
+            ProviderCredentials::Khalti { .. } => Provider::Khalti,
+            ProviderCredentials::Fonepay { .. } => Provider::Fonepay,
+        }
+    }
+
+    /// Every field is non-empty, without control characters or surrounding
+    /// whitespace, and at most 1,024 bytes.
+    pub fn validate(&self) -> Result<(), CredentialsError> {
+        let fields: Vec<(&str, &str)> = match self {
+            ProviderCredentials::Esewa {
+                product_code,
+                secret_key,
+            } => vec![("product_code", product_code), ("secret_key", secret_key)],
+            ProviderCredentials::Khalti { secret_key } => vec![("secret_key", secret_key)],
+            ProviderCredentials::Fonepay {
+                merchant_code,
+                secret_key,
+                username,
+                password,
+            } => vec![
+                ("merchant_code", merchant_code),
+                ("secret_key", secret_key),
+                ("username", username),
+                ("password", password),
+            ],
+        };
+        for (name, value) in fields {
+            let problem = if value.is_empty() {
+                Some("is empty")
+            } else if value.len() > MAX_FIELD_LEN {
+                Some("is longer than 1024 bytes")
+            } else if value.chars().any(char::is_control) {
+                Some("contains control characters")
+            } else if value.trim() != value {
+                Some("has leading or trailing whitespace")
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                return Err(CredentialsError::Invalid(format!(
+                    "{} {name} {problem}",
+                    self.provider().as_str()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why credentials could not be stored or read. Messages never hold a
+/// secret or key material.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CredentialsError {
+    #[error(
+        "{KEY_ENV} is not set: it must hold a base64 32-byte key \
+         (make one with `dhukuti-admin credentials generate-key` or `openssl rand -base64 32`)"
+    )]
+    MissingKey,
+    #[error("invalid credentials key: {0}")]
+    BadKey(String),
+    #[error("invalid credentials: {0}")]
+    Invalid(String),
+    #[error("project {0} does not exist")]
+    ProjectNotFound(String),
+    #[error(
+        "credentials of {what} were sealed with key '{key_id}', which is not configured \
+         (add it to {PREVIOUS_KEYS_ENV})"
+    )]
+    UnknownKey { key_id: String, what: String },
+    #[error(
+        "credentials of {0} cannot be decrypted: wrong key, or the stored record was altered or moved"
+    )]
+    Decrypt(String),
+    #[error("stored credentials of {0} are malformed: {1}")]
+    Corrupt(String, String),
+    #[error("credentials could not be sealed: {0}")]
+    Crypto(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A 32-byte master key and its id. `Debug` never shows the bytes.
+#[derive(Clone)]
+pub struct CredentialsKey {
+    id: String,
+    bytes: [u8; KEY_LEN],
+}
+
+impl std::fmt::Debug for CredentialsKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CredentialsKey")
+            .field("id", &self.id)
+            .field("bytes", &REDACTED)
+            .finish()
+    }
+}
+
+fn validate_key_id(id: &str) -> Result<(), CredentialsError> {
+    let ok = !id.is_empty()
+        && id.len() <= 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(CredentialsError::BadKey(format!(
+            "key id {id:?} must be 1-32 characters of A-Z a-z 0-9 . - _"
+        )))
+    }
+}
+
+impl CredentialsKey {
+    pub fn new(id: &str, bytes: [u8; KEY_LEN]) -> Result<Self, CredentialsError> {
+        validate_key_id(id)?;
+        Ok(CredentialsKey {
+            id: id.to_owned(),
+            bytes,
+        })
+    }
+
+    /// A fresh random key from the operating system.
+    pub fn generate(id: &str) -> Result<Self, CredentialsError> {
+        let mut bytes = [0u8; KEY_LEN];
+        rand::rngs::OsRng
+            .try_fill_bytes(&mut bytes)
+            .map_err(|e| CredentialsError::Crypto(format!("no randomness: {e}")))?;
+        CredentialsKey::new(id, bytes)
+    }
+
+    /// The key `id` from base64 text (standard or URL-safe alphabet,
+    /// padding optional, surrounding whitespace ignored).
+    pub fn from_base64(id: &str, text: &str) -> Result<Self, CredentialsError> {
+        validate_key_id(id)?;
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(CredentialsError::BadKey(format!("key '{id}' is empty")));
+        }
+        let decoded = [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
+            .iter()
+            .find_map(|engine| engine.decode(text).ok())
+            .ok_or_else(|| CredentialsError::BadKey(format!("key '{id}' is not valid base64")))?;
+        let bytes: [u8; KEY_LEN] = decoded.as_slice().try_into().map_err(|_| {
+            CredentialsError::BadKey(format!(
+                "key '{id}' decodes to {} bytes; AES-256 needs exactly {KEY_LEN} \
+                 (make one with `openssl rand -base64 32`)",
+                decoded.len()
+            ))
+        })?;
+        CredentialsKey::new(id, bytes)
+    }
+
+    /// `id:base64` or plain `base64` (id [`DEFAULT_KEY_ID`]).
+    pub fn parse(text: &str) -> Result<Self, CredentialsError> {
+        match text.trim().split_once(':') {
+            Some((id, b64)) => CredentialsKey::from_base64(id.trim(), b64),
+            None => CredentialsKey::from_base64(DEFAULT_KEY_ID, text),
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// `id:base64`, the form [`CredentialsKey::parse`] reads. This is the
+    /// secret itself: only for handing a generated key to the operator.
+    pub fn export(&self) -> String {
+        format!("{}:{}", self.id, STANDARD.encode(self.bytes))
+    }
+
+    fn cipher(&self) -> Aes256Gcm {
+        Aes256Gcm::new(&self.bytes.into())
+    }
+}
+
+/// The master key that seals new writes and the older ones that may still
+/// be needed to read.
+#[derive(Clone, Debug)]
+pub struct CredentialsKeys {
+    current: CredentialsKey,
+    previous: Vec<CredentialsKey>,
+}
+
+impl CredentialsKeys {
+    pub fn new(
+        current: CredentialsKey,
+        previous: Vec<CredentialsKey>,
+    ) -> Result<Self, CredentialsError> {
+        let mut ids = vec![current.id.as_str()];
+        for key in &previous {
+            if ids.contains(&key.id.as_str()) {
+                return Err(CredentialsError::BadKey(format!(
+                    "key id '{}' is configured twice",
+                    key.id
+                )));
+            }
+            ids.push(&key.id);
+        }
+        Ok(CredentialsKeys { current, previous })
+    }
+
+    pub fn single(current: CredentialsKey) -> Self {
+        CredentialsKeys {
+            current,
+            previous: Vec::new(),
+        }
+    }
+
+    /// From [`KEY_ENV`] and [`PREVIOUS_KEYS_ENV`].
+    pub fn from_env() -> Result<Self, CredentialsError> {
+        let current = std::env::var(KEY_ENV).ok();
+        let previous = std::env::var(PREVIOUS_KEYS_ENV).ok();
+        CredentialsKeys::from_values(current.as_deref(), previous.as_deref())
+    }
+
+    /// The keys the two configuration values describe (see [`KEY_ENV`] and
+    /// [`PREVIOUS_KEYS_ENV`]).
+    pub fn from_values(
+        current: Option<&str>,
+        previous: Option<&str>,
+    ) -> Result<Self, CredentialsError> {
+        let current = match current.map(str::trim) {
+            Some(text) if !text.is_empty() => CredentialsKey::parse(text)?,
+            _ => return Err(CredentialsError::MissingKey),
+        };
+        let mut older = Vec::new();
+        for part in previous.unwrap_or("").split(',').map(str::trim) {
+            if part.is_empty() {
+                continue;
+            }
+            let Some((id, b64)) = part.split_once(':') else {
+                return Err(CredentialsError::BadKey(format!(
+                    "{PREVIOUS_KEYS_ENV} entries must be id:base64"
+                )));
+            };
+            older.push(CredentialsKey::from_base64(id.trim(), b64)?);
+        }
+        CredentialsKeys::new(current, older)
+    }
+
+    pub fn current(&self) -> &CredentialsKey {
+        &self.current
+    }
+
+    fn by_id(&self, id: &str) -> Option<&CredentialsKey> {
+        std::iter::once(&self.current)
+            .chain(self.previous.iter())
+            .find(|k| k.id == id)
+    }
+}
+
+/// The stored item: ciphertext, nonce and key id, no plaintext field.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct StoredCredentials {
+    project_id: String,
+    mode: Mode,
+    provider: Provider,
+    key_id: String,
+    alg: String,
+    /// Base64 of the 96-bit nonce.
+    nonce: String,
+    /// Base64 of the AES-256-GCM ciphertext and its 128-bit tag.
+    ciphertext: String,
+    updated_at: Timestamp,
+}
+
+/// One configured provider of a project, without any secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ConfiguredProvider {
+    pub project_id: String,
+    pub mode: Mode,
+    pub provider: Provider,
+    /// The master key that sealed the credentials.
+    pub key_id: String,
+    pub updated_at: Timestamp,
+}
+
+impl From<&StoredCredentials> for ConfiguredProvider {
+    fn from(s: &StoredCredentials) -> Self {
+        ConfiguredProvider {
+            project_id: s.project_id.clone(),
+            mode: s.mode,
+            provider: s.provider,
+            key_id: s.key_id.clone(),
+            updated_at: s.updated_at,
+        }
+    }
+}
+
+fn project_partition(project_id: &str) -> String {
+    format!("PROJ#{project_id}")
+}
+
+fn project_key(project_id: &str) -> Key {
+    Key::new(project_partition(project_id), "PROJ")
+}
+
+fn credentials_key(project_id: &str, mode: Mode, provider: Provider) -> Key {
+    Key::new(
+        project_partition(project_id),
+        format!("CRED#{}#{}", mode.as_str(), provider.as_str()),
+    )
+}
+
+/// The associated data: what the ciphertext belongs to. NUL separators
+/// keep the fields apart (ids never contain NUL).
+fn associated_data(project_id: &str, mode: Mode, provider: Provider, key_id: &str) -> Vec<u8> {
+    format!(
+        "dhukuti/credentials/v1\0{project_id}\0{}\0{}\0{key_id}",
+        mode.as_str(),
+        provider.as_str()
+    )
+    .into_bytes()
+}
+
+fn describe(project_id: &str, mode: Mode, provider: Provider) -> String {
+    format!("{project_id} {} {}", mode.as_str(), provider.as_str())
+}
+
+fn seal(
+    key: &CredentialsKey,
+    project_id: &str,
+    mode: Mode,
+    creds: &ProviderCredentials,
+    now: Timestamp,
+) -> Result<StoredCredentials, CredentialsError> {
+    let provider = creds.provider();
+    let plaintext = serde_json::to_vec(&Plaintext::from(creds))
+        .map_err(|e| CredentialsError::Crypto(format!("cannot encode credentials: {e}")))?;
+    let mut nonce = [0u8; NONCE_LEN];
+    rand::rngs::OsRng
+        .try_fill_bytes(&mut nonce)
+        .map_err(|e| CredentialsError::Crypto(format!("no randomness for a nonce: {e}")))?;
+    let aad = associated_data(project_id, mode, provider, &key.id);
+    let ciphertext = key
+        .cipher()
+        .encrypt(
+            &Nonce::from(nonce),
+            Payload {
+                msg: &plaintext,
+                aad: &aad,
+            },
+        )
+        .map_err(|_| CredentialsError::Crypto("encryption failed".into()))?;
+    Ok(StoredCredentials {
+        project_id: project_id.to_owned(),
+        mode,
+        provider,
+        key_id: key.id.clone(),
+        alg: ALG.to_owned(),
+        nonce: STANDARD.encode(nonce),
+        ciphertext: STANDARD.encode(ciphertext),
+        updated_at: now,
+    })
+}
+
+/// Decrypts a stored record as found at `(project_id, mode, provider)`:
+/// the record's own claims are not trusted, the place it was read from is.
+fn open(
+    keys: &CredentialsKeys,
+    stored: &StoredCredentials,
+    project_id: &str,
+    mode: Mode,
+    provider: Provider,
+) -> Result<ProviderCredentials, CredentialsError> {
+    let what = describe(project_id, mode, provider);
+    let corrupt = |why: &str| CredentialsError::Corrupt(what.clone(), why.to_owned());
+    if stored.alg != ALG {
+        return Err(corrupt("unknown algorithm"));
+    }
+    let key = keys
+        .by_id(&stored.key_id)
+        .ok_or_else(|| CredentialsError::UnknownKey {
+            key_id: stored.key_id.clone(),
+            what: what.clone(),
+        })?;
+    let nonce: [u8; NONCE_LEN] = STANDARD
+        .decode(&stored.nonce)
+        .ok()
+        .and_then(|n| n.as_slice().try_into().ok())
+        .ok_or_else(|| corrupt("bad nonce"))?;
+    let ciphertext = STANDARD
+        .decode(&stored.ciphertext)
+        .map_err(|_| corrupt("bad ciphertext encoding"))?;
+    let aad = associated_data(project_id, mode, provider, &key.id);
+    let plaintext = key
+        .cipher()
+        .decrypt(
+            &Nonce::from(nonce),
+            Payload {
+                msg: &ciphertext,
+                aad: &aad,
+            },
+        )
+        .map_err(|_| CredentialsError::Decrypt(what.clone()))?;
+    let creds: ProviderCredentials = serde_json::from_slice::<Plaintext>(&plaintext)
+        .map_err(|_| corrupt("plaintext does not parse"))?
+        .into();
+    if creds.provider() != provider {
+        return Err(corrupt("provider mismatch"));
+    }
+    Ok(creds)
+}
+
+/// Stores (or replaces) the credentials of `project_id` for one mode and
+/// the provider they are for, sealed with the current master key. Fails
+/// with [`CredentialsError::ProjectNotFound`] when the project does not
+/// exist.
+pub async fn put_credentials(
+    store: &dyn Store,
+    keys: &CredentialsKeys,
+    now: Timestamp,
+    project_id: &str,
+    mode: Mode,
+    creds: &ProviderCredentials,
+) -> Result<ConfiguredProvider, CredentialsError> {
+    creds.validate()?;
+    let provider = creds.provider();
+    let stored = seal(keys.current(), project_id, mode, creds, now)?;
+    let item = to_item(&stored, &credentials_key(project_id, mode, provider), &[])?;
+    let written = store
+        .transact(vec![
+            TxOp::Check {
+                key: project_key(project_id),
+                cond: Cond::Exists,
+            },
+            TxOp::Put { item, cond: None },
+        ])
+        .await;
+    match written {
+        Ok(()) => Ok(ConfiguredProvider::from(&stored)),
+        Err(e) if e.is_condition_failure() => {
+            Err(CredentialsError::ProjectNotFound(project_id.to_owned()))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The decrypted credentials of `project_id` at `provider` in `mode`, or
+/// `None` when none are configured.
+pub async fn get_credentials(
+    store: &dyn Store,
+    keys: &CredentialsKeys,
+    project_id: &str,
+    mode: Mode,
+    provider: Provider,
+) -> Result<Option<ProviderCredentials>, CredentialsError> {
+    let Some(item) = store
+        .get(&credentials_key(project_id, mode, provider))
+        .await?
+    else {
+        return Ok(None);
+    };
+    let stored: StoredCredentials = from_item(item).map_err(|_| {
+        CredentialsError::Corrupt(
+            describe(project_id, mode, provider),
+            "record does not parse".into(),
+        )
+    })?;
+    open(keys, &stored, project_id, mode, provider).map(Some)
+}
+
+/// Which providers a project has credentials for, in each mode (no
+/// secrets; no key needed). Ordered by mode, then provider.
+pub async fn list_configured_providers(
+    store: &dyn Store,
+    project_id: &str,
+) -> Result<Vec<ConfiguredProvider>, CredentialsError> {
+    let mut query = Query::partition(project_partition(project_id))
+        .sk(SkCond::BeginsWith("CRED#".into()))
+        .limit(100);
+    let mut out = Vec::new();
+    loop {
+        let page = store.query(&query).await?;
+        for item in page.items {
+            let stored: StoredCredentials = from_item(item)?;
+            out.push(ConfiguredProvider::from(&stored));
+        }
+        match page.last_key {
+            Some(last) => query.start_after = Some(last),
+            None => break,
+        }
+    }
+    Ok(out)
+}
+
+/// Removes the credentials of one provider and mode. Whether there were
+/// any.
+pub async fn delete_credentials(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    provider: Provider,
+) -> Result<bool, CredentialsError> {
+    match store
+        .delete(
+            &credentials_key(project_id, mode, provider),
+            Some(Cond::Exists),
+        )
+        .await
+    {
+        Ok(()) => Ok(true),
+        Err(StoreError::ConditionFailed) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Re-seals every credential of a project that an older master key sealed
+/// with the current one (for master-key rotation). How many it rewrote.
+pub async fn reencrypt_credentials(
+    store: &dyn Store,
+    keys: &CredentialsKeys,
+    now: Timestamp,
+    project_id: &str,
+) -> Result<usize, CredentialsError> {
+    let mut rewritten = 0;
+    for configured in list_configured_providers(store, project_id).await? {
+        if configured.key_id == keys.current().id {
+            continue;
+        }
+        let (mode, provider) = (configured.mode, configured.provider);
+        let Some(creds) = get_credentials(store, keys, project_id, mode, provider).await? else {
+            continue;
+        };
+        let stored = seal(keys.current(), project_id, mode, &creds, now)?;
+        let item = to_item(&stored, &credentials_key(project_id, mode, provider), &[])?;
+        // Only if nobody replaced it meanwhile.
+        let unchanged = Cond::eq("key_id", configured.key_id.as_str());
+        match store.put(item, Some(unchanged)).await {
+            Ok(()) => rewritten += 1,
+            Err(StoreError::ConditionFailed) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(rewritten)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::account::{Plan, create_merchant, create_project};
+    use crate::store::Update;
+    use crate::store::embedded::EmbeddedStore;
+    use crate::time::{Clock, SystemClock};
+    use serde_json::Value;
+    use std::sync::Arc;
+
+    fn ok<T, E: std::fmt::Debug>(r: Result<T, E>, what: &str) -> T {
+        match r {
+            Ok(v) => v,
+            Err(e) => panic!("{what}: {e:?}"),
+        }
+    }
+
+    fn store() -> Arc<dyn Store> {
+        Arc::new(ok(EmbeddedStore::in_memory(), "in-memory store"))
+    }
+
+    fn keys(id: &str) -> CredentialsKeys {
+        CredentialsKeys::single(ok(CredentialsKey::generate(id), "generate"))
+    }
+
+    async fn project(store: &dyn Store) -> String {
+        let now = SystemClock.now();
+        let m = ok(
+            create_merchant(store, now, "Himal", "r@himal.example", Plan::Free).await,
+            "merchant",
+        );
+        ok(
+            create_project(store, now, &m, "Shop", false).await,
+            "project",
+        )
+        .id
+    }
+
+    fn esewa() -> ProviderCredentials {
+        ProviderCredentials::Esewa {
+            product_code: "EPAYTEST-PC-7731".into(),
+            secret_key: "8gBm/:&EnhH.1/q-SECRET".into(),
+        }
+    }
+
+    fn khalti() -> ProviderCredentials {
+        ProviderCredentials::Khalti {
+            secret_key: "live_secret_key_68791341fdd94846a146f0457ff7b455".into(),
+        }
+    }
+
+    fn fonepay() -> ProviderCredentials {
+        ProviderCredentials::Fonepay {
+            merchant_code: "NBQM-MERCH-42".into(),
+            secret_key: "fonepay-hmac-secret-a1b2c3".into(),
+            username: "fp-user-9841000001".into(),
+            password: "p@ssw0rd-fonepay-xyz".into(),
+        }
+    }
+
+    async fn raw_items(store: &dyn Store, project_id: &str) -> Vec<crate::store::Item> {
+        let page = store
+            .query(&Query::partition(project_partition(project_id)))
+            .await;
+        ok(page, "query").items
+    }
+
+    #[tokio::test]
+    async fn credentials_round_trip_per_mode_and_provider() {
+        let store = store();
+        let keys = keys("k1");
+        let now = SystemClock.now();
+        let p = project(&*store).await;
+        for (mode, creds) in [
+            (Mode::Sandbox, esewa()),
+            (Mode::Live, khalti()),
+            (Mode::Live, fonepay()),
+        ] {
+            let c = ok(
+                put_credentials(&*store, &keys, now, &p, mode, &creds).await,
+                "put",
+            );
+            assert_eq!(c.key_id, "k1");
+            let back = get_credentials(&*store, &keys, &p, mode, creds.provider()).await;
+            assert_eq!(ok(back, "get"), Some(creds));
+        }
+        // Sandbox eSewa says nothing about live eSewa.
+        let live_esewa = get_credentials(&*store, &keys, &p, Mode::Live, Provider::Esewa).await;
+        assert_eq!(ok(live_esewa, "get"), None);
+
+        // Replacing keeps one record.
+        let newer = ProviderCredentials::Esewa {
+            product_code: "EPAYTEST".into(),
+            secret_key: "other".into(),
+        };
+        ok(
+            put_credentials(&*store, &keys, now, &p, Mode::Sandbox, &newer).await,
+            "replace",
+        );
+        let back = get_credentials(&*store, &keys, &p, Mode::Sandbox, Provider::Esewa).await;
+        assert_eq!(ok(back, "get"), Some(newer));
+
+        let listed = ok(list_configured_providers(&*store, &p).await, "list");
+        let summary: Vec<(Mode, Provider)> = listed.iter().map(|c| (c.mode, c.provider)).collect();
+        assert_eq!(
+            summary,
+            vec![
+                (Mode::Live, Provider::Fonepay),
+                (Mode::Live, Provider::Khalti),
+                (Mode::Sandbox, Provider::Esewa),
+            ]
+        );
+        assert!(ok(list_configured_providers(&*store, "proj_none").await, "l").is_empty());
+
+        assert!(ok(
+            delete_credentials(&*store, &p, Mode::Live, Provider::Khalti).await,
+            "delete"
+        ));
+        assert!(!ok(
+            delete_credentials(&*store, &p, Mode::Live, Provider::Khalti).await,
+            "delete again"
+        ));
+        assert_eq!(
+            ok(list_configured_providers(&*store, &p).await, "list").len(),
+            2
+        );
+    }
+
+    #[tokio::test]
+    async fn stored_items_hold_no_secret() {
+        let store = store();
+        let keys = keys("k1");
+        let now = SystemClock.now();
+        let p = project(&*store).await;
+        for (mode, creds) in [
+            (Mode::Sandbox, esewa()),
+            (Mode::Live, khalti()),
+            (Mode::Sandbox, fonepay()),
+        ] {
+            ok(
+                put_credentials(&*store, &keys, now, &p, mode, &creds).await,
+                "put",
+            );
+        }
+        let dump = serde_json::to_string(&raw_items(&*store, &p).await).unwrap_or_default();
+        assert!(dump.contains("ciphertext"), "the dump holds the records");
+        for secret in [
+            "EPAYTEST-PC-7731",
+            "8gBm/:&EnhH.1/q-SECRET",
+            "SECRET",
+            "live_secret_key_68791341fdd94846a146f0457ff7b455",
+            "68791341fdd9",
+            "NBQM-MERCH-42",
+            "fonepay-hmac-secret-a1b2c3",
+            "fp-user-9841000001",
+            "p@ssw0rd-fonepay-xyz",
+            "secret_key",
+            "password",
+            "username",
+        ] {
+            assert!(!dump.contains(secret), "{secret:?} stored in the clear");
+        }
+        let master = keys.current().export();
+        let b64 = master.split_once(':').map(|(_, b)| b).unwrap_or_default();
+        assert!(!dump.contains(b64), "the master key is never stored");
+    }
+
+    #[tokio::test]
+    async fn tampered_records_fail_to_decrypt_cleanly() {
+        let store = store();
+        let keys = keys("k1");
+        let now = SystemClock.now();
+        let p = project(&*store).await;
+        ok(
+            put_credentials(&*store, &keys, now, &p, Mode::Live, &khalti()).await,
+            "put",
+        );
+        let key = credentials_key(&p, Mode::Live, Provider::Khalti);
+        let Some(original) = ok(store.get(&key).await, "get") else {
+            panic!("stored")
+        };
+        let field = |name: &str| {
+            original
+                .get(name)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let get = || get_credentials(&*store, &keys, &p, Mode::Live, Provider::Khalti);
+
+        // Flip one bit of every byte position of the ciphertext, one at a time.
+        let ct = ok(STANDARD.decode(field("ciphertext")), "b64");
+        for i in 0..ct.len() {
+            let mut bad = ct.clone();
+            bad[i] ^= 0x01;
+            let mut item = original.clone();
+            item.insert("ciphertext".into(), Value::from(STANDARD.encode(&bad)));
+            ok(store.put(item, None).await, "tamper");
+            assert!(
+                matches!(get().await, Err(CredentialsError::Decrypt(_))),
+                "flipped byte {i}"
+            );
+        }
+        // Truncated ciphertext, altered nonce, wrong-length nonce, junk.
+        let cases: Vec<(&str, Value)> = vec![
+            ("ciphertext", Value::from(STANDARD.encode(&ct[..4]))),
+            ("ciphertext", Value::from("")),
+            ("ciphertext", Value::from("%%% not base64")),
+            ("nonce", Value::from(STANDARD.encode([0u8; 12]))),
+            ("nonce", Value::from(STANDARD.encode([0u8; 5]))),
+            ("nonce", Value::from("??")),
+            ("alg", Value::from("ROT13")),
+            ("key_id", Value::from("k9")),
+            ("ciphertext", Value::from(5)),
+        ];
+        for (name, value) in cases {
+            let mut item = original.clone();
+            item.insert(name.into(), value.clone());
+            ok(store.put(item, None).await, "tamper");
+            let r = get().await;
+            assert!(r.is_err(), "{name}={value} must fail");
+            let text = r.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(!text.contains("live_secret_key"), "{text}");
+        }
+        ok(store.put(original.clone(), None).await, "restore");
+        assert_eq!(ok(get().await, "restored"), Some(khalti()));
+
+        // Rewriting the key id to the one configured does not help either.
+        let mut item = original.clone();
+        item.insert("key_id".into(), Value::from("k2"));
+        ok(store.put(item, None).await, "tamper");
+        let other = CredentialsKeys::single(ok(CredentialsKey::generate("k2"), "g"));
+        let r = get_credentials(&*store, &other, &p, Mode::Live, Provider::Khalti).await;
+        assert!(matches!(r, Err(CredentialsError::Decrypt(_))));
+    }
+
+    #[tokio::test]
+    async fn wrong_or_unknown_keys_fail_cleanly() {
+        let store = store();
+        let now = SystemClock.now();
+        let p = project(&*store).await;
+        let right = keys("k1");
+        ok(
+            put_credentials(&*store, &right, now, &p, Mode::Sandbox, &esewa()).await,
+            "put",
+        );
+        // Same id, other bytes.
+        let wrong = keys("k1");
+        let r = get_credentials(&*store, &wrong, &p, Mode::Sandbox, Provider::Esewa).await;
+        assert!(matches!(r, Err(CredentialsError::Decrypt(_))), "{r:?}");
+        // Another id altogether.
+        let unknown = keys("k2");
+        let r = get_credentials(&*store, &unknown, &p, Mode::Sandbox, Provider::Esewa).await;
+        assert!(
+            matches!(&r, Err(CredentialsError::UnknownKey { key_id, .. }) if key_id == "k1"),
+            "{r:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn moved_ciphertexts_do_not_decrypt() {
+        let store = store();
+        let keys = keys("k1");
+        let now = SystemClock.now();
+        let p = project(&*store).await;
+        let q = project(&*store).await;
+        ok(
+            put_credentials(&*store, &keys, now, &p, Mode::Sandbox, &khalti()).await,
+            "put",
+        );
+        let Some(original) = ok(
+            store
+                .get(&credentials_key(&p, Mode::Sandbox, Provider::Khalti))
+                .await,
+            "get",
+        ) else {
+            panic!("stored")
+        };
+        let targets = [
+            (q.as_str(), Mode::Sandbox, Provider::Khalti),
+            (p.as_str(), Mode::Live, Provider::Khalti),
+            (p.as_str(), Mode::Sandbox, Provider::Esewa),
+        ];
+        for (project_id, mode, provider) in targets {
+            let mut item = original.clone();
+            let key = credentials_key(project_id, mode, provider);
+            item.insert("pk".into(), Value::from(key.pk.clone()));
+            item.insert("sk".into(), Value::from(key.sk.clone()));
+            // Even with the record's own fields rewritten to match.
+            item.insert("project_id".into(), Value::from(project_id));
+            item.insert("mode".into(), Value::from(mode.as_str()));
+            item.insert("provider".into(), Value::from(provider.as_str()));
+            ok(store.put(item, None).await, "copy");
+            let r = get_credentials(&*store, &keys, project_id, mode, provider).await;
+            assert!(
+                matches!(r, Err(CredentialsError::Decrypt(_))),
+                "moved to {project_id} {mode:?} {provider:?}: {r:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn unknown_projects_and_invalid_fields_are_refused() {
+        let store = store();
+        let keys = keys("k1");
+        let now = SystemClock.now();
+        let r = put_credentials(&*store, &keys, now, "proj_nope", Mode::Live, &khalti()).await;
+        assert_eq!(
+            r,
+            Err(CredentialsError::ProjectNotFound("proj_nope".into()))
+        );
+        assert!(raw_items(&*store, "proj_nope").await.is_empty());
+
+        let p = project(&*store).await;
+        for bad in [
+            ProviderCredentials::Khalti {
+                secret_key: String::new(),
+            },
+            ProviderCredentials::Khalti {
+                secret_key: " padded ".into(),
+            },
+            ProviderCredentials::Khalti {
+                secret_key: "line\nbreak".into(),
+            },
+            ProviderCredentials::Esewa {
+                product_code: "EPAYTEST".into(),
+                secret_key: "x".repeat(2000),
+            },
+        ] {
+            let r = put_credentials(&*store, &keys, now, &p, Mode::Live, &bad).await;
+            assert!(matches!(r, Err(CredentialsError::Invalid(_))), "{bad:?}");
+        }
+        // Changing a project item's attribute does not count as a project.
+        let _ = store
+            .update(
+                &Key::new("PROJ#proj_ghost", "OTHER"),
+                Update::new().set("x", 1),
+                None,
+            )
+            .await;
+        let r = put_credentials(&*store, &keys, now, "proj_ghost", Mode::Live, &khalti()).await;
+        assert!(matches!(r, Err(CredentialsError::ProjectNotFound(_))));
+    }
+
+    #[tokio::test]
+    async fn master_key_rotation_reencrypts_with_the_new_key() {
+        let store = store();
+        let now = SystemClock.now();
+        let p = project(&*store).await;
+        let old = ok(CredentialsKey::generate("2025-01"), "g");
+        let new = ok(CredentialsKey::generate("2026-06"), "g");
+        let before = CredentialsKeys::single(old.clone());
+        ok(
+            put_credentials(&*store, &before, now, &p, Mode::Live, &fonepay()).await,
+            "put",
+        );
+        ok(
+            put_credentials(&*store, &before, now, &p, Mode::Sandbox, &esewa()).await,
+            "put",
+        );
+        let both = ok(CredentialsKeys::new(new.clone(), vec![old.clone()]), "keys");
+        // Older records still read with the old key listed as previous.
+        let r = get_credentials(&*store, &both, &p, Mode::Live, Provider::Fonepay).await;
+        assert_eq!(ok(r, "read old"), Some(fonepay()));
+        assert_eq!(
+            ok(reencrypt_credentials(&*store, &both, now, &p).await, "re"),
+            2
+        );
+        assert_eq!(
+            ok(reencrypt_credentials(&*store, &both, now, &p).await, "re"),
+            0
+        );
+        let listed = ok(list_configured_providers(&*store, &p).await, "list");
+        assert!(listed.iter().all(|c| c.key_id == "2026-06"));
+        // The old key can go now.
+        let after = CredentialsKeys::single(new);
+        let r = get_credentials(&*store, &after, &p, Mode::Sandbox, Provider::Esewa).await;
+        assert_eq!(ok(r, "read new"), Some(esewa()));
+        assert!(CredentialsKeys::new(old.clone(), vec![old]).is_err());
+    }
+
+    #[test]
+    fn master_keys_parse_from_configuration() {
+        let b64 = STANDARD.encode([7u8; 32]);
+        let k = ok(CredentialsKey::parse(&b64), "plain");
+        assert_eq!(k.id(), DEFAULT_KEY_ID);
+        let k = ok(CredentialsKey::parse(&format!("v2:{b64}\n")), "with id");
+        assert_eq!(k.id(), "v2");
+        let again = ok(CredentialsKey::parse(&k.export()), "export");
+        assert_eq!((again.id(), again.bytes), ("v2", [7u8; 32]));
+        let url = URL_SAFE_NO_PAD.encode([0xfb; 32]);
+        assert!(CredentialsKey::parse(&url).is_ok(), "url-safe, unpadded");
+
+        assert_eq!(
+            CredentialsKeys::from_values(None, None).err(),
+            Some(CredentialsError::MissingKey)
+        );
+        assert_eq!(
+            CredentialsKeys::from_values(Some("  "), None).err(),
+            Some(CredentialsError::MissingKey)
+        );
+        let short = STANDARD.encode([1u8; 16]);
+        let e = CredentialsKeys::from_values(Some(&short), None).err();
+        let text = e.map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("16 bytes") && text.contains("32"), "{text}");
+        for bad in [
+            "not base64 at all!",
+            "k1:",
+            "bad id!:AAAA",
+            &STANDARD.encode([1u8; 33]),
+        ] {
+            assert!(
+                matches!(
+                    CredentialsKeys::from_values(Some(bad), None),
+                    Err(CredentialsError::BadKey(_))
+                ),
+                "{bad}"
+            );
+        }
+        let prev = format!(
+            "old1:{},old2:{}",
+            STANDARD.encode([2u8; 32]),
+            STANDARD.encode([3u8; 32])
+        );
+        let ks = ok(
+            CredentialsKeys::from_values(Some(&format!("new:{b64}")), Some(&prev)),
+            "previous",
+        );
+        assert!(ks.by_id("old2").is_some() && ks.by_id("new").is_some());
+        assert!(CredentialsKeys::from_values(Some(&b64), Some(&b64)).is_err());
+        let dup = format!("k1:{b64}");
+        assert!(CredentialsKeys::from_values(Some(&b64), Some(&dup)).is_err());
+    }
+
+    #[test]
+    fn debug_output_redacts_secrets() {
+        let text = format!("{:?} {:?} {:?}", esewa(), khalti(), fonepay());
+        for secret in [
+            "8gBm/:&EnhH.1/q-SECRET",
+            "live_secret_key",
+            "fonepay-hmac-secret",
+            "fp-user",
+            "p@ssw0rd",
+        ] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        assert!(text.contains("EPAYTEST-PC-7731") && text.contains("[redacted]"));
+
+        let key = ok(CredentialsKey::new("k1", [0xab; 32]), "key");
+        let keys = CredentialsKeys::single(key.clone());
+        let text = format!("{key:?} {keys:?}");
+        let b64 = STANDARD.encode([0xab; 32]);
+        assert!(!text.contains(&b64) && !text.contains("171"), "{text}");
+        assert!(text.contains("k1"));
+    }
+}

@@ -1,0 +1,666 @@
+//! `Idempotency-Key` on every POST, PATCH and DELETE (decisions.md,
+//! Idempotency): a retry of a logical write with the same key answers what
+//! the first attempt answered, and never runs it twice.
+//!
+//! The key is scoped to (project, mode, key) and remembered 24 hours. The
+//! first request claims it with a conditional put (`in_progress`, with a
+//! lease); when the handler answers, the answer is stored with the record.
+//! - same key, same fingerprint, completed: the stored answer is replayed
+//!   with `Idempotent-Replayed: true`;
+//! - same key while the first is in flight: 409 `idempotency_conflict`;
+//! - same key, different method/path/query/body: 409 `idempotency_key_reused`;
+//! - a 5xx answer is not stored: the claim is released so a retry runs.
+//!
+//! A claim whose process died mid-request is taken over after its lease
+//! ([`LEASE`]) by the next retry.
+//!
+//! The stored answer alone cannot cover one case: the business write
+//! committed but the answer was lost (a timeout after the write, a crash).
+//! For that, handlers that create things put the request's [`Fence`] in the
+//! same transaction as the write: a second run of the same request then
+//! fails on the fence and finds what the first run created.
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, Method, StatusCode, header};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::auth::authenticate_request;
+use super::edge::current_request_id;
+use super::error::{ApiError, ErrorType};
+use super::input::{MAX_BODY_BYTES, QueryParams};
+use crate::app::AppState;
+use crate::domain::record::{from_item, to_item};
+use crate::store::{Cond, Key, StoreError, TTL, TxOp, TxReason, Update};
+use crate::time::Timestamp;
+
+pub const HEADER: &str = "idempotency-key";
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+pub const MAX_KEY_LEN: usize = 255;
+/// How long keys are remembered.
+pub const RETENTION: chrono::Duration = chrono::Duration::hours(24);
+/// How long an in-flight claim blocks retries before another may take it.
+pub const LEASE: chrono::Duration = chrono::Duration::seconds(60);
+/// Answers larger than this are answered but not stored for replay.
+const MAX_STORED_BODY: usize = 256 * 1024;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ClaimState {
+    InProgress,
+    Completed,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Record {
+    state: ClaimState,
+    fingerprint: String,
+    /// Random id of the request holding the claim.
+    owner: String,
+    locked_until: Timestamp,
+    #[serde(default)]
+    status: Option<u16>,
+    #[serde(default)]
+    content_type: Option<String>,
+    #[serde(default)]
+    body: Option<String>,
+    created_at: Timestamp,
+    /// Epoch seconds after which the record is gone (DynamoDB TTL).
+    ttl: i64,
+}
+
+fn record_key(project_id: &str, mode: &str, idem_key: &str) -> Key {
+    // Hashed: any printable key fits, and the store never sees it raw.
+    let digest = hex::encode(Sha256::digest(idem_key.as_bytes()));
+    Key::new(format!("IDEM#{project_id}#{mode}#{digest}"), "IDEM")
+}
+
+/// What makes two requests "the same request".
+pub fn fingerprint(method: &Method, path: &str, query: Option<&str>, body: &[u8]) -> String {
+    let mut pairs = QueryParams::parse(query).0;
+    pairs.sort();
+    let canonical_query = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish();
+    let mut h = Sha256::new();
+    h.update(method.as_str().as_bytes());
+    h.update(b"\n");
+    h.update(path.as_bytes());
+    h.update(b"\n");
+    h.update(canonical_query.as_bytes());
+    h.update(b"\n");
+    h.update(Sha256::digest(body));
+    hex::encode(h.finalize())
+}
+
+fn conflict(code: &'static str, message: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        ErrorType::IdempotencyError,
+        code,
+        message,
+    )
+}
+
+/// The middleware. Requests without the header, and GETs, pass through.
+pub async fn layer(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    match run(state, req, next).await {
+        Ok(res) => res,
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiError> {
+    let writes = matches!(*req.method(), Method::POST | Method::PATCH | Method::DELETE);
+    let Some(raw_key) = req.headers().get(HEADER).filter(|_| writes) else {
+        return Ok(next.run(req).await);
+    };
+    let idem_key = raw_key
+        .to_str()
+        .map_err(|_| {
+            ApiError::validation("Idempotency-Key", "Idempotency-Key must be printable ASCII")
+        })?
+        .trim()
+        .to_owned();
+    if idem_key.is_empty() || idem_key.len() > MAX_KEY_LEN {
+        return Err(ApiError::validation(
+            "Idempotency-Key",
+            format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} characters"),
+        ));
+    }
+
+    // The key is scoped to the caller, so authenticate first (and hand the
+    // result to the handler's extractor: no second lookup).
+    let (mut parts, body) = req.into_parts();
+    let auth = authenticate_request(&parts, &state).await?;
+    parts.extensions.insert(auth.clone());
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|_| ApiError::payload_too_large(MAX_BODY_BYTES))?;
+    let print = fingerprint(&parts.method, parts.uri.path(), parts.uri.query(), &bytes);
+
+    let store = &*state.store;
+    let now = state.clock.now();
+    let key = record_key(auth.project_id(), auth.mode().as_str(), &idem_key);
+    let owner = crate::ids::new_id(crate::ids::IdKind::Event);
+    let claim = Record {
+        state: ClaimState::InProgress,
+        fingerprint: print.clone(),
+        owner: owner.clone(),
+        locked_until: now.plus(LEASE),
+        status: None,
+        content_type: None,
+        body: None,
+        created_at: now,
+        ttl: now.plus(RETENTION).unix_seconds(),
+    };
+    let item = to_item(&claim, &key, &[])?;
+    // Free to claim: no record, an expired one, or an abandoned claim of
+    // the same request.
+    let free = Cond::Or(vec![
+        Cond::NotExists,
+        Cond::lt(TTL, now.unix_seconds()),
+        Cond::And(vec![
+            Cond::eq("state", "in_progress"),
+            Cond::eq("fingerprint", print.clone()),
+            Cond::lt("locked_until", now.to_rfc3339()),
+        ]),
+    ]);
+    match store.put(item, Some(free)).await {
+        Ok(()) => {}
+        Err(StoreError::ConditionFailed) => {
+            let existing: Option<Record> = match store.get(&key).await? {
+                Some(item) => Some(from_item(item)?),
+                None => None,
+            };
+            return match existing {
+                Some(r) if r.fingerprint != print => Err(conflict(
+                    "idempotency_key_reused",
+                    "This Idempotency-Key was used with a different request (method, path, query or body)",
+                )),
+                Some(r) if r.state == ClaimState::Completed => Ok(replay(&r)),
+                _ => Err(conflict(
+                    "idempotency_conflict",
+                    "A request with this Idempotency-Key is still in progress; retry later",
+                )),
+            };
+        }
+        Err(e) => return Err(e.into()),
+    }
+
+    parts.extensions.insert(Fence {
+        key: Key::new(key.pk.replacen("IDEM#", "IDEMFENCE#", 1), "FENCE"),
+        ttl: now.plus(RETENTION).unix_seconds(),
+    });
+    let req = Request::from_parts(parts, Body::from(bytes));
+    let res = next.run(req).await;
+    let owned = Cond::And(vec![
+        Cond::eq("owner", owner),
+        Cond::eq("state", "in_progress"),
+    ]);
+    if res.status().is_server_error() {
+        // Not stored: release the key so the retry runs.
+        if let Err(e) = store.delete(&key, Some(owned)).await {
+            tracing::warn!(error = %e, "could not release an idempotency claim");
+        }
+        return Ok(res);
+    }
+    let (res_parts, res_body) = res.into_parts();
+    let res_bytes = axum::body::to_bytes(res_body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    let content_type = res_parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let stored_body = String::from_utf8(res_bytes.to_vec())
+        .ok()
+        .filter(|b| b.len() <= MAX_STORED_BODY);
+    let complete = match stored_body {
+        Some(body) => Update::new()
+            .set("state", "completed")
+            .set("status", res_parts.status.as_u16())
+            .set("body", body)
+            .set(
+                "content_type",
+                content_type.unwrap_or_else(|| "application/json".into()),
+            ),
+        // Too large or binary to keep: forget the key rather than block it.
+        None => Update::new()
+            .set("state", "completed")
+            .set("status", res_parts.status.as_u16()),
+    };
+    if let Err(e) = store.update(&key, complete, Some(owned)).await {
+        tracing::error!(error = %e, "could not record an idempotent answer");
+    }
+    Ok(Response::from_parts(res_parts, Body::from(res_bytes)))
+}
+
+fn replay(r: &Record) -> Response {
+    let status = r
+        .status
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(StatusCode::OK);
+    let mut body = r.body.clone().unwrap_or_default();
+    if status.is_client_error() {
+        // A stored error names the first request's id; the replay names its own.
+        if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&body) {
+            if let Some(e) = v.get_mut("error").and_then(|e| e.as_object_mut()) {
+                e.insert(
+                    "request_id".into(),
+                    current_request_id().unwrap_or_default().into(),
+                );
+                body = v.to_string();
+            }
+        }
+    }
+    let mut res = (status, body).into_response();
+    let ct = r.content_type.as_deref().unwrap_or("application/json");
+    if let Ok(v) = HeaderValue::from_str(ct) {
+        res.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    res.headers_mut()
+        .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    if status.is_client_error() {
+        // A replayed error keeps its body; mark it so the edge leaves it be.
+        res.extensions_mut().insert(super::error::Enveloped);
+    }
+    res
+}
+
+/// Marks "this request's write is done" inside the write's own transaction.
+/// Present (as an `Extension`) only on requests with an `Idempotency-Key`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fence {
+    key: Key,
+    ttl: i64,
+}
+
+impl Fence {
+    /// The operation to add to the write's transaction. It fails if this
+    /// request's write already committed once.
+    pub fn op(&self, resource_id: &str) -> TxOp {
+        let mut item = crate::store::Item::new();
+        item.insert(crate::store::PK.into(), self.key.pk.clone().into());
+        item.insert(crate::store::SK.into(), self.key.sk.clone().into());
+        item.insert("resource_id".into(), resource_id.into());
+        item.insert(TTL.into(), self.ttl.into());
+        TxOp::Put {
+            item,
+            cond: Some(Cond::NotExists),
+        }
+    }
+
+    /// Whether a failed transaction failed on the fence op at `index`.
+    pub fn tripped(err: &StoreError, index: usize) -> bool {
+        matches!(err, StoreError::TransactionCanceled { reasons }
+            if matches!(reasons.get(index), Some(TxReason::ConditionFailed)))
+    }
+
+    /// The id of what the first run of this request created.
+    pub async fn resource_id(
+        &self,
+        store: &dyn crate::store::Store,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(store.get(&self.key).await?.and_then(|item| {
+            item.get("resource_id")
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Mode;
+    use crate::domain::account::{self, KeyKind, NewKey, Plan, Scope};
+    use crate::http::{Auth, JsonBody, with_edge};
+    use crate::store::embedded::EmbeddedStore;
+    use crate::store::faults::{Fault, FaultyStore, Op};
+    use crate::store::{Item, Store};
+    use crate::time::{Clock, SystemClock};
+    use crate::{AppState, Config};
+    use axum::extract::Extension;
+    use axum::routing::post;
+    use axum::{Json, Router};
+    use http_body_util::BodyExt;
+    use serde_json::{Value, json};
+    use std::sync::Arc;
+    use tower::ServiceExt;
+
+    /// A write endpoint of the shape every real one has: one transaction
+    /// (the widget, a counter, and the fence when there is a key).
+    async fn create_widget(
+        State(state): State<AppState>,
+        auth: Auth,
+        fence: Option<Extension<Fence>>,
+        JsonBody(body): JsonBody<Value>,
+    ) -> Result<(StatusCode, Json<Value>), ApiError> {
+        let store = &*state.store;
+        let id = crate::ids::new_id(crate::ids::IdKind::Event);
+        let widget = json!({"id": id, "name": body["name"], "project": auth.project_id()});
+        let mut item = Item::new();
+        item.insert("pk".into(), format!("W#{id}").into());
+        item.insert("sk".into(), "W".into());
+        item.insert("json".into(), widget.clone());
+        let mut ops = vec![
+            TxOp::Put {
+                item,
+                cond: Some(Cond::NotExists),
+            },
+            TxOp::Update {
+                key: Key::new("COUNTER", "COUNTER"),
+                update: Update::new().add("n", 1),
+                cond: None,
+            },
+        ];
+        if let Some(Extension(f)) = &fence {
+            ops.push(f.op(&id));
+        }
+        match store.transact(ops).await {
+            Ok(()) => Ok((StatusCode::CREATED, Json(widget))),
+            Err(e) if fence.as_ref().is_some_and(|_| Fence::tripped(&e, 2)) => {
+                let Some(Extension(f)) = fence else {
+                    return Err(ApiError::internal());
+                };
+                let first = f.resource_id(store).await?.unwrap_or_default();
+                let item = store.get(&Key::new(format!("W#{first}"), "W")).await?;
+                let json = item
+                    .and_then(|i| i.get("json").cloned())
+                    .unwrap_or(Value::Null);
+                Ok((StatusCode::CREATED, Json(json)))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    struct Setup {
+        app: Router,
+        store: Arc<dyn Store>,
+        faulty: Arc<FaultyStore>,
+        key: String,
+    }
+
+    async fn setup() -> Setup {
+        let Ok(inner) = EmbeddedStore::in_memory() else {
+            panic!()
+        };
+        let inner: Arc<dyn Store> = Arc::new(inner);
+        let faulty = Arc::new(FaultyStore::new(inner.clone()));
+        let now = SystemClock.now();
+        let Ok(m) = account::create_merchant(&*inner, now, "Idem", "i@x.example", Plan::Pro).await
+        else {
+            panic!()
+        };
+        let Ok(p) = account::create_project(&*inner, now, &m, "P", false).await else {
+            panic!()
+        };
+        let new = NewKey {
+            mode: Mode::Sandbox,
+            kind: KeyKind::Secret,
+            scopes: Scope::ALL.to_vec(),
+            description: String::new(),
+            expires_at: None,
+            spend_cap_paisa: None,
+        };
+        let Ok((key, _)) = account::issue_api_key(&*inner, now, &p, new).await else {
+            panic!()
+        };
+        let state = AppState::new(
+            faulty.clone(),
+            Arc::new(SystemClock),
+            Config {
+                public_base_url: "http://x".into(),
+            },
+        );
+        let app = with_edge(
+            Router::new()
+                .route("/v1/widgets", post(create_widget))
+                .layer(axum::middleware::from_fn_with_state(state.clone(), layer))
+                .with_state(state),
+        );
+        Setup {
+            app,
+            store: inner,
+            faulty,
+            key,
+        }
+    }
+
+    struct Answer {
+        status: StatusCode,
+        replayed: bool,
+        request_id: String,
+        body: Value,
+    }
+
+    async fn call(s: &Setup, idem: Option<&str>, body: &str) -> Answer {
+        let mut req = http::Request::post("/v1/widgets")
+            .header("authorization", format!("Bearer {}", s.key))
+            .header("content-type", "application/json");
+        if let Some(k) = idem {
+            req = req.header(HEADER, k);
+        }
+        let req = req.body(Body::from(body.to_owned())).unwrap_or_default();
+        let res = s.app.clone().oneshot(req).await.unwrap_or_default();
+        let status = res.status();
+        let replayed = res.headers().get(REPLAYED_HEADER).is_some();
+        let request_id = res
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let bytes = res
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        Answer {
+            status,
+            replayed,
+            request_id,
+            body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        }
+    }
+
+    async fn widgets_created(s: &Setup) -> i64 {
+        let item = s
+            .store
+            .get(&Key::new("COUNTER", "COUNTER"))
+            .await
+            .ok()
+            .flatten();
+        item.and_then(|i| i.get("n").and_then(Value::as_i64))
+            .unwrap_or(0)
+    }
+
+    #[tokio::test]
+    async fn a_retry_replays_the_first_answer_and_writes_once() {
+        let s = setup().await;
+        let first = call(&s, Some("order-1"), r#"{"name": "a"}"#).await;
+        assert_eq!(first.status, StatusCode::CREATED);
+        assert!(!first.replayed);
+        let again = call(&s, Some("order-1"), r#"{"name": "a"}"#).await;
+        assert_eq!(again.status, StatusCode::CREATED);
+        assert!(again.replayed, "the replay is marked");
+        assert_eq!(again.body, first.body);
+        assert_eq!(widgets_created(&s).await, 1);
+        // Without a key, every call is a new write.
+        call(&s, None, r#"{"name": "a"}"#).await;
+        assert_eq!(widgets_created(&s).await, 2);
+    }
+
+    #[tokio::test]
+    async fn the_same_key_for_another_request_is_refused() {
+        let s = setup().await;
+        call(&s, Some("k"), r#"{"name": "a"}"#).await;
+        let other = call(&s, Some("k"), r#"{"name": "b"}"#).await;
+        assert_eq!(other.status, StatusCode::CONFLICT);
+        assert_eq!(other.body["error"]["type"], "idempotency_error");
+        assert_eq!(other.body["error"]["code"], "idempotency_key_reused");
+        assert_eq!(other.body["error"]["request_id"], other.request_id.as_str());
+        assert_eq!(widgets_created(&s).await, 1);
+    }
+
+    #[tokio::test]
+    async fn bad_keys_are_refused() {
+        let s = setup().await;
+        let long = "k".repeat(256);
+        let a = call(&s, Some(&long), "{}").await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST);
+        assert_eq!(a.body["error"]["param"], "Idempotency-Key");
+        assert_eq!(
+            call(&s, Some(&"k".repeat(255)), "{}").await.status,
+            StatusCode::CREATED
+        );
+        assert_eq!(
+            call(&s, Some(" "), "{}").await.status,
+            StatusCode::BAD_REQUEST
+        );
+    }
+
+    #[tokio::test]
+    async fn stored_client_errors_replay_with_the_new_request_id() {
+        let s = setup().await;
+        let first = call(&s, Some("bad"), "{not json").await;
+        assert_eq!(first.status, StatusCode::BAD_REQUEST);
+        let again = call(&s, Some("bad"), "{not json").await;
+        assert_eq!(again.status, StatusCode::BAD_REQUEST);
+        assert!(again.replayed);
+        assert_eq!(again.body["error"]["request_id"], again.request_id.as_str());
+        assert_ne!(again.request_id, first.request_id);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_duplicates_write_once() {
+        let s = Arc::new(setup().await);
+        let calls = (0..24).map(|_| {
+            let s = s.clone();
+            tokio::spawn(async move { call(&s, Some("same"), r#"{"name": "c"}"#).await })
+        });
+        let answers: Vec<Answer> = futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .filter_map(Result::ok)
+            .collect();
+        assert_eq!(answers.len(), 24);
+        let fresh = answers
+            .iter()
+            .filter(|a| a.status == StatusCode::CREATED && !a.replayed)
+            .count();
+        assert_eq!(fresh, 1, "exactly one request ran the write");
+        for a in &answers {
+            let ok = (a.status == StatusCode::CREATED)
+                || (a.status == StatusCode::CONFLICT
+                    && a.body["error"]["code"] == "idempotency_conflict");
+            assert!(ok, "{} {}", a.status, a.body);
+        }
+        assert_eq!(widgets_created(&s).await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_store_fault_leaves_nothing_behind_and_the_retry_succeeds() {
+        let s = setup().await;
+        // Throttled on the write itself.
+        s.faulty.plan(Op::Transact, 0, Fault::throttled());
+        let failed = call(&s, Some("fault-1"), r#"{"name": "f"}"#).await;
+        assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(failed.body["error"]["type"], "api_error");
+        assert_eq!(
+            failed.body["error"]["request_id"],
+            failed.request_id.as_str()
+        );
+        assert_eq!(widgets_created(&s).await, 0, "no partial state");
+        let retry = call(&s, Some("fault-1"), r#"{"name": "f"}"#).await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert!(!retry.replayed, "the failed attempt was not stored");
+        assert_eq!(widgets_created(&s).await, 1);
+
+        // Throttled while claiming the key.
+        s.faulty.plan(Op::Put, 0, Fault::throttled());
+        let failed = call(&s, Some("fault-2"), r#"{"name": "g"}"#).await;
+        assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            call(&s, Some("fault-2"), r#"{"name": "g"}"#).await.status,
+            StatusCode::CREATED
+        );
+        assert_eq!(widgets_created(&s).await, 2);
+    }
+
+    #[tokio::test]
+    async fn a_write_whose_answer_was_lost_is_not_repeated() {
+        let s = setup().await;
+        s.faulty.plan(Op::Transact, 0, Fault::timeout_after_write());
+        let failed = call(&s, Some("lost"), r#"{"name": "l"}"#).await;
+        assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(widgets_created(&s).await, 1, "the write did commit");
+        let retry = call(&s, Some("lost"), r#"{"name": "l"}"#).await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert_eq!(retry.body["name"], "l");
+        assert_eq!(
+            widgets_created(&s).await,
+            1,
+            "the fence stopped a second write"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_abandoned_claim_is_taken_over_after_its_lease() {
+        let s = setup().await;
+        let now = SystemClock.now();
+        let Ok(who) = account::authenticate(&*s.store, now, &s.key).await else {
+            panic!()
+        };
+        let body = r#"{"name": "z"}"#;
+        let print = fingerprint(&Method::POST, "/v1/widgets", None, body.as_bytes());
+        let key = record_key(who.project_id(), "sandbox", "crashed");
+        let mut claim = Record {
+            state: ClaimState::InProgress,
+            fingerprint: print,
+            owner: "a-process-that-died".into(),
+            locked_until: now.plus(chrono::Duration::seconds(30)),
+            status: None,
+            content_type: None,
+            body: None,
+            created_at: now,
+            ttl: now.plus(RETENTION).unix_seconds(),
+        };
+        let Ok(item) = to_item(&claim, &key, &[]) else {
+            panic!()
+        };
+        assert!(s.store.put(item, None).await.is_ok());
+        let blocked = call(&s, Some("crashed"), body).await;
+        assert_eq!(blocked.status, StatusCode::CONFLICT, "still leased");
+        assert_eq!(blocked.body["error"]["code"], "idempotency_conflict");
+
+        claim.locked_until = now.plus(chrono::Duration::seconds(-1));
+        let Ok(item) = to_item(&claim, &key, &[]) else {
+            panic!()
+        };
+        assert!(s.store.put(item, None).await.is_ok());
+        let taken = call(&s, Some("crashed"), body).await;
+        assert_eq!(taken.status, StatusCode::CREATED, "{}", taken.body);
+        assert_eq!(widgets_created(&s).await, 1);
+    }
+
+    #[test]
+    fn fingerprints_ignore_query_order_but_not_content() {
+        let m = Method::POST;
+        let a = fingerprint(&m, "/v1/x", Some("a=1&b=2"), b"{}");
+        assert_eq!(a, fingerprint(&m, "/v1/x", Some("b=2&a=1"), b"{}"));
+        assert_ne!(a, fingerprint(&m, "/v1/x", Some("a=1&b=3"), b"{}"));
+        assert_ne!(a, fingerprint(&m, "/v1/y", Some("a=1&b=2"), b"{}"));
+        assert_ne!(
+            a,
+            fingerprint(&Method::PATCH, "/v1/x", Some("a=1&b=2"), b"{}")
+        );
+        assert_ne!(a, fingerprint(&m, "/v1/x", Some("a=1&b=2"), b"{ }"));
+    }
+}

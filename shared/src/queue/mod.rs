@@ -1,0 +1,85 @@
+//! The queue port: SQS in AWS, an in-process twin on the dev server and in
+//! tests. Messages are delivered at least once; a consumer deletes a
+//! message after handling it, and one it does not delete comes back after
+//! its visibility timeout.
+
+use std::time::Duration;
+
+pub mod lambda;
+pub mod memory;
+pub mod sqs;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
+
+use async_trait::async_trait;
+
+/// The queues of the service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QueueName {
+    /// Webhook deliveries (one message per delivery attempt).
+    Webhooks,
+    /// SMS reminders to dispatch.
+    Sms,
+}
+
+impl QueueName {
+    pub const ALL: [QueueName; 2] = [QueueName::Webhooks, QueueName::Sms];
+
+    /// The logical name, also the suffix of the SQS queue name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueName::Webhooks => "webhooks",
+            QueueName::Sms => "sms",
+        }
+    }
+}
+
+/// SQS's longest delay; longer waits are re-queued by the consumer.
+pub const MAX_DELAY: Duration = Duration::from_secs(900);
+/// SQS's largest receive batch.
+pub const MAX_RECEIVE: usize = 10;
+
+/// One received message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub id: String,
+    pub body: String,
+    /// Handle to delete this receipt of the message.
+    pub receipt: String,
+    /// How many times the message has been received, this time included.
+    pub receive_count: u32,
+}
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum QueueError {
+    #[error("invalid queue request: {0}")]
+    Invalid(String),
+    #[error("queue temporarily unavailable: {0}")]
+    Unavailable(String),
+    #[error("queue failure: {0}")]
+    Backend(String),
+}
+
+#[async_trait]
+pub trait Queue: Send + Sync + 'static {
+    /// Enqueues `body`, visible after `delay` (at most [`MAX_DELAY`]).
+    async fn send(
+        &self,
+        queue: QueueName,
+        body: &str,
+        delay: Duration,
+    ) -> Result<String, QueueError>;
+
+    /// Up to `max` (1..=[`MAX_RECEIVE`]) visible messages, waiting up to
+    /// `wait` for the first. Each is hidden for `visibility` unless deleted.
+    async fn receive(
+        &self,
+        queue: QueueName,
+        max: usize,
+        wait: Duration,
+        visibility: Duration,
+    ) -> Result<Vec<Message>, QueueError>;
+
+    /// Removes a received message for good.
+    async fn delete(&self, queue: QueueName, receipt: &str) -> Result<(), QueueError>;
+}

@@ -1,0 +1,499 @@
+//! [`SqsQueue`]: the queue port on Amazon SQS (standard queues).
+//!
+//! Requests are checked with the same rules as the in-process twin
+//! ([`super::memory`]) before they reach SQS, so a bad request is
+//! [`QueueError::Invalid`] on both. Durations go to SQS in whole seconds:
+//! a delay and a visibility timeout are rounded up (never shorter than
+//! asked), the long-poll wait is rounded to the nearest second and capped at
+//! 20 s.
+//!
+//! Errors: throttling, timeouts, connection failures and 5xx answers are
+//! [`QueueError::Unavailable`] (safe to retry later); a receipt handle SQS
+//! does not know is [`QueueError::Invalid`]; everything else is
+//! [`QueueError::Backend`] with the operation and SQS's message.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::operation::create_queue::CreateQueueError;
+use aws_sdk_sqs::operation::delete_message::DeleteMessageError;
+use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
+
+use super::memory::{MAX_WAIT, validate_receive, validate_send};
+use super::{Message, Queue, QueueError, QueueName};
+
+/// How many receives a message gets before SQS moves it to the queue's
+/// dead-letter queue.
+pub const MAX_RECEIVE_COUNT: u32 = 5;
+/// How long the dead-letter queues keep a message: SQS's longest, 14 days.
+const DLQ_RETENTION_SECS: u32 = 14 * 24 * 60 * 60;
+/// SQS's longest queue name.
+const MAX_QUEUE_NAME: usize = 80;
+
+/// The queue port on SQS: one queue URL per [`QueueName`].
+#[derive(Clone, Debug)]
+pub struct SqsQueue {
+    client: Client,
+    urls: HashMap<QueueName, String>,
+}
+
+impl SqsQueue {
+    /// `urls` maps each queue to its SQS URL (see [`ensure_queues`]); a
+    /// queue missing from it fails with [`QueueError::Backend`] when used.
+    pub fn new(client: Client, urls: HashMap<QueueName, String>) -> Self {
+        Self { client, urls }
+    }
+
+    fn url(&self, queue: QueueName) -> Result<&str, QueueError> {
+        self.urls.get(&queue).map(String::as_str).ok_or_else(|| {
+            QueueError::Backend(format!(
+                "no SQS queue URL configured for queue {}",
+                queue.as_str()
+            ))
+        })
+    }
+}
+
+/// An SQS client for `endpoint` (moto, LocalStack, ...) in `region`, with
+/// static dummy credentials: for tests and local runs only.
+pub fn client_for_endpoint(endpoint: &str, region: &str) -> Client {
+    let config = aws_sdk_sqs::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new(region.to_owned()))
+        .endpoint_url(endpoint)
+        .credentials_provider(Credentials::new(
+            "test",
+            "test",
+            None,
+            None,
+            "dhukuti-static",
+        ))
+        .build();
+    Client::from_conf(config)
+}
+
+/// The SQS queue name of `queue` under `prefix`.
+pub fn queue_name(prefix: &str, queue: QueueName) -> String {
+    format!("{prefix}-{}", queue.as_str())
+}
+
+/// The SQS name of `queue`'s dead-letter queue under `prefix`.
+pub fn dead_letter_queue_name(prefix: &str, queue: QueueName) -> String {
+    format!("{prefix}-{}-dlq", queue.as_str())
+}
+
+/// Creates (or finds) every queue of [`QueueName::ALL`] as `{prefix}-{name}`,
+/// each with a dead-letter queue `{prefix}-{name}-dlq` that receives a
+/// message after [`MAX_RECEIVE_COUNT`] receives. Idempotent: existing
+/// queues are kept and their redrive policy is (re)set. Answers the URLs
+/// for [`SqsQueue::new`].
+pub async fn ensure_queues(
+    client: &Client,
+    prefix: &str,
+) -> Result<HashMap<QueueName, String>, QueueError> {
+    validate_prefix(prefix)?;
+    let mut urls = HashMap::new();
+    for queue in QueueName::ALL {
+        let dlq_url = create_or_update(
+            client,
+            &dead_letter_queue_name(prefix, queue),
+            vec![(
+                QueueAttributeName::MessageRetentionPeriod,
+                DLQ_RETENTION_SECS.to_string(),
+            )],
+        )
+        .await?;
+        let dlq_arn = queue_arn(client, &dlq_url).await?;
+        let redrive = serde_json::json!({
+            "deadLetterTargetArn": dlq_arn,
+            "maxReceiveCount": MAX_RECEIVE_COUNT.to_string(),
+        })
+        .to_string();
+        let url = create_or_update(
+            client,
+            &queue_name(prefix, queue),
+            vec![(QueueAttributeName::RedrivePolicy, redrive)],
+        )
+        .await?;
+        urls.insert(queue, url);
+    }
+    Ok(urls)
+}
+
+fn validate_prefix(prefix: &str) -> Result<(), QueueError> {
+    let longest = QueueName::ALL
+        .iter()
+        .map(|&q| dead_letter_queue_name(prefix, q).len())
+        .max()
+        .unwrap_or(0);
+    let ok = !prefix.is_empty()
+        && longest <= MAX_QUEUE_NAME
+        && prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(QueueError::Invalid(format!(
+            "queue prefix must be letters, digits, '-' or '_' and short enough for \
+             '{{prefix}}-webhooks-dlq' to fit {MAX_QUEUE_NAME} characters, got {prefix:?}"
+        )))
+    }
+}
+
+/// Creates queue `name` with `attributes`; when it exists with other
+/// attributes, sets them on it. Answers its URL.
+async fn create_or_update(
+    client: &Client,
+    name: &str,
+    attributes: Vec<(QueueAttributeName, String)>,
+) -> Result<String, QueueError> {
+    let mut create = client.create_queue().queue_name(name);
+    for (key, value) in &attributes {
+        create = create.attributes(key.clone(), value.clone());
+    }
+    match create.send().await {
+        Ok(out) => out.queue_url().map(str::to_owned).ok_or_else(|| {
+            QueueError::Backend(format!("CreateQueue {name}: no QueueUrl in the answer"))
+        }),
+        Err(err) if is_queue_exists(&err) => {
+            let url = client
+                .get_queue_url()
+                .queue_name(name)
+                .send()
+                .await
+                .map_err(|e| sdk_error(&format!("GetQueueUrl {name}"), e))?
+                .queue_url()
+                .map(str::to_owned)
+                .ok_or_else(|| {
+                    QueueError::Backend(format!("GetQueueUrl {name}: no QueueUrl in the answer"))
+                })?;
+            let mut set = client.set_queue_attributes().queue_url(&url);
+            for (key, value) in attributes {
+                set = set.attributes(key, value);
+            }
+            set.send()
+                .await
+                .map_err(|e| sdk_error(&format!("SetQueueAttributes {name}"), e))?;
+            Ok(url)
+        }
+        Err(err) => Err(sdk_error(&format!("CreateQueue {name}"), err)),
+    }
+}
+
+fn is_queue_exists(err: &SdkError<CreateQueueError>) -> bool {
+    matches!(
+        err.as_service_error(),
+        Some(CreateQueueError::QueueNameExists(_))
+    ) || matches!(err.code(), Some("QueueAlreadyExists" | "QueueNameExists"))
+}
+
+async fn queue_arn(client: &Client, url: &str) -> Result<String, QueueError> {
+    let out = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|e| sdk_error(&format!("GetQueueAttributes {url}"), e))?;
+    out.attributes()
+        .and_then(|attrs| attrs.get(&QueueAttributeName::QueueArn))
+        .cloned()
+        .ok_or_else(|| {
+            QueueError::Backend(format!(
+                "GetQueueAttributes {url}: no QueueArn in the answer"
+            ))
+        })
+}
+
+/// Whole seconds, rounded up.
+fn ceil_secs(d: Duration) -> i32 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    i32::try_from(secs).unwrap_or(i32::MAX)
+}
+
+/// Whole seconds, rounded to the nearest, at most [`MAX_WAIT`].
+fn wait_secs(d: Duration) -> i32 {
+    let millis = d.min(MAX_WAIT).as_millis();
+    i32::try_from((millis + 500) / 1000).unwrap_or(i32::MAX)
+}
+
+#[async_trait]
+impl Queue for SqsQueue {
+    async fn send(
+        &self,
+        queue: QueueName,
+        body: &str,
+        delay: Duration,
+    ) -> Result<String, QueueError> {
+        validate_send(body, delay)?;
+        let out = self
+            .client
+            .send_message()
+            .queue_url(self.url(queue)?)
+            .message_body(body)
+            .delay_seconds(ceil_secs(delay))
+            .send()
+            .await
+            .map_err(|e| sdk_error(&format!("SendMessage {}", queue.as_str()), e))?;
+        out.message_id()
+            .map(str::to_owned)
+            .ok_or_else(|| QueueError::Backend("SendMessage: no MessageId in the answer".into()))
+    }
+
+    async fn receive(
+        &self,
+        queue: QueueName,
+        max: usize,
+        wait: Duration,
+        visibility: Duration,
+    ) -> Result<Vec<Message>, QueueError> {
+        validate_receive(max, visibility)?;
+        let out = self
+            .client
+            .receive_message()
+            .queue_url(self.url(queue)?)
+            .max_number_of_messages(i32::try_from(max).unwrap_or(10))
+            .wait_time_seconds(wait_secs(wait))
+            .visibility_timeout(ceil_secs(visibility))
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .send()
+            .await
+            .map_err(|e| sdk_error(&format!("ReceiveMessage {}", queue.as_str()), e))?;
+        out.messages()
+            .iter()
+            .map(|m| {
+                let missing = |what: &str| {
+                    QueueError::Backend(format!("ReceiveMessage: a message without {what}"))
+                };
+                let receive_count = m
+                    .attributes()
+                    .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+                    .ok_or_else(|| missing("ApproximateReceiveCount"))?;
+                Ok(Message {
+                    id: m
+                        .message_id()
+                        .ok_or_else(|| missing("MessageId"))?
+                        .to_owned(),
+                    body: m.body().ok_or_else(|| missing("Body"))?.to_owned(),
+                    receipt: m
+                        .receipt_handle()
+                        .ok_or_else(|| missing("ReceiptHandle"))?
+                        .to_owned(),
+                    receive_count: receive_count.parse().map_err(|_| {
+                        QueueError::Backend(format!(
+                            "ReceiveMessage: bad ApproximateReceiveCount {receive_count:?}"
+                        ))
+                    })?,
+                })
+            })
+            .collect()
+    }
+
+    async fn delete(&self, queue: QueueName, receipt: &str) -> Result<(), QueueError> {
+        let result = self
+            .client
+            .delete_message()
+            .queue_url(self.url(queue)?)
+            .receipt_handle(receipt)
+            .send()
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            Err(err)
+                if matches!(
+                    err.as_service_error(),
+                    Some(DeleteMessageError::ReceiptHandleIsInvalid(_))
+                ) =>
+            {
+                Err(QueueError::Invalid(format!(
+                    "SQS does not accept this receipt handle: {}",
+                    DisplayErrorContext(&err)
+                )))
+            }
+            Err(err) => Err(sdk_error(&format!("DeleteMessage {}", queue.as_str()), err)),
+        }
+    }
+}
+
+/// Error codes AWS services use for "slow down" and "try again".
+const TRANSIENT_CODES: &[&str] = &[
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottled",
+    "RequestThrottledException",
+    "AWS.SimpleQueueService.RequestThrottled",
+    "KmsThrottled",
+    "SlowDown",
+    "TooManyRequestsException",
+    "RequestLimitExceeded",
+    "ProvisionedThroughputExceededException",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "ServiceUnavailable",
+    "InternalError",
+    "InternalFailure",
+];
+
+/// Whether an AWS SDK error is worth retrying later: a timeout, a failure to
+/// reach the service, throttling, or a 5xx/429 answer. Shared by the SQS
+/// and S3 backends (both SDKs use the same error type).
+pub(crate) fn is_transient<E: ProvideErrorMetadata>(err: &SdkError<E>) -> bool {
+    match err {
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) => true,
+        SdkError::ServiceError(_) | SdkError::ResponseError(_) => {
+            let status = err.raw_response().map(|r| r.status().as_u16());
+            matches!(status, Some(429 | 500..=599))
+                || err
+                    .code()
+                    .is_some_and(|code| TRANSIENT_CODES.contains(&code))
+        }
+        _ => false,
+    }
+}
+
+fn sdk_error<E>(op: &str, err: SdkError<E>) -> QueueError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    let message = format!("{op}: {}", DisplayErrorContext(&err));
+    if is_transient(&err) {
+        QueueError::Unavailable(message)
+    } else {
+        QueueError::Backend(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::queue::testkit::{aws_endpoint, unique_prefix};
+
+    async fn make() -> Option<Arc<dyn Queue>> {
+        let endpoint = aws_endpoint()?;
+        let client = client_for_endpoint(&endpoint, "ap-south-1");
+        let urls = ensure_queues(&client, &unique_prefix()).await.unwrap();
+        Some(Arc::new(SqsQueue::new(client, urls)))
+    }
+
+    /// The shared behaviour suite against `DHUKUTI_TEST_AWS_ENDPOINT`.
+    mod conformance {
+        use super::make;
+
+        crate::queue_conformance_tests!(
+            make,
+            strict_stale_receipt = "moto 5.2.5 deletes a message on a stale receipt handle; \
+                SQS documents that the request succeeds but the message is not deleted"
+        );
+    }
+
+    #[test]
+    fn durations_in_whole_seconds() {
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+        assert_eq!(ceil_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_millis(1500)), 2);
+        assert_eq!(ceil_secs(Duration::from_secs(900)), 900);
+        assert_eq!(wait_secs(Duration::from_millis(499)), 0);
+        assert_eq!(wait_secs(Duration::from_millis(500)), 1);
+        assert_eq!(wait_secs(Duration::from_secs(20)), 20);
+        assert_eq!(wait_secs(Duration::from_secs(3600)), 20);
+    }
+
+    #[test]
+    fn prefixes() {
+        assert!(validate_prefix("dhukuti-prod").is_ok());
+        assert!(validate_prefix("a_b-1").is_ok());
+        for bad in ["", "has space", "dots.no", &"x".repeat(80)] {
+            assert!(
+                matches!(validate_prefix(bad), Err(QueueError::Invalid(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn unconfigured_queue_is_a_backend_error() {
+        let client = client_for_endpoint("http://127.0.0.1:9", "ap-south-1");
+        let q = SqsQueue::new(client, HashMap::new());
+        let err = q
+            .send(QueueName::Sms, "x", Duration::ZERO)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, QueueError::Backend(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn unreachable_endpoint_is_unavailable() {
+        // Port 9 (discard) on loopback: nothing listens, the connection is refused.
+        let client = client_for_endpoint("http://127.0.0.1:9", "ap-south-1");
+        let config = client
+            .config()
+            .to_builder()
+            .retry_config(aws_sdk_sqs::config::retry::RetryConfig::disabled())
+            .build();
+        let client = Client::from_conf(config);
+        let urls = HashMap::from([(
+            QueueName::Sms,
+            "http://127.0.0.1:9/000000000000/x-sms".to_owned(),
+        )]);
+        let q = SqsQueue::new(client, urls);
+        let err = q
+            .send(QueueName::Sms, "x", Duration::ZERO)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, QueueError::Unavailable(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn ensure_queues_is_idempotent_and_sets_up_dead_letter_queues() {
+        let Some(endpoint) = aws_endpoint() else {
+            return;
+        };
+        let client = client_for_endpoint(&endpoint, "ap-south-1");
+        let prefix = unique_prefix();
+        let first = ensure_queues(&client, &prefix).await.unwrap();
+        let second = ensure_queues(&client, &prefix).await.unwrap();
+        assert_eq!(first, second);
+        assert_eq!(first.len(), QueueName::ALL.len());
+        for queue in QueueName::ALL {
+            let url = &first[&queue];
+            assert!(url.ends_with(&queue_name(&prefix, queue)), "{url}");
+            let attrs = client
+                .get_queue_attributes()
+                .queue_url(url)
+                .attribute_names(QueueAttributeName::RedrivePolicy)
+                .send()
+                .await
+                .unwrap();
+            let policy = attrs.attributes().unwrap()[&QueueAttributeName::RedrivePolicy].clone();
+            let policy: serde_json::Value = serde_json::from_str(&policy).unwrap();
+            let dlq_url = client
+                .get_queue_url()
+                .queue_name(dead_letter_queue_name(&prefix, queue))
+                .send()
+                .await
+                .unwrap()
+                .queue_url()
+                .unwrap()
+                .to_owned();
+            let dlq_arn = queue_arn(&client, &dlq_url).await.unwrap();
+            assert_eq!(policy["deadLetterTargetArn"], dlq_arn.as_str());
+            let max = &policy["maxReceiveCount"];
+            assert!(max == 5 || max == "5", "{policy}");
+        }
+    }
+
+    #[tokio::test]
+    async fn ensure_queues_rejects_a_bad_prefix() {
+        let client = client_for_endpoint("http://127.0.0.1:9", "ap-south-1");
+        let err = ensure_queues(&client, "no spaces").await.unwrap_err();
+        assert!(matches!(err, QueueError::Invalid(_)), "{err:?}");
+    }
+}
