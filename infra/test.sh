@@ -45,4 +45,16 @@ export DHUKUTI_REQUIRE_AWS=1
 export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=ap-south-1
 unset AWS_PROFILE AWS_SESSION_TOKEN
 
-cargo test --workspace --locked "$@"
+status=0
+cargo test --workspace --locked "$@" 2>&1 | tee target/test-output.log || status=$?
+
+# One closing line over every test binary (cargo prints one per binary).
+awk '/^test result:/ {
+       for (i = 1; i <= NF; i++) {
+         if ($(i+1) ~ /^passed/) p += $i
+         if ($(i+1) ~ /^failed/) f += $i
+         if ($(i+1) ~ /^ignored/) s += $i
+       }
+     }
+     END { printf "Summary: %d passed, %d failed, %d skipped\n", p, f, s }' target/test-output.log
+exit "$status"

@@ -480,7 +480,52 @@ async fn a_payment_read_costs_three_store_calls(which: Which) {
     app.stop().await;
 }
 
+async fn a_store_fault_answers_503_with_the_request_id_and_a_retry_succeeds(which: Which) {
+    use shared::store::faults::{Fault, FaultyStore, Op};
+    use std::sync::Arc;
+
+    let mut faulty: Option<Arc<FaultyStore>> = None;
+    let app = spawn_app_wrapped(which, |inner| {
+        let f = Arc::new(FaultyStore::new(inner));
+        faulty = Some(f.clone());
+        f
+    })
+    .await;
+    let (Some(app), Some(faulty)) = (app, faulty) else {
+        return;
+    };
+    let t = app.tenant("Flaky Shop", "f@flaky.example").await;
+    let key = app.key(&t, Mode::Live, &[Scope::PaymentsRead]).await;
+    let p = app.payment(&t, Mode::Live, 100, Provider::Khalti).await;
+    let path = format!("/v1/payments/{}", p.id);
+
+    // The third read of the request (the payment) is throttled.
+    faulty.plan(Op::Get, 2, Fault::throttled());
+    let a = app.get(&path, Some(&key)).await;
+    a.assert_error(503, "api_error", "api_error");
+    assert_eq!(a.header("retry-after"), "1");
+    assert!(
+        !a.body.to_string().contains("Throughput"),
+        "no internals leak: {}",
+        a.body
+    );
+    assert_eq!(faulty.injected(), 1);
+    assert_eq!(app.get(&path, Some(&key)).await.status, 200);
+
+    // A backend failure that is not transient is a 500, same envelope.
+    faulty.plan(
+        Op::Get,
+        0,
+        Fault::Before(shared::store::StoreError::Backend("disk on fire".into())),
+    );
+    let a = app.get(&path, Some(&key)).await;
+    a.assert_error(500, "api_error", "api_error");
+    assert!(!a.body.to_string().contains("disk"));
+    app.stop().await;
+}
+
 on_both_backends!(
+    a_store_fault_answers_503_with_the_request_id_and_a_retry_succeeds,
     health_answers_without_a_key,
     first_start_writes_demo_keys_that_work,
     a_restart_keeps_data_and_keys,

@@ -5,7 +5,7 @@
 pub mod demo;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::routing::get;
@@ -220,12 +220,14 @@ pub async fn start_with(
 }
 
 /// What a newcomer sees after `cargo run`.
-pub fn banner(running: &Running, data_dir: &Path) -> String {
+pub fn banner(running: &Running, settings: &Settings) -> String {
+    let data_dir = &settings.data_dir;
     let url = &running.base_url;
     let sandbox = &running.keys.sandbox;
     [
         String::new(),
         format!("Dhukuti local gateway on {url}  (health: {url}/health)"),
+        format!("  backend         {}", settings.backend.describe()),
         format!("  data directory  {}", data_dir.display()),
         format!("  sandbox key     {sandbox}"),
         format!("  live key        {}", running.keys.live),

@@ -19,15 +19,14 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let data_dir = settings.data_dir.clone();
-    let running = match dhukuti::start(settings).await {
+    let running = match dhukuti::start(settings.clone()).await {
         Ok(r) => r,
         Err(msg) => {
             eprintln!("dhukuti: {msg}");
             return ExitCode::FAILURE;
         }
     };
-    println!("{}", dhukuti::banner(&running, &data_dir));
+    println!("{}", dhukuti::banner(&running, &settings));
     match running.until_signal().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

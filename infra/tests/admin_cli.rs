@@ -976,3 +976,83 @@ fn a_running_gateway_is_named_when_it_holds_the_store() {
     drop(held);
     must(dir, &["merchant", "show", &merchant]);
 }
+
+/// The same tool against DynamoDB (moto from `infra/test.sh`): a deployer
+/// onboards a merchant on AWS exactly as on the embedded store.
+#[tokio::test]
+async fn the_admin_tool_onboards_a_merchant_on_dynamodb() {
+    use shared::store::dynamo::{DynamoStore, client_for_endpoint, create_table};
+    let Some(endpoint) = shared::queue::testkit::aws_endpoint() else {
+        return;
+    };
+    let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "ap-south-1".into());
+    let table = format!(
+        "admin-{}",
+        shared::ids::new_id(shared::ids::IdKind::Event)[4..].to_owned()
+    );
+    let client = client_for_endpoint(&endpoint, &region);
+    if let Err(e) = create_table(&client, &table).await {
+        panic!("create table: {e}");
+    }
+    let dir = temp_dir();
+    let env = [
+        ("DHUKUTI_BACKEND", "aws"),
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_REGION", region.as_str()),
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("DHUKUTI_TABLE", table.as_str()),
+    ];
+    let aws = |args: &[&str]| {
+        let r = run_with(dir.path(), args, &env, None);
+        assert!(r.ok, "{args:?} failed: {}\n{}", r.stdout, r.stderr);
+        r
+    };
+    let m = aws(&[
+        "--json",
+        "merchant",
+        "create",
+        "--name",
+        "Cloud Shop",
+        "--email",
+        "o@cloud.example",
+        "--plan",
+        "pro",
+    ])
+    .json();
+    let merchant = text(&m, "id");
+    let p = aws(&[
+        "--json",
+        "project",
+        "create",
+        "--merchant",
+        &merchant,
+        "--name",
+        "Main",
+    ])
+    .json();
+    let project = text(&p, "id");
+    let k = aws(&[
+        "--json",
+        "key",
+        "issue",
+        "--project",
+        &project,
+        "--mode",
+        "live",
+        "--scopes",
+        "all",
+        "--kind",
+        "secret",
+    ])
+    .json();
+    let secret = text(&k, "secret");
+    assert!(is_secret_shape(&secret, "sk_live_"));
+
+    let store = DynamoStore::new(client, table.clone());
+    let who = account::authenticate(&store, SystemClock.now(), &secret).await;
+    assert_eq!(who.map(|w| w.merchant.id), Ok(merchant.clone()));
+    aws(&["merchant", "suspend", &merchant, "--reason", "review"]);
+    let who = account::authenticate(&store, SystemClock.now(), &secret).await;
+    assert!(matches!(who, Err(AuthError::Suspended(_))));
+}

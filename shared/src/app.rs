@@ -174,14 +174,43 @@ impl Backend {
     }
 }
 
-async fn open_aws(
-    s: &AwsSettings,
-    init: bool,
-) -> Result<(Arc<dyn Store>, Arc<dyn Queue>, Arc<dyn Blobs>), String> {
-    use crate::blobs::s3::{S3Blobs, ensure_bucket};
-    use crate::queue::sqs::{SqsQueue, ensure_queues, queue_name};
-    use crate::store::dynamo::{DynamoStore, create_table};
+impl Backend {
+    /// One line for people: where the data is.
+    pub fn describe(&self) -> String {
+        match self {
+            Backend::Embedded { data_dir } => {
+                format!("embedded ({})", data_dir.join("dhukuti.redb").display())
+            }
+            Backend::Aws(s) => format!(
+                "aws (table {}, queues {}-*, bucket {}{})",
+                s.table,
+                s.queue_prefix,
+                s.bucket,
+                s.endpoint
+                    .as_ref()
+                    .map(|e| format!(", endpoint {e}"))
+                    .unwrap_or_default()
+            ),
+        }
+    }
 
+    /// Only the store of the backend (tools that need nothing else).
+    pub async fn open_store(&self) -> Result<Arc<dyn Store>, String> {
+        match self {
+            Backend::Embedded { .. } => self.open(false).await.map(|(store, _, _)| store),
+            Backend::Aws(s) => {
+                let shared = aws_shared_config(s).await?;
+                let dynamo = aws_sdk_dynamodb::Client::new(&shared);
+                Ok(Arc::new(crate::store::dynamo::DynamoStore::new(
+                    dynamo,
+                    s.table.clone(),
+                )))
+            }
+        }
+    }
+}
+
+async fn aws_shared_config(s: &AwsSettings) -> Result<aws_config::SdkConfig, String> {
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
     if let Some(endpoint) = &s.endpoint {
         loader = loader.endpoint_url(endpoint);
@@ -190,6 +219,18 @@ async fn open_aws(
     if shared.region().is_none() {
         return Err("no AWS region: set AWS_REGION".into());
     }
+    Ok(shared)
+}
+
+async fn open_aws(
+    s: &AwsSettings,
+    init: bool,
+) -> Result<(Arc<dyn Store>, Arc<dyn Queue>, Arc<dyn Blobs>), String> {
+    use crate::blobs::s3::{S3Blobs, ensure_bucket};
+    use crate::queue::sqs::{SqsQueue, ensure_queues, queue_name};
+    use crate::store::dynamo::{DynamoStore, create_table};
+
+    let shared = aws_shared_config(s).await?;
     let dynamo = aws_sdk_dynamodb::Client::new(&shared);
     let sqs = aws_sdk_sqs::Client::new(&shared);
     // A local endpoint serves every bucket on one host: path-style.

@@ -15,13 +15,13 @@
 //! process at a time may hold, so the local gateway must be stopped first.
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 use serde_json::{Value, json};
+use shared::app::Backend;
 use shared::domain::account::{
     self, ApiKey, KeyKind, Merchant, NewKey, Pause, Plan, Project, Scope, Suspension,
 };
@@ -455,48 +455,38 @@ fn non_empty(value: &str, flag: &str) -> Result<String, Failure> {
 
 // -------------------------------------------------------------------- store
 
-fn data_dir() -> PathBuf {
-    std::env::var("DHUKUTI_DATA_DIR")
-        .ok()
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(".dhukuti"))
-}
-
-/// The store every command acts on, chosen by `DHUKUTI_BACKEND` (only
-/// `embedded` for now).
-fn open_store() -> Result<Arc<dyn Store>, String> {
-    let backend = std::env::var("DHUKUTI_BACKEND").unwrap_or_default();
-    match backend.as_str() {
-        "" | "embedded" => {
-            let path = data_dir().join("dhukuti.redb");
-            match EmbeddedStore::open(&path) {
-                Ok(store) => Ok(Arc::new(store)),
-                Err(e) => {
-                    let text = e.to_string();
-                    if text.contains("already open") || text.contains("acquire lock") {
-                        Err(format!(
-                            "{} is in use by another process: stop the local gateway first \
-                             (redb is single-process)",
-                            path.display()
-                        ))
-                    } else {
-                        Err(format!(
-                            "cannot open the embedded store {}: {text}",
-                            path.display()
-                        ))
-                    }
+/// The one place the backend is chosen: `DHUKUTI_BACKEND` (`embedded`, the
+/// default, in `DHUKUTI_DATA_DIR`; or `aws` with `DHUKUTI_TABLE` and the
+/// standard AWS environment), exactly as the gateway and the functions do.
+async fn open_store() -> Result<Arc<dyn Store>, String> {
+    let backend = Backend::from_env()?;
+    if let Backend::Embedded { data_dir } = &backend {
+        let path = data_dir.join("dhukuti.redb");
+        return match EmbeddedStore::open(&path) {
+            Ok(store) => Ok(Arc::new(store)),
+            Err(e) => {
+                let text = e.to_string();
+                if text.contains("already open") || text.contains("acquire lock") {
+                    Err(format!(
+                        "{} is in use by another process: stop the local gateway first \
+                         (redb is single-process)",
+                        path.display()
+                    ))
+                } else {
+                    Err(format!(
+                        "cannot open the embedded store {}: {text}",
+                        path.display()
+                    ))
                 }
             }
-        }
-        other => Err(format!(
-            "DHUKUTI_BACKEND={other:?} is not supported by dhukuti-admin yet; use 'embedded'"
-        )),
+        };
     }
+    // The admin tool only needs the table: no queues or bucket lookups.
+    backend.open_store().await
 }
 
-fn store() -> Result<Arc<dyn Store>, Failure> {
-    open_store().map_err(Failure::Failed)
+async fn store() -> Result<Arc<dyn Store>, Failure> {
+    open_store().await.map_err(Failure::Failed)
 }
 
 async fn merchant(store: &dyn Store, id: &str) -> Result<Merchant, Failure> {
@@ -723,7 +713,7 @@ async fn merchant_cmd(cmd: MerchantCmd, now: Timestamp) -> Result<Output, Failur
                     "--email {email:?} is not an email address"
                 )));
             }
-            let store = store()?;
+            let store = store().await?;
             let m = account::create_merchant(&*store, now, &name, &email, plan.into())
                 .await
                 .map_err(failed("cannot create the merchant"))?;
@@ -731,7 +721,7 @@ async fn merchant_cmd(cmd: MerchantCmd, now: Timestamp) -> Result<Output, Failur
         }
         MerchantCmd::Show { merchant_id } => {
             check_id(&merchant_id, IdKind::Merchant, "merchant")?;
-            let store = store()?;
+            let store = store().await?;
             let m = merchant(&*store, &merchant_id).await?;
             Ok(Output::new(to_json(&m), merchant_lines(&m)))
         }
@@ -741,7 +731,7 @@ async fn merchant_cmd(cmd: MerchantCmd, now: Timestamp) -> Result<Output, Failur
         } => {
             check_id(&merchant_id, IdKind::Merchant, "merchant")?;
             let reason = non_empty(&reason, "--reason")?;
-            let store = store()?;
+            let store = store().await?;
             merchant(&*store, &merchant_id).await?;
             let suspension = Suspension {
                 suspended_at: now,
@@ -759,7 +749,7 @@ async fn merchant_cmd(cmd: MerchantCmd, now: Timestamp) -> Result<Output, Failur
         }
         MerchantCmd::Reinstate { merchant_id } => {
             check_id(&merchant_id, IdKind::Merchant, "merchant")?;
-            let store = store()?;
+            let store = store().await?;
             merchant(&*store, &merchant_id).await?;
             let m = account::reinstate_merchant(&*store, &merchant_id)
                 .await
@@ -768,7 +758,7 @@ async fn merchant_cmd(cmd: MerchantCmd, now: Timestamp) -> Result<Output, Failur
         }
         MerchantCmd::SetPlan { merchant_id, plan } => {
             check_id(&merchant_id, IdKind::Merchant, "merchant")?;
-            let store = store()?;
+            let store = store().await?;
             merchant(&*store, &merchant_id).await?;
             let m = account::set_plan(&*store, &merchant_id, plan.into())
                 .await
@@ -787,7 +777,7 @@ async fn project_cmd(cmd: ProjectCmd, now: Timestamp) -> Result<Output, Failure>
         } => {
             check_id(&merchant_id, IdKind::Merchant, "merchant")?;
             let name = non_empty(&name, "--name")?;
-            let store = store()?;
+            let store = store().await?;
             let m = merchant(&*store, &merchant_id).await?;
             let p = account::create_project(&*store, now, &m, &name, live_invoicing)
                 .await
@@ -796,7 +786,7 @@ async fn project_cmd(cmd: ProjectCmd, now: Timestamp) -> Result<Output, Failure>
         }
         ProjectCmd::Show { project_id } => {
             check_id(&project_id, IdKind::Project, "project")?;
-            let store = store()?;
+            let store = store().await?;
             let p = project(&*store, &project_id).await?;
             Ok(Output::new(to_json(&p), project_lines(&p)))
         }
@@ -810,7 +800,7 @@ async fn project_cmd(cmd: ProjectCmd, now: Timestamp) -> Result<Output, Failure>
                     "nothing to change: give --live-invoicing true|false".into(),
                 ));
             };
-            let store = store()?;
+            let store = store().await?;
             project(&*store, &project_id).await?;
             let p = account::set_live_invoicing(&*store, &project_id, enabled)
                 .await
@@ -838,7 +828,7 @@ async fn key_cmd(cmd: KeyCmd, now: Timestamp) -> Result<Output, Failure> {
                         .into(),
                 ));
             }
-            let store = store()?;
+            let store = store().await?;
             let p = project(&*store, &project_id).await?;
             let new = NewKey {
                 mode: mode.into(),
@@ -863,7 +853,7 @@ async fn key_cmd(cmd: KeyCmd, now: Timestamp) -> Result<Output, Failure> {
         }
         KeyCmd::List { project_id } => {
             check_id(&project_id, IdKind::Project, "project")?;
-            let store = store()?;
+            let store = store().await?;
             project(&*store, &project_id).await?;
             let keys = account::list_api_keys(&*store, &project_id)
                 .await
@@ -913,7 +903,7 @@ async fn key_cmd(cmd: KeyCmd, now: Timestamp) -> Result<Output, Failure> {
         } => {
             check_id(&key_id, IdKind::ApiKey, "key")?;
             check_id(&project_id, IdKind::Project, "project")?;
-            let store = store()?;
+            let store = store().await?;
             let old = api_key(&*store, &project_id, &key_id).await?;
             let expires_at = expires_in.map(|s| now.plus(s.duration));
             let r = account::rotate_api_key(&*store, now, &old, grace.duration, expires_at)
@@ -945,7 +935,7 @@ async fn key_cmd(cmd: KeyCmd, now: Timestamp) -> Result<Output, Failure> {
         KeyCmd::Revoke { key_id, project_id } => {
             check_id(&key_id, IdKind::ApiKey, "key")?;
             check_id(&project_id, IdKind::Project, "project")?;
-            let store = store()?;
+            let store = store().await?;
             let key = api_key(&*store, &project_id, &key_id).await?;
             account::revoke_api_key(&*store, &key)
                 .await
@@ -1102,7 +1092,7 @@ async fn credentials_cmd(cmd: CredentialsCmd, now: Timestamp) -> Result<Output, 
             // The master key first: no secret is read for nothing.
             let keys = CredentialsKeys::from_env().map_err(cred_failed)?;
             let creds = provider_credentials(args)?;
-            let store = store()?;
+            let store = store().await?;
             let c = credentials::put_credentials(&*store, &keys, now, &project_id, mode, &creds)
                 .await
                 .map_err(cred_failed)?;
@@ -1115,7 +1105,7 @@ async fn credentials_cmd(cmd: CredentialsCmd, now: Timestamp) -> Result<Output, 
             } else {
                 None
             };
-            let store = store()?;
+            let store = store().await?;
             project(&*store, &project_id).await?;
             let listed = credentials::list_configured_providers(&*store, &project_id)
                 .await
@@ -1186,7 +1176,7 @@ async fn credentials_cmd(cmd: CredentialsCmd, now: Timestamp) -> Result<Output, 
         } => {
             check_id(&project_id, IdKind::Project, "project")?;
             let (mode, provider): (Mode, Provider) = (mode.into(), provider.into());
-            let store = store()?;
+            let store = store().await?;
             let removed = credentials::delete_credentials(&*store, &project_id, mode, provider)
                 .await
                 .map_err(cred_failed)?;

@@ -108,19 +108,31 @@ async fn main() -> std::result::Result<(), String> {
         .map_err(|e| e.to_string())?;
     let url = format!("{}/v1/payments/{}", running.base_url, payment.id);
 
-    // The same answer, for the bare handler.
+    // Store calls of one request to each endpoint, and the answer's bytes.
     let client = reqwest::Client::new();
-    let before = counting.calls();
-    let body = client
-        .get(&url)
-        .bearer_auth(&key)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?
-        .bytes()
-        .await
-        .map_err(|e| e.to_string())?;
-    let calls_per_request = counting.calls() - before;
+    let base = running.base_url.clone();
+    let mut calls = Vec::new();
+    let mut body = bytes::Bytes::new();
+    for path in [
+        "/v1/account".to_owned(),
+        "/v1/payments?limit=25".to_owned(),
+        format!("/v1/payments/{}", payment.id),
+        "/v1/payments/pay_notavalidid".to_owned(),
+    ] {
+        let before = counting.calls();
+        let res = client
+            .get(format!("{base}{path}"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = res.status().as_u16();
+        let bytes = res.bytes().await.map_err(|e| e.to_string())?;
+        calls.push((path.clone(), status, counting.calls() - before));
+        if path.ends_with(&payment.id) {
+            body = bytes;
+        }
+    }
 
     let fixed = body.clone();
     let bare = Router::new().route(
@@ -167,8 +179,14 @@ async fn main() -> std::result::Result<(), String> {
     let _ = running.stop().await;
     let _ = std::fs::remove_dir_all(&tmp);
 
+    println!("store calls per request:\n");
+    println!("| request | status | store calls |");
+    println!("|---|---:|---:|");
+    for (path, status, n) in &calls {
+        println!("| GET {path} | {status} | {n} |");
+    }
     println!(
-        "body size: {} bytes; store calls per gateway request: {calls_per_request}",
+        "\nbody size of GET /v1/payments/{{id}}: {} bytes",
         body.len()
     );
     println!("connections: {connections}; duration: {seconds} s per target\n");
