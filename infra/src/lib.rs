@@ -3,6 +3,7 @@
 //! same domain as on Lambda; no second code path.
 
 pub mod demo;
+pub mod simulators;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

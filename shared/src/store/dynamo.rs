@@ -20,7 +20,8 @@
 //!   filter);
 //! - every request DynamoDB would refuse, and every request the embedded
 //!   backend refuses before reading the item, is refused here before any
-//!   call, with the same [`StoreError`] variant. Refusals that depend on
+//!   call, with the same [`StoreError`] variant: both backends run the
+//!   checks of the store's `validate` module. Refusals that depend on
 //!   the stored item (`add` on a non-number) come from DynamoDB's
 //!   `ValidationException`, mapped to [`StoreError::Invalid`].
 //!
@@ -62,10 +63,13 @@ use aws_sdk_dynamodb::types::{
 };
 use serde_json::Value;
 
-use super::cond;
+use super::validate::{
+    validate_cond, validate_item, validate_key, validate_query, validate_sk, validate_start_after,
+    validate_transaction, validate_update,
+};
 use super::{
-    CmpOp, Cond, Index, Item, Key, MAX_TX_OPS, PK, Query, QueryPage, SK, SkCond, Store, StoreError,
-    TTL, TxOp, TxReason, Update,
+    CmpOp, Cond, Index, Item, Key, PK, Query, QueryPage, SK, SkCond, Store, StoreError, TTL, TxOp,
+    TxReason, Update,
 };
 
 type Attrs = HashMap<String, AttributeValue>;
@@ -453,78 +457,6 @@ fn key_attrs(key: &Key) -> Attrs {
     ])
 }
 
-// -------------------------------------------------------------- validation
-// The same refusals as the embedded backend (see `embedded.rs`).
-
-fn validate_key(key: &Key) -> Result<(), StoreError> {
-    if key.pk.is_empty() || key.sk.is_empty() {
-        return Err(StoreError::Invalid(format!(
-            "key attributes must be non-empty strings: ({:?}, {:?})",
-            key.pk, key.sk
-        )));
-    }
-    Ok(())
-}
-
-fn validate_index_attr(attr: &str, value: &Value) -> Result<(), StoreError> {
-    let is_index_attr = Index::ALL
-        .iter()
-        .any(|i| attr == i.pk_attr() || attr == i.sk_attr());
-    match value {
-        _ if !is_index_attr => Ok(()),
-        Value::String(s) if !s.is_empty() => Ok(()),
-        other => Err(StoreError::Invalid(format!(
-            "index key attribute {attr} must be a non-empty string, got {other}"
-        ))),
-    }
-}
-
-/// The key of an item to write, after checking its key and index attributes.
-fn validate_item(item: &Item) -> Result<Key, StoreError> {
-    let key = Key::of(item)
-        .ok_or_else(|| StoreError::Invalid("an item needs string attributes pk and sk".into()))?;
-    validate_key(&key)?;
-    for (attr, value) in item {
-        validate_index_attr(attr, value)?;
-    }
-    Ok(key)
-}
-
-fn validate_update(update: &Update) -> Result<(), StoreError> {
-    let names = update
-        .set
-        .iter()
-        .map(|(a, _)| a)
-        .chain(update.add.iter().map(|(a, _)| a))
-        .chain(update.remove.iter());
-    let mut seen = std::collections::HashSet::new();
-    for attr in names {
-        if attr.is_empty() {
-            return Err(StoreError::Invalid(
-                "update of an empty attribute name".into(),
-            ));
-        }
-        if attr == PK || attr == SK {
-            return Err(StoreError::Invalid(format!(
-                "key attribute {attr} cannot be updated"
-            )));
-        }
-        if !seen.insert(attr.as_str()) {
-            return Err(StoreError::Invalid(format!(
-                "attribute {attr} appears twice in one update"
-            )));
-        }
-    }
-    for (attr, value) in &update.set {
-        validate_index_attr(attr, value)?;
-    }
-    Ok(())
-}
-
-fn validate_cond(cond: Option<&Cond>) -> Result<(), StoreError> {
-    cond.map_or(Ok(()), cond::validate)
-}
-
 // ------------------------------------------------------------- expressions
 
 /// Placeholders of one request: `#n<i>` for names, `:v<i>` for values.
@@ -783,13 +715,7 @@ fn update_expr(update: &Update, ph: &mut Placeholders) -> Result<String, StoreEr
 /// DynamoDB refuses empty strings in key conditions; stored keys are never
 /// empty, so a condition on `""` is either everything or nothing.
 fn sk_plan(sk: &SkCond) -> Result<Option<SkCond>, StoreError> {
-    if let SkCond::Between(lo, hi) = sk {
-        if lo > hi {
-            return Err(StoreError::Invalid(format!(
-                "sort key between {lo:?} and {hi:?}: lower bound above upper bound"
-            )));
-        }
-    }
+    validate_sk(sk)?;
     Ok(match sk {
         SkCond::Eq(s) | SkCond::Lt(s) | SkCond::Le(s) if s.is_empty() => None,
         SkCond::BeginsWith(s) | SkCond::Gt(s) | SkCond::Ge(s) if s.is_empty() => Some(SkCond::Any),
@@ -832,46 +758,25 @@ fn key_condition(q: &Query, sk: &SkCond, ph: &mut Placeholders) -> String {
     expr
 }
 
-fn string_attr<'a>(item: &'a Item, attr: &str) -> Result<&'a str, StoreError> {
-    item.get(attr)
-        .and_then(Value::as_str)
-        .ok_or_else(|| StoreError::Invalid(format!("start_after needs a string attribute {attr}")))
-}
-
 /// `ExclusiveStartKey` from `start_after`: exactly the key attributes of the
 /// table (and index), which must lie in the queried partition.
 fn start_key(q: &Query, start: &Item) -> Result<Attrs, StoreError> {
-    let mut attrs = Attrs::new();
-    match q.index {
-        None => {
-            let pk = string_attr(start, PK)?;
-            if pk != q.pk {
-                return Err(StoreError::Invalid(
-                    "start_after is not in the queried partition".into(),
-                ));
-            }
-        }
-        Some(index) => {
-            let ipk = string_attr(start, index.pk_attr())?;
-            if ipk != q.pk {
-                return Err(StoreError::Invalid(
-                    "start_after is not in the queried index partition".into(),
-                ));
-            }
-            for attr in [index.pk_attr(), index.sk_attr()] {
-                let s = string_attr(start, attr)?;
-                attrs.insert(attr.to_owned(), AttributeValue::S(s.to_owned()));
-            }
-        }
-    }
-    for attr in [PK, SK] {
-        let s = string_attr(start, attr)?;
-        attrs.insert(attr.to_owned(), AttributeValue::S(s.to_owned()));
+    let start = validate_start_after(q, start)?;
+    let mut attrs = key_attrs(&Key::new(start.pk, start.sk));
+    if let (Some(index), Some((ipk, isk))) = (q.index, start.index) {
+        attrs.insert(
+            index.pk_attr().to_owned(),
+            AttributeValue::S(ipk.to_owned()),
+        );
+        attrs.insert(
+            index.sk_attr().to_owned(),
+            AttributeValue::S(isk.to_owned()),
+        );
     }
     Ok(attrs)
 }
 
-/// A query request's parts, validated; `None` when nothing can match.
+/// A query request's parts; `None` when nothing can match.
 struct Plan {
     key_condition: String,
     filter: Option<String>,
@@ -879,15 +784,8 @@ struct Plan {
     values: Option<Attrs>,
 }
 
+/// The parts of `q` (validated by the caller with `validate_query`).
 fn plan(q: &Query) -> Result<Option<Plan>, StoreError> {
-    if q.pk.is_empty() {
-        return Err(StoreError::Invalid(
-            "query on an empty partition key".into(),
-        ));
-    }
-    if let Some(filter) = &q.filter {
-        cond::validate(filter)?;
-    }
     let Some(sk) = sk_plan(&q.sk)? else {
         return Ok(None);
     };
@@ -1052,48 +950,9 @@ impl Store for DynamoStore {
     }
 
     async fn transact(&self, ops: Vec<TxOp>) -> Result<(), StoreError> {
-        if ops.is_empty() {
-            return Err(StoreError::Invalid(
-                "a transaction needs an operation".into(),
-            ));
-        }
-        if ops.len() > MAX_TX_OPS {
-            return Err(StoreError::Invalid(format!(
-                "a transaction holds at most {MAX_TX_OPS} operations, got {}",
-                ops.len()
-            )));
-        }
-        let mut seen = std::collections::HashSet::new();
-        let mut items = Vec::with_capacity(ops.len());
         // Validate every operation before building any.
-        for op in &ops {
-            let key = match op {
-                TxOp::Put { item, cond } => {
-                    validate_cond(cond.as_ref())?;
-                    validate_item(item)?
-                }
-                TxOp::Update { key, update, cond } => {
-                    validate_cond(cond.as_ref())?;
-                    validate_update(update)?;
-                    key.clone()
-                }
-                TxOp::Delete { key, cond } => {
-                    validate_cond(cond.as_ref())?;
-                    key.clone()
-                }
-                TxOp::Check { key, cond } => {
-                    cond::validate(cond)?;
-                    key.clone()
-                }
-            };
-            validate_key(&key)?;
-            if !seen.insert(key.clone()) {
-                return Err(StoreError::Invalid(format!(
-                    "a transaction touches ({}, {}) twice",
-                    key.pk, key.sk
-                )));
-            }
-        }
+        validate_transaction(&ops)?;
+        let mut items = Vec::with_capacity(ops.len());
         for op in &ops {
             let builder = TransactWriteItem::builder();
             items.push(
@@ -1134,13 +993,8 @@ impl Store for DynamoStore {
     }
 
     async fn query(&self, query: &Query) -> Result<QueryPage, StoreError> {
-        let limit = match query.limit {
-            Some(0) => {
-                return Err(StoreError::Invalid("query limit must be at least 1".into()));
-            }
-            Some(n) => Some(i32::try_from(n).unwrap_or(i32::MAX)),
-            None => None,
-        };
+        validate_query(query, true)?;
+        let limit = query.limit.map(|n| i32::try_from(n).unwrap_or(i32::MAX));
         let plan = plan(query)?;
         let start = query
             .start_after
@@ -1181,6 +1035,7 @@ impl Store for DynamoStore {
     }
 
     async fn count(&self, query: &Query) -> Result<u64, StoreError> {
+        validate_query(query, false)?;
         let Some(plan) = plan(query)? else {
             return Ok(0);
         };
@@ -1348,24 +1203,9 @@ mod tests {
         assert_eq!(ph.names.get("#n0").map(String::as_str), Some(NOOP_ATTR));
     }
 
+    // The checks shared with the embedded store are tested in `validate`.
     #[test]
-    fn invalid_requests_are_refused_like_the_embedded_store() {
-        for update in [
-            Update::new().set(PK, "x"),
-            Update::new().remove(SK),
-            Update::new().set("", 1),
-            Update::new().set("n", 1).add("n", 1),
-            Update::new().set("gsi1pk", 7),
-            Update::new().set("gsi2sk", ""),
-        ] {
-            assert!(
-                matches!(validate_update(&update), Err(StoreError::Invalid(_))),
-                "{update:?}"
-            );
-        }
-        assert!(validate_update(&Update::new().remove("gsi1pk")).is_ok());
-        assert!(validate_item(&obj(json!({"pk": "p", "sk": "s", "gsi1pk": null}))).is_err());
-        assert!(validate_item(&obj(json!({"pk": "p", "sk": "s", "other": 1}))).is_ok());
+    fn ordering_against_a_non_scalar_is_refused() {
         let mut ph = Placeholders::default();
         assert!(matches!(
             condition_expr(Some(&Cond::lt("b", true)), &mut ph),

@@ -16,9 +16,12 @@
 //! key attribute that is not a non-empty string, an update naming a key
 //! attribute or one attribute twice, an empty transaction, a `Between` whose
 //! bounds are reversed, a `limit` of 0, an ordering condition against a
-//! constant that is neither a number nor a string.
+//! constant that is neither a number nor a string. Those checks live in
+//! the store's `validate` module, shared with the DynamoDB backend; only
+//! those that need the stored item are made here, while applying an update (`add`
+//! on a non-integer, an `add` that overflows `i64`, an index attribute an
+//! `add` turns into a number).
 
-use std::collections::HashSet;
 use std::fmt;
 use std::ops::Bound;
 use std::path::Path;
@@ -33,9 +36,13 @@ use redb::{
 use serde_json::{Map, Value};
 
 use super::cond;
+use super::validate::{
+    validate_cond, validate_item, validate_key, validate_query, validate_sk, validate_start_after,
+    validate_transaction, validate_update,
+};
 use super::{
-    Cond, Index, Item, Key, MAX_TX_OPS, PK, Query, QueryPage, SK, SkCond, Store, StoreError, TxOp,
-    TxReason, Update,
+    Cond, Index, Item, Key, PK, Query, QueryPage, SK, SkCond, Store, StoreError, TxOp, TxReason,
+    Update,
 };
 
 type MainKey = (&'static str, &'static str);
@@ -139,21 +146,8 @@ impl EmbeddedStore {
 
     /// Runs a query (or a count when `paged` is false: no limit, no start).
     fn scan(&self, q: &Query, paged: bool, keep: bool) -> Result<Scan, StoreError> {
-        if q.pk.is_empty() {
-            return Err(StoreError::Invalid(
-                "query on an empty partition key".into(),
-            ));
-        }
-        if let Some(filter) = &q.filter {
-            cond::validate(filter)?;
-        }
-        let limit = match (paged, q.limit) {
-            (true, Some(0)) => {
-                return Err(StoreError::Invalid("query limit must be at least 1".into()));
-            }
-            (true, limit) => limit,
-            (false, _) => None,
-        };
+        validate_query(q, paged)?;
+        let limit = if paged { q.limit } else { None };
         let (sk_lo, sk_hi) = sk_bounds(&q.sk)?;
         let mut out = Collector {
             filter: q.filter.as_ref(),
@@ -203,7 +197,7 @@ impl EmbeddedStore {
                     .open_table(index_table(index))
                     .map_err(backend("query: open index"))?;
                 let start = match (&q.start_after, paged) {
-                    (Some(start), true) => Some(index_position(q, index, start)?),
+                    (Some(start), true) => Some(index_position(q, start)?),
                     _ => None,
                 };
                 let Some((lo, hi)) = key_range::<4>(&q.pk, sk_lo, sk_hi, start, q.forward) else {
@@ -392,69 +386,6 @@ fn check(cond: Option<&Cond>, current: Option<&Item>) -> bool {
     cond.is_none_or(|c| cond::eval(c, current))
 }
 
-fn validate_cond(cond: Option<&Cond>) -> Result<(), StoreError> {
-    cond.map_or(Ok(()), cond::validate)
-}
-
-fn validate_key(key: &Key) -> Result<(), StoreError> {
-    if key.pk.is_empty() || key.sk.is_empty() {
-        return Err(StoreError::Invalid(format!(
-            "key attributes must be non-empty strings: ({:?}, {:?})",
-            key.pk, key.sk
-        )));
-    }
-    Ok(())
-}
-
-/// The key of an item to write, after checking its key and index attributes.
-fn validate_item(item: &Item) -> Result<Key, StoreError> {
-    let key = Key::of(item)
-        .ok_or_else(|| StoreError::Invalid("an item needs string attributes pk and sk".into()))?;
-    validate_key(&key)?;
-    for index in Index::ALL {
-        for attr in [index.pk_attr(), index.sk_attr()] {
-            match item.get(attr) {
-                None => {}
-                Some(Value::String(s)) if !s.is_empty() => {}
-                Some(other) => {
-                    return Err(StoreError::Invalid(format!(
-                        "index key attribute {attr} must be a non-empty string, got {other}"
-                    )));
-                }
-            }
-        }
-    }
-    Ok(key)
-}
-
-fn validate_update(update: &Update) -> Result<(), StoreError> {
-    let names = update
-        .set
-        .iter()
-        .map(|(a, _)| a)
-        .chain(update.add.iter().map(|(a, _)| a))
-        .chain(update.remove.iter());
-    let mut seen = HashSet::new();
-    for attr in names {
-        if attr.is_empty() {
-            return Err(StoreError::Invalid(
-                "update of an empty attribute name".into(),
-            ));
-        }
-        if attr == PK || attr == SK {
-            return Err(StoreError::Invalid(format!(
-                "key attribute {attr} cannot be updated"
-            )));
-        }
-        if !seen.insert(attr.as_str()) {
-            return Err(StoreError::Invalid(format!(
-                "attribute {attr} appears twice in one update"
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// The item after `update` (a missing item starts as its key).
 fn apply_update(key: &Key, current: Option<Item>, update: &Update) -> Result<Item, StoreError> {
     let mut item = current.unwrap_or_else(|| key_item(&key.pk, &key.sk));
@@ -483,6 +414,7 @@ fn apply_update(key: &Key, current: Option<Item>, update: &Update) -> Result<Ite
 /// The sort-key range of a condition: `(lower, upper)` over sort keys.
 fn sk_bounds(sk: &SkCond) -> Result<(Bound<String>, Bound<String>), StoreError> {
     use Bound::{Excluded, Included, Unbounded};
+    validate_sk(sk)?;
     Ok(match sk {
         SkCond::Any => (Unbounded, Unbounded),
         SkCond::Eq(s) => (Included(s.clone()), Included(s.clone())),
@@ -490,14 +422,7 @@ fn sk_bounds(sk: &SkCond) -> Result<(Bound<String>, Bound<String>), StoreError> 
             Included(prefix.clone()),
             prefix_end(prefix).map_or(Unbounded, Excluded),
         ),
-        SkCond::Between(lo, hi) => {
-            if lo > hi {
-                return Err(StoreError::Invalid(format!(
-                    "sort key between {lo:?} and {hi:?}: lower bound above upper bound"
-                )));
-            }
-            (Included(lo.clone()), Included(hi.clone()))
-        }
+        SkCond::Between(lo, hi) => (Included(lo.clone()), Included(hi.clone())),
         SkCond::Lt(s) => (Unbounded, Excluded(s.clone())),
         SkCond::Le(s) => (Unbounded, Included(s.clone())),
         SkCond::Gt(s) => (Excluded(s.clone()), Unbounded),
@@ -585,35 +510,19 @@ fn quad([a, b, c, d]: &[String; 4]) -> (&str, &str, &str, &str) {
     (a, b, c, d)
 }
 
-fn string_attr<'a>(item: &'a Item, attr: &str) -> Result<&'a str, StoreError> {
-    item.get(attr)
-        .and_then(Value::as_str)
-        .ok_or_else(|| StoreError::Invalid(format!("start_after needs a string attribute {attr}")))
-}
-
+/// `start_after` of a table query as a table position.
 fn table_position(q: &Query, start: &Item) -> Result<[String; 2], StoreError> {
-    let pk = string_attr(start, PK)?;
-    if pk != q.pk {
-        return Err(StoreError::Invalid(
-            "start_after is not in the queried partition".into(),
-        ));
-    }
-    Ok([pk.to_owned(), string_attr(start, SK)?.to_owned()])
+    let start = validate_start_after(q, start)?;
+    Ok([start.pk, start.sk].map(str::to_owned))
 }
 
-fn index_position(q: &Query, index: Index, start: &Item) -> Result<[String; 4], StoreError> {
-    let ipk = string_attr(start, index.pk_attr())?;
-    if ipk != q.pk {
-        return Err(StoreError::Invalid(
-            "start_after is not in the queried index partition".into(),
-        ));
-    }
-    Ok([
-        ipk.to_owned(),
-        string_attr(start, index.sk_attr())?.to_owned(),
-        string_attr(start, PK)?.to_owned(),
-        string_attr(start, SK)?.to_owned(),
-    ])
+/// `start_after` of an index query as an index position.
+fn index_position(q: &Query, start: &Item) -> Result<[String; 4], StoreError> {
+    let start = validate_start_after(q, start)?;
+    let (ipk, isk) = start
+        .index
+        .ok_or_else(|| StoreError::Backend("internal: index position for a table query".into()))?;
+    Ok([ipk, isk, start.pk, start.sk].map(str::to_owned))
 }
 
 #[async_trait]
@@ -681,48 +590,8 @@ impl Store for EmbeddedStore {
     }
 
     async fn transact(&self, ops: Vec<TxOp>) -> Result<(), StoreError> {
-        if ops.is_empty() {
-            return Err(StoreError::Invalid(
-                "a transaction needs an operation".into(),
-            ));
-        }
-        if ops.len() > MAX_TX_OPS {
-            return Err(StoreError::Invalid(format!(
-                "a transaction holds at most {MAX_TX_OPS} operations, got {}",
-                ops.len()
-            )));
-        }
-        let mut seen = HashSet::new();
-        let mut keyed = Vec::with_capacity(ops.len());
-        for op in ops {
-            let key = match &op {
-                TxOp::Put { item, cond } => {
-                    validate_cond(cond.as_ref())?;
-                    validate_item(item)?
-                }
-                TxOp::Update { key, update, cond } => {
-                    validate_cond(cond.as_ref())?;
-                    validate_update(update)?;
-                    key.clone()
-                }
-                TxOp::Delete { key, cond } => {
-                    validate_cond(cond.as_ref())?;
-                    key.clone()
-                }
-                TxOp::Check { key, cond } => {
-                    cond::validate(cond)?;
-                    key.clone()
-                }
-            };
-            validate_key(&key)?;
-            if !seen.insert(key.clone()) {
-                return Err(StoreError::Invalid(format!(
-                    "a transaction touches ({}, {}) twice",
-                    key.pk, key.sk
-                )));
-            }
-            keyed.push((key, op));
-        }
+        let keys = validate_transaction(&ops)?;
+        let keyed: Vec<(Key, TxOp)> = keys.into_iter().zip(ops).collect();
         self.write("transact", move |t| {
             let mut currents = Vec::with_capacity(keyed.len());
             let mut reasons = Vec::with_capacity(keyed.len());
@@ -898,6 +767,31 @@ mod tests {
             matches!(res, Err(StoreError::Invalid(_))),
             "overflow: {res:?}"
         );
+    }
+
+    /// Refused before the condition is read, as on DynamoDB: the check is
+    /// the shared `validate_update`, not the item written.
+    #[tokio::test]
+    async fn an_invalid_index_key_in_an_update_is_refused_before_its_condition() {
+        let store = EmbeddedStore::in_memory().unwrap();
+        let key = Key::new("p", "s");
+        let update = || Update::new().set("gsi1pk", 7);
+        let res = store.update(&key, update(), Some(Cond::Exists)).await;
+        assert!(matches!(res, Err(StoreError::Invalid(_))), "{res:?}");
+        let ops = vec![
+            TxOp::Check {
+                key: Key::new("p", "other"),
+                cond: Cond::Exists,
+            },
+            TxOp::Update {
+                key: key.clone(),
+                update: update(),
+                cond: None,
+            },
+        ];
+        let res = store.transact(ops).await;
+        assert!(matches!(res, Err(StoreError::Invalid(_))), "{res:?}");
+        assert_eq!(store.get(&key).await.unwrap(), None);
     }
 
     #[tokio::test]

@@ -28,6 +28,7 @@ pub mod embedded;
 pub mod faults;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
+mod validate;
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
