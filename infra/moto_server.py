@@ -1,11 +1,12 @@
-"""moto's server for the tests, with DynamoDB requests served one at a time.
+"""moto's server for the tests, with requests served one at a time.
 
-moto 5.2.5 serves requests on parallel threads without a lock around its
-DynamoDB tables: a cancelled transaction restores a copy of the whole table
-taken when it started (undoing other threads' commits in between), and ADD
-updates race. Real DynamoDB is atomic, and our concurrency tests rely on it,
-so DynamoDB calls are serialized here. SQS and S3 stay concurrent, so a long
-poll on a queue never blocks the table.
+moto 5.2.5 serves requests on parallel threads without locks around its
+state: a cancelled DynamoDB transaction restores a copy of the whole table
+taken when it started (undoing other threads' commits in between), ADD
+updates race, and concurrent S3 puts to one key can fail with a 500. Real
+AWS is consistent, and our concurrency tests rely on it, so every request is
+serialized here except SQS ReceiveMessage, so that a long poll on a queue
+never blocks the table or the bucket.
 
 Usage: python infra/moto_server.py HOST PORT
 """
@@ -24,11 +25,15 @@ def main() -> None:
     host, port = sys.argv[1], int(sys.argv[2])
     os.environ.setdefault("MOTO_PORT", str(port))
     app = DomainDispatcherApplication(create_backend_app)
-    dynamodb = threading.Lock()
+    lock = threading.Lock()
 
     def serialized(environ, start_response):
-        if environ.get("HTTP_X_AMZ_TARGET", "").startswith("DynamoDB"):
-            with dynamodb:
+        target = environ.get("HTTP_X_AMZ_TARGET", "")
+        long_poll = target == "AmazonSQS.ReceiveMessage" or (
+            "Action=ReceiveMessage" in environ.get("QUERY_STRING", "")
+        )
+        if not long_poll:
+            with lock:
                 result = app(environ, start_response)
                 try:
                     body = b"".join(result)

@@ -187,9 +187,43 @@ async fn lambda_errors_carry_the_gateway_request_id(which: Which) {
     assert_eq!(body["error"]["request_id"], "Bx1aDhTbhcwEJyg=");
 }
 
+async fn checkout_function_creates_a_session_once_per_idempotency_key(which: Which) {
+    let Some(f) = fixture(which).await else {
+        return;
+    };
+    let res = invoke(
+        ::checkout::router(f.state.clone()),
+        "checkout-create.json",
+        &f,
+    )
+    .await;
+    assert_eq!(res["statusCode"], 201, "{res}");
+    assert_eq!(res["headers"]["x-request-id"], "Bx1aEkQmBcwEMRt=");
+    let body = body_of(&res);
+    let id = body["id"].as_str().unwrap_or_default();
+    assert!(id.starts_with("cs_"), "{body}");
+    assert_eq!(body["livemode"], true);
+    assert_eq!(body["flow"], "hosted");
+    assert_eq!(
+        body["checkout_url"],
+        format!("https://pay.dhukuti.example/c/{id}").as_str()
+    );
+    // API Gateway retries the same event: the first answer comes back.
+    let again = invoke(
+        ::checkout::router(f.state.clone()),
+        "checkout-create.json",
+        &f,
+    )
+    .await;
+    assert_eq!(again["statusCode"], 201, "{again}");
+    assert_eq!(again["headers"]["idempotent-replayed"], "true");
+    assert_eq!(body_of(&again)["id"], id);
+}
+
 on_both_backends!(
     account_function_answers_an_http_api_event,
     payments_function_lists_with_the_query_string,
     payments_function_retrieves_one,
     lambda_errors_carry_the_gateway_request_id,
+    checkout_function_creates_a_session_once_per_idempotency_key,
 );

@@ -31,7 +31,8 @@ pub fn app(state: AppState) -> Router {
         Router::new()
             .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
             .merge(account::router(state.clone()))
-            .merge(payments::router(state)),
+            .merge(payments::router(state.clone()))
+            .merge(checkout::router(state)),
     )
 }
 
@@ -166,13 +167,24 @@ pub async fn start_with(
     queue: Arc<dyn Queue>,
     blobs: Arc<dyn Blobs>,
 ) -> Result<Running, String> {
+    start_with_clock(settings, store, queue, blobs, Arc::new(SystemClock)).await
+}
+
+/// [`start_with`] reading the time from `clock` (tests move it by hand,
+/// e.g. past a checkout session's expiry).
+pub async fn start_with_clock(
+    settings: Settings,
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    blobs: Arc<dyn Blobs>,
+    clock: Arc<dyn Clock>,
+) -> Result<Running, String> {
     std::fs::create_dir_all(&settings.data_dir).map_err(|e| {
         format!(
             "cannot create data directory {}: {e}",
             settings.data_dir.display()
         )
     })?;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
 
     let listener = TcpListener::bind(settings.addr)
         .await

@@ -110,6 +110,33 @@ pub async fn spawn_app_on(
     data_dir: PathBuf,
     wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
 ) -> TestApp {
+    spawn_app_on_with_clock(backend, data_dir, wrap, Arc::new(SystemClock)).await
+}
+
+/// [`spawn_app_wrapped`] with the gateway reading the time from `clock`
+/// (a [`shared::time::ManualClock`] lets a test move past expiries).
+pub async fn spawn_app_with_clock(
+    which: Which,
+    wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+) -> Option<TestApp> {
+    let tmp = match tempfile::tempdir() {
+        Ok(t) => t,
+        Err(e) => panic!("tempdir: {e}"),
+    };
+    let backend = fresh_backend(which, tmp.path())?;
+    let mut app = spawn_app_on_with_clock(backend, tmp.path().to_path_buf(), wrap, clock).await;
+    app._tmp = Some(tmp);
+    Some(app)
+}
+
+/// [`spawn_app_on`] with the gateway reading the time from `clock`.
+pub async fn spawn_app_on_with_clock(
+    backend: Backend,
+    data_dir: PathBuf,
+    wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+) -> TestApp {
     let settings = Settings {
         addr: "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
         data_dir: data_dir.clone(),
@@ -123,10 +150,11 @@ pub async fn spawn_app_on(
         Err(e) => panic!("backend did not open: {e}"),
     };
     let store = wrap(store);
-    let running = match dhukuti::start_with(settings, store.clone(), queue, blobs).await {
-        Ok(r) => r,
-        Err(e) => panic!("gateway did not start: {e}"),
-    };
+    let running =
+        match dhukuti::start_with_clock(settings, store.clone(), queue, blobs, clock).await {
+            Ok(r) => r,
+            Err(e) => panic!("gateway did not start: {e}"),
+        };
     TestApp {
         base: running.base_url.clone(),
         store,
@@ -193,6 +221,28 @@ impl TestApp {
         send(req).await
     }
 
+    /// POSTs `body` as JSON, with an `Idempotency-Key` when given.
+    pub async fn post(
+        &self,
+        path: &str,
+        key: Option<&str>,
+        idempotency_key: Option<&str>,
+        body: &Value,
+    ) -> Answer {
+        let mut req = self
+            .client
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        if let Some(k) = idempotency_key {
+            req = req.header("idempotency-key", k);
+        }
+        send(req).await
+    }
+
     pub async fn tenant(&self, name: &str, email: &str) -> Tenant {
         let now = SystemClock.now();
         let store = &*self.store;
@@ -208,6 +258,17 @@ impl TestApp {
     }
 
     pub async fn key(&self, tenant: &Tenant, mode: Mode, scopes: &[Scope]) -> String {
+        self.key_with_cap(tenant, mode, scopes, None).await
+    }
+
+    /// A key with a monthly `spend_cap_paisa`.
+    pub async fn key_with_cap(
+        &self,
+        tenant: &Tenant,
+        mode: Mode,
+        scopes: &[Scope],
+        spend_cap_paisa: Option<i64>,
+    ) -> String {
         let new = NewKey {
             mode,
             kind: if scopes.len() == Scope::ALL.len() {
@@ -218,7 +279,7 @@ impl TestApp {
             scopes: scopes.to_vec(),
             description: "test key".into(),
             expires_at: None,
-            spend_cap_paisa: None,
+            spend_cap_paisa,
         };
         match account::issue_api_key(&*self.store, SystemClock.now(), &tenant.project, new).await {
             Ok((secret, _)) => secret,

@@ -2,6 +2,7 @@
 //! only: no HTTP, no AWS types.
 
 pub mod account;
+pub mod checkout;
 pub mod credentials;
 pub mod payments;
 pub mod record;

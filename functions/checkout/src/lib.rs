@@ -1,0 +1,203 @@
+//! The checkout function: `POST /v1/checkout`, `POST /v1/checkout/{id}/expire`,
+//! `GET /v1/sessions`, `GET /v1/sessions/{id}`, `GET /v1/providers`.
+//!
+//! Every POST goes through the idempotency layer; the create puts the
+//! request's fence in its own transaction, so a retry after a lost answer
+//! returns the first session instead of creating a second one.
+
+use axum::extract::{Extension, Path, State};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http::StatusCode;
+use serde::Serialize;
+use shared::AppState;
+use shared::domain::Provider;
+use shared::domain::account::Scope;
+use shared::domain::checkout::{
+    self, CheckoutError, CheckoutSession, CheckoutSessionView, CreateCheckout, Creator, Flow,
+    ProviderAvailability, SessionStatus,
+};
+use shared::http::idempotency::{self, Fence};
+use shared::http::{ApiError, Auth, ErrorType, JsonBody, Page, Pagination, QueryParams, with_edge};
+use shared::time::Timestamp;
+
+/// The function's routes, behind the idempotency layer, in the shared edge.
+pub fn router(state: AppState) -> Router {
+    with_edge(
+        Router::new()
+            .route("/v1/checkout", post(create_checkout))
+            .route("/v1/checkout/{id}/expire", post(expire_checkout))
+            .route("/v1/sessions", get(list_sessions))
+            .route("/v1/sessions/{id}", get(get_session))
+            .route("/v1/providers", get(list_providers))
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                idempotency::layer,
+            ))
+            .with_state(state),
+    )
+}
+
+/// The answer of `POST /v1/checkout` (snake_case, decisions.md).
+#[derive(Serialize)]
+struct Created {
+    id: String,
+    livemode: bool,
+    checkout_url: String,
+    flow: Flow,
+    provider: Option<Provider>,
+    expires_at: Timestamp,
+}
+
+/// The answer of `POST /v1/checkout/{id}/expire`.
+#[derive(Serialize)]
+struct Expired {
+    id: String,
+    status: SessionStatus,
+    flow: Flow,
+    provider: Option<Provider>,
+    expires_at: Timestamp,
+}
+
+#[derive(Serialize)]
+struct ProviderList {
+    data: Vec<ProviderAvailability>,
+}
+
+/// The one place checkout refusals become answers.
+fn api_error(err: CheckoutError) -> ApiError {
+    match err {
+        CheckoutError::Invalid { field, message } => ApiError::validation(field, message),
+        CheckoutError::FonepaySandboxCap(message) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorType::InvalidRequestError,
+            "fonepay_sandbox_cap",
+            message,
+        )
+        .with_param("amount"),
+        CheckoutError::ProviderUnavailable(p) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorType::InvalidRequestError,
+            "provider_unavailable",
+            format!(
+                "{} is not enabled for this project in this mode; see GET /v1/providers",
+                p.as_str()
+            ),
+        )
+        .with_param("provider"),
+        CheckoutError::SpendCapExceeded { cap } => ApiError::new(
+            StatusCode::FORBIDDEN,
+            ErrorType::PermissionError,
+            "spend_cap_exceeded",
+            format!(
+                "This checkout would take the key's volume this month above its spend cap of {cap} paisa"
+            ),
+        ),
+        CheckoutError::Store(e) => e.into(),
+    }
+}
+
+async fn create_checkout(
+    State(state): State<AppState>,
+    auth: Auth,
+    fence: Option<Extension<Fence>>,
+    JsonBody(body): JsonBody<CreateCheckout>,
+) -> Result<(StatusCode, Json<Created>), ApiError> {
+    let who = auth.require(Scope::PaymentsWrite)?;
+    let valid = checkout::validate_create(body, who.mode()).map_err(api_error)?;
+    let creator = Creator {
+        project_id: who.project_id().to_owned(),
+        mode: who.mode(),
+        api_key_id: who.key.id.clone(),
+        spend_cap_paisa: who.key.spend_cap_paisa,
+    };
+    let now = state.clock.now();
+    let fence = fence.as_ref().map(|Extension(f)| f);
+    let s = checkout::create(&*state.store, &creator, valid, now, fence)
+        .await
+        .map_err(api_error)?;
+    let created = Created {
+        checkout_url: format!("{}/c/{}", state.config.public_base_url, s.id),
+        livemode: s.mode.is_live(),
+        id: s.id,
+        flow: s.flow,
+        provider: s.provider,
+        expires_at: s.expires_at,
+    };
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+async fn expire_checkout(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Expired>, ApiError> {
+    let who = auth.require(Scope::PaymentsWrite)?;
+    let s: CheckoutSession = checkout::expire(
+        &*state.store,
+        who.project_id(),
+        who.mode(),
+        &id,
+        state.clock.now(),
+    )
+    .await?
+    .ok_or_else(|| ApiError::not_found("checkout session", &id))?;
+    Ok(Json(Expired {
+        id: s.id,
+        status: s.status,
+        flow: s.flow,
+        provider: s.provider,
+        expires_at: s.expires_at,
+    }))
+}
+
+async fn list_sessions(
+    State(state): State<AppState>,
+    auth: Auth,
+    query: QueryParams,
+) -> Result<Json<Page<CheckoutSessionView>>, ApiError> {
+    let who = auth.require(Scope::SessionsRead)?;
+    let page = Pagination::from_query(&query, checkout::DEFAULT_PAGE)?;
+    // The spec: unrecognised status values are ignored.
+    let status = query.get("status").and_then(SessionStatus::parse);
+    let now = state.clock.now();
+    let (found, total) = checkout::list(
+        &*state.store,
+        who.project_id(),
+        who.mode(),
+        status,
+        now,
+        page.offset,
+        page.limit,
+    )
+    .await?;
+    let data = found
+        .into_iter()
+        .map(|s| CheckoutSessionView::at(s, now))
+        .collect();
+    Ok(Json(Page::new(data, total, page)))
+}
+
+async fn get_session(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<CheckoutSessionView>, ApiError> {
+    let who = auth.require(Scope::SessionsRead)?;
+    let now = state.clock.now();
+    checkout::find(&*state.store, who.project_id(), who.mode(), &id, now)
+        .await?
+        .map(|s| Json(CheckoutSessionView::at(s, now)))
+        .ok_or_else(|| ApiError::not_found("checkout session", &id))
+}
+
+/// Scope `payments:read` (decisions.md): what a server needs before it
+/// creates a checkout is which providers it may name.
+async fn list_providers(
+    State(state): State<AppState>,
+    auth: Auth,
+) -> Result<Json<ProviderList>, ApiError> {
+    let who = auth.require(Scope::PaymentsRead)?;
+    let data = checkout::providers(&*state.store, who.project_id(), who.mode()).await?;
+    Ok(Json(ProviderList { data }))
+}
