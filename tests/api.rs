@@ -524,7 +524,39 @@ async fn a_store_fault_answers_503_with_the_request_id_and_a_retry_succeeds(whic
     app.stop().await;
 }
 
+async fn the_provider_simulators_answer_in_their_own_shapes(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let index = app.client.get(app.url("/sim")).send().await;
+    assert_eq!(index.map(|r| r.status().as_u16()).ok(), Some(200));
+    // eSewa's status API for an unknown transaction: eSewa's answer, not our envelope.
+    let a = app
+        .get("/sim/esewa/api/epay/transaction/status/?product_code=EPAYTEST&total_amount=100&transaction_uuid=nope", None)
+        .await;
+    assert!(
+        a.body.get("error").is_none(),
+        "the edge must not wrap simulator answers: {}",
+        a.body
+    );
+    // Khalti without its key: Khalti's 401 shape.
+    let a = send(
+        app.client
+            .post(app.url("/sim/khalti/api/v2/epayment/lookup/"))
+            .json(&serde_json::json!({"pidx": "x"})),
+    )
+    .await;
+    assert_eq!(a.status, 401);
+    assert!(
+        a.body.get("error").is_none() || !a.body["error"].is_object(),
+        "{}",
+        a.body
+    );
+    app.stop().await;
+}
+
 on_both_backends!(
+    the_provider_simulators_answer_in_their_own_shapes,
     a_store_fault_answers_503_with_the_request_id_and_a_retry_succeeds,
     health_answers_without_a_key,
     first_start_writes_demo_keys_that_work,

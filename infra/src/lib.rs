@@ -27,12 +27,25 @@ pub use demo::DemoKeys;
 
 /// Every function's routes, plus `GET /health`.
 pub fn app(state: AppState) -> Router {
+    let sim_base = format!("{}/sim", state.config.public_base_url);
     with_edge(
         Router::new()
             .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
             .merge(account::router(state.clone()))
             .merge(payments::router(state.clone()))
-            .merge(checkout::router(state)),
+            .merge(checkout::router(state))
+            .nest("/sim", simulator_routes(&sim_base)),
+    )
+}
+
+/// The provider simulators under `/sim`, answering in their providers'
+/// own shapes: marked so the edge does not turn their errors into ours.
+fn simulator_routes(public_base: &str) -> Router {
+    simulators::router(simulators::SimState::with_base_url(public_base)).layer(
+        axum::middleware::map_response(|mut res: axum::response::Response| async move {
+            res.extensions_mut().insert(shared::http::error::Enveloped);
+            res
+        }),
     )
 }
 
