@@ -46,7 +46,7 @@ export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=ap-south-1
 unset AWS_PROFILE AWS_SESSION_TOKEN
 
 status=0
-cargo test --workspace --locked "$@" 2>&1 | tee target/test-output.log || status=$?
+cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee target/test-output.log || status=$?
 
 # One closing line over every test binary (cargo prints one per binary).
 awk '/^test result:/ {
