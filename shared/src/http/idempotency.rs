@@ -650,6 +650,37 @@ mod tests {
         assert_eq!(widgets_created(&s).await, 1);
     }
 
+    #[tokio::test]
+    async fn a_key_older_than_its_retention_is_free_again() {
+        let s = setup().await;
+        let now = SystemClock.now();
+        let Ok(who) = account::authenticate(&*s.store, now, &s.key).await else {
+            panic!()
+        };
+        let key = record_key(who.project_id(), "sandbox", "old");
+        // A completed answer for another request, past its 24 h TTL but not
+        // yet swept (DynamoDB deletes expired items lazily).
+        let stale = Record {
+            state: ClaimState::Completed,
+            fingerprint: "another request".into(),
+            owner: "gone".into(),
+            locked_until: now.plus(chrono::Duration::hours(-25)),
+            status: Some(201),
+            content_type: Some("application/json".into()),
+            body: Some("{}".into()),
+            created_at: now.plus(chrono::Duration::hours(-25)),
+            ttl: now.plus(chrono::Duration::hours(-1)).unix_seconds(),
+        };
+        let Ok(item) = to_item(&stale, &key, &[]) else {
+            panic!()
+        };
+        assert!(s.store.put(item, None).await.is_ok());
+        let fresh = call(&s, Some("old"), r#"{"name": "n"}"#).await;
+        assert_eq!(fresh.status, StatusCode::CREATED, "{}", fresh.body);
+        assert!(!fresh.replayed);
+        assert_eq!(widgets_created(&s).await, 1);
+    }
+
     #[test]
     fn fingerprints_ignore_query_order_but_not_content() {
         let m = Method::POST;
