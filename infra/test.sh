@@ -45,6 +45,31 @@ export DHUKUTI_REQUIRE_AWS=1
 export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=ap-south-1
 unset AWS_PROFILE AWS_SESSION_TOKEN
 
+# The browser test (tests/browser.rs) drives Debian's Chromium through
+# chromedriver (package chromium-driver). Installed here when missing (CI:
+# Debian, root, apt reachable); DHUKUTI_CHROMIUM set makes the test fail,
+# never skip, when the browser does not start.
+apt_install() {
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  # A fresh machine may have no package lists, or stale ones: update once.
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" ||
+    { $sudo apt-get update && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"; }
+}
+need=()
+[ -n "${DHUKUTI_CHROMIUM:-}" ] || command -v chromium >/dev/null 2>&1 || need+=(chromium)
+[ -n "${DHUKUTI_CHROMEDRIVER:-}" ] || command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+if [ "${#need[@]}" -gt 0 ]; then
+  echo "== installing ${need[*]} (apt)"
+  apt_install "${need[@]}"
+fi
+export DHUKUTI_CHROMIUM="${DHUKUTI_CHROMIUM:-$(command -v chromium)}"
+export DHUKUTI_CHROMEDRIVER="${DHUKUTI_CHROMEDRIVER:-$(command -v chromedriver)}"
+for b in "$DHUKUTI_CHROMIUM" "$DHUKUTI_CHROMEDRIVER"; do
+  [ -x "$b" ] || { echo "browser test: '$b' is not an executable"; exit 1; }
+done
+echo "== browser: $("$DHUKUTI_CHROMIUM" --version 2>/dev/null) with $("$DHUKUTI_CHROMEDRIVER" --version | cut -d' ' -f1-2)"
+
 status=0
 cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee target/test-output.log || status=$?
 

@@ -76,6 +76,8 @@ async fn fixture(which: Which) -> Option<Fixture> {
             customer_phone: None,
             created_at: now,
             updated_at: now,
+            double_payment_of: None,
+            attempt: Default::default(),
         };
         assert!(
             shared::domain::payments::insert(&*store, &payment)

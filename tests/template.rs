@@ -189,3 +189,309 @@ fn every_function_crate_is_a_cargo_lambda_function_in_template_yaml() {
     assert_eq!(globals["Runtime"].as_str(), Some("provided.al2023"));
     assert_eq!(globals["Architectures"][0].as_str(), Some("arm64"));
 }
+
+// ---- functions, routes and permissions ----
+
+/// The function resource `name`, checked to be a cargo-lambda function
+/// building `binary`.
+fn function<'a>(t: &'a Value, name: &str, binary: &str) -> &'a Value {
+    let f = &t["Resources"][name];
+    assert_eq!(
+        f["Type"].as_str(),
+        Some("AWS::Serverless::Function"),
+        "{name} is not a function"
+    );
+    assert_eq!(
+        f["Metadata"]["BuildProperties"]["Binary"].as_str(),
+        Some(binary),
+        "{name} builds the wrong binary"
+    );
+    f
+}
+
+/// Every `AWS::Serverless::Function` as (logical id, resource).
+fn functions(t: &Value) -> Vec<(String, Value)> {
+    t["Resources"]
+        .as_mapping()
+        .map(|m| {
+            m.iter()
+                .filter(|(_, r)| r["Type"].as_str() == Some("AWS::Serverless::Function"))
+                .map(|(k, r)| (k.as_str().unwrap_or("").to_owned(), r.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// An intrinsic function as (name without `Fn::` or `!`, argument), in its
+/// short (`!Ref X`) or long (`{Ref: X}`) form.
+fn intrinsic(v: &Value) -> Option<(String, Value)> {
+    match v {
+        Value::Tagged(t) => Some((
+            t.tag.to_string().trim_start_matches('!').to_owned(),
+            t.value.clone(),
+        )),
+        Value::Mapping(m) if m.len() == 1 => m.iter().next().and_then(|(k, arg)| {
+            let k = k.as_str()?;
+            let name = k.strip_prefix("Fn::").unwrap_or(k);
+            (name == "Ref" || k.starts_with("Fn::")).then(|| (name.to_owned(), arg.clone()))
+        }),
+        _ => None,
+    }
+}
+
+/// `!Ref name`?
+fn is_ref_to(v: &Value, name: &str) -> bool {
+    matches!(intrinsic(v), Some((f, arg)) if f == "Ref" && arg.as_str() == Some(name))
+}
+
+/// The (METHOD, path) of every HttpApi event of a function, with the event.
+fn http_routes(f: &Value) -> Vec<(String, String, Value)> {
+    f["Properties"]["Events"]
+        .as_mapping()
+        .map(|m| {
+            m.values()
+                .filter(|e| e["Type"].as_str() == Some("HttpApi"))
+                .map(|e| {
+                    (
+                        e["Properties"]["Method"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_uppercase(),
+                        e["Properties"]["Path"].as_str().unwrap_or("").to_owned(),
+                        e.clone(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_hosted_pages_are_served_by_hosted_without_an_authorizer() {
+    let t = template();
+    let hosted = function(&t, "HostedFunction", "hosted");
+    let mut routes: Vec<(String, String)> = http_routes(hosted)
+        .into_iter()
+        .map(|(method, path, event)| {
+            assert!(
+                is_ref_to(&event["Properties"]["ApiId"], "HttpApi"),
+                "{method} {path} is not on HttpApi"
+            );
+            // No authorizer on the route: none at all, or explicitly NONE.
+            let auth = &event["Properties"]["Auth"];
+            assert!(
+                auth.is_null() || auth["Authorizer"].as_str() == Some("NONE"),
+                "{method} {path} has an authorizer: {auth:?}"
+            );
+            (method, path)
+        })
+        .collect();
+    routes.sort();
+    let mut expected: Vec<(String, String)> = [
+        ("GET", "/c/{id}"),
+        ("POST", "/c/{id}/pay"),
+        ("GET", "/c/{id}/status"),
+        ("GET", "/c/{id}/return/{payment}/{outcome}"),
+        ("POST", "/c/{id}/return/{payment}/{outcome}"),
+        ("GET", "/c/{id}/qr/{payment}"),
+    ]
+    .iter()
+    .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
+    .collect();
+    expected.sort();
+    assert_eq!(routes, expected);
+    // Nor one by default on the API (routes without Auth would inherit it).
+    let api_auth = &t["Resources"]["HttpApi"]["Properties"]["Auth"];
+    assert!(
+        api_auth["DefaultAuthorizer"].is_null()
+            || api_auth["DefaultAuthorizer"].as_str() == Some("NONE"),
+        "HttpApi has a default authorizer: {api_auth:?}"
+    );
+}
+
+#[test]
+fn no_two_functions_claim_the_same_route() {
+    let t = template();
+    let mut seen: Vec<(String, String, String)> = Vec::new();
+    for (name, f) in functions(&t) {
+        for (method, path, _) in http_routes(&f) {
+            if let Some((other, _, _)) = seen.iter().find(|(_, m, p)| *m == method && *p == path) {
+                panic!("{method} {path} is claimed by {other} and {name}");
+            }
+            seen.push((name.clone(), method, path));
+        }
+    }
+    assert!(seen.len() >= 6);
+}
+
+#[test]
+fn the_scheduler_sweeps_every_minute_one_run_at_a_time() {
+    let t = template();
+    let scheduler = function(&t, "SchedulerFunction", "scheduler");
+    let props = &scheduler["Properties"];
+    let schedules: Vec<&Value> = props["Events"]
+        .as_mapping()
+        .map(|m| {
+            m.values()
+                .filter(|e| e["Type"].as_str() == Some("Schedule"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(schedules.len(), 1, "one Schedule event");
+    assert_eq!(
+        schedules[0]["Properties"]["Schedule"].as_str(),
+        Some("rate(1 minute)")
+    );
+    assert_ne!(
+        schedules[0]["Properties"]["Enabled"].as_bool(),
+        Some(false),
+        "the sweep schedule is disabled"
+    );
+    assert_eq!(props["ReservedConcurrentExecutions"].as_u64(), Some(1));
+    // A run ends (or is cut) before the next minute's starts.
+    let timeout = props["Timeout"].as_u64();
+    assert!(
+        matches!(timeout, Some(1..=60)),
+        "Timeout {timeout:?} must be at most the 60 s period"
+    );
+    // An event throttled by the concurrency of 1 or a failed run is not
+    // queued and retried: the next run does the same work.
+    let invoke = &props["EventInvokeConfig"];
+    assert_eq!(invoke["MaximumRetryAttempts"].as_u64(), Some(0));
+    assert!(
+        matches!(invoke["MaximumEventAgeInSeconds"].as_u64(), Some(60..=120)),
+        "{invoke:?}"
+    );
+    // Only HTTP functions have HTTP routes; the scheduler is not public.
+    assert!(http_routes(scheduler).is_empty());
+}
+
+/// Which functions get the credentials master key: exactly the ones that
+/// open sealed credentials to talk to a provider.
+#[test]
+fn the_credentials_key_reaches_only_hosted_and_scheduler() {
+    use shared::domain::credentials::KEY_ENV;
+    let t = template();
+    let param = &t["Parameters"]["CredentialsKey"];
+    assert_eq!(param["Type"].as_str(), Some("String"));
+    assert_eq!(
+        param["NoEcho"].as_bool(),
+        Some(true),
+        "CredentialsKey must be NoEcho"
+    );
+    assert!(
+        t["Globals"]["Function"]["Environment"]["Variables"][KEY_ENV].is_null(),
+        "{KEY_ENV} must not be global"
+    );
+    let mut with_key: Vec<String> = functions(&t)
+        .into_iter()
+        .filter_map(|(name, f)| {
+            let v = &f["Properties"]["Environment"]["Variables"][KEY_ENV];
+            if v.is_null() {
+                return None;
+            }
+            assert!(is_ref_to(v, "CredentialsKey"), "{name}: {KEY_ENV} is {v:?}");
+            Some(name)
+        })
+        .collect();
+    with_key.sort();
+    assert_eq!(with_key, ["HostedFunction", "SchedulerFunction"]);
+}
+
+/// What a statement's resource is.
+#[derive(Debug, PartialEq)]
+enum Target {
+    Table,
+    Index,
+    Other,
+}
+
+fn target(v: &Value) -> Target {
+    match intrinsic(v) {
+        Some((f, arg)) if f == "GetAtt" => {
+            let parts: Vec<String> = match &arg {
+                Value::String(s) => s.split('.').map(str::to_owned).collect(),
+                Value::Sequence(s) => s
+                    .iter()
+                    .map(|p| p.as_str().unwrap_or("").to_owned())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            if parts == ["Table", "Arn"] {
+                Target::Table
+            } else {
+                Target::Other
+            }
+        }
+        Some((f, arg)) if f == "Sub" => match arg.as_str() {
+            Some(s) if s.starts_with("${Table.Arn}/index/") => Target::Index,
+            _ => Target::Other,
+        },
+        _ => Target::Other,
+    }
+}
+
+/// Every DynamoDB grant of every function: IAM actions that exist, item
+/// actions on the table only, Query (or Scan) only on the indexes. IAM has
+/// no `TransactWriteItems`/`TransactGetItems` action: a transaction is
+/// authorized item by item (PutItem, UpdateItem, DeleteItem,
+/// ConditionCheckItem, GetItem), so listing them grants nothing and hides
+/// a missing item permission.
+#[test]
+fn dynamodb_grants_are_real_actions_on_the_right_resources() {
+    const ITEM: [&str; 5] = [
+        "dynamodb:GetItem",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:DeleteItem",
+        "dynamodb:ConditionCheckItem",
+    ];
+    const READ_MANY: [&str; 2] = ["dynamodb:Query", "dynamodb:Scan"];
+    let t = template();
+    let mut checked = 0;
+    for (name, f) in functions(&t) {
+        let policies = f["Properties"]["Policies"]
+            .as_sequence()
+            .cloned()
+            .unwrap_or_default();
+        assert!(!policies.is_empty(), "{name} has no policy");
+        for policy in &policies {
+            let statements = policy["Statement"]
+                .as_sequence()
+                .cloned()
+                .unwrap_or_default();
+            for st in &statements {
+                let actions: Vec<String> = match &st["Action"] {
+                    Value::String(a) => vec![a.clone()],
+                    Value::Sequence(s) => s
+                        .iter()
+                        .map(|a| a.as_str().unwrap_or("").to_owned())
+                        .collect(),
+                    other => panic!("{name}: Action {other:?}"),
+                };
+                let resources: Vec<Value> = match &st["Resource"] {
+                    Value::Sequence(s) => s.clone(),
+                    one => vec![one.clone()],
+                };
+                for action in actions.iter().filter(|a| a.starts_with("dynamodb:")) {
+                    assert!(
+                        ITEM.contains(&action.as_str()) || READ_MANY.contains(&action.as_str()),
+                        "{name}: {action} is not a DynamoDB action a function needs (wildcard, or not an IAM action)"
+                    );
+                    for r in &resources {
+                        match target(r) {
+                            Target::Table => {}
+                            Target::Index => assert!(
+                                READ_MANY.contains(&action.as_str()),
+                                "{name}: {action} on an index"
+                            ),
+                            Target::Other => panic!("{name}: {action} on {r:?}"),
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 0);
+}

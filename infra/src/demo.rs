@@ -10,6 +10,9 @@ use shared::AppState;
 use shared::domain::account::{
     self, ApiKey, KeyKind, NewKey, Plan, Project, Scope, hash_secret, mode_of_secret,
 };
+use shared::domain::credentials::{
+    CredentialsError, ProviderCredentials, list_configured_providers, put_credentials,
+};
 use shared::domain::payments::{self, Payment, PaymentStatus};
 use shared::domain::record::{from_item, to_item};
 use shared::domain::{Mode, Provider};
@@ -217,6 +220,8 @@ pub async fn seed_payments(state: &AppState, demo: &DemoAccount) -> Result<usize
                 customer_phone: Some(phone.into()),
                 created_at: created,
                 updated_at: created,
+                double_payment_of: None,
+                attempt: Default::default(),
             };
             payments::insert(store, &payment).await?;
             written += 1;
@@ -230,4 +235,49 @@ pub async fn seed_payments(state: &AppState, demo: &DemoAccount) -> Result<usize
         )
         .await?;
     Ok(written)
+}
+
+/// The Fonepay merchant the simulator knows (Fonepay's published demo
+/// credentials). Fonepay has no sandbox: a sandbox project needs real
+/// credentials, so the demo project gets these, which only the simulator
+/// accepts.
+pub fn simulator_fonepay_credentials() -> ProviderCredentials {
+    ProviderCredentials::Fonepay {
+        merchant_code: "NBQM".into(),
+        secret_key: "a7e3512f5032480a83137793cb2021dc".into(),
+        username: "9861101076".into(),
+        password: "admin123456".into(),
+    }
+}
+
+/// Gives the demo project sandbox fonepay credentials (the simulator's)
+/// unless it has some, so a newcomer can pay with all three providers.
+pub async fn ensure_fonepay_credentials(
+    state: &AppState,
+    demo: &DemoAccount,
+) -> Result<(), String> {
+    let Some(keys) = state.providers.keys() else {
+        return Ok(());
+    };
+    let err = |e: CredentialsError| format!("demo fonepay credentials: {e}");
+    let configured = list_configured_providers(&*state.store, &demo.project_id)
+        .await
+        .map_err(err)?;
+    if configured
+        .iter()
+        .any(|c| c.provider == Provider::Fonepay && c.mode == Mode::Sandbox)
+    {
+        return Ok(());
+    }
+    put_credentials(
+        &*state.store,
+        keys,
+        state.clock.now(),
+        &demo.project_id,
+        Mode::Sandbox,
+        &simulator_fonepay_credentials(),
+    )
+    .await
+    .map_err(err)?;
+    Ok(())
 }

@@ -8,13 +8,17 @@ pub mod simulators;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 use shared::app::Backend;
 use shared::blobs::Blobs;
+use shared::domain::Mode;
+use shared::domain::credentials::{CredentialsError, CredentialsKey, CredentialsKeys};
 use shared::http::with_edge;
+use shared::providers::{ProviderConfig, ProviderHub, SandboxAccounts};
 use shared::queue::Queue;
 use shared::store::Store;
 use shared::time::{Clock, SystemClock};
@@ -25,28 +29,35 @@ use tokio::task::JoinHandle;
 
 pub use demo::DemoKeys;
 
-/// Every function's routes, plus `GET /health`.
+/// Every function's routes, plus `GET /health` and the simulators under
+/// `/sim`.
 pub fn app(state: AppState) -> Router {
-    let sim_base = format!("{}/sim", state.config.public_base_url);
+    let sim = simulators::SimState::with_base_url(format!("{}/sim", state.config.public_base_url));
+    app_with_simulators(state, sim)
+}
+
+/// [`app`] with simulators of the caller's configuration.
+pub fn app_with_simulators(state: AppState, sim: simulators::SimState) -> Router {
     with_edge(
         Router::new()
             .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
             .merge(account::router(state.clone()))
             .merge(payments::router(state.clone()))
-            .merge(checkout::router(state))
-            .nest("/sim", simulator_routes(&sim_base)),
+            .merge(checkout::router(state.clone()))
+            .merge(hosted::router(state))
+            .nest("/sim", simulator_routes(sim)),
     )
 }
 
 /// The provider simulators under `/sim`, answering in their providers'
 /// own shapes: marked so the edge does not turn their errors into ours.
-fn simulator_routes(public_base: &str) -> Router {
-    simulators::router(simulators::SimState::with_base_url(public_base)).layer(
-        axum::middleware::map_response(|mut res: axum::response::Response| async move {
+fn simulator_routes(sim: simulators::SimState) -> Router {
+    simulators::router(sim).layer(axum::middleware::map_response(
+        |mut res: axum::response::Response| async move {
             res.extensions_mut().insert(shared::http::error::Enveloped);
             res
-        }),
-    )
+        },
+    ))
 }
 
 /// How the gateway is started (environment variables and flags).
@@ -65,6 +76,11 @@ pub struct Settings {
     pub demo_payments: bool,
     /// `DHUKUTI_PUBLIC_URL`, default `http://<addr>`.
     pub public_url: Option<String>,
+    /// `DHUKUTI_SWEEP_SECONDS` (default 30; 0 = off): how often the
+    /// in-process scheduler expires sessions and reconciles payments.
+    pub sweep_every: Option<Duration>,
+    /// Overrides `DHUKUTI_PROVIDER_TIMEOUT_MS` (tests shorten it).
+    pub provider_timeout: Option<Duration>,
 }
 
 impl Settings {
@@ -97,7 +113,22 @@ impl Settings {
             init,
             demo_payments,
             public_url: std::env::var("DHUKUTI_PUBLIC_URL").ok(),
+            sweep_every: sweep_every()?,
+            provider_timeout: None,
         })
+    }
+}
+
+fn sweep_every() -> Result<Option<Duration>, String> {
+    match std::env::var("DHUKUTI_SWEEP_SECONDS") {
+        Err(_) => Ok(Some(Duration::from_secs(30))),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(0) => Ok(None),
+            Ok(n) if n <= 3600 => Ok(Some(Duration::from_secs(n))),
+            _ => Err(format!(
+                "DHUKUTI_SWEEP_SECONDS={v:?} must be seconds from 0 (off) to 3600"
+            )),
+        },
     }
 }
 
@@ -122,6 +153,12 @@ Environment:
                           the standard AWS environment (moto: its URL)
   DHUKUTI_PUBLIC_URL      public base URL of hosted pages (default http://<addr>)
   DHUKUTI_DEMO_PAYMENTS   1 to seed sample payments (same as --demo-payments)
+  DHUKUTI_SWEEP_SECONDS   scheduler period (default 30; 0 turns it off)
+  DHUKUTI_PROVIDERS_BASE_URL
+                          sandbox providers (default: the simulators at
+                          <public url>/sim); see README for each provider
+  DHUKUTI_CREDENTIALS_KEY master key of stored provider credentials
+                          (default: generated into <data dir>/credentials.key)
   RUST_LOG                log filter (default info)";
 
 /// A started gateway.
@@ -131,13 +168,19 @@ pub struct Running {
     pub keys: DemoKeys,
     pub keys_file: PathBuf,
     pub store: Arc<dyn Store>,
+    /// The state every function shares (tests sweep with it).
+    pub state: AppState,
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<std::io::Result<()>>,
+    ticker: Option<JoinHandle<()>>,
 }
 
 impl Running {
     /// Stops accepting, finishes in-flight requests and closes the store.
     pub async fn stop(mut self) -> std::io::Result<()> {
+        if let Some(t) = self.ticker.take() {
+            t.abort();
+        }
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
@@ -207,15 +250,42 @@ pub async fn start_with_clock(
         .public_url
         .clone()
         .unwrap_or_else(|| format!("http://{addr}"));
+    let base_url = base_url.trim_end_matches('/').to_owned();
     let config = Config {
-        public_base_url: base_url.trim_end_matches('/').to_owned(),
+        public_base_url: base_url.clone(),
     };
+    let sim_base = format!("{base_url}/sim");
+    // Sandbox providers: the simulators, unless the environment names
+    // other hosts (e.g. the providers' real test environments).
+    let sandbox = ProviderConfig::from_lookup(Mode::Sandbox, |name| {
+        std::env::var(name)
+            .ok()
+            .or_else(|| (name == "DHUKUTI_PROVIDERS_BASE_URL").then(|| sim_base.clone()))
+    })
+    .map_err(|e| e.to_string())?;
+    let mut live = ProviderConfig::from_env(Mode::Live).map_err(|e| e.to_string())?;
+    let sandbox = match settings.provider_timeout {
+        Some(t) => {
+            live = live.with_timeout(t);
+            sandbox.with_timeout(t)
+        }
+        None => sandbox,
+    };
+    let keys = credentials_keys(&settings.data_dir)?;
+    let hub = ProviderHub::new(&sandbox, &live, Some(keys), SandboxAccounts::from_env())
+        .map_err(|e| e.to_string())?;
     let state = AppState::new(store.clone(), clock, config)
         .with_queue(queue)
-        .with_blobs(blobs);
+        .with_blobs(blobs)
+        .with_providers(hub);
+    // A simulated "timeout" outlasts the client's own timeout.
+    let mut sim_config = simulators::SimConfig::new(sim_base);
+    sim_config.timeout_delay = sandbox.timeout + Duration::from_secs(2);
+    let sim = simulators::SimState::new(sim_config);
 
     let keys_file = settings.data_dir.join("demo-keys.json");
     let demo = demo::bootstrap(&state, &keys_file).await?;
+    demo::ensure_fonepay_credentials(&state, &demo).await?;
     if settings.demo_payments {
         let n = demo::seed_payments(&state, &demo)
             .await
@@ -225,8 +295,23 @@ pub async fn start_with_clock(
         }
     }
 
+    let ticker = settings.sweep_every.map(|every| {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if let Err(e) = shared::domain::attempts::sweep(&state, state.clock.now()).await {
+                    tracing::warn!(error = %e, "sweep failed; next tick retries");
+                }
+            }
+        })
+    });
+
     let (tx, rx) = oneshot::channel::<()>();
-    let router = app(state);
+    let router = app_with_simulators(state.clone(), sim);
     let task = tokio::spawn(async move {
         axum::serve(listener, router)
             .with_graceful_shutdown(async {
@@ -240,8 +325,10 @@ pub async fn start_with_clock(
         keys: demo.keys,
         keys_file,
         store,
+        state,
         shutdown: Some(tx),
         task,
+        ticker,
     })
 }
 
@@ -265,6 +352,40 @@ pub fn banner(running: &Running, settings: &Settings) -> String {
         String::new(),
     ]
     .join("\n")
+}
+
+/// The master key of stored provider credentials: `DHUKUTI_CREDENTIALS_KEY`,
+/// else `<data dir>/credentials.key`, made on first start (owner-only).
+pub fn credentials_keys(data_dir: &std::path::Path) -> Result<CredentialsKeys, String> {
+    match CredentialsKeys::from_env() {
+        Ok(k) => return Ok(k),
+        Err(CredentialsError::MissingKey) => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    let path = data_dir.join("credentials.key");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let key = CredentialsKey::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        return Ok(CredentialsKeys::single(key));
+    }
+    let key = CredentialsKey::generate("local").map_err(|e| e.to_string())?;
+    write_private(&path, &key.export())?;
+    Ok(CredentialsKeys::single(key))
+}
+
+fn write_private(path: &std::path::Path, text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut file = options
+        .open(path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 async fn shutdown_signal() {

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use crate::blobs::Blobs;
 use crate::blobs::local::LocalDirBlobs;
 use crate::blobs::memory::MemoryBlobs;
+use crate::providers::ProviderHub;
 use crate::queue::memory::InProcessQueue;
 use crate::queue::{Queue, QueueName};
 use crate::store::Store;
@@ -50,6 +51,8 @@ pub struct AppState {
     pub blobs: Arc<dyn Blobs>,
     pub clock: Arc<dyn Clock>,
     pub config: Arc<Config>,
+    /// Provider clients and credentials (checkout attempts, reconciling).
+    pub providers: Arc<ProviderHub>,
 }
 
 impl AppState {
@@ -63,7 +66,13 @@ impl AppState {
             blobs: Arc::new(MemoryBlobs::new()),
             clock,
             config: Arc::new(config),
+            providers: Arc::new(ProviderHub::unconfigured()),
         }
+    }
+
+    pub fn with_providers(mut self, providers: ProviderHub) -> Self {
+        self.providers = Arc::new(providers);
+        self
     }
 
     pub fn with_queue(mut self, queue: Arc<dyn Queue>) -> Self {
@@ -80,10 +89,12 @@ impl AppState {
     pub async fn from_env() -> Result<Self, String> {
         let backend = Backend::from_env()?;
         let (store, queue, blobs) = backend.open(false).await?;
+        let providers = ProviderHub::from_env()?;
         Ok(
             AppState::new(store, Arc::new(SystemClock), Config::from_env())
                 .with_queue(queue)
-                .with_blobs(blobs),
+                .with_blobs(blobs)
+                .with_providers(providers),
         )
     }
 }

@@ -144,6 +144,9 @@ pub async fn spawn_app_on_with_clock(
         init: true,
         demo_payments: false,
         public_url: None,
+        sweep_every: None,
+        // Simulated provider timeouts then take 2 s (+2 s of slack).
+        provider_timeout: Some(std::time::Duration::from_secs(2)),
     };
     let (store, queue, blobs) = match backend.open(true).await {
         Ok(b) => b,
@@ -243,6 +246,47 @@ impl TestApp {
         send(req).await
     }
 
+    /// The state the gateway's functions share.
+    pub fn state(&self) -> &shared::AppState {
+        match &self.running {
+            Some(r) => &r.state,
+            None => panic!("the gateway was stopped"),
+        }
+    }
+
+    /// One scheduler pass (expire due sessions, reconcile open payments)
+    /// as of `now`.
+    pub async fn sweep(
+        &self,
+        now: shared::time::Timestamp,
+    ) -> shared::domain::attempts::SweepReport {
+        match shared::domain::attempts::sweep(self.state(), now).await {
+            Ok(r) => r,
+            Err(e) => panic!("sweep: {e}"),
+        }
+    }
+
+    /// Gives the tenant's project the Fonepay merchant the simulator knows
+    /// (`NBQM`), sealed with the gateway's master key.
+    pub async fn enable_fonepay(&self, tenant: &Tenant, mode: Mode) {
+        let Some(keys) = self.state().providers.keys() else {
+            panic!("the gateway has no credentials key")
+        };
+        let creds = dhukuti::demo::simulator_fonepay_credentials();
+        if let Err(e) = shared::domain::credentials::put_credentials(
+            &*self.store,
+            keys,
+            SystemClock.now(),
+            &tenant.project.id,
+            mode,
+            &creds,
+        )
+        .await
+        {
+            panic!("fonepay credentials: {e}")
+        }
+    }
+
     pub async fn tenant(&self, name: &str, email: &str) -> Tenant {
         let now = SystemClock.now();
         let store = &*self.store;
@@ -315,6 +359,8 @@ impl TestApp {
             customer_phone: Some("9841000001".into()),
             created_at: now,
             updated_at: now,
+            double_payment_of: None,
+            attempt: Default::default(),
         };
         if let Err(e) = payments::insert(&*self.store, &p).await {
             panic!("payment: {e}");

@@ -60,6 +60,8 @@ async fn main() -> std::result::Result<(), String> {
         init: false,
         demo_payments: false,
         public_url: None,
+        sweep_every: None,
+        provider_timeout: None,
     };
     let running = dhukuti::start_with_store(settings, counting.clone()).await?;
 
@@ -102,6 +104,8 @@ async fn main() -> std::result::Result<(), String> {
         customer_phone: Some("9841000001".into()),
         created_at: now,
         updated_at: now,
+        double_payment_of: None,
+        attempt: Default::default(),
     };
     payments::insert(store, &payment)
         .await

@@ -241,6 +241,8 @@ async fn main() -> Result<(), String> {
         customer_phone: None,
         created_at: now,
         updated_at: now,
+        double_payment_of: None,
+        attempt: Default::default(),
     };
     payments::insert(store, &payment).await.map_err(err)?;
     drop(state); // the embedded store is single-process: release it

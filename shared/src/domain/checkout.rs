@@ -26,7 +26,7 @@ use crate::http::idempotency::Fence;
 use crate::ids::{self, IdKind};
 use crate::money::{Currency, Paisa};
 use crate::store::{
-    Cond, Index, Key, Query, Store, StoreError, TTL, TxOp, TxReason, Update, query_window,
+    Cond, Index, Key, Query, SkCond, Store, StoreError, TTL, TxOp, TxReason, Update, query_window,
 };
 use crate::time::Timestamp;
 
@@ -172,12 +172,22 @@ impl CheckoutSession {
         format!("PROJ#{project_id}#{}#CS", mode.as_str())
     }
 
-    fn indexes(&self) -> [(Index, String, String); 1] {
-        [(
+    /// `gsi1`: the project's list; `gsi2` (sparse, while open): the
+    /// sessions the scheduler expires, by `expires_at`.
+    fn indexes(&self) -> Vec<(Index, String, String)> {
+        let mut out = vec![(
             Index::Gsi1,
             CheckoutSession::list_partition(&self.project_id, self.mode),
             self.id.clone(),
-        )]
+        )];
+        if !self.status.is_final() {
+            out.push((
+                Index::Gsi2,
+                open_partition(OPEN_SESSIONS, &self.id),
+                format!("{}#{}", self.expires_at.to_rfc3339(), self.id),
+            ));
+        }
+        out
     }
 
     /// The status as of `now`: an open session past `expires_at` is expired.
@@ -773,13 +783,29 @@ pub async fn find(
     if !ids::is_valid(id, IdKind::CheckoutSession) {
         return Ok(None);
     }
+    let Some(session) = find_any(store, id, now).await? else {
+        return Ok(None);
+    };
+    if session.project_id != project_id || session.mode != mode {
+        return Ok(None);
+    }
+    Ok(Some(session))
+}
+
+/// The session `id` of any project as of `now` (the public pages know a
+/// session by its id alone), with lazy expiry persisted as in [`find`].
+pub async fn find_any(
+    store: &dyn Store,
+    id: &str,
+    now: Timestamp,
+) -> Result<Option<CheckoutSession>, StoreError> {
+    if !ids::is_valid(id, IdKind::CheckoutSession) {
+        return Ok(None);
+    }
     let Some(item) = store.get(&CheckoutSession::key(id)).await? else {
         return Ok(None);
     };
     let session: CheckoutSession = from_item(item)?;
-    if session.project_id != project_id || session.mode != mode {
-        return Ok(None);
-    }
     if session.status_at(now) == SessionStatus::Expired && session.status != SessionStatus::Expired
     {
         return mark_expired(store, &session.id, now, true).await.map(Some);
@@ -787,7 +813,7 @@ pub async fn find(
     Ok(Some(session))
 }
 
-fn open_cond() -> Cond {
+pub(crate) fn open_cond() -> Cond {
     Cond::Or(vec![
         Cond::eq("status", SessionStatus::Pending.as_str()),
         Cond::eq("status", SessionStatus::Initiated.as_str()),
@@ -810,7 +836,9 @@ async fn mark_expired(
     }
     let update = Update::new()
         .set("status", SessionStatus::Expired.as_str())
-        .set("updated_at", now.to_rfc3339());
+        .set("updated_at", now.to_rfc3339())
+        .remove(Index::Gsi2.pk_attr())
+        .remove(Index::Gsi2.sk_attr());
     match store.update(&key, update, Some(Cond::And(conds))).await {
         Ok(item) => from_item(item),
         Err(StoreError::ConditionFailed) => match store.get(&key).await? {
@@ -819,6 +847,51 @@ async fn mark_expired(
         },
         Err(e) => Err(e),
     }
+}
+
+/// The sweep partitions of open records (`gsi2`), spread so no single
+/// partition takes every write.
+pub const OPEN_SHARDS: u32 = 4;
+pub(crate) const OPEN_SESSIONS: &str = "OPEN#CS";
+
+/// The open-records partition of `id` under `prefix`.
+pub(crate) fn open_partition(prefix: &str, id: &str) -> String {
+    let sum: u32 = id.bytes().map(u32::from).sum();
+    format!("{prefix}#{}", sum % OPEN_SHARDS)
+}
+
+/// Every open-records partition under `prefix`.
+pub(crate) fn open_partitions(prefix: &str) -> Vec<String> {
+    (0..OPEN_SHARDS).map(|s| format!("{prefix}#{s}")).collect()
+}
+
+/// Open sessions whose time has passed at `now`, oldest first, at most
+/// `limit` per partition.
+pub async fn due_for_expiry(
+    store: &dyn Store,
+    now: Timestamp,
+    limit: usize,
+) -> Result<Vec<String>, StoreError> {
+    let mut ids = Vec::new();
+    for pk in open_partitions(OPEN_SESSIONS) {
+        let query = Query::partition(pk)
+            .on(Index::Gsi2)
+            .sk(SkCond::Lt(format!("{}#~", now.to_rfc3339())))
+            .limit(limit);
+        for item in store.query(&query).await?.items {
+            if let Some(id) = item.get("id").and_then(Value::as_str) {
+                ids.push(id.to_owned());
+            }
+        }
+    }
+    Ok(ids)
+}
+
+/// Stores a due session as expired (the scheduler's part of lazy expiry).
+/// Whether this call moved it.
+pub async fn expire_due(store: &dyn Store, id: &str, now: Timestamp) -> Result<bool, StoreError> {
+    let s = mark_expired(store, id, now, true).await?;
+    Ok(s.status == SessionStatus::Expired && s.updated_at == now)
 }
 
 /// `POST /v1/checkout/{id}/expire`: `pending|initiated` -> `expired`; a

@@ -2,8 +2,11 @@
 //! only: no HTTP, no AWS types.
 
 pub mod account;
+pub mod attempts;
 pub mod checkout;
 pub mod credentials;
+pub mod fonepay_cap;
+pub mod outbox;
 pub mod payments;
 pub mod record;
 

@@ -52,6 +52,36 @@ pub struct Payment {
     pub customer_phone: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// Another payment of the same session succeeded first: this one is a
+    /// double payment, kept and flagged for the merchant to refund.
+    #[serde(default)]
+    pub double_payment_of: Option<String>,
+    /// What the gateway needs about the attempt at the provider (never
+    /// shown in the API).
+    #[serde(default)]
+    pub attempt: AttemptInfo,
+}
+
+/// The attempt behind a payment, as the provider knows it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AttemptInfo {
+    /// Ours, sent to the provider (eSewa `transaction_uuid`, Khalti
+    /// `purchase_order_id`, Fonepay `PRN`).
+    #[serde(default)]
+    pub reference: Option<String>,
+    /// The provider's handle before payment (Khalti `pidx`).
+    #[serde(default)]
+    pub provider_token: Option<String>,
+    /// The Fonepay QR text, to show the QR again.
+    #[serde(default)]
+    pub qr_message: Option<String>,
+    /// The Kathmandu month (`YYYY-MM`) whose sandbox fonepay cap holds
+    /// this attempt.
+    #[serde(default)]
+    pub cap_month: Option<String>,
+    /// Paid by scanning a QR rather than in the browser.
+    #[serde(default)]
+    pub qr: bool,
 }
 
 impl Payment {
@@ -63,7 +93,7 @@ impl Payment {
         format!("PROJ#{project_id}#{}#PAY", mode.as_str())
     }
 
-    fn indexes(&self) -> [(Index, String, String); 1] {
+    pub(crate) fn indexes(&self) -> [(Index, String, String); 1] {
         [(
             Index::Gsi1,
             Payment::list_partition(&self.project_id, self.mode),
@@ -94,6 +124,8 @@ pub struct PaymentView {
     pub customer_phone: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// Set on a second success for one session (decisions, "Payments").
+    pub double_payment_of: Option<String>,
 }
 
 impl From<Payment> for PaymentView {
@@ -117,6 +149,7 @@ impl From<Payment> for PaymentView {
             customer_phone: p.customer_phone,
             created_at: p.created_at,
             updated_at: p.updated_at,
+            double_payment_of: p.double_payment_of,
         }
     }
 }
@@ -196,6 +229,8 @@ mod tests {
             customer_phone: None,
             created_at: now,
             updated_at: now,
+            double_payment_of: None,
+            attempt: AttemptInfo::default(),
         }
     }
 

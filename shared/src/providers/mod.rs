@@ -23,6 +23,7 @@ pub mod amount;
 pub mod config;
 pub mod esewa;
 pub mod fonepay;
+pub mod hub;
 pub mod khalti;
 pub mod sign;
 mod transport;
@@ -38,6 +39,7 @@ use crate::money::Paisa;
 pub use config::{ConfigError, ProviderConfig};
 pub use esewa::EsewaClient;
 pub use fonepay::FonepayClient;
+pub use hub::{ProviderHub, SandboxAccounts};
 pub use khalti::KhaltiClient;
 
 const REDACTED: &str = "[redacted]";

@@ -1,0 +1,600 @@
+//! The public pages (no API key): hosted checkout at a session's
+//! `checkout_url` and the providers' returns.
+//!
+//! | Route | What |
+//! |---|---|
+//! | `GET /c/{id}` | The page for the session's state: the provider picker (and address form), the QR or "confirming" page while an attempt is open, or the paid / failed / expired page. |
+//! | `POST /c/{id}/pay` | The customer's choice: starts an attempt and hands the browser to the provider (eSewa: auto-posted signed form; Khalti: redirect to its `payment_url`; Fonepay: our QR page, or its web page). |
+//! | `GET|POST /c/{id}/return/{payment}/{ok|fail}` | The provider's return: verified, then checked server to server; on to the merchant's `returnUrl` when paid. |
+//! | `GET /c/{id}/status` | JSON for the pages' polling (no personal data): asks the provider at most every 3 s. |
+//! | `GET /c/{id}/qr/{payment}` | The Fonepay QR again (reload-safe). |
+//!
+//! Handlers only translate between HTTP and [`shared::domain::attempts`].
+
+pub mod pages;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use http::{HeaderValue, StatusCode, header};
+use serde_json::json;
+use shared::AppState;
+use shared::domain::Provider;
+use shared::domain::account;
+use shared::domain::attempts::{self, AttemptError, PayChoice, ReturnKind};
+use shared::domain::checkout::{self, Address, CheckoutSession, Flow, SessionStatus};
+use shared::domain::payments::{Payment, PaymentStatus};
+use shared::http::error::Enveloped;
+use shared::http::with_edge;
+use shared::providers::Handoff;
+use shared::store::StoreError;
+
+/// The public routes, in the shared edge (request id, one log line, no
+/// panics), with the pages' security headers.
+pub fn router(state: AppState) -> Router {
+    with_edge(
+        Router::new()
+            .route("/c/{id}", get(show))
+            .route("/c/{id}/pay", axum::routing::post(pay))
+            .route("/c/{id}/status", get(status))
+            .route(
+                "/c/{id}/return/{payment}/{outcome}",
+                get(returned_get).post(returned_post),
+            )
+            .route("/c/{id}/qr/{payment}", get(qr))
+            .layer(axum::middleware::map_response(secure))
+            .with_state(state),
+    )
+}
+
+/// Pages answer in their own shapes (HTML), never framed, never cached.
+async fn secure(mut res: Response) -> Response {
+    res.extensions_mut().insert(Enveloped);
+    let h = res.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; \
+             img-src data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    res
+}
+
+fn html(status: StatusCode, page: String) -> Response {
+    let mut res = (status, page).into_response();
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    res
+}
+
+fn see_other(location: &str) -> Response {
+    match HeaderValue::from_str(location) {
+        Ok(v) => {
+            let mut res = StatusCode::SEE_OTHER.into_response();
+            res.headers_mut().insert(header::LOCATION, v);
+            res
+        }
+        Err(_) => html(
+            StatusCode::BAD_GATEWAY,
+            pages::plain(
+                "Something went wrong",
+                "The next page's address is not valid.",
+            ),
+        ),
+    }
+}
+
+fn not_found() -> Response {
+    html(
+        StatusCode::NOT_FOUND,
+        pages::plain(
+            "Checkout not found",
+            "This payment link is not valid. Please return to the shop and try again.",
+        ),
+    )
+}
+
+fn trouble(e: &StoreError) -> Response {
+    tracing::error!(error = %e, "store error on a hosted page");
+    html(
+        StatusCode::SERVICE_UNAVAILABLE,
+        pages::plain(
+            "Please try again",
+            "We could not load this checkout just now. Nothing was charged. Please reload in a moment.",
+        ),
+    )
+}
+
+/// `url` with `params` added to its query (before any fragment).
+pub fn with_params(url: &str, params: &[(&str, &str)]) -> String {
+    let (base, fragment) = match url.split_once('#') {
+        Some((b, f)) => (b, Some(f)),
+        None => (url, None),
+    };
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in params {
+        query.append_pair(k, v);
+    }
+    let sep = if base.contains('?') {
+        if base.ends_with('?') || base.ends_with('&') {
+            ""
+        } else {
+            "&"
+        }
+    } else {
+        "?"
+    };
+    let mut out = format!("{base}{sep}{}", query.finish());
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    out
+}
+
+/// Where a paid customer goes: the merchant's `returnUrl` with the session
+/// id and status (a hint only: merchants confirm through the API).
+fn merchant_return(s: &CheckoutSession) -> String {
+    with_params(
+        &s.return_url,
+        &[("session_id", &s.id), ("status", s.status.as_str())],
+    )
+}
+
+/// The shop's name and whether it may take payments.
+async fn shop(state: &AppState, s: &CheckoutSession) -> Result<(String, bool), StoreError> {
+    let Some(project) = account::get_project(&*state.store, &s.project_id).await? else {
+        return Ok(("Shop".into(), false));
+    };
+    match account::get_merchant(&*state.store, &project.merchant_id).await? {
+        Some(m) => Ok((m.name, m.suspension.is_none())),
+        None => Ok((project.name, false)),
+    }
+}
+
+async fn offered(state: &AppState, s: &CheckoutSession) -> Result<Vec<Provider>, StoreError> {
+    let all = checkout::providers(&*state.store, &s.project_id, s.mode).await?;
+    Ok(all
+        .into_iter()
+        .filter(|p| p.enabled)
+        .filter(|p| checkout::check_amount(s.amount.get(), Some(p.provider), s.mode).is_ok())
+        .filter(|p| s.flow != Flow::Redirect || s.provider == Some(p.provider))
+        .map(|p| p.provider)
+        .collect())
+}
+
+fn query_has(query: &Option<String>, name: &str, value: &str) -> bool {
+    query
+        .as_deref()
+        .is_some_and(|q| form_urlencoded::parse(q.as_bytes()).any(|(k, v)| k == name && v == value))
+}
+
+async fn show(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let now = state.clock.now();
+    let session = match checkout::find_any(&*state.store, &id, now).await {
+        Ok(Some(s)) => s,
+        Ok(None) => return not_found(),
+        Err(e) => return trouble(&e),
+    };
+    let notice = query_has(&query, "notice", "cancelled")
+        .then_some("Payment cancelled. You can choose another way to pay.");
+    match render(
+        &state,
+        &session,
+        notice,
+        None,
+        None,
+        query_has(&query, "choose", "1"),
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => trouble(&e),
+    }
+}
+
+/// The page for the session as it stands.
+async fn render(
+    state: &AppState,
+    s: &CheckoutSession,
+    notice: Option<&str>,
+    error: Option<(StatusCode, &str)>,
+    address: Option<&Address>,
+    choose: bool,
+) -> Result<Response, StoreError> {
+    let (merchant, active) = shop(state, s).await?;
+    let back_to_shop = s.cancel_url.as_deref().unwrap_or(&s.return_url);
+    let page = match s.status {
+        SessionStatus::Success => pages::final_page(
+            s,
+            &merchant,
+            "Payment received",
+            "Thank you: your payment is confirmed.",
+            Some((&merchant_return(s), "Return to the shop")),
+        ),
+        SessionStatus::Failed => pages::final_page(
+            s,
+            &merchant,
+            "Payment failed",
+            "The payment did not go through and nothing was charged. Please return to the shop to try again.",
+            Some((back_to_shop, "Return to the shop")),
+        ),
+        SessionStatus::Expired => pages::final_page(
+            s,
+            &merchant,
+            "This checkout has expired",
+            "Checkouts are open for 30 minutes. Please return to the shop to start again.",
+            Some((back_to_shop, "Return to the shop")),
+        ),
+        SessionStatus::Pending | SessionStatus::Initiated => {
+            let current = match (&s.payment_id, s.status) {
+                (Some(pid), SessionStatus::Initiated) => {
+                    attempts::find_payment(&*state.store, &s.id, pid).await?
+                }
+                _ => None,
+            };
+            match current {
+                Some(p)
+                    if !choose
+                        && matches!(
+                            p.status,
+                            PaymentStatus::Pending | PaymentStatus::Processing
+                        ) =>
+                {
+                    if p.attempt.qr && p.attempt.qr_message.is_some() {
+                        return Ok(see_other(&format!("/c/{}/qr/{}", s.id, p.id)));
+                    }
+                    pages::confirming(s, &merchant, p.provider)
+                }
+                _ => {
+                    let offered = if active {
+                        offered(state, s).await?
+                    } else {
+                        Vec::new()
+                    };
+                    let mut page =
+                        pages::picker(s, &merchant, &offered, notice, error.map(|e| e.1), address);
+                    if s.flow == Flow::Redirect
+                        && error.is_none()
+                        && notice.is_none()
+                        && offered.len() == 1
+                    {
+                        // Straight to the provider: the page posts itself.
+                        page = page.replace(
+                            "</body>",
+                            "<script>document.getElementById('pay-form').submit();</script></body>",
+                        );
+                    }
+                    page
+                }
+            }
+        }
+    };
+    let status = error.map(|e| e.0).unwrap_or(StatusCode::OK);
+    Ok(html(status, page))
+}
+
+/// The picker's form fields.
+fn parse_choice(body: &[u8]) -> PayChoice {
+    let mut choice = PayChoice::default();
+    let mut address = Address::default();
+    let mut any_address = false;
+    for (k, v) in form_urlencoded::parse(body) {
+        let v = v.trim().to_owned();
+        let slot = match k.as_ref() {
+            "provider" => {
+                choice.provider = match v.as_str() {
+                    "esewa" => Some(Provider::Esewa),
+                    "khalti" => Some(Provider::Khalti),
+                    "fonepay" => Some(Provider::Fonepay),
+                    _ => None,
+                };
+                continue;
+            }
+            "fonepay" => {
+                choice.fonepay_web = v == "web";
+                continue;
+            }
+            "line1" => &mut address.line1,
+            "line2" => &mut address.line2,
+            "city" => &mut address.city,
+            "state" => &mut address.state,
+            "postalCode" => &mut address.postal_code,
+            "country" => &mut address.country,
+            _ => continue,
+        };
+        any_address = true;
+        *slot = Some(v);
+    }
+    if any_address {
+        choice.address = Some(address);
+    }
+    choice
+}
+
+async fn pay(State(state): State<AppState>, Path(id): Path<String>, body: Bytes) -> Response {
+    let now = state.clock.now();
+    let choice = parse_choice(&body);
+    let address = choice.address.clone();
+    let started = attempts::start(&state, &id, choice, now).await;
+    let (status, message) = match started {
+        Ok(s) => {
+            let (merchant, _) = match shop(&state, &s.session).await {
+                Ok(x) => x,
+                Err(e) => return trouble(&e),
+            };
+            return match s.handoff {
+                Handoff::AutoPostForm { action, fields } => html(
+                    StatusCode::OK,
+                    pages::auto_post(&merchant, !s.session.mode.is_live(), &action, &fields),
+                ),
+                Handoff::Redirect { url, .. } => see_other(&url),
+                Handoff::Qr { .. } => {
+                    see_other(&format!("/c/{}/qr/{}", s.session.id, s.payment.id))
+                }
+            };
+        }
+        Err(AttemptError::NotFound) => return not_found(),
+        Err(AttemptError::Closed(_)) => return see_other(&format!("/c/{id}")),
+        Err(AttemptError::Store(e)) => return trouble(&e),
+        Err(e @ AttemptError::Invalid { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
+        Err(AttemptError::NotOffered(m)) => (StatusCode::UNPROCESSABLE_ENTITY, m),
+        Err(AttemptError::FonepayCap(m)) => (StatusCode::UNPROCESSABLE_ENTITY, m),
+        Err(e @ AttemptError::Busy) => (StatusCode::CONFLICT, e.to_string()),
+        Err(AttemptError::Provider(e)) => (
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "The payment provider did not answer ({}). Nothing was charged: try again or choose another way to pay.",
+                if e.is_retryable() {
+                    "temporarily unavailable"
+                } else {
+                    "request refused"
+                }
+            ),
+        ),
+    };
+    let session = match checkout::find_any(&*state.store, &id, now).await {
+        Ok(Some(s)) => s,
+        Ok(None) => return not_found(),
+        Err(e) => return trouble(&e),
+    };
+    match render(
+        &state,
+        &session,
+        None,
+        Some((status, &message)),
+        address.as_ref(),
+        true,
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => trouble(&e),
+    }
+}
+
+async fn status(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    let now = state.clock.now();
+    let (session, payment) = match attempts::poll(&state, &id, now).await {
+        Ok(Some(x)) => x,
+        Ok(None) => {
+            return (
+                StatusCode::NOT_FOUND,
+                axum::Json(json!({"error": "no such checkout session"})),
+            )
+                .into_response();
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "status poll failed");
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(json!({"error": "try again"})),
+            )
+                .into_response();
+        }
+    };
+    let (next, message) = match session.status {
+        SessionStatus::Success => (Some(merchant_return(&session)), "Payment confirmed."),
+        SessionStatus::Failed | SessionStatus::Expired => (Some(format!("/c/{id}")), ""),
+        SessionStatus::Pending => match &payment {
+            Some(p) if p.status == PaymentStatus::Cancelled => {
+                (Some(format!("/c/{id}?notice=cancelled")), "")
+            }
+            _ => (Some(format!("/c/{id}")), ""),
+        },
+        SessionStatus::Initiated => match &payment {
+            Some(p) if p.status == PaymentStatus::Processing => {
+                (None, "The provider is still processing your payment…")
+            }
+            _ => (None, "Waiting for your payment…"),
+        },
+    };
+    axum::Json(json!({
+        "status": session.status.as_str(),
+        "paymentStatus": payment.as_ref().map(|p| p.status),
+        "message": message,
+        "next": next,
+    }))
+    .into_response()
+}
+
+async fn returned_get(
+    State(state): State<AppState>,
+    Path((id, payment, outcome)): Path<(String, String, String)>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    returned(state, id, payment, outcome, query.unwrap_or_default()).await
+}
+
+/// A provider that posts its return (form-encoded): the body's parameters
+/// join the query's.
+async fn returned_post(
+    State(state): State<AppState>,
+    Path((id, payment, outcome)): Path<(String, String, String)>,
+    RawQuery(query): RawQuery,
+    body: Bytes,
+) -> Response {
+    let mut params = query.unwrap_or_default();
+    if let Ok(text) = std::str::from_utf8(&body) {
+        if !text.is_empty() {
+            if !params.is_empty() {
+                params.push('&');
+            }
+            params.push_str(text);
+        }
+    }
+    returned(state, id, payment, outcome, params).await
+}
+
+async fn returned(
+    state: AppState,
+    id: String,
+    payment_id: String,
+    outcome: String,
+    params: String,
+) -> Response {
+    let kind = match outcome.as_str() {
+        "ok" => ReturnKind::Ok,
+        "fail" => ReturnKind::Fail,
+        _ => return not_found(),
+    };
+    if params.len() > 16 * 1024 {
+        return html(
+            StatusCode::BAD_REQUEST,
+            pages::plain("Something went wrong", "The provider's answer is too long."),
+        );
+    }
+    let now = state.clock.now();
+    match attempts::on_return(&state, &id, &payment_id, kind, &params, now).await {
+        Ok((session, payment)) => after_return(&session, &payment),
+        Err(AttemptError::NotFound) => not_found(),
+        Err(AttemptError::Store(e)) => trouble(&e),
+        Err(e) => {
+            tracing::warn!(error = %e, "provider return not handled");
+            see_other(&format!("/c/{id}"))
+        }
+    }
+}
+
+/// Where the customer goes once the return is handled.
+fn after_return(session: &CheckoutSession, payment: &Payment) -> Response {
+    match payment.status {
+        PaymentStatus::Success | PaymentStatus::Refunded => {
+            if session.status == SessionStatus::Success {
+                see_other(&merchant_return(session))
+            } else {
+                see_other(&format!("/c/{}", session.id))
+            }
+        }
+        PaymentStatus::Cancelled if session.status == SessionStatus::Pending => {
+            see_other(&format!("/c/{}?notice=cancelled", session.id))
+        }
+        _ => see_other(&format!("/c/{}", session.id)),
+    }
+}
+
+async fn qr(
+    State(state): State<AppState>,
+    Path((id, payment_id)): Path<(String, String)>,
+) -> Response {
+    let now = state.clock.now();
+    let session = match checkout::find_any(&*state.store, &id, now).await {
+        Ok(Some(s)) => s,
+        Ok(None) => return not_found(),
+        Err(e) => return trouble(&e),
+    };
+    let payment = match attempts::find_payment(&*state.store, &id, &payment_id).await {
+        Ok(Some(p)) => p,
+        Ok(None) => return not_found(),
+        Err(e) => return trouble(&e),
+    };
+    let open = matches!(
+        payment.status,
+        PaymentStatus::Pending | PaymentStatus::Processing
+    );
+    let current = session.payment_id.as_deref() == Some(payment.id.as_str());
+    let Some(text) = payment
+        .attempt
+        .qr_message
+        .as_deref()
+        .filter(|_| open && current && session.status == SessionStatus::Initiated)
+    else {
+        return see_other(&format!("/c/{id}"));
+    };
+    let svg = match qrcode::QrCode::new(text.as_bytes()) {
+        Ok(code) => code
+            .render::<qrcode::render::svg::Color>()
+            .min_dimensions(220, 220)
+            .build(),
+        Err(e) => {
+            tracing::error!(error = %e, "QR text cannot be encoded");
+            return html(
+                StatusCode::BAD_GATEWAY,
+                pages::plain(
+                    "Please choose another way to pay",
+                    "The QR code could not be drawn.",
+                ),
+            );
+        }
+    };
+    let merchant = match shop(&state, &session).await {
+        Ok((m, _)) => m,
+        Err(e) => return trouble(&e),
+    };
+    html(StatusCode::OK, pages::qr_page(&session, &merchant, &svg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn return_urls_keep_their_query_and_fragment() {
+        assert_eq!(
+            with_params(
+                "https://shop.example/thanks",
+                &[("session_id", "cs_1"), ("status", "success")]
+            ),
+            "https://shop.example/thanks?session_id=cs_1&status=success"
+        );
+        assert_eq!(
+            with_params("https://shop.example/t?order=9#top", &[("a", "b c")]),
+            "https://shop.example/t?order=9&a=b+c#top"
+        );
+        assert_eq!(
+            with_params("https://s.example/t?", &[("a", "1")]),
+            "https://s.example/t?a=1"
+        );
+    }
+
+    #[test]
+    fn the_form_reads_provider_and_address() {
+        let c = parse_choice(b"provider=khalti&line1=Thamel+1&city=Kathmandu&fonepay=web");
+        assert_eq!(c.provider, Some(Provider::Khalti));
+        assert!(c.fonepay_web);
+        let a = c.address.unwrap_or_default();
+        assert_eq!(a.line1.as_deref(), Some("Thamel 1"));
+        assert_eq!(a.city.as_deref(), Some("Kathmandu"));
+        assert_eq!(parse_choice(b"provider=paypal").provider, None);
+        assert!(parse_choice(b"provider=esewa").address.is_none());
+    }
+}

@@ -1,0 +1,367 @@
+//! The hosted pages' HTML: one small mobile-first layout, inline CSS, no
+//! external assets, and JavaScript only where the page must act by itself
+//! (auto-submitting eSewa's form, polling while a QR waits). Every value
+//! shown is escaped; no secret is ever written into a page (eSewa's form
+//! carries a signature, never the key).
+
+use shared::domain::Provider;
+use shared::domain::checkout::{Address, CheckoutSession};
+use shared::money::Paisa;
+
+/// Escapes text for HTML content and attribute values.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// Escapes text for a JavaScript string literal inside a `<script>`.
+fn js_str(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '<' => out.push_str("\\u003c"),
+            '>' => out.push_str("\\u003e"),
+            '&' => out.push_str("\\u0026"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x20 || c == '\u{2028}' || c == '\u{2029}' => {
+                out.push_str(&format!("\\u{:04x}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+const CSS: &str = "\
+*{box-sizing:border-box}\
+body{margin:0;font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;background:#f3f4f6;color:#111827;line-height:1.45}\
+header{background:#1f4e79;color:#fff;padding:.8rem 1rem;font-weight:700}\
+header small{font-weight:400;opacity:.85;margin-left:.5rem;font-size:.8rem}\
+main{max-width:30rem;margin:0 auto;padding:1rem}\
+.card{background:#fff;border-radius:.75rem;padding:1rem 1.1rem;box-shadow:0 1px 3px rgba(0,0,0,.12);margin-bottom:1rem}\
+h1{font-size:1.25rem;margin:.2rem 0 .4rem}\
+.amount{font-size:2rem;font-weight:700;margin:.2rem 0}\
+.muted{color:#6b7280;font-size:.9rem}\
+.notice{background:#fef3c7;color:#92400e;padding:.6rem .8rem;border-radius:.5rem;margin-bottom:1rem}\
+.error{background:#fee2e2;color:#991b1b;padding:.6rem .8rem;border-radius:.5rem;margin-bottom:1rem}\
+fieldset{border:0;padding:0;margin:0}\
+.option{display:flex;align-items:center;gap:.7rem;border:1px solid #d1d5db;border-radius:.6rem;padding:.8rem;margin:.5rem 0;cursor:pointer;font-size:1.05rem}\
+.option input{width:1.2rem;height:1.2rem}\
+label.field{display:block;margin:.6rem 0 .2rem;color:#374151;font-size:.9rem}\
+input[type=text]{width:100%;padding:.65rem;border:1px solid #d1d5db;border-radius:.5rem;font-size:1rem}\
+button,.button{display:block;width:100%;padding:.9rem;border:0;border-radius:.5rem;font-size:1.05rem;font-weight:600;cursor:pointer;background:#1f4e79;color:#fff;text-align:center;text-decoration:none;margin-top:1rem}\
+.secondary{background:#e5e7eb;color:#111827}\
+.qr{text-align:center}.qr svg{width:100%;max-width:16rem;height:auto}\
+a{color:#1f4e79}";
+
+/// A whole page. `sandbox` adds a visible test-mode marker.
+pub fn layout(title: &str, merchant: &str, sandbox: bool, body: &str, script: &str) -> String {
+    let mark = if sandbox {
+        "<small>test mode · no real money (fonepay excepted)</small>"
+    } else {
+        ""
+    };
+    let script = if script.is_empty() {
+        String::new()
+    } else {
+        format!("<script>{script}</script>")
+    };
+    format!(
+        "<!doctype html><html lang=en><head><meta charset=utf-8>\
+         <meta name=viewport content=\"width=device-width,initial-scale=1\">\
+         <meta name=robots content=noindex>\
+         <title>{title} · {merchant}</title><style>{CSS}</style></head>\
+         <body><header>{merchant}{mark}</header><main>{body}</main>{script}</body></html>",
+        title = esc(title),
+        merchant = esc(merchant),
+    )
+}
+
+/// The header card: what is being paid.
+fn summary(s: &CheckoutSession) -> String {
+    let description = s
+        .description
+        .as_deref()
+        .map(|d| format!("<p class=muted>{}</p>", esc(d)))
+        .unwrap_or_default();
+    format!(
+        "<div class=card><div class=muted>Amount to pay</div>\
+         <div class=amount id=amount>{}</div>{description}</div>",
+        esc(&s.amount.display_npr())
+    )
+}
+
+pub fn provider_name(p: Provider) -> &'static str {
+    match p {
+        Provider::Esewa => "eSewa",
+        Provider::Khalti => "Khalti",
+        Provider::Fonepay => "Fonepay",
+    }
+}
+
+/// The picker: one radio per offered provider (the session's own
+/// pre-selected), the address form when collected, and one submit button.
+pub fn picker(
+    s: &CheckoutSession,
+    merchant: &str,
+    offered: &[Provider],
+    notice: Option<&str>,
+    error: Option<&str>,
+    address: Option<&Address>,
+) -> String {
+    let mut body = summary(s);
+    if let Some(n) = notice {
+        body.push_str(&format!("<div class=notice id=notice>{}</div>", esc(n)));
+    }
+    if let Some(e) = error {
+        body.push_str(&format!("<div class=error id=error>{}</div>", esc(e)));
+    }
+    body.push_str(&format!(
+        "<form id=pay-form class=card method=post action=\"/c/{}/pay\"><h1>Pay with</h1><fieldset>",
+        esc(&s.id)
+    ));
+    if offered.is_empty() {
+        body.push_str("<p>This shop cannot take payments right now.</p>");
+    }
+    let preselected = s
+        .provider
+        .filter(|p| offered.contains(p))
+        .or(offered.first().copied());
+    for p in offered {
+        let checked = if Some(*p) == preselected {
+            " checked"
+        } else {
+            ""
+        };
+        body.push_str(&format!(
+            "<label class=option for=provider-{v}><input type=radio name=provider value={v} id=provider-{v}{checked}>{name}</label>",
+            v = p.as_str(),
+            name = provider_name(*p),
+        ));
+    }
+    body.push_str("</fieldset>");
+    if s.collect_address {
+        let a = address.or(s.customer_address.as_ref());
+        let val = |f: fn(&Address) -> &Option<String>| {
+            a.and_then(|a| f(a).as_deref()).map(esc).unwrap_or_default()
+        };
+        body.push_str("<h1>Delivery address</h1>");
+        for (name, label, required, value) in [
+            ("line1", "Address", true, val(|a| &a.line1)),
+            (
+                "line2",
+                "Address line 2 (optional)",
+                false,
+                val(|a| &a.line2),
+            ),
+            ("city", "City", true, val(|a| &a.city)),
+            ("state", "Province (optional)", false, val(|a| &a.state)),
+            (
+                "postalCode",
+                "Postal code (optional)",
+                false,
+                val(|a| &a.postal_code),
+            ),
+            ("country", "Country", false, val(|a| &a.country)),
+        ] {
+            let value = if name == "country" && value.is_empty() {
+                "Nepal".to_owned()
+            } else {
+                value
+            };
+            body.push_str(&format!(
+                "<label class=field for=addr-{name}>{label}</label>\
+                 <input type=text id=addr-{name} name={name} value=\"{value}\" maxlength=200{req}>",
+                req = if required { " required" } else { "" },
+            ));
+        }
+    }
+    if !offered.is_empty() {
+        body.push_str(&format!(
+            "<button id=pay-button type=submit>Pay {}</button>",
+            esc(&s.amount.display_npr())
+        ));
+    }
+    body.push_str("</form>");
+    if let Some(cancel) = &s.cancel_url {
+        body.push_str(&format!(
+            "<p class=muted><a id=cancel-link href=\"{}\">Cancel and return to {}</a></p>",
+            esc(cancel),
+            esc(merchant)
+        ));
+    }
+    layout("Checkout", merchant, !s.mode.is_live(), &body, "")
+}
+
+/// eSewa's hand-off: a form the browser posts to eSewa by itself.
+pub fn auto_post(
+    merchant: &str,
+    sandbox: bool,
+    action: &str,
+    fields: &[(String, String)],
+) -> String {
+    let mut inputs = String::new();
+    for (k, v) in fields {
+        inputs.push_str(&format!(
+            "<input type=hidden name=\"{}\" value=\"{}\">",
+            esc(k),
+            esc(v)
+        ));
+    }
+    let body = format!(
+        "<form id=handoff class=card method=post action=\"{}\">{inputs}\
+         <h1>Taking you to eSewa…</h1><p class=muted>If nothing happens, press the button.</p>\
+         <button type=submit>Continue to eSewa</button></form>",
+        esc(action)
+    );
+    layout(
+        "Redirecting",
+        merchant,
+        sandbox,
+        &body,
+        "document.getElementById('handoff').submit();",
+    )
+}
+
+/// The polling script: asks `/c/{id}/status` every 3 seconds and follows
+/// `next` once the payment is decided.
+fn poll_script(session_id: &str) -> String {
+    format!(
+        "(function(){{var u={url};var n=0;function t(){{n++;if(n>400)return;\
+         fetch(u,{{cache:'no-store'}}).then(function(r){{return r.json()}}).then(function(j){{\
+         var e=document.getElementById('state');if(e&&j.message)e.textContent=j.message;\
+         if(j.next){{window.location.href=j.next;return}}setTimeout(t,3000)}})\
+         .catch(function(){{setTimeout(t,5000)}})}}setTimeout(t,2000)}})();",
+        url = js_str(&format!("/c/{session_id}/status"))
+    )
+}
+
+/// Fonepay's hand-off: the QR to scan, and the page waits for the payment.
+pub fn qr_page(s: &CheckoutSession, merchant: &str, svg: &str) -> String {
+    let body = format!(
+        "{}<div class=card qr><h1>Scan to pay with Fonepay</h1>\
+         <div id=qr>{svg}</div><p class=muted>Open any Fonepay-enabled mobile banking or wallet app and scan.</p>\
+         <p id=state>Waiting for your payment…</p></div>\
+         <form method=post action=\"/c/{id}/pay\"><input type=hidden name=provider value=fonepay><input type=hidden name=fonepay value=web>\
+         <button class=secondary type=submit>Pay on Fonepay's website instead</button></form>\
+         <p class=muted><a href=\"/c/{id}?choose=1\">Choose another way to pay</a></p>",
+        summary(s),
+        id = esc(&s.id)
+    );
+    layout(
+        "Scan to pay",
+        merchant,
+        !s.mode.is_live(),
+        &body,
+        &poll_script(&s.id),
+    )
+}
+
+/// While the provider's answer is awaited: the page checks by itself.
+pub fn confirming(s: &CheckoutSession, merchant: &str, provider: Provider) -> String {
+    let body = format!(
+        "{}<div class=card><h1>Confirming your payment</h1>\
+         <p id=state>We are checking with {} that your payment went through. This page moves on by itself.</p></div>\
+         <p class=muted><a href=\"/c/{}?choose=1\">Choose another way to pay</a></p>",
+        summary(s),
+        provider_name(provider),
+        esc(&s.id)
+    );
+    layout(
+        "Confirming",
+        merchant,
+        !s.mode.is_live(),
+        &body,
+        &poll_script(&s.id),
+    )
+}
+
+/// A final page: paid, failed or expired, with a way back to the shop.
+pub fn final_page(
+    s: &CheckoutSession,
+    merchant: &str,
+    title: &str,
+    message: &str,
+    back: Option<(&str, &str)>,
+) -> String {
+    let link = back
+        .map(|(href, label)| {
+            format!(
+                "<a class=button id=back-link href=\"{}\">{}</a>",
+                esc(href),
+                esc(label)
+            )
+        })
+        .unwrap_or_default();
+    let body = format!(
+        "{}<div class=card id=final><h1>{}</h1><p>{}</p>{link}</div>",
+        summary(s),
+        esc(title),
+        esc(message)
+    );
+    layout(title, merchant, !s.mode.is_live(), &body, "")
+}
+
+/// A page with no session behind it (unknown id, or trouble).
+pub fn plain(title: &str, message: &str) -> String {
+    layout(
+        title,
+        "Dhukuti",
+        false,
+        &format!(
+            "<div class=card><h1>{}</h1><p>{}</p></div>",
+            esc(title),
+            esc(message)
+        ),
+        "",
+    )
+}
+
+/// The amount as shown (kept here so the pages and tests agree).
+pub fn amount_text(p: Paisa) -> String {
+    p.display_npr()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_escaped_for_html_and_js() {
+        assert_eq!(
+            esc("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+        assert_eq!(
+            js_str("</script><b>\"\\"),
+            "\"\\u003c/script\\u003e\\u003cb\\u003e\\\"\\\\\""
+        );
+        assert_eq!(js_str("a\u{2028}b"), "\"a\\u2028b\"");
+    }
+
+    #[test]
+    fn the_hand_off_form_escapes_its_fields() {
+        let page = auto_post(
+            "Shop",
+            true,
+            "https://e.example/form",
+            &[("signature".into(), "a\"b<c".into())],
+        );
+        assert!(page.contains("value=\"a&quot;b&lt;c\""));
+        assert!(page.contains("action=\"https://e.example/form\""));
+    }
+}

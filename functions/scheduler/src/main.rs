@@ -1,0 +1,13 @@
+use lambda_runtime::{LambdaEvent, service_fn};
+use serde_json::Value;
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_runtime::Error> {
+    lambda_runtime::tracing::init_default_subscriber();
+    let state = shared::AppState::from_env().await?;
+    lambda_runtime::run(service_fn(|event: LambdaEvent<Value>| {
+        let state = state.clone();
+        async move { scheduler::handle(&state, event.payload).await }
+    }))
+    .await
+}

@@ -1,0 +1,1556 @@
+//! Payment attempts: from the customer's choice of provider on the hosted
+//! page to a verified outcome (decisions, "Checkout sessions" and
+//! "Payments").
+//!
+//! - [`start`]: the customer picks a provider. One transaction creates the
+//!   attempt's payment (`pending`) and moves the session to `initiated`;
+//!   then the provider is asked for the hand-off (eSewa's signed form,
+//!   Khalti's payment page, Fonepay's QR or web page). Sandbox fonepay
+//!   holds its amount against the month's cap first ([`fonepay_cap`]).
+//! - [`on_return`]: the provider sends the browser back. The return is only
+//!   a trigger: it must verify (eSewa's signature, Khalti's `pidx`,
+//!   Fonepay's DV, our reference and amount) before we ask the provider
+//!   server to server; a return that does not verify is logged and changes
+//!   nothing (the reconciler resolves the payment).
+//! - [`reconcile`]: asks the provider and applies the answer
+//!   ([`decide`]): `success` only on a paid status whose amount matches;
+//!   a second success for one session is kept and flagged
+//!   (`double_payment_of`). Every change merchants hear about writes its
+//!   event in the same transaction ([`outbox`](super::outbox)).
+//! - [`sweep`]: the scheduler's pass: expires due sessions and reconciles
+//!   open payments.
+
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::checkout::{
+    self, Address, CheckoutSession, SessionStatus, open_cond, open_partition, open_partitions,
+};
+use super::fonepay_cap::{self, CapError};
+use super::outbox::{Event, EventType};
+use super::payments::{AttemptInfo, Payment, PaymentStatus, PaymentView};
+use super::record::{from_item, to_item};
+use super::{Mode, Provider};
+use crate::app::AppState;
+use crate::ids::{self, IdKind};
+use crate::money::Currency;
+use crate::providers::hub::HubError;
+use crate::providers::{
+    self, Attempt, Channel, CustomerInfo, Handoff, ProviderError, ProviderState, ProviderStatus,
+    StatusQuery, esewa, fonepay, khalti,
+};
+use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
+use crate::time::Timestamp;
+
+/// Open payments live in `gsi2` under this prefix (sharded), by creation.
+pub(crate) const OPEN_PAYMENTS: &str = "OPEN#PAY";
+/// A payment younger than this is left to its customer by the sweep.
+pub const RECONCILE_AFTER: chrono::Duration = chrono::Duration::seconds(60);
+/// How many payments one sweep checks, per partition.
+pub const SWEEP_BATCH: usize = 50;
+/// How many provider checks one sweep runs at once.
+pub const SWEEP_PARALLEL: usize = 8;
+/// Polls of the QR page ask the provider at most this often per payment.
+pub const POLL_CHECK_EVERY: chrono::Duration = chrono::Duration::seconds(3);
+const TRIES: usize = 4;
+
+/// What the customer chose on the hosted page.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PayChoice {
+    pub provider: Option<Provider>,
+    /// Fonepay: pay by scanning a QR (default) rather than Fonepay's web
+    /// page.
+    pub fonepay_web: bool,
+    /// The address form, when the session collects one.
+    pub address: Option<Address>,
+}
+
+/// Why an attempt could not start or a return could not be handled.
+#[derive(Debug, thiserror::Error)]
+pub enum AttemptError {
+    #[error("no such checkout session")]
+    NotFound,
+    /// The session is `expired`, `success` or `failed`.
+    #[error("this checkout session is {}", .0.as_str())]
+    Closed(SessionStatus),
+    #[error("{0}")]
+    NotOffered(String),
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error("{0}")]
+    FonepayCap(String),
+    /// The session changed while we worked (another tab): show it again.
+    #[error("the checkout session changed; please try again")]
+    Busy,
+    #[error("{0}")]
+    Provider(#[from] ProviderError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<HubError> for AttemptError {
+    fn from(e: HubError) -> Self {
+        match e {
+            HubError::NotConfigured { .. } => AttemptError::NotOffered(e.to_string()),
+            HubError::Credentials(c) => match c {
+                super::credentials::CredentialsError::Store(s) => AttemptError::Store(s),
+                other => AttemptError::Store(StoreError::Backend(other.to_string())),
+            },
+        }
+    }
+}
+
+/// A started attempt: where to send the customer.
+#[derive(Clone, Debug)]
+pub struct Started {
+    pub session: CheckoutSession,
+    pub payment: Payment,
+    pub handoff: Handoff,
+}
+
+fn payment_indexes(p: &Payment) -> Vec<(Index, String, String)> {
+    let mut out = p.indexes().to_vec();
+    if is_open(p.status) {
+        out.push((
+            Index::Gsi2,
+            open_partition(OPEN_PAYMENTS, &p.id),
+            format!("{}#{}", p.created_at.to_rfc3339(), p.id),
+        ));
+    }
+    out
+}
+
+fn is_open(s: PaymentStatus) -> bool {
+    matches!(s, PaymentStatus::Pending | PaymentStatus::Processing)
+}
+
+fn status_in(list: &[PaymentStatus]) -> Cond {
+    Cond::Or(
+        list.iter()
+            .map(|s| Cond::eq("status", status_word(*s)))
+            .collect(),
+    )
+}
+
+fn status_word(s: PaymentStatus) -> &'static str {
+    match s {
+        PaymentStatus::Pending => "pending",
+        PaymentStatus::Processing => "processing",
+        PaymentStatus::Success => "success",
+        PaymentStatus::Failed => "failed",
+        PaymentStatus::Refunded => "refunded",
+        PaymentStatus::Cancelled => "cancelled",
+    }
+}
+
+/// The URLs on our own server the provider sends the customer back to.
+pub fn return_url(base: &str, session_id: &str, payment_id: &str, outcome: &str) -> String {
+    format!("{base}/c/{session_id}/return/{payment_id}/{outcome}")
+}
+
+/// The merchant's site (scheme and host of `url`), for Khalti's
+/// `website_url`.
+fn origin(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("https", url));
+    let host = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    format!("{scheme}://{host}")
+}
+
+fn check_address(a: &Address) -> Result<Address, AttemptError> {
+    let clean = |field: &'static str, v: &Option<String>, required: bool| {
+        let v = v.as_deref().map(str::trim).filter(|v| !v.is_empty());
+        match v {
+            None if required => Err(AttemptError::Invalid {
+                field,
+                message: "is required".into(),
+            }),
+            Some(v) if v.chars().count() > checkout::MAX_ADDRESS_PART_LEN => {
+                Err(AttemptError::Invalid {
+                    field,
+                    message: format!("at most {} characters", checkout::MAX_ADDRESS_PART_LEN),
+                })
+            }
+            Some(v) if v.chars().any(char::is_control) => Err(AttemptError::Invalid {
+                field,
+                message: "must not contain control characters".into(),
+            }),
+            v => Ok(v.map(str::to_owned)),
+        }
+    };
+    Ok(Address {
+        line1: clean("line1", &a.line1, true)?,
+        line2: clean("line2", &a.line2, false)?,
+        city: clean("city", &a.city, true)?,
+        state: clean("state", &a.state, false)?,
+        postal_code: clean("postalCode", &a.postal_code, false)?,
+        country: clean("country", &a.country, false)?,
+    })
+}
+
+/// The customer chose a provider: create the attempt and ask the provider
+/// for the hand-off.
+pub async fn start(
+    state: &AppState,
+    session_id: &str,
+    choice: PayChoice,
+    now: Timestamp,
+) -> Result<Started, AttemptError> {
+    let store = &*state.store;
+    let session = checkout::find_any(store, session_id, now)
+        .await?
+        .ok_or(AttemptError::NotFound)?;
+    if session.status.is_final() {
+        return Err(AttemptError::Closed(session.status));
+    }
+    let provider = choice
+        .provider
+        .or(session.provider)
+        .ok_or(AttemptError::Invalid {
+            field: "provider",
+            message: "choose how to pay".into(),
+        })?;
+    if session.flow == checkout::Flow::Redirect && session.provider != Some(provider) {
+        return Err(AttemptError::NotOffered(format!(
+            "this checkout pays with {} only",
+            session
+                .provider
+                .map(Provider::as_str)
+                .unwrap_or("one provider")
+        )));
+    }
+    let offered = checkout::providers(store, &session.project_id, session.mode).await?;
+    if !offered.iter().any(|p| p.provider == provider && p.enabled) {
+        return Err(AttemptError::NotOffered(format!(
+            "{} is not available for this shop",
+            provider.as_str()
+        )));
+    }
+    checkout::check_amount(session.amount.get(), Some(provider), session.mode).map_err(
+        |e| match e {
+            checkout::CheckoutError::FonepaySandboxCap(m) => AttemptError::FonepayCap(m),
+            other => AttemptError::NotOffered(other.to_string()),
+        },
+    )?;
+    let address = match (&choice.address, session.collect_address) {
+        (Some(a), true) => Some(check_address(a)?),
+        (None, true) => match &session.customer_address {
+            Some(a) => Some(check_address(a)?),
+            None => {
+                return Err(AttemptError::Invalid {
+                    field: "line1",
+                    message: "is required".into(),
+                });
+            }
+        },
+        (_, false) => None,
+    };
+    let creds = state
+        .providers
+        .credentials(store, &session.project_id, session.mode, provider)
+        .await?;
+    let client = state.providers.client(session.mode, provider)?;
+
+    let reference = providers::new_reference();
+    let qr = provider == Provider::Fonepay && !choice.fonepay_web;
+    let capped = provider == Provider::Fonepay && session.mode == Mode::Sandbox;
+    let cap_month = if capped {
+        match fonepay_cap::reserve(
+            store,
+            &session.project_id,
+            &reference,
+            session.amount.get(),
+            now,
+        )
+        .await
+        {
+            Ok(m) => Some(m),
+            Err(CapError::MonthExceeded { .. }) => {
+                return Err(AttemptError::FonepayCap(
+                    "Sandbox fonepay uses real money and is capped at NPR 5,000 a month \
+                     (succeeded payments plus QRs minted in the last 30 minutes); \
+                     this payment would pass it"
+                        .into(),
+                ));
+            }
+            Err(CapError::Store(e)) => return Err(e.into()),
+        }
+    } else {
+        None
+    };
+
+    let payment = Payment {
+        id: ids::new_id(IdKind::Payment),
+        project_id: session.project_id.clone(),
+        checkout_session_id: session.id.clone(),
+        mode: session.mode,
+        amount: session.amount,
+        amount_refunded: Default::default(),
+        currency: Currency::Npr,
+        provider,
+        status: PaymentStatus::Pending,
+        provider_ref: None,
+        failure_reason: None,
+        metadata: session.metadata.clone(),
+        customer_name: session.customer_name.clone(),
+        customer_email: session.customer_email.clone(),
+        customer_phone: session.customer_phone.clone(),
+        created_at: now,
+        updated_at: now,
+        double_payment_of: None,
+        attempt: AttemptInfo {
+            reference: Some(reference.clone()),
+            provider_token: None,
+            qr_message: None,
+            cap_month: cap_month.clone(),
+            qr,
+        },
+    };
+    let mut session_update = Update::new()
+        .set("status", SessionStatus::Initiated.as_str())
+        .set("payment_id", payment.id.clone())
+        .set("provider", provider.as_str())
+        .set("updated_at", now.to_rfc3339());
+    if let Some(a) = &address {
+        session_update = session_update.set(
+            "customer_address",
+            serde_json::to_value(a).map_err(|e| StoreError::Invalid(e.to_string()))?,
+        );
+    }
+    let current = match &session.payment_id {
+        Some(p) => Cond::eq("payment_id", p.clone()),
+        // Stored as null or missing: "not a string" covers both on both
+        // backends (a comparison across types is false).
+        None => Cond::Not(Box::new(Cond::ge("payment_id", ""))),
+    };
+    let ops = vec![
+        TxOp::Put {
+            item: to_item(
+                &payment,
+                &Payment::key(&payment.id),
+                &payment_indexes(&payment),
+            )?,
+            cond: Some(Cond::NotExists),
+        },
+        TxOp::Update {
+            key: CheckoutSession::key(&session.id),
+            update: session_update,
+            cond: Some(Cond::And(vec![
+                Cond::Exists,
+                open_cond(),
+                Cond::gt("expires_at", now.to_rfc3339()),
+                current,
+            ])),
+        },
+    ];
+    if let Err(e) = state.store.transact(ops).await {
+        if let Some(m) = &cap_month {
+            release_hold(store, &session.project_id, &reference, m).await;
+        }
+        return Err(if e.is_condition_failure() {
+            AttemptError::Busy
+        } else {
+            e.into()
+        });
+    }
+
+    let base = &state.config.public_base_url;
+    let attempt = Attempt {
+        reference: reference.clone(),
+        amount: session.amount,
+        return_url: return_url(base, &session.id, &payment.id, "ok"),
+        failure_url: Some(return_url(base, &session.id, &payment.id, "fail")),
+        website_url: origin(&session.return_url),
+        order_name: session
+            .description
+            .clone()
+            .unwrap_or_else(|| format!("Order {}", session.id)),
+        customer: Some(CustomerInfo {
+            name: session.customer_name.clone(),
+            email: session.customer_email.clone(),
+            phone: session.customer_phone.clone(),
+        }),
+        channel: if qr { Channel::Qr } else { Channel::Browser },
+    };
+    match client.initiate(&creds, &attempt).await {
+        Ok(handoff) => {
+            let mut info = payment.attempt.clone();
+            match &handoff {
+                Handoff::Redirect { provider_ref, .. } => {
+                    info.provider_token = provider_ref.clone();
+                }
+                Handoff::Qr {
+                    qr_message,
+                    provider_ref,
+                    ..
+                } => {
+                    info.provider_token = provider_ref.clone();
+                    info.qr_message = Some(qr_message.clone());
+                }
+                Handoff::AutoPostForm { .. } => {}
+            }
+            let mut payment = payment;
+            if info != payment.attempt {
+                let value =
+                    serde_json::to_value(&info).map_err(|e| StoreError::Invalid(e.to_string()))?;
+                state
+                    .store
+                    .update(
+                        &Payment::key(&payment.id),
+                        Update::new().set("attempt", value),
+                        Some(Cond::Exists),
+                    )
+                    .await?;
+                payment.attempt = info;
+            }
+            let session = checkout::find_any(store, &session.id, now)
+                .await?
+                .ok_or(AttemptError::NotFound)?;
+            Ok(Started {
+                session,
+                payment,
+                handoff,
+            })
+        }
+        Err(err) => {
+            tracing::warn!(
+                payment = %payment.id,
+                provider = provider.as_str(),
+                error = %err,
+                "provider refused to start the attempt"
+            );
+            if let Some(m) = &cap_month {
+                release_hold(store, &session.project_id, &reference, m).await;
+            }
+            let reason = format!("{} could not start the payment: {err}", provider.as_str());
+            apply(state, &payment, Decision::Failed(reason), now).await?;
+            Err(AttemptError::Provider(err))
+        }
+    }
+}
+
+async fn release_hold(store: &dyn Store, project_id: &str, reference: &str, month: &str) {
+    if let Err(e) = fonepay_cap::release(store, project_id, reference, month).await {
+        // The hold lapses by itself after 30 minutes.
+        tracing::warn!(error = %e, "could not release a sandbox fonepay hold");
+    }
+}
+
+/// The payment `payment_id` of session `session_id`.
+pub async fn find_payment(
+    store: &dyn Store,
+    session_id: &str,
+    payment_id: &str,
+) -> Result<Option<Payment>, StoreError> {
+    if !ids::is_valid(payment_id, IdKind::Payment) {
+        return Ok(None);
+    }
+    let Some(item) = store.get(&Payment::key(payment_id)).await? else {
+        return Ok(None);
+    };
+    let p: Payment = from_item(item)?;
+    Ok((p.checkout_session_id == session_id).then_some(p))
+}
+
+/// Which way the provider sent the customer back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReturnKind {
+    /// eSewa `success_url`, Khalti `return_url`, Fonepay `RU`.
+    Ok,
+    /// eSewa `failure_url`.
+    Fail,
+}
+
+/// Why a return was not believed (logged; nothing changes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Distrust(pub String);
+
+/// Checks the provider's browser return for `payment`. `Ok(())`: worth a
+/// server-to-server check now. `Err`: tampered, replayed onto another
+/// attempt, or for another amount.
+pub fn verify_return(
+    payment: &Payment,
+    creds: &providers::ProviderCredentials,
+    kind: ReturnKind,
+    params: &str,
+) -> Result<(), Distrust> {
+    let reference = payment.attempt.reference.as_deref().unwrap_or_default();
+    match payment.provider {
+        Provider::Esewa => {
+            let data = form_urlencoded::parse(params.trim_start_matches('?').as_bytes())
+                .find(|(k, _)| k == "data")
+                .map(|(_, v)| v.into_owned());
+            match (kind, data) {
+                // eSewa's failure redirect carries nothing to verify.
+                (ReturnKind::Fail, None) => Ok(()),
+                (_, None) => Err(Distrust("eSewa return without data".into())),
+                (_, Some(data)) => {
+                    let cb = esewa::verify_callback(creds, &data)
+                        .map_err(|e| Distrust(format!("eSewa data: {e}")))?;
+                    if cb.transaction_uuid != reference {
+                        return Err(Distrust(format!(
+                            "eSewa data names attempt {}, not ours",
+                            providers_clip(&cb.transaction_uuid)
+                        )));
+                    }
+                    if cb.total_amount != payment.amount {
+                        return Err(Distrust(format!(
+                            "eSewa data says {} paisa, the payment is {}",
+                            cb.total_amount.get(),
+                            payment.amount.get()
+                        )));
+                    }
+                    Ok(())
+                }
+            }
+        }
+        Provider::Khalti => {
+            let r = khalti::parse_return(params);
+            let token = payment.attempt.provider_token.as_deref();
+            if r.pidx.is_none() || r.pidx.as_deref() != token {
+                return Err(Distrust("Khalti return names another pidx".into()));
+            }
+            if let Some(order) = &r.purchase_order_id {
+                if order != reference {
+                    return Err(Distrust("Khalti return names another order".into()));
+                }
+            }
+            if let Some(amount) = r.amount {
+                if amount != payment.amount {
+                    return Err(Distrust(format!(
+                        "Khalti return says {} paisa, the payment is {}",
+                        amount.get(),
+                        payment.amount.get()
+                    )));
+                }
+            }
+            Ok(())
+        }
+        Provider::Fonepay => {
+            let r = fonepay::verify_web_return(creds, params)
+                .map_err(|e| Distrust(format!("Fonepay return: {e}")))?;
+            if r.prn != reference {
+                return Err(Distrust("Fonepay return names another PRN".into()));
+            }
+            if r.requested_amount != payment.amount {
+                return Err(Distrust(format!(
+                    "Fonepay return says {} paisa requested, the payment is {}",
+                    r.requested_amount.get(),
+                    payment.amount.get()
+                )));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn providers_clip(s: &str) -> String {
+    s.chars().take(40).collect()
+}
+
+/// The provider sent the customer back: verify the return, then ask the
+/// provider. Answers the session and the payment as they now stand.
+pub async fn on_return(
+    state: &AppState,
+    session_id: &str,
+    payment_id: &str,
+    kind: ReturnKind,
+    params: &str,
+    now: Timestamp,
+) -> Result<(CheckoutSession, Payment), AttemptError> {
+    let store = &*state.store;
+    let payment = find_payment(store, session_id, payment_id)
+        .await?
+        .ok_or(AttemptError::NotFound)?;
+    let mut payment = payment;
+    if is_open(payment.status) {
+        let creds = state
+            .providers
+            .credentials(store, &payment.project_id, payment.mode, payment.provider)
+            .await?;
+        match verify_return(&payment, &creds, kind, params) {
+            Ok(()) => match reconcile(state, &payment, now).await {
+                Ok(p) => payment = p,
+                Err(e) => {
+                    tracing::warn!(payment = %payment.id, error = %e, "status check failed; the reconciler will retry");
+                }
+            },
+            Err(Distrust(why)) => {
+                tracing::warn!(
+                    payment = %payment.id,
+                    provider = payment.provider.as_str(),
+                    reason = %why,
+                    "provider return not believed; payment left for the reconciler"
+                );
+            }
+        }
+    } else {
+        tracing::info!(payment = %payment.id, status = status_word(payment.status), "return for a settled payment (replay or reload): nothing to do");
+    }
+    let session = checkout::find_any(store, session_id, now)
+        .await?
+        .ok_or(AttemptError::NotFound)?;
+    Ok((session, payment))
+}
+
+/// What the provider's answer means for a payment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Success {
+        provider_ref: Option<String>,
+    },
+    Failed(String),
+    Cancelled(String),
+    /// Still open at the provider: `processing`.
+    Processing,
+    /// Nothing to change (logged with the reason).
+    Hold(String),
+}
+
+/// The rule (decisions, "Payments"): `success` only on a paid status whose
+/// amount, when the provider states one, is the payment's.
+/// `session_over`: the session expired (an attempt the provider has
+/// forgotten then counts as cancelled).
+pub fn decide(payment: &Payment, status: &ProviderStatus, session_over: bool) -> Decision {
+    match status.state {
+        ProviderState::Paid => match status.amount {
+            Some(a) if a != payment.amount => Decision::Hold(format!(
+                "provider says paid {} paisa, the payment is {}: needs review",
+                a.get(),
+                payment.amount.get()
+            )),
+            _ => Decision::Success {
+                provider_ref: status.provider_ref.clone(),
+            },
+        },
+        ProviderState::Pending | ProviderState::Ambiguous => Decision::Processing,
+        ProviderState::Failed => {
+            Decision::Failed(format!("declined by the provider ({})", status.raw_status))
+        }
+        ProviderState::Cancelled => Decision::Cancelled("cancelled by the customer".into()),
+        ProviderState::Expired => {
+            Decision::Cancelled("the provider's payment window closed".into())
+        }
+        ProviderState::NotFound if session_over => {
+            Decision::Cancelled("the customer did not pay before the session expired".into())
+        }
+        ProviderState::NotFound => Decision::Hold("the provider does not know it yet".into()),
+        ProviderState::Refunded { .. } => Decision::Hold(format!(
+            "provider reports {} for an unsettled payment: needs review",
+            status.raw_status
+        )),
+    }
+}
+
+/// Asks the provider about `payment` and applies the answer.
+pub async fn reconcile(
+    state: &AppState,
+    payment: &Payment,
+    now: Timestamp,
+) -> Result<Payment, AttemptError> {
+    let store = &*state.store;
+    let creds = state
+        .providers
+        .credentials(store, &payment.project_id, payment.mode, payment.provider)
+        .await?;
+    let client = state.providers.client(payment.mode, payment.provider)?;
+    let query = StatusQuery {
+        reference: payment.attempt.reference.clone().unwrap_or_default(),
+        amount: payment.amount,
+        provider_ref: payment.attempt.provider_token.clone(),
+    };
+    let status = client.status(&creds, &query).await?;
+    let session = checkout::find_any(store, &payment.checkout_session_id, now).await?;
+    let over = session
+        .as_ref()
+        .is_none_or(|s| s.status == SessionStatus::Expired);
+    let decision = decide(payment, &status, over);
+    if let Decision::Hold(why) = &decision {
+        tracing::info!(payment = %payment.id, provider_status = %status.raw_status, reason = %why, "payment left as it is");
+    }
+    Ok(apply(state, payment, decision, now).await?)
+}
+
+/// Applies `decision` to `payment` (and its session), with its event, in
+/// one transaction; answers the payment as stored afterwards. A payment
+/// another caller settled first is answered as that caller left it.
+pub async fn apply(
+    state: &AppState,
+    payment: &Payment,
+    decision: Decision,
+    now: Timestamp,
+) -> Result<Payment, StoreError> {
+    let store = &*state.store;
+    let key = Payment::key(&payment.id);
+    for _ in 0..TRIES {
+        let Some(item) = store.get(&key).await? else {
+            return Err(StoreError::Backend(format!(
+                "payment {} vanished",
+                payment.id
+            )));
+        };
+        let current: Payment = from_item(item)?;
+        let session = match store
+            .get(&CheckoutSession::key(&current.checkout_session_id))
+            .await?
+        {
+            Some(i) => Some(from_item::<CheckoutSession>(i)?),
+            None => None,
+        };
+        let Some(ops) = plan(&current, session.as_ref(), &decision, now)? else {
+            return Ok(current);
+        };
+        match store.transact(ops).await {
+            Ok(()) => {
+                return match store.get(&key).await? {
+                    Some(i) => from_item(i),
+                    None => Err(StoreError::Backend(format!(
+                        "payment {} vanished",
+                        payment.id
+                    ))),
+                };
+            }
+            Err(StoreError::TransactionCanceled { reasons })
+                if reasons
+                    .iter()
+                    .any(|r| matches!(r, TxReason::ConditionFailed | TxReason::Conflict)) =>
+            {
+                continue;
+            }
+            Err(StoreError::ConditionFailed) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(StoreError::Unavailable(format!(
+        "payment {} kept changing while being settled",
+        payment.id
+    )))
+}
+
+fn event_op(kind: EventType, payment: &Payment, now: Timestamp) -> Result<TxOp, StoreError> {
+    let view = serde_json::to_value(PaymentView::from(payment.clone()))
+        .map_err(|e| StoreError::Invalid(e.to_string()))?;
+    Event::new(kind, &payment.project_id, payment.mode, view, now).put_op()
+}
+
+fn close_payment(update: Update) -> Update {
+    update
+        .remove(Index::Gsi2.pk_attr())
+        .remove(Index::Gsi2.sk_attr())
+}
+
+/// The transaction that applies `decision` to `p` as stored now; `None`
+/// when nothing changes.
+fn plan(
+    p: &Payment,
+    session: Option<&CheckoutSession>,
+    decision: &Decision,
+    now: Timestamp,
+) -> Result<Option<Vec<TxOp>>, StoreError> {
+    let key = Payment::key(&p.id);
+    let stamp = now.to_rfc3339();
+    let ours = |s: &CheckoutSession| s.payment_id.as_deref() == Some(p.id.as_str());
+    let mut ops = Vec::new();
+    match decision {
+        Decision::Hold(_) => return Ok(None),
+        Decision::Processing => {
+            if p.status != PaymentStatus::Pending {
+                return Ok(None);
+            }
+            ops.push(TxOp::Update {
+                key,
+                update: Update::new()
+                    .set("status", "processing")
+                    .set("updated_at", stamp),
+                cond: Some(Cond::eq("status", "pending")),
+            });
+        }
+        Decision::Success { provider_ref } => {
+            // A late success after a cancel (the session expired first) is
+            // still money taken: record it.
+            if !matches!(
+                p.status,
+                PaymentStatus::Pending | PaymentStatus::Processing | PaymentStatus::Cancelled
+            ) {
+                return Ok(None);
+            }
+            let mut next = p.clone();
+            next.status = PaymentStatus::Success;
+            next.failure_reason = None;
+            next.provider_ref = provider_ref.clone().or_else(|| p.provider_ref.clone());
+            next.updated_at = now;
+            let mut update = close_payment(
+                Update::new()
+                    .set("status", "success")
+                    .set("updated_at", stamp.clone())
+                    .set("failure_reason", Value::Null),
+            );
+            if let Some(r) = &next.provider_ref {
+                update = update.set("provider_ref", r.clone());
+            }
+            match session {
+                Some(s) if s.status == SessionStatus::Success && !ours(s) => {
+                    next.double_payment_of = s.payment_id.clone();
+                    update = update.set("double_payment_of", json!(s.payment_id));
+                    tracing::error!(
+                        payment = %p.id,
+                        first = ?s.payment_id,
+                        session = %s.id,
+                        "double payment: a second attempt of one session succeeded; flagged for refund"
+                    );
+                    ops.push(TxOp::Check {
+                        key: CheckoutSession::key(&s.id),
+                        cond: Cond::eq("status", "success"),
+                    });
+                }
+                Some(s) if s.status != SessionStatus::Success => {
+                    ops.push(TxOp::Update {
+                        key: CheckoutSession::key(&s.id),
+                        update: Update::new()
+                            .set("status", "success")
+                            .set("payment_id", p.id.clone())
+                            .set("provider", p.provider.as_str())
+                            .set("updated_at", stamp.clone())
+                            .remove(Index::Gsi2.pk_attr())
+                            .remove(Index::Gsi2.sk_attr()),
+                        cond: Some(Cond::ne("status", "success")),
+                    });
+                }
+                _ => {}
+            }
+            ops.insert(
+                0,
+                TxOp::Update {
+                    key,
+                    update,
+                    cond: Some(status_in(&[
+                        PaymentStatus::Pending,
+                        PaymentStatus::Processing,
+                        PaymentStatus::Cancelled,
+                    ])),
+                },
+            );
+            if p.provider == Provider::Fonepay && p.mode == Mode::Sandbox {
+                ops.extend(fonepay_cap::paid_ops(
+                    &p.project_id,
+                    p.attempt.reference.as_deref().unwrap_or_default(),
+                    p.attempt.cap_month.as_deref(),
+                    p.amount.get(),
+                    now,
+                ));
+            }
+            ops.push(event_op(EventType::PaymentSucceeded, &next, now)?);
+        }
+        Decision::Failed(reason) | Decision::Cancelled(reason) => {
+            if !is_open(p.status) {
+                return Ok(None);
+            }
+            let failed = matches!(decision, Decision::Failed(_));
+            let mut next = p.clone();
+            next.status = if failed {
+                PaymentStatus::Failed
+            } else {
+                PaymentStatus::Cancelled
+            };
+            next.failure_reason = Some(reason.clone());
+            next.updated_at = now;
+            ops.push(TxOp::Update {
+                key,
+                update: close_payment(
+                    Update::new()
+                        .set("status", status_word(next.status))
+                        .set("failure_reason", reason.clone())
+                        .set("updated_at", stamp.clone()),
+                ),
+                cond: Some(status_in(&[
+                    PaymentStatus::Pending,
+                    PaymentStatus::Processing,
+                ])),
+            });
+            if let Some(s) = session.filter(|s| ours(s) && s.status == SessionStatus::Initiated) {
+                // A decline ends the session; a cancel sends the customer
+                // back to the picker while the session has time left.
+                let back_to_picker = !failed && s.expires_at > now;
+                let session_update = if failed {
+                    Update::new()
+                        .set("status", "failed")
+                        .set("updated_at", stamp.clone())
+                        .remove(Index::Gsi2.pk_attr())
+                        .remove(Index::Gsi2.sk_attr())
+                } else if back_to_picker {
+                    Update::new()
+                        .set("status", "pending")
+                        .set("updated_at", stamp.clone())
+                } else {
+                    Update::new()
+                };
+                if !session_update.set.is_empty() {
+                    ops.push(TxOp::Update {
+                        key: CheckoutSession::key(&s.id),
+                        update: session_update,
+                        cond: Some(Cond::And(vec![
+                            Cond::eq("payment_id", p.id.clone()),
+                            Cond::eq("status", "initiated"),
+                        ])),
+                    });
+                }
+            }
+            let kind = if failed {
+                EventType::PaymentFailed
+            } else {
+                EventType::PaymentCancelled
+            };
+            ops.push(event_op(kind, &next, now)?);
+        }
+    }
+    Ok(Some(ops))
+}
+
+/// For the QR page's polling: asks the provider about the session's
+/// current payment, at most once per [`POLL_CHECK_EVERY`] per payment
+/// (a conditional write claims the check).
+pub async fn poll(
+    state: &AppState,
+    session_id: &str,
+    now: Timestamp,
+) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
+    let store = &*state.store;
+    let Some(session) = checkout::find_any(store, session_id, now).await? else {
+        return Ok(None);
+    };
+    let Some(pid) = session.payment_id.clone() else {
+        return Ok(Some((session, None)));
+    };
+    let Some(payment) = find_payment(store, session_id, &pid).await? else {
+        return Ok(Some((session, None)));
+    };
+    if !is_open(payment.status) || session.status != SessionStatus::Initiated {
+        return Ok(Some((session, Some(payment))));
+    }
+    let claim = store
+        .update(
+            &Payment::key(&payment.id),
+            Update::new().set("checked_at", now.to_rfc3339()),
+            Some(Cond::Or(vec![
+                Cond::AttrNotExists("checked_at".into()),
+                Cond::le("checked_at", now.plus(-POLL_CHECK_EVERY).to_rfc3339()),
+            ])),
+        )
+        .await;
+    match claim {
+        Ok(_) => {}
+        Err(StoreError::ConditionFailed) => return Ok(Some((session, Some(payment)))),
+        Err(e) => return Err(e.into()),
+    }
+    let payment = match reconcile(state, &payment, now).await {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(payment = %payment.id, error = %e, "status check failed; will retry");
+            payment
+        }
+    };
+    let session = checkout::find_any(store, session_id, now)
+        .await?
+        .unwrap_or(session);
+    Ok(Some((session, Some(payment))))
+}
+
+/// What one run of [`sweep`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SweepReport {
+    /// Open sessions past their 30 minutes, now stored as `expired`.
+    pub sessions_expired: usize,
+    /// Open payments whose provider was asked what became of them.
+    pub payments_checked: usize,
+    /// Payments that reached a final state through that check.
+    pub payments_settled: usize,
+    /// Provider or store errors met (the next run tries again).
+    pub errors: usize,
+}
+
+/// Open payments created before `before`, oldest first, at most
+/// [`SWEEP_BATCH`] per partition.
+pub async fn open_payments(
+    store: &dyn Store,
+    before: Timestamp,
+) -> Result<Vec<Payment>, StoreError> {
+    let mut out = Vec::new();
+    for pk in open_partitions(OPEN_PAYMENTS) {
+        let query = Query::partition(pk)
+            .on(Index::Gsi2)
+            .sk(SkCond::Lt(format!("{}#~", before.to_rfc3339())))
+            .limit(SWEEP_BATCH);
+        for item in store.query(&query).await?.items {
+            out.push(from_item::<Payment>(item)?);
+        }
+    }
+    out.sort_by_key(|p| p.created_at);
+    Ok(out)
+}
+
+/// The scheduled pass: expires due sessions and reconciles open payments
+/// older than [`RECONCILE_AFTER`] with their providers, a few at a time.
+pub async fn sweep(state: &AppState, now: Timestamp) -> Result<SweepReport, StoreError> {
+    let store = &*state.store;
+    let mut report = SweepReport::default();
+    for id in checkout::due_for_expiry(store, now, SWEEP_BATCH).await? {
+        match checkout::expire_due(store, &id, now).await {
+            Ok(true) => report.sessions_expired += 1,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "could not expire a session");
+                report.errors += 1;
+            }
+        }
+    }
+    let due = open_payments(store, now.plus(-RECONCILE_AFTER)).await?;
+    let results: Vec<(String, Result<Payment, AttemptError>)> =
+        futures::stream::iter(due.into_iter().map(|p| async move {
+            let r = reconcile(state, &p, now).await;
+            (p.id.clone(), r)
+        }))
+        .buffer_unordered(SWEEP_PARALLEL)
+        .collect()
+        .await;
+    for (id, r) in results {
+        report.payments_checked += 1;
+        match r {
+            Ok(p) if !is_open(p.status) => report.payments_settled += 1,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(payment = %id, error = %e, "reconcile failed; next sweep retries");
+                report.errors += 1;
+            }
+        }
+    }
+    tracing::info!(
+        sessions_expired = report.sessions_expired,
+        payments_checked = report.payments_checked,
+        payments_settled = report.payments_settled,
+        errors = report.errors,
+        "sweep done"
+    );
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::checkout::{CreateCheckout, Creator, validate_create};
+    use crate::domain::outbox;
+    use crate::money::Paisa;
+    use crate::providers::ProviderCredentials;
+    use crate::store::embedded::EmbeddedStore;
+    use crate::time::ManualClock;
+    use base64::Engine;
+    use std::sync::Arc;
+
+    fn at(s: &str) -> Timestamp {
+        Timestamp::parse(s).unwrap()
+    }
+
+    fn state(now: Timestamp) -> AppState {
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::in_memory().unwrap());
+        AppState::new(
+            store,
+            Arc::new(ManualClock::new(now)),
+            crate::Config {
+                public_base_url: "https://pay.example".into(),
+            },
+        )
+    }
+
+    /// A session in `initiated` with one pending attempt at `provider`.
+    async fn attempt(
+        st: &AppState,
+        provider: Provider,
+        now: Timestamp,
+    ) -> (CheckoutSession, Payment) {
+        let req: CreateCheckout = serde_json::from_value(json!({
+            "amount": 100_000, "returnUrl": "https://shop.example/thanks"
+        }))
+        .unwrap();
+        let valid = validate_create(req, Mode::Sandbox).unwrap();
+        let creator = Creator {
+            project_id: "proj_1".into(),
+            mode: Mode::Sandbox,
+            api_key_id: "ak_1".into(),
+            spend_cap_paisa: None,
+        };
+        let session = checkout::create(&*st.store, &creator, valid, now, None)
+            .await
+            .unwrap();
+        let payment = add_attempt(st, &session, provider, "REF1", now).await;
+        let session = checkout::find_any(&*st.store, &session.id, now)
+            .await
+            .unwrap()
+            .unwrap();
+        (session, payment)
+    }
+
+    async fn add_attempt(
+        st: &AppState,
+        session: &CheckoutSession,
+        provider: Provider,
+        reference: &str,
+        now: Timestamp,
+    ) -> Payment {
+        let p = Payment {
+            id: ids::new_id(IdKind::Payment),
+            project_id: session.project_id.clone(),
+            checkout_session_id: session.id.clone(),
+            mode: session.mode,
+            amount: session.amount,
+            amount_refunded: Paisa::ZERO,
+            currency: Currency::Npr,
+            provider,
+            status: PaymentStatus::Pending,
+            provider_ref: None,
+            failure_reason: None,
+            metadata: Default::default(),
+            customer_name: None,
+            customer_email: None,
+            customer_phone: None,
+            created_at: now,
+            updated_at: now,
+            double_payment_of: None,
+            attempt: AttemptInfo {
+                reference: Some(reference.into()),
+                provider_token: Some("pidx-1".into()),
+                ..Default::default()
+            },
+        };
+        st.store
+            .transact(vec![
+                TxOp::Put {
+                    item: to_item(&p, &Payment::key(&p.id), &payment_indexes(&p)).unwrap(),
+                    cond: Some(Cond::NotExists),
+                },
+                TxOp::Update {
+                    key: CheckoutSession::key(&session.id),
+                    update: Update::new()
+                        .set("status", "initiated")
+                        .set("payment_id", p.id.clone()),
+                    cond: None,
+                },
+            ])
+            .await
+            .unwrap();
+        p
+    }
+
+    async fn load(st: &AppState, p: &Payment) -> (CheckoutSession, Payment) {
+        let s = checkout::find_any(
+            &*st.store,
+            &p.checkout_session_id,
+            at("2026-11-22T10:00:00Z"),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let p = find_payment(&*st.store, &s.id, &p.id)
+            .await
+            .unwrap()
+            .unwrap();
+        (s, p)
+    }
+
+    async fn events(st: &AppState) -> Vec<(EventType, String)> {
+        outbox::recent(&*st.store, "proj_1", Mode::Sandbox, 50)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| {
+                (
+                    e.event_type,
+                    e.object["id"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    fn paid(amount: i64) -> ProviderStatus {
+        ProviderStatus {
+            state: ProviderState::Paid,
+            amount: Some(Paisa::new(amount).unwrap()),
+            provider_ref: Some("TXN-9".into()),
+            raw_status: "COMPLETE".into(),
+        }
+    }
+
+    fn with_state(state: ProviderState, raw: &str) -> ProviderStatus {
+        ProviderStatus {
+            state,
+            amount: None,
+            provider_ref: None,
+            raw_status: raw.into(),
+        }
+    }
+
+    fn payment_of(amount: i64) -> Payment {
+        Payment {
+            id: "pay_1".into(),
+            project_id: "proj_1".into(),
+            checkout_session_id: "cs_1".into(),
+            mode: Mode::Sandbox,
+            amount: Paisa::new(amount).unwrap(),
+            amount_refunded: Paisa::ZERO,
+            currency: Currency::Npr,
+            provider: Provider::Esewa,
+            status: PaymentStatus::Pending,
+            provider_ref: None,
+            failure_reason: None,
+            metadata: Default::default(),
+            customer_name: None,
+            customer_email: None,
+            customer_phone: None,
+            created_at: at("2026-11-22T10:00:00Z"),
+            updated_at: at("2026-11-22T10:00:00Z"),
+            double_payment_of: None,
+            attempt: AttemptInfo {
+                reference: Some("250610-162413".into()),
+                provider_token: Some("pidx-1".into()),
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn only_a_paid_status_of_the_right_amount_is_success() {
+        let p = payment_of(100_000);
+        assert!(
+            matches!(decide(&p, &paid(100_000), false), Decision::Success { provider_ref: Some(r) } if r == "TXN-9")
+        );
+        // The provider naming no amount (Fonepay) is fine; a different one
+        // is held for review, never success.
+        let mut no_amount = paid(1);
+        no_amount.amount = None;
+        assert!(matches!(
+            decide(&p, &no_amount, false),
+            Decision::Success { .. }
+        ));
+        assert!(matches!(
+            decide(&p, &paid(99_999), false),
+            Decision::Hold(_)
+        ));
+        assert!(matches!(
+            decide(&p, &paid(100_001), false),
+            Decision::Hold(_)
+        ));
+        for (state, expected) in [
+            (ProviderState::Pending, "processing"),
+            (ProviderState::Ambiguous, "processing"),
+            (ProviderState::Failed, "failed"),
+            (ProviderState::Cancelled, "cancelled"),
+            (ProviderState::Expired, "cancelled"),
+            (ProviderState::Refunded { partial: false }, "hold"),
+        ] {
+            let got = match decide(&p, &with_state(state, "X"), false) {
+                Decision::Processing => "processing",
+                Decision::Failed(_) => "failed",
+                Decision::Cancelled(_) => "cancelled",
+                Decision::Hold(_) => "hold",
+                Decision::Success { .. } => "success",
+            };
+            assert_eq!(got, expected, "{state:?}");
+        }
+        // An attempt the provider forgot is cancelled only once the
+        // session is over (the customer may still be on the provider's page).
+        let nf = with_state(ProviderState::NotFound, "NOT_FOUND");
+        assert!(matches!(decide(&p, &nf, false), Decision::Hold(_)));
+        assert!(matches!(decide(&p, &nf, true), Decision::Cancelled(_)));
+    }
+
+    const DOC_CALLBACK: &str = r#"{"transaction_code":"000AWEO","status":"COMPLETE","total_amount":"1000.0","transaction_uuid":"250610-162413","product_code":"EPAYTEST","signed_field_names":"transaction_code,status,total_amount,transaction_uuid,product_code,signed_field_names","signature":"62GcfZTmVkzhtUeh+QJ1AqiJrjoWWGof3U+eTPTZ7fA="}"#;
+
+    fn esewa_creds() -> ProviderCredentials {
+        ProviderCredentials::Esewa {
+            product_code: "EPAYTEST".into(),
+            secret_key: "8gBm/:&EnhH.1/q".into(),
+        }
+    }
+
+    fn data_param(json: &str) -> String {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(json);
+        form_urlencoded::Serializer::new(String::new())
+            .append_pair("data", &b64)
+            .finish()
+    }
+
+    #[test]
+    fn an_esewa_return_must_be_signed_ours_and_of_our_amount() {
+        let p = payment_of(100_000);
+        let good = data_param(DOC_CALLBACK);
+        assert_eq!(
+            verify_return(&p, &esewa_creds(), ReturnKind::Ok, &good),
+            Ok(())
+        );
+        // Tampered amount: the signature no longer verifies.
+        let tampered = data_param(&DOC_CALLBACK.replace("\"1000.0\"", "\"10.0\""));
+        assert!(verify_return(&p, &esewa_creds(), ReturnKind::Ok, &tampered).is_err());
+        // Another merchant's key.
+        let other = ProviderCredentials::Esewa {
+            product_code: "EPAYTEST".into(),
+            secret_key: "another-secret".into(),
+        };
+        assert!(verify_return(&p, &other, ReturnKind::Ok, &good).is_err());
+        // A genuine return replayed onto another attempt, or for another
+        // amount.
+        let mut other_attempt = p.clone();
+        other_attempt.attempt.reference = Some("250610-999999".into());
+        assert!(verify_return(&other_attempt, &esewa_creds(), ReturnKind::Ok, &good).is_err());
+        assert!(
+            verify_return(&payment_of(200_000), &esewa_creds(), ReturnKind::Ok, &good).is_err()
+        );
+        // No data on a success return: unsigned, not believed. The failure
+        // return carries nothing by design: the status check decides.
+        assert!(verify_return(&p, &esewa_creds(), ReturnKind::Ok, "").is_err());
+        assert_eq!(
+            verify_return(&p, &esewa_creds(), ReturnKind::Fail, ""),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_khalti_return_must_name_our_pidx_order_and_amount() {
+        let mut p = payment_of(100_000);
+        p.provider = Provider::Khalti;
+        let creds = ProviderCredentials::Khalti {
+            secret_key: "k".into(),
+        };
+        let ok = "pidx=pidx-1&status=Completed&purchase_order_id=250610-162413&amount=100000";
+        assert_eq!(verify_return(&p, &creds, ReturnKind::Ok, ok), Ok(()));
+        for bad in [
+            "status=Completed",
+            "pidx=pidx-2&status=Completed",
+            "pidx=pidx-1&purchase_order_id=OTHER",
+            "pidx=pidx-1&amount=1000",
+        ] {
+            assert!(
+                verify_return(&p, &creds, ReturnKind::Ok, bad).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_fonepay_return_must_carry_a_valid_dv_for_our_prn_and_amount() {
+        let mut p = payment_of(50_000);
+        p.provider = Provider::Fonepay;
+        p.attempt.reference = Some("PRN1".into());
+        let secret = "a7e3512f5032480a83137793cb2021dc";
+        let creds = ProviderCredentials::Fonepay {
+            merchant_code: "NBQM".into(),
+            secret_key: secret.into(),
+            username: "u".into(),
+            password: "p".into(),
+        };
+        let query = |prn: &str, amount: &str, dv_over_amount: &str| {
+            let values = [
+                prn,
+                "NBQM",
+                "true",
+                "successful",
+                "UID1",
+                "NICENPKA",
+                "98",
+                amount,
+                amount,
+            ];
+            let mut signed = values;
+            signed[7] = dv_over_amount;
+            signed[8] = dv_over_amount;
+            let dv = crate::providers::sign::fonepay_data_validation(secret, &signed);
+            let mut s = form_urlencoded::Serializer::new(String::new());
+            for (k, v) in [
+                "PRN", "PID", "PS", "RC", "UID", "BC", "INI", "P_AMT", "R_AMT",
+            ]
+            .iter()
+            .zip(values)
+            {
+                s.append_pair(k, v);
+            }
+            s.append_pair("DV", &dv);
+            s.finish()
+        };
+        assert_eq!(
+            verify_return(&p, &creds, ReturnKind::Ok, &query("PRN1", "500", "500")),
+            Ok(())
+        );
+        // Amount changed after signing; another PRN; another amount signed.
+        assert!(verify_return(&p, &creds, ReturnKind::Ok, &query("PRN1", "5", "500")).is_err());
+        assert!(verify_return(&p, &creds, ReturnKind::Ok, &query("PRN2", "500", "500")).is_err());
+        assert!(verify_return(&p, &creds, ReturnKind::Ok, &query("PRN1", "5", "5")).is_err());
+        assert!(verify_return(&p, &creds, ReturnKind::Ok, "PRN=PRN1").is_err());
+    }
+
+    #[tokio::test]
+    async fn success_settles_payment_and_session_with_one_event() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (_, p) = attempt(&st, Provider::Esewa, now).await;
+        let later = now.plus(chrono::Duration::minutes(1));
+        let settled = apply(&st, &p, decide(&p, &paid(100_000), false), later)
+            .await
+            .unwrap();
+        assert_eq!(settled.status, PaymentStatus::Success);
+        assert_eq!(settled.provider_ref.as_deref(), Some("TXN-9"));
+        let (s, _) = load(&st, &p).await;
+        assert_eq!(s.status, SessionStatus::Success);
+        assert_eq!(s.payment_id.as_deref(), Some(p.id.as_str()));
+        assert_eq!(
+            events(&st).await,
+            vec![(EventType::PaymentSucceeded, p.id.clone())]
+        );
+        // Settled payments leave the sweep's index; so does the session.
+        assert!(
+            open_payments(&*st.store, later.plus(chrono::Duration::hours(1)))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            checkout::due_for_expiry(&*st.store, later.plus(chrono::Duration::hours(1)), 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        // Applying again (a replayed return, the next sweep) changes nothing.
+        let again = apply(&st, &p, decide(&p, &paid(100_000), false), later)
+            .await
+            .unwrap();
+        assert_eq!(again, settled);
+        assert_eq!(events(&st).await.len(), 1);
+        // A late "failed" cannot undo a success.
+        let after = apply(&st, &p, Decision::Failed("x".into()), later)
+            .await
+            .unwrap();
+        assert_eq!(after.status, PaymentStatus::Success);
+    }
+
+    #[tokio::test]
+    async fn racing_settlements_write_one_success_and_one_event() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (_, p) = attempt(&st, Provider::Khalti, now).await;
+        let mut tasks = Vec::new();
+        for _ in 0..12 {
+            let st = st.clone();
+            let p = p.clone();
+            tasks.push(tokio::spawn(async move {
+                apply(&st, &p, decide(&p, &paid(100_000), false), now).await
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap().unwrap().status, PaymentStatus::Success);
+        }
+        assert_eq!(
+            events(&st).await,
+            vec![(EventType::PaymentSucceeded, p.id.clone())]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_second_success_for_a_session_is_kept_and_flagged() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (s, first) = attempt(&st, Provider::Esewa, now).await;
+        let second = add_attempt(&st, &s, Provider::Khalti, "REF2", now).await;
+        apply(&st, &second, decide(&second, &paid(100_000), false), now)
+            .await
+            .unwrap();
+        let late = apply(&st, &first, decide(&first, &paid(100_000), false), now)
+            .await
+            .unwrap();
+        assert_eq!(late.status, PaymentStatus::Success);
+        assert_eq!(late.double_payment_of.as_deref(), Some(second.id.as_str()));
+        let (s, _) = load(&st, &second).await;
+        assert_eq!(s.payment_id.as_deref(), Some(second.id.as_str()));
+        let view = serde_json::to_value(PaymentView::from(late)).unwrap();
+        assert_eq!(view["doublePaymentOf"], second.id.as_str());
+        assert_eq!(events(&st).await.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn cancel_returns_to_the_picker_and_decline_ends_the_session() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (_, p) = attempt(&st, Provider::Esewa, now).await;
+        let c = apply(
+            &st,
+            &p,
+            decide(&p, &with_state(ProviderState::Cancelled, "CANCELED"), false),
+            now,
+        )
+        .await
+        .unwrap();
+        assert_eq!(c.status, PaymentStatus::Cancelled);
+        let (s, _) = load(&st, &p).await;
+        assert_eq!(s.status, SessionStatus::Pending);
+
+        let p2 = add_attempt(&st, &s, Provider::Khalti, "REF2", now).await;
+        let processing = apply(&st, &p2, Decision::Processing, now).await.unwrap();
+        assert_eq!(processing.status, PaymentStatus::Processing);
+        let f = apply(
+            &st,
+            &p2,
+            decide(&p2, &with_state(ProviderState::Failed, "Failed"), false),
+            now,
+        )
+        .await
+        .unwrap();
+        assert_eq!(f.status, PaymentStatus::Failed);
+        assert!(f.failure_reason.is_some());
+        let (s, _) = load(&st, &p2).await;
+        assert_eq!(s.status, SessionStatus::Failed);
+        assert_eq!(
+            events(&st).await,
+            vec![
+                (EventType::PaymentFailed, p2.id.clone()),
+                (EventType::PaymentCancelled, p.id.clone()),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn money_taken_after_the_session_expired_is_still_recorded() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (s, p) = attempt(&st, Provider::Esewa, now).await;
+        let late = now.plus(chrono::Duration::minutes(31));
+        assert_eq!(
+            checkout::due_for_expiry(&*st.store, late, 10)
+                .await
+                .unwrap(),
+            vec![s.id.clone()]
+        );
+        assert!(checkout::expire_due(&*st.store, &s.id, late).await.unwrap());
+        // The provider forgot the attempt: cancelled, session stays expired.
+        let nf = with_state(ProviderState::NotFound, "NOT_FOUND");
+        let c = apply(&st, &p, decide(&p, &nf, true), late).await.unwrap();
+        assert_eq!(c.status, PaymentStatus::Cancelled);
+        assert_eq!(load(&st, &p).await.0.status, SessionStatus::Expired);
+        // ...but then it reports paid after all: money moved, so record it.
+        let ok = apply(&st, &c, decide(&c, &paid(100_000), true), late)
+            .await
+            .unwrap();
+        assert_eq!(ok.status, PaymentStatus::Success);
+        assert_eq!(load(&st, &p).await.0.status, SessionStatus::Success);
+    }
+
+    #[test]
+    fn return_urls_and_origins() {
+        assert_eq!(
+            return_url("https://pay.example", "cs_1", "pay_1", "ok"),
+            "https://pay.example/c/cs_1/return/pay_1/ok"
+        );
+        assert_eq!(
+            origin("https://shop.example/a/b?c=1"),
+            "https://shop.example"
+        );
+        assert_eq!(origin("http://127.0.0.1:9/thanks"), "http://127.0.0.1:9");
+    }
+}

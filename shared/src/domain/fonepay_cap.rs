@@ -1,0 +1,303 @@
+//! The sandbox fonepay caps (spec, mode rules 2 to 4; decisions, "Sandbox
+//! fonepay"): fonepay has no sandbox, so a sandbox project pays with real
+//! money, at most NPR 1,000 a payment and NPR 5,000 a calendar month
+//! (Asia/Kathmandu), where the month counts succeeded volume plus every
+//! unpaid attempt minted in the last 30 minutes at full value.
+//!
+//! One item per project and Kathmandu month (`PROJ#<p>` / `FPCAP#YYYY-MM`)
+//! holds `paid` (succeeded volume) and one `hold_<reference>` attribute per
+//! minted attempt (`{amount, minted}`), plus a `version`. Minting reads the
+//! item, drops holds past 30 minutes, and writes the new hold only if the
+//! version is unchanged, so parallel mints are serialized and the month
+//! never goes over. A success (in the settle transaction) adds to `paid`,
+//! drops its hold and bumps the version in one atomic update.
+
+use chrono::{Datelike, FixedOffset};
+use serde_json::{Value, json};
+
+use crate::store::{Cond, Item, Key, Store, StoreError, TTL, TxOp, Update};
+use crate::time::Timestamp;
+
+/// NPR 5,000 a month.
+pub const MONTH_CAP_PAISA: i64 = 500_000;
+/// An unpaid attempt counts this long after it is minted.
+pub const HOLD_WINDOW: chrono::Duration = chrono::Duration::minutes(30);
+const HOLD_PREFIX: &str = "hold_";
+const TRIES: usize = 40;
+
+/// Why a mint was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CapError {
+    #[error(
+        "Sandbox fonepay uses real money and is capped at NPR 5,000 a month \
+         (succeeded payments plus QRs minted in the last 30 minutes): \
+         {used} paisa counted, {amount} more would pass {cap}"
+    )]
+    MonthExceeded { used: i64, amount: i64, cap: i64 },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The Kathmandu calendar month (`YYYY-MM`) of `at` (UTC+05:45, no DST).
+pub fn month_of(at: Timestamp) -> String {
+    let offset = FixedOffset::east_opt(5 * 3600 + 45 * 60);
+    let local = match offset {
+        Some(o) => at.datetime().with_timezone(&o).date_naive(),
+        None => at.datetime().date_naive(),
+    };
+    format!("{:04}-{:02}", local.year(), local.month())
+}
+
+pub fn cap_key(project_id: &str, month: &str) -> Key {
+    Key::new(format!("PROJ#{project_id}"), format!("FPCAP#{month}"))
+}
+
+fn hold_attr(reference: &str) -> String {
+    format!("{HOLD_PREFIX}{reference}")
+}
+
+fn int(item: Option<&Item>, attr: &str) -> i64 {
+    item.and_then(|i| i.get(attr))
+        .and_then(Value::as_i64)
+        .unwrap_or(0)
+}
+
+/// The holds of `item` still counting at `now`: (attribute, amount).
+fn holds(item: Option<&Item>, now: Timestamp) -> (Vec<(String, i64)>, Vec<String>) {
+    let mut active = Vec::new();
+    let mut stale = Vec::new();
+    let cutoff = now.plus(-HOLD_WINDOW).unix_seconds();
+    for (attr, v) in item.into_iter().flatten() {
+        if !attr.starts_with(HOLD_PREFIX) {
+            continue;
+        }
+        let amount = v.get("amount").and_then(Value::as_i64).unwrap_or(0);
+        let minted = v.get("minted").and_then(Value::as_i64).unwrap_or(0);
+        if minted > cutoff {
+            active.push((attr.clone(), amount));
+        } else {
+            stale.push(attr.clone());
+        }
+    }
+    (active, stale)
+}
+
+/// What counts toward the month of `now` for the project.
+pub async fn used(store: &dyn Store, project_id: &str, now: Timestamp) -> Result<i64, StoreError> {
+    let month = month_of(now);
+    let cur = store.get(&cap_key(project_id, &month)).await?;
+    let mut total =
+        int(cur.as_ref(), "paid") + holds(cur.as_ref(), now).0.iter().map(|h| h.1).sum::<i64>();
+    let earlier = month_of(now.plus(-HOLD_WINDOW));
+    if earlier != month {
+        let prev = store.get(&cap_key(project_id, &earlier)).await?;
+        total += holds(prev.as_ref(), now).0.iter().map(|h| h.1).sum::<i64>();
+    }
+    Ok(total)
+}
+
+/// Holds `amount` for the attempt `reference` if the month has room;
+/// answers the month that holds it.
+pub async fn reserve(
+    store: &dyn Store,
+    project_id: &str,
+    reference: &str,
+    amount: i64,
+    now: Timestamp,
+) -> Result<String, CapError> {
+    let month = month_of(now);
+    let key = cap_key(project_id, &month);
+    let earlier = month_of(now.plus(-HOLD_WINDOW));
+    for attempt in 0..TRIES {
+        let cur = store.get(&key).await?;
+        let (active, stale) = holds(cur.as_ref(), now);
+        let mut used = int(cur.as_ref(), "paid") + active.iter().map(|h| h.1).sum::<i64>();
+        if earlier != month {
+            let prev = store.get(&cap_key(project_id, &earlier)).await?;
+            used += holds(prev.as_ref(), now).0.iter().map(|h| h.1).sum::<i64>();
+        }
+        if used + amount > MONTH_CAP_PAISA {
+            return Err(CapError::MonthExceeded {
+                used,
+                amount,
+                cap: MONTH_CAP_PAISA,
+            });
+        }
+        let version = cur
+            .as_ref()
+            .and_then(|i| i.get("version"))
+            .and_then(Value::as_i64);
+        let cond = match version {
+            Some(v) => Cond::eq("version", v),
+            None => Cond::AttrNotExists("version".into()),
+        };
+        let mut update = Update::new()
+            .set(
+                hold_attr(reference),
+                json!({"amount": amount, "minted": now.unix_seconds()}),
+            )
+            .add("version", 1)
+            .set(TTL, now.plus(chrono::Duration::days(62)).unix_seconds());
+        for attr in stale {
+            update = update.remove(attr);
+        }
+        match store.update(&key, update, Some(cond)).await {
+            Ok(_) => return Ok(month),
+            Err(StoreError::ConditionFailed) => {
+                let pause = 5 + (attempt as u64 * 7) % 40 + rand::random::<u64>() % 20;
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(StoreError::Unavailable("sandbox fonepay cap busy".into()).into())
+}
+
+/// Drops the hold of an attempt that never reached fonepay (nothing was
+/// minted, so nothing counts).
+pub async fn release(
+    store: &dyn Store,
+    project_id: &str,
+    reference: &str,
+    month: &str,
+) -> Result<(), StoreError> {
+    let update = Update::new().remove(hold_attr(reference)).add("version", 1);
+    store
+        .update(&cap_key(project_id, month), update, Some(Cond::Exists))
+        .await
+        .map(|_| ())
+}
+
+/// The writes, for the settle transaction, of a sandbox fonepay attempt
+/// that succeeded at `now`: its amount joins the month's paid volume and
+/// its hold (in `hold_month`) stops counting.
+pub fn paid_ops(
+    project_id: &str,
+    reference: &str,
+    hold_month: Option<&str>,
+    amount: i64,
+    now: Timestamp,
+) -> Vec<TxOp> {
+    let month = month_of(now);
+    let ttl = now.plus(chrono::Duration::days(62)).unix_seconds();
+    let mut update = Update::new()
+        .add("paid", amount)
+        .add("version", 1)
+        .set(TTL, ttl);
+    let mut ops = Vec::new();
+    match hold_month {
+        Some(m) if m == month => update = update.remove(hold_attr(reference)),
+        Some(m) => ops.push(TxOp::Update {
+            key: cap_key(project_id, m),
+            update: Update::new().remove(hold_attr(reference)).add("version", 1),
+            cond: None,
+        }),
+        None => {}
+    }
+    ops.insert(
+        0,
+        TxOp::Update {
+            key: cap_key(project_id, &month),
+            update,
+            cond: None,
+        },
+    );
+    ops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+    use std::sync::Arc;
+
+    fn at(s: &str) -> Timestamp {
+        Timestamp::parse(s).unwrap()
+    }
+
+    #[test]
+    fn months_are_kathmandu_months() {
+        // 18:15 UTC on the last day is already the next day in Kathmandu.
+        assert_eq!(month_of(at("2026-11-30T18:14:59Z")), "2026-11");
+        assert_eq!(month_of(at("2026-11-30T18:15:00Z")), "2026-12");
+        assert_eq!(month_of(at("2026-12-31T18:15:00Z")), "2027-01");
+    }
+
+    #[tokio::test]
+    async fn holds_count_for_thirty_minutes_and_paid_volume_for_the_month() {
+        let store = EmbeddedStore::in_memory().unwrap();
+        let t0 = at("2026-11-10T04:00:00Z");
+        for (i, r) in ["A1", "A2", "A3", "A4", "A5"].iter().enumerate() {
+            let m = reserve(
+                &store,
+                "proj_1",
+                r,
+                100_000,
+                t0.plus(chrono::Duration::seconds(i as i64)),
+            )
+            .await;
+            assert_eq!(m.unwrap(), "2026-11");
+        }
+        let over = reserve(&store, "proj_1", "A6", 1, t0).await;
+        assert!(
+            matches!(over, Err(CapError::MonthExceeded { used: 500_000, .. })),
+            "{over:?}"
+        );
+        // Another project has its own cap.
+        assert!(reserve(&store, "proj_2", "B1", 100_000, t0).await.is_ok());
+        // A2 is paid: it moves from the holds to the paid volume.
+        let t1 = t0.plus(chrono::Duration::minutes(5));
+        store
+            .transact(paid_ops("proj_1", "A2", Some("2026-11"), 100_000, t1))
+            .await
+            .unwrap();
+        assert_eq!(used(&store, "proj_1", t1).await.unwrap(), 500_000);
+        // 30 minutes on, the unpaid holds stop counting; the paid one stays.
+        let t2 = t0.plus(chrono::Duration::minutes(31));
+        assert_eq!(used(&store, "proj_1", t2).await.unwrap(), 100_000);
+        assert!(reserve(&store, "proj_1", "A7", 400_000, t2).await.is_ok());
+        assert!(matches!(
+            reserve(&store, "proj_1", "A8", 1, t2).await,
+            Err(CapError::MonthExceeded { .. })
+        ));
+        // A released hold (nothing minted) frees its room at once.
+        release(&store, "proj_1", "A7", "2026-11").await.unwrap();
+        assert_eq!(used(&store, "proj_1", t2).await.unwrap(), 100_000);
+        // A new Kathmandu month starts from zero, apart from holds minted
+        // in its first 30 minutes' look-back.
+        let t3 = at("2026-11-30T18:05:00Z");
+        assert!(reserve(&store, "proj_1", "C1", 300_000, t3).await.is_ok());
+        let t4 = at("2026-11-30T18:20:00Z");
+        assert_eq!(month_of(t4), "2026-12");
+        assert_eq!(used(&store, "proj_1", t4).await.unwrap(), 300_000);
+        assert!(matches!(
+            reserve(&store, "proj_1", "C2", 300_000, t4).await,
+            Err(CapError::MonthExceeded { .. })
+        ));
+        assert!(reserve(&store, "proj_1", "C3", 200_000, t4).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn parallel_mints_never_pass_the_month_cap() {
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::in_memory().unwrap());
+        let now = at("2026-11-10T04:00:00Z");
+        let mut tasks = Vec::new();
+        for i in 0..12 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                reserve(&*store, "proj_1", &format!("R{i}"), 100_000, now).await
+            }));
+        }
+        let mut ok = 0;
+        let mut over = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(_) => ok += 1,
+                Err(CapError::MonthExceeded { .. }) => over += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!((ok, over), (5, 7));
+        assert_eq!(used(&*store, "proj_1", now).await.unwrap(), 500_000);
+    }
+}

@@ -1,0 +1,257 @@
+//! The outbox: every state change merchants hear about writes its event in
+//! the same transaction as the change (decisions, "Webhooks"). Delivery
+//! reads the outbox later; an event is never lost because a queue or a
+//! receiver was down when the state changed.
+//!
+//! Stored at `EVT#<id>` / `EVT`, listed per project and mode through
+//! `gsi1` (`PROJ#<project>#<mode>#EVT`, newest first), and, until
+//! delivered, through the sparse `gsi2` partition `OUTBOX#<shard>` by id
+//! (oldest first), spread over [`SHARDS`] partitions so no one partition
+//! takes every write.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::Mode;
+use super::record::{from_item, to_item};
+use crate::ids::{self, IdKind};
+use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp};
+use crate::time::Timestamp;
+
+/// How many `gsi2` partitions hold undelivered events.
+pub const SHARDS: u32 = 4;
+
+/// Every event type (decisions, "Webhooks").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EventType {
+    #[serde(rename = "payment.succeeded")]
+    PaymentSucceeded,
+    #[serde(rename = "payment.failed")]
+    PaymentFailed,
+    #[serde(rename = "payment.cancelled")]
+    PaymentCancelled,
+    #[serde(rename = "payment.refunded")]
+    PaymentRefunded,
+    #[serde(rename = "payment_link.paid")]
+    PaymentLinkPaid,
+    #[serde(rename = "refund.succeeded")]
+    RefundSucceeded,
+    #[serde(rename = "refund.failed")]
+    RefundFailed,
+    #[serde(rename = "invoice.paid")]
+    InvoicePaid,
+}
+
+impl EventType {
+    pub const ALL: [EventType; 8] = [
+        EventType::PaymentSucceeded,
+        EventType::PaymentFailed,
+        EventType::PaymentCancelled,
+        EventType::PaymentRefunded,
+        EventType::PaymentLinkPaid,
+        EventType::RefundSucceeded,
+        EventType::RefundFailed,
+        EventType::InvoicePaid,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::PaymentSucceeded => "payment.succeeded",
+            EventType::PaymentFailed => "payment.failed",
+            EventType::PaymentCancelled => "payment.cancelled",
+            EventType::PaymentRefunded => "payment.refunded",
+            EventType::PaymentLinkPaid => "payment_link.paid",
+            EventType::RefundSucceeded => "refund.succeeded",
+            EventType::RefundFailed => "refund.failed",
+            EventType::InvoicePaid => "invoice.paid",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<EventType> {
+        EventType::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+}
+
+/// A stored event.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub event_type: EventType,
+    pub project_id: String,
+    pub mode: Mode,
+    pub created_at: Timestamp,
+    /// The resource as the API returns it.
+    pub object: Value,
+    /// Whether delivery has taken it (then it leaves the outbox index).
+    #[serde(default)]
+    pub dispatched: bool,
+}
+
+impl Event {
+    /// A new event about `object` (its API view), created at `now`.
+    pub fn new(
+        event_type: EventType,
+        project_id: &str,
+        mode: Mode,
+        object: Value,
+        now: Timestamp,
+    ) -> Event {
+        Event {
+            id: ids::new_id(IdKind::Event),
+            event_type,
+            project_id: project_id.to_owned(),
+            mode,
+            created_at: now,
+            object,
+            dispatched: false,
+        }
+    }
+
+    pub fn key(id: &str) -> Key {
+        Key::new(format!("EVT#{id}"), "EVT")
+    }
+
+    fn list_partition(project_id: &str, mode: Mode) -> String {
+        format!("PROJ#{project_id}#{}#EVT", mode.as_str())
+    }
+
+    /// The outbox partition of event `id`.
+    pub fn outbox_partition(id: &str) -> String {
+        let sum: u32 = id.bytes().map(u32::from).sum();
+        format!("OUTBOX#{}", sum % SHARDS)
+    }
+
+    /// The body merchants receive (decisions, "Webhooks"):
+    /// `{id, type, created, livemode, data: {object}}`.
+    pub fn body(&self) -> Value {
+        serde_json::json!({
+            "id": self.id,
+            "type": self.event_type.as_str(),
+            "created": self.created_at.unix_seconds(),
+            "livemode": self.mode.is_live(),
+            "data": {"object": self.object},
+        })
+    }
+
+    /// The transaction write that records this event.
+    pub fn put_op(&self) -> Result<TxOp, StoreError> {
+        let mut indexes = vec![(
+            Index::Gsi1,
+            Event::list_partition(&self.project_id, self.mode),
+            self.id.clone(),
+        )];
+        if !self.dispatched {
+            indexes.push((
+                Index::Gsi2,
+                Event::outbox_partition(&self.id),
+                self.id.clone(),
+            ));
+        }
+        Ok(TxOp::Put {
+            item: to_item(self, &Event::key(&self.id), &indexes)?,
+            cond: Some(Cond::NotExists),
+        })
+    }
+}
+
+/// The project's events in `mode`, newest first (at most `limit`).
+pub async fn recent(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    limit: usize,
+) -> Result<Vec<Event>, StoreError> {
+    let query = Query::partition(Event::list_partition(project_id, mode))
+        .on(Index::Gsi1)
+        .backward()
+        .limit(limit);
+    store
+        .query(&query)
+        .await?
+        .items
+        .into_iter()
+        .map(from_item)
+        .collect()
+}
+
+/// Undelivered events, oldest first, at most `limit` per shard.
+pub async fn undelivered(store: &dyn Store, limit: usize) -> Result<Vec<Event>, StoreError> {
+    let mut out = Vec::new();
+    for shard in 0..SHARDS {
+        let query = Query::partition(format!("OUTBOX#{shard}"))
+            .on(Index::Gsi2)
+            .limit(limit);
+        for item in store.query(&query).await?.items {
+            out.push(from_item(item)?);
+        }
+    }
+    out.sort_by(|a: &Event, b: &Event| a.id.cmp(&b.id));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+    use serde_json::json;
+
+    #[test]
+    fn types_round_trip_their_names() {
+        for t in EventType::ALL {
+            assert_eq!(EventType::parse(t.as_str()), Some(t));
+            assert_eq!(serde_json::to_value(t).ok(), Some(json!(t.as_str())));
+        }
+        assert_eq!(EventType::parse("payment.success"), None);
+    }
+
+    #[test]
+    fn the_body_has_the_decided_shape() {
+        let now = Timestamp::parse("2026-11-22T10:00:00Z").unwrap();
+        let e = Event::new(
+            EventType::PaymentSucceeded,
+            "proj_1",
+            Mode::Live,
+            json!({"id": "pay_1", "status": "success"}),
+            now,
+        );
+        let body = e.body();
+        assert_eq!(body["type"], "payment.succeeded");
+        assert_eq!(body["created"], now.unix_seconds());
+        assert_eq!(body["livemode"], true);
+        assert_eq!(body["data"]["object"]["id"], "pay_1");
+        assert!(body["id"].as_str().unwrap().starts_with("evt_"));
+    }
+
+    #[tokio::test]
+    async fn recorded_events_are_listed_and_in_the_outbox() {
+        let store = EmbeddedStore::in_memory().unwrap();
+        let now = Timestamp::parse("2026-11-22T10:00:00Z").unwrap();
+        let mut ids = Vec::new();
+        for i in 0..6 {
+            let e = Event::new(
+                EventType::PaymentFailed,
+                "proj_1",
+                Mode::Sandbox,
+                json!({"n": i}),
+                now,
+            );
+            ids.push(e.id.clone());
+            store.transact(vec![e.put_op().unwrap()]).await.unwrap();
+        }
+        let listed = recent(&store, "proj_1", Mode::Sandbox, 10).await.unwrap();
+        assert_eq!(listed.len(), 6);
+        assert_eq!(listed[0].id, ids[5]);
+        assert!(
+            recent(&store, "proj_1", Mode::Live, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let pending = undelivered(&store, 10).await.unwrap();
+        assert_eq!(
+            pending.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+            ids
+        );
+    }
+}

@@ -1,0 +1,187 @@
+//! Everything a payment attempt needs from the outside world: the provider
+//! clients of each mode and the project's credentials, opened with the
+//! master key.
+//!
+//! Credentials: the project's own sealed credentials when configured; in
+//! sandbox, eSewa and Khalti fall back to the gateway's test accounts
+//! ([`SandboxAccounts`]), so a new project can try checkout at once.
+//! Fonepay has no sandbox and never falls back (decisions, "Sandbox
+//! fonepay").
+
+use super::{ProviderClient, ProviderClients, ProviderConfig, ProviderError};
+use crate::domain::credentials::{self, CredentialsError, CredentialsKeys, ProviderCredentials};
+use crate::domain::{Mode, Provider};
+use crate::store::Store;
+
+/// eSewa's published UAT merchant (research notes, section 1).
+pub const ESEWA_TEST_PRODUCT_CODE: &str = "EPAYTEST";
+pub const ESEWA_TEST_SECRET_KEY: &str = "8gBm/:&EnhH.1/q";
+/// The Khalti key the offline simulator accepts. Against Khalti's real
+/// sandbox, set `DHUKUTI_SANDBOX_KHALTI_SECRET_KEY` to the gateway's own
+/// key from test-admin.khalti.com.
+pub const KHALTI_SIMULATOR_SECRET_KEY: &str = "live_secret_key_0d8f5c3e2b1a4f6e9d7c8b5a4e3f2d1c";
+
+/// The gateway's own test accounts, used in sandbox by projects without
+/// credentials of their own.
+#[derive(Clone)]
+pub struct SandboxAccounts {
+    pub esewa: ProviderCredentials,
+    pub khalti: ProviderCredentials,
+}
+
+impl std::fmt::Debug for SandboxAccounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxAccounts").finish_non_exhaustive()
+    }
+}
+
+impl Default for SandboxAccounts {
+    fn default() -> Self {
+        SandboxAccounts {
+            esewa: ProviderCredentials::Esewa {
+                product_code: ESEWA_TEST_PRODUCT_CODE.into(),
+                secret_key: ESEWA_TEST_SECRET_KEY.into(),
+            },
+            khalti: ProviderCredentials::Khalti {
+                secret_key: KHALTI_SIMULATOR_SECRET_KEY.into(),
+            },
+        }
+    }
+}
+
+impl SandboxAccounts {
+    /// The defaults, with `DHUKUTI_SANDBOX_ESEWA_PRODUCT_CODE`,
+    /// `DHUKUTI_SANDBOX_ESEWA_SECRET_KEY` and
+    /// `DHUKUTI_SANDBOX_KHALTI_SECRET_KEY` taken when set.
+    pub fn from_env() -> Self {
+        let get = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let mut accounts = SandboxAccounts::default();
+        if let (Some(product_code), Some(secret_key)) = (
+            get("DHUKUTI_SANDBOX_ESEWA_PRODUCT_CODE"),
+            get("DHUKUTI_SANDBOX_ESEWA_SECRET_KEY"),
+        ) {
+            accounts.esewa = ProviderCredentials::Esewa {
+                product_code,
+                secret_key,
+            };
+        }
+        if let Some(secret_key) = get("DHUKUTI_SANDBOX_KHALTI_SECRET_KEY") {
+            accounts.khalti = ProviderCredentials::Khalti { secret_key };
+        }
+        accounts
+    }
+}
+
+/// Why no credentials could be had.
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error("no {provider} credentials for this project in {mode}")]
+    NotConfigured {
+        provider: &'static str,
+        mode: &'static str,
+    },
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+}
+
+/// Provider clients of both modes, the master key and the sandbox
+/// accounts.
+#[derive(Clone, Debug)]
+pub struct ProviderHub {
+    clients: Option<(ProviderClients, ProviderClients)>,
+    keys: Option<CredentialsKeys>,
+    sandbox: SandboxAccounts,
+}
+
+impl ProviderHub {
+    /// A hub calling the endpoints of `sandbox` and `live`.
+    pub fn new(
+        sandbox: &ProviderConfig,
+        live: &ProviderConfig,
+        keys: Option<CredentialsKeys>,
+        accounts: SandboxAccounts,
+    ) -> Result<Self, ProviderError> {
+        Ok(ProviderHub {
+            clients: Some((ProviderClients::new(sandbox)?, ProviderClients::new(live)?)),
+            keys,
+            sandbox: accounts,
+        })
+    }
+
+    /// A hub with no clients: every provider call answers "unavailable"
+    /// (a state built for tests that never pay).
+    pub fn unconfigured() -> Self {
+        ProviderHub {
+            clients: None,
+            keys: None,
+            sandbox: SandboxAccounts::default(),
+        }
+    }
+
+    /// From the environment: endpoints (`ProviderConfig::from_env`), the
+    /// master key (`DHUKUTI_CREDENTIALS_KEY`; without it only the sandbox
+    /// accounts work) and the sandbox accounts.
+    pub fn from_env() -> Result<Self, String> {
+        let sandbox = ProviderConfig::from_env(Mode::Sandbox).map_err(|e| e.to_string())?;
+        let live = ProviderConfig::from_env(Mode::Live).map_err(|e| e.to_string())?;
+        let keys = match CredentialsKeys::from_env() {
+            Ok(k) => Some(k),
+            Err(CredentialsError::MissingKey) => None,
+            Err(e) => return Err(e.to_string()),
+        };
+        ProviderHub::new(&sandbox, &live, keys, SandboxAccounts::from_env())
+            .map_err(|e| e.to_string())
+    }
+
+    /// The master key, when one is configured.
+    pub fn keys(&self) -> Option<&CredentialsKeys> {
+        self.keys.as_ref()
+    }
+
+    /// The client of `provider` in `mode`.
+    pub fn client(
+        &self,
+        mode: Mode,
+        provider: Provider,
+    ) -> Result<&dyn ProviderClient, ProviderError> {
+        match &self.clients {
+            Some((sandbox, live)) => Ok(match mode {
+                Mode::Sandbox => sandbox.get(provider),
+                Mode::Live => live.get(provider),
+            }),
+            None => Err(ProviderError::Unavailable(
+                "provider clients are not configured".into(),
+            )),
+        }
+    }
+
+    /// The credentials a project uses at `provider` in `mode`.
+    pub async fn credentials(
+        &self,
+        store: &dyn Store,
+        project_id: &str,
+        mode: Mode,
+        provider: Provider,
+    ) -> Result<ProviderCredentials, HubError> {
+        if let Some(keys) = &self.keys {
+            if let Some(c) =
+                credentials::get_credentials(store, keys, project_id, mode, provider).await?
+            {
+                return Ok(c);
+            }
+        }
+        match (mode, provider) {
+            (Mode::Sandbox, Provider::Esewa) => Ok(self.sandbox.esewa.clone()),
+            (Mode::Sandbox, Provider::Khalti) => Ok(self.sandbox.khalti.clone()),
+            _ => Err(HubError::NotConfigured {
+                provider: provider.as_str(),
+                mode: mode.as_str(),
+            }),
+        }
+    }
+}
