@@ -23,6 +23,7 @@ struct Fixture {
     state: AppState,
     key: String,
     payment_id: String,
+    session_id: Option<String>,
 }
 
 async fn fixture(which: Which) -> Option<Fixture> {
@@ -96,6 +97,7 @@ async fn fixture(which: Which) -> Option<Fixture> {
             .with_blobs(blobs),
         key,
         payment_id: ids.remove(0),
+        session_id: None,
     })
 }
 
@@ -106,7 +108,11 @@ async fn invoke(router: axum::Router, event_file: &str, f: &Fixture) -> Value {
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let text = text
         .replace("__KEY__", &f.key)
-        .replace("__PAYMENT_ID__", &f.payment_id);
+        .replace("__PAYMENT_ID__", &f.payment_id)
+        .replace(
+            "__SESSION_ID__",
+            f.session_id.as_deref().unwrap_or("cs_none"),
+        );
     let request: LambdaRequest =
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
     let mut handler = Adapter::from(router);
@@ -222,7 +228,71 @@ async fn checkout_function_creates_a_session_once_per_idempotency_key(which: Whi
     assert_eq!(body_of(&again)["id"], id);
 }
 
+/// Deployed without `PublicBaseUrl`, the session's `checkout_url` is on
+/// the API's own domain, and the hosted function serves the page there.
+async fn hosted_function_serves_the_checkout_page_on_the_api_domain(which: Which) {
+    let Some(mut f) = fixture(which).await else {
+        return;
+    };
+    f.state.config = Arc::new(Config {
+        public_base_url: String::new(),
+    });
+    let res = invoke(
+        ::checkout::router(f.state.clone()),
+        "checkout-create.json",
+        &f,
+    )
+    .await;
+    assert_eq!(res["statusCode"], 201, "{res}");
+    let body = body_of(&res);
+    let id = body["id"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(
+        body["checkout_url"],
+        format!("https://abc123def4.execute-api.ap-south-1.amazonaws.com/c/{id}").as_str()
+    );
+    f.session_id = Some(id.clone());
+    let page = invoke(::hosted::router(f.state.clone()), "hosted-page.json", &f).await;
+    assert_eq!(page["statusCode"], 200, "{page}");
+    assert_eq!(page["headers"]["content-type"], "text/html; charset=utf-8");
+    assert_eq!(page["headers"]["x-frame-options"], "DENY");
+    assert_eq!(page["headers"]["x-request-id"], "Bx1aHqPaBcwEMa1=");
+    let html = page["body"].as_str().unwrap_or_default();
+    assert!(html.contains("Lambda Shop"), "{html}");
+    assert!(html.contains("NPR 1,500.00"), "{html}");
+    assert!(html.contains(&format!("action=\"/c/{id}/pay\"")), "{html}");
+    // Live, with no credentials stored: nothing to pick, said plainly.
+    assert!(html.contains("cannot take payments"), "{html}");
+    assert!(!html.contains("sk_live_"), "no secret in the page");
+}
+
+/// The scheduler's handler runs a sweep against the store.
+async fn scheduler_function_sweeps(which: Which) {
+    let Some(f) = fixture(which).await else {
+        return;
+    };
+    let event = serde_json::json!({
+        "version": "0", "id": "a1b2", "detail-type": "Scheduled Event",
+        "source": "aws.events", "account": "123456789012",
+        "time": "2026-11-22T04:00:00Z", "region": "ap-south-1",
+        "resources": ["arn:aws:events:ap-south-1:123456789012:rule/sweep"], "detail": {}
+    });
+    let report = match ::scheduler::handle(&f.state, event).await {
+        Ok(r) => r,
+        Err(e) => panic!("sweep failed: {e}"),
+    };
+    for field in [
+        "sessions_expired",
+        "payments_checked",
+        "payments_settled",
+        "errors",
+    ] {
+        assert!(report[field].is_u64(), "{report}");
+    }
+}
+
 on_both_backends!(
+    hosted_function_serves_the_checkout_page_on_the_api_domain,
+    scheduler_function_sweeps,
     account_function_answers_an_http_api_event,
     payments_function_lists_with_the_query_string,
     payments_function_retrieves_one,

@@ -27,20 +27,47 @@ use crate::time::{Clock, SystemClock};
 /// Configuration read once at start (environment variables).
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Public base URL of the hosted pages (checkout, links), no trailing /.
+    /// Public base URL of the hosted pages (checkout, links), no trailing
+    /// /. Empty on Lambda without `DHUKUTI_PUBLIC_URL`: then each request's
+    /// own host is used ([`Config::base_for`]).
     pub public_base_url: String,
 }
 
 impl Config {
     pub fn from_env() -> Self {
-        let base = std::env::var("DHUKUTI_PUBLIC_URL")
+        let set = std::env::var("DHUKUTI_PUBLIC_URL")
             .ok()
-            .filter(|v| !v.trim().is_empty())
-            .unwrap_or_else(|| "http://127.0.0.1:8080".to_owned());
+            .filter(|v| !v.trim().is_empty());
+        let on_lambda = std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some();
+        let base = match set {
+            Some(v) => v,
+            None if on_lambda => String::new(),
+            None => "http://127.0.0.1:8080".to_owned(),
+        };
         Config {
-            public_base_url: base.trim_end_matches('/').to_owned(),
+            public_base_url: base.trim().trim_end_matches('/').to_owned(),
         }
     }
+
+    /// The public base URL: the configured one, else `https://` + the
+    /// request's `Host` (API Gateway's own domain), else the local default.
+    pub fn base_for(&self, host: Option<&str>) -> String {
+        if !self.public_base_url.is_empty() {
+            return self.public_base_url.clone();
+        }
+        match host.filter(|h| is_host(h)) {
+            Some(h) => format!("https://{h}"),
+            None => "http://127.0.0.1:8080".to_owned(),
+        }
+    }
+}
+
+/// A `Host` header value we are willing to put into URLs.
+fn is_host(h: &str) -> bool {
+    !h.is_empty()
+        && h.len() <= 253
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':'))
 }
 
 /// Shared by every request of a function (cheap to clone).
@@ -289,6 +316,23 @@ async fn open_aws(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_base_url_falls_back_to_the_request_host() {
+        let set = super::Config {
+            public_base_url: "https://pay.example".into(),
+        };
+        assert_eq!(set.base_for(Some("evil.example")), "https://pay.example");
+        let unset = super::Config {
+            public_base_url: String::new(),
+        };
+        assert_eq!(
+            unset.base_for(Some("abc.execute-api.ap-south-1.amazonaws.com")),
+            "https://abc.execute-api.ap-south-1.amazonaws.com"
+        );
+        assert_eq!(unset.base_for(Some("a/b@c")), "http://127.0.0.1:8080");
+        assert_eq!(unset.base_for(None), "http://127.0.0.1:8080");
+    }
+
     use super::*;
 
     #[tokio::test]

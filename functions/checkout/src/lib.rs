@@ -101,8 +101,13 @@ async fn create_checkout(
     State(state): State<AppState>,
     auth: Auth,
     fence: Option<Extension<Fence>>,
+    headers: http::HeaderMap,
     JsonBody(body): JsonBody<CreateCheckout>,
 ) -> Result<(StatusCode, Json<Created>), ApiError> {
+    let host = headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    let base = state.config.base_for(host);
     let who = auth.require(Scope::PaymentsWrite)?;
     let valid = checkout::validate_create(body, who.mode()).map_err(api_error)?;
     let creator = Creator {
@@ -117,7 +122,7 @@ async fn create_checkout(
         .await
         .map_err(api_error)?;
     let created = Created {
-        checkout_url: format!("{}/c/{}", state.config.public_base_url, s.id),
+        checkout_url: format!("{base}/c/{}", s.id),
         livemode: s.mode.is_live(),
         id: s.id,
         flow: s.flow,

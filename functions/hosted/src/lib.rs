@@ -331,11 +331,18 @@ fn parse_choice(body: &[u8]) -> PayChoice {
     choice
 }
 
-async fn pay(State(state): State<AppState>, Path(id): Path<String>, body: Bytes) -> Response {
+async fn pay(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: http::HeaderMap,
+    body: Bytes,
+) -> Response {
     let now = state.clock.now();
     let choice = parse_choice(&body);
     let address = choice.address.clone();
-    let started = attempts::start(&state, &id, choice, now).await;
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let base = state.config.base_for(host);
+    let started = attempts::start(&state, &id, choice, &base, now).await;
     let (status, message) = match started {
         Ok(s) => {
             let (merchant, _) = match shop(&state, &s.session).await {

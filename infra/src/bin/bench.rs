@@ -1,6 +1,8 @@
 //! Benchmark: `GET /v1/payments/{id}` on the local gateway against a bare
 //! axum handler answering a fixed JSON body of the same size, on the same
-//! machine in the same run, at the same concurrency.
+//! machine in the same run, at the same concurrency; then `POST
+//! /v1/checkout` (each request with its own `Idempotency-Key`, as a
+//! merchant sends it) on the gateway.
 //!
 //!     cargo run --release -p dhukuti --bin bench -- [--seconds 10] [--connections 32]
 //!
@@ -117,6 +119,24 @@ async fn main() -> std::result::Result<(), String> {
     let base = running.base_url.clone();
     let mut calls = Vec::new();
     let mut body = bytes::Bytes::new();
+    let checkout_body = r#"{"amount": 150000, "returnUrl": "https://shop.example/thanks"}"#;
+    for idem in [None, Some("bench-calls-1")] {
+        let before = counting.calls();
+        let mut req = client
+            .post(format!("{base}/v1/checkout"))
+            .bearer_auth(&key)
+            .header("content-type", "application/json")
+            .body(checkout_body);
+        if let Some(k) = idem {
+            req = req.header("idempotency-key", k);
+        }
+        let res = req.send().await.map_err(|e| e.to_string())?;
+        let label = match idem {
+            Some(_) => "POST /v1/checkout (with Idempotency-Key)".to_owned(),
+            None => "POST /v1/checkout".to_owned(),
+        };
+        calls.push((label, res.status().as_u16(), counting.calls() - before));
+    }
     for path in [
         "/v1/account".to_owned(),
         "/v1/payments?limit=25".to_owned(),
@@ -132,7 +152,7 @@ async fn main() -> std::result::Result<(), String> {
             .map_err(|e| e.to_string())?;
         let status = res.status().as_u16();
         let bytes = res.bytes().await.map_err(|e| e.to_string())?;
-        calls.push((path.clone(), status, counting.calls() - before));
+        calls.push((format!("GET {path}"), status, counting.calls() - before));
         if path.ends_with(&payment.id) {
             body = bytes;
         }
@@ -158,13 +178,20 @@ async fn main() -> std::result::Result<(), String> {
 
     let duration = Duration::from_secs(seconds);
     let mut results = Vec::new();
-    for (name, target) in [
-        ("bare axum, fixed body", &bare_url),
-        ("gateway GET /v1/payments/{id}", &url),
+    let checkout_url = format!("{base}/v1/checkout");
+    for (name, target, post) in [
+        ("bare axum, fixed body", &bare_url, None),
+        ("gateway GET /v1/payments/{id}", &url, None),
+        (
+            "gateway POST /v1/checkout (Idempotency-Key each)",
+            &checkout_url,
+            Some(checkout_body),
+        ),
     ] {
         // Warm up connections and caches.
-        load(target, &key, connections, Duration::from_secs(1)).await;
-        let (requests, errors, seconds, mut lat) = load(target, &key, connections, duration).await;
+        load(target, post, &key, connections, Duration::from_secs(1)).await;
+        let (requests, errors, seconds, mut lat) =
+            load(target, post, &key, connections, duration).await;
         lat.sort_unstable();
         let pick = |q: f64| {
             lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
@@ -187,7 +214,7 @@ async fn main() -> std::result::Result<(), String> {
     println!("| request | status | store calls |");
     println!("|---|---:|---:|");
     for (path, status, n) in &calls {
-        println!("| GET {path} | {status} | {n} |");
+        println!("| {path} | {status} | {n} |");
     }
     println!(
         "\nbody size of GET /v1/payments/{{id}}: {} bytes",
@@ -214,6 +241,7 @@ async fn main() -> std::result::Result<(), String> {
 /// requests back to back until `duration` passes.
 async fn load(
     url: &str,
+    post: Option<&'static str>,
     key: &str,
     connections: usize,
     duration: Duration,
@@ -231,9 +259,22 @@ async fn load(
                 .unwrap_or_default();
             let mut lat = Vec::new();
             let mut errors = 0usize;
+            let worker = shared::ids::new_id(IdKind::Event);
+            let mut n = 0u64;
             while Instant::now() < deadline {
                 let t = Instant::now();
-                let ok = match client.get(&url).bearer_auth(&key).send().await {
+                let req = match post {
+                    Some(body) => {
+                        n += 1;
+                        client
+                            .post(&url)
+                            .header("content-type", "application/json")
+                            .header("idempotency-key", format!("{worker}-{n}"))
+                            .body(body)
+                    }
+                    None => client.get(&url),
+                };
+                let ok = match req.bearer_auth(&key).send().await {
                     Ok(res) => res.status().is_success() && res.bytes().await.is_ok(),
                     Err(_) => false,
                 };

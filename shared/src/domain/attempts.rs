@@ -24,6 +24,7 @@ use futures::StreamExt;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::account;
 use super::checkout::{
     self, Address, CheckoutSession, SessionStatus, open_cond, open_partition, open_partitions,
 };
@@ -193,10 +194,12 @@ fn check_address(a: &Address) -> Result<Address, AttemptError> {
 
 /// The customer chose a provider: create the attempt and ask the provider
 /// for the hand-off.
+/// `public_base`: our public base URL (the providers return there).
 pub async fn start(
     state: &AppState,
     session_id: &str,
     choice: PayChoice,
+    public_base: &str,
     now: Timestamp,
 ) -> Result<Started, AttemptError> {
     let store = &*state.store;
@@ -253,6 +256,11 @@ pub async fn start(
         .credentials(store, &session.project_id, session.mode, provider)
         .await?;
     let client = state.providers.client(session.mode, provider)?;
+    if !shop_may_take_payments(store, &session.project_id).await? {
+        return Err(AttemptError::NotOffered(
+            "this shop cannot take payments right now".into(),
+        ));
+    }
 
     let reference = providers::new_reference();
     let qr = provider == Provider::Fonepay && !choice.fonepay_web;
@@ -357,7 +365,7 @@ pub async fn start(
         });
     }
 
-    let base = &state.config.public_base_url;
+    let base = public_base;
     let attempt = Attempt {
         reference: reference.clone(),
         amount: session.amount,
@@ -426,10 +434,23 @@ pub async fn start(
                 release_hold(store, &session.project_id, &reference, m).await;
             }
             let reason = format!("{} could not start the payment: {err}", provider.as_str());
-            apply(state, &payment, Decision::Failed(reason), now).await?;
+            apply(state, &payment, Decision::NotStarted(reason), now).await?;
             Err(AttemptError::Provider(err))
         }
     }
+}
+
+/// Whether the project's merchant exists and is not suspended.
+pub async fn shop_may_take_payments(
+    store: &dyn Store,
+    project_id: &str,
+) -> Result<bool, StoreError> {
+    let Some(project) = account::get_project(store, project_id).await? else {
+        return Ok(false);
+    };
+    Ok(account::get_merchant(store, &project.merchant_id)
+        .await?
+        .is_some_and(|m| m.suspension.is_none()))
 }
 
 async fn release_hold(store: &dyn Store, project_id: &str, reference: &str, month: &str) {
@@ -572,7 +593,7 @@ pub async fn on_return(
             .credentials(store, &payment.project_id, payment.mode, payment.provider)
             .await?;
         match verify_return(&payment, &creds, kind, params) {
-            Ok(()) => match reconcile(state, &payment, now).await {
+            Ok(()) => match check_and_apply(state, &payment, Some(kind), now).await {
                 Ok(p) => payment = p,
                 Err(e) => {
                     tracing::warn!(payment = %payment.id, error = %e, "status check failed; the reconciler will retry");
@@ -604,6 +625,9 @@ pub enum Decision {
     },
     Failed(String),
     Cancelled(String),
+    /// The provider refused to start the attempt: the payment is `failed`
+    /// but the customer goes back to the picker (nothing was attempted).
+    NotStarted(String),
     /// Still open at the provider: `processing`.
     Processing,
     /// Nothing to change (logged with the reason).
@@ -645,10 +669,38 @@ pub fn decide(payment: &Payment, status: &ProviderStatus, session_over: bool) ->
     }
 }
 
+/// [`decide`] right after the provider sent the customer back through its
+/// failure return: an attempt the provider then has no record of (eSewa
+/// answers `NOT_FOUND` for a payment left or declined in its wallet; it has
+/// no "failed" status) is over, and the customer goes back to the picker.
+pub fn decide_after_return(
+    payment: &Payment,
+    status: &ProviderStatus,
+    kind: ReturnKind,
+    session_over: bool,
+) -> Decision {
+    match (kind, status.state) {
+        (ReturnKind::Fail, ProviderState::NotFound) => Decision::Cancelled(format!(
+            "the customer came back from {} without paying",
+            payment.provider.as_str()
+        )),
+        _ => decide(payment, status, session_over),
+    }
+}
+
 /// Asks the provider about `payment` and applies the answer.
 pub async fn reconcile(
     state: &AppState,
     payment: &Payment,
+    now: Timestamp,
+) -> Result<Payment, AttemptError> {
+    check_and_apply(state, payment, None, now).await
+}
+
+async fn check_and_apply(
+    state: &AppState,
+    payment: &Payment,
+    returned: Option<ReturnKind>,
     now: Timestamp,
 ) -> Result<Payment, AttemptError> {
     let store = &*state.store;
@@ -667,7 +719,10 @@ pub async fn reconcile(
     let over = session
         .as_ref()
         .is_none_or(|s| s.status == SessionStatus::Expired);
-    let decision = decide(payment, &status, over);
+    let decision = match returned {
+        Some(kind) => decide_after_return(payment, &status, kind, over),
+        None => decide(payment, &status, over),
+    };
     if let Decision::Hold(why) = &decision {
         tracing::info!(payment = %payment.id, provider_status = %status.raw_status, reason = %why, "payment left as it is");
     }
@@ -844,11 +899,15 @@ fn plan(
             }
             ops.push(event_op(EventType::PaymentSucceeded, &next, now)?);
         }
-        Decision::Failed(reason) | Decision::Cancelled(reason) => {
+        Decision::Failed(reason) | Decision::Cancelled(reason) | Decision::NotStarted(reason) => {
             if !is_open(p.status) {
                 return Ok(None);
             }
-            let failed = matches!(decision, Decision::Failed(_));
+            let failed = matches!(decision, Decision::Failed(_) | Decision::NotStarted(_));
+            // A decline ends the session; a cancel, or an attempt that never
+            // reached the provider, sends the customer back to the picker
+            // while the session has time left.
+            let ends_session = matches!(decision, Decision::Failed(_));
             let mut next = p.clone();
             next.status = if failed {
                 PaymentStatus::Failed
@@ -871,10 +930,8 @@ fn plan(
                 ])),
             });
             if let Some(s) = session.filter(|s| ours(s) && s.status == SessionStatus::Initiated) {
-                // A decline ends the session; a cancel sends the customer
-                // back to the picker while the session has time left.
-                let back_to_picker = !failed && s.expires_at > now;
-                let session_update = if failed {
+                let back_to_picker = !ends_session && s.expires_at > now;
+                let session_update = if ends_session {
                     Update::new()
                         .set("status", "failed")
                         .set("updated_at", stamp.clone())
@@ -1251,6 +1308,7 @@ mod tests {
             let got = match decide(&p, &with_state(state, "X"), false) {
                 Decision::Processing => "processing",
                 Decision::Failed(_) => "failed",
+                Decision::NotStarted(_) => "not started",
                 Decision::Cancelled(_) => "cancelled",
                 Decision::Hold(_) => "hold",
                 Decision::Success { .. } => "success",
@@ -1539,6 +1597,42 @@ mod tests {
             .unwrap();
         assert_eq!(ok.status, PaymentStatus::Success);
         assert_eq!(load(&st, &p).await.0.status, SessionStatus::Success);
+    }
+
+    #[test]
+    fn a_failure_return_the_provider_does_not_know_is_a_cancel() {
+        let p = payment_of(100_000);
+        let nf = with_state(ProviderState::NotFound, "NOT_FOUND");
+        assert!(matches!(
+            decide_after_return(&p, &nf, ReturnKind::Fail, false),
+            Decision::Cancelled(_)
+        ));
+        assert!(matches!(
+            decide_after_return(&p, &nf, ReturnKind::Ok, false),
+            Decision::Hold(_)
+        ));
+        // Any other answer decides as always (a failure return is no proof
+        // of failure: a paid status still wins).
+        assert!(matches!(
+            decide_after_return(&p, &paid(100_000), ReturnKind::Fail, false),
+            Decision::Success { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn an_attempt_the_provider_refused_fails_but_keeps_the_session_open() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (_, p) = attempt(&st, Provider::Khalti, now).await;
+        let f = apply(&st, &p, Decision::NotStarted("khalti: 503".into()), now)
+            .await
+            .unwrap();
+        assert_eq!(f.status, PaymentStatus::Failed);
+        assert_eq!(load(&st, &p).await.0.status, SessionStatus::Pending);
+        assert_eq!(
+            events(&st).await,
+            vec![(EventType::PaymentFailed, p.id.clone())]
+        );
     }
 
     #[test]
