@@ -383,6 +383,10 @@ struct Shop {
     tenant: Tenant,
     key: String,
     browser: Browser,
+    /// Sweeps made so far: each runs two minutes after the last, so every
+    /// open payment is due again (the sweep checks a young payment at most
+    /// once a minute) while sessions stay within their 30 minutes.
+    sweeps: std::sync::atomic::AtomicI64,
 }
 
 fn later() -> Timestamp {
@@ -415,6 +419,7 @@ impl Shop {
             tenant,
             key,
             browser,
+            sweeps: std::sync::atomic::AtomicI64::new(0),
         }
     }
 
@@ -529,7 +534,11 @@ impl Shop {
     }
 
     async fn sweep(&self) -> SweepReport {
-        self.app.sweep(later()).await
+        let n = self
+            .sweeps
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let at = later().plus(chrono::Duration::minutes(2 * n));
+        self.app.sweep(at).await
     }
 
     // --- the simulators' control API

@@ -54,6 +54,9 @@ pub const SWEEP_BATCH: usize = 50;
 pub const SWEEP_PARALLEL: usize = 8;
 /// Polls of the QR page ask the provider at most this often per payment.
 pub const POLL_CHECK_EVERY: chrono::Duration = chrono::Duration::seconds(3);
+/// An attempt the provider still calls "pending" this long after it began,
+/// with its session over, was abandoned: cancelled.
+pub const ABANDONED_AFTER: chrono::Duration = chrono::Duration::hours(24);
 const TRIES: usize = 4;
 
 /// What the customer chose on the hosted page.
@@ -669,21 +672,40 @@ pub fn decide(payment: &Payment, status: &ProviderStatus, session_over: bool) ->
     }
 }
 
-/// [`decide`] right after the provider sent the customer back through its
-/// failure return: an attempt the provider then has no record of (eSewa
-/// answers `NOT_FOUND` for a payment left or declined in its wallet; it has
-/// no "failed" status) is over, and the customer goes back to the picker.
-pub fn decide_after_return(
+/// [`decide`] in context: `returned` is the provider return that
+/// triggered the check (none for the reconciler and the QR page's poll).
+///
+/// - After a failure return, an attempt the provider has no record of
+///   (eSewa answers `NOT_FOUND` for a payment left or declined in its
+///   wallet; it has no "failed" status) is over: cancelled, and the
+///   customer goes back to the picker.
+/// - The provider's "pending" means `processing` only when the customer
+///   came back from the provider; otherwise the customer simply has not paid
+///   yet (an unscanned QR, a wallet page left open) and nothing changes,
+///   until [`ABANDONED_AFTER`] past an expired session, when the attempt
+///   is cancelled.
+pub fn decide_for(
     payment: &Payment,
     status: &ProviderStatus,
-    kind: ReturnKind,
+    returned: Option<ReturnKind>,
     session_over: bool,
+    now: Timestamp,
 ) -> Decision {
-    match (kind, status.state) {
-        (ReturnKind::Fail, ProviderState::NotFound) => Decision::Cancelled(format!(
+    match (returned, status.state) {
+        (Some(ReturnKind::Fail), ProviderState::NotFound) => Decision::Cancelled(format!(
             "the customer came back from {} without paying",
             payment.provider.as_str()
         )),
+        // The customer came back (eSewa sends a pending payment to its
+        // failure return): the provider is working on it.
+        (Some(_), ProviderState::Pending) => Decision::Processing,
+        (_, ProviderState::Pending) if payment.status == PaymentStatus::Pending => {
+            if session_over && now >= payment.created_at.plus(ABANDONED_AFTER) {
+                Decision::Cancelled("not paid by the customer".into())
+            } else {
+                Decision::Hold("not paid yet".into())
+            }
+        }
         _ => decide(payment, status, session_over),
     }
 }
@@ -719,10 +741,7 @@ async fn check_and_apply(
     let over = session
         .as_ref()
         .is_none_or(|s| s.status == SessionStatus::Expired);
-    let decision = match returned {
-        Some(kind) => decide_after_return(payment, &status, kind, over),
-        None => decide(payment, &status, over),
-    };
+    let decision = decide_for(payment, &status, returned, over, now);
     if let Decision::Hold(why) = &decision {
         tracing::info!(payment = %payment.id, provider_status = %status.raw_status, reason = %why, "payment left as it is");
     }
@@ -987,20 +1006,8 @@ pub async fn poll(
     if !is_open(payment.status) || session.status != SessionStatus::Initiated {
         return Ok(Some((session, Some(payment))));
     }
-    let claim = store
-        .update(
-            &Payment::key(&payment.id),
-            Update::new().set("checked_at", now.to_rfc3339()),
-            Some(Cond::Or(vec![
-                Cond::AttrNotExists("checked_at".into()),
-                Cond::le("checked_at", now.plus(-POLL_CHECK_EVERY).to_rfc3339()),
-            ])),
-        )
-        .await;
-    match claim {
-        Ok(_) => {}
-        Err(StoreError::ConditionFailed) => return Ok(Some((session, Some(payment)))),
-        Err(e) => return Err(e.into()),
+    if !claim_check(store, &payment.id, now, POLL_CHECK_EVERY).await? {
+        return Ok(Some((session, Some(payment))));
     }
     let payment = match reconcile(state, &payment, now).await {
         Ok(p) => p,
@@ -1013,6 +1020,44 @@ pub async fn poll(
         .await?
         .unwrap_or(session);
     Ok(Some((session, Some(payment))))
+}
+
+/// Claims the next provider check of payment `id` at `now` if none was
+/// made in the last `gap` (a conditional write, so parallel pollers and
+/// sweeps ask the provider once). Whether this caller may check.
+pub async fn claim_check(
+    store: &dyn Store,
+    id: &str,
+    now: Timestamp,
+    gap: chrono::Duration,
+) -> Result<bool, StoreError> {
+    let claim = store
+        .update(
+            &Payment::key(id),
+            Update::new().set("checked_at", now.to_rfc3339()),
+            Some(Cond::And(vec![
+                Cond::Exists,
+                Cond::Or(vec![
+                    Cond::AttrNotExists("checked_at".into()),
+                    Cond::le("checked_at", now.plus(-gap).to_rfc3339()),
+                ]),
+            ])),
+        )
+        .await;
+    match claim {
+        Ok(_) => Ok(true),
+        Err(StoreError::ConditionFailed) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// How long the sweep leaves an open payment between checks: a minute
+/// while young, then a tenth of its age (an hour-old attempt every 6
+/// minutes, a day-old one every 2.4 hours), so abandoned attempts cost
+/// little.
+pub fn check_gap(payment: &Payment, now: Timestamp) -> chrono::Duration {
+    let age = now.datetime() - payment.created_at.datetime();
+    std::cmp::max(RECONCILE_AFTER, age / 10)
 }
 
 /// What one run of [`sweep`] did.
@@ -1064,15 +1109,22 @@ pub async fn sweep(state: &AppState, now: Timestamp) -> Result<SweepReport, Stor
         }
     }
     let due = open_payments(store, now.plus(-RECONCILE_AFTER)).await?;
-    let results: Vec<(String, Result<Payment, AttemptError>)> =
+    let results: Vec<(String, Option<Result<Payment, AttemptError>>)> =
         futures::stream::iter(due.into_iter().map(|p| async move {
-            let r = reconcile(state, &p, now).await;
+            let r = match claim_check(store, &p.id, now, check_gap(&p, now)).await {
+                Ok(true) => Some(reconcile(state, &p, now).await),
+                Ok(false) => None,
+                Err(e) => Some(Err(e.into())),
+            };
             (p.id.clone(), r)
         }))
         .buffer_unordered(SWEEP_PARALLEL)
         .collect()
         .await;
     for (id, r) in results {
+        let Some(r) = r else {
+            continue;
+        };
         report.payments_checked += 1;
         match r {
             Ok(p) if !is_open(p.status) => report.payments_settled += 1,
@@ -1602,21 +1654,121 @@ mod tests {
     #[test]
     fn a_failure_return_the_provider_does_not_know_is_a_cancel() {
         let p = payment_of(100_000);
+        let now = p.created_at;
         let nf = with_state(ProviderState::NotFound, "NOT_FOUND");
+        let fail = Some(ReturnKind::Fail);
         assert!(matches!(
-            decide_after_return(&p, &nf, ReturnKind::Fail, false),
+            decide_for(&p, &nf, fail, false, now),
             Decision::Cancelled(_)
         ));
         assert!(matches!(
-            decide_after_return(&p, &nf, ReturnKind::Ok, false),
+            decide_for(&p, &nf, Some(ReturnKind::Ok), false, now),
+            Decision::Hold(_)
+        ));
+        assert!(matches!(
+            decide_for(&p, &nf, None, false, now),
             Decision::Hold(_)
         ));
         // Any other answer decides as always (a failure return is no proof
         // of failure: a paid status still wins).
         assert!(matches!(
-            decide_after_return(&p, &paid(100_000), ReturnKind::Fail, false),
+            decide_for(&p, &paid(100_000), fail, false, now),
             Decision::Success { .. }
         ));
+    }
+
+    #[test]
+    fn pending_is_processing_only_after_the_customer_says_paid() {
+        let p = payment_of(100_000);
+        let now = p.created_at.plus(chrono::Duration::minutes(2));
+        let pending = with_state(ProviderState::Pending, "pending");
+        let ok = Some(ReturnKind::Ok);
+        assert_eq!(
+            decide_for(&p, &pending, ok, false, now),
+            Decision::Processing
+        );
+        // An unscanned QR, a wallet page left open: not paid yet.
+        assert!(matches!(
+            decide_for(&p, &pending, None, false, now),
+            Decision::Hold(_)
+        ));
+        // A day after it began, with the session over: abandoned.
+        let later = p.created_at.plus(ABANDONED_AFTER);
+        assert!(matches!(
+            decide_for(&p, &pending, None, false, later),
+            Decision::Hold(_)
+        ));
+        assert!(matches!(
+            decide_for(&p, &pending, None, true, later),
+            Decision::Cancelled(_)
+        ));
+        // A payment the customer said was paid stays processing (review).
+        let mut processing = p.clone();
+        processing.status = PaymentStatus::Processing;
+        assert_eq!(
+            decide_for(&processing, &pending, None, true, later),
+            Decision::Processing
+        );
+        // Ambiguous is processing whatever the trigger.
+        let amb = with_state(ProviderState::Ambiguous, "AMBIGUOUS");
+        assert_eq!(decide_for(&p, &amb, None, false, now), Decision::Processing);
+    }
+
+    #[test]
+    fn old_open_payments_are_checked_less_often() {
+        let p = payment_of(100_000);
+        let at_age = |m: i64| check_gap(&p, p.created_at.plus(chrono::Duration::minutes(m)));
+        assert_eq!(at_age(2), RECONCILE_AFTER);
+        assert_eq!(at_age(60), chrono::Duration::minutes(6));
+        assert_eq!(at_age(24 * 60), chrono::Duration::minutes(144));
+    }
+
+    #[tokio::test]
+    async fn one_check_is_claimed_per_gap() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (_, p) = attempt(&st, Provider::Esewa, now).await;
+        let gap = chrono::Duration::seconds(3);
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let store = st.store.clone();
+            let id = p.id.clone();
+            tasks.push(tokio::spawn(async move {
+                claim_check(&*store, &id, now, gap).await
+            }));
+        }
+        let mut won = 0;
+        for t in tasks {
+            if t.await.unwrap().unwrap() {
+                won += 1;
+            }
+        }
+        assert_eq!(won, 1);
+        assert!(
+            !claim_check(
+                &*st.store,
+                &p.id,
+                now.plus(chrono::Duration::seconds(2)),
+                gap
+            )
+            .await
+            .unwrap()
+        );
+        assert!(
+            claim_check(
+                &*st.store,
+                &p.id,
+                now.plus(chrono::Duration::seconds(3)),
+                gap
+            )
+            .await
+            .unwrap()
+        );
+        assert!(
+            !claim_check(&*st.store, "pay_missing", now, gap)
+                .await
+                .unwrap()
+        );
     }
 
     #[tokio::test]
