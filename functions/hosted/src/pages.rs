@@ -8,21 +8,7 @@ use shared::domain::Provider;
 use shared::domain::checkout::{Address, CheckoutSession};
 use shared::money::Paisa;
 
-/// Escapes text for HTML content and attribute values.
-pub fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            _ => out.push(c),
-        }
-    }
-    out
-}
+pub use shared::http::html::esc;
 
 /// Escapes text for a JavaScript string literal inside a `<script>`.
 fn js_str(s: &str) -> String {

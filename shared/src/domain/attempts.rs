@@ -469,14 +469,9 @@ pub async fn find_payment(
     session_id: &str,
     payment_id: &str,
 ) -> Result<Option<Payment>, StoreError> {
-    if !ids::is_valid(payment_id, IdKind::Payment) {
-        return Ok(None);
-    }
-    let Some(item) = store.get(&Payment::key(payment_id)).await? else {
-        return Ok(None);
-    };
-    let p: Payment = from_item(item)?;
-    Ok((p.checkout_session_id == session_id).then_some(p))
+    Ok(super::payments::get(store, payment_id)
+        .await?
+        .filter(|p| p.checkout_session_id == session_id))
 }
 
 /// Which way the provider sent the customer back.

@@ -172,14 +172,22 @@ pub async fn find(
     mode: Mode,
     id: &str,
 ) -> Result<Option<Payment>, StoreError> {
+    let Some(payment) = get(store, id).await? else {
+        return Ok(None);
+    };
+    Ok((payment.project_id == project_id && payment.mode == mode).then_some(payment))
+}
+
+/// The payment `id` of any project (provider returns know it by id
+/// alone); no store read for an id that cannot exist.
+pub async fn get(store: &dyn Store, id: &str) -> Result<Option<Payment>, StoreError> {
     if !ids::is_valid(id, IdKind::Payment) {
         return Ok(None);
     }
-    let Some(item) = store.get(&Payment::key(id)).await? else {
-        return Ok(None);
-    };
-    let payment: Payment = from_item(item)?;
-    Ok((payment.project_id == project_id && payment.mode == mode).then_some(payment))
+    match store.get(&Payment::key(id)).await? {
+        Some(item) => from_item(item).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// A page of the project's payments in `mode`, newest first, and the total.

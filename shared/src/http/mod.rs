@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod edge;
 pub mod error;
+pub mod html;
 pub mod idempotency;
 pub mod input;
 pub mod pagination;
