@@ -79,6 +79,7 @@ async fn fixture(which: Which) -> Option<Fixture> {
             updated_at: now,
             double_payment_of: None,
             attempt: Default::default(),
+            checks: Default::default(),
         };
         assert!(
             shared::domain::payments::insert(&*store, &payment)

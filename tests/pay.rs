@@ -1495,6 +1495,25 @@ async fn a_second_success_is_flagged_as_a_double_payment(which: Which) {
 // ---------------------------------------------------------------------------
 // 10. An expired session takes no attempt
 
+/// A session takes at most ten attempts: a page reloaded in a loop (or a
+/// script) cannot mint payments and provider calls without end.
+async fn a_session_takes_at_most_ten_attempts(which: Which) {
+    let Some(shop) = Shop::open(which).await else {
+        return;
+    };
+    let s = shop.checkout(AMOUNT).await;
+    for n in 0..10 {
+        let page = shop.choose(&s, &[("provider", "esewa")]).await;
+        assert_eq!(page.status, 200, "attempt {n}: {}", page.show());
+    }
+    let refused = shop.choose(&s, &[("provider", "esewa")]).await;
+    assert_eq!(refused.status, 422, "{}", refused.show());
+    assert!(refused.has("10 payment attempts"), "{}", refused.show());
+    let (_, total) = shop.payments().await;
+    assert_eq!(total, 10);
+    shop.stop().await;
+}
+
 async fn an_expired_session_takes_no_attempt(which: Which) {
     let clock = ManualClock::new(SystemClock.now());
     let Some(shop) = Shop::open_with_clock(which, Arc::new(clock.clone())).await else {
@@ -1616,6 +1635,7 @@ on_both_backends!(
     a_provider_that_cannot_start_sends_the_customer_back_to_the_picker,
     a_second_success_is_flagged_as_a_double_payment,
     an_expired_session_takes_no_attempt,
+    a_session_takes_at_most_ten_attempts,
     the_fonepay_month_cap_holds_over_http,
     a_retried_checkout_create_answers_the_same_session,
 );

@@ -222,6 +222,7 @@ pub async fn seed_payments(state: &AppState, demo: &DemoAccount) -> Result<usize
                 updated_at: created,
                 double_payment_of: None,
                 attempt: Default::default(),
+                checks: Default::default(),
             };
             payments::insert(store, &payment).await?;
             written += 1;

@@ -361,6 +361,7 @@ impl TestApp {
             updated_at: now,
             double_payment_of: None,
             attempt: Default::default(),
+            checks: Default::default(),
         };
         if let Err(e) = payments::insert(&*self.store, &p).await {
             panic!("payment: {e}");

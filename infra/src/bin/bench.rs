@@ -108,6 +108,7 @@ async fn main() -> std::result::Result<(), String> {
         updated_at: now,
         double_payment_of: None,
         attempt: Default::default(),
+        checks: Default::default(),
     };
     payments::insert(store, &payment)
         .await

@@ -243,6 +243,7 @@ async fn main() -> Result<(), String> {
         updated_at: now,
         double_payment_of: None,
         attempt: Default::default(),
+        checks: Default::default(),
     };
     payments::insert(store, &payment).await.map_err(err)?;
     drop(state); // the embedded store is single-process: release it

@@ -54,6 +54,12 @@ pub const SWEEP_BATCH: usize = 50;
 pub const SWEEP_PARALLEL: usize = 8;
 /// Polls of the QR page ask the provider at most this often per payment.
 pub const POLL_CHECK_EVERY: chrono::Duration = chrono::Duration::seconds(3);
+/// How long a cancelled payment is still checked with its provider.
+pub const RECHECK_CANCELLED: chrono::Duration = chrono::Duration::hours(24);
+/// At most this many attempts per checkout session.
+pub const MAX_ATTEMPTS: u32 = 10;
+/// How many index entries one sweep reads per partition, at most.
+pub const SWEEP_SCAN: usize = 1000;
 /// An attempt the provider still calls "pending" this long after it began,
 /// with its session over, was abandoned: cancelled.
 pub const ABANDONED_AFTER: chrono::Duration = chrono::Duration::hours(24);
@@ -212,6 +218,11 @@ pub async fn start(
     if session.status.is_final() {
         return Err(AttemptError::Closed(session.status));
     }
+    if session.attempts >= MAX_ATTEMPTS {
+        return Err(AttemptError::NotOffered(format!(
+            "this checkout has had {MAX_ATTEMPTS} payment attempts; please return to the shop and start again"
+        )));
+    }
     let provider = choice
         .provider
         .or(session.provider)
@@ -319,8 +330,10 @@ pub async fn start(
             cap_month: cap_month.clone(),
             qr,
         },
+        checks: Default::default(),
     };
     let mut session_update = Update::new()
+        .add("attempts", 1)
         .set("status", SessionStatus::Initiated.as_str())
         .set("payment_id", payment.id.clone())
         .set("provider", provider.as_str())
@@ -353,6 +366,10 @@ pub async fn start(
                 Cond::Exists,
                 open_cond(),
                 Cond::gt("expires_at", now.to_rfc3339()),
+                Cond::Or(vec![
+                    Cond::AttrNotExists("attempts".into()),
+                    Cond::lt("attempts", i64::from(MAX_ATTEMPTS)),
+                ]),
                 current,
             ])),
         },
@@ -483,9 +500,22 @@ pub enum ReturnKind {
     Fail,
 }
 
-/// Why a return was not believed (logged; nothing changes).
+/// Why a return was not believed (logged; nothing changes), and whether
+/// a person must look (a genuine return saying another amount was paid).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Distrust(pub String);
+pub struct Distrust {
+    pub reason: String,
+    pub review: bool,
+}
+
+impl Distrust {
+    fn new(reason: impl Into<String>) -> Self {
+        Distrust {
+            reason: reason.into(),
+            review: false,
+        }
+    }
+}
 
 /// Checks the provider's browser return for `payment`. `Ok(())`: worth a
 /// server-to-server check now. `Err`: tampered, replayed onto another
@@ -505,18 +535,18 @@ pub fn verify_return(
             match (kind, data) {
                 // eSewa's failure redirect carries nothing to verify.
                 (ReturnKind::Fail, None) => Ok(()),
-                (_, None) => Err(Distrust("eSewa return without data".into())),
+                (_, None) => Err(Distrust::new("eSewa return without data")),
                 (_, Some(data)) => {
                     let cb = esewa::verify_callback(creds, &data)
-                        .map_err(|e| Distrust(format!("eSewa data: {e}")))?;
+                        .map_err(|e| Distrust::new(format!("eSewa data: {e}")))?;
                     if cb.transaction_uuid != reference {
-                        return Err(Distrust(format!(
+                        return Err(Distrust::new(format!(
                             "eSewa data names attempt {}, not ours",
                             providers_clip(&cb.transaction_uuid)
                         )));
                     }
                     if cb.total_amount != payment.amount {
-                        return Err(Distrust(format!(
+                        return Err(Distrust::new(format!(
                             "eSewa data says {} paisa, the payment is {}",
                             cb.total_amount.get(),
                             payment.amount.get()
@@ -530,16 +560,16 @@ pub fn verify_return(
             let r = khalti::parse_return(params);
             let token = payment.attempt.provider_token.as_deref();
             if r.pidx.is_none() || r.pidx.as_deref() != token {
-                return Err(Distrust("Khalti return names another pidx".into()));
+                return Err(Distrust::new("Khalti return names another pidx"));
             }
             if let Some(order) = &r.purchase_order_id {
                 if order != reference {
-                    return Err(Distrust("Khalti return names another order".into()));
+                    return Err(Distrust::new("Khalti return names another order"));
                 }
             }
             if let Some(amount) = r.amount {
                 if amount != payment.amount {
-                    return Err(Distrust(format!(
+                    return Err(Distrust::new(format!(
                         "Khalti return says {} paisa, the payment is {}",
                         amount.get(),
                         payment.amount.get()
@@ -550,16 +580,28 @@ pub fn verify_return(
         }
         Provider::Fonepay => {
             let r = fonepay::verify_web_return(creds, params)
-                .map_err(|e| Distrust(format!("Fonepay return: {e}")))?;
+                .map_err(|e| Distrust::new(format!("Fonepay return: {e}")))?;
             if r.prn != reference {
-                return Err(Distrust("Fonepay return names another PRN".into()));
+                return Err(Distrust::new("Fonepay return names another PRN"));
             }
             if r.requested_amount != payment.amount {
-                return Err(Distrust(format!(
+                return Err(Distrust::new(format!(
                     "Fonepay return says {} paisa requested, the payment is {}",
                     r.requested_amount.get(),
                     payment.amount.get()
                 )));
+            }
+            if r.paid && r.paid_amount != payment.amount {
+                // Signed by Fonepay: the customer really paid another
+                // amount (a discount). Never success without a person.
+                return Err(Distrust {
+                    reason: format!(
+                        "Fonepay says {} paisa were paid for a payment of {}",
+                        r.paid_amount.get(),
+                        payment.amount.get()
+                    ),
+                    review: true,
+                });
             }
             Ok(())
         }
@@ -585,23 +627,41 @@ pub async fn on_return(
         .await?
         .ok_or(AttemptError::NotFound)?;
     let mut payment = payment;
-    if is_open(payment.status) {
+    // A cancelled payment may still be paid (the customer finished at the
+    // provider after the cancel): its return is checked like an open one.
+    if is_open(payment.status) || payment.status == PaymentStatus::Cancelled {
         let creds = state
             .providers
             .credentials(store, &payment.project_id, payment.mode, payment.provider)
             .await?;
         match verify_return(&payment, &creds, kind, params) {
-            Ok(()) => match check_and_apply(state, &payment, Some(kind), now).await {
-                Ok(p) => payment = p,
-                Err(e) => {
-                    tracing::warn!(payment = %payment.id, error = %e, "status check failed; the reconciler will retry");
+            // One provider check per payment every few seconds, however
+            // often the return is replayed.
+            Ok(()) => match claim_check(store, &payment.id, now, POLL_CHECK_EVERY).await? {
+                true => match check_and_apply(state, &payment, Some(kind), now).await {
+                    Ok(p) => payment = p,
+                    Err(e) => {
+                        tracing::warn!(payment = %payment.id, error = %e, "status check failed; the reconciler will retry");
+                    }
+                },
+                false => {
+                    tracing::info!(payment = %payment.id, "return within seconds of the last check: not asking the provider again");
                 }
             },
-            Err(Distrust(why)) => {
+            Err(d) if d.review => {
+                tracing::error!(
+                    payment = %payment.id,
+                    provider = payment.provider.as_str(),
+                    reason = %d.reason,
+                    "payment needs review: held as processing"
+                );
+                payment = hold_for_review(store, &payment, &d.reason, now).await?;
+            }
+            Err(d) => {
                 tracing::warn!(
                     payment = %payment.id,
                     provider = payment.provider.as_str(),
-                    reason = %why,
+                    reason = %d.reason,
                     "provider return not believed; payment left for the reconciler"
                 );
             }
@@ -613,6 +673,31 @@ pub async fn on_return(
         .await?
         .ok_or(AttemptError::NotFound)?;
     Ok((session, payment))
+}
+
+/// Holds an open payment as `processing` for a person to look at; the
+/// reconciler then leaves it alone.
+async fn hold_for_review(
+    store: &dyn Store,
+    payment: &Payment,
+    reason: &str,
+    now: Timestamp,
+) -> Result<Payment, StoreError> {
+    let update = Update::new()
+        .set("status", "processing")
+        .set("review", reason)
+        .set("updated_at", now.to_rfc3339());
+    let cond = status_in(&[PaymentStatus::Pending, PaymentStatus::Processing]);
+    match store
+        .update(&Payment::key(&payment.id), update, Some(cond))
+        .await
+    {
+        Ok(item) => from_item(item),
+        Err(StoreError::ConditionFailed) => Ok(super::payments::get(store, &payment.id)
+            .await?
+            .unwrap_or_else(|| payment.clone())),
+        Err(e) => Err(e),
+    }
 }
 
 /// What the provider's answer means for a payment.
@@ -644,6 +729,12 @@ pub fn decide(payment: &Payment, status: &ProviderStatus, session_over: bool) ->
                 a.get(),
                 payment.amount.get()
             )),
+            // eSewa and Khalti state the amount; without it there is no
+            // proof. Fonepay's status has none: the amount is the one we
+            // minted into the QR or signed into the web request.
+            None if payment.provider != Provider::Fonepay => {
+                Decision::Hold("provider says paid but states no amount: needs review".into())
+            }
             _ => Decision::Success {
                 provider_ref: status.provider_ref.clone(),
             },
@@ -686,6 +777,9 @@ pub fn decide_for(
     session_over: bool,
     now: Timestamp,
 ) -> Decision {
+    if let Some(why) = &payment.checks.review {
+        return Decision::Hold(format!("waiting for review: {why}"));
+    }
     match (returned, status.state) {
         (Some(ReturnKind::Fail), ProviderState::NotFound) => Decision::Cancelled(format!(
             "the customer came back from {} without paying",
@@ -733,9 +827,8 @@ async fn check_and_apply(
     };
     let status = client.status(&creds, &query).await?;
     let session = checkout::find_any(store, &payment.checkout_session_id, now).await?;
-    let over = session
-        .as_ref()
-        .is_none_or(|s| s.status == SessionStatus::Expired);
+    // Over: expired, or settled by another attempt, or gone.
+    let over = session.as_ref().is_none_or(|s| s.status.is_final());
     let decision = decide_for(payment, &status, returned, over, now);
     if let Decision::Hold(why) = &decision {
         tracing::info!(payment = %payment.id, provider_status = %status.raw_status, reason = %why, "payment left as it is");
@@ -853,6 +946,7 @@ fn plan(
             next.updated_at = now;
             let mut update = close_payment(
                 Update::new()
+                    .remove("recheck_until")
                     .set("status", "success")
                     .set("updated_at", stamp.clone())
                     .set("failure_reason", Value::Null),
@@ -930,14 +1024,20 @@ fn plan(
             };
             next.failure_reason = Some(reason.clone());
             next.updated_at = now;
+            let mut update = Update::new()
+                .set("status", status_word(next.status))
+                .set("failure_reason", reason.clone())
+                .set("updated_at", stamp.clone());
+            update = if failed {
+                close_payment(update)
+            } else {
+                // A cancelled attempt may still be paid at the provider:
+                // the reconciler keeps asking for a day.
+                update.set("recheck_until", now.plus(RECHECK_CANCELLED).to_rfc3339())
+            };
             ops.push(TxOp::Update {
                 key,
-                update: close_payment(
-                    Update::new()
-                        .set("status", status_word(next.status))
-                        .set("failure_reason", reason.clone())
-                        .set("updated_at", stamp.clone()),
-                ),
+                update,
                 cond: Some(status_in(&[
                     PaymentStatus::Pending,
                     PaymentStatus::Processing,
@@ -1068,24 +1168,71 @@ pub struct SweepReport {
     pub errors: usize,
 }
 
-/// Open payments created before `before`, oldest first, at most
-/// [`SWEEP_BATCH`] per partition.
+/// Whether the sweep should ask the provider about `p` at `now`.
+pub fn due_for_check(p: &Payment, now: Timestamp) -> bool {
+    p.checks
+        .checked_at
+        .is_none_or(|c| now.datetime() - c.datetime() >= check_gap(p, now))
+}
+
+/// Payments in the reconciler's index created before `before`, oldest
+/// first: at most [`SWEEP_BATCH`] per partition that are due a check (or,
+/// for cancelled ones, due to leave the index), reading at most
+/// [`SWEEP_SCAN`] entries per partition, so payments waiting long between
+/// checks never hide the ones behind them.
 pub async fn open_payments(
     store: &dyn Store,
     before: Timestamp,
+    now: Timestamp,
 ) -> Result<Vec<Payment>, StoreError> {
     let mut out = Vec::new();
     for pk in open_partitions(OPEN_PAYMENTS) {
-        let query = Query::partition(pk)
+        let mut query = Query::partition(pk)
             .on(Index::Gsi2)
             .sk(SkCond::Lt(format!("{}#~", before.to_rfc3339())))
             .limit(SWEEP_BATCH);
-        for item in store.query(&query).await?.items {
-            out.push(from_item::<Payment>(item)?);
+        let (mut taken, mut scanned) = (0, 0);
+        loop {
+            let page = store.query(&query).await?;
+            scanned += page.items.len();
+            for item in page.items {
+                let p: Payment = from_item(item)?;
+                let leaving = p.checks.recheck_until.is_some_and(|u| u <= now);
+                if leaving || due_for_check(&p, now) {
+                    out.push(p);
+                    taken += 1;
+                }
+            }
+            match page.last_key {
+                Some(last) if taken < SWEEP_BATCH && scanned < SWEEP_SCAN => {
+                    query.start_after = Some(last);
+                }
+                _ => break,
+            }
         }
     }
     out.sort_by_key(|p| p.created_at);
     Ok(out)
+}
+
+/// Takes a cancelled payment out of the reconciler's index once its
+/// re-check window passed.
+async fn retire(store: &dyn Store, p: &Payment) -> Result<(), StoreError> {
+    let update = Update::new()
+        .remove("recheck_until")
+        .remove(Index::Gsi2.pk_attr())
+        .remove(Index::Gsi2.sk_attr());
+    match store
+        .update(
+            &Payment::key(&p.id),
+            update,
+            Some(Cond::eq("status", "cancelled")),
+        )
+        .await
+    {
+        Ok(_) | Err(StoreError::ConditionFailed) => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// The scheduled pass: expires due sessions and reconciles open payments
@@ -1103,29 +1250,35 @@ pub async fn sweep(state: &AppState, now: Timestamp) -> Result<SweepReport, Stor
             }
         }
     }
-    let due = open_payments(store, now.plus(-RECONCILE_AFTER)).await?;
-    let results: Vec<(String, Option<Result<Payment, AttemptError>>)> =
+    let due = open_payments(store, now.plus(-RECONCILE_AFTER), now).await?;
+    let results: Vec<(Payment, Option<Result<Payment, AttemptError>>)> =
         futures::stream::iter(due.into_iter().map(|p| async move {
+            if p.checks.recheck_until.is_some_and(|u| u <= now) {
+                let r = retire(store, &p).await.map(|()| p.clone());
+                return (p, r.err().map(|e| Err(e.into())));
+            }
             let r = match claim_check(store, &p.id, now, check_gap(&p, now)).await {
                 Ok(true) => Some(reconcile(state, &p, now).await),
                 Ok(false) => None,
                 Err(e) => Some(Err(e.into())),
             };
-            (p.id.clone(), r)
+            (p, r)
         }))
         .buffer_unordered(SWEEP_PARALLEL)
         .collect()
         .await;
-    for (id, r) in results {
+    for (before, r) in results {
         let Some(r) = r else {
             continue;
         };
         report.payments_checked += 1;
         match r {
-            Ok(p) if !is_open(p.status) => report.payments_settled += 1,
+            Ok(p) if p.status != before.status && !is_open(p.status) => {
+                report.payments_settled += 1;
+            }
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(payment = %id, error = %e, "reconcile failed; next sweep retries");
+                tracing::warn!(payment = %before.id, error = %e, "reconcile failed; next sweep retries");
                 report.errors += 1;
             }
         }
@@ -1226,6 +1379,7 @@ mod tests {
                 provider_token: Some("pidx-1".into()),
                 ..Default::default()
             },
+            checks: Default::default(),
         };
         st.store
             .transact(vec![
@@ -1319,6 +1473,7 @@ mod tests {
                 provider_token: Some("pidx-1".into()),
                 ..Default::default()
             },
+            checks: Default::default(),
         }
     }
 
@@ -1328,12 +1483,16 @@ mod tests {
         assert!(
             matches!(decide(&p, &paid(100_000), false), Decision::Success { provider_ref: Some(r) } if r == "TXN-9")
         );
-        // The provider naming no amount (Fonepay) is fine; a different one
-        // is held for review, never success.
+        // No amount named: fine for Fonepay (its status has none; the
+        // amount is the one we minted or signed), held for eSewa and
+        // Khalti, which always state it. A different amount is held too.
         let mut no_amount = paid(1);
         no_amount.amount = None;
+        assert!(matches!(decide(&p, &no_amount, false), Decision::Hold(_)));
+        let mut fonepay = p.clone();
+        fonepay.provider = Provider::Fonepay;
         assert!(matches!(
-            decide(&p, &no_amount, false),
+            decide(&fonepay, &no_amount, false),
             Decision::Success { .. }
         ));
         assert!(matches!(
@@ -1490,6 +1649,122 @@ mod tests {
         assert!(verify_return(&p, &creds, ReturnKind::Ok, &query("PRN2", "500", "500")).is_err());
         assert!(verify_return(&p, &creds, ReturnKind::Ok, &query("PRN1", "5", "5")).is_err());
         assert!(verify_return(&p, &creds, ReturnKind::Ok, "PRN=PRN1").is_err());
+        // Genuinely signed, but the customer paid less (a discount): held
+        // for a person, never success.
+        let values = [
+            "PRN1",
+            "NBQM",
+            "true",
+            "successful",
+            "UID1",
+            "NICENPKA",
+            "98",
+            "400",
+            "500",
+        ];
+        let dv = crate::providers::sign::fonepay_data_validation(secret, &values);
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        for (k, v) in [
+            "PRN", "PID", "PS", "RC", "UID", "BC", "INI", "P_AMT", "R_AMT",
+        ]
+        .iter()
+        .zip(values)
+        {
+            q.append_pair(k, v);
+        }
+        q.append_pair("DV", &dv);
+        let discounted = verify_return(&p, &creds, ReturnKind::Ok, &q.finish());
+        assert!(
+            matches!(discounted, Err(Distrust { review: true, .. })),
+            "{discounted:?}"
+        );
+        let mut held = p.clone();
+        held.checks.review = Some("paid 400 of 500".into());
+        let mut no_amount = paid(1);
+        no_amount.amount = None;
+        assert!(matches!(
+            decide_for(&held, &no_amount, None, false, held.created_at),
+            Decision::Hold(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_payment_is_rechecked_for_a_day_and_can_still_succeed() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (_, p) = attempt(&st, Provider::Esewa, now).await;
+        let c = apply(&st, &p, Decision::Cancelled("left".into()), now)
+            .await
+            .unwrap();
+        assert_eq!(c.status, PaymentStatus::Cancelled);
+        assert_eq!(c.checks.recheck_until, Some(now.plus(RECHECK_CANCELLED)));
+        // Still in the reconciler's index...
+        let soon = now.plus(chrono::Duration::minutes(5));
+        let listed = open_payments(&*st.store, soon, soon).await.unwrap();
+        assert_eq!(
+            listed.iter().map(|x| x.id.clone()).collect::<Vec<_>>(),
+            vec![p.id.clone()]
+        );
+        // ...so a payment made after all is found and recorded.
+        let ok = apply(&st, &c, decide(&c, &paid(100_000), false), soon)
+            .await
+            .unwrap();
+        assert_eq!(ok.status, PaymentStatus::Success);
+        assert_eq!(ok.checks.recheck_until, None);
+        assert!(
+            open_payments(&*st.store, soon, soon)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+
+        // Another cancelled one leaves the index after its day.
+        let s2 = checkout::find_any(&*st.store, &p.checkout_session_id, now)
+            .await
+            .unwrap()
+            .unwrap();
+        let q = add_attempt(&st, &s2, Provider::Khalti, "REF3", now).await;
+        apply(&st, &q, Decision::Cancelled("left".into()), now)
+            .await
+            .unwrap();
+        let day = now.plus(RECHECK_CANCELLED);
+        let due = open_payments(&*st.store, day, day).await.unwrap();
+        assert_eq!(due.len(), 1);
+        retire(&*st.store, &due[0]).await.unwrap();
+        assert!(
+            open_payments(&*st.store, day, day)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[tokio::test]
+    async fn the_sweep_reads_past_payments_that_are_not_due() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (s, _) = attempt(&st, Provider::Esewa, now).await;
+        // 60 old attempts checked a moment ago, then one never checked.
+        let later = now.plus(chrono::Duration::minutes(10));
+        for i in 0..60 {
+            let p = add_attempt(&st, &s, Provider::Esewa, &format!("OLD{i}"), now).await;
+            assert!(
+                claim_check(&*st.store, &p.id, later, check_gap(&p, later))
+                    .await
+                    .unwrap()
+            );
+        }
+        let fresh = add_attempt(
+            &st,
+            &s,
+            Provider::Esewa,
+            "NEW",
+            now.plus(chrono::Duration::seconds(1)),
+        )
+        .await;
+        let due = open_payments(&*st.store, later, later).await.unwrap();
+        assert!(due.iter().any(|p| p.id == fresh.id), "{} due", due.len());
+        assert!(due.len() <= 2, "only the unchecked ones: {}", due.len());
     }
 
     #[tokio::test]
@@ -1512,10 +1787,14 @@ mod tests {
         );
         // Settled payments leave the sweep's index; so does the session.
         assert!(
-            open_payments(&*st.store, later.plus(chrono::Duration::hours(1)))
-                .await
-                .unwrap()
-                .is_empty()
+            open_payments(
+                &*st.store,
+                later.plus(chrono::Duration::hours(1)),
+                later.plus(chrono::Duration::hours(1))
+            )
+            .await
+            .unwrap()
+            .is_empty()
         );
         assert!(
             checkout::due_for_expiry(&*st.store, later.plus(chrono::Duration::hours(1)), 10)

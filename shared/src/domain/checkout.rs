@@ -161,6 +161,9 @@ pub struct CheckoutSession {
     pub expires_at: Timestamp,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// Attempts started at providers (bounded per session).
+    #[serde(default)]
+    pub attempts: u32,
 }
 
 impl CheckoutSession {
@@ -656,6 +659,7 @@ pub fn new_session(creator: &Creator, valid: ValidCheckout, now: Timestamp) -> C
         expires_at: now.plus(SESSION_LIFETIME),
         created_at: now,
         updated_at: now,
+        attempts: 0,
     }
 }
 

@@ -82,6 +82,15 @@ fn holds(item: Option<&Item>, now: Timestamp) -> (Vec<(String, i64)>, Vec<String
     (active, stale)
 }
 
+/// "The item's version is still the one read" (or it still does not
+/// exist).
+fn version_cond(item: Option<&Item>) -> Cond {
+    match item.and_then(|i| i.get("version")).and_then(Value::as_i64) {
+        Some(v) => Cond::eq("version", v),
+        None => Cond::AttrNotExists("version".into()),
+    }
+}
+
 /// What counts toward the month of `now` for the project.
 pub async fn used(store: &dyn Store, project_id: &str, now: Timestamp) -> Result<i64, StoreError> {
     let month = month_of(now);
@@ -112,9 +121,13 @@ pub async fn reserve(
         let cur = store.get(&key).await?;
         let (active, stale) = holds(cur.as_ref(), now);
         let mut used = int(cur.as_ref(), "paid") + active.iter().map(|h| h.1).sum::<i64>();
+        // Near a month start, last month's recent holds count too; a mint
+        // there must not race one on last month's item.
+        let mut prev_check = None;
         if earlier != month {
             let prev = store.get(&cap_key(project_id, &earlier)).await?;
             used += holds(prev.as_ref(), now).0.iter().map(|h| h.1).sum::<i64>();
+            prev_check = Some(version_cond(prev.as_ref()));
         }
         if used + amount > MONTH_CAP_PAISA {
             return Err(CapError::MonthExceeded {
@@ -123,14 +136,7 @@ pub async fn reserve(
                 cap: MONTH_CAP_PAISA,
             });
         }
-        let version = cur
-            .as_ref()
-            .and_then(|i| i.get("version"))
-            .and_then(Value::as_i64);
-        let cond = match version {
-            Some(v) => Cond::eq("version", v),
-            None => Cond::AttrNotExists("version".into()),
-        };
+        let cond = version_cond(cur.as_ref());
         let mut update = Update::new()
             .set(
                 hold_attr(reference),
@@ -141,8 +147,28 @@ pub async fn reserve(
         for attr in stale {
             update = update.remove(attr);
         }
-        match store.update(&key, update, Some(cond)).await {
-            Ok(_) => return Ok(month),
+        let written = match prev_check {
+            None => store.update(&key, update, Some(cond)).await.map(|_| ()),
+            Some(prev_cond) => store
+                .transact(vec![
+                    TxOp::Update {
+                        key: key.clone(),
+                        update,
+                        cond: Some(cond),
+                    },
+                    TxOp::Check {
+                        key: cap_key(project_id, &earlier),
+                        cond: prev_cond,
+                    },
+                ])
+                .await
+                .map_err(|e| match e {
+                    StoreError::TransactionCanceled { .. } => StoreError::ConditionFailed,
+                    other => other,
+                }),
+        };
+        match written {
+            Ok(()) => return Ok(month),
             Err(StoreError::ConditionFailed) => {
                 let pause = 5 + (attempt as u64 * 7) % 40 + rand::random::<u64>() % 20;
                 tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
@@ -275,6 +301,33 @@ mod tests {
             Err(CapError::MonthExceeded { .. })
         ));
         assert!(reserve(&store, "proj_1", "C3", 200_000, t4).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn mints_racing_across_a_month_start_never_pass_the_cap() {
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::in_memory().unwrap());
+        // NPR 4,000 held at 23:50 on the 30th in Kathmandu (18:05 UTC).
+        let held = at("2026-11-30T18:05:00Z");
+        reserve(&*store, "proj_1", "H", 400_000, held)
+            .await
+            .unwrap();
+        let before = at("2026-11-30T18:14:59Z");
+        let after = at("2026-11-30T18:15:01Z");
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let store = store.clone();
+            let t = if i % 2 == 0 { before } else { after };
+            tasks.push(tokio::spawn(async move {
+                reserve(&*store, "proj_1", &format!("R{i}"), 100_000, t).await
+            }));
+        }
+        let mut ok = 0;
+        for t in tasks {
+            if t.await.unwrap().is_ok() {
+                ok += 1;
+            }
+        }
+        assert_eq!(ok, 1, "exactly NPR 1,000 of room in the 30-minute window");
     }
 
     #[tokio::test]

@@ -60,6 +60,25 @@ pub struct Payment {
     /// shown in the API).
     #[serde(default)]
     pub attempt: AttemptInfo,
+    /// The reconciler's bookkeeping (top-level attributes, so conditional
+    /// writes can use them; never shown in the API).
+    #[serde(flatten, default)]
+    pub checks: Checks,
+}
+
+/// When the provider was last asked about a payment, and why it waits.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Checks {
+    /// The last claimed provider check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked_at: Option<Timestamp>,
+    /// A cancelled payment stays in the reconciler's index until then, in
+    /// case the customer pays after all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recheck_until: Option<Timestamp>,
+    /// Why the payment waits for a person (e.g. paid another amount).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub review: Option<String>,
 }
 
 /// The attempt behind a payment, as the provider knows it.
@@ -239,6 +258,7 @@ mod tests {
             updated_at: now,
             double_payment_of: None,
             attempt: AttemptInfo::default(),
+            checks: Checks::default(),
         }
     }
 
