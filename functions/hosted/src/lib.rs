@@ -44,7 +44,7 @@ pub fn router(state: AppState) -> Router {
                 get(returned_get).post(returned_post),
             )
             .route("/c/{id}/qr/{payment}", get(qr))
-            .layer(axum::middleware::map_response(secure))
+            .route_layer(axum::middleware::map_response(secure))
             .with_state(state),
     )
 }
