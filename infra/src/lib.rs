@@ -272,8 +272,12 @@ pub async fn start_with_clock(
         None => sandbox,
     };
     let keys = credentials_keys(&settings.data_dir)?;
-    let hub = ProviderHub::new(&sandbox, &live, Some(keys), SandboxAccounts::from_env())
-        .map_err(|e| e.to_string())?;
+    let mut accounts = SandboxAccounts::from_env();
+    if accounts.khalti.is_none() && sandbox.khalti_base_url.starts_with(&sim_base) {
+        // Khalti is the simulator: its key.
+        accounts.khalti = SandboxAccounts::default().khalti;
+    }
+    let hub = ProviderHub::new(&sandbox, &live, Some(keys), accounts).map_err(|e| e.to_string())?;
     let state = AppState::new(store.clone(), clock, config)
         .with_queue(queue)
         .with_blobs(blobs)

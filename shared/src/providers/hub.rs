@@ -26,7 +26,9 @@ pub const KHALTI_SIMULATOR_SECRET_KEY: &str = "live_secret_key_0d8f5c3e2b1a4f6e9
 #[derive(Clone)]
 pub struct SandboxAccounts {
     pub esewa: ProviderCredentials,
-    pub khalti: ProviderCredentials,
+    /// `None`: Khalti's sandbox has no public key; without the gateway's
+    /// own, only projects with their own Khalti test key can use it.
+    pub khalti: Option<ProviderCredentials>,
 }
 
 impl std::fmt::Debug for SandboxAccounts {
@@ -42,17 +44,18 @@ impl Default for SandboxAccounts {
                 product_code: ESEWA_TEST_PRODUCT_CODE.into(),
                 secret_key: ESEWA_TEST_SECRET_KEY.into(),
             },
-            khalti: ProviderCredentials::Khalti {
+            khalti: Some(ProviderCredentials::Khalti {
                 secret_key: KHALTI_SIMULATOR_SECRET_KEY.into(),
-            },
+            }),
         }
     }
 }
 
 impl SandboxAccounts {
-    /// The defaults, with `DHUKUTI_SANDBOX_ESEWA_PRODUCT_CODE`,
-    /// `DHUKUTI_SANDBOX_ESEWA_SECRET_KEY` and
-    /// `DHUKUTI_SANDBOX_KHALTI_SECRET_KEY` taken when set.
+    /// eSewa's published UAT merchant (or `DHUKUTI_SANDBOX_ESEWA_PRODUCT_CODE`
+    /// and `DHUKUTI_SANDBOX_ESEWA_SECRET_KEY`) and the Khalti key in
+    /// `DHUKUTI_SANDBOX_KHALTI_SECRET_KEY`, if any (the local gateway falls
+    /// back to the simulator's key).
     pub fn from_env() -> Self {
         let get = |name: &str| {
             std::env::var(name)
@@ -61,6 +64,7 @@ impl SandboxAccounts {
                 .filter(|v| !v.is_empty())
         };
         let mut accounts = SandboxAccounts::default();
+        accounts.khalti = None;
         if let (Some(product_code), Some(secret_key)) = (
             get("DHUKUTI_SANDBOX_ESEWA_PRODUCT_CODE"),
             get("DHUKUTI_SANDBOX_ESEWA_SECRET_KEY"),
@@ -71,7 +75,7 @@ impl SandboxAccounts {
             };
         }
         if let Some(secret_key) = get("DHUKUTI_SANDBOX_KHALTI_SECRET_KEY") {
-            accounts.khalti = ProviderCredentials::Khalti { secret_key };
+            accounts.khalti = Some(ProviderCredentials::Khalti { secret_key });
         }
         accounts
     }
@@ -175,13 +179,54 @@ impl ProviderHub {
                 return Ok(c);
             }
         }
-        match (mode, provider) {
-            (Mode::Sandbox, Provider::Esewa) => Ok(self.sandbox.esewa.clone()),
-            (Mode::Sandbox, Provider::Khalti) => Ok(self.sandbox.khalti.clone()),
-            _ => Err(HubError::NotConfigured {
-                provider: provider.as_str(),
-                mode: mode.as_str(),
-            }),
+        let fallback = match (mode, provider) {
+            (Mode::Sandbox, Provider::Esewa) => Some(self.sandbox.esewa.clone()),
+            (Mode::Sandbox, Provider::Khalti) => self.sandbox.khalti.clone(),
+            _ => None,
+        };
+        fallback.ok_or(HubError::NotConfigured {
+            provider: provider.as_str(),
+            mode: mode.as_str(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+
+    #[tokio::test]
+    async fn projects_without_credentials_fall_back_to_the_sandbox_accounts_only() {
+        let store = EmbeddedStore::in_memory().unwrap();
+        let mut hub = ProviderHub::unconfigured();
+        let esewa = hub
+            .credentials(&store, "proj_1", Mode::Sandbox, Provider::Esewa)
+            .await
+            .unwrap();
+        assert_eq!(esewa.provider(), Provider::Esewa);
+        assert!(
+            hub.credentials(&store, "proj_1", Mode::Sandbox, Provider::Khalti)
+                .await
+                .is_ok()
+        );
+        for (mode, provider) in [
+            (Mode::Sandbox, Provider::Fonepay),
+            (Mode::Live, Provider::Esewa),
+            (Mode::Live, Provider::Khalti),
+            (Mode::Live, Provider::Fonepay),
+        ] {
+            let got = hub.credentials(&store, "proj_1", mode, provider).await;
+            assert!(
+                matches!(got, Err(HubError::NotConfigured { .. })),
+                "{mode:?} {provider:?}"
+            );
         }
+        // No gateway Khalti key (a deployment without one): no fallback.
+        hub.sandbox.khalti = None;
+        let got = hub
+            .credentials(&store, "proj_1", Mode::Sandbox, Provider::Khalti)
+            .await;
+        assert!(matches!(got, Err(HubError::NotConfigured { .. })));
     }
 }
