@@ -63,8 +63,10 @@ impl SandboxAccounts {
                 .map(|v| v.trim().to_owned())
                 .filter(|v| !v.is_empty())
         };
-        let mut accounts = SandboxAccounts::default();
-        accounts.khalti = None;
+        let mut accounts = SandboxAccounts {
+            khalti: None,
+            ..SandboxAccounts::default()
+        };
         if let (Some(product_code), Some(secret_key)) = (
             get("DHUKUTI_SANDBOX_ESEWA_PRODUCT_CODE"),
             get("DHUKUTI_SANDBOX_ESEWA_SECRET_KEY"),
