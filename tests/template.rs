@@ -366,10 +366,15 @@ fn the_scheduler_sweeps_every_minute_one_run_at_a_time() {
     assert!(http_routes(scheduler).is_empty());
 }
 
+/// The functions that talk to a provider: Hosted (payments), Refunds
+/// (Khalti's refund API) and Scheduler (reconciliation of payments and
+/// refunds).
+const PROVIDER_CALLERS: [&str; 3] = ["HostedFunction", "RefundsFunction", "SchedulerFunction"];
+
 /// Which functions get the credentials master key: exactly the ones that
 /// open sealed credentials to talk to a provider.
 #[test]
-fn the_credentials_key_reaches_only_hosted_and_scheduler() {
+fn the_credentials_key_reaches_only_the_functions_that_call_providers() {
     use shared::domain::credentials::KEY_ENV;
     let t = template();
     let param = &t["Parameters"]["CredentialsKey"];
@@ -395,7 +400,170 @@ fn the_credentials_key_reaches_only_hosted_and_scheduler() {
         })
         .collect();
     with_key.sort();
-    assert_eq!(with_key, ["HostedFunction", "SchedulerFunction"]);
+    assert_eq!(with_key, PROVIDER_CALLERS);
+}
+
+/// The gateway's own Khalti sandbox key goes where the credentials key
+/// goes (a sandbox refund or reconciliation of a project without its own
+/// Khalti key needs it as much as the payment did), and nowhere else.
+#[test]
+fn the_sandbox_khalti_key_reaches_only_the_functions_that_call_providers() {
+    const ENV: &str = "DHUKUTI_SANDBOX_KHALTI_SECRET_KEY";
+    let t = template();
+    let param = &t["Parameters"]["SandboxKhaltiSecretKey"];
+    assert_eq!(param["Type"].as_str(), Some("String"));
+    assert_eq!(param["NoEcho"].as_bool(), Some(true));
+    assert!(
+        t["Globals"]["Function"]["Environment"]["Variables"][ENV].is_null(),
+        "{ENV} must not be global"
+    );
+    let mut with_key: Vec<String> = functions(&t)
+        .into_iter()
+        .filter_map(|(name, f)| {
+            let v = &f["Properties"]["Environment"]["Variables"][ENV];
+            if v.is_null() {
+                return None;
+            }
+            assert!(
+                is_ref_to(v, "SandboxKhaltiSecretKey"),
+                "{name}: {ENV} is {v:?}"
+            );
+            Some(name)
+        })
+        .collect();
+    with_key.sort();
+    assert_eq!(with_key, PROVIDER_CALLERS);
+}
+
+/// The DynamoDB actions a function is granted on the table itself.
+fn table_actions(f: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for policy in f["Properties"]["Policies"]
+        .as_sequence()
+        .cloned()
+        .unwrap_or_default()
+    {
+        for st in policy["Statement"]
+            .as_sequence()
+            .cloned()
+            .unwrap_or_default()
+        {
+            let resources: Vec<Value> = match &st["Resource"] {
+                Value::Sequence(s) => s.clone(),
+                one => vec![one.clone()],
+            };
+            if !resources.iter().any(|r| target(r) == Target::Table) {
+                continue;
+            }
+            match &st["Action"] {
+                Value::String(a) => out.push(a.clone()),
+                Value::Sequence(s) => {
+                    out.extend(s.iter().filter_map(|a| a.as_str()).map(str::to_owned))
+                }
+                _ => {}
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Whether a function may Query every index (`${Table.Arn}/index/*`).
+fn queries_every_index(f: &Value) -> bool {
+    f["Properties"]["Policies"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["Statement"].as_sequence().cloned().unwrap_or_default())
+        .any(|st| {
+            let actions = match &st["Action"] {
+                Value::String(a) => vec![a.clone()],
+                Value::Sequence(s) => s
+                    .iter()
+                    .filter_map(|a| a.as_str())
+                    .map(str::to_owned)
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let resource = match &st["Resource"] {
+                Value::Sequence(s) => s.first().cloned().unwrap_or(Value::Null),
+                one => one.clone(),
+            };
+            actions.iter().any(|a| a == "dynamodb:Query")
+                && matches!(intrinsic(&resource), Some((f, arg)) if f == "Sub"
+                    && arg.as_str() == Some("${Table.Arn}/index/*"))
+        })
+}
+
+/// The refunds API is the refunds function's, on the HTTP API, with what
+/// a refund transaction and its idempotency claim need on the table.
+#[test]
+fn the_refunds_function_serves_the_refund_routes() {
+    let t = template();
+    let refunds = function(&t, "RefundsFunction", "refunds");
+    let mut routes: Vec<(String, String)> = http_routes(refunds)
+        .into_iter()
+        .map(|(method, path, event)| {
+            assert!(
+                is_ref_to(&event["Properties"]["ApiId"], "HttpApi"),
+                "{method} {path} is not on HttpApi"
+            );
+            (method, path)
+        })
+        .collect();
+    routes.sort();
+    let mut expected: Vec<(String, String)> = [
+        ("POST", "/v1/refunds"),
+        ("GET", "/v1/refunds"),
+        ("GET", "/v1/refunds/{id}"),
+    ]
+    .iter()
+    .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
+    .collect();
+    expected.sort();
+    assert_eq!(routes, expected);
+    assert_eq!(
+        table_actions(refunds),
+        [
+            "dynamodb:ConditionCheckItem",
+            "dynamodb:DeleteItem",
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:Query",
+            "dynamodb:UpdateItem",
+        ]
+    );
+    assert!(
+        queries_every_index(refunds),
+        "RefundsFunction: Query on the indexes"
+    );
+}
+
+/// The sweep resolves refunds left pending as well as payments: the same
+/// item rights as Refunds on the table, and the indexes.
+#[test]
+fn the_scheduler_may_do_what_resolving_a_refund_needs() {
+    let t = template();
+    let scheduler = function(&t, "SchedulerFunction", "scheduler");
+    let actions = table_actions(scheduler);
+    for needed in [
+        "dynamodb:GetItem",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:DeleteItem",
+        "dynamodb:ConditionCheckItem",
+        "dynamodb:Query",
+    ] {
+        assert!(
+            actions.iter().any(|a| a == needed),
+            "SchedulerFunction lacks {needed}: {actions:?}"
+        );
+    }
+    assert!(
+        queries_every_index(scheduler),
+        "SchedulerFunction: Query on the indexes"
+    );
 }
 
 /// What a statement's resource is.

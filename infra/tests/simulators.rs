@@ -221,6 +221,38 @@ impl Sim {
         (status, resp.json().await.unwrap())
     }
 
+    /// A refund call: the status and the raw body (a 500 is HTML).
+    async fn khalti_refund_raw(&self, txn: &str, body: Value) -> (StatusCode, String) {
+        let resp = self
+            .khalti(
+                &format!("merchant-transaction/{txn}/refund/"),
+                Some(&format!("Key {KHALTI_TEST_SECRET_KEY}")),
+                body,
+            )
+            .await;
+        let status = resp.status();
+        (status, resp.text().await.unwrap())
+    }
+
+    async fn khalti_refund(&self, txn: &str, body: Value) -> (StatusCode, Value) {
+        let (status, text) = self.khalti_refund_raw(txn, body).await;
+        let j = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {status} {text}"));
+        (status, j)
+    }
+
+    /// A Khalti payment of `amount` paisa, paid from the wallet: its pidx
+    /// and transaction id.
+    async fn khalti_paid(&self, order: &str, amount: i64) -> (String, String) {
+        let init = self.khalti_initiate(order, amount).await;
+        let pidx = init["pidx"].as_str().unwrap().to_owned();
+        let (status, acted) = self
+            .control("khalti", &format!("attempts/{pidx}/pay"), json!({}))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{acted}");
+        let txn = query_of(acted["callback_url"].as_str().unwrap())["transaction_id"].clone();
+        (pidx, txn)
+    }
+
     // --- Fonepay ------------------------------------------------------
 
     async fn fonepay(&self, call: &str, body: Value) -> reqwest::Response {
@@ -1072,6 +1104,288 @@ async fn khalti_refunds_full_and_partial() {
         )
         .await;
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn khalti_refund_counts_calls_and_refunds() {
+    let sim = start().await;
+    let (pidx, txn) = sim.khalti_paid("order-rc", 5000).await;
+    let a = sim.attempt("khalti", &pidx).await;
+    assert_eq!(a["refund_calls"], 0);
+    assert_eq!(a["refunds"], json!([]));
+
+    let (status, _) = sim.khalti_refund(&txn, json!({"amount": 2000})).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = sim.khalti_refund(&txn, json!({"amount": 9000})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = sim.khalti_refund(&txn, json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    // An unknown transaction reaches no payment.
+    let (status, _) = sim.khalti_refund("nope", json!({})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let a = sim.attempt("khalti", "order-rc").await;
+    assert_eq!(a["status"], "Refunded");
+    assert_eq!(a["refunded_paisa"], 5000);
+    assert_eq!(a["refund_calls"], 3);
+    let refunds = a["refunds"].as_array().unwrap();
+    assert_eq!(refunds.len(), 2, "{a}");
+    assert_eq!(refunds[0]["amount"], 2000);
+    assert_eq!(refunds[0]["timed_out"], false);
+    assert!(refunds[0]["at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(refunds[1]["amount"], 3000);
+}
+
+#[tokio::test]
+async fn khalti_refund_timeout_applies_the_refund_then_answers_late() {
+    let sim = start().await;
+    let (pidx, txn) = sim.khalti_paid("order-rt", 5000).await;
+    // By purchase_order_id, on an existing payment.
+    let (status, answer) = sim
+        .control(
+            "khalti",
+            "next",
+            json!({"outcome": "timeout", "on": "refund", "reference": "order-rt"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        answer,
+        json!({"applied_to": "order-rt", "on": "refund", "attempt_exists": true})
+    );
+    // The refund scenario replaces nothing: lookups are not delayed.
+    assert_eq!(sim.khalti_lookup(&pidx).await.1["status"], "Completed");
+
+    let err = sim
+        .http
+        .post(format!(
+            "{}/khalti/api/merchant-transaction/{txn}/refund/",
+            sim.base
+        ))
+        .header("authorization", format!("Key {KHALTI_TEST_SECRET_KEY}"))
+        .json(&json!({}))
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout());
+    // The provider acted although the client gave up.
+    let (code, l) = sim.khalti_lookup(&pidx).await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(l["status"], "Refunded");
+    assert_eq!(l["refunded"], true);
+    let a = sim.attempt("khalti", &pidx).await;
+    assert_eq!(a["refund_calls"], 1);
+    assert_eq!(
+        a["refunds"].as_array().unwrap().len(),
+        1,
+        "applied exactly once: {a}"
+    );
+    assert_eq!(a["refunds"][0]["amount"], 5000);
+    assert_eq!(a["refunds"][0]["timed_out"], true);
+    // The fault is spent: a retry answers at once, already refunded.
+    let (status, j) = sim.khalti_refund(&txn, json!({})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{j}");
+    assert_eq!(j["detail"], "Transaction already refunded.");
+    let a = sim.attempt("khalti", &pidx).await;
+    assert_eq!(a["refund_calls"], 2);
+    assert_eq!(a["refunds"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn khalti_refund_timeout_by_pidx_answers_after_the_delay() {
+    let sim = start_with(|c| c.timeout_delay = Duration::from_millis(800)).await;
+    let (pidx, txn) = sim.khalti_paid("order-rt2", 5000).await;
+    sim.next(
+        "khalti",
+        json!({"outcome": "timeout", "on": "refund", "reference": pidx.clone()}),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let (status, j) = sim.khalti_refund(&txn, json!({"amount": 1000})).await;
+    assert!(started.elapsed() >= Duration::from_millis(800));
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(j, json!({"detail": "Transaction refund successful."}));
+    assert_eq!(
+        sim.khalti_lookup(&pidx).await.1["status"],
+        "Partially Refunded"
+    );
+    // Once only (times defaults to 1).
+    let started = std::time::Instant::now();
+    let (status, _) = sim.khalti_refund(&txn, json!({"amount": 1000})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(started.elapsed() < Duration::from_millis(800));
+    assert_eq!(sim.attempt("khalti", &pidx).await["refunded_paisa"], 2000);
+}
+
+#[tokio::test]
+async fn khalti_refund_server_error_applies_nothing() {
+    let sim = start().await;
+    let (pidx, txn) = sim.khalti_paid("order-r5", 5000).await;
+    // Without a reference: the next refund call of any payment, set after
+    // the payment exists.
+    let (status, answer) = sim
+        .control(
+            "khalti",
+            "next",
+            json!({"outcome": "server_error", "on": "refund"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(answer, json!({"applied_to": "next", "on": "refund"}));
+    let (status, body) = sim.khalti_refund_raw(&txn, json!({})).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(body.contains("Server Error (500)"));
+    let (_, l) = sim.khalti_lookup(&pidx).await;
+    assert_eq!(l["status"], "Completed");
+    assert_eq!(l["refunded"], false);
+    let a = sim.attempt("khalti", &pidx).await;
+    assert_eq!(a["refund_calls"], 1);
+    assert_eq!(a["refunds"], json!([]));
+    assert_eq!(a["refunded_paisa"], 0);
+    // The retry works.
+    let (status, _) = sim.khalti_refund(&txn, json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(sim.khalti_lookup(&pidx).await.1["status"], "Refunded");
+
+    // Set before the payment exists, by reference, twice.
+    sim.next(
+        "khalti",
+        json!({"outcome": "server_error", "on": "refund", "reference": "order-r6", "times": 2}),
+    )
+    .await;
+    let (pidx, txn) = sim.khalti_paid("order-r6", 5000).await;
+    for _ in 0..2 {
+        let (status, _) = sim.khalti_refund_raw(&txn, json!({})).await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    let (status, _) = sim.khalti_refund(&txn, json!({"amount": 1500})).await;
+    assert_eq!(status, StatusCode::OK);
+    let a = sim.attempt("khalti", &pidx).await;
+    assert_eq!(a["refund_calls"], 3);
+    assert_eq!(a["refunded_paisa"], 1500);
+    assert_eq!(a["status"], "Partially Refunded");
+}
+
+#[tokio::test]
+async fn khalti_refund_failure_is_rejected() {
+    let sim = start().await;
+    let (pidx, txn) = sim.khalti_paid("order-rf", 5000).await;
+    sim.next(
+        "khalti",
+        json!({"outcome": "failure", "on": "refund", "reference": pidx.clone()}),
+    )
+    .await;
+    let (status, j) = sim.khalti_refund(&txn, json!({"amount": 1000})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        j,
+        json!({"detail": "Refund not allowed", "error_key": "validation_error"})
+    );
+    let (_, l) = sim.khalti_lookup(&pidx).await;
+    assert_eq!(l["status"], "Completed");
+    assert_eq!(l["refunded"], false);
+    let a = sim.attempt("khalti", &pidx).await;
+    assert_eq!(a["refund_calls"], 1);
+    assert_eq!(a["refunds"], json!([]));
+    // Then it works.
+    let (status, _) = sim.khalti_refund(&txn, json!({"amount": 1000})).await;
+    assert_eq!(status, StatusCode::OK);
+
+    // By transaction id too.
+    let (pidx, txn) = sim.khalti_paid("order-rf2", 5000).await;
+    sim.next(
+        "khalti",
+        json!({"outcome": "failure", "on": "refund", "reference": txn.clone()}),
+    )
+    .await;
+    let (status, _) = sim.khalti_refund(&txn, json!({})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(sim.attempt("khalti", &pidx).await["refunded_paisa"], 0);
+}
+
+#[tokio::test]
+async fn khalti_refund_scenarios_leave_the_payment_alone() {
+    let sim = start().await;
+    // A refund "failure" for the next refund does not fail the next
+    // customer: the payer page waits for a person.
+    sim.next("khalti", json!({"outcome": "failure", "on": "refund"}))
+        .await;
+    let init = sim.khalti_initiate("order-rs", 2000).await;
+    let page = sim
+        .http
+        .get(init["payment_url"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+
+    // A payment scenario and a refund scenario on the same reference.
+    sim.next(
+        "khalti",
+        json!({"outcome": "pending_then_success", "reference": "order-rs2", "pending_calls": 1}),
+    )
+    .await;
+    sim.next(
+        "khalti",
+        json!({"outcome": "timeout", "on": "refund", "reference": "order-rs2"}),
+    )
+    .await;
+    let init = sim.khalti_initiate("order-rs2", 2000).await;
+    let pidx = init["pidx"].as_str().unwrap();
+    let resp = sim
+        .http
+        .get(init["payment_url"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(query_of(&location(&resp))["status"], "Pending");
+    assert_eq!(sim.khalti_lookup(pidx).await.1["status"], "Pending");
+    let (_, l) = sim.khalti_lookup(pidx).await;
+    assert_eq!(l["status"], "Completed");
+    let txn = l["transaction_id"].as_str().unwrap().to_owned();
+    // The "next" refund failure set above is still waiting: a scenario
+    // by reference comes first (the timeout).
+    let err = sim
+        .http
+        .post(format!(
+            "{}/khalti/api/merchant-transaction/{txn}/refund/",
+            sim.base
+        ))
+        .header("authorization", format!("Key {KHALTI_TEST_SECRET_KEY}"))
+        .json(&json!({}))
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout());
+    assert_eq!(sim.khalti_lookup(pidx).await.1["status"], "Refunded");
+
+    // Bad refund scenarios are refused; eSewa and Fonepay have no refund
+    // API.
+    let (status, _) = sim
+        .control(
+            "khalti",
+            "next",
+            json!({"outcome": "success", "on": "refund"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, answer) = sim
+        .control(
+            "esewa",
+            "next",
+            json!({"outcome": "failure", "on": "refund"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(answer["ignored"], "this provider has no refund API");
+
+    // A reset drops refund scenarios: the pending "next" failure is gone.
+    sim.control("khalti", "reset", json!({})).await;
+    let (_, txn) = sim.khalti_paid("order-rs3", 2000).await;
+    let (status, _) = sim.khalti_refund(&txn, json!({})).await;
+    assert_eq!(status, StatusCode::OK);
 }
 
 // ===========================================================================

@@ -122,6 +122,8 @@ mod tests {
             payments_checked: 5,
             payments_settled: 2,
             errors: 1,
+            refunds_checked: 4,
+            refunds_resolved: 1,
         }));
         let Ok(done) = done else {
             panic!("{:?}", done.err())
@@ -132,7 +134,9 @@ mod tests {
                 "sessions_expired": 3,
                 "payments_checked": 5,
                 "payments_settled": 2,
-                "errors": 1
+                "errors": 1,
+                "refunds_checked": 4,
+                "refunds_resolved": 1
             })
         );
     }

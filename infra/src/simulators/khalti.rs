@@ -11,6 +11,22 @@
 //!   `POST /_control/attempts/{ref}/pay|fail|cancel|expire` (pay takes
 //!   `{"mobile": "98…", "via_bank": bool}`, both optional).
 //!
+//! Refunds: the refund URL names Khalti's `transaction_id`, so the call
+//! finds its payment by transaction id (and the key that created it).
+//! Scenarios with `"on": "refund"` (see [`super::Outcome`]) script it:
+//! `{"outcome": "timeout", "on": "refund", "reference": <pidx,
+//! purchase_order_id or transaction_id>}` applies the refund AT ONCE and
+//! only then holds the answer for the timeout delay (the provider acted;
+//! the client timed out: a lookup already shows the refund);
+//! `server_error` answers 500 and applies nothing; `failure` answers 400
+//! `{"detail": "Refund not allowed", "error_key": "validation_error"}` and
+//! applies nothing. Without a scenario: `amount` refunds part, no amount
+//! refunds the rest, more than the rest is rejected. `GET
+//! /_control/attempts/{ref}` shows `refunded_paisa`, `refund_calls` (every
+//! refund call that named this payment's transaction with the right key,
+//! whatever the answer) and `refunds` (the refunds applied, in order:
+//! `{"amount": paisa, "timed_out": bool, "at": RFC 3339}`).
+//!
 //! Choices where the notes say UNCONFIRMED: an amount of exactly 1000
 //! paisa is accepted (the bound is configurable); a reused
 //! `purchase_order_id` is accepted (a new `pidx`; control calls by
@@ -35,8 +51,8 @@ use serde_json::{Map, Value, json};
 
 use super::page::{self, Brand};
 use super::{
-    ALNUM, Action, Attempt, Fault, FaultOn, Outcome, Scenario, SimState, control_acted,
-    control_error, parse_control_next, parse_form, random_string, with_query,
+    ALNUM, Action, Attempt, Fault, FaultOn, Outcome, RefundFault, Scenario, SimState,
+    control_acted, control_error, parse_control_next, parse_form, random_string, with_query,
 };
 
 pub const COMPLETED: &str = "Completed";
@@ -79,6 +95,11 @@ pub struct KhaltiAttempt {
     /// Paid from a bank: a refund must name `mobile`.
     pub via_bank: bool,
     pub refunded_paisa: i64,
+    /// Refund calls that named this payment's `transaction_id` with the
+    /// right key, whatever the answer (faults and rejections included).
+    pub refund_calls: u32,
+    /// The refunds applied, in order.
+    pub refunds: Vec<KhaltiRefund>,
     pub fee: i64,
     pub pending_calls_left: Option<u32>,
     pub lookups: u32,
@@ -92,7 +113,19 @@ pub struct KhaltiAttempt {
     owner_key: String,
 }
 
+/// A refund applied to a Khalti payment.
+#[derive(Clone, Debug, Serialize)]
+pub struct KhaltiRefund {
+    /// Paisa.
+    pub amount: i64,
+    /// Applied under a `timeout` fault: the caller got no answer in time.
+    pub timed_out: bool,
+    pub at: String,
+}
+
 impl Attempt for KhaltiAttempt {
+    const REFUND_API: bool = true;
+
     fn scenario_mut(&mut self) -> &mut Scenario {
         &mut self.scenario
     }
@@ -381,6 +414,8 @@ async fn initiate(State(st): State<SimState>, headers: HeaderMap, body: Bytes) -
             mobile: None,
             via_bank: false,
             refunded_paisa: 0,
+            refund_calls: 0,
+            refunds: Vec::new(),
             fee: 0,
             pending_calls_left: None,
             lookups: 0,
@@ -631,6 +666,53 @@ async fn refund(
         Ok(b) => b,
         Err(r) => return r,
     };
+
+    let (answer, fault) = {
+        let mut book = st.khalti();
+        let Some((pidx, order)) = book
+            .attempts
+            .values()
+            .find(|a| a.owner_key == key && a.transaction_id.as_deref() == Some(txn.as_str()))
+            .map(|a| (a.pidx.clone(), a.purchase_order_id.clone()))
+        else {
+            return detail_error(StatusCode::NOT_FOUND, "Transaction not found.");
+        };
+        let fault =
+            book.refund_presets
+                .take_refund_fault(&[pidx.as_str(), order.as_str(), txn.as_str()]);
+        let Some(a) = book.attempts.get_mut(&pidx) else {
+            return detail_error(StatusCode::NOT_FOUND, "Transaction not found.");
+        };
+        a.refund_calls += 1;
+        let answer = match fault {
+            Some(RefundFault::ServerError) => server_error(),
+            Some(RefundFault::Failure) => {
+                detail_error(StatusCode::BAD_REQUEST, "Refund not allowed")
+            }
+            Some(RefundFault::Timeout) | None => {
+                match apply_refund(a, &body, fault == Some(RefundFault::Timeout)) {
+                    Ok(()) => axum::Json(json!({"detail": "Transaction refund successful."}))
+                        .into_response(),
+                    Err(r) => r,
+                }
+            }
+        };
+        (answer, fault)
+    };
+    // The refund (if any) is already applied: only the answer is late, as
+    // when the provider acts and the client gives up waiting.
+    if fault == Some(RefundFault::Timeout) {
+        tokio::time::sleep(st.config().timeout_delay).await;
+    }
+    answer
+}
+
+/// Validates a refund body against the payment and applies it.
+fn apply_refund(
+    a: &mut KhaltiAttempt,
+    body: &Map<String, Value>,
+    timed_out: bool,
+) -> Result<(), Response> {
     let amount = match body.get("amount") {
         None | Some(Value::Null) => None,
         Some(v) => match as_integer(v) {
@@ -638,34 +720,25 @@ async fn refund(
             _ => {
                 let mut e = Map::new();
                 add_error(&mut e, "amount", "A valid integer is required.");
-                return validation_error(e);
+                return Err(validation_error(e));
             }
         },
     };
-    let mobile = body
-        .get("mobile")
-        .and_then(Value::as_str)
-        .map(str::to_owned);
-
-    let mut book = st.khalti();
-    let Some(a) = book
-        .attempts
-        .values_mut()
-        .find(|a| a.owner_key == key && a.transaction_id.as_deref() == Some(txn.as_str()))
-    else {
-        return detail_error(StatusCode::NOT_FOUND, "Transaction not found.");
-    };
+    let mobile = body.get("mobile").and_then(Value::as_str);
     if a.status == REFUNDED {
-        return detail_error(StatusCode::BAD_REQUEST, "Transaction already refunded.");
+        return Err(detail_error(
+            StatusCode::BAD_REQUEST,
+            "Transaction already refunded.",
+        ));
     }
     if a.status != COMPLETED && a.status != PARTIALLY_REFUNDED {
-        return detail_error(
+        return Err(detail_error(
             StatusCode::BAD_REQUEST,
             &format!("Transaction with status {} cannot be refunded.", a.status),
-        );
+        ));
     }
     if a.via_bank {
-        match &mobile {
+        match mobile {
             None => {
                 let mut e = Map::new();
                 add_error(
@@ -673,13 +746,13 @@ async fn refund(
                     "mobile",
                     "This field is required for bank transactions.",
                 );
-                return validation_error(e);
+                return Err(validation_error(e));
             }
-            Some(m) if Some(m) != a.mobile.as_ref() => {
-                return detail_error(
+            Some(m) if Some(m) != a.mobile.as_deref() => {
+                return Err(detail_error(
                     StatusCode::BAD_REQUEST,
                     "Mobile number does not match the payer.",
-                );
+                ));
             }
             Some(_) => {}
         }
@@ -687,18 +760,23 @@ async fn refund(
     let left = a.amount - a.refunded_paisa;
     let amount = amount.unwrap_or(left);
     if amount > left {
-        return detail_error(
+        return Err(detail_error(
             StatusCode::BAD_REQUEST,
             &format!("Refund amount exceeds the refundable amount of {left} paisa."),
-        );
+        ));
     }
     a.refunded_paisa += amount;
+    a.refunds.push(KhaltiRefund {
+        amount,
+        timed_out,
+        at: super::now_rfc3339(),
+    });
     a.status = if a.refunded_paisa == a.amount {
         REFUNDED.into()
     } else {
         PARTIALLY_REFUNDED.into()
     };
-    axum::Json(json!({"detail": "Transaction refund successful."})).into_response()
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------

@@ -252,6 +252,24 @@ pub fn router(state: SimState) -> Router {
 ///   a success-shaped callback with an altered amount and a signature that
 ///   does not match it; the status API tells the truth. A customer action
 ///   by hand on such an attempt also produces the forged callback.
+///
+/// With `"on": "refund"` (Khalti only: eSewa and Fonepay have no refund
+/// API) the scenario scripts the refund call instead, and is kept apart
+/// from the payment's scenario (it replaces nothing). Only three outcomes
+/// are allowed there:
+/// - `timeout`: the refund is APPLIED at once (the provider acted), then
+///   the answer is held for [`SimConfig::timeout_delay`], so the client
+///   times out although the money went back;
+/// - `server_error`: HTTP 500, nothing applied;
+/// - `failure`: Khalti rejects the refund: HTTP 400
+///   `{"detail": "Refund not allowed", "error_key": "validation_error"}`,
+///   nothing applied.
+///
+/// Each hits `times` refund calls (default 1) of the payment named by
+/// `reference` (its `pidx`, `purchase_order_id` or `transaction_id`; the
+/// payment may be created later), or without `reference` the next refund
+/// call(s) of any Khalti payment. Only calls naming a known transaction
+/// with the right key take a fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
@@ -265,7 +283,8 @@ pub enum Outcome {
     TamperedCallback,
 }
 
-/// Which server call a `timeout`/`server_error` fault hits.
+/// Which server call a `timeout`/`server_error` fault (or, on `refund`, a
+/// `failure`) hits.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FaultOn {
@@ -274,6 +293,9 @@ pub enum FaultOn {
     Status,
     /// eSewa form POST, Khalti initiate, Fonepay QR create / web redirect.
     Initiate,
+    /// Khalti refund (`POST /api/merchant-transaction/{txn}/refund/`); see
+    /// [`Outcome`] for what `timeout`, `server_error` and `failure` do there.
+    Refund,
 }
 
 /// The body of `POST /{provider}/_control/next`.
@@ -289,10 +311,12 @@ pub struct ControlNext {
     /// Without it, the scenario applies to the provider's next attempt.
     #[serde(default)]
     pub reference: Option<String>,
-    /// For `timeout`/`server_error`: which call (default `status`).
+    /// For `timeout`/`server_error`: which call (default `status`);
+    /// `refund` also takes `failure` (see [`Outcome`]).
     #[serde(default)]
     pub on: Option<FaultOn>,
-    /// For `timeout`/`server_error`: how many calls (default 1).
+    /// For `timeout`/`server_error` (and `failure` on `refund`): how many
+    /// calls (default 1).
     #[serde(default)]
     pub times: Option<u32>,
     /// For `pending_then_success`: pending answers before "paid".
@@ -327,6 +351,18 @@ impl Action {
 pub(crate) enum Fault {
     Timeout,
     ServerError,
+}
+
+/// A fault to apply to one refund call (`"on": "refund"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RefundFault {
+    /// Apply the refund, then answer late.
+    Timeout,
+    /// HTTP 500, nothing applied.
+    ServerError,
+    /// The provider rejects the refund, nothing applied.
+    Failure,
 }
 
 /// The scenario an attempt runs.
@@ -378,6 +414,22 @@ impl Scenario {
         Some(fault)
     }
 
+    /// Takes one refund fault, if this is a refund scenario with faults
+    /// left.
+    fn take_refund_fault(&mut self) -> Option<RefundFault> {
+        if self.fault_on != FaultOn::Refund || self.faults_left == 0 {
+            return None;
+        }
+        let fault = match self.outcome? {
+            Outcome::Timeout => RefundFault::Timeout,
+            Outcome::ServerError => RefundFault::ServerError,
+            Outcome::Failure => RefundFault::Failure,
+            _ => return None,
+        };
+        self.faults_left -= 1;
+        Some(fault)
+    }
+
     pub(crate) fn is(&self, outcome: Outcome) -> bool {
         self.outcome == Some(outcome)
     }
@@ -412,10 +464,38 @@ impl Presets {
             self.by_ref.insert(reference.to_owned(), scenario);
         }
     }
+
+    /// For refund scenarios (kept in [`Book::refund_presets`]): one fault
+    /// for a refund call of the attempt with these references, from the
+    /// first reference that has a scenario with faults left, else from
+    /// the `next` one. A spent scenario is dropped.
+    pub(crate) fn take_refund_fault(&mut self, references: &[&str]) -> Option<RefundFault> {
+        for r in references {
+            if let Some(s) = self.by_ref.get_mut(*r) {
+                let fault = s.take_refund_fault();
+                if s.faults_left == 0 {
+                    self.by_ref.remove(*r);
+                }
+                if fault.is_some() {
+                    return fault;
+                }
+            }
+        }
+        let s = self.next.as_mut()?;
+        let fault = s.take_refund_fault();
+        if s.faults_left == 0 {
+            self.next = None;
+        }
+        fault
+    }
 }
 
 /// An attempt of any provider.
 pub(crate) trait Attempt: Serialize {
+    /// Whether the provider has a refund API (`"on": "refund"` scenarios
+    /// do something).
+    const REFUND_API: bool = false;
+
     fn scenario_mut(&mut self) -> &mut Scenario;
 }
 
@@ -427,6 +507,9 @@ pub(crate) struct Book<A> {
     pub order: Vec<String>,
     pub aliases: HashMap<String, String>,
     pub presets: Presets,
+    /// `"on": "refund"` scenarios, by reference or for the next refund
+    /// call; kept apart from the payment's scenario.
+    pub refund_presets: Presets,
     pub counter: u64,
 }
 
@@ -437,6 +520,7 @@ impl<A> Default for Book<A> {
             order: Vec::new(),
             aliases: HashMap::new(),
             presets: Presets::default(),
+            refund_presets: Presets::default(),
             counter: 0,
         }
     }
@@ -468,6 +552,29 @@ impl<A: Attempt> Book<A> {
     /// `POST /_control/next`.
     pub(crate) fn control_next(&mut self, c: &ControlNext) -> serde_json::Value {
         let scenario = Scenario::from_control(c);
+        if scenario.fault_on == FaultOn::Refund {
+            let applied_to = c.reference.as_deref().unwrap_or("next");
+            if !A::REFUND_API {
+                return json!({
+                    "applied_to": applied_to,
+                    "on": "refund",
+                    "ignored": "this provider has no refund API",
+                });
+            }
+            let attempt_exists = c.reference.as_deref().map(|r| self.resolve(r).is_some());
+            match &c.reference {
+                Some(r) => {
+                    self.refund_presets.by_ref.insert(r.clone(), scenario);
+                }
+                None => self.refund_presets.next = Some(scenario),
+            }
+            return match attempt_exists {
+                Some(exists) => {
+                    json!({"applied_to": applied_to, "on": "refund", "attempt_exists": exists})
+                }
+                None => json!({"applied_to": applied_to, "on": "refund"}),
+            };
+        }
         match &c.reference {
             Some(r) => {
                 if let Some(a) = self.get_mut(r) {
@@ -497,12 +604,24 @@ impl<A: Attempt> Book<A> {
 
 /// Parses a control body (`ControlNext`) with a readable error.
 pub(crate) fn parse_control_next(body: &[u8]) -> Result<ControlNext, Response> {
-    serde_json::from_slice::<ControlNext>(body).map_err(|e| {
+    let c = serde_json::from_slice::<ControlNext>(body).map_err(|e| {
         control_error(
             StatusCode::BAD_REQUEST,
-            &format!("bad control body: {e}; expected {{\"outcome\": \"success\"|\"failure\"|\"cancel\"|\"pending_then_success\"|\"ambiguous\"|\"timeout\"|\"server_error\"|\"tampered_callback\", \"reference\"?: \"...\"}}"),
+            &format!("bad control body: {e}; expected {{\"outcome\": \"success\"|\"failure\"|\"cancel\"|\"pending_then_success\"|\"ambiguous\"|\"timeout\"|\"server_error\"|\"tampered_callback\", \"reference\"?: \"...\", \"on\"?: \"status\"|\"initiate\"|\"refund\", \"times\"?: n}}"),
         )
-    })
+    })?;
+    if c.on == Some(FaultOn::Refund)
+        && !matches!(
+            c.outcome,
+            Outcome::Timeout | Outcome::ServerError | Outcome::Failure
+        )
+    {
+        return Err(control_error(
+            StatusCode::BAD_REQUEST,
+            "with \"on\": \"refund\" the outcome must be \"timeout\", \"server_error\" or \"failure\"",
+        ));
+    }
+    Ok(c)
 }
 
 /// A control API error: `{"error": "..."}`.

@@ -1166,6 +1166,10 @@ pub struct SweepReport {
     pub payments_settled: usize,
     /// Provider or store errors met (the next run tries again).
     pub errors: usize,
+    /// Refunds left `processing` that were checked with Khalti, and how
+    /// many of them that settled.
+    pub refunds_checked: usize,
+    pub refunds_resolved: usize,
 }
 
 /// Whether the sweep should ask the provider about `p` at `now`.
@@ -1283,7 +1287,13 @@ pub async fn sweep(state: &AppState, now: Timestamp) -> Result<SweepReport, Stor
             }
         }
     }
+    let refunds = super::refunds::sweep(state, now).await?;
+    report.refunds_checked = refunds.checked;
+    report.refunds_resolved = refunds.resolved;
+    report.errors += refunds.errors;
     tracing::info!(
+        refunds_checked = report.refunds_checked,
+        refunds_resolved = report.refunds_resolved,
         sessions_expired = report.sessions_expired,
         payments_checked = report.payments_checked,
         payments_settled = report.payments_settled,

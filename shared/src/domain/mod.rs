@@ -9,6 +9,7 @@ pub mod fonepay_cap;
 pub mod outbox;
 pub mod payments;
 pub mod record;
+pub mod refunds;
 
 use serde::{Deserialize, Serialize};
 

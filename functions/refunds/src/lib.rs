@@ -1,0 +1,116 @@
+//! The refunds function: `POST /v1/refunds`, `GET /v1/refunds`,
+//! `GET /v1/refunds/{id}`.
+//!
+//! The POST goes through the idempotency layer and puts the request's fence
+//! in the refund's own transaction: a retry after a lost answer gets the
+//! first refund, never a second one.
+
+use axum::extract::{Extension, Path, State};
+use axum::routing::get;
+use axum::{Json, Router};
+use http::StatusCode;
+use shared::AppState;
+use shared::domain::account::Scope;
+use shared::domain::refunds::{self, CreateRefund, RefundError, RefundView};
+use shared::http::idempotency::{self, Fence};
+use shared::http::{ApiError, Auth, ErrorType, JsonBody, Page, Pagination, QueryParams, with_edge};
+
+/// The function's routes, behind the idempotency layer, in the shared edge.
+pub fn router(state: AppState) -> Router {
+    with_edge(
+        Router::new()
+            .route("/v1/refunds", get(list_refunds).post(create_refund))
+            .route("/v1/refunds/{id}", get(get_refund))
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                idempotency::layer,
+            ))
+            .with_state(state),
+    )
+}
+
+/// The one place refund refusals become answers.
+fn api_error(err: RefundError) -> ApiError {
+    let unprocessable = |code: &'static str, message: String| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorType::InvalidRequestError,
+            code,
+            message,
+        )
+    };
+    match err {
+        RefundError::Invalid { field, message } => ApiError::validation(field, message),
+        RefundError::PaymentNotFound => ApiError::new(
+            StatusCode::NOT_FOUND,
+            ErrorType::InvalidRequestError,
+            "not_found",
+            "No such payment",
+        )
+        .with_param("paymentId"),
+        e @ RefundError::ExceedsBalance { .. } => {
+            unprocessable("refund_exceeds_balance", e.to_string()).with_param("amount")
+        }
+        RefundError::NotSupported(m) => {
+            unprocessable("refund_not_supported", m).with_param("paymentId")
+        }
+        RefundError::NotRefundable(m) => {
+            unprocessable("payment_not_refundable", m).with_param("paymentId")
+        }
+        RefundError::Store(e) => e.into(),
+    }
+}
+
+async fn create_refund(
+    State(state): State<AppState>,
+    auth: Auth,
+    fence: Option<Extension<Fence>>,
+    JsonBody(body): JsonBody<CreateRefund>,
+) -> Result<(StatusCode, Json<RefundView>), ApiError> {
+    let who = auth.require(Scope::RefundsWrite)?;
+    let fence = fence.as_ref().map(|Extension(f)| f);
+    let refund = refunds::create(
+        &state,
+        who.project_id(),
+        who.mode(),
+        body,
+        state.clock.now(),
+        fence,
+    )
+    .await
+    .map_err(api_error)?;
+    Ok((StatusCode::CREATED, Json(refund.into())))
+}
+
+async fn list_refunds(
+    State(state): State<AppState>,
+    auth: Auth,
+    query: QueryParams,
+) -> Result<Json<Page<RefundView>>, ApiError> {
+    let who = auth.require(Scope::RefundsRead)?;
+    let page = Pagination::from_query(&query, refunds::DEFAULT_PAGE)?;
+    let payment_id = query.get("paymentId").filter(|p| !p.is_empty());
+    let (found, total) = refunds::list(
+        &*state.store,
+        who.project_id(),
+        who.mode(),
+        payment_id,
+        page.offset,
+        page.limit,
+    )
+    .await?;
+    let data = found.into_iter().map(RefundView::from).collect();
+    Ok(Json(Page::new(data, total, page)))
+}
+
+async fn get_refund(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<RefundView>, ApiError> {
+    let who = auth.require(Scope::RefundsRead)?;
+    refunds::find(&*state.store, who.project_id(), who.mode(), &id)
+        .await?
+        .map(|r| Json(r.into()))
+        .ok_or_else(|| ApiError::not_found("refund", &id))
+}
