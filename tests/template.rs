@@ -540,6 +540,62 @@ fn the_refunds_function_serves_the_refund_routes() {
     );
 }
 
+/// The payment links API is the payment links function's, on the HTTP
+/// API, with what a link and its idempotency claim need on the table: the
+/// claim is a conditional put, then an update or a delete, and a fence is
+/// a conditional put too, so no ConditionCheckItem. It calls no provider.
+#[test]
+fn the_payment_links_function_serves_the_payment_link_routes() {
+    let t = template();
+    let links = function(&t, "PaymentLinksFunction", "payment-links");
+    let mut routes: Vec<(String, String)> = http_routes(links)
+        .into_iter()
+        .map(|(method, path, event)| {
+            assert!(
+                is_ref_to(&event["Properties"]["ApiId"], "HttpApi"),
+                "{method} {path} is not on HttpApi"
+            );
+            (method, path)
+        })
+        .collect();
+    routes.sort();
+    let mut expected: Vec<(String, String)> = [
+        ("POST", "/v1/payment-links"),
+        ("GET", "/v1/payment-links"),
+        ("GET", "/v1/payment-links/{id}"),
+        ("PATCH", "/v1/payment-links/{id}"),
+        ("DELETE", "/v1/payment-links/{id}"),
+        ("POST", "/v1/payment-links/{id}/cancel"),
+    ]
+    .iter()
+    .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
+    .collect();
+    expected.sort();
+    assert_eq!(routes, expected);
+    assert_eq!(
+        table_actions(links),
+        [
+            "dynamodb:DeleteItem",
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:Query",
+            "dynamodb:UpdateItem",
+        ]
+    );
+    assert!(
+        queries_every_index(links),
+        "PaymentLinksFunction: Query on the indexes"
+    );
+    // It calls no provider: no credentials key, no sandbox key.
+    let vars = &links["Properties"]["Environment"]["Variables"];
+    for env in [
+        shared::domain::credentials::KEY_ENV,
+        "DHUKUTI_SANDBOX_KHALTI_SECRET_KEY",
+    ] {
+        assert!(vars[env].is_null(), "PaymentLinksFunction gets {env}");
+    }
+}
+
 /// The sweep resolves refunds left pending as well as payments: the same
 /// item rights as Refunds on the table, and the indexes.
 #[test]

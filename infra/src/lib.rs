@@ -45,6 +45,7 @@ pub fn app_with_simulators(state: AppState, sim: simulators::SimState) -> Router
             .merge(payments::router(state.clone()))
             .merge(checkout::router(state.clone()))
             .merge(refunds::router(state.clone()))
+            .merge(payment_links::router(state.clone()))
             .merge(hosted::router(state))
             .nest("/sim", simulator_routes(sim)),
     )

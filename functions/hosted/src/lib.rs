@@ -25,6 +25,7 @@ use shared::domain::Provider;
 use shared::domain::account;
 use shared::domain::attempts::{self, AttemptError, PayChoice, ReturnKind};
 use shared::domain::checkout::{self, Address, CheckoutSession, Flow, SessionStatus};
+use shared::domain::links;
 use shared::domain::payments::{Payment, PaymentStatus};
 use shared::http::error::Enveloped;
 use shared::http::with_edge;
@@ -44,6 +45,8 @@ pub fn router(state: AppState) -> Router {
                 get(returned_get).post(returned_post),
             )
             .route("/c/{id}/qr/{payment}", get(qr))
+            .route("/l/{id}", get(link_page).post(link_open))
+            .route("/l/{id}/thanks", get(link_thanks))
             .route_layer(axum::middleware::map_response(secure))
             .with_state(state),
     )
@@ -517,6 +520,116 @@ fn after_return(session: &CheckoutSession, payment: &Payment) -> Response {
         }
         _ => see_other(&format!("/c/{}", session.id)),
     }
+}
+
+/// The merchant's name for a project (for the page header).
+async fn merchant_of(state: &AppState, project_id: &str) -> Result<(String, bool), StoreError> {
+    let Some(project) = account::get_project(&*state.store, project_id).await? else {
+        return Ok(("Shop".into(), false));
+    };
+    match account::get_merchant(&*state.store, &project.merchant_id).await? {
+        Some(m) => Ok((m.name, m.suspension.is_none())),
+        None => Ok((project.name, false)),
+    }
+}
+
+async fn link_page(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    let now = state.clock.now();
+    let link = match links::get(&*state.store, &id).await {
+        Ok(Some(l)) => l,
+        Ok(None) => return link_not_found(),
+        Err(e) => return trouble(&e),
+    };
+    if let Err(e) = links::count_view(&*state.store, &link.id).await {
+        tracing::warn!(error = %e, "link view not counted");
+    }
+    let (merchant, active) = match merchant_of(&state, &link.project_id).await {
+        Ok(x) => x,
+        Err(e) => return trouble(&e),
+    };
+    let sandbox = !link.mode.is_live();
+    if link.unusable(now).is_some() || !active {
+        return html(
+            StatusCode::OK,
+            pages::link_unavailable(&merchant, sandbox, &links::inactive_text(&link)),
+        );
+    }
+    html(
+        StatusCode::OK,
+        pages::link_page(&link, &merchant, None, None),
+    )
+}
+
+async fn link_open(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    let now = state.clock.now();
+    let mut customer = links::LinkCustomer::default();
+    for (k, v) in form_urlencoded::parse(&body) {
+        let v = Some(v.trim().to_owned()).filter(|v| !v.is_empty());
+        match k.as_ref() {
+            "amount" => customer.amount = v,
+            "name" => customer.name = v,
+            "email" => customer.email = v,
+            "phone" => customer.phone = v,
+            _ => {}
+        }
+    }
+    let typed = customer.amount.clone();
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let base = state.config.base_for(host);
+    match links::open_session(&*state.store, &id, customer, &base, now).await {
+        Ok(session) => see_other(&format!("/c/{}", session.id)),
+        Err(links::OpenError::NotFound) => link_not_found(),
+        Err(links::OpenError::Store(e)) => trouble(&e),
+        Err(e) => {
+            let link = match links::get(&*state.store, &id).await {
+                Ok(Some(l)) => l,
+                Ok(None) => return link_not_found(),
+                Err(e) => return trouble(&e),
+            };
+            let (merchant, _) = match merchant_of(&state, &link.project_id).await {
+                Ok(x) => x,
+                Err(e) => return trouble(&e),
+            };
+            match e {
+                links::OpenError::Unusable(m) => html(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    pages::link_unavailable(&merchant, !link.mode.is_live(), &m),
+                ),
+                other => html(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    pages::link_page(&link, &merchant, Some(&other.to_string()), typed.as_deref()),
+                ),
+            }
+        }
+    }
+}
+
+async fn link_thanks(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    let link = match links::get(&*state.store, &id).await {
+        Ok(Some(l)) => l,
+        Ok(None) => return link_not_found(),
+        Err(e) => return trouble(&e),
+    };
+    let (merchant, _) = match merchant_of(&state, &link.project_id).await {
+        Ok(x) => x,
+        Err(e) => return trouble(&e),
+    };
+    html(
+        StatusCode::OK,
+        pages::link_thanks(&merchant, !link.mode.is_live()),
+    )
+}
+
+fn link_not_found() -> Response {
+    html(
+        StatusCode::NOT_FOUND,
+        pages::plain("Link not found", "This payment link does not exist."),
+    )
 }
 
 async fn qr(

@@ -322,6 +322,84 @@ pub fn amount_text(p: Paisa) -> String {
     p.display_npr()
 }
 
+/// A payment link's page: what is sold, the amount (or a field for it),
+/// the customer's details, and one button to go on to checkout.
+pub fn link_page(
+    link: &shared::domain::links::PaymentLink,
+    merchant: &str,
+    error: Option<&str>,
+    typed_amount: Option<&str>,
+) -> String {
+    let mut body = String::from("<div class=card>");
+    body.push_str(&format!("<h1 id=link-title>{}</h1>", esc(&link.title)));
+    if let Some(d) = &link.description {
+        body.push_str(&format!("<p class=muted>{}</p>", esc(d)));
+    }
+    if let Some(a) = link.amount {
+        body.push_str(&format!(
+            "<div class=amount id=amount>{}</div>",
+            esc(&a.display_npr())
+        ));
+    }
+    body.push_str("</div>");
+    if let Some(e) = error {
+        body.push_str(&format!("<div class=error id=error>{}</div>", esc(e)));
+    }
+    body.push_str(&format!(
+        "<form id=link-form class=card method=post action=\"/l/{}\">",
+        esc(&link.id)
+    ));
+    if link.amount.is_none() {
+        let min = Paisa::new(link.min_amount.unwrap_or(1)).unwrap_or_default();
+        let max = Paisa::new(link.max_amount.unwrap_or(1)).unwrap_or_default();
+        body.push_str(&format!(
+            "<label class=field for=link-amount>Amount in NPR ({} to {})</label>\
+             <input type=text inputmode=decimal id=link-amount name=amount value=\"{}\" required>",
+            esc(&min.display_npr()),
+            esc(&max.display_npr()),
+            esc(typed_amount.unwrap_or_default())
+        ));
+    }
+    for (name, label, value) in [
+        ("name", "Your name", link.customer_name.as_deref()),
+        ("email", "Email (optional)", link.customer_email.as_deref()),
+        ("phone", "Mobile (optional)", link.customer_phone.as_deref()),
+    ] {
+        body.push_str(&format!(
+            "<label class=field for=link-{name}>{label}</label>\
+             <input type=text id=link-{name} name={name} value=\"{}\" maxlength=200>",
+            esc(value.unwrap_or_default())
+        ));
+    }
+    body.push_str("<button id=link-continue type=submit>Continue to payment</button></form>");
+    layout(&link.title, merchant, !link.mode.is_live(), &body, "")
+}
+
+/// A link that cannot take payments: its own message.
+pub fn link_unavailable(merchant: &str, sandbox: bool, message: &str) -> String {
+    layout(
+        "Unavailable",
+        merchant,
+        sandbox,
+        &format!(
+            "<div class=card id=inactive><h1>Not available</h1><p>{}</p></div>",
+            esc(message)
+        ),
+        "",
+    )
+}
+
+/// Where a link's customer lands when the link has no `redirectUrl`.
+pub fn link_thanks(merchant: &str, sandbox: bool) -> String {
+    layout(
+        "Thank you",
+        merchant,
+        sandbox,
+        "<div class=card id=thanks><h1>Thank you</h1><p>Your payment was received. You can close this page.</p></div>",
+        "",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

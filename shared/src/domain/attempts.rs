@@ -862,7 +862,12 @@ pub async fn apply(
             Some(i) => Some(from_item::<CheckoutSession>(i)?),
             None => None,
         };
-        let Some(ops) = plan(&current, session.as_ref(), &decision, now)? else {
+        let link = match session.as_ref().and_then(|s| s.link_id.clone()) {
+            Some(id) => super::links::get(store, &id).await?,
+            None => None,
+        };
+        let link = link.map(|l| (l, state.config.public_base_url.as_str()));
+        let Some(ops) = plan(&current, session.as_ref(), link.as_ref(), &decision, now)? else {
             return Ok(current);
         };
         match store.transact(ops).await {
@@ -909,6 +914,7 @@ fn close_payment(update: Update) -> Update {
 fn plan(
     p: &Payment,
     session: Option<&CheckoutSession>,
+    link: Option<&(super::links::PaymentLink, &str)>,
     decision: &Decision,
     now: Timestamp,
 ) -> Result<Option<Vec<TxOp>>, StoreError> {
@@ -981,6 +987,39 @@ fn plan(
                             .remove(Index::Gsi2.sk_attr()),
                         cond: Some(Cond::ne("status", "success")),
                     });
+                    if let Some((l, base)) = link {
+                        // The link's use becomes a completed one, once:
+                        // only this transition of the session counts it.
+                        let mut update = Update::new()
+                            .add("used_count", 1)
+                            .set("updated_at", stamp.clone());
+                        if s.status.is_final() || !s.link_claimed {
+                            // Its hold was given back (expired first).
+                            update = update.add("claimed", 1);
+                        }
+                        ops.push(TxOp::Update {
+                            key: super::links::PaymentLink::key(&l.id),
+                            update,
+                            cond: Some(Cond::Exists),
+                        });
+                        let mut after = l.clone();
+                        after.used_count += 1;
+                        after.updated_at = now;
+                        let view = serde_json::to_value(super::links::PaymentLinkView::of(
+                            after, base, false,
+                        ))
+                        .map_err(|e| StoreError::Invalid(e.to_string()))?;
+                        ops.push(
+                            Event::new(
+                                EventType::PaymentLinkPaid,
+                                &p.project_id,
+                                p.mode,
+                                view,
+                                now,
+                            )
+                            .put_op()?,
+                        );
+                    }
                 }
                 _ => {}
             }
@@ -1067,6 +1106,11 @@ fn plan(
                             Cond::eq("status", "initiated"),
                         ])),
                     });
+                    if ends_session && s.link_claimed {
+                        if let Some(id) = &s.link_id {
+                            ops.push(super::links::release_op(id));
+                        }
+                    }
                 }
             }
             let kind = if failed {

@@ -164,6 +164,13 @@ pub struct CheckoutSession {
     /// Attempts started at providers (bounded per session).
     #[serde(default)]
     pub attempts: u32,
+    /// The payment link the session was opened from.
+    #[serde(default)]
+    pub link_id: Option<String>,
+    /// Whether the session holds one of its link's `maxUses` (released
+    /// when it ends unpaid).
+    #[serde(default)]
+    pub link_claimed: bool,
 }
 
 impl CheckoutSession {
@@ -177,7 +184,7 @@ impl CheckoutSession {
 
     /// `gsi1`: the project's list; `gsi2` (sparse, while open): the
     /// sessions the scheduler expires, by `expires_at`.
-    fn indexes(&self) -> Vec<(Index, String, String)> {
+    pub(crate) fn indexes(&self) -> Vec<(Index, String, String)> {
         let mut out = vec![(
             Index::Gsi1,
             CheckoutSession::list_partition(&self.project_id, self.mode),
@@ -553,7 +560,7 @@ pub fn check_url(field: &str, url: &str, mode: Mode) -> Result<(), CheckoutError
     Ok(())
 }
 
-fn bounded(
+pub(crate) fn bounded(
     field: &str,
     value: Option<String>,
     max: usize,
@@ -660,6 +667,8 @@ pub fn new_session(creator: &Creator, valid: ValidCheckout, now: Timestamp) -> C
         created_at: now,
         updated_at: now,
         attempts: 0,
+        link_id: None,
+        link_claimed: false,
     }
 }
 
@@ -843,9 +852,37 @@ async fn mark_expired(
         .set("updated_at", now.to_rfc3339())
         .remove(Index::Gsi2.pk_attr())
         .remove(Index::Gsi2.sk_attr());
-    match store.update(&key, update, Some(Cond::And(conds))).await {
-        Ok(item) => from_item(item),
-        Err(StoreError::ConditionFailed) => match store.get(&key).await? {
+    let current: Option<CheckoutSession> = match store.get(&key).await? {
+        Some(item) => Some(from_item(item)?),
+        None => None,
+    };
+    // A session holding one of its link's uses gives it back as it ends.
+    let release = current
+        .as_ref()
+        .filter(|s| s.link_claimed)
+        .and_then(|s| s.link_id.clone());
+    let written = match release {
+        None => store
+            .update(&key, update, Some(Cond::And(conds)))
+            .await
+            .map(|_| ()),
+        Some(link) => store
+            .transact(vec![
+                TxOp::Update {
+                    key: key.clone(),
+                    update,
+                    cond: Some(Cond::And(conds)),
+                },
+                super::links::release_op(&link),
+            ])
+            .await
+            .map_err(|e| match e {
+                StoreError::TransactionCanceled { .. } => StoreError::ConditionFailed,
+                other => other,
+            }),
+    };
+    match written {
+        Ok(()) | Err(StoreError::ConditionFailed) => match store.get(&key).await? {
             Some(item) => from_item(item),
             None => Err(StoreError::Backend(format!("session {id} vanished"))),
         },

@@ -1,0 +1,184 @@
+//! The payment links function: `POST /v1/payment-links`,
+//! `GET /v1/payment-links`, `GET|PATCH|DELETE /v1/payment-links/{id}`,
+//! `POST /v1/payment-links/{id}/cancel`. The public page is in
+//! `functions/hosted`.
+
+use axum::extract::{Path, State};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http::{HeaderMap, StatusCode};
+use serde_json::{Value, json};
+use shared::AppState;
+use shared::domain::account::Scope;
+use shared::domain::links::{self, CreateLink, LinkError, PatchLink, PaymentLinkView};
+use shared::http::idempotency;
+use shared::http::{ApiError, Auth, ErrorType, JsonBody, Page, Pagination, QueryParams, with_edge};
+
+/// The function's routes, behind the idempotency layer, in the shared edge.
+pub fn router(state: AppState) -> Router {
+    with_edge(
+        Router::new()
+            .route("/v1/payment-links", get(list_links).post(create_link))
+            .route(
+                "/v1/payment-links/{id}",
+                get(get_link).patch(patch_link).delete(delete_link),
+            )
+            .route("/v1/payment-links/{id}/cancel", post(cancel_link))
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                idempotency::layer,
+            ))
+            .with_state(state),
+    )
+}
+
+/// The one place link refusals become answers.
+fn api_error(err: LinkError, id: &str) -> ApiError {
+    match err {
+        LinkError::Invalid { field, message } => ApiError::validation(field, message),
+        LinkError::NotFound => ApiError::not_found("payment link", id),
+        e @ LinkError::Inactive => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorType::InvalidRequestError,
+            "link_inactive",
+            e.to_string(),
+        ),
+        e @ LinkError::Used => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorType::InvalidRequestError,
+            "link_used",
+            e.to_string(),
+        ),
+        LinkError::Store(e) => e.into(),
+    }
+}
+
+fn base(state: &AppState, headers: &HeaderMap) -> String {
+    let host = headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    state.config.base_for(host)
+}
+
+async fn create_link(
+    State(state): State<AppState>,
+    auth: Auth,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<CreateLink>,
+) -> Result<(StatusCode, Json<PaymentLinkView>), ApiError> {
+    let who = auth.require(Scope::LinksWrite)?;
+    let link = links::new_link(who.project_id(), who.mode(), body, state.clock.now())
+        .map_err(|e| api_error(e, ""))?;
+    links::insert(&*state.store, &link).await?;
+    let view = PaymentLinkView::of(link, &base(&state, &headers), false);
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+async fn list_links(
+    State(state): State<AppState>,
+    auth: Auth,
+    headers: HeaderMap,
+    query: QueryParams,
+) -> Result<Json<Page<PaymentLinkView>>, ApiError> {
+    let who = auth.require(Scope::LinksRead)?;
+    let page = Pagination::from_query(&query, links::DEFAULT_PAGE)?;
+    let active = match query.get("active") {
+        None | Some("") => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        Some(other) => {
+            return Err(ApiError::validation(
+                "active",
+                format!("active must be true or false, got {other:?}"),
+            ));
+        }
+    };
+    let (found, total) = links::list(
+        &*state.store,
+        who.project_id(),
+        who.mode(),
+        active,
+        page.offset,
+        page.limit,
+    )
+    .await?;
+    let base = base(&state, &headers);
+    let data = found
+        .into_iter()
+        .map(|l| PaymentLinkView::of(l, &base, false))
+        .collect();
+    Ok(Json(Page::new(data, total, page)))
+}
+
+async fn get_link(
+    State(state): State<AppState>,
+    auth: Auth,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<PaymentLinkView>, ApiError> {
+    let who = auth.require(Scope::LinksRead)?;
+    links::find(&*state.store, who.project_id(), who.mode(), &id)
+        .await?
+        .map(|l| Json(PaymentLinkView::of(l, &base(&state, &headers), true)))
+        .ok_or_else(|| ApiError::not_found("payment link", &id))
+}
+
+async fn patch_link(
+    State(state): State<AppState>,
+    auth: Auth,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<PatchLink>,
+) -> Result<Json<PaymentLinkView>, ApiError> {
+    let who = auth.require(Scope::LinksWrite)?;
+    let link = links::patch(
+        &*state.store,
+        who.project_id(),
+        who.mode(),
+        &id,
+        body,
+        state.clock.now(),
+    )
+    .await
+    .map_err(|e| api_error(e, &id))?;
+    Ok(Json(PaymentLinkView::of(
+        link,
+        &base(&state, &headers),
+        false,
+    )))
+}
+
+async fn cancel_link(
+    State(state): State<AppState>,
+    auth: Auth,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<PaymentLinkView>, ApiError> {
+    let who = auth.require(Scope::LinksWrite)?;
+    let link = links::cancel(
+        &*state.store,
+        who.project_id(),
+        who.mode(),
+        &id,
+        state.clock.now(),
+    )
+    .await
+    .map_err(|e| api_error(e, &id))?;
+    Ok(Json(PaymentLinkView::of(
+        link,
+        &base(&state, &headers),
+        false,
+    )))
+}
+
+async fn delete_link(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let who = auth.require(Scope::LinksWrite)?;
+    let deleted = links::delete(&*state.store, who.project_id(), who.mode(), &id)
+        .await
+        .map_err(|e| api_error(e, &id))?;
+    Ok(Json(json!({"deleted": true, "id": deleted})))
+}

@@ -1,0 +1,1063 @@
+//! Payment links (spec "Payment link", decisions "Payment links"):
+//! reusable hosted pages that shops share, with a fixed amount or one the
+//! customer enters between bounds.
+//!
+//! Stored at `LNK#<id>` / `LNK`, listed per project and mode through
+//! `gsi1` (`PROJ#<p>#<mode>#LNK`, newest first). `views` and `used_count`
+//! are counters on the item (atomic `ADD`); `maxUses` can never be set
+//! below `used_count` (a condition on the update), a used link can never be
+//! deleted (a condition on the delete), and a cancel of an inactive link
+//! changes nothing (a condition on `active`).
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
+
+use super::checkout::{self, Address, CheckoutError, MAX_AMOUNT_PAISA, bounded, check_url};
+use super::record::{from_item, to_item};
+use super::{Mode, Provider};
+use crate::ids::{self, IdKind};
+use crate::money::{Currency, Paisa};
+use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, Update, query_window};
+use crate::time::Timestamp;
+
+pub const DEFAULT_PAGE: usize = 25;
+pub const MAX_TITLE: usize = 100;
+pub const MAX_DESCRIPTION: usize = 500;
+pub const MAX_INACTIVE_MESSAGE: usize = 300;
+pub const MAX_REFERENCE_ID: usize = 100;
+/// The smallest amount a customer may enter when the link sets none.
+pub const DEFAULT_MIN_AMOUNT: i64 = 1000;
+
+/// A stored link.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PaymentLink {
+    pub id: String,
+    pub project_id: String,
+    pub mode: Mode,
+    pub title: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub amount: Option<Paisa>,
+    #[serde(default)]
+    pub min_amount: Option<i64>,
+    #[serde(default)]
+    pub max_amount: Option<i64>,
+    pub currency: Currency,
+    #[serde(default)]
+    pub provider: Option<Provider>,
+    pub active: bool,
+    #[serde(default)]
+    pub max_uses: Option<i64>,
+    #[serde(default)]
+    pub used_count: i64,
+    #[serde(default)]
+    pub views: i64,
+    /// Uses taken: completed payments plus open sessions holding a use
+    /// (only counted when `max_uses` is set).
+    #[serde(default)]
+    pub claimed: i64,
+    #[serde(default)]
+    pub expires_at: Option<Timestamp>,
+    #[serde(default)]
+    pub redirect_url: Option<String>,
+    #[serde(default)]
+    pub inactive_message: Option<String>,
+    #[serde(default)]
+    pub customer_name: Option<String>,
+    #[serde(default)]
+    pub customer_email: Option<String>,
+    #[serde(default)]
+    pub customer_phone: Option<String>,
+    #[serde(default)]
+    pub collect_address: bool,
+    #[serde(default)]
+    pub customer_address: Option<Address>,
+    #[serde(default)]
+    pub reference_id: Option<String>,
+    #[serde(default)]
+    pub metadata: Map<String, Value>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl PaymentLink {
+    pub fn key(id: &str) -> Key {
+        Key::new(format!("LNK#{id}"), "LNK")
+    }
+
+    fn list_partition(project_id: &str, mode: Mode) -> String {
+        format!("PROJ#{project_id}#{}#LNK", mode.as_str())
+    }
+
+    fn indexes(&self) -> [(Index, String, String); 1] {
+        [(
+            Index::Gsi1,
+            PaymentLink::list_partition(&self.project_id, self.mode),
+            self.id.clone(),
+        )]
+    }
+
+    /// Why the link cannot take a payment at `now`, if it cannot.
+    pub fn unusable(&self, now: Timestamp) -> Option<&'static str> {
+        if !self.active {
+            Some("inactive")
+        } else if self.expires_at.is_some_and(|e| now >= e) {
+            Some("expired")
+        } else if self.max_uses.is_some_and(|m| self.used_count >= m) {
+            Some("used up")
+        } else {
+            None
+        }
+    }
+}
+
+/// `stats` of the single-link retrieve.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LinkStats {
+    pub views: i64,
+    pub used_count: i64,
+    pub conversion_rate: f64,
+}
+
+/// A link as the API shows it (camelCase; the address flattened into
+/// `customerLine1`… as the spec writes it).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PaymentLinkView {
+    pub id: String,
+    pub livemode: bool,
+    pub mode: Mode,
+    pub title: String,
+    pub description: Option<String>,
+    pub amount: Option<Paisa>,
+    pub min_amount: Option<i64>,
+    pub max_amount: Option<i64>,
+    pub currency: Currency,
+    pub provider: Option<Provider>,
+    pub active: bool,
+    pub max_uses: Option<i64>,
+    pub used_count: i64,
+    pub expires_at: Option<Timestamp>,
+    pub redirect_url: Option<String>,
+    pub inactive_message: Option<String>,
+    pub customer_name: Option<String>,
+    pub customer_email: Option<String>,
+    pub customer_phone: Option<String>,
+    pub collect_address: bool,
+    pub customer_line1: Option<String>,
+    pub customer_line2: Option<String>,
+    pub customer_city: Option<String>,
+    pub customer_state: Option<String>,
+    pub customer_postal_code: Option<String>,
+    pub customer_country: Option<String>,
+    pub reference_id: Option<String>,
+    pub metadata: Map<String, Value>,
+    pub url: String,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stats: Option<LinkStats>,
+}
+
+impl PaymentLinkView {
+    /// The view of `l`, served from `base`; with `stats` on a retrieve.
+    pub fn of(l: PaymentLink, base: &str, with_stats: bool) -> Self {
+        let a = l.customer_address.clone().unwrap_or_default();
+        let stats = with_stats.then(|| LinkStats {
+            views: l.views,
+            used_count: l.used_count,
+            conversion_rate: if l.views > 0 {
+                l.used_count as f64 / l.views as f64
+            } else {
+                0.0
+            },
+        });
+        PaymentLinkView {
+            livemode: l.mode.is_live(),
+            url: format!("{base}/l/{}", l.id),
+            id: l.id,
+            mode: l.mode,
+            title: l.title,
+            description: l.description,
+            amount: l.amount,
+            min_amount: l.min_amount,
+            max_amount: l.max_amount,
+            currency: l.currency,
+            provider: l.provider,
+            active: l.active,
+            max_uses: l.max_uses,
+            used_count: l.used_count,
+            expires_at: l.expires_at,
+            redirect_url: l.redirect_url,
+            inactive_message: l.inactive_message,
+            customer_name: l.customer_name,
+            customer_email: l.customer_email,
+            customer_phone: l.customer_phone,
+            collect_address: l.collect_address,
+            customer_line1: a.line1,
+            customer_line2: a.line2,
+            customer_city: a.city,
+            customer_state: a.state,
+            customer_postal_code: a.postal_code,
+            customer_country: a.country,
+            reference_id: l.reference_id,
+            metadata: l.metadata,
+            created_at: l.created_at,
+            updated_at: l.updated_at,
+            stats,
+        }
+    }
+}
+
+/// The body of `POST /v1/payment-links`. Unknown fields refused.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateLink {
+    pub title: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub amount: Option<i64>,
+    #[serde(default)]
+    pub min_amount: Option<i64>,
+    #[serde(default)]
+    pub max_amount: Option<i64>,
+    #[serde(default)]
+    pub currency: Option<Currency>,
+    #[serde(default)]
+    pub provider: Option<Provider>,
+    #[serde(default)]
+    pub max_uses: Option<i64>,
+    #[serde(default)]
+    pub expires_at: Option<String>,
+    #[serde(default)]
+    pub redirect_url: Option<String>,
+    #[serde(default)]
+    pub inactive_message: Option<String>,
+    #[serde(default)]
+    pub customer_name: Option<String>,
+    #[serde(default)]
+    pub customer_email: Option<String>,
+    #[serde(default)]
+    pub customer_phone: Option<String>,
+    #[serde(default)]
+    pub collect_address: Option<bool>,
+    #[serde(default)]
+    pub customer_line1: Option<String>,
+    #[serde(default)]
+    pub customer_line2: Option<String>,
+    #[serde(default)]
+    pub customer_city: Option<String>,
+    #[serde(default)]
+    pub customer_state: Option<String>,
+    #[serde(default)]
+    pub customer_postal_code: Option<String>,
+    #[serde(default)]
+    pub customer_country: Option<String>,
+    #[serde(default)]
+    pub reference_id: Option<String>,
+    #[serde(default)]
+    pub metadata: Option<Map<String, Value>>,
+}
+
+/// A field that may be sent as a value, sent as `null`, or not sent:
+/// `None` = not sent, `Some(None)` = null.
+fn nullable<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// The body of `PATCH /v1/payment-links/{id}`: only the keys sent change.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PatchLink {
+    #[serde(default)]
+    pub title: Option<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub description: Option<Option<String>>,
+    #[serde(default)]
+    pub active: Option<bool>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub inactive_message: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub expires_at: Option<Option<String>>,
+    #[serde(default)]
+    pub max_uses: Option<i64>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub redirect_url: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub reference_id: Option<Option<String>>,
+    #[serde(default)]
+    pub collect_address: Option<bool>,
+}
+
+/// Why a link operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    #[error("no such payment link")]
+    NotFound,
+    /// 422 `link_inactive`.
+    #[error("the payment link is already inactive")]
+    Inactive,
+    /// 422 `link_used`.
+    #[error(
+        "the payment link has been used (or a customer is paying through it now); cancel it instead"
+    )]
+    Used,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<CheckoutError> for LinkError {
+    fn from(e: CheckoutError) -> Self {
+        match e {
+            CheckoutError::Invalid { field, message } => LinkError::Invalid { field, message },
+            CheckoutError::FonepaySandboxCap(m) => LinkError::Invalid {
+                field: "amount".into(),
+                message: m,
+            },
+            CheckoutError::ProviderUnavailable(p) => LinkError::Invalid {
+                field: "provider".into(),
+                message: format!("{} is not enabled for this project", p.as_str()),
+            },
+            CheckoutError::SpendCapExceeded { cap } => LinkError::Invalid {
+                field: "amount".into(),
+                message: format!("over the spend cap of {cap} paisa"),
+            },
+            CheckoutError::Store(s) => LinkError::Store(s),
+        }
+    }
+}
+
+fn invalid(field: &str, message: impl Into<String>) -> LinkError {
+    LinkError::Invalid {
+        field: field.to_owned(),
+        message: message.into(),
+    }
+}
+
+fn text(field: &str, v: Option<String>, max: usize) -> Result<Option<String>, LinkError> {
+    let v = v.map(|s| s.trim().to_owned()).filter(|s| !s.is_empty());
+    Ok(bounded(field, v, max)?)
+}
+
+fn future_time(field: &str, v: &str, now: Timestamp) -> Result<Timestamp, LinkError> {
+    let t = Timestamp::parse(v).ok_or_else(|| {
+        invalid(
+            field,
+            format!("{field} must be an ISO 8601 timestamp, e.g. 2026-12-31T18:00:00Z"),
+        )
+    })?;
+    if t <= now {
+        return Err(invalid(field, format!("{field} must be in the future")));
+    }
+    Ok(t)
+}
+
+fn max_uses(v: i64) -> Result<i64, LinkError> {
+    if v < 1 {
+        return Err(invalid("maxUses", "maxUses must be at least 1"));
+    }
+    Ok(v)
+}
+
+/// Checks a create request and builds the link.
+pub fn new_link(
+    project_id: &str,
+    mode: Mode,
+    req: CreateLink,
+    now: Timestamp,
+) -> Result<PaymentLink, LinkError> {
+    let title = text("title", Some(req.title), MAX_TITLE)?
+        .ok_or_else(|| invalid("title", "title is required"))?;
+    let (amount, min_amount, max_amount) = match req.amount {
+        Some(a) => {
+            if req.min_amount.is_some() || req.max_amount.is_some() {
+                return Err(invalid(
+                    "amount",
+                    "give either a fixed amount or minAmount/maxAmount, not both",
+                ));
+            }
+            (
+                Some(checkout::check_amount(a, req.provider, mode)?),
+                None,
+                None,
+            )
+        }
+        None => {
+            let min = req.min_amount.unwrap_or(DEFAULT_MIN_AMOUNT);
+            let max = req.max_amount.unwrap_or(MAX_AMOUNT_PAISA);
+            if min < 1 {
+                return Err(invalid("minAmount", "minAmount must be at least 1 paisa"));
+            }
+            if max > MAX_AMOUNT_PAISA {
+                return Err(invalid(
+                    "maxAmount",
+                    format!("maxAmount must be at most {MAX_AMOUNT_PAISA} paisa"),
+                ));
+            }
+            if min > max {
+                return Err(invalid(
+                    "minAmount",
+                    "minAmount must not be above maxAmount",
+                ));
+            }
+            (None, Some(min), Some(max))
+        }
+    };
+    if let Some(url) = &req.redirect_url {
+        check_url("redirectUrl", url, mode)?;
+    }
+    let expires_at = match &req.expires_at {
+        Some(v) => Some(future_time("expiresAt", v, now)?),
+        None => None,
+    };
+    let metadata = req.metadata.unwrap_or_default();
+    checkout::check_metadata(&metadata)?;
+    let address = Address {
+        line1: text("customerLine1", req.customer_line1, 200)?,
+        line2: text("customerLine2", req.customer_line2, 200)?,
+        city: text("customerCity", req.customer_city, 200)?,
+        state: text("customerState", req.customer_state, 200)?,
+        postal_code: text("customerPostalCode", req.customer_postal_code, 200)?,
+        country: text("customerCountry", req.customer_country, 200)?,
+    };
+    Ok(PaymentLink {
+        id: ids::new_id(IdKind::PaymentLink),
+        project_id: project_id.to_owned(),
+        mode,
+        title,
+        description: text("description", req.description, MAX_DESCRIPTION)?,
+        amount,
+        min_amount,
+        max_amount,
+        currency: Currency::Npr,
+        provider: req.provider,
+        active: true,
+        max_uses: req.max_uses.map(max_uses).transpose()?,
+        used_count: 0,
+        views: 0,
+        claimed: 0,
+        expires_at,
+        redirect_url: req.redirect_url,
+        inactive_message: text(
+            "inactiveMessage",
+            req.inactive_message,
+            MAX_INACTIVE_MESSAGE,
+        )?,
+        customer_name: text("customerName", req.customer_name, checkout::MAX_NAME_LEN)?,
+        customer_email: text("customerEmail", req.customer_email, checkout::MAX_EMAIL_LEN)?,
+        customer_phone: text("customerPhone", req.customer_phone, checkout::MAX_PHONE_LEN)?,
+        collect_address: req.collect_address.unwrap_or(false),
+        customer_address: (address != Address::default()).then_some(address),
+        reference_id: text("referenceId", req.reference_id, MAX_REFERENCE_ID)?,
+        metadata,
+        created_at: now,
+        updated_at: now,
+    })
+}
+
+/// Gives back a use an unpaid session held (its session ended).
+pub fn release_op(link_id: &str) -> TxOp {
+    TxOp::Update {
+        key: PaymentLink::key(link_id),
+        update: Update::new().add("claimed", -1),
+        cond: Some(Cond::Exists),
+    }
+}
+
+/// Stores a new link.
+pub async fn insert(store: &dyn Store, link: &PaymentLink) -> Result<(), StoreError> {
+    let item = to_item(link, &PaymentLink::key(&link.id), &link.indexes())?;
+    store.put(item, Some(Cond::NotExists)).await
+}
+
+/// The link `id` of any project (the public page knows it by id alone).
+pub async fn get(store: &dyn Store, id: &str) -> Result<Option<PaymentLink>, StoreError> {
+    if !ids::is_valid(id, IdKind::PaymentLink) {
+        return Ok(None);
+    }
+    match store.get(&PaymentLink::key(id)).await? {
+        Some(item) => from_item(item).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The link `id` of `project_id` in `mode`, else `None`.
+pub async fn find(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+) -> Result<Option<PaymentLink>, StoreError> {
+    Ok(get(store, id)
+        .await?
+        .filter(|l| l.project_id == project_id && l.mode == mode))
+}
+
+/// A page of the project's links in `mode`, newest first, optionally only
+/// active or inactive ones, and the total.
+pub async fn list(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    active: Option<bool>,
+    offset: usize,
+    limit: usize,
+) -> Result<(Vec<PaymentLink>, u64), StoreError> {
+    let mut query = Query::partition(PaymentLink::list_partition(project_id, mode))
+        .on(Index::Gsi1)
+        .backward();
+    if let Some(a) = active {
+        query = query.filter(Cond::eq("active", a));
+    }
+    let items = query_window(store, &query, offset, limit).await?;
+    let total = store.count(&query).await?;
+    let links = items
+        .into_iter()
+        .map(from_item)
+        .collect::<Result<Vec<PaymentLink>, _>>()?;
+    Ok((links, total))
+}
+
+/// Applies `patch` to the link (only the keys sent), atomically: `maxUses`
+/// below the use count at the moment of the write is refused.
+pub async fn patch(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+    patch: PatchLink,
+    now: Timestamp,
+) -> Result<PaymentLink, LinkError> {
+    let link = find(store, project_id, mode, id)
+        .await?
+        .ok_or(LinkError::NotFound)?;
+    let mut update = Update::new().set("updated_at", now.to_rfc3339());
+    let set_opt = |update: Update, attr: &str, v: Option<String>| match v {
+        Some(s) => update.set(attr, s),
+        None => update.set(attr, Value::Null),
+    };
+    if let Some(t) = patch.title {
+        let t = text("title", Some(t), MAX_TITLE)?
+            .ok_or_else(|| invalid("title", "title must not be empty"))?;
+        update = update.set("title", t);
+    }
+    if let Some(d) = patch.description {
+        update = set_opt(
+            update,
+            "description",
+            text("description", d, MAX_DESCRIPTION)?,
+        );
+    }
+    if let Some(a) = patch.active {
+        update = update.set("active", a);
+    }
+    if let Some(m) = patch.inactive_message {
+        let m = text("inactiveMessage", m, MAX_INACTIVE_MESSAGE)?;
+        update = set_opt(update, "inactive_message", m);
+    }
+    if let Some(e) = patch.expires_at {
+        let e = match e {
+            Some(v) => Some(future_time("expiresAt", &v, now)?.to_rfc3339()),
+            None => None,
+        };
+        update = set_opt(update, "expires_at", e);
+    }
+    let mut cond = vec![Cond::Exists];
+    if let Some(m) = patch.max_uses {
+        let m = max_uses(m)?;
+        if m < link.used_count {
+            return Err(below_use_count(link.used_count));
+        }
+        update = update.set("max_uses", m);
+        cond.push(Cond::Or(vec![
+            Cond::AttrNotExists("used_count".into()),
+            Cond::le("used_count", m),
+        ]));
+    }
+    if let Some(u) = patch.redirect_url {
+        if let Some(url) = &u {
+            check_url("redirectUrl", url, mode)?;
+        }
+        update = set_opt(update, "redirect_url", u);
+    }
+    if let Some(r) = patch.reference_id {
+        update = set_opt(
+            update,
+            "reference_id",
+            text("referenceId", r, MAX_REFERENCE_ID)?,
+        );
+    }
+    if let Some(c) = patch.collect_address {
+        update = update.set("collect_address", c);
+    }
+    match store
+        .update(&PaymentLink::key(&link.id), update, Some(Cond::And(cond)))
+        .await
+    {
+        Ok(item) => Ok(from_item(item)?),
+        Err(StoreError::ConditionFailed) => match get(store, &link.id).await? {
+            Some(now_link) => Err(below_use_count(now_link.used_count)),
+            None => Err(LinkError::NotFound),
+        },
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn below_use_count(used: i64) -> LinkError {
+    invalid(
+        "maxUses",
+        format!("maxUses cannot be set below the link's use count ({used})"),
+    )
+}
+
+/// `POST /v1/payment-links/{id}/cancel`: active -> inactive; an inactive
+/// link is refused (422 `link_inactive`).
+pub async fn cancel(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+    now: Timestamp,
+) -> Result<PaymentLink, LinkError> {
+    let link = find(store, project_id, mode, id)
+        .await?
+        .ok_or(LinkError::NotFound)?;
+    let update = Update::new()
+        .set("active", false)
+        .set("updated_at", now.to_rfc3339());
+    match store
+        .update(
+            &PaymentLink::key(&link.id),
+            update,
+            Some(Cond::eq("active", true)),
+        )
+        .await
+    {
+        Ok(item) => Ok(from_item(item)?),
+        Err(StoreError::ConditionFailed) => Err(LinkError::Inactive),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `DELETE /v1/payment-links/{id}`: only a link never used (422
+/// `link_used` otherwise).
+pub async fn delete(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+) -> Result<String, LinkError> {
+    let link = find(store, project_id, mode, id)
+        .await?
+        .ok_or(LinkError::NotFound)?;
+    let unused = Cond::And(vec![
+        Cond::Or(vec![
+            Cond::AttrNotExists("used_count".into()),
+            Cond::eq("used_count", 0),
+        ]),
+        Cond::Or(vec![
+            Cond::AttrNotExists("claimed".into()),
+            Cond::le("claimed", 0),
+        ]),
+    ]);
+    match store
+        .delete(
+            &PaymentLink::key(&link.id),
+            Some(Cond::And(vec![Cond::Exists, unused])),
+        )
+        .await
+    {
+        Ok(_) => Ok(link.id),
+        Err(StoreError::ConditionFailed) => match get(store, &link.id).await? {
+            Some(_) => Err(LinkError::Used),
+            None => Err(LinkError::NotFound),
+        },
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Why the public page could not open a checkout for a link.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("no such payment link")]
+    NotFound,
+    /// Inactive, expired or used up: the page shows this message.
+    #[error("{0}")]
+    Unusable(String),
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What the customer typed on the link page.
+#[derive(Clone, Debug, Default)]
+pub struct LinkCustomer {
+    /// NPR as typed (`1500` or `1500.50`), for a link without a fixed amount.
+    pub amount: Option<String>,
+    pub name: Option<String>,
+    pub email: Option<String>,
+    pub phone: Option<String>,
+}
+
+/// The message a link shows when it cannot be used.
+pub fn inactive_text(link: &PaymentLink) -> String {
+    link.inactive_message
+        .clone()
+        .unwrap_or_else(|| "This payment link is no longer available.".into())
+}
+
+/// Counts one view of the public page (an atomic `ADD`).
+pub async fn count_view(store: &dyn Store, id: &str) -> Result<(), StoreError> {
+    match store
+        .update(
+            &PaymentLink::key(id),
+            Update::new().add("views", 1),
+            Some(Cond::Exists),
+        )
+        .await
+    {
+        Ok(_) | Err(StoreError::ConditionFailed) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The amount of a payment through `link`: its fixed amount, or what the
+/// customer typed, within the link's bounds and the provider's limits.
+pub fn amount_for(link: &PaymentLink, typed: Option<&str>) -> Result<Paisa, OpenError> {
+    let bad = |m: String| OpenError::Invalid {
+        field: "amount".into(),
+        message: m,
+    };
+    let paisa = match link.amount {
+        Some(a) => a.get(),
+        None => {
+            let t = typed
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .ok_or_else(|| bad("Enter an amount.".into()))?;
+            crate::providers::amount::parse_rupees(t)
+                .map_err(|_| {
+                    bad(format!(
+                        "{t:?} is not an amount in rupees (e.g. 1500 or 1500.50)"
+                    ))
+                })?
+                .get()
+        }
+    };
+    let (min, max) = (
+        link.min_amount.unwrap_or(1),
+        link.max_amount.unwrap_or(MAX_AMOUNT_PAISA),
+    );
+    if link.amount.is_none() && (paisa < min || paisa > max) {
+        return Err(bad(format!(
+            "Enter an amount from {} to {}.",
+            Paisa::new(min).unwrap_or_default().display_npr(),
+            Paisa::new(max).unwrap_or_default().display_npr()
+        )));
+    }
+    checkout::check_amount(paisa, link.provider, link.mode).map_err(|e| match e {
+        CheckoutError::Invalid { message, .. } => bad(message),
+        CheckoutError::FonepaySandboxCap(m) => bad(m),
+        other => bad(other.to_string()),
+    })
+}
+
+/// Opens a checkout session for a customer of `link`: the session takes one
+/// of the link's uses in the same transaction (so `maxUses` holds however
+/// many customers arrive at once), given back if it ends unpaid.
+pub async fn open_session(
+    store: &dyn Store,
+    link_id: &str,
+    customer: LinkCustomer,
+    base: &str,
+    now: Timestamp,
+) -> Result<checkout::CheckoutSession, OpenError> {
+    let link = get(store, link_id).await?.ok_or(OpenError::NotFound)?;
+    if link.unusable(now).is_some() {
+        return Err(OpenError::Unusable(inactive_text(&link)));
+    }
+    let amount = amount_for(&link, customer.amount.as_deref())?;
+    let keep = |field: &str, v: Option<String>, max: usize| -> Result<Option<String>, OpenError> {
+        text(field, v, max).map_err(|e| match e {
+            LinkError::Invalid { field, message } => OpenError::Invalid { field, message },
+            other => OpenError::Unusable(other.to_string()),
+        })
+    };
+    let valid = checkout::ValidCheckout {
+        amount,
+        return_url: link
+            .redirect_url
+            .clone()
+            .unwrap_or_else(|| format!("{base}/l/{}/thanks", link.id)),
+        cancel_url: Some(format!("{base}/l/{}", link.id)),
+        provider: link.provider,
+        flow: checkout::Flow::Hosted,
+        description: Some(link.title.clone()),
+        metadata: link.metadata.clone(),
+        customer_name: keep(
+            "customerName",
+            customer.name.or(link.customer_name.clone()),
+            checkout::MAX_NAME_LEN,
+        )?,
+        customer_email: keep(
+            "customerEmail",
+            customer.email.or(link.customer_email.clone()),
+            checkout::MAX_EMAIL_LEN,
+        )?,
+        customer_phone: keep(
+            "customerPhone",
+            customer.phone.or(link.customer_phone.clone()),
+            checkout::MAX_PHONE_LEN,
+        )?,
+        customer_address: link.customer_address.clone(),
+        collect_address: link.collect_address,
+    };
+    let creator = checkout::Creator {
+        project_id: link.project_id.clone(),
+        mode: link.mode,
+        api_key_id: format!("link:{}", link.id),
+        spend_cap_paisa: None,
+    };
+    let mut session = checkout::new_session(&creator, valid, now);
+    session.link_id = Some(link.id.clone());
+    session.link_claimed = true;
+    let room = match link.max_uses {
+        // Unlimited, and still unlimited when the write lands.
+        None => Cond::Not(Box::new(Cond::ge("max_uses", 0))),
+        Some(m) => Cond::And(vec![
+            Cond::eq("max_uses", m),
+            Cond::Or(vec![
+                Cond::AttrNotExists("claimed".into()),
+                Cond::lt("claimed", m),
+            ]),
+        ]),
+    };
+    let ops = vec![
+        TxOp::Update {
+            key: PaymentLink::key(&link.id),
+            update: Update::new().add("claimed", 1),
+            cond: Some(Cond::And(vec![
+                Cond::Exists,
+                Cond::eq("active", true),
+                room,
+            ])),
+        },
+        TxOp::Put {
+            item: to_item(
+                &session,
+                &checkout::CheckoutSession::key(&session.id),
+                &session.indexes(),
+            )?,
+            cond: Some(Cond::NotExists),
+        },
+    ];
+    match store.transact(ops).await {
+        Ok(()) => Ok(session),
+        Err(StoreError::TransactionCanceled { .. }) => {
+            let now_link = get(store, link_id).await?.ok_or(OpenError::NotFound)?;
+            Err(OpenError::Unusable(inactive_text(&now_link)))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+    use serde_json::json;
+
+    fn now() -> Timestamp {
+        Timestamp::parse("2026-11-22T10:00:00Z").unwrap()
+    }
+
+    fn create(v: Value) -> Result<PaymentLink, LinkError> {
+        let req: CreateLink =
+            serde_json::from_value(v).map_err(|e| invalid("body", e.to_string()))?;
+        new_link("proj_1", Mode::Sandbox, req, now())
+    }
+
+    fn field(r: Result<PaymentLink, LinkError>) -> String {
+        match r {
+            Err(LinkError::Invalid { field, .. }) => field,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn links_are_fixed_or_bounded_and_checked() {
+        let fixed = create(json!({"title": "Momo box", "amount": 50000})).unwrap();
+        assert_eq!(fixed.amount.map(Paisa::get), Some(50000));
+        assert_eq!((fixed.min_amount, fixed.max_amount), (None, None));
+        let open =
+            create(json!({"title": "Donate", "minAmount": 10000, "maxAmount": 500000})).unwrap();
+        assert_eq!(
+            (open.amount, open.min_amount, open.max_amount),
+            (None, Some(10000), Some(500000))
+        );
+        let defaults = create(json!({"title": "Tip jar"})).unwrap();
+        assert_eq!(defaults.min_amount, Some(DEFAULT_MIN_AMOUNT));
+        assert_eq!(field(create(json!({"title": ""}))), "title");
+        assert_eq!(field(create(json!({"title": "x".repeat(101)}))), "title");
+        assert_eq!(field(create(json!({"title": "a", "amount": 0}))), "amount");
+        assert_eq!(
+            field(create(json!({"title": "a", "amount": 5, "minAmount": 1}))),
+            "amount"
+        );
+        assert_eq!(
+            field(create(
+                json!({"title": "a", "minAmount": 5000, "maxAmount": 10})
+            )),
+            "minAmount"
+        );
+        assert_eq!(
+            field(create(
+                json!({"title": "a", "amount": 500, "provider": "khalti"})
+            )),
+            "amount"
+        );
+        assert_eq!(
+            field(create(json!({"title": "a", "maxUses": 0}))),
+            "maxUses"
+        );
+        assert_eq!(
+            field(create(
+                json!({"title": "a", "expiresAt": "2026-11-22T09:00:00Z"})
+            )),
+            "expiresAt"
+        );
+        assert_eq!(
+            field(create(json!({"title": "a", "expiresAt": "tomorrow"}))),
+            "expiresAt"
+        );
+        assert_eq!(
+            field(create(
+                json!({"title": "a", "redirectUrl": "http://shop.example/x"})
+            )),
+            "redirectUrl"
+        );
+        assert_eq!(
+            field(create(
+                json!({"title": "a", "inactiveMessage": "x".repeat(301)})
+            )),
+            "inactiveMessage"
+        );
+        assert_eq!(
+            field(create(
+                json!({"title": "a", "referenceId": "x".repeat(101)})
+            )),
+            "referenceId"
+        );
+        assert_eq!(
+            field(create(
+                json!({"title": "a", "description": "x".repeat(501)})
+            )),
+            "description"
+        );
+        assert_eq!(field(create(json!({"title": "a", "bogus": 1}))), "body");
+    }
+
+    #[test]
+    fn usability_and_stats() {
+        let mut l = create(json!({"title": "a", "amount": 1000, "maxUses": 2})).unwrap();
+        assert_eq!(l.unusable(now()), None);
+        l.used_count = 2;
+        assert_eq!(l.unusable(now()), Some("used up"));
+        l.used_count = 1;
+        l.expires_at = Some(now());
+        assert_eq!(l.unusable(now()), Some("expired"));
+        l.active = false;
+        assert_eq!(l.unusable(now()), Some("inactive"));
+        l.views = 4;
+        let v = serde_json::to_value(PaymentLinkView::of(l.clone(), "https://pay.example", true))
+            .unwrap();
+        assert_eq!(
+            v["stats"],
+            json!({"views": 4, "used_count": 1, "conversion_rate": 0.25})
+        );
+        assert_eq!(v["url"], format!("https://pay.example/l/{}", l.id).as_str());
+        let no_stats =
+            serde_json::to_value(PaymentLinkView::of(l, "https://pay.example", false)).unwrap();
+        assert!(no_stats.get("stats").is_none());
+    }
+
+    #[tokio::test]
+    async fn patch_cancel_and_delete_follow_the_rules() {
+        let store = EmbeddedStore::in_memory().unwrap();
+        let l = create(json!({"title": "Box", "amount": 1000, "description": "d"})).unwrap();
+        insert(&store, &l).await.unwrap();
+        let p: PatchLink =
+            serde_json::from_value(json!({"title": "Big box", "description": null, "maxUses": 3}))
+                .unwrap();
+        let after = patch(&store, "proj_1", Mode::Sandbox, &l.id, p, now())
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                after.title.as_str(),
+                after.description.clone(),
+                after.max_uses
+            ),
+            ("Big box", None, Some(3))
+        );
+        assert_eq!(after.amount, l.amount, "keys not sent stay");
+        // Two uses, then maxUses below them is refused.
+        store
+            .update(
+                &PaymentLink::key(&l.id),
+                Update::new().add("used_count", 2),
+                None,
+            )
+            .await
+            .unwrap();
+        let p: PatchLink = serde_json::from_value(json!({"maxUses": 1})).unwrap();
+        assert!(matches!(
+            patch(&store, "proj_1", Mode::Sandbox, &l.id, p, now()).await,
+            Err(LinkError::Invalid { field, .. }) if field == "maxUses"
+        ));
+        assert!(matches!(
+            delete(&store, "proj_1", Mode::Sandbox, &l.id).await,
+            Err(LinkError::Used)
+        ));
+        assert!(
+            cancel(&store, "proj_1", Mode::Sandbox, &l.id, now())
+                .await
+                .is_ok()
+        );
+        assert!(matches!(
+            cancel(&store, "proj_1", Mode::Sandbox, &l.id, now()).await,
+            Err(LinkError::Inactive)
+        ));
+        // Another project sees nothing.
+        assert!(matches!(
+            cancel(&store, "proj_2", Mode::Sandbox, &l.id, now()).await,
+            Err(LinkError::NotFound)
+        ));
+        let unused = create(json!({"title": "Unused"})).unwrap();
+        insert(&store, &unused).await.unwrap();
+        assert_eq!(
+            delete(&store, "proj_1", Mode::Sandbox, &unused.id)
+                .await
+                .unwrap(),
+            unused.id
+        );
+        assert!(get(&store, &unused.id).await.unwrap().is_none());
+        let (active, total) = list(&store, "proj_1", Mode::Sandbox, Some(true), 0, 10)
+            .await
+            .unwrap();
+        assert_eq!((active.len(), total), (0, 0));
+        let (all, total) = list(&store, "proj_1", Mode::Sandbox, None, 0, 10)
+            .await
+            .unwrap();
+        assert_eq!((all.len(), total), (1, 1));
+    }
+}
