@@ -48,7 +48,7 @@ pub const RESOLVE_AFTER: chrono::Duration = chrono::Duration::seconds(60);
 /// An open refund Khalti cannot confirm within this goes to a person.
 pub const GIVE_UP_AFTER: chrono::Duration = chrono::Duration::hours(24);
 const OPEN_REFUNDS: &str = "OPENREF";
-const TRIES: usize = 5;
+const TRIES: usize = 12;
 /// The payment attribute holding the reserved (not failed) refund total.
 pub const RESERVED: &str = "amount_reserved";
 
@@ -551,6 +551,9 @@ pub async fn resolve(
         let ops = resolve_ops(&current, &payment, &outcome, now)?;
         match store.transact(ops).await {
             Ok(()) => {
+                if matches!(outcome, Outcome::Succeeded(_)) {
+                    mark_refunded(store, &payment.id, now).await?;
+                }
                 return get(store, &refund.id)
                     .await?
                     .ok_or_else(|| StoreError::Backend(format!("refund {} vanished", refund.id)));
@@ -569,6 +572,45 @@ pub async fn resolve(
         "refund {} kept changing while being resolved",
         refund.id
     )))
+}
+
+/// Once succeeded refunds reach the full amount: the payment becomes
+/// `refunded` with its `payment.refunded` event, in one transaction that
+/// only the first caller to see the full amount can commit.
+async fn mark_refunded(
+    store: &dyn Store,
+    payment_id: &str,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let Some(p) = payments::get(store, payment_id).await? else {
+        return Ok(());
+    };
+    if p.status != PaymentStatus::Success || p.amount_refunded < p.amount {
+        return Ok(());
+    }
+    let mut after = p.clone();
+    after.status = PaymentStatus::Refunded;
+    after.updated_at = now;
+    let view = serde_json::to_value(PaymentView::from(after))
+        .map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let ops = vec![
+        TxOp::Update {
+            key: Payment::key(&p.id),
+            update: Update::new()
+                .set("status", "refunded")
+                .set("updated_at", now.to_rfc3339()),
+            cond: Some(Cond::And(vec![
+                Cond::eq("status", "success"),
+                Cond::ge("amount_refunded", p.amount.get()),
+            ])),
+        },
+        Event::new(EventType::PaymentRefunded, &p.project_id, p.mode, view, now).put_op()?,
+    ];
+    match store.transact(ops).await {
+        // Another caller marked it first: exactly one event.
+        Ok(()) | Err(StoreError::TransactionCanceled { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 fn resolve_ops(
@@ -590,42 +632,16 @@ fn resolve_ops(
             if let Some(id) = provider_ref {
                 refund_update = refund_update.set("provider_refund_id", id.clone());
             }
-            let refunded = p.amount_refunded.get() + r.amount.get();
-            let mut pay = p.clone();
-            pay.amount_refunded = Paisa::new(refunded).unwrap_or(p.amount);
-            pay.updated_at = now;
-            let mut update = Update::new()
-                .add("amount_refunded", r.amount.get())
-                .set("updated_at", stamp.clone());
-            let full = refunded >= p.amount.get();
-            if full {
-                pay.status = PaymentStatus::Refunded;
-                update = update.set("status", "refunded");
-            }
-            // Optimistic on the refunded total: two refunds succeeding at
-            // once retry, so exactly one of them sees the full amount.
-            let cond = if p.amount_refunded == Paisa::ZERO {
-                Cond::Or(vec![
-                    Cond::AttrNotExists("amount_refunded".into()),
-                    Cond::eq("amount_refunded", 0),
-                ])
-            } else {
-                Cond::eq("amount_refunded", p.amount_refunded.get())
-            };
+            // The reservation already caps the total: add without
+            // reading, so parallel successes never retry on each other.
             ops.push(TxOp::Update {
                 key: Payment::key(&p.id),
-                update,
-                cond: Some(cond),
+                update: Update::new()
+                    .add("amount_refunded", r.amount.get())
+                    .set("updated_at", stamp.clone()),
+                cond: Some(Cond::Exists),
             });
             ops.push(event(EventType::RefundSucceeded, &next, now)?);
-            if full {
-                let view = serde_json::to_value(PaymentView::from(pay))
-                    .map_err(|e| StoreError::Invalid(e.to_string()))?;
-                ops.push(
-                    Event::new(EventType::PaymentRefunded, &p.project_id, p.mode, view, now)
-                        .put_op()?,
-                );
-            }
         }
         Outcome::Failed(why) => {
             next.status = RefundStatus::Failed;
@@ -781,8 +797,9 @@ async fn resolve_one(state: &AppState, id: &str, now: Timestamp) -> Result<bool,
     let outcome = match ask_khalti(state, &payment).await {
         Some(state_now) => decide(
             &refund,
+            payment.amount,
             state_now,
-            &siblings_succeeded(store, &refund).await?,
+            others_of(store, &refund).await?,
         )
         .map(|o| match o {
             Outcome::Succeeded(None) => Outcome::Succeeded(payment.provider_ref.clone()),
@@ -832,30 +849,64 @@ async fn ask_khalti(state: &AppState, payment: &Payment) -> Option<ProviderState
     }
 }
 
-/// Whether another refund of the same payment already succeeded.
-async fn siblings_succeeded(store: &dyn Store, refund: &Refund) -> Result<bool, StoreError> {
-    let query = Query::partition(Refund::payment_partition(&refund.payment_id)).on(Index::Gsi2);
-    let page = store.query(&query).await?;
-    for item in page.items {
-        let r: Refund = from_item(item)?;
-        if r.id != refund.id && r.status == RefundStatus::Succeeded {
-            return Ok(true);
-        }
-    }
-    Ok(false)
+/// The payment's other refunds that are not `failed`: how many, and
+/// their total.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Others {
+    pub count: usize,
+    pub total: i64,
 }
 
-/// What Khalti's lookup says about an open refund: `None` = ask again.
-pub fn decide(refund: &Refund, khalti: ProviderState, others_succeeded: &bool) -> Option<Outcome> {
+async fn others_of(store: &dyn Store, refund: &Refund) -> Result<Others, StoreError> {
+    let mut query = Query::partition(Refund::payment_partition(&refund.payment_id)).on(Index::Gsi2);
+    let mut others = Others::default();
+    loop {
+        let page = store.query(&query).await?;
+        for item in page.items {
+            let r: Refund = from_item(item)?;
+            if r.id != refund.id && r.status != RefundStatus::Failed {
+                others.count += 1;
+                others.total += r.amount.get();
+            }
+        }
+        match page.last_key {
+            Some(k) => query.start_after = Some(k),
+            None => break,
+        }
+    }
+    Ok(others)
+}
+
+/// What Khalti's lookup says about an open refund, given the payment's
+/// amount and its other refunds that are not `failed`: `None` = ask again.
+/// Khalti's lookup says only "refunded", "partly refunded" or neither, so
+/// a refund is called `succeeded` only when that answer can mean nothing
+/// else: fully refunded with every live refund adding up to the payment,
+/// or partly refunded with no other live refund. Otherwise a person looks.
+pub fn decide(
+    refund: &Refund,
+    payment_amount: Paisa,
+    khalti: ProviderState,
+    others: Others,
+) -> Option<Outcome> {
+    let unsure = || {
+        Some(Outcome::RequiresAction(format!(
+            "Khalti cannot say whether this refund of {} was applied (other refunds of the payment are open or were made elsewhere): check the Khalti merchant dashboard",
+            refund.amount.display_npr()
+        )))
+    };
     match khalti {
-        ProviderState::Refunded { partial: false } => Some(Outcome::Succeeded(None)),
-        ProviderState::Refunded { partial: true } if !others_succeeded => {
+        ProviderState::Refunded { partial: false } => {
+            if others.total + refund.amount.get() == payment_amount.get() {
+                Some(Outcome::Succeeded(None))
+            } else {
+                unsure()
+            }
+        }
+        ProviderState::Refunded { partial: true } if others.count == 0 => {
             Some(Outcome::Succeeded(None))
         }
-        ProviderState::Refunded { partial: true } => Some(Outcome::RequiresAction(format!(
-            "Khalti shows the payment partly refunded but cannot say whether this refund of {} was applied: check the Khalti merchant dashboard",
-            refund.amount.display_npr()
-        ))),
+        ProviderState::Refunded { partial: true } => unsure(),
         ProviderState::Paid => Some(Outcome::Failed(
             "Khalti did not apply the refund (the payment shows no refund)".into(),
         )),
@@ -1132,25 +1183,44 @@ mod tests {
 
     #[test]
     fn the_lookup_settles_an_open_refund_only_when_it_can_tell() {
-        let r = refund();
+        let r = refund(); // 3,000 paisa
+        let full = Paisa::new(10_000).unwrap();
+        let none = Others::default();
+        let partial = ProviderState::Refunded { partial: true };
+        let whole = ProviderState::Refunded { partial: false };
+        // Alone and partly refunded: it was ours.
         assert_eq!(
-            decide(&r, ProviderState::Refunded { partial: false }, &false),
+            decide(&r, full, partial, none),
             Some(Outcome::Succeeded(None))
         );
+        // Another live refund (open or succeeded): cannot tell.
+        let one = Others {
+            count: 1,
+            total: 5_000,
+        };
+        assert!(matches!(
+            decide(&r, full, partial, one),
+            Some(Outcome::RequiresAction(_))
+        ));
+        // Fully refunded: ours only if the live refunds add up exactly.
+        let rest = Others {
+            count: 1,
+            total: 7_000,
+        };
         assert_eq!(
-            decide(&r, ProviderState::Refunded { partial: true }, &false),
+            decide(&r, full, whole, rest),
             Some(Outcome::Succeeded(None))
         );
         assert!(matches!(
-            decide(&r, ProviderState::Refunded { partial: true }, &true),
+            decide(&r, full, whole, none),
             Some(Outcome::RequiresAction(_))
         ));
         assert!(matches!(
-            decide(&r, ProviderState::Paid, &false),
+            decide(&r, full, ProviderState::Paid, one),
             Some(Outcome::Failed(_))
         ));
-        assert_eq!(decide(&r, ProviderState::Pending, &false), None);
-        assert_eq!(decide(&r, ProviderState::Ambiguous, &false), None);
+        assert_eq!(decide(&r, full, ProviderState::Pending, none), None);
+        assert_eq!(decide(&r, full, ProviderState::Ambiguous, none), None);
     }
 
     #[test]

@@ -1,0 +1,1292 @@
+//! Refunds end to end over HTTP, on both backends: real payments taken
+//! through the hosted pages and the providers' simulators (an HTTP client
+//! playing the customer's browser, as in `pay.rs`), then refunded through
+//! `POST /v1/refunds`.
+//!
+//! Khalti refunds call the Khalti simulator's refund API once; its control
+//! API scripts a rejection, a timeout (applied, answered late) and a 5xx
+//! (nothing applied), and counts the refund calls. eSewa refunds wait for
+//! the merchant (`requires_action`); Fonepay refunds are refused.
+//!
+//! The concurrency proof: 50 refunds of 30% at once reserve exactly three,
+//! and 50 retries of one request under one `Idempotency-Key` create one.
+//!
+//! Every wait is bounded (no poll here: refunds answer once decided, and
+//! the sweep is called directly).
+
+use std::time::{Duration, Instant};
+
+use dhukuti_tests::{Answer, Tenant, TestApp, Which, on_both_backends, spawn_app};
+use serde_json::{Value, json};
+use shared::domain::Mode;
+use shared::domain::account::Scope;
+use shared::domain::attempts::SweepReport;
+use shared::domain::outbox::{self, Event};
+use shared::domain::payments::Payment;
+use shared::domain::record::from_item;
+use shared::ids::{IdKind, new_id};
+use shared::time::{Clock, SystemClock};
+
+/// The merchant's pages (nothing listens there).
+const RETURN_URL: &str = "http://127.0.0.1:9/thanks";
+const CANCEL_URL: &str = "http://127.0.0.1:9/cancel";
+/// NPR 1,000.
+const AMOUNT: i64 = 100_000;
+/// NPR 500: under the sandbox Fonepay limit of NPR 1,000 a payment.
+const FONEPAY_AMOUNT: i64 = 50_000;
+/// Concurrent requests in the race tests.
+const RACERS: usize = 50;
+
+// ---------------------------------------------------------------------------
+// HTML and URLs with plain string functions (as in pay.rs)
+
+/// HTML text back to plain text.
+fn unescape(s: &str) -> String {
+    s.replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
+}
+
+/// One start tag's attributes (`a=b c="d" e`), values unescaped.
+fn attributes(tag: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = tag.trim_start();
+    while !rest.is_empty() {
+        let end = rest
+            .find(|c: char| c == '=' || c == '/' || c.is_whitespace())
+            .unwrap_or(rest.len());
+        let name = rest[..end].to_ascii_lowercase();
+        let after_name = rest[end..].trim_start();
+        let mut value = "";
+        rest = after_name;
+        if let Some(v) = after_name.strip_prefix('=') {
+            let v = v.trim_start();
+            if let Some(q) = v.strip_prefix('"').or_else(|| v.strip_prefix('\'')) {
+                let quote = &v[..1];
+                let close = q.find(quote).unwrap_or(q.len());
+                value = &q[..close];
+                rest = q.get(close + 1..).unwrap_or("");
+            } else {
+                let close = v.find(char::is_whitespace).unwrap_or(v.len());
+                value = &v[..close];
+                rest = &v[close..];
+            }
+        }
+        if !name.is_empty() {
+            out.push((name, unescape(value)));
+        }
+        rest = rest.trim_start_matches(|c: char| c == '/' || c.is_whitespace());
+    }
+    out
+}
+
+/// A start tag: where it ends in the page, and its attributes.
+struct Tag {
+    end: usize,
+    attrs: Vec<(String, String)>,
+}
+
+impl Tag {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.attrs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Every `<name ...>` start tag of `html`, in order.
+fn tags(html: &str, name: &str) -> Vec<Tag> {
+    let open = format!("<{name}");
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(i) = html[from..].find(&open) {
+        let start = from + i + open.len();
+        let Some(close) = html[start..].find('>') else {
+            break;
+        };
+        let inner = &html[start..start + close];
+        if inner.is_empty() || inner.starts_with(char::is_whitespace) {
+            out.push(Tag {
+                end: start + close + 1,
+                attrs: attributes(inner),
+            });
+        }
+        from = start;
+    }
+    out
+}
+
+/// A form of a page: where it posts and its hidden fields.
+#[derive(Clone, Debug)]
+struct Form {
+    action: String,
+    hidden: Vec<(String, String)>,
+}
+
+/// The first form of `html` with `id` (any form when `None`).
+fn form(html: &str, id: Option<&str>) -> Option<Form> {
+    let tag = tags(html, "form")
+        .into_iter()
+        .find(|t| id.is_none() || t.get("id") == id)?;
+    let rest = &html[tag.end..];
+    let body = &rest[..rest.find("</form>").unwrap_or(rest.len())];
+    let hidden = tags(body, "input")
+        .into_iter()
+        .filter(|t| t.get("type") == Some("hidden"))
+        .map(|t| {
+            (
+                t.get("name").unwrap_or_default().to_owned(),
+                t.get("value").unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    Some(Form {
+        action: tag.get("action").unwrap_or_default().to_owned(),
+        hidden,
+    })
+}
+
+/// Form-encodes `fields` (as a browser does).
+fn form_encode(fields: &[(String, String)]) -> String {
+    let mut u = match reqwest::Url::parse("http://form.invalid/") {
+        Ok(u) => u,
+        Err(e) => panic!("url: {e}"),
+    };
+    u.query_pairs_mut()
+        .extend_pairs(fields.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    u.query().unwrap_or_default().to_owned()
+}
+
+fn fields(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_owned()
+}
+
+// ---------------------------------------------------------------------------
+// The customer's browser
+
+/// An HTTP client that behaves like a browser without JavaScript and
+/// follows no redirect by itself.
+struct Browser {
+    http: reqwest::Client,
+    base: String,
+}
+
+/// One answer as the browser sees it.
+struct Page {
+    status: u16,
+    /// `Location`, made absolute.
+    location: Option<String>,
+    body: String,
+}
+
+impl Page {
+    fn show(&self) -> String {
+        let body: String = self.body.chars().take(700).collect();
+        format!("HTTP {} location {:?}: {body}", self.status, self.location)
+    }
+
+    /// Asserts a redirect with `status` and answers where it goes.
+    fn redirect(&self, status: u16) -> String {
+        assert_eq!(self.status, status, "expected a {status}: {}", self.show());
+        match &self.location {
+            Some(l) => l.clone(),
+            None => panic!("a redirect without Location: {}", self.show()),
+        }
+    }
+}
+
+impl Browser {
+    fn new(base: &str) -> Browser {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(30))
+            .build();
+        match http {
+            Ok(http) => Browser {
+                http,
+                base: base.to_owned(),
+            },
+            Err(e) => panic!("client: {e}"),
+        }
+    }
+
+    fn absolute(&self, u: &str) -> String {
+        if u.starts_with('/') {
+            format!("{}{u}", self.base)
+        } else {
+            u.to_owned()
+        }
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> Page {
+        let res = match req.send().await {
+            Ok(r) => r,
+            Err(e) => panic!("request failed: {e}"),
+        };
+        let status = res.status().as_u16();
+        let location = res
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(|l| self.absolute(l));
+        let body = res.text().await.unwrap_or_default();
+        Page {
+            status,
+            location,
+            body,
+        }
+    }
+
+    async fn get(&self, u: &str) -> Page {
+        self.send(self.http.get(self.absolute(u))).await
+    }
+
+    async fn post_form(&self, u: &str, fields: &[(String, String)]) -> Page {
+        let req = self
+            .http
+            .post(self.absolute(u))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form_encode(fields));
+        self.send(req).await
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The shop: one merchant, its API key, and one customer
+
+/// How the customer pays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Via {
+    Esewa,
+    Khalti,
+    FonepayWeb,
+}
+
+struct Shop {
+    app: TestApp,
+    tenant: Tenant,
+    key: String,
+    browser: Browser,
+    /// Sweeps made so far: each runs two minutes after the last.
+    sweeps: std::sync::atomic::AtomicI64,
+}
+
+impl Shop {
+    async fn open(which: Which) -> Option<Shop> {
+        let app = spawn_app(which).await?;
+        let tenant = app.tenant("Asan Bazaar", "owner@asan.example").await;
+        let key = app.key(&tenant, Mode::Sandbox, &Scope::ALL).await;
+        let browser = Browser::new(&app.base);
+        Some(Shop {
+            app,
+            tenant,
+            key,
+            browser,
+            sweeps: std::sync::atomic::AtomicI64::new(0),
+        })
+    }
+
+    async fn stop(self) {
+        self.app.stop().await;
+    }
+
+    fn sim(&self, path: &str) -> String {
+        format!("{}/sim{path}", self.app.base)
+    }
+
+    // --- payments, taken for real
+
+    /// `POST /v1/checkout`: the new session's id.
+    async fn checkout(&self, amount: i64) -> String {
+        let body = json!({"amount": amount, "returnUrl": RETURN_URL, "cancelUrl": CANCEL_URL});
+        let a = self
+            .app
+            .post("/v1/checkout", Some(&self.key), None, &body)
+            .await;
+        assert_eq!(a.status, 201, "{}", a.body);
+        let id = text(&a.body["id"]);
+        assert!(id.starts_with("cs_"), "{}", a.body);
+        id
+    }
+
+    async fn session(&self, id: &str) -> Value {
+        let a = self
+            .app
+            .get(&format!("/v1/sessions/{id}"), Some(&self.key))
+            .await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        a.body
+    }
+
+    /// `POST /c/{id}/pay` with the picker's fields.
+    async fn choose(&self, session: &str, picked: &[(&str, &str)]) -> Page {
+        self.browser
+            .post_form(&format!("/c/{session}/pay"), &fields(picked))
+            .await
+    }
+
+    /// Picks `via` on the hosted page, follows the hand-off to the
+    /// provider's page and answers its form (the one with the buttons).
+    async fn to_wallet(&self, session: &str, via: Via) -> Form {
+        let base = &self.app.base;
+        let (wallet_url, wallet_prefix) = match via {
+            Via::Esewa => {
+                let page = self.choose(session, &[("provider", "esewa")]).await;
+                assert_eq!(page.status, 200, "{}", page.show());
+                let Some(handoff) = form(&page.body, Some("handoff")) else {
+                    panic!("no hand-off form: {}", page.show())
+                };
+                let at = self
+                    .browser
+                    .post_form(&handoff.action, &handoff.hidden)
+                    .await;
+                (at.redirect(303), "/sim/esewa/wallet/")
+            }
+            Via::Khalti => {
+                let page = self.choose(session, &[("provider", "khalti")]).await;
+                (page.redirect(303), "/sim/khalti/pay")
+            }
+            Via::FonepayWeb => {
+                let page = self
+                    .choose(session, &[("provider", "fonepay"), ("fonepay", "web")])
+                    .await;
+                let to = page.redirect(303);
+                assert!(
+                    to.starts_with(&format!("{base}/sim/fonepay/api/merchantRequest?")),
+                    "{to}"
+                );
+                (
+                    self.browser.get(&to).await.redirect(303),
+                    "/sim/fonepay/web/",
+                )
+            }
+        };
+        assert!(
+            wallet_url.starts_with(&format!("{base}{wallet_prefix}")),
+            "{wallet_url}"
+        );
+        let page = self.browser.get(&wallet_url).await;
+        assert_eq!(page.status, 200, "{}", page.show());
+        let Some(f) = form(&page.body, None) else {
+            panic!("no form on the provider's page: {}", page.show())
+        };
+        f
+    }
+
+    /// A customer pays `amount` through `via`: the payment's id, paid
+    /// (`success`).
+    async fn paid(&self, via: Via, amount: i64) -> String {
+        let s = self.checkout(amount).await;
+        let wallet = self.to_wallet(&s, via).await;
+        let payment = text(&self.session(&s).await["paymentId"]);
+        assert!(payment.starts_with("pay_"), "no attempt for {s}");
+        let mut sent = wallet.hidden.clone();
+        sent.push(("action".into(), "pay".into()));
+        let callback = self
+            .browser
+            .post_form(&wallet.action, &sent)
+            .await
+            .redirect(302);
+        assert!(
+            callback.starts_with(&format!("{}/c/{s}/return/{payment}/ok", self.app.base)),
+            "{callback}"
+        );
+        let back = self.browser.get(&callback).await;
+        assert_eq!(
+            back.redirect(303),
+            format!("{RETURN_URL}?session_id={s}&status=success")
+        );
+        let p = self.payment(&payment).await;
+        assert_eq!(p["status"], "success", "{p}");
+        assert_eq!(p["amount"], amount, "{p}");
+        assert_eq!(p["amountRefunded"], 0, "{p}");
+        assert!(
+            p["providerRef"].as_str().is_some_and(|r| !r.is_empty()),
+            "{p}"
+        );
+        payment
+    }
+
+    async fn payment(&self, id: &str) -> Value {
+        let a = self
+            .app
+            .get(&format!("/v1/payments/{id}"), Some(&self.key))
+            .await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        a.body
+    }
+
+    /// The payment's status and refunded total, as the API shows them.
+    async fn payment_refunded(&self, id: &str) -> (String, i64) {
+        let p = self.payment(id).await;
+        (
+            text(&p["status"]),
+            p["amountRefunded"].as_i64().unwrap_or(-1),
+        )
+    }
+
+    /// The payment as stored (with the attempt's details).
+    async fn stored(&self, id: &str) -> Payment {
+        match self.app.store.get(&Payment::key(id)).await {
+            Ok(Some(item)) => match from_item(item) {
+                Ok(p) => p,
+                Err(e) => panic!("payment {id}: {e}"),
+            },
+            other => panic!("payment {id}: {other:?}"),
+        }
+    }
+
+    /// Our reference at the provider (Khalti `purchase_order_id`).
+    async fn reference(&self, payment: &str) -> String {
+        match self.stored(payment).await.attempt.reference {
+            Some(r) => r,
+            None => panic!("payment {payment} has no reference"),
+        }
+    }
+
+    // --- refunds, through the API
+
+    /// `POST /v1/refunds` with the shop's key.
+    async fn refund(&self, body: &Value, idempotency_key: Option<&str>) -> Answer {
+        self.app
+            .post("/v1/refunds", Some(&self.key), idempotency_key, body)
+            .await
+    }
+
+    /// A refund of `amount` of `payment` that must be created (201): the
+    /// refund as answered.
+    async fn refunded(&self, payment: &str, amount: i64) -> Value {
+        let a = self
+            .refund(
+                &json!({"paymentId": payment, "amount": amount, "reason": "customer_request"}),
+                None,
+            )
+            .await;
+        assert_eq!(a.status, 201, "{}", a.body);
+        assert_refund_shape(&a.body, payment, amount);
+        a.body
+    }
+
+    async fn get_refund(&self, id: &str) -> Value {
+        let a = self
+            .app
+            .get(&format!("/v1/refunds/{id}"), Some(&self.key))
+            .await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        a.body
+    }
+
+    /// `GET /v1/refunds?paymentId=…&limit=100`: the refunds and the total.
+    async fn refunds_of(&self, payment: &str) -> (Vec<Value>, u64) {
+        let a = self
+            .app
+            .get(
+                &format!("/v1/refunds?paymentId={payment}&limit=100"),
+                Some(&self.key),
+            )
+            .await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        let data = a.body["data"].as_array().cloned().unwrap_or_default();
+        let total = a.body["meta"]["total"].as_u64().unwrap_or(u64::MAX);
+        (data, total)
+    }
+
+    async fn events(&self) -> Vec<Event> {
+        match outbox::recent(&*self.app.store, &self.tenant.project.id, Mode::Sandbox, 50).await {
+            Ok(e) => e,
+            Err(e) => panic!("events: {e}"),
+        }
+    }
+
+    /// How many events of `kind` (e.g. `refund.succeeded`) name `id`.
+    async fn events_about(&self, kind: &str, id: &str) -> usize {
+        self.events()
+            .await
+            .iter()
+            .filter(|e| serde_json::to_value(e.event_type).ok() == Some(json!(kind)))
+            .filter(|e| e.object["id"] == id)
+            .count()
+    }
+
+    /// A scheduler pass two minutes after the last one (so every open
+    /// refund is past its minute).
+    async fn sweep(&self) -> SweepReport {
+        let n = self
+            .sweeps
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let at = SystemClock.now().plus(chrono::Duration::minutes(2 + 2 * n));
+        self.app.sweep(at).await
+    }
+
+    // --- the Khalti simulator's control API
+
+    /// Scripts the next refund call of `payment` at Khalti.
+    async fn script_refund(&self, payment: &str, outcome: &str) {
+        let reference = self.reference(payment).await;
+        let body = json!({"outcome": outcome, "on": "refund", "reference": reference});
+        let res = self
+            .app
+            .client
+            .post(self.sim("/khalti/_control/next"))
+            .json(&body)
+            .send()
+            .await;
+        match res {
+            Ok(r) if r.status().is_success() => {}
+            Ok(r) => panic!(
+                "control next {body}: HTTP {} {}",
+                r.status(),
+                r.text().await.unwrap_or_default()
+            ),
+            Err(e) => panic!("control next: {e}"),
+        }
+    }
+
+    /// Khalti's view of the payment (`refund_calls`, `refunded_paisa`,
+    /// `refunds`, `status`).
+    async fn at_khalti(&self, payment: &str) -> Value {
+        let reference = self.reference(payment).await;
+        let res = self
+            .app
+            .client
+            .get(self.sim(&format!("/khalti/_control/attempts/{reference}")))
+            .send()
+            .await;
+        match res {
+            Ok(r) => {
+                let status = r.status();
+                let body: Value = r.json().await.unwrap_or(Value::Null);
+                assert!(status.is_success(), "control attempts: {status} {body}");
+                body
+            }
+            Err(e) => panic!("control attempts: {e}"),
+        }
+    }
+
+    /// Khalti's refund calls for the payment, and the paisa it refunded.
+    async fn khalti_refunds(&self, payment: &str) -> (u64, i64) {
+        let a = self.at_khalti(payment).await;
+        (
+            a["refund_calls"].as_u64().unwrap_or(u64::MAX),
+            a["refunded_paisa"].as_i64().unwrap_or(-1),
+        )
+    }
+}
+
+/// The refund view carries the spec's fields with the request's values.
+fn assert_refund_shape(r: &Value, payment: &str, amount: i64) {
+    assert!(text(&r["id"]).starts_with("ref_"), "{r}");
+    assert_eq!(r["livemode"], false, "{r}");
+    assert_eq!(r["mode"], "sandbox", "{r}");
+    assert_eq!(r["paymentId"], payment, "{r}");
+    assert!(text(&r["projectId"]).starts_with("proj_"), "{r}");
+    assert_eq!(r["amount"], amount, "{r}");
+    assert_eq!(r["currency"], "NPR", "{r}");
+    for f in [
+        "reason",
+        "status",
+        "providerRefundId",
+        "failureReason",
+        "notes",
+        "mobileNumber",
+        "createdAt",
+        "updatedAt",
+    ] {
+        assert!(r.get(f).is_some(), "{f} missing: {r}");
+    }
+}
+
+/// A JSON field that must be a non-empty string.
+fn non_empty(v: &Value, field: &str) -> String {
+    let s = text(&v[field]);
+    assert!(!s.is_empty(), "{field} must be a non-empty string: {v}");
+    s
+}
+
+// ---------------------------------------------------------------------------
+// 1. A partial Khalti refund, then the rest
+
+async fn khalti_partial_then_full_refund(which: Which) {
+    let Some(shop) = Shop::open(which).await else {
+        return;
+    };
+    let payment = shop.paid(Via::Khalti, AMOUNT).await;
+
+    // 30%: Khalti refunds part; the payment stays `success`.
+    let body = json!({
+        "paymentId": payment,
+        "amount": 30_000,
+        "reason": "customer_request",
+        "notes": "  size did not fit  ",
+    });
+    let first = shop.refund(&body, Some("refund-30")).await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    let r1 = first.body;
+    assert_refund_shape(&r1, &payment, 30_000);
+    assert_eq!(r1["status"], "succeeded", "{r1}");
+    assert_eq!(r1["reason"], "customer_request", "{r1}");
+    assert_eq!(r1["notes"], "size did not fit", "{r1}");
+    assert_eq!(r1["failureReason"], Value::Null, "{r1}");
+    assert_eq!(r1["projectId"], shop.tenant.project.id.as_str(), "{r1}");
+    non_empty(&r1, "providerRefundId");
+    let id1 = text(&r1["id"]);
+    assert_eq!(
+        shop.payment_refunded(&payment).await,
+        ("success".into(), 30_000)
+    );
+    assert_eq!(shop.get_refund(&id1).await, r1);
+    let (listed, total) = shop.refunds_of(&payment).await;
+    assert_eq!(total, 1);
+    assert_eq!(listed, vec![r1.clone()]);
+    let all = shop.app.get("/v1/refunds", Some(&shop.key)).await;
+    assert_eq!(all.status, 200, "{}", all.body);
+    assert_eq!(all.body["meta"]["total"], 1, "{}", all.body);
+    assert_eq!(all.body["meta"]["limit"], 10, "{}", all.body);
+    assert_eq!(all.body["meta"]["offset"], 0, "{}", all.body);
+    assert_eq!(all.body["data"][0]["id"], id1.as_str(), "{}", all.body);
+    assert_eq!(shop.events_about("refund.succeeded", &id1).await, 1);
+    assert_eq!(shop.events_about("payment.refunded", &payment).await, 0);
+    let k = shop.at_khalti(&payment).await;
+    assert_eq!(k["refund_calls"], 1, "{k}");
+    assert_eq!(k["refunded_paisa"], 30_000, "{k}");
+    assert_eq!(k["status"], "Partially Refunded", "{k}");
+
+    // The remaining 70%: the payment is `refunded`, announced once.
+    let r2 = shop.refunded(&payment, 70_000).await;
+    assert_eq!(r2["status"], "succeeded", "{r2}");
+    let id2 = text(&r2["id"]);
+    assert_ne!(id1, id2);
+    assert_eq!(
+        shop.payment_refunded(&payment).await,
+        ("refunded".into(), AMOUNT)
+    );
+    assert_eq!(shop.events_about("refund.succeeded", &id2).await, 1);
+    assert_eq!(shop.events_about("payment.refunded", &payment).await, 1);
+    let k = shop.at_khalti(&payment).await;
+    assert_eq!(k["refund_calls"], 2, "{k}");
+    assert_eq!(k["refunded_paisa"], AMOUNT, "{k}");
+    assert_eq!(k["status"], "Refunded", "{k}");
+    let (listed, total) = shop.refunds_of(&payment).await;
+    assert_eq!(total, 2);
+    let ids: Vec<String> = listed.iter().map(|r| text(&r["id"])).collect();
+    assert!(ids.contains(&id1) && ids.contains(&id2), "{ids:?}");
+
+    // The event carries the payment as refunded.
+    let refunded_event = shop.events().await.into_iter().find(|e| {
+        serde_json::to_value(e.event_type).ok() == Some(json!("payment.refunded"))
+            && e.object["id"] == payment.as_str()
+    });
+    match refunded_event {
+        Some(e) => {
+            assert_eq!(e.object["status"], "refunded", "{}", e.object);
+            assert_eq!(e.object["amountRefunded"], AMOUNT, "{}", e.object);
+        }
+        None => panic!("no payment.refunded event"),
+    }
+
+    // Nothing is left.
+    let again = shop
+        .refund(
+            &json!({"paymentId": payment, "amount": 1, "reason": "other"}),
+            None,
+        )
+        .await;
+    again.assert_error(422, "invalid_request_error", "payment_not_refundable");
+    assert_eq!(again.body["error"]["param"], "paymentId", "{}", again.body);
+    assert_eq!(shop.refunds_of(&payment).await.1, 2);
+    assert_eq!(shop.khalti_refunds(&payment).await, (2, AMOUNT));
+    assert_eq!(shop.events_about("payment.refunded", &payment).await, 1);
+    shop.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// 2. The concurrency proof
+
+async fn concurrent_refunds_never_exceed_the_payment(which: Which) {
+    let Some(shop) = Shop::open(which).await else {
+        return;
+    };
+    let payment = shop.paid(Via::Khalti, AMOUNT).await;
+
+    // 50 refunds of 30% at once, each its own request: three fit.
+    let body = json!({"paymentId": payment, "amount": 30_000, "reason": "duplicate"});
+    let started = Instant::now();
+    let answers = futures::future::join_all((0..RACERS).map(|i| {
+        let body = body.clone();
+        let shop = &shop;
+        async move {
+            shop.refund(&body, Some(&format!("race-{i}-{}", new_id(IdKind::Event))))
+                .await
+        }
+    }))
+    .await;
+    let mut accepted = Vec::new();
+    let mut refused = 0;
+    let mut other = Vec::new();
+    for a in &answers {
+        match a.status {
+            201 => accepted.push(a.body.clone()),
+            422 if a.body["error"]["code"] == "refund_exceeds_balance" => {
+                a.assert_error(422, "invalid_request_error", "refund_exceeds_balance");
+                assert_eq!(a.body["error"]["param"], "amount", "{}", a.body);
+                refused += 1;
+            }
+            s => other.push(format!("{s} {}", a.body)),
+        }
+    }
+    assert!(other.is_empty(), "unexpected answers: {other:#?}");
+    assert_eq!(
+        accepted.len(),
+        3,
+        "accepted {accepted:#?} after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(refused, RACERS - 3);
+    eprintln!(
+        "{RACERS} refunds of 30% at once: 3 accepted, {refused} refused in {:?}",
+        started.elapsed()
+    );
+    let mut ids: Vec<String> = accepted.iter().map(|r| text(&r["id"])).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    for r in &accepted {
+        assert_refund_shape(r, &payment, 30_000);
+        assert_eq!(r["status"], "succeeded", "{r}");
+    }
+    let sum: i64 = accepted.iter().filter_map(|r| r["amount"].as_i64()).sum();
+    assert_eq!(sum, 90_000);
+    assert_eq!(
+        shop.payment_refunded(&payment).await,
+        ("success".into(), 90_000)
+    );
+    let (listed, total) = shop.refunds_of(&payment).await;
+    assert_eq!(total, 3);
+    let mut listed_ids: Vec<String> = listed.iter().map(|r| text(&r["id"])).collect();
+    listed_ids.sort();
+    assert_eq!(listed_ids, ids);
+    assert_eq!(shop.khalti_refunds(&payment).await, (3, 90_000));
+    for id in &ids {
+        assert_eq!(shop.events_about("refund.succeeded", id).await, 1, "{id}");
+    }
+
+    // 50 copies of one request (one key, one body) for the last 10%: one
+    // refund. Each copy is answered that refund, or 409 while the first
+    // is in flight.
+    let body = json!({"paymentId": payment, "amount": 10_000, "reason": "duplicate"});
+    let answers = futures::future::join_all((0..RACERS).map(|_| {
+        let body = body.clone();
+        let shop = &shop;
+        async move { shop.refund(&body, Some("one-retried-request")).await }
+    }))
+    .await;
+    let mut same = Vec::new();
+    let mut conflicts = 0;
+    let mut other = Vec::new();
+    for a in &answers {
+        match a.status {
+            201 => same.push(a.body.clone()),
+            409 => {
+                a.assert_error(409, "idempotency_error", "idempotency_conflict");
+                conflicts += 1;
+            }
+            s => other.push(format!("{s} {}", a.body)),
+        }
+    }
+    assert!(other.is_empty(), "unexpected answers: {other:#?}");
+    assert!(!same.is_empty(), "no copy was answered the refund");
+    assert_eq!(same.len() + conflicts, RACERS);
+    eprintln!(
+        "one key, {RACERS} copies: {} answered the refund, {conflicts} got 409",
+        same.len()
+    );
+    let last = same[0].clone();
+    assert_refund_shape(&last, &payment, 10_000);
+    assert_eq!(last["status"], "succeeded", "{last}");
+    for r in &same {
+        assert_eq!(r["id"], last["id"], "one refund for one request");
+    }
+    // A retry after the dust settles gets the same refund, replayed.
+    let replay = shop.refund(&body, Some("one-retried-request")).await;
+    assert_eq!(replay.status, 201, "{}", replay.body);
+    assert_eq!(replay.body["id"], last["id"], "{}", replay.body);
+    assert_eq!(replay.header("idempotent-replayed"), "true");
+
+    let (listed, total) = shop.refunds_of(&payment).await;
+    assert_eq!(total, 4, "{listed:#?}");
+    assert_eq!(
+        listed
+            .iter()
+            .filter(|r| r["amount"] == 10_000)
+            .map(|r| text(&r["id"]))
+            .collect::<Vec<_>>(),
+        vec![text(&last["id"])]
+    );
+    assert_eq!(
+        shop.payment_refunded(&payment).await,
+        ("refunded".into(), AMOUNT)
+    );
+    assert_eq!(shop.khalti_refunds(&payment).await, (4, AMOUNT));
+    assert_eq!(shop.events_about("payment.refunded", &payment).await, 1);
+    shop.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// 3. eSewa: the merchant refunds in eSewa's portal
+
+async fn an_esewa_refund_requires_action_and_holds_its_amount(which: Which) {
+    let Some(shop) = Shop::open(which).await else {
+        return;
+    };
+    let payment = shop.paid(Via::Esewa, AMOUNT).await;
+    let r = shop.refunded(&payment, 40_000).await;
+    assert_eq!(r["status"], "requires_action", "{r}");
+    let why = non_empty(&r, "failureReason");
+    assert!(
+        why.contains("eSewa") && why.contains("portal"),
+        "failureReason must send the merchant to the eSewa portal: {why}"
+    );
+    let id = text(&r["id"]);
+    assert_eq!(shop.get_refund(&id).await, r);
+    // Not refunded yet, but reserved.
+    assert_eq!(shop.payment_refunded(&payment).await, ("success".into(), 0));
+    let over = shop
+        .refund(
+            &json!({"paymentId": payment, "amount": 60_001, "reason": "other"}),
+            None,
+        )
+        .await;
+    over.assert_error(422, "invalid_request_error", "refund_exceeds_balance");
+    assert_eq!(over.body["error"]["param"], "amount", "{}", over.body);
+    // The rest fits exactly; then not a paisa more.
+    let rest = shop.refunded(&payment, 60_000).await;
+    assert_eq!(rest["status"], "requires_action", "{rest}");
+    let more = shop
+        .refund(
+            &json!({"paymentId": payment, "amount": 1, "reason": "other"}),
+            None,
+        )
+        .await;
+    more.assert_error(422, "invalid_request_error", "refund_exceeds_balance");
+    assert_eq!(shop.refunds_of(&payment).await.1, 2);
+    assert_eq!(shop.events_about("refund.succeeded", &id).await, 0);
+    assert_eq!(shop.events_about("payment.refunded", &payment).await, 0);
+    shop.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// 4. Fonepay: no refund API
+
+async fn a_fonepay_refund_is_refused_and_creates_nothing(which: Which) {
+    let Some(shop) = Shop::open(which).await else {
+        return;
+    };
+    shop.app.enable_fonepay(&shop.tenant, Mode::Sandbox).await;
+    let payment = shop.paid(Via::FonepayWeb, FONEPAY_AMOUNT).await;
+    let a = shop
+        .refund(
+            &json!({"paymentId": payment, "amount": FONEPAY_AMOUNT, "reason": "customer_request"}),
+            Some("fonepay-refund"),
+        )
+        .await;
+    a.assert_error(422, "invalid_request_error", "refund_not_supported");
+    assert_eq!(a.body["error"]["param"], "paymentId", "{}", a.body);
+    assert_eq!(shop.refunds_of(&payment).await, (Vec::new(), 0));
+    let all = shop.app.get("/v1/refunds", Some(&shop.key)).await;
+    assert_eq!(all.status, 200, "{}", all.body);
+    assert_eq!(all.body["meta"]["total"], 0, "{}", all.body);
+    assert_eq!(shop.payment_refunded(&payment).await, ("success".into(), 0));
+    shop.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// 5. Khalti rejects: failed, and the amount is free again
+
+async fn a_rejected_khalti_refund_fails_and_releases_its_amount(which: Which) {
+    let Some(shop) = Shop::open(which).await else {
+        return;
+    };
+    let payment = shop.paid(Via::Khalti, AMOUNT).await;
+    shop.script_refund(&payment, "failure").await;
+    let r = shop.refunded(&payment, 30_000).await;
+    assert_eq!(r["status"], "failed", "{r}");
+    non_empty(&r, "failureReason");
+    let id = text(&r["id"]);
+    assert_eq!(shop.get_refund(&id).await, r);
+    assert_eq!(shop.events_about("refund.failed", &id).await, 1);
+    assert_eq!(shop.events_about("refund.succeeded", &id).await, 0);
+    assert_eq!(shop.payment_refunded(&payment).await, ("success".into(), 0));
+    assert_eq!(shop.khalti_refunds(&payment).await, (1, 0));
+
+    // The same amount again succeeds, and so does the rest: the whole
+    // payment was free again.
+    let again = shop.refunded(&payment, 30_000).await;
+    assert_eq!(again["status"], "succeeded", "{again}");
+    let rest = shop.refunded(&payment, 70_000).await;
+    assert_eq!(rest["status"], "succeeded", "{rest}");
+    assert_eq!(
+        shop.payment_refunded(&payment).await,
+        ("refunded".into(), AMOUNT)
+    );
+    assert_eq!(shop.khalti_refunds(&payment).await, (3, AMOUNT));
+    assert_eq!(shop.refunds_of(&payment).await.1, 3);
+    // The failed one stays failed.
+    assert_eq!(shop.get_refund(&id).await["status"], "failed");
+    assert_eq!(shop.events_about("payment.refunded", &payment).await, 1);
+    shop.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// 6. Khalti times out or errs: processing until the sweep asks the lookup
+
+async fn an_unanswered_khalti_refund_is_settled_by_the_sweep(which: Which) {
+    let Some(shop) = Shop::open(which).await else {
+        return;
+    };
+
+    // A timeout: Khalti applied the refund, we never heard.
+    let payment = shop.paid(Via::Khalti, AMOUNT).await;
+    shop.script_refund(&payment, "timeout").await;
+    let started = Instant::now();
+    let r = shop.refunded(&payment, 40_000).await;
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "the refund call was expected to time out, answered in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(r["status"], "processing", "{r}");
+    let id = text(&r["id"]);
+    let k = shop.at_khalti(&payment).await;
+    assert_eq!(k["refund_calls"], 1, "{k}");
+    assert_eq!(k["refunded_paisa"], 40_000, "{k}");
+    assert_eq!(k["refunds"][0]["timed_out"], true, "{k}");
+    assert_eq!(shop.payment_refunded(&payment).await, ("success".into(), 0));
+    // Its amount is held meanwhile.
+    let over = shop
+        .refund(
+            &json!({"paymentId": payment, "amount": 60_001, "reason": "other"}),
+            None,
+        )
+        .await;
+    over.assert_error(422, "invalid_request_error", "refund_exceeds_balance");
+
+    let report = shop.sweep().await;
+    assert_eq!(report.errors, 0, "{report:?}");
+    assert_eq!(report.refunds_resolved, 1, "{report:?}");
+    let after = shop.get_refund(&id).await;
+    assert_eq!(after["status"], "succeeded", "{after}");
+    assert_eq!(
+        shop.payment_refunded(&payment).await,
+        ("success".into(), 40_000)
+    );
+    assert_eq!(shop.events_about("refund.succeeded", &id).await, 1);
+    // A second sweep has nothing to do, and never calls the refund API.
+    let report = shop.sweep().await;
+    assert_eq!(report.errors, 0, "{report:?}");
+    assert_eq!(report.refunds_resolved, 0, "{report:?}");
+    assert_eq!(shop.khalti_refunds(&payment).await, (1, 40_000));
+    assert_eq!(shop.get_refund(&id).await["status"], "succeeded");
+    assert_eq!(shop.events_about("refund.succeeded", &id).await, 1);
+
+    // A 5xx: nothing applied at Khalti; the sweep finds no refund.
+    let payment = shop.paid(Via::Khalti, AMOUNT).await;
+    shop.script_refund(&payment, "server_error").await;
+    let r = shop.refunded(&payment, 30_000).await;
+    assert_eq!(r["status"], "processing", "{r}");
+    let id = text(&r["id"]);
+    assert_eq!(shop.khalti_refunds(&payment).await, (1, 0));
+    let over = shop
+        .refund(
+            &json!({"paymentId": payment, "amount": 70_001, "reason": "other"}),
+            None,
+        )
+        .await;
+    over.assert_error(422, "invalid_request_error", "refund_exceeds_balance");
+    let report = shop.sweep().await;
+    assert_eq!(report.errors, 0, "{report:?}");
+    assert_eq!(report.refunds_resolved, 1, "{report:?}");
+    let after = shop.get_refund(&id).await;
+    assert_eq!(after["status"], "failed", "{after}");
+    non_empty(&after, "failureReason");
+    assert_eq!(shop.events_about("refund.failed", &id).await, 1);
+    assert_eq!(shop.payment_refunded(&payment).await, ("success".into(), 0));
+    assert_eq!(shop.khalti_refunds(&payment).await, (1, 0));
+    // Released: the whole payment can be refunded.
+    let full = shop.refunded(&payment, AMOUNT).await;
+    assert_eq!(full["status"], "succeeded", "{full}");
+    assert_eq!(
+        shop.payment_refunded(&payment).await,
+        ("refunded".into(), AMOUNT)
+    );
+    assert_eq!(shop.khalti_refunds(&payment).await, (2, AMOUNT));
+    shop.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// 7. Validation and access
+
+async fn refunds_are_validated_and_kept_to_their_tenant(which: Which) {
+    let Some(shop) = Shop::open(which).await else {
+        return;
+    };
+    let payment = shop.paid(Via::Khalti, AMOUNT).await;
+    let ok = json!({"paymentId": payment, "amount": 1_000, "reason": "other"});
+    let with = |field: &str, value: Value| {
+        let mut b = ok.clone();
+        b[field] = value;
+        b
+    };
+    let without = |field: &str| {
+        let mut b = ok.clone();
+        if let Some(o) = b.as_object_mut() {
+            o.remove(field);
+        }
+        b
+    };
+    let cases = [
+        ("amount 0", with("amount", json!(0)), "amount"),
+        ("negative amount", with("amount", json!(-500)), "amount"),
+        ("amount as text", with("amount", json!("ten")), "amount"),
+        ("missing reason", without("reason"), "reason"),
+        ("unknown reason", with("reason", json!("bored")), "reason"),
+        ("missing paymentId", without("paymentId"), "paymentId"),
+        ("unknown field", with("refundAll", json!(true)), "refundAll"),
+        (
+            "bad mobile",
+            with("mobileNumber", json!("12345")),
+            "mobileNumber",
+        ),
+        (
+            "mobile with letters",
+            with("mobileNumber", json!("98000000ab")),
+            "mobileNumber",
+        ),
+        ("long notes", with("notes", json!("x".repeat(501))), "notes"),
+    ];
+    for (what, body, param) in cases {
+        let a = shop.refund(&body, None).await;
+        a.assert_error(400, "invalid_request_error", "validation_failed");
+        assert_eq!(a.body["error"]["param"], param, "{what}: {}", a.body);
+    }
+
+    // Unknown payments, another mode's, another tenant's: 404.
+    for missing in [new_id(IdKind::Payment), "pay_nope".to_owned()] {
+        let a = shop.refund(&with("paymentId", json!(missing)), None).await;
+        a.assert_error(404, "invalid_request_error", "not_found");
+        assert_eq!(a.body["error"]["param"], "paymentId", "{}", a.body);
+    }
+    let live = shop.app.key(&shop.tenant, Mode::Live, &Scope::ALL).await;
+    let a = shop.app.post("/v1/refunds", Some(&live), None, &ok).await;
+    a.assert_error(404, "invalid_request_error", "not_found");
+    let other = shop.app.tenant("Other Shop", "owner@other.example").await;
+    let other_key = shop.app.key(&other, Mode::Sandbox, &Scope::ALL).await;
+    let a = shop
+        .app
+        .post("/v1/refunds", Some(&other_key), None, &ok)
+        .await;
+    a.assert_error(404, "invalid_request_error", "not_found");
+    assert_eq!(a.body["error"]["param"], "paymentId", "{}", a.body);
+
+    // A key that may only read refunds cannot make one.
+    let reader = shop
+        .app
+        .key(&shop.tenant, Mode::Sandbox, &[Scope::RefundsRead])
+        .await;
+    let a = shop.app.post("/v1/refunds", Some(&reader), None, &ok).await;
+    a.assert_error(403, "permission_error", "missing_scope");
+    assert_eq!(shop.refunds_of(&payment).await.1, 0);
+    assert_eq!(shop.khalti_refunds(&payment).await, (0, 0));
+
+    // A payment not (yet) paid cannot be refunded.
+    let s = shop.checkout(AMOUNT).await;
+    shop.to_wallet(&s, Via::Khalti).await;
+    let unpaid = text(&shop.session(&s).await["paymentId"]);
+    assert_eq!(shop.payment(&unpaid).await["status"], "pending");
+    let a = shop.refund(&with("paymentId", json!(unpaid)), None).await;
+    a.assert_error(422, "invalid_request_error", "payment_not_refundable");
+    assert_eq!(shop.refunds_of(&unpaid).await.1, 0);
+
+    // None of that refunded anything; a good request does.
+    let r = shop.refunded(&payment, 1_000).await;
+    assert_eq!(r["status"], "succeeded", "{r}");
+    let id = text(&r["id"]);
+    let listed = shop
+        .app
+        .get(&format!("/v1/refunds?paymentId={payment}"), Some(&reader))
+        .await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    assert_eq!(listed.body["meta"]["total"], 1, "{}", listed.body);
+
+    // The other tenant (and the live mode) see none of it.
+    for key in [&other_key, &live] {
+        for path in [
+            "/v1/refunds".to_owned(),
+            format!("/v1/refunds?paymentId={payment}"),
+        ] {
+            let a = shop.app.get(&path, Some(key)).await;
+            assert_eq!(a.status, 200, "{path}: {}", a.body);
+            assert_eq!(a.body["meta"]["total"], 0, "{path}: {}", a.body);
+            assert_eq!(a.body["data"], json!([]), "{path}: {}", a.body);
+        }
+        let a = shop.app.get(&format!("/v1/refunds/{id}"), Some(key)).await;
+        a.assert_error(404, "invalid_request_error", "not_found");
+    }
+    assert_eq!(shop.khalti_refunds(&payment).await, (1, 1_000));
+    shop.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// 8. A retried request answers the first refund
+
+async fn a_retried_refund_answers_the_first(which: Which) {
+    let Some(shop) = Shop::open(which).await else {
+        return;
+    };
+    let payment = shop.paid(Via::Khalti, AMOUNT).await;
+    let body = json!({
+        "paymentId": payment,
+        "amount": 25_000,
+        "reason": "fraudulent",
+        "mobileNumber": "9800000001",
+    });
+    let first = shop.refund(&body, Some("retry-me")).await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    assert_eq!(first.body["status"], "succeeded", "{}", first.body);
+    assert_eq!(first.body["mobileNumber"], "9800000001", "{}", first.body);
+    assert_eq!(first.body["reason"], "fraudulent", "{}", first.body);
+    assert_ne!(first.header("idempotent-replayed"), "true");
+    let second = shop.refund(&body, Some("retry-me")).await;
+    assert_eq!(second.status, 201, "{}", second.body);
+    assert_eq!(second.body["id"], first.body["id"], "{}", second.body);
+    assert_eq!(second.body, first.body);
+    assert_eq!(second.header("idempotent-replayed"), "true");
+    // The same key with another body is a misuse, not a second refund.
+    let mut changed = body.clone();
+    changed["amount"] = json!(26_000);
+    shop.refund(&changed, Some("retry-me")).await.assert_error(
+        409,
+        "idempotency_error",
+        "idempotency_key_reused",
+    );
+
+    assert_eq!(shop.refunds_of(&payment).await.1, 1);
+    assert_eq!(shop.khalti_refunds(&payment).await, (1, 25_000));
+    assert_eq!(
+        shop.payment_refunded(&payment).await,
+        ("success".into(), 25_000)
+    );
+    shop.stop().await;
+}
+
+on_both_backends!(
+    khalti_partial_then_full_refund,
+    concurrent_refunds_never_exceed_the_payment,
+    an_esewa_refund_requires_action_and_holds_its_amount,
+    a_fonepay_refund_is_refused_and_creates_nothing,
+    a_rejected_khalti_refund_fails_and_releases_its_amount,
+    an_unanswered_khalti_refund_is_settled_by_the_sweep,
+    refunds_are_validated_and_kept_to_their_tenant,
+    a_retried_refund_answers_the_first,
+);
+
+// ---------------------------------------------------------------------------
+// Regressions found while writing this suite (both were bugs, now fixed).
+
+/// Many refunds of one payment at once, all within its balance: every one
+/// Khalti accepted is answered `succeeded`; none is left to the sweep.
+async fn many_small_concurrent_refunds_all_succeed(which: Which) {
+    let Some(shop) = Shop::open(which).await else {
+        return;
+    };
+    let payment = shop.paid(Via::Khalti, AMOUNT).await;
+    let n: usize = 20;
+    let answers = futures::future::join_all((0..n).map(|i| {
+        let shop = &shop;
+        let body = json!({"paymentId": payment, "amount": AMOUNT / 20, "reason": "duplicate"});
+        async move { shop.refund(&body, Some(&format!("small-{i}"))).await }
+    }))
+    .await;
+    let answered: Vec<String> = answers
+        .iter()
+        .map(|a| format!("{} {}", a.status, a.body["status"]))
+        .collect();
+    // Khalti applied every one of them.
+    assert_eq!(shop.khalti_refunds(&payment).await, (n as u64, AMOUNT));
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.status == 201 && a.body["status"] == "succeeded"),
+        "every refund Khalti accepted must be answered 201 succeeded: {answered:#?}"
+    );
+    assert_eq!(
+        shop.payment_refunded(&payment).await,
+        ("refunded".into(), AMOUNT)
+    );
+    assert_eq!(shop.events_about("payment.refunded", &payment).await, 1);
+    shop.stop().await;
+}
+
+/// Two open refunds of one payment: Khalti applied one (timeout) and not
+/// the other (5xx). The sweep must never call the one Khalti did not apply
+/// `succeeded`, nor count more than Khalti refunded. Several payments, as
+/// the order the sweep meets the two refunds in is down to their ids.
+async fn the_sweep_never_succeeds_a_refund_khalti_did_not_apply(which: Which) {
+    let Some(shop) = Shop::open(which).await else {
+        return;
+    };
+    let mut payments = Vec::new();
+    for _ in 0..6 {
+        payments.push(shop.paid(Via::Khalti, AMOUNT).await);
+    }
+    let pairs = futures::future::join_all(payments.iter().map(|payment| {
+        let shop = &shop;
+        async move {
+            shop.script_refund(payment, "timeout").await;
+            let applied = shop.refunded(payment, 30_000).await;
+            shop.script_refund(payment, "server_error").await;
+            let not_applied = shop.refunded(payment, 50_000).await;
+            assert_eq!(applied["status"], "processing", "{applied}");
+            assert_eq!(not_applied["status"], "processing", "{not_applied}");
+            (text(&applied["id"]), text(&not_applied["id"]))
+        }
+    }))
+    .await;
+    let report = shop.sweep().await;
+    assert_eq!(report.errors, 0, "{report:?}");
+    let mut wrong = Vec::new();
+    for (payment, (applied, not_applied)) in payments.iter().zip(&pairs) {
+        let a = shop.get_refund(applied).await;
+        let b = shop.get_refund(not_applied).await;
+        let (_, ours) = shop.payment_refunded(payment).await;
+        let (_, khaltis) = shop.khalti_refunds(payment).await;
+        if b["status"] == "succeeded" || ours > khaltis {
+            wrong.push(format!(
+                "{payment}: applied 30000 -> {}, not applied 50000 -> {}; amountRefunded {ours}, Khalti refunded {khaltis}",
+                a["status"], b["status"]
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    shop.stop().await;
+}
+
+mod regressions {
+    use super::{
+        many_small_concurrent_refunds_all_succeed,
+        the_sweep_never_succeeds_a_refund_khalti_did_not_apply,
+    };
+    dhukuti_tests::on_both_backends!(
+        many_small_concurrent_refunds_all_succeed,
+        the_sweep_never_succeeds_a_refund_khalti_did_not_apply,
+    );
+}
