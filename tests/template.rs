@@ -294,6 +294,9 @@ fn the_hosted_pages_are_served_by_hosted_without_an_authorizer() {
         ("GET", "/c/{id}/return/{payment}/{outcome}"),
         ("POST", "/c/{id}/return/{payment}/{outcome}"),
         ("GET", "/c/{id}/qr/{payment}"),
+        ("GET", "/l/{id}"),
+        ("POST", "/l/{id}"),
+        ("GET", "/l/{id}/thanks"),
     ]
     .iter()
     .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
@@ -593,6 +596,41 @@ fn the_payment_links_function_serves_the_payment_link_routes() {
         "DHUKUTI_SANDBOX_KHALTI_SECRET_KEY",
     ] {
         assert!(vars[env].is_null(), "PaymentLinksFunction gets {env}");
+    }
+}
+
+/// A session ending (expired by the API or lazily on read, or its payment
+/// failed on the hosted pages) gives its payment link's held use back in
+/// the same transaction (an Update of the session and one of the link);
+/// the link page counts views and opens a session in a transaction of an
+/// Update of the link and a Put of the session.
+#[test]
+fn link_uses_are_held_and_released_by_functions_that_may() {
+    let t = template();
+    for (name, binary, needed) in [
+        (
+            "HostedFunction",
+            "hosted",
+            &[
+                "dynamodb:GetItem",
+                "dynamodb:PutItem",
+                "dynamodb:UpdateItem",
+                "dynamodb:ConditionCheckItem",
+            ][..],
+        ),
+        (
+            "CheckoutFunction",
+            "checkout",
+            &["dynamodb:GetItem", "dynamodb:UpdateItem"][..],
+        ),
+    ] {
+        let actions = table_actions(function(&t, name, binary));
+        for needed in needed {
+            assert!(
+                actions.iter().any(|a| a == needed),
+                "{name} lacks {needed}: {actions:?}"
+            );
+        }
     }
 }
 
