@@ -524,7 +524,11 @@ impl Shop {
         let n = self
             .sweeps
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let at = SystemClock.now().plus(chrono::Duration::minutes(2 + 2 * n));
+        // Past the time a refund waits before the sweep asks Khalti.
+        let at = SystemClock
+            .now()
+            .plus(shared::domain::refunds::RESOLVE_AFTER)
+            .plus(chrono::Duration::minutes(1 + 2 * n));
         self.app.sweep(at).await
     }
 

@@ -579,6 +579,23 @@ async fn link_open(
         }
     }
     let typed = customer.amount.clone();
+    // A suspended shop's link opens nothing (its page says so too).
+    if let Ok(Some(link)) = links::get(&*state.store, &id).await {
+        match merchant_of(&state, &link.project_id).await {
+            Ok((merchant, false)) => {
+                return html(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    pages::link_unavailable(
+                        &merchant,
+                        !link.mode.is_live(),
+                        &links::inactive_text(&link),
+                    ),
+                );
+            }
+            Ok(_) => {}
+            Err(e) => return trouble(&e),
+        }
+    }
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     let base = state.config.base_for(host);
     match links::open_session(&*state.store, &id, customer, &base, now).await {

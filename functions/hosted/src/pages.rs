@@ -346,7 +346,7 @@ pub fn link_page(
         body.push_str(&format!("<div class=error id=error>{}</div>", esc(e)));
     }
     body.push_str(&format!(
-        "<form id=link-form class=card method=post action=\"/l/{}\">",
+        "<form id=link-form class=card method=post action=\"/l/{}\" onsubmit=\"this.querySelector('button').disabled=true\">",
         esc(&link.id)
     ));
     if link.amount.is_none() {

@@ -985,7 +985,9 @@ fn plan(
                             .set("updated_at", stamp.clone())
                             .remove(Index::Gsi2.pk_attr())
                             .remove(Index::Gsi2.sk_attr()),
-                        cond: Some(Cond::ne("status", "success")),
+                        // As read: a session that moved meanwhile (expired,
+                        // failed: its link use given back) is re-read.
+                        cond: Some(Cond::eq("status", s.status.as_str())),
                     });
                     if let Some((l, base)) = link {
                         // The link's use becomes a completed one, once:

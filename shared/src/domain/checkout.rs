@@ -866,20 +866,41 @@ async fn mark_expired(
             .update(&key, update, Some(Cond::And(conds)))
             .await
             .map(|_| ()),
-        Some(link) => store
-            .transact(vec![
+        Some(link) => {
+            let ops = vec![
                 TxOp::Update {
                     key: key.clone(),
                     update,
                     cond: Some(Cond::And(conds)),
                 },
                 super::links::release_op(&link),
-            ])
-            .await
-            .map_err(|e| match e {
-                StoreError::TransactionCanceled { .. } => StoreError::ConditionFailed,
-                other => other,
-            }),
+            ];
+            let mut result = Err(StoreError::Unavailable(format!("session {id} is busy")));
+            for attempt in 0..6u64 {
+                match store.transact(ops.clone()).await {
+                    Ok(()) => {
+                        result = Ok(());
+                        break;
+                    }
+                    // Busy (the link is being written): try again.
+                    Err(StoreError::TransactionCanceled { reasons })
+                        if !reasons.contains(&TxReason::ConditionFailed) =>
+                    {
+                        let pause = 5 + 10 * attempt + rand::random::<u64>() % 20;
+                        tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                    }
+                    Err(StoreError::TransactionCanceled { .. }) => {
+                        result = Err(StoreError::ConditionFailed);
+                        break;
+                    }
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+            result
+        }
     };
     match written {
         Ok(()) | Err(StoreError::ConditionFailed) => match store.get(&key).await? {

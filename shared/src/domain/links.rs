@@ -53,8 +53,7 @@ pub struct PaymentLink {
     pub used_count: i64,
     #[serde(default)]
     pub views: i64,
-    /// Uses taken: completed payments plus open sessions holding a use
-    /// (only counted when `max_uses` is set).
+    /// Uses taken: completed payments plus open sessions holding a use.
     #[serde(default)]
     pub claimed: i64,
     #[serde(default)]
@@ -275,24 +274,33 @@ where
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PatchLink {
-    #[serde(default)]
-    pub title: Option<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub title: Option<Option<String>>,
     #[serde(default, deserialize_with = "nullable")]
     pub description: Option<Option<String>>,
-    #[serde(default)]
-    pub active: Option<bool>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub active: Option<Option<bool>>,
     #[serde(default, deserialize_with = "nullable")]
     pub inactive_message: Option<Option<String>>,
     #[serde(default, deserialize_with = "nullable")]
     pub expires_at: Option<Option<String>>,
-    #[serde(default)]
-    pub max_uses: Option<i64>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub max_uses: Option<Option<i64>>,
     #[serde(default, deserialize_with = "nullable")]
     pub redirect_url: Option<Option<String>>,
     #[serde(default, deserialize_with = "nullable")]
     pub reference_id: Option<Option<String>>,
-    #[serde(default)]
-    pub collect_address: Option<bool>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub collect_address: Option<Option<bool>>,
+}
+
+/// A key that cannot be cleared was sent as `null`.
+fn not_null<T>(field: &str, v: Option<Option<T>>) -> Result<Option<T>, LinkError> {
+    match v {
+        None => Ok(None),
+        Some(Some(x)) => Ok(Some(x)),
+        Some(None) => Err(invalid(field, format!("{field} cannot be null"))),
+    }
 }
 
 /// Why a link operation was refused.
@@ -544,7 +552,7 @@ pub async fn patch(
         Some(s) => update.set(attr, s),
         None => update.set(attr, Value::Null),
     };
-    if let Some(t) = patch.title {
+    if let Some(t) = not_null("title", patch.title)? {
         let t = text("title", Some(t), MAX_TITLE)?
             .ok_or_else(|| invalid("title", "title must not be empty"))?;
         update = update.set("title", t);
@@ -556,7 +564,7 @@ pub async fn patch(
             text("description", d, MAX_DESCRIPTION)?,
         );
     }
-    if let Some(a) = patch.active {
+    if let Some(a) = not_null("active", patch.active)? {
         update = update.set("active", a);
     }
     if let Some(m) = patch.inactive_message {
@@ -571,7 +579,7 @@ pub async fn patch(
         update = set_opt(update, "expires_at", e);
     }
     let mut cond = vec![Cond::Exists];
-    if let Some(m) = patch.max_uses {
+    if let Some(m) = not_null("maxUses", patch.max_uses)? {
         let m = max_uses(m)?;
         if m < link.used_count {
             return Err(below_use_count(link.used_count));
@@ -595,7 +603,7 @@ pub async fn patch(
             text("referenceId", r, MAX_REFERENCE_ID)?,
         );
     }
-    if let Some(c) = patch.collect_address {
+    if let Some(c) = not_null("collectAddress", patch.collect_address)? {
         update = update.set("collect_address", c);
     }
     match store
@@ -860,14 +868,24 @@ pub async fn open_session(
             cond: Some(Cond::NotExists),
         },
     ];
-    match store.transact(ops).await {
-        Ok(()) => Ok(session),
-        Err(StoreError::TransactionCanceled { .. }) => {
-            let now_link = get(store, link_id).await?.ok_or(OpenError::NotFound)?;
-            Err(OpenError::Unusable(inactive_text(&now_link)))
+    for attempt in 0..6u64 {
+        match store.transact(ops.clone()).await {
+            Ok(()) => return Ok(session),
+            // Busy (views, other customers): try again.
+            Err(StoreError::TransactionCanceled { reasons })
+                if !reasons.contains(&crate::store::TxReason::ConditionFailed) =>
+            {
+                let pause = 5 + 10 * attempt + rand::random::<u64>() % 20;
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+            }
+            Err(StoreError::TransactionCanceled { .. }) => {
+                let now_link = get(store, link_id).await?.ok_or(OpenError::NotFound)?;
+                return Err(OpenError::Unusable(inactive_text(&now_link)));
+            }
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => Err(e.into()),
     }
+    Err(StoreError::Unavailable("the payment link is busy; try again".into()).into())
 }
 
 #[cfg(test)]
@@ -1010,6 +1028,15 @@ mod tests {
             ("Big box", None, Some(3))
         );
         assert_eq!(after.amount, l.amount, "keys not sent stay");
+        // Keys that cannot be cleared refuse null.
+        for key in ["title", "active", "maxUses", "collectAddress"] {
+            let p: PatchLink = serde_json::from_value(json!({ key: null })).unwrap();
+            assert!(
+                matches!(patch(&store, "proj_1", Mode::Sandbox, &l.id, p, now()).await,
+                    Err(LinkError::Invalid { ref field, .. }) if field == key),
+                "{key}"
+            );
+        }
         // Two uses, then maxUses below them is refused.
         store
             .update(

@@ -43,8 +43,10 @@ use crate::time::Timestamp;
 /// Default page size of `GET /v1/refunds` (spec).
 pub const DEFAULT_PAGE: usize = 10;
 pub const MAX_NOTES_LEN: usize = 500;
-/// An open refund is asked about after this.
-pub const RESOLVE_AFTER: chrono::Duration = chrono::Duration::seconds(60);
+/// An open refund is asked about after this: longer than the longest
+/// provider call (`DHUKUTI_PROVIDER_TIMEOUT_MS` is at most 120 s), so the
+/// sweep never judges a refund whose call is still in flight.
+pub const RESOLVE_AFTER: chrono::Duration = chrono::Duration::minutes(5);
 /// An open refund Khalti cannot confirm within this goes to a person.
 pub const GIVE_UP_AFTER: chrono::Duration = chrono::Duration::hours(24);
 const OPEN_REFUNDS: &str = "OPENREF";
@@ -490,13 +492,20 @@ async fn call_khalti(
         .await;
     match called {
         Ok(_) => {
-            resolve(
+            let after = resolve(
                 state,
                 &refund,
                 Outcome::Succeeded(Some(txn.to_owned())),
                 now,
             )
-            .await
+            .await?;
+            if after.status == RefundStatus::Failed {
+                tracing::error!(
+                    refund = %refund.id,
+                    "Khalti applied a refund already recorded failed: check the Khalti dashboard and correct by hand"
+                );
+            }
+            Ok(after)
         }
         Err(ProviderError::Rejected { code, message }) => {
             let why = format!("Khalti refused the refund: {message} ({code})");
@@ -606,11 +615,23 @@ async fn mark_refunded(
         },
         Event::new(EventType::PaymentRefunded, &p.project_id, p.mode, view, now).put_op()?,
     ];
-    match store.transact(ops).await {
-        // Another caller marked it first: exactly one event.
-        Ok(()) | Err(StoreError::TransactionCanceled { .. }) => Ok(()),
-        Err(e) => Err(e),
+    for attempt in 0..TRIES {
+        match store.transact(ops.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(StoreError::TransactionCanceled { reasons })
+                if reasons.contains(&TxReason::Conflict) =>
+            {
+                let pause = 5 + 10 * attempt as u64 + rand::random::<u64>() % 20;
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+            }
+            // Another caller marked it first: exactly one event.
+            Err(StoreError::TransactionCanceled { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        }
     }
+    Err(StoreError::Unavailable(format!(
+        "payment {payment_id} reached its full refund but could not be marked refunded"
+    )))
 }
 
 fn resolve_ops(
@@ -849,32 +870,26 @@ async fn ask_khalti(state: &AppState, payment: &Payment) -> Option<ProviderState
     }
 }
 
-/// The payment's other refunds that are not `failed`: how many, and
-/// their total.
+/// The payment's other refunds that are not `failed`: whether there are
+/// any, and their total.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Others {
     pub count: usize,
     pub total: i64,
 }
 
+/// From the payment's reservation (a consistent read of one item, never
+/// an index that may lag): every live refund of the payment is in it.
 async fn others_of(store: &dyn Store, refund: &Refund) -> Result<Others, StoreError> {
-    let mut query = Query::partition(Refund::payment_partition(&refund.payment_id)).on(Index::Gsi2);
-    let mut others = Others::default();
-    loop {
-        let page = store.query(&query).await?;
-        for item in page.items {
-            let r: Refund = from_item(item)?;
-            if r.id != refund.id && r.status != RefundStatus::Failed {
-                others.count += 1;
-                others.total += r.amount.get();
-            }
-        }
-        match page.last_key {
-            Some(k) => query.start_after = Some(k),
-            None => break,
-        }
-    }
-    Ok(others)
+    let reserved = match store.get(&Payment::key(&refund.payment_id)).await? {
+        Some(item) => reserved_of(&item),
+        None => 0,
+    };
+    let total = (reserved - refund.amount.get()).max(0);
+    Ok(Others {
+        count: usize::from(total > 0),
+        total,
+    })
 }
 
 /// What Khalti's lookup says about an open refund, given the payment's
