@@ -16,20 +16,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dhukuti_tests::{Tenant, TestApp, Which, on_both_backends, spawn_app, spawn_app_with_clock};
+use dhukuti_tests::browser::{
+    Form, Page, base64_decode, base64_encode, fields, form, form_encode, query_param, radios, tags,
+    text, with_query,
+};
+use dhukuti_tests::shop::{self, CANCEL_URL, RETURN_URL, Via};
+use dhukuti_tests::{TestApp, Which, on_both_backends, spawn_app, spawn_app_with_clock};
 use serde_json::{Value, json};
 use shared::domain::Mode;
-use shared::domain::account::Scope;
 use shared::domain::attempts::SweepReport;
-use shared::domain::outbox::{self, Event};
-use shared::domain::payments::Payment;
-use shared::domain::record::from_item;
 use shared::time::{Clock, ManualClock, SystemClock, Timestamp};
 
-/// The merchant's pages (nothing listens there: the customer's browser is
-/// only told to go there).
-const RETURN_URL: &str = "http://127.0.0.1:9/thanks";
-const CANCEL_URL: &str = "http://127.0.0.1:9/cancel";
 /// NPR 1,500: above Khalti's minimum.
 const AMOUNT: i64 = 150_000;
 /// NPR 500: under the sandbox Fonepay limit of NPR 1,000 a payment.
@@ -41,315 +38,7 @@ const POLL_TRIES: usize = 20;
 const POLL_PAUSE: Duration = Duration::from_millis(500);
 
 // ---------------------------------------------------------------------------
-// HTML, URLs and base64 with plain string functions
-
-/// HTML text back to plain text.
-fn unescape(s: &str) -> String {
-    s.replace("&quot;", "\"")
-        .replace("&#39;", "'")
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&amp;", "&")
-}
-
-/// One start tag's attributes (`a=b c="d" e`), values unescaped.
-fn attributes(tag: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut rest = tag.trim_start();
-    while !rest.is_empty() {
-        let end = rest
-            .find(|c: char| c == '=' || c == '/' || c.is_whitespace())
-            .unwrap_or(rest.len());
-        let name = rest[..end].to_ascii_lowercase();
-        let after_name = rest[end..].trim_start();
-        let mut value = "";
-        rest = after_name;
-        if let Some(v) = after_name.strip_prefix('=') {
-            let v = v.trim_start();
-            if let Some(q) = v.strip_prefix('"').or_else(|| v.strip_prefix('\'')) {
-                let quote = &v[..1];
-                let close = q.find(quote).unwrap_or(q.len());
-                value = &q[..close];
-                rest = q.get(close + 1..).unwrap_or("");
-            } else {
-                let close = v.find(char::is_whitespace).unwrap_or(v.len());
-                value = &v[..close];
-                rest = &v[close..];
-            }
-        }
-        if !name.is_empty() {
-            out.push((name, unescape(value)));
-        }
-        rest = rest.trim_start_matches(|c: char| c == '/' || c.is_whitespace());
-    }
-    out
-}
-
-/// A start tag: where it ends in the page, and its attributes.
-struct Tag {
-    end: usize,
-    attrs: Vec<(String, String)>,
-}
-
-impl Tag {
-    fn get(&self, name: &str) -> Option<&str> {
-        self.attrs
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// Every `<name ...>` start tag of `html`, in order.
-fn tags(html: &str, name: &str) -> Vec<Tag> {
-    let open = format!("<{name}");
-    let mut out = Vec::new();
-    let mut from = 0;
-    while let Some(i) = html[from..].find(&open) {
-        let start = from + i + open.len();
-        let Some(close) = html[start..].find('>') else {
-            break;
-        };
-        let inner = &html[start..start + close];
-        if inner.is_empty() || inner.starts_with(char::is_whitespace) {
-            out.push(Tag {
-                end: start + close + 1,
-                attrs: attributes(inner),
-            });
-        }
-        from = start;
-    }
-    out
-}
-
-/// A form of a page: where it posts and its hidden fields.
-#[derive(Clone, Debug)]
-struct Form {
-    action: String,
-    hidden: Vec<(String, String)>,
-}
-
-/// The first form of `html` with `id` (any form when `None`).
-fn form(html: &str, id: Option<&str>) -> Option<Form> {
-    let tag = tags(html, "form")
-        .into_iter()
-        .find(|t| id.is_none() || t.get("id") == id)?;
-    let rest = &html[tag.end..];
-    let body = &rest[..rest.find("</form>").unwrap_or(rest.len())];
-    let hidden = tags(body, "input")
-        .into_iter()
-        .filter(|t| t.get("type") == Some("hidden"))
-        .map(|t| {
-            (
-                t.get("name").unwrap_or_default().to_owned(),
-                t.get("value").unwrap_or_default().to_owned(),
-            )
-        })
-        .collect();
-    Some(Form {
-        action: tag.get("action").unwrap_or_default().to_owned(),
-        hidden,
-    })
-}
-
-/// The values of the radios named `name`, in page order.
-fn radios(html: &str, name: &str) -> Vec<String> {
-    tags(html, "input")
-        .into_iter()
-        .filter(|t| t.get("type") == Some("radio") && t.get("name") == Some(name))
-        .map(|t| t.get("value").unwrap_or_default().to_owned())
-        .collect()
-}
-
-fn url(u: &str) -> reqwest::Url {
-    match reqwest::Url::parse(u) {
-        Ok(u) => u,
-        Err(e) => panic!("not a URL ({e}): {u}"),
-    }
-}
-
-/// Form-encodes `fields` (as a browser does).
-fn form_encode(fields: &[(String, String)]) -> String {
-    let mut u = url("http://form.invalid/");
-    u.query_pairs_mut()
-        .extend_pairs(fields.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    u.query().unwrap_or_default().to_owned()
-}
-
-/// The first value of query parameter `name` of `u`.
-fn query_param(u: &str, name: &str) -> Option<String> {
-    url(u)
-        .query_pairs()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.into_owned())
-}
-
-/// `u` with its query replaced by `params`.
-fn with_query(u: &str, params: &[(&str, &str)]) -> String {
-    let mut u = url(u);
-    u.set_query(None);
-    u.query_pairs_mut().extend_pairs(params.iter().copied());
-    u.to_string()
-}
-
-const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-fn base64_encode(bytes: &[u8]) -> String {
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(B64[((n >> (18 - 6 * i)) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-fn base64_decode(text: &str) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut acc = 0u32;
-    let mut bits = 0;
-    for c in text.bytes().filter(|c| *c != b'=') {
-        let Some(v) = B64.iter().position(|b| *b == c) else {
-            panic!("not base64: {text}")
-        };
-        acc = (acc << 6) | v as u32;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
-        }
-    }
-    out
-}
-
-// ---------------------------------------------------------------------------
-// The customer's browser
-
-/// An HTTP client that behaves like a browser without JavaScript and
-/// follows no redirect by itself.
-struct Browser {
-    http: reqwest::Client,
-    base: String,
-}
-
-/// One answer as the browser sees it.
-struct Page {
-    status: u16,
-    /// `Location`, made absolute.
-    location: Option<String>,
-    body: String,
-}
-
-impl Page {
-    /// A short view for assertion messages: the status, the location and
-    /// the page's `<main>`.
-    fn show(&self) -> String {
-        let main = match (self.body.find("<main>"), self.body.find("</main>")) {
-            (Some(a), Some(b)) if a < b => &self.body[a..b],
-            _ => self.body.as_str(),
-        };
-        let main: String = main.chars().take(700).collect();
-        format!("HTTP {} location {:?}: {main}", self.status, self.location)
-    }
-
-    /// Asserts a redirect with `status` and answers where it goes.
-    fn redirect(&self, status: u16) -> String {
-        assert_eq!(self.status, status, "expected a {status}: {}", self.show());
-        match &self.location {
-            Some(l) => l.clone(),
-            None => panic!("a redirect without Location: {}", self.show()),
-        }
-    }
-
-    fn has(&self, text: &str) -> bool {
-        self.body.contains(text)
-    }
-}
-
-impl Browser {
-    fn new(base: &str) -> Browser {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(Duration::from_secs(30))
-            .build();
-        match http {
-            Ok(http) => Browser {
-                http,
-                base: base.to_owned(),
-            },
-            Err(e) => panic!("client: {e}"),
-        }
-    }
-
-    fn absolute(&self, u: &str) -> String {
-        if u.starts_with('/') {
-            format!("{}{u}", self.base)
-        } else {
-            u.to_owned()
-        }
-    }
-
-    async fn send(&self, req: reqwest::RequestBuilder) -> Page {
-        let res = match req.send().await {
-            Ok(r) => r,
-            Err(e) => panic!("request failed: {e}"),
-        };
-        let status = res.status().as_u16();
-        let location = res
-            .headers()
-            .get(reqwest::header::LOCATION)
-            .and_then(|v| v.to_str().ok())
-            .map(|l| self.absolute(l));
-        let body = res.text().await.unwrap_or_default();
-        Page {
-            status,
-            location,
-            body,
-        }
-    }
-
-    async fn get(&self, u: &str) -> Page {
-        self.send(self.http.get(self.absolute(u))).await
-    }
-
-    async fn post_form(&self, u: &str, fields: &[(String, String)]) -> Page {
-        let req = self
-            .http
-            .post(self.absolute(u))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(form_encode(fields));
-        self.send(req).await
-    }
-}
-
-fn fields(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
-
-// ---------------------------------------------------------------------------
 // The shop: one merchant, its API key, and one customer
-
-/// How the customer pays through a browser hand-off.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Via {
-    Esewa,
-    Khalti,
-    FonepayWeb,
-}
 
 /// Where the browser stands after the hand-off to the provider.
 #[derive(Debug)]
@@ -378,15 +67,15 @@ impl AtProvider {
     }
 }
 
-struct Shop {
-    app: TestApp,
-    tenant: Tenant,
-    key: String,
-    browser: Browser,
-    /// Sweeps made so far: each runs two minutes after the last, so every
-    /// open payment is due again (the sweep checks a young payment at most
-    /// once a minute) while sessions stay within their 30 minutes.
-    sweeps: std::sync::atomic::AtomicI64,
+/// The shared shop (`dhukuti_tests::shop`) with this file's flows.
+struct Shop(shop::Shop);
+
+impl std::ops::Deref for Shop {
+    type Target = shop::Shop;
+
+    fn deref(&self) -> &shop::Shop {
+        &self.0
+    }
 }
 
 fn later() -> Timestamp {
@@ -395,10 +84,6 @@ fn later() -> Timestamp {
 
 fn merchant_landing(session: &str) -> String {
     format!("{RETURN_URL}?session_id={session}&status=success")
-}
-
-fn text(v: &Value) -> String {
-    v.as_str().unwrap_or_default().to_owned()
 }
 
 impl Shop {
@@ -411,16 +96,7 @@ impl Shop {
     }
 
     async fn on(app: TestApp) -> Shop {
-        let tenant = app.tenant("Asan Bazaar", "owner@asan.example").await;
-        let key = app.key(&tenant, Mode::Sandbox, &Scope::ALL).await;
-        let browser = Browser::new(&app.base);
-        Shop {
-            app,
-            tenant,
-            key,
-            browser,
-            sweeps: std::sync::atomic::AtomicI64::new(0),
-        }
+        Shop(shop::Shop::on(app).await)
     }
 
     async fn enable_fonepay(&self) {
@@ -428,36 +104,17 @@ impl Shop {
     }
 
     async fn stop(self) {
-        self.app.stop().await;
-    }
-
-    fn sim(&self, path: &str) -> String {
-        format!("{}/sim{path}", self.app.base)
+        self.0.stop().await;
     }
 
     // --- the merchant, through the API
 
     /// `POST /v1/checkout`: the new session's id.
     async fn checkout(&self, amount: i64) -> String {
-        let body = json!({"amount": amount, "returnUrl": RETURN_URL, "cancelUrl": CANCEL_URL});
-        let a = self
-            .app
-            .post("/v1/checkout", Some(&self.key), None, &body)
-            .await;
-        assert_eq!(a.status, 201, "{}", a.body);
-        let id = text(&a.body["id"]);
-        assert!(id.starts_with("cs_"), "{}", a.body);
-        assert_eq!(a.body["checkout_url"], format!("{}/c/{id}", self.app.base));
+        let body = self.create_checkout(amount).await;
+        let id = text(&body["id"]);
+        assert_eq!(body["checkout_url"], format!("{}/c/{id}", self.app.base));
         id
-    }
-
-    async fn session(&self, id: &str) -> Value {
-        let a = self
-            .app
-            .get(&format!("/v1/sessions/{id}"), Some(&self.key))
-            .await;
-        assert_eq!(a.status, 200, "{}", a.body);
-        a.body
     }
 
     async fn session_status(&self, id: &str) -> String {
@@ -470,15 +127,6 @@ impl Shop {
         let id = text(&s["paymentId"]);
         assert!(id.starts_with("pay_"), "no attempt: {s}");
         id
-    }
-
-    async fn payment(&self, id: &str) -> Value {
-        let a = self
-            .app
-            .get(&format!("/v1/payments/{id}"), Some(&self.key))
-            .await;
-        assert_eq!(a.status, 200, "{}", a.body);
-        a.body
     }
 
     async fn payment_status(&self, id: &str) -> String {
@@ -496,43 +144,6 @@ impl Shop {
         (ids, a.body["meta"]["total"].as_u64().unwrap_or(u64::MAX))
     }
 
-    /// The payment as stored (with the attempt's details).
-    async fn stored(&self, id: &str) -> Payment {
-        match self.app.store.get(&Payment::key(id)).await {
-            Ok(Some(item)) => match from_item(item) {
-                Ok(p) => p,
-                Err(e) => panic!("payment {id}: {e}"),
-            },
-            other => panic!("payment {id}: {other:?}"),
-        }
-    }
-
-    /// Our reference at the provider (eSewa `transaction_uuid`, Khalti
-    /// `purchase_order_id`, Fonepay `PRN`).
-    async fn reference(&self, payment: &str) -> String {
-        match self.stored(payment).await.attempt.reference {
-            Some(r) => r,
-            None => panic!("payment {payment} has no reference"),
-        }
-    }
-
-    async fn events(&self) -> Vec<Event> {
-        match outbox::recent(&*self.app.store, &self.tenant.project.id, Mode::Sandbox, 50).await {
-            Ok(e) => e,
-            Err(e) => panic!("events: {e}"),
-        }
-    }
-
-    /// How many events of `kind` (e.g. `payment.succeeded`) name `payment`.
-    async fn events_about(&self, kind: &str, payment: &str) -> usize {
-        self.events()
-            .await
-            .iter()
-            .filter(|e| serde_json::to_value(e.event_type).ok() == Some(json!(kind)))
-            .filter(|e| e.object["id"] == payment)
-            .count()
-    }
-
     async fn sweep(&self) -> SweepReport {
         let n = self
             .sweeps
@@ -542,26 +153,6 @@ impl Shop {
     }
 
     // --- the simulators' control API
-
-    /// `POST /sim/{provider}/_control/next`.
-    async fn script(&self, provider: &str, body: Value) {
-        let res = self
-            .app
-            .client
-            .post(self.sim(&format!("/{provider}/_control/next")))
-            .json(&body)
-            .send()
-            .await;
-        match res {
-            Ok(r) if r.status().is_success() => {}
-            Ok(r) => panic!(
-                "control next {body}: HTTP {} {}",
-                r.status(),
-                r.text().await.unwrap_or_default()
-            ),
-            Err(e) => panic!("control next: {e}"),
-        }
-    }
 
     /// `POST /sim/{provider}/_control/attempts/{reference}/{action}`.
     async fn at_provider(&self, provider: &str, reference: &str, action: &str) -> Value {
@@ -603,13 +194,6 @@ impl Shop {
             page.show()
         );
         radios(&page.body, "provider")
-    }
-
-    /// `POST /c/{id}/pay` with the picker's fields.
-    async fn choose(&self, session: &str, picked: &[(&str, &str)]) -> Page {
-        self.browser
-            .post_form(&format!("/c/{session}/pay"), &fields(picked))
-            .await
     }
 
     /// Picks `via` and follows the hand-off until the provider's page (or

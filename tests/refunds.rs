@@ -16,20 +16,16 @@
 
 use std::time::{Duration, Instant};
 
-use dhukuti_tests::{Answer, Tenant, TestApp, Which, on_both_backends, spawn_app};
+use dhukuti_tests::browser::{Form, form, text};
+use dhukuti_tests::shop::{self, RETURN_URL, Via};
+use dhukuti_tests::{Answer, Which, on_both_backends, spawn_app};
 use serde_json::{Value, json};
 use shared::domain::Mode;
 use shared::domain::account::Scope;
 use shared::domain::attempts::SweepReport;
-use shared::domain::outbox::{self, Event};
-use shared::domain::payments::Payment;
-use shared::domain::record::from_item;
 use shared::ids::{IdKind, new_id};
 use shared::time::{Clock, SystemClock};
 
-/// The merchant's pages (nothing listens there).
-const RETURN_URL: &str = "http://127.0.0.1:9/thanks";
-const CANCEL_URL: &str = "http://127.0.0.1:9/cancel";
 /// NPR 1,000.
 const AMOUNT: i64 = 100_000;
 /// NPR 500: under the sandbox Fonepay limit of NPR 1,000 a payment.
@@ -38,301 +34,33 @@ const FONEPAY_AMOUNT: i64 = 50_000;
 const RACERS: usize = 50;
 
 // ---------------------------------------------------------------------------
-// HTML and URLs with plain string functions (as in pay.rs)
-
-/// HTML text back to plain text.
-fn unescape(s: &str) -> String {
-    s.replace("&quot;", "\"")
-        .replace("&#39;", "'")
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&amp;", "&")
-}
-
-/// One start tag's attributes (`a=b c="d" e`), values unescaped.
-fn attributes(tag: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut rest = tag.trim_start();
-    while !rest.is_empty() {
-        let end = rest
-            .find(|c: char| c == '=' || c == '/' || c.is_whitespace())
-            .unwrap_or(rest.len());
-        let name = rest[..end].to_ascii_lowercase();
-        let after_name = rest[end..].trim_start();
-        let mut value = "";
-        rest = after_name;
-        if let Some(v) = after_name.strip_prefix('=') {
-            let v = v.trim_start();
-            if let Some(q) = v.strip_prefix('"').or_else(|| v.strip_prefix('\'')) {
-                let quote = &v[..1];
-                let close = q.find(quote).unwrap_or(q.len());
-                value = &q[..close];
-                rest = q.get(close + 1..).unwrap_or("");
-            } else {
-                let close = v.find(char::is_whitespace).unwrap_or(v.len());
-                value = &v[..close];
-                rest = &v[close..];
-            }
-        }
-        if !name.is_empty() {
-            out.push((name, unescape(value)));
-        }
-        rest = rest.trim_start_matches(|c: char| c == '/' || c.is_whitespace());
-    }
-    out
-}
-
-/// A start tag: where it ends in the page, and its attributes.
-struct Tag {
-    end: usize,
-    attrs: Vec<(String, String)>,
-}
-
-impl Tag {
-    fn get(&self, name: &str) -> Option<&str> {
-        self.attrs
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// Every `<name ...>` start tag of `html`, in order.
-fn tags(html: &str, name: &str) -> Vec<Tag> {
-    let open = format!("<{name}");
-    let mut out = Vec::new();
-    let mut from = 0;
-    while let Some(i) = html[from..].find(&open) {
-        let start = from + i + open.len();
-        let Some(close) = html[start..].find('>') else {
-            break;
-        };
-        let inner = &html[start..start + close];
-        if inner.is_empty() || inner.starts_with(char::is_whitespace) {
-            out.push(Tag {
-                end: start + close + 1,
-                attrs: attributes(inner),
-            });
-        }
-        from = start;
-    }
-    out
-}
-
-/// A form of a page: where it posts and its hidden fields.
-#[derive(Clone, Debug)]
-struct Form {
-    action: String,
-    hidden: Vec<(String, String)>,
-}
-
-/// The first form of `html` with `id` (any form when `None`).
-fn form(html: &str, id: Option<&str>) -> Option<Form> {
-    let tag = tags(html, "form")
-        .into_iter()
-        .find(|t| id.is_none() || t.get("id") == id)?;
-    let rest = &html[tag.end..];
-    let body = &rest[..rest.find("</form>").unwrap_or(rest.len())];
-    let hidden = tags(body, "input")
-        .into_iter()
-        .filter(|t| t.get("type") == Some("hidden"))
-        .map(|t| {
-            (
-                t.get("name").unwrap_or_default().to_owned(),
-                t.get("value").unwrap_or_default().to_owned(),
-            )
-        })
-        .collect();
-    Some(Form {
-        action: tag.get("action").unwrap_or_default().to_owned(),
-        hidden,
-    })
-}
-
-/// Form-encodes `fields` (as a browser does).
-fn form_encode(fields: &[(String, String)]) -> String {
-    let mut u = match reqwest::Url::parse("http://form.invalid/") {
-        Ok(u) => u,
-        Err(e) => panic!("url: {e}"),
-    };
-    u.query_pairs_mut()
-        .extend_pairs(fields.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    u.query().unwrap_or_default().to_owned()
-}
-
-fn fields(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
-
-fn text(v: &Value) -> String {
-    v.as_str().unwrap_or_default().to_owned()
-}
-
-// ---------------------------------------------------------------------------
-// The customer's browser
-
-/// An HTTP client that behaves like a browser without JavaScript and
-/// follows no redirect by itself.
-struct Browser {
-    http: reqwest::Client,
-    base: String,
-}
-
-/// One answer as the browser sees it.
-struct Page {
-    status: u16,
-    /// `Location`, made absolute.
-    location: Option<String>,
-    body: String,
-}
-
-impl Page {
-    fn show(&self) -> String {
-        let body: String = self.body.chars().take(700).collect();
-        format!("HTTP {} location {:?}: {body}", self.status, self.location)
-    }
-
-    /// Asserts a redirect with `status` and answers where it goes.
-    fn redirect(&self, status: u16) -> String {
-        assert_eq!(self.status, status, "expected a {status}: {}", self.show());
-        match &self.location {
-            Some(l) => l.clone(),
-            None => panic!("a redirect without Location: {}", self.show()),
-        }
-    }
-}
-
-impl Browser {
-    fn new(base: &str) -> Browser {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(Duration::from_secs(30))
-            .build();
-        match http {
-            Ok(http) => Browser {
-                http,
-                base: base.to_owned(),
-            },
-            Err(e) => panic!("client: {e}"),
-        }
-    }
-
-    fn absolute(&self, u: &str) -> String {
-        if u.starts_with('/') {
-            format!("{}{u}", self.base)
-        } else {
-            u.to_owned()
-        }
-    }
-
-    async fn send(&self, req: reqwest::RequestBuilder) -> Page {
-        let res = match req.send().await {
-            Ok(r) => r,
-            Err(e) => panic!("request failed: {e}"),
-        };
-        let status = res.status().as_u16();
-        let location = res
-            .headers()
-            .get(reqwest::header::LOCATION)
-            .and_then(|v| v.to_str().ok())
-            .map(|l| self.absolute(l));
-        let body = res.text().await.unwrap_or_default();
-        Page {
-            status,
-            location,
-            body,
-        }
-    }
-
-    async fn get(&self, u: &str) -> Page {
-        self.send(self.http.get(self.absolute(u))).await
-    }
-
-    async fn post_form(&self, u: &str, fields: &[(String, String)]) -> Page {
-        let req = self
-            .http
-            .post(self.absolute(u))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(form_encode(fields));
-        self.send(req).await
-    }
-}
-
-// ---------------------------------------------------------------------------
 // The shop: one merchant, its API key, and one customer
 
-/// How the customer pays.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Via {
-    Esewa,
-    Khalti,
-    FonepayWeb,
-}
+/// The shared shop (`dhukuti_tests::shop`) with this file's flows.
+struct Shop(shop::Shop);
 
-struct Shop {
-    app: TestApp,
-    tenant: Tenant,
-    key: String,
-    browser: Browser,
-    /// Sweeps made so far: each runs two minutes after the last.
-    sweeps: std::sync::atomic::AtomicI64,
+impl std::ops::Deref for Shop {
+    type Target = shop::Shop;
+
+    fn deref(&self) -> &shop::Shop {
+        &self.0
+    }
 }
 
 impl Shop {
     async fn open(which: Which) -> Option<Shop> {
-        let app = spawn_app(which).await?;
-        let tenant = app.tenant("Asan Bazaar", "owner@asan.example").await;
-        let key = app.key(&tenant, Mode::Sandbox, &Scope::ALL).await;
-        let browser = Browser::new(&app.base);
-        Some(Shop {
-            app,
-            tenant,
-            key,
-            browser,
-            sweeps: std::sync::atomic::AtomicI64::new(0),
-        })
+        Some(Shop(shop::Shop::on(spawn_app(which).await?).await))
     }
 
     async fn stop(self) {
-        self.app.stop().await;
-    }
-
-    fn sim(&self, path: &str) -> String {
-        format!("{}/sim{path}", self.app.base)
+        self.0.stop().await;
     }
 
     // --- payments, taken for real
 
     /// `POST /v1/checkout`: the new session's id.
     async fn checkout(&self, amount: i64) -> String {
-        let body = json!({"amount": amount, "returnUrl": RETURN_URL, "cancelUrl": CANCEL_URL});
-        let a = self
-            .app
-            .post("/v1/checkout", Some(&self.key), None, &body)
-            .await;
-        assert_eq!(a.status, 201, "{}", a.body);
-        let id = text(&a.body["id"]);
-        assert!(id.starts_with("cs_"), "{}", a.body);
-        id
-    }
-
-    async fn session(&self, id: &str) -> Value {
-        let a = self
-            .app
-            .get(&format!("/v1/sessions/{id}"), Some(&self.key))
-            .await;
-        assert_eq!(a.status, 200, "{}", a.body);
-        a.body
-    }
-
-    /// `POST /c/{id}/pay` with the picker's fields.
-    async fn choose(&self, session: &str, picked: &[(&str, &str)]) -> Page {
-        self.browser
-            .post_form(&format!("/c/{session}/pay"), &fields(picked))
-            .await
+        text(&self.create_checkout(amount).await["id"])
     }
 
     /// Picks `via` on the hosted page, follows the hand-off to the
@@ -417,15 +145,6 @@ impl Shop {
         payment
     }
 
-    async fn payment(&self, id: &str) -> Value {
-        let a = self
-            .app
-            .get(&format!("/v1/payments/{id}"), Some(&self.key))
-            .await;
-        assert_eq!(a.status, 200, "{}", a.body);
-        a.body
-    }
-
     /// The payment's status and refunded total, as the API shows them.
     async fn payment_refunded(&self, id: &str) -> (String, i64) {
         let p = self.payment(id).await;
@@ -433,25 +152,6 @@ impl Shop {
             text(&p["status"]),
             p["amountRefunded"].as_i64().unwrap_or(-1),
         )
-    }
-
-    /// The payment as stored (with the attempt's details).
-    async fn stored(&self, id: &str) -> Payment {
-        match self.app.store.get(&Payment::key(id)).await {
-            Ok(Some(item)) => match from_item(item) {
-                Ok(p) => p,
-                Err(e) => panic!("payment {id}: {e}"),
-            },
-            other => panic!("payment {id}: {other:?}"),
-        }
-    }
-
-    /// Our reference at the provider (Khalti `purchase_order_id`).
-    async fn reference(&self, payment: &str) -> String {
-        match self.stored(payment).await.attempt.reference {
-            Some(r) => r,
-            None => panic!("payment {payment} has no reference"),
-        }
     }
 
     // --- refunds, through the API
@@ -501,23 +201,6 @@ impl Shop {
         (data, total)
     }
 
-    async fn events(&self) -> Vec<Event> {
-        match outbox::recent(&*self.app.store, &self.tenant.project.id, Mode::Sandbox, 50).await {
-            Ok(e) => e,
-            Err(e) => panic!("events: {e}"),
-        }
-    }
-
-    /// How many events of `kind` (e.g. `refund.succeeded`) name `id`.
-    async fn events_about(&self, kind: &str, id: &str) -> usize {
-        self.events()
-            .await
-            .iter()
-            .filter(|e| serde_json::to_value(e.event_type).ok() == Some(json!(kind)))
-            .filter(|e| e.object["id"] == id)
-            .count()
-    }
-
     /// A scheduler pass two minutes after the last one (so every open
     /// refund is past its minute).
     async fn sweep(&self) -> SweepReport {
@@ -538,22 +221,7 @@ impl Shop {
     async fn script_refund(&self, payment: &str, outcome: &str) {
         let reference = self.reference(payment).await;
         let body = json!({"outcome": outcome, "on": "refund", "reference": reference});
-        let res = self
-            .app
-            .client
-            .post(self.sim("/khalti/_control/next"))
-            .json(&body)
-            .send()
-            .await;
-        match res {
-            Ok(r) if r.status().is_success() => {}
-            Ok(r) => panic!(
-                "control next {body}: HTTP {} {}",
-                r.status(),
-                r.text().await.unwrap_or_default()
-            ),
-            Err(e) => panic!("control next: {e}"),
-        }
+        self.script("khalti", body).await;
     }
 
     /// Khalti's view of the payment (`refund_calls`, `refunded_paisa`,

@@ -2,6 +2,9 @@
 //! per test, a typed client, and helpers that set up merchants, keys and
 //! payments directly through the domain.
 
+pub mod browser;
+pub mod shop;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
