@@ -3,7 +3,7 @@
 //! `POST /v1/payment-links/{id}/cancel`. The public page is in
 //! `functions/hosted`.
 
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use http::{HeaderMap, StatusCode};
@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::links::{self, CreateLink, LinkError, PatchLink, PaymentLinkView};
-use shared::http::idempotency;
+use shared::http::idempotency::{self, Fence};
 use shared::http::{ApiError, Auth, ErrorType, JsonBody, Page, Pagination, QueryParams, with_edge};
 
 /// The function's routes, behind the idempotency layer, in the shared edge.
@@ -63,13 +63,15 @@ fn base(state: &AppState, headers: &HeaderMap) -> String {
 async fn create_link(
     State(state): State<AppState>,
     auth: Auth,
+    fence: Option<Extension<Fence>>,
     headers: HeaderMap,
     JsonBody(body): JsonBody<CreateLink>,
 ) -> Result<(StatusCode, Json<PaymentLinkView>), ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
     let link = links::new_link(who.project_id(), who.mode(), body, state.clock.now())
         .map_err(|e| api_error(e, ""))?;
-    links::insert(&*state.store, &link).await?;
+    let fence = fence.as_ref().map(|Extension(f)| f);
+    let link = links::insert_once(&*state.store, &link, fence).await?;
     let view = PaymentLinkView::of(link, &base(&state, &headers), false);
     Ok((StatusCode::CREATED, Json(view)))
 }

@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 use super::checkout::{self, Address, CheckoutError, MAX_AMOUNT_PAISA, bounded, check_url};
 use super::record::{from_item, to_item};
 use super::{Mode, Provider};
+use crate::http::idempotency::Fence;
 use crate::ids::{self, IdKind};
 use crate::money::{Currency, Paisa};
 use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, Update, query_window};
@@ -477,6 +478,35 @@ pub fn release_op(link_id: &str) -> TxOp {
         key: PaymentLink::key(link_id),
         update: Update::new().add("claimed", -1),
         cond: Some(Cond::Exists),
+    }
+}
+
+/// Stores a new link once per request: with the request's idempotency
+/// fence in the same transaction, a retry whose first run committed gets
+/// that run's link instead of a second one.
+pub async fn insert_once(
+    store: &dyn Store,
+    link: &PaymentLink,
+    fence: Option<&Fence>,
+) -> Result<PaymentLink, StoreError> {
+    let mut ops = vec![TxOp::Put {
+        item: to_item(link, &PaymentLink::key(&link.id), &link.indexes())?,
+        cond: Some(Cond::NotExists),
+    }];
+    if let Some(f) = fence {
+        ops.push(f.op(&link.id));
+    }
+    match store.transact(ops).await {
+        Ok(()) => Ok(link.clone()),
+        Err(e) => match fence {
+            Some(f) if Fence::tripped(&e, 1) => {
+                let first = f.resource_id(store).await?.unwrap_or_default();
+                get(store, &first)
+                    .await?
+                    .ok_or_else(|| StoreError::Backend(format!("fenced link {first} is missing")))
+            }
+            _ => Err(e),
+        },
     }
 }
 
@@ -1006,6 +1036,24 @@ mod tests {
         let no_stats =
             serde_json::to_value(PaymentLinkView::of(l, "https://pay.example", false)).unwrap();
         assert!(no_stats.get("stats").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_fenced_create_that_committed_answers_its_first_link() {
+        let store = EmbeddedStore::in_memory().unwrap();
+        let fence = Fence::new(Key::new("IDEMFENCE#test", "FENCE"), 0);
+        let first = create(json!({"title": "Once", "amount": 1000})).unwrap();
+        let stored = insert_once(&store, &first, Some(&fence)).await.unwrap();
+        assert_eq!(stored.id, first.id);
+        // The retry built another link; the fence answers the first.
+        let second = create(json!({"title": "Once", "amount": 1000})).unwrap();
+        let again = insert_once(&store, &second, Some(&fence)).await.unwrap();
+        assert_eq!(again.id, first.id);
+        assert!(get(&store, &second.id).await.unwrap().is_none());
+        let (_, total) = list(&store, "proj_1", Mode::Sandbox, None, 0, 10)
+            .await
+            .unwrap();
+        assert_eq!(total, 1);
     }
 
     #[tokio::test]

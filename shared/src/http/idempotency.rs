@@ -281,6 +281,12 @@ pub struct Fence {
 }
 
 impl Fence {
+    /// A fence on `key` kept `ttl` (epoch seconds); the layer makes one per
+    /// request (tools and tests may make their own).
+    pub fn new(key: Key, ttl: i64) -> Fence {
+        Fence { key, ttl }
+    }
+
     /// The operation to add to the write's transaction. It fails if this
     /// request's write already committed once.
     pub fn op(&self, resource_id: &str) -> TxOp {
