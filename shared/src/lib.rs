@@ -17,5 +17,6 @@ pub mod providers;
 pub mod queue;
 pub mod store;
 pub mod time;
+pub mod webhooks;
 
 pub use app::{AppState, Config};
