@@ -159,17 +159,6 @@ fn merchant_return(s: &CheckoutSession) -> String {
     )
 }
 
-/// The shop's name and whether it may take payments.
-async fn shop(state: &AppState, s: &CheckoutSession) -> Result<(String, bool), StoreError> {
-    let Some(project) = account::get_project(&*state.store, &s.project_id).await? else {
-        return Ok(("Shop".into(), false));
-    };
-    match account::get_merchant(&*state.store, &project.merchant_id).await? {
-        Some(m) => Ok((m.name, m.suspension.is_none())),
-        None => Ok((project.name, false)),
-    }
-}
-
 async fn offered(state: &AppState, s: &CheckoutSession) -> Result<Vec<Provider>, StoreError> {
     let all = checkout::providers(&*state.store, &s.project_id, s.mode).await?;
     Ok(all
@@ -224,7 +213,7 @@ async fn render(
     address: Option<&Address>,
     choose: bool,
 ) -> Result<Response, StoreError> {
-    let (merchant, active) = shop(state, s).await?;
+    let (merchant, active) = merchant_of(state, &s.project_id).await?;
     let back_to_shop = s.cancel_url.as_deref().unwrap_or(&s.return_url);
     let page = match s.status {
         SessionStatus::Success => pages::final_page(
@@ -348,7 +337,7 @@ async fn pay(
     let started = attempts::start(&state, &id, choice, &base, now).await;
     let (status, message) = match started {
         Ok(s) => {
-            let (merchant, _) = match shop(&state, &s.session).await {
+            let (merchant, _) = match merchant_of(&state, &s.session.project_id).await {
                 Ok(x) => x,
                 Err(e) => return trouble(&e),
             };
@@ -522,15 +511,9 @@ fn after_return(session: &CheckoutSession, payment: &Payment) -> Response {
     }
 }
 
-/// The merchant's name for a project (for the page header).
+/// The shop's name and whether it may take payments.
 async fn merchant_of(state: &AppState, project_id: &str) -> Result<(String, bool), StoreError> {
-    let Some(project) = account::get_project(&*state.store, project_id).await? else {
-        return Ok(("Shop".into(), false));
-    };
-    match account::get_merchant(&*state.store, &project.merchant_id).await? {
-        Some(m) => Ok((m.name, m.suspension.is_none())),
-        None => Ok((project.name, false)),
-    }
+    account::storefront(&*state.store, project_id).await
 }
 
 async fn link_page(State(state): State<AppState>, Path(id): Path<String>) -> Response {
@@ -693,7 +676,7 @@ async fn qr(
             );
         }
     };
-    let merchant = match shop(&state, &session).await {
+    let merchant = match merchant_of(&state, &session.project_id).await {
         Ok((m, _)) => m,
         Err(e) => return trouble(&e),
     };

@@ -317,11 +317,6 @@ pub fn plain(title: &str, message: &str) -> String {
     )
 }
 
-/// The amount as shown (kept here so the pages and tests agree).
-pub fn amount_text(p: Paisa) -> String {
-    p.display_npr()
-}
-
 /// A payment link's page: what is sold, the amount (or a field for it),
 /// the customer's details, and one button to go on to checkout.
 pub fn link_page(

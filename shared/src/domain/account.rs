@@ -450,6 +450,19 @@ pub async fn get_merchant(store: &dyn Store, id: &str) -> Result<Option<Merchant
     }
 }
 
+/// The name customers see for a project's shop (its merchant's, else the
+/// project's) and whether it may take payments (merchant present and not
+/// suspended): the public pages and payment attempts ask this.
+pub async fn storefront(store: &dyn Store, project_id: &str) -> Result<(String, bool), StoreError> {
+    let Some(project) = get_project(store, project_id).await? else {
+        return Ok(("Shop".into(), false));
+    };
+    match get_merchant(store, &project.merchant_id).await? {
+        Some(m) => Ok((m.name, m.suspension.is_none())),
+        None => Ok((project.name, false)),
+    }
+}
+
 /// The project `id`, if it exists.
 pub async fn get_project(store: &dyn Store, id: &str) -> Result<Option<Project>, StoreError> {
     match store.get(&Project::key(id)).await? {

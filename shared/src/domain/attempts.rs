@@ -270,7 +270,7 @@ pub async fn start(
         .credentials(store, &session.project_id, session.mode, provider)
         .await?;
     let client = state.providers.client(session.mode, provider)?;
-    if !shop_may_take_payments(store, &session.project_id).await? {
+    if !account::storefront(store, &session.project_id).await?.1 {
         return Err(AttemptError::NotOffered(
             "this shop cannot take payments right now".into(),
         ));
@@ -434,9 +434,16 @@ pub async fn start(
                     .await?;
                 payment.attempt = info;
             }
-            let session = checkout::find_any(store, &session.id, now)
-                .await?
-                .ok_or(AttemptError::NotFound)?;
+            // The session as the transaction left it (no second read).
+            let mut session = session;
+            session.status = SessionStatus::Initiated;
+            session.payment_id = Some(payment.id.clone());
+            session.provider = Some(provider);
+            session.attempts += 1;
+            session.updated_at = now;
+            if address.is_some() {
+                session.customer_address = address;
+            }
             Ok(Started {
                 session,
                 payment,
@@ -458,19 +465,6 @@ pub async fn start(
             Err(AttemptError::Provider(err))
         }
     }
-}
-
-/// Whether the project's merchant exists and is not suspended.
-pub async fn shop_may_take_payments(
-    store: &dyn Store,
-    project_id: &str,
-) -> Result<bool, StoreError> {
-    let Some(project) = account::get_project(store, project_id).await? else {
-        return Ok(false);
-    };
-    Ok(account::get_merchant(store, &project.merchant_id)
-        .await?
-        .is_some_and(|m| m.suspension.is_none()))
 }
 
 async fn release_hold(store: &dyn Store, project_id: &str, reference: &str, month: &str) {

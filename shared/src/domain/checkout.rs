@@ -26,7 +26,7 @@ use crate::http::idempotency::Fence;
 use crate::ids::{self, IdKind};
 use crate::money::{Currency, Paisa};
 use crate::store::{
-    Cond, Index, Key, Query, SkCond, Store, StoreError, TTL, TxOp, TxReason, Update, query_window,
+    Cond, Index, Key, Query, SkCond, Store, StoreError, TTL, TxOp, TxReason, Update,
 };
 use crate::time::Timestamp;
 
@@ -821,7 +821,9 @@ pub async fn find_any(
     let session: CheckoutSession = from_item(item)?;
     if session.status_at(now) == SessionStatus::Expired && session.status != SessionStatus::Expired
     {
-        return mark_expired(store, &session.id, now, true).await.map(Some);
+        return mark_expired(store, &session.id, Some(&session), now, true)
+            .await
+            .map(Some);
     }
     Ok(Some(session))
 }
@@ -839,6 +841,7 @@ pub(crate) fn open_cond() -> Cond {
 async fn mark_expired(
     store: &dyn Store,
     id: &str,
+    known: Option<&CheckoutSession>,
     now: Timestamp,
     only_if_due: bool,
 ) -> Result<CheckoutSession, StoreError> {
@@ -852,9 +855,14 @@ async fn mark_expired(
         .set("updated_at", now.to_rfc3339())
         .remove(Index::Gsi2.pk_attr())
         .remove(Index::Gsi2.sk_attr());
-    let current: Option<CheckoutSession> = match store.get(&key).await? {
-        Some(item) => Some(from_item(item)?),
-        None => None,
+    // Whether it holds a link's use: from the caller's read when it has
+    // one (the link and the flag never change on a session).
+    let current: Option<CheckoutSession> = match known {
+        Some(s) => Some(s.clone()),
+        None => match store.get(&key).await? {
+            Some(item) => Some(from_item(item)?),
+            None => None,
+        },
     };
     // A session holding one of its link's uses gives it back as it ends.
     let release = current
@@ -862,10 +870,11 @@ async fn mark_expired(
         .filter(|s| s.link_claimed)
         .and_then(|s| s.link_id.clone());
     let written = match release {
-        None => store
-            .update(&key, update, Some(Cond::And(conds)))
-            .await
-            .map(|_| ()),
+        // The answer of the update is the session: no second read.
+        None => match store.update(&key, update, Some(Cond::And(conds))).await {
+            Ok(item) => return from_item(item),
+            Err(e) => Err(e),
+        },
         Some(link) => {
             let ops = vec![
                 TxOp::Update {
@@ -952,7 +961,7 @@ pub async fn due_for_expiry(
 /// Stores a due session as expired (the scheduler's part of lazy expiry).
 /// Whether this call moved it.
 pub async fn expire_due(store: &dyn Store, id: &str, now: Timestamp) -> Result<bool, StoreError> {
-    let s = mark_expired(store, id, now, true).await?;
+    let s = mark_expired(store, id, None, now, true).await?;
     Ok(s.status == SessionStatus::Expired && s.updated_at == now)
 }
 
@@ -971,7 +980,9 @@ pub async fn expire(
     if session.status.is_final() {
         return Ok(Some(session));
     }
-    mark_expired(store, &session.id, now, false).await.map(Some)
+    mark_expired(store, &session.id, Some(&session), now, false)
+        .await
+        .map(Some)
 }
 
 /// The list filter for `status` as of `now`: stored statuses, with open
@@ -1009,13 +1020,7 @@ pub async fn list(
     if let Some(s) = status {
         query = query.filter(status_filter(s, now));
     }
-    let items = query_window(store, &query, offset, limit).await?;
-    let total = store.count(&query).await?;
-    let sessions = items
-        .into_iter()
-        .map(from_item)
-        .collect::<Result<Vec<CheckoutSession>, _>>()?;
-    Ok((sessions, total))
+    super::record::page_of(store, &query, offset, limit).await
 }
 
 /// One provider as `GET /v1/providers` shows it.

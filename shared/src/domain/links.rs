@@ -18,7 +18,7 @@ use super::{Mode, Provider};
 use crate::http::idempotency::Fence;
 use crate::ids::{self, IdKind};
 use crate::money::{Currency, Paisa};
-use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, Update, query_window};
+use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, Update};
 use crate::time::Timestamp;
 
 pub const DEFAULT_PAGE: usize = 25;
@@ -555,13 +555,7 @@ pub async fn list(
     if let Some(a) = active {
         query = query.filter(Cond::eq("active", a));
     }
-    let items = query_window(store, &query, offset, limit).await?;
-    let total = store.count(&query).await?;
-    let links = items
-        .into_iter()
-        .map(from_item)
-        .collect::<Result<Vec<PaymentLink>, _>>()?;
-    Ok((links, total))
+    super::record::page_of(store, &query, offset, limit).await
 }
 
 /// Applies `patch` to the link (only the keys sent), atomically: `maxUses`

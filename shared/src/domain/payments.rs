@@ -11,7 +11,7 @@ use super::record::{from_item, to_item};
 use super::{Mode, Provider};
 use crate::ids::{self, IdKind};
 use crate::money::{Currency, Paisa};
-use crate::store::{Cond, Index, Key, Query, Store, StoreError, query_window};
+use crate::store::{Cond, Index, Key, Query, Store, StoreError};
 use crate::time::Timestamp;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -220,13 +220,7 @@ pub async fn list(
     let query = Query::partition(Payment::list_partition(project_id, mode))
         .on(Index::Gsi1)
         .backward();
-    let items = query_window(store, &query, offset, limit).await?;
-    let total = store.count(&query).await?;
-    let payments = items
-        .into_iter()
-        .map(from_item)
-        .collect::<Result<Vec<Payment>, _>>()?;
-    Ok((payments, total))
+    super::record::page_of(store, &query, offset, limit).await
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::store::{Index, Item, Key, PK, SK, StoreError};
+use crate::store::{Index, Item, Key, PK, Query, SK, Store, StoreError, query_window};
 
 /// The item for `record` stored at `key`, listed in `indexes`.
 pub fn to_item<T: Serialize>(
@@ -34,6 +34,23 @@ pub fn to_item<T: Serialize>(
         item.insert(index.sk_attr().into(), Value::String(isk.clone()));
     }
     Ok(item)
+}
+
+/// One page of `query` (`offset`, `limit`) as records, and the total the
+/// query matches: what every list endpoint answers.
+pub async fn page_of<T: DeserializeOwned>(
+    store: &dyn Store,
+    query: &Query,
+    offset: usize,
+    limit: usize,
+) -> Result<(Vec<T>, u64), StoreError> {
+    let items = query_window(store, query, offset, limit).await?;
+    let total = store.count(query).await?;
+    let records = items
+        .into_iter()
+        .map(from_item)
+        .collect::<Result<Vec<T>, _>>()?;
+    Ok((records, total))
 }
 
 /// The record stored in `item`.

@@ -35,9 +35,7 @@ use crate::http::idempotency::Fence;
 use crate::ids::{self, IdKind};
 use crate::money::{Currency, Paisa};
 use crate::providers::{ProviderError, ProviderState, StatusQuery};
-use crate::store::{
-    Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp, TxReason, Update, query_window,
-};
+use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
 
 /// Default page size of `GET /v1/refunds` (spec).
@@ -312,24 +310,22 @@ pub async fn create(
     if payment.project_id != project_id || payment.mode != mode {
         return Err(RefundError::PaymentNotFound);
     }
-    if let Some(f) = fence {
-        if let Some(first) = f.resource_id(store).await? {
-            if let Some(r) = get(store, &first).await? {
-                return Ok(r);
-            }
-        }
-    }
     if payment.provider == Provider::Fonepay {
         return Err(RefundError::NotSupported(
             "Fonepay has no refund API: refund the full amount from the Fonepay merchant dashboard"
                 .into(),
         ));
     }
-    if payment.status != PaymentStatus::Success {
-        return Err(not_refundable(&payment));
-    }
     let remaining = payment.amount.get() - reserved;
-    if req.amount > remaining {
+    if payment.status != PaymentStatus::Success || req.amount > remaining {
+        // A retry whose first run committed (and took the balance) gets
+        // that run's refund; only a refusal pays for the fence read.
+        if let Some(r) = first_run(store, fence).await? {
+            return Ok(r);
+        }
+        if payment.status != PaymentStatus::Success {
+            return Err(not_refundable(&payment));
+        }
         return Err(RefundError::ExceedsBalance {
             amount: req.amount,
             remaining,
@@ -403,9 +399,8 @@ pub async fn create(
             Err(e) => {
                 if let (Some(f), Some(i)) = (fence, fence_at) {
                     if Fence::tripped(&e, i) {
-                        let first = f.resource_id(store).await?.unwrap_or_default();
-                        return get(store, &first).await?.ok_or_else(|| {
-                            StoreError::Backend(format!("fenced refund {first} is missing")).into()
+                        return first_run(store, Some(f)).await?.ok_or_else(|| {
+                            StoreError::Backend("the fenced refund is missing".into()).into()
                         });
                     }
                 }
@@ -430,6 +425,17 @@ pub async fn create(
         return Ok(refund);
     }
     Ok(call_khalti(state, &payment, refund, now).await?)
+}
+
+/// The refund the first run of this request created, if it committed.
+async fn first_run(store: &dyn Store, fence: Option<&Fence>) -> Result<Option<Refund>, StoreError> {
+    let Some(f) = fence else {
+        return Ok(None);
+    };
+    match f.resource_id(store).await? {
+        Some(first) => get(store, &first).await,
+        None => Ok(None),
+    }
 }
 
 /// Why the reservation did not fit, as the payment now stands.
@@ -483,10 +489,7 @@ async fn call_khalti(
         let why = "the payment has no Khalti transaction id to refund".to_owned();
         return resolve(state, &refund, Outcome::Failed(why), now).await;
     };
-    // The whole amount of an untouched payment is a full refund (Khalti's
-    // empty body); anything else names the amount.
-    let partial = !(refund.amount == payment.amount && payment.amount_refunded == Paisa::ZERO);
-    let amount = partial.then_some(refund.amount);
+    let amount = khalti_amount(&refund, payment);
     let called = client
         .refund(&creds, txn, amount, refund.mobile_number.as_deref())
         .await;
@@ -521,6 +524,14 @@ async fn call_khalti(
             Ok(refund)
         }
     }
+}
+
+/// What to send Khalti: the whole amount of an untouched payment is a
+/// full refund (Khalti's empty body, `None`); anything else names the
+/// amount.
+pub fn khalti_amount(refund: &Refund, payment: &Payment) -> Option<Paisa> {
+    let full = refund.amount == payment.amount && payment.amount_refunded == Paisa::ZERO;
+    (!full).then_some(refund.amount)
 }
 
 /// How an open refund ends.
@@ -754,13 +765,7 @@ pub async fn list(
             .on(Index::Gsi1)
             .backward(),
     };
-    let items = query_window(store, &query, offset, limit).await?;
-    let total = store.count(&query).await?;
-    let refunds = items
-        .into_iter()
-        .map(from_item)
-        .collect::<Result<Vec<Refund>, _>>()?;
-    Ok((refunds, total))
+    super::record::page_of(store, &query, offset, limit).await
 }
 
 /// What one refund sweep did.
@@ -1236,6 +1241,19 @@ mod tests {
         ));
         assert_eq!(decide(&r, full, ProviderState::Pending, none), None);
         assert_eq!(decide(&r, full, ProviderState::Ambiguous, none), None);
+    }
+
+    #[tokio::test]
+    async fn khalti_gets_an_empty_body_only_for_a_whole_untouched_payment() {
+        let st = state(at("2026-11-22T10:00:00Z"));
+        let mut p = paid(&st, Provider::Khalti, 3000).await;
+        let r = refund(); // 3,000 paisa
+        assert_eq!(khalti_amount(&r, &p), None);
+        p.amount_refunded = Paisa::new(1).unwrap();
+        assert_eq!(khalti_amount(&r, &p), Some(r.amount));
+        p.amount_refunded = Paisa::ZERO;
+        p.amount = Paisa::new(5000).unwrap();
+        assert_eq!(khalti_amount(&r, &p), Some(r.amount));
     }
 
     #[test]
