@@ -22,6 +22,7 @@ struct Fixture {
     _tmp: tempfile::TempDir,
     state: AppState,
     key: String,
+    project_id: String,
     payment_id: String,
     session_id: Option<String>,
 }
@@ -97,6 +98,7 @@ async fn fixture(which: Which) -> Option<Fixture> {
             .with_queue(queue)
             .with_blobs(blobs),
         key,
+        project_id: p.id.clone(),
         payment_id: ids.remove(0),
         session_id: None,
     })
@@ -286,12 +288,396 @@ async fn scheduler_function_sweeps(which: Which) {
         "payments_checked",
         "payments_settled",
         "errors",
+        "events_fanned_out",
+        "deliveries_queued",
+        "deliveries_requeued",
     ] {
         assert!(report[field].is_u64(), "{report}");
     }
 }
 
+// ---- webhooks: the stream fan-out and the queue dispatcher ----
+
+/// A DynamoDB Streams event as Lambda hands it to the fan-out (after the
+/// event source's filter, which a test cannot apply, so records it would
+/// drop are here too): the INSERT of outbox event `__EVENT_ID__`, the
+/// INSERT of a delivery in the same partition, and the REMOVE of an
+/// expired event.
+const OUTBOX_STREAM_EVENT: &str = r#"{
+  "Records": [
+    {
+      "eventID": "7de3041dd709b024af6f29e4fa13d34c",
+      "eventName": "INSERT",
+      "eventVersion": "1.1",
+      "eventSource": "aws:dynamodb",
+      "awsRegion": "ap-south-1",
+      "dynamodb": {
+        "ApproximateCreationDateTime": 1763800000,
+        "Keys": {"pk": {"S": "EVT#__EVENT_ID__"}, "sk": {"S": "EVT"}},
+        "NewImage": {
+          "pk": {"S": "EVT#__EVENT_ID__"},
+          "sk": {"S": "EVT"},
+          "id": {"S": "__EVENT_ID__"},
+          "type": {"S": "payment.succeeded"},
+          "project_id": {"S": "__PROJECT_ID__"},
+          "mode": {"S": "sandbox"},
+          "created_at": {"S": "2026-11-22T04:00:00Z"},
+          "object": {"M": {"id": {"S": "pay_x"}, "status": {"S": "success"}}},
+          "dispatched": {"BOOL": false},
+          "gsi1pk": {"S": "PROJ#__PROJECT_ID__#sandbox#EVT"},
+          "gsi1sk": {"S": "__EVENT_ID__"},
+          "gsi2pk": {"S": "OUTBOX#1"},
+          "gsi2sk": {"S": "__EVENT_ID__"}
+        },
+        "SequenceNumber": "111100000000041234567801",
+        "SizeBytes": 412,
+        "StreamViewType": "NEW_AND_OLD_IMAGES"
+      },
+      "eventSourceARN": "arn:aws:dynamodb:ap-south-1:123456789012:table/dhukuti-Table-1ABC/stream/2026-11-22T00:00:00.000"
+    },
+    {
+      "eventID": "a1b9a6a0a1f3f0b7fd1e0c2a9e6a8b11",
+      "eventName": "INSERT",
+      "eventVersion": "1.1",
+      "eventSource": "aws:dynamodb",
+      "awsRegion": "ap-south-1",
+      "dynamodb": {
+        "ApproximateCreationDateTime": 1763800001,
+        "Keys": {"pk": {"S": "EVT#__EVENT_ID__"}, "sk": {"S": "WHD#we_01JZZZZZZZZZZZZZZZZZZZZZZZ"}},
+        "NewImage": {
+          "pk": {"S": "EVT#__EVENT_ID__"},
+          "sk": {"S": "WHD#we_01JZZZZZZZZZZZZZZZZZZZZZZZ"},
+          "status": {"S": "pending"},
+          "attempts": {"N": "0"}
+        },
+        "SequenceNumber": "111100000000041234567802",
+        "SizeBytes": 190,
+        "StreamViewType": "NEW_AND_OLD_IMAGES"
+      },
+      "eventSourceARN": "arn:aws:dynamodb:ap-south-1:123456789012:table/dhukuti-Table-1ABC/stream/2026-11-22T00:00:00.000"
+    },
+    {
+      "eventID": "c0ffee00c0ffee00c0ffee00c0ffee00",
+      "eventName": "REMOVE",
+      "eventVersion": "1.1",
+      "eventSource": "aws:dynamodb",
+      "awsRegion": "ap-south-1",
+      "userIdentity": {"type": "Service", "principalId": "dynamodb.amazonaws.com"},
+      "dynamodb": {
+        "ApproximateCreationDateTime": 1763800002,
+        "Keys": {"pk": {"S": "EVT#evt_01JAAAAAAAAAAAAAAAAAAAAAAA"}, "sk": {"S": "EVT"}},
+        "OldImage": {
+          "pk": {"S": "EVT#evt_01JAAAAAAAAAAAAAAAAAAAAAAA"},
+          "sk": {"S": "EVT"},
+          "dispatched": {"BOOL": true}
+        },
+        "SequenceNumber": "111100000000041234567803",
+        "SizeBytes": 120,
+        "StreamViewType": "NEW_AND_OLD_IMAGES"
+      },
+      "eventSourceARN": "arn:aws:dynamodb:ap-south-1:123456789012:table/dhukuti-Table-1ABC/stream/2026-11-22T00:00:00.000"
+    }
+  ]
+}"#;
+
+/// One SQS record as Lambda hands it to the dispatcher; `messageId` and
+/// `body` are filled in from the queued message.
+const WEBHOOK_SQS_RECORD: &str = r#"{
+  "messageId": "",
+  "receiptHandle": "AQEBzWwaftRI0KuVm4tP+/7q1rGgNqicHq6d8ZnJ+aRVZ0kLdJX9Ke1aH1V2UoZTmNqMwyaRpA==",
+  "body": "",
+  "attributes": {
+    "ApproximateReceiveCount": "1",
+    "SentTimestamp": "1763800003000",
+    "SenderId": "AROAEXAMPLEID:dhukuti-WebhookFanoutFunction",
+    "ApproximateFirstReceiveTimestamp": "1763800003010"
+  },
+  "messageAttributes": {},
+  "md5OfBody": "098f6bcd4621d373cade4e832627b4f6",
+  "eventSource": "aws:sqs",
+  "eventSourceARN": "arn:aws:sqs:ap-south-1:123456789012:dhukuti-WebhookQueue-1ABC",
+  "awsRegion": "ap-south-1"
+}"#;
+
+/// What a webhook receiver got: the signature header and the raw body.
+type Received = Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
+
+/// A receiver on a loopback port answering `status` to every POST /hooks;
+/// answers its URL and what it got.
+async fn receiver(status: u16) -> (String, Received) {
+    use shared::webhooks::signature::SIGNATURE_HEADER;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let got: Received = Arc::default();
+    let seen = got.clone();
+    let app = axum::Router::new().route(
+        "/hooks",
+        axum::routing::post(move |headers: http::HeaderMap, body: axum::body::Bytes| {
+            let seen = seen.clone();
+            async move {
+                let signature = headers
+                    .get(SIGNATURE_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                seen.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((signature, body.to_vec()));
+                http::StatusCode::from_u16(status)
+                    .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR)
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://127.0.0.1:{}/hooks", addr.port()), got)
+}
+
+fn received(got: &Received) -> Vec<(String, Vec<u8>)> {
+    got.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// The fixture's state able to seal signing secrets (a generated master
+/// key) and to deliver to loopback receivers (sandbox only), with `retries`
+/// as the retry schedule.
+fn webhook_state(f: &Fixture, retries: Vec<std::time::Duration>) -> AppState {
+    use shared::domain::credentials::{CredentialsKey, CredentialsKeys};
+    use shared::domain::webhooks::WebhookSettings;
+    use shared::providers::{ProviderConfig, ProviderHub, SandboxAccounts};
+    let key = CredentialsKey::generate("k1").unwrap_or_else(|e| panic!("{e}"));
+    let hub = ProviderHub::new(
+        &ProviderConfig::sandbox(),
+        &ProviderConfig::live(),
+        Some(CredentialsKeys::single(key)),
+        SandboxAccounts::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    f.state
+        .clone()
+        .with_providers(hub)
+        .with_webhooks(WebhookSettings {
+            allow_local_http: true,
+            schedule: retries,
+            ..WebhookSettings::default()
+        })
+}
+
+/// Registers a sandbox endpoint; answers it and its signing secret.
+async fn endpoint(
+    state: &AppState,
+    f: &Fixture,
+    url: &str,
+    events: Option<&[&str]>,
+) -> (shared::domain::webhooks::Endpoint, String) {
+    let body = shared::domain::webhooks::CreateEndpoint {
+        url: url.to_owned(),
+        events: events.map(|e| e.iter().map(|s| (*s).to_owned()).collect()),
+        enabled: None,
+    };
+    match shared::domain::webhooks::create(state, &f.project_id, Mode::Sandbox, body, None).await {
+        Ok((endpoint, Some(secret))) => (endpoint, secret),
+        Ok((endpoint, None)) => panic!("{} came without its secret", endpoint.id),
+        Err(e) => panic!("endpoint: {e}"),
+    }
+}
+
+/// Records a sandbox `payment.succeeded` event in the outbox, as a state
+/// change would.
+async fn outbox_event(state: &AppState, f: &Fixture) -> shared::domain::outbox::Event {
+    use shared::domain::outbox::{Event, EventType};
+    let event = Event::new(
+        EventType::PaymentSucceeded,
+        &f.project_id,
+        Mode::Sandbox,
+        serde_json::json!({"id": f.payment_id, "object": "payment", "status": "success"}),
+        state.clock.now(),
+    );
+    let put = event.put_op().unwrap_or_else(|e| panic!("{e}"));
+    if let Err(e) = state.store.transact(vec![put]).await {
+        panic!("{e}")
+    }
+    event
+}
+
+/// The stream event announcing `event` through the fan-out's handler;
+/// answers the partial batch response as JSON.
+async fn fan_out_stream(state: &AppState, f: &Fixture, event_id: &str) -> Value {
+    let text = OUTBOX_STREAM_EVENT
+        .replace("__EVENT_ID__", event_id)
+        .replace("__PROJECT_ID__", &f.project_id);
+    let event = serde_json::from_str(&text).unwrap_or_else(|e| panic!("stream event: {e}"));
+    let response = ::webhook_fanout::handle(state, event).await;
+    serde_json::to_value(&response).unwrap_or(Value::Null)
+}
+
+/// The messages on the webhooks queue now (hidden for a minute once
+/// taken, as the Lambda poller would).
+async fn queued(state: &AppState, wait: std::time::Duration) -> Vec<shared::queue::Message> {
+    let got = state
+        .queue
+        .receive(
+            shared::queue::QueueName::Webhooks,
+            10,
+            wait,
+            std::time::Duration::from_secs(60),
+        )
+        .await;
+    got.unwrap_or_else(|e| panic!("receive: {e}"))
+}
+
+/// `messages` as one SQS event through the dispatcher's handler; answers
+/// the partial batch response as JSON.
+async fn dispatch(state: &AppState, messages: &[shared::queue::Message]) -> Value {
+    let records: Vec<Value> = messages
+        .iter()
+        .map(|m| {
+            let mut record: Value = serde_json::from_str(WEBHOOK_SQS_RECORD).unwrap_or(Value::Null);
+            record["messageId"] = m.id.clone().into();
+            record["body"] = m.body.clone().into();
+            record
+        })
+        .collect();
+    let event = serde_json::from_value(serde_json::json!({ "Records": records }))
+        .unwrap_or_else(|e| panic!("sqs event: {e}"));
+    let client = state.webhooks.client().unwrap_or_else(|e| panic!("{e}"));
+    let response = ::webhook_dispatcher::handle(state, &client, event).await;
+    serde_json::to_value(&response).unwrap_or(Value::Null)
+}
+
+async fn delivery_of(
+    state: &AppState,
+    event_id: &str,
+    endpoint_id: &str,
+) -> Option<shared::domain::webhooks::Delivery> {
+    shared::domain::webhooks::delivery(&*state.store, event_id, endpoint_id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The whole pipeline: an outbox insert on the stream becomes one
+/// delivery for the one endpoint that wants it and one queued attempt;
+/// that message through the dispatcher makes one signed POST, logged as a
+/// success. Replays of the stream record or of the message do nothing more.
+async fn webhook_fanout_and_dispatcher_deliver_an_outbox_event(which: Which) {
+    let Some(f) = fixture(which).await else {
+        return;
+    };
+    let state = webhook_state(&f, vec![std::time::Duration::from_secs(60)]);
+    let (url, got) = receiver(200).await;
+    let (wanted, secret) = endpoint(&state, &f, &url, None).await;
+    let (other, _) = endpoint(&state, &f, &url, Some(&["refund.succeeded"])).await;
+    let event = outbox_event(&state, &f).await;
+
+    let answer = fan_out_stream(&state, &f, &event.id).await;
+    assert_eq!(answer, serde_json::json!({"batchItemFailures": []}));
+    let Some(d) = delivery_of(&state, &event.id, &wanted.id).await else {
+        panic!("no delivery for the endpoint that wants the event")
+    };
+    assert_eq!((d.attempts, d.status.as_str()), (0, "pending"));
+    assert!(delivery_of(&state, &event.id, &other.id).await.is_none());
+    let stored = shared::domain::outbox::get(&*state.store, &event.id).await;
+    assert!(
+        matches!(stored, Ok(Some(ref e)) if e.dispatched),
+        "{stored:?}"
+    );
+    let messages = queued(&state, std::time::Duration::from_secs(2)).await;
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    let body: Value = serde_json::from_str(&messages[0].body).unwrap_or(Value::Null);
+    assert_eq!(
+        body,
+        serde_json::json!({"event_id": event.id, "endpoint_id": wanted.id, "attempt": 0})
+    );
+
+    // The stream delivers the record again: nothing new is queued.
+    assert_eq!(
+        fan_out_stream(&state, &f, &event.id).await,
+        serde_json::json!({"batchItemFailures": []})
+    );
+    assert!(queued(&state, std::time::Duration::ZERO).await.is_empty());
+
+    let answer = dispatch(&state, &messages).await;
+    assert_eq!(answer, serde_json::json!({"batchItemFailures": []}));
+    let posts = received(&got);
+    assert_eq!(posts.len(), 1);
+    let (signature, raw) = &posts[0];
+    let now = SystemClock.now().unix_seconds();
+    let verified = shared::webhooks::signature::verify(signature, raw, &[secret.as_str()], now);
+    assert_eq!(verified, Ok(()), "{signature}");
+    let sent: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
+    assert_eq!(sent["id"], event.id.as_str());
+    assert_eq!(sent["type"], "payment.succeeded");
+    assert_eq!(sent["livemode"], false);
+    assert_eq!(sent["data"]["object"]["id"], f.payment_id.as_str());
+    let Some(d) = delivery_of(&state, &event.id, &wanted.id).await else {
+        panic!("the delivery is gone")
+    };
+    assert_eq!(
+        (d.attempts, d.status.as_str(), d.response_status),
+        (1, "success", Some(200))
+    );
+
+    // The same message again (at-least-once): no second POST.
+    assert_eq!(
+        dispatch(&state, &messages).await,
+        serde_json::json!({"batchItemFailures": []})
+    );
+    assert_eq!(received(&got).len(), 1);
+    assert!(queued(&state, std::time::Duration::ZERO).await.is_empty());
+}
+
+/// A receiver that keeps failing: each attempt is logged and the next one
+/// queued as a new message (the batch reports no failure), until the
+/// schedule runs out and the delivery fails for good.
+async fn webhook_dispatcher_retries_then_gives_up(which: Which) {
+    let Some(f) = fixture(which).await else {
+        return;
+    };
+    // One retry, at once, so the test does not wait.
+    let state = webhook_state(&f, vec![std::time::Duration::ZERO]);
+    let (url, got) = receiver(503).await;
+    let (wanted, _) = endpoint(&state, &f, &url, None).await;
+    let event = outbox_event(&state, &f).await;
+    assert_eq!(
+        fan_out_stream(&state, &f, &event.id).await,
+        serde_json::json!({"batchItemFailures": []})
+    );
+
+    let first = queued(&state, std::time::Duration::from_secs(2)).await;
+    assert_eq!(first.len(), 1);
+    assert_eq!(
+        dispatch(&state, &first).await,
+        serde_json::json!({"batchItemFailures": []})
+    );
+    let Some(d) = delivery_of(&state, &event.id, &wanted.id).await else {
+        panic!("no delivery")
+    };
+    assert_eq!(
+        (d.attempts, d.status.as_str(), d.response_status),
+        (1, "retrying", Some(503))
+    );
+
+    let second = queued(&state, std::time::Duration::from_secs(2)).await;
+    assert_eq!(second.len(), 1, "the retry is a new message");
+    let body: Value = serde_json::from_str(&second[0].body).unwrap_or(Value::Null);
+    assert_eq!(body["attempt"], 1);
+    assert_eq!(
+        dispatch(&state, &second).await,
+        serde_json::json!({"batchItemFailures": []})
+    );
+    let Some(d) = delivery_of(&state, &event.id, &wanted.id).await else {
+        panic!("no delivery")
+    };
+    assert_eq!((d.attempts, d.status.as_str()), (2, "failed"));
+    assert_eq!(received(&got).len(), 2);
+    assert!(queued(&state, std::time::Duration::ZERO).await.is_empty());
+}
+
 on_both_backends!(
+    webhook_fanout_and_dispatcher_deliver_an_outbox_event,
+    webhook_dispatcher_retries_then_gives_up,
     hosted_function_serves_the_checkout_page_on_the_api_domain,
     scheduler_function_sweeps,
     account_function_answers_an_http_api_event,

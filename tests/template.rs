@@ -374,8 +374,14 @@ fn the_scheduler_sweeps_every_minute_one_run_at_a_time() {
 /// refunds).
 const PROVIDER_CALLERS: [&str; 3] = ["HostedFunction", "RefundsFunction", "SchedulerFunction"];
 
+/// The functions that hold webhook signing secrets, sealed with the same
+/// master key: Webhooks (seals a new endpoint's secret) and
+/// WebhookDispatcher (opens it to sign each delivery).
+const SECRET_HOLDERS: [&str; 2] = ["WebhookDispatcherFunction", "WebhooksFunction"];
+
 /// Which functions get the credentials master key: exactly the ones that
-/// open sealed credentials to talk to a provider.
+/// open sealed credentials to talk to a provider, and the ones that seal
+/// or open webhook signing secrets.
 #[test]
 fn the_credentials_key_reaches_only_the_functions_that_call_providers() {
     use shared::domain::credentials::KEY_ENV;
@@ -403,7 +409,13 @@ fn the_credentials_key_reaches_only_the_functions_that_call_providers() {
         })
         .collect();
     with_key.sort();
-    assert_eq!(with_key, PROVIDER_CALLERS);
+    let mut expected: Vec<&str> = PROVIDER_CALLERS
+        .iter()
+        .chain(&SECRET_HOLDERS)
+        .copied()
+        .collect();
+    expected.sort();
+    assert_eq!(with_key, expected);
 }
 
 /// The gateway's own Khalti sandbox key goes where the credentials key
@@ -658,6 +670,11 @@ fn the_scheduler_may_do_what_resolving_a_refund_needs() {
         queries_every_index(scheduler),
         "SchedulerFunction: Query on the indexes"
     );
+    // The outbox backstop queues the first attempts it fans out.
+    assert_eq!(
+        queue_actions(scheduler, "WebhookQueue"),
+        ["sqs:SendMessage"]
+    );
 }
 
 /// What a statement's resource is.
@@ -756,4 +773,368 @@ fn dynamodb_grants_are_real_actions_on_the_right_resources() {
         }
     }
     assert!(checked > 0);
+}
+
+// ---- webhooks ----
+
+/// `!GetAtt Resource.Attribute` (either form) as (resource, attribute).
+fn get_att(v: &Value) -> Option<(String, String)> {
+    let (f, arg) = intrinsic(v)?;
+    if f != "GetAtt" {
+        return None;
+    }
+    let parts: Vec<String> = match &arg {
+        Value::String(s) => s.splitn(2, '.').map(str::to_owned).collect(),
+        Value::Sequence(s) => s
+            .iter()
+            .map(|p| p.as_str().unwrap_or("").to_owned())
+            .collect(),
+        _ => return None,
+    };
+    match parts.as_slice() {
+        [resource, attribute] => Some((resource.clone(), attribute.clone())),
+        _ => None,
+    }
+}
+
+/// The actions a function is granted on the SQS queue `queue` (logical
+/// id), through `!GetAtt <queue>.Arn`.
+fn queue_actions(f: &Value, queue: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for st in f["Properties"]["Policies"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["Statement"].as_sequence().cloned().unwrap_or_default())
+    {
+        let resources: Vec<Value> = match &st["Resource"] {
+            Value::Sequence(s) => s.clone(),
+            one => vec![one.clone()],
+        };
+        let on_queue = resources
+            .iter()
+            .any(|r| get_att(r) == Some((queue.to_owned(), "Arn".to_owned())));
+        if !on_queue {
+            continue;
+        }
+        match &st["Action"] {
+            Value::String(a) => out.push(a.clone()),
+            Value::Sequence(s) => {
+                out.extend(s.iter().filter_map(|a| a.as_str()).map(str::to_owned))
+            }
+            _ => {}
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The events of type `kind` (`SQS`, `DynamoDB`, ...) of a function.
+fn events_of(f: &Value, kind: &str) -> Vec<Value> {
+    f["Properties"]["Events"]
+        .as_mapping()
+        .map(|m| {
+            m.values()
+                .filter(|e| e["Type"].as_str() == Some(kind))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The webhook endpoints API is the webhooks function's, on the HTTP API,
+/// with what endpoints, their idempotency claims, the delivery log and a
+/// test event (a one-item transaction) need on the table. It seals
+/// signing secrets (the credentials key) but calls no provider and sends
+/// no message.
+#[test]
+fn the_webhooks_function_serves_the_webhook_routes() {
+    let t = template();
+    let webhooks = function(&t, "WebhooksFunction", "webhooks");
+    let mut routes: Vec<(String, String)> = http_routes(webhooks)
+        .into_iter()
+        .map(|(method, path, event)| {
+            assert!(
+                is_ref_to(&event["Properties"]["ApiId"], "HttpApi"),
+                "{method} {path} is not on HttpApi"
+            );
+            (method, path)
+        })
+        .collect();
+    routes.sort();
+    let mut expected: Vec<(String, String)> = [
+        ("POST", "/v1/webhooks"),
+        ("GET", "/v1/webhooks"),
+        ("GET", "/v1/webhooks/{id}"),
+        ("PATCH", "/v1/webhooks/{id}"),
+        ("DELETE", "/v1/webhooks/{id}"),
+        ("GET", "/v1/webhooks/{id}/deliveries"),
+        ("POST", "/v1/webhooks/{id}/test"),
+    ]
+    .iter()
+    .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
+    .collect();
+    expected.sort();
+    assert_eq!(routes, expected);
+    assert_eq!(
+        table_actions(webhooks),
+        [
+            "dynamodb:DeleteItem",
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:Query",
+            "dynamodb:UpdateItem",
+        ]
+    );
+    assert!(
+        queries_every_index(webhooks),
+        "WebhooksFunction: Query on the indexes (the delivery log)"
+    );
+    assert!(queue_actions(webhooks, "WebhookQueue").is_empty());
+}
+
+/// The fan-out reads the table's stream from the oldest record it still
+/// holds, only inserts of outbox events, reporting partial failures, and
+/// may write what a fan-out writes and queue first attempts.
+#[test]
+fn the_webhook_fanout_takes_outbox_inserts_from_the_table_stream() {
+    let t = template();
+    let fanout = function(&t, "WebhookFanoutFunction", "webhook-fanout");
+    let props = &fanout["Properties"];
+    assert!(http_routes(fanout).is_empty(), "the fan-out is not public");
+    let streams = events_of(fanout, "DynamoDB");
+    assert_eq!(streams.len(), 1, "one DynamoDB stream event");
+    assert_eq!(
+        props["Events"].as_mapping().map(|m| m.len()),
+        Some(1),
+        "the stream is its only trigger"
+    );
+    let source = &streams[0]["Properties"];
+    assert_eq!(
+        get_att(&source["Stream"]),
+        Some(("Table".to_owned(), "StreamArn".to_owned()))
+    );
+    assert_eq!(source["StartingPosition"].as_str(), Some("TRIM_HORIZON"));
+    assert_eq!(source["BatchSize"].as_u64(), Some(100));
+    assert_eq!(source["MaximumRetryAttempts"].as_u64(), Some(10));
+    assert_eq!(source["BisectBatchOnFunctionError"].as_bool(), Some(true));
+    assert_eq!(
+        source["FunctionResponseTypes"],
+        serde_norway::from_str::<Value>("[ReportBatchItemFailures]").unwrap_or(Value::Null)
+    );
+    let filters = source["FilterCriteria"]["Filters"]
+        .as_sequence()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(filters.len(), 1, "one filter");
+    let pattern: serde_json::Value =
+        serde_json::from_str(filters[0]["Pattern"].as_str().unwrap_or(""))
+            .unwrap_or_else(|e| panic!("the filter pattern is not JSON: {e}"));
+    assert_eq!(
+        pattern,
+        serde_json::json!({
+            "eventName": ["INSERT"],
+            "dynamodb": {"Keys": {
+                "pk": {"S": [{"prefix": "EVT#"}]},
+                "sk": {"S": ["EVT"]}
+            }}
+        })
+    );
+    // What still fails after the retries is recorded in a queue of its own.
+    let Some((dlq, attr)) = get_att(&source["DestinationConfig"]["OnFailure"]["Destination"])
+    else {
+        panic!("no OnFailure destination: {source:?}")
+    };
+    assert_eq!(attr, "Arn");
+    assert_ne!(
+        dlq, "WebhookQueue",
+        "failures must not look like deliveries"
+    );
+    assert_eq!(
+        t["Resources"][dlq.as_str()]["Type"].as_str(),
+        Some("AWS::SQS::Queue"),
+        "{dlq}"
+    );
+    assert_eq!(queue_actions(fanout, &dlq), ["sqs:SendMessage"]);
+    // The stream carries the keys (every view type does), and exists.
+    let view =
+        t["Resources"]["Table"]["Properties"]["StreamSpecification"]["StreamViewType"].as_str();
+    assert!(
+        matches!(
+            view,
+            Some("KEYS_ONLY" | "NEW_IMAGE" | "OLD_IMAGE" | "NEW_AND_OLD_IMAGES")
+        ),
+        "{view:?}"
+    );
+    assert_eq!(
+        table_actions(fanout),
+        [
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:Query",
+            "dynamodb:UpdateItem",
+        ]
+    );
+    assert_eq!(queue_actions(fanout, "WebhookQueue"), ["sqs:SendMessage"]);
+    // A batch of 100 fan-outs takes longer than an API call.
+    assert!(
+        matches!(props["Timeout"].as_u64(), Some(30..=300)),
+        "{:?}",
+        props["Timeout"]
+    );
+}
+
+/// The dispatcher consumes the webhooks queue ten at a time, reporting
+/// partial failures; the queue hides a message long enough for a run and
+/// for the dispatcher's claim, and redrives only after many receives.
+#[test]
+fn the_webhook_dispatcher_consumes_the_webhooks_queue() {
+    use shared::domain::webhooks::WebhookSettings;
+    let t = template();
+    let dispatcher = function(&t, "WebhookDispatcherFunction", "webhook-dispatcher");
+    let props = &dispatcher["Properties"];
+    assert!(
+        http_routes(dispatcher).is_empty(),
+        "the dispatcher is not public"
+    );
+    let sources = events_of(dispatcher, "SQS");
+    assert_eq!(sources.len(), 1, "one SQS event");
+    assert_eq!(
+        props["Events"].as_mapping().map(|m| m.len()),
+        Some(1),
+        "the queue is its only trigger"
+    );
+    let source = &sources[0]["Properties"];
+    assert_eq!(
+        get_att(&source["Queue"]),
+        Some(("WebhookQueue".to_owned(), "Arn".to_owned()))
+    );
+    assert_eq!(
+        source["BatchSize"].as_u64(),
+        Some(webhook_dispatcher::CONCURRENCY as u64),
+        "a batch is what the function runs at once"
+    );
+    assert_eq!(
+        source["FunctionResponseTypes"],
+        serde_norway::from_str::<Value>("[ReportBatchItemFailures]").unwrap_or(Value::Null)
+    );
+    let window = &source["MaximumBatchingWindowInSeconds"];
+    assert!(
+        window.is_null() || matches!(window.as_u64(), Some(0..=5)),
+        "deliveries wait for no batch: {window:?}"
+    );
+
+    let settings = WebhookSettings::default();
+    let Some(timeout) = props["Timeout"].as_u64() else {
+        panic!("WebhookDispatcherFunction needs its own Timeout")
+    };
+    assert!(
+        timeout > settings.timeout.as_secs() + 5,
+        "Timeout {timeout} s leaves no room after a receiver's {:?}",
+        settings.timeout
+    );
+    let queue = &t["Resources"]["WebhookQueue"]["Properties"];
+    let Some(visibility) = queue["VisibilityTimeout"].as_u64() else {
+        panic!("WebhookQueue needs a VisibilityTimeout")
+    };
+    assert!(
+        visibility >= 6 * timeout,
+        "VisibilityTimeout {visibility} s < 6 x the function's {timeout} s"
+    );
+    assert!(
+        visibility >= settings.lease.as_secs(),
+        "a message must not come back while its attempt is still claimed"
+    );
+    let Some(receives) = queue["RedrivePolicy"]["maxReceiveCount"].as_u64() else {
+        panic!("WebhookQueue needs a redrive policy")
+    };
+    assert!(receives >= 20, "maxReceiveCount {receives}");
+    assert!(
+        get_att(&queue["RedrivePolicy"]["deadLetterTargetArn"])
+            == Some(("WebhookDeadLetterQueue".to_owned(), "Arn".to_owned()))
+    );
+
+    assert_eq!(
+        table_actions(dispatcher),
+        ["dynamodb:GetItem", "dynamodb:UpdateItem"]
+    );
+    assert_eq!(
+        queue_actions(dispatcher, "WebhookQueue"),
+        ["sqs:SendMessage"],
+        "the next attempt goes back on the queue"
+    );
+}
+
+/// Who may send to the webhooks queue: whoever queues an attempt (the
+/// fan-out, the scheduler's outbox backstop, the dispatcher's retries),
+/// and nobody else. Every SQS grant is a send to a queue of the template.
+#[test]
+fn only_the_webhook_pipeline_sends_to_the_webhooks_queue() {
+    let t = template();
+    let mut senders = Vec::new();
+    for (name, f) in functions(&t) {
+        for st in f["Properties"]["Policies"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .flat_map(|p| p["Statement"].as_sequence().cloned().unwrap_or_default())
+        {
+            let actions: Vec<String> = match &st["Action"] {
+                Value::String(a) => vec![a.clone()],
+                Value::Sequence(s) => s
+                    .iter()
+                    .map(|a| a.as_str().unwrap_or("").to_owned())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let resources: Vec<Value> = match &st["Resource"] {
+                Value::Sequence(s) => s.clone(),
+                one => vec![one.clone()],
+            };
+            for action in actions.iter().filter(|a| a.starts_with("sqs:")) {
+                assert_eq!(action, "sqs:SendMessage", "{name}: {action}");
+                for r in &resources {
+                    let Some((queue, "Arn")) =
+                        get_att(r).as_ref().map(|(q, a)| (q.clone(), a.as_str()))
+                    else {
+                        panic!("{name}: {action} on {r:?}")
+                    };
+                    assert_eq!(
+                        t["Resources"][queue.as_str()]["Type"].as_str(),
+                        Some("AWS::SQS::Queue"),
+                        "{name}: {action} on {queue}"
+                    );
+                }
+            }
+        }
+        if !queue_actions(&f, "WebhookQueue").is_empty() {
+            senders.push(name);
+        }
+    }
+    senders.sort();
+    assert_eq!(
+        senders,
+        [
+            "SchedulerFunction",
+            "WebhookDispatcherFunction",
+            "WebhookFanoutFunction"
+        ]
+    );
+    // The local-only switches are never deployed.
+    for var in [
+        "DHUKUTI_WEBHOOKS_ALLOW_LOCAL_HTTP",
+        "DHUKUTI_WEBHOOK_RETRY_SECONDS",
+    ] {
+        assert!(
+            t["Globals"]["Function"]["Environment"]["Variables"][var].is_null(),
+            "{var} in Globals"
+        );
+        for (name, f) in functions(&t) {
+            assert!(
+                f["Properties"]["Environment"]["Variables"][var].is_null(),
+                "{name} sets {var}"
+            );
+        }
+    }
 }

@@ -3,7 +3,9 @@
 //! same domain as on Lambda; no second code path.
 
 pub mod demo;
+pub mod listen;
 pub mod simulators;
+pub mod webhooks;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,6 +19,7 @@ use shared::app::Backend;
 use shared::blobs::Blobs;
 use shared::domain::Mode;
 use shared::domain::credentials::{CredentialsError, CredentialsKey, CredentialsKeys};
+use shared::domain::webhooks::WebhookSettings;
 use shared::http::with_edge;
 use shared::providers::{ProviderConfig, ProviderHub, SandboxAccounts};
 use shared::queue::Queue;
@@ -46,6 +49,7 @@ pub fn app_with_simulators(state: AppState, sim: simulators::SimState) -> Router
             .merge(checkout::router(state.clone()))
             .merge(refunds::router(state.clone()))
             .merge(payment_links::router(state.clone()))
+            .merge(webhooks_api::router(state.clone()))
             .merge(hosted::router(state))
             .nest("/sim", simulator_routes(sim)),
     )
@@ -83,6 +87,11 @@ pub struct Settings {
     pub sweep_every: Option<Duration>,
     /// Overrides `DHUKUTI_PROVIDER_TIMEOUT_MS` (tests shorten it).
     pub provider_timeout: Option<Duration>,
+    /// Webhook receivers allowed, retry schedule, timeouts.
+    pub webhooks: WebhookSettings,
+    /// How often the outbox is fanned out into deliveries (`None`: never;
+    /// then no webhook is delivered by this process).
+    pub webhook_poll: Option<Duration>,
 }
 
 impl Settings {
@@ -96,6 +105,7 @@ impl Settings {
             .unwrap_or_else(|_| PathBuf::from(".dhukuti"));
         let backend = Backend::from_env()?;
         let mut init = false;
+        let mut webhooks = WebhookSettings::from_env()?;
         let mut demo_payments = matches!(
             std::env::var("DHUKUTI_DEMO_PAYMENTS").as_deref(),
             Ok("1") | Ok("true") | Ok("yes")
@@ -104,6 +114,7 @@ impl Settings {
             match arg.as_str() {
                 "--demo-payments" => demo_payments = true,
                 "--init" => init = true,
+                "--allow-local-webhooks" => webhooks.allow_local_http = true,
                 "-h" | "--help" => return Err(USAGE.to_owned()),
                 other => return Err(format!("unknown argument {other:?}\n\n{USAGE}")),
             }
@@ -117,6 +128,8 @@ impl Settings {
             public_url: std::env::var("DHUKUTI_PUBLIC_URL").ok(),
             sweep_every: sweep_every()?,
             provider_timeout: None,
+            webhooks,
+            webhook_poll: webhook_poll()?,
         })
     }
 }
@@ -134,8 +147,21 @@ fn sweep_every() -> Result<Option<Duration>, String> {
     }
 }
 
+fn webhook_poll() -> Result<Option<Duration>, String> {
+    match std::env::var("DHUKUTI_WEBHOOK_POLL_MS") {
+        Err(_) => Ok(Some(Duration::from_millis(250))),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(0) => Ok(None),
+            Ok(n) if n <= 60_000 => Ok(Some(Duration::from_millis(n))),
+            _ => Err(format!(
+                "DHUKUTI_WEBHOOK_POLL_MS={v:?} must be milliseconds from 0 (off) to 60000"
+            )),
+        },
+    }
+}
+
 pub const USAGE: &str = "\
-Usage: cargo run [-- [--demo-payments] [--init]]
+Usage: cargo run [-- [--demo-payments] [--init] [--allow-local-webhooks]]
 
 Starts every Dhukuti function in one process, on the embedded store or
 (DHUKUTI_BACKEND=aws) on DynamoDB, SQS and S3.
@@ -143,6 +169,9 @@ Starts every Dhukuti function in one process, on the embedded store or
   --demo-payments         seed sample payments (once)
   --init                  with DHUKUTI_BACKEND=aws: create the table, queues
                           and bucket if they are missing
+  --allow-local-webhooks  sandbox webhook endpoints may be http://127.0.0.1
+                          or http://localhost (same as
+                          DHUKUTI_WEBHOOKS_ALLOW_LOCAL_HTTP=1); never live
 
 Environment:
   DHUKUTI_ADDR            listen address (default 127.0.0.1:8080)
@@ -156,6 +185,11 @@ Environment:
   DHUKUTI_PUBLIC_URL      public base URL of hosted pages (default http://<addr>)
   DHUKUTI_DEMO_PAYMENTS   1 to seed sample payments (same as --demo-payments)
   DHUKUTI_SWEEP_SECONDS   scheduler period (default 30; 0 turns it off)
+  DHUKUTI_WEBHOOK_POLL_MS outbox fan-out period (default 250; 0 turns webhook
+                          delivery off)
+  DHUKUTI_WEBHOOK_RETRY_SECONDS
+                          comma-separated waits replacing the retry schedule
+                          (default 60,300,1800,7200,18000,36000,86400,86400)
   DHUKUTI_PROVIDERS_BASE_URL
                           sandbox providers (default: the simulators at
                           <public url>/sim); see README for each provider
@@ -175,12 +209,16 @@ pub struct Running {
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<std::io::Result<()>>,
     ticker: Option<JoinHandle<()>>,
+    webhook_loops: Vec<JoinHandle<()>>,
 }
 
 impl Running {
     /// Stops accepting, finishes in-flight requests and closes the store.
     pub async fn stop(mut self) -> std::io::Result<()> {
         if let Some(t) = self.ticker.take() {
+            t.abort();
+        }
+        for t in self.webhook_loops.drain(..) {
             t.abort();
         }
         if let Some(tx) = self.shutdown.take() {
@@ -283,7 +321,8 @@ pub async fn start_with_clock(
     let state = AppState::new(store.clone(), clock, config)
         .with_queue(queue)
         .with_blobs(blobs)
-        .with_providers(hub);
+        .with_providers(hub)
+        .with_webhooks(settings.webhooks.clone());
     // A simulated "timeout" outlasts the client's own timeout.
     let mut sim_config = simulators::SimConfig::new(sim_base);
     sim_config.timeout_delay = sandbox.timeout + Duration::from_secs(2);
@@ -316,6 +355,11 @@ pub async fn start_with_clock(
         })
     });
 
+    let webhook_loops = match settings.webhook_poll {
+        Some(every) => webhooks::spawn(&state, every)?,
+        None => Vec::new(),
+    };
+
     let (tx, rx) = oneshot::channel::<()>();
     let router = app_with_simulators(state.clone(), sim);
     let task = tokio::spawn(async move {
@@ -335,6 +379,7 @@ pub async fn start_with_clock(
         shutdown: Some(tx),
         task,
         ticker,
+        webhook_loops,
     })
 }
 

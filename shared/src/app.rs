@@ -17,6 +17,7 @@ use std::sync::Arc;
 use crate::blobs::Blobs;
 use crate::blobs::local::LocalDirBlobs;
 use crate::blobs::memory::MemoryBlobs;
+use crate::domain::webhooks::WebhookSettings;
 use crate::providers::ProviderHub;
 use crate::queue::memory::InProcessQueue;
 use crate::queue::{Queue, QueueName};
@@ -80,6 +81,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// Provider clients and credentials (checkout attempts, reconciling).
     pub providers: Arc<ProviderHub>,
+    /// Webhook receivers allowed, retry schedule, timeouts.
+    pub webhooks: Arc<WebhookSettings>,
 }
 
 impl AppState {
@@ -94,7 +97,13 @@ impl AppState {
             clock,
             config: Arc::new(config),
             providers: Arc::new(ProviderHub::unconfigured()),
+            webhooks: Arc::new(WebhookSettings::default()),
         }
+    }
+
+    pub fn with_webhooks(mut self, webhooks: WebhookSettings) -> Self {
+        self.webhooks = Arc::new(webhooks);
+        self
     }
 
     pub fn with_providers(mut self, providers: ProviderHub) -> Self {
@@ -117,11 +126,13 @@ impl AppState {
         let backend = Backend::from_env()?;
         let (store, queue, blobs) = backend.open(false).await?;
         let providers = ProviderHub::from_env()?;
+        let webhooks = WebhookSettings::from_env()?;
         Ok(
             AppState::new(store, Arc::new(SystemClock), Config::from_env())
                 .with_queue(queue)
                 .with_blobs(blobs)
-                .with_providers(providers),
+                .with_providers(providers)
+                .with_webhooks(webhooks),
         )
     }
 }

@@ -150,6 +150,8 @@ pub async fn spawn_app_on_with_clock(
         sweep_every: None,
         // Simulated provider timeouts then take 2 s (+2 s of slack).
         provider_timeout: Some(std::time::Duration::from_secs(2)),
+        webhooks: test_webhook_settings(),
+        webhook_poll: Some(std::time::Duration::from_millis(100)),
     };
     let (store, queue, blobs) = match backend.open(true).await {
         Ok(b) => b,
@@ -169,6 +171,19 @@ pub async fn spawn_app_on_with_clock(
         data_dir,
         backend,
         _tmp: None,
+    }
+}
+
+/// Webhooks as the end-to-end tests run them: local receivers allowed
+/// (sandbox), the decided number of retries but 300 ms apart, a receiver
+/// timeout of 2 s and a 3 s claim (the worker's visibility is 4 s).
+pub fn test_webhook_settings() -> shared::domain::webhooks::WebhookSettings {
+    use std::time::Duration;
+    shared::domain::webhooks::WebhookSettings {
+        allow_local_http: true,
+        schedule: vec![Duration::from_millis(300); shared::domain::webhooks::RETRY_SCHEDULE.len()],
+        timeout: Duration::from_secs(2),
+        lease: Duration::from_secs(3),
     }
 }
 

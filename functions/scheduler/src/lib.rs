@@ -1,30 +1,59 @@
 //! The scheduled sweep: an EventBridge rule invokes this function every
 //! minute; each run expires due checkout sessions and reconciles open
-//! payments with their providers ([`shared::domain::attempts::sweep`]).
+//! payments with their providers ([`shared::domain::attempts::sweep`]),
+//! then fans out the outbox events the stream function has not taken and
+//! queues again webhook deliveries whose message was lost
+//! ([`shared::domain::webhooks::sweep`]): the backstop for events whose
+//! stream record was lost or whose retries ran out.
 //!
 //! The template allows one run at a time (reserved concurrency 1). A store
 //! error fails the invocation so Lambda records it; the next run tries
-//! again.
+//! again. The sweep and the fan-out run whatever the other did.
 
 use serde_json::Value;
 use shared::AppState;
 use shared::domain::attempts::SweepReport;
+use shared::domain::webhooks::{self, FanOutReport};
 use shared::store::StoreError;
 
 pub use shared::domain::attempts::sweep;
 
+/// Most outbox events fanned out (and overdue deliveries queued again) per
+/// shard and run.
+pub const FAN_OUT_LIMIT: usize = 100;
+
 /// One invocation. The event (EventBridge's scheduled event) carries
 /// nothing the sweep needs: the time comes from the state's clock.
-/// Answers the [`SweepReport`] as JSON.
+/// Answers the [`SweepReport`] with the fan-out's counts, as JSON.
 pub async fn handle(state: &AppState, event: Value) -> Result<Value, lambda_runtime::Error> {
     let _ = event;
-    report(sweep(state, state.clock.now()).await)
+    let now = state.clock.now();
+    // Side by side: a slow provider must not starve webhook delivery.
+    let (swept, fanned) = tokio::join!(
+        sweep(state, now),
+        webhooks::sweep(state, now, FAN_OUT_LIMIT)
+    );
+    report(swept, fanned)
 }
 
-/// Logs the outcome of a sweep and turns it into the invocation's answer.
-fn report(result: Result<SweepReport, StoreError>) -> Result<Value, lambda_runtime::Error> {
-    match result {
-        Ok(r) => {
+/// Logs the outcome of a run and turns it into the invocation's answer:
+/// the sweep's counts, plus `events_fanned_out` (events whose deliveries
+/// were created and queued), `deliveries_queued` and `fan_out_errors`.
+fn report(
+    swept: Result<SweepReport, StoreError>,
+    fanned: Result<FanOutReport, StoreError>,
+) -> Result<Value, lambda_runtime::Error> {
+    if let Ok(f) = &fanned {
+        tracing::info!(
+            events_fanned_out = f.events.saturating_sub(f.errors),
+            deliveries_queued = f.deliveries,
+            fan_out_errors = f.errors,
+            deliveries_requeued = f.requeued,
+            "outbox fan-out done"
+        );
+    }
+    match (swept, fanned) {
+        (Ok(r), Ok(f)) => {
             tracing::info!(
                 sessions_expired = r.sessions_expired,
                 payments_checked = r.payments_checked,
@@ -32,10 +61,27 @@ fn report(result: Result<SweepReport, StoreError>) -> Result<Value, lambda_runti
                 errors = r.errors,
                 "sweep done"
             );
-            Ok(serde_json::to_value(&r)?)
+            let mut answer = serde_json::to_value(&r)?;
+            if let Value::Object(map) = &mut answer {
+                map.insert(
+                    "events_fanned_out".into(),
+                    f.events.saturating_sub(f.errors).into(),
+                );
+                map.insert("deliveries_queued".into(), f.deliveries.into());
+                map.insert("fan_out_errors".into(), f.errors.into());
+                map.insert("deliveries_requeued".into(), f.requeued.into());
+            }
+            Ok(answer)
         }
-        Err(e) => {
+        (Err(e), fanned) => {
             tracing::error!(error = %e, "sweep failed");
+            if let Err(f) = fanned {
+                tracing::error!(error = %f, "outbox fan-out failed");
+            }
+            Err(Box::new(e))
+        }
+        (Ok(_), Err(e)) => {
+            tracing::error!(error = %e, "outbox fan-out failed");
             Err(Box::new(e))
         }
     }
@@ -47,8 +93,14 @@ mod tests {
 
     use serde_json::json;
     use shared::Config;
+    use shared::domain::Mode;
+    use shared::domain::credentials::{CredentialsKey, CredentialsKeys};
+    use shared::domain::outbox::{self, EventType};
+    use shared::domain::webhooks::{self, CreateEndpoint, WebhookSettings};
+    use shared::providers::{ProviderConfig, ProviderHub, SandboxAccounts};
+    use shared::queue::QueueName;
     use shared::store::embedded::EmbeddedStore;
-    use shared::time::{Clock, ManualClock, SystemClock};
+    use shared::time::{Clock, ManualClock, SystemClock, Timestamp};
 
     use super::*;
 
@@ -66,6 +118,27 @@ mod tests {
         )
     }
 
+    /// A state that can seal signing secrets and accepts local receivers.
+    fn webhook_state() -> AppState {
+        let key = match CredentialsKey::generate("k1") {
+            Ok(k) => k,
+            Err(e) => panic!("{e}"),
+        };
+        let hub = match ProviderHub::new(
+            &ProviderConfig::sandbox(),
+            &ProviderConfig::live(),
+            Some(CredentialsKeys::single(key)),
+            SandboxAccounts::default(),
+        ) {
+            Ok(h) => h,
+            Err(e) => panic!("{e}"),
+        };
+        state().with_providers(hub).with_webhooks(WebhookSettings {
+            allow_local_http: true,
+            ..WebhookSettings::default()
+        })
+    }
+
     /// What EventBridge sends on a `rate(...)` schedule.
     fn scheduled_event() -> Value {
         json!({
@@ -81,8 +154,21 @@ mod tests {
         })
     }
 
+    const KEYS: [&str; 10] = [
+        "sessions_expired",
+        "payments_checked",
+        "payments_settled",
+        "errors",
+        "refunds_checked",
+        "refunds_resolved",
+        "events_fanned_out",
+        "deliveries_queued",
+        "fan_out_errors",
+        "deliveries_requeued",
+    ];
+
     #[tokio::test]
-    async fn a_sweep_on_an_empty_store_answers_the_four_counts() {
+    async fn a_run_on_an_empty_store_answers_every_count() {
         let answer = handle(&state(), scheduled_event()).await;
         let Ok(answer) = answer else {
             panic!("{:?}", answer.err())
@@ -90,14 +176,10 @@ mod tests {
         let Some(object) = answer.as_object() else {
             panic!("not an object: {answer}")
         };
-        for field in [
-            "sessions_expired",
-            "payments_checked",
-            "payments_settled",
-            "errors",
-        ] {
+        for field in KEYS {
             assert_eq!(object.get(field), Some(&json!(0)), "{field} in {answer}");
         }
+        assert_eq!(object.len(), KEYS.len(), "{answer}");
     }
 
     #[tokio::test]
@@ -106,25 +188,124 @@ mod tests {
         assert!(handle(&state(), json!({})).await.is_ok());
     }
 
+    /// Events older than the grace period still in the outbox are fanned
+    /// out; younger ones are left to the stream function.
+    #[tokio::test]
+    async fn the_run_fans_out_outbox_events_the_stream_missed() {
+        let state = webhook_state();
+        let created = webhooks::create(
+            &state,
+            "proj_1",
+            Mode::Sandbox,
+            CreateEndpoint {
+                url: "http://127.0.0.1:9/hooks".into(),
+                events: None,
+                enabled: None,
+            },
+            None,
+        )
+        .await;
+        let Ok((endpoint, _secret)) = created else {
+            panic!("{:?}", created.err())
+        };
+        let now = state.clock.now();
+        let Some(old) = Timestamp::from_unix_millis(now.unix_millis() - 3 * 60 * 1000) else {
+            panic!("time")
+        };
+        let mut recorded = Vec::new();
+        for at in [old, now] {
+            let e = outbox::Event::new(
+                EventType::PaymentSucceeded,
+                "proj_1",
+                Mode::Sandbox,
+                json!({"id": "pay_1", "status": "success"}),
+                at,
+            );
+            let put = match e.put_op() {
+                Ok(op) => op,
+                Err(err) => panic!("{err}"),
+            };
+            if let Err(err) = state.store.transact(vec![put]).await {
+                panic!("{err}")
+            }
+            recorded.push(e.id);
+        }
+        let answer = match handle(&state, scheduled_event()).await {
+            Ok(a) => a,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(answer["events_fanned_out"], 1, "{answer}");
+        assert_eq!(answer["deliveries_queued"], 1, "{answer}");
+        assert_eq!(answer["fan_out_errors"], 0, "{answer}");
+        let dispatched = |id: String| {
+            let store = state.store.clone();
+            async move {
+                match outbox::get(&*store, &id).await {
+                    Ok(Some(e)) => e.dispatched,
+                    other => panic!("{other:?}"),
+                }
+            }
+        };
+        assert!(dispatched(recorded[0].clone()).await, "the old event");
+        assert!(!dispatched(recorded[1].clone()).await, "the new event");
+        let queued = state
+            .queue
+            .receive(
+                QueueName::Webhooks,
+                10,
+                std::time::Duration::ZERO,
+                std::time::Duration::from_secs(30),
+            )
+            .await;
+        let Ok(queued) = queued else {
+            panic!("{queued:?}")
+        };
+        assert_eq!(queued.len(), 1);
+        let body: Value = serde_json::from_str(&queued[0].body).unwrap_or(Value::Null);
+        assert_eq!(
+            body,
+            json!({"event_id": recorded[0], "endpoint_id": endpoint.id, "attempt": 0})
+        );
+    }
+
     #[test]
     fn a_store_error_fails_the_invocation() {
-        let failed = report(Err(StoreError::Unavailable("throttled".into())));
+        let failed = report(
+            Err(StoreError::Unavailable("throttled".into())),
+            Ok(FanOutReport::default()),
+        );
         let Err(e) = failed else {
             panic!("a store error must fail the run: {failed:?}")
         };
         assert!(e.to_string().contains("throttled"), "{e}");
+        let failed = report(
+            Ok(SweepReport::default()),
+            Err(StoreError::Unavailable("outbox throttled".into())),
+        );
+        let Err(e) = failed else {
+            panic!("an outbox store error must fail the run: {failed:?}")
+        };
+        assert!(e.to_string().contains("outbox throttled"), "{e}");
     }
 
     #[test]
     fn a_report_answers_its_counts() {
-        let done = report(Ok(SweepReport {
-            sessions_expired: 3,
-            payments_checked: 5,
-            payments_settled: 2,
-            errors: 1,
-            refunds_checked: 4,
-            refunds_resolved: 1,
-        }));
+        let done = report(
+            Ok(SweepReport {
+                sessions_expired: 3,
+                payments_checked: 5,
+                payments_settled: 2,
+                errors: 1,
+                refunds_checked: 4,
+                refunds_resolved: 1,
+            }),
+            Ok(FanOutReport {
+                events: 7,
+                deliveries: 9,
+                errors: 2,
+                requeued: 4,
+            }),
+        );
         let Ok(done) = done else {
             panic!("{:?}", done.err())
         };
@@ -136,7 +317,11 @@ mod tests {
                 "payments_settled": 2,
                 "errors": 1,
                 "refunds_checked": 4,
-                "refunds_resolved": 1
+                "refunds_resolved": 1,
+                "events_fanned_out": 5,
+                "deliveries_queued": 9,
+                "fan_out_errors": 2,
+                "deliveries_requeued": 4
             })
         );
     }

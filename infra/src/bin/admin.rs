@@ -6,6 +6,8 @@
 //!     dhukuti-admin key issue --project proj_… --mode live --scopes all --kind secret
 //!     DHUKUTI_CREDENTIALS_KEY=… dhukuti-admin credentials set --project proj_… \
 //!         --mode live --provider khalti --secret-key-stdin < khalti.txt
+//!     dhukuti-admin listen [--events payment.succeeded] [--forward-to URL]
+//!     dhukuti-admin trigger payment.succeeded|all [--endpoint we_…]
 //!
 //! Every command takes `--json` for scripts (data on stdout, messages on
 //! stderr). Bad input exits 2, a failed operation 1.
@@ -13,12 +15,15 @@
 //! The store is chosen in one place, [`open_store`]: for now the embedded
 //! store at `$DHUKUTI_DATA_DIR/dhukuti.redb` (default `.dhukuti`), which one
 //! process at a time may hold, so the local gateway must be stopped first.
+//! `listen` and `trigger` are the exception: they talk HTTP to a running
+//! gateway (`dhukuti::listen`) and never open the store.
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use dhukuti::listen;
 use serde::Serialize;
 use serde_json::{Value, json};
 use shared::app::Backend;
@@ -44,12 +49,15 @@ const SECRET_WARNING: &str = "This is the only time this secret is shown: store 
 #[command(
     name = "dhukuti-admin",
     version,
-    about = "Onboard and run Dhukuti merchants: merchants, projects, API keys, provider credentials.",
+    about = "Onboard and run Dhukuti merchants: merchants, projects, API keys, provider credentials; \
+             receive and trigger sandbox webhooks from a running gateway.",
     after_help = "Environment:\n  \
         DHUKUTI_DATA_DIR          data directory of the embedded store (default ./.dhukuti)\n  \
         DHUKUTI_BACKEND           store backend (default embedded)\n  \
         DHUKUTI_CREDENTIALS_KEY   master key sealing provider credentials: base64 of 32 bytes, or id:base64\n  \
-        DHUKUTI_CREDENTIALS_PREVIOUS_KEYS   older master keys, comma-separated id:base64"
+        DHUKUTI_CREDENTIALS_PREVIOUS_KEYS   older master keys, comma-separated id:base64\n\n\
+        listen and trigger talk HTTP to a running gateway (--api) and take its sandbox key\n\
+        from $DHUKUTI_DATA_DIR/demo-keys.json unless --key is given."
 )]
 struct Cli {
     /// Print the result as JSON on stdout (messages stay on stderr).
@@ -73,6 +81,50 @@ enum Command {
     /// Store a project's credentials at eSewa, Khalti and Fonepay (encrypted).
     #[command(subcommand)]
     Credentials(CredentialsCmd),
+    /// Receive sandbox webhooks here: register a local receiver with a running
+    /// gateway, verify and print each delivery; Ctrl-C deletes the endpoint.
+    Listen(ListenArgs),
+    /// Send test events (one type, or `all`) to a webhook endpoint of a running gateway.
+    Trigger(TriggerArgs),
+}
+
+/// Where the running gateway is and which sandbox key to use.
+#[derive(Args, Debug)]
+struct GatewayArgs {
+    /// Base URL of the running gateway.
+    #[arg(long, default_value = listen::DEFAULT_API)]
+    api: String,
+    /// Sandbox secret key (default: "sandbox" in $DHUKUTI_DATA_DIR/demo-keys.json).
+    #[arg(long, value_name = "sk_test_…")]
+    key: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct ListenArgs {
+    #[command(flatten)]
+    gateway: GatewayArgs,
+    /// Comma-separated event types to receive (default: every type).
+    #[arg(long, value_delimiter = ',', value_name = "TYPE,…")]
+    events: Vec<String>,
+    /// Port of the receiver on 127.0.0.1 (0 picks a free one).
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+    /// Also POST each verified delivery (same body and headers) to this URL
+    /// and answer the gateway with its status.
+    #[arg(long, value_name = "URL")]
+    forward_to: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct TriggerArgs {
+    /// An event type (e.g. payment.succeeded) or `all`.
+    #[arg(value_name = "TYPE|all")]
+    what: String,
+    #[command(flatten)]
+    gateway: GatewayArgs,
+    /// The endpoint (default: the newest enabled one).
+    #[arg(long, value_name = "we_…")]
+    endpoint: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -700,7 +752,66 @@ async fn run(command: Command) -> Result<Output, Failure> {
         Command::Project(cmd) => project_cmd(cmd, now).await,
         Command::Key(cmd) => key_cmd(cmd, now).await,
         Command::Credentials(cmd) => credentials_cmd(cmd, now).await,
+        Command::Trigger(args) => trigger_cmd(args).await,
+        // Runs until Ctrl-C, printing as it goes: see `main`.
+        Command::Listen(_) => Err(Failure::Usage("listen runs on its own".into())),
     }
+}
+
+// ------------------------------------------------------ webhooks over HTTP
+
+fn gateway_key(gateway: &GatewayArgs) -> Result<String, Failure> {
+    listen::sandbox_key(gateway.key.as_deref(), &listen::data_dir_from_env())
+        .map_err(Failure::Usage)
+}
+
+async fn trigger_cmd(args: TriggerArgs) -> Result<Output, Failure> {
+    listen::trigger_types(&args.what).map_err(Failure::Usage)?;
+    if let Some(id) = &args.endpoint {
+        check_id(id, IdKind::WebhookEndpoint, "webhook endpoint")?;
+    }
+    let key = gateway_key(&args.gateway)?;
+    let api = listen::Api::new(&args.gateway.api, &key).map_err(Failure::Usage)?;
+    let sent = listen::trigger(&api, &args.what, args.endpoint.as_deref())
+        .await
+        .map_err(Failure::Failed)?;
+    let json = sent
+        .iter()
+        .map(|s| json!({"type": s.event_type, "id": s.event_id, "endpoint": s.endpoint_id}))
+        .collect();
+    let text = sent
+        .iter()
+        .map(|s| {
+            format!(
+                "sent {:<18} {}  to {}",
+                s.event_type, s.event_id, s.endpoint_id
+            )
+        })
+        .collect();
+    Ok(Output::new(Value::Array(json), text))
+}
+
+/// `listen`: until Ctrl-C; deliveries on stdout, messages on stderr.
+async fn listen_cmd(args: ListenArgs, json: bool) -> Result<(), Failure> {
+    let events = listen::parse_event_types(&args.events).map_err(Failure::Usage)?;
+    if let Some(url) = &args.forward_to {
+        listen::check_forward_url(url).map_err(Failure::Usage)?;
+    }
+    let key = gateway_key(&args.gateway)?;
+    let opts = listen::ListenOptions {
+        api: args.gateway.api,
+        key,
+        events,
+        port: args.port,
+        forward_to: args.forward_to,
+        json,
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let printer = listen::spawn_printer(rx);
+    let result = listen::listen(opts, tx, listen::interrupted()).await;
+    // Every sender is gone once `listen` returns: the printer drains and ends.
+    let _ = printer.await;
+    result.map(|_| ()).map_err(Failure::Failed)
 }
 
 async fn merchant_cmd(cmd: MerchantCmd, now: Timestamp) -> Result<Output, Failure> {
@@ -1224,6 +1335,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Command::Listen(args) = cli.command {
+        return match runtime.block_on(listen_cmd(args, cli.json)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(f) => {
+                eprintln!("dhukuti-admin: error: {}", f.message());
+                ExitCode::from(f.code())
+            }
+        };
+    }
     match runtime.block_on(run(cli.command)) {
         Ok(out) => {
             if cli.json {

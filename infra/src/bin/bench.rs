@@ -8,21 +8,34 @@
 //!
 //! Prints a Markdown table for BENCHMARKS.md and the store calls one
 //! request makes.
+//!
+//! With `--webhooks`, measures webhook delivery instead (see
+//! [`webhooks_bench`]):
+//!
+//!     cargo run --release -p dhukuti --bin bench -- --webhooks \
+//!         [--events 2000] [--latency-events 200] [--payments 200] [--poll-ms 10]
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::get;
 use dhukuti::Settings;
+use serde_json::{Value, json};
 use shared::domain::account::{self, KeyKind, NewKey, Plan, Scope};
-use shared::domain::payments::{self, Payment, PaymentStatus};
+use shared::domain::outbox::{Event, EventType};
+use shared::domain::payments::{self, Payment, PaymentStatus, PaymentView};
+use shared::domain::webhooks::WebhookSettings;
 use shared::domain::{Mode, Provider};
 use shared::ids::{IdKind, new_id};
 use shared::money::{Currency, Paisa};
-use shared::store::Store;
 use shared::store::counting::CountingStore;
 use shared::store::embedded::EmbeddedStore;
+use shared::store::{Cond, Index, Item, Key, Query, QueryPage, Store, StoreError, TxOp, Update};
 use shared::time::{Clock, SystemClock};
 
 struct Result {
@@ -44,6 +57,15 @@ async fn main() -> std::result::Result<(), String> {
             .and_then(|v| v.parse().ok())
             .unwrap_or(default)
     };
+    if args.iter().any(|a| a == "--webhooks") {
+        return webhooks_bench(WebhookBench {
+            events: arg("--events", 2000) as usize,
+            latency_events: arg("--latency-events", 200) as usize,
+            payments: arg("--payments", 200) as usize,
+            poll: Duration::from_millis(arg("--poll-ms", 10)),
+        })
+        .await;
+    }
     let seconds = arg("--seconds", 10);
     let connections = arg("--connections", 32) as usize;
 
@@ -64,6 +86,8 @@ async fn main() -> std::result::Result<(), String> {
         public_url: None,
         sweep_every: None,
         provider_timeout: None,
+        webhooks: Default::default(),
+        webhook_poll: None,
     };
     let running = dhukuti::start_with_store(settings, counting.clone()).await?;
 
@@ -298,4 +322,534 @@ async fn load(
     }
     let secs = started.elapsed().as_secs_f64();
     (all.len(), errors, secs, all)
+}
+
+// ------------------------------------------------------------------ webhooks
+
+/// What `bench --webhooks` runs.
+struct WebhookBench {
+    /// (a) events written at once for the throughput run.
+    events: usize,
+    /// (b) events committed one at a time, settle-shaped.
+    latency_events: usize,
+    /// (b) real payments over HTTP through the Khalti simulator.
+    payments: usize,
+    /// The gateway's outbox poll interval.
+    poll: Duration,
+}
+
+type StoreFuture<'a, T> =
+    Pin<Box<dyn Future<Output = std::result::Result<T, StoreError>> + Send + 'a>>;
+
+/// Forwards to the store and notes when each outbox event (`EVT#<id>`)
+/// committed, and how many writes were made: the gateway writes events
+/// inside its own transactions, so this is where their commit is seen.
+/// (Written out by hand: infra does not depend on `async-trait`.)
+struct CommitClock {
+    inner: Arc<dyn Store>,
+    commits: Mutex<Vec<(String, Instant)>>,
+    writes: AtomicU64,
+}
+
+impl CommitClock {
+    fn commits_since(&self, from: usize) -> Vec<(String, Instant)> {
+        self.commits
+            .lock()
+            .map(|c| c.get(from..).map(<[_]>::to_vec).unwrap_or_default())
+            .unwrap_or_default()
+    }
+
+    fn commit_count(&self) -> usize {
+        self.commits.lock().map(|c| c.len()).unwrap_or(0)
+    }
+
+    fn write(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Store for CommitClock {
+    fn get<'s, 'k, 'f>(&'s self, key: &'k Key) -> StoreFuture<'f, Option<Item>>
+    where
+        's: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        self.inner.get(key)
+    }
+
+    fn put<'s, 'f>(&'s self, item: Item, cond: Option<Cond>) -> StoreFuture<'f, ()>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        self.write();
+        self.inner.put(item, cond)
+    }
+
+    fn update<'s, 'k, 'f>(
+        &'s self,
+        key: &'k Key,
+        update: Update,
+        cond: Option<Cond>,
+    ) -> StoreFuture<'f, Item>
+    where
+        's: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        self.write();
+        self.inner.update(key, update, cond)
+    }
+
+    fn delete<'s, 'k, 'f>(&'s self, key: &'k Key, cond: Option<Cond>) -> StoreFuture<'f, ()>
+    where
+        's: 'f,
+        'k: 'f,
+        Self: 'f,
+    {
+        self.write();
+        self.inner.delete(key, cond)
+    }
+
+    fn transact<'s, 'f>(&'s self, ops: Vec<TxOp>) -> StoreFuture<'f, ()>
+    where
+        's: 'f,
+        Self: 'f,
+    {
+        self.write();
+        let events: Vec<String> = ops
+            .iter()
+            .filter(|op| matches!(op, TxOp::Put { .. }))
+            .filter_map(TxOp::key)
+            .filter(|k| k.sk == "EVT")
+            .filter_map(|k| k.pk.strip_prefix("EVT#").map(str::to_owned))
+            .collect();
+        Box::pin(async move {
+            let result = self.inner.transact(ops).await;
+            if result.is_ok() && !events.is_empty() {
+                let at = Instant::now();
+                if let Ok(mut c) = self.commits.lock() {
+                    c.extend(events.into_iter().map(|e| (e, at)));
+                }
+            }
+            result
+        })
+    }
+
+    fn query<'s, 'q, 'f>(&'s self, query: &'q Query) -> StoreFuture<'f, QueryPage>
+    where
+        's: 'f,
+        'q: 'f,
+        Self: 'f,
+    {
+        self.inner.query(query)
+    }
+
+    fn count<'s, 'q, 'f>(&'s self, query: &'q Query) -> StoreFuture<'f, u64>
+    where
+        's: 'f,
+        'q: 'f,
+        Self: 'f,
+    {
+        self.inner.count(query)
+    }
+}
+
+/// What the receiver got: the first arrival of each event id, and every
+/// delivery (duplicates included).
+#[derive(Default)]
+struct Receipts {
+    first: Mutex<HashMap<String, Instant>>,
+    deliveries: AtomicU64,
+}
+
+impl Receipts {
+    fn of(&self, ids: &[String]) -> Option<Vec<Instant>> {
+        let first = self.first.lock().ok()?;
+        ids.iter().map(|id| first.get(id).copied()).collect()
+    }
+
+    /// Waits until every id in `ids` arrived (at most `limit`).
+    async fn wait(
+        &self,
+        ids: &[String],
+        limit: Duration,
+    ) -> std::result::Result<Vec<Instant>, String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(at) = self.of(ids) {
+                return Ok(at);
+            }
+            if Instant::now() > deadline {
+                let got = self
+                    .first
+                    .lock()
+                    .map(|f| ids.iter().filter(|i| f.contains_key(*i)).count())
+                    .unwrap_or(0);
+                return Err(format!(
+                    "only {got} of {} events arrived within {} s",
+                    ids.len(),
+                    limit.as_secs()
+                ));
+            }
+            // Arrival times are taken by the receiver; this only paces the wait.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+/// A receiver answering 200 to every POST, noting when each event arrived.
+async fn start_receiver(receipts: Arc<Receipts>) -> std::result::Result<String, String> {
+    let app = Router::new().route(
+        "/",
+        axum::routing::post(move |body: bytes::Bytes| {
+            let receipts = receipts.clone();
+            async move {
+                let at = Instant::now();
+                receipts.deliveries.fetch_add(1, Ordering::Relaxed);
+                let id = serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .and_then(|v| v["id"].as_str().map(str::to_owned));
+                if let (Some(id), Ok(mut first)) = (id, receipts.first.lock()) {
+                    first.entry(id).or_insert(at);
+                }
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(format!("http://{addr}/"))
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    sorted
+        .get(((sorted.len() as f64 * q) as usize).min(sorted.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(0.0)
+}
+
+/// p50, p99 and max of latencies in milliseconds.
+fn summary(mut ms: Vec<f64>) -> (f64, f64, f64) {
+    ms.sort_by(f64::total_cmp);
+    (
+        percentile(&ms, 0.50),
+        percentile(&ms, 0.99),
+        ms.last().copied().unwrap_or(0.0),
+    )
+}
+
+fn millis(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64() * 1000.0
+}
+
+/// Webhook delivery on the local gateway (embedded store on disk, the
+/// in-process queue, the poller and the worker of `infra/src/webhooks.rs`)
+/// to a receiver on 127.0.0.1 answering 200, through one endpoint of the
+/// demo merchant registered over the HTTP API:
+///
+/// (a) throughput: `events` outbox events written at once (transactions of
+///     up to 100), timed from the first write to the last arrival;
+/// (b) latency from the commit of a state change to the receiver's 2xx,
+///     one event at a time: first `latency_events` settle-shaped
+///     transactions (the payment's update and its event, as the settle
+///     transaction writes them), then `payments` real payments paid through
+///     the Khalti simulator over HTTP (the commit seen by [`CommitClock`]).
+async fn webhooks_bench(cfg: WebhookBench) -> std::result::Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let tmp = std::env::temp_dir().join(format!("dhukuti-bench-webhooks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| err(&e))?;
+    let embedded: Arc<dyn Store> =
+        Arc::new(EmbeddedStore::open(&tmp.join("dhukuti.redb")).map_err(|e| err(&e))?);
+    let clock = Arc::new(CommitClock {
+        inner: embedded,
+        commits: Mutex::default(),
+        writes: AtomicU64::new(0),
+    });
+    let settings = Settings {
+        addr: "127.0.0.1:0".parse().map_err(|_| "addr")?,
+        data_dir: tmp.clone(),
+        backend: shared::app::Backend::Embedded {
+            data_dir: tmp.clone(),
+        },
+        init: false,
+        demo_payments: false,
+        public_url: None,
+        sweep_every: None,
+        provider_timeout: None,
+        webhooks: WebhookSettings {
+            allow_local_http: true,
+            ..Default::default()
+        },
+        webhook_poll: Some(cfg.poll),
+    };
+    let running = dhukuti::start_with_store(settings, clock.clone()).await?;
+    let base = running.base_url.clone();
+    let key = running.keys.sandbox.clone();
+    let store: &dyn Store = &*clock;
+
+    let receipts = Arc::new(Receipts::default());
+    let receiver_url = start_receiver(receipts.clone()).await?;
+    let api = dhukuti::listen::Api::new(&base, &key)?;
+    let endpoint = api.register(&receiver_url, &[]).await?;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| err(&e))?;
+    let account: Value = http
+        .get(format!("{base}/v1/account"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .map_err(|e| err(&e))?
+        .json()
+        .await
+        .map_err(|e| err(&e))?;
+    let project_id = account["project"]["id"]
+        .as_str()
+        .ok_or("GET /v1/account answered no project id")?
+        .to_owned();
+    // One delivery first, so connections and caches are warm.
+    let warm = dhukuti::listen::trigger(&api, "payment.succeeded", Some(&endpoint.id)).await?;
+    let warm_ids: Vec<String> = warm.iter().map(|t| t.event_id.clone()).collect();
+    receipts.wait(&warm_ids, Duration::from_secs(30)).await?;
+
+    // (a) Throughput.
+    let now = SystemClock.now();
+    let events: Vec<Event> = (0..cfg.events)
+        .map(|i| {
+            Event::new(
+                EventType::PaymentSucceeded,
+                &project_id,
+                Mode::Sandbox,
+                json!({"id": format!("pay_bench{i}"), "object": "payment", "status": "success"}),
+                now,
+            )
+        })
+        .collect();
+    let ids: Vec<String> = events.iter().map(|e| e.id.clone()).collect();
+    let writes_before = clock.writes.load(Ordering::Relaxed);
+    let deliveries_before = receipts.deliveries.load(Ordering::Relaxed);
+    let started = Instant::now();
+    for chunk in events.chunks(shared::store::MAX_TX_OPS) {
+        let ops = chunk
+            .iter()
+            .map(Event::put_op)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| err(&e))?;
+        store.transact(ops).await.map_err(|e| err(&e))?;
+    }
+    let written = started.elapsed();
+    let arrived = receipts.wait(&ids, Duration::from_secs(600)).await?;
+    let last = arrived.iter().copied().max().unwrap_or(started);
+    let drain = last.saturating_duration_since(started);
+    let writes = clock.writes.load(Ordering::Relaxed) - writes_before;
+    let deliveries = receipts.deliveries.load(Ordering::Relaxed) - deliveries_before;
+    let mut first_ms: Vec<f64> = arrived.iter().map(|a| millis(started, *a)).collect();
+    first_ms.sort_by(f64::total_cmp);
+
+    // (b1) Settle-shaped commits, one at a time.
+    let mut write_ms = Vec::new();
+    let mut settle_ms = Vec::new();
+    for i in 0..cfg.latency_events {
+        let now = SystemClock.now();
+        let payment = Payment {
+            id: new_id(IdKind::Payment),
+            project_id: project_id.clone(),
+            checkout_session_id: new_id(IdKind::CheckoutSession),
+            mode: Mode::Sandbox,
+            amount: Paisa::new(150_000).map_err(|e| err(&e))?,
+            amount_refunded: Paisa::ZERO,
+            currency: Currency::Npr,
+            provider: Provider::Khalti,
+            status: PaymentStatus::Pending,
+            provider_ref: None,
+            failure_reason: None,
+            metadata: Default::default(),
+            customer_name: None,
+            customer_email: None,
+            customer_phone: None,
+            created_at: now,
+            updated_at: now,
+            double_payment_of: None,
+            attempt: Default::default(),
+            checks: Default::default(),
+        };
+        let t = Instant::now();
+        payments::insert(store, &payment)
+            .await
+            .map_err(|e| err(&e))?;
+        write_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        let mut paid = payment.clone();
+        paid.status = PaymentStatus::Success;
+        paid.provider_ref = Some(format!("KTX-BENCH-{i}"));
+        let view = serde_json::to_value(PaymentView::from(paid)).map_err(|e| err(&e))?;
+        let event = Event::new(
+            EventType::PaymentSucceeded,
+            &project_id,
+            Mode::Sandbox,
+            view,
+            now,
+        );
+        let ops = vec![
+            TxOp::Update {
+                key: Payment::key(&payment.id),
+                update: Update::new()
+                    .set("status", "success")
+                    .set("provider_ref", format!("KTX-BENCH-{i}"))
+                    .set("updated_at", now.to_rfc3339())
+                    .remove(Index::Gsi2.pk_attr())
+                    .remove(Index::Gsi2.sk_attr()),
+                cond: Some(Cond::eq("status", "pending")),
+            },
+            event.put_op().map_err(|e| err(&e))?,
+        ];
+        tokio::time::sleep(phase(cfg.poll, i)).await;
+        let from = clock.commit_count();
+        store.transact(ops).await.map_err(|e| err(&e))?;
+        let committed = clock.commits_since(from);
+        let at = receipts
+            .wait(std::slice::from_ref(&event.id), Duration::from_secs(60))
+            .await?;
+        for ((_, c), r) in committed.iter().zip(at) {
+            settle_ms.push(millis(*c, r));
+        }
+    }
+
+    // (b2) Real payments: checkout, Khalti hand-off, paid at the simulator,
+    // the customer's return (verified with the simulator's lookup) commits.
+    let mut paid_ms = Vec::new();
+    let mut return_ms = Vec::new();
+    for i in 0..cfg.payments {
+        let session: Value = http
+            .post(format!("{base}/v1/checkout"))
+            .bearer_auth(&key)
+            .json(&json!({"amount": 150000, "returnUrl": "https://shop.example/thanks"}))
+            .send()
+            .await
+            .map_err(|e| err(&e))?
+            .json()
+            .await
+            .map_err(|e| err(&e))?;
+        let session_id = session["id"].as_str().ok_or("no session id")?;
+        let handoff = http
+            .post(format!("{base}/c/{session_id}/pay"))
+            .header(
+                axum::http::header::CONTENT_TYPE,
+                "application/x-www-form-urlencoded",
+            )
+            .body("provider=khalti")
+            .send()
+            .await
+            .map_err(|e| err(&e))?;
+        let to = location(&handoff)?;
+        let pidx = reqwest::Url::parse(&to)
+            .map_err(|e| err(&e))?
+            .query_pairs()
+            .find(|(k, _)| k == "pidx")
+            .map(|(_, v)| v.into_owned())
+            .ok_or_else(|| format!("no pidx in {to}"))?;
+        let acted: Value = http
+            .post(format!("{base}/sim/khalti/_control/attempts/{pidx}/pay"))
+            .send()
+            .await
+            .map_err(|e| err(&e))?
+            .json()
+            .await
+            .map_err(|e| err(&e))?;
+        let callback = acted["callback_url"]
+            .as_str()
+            .ok_or_else(|| format!("the simulator did not pay: {acted}"))?;
+        tokio::time::sleep(phase(cfg.poll, i)).await;
+        let from = clock.commit_count();
+        let t = Instant::now();
+        let back = http.get(callback).send().await.map_err(|e| err(&e))?;
+        return_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        let landed = location(&back)?;
+        if !landed.contains("status=success") {
+            return Err(format!("the payment did not succeed: {landed}"));
+        }
+        let committed = clock.commits_since(from);
+        let event_ids: Vec<String> = committed.iter().map(|(id, _)| id.clone()).collect();
+        if event_ids.is_empty() {
+            return Err("the return committed no event".into());
+        }
+        let at = receipts.wait(&event_ids, Duration::from_secs(60)).await?;
+        for ((_, c), r) in committed.iter().zip(at) {
+            paid_ms.push(millis(*c, r));
+        }
+    }
+    let total_deliveries = receipts.deliveries.load(Ordering::Relaxed);
+    let distinct = receipts.first.lock().map(|f| f.len()).unwrap_or(0);
+    let _ = api.delete(&endpoint.id).await;
+    let _ = running.stop().await;
+    let _ = std::fs::remove_dir_all(&tmp);
+
+    println!(
+        "webhook delivery: poll every {} ms, dispatcher concurrency {}, embedded store on disk\n",
+        cfg.poll.as_millis(),
+        shared::queue::MAX_RECEIVE
+    );
+    println!("(a) throughput: {} events written at once\n", cfg.events);
+    println!(
+        "| events | written in (ms) | last delivered at (ms) | deliveries/s | first arrival (ms) | median arrival (ms) | store writes per delivery | deliveries (with duplicates) |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| {} | {:.1} | {:.0} | {:.0} | {:.1} | {:.0} | {:.2} | {} |",
+        cfg.events,
+        written.as_secs_f64() * 1000.0,
+        drain.as_secs_f64() * 1000.0,
+        cfg.events as f64 / drain.as_secs_f64().max(1e-9),
+        first_ms.first().copied().unwrap_or(0.0),
+        percentile(&first_ms, 0.5),
+        writes as f64 / cfg.events.max(1) as f64,
+        deliveries
+    );
+    println!("\n(b) latency, commit to the receiver's 2xx, one event at a time\n");
+    println!("| state change | events | p50 (ms) | p99 (ms) | max (ms) |");
+    println!("|---|---:|---:|---:|---:|");
+    for (name, ms) in [
+        (
+            "settle-shaped transaction (payment update + event)",
+            settle_ms,
+        ),
+        ("real payment: Khalti simulator, customer's return", paid_ms),
+    ] {
+        let n = ms.len();
+        let (p50, p99, max) = summary(ms);
+        println!("| {name} | {n} | {p50:.1} | {p99:.1} | {max:.1} |");
+    }
+    let (w50, w99, _) = summary(write_ms);
+    let (r50, r99, _) = summary(return_ms);
+    println!(
+        "\none write transaction (payment insert): p50 {w50:.2} ms, p99 {w99:.2} ms; \
+         the customer's return (lookup + settle): p50 {r50:.1} ms, p99 {r99:.1} ms"
+    );
+    println!(
+        "receiver: {total_deliveries} deliveries of {distinct} distinct events (duplicates: {})",
+        total_deliveries.saturating_sub(distinct as u64)
+    );
+    Ok(())
+}
+
+/// A wait before the `i`th sequential commit, spread evenly over one poll
+/// interval (golden-ratio steps): waiting for each arrival and committing
+/// at once would always commit just after a poll, the worst phase.
+fn phase(poll: Duration, i: usize) -> Duration {
+    poll.mul_f64((i as f64 * 0.618_033_988_75).fract())
+}
+
+/// The `Location` of a redirect.
+fn location(res: &reqwest::Response) -> std::result::Result<String, String> {
+    res.headers()
+        .get(reqwest::header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .ok_or_else(|| format!("expected a redirect, got {}", res.status()))
 }

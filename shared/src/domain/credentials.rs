@@ -565,6 +565,91 @@ fn open(
     Ok(creds)
 }
 
+/// Another secret sealed with the master key (a webhook signing secret):
+/// the same AES-256-GCM sealing as provider credentials, bound through the
+/// associated data to a `context` (what the secret belongs to) and to the
+/// key id, so a sealed value copied elsewhere no longer opens.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealedSecret {
+    pub key_id: String,
+    pub alg: String,
+    /// Base64 of the 96-bit nonce.
+    pub nonce: String,
+    /// Base64 of the ciphertext and its tag.
+    pub ciphertext: String,
+}
+
+fn secret_aad(context: &str, key_id: &str) -> Vec<u8> {
+    format!("dhukuti/secret/v1\0{context}\0{key_id}").into_bytes()
+}
+
+/// Seals `secret` for `context` with the current master key.
+pub fn seal_secret(
+    keys: &CredentialsKeys,
+    context: &str,
+    secret: &str,
+) -> Result<SealedSecret, CredentialsError> {
+    let key = keys.current();
+    let mut nonce = [0u8; NONCE_LEN];
+    rand::rngs::OsRng
+        .try_fill_bytes(&mut nonce)
+        .map_err(|e| CredentialsError::Crypto(format!("no randomness for a nonce: {e}")))?;
+    let aad = secret_aad(context, &key.id);
+    let ciphertext = key
+        .cipher()
+        .encrypt(
+            &Nonce::from(nonce),
+            Payload {
+                msg: secret.as_bytes(),
+                aad: &aad,
+            },
+        )
+        .map_err(|_| CredentialsError::Crypto("encryption failed".into()))?;
+    Ok(SealedSecret {
+        key_id: key.id.clone(),
+        alg: ALG.to_owned(),
+        nonce: STANDARD.encode(nonce),
+        ciphertext: STANDARD.encode(ciphertext),
+    })
+}
+
+/// Opens a [`SealedSecret`] as found for `context`.
+pub fn open_secret(
+    keys: &CredentialsKeys,
+    sealed: &SealedSecret,
+    context: &str,
+) -> Result<String, CredentialsError> {
+    let corrupt = |why: &str| CredentialsError::Corrupt(context.to_owned(), why.to_owned());
+    if sealed.alg != ALG {
+        return Err(corrupt("unknown algorithm"));
+    }
+    let key = keys
+        .by_id(&sealed.key_id)
+        .ok_or_else(|| CredentialsError::UnknownKey {
+            key_id: sealed.key_id.clone(),
+            what: context.to_owned(),
+        })?;
+    let nonce: [u8; NONCE_LEN] = STANDARD
+        .decode(&sealed.nonce)
+        .ok()
+        .and_then(|n| n.as_slice().try_into().ok())
+        .ok_or_else(|| corrupt("bad nonce"))?;
+    let ciphertext = STANDARD
+        .decode(&sealed.ciphertext)
+        .map_err(|_| corrupt("bad ciphertext encoding"))?;
+    let plaintext = key
+        .cipher()
+        .decrypt(
+            &Nonce::from(nonce),
+            Payload {
+                msg: &ciphertext,
+                aad: &secret_aad(context, &key.id),
+            },
+        )
+        .map_err(|_| CredentialsError::Decrypt(context.to_owned()))?;
+    String::from_utf8(plaintext).map_err(|_| corrupt("plaintext is not text"))
+}
+
 /// Stores (or replaces) the credentials of `project_id` for one mode and
 /// the provider they are for, sealed with the current master key. Fails
 /// with [`CredentialsError::ProjectNotFound`] when the project does not
@@ -721,6 +806,25 @@ mod tests {
 
     fn keys(id: &str) -> CredentialsKeys {
         CredentialsKeys::single(ok(CredentialsKey::generate(id), "generate"))
+    }
+
+    #[test]
+    fn sealed_secrets_open_only_in_their_context_and_with_their_key() {
+        let k1 = keys("k1");
+        let sealed = ok(seal_secret(&k1, "we_1", "whsec_abc"), "seal");
+        assert!(!sealed.ciphertext.contains("whsec_abc"));
+        assert_eq!(ok(open_secret(&k1, &sealed, "we_1"), "open"), "whsec_abc");
+        assert!(matches!(
+            open_secret(&k1, &sealed, "we_2"),
+            Err(CredentialsError::Decrypt(_))
+        ));
+        assert!(matches!(
+            open_secret(&keys("k2"), &sealed, "we_1"),
+            Err(CredentialsError::UnknownKey { .. })
+        ));
+        // Two seals of one secret differ (fresh nonce).
+        let again = ok(seal_secret(&k1, "we_1", "whsec_abc"), "seal");
+        assert_ne!(again.ciphertext, sealed.ciphertext);
     }
 
     async fn project(store: &dyn Store) -> String {

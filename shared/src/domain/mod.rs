@@ -11,6 +11,7 @@ pub mod outbox;
 pub mod payments;
 pub mod record;
 pub mod refunds;
+pub mod webhooks;
 
 use serde::{Deserialize, Serialize};
 

@@ -15,7 +15,7 @@ use serde_json::Value;
 use super::Mode;
 use super::record::{from_item, to_item};
 use crate::ids::{self, IdKind};
-use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp};
+use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, Update};
 use crate::time::Timestamp;
 
 /// How many `gsi2` partitions hold undelivered events.
@@ -86,6 +86,9 @@ pub struct Event {
     /// Whether delivery has taken it (then it leaves the outbox index).
     #[serde(default)]
     pub dispatched: bool,
+    /// For a test event: the one endpoint it is for (others never get it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_id: Option<String>,
 }
 
 impl Event {
@@ -105,6 +108,7 @@ impl Event {
             created_at: now,
             object,
             dispatched: false,
+            endpoint_id: None,
         }
     }
 
@@ -173,6 +177,30 @@ pub async fn recent(
         .into_iter()
         .map(from_item)
         .collect()
+}
+
+/// The event `id`.
+pub async fn get(store: &dyn Store, id: &str) -> Result<Option<Event>, StoreError> {
+    match store.get(&Event::key(id)).await? {
+        Some(item) => Ok(Some(from_item(item)?)),
+        None => Ok(None),
+    }
+}
+
+/// Takes event `id` out of the outbox (its deliveries exist).
+pub async fn mark_dispatched(store: &dyn Store, id: &str) -> Result<(), StoreError> {
+    let update = Update::new()
+        .set("dispatched", true)
+        .remove(Index::Gsi2.pk_attr())
+        .remove(Index::Gsi2.sk_attr());
+    match store
+        .update(&Event::key(id), update, Some(Cond::Exists))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_condition_failure() => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Undelivered events, oldest first, at most `limit` per shard.

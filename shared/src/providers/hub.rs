@@ -129,6 +129,16 @@ impl ProviderHub {
         }
     }
 
+    /// A hub with no clients but a master key: what needs only sealing
+    /// and opening secrets (webhook endpoints in tests and tools).
+    pub fn keys_only(keys: CredentialsKeys) -> Self {
+        ProviderHub {
+            clients: None,
+            keys: Some(keys),
+            sandbox: SandboxAccounts::default(),
+        }
+    }
+
     /// From the environment: endpoints (`ProviderConfig::from_env`), the
     /// master key (`DHUKUTI_CREDENTIALS_KEY`; without it only the sandbox
     /// accounts work) and the sandbox accounts.

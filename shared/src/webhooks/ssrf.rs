@@ -40,6 +40,16 @@ pub fn forbidden_kind(ip: IpAddr) -> Option<&'static str> {
                 return forbidden_v4(v4);
             }
             let s = v6.segments();
+            // IPv4-compatible (deprecated, `::a.b.c.d`): judged as the IPv4
+            // address it carries.
+            if s[..6] == [0, 0, 0, 0, 0, 0] && !v6.is_loopback() && !v6.is_unspecified() {
+                return forbidden_v4(Ipv4Addr::new(
+                    (s[6] >> 8) as u8,
+                    s[6] as u8,
+                    (s[7] >> 8) as u8,
+                    s[7] as u8,
+                ));
+            }
             if v6.is_loopback() {
                 Some("loopback")
             } else if v6.is_unspecified() {
@@ -51,9 +61,15 @@ pub fn forbidden_kind(ip: IpAddr) -> Option<&'static str> {
                 Some("private (unique local)")
             } else if (s[0] & 0xffc0) == 0xfe80 {
                 Some("link-local")
+            } else if (s[0] & 0xffc0) == 0xfec0 {
+                Some("site-local")
             } else if s[0] == 0x64 && s[1] == 0xff9b {
-                // NAT64 could reach any IPv4 address, private ones included.
+                // NAT64 (64:ff9b::/96 and the local-use 64:ff9b:1::/48)
+                // could reach any IPv4 address, private ones included.
                 Some("NAT64")
+            } else if s[0] == 0x2002 {
+                // 6to4 embeds an IPv4 address too.
+                Some("6to4")
             } else {
                 None
             }
@@ -73,6 +89,11 @@ fn forbidden_v4(ip: Ipv4Addr) -> Option<&'static str> {
         Some("link-local")
     } else if o[0] == 100 && (o[1] & 0xc0) == 64 {
         Some("carrier-grade NAT")
+    } else if o[0] == 192 && o[1] == 0 && o[2] == 0 {
+        // IETF protocol assignments; 192.0.0.192 is a cloud metadata address.
+        Some("reserved")
+    } else if o[0] == 198 && (o[1] & 0xfe) == 18 {
+        Some("benchmarking")
     } else if o[0] == 0 || ip.is_broadcast() {
         Some("unspecified")
     } else if ip.is_multicast() || o[0] >= 240 {
@@ -130,6 +151,12 @@ pub fn check_url(url: &str, policy: Policy) -> Result<Target, UrlError> {
                 return Err(UrlError::Forbidden(kind));
             }
         }
+    }
+    if parsed.as_str().len() > MAX_URL_LEN {
+        // Percent-encoding can make a short input long: judge what is kept.
+        return Err(UrlError::Invalid(format!(
+            "url must be at most {MAX_URL_LEN} characters once encoded"
+        )));
     }
     let port = parsed.port_or_known_default().unwrap_or(443);
     Ok(Target {
@@ -193,6 +220,14 @@ mod tests {
             ("::ffff:169.254.169.254", "cloud metadata"),
             ("fd00:ec2::254", "private (unique local)"),
             ("64:ff9b::a00:1", "NAT64"),
+            ("64:ff9b:1::a00:1", "NAT64"),
+            ("::127.0.0.1", "loopback"),
+            ("::10.0.0.1", "private"),
+            ("fec0::1", "site-local"),
+            ("2002:a00:1::1", "6to4"),
+            ("192.0.0.192", "reserved"),
+            ("198.18.0.1", "benchmarking"),
+            ("198.19.255.255", "benchmarking"),
         ] {
             assert_eq!(forbidden_kind(ip(a)), Some(kind), "{a}");
         }
@@ -289,5 +324,15 @@ mod tests {
         // IP literals resolve to themselves.
         let public = check_url("https://203.0.113.7/h", p).unwrap();
         assert_eq!(resolve(&public).await.unwrap()[0].ip(), ip("203.0.113.7"));
+    }
+
+    #[test]
+    fn the_length_limit_applies_to_the_encoded_url() {
+        let long = format!("https://a.example/{}", "é".repeat(1000));
+        assert!(long.len() <= MAX_URL_LEN);
+        assert!(matches!(
+            check_url(&long, Policy::default()),
+            Err(UrlError::Invalid(m)) if m.contains("encoded")
+        ));
     }
 }

@@ -1,0 +1,20 @@
+use aws_lambda_events::sqs::SqsEvent;
+use lambda_runtime::{LambdaEvent, service_fn};
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_runtime::Error> {
+    lambda_runtime::tracing::init_default_subscriber();
+    let state = shared::AppState::from_env().await?;
+    // One client per process: its connection pool outlives invocations.
+    let client = state.webhooks.client()?;
+    lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {
+        let state = state.clone();
+        let client = client.clone();
+        async move {
+            Ok::<_, lambda_runtime::Error>(
+                webhook_dispatcher::handle(&state, &client, event.payload).await,
+            )
+        }
+    }))
+    .await
+}

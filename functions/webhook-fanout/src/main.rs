@@ -1,0 +1,15 @@
+use aws_lambda_events::dynamodb::Event;
+use lambda_runtime::{LambdaEvent, service_fn};
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_runtime::Error> {
+    lambda_runtime::tracing::init_default_subscriber();
+    let state = shared::AppState::from_env().await?;
+    lambda_runtime::run(service_fn(|event: LambdaEvent<Event>| {
+        let state = state.clone();
+        async move {
+            Ok::<_, lambda_runtime::Error>(webhook_fanout::handle(&state, event.payload).await)
+        }
+    }))
+    .await
+}
