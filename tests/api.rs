@@ -3,7 +3,7 @@
 
 use dhukuti_tests::{
     Answer, TestApp, Which, fresh_backend, on_both_backends, send, spawn_app, spawn_app_on,
-    spawn_app_wrapped,
+    spawn_app_tweaked, spawn_app_wrapped,
 };
 use serde_json::Value;
 use shared::domain::account::{self, Pause, Scope, Suspension};
@@ -473,11 +473,16 @@ async fn a_payment_read_costs_three_store_calls(which: Which) {
     use std::sync::Arc;
 
     let mut counting: Option<Arc<CountingStore>> = None;
-    let app = spawn_app_wrapped(which, |inner| {
-        let c = Arc::new(CountingStore::new(inner));
-        counting = Some(c.clone());
-        c
-    })
+    // No webhook poller: its outbox reads would be counted too.
+    let app = spawn_app_tweaked(
+        which,
+        |inner| {
+            let c = Arc::new(CountingStore::new(inner));
+            counting = Some(c.clone());
+            c
+        },
+        |s| s.webhook_poll = None,
+    )
     .await;
     let (Some(app), Some(counting)) = (app, counting) else {
         return;

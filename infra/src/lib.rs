@@ -439,7 +439,8 @@ fn write_private(path: &std::path::Path, text: &str) -> Result<(), String> {
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
-async fn shutdown_signal() {
+/// Ctrl-C, or SIGTERM on unix.
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

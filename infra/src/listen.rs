@@ -117,19 +117,12 @@ pub fn check_sandbox_key(key: &str) -> Result<(), String> {
 
 /// `a,b` as event types (each known, no repeats).
 pub fn parse_event_types(names: &[String]) -> Result<Vec<EventType>, String> {
-    let mut out = Vec::new();
-    for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
-        let t = EventType::parse(name).ok_or_else(|| {
-            format!(
-                "{name:?} is not an event type; use one of {}",
-                EventType::ALL.map(|t| t.as_str()).join(", ")
-            )
-        })?;
-        if !out.contains(&t) {
-            out.push(t);
-        }
-    }
-    Ok(out)
+    let names: Vec<String> = names
+        .iter()
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect();
+    shared::domain::webhooks::parse_events(&names).map_err(|e| e.to_string())
 }
 
 // ---------------------------------------------------------------------- API
@@ -748,26 +741,9 @@ fn ready_lines(registered: &Registered, opts: &ListenOptions) -> Vec<String> {
     lines
 }
 
-/// Ctrl-C, or SIGTERM on unix.
+/// Ctrl-C, or SIGTERM on unix (the gateway's own shutdown signal).
 pub async fn interrupted() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
+    crate::shutdown_signal().await
 }
 
 #[cfg(test)]

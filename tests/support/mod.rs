@@ -133,6 +133,30 @@ pub async fn spawn_app_with_clock(
     Some(app)
 }
 
+/// [`spawn_app_wrapped`] with the gateway's settings changed by `tweak`
+/// first (e.g. no webhook poller for a test that counts store calls).
+pub async fn spawn_app_tweaked(
+    which: Which,
+    wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+    tweak: impl FnOnce(&mut Settings),
+) -> Option<TestApp> {
+    let tmp = match tempfile::tempdir() {
+        Ok(t) => t,
+        Err(e) => panic!("tempdir: {e}"),
+    };
+    let backend = fresh_backend(which, tmp.path())?;
+    let mut app = spawn_app_full(
+        backend,
+        tmp.path().to_path_buf(),
+        wrap,
+        Arc::new(SystemClock),
+        tweak,
+    )
+    .await;
+    app._tmp = Some(tmp);
+    Some(app)
+}
+
 /// [`spawn_app_on`] with the gateway reading the time from `clock`.
 pub async fn spawn_app_on_with_clock(
     backend: Backend,
@@ -140,7 +164,17 @@ pub async fn spawn_app_on_with_clock(
     wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
     clock: Arc<dyn Clock>,
 ) -> TestApp {
-    let settings = Settings {
+    spawn_app_full(backend, data_dir, wrap, clock, |_| {}).await
+}
+
+async fn spawn_app_full(
+    backend: Backend,
+    data_dir: PathBuf,
+    wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    tweak: impl FnOnce(&mut Settings),
+) -> TestApp {
+    let mut settings = Settings {
         addr: "127.0.0.1:0".parse().unwrap_or_else(|_| unreachable!()),
         data_dir: data_dir.clone(),
         backend: backend.clone(),
@@ -153,6 +187,7 @@ pub async fn spawn_app_on_with_clock(
         webhooks: test_webhook_settings(),
         webhook_poll: Some(std::time::Duration::from_millis(100)),
     };
+    tweak(&mut settings);
     let (store, queue, blobs) = match backend.open(true).await {
         Ok(b) => b,
         Err(e) => panic!("backend did not open: {e}"),

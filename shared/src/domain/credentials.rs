@@ -490,31 +490,83 @@ fn seal(
     let provider = creds.provider();
     let plaintext = serde_json::to_vec(&Plaintext::from(creds))
         .map_err(|e| CredentialsError::Crypto(format!("cannot encode credentials: {e}")))?;
+    let aad = associated_data(project_id, mode, provider, &key.id);
+    let sealed = seal_bytes(key, &plaintext, &aad)?;
+    Ok(StoredCredentials {
+        project_id: project_id.to_owned(),
+        mode,
+        provider,
+        key_id: sealed.key_id,
+        alg: sealed.alg,
+        nonce: sealed.nonce,
+        ciphertext: sealed.ciphertext,
+        updated_at: now,
+    })
+}
+
+/// AES-256-GCM of `plaintext` under `key` with a fresh random nonce.
+fn seal_bytes(
+    key: &CredentialsKey,
+    plaintext: &[u8],
+    aad: &[u8],
+) -> Result<SealedSecret, CredentialsError> {
     let mut nonce = [0u8; NONCE_LEN];
     rand::rngs::OsRng
         .try_fill_bytes(&mut nonce)
         .map_err(|e| CredentialsError::Crypto(format!("no randomness for a nonce: {e}")))?;
-    let aad = associated_data(project_id, mode, provider, &key.id);
     let ciphertext = key
         .cipher()
         .encrypt(
             &Nonce::from(nonce),
             Payload {
-                msg: &plaintext,
-                aad: &aad,
+                msg: plaintext,
+                aad,
             },
         )
         .map_err(|_| CredentialsError::Crypto("encryption failed".into()))?;
-    Ok(StoredCredentials {
-        project_id: project_id.to_owned(),
-        mode,
-        provider,
+    Ok(SealedSecret {
         key_id: key.id.clone(),
         alg: ALG.to_owned(),
         nonce: STANDARD.encode(nonce),
         ciphertext: STANDARD.encode(ciphertext),
-        updated_at: now,
     })
+}
+
+/// Opens what [`seal_bytes`] sealed, found as `what`; `aad_for` gives the
+/// associated data for the sealing key's id.
+fn open_bytes(
+    keys: &CredentialsKeys,
+    sealed: &SealedSecret,
+    what: &str,
+    aad_for: impl Fn(&str) -> Vec<u8>,
+) -> Result<Vec<u8>, CredentialsError> {
+    let corrupt = |why: &str| CredentialsError::Corrupt(what.to_owned(), why.to_owned());
+    if sealed.alg != ALG {
+        return Err(corrupt("unknown algorithm"));
+    }
+    let key = keys
+        .by_id(&sealed.key_id)
+        .ok_or_else(|| CredentialsError::UnknownKey {
+            key_id: sealed.key_id.clone(),
+            what: what.to_owned(),
+        })?;
+    let nonce: [u8; NONCE_LEN] = STANDARD
+        .decode(&sealed.nonce)
+        .ok()
+        .and_then(|n| n.as_slice().try_into().ok())
+        .ok_or_else(|| corrupt("bad nonce"))?;
+    let ciphertext = STANDARD
+        .decode(&sealed.ciphertext)
+        .map_err(|_| corrupt("bad ciphertext encoding"))?;
+    key.cipher()
+        .decrypt(
+            &Nonce::from(nonce),
+            Payload {
+                msg: &ciphertext,
+                aad: &aad_for(&key.id),
+            },
+        )
+        .map_err(|_| CredentialsError::Decrypt(what.to_owned()))
 }
 
 /// Decrypts a stored record as found at `(project_id, mode, provider)`:
@@ -528,34 +580,15 @@ fn open(
 ) -> Result<ProviderCredentials, CredentialsError> {
     let what = describe(project_id, mode, provider);
     let corrupt = |why: &str| CredentialsError::Corrupt(what.clone(), why.to_owned());
-    if stored.alg != ALG {
-        return Err(corrupt("unknown algorithm"));
-    }
-    let key = keys
-        .by_id(&stored.key_id)
-        .ok_or_else(|| CredentialsError::UnknownKey {
-            key_id: stored.key_id.clone(),
-            what: what.clone(),
-        })?;
-    let nonce: [u8; NONCE_LEN] = STANDARD
-        .decode(&stored.nonce)
-        .ok()
-        .and_then(|n| n.as_slice().try_into().ok())
-        .ok_or_else(|| corrupt("bad nonce"))?;
-    let ciphertext = STANDARD
-        .decode(&stored.ciphertext)
-        .map_err(|_| corrupt("bad ciphertext encoding"))?;
-    let aad = associated_data(project_id, mode, provider, &key.id);
-    let plaintext = key
-        .cipher()
-        .decrypt(
-            &Nonce::from(nonce),
-            Payload {
-                msg: &ciphertext,
-                aad: &aad,
-            },
-        )
-        .map_err(|_| CredentialsError::Decrypt(what.clone()))?;
+    let sealed = SealedSecret {
+        key_id: stored.key_id.clone(),
+        alg: stored.alg.clone(),
+        nonce: stored.nonce.clone(),
+        ciphertext: stored.ciphertext.clone(),
+    };
+    let plaintext = open_bytes(keys, &sealed, &what, |key_id| {
+        associated_data(project_id, mode, provider, key_id)
+    })?;
     let creds: ProviderCredentials = serde_json::from_slice::<Plaintext>(&plaintext)
         .map_err(|_| corrupt("plaintext does not parse"))?
         .into();
@@ -590,27 +623,7 @@ pub fn seal_secret(
     secret: &str,
 ) -> Result<SealedSecret, CredentialsError> {
     let key = keys.current();
-    let mut nonce = [0u8; NONCE_LEN];
-    rand::rngs::OsRng
-        .try_fill_bytes(&mut nonce)
-        .map_err(|e| CredentialsError::Crypto(format!("no randomness for a nonce: {e}")))?;
-    let aad = secret_aad(context, &key.id);
-    let ciphertext = key
-        .cipher()
-        .encrypt(
-            &Nonce::from(nonce),
-            Payload {
-                msg: secret.as_bytes(),
-                aad: &aad,
-            },
-        )
-        .map_err(|_| CredentialsError::Crypto("encryption failed".into()))?;
-    Ok(SealedSecret {
-        key_id: key.id.clone(),
-        alg: ALG.to_owned(),
-        nonce: STANDARD.encode(nonce),
-        ciphertext: STANDARD.encode(ciphertext),
-    })
+    seal_bytes(key, secret.as_bytes(), &secret_aad(context, &key.id))
 }
 
 /// Opens a [`SealedSecret`] as found for `context`.
@@ -619,35 +632,10 @@ pub fn open_secret(
     sealed: &SealedSecret,
     context: &str,
 ) -> Result<String, CredentialsError> {
-    let corrupt = |why: &str| CredentialsError::Corrupt(context.to_owned(), why.to_owned());
-    if sealed.alg != ALG {
-        return Err(corrupt("unknown algorithm"));
-    }
-    let key = keys
-        .by_id(&sealed.key_id)
-        .ok_or_else(|| CredentialsError::UnknownKey {
-            key_id: sealed.key_id.clone(),
-            what: context.to_owned(),
-        })?;
-    let nonce: [u8; NONCE_LEN] = STANDARD
-        .decode(&sealed.nonce)
-        .ok()
-        .and_then(|n| n.as_slice().try_into().ok())
-        .ok_or_else(|| corrupt("bad nonce"))?;
-    let ciphertext = STANDARD
-        .decode(&sealed.ciphertext)
-        .map_err(|_| corrupt("bad ciphertext encoding"))?;
-    let plaintext = key
-        .cipher()
-        .decrypt(
-            &Nonce::from(nonce),
-            Payload {
-                msg: &ciphertext,
-                aad: &secret_aad(context, &key.id),
-            },
-        )
-        .map_err(|_| CredentialsError::Decrypt(context.to_owned()))?;
-    String::from_utf8(plaintext).map_err(|_| corrupt("plaintext is not text"))
+    let plaintext = open_bytes(keys, sealed, context, |key_id| secret_aad(context, key_id))?;
+    String::from_utf8(plaintext).map_err(|_| {
+        CredentialsError::Corrupt(context.to_owned(), "plaintext is not text".to_owned())
+    })
 }
 
 /// Stores (or replaces) the credentials of `project_id` for one mode and
