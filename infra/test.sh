@@ -59,15 +59,20 @@ apt_install() {
 need=()
 [ -n "${DHUKUTI_CHROMIUM:-}" ] || command -v chromium >/dev/null 2>&1 || need+=(chromium)
 [ -n "${DHUKUTI_CHROMEDRIVER:-}" ] || command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+# The invoice PDF tests (shared/src/pdf.rs) read the PDFs back with poppler's
+# pdftotext/pdfinfo/pdftoppm; they fail, never skip, without them.
+[ -n "${DHUKUTI_PDFTOTEXT:-}" ] || command -v pdftotext >/dev/null 2>&1 || need+=(poppler-utils)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "== installing ${need[*]} (apt)"
   apt_install "${need[@]}"
 fi
 export DHUKUTI_CHROMIUM="${DHUKUTI_CHROMIUM:-$(command -v chromium)}"
 export DHUKUTI_CHROMEDRIVER="${DHUKUTI_CHROMEDRIVER:-$(command -v chromedriver)}"
+export DHUKUTI_PDFTOTEXT="${DHUKUTI_PDFTOTEXT:-$(command -v pdftotext)}"
 for b in "$DHUKUTI_CHROMIUM" "$DHUKUTI_CHROMEDRIVER"; do
   [ -x "$b" ] || { echo "browser test: '$b' is not an executable"; exit 1; }
 done
+[ -x "$DHUKUTI_PDFTOTEXT" ] || { echo "pdf tests: '$DHUKUTI_PDFTOTEXT' is not an executable"; exit 1; }
 echo "== browser: $("$DHUKUTI_CHROMIUM" --version 2>/dev/null) with $("$DHUKUTI_CHROMEDRIVER" --version | cut -d' ' -f1-2)"
 
 status=0

@@ -25,6 +25,7 @@ struct Fixture {
     project_id: String,
     payment_id: String,
     session_id: Option<String>,
+    invoice_id: Option<String>,
 }
 
 async fn fixture(which: Which) -> Option<Fixture> {
@@ -101,6 +102,7 @@ async fn fixture(which: Which) -> Option<Fixture> {
         project_id: p.id.clone(),
         payment_id: ids.remove(0),
         session_id: None,
+        invoice_id: None,
     })
 }
 
@@ -115,6 +117,10 @@ async fn invoke(router: axum::Router, event_file: &str, f: &Fixture) -> Value {
         .replace(
             "__SESSION_ID__",
             f.session_id.as_deref().unwrap_or("cs_none"),
+        )
+        .replace(
+            "__INVOICE_ID__",
+            f.invoice_id.as_deref().unwrap_or("oinv_none"),
         );
     let request: LambdaRequest =
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -133,6 +139,47 @@ fn body_of(res: &Value) -> Value {
     let body = res["body"].as_str().unwrap_or("null");
     assert_eq!(res["isBase64Encoded"], false);
     serde_json::from_str(body).unwrap_or(Value::Null)
+}
+
+/// The invoice PDF leaves the function base64-encoded (binary through API
+/// Gateway), and decodes to a PDF.
+async fn invoices_function_answers_the_pdf_as_binary(which: Which) {
+    use base64::Engine;
+    use shared::domain::invoices;
+    let Some(mut f) = fixture(which).await else {
+        return;
+    };
+    let body: invoices::CreateInvoice = match serde_json::from_value(serde_json::json!({
+        "lines": [{"description": "Tea", "quantity": "2", "unitAmount": 50_000}],
+        "dueAt": "2026-12-31T18:15:00+05:45",
+    })) {
+        Ok(b) => b,
+        Err(e) => panic!("{e}"),
+    };
+    let draft = match invoices::new_draft(&f.project_id, Mode::Live, body, SystemClock.now()) {
+        Ok(d) => d,
+        Err(e) => panic!("{e}"),
+    };
+    let item = shared::domain::record::to_item(&draft, &invoices::Invoice::key(&draft.id), &[])
+        .unwrap_or_else(|e| panic!("{e}"));
+    f.state
+        .store
+        .put(item, None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let issued = invoices::finalize(&f.state, &f.project_id, Mode::Live, &draft.id, 1, None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(issued.invoice_number.as_deref(), Some("PI-000001"));
+    f.invoice_id = Some(draft.id.clone());
+    let res = invoke(::invoices::router(f.state.clone()), "invoice-pdf.json", &f).await;
+    assert_eq!(res["statusCode"], 200, "{res}");
+    assert_eq!(res["headers"]["content-type"], "application/pdf");
+    assert_eq!(res["isBase64Encoded"], true);
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(res["body"].as_str().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(bytes.starts_with(b"%PDF-"), "not a PDF");
 }
 
 async fn account_function_answers_an_http_api_event(which: Which) {
@@ -676,6 +723,7 @@ async fn webhook_dispatcher_retries_then_gives_up(which: Which) {
 }
 
 on_both_backends!(
+    invoices_function_answers_the_pdf_as_binary,
     webhook_fanout_and_dispatcher_deliver_an_outbox_event,
     webhook_dispatcher_retries_then_gives_up,
     hosted_function_serves_the_checkout_page_on_the_api_domain,

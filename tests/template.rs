@@ -611,6 +611,219 @@ fn the_payment_links_function_serves_the_payment_link_routes() {
     }
 }
 
+/// The one-time invoices API is the invoices function's, on the HTTP API,
+/// with what its writes need on the table: the idempotency claim
+/// (Put/Update/Delete), the draft insert and its fence (conditional Put),
+/// patch and adjustment (Put on the version), discard (Delete), the
+/// finalize transaction (invoice and counter Updates), the correction
+/// transaction (two Puts and an Update or a ConditionCheck of the open
+/// checkout session) and the checkout transaction (session Put, invoice
+/// Update); the list and its total on gsi1. It reads and writes the PDFs
+/// in the documents bucket, under `invoices/` only. It calls no provider.
+#[test]
+fn the_invoices_function_serves_the_invoice_routes() {
+    let t = template();
+    let invoices = function(&t, "InvoicesFunction", "invoices");
+    let mut routes: Vec<(String, String)> = http_routes(invoices)
+        .into_iter()
+        .map(|(method, path, event)| {
+            assert!(
+                is_ref_to(&event["Properties"]["ApiId"], "HttpApi"),
+                "{method} {path} is not on HttpApi"
+            );
+            (method, path)
+        })
+        .collect();
+    routes.sort();
+    let mut expected: Vec<(String, String)> = [
+        ("POST", "/v1/invoices"),
+        ("GET", "/v1/invoices"),
+        ("GET", "/v1/invoices/{id}"),
+        ("PATCH", "/v1/invoices/{id}"),
+        ("POST", "/v1/invoices/{id}/finalize"),
+        ("POST", "/v1/invoices/{id}/discard"),
+        ("POST", "/v1/invoices/{id}/correct"),
+        ("POST", "/v1/invoices/{id}/adjustments"),
+        ("POST", "/v1/invoices/{id}/checkout"),
+        ("GET", "/v1/invoices/{id}/pdf"),
+    ]
+    .iter()
+    .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
+    .collect();
+    expected.sort();
+    assert_eq!(routes, expected);
+    assert_eq!(
+        table_actions(invoices),
+        [
+            "dynamodb:ConditionCheckItem",
+            "dynamodb:DeleteItem",
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:UpdateItem",
+        ]
+    );
+    assert!(
+        queries_every_index(invoices),
+        "InvoicesFunction: Query on the indexes (the list and its COUNT on gsi1)"
+    );
+    assert_eq!(
+        s3_grants(invoices),
+        [
+            (
+                "s3:GetObject".to_owned(),
+                "${DocumentsBucket.Arn}/invoices/*".to_owned()
+            ),
+            ("s3:ListBucket".to_owned(), "DocumentsBucket.Arn".to_owned()),
+            (
+                "s3:PutObject".to_owned(),
+                "${DocumentsBucket.Arn}/invoices/*".to_owned()
+            ),
+        ]
+    );
+    // Listing (for NoSuchKey instead of AccessDenied) only under invoices/.
+    let list_conditions: Vec<Value> = statements(invoices)
+        .into_iter()
+        .filter(|st| actions_of(st).iter().any(|a| a == "s3:ListBucket"))
+        .map(|st| st["Condition"]["StringLike"]["s3:prefix"].clone())
+        .collect();
+    assert_eq!(
+        list_conditions,
+        [Value::String("invoices/*".into())],
+        "s3:ListBucket must be limited to the invoices/ prefix"
+    );
+    // The bucket reaches the function as DHUKUTI_BUCKET (from Globals).
+    let bucket_env = {
+        let own = &invoices["Properties"]["Environment"]["Variables"]["DHUKUTI_BUCKET"];
+        if own.is_null() {
+            &t["Globals"]["Function"]["Environment"]["Variables"]["DHUKUTI_BUCKET"]
+        } else {
+            own
+        }
+    };
+    assert!(
+        is_ref_to(bucket_env, "DocumentsBucket"),
+        "DHUKUTI_BUCKET is {bucket_env:?}"
+    );
+    // A PDF is rendered in the request: more memory than the default, and
+    // within API Gateway's 30 s.
+    let memory = invoices["Properties"]["MemorySize"]
+        .as_u64()
+        .or_else(|| t["Globals"]["Function"]["MemorySize"].as_u64());
+    assert!(matches!(memory, Some(512..=2048)), "MemorySize {memory:?}");
+    let timeout = invoices["Properties"]["Timeout"]
+        .as_u64()
+        .or_else(|| t["Globals"]["Function"]["Timeout"].as_u64());
+    assert!(matches!(timeout, Some(1..=30)), "Timeout {timeout:?}");
+    // It calls no provider and sends no message.
+    let vars = &invoices["Properties"]["Environment"]["Variables"];
+    for env in [
+        shared::domain::credentials::KEY_ENV,
+        "DHUKUTI_SANDBOX_KHALTI_SECRET_KEY",
+    ] {
+        assert!(vars[env].is_null(), "InvoicesFunction gets {env}");
+    }
+    assert!(queue_actions(invoices, "WebhookQueue").is_empty());
+}
+
+/// A payment for an invoice's checkout is allocated to the invoice (a Put
+/// conditioned on its version, and `invoice.paid` to the outbox) in the
+/// transaction that settles it: wherever payments settle (the hosted
+/// returns and status polls, the scheduler's reconciler) the invoice can
+/// be read and written.
+#[test]
+fn the_functions_that_settle_payments_may_write_the_invoice() {
+    let t = template();
+    for (name, binary) in [
+        ("HostedFunction", "hosted"),
+        ("SchedulerFunction", "scheduler"),
+    ] {
+        let actions = table_actions(function(&t, name, binary));
+        for needed in ["dynamodb:GetItem", "dynamodb:PutItem"] {
+            assert!(
+                actions.iter().any(|a| a == needed),
+                "{name} lacks {needed}: {actions:?}"
+            );
+        }
+    }
+}
+
+/// Only the invoices function may touch the documents bucket, and no
+/// function gets S3 rights anywhere else.
+#[test]
+fn only_the_invoices_function_touches_the_documents_bucket() {
+    let t = template();
+    let mut holders = Vec::new();
+    for (name, f) in functions(&t) {
+        let grants = s3_grants(&f);
+        for (action, resource) in &grants {
+            assert!(
+                resource == "DocumentsBucket.Arn"
+                    || resource.starts_with("${DocumentsBucket.Arn}/invoices/"),
+                "{name}: {action} on {resource}"
+            );
+            assert!(
+                !action.contains('*') && !action.contains("Delete"),
+                "{name}: {action}"
+            );
+        }
+        if !grants.is_empty() {
+            holders.push(name);
+        }
+    }
+    assert_eq!(holders, ["InvoicesFunction"]);
+}
+
+/// Every policy statement of a function.
+fn statements(f: &Value) -> Vec<Value> {
+    f["Properties"]["Policies"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["Statement"].as_sequence().cloned().unwrap_or_default())
+        .collect()
+}
+
+/// The actions of a statement (one or a list).
+fn actions_of(st: &Value) -> Vec<String> {
+    match &st["Action"] {
+        Value::String(a) => vec![a.clone()],
+        Value::Sequence(s) => s
+            .iter()
+            .filter_map(|a| a.as_str())
+            .map(str::to_owned)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The S3 grants of a function as (action, resource), sorted; the resource
+/// as `Resource.Attribute` for `!GetAtt`, the text of a `!Sub`, else as
+/// written.
+fn s3_grants(f: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for st in statements(f) {
+        let resources: Vec<Value> = match &st["Resource"] {
+            Value::Sequence(s) => s.clone(),
+            one => vec![one.clone()],
+        };
+        for action in actions_of(&st).into_iter().filter(|a| a.starts_with("s3:")) {
+            for r in &resources {
+                let resource = match (get_att(r), intrinsic(r)) {
+                    (Some((res, attr)), _) => format!("{res}.{attr}"),
+                    (None, Some((f, arg))) if f == "Sub" => {
+                        arg.as_str().unwrap_or_default().to_owned()
+                    }
+                    _ => format!("{r:?}"),
+                };
+                out.push((action.clone(), resource));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// A session ending (expired by the API or lazily on read, or its payment
 /// failed on the hosted pages) gives its payment link's held use back in
 /// the same transaction (an Update of the session and one of the link);

@@ -65,6 +65,20 @@ pub async fn bootstrap(state: &AppState, keys_file: &Path) -> Result<DemoAccount
             let project = account::create_project(store, now, &merchant, "Demo shop", true)
                 .await
                 .map_err(err)?;
+            // Invoices show who bills (the operator sets this in production).
+            account::set_seller(
+                store,
+                &project.id,
+                Some(&account::Seller {
+                    name: Some("Himalayan Java".into()),
+                    legal_name: Some("Himalayan Java Coffee Pvt. Ltd.".into()),
+                    email: Some("billing@himalayan-java.example".into()),
+                    logo_url: None,
+                    brand_color: Some("#7c2d12".into()),
+                }),
+            )
+            .await
+            .map_err(err)?;
             let demo = DemoAccount {
                 merchant_id: merchant.id,
                 project_id: project.id,

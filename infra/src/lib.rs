@@ -50,6 +50,7 @@ pub fn app_with_simulators(state: AppState, sim: simulators::SimState) -> Router
             .merge(refunds::router(state.clone()))
             .merge(payment_links::router(state.clone()))
             .merge(webhooks_api::router(state.clone()))
+            .merge(invoices::router(state.clone()))
             .merge(hosted::router(state))
             .nest("/sim", simulator_routes(sim)),
     )

@@ -13,6 +13,7 @@ pub mod domain;
 pub mod http;
 pub mod ids;
 pub mod money;
+pub mod pdf;
 pub mod providers;
 pub mod queue;
 pub mod store;

@@ -18,7 +18,7 @@ use shared::domain::checkout::{
     ProviderAvailability, SessionStatus,
 };
 use shared::http::idempotency::{self, Fence};
-use shared::http::{ApiError, Auth, ErrorType, JsonBody, Page, Pagination, QueryParams, with_edge};
+use shared::http::{ApiError, Auth, JsonBody, Page, Pagination, QueryParams, with_edge};
 use shared::time::Timestamp;
 
 /// The function's routes, behind the idempotency layer, in the shared edge.
@@ -66,35 +66,7 @@ struct ProviderList {
 
 /// The one place checkout refusals become answers.
 fn api_error(err: CheckoutError) -> ApiError {
-    match err {
-        CheckoutError::Invalid { field, message } => ApiError::validation(field, message),
-        CheckoutError::FonepaySandboxCap(message) => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            ErrorType::InvalidRequestError,
-            "fonepay_sandbox_cap",
-            message,
-        )
-        .with_param("amount"),
-        CheckoutError::ProviderUnavailable(p) => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            ErrorType::InvalidRequestError,
-            "provider_unavailable",
-            format!(
-                "{} is not enabled for this project in this mode; see GET /v1/providers",
-                p.as_str()
-            ),
-        )
-        .with_param("provider"),
-        CheckoutError::SpendCapExceeded { cap } => ApiError::new(
-            StatusCode::FORBIDDEN,
-            ErrorType::PermissionError,
-            "spend_cap_exceeded",
-            format!(
-                "This checkout would take the key's volume this month above its spend cap of {cap} paisa"
-            ),
-        ),
-        CheckoutError::Store(e) => e.into(),
-    }
+    checkout::api_error(err)
 }
 
 async fn create_checkout(

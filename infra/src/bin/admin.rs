@@ -4,6 +4,9 @@
 //!         --email owner@himal.example --plan growth
 //!     dhukuti-admin project create --merchant mer_… --name "Main shop"
 //!     dhukuti-admin key issue --project proj_… --mode live --scopes all --kind secret
+//!     dhukuti-admin project seller --project proj_… --name "Himal Traders" \
+//!         --email billing@himal.example --logo-url https://himal.example/logo.png \
+//!         --brand-color '#0f766e'
 //!     DHUKUTI_CREDENTIALS_KEY=… dhukuti-admin credentials set --project proj_… \
 //!         --mode live --provider khalti --secret-key-stdin < khalti.txt
 //!     dhukuti-admin listen [--events payment.succeeded] [--forward-to URL]
@@ -28,7 +31,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use shared::app::Backend;
 use shared::domain::account::{
-    self, ApiKey, KeyKind, Merchant, NewKey, Pause, Plan, Project, Scope, Suspension,
+    self, ApiKey, KeyKind, Merchant, NewKey, Pause, Plan, Project, Scope, Seller, Suspension,
 };
 use shared::domain::credentials::{
     self, ConfiguredProvider, CredentialsError, CredentialsKey, CredentialsKeys,
@@ -178,6 +181,38 @@ enum ProjectCmd {
         #[arg(long, value_name = "true|false")]
         live_invoicing: Option<bool>,
     },
+    /// Set the seller profile copied onto the project's invoices when they
+    /// are finalized (issued invoices keep the seller they were issued with).
+    Seller(SellerArgs),
+}
+
+/// The seller profile: the flags given replace those fields (an empty
+/// value clears one), the others stay; `--clear` removes the profile.
+#[derive(Args, Debug)]
+struct SellerArgs {
+    #[arg(long = "project", value_name = "PROJECT_ID")]
+    project_id: String,
+    /// The seller's trading name.
+    #[arg(long)]
+    name: Option<String>,
+    /// The registered (legal) name.
+    #[arg(long)]
+    legal_name: Option<String>,
+    /// The billing email shown on invoices.
+    #[arg(long)]
+    email: Option<String>,
+    /// The logo, an https URL.
+    #[arg(long, value_name = "https://…")]
+    logo_url: Option<String>,
+    /// The brand colour, #RGB or #RRGGBB.
+    #[arg(long, value_name = "#RRGGBB")]
+    brand_color: Option<String>,
+    /// Remove the whole profile: invoices finalized from now on carry no seller.
+    #[arg(
+        long,
+        conflicts_with_all = ["name", "legal_name", "email", "logo_url", "brand_color"]
+    )]
+    clear: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -505,6 +540,113 @@ fn non_empty(value: &str, flag: &str) -> Result<String, Failure> {
     }
 }
 
+// ------------------------------------------------------------------ seller
+
+/// Longest seller name or legal name (as an invoice's other text fields).
+const MAX_SELLER_TEXT: usize = shared::domain::invoices::MAX_TEXT_LEN;
+const MAX_LOGO_URL: usize = 2048;
+
+/// A seller text field: trimmed, `""` clears it.
+fn seller_text(value: &str, flag: &str) -> Result<Option<String>, Failure> {
+    let v = value.trim();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    if v.chars().any(char::is_control) {
+        return Err(Failure::Usage(format!(
+            "{flag} cannot contain control characters"
+        )));
+    }
+    if v.chars().count() > MAX_SELLER_TEXT {
+        return Err(Failure::Usage(format!(
+            "{flag} must be at most {MAX_SELLER_TEXT} characters"
+        )));
+    }
+    Ok(Some(v.to_owned()))
+}
+
+fn seller_email(value: &str) -> Result<Option<String>, Failure> {
+    let v = value.trim();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    if !account::is_plausible_email(v) {
+        return Err(Failure::Usage(format!(
+            "--email {v:?} is not an email address"
+        )));
+    }
+    Ok(Some(v.to_owned()))
+}
+
+/// An absolute `https` URL with a host and no user name or password.
+fn logo_url(value: &str) -> Result<Option<String>, Failure> {
+    let v = value.trim();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    let bad = |why: &str| Failure::Usage(format!("--logo-url {v:?} {why}"));
+    if v.len() > MAX_LOGO_URL {
+        return Err(bad(&format!("is longer than {MAX_LOGO_URL} characters")));
+    }
+    if v.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(bad("contains spaces or control characters"));
+    }
+    let url = reqwest::Url::parse(v).map_err(|e| bad(&format!("is not a URL ({e})")))?;
+    if url.scheme() != "https" {
+        return Err(bad("must be an https URL"));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(bad("has no host"));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(bad("must not carry a user name or password"));
+    }
+    Ok(Some(v.to_owned()))
+}
+
+/// `#RGB` or `#RRGGBB`, kept in lower case.
+fn brand_color(value: &str) -> Result<Option<String>, Failure> {
+    let v = value.trim();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    let ok = v.strip_prefix('#').is_some_and(|hex| {
+        matches!(hex.len(), 3 | 6) && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    });
+    if !ok {
+        return Err(Failure::Usage(format!(
+            "--brand-color {v:?} must be #RGB or #RRGGBB (hex digits), e.g. '#0f766e'"
+        )));
+    }
+    Ok(Some(v.to_ascii_lowercase()))
+}
+
+/// The seller profile after the edits of `args` on `current`: each flag
+/// given replaces its field (an empty value clears it), the others stay.
+/// `None` when nothing is left (or `--clear`).
+fn edited_seller(current: Option<&Seller>, args: &SellerArgs) -> Result<Option<Seller>, Failure> {
+    if args.clear {
+        return Ok(None);
+    }
+    let mut seller = current.cloned().unwrap_or_default();
+    if let Some(v) = &args.name {
+        seller.name = seller_text(v, "--name")?;
+    }
+    if let Some(v) = &args.legal_name {
+        seller.legal_name = seller_text(v, "--legal-name")?;
+    }
+    if let Some(v) = &args.email {
+        seller.email = seller_email(v)?;
+    }
+    if let Some(v) = &args.logo_url {
+        seller.logo_url = logo_url(v)?;
+    }
+    if let Some(v) = &args.brand_color {
+        seller.brand_color = brand_color(v)?;
+    }
+    Ok((seller != Seller::default()).then_some(seller))
+}
+
 // -------------------------------------------------------------------- store
 
 /// The one place the backend is chosen: `DHUKUTI_BACKEND` (`embedded`, the
@@ -626,13 +768,27 @@ fn plan_str(p: Plan) -> &'static str {
 }
 
 fn project_lines(p: &Project) -> Vec<String> {
-    vec![
+    let mut lines = vec![
         format!("project         {}", p.id),
         format!("merchant        {}", p.merchant_id),
         format!("name            {}", p.name),
         format!("live invoicing  {}", p.live_invoicing),
         format!("created         {}", p.created_at),
-    ]
+    ];
+    match &p.seller {
+        None => lines.push("seller          -".into()),
+        Some(s) => {
+            let field = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+            lines.extend([
+                format!("seller name     {}", field(&s.name)),
+                format!("legal name      {}", field(&s.legal_name)),
+                format!("seller email    {}", field(&s.email)),
+                format!("logo URL        {}", field(&s.logo_url)),
+                format!("brand colour    {}", field(&s.brand_color)),
+            ]);
+        }
+    }
+    lines
 }
 
 /// A key as the CLI shows it: everything but the hash (and never a secret).
@@ -917,6 +1073,39 @@ async fn project_cmd(cmd: ProjectCmd, now: Timestamp) -> Result<Output, Failure>
                 .await
                 .map_err(failed("cannot change the project"))?;
             Ok(Output::new(to_json(&p), project_lines(&p)))
+        }
+        ProjectCmd::Seller(args) => {
+            check_id(&args.project_id, IdKind::Project, "project")?;
+            let nothing = !args.clear
+                && args.name.is_none()
+                && args.legal_name.is_none()
+                && args.email.is_none()
+                && args.logo_url.is_none()
+                && args.brand_color.is_none();
+            if nothing {
+                return Err(Failure::Usage(
+                    "nothing to change: give --name, --legal-name, --email, --logo-url, \
+                     --brand-color or --clear"
+                        .into(),
+                ));
+            }
+            // Every value is checked before the store is opened.
+            edited_seller(None, &args)?;
+            let store = store().await?;
+            let current = project(&*store, &args.project_id).await?;
+            let seller = edited_seller(current.seller.as_ref(), &args)?;
+            let p = account::set_seller(&*store, &args.project_id, seller.as_ref())
+                .await
+                .map_err(failed("cannot change the seller profile"))?;
+            let note = match &p.seller {
+                Some(_) => {
+                    "Invoices finalized from now on carry this seller; issued ones keep theirs."
+                }
+                None => {
+                    "The project has no seller profile: invoices finalized from now on carry none."
+                }
+            };
+            Ok(Output::new(to_json(&p), project_lines(&p)).note(note))
         }
     }
 }
@@ -1416,6 +1605,131 @@ mod tests {
             e.contains("payments:delete") && e.contains("account:read"),
             "{e}"
         );
+    }
+
+    fn seller_args(args: &[&str]) -> Result<SellerArgs, clap::Error> {
+        let mut argv = vec!["dhukuti-admin", "project", "seller"];
+        argv.extend_from_slice(args);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Project(ProjectCmd::Seller(a)) => Ok(a),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn usage(r: Result<Option<Seller>, Failure>) -> String {
+        match r {
+            Err(Failure::Usage(m)) => m,
+            other => panic!("expected a usage error, got {other:?}"),
+        }
+    }
+
+    const PROJECT: &str = "proj_01jd0000000000000000000000";
+
+    #[test]
+    fn seller_flags_parse_validate_and_merge() {
+        let a = seller_args(&[
+            "--project",
+            PROJECT,
+            "--name",
+            " Himal Traders ",
+            "--legal-name",
+            "Himal Traders Pvt. Ltd.",
+            "--email",
+            "billing@himal.example",
+            "--logo-url",
+            "https://himal.example/logo.png",
+            "--brand-color",
+            "#0F766E",
+        ])
+        .unwrap();
+        assert_eq!(a.project_id, PROJECT);
+        let full = edited_seller(None, &a).unwrap().unwrap();
+        assert_eq!(
+            full,
+            Seller {
+                name: Some("Himal Traders".into()),
+                legal_name: Some("Himal Traders Pvt. Ltd.".into()),
+                email: Some("billing@himal.example".into()),
+                logo_url: Some("https://himal.example/logo.png".into()),
+                brand_color: Some("#0f766e".into()),
+            }
+        );
+        // Only the flags given change; "" clears one field.
+        let a = seller_args(&[
+            "--project",
+            PROJECT,
+            "--brand-color",
+            "#abc",
+            "--logo-url",
+            "",
+        ])
+        .unwrap();
+        let edited = edited_seller(Some(&full), &a).unwrap().unwrap();
+        assert_eq!(edited.brand_color.as_deref(), Some("#abc"));
+        assert_eq!(edited.logo_url, None);
+        assert_eq!(edited.name, full.name);
+        assert_eq!(edited.email, full.email);
+        // Nothing left is no profile.
+        let only_name = Seller {
+            name: Some("A".into()),
+            ..Seller::default()
+        };
+        let a = seller_args(&["--project", PROJECT, "--name", ""]).unwrap();
+        assert_eq!(edited_seller(Some(&only_name), &a).unwrap(), None);
+        // --clear removes it, and takes no other field.
+        let a = seller_args(&["--project", PROJECT, "--clear"]).unwrap();
+        assert_eq!(edited_seller(Some(&full), &a).unwrap(), None);
+        let e = seller_args(&["--project", PROJECT, "--clear", "--name", "A"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn bad_seller_values_are_usage_errors() {
+        let check = |flag: &str, value: &str| {
+            let a = seller_args(&["--project", PROJECT, flag, value]).unwrap();
+            usage(edited_seller(None, &a))
+        };
+        for bad in ["not-an-email", "a@b", "a @b.example", "@b.example"] {
+            let m = check("--email", bad);
+            assert!(
+                m.contains("--email") && m.contains("not an email"),
+                "{bad}: {m}"
+            );
+        }
+        for bad in [
+            "http://himal.example/logo.png",
+            "ftp://himal.example/logo.png",
+            "himal.example/logo.png",
+            "https://",
+            "https://user:pw@himal.example/logo.png",
+            "https://himal.example/a logo.png",
+        ] {
+            let m = check("--logo-url", bad);
+            assert!(m.contains("--logo-url"), "{bad}: {m}");
+        }
+        let long = format!("https://himal.example/{}", "a".repeat(MAX_LOGO_URL));
+        assert!(check("--logo-url", &long).contains("longer"));
+        for bad in ["0f766e", "#0f766", "#0f766e0", "#ggg", "#12", "red", "#"] {
+            let m = check("--brand-color", bad);
+            assert!(m.contains("#RGB or #RRGGBB"), "{bad}: {m}");
+        }
+        assert!(check("--name", "A\u{7}B").contains("control characters"));
+        let long = "x".repeat(MAX_SELLER_TEXT + 1);
+        assert!(check("--legal-name", &long).contains("at most"));
+        // Good ones pass.
+        for (flag, good) in [
+            ("--brand-color", "#0f766e"),
+            ("--brand-color", "#FFF"),
+            (
+                "--logo-url",
+                "https://cdn.himal.example:8443/brand/logo.svg?v=2",
+            ),
+            ("--email", "billing+invoices@himal.example"),
+        ] {
+            let a = seller_args(&["--project", PROJECT, flag, good]).unwrap();
+            assert!(edited_seller(None, &a).is_ok(), "{flag} {good}");
+        }
     }
 
     #[test]

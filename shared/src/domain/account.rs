@@ -134,7 +134,22 @@ pub struct Project {
     /// Whether live one-time invoices are enabled (sandbox always is).
     #[serde(default)]
     pub live_invoicing: bool,
+    /// The seller profile copied onto invoices at finalize.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seller: Option<Seller>,
     pub created_at: Timestamp,
+}
+
+/// A project's seller profile (spec "seller": name, legalName, email,
+/// logoUrl, brandColor), set by the operator (`dhukuti-admin project
+/// seller`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Seller {
+    pub name: Option<String>,
+    pub legal_name: Option<String>,
+    pub email: Option<String>,
+    pub logo_url: Option<String>,
+    pub brand_color: Option<String>,
 }
 
 impl Project {
@@ -318,6 +333,7 @@ pub async fn create_project(
         merchant_id: merchant.id.clone(),
         name: name.to_owned(),
         live_invoicing,
+        seller: None,
         created_at: now,
     };
     let item = to_item(&project, &Project::key(&project.id), &[])?;
@@ -501,6 +517,25 @@ pub async fn set_plan(
 
 /// Turns live one-time invoices of a project on or off (sandbox always has
 /// them). [`StoreError::ConditionFailed`] when the project does not exist.
+/// Sets (or with `None` removes) the project's seller profile.
+pub async fn set_seller(
+    store: &dyn Store,
+    project_id: &str,
+    seller: Option<&Seller>,
+) -> Result<Project, StoreError> {
+    let update = match seller {
+        Some(s) => Update::new().set(
+            "seller",
+            serde_json::to_value(s).map_err(|e| StoreError::Invalid(e.to_string()))?,
+        ),
+        None => Update::new().remove("seller"),
+    };
+    let item = store
+        .update(&Project::key(project_id), update, Some(Cond::Exists))
+        .await?;
+    from_item(item)
+}
+
 pub async fn set_live_invoicing(
     store: &dyn Store,
     project_id: &str,

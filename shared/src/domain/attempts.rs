@@ -63,7 +63,6 @@ pub const SWEEP_SCAN: usize = 1000;
 /// An attempt the provider still calls "pending" this long after it began,
 /// with its session over, was abandoned: cancelled.
 pub const ABANDONED_AFTER: chrono::Duration = chrono::Duration::hours(24);
-const TRIES: usize = 4;
 
 /// What the customer chose on the hosted page.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -841,7 +840,7 @@ pub async fn apply(
 ) -> Result<Payment, StoreError> {
     let store = &*state.store;
     let key = Payment::key(&payment.id);
-    for _ in 0..TRIES {
+    for attempt in 0..SETTLE_TRIES {
         let Some(item) = store.get(&key).await? else {
             return Err(StoreError::Backend(format!(
                 "payment {} vanished",
@@ -861,9 +860,23 @@ pub async fn apply(
             None => None,
         };
         let link = link.map(|l| (l, state.config.public_base_url.as_str()));
-        let Some(ops) = plan(&current, session.as_ref(), link.as_ref(), &decision, now)? else {
+        let invoice = match session.as_ref().and_then(|s| s.invoice_id.clone()) {
+            Some(id) => super::invoices::get_any(store, &id).await?,
+            None => None,
+        };
+        let Some(mut ops) = plan(&current, session.as_ref(), link.as_ref(), &decision, now)? else {
             return Ok(current);
         };
+        // A success for an invoice's checkout is allocated to the invoice
+        // in the same transaction (re-read and retried on conflict).
+        if let (Decision::Success { .. }, Some(inv)) = (&decision, &invoice) {
+            ops.extend(super::invoices::allocation_ops(
+                inv,
+                &current.id,
+                current.amount.get(),
+                now,
+            )?);
+        }
         match store.transact(ops).await {
             Ok(()) => {
                 return match store.get(&key).await? {
@@ -879,9 +892,13 @@ pub async fn apply(
                     .iter()
                     .any(|r| matches!(r, TxReason::ConditionFailed | TxReason::Conflict)) =>
             {
+                settle_backoff(attempt).await;
                 continue;
             }
-            Err(StoreError::ConditionFailed) => continue,
+            Err(StoreError::ConditionFailed) => {
+                settle_backoff(attempt).await;
+                continue;
+            }
             Err(e) => return Err(e),
         }
     }
@@ -889,6 +906,17 @@ pub async fn apply(
         "payment {} kept changing while being settled",
         payment.id
     )))
+}
+
+/// How often a settlement re-reads what moved under it (its session, link
+/// or invoice), with a short random pause that grows each time.
+const SETTLE_TRIES: usize = 8;
+
+async fn settle_backoff(attempt: usize) {
+    use rand::Rng;
+    let cap = 5u64 << attempt.min(5);
+    let ms = rand::rng().random_range(0..=cap);
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
 }
 
 fn event_op(kind: EventType, payment: &Payment, now: Timestamp) -> Result<TxOp, StoreError> {

@@ -171,11 +171,19 @@ pub struct CheckoutSession {
     /// when it ends unpaid).
     #[serde(default)]
     pub link_claimed: bool,
+    /// The one-time invoice the session collects for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invoice_id: Option<String>,
 }
 
 impl CheckoutSession {
     pub fn key(id: &str) -> Key {
         Key::new(format!("CS#{id}"), "CS")
+    }
+
+    /// The item for this session, with its index keys.
+    pub fn item(&self) -> Result<crate::store::Item, StoreError> {
+        to_item(self, &CheckoutSession::key(&self.id), &self.indexes())
     }
 
     fn list_partition(project_id: &str, mode: Mode) -> String {
@@ -317,6 +325,42 @@ pub enum CheckoutError {
     SpendCapExceeded { cap: i64 },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// The one place checkout refusals become answers (the checkout and
+/// invoices functions).
+pub fn api_error(err: CheckoutError) -> crate::http::ApiError {
+    use crate::http::{ApiError, ErrorType};
+    use http::StatusCode;
+    match err {
+        CheckoutError::Invalid { field, message } => ApiError::validation(field, message),
+        CheckoutError::FonepaySandboxCap(message) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorType::InvalidRequestError,
+            "fonepay_sandbox_cap",
+            message,
+        )
+        .with_param("amount"),
+        CheckoutError::ProviderUnavailable(p) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorType::InvalidRequestError,
+            "provider_unavailable",
+            format!(
+                "{} is not enabled for this project in this mode; see GET /v1/providers",
+                p.as_str()
+            ),
+        )
+        .with_param("provider"),
+        CheckoutError::SpendCapExceeded { cap } => ApiError::new(
+            StatusCode::FORBIDDEN,
+            ErrorType::PermissionError,
+            "spend_cap_exceeded",
+            format!(
+                "This checkout would take the key's volume this month above its spend cap of {cap} paisa"
+            ),
+        ),
+        CheckoutError::Store(e) => e.into(),
+    }
 }
 
 fn invalid(field: &str, message: impl Into<String>) -> CheckoutError {
@@ -669,6 +713,7 @@ pub fn new_session(creator: &Creator, valid: ValidCheckout, now: Timestamp) -> C
         attempts: 0,
         link_id: None,
         link_claimed: false,
+        invoice_id: None,
     }
 }
 

@@ -6,6 +6,7 @@ pub mod attempts;
 pub mod checkout;
 pub mod credentials;
 pub mod fonepay_cap;
+pub mod invoices;
 pub mod links;
 pub mod outbox;
 pub mod payments;

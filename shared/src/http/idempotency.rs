@@ -320,9 +320,13 @@ impl Fence {
         item.insert(crate::store::SK.into(), self.key.sk.clone().into());
         item.insert("resource_id".into(), resource_id.into());
         item.insert(TTL.into(), self.ttl.into());
+        // A fence past its retention is gone for the key's purposes, even
+        // where the store has not deleted it yet (DynamoDB deletes expired
+        // items lazily; the embedded store never does): it is overwritten.
+        let made_at = self.ttl - RETENTION.num_seconds();
         TxOp::Put {
             item,
-            cond: Some(Cond::NotExists),
+            cond: Some(Cond::Or(vec![Cond::NotExists, Cond::lt(TTL, made_at)])),
         }
     }
 
@@ -353,7 +357,7 @@ mod tests {
     use crate::http::{Auth, JsonBody, with_edge};
     use crate::store::embedded::EmbeddedStore;
     use crate::store::faults::{Fault, FaultyStore, Op};
-    use crate::store::{Item, Store};
+    use crate::store::{Item, Key, Store};
     use crate::time::{Clock, SystemClock};
     use crate::{AppState, Config};
     use axum::extract::Extension;
@@ -363,6 +367,25 @@ mod tests {
     use serde_json::{Value, json};
     use std::sync::Arc;
     use tower::ServiceExt;
+
+    #[tokio::test]
+    async fn a_fence_past_its_retention_is_overwritten_not_tripped() {
+        let store = EmbeddedStore::in_memory().unwrap();
+        let key = Key::new("IDEMFENCE#p#sandbox#k", "FENCE");
+        let day = RETENTION.num_seconds();
+        let first = Fence::new(key.clone(), 1_000_000 + day);
+        store.transact(vec![first.op("oinv_a")]).await.unwrap();
+        // The same request again within the day: tripped.
+        let again = store.transact(vec![first.op("oinv_a")]).await.unwrap_err();
+        assert!(Fence::tripped(&again, 0), "{again:?}");
+        // A new request with the key two days later: the old fence is stale.
+        let later = Fence::new(key, 1_000_000 + 2 * day + 1);
+        store.transact(vec![later.op("oinv_b")]).await.unwrap();
+        assert_eq!(
+            later.resource_id(&store).await.unwrap().as_deref(),
+            Some("oinv_b")
+        );
+    }
 
     #[test]
     fn redact_leaves_out_secret_fields_only() {

@@ -19,35 +19,67 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
-        if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
-            let ct = ct.to_str().unwrap_or_default().to_ascii_lowercase();
-            let essence = ct.split(';').next().unwrap_or_default().trim();
-            if essence != "application/json" && !essence.ends_with("+json") {
-                return Err(
-                    ApiError::bad_request("Content-Type must be application/json")
-                        .with_param("Content-Type"),
-                );
-            }
-        }
-        let declared = req
+        let bytes = json_bytes(req).await?;
+        parse_json(&bytes).map(JsonBody)
+    }
+}
+
+/// A JSON body that may also be absent (empty): then `T::default()`.
+#[derive(Debug, Clone, Default)]
+pub struct OptionalJsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
+        // No body at all (whatever Content-Type a client sends with it,
+        // e.g. `curl -d ''`): the defaults.
+        let declared_empty = req
             .headers()
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-            return Err(ApiError::payload_too_large(MAX_BODY_BYTES));
+            .is_some_and(|v| v.trim() == "0");
+        if declared_empty {
+            return Ok(OptionalJsonBody(T::default()));
         }
-        let bytes = axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES)
-            .await
-            .map_err(|err| {
-                if is_length_limit(&err) {
-                    ApiError::payload_too_large(MAX_BODY_BYTES)
-                } else {
-                    ApiError::bad_request("The request body could not be read")
-                }
-            })?;
-        parse_json(&bytes).map(JsonBody)
+        let bytes = json_bytes(req).await?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(OptionalJsonBody(T::default()));
+        }
+        parse_json(&bytes).map(OptionalJsonBody)
     }
+}
+
+/// The body of a JSON request: a JSON content type if one is declared,
+/// at most [`MAX_BODY_BYTES`].
+async fn json_bytes(req: Request) -> Result<bytes::Bytes, ApiError> {
+    if let Some(ct) = req.headers().get(header::CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or_default().to_ascii_lowercase();
+        let essence = ct.split(';').next().unwrap_or_default().trim();
+        if essence != "application/json" && !essence.ends_with("+json") {
+            return Err(
+                ApiError::bad_request("Content-Type must be application/json")
+                    .with_param("Content-Type"),
+            );
+        }
+    }
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return Err(ApiError::payload_too_large(MAX_BODY_BYTES));
+    }
+    axum::body::to_bytes(req.into_body(), MAX_BODY_BYTES)
+        .await
+        .map_err(|err| {
+            if is_length_limit(&err) {
+                ApiError::payload_too_large(MAX_BODY_BYTES)
+            } else {
+                ApiError::bad_request("The request body could not be read")
+            }
+        })
 }
 
 fn is_length_limit(err: &axum::Error) -> bool {

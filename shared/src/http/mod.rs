@@ -12,5 +12,5 @@ pub mod pagination;
 pub use auth::Auth;
 pub use edge::{RequestId, with_edge};
 pub use error::{ApiError, ErrorType};
-pub use input::{JsonBody, QueryParams};
+pub use input::{JsonBody, OptionalJsonBody, QueryParams};
 pub use pagination::{Page, Pagination};

@@ -1,0 +1,328 @@
+//! The one-time invoices function: `POST|GET /v1/invoices`,
+//! `GET|PATCH /v1/invoices/{id}`, and `POST /v1/invoices/{id}/finalize`,
+//! `.../discard`, `.../correct`, `.../adjustments`, `.../checkout`,
+//! `GET .../pdf`. The rules are in `shared::domain::invoices`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use axum::extract::{Extension, Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use serde_json::{Value, json};
+use shared::AppState;
+use shared::domain::Mode;
+use shared::domain::account::Scope;
+use shared::domain::checkout::CheckoutError;
+use shared::domain::invoices::{
+    self, AdjustInvoice, CollectionStatus, CorrectInvoice, CreateInvoice, DocumentStatus,
+    FinalizeInvoice, InvoiceCheckout, InvoiceCheckoutView, InvoiceError, InvoiceView, PatchInvoice,
+};
+use shared::http::idempotency::{self, Fence};
+use shared::http::{
+    ApiError, Auth, ErrorType, JsonBody, OptionalJsonBody, Page, Pagination, QueryParams, with_edge,
+};
+
+/// The function's routes, behind the idempotency layer, in the shared edge.
+pub fn router(state: AppState) -> Router {
+    with_edge(
+        Router::new()
+            .route("/v1/invoices", get(list_invoices).post(create_invoice))
+            .route("/v1/invoices/{id}", get(get_invoice).patch(patch_invoice))
+            .route("/v1/invoices/{id}/finalize", post(finalize_invoice))
+            .route("/v1/invoices/{id}/discard", post(discard_invoice))
+            .route("/v1/invoices/{id}/correct", post(correct_invoice))
+            .route("/v1/invoices/{id}/adjustments", post(adjust_invoice))
+            .route("/v1/invoices/{id}/checkout", post(invoice_checkout))
+            .route("/v1/invoices/{id}/pdf", get(invoice_pdf))
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                idempotency::layer,
+            ))
+            .with_state(state),
+    )
+}
+
+/// The one place invoice refusals become answers.
+fn api_error(err: InvoiceError, id: &str) -> ApiError {
+    match err {
+        InvoiceError::Invalid { field, message } => ApiError::validation(field, message),
+        InvoiceError::NotFound => ApiError::not_found("invoice", id),
+        e @ InvoiceError::LiveDisabled => ApiError::new(
+            StatusCode::FORBIDDEN,
+            ErrorType::PermissionError,
+            "live_invoicing_disabled",
+            e.to_string(),
+        ),
+        e @ InvoiceError::StateConflict(_) => ApiError::new(
+            StatusCode::CONFLICT,
+            ErrorType::InvalidRequestError,
+            "state_conflict",
+            e.to_string(),
+        ),
+        e @ InvoiceError::VersionConflict { .. } => ApiError::new(
+            StatusCode::CONFLICT,
+            ErrorType::InvalidRequestError,
+            "version_conflict",
+            e.to_string(),
+        ),
+        e @ InvoiceError::NotCorrectable(_) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorType::InvalidRequestError,
+            "invoice_not_correctable",
+            e.to_string(),
+        ),
+        // The balance is out of what a checkout may take: a business rule
+        // (nothing in the request to fix).
+        InvoiceError::Checkout(CheckoutError::Invalid { message, .. }) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorType::InvalidRequestError,
+            "invoice_not_collectable",
+            format!("This invoice's balance cannot be collected by checkout: {message}"),
+        ),
+        InvoiceError::Checkout(e) => shared::domain::checkout::api_error(e),
+        e @ InvoiceError::AlreadyDiscarded => ApiError::not_found("invoice", &e.to_string()),
+        InvoiceError::Store(e) => e.into(),
+    }
+}
+
+fn view(inv: &invoices::Invoice, state: &AppState) -> InvoiceView {
+    InvoiceView::at(inv, state.clock.now())
+}
+
+fn fence_of(fence: &Option<Extension<Fence>>) -> Option<&Fence> {
+    fence.as_ref().map(|Extension(f)| f)
+}
+
+/// Finalizes of one project and mode wait for each other in this process:
+/// they would only race for the same counter (the store's conditional
+/// write still decides between processes).
+fn numbering_lock(project_id: &str, mode: Mode) -> Arc<tokio::sync::Mutex<()>> {
+    static LOCKS: OnceLock<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>> = OnceLock::new();
+    let locks = LOCKS.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = match locks.lock() {
+        Ok(m) => m,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    if map.len() > 10_000 {
+        // Forget idle locks now and then (held ones are shared: kept).
+        map.retain(|_, l| Arc::strong_count(l) > 1);
+    }
+    map.entry(format!("{project_id}#{}", mode.as_str()))
+        .or_default()
+        .clone()
+}
+
+async fn create_invoice(
+    State(state): State<AppState>,
+    auth: Auth,
+    fence: Option<Extension<Fence>>,
+    JsonBody(body): JsonBody<CreateInvoice>,
+) -> Result<(StatusCode, Json<InvoiceView>), ApiError> {
+    let who = auth.require(Scope::InvoicesWrite)?;
+    let inv = invoices::create(&state, who.project_id(), who.mode(), body, fence_of(&fence))
+        .await
+        .map_err(|e| api_error(e, ""))?;
+    Ok((StatusCode::CREATED, Json(view(&inv, &state))))
+}
+
+async fn list_invoices(
+    State(state): State<AppState>,
+    auth: Auth,
+    query: QueryParams,
+) -> Result<Json<Page<InvoiceView>>, ApiError> {
+    let who = auth.require(Scope::InvoicesRead)?;
+    let page = Pagination::from_query(&query, invoices::DEFAULT_PAGE)?;
+    let document_status = match query.get("document_status") {
+        None | Some("") => None,
+        Some(v) => Some(DocumentStatus::parse(v).ok_or_else(|| {
+            ApiError::validation(
+                "document_status",
+                format!("document_status must be draft, issued or void, got {v:?}"),
+            )
+        })?),
+    };
+    let collection_status = match query.get("collection_status") {
+        None | Some("") => None,
+        Some(v) => Some(CollectionStatus::parse(v).ok_or_else(|| {
+            ApiError::validation(
+                "collection_status",
+                format!(
+                    "collection_status must be unpaid, part_paid, paid or closed_adjusted, got {v:?}"
+                ),
+            )
+        })?),
+    };
+    let (found, total) = invoices::list(
+        &*state.store,
+        who.project_id(),
+        who.mode(),
+        document_status,
+        collection_status,
+        page.offset,
+        page.limit,
+    )
+    .await?;
+    let data = found.iter().map(|i| view(i, &state)).collect();
+    Ok(Json(Page::new(data, total, page)))
+}
+
+async fn get_invoice(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Json<InvoiceView>, ApiError> {
+    let who = auth.require(Scope::InvoicesRead)?;
+    let inv = invoices::get(&*state.store, who.project_id(), who.mode(), &id)
+        .await
+        .map_err(|e| api_error(e, &id))?;
+    Ok(Json(view(&inv, &state)))
+}
+
+async fn patch_invoice(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<PatchInvoice>,
+) -> Result<Json<InvoiceView>, ApiError> {
+    let who = auth.require(Scope::InvoicesWrite)?;
+    let inv = invoices::patch(&state, who.project_id(), who.mode(), &id, body)
+        .await
+        .map_err(|e| api_error(e, &id))?;
+    Ok(Json(view(&inv, &state)))
+}
+
+async fn finalize_invoice(
+    State(state): State<AppState>,
+    auth: Auth,
+    fence: Option<Extension<Fence>>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<FinalizeInvoice>,
+) -> Result<Json<InvoiceView>, ApiError> {
+    let who = auth.require(Scope::InvoicesWrite)?;
+    let lock = numbering_lock(who.project_id(), who.mode());
+    let inv = {
+        let _turn = lock.lock().await;
+        invoices::finalize(
+            &state,
+            who.project_id(),
+            who.mode(),
+            &id,
+            body.version,
+            fence_of(&fence),
+        )
+        .await
+        .map_err(|e| api_error(e, &id))?
+    };
+    tracing::info!(invoice = %inv.id, number = ?inv.invoice_number, "invoice issued");
+    invoices::store_pdf(&state, &inv).await;
+    Ok(Json(view(&inv, &state)))
+}
+
+async fn discard_invoice(
+    State(state): State<AppState>,
+    auth: Auth,
+    fence: Option<Extension<Fence>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let who = auth.require(Scope::InvoicesWrite)?;
+    match invoices::discard(&state, who.project_id(), who.mode(), &id, fence_of(&fence)).await {
+        Ok(_) | Err(InvoiceError::AlreadyDiscarded) => Ok(Json(
+            json!({"id": id, "deleted": true, "livemode": who.mode().is_live()}),
+        )),
+        Err(e) => Err(api_error(e, &id)),
+    }
+}
+
+async fn correct_invoice(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<CorrectInvoice>,
+) -> Result<Json<Value>, ApiError> {
+    let who = auth.require(Scope::InvoicesWrite)?;
+    let (voided, replacement) = invoices::correct(&state, who.project_id(), who.mode(), &id, body)
+        .await
+        .map_err(|e| api_error(e, &id))?;
+    tracing::info!(invoice = %voided.id, replacement = %replacement.id, "invoice voided and replaced");
+    invoices::store_pdf(&state, &voided).await;
+    Ok(Json(json!({
+        "voided": view(&voided, &state),
+        "replacement": view(&replacement, &state),
+    })))
+}
+
+async fn adjust_invoice(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<AdjustInvoice>,
+) -> Result<Json<InvoiceView>, ApiError> {
+    let who = auth.require(Scope::InvoicesWrite)?;
+    let inv = invoices::adjust(&state, who.project_id(), who.mode(), &id, body)
+        .await
+        .map_err(|e| api_error(e, &id))?;
+    Ok(Json(view(&inv, &state)))
+}
+
+async fn invoice_checkout(
+    State(state): State<AppState>,
+    auth: Auth,
+    fence: Option<Extension<Fence>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    OptionalJsonBody(body): OptionalJsonBody<InvoiceCheckout>,
+) -> Result<Json<InvoiceCheckoutView>, ApiError> {
+    // The checkout is a payment: it needs the right to take payments.
+    let who = auth.require(Scope::InvoicesWrite)?;
+    let base = state
+        .config
+        .base_for(headers.get(header::HOST).and_then(|h| h.to_str().ok()));
+    let (session, reused) = invoices::checkout(
+        &state,
+        who.project_id(),
+        who.mode(),
+        &id,
+        body,
+        &base,
+        fence_of(&fence),
+    )
+    .await
+    .map_err(|e| api_error(e, &id))?;
+    Ok(Json(InvoiceCheckoutView {
+        checkout_url: format!("{base}/c/{}", session.id),
+        checkout_session_id: session.id,
+        reused,
+    }))
+}
+
+async fn invoice_pdf(
+    State(state): State<AppState>,
+    auth: Auth,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let who = auth.require(Scope::InvoicesRead)?;
+    let inv = invoices::get(&*state.store, who.project_id(), who.mode(), &id)
+        .await
+        .map_err(|e| api_error(e, &id))?;
+    let bytes = invoices::pdf(&state, &inv)
+        .await
+        .map_err(|e| api_error(e, &id))?;
+    let name = inv.invoice_number.clone().unwrap_or_else(|| inv.id.clone());
+    let mut res = (StatusCode::OK, bytes).into_response();
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/pdf"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&format!("inline; filename=\"{name}.pdf\"")) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("private, no-store"),
+    );
+    Ok(res)
+}
