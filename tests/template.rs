@@ -555,6 +555,53 @@ fn the_refunds_function_serves_the_refund_routes() {
     );
 }
 
+/// The account function serves the account and the analytics overview,
+/// and only reads: items by key and the day counters (one table Query).
+#[test]
+fn the_account_function_serves_account_and_analytics() {
+    let t = template();
+    let account = function(&t, "AccountFunction", "account");
+    let mut routes: Vec<(String, String)> = http_routes(account)
+        .into_iter()
+        .map(|(method, path, event)| {
+            assert!(
+                is_ref_to(&event["Properties"]["ApiId"], "HttpApi"),
+                "{method} {path} is not on HttpApi"
+            );
+            (method, path)
+        })
+        .collect();
+    routes.sort();
+    assert_eq!(
+        routes,
+        vec![
+            ("GET".to_owned(), "/v1/account".to_owned()),
+            ("GET".to_owned(), "/v1/analytics/overview".to_owned()),
+        ]
+    );
+    assert_eq!(
+        table_actions(account),
+        ["dynamodb:GetItem", "dynamodb:Query", "dynamodb:UpdateItem"]
+    );
+}
+
+/// Every function with an authenticated API route counts its calls in the
+/// per-key rate-limit counter and stamps the key's `last_used_at`: both are
+/// table UpdateItem calls.
+#[test]
+fn every_api_function_may_count_its_calls() {
+    let t = template();
+    for (name, f) in functions(&t) {
+        if http_routes(&f).is_empty() || name == "HostedFunction" {
+            continue;
+        }
+        assert!(
+            table_actions(&f).iter().any(|a| a == "dynamodb:UpdateItem"),
+            "{name} cannot update the rate-limit counter"
+        );
+    }
+}
+
 /// The payment links API is the payment links function's, on the HTTP
 /// API, with what a link and its idempotency claim need on the table: the
 /// claim is a conditional put, then an update or a delete, and a fence is
@@ -1350,4 +1397,127 @@ fn only_the_webhook_pipeline_sends_to_the_webhooks_queue() {
             );
         }
     }
+}
+
+/// The SMS endpoint is the SMS function's, on the HTTP API; it reads the
+/// recent sessions through the indexes, takes its counters and quota with
+/// conditional updates, stores the reminder and queues it on the SMS
+/// queue (and only there). It gets no provider secret.
+#[test]
+fn the_sms_function_serves_the_sms_route_and_queues_reminders() {
+    let t = template();
+    let f = function(&t, "SmsFunction", "sms");
+    let routes: Vec<(String, String)> =
+        http_routes(f).into_iter().map(|(m, p, _)| (m, p)).collect();
+    assert_eq!(
+        routes,
+        [(
+            "POST".to_owned(),
+            "/v1/sms/notify-pending-payment".to_owned()
+        )]
+    );
+    assert_eq!(
+        table_actions(f),
+        [
+            "dynamodb:DeleteItem",
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:UpdateItem"
+        ]
+    );
+    assert!(queries_every_index(f), "guard 1 reads sessions on gsi1");
+    assert_eq!(queue_actions(f, "SmsQueue"), ["sqs:SendMessage"]);
+    assert!(queue_actions(f, "WebhookQueue").is_empty());
+    let vars = &f["Properties"]["Environment"]["Variables"];
+    for var in [
+        "DHUKUTI_SMS_TOKEN",
+        "DHUKUTI_CREDENTIALS_KEY",
+        "DHUKUTI_SMS_BASE_URL",
+    ] {
+        assert!(vars[var].is_null(), "SmsFunction gets {var}");
+    }
+}
+
+/// The SMS dispatcher consumes the SMS queue ten at a time with partial
+/// batch failures; the queue hides a message past the dispatcher's run
+/// and its claim on the reminder; only the dispatcher gets the SMS
+/// provider settings, and only the SMS function sends to the queue.
+#[test]
+fn the_sms_dispatcher_consumes_the_sms_queue() {
+    let t = template();
+    let dispatcher = function(&t, "SmsDispatcherFunction", "sms-dispatcher");
+    let props = &dispatcher["Properties"];
+    assert!(
+        http_routes(dispatcher).is_empty(),
+        "the dispatcher is not public"
+    );
+    let sources = events_of(dispatcher, "SQS");
+    assert_eq!(sources.len(), 1, "one SQS event");
+    assert_eq!(props["Events"].as_mapping().map(|m| m.len()), Some(1));
+    let source = &sources[0]["Properties"];
+    assert_eq!(
+        get_att(&source["Queue"]),
+        Some(("SmsQueue".to_owned(), "Arn".to_owned()))
+    );
+    assert_eq!(
+        source["BatchSize"].as_u64(),
+        Some(sms_dispatcher::CONCURRENCY as u64)
+    );
+    assert_eq!(
+        source["FunctionResponseTypes"],
+        serde_norway::from_str::<Value>("[ReportBatchItemFailures]").unwrap_or(Value::Null)
+    );
+
+    let Some(timeout) = props["Timeout"].as_u64() else {
+        panic!("SmsDispatcherFunction needs its own Timeout")
+    };
+    let client_timeout = shared::providers::sms::DEFAULT_TIMEOUT.as_secs();
+    assert!(
+        timeout > client_timeout,
+        "Timeout {timeout} s leaves no room after the SMS client's {client_timeout} s"
+    );
+    let queue = &t["Resources"]["SmsQueue"]["Properties"];
+    let Some(visibility) = queue["VisibilityTimeout"].as_u64() else {
+        panic!("SmsQueue needs a VisibilityTimeout")
+    };
+    assert!(
+        visibility >= 6 * timeout,
+        "VisibilityTimeout {visibility} s"
+    );
+    assert!(
+        visibility > shared::domain::sms::LEASE.as_secs(),
+        "a message must not come back while its reminder is still claimed"
+    );
+    assert_eq!(
+        queue["RedrivePolicy"]["maxReceiveCount"].as_u64(),
+        Some(u64::from(shared::domain::sms::MAX_ATTEMPTS)),
+        "the dead-letter queue takes a reminder after the dispatcher's attempts"
+    );
+    assert_eq!(
+        get_att(&queue["RedrivePolicy"]["deadLetterTargetArn"]),
+        Some(("SmsDeadLetterQueue".to_owned(), "Arn".to_owned()))
+    );
+    assert_eq!(
+        table_actions(dispatcher),
+        ["dynamodb:GetItem", "dynamodb:UpdateItem"]
+    );
+    let vars = &props["Environment"]["Variables"];
+    assert!(is_ref_to(&vars["DHUKUTI_SMS_BASE_URL"], "SmsBaseUrl"));
+    assert!(is_ref_to(&vars["DHUKUTI_SMS_TOKEN"], "SmsToken"));
+    assert!(is_ref_to(&vars["DHUKUTI_SMS_FROM"], "SmsFrom"));
+    assert_eq!(t["Parameters"]["SmsToken"]["NoEcho"].as_bool(), Some(true));
+
+    let mut senders = Vec::new();
+    let mut token_holders = Vec::new();
+    for (name, f) in functions(&t) {
+        if !queue_actions(&f, "SmsQueue").is_empty() {
+            senders.push(name.clone());
+        }
+        if !f["Properties"]["Environment"]["Variables"]["DHUKUTI_SMS_TOKEN"].is_null() {
+            token_holders.push(name);
+        }
+    }
+    assert_eq!(senders, ["SmsFunction"]);
+    assert_eq!(token_holders, ["SmsDispatcherFunction"]);
+    assert!(t["Globals"]["Function"]["Environment"]["Variables"]["DHUKUTI_SMS_TOKEN"].is_null());
 }

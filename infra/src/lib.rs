@@ -5,6 +5,7 @@
 pub mod demo;
 pub mod listen;
 pub mod simulators;
+pub mod sms_worker;
 pub mod webhooks;
 
 use std::net::SocketAddr;
@@ -20,6 +21,7 @@ use shared::blobs::Blobs;
 use shared::domain::Mode;
 use shared::domain::credentials::{CredentialsError, CredentialsKey, CredentialsKeys};
 use shared::domain::webhooks::WebhookSettings;
+use shared::http::ratelimit::RateLimits;
 use shared::http::with_edge;
 use shared::providers::{ProviderConfig, ProviderHub, SandboxAccounts};
 use shared::queue::Queue;
@@ -51,6 +53,7 @@ pub fn app_with_simulators(state: AppState, sim: simulators::SimState) -> Router
             .merge(payment_links::router(state.clone()))
             .merge(webhooks_api::router(state.clone()))
             .merge(invoices::router(state.clone()))
+            .merge(sms::router(state.clone()))
             .merge(hosted::router(state))
             .nest("/sim", simulator_routes(sim)),
     )
@@ -194,8 +197,13 @@ Environment:
   DHUKUTI_PROVIDERS_BASE_URL
                           sandbox providers (default: the simulators at
                           <public url>/sim); see README for each provider
+  DHUKUTI_SMS_BASE_URL, DHUKUTI_SMS_TOKEN, DHUKUTI_SMS_FROM
+                          the SMS provider of live reminders (default: the
+                          simulator at <public url>/sim/sms and its token)
   DHUKUTI_CREDENTIALS_KEY master key of stored provider credentials
                           (default: generated into <data dir>/credentials.key)
+  DHUKUTI_RATE_LIMIT_LIVE, DHUKUTI_RATE_LIMIT_SANDBOX
+                          requests per second per API key (default 100, 25)
   RUST_LOG                log filter (default info)";
 
 /// A started gateway.
@@ -211,16 +219,23 @@ pub struct Running {
     task: JoinHandle<std::io::Result<()>>,
     ticker: Option<JoinHandle<()>>,
     webhook_loops: Vec<JoinHandle<()>>,
+    sms_worker: Option<JoinHandle<()>>,
 }
 
 impl Running {
     /// Stops accepting, finishes in-flight requests and closes the store.
     pub async fn stop(mut self) -> std::io::Result<()> {
-        if let Some(t) = self.ticker.take() {
+        // Stop the background tasks and wait until they are gone: they hold
+        // the store, and the embedded store's file stays locked until the
+        // last holder drops it (a restart would find it "already open").
+        let mut background: Vec<JoinHandle<()>> = self.webhook_loops.drain(..).collect();
+        background.extend(self.ticker.take());
+        background.extend(self.sms_worker.take());
+        for t in &background {
             t.abort();
         }
-        for t in self.webhook_loops.drain(..) {
-            t.abort();
+        for t in background {
+            let _ = t.await;
         }
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
@@ -323,9 +338,10 @@ pub async fn start_with_clock(
         .with_queue(queue)
         .with_blobs(blobs)
         .with_providers(hub)
-        .with_webhooks(settings.webhooks.clone());
+        .with_webhooks(settings.webhooks.clone())
+        .with_rate_limits(RateLimits::from_env()?);
     // A simulated "timeout" outlasts the client's own timeout.
-    let mut sim_config = simulators::SimConfig::new(sim_base);
+    let mut sim_config = simulators::SimConfig::new(sim_base.clone());
     sim_config.timeout_delay = sandbox.timeout + Duration::from_secs(2);
     let sim = simulators::SimState::new(sim_config);
 
@@ -361,6 +377,17 @@ pub async fn start_with_clock(
         None => Vec::new(),
     };
 
+    // SMS reminders: the simulator unless the environment names a provider.
+    let sms_config = shared::providers::sms::SmsConfig::from_lookup(|name| {
+        std::env::var(name).ok().or_else(|| match name {
+            "DHUKUTI_SMS_BASE_URL" => Some(format!("{sim_base}/sms")),
+            "DHUKUTI_SMS_TOKEN" => Some(simulators::sms::SMS_TEST_TOKEN.to_owned()),
+            _ => None,
+        })
+    })?;
+    let sms_client = shared::providers::sms::SmsClient::new(sms_config)?;
+    let sms_worker = Some(sms_worker::spawn(&state, sms_client));
+
     let (tx, rx) = oneshot::channel::<()>();
     let router = app_with_simulators(state.clone(), sim);
     let task = tokio::spawn(async move {
@@ -381,6 +408,7 @@ pub async fn start_with_clock(
         task,
         ticker,
         webhook_loops,
+        sms_worker,
     })
 }
 

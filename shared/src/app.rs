@@ -18,6 +18,7 @@ use crate::blobs::Blobs;
 use crate::blobs::local::LocalDirBlobs;
 use crate::blobs::memory::MemoryBlobs;
 use crate::domain::webhooks::WebhookSettings;
+use crate::http::ratelimit::RateLimits;
 use crate::providers::ProviderHub;
 use crate::queue::memory::InProcessQueue;
 use crate::queue::{Queue, QueueName};
@@ -83,6 +84,8 @@ pub struct AppState {
     pub providers: Arc<ProviderHub>,
     /// Webhook receivers allowed, retry schedule, timeouts.
     pub webhooks: Arc<WebhookSettings>,
+    /// Requests per second per API key (live, sandbox).
+    pub limits: Arc<RateLimits>,
 }
 
 impl AppState {
@@ -98,7 +101,13 @@ impl AppState {
             config: Arc::new(config),
             providers: Arc::new(ProviderHub::unconfigured()),
             webhooks: Arc::new(WebhookSettings::default()),
+            limits: Arc::new(RateLimits::default()),
         }
+    }
+
+    pub fn with_rate_limits(mut self, limits: RateLimits) -> Self {
+        self.limits = Arc::new(limits);
+        self
     }
 
     pub fn with_webhooks(mut self, webhooks: WebhookSettings) -> Self {
@@ -127,12 +136,14 @@ impl AppState {
         let (store, queue, blobs) = backend.open(false).await?;
         let providers = ProviderHub::from_env()?;
         let webhooks = WebhookSettings::from_env()?;
+        let limits = RateLimits::from_env()?;
         Ok(
             AppState::new(store, Arc::new(SystemClock), Config::from_env())
                 .with_queue(queue)
                 .with_blobs(blobs)
                 .with_providers(providers)
-                .with_webhooks(webhooks),
+                .with_webhooks(webhooks)
+                .with_rate_limits(limits),
         )
     }
 }

@@ -198,6 +198,10 @@ async fn spawn_app_full(
             Ok(r) => r,
             Err(e) => panic!("gateway did not start: {e}"),
         };
+    // Many tests fire hundreds of concurrent requests with one key: the
+    // rate limit stays out of their way unless a test lowers it
+    // ([`TestApp::set_rate_limits`]).
+    running.state.limits.set(TEST_RATE_LIMIT, TEST_RATE_LIMIT);
     TestApp {
         base: running.base_url.clone(),
         store,
@@ -208,6 +212,10 @@ async fn spawn_app_full(
         _tmp: None,
     }
 }
+
+/// Requests per second per key of a test gateway unless a test sets its
+/// own: high enough never to be reached.
+pub const TEST_RATE_LIMIT: u32 = 1_000_000;
 
 /// Webhooks as the end-to-end tests run them: local receivers allowed
 /// (sandbox), the decided number of retries but 300 ms apart, a receiver
@@ -297,6 +305,11 @@ impl TestApp {
             req = req.header("idempotency-key", k);
         }
         send(req).await
+    }
+
+    /// Replaces the gateway's per-key limits (requests per second).
+    pub fn set_rate_limits(&self, live: u32, sandbox: u32) {
+        self.state().limits.set(live, sandbox);
     }
 
     /// The state the gateway's functions share.

@@ -21,6 +21,7 @@
 //! | Khalti | refund base (real: `https://dev.khalti.com/api/`) | `{base}/khalti/api/` |
 //! | Fonepay | QR API base (real: `https://merchantapi.fonepay.com/api`) | `{base}/fonepay/api` |
 //! | Fonepay | web redirect host (real: `https://clientapi.fonepay.com`) | `{base}/fonepay` |
+//! | SMS (Sparrow-style) | `DHUKUTI_SMS_BASE_URL` | `{base}/sms` (token [`sms::SMS_TEST_TOKEN`]) |
 //!
 //! Besides the providers' own routes, each provider has a control API for
 //! tests under `/{provider}/_control/` (see [`ControlNext`]) and small HTML
@@ -36,6 +37,7 @@ pub mod esewa;
 pub mod fonepay;
 pub mod khalti;
 mod page;
+pub mod sms;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -157,6 +159,7 @@ struct Inner {
     esewa: Mutex<Book<esewa::EsewaAttempt>>,
     khalti: Mutex<Book<khalti::KhaltiAttempt>>,
     fonepay: Mutex<Book<fonepay::FonepayAttempt>>,
+    sms: Mutex<sms::SmsBook>,
     fonepay_frames: tokio::sync::broadcast::Sender<fonepay::Frame>,
 }
 
@@ -169,6 +172,7 @@ impl SimState {
                 esewa: Mutex::new(Book::default()),
                 khalti: Mutex::new(Book::default()),
                 fonepay: Mutex::new(Book::default()),
+                sms: Mutex::new(sms::SmsBook::default()),
                 fonepay_frames,
             }),
         }
@@ -212,19 +216,25 @@ impl SimState {
         self.inner.fonepay.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    pub(crate) fn sms(&self) -> MutexGuard<'_, sms::SmsBook> {
+        self.inner.sms.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn fonepay_frames(&self) -> &tokio::sync::broadcast::Sender<fonepay::Frame> {
         &self.inner.fonepay_frames
     }
 }
 
 /// Every simulator, each under its own prefix: `/esewa`, `/khalti`,
-/// `/fonepay`, plus an index page at `/`.
+/// `/fonepay`, `/sms` (the SMS provider, [`sms`]), plus an index page at
+/// `/`.
 pub fn router(state: SimState) -> Router {
     Router::new()
         .route("/", get(index))
         .nest("/esewa", esewa::routes())
         .nest("/khalti", khalti::routes())
         .nest("/fonepay", fonepay::routes())
+        .nest("/sms", sms::routes())
         .with_state(state)
 }
 
@@ -809,6 +819,7 @@ async fn index(State(st): State<SimState>) -> Response {
          <li>Khalti refund <code>POST {b}/khalti/api/merchant-transaction/&lt;transaction_id&gt;/refund/</code></li>\
          <li>Fonepay API base <code>{b}/fonepay/api</code> (merchant/merchantDetailsForThirdParty/thirdPartyDynamicQrDownload, …GetStatus)</li>\
          <li>Fonepay web redirect <code>{b}/fonepay/api/merchantRequest</code></li>\
+         <li>SMS (Sparrow-style) <code>POST {b}/sms/api/v2/sms/</code>; sent messages <code>GET {b}/sms/_control/messages</code></li>\
          </ul>",
         b = page::esc(base)
     ));

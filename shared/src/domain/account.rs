@@ -299,6 +299,41 @@ pub async fn authenticate(
     Ok(Principal { key, merchant })
 }
 
+/// How stale `api_key.last_used_at` may get: it is written at most once
+/// per this interval per key.
+pub const LAST_USED_EVERY: chrono::Duration = chrono::Duration::seconds(60);
+
+/// Records that `key` (as [`authenticate`] read it) was used at `now`, at
+/// most once per [`LAST_USED_EVERY`]: no write while the value read is
+/// fresh, and a conditional write otherwise, so of concurrent requests
+/// that all saw a stale value only one writes. Returns whether it wrote.
+pub async fn record_use(
+    store: &dyn Store,
+    key: &ApiKey,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
+    let cutoff = now.plus(-LAST_USED_EVERY);
+    if key.last_used_at.is_some_and(|t| t >= cutoff) {
+        return Ok(false);
+    }
+    // `NOT (last_used_at >= cutoff)` also holds when the attribute is
+    // missing or null (a type mismatch compares false). `Exists` keeps a
+    // key revoked meanwhile from coming back as a bare item.
+    let stale = Cond::And(vec![
+        Cond::Exists,
+        Cond::Not(Box::new(Cond::ge("last_used_at", cutoff.to_rfc3339()))),
+    ]);
+    let update = Update::new().set("last_used_at", now.to_rfc3339());
+    match store
+        .update(&ApiKey::key_for_hash(&key.key_hash), update, Some(stale))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(StoreError::ConditionFailed) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Creates a merchant.
 pub async fn create_merchant(
     store: &dyn Store,
@@ -859,6 +894,63 @@ mod tests {
             expires_at: None,
             spend_cap_paisa: None,
         }
+    }
+
+    #[tokio::test]
+    async fn last_used_at_is_written_at_most_once_a_minute() {
+        let store = store();
+        let (_, project) = setup(&*store).await;
+        let now = SystemClock.now();
+        let Ok((secret, key)) = issue_api_key(&*store, now, &project, all_scopes(Mode::Live)).await
+        else {
+            panic!("key")
+        };
+        let read = |secret: String| {
+            let store = store.clone();
+            async move {
+                match store
+                    .get(&ApiKey::key_for_hash(&hash_secret(&secret)))
+                    .await
+                {
+                    Ok(Some(item)) => from_item::<ApiKey>(item).ok().and_then(|k| k.last_used_at),
+                    other => panic!("{other:?}"),
+                }
+            }
+        };
+        // Never used: concurrent requests that all read null write once.
+        let writes =
+            futures::future::join_all((0..8).map(|_| record_use(&*store, &key, now))).await;
+        assert_eq!(writes.iter().filter(|w| matches!(w, Ok(true))).count(), 1);
+        assert_eq!(read(secret.clone()).await, Some(now));
+        // Fresh (read or stored): no write.
+        let Ok(Some(item)) = store.get(&ApiKey::key_for_hash(&key.key_hash)).await else {
+            panic!()
+        };
+        let Ok(fresh) = from_item::<ApiKey>(item) else {
+            panic!()
+        };
+        let soon = now.plus(chrono::Duration::seconds(59));
+        assert_eq!(record_use(&*store, &fresh, soon).await, Ok(false));
+        // A stale copy read before the write does not write either.
+        assert_eq!(record_use(&*store, &key, soon).await, Ok(false));
+        assert_eq!(read(secret.clone()).await, Some(now));
+        // A minute later it does.
+        let later = now.plus(chrono::Duration::seconds(61));
+        assert_eq!(record_use(&*store, &fresh, later).await, Ok(true));
+        assert_eq!(read(secret.clone()).await, Some(later));
+        // A key deleted meanwhile is not brought back.
+        let Ok(()) = store
+            .delete(&ApiKey::key_for_hash(&key.key_hash), None)
+            .await
+        else {
+            panic!()
+        };
+        let much_later = later.plus(chrono::Duration::seconds(120));
+        assert_eq!(record_use(&*store, &fresh, much_later).await, Ok(false));
+        assert!(matches!(
+            store.get(&ApiKey::key_for_hash(&key.key_hash)).await,
+            Ok(None)
+        ));
     }
 
     async fn setup(store: &dyn Store) -> (Merchant, Project) {

@@ -25,6 +25,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::account;
+use super::analytics::Tally;
 use super::checkout::{
     self, Address, CheckoutSession, SessionStatus, open_cond, open_partition, open_partitions,
 };
@@ -349,7 +350,7 @@ pub async fn start(
         // backends (a comparison across types is false).
         None => Cond::Not(Box::new(Cond::ge("payment_id", ""))),
     };
-    let ops = vec![
+    let mut ops = vec![
         TxOp::Put {
             item: to_item(
                 &payment,
@@ -373,7 +374,8 @@ pub async fn start(
             ])),
         },
     ];
-    if let Err(e) = state.store.transact(ops).await {
+    start_tally(&session, &payment).apply_to(&mut ops)?;
+    if let Err(e) = transact_start(store, ops).await {
         if let Some(m) = &cap_month {
             release_hold(store, &session.project_id, &reference, m).await;
         }
@@ -462,6 +464,39 @@ pub async fn start(
             let reason = format!("{} could not start the payment: {err}", provider.as_str());
             apply(state, &payment, Decision::NotStarted(reason), now).await?;
             Err(AttemptError::Provider(err))
+        }
+    }
+}
+
+/// The day counters of a started attempt: the payment is created, and the
+/// session counts as initiated on its first attempt only (`session` as
+/// read; the transaction's `payment_id` condition pins that read).
+fn start_tally(session: &CheckoutSession, payment: &Payment) -> Tally {
+    let mut tally = Tally::new();
+    tally.payment_created(payment);
+    if session.payment_id.is_none() {
+        tally.session_initiated(session);
+    }
+    tally
+}
+
+/// The start transaction, tried again when only a conflict (another
+/// transaction writing the same item: the day's counters are shared by
+/// the project's sessions) cancelled it.
+async fn transact_start(store: &dyn Store, ops: Vec<TxOp>) -> Result<(), StoreError> {
+    let mut tries = 0u64;
+    loop {
+        tries += 1;
+        match store.transact(ops.clone()).await {
+            Err(StoreError::TransactionCanceled { reasons })
+                if tries < 5
+                    && reasons.contains(&TxReason::Conflict)
+                    && !reasons.contains(&TxReason::ConditionFailed) =>
+            {
+                let pause = 5 + 10 * tries + rand::random::<u64>() % 20;
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+            }
+            other => return other,
         }
     }
 }
@@ -944,6 +979,8 @@ fn plan(
     let stamp = now.to_rfc3339();
     let ours = |s: &CheckoutSession| s.payment_id.as_deref() == Some(p.id.as_str());
     let mut ops = Vec::new();
+    // The day counters of the transitions below, added to `ops` last.
+    let mut tally = Tally::new();
     match decision {
         Decision::Hold(_) => return Ok(None),
         Decision::Processing => {
@@ -998,6 +1035,8 @@ fn plan(
                     });
                 }
                 Some(s) if s.status != SessionStatus::Success => {
+                    // Success is final: a session becomes paid once.
+                    tally.session_paid(s);
                     ops.push(TxOp::Update {
                         key: CheckoutSession::key(&s.id),
                         update: Update::new()
@@ -1068,6 +1107,9 @@ fn plan(
                     now,
                 ));
             }
+            // From pending, processing or cancelled (the condition above):
+            // a payment becomes a success once.
+            tally.payment_succeeded(p);
             ops.push(event_op(EventType::PaymentSucceeded, &next, now)?);
         }
         Decision::Failed(reason) | Decision::Cancelled(reason) | Decision::NotStarted(reason) => {
@@ -1138,6 +1180,9 @@ fn plan(
                 }
             }
             let kind = if failed {
+                // From pending or processing: failed is final, counted once.
+                // A cancel counts in no outcome (it may still succeed).
+                tally.payment_failed(p);
                 EventType::PaymentFailed
             } else {
                 EventType::PaymentCancelled
@@ -1145,6 +1190,7 @@ fn plan(
             ops.push(event_op(kind, &next, now)?);
         }
     }
+    tally.apply_to(&mut ops)?;
     Ok(Some(ops))
 }
 
@@ -2150,5 +2196,155 @@ mod tests {
             "https://shop.example"
         );
         assert_eq!(origin("http://127.0.0.1:9/thanks"), "http://127.0.0.1:9");
+    }
+
+    /// The day counters of the session's and payments' creation day.
+    async fn counters(st: &AppState, now: Timestamp) -> serde_json::Map<String, Value> {
+        let key = crate::domain::analytics::day_key("proj_1", Mode::Sandbox, now);
+        st.store.get(&key).await.unwrap().unwrap_or_default()
+    }
+
+    fn count(c: &serde_json::Map<String, Value>, attr: &str) -> i64 {
+        c.get(attr).and_then(Value::as_i64).unwrap_or(0)
+    }
+
+    #[test]
+    fn a_start_counts_the_payment_and_the_first_attempt_of_its_session() {
+        use crate::domain::analytics::{PAYMENTS_TOTAL, SESSIONS_INITIATED, day_key};
+        let now = at("2026-11-22T10:00:00Z");
+        let req: CreateCheckout = serde_json::from_value(json!({
+            "amount": 100_000, "returnUrl": "https://shop.example/thanks"
+        }))
+        .unwrap();
+        let creator = Creator {
+            project_id: "proj_1".into(),
+            mode: Mode::Sandbox,
+            api_key_id: "ak_1".into(),
+            spend_cap_paisa: None,
+        };
+        // Created yesterday, attempted today: each counts on its own day.
+        let yesterday = now.plus(chrono::Duration::days(-1));
+        let mut session = checkout::new_session(
+            &creator,
+            validate_create(req, Mode::Sandbox).unwrap(),
+            yesterday,
+        );
+        let mut p = payment_of(100_000);
+        p.provider = Provider::Khalti;
+        p.created_at = now;
+        let first = start_tally(&session, &p);
+        let (d0, d1) = (
+            day_key("proj_1", Mode::Sandbox, yesterday),
+            day_key("proj_1", Mode::Sandbox, now),
+        );
+        assert_eq!(first.added(&d0, SESSIONS_INITIATED), 1);
+        assert_eq!(first.added(&d1, SESSIONS_INITIATED), 0);
+        assert_eq!(first.added(&d1, PAYMENTS_TOTAL), 1);
+        assert_eq!(first.added(&d1, "khalti_count"), 1);
+        // A second attempt (back at the picker after a cancel): the
+        // payment counts, the session does not again.
+        session.attempts = 1;
+        session.payment_id = Some("pay_first".into());
+        let second = start_tally(&session, &p);
+        assert_eq!(second.added(&d0, SESSIONS_INITIATED), 0);
+        assert_eq!(second.added(&d1, PAYMENTS_TOTAL), 1);
+    }
+
+    #[tokio::test]
+    async fn a_success_counts_once_for_the_payment_and_its_session() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (_, p) = attempt(&st, Provider::Khalti, now).await;
+        let ok = apply(&st, &p, decide(&p, &paid(100_000), false), now)
+            .await
+            .unwrap();
+        assert_eq!(ok.status, PaymentStatus::Success);
+        // A replayed success changes nothing.
+        apply(&st, &ok, decide(&ok, &paid(100_000), false), now)
+            .await
+            .unwrap();
+        let c = counters(&st, now).await;
+        assert_eq!(count(&c, "sessions_created"), 1);
+        assert_eq!(count(&c, "sessions_paid"), 1);
+        assert_eq!(count(&c, "payments_success"), 1);
+        assert_eq!(count(&c, "payments_failed"), 0);
+        assert_eq!(count(&c, "success_volume_paisa"), 100_000);
+        assert_eq!(count(&c, "khalti_success"), 1);
+        assert_eq!(count(&c, "khalti_success_volume"), 100_000);
+    }
+
+    #[tokio::test]
+    async fn a_decline_and_a_failed_start_count_as_failed_once() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (_, p) = attempt(&st, Provider::Esewa, now).await;
+        let f = apply(&st, &p, Decision::Failed("declined".into()), now)
+            .await
+            .unwrap();
+        apply(&st, &f, Decision::Failed("declined".into()), now)
+            .await
+            .unwrap();
+        let (_, q) = attempt(&st, Provider::Esewa, now).await;
+        apply(&st, &q, Decision::NotStarted("esewa: 503".into()), now)
+            .await
+            .unwrap();
+        let c = counters(&st, now).await;
+        assert_eq!(count(&c, "payments_failed"), 2);
+        assert_eq!(count(&c, "payments_success"), 0);
+        assert_eq!(count(&c, "sessions_paid"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_cancel_counts_in_no_outcome_until_it_succeeds_after_all() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (_, p) = attempt(&st, Provider::Esewa, now).await;
+        let c = apply(&st, &p, Decision::Cancelled("left".into()), now)
+            .await
+            .unwrap();
+        let counted = counters(&st, now).await;
+        assert_eq!(count(&counted, "payments_failed"), 0);
+        assert_eq!(count(&counted, "payments_success"), 0);
+        // Paid after all, the next day: counted on its creation day.
+        let later = now.plus(chrono::Duration::hours(20));
+        apply(&st, &c, decide(&c, &paid(100_000), false), later)
+            .await
+            .unwrap();
+        let counted = counters(&st, now).await;
+        assert_eq!(count(&counted, "payments_success"), 1);
+        assert_eq!(count(&counted, "sessions_paid"), 1);
+        assert!(
+            st.store
+                .get(&crate::domain::analytics::day_key(
+                    "proj_1",
+                    Mode::Sandbox,
+                    later
+                ))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_double_payment_counts_the_payment_but_not_the_session_again() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (s, first) = attempt(&st, Provider::Khalti, now).await;
+        let first = apply(&st, &first, Decision::Cancelled("left".into()), now)
+            .await
+            .unwrap();
+        let second = add_attempt(&st, &s, Provider::Khalti, "REF2", now).await;
+        apply(&st, &second, decide(&second, &paid(100_000), false), now)
+            .await
+            .unwrap();
+        // The first attempt was paid at the provider too.
+        let late = apply(&st, &first, decide(&first, &paid(100_000), false), now)
+            .await
+            .unwrap();
+        assert!(late.double_payment_of.is_some());
+        let c = counters(&st, now).await;
+        assert_eq!(count(&c, "payments_success"), 2);
+        assert_eq!(count(&c, "sessions_paid"), 1);
     }
 }

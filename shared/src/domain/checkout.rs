@@ -766,6 +766,11 @@ pub async fn create(
         ops.push(f.op(&session.id));
         ops.len() - 1
     });
+    // The day's counters, in the same transaction (after the ops above,
+    // whose indexes the error handling reads).
+    let mut tally = super::analytics::Tally::new();
+    tally.session_created(&session);
+    tally.apply_to(&mut ops)?;
     let mut tries = 0;
     loop {
         tries += 1;

@@ -1471,6 +1471,11 @@ pub async fn checkout(
         if let Some(c) = &previous {
             ops.push(close_checkout_op(&c.session, now));
         }
+        // The day's counters, in the same transaction (last: the fence's
+        // index above is read on failure).
+        let mut tally = super::analytics::Tally::new();
+        tally.session_created(&session);
+        tally.apply_to(&mut ops)?;
         match store.transact(ops).await {
             Ok(()) => return Ok((session, false)),
             Err(StoreError::TransactionCanceled { reasons })
@@ -2059,6 +2064,16 @@ mod tests {
             .unwrap();
             assert!(!reused);
             assert_ne!(b.id, a.id);
+            // Each new session counted once on its day (the reused one not
+            // again).
+            let day = crate::domain::analytics::day_key("proj_1", Mode::Sandbox, a.created_at);
+            let counted = state.store.get(&day).await.unwrap().unwrap_or_default();
+            assert_eq!(
+                counted
+                    .get("sessions_created")
+                    .and_then(serde_json::Value::as_i64),
+                Some(2)
+            );
             assert_eq!(session(&state, &a.id).await.status, SessionStatus::Expired);
             // The invoice moved on: a write at the old version conflicts.
             let now_inv = get(&*state.store, "proj_1", Mode::Sandbox, &inv.id)

@@ -873,7 +873,7 @@ pub async fn open_session(
             ]),
         ]),
     };
-    let ops = vec![
+    let mut ops = vec![
         TxOp::Update {
             key: PaymentLink::key(&link.id),
             update: Update::new().add("claimed", 1),
@@ -892,6 +892,10 @@ pub async fn open_session(
             cond: Some(Cond::NotExists),
         },
     ];
+    // The day's counters, in the same transaction.
+    let mut tally = super::analytics::Tally::new();
+    tally.session_created(&session);
+    tally.apply_to(&mut ops)?;
     for attempt in 0..6u64 {
         match store.transact(ops.clone()).await {
             Ok(()) => return Ok(session),
@@ -1048,6 +1052,30 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(total, 1);
+    }
+
+    #[tokio::test]
+    async fn an_opened_session_is_counted_on_its_day() {
+        let store = EmbeddedStore::in_memory().unwrap();
+        let l = create(json!({"title": "Momo box", "amount": 50000})).unwrap();
+        insert(&store, &l).await.unwrap();
+        for _ in 0..2 {
+            open_session(
+                &store,
+                &l.id,
+                LinkCustomer::default(),
+                "https://pay.example",
+                now(),
+            )
+            .await
+            .unwrap();
+        }
+        let day = crate::domain::analytics::day_key("proj_1", Mode::Sandbox, now());
+        let counted = store.get(&day).await.unwrap().unwrap_or_default();
+        assert_eq!(
+            counted.get("sessions_created").and_then(Value::as_i64),
+            Some(2)
+        );
     }
 
     #[tokio::test]

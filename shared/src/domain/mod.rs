@@ -2,6 +2,7 @@
 //! only: no HTTP, no AWS types.
 
 pub mod account;
+pub mod analytics;
 pub mod attempts;
 pub mod checkout;
 pub mod credentials;
@@ -12,6 +13,7 @@ pub mod outbox;
 pub mod payments;
 pub mod record;
 pub mod refunds;
+pub mod sms;
 pub mod webhooks;
 
 use serde::{Deserialize, Serialize};

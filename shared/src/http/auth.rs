@@ -1,8 +1,12 @@
 //! `Authorization: Bearer sk_test_…|sk_live_…` on every merchant route.
 //!
 //! Order of checks: a usable key (401) -> merchant suspended (403) -> key
-//! paused (423) -> the route's scope (403, checked by the handler through
-//! [`Auth::require`]).
+//! paused (423) -> the rate limit (429, [`super::ratelimit`]) -> the
+//! route's scope (403, checked by the handler through [`Auth::require`]).
+//!
+//! Authentication runs once per request: the idempotency layer or the
+//! first extractor leaves the [`Auth`] on the request, and later extractors
+//! take it from there, so a request takes one slot of its key's budget.
 
 use axum::extract::FromRequestParts;
 use http::request::Parts;
@@ -10,6 +14,7 @@ use http::{StatusCode, header};
 use serde_json::json;
 
 use super::error::{ApiError, ErrorType};
+use super::ratelimit::{self, QuotaSlot};
 use crate::app::AppState;
 use crate::domain::Mode;
 use crate::domain::account::{self, AuthError, Principal, Scope};
@@ -45,18 +50,35 @@ impl FromRequestParts<AppState> for Auth {
         if let Some(auth) = parts.extensions.get::<Auth>() {
             return Ok(auth.clone());
         }
-        authenticate_request(parts, state).await
+        let auth = authenticate_request(parts, state).await?;
+        parts.extensions.insert(auth.clone());
+        Ok(auth)
     }
 }
 
-/// Authenticates the request's bearer key.
+/// Authenticates the request's bearer key, then takes one request of the
+/// key's rate limit (429 when over) and records the key's use. The
+/// limiter's decision goes to the request's [`QuotaSlot`] (the edge turns
+/// it into headers). Call it once per request.
 pub async fn authenticate_request(parts: &Parts, state: &AppState) -> Result<Auth, ApiError> {
     let secret = bearer(parts)?;
     let now = state.clock.now();
-    account::authenticate(&*state.store, now, secret)
+    let principal = account::authenticate(&*state.store, now, secret)
         .await
-        .map(Auth)
-        .map_err(auth_error)
+        .map_err(auth_error)?;
+    let limit = state.limits.for_mode(principal.mode());
+    let quota = ratelimit::take(&*state.store, &principal.key.id, limit, now).await;
+    if let Some(slot) = parts.extensions.get::<QuotaSlot>() {
+        slot.set(quota);
+    }
+    if quota.limited() {
+        return Err(quota.error());
+    }
+    if let Err(e) = account::record_use(&*state.store, &principal.key, now).await {
+        // Bookkeeping only: the request goes on.
+        tracing::warn!(error = %e, key_id = %principal.key.id, "last_used_at not recorded");
+    }
+    Ok(Auth(principal))
 }
 
 fn bearer(parts: &Parts) -> Result<&str, ApiError> {

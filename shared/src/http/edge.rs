@@ -1,7 +1,9 @@
 //! What wraps every function's router: a request id on every answer (API
 //! Gateway's when present), one log line per request, panics turned into a
 //! 500 envelope, and every error status the router makes itself (unknown
-//! path, wrong method) rendered as the spec's envelope.
+//! path, wrong method) rendered as the spec's envelope. Answers to
+//! authenticated requests get the key's `X-RateLimit-*` headers here, from
+//! the decision the limiter left in the request's [`QuotaSlot`].
 
 use std::time::Instant;
 
@@ -13,6 +15,7 @@ use http::{HeaderValue, StatusCode};
 use tower_http::catch_panic::CatchPanicLayer;
 
 use super::error::{ApiError, Enveloped};
+use super::ratelimit::QuotaSlot;
 use crate::ids;
 
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -49,6 +52,8 @@ async fn edge(mut req: Request, next: Next) -> Response {
     let started = Instant::now();
     let request_id = gateway_request_id(&req).unwrap_or_else(fresh_request_id);
     req.extensions_mut().insert(RequestId(request_id.clone()));
+    let quota = QuotaSlot::default();
+    req.extensions_mut().insert(quota.clone());
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
 
@@ -72,6 +77,9 @@ async fn edge(mut req: Request, next: Next) -> Response {
 
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         res.headers_mut().insert(REQUEST_ID_HEADER, v);
+    }
+    if let Some(quota) = quota.get() {
+        quota.apply(res.headers_mut());
     }
     let status = res.status().as_u16();
     let latency_ms = started.elapsed().as_secs_f64() * 1000.0;

@@ -1,5 +1,6 @@
 //! The HTTP edge every function shares: the error envelope, request ids and
-//! request logs, authentication and scopes, pagination and JSON input.
+//! request logs, authentication and scopes, rate limits, pagination and JSON
+//! input.
 
 pub mod auth;
 pub mod edge;
@@ -8,6 +9,7 @@ pub mod html;
 pub mod idempotency;
 pub mod input;
 pub mod pagination;
+pub mod ratelimit;
 
 pub use auth::Auth;
 pub use edge::{RequestId, with_edge};

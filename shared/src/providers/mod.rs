@@ -26,6 +26,7 @@ pub mod fonepay;
 pub mod hub;
 pub mod khalti;
 pub mod sign;
+pub mod sms;
 mod transport;
 
 #[cfg(test)]

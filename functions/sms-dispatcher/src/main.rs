@@ -1,0 +1,22 @@
+use aws_lambda_events::sqs::SqsEvent;
+use lambda_runtime::{LambdaEvent, service_fn};
+use shared::providers::sms::{SmsClient, SmsConfig};
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_runtime::Error> {
+    lambda_runtime::tracing::init_default_subscriber();
+    let state = shared::AppState::from_env().await?;
+    // One client per process (DHUKUTI_SMS_BASE_URL, DHUKUTI_SMS_TOKEN,
+    // DHUKUTI_SMS_FROM): its connection pool outlives invocations.
+    let client = SmsClient::new(SmsConfig::from_env()?)?;
+    lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {
+        let state = state.clone();
+        let client = client.clone();
+        async move {
+            Ok::<_, lambda_runtime::Error>(
+                sms_dispatcher::handle(&state, &client, event.payload).await,
+            )
+        }
+    }))
+    .await
+}

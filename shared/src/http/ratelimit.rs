@@ -1,0 +1,500 @@
+//! Per-key rate limits (decisions.md, Rate limits): a fixed one-second
+//! window per API key, shared by every function instance through the store.
+//!
+//! One counter item per (key, window second):
+//! `pk = RATE#<key id>#<unix second>`, `sk = RATE`, attributes `count` and
+//! `ttl` (a minute after the window, for DynamoDB TTL). A request takes a
+//! slot with one conditional update, `ADD count 1` if `count < limit` (or
+//! `count` is missing): the store applies it atomically, so exactly `limit`
+//! requests of a window succeed however many instances race, and the item
+//! as written says how many are left. A failed condition is the 429.
+//!
+//! The check runs once per request, right after authentication
+//! ([`super::auth::authenticate_request`]): a bad key is a 401 that costs
+//! nobody's budget. The answer's `X-RateLimit-*` headers are added by the
+//! edge ([`super::edge`]) from the [`QuotaSlot`] it puts on the request.
+//! A store failure of the limiter lets the request through (logged).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use http::{HeaderMap, HeaderValue, StatusCode};
+
+use super::error::{ApiError, ErrorType};
+use crate::domain::Mode;
+use crate::store::{Cond, Key, Store, StoreError, TTL, Update};
+use crate::time::Timestamp;
+
+pub const LIMIT_HEADER: &str = "x-ratelimit-limit";
+pub const REMAINING_HEADER: &str = "x-ratelimit-remaining";
+pub const RESET_HEADER: &str = "x-ratelimit-reset";
+pub const RETRY_AFTER_HEADER: &str = "retry-after";
+
+/// Requests per second of a live key unless configured.
+pub const DEFAULT_LIVE: u32 = 100;
+/// Requests per second of a sandbox key unless configured.
+pub const DEFAULT_SANDBOX: u32 = 25;
+/// How long a window's counter outlives the window (DynamoDB TTL).
+const COUNTER_TTL_SECONDS: i64 = 60;
+
+/// Requests per second per key, by mode. Adjustable while running (the
+/// test gateway raises them; a test lowers them for one gateway).
+#[derive(Debug)]
+pub struct RateLimits {
+    live: AtomicU32,
+    sandbox: AtomicU32,
+}
+
+impl Default for RateLimits {
+    fn default() -> Self {
+        RateLimits::new(DEFAULT_LIVE, DEFAULT_SANDBOX)
+    }
+}
+
+impl RateLimits {
+    /// Limits of at least 1 request per second each.
+    pub fn new(live: u32, sandbox: u32) -> Self {
+        RateLimits {
+            live: AtomicU32::new(live.max(1)),
+            sandbox: AtomicU32::new(sandbox.max(1)),
+        }
+    }
+
+    /// `DHUKUTI_RATE_LIMIT_LIVE` and `DHUKUTI_RATE_LIMIT_SANDBOX`
+    /// (requests per second, default 100 and 25).
+    pub fn from_env() -> Result<Self, String> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// [`RateLimits::from_env`] reading variables through `lookup`.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let read = |name: &str, default: u32| -> Result<u32, String> {
+            match lookup(name).filter(|v| !v.trim().is_empty()) {
+                None => Ok(default),
+                Some(v) => match v.trim().parse::<u32>() {
+                    Ok(n) if n >= 1 => Ok(n),
+                    _ => Err(format!(
+                        "{name}={v:?} must be a number of requests per second from 1"
+                    )),
+                },
+            }
+        };
+        Ok(RateLimits::new(
+            read("DHUKUTI_RATE_LIMIT_LIVE", DEFAULT_LIVE)?,
+            read("DHUKUTI_RATE_LIMIT_SANDBOX", DEFAULT_SANDBOX)?,
+        ))
+    }
+
+    /// The limit of a key of `mode`.
+    pub fn for_mode(&self, mode: Mode) -> u32 {
+        match mode {
+            Mode::Live => self.live.load(Ordering::Relaxed),
+            Mode::Sandbox => self.sandbox.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Replaces both limits (at least 1 each).
+    pub fn set(&self, live: u32, sandbox: u32) {
+        self.live.store(live.max(1), Ordering::Relaxed);
+        self.sandbox.store(sandbox.max(1), Ordering::Relaxed);
+    }
+}
+
+/// The one-second window `now` falls in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Unix second the window starts at.
+    pub start: i64,
+}
+
+impl Window {
+    pub fn of(now: Timestamp) -> Self {
+        Window {
+            start: now.unix_millis().div_euclid(1000),
+        }
+    }
+
+    /// Unix second the window ends at (`X-RateLimit-Reset`).
+    pub fn reset(self) -> i64 {
+        self.start + 1
+    }
+
+    /// Whole seconds to wait from `now` until the window is over, at
+    /// least 1 (`Retry-After`).
+    pub fn retry_after(self, now: Timestamp) -> i64 {
+        let left_ms = self.reset() * 1000 - now.unix_millis();
+        (left_ms + 999).div_euclid(1000).max(1)
+    }
+
+    /// The counter item of `key_id` in this window.
+    pub fn counter_key(self, key_id: &str) -> Key {
+        Key::new(format!("RATE#{key_id}#{}", self.start), "RATE")
+    }
+}
+
+/// What the limiter decided for one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    pub limit: u32,
+    pub remaining: u32,
+    /// Unix second the window ends at.
+    pub reset: i64,
+    /// `Some(seconds)` when the request is over the limit.
+    pub retry_after: Option<i64>,
+}
+
+impl Quota {
+    pub fn limited(&self) -> bool {
+        self.retry_after.is_some()
+    }
+
+    /// Adds the `X-RateLimit-*` headers (and `Retry-After` when limited).
+    pub fn apply(&self, headers: &mut HeaderMap) {
+        headers.insert(LIMIT_HEADER, HeaderValue::from(self.limit));
+        headers.insert(REMAINING_HEADER, HeaderValue::from(self.remaining));
+        headers.insert(RESET_HEADER, HeaderValue::from(self.reset));
+        if let Some(secs) = self.retry_after {
+            headers.insert(RETRY_AFTER_HEADER, HeaderValue::from(secs));
+        }
+    }
+
+    /// The 429 of a limited request, headers included.
+    pub fn error(&self) -> ApiError {
+        let secs = self.retry_after.unwrap_or(1).max(1);
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            ErrorType::RateLimitError,
+            "rate_limited",
+            format!(
+                "Too many requests with this API key: the limit is {} per second; retry after {secs} s",
+                self.limit
+            ),
+        )
+        .with_header(LIMIT_HEADER, self.limit.to_string())
+        .with_header(REMAINING_HEADER, self.remaining.to_string())
+        .with_header(RESET_HEADER, self.reset.to_string())
+        .with_header(RETRY_AFTER_HEADER, secs.to_string())
+    }
+}
+
+/// Where the limiter leaves its decision for the edge to turn into
+/// headers. Set once per request: a second check of the same request (it
+/// should not happen) keeps the first decision.
+#[derive(Clone, Debug, Default)]
+pub struct QuotaSlot(Arc<OnceLock<Quota>>);
+
+impl QuotaSlot {
+    pub fn set(&self, quota: Quota) {
+        let _ = self.0.set(quota);
+    }
+
+    pub fn get(&self) -> Option<Quota> {
+        self.0.get().copied()
+    }
+}
+
+/// Takes one request of `limit` per second for the key `key_id` at `now`.
+/// Never fails: a store error lets the request through (logged), with
+/// headers as if it were the window's first request.
+pub async fn take(store: &dyn Store, key_id: &str, limit: u32, now: Timestamp) -> Quota {
+    let window = Window::of(now);
+    let limit = limit.max(1);
+    let update = Update::new()
+        .add("count", 1)
+        .set(TTL, window.reset() + COUNTER_TTL_SECONDS);
+    let room = Cond::Or(vec![
+        Cond::AttrNotExists("count".into()),
+        Cond::lt("count", i64::from(limit)),
+    ]);
+    let quota = |remaining: u32, retry_after: Option<i64>| Quota {
+        limit,
+        remaining,
+        reset: window.reset(),
+        retry_after,
+    };
+    match store
+        .update(&window.counter_key(key_id), update, Some(room))
+        .await
+    {
+        Ok(item) => {
+            let count = item.get("count").and_then(|v| v.as_i64()).unwrap_or(1);
+            let remaining = (i64::from(limit) - count).clamp(0, i64::from(limit));
+            quota(u32::try_from(remaining).unwrap_or(0), None)
+        }
+        Err(StoreError::ConditionFailed) => quota(0, Some(window.retry_after(now))),
+        Err(e) => {
+            tracing::warn!(error = %e, key_id, "rate limiter unavailable; request let through");
+            quota(limit.saturating_sub(1), None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+    use crate::store::faults::{Fault, FaultyStore, Op};
+
+    fn at(s: &str) -> Timestamp {
+        Timestamp::parse(s).unwrap_or_else(|| panic!("bad time {s}"))
+    }
+
+    fn store() -> Arc<dyn Store> {
+        match EmbeddedStore::in_memory() {
+            Ok(s) => Arc::new(s),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn windows_are_whole_seconds() {
+        let t = at("2026-11-22T01:00:00.000Z");
+        let w = Window::of(t);
+        assert_eq!(w.start, t.unix_seconds());
+        assert_eq!(w.reset(), t.unix_seconds() + 1);
+        assert_eq!(Window::of(at("2026-11-22T01:00:00.999Z")), w);
+        assert_ne!(Window::of(at("2026-11-22T01:00:01.000Z")), w);
+        // Retry-After is whole seconds, never 0.
+        assert_eq!(w.retry_after(t), 1);
+        assert_eq!(w.retry_after(at("2026-11-22T01:00:00.999Z")), 1);
+        assert_eq!(
+            w.counter_key("ak_1"),
+            Key::new(format!("RATE#ak_1#{}", w.start), "RATE")
+        );
+    }
+
+    #[test]
+    fn limits_come_from_the_environment() {
+        let none = RateLimits::from_lookup(|_| None);
+        let Ok(none) = none else { panic!("{none:?}") };
+        assert_eq!(none.for_mode(Mode::Live), 100);
+        assert_eq!(none.for_mode(Mode::Sandbox), 25);
+        let set = RateLimits::from_lookup(|n| {
+            Some(if n.ends_with("LIVE") { "7" } else { " 3 " }.to_owned())
+        });
+        let Ok(set) = set else { panic!("{set:?}") };
+        assert_eq!(
+            (set.for_mode(Mode::Live), set.for_mode(Mode::Sandbox)),
+            (7, 3)
+        );
+        for bad in ["0", "-1", "x", "1.5"] {
+            assert!(RateLimits::from_lookup(|_| Some(bad.to_owned())).is_err());
+        }
+        set.set(0, 9);
+        assert_eq!(
+            (set.for_mode(Mode::Live), set.for_mode(Mode::Sandbox)),
+            (1, 9)
+        );
+    }
+
+    #[test]
+    fn headers_and_the_429() {
+        let ok = Quota {
+            limit: 5,
+            remaining: 3,
+            reset: 1_800_000_001,
+            retry_after: None,
+        };
+        let mut h = HeaderMap::new();
+        ok.apply(&mut h);
+        assert_eq!(h[LIMIT_HEADER], "5");
+        assert_eq!(h[REMAINING_HEADER], "3");
+        assert_eq!(h[RESET_HEADER], "1800000001");
+        assert!(h.get(RETRY_AFTER_HEADER).is_none());
+
+        let over = Quota {
+            remaining: 0,
+            retry_after: Some(1),
+            ..ok
+        };
+        let e = over.error();
+        assert_eq!(
+            (e.status, e.kind, e.code),
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorType::RateLimitError,
+                "rate_limited"
+            )
+        );
+        let res = axum::response::IntoResponse::into_response(e);
+        assert_eq!(res.headers()[RETRY_AFTER_HEADER], "1");
+        assert_eq!(res.headers()[REMAINING_HEADER], "0");
+        assert_eq!(res.headers()[LIMIT_HEADER], "5");
+    }
+
+    #[tokio::test]
+    async fn exactly_the_limit_passes_per_window_and_key() {
+        let store = store();
+        let t = at("2026-11-22T01:00:00.100Z");
+        let mut remaining = Vec::new();
+        let mut limited = 0;
+        for _ in 0..8 {
+            let q = take(&*store, "ak_a", 5, t).await;
+            match q.retry_after {
+                None => remaining.push(q.remaining),
+                Some(s) => {
+                    assert_eq!(s, 1);
+                    assert_eq!(q.remaining, 0);
+                    limited += 1;
+                }
+            }
+            assert_eq!(q.reset, t.unix_seconds() + 1);
+        }
+        assert_eq!(remaining, vec![4, 3, 2, 1, 0]);
+        assert_eq!(limited, 3);
+        // Another key has its own budget; the next second starts afresh.
+        assert_eq!(take(&*store, "ak_b", 5, t).await.remaining, 4);
+        let next = at("2026-11-22T01:00:01.000Z");
+        assert_eq!(take(&*store, "ak_a", 5, next).await.remaining, 4);
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_share_one_budget() {
+        let store = store();
+        let t = at("2026-11-22T01:00:00.100Z");
+        let calls = (0..40).map(|_| {
+            let store = store.clone();
+            async move { take(&*store, "ak_c", 5, t).await }
+        });
+        let quotas = futures::future::join_all(calls).await;
+        assert_eq!(quotas.iter().filter(|q| !q.limited()).count(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_store_failure_lets_the_request_through() {
+        let faulty = Arc::new(FaultyStore::new(store()));
+        faulty.plan(Op::Update, 0, Fault::throttled());
+        let t = at("2026-11-22T01:00:00.100Z");
+        let q = take(&*faulty, "ak_d", 5, t).await;
+        assert!(!q.limited());
+        assert_eq!((q.limit, q.remaining), (5, 4));
+        assert_eq!(faulty.injected(), 1);
+    }
+
+    /// A merchant route behind the idempotency layer and the edge, on a
+    /// clock that stands still (one window), with a limit of 1.
+    async fn gateway() -> (
+        axum::Router,
+        String,
+        Arc<dyn Store>,
+        crate::time::ManualClock,
+    ) {
+        use crate::domain::account::{self, KeyKind, NewKey, Plan, Scope};
+        use crate::http::{Auth, with_edge};
+        use crate::{AppState, Config};
+        use axum::routing::get;
+
+        let store = store();
+        let now = at("2026-11-22T01:00:00.100Z");
+        let Ok(m) = account::create_merchant(&*store, now, "R", "r@x.example", Plan::Pro).await
+        else {
+            panic!()
+        };
+        let Ok(p) = account::create_project(&*store, now, &m, "P", false).await else {
+            panic!()
+        };
+        let new = NewKey {
+            mode: Mode::Sandbox,
+            kind: KeyKind::Secret,
+            scopes: Scope::ALL.to_vec(),
+            description: String::new(),
+            expires_at: None,
+            spend_cap_paisa: None,
+        };
+        let Ok((key, _)) = account::issue_api_key(&*store, now, &p, new).await else {
+            panic!()
+        };
+        let clock = crate::time::ManualClock::new(now);
+        let state = AppState::new(
+            store.clone(),
+            Arc::new(clock.clone()),
+            Config {
+                public_base_url: "http://x".into(),
+            },
+        )
+        .with_rate_limits(RateLimits::new(100, 1));
+        // Two Auth extractors: the request must still count once.
+        async fn who(a: Auth, b: Auth) -> String {
+            format!("{} {}", a.project_id(), b.project_id())
+        }
+        let app = with_edge(
+            axum::Router::new()
+                .route("/v1/who", get(who).post(who))
+                .layer(axum::middleware::from_fn_with_state(
+                    state.clone(),
+                    super::super::idempotency::layer,
+                ))
+                .with_state(state),
+        );
+        (app, key, store, clock)
+    }
+
+    async fn send(
+        app: &axum::Router,
+        method: &str,
+        key: Option<&str>,
+        idem: Option<&str>,
+    ) -> http::Response<axum::body::Body> {
+        use tower::ServiceExt;
+        let mut req = http::Request::builder().method(method).uri("/v1/who");
+        if let Some(k) = key {
+            req = req.header("authorization", format!("Bearer {k}"));
+        }
+        if let Some(i) = idem {
+            req = req.header("idempotency-key", i);
+        }
+        let req = req.body(axum::body::Body::empty()).unwrap_or_default();
+        app.clone().oneshot(req).await.unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn one_request_counts_once_after_authentication() {
+        let (app, key, store, clock) = gateway().await;
+        // Refused keys cost nothing and carry no rate headers.
+        for bad in [
+            None,
+            Some("sk_test_nope"),
+            Some("sk_test_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"),
+        ] {
+            let res = send(&app, "GET", bad, None).await;
+            assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+            assert!(res.headers().get(LIMIT_HEADER).is_none());
+        }
+        // The idempotency layer and two extractors authenticate: one slot.
+        let res = send(&app, "POST", Some(&key), Some("k1")).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(res.headers()[LIMIT_HEADER], "1");
+        assert_eq!(res.headers()[REMAINING_HEADER], "0");
+        let reset = at("2026-11-22T01:00:01.000Z").unix_seconds().to_string();
+        assert_eq!(res.headers()[RESET_HEADER], reset.as_str());
+        assert!(res.headers().get(RETRY_AFTER_HEADER).is_none());
+        // The window is spent: 429 in the envelope, with Retry-After.
+        let res = send(&app, "GET", Some(&key), None).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(res.headers()[RETRY_AFTER_HEADER], "1");
+        assert_eq!(res.headers()[REMAINING_HEADER], "0");
+        let body = http_body_util::BodyExt::collect(res.into_body())
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        assert_eq!(body["error"]["type"], "rate_limit_error");
+        assert_eq!(body["error"]["code"], "rate_limited");
+        // The next second has a fresh budget.
+        clock.advance(chrono::Duration::seconds(1));
+        let res = send(&app, "GET", Some(&key), None).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        // Two windows were written, the first with count 1 (the 429 did
+        // not add).
+        let w = Window::of(at("2026-11-22T01:00:00.100Z"));
+        let key_item = crate::domain::account::ApiKey::key_for_hash(
+            &crate::domain::account::hash_secret(&key),
+        );
+        let id = match store.get(&key_item).await {
+            Ok(Some(item)) => item["id"].as_str().unwrap_or_default().to_owned(),
+            other => panic!("{other:?}"),
+        };
+        let item = store.get(&w.counter_key(&id)).await.ok().flatten();
+        assert_eq!(item.and_then(|i| i.get("count").cloned()), Some(1.into()));
+    }
+}
