@@ -74,13 +74,16 @@ async fn create_checkout(
     auth: Auth,
     fence: Option<Extension<Fence>>,
     headers: http::HeaderMap,
-    JsonBody(body): JsonBody<CreateCheckout>,
+    // Parsed after the scope check: a key without the scope gets 403,
+    // whatever it sent.
+    body: Result<JsonBody<CreateCheckout>, ApiError>,
 ) -> Result<(StatusCode, Json<Created>), ApiError> {
     let host = headers
         .get(http::header::HOST)
         .and_then(|h| h.to_str().ok());
     let base = state.config.base_for(host);
     let who = auth.require(Scope::PaymentsWrite)?;
+    let JsonBody(body) = body?;
     let valid = checkout::validate_create(body, who.mode()).map_err(api_error)?;
     let creator = Creator {
         project_id: who.project_id().to_owned(),

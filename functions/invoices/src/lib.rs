@@ -119,9 +119,12 @@ async fn create_invoice(
     State(state): State<AppState>,
     auth: Auth,
     fence: Option<Extension<Fence>>,
-    JsonBody(body): JsonBody<CreateInvoice>,
+    // Parsed after the scope check: a key without the scope gets 403,
+    // whatever it sent.
+    body: Result<JsonBody<CreateInvoice>, ApiError>,
 ) -> Result<(StatusCode, Json<InvoiceView>), ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
+    let JsonBody(body) = body?;
     let inv = invoices::create(&state, who.project_id(), who.mode(), body, fence_of(&fence))
         .await
         .map_err(|e| api_error(e, ""))?;
@@ -185,9 +188,12 @@ async fn patch_invoice(
     State(state): State<AppState>,
     auth: Auth,
     Path(id): Path<String>,
-    JsonBody(body): JsonBody<PatchInvoice>,
+    // Parsed after the scope check: a key without the scope gets 403,
+    // whatever it sent.
+    body: Result<JsonBody<PatchInvoice>, ApiError>,
 ) -> Result<Json<InvoiceView>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
+    let JsonBody(body) = body?;
     let inv = invoices::patch(&state, who.project_id(), who.mode(), &id, body)
         .await
         .map_err(|e| api_error(e, &id))?;
@@ -199,9 +205,12 @@ async fn finalize_invoice(
     auth: Auth,
     fence: Option<Extension<Fence>>,
     Path(id): Path<String>,
-    JsonBody(body): JsonBody<FinalizeInvoice>,
+    // Parsed after the scope check: a key without the scope gets 403,
+    // whatever it sent.
+    body: Result<JsonBody<FinalizeInvoice>, ApiError>,
 ) -> Result<Json<InvoiceView>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
+    let JsonBody(body) = body?;
     let lock = numbering_lock(who.project_id(), who.mode());
     let inv = {
         let _turn = lock.lock().await;
@@ -240,9 +249,12 @@ async fn correct_invoice(
     State(state): State<AppState>,
     auth: Auth,
     Path(id): Path<String>,
-    JsonBody(body): JsonBody<CorrectInvoice>,
+    // Parsed after the scope check: a key without the scope gets 403,
+    // whatever it sent.
+    body: Result<JsonBody<CorrectInvoice>, ApiError>,
 ) -> Result<Json<Value>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
+    let JsonBody(body) = body?;
     let (voided, replacement) = invoices::correct(&state, who.project_id(), who.mode(), &id, body)
         .await
         .map_err(|e| api_error(e, &id))?;
@@ -258,9 +270,12 @@ async fn adjust_invoice(
     State(state): State<AppState>,
     auth: Auth,
     Path(id): Path<String>,
-    JsonBody(body): JsonBody<AdjustInvoice>,
+    // Parsed after the scope check: a key without the scope gets 403,
+    // whatever it sent.
+    body: Result<JsonBody<AdjustInvoice>, ApiError>,
 ) -> Result<Json<InvoiceView>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
+    let JsonBody(body) = body?;
     let inv = invoices::adjust(&state, who.project_id(), who.mode(), &id, body)
         .await
         .map_err(|e| api_error(e, &id))?;
@@ -273,10 +288,13 @@ async fn invoice_checkout(
     fence: Option<Extension<Fence>>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    OptionalJsonBody(body): OptionalJsonBody<InvoiceCheckout>,
+    // Parsed after the scope check: a key without the scope gets 403,
+    // whatever it sent.
+    body: Result<OptionalJsonBody<InvoiceCheckout>, ApiError>,
 ) -> Result<Json<InvoiceCheckoutView>, ApiError> {
     // The checkout is a payment: it needs the right to take payments.
     let who = auth.require(Scope::InvoicesWrite)?;
+    let OptionalJsonBody(body) = body?;
     let base = state
         .config
         .base_for(headers.get(header::HOST).and_then(|h| h.to_str().ok()));

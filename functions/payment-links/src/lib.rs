@@ -65,9 +65,12 @@ async fn create_link(
     auth: Auth,
     fence: Option<Extension<Fence>>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<CreateLink>,
+    // Parsed after the scope check: a key without the scope gets 403,
+    // whatever it sent.
+    body: Result<JsonBody<CreateLink>, ApiError>,
 ) -> Result<(StatusCode, Json<PaymentLinkView>), ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
+    let JsonBody(body) = body?;
     let link = links::new_link(who.project_id(), who.mode(), body, state.clock.now())
         .map_err(|e| api_error(e, ""))?;
     let fence = fence.as_ref().map(|Extension(f)| f);
@@ -130,9 +133,12 @@ async fn patch_link(
     auth: Auth,
     headers: HeaderMap,
     Path(id): Path<String>,
-    JsonBody(body): JsonBody<PatchLink>,
+    // Parsed after the scope check: a key without the scope gets 403,
+    // whatever it sent.
+    body: Result<JsonBody<PatchLink>, ApiError>,
 ) -> Result<Json<PaymentLinkView>, ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
+    let JsonBody(body) = body?;
     let link = links::patch(
         &*state.store,
         who.project_id(),

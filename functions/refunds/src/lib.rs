@@ -65,9 +65,12 @@ async fn create_refund(
     State(state): State<AppState>,
     auth: Auth,
     fence: Option<Extension<Fence>>,
-    JsonBody(body): JsonBody<CreateRefund>,
+    // Parsed after the scope check: a key without the scope gets 403,
+    // whatever it sent.
+    body: Result<JsonBody<CreateRefund>, ApiError>,
 ) -> Result<(StatusCode, Json<RefundView>), ApiError> {
     let who = auth.require(Scope::RefundsWrite)?;
+    let JsonBody(body) = body?;
     let fence = fence.as_ref().map(|Extension(f)| f);
     let refund = refunds::create(
         &state,

@@ -66,9 +66,12 @@ async fn notify(
     State(state): State<AppState>,
     auth: Auth,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<NotifyRequest>,
+    // Parsed after the scope check: a key without the scope gets 403,
+    // whatever it sent.
+    body: Result<JsonBody<NotifyRequest>, ApiError>,
 ) -> Result<Json<NotifyOutcome>, ApiError> {
     let who = auth.require(Scope::PaymentsWrite)?;
+    let JsonBody(body) = body?;
     let host = headers
         .get(http::header::HOST)
         .and_then(|h| h.to_str().ok());

@@ -64,9 +64,12 @@ async fn create_endpoint(
     State(state): State<AppState>,
     auth: Auth,
     fence: Option<Extension<Fence>>,
-    JsonBody(body): JsonBody<CreateEndpoint>,
+    // Parsed after the scope check: a key without the scope gets 403,
+    // whatever it sent.
+    body: Result<JsonBody<CreateEndpoint>, ApiError>,
 ) -> Result<Response, ApiError> {
     let who = auth.require(Scope::WebhooksWrite)?;
+    let JsonBody(body) = body?;
     let fence = fence.as_ref().map(|Extension(f)| f);
     let (endpoint, secret) = webhooks::create(&state, who.project_id(), who.mode(), body, fence)
         .await
@@ -108,9 +111,12 @@ async fn patch_endpoint(
     State(state): State<AppState>,
     auth: Auth,
     Path(id): Path<String>,
-    JsonBody(body): JsonBody<PatchEndpoint>,
+    // Parsed after the scope check: a key without the scope gets 403,
+    // whatever it sent.
+    body: Result<JsonBody<PatchEndpoint>, ApiError>,
 ) -> Result<Json<EndpointView>, ApiError> {
     let who = auth.require(Scope::WebhooksWrite)?;
+    let JsonBody(body) = body?;
     let endpoint = webhooks::patch(&state, who.project_id(), who.mode(), &id, body)
         .await
         .map_err(|e| api_error(e, &id))?;
@@ -155,9 +161,12 @@ async fn send_test(
     State(state): State<AppState>,
     auth: Auth,
     Path(id): Path<String>,
-    JsonBody(body): JsonBody<TestEvent>,
+    // Parsed after the scope check: a key without the scope gets 403,
+    // whatever it sent.
+    body: Result<JsonBody<TestEvent>, ApiError>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let who = auth.require(Scope::WebhooksWrite)?;
+    let JsonBody(body) = body?;
     let t = EventType::parse(&body.event_type).ok_or_else(|| {
         ApiError::validation(
             "type",

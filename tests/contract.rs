@@ -1,0 +1,620 @@
+//! The API contract, endpoint by endpoint (issue 8, item 5): one table of
+//! every authenticated `(method, path)` the function routers declare, with
+//! the scope each one needs (decisions.md, "Identity, keys, modes, scopes"),
+//! walked on both backends. For every row:
+//!
+//! 1. no key: 401 `authentication_error` / `api_key_invalid`;
+//! 2. a key of the right mode holding every scope but the row's: 403
+//!    `permission_error` / `missing_scope`, the message naming the scope
+//!    (with a valid body, so the refusal is about the scope), and still 403
+//!    with a malformed body (the scope is checked before the body);
+//! 3. rows with an `{id}`: a key with every scope in the other mode (live)
+//!    than the sandbox record's: 404 `not_found`;
+//! 4. every answer carries a non-empty `X-Request-Id`, and error bodies
+//!    carry `error.request_id` equal to it; GET rows also answer 2xx with
+//!    the right key.
+//!
+//! The table must cover every route: it is checked against the HttpApi
+//! events of `template.yaml` and against the `.route(...)` calls of the
+//! functions' routers, so a new endpoint without a row fails here.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use dhukuti_tests::{Answer, Tenant, TestApp, Which, on_both_backends, send, spawn_app};
+use reqwest::Method;
+use serde_json::{Value, json};
+use shared::domain::account::{self, Scope};
+use shared::domain::{Mode, Provider};
+use shared::ids::{IdKind, new_id};
+
+/// One authenticated endpoint of the contract and the scope it needs.
+struct Route {
+    method: &'static str,
+    path: &'static str,
+    scope: Scope,
+}
+
+const fn r(method: &'static str, path: &'static str, scope: Scope) -> Route {
+    Route {
+        method,
+        path,
+        scope,
+    }
+}
+
+/// Every authenticated endpoint (hosted pages, `/health` and `/sim` are
+/// not part of the API contract).
+const ROUTES: &[Route] = &[
+    // account
+    r("GET", "/v1/account", Scope::AccountRead),
+    r("GET", "/v1/analytics/overview", Scope::AnalyticsRead),
+    // payments
+    r("GET", "/v1/payments", Scope::PaymentsRead),
+    r("GET", "/v1/payments/{id}", Scope::PaymentsRead),
+    // checkout
+    r("POST", "/v1/checkout", Scope::PaymentsWrite),
+    r("POST", "/v1/checkout/{id}/expire", Scope::PaymentsWrite),
+    r("GET", "/v1/sessions", Scope::SessionsRead),
+    r("GET", "/v1/sessions/{id}", Scope::SessionsRead),
+    r("GET", "/v1/providers", Scope::PaymentsRead),
+    // refunds
+    r("POST", "/v1/refunds", Scope::RefundsWrite),
+    r("GET", "/v1/refunds", Scope::RefundsRead),
+    r("GET", "/v1/refunds/{id}", Scope::RefundsRead),
+    // payment links
+    r("POST", "/v1/payment-links", Scope::LinksWrite),
+    r("GET", "/v1/payment-links", Scope::LinksRead),
+    r("GET", "/v1/payment-links/{id}", Scope::LinksRead),
+    r("PATCH", "/v1/payment-links/{id}", Scope::LinksWrite),
+    r("DELETE", "/v1/payment-links/{id}", Scope::LinksWrite),
+    r("POST", "/v1/payment-links/{id}/cancel", Scope::LinksWrite),
+    // webhooks
+    r("POST", "/v1/webhooks", Scope::WebhooksWrite),
+    r("GET", "/v1/webhooks", Scope::WebhooksRead),
+    r("GET", "/v1/webhooks/{id}", Scope::WebhooksRead),
+    r("PATCH", "/v1/webhooks/{id}", Scope::WebhooksWrite),
+    r("DELETE", "/v1/webhooks/{id}", Scope::WebhooksWrite),
+    r("GET", "/v1/webhooks/{id}/deliveries", Scope::WebhooksRead),
+    r("POST", "/v1/webhooks/{id}/test", Scope::WebhooksWrite),
+    // invoices
+    r("POST", "/v1/invoices", Scope::InvoicesWrite),
+    r("GET", "/v1/invoices", Scope::InvoicesRead),
+    r("GET", "/v1/invoices/{id}", Scope::InvoicesRead),
+    r("PATCH", "/v1/invoices/{id}", Scope::InvoicesWrite),
+    r("POST", "/v1/invoices/{id}/finalize", Scope::InvoicesWrite),
+    r("POST", "/v1/invoices/{id}/discard", Scope::InvoicesWrite),
+    r("POST", "/v1/invoices/{id}/correct", Scope::InvoicesWrite),
+    r(
+        "POST",
+        "/v1/invoices/{id}/adjustments",
+        Scope::InvoicesWrite,
+    ),
+    r("POST", "/v1/invoices/{id}/checkout", Scope::InvoicesWrite),
+    r("GET", "/v1/invoices/{id}/pdf", Scope::InvoicesRead),
+    // sms
+    r(
+        "POST",
+        "/v1/sms/notify-pending-payment",
+        Scope::PaymentsWrite,
+    ),
+];
+
+/// Paths outside the API contract: the public hosted pages, the health
+/// check and the provider simulators.
+fn outside_contract(path: &str) -> bool {
+    ["/c/", "/l/", "/health", "/sim"]
+        .iter()
+        .any(|p| path.starts_with(p))
+}
+
+fn table() -> BTreeSet<(String, String)> {
+    let mut set = BTreeSet::new();
+    for row in ROUTES {
+        assert!(
+            set.insert((row.method.to_owned(), row.path.to_owned())),
+            "{} {} has two rows",
+            row.method,
+            row.path
+        );
+    }
+    set
+}
+
+fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The (METHOD, path) of every HttpApi event of every function in
+/// `template.yaml` (the way tests/template.rs reads them).
+fn template_routes() -> BTreeSet<(String, String)> {
+    let path = repo_root().join("template.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    let t: serde_norway::Value =
+        serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    let mut out = BTreeSet::new();
+    let Some(resources) = t["Resources"].as_mapping() else {
+        panic!("template.yaml has no Resources")
+    };
+    for f in resources.values() {
+        if f["Type"].as_str() != Some("AWS::Serverless::Function") {
+            continue;
+        }
+        let Some(events) = f["Properties"]["Events"].as_mapping() else {
+            continue;
+        };
+        for e in events.values() {
+            if e["Type"].as_str() != Some("HttpApi") {
+                continue;
+            }
+            let method = e["Properties"]["Method"]
+                .as_str()
+                .unwrap_or("")
+                .to_uppercase();
+            let path = e["Properties"]["Path"].as_str().unwrap_or("").to_owned();
+            if !outside_contract(&path) {
+                out.insert((method, path));
+            }
+        }
+    }
+    out
+}
+
+/// The (METHOD, path) of every `.route("path", get(..).post(..))` in the
+/// functions' sources.
+fn router_routes() -> BTreeSet<(String, String)> {
+    let functions = repo_root().join("functions");
+    let mut out = BTreeSet::new();
+    let mut files = 0;
+    let dirs = std::fs::read_dir(&functions).unwrap_or_else(|e| panic!("{functions:?}: {e}"));
+    for dir in dirs.flatten() {
+        let Ok(srcs) = std::fs::read_dir(dir.path().join("src")) else {
+            continue;
+        };
+        for src in srcs.flatten() {
+            let p = src.path();
+            if p.extension().and_then(|e| e.to_str()) != Some("rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+            files += 1;
+            for (method, path) in routes_in(&text) {
+                if !outside_contract(&path) {
+                    out.insert((method, path));
+                }
+            }
+        }
+    }
+    assert!(files >= 8, "found only {files} function sources");
+    out
+}
+
+/// The routes of the `.route(...)` calls in `text`.
+fn routes_in(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(".route(") {
+        let args = &rest[at + ".route(".len()..];
+        // The call's arguments, up to the matching parenthesis.
+        let mut depth = 1;
+        let mut end = args.len();
+        for (i, c) in args.char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = i;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let call = &args[..end];
+        rest = &args[end..];
+        let Some(q) = call.find('"') else { continue };
+        let Some(len) = call[q + 1..].find('"') else {
+            continue;
+        };
+        let path = &call[q + 1..q + 1 + len];
+        let handlers = &call[q + 2 + len..];
+        for method in ["get", "post", "patch", "put", "delete"] {
+            let needle = format!("{method}(");
+            let mut from = 0;
+            while let Some(i) = handlers[from..].find(&needle) {
+                let i = from + i;
+                let before = handlers[..i].chars().last();
+                if !before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                    out.push((method.to_uppercase(), path.to_owned()));
+                }
+                from = i + needle.len();
+            }
+        }
+    }
+    out
+}
+
+fn assert_covers(what: &str, declared: &BTreeSet<(String, String)>) {
+    let table = table();
+    let missing: Vec<_> = declared.difference(&table).collect();
+    let extra: Vec<_> = table.difference(declared).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "the contract table and {what} disagree: routes without a row {missing:?}, \
+         rows without a route {extra:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+
+/// Records in sandbox, one per resource kind, to put in `{id}`.
+struct Records {
+    session: String,
+    payment: String,
+    refund: String,
+    link: String,
+    webhook: String,
+    draft: String,
+    issued: String,
+    hook_url: String,
+}
+
+impl Records {
+    fn id_for(&self, path: &str) -> &str {
+        let p = path;
+        if p.starts_with("/v1/checkout/") || p.starts_with("/v1/sessions/") {
+            &self.session
+        } else if p.starts_with("/v1/payments/") {
+            &self.payment
+        } else if p.starts_with("/v1/refunds/") {
+            &self.refund
+        } else if p.starts_with("/v1/payment-links/") {
+            &self.link
+        } else if p.starts_with("/v1/webhooks/") {
+            &self.webhook
+        } else if p.starts_with("/v1/invoices/") {
+            let issued = ["/correct", "/adjustments", "/checkout", "/pdf"];
+            if issued.iter().any(|s| p.ends_with(s)) {
+                &self.issued
+            } else {
+                &self.draft
+            }
+        } else {
+            panic!("no record for {path}")
+        }
+    }
+}
+
+/// A minimal valid body for a write (`None` for reads and deletes).
+fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Value> {
+    let body = match (method, path) {
+        ("GET", _) | ("DELETE", _) => return None,
+        ("POST", "/v1/checkout") => {
+            json!({"amount": 10_000, "returnUrl": "https://shop.example/thanks"})
+        }
+        ("POST", "/v1/checkout/{id}/expire") => json!({}),
+        ("POST", "/v1/refunds") => {
+            json!({"paymentId": rec.payment, "amount": 100, "reason": "customer_request"})
+        }
+        ("POST", "/v1/payment-links") => json!({"title": "Tea", "amount": 10_000}),
+        ("PATCH", "/v1/payment-links/{id}") => json!({"title": "Green tea"}),
+        ("POST", "/v1/payment-links/{id}/cancel") => json!({}),
+        ("POST", "/v1/webhooks") => json!({"url": rec.hook_url}),
+        ("PATCH", "/v1/webhooks/{id}") => json!({"enabled": true}),
+        ("POST", "/v1/webhooks/{id}/test") => json!({"type": "payment.succeeded"}),
+        ("POST", "/v1/invoices") => invoice_body(),
+        ("PATCH", "/v1/invoices/{id}") => json!({"version": 1, "note": "thanks"}),
+        ("POST", "/v1/invoices/{id}/finalize") => json!({"version": 1}),
+        ("POST", "/v1/invoices/{id}/discard") => json!({}),
+        ("POST", "/v1/invoices/{id}/correct") => json!({"reason": "wrong buyer"}),
+        ("POST", "/v1/invoices/{id}/adjustments") => {
+            json!({"amount": -100, "reason": "goodwill", "version": 2})
+        }
+        ("POST", "/v1/invoices/{id}/checkout") => json!({}),
+        ("POST", "/v1/sms/notify-pending-payment") => json!({
+            "customerPhone": "9841000001", "shopName": "Sita's Shop",
+            "orderName": "Order A-17", "amountMinor": 10_000, "currency": "NPR",
+            "checkoutUrl": app.url(&format!("/c/{}", rec.session)),
+        }),
+        _ => panic!("no body for {method} {path}"),
+    };
+    Some(body)
+}
+
+fn invoice_body() -> Value {
+    json!({
+        "lines": [{"description": "Service", "quantity": "1", "unitAmount": 10_000}],
+        "dueAt": "2030-12-31T18:15:00+05:45",
+    })
+}
+
+async fn call(
+    app: &TestApp,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: Option<&Value>,
+) -> Answer {
+    let m = Method::from_bytes(method.as_bytes()).unwrap_or_else(|e| panic!("{method}: {e}"));
+    let mut req = app.client.request(m, app.url(path));
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    if let Some(b) = body {
+        req = req
+            .header("content-type", "application/json")
+            .body(b.to_string());
+    }
+    send(req).await
+}
+
+/// Every answer: a non-empty `X-Request-Id`; errors echo it in the body.
+fn assert_request_id(a: &Answer, what: &str) {
+    let rid = a.header("x-request-id");
+    assert!(!rid.is_empty(), "{what}: no X-Request-Id ({})", a.status);
+    if a.status >= 400 {
+        assert_eq!(
+            a.body["error"]["request_id"], rid,
+            "{what}: error.request_id must equal X-Request-Id; body {}",
+            a.body
+        );
+    }
+}
+
+/// POST with a full sandbox key that must succeed (2xx): the body.
+async fn created(app: &TestApp, key: &str, path: &str, body: Value) -> Value {
+    let a = app.post(path, Some(key), None, &body).await;
+    assert!(
+        (200..300).contains(&a.status),
+        "POST {path}: {} {}",
+        a.status,
+        a.body
+    );
+    assert_request_id(&a, &format!("POST {path}"));
+    a.body
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_owned()
+}
+
+/// A receiver for the sandbox webhook endpoint: answers 200 to anything.
+async fn receiver() -> String {
+    let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
+        Ok(l) => l,
+        Err(e) => panic!("bind: {e}"),
+    };
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+    let router = axum::Router::new().fallback(|| async { "ok" });
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    format!("http://127.0.0.1:{port}/hook")
+}
+
+async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
+    let hook_url = receiver().await;
+    let session = created(
+        app,
+        key,
+        "/v1/checkout",
+        json!({"amount": 10_000, "returnUrl": "https://shop.example/thanks"}),
+    )
+    .await;
+    let payment = app
+        .payment(tenant, Mode::Sandbox, 10_000, Provider::Esewa)
+        .await;
+    let link = created(
+        app,
+        key,
+        "/v1/payment-links",
+        json!({"title": "Tea", "amount": 10_000}),
+    )
+    .await;
+    let webhook = created(app, key, "/v1/webhooks", json!({"url": hook_url})).await;
+    let draft = created(app, key, "/v1/invoices", invoice_body()).await;
+    let to_issue = created(app, key, "/v1/invoices", invoice_body()).await;
+    let issued_id = text(&to_issue["id"]);
+    let version = to_issue["version"].as_i64().unwrap_or(1);
+    let issued = created(
+        app,
+        key,
+        &format!("/v1/invoices/{issued_id}/finalize"),
+        json!({"version": version}),
+    )
+    .await;
+    assert_eq!(issued["document_status"], "issued", "{issued}");
+    let rec = Records {
+        session: text(&session["id"]),
+        payment: payment.id,
+        // A refund is not cheap to make (it needs a paid provider
+        // transaction): a well-formed id that does not exist.
+        refund: new_id(IdKind::Refund),
+        link: text(&link["id"]),
+        webhook: text(&webhook["id"]),
+        draft: text(&draft["id"]),
+        issued: issued_id,
+        hook_url,
+    };
+    for (kind, id) in [
+        ("cs_", &rec.session),
+        ("pay_", &rec.payment),
+        ("lnk_", &rec.link),
+        ("we_", &rec.webhook),
+        ("oinv_", &rec.draft),
+        ("oinv_", &rec.issued),
+    ] {
+        assert!(id.starts_with(kind), "{kind}: {id}");
+    }
+    rec
+}
+
+async fn every_endpoint_keeps_the_contract(which: Which) {
+    // The table covers every route the template and the routers declare.
+    let table = table();
+    assert_eq!(table.len(), ROUTES.len());
+    assert_covers("template.yaml", &template_routes());
+    assert_covers("the functions' routers", &router_routes());
+
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let tenant = app.tenant("Contract Teas", "owner@contract.example").await;
+    // The live key may use invoicing too: its 404s are about the mode.
+    if let Err(e) = account::set_live_invoicing(&*app.store, &tenant.project.id, true).await {
+        panic!("set_live_invoicing: {e}")
+    }
+    let sandbox = app.key(&tenant, Mode::Sandbox, &Scope::ALL).await;
+    let live = app.key(&tenant, Mode::Live, &Scope::ALL).await;
+    let rec = records(&app, &tenant, &sandbox).await;
+
+    // A sandbox key with every scope but one, per scope a row needs.
+    let mut lacking: BTreeMap<&'static str, String> = BTreeMap::new();
+    for row in ROUTES {
+        if lacking.contains_key(row.scope.as_str()) {
+            continue;
+        }
+        let scopes: Vec<Scope> = Scope::ALL
+            .iter()
+            .copied()
+            .filter(|s| *s != row.scope)
+            .collect();
+        let key = app.key(&tenant, Mode::Sandbox, &scopes).await;
+        lacking.insert(row.scope.as_str(), key);
+    }
+
+    let mut failures: Vec<String> = Vec::new();
+    let mut checked = 0;
+    for row in ROUTES {
+        let (method, scope) = (row.method, row.scope.as_str());
+        let path = if row.path.contains("{id}") {
+            row.path.replace("{id}", rec.id_for(row.path))
+        } else {
+            row.path.to_owned()
+        };
+        let body = body_for(&app, &rec, method, row.path);
+        let what = format!("{method} {}", row.path);
+
+        // 1. No key.
+        let a = call(&app, method, &path, None, body.as_ref()).await;
+        assert_request_id(&a, &format!("{what} without a key"));
+        if let Some(f) = error_mismatch(&a, 401, "authentication_error", "api_key_invalid") {
+            failures.push(format!("{what} without a key: {f}"));
+        }
+
+        // 2. Every scope but the row's.
+        let key = &lacking[scope];
+        let a = call(&app, method, &path, Some(key), body.as_ref()).await;
+        assert_request_id(&a, &format!("{what} lacking {scope}"));
+        match error_mismatch(&a, 403, "permission_error", "missing_scope") {
+            Some(f) => failures.push(format!("{what} lacking {scope}: {f}")),
+            None => {
+                let message = a.body["error"]["message"].as_str().unwrap_or("");
+                if !message.contains(scope) {
+                    failures.push(format!(
+                        "{what} lacking {scope}: the message does not name it: {message}"
+                    ));
+                }
+            }
+        }
+
+        // 2b. The scope is checked before the body: a malformed body with
+        // that key is still a 403, not a 400 that would tell a key without
+        // the right what the endpoint accepts.
+        if body.is_some() {
+            let bad = json!("not an object");
+            let a = call(&app, method, &path, Some(key), Some(&bad)).await;
+            assert_request_id(&a, &format!("{what} lacking {scope}, malformed body"));
+            if let Some(f) = error_mismatch(&a, 403, "permission_error", "missing_scope") {
+                failures.push(format!(
+                    "{what} lacking {scope}, malformed body (scope not checked first): {f}"
+                ));
+            }
+        }
+
+        // 3. A sandbox record asked for with a live key.
+        if row.path.contains("{id}") {
+            let a = call(&app, method, &path, Some(&live), body.as_ref()).await;
+            assert_request_id(&a, &format!("{what} with a live key"));
+            if a.status != 404 || a.body["error"]["code"] != "not_found" {
+                failures.push(format!(
+                    "{what} on a sandbox record with a live key: expected 404 not_found, got {} {}",
+                    a.status, a.body
+                ));
+            }
+        }
+
+        // 4. Reads answer with the right key (writes did in `records`).
+        if method == "GET" {
+            let a = call(&app, method, &path, Some(&sandbox), None).await;
+            assert_request_id(&a, &format!("{what} with a full key"));
+            // The refund does not exist: 404, in the right mode too.
+            let expected = if row.path == "/v1/refunds/{id}" {
+                404
+            } else {
+                200
+            };
+            if a.status != expected {
+                failures.push(format!(
+                    "{what} with a full sandbox key: expected {expected}, got {} {}",
+                    a.status, a.body
+                ));
+            }
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, ROUTES.len());
+
+    // Nothing the refused writes did: the records are as they were.
+    for (path, field, value) in [
+        (
+            format!("/v1/payment-links/{}", rec.link),
+            "title",
+            json!("Tea"),
+        ),
+        (
+            format!("/v1/webhooks/{}", rec.webhook),
+            "enabled",
+            json!(true),
+        ),
+        (format!("/v1/invoices/{}", rec.draft), "version", json!(1)),
+        (
+            format!("/v1/invoices/{}", rec.draft),
+            "document_status",
+            json!("draft"),
+        ),
+    ] {
+        let a = app.get(&path, Some(&sandbox)).await;
+        if a.status != 200 || a.body[field] != value {
+            failures.push(format!(
+                "after the refused writes, GET {path}: {field} should be {value}, got {} {}",
+                a.status, a.body
+            ));
+        }
+    }
+
+    app.stop().await;
+    assert!(
+        failures.is_empty(),
+        "{} contract failure(s) on {which:?}:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// What differs from the expected error envelope, if anything.
+fn error_mismatch(a: &Answer, status: u16, kind: &str, code: &str) -> Option<String> {
+    let e = &a.body["error"];
+    let ok = a.status == status
+        && e["type"] == kind
+        && e["code"] == code
+        && e["message"].as_str().is_some_and(|m| !m.is_empty());
+    (!ok).then(|| {
+        format!(
+            "expected {status} {kind}/{code}, got {} {}",
+            a.status, a.body
+        )
+    })
+}
+
+on_both_backends!(every_endpoint_keeps_the_contract);
