@@ -390,6 +390,28 @@ async fn payments_list_is_newest_first_and_paginates(which: Which) {
     app.stop().await;
 }
 
+/// Refusals come in order: a request without a usable key is a 401 before
+/// anything about its Idempotency-Key (or its body) is judged.
+async fn no_key_is_a_401_before_a_bad_idempotency_key(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let long = "k".repeat(300);
+    for key in ["", long.as_str()] {
+        let a = send(
+            app.client
+                .post(app.url("/v1/refunds"))
+                .header("Idempotency-Key", key)
+                .header("Content-Type", "application/json")
+                .body("not json"),
+        )
+        .await;
+        a.assert_error(401, "authentication_error", "api_key_invalid");
+        assert!(!a.header("x-request-id").is_empty());
+    }
+    app.stop().await;
+}
+
 async fn unknown_routes_and_methods_get_the_envelope(which: Which) {
     let Some(app) = spawn_app(which).await else {
         return;
@@ -608,6 +630,7 @@ on_both_backends!(
     other_projects_and_other_modes_are_invisible,
     payments_list_is_newest_first_and_paginates,
     unknown_routes_and_methods_get_the_envelope,
+    no_key_is_a_401_before_a_bad_idempotency_key,
     concurrent_reads_all_succeed_with_distinct_request_ids,
     a_payment_read_costs_four_store_calls,
 );

@@ -115,14 +115,26 @@ pub async fn layer(State(state): State<AppState>, req: Request, next: Next) -> R
 
 async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiError> {
     let writes = matches!(*req.method(), Method::POST | Method::PATCH | Method::DELETE);
-    let Some(raw_key) = req.headers().get(HEADER).filter(|_| writes) else {
+    if !writes || !req.headers().contains_key(HEADER) {
         return Ok(next.run(req).await);
-    };
-    let idem_key = raw_key
-        .to_str()
+    }
+
+    // The key is scoped to the caller, so authenticate first (and hand the
+    // result to the handler's extractor: no second lookup). A request
+    // without a usable key is a 401 before anything about its
+    // Idempotency-Key is judged.
+    let (mut parts, body) = req.into_parts();
+    let auth = authenticate_request(&parts, &state).await?;
+    parts.extensions.insert(auth.clone());
+    let idem_key = parts
+        .headers
+        .get(HEADER)
+        .map(|v| v.to_str())
+        .transpose()
         .map_err(|_| {
             ApiError::validation("Idempotency-Key", "Idempotency-Key must be printable ASCII")
         })?
+        .unwrap_or_default()
         .trim()
         .to_owned();
     if idem_key.is_empty() || idem_key.len() > MAX_KEY_LEN {
@@ -131,12 +143,6 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
             format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} characters"),
         ));
     }
-
-    // The key is scoped to the caller, so authenticate first (and hand the
-    // result to the handler's extractor: no second lookup).
-    let (mut parts, body) = req.into_parts();
-    let auth = authenticate_request(&parts, &state).await?;
-    parts.extensions.insert(auth.clone());
     let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
         .await
         .map_err(|_| ApiError::payload_too_large(MAX_BODY_BYTES))?;
