@@ -38,7 +38,16 @@ fn backoff(receive_count: u32) -> Duration {
 }
 
 async fn work(state: AppState, client: SmsClient) {
+    let mut last_sweep = std::time::Instant::now();
     loop {
+        // Once a minute: reminders whose message was lost (the in-process
+        // queue does not survive a restart) are queued again.
+        if last_sweep.elapsed() >= Duration::from_secs(60) {
+            last_sweep = std::time::Instant::now();
+            if let Err(e) = sms::requeue_stuck(&state, state.clock.now(), 100).await {
+                tracing::warn!(error = %e, "SMS backstop sweep failed; the next one retries");
+            }
+        }
         let received = state
             .queue
             .receive(

@@ -29,10 +29,18 @@ pub async fn handle(state: &AppState, event: Value) -> Result<Value, lambda_runt
     let _ = event;
     let now = state.clock.now();
     // Side by side: a slow provider must not starve webhook delivery.
-    let (swept, fanned) = tokio::join!(
+    let (swept, fanned, sms) = tokio::join!(
         sweep(state, now),
-        webhooks::sweep(state, now, FAN_OUT_LIMIT)
+        webhooks::sweep(state, now, FAN_OUT_LIMIT),
+        shared::domain::sms::requeue_stuck(state, now, FAN_OUT_LIMIT)
     );
+    // SMS reminders whose queue message was lost (logged; the next run
+    // retries a failure).
+    match sms {
+        Ok(n) if n > 0 => tracing::warn!(sms_requeued = n, "stuck SMS reminders queued again"),
+        Ok(_) => {}
+        Err(e) => tracing::error!(error = %e, "SMS backstop sweep failed"),
+    }
     report(swept, fanned)
 }
 

@@ -492,14 +492,116 @@ impl SmsReminder {
         format!("PROJ#{project_id}#{}#SMS", mode.as_str())
     }
 
-    /// `gsi1`: the project's reminders, by time-ordered id.
+    /// `gsi1`: the project's reminders, by time-ordered id; `gsi2` (sparse,
+    /// while a live reminder waits to be sent): the backstop sweep's queue.
     fn indexes(&self) -> Vec<(Index, String, String)> {
-        vec![(
+        let mut out = vec![(
             Index::Gsi1,
             SmsReminder::list_partition(&self.project_id, self.mode),
             self.id.clone(),
-        )]
+        )];
+        if matches!(self.status, SmsStatus::Queued | SmsStatus::Sending) {
+            out.push((
+                Index::Gsi2,
+                open_partition(&self.id),
+                open_sort_key(self.created_at, &self.id),
+            ));
+        }
+        out
     }
+}
+
+/// Shards of the open-reminders index.
+const OPEN_SHARDS: u32 = 4;
+
+fn open_partition(id: &str) -> String {
+    let sum: u32 = id.bytes().map(u32::from).sum();
+    format!("OPEN#SMS#{}", sum % OPEN_SHARDS)
+}
+
+fn open_sort_key(at: Timestamp, id: &str) -> String {
+    format!("{:015}#{id}", at.unix_millis().max(0))
+}
+
+/// How long a waiting reminder may go unsent before the sweep queues it
+/// again (its message was lost: a crash between the record and the queue,
+/// an ambiguous write, a message given up to the dead-letter queue).
+pub const STUCK_AFTER: chrono::Duration = chrono::Duration::minutes(5);
+
+/// Queues again every live reminder still waiting [`STUCK_AFTER`] after it
+/// was queued (or last swept), at most `limit` per shard; moves each one
+/// forward in the index first, so the next sweep looks further and does
+/// not queue it every run. A duplicate message is harmless (the claim lets
+/// one send through). Answers how many were queued.
+pub async fn requeue_stuck(
+    state: &AppState,
+    now: Timestamp,
+    limit: usize,
+) -> Result<usize, StoreError> {
+    let store = &*state.store;
+    let before = format!("{:015}", now.plus(-STUCK_AFTER).unix_millis().max(0));
+    let mut queued = 0;
+    for shard in 0..OPEN_SHARDS {
+        let query = Query::partition(format!("OPEN#SMS#{shard}"))
+            .on(Index::Gsi2)
+            .sk(crate::store::SkCond::Lt(before.clone()))
+            .limit(limit);
+        for item in store.query(&query).await?.items {
+            let r: SmsReminder = from_item(item)?;
+            let key = SmsReminder::key(&r.id);
+            let waiting = match r.status {
+                SmsStatus::Queued => true,
+                SmsStatus::Sending => r.lease_until_ms.is_none_or(|t| t < now.unix_millis()),
+                _ => false,
+            };
+            let update = if waiting {
+                Update::new().set(Index::Gsi2.sk_attr(), open_sort_key(now, &r.id))
+            } else if matches!(r.status, SmsStatus::Sending) {
+                continue;
+            } else {
+                // Final but still listed: take it out.
+                Update::new()
+                    .remove(Index::Gsi2.pk_attr())
+                    .remove(Index::Gsi2.sk_attr())
+            };
+            let moved = store
+                .update(
+                    &key,
+                    update,
+                    Some(Cond::And(vec![
+                        Cond::eq("status", r.status.as_str()),
+                        Cond::eq("attempts", r.attempts),
+                    ])),
+                )
+                .await;
+            match moved {
+                Ok(_) => {}
+                Err(e) if e.is_condition_failure() => continue,
+                Err(e) => return Err(e),
+            }
+            if !waiting {
+                continue;
+            }
+            let body = serde_json::to_string(&SmsMessage {
+                sms_id: r.id.clone(),
+            })
+            .map_err(|e| StoreError::Invalid(e.to_string()))?;
+            match state
+                .queue
+                .send(QueueName::Sms, &body, Duration::ZERO)
+                .await
+            {
+                Ok(_) => {
+                    queued += 1;
+                    tracing::warn!(sms_id = %r.id, attempts = r.attempts, "stuck SMS reminder queued again");
+                }
+                Err(e) => {
+                    tracing::warn!(sms_id = %r.id, error = %e, "could not queue a stuck SMS reminder; the next sweep retries")
+                }
+            }
+        }
+    }
+    Ok(queued)
 }
 
 /// The project's latest reminders in `mode`, newest first (support and
@@ -620,7 +722,9 @@ pub async fn notify(
                 &SmsReminder::key(&reminder.id),
                 Update::new()
                     .set("status", SmsStatus::Failed.as_str())
-                    .set("last_error", "could not be queued"),
+                    .set("last_error", "could not be queued")
+                    .remove(Index::Gsi2.pk_attr())
+                    .remove(Index::Gsi2.sk_attr()),
                 Some(Cond::eq("status", SmsStatus::Queued.as_str())),
             )
             .await;
@@ -761,6 +865,11 @@ pub async fn dispatch(
         .set("attempts", attempts)
         .set("updated_at", json!(now))
         .remove("lease_until_ms");
+    if matches!(status, SmsStatus::Sent | SmsStatus::Failed) {
+        update = update
+            .remove(Index::Gsi2.pk_attr())
+            .remove(Index::Gsi2.sk_attr());
+    }
     update = match &error {
         Some(e) => update.set("last_error", e.as_str()),
         None => update.remove("last_error"),
@@ -1026,6 +1135,68 @@ mod tests {
             reserve_quota(&*store, "mer_1", 3, next).await,
             Ok(true)
         ));
+    }
+
+    #[tokio::test]
+    async fn a_reminder_whose_message_was_lost_is_queued_again_once_per_sweep() {
+        let (state, _who, clock) = state_with_tenant(Plan::Growth, Mode::Live).await;
+        let now = clock.now();
+        let reminder = SmsReminder {
+            id: crate::ids::new_id(crate::ids::IdKind::Sms),
+            project_id: "proj_1".into(),
+            merchant_id: "mer_1".into(),
+            mode: Mode::Live,
+            to: "9841000001".into(),
+            text: "pay".into(),
+            status: SmsStatus::Queued,
+            attempts: 0,
+            lease_until_ms: None,
+            last_error: None,
+            created_at: now,
+            updated_at: now,
+        };
+        // Recorded, but its queue message never went out (a crash).
+        let Ok(()) = put_new(&*state.store, &reminder).await else {
+            panic!("put")
+        };
+        let swept = |at| requeue_stuck(&state, at, 10);
+        assert_eq!(swept(now).await.ok(), Some(0), "not stuck yet");
+        let later = now.plus(chrono::Duration::minutes(6));
+        assert_eq!(swept(later).await.ok(), Some(1));
+        assert_eq!(
+            swept(later).await.ok(),
+            Some(0),
+            "moved forward: once per sweep"
+        );
+        let Ok(got) = state
+            .queue
+            .receive(QueueName::Sms, 10, Duration::ZERO, Duration::from_secs(30))
+            .await
+        else {
+            panic!("receive")
+        };
+        assert_eq!(got.len(), 1);
+        assert!(got[0].body.contains(&reminder.id));
+        // Once final it leaves the index and is never queued again.
+        let Ok(_) = state
+            .store
+            .update(
+                &SmsReminder::key(&reminder.id),
+                Update::new().set("status", "sent"),
+                None,
+            )
+            .await
+        else {
+            panic!("update")
+        };
+        let much_later = later.plus(chrono::Duration::minutes(10));
+        assert_eq!(swept(much_later).await.ok(), Some(0));
+        assert_eq!(
+            swept(much_later.plus(chrono::Duration::minutes(10)))
+                .await
+                .ok(),
+            Some(0)
+        );
     }
 
     async fn state_with_tenant(plan: Plan, mode: Mode) -> (AppState, Principal, Arc<ManualClock>) {
