@@ -449,11 +449,7 @@ pub fn validate_create(req: CreateCheckout, mode: Mode) -> Result<ValidCheckout,
     }
     let customer_phone = bounded("customer.phone", customer.phone, MAX_PHONE_LEN)?;
     if let Some(phone) = &customer_phone {
-        let ok = phone.chars().any(|c| c.is_ascii_digit())
-            && phone
-                .chars()
-                .all(|c| c.is_ascii_digit() || matches!(c, '+' | '-' | ' '));
-        if !ok {
+        if !is_phone(phone) {
             return Err(invalid(
                 "customer.phone",
                 "customer.phone may hold only digits, '+', '-' and spaces",
@@ -492,6 +488,14 @@ pub fn validate_create(req: CreateCheckout, mode: Mode) -> Result<ValidCheckout,
 }
 
 /// `amount` > 0, at most [`MAX_AMOUNT_PAISA`], within the provider's limits.
+/// A phone number a checkout accepts: digits, with `+`, `-` and spaces.
+pub fn is_phone(phone: &str) -> bool {
+    phone.chars().any(|c| c.is_ascii_digit())
+        && phone
+            .chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, '+' | '-' | ' '))
+}
+
 pub fn check_amount(
     amount: i64,
     provider: Option<Provider>,

@@ -29,6 +29,7 @@ use super::payments::{self, Payment, PaymentStatus};
 use super::record::{from_item, page_of, to_item};
 use crate::AppState;
 use crate::http::idempotency::Fence;
+use crate::http::input::{nullable, present};
 use crate::ids::{self, IdKind};
 use crate::money::Currency;
 use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, TxReason, Update};
@@ -45,7 +46,7 @@ pub const MAX_TEXT_LEN: usize = 200;
 pub const MAX_NOTE_LEN: usize = 2_000;
 pub const MAX_ADDRESS_LEN: usize = 500;
 pub const MAX_PHONE_LEN: usize = 32;
-pub const MAX_EMAIL_LEN: usize = 254;
+pub const MAX_EMAIL_LEN: usize = checkout::MAX_EMAIL_LEN;
 pub const DEFAULT_PAGE: usize = 25;
 /// How often a finalize re-reads a counter another finalize moved, and for
 /// how long at most (well within a Lambda's 15 s).
@@ -488,24 +489,6 @@ pub struct PatchInvoice {
     pub external_reference: Option<Option<String>>,
     #[serde(default, deserialize_with = "nullable")]
     pub note: Option<Option<String>>,
-}
-
-/// A key that cannot be cleared: `null` is refused (400), not ignored.
-fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    T::deserialize(d).map(Some)
-}
-
-/// `None` = not sent, `Some(None)` = sent as null.
-fn nullable<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    Option::<T>::deserialize(d).map(Some)
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -1430,12 +1413,9 @@ pub async fn checkout(
                 .map(|n| n.chars().take(checkout::MAX_NAME_LEN).collect()),
             customer_email: buyer.email.filter(|e| e.len() <= checkout::MAX_EMAIL_LEN),
             // Only a phone the checkout itself would accept.
-            customer_phone: buyer.phone.filter(|p| {
-                p.len() <= checkout::MAX_PHONE_LEN
-                    && p.chars().any(|c| c.is_ascii_digit())
-                    && p.chars()
-                        .all(|c| c.is_ascii_digit() || matches!(c, '+' | '-' | ' '))
-            }),
+            customer_phone: buyer
+                .phone
+                .filter(|p| p.len() <= checkout::MAX_PHONE_LEN && checkout::is_phone(p)),
             customer_address: None,
             collect_address: false,
         };

@@ -9,13 +9,14 @@
 //! deleted (a condition on the delete), and a cancel of an inactive link
 //! changes nothing (a condition on `active`).
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::checkout::{self, Address, CheckoutError, MAX_AMOUNT_PAISA, bounded, check_url};
 use super::record::{from_item, to_item};
 use super::{Mode, Provider};
 use crate::http::idempotency::Fence;
+use crate::http::input::nullable;
 use crate::ids::{self, IdKind};
 use crate::money::{Currency, Paisa};
 use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, Update};
@@ -259,16 +260,6 @@ pub struct CreateLink {
     pub reference_id: Option<String>,
     #[serde(default)]
     pub metadata: Option<Map<String, Value>>,
-}
-
-/// A field that may be sent as a value, sent as `null`, or not sent:
-/// `None` = not sent, `Some(None)` = null.
-fn nullable<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    Option::<T>::deserialize(d).map(Some)
 }
 
 /// The body of `PATCH /v1/payment-links/{id}`: only the keys sent change.

@@ -32,6 +32,7 @@ use super::outbox::{self, Event, EventType};
 use super::record::{from_item, to_item};
 use crate::AppState;
 use crate::http::idempotency::Fence;
+use crate::http::input::present;
 use crate::ids::{self, IdKind};
 use crate::queue::{MAX_DELAY, QueueError, QueueName};
 use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp, Update};
@@ -227,16 +228,6 @@ pub struct CreateEndpoint {
     pub events: Option<Vec<String>>,
     #[serde(default, deserialize_with = "present")]
     pub enabled: Option<bool>,
-}
-
-/// An optional key that, when sent, must not be `null` (nothing here can be
-/// cleared): `null` is a 400 naming the key, never a silent no-op.
-fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    T::deserialize(d).map(Some)
 }
 
 /// `PATCH /v1/webhooks/{id}`: only the keys sent change.
@@ -775,7 +766,7 @@ pub async fn fan_out(state: &AppState, event: &Event) -> Result<usize, DispatchE
         if !first_time {
             // Written by an earlier run: queue again only an attempt that
             // has not been made (that run may have died before queueing).
-            match delivery_of(state, &event.id, &endpoint.id).await? {
+            match self::delivery(&*state.store, &event.id, &endpoint.id).await? {
                 Some(d) if d.attempts == 0 && !d.status.is_final() => {}
                 _ => continue,
             }
@@ -790,14 +781,6 @@ pub async fn fan_out(state: &AppState, event: &Event) -> Result<usize, DispatchE
     }
     outbox::mark_dispatched(&*state.store, &event.id).await?;
     Ok(queued)
-}
-
-async fn delivery_of(
-    state: &AppState,
-    event_id: &str,
-    endpoint_id: &str,
-) -> Result<Option<Delivery>, StoreError> {
-    delivery(&*state.store, event_id, endpoint_id).await
 }
 
 /// Fans out every event still in the outbox that was created at or before
@@ -861,7 +844,7 @@ pub async fn dispatch(
     msg: &DeliveryMessage,
 ) -> Result<Outcome, DispatchError> {
     let now = state.clock.now();
-    let Some(d) = delivery_of(state, &msg.event_id, &msg.endpoint_id).await? else {
+    let Some(d) = delivery(&*state.store, &msg.event_id, &msg.endpoint_id).await? else {
         tracing::warn!(event_id = %msg.event_id, endpoint_id = %msg.endpoint_id, "message for an unknown delivery dropped");
         return Ok(Outcome::Skipped);
     };

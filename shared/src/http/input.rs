@@ -192,6 +192,28 @@ impl<S: Send + Sync> FromRequestParts<S> for QueryParams {
     }
 }
 
+/// For `#[serde(default, deserialize_with = "nullable")]` on an
+/// `Option<Option<T>>`: `None` = not sent, `Some(None)` = sent as `null`
+/// (PATCH bodies where `null` clears a field).
+pub fn nullable<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    <Option<T> as serde::Deserialize>::deserialize(d).map(Some)
+}
+
+/// For `#[serde(default, deserialize_with = "present")]` on an
+/// `Option<T>` that cannot be cleared: absent is `None`, `null` is refused
+/// (a 400 naming the field, never a silent no-op).
+pub fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
