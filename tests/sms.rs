@@ -125,6 +125,13 @@ async fn the_guards_apply_in_order_and_sandbox_only_logs(which: Which) {
     notify(&app, &key, &body("9841000001", evil))
         .await
         .assert_error(400, "invalid_request_error", "invalid_checkout_host");
+    // 2: a checkout of another merchant on our own host.
+    let other = app.tenant("Other Shop", "other@example.com").await;
+    let other_key = app.key(&other, Mode::Sandbox, &Scope::ALL).await;
+    let foreign = session(&app, &other_key, "9841000001").await;
+    let a = notify(&app, &key, &body("9841000001", &foreign)).await;
+    a.assert_error(400, "invalid_request_error", "invalid_checkout_host");
+    assert_eq!(a.body["error"]["param"], "checkoutUrl", "{}", a.body);
     // Sandbox: logged, three times (numbers compare normalized).
     for phone in ["9841000001", "+9779841000001", "984-100-0001"] {
         let a = notify(&app, &key, &body(phone, &url)).await;
@@ -285,7 +292,167 @@ async fn the_live_quota_holds_under_concurrency(which: Which) {
     app.stop().await;
 }
 
+/// The live reminder of the tenant's project, once it is final.
+async fn final_reminder(app: &TestApp, tenant: &dhukuti_tests::Tenant) -> sms::SmsReminder {
+    for _ in 0..150 {
+        let listed = sms::list_recent(&*app.store, &tenant.project.id, Mode::Live, 10).await;
+        if let Ok([r]) = listed.as_deref() {
+            if let Ok(Some(r)) = sms::get(&*app.store, &r.id).await {
+                if r.status.is_final() {
+                    return r;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no final reminder")
+}
+
+async fn quota_used(app: &TestApp, tenant: &dhukuti_tests::Tenant) -> i64 {
+    let got = app
+        .store
+        .get(&sms::quota_counter(&tenant.merchant.id, SystemClock.now()))
+        .await;
+    match got {
+        Ok(item) => item
+            .and_then(|i| i.get("n").and_then(Value::as_i64))
+            .unwrap_or(0),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+async fn a_provider_that_may_have_taken_it_is_never_asked_again(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let (tenant, key) = setup(&app, Mode::Live, Plan::Growth).await;
+    let url = session(&app, &key, "9841000004").await;
+    // A 500: the provider may have queued it before failing.
+    let a = app
+        .post(
+            "/sim/sms/_control/fail",
+            None,
+            None,
+            &json!({"times": 1, "status": 500}),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let a = notify(&app, &key, &body("9841000004", &url)).await;
+    assert_eq!(a.body, json!({"sent": true, "status": "queued"}));
+    let r = final_reminder(&app, &tenant).await;
+    assert_eq!((r.status, r.attempts), (SmsStatus::Unknown, 1), "{r:?}");
+    // The worker's retries would have come within seconds: none did.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (messages, calls) = simulator(&app).await;
+    assert_eq!((messages.len(), calls), (0, 1), "{messages:?}");
+    assert_eq!(quota_used(&app, &tenant).await, 1, "kept: it may be billed");
+    app.stop().await;
+}
+
+async fn a_refused_reminder_gives_its_quota_unit_back(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let (tenant, key) = setup(&app, Mode::Live, Plan::Growth).await;
+    let url = session(&app, &key, "9841000005").await;
+    let a = app
+        .post(
+            "/sim/sms/_control/fail",
+            None,
+            None,
+            &json!({"times": 1, "status": 400}),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let a = notify(&app, &key, &body("9841000005", &url)).await;
+    assert_eq!(a.body, json!({"sent": true, "status": "queued"}));
+    let r = final_reminder(&app, &tenant).await;
+    assert_eq!(r.status, SmsStatus::Failed, "{r:?}");
+    assert_eq!(quota_used(&app, &tenant).await, 0);
+    app.stop().await;
+}
+
+async fn a_reminder_for_a_session_paid_meanwhile_is_not_sent(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let (tenant, key) = setup(&app, Mode::Live, Plan::Growth).await;
+    let url = session(&app, &key, "9841000006").await;
+    let Some(session_id) = sms::session_in_url(&url).map(str::to_owned) else {
+        panic!("{url}")
+    };
+    // The provider is down for the first send; the customer pays meanwhile.
+    let a = app
+        .post(
+            "/sim/sms/_control/fail",
+            None,
+            None,
+            &json!({"times": 1, "status": 503}),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let a = notify(&app, &key, &body("9841000006", &url)).await;
+    assert_eq!(a.body, json!({"sent": true, "status": "queued"}));
+    let paid = app
+        .store
+        .update(
+            &shared::domain::checkout::CheckoutSession::key(&session_id),
+            Update::new().set("status", "success"),
+            None,
+        )
+        .await;
+    assert!(paid.is_ok(), "{paid:?}");
+    let r = final_reminder(&app, &tenant).await;
+    assert_eq!(r.status, SmsStatus::Cancelled, "{r:?}");
+    assert_eq!(r.session_id.as_deref(), Some(session_id.as_str()));
+    let (messages, calls) = simulator(&app).await;
+    assert!(messages.is_empty() && calls <= 1, "{messages:?} {calls}");
+    assert_eq!(quota_used(&app, &tenant).await, 0, "the unit is given back");
+    app.stop().await;
+}
+
+async fn the_pro_plan_has_a_thousand_a_month(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let (tenant, key) = setup(&app, Mode::Live, Plan::Pro).await;
+    let phones: Vec<String> = (30..34).map(|n| format!("98410000{n}")).collect();
+    let mut urls = Vec::new();
+    for p in &phones {
+        urls.push(session(&app, &key, p).await);
+    }
+    // 998 of Pro's 1,000 used (more than Growth's 200): 2 left.
+    let seeded = app
+        .store
+        .update(
+            &sms::quota_counter(&tenant.merchant.id, SystemClock.now()),
+            Update::new().add("n", 998),
+            None,
+        )
+        .await;
+    assert!(seeded.is_ok(), "{seeded:?}");
+    let bodies: Vec<Value> = phones.iter().zip(&urls).map(|(p, u)| body(p, u)).collect();
+    let answers = futures::future::join_all(bodies.iter().map(|b| notify(&app, &key, b))).await;
+    let queued = answers
+        .iter()
+        .filter(|a| a.body == json!({"sent": true, "status": "queued"}))
+        .count();
+    let limited = answers
+        .iter()
+        .filter(|a| a.body == json!({"sent": false, "status": "plan_limit_reached"}))
+        .count();
+    let bodies: Vec<&Value> = answers.iter().map(|a| &a.body).collect();
+    assert_eq!((queued, limited), (2, 2), "{bodies:?}");
+    wait_for_messages(&app, 2).await;
+    assert_eq!(quota_used(&app, &tenant).await, 1000);
+    app.stop().await;
+}
+
 on_both_backends!(
+    a_provider_that_may_have_taken_it_is_never_asked_again,
+    a_refused_reminder_gives_its_quota_unit_back,
+    a_reminder_for_a_session_paid_meanwhile_is_not_sent,
+    the_pro_plan_has_a_thousand_a_month,
     the_guards_apply_in_order_and_sandbox_only_logs,
     a_live_reminder_is_queued_then_delivered_exactly_once,
     a_flaky_provider_is_retried_and_delivers_once,

@@ -5,7 +5,8 @@
 //! in-process queue, or SQS with `DHUKUTI_BACKEND=aws`), handles up to ten
 //! at once through `shared::domain::sms::handle_message` and deletes each
 //! message its handler is done with. A message whose handler failed (the
-//! provider answered 5xx or timed out, the store was unavailable) is
+//! send certainly did not reach the provider: refused connection, 408,
+//! 429 or 503; or the store was unavailable) is
 //! queued again after a short backoff (1 s, 2 s, 4 s, … up to 30 s, by
 //! receive count) rather than waiting for the visibility timeout, so a
 //! flaky provider is retried quickly; the record's attempt count bounds

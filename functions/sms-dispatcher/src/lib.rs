@@ -4,10 +4,12 @@
 //! conditional write and a lease, sends it through the SMS provider and
 //! records the outcome, so a duplicate message never sends it twice.
 //!
-//! A transient failure (provider 5xx, timeout, store unavailable) reports
-//! the message as a batch item failure: it comes back after the queue's
-//! visibility timeout. A provider refusal (4xx), a malformed or stale
-//! message lets it go.
+//! A send that certainly did not reach the provider (connection refused,
+//! 408, 429, 503) or an unavailable store reports the message as a batch
+//! item failure: it comes back after the queue's visibility timeout. Every
+//! other outcome lets it go: sent, refused (4xx), cancelled (its session
+//! was paid meanwhile), unknown (a timeout or 5xx: never sent again), a
+//! malformed or stale message.
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
 use shared::AppState;

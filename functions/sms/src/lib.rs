@@ -37,13 +37,15 @@ pub fn api_error(err: SmsError) -> ApiError {
             e.to_string(),
         )
         .with_param("customerPhone"),
-        e @ SmsError::InvalidCheckoutHost { .. } => ApiError::new(
-            StatusCode::BAD_REQUEST,
-            ErrorType::InvalidRequestError,
-            "invalid_checkout_host",
-            e.to_string(),
-        )
-        .with_param("checkoutUrl"),
+        e @ (SmsError::InvalidCheckoutHost { .. } | SmsError::ForeignCheckoutSession { .. }) => {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                ErrorType::InvalidRequestError,
+                "invalid_checkout_host",
+                e.to_string(),
+            )
+            .with_param("checkoutUrl")
+        }
         SmsError::RateLimited {
             which,
             retry_after_secs,

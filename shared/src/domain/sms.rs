@@ -4,16 +4,21 @@
 //! body, then applies the guards in this order:
 //! 1. the recipient (normalized Nepali mobile) has a pending checkout
 //!    session on this project and mode created in the last 24 h
-//!    ([`has_pending_session`]: the project's sessions on `gsi1`, newest
-//!    first, from the id of "24 h ago", in bounded pages);
+//!    ([`pending_session`]). When `checkoutUrl` names one of the project's
+//!    sessions (`/c/<cs_id>`) it must be that one; otherwise the project's
+//!    sessions on `gsi1` are read newest first, from the id of "24 h ago",
+//!    in bounded pages. The reminder is bound to the session found;
 //! 2. `checkoutUrl`'s host is the project's checkout host (the public base
-//!    URL's host). There are no verified custom domains yet, so only the
-//!    canonical host is accepted;
+//!    URL's host), and a session it names is one of this project's. There
+//!    are no verified custom domains yet, so only the canonical host is
+//!    accepted;
 //! 3. the abuse limits: at most [`Limits::per_recipient_per_day`] per
-//!    recipient per (UTC) day and [`Limits::per_merchant_per_hour`] per
-//!    merchant per (UTC) hour, per mode. Both are fixed-window counters
-//!    taken together in one transaction of conditional `ADD`s, so
-//!    concurrent requests never pass them; a refused request takes nothing;
+//!    recipient in any rolling 24 h (a window item of the recipient's
+//!    recent send times, written with a version condition) and
+//!    [`Limits::per_merchant_per_hour`] per merchant per (UTC) hour (a
+//!    fixed-window counter), per mode, taken together in one transaction,
+//!    so concurrent requests never pass them and a refused request takes
+//!    nothing;
 //! 4. live only: one unit of the merchant's monthly plan quota
 //!    ([`Plan::sms_monthly_quota`], UTC calendar month) reserved with a
 //!    conditional `ADD`; none left answers `plan_limit_reached`.
@@ -22,15 +27,27 @@
 //! queued. Live reminders are stored (`sms_…` at `SMS#<id>` / `SMS`,
 //! status `queued`) and their id is queued on [`QueueName::Sms`].
 //!
-//! The dispatcher ([`dispatch`]) never sends one reminder twice in normal
-//! operation: it claims the record with a conditional write (status
-//! `queued` → `sending` with a lease, or a `sending` whose lease ran out),
-//! sends, then records `sent` / `failed` (or `queued` again after a
-//! transient failure) with a write conditioned on its lease. A duplicate
-//! queue message finds the record claimed or final and is dropped. The one
-//! gap: a crash (or a lease running out) between the provider accepting
-//! the message and the `sent` write leaves the record `sending`; after the
-//! lease the message comes back and the reminder is sent once more.
+//! The dispatcher ([`dispatch`]) sends one reminder at most once. The
+//! provider takes no idempotency key, so the rule is "when in doubt, do
+//! not send again":
+//! - it claims the record with a conditional write (`queued` → `sending`
+//!   with a lease); a duplicate queue message finds it claimed or final
+//!   and is dropped;
+//! - it reads the bound checkout session: paid, failed or expired since
+//!   the request means `cancelled`, nothing sent, the quota unit given back;
+//! - it sends, then ends the record with a write conditioned on its lease:
+//!   `sent`; `failed` (a 4xx refusal, or [`MAX_ATTEMPTS`] sends that
+//!   certainly did not reach the provider), quota unit given back in the
+//!   same transaction; `queued` again after a send that certainly did not
+//!   reach it (connection refused, 408, 429, 503), retried by the queue;
+//!   `unknown` after a send that may have reached it (a timeout, 5xx other
+//!   than 503), never retried, quota unit kept;
+//! - a `sending` record whose lease ran out (its dispatcher crashed or
+//!   could not record the outcome) may have been sent: it ends `unknown`.
+//!
+//! A live reminder still waiting 5 minutes after it was queued is queued
+//! again by [`requeue_stuck`] (the Scheduler, the local worker): a lost
+//! message means a late reminder, not a lost one.
 
 use std::time::Duration;
 
@@ -127,6 +144,10 @@ pub enum SmsError {
     PhoneNotOnSession,
     #[error("checkoutUrl must be on this project's checkout host ({allowed})")]
     InvalidCheckoutHost { allowed: String },
+    #[error(
+        "checkoutUrl names checkout session {session_id}, which is not a session of this project in this mode"
+    )]
+    ForeignCheckoutSession { session_id: String },
     #[error("too many SMS reminders: {which}; retry later")]
     RateLimited {
         which: &'static str,
@@ -262,17 +283,78 @@ fn first_id_at(kind: IdKind, at: Timestamp) -> String {
     format!("{}{}", kind.prefix(), ulid.to_string().to_ascii_lowercase())
 }
 
-/// Guard 1: whether `phone` (normalized) has a pending session on the
-/// project and mode created in the last 24 h. Reads the project's
-/// sessions newest first from the id of "24 h ago", at most
+/// The checkout session a hosted checkout URL names (`…/c/<cs_id>…`).
+pub fn session_in_url(url: &str) -> Option<&str> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))?;
+    let path = &rest[rest.find('/')?..];
+    let id = path.strip_prefix("/c/")?;
+    let id = &id[..id.find(['/', '?', '#']).unwrap_or(id.len())];
+    let ok = id.starts_with(IdKind::CheckoutSession.prefix())
+        && id.len() <= 64
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    ok.then_some(id)
+}
+
+/// Whether `s` is a session guard 1 accepts for `phone` at `now`.
+fn is_pending_for(s: &CheckoutSession, phone: &str, now: Timestamp) -> bool {
+    let since = now.plus(chrono::Duration::hours(-SESSION_WINDOW_HOURS));
+    let pending = matches!(
+        s.status_at(now),
+        SessionStatus::Pending | SessionStatus::Initiated
+    );
+    let same = s
+        .customer_phone
+        .as_deref()
+        .and_then(normalize_phone)
+        .is_some_and(|p| p == phone);
+    pending && same && s.created_at >= since
+}
+
+/// What guard 1 found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionMatch {
+    /// The recipient's pending session the reminder is about: the one the
+    /// URL names, else the newest one found.
+    Found(String),
+    /// The URL names a session of another project, mode, or none at all
+    /// (guard 2 refuses it when guard 1 passes).
+    ForeignUrl(String),
+    NotFound,
+}
+
+/// Guard 1: the pending session of `phone` (normalized) on the project and
+/// mode created in the last 24 h. When `url_session` names one of the
+/// project's sessions, it must be that one (a reminder is bound to the
+/// checkout it links to); otherwise the project's sessions are read on
+/// `gsi1`, newest first from the id of "24 h ago", at most
 /// `SESSION_PAGES` pages of `SESSION_PAGE`.
-pub async fn has_pending_session(
+pub async fn pending_session(
     store: &dyn Store,
     project_id: &str,
     mode: Mode,
     phone: &str,
+    url_session: Option<&str>,
     now: Timestamp,
-) -> Result<bool, StoreError> {
+) -> Result<SessionMatch, StoreError> {
+    let mut foreign = None;
+    if let Some(id) = url_session {
+        let named = match store.get(&CheckoutSession::key(id)).await? {
+            Some(item) => from_item::<CheckoutSession>(item).ok(),
+            None => None,
+        };
+        match named {
+            Some(s) if s.project_id == project_id && s.mode == mode => {
+                return Ok(if is_pending_for(&s, phone, now) {
+                    SessionMatch::Found(s.id)
+                } else {
+                    SessionMatch::NotFound
+                });
+            }
+            _ => foreign = Some(id.to_owned()),
+        }
+    }
     let since = now.plus(chrono::Duration::hours(-SESSION_WINDOW_HOURS));
     let mut query = Query::partition(format!("PROJ#{project_id}#{}#CS", mode.as_str()))
         .on(Index::Gsi1)
@@ -286,36 +368,36 @@ pub async fn has_pending_session(
             let Ok(s) = from_item::<CheckoutSession>(item) else {
                 continue;
             };
-            let pending = matches!(
-                s.status_at(now),
-                SessionStatus::Pending | SessionStatus::Initiated
-            );
-            let same = s
-                .customer_phone
-                .as_deref()
-                .and_then(normalize_phone)
-                .is_some_and(|p| p == phone);
-            if pending && same && s.created_at >= since {
-                return Ok(true);
+            if is_pending_for(&s, phone, now) {
+                return Ok(match foreign {
+                    Some(url) => SessionMatch::ForeignUrl(url),
+                    None => SessionMatch::Found(s.id),
+                });
             }
         }
         match page.last_key {
             Some(last) => query.start_after = Some(last),
-            None => return Ok(false),
+            None => break,
         }
     }
-    Ok(false)
+    Ok(SessionMatch::NotFound)
 }
 
-/// Keys of the abuse counters and of the quota counter.
-pub fn recipient_counter(merchant_id: &str, mode: Mode, phone: &str, now: Timestamp) -> Key {
-    let day = now.unix_seconds().div_euclid(86_400);
+/// The recipient's window item: the times (ms) of the reminders sent to
+/// `phone` by the merchant in `mode` in the last 24 h, and a version.
+pub fn recipient_window(merchant_id: &str, mode: Mode, phone: &str) -> Key {
     Key::new(
-        format!("SMSCNT#{merchant_id}#{}#TO#{phone}", mode.as_str()),
-        format!("D#{day}"),
+        format!("SMSRCPT#{merchant_id}#{}#TO#{phone}", mode.as_str()),
+        "R",
     )
 }
 
+/// The recipient window's length.
+const RECIPIENT_WINDOW_MS: i64 = 24 * 3_600_000;
+/// Tries of the recipient window's versioned write before giving up.
+const WINDOW_TRIES: usize = 12;
+
+/// The merchant's fixed-hour counter.
 pub fn merchant_counter(merchant_id: &str, mode: Mode, now: Timestamp) -> Key {
     let hour = now.unix_seconds().div_euclid(3600);
     Key::new(
@@ -341,7 +423,16 @@ fn counter_update(expires: i64) -> Update {
     Update::new().add("n", 1).set(TTL, expires)
 }
 
-/// Guard 3: takes one unit of both abuse counters, or none.
+/// Guard 3: takes a place in both abuse limits, or in none.
+///
+/// - Per recipient, a rolling 24 h: the recipient's window item holds the
+///   times of its reminders in the last 24 h; a new one is added with a
+///   write conditioned on the version read, so two concurrent requests
+///   cannot both take the last place (the loser reads again).
+/// - Per merchant, a fixed UTC hour: a counter `n < limit` taken with a
+///   conditional `ADD`.
+///
+/// Both writes are one transaction: a refused request takes nothing.
 pub async fn take_abuse_limits(
     store: &dyn Store,
     limits: Limits,
@@ -351,50 +442,79 @@ pub async fn take_abuse_limits(
     now: Timestamp,
 ) -> Result<(), SmsError> {
     let secs = now.unix_seconds();
-    let day_end = (secs.div_euclid(86_400) + 1) * 86_400;
+    let now_ms = now.unix_millis();
     let hour_end = (secs.div_euclid(3600) + 1) * 3600;
-    let ops = vec![
-        TxOp::Update {
-            key: recipient_counter(merchant_id, mode, phone, now),
-            update: counter_update(day_end + 86_400),
-            cond: Some(below(limits.per_recipient_per_day)),
-        },
-        TxOp::Update {
-            key: merchant_counter(merchant_id, mode, now),
-            update: counter_update(hour_end + 86_400),
-            cond: Some(below(limits.per_merchant_per_hour)),
-        },
-    ];
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        match store.transact(ops.clone()).await {
+    let key = recipient_window(merchant_id, mode, phone);
+    for attempt in 0..WINDOW_TRIES {
+        let current = store.get(&key).await?;
+        let version = current
+            .as_ref()
+            .and_then(|i| i.get("v"))
+            .and_then(serde_json::Value::as_i64);
+        let mut recent: Vec<i64> = current
+            .as_ref()
+            .and_then(|i| i.get("sent_ms"))
+            .and_then(serde_json::Value::as_array)
+            .map(|a| a.iter().filter_map(serde_json::Value::as_i64).collect())
+            .unwrap_or_default();
+        recent.retain(|t| *t > now_ms - RECIPIENT_WINDOW_MS);
+        recent.sort_unstable();
+        let room = usize::try_from(limits.per_recipient_per_day).unwrap_or(0);
+        if recent.len() >= room {
+            // The place frees when the oldest counted reminder is 24 h old.
+            let frees_ms = recent
+                .len()
+                .checked_sub(room)
+                .and_then(|i| recent.get(i))
+                .map_or(now_ms + RECIPIENT_WINDOW_MS, |t| t + RECIPIENT_WINDOW_MS);
+            return Err(SmsError::RateLimited {
+                which: "at most 3 reminders per recipient in 24 hours",
+                retry_after_secs: ((frees_ms - now_ms + 999) / 1000).max(1),
+            });
+        }
+        recent.push(now_ms);
+        let mut item = crate::store::Item::new();
+        item.insert("pk".into(), json!(key.pk));
+        item.insert("sk".into(), json!(key.sk));
+        item.insert("sent_ms".into(), json!(recent));
+        item.insert("v".into(), json!(version.unwrap_or(0) + 1));
+        item.insert(
+            TTL.into(),
+            json!((now_ms + RECIPIENT_WINDOW_MS) / 1000 + 3600),
+        );
+        let ops = vec![
+            TxOp::Put {
+                item,
+                cond: Some(match version {
+                    Some(v) => Cond::eq("v", v),
+                    None => Cond::NotExists,
+                }),
+            },
+            TxOp::Update {
+                key: merchant_counter(merchant_id, mode, now),
+                update: counter_update(hour_end + 86_400),
+                cond: Some(below(limits.per_merchant_per_hour)),
+            },
+        ];
+        match store.transact(ops).await {
             Ok(()) => return Ok(()),
             Err(StoreError::TransactionCanceled { reasons }) => {
-                let failed = |i: usize| matches!(reasons.get(i), Some(TxReason::ConditionFailed));
-                if failed(0) {
-                    return Err(SmsError::RateLimited {
-                        which: "at most 3 reminders per recipient per day",
-                        retry_after_secs: (day_end - secs).max(1),
-                    });
-                }
-                if failed(1) {
+                if matches!(reasons.get(1), Some(TxReason::ConditionFailed)) {
                     return Err(SmsError::RateLimited {
                         which: "at most 100 reminders per merchant per hour",
                         retry_after_secs: (hour_end - secs).max(1),
                     });
                 }
-                // A conflict with a concurrent transaction: try again.
-                if tries >= 8 {
-                    return Err(SmsError::Store(StoreError::Unavailable(
-                        "SMS counters are busy".into(),
-                    )));
-                }
-                tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+                // The window moved under us, or a conflicting transaction:
+                // read again.
+                crate::store::contention_backoff(attempt).await;
             }
             Err(e) => return Err(e.into()),
         }
     }
+    Err(SmsError::Store(StoreError::Unavailable(
+        "SMS limits are busy; retry".into(),
+    )))
 }
 
 /// Guard 4: reserves one unit of the month's quota; `false` when none is
@@ -447,8 +567,18 @@ pub enum SmsStatus {
     Queued,
     /// Claimed by a dispatcher (see `lease_until_ms`).
     Sending,
+    /// Accepted by the provider.
     Sent,
+    /// Certainly not sent: refused by the provider, or out of attempts.
+    /// Its quota unit is given back.
     Failed,
+    /// Not sent: its checkout session was paid, expired or cancelled
+    /// before the dispatcher got to it. Its quota unit is given back.
+    Cancelled,
+    /// Maybe sent: the provider was reached and no clear answer came back,
+    /// or a dispatcher stopped while sending. Never sent again (the
+    /// customer must not get it twice); its quota unit is kept.
+    Unknown,
 }
 
 impl SmsStatus {
@@ -459,7 +589,14 @@ impl SmsStatus {
             SmsStatus::Sending => "sending",
             SmsStatus::Sent => "sent",
             SmsStatus::Failed => "failed",
+            SmsStatus::Cancelled => "cancelled",
+            SmsStatus::Unknown => "unknown",
         }
+    }
+
+    /// Nothing more happens to it.
+    pub fn is_final(self) -> bool {
+        !matches!(self, SmsStatus::Queued | SmsStatus::Sending)
     }
 }
 
@@ -472,6 +609,10 @@ pub struct SmsReminder {
     pub mode: Mode,
     pub to: String,
     pub text: String,
+    /// The checkout session the reminder is about (guard 1's match): the
+    /// dispatcher sends nothing once it is no longer payable.
+    #[serde(default)]
+    pub session_id: Option<String>,
     pub status: SmsStatus,
     #[serde(default)]
     pub attempts: u32,
@@ -660,10 +801,17 @@ pub async fn notify(
     let project_id = who.project_id();
     let mode = who.mode();
     let merchant_id = who.merchant.id.as_str();
-    // 1. A recent pending session for this number.
-    if !has_pending_session(store, project_id, mode, &v.phone, now).await? {
-        return Err(SmsError::PhoneNotOnSession);
-    }
+    // 1. A recent pending session for this number (the one the URL names,
+    // when it names one of the project's).
+    let url_session = session_in_url(&v.checkout_url);
+    let session_id =
+        match pending_session(store, project_id, mode, &v.phone, url_session, now).await? {
+            SessionMatch::Found(id) => id,
+            SessionMatch::NotFound => return Err(SmsError::PhoneNotOnSession),
+            SessionMatch::ForeignUrl(id) => {
+                return Err(SmsError::ForeignCheckoutSession { session_id: id });
+            }
+        };
     // 2. The checkout host (no verified custom domains exist yet).
     let allowed = url_host(checkout_base).unwrap_or_default();
     if allowed.is_empty() || v.checkout_host != allowed {
@@ -678,6 +826,7 @@ pub async fn notify(
         mode,
         to: v.phone.clone(),
         text: message_text(&v),
+        session_id: Some(session_id),
         status: SmsStatus::Logged,
         attempts: 0,
         lease_until_ms: None,
@@ -759,8 +908,12 @@ pub async fn get(store: &dyn Store, id: &str) -> Result<Option<SmsReminder>, Sto
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DispatchOutcome {
     Sent,
-    /// Refused by the provider, or out of attempts.
+    /// Certainly not sent: refused by the provider, or out of attempts.
     Failed,
+    /// Not sent: its checkout session is no longer payable.
+    Cancelled,
+    /// Maybe sent; never tried again (see [`SmsStatus::Unknown`]).
+    Unknown,
     /// Unknown, final, or claimed by another worker (duplicate message).
     Skipped,
 }
@@ -789,6 +942,96 @@ pub async fn handle_message(
     }
 }
 
+/// Whether the reminder's checkout session can still be paid (a reminder
+/// without one, from before sessions were bound, is sent).
+async fn still_payable(
+    store: &dyn Store,
+    r: &SmsReminder,
+    now: Timestamp,
+) -> Result<Option<String>, StoreError> {
+    let Some(id) = r.session_id.as_deref() else {
+        return Ok(None);
+    };
+    let session = match store.get(&CheckoutSession::key(id)).await? {
+        Some(item) => from_item::<CheckoutSession>(item).ok(),
+        None => None,
+    };
+    Ok(match session.map(|s| s.status_at(now)) {
+        Some(SessionStatus::Pending | SessionStatus::Initiated) => None,
+        Some(other) => Some(format!(
+            "checkout session {id} is {}: nothing to remind",
+            other.as_str()
+        )),
+        None => Some(format!("checkout session {id} no longer exists")),
+    })
+}
+
+/// Ends a claimed reminder: `status` with `error`, conditioned on our
+/// lease; a `Failed` or `Cancelled` one gives its quota unit back in the
+/// same transaction (once: the write that ends it is the one that gives
+/// it back). `Ok(false)`: the lease was lost, another worker owns it.
+async fn finish(
+    store: &dyn Store,
+    r: &SmsReminder,
+    lease_until: i64,
+    status: SmsStatus,
+    attempts: u32,
+    error: Option<&str>,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
+    let mut update = Update::new()
+        .set("status", status.as_str())
+        .set("attempts", attempts)
+        .set("updated_at", json!(now))
+        .remove("lease_until_ms");
+    if status.is_final() {
+        update = update
+            .remove(Index::Gsi2.pk_attr())
+            .remove(Index::Gsi2.sk_attr());
+    }
+    update = match error {
+        Some(e) => update.set("last_error", e),
+        None => update.remove("last_error"),
+    };
+    let key = SmsReminder::key(&r.id);
+    let cond = Cond::And(vec![
+        Cond::eq("status", SmsStatus::Sending.as_str()),
+        Cond::eq("lease_until_ms", lease_until),
+    ]);
+    let gives_back = matches!(status, SmsStatus::Failed | SmsStatus::Cancelled);
+    if gives_back {
+        let ops = vec![
+            TxOp::Update {
+                key: key.clone(),
+                update: update.clone(),
+                cond: Some(cond.clone()),
+            },
+            TxOp::Update {
+                key: quota_counter(&r.merchant_id, r.created_at),
+                update: Update::new().add("n", -1),
+                cond: Some(Cond::gt("n", 0)),
+            },
+        ];
+        match store.transact(ops).await {
+            Ok(()) => return Ok(true),
+            Err(StoreError::TransactionCanceled { reasons }) => {
+                if matches!(reasons.first(), Some(TxReason::ConditionFailed)) {
+                    return Ok(false);
+                }
+                // The month's counter is gone (expired) or a conflict:
+                // end the reminder alone; nothing to give back to.
+                tracing::warn!(sms_id = %r.id, "SMS quota unit not given back (its month's counter changed or expired)");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match store.update(&key, update, Some(cond)).await {
+        Ok(_) => Ok(true),
+        Err(e) if e.is_condition_failure() => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Claims, sends and records one reminder (see the module docs).
 pub async fn dispatch(
     state: &AppState,
@@ -802,15 +1045,23 @@ pub async fn dispatch(
         return Ok(DispatchOutcome::Skipped);
     };
     let now_ms = state.clock.now().unix_millis();
-    let claimable = match r.status {
-        SmsStatus::Queued => true,
-        SmsStatus::Sending => r.lease_until_ms.is_none_or(|t| t < now_ms),
-        SmsStatus::Logged | SmsStatus::Sent | SmsStatus::Failed => false,
-    };
-    if !claimable || r.mode != Mode::Live {
+    if r.mode != Mode::Live {
         return Ok(DispatchOutcome::Skipped);
     }
     let key = SmsReminder::key(sms_id);
+    match r.status {
+        SmsStatus::Queued => {}
+        SmsStatus::Sending => {
+            let Some(held) = r.lease_until_ms.filter(|t| *t >= now_ms) else {
+                // Its dispatcher stopped while it was claimed: the message
+                // may have gone out. Not sent again; ended `unknown`.
+                return abandon(state, &r).await;
+            };
+            tracing::debug!(sms_id, held, "SMS reminder claimed by another worker");
+            return Ok(DispatchOutcome::Skipped);
+        }
+        _ => return Ok(DispatchOutcome::Skipped),
+    }
     let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
     let lease_until = now_ms + lease_ms;
     let claim = store
@@ -821,16 +1072,7 @@ pub async fn dispatch(
                 .set("lease_until_ms", lease_until),
             Some(Cond::And(vec![
                 Cond::eq("attempts", r.attempts),
-                Cond::Or(vec![
-                    Cond::eq("status", SmsStatus::Queued.as_str()),
-                    Cond::And(vec![
-                        Cond::eq("status", SmsStatus::Sending.as_str()),
-                        Cond::Or(vec![
-                            Cond::AttrNotExists("lease_until_ms".into()),
-                            Cond::lt("lease_until_ms", now_ms),
-                        ]),
-                    ]),
-                ]),
+                Cond::eq("status", SmsStatus::Queued.as_str()),
             ])),
         )
         .await;
@@ -839,15 +1081,40 @@ pub async fn dispatch(
         Err(e) if e.is_condition_failure() => return Ok(DispatchOutcome::Skipped),
         Err(e) => return Err(e.into()),
     }
+    // Paid (or expired) since it was queued: nothing to remind.
+    if let Some(why) = still_payable(store, &r, state.clock.now()).await? {
+        let now = state.clock.now();
+        if finish(
+            store,
+            &r,
+            lease_until,
+            SmsStatus::Cancelled,
+            r.attempts,
+            Some(&why),
+            now,
+        )
+        .await?
+        {
+            tracing::info!(sms_id, reason = %why, "SMS reminder cancelled, not sent");
+            return Ok(DispatchOutcome::Cancelled);
+        }
+        return Ok(DispatchOutcome::Skipped);
+    }
     let sent = client.send(&r.to, &r.text).await;
     let attempts = r.attempts + 1;
-    let now = state.clock.now();
-    let (status, error, outcome) = match &sent {
+    let (status, error, outcome) = match sent {
         Ok(()) => (SmsStatus::Sent, None, Ok(DispatchOutcome::Sent)),
-        Err(SmsSendError::Rejected { .. }) => (
+        Err(e @ SmsSendError::Rejected { .. }) => (
             SmsStatus::Failed,
-            sent.as_ref().err().map(|e| e.to_string()),
+            Some(e.to_string()),
             Ok(DispatchOutcome::Failed),
+        ),
+        Err(SmsSendError::Unknown(why)) => (
+            SmsStatus::Unknown,
+            Some(format!(
+                "the provider may have taken it ({why}); not sent again"
+            )),
+            Ok(DispatchOutcome::Unknown),
         ),
         Err(SmsSendError::Transient(why)) if attempts >= MAX_ATTEMPTS => (
             SmsStatus::Failed,
@@ -857,51 +1124,74 @@ pub async fn dispatch(
         Err(SmsSendError::Transient(why)) => (
             SmsStatus::Queued,
             Some(why.clone()),
-            Err(DispatchError::Transient(why.clone())),
+            Err(DispatchError::Transient(why)),
         ),
     };
-    let mut update = Update::new()
-        .set("status", status.as_str())
-        .set("attempts", attempts)
-        .set("updated_at", json!(now))
-        .remove("lease_until_ms");
-    if matches!(status, SmsStatus::Sent | SmsStatus::Failed) {
-        update = update
-            .remove(Index::Gsi2.pk_attr())
-            .remove(Index::Gsi2.sk_attr());
-    }
-    update = match &error {
-        Some(e) => update.set("last_error", e.as_str()),
-        None => update.remove("last_error"),
-    };
-    let logged = store
-        .update(
-            &key,
-            update,
-            Some(Cond::And(vec![
-                Cond::eq("status", SmsStatus::Sending.as_str()),
-                Cond::eq("lease_until_ms", lease_until),
-            ])),
-        )
-        .await;
-    match logged {
-        Ok(_) => {}
-        // Our lease ran out and another worker took the reminder: it logs.
-        Err(e) if e.is_condition_failure() => return Ok(DispatchOutcome::Skipped),
-        // Sent but not recorded: the message comes back after the lease
-        // and may send once more (the documented gap).
-        Err(e) => return Err(e.into()),
+    let now = state.clock.now();
+    // A store error here leaves the reminder `sending`: after the lease it
+    // ends `unknown`, never sent twice.
+    if !finish(
+        store,
+        &r,
+        lease_until,
+        status,
+        attempts,
+        error.as_deref(),
+        now,
+    )
+    .await?
+    {
+        // Our lease ran out and another worker ended it.
+        return Ok(DispatchOutcome::Skipped);
     }
     match &outcome {
-        Ok(DispatchOutcome::Failed) => {
-            tracing::warn!(sms_id, attempts, error = ?error, "SMS reminder failed")
+        Ok(DispatchOutcome::Sent) => tracing::info!(sms_id, attempts, "SMS reminder sent"),
+        Ok(_) => {
+            tracing::warn!(sms_id, attempts, status = status.as_str(), error = ?error, "SMS reminder not sent")
         }
-        Ok(_) => tracing::info!(sms_id, attempts, "SMS reminder sent"),
         Err(_) => {
             tracing::warn!(sms_id, attempts, error = ?error, "SMS send failed; it will be retried")
         }
     }
     outcome
+}
+
+/// Ends a reminder whose dispatcher stopped while sending it: `unknown`,
+/// its quota unit kept.
+async fn abandon(state: &AppState, r: &SmsReminder) -> Result<DispatchOutcome, DispatchError> {
+    let now = state.clock.now();
+    let ended = state
+        .store
+        .update(
+            &SmsReminder::key(&r.id),
+            Update::new()
+                .set("status", SmsStatus::Unknown.as_str())
+                .set("updated_at", json!(now))
+                .set(
+                    "last_error",
+                    "a dispatcher stopped while sending it; not sent again",
+                )
+                .remove("lease_until_ms")
+                .remove(Index::Gsi2.pk_attr())
+                .remove(Index::Gsi2.sk_attr()),
+            Some(Cond::And(vec![
+                Cond::eq("status", SmsStatus::Sending.as_str()),
+                Cond::eq("attempts", r.attempts),
+                match r.lease_until_ms {
+                    Some(t) => Cond::eq("lease_until_ms", t),
+                    None => Cond::AttrNotExists("lease_until_ms".into()),
+                },
+            ])),
+        )
+        .await;
+    match ended {
+        Ok(_) => {
+            tracing::warn!(sms_id = %r.id, "SMS reminder abandoned mid-send ended unknown; not sent again");
+            Ok(DispatchOutcome::Unknown)
+        }
+        Err(e) if e.is_condition_failure() => Ok(DispatchOutcome::Skipped),
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[cfg(test)]
@@ -927,7 +1217,7 @@ mod tests {
             order_name: "Order A-17".into(),
             amount_minor: 123_450,
             currency: "NPR".into(),
-            checkout_url: "https://pay.example/c/cs_1".into(),
+            checkout_url: "https://pay.example/l/lnk_1".into(),
         }
     }
 
@@ -1067,10 +1357,10 @@ mod tests {
             }
         };
         assert_eq!(n(merchant_counter("mer_1", Mode::Live, now)).await, 3);
-        assert_eq!(
-            n(recipient_counter("mer_1", Mode::Live, "9841000003", now)).await,
-            0
-        );
+        let window = store
+            .get(&recipient_window("mer_1", Mode::Live, "9841000003"))
+            .await;
+        assert!(matches!(window, Ok(None)), "{window:?}");
         // Sandbox counts apart.
         assert!(
             take_abuse_limits(&*store, limits, "mer_1", Mode::Sandbox, "9841000001", now)
@@ -1148,6 +1438,7 @@ mod tests {
             mode: Mode::Live,
             to: "9841000001".into(),
             text: "pay".into(),
+            session_id: None,
             status: SmsStatus::Queued,
             attempts: 0,
             lease_until_ms: None,
@@ -1235,7 +1526,9 @@ mod tests {
         (state, Principal { key, merchant }, clock)
     }
 
-    async fn session(state: &AppState, who: &Principal, phone: &str) {
+    async fn session(state: &AppState, who: &Principal, phone: &str) -> String {
+        // Ids sort by the wall clock's millisecond: keep them apart.
+        tokio::time::sleep(Duration::from_millis(2)).await;
         let now = state.clock.now();
         let id = new_id(IdKind::CheckoutSession);
         let item = json!({
@@ -1255,6 +1548,7 @@ mod tests {
         if let Err(e) = state.store.put(item, None).await {
             panic!("{e}")
         }
+        id
     }
 
     #[tokio::test]
@@ -1345,31 +1639,35 @@ mod tests {
         assert!(matches!(got.as_deref(), Ok([_])), "{got:?}");
     }
 
-    #[tokio::test]
-    async fn a_claimed_reminder_is_not_sent_twice_until_its_lease_runs_out() {
-        let (state, who, clock) = state_with_tenant(Plan::Growth, Mode::Live).await;
-        let now = clock.now();
-        let lease_until = now.unix_millis() + 60_000;
-        let r = SmsReminder {
-            id: new_id(IdKind::Sms),
-            project_id: who.project_id().to_owned(),
-            merchant_id: who.merchant.id.clone(),
-            mode: Mode::Live,
-            to: "9841000001".into(),
-            text: "hi".into(),
-            status: SmsStatus::Sending,
-            attempts: 0,
-            lease_until_ms: Some(lease_until),
-            last_error: None,
-            created_at: now,
-            updated_at: now,
+    /// A provider on loopback answering `status` to every send, counting
+    /// the sends; `None` answers nothing at all (holds the connection).
+    async fn provider(status: Option<u16>) -> (SmsClient, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let app = axum::Router::new().fallback(move || {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                match status {
+                    Some(s) => http::StatusCode::from_u16(s)
+                        .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR),
+                    None => {
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                        http::StatusCode::OK
+                    }
+                }
+            }
+        });
+        let Ok(listener) = tokio::net::TcpListener::bind("127.0.0.1:0").await else {
+            panic!("bind")
         };
-        if let Err(e) = put_new(&*state.store, &r).await {
-            panic!("{e}")
-        }
-        // Nothing listens there: a send attempt is a transient failure.
+        let Ok(addr) = listener.local_addr() else {
+            panic!("addr")
+        };
+        tokio::spawn(async move { axum::serve(listener, app).await });
         let client = match SmsClient::new(crate::providers::sms::SmsConfig {
-            base_url: "http://127.0.0.1:9".into(),
+            base_url: format!("http://{addr}"),
             token: "t".into(),
             from: "Dhukuti".into(),
             timeout: Duration::from_millis(300),
@@ -1377,30 +1675,314 @@ mod tests {
             Ok(c) => c,
             Err(e) => panic!("{e}"),
         };
-        // Another worker holds it: a duplicate message sends nothing.
-        let d = dispatch(&state, &client, &r.id, LEASE).await;
-        assert!(matches!(d, Ok(DispatchOutcome::Skipped)), "{d:?}");
-        // Its lease ran out (it crashed): the reminder is tried again.
-        clock.advance(chrono::Duration::seconds(61));
-        let d = dispatch(&state, &client, &r.id, LEASE).await;
-        assert!(matches!(d, Err(DispatchError::Transient(_))), "{d:?}");
-        let got = get(&*state.store, &r.id).await;
-        assert!(
-            matches!(&got, Ok(Some(g)) if g.status == SmsStatus::Queued
-                && g.attempts == 1 && g.lease_until_ms.is_none()),
-            "{got:?}"
-        );
-        // A final reminder is never sent again.
-        let done = state
+        (client, calls)
+    }
+
+    fn calls(c: &std::sync::atomic::AtomicUsize) -> usize {
+        c.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A live reminder queued the way `notify` does (its quota unit taken),
+    /// bound to a fresh pending session of `who`.
+    async fn queued_reminder(state: &AppState, who: &Principal) -> SmsReminder {
+        let now = state.clock.now();
+        let session_id = session(state, who, "9841000001").await;
+        assert!(matches!(
+            reserve_quota(&*state.store, &who.merchant.id, 200, now).await,
+            Ok(true)
+        ));
+        let r = SmsReminder {
+            id: new_id(IdKind::Sms),
+            project_id: who.project_id().to_owned(),
+            merchant_id: who.merchant.id.clone(),
+            mode: Mode::Live,
+            to: "9841000001".into(),
+            text: "hi".into(),
+            session_id: Some(session_id),
+            status: SmsStatus::Queued,
+            attempts: 0,
+            lease_until_ms: None,
+            last_error: None,
+            created_at: now,
+            updated_at: now,
+        };
+        if let Err(e) = put_new(&*state.store, &r).await {
+            panic!("{e}")
+        }
+        r
+    }
+
+    async fn quota_used(state: &AppState, who: &Principal) -> i64 {
+        let now = state.clock.now();
+        state
+            .store
+            .get(&quota_counter(&who.merchant.id, now))
+            .await
+            .ok()
+            .flatten()
+            .and_then(|i| i.get("n").and_then(|v| v.as_i64()))
+            .unwrap_or(0)
+    }
+
+    async fn status_of(state: &AppState, id: &str) -> SmsReminder {
+        match get(&*state.store, id).await {
+            Ok(Some(r)) => r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_claimed_reminder_is_never_sent_twice_even_after_its_lease_runs_out() {
+        let (state, who, clock) = state_with_tenant(Plan::Growth, Mode::Live).await;
+        let (client, sent) = provider(Some(200)).await;
+        let mut r = queued_reminder(&state, &who).await;
+        // A dispatcher claimed it (and may have sent it), then stopped.
+        let lease_until = clock.now().unix_millis() + 60_000;
+        let Ok(_) = state
             .store
             .update(
                 &SmsReminder::key(&r.id),
-                Update::new().set("status", "sent"),
+                Update::new()
+                    .set("status", "sending")
+                    .set("lease_until_ms", lease_until),
                 None,
             )
-            .await;
-        assert!(done.is_ok());
+            .await
+        else {
+            panic!("claim")
+        };
+        r.lease_until_ms = Some(lease_until);
+        // While it holds the lease, a duplicate message sends nothing.
         let d = dispatch(&state, &client, &r.id, LEASE).await;
         assert!(matches!(d, Ok(DispatchOutcome::Skipped)), "{d:?}");
+        // After the lease: it may have gone out, so it is not sent again.
+        clock.advance(chrono::Duration::seconds(61));
+        let d = dispatch(&state, &client, &r.id, LEASE).await;
+        assert!(matches!(d, Ok(DispatchOutcome::Unknown)), "{d:?}");
+        let got = status_of(&state, &r.id).await;
+        assert_eq!(got.status, SmsStatus::Unknown);
+        assert!(got.lease_until_ms.is_none());
+        assert_eq!(calls(&sent), 0, "never sent a second time");
+        // Its quota unit is kept (it may have been delivered and billed).
+        assert_eq!(quota_used(&state, &who).await, 1);
+        // Final: every later message is dropped, the sweep leaves it.
+        let d = dispatch(&state, &client, &r.id, LEASE).await;
+        assert!(matches!(d, Ok(DispatchOutcome::Skipped)), "{d:?}");
+        let later = clock.now().plus(chrono::Duration::minutes(30));
+        assert_eq!(requeue_stuck(&state, later, 10).await.ok(), Some(0));
+        assert_eq!(calls(&sent), 0);
+    }
+
+    #[tokio::test]
+    async fn a_send_that_may_have_reached_the_provider_is_never_retried() {
+        for answer in [Some(500), Some(502), Some(504), None] {
+            let (state, who, _) = state_with_tenant(Plan::Growth, Mode::Live).await;
+            let (client, sent) = provider(answer).await;
+            let r = queued_reminder(&state, &who).await;
+            let d = dispatch(&state, &client, &r.id, LEASE).await;
+            assert!(
+                matches!(d, Ok(DispatchOutcome::Unknown)),
+                "{answer:?}: {d:?}"
+            );
+            let got = status_of(&state, &r.id).await;
+            assert_eq!(got.status, SmsStatus::Unknown, "{answer:?}");
+            assert_eq!(got.attempts, 1);
+            // The queue redelivers, the sweep runs: nothing more is sent.
+            let d = dispatch(&state, &client, &r.id, LEASE).await;
+            assert!(matches!(d, Ok(DispatchOutcome::Skipped)), "{d:?}");
+            assert_eq!(calls(&sent), 1, "{answer:?}: one send, never two");
+            assert_eq!(quota_used(&state, &who).await, 1, "kept: it may be billed");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_send_that_certainly_did_not_arrive_is_retried_then_given_up_with_the_unit_back() {
+        let (state, who, _) = state_with_tenant(Plan::Growth, Mode::Live).await;
+        let (client, sent) = provider(Some(503)).await;
+        let r = queued_reminder(&state, &who).await;
+        for attempt in 1..MAX_ATTEMPTS {
+            let d = dispatch(&state, &client, &r.id, LEASE).await;
+            assert!(matches!(d, Err(DispatchError::Transient(_))), "{d:?}");
+            let got = status_of(&state, &r.id).await;
+            assert_eq!((got.status, got.attempts), (SmsStatus::Queued, attempt));
+        }
+        let d = dispatch(&state, &client, &r.id, LEASE).await;
+        assert!(matches!(d, Ok(DispatchOutcome::Failed)), "{d:?}");
+        assert_eq!(status_of(&state, &r.id).await.status, SmsStatus::Failed);
+        assert_eq!(calls(&sent) as u32, MAX_ATTEMPTS);
+        assert_eq!(quota_used(&state, &who).await, 0, "the unit is given back");
+        // Once: a duplicate message gives nothing back a second time.
+        let d = dispatch(&state, &client, &r.id, LEASE).await;
+        assert!(matches!(d, Ok(DispatchOutcome::Skipped)), "{d:?}");
+        assert_eq!(quota_used(&state, &who).await, 0);
+    }
+
+    #[tokio::test]
+    async fn a_refused_reminder_fails_at_once_and_gives_its_unit_back() {
+        let (state, who, _) = state_with_tenant(Plan::Growth, Mode::Live).await;
+        let (client, sent) = provider(Some(400)).await;
+        // Another reminder's unit stays taken.
+        assert!(matches!(
+            reserve_quota(&*state.store, &who.merchant.id, 200, state.clock.now()).await,
+            Ok(true)
+        ));
+        let r = queued_reminder(&state, &who).await;
+        let d = dispatch(&state, &client, &r.id, LEASE).await;
+        assert!(matches!(d, Ok(DispatchOutcome::Failed)), "{d:?}");
+        assert_eq!(calls(&sent), 1);
+        assert_eq!(quota_used(&state, &who).await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_reminder_for_a_session_paid_meanwhile_is_cancelled_unsent() {
+        let (state, who, clock) = state_with_tenant(Plan::Growth, Mode::Live).await;
+        let (client, sent) = provider(Some(200)).await;
+        let r = queued_reminder(&state, &who).await;
+        let Some(session_id) = r.session_id.clone() else {
+            panic!("bound")
+        };
+        let Ok(_) = state
+            .store
+            .update(
+                &CheckoutSession::key(&session_id),
+                Update::new().set("status", "success"),
+                None,
+            )
+            .await
+        else {
+            panic!("pay")
+        };
+        let d = dispatch(&state, &client, &r.id, LEASE).await;
+        assert!(matches!(d, Ok(DispatchOutcome::Cancelled)), "{d:?}");
+        let got = status_of(&state, &r.id).await;
+        assert_eq!(got.status, SmsStatus::Cancelled);
+        assert!(
+            got.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("success")),
+            "{got:?}"
+        );
+        assert_eq!(calls(&sent), 0);
+        assert_eq!(quota_used(&state, &who).await, 0);
+        // An expired session cancels too.
+        let r = queued_reminder(&state, &who).await;
+        clock.advance(chrono::Duration::hours(2));
+        let d = dispatch(&state, &client, &r.id, LEASE).await;
+        assert!(matches!(d, Ok(DispatchOutcome::Cancelled)), "{d:?}");
+        assert_eq!(calls(&sent), 0);
+        // A payable one is sent.
+        let r = queued_reminder(&state, &who).await;
+        let d = dispatch(&state, &client, &r.id, LEASE).await;
+        assert!(matches!(d, Ok(DispatchOutcome::Sent)), "{d:?}");
+        assert_eq!(status_of(&state, &r.id).await.status, SmsStatus::Sent);
+        assert_eq!(calls(&sent), 1);
+    }
+
+    #[tokio::test]
+    async fn concurrent_copies_of_one_message_send_once() {
+        let (state, who, _) = state_with_tenant(Plan::Growth, Mode::Live).await;
+        let (client, sent) = provider(Some(200)).await;
+        let r = queued_reminder(&state, &who).await;
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (state, client, id) = (state.clone(), client.clone(), r.id.clone());
+                tokio::spawn(async move { dispatch(&state, &client, &id, LEASE).await })
+            })
+            .collect();
+        let mut sends = 0;
+        for t in tasks {
+            if matches!(t.await, Ok(Ok(DispatchOutcome::Sent))) {
+                sends += 1;
+            }
+        }
+        assert_eq!((sends, calls(&sent)), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn the_recipient_limit_is_a_rolling_24_hours() {
+        let store = store();
+        let limits = Limits {
+            per_recipient_per_day: 3,
+            per_merchant_per_hour: 100,
+        };
+        // 22:00 UTC: a fixed day would reset at midnight, two hours later.
+        let Some(t0) = chrono::DateTime::from_timestamp(1_795_298_400, 0) else {
+            panic!("time")
+        };
+        let t0 = Timestamp::from_datetime(t0);
+        let at = |mins: i64| t0.plus(chrono::Duration::minutes(mins));
+        let take = |when: Timestamp| {
+            let store = store.clone();
+            async move {
+                take_abuse_limits(&*store, limits, "mer_1", Mode::Live, "9841000001", when).await
+            }
+        };
+        for m in [0, 60, 90] {
+            assert!(take(at(m)).await.is_ok(), "{m}");
+        }
+        // Past midnight: still three in the last 24 h.
+        match take(at(180)).await {
+            Err(SmsError::RateLimited {
+                retry_after_secs, ..
+            }) => assert_eq!(retry_after_secs, (24 * 60 - 180) * 60),
+            other => panic!("{other:?}"),
+        }
+        // 24 h after the first, one place is free again; then full again.
+        assert!(take(at(24 * 60 + 1)).await.is_ok());
+        assert!(matches!(
+            take(at(24 * 60 + 2)).await,
+            Err(SmsError::RateLimited { .. })
+        ));
+        // Another recipient, another window.
+        assert!(
+            take_abuse_limits(&*store, limits, "mer_1", Mode::Live, "9841000002", at(181))
+                .await
+                .is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_url_naming_a_session_binds_the_reminder_to_it() {
+        let (state, who, _) = state_with_tenant(Plan::Growth, Mode::Sandbox).await;
+        let (_, other, _) = state_with_tenant(Plan::Growth, Mode::Sandbox).await;
+        let base = "https://pay.example";
+        let mine = session(&state, &who, "9841000001").await;
+        let newer = session(&state, &who, "9841000001").await;
+        let not_theirs = session(&state, &who, "9841000009").await;
+        // Another project's session on the same store.
+        let foreign = session(&state, &other, "9841000001").await;
+        let with_url = |id: &str| NotifyRequest {
+            checkout_url: format!("{base}/c/{id}?lang=ne"),
+            ..req()
+        };
+        let r = notify(&state, &who, with_url(&mine), base, Limits::default()).await;
+        assert!(matches!(&r, Ok(o) if o.status == "logged"), "{r:?}");
+        let Ok(list) = list_recent(&*state.store, who.project_id(), Mode::Sandbox, 10).await else {
+            panic!("list")
+        };
+        assert_eq!(list[0].session_id.as_deref(), Some(mine.as_str()));
+        // A URL without a session id binds to the newest pending session.
+        let r = notify(&state, &who, req(), base, Limits::default()).await;
+        assert!(r.is_ok(), "{r:?}");
+        let Ok(list) = list_recent(&*state.store, who.project_id(), Mode::Sandbox, 10).await else {
+            panic!("list")
+        };
+        assert_eq!(list[0].session_id.as_deref(), Some(newer.as_str()));
+        // The project's session of another customer: guard 1 refuses.
+        let r = notify(&state, &who, with_url(&not_theirs), base, Limits::default()).await;
+        assert!(matches!(r, Err(SmsError::PhoneNotOnSession)), "{r:?}");
+        // Another project's session: guard 2 refuses.
+        let r = notify(&state, &who, with_url(&foreign), base, Limits::default()).await;
+        assert!(
+            matches!(&r, Err(SmsError::ForeignCheckoutSession { session_id }) if *session_id == foreign),
+            "{r:?}"
+        );
+        assert_eq!(
+            session_in_url("https://pay.example/c/cs_01ab/pay"),
+            Some("cs_01ab")
+        );
+        assert_eq!(session_in_url("https://pay.example/l/lnk_1"), None);
+        assert_eq!(session_in_url("https://pay.example/c/x_1"), None);
+        assert_eq!(session_in_url("https://pay.example"), None);
     }
 }

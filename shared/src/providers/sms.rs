@@ -69,15 +69,37 @@ impl SmsConfig {
     }
 }
 
-/// Why a send did not go through.
+/// Why a send did not go through. The provider takes no idempotency key,
+/// so a send is retried only when the message certainly did not reach it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SmsSendError {
-    /// 5xx, 408, 429, a timeout or no answer: worth another try.
+    /// Certainly not accepted: no connection was made, or the provider
+    /// answered 408, 429 or 503 (refused before taking the message).
+    /// Worth another try.
     #[error("SMS provider unavailable: {0}")]
     Transient(String),
+    /// Maybe accepted: the request went out and no clear answer came back
+    /// (a timeout, a connection lost mid-answer, 500, 502, 504 or another
+    /// 5xx). Never retried: a second send could reach the customer twice.
+    #[error("SMS provider outcome unknown: {0}")]
+    Unknown(String),
     /// The provider refused the message (4xx): retrying will not help.
     #[error("SMS provider rejected the message (HTTP {status}): {message}")]
     Rejected { status: u16, message: String },
+}
+
+/// What an answer with HTTP `status` (and `body`, for a refusal's
+/// message) means for the message: `None` when it was accepted.
+pub fn answer_error(status: u16, body: &str) -> Option<SmsSendError> {
+    match status {
+        200..=299 => None,
+        408 | 429 | 503 => Some(SmsSendError::Transient(format!("HTTP {status}"))),
+        500..=599 => Some(SmsSendError::Unknown(format!("HTTP {status}"))),
+        _ => Some(SmsSendError::Rejected {
+            status,
+            message: body.to_owned(),
+        }),
+    }
 }
 
 /// A client of one SMS provider account (cheap to clone: one pool).
@@ -131,14 +153,15 @@ impl SmsClient {
             .send()
             .await
             .map_err(|e| {
-                let why = if e.is_timeout() {
-                    "timed out"
-                } else if e.is_connect() {
-                    "cannot connect"
+                // A connect error (a connect timeout included) means the
+                // request never left; anything later may have reached it.
+                if e.is_connect() {
+                    SmsSendError::Transient("cannot connect".to_owned())
+                } else if e.is_timeout() {
+                    SmsSendError::Unknown("timed out".to_owned())
                 } else {
-                    "request failed"
-                };
-                SmsSendError::Transient(why.to_owned())
+                    SmsSendError::Unknown("request failed".to_owned())
+                }
             })?;
         let status = res.status().as_u16();
         let body = res.bytes().await.unwrap_or_default();
@@ -147,13 +170,9 @@ impl SmsClient {
             .map(|c| if c.is_control() { ' ' } else { c })
             .take(160)
             .collect();
-        match status {
-            200..=299 => Ok(()),
-            408 | 429 | 500..=599 => Err(SmsSendError::Transient(format!("HTTP {status}"))),
-            _ => Err(SmsSendError::Rejected {
-                status,
-                message: snippet.trim().to_owned(),
-            }),
+        match answer_error(status, snippet.trim()) {
+            None => Ok(()),
+            Some(e) => Err(e),
         }
     }
 }
@@ -189,5 +208,67 @@ mod tests {
             _ => None,
         });
         assert!(bad.is_err());
+    }
+
+    #[test]
+    fn only_answers_that_prove_nothing_was_taken_are_retried() {
+        assert_eq!(answer_error(200, ""), None);
+        assert_eq!(answer_error(201, ""), None);
+        for s in [408, 429, 503] {
+            assert!(
+                matches!(answer_error(s, ""), Some(SmsSendError::Transient(_))),
+                "{s}"
+            );
+        }
+        for s in [500, 502, 504, 599] {
+            assert!(
+                matches!(answer_error(s, ""), Some(SmsSendError::Unknown(_))),
+                "{s}"
+            );
+        }
+        assert_eq!(
+            answer_error(403, "Invalid Token"),
+            Some(SmsSendError::Rejected {
+                status: 403,
+                message: "Invalid Token".into()
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_transient_and_a_silent_provider_is_unknown() {
+        let client = |base: String| {
+            SmsClient::new(SmsConfig {
+                base_url: base,
+                token: "t".into(),
+                from: "Dhukuti".into(),
+                timeout: Duration::from_millis(300),
+            })
+        };
+        // Nothing listens on port 9 of loopback: refused.
+        let Ok(refused) = client("http://127.0.0.1:9".into()) else {
+            panic!("client")
+        };
+        let r = refused.send("9841000001", "hi").await;
+        assert!(matches!(r, Err(SmsSendError::Transient(_))), "{r:?}");
+        // Accepts the connection, reads the request, never answers.
+        let Ok(listener) = tokio::net::TcpListener::bind("127.0.0.1:0").await else {
+            panic!("bind")
+        };
+        let Ok(addr) = listener.local_addr() else {
+            panic!("addr")
+        };
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((sock, _)) = listener.accept().await {
+                held.push(sock);
+            }
+        });
+        let Ok(mute) = client(format!("http://{addr}")) else {
+            panic!("client")
+        };
+        let r = mute.send("9841000001", "hi").await;
+        assert!(matches!(r, Err(SmsSendError::Unknown(_))), "{r:?}");
+        silent.abort();
     }
 }

@@ -391,3 +391,14 @@ pub async fn query_window(
     }
     Ok(seen.into_iter().skip(offset).take(limit).collect())
 }
+
+/// A short random pause before try `attempt` (0-based) of a write that
+/// lost a race (a failed version condition, a conflicting transaction):
+/// up to 5 ms, doubling each try to at most 320 ms, uniformly spread so
+/// racing writers do not collide again in step.
+pub async fn contention_backoff(attempt: usize) {
+    use rand::Rng;
+    let cap = 5u64 << attempt.min(6);
+    let ms = rand::rng().random_range(0..=cap);
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+}
