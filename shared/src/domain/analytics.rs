@@ -1,11 +1,13 @@
 //! The analytics overview (`GET /v1/analytics/overview`) from per-day
 //! counters (decisions, "Analytics").
 //!
-//! One counter item per project, mode and UTC day:
-//! `pk = PROJ#<project>#<mode>#STATS`, `sk = DAY#YYYY-MM-DD`. Every write
-//! that creates a session or payment or changes its status adds to the
-//! item of the record's *creation* day, in the same transaction as the
-//! change ([`Tally`]), so the figures are exact for "created in the
+//! Counters are kept per project, mode and UTC day, in [`SHARDS`] items
+//! per day: `pk = PROJ#<project>#<mode>#STATS`,
+//! `sk = DAY#YYYY-MM-DD#<shard>` (the shard two digits, `00`..`07`, so
+//! the keys of a day sort together and the days in order). Every write
+//! that creates a session or payment or changes its status adds to a
+//! shard item of the record's *creation* day, in the same transaction as
+//! the change ([`Tally`]), so the figures are exact for "created in the
 //! window":
 //!
 //! - a session created: `sessions_created` +1;
@@ -24,14 +26,31 @@
 //! into a success, which then counts once); a refunded payment stays
 //! counted as a success; `processing` and session expiry add nothing.
 //!
-//! The overview reads the window's day items with one query: O(days).
+//! Why shards: with one item per day, every session and payment of a
+//! project written in a burst adds to the same item, so those
+//! transactions conflict on it and retry (a hot item). The shard is
+//! chosen from a record id with a stable hash ([`shard_of`]): a session's
+//! counters from the session id, a payment's from its checkout session
+//! id, so a session and its payment written in one transaction add to
+//! one item, and a transaction touches no more counter items than before.
+//!
+//! Reads ([`overview`], [`day_totals`]) query the sort-key range from
+//! `DAY#<first day>` to `DAY#<last day>#~` and sum every item in it. That
+//! range also holds the items of the former layout (`DAY#YYYY-MM-DD`, no
+//! shard), which therefore still count, and any shard number, so
+//! [`SHARDS`] may change without moving data. The overview reads
+//! O(days × shards) small items with one paginated query.
+
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use super::checkout::CheckoutSession;
 use super::payments::Payment;
 use super::{Mode, Provider};
-use crate::store::{Item, Key, MAX_TX_OPS, Query, SkCond, Store, StoreError, TTL, TxOp, Update};
+use crate::store::{
+    Item, Key, MAX_TX_OPS, PK, Query, SK, SkCond, Store, StoreError, TTL, TxOp, Update,
+};
 use crate::time::Timestamp;
 
 /// Days in the window when the request names none.
@@ -70,13 +89,79 @@ pub fn day_of(at: Timestamp) -> String {
     at.datetime().format("%Y-%m-%d").to_string()
 }
 
+/// Counter items per day.
+pub const SHARDS: u32 = 8;
+
+/// The shard (`0..SHARDS`) of the record `id`: FNV-1a over its bytes,
+/// high half folded into the low (the low bits of FNV-1a alone depend on
+/// the low bits of each byte only). Stable across processes and builds.
+pub fn shard_of(id: &str) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let folded = (h ^ (h >> 32)) & 0xffff_ffff;
+    // `folded` fits in u32 and SHARDS > 0: the remainder is below SHARDS.
+    u32::try_from(folded % u64::from(SHARDS)).unwrap_or(0)
+}
+
+/// The sort key of the former, unsharded item of `day` (still read), and
+/// the least sort key of the day.
 fn day_sk(day: &str) -> String {
     format!("DAY#{day}")
 }
 
-/// The counter item of the UTC day of `at`.
+/// The sort key of a shard item of `day`.
+fn shard_sk(day: &str, shard: u32) -> String {
+    format!("DAY#{day}#{shard:02}")
+}
+
+/// A sort key after every item of `day` (`~` sorts after the digits) and
+/// before the next day's.
+fn day_end_sk(day: &str) -> String {
+    format!("DAY#{day}#~")
+}
+
+/// The key of the UTC day of `at` without a shard: the item of the former
+/// layout, and what [`Tally::added`] takes for "all items of the day".
 pub fn day_key(project_id: &str, mode: Mode, at: Timestamp) -> Key {
     Key::new(stats_partition(project_id, mode), day_sk(&day_of(at)))
+}
+
+/// The shard item `shard` of the UTC day of `at`.
+pub fn shard_key(project_id: &str, mode: Mode, at: Timestamp, shard: u32) -> Key {
+    Key::new(
+        stats_partition(project_id, mode),
+        shard_sk(&day_of(at), shard),
+    )
+}
+
+/// The counter item that the record `record_id` created at `at` adds to.
+pub fn counter_key(project_id: &str, mode: Mode, at: Timestamp, record_id: &str) -> Key {
+    shard_key(project_id, mode, at, shard_of(record_id))
+}
+
+/// Whether `key` is the item `want`, or `want` is a [`day_key`] and `key`
+/// one of that day's items.
+fn within(key: &Key, want: &Key) -> bool {
+    key.pk == want.pk
+        && (key.sk == want.sk
+            || (want.sk.matches('#').count() == 1
+                && key
+                    .sk
+                    .strip_prefix(want.sk.as_str())
+                    .is_some_and(|rest| rest.starts_with('#'))))
+}
+
+/// The id a payment's counters shard on: its checkout session's (so it
+/// shares the item of its session), else its own.
+fn payment_shard_id(p: &Payment) -> &str {
+    if p.checkout_session_id.is_empty() {
+        &p.id
+    } else {
+        &p.checkout_session_id
+    }
 }
 
 /// Midnight UTC of the day of `at`.
@@ -107,8 +192,9 @@ impl Tally {
         self.items.is_empty()
     }
 
-    fn add(&mut self, project_id: &str, mode: Mode, created: Timestamp, attr: &str, n: i64) {
-        let key = day_key(project_id, mode, created);
+    fn add(&mut self, record: (&str, Mode, Timestamp, &str), attr: &str, n: i64) {
+        let (project_id, mode, created, shard_id) = record;
+        let key = counter_key(project_id, mode, created, shard_id);
         let ttl = start_of_day(created)
             .plus(chrono::Duration::days(KEEP_DAYS))
             .unix_seconds();
@@ -127,7 +213,17 @@ impl Tally {
     }
 
     fn session(&mut self, s: &CheckoutSession, attr: &str) {
-        self.add(&s.project_id, s.mode, s.created_at, attr, 1);
+        self.add((&s.project_id, s.mode, s.created_at, &s.id), attr, 1);
+    }
+
+    fn payment(&mut self, p: &Payment, attr: &str, n: i64) {
+        let record = (
+            p.project_id.as_str(),
+            p.mode,
+            p.created_at,
+            payment_shard_id(p),
+        );
+        self.add(record, attr, n);
     }
 
     /// A session was created.
@@ -147,36 +243,35 @@ impl Tally {
 
     /// A payment was created.
     pub fn payment_created(&mut self, p: &Payment) {
-        self.add(&p.project_id, p.mode, p.created_at, PAYMENTS_TOTAL, 1);
-        self.add(
-            &p.project_id,
-            p.mode,
-            p.created_at,
-            &provider_count(p.provider),
-            1,
-        );
+        self.payment(p, PAYMENTS_TOTAL, 1);
+        self.payment(p, &provider_count(p.provider), 1);
     }
 
     /// A payment became `success`.
     pub fn payment_succeeded(&mut self, p: &Payment) {
         let amount = p.amount.get();
-        let (proj, mode, at) = (&p.project_id, p.mode, p.created_at);
-        self.add(proj, mode, at, PAYMENTS_SUCCESS, 1);
-        self.add(proj, mode, at, SUCCESS_VOLUME, amount);
-        self.add(proj, mode, at, &provider_success(p.provider), 1);
-        self.add(proj, mode, at, &provider_volume(p.provider), amount);
+        self.payment(p, PAYMENTS_SUCCESS, 1);
+        self.payment(p, SUCCESS_VOLUME, amount);
+        self.payment(p, &provider_success(p.provider), 1);
+        self.payment(p, &provider_volume(p.provider), amount);
     }
 
     /// A payment became `failed`.
     pub fn payment_failed(&mut self, p: &Payment) {
-        self.add(&p.project_id, p.mode, p.created_at, PAYMENTS_FAILED, 1);
+        self.payment(p, PAYMENTS_FAILED, 1);
     }
 
-    /// The adds of `attr` on the item `key` (tests and checks).
+    /// The counter items this tally adds to, in order.
+    pub fn keys(&self) -> Vec<&Key> {
+        self.items.iter().map(|(k, _, _)| k).collect()
+    }
+
+    /// The adds of `attr` on the item `key`, or on all items of the day
+    /// when `key` is a [`day_key`] (tests and checks).
     pub fn added(&self, key: &Key, attr: &str) -> i64 {
         self.items
             .iter()
-            .filter(|(k, _, _)| k == key)
+            .filter(|(k, _, _)| within(k, key))
             .flat_map(|(_, _, adds)| adds.iter())
             .filter(|(a, _)| a == attr)
             .map(|(_, v)| *v)
@@ -308,10 +403,22 @@ pub async fn overview(
 ) -> Result<Overview, StoreError> {
     let days = days.clamp(1, MAX_DAYS);
     let start = start_of_day(now).plus(chrono::Duration::days(-(i64::from(days) - 1)));
-    let mut q = Query::partition(stats_partition(project_id, mode)).sk(SkCond::Between(
-        day_sk(&day_of(start)),
-        day_sk(&day_of(now)),
-    ));
+    let items = day_items(store, project_id, mode, &day_of(start), &day_of(now)).await?;
+    Ok(summarize(&items, days, start, now))
+}
+
+/// Every counter item from the day `first` to the day `last` (both
+/// `YYYY-MM-DD`, inclusive): all shards, and the unsharded items of the
+/// former layout; all pages.
+async fn day_items(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    first: &str,
+    last: &str,
+) -> Result<Vec<Item>, StoreError> {
+    let mut q = Query::partition(stats_partition(project_id, mode))
+        .sk(SkCond::Between(day_sk(first), day_end_sk(last)));
     let mut items = Vec::new();
     loop {
         let page = store.query(&q).await?;
@@ -321,10 +428,35 @@ pub async fn overview(
             None => break,
         }
     }
-    Ok(summarize(&items, days, start, now))
+    Ok(items)
 }
 
-/// Sums day items into the overview.
+/// The counters of the UTC day of `at`: the sums over all the day's items
+/// (every shard, and an unsharded item of the former layout). Counters
+/// never added to are absent; a day without items gives an empty map.
+pub async fn day_totals(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    at: Timestamp,
+) -> Result<BTreeMap<String, i64>, StoreError> {
+    let day = day_of(at);
+    let mut totals = BTreeMap::new();
+    for item in day_items(store, project_id, mode, &day, &day).await? {
+        for (attr, value) in &item {
+            if attr == PK || attr == SK || attr == TTL {
+                continue;
+            }
+            if let Some(n) = value.as_i64() {
+                *totals.entry(attr.clone()).or_insert(0) += n;
+            }
+        }
+    }
+    Ok(totals)
+}
+
+/// Sums counter items (any number per day: shards, former unsharded
+/// items) into the overview.
 pub fn summarize(items: &[Item], days: u32, start: Timestamp, end: Timestamp) -> Overview {
     let sum = |attr: &str| items.iter().map(|i| int(i, attr)).sum::<i64>();
     let total = sum(PAYMENTS_TOTAL);
@@ -441,6 +573,17 @@ mod tests {
         assert_eq!(t.added(&day_p, SUCCESS_VOLUME), 100_000);
         assert_eq!(t.added(&day_p, "khalti_success"), 1);
         assert_eq!(t.added(&day_p, "khalti_success_volume"), 100_000);
+        // Each on a shard item of its day, the shard of the session.
+        assert_eq!(
+            t.keys(),
+            vec![
+                &counter_key("proj_1", Mode::Sandbox, created, &s.id),
+                &counter_key("proj_1", Mode::Sandbox, p.created_at, &s.id),
+            ]
+        );
+        let shard = format!("#{:02}", shard_of(&s.id));
+        assert_eq!(t.keys()[0].sk, format!("DAY#2026-11-20{shard}"));
+        assert_eq!(t.keys()[1].sk, format!("DAY#2026-11-21{shard}"));
     }
 
     #[test]
@@ -544,8 +687,8 @@ mod tests {
         t.session_initiated(&s);
         t.payment_created(&p);
         t.session_initiated(&s);
-        let day = day_key("proj_1", Mode::Sandbox, now);
-        // The transaction already updates the day item: the adds join it.
+        let day = counter_key("proj_1", Mode::Sandbox, now, &s.id);
+        // The transaction already updates the counter item: the adds join it.
         let mut ops = vec![TxOp::Update {
             key: day.clone(),
             update: Update::new().add(PAYMENTS_TOTAL, 2),
@@ -637,5 +780,328 @@ mod tests {
         assert_eq!(live.payments.success_rate, 0.0);
         assert_eq!(live.funnel.conversion_rate_initiated_to_paid, 0.0);
         assert!(live.by_provider.is_empty());
+    }
+
+    #[test]
+    fn shard_choice_is_stable_and_spreads() {
+        // Pinned values: a change of hash would move live counters between
+        // shards mid-day (harmless for reads, but not meant to happen).
+        assert_eq!(shard_of(""), 1);
+        assert_eq!(shard_of("cs_01JD0000000000000000000000"), 0);
+        assert_eq!(shard_of("cs_01JD0000000000000000000001"), 7);
+        for id in ["cs_a", "cs_b", "pay_1", "some longer id with spaces"] {
+            assert_eq!(shard_of(id), shard_of(id), "{id}");
+            assert!(shard_of(id) < SHARDS, "{id}");
+        }
+        let mut hits = [0u32; SHARDS as usize];
+        for i in 0..1000 {
+            hits[shard_of(&format!("cs_{i}")) as usize] += 1;
+        }
+        assert!(hits.iter().all(|&n| n > 60), "uneven: {hits:?}");
+        // Real (ULID) ids spread too.
+        let mut hits = [0u32; SHARDS as usize];
+        for _ in 0..1000 {
+            let id = crate::ids::new_id(crate::ids::IdKind::CheckoutSession);
+            hits[shard_of(&id) as usize] += 1;
+        }
+        assert!(hits.iter().all(|&n| n > 60), "uneven: {hits:?}");
+    }
+
+    #[test]
+    fn shard_keys_sort_inside_their_day() {
+        let day = "2026-11-22";
+        let (lo, hi) = (day_sk(day), day_end_sk(day));
+        for shard in 0..SHARDS {
+            let sk = shard_sk(day, shard);
+            assert!(lo < sk && sk < hi, "{sk}");
+        }
+        assert!(shard_sk(day, 0) < shard_sk(day, SHARDS - 1));
+        // Neighbouring days stay outside.
+        assert!(day_end_sk("2026-11-21") < lo);
+        assert!(hi < day_sk("2026-11-23"));
+        assert!(hi < shard_sk("2026-11-23", 0));
+    }
+
+    #[test]
+    fn a_session_and_its_payment_land_on_one_item() {
+        let now = at("2026-11-22T10:00:00Z");
+        let s = session(now);
+        let p = payment(&s, Provider::Khalti, now);
+        let mut t = Tally::new();
+        t.session_initiated(&s);
+        t.payment_created(&p);
+        t.session_paid(&s);
+        t.payment_succeeded(&p);
+        let key = counter_key("proj_1", Mode::Sandbox, now, &s.id);
+        assert_eq!(t.keys(), vec![&key]);
+        let mut ops = Vec::new();
+        t.apply_to(&mut ops).unwrap();
+        assert_eq!(ops.len(), 1);
+        assert_eq!(ops[0].key(), Some(key));
+        // Without a session id a payment shards on its own id.
+        let mut orphan = payment(&s, Provider::Khalti, now);
+        orphan.checkout_session_id = String::new();
+        let mut t = Tally::new();
+        t.payment_created(&orphan);
+        assert_eq!(
+            t.keys(),
+            vec![&counter_key("proj_1", Mode::Sandbox, now, "pay_1")]
+        );
+    }
+
+    /// Puts a counter item as the former layout wrote it (no shard).
+    async fn put_unsharded(store: &dyn Store, at: Timestamp, counts: &[(&str, i64)]) {
+        let key = day_key("proj_1", Mode::Sandbox, at);
+        let mut item = Item::new();
+        item.insert(PK.into(), key.pk.clone().into());
+        item.insert(SK.into(), key.sk.clone().into());
+        for (attr, n) in counts {
+            item.insert((*attr).into(), (*n).into());
+        }
+        store.put(item, None).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn old_unsharded_items_count_with_the_shards_of_their_day() {
+        let store = EmbeddedStore::in_memory().unwrap();
+        let now = at("2026-11-22T10:00:00Z");
+        let yesterday = now.plus(chrono::Duration::days(-1));
+        // Written before the shards: today's and yesterday's item.
+        put_unsharded(
+            &store,
+            now,
+            &[
+                (SESSIONS_CREATED, 4),
+                (PAYMENTS_TOTAL, 3),
+                (PAYMENTS_SUCCESS, 2),
+                ("khalti_count", 3),
+                ("khalti_success", 2),
+            ],
+        )
+        .await;
+        put_unsharded(&store, yesterday, &[(SESSIONS_CREATED, 10)]).await;
+        // Then sharded adds on the same days.
+        let mut t = Tally::new();
+        for _ in 0..5 {
+            let s = session(now);
+            let p = payment(&s, Provider::Khalti, now);
+            t.session_created(&s);
+            t.payment_created(&p);
+            t.payment_succeeded(&p);
+        }
+        t.session_created(&session(yesterday));
+        let mut ops = Vec::new();
+        t.apply_to(&mut ops).unwrap();
+        store.transact(ops).await.unwrap();
+
+        let today = day_totals(&store, "proj_1", Mode::Sandbox, now)
+            .await
+            .unwrap();
+        assert_eq!(today.get(SESSIONS_CREATED), Some(&9));
+        assert_eq!(today.get(PAYMENTS_TOTAL), Some(&8));
+        assert_eq!(today.get(PAYMENTS_SUCCESS), Some(&7));
+        assert_eq!(today.get(SUCCESS_VOLUME), Some(&500_000));
+        assert_eq!(today.get("khalti_count"), Some(&8));
+        assert!(!today.contains_key(TTL) && !today.contains_key(PK));
+        let before = day_totals(&store, "proj_1", Mode::Sandbox, yesterday)
+            .await
+            .unwrap();
+        assert_eq!(before.get(SESSIONS_CREATED), Some(&11));
+        assert_eq!(before.len(), 1);
+        let empty = day_totals(&store, "proj_1", Mode::Live, now).await.unwrap();
+        assert!(empty.is_empty());
+
+        let one = overview(&store, "proj_1", Mode::Sandbox, 1, now)
+            .await
+            .unwrap();
+        assert_eq!(one.funnel.sessions_created, 9);
+        assert_eq!(one.payments.total, 8);
+        assert_eq!(one.payments.success, 7);
+        assert_eq!(one.payments.success_volume_paisa, 500_000);
+        assert_eq!(
+            one.by_provider,
+            vec![ProviderFigures {
+                provider: Provider::Khalti,
+                count: 8,
+                success_count: 7,
+                success_volume_paisa: 500_000,
+            }]
+        );
+        let two = overview(&store, "proj_1", Mode::Sandbox, 2, now)
+            .await
+            .unwrap();
+        assert_eq!(two.funnel.sessions_created, 20);
+    }
+
+    /// A store whose queries return at most 2 items a page.
+    struct SmallPages {
+        inner: EmbeddedStore,
+        queries: std::sync::atomic::AtomicU64,
+    }
+
+    #[async_trait::async_trait]
+    impl Store for SmallPages {
+        async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
+            self.inner.get(key).await
+        }
+        async fn put(
+            &self,
+            item: Item,
+            cond: Option<crate::store::Cond>,
+        ) -> Result<(), StoreError> {
+            self.inner.put(item, cond).await
+        }
+        async fn update(
+            &self,
+            key: &Key,
+            update: Update,
+            cond: Option<crate::store::Cond>,
+        ) -> Result<Item, StoreError> {
+            self.inner.update(key, update, cond).await
+        }
+        async fn delete(
+            &self,
+            key: &Key,
+            cond: Option<crate::store::Cond>,
+        ) -> Result<(), StoreError> {
+            self.inner.delete(key, cond).await
+        }
+        async fn transact(&self, ops: Vec<TxOp>) -> Result<(), StoreError> {
+            self.inner.transact(ops).await
+        }
+        async fn query(&self, query: &Query) -> Result<crate::store::QueryPage, StoreError> {
+            self.queries
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut q = query.clone();
+            q.limit = Some(2);
+            self.inner.query(&q).await
+        }
+        async fn count(&self, query: &Query) -> Result<u64, StoreError> {
+            self.inner.count(query).await
+        }
+    }
+
+    #[tokio::test]
+    async fn the_overview_sums_every_shard_of_every_day_across_pages() {
+        let store = SmallPages {
+            inner: EmbeddedStore::in_memory().unwrap(),
+            queries: Default::default(),
+        };
+        let now = at("2026-11-22T10:00:00Z");
+        let day = |d: i64| now.plus(chrono::Duration::days(-d));
+        // 40 sessions a day on the window's first and last day and the days
+        // just outside it, enough to fill every shard.
+        let (mut created, mut paid, mut volume) = (0, 0, 0);
+        for d in [0, 1, 5, 6, 7] {
+            for i in 0..40 {
+                let mut s = session(day(d));
+                s.id = format!("cs_{d}_{i}"); // fixed ids: every shard is hit
+                let mut p = payment(&s, Provider::Esewa, day(d));
+                p.amount = Paisa::new(1_000 + i).unwrap();
+                let mut t = Tally::new();
+                t.session_created(&s);
+                t.payment_created(&p);
+                if i % 2 == 0 {
+                    t.session_paid(&s);
+                    t.payment_succeeded(&p);
+                }
+                if d != 7 {
+                    created += 1;
+                    if i % 2 == 0 {
+                        paid += 1;
+                        volume += 1_000 + i;
+                    }
+                }
+                let mut ops = Vec::new();
+                t.apply_to(&mut ops).unwrap();
+                store.transact(ops).await.unwrap();
+            }
+            let shards = store
+                .inner
+                .query(
+                    &Query::partition(stats_partition("proj_1", Mode::Sandbox)).sk(
+                        SkCond::Between(day_sk(&day_of(day(d))), day_end_sk(&day_of(day(d)))),
+                    ),
+                )
+                .await
+                .unwrap()
+                .items
+                .len();
+            assert_eq!(shards, SHARDS as usize, "day -{d}");
+        }
+        // Today's figures also with the sums of day_totals.
+        let today = day_totals(&store, "proj_1", Mode::Sandbox, now)
+            .await
+            .unwrap();
+        assert_eq!(today.get(SESSIONS_CREATED), Some(&40));
+
+        store.queries.store(0, std::sync::atomic::Ordering::Relaxed);
+        let o = overview(&store, "proj_1", Mode::Sandbox, 7, now)
+            .await
+            .unwrap();
+        // 4 days of 8 shards, 2 a page: 16 or 17 pages, all followed.
+        assert!(store.queries.load(std::sync::atomic::Ordering::Relaxed) >= 16);
+        assert_eq!(o.funnel.sessions_created, created);
+        assert_eq!(o.funnel.sessions_paid, paid);
+        assert_eq!(o.payments.total, created);
+        assert_eq!(o.payments.success, paid);
+        assert_eq!(o.payments.success_volume_paisa, volume);
+        assert_eq!(o.by_provider[0].success_volume_paisa, volume);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_settles_of_one_project_end_with_exact_totals() {
+        use crate::store::TxReason;
+        use std::sync::Arc;
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::in_memory().unwrap());
+        let now = at("2026-11-22T10:00:00Z");
+        const TASKS: i64 = 16;
+        const ROUNDS: i64 = 5;
+        let barrier = Arc::new(tokio::sync::Barrier::new(TASKS as usize));
+        let mut tasks = Vec::new();
+        for n in 0..TASKS {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                for _ in 0..ROUNDS {
+                    // A session settles: its payment succeeds, with the
+                    // session's own counters, in one transaction.
+                    let s = session(now);
+                    let mut p = payment(&s, Provider::Fonepay, now);
+                    p.amount = Paisa::new(100 + n).unwrap();
+                    loop {
+                        let mut t = Tally::new();
+                        t.session_paid(&s);
+                        t.payment_succeeded(&p);
+                        let mut ops = Vec::new();
+                        t.apply_to(&mut ops).unwrap();
+                        match store.transact(ops).await {
+                            Ok(()) => break,
+                            Err(StoreError::Unavailable(_)) => {}
+                            Err(StoreError::TransactionCanceled { reasons })
+                                if reasons.contains(&TxReason::Conflict) => {}
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let want_volume: i64 = (0..TASKS).map(|n| (100 + n) * ROUNDS).sum();
+        let totals = day_totals(&*store, "proj_1", Mode::Sandbox, now)
+            .await
+            .unwrap();
+        assert_eq!(totals.get(SESSIONS_PAID), Some(&(TASKS * ROUNDS)));
+        assert_eq!(totals.get(PAYMENTS_SUCCESS), Some(&(TASKS * ROUNDS)));
+        assert_eq!(totals.get(SUCCESS_VOLUME), Some(&want_volume));
+        assert_eq!(totals.get("fonepay_success_volume"), Some(&want_volume));
+        let o = overview(&*store, "proj_1", Mode::Sandbox, 1, now)
+            .await
+            .unwrap();
+        assert_eq!(o.funnel.sessions_paid, TASKS * ROUNDS);
+        assert_eq!(o.payments.success, TASKS * ROUNDS);
+        assert_eq!(o.payments.success_volume_paisa, want_volume);
     }
 }

@@ -2046,14 +2046,15 @@ mod tests {
             assert_ne!(b.id, a.id);
             // Each new session counted once on its day (the reused one not
             // again).
-            let day = crate::domain::analytics::day_key("proj_1", Mode::Sandbox, a.created_at);
-            let counted = state.store.get(&day).await.unwrap().unwrap_or_default();
-            assert_eq!(
-                counted
-                    .get("sessions_created")
-                    .and_then(serde_json::Value::as_i64),
-                Some(2)
-            );
+            let counted = crate::domain::analytics::day_totals(
+                &*state.store,
+                "proj_1",
+                Mode::Sandbox,
+                a.created_at,
+            )
+            .await
+            .unwrap();
+            assert_eq!(counted.get("sessions_created"), Some(&2));
             assert_eq!(session(&state, &a.id).await.status, SessionStatus::Expired);
             // The invoice moved on: a write at the old version conflicts.
             let now_inv = get(&*state.store, "proj_1", Mode::Sandbox, &inv.id)

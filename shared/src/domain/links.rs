@@ -1061,12 +1061,10 @@ mod tests {
             .await
             .unwrap();
         }
-        let day = crate::domain::analytics::day_key("proj_1", Mode::Sandbox, now());
-        let counted = store.get(&day).await.unwrap().unwrap_or_default();
-        assert_eq!(
-            counted.get("sessions_created").and_then(Value::as_i64),
-            Some(2)
-        );
+        let counted = crate::domain::analytics::day_totals(&store, "proj_1", Mode::Sandbox, now())
+            .await
+            .unwrap();
+        assert_eq!(counted.get("sessions_created"), Some(&2));
     }
 
     #[tokio::test]
