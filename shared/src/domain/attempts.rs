@@ -927,11 +927,11 @@ pub async fn apply(
                     .iter()
                     .any(|r| matches!(r, TxReason::ConditionFailed | TxReason::Conflict)) =>
             {
-                settle_backoff(attempt).await;
+                crate::store::contention_backoff(attempt).await;
                 continue;
             }
             Err(StoreError::ConditionFailed) => {
-                settle_backoff(attempt).await;
+                crate::store::contention_backoff(attempt).await;
                 continue;
             }
             Err(e) => return Err(e),
@@ -944,15 +944,9 @@ pub async fn apply(
 }
 
 /// How often a settlement re-reads what moved under it (its session, link
-/// or invoice), with a short random pause that grows each time.
+/// or invoice), with a short random pause that grows each time
+/// ([`crate::store::contention_backoff`]).
 const SETTLE_TRIES: usize = 8;
-
-async fn settle_backoff(attempt: usize) {
-    use rand::Rng;
-    let cap = 5u64 << attempt.min(5);
-    let ms = rand::rng().random_range(0..=cap);
-    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-}
 
 fn event_op(kind: EventType, payment: &Payment, now: Timestamp) -> Result<TxOp, StoreError> {
     let view = serde_json::to_value(PaymentView::from(payment.clone()))

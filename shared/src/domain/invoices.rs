@@ -1042,7 +1042,7 @@ pub async fn finalize(
                 }
                 // The counter moved (or a write conflict): read it again,
                 // after a pause that grows with the contention.
-                backoff(attempt).await;
+                crate::store::contention_backoff(attempt).await;
             }
             Err(e) => return Err(e.into()),
         }
@@ -1050,14 +1050,6 @@ pub async fn finalize(
     Err(InvoiceError::Store(StoreError::Unavailable(
         "invoice numbering is busy; retry".into(),
     )))
-}
-
-/// A short random pause before the next try of a contended write.
-async fn backoff(attempt: usize) {
-    use rand::Rng;
-    let cap = 2u64.saturating_pow(attempt.min(6) as u32) * 5;
-    let ms = rand::rng().random_range(0..=cap);
-    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
 }
 
 /// Deletes a draft. With the request's fence, a retry after a lost answer
@@ -1482,7 +1474,7 @@ pub async fn checkout(
             {
                 // The invoice or its checkout moved (another checkout, a
                 // payment, an adjustment): read both again.
-                backoff(attempt).await;
+                crate::store::contention_backoff(attempt).await;
             }
             Err(e) => return Err(e.into()),
         }
