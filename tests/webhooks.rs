@@ -1404,6 +1404,58 @@ async fn the_delivery_log_lists_newest_first(which: Which) {
     m.stop().await;
 }
 
+/// More deliveries than the log answers: the newest 50, newest first.
+async fn the_delivery_log_answers_the_newest_fifty(which: Which) {
+    let Some(m) = Merchant::open(which).await else {
+        return;
+    };
+    let rx = Receiver::ok().await;
+    let endpoint = text(&m.register(&rx, None).await["id"]);
+    let total = 60;
+    for _ in 0..total {
+        m.record_payment_event(EventType::PaymentSucceeded).await;
+    }
+    rx.wait_for_within(total, Duration::from_secs(60)).await;
+    // Every delivery as stored, newest (largest id) first.
+    let stored = eventually(&format!("{total} stored deliveries"), async || {
+        let q = Query::partition(format!("WE#{endpoint}#WHD"))
+            .on(shared::store::Index::Gsi1)
+            .backward()
+            .limit(200);
+        let found = m.app.store.query(&q).await.map_err(|e| e.to_string())?;
+        let mut ids: Vec<(String, String)> = found
+            .items
+            .iter()
+            .map(|i| (text(&i["id"]), text(&i["event_id"])))
+            .collect();
+        ids.sort();
+        ids.reverse();
+        if ids.len() == total {
+            Ok(ids)
+        } else {
+            Err(format!("{} stored", ids.len()))
+        }
+    })
+    .await;
+    let data = eventually("every delivery a success in the log", async || {
+        let data = m.deliveries(&endpoint).await;
+        if data.iter().all(|d| d["status"] == "success") {
+            Ok(data)
+        } else {
+            Err(format!("{data:?}"))
+        }
+    })
+    .await;
+    assert_eq!(data.len(), 50);
+    let listed: Vec<(String, String)> = data
+        .iter()
+        .map(|d| (text(&d["id"]), text(&d["eventId"])))
+        .collect();
+    assert_eq!(listed, stored[..50].to_vec(), "the newest 50, newest first");
+    rx.assert_all_signed();
+    m.stop().await;
+}
+
 // ---------------------------------------------------------------------------
 // 11. A real payment
 
@@ -1517,6 +1569,48 @@ async fn shop_delivery(shop: &shop::Shop, endpoint: &str, event: &str) -> Value 
     .await
 }
 
+// ---------------------------------------------------------------------------
+// 12. The endpoint limit, under concurrent registrations
+
+async fn the_endpoint_limit_holds_under_concurrent_registrations(which: Which) {
+    let Some(m) = Merchant::open(which).await else {
+        return;
+    };
+    let rx = Receiver::ok().await;
+    let body = json!({ "url": rx.url });
+    let answers =
+        futures::future::join_all((0..40).map(|_| m.post("/v1/webhooks", &m.key, &body))).await;
+    let statuses: Vec<u16> = answers.iter().map(|a| a.status).collect();
+    let created = statuses.iter().filter(|s| **s == 201).count();
+    assert_eq!(created, 16, "{statuses:?}");
+    for a in answers.iter().filter(|a| a.status != 201) {
+        a.assert_error(422, "invalid_request_error", "webhook_endpoint_limit");
+    }
+    let list = m.get("/v1/webhooks", &m.key).await;
+    assert_eq!(list.status, 200, "{}", list.body);
+    let listed = list.body["data"].as_array().cloned().unwrap_or_default();
+    assert_eq!(listed.len(), 16, "{}", list.body);
+
+    // A delete makes room for one, a second delete of it for none.
+    let gone = text(&listed[0]["id"]);
+    let path = format!("/v1/webhooks/{gone}");
+    assert_eq!(m.delete(&path, &m.key).await.status, 200);
+    m.delete(&path, &m.key)
+        .await
+        .assert_error(404, "invalid_request_error", "not_found");
+    assert_eq!(m.post("/v1/webhooks", &m.key, &body).await.status, 201);
+    m.post("/v1/webhooks", &m.key, &body).await.assert_error(
+        422,
+        "invalid_request_error",
+        "webhook_endpoint_limit",
+    );
+    // Per mode: live has its own 16.
+    let live = m.app.key(&m.tenant, Mode::Live, &Scope::ALL).await;
+    let live_list = m.get("/v1/webhooks", &live).await;
+    assert_eq!(live_list.body, json!({"data": []}));
+    m.stop().await;
+}
+
 on_both_backends!(
     endpoints_are_registered_listed_patched_and_deleted,
     an_event_is_delivered_once_and_signed,
@@ -1528,5 +1622,7 @@ on_both_backends!(
     duplicate_messages_never_resend_a_success,
     a_test_event_goes_to_its_endpoint_only,
     the_delivery_log_lists_newest_first,
+    the_delivery_log_answers_the_newest_fifty,
+    the_endpoint_limit_holds_under_concurrent_registrations,
     a_paid_checkout_sends_a_signed_payment_succeeded,
 );

@@ -6,6 +6,10 @@
 //!   endpoints are one strongly consistent partition (fan-out reads it);
 //!   its signing secret is sealed with the credentials master key, never
 //!   stored in the clear;
+//! - their number at `PROJ#<project>#<mode>#WECOUNT` / `COUNT` (`n`),
+//!   changed in the transaction that writes or deletes an endpoint, so
+//!   [`MAX_ENDPOINTS`] holds under concurrent registrations (missing for
+//!   data from before it: counted from the partition on first use);
 //! - a delivery at `EVT#<evt_id>` / `WHD#<we_id>`: one per (event,
 //!   endpoint) by construction, so a fan-out that runs twice writes it
 //!   once; listed per endpoint through `gsi1` (`WE#<we_id>#WHD`, by its
@@ -35,7 +39,7 @@ use crate::http::idempotency::Fence;
 use crate::http::input::present;
 use crate::ids::{self, IdKind};
 use crate::queue::{MAX_DELAY, QueueError, QueueName};
-use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp, Update};
+use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
 use crate::webhooks::client::{Sent, WebhookClient};
 use crate::webhooks::ssrf::{self, Policy, UrlError};
@@ -363,10 +367,6 @@ pub async fn create(
 ) -> Result<(Endpoint, Option<String>), WebhookError> {
     let events = parse_events(body.events.as_deref().unwrap_or_default())?;
     let url = check_receiver(&body.url, mode, &state.webhooks).await?;
-    let existing = list(&*state.store, project_id, mode).await?;
-    if existing.len() >= MAX_ENDPOINTS {
-        return Err(WebhookError::TooMany);
-    }
     let now = state.clock.now();
     let secret = new_secret()?;
     let id = ids::new_id(IdKind::WebhookEndpoint);
@@ -388,23 +388,136 @@ pub async fn create(
         &Endpoint::key(project_id, mode, &endpoint.id),
         &[],
     )?;
-    let mut ops = vec![TxOp::Put {
-        item,
-        cond: Some(Cond::NotExists),
-    }];
+    // The endpoint, the count (only while under the limit: the limit
+    // holds however many registrations run at once), and the fence.
+    let counter = EndpointCounter::key(project_id, mode);
+    let mut ops = vec![
+        TxOp::Put {
+            item,
+            cond: Some(Cond::NotExists),
+        },
+        TxOp::Update {
+            key: counter.clone(),
+            update: Update::new().add(EndpointCounter::ATTR, 1),
+            cond: Some(Cond::lt(EndpointCounter::ATTR, MAX_ENDPOINTS as i64)),
+        },
+    ];
+    const COUNTER_AT: usize = 1;
+    const FENCE_AT: usize = 2;
     if let Some(f) = fence {
         ops.push(f.op(&endpoint.id));
     }
-    match state.store.transact(ops).await {
-        Ok(()) => Ok((endpoint, Some(secret))),
-        Err(e) => match fence {
-            Some(f) if Fence::tripped(&e, 1) => {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        EndpointCounter::ensure(&*state.store, project_id, mode).await?;
+        let e = match state.store.transact(ops.clone()).await {
+            Ok(()) => return Ok((endpoint, Some(secret))),
+            Err(e) => e,
+        };
+        if let Some(f) = fence {
+            if Fence::tripped(&e, FENCE_AT) {
                 let first = f.resource_id(&*state.store).await?.unwrap_or_default();
                 let endpoint = get(&*state.store, project_id, mode, &first).await?;
-                Ok((endpoint, None))
+                return Ok((endpoint, None));
             }
-            _ => Err(e.into()),
-        },
+        }
+        let StoreError::TransactionCanceled { reasons } = &e else {
+            return Err(e.into());
+        };
+        if matches!(reasons.get(COUNTER_AT), Some(TxReason::ConditionFailed)) {
+            // Full, unless the count vanished under us (then it is made
+            // again from the endpoints and the registration retried).
+            if EndpointCounter::read(&*state.store, project_id, mode)
+                .await?
+                .is_some()
+                || tries >= TX_TRIES
+            {
+                return Err(WebhookError::TooMany);
+            }
+            continue;
+        }
+        if reasons.contains(&TxReason::Conflict) && tries < TX_TRIES {
+            crate::store::contention_backoff(tries as usize).await;
+            continue;
+        }
+        return Err(busy_or(e).into());
+    }
+}
+
+/// How many times a transaction on the endpoint count is tried when it
+/// meets another one on the same count (DynamoDB's `TransactionConflict`).
+const TX_TRIES: u32 = 8;
+
+/// A transaction still conflicting after [`TX_TRIES`] is a busy store (the
+/// caller may retry), not a fault.
+fn busy_or(e: StoreError) -> StoreError {
+    match &e {
+        StoreError::TransactionCanceled { reasons } if reasons.contains(&TxReason::Conflict) => {
+            StoreError::Unavailable(format!("webhook endpoints are busy: {e}"))
+        }
+        _ => e,
+    }
+}
+
+/// The number of endpoints of one project in one mode, at
+/// `PROJ#<project>#<mode>#WECOUNT` / `COUNT`: raised in the transaction
+/// that writes an endpoint, only while under [`MAX_ENDPOINTS`], and
+/// lowered in the transaction that deletes one (conditioned on the
+/// endpoint existing, so a second delete lowers nothing).
+struct EndpointCounter;
+
+impl EndpointCounter {
+    const ATTR: &'static str = "n";
+
+    fn key(project_id: &str, mode: Mode) -> Key {
+        Key::new(
+            format!("PROJ#{project_id}#{}#WECOUNT", mode.as_str()),
+            "COUNT",
+        )
+    }
+
+    /// The count, if the counter exists.
+    async fn read(
+        store: &dyn Store,
+        project_id: &str,
+        mode: Mode,
+    ) -> Result<Option<i64>, StoreError> {
+        Ok(store
+            .get(&EndpointCounter::key(project_id, mode))
+            .await?
+            .map(|item| {
+                item.get(EndpointCounter::ATTR)
+                    .and_then(Value::as_i64)
+                    .unwrap_or(0)
+            }))
+    }
+
+    /// Makes sure the counter exists. Endpoints registered before it
+    /// existed are counted (strongly consistent) and the count written
+    /// only if there is still no counter: every write that changes the
+    /// endpoints needs the counter (its condition is false on a missing
+    /// one), so none can land between that count and that put.
+    async fn ensure(store: &dyn Store, project_id: &str, mode: Mode) -> Result<(), StoreError> {
+        if EndpointCounter::read(store, project_id, mode)
+            .await?
+            .is_some()
+        {
+            return Ok(());
+        }
+        let n = store
+            .count(&Query::partition(Endpoint::partition(project_id, mode)))
+            .await?;
+        let key = EndpointCounter::key(project_id, mode);
+        let mut item = crate::store::Item::new();
+        item.insert(crate::store::PK.into(), Value::String(key.pk));
+        item.insert(crate::store::SK.into(), Value::String(key.sk));
+        item.insert(EndpointCounter::ATTR.into(), json!(n));
+        match store.put(item, Some(Cond::NotExists)).await {
+            // Another request made it first: from the same endpoints.
+            Err(e) if e.is_condition_failure() => Ok(()),
+            other => other,
+        }
     }
 }
 
@@ -492,10 +605,42 @@ pub async fn delete(
     id: &str,
 ) -> Result<(), WebhookError> {
     let current = get(store, project_id, mode, id).await?;
-    store
-        .delete(&Endpoint::key(project_id, mode, &current.id), None)
-        .await?;
-    Ok(())
+    // The endpoint goes only if it is still there, and the count goes down
+    // with it: a second delete (a retry, a race) lowers nothing.
+    let ops = vec![
+        TxOp::Delete {
+            key: Endpoint::key(project_id, mode, &current.id),
+            cond: Some(Cond::Exists),
+        },
+        TxOp::Update {
+            key: EndpointCounter::key(project_id, mode),
+            update: Update::new().add(EndpointCounter::ATTR, -1),
+            // Never ADD onto a missing counter (it would start at -1).
+            cond: Some(Cond::AttrExists(EndpointCounter::ATTR.into())),
+        },
+    ];
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        EndpointCounter::ensure(store, project_id, mode).await?;
+        let e = match store.transact(ops.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        let StoreError::TransactionCanceled { reasons } = &e else {
+            return Err(e.into());
+        };
+        if matches!(reasons.first(), Some(TxReason::ConditionFailed)) {
+            return Err(WebhookError::NotFound);
+        }
+        // The counter vanished (made again on the next try), or another
+        // transaction was on it.
+        if tries < TX_TRIES {
+            crate::store::contention_backoff(tries as usize).await;
+            continue;
+        }
+        return Err(busy_or(e).into());
+    }
 }
 
 // ------------------------------------------------------------ deliveries
@@ -1813,6 +1958,402 @@ mod tests {
                 dispatch(&f.state, &f.client, &msg(&f, 0)).await.unwrap(),
                 Outcome::Skipped
             );
+        }
+
+        // ------------------------------------------------ the delivery log
+
+        #[tokio::test]
+        async fn the_delivery_log_answers_the_newest_fifty_newest_first() {
+            let f = fixture().await;
+            let mut events = Vec::new();
+            for i in 0..(DELIVERY_LOG + 10) {
+                f.clock.advance(chrono::Duration::seconds(1));
+                let event = Event::new(
+                    EventType::PaymentSucceeded,
+                    "proj_1",
+                    Mode::Sandbox,
+                    json!({ "id": format!("pay_{i}") }),
+                    f.clock.now(),
+                );
+                f.state
+                    .store
+                    .transact(vec![event.put_op().unwrap()])
+                    .await
+                    .unwrap();
+                assert_eq!(fan_out(&f.state, &event).await.unwrap(), 1);
+                events.push(event);
+            }
+            let log = deliveries(&*f.state.store, "proj_1", Mode::Sandbox, &f.endpoint.id)
+                .await
+                .unwrap();
+            assert_eq!(log.len(), DELIVERY_LOG);
+            // Exactly the newest 50 events, newest first.
+            let listed: Vec<&str> = log.iter().map(|d| d.event_id.as_str()).collect();
+            let newest: Vec<&str> = events
+                .iter()
+                .rev()
+                .take(DELIVERY_LOG)
+                .map(|e| e.id.as_str())
+                .collect();
+            assert_eq!(listed, newest);
+            for pair in log.windows(2) {
+                assert!(pair[0].id > pair[1].id, "ids newest first");
+                assert!(pair[0].created_at > pair[1].created_at, "newest first");
+            }
+            assert!(log.iter().all(|d| d.endpoint_id == f.endpoint.id));
+            // The oldest ten are still stored, just not listed.
+            for e in &events[..10] {
+                assert!(
+                    delivery(&*f.state.store, &e.id, &f.endpoint.id)
+                        .await
+                        .unwrap()
+                        .is_some()
+                );
+            }
+        }
+
+        // ------------------------------------------------ long waits
+
+        /// The queue of the fixture, recording every webhook message sent
+        /// with its delay and the (manual) time it was sent at.
+        struct Recording {
+            inner: Arc<InProcessQueue>,
+            clock: ManualClock,
+            sent: std::sync::Mutex<Vec<(DeliveryMessage, Duration, Timestamp)>>,
+        }
+
+        impl Recording {
+            fn sent(&self) -> Vec<(DeliveryMessage, Duration, Timestamp)> {
+                self.sent.lock().unwrap().clone()
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl crate::queue::Queue for Recording {
+            async fn send(
+                &self,
+                queue: QueueName,
+                body: &str,
+                delay: Duration,
+            ) -> Result<String, QueueError> {
+                if queue == QueueName::Webhooks {
+                    let m = DeliveryMessage::parse(body).unwrap();
+                    self.sent.lock().unwrap().push((m, delay, self.clock.now()));
+                }
+                self.inner.send(queue, body, delay).await
+            }
+
+            async fn receive(
+                &self,
+                queue: QueueName,
+                max: usize,
+                wait: Duration,
+                visibility: Duration,
+            ) -> Result<Vec<crate::queue::Message>, QueueError> {
+                self.inner.receive(queue, max, wait, visibility).await
+            }
+
+            async fn delete(&self, queue: QueueName, receipt: &str) -> Result<(), QueueError> {
+                self.inner.delete(queue, receipt).await
+            }
+        }
+
+        /// A receiver that answers 500 to its first `failures` requests,
+        /// then 200, and records the (manual) time of each request.
+        async fn flaky_receiver(
+            failures: usize,
+            clock: ManualClock,
+        ) -> (String, Arc<std::sync::Mutex<Vec<Timestamp>>>) {
+            let hits = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let seen = hits.clone();
+            let app = axum::Router::new().route(
+                "/hook",
+                axum::routing::post(move || {
+                    let seen = seen.clone();
+                    let clock = clock.clone();
+                    async move {
+                        let mut seen = seen.lock().unwrap();
+                        seen.push(clock.now());
+                        if seen.len() <= failures {
+                            axum::http::StatusCode::INTERNAL_SERVER_ERROR
+                        } else {
+                            axum::http::StatusCode::OK
+                        }
+                    }
+                }),
+            );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}/hook", listener.local_addr().unwrap());
+            tokio::spawn(async move { axum::serve(listener, app).await });
+            (url, hits)
+        }
+
+        /// Moves the manual clock and the queue's clock forward together by
+        /// `step`, then handles every message now visible, as the worker
+        /// does (a message is deleted once handled).
+        async fn tick(f: &Fixture, step: Duration) -> Vec<Outcome> {
+            use crate::queue::Queue;
+            f.clock.advance(chrono::Duration::from_std(step).unwrap());
+            f.queue.skip_ahead(step);
+            let mut outcomes = Vec::new();
+            loop {
+                let got = f
+                    .queue
+                    .receive(
+                        QueueName::Webhooks,
+                        10,
+                        Duration::ZERO,
+                        Duration::from_secs(60),
+                    )
+                    .await
+                    .unwrap();
+                if got.is_empty() {
+                    return outcomes;
+                }
+                for m in got {
+                    outcomes.push(handle_message(&f.state, &f.client, &m.body).await.unwrap());
+                    f.queue
+                        .delete(QueueName::Webhooks, &m.receipt)
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+
+        #[tokio::test]
+        async fn a_wait_past_fifteen_minutes_is_chained_and_never_attempted_early() {
+            let mut f = fixture().await;
+            // Fails the first 4 attempts (waits 1 min, 5 min, 30 min, 2 h
+            // follow them), answers the fifth.
+            let (url, hits) = flaky_receiver(4, f.clock.clone()).await;
+            patch(
+                &f.state,
+                "proj_1",
+                Mode::Sandbox,
+                &f.endpoint.id,
+                PatchEndpoint {
+                    url: Some(url),
+                    ..PatchEndpoint::default()
+                },
+            )
+            .await
+            .unwrap();
+            let recording = Arc::new(Recording {
+                inner: f.queue.clone(),
+                clock: f.clock.clone(),
+                sent: std::sync::Mutex::new(Vec::new()),
+            });
+            f.state = f.state.clone().with_queue(recording.clone());
+            let start = f.clock.now();
+            fan_out(&f.state, &f.event).await.unwrap();
+
+            // Minute by minute until the fourth attempt has failed.
+            let minute = Duration::from_secs(60);
+            let mut out = tick(&f, Duration::ZERO).await;
+            while current(&f).await.attempts < 4 {
+                assert!(f.clock.now() < start.plus(chrono::Duration::hours(1)));
+                out.extend(tick(&f, minute).await);
+            }
+            let d = current(&f).await;
+            assert_eq!(d.status, DeliveryStatus::Retrying);
+            let failed_at = d.last_attempt_at.unwrap();
+            let due = d.next_attempt_at.unwrap();
+            assert_eq!(due, failed_at.plus(chrono::Duration::hours(2)));
+            // Attempts at 0, +1 min, +6 min and +36 min (the 30 min wait
+            // took two messages).
+            let at = |mins: i64| start.plus(chrono::Duration::minutes(mins));
+            assert_eq!(*hits.lock().unwrap(), vec![at(0), at(1), at(6), at(36)]);
+            assert_eq!(failed_at, at(36));
+            assert!(out.contains(&Outcome::NotDue), "{out:?}");
+
+            // The 2 h wait, minute by minute: the chained messages arrive
+            // early, send nothing and queue the rest of the wait.
+            let stray_at = due.plus(chrono::Duration::minutes(-7));
+            while f.clock.now() < stray_at {
+                let out = tick(&f, minute).await;
+                assert!(out.iter().all(|o| *o == Outcome::NotDue), "{out:?}");
+                assert_eq!(hits.lock().unwrap().len(), 4, "sent early");
+            }
+            // A stray copy of the message 7 minutes early: not sent either,
+            // and queued for exactly the 7 minutes left.
+            assert_eq!(
+                dispatch(&f.state, &f.client, &msg(&f, 4)).await.unwrap(),
+                Outcome::NotDue
+            );
+            let (last, delay, _) = recording.sent().pop().unwrap();
+            assert_eq!((last.attempt, delay), (4, Duration::from_secs(7 * 60)));
+            while f.clock.now() < due.plus(chrono::Duration::minutes(-1)) {
+                let out = tick(&f, minute).await;
+                assert!(out.iter().all(|o| *o == Outcome::NotDue), "{out:?}");
+                assert_eq!(hits.lock().unwrap().len(), 4, "sent early");
+            }
+            // Due: both messages arrive; exactly one sends.
+            let mut out = tick(&f, minute).await;
+            assert_eq!(f.clock.now(), due);
+            out.sort_by_key(|o| format!("{o:?}"));
+            assert_eq!(out, vec![Outcome::Delivered, Outcome::Skipped]);
+            assert_eq!(hits.lock().unwrap().len(), 5);
+            assert_eq!(hits.lock().unwrap()[4], due);
+            let d = current(&f).await;
+            assert_eq!((d.status, d.attempts), (DeliveryStatus::Success, 5));
+            // Nothing more, ever.
+            for _ in 0..30 {
+                assert!(tick(&f, minute).await.is_empty());
+            }
+            assert!(f.queue.is_empty(QueueName::Webhooks));
+            assert_eq!(hits.lock().unwrap().len(), 5);
+
+            // Every message was queued for at most 15 minutes; each one for
+            // the fifth attempt before its time for what was left of the
+            // wait (capped): 2 h took 8 chained messages, plus the stray.
+            let sent = recording.sent();
+            assert!(
+                sent.iter().all(|(_, delay, _)| *delay <= MAX_DELAY),
+                "{sent:?}"
+            );
+            let fifth: Vec<(Duration, Timestamp)> = sent
+                .iter()
+                .filter(|(m, _, _)| m.attempt == 4)
+                .map(|(_, delay, t)| (*delay, *t))
+                .collect();
+            assert_eq!(fifth.len(), 8 + 1, "{fifth:?}");
+            for (delay, t) in &fifth {
+                let left = Duration::from_millis((due.unix_millis() - t.unix_millis()) as u64);
+                assert_eq!(*delay, left.min(MAX_DELAY), "at {t:?}");
+            }
+            let chain: Vec<Timestamp> = fifth
+                .iter()
+                .filter(|(delay, _)| *delay == MAX_DELAY)
+                .map(|(_, t)| *t)
+                .collect();
+            let every_quarter: Vec<Timestamp> = (0..8)
+                .map(|i| failed_at.plus(chrono::Duration::minutes(15 * i)))
+                .collect();
+            assert_eq!(chain, every_quarter);
+        }
+
+        // ------------------------------------------------ the endpoint limit
+
+        fn body(i: usize) -> CreateEndpoint {
+            CreateEndpoint {
+                url: format!("http://127.0.0.1:9/hook/{i}"),
+                events: None,
+                enabled: None,
+            }
+        }
+
+        async fn count_of(f: &Fixture, project: &str) -> Option<i64> {
+            EndpointCounter::read(&*f.state.store, project, Mode::Sandbox)
+                .await
+                .unwrap()
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn concurrent_registrations_never_pass_the_limit() {
+            let f = fixture().await;
+            let runs = (0..40).map(|i| {
+                let state = f.state.clone();
+                tokio::spawn(
+                    async move { create(&state, "proj_2", Mode::Sandbox, body(i), None).await },
+                )
+            });
+            let results: Vec<Result<(Endpoint, Option<String>), WebhookError>> =
+                futures::future::join_all(runs)
+                    .await
+                    .into_iter()
+                    .map(|r| r.unwrap())
+                    .collect();
+            let made = results.iter().filter(|r| r.is_ok()).count();
+            let refused = results
+                .iter()
+                .filter(|r| matches!(r, Err(WebhookError::TooMany)))
+                .count();
+            assert_eq!((made, refused), (MAX_ENDPOINTS, 40 - MAX_ENDPOINTS));
+            let listed = list(&*f.state.store, "proj_2", Mode::Sandbox)
+                .await
+                .unwrap();
+            assert_eq!(listed.len(), MAX_ENDPOINTS);
+            assert_eq!(count_of(&f, "proj_2").await, Some(MAX_ENDPOINTS as i64));
+            // Per project and mode: the others are untouched.
+            assert_eq!(count_of(&f, "proj_1").await, Some(1));
+            create(&f.state, "proj_3", Mode::Sandbox, body(0), None)
+                .await
+                .unwrap();
+
+            // Deleting makes room for exactly one; deleting twice (here at
+            // once) frees one place only.
+            let gone = listed[3].id.clone();
+            let deletes = (0..4).map(|_| {
+                let store = f.state.store.clone();
+                let gone = gone.clone();
+                tokio::spawn(async move { delete(&*store, "proj_2", Mode::Sandbox, &gone).await })
+            });
+            let deleted: Vec<Result<(), WebhookError>> = futures::future::join_all(deletes)
+                .await
+                .into_iter()
+                .map(|r| r.unwrap())
+                .collect();
+            assert_eq!(deleted.iter().filter(|r| r.is_ok()).count(), 1);
+            assert!(
+                deleted
+                    .iter()
+                    .all(|r| matches!(r, Ok(()) | Err(WebhookError::NotFound)))
+            );
+            assert!(matches!(
+                delete(&*f.state.store, "proj_2", Mode::Sandbox, &gone).await,
+                Err(WebhookError::NotFound)
+            ));
+            assert_eq!(count_of(&f, "proj_2").await, Some(15));
+            create(&f.state, "proj_2", Mode::Sandbox, body(100), None)
+                .await
+                .unwrap();
+            assert!(matches!(
+                create(&f.state, "proj_2", Mode::Sandbox, body(101), None).await,
+                Err(WebhookError::TooMany)
+            ));
+            assert_eq!(
+                list(&*f.state.store, "proj_2", Mode::Sandbox)
+                    .await
+                    .unwrap()
+                    .len(),
+                MAX_ENDPOINTS
+            );
+        }
+
+        #[tokio::test]
+        async fn endpoints_from_before_the_counter_are_counted() {
+            let f = fixture().await;
+            for i in 0..MAX_ENDPOINTS {
+                create(&f.state, "proj_2", Mode::Sandbox, body(i), None)
+                    .await
+                    .unwrap();
+            }
+            // As stored before the counter existed.
+            let counter = EndpointCounter::key("proj_2", Mode::Sandbox);
+            f.state.store.delete(&counter, None).await.unwrap();
+            assert!(matches!(
+                create(&f.state, "proj_2", Mode::Sandbox, body(99), None).await,
+                Err(WebhookError::TooMany)
+            ));
+            assert_eq!(count_of(&f, "proj_2").await, Some(MAX_ENDPOINTS as i64));
+
+            // A delete is the first write after the upgrade: counted too.
+            f.state.store.delete(&counter, None).await.unwrap();
+            let some = list(&*f.state.store, "proj_2", Mode::Sandbox)
+                .await
+                .unwrap()
+                .remove(0);
+            delete(&*f.state.store, "proj_2", Mode::Sandbox, &some.id)
+                .await
+                .unwrap();
+            assert_eq!(count_of(&f, "proj_2").await, Some(15));
+            create(&f.state, "proj_2", Mode::Sandbox, body(100), None)
+                .await
+                .unwrap();
+            assert!(matches!(
+                create(&f.state, "proj_2", Mode::Sandbox, body(101), None).await,
+                Err(WebhookError::TooMany)
+            ));
         }
     }
 }
