@@ -4,6 +4,7 @@
 
 pub mod demo;
 pub mod listen;
+pub mod queue_worker;
 pub mod simulators;
 pub mod sms_worker;
 pub mod webhooks;

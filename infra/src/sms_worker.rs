@@ -10,21 +10,36 @@
 //! queued again after a short backoff (1 s, 2 s, 4 s, … up to 30 s, by
 //! receive count) rather than waiting for the visibility timeout, so a
 //! flaky provider is retried quickly; the record's attempt count bounds
-//! the retries (`shared::domain::sms::MAX_ATTEMPTS`).
+//! the retries (`shared::domain::sms::MAX_ATTEMPTS`). Once a minute it
+//! queues again reminders whose message was lost
+//! (`shared::domain::sms::requeue_stuck`: the in-process queue does not
+//! survive a restart). The loop itself is [`crate::queue_worker`].
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use shared::AppState;
-use shared::domain::sms;
+use shared::domain::sms::{self, DispatchError};
 use shared::providers::sms::SmsClient;
-use shared::queue::{MAX_RECEIVE, Message, QueueName};
+use shared::queue::{Message, QueueName};
 use tokio::task::JoinHandle;
+
+use crate::queue_worker::{self, Handler, OnFailure, Settings};
+
+/// Stuck reminders queued again per backstop sweep.
+const SWEEP_BATCH: usize = 100;
+/// How often reminders whose message was lost are queued again.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// Starts the worker; abort the handle to stop it.
 pub fn spawn(state: &AppState, client: SmsClient) -> JoinHandle<()> {
-    let state = state.clone();
-    tokio::spawn(async move { work(state, client).await })
+    let settings = Settings {
+        queue: QueueName::Sms,
+        label: "SMS",
+        visibility: visibility(),
+        on_failure: OnFailure::Requeue { backoff },
+        sweep_every: Some(SWEEP_EVERY),
+    };
+    queue_worker::spawn(state, settings, Dispatcher { client })
 }
 
 /// Past the claim's lease, so a message whose send crashed comes back to
@@ -33,66 +48,29 @@ fn visibility() -> Duration {
     sms::LEASE + Duration::from_secs(1)
 }
 
+/// 1 s, 2 s, 4 s, … up to 30 s, by receive count.
 fn backoff(receive_count: u32) -> Duration {
     let exp = receive_count.saturating_sub(1).min(5);
     Duration::from_secs(1u64 << exp).min(Duration::from_secs(30))
 }
 
-async fn work(state: AppState, client: SmsClient) {
-    let mut last_sweep = std::time::Instant::now();
-    loop {
-        // Once a minute: reminders whose message was lost (the in-process
-        // queue does not survive a restart) are queued again.
-        if last_sweep.elapsed() >= Duration::from_secs(60) {
-            last_sweep = std::time::Instant::now();
-            if let Err(e) = sms::requeue_stuck(&state, state.clock.now(), 100).await {
-                tracing::warn!(error = %e, "SMS backstop sweep failed; the next one retries");
-            }
-        }
-        let received = state
-            .queue
-            .receive(
-                QueueName::Sms,
-                MAX_RECEIVE,
-                Duration::from_secs(1),
-                visibility(),
-            )
-            .await;
-        let messages = match received {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(error = %e, "SMS queue receive failed");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        futures::stream::iter(messages)
-            .for_each_concurrent(MAX_RECEIVE, |m| {
-                let state = &state;
-                let client = &client;
-                async move { handle(state, client, m).await }
-            })
-            .await;
-    }
+/// Sends the reminders of the SMS queue's messages.
+struct Dispatcher {
+    client: SmsClient,
 }
 
-async fn handle(state: &AppState, client: &SmsClient, m: Message) {
-    match sms::handle_message(state, client, &m.body).await {
-        Ok(outcome) => {
-            tracing::debug!(?outcome, "SMS message handled");
-        }
-        Err(e) => {
-            let wait = backoff(m.receive_count);
-            tracing::warn!(error = %e, retry_in = ?wait, "SMS message failed; it will be retried");
-            if let Err(e) = state.queue.send(QueueName::Sms, &m.body, wait).await {
-                // Not re-queued: leave it; it comes back after its
-                // visibility timeout.
-                tracing::warn!(error = %e, "could not re-queue an SMS message");
-                return;
-            }
-        }
+impl Handler for Dispatcher {
+    type Error = DispatchError;
+
+    async fn handle(&self, state: &AppState, m: &Message) -> Result<(), DispatchError> {
+        let outcome = sms::handle_message(state, &self.client, &m.body).await?;
+        tracing::debug!(?outcome, "SMS message handled");
+        Ok(())
     }
-    if let Err(e) = state.queue.delete(QueueName::Sms, &m.receipt).await {
-        tracing::warn!(error = %e, "could not delete a handled SMS message; it will be handled again");
+
+    /// Reminders whose message was lost are queued again.
+    async fn sweep(&self, state: &AppState) -> Result<(), DispatchError> {
+        sms::requeue_stuck(state, state.clock.now(), SWEEP_BATCH).await?;
+        Ok(())
     }
 }

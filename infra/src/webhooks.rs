@@ -9,16 +9,18 @@
 //! - the worker receives delivery messages from the webhooks queue (the
 //!   in-process queue, or SQS with `DHUKUTI_BACKEND=aws`), handles up to
 //!   ten at once, and deletes each message its handler is done with; a
-//!   message whose handler failed comes back after its visibility timeout.
+//!   message whose handler failed comes back after its visibility timeout
+//!   (the loop is [`crate::queue_worker`]).
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use shared::AppState;
-use shared::domain::webhooks::{self, Outcome};
-use shared::queue::{MAX_RECEIVE, QueueName};
+use shared::domain::webhooks::{self, DispatchError, Outcome};
+use shared::queue::{Message, QueueName};
 use shared::webhooks::client::WebhookClient;
 use tokio::task::JoinHandle;
+
+use crate::queue_worker::{self, Handler, OnFailure, Settings};
 
 /// Events fanned out (and overdue deliveries queued again) per shard per run.
 const POLL_BATCH: usize = 100;
@@ -58,10 +60,15 @@ pub fn spawn(state: &AppState, poll: Duration) -> Result<Vec<JoinHandle<()>>, St
             }
         })
     };
-    let worker = {
-        let state = state.clone();
-        tokio::spawn(async move { work(state, client).await })
+    let settings = Settings {
+        queue: QueueName::Webhooks,
+        label: "webhook",
+        visibility: visibility(state),
+        on_failure: OnFailure::AwaitVisibility,
+        // The poller queues lost deliveries again.
+        sweep_every: None,
     };
+    let worker = queue_worker::spawn(state, settings, Dispatcher { client });
     Ok(vec![poller, worker])
 }
 
@@ -71,45 +78,19 @@ fn visibility(state: &AppState) -> Duration {
     state.webhooks.lease + Duration::from_secs(1)
 }
 
-async fn work(state: AppState, client: WebhookClient) {
-    loop {
-        let received = state
-            .queue
-            .receive(
-                QueueName::Webhooks,
-                MAX_RECEIVE,
-                Duration::from_secs(1),
-                visibility(&state),
-            )
-            .await;
-        let messages = match received {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(error = %e, "webhook queue receive failed");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        futures::stream::iter(messages)
-            .for_each_concurrent(MAX_RECEIVE, |m| {
-                let state = &state;
-                let client = &client;
-                async move {
-                    match webhooks::handle_message(state, client, &m.body).await {
-                        Ok(outcome) => {
-                            if outcome != Outcome::Skipped {
-                                tracing::debug!(?outcome, "webhook message handled");
-                            }
-                            if let Err(e) = state.queue.delete(QueueName::Webhooks, &m.receipt).await {
-                                tracing::warn!(error = %e, "could not delete a handled webhook message; it will be handled again");
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "webhook message failed; it comes back after its visibility timeout");
-                        }
-                    }
-                }
-            })
-            .await;
+/// Attempts the deliveries of the webhooks queue's messages.
+struct Dispatcher {
+    client: WebhookClient,
+}
+
+impl Handler for Dispatcher {
+    type Error = DispatchError;
+
+    async fn handle(&self, state: &AppState, m: &Message) -> Result<(), DispatchError> {
+        let outcome = webhooks::handle_message(state, &self.client, &m.body).await?;
+        if outcome != Outcome::Skipped {
+            tracing::debug!(?outcome, "webhook message handled");
+        }
+        Ok(())
     }
 }

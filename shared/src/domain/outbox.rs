@@ -203,7 +203,9 @@ pub async fn mark_dispatched(store: &dyn Store, id: &str) -> Result<(), StoreErr
     }
 }
 
-/// Undelivered events, oldest first, at most `limit` per shard.
+/// Undelivered events, oldest first, at most `limit` per shard. An item
+/// that does not read as an event is logged and passed over, so one bad
+/// record cannot stop every later event from being fanned out.
 pub async fn undelivered(store: &dyn Store, limit: usize) -> Result<Vec<Event>, StoreError> {
     let mut out = Vec::new();
     for shard in 0..SHARDS {
@@ -211,7 +213,17 @@ pub async fn undelivered(store: &dyn Store, limit: usize) -> Result<Vec<Event>, 
             .on(Index::Gsi2)
             .limit(limit);
         for item in store.query(&query).await?.items {
-            out.push(from_item(item)?);
+            let pk = item
+                .get(crate::store::PK)
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_owned();
+            match from_item::<Event>(item) {
+                Ok(e) => out.push(e),
+                Err(e) => {
+                    tracing::error!(pk = %pk, error = %e, "unreadable outbox item passed over");
+                }
+            }
         }
     }
     out.sort_by(|a: &Event, b: &Event| a.id.cmp(&b.id));
@@ -281,5 +293,35 @@ mod tests {
             pending.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
             ids
         );
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_outbox_item_does_not_hide_the_others() {
+        let store = match EmbeddedStore::in_memory() {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        };
+        let now = Timestamp::parse("2026-11-22T10:00:00Z").unwrap();
+        let e = Event::new(
+            EventType::PaymentSucceeded,
+            "proj_1",
+            Mode::Live,
+            json!({"id": "pay_1"}),
+            now,
+        );
+        let Ok(TxOp::Put { item, .. }) = e.put_op() else {
+            panic!("put op")
+        };
+        let shard = item.get("gsi2pk").cloned();
+        store.put(item, None).await.unwrap();
+        // A broken record in the same outbox shard, sorting first.
+        let broken = json!({"pk": "EVT#evt_0", "sk": "EVT", "gsi2pk": shard, "gsi2sk": "evt_0"});
+        store
+            .put(broken.as_object().cloned().unwrap(), None)
+            .await
+            .unwrap();
+        let got = undelivered(&store, 10).await.unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].id, e.id);
     }
 }
