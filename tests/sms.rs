@@ -378,7 +378,7 @@ async fn a_reminder_for_a_session_paid_meanwhile_is_not_sent(which: Which) {
     };
     let (tenant, key) = setup(&app, Mode::Live, Plan::Growth).await;
     let url = session(&app, &key, "9841000006").await;
-    let Some(session_id) = sms::session_in_url(&url).map(str::to_owned) else {
+    let Some(session_id) = sms::session_in_url(&url, &app.base).map(str::to_owned) else {
         panic!("{url}")
     };
     // The provider is down for the first send; the customer pays meanwhile.

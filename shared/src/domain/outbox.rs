@@ -204,8 +204,10 @@ pub async fn mark_dispatched(store: &dyn Store, id: &str) -> Result<(), StoreErr
 }
 
 /// Undelivered events, oldest first, at most `limit` per shard. An item
-/// that does not read as an event is logged and passed over, so one bad
-/// record cannot stop every later event from being fanned out.
+/// that does not read as an event is logged and quarantined (taken out of
+/// the outbox index, the item itself kept for inspection), so bad records
+/// can neither stop later events from being fanned out nor, piling up at
+/// the head of their shard, fill every page of it.
 pub async fn undelivered(store: &dyn Store, limit: usize) -> Result<Vec<Event>, StoreError> {
     let mut out = Vec::new();
     for shard in 0..SHARDS {
@@ -213,21 +215,37 @@ pub async fn undelivered(store: &dyn Store, limit: usize) -> Result<Vec<Event>, 
             .on(Index::Gsi2)
             .limit(limit);
         for item in store.query(&query).await?.items {
-            let pk = item
-                .get(crate::store::PK)
-                .and_then(|v| v.as_str())
-                .unwrap_or_default()
-                .to_owned();
+            let key = Key::of(&item);
             match from_item::<Event>(item) {
                 Ok(e) => out.push(e),
-                Err(e) => {
-                    tracing::error!(pk = %pk, error = %e, "unreadable outbox item passed over");
-                }
+                Err(e) => quarantine(store, key, &e).await,
             }
         }
     }
     out.sort_by(|a: &Event, b: &Event| a.id.cmp(&b.id));
     Ok(out)
+}
+
+/// Takes an unreadable outbox item out of the outbox index. Failing to is
+/// logged, not returned: the readable events are answered all the same
+/// (and the next pass tries again).
+async fn quarantine(store: &dyn Store, key: Option<Key>, error: &StoreError) {
+    let Some(key) = key else {
+        tracing::error!(error = %error, "unreadable outbox item without a key passed over");
+        return;
+    };
+    tracing::error!(pk = %key.pk, error = %error, "unreadable outbox item quarantined");
+    let update = Update::new()
+        .remove(Index::Gsi2.pk_attr())
+        .remove(Index::Gsi2.sk_attr());
+    match store.update(&key, update, Some(Cond::Exists)).await {
+        Ok(_) => {}
+        // Gone already: nothing left to take out.
+        Err(e) if e.is_condition_failure() => {}
+        Err(e) => {
+            tracing::error!(pk = %key.pk, error = %e, "unreadable outbox item not quarantined");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -323,5 +341,23 @@ mod tests {
         let got = undelivered(&store, 10).await.unwrap();
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].id, e.id);
+
+        // Quarantined after that one pass: out of its shard (it no longer
+        // counts towards a page of it), the record itself kept.
+        let Some(Value::String(shard)) = shard else {
+            panic!("no shard")
+        };
+        let in_shard = store
+            .query(&Query::partition(shard).on(Index::Gsi2).limit(10))
+            .await
+            .unwrap()
+            .items;
+        let keys: Vec<Option<Key>> = in_shard.iter().map(Key::of).collect();
+        assert_eq!(keys, vec![Some(Event::key(&e.id))]);
+        let kept = store.get(&Key::new("EVT#evt_0", "EVT")).await.unwrap();
+        let kept = kept.unwrap_or_else(|| panic!("the bad record is kept"));
+        assert!(!kept.contains_key(Index::Gsi2.pk_attr()));
+        assert!(!kept.contains_key(Index::Gsi2.sk_attr()));
+        assert_eq!(undelivered(&store, 1).await.unwrap().len(), 1);
     }
 }

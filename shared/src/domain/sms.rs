@@ -150,7 +150,7 @@ pub enum SmsError {
     ForeignCheckoutSession { session_id: String },
     #[error("too many SMS reminders: {which}; retry later")]
     RateLimited {
-        which: &'static str,
+        which: String,
         retry_after_secs: i64,
     },
     #[error(transparent)]
@@ -283,14 +283,24 @@ fn first_id_at(kind: IdKind, at: Timestamp) -> String {
     format!("{}{}", kind.prefix(), ulid.to_string().to_ascii_lowercase())
 }
 
-/// The checkout session a hosted checkout URL names (`…/c/<cs_id>…`).
-pub fn session_in_url(url: &str) -> Option<&str> {
+/// The path of an `http(s)` URL, without its query and fragment (`""`
+/// when it has none).
+fn url_path(url: &str) -> Option<&str> {
     let rest = url
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://"))?;
-    let path = &rest[rest.find('/')?..];
+    let rest = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
+    Some(rest.find('/').map_or("", |i| &rest[i..]))
+}
+
+/// The checkout session a hosted checkout URL names
+/// (`<base>/c/<cs_id>[/…]`), where `base` is the public base URL the
+/// hosted pages are under (its path, if any, comes first).
+pub fn session_in_url<'a>(url: &'a str, base: &str) -> Option<&'a str> {
+    let base_path = url_path(base).unwrap_or("").trim_end_matches('/');
+    let path = url_path(url)?.strip_prefix(base_path)?;
     let id = path.strip_prefix("/c/")?;
-    let id = &id[..id.find(['/', '?', '#']).unwrap_or(id.len())];
+    let id = &id[..id.find('/').unwrap_or(id.len())];
     let ok = id.starts_with(IdKind::CheckoutSession.prefix())
         && id.len() <= 64
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
@@ -423,24 +433,42 @@ fn counter_update(expires: i64) -> Update {
     Update::new().add("n", 1).set(TTL, expires)
 }
 
-/// Guard 3: takes a place in both abuse limits, or in none.
+/// What [`take_places`] took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Taken {
+    /// Both abuse places (and the quota unit, and the reminder written).
+    All,
+    /// The quota is used up: nothing was taken.
+    QuotaExhausted,
+}
+
+/// Guards 3 and 4, and the reminder's record, in one transaction:
+/// everything or nothing, so a refused request takes nothing.
 ///
-/// - Per recipient, a rolling 24 h: the recipient's window item holds the
-///   times of its reminders in the last 24 h; a new one is added with a
-///   write conditioned on the version read, so two concurrent requests
-///   cannot both take the last place (the loser reads again).
-/// - Per merchant, a fixed UTC hour: a counter `n < limit` taken with a
-///   conditional `ADD`.
+/// - Guard 3, per recipient, a rolling 24 h: the recipient's window item
+///   holds the times of its reminders in the last 24 h; a new one is added
+///   with a write conditioned on the version read, so two concurrent
+///   requests cannot both take the last place (the loser reads again).
+/// - Guard 3, per merchant, a fixed UTC hour: a counter `n < limit` taken
+///   with a conditional `ADD`.
+/// - Guard 4 (`quota` is `Some` in live mode): one unit of the month's plan
+///   quota, a conditional `ADD` (a quota of 0 is a check that never
+///   passes).
+/// - `record`: the reminder's put, if any.
 ///
-/// Both writes are one transaction: a refused request takes nothing.
-pub async fn take_abuse_limits(
+/// Refusals come in the guards' order: a full recipient window or hour is
+/// `rate_limited` even when the quota is used up too.
+#[allow(clippy::too_many_arguments)]
+pub async fn take_places(
     store: &dyn Store,
     limits: Limits,
     merchant_id: &str,
     mode: Mode,
     phone: &str,
     now: Timestamp,
-) -> Result<(), SmsError> {
+    quota: Option<u32>,
+    record: Option<TxOp>,
+) -> Result<Taken, SmsError> {
     let secs = now.unix_seconds();
     let now_ms = now.unix_millis();
     let hour_end = (secs.div_euclid(3600) + 1) * 3600;
@@ -468,7 +496,10 @@ pub async fn take_abuse_limits(
                 .and_then(|i| recent.get(i))
                 .map_or(now_ms + RECIPIENT_WINDOW_MS, |t| t + RECIPIENT_WINDOW_MS);
             return Err(SmsError::RateLimited {
-                which: "at most 3 reminders per recipient in 24 hours",
+                which: format!(
+                    "at most {} reminders per recipient in 24 hours",
+                    limits.per_recipient_per_day
+                ),
                 retry_after_secs: ((frees_ms - now_ms + 999) / 1000).max(1),
             });
         }
@@ -482,7 +513,7 @@ pub async fn take_abuse_limits(
             TTL.into(),
             json!((now_ms + RECIPIENT_WINDOW_MS) / 1000 + 3600),
         );
-        let ops = vec![
+        let mut ops = vec![
             TxOp::Put {
                 item,
                 cond: Some(match version {
@@ -496,14 +527,42 @@ pub async fn take_abuse_limits(
                 cond: Some(below(limits.per_merchant_per_hour)),
             },
         ];
+        const QUOTA_AT: usize = 2;
+        if let Some(quota) = quota {
+            let key = quota_counter(merchant_id, now);
+            ops.push(if quota == 0 {
+                // No quota: a check that never passes (`n` is never < 0,
+                // and a missing `n` fails the comparison).
+                TxOp::Check {
+                    key,
+                    cond: Cond::lt("n", 0),
+                }
+            } else {
+                TxOp::Update {
+                    key,
+                    update: counter_update(now.unix_seconds() + 40 * 86_400),
+                    cond: Some(below(i64::from(quota))),
+                }
+            });
+        }
+        if let Some(op) = &record {
+            ops.push(op.clone());
+        }
         match store.transact(ops).await {
-            Ok(()) => return Ok(()),
+            Ok(()) => return Ok(Taken::All),
             Err(StoreError::TransactionCanceled { reasons }) => {
-                if matches!(reasons.get(1), Some(TxReason::ConditionFailed)) {
+                let failed = |i: usize| matches!(reasons.get(i), Some(TxReason::ConditionFailed));
+                if failed(1) {
                     return Err(SmsError::RateLimited {
-                        which: "at most 100 reminders per merchant per hour",
+                        which: format!(
+                            "at most {} reminders per merchant per hour",
+                            limits.per_merchant_per_hour
+                        ),
                         retry_after_secs: (hour_end - secs).max(1),
                     });
+                }
+                if quota.is_some() && failed(QUOTA_AT) && !failed(0) {
+                    return Ok(Taken::QuotaExhausted);
                 }
                 // The window moved under us, or a conflicting transaction:
                 // read again.
@@ -515,46 +574,6 @@ pub async fn take_abuse_limits(
     Err(SmsError::Store(StoreError::Unavailable(
         "SMS limits are busy; retry".into(),
     )))
-}
-
-/// Guard 4: reserves one unit of the month's quota; `false` when none is
-/// left (`quota` 0 reserves nothing).
-pub async fn reserve_quota(
-    store: &dyn Store,
-    merchant_id: &str,
-    quota: u32,
-    now: Timestamp,
-) -> Result<bool, StoreError> {
-    if quota == 0 {
-        return Ok(false);
-    }
-    let expires = now.unix_seconds() + 40 * 86_400;
-    match store
-        .update(
-            &quota_counter(merchant_id, now),
-            counter_update(expires),
-            Some(below(i64::from(quota))),
-        )
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(e) if e.is_condition_failure() => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
-/// Gives back a reserved unit (the reminder could not be queued).
-async fn release_quota(store: &dyn Store, merchant_id: &str, now: Timestamp) {
-    let released = store
-        .update(
-            &quota_counter(merchant_id, now),
-            Update::new().add("n", -1),
-            Some(Cond::gt("n", 0)),
-        )
-        .await;
-    if let Err(e) = released {
-        tracing::warn!(error = %e, "could not release an SMS quota unit");
-    }
 }
 
 /// Status of a stored reminder.
@@ -688,7 +707,24 @@ pub async fn requeue_stuck(
             .sk(crate::store::SkCond::Lt(before.clone()))
             .limit(limit);
         for item in store.query(&query).await?.items {
-            let r: SmsReminder = from_item(item)?;
+            let item_key = Key::of(&item);
+            let r: SmsReminder = match from_item(item) {
+                Ok(r) => r,
+                Err(e) => {
+                    // One bad record must not stop the sweep: take it out
+                    // of the index (it stays in the table for support).
+                    tracing::error!(key = ?item_key, error = %e, "unreadable SMS reminder taken out of the backstop index");
+                    if let Some(k) = item_key {
+                        let out = Update::new()
+                            .remove(Index::Gsi2.pk_attr())
+                            .remove(Index::Gsi2.sk_attr());
+                        if let Err(e) = store.update(&k, out, Some(Cond::Exists)).await {
+                            tracing::warn!(error = %e, "could not take an unreadable SMS reminder out of the index");
+                        }
+                    }
+                    continue;
+                }
+            };
             let key = SmsReminder::key(&r.id);
             let waiting = match r.status {
                 SmsStatus::Queued => true,
@@ -803,7 +839,7 @@ pub async fn notify(
     let merchant_id = who.merchant.id.as_str();
     // 1. A recent pending session for this number (the one the URL names,
     // when it names one of the project's).
-    let url_session = session_in_url(&v.checkout_url);
+    let url_session = session_in_url(&v.checkout_url, checkout_base);
     let session_id =
         match pending_session(store, project_id, mode, &v.phone, url_session, now).await? {
             SessionMatch::Found(id) => id,
@@ -817,8 +853,7 @@ pub async fn notify(
     if allowed.is_empty() || v.checkout_host != allowed {
         return Err(SmsError::InvalidCheckoutHost { allowed });
     }
-    // 3. Abuse limits.
-    take_abuse_limits(store, limits, merchant_id, mode, &v.phone, now).await?;
+    // 3 and 4, with the record: one transaction.
     let mut reminder = SmsReminder {
         id: new_id(IdKind::Sms),
         project_id: project_id.to_owned(),
@@ -834,26 +869,35 @@ pub async fn notify(
         created_at: now,
         updated_at: now,
     };
-    if mode == Mode::Sandbox {
-        put_new(store, &reminder).await?;
-        tracing::info!(sms_id = %reminder.id, to = %masked(&reminder.to), project_id, "sandbox SMS reminder logged, not delivered");
-        return Ok(NotifyOutcome {
-            sent: false,
-            status: "logged",
-        });
+    let live = mode == Mode::Live;
+    if live {
+        reminder.status = SmsStatus::Queued;
     }
-    // 4. The plan's monthly quota (live).
-    let quota = plan_quota(who.merchant.plan);
-    if !reserve_quota(store, merchant_id, quota, now).await? {
+    let quota = live.then(|| plan_quota(who.merchant.plan));
+    let record = new_record_op(&reminder)?;
+    let taken = take_places(
+        store,
+        limits,
+        merchant_id,
+        mode,
+        &v.phone,
+        now,
+        quota,
+        Some(record),
+    )
+    .await?;
+    if taken == Taken::QuotaExhausted {
         return Ok(NotifyOutcome {
             sent: false,
             status: "plan_limit_reached",
         });
     }
-    reminder.status = SmsStatus::Queued;
-    if let Err(e) = put_new(store, &reminder).await {
-        release_quota(store, merchant_id, now).await;
-        return Err(e.into());
+    if !live {
+        tracing::info!(sms_id = %reminder.id, to = %masked(&reminder.to), project_id, "sandbox SMS reminder logged, not delivered");
+        return Ok(NotifyOutcome {
+            sent: false,
+            status: "logged",
+        });
     }
     let body = serde_json::to_string(&SmsMessage {
         sms_id: reminder.id.clone(),
@@ -864,22 +908,13 @@ pub async fn notify(
         .send(QueueName::Sms, &body, Duration::ZERO)
         .await
     {
-        // Not queued: nothing will send it; give the unit back and end it.
-        release_quota(store, merchant_id, now).await;
-        let _ = store
-            .update(
-                &SmsReminder::key(&reminder.id),
-                Update::new()
-                    .set("status", SmsStatus::Failed.as_str())
-                    .set("last_error", "could not be queued")
-                    .remove(Index::Gsi2.pk_attr())
-                    .remove(Index::Gsi2.sk_attr()),
-                Some(Cond::eq("status", SmsStatus::Queued.as_str())),
-            )
-            .await;
-        return Err(e.into());
+        // Stored and counted: the backstop sweep queues it within minutes
+        // (a late reminder, not a lost one). Ending it here instead could
+        // race a message that did reach the queue.
+        tracing::warn!(sms_id = %reminder.id, error = %e, "SMS reminder not queued; the backstop sweep will queue it");
+    } else {
+        tracing::info!(sms_id = %reminder.id, to = %masked(&reminder.to), project_id, "SMS reminder queued");
     }
-    tracing::info!(sms_id = %reminder.id, to = %masked(&reminder.to), project_id, "SMS reminder queued");
     Ok(NotifyOutcome {
         sent: true,
         status: "queued",
@@ -890,11 +925,15 @@ fn plan_quota(plan: Plan) -> u32 {
     plan.sms_monthly_quota()
 }
 
-async fn put_new(store: &dyn Store, r: &SmsReminder) -> Result<(), StoreError> {
+/// The put of a new reminder's record.
+fn new_record_op(r: &SmsReminder) -> Result<TxOp, StoreError> {
     let mut item = to_item(r, &SmsReminder::key(&r.id), &r.indexes())?;
     // Kept 90 days for support, then expired by the table's TTL.
     item.insert(TTL.into(), json!(r.created_at.unix_seconds() + 90 * 86_400));
-    store.put(item, Some(Cond::NotExists)).await
+    Ok(TxOp::Put {
+        item,
+        cond: Some(Cond::NotExists),
+    })
 }
 
 pub async fn get(store: &dyn Store, id: &str) -> Result<Option<SmsReminder>, StoreError> {
@@ -999,36 +1038,91 @@ async fn finish(
         Cond::eq("lease_until_ms", lease_until),
     ]);
     let gives_back = matches!(status, SmsStatus::Failed | SmsStatus::Cancelled);
-    if gives_back {
-        let ops = vec![
-            TxOp::Update {
-                key: key.clone(),
-                update: update.clone(),
-                cond: Some(cond.clone()),
-            },
-            TxOp::Update {
-                key: quota_counter(&r.merchant_id, r.created_at),
-                update: Update::new().add("n", -1),
-                cond: Some(Cond::gt("n", 0)),
-            },
-        ];
-        match store.transact(ops).await {
+    let mut attempt = 0;
+    loop {
+        let result = if gives_back {
+            store
+                .transact(vec![
+                    TxOp::Update {
+                        key: key.clone(),
+                        update: update.clone(),
+                        cond: Some(cond.clone()),
+                    },
+                    TxOp::Update {
+                        key: quota_counter(&r.merchant_id, r.created_at),
+                        update: Update::new().add("n", -1),
+                        cond: Some(Cond::gt("n", 0)),
+                    },
+                ])
+                .await
+        } else {
+            store
+                .update(&key, update.clone(), Some(cond.clone()))
+                .await
+                .map(|_| ())
+        };
+        let e = match result {
             Ok(()) => return Ok(true),
-            Err(StoreError::TransactionCanceled { reasons }) => {
+            Err(e) => e,
+        };
+        match &e {
+            StoreError::ConditionFailed => return Ok(false),
+            StoreError::TransactionCanceled { reasons } => {
                 if matches!(reasons.first(), Some(TxReason::ConditionFailed)) {
                     return Ok(false);
                 }
-                // The month's counter is gone (expired) or a conflict:
-                // end the reminder alone; nothing to give back to.
-                tracing::warn!(sms_id = %r.id, "SMS quota unit not given back (its month's counter changed or expired)");
+                if matches!(reasons.get(1), Some(TxReason::ConditionFailed)) {
+                    // The month's counter is gone (expired): nothing to
+                    // give back to; end the reminder alone.
+                    tracing::warn!(sms_id = %r.id, "SMS quota unit not given back: its month's counter is gone");
+                    return match store.update(&key, update, Some(cond)).await {
+                        Ok(_) => Ok(true),
+                        Err(e) if e.is_condition_failure() => Ok(false),
+                        Err(e) => Err(e),
+                    };
+                }
+                // Another transaction on the same items (many reminders of
+                // one merchant ending at once): try again.
             }
-            Err(e) => return Err(e),
+            // Busy or unreachable: the outcome must not be lost (a
+            // reminder left `sending` ends `unknown`), so try again.
+            StoreError::Unavailable(_) => {}
+            _ => return Err(e),
         }
+        attempt += 1;
+        if attempt >= FINISH_TRIES {
+            return Err(e);
+        }
+        crate::store::contention_backoff(attempt).await;
     }
-    match store.update(&key, update, Some(cond)).await {
-        Ok(_) => Ok(true),
-        Err(e) if e.is_condition_failure() => Ok(false),
-        Err(e) => Err(e),
+}
+
+/// Tries of the write that ends a claimed reminder.
+const FINISH_TRIES: usize = 6;
+
+/// Gives a claim back (`sending` → `queued`, attempts unchanged) after a
+/// failure before anything was sent, so the queue's next delivery tries
+/// again instead of ending it `unknown`. Best effort: conditioned on our
+/// lease (a claim write that did not land changes nothing).
+async fn unclaim(store: &dyn Store, id: &str, lease_until: i64) {
+    let released = store
+        .update(
+            &SmsReminder::key(id),
+            Update::new()
+                .set("status", SmsStatus::Queued.as_str())
+                .remove("lease_until_ms"),
+            Some(Cond::And(vec![
+                Cond::eq("status", SmsStatus::Sending.as_str()),
+                Cond::eq("lease_until_ms", lease_until),
+            ])),
+        )
+        .await;
+    match released {
+        Ok(_) => {}
+        Err(e) if e.is_condition_failure() => {}
+        Err(e) => {
+            tracing::warn!(sms_id = id, error = %e, "could not give an SMS claim back; it ends unknown after its lease")
+        }
     }
 }
 
@@ -1079,12 +1173,23 @@ pub async fn dispatch(
     match claim {
         Ok(_) => {}
         Err(e) if e.is_condition_failure() => return Ok(DispatchOutcome::Skipped),
-        Err(e) => return Err(e.into()),
+        Err(e) => {
+            // The claim may have landed: give it back, nothing was sent.
+            unclaim(store, sms_id, lease_until).await;
+            return Err(e.into());
+        }
     }
     // Paid (or expired) since it was queued: nothing to remind.
-    if let Some(why) = still_payable(store, &r, state.clock.now()).await? {
+    let payable = match still_payable(store, &r, state.clock.now()).await {
+        Ok(p) => p,
+        Err(e) => {
+            unclaim(store, sms_id, lease_until).await;
+            return Err(e.into());
+        }
+    };
+    if let Some(why) = payable {
         let now = state.clock.now();
-        if finish(
+        let ended = finish(
             store,
             &r,
             lease_until,
@@ -1093,8 +1198,15 @@ pub async fn dispatch(
             Some(&why),
             now,
         )
-        .await?
-        {
+        .await;
+        let ended = match ended {
+            Ok(ended) => ended,
+            Err(e) => {
+                unclaim(store, sms_id, lease_until).await;
+                return Err(e.into());
+            }
+        };
+        if ended {
             tracing::info!(sms_id, reason = %why, "SMS reminder cancelled, not sent");
             return Ok(DispatchOutcome::Cancelled);
         }
@@ -1202,6 +1314,45 @@ mod tests {
     use crate::Config;
     use crate::store::embedded::EmbeddedStore;
     use crate::time::{Clock, ManualClock, SystemClock};
+
+    /// Guard 3 alone.
+    async fn take_abuse_limits(
+        store: &dyn Store,
+        limits: Limits,
+        merchant_id: &str,
+        mode: Mode,
+        phone: &str,
+        now: Timestamp,
+    ) -> Result<(), SmsError> {
+        take_places(store, limits, merchant_id, mode, phone, now, None, None)
+            .await
+            .map(|_| ())
+    }
+
+    /// One unit of the month's quota, as a request takes it.
+    async fn reserve_quota(
+        store: &dyn Store,
+        merchant_id: &str,
+        quota: u32,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let taken = store
+            .update(
+                &quota_counter(merchant_id, now),
+                counter_update(now.unix_seconds() + 40 * 86_400),
+                Some(below(i64::from(quota))),
+            )
+            .await;
+        match taken {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_condition_failure() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn put_new(store: &dyn Store, r: &SmsReminder) -> Result<(), StoreError> {
+        store.transact(vec![new_record_op(r)?]).await
+    }
 
     fn store() -> Arc<dyn Store> {
         match EmbeddedStore::in_memory() {
@@ -1397,34 +1548,95 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn concurrent_quota_reservations_stop_at_the_quota() {
+    async fn concurrent_quota_reservations_stop_at_the_quota_and_refusals_take_nothing() {
         let store = store();
         let now = SystemClock.now();
+        let limits = Limits::default();
+        let take = |phone: String, quota: u32, at: Timestamp| {
+            let store = store.clone();
+            async move {
+                take_places(
+                    &*store,
+                    limits,
+                    "mer_1",
+                    Mode::Live,
+                    &phone,
+                    at,
+                    Some(quota),
+                    None,
+                )
+                .await
+            }
+        };
         let tasks: Vec<_> = (0..10)
-            .map(|_| {
-                let store = store.clone();
-                tokio::spawn(async move {
-                    matches!(reserve_quota(&*store, "mer_1", 3, now).await, Ok(true))
-                })
-            })
+            .map(|i| tokio::spawn(take(format!("98410000{:02}", 10 + i), 3, now)))
             .collect();
-        let mut ok = 0;
+        let (mut all, mut exhausted) = (0, 0);
         for t in tasks {
-            if matches!(t.await, Ok(true)) {
-                ok += 1;
+            match t.await {
+                Ok(Ok(Taken::All)) => all += 1,
+                Ok(Ok(Taken::QuotaExhausted)) => exhausted += 1,
+                other => panic!("{other:?}"),
             }
         }
-        assert_eq!(ok, 3, "exactly the quota is reserved");
-        assert!(matches!(
-            reserve_quota(&*store, "mer_1", 0, now).await,
-            Ok(false)
-        ));
+        assert_eq!((all, exhausted), (3, 7), "exactly the quota is reserved");
+        // The refused requests took no abuse place.
+        let n = |key: Key| {
+            let store = store.clone();
+            async move {
+                store
+                    .get(&key)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|i| i.get("n").and_then(|v| v.as_i64()))
+                    .unwrap_or(0)
+            }
+        };
+        assert_eq!(n(merchant_counter("mer_1", Mode::Live, now)).await, 3);
+        assert_eq!(n(quota_counter("mer_1", now)).await, 3);
+        // A plan without SMS: refused, nothing taken.
+        let r = take("9841000099".into(), 0, now).await;
+        assert!(matches!(r, Ok(Taken::QuotaExhausted)), "{r:?}");
+        assert_eq!(n(merchant_counter("mer_1", Mode::Live, now)).await, 3);
+        let window = store
+            .get(&recipient_window("mer_1", Mode::Live, "9841000099"))
+            .await;
+        assert!(matches!(window, Ok(None)), "{window:?}");
         // Another month starts afresh.
         let next = now.plus(chrono::Duration::days(32));
-        assert!(matches!(
-            reserve_quota(&*store, "mer_1", 3, next).await,
-            Ok(true)
-        ));
+        let r = take("9841000099".into(), 3, next).await;
+        assert!(matches!(r, Ok(Taken::All)), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn a_full_hour_is_rate_limited_before_the_quota_is_looked_at() {
+        let store = store();
+        let now = SystemClock.now();
+        let limits = Limits {
+            per_recipient_per_day: 3,
+            per_merchant_per_hour: 1,
+        };
+        let take = |phone: &'static str, quota: u32| {
+            let store = store.clone();
+            async move {
+                take_places(
+                    &*store,
+                    limits,
+                    "mer_1",
+                    Mode::Live,
+                    phone,
+                    now,
+                    Some(quota),
+                    None,
+                )
+                .await
+            }
+        };
+        assert!(matches!(take("9841000001", 5).await, Ok(Taken::All)));
+        // Hour full and quota 0: the abuse limit (guard 3) answers.
+        let r = take("9841000002", 0).await;
+        assert!(matches!(r, Err(SmsError::RateLimited { .. })), "{r:?}");
     }
 
     #[tokio::test]
@@ -1491,7 +1703,14 @@ mod tests {
     }
 
     async fn state_with_tenant(plan: Plan, mode: Mode) -> (AppState, Principal, Arc<ManualClock>) {
-        let store = store();
+        state_on(store(), plan, mode).await
+    }
+
+    async fn state_on(
+        store: Arc<dyn Store>,
+        plan: Plan,
+        mode: Mode,
+    ) -> (AppState, Principal, Arc<ManualClock>) {
         let clock = Arc::new(ManualClock::new(SystemClock.now()));
         let state = AppState::new(
             store.clone(),
@@ -1977,12 +2196,152 @@ mod tests {
             matches!(&r, Err(SmsError::ForeignCheckoutSession { session_id }) if *session_id == foreign),
             "{r:?}"
         );
+        let b = "https://pay.example";
         assert_eq!(
-            session_in_url("https://pay.example/c/cs_01ab/pay"),
+            session_in_url("https://pay.example/c/cs_01ab/pay", b),
             Some("cs_01ab")
         );
-        assert_eq!(session_in_url("https://pay.example/l/lnk_1"), None);
-        assert_eq!(session_in_url("https://pay.example/c/x_1"), None);
-        assert_eq!(session_in_url("https://pay.example"), None);
+        assert_eq!(
+            session_in_url("https://pay.example/c/cs_01ab?x=1", b),
+            Some("cs_01ab")
+        );
+        assert_eq!(session_in_url("https://pay.example/l/lnk_1", b), None);
+        assert_eq!(session_in_url("https://pay.example/c/x_1", b), None);
+        assert_eq!(session_in_url("https://pay.example", b), None);
+        // A query or fragment never names a session.
+        assert_eq!(session_in_url("https://pay.example?x=/c/cs_01ab", b), None);
+        assert_eq!(session_in_url("https://pay.example#/c/cs_01ab", b), None);
+        // Under a base URL with a path.
+        let b = "https://x.example/pay/";
+        assert_eq!(
+            session_in_url("https://x.example/pay/c/cs_01ab", b),
+            Some("cs_01ab")
+        );
+        assert_eq!(session_in_url("https://x.example/c/cs_01ab", b), None);
+    }
+
+    #[tokio::test]
+    async fn a_conflict_while_ending_a_reminder_is_retried_and_the_unit_comes_back() {
+        use crate::store::faults::{Fault, FaultyStore, Op};
+        let faulty = Arc::new(FaultyStore::new(store()));
+        let (state, who, _) = state_on(faulty.clone(), Plan::Growth, Mode::Live).await;
+        let (client, sent) = provider(Some(400)).await;
+        let r = queued_reminder(&state, &who).await;
+        // Many reminders of the merchant end at once: the first give-back
+        // meets another transaction on the quota item.
+        faulty.plan(
+            Op::Transact,
+            0,
+            Fault::Before(StoreError::TransactionCanceled {
+                reasons: vec![TxReason::None, TxReason::Conflict],
+            }),
+        );
+        let d = dispatch(&state, &client, &r.id, LEASE).await;
+        assert!(matches!(d, Ok(DispatchOutcome::Failed)), "{d:?}");
+        assert_eq!(faulty.injected(), 1);
+        assert_eq!(calls(&sent), 1);
+        assert_eq!(status_of(&state, &r.id).await.status, SmsStatus::Failed);
+        assert_eq!(
+            quota_used(&state, &who).await,
+            0,
+            "given back after the retry"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_store_error_before_the_send_gives_the_claim_back() {
+        use crate::store::faults::{Fault, FaultyStore, Op};
+        let faulty = Arc::new(FaultyStore::new(store()));
+        let (state, who, _) = state_on(faulty.clone(), Plan::Growth, Mode::Live).await;
+        let (client, sent) = provider(Some(200)).await;
+        let r = queued_reminder(&state, &who).await;
+        // Reads: the reminder, then its session (throttled).
+        faulty.plan(Op::Get, 1, Fault::throttled());
+        let d = dispatch(&state, &client, &r.id, LEASE).await;
+        assert!(matches!(d, Err(DispatchError::Store(_))), "{d:?}");
+        assert_eq!(faulty.injected(), 1);
+        let got = status_of(&state, &r.id).await;
+        assert_eq!(
+            (got.status, got.attempts),
+            (SmsStatus::Queued, 0),
+            "{got:?}"
+        );
+        assert!(got.lease_until_ms.is_none());
+        assert_eq!(calls(&sent), 0);
+        // The queue's next delivery sends it (not `unknown`).
+        let d = dispatch(&state, &client, &r.id, LEASE).await;
+        assert!(matches!(d, Ok(DispatchOutcome::Sent)), "{d:?}");
+        assert_eq!(calls(&sent), 1);
+    }
+
+    #[tokio::test]
+    async fn a_busy_store_after_the_send_is_retried_so_the_outcome_is_kept() {
+        use crate::store::faults::{Fault, FaultyStore, Op};
+        let faulty = Arc::new(FaultyStore::new(store()));
+        let (state, who, _) = state_on(faulty.clone(), Plan::Growth, Mode::Live).await;
+        let (client, sent) = provider(Some(200)).await;
+        let r = queued_reminder(&state, &who).await;
+        // Updates: the claim, then the `sent` write (throttled twice).
+        faulty.plan(Op::Update, 1, Fault::throttled());
+        faulty.plan(Op::Update, 2, Fault::throttled());
+        let d = dispatch(&state, &client, &r.id, LEASE).await;
+        assert!(matches!(d, Ok(DispatchOutcome::Sent)), "{d:?}");
+        assert_eq!(faulty.injected(), 2);
+        assert_eq!(status_of(&state, &r.id).await.status, SmsStatus::Sent);
+        assert_eq!(calls(&sent), 1);
+    }
+
+    /// A queue that is down for sends (receives from the inner one).
+    struct DownForSends(Arc<dyn crate::queue::Queue>);
+
+    #[async_trait::async_trait]
+    impl crate::queue::Queue for DownForSends {
+        async fn send(&self, _: QueueName, _: &str, _: Duration) -> Result<String, QueueError> {
+            Err(QueueError::Unavailable("injected".into()))
+        }
+        async fn receive(
+            &self,
+            queue: QueueName,
+            max: usize,
+            wait: Duration,
+            visibility: Duration,
+        ) -> Result<Vec<crate::queue::Message>, QueueError> {
+            self.0.receive(queue, max, wait, visibility).await
+        }
+        async fn delete(&self, queue: QueueName, receipt: &str) -> Result<(), QueueError> {
+            self.0.delete(queue, receipt).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reminder_the_queue_refused_is_answered_queued_and_swept_later() {
+        let (state, who, clock) = state_with_tenant(Plan::Growth, Mode::Live).await;
+        let working = state.queue.clone();
+        let down = state
+            .clone()
+            .with_queue(Arc::new(DownForSends(working.clone())));
+        session(&down, &who, "9841000001").await;
+        let r = notify(&down, &who, req(), "https://pay.example", Limits::default()).await;
+        // Stored and counted: it will go out, so the answer says queued.
+        assert!(
+            matches!(&r, Ok(o) if o.status == "queued" && o.sent),
+            "{r:?}"
+        );
+        assert_eq!(quota_used(&state, &who).await, 1);
+        let Ok(list) = list_recent(&*state.store, who.project_id(), Mode::Live, 10).await else {
+            panic!("list")
+        };
+        assert_eq!(list.len(), 1);
+        assert_eq!(list[0].status, SmsStatus::Queued);
+        // The backstop queues it once it is overdue.
+        let later = clock.now().plus(chrono::Duration::minutes(6));
+        assert_eq!(requeue_stuck(&state, later, 10).await.ok(), Some(1));
+        let got = working
+            .receive(QueueName::Sms, 10, Duration::ZERO, Duration::from_secs(30))
+            .await;
+        assert!(
+            matches!(got.as_deref(), Ok([m]) if m.body.contains(&list[0].id)),
+            "{got:?}"
+        );
     }
 }

@@ -426,14 +426,26 @@ pub async fn create(
             return Err(e.into());
         };
         if matches!(reasons.get(COUNTER_AT), Some(TxReason::ConditionFailed)) {
-            // Full, unless the count vanished under us (then it is made
-            // again from the endpoints and the registration retried).
-            if EndpointCounter::read(&*state.store, project_id, mode)
-                .await?
-                .is_some()
-                || tries >= TX_TRIES
-            {
-                return Err(WebhookError::TooMany);
+            // Full by the count. The endpoints themselves decide: the count
+            // may have drifted (endpoints changed without it: old code
+            // during a rolling deploy, a manual delete), or vanished under
+            // us (then it is made again from the endpoints).
+            if let Some(n) = EndpointCounter::read(&*state.store, project_id, mode).await? {
+                let real = EndpointCounter::recount(&*state.store, project_id, mode).await?;
+                if real >= MAX_ENDPOINTS as i64 {
+                    return Err(WebhookError::TooMany);
+                }
+                if real != n {
+                    // Only over the count just read: a registration or a
+                    // delete in between makes this fail, and we try again.
+                    EndpointCounter::repair(&*state.store, project_id, mode, n, real).await?;
+                }
+            }
+            if tries >= TX_TRIES {
+                return Err(StoreError::Unavailable(
+                    "webhook endpoints are busy: their count kept changing".into(),
+                )
+                .into());
             }
             continue;
         }
@@ -505,9 +517,7 @@ impl EndpointCounter {
         {
             return Ok(());
         }
-        let n = store
-            .count(&Query::partition(Endpoint::partition(project_id, mode)))
-            .await?;
+        let n = EndpointCounter::recount(store, project_id, mode).await?;
         let key = EndpointCounter::key(project_id, mode);
         let mut item = crate::store::Item::new();
         item.insert(crate::store::PK.into(), Value::String(key.pk));
@@ -517,6 +527,56 @@ impl EndpointCounter {
             // Another request made it first: from the same endpoints.
             Err(e) if e.is_condition_failure() => Ok(()),
             other => other,
+        }
+    }
+
+    /// The endpoints actually stored (strongly consistent).
+    async fn recount(store: &dyn Store, project_id: &str, mode: Mode) -> Result<i64, StoreError> {
+        let n = store
+            .count(&Query::partition(Endpoint::partition(project_id, mode)))
+            .await?;
+        Ok(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+
+    /// Sets the count to `real` if it is still `seen` (what was read before
+    /// `real` was counted). Every write that changes the endpoints changes
+    /// the count in the same transaction, so if the count is still `seen`
+    /// none landed in between; if it moved, nothing is written (the caller
+    /// reads and counts again). Logged: a drifted count means endpoints
+    /// were changed without it.
+    async fn repair(
+        store: &dyn Store,
+        project_id: &str,
+        mode: Mode,
+        seen: i64,
+        real: i64,
+    ) -> Result<(), StoreError> {
+        let key = EndpointCounter::key(project_id, mode);
+        let still = if seen == 0 {
+            // `read` answers 0 for a counter without `n` too.
+            Cond::Or(vec![
+                Cond::eq(EndpointCounter::ATTR, seen),
+                Cond::AttrNotExists(EndpointCounter::ATTR.into()),
+            ])
+        } else {
+            Cond::eq(EndpointCounter::ATTR, seen)
+        };
+        let update = Update::new().set(EndpointCounter::ATTR, real.max(0));
+        match store
+            .update(&key, update, Some(Cond::And(vec![Cond::Exists, still])))
+            .await
+        {
+            Ok(_) => {
+                tracing::warn!(
+                    pk = %key.pk,
+                    was = seen,
+                    now = real.max(0),
+                    "webhook endpoint count had drifted; repaired from the endpoints"
+                );
+                Ok(())
+            }
+            Err(e) if e.is_condition_failure() => Ok(()),
+            Err(e) => Err(e),
         }
     }
 }
@@ -605,18 +665,23 @@ pub async fn delete(
     id: &str,
 ) -> Result<(), WebhookError> {
     let current = get(store, project_id, mode, id).await?;
+    let key = Endpoint::key(project_id, mode, &current.id);
+    let counter = EndpointCounter::key(project_id, mode);
     // The endpoint goes only if it is still there, and the count goes down
     // with it: a second delete (a retry, a race) lowers nothing.
+    const ENDPOINT_AT: usize = 0;
+    const COUNTER_AT: usize = 1;
     let ops = vec![
         TxOp::Delete {
-            key: Endpoint::key(project_id, mode, &current.id),
+            key: key.clone(),
             cond: Some(Cond::Exists),
         },
         TxOp::Update {
-            key: EndpointCounter::key(project_id, mode),
+            key: counter.clone(),
             update: Update::new().add(EndpointCounter::ATTR, -1),
-            // Never ADD onto a missing counter (it would start at -1).
-            cond: Some(Cond::AttrExists(EndpointCounter::ATTR.into())),
+            // Never below 0, and never ADD onto a missing counter (it
+            // would start at -1): false on a missing `n`.
+            cond: Some(Cond::gt(EndpointCounter::ATTR, 0)),
         },
     ];
     let mut tries = 0;
@@ -630,11 +695,53 @@ pub async fn delete(
         let StoreError::TransactionCanceled { reasons } = &e else {
             return Err(e.into());
         };
-        if matches!(reasons.first(), Some(TxReason::ConditionFailed)) {
+        if matches!(reasons.get(ENDPOINT_AT), Some(TxReason::ConditionFailed)) {
             return Err(WebhookError::NotFound);
         }
-        // The counter vanished (made again on the next try), or another
-        // transaction was on it.
+        if matches!(reasons.get(COUNTER_AT), Some(TxReason::ConditionFailed)) {
+            // The counter vanished (made again on the next try), or it says
+            // 0 while the endpoint exists: it drifted low (endpoints
+            // written without it). The endpoint still goes; the count is
+            // set from the endpoints left, only over the 0 just read.
+            if let Some(seen @ ..=0) = EndpointCounter::read(store, project_id, mode).await? {
+                let real = EndpointCounter::recount(store, project_id, mode).await?;
+                let ops = vec![
+                    TxOp::Delete {
+                        key: key.clone(),
+                        cond: Some(Cond::Exists),
+                    },
+                    TxOp::Update {
+                        key: counter.clone(),
+                        update: Update::new().set(EndpointCounter::ATTR, (real - 1).max(0)),
+                        cond: Some(Cond::Or(vec![
+                            Cond::le(EndpointCounter::ATTR, seen),
+                            Cond::AttrNotExists(EndpointCounter::ATTR.into()),
+                        ])),
+                    },
+                ];
+                match store.transact(ops).await {
+                    Ok(()) => {
+                        tracing::warn!(
+                            pk = %counter.pk,
+                            was = seen,
+                            now = (real - 1).max(0),
+                            "webhook endpoint count had drifted low; repaired from the endpoints"
+                        );
+                        return Ok(());
+                    }
+                    Err(StoreError::TransactionCanceled { reasons })
+                        if matches!(reasons.get(ENDPOINT_AT), Some(TxReason::ConditionFailed)) =>
+                    {
+                        return Err(WebhookError::NotFound);
+                    }
+                    // The count moved (a registration or a delete in
+                    // between): read it again.
+                    Err(StoreError::TransactionCanceled { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        // Or another transaction was on it.
         if tries < TX_TRIES {
             crate::store::contention_backoff(tries as usize).await;
             continue;
@@ -2318,6 +2425,97 @@ mod tests {
                     .len(),
                 MAX_ENDPOINTS
             );
+        }
+
+        async fn set_count(f: &Fixture, project: &str, n: i64) {
+            f.state
+                .store
+                .update(
+                    &EndpointCounter::key(project, Mode::Sandbox),
+                    Update::new().set(EndpointCounter::ATTR, n),
+                    Some(Cond::Exists),
+                )
+                .await
+                .unwrap();
+        }
+
+        #[tokio::test]
+        async fn a_count_drifted_high_is_repaired_from_the_endpoints() {
+            let f = fixture().await;
+            for i in 0..3 {
+                create(&f.state, "proj_2", Mode::Sandbox, body(i), None)
+                    .await
+                    .unwrap();
+            }
+            // Endpoints deleted without the count (old code, by hand).
+            set_count(&f, "proj_2", MAX_ENDPOINTS as i64).await;
+            create(&f.state, "proj_2", Mode::Sandbox, body(3), None)
+                .await
+                .unwrap();
+            assert_eq!(count_of(&f, "proj_2").await, Some(4));
+            let listed = list(&*f.state.store, "proj_2", Mode::Sandbox)
+                .await
+                .unwrap();
+            assert_eq!(listed.len(), 4);
+
+            // Still a limit: a full project is refused, repaired or not.
+            for i in 4..MAX_ENDPOINTS {
+                create(&f.state, "proj_2", Mode::Sandbox, body(i), None)
+                    .await
+                    .unwrap();
+            }
+            set_count(&f, "proj_2", MAX_ENDPOINTS as i64 + 3).await;
+            assert!(matches!(
+                create(&f.state, "proj_2", Mode::Sandbox, body(99), None).await,
+                Err(WebhookError::TooMany)
+            ));
+            assert_eq!(
+                list(&*f.state.store, "proj_2", Mode::Sandbox)
+                    .await
+                    .unwrap()
+                    .len(),
+                MAX_ENDPOINTS
+            );
+        }
+
+        #[tokio::test]
+        async fn a_count_drifted_low_never_blocks_a_delete_nor_goes_negative() {
+            let f = fixture().await;
+            let (only, _) = create(&f.state, "proj_2", Mode::Sandbox, body(0), None)
+                .await
+                .unwrap();
+            set_count(&f, "proj_2", 0).await;
+            delete(&*f.state.store, "proj_2", Mode::Sandbox, &only.id)
+                .await
+                .unwrap();
+            assert!(matches!(
+                get(&*f.state.store, "proj_2", Mode::Sandbox, &only.id).await,
+                Err(WebhookError::NotFound)
+            ));
+            assert_eq!(count_of(&f, "proj_2").await, Some(0));
+            assert!(matches!(
+                delete(&*f.state.store, "proj_2", Mode::Sandbox, &only.id).await,
+                Err(WebhookError::NotFound)
+            ));
+            assert_eq!(count_of(&f, "proj_2").await, Some(0));
+
+            // Low with several left: set from the endpoints that remain.
+            let mut made = Vec::new();
+            for i in 0..3 {
+                let (e, _) = create(&f.state, "proj_2", Mode::Sandbox, body(i), None)
+                    .await
+                    .unwrap();
+                made.push(e.id);
+            }
+            set_count(&f, "proj_2", 0).await;
+            delete(&*f.state.store, "proj_2", Mode::Sandbox, &made[0])
+                .await
+                .unwrap();
+            assert_eq!(count_of(&f, "proj_2").await, Some(2));
+            delete(&*f.state.store, "proj_2", Mode::Sandbox, &made[1])
+                .await
+                .unwrap();
+            assert_eq!(count_of(&f, "proj_2").await, Some(1));
         }
 
         #[tokio::test]
