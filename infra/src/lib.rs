@@ -340,7 +340,12 @@ pub async fn start_with_clock(
         .with_blobs(blobs)
         .with_providers(hub)
         .with_webhooks(settings.webhooks.clone())
-        .with_rate_limits(RateLimits::from_env()?);
+        .with_rate_limits(if store.single_process() {
+            // One process by construction: count in memory.
+            RateLimits::from_env()?.counted_in_process()
+        } else {
+            RateLimits::from_env()?
+        });
     // A simulated "timeout" outlasts the client's own timeout.
     let mut sim_config = simulators::SimConfig::new(sim_base.clone());
     sim_config.timeout_delay = sandbox.timeout + Duration::from_secs(2);

@@ -266,6 +266,18 @@ pub async fn authenticate(
     now: Timestamp,
     secret: &str,
 ) -> Result<Principal, AuthError> {
+    let key = authenticate_key(store, now, secret).await?;
+    principal_of(store, key).await
+}
+
+/// The first half of [`authenticate`]: the key of the bearer secret (one
+/// read), refused when unknown, of another mode than its prefix says, or
+/// expired.
+pub async fn authenticate_key(
+    store: &dyn Store,
+    now: Timestamp,
+    secret: &str,
+) -> Result<ApiKey, AuthError> {
     let Some(claimed_mode) = mode_of_secret(secret) else {
         return Err(AuthError::Invalid);
     };
@@ -285,6 +297,12 @@ pub async fn authenticate(
     if key.expires_at.is_some_and(|t| t <= now) {
         return Err(AuthError::Expired);
     }
+    Ok(key)
+}
+
+/// The second half of [`authenticate`]: the key's merchant (one read),
+/// refused when suspended, then the key refused when paused.
+pub async fn principal_of(store: &dyn Store, key: ApiKey) -> Result<Principal, AuthError> {
     let merchant: Merchant = match store.get(&Merchant::key(&key.merchant_id)).await {
         Ok(Some(item)) => from_item(item).map_err(AuthError::Store)?,
         Ok(None) => return Err(AuthError::Invalid),

@@ -14,9 +14,15 @@
 //! nobody's budget. The answer's `X-RateLimit-*` headers are added by the
 //! edge ([`super::edge`]) from the [`QuotaSlot`] it puts on the request.
 //! A store failure of the limiter lets the request through (logged).
+//!
+//! The local gateway on the embedded store is one process by construction
+//! (the store file is locked), so it counts in memory instead
+//! ([`RateLimits::counted_in_process`]): the same windows and answers,
+//! without a durable write on every request.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
 
@@ -43,6 +49,29 @@ const COUNTER_TTL_SECONDS: i64 = 60;
 pub struct RateLimits {
     live: AtomicU32,
     sandbox: AtomicU32,
+    /// `Some`: windows counted in this process, not in the store.
+    local: Option<LocalWindows>,
+}
+
+/// Each key's current window and its count, in memory: one entry per key
+/// (a new window replaces the last).
+#[derive(Debug, Default)]
+struct LocalWindows(Mutex<HashMap<String, (i64, u32)>>);
+
+impl LocalWindows {
+    /// Takes one request of `limit` in `window` for `key_id`: the count
+    /// after it, or `None` when the window is full.
+    fn take(&self, key_id: &str, limit: u32, window: Window) -> Option<u32> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = map.entry(key_id.to_owned()).or_insert((window.start, 0));
+        if entry.0 != window.start {
+            *entry = (window.start, 0);
+        }
+        (entry.1 < limit).then(|| {
+            entry.1 += 1;
+            entry.1
+        })
+    }
 }
 
 impl Default for RateLimits {
@@ -57,6 +86,34 @@ impl RateLimits {
         RateLimits {
             live: AtomicU32::new(live.max(1)),
             sandbox: AtomicU32::new(sandbox.max(1)),
+            local: None,
+        }
+    }
+
+    /// Counts the windows in this process instead of the store: only for
+    /// a backend that is one process (the embedded store).
+    pub fn counted_in_process(mut self) -> Self {
+        self.local = Some(LocalWindows::default());
+        self
+    }
+
+    /// Takes one request of the limit of a key of `mode` at `now`: in
+    /// memory when counted in process, else with [`take`] on `store`.
+    pub async fn take(&self, store: &dyn Store, key_id: &str, mode: Mode, now: Timestamp) -> Quota {
+        let limit = self.for_mode(mode).max(1);
+        let Some(local) = &self.local else {
+            return take(store, key_id, limit, now).await;
+        };
+        let window = Window::of(now);
+        let (remaining, retry_after) = match local.take(key_id, limit, window) {
+            Some(count) => (limit.saturating_sub(count), None),
+            None => (0, Some(window.retry_after(now))),
+        };
+        Quota {
+            limit,
+            remaining,
+            reset: window.reset(),
+            retry_after,
         }
     }
 
@@ -496,5 +553,48 @@ mod tests {
         };
         let item = store.get(&w.counter_key(&id)).await.ok().flatten();
         assert_eq!(item.and_then(|i| i.get("count").cloned()), Some(1.into()));
+    }
+
+    #[tokio::test]
+    async fn counted_in_process_the_same_windows_pass_exactly_the_limit() {
+        let limits = RateLimits::new(100, 5).counted_in_process();
+        let store = store();
+        let t = at("2026-11-22T01:00:00.100Z");
+        let tasks: Vec<_> = (0..40)
+            .map(|_| limits.take(&*store, "ak_1", Mode::Sandbox, t))
+            .collect();
+        let quotas = futures::future::join_all(tasks).await;
+        let passed: Vec<_> = quotas.iter().filter(|q| !q.limited()).collect();
+        assert_eq!(passed.len(), 5);
+        let mut left: Vec<u32> = passed.iter().map(|q| q.remaining).collect();
+        left.sort_unstable();
+        assert_eq!(left, vec![0, 1, 2, 3, 4]);
+        let refused = quotas.iter().find(|q| q.limited());
+        assert!(
+            matches!(refused, Some(q) if q.retry_after == Some(1) && q.remaining == 0),
+            "{refused:?}"
+        );
+        // Another key, another budget; the next second, a new window.
+        assert!(
+            !limits
+                .take(&*store, "ak_2", Mode::Sandbox, t)
+                .await
+                .limited()
+        );
+        let next = at("2026-11-22T01:00:01.000Z");
+        let q = limits.take(&*store, "ak_1", Mode::Sandbox, next).await;
+        assert_eq!((q.limited(), q.remaining), (false, 4));
+        // Nothing was written to the store.
+        let w = Window::of(t).counter_key("ak_1");
+        assert!(matches!(store.get(&w).await, Ok(None)));
+        // Counted in the store unless asked otherwise.
+        let shared = RateLimits::new(100, 5);
+        assert!(
+            !shared
+                .take(&*store, "ak_1", Mode::Sandbox, t)
+                .await
+                .limited()
+        );
+        assert!(matches!(store.get(&w).await, Ok(Some(_))));
     }
 }

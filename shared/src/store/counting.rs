@@ -34,6 +34,10 @@ impl CountingStore {
 
 #[async_trait]
 impl Store for CountingStore {
+    fn single_process(&self) -> bool {
+        self.inner.single_process()
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
         self.tick();
         self.inner.get(key).await

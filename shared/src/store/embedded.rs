@@ -527,6 +527,10 @@ fn index_position(q: &Query, start: &Item) -> Result<[String; 4], StoreError> {
 
 #[async_trait]
 impl Store for EmbeddedStore {
+    fn single_process(&self) -> bool {
+        true
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
         validate_key(key)?;
         let txn = self.db.begin_read().map_err(backend("get: begin read"))?;

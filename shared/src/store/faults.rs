@@ -117,6 +117,10 @@ macro_rules! faulty {
 
 #[async_trait]
 impl Store for FaultyStore {
+    fn single_process(&self) -> bool {
+        self.inner.single_process()
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
         faulty!(self, Op::Get, self.inner.get(key))
     }

@@ -360,6 +360,13 @@ pub trait Store: Send + Sync + 'static {
     /// How many items of the partition match `sk` and `filter` (ignores
     /// `limit` and `start_after`).
     async fn count(&self, query: &Query) -> Result<u64, StoreError>;
+
+    /// Whether only this process can use the store (the embedded store's
+    /// file is locked): counters that only bound requests (the rate
+    /// limiter) may then be kept in memory.
+    fn single_process(&self) -> bool {
+        false
+    }
 }
 
 /// Skips `offset` matching items of `query` and returns up to `limit`,
