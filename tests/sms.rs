@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, spawn_app};
+use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, spawn_app, spawn_app_tweaked};
 use serde_json::{Value, json};
 use shared::domain::Mode;
 use shared::domain::account::{self, Plan, Scope};
@@ -448,7 +448,50 @@ async fn the_pro_plan_has_a_thousand_a_month(which: Which) {
     app.stop().await;
 }
 
+/// The answer is lost after the reminder was stored (the store times out
+/// on the way back): a 5xx, not kept by the idempotency layer, so the
+/// merchant's retry with the same Idempotency-Key runs again. It must find
+/// the first run's reminder: one reminder, one quota unit, one SMS.
+async fn a_retry_after_a_lost_answer_sends_one_sms(which: Which) {
+    use shared::store::faults::{Fault, FaultyStore, Op};
+    use std::sync::Arc;
+    let mut faults: Option<Arc<FaultyStore>> = None;
+    let app = spawn_app_tweaked(
+        which,
+        |inner| {
+            let f = Arc::new(FaultyStore::new(inner));
+            faults = Some(f.clone());
+            f
+        },
+        |s| s.webhook_poll = None,
+    )
+    .await;
+    let (Some(app), Some(faults)) = (app, faults) else {
+        return;
+    };
+    let (tenant, key) = setup(&app, Mode::Live, Plan::Growth).await;
+    let url = session(&app, &key, "9841000007").await;
+    let b = body("9841000007", &url);
+    faults.plan(Op::Transact, 0, Fault::timeout_after_write());
+    let a = app.post(PATH, Some(&key), Some("remind-once"), &b).await;
+    assert!((500..600).contains(&a.status), "{}: {}", a.status, a.body);
+    assert_eq!(faults.injected(), 1);
+    let a = app.post(PATH, Some(&key), Some("remind-once"), &b).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.body, json!({"sent": true, "status": "queued"}));
+    let messages = wait_for_messages(&app, 1).await;
+    assert_eq!(messages[0]["to"], "9841000007");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (messages, calls) = simulator(&app).await;
+    assert_eq!((messages.len(), calls), (1, 1), "{messages:?}");
+    assert_eq!(quota_used(&app, &tenant).await, 1);
+    let listed = sms::list_recent(&*app.store, &tenant.project.id, Mode::Live, 10).await;
+    assert!(matches!(listed.as_deref(), Ok([_])), "{listed:?}");
+    app.stop().await;
+}
+
 on_both_backends!(
+    a_retry_after_a_lost_answer_sends_one_sms,
     a_provider_that_may_have_taken_it_is_never_asked_again,
     a_refused_reminder_gives_its_quota_unit_back,
     a_reminder_for_a_session_paid_meanwhile_is_not_sent,

@@ -60,6 +60,17 @@ pub fn new_id(kind: IdKind) -> String {
     format!("{}{}", kind.prefix(), ulid.to_string().to_ascii_lowercase())
 }
 
+/// When an id of any kind was minted (unix milliseconds): the time part
+/// of the ULID after its prefix; `None` for anything else.
+pub fn minted_at_ms(id: &str) -> Option<i64> {
+    let rest = &id[id.rfind('_')? + 1..];
+    if rest.len() != ULID_LEN {
+        return None;
+    }
+    let ulid = ulid::Ulid::from_string(&rest.to_ascii_uppercase()).ok()?;
+    i64::try_from(ulid.timestamp_ms()).ok()
+}
+
 /// Whether `id` has the shape of an id of `kind`: its prefix, then 26
 /// lowercase Crockford base32 characters. Used to answer 404 early without
 /// touching the store for ids that cannot exist.

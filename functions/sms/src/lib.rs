@@ -3,14 +3,14 @@
 //! validates, applies the guards, logs (sandbox) or queues (live) the
 //! reminder. `functions/sms-dispatcher` sends it.
 
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::routing::post;
 use axum::{Json, Router};
 use http::{HeaderMap, StatusCode};
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::sms::{self, Limits, NotifyOutcome, NotifyRequest, SmsError};
-use shared::http::idempotency;
+use shared::http::idempotency::{self, Fence};
 use shared::http::{ApiError, Auth, ErrorType, JsonBody, with_edge};
 
 /// The function's routes, behind the idempotency layer, in the shared edge.
@@ -67,6 +67,7 @@ pub fn api_error(err: SmsError) -> ApiError {
 async fn notify(
     State(state): State<AppState>,
     auth: Auth,
+    fence: Option<Extension<Fence>>,
     headers: HeaderMap,
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
@@ -78,7 +79,8 @@ async fn notify(
         .get(http::header::HOST)
         .and_then(|h| h.to_str().ok());
     let base = state.config.base_for(host);
-    sms::notify(&state, who, body, &base, Limits::default())
+    let fence = fence.as_ref().map(|Extension(f)| f);
+    sms::notify(&state, who, body, &base, Limits::default(), fence)
         .await
         .map(Json)
         .map_err(api_error)

@@ -204,11 +204,15 @@ pub async fn mark_dispatched(store: &dyn Store, id: &str) -> Result<(), StoreErr
 }
 
 /// Undelivered events, oldest first, at most `limit` per shard. An item
-/// that does not read as an event is logged and quarantined (taken out of
-/// the outbox index, the item itself kept for inspection), so bad records
-/// can neither stop later events from being fanned out nor, piling up at
-/// the head of their shard, fill every page of it.
-pub async fn undelivered(store: &dyn Store, limit: usize) -> Result<Vec<Event>, StoreError> {
+/// that does not read as an event is passed over (logged), and once it is
+/// [`QUARANTINE_AFTER`] old, taken out of the outbox index: one bad record
+/// cannot stall its shard, and an event written by newer code during a
+/// rolling deploy is left for that code to read.
+pub async fn undelivered(
+    store: &dyn Store,
+    limit: usize,
+    now: Timestamp,
+) -> Result<Vec<Event>, StoreError> {
     let mut out = Vec::new();
     for shard in 0..SHARDS {
         let query = Query::partition(format!("OUTBOX#{shard}"))
@@ -218,7 +222,7 @@ pub async fn undelivered(store: &dyn Store, limit: usize) -> Result<Vec<Event>, 
             let key = Key::of(&item);
             match from_item::<Event>(item) {
                 Ok(e) => out.push(e),
-                Err(e) => quarantine(store, key, &e).await,
+                Err(e) => quarantine(store, key, &e, now).await,
             }
         }
     }
@@ -229,11 +233,22 @@ pub async fn undelivered(store: &dyn Store, limit: usize) -> Result<Vec<Event>, 
 /// Takes an unreadable outbox item out of the outbox index. Failing to is
 /// logged, not returned: the readable events are answered all the same
 /// (and the next pass tries again).
-async fn quarantine(store: &dyn Store, key: Option<Key>, error: &StoreError) {
+/// How old an unreadable outbox item must be before it is taken out of
+/// the index (longer than a rolling deploy).
+pub const QUARANTINE_AFTER: chrono::Duration = chrono::Duration::hours(1);
+
+async fn quarantine(store: &dyn Store, key: Option<Key>, error: &StoreError, now: Timestamp) {
     let Some(key) = key else {
         tracing::error!(error = %error, "unreadable outbox item without a key passed over");
         return;
     };
+    let id = key.pk.strip_prefix("EVT#").unwrap_or(&key.pk);
+    let young = crate::ids::minted_at_ms(id)
+        .is_some_and(|ms| ms > now.plus(-QUARANTINE_AFTER).unix_millis());
+    if young {
+        tracing::error!(pk = %key.pk, error = %error, "unreadable outbox item passed over (newer code may read it)");
+        return;
+    }
     tracing::error!(pk = %key.pk, error = %error, "unreadable outbox item quarantined");
     let update = Update::new()
         .remove(Index::Gsi2.pk_attr())
@@ -306,7 +321,7 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
-        let pending = undelivered(&store, 10).await.unwrap();
+        let pending = undelivered(&store, 10, now).await.unwrap();
         assert_eq!(
             pending.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
             ids
@@ -338,7 +353,7 @@ mod tests {
             .put(broken.as_object().cloned().unwrap(), None)
             .await
             .unwrap();
-        let got = undelivered(&store, 10).await.unwrap();
+        let got = undelivered(&store, 10, now).await.unwrap();
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].id, e.id);
 
@@ -358,6 +373,29 @@ mod tests {
         let kept = kept.unwrap_or_else(|| panic!("the bad record is kept"));
         assert!(!kept.contains_key(Index::Gsi2.pk_attr()));
         assert!(!kept.contains_key(Index::Gsi2.sk_attr()));
-        assert_eq!(undelivered(&store, 1).await.unwrap().len(), 1);
+        assert_eq!(undelivered(&store, 1, now).await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_young_unreadable_event_is_passed_over_but_kept_in_the_outbox() {
+        use crate::time::{Clock, SystemClock};
+        let store = EmbeddedStore::in_memory().unwrap();
+        // Written a moment ago by newer code (a type this build lacks).
+        let id = crate::ids::new_id(IdKind::Event);
+        let young = json!({"pk": format!("EVT#{id}"), "sk": "EVT", "gsi2pk": "OUTBOX#0",
+                           "gsi2sk": id, "type": "payment.teleported"});
+        store
+            .put(young.as_object().cloned().unwrap(), None)
+            .await
+            .unwrap();
+        let now = SystemClock.now();
+        assert!(undelivered(&store, 10, now).await.unwrap().is_empty());
+        let still = store.get(&Event::key(&id)).await.unwrap().unwrap();
+        assert!(still.contains_key("gsi2pk"), "kept for the newer code");
+        // An hour later it is taken out.
+        let later = now.plus(QUARANTINE_AFTER + chrono::Duration::seconds(1));
+        assert!(undelivered(&store, 10, later).await.unwrap().is_empty());
+        let gone = store.get(&Event::key(&id)).await.unwrap().unwrap();
+        assert!(!gone.contains_key("gsi2pk"));
     }
 }

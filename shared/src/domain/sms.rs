@@ -35,7 +35,8 @@
 //!   and is dropped;
 //! - it reads the bound checkout session: paid, failed or expired since
 //!   the request means `cancelled`, nothing sent, the quota unit given back;
-//! - it sends, then ends the record with a write conditioned on its lease:
+//! - it sends, then ends the record with a write conditioned on its claim
+//!   (a random id written with the lease):
 //!   `sent`; `failed` (a 4xx refusal, or [`MAX_ATTEMPTS`] sends that
 //!   certainly did not reach the provider), quota unit given back in the
 //!   same transaction; `queued` again after a send that certainly did not
@@ -59,6 +60,7 @@ use super::account::{Plan, Principal};
 use super::checkout::{CheckoutSession, SessionStatus};
 use super::record::{from_item, to_item};
 use crate::AppState;
+use crate::http::idempotency::Fence;
 use crate::ids::{IdKind, new_id};
 use crate::providers::sms::{SmsClient, SmsSendError};
 use crate::queue::{QueueError, QueueName};
@@ -440,6 +442,9 @@ pub enum Taken {
     All,
     /// The quota is used up: nothing was taken.
     QuotaExhausted,
+    /// The fence tripped: a first run of this request (same
+    /// Idempotency-Key) already stored the reminder; nothing more taken.
+    AlreadyStored,
 }
 
 /// Guards 3 and 4, and the reminder's record, in one transaction:
@@ -468,6 +473,7 @@ pub async fn take_places(
     now: Timestamp,
     quota: Option<u32>,
     record: Option<TxOp>,
+    fence: Option<TxOp>,
 ) -> Result<Taken, SmsError> {
     let secs = now.unix_seconds();
     let now_ms = now.unix_millis();
@@ -548,10 +554,17 @@ pub async fn take_places(
         if let Some(op) = &record {
             ops.push(op.clone());
         }
+        let fence_at = fence.as_ref().map(|op| {
+            ops.push(op.clone());
+            ops.len() - 1
+        });
         match store.transact(ops).await {
             Ok(()) => return Ok(Taken::All),
             Err(StoreError::TransactionCanceled { reasons }) => {
                 let failed = |i: usize| matches!(reasons.get(i), Some(TxReason::ConditionFailed));
+                if fence_at.is_some_and(failed) {
+                    return Ok(Taken::AlreadyStored);
+                }
                 if failed(1) {
                     return Err(SmsError::RateLimited {
                         which: format!(
@@ -569,6 +582,32 @@ pub async fn take_places(
                 crate::store::contention_backoff(attempt).await;
             }
             Err(e) => return Err(e.into()),
+        }
+    }
+    // Still conflicting (hot counters under a burst): a full hour or quota
+    // is still a 429 / plan_limit_reached, not a busy store.
+    let count = |key: Key| async move {
+        store
+            .get(&key)
+            .await
+            .map(|i| i.and_then(|i| i.get("n").and_then(serde_json::Value::as_i64)))
+    };
+    if count(merchant_counter(merchant_id, mode, now))
+        .await?
+        .unwrap_or(0)
+        >= limits.per_merchant_per_hour
+    {
+        return Err(SmsError::RateLimited {
+            which: format!(
+                "at most {} reminders per merchant per hour",
+                limits.per_merchant_per_hour
+            ),
+            retry_after_secs: (hour_end - secs).max(1),
+        });
+    }
+    if let Some(quota) = quota {
+        if count(quota_counter(merchant_id, now)).await?.unwrap_or(0) >= i64::from(quota) {
+            return Ok(Taken::QuotaExhausted);
         }
     }
     Err(SmsError::Store(StoreError::Unavailable(
@@ -711,8 +750,22 @@ pub async fn requeue_stuck(
             let r: SmsReminder = match from_item(item) {
                 Ok(r) => r,
                 Err(e) => {
-                    // One bad record must not stop the sweep: take it out
-                    // of the index (it stays in the table for support).
+                    // One bad record must not stop the sweep: passed over,
+                    // and once it is an hour old (not one newer code wrote
+                    // during a rolling deploy) taken out of the index; it
+                    // stays in the table for support.
+                    let minted = item_key.as_ref().and_then(|k| {
+                        crate::ids::minted_at_ms(k.pk.strip_prefix("SMS#").unwrap_or(&k.pk))
+                    });
+                    let young = minted.is_some_and(|ms| {
+                        ms > now
+                            .plus(-crate::domain::outbox::QUARANTINE_AFTER)
+                            .unix_millis()
+                    });
+                    if young {
+                        tracing::error!(key = ?item_key, error = %e, "unreadable SMS reminder passed over");
+                        continue;
+                    }
                     tracing::error!(key = ?item_key, error = %e, "unreadable SMS reminder taken out of the backstop index");
                     if let Some(k) = item_key {
                         let out = Update::new()
@@ -830,6 +883,7 @@ pub async fn notify(
     req: NotifyRequest,
     checkout_base: &str,
     limits: Limits,
+    fence: Option<&Fence>,
 ) -> Result<NotifyOutcome, SmsError> {
     let v = validate(req)?;
     let store = &*state.store;
@@ -884,13 +938,39 @@ pub async fn notify(
         now,
         quota,
         Some(record),
+        fence.map(|f| f.op(&reminder.id)),
     )
     .await?;
-    if taken == Taken::QuotaExhausted {
-        return Ok(NotifyOutcome {
-            sent: false,
-            status: "plan_limit_reached",
-        });
+    match taken {
+        Taken::All => {}
+        Taken::QuotaExhausted => {
+            return Ok(NotifyOutcome {
+                sent: false,
+                status: "plan_limit_reached",
+            });
+        }
+        // A retry of a request whose answer was lost: the first run's
+        // reminder stands and is answered as the first run was. Its queue
+        // message may never have been sent (the first run stopped at the
+        // store's answer): queue it again now rather than wait for the
+        // sweep; a duplicate message is dropped by the claim.
+        Taken::AlreadyStored => {
+            if live {
+                if let Some(first) = fence.map(|f| f.resource_id(store)) {
+                    match first.await {
+                        Ok(Some(id)) => enqueue(state, &id).await,
+                        Ok(None) => {}
+                        Err(e) => {
+                            tracing::warn!(error = %e, "first reminder of a retried request not read; the sweep queues it")
+                        }
+                    }
+                }
+            }
+            return Ok(NotifyOutcome {
+                sent: live,
+                status: if live { "queued" } else { "logged" },
+            });
+        }
     }
     if !live {
         tracing::info!(sms_id = %reminder.id, to = %masked(&reminder.to), project_id, "sandbox SMS reminder logged, not delivered");
@@ -899,26 +979,38 @@ pub async fn notify(
             status: "logged",
         });
     }
-    let body = serde_json::to_string(&SmsMessage {
-        sms_id: reminder.id.clone(),
-    })
-    .map_err(|e| StoreError::Invalid(e.to_string()))?;
-    if let Err(e) = state
-        .queue
-        .send(QueueName::Sms, &body, Duration::ZERO)
-        .await
-    {
-        // Stored and counted: the backstop sweep queues it within minutes
-        // (a late reminder, not a lost one). Ending it here instead could
-        // race a message that did reach the queue.
-        tracing::warn!(sms_id = %reminder.id, error = %e, "SMS reminder not queued; the backstop sweep will queue it");
-    } else {
-        tracing::info!(sms_id = %reminder.id, to = %masked(&reminder.to), project_id, "SMS reminder queued");
-    }
+    enqueue(state, &reminder.id).await;
+    tracing::info!(sms_id = %reminder.id, to = %masked(&reminder.to), project_id, "SMS reminder stored");
     Ok(NotifyOutcome {
         sent: true,
         status: "queued",
     })
+}
+
+/// Queues a stored live reminder for the dispatcher. A failure is logged,
+/// not returned: the reminder is stored and counted, and the backstop
+/// sweep queues it within minutes (a late reminder, not a lost one);
+/// ending it here instead could race a message that did reach the queue.
+async fn enqueue(state: &AppState, sms_id: &str) {
+    let body = match serde_json::to_string(&SmsMessage {
+        sms_id: sms_id.to_owned(),
+    }) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(sms_id, error = %e, "SMS message not encoded; the sweep queues it");
+            return;
+        }
+    };
+    match state
+        .queue
+        .send(QueueName::Sms, &body, Duration::ZERO)
+        .await
+    {
+        Ok(_) => tracing::debug!(sms_id, "SMS reminder queued"),
+        Err(e) => {
+            tracing::warn!(sms_id, error = %e, "SMS reminder not queued; the backstop sweep will queue it")
+        }
+    }
 }
 
 fn plan_quota(plan: Plan) -> u32 {
@@ -1006,13 +1098,13 @@ async fn still_payable(
 }
 
 /// Ends a claimed reminder: `status` with `error`, conditioned on our
-/// lease; a `Failed` or `Cancelled` one gives its quota unit back in the
+/// claim; a `Failed` or `Cancelled` one gives its quota unit back in the
 /// same transaction (once: the write that ends it is the one that gives
 /// it back). `Ok(false)`: the lease was lost, another worker owns it.
 async fn finish(
     store: &dyn Store,
     r: &SmsReminder,
-    lease_until: i64,
+    claim: &str,
     status: SmsStatus,
     attempts: u32,
     error: Option<&str>,
@@ -1022,7 +1114,8 @@ async fn finish(
         .set("status", status.as_str())
         .set("attempts", attempts)
         .set("updated_at", json!(now))
-        .remove("lease_until_ms");
+        .remove("lease_until_ms")
+        .remove(CLAIM);
     if status.is_final() {
         update = update
             .remove(Index::Gsi2.pk_attr())
@@ -1035,7 +1128,7 @@ async fn finish(
     let key = SmsReminder::key(&r.id);
     let cond = Cond::And(vec![
         Cond::eq("status", SmsStatus::Sending.as_str()),
-        Cond::eq("lease_until_ms", lease_until),
+        Cond::eq(CLAIM, claim),
     ]);
     let gives_back = matches!(status, SmsStatus::Failed | SmsStatus::Cancelled);
     let mut attempt = 0;
@@ -1097,23 +1190,28 @@ async fn finish(
     }
 }
 
+/// The attribute naming the claim in flight (a random id): every write of
+/// the claim holder is conditioned on it.
+const CLAIM: &str = "claim";
+
 /// Tries of the write that ends a claimed reminder.
 const FINISH_TRIES: usize = 6;
 
 /// Gives a claim back (`sending` → `queued`, attempts unchanged) after a
 /// failure before anything was sent, so the queue's next delivery tries
 /// again instead of ending it `unknown`. Best effort: conditioned on our
-/// lease (a claim write that did not land changes nothing).
-async fn unclaim(store: &dyn Store, id: &str, lease_until: i64) {
+/// claim (a claim write that did not land changes nothing).
+async fn unclaim(store: &dyn Store, id: &str, claim: &str) {
     let released = store
         .update(
             &SmsReminder::key(id),
             Update::new()
                 .set("status", SmsStatus::Queued.as_str())
-                .remove("lease_until_ms"),
+                .remove("lease_until_ms")
+                .remove(CLAIM),
             Some(Cond::And(vec![
                 Cond::eq("status", SmsStatus::Sending.as_str()),
-                Cond::eq("lease_until_ms", lease_until),
+                Cond::eq(CLAIM, claim),
             ])),
         )
         .await;
@@ -1158,12 +1256,15 @@ pub async fn dispatch(
     }
     let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
     let lease_until = now_ms + lease_ms;
+    // Names this claim alone: two workers may compute the same lease.
+    let claim_id = ulid::Ulid::new().to_string();
     let claim = store
         .update(
             &key,
             Update::new()
                 .set("status", SmsStatus::Sending.as_str())
-                .set("lease_until_ms", lease_until),
+                .set("lease_until_ms", lease_until)
+                .set(CLAIM, claim_id.as_str()),
             Some(Cond::And(vec![
                 Cond::eq("attempts", r.attempts),
                 Cond::eq("status", SmsStatus::Queued.as_str()),
@@ -1175,7 +1276,7 @@ pub async fn dispatch(
         Err(e) if e.is_condition_failure() => return Ok(DispatchOutcome::Skipped),
         Err(e) => {
             // The claim may have landed: give it back, nothing was sent.
-            unclaim(store, sms_id, lease_until).await;
+            unclaim(store, sms_id, &claim_id).await;
             return Err(e.into());
         }
     }
@@ -1183,7 +1284,7 @@ pub async fn dispatch(
     let payable = match still_payable(store, &r, state.clock.now()).await {
         Ok(p) => p,
         Err(e) => {
-            unclaim(store, sms_id, lease_until).await;
+            unclaim(store, sms_id, &claim_id).await;
             return Err(e.into());
         }
     };
@@ -1192,7 +1293,7 @@ pub async fn dispatch(
         let ended = finish(
             store,
             &r,
-            lease_until,
+            &claim_id,
             SmsStatus::Cancelled,
             r.attempts,
             Some(&why),
@@ -1202,7 +1303,7 @@ pub async fn dispatch(
         let ended = match ended {
             Ok(ended) => ended,
             Err(e) => {
-                unclaim(store, sms_id, lease_until).await;
+                unclaim(store, sms_id, &claim_id).await;
                 return Err(e.into());
             }
         };
@@ -1245,7 +1346,7 @@ pub async fn dispatch(
     if !finish(
         store,
         &r,
-        lease_until,
+        &claim_id,
         status,
         attempts,
         error.as_deref(),
@@ -1284,6 +1385,7 @@ async fn abandon(state: &AppState, r: &SmsReminder) -> Result<DispatchOutcome, D
                     "a dispatcher stopped while sending it; not sent again",
                 )
                 .remove("lease_until_ms")
+                .remove(CLAIM)
                 .remove(Index::Gsi2.pk_attr())
                 .remove(Index::Gsi2.sk_attr()),
             Some(Cond::And(vec![
@@ -1324,9 +1426,19 @@ mod tests {
         phone: &str,
         now: Timestamp,
     ) -> Result<(), SmsError> {
-        take_places(store, limits, merchant_id, mode, phone, now, None, None)
-            .await
-            .map(|_| ())
+        take_places(
+            store,
+            limits,
+            merchant_id,
+            mode,
+            phone,
+            now,
+            None,
+            None,
+            None,
+        )
+        .await
+        .map(|_| ())
     }
 
     /// One unit of the month's quota, as a request takes it.
@@ -1564,6 +1676,7 @@ mod tests {
                     at,
                     Some(quota),
                     None,
+                    None,
                 )
                 .await
             }
@@ -1628,6 +1741,7 @@ mod tests {
                     phone,
                     now,
                     Some(quota),
+                    None,
                     None,
                 )
                 .await
@@ -1783,24 +1897,24 @@ mod tests {
             ..req()
         };
         // 1 before 2: no session and a bad host → phone_not_on_session.
-        let r = notify(&state, &who, bad_host.clone(), base, limits).await;
+        let r = notify(&state, &who, bad_host.clone(), base, limits, None).await;
         assert!(matches!(r, Err(SmsError::PhoneNotOnSession)), "{r:?}");
         session(&state, &who, "+977-9841000001").await;
         // 2 before 3.
-        let r = notify(&state, &who, bad_host.clone(), base, limits).await;
+        let r = notify(&state, &who, bad_host.clone(), base, limits, None).await;
         assert!(
             matches!(r, Err(SmsError::InvalidCheckoutHost { .. })),
             "{r:?}"
         );
-        let r = notify(&state, &who, req(), base, limits).await;
+        let r = notify(&state, &who, req(), base, limits, None).await;
         assert!(
             matches!(&r, Ok(o) if o.status == "logged" && !o.sent),
             "{r:?}"
         );
-        let r = notify(&state, &who, req(), base, limits).await;
+        let r = notify(&state, &who, req(), base, limits, None).await;
         assert!(matches!(r, Err(SmsError::RateLimited { .. })), "{r:?}");
         // Bad host still answers 400 over the exhausted limit.
-        let r = notify(&state, &who, bad_host, base, limits).await;
+        let r = notify(&state, &who, bad_host, base, limits, None).await;
         assert!(
             matches!(r, Err(SmsError::InvalidCheckoutHost { .. })),
             "{r:?}"
@@ -1816,6 +1930,7 @@ mod tests {
             },
             base,
             limits,
+            None,
         )
         .await;
         assert!(matches!(r, Err(SmsError::PhoneNotOnSession)), "{r:?}");
@@ -1831,6 +1946,7 @@ mod tests {
             req(),
             "https://pay.example",
             Limits::default(),
+            None,
         )
         .await;
         assert!(
@@ -1845,6 +1961,7 @@ mod tests {
             req(),
             "https://pay.example",
             Limits::default(),
+            None,
         )
         .await;
         assert!(
@@ -2174,24 +2291,40 @@ mod tests {
             checkout_url: format!("{base}/c/{id}?lang=ne"),
             ..req()
         };
-        let r = notify(&state, &who, with_url(&mine), base, Limits::default()).await;
+        let r = notify(&state, &who, with_url(&mine), base, Limits::default(), None).await;
         assert!(matches!(&r, Ok(o) if o.status == "logged"), "{r:?}");
         let Ok(list) = list_recent(&*state.store, who.project_id(), Mode::Sandbox, 10).await else {
             panic!("list")
         };
         assert_eq!(list[0].session_id.as_deref(), Some(mine.as_str()));
         // A URL without a session id binds to the newest pending session.
-        let r = notify(&state, &who, req(), base, Limits::default()).await;
+        let r = notify(&state, &who, req(), base, Limits::default(), None).await;
         assert!(r.is_ok(), "{r:?}");
         let Ok(list) = list_recent(&*state.store, who.project_id(), Mode::Sandbox, 10).await else {
             panic!("list")
         };
         assert_eq!(list[0].session_id.as_deref(), Some(newer.as_str()));
         // The project's session of another customer: guard 1 refuses.
-        let r = notify(&state, &who, with_url(&not_theirs), base, Limits::default()).await;
+        let r = notify(
+            &state,
+            &who,
+            with_url(&not_theirs),
+            base,
+            Limits::default(),
+            None,
+        )
+        .await;
         assert!(matches!(r, Err(SmsError::PhoneNotOnSession)), "{r:?}");
         // Another project's session: guard 2 refuses.
-        let r = notify(&state, &who, with_url(&foreign), base, Limits::default()).await;
+        let r = notify(
+            &state,
+            &who,
+            with_url(&foreign),
+            base,
+            Limits::default(),
+            None,
+        )
+        .await;
         assert!(
             matches!(&r, Err(SmsError::ForeignCheckoutSession { session_id }) if *session_id == foreign),
             "{r:?}"
@@ -2321,7 +2454,15 @@ mod tests {
             .clone()
             .with_queue(Arc::new(DownForSends(working.clone())));
         session(&down, &who, "9841000001").await;
-        let r = notify(&down, &who, req(), "https://pay.example", Limits::default()).await;
+        let r = notify(
+            &down,
+            &who,
+            req(),
+            "https://pay.example",
+            Limits::default(),
+            None,
+        )
+        .await;
         // Stored and counted: it will go out, so the answer says queued.
         assert!(
             matches!(&r, Ok(o) if o.status == "queued" && o.sent),
@@ -2342,6 +2483,100 @@ mod tests {
         assert!(
             matches!(got.as_deref(), Ok([m]) if m.body.contains(&list[0].id)),
             "{got:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_full_hour_under_endless_conflicts_is_still_a_429() {
+        use crate::store::faults::{Fault, FaultyStore, Op};
+        let faulty = Arc::new(FaultyStore::new(store()));
+        let now = SystemClock.now();
+        let limits = Limits {
+            per_recipient_per_day: 3,
+            per_merchant_per_hour: 2,
+        };
+        let hour = merchant_counter("mer_1", Mode::Live, now);
+        let Ok(_) = faulty.update(&hour, Update::new().add("n", 2), None).await else {
+            panic!("seed")
+        };
+        for i in 0..WINDOW_TRIES {
+            faulty.plan(
+                Op::Transact,
+                i,
+                Fault::Before(StoreError::TransactionCanceled {
+                    reasons: vec![TxReason::None, TxReason::Conflict],
+                }),
+            );
+        }
+        let r = take_places(
+            &*faulty,
+            limits,
+            "mer_1",
+            Mode::Live,
+            "9841000001",
+            now,
+            Some(10),
+            None,
+            None,
+        )
+        .await;
+        assert!(matches!(r, Err(SmsError::RateLimited { .. })), "{r:?}");
+        // Under the limit, the same conflicts are a busy store (503).
+        let calm = store();
+        let faulty = Arc::new(FaultyStore::new(calm));
+        for i in 0..WINDOW_TRIES {
+            faulty.plan(
+                Op::Transact,
+                i,
+                Fault::Before(StoreError::TransactionCanceled {
+                    reasons: vec![TxReason::None, TxReason::Conflict],
+                }),
+            );
+        }
+        let r = take_places(
+            &*faulty,
+            limits,
+            "mer_1",
+            Mode::Live,
+            "9841000001",
+            now,
+            Some(10),
+            None,
+            None,
+        )
+        .await;
+        assert!(
+            matches!(r, Err(SmsError::Store(StoreError::Unavailable(_)))),
+            "{r:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_reminder_is_passed_over_then_taken_out_of_the_sweep() {
+        let (state, _, clock) = state_with_tenant(Plan::Growth, Mode::Live).await;
+        let id = new_id(IdKind::Sms);
+        let item = json!({"pk": format!("SMS#{id}"), "sk": "SMS",
+                          "gsi2pk": open_partition(&id), "gsi2sk": format!("{:015}#{id}", 1),
+                          "status": "teleported"});
+        let Some(item) = item.as_object().cloned() else {
+            panic!()
+        };
+        let Ok(()) = state.store.put(item, None).await else {
+            panic!("put")
+        };
+        let now = clock.now();
+        assert_eq!(requeue_stuck(&state, now, 10).await.ok(), Some(0));
+        let kept = state.store.get(&SmsReminder::key(&id)).await;
+        assert!(
+            matches!(&kept, Ok(Some(i)) if i.contains_key("gsi2pk")),
+            "young: kept for newer code"
+        );
+        let later = now.plus(chrono::Duration::hours(2));
+        assert_eq!(requeue_stuck(&state, later, 10).await.ok(), Some(0));
+        let out = state.store.get(&SmsReminder::key(&id)).await;
+        assert!(
+            matches!(&out, Ok(Some(i)) if !i.contains_key("gsi2pk")),
+            "{out:?}"
         );
     }
 }

@@ -398,7 +398,9 @@ pub async fn create(
         },
         TxOp::Update {
             key: counter.clone(),
-            update: Update::new().add(EndpointCounter::ATTR, 1),
+            update: Update::new()
+                .add(EndpointCounter::ATTR, 1)
+                .add(EndpointCounter::VERSION, 1),
             cond: Some(Cond::lt(EndpointCounter::ATTR, MAX_ENDPOINTS as i64)),
         },
     ];
@@ -430,15 +432,15 @@ pub async fn create(
             // may have drifted (endpoints changed without it: old code
             // during a rolling deploy, a manual delete), or vanished under
             // us (then it is made again from the endpoints).
-            if let Some(n) = EndpointCounter::read(&*state.store, project_id, mode).await? {
+            if let Some((n, v)) = EndpointCounter::read(&*state.store, project_id, mode).await? {
                 let real = EndpointCounter::recount(&*state.store, project_id, mode).await?;
                 if real >= MAX_ENDPOINTS as i64 {
                     return Err(WebhookError::TooMany);
                 }
                 if real != n {
-                    // Only over the count just read: a registration or a
+                    // Only over the version just read: a registration or a
                     // delete in between makes this fail, and we try again.
-                    EndpointCounter::repair(&*state.store, project_id, mode, n, real).await?;
+                    EndpointCounter::repair(&*state.store, project_id, mode, (n, v), real).await?;
                 }
             }
             if tries >= TX_TRIES {
@@ -481,6 +483,10 @@ struct EndpointCounter;
 
 impl EndpointCounter {
     const ATTR: &'static str = "n";
+    /// Raised by every write of the count, so a repair from a recount is
+    /// conditioned on nothing having changed since (a count alone could
+    /// come back to the value read: a delete then a registration).
+    const VERSION: &'static str = "v";
 
     fn key(project_id: &str, mode: Mode) -> Key {
         Key::new(
@@ -489,20 +495,32 @@ impl EndpointCounter {
         )
     }
 
-    /// The count, if the counter exists.
+    /// The count and its version, if the counter exists (0 for either
+    /// attribute missing).
     async fn read(
         store: &dyn Store,
         project_id: &str,
         mode: Mode,
-    ) -> Result<Option<i64>, StoreError> {
+    ) -> Result<Option<(i64, i64)>, StoreError> {
         Ok(store
             .get(&EndpointCounter::key(project_id, mode))
             .await?
             .map(|item| {
-                item.get(EndpointCounter::ATTR)
-                    .and_then(Value::as_i64)
-                    .unwrap_or(0)
+                let get = |a: &str| item.get(a).and_then(Value::as_i64).unwrap_or(0);
+                (get(EndpointCounter::ATTR), get(EndpointCounter::VERSION))
             }))
+    }
+
+    /// `version` still holds (a missing one reads as 0).
+    fn unchanged(version: i64) -> Cond {
+        if version == 0 {
+            Cond::Or(vec![
+                Cond::eq(EndpointCounter::VERSION, 0),
+                Cond::AttrNotExists(EndpointCounter::VERSION.into()),
+            ])
+        } else {
+            Cond::eq(EndpointCounter::VERSION, version)
+        }
     }
 
     /// Makes sure the counter exists. Endpoints registered before it
@@ -538,30 +556,25 @@ impl EndpointCounter {
         Ok(i64::try_from(n).unwrap_or(i64::MAX))
     }
 
-    /// Sets the count to `real` if it is still `seen` (what was read before
-    /// `real` was counted). Every write that changes the endpoints changes
-    /// the count in the same transaction, so if the count is still `seen`
-    /// none landed in between; if it moved, nothing is written (the caller
-    /// reads and counts again). Logged: a drifted count means endpoints
-    /// were changed without it.
+    /// Sets the count to `real` if its version is still the one read with
+    /// `seen` (before `real` was counted). Every write that changes the
+    /// endpoints raises the version in the same transaction, so if it is
+    /// unchanged none landed in between; if it moved, nothing is written
+    /// (the caller reads and counts again). Logged: a drifted count means
+    /// endpoints were changed without it.
     async fn repair(
         store: &dyn Store,
         project_id: &str,
         mode: Mode,
-        seen: i64,
+        seen: (i64, i64),
         real: i64,
     ) -> Result<(), StoreError> {
         let key = EndpointCounter::key(project_id, mode);
-        let still = if seen == 0 {
-            // `read` answers 0 for a counter without `n` too.
-            Cond::Or(vec![
-                Cond::eq(EndpointCounter::ATTR, seen),
-                Cond::AttrNotExists(EndpointCounter::ATTR.into()),
-            ])
-        } else {
-            Cond::eq(EndpointCounter::ATTR, seen)
-        };
-        let update = Update::new().set(EndpointCounter::ATTR, real.max(0));
+        let (seen, version) = seen;
+        let still = EndpointCounter::unchanged(version);
+        let update = Update::new()
+            .set(EndpointCounter::ATTR, real.max(0))
+            .add(EndpointCounter::VERSION, 1);
         match store
             .update(&key, update, Some(Cond::And(vec![Cond::Exists, still])))
             .await
@@ -678,7 +691,9 @@ pub async fn delete(
         },
         TxOp::Update {
             key: counter.clone(),
-            update: Update::new().add(EndpointCounter::ATTR, -1),
+            update: Update::new()
+                .add(EndpointCounter::ATTR, -1)
+                .add(EndpointCounter::VERSION, 1),
             // Never below 0, and never ADD onto a missing counter (it
             // would start at -1): false on a missing `n`.
             cond: Some(Cond::gt(EndpointCounter::ATTR, 0)),
@@ -703,7 +718,9 @@ pub async fn delete(
             // 0 while the endpoint exists: it drifted low (endpoints
             // written without it). The endpoint still goes; the count is
             // set from the endpoints left, only over the 0 just read.
-            if let Some(seen @ ..=0) = EndpointCounter::read(store, project_id, mode).await? {
+            if let Some((seen @ ..=0, version)) =
+                EndpointCounter::read(store, project_id, mode).await?
+            {
                 let real = EndpointCounter::recount(store, project_id, mode).await?;
                 let ops = vec![
                     TxOp::Delete {
@@ -712,11 +729,10 @@ pub async fn delete(
                     },
                     TxOp::Update {
                         key: counter.clone(),
-                        update: Update::new().set(EndpointCounter::ATTR, (real - 1).max(0)),
-                        cond: Some(Cond::Or(vec![
-                            Cond::le(EndpointCounter::ATTR, seen),
-                            Cond::AttrNotExists(EndpointCounter::ATTR.into()),
-                        ])),
+                        update: Update::new()
+                            .set(EndpointCounter::ATTR, (real - 1).max(0))
+                            .add(EndpointCounter::VERSION, 1),
+                        cond: Some(EndpointCounter::unchanged(version)),
                     },
                 ];
                 match store.transact(ops).await {
@@ -1045,7 +1061,7 @@ pub async fn fan_out_pending(
     limit: usize,
 ) -> Result<FanOutReport, StoreError> {
     let mut report = FanOutReport::default();
-    for event in outbox::undelivered(&*state.store, limit).await? {
+    for event in outbox::undelivered(&*state.store, limit, state.clock.now()).await? {
         if created_before.is_some_and(|t| event.created_at > t) {
             continue;
         }
@@ -1680,7 +1696,7 @@ mod tests {
             assert_eq!(current(&f).await.id, first.id);
             assert_eq!(f.queue.len(QueueName::Webhooks), 2);
             assert!(
-                outbox::undelivered(&*f.state.store, 10)
+                outbox::undelivered(&*f.state.store, 10, f.state.clock.now())
                     .await
                     .unwrap()
                     .is_empty()
@@ -2353,6 +2369,7 @@ mod tests {
             EndpointCounter::read(&*f.state.store, project, Mode::Sandbox)
                 .await
                 .unwrap()
+                .map(|(n, _)| n)
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -2476,6 +2493,46 @@ mod tests {
                     .len(),
                 MAX_ENDPOINTS
             );
+        }
+
+        #[tokio::test]
+        async fn a_repair_from_a_stale_read_changes_nothing() {
+            let f = fixture().await;
+            for i in 0..2 {
+                create(&f.state, "proj_2", Mode::Sandbox, body(i), None)
+                    .await
+                    .unwrap();
+            }
+            let store = &*f.state.store;
+            let Some((n, v)) = EndpointCounter::read(store, "proj_2", Mode::Sandbox)
+                .await
+                .unwrap()
+            else {
+                panic!("counter")
+            };
+            assert_eq!(n, 2);
+            // A delete then a registration: the count is back at 2, but it
+            // moved in between (a repair from the first read is stale).
+            let listed = list(store, "proj_2", Mode::Sandbox).await.unwrap();
+            delete(store, "proj_2", Mode::Sandbox, &listed[0].id)
+                .await
+                .unwrap();
+            create(&f.state, "proj_2", Mode::Sandbox, body(7), None)
+                .await
+                .unwrap();
+            EndpointCounter::repair(store, "proj_2", Mode::Sandbox, (n, v), 9)
+                .await
+                .unwrap();
+            assert_eq!(count_of(&f, "proj_2").await, Some(2), "stale: no change");
+            let fresh = EndpointCounter::read(store, "proj_2", Mode::Sandbox)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(fresh.1, v + 2);
+            EndpointCounter::repair(store, "proj_2", Mode::Sandbox, fresh, 2)
+                .await
+                .unwrap();
+            assert_eq!(count_of(&f, "proj_2").await, Some(2));
         }
 
         #[tokio::test]

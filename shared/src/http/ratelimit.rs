@@ -53,6 +53,9 @@ pub struct RateLimits {
     local: Option<LocalWindows>,
 }
 
+/// Entries kept before the windows over a minute ago are dropped.
+const LOCAL_KEYS_SWEEP_AT: usize = 10_000;
+
 /// Each key's current window and its count, in memory: one entry per key
 /// (a new window replaces the last).
 #[derive(Debug, Default)]
@@ -61,10 +64,20 @@ struct LocalWindows(Mutex<HashMap<String, (i64, u32)>>);
 impl LocalWindows {
     /// Takes one request of `limit` in `window` for `key_id`: the count
     /// after it, or `None` when the window is full.
+    /// A request that read the clock in an earlier window than the entry's
+    /// (it was slower, or the clock stepped back) counts in the entry's
+    /// window: only a later window starts a new count.
     fn take(&self, key_id: &str, limit: u32, window: Window) -> Option<u32> {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = map.entry(key_id.to_owned()).or_insert((window.start, 0));
-        if entry.0 != window.start {
+        if map.len() > LOCAL_KEYS_SWEEP_AT {
+            // Keys unused for a while: their windows are long over.
+            map.retain(|_, (start, _)| *start >= window.start - 60);
+        }
+        let entry = match map.get_mut(key_id) {
+            Some(e) => e,
+            None => map.entry(key_id.to_owned()).or_insert((window.start, 0)),
+        };
+        if window.start > entry.0 {
             *entry = (window.start, 0);
         }
         (entry.1 < limit).then(|| {
@@ -584,6 +597,12 @@ mod tests {
         let next = at("2026-11-22T01:00:01.000Z");
         let q = limits.take(&*store, "ak_1", Mode::Sandbox, next).await;
         assert_eq!((q.limited(), q.remaining), (false, 4));
+        // A slow request of the second before counts in the current one
+        // and does not start it over.
+        let late = limits.take(&*store, "ak_1", Mode::Sandbox, t).await;
+        assert_eq!((late.limited(), late.remaining), (false, 3));
+        let q = limits.take(&*store, "ak_1", Mode::Sandbox, next).await;
+        assert_eq!((q.limited(), q.remaining), (false, 2));
         // Nothing was written to the store.
         let w = Window::of(t).counter_key("ak_1");
         assert!(matches!(store.get(&w).await, Ok(None)));

@@ -89,7 +89,8 @@ impl FaultyStore {
                 if entry.1 == 0 && fired.is_none() {
                     fired = Some(entry.2.clone());
                     entry.1 = usize::MAX; // spent
-                } else if entry.1 != usize::MAX {
+                } else if entry.1 != usize::MAX && entry.1 > 0 {
+                    // (One due while another fired waits for the next call.)
                     entry.1 -= 1;
                 }
             }
