@@ -89,6 +89,24 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// Tests: a state on a fresh in-memory embedded store, its clock a
+    /// [`crate::time::ManualClock`] at the current time, the public base URL
+    /// `http://127.0.0.1:8080`. Panics if the store cannot be made.
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn for_tests() -> Self {
+        let store = match EmbeddedStore::in_memory() {
+            Ok(s) => s,
+            Err(e) => panic!("in-memory store: {e}"),
+        };
+        AppState::new(
+            Arc::new(store),
+            Arc::new(crate::time::ManualClock::new(SystemClock.now())),
+            Config {
+                public_base_url: "http://127.0.0.1:8080".into(),
+            },
+        )
+    }
+
     /// A state on `store` with an in-process queue and in-memory blobs
     /// (tests); replace them with [`AppState::with_queue`] and
     /// [`AppState::with_blobs`].

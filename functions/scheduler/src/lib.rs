@@ -97,33 +97,22 @@ fn report(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use serde_json::json;
-    use shared::Config;
+
     use shared::domain::Mode;
     use shared::domain::credentials::{CredentialsKey, CredentialsKeys};
     use shared::domain::outbox::{self, EventType};
     use shared::domain::webhooks::{self, CreateEndpoint, WebhookSettings};
     use shared::providers::{ProviderConfig, ProviderHub, SandboxAccounts};
     use shared::queue::QueueName;
-    use shared::store::embedded::EmbeddedStore;
-    use shared::time::{Clock, ManualClock, SystemClock, Timestamp};
+
+    use shared::time::Timestamp;
 
     use super::*;
 
     fn state() -> AppState {
-        let store = match EmbeddedStore::in_memory() {
-            Ok(s) => s,
-            Err(e) => panic!("in-memory store: {e}"),
-        };
-        AppState::new(
-            Arc::new(store),
-            Arc::new(ManualClock::new(SystemClock.now())),
-            Config {
-                public_base_url: "http://127.0.0.1:8080".into(),
-            },
-        )
+        AppState::for_tests()
     }
 
     /// A state that can seal signing secrets and accepts local receivers.

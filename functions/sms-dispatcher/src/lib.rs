@@ -42,28 +42,15 @@ pub async fn handle(state: &AppState, client: &SmsClient, event: SqsEvent) -> Sq
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use serde_json::{Value, json};
-    use shared::Config;
+
     use shared::providers::sms::SmsConfig;
-    use shared::store::embedded::EmbeddedStore;
-    use shared::time::{Clock, ManualClock, SystemClock};
 
     use super::*;
 
     fn state() -> AppState {
-        let store = match EmbeddedStore::in_memory() {
-            Ok(s) => s,
-            Err(e) => panic!("in-memory store: {e}"),
-        };
-        AppState::new(
-            Arc::new(store),
-            Arc::new(ManualClock::new(SystemClock.now())),
-            Config {
-                public_base_url: "http://127.0.0.1:8080".into(),
-            },
-        )
+        AppState::for_tests()
     }
 
     fn client() -> SmsClient {
