@@ -940,7 +940,16 @@ pub async fn notify(
         Some(record),
         fence.map(|f| f.op(&reminder.id)),
     )
-    .await?;
+    .await;
+    let taken = match (taken, fence) {
+        // The recipient's window is full, perhaps with this request's own
+        // first run (its answer lost): that run's reminder answers.
+        (Err(e @ SmsError::RateLimited { .. }), Some(f)) => match f.resource_id(store).await? {
+            Some(_) => Taken::AlreadyStored,
+            None => return Err(e),
+        },
+        (taken, _) => taken?,
+    };
     match taken {
         Taken::All => {}
         Taken::QuotaExhausted => {
@@ -2578,5 +2587,33 @@ mod tests {
             matches!(&out, Ok(Some(i)) if !i.contains_key("gsi2pk")),
             "{out:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_retry_whose_first_run_took_the_last_place_answers_as_the_first() {
+        use crate::http::idempotency::Fence;
+        let (state, who, clock) = state_with_tenant(Plan::Growth, Mode::Sandbox).await;
+        session(&state, &who, "9841000001").await;
+        let limits = Limits {
+            per_recipient_per_day: 1,
+            per_merchant_per_hour: 100,
+        };
+        let ttl = clock.now().unix_seconds() + 86_400;
+        let fence = Fence::new(Key::new("IDEMFENCE#p#sandbox#k1", "FENCE"), ttl);
+        let base = "https://pay.example";
+        let r = notify(&state, &who, req(), base, limits, Some(&fence)).await;
+        assert!(matches!(&r, Ok(o) if o.status == "logged"), "{r:?}");
+        // Its answer was lost; the retry finds the window full (with its
+        // own first run) and answers as the first run did.
+        let r = notify(&state, &who, req(), base, limits, Some(&fence)).await;
+        assert!(matches!(&r, Ok(o) if o.status == "logged"), "{r:?}");
+        let Ok(list) = list_recent(&*state.store, who.project_id(), Mode::Sandbox, 10).await else {
+            panic!("list")
+        };
+        assert_eq!(list.len(), 1, "one reminder");
+        // Another request (another key) is refused.
+        let other = Fence::new(Key::new("IDEMFENCE#p#sandbox#k2", "FENCE"), ttl);
+        let r = notify(&state, &who, req(), base, limits, Some(&other)).await;
+        assert!(matches!(r, Err(SmsError::RateLimited { .. })), "{r:?}");
     }
 }
