@@ -97,16 +97,13 @@ fn report(
 
 #[cfg(test)]
 mod tests {
-
     use serde_json::json;
-
     use shared::domain::Mode;
     use shared::domain::credentials::{CredentialsKey, CredentialsKeys};
     use shared::domain::outbox::{self, EventType};
     use shared::domain::webhooks::{self, CreateEndpoint, WebhookSettings};
     use shared::providers::{ProviderConfig, ProviderHub, SandboxAccounts};
     use shared::queue::QueueName;
-
     use shared::time::Timestamp;
 
     use super::*;

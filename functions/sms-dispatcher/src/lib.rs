@@ -42,9 +42,7 @@ pub async fn handle(state: &AppState, client: &SmsClient, event: SqsEvent) -> Sq
 
 #[cfg(test)]
 mod tests {
-
     use serde_json::{Value, json};
-
     use shared::providers::sms::SmsConfig;
 
     use super::*;

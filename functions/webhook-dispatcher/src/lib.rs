@@ -85,11 +85,9 @@ pub async fn handle(state: &AppState, client: &WebhookClient, event: SqsEvent) -
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use serde_json::{Value, json};
-
     use shared::domain::webhooks::{DeliveryMessage, WebhookSettings};
+    use std::sync::Arc;
 
     use super::*;
 

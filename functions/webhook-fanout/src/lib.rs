@@ -92,12 +92,10 @@ pub async fn handle(state: &AppState, event: Event) -> DynamoDbEventResponse {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use serde_json::{Value, json};
-
     use shared::domain::Mode;
     use shared::domain::outbox::{self, EventType};
+    use std::sync::Arc;
 
     use super::*;
 
