@@ -583,6 +583,10 @@ impl Driver {
             .arg(format!("--port={port}"))
             .arg(format!("--log-path={}", log.display()))
             .arg("--allowed-ips=127.0.0.1")
+            // Chromium's temporary profile and scoped dirs go under the
+            // test's own temp dir, removed when the driver is dropped
+            // (Chromium is killed, so it cannot remove them itself).
+            .env("TMPDIR", dir.path())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
