@@ -2179,6 +2179,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_reminder_ending_after_its_month_counter_expired_still_ends_and_makes_no_counter() {
+        let (state, who, _) = state_with_tenant(Plan::Growth, Mode::Live).await;
+        let (client, sent) = provider(Some(400)).await;
+        let r = queued_reminder(&state, &who).await;
+        // The month's counter is gone (its TTL ran out) before the end.
+        let counter = quota_counter(&who.merchant.id, r.created_at);
+        if let Err(e) = state.store.delete(&counter, None).await {
+            panic!("{e}")
+        }
+        let d = dispatch(&state, &client, &r.id, LEASE).await;
+        assert!(matches!(d, Ok(DispatchOutcome::Failed)), "{d:?}");
+        assert_eq!(calls(&sent), 1);
+        assert_eq!(status_of(&state, &r.id).await.status, SmsStatus::Failed);
+        // Nothing to give back to: no counter made, certainly not at -1.
+        assert!(matches!(state.store.get(&counter).await, Ok(None)));
+    }
+
+    #[tokio::test]
     async fn a_reminder_for_a_session_paid_meanwhile_is_cancelled_unsent() {
         let (state, who, clock) = state_with_tenant(Plan::Growth, Mode::Live).await;
         let (client, sent) = provider(Some(200)).await;
