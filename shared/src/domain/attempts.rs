@@ -703,8 +703,12 @@ pub async fn on_return(
     Ok((session, payment))
 }
 
-/// Holds an open payment as `processing` for a person to look at; the
-/// reconciler then leaves it alone.
+/// The payment attribute of a hold for review ([`super::payments::Checks::review`]).
+const REVIEW: &str = "review";
+
+/// Holds an open (or cancelled) payment as `processing` for a person to
+/// look at; the reconciler, and every settlement planned from an older
+/// copy, then leave it alone.
 async fn hold_for_review(
     store: &dyn Store,
     payment: &Payment,
@@ -713,9 +717,14 @@ async fn hold_for_review(
 ) -> Result<Payment, StoreError> {
     let update = Update::new()
         .set("status", "processing")
-        .set("review", reason)
+        .set(REVIEW, reason)
         .set("updated_at", now.to_rfc3339());
-    let cond = status_in(&[PaymentStatus::Pending, PaymentStatus::Processing]);
+    // A cancelled payment too: its day of rechecks must not settle it.
+    let cond = status_in(&[
+        PaymentStatus::Pending,
+        PaymentStatus::Processing,
+        PaymentStatus::Cancelled,
+    ]);
     match store
         .update(&Payment::key(&payment.id), update, Some(cond))
         .await
@@ -975,6 +984,14 @@ fn plan(
     let mut ops = Vec::new();
     // The day counters of the transitions below, added to `ops` last.
     let mut tally = Tally::new();
+    if p.checks.review.is_some() {
+        // `p` is the fresh copy; the decision may have been made from an
+        // older one (a sweep's or a poll's) read before a signed return
+        // held the payment: it waits for a person, whatever the provider
+        // now says.
+        tracing::warn!(payment = %p.id, "payment held for review: provider answer not applied");
+        return Ok(None);
+    }
     match decision {
         Decision::Hold(_) => return Ok(None),
         Decision::Processing => {
@@ -1085,10 +1102,15 @@ fn plan(
                 TxOp::Update {
                     key,
                     update,
-                    cond: Some(status_in(&[
-                        PaymentStatus::Pending,
-                        PaymentStatus::Processing,
-                        PaymentStatus::Cancelled,
+                    // Never over a hold for review that landed after the
+                    // copy this plan was made from was read.
+                    cond: Some(Cond::And(vec![
+                        status_in(&[
+                            PaymentStatus::Pending,
+                            PaymentStatus::Processing,
+                            PaymentStatus::Cancelled,
+                        ]),
+                        Cond::AttrNotExists(REVIEW.into()),
                     ])),
                 },
             );
@@ -1854,6 +1876,84 @@ mod tests {
                 .await
                 .unwrap()
                 .is_empty()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_payment_held_for_review_is_never_settled_from_an_older_copy() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (_, p) = attempt(&st, Provider::Esewa, now).await;
+        // A sweep read `p`, then a signed return said another amount was
+        // paid and held it; the sweep's provider check then says paid.
+        let held = hold_for_review(&*st.store, &p, "paid 400 of 500", now)
+            .await
+            .unwrap();
+        assert_eq!(held.status, PaymentStatus::Processing);
+        let stale = decide_for(&p, &paid(100_000), None, false, now);
+        assert!(matches!(stale, Decision::Success { .. }), "{stale:?}");
+        let after = apply(&st, &p, stale, now).await.unwrap();
+        assert_eq!(after.status, PaymentStatus::Processing);
+        assert_eq!(after.checks.review.as_deref(), Some("paid 400 of 500"));
+        // Nor a failure or a cancel: it waits for a person.
+        for d in [
+            Decision::Failed("x".into()),
+            Decision::Cancelled("x".into()),
+        ] {
+            let after = apply(&st, &p, d, now).await.unwrap();
+            assert_eq!(after.status, PaymentStatus::Processing);
+        }
+        assert!(events(&st).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_success_write_itself_refuses_a_payment_held_for_review() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (s, p) = attempt(&st, Provider::Esewa, now).await;
+        // The plan made from the copy read before the hold landed.
+        let ops = plan(
+            &p,
+            Some(&s),
+            None,
+            &Decision::Success { provider_ref: None },
+            now,
+        )
+        .unwrap()
+        .unwrap();
+        hold_for_review(&*st.store, &p, "paid 400 of 500", now)
+            .await
+            .unwrap();
+        assert!(st.store.transact(ops).await.is_err());
+        let (_, after) = load(&st, &p).await;
+        assert_eq!(after.status, PaymentStatus::Processing);
+        assert!(events(&st).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_payment_paid_another_amount_is_held_not_settled_later() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (_, p) = attempt(&st, Provider::Esewa, now).await;
+        let c = apply(&st, &p, Decision::Cancelled("left".into()), now)
+            .await
+            .unwrap();
+        assert_eq!(c.status, PaymentStatus::Cancelled);
+        let held = hold_for_review(&*st.store, &c, "paid 400 of 500", now)
+            .await
+            .unwrap();
+        assert_eq!(held.status, PaymentStatus::Processing);
+        assert_eq!(held.checks.review.as_deref(), Some("paid 400 of 500"));
+        // The day's recheck of the cancelled payment then says paid.
+        let later = now.plus(chrono::Duration::hours(1));
+        let d = decide_for(&c, &paid(100_000), None, true, later);
+        let after = apply(&st, &c, d, later).await.unwrap();
+        assert_eq!(after.status, PaymentStatus::Processing);
+        assert!(
+            !events(&st)
+                .await
+                .iter()
+                .any(|(t, _)| *t == EventType::PaymentSucceeded)
         );
     }
 
