@@ -222,7 +222,7 @@ pub async fn undelivered(
             let key = Key::of(&item);
             match from_item::<Event>(item) {
                 Ok(e) => out.push(e),
-                Err(e) => quarantine(store, key, &e, now).await,
+                Err(e) => pass_over_unreadable(store, key, "outbox event", &e, now).await,
             }
         }
     }
@@ -230,26 +230,35 @@ pub async fn undelivered(
     Ok(out)
 }
 
-/// Takes an unreadable outbox item out of the outbox index. Failing to is
-/// logged, not returned: the readable events are answered all the same
-/// (and the next pass tries again).
-/// How old an unreadable outbox item must be before it is taken out of
-/// the index (longer than a rolling deploy).
+/// How old an unreadable item of a sweep's index must be before it is
+/// taken out of the index (longer than a rolling deploy).
 pub const QUARANTINE_AFTER: chrono::Duration = chrono::Duration::hours(1);
 
-async fn quarantine(store: &dyn Store, key: Option<Key>, error: &StoreError, now: Timestamp) {
+/// An item of a sweep's index (`what`: "outbox event", "SMS reminder",
+/// "webhook delivery") that does not read as its record: passed over, so
+/// one bad record cannot stall the sweep, and once it is
+/// [`QUARANTINE_AFTER`] old (its age is the id's in its `pk`; not one that
+/// newer code wrote during a rolling deploy) taken out of the index. The
+/// record itself stays in the table for support. Failing to take it out
+/// is logged, not returned: the next pass tries again.
+pub(crate) async fn pass_over_unreadable(
+    store: &dyn Store,
+    key: Option<Key>,
+    what: &str,
+    error: &StoreError,
+    now: Timestamp,
+) {
     let Some(key) = key else {
-        tracing::error!(error = %error, "unreadable outbox item without a key passed over");
+        tracing::error!(error = %error, "unreadable {what} without a key passed over");
         return;
     };
-    let id = key.pk.strip_prefix("EVT#").unwrap_or(&key.pk);
-    let young = crate::ids::minted_at_ms(id)
+    let young = crate::ids::minted_at_ms(&key.pk)
         .is_some_and(|ms| ms > now.plus(-QUARANTINE_AFTER).unix_millis());
     if young {
-        tracing::error!(pk = %key.pk, error = %error, "unreadable outbox item passed over (newer code may read it)");
+        tracing::error!(pk = %key.pk, error = %error, "unreadable {what} passed over (newer code may read it)");
         return;
     }
-    tracing::error!(pk = %key.pk, error = %error, "unreadable outbox item quarantined");
+    tracing::error!(pk = %key.pk, error = %error, "unreadable {what} taken out of its index");
     let update = Update::new()
         .remove(Index::Gsi2.pk_attr())
         .remove(Index::Gsi2.sk_attr());
@@ -258,7 +267,7 @@ async fn quarantine(store: &dyn Store, key: Option<Key>, error: &StoreError, now
         // Gone already: nothing left to take out.
         Err(e) if e.is_condition_failure() => {}
         Err(e) => {
-            tracing::error!(pk = %key.pk, error = %e, "unreadable outbox item not quarantined");
+            tracing::error!(pk = %key.pk, error = %e, "unreadable {what} not taken out of its index");
         }
     }
 }

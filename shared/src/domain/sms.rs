@@ -750,31 +750,14 @@ pub async fn requeue_stuck(
             let r: SmsReminder = match from_item(item) {
                 Ok(r) => r,
                 Err(e) => {
-                    // One bad record must not stop the sweep: passed over,
-                    // and once it is an hour old (not one newer code wrote
-                    // during a rolling deploy) taken out of the index; it
-                    // stays in the table for support.
-                    let minted = item_key.as_ref().and_then(|k| {
-                        crate::ids::minted_at_ms(k.pk.strip_prefix("SMS#").unwrap_or(&k.pk))
-                    });
-                    let young = minted.is_some_and(|ms| {
-                        ms > now
-                            .plus(-crate::domain::outbox::QUARANTINE_AFTER)
-                            .unix_millis()
-                    });
-                    if young {
-                        tracing::error!(key = ?item_key, error = %e, "unreadable SMS reminder passed over");
-                        continue;
-                    }
-                    tracing::error!(key = ?item_key, error = %e, "unreadable SMS reminder taken out of the backstop index");
-                    if let Some(k) = item_key {
-                        let out = Update::new()
-                            .remove(Index::Gsi2.pk_attr())
-                            .remove(Index::Gsi2.sk_attr());
-                        if let Err(e) = store.update(&k, out, Some(Cond::Exists)).await {
-                            tracing::warn!(error = %e, "could not take an unreadable SMS reminder out of the index");
-                        }
-                    }
+                    crate::domain::outbox::pass_over_unreadable(
+                        store,
+                        item_key,
+                        "SMS reminder",
+                        &e,
+                        now,
+                    )
+                    .await;
                     continue;
                 }
             };

@@ -1350,7 +1350,23 @@ pub async fn requeue_overdue(
             .sk(SkCond::Lt(before.clone()))
             .limit(limit);
         for item in state.store.query(&query).await?.items {
-            let d: Delivery = from_item(item)?;
+            let item_key = Key::of(&item);
+            let d: Delivery = match from_item(item) {
+                Ok(d) => d,
+                Err(e) => {
+                    // One bad record must not keep the others from being
+                    // queued again.
+                    outbox::pass_over_unreadable(
+                        &*state.store,
+                        item_key,
+                        "webhook delivery",
+                        &e,
+                        now,
+                    )
+                    .await;
+                    continue;
+                }
+            };
             if d.status.is_final() || d.lease_until_ms.is_some_and(|t| t > now.unix_millis()) {
                 continue;
             }
@@ -1975,6 +1991,75 @@ mod tests {
                 requeue_overdue(&f.state, f.clock.now(), 10).await.unwrap(),
                 0
             );
+        }
+
+        #[tokio::test]
+        async fn an_unreadable_delivery_does_not_keep_the_sweep_from_the_others() {
+            use crate::queue::Queue;
+            let f = fixture().await;
+            fan_out(&f.state, &f.event).await.unwrap();
+            // Its message is lost; a broken delivery of an old event sorts
+            // before it in the same open shard.
+            let got = f
+                .queue
+                .receive(
+                    QueueName::Webhooks,
+                    10,
+                    Duration::ZERO,
+                    Duration::from_secs(60),
+                )
+                .await
+                .unwrap();
+            for m in got {
+                f.queue
+                    .delete(QueueName::Webhooks, &m.receipt)
+                    .await
+                    .unwrap();
+            }
+            let Some(good) = f
+                .state
+                .store
+                .get(&Delivery::key(&f.event.id, &f.endpoint.id))
+                .await
+                .unwrap()
+            else {
+                panic!("no delivery")
+            };
+            let shard = good.get(Index::Gsi2.pk_attr()).cloned();
+            let three_hours_ago = f.clock.now().plus(chrono::Duration::hours(-3));
+            let old_event = format!(
+                "{}{}",
+                IdKind::Event.prefix(),
+                ulid::Ulid::from_parts(three_hours_ago.unix_millis() as u64, 1)
+                    .to_string()
+                    .to_ascii_lowercase()
+            );
+            let broken = json!({
+                "pk": format!("EVT#{old_event}"),
+                "sk": "WHD#we_broken",
+                "status": "no-such-status",
+                Index::Gsi2.pk_attr(): shard,
+                Index::Gsi2.sk_attr(): "000000000000000#broken",
+            });
+            f.state
+                .store
+                .put(broken.as_object().cloned().unwrap(), None)
+                .await
+                .unwrap();
+            f.clock.advance(chrono::Duration::minutes(16));
+            assert_eq!(
+                requeue_overdue(&f.state, f.clock.now(), 10).await.unwrap(),
+                1
+            );
+            // Taken out of the index (it is hours old), kept in the table.
+            let kept = f
+                .state
+                .store
+                .get(&Key::new(format!("EVT#{old_event}"), "WHD#we_broken"))
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("the bad record is kept"));
+            assert!(!kept.contains_key(Index::Gsi2.pk_attr()));
         }
 
         #[tokio::test]
