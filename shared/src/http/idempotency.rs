@@ -30,7 +30,7 @@ use sha2::{Digest, Sha256};
 
 use super::auth::authenticate_request;
 use super::edge::current_request_id;
-use super::error::{ApiError, ErrorType};
+use super::error::{ApiError, Enveloped, ErrorType};
 use super::input::{MAX_BODY_BYTES, QueryParams};
 use crate::app::AppState;
 use crate::domain::record::{from_item, to_item};
@@ -70,6 +70,11 @@ struct Record {
     created_at: Timestamp,
     /// Epoch seconds after which the record is gone (DynamoDB TTL).
     ttl: i64,
+    /// The API key that made the request: another key of the project
+    /// (which may lack the route's scope) is never answered its replay.
+    /// Absent on records written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key_id: Option<String>,
 }
 
 fn record_key(project_id: &str, mode: &str, idem_key: &str) -> Key {
@@ -162,6 +167,7 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
         body: None,
         created_at: now,
         ttl: now.plus(RETENTION).unix_seconds(),
+        key_id: Some(auth.0.key.id.clone()),
     };
     let item = to_item(&claim, &key, &[])?;
     // Free to claim: no record, an expired one, or an abandoned claim of
@@ -187,6 +193,12 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
                     "idempotency_key_reused",
                     "This Idempotency-Key was used with a different request (method, path, query or body)",
                 )),
+                Some(r) if r.key_id.as_deref().is_some_and(|k| k != auth.0.key.id) => {
+                    Err(conflict(
+                        "idempotency_key_reused",
+                        "This Idempotency-Key was used by another API key of this project",
+                    ))
+                }
                 Some(r) if r.state == ClaimState::Completed => Ok(replay(&r)),
                 _ => Err(conflict(
                     "idempotency_conflict",
@@ -207,11 +219,19 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
         Cond::eq("owner", owner),
         Cond::eq("state", "in_progress"),
     ]);
-    if res.status().is_server_error() {
-        // Not stored: release the key so the retry runs.
+    let release = |owned: Cond| async {
         if let Err(e) = store.delete(&key, Some(owned)).await {
             tracing::warn!(error = %e, "could not release an idempotency claim");
         }
+    };
+    // Not stored, the key released so the retry runs: a 5xx, and a 4xx
+    // the router made before any handler ran (a 405, a bad path), which
+    // the edge puts in the error envelope on the way out (a stored copy
+    // would replay it without).
+    let unhandled_4xx =
+        res.status().is_client_error() && res.extensions().get::<Enveloped>().is_none();
+    if res.status().is_server_error() || unhandled_4xx {
+        release(owned).await;
         return Ok(res);
     }
     let (res_parts, res_body) = res.into_parts();
@@ -230,22 +250,23 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
             Some(redact) => redact.apply(&b),
             None => b,
         });
-    let complete = match stored_body {
-        Some(body) => Update::new()
-            .set("state", "completed")
-            .set("status", res_parts.status.as_u16())
-            .set("body", body)
-            .set(
-                "content_type",
-                content_type.unwrap_or_else(|| "application/json".into()),
-            ),
-        // Too large or binary to keep: forget the key rather than block it.
-        None => Update::new()
-            .set("state", "completed")
-            .set("status", res_parts.status.as_u16()),
-    };
-    if let Err(e) = store.update(&key, complete, Some(owned)).await {
-        tracing::error!(error = %e, "could not record an idempotent answer");
+    match stored_body {
+        Some(body) => {
+            let complete = Update::new()
+                .set("state", "completed")
+                .set("status", res_parts.status.as_u16())
+                .set("body", body)
+                .set(
+                    "content_type",
+                    content_type.unwrap_or_else(|| "application/json".into()),
+                );
+            if let Err(e) = store.update(&key, complete, Some(owned)).await {
+                tracing::error!(error = %e, "could not record an idempotent answer");
+            }
+        }
+        // Too large or binary to keep: forget the key rather than replay
+        // an empty body (a retry runs again; a create finds its fence).
+        None => release(owned).await,
     }
     Ok(Response::from_parts(res_parts, Body::from(res_bytes)))
 }
@@ -298,7 +319,7 @@ fn replay(r: &Record) -> Response {
         .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
     if status.is_client_error() {
         // A replayed error keeps its body; mark it so the edge leaves it be.
-        res.extensions_mut().insert(super::error::Enveloped);
+        res.extensions_mut().insert(Enveloped);
     }
     res
 }
@@ -342,12 +363,22 @@ impl Fence {
             if matches!(reasons.get(index), Some(TxReason::ConditionFailed)))
     }
 
-    /// The id of what the first run of this request created.
+    /// The id of what the first run of this request created; none when
+    /// the fence is past its retention (a key reused days later), as for
+    /// [`Fence::op`], even where the store has not deleted it yet.
     pub async fn resource_id(
         &self,
         store: &dyn crate::store::Store,
     ) -> Result<Option<String>, StoreError> {
+        let made_at = self.ttl - RETENTION.num_seconds();
         Ok(store.get(&self.key).await?.and_then(|item| {
+            let live = item
+                .get(TTL)
+                .and_then(|v| v.as_i64())
+                .is_some_and(|ttl| ttl >= made_at);
+            if !live {
+                return None;
+            }
             item.get("resource_id")
                 .and_then(|v| v.as_str())
                 .map(str::to_owned)
@@ -384,8 +415,14 @@ mod tests {
         // The same request again within the day: tripped.
         let again = store.transact(vec![first.op("oinv_a")]).await.unwrap_err();
         assert!(Fence::tripped(&again, 0), "{again:?}");
-        // A new request with the key two days later: the old fence is stale.
+        // A new request with the key two days later: the old fence is stale,
+        // and names nothing (a refused request must not answer as `oinv_a`).
         let later = Fence::new(key, 1_000_000 + 2 * day + 1);
+        assert_eq!(later.resource_id(&store).await.unwrap(), None);
+        assert_eq!(
+            first.resource_id(&store).await.unwrap().as_deref(),
+            Some("oinv_a")
+        );
         store.transact(vec![later.op("oinv_b")]).await.unwrap();
         assert_eq!(
             later.resource_id(&store).await.unwrap().as_deref(),
@@ -456,6 +493,18 @@ mod tests {
         store: Arc<dyn Store>,
         faulty: Arc<FaultyStore>,
         key: String,
+        /// Another key of the same project and mode (read-only).
+        other_key: String,
+    }
+
+    /// An answer too large to store for replay.
+    async fn big_answer() -> (StatusCode, Json<Value>) {
+        (
+            StatusCode::CREATED,
+            Json(
+                json!({"id": crate::ids::new_id(crate::ids::IdKind::Event), "pad": "x".repeat(MAX_STORED_BODY)}),
+            ),
+        )
     }
 
     async fn setup() -> Setup {
@@ -483,6 +532,17 @@ mod tests {
         let Ok((key, _)) = account::issue_api_key(&*inner, now, &p, new).await else {
             panic!()
         };
+        let read_only = NewKey {
+            mode: Mode::Sandbox,
+            kind: KeyKind::Restricted,
+            scopes: vec![Scope::PaymentsRead],
+            description: String::new(),
+            expires_at: None,
+            spend_cap_paisa: None,
+        };
+        let Ok((other_key, _)) = account::issue_api_key(&*inner, now, &p, read_only).await else {
+            panic!()
+        };
         let state = AppState::new(
             faulty.clone(),
             Arc::new(SystemClock),
@@ -493,6 +553,7 @@ mod tests {
         let app = with_edge(
             Router::new()
                 .route("/v1/widgets", post(create_widget))
+                .route("/v1/big", post(big_answer))
                 .layer(axum::middleware::from_fn_with_state(state.clone(), layer))
                 .with_state(state),
         );
@@ -501,6 +562,7 @@ mod tests {
             store: inner,
             faulty,
             key,
+            other_key,
         }
     }
 
@@ -512,8 +574,21 @@ mod tests {
     }
 
     async fn call(s: &Setup, idem: Option<&str>, body: &str) -> Answer {
-        let mut req = http::Request::post("/v1/widgets")
-            .header("authorization", format!("Bearer {}", s.key))
+        send(s, Method::POST, "/v1/widgets", &s.key, idem, body).await
+    }
+
+    async fn send(
+        s: &Setup,
+        method: Method,
+        path: &str,
+        key: &str,
+        idem: Option<&str>,
+        body: &str,
+    ) -> Answer {
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("authorization", format!("Bearer {key}"))
             .header("content-type", "application/json");
         if let Some(k) = idem {
             req = req.header(HEADER, k);
@@ -579,6 +654,59 @@ mod tests {
         assert_eq!(other.body["error"]["code"], "idempotency_key_reused");
         assert_eq!(other.body["error"]["request_id"], other.request_id.as_str());
         assert_eq!(widgets_created(&s).await, 1);
+    }
+
+    #[tokio::test]
+    async fn another_api_key_never_gets_the_first_keys_answer() {
+        let s = setup().await;
+        let first = call(&s, Some("k"), r#"{"name": "a"}"#).await;
+        assert_eq!(first.status, StatusCode::CREATED);
+        // Same project, mode, Idempotency-Key and request; a key that may
+        // not even read widgets.
+        let other = send(
+            &s,
+            Method::POST,
+            "/v1/widgets",
+            &s.other_key,
+            Some("k"),
+            r#"{"name": "a"}"#,
+        )
+        .await;
+        assert_eq!(other.status, StatusCode::CONFLICT);
+        assert!(!other.replayed);
+        assert_eq!(other.body["error"]["code"], "idempotency_key_reused");
+        assert!(other.body.get("id").is_none(), "{}", other.body);
+        assert_eq!(widgets_created(&s).await, 1);
+        // The first key still gets its replay.
+        assert!(call(&s, Some("k"), r#"{"name": "a"}"#).await.replayed);
+    }
+
+    #[tokio::test]
+    async fn a_router_refusal_is_not_stored_and_stays_in_the_envelope() {
+        let s = setup().await;
+        for _ in 0..2 {
+            // Only POST is routed: axum answers 405 before any handler.
+            let a = send(&s, Method::DELETE, "/v1/widgets", &s.key, Some("d"), "").await;
+            assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED);
+            assert!(!a.replayed);
+            assert!(a.body["error"]["type"].is_string(), "{}", a.body);
+            assert_eq!(a.body["error"]["request_id"], a.request_id.as_str());
+        }
+        // The key is free for the request it was meant for.
+        let ok = send(&s, Method::DELETE, "/v1/widgets", &s.key, Some("d"), "").await;
+        assert!(!ok.replayed);
+    }
+
+    #[tokio::test]
+    async fn an_answer_too_large_to_keep_is_never_replayed_empty() {
+        let s = setup().await;
+        let first = send(&s, Method::POST, "/v1/big", &s.key, Some("b"), "{}").await;
+        assert_eq!(first.status, StatusCode::CREATED);
+        assert!(first.body["id"].is_string());
+        let again = send(&s, Method::POST, "/v1/big", &s.key, Some("b"), "{}").await;
+        assert_eq!(again.status, StatusCode::CREATED);
+        assert!(!again.replayed, "not stored, so run again");
+        assert!(again.body["id"].is_string(), "never an empty body");
     }
 
     #[tokio::test]
@@ -703,6 +831,8 @@ mod tests {
             body: None,
             created_at: now,
             ttl: now.plus(RETENTION).unix_seconds(),
+            // Written before the key was kept: taken over all the same.
+            key_id: None,
         };
         let Ok(item) = to_item(&claim, &key, &[]) else {
             panic!()
@@ -742,6 +872,7 @@ mod tests {
             body: Some("{}".into()),
             created_at: now.plus(chrono::Duration::hours(-25)),
             ttl: now.plus(chrono::Duration::hours(-1)).unix_seconds(),
+            key_id: None,
         };
         let Ok(item) = to_item(&stale, &key, &[]) else {
             panic!()
