@@ -45,6 +45,11 @@ pub const MAX_NOTES_LEN: usize = 500;
 /// provider call (`DHUKUTI_PROVIDER_TIMEOUT_MS` is at most 120 s), so the
 /// sweep never judges a refund whose call is still in flight.
 pub const RESOLVE_AFTER: chrono::Duration = chrono::Duration::minutes(5);
+/// A refund Khalti's lookup shows as not applied is `failed` (its balance
+/// released for another refund) only once it is this old: a refund call
+/// that timed out or answered 5xx may still be applied a little later, and
+/// failing it early would let the merchant refund the customer twice.
+pub const NOT_APPLIED_AFTER: chrono::Duration = chrono::Duration::hours(1);
 /// An open refund Khalti cannot confirm within this goes to a person.
 pub const GIVE_UP_AFTER: chrono::Duration = chrono::Duration::hours(24);
 const OPEN_REFUNDS: &str = "OPENREF";
@@ -779,8 +784,9 @@ pub struct RefundSweep {
 /// Resolves refunds left `processing` (a Khalti timeout) by asking Khalti's
 /// lookup, never its refund API: fully refunded, or partly refunded with
 /// no other refund of the payment succeeded, is `succeeded`; not refunded
-/// at all is `failed` (the reservation is released); anything Khalti
-/// cannot settle within [`GIVE_UP_AFTER`] goes to `requires_action`.
+/// at all, still so [`NOT_APPLIED_AFTER`] after the refund, is `failed`
+/// (the reservation is released); anything Khalti cannot settle within
+/// [`GIVE_UP_AFTER`] goes to `requires_action`.
 pub async fn sweep(state: &AppState, now: Timestamp) -> Result<RefundSweep, StoreError> {
     let store = &*state.store;
     let mut report = RefundSweep::default();
@@ -834,6 +840,7 @@ async fn resolve_one(state: &AppState, id: &str, now: Timestamp) -> Result<bool,
         None => None,
     };
     let outcome = match outcome {
+        Some(Outcome::Failed(_)) if now < refund.created_at.plus(NOT_APPLIED_AFTER) => None,
         Some(o) => Some(o),
         None if now >= refund.created_at.plus(GIVE_UP_AFTER) => Some(Outcome::RequiresAction(
             "Khalti did not confirm this refund within a day: check the Khalti merchant dashboard"
@@ -923,7 +930,12 @@ pub fn decide(
                 unsure()
             }
         }
-        ProviderState::Refunded { partial: true } if others.count == 0 => {
+        // Alone, and not the whole payment (had a whole-payment refund
+        // been applied, Khalti would say fully refunded: this one was not,
+        // and another refund was made elsewhere).
+        ProviderState::Refunded { partial: true }
+            if others.count == 0 && refund.amount < payment_amount =>
+        {
             Some(Outcome::Succeeded(None))
         }
         ProviderState::Refunded { partial: true } => unsure(),
@@ -1241,6 +1253,14 @@ mod tests {
         ));
         assert_eq!(decide(&r, full, ProviderState::Pending, none), None);
         assert_eq!(decide(&r, full, ProviderState::Ambiguous, none), None);
+        // A whole-payment refund, alone, but Khalti says partly refunded:
+        // ours was not applied (someone refunded part elsewhere).
+        let mut whole_refund = refund();
+        whole_refund.amount = full;
+        assert!(matches!(
+            decide(&whole_refund, full, partial, none),
+            Some(Outcome::RequiresAction(_))
+        ));
     }
 
     #[tokio::test]
