@@ -715,10 +715,16 @@ async fn hold_for_review(
     reason: &str,
     now: Timestamp,
 ) -> Result<Payment, StoreError> {
-    let update = Update::new()
-        .set("status", "processing")
-        .set(REVIEW, reason)
-        .set("updated_at", now.to_rfc3339());
+    // Out of the reconciler's index (nothing it learns changes a held
+    // payment, and held ones must not crowd its pages); the error log
+    // above is what calls a person.
+    let update = close_payment(
+        Update::new()
+            .set("status", "processing")
+            .set(REVIEW, reason)
+            .set("updated_at", now.to_rfc3339())
+            .remove("recheck_until"),
+    );
     // A cancelled payment too: its day of rechecks must not settle it.
     let cond = status_in(&[
         PaymentStatus::Pending,
@@ -963,6 +969,12 @@ fn event_op(kind: EventType, payment: &Payment, now: Timestamp) -> Result<TxOp, 
     Event::new(kind, &payment.project_id, payment.mode, view, now).put_op()
 }
 
+/// `cond`, and no hold for review: a settlement never lands over a hold
+/// that came after the copy it was planned from was read.
+fn not_held(cond: Cond) -> Cond {
+    Cond::And(vec![cond, Cond::AttrNotExists(REVIEW.into())])
+}
+
 fn close_payment(update: Update) -> Update {
     update
         .remove(Index::Gsi2.pk_attr())
@@ -1102,16 +1114,11 @@ fn plan(
                 TxOp::Update {
                     key,
                     update,
-                    // Never over a hold for review that landed after the
-                    // copy this plan was made from was read.
-                    cond: Some(Cond::And(vec![
-                        status_in(&[
-                            PaymentStatus::Pending,
-                            PaymentStatus::Processing,
-                            PaymentStatus::Cancelled,
-                        ]),
-                        Cond::AttrNotExists(REVIEW.into()),
-                    ])),
+                    cond: Some(not_held(status_in(&[
+                        PaymentStatus::Pending,
+                        PaymentStatus::Processing,
+                        PaymentStatus::Cancelled,
+                    ]))),
                 },
             );
             if p.provider == Provider::Fonepay && p.mode == Mode::Sandbox {
@@ -1159,10 +1166,10 @@ fn plan(
             ops.push(TxOp::Update {
                 key,
                 update,
-                cond: Some(status_in(&[
+                cond: Some(not_held(status_in(&[
                     PaymentStatus::Pending,
                     PaymentStatus::Processing,
-                ])),
+                ]))),
             });
             if let Some(s) = session.filter(|s| ours(s) && s.status == SessionStatus::Initiated) {
                 let back_to_picker = !ends_session && s.expires_at > now;
@@ -1890,6 +1897,13 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(held.status, PaymentStatus::Processing);
+        let soon = now.plus(chrono::Duration::minutes(5));
+        assert!(
+            open_payments(&*st.store, soon, soon)
+                .await
+                .unwrap()
+                .is_empty()
+        );
         let stale = decide_for(&p, &paid(100_000), None, false, now);
         assert!(matches!(stale, Decision::Success { .. }), "{stale:?}");
         let after = apply(&st, &p, stale, now).await.unwrap();
@@ -1907,27 +1921,26 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_success_write_itself_refuses_a_payment_held_for_review() {
+    async fn the_settling_write_itself_refuses_a_payment_held_for_review() {
         let now = at("2026-11-22T10:00:00Z");
-        let st = state(now);
-        let (s, p) = attempt(&st, Provider::Esewa, now).await;
-        // The plan made from the copy read before the hold landed.
-        let ops = plan(
-            &p,
-            Some(&s),
-            None,
-            &Decision::Success { provider_ref: None },
-            now,
-        )
-        .unwrap()
-        .unwrap();
-        hold_for_review(&*st.store, &p, "paid 400 of 500", now)
-            .await
-            .unwrap();
-        assert!(st.store.transact(ops).await.is_err());
-        let (_, after) = load(&st, &p).await;
-        assert_eq!(after.status, PaymentStatus::Processing);
-        assert!(events(&st).await.is_empty());
+        for decision in [
+            Decision::Success { provider_ref: None },
+            Decision::Failed("declined".into()),
+            Decision::Cancelled("left".into()),
+            Decision::NotStarted("refused".into()),
+        ] {
+            let st = state(now);
+            let (s, p) = attempt(&st, Provider::Esewa, now).await;
+            // The plan made from the copy read before the hold landed.
+            let ops = plan(&p, Some(&s), None, &decision, now).unwrap().unwrap();
+            hold_for_review(&*st.store, &p, "paid 400 of 500", now)
+                .await
+                .unwrap();
+            assert!(st.store.transact(ops).await.is_err(), "{decision:?}");
+            let (_, after) = load(&st, &p).await;
+            assert_eq!(after.status, PaymentStatus::Processing, "{decision:?}");
+            assert!(events(&st).await.is_empty(), "{decision:?}");
+        }
     }
 
     #[tokio::test]
@@ -1944,6 +1957,17 @@ mod tests {
             .unwrap();
         assert_eq!(held.status, PaymentStatus::Processing);
         assert_eq!(held.checks.review.as_deref(), Some("paid 400 of 500"));
+        assert_eq!(held.checks.recheck_until, None);
+        // Out of the reconciler's index, also once the day is over.
+        let day = now
+            .plus(RECHECK_CANCELLED)
+            .plus(chrono::Duration::minutes(1));
+        assert!(
+            open_payments(&*st.store, day, day)
+                .await
+                .unwrap()
+                .is_empty()
+        );
         // The day's recheck of the cancelled payment then says paid.
         let later = now.plus(chrono::Duration::hours(1));
         let d = decide_for(&c, &paid(100_000), None, true, later);
