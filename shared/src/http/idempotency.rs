@@ -77,6 +77,9 @@ struct Record {
     key_id: Option<String>,
 }
 
+/// The record attribute of [`Record::key_id`].
+const KEY_ID: &str = "key_id";
+
 fn record_key(project_id: &str, mode: &str, idem_key: &str) -> Key {
     // Hashed: any printable key fits, and the store never sees it raw.
     let digest = hex::encode(Sha256::digest(idem_key.as_bytes()));
@@ -171,7 +174,7 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
     };
     let item = to_item(&claim, &key, &[])?;
     // Free to claim: no record, an expired one, or an abandoned claim of
-    // the same request.
+    // the same request by the same API key.
     let free = Cond::Or(vec![
         Cond::NotExists,
         Cond::lt(TTL, now.unix_seconds()),
@@ -179,6 +182,10 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
             Cond::eq("state", "in_progress"),
             Cond::eq("fingerprint", print.clone()),
             Cond::lt("locked_until", now.to_rfc3339()),
+            Cond::Or(vec![
+                Cond::AttrNotExists(KEY_ID.into()),
+                Cond::eq(KEY_ID, auth.0.key.id.clone()),
+            ]),
         ]),
     ]);
     match store.put(item, Some(free)).await {
@@ -199,6 +206,10 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
                         "This Idempotency-Key was used by another API key of this project",
                     ))
                 }
+                Some(r) if r.state == ClaimState::Completed && r.body.is_none() => Err(conflict(
+                    "idempotency_conflict",
+                    "The request with this Idempotency-Key was done, but its answer was too large to keep for a replay: read the result with a GET",
+                )),
                 Some(r) if r.state == ClaimState::Completed => Ok(replay(&r)),
                 _ => Err(conflict(
                     "idempotency_conflict",
@@ -264,9 +275,16 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
                 tracing::error!(error = %e, "could not record an idempotent answer");
             }
         }
-        // Too large or binary to keep: forget the key rather than replay
-        // an empty body (a retry runs again; a create finds its fence).
-        None => release(owned).await,
+        // Too large or binary to keep: marked done without it, so a retry
+        // neither runs the write again nor gets an empty answer.
+        None => {
+            let done = Update::new()
+                .set("state", "completed")
+                .set("status", res_parts.status.as_u16());
+            if let Err(e) = store.update(&key, done, Some(owned)).await {
+                tracing::error!(error = %e, "could not record an idempotent answer");
+            }
+        }
     }
     Ok(Response::from_parts(res_parts, Body::from(res_bytes)))
 }
@@ -497,14 +515,23 @@ mod tests {
         other_key: String,
     }
 
-    /// An answer too large to store for replay.
-    async fn big_answer() -> (StatusCode, Json<Value>) {
-        (
-            StatusCode::CREATED,
-            Json(
-                json!({"id": crate::ids::new_id(crate::ids::IdKind::Event), "pad": "x".repeat(MAX_STORED_BODY)}),
-            ),
-        )
+    /// An answer too large to store for replay (counted in `BIG`).
+    async fn big_answer(
+        State(state): State<AppState>,
+    ) -> Result<(StatusCode, Json<Value>), ApiError> {
+        state
+            .store
+            .update(&Key::new("BIG", "BIG"), Update::new().add("n", 1), None)
+            .await?;
+        let id = crate::ids::new_id(crate::ids::IdKind::Event);
+        let pad = "x".repeat(MAX_STORED_BODY);
+        Ok((StatusCode::CREATED, Json(json!({"id": id, "pad": pad}))))
+    }
+
+    async fn big_answers(s: &Setup) -> i64 {
+        let item = s.store.get(&Key::new("BIG", "BIG")).await.ok().flatten();
+        item.and_then(|i| i.get("n").and_then(Value::as_i64))
+            .unwrap_or(0)
     }
 
     async fn setup() -> Setup {
@@ -692,21 +719,74 @@ mod tests {
             assert!(a.body["error"]["type"].is_string(), "{}", a.body);
             assert_eq!(a.body["error"]["request_id"], a.request_id.as_str());
         }
-        // The key is free for the request it was meant for.
-        let ok = send(&s, Method::DELETE, "/v1/widgets", &s.key, Some("d"), "").await;
+        // Not kept: the key is free for the request it was meant for.
+        let ok = call(&s, Some("d"), r#"{"name": "a"}"#).await;
+        assert_eq!(ok.status, StatusCode::CREATED, "{}", ok.body);
         assert!(!ok.replayed);
     }
 
     #[tokio::test]
-    async fn an_answer_too_large_to_keep_is_never_replayed_empty() {
+    async fn an_answer_too_large_to_keep_is_neither_replayed_empty_nor_run_again() {
         let s = setup().await;
         let first = send(&s, Method::POST, "/v1/big", &s.key, Some("b"), "{}").await;
         assert_eq!(first.status, StatusCode::CREATED);
         assert!(first.body["id"].is_string());
+        assert_eq!(big_answers(&s).await, 1);
         let again = send(&s, Method::POST, "/v1/big", &s.key, Some("b"), "{}").await;
-        assert_eq!(again.status, StatusCode::CREATED);
-        assert!(!again.replayed, "not stored, so run again");
-        assert!(again.body["id"].is_string(), "never an empty body");
+        assert_eq!(again.status, StatusCode::CONFLICT);
+        assert_eq!(again.body["error"]["code"], "idempotency_conflict");
+        assert!(
+            again.body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("too large")),
+            "{}",
+            again.body
+        );
+        assert_eq!(big_answers(&s).await, 1, "not run again");
+    }
+
+    #[tokio::test]
+    async fn another_api_key_cannot_take_over_an_abandoned_claim() {
+        let s = setup().await;
+        let now = SystemClock.now();
+        let Ok(who) = account::authenticate(&*s.store, now, &s.key).await else {
+            panic!()
+        };
+        let body = r#"{"name": "z"}"#;
+        let key = record_key(who.project_id(), "sandbox", "crashed");
+        // The first key's process died mid-request; its lease is over.
+        let claim = Record {
+            state: ClaimState::InProgress,
+            fingerprint: fingerprint(&Method::POST, "/v1/widgets", None, body.as_bytes()),
+            owner: "a-process-that-died".into(),
+            locked_until: now.plus(chrono::Duration::seconds(-1)),
+            status: None,
+            content_type: None,
+            body: None,
+            created_at: now,
+            ttl: now.plus(RETENTION).unix_seconds(),
+            key_id: Some(who.key.id.clone()),
+        };
+        let Ok(item) = to_item(&claim, &key, &[]) else {
+            panic!()
+        };
+        assert!(s.store.put(item, None).await.is_ok());
+        let other = send(
+            &s,
+            Method::POST,
+            "/v1/widgets",
+            &s.other_key,
+            Some("crashed"),
+            body,
+        )
+        .await;
+        assert_eq!(other.status, StatusCode::CONFLICT);
+        assert_eq!(other.body["error"]["code"], "idempotency_key_reused");
+        assert_eq!(widgets_created(&s).await, 0);
+        // The first key takes it over.
+        let taken = call(&s, Some("crashed"), body).await;
+        assert_eq!(taken.status, StatusCode::CREATED, "{}", taken.body);
+        assert_eq!(widgets_created(&s).await, 1);
     }
 
     #[tokio::test]
