@@ -219,10 +219,10 @@ pub async fn undelivered(
             .on(Index::Gsi2)
             .limit(limit);
         for item in store.query(&query).await?.items {
-            let key = Key::of(&item);
+            let seen = Unreadable::of(&item);
             match from_item::<Event>(item) {
                 Ok(e) => out.push(e),
-                Err(e) => pass_over_unreadable(store, key, "outbox event", &e, now).await,
+                Err(e) => pass_over_unreadable(store, seen, "outbox event", &e, now).await,
             }
         }
     }
@@ -234,25 +234,51 @@ pub async fn undelivered(
 /// taken out of the index (longer than a rolling deploy).
 pub const QUARANTINE_AFTER: chrono::Duration = chrono::Duration::hours(1);
 
+/// An item of a sweep's index that did not read as its record, as the
+/// sweep saw it: its key, and when it was last written (the later of the
+/// id's mint time in its `pk` and its `updated_at`, when readable).
+pub(crate) struct Unreadable {
+    key: Option<Key>,
+    written_ms: Option<i64>,
+}
+
+impl Unreadable {
+    /// Taken from the item before it is read as its record.
+    pub(crate) fn of(item: &crate::store::Item) -> Unreadable {
+        let key = Key::of(item);
+        let minted = key.as_ref().and_then(|k| crate::ids::minted_at_ms(&k.pk));
+        let updated = item
+            .get("updated_at")
+            .and_then(Value::as_str)
+            .and_then(Timestamp::parse)
+            .map(|t| t.unix_millis());
+        Unreadable {
+            key,
+            written_ms: minted.max(updated),
+        }
+    }
+}
+
 /// An item of a sweep's index (`what`: "outbox event", "SMS reminder",
 /// "webhook delivery") that does not read as its record: passed over, so
-/// one bad record cannot stall the sweep, and once it is
-/// [`QUARANTINE_AFTER`] old (its age is the id's in its `pk`; not one that
-/// newer code wrote during a rolling deploy) taken out of the index. The
-/// record itself stays in the table for support. Failing to take it out
-/// is logged, not returned: the next pass tries again.
+/// one bad record cannot stall the sweep, and once it was last written
+/// [`QUARANTINE_AFTER`] ago (not by newer code during a rolling deploy)
+/// taken out of the index. The record itself stays in the table for
+/// support. Failing to take it out is logged, not returned: the next pass
+/// tries again.
 pub(crate) async fn pass_over_unreadable(
     store: &dyn Store,
-    key: Option<Key>,
+    seen: Unreadable,
     what: &str,
     error: &StoreError,
     now: Timestamp,
 ) {
-    let Some(key) = key else {
+    let Some(key) = seen.key else {
         tracing::error!(error = %error, "unreadable {what} without a key passed over");
         return;
     };
-    let young = crate::ids::minted_at_ms(&key.pk)
+    let young = seen
+        .written_ms
         .is_some_and(|ms| ms > now.plus(-QUARANTINE_AFTER).unix_millis());
     if young {
         tracing::error!(pk = %key.pk, error = %error, "unreadable {what} passed over (newer code may read it)");

@@ -746,13 +746,13 @@ pub async fn requeue_stuck(
             .sk(crate::store::SkCond::Lt(before.clone()))
             .limit(limit);
         for item in store.query(&query).await?.items {
-            let item_key = Key::of(&item);
+            let seen = crate::domain::outbox::Unreadable::of(&item);
             let r: SmsReminder = match from_item(item) {
                 Ok(r) => r,
                 Err(e) => {
                     crate::domain::outbox::pass_over_unreadable(
                         store,
-                        item_key,
+                        seen,
                         "SMS reminder",
                         &e,
                         now,

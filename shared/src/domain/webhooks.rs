@@ -1350,20 +1350,14 @@ pub async fn requeue_overdue(
             .sk(SkCond::Lt(before.clone()))
             .limit(limit);
         for item in state.store.query(&query).await?.items {
-            let item_key = Key::of(&item);
+            let seen = outbox::Unreadable::of(&item);
             let d: Delivery = match from_item(item) {
                 Ok(d) => d,
                 Err(e) => {
                     // One bad record must not keep the others from being
                     // queued again.
-                    outbox::pass_over_unreadable(
-                        &*state.store,
-                        item_key,
-                        "webhook delivery",
-                        &e,
-                        now,
-                    )
-                    .await;
+                    outbox::pass_over_unreadable(&*state.store, seen, "webhook delivery", &e, now)
+                        .await;
                     continue;
                 }
             };
@@ -2060,6 +2054,31 @@ mod tests {
                 .unwrap()
                 .unwrap_or_else(|| panic!("the bad record is kept"));
             assert!(!kept.contains_key(Index::Gsi2.pk_attr()));
+
+            // A delivery of the same old event that newer code wrote a
+            // moment ago (a rolling deploy): passed over, left in the index.
+            let fresh = json!({
+                "pk": format!("EVT#{old_event}"),
+                "sk": "WHD#we_newer",
+                "status": "a-status-of-newer-code",
+                "updated_at": f.clock.now(),
+                Index::Gsi2.pk_attr(): shard,
+                Index::Gsi2.sk_attr(): "000000000000000#newer",
+            });
+            f.state
+                .store
+                .put(fresh.as_object().cloned().unwrap(), None)
+                .await
+                .unwrap();
+            requeue_overdue(&f.state, f.clock.now(), 10).await.unwrap();
+            let left = f
+                .state
+                .store
+                .get(&Key::new(format!("EVT#{old_event}"), "WHD#we_newer"))
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("kept"));
+            assert!(left.contains_key(Index::Gsi2.pk_attr()));
         }
 
         #[tokio::test]
