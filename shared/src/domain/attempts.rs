@@ -703,6 +703,30 @@ pub async fn on_return(
     Ok((session, payment))
 }
 
+/// A hold for review: `processing` with its reason, out of the
+/// reconciler's index (nothing it learns changes a held payment, and held
+/// ones must not crowd its pages); the error log written with it is what
+/// calls a person.
+fn hold_update(reason: &str, now: Timestamp) -> Update {
+    close_payment(
+        Update::new()
+            .set("status", "processing")
+            .set(REVIEW, reason)
+            .set("updated_at", now.to_rfc3339())
+            .remove("recheck_until"),
+    )
+}
+
+/// Which payments a hold may land on: open ones, and cancelled ones (their
+/// day of rechecks must not settle them).
+fn holdable() -> Cond {
+    status_in(&[
+        PaymentStatus::Pending,
+        PaymentStatus::Processing,
+        PaymentStatus::Cancelled,
+    ])
+}
+
 /// The payment attribute of a hold for review ([`super::payments::Checks::review`]).
 const REVIEW: &str = "review";
 
@@ -715,24 +739,12 @@ async fn hold_for_review(
     reason: &str,
     now: Timestamp,
 ) -> Result<Payment, StoreError> {
-    // Out of the reconciler's index (nothing it learns changes a held
-    // payment, and held ones must not crowd its pages); the error log
-    // above is what calls a person.
-    let update = close_payment(
-        Update::new()
-            .set("status", "processing")
-            .set(REVIEW, reason)
-            .set("updated_at", now.to_rfc3339())
-            .remove("recheck_until"),
-    );
-    // A cancelled payment too: its day of rechecks must not settle it.
-    let cond = status_in(&[
-        PaymentStatus::Pending,
-        PaymentStatus::Processing,
-        PaymentStatus::Cancelled,
-    ]);
     match store
-        .update(&Payment::key(&payment.id), update, Some(cond))
+        .update(
+            &Payment::key(&payment.id),
+            hold_update(reason, now),
+            Some(holdable()),
+        )
         .await
     {
         Ok(item) => from_item(item),
@@ -758,6 +770,11 @@ pub enum Decision {
     Processing,
     /// Nothing to change (logged with the reason).
     Hold(String),
+    /// Money may have moved in a way the payment does not explain (paid
+    /// another amount, paid with no amount stated, refunded before it was
+    /// settled): held as `processing` for a person, never settled by the
+    /// reconciler again.
+    Review(String),
 }
 
 /// The rule (decisions, "Payments"): `success` only on a paid status whose
@@ -767,7 +784,7 @@ pub enum Decision {
 pub fn decide(payment: &Payment, status: &ProviderStatus, session_over: bool) -> Decision {
     match status.state {
         ProviderState::Paid => match status.amount {
-            Some(a) if a != payment.amount => Decision::Hold(format!(
+            Some(a) if a != payment.amount => Decision::Review(format!(
                 "provider says paid {} paisa, the payment is {}: needs review",
                 a.get(),
                 payment.amount.get()
@@ -776,7 +793,7 @@ pub fn decide(payment: &Payment, status: &ProviderStatus, session_over: bool) ->
             // proof. Fonepay's status has none: the amount is the one we
             // minted into the QR or signed into the web request.
             None if payment.provider != Provider::Fonepay => {
-                Decision::Hold("provider says paid but states no amount: needs review".into())
+                Decision::Review("provider says paid but states no amount: needs review".into())
             }
             _ => Decision::Success {
                 provider_ref: status.provider_ref.clone(),
@@ -794,7 +811,7 @@ pub fn decide(payment: &Payment, status: &ProviderStatus, session_over: bool) ->
             Decision::Cancelled("the customer did not pay before the session expired".into())
         }
         ProviderState::NotFound => Decision::Hold("the provider does not know it yet".into()),
-        ProviderState::Refunded { .. } => Decision::Hold(format!(
+        ProviderState::Refunded { .. } => Decision::Review(format!(
             "provider reports {} for an unsettled payment: needs review",
             status.raw_status
         )),
@@ -873,8 +890,14 @@ async fn check_and_apply(
     // Over: expired, or settled by another attempt, or gone.
     let over = session.as_ref().is_none_or(|s| s.status.is_final());
     let decision = decide_for(payment, &status, returned, over, now);
-    if let Decision::Hold(why) = &decision {
-        tracing::info!(payment = %payment.id, provider_status = %status.raw_status, reason = %why, "payment left as it is");
+    match &decision {
+        Decision::Hold(why) => {
+            tracing::info!(payment = %payment.id, provider_status = %status.raw_status, reason = %why, "payment left as it is");
+        }
+        Decision::Review(why) => {
+            tracing::error!(payment = %payment.id, provider = payment.provider.as_str(), provider_status = %status.raw_status, reason = %why, "payment needs review: held as processing");
+        }
+        _ => {}
     }
     Ok(apply(state, payment, decision, now).await?)
 }
@@ -1006,6 +1029,16 @@ fn plan(
     }
     match decision {
         Decision::Hold(_) => return Ok(None),
+        Decision::Review(reason) => {
+            if !(is_open(p.status) || p.status == PaymentStatus::Cancelled) {
+                return Ok(None);
+            }
+            ops.push(TxOp::Update {
+                key,
+                update: hold_update(reason, now),
+                cond: Some(not_held(holdable())),
+            });
+        }
         Decision::Processing => {
             if p.status != PaymentStatus::Pending {
                 return Ok(None);
@@ -1635,7 +1668,7 @@ mod tests {
         // Khalti, which always state it. A different amount is held too.
         let mut no_amount = paid(1);
         no_amount.amount = None;
-        assert!(matches!(decide(&p, &no_amount, false), Decision::Hold(_)));
+        assert!(matches!(decide(&p, &no_amount, false), Decision::Review(_)));
         let mut fonepay = p.clone();
         fonepay.provider = Provider::Fonepay;
         assert!(matches!(
@@ -1644,11 +1677,11 @@ mod tests {
         ));
         assert!(matches!(
             decide(&p, &paid(99_999), false),
-            Decision::Hold(_)
+            Decision::Review(_)
         ));
         assert!(matches!(
             decide(&p, &paid(100_001), false),
-            Decision::Hold(_)
+            Decision::Review(_)
         ));
         for (state, expected) in [
             (ProviderState::Pending, "processing"),
@@ -1656,7 +1689,7 @@ mod tests {
             (ProviderState::Failed, "failed"),
             (ProviderState::Cancelled, "cancelled"),
             (ProviderState::Expired, "cancelled"),
-            (ProviderState::Refunded { partial: false }, "hold"),
+            (ProviderState::Refunded { partial: false }, "review"),
         ] {
             let got = match decide(&p, &with_state(state, "X"), false) {
                 Decision::Processing => "processing",
@@ -1664,6 +1697,7 @@ mod tests {
                 Decision::NotStarted(_) => "not started",
                 Decision::Cancelled(_) => "cancelled",
                 Decision::Hold(_) => "hold",
+                Decision::Review(_) => "review",
                 Decision::Success { .. } => "success",
             };
             assert_eq!(got, expected, "{state:?}");
@@ -1918,6 +1952,53 @@ mod tests {
             assert_eq!(after.status, PaymentStatus::Processing);
         }
         assert!(events(&st).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_paid_answer_for_another_amount_holds_the_payment_for_good() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let (_, p) = attempt(&st, Provider::Esewa, now).await;
+        let d = decide_for(&p, &paid(99_999), None, false, now);
+        assert!(matches!(d, Decision::Review(_)), "{d:?}");
+        let held = apply(&st, &p, d, now).await.unwrap();
+        assert_eq!(held.status, PaymentStatus::Processing);
+        assert!(
+            held.checks
+                .review
+                .as_deref()
+                .is_some_and(|r| r.contains("99999")),
+            "{:?}",
+            held.checks.review
+        );
+        // Out of the reconciler's index; nothing later settles it, even
+        // the right amount or an expiry planned from the old copy.
+        let soon = now.plus(chrono::Duration::minutes(5));
+        assert!(
+            open_payments(&*st.store, soon, soon)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        for later in [
+            decide(&p, &paid(100_000), false),
+            Decision::Cancelled("the provider's payment window closed".into()),
+        ] {
+            let after = apply(&st, &p, later, soon).await.unwrap();
+            assert_eq!(after.status, PaymentStatus::Processing);
+        }
+        assert!(events(&st).await.is_empty());
+        // A settled payment is never held.
+        let (_, q) = attempt(&st, Provider::Khalti, now).await;
+        let ok = apply(&st, &q, decide(&q, &paid(100_000), false), now)
+            .await
+            .unwrap();
+        assert_eq!(ok.status, PaymentStatus::Success);
+        let after = apply(&st, &ok, Decision::Review("late".into()), soon)
+            .await
+            .unwrap();
+        assert_eq!(after.status, PaymentStatus::Success);
+        assert_eq!(after.checks.review, None);
     }
 
     #[tokio::test]
