@@ -234,12 +234,16 @@ pub async fn undelivered(
 /// taken out of the index (longer than a rolling deploy).
 pub const QUARANTINE_AFTER: chrono::Duration = chrono::Duration::hours(1);
 
+const UPDATED_AT: &str = "updated_at";
+
 /// An item of a sweep's index that did not read as its record, as the
 /// sweep saw it: its key, and when it was last written (the later of the
 /// id's mint time in its `pk` and its `updated_at`, when readable).
 pub(crate) struct Unreadable {
     key: Option<Key>,
     written_ms: Option<i64>,
+    /// `updated_at` as read: taken out of the index only if still so.
+    updated_at: Option<String>,
 }
 
 impl Unreadable {
@@ -247,14 +251,18 @@ impl Unreadable {
     pub(crate) fn of(item: &crate::store::Item) -> Unreadable {
         let key = Key::of(item);
         let minted = key.as_ref().and_then(|k| crate::ids::minted_at_ms(&k.pk));
-        let updated = item
-            .get("updated_at")
+        let updated_at = item
+            .get(UPDATED_AT)
             .and_then(Value::as_str)
+            .map(str::to_owned);
+        let updated = updated_at
+            .as_deref()
             .and_then(Timestamp::parse)
             .map(|t| t.unix_millis());
         Unreadable {
             key,
             written_ms: minted.max(updated),
+            updated_at,
         }
     }
 }
@@ -288,9 +296,15 @@ pub(crate) async fn pass_over_unreadable(
     let update = Update::new()
         .remove(Index::Gsi2.pk_attr())
         .remove(Index::Gsi2.sk_attr());
-    match store.update(&key, update, Some(Cond::Exists)).await {
+    // Not if it was written again since it was read (newer code, now).
+    let unchanged = match seen.updated_at {
+        Some(at) => Cond::eq(UPDATED_AT, at),
+        None => Cond::AttrNotExists(UPDATED_AT.into()),
+    };
+    let cond = Cond::And(vec![Cond::Exists, unchanged]);
+    match store.update(&key, update, Some(cond)).await {
         Ok(_) => {}
-        // Gone already: nothing left to take out.
+        // Gone already, or written again since it was read: left alone.
         Err(e) if e.is_condition_failure() => {}
         Err(e) => {
             tracing::error!(pk = %key.pk, error = %e, "unreadable {what} not taken out of its index");
