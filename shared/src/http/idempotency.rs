@@ -8,11 +8,15 @@
 //! - same key, same fingerprint, completed: the stored answer is replayed
 //!   with `Idempotent-Replayed: true`;
 //! - same key while the first is in flight: 409 `idempotency_conflict`;
-//! - same key, different method/path/query/body: 409 `idempotency_key_reused`;
-//! - a 5xx answer is not stored: the claim is released so a retry runs.
+//! - same key, different method/path/query/body, or another API key of the
+//!   project: 409 `idempotency_key_reused`;
+//! - a 5xx answer, or a 4xx the router made before any handler ran, is not
+//!   stored: the claim is released so a retry runs;
+//! - an answer too large (or not text) to store: the record is completed
+//!   without it, and a retry gets 409 `idempotency_conflict` saying so.
 //!
 //! A claim whose process died mid-request is taken over after its lease
-//! ([`LEASE`]) by the next retry.
+//! ([`LEASE`]) by the next retry from the same API key.
 //!
 //! The stored answer alone cannot cover one case: the business write
 //! committed but the answer was lost (a timeout after the write, a crash).
@@ -208,7 +212,7 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
                 }
                 Some(r) if r.state == ClaimState::Completed && r.body.is_none() => Err(conflict(
                     "idempotency_conflict",
-                    "The request with this Idempotency-Key was done, but its answer was too large to keep for a replay: read the result with a GET",
+                    "The request with this Idempotency-Key was done, but its answer was too large (or not text) to keep for a replay: read the result with a GET",
                 )),
                 Some(r) if r.state == ClaimState::Completed => Ok(replay(&r)),
                 _ => Err(conflict(
