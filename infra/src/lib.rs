@@ -335,17 +335,19 @@ pub async fn start_with_clock(
         accounts.khalti = SandboxAccounts::default().khalti;
     }
     let hub = ProviderHub::new(&sandbox, &live, Some(keys), accounts).map_err(|e| e.to_string())?;
+    let rate_limits = RateLimits::from_env()?;
+    // One process by construction: count in memory.
+    let rate_limits = if store.single_process() {
+        rate_limits.counted_in_process()
+    } else {
+        rate_limits
+    };
     let state = AppState::new(store.clone(), clock, config)
         .with_queue(queue)
         .with_blobs(blobs)
         .with_providers(hub)
         .with_webhooks(settings.webhooks.clone())
-        .with_rate_limits(if store.single_process() {
-            // One process by construction: count in memory.
-            RateLimits::from_env()?.counted_in_process()
-        } else {
-            RateLimits::from_env()?
-        });
+        .with_rate_limits(rate_limits);
     // A simulated "timeout" outlasts the client's own timeout.
     let mut sim_config = simulators::SimConfig::new(sim_base.clone());
     sim_config.timeout_delay = sandbox.timeout + Duration::from_secs(2);

@@ -999,9 +999,7 @@ fn not_held(cond: Cond) -> Cond {
 }
 
 fn close_payment(update: Update) -> Update {
-    update
-        .remove(Index::Gsi2.pk_attr())
-        .remove(Index::Gsi2.sk_attr())
+    update.unindex(Index::Gsi2)
 }
 
 /// The transaction that applies `decision` to `p` as stored now; `None`
@@ -1100,8 +1098,7 @@ fn plan(
                             .set("payment_id", p.id.clone())
                             .set("provider", p.provider.as_str())
                             .set("updated_at", stamp.clone())
-                            .remove(Index::Gsi2.pk_attr())
-                            .remove(Index::Gsi2.sk_attr()),
+                            .unindex(Index::Gsi2),
                         // As read: a session that moved meanwhile (expired,
                         // failed: its link use given back) is re-read.
                         cond: Some(Cond::eq("status", s.status.as_str())),
@@ -1210,8 +1207,7 @@ fn plan(
                     Update::new()
                         .set("status", "failed")
                         .set("updated_at", stamp.clone())
-                        .remove(Index::Gsi2.pk_attr())
-                        .remove(Index::Gsi2.sk_attr())
+                        .unindex(Index::Gsi2)
                 } else if back_to_picker {
                     Update::new()
                         .set("status", "pending")
@@ -1392,10 +1388,7 @@ pub async fn open_payments(
 /// Takes a cancelled payment out of the reconciler's index once its
 /// re-check window passed.
 async fn retire(store: &dyn Store, p: &Payment) -> Result<(), StoreError> {
-    let update = Update::new()
-        .remove("recheck_until")
-        .remove(Index::Gsi2.pk_attr())
-        .remove(Index::Gsi2.sk_attr());
+    let update = Update::new().remove("recheck_until").unindex(Index::Gsi2);
     match store
         .update(
             &Payment::key(&p.id),

@@ -907,8 +907,7 @@ async fn mark_expired(
     let update = Update::new()
         .set("status", SessionStatus::Expired.as_str())
         .set("updated_at", now.to_rfc3339())
-        .remove(Index::Gsi2.pk_attr())
-        .remove(Index::Gsi2.sk_attr());
+        .unindex(Index::Gsi2);
     // Whether it holds a link's use: from the caller's read when it has
     // one (the link and the flag never change on a session).
     let current: Option<CheckoutSession> = match known {

@@ -1164,8 +1164,7 @@ fn close_checkout_op(s: &CheckoutSession, now: Timestamp) -> TxOp {
             update: Update::new()
                 .set("status", "expired")
                 .set("updated_at", json!(now))
-                .remove(Index::Gsi2.pk_attr())
-                .remove(Index::Gsi2.sk_attr()),
+                .unindex(Index::Gsi2),
             cond: Some(Cond::And(vec![
                 Cond::eq("status", "pending"),
                 attempt_as_read,

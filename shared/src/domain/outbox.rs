@@ -189,10 +189,7 @@ pub async fn get(store: &dyn Store, id: &str) -> Result<Option<Event>, StoreErro
 
 /// Takes event `id` out of the outbox (its deliveries exist).
 pub async fn mark_dispatched(store: &dyn Store, id: &str) -> Result<(), StoreError> {
-    let update = Update::new()
-        .set("dispatched", true)
-        .remove(Index::Gsi2.pk_attr())
-        .remove(Index::Gsi2.sk_attr());
+    let update = Update::new().set("dispatched", true).unindex(Index::Gsi2);
     match store
         .update(&Event::key(id), update, Some(Cond::Exists))
         .await
@@ -219,10 +216,8 @@ pub async fn undelivered(
             .on(Index::Gsi2)
             .limit(limit);
         for item in store.query(&query).await?.items {
-            let seen = Unreadable::of(&item);
-            match from_item::<Event>(item) {
-                Ok(e) => out.push(e),
-                Err(e) => pass_over_unreadable(store, seen, "outbox event", &e, now).await,
+            if let Some(e) = readable::<Event>(store, item, "outbox event", now).await {
+                out.push(e);
             }
         }
     }
@@ -236,10 +231,28 @@ pub const QUARANTINE_AFTER: chrono::Duration = chrono::Duration::hours(1);
 
 const UPDATED_AT: &str = "updated_at";
 
+/// An item of a sweep's index read as its record `T`; `None` when it does
+/// not read as one: then it is passed over ([`pass_over_unreadable`]).
+pub(crate) async fn readable<T: serde::de::DeserializeOwned>(
+    store: &dyn Store,
+    item: crate::store::Item,
+    what: &str,
+    now: Timestamp,
+) -> Option<T> {
+    let seen = Unreadable::of(&item);
+    match from_item(item) {
+        Ok(record) => Some(record),
+        Err(e) => {
+            pass_over_unreadable(store, seen, what, &e, now).await;
+            None
+        }
+    }
+}
+
 /// An item of a sweep's index that did not read as its record, as the
 /// sweep saw it: its key, and when it was last written (the later of the
 /// id's mint time in its `pk` and its `updated_at`, when readable).
-pub(crate) struct Unreadable {
+struct Unreadable {
     key: Option<Key>,
     written_ms: Option<i64>,
     /// `updated_at` as read: taken out of the index only if still so.
@@ -248,7 +261,7 @@ pub(crate) struct Unreadable {
 
 impl Unreadable {
     /// Taken from the item before it is read as its record.
-    pub(crate) fn of(item: &crate::store::Item) -> Unreadable {
+    fn of(item: &crate::store::Item) -> Unreadable {
         let key = Key::of(item);
         let minted = key.as_ref().and_then(|k| crate::ids::minted_at_ms(&k.pk));
         let updated_at = item
@@ -274,7 +287,7 @@ impl Unreadable {
 /// taken out of the index. The record itself stays in the table for
 /// support. Failing to take it out is logged, not returned: the next pass
 /// tries again.
-pub(crate) async fn pass_over_unreadable(
+async fn pass_over_unreadable(
     store: &dyn Store,
     seen: Unreadable,
     what: &str,
@@ -293,9 +306,7 @@ pub(crate) async fn pass_over_unreadable(
         return;
     }
     tracing::error!(pk = %key.pk, error = %error, "unreadable {what} taken out of its index");
-    let update = Update::new()
-        .remove(Index::Gsi2.pk_attr())
-        .remove(Index::Gsi2.sk_attr());
+    let update = Update::new().unindex(Index::Gsi2);
     // Not if it was written again since it was read (newer code, now).
     let unchanged = match seen.updated_at {
         Some(at) => Cond::eq(UPDATED_AT, at),

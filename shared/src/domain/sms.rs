@@ -56,7 +56,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::Mode;
-use super::account::{Plan, Principal};
+use super::account::Principal;
 use super::checkout::{CheckoutSession, SessionStatus};
 use super::record::{from_item, to_item};
 use crate::AppState;
@@ -478,6 +478,13 @@ pub async fn take_places(
     let secs = now.unix_seconds();
     let now_ms = now.unix_millis();
     let hour_end = (secs.div_euclid(3600) + 1) * 3600;
+    let hour_full = || SmsError::RateLimited {
+        which: format!(
+            "at most {} reminders per merchant per hour",
+            limits.per_merchant_per_hour
+        ),
+        retry_after_secs: (hour_end - secs).max(1),
+    };
     let key = recipient_window(merchant_id, mode, phone);
     for attempt in 0..WINDOW_TRIES {
         let current = store.get(&key).await?;
@@ -546,7 +553,7 @@ pub async fn take_places(
             } else {
                 TxOp::Update {
                     key,
-                    update: counter_update(now.unix_seconds() + 40 * 86_400),
+                    update: counter_update(secs + 40 * 86_400),
                     cond: Some(below(i64::from(quota))),
                 }
             });
@@ -566,13 +573,7 @@ pub async fn take_places(
                     return Ok(Taken::AlreadyStored);
                 }
                 if failed(1) {
-                    return Err(SmsError::RateLimited {
-                        which: format!(
-                            "at most {} reminders per merchant per hour",
-                            limits.per_merchant_per_hour
-                        ),
-                        retry_after_secs: (hour_end - secs).max(1),
-                    });
+                    return Err(hour_full());
                 }
                 if quota.is_some() && failed(QUOTA_AT) && !failed(0) {
                     return Ok(Taken::QuotaExhausted);
@@ -597,13 +598,7 @@ pub async fn take_places(
         .unwrap_or(0)
         >= limits.per_merchant_per_hour
     {
-        return Err(SmsError::RateLimited {
-            which: format!(
-                "at most {} reminders per merchant per hour",
-                limits.per_merchant_per_hour
-            ),
-            retry_after_secs: (hour_end - secs).max(1),
-        });
+        return Err(hour_full());
     }
     if let Some(quota) = quota {
         if count(quota_counter(merchant_id, now)).await?.unwrap_or(0) >= i64::from(quota) {
@@ -746,20 +741,11 @@ pub async fn requeue_stuck(
             .sk(crate::store::SkCond::Lt(before.clone()))
             .limit(limit);
         for item in store.query(&query).await?.items {
-            let seen = crate::domain::outbox::Unreadable::of(&item);
-            let r: SmsReminder = match from_item(item) {
-                Ok(r) => r,
-                Err(e) => {
-                    crate::domain::outbox::pass_over_unreadable(
-                        store,
-                        seen,
-                        "SMS reminder",
-                        &e,
-                        now,
-                    )
-                    .await;
-                    continue;
-                }
+            let Some(r) =
+                crate::domain::outbox::readable::<SmsReminder>(store, item, "SMS reminder", now)
+                    .await
+            else {
+                continue;
             };
             let key = SmsReminder::key(&r.id);
             let waiting = match r.status {
@@ -773,9 +759,7 @@ pub async fn requeue_stuck(
                 continue;
             } else {
                 // Final but still listed: take it out.
-                Update::new()
-                    .remove(Index::Gsi2.pk_attr())
-                    .remove(Index::Gsi2.sk_attr())
+                Update::new().unindex(Index::Gsi2)
             };
             let moved = store
                 .update(
@@ -792,25 +776,9 @@ pub async fn requeue_stuck(
                 Err(e) if e.is_condition_failure() => continue,
                 Err(e) => return Err(e),
             }
-            if !waiting {
-                continue;
-            }
-            let body = serde_json::to_string(&SmsMessage {
-                sms_id: r.id.clone(),
-            })
-            .map_err(|e| StoreError::Invalid(e.to_string()))?;
-            match state
-                .queue
-                .send(QueueName::Sms, &body, Duration::ZERO)
-                .await
-            {
-                Ok(_) => {
-                    queued += 1;
-                    tracing::warn!(sms_id = %r.id, attempts = r.attempts, "stuck SMS reminder queued again");
-                }
-                Err(e) => {
-                    tracing::warn!(sms_id = %r.id, error = %e, "could not queue a stuck SMS reminder; the next sweep retries")
-                }
+            if waiting && enqueue(state, &r.id).await {
+                queued += 1;
+                tracing::warn!(sms_id = %r.id, attempts = r.attempts, "stuck SMS reminder queued again");
             }
         }
     }
@@ -910,7 +878,7 @@ pub async fn notify(
     if live {
         reminder.status = SmsStatus::Queued;
     }
-    let quota = live.then(|| plan_quota(who.merchant.plan));
+    let quota = live.then(|| who.merchant.plan.sms_monthly_quota());
     let record = new_record_op(&reminder)?;
     let taken = take_places(
         store,
@@ -924,14 +892,15 @@ pub async fn notify(
         fence.map(|f| f.op(&reminder.id)),
     )
     .await;
-    let taken = match (taken, fence) {
+    // The first run's reminder, when already read.
+    let (taken, first_run) = match (taken, fence) {
         // The recipient's window is full, perhaps with this request's own
         // first run (its answer lost): that run's reminder answers.
         (Err(e @ SmsError::RateLimited { .. }), Some(f)) => match f.resource_id(store).await? {
-            Some(_) => Taken::AlreadyStored,
+            Some(id) => (Taken::AlreadyStored, Some(id)),
             None => return Err(e),
         },
-        (taken, _) => taken?,
+        (taken, _) => (taken?, None),
     };
     match taken {
         Taken::All => {}
@@ -948,14 +917,16 @@ pub async fn notify(
         // sweep; a duplicate message is dropped by the claim.
         Taken::AlreadyStored => {
             if live {
-                if let Some(first) = fence.map(|f| f.resource_id(store)) {
-                    match first.await {
-                        Ok(Some(id)) => enqueue(state, &id).await,
-                        Ok(None) => {}
-                        Err(e) => {
-                            tracing::warn!(error = %e, "first reminder of a retried request not read; the sweep queues it")
-                        }
-                    }
+                let first_run = match (first_run, fence) {
+                    (Some(id), _) => Some(id),
+                    (None, Some(f)) => f.resource_id(store).await.unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, "first reminder of a retried request not read; the sweep queues it");
+                        None
+                    }),
+                    (None, None) => None,
+                };
+                if let Some(id) = first_run {
+                    enqueue(state, &id).await;
                 }
             }
             return Ok(NotifyOutcome {
@@ -979,18 +950,19 @@ pub async fn notify(
     })
 }
 
-/// Queues a stored live reminder for the dispatcher. A failure is logged,
-/// not returned: the reminder is stored and counted, and the backstop
-/// sweep queues it within minutes (a late reminder, not a lost one);
-/// ending it here instead could race a message that did reach the queue.
-async fn enqueue(state: &AppState, sms_id: &str) {
+/// Queues a stored live reminder for the dispatcher; answers whether it
+/// was queued. A failure is logged, not returned: the reminder is stored
+/// and counted, and the backstop sweep queues it within minutes (a late
+/// reminder, not a lost one); ending it here instead could race a message
+/// that did reach the queue.
+async fn enqueue(state: &AppState, sms_id: &str) -> bool {
     let body = match serde_json::to_string(&SmsMessage {
         sms_id: sms_id.to_owned(),
     }) {
         Ok(b) => b,
         Err(e) => {
             tracing::error!(sms_id, error = %e, "SMS message not encoded; the sweep queues it");
-            return;
+            return false;
         }
     };
     match state
@@ -998,15 +970,15 @@ async fn enqueue(state: &AppState, sms_id: &str) {
         .send(QueueName::Sms, &body, Duration::ZERO)
         .await
     {
-        Ok(_) => tracing::debug!(sms_id, "SMS reminder queued"),
+        Ok(_) => {
+            tracing::debug!(sms_id, "SMS reminder queued");
+            true
+        }
         Err(e) => {
-            tracing::warn!(sms_id, error = %e, "SMS reminder not queued; the backstop sweep will queue it")
+            tracing::warn!(sms_id, error = %e, "SMS reminder not queued; the backstop sweep will queue it");
+            false
         }
     }
-}
-
-fn plan_quota(plan: Plan) -> u32 {
-    plan.sms_monthly_quota()
 }
 
 /// The put of a new reminder's record.
@@ -1109,19 +1081,14 @@ async fn finish(
         .remove("lease_until_ms")
         .remove(CLAIM);
     if status.is_final() {
-        update = update
-            .remove(Index::Gsi2.pk_attr())
-            .remove(Index::Gsi2.sk_attr());
+        update = update.unindex(Index::Gsi2);
     }
     update = match error {
         Some(e) => update.set("last_error", e),
         None => update.remove("last_error"),
     };
     let key = SmsReminder::key(&r.id);
-    let cond = Cond::And(vec![
-        Cond::eq("status", SmsStatus::Sending.as_str()),
-        Cond::eq(CLAIM, claim),
-    ]);
+    let cond = held_by(claim);
     let gives_back = matches!(status, SmsStatus::Failed | SmsStatus::Cancelled);
     let mut attempt = 0;
     loop {
@@ -1186,6 +1153,14 @@ async fn finish(
 /// the claim holder is conditioned on it.
 const CLAIM: &str = "claim";
 
+/// Still `sending` under the claim `claim`.
+fn held_by(claim: &str) -> Cond {
+    Cond::And(vec![
+        Cond::eq("status", SmsStatus::Sending.as_str()),
+        Cond::eq(CLAIM, claim),
+    ])
+}
+
 /// Tries of the write that ends a claimed reminder.
 const FINISH_TRIES: usize = 6;
 
@@ -1201,10 +1176,7 @@ async fn unclaim(store: &dyn Store, id: &str, claim: &str) {
                 .set("status", SmsStatus::Queued.as_str())
                 .remove("lease_until_ms")
                 .remove(CLAIM),
-            Some(Cond::And(vec![
-                Cond::eq("status", SmsStatus::Sending.as_str()),
-                Cond::eq(CLAIM, claim),
-            ])),
+            Some(held_by(claim)),
         )
         .await;
     match released {
@@ -1378,8 +1350,7 @@ async fn abandon(state: &AppState, r: &SmsReminder) -> Result<DispatchOutcome, D
                 )
                 .remove("lease_until_ms")
                 .remove(CLAIM)
-                .remove(Index::Gsi2.pk_attr())
-                .remove(Index::Gsi2.sk_attr()),
+                .unindex(Index::Gsi2),
             Some(Cond::And(vec![
                 Cond::eq("status", SmsStatus::Sending.as_str()),
                 Cond::eq("attempts", r.attempts),
@@ -1406,6 +1377,7 @@ mod tests {
 
     use super::*;
     use crate::Config;
+    use crate::domain::account::Plan;
     use crate::store::embedded::EmbeddedStore;
     use crate::time::{Clock, ManualClock, SystemClock};
 

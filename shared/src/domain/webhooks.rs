@@ -412,7 +412,6 @@ pub async fn create(
     let mut tries = 0;
     loop {
         tries += 1;
-        EndpointCounter::ensure(&*state.store, project_id, mode).await?;
         let e = match state.store.transact(ops.clone()).await {
             Ok(()) => return Ok((endpoint, Some(secret))),
             Err(e) => e,
@@ -430,18 +429,24 @@ pub async fn create(
         if matches!(reasons.get(COUNTER_AT), Some(TxReason::ConditionFailed)) {
             // Full by the count. The endpoints themselves decide: the count
             // may have drifted (endpoints changed without it: old code
-            // during a rolling deploy, a manual delete), or vanished under
-            // us (then it is made again from the endpoints).
-            if let Some((n, v)) = EndpointCounter::read(&*state.store, project_id, mode).await? {
-                let real = EndpointCounter::recount(&*state.store, project_id, mode).await?;
-                if real >= MAX_ENDPOINTS as i64 {
-                    return Err(WebhookError::TooMany);
+            // during a rolling deploy, a manual delete), or be missing
+            // (vanished under us, or data from before it): then it is made
+            // from the endpoints, and the write tried again.
+            match EndpointCounter::read(&*state.store, project_id, mode).await? {
+                Some((n, v)) => {
+                    let real = EndpointCounter::recount(&*state.store, project_id, mode).await?;
+                    if real >= MAX_ENDPOINTS as i64 {
+                        return Err(WebhookError::TooMany);
+                    }
+                    if real != n {
+                        // Only over the version just read: a registration
+                        // or a delete in between makes this fail, and we
+                        // try again.
+                        EndpointCounter::repair(&*state.store, project_id, mode, (n, v), real)
+                            .await?;
+                    }
                 }
-                if real != n {
-                    // Only over the version just read: a registration or a
-                    // delete in between makes this fail, and we try again.
-                    EndpointCounter::repair(&*state.store, project_id, mode, (n, v), real).await?;
-                }
+                None => EndpointCounter::ensure(&*state.store, project_id, mode).await?,
             }
             if tries >= TX_TRIES {
                 return Err(StoreError::Unavailable(
@@ -702,7 +707,6 @@ pub async fn delete(
     let mut tries = 0;
     loop {
         tries += 1;
-        EndpointCounter::ensure(store, project_id, mode).await?;
         let e = match store.transact(ops.clone()).await {
             Ok(()) => return Ok(()),
             Err(e) => e,
@@ -714,13 +718,16 @@ pub async fn delete(
             return Err(WebhookError::NotFound);
         }
         if matches!(reasons.get(COUNTER_AT), Some(TxReason::ConditionFailed)) {
-            // The counter vanished (made again on the next try), or it says
+            // The counter is missing (made here from the endpoints, then
+            // the delete is tried again), or it says
             // 0 while the endpoint exists: it drifted low (endpoints
             // written without it). The endpoint still goes; the count is
             // set from the endpoints left, only over the 0 just read.
-            if let Some((seen @ ..=0, version)) =
-                EndpointCounter::read(store, project_id, mode).await?
-            {
+            let counted = EndpointCounter::read(store, project_id, mode).await?;
+            if counted.is_none() {
+                EndpointCounter::ensure(store, project_id, mode).await?;
+            }
+            if let Some((seen @ ..=0, version)) = counted {
                 let real = EndpointCounter::recount(store, project_id, mode).await?;
                 let ops = vec![
                     TxOp::Delete {
@@ -1234,10 +1241,7 @@ pub async fn dispatch(
                 Delivery::open_sort_key(t, &d.event_id, &d.endpoint_id),
             ),
         // Final: out of the open-deliveries index.
-        None => update
-            .remove("next_attempt_at")
-            .remove(Index::Gsi2.pk_attr())
-            .remove(Index::Gsi2.sk_attr()),
+        None => update.remove("next_attempt_at").unindex(Index::Gsi2),
     };
     update = match sent.status() {
         Some(code) => update.set("response_status", code),
@@ -1304,8 +1308,7 @@ async fn give_up(state: &AppState, d: &Delivery, why: &str) -> Result<Outcome, D
                 .set("status", DeliveryStatus::Failed.as_str())
                 .set("last_error", why)
                 .remove("next_attempt_at")
-                .remove(Index::Gsi2.pk_attr())
-                .remove(Index::Gsi2.sk_attr())
+                .unindex(Index::Gsi2)
                 .set("updated_at", json!(now)),
             Some(Cond::And(vec![
                 Cond::eq("attempts", d.attempts),
@@ -1350,16 +1353,12 @@ pub async fn requeue_overdue(
             .sk(SkCond::Lt(before.clone()))
             .limit(limit);
         for item in state.store.query(&query).await?.items {
-            let seen = outbox::Unreadable::of(&item);
-            let d: Delivery = match from_item(item) {
-                Ok(d) => d,
-                Err(e) => {
-                    // One bad record must not keep the others from being
-                    // queued again.
-                    outbox::pass_over_unreadable(&*state.store, seen, "webhook delivery", &e, now)
-                        .await;
-                    continue;
-                }
+            // One bad record must not keep the others from being queued
+            // again.
+            let Some(d) =
+                outbox::readable::<Delivery>(&*state.store, item, "webhook delivery", now).await
+            else {
+                continue;
             };
             if d.status.is_final() || d.lease_until_ms.is_some_and(|t| t > now.unix_millis()) {
                 continue;

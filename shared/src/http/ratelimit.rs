@@ -118,15 +118,9 @@ impl RateLimits {
             return take(store, key_id, limit, now).await;
         };
         let window = Window::of(now);
-        let (remaining, retry_after) = match local.take(key_id, limit, window) {
-            Some(count) => (limit.saturating_sub(count), None),
-            None => (0, Some(window.retry_after(now))),
-        };
-        Quota {
-            limit,
-            remaining,
-            reset: window.reset(),
-            retry_after,
+        match local.take(key_id, limit, window) {
+            Some(count) => window.quota(limit, limit.saturating_sub(count), None),
+            None => window.quota(limit, 0, Some(window.retry_after(now))),
         }
     }
 
@@ -187,6 +181,16 @@ impl Window {
     /// Unix second the window ends at (`X-RateLimit-Reset`).
     pub fn reset(self) -> i64 {
         self.start + 1
+    }
+
+    /// The answer for a request of this window.
+    fn quota(self, limit: u32, remaining: u32, retry_after: Option<i64>) -> Quota {
+        Quota {
+            limit,
+            remaining,
+            reset: self.reset(),
+            retry_after,
+        }
     }
 
     /// Whole seconds to wait from `now` until the window is over, at
@@ -276,12 +280,8 @@ pub async fn take(store: &dyn Store, key_id: &str, limit: u32, now: Timestamp) -
         Cond::AttrNotExists("count".into()),
         Cond::lt("count", i64::from(limit)),
     ]);
-    let quota = |remaining: u32, retry_after: Option<i64>| Quota {
-        limit,
-        remaining,
-        reset: window.reset(),
-        retry_after,
-    };
+    let quota =
+        |remaining: u32, retry_after: Option<i64>| window.quota(limit, remaining, retry_after);
     match store
         .update(&window.counter_key(key_id), update, Some(room))
         .await

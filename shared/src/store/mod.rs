@@ -179,6 +179,11 @@ impl Update {
         self.remove.push(attr.into());
         self
     }
+    /// Takes the item out of the sparse `index` (removes its key
+    /// attributes there).
+    pub fn unindex(self, index: Index) -> Self {
+        self.remove(index.pk_attr()).remove(index.sk_attr())
+    }
 }
 
 /// One write of a transaction.
