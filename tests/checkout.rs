@@ -625,6 +625,15 @@ async fn a_retry_after_a_lost_answer_returns_the_same_session(which: Which) {
     assert_eq!(faulty.injected(), 1);
     assert_eq!(total_sessions(&app, &key).await, 1, "the write did commit");
 
+    // Another body under that key (a client bug, or a merchant who changed
+    // the order): refused, never answered the first request's session,
+    // never a second session.
+    let other = app
+        .post("/v1/checkout", Some(&key), Some("retry-me"), &body(4100))
+        .await;
+    other.assert_error(409, "idempotency_error", "idempotency_key_reused");
+    assert_eq!(total_sessions(&app, &key).await, 1);
+
     let retry = app
         .post("/v1/checkout", Some(&key), Some("retry-me"), &body(4000))
         .await;
@@ -635,6 +644,50 @@ async fn a_retry_after_a_lost_answer_returns_the_same_session(which: Which) {
     // The spend counter was charged once: 6000 more still fit under 10000.
     assert_eq!(create(&app, &key, &body(6000)).await.status, 201);
     app.stop().await;
+}
+
+/// Checkout ids are the bearer of the hosted page: one never tells the
+/// next. Ids minted in one millisecond (40 creates at once) share their
+/// time part, never a near-equal random part (a monotonic ULID's next id
+/// in the same millisecond is the last one plus 1).
+async fn checkout_ids_do_not_predict_each_other(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let app = Arc::new(app);
+    let t = app.tenant("Ids", "i@ids.example").await;
+    let key = app.key(&t, Mode::Live, &Scope::ALL).await;
+    let calls = (0..40).map(|_| {
+        let (app, key) = (app.clone(), key.clone());
+        tokio::spawn(async move { created_id(&app, &key, &body(2500)).await })
+    });
+    let mut ids: Vec<ulid::Ulid> = futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .filter_map(Result::ok)
+        .map(|id| {
+            let ulid = id
+                .strip_prefix("cs_")
+                .unwrap_or_default()
+                .to_ascii_uppercase();
+            ulid::Ulid::from_string(&ulid).unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(ids.len(), 40);
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 40, "ids never repeat");
+    for pair in ids.windows(2) {
+        assert!(
+            pair[0].random().abs_diff(pair[1].random()) >= 1 << 40,
+            "{} and {} have near random parts: a counter, not randomness",
+            pair[0],
+            pair[1]
+        );
+    }
+    if let Ok(app) = Arc::try_unwrap(app) {
+        app.stop().await;
+    }
 }
 
 async fn providers_show_what_the_project_can_use(which: Which) {
@@ -715,4 +768,5 @@ on_both_backends!(
     concurrent_posts_with_one_idempotency_key_create_one_session,
     a_retry_after_a_lost_answer_returns_the_same_session,
     providers_show_what_the_project_can_use,
+    checkout_ids_do_not_predict_each_other,
 );

@@ -2,7 +2,7 @@
 //! 80 random bits) in lowercase Crockford base32, so "newest first" is the
 //! reverse of the id's byte order.
 
-use std::sync::{LazyLock, Mutex};
+use std::sync::Mutex;
 
 /// Every kind of id the service mints, with its wire prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,21 +43,47 @@ impl IdKind {
 /// Length of the ULID part of an id.
 pub const ULID_LEN: usize = 26;
 
-// One generator per process keeps ids minted in the same millisecond in
-// creation order (monotonic random part).
-static GENERATOR: LazyLock<Mutex<ulid::Generator>> =
-    LazyLock::new(|| Mutex::new(ulid::Generator::new()));
+/// The random part of a ULID: 80 bits.
+const RANDOM_BITS: u32 = 80;
+
+/// The last id this process minted: the next one sorts after it.
+static LAST: Mutex<ulid::Ulid> = Mutex::new(ulid::Ulid(0));
 
 /// A fresh id of `kind`, later than every id this process minted before.
+///
+/// Every id carries 80 fresh random bits (from the thread's CSPRNG), so no
+/// id predicts another: a checkout id is the bearer of its hosted page.
+/// (A monotonic ULID generator would make the next id the last one plus
+/// one.) To keep "newest first" a key order within one millisecond, an id
+/// whose random part would sort before the last one is dated one
+/// millisecond after it instead: the time part runs at most a little
+/// ahead of the clock during a burst, never behind.
 pub fn new_id(kind: IdKind) -> String {
-    let ulid = match GENERATOR.lock() {
-        Ok(mut generator) => generator.generate().unwrap_or_else(|_| ulid::Ulid::new()),
-        Err(poisoned) => poisoned
-            .into_inner()
-            .generate()
-            .unwrap_or_else(|_| ulid::Ulid::new()),
-    };
+    let ulid = next_after(&LAST, now_ms(), rand::random::<u128>());
     format!("{}{}", kind.prefix(), ulid.to_string().to_ascii_lowercase())
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// The id after `last` minted at `ms` with `random` bits (the low 80 are
+/// used), recorded as the new last.
+fn next_after(last: &Mutex<ulid::Ulid>, ms: u64, random: u128) -> ulid::Ulid {
+    let random = random & ((1u128 << RANDOM_BITS) - 1);
+    let mut last = match last.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    let mut id = ulid::Ulid::from_parts(ms, random);
+    if id <= *last {
+        id = ulid::Ulid::from_parts(last.timestamp_ms().saturating_add(1), random);
+    }
+    *last = id;
+    id
 }
 
 /// When an id of any kind was minted (unix milliseconds): the time part
@@ -107,6 +133,58 @@ mod tests {
         assert_eq!(ids, sorted, "ids minted later must sort later");
         sorted.dedup();
         assert_eq!(sorted.len(), 2000, "ids never repeat");
+    }
+
+    #[test]
+    fn ids_carry_fresh_randomness_not_a_counter() {
+        // Minted back to back (mostly within one millisecond): with a
+        // monotonic generator the random parts would be consecutive
+        // numbers, so the next checkout id would follow from the last.
+        let ids: Vec<ulid::Ulid> = (0..2000)
+            .map(|_| {
+                let id = new_id(IdKind::CheckoutSession);
+                ulid::Ulid::from_string(&id[3..].to_ascii_uppercase()).unwrap()
+            })
+            .collect();
+        let mask = (1u128 << RANDOM_BITS) - 1;
+        let mut close = 0;
+        for pair in ids.windows(2) {
+            let (a, b) = (pair[0].0 & mask, pair[1].0 & mask);
+            if a.abs_diff(b) < 1 << 40 {
+                close += 1;
+            }
+        }
+        // Two fresh 80-bit values are within 2^40 of each other with
+        // probability about 2^-39: any such pair means a counter.
+        assert_eq!(close, 0, "consecutive ids share their random part");
+        // Each of the 80 bits varies across the ids.
+        for bit in 0..RANDOM_BITS {
+            let ones = ids.iter().filter(|u| (u.0 >> bit) & 1 == 1).count();
+            assert!(
+                (800..1200).contains(&ones),
+                "bit {bit} set in {ones} of 2000"
+            );
+        }
+    }
+
+    #[test]
+    fn an_id_never_sorts_before_the_last_one() {
+        let last = Mutex::new(ulid::Ulid(0));
+        let a = next_after(&last, 1_000, 500);
+        // Same millisecond, smaller random part: dated a millisecond on.
+        let b = next_after(&last, 1_000, 7);
+        assert!(b > a);
+        assert_eq!(b.timestamp_ms(), 1_001);
+        assert_eq!(b.random(), 7, "the random part stays fresh");
+        // A clock that went back never makes an earlier id either.
+        let c = next_after(&last, 900, 3);
+        assert!(c > b);
+        // The clock ahead again: its own time.
+        let d = next_after(&last, 5_000, 1);
+        assert_eq!(d.timestamp_ms(), 5_000);
+        // Only the low 80 bits are used.
+        let e = next_after(&last, 6_000, u128::MAX);
+        assert_eq!(e.random(), (1u128 << RANDOM_BITS) - 1);
     }
 
     #[test]
