@@ -224,8 +224,15 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
         Err(e) => return Err(e.into()),
     }
 
+    // The fence names the request (its fingerprint) as well as the key:
+    // another request under the same key never finds this one's write as
+    // "already done" (and is answered `idempotency_key_reused` above, as
+    // the released claim keeps its fingerprint).
     parts.extensions.insert(Fence {
-        key: Key::new(key.pk.replacen("IDEM#", "IDEMFENCE#", 1), "FENCE"),
+        key: Key::new(
+            format!("{}#{print}", key.pk.replacen("IDEM#", "IDEMFENCE#", 1)),
+            "FENCE",
+        ),
         ttl: now.plus(RETENTION).unix_seconds(),
     });
     let req = Request::from_parts(parts, Body::from(bytes));
@@ -234,19 +241,29 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
         Cond::eq("owner", owner),
         Cond::eq("state", "in_progress"),
     ]);
-    let release = |owned: Cond| async {
-        if let Err(e) = store.delete(&key, Some(owned)).await {
-            tracing::warn!(error = %e, "could not release an idempotency claim");
-        }
-    };
     // Not stored, the key released so the retry runs: a 5xx, and a 4xx
     // the router made before any handler ran (a 405, a bad path), which
     // the edge puts in the error envelope on the way out (a stored copy
     // would replay it without).
     let unhandled_4xx =
         res.status().is_client_error() && res.extensions().get::<Enveloped>().is_none();
-    if res.status().is_server_error() || unhandled_4xx {
-        release(owned).await;
+    if unhandled_4xx {
+        // No handler ran, nothing was written: the key is free again.
+        if let Err(e) = store.delete(&key, Some(owned)).await {
+            tracing::warn!(error = %e, "could not release an idempotency claim");
+        }
+        return Ok(res);
+    }
+    if res.status().is_server_error() {
+        // A handler ran and may have written (its fence knows): released,
+        // not deleted. The claim's lease ends now, so a retry of this
+        // request (same fingerprint, same API key) takes it over at once,
+        // while another request under the same key is still told the key
+        // is taken (`idempotency_key_reused`).
+        let lapsed = Update::new().set("locked_until", now.plus(-LEASE).to_rfc3339());
+        if let Err(e) = store.update(&key, lapsed, Some(owned)).await {
+            tracing::warn!(error = %e, "could not release an idempotency claim");
+        }
         return Ok(res);
     }
     let (res_parts, res_body) = res.into_parts();
@@ -517,6 +534,7 @@ mod tests {
         key: String,
         /// Another key of the same project and mode (read-only).
         other_key: String,
+        project_id: String,
     }
 
     /// An answer too large to store for replay (counted in `BIG`).
@@ -594,6 +612,7 @@ mod tests {
             faulty,
             key,
             other_key,
+            project_id: p.id.clone(),
         }
     }
 
@@ -874,6 +893,48 @@ mod tests {
         assert_eq!(
             call(&s, Some("fault-2"), r#"{"name": "g"}"#).await.status,
             StatusCode::CREATED
+        );
+        assert_eq!(widgets_created(&s).await, 2);
+    }
+
+    #[tokio::test]
+    async fn another_body_under_a_released_key_is_refused_not_answered_the_first_write() {
+        let s = setup().await;
+        // The first request's write commits, its answer is lost (a 5xx):
+        // the claim is released for a retry of the same request.
+        s.faulty.plan(Op::Transact, 0, Fault::timeout_after_write());
+        let failed = call(&s, Some("lost-2"), r#"{"name": "first"}"#).await;
+        assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(widgets_created(&s).await, 1);
+        // Another body under that key: refused, neither the first write's
+        // answer nor a second write.
+        let other = call(&s, Some("lost-2"), r#"{"name": "second"}"#).await;
+        assert_eq!(other.status, StatusCode::CONFLICT, "{:?}", other.body);
+        assert_eq!(other.body["error"]["code"], "idempotency_key_reused");
+        assert_eq!(widgets_created(&s).await, 1);
+        // The retry of the first request still finds its write.
+        let retry = call(&s, Some("lost-2"), r#"{"name": "first"}"#).await;
+        assert_eq!(retry.status, StatusCode::CREATED);
+        assert_eq!(retry.body["name"], "first");
+        assert_eq!(widgets_created(&s).await, 1);
+    }
+
+    #[tokio::test]
+    async fn fences_of_two_requests_under_one_key_are_apart() {
+        // Even with the claim record gone (past its retention, or deleted
+        // by hand), a fence found by another request is not its own.
+        let s = setup().await;
+        s.faulty.plan(Op::Transact, 0, Fault::timeout_after_write());
+        call(&s, Some("gone"), r#"{"name": "first"}"#).await;
+        assert_eq!(widgets_created(&s).await, 1);
+        // Drop the claim record: only the fence remains.
+        let record = record_key(&s.project_id, "sandbox", "gone");
+        s.store.delete(&record, None).await.unwrap();
+        let other = call(&s, Some("gone"), r#"{"name": "second"}"#).await;
+        assert_eq!(other.status, StatusCode::CREATED, "{:?}", other.body);
+        assert_eq!(
+            other.body["name"], "second",
+            "its own write, not the first's"
         );
         assert_eq!(widgets_created(&s).await, 2);
     }
