@@ -1098,6 +1098,61 @@ async fn a_session_takes_at_most_ten_attempts(which: Which) {
     shop.stop().await;
 }
 
+/// Once the customer was sent to a provider, the session's address is
+/// what the provider, the payment and the merchant were told: a later
+/// attempt may send it again unchanged, never rewrite it.
+async fn the_address_is_frozen_once_an_attempt_started(which: Which) {
+    let Some(shop) = Shop::open(which).await else {
+        return;
+    };
+    let body = json!({
+        "amount": AMOUNT, "returnUrl": RETURN_URL, "collectAddress": true
+    });
+    let a = shop
+        .app
+        .post("/v1/checkout", Some(&shop.key), None, &body)
+        .await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    let s = text(&a.body["id"]);
+    let home = [
+        ("provider", "esewa"),
+        ("line1", "Thamel 12"),
+        ("city", "Kathmandu"),
+    ];
+    let page = shop.choose(&s, &home).await;
+    assert_eq!(page.status, 200, "{}", page.show());
+    let first = shop.current_payment(&s).await;
+
+    // Another address on a second attempt: refused, with the reason.
+    let elsewhere = [
+        ("provider", "khalti"),
+        ("line1", "Somewhere else 1"),
+        ("city", "Pokhara"),
+    ];
+    let refused = shop.choose(&s, &elsewhere).await;
+    assert_eq!(refused.status, 422, "{}", refused.show());
+    assert!(
+        refused.has("cannot be changed once a payment has been started"),
+        "{}",
+        refused.show()
+    );
+    let session = shop.session(&s).await;
+    assert_eq!(session["customerAddress"]["line1"], "Thamel 12");
+    assert_eq!(session["customerAddress"]["city"], "Kathmandu");
+    assert_eq!(shop.current_payment(&s).await, first, "no attempt started");
+
+    // The same address again, or none (the stored one is used): accepted.
+    let again = shop.choose(&s, &home).await;
+    assert_eq!(again.status, 200, "{}", again.show());
+    let without = shop.choose(&s, &[("provider", "esewa")]).await;
+    assert_eq!(without.status, 200, "{}", without.show());
+    assert_eq!(
+        shop.session(&s).await["customerAddress"]["line1"],
+        "Thamel 12"
+    );
+    shop.stop().await;
+}
+
 async fn an_expired_session_takes_no_attempt(which: Which) {
     let clock = ManualClock::new(SystemClock.now());
     let Some(shop) = Shop::open_with_clock(which, Arc::new(clock.clone())).await else {
@@ -1202,6 +1257,7 @@ async fn a_retried_checkout_create_answers_the_same_session(which: Which) {
 }
 
 on_both_backends!(
+    the_address_is_frozen_once_an_attempt_started,
     a_customer_pays_with_esewa,
     a_customer_pays_with_khalti,
     a_customer_pays_with_a_fonepay_qr,

@@ -253,6 +253,26 @@ pub async fn start(
         },
     )?;
     let address = match (&choice.address, session.collect_address) {
+        // Once an attempt has started, the customer's details are frozen:
+        // the provider, the merchant's webhook and the payment were told
+        // them (the form may send them again unchanged).
+        (Some(a), true) if session.payment_id.is_some() => {
+            let sent = check_address(a)?;
+            let kept = match &session.customer_address {
+                Some(k) => Some(check_address(k)?),
+                None => None,
+            };
+            if kept.as_ref() != Some(&sent) {
+                return Err(AttemptError::Invalid {
+                    field: "address",
+                    message: "cannot be changed once a payment has been started for this \
+                              checkout; pay with the address given, or return to the shop \
+                              to start a new checkout"
+                        .into(),
+                });
+            }
+            kept
+        }
         (Some(a), true) => Some(check_address(a)?),
         (None, true) => match &session.customer_address {
             Some(a) => Some(check_address(a)?),
