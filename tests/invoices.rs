@@ -1991,7 +1991,71 @@ async fn issued_invoices_have_a_pdf(which: Which) {
     c.stop().await;
 }
 
+/// An invoice checkout takes payments: it needs `payments:write` as well
+/// as `invoices:write`, and counts toward the calling key's spend cap like
+/// `POST /v1/checkout` (a reused checkout is not counted again).
+async fn an_invoice_checkout_needs_payments_write_and_honours_the_spend_cap(which: Which) {
+    let Some(c) = Ctx::open(which).await else {
+        return;
+    };
+    let inv = c.issued(&simple(40_000)).await;
+    let id = s(&inv["id"]);
+    let path = format!("/v1/invoices/{id}/checkout");
+    let invoices_only = c
+        .app
+        .key(
+            &c.tenant,
+            Mode::Sandbox,
+            &[Scope::InvoicesRead, Scope::InvoicesWrite],
+        )
+        .await;
+    let a = c
+        .app
+        .post(&path, Some(&invoices_only), None, &json!({}))
+        .await;
+    a.assert_error(403, "permission_error", "missing_scope");
+    assert!(
+        s(&a.body["error"]["message"]).contains("payments:write"),
+        "{}",
+        a.body
+    );
+    let scopes = [
+        Scope::InvoicesWrite,
+        Scope::PaymentsWrite,
+        Scope::SessionsRead,
+    ];
+    let small = c
+        .app
+        .key_with_cap(&c.tenant, Mode::Sandbox, &scopes, Some(39_999))
+        .await;
+    let a = c.app.post(&path, Some(&small), None, &json!({})).await;
+    a.assert_error(403, "permission_error", "spend_cap_exceeded");
+    let listed = c.app.get("/v1/sessions", Some(&small)).await;
+    assert_eq!(listed.body["meta"]["total"], 0, "nothing was opened");
+
+    let capped = c
+        .app
+        .key_with_cap(&c.tenant, Mode::Sandbox, &scopes, Some(50_000))
+        .await;
+    let a = c.app.post(&path, Some(&capped), None, &json!({})).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.body["reused"], false);
+    // Reused: not charged again.
+    let again = c.app.post(&path, Some(&capped), None, &json!({})).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(again.body["reused"], true);
+    // 40,000 of the 50,000 are used: a checkout of 10,001 is over.
+    let over = json!({"amount": 10_001, "returnUrl": "https://shop.example/t"});
+    let a = c.app.post("/v1/checkout", Some(&capped), None, &over).await;
+    a.assert_error(403, "permission_error", "spend_cap_exceeded");
+    let fits = json!({"amount": 10_000, "returnUrl": "https://shop.example/t"});
+    let a = c.app.post("/v1/checkout", Some(&capped), None, &fits).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    c.stop().await;
+}
+
 on_both_backends!(
+    an_invoice_checkout_needs_payments_write_and_honours_the_spend_cap,
     a_draft_has_every_field_and_exact_totals,
     invalid_creates_are_400_naming_the_field,
     live_invoices_need_live_invoicing_and_take_pi_numbers,

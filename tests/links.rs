@@ -684,7 +684,49 @@ async fn an_unpaid_session_gives_its_use_back(which: Which) {
     app.stop().await;
 }
 
+/// A key with a monthly spend cap creates only links a customer cannot
+/// pay more than the cap through (decisions refined in the README).
+async fn a_capped_key_creates_only_links_under_its_cap(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Capped", "c@capped.example").await;
+    let key = app
+        .key_with_cap(&t, Mode::Sandbox, &Scope::ALL, Some(50_000))
+        .await;
+    let over = create(&app, &key, json!({"title": "Big", "amount": 50_001})).await;
+    over.assert_error(403, "permission_error", "spend_cap_exceeded");
+    assert_eq!(over.body["error"]["param"], "amount", "{}", over.body);
+    // An open amount without a maximum: any amount up to the providers'.
+    let open = create(&app, &key, json!({"title": "Open"})).await;
+    open.assert_error(403, "permission_error", "spend_cap_exceeded");
+    assert_eq!(open.body["error"]["param"], "maxAmount", "{}", open.body);
+    let open = create(&app, &key, json!({"title": "Open", "maxAmount": 60_000})).await;
+    open.assert_error(403, "permission_error", "spend_cap_exceeded");
+    // At the cap: fine, fixed or open.
+    let fixed = created(&app, &key, json!({"title": "Fits", "amount": 50_000})).await;
+    created(&app, &key, json!({"title": "Open", "maxAmount": 50_000})).await;
+    // The amount cannot be raised afterwards: PATCH takes no amount.
+    let id = fixed["id"].as_str().unwrap_or_default();
+    let patch = send(
+        &app,
+        reqwest::Method::PATCH,
+        &format!("/v1/payment-links/{id}"),
+        &key,
+        Some(json!({"amount": 90_000})),
+    )
+    .await;
+    assert_eq!(patch.status, 400, "{}", patch.body);
+    let (_, total) = list(&app, &key, "").await;
+    assert_eq!(total, 2, "refused creates made nothing");
+    // A key without a cap is not limited by another key's.
+    let free = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    created(&app, &free, json!({"title": "Big", "amount": 500_000})).await;
+    app.stop().await;
+}
+
 on_both_backends!(
+    a_capped_key_creates_only_links_under_its_cap,
     links_are_created_with_the_spec_shape,
     bad_links_are_refused_with_the_field_named,
     lists_filter_on_active_and_patch_changes_only_what_is_sent,

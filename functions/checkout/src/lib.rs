@@ -85,12 +85,7 @@ async fn create_checkout(
     let who = auth.require(Scope::PaymentsWrite)?;
     let JsonBody(body) = body?;
     let valid = checkout::validate_create(body, who.mode()).map_err(api_error)?;
-    let creator = Creator {
-        project_id: who.project_id().to_owned(),
-        mode: who.mode(),
-        api_key_id: who.key.id.clone(),
-        spend_cap_paisa: who.key.spend_cap_paisa,
-    };
+    let creator = Creator::of(who);
     let now = state.clock.now();
     let fence = fence.as_ref().map(|Extension(f)| f);
     let s = checkout::create(&*state.store, &creator, valid, now, fence)

@@ -292,23 +292,18 @@ async fn invoice_checkout(
     // whatever it sent.
     body: Result<OptionalJsonBody<InvoiceCheckout>, ApiError>,
 ) -> Result<Json<InvoiceCheckoutView>, ApiError> {
-    // The checkout is a payment: it needs the right to take payments.
+    // The checkout is a payment: it needs the right to take payments as
+    // well as to act on invoices, and it counts toward the key's spend cap.
+    auth.require(Scope::PaymentsWrite)?;
     let who = auth.require(Scope::InvoicesWrite)?;
     let OptionalJsonBody(body) = body?;
+    let payer = shared::domain::checkout::Creator::of(who);
     let base = state
         .config
         .base_for(headers.get(header::HOST).and_then(|h| h.to_str().ok()));
-    let (session, reused) = invoices::checkout(
-        &state,
-        who.project_id(),
-        who.mode(),
-        &id,
-        body,
-        &base,
-        fence_of(&fence),
-    )
-    .await
-    .map_err(|e| api_error(e, &id))?;
+    let (session, reused) = invoices::checkout(&state, &payer, &id, body, &base, fence_of(&fence))
+        .await
+        .map_err(|e| api_error(e, &id))?;
     Ok(Json(InvoiceCheckoutView {
         checkout_url: format!("{base}/c/{}", session.id),
         checkout_session_id: session.id,

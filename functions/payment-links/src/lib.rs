@@ -49,6 +49,15 @@ fn api_error(err: LinkError, id: &str) -> ApiError {
             "link_used",
             e.to_string(),
         ),
+        LinkError::SpendCapExceeded { field, cap } => ApiError::new(
+            StatusCode::FORBIDDEN,
+            ErrorType::PermissionError,
+            "spend_cap_exceeded",
+            format!(
+                "A customer could pay more than this key's spend cap of {cap} paisa through this link: set {field} to at most {cap}"
+            ),
+        )
+        .with_param(field),
         LinkError::Store(e) => e.into(),
     }
 }
@@ -73,6 +82,7 @@ async fn create_link(
     let JsonBody(body) = body?;
     let link = links::new_link(who.project_id(), who.mode(), body, state.clock.now())
         .map_err(|e| api_error(e, ""))?;
+    links::check_spend_cap(&link, who.key.spend_cap_paisa).map_err(|e| api_error(e, ""))?;
     let fence = fence.as_ref().map(|Extension(f)| f);
     let link = links::insert_once(&*state.store, &link, fence).await?;
     let view = PaymentLinkView::of(link, &base(&state, &headers), false);

@@ -668,6 +668,18 @@ pub struct Creator {
     pub spend_cap_paisa: Option<i64>,
 }
 
+impl Creator {
+    /// The authenticated key `who` creating a session.
+    pub fn of(who: &super::account::Principal) -> Creator {
+        Creator {
+            project_id: who.project_id().to_owned(),
+            mode: who.mode(),
+            api_key_id: who.key.id.clone(),
+            spend_cap_paisa: who.key.spend_cap_paisa,
+        }
+    }
+}
+
 /// The spend counter of a key for the calendar month (UTC) of `now`.
 pub fn spend_counter_key(api_key_id: &str, now: Timestamp) -> Key {
     let d = now.datetime();
@@ -687,6 +699,28 @@ pub fn spend_cap_condition(cap: i64, amount: i64) -> Option<Cond> {
             Cond::le("volume", room),
         ])
     })
+}
+
+/// The write charging `amount` to the creating key's spend counter for
+/// the month, conditioned on staying under its cap (for the creation's
+/// transaction); `None` for a key without a cap. A transaction failing on
+/// it is [`CheckoutError::SpendCapExceeded`].
+pub fn spend_op(
+    creator: &Creator,
+    amount: i64,
+    now: Timestamp,
+) -> Result<Option<TxOp>, CheckoutError> {
+    let Some(cap) = creator.spend_cap_paisa else {
+        return Ok(None);
+    };
+    let cond = spend_cap_condition(cap, amount).ok_or(CheckoutError::SpendCapExceeded { cap })?;
+    // Kept a month past the month it counts, then dropped by TTL.
+    let ttl = now.plus(chrono::Duration::days(62)).unix_seconds();
+    Ok(Some(TxOp::Update {
+        key: spend_counter_key(&creator.api_key_id, now),
+        update: Update::new().add("volume", amount).set(TTL, ttl),
+        cond: Some(cond),
+    }))
 }
 
 /// The new session of `valid`, created at `now`.
@@ -738,14 +772,7 @@ pub async fn create(
             return Err(CheckoutError::ProviderUnavailable(p));
         }
     }
-    let amount = valid.amount.get();
-    let cap_cond = match creator.spend_cap_paisa {
-        None => None,
-        Some(cap) => match spend_cap_condition(cap, amount) {
-            Some(c) => Some(c),
-            None => return Err(CheckoutError::SpendCapExceeded { cap }),
-        },
-    };
+    let spend = spend_op(creator, valid.amount.get(), now)?;
     let session = new_session(creator, valid, now);
     let item = to_item(
         &session,
@@ -756,16 +783,10 @@ pub async fn create(
         item,
         cond: Some(Cond::NotExists),
     }];
-    let counter_at = cap_cond.as_ref().map(|_| ops.len());
-    if let Some(cond) = cap_cond {
-        // Kept a month past the month it counts, then dropped by TTL.
-        let ttl = now.plus(chrono::Duration::days(62)).unix_seconds();
-        ops.push(TxOp::Update {
-            key: spend_counter_key(&creator.api_key_id, now),
-            update: Update::new().add("volume", amount).set(TTL, ttl),
-            cond: Some(cond),
-        });
-    }
+    let counter_at = spend.map(|op| {
+        ops.push(op);
+        ops.len() - 1
+    });
     let fence_at = fence.map(|f| {
         ops.push(f.op(&session.id));
         ops.len() - 1
@@ -812,7 +833,7 @@ pub async fn create(
 }
 
 /// Whether a cancelled transaction failed on the condition of op `index`.
-fn failed_at(err: &StoreError, index: usize) -> bool {
+pub fn failed_at(err: &StoreError, index: usize) -> bool {
     matches!(err, StoreError::TransactionCanceled { reasons }
         if matches!(reasons.get(index), Some(TxReason::ConditionFailed)))
 }

@@ -1342,14 +1342,14 @@ pub struct InvoiceCheckoutView {
 /// change of the invoice: its `version` goes up.
 pub async fn checkout(
     state: &AppState,
-    project_id: &str,
-    mode: Mode,
+    payer: &checkout::Creator,
     id: &str,
     body: InvoiceCheckout,
     base: &str,
     fence: Option<&Fence>,
 ) -> Result<(CheckoutSession, bool), InvoiceError> {
     let store = &*state.store;
+    let (project_id, mode) = (payer.project_id.as_str(), payer.mode);
     if let Some(p) = body.provider {
         let enabled = checkout::providers(store, project_id, mode).await?;
         if !enabled.iter().any(|x| x.provider == p && x.enabled) {
@@ -1410,13 +1410,10 @@ pub async fn checkout(
             customer_address: None,
             collect_address: false,
         };
-        let creator = checkout::Creator {
-            project_id: project_id.to_owned(),
-            mode,
-            api_key_id: format!("invoice:{}", inv.id),
-            spend_cap_paisa: None,
-        };
-        let mut session = checkout::new_session(&creator, valid, now);
+        // A new checkout is volume the calling key creates: charged to its
+        // spend counter like POST /v1/checkout (a reused one is not).
+        let spend = checkout::spend_op(payer, amount.get(), now).map_err(InvoiceError::Checkout)?;
+        let mut session = checkout::new_session(payer, valid, now);
         session.return_url = format!("{base}/c/{}", session.id);
         session.invoice_id = Some(inv.id.clone());
         let mut ops = vec![
@@ -1442,6 +1439,10 @@ pub async fn checkout(
         if let Some(c) = &previous {
             ops.push(close_checkout_op(&c.session, now));
         }
+        let spend_at = spend.map(|op| {
+            ops.push(op);
+            ops.len() - 1
+        });
         // The day's counters, in the same transaction (last: the fence's
         // index above is read on failure).
         let mut tally = super::analytics::Tally::new();
@@ -1466,6 +1467,13 @@ pub async fn checkout(
                     .filter(|s| s.invoice_id.as_deref() == Some(id))
                     .ok_or(InvoiceError::NotFound)?;
                 return Ok((s, false));
+            }
+            Err(e) if spend_at.is_some_and(|i| checkout::failed_at(&e, i)) => {
+                return Err(InvoiceError::Checkout(
+                    checkout::CheckoutError::SpendCapExceeded {
+                        cap: payer.spend_cap_paisa.unwrap_or_default(),
+                    },
+                ));
             }
             Err(e)
                 if e.is_condition_failure()
@@ -1994,38 +2002,21 @@ mod tests {
             let inv = issued(&state).await;
             let base = "http://127.0.0.1:8080";
             let body = |p: Option<crate::domain::Provider>| InvoiceCheckout { provider: p };
-            let (a, reused) = checkout(
-                &state,
-                "proj_1",
-                Mode::Sandbox,
-                &inv.id,
-                body(None),
-                base,
-                None,
-            )
-            .await
-            .unwrap();
+            let (a, reused) = checkout(&state, &payer(), &inv.id, body(None), base, None)
+                .await
+                .unwrap();
             assert!(!reused);
             assert_eq!(a.amount.get(), inv.total_amount);
             assert_eq!(a.invoice_id.as_deref(), Some(inv.id.as_str()));
-            let (again, reused) = checkout(
-                &state,
-                "proj_1",
-                Mode::Sandbox,
-                &inv.id,
-                body(None),
-                base,
-                None,
-            )
-            .await
-            .unwrap();
+            let (again, reused) = checkout(&state, &payer(), &inv.id, body(None), base, None)
+                .await
+                .unwrap();
             assert!(reused);
             assert_eq!(again.id, a.id);
             // Another provider: a new session, and the old one is closed.
             let (b, reused) = checkout(
                 &state,
-                "proj_1",
-                Mode::Sandbox,
+                &payer(),
                 &inv.id,
                 body(Some(crate::domain::Provider::Khalti)),
                 base,
@@ -2080,8 +2071,7 @@ mod tests {
             let base = "http://127.0.0.1:8080";
             let (a, _) = checkout(
                 &state,
-                "proj_1",
-                Mode::Sandbox,
+                &payer(),
                 &inv.id,
                 InvoiceCheckout::default(),
                 base,
@@ -2109,8 +2099,7 @@ mod tests {
             assert_eq!(session(&state, &a.id).await.status, SessionStatus::Expired);
             let (b, reused) = checkout(
                 &state,
-                "proj_1",
-                Mode::Sandbox,
+                &payer(),
                 &inv.id,
                 InvoiceCheckout::default(),
                 base,
@@ -2160,6 +2149,16 @@ mod tests {
                 .await
                 .unwrap_err();
             assert!(matches!(again, InvoiceError::StateConflict(_)), "{again:?}");
+        }
+    }
+
+    /// A key of `proj_1` in sandbox without a spend cap.
+    fn payer() -> checkout::Creator {
+        checkout::Creator {
+            project_id: "proj_1".into(),
+            mode: Mode::Sandbox,
+            api_key_id: "ak_1".into(),
+            spend_cap_paisa: None,
         }
     }
 }

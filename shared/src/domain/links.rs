@@ -310,8 +310,34 @@ pub enum LinkError {
         "the payment link has been used (or a customer is paying through it now); cancel it instead"
     )]
     Used,
+    /// 403 `spend_cap_exceeded`: a customer could pay more through the
+    /// link than the creating key may take in a month.
+    #[error("{field}: above the key's spend cap of {cap} paisa")]
+    SpendCapExceeded { field: &'static str, cap: i64 },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// A key with a monthly spend cap creates only links whose largest
+/// payment fits under it: a fixed `amount` at most the cap, or a
+/// customer-entered amount whose `maxAmount` (given, since its default is
+/// the providers' largest) is at most the cap. The link's sessions are
+/// opened by customers, not by the key, so the cap bounds what one of them
+/// can pay rather than counting them (a public page could otherwise use
+/// the key's month up by opening sessions).
+pub fn check_spend_cap(link: &PaymentLink, cap: Option<i64>) -> Result<(), LinkError> {
+    let Some(cap) = cap else {
+        return Ok(());
+    };
+    let (field, largest) = match (link.amount, link.max_amount) {
+        (Some(a), _) => ("amount", a.get()),
+        (None, Some(m)) => ("maxAmount", m),
+        (None, None) => ("maxAmount", MAX_AMOUNT_PAISA),
+    };
+    if largest > cap {
+        return Err(LinkError::SpendCapExceeded { field, cap });
+    }
+    Ok(())
 }
 
 impl From<CheckoutError> for LinkError {
