@@ -453,23 +453,33 @@ async fn open(
     Err((status, res.text().await.unwrap_or_default()))
 }
 
-/// Pays a session with Khalti in the simulator, as the customer's browser
-/// does; returns where the gateway finally sends the customer.
-async fn pay_with_khalti(app: &TestApp, b: &reqwest::Client, session: &str) -> String {
+/// `POST /c/{id}/pay` with `provider`: the status and the redirect (or
+/// the page's text when there is none).
+async fn choose(
+    app: &TestApp,
+    b: &reqwest::Client,
+    session: &str,
+    provider: &str,
+) -> (u16, String) {
     let res = b
         .post(app.url(&format!("/c/{session}/pay")))
         .header("content-type", "application/x-www-form-urlencoded")
-        .body(encode(&[("provider", "khalti")]))
+        .body(encode(&[("provider", provider)]))
         .send()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        res.status().as_u16(),
-        303,
-        "pay: {}",
-        res.text().await.unwrap_or_default()
-    );
-    let wallet = absolute(app, &location(&res));
+    let status = res.status().as_u16();
+    if status == 303 {
+        return (status, location(&res));
+    }
+    (status, res.text().await.unwrap_or_default())
+}
+
+/// At Khalti's simulated wallet (`wallet`, from [`choose`]), presses
+/// `action` (pay, cancel) and follows the return: where the gateway
+/// finally sends the customer.
+async fn at_khalti(app: &TestApp, b: &reqwest::Client, wallet: &str, action: &str) -> String {
+    let wallet = absolute(app, wallet);
     let pidx = reqwest::Url::parse(&wallet)
         .ok()
         .and_then(|u| {
@@ -481,7 +491,7 @@ async fn pay_with_khalti(app: &TestApp, b: &reqwest::Client, session: &str) -> S
     let res = b
         .post(&wallet)
         .header("content-type", "application/x-www-form-urlencoded")
-        .body(encode(&[("action", "pay"), ("pidx", pidx.as_str())]))
+        .body(encode(&[("action", action), ("pidx", pidx.as_str())]))
         .send()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -495,6 +505,30 @@ async fn pay_with_khalti(app: &TestApp, b: &reqwest::Client, session: &str) -> S
     let res = b.get(&back).send().await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(res.status().as_u16(), 303);
     location(&res)
+}
+
+/// Pays a session with Khalti in the simulator, as the customer's browser
+/// does; returns where the gateway finally sends the customer.
+async fn pay_with_khalti(app: &TestApp, b: &reqwest::Client, session: &str) -> String {
+    let (status, wallet) = choose(app, b, session, "khalti").await;
+    assert_eq!(status, 303, "pay: {wallet}");
+    at_khalti(app, b, &wallet, "pay").await
+}
+
+/// `GET /l/{id}`: status, `Retry-After` and the page.
+async fn link_page(app: &TestApp, b: &reqwest::Client, id: &str) -> (u16, Option<String>, String) {
+    let res = b
+        .get(app.url(&format!("/l/{id}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let status = res.status().as_u16();
+    let retry = res
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    (status, retry, res.text().await.unwrap_or_default())
 }
 
 async fn link_of(app: &TestApp, key: &str, id: &str) -> Value {
@@ -587,6 +621,8 @@ async fn a_customer_pays_through_a_link(which: Which) {
     app.stop().await;
 }
 
+/// Customers who reach the provider at once take at most `maxUses` uses:
+/// opening the page holds nothing, the attempt does.
 async fn max_uses_holds_when_customers_arrive_at_once(which: Which) {
     let Some(app) = spawn_app(which).await else {
         return;
@@ -602,24 +638,29 @@ async fn max_uses_holds_when_customers_arrive_at_once(which: Which) {
         .iter()
         .filter_map(|r| r.as_ref().ok().cloned())
         .collect();
-    assert_eq!(opened.len(), 2, "{tries:?}");
-    for r in tries.iter().filter_map(|r| r.as_ref().err()) {
-        assert_eq!(r.0, 422);
-        assert!(r.1.contains("Sold out, sorry!"), "{}", r.1);
+    assert_eq!(opened.len(), 8, "opening holds no use: {tries:?}");
+    let sent =
+        futures::future::join_all(opened.iter().map(|s| choose(&app, &b, s, "khalti"))).await;
+    let to_wallet: Vec<&String> = sent
+        .iter()
+        .filter(|(status, _)| *status == 303)
+        .map(|(_, wallet)| wallet)
+        .collect();
+    assert_eq!(to_wallet.len(), 2, "{sent:?}");
+    for (status, page) in sent.iter().filter(|(status, _)| *status != 303) {
+        assert_eq!(*status, 422, "{page}");
+        assert!(page.contains("temporarily unavailable"), "{page}");
+        assert!(!page.contains("Sold out"), "{page}");
     }
-    for s in &opened {
-        let landed = pay_with_khalti(&app, &b, s).await;
+    for wallet in to_wallet {
+        let landed = at_khalti(&app, &b, wallet, "pay").await;
         assert!(landed.contains(&format!("/l/{id}/thanks")), "{landed}");
     }
     let after = link_of(&app, &key, &id).await;
     assert_eq!(after["usedCount"], 2);
     // Used up: the page shows the link's message and opens nothing.
-    let page = b
-        .get(app.url(&format!("/l/{id}")))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let html = page.text().await.unwrap_or_default();
+    let (status, _, html) = link_page(&app, &b, &id).await;
+    assert_eq!(status, 200);
     assert!(
         html.contains("id=inactive") && html.contains("Sold out, sorry!"),
         "{html}"
@@ -628,7 +669,11 @@ async fn max_uses_holds_when_customers_arrive_at_once(which: Which) {
     app.stop().await;
 }
 
-async fn an_unpaid_session_gives_its_use_back(which: Which) {
+/// A use is held from the moment a customer is sent to a provider until
+/// that attempt is cancelled, fails or its session expires: re-opening the
+/// page never holds a `maxUses: 1` link shut, and while the one use is
+/// held the page says when to come back, not that the link is used up.
+async fn a_use_is_held_only_while_an_attempt_is_open(which: Which) {
     let clock = std::sync::Arc::new(shared::time::ManualClock::new(shared::time::Clock::now(
         &shared::time::SystemClock,
     )));
@@ -640,46 +685,68 @@ async fn an_unpaid_session_gives_its_use_back(which: Which) {
     let l = created(
         &app,
         &key,
-        json!({"title": "One", "amount": 100000, "maxUses": 1}),
+        json!({"title": "One", "amount": 100000, "maxUses": 1, "inactiveMessage": "Sold out"}),
     )
     .await;
     let id = l["id"].as_str().unwrap_or_default().to_owned();
     let b = browser();
-    let first = open(&app, &b, &id, &[])
+    let mut sessions = Vec::new();
+    for _ in 0..5 {
+        let s = open(&app, &b, &id, &[]).await;
+        sessions.push(s.unwrap_or_else(|e| panic!("opening holds nothing: {e:?}")));
+    }
+    // The first customer is sent to Khalti: the one use is held.
+    let (status, wallet) = choose(&app, &b, &sessions[0], "khalti").await;
+    assert_eq!(status, 303, "{wallet}");
+    let (status, retry, html) = link_page(&app, &b, &id).await;
+    assert_eq!(status, 503, "{html}");
+    assert_eq!(retry.as_deref(), Some("1800"));
+    assert!(
+        html.contains("temporarily unavailable") && html.contains("30 minutes"),
+        "{html}"
+    );
+    assert!(!html.contains("Sold out"), "{html}");
+    let refused = open(&app, &b, &id, &[]).await;
+    assert!(
+        matches!(&refused, Err((503, p)) if p.contains("temporarily unavailable")),
+        "{refused:?}"
+    );
+    let (status, page) = choose(&app, &b, &sessions[1], "esewa").await;
+    assert_eq!(status, 422, "{page}");
+    assert!(page.contains("temporarily unavailable"), "{page}");
+    // The customer cancels at Khalti: the use is given back.
+    let back = at_khalti(&app, &b, &wallet, "cancel").await;
+    assert!(back.contains(&sessions[0]), "{back}");
+    let (status, _, html) = link_page(&app, &b, &id).await;
+    assert_eq!(status, 200, "{html}");
+    assert!(!html.contains("temporarily unavailable"), "{html}");
+    // Another customer is sent to eSewa and never comes back: held until
+    // the session expires.
+    let (status, page) = choose(&app, &b, &sessions[1], "esewa").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(link_page(&app, &b, &id).await.0, 503);
+    clock.advance(chrono::Duration::minutes(31));
+    let s = app
+        .get(&format!("/v1/sessions/{}", sessions[1]), Some(&key))
+        .await;
+    assert_eq!(s.body["status"], "expired");
+    assert_eq!(link_page(&app, &b, &id).await.0, 200);
+    // A customer pays: used up, the link's own message.
+    let last = open(&app, &b, &id, &[])
         .await
         .unwrap_or_else(|e| panic!("{e:?}"));
+    let landed = pay_with_khalti(&app, &b, &last).await;
+    assert!(landed.contains(&format!("/l/{id}/thanks")), "{landed}");
+    let (status, _, html) = link_page(&app, &b, &id).await;
+    assert_eq!(status, 200);
     assert!(
-        open(&app, &b, &id, &[]).await.is_err(),
-        "the one use is held"
+        html.contains("id=inactive") && html.contains("Sold out"),
+        "{html}"
     );
-    // A cancelled link and an expired one show their message.
-    clock.advance(chrono::Duration::minutes(31));
-    let s = app.get(&format!("/v1/sessions/{first}"), Some(&key)).await;
-    assert_eq!(s.body["status"], "expired");
-    let again = open(&app, &b, &id, &[]).await;
-    assert!(
-        again.is_ok(),
-        "the expired session gave its use back: {again:?}"
-    );
-    let c = app
-        .post(
-            &format!("/v1/payment-links/{id}/cancel"),
-            Some(&key),
-            None,
-            &json!({}),
-        )
-        .await;
-    assert_eq!(c.status, 200);
-    let page = b
-        .get(app.url(&format!("/l/{id}")))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        page.text()
-            .await
-            .unwrap_or_default()
-            .contains("id=inactive")
+    let after = link_of(&app, &key, &id).await;
+    assert_eq!(
+        (after["usedCount"].as_i64(), after["active"].as_bool()),
+        (Some(1), Some(true))
     );
     app.stop().await;
 }
@@ -734,5 +801,5 @@ on_both_backends!(
     scopes_isolation_and_idempotent_creates,
     a_customer_pays_through_a_link,
     max_uses_holds_when_customers_arrive_at_once,
-    an_unpaid_session_gives_its_use_back,
+    a_use_is_held_only_while_an_attempt_is_open,
 );

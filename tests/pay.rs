@@ -1076,6 +1076,81 @@ async fn a_second_success_is_flagged_as_a_double_payment(which: Which) {
     shop.stop().await;
 }
 
+/// Another project's flood of abandoned attempts (more than the former
+/// sweep took in one pass, all older) does not delay a shop whose
+/// customers paid and closed the tab: the reconciler visits work by when
+/// it is due, one project's turn at a time, and settles all three in the
+/// first sweep.
+async fn one_projects_flood_does_not_delay_anothers_settlement(which: Which) {
+    use futures::StreamExt;
+    let Some(shop) = Shop::open(which).await else {
+        return;
+    };
+    let state = shop.app.state();
+    let junk = shop.app.tenant("Junk", "junk@example.com").await;
+    let creator = shared::domain::checkout::Creator {
+        project_id: junk.project.id.clone(),
+        mode: Mode::Sandbox,
+        api_key_id: "ak_junk".into(),
+        spend_cap_paisa: None,
+    };
+    let now = SystemClock.now();
+    let base = shop.app.base.as_str();
+    const JUNK: usize = 240;
+    let started = futures::stream::iter(0..JUNK)
+        .map(|_| {
+            let creator = creator.clone();
+            async move {
+                let req =
+                    serde_json::from_value(json!({"amount": AMOUNT, "returnUrl": RETURN_URL}))
+                        .map_err(|e| e.to_string())?;
+                let valid = shared::domain::checkout::validate_create(req, Mode::Sandbox)
+                    .map_err(|e| e.to_string())?;
+                let s = shared::domain::checkout::create(&*state.store, &creator, valid, now, None)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let choice = shared::domain::attempts::PayChoice {
+                    provider: Some(shared::domain::Provider::Esewa),
+                    fonepay_web: false,
+                    address: None,
+                };
+                shared::domain::attempts::start(state, &s.id, choice, base, now)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    assert!(
+        started.iter().all(Result::is_ok),
+        "{:?}",
+        started.iter().find(|r| r.is_err())
+    );
+
+    // Three customers of the shop pay at eSewa and close the tab.
+    let mut paid = Vec::new();
+    for _ in 0..3 {
+        let s = shop.checkout(AMOUNT).await;
+        let at = shop.to_provider(&s, Via::Esewa).await;
+        let payment = shop.current_payment(&s).await;
+        let callback = shop.press(&at, "pay").await;
+        assert!(callback.contains("/return/"), "{callback}");
+        paid.push((s, payment));
+    }
+    let report = shop.sweep().await;
+    assert_eq!(report.errors, 0, "{report:?}");
+    for (s, payment) in &paid {
+        shop.assert_paid(s, payment, "esewa", AMOUNT).await;
+    }
+    assert!(
+        report.payments_checked < JUNK,
+        "the flood waits its turns: {report:?}"
+    );
+    shop.stop().await;
+}
+
 // ---------------------------------------------------------------------------
 // 10. An expired session takes no attempt
 
@@ -1093,6 +1168,45 @@ async fn a_session_takes_at_most_ten_attempts(which: Which) {
     let refused = shop.choose(&s, &[("provider", "esewa")]).await;
     assert_eq!(refused.status, 422, "{}", refused.show());
     assert!(refused.has("10 payment attempts"), "{}", refused.show());
+    let (_, total) = shop.payments().await;
+    assert_eq!(total, 10);
+    shop.stop().await;
+}
+
+/// A newer attempt of a session closes the one it supersedes at once:
+/// cancelled (none of the providers can void a started attempt, so it is
+/// re-checked like any cancel), out of the reconciler's open payments, so
+/// a session holds at most one open payment however often it is retried.
+async fn a_newer_attempt_closes_the_one_it_supersedes(which: Which) {
+    let Some(shop) = Shop::open(which).await else {
+        return;
+    };
+    let s = shop.checkout(AMOUNT).await;
+    let _at_a = shop.to_provider(&s, Via::Esewa).await;
+    let a = shop.current_payment(&s).await;
+    let page = shop.choose(&s, &[("provider", "khalti")]).await;
+    assert_eq!(page.status, 303, "{}", page.show());
+    let b = shop.current_payment(&s).await;
+    assert_ne!(a, b);
+    let pa = shop.payment(&a).await;
+    assert_eq!(pa["status"], "cancelled", "{pa}");
+    assert!(text(&pa["failureReason"]).contains("superseded"), "{pa}");
+    assert_eq!(shop.payment_status(&b).await, "pending");
+    assert_eq!(shop.events_about("payment.cancelled", &a).await, 1);
+    // Eight more attempts: still one open payment in the index.
+    for n in 0..8 {
+        let page = shop.choose(&s, &[("provider", "esewa")]).await;
+        assert_eq!(page.status, 200, "attempt {n}: {}", page.show());
+    }
+    let state = shop.app.state();
+    let project = &shop.tenant.project.id;
+    let open = shared::store::Query::partition(shared::domain::attempts::open_payments_partition(
+        project,
+        Mode::Sandbox,
+    ))
+    .on(shared::store::Index::Gsi2);
+    let indexed = state.store.query(&open).await.map(|p| p.items.len());
+    assert_eq!(indexed.ok(), Some(1), "one open payment per session");
     let (_, total) = shop.payments().await;
     assert_eq!(total, 10);
     shop.stop().await;
@@ -1276,6 +1390,8 @@ on_both_backends!(
     a_second_success_is_flagged_as_a_double_payment,
     an_expired_session_takes_no_attempt,
     a_session_takes_at_most_ten_attempts,
+    a_newer_attempt_closes_the_one_it_supersedes,
+    one_projects_flood_does_not_delay_anothers_settlement,
     the_fonepay_month_cap_holds_over_http,
     a_retried_checkout_create_answers_the_same_session,
 );

@@ -1041,6 +1041,10 @@ type StoreFuture<'a, T> =
 // `Store` is an `#[async_trait]` trait; this crate has no `async-trait`,
 // so its methods are written as the macro expands them.
 impl Store for CrashAfterSend {
+    fn instance(&self) -> u64 {
+        self.inner.instance()
+    }
+
     fn get<'life0, 'life1, 'async_trait>(
         &'life0 self,
         key: &'life1 Key,

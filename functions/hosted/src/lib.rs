@@ -537,6 +537,11 @@ async fn link_page(State(state): State<AppState>, Path(id): Path<String>) -> Res
             pages::link_unavailable(&merchant, sandbox, &links::inactive_text(&link)),
         );
     }
+    // Every use held by customers at a provider: not the link's own
+    // message (it is not used up), but when to come back.
+    if let Some(minutes) = link.held(now) {
+        return held_page(&merchant, sandbox, minutes);
+    }
     html(
         StatusCode::OK,
         pages::link_page(&link, &merchant, None, None),
@@ -596,6 +601,9 @@ async fn link_open(
                 Err(e) => return trouble(&e),
             };
             match e {
+                links::OpenError::Held(minutes) => {
+                    held_page(&merchant, !link.mode.is_live(), minutes)
+                }
                 links::OpenError::Unusable(m) => html(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     pages::link_unavailable(&merchant, !link.mode.is_live(), &m),
@@ -623,6 +631,17 @@ async fn link_thanks(State(state): State<AppState>, Path(id): Path<String>) -> R
         StatusCode::OK,
         pages::link_thanks(&merchant, !link.mode.is_live()),
     )
+}
+
+/// 503 with `Retry-After`: every use of the link is held for now.
+fn held_page(merchant: &str, sandbox: bool, minutes: i64) -> Response {
+    let mut res = html(
+        StatusCode::SERVICE_UNAVAILABLE,
+        pages::link_unavailable(merchant, sandbox, &links::held_text(minutes)),
+    );
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(minutes * 60));
+    res
 }
 
 fn link_not_found() -> Response {

@@ -371,6 +371,10 @@ impl CommitClock {
 }
 
 impl Store for CommitClock {
+    fn instance(&self) -> u64 {
+        self.inner.instance()
+    }
+
     fn get<'s, 'k, 'f>(&'s self, key: &'k Key) -> StoreFuture<'f, Option<Item>>
     where
         's: 'f,

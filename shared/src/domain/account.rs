@@ -390,7 +390,24 @@ pub async fn create_project(
         created_at: now,
     };
     let item = to_item(&project, &Project::key(&project.id), &[])?;
-    store.put(item, Some(Cond::NotExists)).await?;
+    let mut ops = vec![TxOp::Put {
+        item,
+        cond: Some(Cond::NotExists),
+    }];
+    // The project's session counters start with it: they cover every
+    // session it will have (analytics::session_totals).
+    for mode in [Mode::Sandbox, Mode::Live] {
+        let key = super::analytics::totals_marker(&project.id, mode);
+        let mut marker = crate::store::Item::new();
+        marker.insert(crate::store::PK.into(), key.pk.into());
+        marker.insert(crate::store::SK.into(), key.sk.into());
+        marker.insert("since".into(), now.to_rfc3339().into());
+        ops.push(TxOp::Put {
+            item: marker,
+            cond: None,
+        });
+    }
+    store.transact(ops).await?;
     Ok(project)
 }
 

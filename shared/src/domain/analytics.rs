@@ -45,13 +45,14 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::checkout::CheckoutSession;
+use super::checkout::{CheckoutSession, SessionStatus};
 use super::payments::Payment;
 use super::{Mode, Provider};
 use crate::store::{
     Item, Key, MAX_TX_OPS, PK, Query, SK, SkCond, Store, StoreError, TTL, TxOp, Update,
 };
 use crate::time::Timestamp;
+use serde_json::Value;
 
 /// Days in the window when the request names none.
 pub const DEFAULT_DAYS: u32 = 30;
@@ -82,6 +83,87 @@ fn provider_volume(p: Provider) -> String {
 /// The counters partition of a project in a mode.
 pub fn stats_partition(project_id: &str, mode: Mode) -> String {
     format!("PROJ#{project_id}#{}#STATS", mode.as_str())
+}
+
+/// All-time session counters: [`SHARDS`] items per project and mode
+/// (`ALL#NN`, the shard of the session's id, like its day item), each
+/// counting sessions by stored status, plus `total`; changed in the same
+/// transaction as every status change ([`Tally::session_moved`]), so
+/// `GET /v1/sessions` reads its `meta.total` from one query of 9 items
+/// whatever the number of sessions. `ALL#INIT`, written with the project,
+/// says the counters cover every session of the project: a project from
+/// before them is counted the old way.
+fn totals_key(project_id: &str, mode: Mode, session_id: &str) -> Key {
+    Key::new(
+        stats_partition(project_id, mode),
+        format!("ALL#{:02}", shard_of(session_id)),
+    )
+}
+
+/// The marker of [`totals_key`]'s counters.
+pub fn totals_marker(project_id: &str, mode: Mode) -> Key {
+    Key::new(stats_partition(project_id, mode), "ALL#INIT")
+}
+
+const TOTAL: &str = "total";
+
+fn status_attr(s: SessionStatus) -> &'static str {
+    s.as_str()
+}
+
+/// A project's sessions by stored status, from the all-time counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SessionTotals {
+    pub total: i64,
+    by_status: Vec<(SessionStatus, i64)>,
+}
+
+impl SessionTotals {
+    /// Sessions stored with `status`.
+    pub fn stored(&self, status: SessionStatus) -> i64 {
+        self.by_status
+            .iter()
+            .filter(|(s, _)| *s == status)
+            .map(|(_, n)| *n)
+            .sum()
+    }
+}
+
+/// The project's session counters in `mode`; `None` for a project created
+/// before they were kept (no marker).
+pub async fn session_totals(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+) -> Result<Option<SessionTotals>, StoreError> {
+    let query =
+        Query::partition(stats_partition(project_id, mode)).sk(SkCond::BeginsWith("ALL#".into()));
+    let mut totals = SessionTotals::default();
+    let mut marked = false;
+    let mut query = query;
+    loop {
+        let page = store.query(&query).await?;
+        for item in &page.items {
+            if item.get(SK).and_then(Value::as_str) == Some("ALL#INIT") {
+                marked = true;
+                continue;
+            }
+            let n = |a: &str| item.get(a).and_then(Value::as_i64).unwrap_or(0);
+            totals.total += n(TOTAL);
+            for s in SessionStatus::ALL {
+                let v = n(status_attr(s));
+                match totals.by_status.iter_mut().find(|(x, _)| *x == s) {
+                    Some((_, t)) => *t += v,
+                    None => totals.by_status.push((s, v)),
+                }
+            }
+        }
+        match page.last_key {
+            Some(last) => query.start_after = Some(last),
+            None => break,
+        }
+    }
+    Ok(marked.then_some(totals))
 }
 
 /// The UTC day of `at`, as `YYYY-MM-DD`.
@@ -179,8 +261,8 @@ type Adds = Vec<(String, i64)>;
 /// Counter additions of one transaction, grouped per day item.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Tally {
-    /// Per item: its ttl and its adds.
-    items: Vec<(Key, i64, Adds)>,
+    /// Per item: its ttl (none for the all-time items) and its adds.
+    items: Vec<(Key, Option<i64>, Adds)>,
 }
 
 impl Tally {
@@ -198,6 +280,10 @@ impl Tally {
         let ttl = start_of_day(created)
             .plus(chrono::Duration::days(KEEP_DAYS))
             .unix_seconds();
+        self.add_to(key, Some(ttl), attr, n);
+    }
+
+    fn add_to(&mut self, key: Key, ttl: Option<i64>, attr: &str, n: i64) {
         let at = match self.items.iter().position(|(k, _, _)| *k == key) {
             Some(i) => i,
             None => {
@@ -226,9 +312,23 @@ impl Tally {
         self.add(record, attr, n);
     }
 
-    /// A session was created.
+    /// A session was created (`pending`).
     pub fn session_created(&mut self, s: &CheckoutSession) {
         self.session(s, SESSIONS_CREATED);
+        let key = totals_key(&s.project_id, s.mode, &s.id);
+        self.add_to(key.clone(), None, TOTAL, 1);
+        self.add_to(key, None, status_attr(SessionStatus::Pending), 1);
+    }
+
+    /// A session's stored status moved from `from` to `to` (the write is
+    /// conditioned on `from`, so the move is counted once).
+    pub fn session_moved(&mut self, s: &CheckoutSession, from: SessionStatus, to: SessionStatus) {
+        if from == to {
+            return;
+        }
+        let key = totals_key(&s.project_id, s.mode, &s.id);
+        self.add_to(key.clone(), None, status_attr(from), -1);
+        self.add_to(key, None, status_attr(to), 1);
     }
 
     /// A session became `initiated` for the first time.
@@ -292,8 +392,10 @@ impl Tally {
                             None => update.add.push((attr, n)),
                         }
                     }
-                    if !update.set.iter().any(|(a, _)| a == TTL) {
-                        update.set.push((TTL.to_owned(), ttl.into()));
+                    if let Some(ttl) = ttl {
+                        if !update.set.iter().any(|(a, _)| a == TTL) {
+                            update.set.push((TTL.to_owned(), ttl.into()));
+                        }
                     }
                 }
                 Some(_) => {
@@ -303,7 +405,10 @@ impl Tally {
                     )));
                 }
                 None => {
-                    let mut update = Update::new().set(TTL, ttl);
+                    let mut update = match ttl {
+                        Some(ttl) => Update::new().set(TTL, ttl),
+                        None => Update::new(),
+                    };
                     update.add = adds;
                     ops.push(TxOp::Update {
                         key,
@@ -941,6 +1046,10 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Store for SmallPages {
+        fn instance(&self) -> u64 {
+            self.inner.instance()
+        }
+
         async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
             self.inner.get(key).await
         }

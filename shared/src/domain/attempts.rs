@@ -26,9 +26,7 @@ use serde_json::{Value, json};
 
 use super::account;
 use super::analytics::Tally;
-use super::checkout::{
-    self, Address, CheckoutSession, SessionStatus, open_cond, open_partition, open_partitions,
-};
+use super::checkout::{self, Address, CheckoutSession, SessionStatus, open_partitions};
 use super::fonepay_cap::{self, CapError};
 use super::outbox::{Event, EventType};
 use super::payments::{AttemptInfo, Payment, PaymentStatus, PaymentView};
@@ -45,8 +43,20 @@ use crate::providers::{
 use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
 
-/// Open payments live in `gsi2` under this prefix (sharded), by creation.
+/// Open payments live in `gsi2` under this prefix, one partition per
+/// project and mode, by when their next provider check is due
+/// ([`open_payments_partition`]). `OPEN#PAY#0..3` are the former, global
+/// partitions (by creation), still drained.
 pub(crate) const OPEN_PAYMENTS: &str = "OPEN#PAY";
+/// Cancelled payments the reconciler still re-checks for a day (the
+/// customer may pay after all; a superseded attempt is one), apart from
+/// the open ones, one partition per project and mode, by due time.
+pub(crate) const RECHECK_PAYMENTS: &str = "RECHECK#PAY";
+/// How many cancelled payments one sweep re-checks per project.
+pub const RECHECK_BATCH: usize = 10;
+/// At most this many provider checks per sweep, shared round-robin among
+/// the projects with due work (the rest are due again next sweep).
+pub const SWEEP_BUDGET: usize = 2000;
 /// A payment younger than this is left to its customer by the sweep.
 pub const RECONCILE_AFTER: chrono::Duration = chrono::Duration::seconds(60);
 /// How many payments one sweep checks, per partition.
@@ -127,11 +137,35 @@ fn payment_indexes(p: &Payment) -> Vec<(Index, String, String)> {
     if is_open(p.status) {
         out.push((
             Index::Gsi2,
-            open_partition(OPEN_PAYMENTS, &p.id),
-            format!("{}#{}", p.created_at.to_rfc3339(), p.id),
+            open_payments_partition(&p.project_id, p.mode),
+            due_sk(p, next_check_at(p)),
         ));
     }
     out
+}
+
+/// The `gsi2` partition of a project's open payments, by next check.
+pub fn open_payments_partition(project_id: &str, mode: Mode) -> String {
+    format!("{OPEN_PAYMENTS}#{project_id}#{}", mode.as_str())
+}
+
+/// The `gsi2` partition of a project's cancelled payments still re-checked.
+pub fn recheck_partition(project_id: &str, mode: Mode) -> String {
+    format!("{RECHECK_PAYMENTS}#{project_id}#{}", mode.as_str())
+}
+
+/// The sort key of `p` in its partition when due at `at`.
+fn due_sk(p: &Payment, at: Timestamp) -> String {
+    format!("{}#{}", at.to_rfc3339(), p.id)
+}
+
+/// When the reconciler next asks the provider about `p`: a minute after it
+/// began, then [`check_gap`] after its last claimed check.
+pub fn next_check_at(p: &Payment) -> Timestamp {
+    match p.checks.checked_at {
+        None => p.created_at.plus(RECONCILE_AFTER),
+        Some(c) => c.plus(check_gap(p, c)),
+    }
 }
 
 fn is_open(s: PaymentStatus) -> bool {
@@ -295,6 +329,19 @@ pub async fn start(
             "this shop cannot take payments right now".into(),
         ));
     }
+    // A link's session takes one of the link's uses as its customer is
+    // sent to a provider (again after an attempt gave it back), in the
+    // start's transaction.
+    let claim = match (&session.link_id, session.link_claimed) {
+        (Some(link_id), false) => {
+            let link = super::links::get(store, link_id)
+                .await?
+                .ok_or_else(|| AttemptError::NotOffered(LINK_GONE.into()))?;
+            refuse_link(&link, now)?;
+            Some(link)
+        }
+        _ => None,
+    };
 
     let reference = providers::new_reference();
     let qr = provider == Provider::Fonepay && !choice.fonepay_web;
@@ -358,6 +405,9 @@ pub async fn start(
         .set("payment_id", payment.id.clone())
         .set("provider", provider.as_str())
         .set("updated_at", now.to_rfc3339());
+    if claim.is_some() {
+        session_update = session_update.set("link_claimed", true);
+    }
     if let Some(a) = &address {
         session_update = session_update.set(
             "customer_address",
@@ -384,7 +434,8 @@ pub async fn start(
             update: session_update,
             cond: Some(Cond::And(vec![
                 Cond::Exists,
-                open_cond(),
+                // As read: the counters move from this status.
+                Cond::eq("status", session.status.as_str()),
                 Cond::gt("expires_at", now.to_rfc3339()),
                 Cond::Or(vec![
                     Cond::AttrNotExists("attempts".into()),
@@ -394,10 +445,35 @@ pub async fn start(
             ])),
         },
     ];
+    // One open payment per session: the attempt this one supersedes is
+    // cancelled in the same write (none of our providers has an API to
+    // void a started attempt; its customer may still finish it, so it is
+    // re-checked for a day like any cancel, and its Fonepay cap hold stays
+    // until it lapses).
+    if let Some(prev) = &session.payment_id {
+        if let Some(prev) = find_payment(store, &session.id, prev).await? {
+            ops.extend(supersede_ops(&prev, now)?);
+        }
+    }
+    let claim_at = claim.as_ref().map(|link| {
+        ops.push(super::links::claim_op(link, session.expires_at));
+        ops.len() - 1
+    });
     start_tally(&session, &payment).apply_to(&mut ops)?;
+    super::active::touch(store, &session.project_id, session.mode, now).await?;
     if let Err(e) = transact_start(store, ops).await {
         if let Some(m) = &cap_month {
             release_hold(store, &session.project_id, &reference, m).await;
+        }
+        if let (Some(at), Some(link)) = (claim_at, &claim) {
+            if checkout::failed_at(&e, at) {
+                // Taken meanwhile: say why, as the link now stands.
+                let now_link = super::links::get(store, &link.id).await?;
+                let now_link =
+                    now_link.ok_or_else(|| AttemptError::NotOffered(LINK_GONE.into()))?;
+                refuse_link(&now_link, now)?;
+                return Err(AttemptError::NotOffered(super::links::held_text(1)));
+            }
         }
         return Err(if e.is_condition_failure() {
             AttemptError::Busy
@@ -488,6 +564,52 @@ pub async fn start(
     }
 }
 
+const LINK_GONE: &str = "this payment link no longer exists";
+
+/// Refuses an attempt for `link` when it is used up or every use is held.
+fn refuse_link(link: &super::links::PaymentLink, now: Timestamp) -> Result<(), AttemptError> {
+    if link.max_uses.is_some_and(|m| link.used_count >= m) {
+        return Err(AttemptError::NotOffered(super::links::inactive_text(link)));
+    }
+    match link.held(now) {
+        Some(minutes) => Err(AttemptError::NotOffered(super::links::held_text(minutes))),
+        None => Ok(()),
+    }
+}
+
+/// Why an attempt was closed by the next one of its session.
+pub const SUPERSEDED: &str = "superseded by a newer attempt of the same checkout";
+
+/// The writes cancelling `prev`, an open attempt a new one of its session
+/// supersedes (none when it is no longer open or held for review): out of
+/// the open payments into its project's re-check partition, with its
+/// `payment.cancelled` event. Conditioned on it still being open and not
+/// held, so a payment settled meanwhile makes the start fail and retry.
+fn supersede_ops(prev: &Payment, now: Timestamp) -> Result<Vec<TxOp>, StoreError> {
+    if !is_open(prev.status) || prev.checks.review.is_some() {
+        return Ok(Vec::new());
+    }
+    let mut next = prev.clone();
+    next.status = PaymentStatus::Cancelled;
+    next.failure_reason = Some(SUPERSEDED.to_owned());
+    next.updated_at = now;
+    let update = Update::new()
+        .set("status", status_word(next.status))
+        .set("failure_reason", SUPERSEDED)
+        .set("updated_at", now.to_rfc3339());
+    Ok(vec![
+        TxOp::Update {
+            key: Payment::key(&prev.id),
+            update: recheck(update, prev, now),
+            cond: Some(not_held(status_in(&[
+                PaymentStatus::Pending,
+                PaymentStatus::Processing,
+            ]))),
+        },
+        event_op(EventType::PaymentCancelled, &next, now)?,
+    ])
+}
+
 /// The day counters of a started attempt: the payment is created, and the
 /// session counts as initiated on its first attempt only (`session` as
 /// read; the transaction's `payment_id` condition pins that read).
@@ -497,6 +619,7 @@ fn start_tally(session: &CheckoutSession, payment: &Payment) -> Tally {
     if session.payment_id.is_none() {
         tally.session_initiated(session);
     }
+    tally.session_moved(session, session.status, SessionStatus::Initiated);
     tally
 }
 
@@ -685,7 +808,7 @@ pub async fn on_return(
         match verify_return(&payment, &creds, kind, params) {
             // One provider check per payment every few seconds, however
             // often the return is replayed.
-            Ok(()) => match claim_check(store, &payment.id, now, POLL_CHECK_EVERY).await? {
+            Ok(()) => match claim_check(store, &payment, now, POLL_CHECK_EVERY).await? {
                 true => match check_and_apply(state, &payment, Some(kind), now).await {
                     Ok(p) => payment = p,
                     Err(e) => {
@@ -1022,6 +1145,20 @@ fn close_payment(update: Update) -> Update {
     update.unindex(Index::Gsi2)
 }
 
+/// `update` cancelling `p` at `now`: re-checked for [`RECHECK_CANCELLED`]
+/// from its project's re-check partition.
+fn recheck(update: Update, p: &Payment, now: Timestamp) -> Update {
+    let mut checked = p.clone();
+    checked.checks.checked_at = Some(now);
+    update
+        .set("recheck_until", now.plus(RECHECK_CANCELLED).to_rfc3339())
+        .set(
+            Index::Gsi2.pk_attr(),
+            recheck_partition(&p.project_id, p.mode),
+        )
+        .set(Index::Gsi2.sk_attr(), due_sk(p, next_check_at(&checked)))
+}
+
 /// The transaction that applies `decision` to `p` as stored now; `None`
 /// when nothing changes.
 fn plan(
@@ -1111,6 +1248,7 @@ fn plan(
                 Some(s) if s.status != SessionStatus::Success => {
                     // Success is final: a session becomes paid once.
                     tally.session_paid(s);
+                    tally.session_moved(s, s.status, SessionStatus::Success);
                     ops.push(TxOp::Update {
                         key: CheckoutSession::key(&s.id),
                         update: Update::new()
@@ -1210,8 +1348,9 @@ fn plan(
                 close_payment(update)
             } else {
                 // A cancelled attempt may still be paid at the provider:
-                // the reconciler keeps asking for a day.
-                update.set("recheck_until", now.plus(RECHECK_CANCELLED).to_rfc3339())
+                // the reconciler keeps asking for a day, from the
+                // project's re-check partition (out of the open payments).
+                recheck(update, p, now)
             };
             ops.push(TxOp::Update {
                 key,
@@ -1223,7 +1362,7 @@ fn plan(
             });
             if let Some(s) = session.filter(|s| ours(s) && s.status == SessionStatus::Initiated) {
                 let back_to_picker = !ends_session && s.expires_at > now;
-                let session_update = if ends_session {
+                let mut session_update = if ends_session {
                     Update::new()
                         .set("status", "failed")
                         .set("updated_at", stamp.clone())
@@ -1235,7 +1374,19 @@ fn plan(
                 } else {
                     Update::new()
                 };
+                // The attempt held one of its link's uses: given back as it
+                // fails or is cancelled (the next attempt takes one again).
+                let release = s.link_claimed && !session_update.set.is_empty();
+                if release {
+                    session_update = session_update.set("link_claimed", false);
+                }
                 if !session_update.set.is_empty() {
+                    let to = if ends_session {
+                        SessionStatus::Failed
+                    } else {
+                        SessionStatus::Pending
+                    };
+                    tally.session_moved(s, SessionStatus::Initiated, to);
                     ops.push(TxOp::Update {
                         key: CheckoutSession::key(&s.id),
                         update: session_update,
@@ -1244,7 +1395,7 @@ fn plan(
                             Cond::eq("status", "initiated"),
                         ])),
                     });
-                    if ends_session && s.link_claimed {
+                    if release {
                         if let Some(id) = &s.link_id {
                             ops.push(super::links::release_op(id));
                         }
@@ -1287,7 +1438,7 @@ pub async fn poll(
     if !is_open(payment.status) || session.status != SessionStatus::Initiated {
         return Ok(Some((session, Some(payment))));
     }
-    if !claim_check(store, &payment.id, now, POLL_CHECK_EVERY).await? {
+    if !claim_check(store, &payment, now, POLL_CHECK_EVERY).await? {
         return Ok(Some((session, Some(payment))));
     }
     let payment = match reconcile(state, &payment, now).await {
@@ -1303,26 +1454,29 @@ pub async fn poll(
     Ok(Some((session, Some(payment))))
 }
 
-/// Claims the next provider check of payment `id` at `now` if none was
-/// made in the last `gap` (a conditional write, so parallel pollers and
-/// sweeps ask the provider once). Whether this caller may check.
-pub async fn claim_check(
+/// The write claiming a provider check of `p` at `now`: its `checked_at`,
+/// and its place in its partition (`gsi2sk`, by next check). Setting the
+/// sort key of a payment that is in no partition indexes nothing: an
+/// index entry needs both key attributes.
+fn check_update(p: &Payment, now: Timestamp) -> Update {
+    let mut checked = p.clone();
+    checked.checks.checked_at = Some(now);
+    Update::new()
+        .set("checked_at", now.to_rfc3339())
+        .set(Index::Gsi2.sk_attr(), due_sk(p, next_check_at(&checked)))
+}
+
+async fn claimed(
     store: &dyn Store,
-    id: &str,
+    p: &Payment,
     now: Timestamp,
-    gap: chrono::Duration,
+    cond: Cond,
 ) -> Result<bool, StoreError> {
     let claim = store
         .update(
-            &Payment::key(id),
-            Update::new().set("checked_at", now.to_rfc3339()),
-            Some(Cond::And(vec![
-                Cond::Exists,
-                Cond::Or(vec![
-                    Cond::AttrNotExists("checked_at".into()),
-                    Cond::le("checked_at", now.plus(-gap).to_rfc3339()),
-                ]),
-            ])),
+            &Payment::key(&p.id),
+            check_update(p, now),
+            Some(Cond::And(vec![Cond::Exists, cond])),
         )
         .await;
     match claim {
@@ -1330,6 +1484,31 @@ pub async fn claim_check(
         Err(StoreError::ConditionFailed) => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// Claims the next provider check of payment `p` at `now` if none was
+/// made in the last `gap` (a conditional write, so parallel pollers and
+/// sweeps ask the provider once). Whether this caller may check.
+pub async fn claim_check(
+    store: &dyn Store,
+    p: &Payment,
+    now: Timestamp,
+    gap: chrono::Duration,
+) -> Result<bool, StoreError> {
+    let cond = Cond::Or(vec![
+        Cond::AttrNotExists("checked_at".into()),
+        Cond::le("checked_at", now.plus(-gap).to_rfc3339()),
+    ]);
+    claimed(store, p, now, cond).await
+}
+
+/// The sweep's claim: nobody checked `p` since the sweep read it.
+async fn claim_as_read(store: &dyn Store, p: &Payment, now: Timestamp) -> Result<bool, StoreError> {
+    let cond = match p.checks.checked_at {
+        None => Cond::AttrNotExists("checked_at".into()),
+        Some(c) => Cond::eq("checked_at", c.to_rfc3339()),
+    };
+    claimed(store, p, now, cond).await
 }
 
 /// How long the sweep leaves an open payment between checks: a minute
@@ -1360,17 +1539,39 @@ pub struct SweepReport {
 
 /// Whether the sweep should ask the provider about `p` at `now`.
 pub fn due_for_check(p: &Payment, now: Timestamp) -> bool {
-    p.checks
-        .checked_at
-        .is_none_or(|c| now.datetime() - c.datetime() >= check_gap(p, now))
+    next_check_at(p) <= now
 }
 
-/// Payments in the reconciler's index created before `before`, oldest
-/// first: at most [`SWEEP_BATCH`] per partition that are due a check (or,
-/// for cancelled ones, due to leave the index), reading at most
-/// [`SWEEP_SCAN`] entries per partition, so payments waiting long between
-/// checks never hide the ones behind them.
-pub async fn open_payments(
+/// The due entries of one `gsi2` partition (sort key before
+/// `{now}#~`), at most `limit`, oldest due first.
+async fn due_in(
+    store: &dyn Store,
+    pk: String,
+    now: Timestamp,
+    limit: usize,
+) -> Result<Vec<Payment>, StoreError> {
+    let query = Query::partition(pk)
+        .on(Index::Gsi2)
+        .sk(SkCond::Lt(format!("{}#~", now.to_rfc3339())))
+        .limit(limit);
+    let page = store.query(&query).await?;
+    let mut out = Vec::with_capacity(page.items.len());
+    for item in page.items {
+        match from_item::<Payment>(item) {
+            Ok(p) => out.push(p),
+            Err(e) => {
+                tracing::warn!(error = %e, "unreadable payment in a sweep partition passed over")
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Payments of the former global partitions (`OPEN#PAY#0..3`, by
+/// creation) created before `before`: at most [`SWEEP_BATCH`] per
+/// partition that are due a check (or, for cancelled ones, due to leave
+/// the index), reading at most [`SWEEP_SCAN`] entries per partition.
+async fn legacy_open_payments(
     store: &dyn Store,
     before: Timestamp,
     now: Timestamp,
@@ -1401,8 +1602,75 @@ pub async fn open_payments(
             }
         }
     }
-    out.sort_by_key(|p| p.created_at);
     Ok(out)
+}
+
+/// One project's due reconciler work.
+struct ProjectDue {
+    active: super::active::Active,
+    payments: Vec<Payment>,
+}
+
+/// What the reconciler checks this sweep, in order: each project (and
+/// mode) with open work gives at most [`SWEEP_BATCH`] open payments whose
+/// next check is due and [`RECHECK_BATCH`] cancelled ones, earliest due
+/// first; the projects take turns one payment at a time (round-robin,
+/// starting from a project that moves every minute), up to
+/// [`SWEEP_BUDGET`] in all. A project with ten thousand due attempts thus
+/// delays another project's due payment by at most one turn. Payments of
+/// the former global partitions take one turn like a project. Also
+/// answers the registry entries whose project had nothing open.
+pub async fn open_payments(
+    store: &dyn Store,
+    active: &[super::active::Active],
+    now: Timestamp,
+) -> Result<(Vec<Payment>, Vec<super::active::Active>), StoreError> {
+    let per_project: Vec<Result<ProjectDue, StoreError>> =
+        futures::stream::iter(active.iter().cloned().map(|a| async move {
+            let open = open_payments_partition(&a.project_id, a.mode);
+            let mut payments = due_in(store, open, now, SWEEP_BATCH).await?;
+            let recheck = recheck_partition(&a.project_id, a.mode);
+            payments.extend(due_in(store, recheck, now, RECHECK_BATCH).await?);
+            payments.sort_by_key(next_check_at);
+            Ok(ProjectDue {
+                active: a,
+                payments,
+            })
+        }))
+        .buffered(SWEEP_PARALLEL)
+        .collect()
+        .await;
+    let mut queues = Vec::with_capacity(per_project.len() + 1);
+    let mut idle = Vec::new();
+    for due in per_project {
+        let due = due?;
+        if due.payments.is_empty() {
+            if now >= due.active.touched_at.plus(super::active::IDLE_AFTER) {
+                idle.push(due.active);
+            }
+        } else {
+            queues.push(due.payments.into_iter());
+        }
+    }
+    let legacy = legacy_open_payments(store, now.plus(-RECONCILE_AFTER), now).await?;
+    if !legacy.is_empty() {
+        queues.push(legacy.into_iter());
+    }
+    if !queues.is_empty() {
+        let turn = usize::try_from(now.unix_seconds() / 60).unwrap_or(0) % queues.len();
+        queues.rotate_left(turn);
+    }
+    let mut out = Vec::new();
+    while out.len() < SWEEP_BUDGET && !queues.is_empty() {
+        queues.retain_mut(|q| match q.next() {
+            Some(p) if out.len() < SWEEP_BUDGET => {
+                out.push(p);
+                true
+            }
+            _ => false,
+        });
+    }
+    Ok((out, idle))
 }
 
 /// Takes a cancelled payment out of the reconciler's index once its
@@ -1423,11 +1691,12 @@ async fn retire(store: &dyn Store, p: &Payment) -> Result<(), StoreError> {
 }
 
 /// The scheduled pass: expires due sessions and reconciles open payments
-/// older than [`RECONCILE_AFTER`] with their providers, a few at a time.
+/// with their providers when each is due ([`open_payments`]).
 pub async fn sweep(state: &AppState, now: Timestamp) -> Result<SweepReport, StoreError> {
     let store = &*state.store;
     let mut report = SweepReport::default();
-    for id in checkout::due_for_expiry(store, now, SWEEP_BATCH).await? {
+    let active = super::active::all(store).await?;
+    for id in checkout::due_for_expiry(store, &active, now, SWEEP_BATCH).await? {
         match checkout::expire_due(store, &id, now).await {
             Ok(true) => report.sessions_expired += 1,
             Ok(false) => {}
@@ -1437,14 +1706,14 @@ pub async fn sweep(state: &AppState, now: Timestamp) -> Result<SweepReport, Stor
             }
         }
     }
-    let due = open_payments(store, now.plus(-RECONCILE_AFTER), now).await?;
+    let (due, idle) = open_payments(store, &active, now).await?;
     let results: Vec<(Payment, Option<Result<Payment, AttemptError>>)> =
         futures::stream::iter(due.into_iter().map(|p| async move {
             if p.checks.recheck_until.is_some_and(|u| u <= now) {
                 let r = retire(store, &p).await.map(|()| p.clone());
                 return (p, r.err().map(|e| Err(e.into())));
             }
-            let r = match claim_check(store, &p.id, now, check_gap(&p, now)).await {
+            let r = match claim_as_read(store, &p, now).await {
                 Ok(true) => Some(reconcile(state, &p, now).await),
                 Ok(false) => None,
                 Err(e) => Some(Err(e.into())),
@@ -1470,6 +1739,15 @@ pub async fn sweep(state: &AppState, now: Timestamp) -> Result<SweepReport, Stor
             }
         }
     }
+    // Projects with nothing open for a while leave the registry (kept if
+    // they have an open session or anything was written since the read).
+    for a in idle {
+        let quiet = !checkout::has_open_sessions(store, &a.project_id, a.mode).await?
+            && !has_indexed_payments(store, &a).await?;
+        if quiet {
+            super::active::retire(store, &a, now).await?;
+        }
+    }
     let refunds = super::refunds::sweep(state, now).await?;
     report.refunds_checked = refunds.checked;
     report.refunds_resolved = refunds.resolved;
@@ -1486,6 +1764,24 @@ pub async fn sweep(state: &AppState, now: Timestamp) -> Result<SweepReport, Stor
     Ok(report)
 }
 
+/// Whether any payment of the project sits in its open or re-check
+/// partition, due or not.
+async fn has_indexed_payments(
+    store: &dyn Store,
+    a: &super::active::Active,
+) -> Result<bool, StoreError> {
+    for pk in [
+        open_payments_partition(&a.project_id, a.mode),
+        recheck_partition(&a.project_id, a.mode),
+    ] {
+        let query = Query::partition(pk).on(Index::Gsi2).limit(1);
+        if !store.query(&query).await?.items.is_empty() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1500,6 +1796,20 @@ mod tests {
 
     fn at(s: &str) -> Timestamp {
         Timestamp::parse(s).unwrap()
+    }
+
+    /// What a sweep at `now` would check.
+    async fn due_now(store: &dyn Store, now: Timestamp) -> Vec<Payment> {
+        let active = crate::domain::active::all(store).await.unwrap();
+        open_payments(store, &active, now).await.unwrap().0
+    }
+
+    /// What a sweep at `now` would expire.
+    async fn expiring(store: &dyn Store, now: Timestamp, limit: usize) -> Vec<String> {
+        let active = crate::domain::active::all(store).await.unwrap();
+        checkout::due_for_expiry(store, &active, now, limit)
+            .await
+            .unwrap()
     }
 
     fn state(now: Timestamp) -> AppState {
@@ -1539,6 +1849,73 @@ mod tests {
             .unwrap()
             .unwrap();
         (session, payment)
+    }
+
+    /// A new session of `project` (sandbox, NPR 1,000).
+    async fn session_of(st: &AppState, project: &str, now: Timestamp) -> CheckoutSession {
+        let req: CreateCheckout = serde_json::from_value(json!({
+            "amount": 100_000, "returnUrl": "https://shop.example/thanks"
+        }))
+        .unwrap();
+        let valid = validate_create(req, Mode::Sandbox).unwrap();
+        let creator = Creator {
+            project_id: project.into(),
+            mode: Mode::Sandbox,
+            api_key_id: "ak_1".into(),
+            spend_cap_paisa: None,
+        };
+        checkout::create(&*st.store, &creator, valid, now, None)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn one_projects_backlog_does_not_delay_anothers_due_payments() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        // 300 attempts of one project, all due, created first...
+        for i in 0..30 {
+            let s = session_of(&st, "proj_junk", now).await;
+            for j in 0..10 {
+                add_attempt(&st, &s, Provider::Esewa, &format!("J{i}-{j}"), now).await;
+            }
+        }
+        // ...then three genuine ones of another project.
+        let mut genuine = Vec::new();
+        for i in 0..3 {
+            let at = now.plus(chrono::Duration::minutes(5));
+            let s = session_of(&st, "proj_real", at).await;
+            genuine.push(
+                add_attempt(&st, &s, Provider::Esewa, &format!("G{i}"), at)
+                    .await
+                    .id,
+            );
+        }
+        let due = due_now(&*st.store, now.plus(chrono::Duration::minutes(10))).await;
+        let first: Vec<&str> = due.iter().take(6).map(|p| p.project_id.as_str()).collect();
+        assert_eq!(
+            first.iter().filter(|p| **p == "proj_real").count(),
+            3,
+            "the projects take turns: {first:?}"
+        );
+        for g in &genuine {
+            assert!(due.iter().take(6).any(|p| &p.id == g));
+        }
+        let junk = due.iter().filter(|p| p.project_id == "proj_junk").count();
+        assert_eq!(junk, SWEEP_BATCH, "at most a batch per project and sweep");
+        // Checked now, the next turn goes to those not yet checked.
+        let later = now.plus(chrono::Duration::minutes(10));
+        for p in &due {
+            assert!(claim_as_read(&*st.store, p, later).await.unwrap());
+        }
+        let next = due_now(&*st.store, later).await;
+        assert!(next.iter().all(|p| p.project_id == "proj_junk"));
+        assert!(
+            next.iter().all(|p| !due.iter().any(|d| d.id == p.id)),
+            "by next check"
+        );
+        // A claim lost to a concurrent checker is not taken twice.
+        assert!(!claim_as_read(&*st.store, &due[0], later).await.unwrap());
     }
 
     async fn add_attempt(
@@ -1894,7 +2271,7 @@ mod tests {
         assert_eq!(c.checks.recheck_until, Some(now.plus(RECHECK_CANCELLED)));
         // Still in the reconciler's index...
         let soon = now.plus(chrono::Duration::minutes(5));
-        let listed = open_payments(&*st.store, soon, soon).await.unwrap();
+        let listed = due_now(&*st.store, soon).await;
         assert_eq!(
             listed.iter().map(|x| x.id.clone()).collect::<Vec<_>>(),
             vec![p.id.clone()]
@@ -1905,12 +2282,7 @@ mod tests {
             .unwrap();
         assert_eq!(ok.status, PaymentStatus::Success);
         assert_eq!(ok.checks.recheck_until, None);
-        assert!(
-            open_payments(&*st.store, soon, soon)
-                .await
-                .unwrap()
-                .is_empty()
-        );
+        assert!(due_now(&*st.store, soon).await.is_empty());
 
         // Another cancelled one leaves the index after its day.
         let s2 = checkout::find_any(&*st.store, &p.checkout_session_id, now)
@@ -1922,15 +2294,10 @@ mod tests {
             .await
             .unwrap();
         let day = now.plus(RECHECK_CANCELLED);
-        let due = open_payments(&*st.store, day, day).await.unwrap();
+        let due = due_now(&*st.store, day).await;
         assert_eq!(due.len(), 1);
         retire(&*st.store, &due[0]).await.unwrap();
-        assert!(
-            open_payments(&*st.store, day, day)
-                .await
-                .unwrap()
-                .is_empty()
-        );
+        assert!(due_now(&*st.store, day).await.is_empty());
     }
 
     #[tokio::test]
@@ -1945,12 +2312,7 @@ mod tests {
             .unwrap();
         assert_eq!(held.status, PaymentStatus::Processing);
         let soon = now.plus(chrono::Duration::minutes(5));
-        assert!(
-            open_payments(&*st.store, soon, soon)
-                .await
-                .unwrap()
-                .is_empty()
-        );
+        assert!(due_now(&*st.store, soon).await.is_empty());
         let stale = decide_for(&p, &paid(100_000), None, false, now);
         assert!(matches!(stale, Decision::Success { .. }), "{stale:?}");
         let after = apply(&st, &p, stale, now).await.unwrap();
@@ -1987,12 +2349,7 @@ mod tests {
         // Out of the reconciler's index; nothing later settles it, even
         // the right amount or an expiry planned from the old copy.
         let soon = now.plus(chrono::Duration::minutes(5));
-        assert!(
-            open_payments(&*st.store, soon, soon)
-                .await
-                .unwrap()
-                .is_empty()
-        );
+        assert!(due_now(&*st.store, soon).await.is_empty());
         for later in [
             decide(&p, &paid(100_000), false),
             Decision::Cancelled("the provider's payment window closed".into()),
@@ -2056,12 +2413,7 @@ mod tests {
         let day = now
             .plus(RECHECK_CANCELLED)
             .plus(chrono::Duration::minutes(1));
-        assert!(
-            open_payments(&*st.store, day, day)
-                .await
-                .unwrap()
-                .is_empty()
-        );
+        assert!(due_now(&*st.store, day).await.is_empty());
         // The day's recheck of the cancelled payment then says paid.
         let later = now.plus(chrono::Duration::hours(1));
         let d = decide_for(&c, &paid(100_000), None, true, later);
@@ -2085,7 +2437,7 @@ mod tests {
         for i in 0..60 {
             let p = add_attempt(&st, &s, Provider::Esewa, &format!("OLD{i}"), now).await;
             assert!(
-                claim_check(&*st.store, &p.id, later, check_gap(&p, later))
+                claim_check(&*st.store, &p, later, check_gap(&p, later))
                     .await
                     .unwrap()
             );
@@ -2098,7 +2450,8 @@ mod tests {
             now.plus(chrono::Duration::seconds(1)),
         )
         .await;
-        let due = open_payments(&*st.store, later, later).await.unwrap();
+        let active = crate::domain::active::all(&*st.store).await.unwrap();
+        let (due, _) = open_payments(&*st.store, &active, later).await.unwrap();
         assert!(due.iter().any(|p| p.id == fresh.id), "{} due", due.len());
         assert!(due.len() <= 2, "only the unchecked ones: {}", due.len());
     }
@@ -2123,19 +2476,13 @@ mod tests {
         );
         // Settled payments leave the sweep's index; so does the session.
         assert!(
-            open_payments(
-                &*st.store,
-                later.plus(chrono::Duration::hours(1)),
-                later.plus(chrono::Duration::hours(1))
-            )
-            .await
-            .unwrap()
-            .is_empty()
+            due_now(&*st.store, later.plus(chrono::Duration::hours(1)))
+                .await
+                .is_empty()
         );
         assert!(
-            checkout::due_for_expiry(&*st.store, later.plus(chrono::Duration::hours(1)), 10)
+            expiring(&*st.store, later.plus(chrono::Duration::hours(1)), 10)
                 .await
-                .unwrap()
                 .is_empty()
         );
         // Applying again (a replayed return, the next sweep) changes nothing.
@@ -2241,12 +2588,7 @@ mod tests {
         let st = state(now);
         let (s, p) = attempt(&st, Provider::Esewa, now).await;
         let late = now.plus(chrono::Duration::minutes(31));
-        assert_eq!(
-            checkout::due_for_expiry(&*st.store, late, 10)
-                .await
-                .unwrap(),
-            vec![s.id.clone()]
-        );
+        assert_eq!(expiring(&*st.store, late, 10).await, vec![s.id.clone()]);
         assert!(checkout::expire_due(&*st.store, &s.id, late).await.unwrap());
         // The provider forgot the attempt: cancelled, session stays expired.
         let nf = with_state(ProviderState::NotFound, "NOT_FOUND");
@@ -2342,9 +2684,9 @@ mod tests {
         let mut tasks = Vec::new();
         for _ in 0..8 {
             let store = st.store.clone();
-            let id = p.id.clone();
+            let p = p.clone();
             tasks.push(tokio::spawn(async move {
-                claim_check(&*store, &id, now, gap).await
+                claim_check(&*store, &p, now, gap).await
             }));
         }
         let mut won = 0;
@@ -2355,30 +2697,18 @@ mod tests {
         }
         assert_eq!(won, 1);
         assert!(
-            !claim_check(
-                &*st.store,
-                &p.id,
-                now.plus(chrono::Duration::seconds(2)),
-                gap
-            )
-            .await
-            .unwrap()
-        );
-        assert!(
-            claim_check(
-                &*st.store,
-                &p.id,
-                now.plus(chrono::Duration::seconds(3)),
-                gap
-            )
-            .await
-            .unwrap()
-        );
-        assert!(
-            !claim_check(&*st.store, "pay_missing", now, gap)
+            !claim_check(&*st.store, &p, now.plus(chrono::Duration::seconds(2)), gap)
                 .await
                 .unwrap()
         );
+        assert!(
+            claim_check(&*st.store, &p, now.plus(chrono::Duration::seconds(3)), gap)
+                .await
+                .unwrap()
+        );
+        let mut missing = p.clone();
+        missing.id = "pay_missing".into();
+        assert!(!claim_check(&*st.store, &missing, now, gap).await.unwrap());
     }
 
     #[tokio::test]

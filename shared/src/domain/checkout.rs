@@ -201,7 +201,7 @@ impl CheckoutSession {
         if !self.status.is_final() {
             out.push((
                 Index::Gsi2,
-                open_partition(OPEN_SESSIONS, &self.id),
+                open_sessions_partition(&self.project_id, self.mode),
                 format!("{}#{}", self.expires_at.to_rfc3339(), self.id),
             ));
         }
@@ -773,6 +773,7 @@ pub async fn create(
         }
     }
     let spend = spend_op(creator, valid.amount.get(), now)?;
+    super::active::touch(store, &creator.project_id, creator.mode, now).await?;
     let session = new_session(creator, valid, now);
     let item = to_item(
         &session,
@@ -913,6 +914,10 @@ pub(crate) fn open_cond() -> Cond {
 /// Moves an open session to `expired`; when `only_if_due`, only once its
 /// `expires_at` passed. A session that is no longer open (or not yet due)
 /// is answered as stored.
+///
+/// One transaction: the session (conditioned on the status it was read
+/// with), its project's session counters, and the link use it gives back.
+/// A session that moved meanwhile is read again and tried again.
 async fn mark_expired(
     store: &dyn Store,
     id: &str,
@@ -921,77 +926,60 @@ async fn mark_expired(
     only_if_due: bool,
 ) -> Result<CheckoutSession, StoreError> {
     let key = CheckoutSession::key(id);
-    let mut conds = vec![Cond::Exists, open_cond()];
-    if only_if_due {
-        conds.push(Cond::le("expires_at", now.to_rfc3339()));
-    }
-    let update = Update::new()
-        .set("status", SessionStatus::Expired.as_str())
-        .set("updated_at", now.to_rfc3339())
-        .unindex(Index::Gsi2);
-    // Whether it holds a link's use: from the caller's read when it has
-    // one (the link and the flag never change on a session).
-    let current: Option<CheckoutSession> = match known {
-        Some(s) => Some(s.clone()),
-        None => match store.get(&key).await? {
-            Some(item) => Some(from_item(item)?),
-            None => None,
-        },
-    };
-    // A session holding one of its link's uses gives it back as it ends.
-    let release = current
-        .as_ref()
-        .filter(|s| s.link_claimed)
-        .and_then(|s| s.link_id.clone());
-    let written = match release {
-        // The answer of the update is the session: no second read.
-        None => match store.update(&key, update, Some(Cond::And(conds))).await {
-            Ok(item) => return from_item(item),
-            Err(e) => Err(e),
-        },
-        Some(link) => {
-            let ops = vec![
-                TxOp::Update {
-                    key: key.clone(),
-                    update,
-                    cond: Some(Cond::And(conds)),
-                },
-                super::links::release_op(&link),
-            ];
-            let mut result = Err(StoreError::Unavailable(format!("session {id} is busy")));
-            for attempt in 0..6u64 {
-                match store.transact(ops.clone()).await {
-                    Ok(()) => {
-                        result = Ok(());
-                        break;
-                    }
-                    // Busy (the link is being written): try again.
-                    Err(StoreError::TransactionCanceled { reasons })
-                        if !reasons.contains(&TxReason::ConditionFailed) =>
-                    {
-                        let pause = 5 + 10 * attempt + rand::random::<u64>() % 20;
-                        tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
-                    }
-                    Err(StoreError::TransactionCanceled { .. }) => {
-                        result = Err(StoreError::ConditionFailed);
-                        break;
-                    }
-                    Err(e) => {
-                        result = Err(e);
-                        break;
-                    }
-                }
-            }
-            result
+    let mut read = known.cloned();
+    for attempt in 0..8usize {
+        let current = match read.take() {
+            Some(s) => s,
+            None => match store.get(&key).await? {
+                Some(item) => from_item::<CheckoutSession>(item)?,
+                None => return Err(StoreError::Backend(format!("session {id} vanished"))),
+            },
+        };
+        if current.status.is_final() || (only_if_due && now < current.expires_at) {
+            return Ok(current);
         }
-    };
-    match written {
-        Ok(()) | Err(StoreError::ConditionFailed) => match store.get(&key).await? {
-            Some(item) => from_item(item),
-            None => Err(StoreError::Backend(format!("session {id} vanished"))),
-        },
-        Err(e) => Err(e),
+        let mut conds = vec![Cond::Exists, Cond::eq("status", current.status.as_str())];
+        if only_if_due {
+            conds.push(Cond::le("expires_at", now.to_rfc3339()));
+        }
+        let update = Update::new()
+            .set("status", SessionStatus::Expired.as_str())
+            .set("updated_at", now.to_rfc3339())
+            .unindex(Index::Gsi2);
+        let mut ops = vec![TxOp::Update {
+            key: key.clone(),
+            update,
+            cond: Some(Cond::And(conds)),
+        }];
+        // A session holding one of its link's uses gives it back as it ends.
+        if current.link_claimed {
+            if let Some(link) = &current.link_id {
+                ops.push(super::links::release_op(link));
+            }
+        }
+        let mut tally = super::analytics::Tally::new();
+        tally.session_moved(&current, current.status, SessionStatus::Expired);
+        tally.apply_to(&mut ops)?;
+        match store.transact(ops).await {
+            Ok(()) => {
+                let mut done = current;
+                done.status = SessionStatus::Expired;
+                done.updated_at = now;
+                return Ok(done);
+            }
+            // Moved meanwhile (paid, another attempt): read it again.
+            Err(e) if failed_at(&e, 0) => {}
+            // Busy (the link or the counters are being written).
+            Err(StoreError::TransactionCanceled { reasons })
+                if !reasons.contains(&TxReason::ConditionFailed) =>
+            {
+                read = Some(current);
+            }
+            Err(e) => return Err(e),
+        }
+        crate::store::contention_backoff(attempt).await;
     }
+    Err(StoreError::Unavailable(format!("session {id} is busy")))
 }
 
 /// The sweep partitions of open records (`gsi2`), spread so no single
@@ -1010,15 +998,29 @@ pub(crate) fn open_partitions(prefix: &str) -> Vec<String> {
     (0..OPEN_SHARDS).map(|s| format!("{prefix}#{s}")).collect()
 }
 
-/// Open sessions whose time has passed at `now`, oldest first, at most
-/// `limit` per partition.
+/// The `gsi2` partition of a project's open sessions, by `expires_at`:
+/// the sweep finds it through [`super::active`], and `GET /v1/sessions`
+/// counts the ones past their time in it.
+pub fn open_sessions_partition(project_id: &str, mode: Mode) -> String {
+    format!("{OPEN_SESSIONS}#{project_id}#{}", mode.as_str())
+}
+
+/// Open sessions whose time has passed at `now`, oldest first: at most
+/// `limit` of each project in `active` (one project's backlog never holds
+/// up another's), then at most `limit` per partition of the former,
+/// global layout (sessions written before the per-project index).
 pub async fn due_for_expiry(
     store: &dyn Store,
+    active: &[super::active::Active],
     now: Timestamp,
     limit: usize,
 ) -> Result<Vec<String>, StoreError> {
+    let partitions = active
+        .iter()
+        .map(|a| open_sessions_partition(&a.project_id, a.mode))
+        .chain(open_partitions(OPEN_SESSIONS));
     let mut ids = Vec::new();
-    for pk in open_partitions(OPEN_SESSIONS) {
+    for pk in partitions {
         let query = Query::partition(pk)
             .on(Index::Gsi2)
             .sk(SkCond::Lt(format!("{}#~", now.to_rfc3339())))
@@ -1030,6 +1032,19 @@ pub async fn due_for_expiry(
         }
     }
     Ok(ids)
+}
+
+/// Whether the project has any open session indexed (the sweep retires an
+/// idle registry entry only when it has none).
+pub async fn has_open_sessions(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+) -> Result<bool, StoreError> {
+    let query = Query::partition(open_sessions_partition(project_id, mode))
+        .on(Index::Gsi2)
+        .limit(1);
+    Ok(!store.query(&query).await?.items.is_empty())
 }
 
 /// Stores a due session as expired (the scheduler's part of lazy expiry).
@@ -1094,7 +1109,47 @@ pub async fn list(
     if let Some(s) = status {
         query = query.filter(status_filter(s, now));
     }
-    super::record::page_of(store, &query, offset, limit).await
+    let Some(totals) = super::analytics::session_totals(store, project_id, mode).await? else {
+        // A project from before the counters: counted the old way.
+        return super::record::page_of(store, &query, offset, limit).await;
+    };
+    let items = crate::store::query_window(store, &query, offset, limit).await?;
+    let sessions = items
+        .into_iter()
+        .map(from_item)
+        .collect::<Result<Vec<CheckoutSession>, _>>()?;
+    let total = match status {
+        None => totals.total,
+        Some(s @ (SessionStatus::Success | SessionStatus::Failed)) => totals.stored(s),
+        // Lazy expiry: open sessions past their time are listed as
+        // expired. They are the ones still in the project's open index
+        // with `expires_at <= now` (the sweep stores them within a minute
+        // or so), counted with a key-range query.
+        Some(s @ (SessionStatus::Pending | SessionStatus::Initiated)) => {
+            totals.stored(s) - overdue(store, project_id, mode, s, now).await?
+        }
+        Some(SessionStatus::Expired) => {
+            totals.stored(SessionStatus::Expired)
+                + overdue(store, project_id, mode, SessionStatus::Pending, now).await?
+                + overdue(store, project_id, mode, SessionStatus::Initiated, now).await?
+        }
+    };
+    Ok((sessions, u64::try_from(total.max(0)).unwrap_or(0)))
+}
+
+/// Open sessions of the project stored as `status` whose time passed.
+async fn overdue(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    status: SessionStatus,
+    now: Timestamp,
+) -> Result<i64, StoreError> {
+    let query = Query::partition(open_sessions_partition(project_id, mode))
+        .on(Index::Gsi2)
+        .sk(SkCond::Lt(format!("{}#~", now.to_rfc3339())))
+        .filter(Cond::eq("status", status.as_str()));
+    Ok(i64::try_from(store.count(&query).await?).unwrap_or(i64::MAX))
 }
 
 /// One provider as `GET /v1/providers` shows it.
@@ -1167,6 +1222,69 @@ mod tests {
     fn with(mut v: Value, k: &str, x: Value) -> Value {
         v[k] = x;
         v
+    }
+
+    #[tokio::test]
+    async fn the_total_costs_the_same_reads_whatever_the_number_of_sessions() {
+        let inner: Arc<dyn Store> = Arc::new(EmbeddedStore::in_memory().unwrap());
+        let counting = crate::store::counting::CountingStore::new(inner.clone());
+        let now = Timestamp::parse("2026-11-25T10:00:00Z").unwrap();
+        let marker = super::super::analytics::totals_marker("proj_t", Mode::Sandbox);
+        let mut item = crate::store::Item::new();
+        item.insert(crate::store::PK.into(), marker.pk.into());
+        item.insert(crate::store::SK.into(), marker.sk.into());
+        inner.put(item, None).await.unwrap();
+        let creator = Creator {
+            project_id: "proj_t".into(),
+            mode: Mode::Sandbox,
+            api_key_id: "ak_t".into(),
+            spend_cap_paisa: None,
+        };
+        let mut ids = Vec::new();
+        let mut costs = Vec::new();
+        for n in [3usize, 40] {
+            while ids.len() < n {
+                let valid = validate_create(req(base()), Mode::Sandbox).unwrap();
+                ids.push(
+                    create(&*inner, &creator, valid, now, None)
+                        .await
+                        .unwrap()
+                        .id,
+                );
+            }
+            let before = counting.calls();
+            let (page, total) = list(&counting, "proj_t", Mode::Sandbox, None, now, 0, 1)
+                .await
+                .unwrap();
+            assert_eq!((page.len(), total), (1, n as u64));
+            costs.push(counting.calls() - before);
+        }
+        assert_eq!(costs[0], costs[1], "reads do not grow with the sessions");
+        let total = |status, at| {
+            let counting = &counting;
+            async move {
+                list(counting, "proj_t", Mode::Sandbox, Some(status), at, 0, 1)
+                    .await
+                    .unwrap()
+                    .1
+            }
+        };
+        assert_eq!(total(SessionStatus::Pending, now).await, 40);
+        // Past their time, before any sweep: counted as expired.
+        let late = now.plus(chrono::Duration::minutes(31));
+        assert_eq!(total(SessionStatus::Pending, late).await, 0);
+        assert_eq!(total(SessionStatus::Expired, late).await, 40);
+        // Stored as expired: the same counts.
+        for id in ids.iter().take(5) {
+            assert!(expire_due(&*inner, id, late).await.unwrap());
+        }
+        assert_eq!(total(SessionStatus::Expired, late).await, 40);
+        assert_eq!(total(SessionStatus::Expired, now).await, 5);
+        assert_eq!(total(SessionStatus::Pending, now).await, 35);
+        let (_, all) = list(&counting, "proj_t", Mode::Sandbox, None, late, 0, 1)
+            .await
+            .unwrap();
+        assert_eq!(all, 40);
     }
 
     fn field_of(r: Result<ValidCheckout, CheckoutError>) -> String {

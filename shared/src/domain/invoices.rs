@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 
 use super::Mode;
 use super::account::{self, Seller};
+use super::analytics::Tally;
 use super::checkout::{self, CheckoutSession, SessionStatus};
 use super::outbox::{Event, EventType};
 use super::payments::{self, Payment, PaymentStatus};
@@ -1152,13 +1153,14 @@ fn checkout_activity(c: &CurrentCheckout, now: Timestamp) -> Option<String> {
 /// The write that closes the checkout as read: a pending session is
 /// expired (only if nobody started an attempt meanwhile); any other is
 /// checked to still be what it was.
-fn close_checkout_op(s: &CheckoutSession, now: Timestamp) -> TxOp {
+fn close_checkout_op(s: &CheckoutSession, now: Timestamp, tally: &mut Tally) -> TxOp {
     let attempt_as_read = match &s.payment_id {
         Some(p) => Cond::eq("payment_id", p.clone()),
         // Null or missing: "not a string" covers both on both backends.
         None => Cond::Not(Box::new(Cond::ge("payment_id", ""))),
     };
     if s.status_at(now) == SessionStatus::Pending {
+        tally.session_moved(s, SessionStatus::Pending, SessionStatus::Expired);
         TxOp::Update {
             key: CheckoutSession::key(&s.id),
             update: Update::new()
@@ -1265,7 +1267,9 @@ pub async fn correct(
         },
     ];
     if let Some(c) = &checkout {
-        ops.push(close_checkout_op(&c.session, now));
+        let mut tally = Tally::new();
+        ops.push(close_checkout_op(&c.session, now, &mut tally));
+        tally.apply_to(&mut ops)?;
     }
     match store.transact(ops).await {
         Ok(()) => Ok((voided, replacement)),
@@ -1311,7 +1315,9 @@ pub async fn adjust(
                 c.session.id
             )));
         }
-        extra.push(close_checkout_op(&c.session, now));
+        let mut tally = Tally::new();
+        extra.push(close_checkout_op(&c.session, now, &mut tally));
+        tally.apply_to(&mut extra)?;
     }
     let mut next = current.clone();
     next.amount_adjusted += body.amount;
@@ -1436,8 +1442,9 @@ pub async fn checkout(
         if let Some(f) = fence {
             ops.push(f.op(&session.id));
         }
+        let mut tally = super::analytics::Tally::new();
         if let Some(c) = &previous {
-            ops.push(close_checkout_op(&c.session, now));
+            ops.push(close_checkout_op(&c.session, now, &mut tally));
         }
         let spend_at = spend.map(|op| {
             ops.push(op);
@@ -1445,9 +1452,9 @@ pub async fn checkout(
         });
         // The day's counters, in the same transaction (last: the fence's
         // index above is read on failure).
-        let mut tally = super::analytics::Tally::new();
         tally.session_created(&session);
         tally.apply_to(&mut ops)?;
+        super::active::touch(store, project_id, mode, now).await?;
         match store.transact(ops).await {
             Ok(()) => return Ok((session, false)),
             Err(StoreError::TransactionCanceled { reasons })

@@ -55,9 +55,15 @@ pub struct PaymentLink {
     pub used_count: i64,
     #[serde(default)]
     pub views: i64,
-    /// Uses taken: completed payments plus open sessions holding a use.
+    /// Uses taken: completed payments plus attempts holding a use (a use
+    /// is held from the moment a customer is sent to a provider until that
+    /// attempt fails, is cancelled or its session expires).
     #[serde(default)]
     pub claimed: i64,
+    /// When the last hold taken ends at the latest (its session's expiry):
+    /// how long the page says to wait while every use is held.
+    #[serde(default)]
+    pub held_until: Option<Timestamp>,
     #[serde(default)]
     pub expires_at: Option<Timestamp>,
     #[serde(default)]
@@ -110,6 +116,58 @@ impl PaymentLink {
         } else {
             None
         }
+    }
+
+    /// While every remaining use is held by a customer at a provider (none
+    /// used up): whole minutes, at least 1, until the holds end at the
+    /// latest.
+    pub fn held(&self, now: Timestamp) -> Option<i64> {
+        let m = self.max_uses?;
+        if self.used_count >= m || self.claimed < m {
+            return None;
+        }
+        let until = self
+            .held_until
+            .unwrap_or(now.plus(checkout::SESSION_LIFETIME));
+        let secs = (until.datetime() - now.datetime()).num_seconds();
+        Some(((secs + 59) / 60).max(1))
+    }
+}
+
+/// The page's words while every use of a link is held.
+pub fn held_text(minutes: i64) -> String {
+    let unit = if minutes == 1 { "minute" } else { "minutes" };
+    format!(
+        "This payment link is temporarily unavailable: every use is being paid \
+         right now. Try again in {minutes} {unit}."
+    )
+}
+
+/// The write taking one use of `link` (as read) for an attempt of a
+/// session ending at `session_expires`: conditioned on a use being left
+/// and `maxUses` unchanged.
+pub fn claim_op(link: &PaymentLink, session_expires: Timestamp) -> TxOp {
+    let room = match link.max_uses {
+        // Unlimited, and still unlimited when the write lands.
+        None => Cond::Not(Box::new(Cond::ge("max_uses", 0))),
+        Some(m) => Cond::And(vec![
+            Cond::eq("max_uses", m),
+            Cond::Or(vec![
+                Cond::AttrNotExists("claimed".into()),
+                Cond::lt("claimed", m),
+            ]),
+        ]),
+    };
+    let until = link
+        .held_until
+        .filter(|h| *h > session_expires)
+        .unwrap_or(session_expires);
+    TxOp::Update {
+        key: PaymentLink::key(&link.id),
+        update: Update::new()
+            .add("claimed", 1)
+            .set("held_until", until.to_rfc3339()),
+        cond: Some(Cond::And(vec![Cond::Exists, room])),
     }
 }
 
@@ -470,6 +528,7 @@ pub fn new_link(
         used_count: 0,
         views: 0,
         claimed: 0,
+        held_until: None,
         expires_at,
         redirect_url: req.redirect_url,
         inactive_message: text(
@@ -741,6 +800,10 @@ pub enum OpenError {
     /// Inactive, expired or used up: the page shows this message.
     #[error("{0}")]
     Unusable(String),
+    /// Every use is held by customers at a provider: try again in so many
+    /// minutes.
+    #[error("{}", held_text(*.0))]
+    Held(i64),
     #[error("{field}: {message}")]
     Invalid { field: String, message: String },
     #[error(transparent)]
@@ -820,9 +883,11 @@ pub fn amount_for(link: &PaymentLink, typed: Option<&str>) -> Result<Paisa, Open
     })
 }
 
-/// Opens a checkout session for a customer of `link`: the session takes one
-/// of the link's uses in the same transaction (so `maxUses` holds however
-/// many customers arrive at once), given back if it ends unpaid.
+/// Opens a checkout session for a customer of `link`. The session takes no
+/// use of the link: its attempt does ([`claim_op`], in the attempt's
+/// transaction), so opening the page again and again holds nothing. The
+/// session is refused while the link is used up (checked in the same
+/// transaction) or every use is held.
 pub async fn open_session(
     store: &dyn Store,
     link_id: &str,
@@ -833,6 +898,9 @@ pub async fn open_session(
     let link = get(store, link_id).await?.ok_or(OpenError::NotFound)?;
     if link.unusable(now).is_some() {
         return Err(OpenError::Unusable(inactive_text(&link)));
+    }
+    if let Some(minutes) = link.held(now) {
+        return Err(OpenError::Held(minutes));
     }
     let amount = amount_for(&link, customer.amount.as_deref())?;
     let keep = |field: &str, v: Option<String>, max: usize| -> Result<Option<String>, OpenError> {
@@ -878,27 +946,21 @@ pub async fn open_session(
     };
     let mut session = checkout::new_session(&creator, valid, now);
     session.link_id = Some(link.id.clone());
-    session.link_claimed = true;
-    let room = match link.max_uses {
+    let left = match link.max_uses {
         // Unlimited, and still unlimited when the write lands.
         None => Cond::Not(Box::new(Cond::ge("max_uses", 0))),
         Some(m) => Cond::And(vec![
             Cond::eq("max_uses", m),
             Cond::Or(vec![
-                Cond::AttrNotExists("claimed".into()),
-                Cond::lt("claimed", m),
+                Cond::AttrNotExists("used_count".into()),
+                Cond::lt("used_count", m),
             ]),
         ]),
     };
     let mut ops = vec![
-        TxOp::Update {
+        TxOp::Check {
             key: PaymentLink::key(&link.id),
-            update: Update::new().add("claimed", 1),
-            cond: Some(Cond::And(vec![
-                Cond::Exists,
-                Cond::eq("active", true),
-                room,
-            ])),
+            cond: Cond::And(vec![Cond::Exists, Cond::eq("active", true), left]),
         },
         TxOp::Put {
             item: to_item(
@@ -913,6 +975,7 @@ pub async fn open_session(
     let mut tally = super::analytics::Tally::new();
     tally.session_created(&session);
     tally.apply_to(&mut ops)?;
+    super::active::touch(store, &session.project_id, session.mode, now).await?;
     for attempt in 0..6u64 {
         match store.transact(ops.clone()).await {
             Ok(()) => return Ok(session),

@@ -2,6 +2,7 @@
 //! only: no HTTP, no AWS types.
 
 pub mod account;
+pub mod active;
 pub mod analytics;
 pub mod attempts;
 pub mod checkout;

@@ -38,6 +38,10 @@ impl Store for CountingStore {
         self.inner.single_process()
     }
 
+    fn instance(&self) -> u64 {
+        self.inner.instance()
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
         self.tick();
         self.inner.get(key).await

@@ -87,6 +87,7 @@ const ACTIVE_TIMEOUT: Duration = Duration::from_secs(300);
 pub struct DynamoStore {
     client: Client,
     table: String,
+    instance: u64,
 }
 
 impl fmt::Debug for DynamoStore {
@@ -103,6 +104,7 @@ impl DynamoStore {
         Self {
             client,
             table: table.into(),
+            instance: super::new_instance(),
         }
     }
 
@@ -870,6 +872,10 @@ impl DynamoStore {
 
 #[async_trait]
 impl Store for DynamoStore {
+    fn instance(&self) -> u64 {
+        self.instance
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
         validate_key(key)?;
         let out = self

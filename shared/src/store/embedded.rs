@@ -68,6 +68,7 @@ fn backend<E: fmt::Display>(context: &str) -> impl FnOnce(E) -> StoreError + '_ 
 #[derive(Clone)]
 pub struct EmbeddedStore {
     db: Arc<Database>,
+    instance: u64,
 }
 
 impl fmt::Debug for EmbeddedStore {
@@ -110,7 +111,10 @@ impl EmbeddedStore {
             }
         }
         txn.commit().map_err(backend("init: commit"))?;
-        Ok(Self { db: Arc::new(db) })
+        Ok(Self {
+            db: Arc::new(db),
+            instance: super::new_instance(),
+        })
     }
 
     /// Runs `f` in one write transaction on a blocking thread; commits when
@@ -529,6 +533,10 @@ fn index_position(q: &Query, start: &Item) -> Result<[String; 4], StoreError> {
 impl Store for EmbeddedStore {
     fn single_process(&self) -> bool {
         true
+    }
+
+    fn instance(&self) -> u64 {
+        self.instance
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {

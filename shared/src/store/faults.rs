@@ -122,6 +122,10 @@ impl Store for FaultyStore {
         self.inner.single_process()
     }
 
+    fn instance(&self) -> u64 {
+        self.inner.instance()
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
         faulty!(self, Op::Get, self.inner.get(key))
     }

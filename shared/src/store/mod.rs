@@ -372,6 +372,17 @@ pub trait Store: Send + Sync + 'static {
     fn single_process(&self) -> bool {
         false
     }
+
+    /// This store's identity in this process, distinct for every store
+    /// opened ([`new_instance`]); caches of store writes key on it.
+    /// Wrappers answer their inner store's.
+    fn instance(&self) -> u64;
+}
+
+/// A fresh [`Store::instance`].
+pub fn new_instance() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Skips `offset` matching items of `query` and returns up to `limit`,
