@@ -1359,7 +1359,7 @@ mod tests {
             format!(r#"{{"current": 5, "x": "{secret_part}"}}"#),
             format!(r#"{{"curent": "{secret_part}"}}"#),
             format!(r#"{{"{secret_part}": "v1:{b64}"}}"#),
-            format!(r#"{{"current": " "}}"#),
+            r#"{"current": " "}"#.to_owned(),
             format!(r#"{{"current": "v1:{b64}", "previous": "{secret_part}"}}"#),
             format!(r#"{{"current": "v1:{b64}", "previous": "v1:{old}"}}"#),
             format!(r#""{secret_part}""#),
