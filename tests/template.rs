@@ -1085,7 +1085,10 @@ fn dynamodb_grants_are_real_actions_on_the_right_resources() {
                 .as_sequence()
                 .cloned()
                 .unwrap_or_default();
-            for st in &statements {
+            for st in statements
+                .iter()
+                .filter(|st| st["Effect"].as_str() != Some("Deny"))
+            {
                 let actions: Vec<String> = match &st["Action"] {
                     Value::String(a) => vec![a.clone()],
                     Value::Sequence(s) => s
@@ -1119,6 +1122,66 @@ fn dynamodb_grants_are_real_actions_on_the_right_resources() {
         }
     }
     assert!(checked > 0);
+}
+
+/// SAM attaches an AWS managed policy to a function with a queue or
+/// stream trigger (AWSLambdaSQSQueueExecutionRole,
+/// AWSLambdaDynamoDBExecutionRole) whose read rights are on every queue
+/// or stream (`Resource: "*"`). Each such function denies those actions
+/// on everything but its own trigger, so it can read no other queue or
+/// stream; every Deny is one of these fences.
+#[test]
+fn queue_and_stream_triggers_read_only_their_own_source() {
+    /// A Deny as (sorted actions, `!GetAtt` of its NotResource).
+    type Fence = (Vec<String>, Option<(String, String)>);
+    const SQS: [&str; 3] = [
+        "sqs:DeleteMessage",
+        "sqs:GetQueueAttributes",
+        "sqs:ReceiveMessage",
+    ];
+    const STREAM: [&str; 3] = [
+        "dynamodb:DescribeStream",
+        "dynamodb:GetRecords",
+        "dynamodb:GetShardIterator",
+    ];
+    let t = template();
+    let mut fenced = Vec::new();
+    for (name, f) in functions(&t) {
+        let denies: Vec<Fence> = statements(&f)
+            .into_iter()
+            .filter(|st| st["Effect"].as_str() == Some("Deny"))
+            .map(|st| {
+                assert!(st["Resource"].is_null(), "{name}: a Deny names NotResource");
+                let mut actions = actions_of(&st);
+                actions.sort();
+                (actions, get_att(&st["NotResource"]))
+            })
+            .collect();
+        let mut expected = Vec::new();
+        for event in events_of(&f, "SQS") {
+            let queue = get_att(&event["Properties"]["Queue"]);
+            assert!(queue.is_some(), "{name}: SQS trigger {event:?}");
+            expected.push((SQS.map(str::to_owned).to_vec(), queue));
+        }
+        for event in events_of(&f, "DynamoDB") {
+            let stream = get_att(&event["Properties"]["Stream"]);
+            assert!(stream.is_some(), "{name}: stream trigger {event:?}");
+            expected.push((STREAM.map(str::to_owned).to_vec(), stream));
+        }
+        assert_eq!(denies, expected, "{name}");
+        if !expected.is_empty() {
+            fenced.push(name);
+        }
+    }
+    fenced.sort();
+    assert_eq!(
+        fenced,
+        [
+            "SmsDispatcherFunction",
+            "WebhookDispatcherFunction",
+            "WebhookFanoutFunction"
+        ]
+    );
 }
 
 // ---- webhooks ----
@@ -1425,6 +1488,7 @@ fn only_the_webhook_pipeline_sends_to_the_webhooks_queue() {
             .into_iter()
             .flatten()
             .flat_map(|p| p["Statement"].as_sequence().cloned().unwrap_or_default())
+            .filter(|st| st["Effect"].as_str() != Some("Deny"))
         {
             let actions: Vec<String> = match &st["Action"] {
                 Value::String(a) => vec![a.clone()],
