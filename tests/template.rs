@@ -381,30 +381,44 @@ const SECRET_HOLDERS: [&str; 2] = ["WebhookDispatcherFunction", "WebhooksFunctio
 
 /// Which functions get the credentials master key: exactly the ones that
 /// open sealed credentials to talk to a provider, and the ones that seal
-/// or open webhook signing secrets.
+/// or open webhook signing secrets. They get the ARN of the Secrets
+/// Manager secret holding it (read at cold start), never the key: no
+/// function's environment holds a key, and Globals passes neither.
 #[test]
 fn the_credentials_key_reaches_only_the_functions_that_call_providers() {
-    use shared::domain::credentials::KEY_ENV;
+    use shared::domain::credentials::{KEY_ENV, KEY_SECRET_ENV, PREVIOUS_KEYS_ENV};
     let t = template();
-    let param = &t["Parameters"]["CredentialsKey"];
-    assert_eq!(param["Type"].as_str(), Some("String"));
-    assert_eq!(
-        param["NoEcho"].as_bool(),
-        Some(true),
-        "CredentialsKey must be NoEcho"
-    );
     assert!(
-        t["Globals"]["Function"]["Environment"]["Variables"][KEY_ENV].is_null(),
-        "{KEY_ENV} must not be global"
+        t["Parameters"]["CredentialsKey"].is_null(),
+        "the key itself is no stack parameter"
     );
+    let param = &t["Parameters"]["CredentialsKeySecretArn"];
+    assert_eq!(param["Type"].as_str(), Some("String"));
+    assert!(
+        param["Default"].is_null(),
+        "CredentialsKeySecretArn must be given (an empty ARN grants nothing)"
+    );
+    let pattern = param["AllowedPattern"].as_str().unwrap_or("");
+    assert!(pattern.contains(":secretsmanager:"), "{pattern}");
+    let globals = &t["Globals"]["Function"]["Environment"]["Variables"];
+    for var in [KEY_ENV, KEY_SECRET_ENV, PREVIOUS_KEYS_ENV] {
+        assert!(globals[var].is_null(), "{var} must not be global");
+    }
     let mut with_key: Vec<String> = functions(&t)
         .into_iter()
         .filter_map(|(name, f)| {
-            let v = &f["Properties"]["Environment"]["Variables"][KEY_ENV];
+            let vars = &f["Properties"]["Environment"]["Variables"];
+            for var in [KEY_ENV, PREVIOUS_KEYS_ENV] {
+                assert!(vars[var].is_null(), "{name}: a plain key in {var}");
+            }
+            let v = &vars[KEY_SECRET_ENV];
             if v.is_null() {
                 return None;
             }
-            assert!(is_ref_to(v, "CredentialsKey"), "{name}: {KEY_ENV} is {v:?}");
+            assert!(
+                is_ref_to(v, "CredentialsKeySecretArn"),
+                "{name}: {KEY_SECRET_ENV} is {v:?}"
+            );
             Some(name)
         })
         .collect();
@@ -416,6 +430,76 @@ fn the_credentials_key_reaches_only_the_functions_that_call_providers() {
         .collect();
     expected.sort();
     assert_eq!(with_key, expected);
+}
+
+/// Secrets Manager: exactly the functions that get the secret's ARN may
+/// read it, with GetSecretValue on that ARN alone (no wildcard, no other
+/// secret, no other action); nobody else has any Secrets Manager right,
+/// and no SAM policy template grants one behind the test's back.
+#[test]
+fn only_the_key_holders_may_read_the_credentials_key_secret() {
+    let t = template();
+    let mut readers = Vec::new();
+    for (name, f) in functions(&t) {
+        for policy in f["Properties"]["Policies"]
+            .as_sequence()
+            .cloned()
+            .unwrap_or_default()
+        {
+            // A managed policy by name, or a SAM policy template.
+            let names: Vec<String> = match &policy {
+                Value::String(n) => vec![n.clone()],
+                Value::Mapping(m) => m
+                    .keys()
+                    .filter_map(|k| k.as_str())
+                    .filter(|k| *k != "Statement")
+                    .map(str::to_owned)
+                    .collect(),
+                _ => Vec::new(),
+            };
+            for n in names {
+                assert!(!n.contains("Secret"), "{name}: policy {n}");
+            }
+        }
+        let mut grants = Vec::new();
+        for st in statements(&f) {
+            let actions = actions_of(&st);
+            if !actions.iter().any(|a| a.starts_with("secretsmanager:")) {
+                continue;
+            }
+            assert_eq!(st["Effect"].as_str(), Some("Allow"), "{name}: {st:?}");
+            assert_eq!(
+                actions,
+                ["secretsmanager:GetSecretValue"],
+                "{name}: only GetSecretValue, alone in its statement"
+            );
+            assert!(st["Condition"].is_null(), "{name}: {st:?}");
+            let resources: Vec<Value> = match &st["Resource"] {
+                Value::Sequence(s) => s.clone(),
+                one => vec![one.clone()],
+            };
+            assert_eq!(resources.len(), 1, "{name}: {resources:?}");
+            assert!(
+                is_ref_to(&resources[0], "CredentialsKeySecretArn"),
+                "{name}: GetSecretValue on {:?}",
+                resources[0]
+            );
+            grants.push(());
+        }
+        match grants.len() {
+            0 => {}
+            1 => readers.push(name),
+            n => panic!("{name}: {n} Secrets Manager statements"),
+        }
+    }
+    readers.sort();
+    let mut expected: Vec<&str> = PROVIDER_CALLERS
+        .iter()
+        .chain(&SECRET_HOLDERS)
+        .copied()
+        .collect();
+    expected.sort();
+    assert_eq!(readers, expected);
 }
 
 /// The gateway's own Khalti sandbox key goes where the credentials key
@@ -652,6 +736,7 @@ fn the_payment_links_function_serves_the_payment_link_routes() {
     let vars = &links["Properties"]["Environment"]["Variables"];
     for env in [
         shared::domain::credentials::KEY_ENV,
+        shared::domain::credentials::KEY_SECRET_ENV,
         "DHUKUTI_SANDBOX_KHALTI_SECRET_KEY",
     ] {
         assert!(vars[env].is_null(), "PaymentLinksFunction gets {env}");
@@ -765,6 +850,7 @@ fn the_invoices_function_serves_the_invoice_routes() {
     let vars = &invoices["Properties"]["Environment"]["Variables"];
     for env in [
         shared::domain::credentials::KEY_ENV,
+        shared::domain::credentials::KEY_SECRET_ENV,
         "DHUKUTI_SANDBOX_KHALTI_SECRET_KEY",
     ] {
         assert!(vars[env].is_null(), "InvoicesFunction gets {env}");
@@ -999,7 +1085,10 @@ fn dynamodb_grants_are_real_actions_on_the_right_resources() {
                 .as_sequence()
                 .cloned()
                 .unwrap_or_default();
-            for st in &statements {
+            for st in statements
+                .iter()
+                .filter(|st| st["Effect"].as_str() != Some("Deny"))
+            {
                 let actions: Vec<String> = match &st["Action"] {
                     Value::String(a) => vec![a.clone()],
                     Value::Sequence(s) => s
@@ -1033,6 +1122,66 @@ fn dynamodb_grants_are_real_actions_on_the_right_resources() {
         }
     }
     assert!(checked > 0);
+}
+
+/// SAM attaches an AWS managed policy to a function with a queue or
+/// stream trigger (AWSLambdaSQSQueueExecutionRole,
+/// AWSLambdaDynamoDBExecutionRole) whose read rights are on every queue
+/// or stream (`Resource: "*"`). Each such function denies those actions
+/// on everything but its own trigger, so it can read no other queue or
+/// stream; every Deny is one of these fences.
+#[test]
+fn queue_and_stream_triggers_read_only_their_own_source() {
+    /// A Deny as (sorted actions, `!GetAtt` of its NotResource).
+    type Fence = (Vec<String>, Option<(String, String)>);
+    const SQS: [&str; 3] = [
+        "sqs:DeleteMessage",
+        "sqs:GetQueueAttributes",
+        "sqs:ReceiveMessage",
+    ];
+    const STREAM: [&str; 3] = [
+        "dynamodb:DescribeStream",
+        "dynamodb:GetRecords",
+        "dynamodb:GetShardIterator",
+    ];
+    let t = template();
+    let mut fenced = Vec::new();
+    for (name, f) in functions(&t) {
+        let denies: Vec<Fence> = statements(&f)
+            .into_iter()
+            .filter(|st| st["Effect"].as_str() == Some("Deny"))
+            .map(|st| {
+                assert!(st["Resource"].is_null(), "{name}: a Deny names NotResource");
+                let mut actions = actions_of(&st);
+                actions.sort();
+                (actions, get_att(&st["NotResource"]))
+            })
+            .collect();
+        let mut expected = Vec::new();
+        for event in events_of(&f, "SQS") {
+            let queue = get_att(&event["Properties"]["Queue"]);
+            assert!(queue.is_some(), "{name}: SQS trigger {event:?}");
+            expected.push((SQS.map(str::to_owned).to_vec(), queue));
+        }
+        for event in events_of(&f, "DynamoDB") {
+            let stream = get_att(&event["Properties"]["Stream"]);
+            assert!(stream.is_some(), "{name}: stream trigger {event:?}");
+            expected.push((STREAM.map(str::to_owned).to_vec(), stream));
+        }
+        assert_eq!(denies, expected, "{name}");
+        if !expected.is_empty() {
+            fenced.push(name);
+        }
+    }
+    fenced.sort();
+    assert_eq!(
+        fenced,
+        [
+            "SmsDispatcherFunction",
+            "WebhookDispatcherFunction",
+            "WebhookFanoutFunction"
+        ]
+    );
 }
 
 // ---- webhooks ----
@@ -1339,6 +1488,7 @@ fn only_the_webhook_pipeline_sends_to_the_webhooks_queue() {
             .into_iter()
             .flatten()
             .flat_map(|p| p["Statement"].as_sequence().cloned().unwrap_or_default())
+            .filter(|st| st["Effect"].as_str() != Some("Deny"))
         {
             let actions: Vec<String> = match &st["Action"] {
                 Value::String(a) => vec![a.clone()],
@@ -1431,7 +1581,8 @@ fn the_sms_function_serves_the_sms_route_and_queues_reminders() {
     let vars = &f["Properties"]["Environment"]["Variables"];
     for var in [
         "DHUKUTI_SMS_TOKEN",
-        "DHUKUTI_CREDENTIALS_KEY",
+        shared::domain::credentials::KEY_ENV,
+        shared::domain::credentials::KEY_SECRET_ENV,
         "DHUKUTI_SMS_BASE_URL",
     ] {
         assert!(vars[var].is_null(), "SmsFunction gets {var}");

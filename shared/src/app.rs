@@ -9,6 +9,10 @@
 //!   and S3 (`DHUKUTI_BUCKET`), with the standard AWS environment
 //!   (`AWS_REGION`, credentials, `AWS_ENDPOINT_URL` for moto or DynamoDB
 //!   Local; S3 then uses path-style addressing).
+//!
+//! The credentials master key ([`credentials_keys`]): `DHUKUTI_CREDENTIALS_KEY`
+//! (local runs, tools, tests), or on Lambda the Secrets Manager secret
+//! `DHUKUTI_CREDENTIALS_KEY_SECRET` names, read once at cold start.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -17,6 +21,9 @@ use std::sync::Arc;
 use crate::blobs::Blobs;
 use crate::blobs::local::LocalDirBlobs;
 use crate::blobs::memory::MemoryBlobs;
+use crate::domain::credentials::{
+    CredentialsError, CredentialsKeys, KEY_ENV, KEY_SECRET_ENV, PREVIOUS_KEYS_ENV,
+};
 use crate::domain::webhooks::WebhookSettings;
 use crate::http::ratelimit::RateLimits;
 use crate::providers::ProviderHub;
@@ -152,7 +159,8 @@ impl AppState {
     pub async fn from_env() -> Result<Self, String> {
         let backend = Backend::from_env()?;
         let (store, queue, blobs) = backend.open(false).await?;
-        let providers = ProviderHub::from_env()?;
+        let keys = credentials_keys().await?;
+        let providers = ProviderHub::from_env(keys)?;
         let webhooks = WebhookSettings::from_env()?;
         let limits = RateLimits::from_env()?;
         Ok(
@@ -164,6 +172,107 @@ impl AppState {
                 .with_rate_limits(limits),
         )
     }
+}
+
+/// Where a process's credentials master key comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeySource {
+    /// [`KEY_ENV`] (and [`PREVIOUS_KEYS_ENV`]): the local gateway, tools,
+    /// tests.
+    Env,
+    /// The Secrets Manager secret (ARN or name) in [`KEY_SECRET_ENV`]: the
+    /// deployed functions.
+    Secret(String),
+    /// Neither: no key (only the sandbox accounts work).
+    Missing,
+}
+
+impl KeySource {
+    /// Which source the variables `lookup` answers configure; both at
+    /// once, or previous keys beside a secret (they belong in the
+    /// secret), is a configuration error.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<KeySource, String> {
+        let set = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        match (set(KEY_ENV), set(KEY_SECRET_ENV)) {
+            (Some(_), Some(_)) => Err(format!("set {KEY_ENV} or {KEY_SECRET_ENV}, not both")),
+            (None, Some(secret)) if set(PREVIOUS_KEYS_ENV).is_some() => Err(format!(
+                "{PREVIOUS_KEYS_ENV} is set beside {KEY_SECRET_ENV}: put previous keys in \
+                 the secret ({{\"current\": ..., \"previous\": ...}}) of {}",
+                secret.trim()
+            )),
+            (None, Some(secret)) => Ok(KeySource::Secret(secret.trim().to_owned())),
+            (Some(_), None) => Ok(KeySource::Env),
+            (None, None) => Ok(KeySource::Missing),
+        }
+    }
+}
+
+/// The credentials master keys of this process (see [`KeySource`]):
+/// `None` when none is configured. A secret is read here, once per
+/// process (a Lambda cold start, before serving); a failure is logged and
+/// fails the start. Neither the key nor the secret's value is ever logged.
+pub async fn credentials_keys() -> Result<Option<CredentialsKeys>, String> {
+    match KeySource::from_lookup(|name| std::env::var(name).ok())? {
+        KeySource::Missing => Ok(None),
+        KeySource::Env => match CredentialsKeys::from_env() {
+            Ok(keys) => Ok(Some(keys)),
+            Err(CredentialsError::MissingKey) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        },
+        KeySource::Secret(secret) => {
+            match keys_from_secret(env("AWS_ENDPOINT_URL").as_deref(), &secret).await {
+                Ok(keys) => {
+                    tracing::info!(
+                        secret = %secret,
+                        key_id = keys.current().id(),
+                        "credentials master key read from Secrets Manager"
+                    );
+                    Ok(Some(keys))
+                }
+                Err(e) => {
+                    tracing::error!(
+                        secret = %secret,
+                        error = %e,
+                        "cannot read the credentials master key; the function does not start"
+                    );
+                    Err(e)
+                }
+            }
+        }
+    }
+}
+
+/// The keys in a Secrets Manager secret: its `SecretString`
+/// (GetSecretValue, the current version) read with the standard AWS
+/// environment, at `endpoint` when given (a local server).
+async fn keys_from_secret(endpoint: Option<&str>, secret: &str) -> Result<CredentialsKeys, String> {
+    use aws_sdk_secretsmanager::error::DisplayErrorContext;
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    if let Some(endpoint) = endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    let shared = loader.load().await;
+    if shared.region().is_none() {
+        return Err(format!(
+            "cannot read the secret {secret}: no AWS region (set AWS_REGION)"
+        ));
+    }
+    let client = aws_sdk_secretsmanager::Client::new(&shared);
+    let out = client
+        .get_secret_value()
+        .secret_id(secret)
+        .send()
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot read the secret {secret}: {}",
+                DisplayErrorContext(&e)
+            )
+        })?;
+    let text = out.secret_string.ok_or_else(|| {
+        format!("the secret {secret} has no SecretString (a binary secret is not read)")
+    })?;
+    CredentialsKeys::from_secret_string(secret, &text).map_err(|e| e.to_string())
 }
 
 /// Where the data lives.
@@ -374,6 +483,102 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn the_master_key_comes_from_the_environment_or_a_secret_never_both() {
+        const ARN: &str = "arn:aws:secretsmanager:ap-south-1:123456789012:secret:ck-AbCdEf";
+        let source = |vars: &[(&str, &str)]| {
+            let vars: Vec<(String, String)> = vars
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            KeySource::from_lookup(move |name| {
+                vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+            })
+        };
+        assert_eq!(source(&[]), Ok(KeySource::Missing));
+        assert_eq!(
+            source(&[(KEY_ENV, " "), (KEY_SECRET_ENV, "")]),
+            Ok(KeySource::Missing)
+        );
+        assert_eq!(source(&[(KEY_ENV, "k1:AAAA")]), Ok(KeySource::Env));
+        assert_eq!(
+            source(&[(KEY_ENV, "k1:AAAA"), (PREVIOUS_KEYS_ENV, "k0:BBBB")]),
+            Ok(KeySource::Env)
+        );
+        assert_eq!(
+            source(&[(KEY_SECRET_ENV, &format!(" {ARN}\n"))]),
+            Ok(KeySource::Secret(ARN.to_owned()))
+        );
+        let both = source(&[(KEY_ENV, "k1:AAAA"), (KEY_SECRET_ENV, ARN)]);
+        assert!(matches!(&both, Err(e) if !e.contains("AAAA")), "{both:?}");
+        let previous = source(&[(KEY_SECRET_ENV, ARN), (PREVIOUS_KEYS_ENV, "k0:BBBB")]);
+        assert!(
+            matches!(&previous, Err(e) if e.contains(ARN) && !e.contains("BBBB")),
+            "{previous:?}"
+        );
+    }
+
+    /// Against moto: the keys come out of a secret (plain or JSON with a
+    /// previous key); a missing secret or a bad value fails naming the
+    /// secret, never showing the value.
+    #[tokio::test]
+    async fn the_master_key_is_read_from_secrets_manager() {
+        use base64::Engine;
+        let Some(endpoint) = crate::queue::testkit::aws_endpoint() else {
+            return;
+        };
+        let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .endpoint_url(&endpoint)
+            .load()
+            .await;
+        let client = aws_sdk_secretsmanager::Client::new(&shared);
+        let id = crate::ids::new_id(crate::ids::IdKind::Event);
+        let b64 = base64::engine::general_purpose::STANDARD.encode([9u8; 32]);
+        let old = base64::engine::general_purpose::STANDARD.encode([8u8; 32]);
+        let create = |name: String, value: String| {
+            let client = client.clone();
+            async move {
+                let out = client
+                    .create_secret()
+                    .name(name)
+                    .secret_string(value)
+                    .send()
+                    .await;
+                match out.map(|o| o.arn) {
+                    Ok(Some(arn)) => arn,
+                    other => panic!("create-secret: {other:?}"),
+                }
+            }
+        };
+        let plain = create(format!("dhukuti/{id}/plain"), format!("v1:{b64}\n")).await;
+        let keys = keys_from_secret(Some(&endpoint), &plain).await;
+        let Ok(keys) = keys else {
+            panic!("{:?}", keys.err())
+        };
+        assert_eq!(keys.current().id(), "v1");
+
+        let json = create(
+            format!("dhukuti/{id}/json"),
+            format!(r#"{{"current": "v2:{b64}", "previous": "v1:{old}"}}"#),
+        )
+        .await;
+        let keys = keys_from_secret(Some(&endpoint), &json).await;
+        let Ok(keys) = keys else {
+            panic!("{:?}", keys.err())
+        };
+        assert_eq!(keys.current().id(), "v2");
+
+        let bad = create(format!("dhukuti/{id}/bad"), "k1:c2hvcnQ=".to_owned()).await;
+        let e = keys_from_secret(Some(&endpoint), &bad).await.err();
+        let e = e.unwrap_or_default();
+        assert!(e.contains(&bad) && !e.contains("c2hvcnQ"), "{e}");
+
+        let missing = format!("dhukuti/{id}/missing");
+        let e = keys_from_secret(Some(&endpoint), &missing).await.err();
+        let e = e.unwrap_or_default();
+        assert!(e.contains(&missing), "{e}");
+    }
 
     #[tokio::test]
     async fn the_embedded_backend_opens_in_a_fresh_directory() {

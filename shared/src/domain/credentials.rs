@@ -14,6 +14,10 @@
 //! decrypt what they sealed, so the master key can be rotated: configure the
 //! new one as current, keep the old one as previous, run
 //! [`reencrypt_credentials`] for every project, then drop the old key.
+//!
+//! Deployed functions read the keys from a Secrets Manager secret named
+//! by [`KEY_SECRET_ENV`] instead, once at cold start (the SDK call is in
+//! `crate::app`); [`CredentialsKeys::from_secret_string`] reads its value.
 
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
@@ -33,6 +37,11 @@ pub const KEY_ENV: &str = "DHUKUTI_CREDENTIALS_KEY";
 /// Older master keys that may still have sealed stored credentials,
 /// comma-separated `id:base64`.
 pub const PREVIOUS_KEYS_ENV: &str = "DHUKUTI_CREDENTIALS_PREVIOUS_KEYS";
+/// The Secrets Manager secret (ARN or name) holding the master keys, for
+/// deployed functions: its value is what [`KEY_ENV`] would hold, or JSON
+/// `{"current": "id:base64", "previous": "id:base64,..."}` (see
+/// [`CredentialsKeys::from_secret_string`]).
+pub const KEY_SECRET_ENV: &str = "DHUKUTI_CREDENTIALS_KEY_SECRET";
 /// The id of a master key given without one.
 pub const DEFAULT_KEY_ID: &str = "k1";
 /// The only algorithm so far; stored so a later one can be told apart.
@@ -386,19 +395,76 @@ impl CredentialsKeys {
             Some(text) if !text.is_empty() => CredentialsKey::parse(text)?,
             _ => return Err(CredentialsError::MissingKey),
         };
-        let mut older = Vec::new();
-        for part in previous.unwrap_or("").split(',').map(str::trim) {
-            if part.is_empty() {
-                continue;
-            }
-            let Some((id, b64)) = part.split_once(':') else {
-                return Err(CredentialsError::BadKey(format!(
-                    "{PREVIOUS_KEYS_ENV} entries must be id:base64"
-                )));
-            };
-            older.push(CredentialsKey::from_base64(id.trim(), b64)?);
-        }
+        let older = previous_keys(previous.unwrap_or("").split(','), PREVIOUS_KEYS_ENV)?;
         CredentialsKeys::new(current, older)
+    }
+
+    /// The keys in the value of the secret `secret` (named in errors, which
+    /// never hold key material): what [`KEY_ENV`] holds (`base64` or
+    /// `id:base64`), or a JSON object `{"current": "id:base64",
+    /// "previous": "id:base64,..."}` whose `previous` (optional) is
+    /// comma-separated like [`PREVIOUS_KEYS_ENV`] or a list. Surrounding
+    /// whitespace is ignored.
+    pub fn from_secret_string(secret: &str, text: &str) -> Result<Self, CredentialsError> {
+        let named = |e: CredentialsError| match e {
+            CredentialsError::BadKey(why) => {
+                CredentialsError::BadKey(format!("secret {secret}: {why}"))
+            }
+            other => other,
+        };
+        let text = text.trim();
+        if text.is_empty() {
+            return Err(CredentialsError::BadKey(format!(
+                "secret {secret} is empty"
+            )));
+        }
+        if !text.starts_with('{') {
+            return CredentialsKeys::from_values(Some(text), None).map_err(named);
+        }
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct SecretKeys {
+            current: String,
+            #[serde(default)]
+            previous: Option<Previous>,
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Previous {
+            Text(String),
+            List(Vec<String>),
+        }
+        // serde_json's message may quote the value: only its position.
+        let parsed: SecretKeys = serde_json::from_str(text).map_err(|e| {
+            let why = if e.is_data() {
+                "must be a JSON object with a string \"current\" and an optional \"previous\" \
+                 (id:base64 entries, comma-separated or a list)"
+                    .to_owned()
+            } else {
+                format!(
+                    "is not valid JSON (line {} column {})",
+                    e.line(),
+                    e.column()
+                )
+            };
+            CredentialsError::BadKey(format!("secret {secret} {why}"))
+        })?;
+        if parsed.current.trim().is_empty() {
+            return Err(CredentialsError::BadKey(format!(
+                "secret {secret}: \"current\" is empty"
+            )));
+        }
+        let current = CredentialsKey::parse(&parsed.current).map_err(named)?;
+        let older = match &parsed.previous {
+            None => Vec::new(),
+            Some(Previous::Text(t)) => {
+                previous_keys(t.split(','), "\"previous\"").map_err(named)?
+            }
+            Some(Previous::List(l)) => {
+                previous_keys(l.iter().map(String::as_str), "\"previous\"").map_err(named)?
+            }
+        };
+        CredentialsKeys::new(current, older).map_err(named)
     }
 
     pub fn current(&self) -> &CredentialsKey {
@@ -410,6 +476,27 @@ impl CredentialsKeys {
             .chain(self.previous.iter())
             .find(|k| k.id == id)
     }
+}
+
+/// Older keys, each `id:base64` (blank entries skipped); `source` names
+/// where they were configured.
+fn previous_keys<'a>(
+    parts: impl Iterator<Item = &'a str>,
+    source: &str,
+) -> Result<Vec<CredentialsKey>, CredentialsError> {
+    let mut older = Vec::new();
+    for part in parts.map(str::trim) {
+        if part.is_empty() {
+            continue;
+        }
+        let Some((id, b64)) = part.split_once(':') else {
+            return Err(CredentialsError::BadKey(format!(
+                "{source} entries must be id:base64"
+            )));
+        };
+        older.push(CredentialsKey::from_base64(id.trim(), b64)?);
+    }
+    Ok(older)
 }
 
 /// The stored item: ciphertext, nonce and key id, no plaintext field.
@@ -1222,6 +1309,69 @@ mod tests {
         assert!(CredentialsKeys::from_values(Some(&b64), Some(&b64)).is_err());
         let dup = format!("k1:{b64}");
         assert!(CredentialsKeys::from_values(Some(&b64), Some(&dup)).is_err());
+    }
+
+    #[test]
+    fn master_keys_parse_from_a_secret_string() {
+        const ARN: &str = "arn:aws:secretsmanager:ap-south-1:123456789012:secret:dhukuti/ck-AbCdEf";
+        let b64 = STANDARD.encode([7u8; 32]);
+        let old = STANDARD.encode([2u8; 32]);
+        let older = STANDARD.encode([3u8; 32]);
+
+        // What DHUKUTI_CREDENTIALS_KEY held, whitespace trimmed.
+        let ks = ok(
+            CredentialsKeys::from_secret_string(ARN, &format!("\n {b64} \n")),
+            "plain",
+        );
+        assert_eq!(ks.current().id(), DEFAULT_KEY_ID);
+        assert!(ks.previous.is_empty());
+        let ks = ok(
+            CredentialsKeys::from_secret_string(ARN, &format!("v2:{b64}\n")),
+            "with id",
+        );
+        assert_eq!((ks.current().id(), ks.current().bytes), ("v2", [7u8; 32]));
+
+        // JSON with previous keys, comma-separated or a list.
+        for text in [
+            format!(r#" {{"current": "v3:{b64}", "previous": "v2:{old}, v1:{older}"}} "#),
+            format!(r#"{{"current": "v3:{b64}", "previous": ["v2:{old}", " v1:{older} "]}}"#),
+        ] {
+            let ks = ok(CredentialsKeys::from_secret_string(ARN, &text), "json");
+            assert_eq!(ks.current().id(), "v3");
+            let ids: Vec<&str> = ks.previous.iter().map(|k| k.id()).collect();
+            assert_eq!(ids, ["v2", "v1"]);
+            assert_eq!(ks.by_id("v1").map(|k| k.bytes), Some([3u8; 32]));
+        }
+        let ks = ok(
+            CredentialsKeys::from_secret_string(ARN, &format!(r#"{{"current": "{b64}"}}"#)),
+            "json without previous",
+        );
+        assert_eq!(ks.current().id(), DEFAULT_KEY_ID);
+
+        // Garbage: a BadKey naming the secret, never quoting the value.
+        let secret_part = "c2VjcmV0LXZhbHVl";
+        for bad in [
+            String::new(),
+            "   \n".to_owned(),
+            format!("not base64 {secret_part}!"),
+            STANDARD.encode([1u8; 16]),
+            format!("{{\"current\": \"{secret_part}\""),
+            format!(r#"{{"current": 5, "x": "{secret_part}"}}"#),
+            format!(r#"{{"curent": "{secret_part}"}}"#),
+            format!(r#"{{"{secret_part}": "v1:{b64}"}}"#),
+            r#"{"current": " "}"#.to_owned(),
+            format!(r#"{{"current": "v1:{b64}", "previous": "{secret_part}"}}"#),
+            format!(r#"{{"current": "v1:{b64}", "previous": "v1:{old}"}}"#),
+            format!(r#""{secret_part}""#),
+        ] {
+            match CredentialsKeys::from_secret_string(ARN, &bad) {
+                Err(CredentialsError::BadKey(why)) => {
+                    assert!(why.contains(ARN), "{why}");
+                    assert!(!why.contains(secret_part) && !why.contains(&b64), "{why}");
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -139,17 +139,13 @@ impl ProviderHub {
         }
     }
 
-    /// From the environment: endpoints (`ProviderConfig::from_env`), the
-    /// master key (`DHUKUTI_CREDENTIALS_KEY`; without it only the sandbox
-    /// accounts work) and the sandbox accounts.
-    pub fn from_env() -> Result<Self, String> {
+    /// From the environment: endpoints (`ProviderConfig::from_env`) and
+    /// the sandbox accounts, with the master key the caller read
+    /// (`crate::app::credentials_keys`; without one only the sandbox
+    /// accounts work).
+    pub fn from_env(keys: Option<CredentialsKeys>) -> Result<Self, String> {
         let sandbox = ProviderConfig::from_env(Mode::Sandbox).map_err(|e| e.to_string())?;
         let live = ProviderConfig::from_env(Mode::Live).map_err(|e| e.to_string())?;
-        let keys = match CredentialsKeys::from_env() {
-            Ok(k) => Some(k),
-            Err(CredentialsError::MissingKey) => None,
-            Err(e) => return Err(e.to_string()),
-        };
         ProviderHub::new(&sandbox, &live, keys, SandboxAccounts::from_env())
             .map_err(|e| e.to_string())
     }
