@@ -187,7 +187,281 @@ async fn last_used_at_is_written_at_most_once_a_minute(which: Which) {
     app.stop().await;
 }
 
+// ---------------------------------------------------------------------------
+// The public routes (no API key): per client address, session and link
+
+/// A customer's browser (or an attacker's script) from `ip`, following no
+/// redirect.
+fn client_from(ip: [u8; 4]) -> reqwest::Client {
+    match reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from(ip))
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(std::time::Duration::from_secs(20))
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Status, `Retry-After` and body of one public request.
+async fn public(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    accept: &str,
+    form: Option<&str>,
+) -> (u16, Option<i64>, String) {
+    let mut req = client.request(method, url).header("accept", accept);
+    if let Some(f) = form {
+        req = req
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(f.to_owned());
+    }
+    match req.send().await {
+        Ok(res) => {
+            let status = res.status().as_u16();
+            let retry = res
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok());
+            (status, retry, res.text().await.unwrap_or_default())
+        }
+        Err(e) => panic!("{url}: {e}"),
+    }
+}
+
+async fn new_session(app: &TestApp, key: &str) -> String {
+    let a = app
+        .post(
+            "/v1/checkout",
+            Some(key),
+            Some(&shared::ids::new_id(shared::ids::IdKind::Event)),
+            &serde_json::json!({"amount": 150000, "returnUrl": "https://shop.example/done"}),
+        )
+        .await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    a.body["id"].as_str().unwrap_or_default().to_owned()
+}
+
+async fn total(app: &TestApp, key: &str, path: &str) -> u64 {
+    let a = app.get(path, Some(key)).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    a.body["meta"]["total"].as_u64().unwrap_or(u64::MAX)
+}
+
+/// Waits (at most 26 s) until the public limits' windows (a minute; half
+/// an hour for sessions per link and address) have at least 25 s left, so
+/// a burst is counted in one window.
+async fn steady_window() {
+    let now = SystemClock.now().unix_seconds();
+    let (in_minute, in_half_hour) = (now.rem_euclid(60), now.rem_euclid(1800));
+    let wait = if in_minute >= 35 || in_half_hour >= 1775 {
+        60 - in_minute + 1
+    } else {
+        0
+    };
+    tokio::time::sleep(std::time::Duration::from_secs(
+        u64::try_from(wait).unwrap_or(0),
+    ))
+    .await;
+}
+
+const JSON: &str = "application/json";
+const HTML: &str = "text/html,application/xhtml+xml";
+
+/// A flood of one session's pages from one address is cut at the
+/// session's limit (429, `Retry-After`; the envelope for a script, a page
+/// for a browser) while other sessions answer; writes are bounded per
+/// address, a refused one changes nothing, and another address is not
+/// held back by the first one's flood.
+async fn public_routes_are_throttled_per_session_and_address(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Asan Bazaar", "owner@asan.example").await;
+    let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    let (s1, s2, s3) = (
+        new_session(&app, &key).await,
+        new_session(&app, &key).await,
+        new_session(&app, &key).await,
+    );
+    // address, writes per address, per session, per link, link sessions
+    app.state().public_limits.set(60, 4, 8, 100, 3);
+    steady_window().await;
+    let here = client_from([127, 0, 0, 1]);
+    let status = app.url(&format!("/c/{s1}/status"));
+    let answers = futures::future::join_all(
+        (0..20).map(|_| public(&here, reqwest::Method::GET, &status, JSON, None)),
+    )
+    .await;
+    let ok = answers.iter().filter(|a| a.0 == 200).count();
+    assert_eq!(
+        ok,
+        8,
+        "{:?}",
+        answers.iter().map(|a| a.0).collect::<Vec<_>>()
+    );
+    for (code, retry, body) in answers.iter().filter(|a| a.0 != 200) {
+        assert_eq!(*code, 429, "{body}");
+        assert!(retry.is_some_and(|r| (1..=60).contains(&r)), "{retry:?}");
+        let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        assert_eq!(v["error"]["code"], "rate_limited", "{body}");
+        assert_eq!(v["error"]["type"], "rate_limit_error", "{body}");
+    }
+    // A browser gets a page that says when to come back.
+    let (code, retry, page) = public(
+        &here,
+        reqwest::Method::GET,
+        &app.url(&format!("/c/{s1}")),
+        HTML,
+        None,
+    )
+    .await;
+    assert_eq!(code, 429);
+    assert!(retry.is_some());
+    assert!(
+        page.contains("Too many requests") && page.contains("try again"),
+        "{page}"
+    );
+    // Another session answers.
+    let other = app.url(&format!("/c/{s2}/status"));
+    assert_eq!(
+        public(&here, reqwest::Method::GET, &other, JSON, None)
+            .await
+            .0,
+        200
+    );
+    // Writes: four attempts from this address, the fifth refused and not
+    // stored.
+    let pay = app.url(&format!("/c/{s2}/pay"));
+    for n in 0..4 {
+        let (code, _, body) = public(
+            &here,
+            reqwest::Method::POST,
+            &pay,
+            HTML,
+            Some("provider=esewa"),
+        )
+        .await;
+        assert_eq!(code, 200, "attempt {n}: {body}");
+    }
+    let (code, retry, _) = public(
+        &here,
+        reqwest::Method::POST,
+        &pay,
+        HTML,
+        Some("provider=esewa"),
+    )
+    .await;
+    assert_eq!((code, retry.is_some()), (429, true));
+    assert_eq!(total(&app, &key, "/v1/payments").await, 4);
+    // Another address pays.
+    let there = client_from([127, 0, 0, 2]);
+    let pay3 = app.url(&format!("/c/{s3}/pay"));
+    let (code, _, body) = public(
+        &there,
+        reqwest::Method::POST,
+        &pay3,
+        HTML,
+        Some("provider=esewa"),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(total(&app, &key, "/v1/payments").await, 5);
+    app.stop().await;
+}
+
+/// One address opens at most a few sessions from a link (each would be
+/// an open session to expire and an attempt to reconcile); a flood of the
+/// link's page is cut at the link's limit and counts only the views it
+/// served; bad input answers a clear page and stores nothing.
+async fn a_link_is_bounded_per_address_and_in_all(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Thamel Tees", "owner@tees.example").await;
+    let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    let l = app
+        .post(
+            "/v1/payment-links",
+            Some(&key),
+            Some("link-1"),
+            &serde_json::json!({"title": "Tee", "amount": 120000}),
+        )
+        .await;
+    assert_eq!(l.status, 201, "{}", l.body);
+    let id = l.body["id"].as_str().unwrap_or_default().to_owned();
+    app.state().public_limits.set(1000, 100, 100, 40, 3);
+    steady_window().await;
+    let here = client_from([127, 0, 0, 1]);
+    let url = app.url(&format!("/l/{id}"));
+    for n in 0..3 {
+        let (code, _, body) =
+            public(&here, reqwest::Method::POST, &url, HTML, Some("name=Ram")).await;
+        assert_eq!(code, 303, "session {n}: {body}");
+    }
+    let (code, retry, page) =
+        public(&here, reqwest::Method::POST, &url, HTML, Some("name=Ram")).await;
+    assert_eq!(code, 429, "{page}");
+    assert!(retry.is_some_and(|r| r > 60), "{retry:?}");
+    assert!(page.contains("minutes"), "{page}");
+    assert_eq!(total(&app, &key, "/v1/sessions").await, 3);
+    let there = client_from([127, 0, 0, 3]);
+    assert_eq!(
+        public(&there, reqwest::Method::POST, &url, HTML, Some("name=Sita"))
+            .await
+            .0,
+        303
+    );
+    // Bad input: a broken form, an absurd id, a wrong method.
+    let (code, _, _) = public(
+        &there,
+        reqwest::Method::POST,
+        &url,
+        HTML,
+        Some("amount=%ZZ&name=%"),
+    )
+    .await;
+    assert!(code == 303 || code == 422, "{code}");
+    let long = app.url(&format!("/l/{}", "x".repeat(5000)));
+    assert_eq!(
+        public(&there, reqwest::Method::GET, &long, HTML, None)
+            .await
+            .0,
+        404
+    );
+    let put = public(&there, reqwest::Method::PUT, &url, HTML, None)
+        .await
+        .0;
+    assert_eq!(put, 405);
+    let sessions = total(&app, &key, "/v1/sessions").await;
+    assert!(sessions <= 5, "{sessions}");
+    // The link's flood: the link's 40 a minute are all its page serves
+    // (the 40 include the requests above), the rest are refused.
+    let flood = futures::future::join_all(
+        (0..120).map(|_| public(&there, reqwest::Method::GET, &url, HTML, None)),
+    )
+    .await;
+    let served = flood.iter().filter(|a| a.0 == 200).count();
+    assert!(served < 40, "{served}");
+    assert!(flood.iter().all(|a| a.0 == 200 || a.0 == 429));
+    let link = app
+        .get(&format!("/v1/payment-links/{id}"), Some(&key))
+        .await;
+    assert_eq!(
+        link.body["stats"]["views"].as_u64(),
+        Some(served as u64),
+        "{}",
+        link.body
+    );
+    app.stop().await;
+}
+
 on_both_backends!(
+    public_routes_are_throttled_per_session_and_address,
+    a_link_is_bounded_per_address_and_in_all,
     only_the_limit_passes_per_window,
     each_key_has_its_own_budget,
     a_refused_key_costs_nothing,

@@ -337,17 +337,21 @@ pub async fn start_with_clock(
     let hub = ProviderHub::new(&sandbox, &live, Some(keys), accounts).map_err(|e| e.to_string())?;
     let rate_limits = RateLimits::from_env()?;
     // One process by construction: count in memory.
-    let rate_limits = if store.single_process() {
-        rate_limits.counted_in_process()
+    let (rate_limits, public_limits) = if store.single_process() {
+        (
+            rate_limits.counted_in_process(),
+            shared::http::throttle::PublicLimits::default().counted_in_process(),
+        )
     } else {
-        rate_limits
+        (rate_limits, shared::http::throttle::PublicLimits::default())
     };
     let state = AppState::new(store.clone(), clock, config)
         .with_queue(queue)
         .with_blobs(blobs)
         .with_providers(hub)
         .with_webhooks(settings.webhooks.clone())
-        .with_rate_limits(rate_limits);
+        .with_rate_limits(rate_limits)
+        .with_public_limits(public_limits);
     // A simulated "timeout" outlasts the client's own timeout.
     let mut sim_config = simulators::SimConfig::new(sim_base.clone());
     sim_config.timeout_delay = sandbox.timeout + Duration::from_secs(2);
@@ -399,11 +403,15 @@ pub async fn start_with_clock(
     let (tx, rx) = oneshot::channel::<()>();
     let router = app_with_simulators(state.clone(), sim);
     let task = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async {
-                let _ = rx.await;
-            })
-            .await
+        // The peer's address: the public routes' per-client limits.
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(async {
+            let _ = rx.await;
+        })
+        .await
     });
     Ok(Running {
         addr,

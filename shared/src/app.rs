@@ -26,6 +26,7 @@ use crate::domain::credentials::{
 };
 use crate::domain::webhooks::WebhookSettings;
 use crate::http::ratelimit::RateLimits;
+use crate::http::throttle::PublicLimits;
 use crate::providers::ProviderHub;
 use crate::queue::memory::InProcessQueue;
 use crate::queue::{Queue, QueueName};
@@ -93,6 +94,8 @@ pub struct AppState {
     pub webhooks: Arc<WebhookSettings>,
     /// Requests per second per API key (live, sandbox).
     pub limits: Arc<RateLimits>,
+    /// The public routes' limits (per client address, session, link).
+    pub public_limits: Arc<PublicLimits>,
 }
 
 impl AppState {
@@ -127,7 +130,13 @@ impl AppState {
             providers: Arc::new(ProviderHub::unconfigured()),
             webhooks: Arc::new(WebhookSettings::default()),
             limits: Arc::new(RateLimits::default()),
+            public_limits: Arc::new(PublicLimits::default()),
         }
+    }
+
+    pub fn with_public_limits(mut self, limits: PublicLimits) -> Self {
+        self.public_limits = Arc::new(limits);
+        self
     }
 
     pub fn with_rate_limits(mut self, limits: RateLimits) -> Self {

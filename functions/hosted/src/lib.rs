@@ -28,6 +28,7 @@ use shared::domain::checkout::{self, Address, CheckoutSession, Flow, SessionStat
 use shared::domain::links;
 use shared::domain::payments::{Payment, PaymentStatus};
 use shared::http::error::Enveloped;
+use shared::http::throttle;
 use shared::http::with_edge;
 use shared::providers::Handoff;
 use shared::store::StoreError;
@@ -47,9 +48,96 @@ pub fn router(state: AppState) -> Router {
             .route("/c/{id}/qr/{payment}", get(qr))
             .route("/l/{id}", get(link_page).post(link_open))
             .route("/l/{id}/thanks", get(link_thanks))
+            .route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                throttle,
+            ))
             .route_layer(axum::middleware::map_response(secure))
             .with_state(state),
     )
+}
+
+/// The public routes' limits ([`shared::http::throttle`]), before any
+/// other work: over one, 429 with `Retry-After`, a page for a browser
+/// (it asks for `text/html`), the `rate_limited` envelope otherwise.
+async fn throttle(
+    State(state): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let address = shared::http::edge::client_address(&req);
+    let post = req.method() == http::Method::POST;
+    let mut parts = req.uri().path().trim_start_matches('/').split('/');
+    let (kind, id, rest) = (parts.next(), parts.next(), parts.next());
+    // An id names a counter only when it could be one of ours.
+    let id = id.filter(|id| {
+        (4..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    });
+    let session = id.filter(|_| kind == Some("c"));
+    let link = id.filter(|_| kind == Some("l"));
+    let request = throttle::PublicRequest {
+        address: &address,
+        // Starts an attempt, opens a session, or a provider's return
+        // (which asks the provider).
+        write: post || rest == Some("return"),
+        session,
+        link,
+        opens_session: post && link.is_some() && rest.is_none(),
+    };
+    let now = state.clock.now();
+    match state.public_limits.take(&*state.store, &request, now).await {
+        Ok(()) => next.run(req).await,
+        Err(limited) => {
+            tracing::warn!(
+                limit = limited.limit,
+                retry_after = limited.retry_after,
+                "public route limited"
+            );
+            too_many(&req, &limited)
+        }
+    }
+}
+
+fn too_many(req: &axum::extract::Request, limited: &throttle::Limited) -> Response {
+    let secs = limited.retry_after;
+    let wait = if secs >= 120 {
+        format!("{} minutes", (secs + 59) / 60)
+    } else if secs == 1 {
+        "a second".to_owned()
+    } else {
+        format!("{secs} seconds")
+    };
+    let browser = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("text/html"));
+    let mut res = if browser {
+        html(
+            StatusCode::TOO_MANY_REQUESTS,
+            pages::plain(
+                "Too many requests",
+                &format!(
+                    "This page was asked for too often from your connection. \
+                     Please wait {wait} and try again."
+                ),
+            ),
+        )
+    } else {
+        shared::http::error::ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            shared::http::error::ErrorType::RateLimitError,
+            "rate_limited",
+            format!(
+                "Too many requests to this page ({} limit); retry after {secs} s",
+                limited.limit
+            ),
+        )
+        .into_response()
+    };
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    res
 }
 
 /// Pages answer in their own shapes (HTML), never framed, never cached.

@@ -100,6 +100,27 @@ fn is_error(status: StatusCode) -> bool {
     status.is_client_error() || status.is_server_error()
 }
 
+/// The client's address: API Gateway's `sourceIp` on Lambda (set by the
+/// gateway from the connection, not from a header a client can write),
+/// else the socket's peer (the local gateway), else `unknown`.
+pub fn client_address(req: &Request) -> String {
+    use lambda_http::request::RequestContext;
+    let from_gateway = match req.extensions().get::<RequestContext>() {
+        Some(RequestContext::ApiGatewayV2(ctx)) => ctx.http.source_ip.clone(),
+        Some(RequestContext::ApiGatewayV1(ctx)) => ctx.identity.source_ip.clone(),
+        _ => None,
+    };
+    let peer = || {
+        req.extensions()
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|c| c.0.ip().to_string())
+    };
+    from_gateway
+        .filter(|ip| !ip.is_empty() && ip.len() <= 64)
+        .or_else(peer)
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
 /// API Gateway's own request id, so our logs and theirs line up.
 fn gateway_request_id(req: &Request) -> Option<String> {
     use lambda_http::request::RequestContext;

@@ -1,0 +1,307 @@
+//! Limits of the public routes (the hosted pages, no API key): whoever
+//! holds one link URL can call them as fast as they like, so each request
+//! takes a slot in fixed windows per client address, per checkout session
+//! and per payment link, and opening sessions from a link is bounded per
+//! client address. Over a limit the answer is 429 with `Retry-After`
+//! (a page for a browser, the `rate_limited` envelope for a script), and
+//! nothing else is done: no store write beyond the counter.
+//!
+//! The counters are the same kind as the per-key limits'
+//! ([`super::ratelimit`]): one conditional `ADD` per bucket and window in
+//! the store, shared by every function instance; in memory on the
+//! embedded store (one process). A store failure of the limiter lets the
+//! request through (logged): the limits protect, they never block a
+//! customer because the limiter is down.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::store::{Cond, Key, Store, StoreError, TTL, Update};
+use crate::time::Timestamp;
+
+/// What a public request is, for its limits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublicRequest<'a> {
+    /// The client's address (API Gateway's `sourceIp`, else the socket's
+    /// peer), or `unknown`.
+    pub address: &'a str,
+    /// Whether it may write (starts an attempt, opens a session, a return).
+    pub write: bool,
+    /// The checkout session in its path.
+    pub session: Option<&'a str>,
+    /// The payment link in its path.
+    pub link: Option<&'a str>,
+    /// Whether it opens a checkout session from the link (`POST /l/{id}`).
+    pub opens_session: bool,
+}
+
+/// One limit: at most `limit` requests per `window` seconds.
+#[derive(Debug)]
+struct Limit {
+    name: &'static str,
+    limit: AtomicU32,
+    window: i64,
+}
+
+impl Limit {
+    const fn new(name: &'static str, limit: u32, window: i64) -> Self {
+        Limit {
+            name,
+            limit: AtomicU32::new(limit),
+            window,
+        }
+    }
+
+    fn get(&self) -> u32 {
+        self.limit.load(Ordering::Relaxed).max(1)
+    }
+}
+
+/// Requests a client address may make to the public routes per minute.
+pub const PER_ADDRESS: u32 = 600;
+/// Writes (attempts, session opens, returns) per client address and minute.
+pub const WRITES_PER_ADDRESS: u32 = 60;
+/// Requests per checkout session and minute (the pages poll every 2 s).
+pub const PER_SESSION: u32 = 120;
+/// Requests per payment link and minute, all clients together.
+pub const PER_LINK: u32 = 1200;
+/// Sessions one client address may open from one link per 30 minutes
+/// (a session's lifetime): how many open sessions it can hold.
+pub const SESSIONS_PER_LINK_AND_ADDRESS: u32 = 10;
+
+/// The public routes' limits, adjustable while running (tests).
+#[derive(Debug)]
+pub struct PublicLimits {
+    per_address: Limit,
+    writes_per_address: Limit,
+    per_session: Limit,
+    per_link: Limit,
+    link_sessions: Limit,
+    /// `Some`: windows counted in this process (the embedded store).
+    local: Option<Mutex<HashMap<String, (i64, u32)>>>,
+}
+
+/// Which limit a 429 came from, and how long to wait.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limited {
+    /// `address`, `address writes`, `session`, `link` or `link sessions`.
+    pub limit: &'static str,
+    /// Whole seconds until the window ends (at least 1).
+    pub retry_after: i64,
+}
+
+impl Default for PublicLimits {
+    fn default() -> Self {
+        PublicLimits {
+            per_address: Limit::new("address", PER_ADDRESS, 60),
+            writes_per_address: Limit::new("address writes", WRITES_PER_ADDRESS, 60),
+            per_session: Limit::new("session", PER_SESSION, 60),
+            per_link: Limit::new("link", PER_LINK, 60),
+            link_sessions: Limit::new("link sessions", SESSIONS_PER_LINK_AND_ADDRESS, 1800),
+            local: None,
+        }
+    }
+}
+
+/// Entries kept before windows long over are dropped.
+const LOCAL_SWEEP_AT: usize = 50_000;
+
+impl PublicLimits {
+    /// Counts in this process instead of the store (the embedded store).
+    pub fn counted_in_process(mut self) -> Self {
+        self.local = Some(Mutex::new(HashMap::new()));
+        self
+    }
+
+    /// Replaces the limits (tests): per address, writes per address, per
+    /// session, per link, sessions per link and address.
+    pub fn set(&self, address: u32, writes: u32, session: u32, link: u32, link_sessions: u32) {
+        for (l, n) in [
+            (&self.per_address, address),
+            (&self.writes_per_address, writes),
+            (&self.per_session, session),
+            (&self.per_link, link),
+            (&self.link_sessions, link_sessions),
+        ] {
+            l.limit.store(n.max(1), Ordering::Relaxed);
+        }
+    }
+
+    /// Takes a slot of every limit `req` falls under at `now`, the
+    /// narrowest first; the first one full answers the request.
+    pub async fn take(
+        &self,
+        store: &dyn Store,
+        req: &PublicRequest<'_>,
+        now: Timestamp,
+    ) -> Result<(), Limited> {
+        let mut buckets: Vec<(&Limit, String)> = Vec::with_capacity(5);
+        if req.opens_session {
+            if let Some(link) = req.link {
+                buckets.push((&self.link_sessions, format!("LS#{link}#{}", req.address)));
+            }
+        }
+        if let Some(s) = req.session {
+            buckets.push((&self.per_session, format!("S#{s}")));
+        }
+        if let Some(l) = req.link {
+            buckets.push((&self.per_link, format!("L#{l}")));
+        }
+        if req.write {
+            buckets.push((&self.writes_per_address, format!("AW#{}", req.address)));
+        }
+        buckets.push((&self.per_address, format!("A#{}", req.address)));
+        for (limit, bucket) in buckets {
+            self.take_one(store, limit, &bucket, now).await?;
+        }
+        Ok(())
+    }
+
+    async fn take_one(
+        &self,
+        store: &dyn Store,
+        limit: &Limit,
+        bucket: &str,
+        now: Timestamp,
+    ) -> Result<(), Limited> {
+        let n = limit.get();
+        let start = now.unix_seconds().div_euclid(limit.window) * limit.window;
+        let end = start + limit.window;
+        let limited = || Limited {
+            limit: limit.name,
+            retry_after: ((end * 1000 - now.unix_millis() + 999) / 1000).max(1),
+        };
+        if let Some(local) = &self.local {
+            let mut map = local.lock().unwrap_or_else(|p| p.into_inner());
+            if map.len() > LOCAL_SWEEP_AT {
+                let cutoff = now.unix_seconds() - 3600;
+                map.retain(|_, (s, _)| *s >= cutoff);
+            }
+            let entry = map.entry(bucket.to_owned()).or_insert((start, 0));
+            if start > entry.0 {
+                *entry = (start, 0);
+            }
+            if entry.1 >= n {
+                return Err(limited());
+            }
+            entry.1 += 1;
+            return Ok(());
+        }
+        let key = Key::new(format!("THROTTLE#{bucket}#{start}"), "THROTTLE");
+        let update = Update::new().add("count", 1).set(TTL, end + 60);
+        let room = Cond::Or(vec![
+            Cond::AttrNotExists("count".into()),
+            Cond::lt("count", i64::from(n)),
+        ]);
+        match store.update(&key, update, Some(room)).await {
+            Ok(_) => Ok(()),
+            Err(StoreError::ConditionFailed) => Err(limited()),
+            Err(e) => {
+                tracing::warn!(error = %e, limit = limit.name, "public limiter unavailable; request let through");
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+
+    fn at(s: &str) -> Timestamp {
+        Timestamp::parse(s).unwrap_or_else(|| panic!("bad time {s}"))
+    }
+
+    fn req<'a>(
+        address: &'a str,
+        session: Option<&'a str>,
+        link: Option<&'a str>,
+    ) -> PublicRequest<'a> {
+        PublicRequest {
+            address,
+            write: false,
+            session,
+            link,
+            opens_session: false,
+        }
+    }
+
+    async fn both(check: impl AsyncFn(PublicLimits, &dyn Store)) {
+        let store = EmbeddedStore::in_memory().unwrap_or_else(|e| panic!("{e}"));
+        check(PublicLimits::default(), &store).await;
+        let store = EmbeddedStore::in_memory().unwrap_or_else(|e| panic!("{e}"));
+        check(PublicLimits::default().counted_in_process(), &store).await;
+    }
+
+    #[tokio::test]
+    async fn each_limit_holds_in_its_window_and_says_when_to_retry() {
+        both(async |limits: PublicLimits, store: &dyn Store| {
+            limits.set(5, 2, 3, 4, 1);
+            let t = at("2026-11-25T10:00:10.250Z");
+            // Per session: 3 a minute, whichever address asks.
+            for a in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
+                assert!(
+                    limits
+                        .take(store, &req(a, Some("cs_1"), None), t)
+                        .await
+                        .is_ok()
+                );
+            }
+            let over = limits
+                .take(store, &req("10.0.0.4", Some("cs_1"), None), t)
+                .await;
+            assert_eq!(
+                over,
+                Err(Limited {
+                    limit: "session",
+                    retry_after: 50
+                })
+            );
+            // Another session is not touched by it.
+            assert!(
+                limits
+                    .take(store, &req("10.0.0.4", Some("cs_2"), None), t)
+                    .await
+                    .is_ok()
+            );
+            // A new window starts the count again.
+            let next = at("2026-11-25T10:01:00Z");
+            assert!(
+                limits
+                    .take(store, &req("10.0.0.4", Some("cs_1"), None), next)
+                    .await
+                    .is_ok()
+            );
+            // Writes per address: 2, then the address is limited on writes
+            // only.
+            let mut w = req("10.0.0.9", None, None);
+            w.write = true;
+            assert!(limits.take(store, &w, next).await.is_ok());
+            assert!(limits.take(store, &w, next).await.is_ok());
+            assert_eq!(
+                limits.take(store, &w, next).await.map_err(|l| l.limit),
+                Err("address writes")
+            );
+            assert!(
+                limits
+                    .take(store, &req("10.0.0.9", None, None), next)
+                    .await
+                    .is_ok()
+            );
+            // Sessions per link and address: 1 per 30 minutes.
+            let mut open = req("10.0.0.7", None, Some("lnk_1"));
+            open.write = true;
+            open.opens_session = true;
+            assert!(limits.take(store, &open, next).await.is_ok());
+            let again = limits.take(store, &open, next).await;
+            assert_eq!(again.as_ref().map_err(|l| l.limit), Err("link sessions"));
+            assert_eq!(again.map_err(|l| l.retry_after), Err(29 * 60));
+            let mut other = open.clone();
+            other.address = "10.0.0.8";
+            assert!(limits.take(store, &other, next).await.is_ok());
+        })
+        .await;
+    }
+}
