@@ -9,6 +9,11 @@
 //! Prints a Markdown table for BENCHMARKS.md and the store calls one
 //! request makes.
 //!
+//! With `--reconciler`, measures the reconciler's fairness instead (see
+//! [`reconciler_bench`]):
+//!
+//!     cargo run --release -p dhukuti --bin bench -- --reconciler [--junk 10000] [--genuine 20]
+//!
 //! With `--webhooks`, measures webhook delivery instead (see
 //! [`webhooks_bench`]):
 //!
@@ -57,6 +62,10 @@ async fn main() -> std::result::Result<(), String> {
             .and_then(|v| v.parse().ok())
             .unwrap_or(default)
     };
+    if args.iter().any(|a| a == "--reconciler") {
+        return reconciler_bench(arg("--junk", 10_000) as usize, arg("--genuine", 20) as usize)
+            .await;
+    }
     if args.iter().any(|a| a == "--webhooks") {
         return webhooks_bench(WebhookBench {
             events: arg("--events", 2000) as usize,
@@ -859,4 +868,161 @@ fn location(res: &reqwest::Response) -> std::result::Result<String, String> {
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
         .ok_or_else(|| format!("expected a redirect, got {}", res.status()))
+}
+
+/// The reconciler under a flood: on the local gateway (file-backed
+/// embedded store, the eSewa simulator), `genuine` customers of one
+/// project pay at eSewa and close the tab (only the reconciler can settle
+/// them), first alone (the baseline), then again, from another project,
+/// after `junk` abandoned eSewa attempts of a third project, all older.
+/// Prints how many genuine payments each sweep settled, what it checked
+/// and how long it took.
+async fn reconciler_bench(junk: usize, genuine: usize) -> std::result::Result<(), String> {
+    use futures::StreamExt;
+    use shared::domain::attempts::{self, PayChoice};
+    use shared::domain::checkout::{self, Creator};
+
+    let tmp = std::env::temp_dir().join(format!("dhukuti-bench-rec-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
+    let store: Arc<dyn Store> =
+        Arc::new(EmbeddedStore::open(&tmp.join("dhukuti.redb")).map_err(|e| e.to_string())?);
+    let settings = Settings {
+        addr: "127.0.0.1:0".parse().map_err(|_| "addr")?,
+        data_dir: tmp.clone(),
+        backend: shared::app::Backend::Embedded {
+            data_dir: tmp.clone(),
+        },
+        init: false,
+        demo_payments: false,
+        public_url: None,
+        sweep_every: None,
+        provider_timeout: None,
+        webhooks: Default::default(),
+        webhook_poll: None,
+    };
+    let running = dhukuti::start_with_store(settings, store.clone()).await?;
+    let state = running.state.clone();
+    let base = running.base_url.clone();
+    let client = reqwest::Client::new();
+    let now = SystemClock.now();
+    let merchant = account::create_merchant(&*store, now, "Bench", "bench@shop.example", Plan::Pro)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut creators = Vec::new();
+    for name in ["Baseline shop", "Flooded", "Shop beside the flood"] {
+        let project = account::create_project(&*store, now, &merchant, name, false)
+            .await
+            .map_err(|e| e.to_string())?;
+        creators.push(Creator {
+            project_id: project.id,
+            mode: Mode::Sandbox,
+            api_key_id: "ak_bench".into(),
+            spend_cap_paisa: None,
+        });
+    }
+    // One abandoned (or, with `pay`, paid) eSewa attempt of a new session.
+    let attempt = |creator: Creator, pay: bool| {
+        let (state, base, client) = (state.clone(), base.clone(), client.clone());
+        async move {
+            let at = SystemClock.now();
+            let req = serde_json::from_value(
+                json!({"amount": 150_000, "returnUrl": "https://shop.example/done"}),
+            )
+            .map_err(|e| e.to_string())?;
+            let valid = checkout::validate_create(req, Mode::Sandbox).map_err(|e| e.to_string())?;
+            let s = checkout::create(&*state.store, &creator, valid, at, None)
+                .await
+                .map_err(|e| e.to_string())?;
+            let choice = PayChoice {
+                provider: Some(Provider::Esewa),
+                fonepay_web: false,
+                address: None,
+            };
+            let started = attempts::start(&state, &s.id, choice, &base, at)
+                .await
+                .map_err(|e| e.to_string())?;
+            if pay {
+                // The customer's browser posts the hand-off form to eSewa...
+                if let shared::providers::Handoff::AutoPostForm { action, fields } = &started.handoff {
+                    let client = reqwest::Client::builder()
+                        .redirect(reqwest::redirect::Policy::none())
+                        .build()
+                        .map_err(|e| e.to_string())?;
+                    let body = fields
+                        .iter()
+                        .fold(form_urlencoded::Serializer::new(String::new()), |mut f, (k, v)| {
+                            f.append_pair(k, v);
+                            f
+                        })
+                        .finish();
+                    client
+                        .post(action)
+                        .header("content-type", "application/x-www-form-urlencoded")
+                        .body(body)
+                        .send()
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                // ...pays, and closes the tab before coming back.
+                let reference = started.payment.attempt.reference.clone().unwrap_or_default();
+                let url = format!("{base}/sim/esewa/_control/attempts/{reference}/pay");
+                let res = client.post(&url).send().await.map_err(|e| e.to_string())?;
+                if !res.status().is_success() {
+                    return Err(format!("{url}: {}", res.status()));
+                }
+            }
+            Ok::<String, String>(started.payment.id)
+        }
+    };
+    let mut sweep_at = now.plus(chrono::Duration::minutes(2));
+    let mut rows = Vec::new();
+    for (label, flood) in [("baseline: no other work", 0), ("beside the flood", junk)] {
+        if flood > 0 {
+            let started = Instant::now();
+            let made: Vec<_> = futures::stream::iter((0..flood).map(|_| attempt(creators[1].clone(), false)))
+                .buffer_unordered(16)
+                .collect()
+                .await;
+            if let Some(Err(e)) = made.iter().find(|r| r.is_err()) {
+                return Err(format!("junk attempt: {e}"));
+            }
+            eprintln!("{flood} junk attempts in {:.1} s", started.elapsed().as_secs_f64());
+        }
+        let who = if flood > 0 { &creators[2] } else { &creators[0] };
+        let mut ids = Vec::new();
+        for _ in 0..genuine {
+            ids.push(attempt(who.clone(), true).await?);
+        }
+        // Later than every attempt made: all are due.
+        sweep_at = std::cmp::max(sweep_at, SystemClock.now().plus(chrono::Duration::minutes(2)));
+        let mut settled_by = Vec::new();
+        for _ in 0..2 {
+            let started = Instant::now();
+            let report = attempts::sweep(&state, sweep_at)
+                .await
+                .map_err(|e| e.to_string())?;
+            let ms = started.elapsed().as_secs_f64() * 1000.0;
+            let mut settled = 0;
+            for id in &ids {
+                let p = payments::get(&*store, id).await.map_err(|e| e.to_string())?;
+                if p.is_some_and(|p| p.status == PaymentStatus::Success) {
+                    settled += 1;
+                }
+            }
+            settled_by.push((settled, report.payments_checked, ms));
+            sweep_at = sweep_at.plus(chrono::Duration::minutes(1));
+        }
+        rows.push((label, flood, settled_by));
+    }
+    println!("| scenario | older junk attempts | genuine | settled after sweep 1 | after sweep 2 | sweep 1 checks | sweep 1 (ms) | sweep 2 checks | sweep 2 (ms) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (label, flood, s) in rows {
+        println!(
+            "| {label} | {flood} | {genuine} | {} | {} | {} | {:.0} | {} | {:.0} |",
+            s[0].0, s[1].0, s[0].1, s[0].2, s[1].1, s[1].2
+        );
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
 }
