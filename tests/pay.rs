@@ -1294,6 +1294,49 @@ async fn an_expired_session_takes_no_attempt(which: Which) {
     shop.stop().await;
 }
 
+/// A sandbox Fonepay QR (real money) holds its share of the NPR 5,000
+/// month for 30 minutes; reported paid after that (the simulator itself
+/// refuses it by then; a real bank might not), it is held for review:
+/// `processing`, no `payment.succeeded`, the month not charged.
+async fn a_sandbox_qr_paid_after_its_hold_is_held_for_review(which: Which) {
+    let clock = ManualClock::new(SystemClock.now());
+    let Some(shop) = Shop::open_with_clock(which, Arc::new(clock.clone())).await else {
+        return;
+    };
+    shop.enable_fonepay().await;
+    let s = shop.checkout(FONEPAY_AMOUNT).await;
+    let (payment, _qr) = shop.start_qr(&s).await;
+    let prn = shop.reference(&payment).await;
+    clock.advance(chrono::Duration::minutes(31));
+    // The simulator's own clock has not moved: it takes the payment, as a
+    // bank reporting late would.
+    shop.at_provider("fonepay", &prn, "pay").await;
+    let report = shop.app.sweep(clock.now()).await;
+    assert_eq!(report.errors, 0, "{report:?}");
+    let p = shop.payment(&payment).await;
+    assert_eq!(p["status"], "processing", "{p}");
+    assert_ne!(shop.session_status(&s).await, "success");
+    assert_eq!(shop.events_about("payment.succeeded", &payment).await, 0);
+    let stored = shop.stored(&payment).await;
+    assert!(
+        stored
+            .checks
+            .review
+            .as_deref()
+            .is_some_and(|r| r.contains("hold lapsed")),
+        "{:?}",
+        stored.checks
+    );
+    let used = shared::domain::fonepay_cap::used(
+        &*shop.app.state().store,
+        &shop.tenant.project.id,
+        clock.now(),
+    )
+    .await;
+    assert_eq!(used.ok(), Some(0), "the month is not charged");
+    shop.stop().await;
+}
+
 // ---------------------------------------------------------------------------
 // 11. The sandbox Fonepay month cap, under concurrent customers
 
@@ -1392,6 +1435,7 @@ on_both_backends!(
     a_session_takes_at_most_ten_attempts,
     a_newer_attempt_closes_the_one_it_supersedes,
     one_projects_flood_does_not_delay_anothers_settlement,
+    a_sandbox_qr_paid_after_its_hold_is_held_for_review,
     the_fonepay_month_cap_holds_over_http,
     a_retried_checkout_create_answers_the_same_session,
 );

@@ -355,6 +355,13 @@ pub async fn start_with_clock(
     // A simulated "timeout" outlasts the client's own timeout.
     let mut sim_config = simulators::SimConfig::new(sim_base.clone());
     sim_config.timeout_delay = sandbox.timeout + Duration::from_secs(2);
+    // A sandbox Fonepay QR (real money) is payable only while its month-cap
+    // hold lasts: the simulator refuses it after as long.
+    sim_config.fonepay_qr_expiry = Some(
+        shared::domain::fonepay_cap::HOLD_WINDOW
+            .to_std()
+            .unwrap_or(Duration::from_secs(30 * 60)),
+    );
     let sim = simulators::SimState::new(sim_config);
 
     let keys_file = settings.data_dir.join("demo-keys.json");

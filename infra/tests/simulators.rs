@@ -1441,6 +1441,26 @@ async fn fonepay_qr_create_pay_status() {
 }
 
 #[tokio::test]
+async fn a_fonepay_qr_is_not_payable_after_its_expiry() {
+    // The local gateway sets the expiry to the sandbox cap hold (30 min).
+    let sim = start_with(|c| c.fonepay_qr_expiry = Some(Duration::from_millis(300))).await;
+    sim.qr_create("q-late").await;
+    sim.qr_create("q-in-time").await;
+    let (status, _) = sim
+        .control("fonepay", "attempts/q-in-time/pay", json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (status, body) = sim
+        .control("fonepay", "attempts/q-late/pay", json!({}))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(sim.qr_status("q-late").await["paymentStatus"], "failed");
+    // Paid in time stays paid.
+    assert_eq!(sim.qr_status("q-in-time").await["paymentStatus"], "success");
+}
+
+#[tokio::test]
 async fn fonepay_qr_rejects_bad_dv_and_credentials() {
     let sim = start().await;
     let resp = sim.qr_create_raw("prn-bad", "00ff").await;

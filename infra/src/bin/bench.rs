@@ -63,8 +63,11 @@ async fn main() -> std::result::Result<(), String> {
             .unwrap_or(default)
     };
     if args.iter().any(|a| a == "--reconciler") {
-        return reconciler_bench(arg("--junk", 10_000) as usize, arg("--genuine", 20) as usize)
-            .await;
+        return reconciler_bench(
+            arg("--junk", 10_000) as usize,
+            arg("--genuine", 20) as usize,
+        )
+        .await;
     }
     if args.iter().any(|a| a == "--webhooks") {
         return webhooks_bench(WebhookBench {
@@ -944,17 +947,22 @@ async fn reconciler_bench(junk: usize, genuine: usize) -> std::result::Result<()
                 .map_err(|e| e.to_string())?;
             if pay {
                 // The customer's browser posts the hand-off form to eSewa...
-                if let shared::providers::Handoff::AutoPostForm { action, fields } = &started.handoff {
+                if let shared::providers::Handoff::AutoPostForm { action, fields } =
+                    &started.handoff
+                {
                     let client = reqwest::Client::builder()
                         .redirect(reqwest::redirect::Policy::none())
                         .build()
                         .map_err(|e| e.to_string())?;
                     let body = fields
                         .iter()
-                        .fold(form_urlencoded::Serializer::new(String::new()), |mut f, (k, v)| {
-                            f.append_pair(k, v);
-                            f
-                        })
+                        .fold(
+                            form_urlencoded::Serializer::new(String::new()),
+                            |mut f, (k, v)| {
+                                f.append_pair(k, v);
+                                f
+                            },
+                        )
                         .finish();
                     client
                         .post(action)
@@ -965,7 +973,12 @@ async fn reconciler_bench(junk: usize, genuine: usize) -> std::result::Result<()
                         .map_err(|e| e.to_string())?;
                 }
                 // ...pays, and closes the tab before coming back.
-                let reference = started.payment.attempt.reference.clone().unwrap_or_default();
+                let reference = started
+                    .payment
+                    .attempt
+                    .reference
+                    .clone()
+                    .unwrap_or_default();
                 let url = format!("{base}/sim/esewa/_control/attempts/{reference}/pay");
                 let res = client.post(&url).send().await.map_err(|e| e.to_string())?;
                 if !res.status().is_success() {
@@ -980,22 +993,33 @@ async fn reconciler_bench(junk: usize, genuine: usize) -> std::result::Result<()
     for (label, flood) in [("baseline: no other work", 0), ("beside the flood", junk)] {
         if flood > 0 {
             let started = Instant::now();
-            let made: Vec<_> = futures::stream::iter((0..flood).map(|_| attempt(creators[1].clone(), false)))
-                .buffer_unordered(16)
-                .collect()
-                .await;
+            let made: Vec<_> =
+                futures::stream::iter((0..flood).map(|_| attempt(creators[1].clone(), false)))
+                    .buffer_unordered(16)
+                    .collect()
+                    .await;
             if let Some(Err(e)) = made.iter().find(|r| r.is_err()) {
                 return Err(format!("junk attempt: {e}"));
             }
-            eprintln!("{flood} junk attempts in {:.1} s", started.elapsed().as_secs_f64());
+            eprintln!(
+                "{flood} junk attempts in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
         }
-        let who = if flood > 0 { &creators[2] } else { &creators[0] };
+        let who = if flood > 0 {
+            &creators[2]
+        } else {
+            &creators[0]
+        };
         let mut ids = Vec::new();
         for _ in 0..genuine {
             ids.push(attempt(who.clone(), true).await?);
         }
         // Later than every attempt made: all are due.
-        sweep_at = std::cmp::max(sweep_at, SystemClock.now().plus(chrono::Duration::minutes(2)));
+        sweep_at = std::cmp::max(
+            sweep_at,
+            SystemClock.now().plus(chrono::Duration::minutes(2)),
+        );
         let mut settled_by = Vec::new();
         for _ in 0..2 {
             let started = Instant::now();
@@ -1005,7 +1029,9 @@ async fn reconciler_bench(junk: usize, genuine: usize) -> std::result::Result<()
             let ms = started.elapsed().as_secs_f64() * 1000.0;
             let mut settled = 0;
             for id in &ids {
-                let p = payments::get(&*store, id).await.map_err(|e| e.to_string())?;
+                let p = payments::get(&*store, id)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 if p.is_some_and(|p| p.status == PaymentStatus::Success) {
                     settled += 1;
                 }
@@ -1015,7 +1041,9 @@ async fn reconciler_bench(junk: usize, genuine: usize) -> std::result::Result<()
         }
         rows.push((label, flood, settled_by));
     }
-    println!("| scenario | older junk attempts | genuine | settled after sweep 1 | after sweep 2 | sweep 1 checks | sweep 1 (ms) | sweep 2 checks | sweep 2 (ms) |");
+    println!(
+        "| scenario | older junk attempts | genuine | settled after sweep 1 | after sweep 2 | sweep 1 checks | sweep 1 (ms) | sweep 2 checks | sweep 2 (ms) |"
+    );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (label, flood, s) in rows {
         println!(

@@ -998,8 +998,28 @@ pub fn decide_for(
                 Decision::Hold("not paid yet".into())
             }
         }
-        _ => decide(payment, status, session_over),
+        _ => match decide(payment, status, session_over) {
+            Decision::Success { .. } if late_sandbox_qr(payment, now) => Decision::Review(format!(
+                "sandbox Fonepay payment reported paid after its {}-minute cap hold lapsed \
+                 (minted {}): it may pass the NPR 5,000 month cap; not counted until a person \
+                 confirms it",
+                fonepay_cap::HOLD_WINDOW.num_minutes(),
+                payment.created_at.to_rfc3339()
+            )),
+            d => d,
+        },
     }
+}
+
+/// A sandbox Fonepay attempt (real money under the month cap) learned to
+/// be paid after its cap hold lapsed: the month's room it held may have
+/// been given to others meanwhile, so its success is not counted by
+/// itself (the simulator, like the hold, refuses a QR that old).
+fn late_sandbox_qr(payment: &Payment, now: Timestamp) -> bool {
+    payment.provider == Provider::Fonepay
+        && payment.mode == Mode::Sandbox
+        && payment.attempt.cap_month.is_some()
+        && now >= payment.created_at.plus(fonepay_cap::HOLD_WINDOW)
 }
 
 /// Asks the provider about `payment` and applies the answer.
@@ -2169,6 +2189,32 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn a_sandbox_qr_paid_after_its_cap_hold_is_held_for_review() {
+        let mut p = payment_of(50_000);
+        p.provider = Provider::Fonepay;
+        p.mode = Mode::Sandbox;
+        p.attempt.cap_month = Some("2026-11".into());
+        let in_time = p.created_at.plus(chrono::Duration::minutes(29));
+        assert!(matches!(
+            decide_for(&p, &paid(50_000), None, false, in_time),
+            Decision::Success { .. }
+        ));
+        let late = p.created_at.plus(fonepay_cap::HOLD_WINDOW);
+        let d = decide_for(&p, &paid(50_000), None, true, late);
+        assert!(
+            matches!(&d, Decision::Review(r) if r.contains("hold lapsed")),
+            "{d:?}"
+        );
+        // Live Fonepay has no cap hold: paid is paid.
+        p.mode = Mode::Live;
+        p.attempt.cap_month = None;
+        assert!(matches!(
+            decide_for(&p, &paid(50_000), None, true, late),
+            Decision::Success { .. }
+        ));
     }
 
     #[test]
