@@ -597,6 +597,131 @@ async fn provider_credentials_are_stored_encrypted() {
     assert_eq!(again.code, Some(1));
 }
 
+/// A pending eSewa payment of `project`, stored, then held for review as
+/// a provider's paid answer for another amount holds it.
+async fn held_payment(store: std::sync::Arc<dyn shared::store::Store>, project: &str) -> String {
+    use shared::domain::attempts::{self, Decision};
+    use shared::domain::payments::{self, Payment, PaymentStatus};
+    let now = SystemClock.now();
+    let p = Payment {
+        id: shared::ids::new_id(shared::ids::IdKind::Payment),
+        project_id: project.to_owned(),
+        checkout_session_id: shared::ids::new_id(shared::ids::IdKind::CheckoutSession),
+        mode: Mode::Sandbox,
+        amount: shared::money::Paisa::new(100_000).unwrap_or_default(),
+        amount_refunded: shared::money::Paisa::ZERO,
+        currency: shared::money::Currency::Npr,
+        provider: Provider::Esewa,
+        status: PaymentStatus::Pending,
+        provider_ref: None,
+        failure_reason: None,
+        metadata: Default::default(),
+        customer_name: None,
+        customer_email: None,
+        customer_phone: None,
+        created_at: now,
+        updated_at: now,
+        double_payment_of: None,
+        attempt: Default::default(),
+        checks: Default::default(),
+    };
+    if let Err(e) = payments::insert(&*store, &p).await {
+        panic!("insert: {e}");
+    }
+    let state = shared::AppState::new(
+        store,
+        std::sync::Arc::new(SystemClock),
+        shared::Config {
+            public_base_url: String::new(),
+        },
+    );
+    let reason = Decision::Review("provider says paid 40000 paisa, the payment is 100000".into());
+    match attempts::apply(&state, &p, reason, now).await {
+        Ok(h) => assert_eq!(h.status, PaymentStatus::Processing),
+        Err(e) => panic!("hold: {e}"),
+    }
+    p.id
+}
+
+#[tokio::test]
+async fn held_payments_are_listed_and_released_as_a_person_decides() {
+    let dir = temp_dir();
+    let (_, project) = onboard(dir.path());
+    let (a, b) = {
+        let store: std::sync::Arc<dyn shared::store::Store> = std::sync::Arc::new(open(dir.path()));
+        (
+            held_payment(store.clone(), &project).await,
+            held_payment(store, &project).await,
+        )
+    };
+    let listed = must(dir.path(), &["payments", "held", "--json"]).json();
+    let ids: Vec<String> = listed
+        .as_array()
+        .map(|l| l.iter().map(|p| text(p, "id")).collect())
+        .unwrap_or_default();
+    assert_eq!(ids.len(), 2, "{listed}");
+    assert!(ids.contains(&a) && ids.contains(&b));
+    assert!(
+        text(&listed[0], "reason").contains("paid 40000"),
+        "{listed}"
+    );
+    let table = must(dir.path(), &["payments", "held"]);
+    assert!(
+        table.stdout.contains("REASON") && table.stdout.contains(&a),
+        "{}",
+        table.stdout
+    );
+
+    let ok = must(
+        dir.path(),
+        &["payments", "release", &a, "--succeed", "--json"],
+    )
+    .json();
+    assert_eq!(ok["status"], "success", "{ok}");
+    let no = must(
+        dir.path(),
+        &[
+            "payments",
+            "release",
+            &b,
+            "--fail",
+            "no money at eSewa",
+            "--json",
+        ],
+    )
+    .json();
+    assert_eq!(no["status"], "failed", "{no}");
+    let again = run(dir.path(), &["payments", "release", &a, "--recheck"]);
+    assert_eq!(again.code, Some(1));
+    assert!(again.stderr.contains("not held"), "{}", again.stderr);
+    let both = run(
+        dir.path(),
+        &["payments", "release", &a, "--recheck", "--succeed"],
+    );
+    assert_eq!(both.code, Some(2), "{}", both.stderr);
+    let none = run(
+        dir.path(),
+        &["payments", "release", "pay_nope", "--recheck"],
+    );
+    assert_eq!(none.code, Some(2), "{}", none.stderr);
+    let empty = must(dir.path(), &["payments", "held"]);
+    assert!(
+        empty.stdout.contains("no payment is held"),
+        "{}",
+        empty.stdout
+    );
+    // The store agrees.
+    let store = open(dir.path());
+    let p = shared::domain::payments::get(&store, &a)
+        .await
+        .ok()
+        .flatten();
+    assert_eq!(
+        p.map(|p| (p.status, p.checks.review)),
+        Some((shared::domain::payments::PaymentStatus::Success, None))
+    );
+}
+
 #[test]
 fn bad_input_exits_non_zero_with_a_message() {
     let tmp = temp_dir();

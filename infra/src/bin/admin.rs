@@ -9,6 +9,8 @@
 //!         --brand-color '#0f766e'
 //!     DHUKUTI_CREDENTIALS_KEY=… dhukuti-admin credentials set --project proj_… \
 //!         --mode live --provider khalti --secret-key-stdin < khalti.txt
+//!     dhukuti-admin payments held
+//!     dhukuti-admin payments release pay_… --recheck|--succeed|--fail "why"
 //!     dhukuti-admin listen [--events payment.succeeded] [--forward-to URL]
 //!     dhukuti-admin trigger payment.succeeded|all [--endpoint we_…]
 //!
@@ -84,6 +86,9 @@ enum Command {
     /// Store a project's credentials at eSewa, Khalti and Fonepay (encrypted).
     #[command(subcommand)]
     Credentials(CredentialsCmd),
+    /// Payments held for review: list them, release one as decided.
+    #[command(subcommand)]
+    Payments(PaymentsCmd),
     /// Receive sandbox webhooks here: register a local receiver with a running
     /// gateway, verify and print each delivery; Ctrl-C deletes the endpoint.
     Listen(ListenArgs),
@@ -213,6 +218,32 @@ struct SellerArgs {
         conflicts_with_all = ["name", "legal_name", "email", "logo_url", "brand_color"]
     )]
     clear: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum PaymentsCmd {
+    /// List the payments held for review (oldest hold first) with why.
+    Held {
+        /// At most this many.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        limit: u16,
+    },
+    /// Take a payment off hold as you decided, after checking with the
+    /// provider's merchant portal.
+    #[command(group(ArgGroup::new("decision").required(true).args(["recheck", "succeed", "fail"])))]
+    Release {
+        payment_id: String,
+        /// Back to the reconciler, due now (held again if the provider's
+        /// answer still does not match).
+        #[arg(long)]
+        recheck: bool,
+        /// The money is there: `success`, with its event.
+        #[arg(long)]
+        succeed: bool,
+        /// No money (or it was returned): `failed`, with this reason.
+        #[arg(long, value_name = "REASON")]
+        fail: Option<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -908,6 +939,7 @@ async fn run(command: Command) -> Result<Output, Failure> {
         Command::Project(cmd) => project_cmd(cmd, now).await,
         Command::Key(cmd) => key_cmd(cmd, now).await,
         Command::Credentials(cmd) => credentials_cmd(cmd, now).await,
+        Command::Payments(cmd) => payments_cmd(cmd, now).await,
         Command::Trigger(args) => trigger_cmd(args).await,
         // Runs until Ctrl-C, printing as it goes: see `main`.
         Command::Listen(_) => Err(Failure::Usage("listen runs on its own".into())),
@@ -968,6 +1000,107 @@ async fn listen_cmd(args: ListenArgs, json: bool) -> Result<(), Failure> {
     // Every sender is gone once `listen` returns: the printer drains and ends.
     let _ = printer.await;
     result.map(|_| ()).map_err(Failure::Failed)
+}
+
+async fn payments_cmd(cmd: PaymentsCmd, now: Timestamp) -> Result<Output, Failure> {
+    use shared::domain::attempts::{self, Release, ReleaseError};
+    let store = store().await?;
+    match cmd {
+        PaymentsCmd::Held { limit } => {
+            let held = attempts::held(&*store, usize::from(limit))
+                .await
+                .map_err(failed("cannot list the held payments"))?;
+            let rows: Vec<Vec<String>> = held
+                .iter()
+                .map(|p| {
+                    vec![
+                        p.id.clone(),
+                        p.project_id.clone(),
+                        p.mode.as_str().to_owned(),
+                        p.provider.as_str().to_owned(),
+                        p.amount.get().to_string(),
+                        p.attempt.reference.clone().unwrap_or_default(),
+                        p.updated_at.to_rfc3339(),
+                        p.checks.review.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            let json = Value::Array(
+                held.iter()
+                    .map(|p| {
+                        json!({
+                            "id": p.id, "project_id": p.project_id, "mode": p.mode.as_str(),
+                            "provider": p.provider.as_str(), "amount_paisa": p.amount.get(),
+                            "reference": p.attempt.reference, "held_since": p.updated_at.to_rfc3339(),
+                            "reason": p.checks.review,
+                        })
+                    })
+                    .collect(),
+            );
+            let text = if rows.is_empty() {
+                vec!["no payment is held for review".to_owned()]
+            } else {
+                table(
+                    &[
+                        "ID",
+                        "PROJECT",
+                        "MODE",
+                        "PROVIDER",
+                        "PAISA",
+                        "REFERENCE",
+                        "HELD SINCE",
+                        "REASON",
+                    ],
+                    rows,
+                )
+            };
+            Ok(Output::new(json, text))
+        }
+        PaymentsCmd::Release {
+            payment_id,
+            recheck,
+            succeed,
+            fail,
+        } => {
+            check_id(&payment_id, IdKind::Payment, "payment")?;
+            let decision = match (recheck, succeed, fail) {
+                (true, false, None) => Release::Recheck,
+                (false, true, None) => Release::Succeed,
+                (false, false, Some(why)) => Release::Fail(non_empty(&why, "--fail")?),
+                _ => {
+                    return Err(Failure::Usage(
+                        "give exactly one of --recheck, --succeed, --fail".into(),
+                    ));
+                }
+            };
+            let state = shared::AppState::new(
+                store,
+                Arc::new(SystemClock),
+                shared::Config {
+                    public_base_url: String::new(),
+                },
+            );
+            let p = attempts::release(&state, &payment_id, decision, now)
+                .await
+                .map_err(|e| match e {
+                    ReleaseError::NotFound => {
+                        Failure::Failed(format!("payment {payment_id} not found"))
+                    }
+                    ReleaseError::NotHeld => {
+                        Failure::Failed(format!("payment {payment_id} is not held for review"))
+                    }
+                    ReleaseError::Store(e) => {
+                        Failure::Failed(format!("cannot release the payment: {e}"))
+                    }
+                })?;
+            let status = to_json(&p.status);
+            let word = status.as_str().unwrap_or("").to_owned();
+            Ok(Output::new(
+                json!({"id": p.id, "status": status, "review": p.checks.review}),
+                vec![format!("payment {} released: {word}", p.id)],
+            ))
+        }
+    }
 }
 
 async fn merchant_cmd(cmd: MerchantCmd, now: Timestamp) -> Result<Output, Failure> {

@@ -785,6 +785,15 @@ fn providers_clip(s: &str) -> String {
 
 /// The provider sent the customer back: verify the return, then ask the
 /// provider. Answers the session and the payment as they now stand.
+///
+/// Proof: the return itself proves nothing (a browser carries it). It is
+/// checked first ([`verify_return`]: eSewa's signature over `status`,
+/// `total_amount`, `transaction_uuid` and product code with our amount and
+/// reference; Khalti's `pidx`, `purchase_order_id` and amount as ours;
+/// Fonepay's DV over our PRN and amount), and only a return that passes
+/// triggers the server-to-server check whose answer [`decide`] judges. A
+/// tampered return changes nothing, or (a signed Fonepay return for
+/// another amount) holds the payment for review.
 pub async fn on_return(
     state: &AppState,
     session_id: &str,
@@ -847,17 +856,107 @@ pub async fn on_return(
 }
 
 /// A hold for review: `processing` with its reason, out of the
-/// reconciler's index (nothing it learns changes a held payment, and held
-/// ones must not crowd its pages); the error log written with it is what
+/// reconciler's partitions (nothing it learns changes a held payment, and
+/// held ones must not crowd its turns) into the held payments' partition
+/// ([`held`], for the admin tool); the error log written with it is what
 /// calls a person.
-fn hold_update(reason: &str, now: Timestamp) -> Update {
-    close_payment(
-        Update::new()
-            .set("status", "processing")
-            .set(REVIEW, reason)
-            .set("updated_at", now.to_rfc3339())
-            .remove("recheck_until"),
-    )
+fn hold_update(p: &Payment, reason: &str, now: Timestamp) -> Update {
+    Update::new()
+        .set("status", "processing")
+        .set(REVIEW, reason)
+        .set("updated_at", now.to_rfc3339())
+        .remove("recheck_until")
+        .set(Index::Gsi2.pk_attr(), HELD_PAYMENTS)
+        .set(
+            Index::Gsi2.sk_attr(),
+            format!("{}#{}", now.to_rfc3339(), p.id),
+        )
+}
+
+/// The `gsi2` partition of payments held for review, oldest hold first
+/// (one for the whole table: holds are rare, and each calls a person).
+pub const HELD_PAYMENTS: &str = "REVIEW#PAY";
+
+/// Payments held for review, oldest hold first, at most `limit`.
+pub async fn held(store: &dyn Store, limit: usize) -> Result<Vec<Payment>, StoreError> {
+    let query = Query::partition(HELD_PAYMENTS).on(Index::Gsi2).limit(limit);
+    let page = store.query(&query).await?;
+    page.items.into_iter().map(from_item).collect()
+}
+
+/// What a person decided about a payment held for review.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// Back to the reconciler, due now (the cause was fixed, e.g. a wrong
+    /// amount on our side): it is judged afresh, and held again if the
+    /// provider's answer still does not match.
+    Recheck,
+    /// The person confirmed the money with the provider: `success`, with
+    /// its event, as a provider's paid answer would.
+    Succeed,
+    /// The person found no money (or returned it): `failed` with this
+    /// reason.
+    Fail(String),
+}
+
+/// Why a release was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error("no such payment")]
+    NotFound,
+    #[error("the payment is not held for review")]
+    NotHeld,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Takes payment `id` off hold as a person decided: the hold is removed
+/// and the payment put back in its project's open payments, due now, in
+/// one conditional write (so a crash before the decision lands leaves it
+/// with the reconciler, never lost), then the decision is applied like a
+/// provider's answer (its event, its session, counters). Logged.
+pub async fn release(
+    state: &AppState,
+    id: &str,
+    decision: Release,
+    now: Timestamp,
+) -> Result<Payment, ReleaseError> {
+    let store = &*state.store;
+    let p = super::payments::get(store, id)
+        .await?
+        .ok_or(ReleaseError::NotFound)?;
+    let Some(reason) = p.checks.review.clone() else {
+        return Err(ReleaseError::NotHeld);
+    };
+    let update = Update::new()
+        .remove(REVIEW)
+        .set("updated_at", now.to_rfc3339())
+        .set(
+            Index::Gsi2.pk_attr(),
+            open_payments_partition(&p.project_id, p.mode),
+        )
+        .set(Index::Gsi2.sk_attr(), due_sk(&p, now));
+    let cond = Cond::And(vec![
+        Cond::eq(REVIEW, reason.clone()),
+        Cond::eq("status", "processing"),
+    ]);
+    let item = match store.update(&Payment::key(id), update, Some(cond)).await {
+        Ok(item) => item,
+        Err(StoreError::ConditionFailed) => return Err(ReleaseError::NotHeld),
+        Err(e) => return Err(e.into()),
+    };
+    let unheld: Payment = from_item(item)?;
+    super::active::touch(store, &p.project_id, p.mode, now).await?;
+    tracing::warn!(payment = %id, held_for = %reason, decision = ?decision, "payment released from review by a person");
+    let out = match decision {
+        Release::Recheck => unheld,
+        Release::Succeed => {
+            let provider_ref = unheld.provider_ref.clone();
+            apply(state, &unheld, Decision::Success { provider_ref }, now).await?
+        }
+        Release::Fail(why) => apply(state, &unheld, Decision::Failed(why), now).await?,
+    };
+    Ok(out)
 }
 
 /// Which payments a hold may land on: open ones, and cancelled ones (their
@@ -885,7 +984,7 @@ async fn hold_for_review(
     match store
         .update(
             &Payment::key(&payment.id),
-            hold_update(reason, now),
+            hold_update(payment, reason, now),
             Some(holdable()),
         )
         .await
@@ -922,6 +1021,24 @@ pub enum Decision {
 
 /// The rule (decisions, "Payments"): `success` only on a paid status whose
 /// amount, when the provider states one, is the payment's.
+///
+/// **What proves the money.** Every path that can set `success` (the
+/// browser return and eSewa's signed `data` on it, the QR page's poll,
+/// the status poll, the reconciler) ends here, through
+/// [`check_and_apply`]: never on what a browser brought, always on the
+/// provider's own server-to-server answer to a query we make:
+///
+/// | provider | status | amount | currency | our reference |
+/// |---|---|---|---|---|
+/// | eSewa | `status` of the status API (`COMPLETE`) | its `total_amount`, compared here | NPR (eSewa has no other) | we query with our `transaction_uuid`, `total_amount` and product code; the client refuses an answer naming another `transaction_uuid` |
+/// | Khalti | lookup `status` (`Completed`) | its `total_amount`, compared here | NPR (Khalti has no other) | we look up the `pidx` Khalti gave our initiate (kept on the payment); the client refuses another `pidx` |
+/// | Fonepay | QR/web status `paymentStatus` (`success`) | none in the answer: the proof is our own signed request (the QR we minted, the web request whose DV we signed) for that PRN, which fixes the amount | NPR (the QR and request state it) | we query with our PRN and merchant code under our DV |
+///
+/// A mismatch (another amount, no amount from eSewa or Khalti, a refund
+/// of an unsettled payment, a sandbox QR paid after its cap hold) is a
+/// [`Decision::Review`]: `processing`, out of every automatic path, logged
+/// at error level with the reason, until a person releases it
+/// ([`release`]).
 /// `session_over`: the session expired (an attempt the provider has
 /// forgotten then counts as cancelled).
 pub fn decide(payment: &Payment, status: &ProviderStatus, session_over: bool) -> Decision {
@@ -1022,7 +1139,9 @@ fn late_sandbox_qr(payment: &Payment, now: Timestamp) -> bool {
         && now >= payment.created_at.plus(fonepay_cap::HOLD_WINDOW)
 }
 
-/// Asks the provider about `payment` and applies the answer.
+/// Asks the provider about `payment` and applies the answer (the
+/// reconciler's and the pollers' path). Proof: the provider's answer to
+/// our own query, judged by [`decide`] (amount compared where stated).
 pub async fn reconcile(
     state: &AppState,
     payment: &Payment,
@@ -1210,7 +1329,7 @@ fn plan(
             }
             ops.push(TxOp::Update {
                 key,
-                update: hold_update(reason, now),
+                update: hold_update(p, reason, now),
                 cond: Some(not_held(holdable())),
             });
         }
@@ -1439,7 +1558,8 @@ fn plan(
 
 /// For the QR page's polling: asks the provider about the session's
 /// current payment, at most once per [`POLL_CHECK_EVERY`] per payment
-/// (a conditional write claims the check).
+/// (a conditional write claims the check). Proof: as [`reconcile`]; the
+/// poll carries nothing the payment is judged on.
 pub async fn poll(
     state: &AppState,
     session_id: &str,
@@ -2344,6 +2464,78 @@ mod tests {
         assert_eq!(due.len(), 1);
         retire(&*st.store, &due[0]).await.unwrap();
         assert!(due_now(&*st.store, day).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_person_lists_and_releases_held_payments() {
+        let now = at("2026-11-22T10:00:00Z");
+        let st = state(now);
+        let mut ps = Vec::new();
+        for _ in 0..3 {
+            let (_, p) = attempt(&st, Provider::Esewa, now).await;
+            let h = apply(&st, &p, Decision::Review("paid 400 of 1000".into()), now)
+                .await
+                .unwrap();
+            assert_eq!(h.status, PaymentStatus::Processing);
+            ps.push(p);
+        }
+        let listed: Vec<String> = held(&*st.store, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
+        assert_eq!(listed.len(), 3);
+        for p in &ps {
+            assert!(listed.contains(&p.id));
+        }
+        let later = now.plus(chrono::Duration::minutes(5));
+        assert!(
+            due_now(&*st.store, later).await.is_empty(),
+            "held: out of the reconciler's turns"
+        );
+        // A person confirmed the first with eSewa, found no money for the
+        // second, and fixed what made the third mismatch.
+        let ok = release(&st, &ps[0].id, Release::Succeed, later)
+            .await
+            .unwrap();
+        assert_eq!(ok.status, PaymentStatus::Success);
+        assert!(
+            events(&st)
+                .await
+                .contains(&(EventType::PaymentSucceeded, ps[0].id.clone()))
+        );
+        let no = release(
+            &st,
+            &ps[1].id,
+            Release::Fail("no money at eSewa".into()),
+            later,
+        )
+        .await
+        .unwrap();
+        assert_eq!(no.status, PaymentStatus::Failed);
+        let back = release(&st, &ps[2].id, Release::Recheck, later)
+            .await
+            .unwrap();
+        assert_eq!(
+            (back.status, back.checks.review),
+            (PaymentStatus::Processing, None)
+        );
+        let due: Vec<String> = due_now(&*st.store, later)
+            .await
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
+        assert_eq!(due, vec![ps[2].id.clone()]);
+        assert!(held(&*st.store, 10).await.unwrap().is_empty());
+        assert!(matches!(
+            release(&st, &ps[0].id, Release::Succeed, later).await,
+            Err(ReleaseError::NotHeld)
+        ));
+        assert!(matches!(
+            release(&st, "pay_missing", Release::Recheck, later).await,
+            Err(ReleaseError::NotFound)
+        ));
     }
 
     #[tokio::test]
