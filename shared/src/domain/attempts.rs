@@ -144,6 +144,12 @@ fn payment_indexes(p: &Payment) -> Vec<(Index, String, String)> {
     out
 }
 
+/// `p` as the start of its attempt stores it, with its indexes (for
+/// seeding many payments at once: tests, benchmarks).
+pub fn stored_item(p: &Payment) -> Result<crate::store::Item, StoreError> {
+    to_item(p, &Payment::key(&p.id), &payment_indexes(p))
+}
+
 /// The `gsi2` partition of a project's open payments, by next check.
 pub fn open_payments_partition(project_id: &str, mode: Mode) -> String {
     format!("{OPEN_PAYMENTS}#{project_id}#{}", mode.as_str())
