@@ -755,7 +755,174 @@ async fn providers_show_what_the_project_can_use(which: Which) {
     app.stop().await;
 }
 
+/// The store as the gateway uses it, counting what it reads from the
+/// partitions naming one project (its sessions, its counters, its open
+/// sessions): query and count calls, and the items queries hand back.
+struct ProjectReads {
+    inner: Arc<dyn Store>,
+    project: std::sync::Mutex<String>,
+    calls: std::sync::atomic::AtomicU64,
+    items: std::sync::atomic::AtomicU64,
+}
+
+impl ProjectReads {
+    fn watched(&self, pk: &str) -> bool {
+        let p = self.project.lock().map(|p| p.clone()).unwrap_or_default();
+        !p.is_empty() && pk.contains(&p)
+    }
+
+    fn seen(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        (self.calls.load(SeqCst), self.items.load(SeqCst))
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for ProjectReads {
+    fn instance(&self) -> u64 {
+        self.inner.instance()
+    }
+
+    fn single_process(&self) -> bool {
+        self.inner.single_process()
+    }
+
+    async fn get(
+        &self,
+        key: &shared::store::Key,
+    ) -> Result<Option<shared::store::Item>, shared::store::StoreError> {
+        self.inner.get(key).await
+    }
+
+    async fn put(
+        &self,
+        item: shared::store::Item,
+        cond: Option<shared::store::Cond>,
+    ) -> Result<(), shared::store::StoreError> {
+        self.inner.put(item, cond).await
+    }
+
+    async fn update(
+        &self,
+        key: &shared::store::Key,
+        update: shared::store::Update,
+        cond: Option<shared::store::Cond>,
+    ) -> Result<shared::store::Item, shared::store::StoreError> {
+        self.inner.update(key, update, cond).await
+    }
+
+    async fn delete(
+        &self,
+        key: &shared::store::Key,
+        cond: Option<shared::store::Cond>,
+    ) -> Result<(), shared::store::StoreError> {
+        self.inner.delete(key, cond).await
+    }
+
+    async fn transact(
+        &self,
+        ops: Vec<shared::store::TxOp>,
+    ) -> Result<(), shared::store::StoreError> {
+        self.inner.transact(ops).await
+    }
+
+    async fn query(
+        &self,
+        query: &shared::store::Query,
+    ) -> Result<shared::store::QueryPage, shared::store::StoreError> {
+        let page = self.inner.query(query).await?;
+        if self.watched(&query.pk) {
+            use std::sync::atomic::Ordering::SeqCst;
+            self.calls.fetch_add(1, SeqCst);
+            self.items.fetch_add(page.items.len() as u64, SeqCst);
+        }
+        Ok(page)
+    }
+
+    async fn count(&self, query: &shared::store::Query) -> Result<u64, shared::store::StoreError> {
+        if self.watched(&query.pk) {
+            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.inner.count(query).await
+    }
+}
+
+/// `meta.total` of `GET /v1/sessions` costs the same reads with 4
+/// sessions as with 40 (per-status counters, changed with each status),
+/// and stays right through payment, expiry by time and by the sweep.
+async fn the_sessions_total_costs_the_same_whatever_their_number(which: Which) {
+    let clock = ManualClock::new(SystemClock.now());
+    let reads: Arc<std::sync::OnceLock<Arc<ProjectReads>>> = Arc::default();
+    let slot = reads.clone();
+    let wrap = move |inner: Arc<dyn Store>| -> Arc<dyn Store> {
+        let r = Arc::new(ProjectReads {
+            inner,
+            project: Default::default(),
+            calls: Default::default(),
+            items: Default::default(),
+        });
+        let _ = slot.set(r.clone());
+        r
+    };
+    let Some(app) = spawn_app_with_clock(which, wrap, Arc::new(clock.clone())).await else {
+        return;
+    };
+    let Some(reads) = reads.get().cloned() else {
+        panic!("the store was not wrapped")
+    };
+    let t = app.tenant("Pokhara Crafts", "p@pokhara.example").await;
+    let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    if let Ok(mut p) = reads.project.lock() {
+        *p = t.project.id.clone();
+    }
+    let mut costs = Vec::new();
+    let mut made = 0;
+    for n in [4u64, 40] {
+        while made < n {
+            created_id(&app, &key, &body(1500)).await;
+            made += 1;
+        }
+        let before = reads.seen();
+        let a = app.get("/v1/sessions?limit=2", Some(&key)).await;
+        let after = reads.seen();
+        assert_eq!(a.body["meta"]["total"], n, "{}", a.body);
+        costs.push((after.0 - before.0, after.1 - before.1));
+    }
+    // The same calls; items: at most the counters (one per shard and the
+    // marker) and the page, however many sessions there are (a scan read
+    // all 40).
+    assert_eq!(costs[0].0, costs[1].0, "calls with 4 and with 40 sessions");
+    let bound = u64::from(shared::domain::analytics::SHARDS) + 1 + 2;
+    assert!(
+        costs.iter().all(|c| c.1 <= bound),
+        "items read {costs:?}, at most {bound}"
+    );
+    let total = |status: &'static str| {
+        let (app, key) = (&app, &key);
+        async move {
+            let a = app
+                .get(&format!("/v1/sessions?status={status}"), Some(key))
+                .await;
+            assert_eq!(a.status, 200, "{}", a.body);
+            a.body["meta"]["total"].as_u64().unwrap_or(u64::MAX)
+        }
+    };
+    assert_eq!(total("pending").await, 40);
+    // Past their time: expired before any sweep, then after it.
+    clock.advance(chrono::Duration::minutes(31));
+    assert_eq!((total("pending").await, total("expired").await), (0, 40));
+    let report = app.sweep(clock.now()).await;
+    assert_eq!(report.sessions_expired, 40, "{report:?}");
+    assert_eq!((total("pending").await, total("expired").await), (0, 40));
+    created_id(&app, &key, &body(1500)).await;
+    assert_eq!((total("pending").await, total("expired").await), (1, 40));
+    let a = app.get("/v1/sessions", Some(&key)).await;
+    assert_eq!(a.body["meta"]["total"], 41);
+    app.stop().await;
+}
+
 on_both_backends!(
+    the_sessions_total_costs_the_same_whatever_their_number,
     create_answers_201_with_the_checkout_shape,
     a_session_reads_back_with_every_field,
     sessions_list_filters_by_status_and_paginates,

@@ -61,6 +61,10 @@ pub const SWEEP_BUDGET: usize = 2000;
 pub const RECONCILE_AFTER: chrono::Duration = chrono::Duration::seconds(60);
 /// How many payments one sweep checks, per partition.
 pub const SWEEP_BATCH: usize = 50;
+/// How many due sessions one sweep expires, per project (a session past
+/// its time still counts in `GET /v1/sessions` totals through a key-range
+/// count until it is stored as expired: this keeps that range short).
+pub const EXPIRE_BATCH: usize = 200;
 /// How many provider checks one sweep runs at once.
 pub const SWEEP_PARALLEL: usize = 8;
 /// Polls of the QR page ask the provider at most this often per payment.
@@ -1842,8 +1846,17 @@ pub async fn sweep(state: &AppState, now: Timestamp) -> Result<SweepReport, Stor
     let store = &*state.store;
     let mut report = SweepReport::default();
     let active = super::active::all(store).await?;
-    for id in checkout::due_for_expiry(store, &active, now, SWEEP_BATCH).await? {
-        match checkout::expire_due(store, &id, now).await {
+    let due = checkout::due_for_expiry(store, &active, now, EXPIRE_BATCH).await?;
+    let expired: Vec<(String, Result<bool, StoreError>)> = futures::stream::iter(due)
+        .map(|id| async move {
+            let r = checkout::expire_due(store, &id, now).await;
+            (id, r)
+        })
+        .buffer_unordered(SWEEP_PARALLEL)
+        .collect()
+        .await;
+    for (id, r) in expired {
+        match r {
             Ok(true) => report.sessions_expired += 1,
             Ok(false) => {}
             Err(e) => {
