@@ -665,7 +665,7 @@ async fn a_tampered_esewa_return_is_ignored_and_the_sweep_settles_it(which: Whic
     let callback = shop.press(&at, "pay").await;
     let data = query_param(&callback, "data").unwrap_or_default();
     let claim = String::from_utf8(base64_decode(&data)).unwrap_or_default();
-    assert!(claim.contains("\"total_amount\":\"1501.0\""), "{claim}");
+    assert!(claim.contains("\"total_amount\":\"1,501.0\""), "{claim}");
     let back = shop.arrive(&s, &callback).await;
     assert_eq!(back.redirect(303), format!("{}/c/{s}", shop.app.base));
     assert_eq!(shop.payment_status(&payment).await, "pending");
@@ -731,7 +731,8 @@ async fn forged_esewa_returns_never_succeed(which: Which) {
     let data = query_param(&genuine, "data").unwrap_or_default();
     let claim = String::from_utf8(base64_decode(&data)).unwrap_or_default();
     assert!(claim.contains("\"status\":\"COMPLETE\""), "{claim}");
-    assert!(claim.contains("\"total_amount\":\"1500.0\""), "{claim}");
+    // eSewa shows Rs 1,500 with a separator and signs it without one.
+    assert!(claim.contains("\"total_amount\":\"1,500.0\""), "{claim}");
 
     // Payment B of another session (same amount), not paid.
     let s2 = shop.checkout(AMOUNT).await;
@@ -751,7 +752,7 @@ async fn forged_esewa_returns_never_succeed(which: Which) {
                     "data",
                     &base64_encode(
                         claim
-                            .replace("\"total_amount\":\"1500.0\"", "\"total_amount\":\"15.0\"")
+                            .replace("\"total_amount\":\"1,500.0\"", "\"total_amount\":\"15.0\"")
                             .as_bytes(),
                     ),
                 )],

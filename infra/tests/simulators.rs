@@ -1460,6 +1460,43 @@ async fn a_fonepay_qr_is_not_payable_after_its_expiry() {
     assert_eq!(sim.qr_status("q-in-time").await["paymentStatus"], "success");
 }
 
+/// Rs 1,000 and more: eSewa's callback shows `total_amount` with
+/// thousands separators, signed over the amount without them.
+#[tokio::test]
+async fn esewa_callbacks_show_large_amounts_with_separators() {
+    let sim = start().await;
+    let uuid = "big-1";
+    let signature = sign::esewa_signature(
+        ESEWA_SECRET,
+        &sign::esewa_message(&[
+            ("total_amount", "6600"),
+            ("transaction_uuid", uuid),
+            ("product_code", "EPAYTEST"),
+        ]),
+    );
+    let fields: Vec<(String, String)> = Sim::esewa_fields(uuid, ESEWA_SECRET)
+        .into_iter()
+        .map(|(k, v)| match k.as_str() {
+            "amount" => (k, "6590".to_owned()),
+            "total_amount" => (k, "6600".to_owned()),
+            "signature" => (k, signature.clone()),
+            _ => (k, v),
+        })
+        .collect();
+    let resp = sim.esewa_post(&fields).await;
+    assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+    let (status, acted) = sim
+        .control("esewa", &format!("attempts/{uuid}/pay"), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{acted}");
+    let data = esewa_data(acted["callback_url"].as_str().unwrap_or_default());
+    assert_eq!(data["total_amount"], "6,600.0", "{data}");
+    assert!(!esewa_data_verifies(&data), "signed without the separators");
+    let mut plain = data.clone();
+    plain["total_amount"] = json!("6600.0");
+    assert!(esewa_data_verifies(&plain));
+}
+
 #[tokio::test]
 async fn fonepay_qr_rejects_bad_dv_and_credentials() {
     let sim = start().await;

@@ -394,11 +394,13 @@ fn success_redirect(a: &mut EsewaAttempt, secret: &str, tampered: bool) -> Strin
         ("signed_field_names", CALLBACK_SIGNED_FIELD_NAMES),
     ]);
     let signature = sign::esewa_signature(secret, &message);
-    let shown_total = if tampered {
+    // As eSewa does: amounts of 1,000 and more shown with thousands
+    // separators, signed without them.
+    let shown_total = grouped(&if tampered {
         java_double(a.total_paisa + 100)
     } else {
         total
-    };
+    });
     let data = callback_json(
         &code,
         COMPLETE,
@@ -408,6 +410,26 @@ fn success_redirect(a: &mut EsewaAttempt, secret: &str, tampered: bool) -> Strin
         &signature,
     );
     with_query(&a.success_url, &[("data", &STANDARD.encode(data))])
+}
+
+/// `6600.0` as eSewa shows it in a callback: `6,600.0` (a plain decimal
+/// only; anything else as it is).
+fn grouped(amount: &str) -> String {
+    let (int_part, rest) = match amount.split_once('.') {
+        Some((i, f)) => (i, format!(".{f}")),
+        None => (amount, String::new()),
+    };
+    if int_part.len() <= 3 || !int_part.bytes().all(|b| b.is_ascii_digit()) {
+        return amount.to_owned();
+    }
+    let mut out = String::with_capacity(amount.len() + int_part.len() / 3);
+    for (i, c) in int_part.chars().enumerate() {
+        if i > 0 && (int_part.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out + &rest
 }
 
 /// The callback JSON with eSewa's key order (serde_json's map would sort

@@ -354,8 +354,21 @@ pub fn verify_callback(
         })?;
         pairs.push((name, value));
     }
-    let borrowed: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    if !sign::esewa_verify(secret_key, &sign::esewa_message(&borrowed), &signature) {
+    let verifies = |pairs: &[(&str, String)]| {
+        let borrowed: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        sign::esewa_verify(secret_key, &sign::esewa_message(&borrowed), &signature)
+    };
+    // eSewa writes amounts of 1,000 and more with thousands separators
+    // (`"6,600.0"`) but signs them without (`6600.0`): the values as
+    // received first, then the amounts with the separators removed.
+    let plain: Vec<(&str, String)> = pairs
+        .iter()
+        .map(|(k, v)| match *k {
+            "total_amount" | "amount" => (*k, v.replace(',', "")),
+            _ => (*k, v.clone()),
+        })
+        .collect();
+    if !verifies(&pairs) && (plain == pairs || !verifies(&plain)) {
         return Err(CallbackError::BadSignature);
     }
     let signed = |name: &str| {
@@ -597,6 +610,43 @@ mod tests {
                     Err(CallbackError::Malformed(_))
                 ),
                 "{junk}"
+            );
+        }
+    }
+
+    /// eSewa's callbacks for Rs 1,000 and more show the amount with
+    /// thousands separators and sign it without them (captured UAT
+    /// callbacks of public integrations): such a callback verifies and
+    /// reads as its amount; a separator does not rescue a changed amount.
+    #[test]
+    fn a_callback_with_thousands_separators_verifies_over_the_plain_amount() {
+        let names =
+            "transaction_code,status,total_amount,transaction_uuid,product_code,signed_field_names";
+        let signed_as = |total: &str| {
+            sign::esewa_signature(
+                SECRET,
+                &format!(
+                    "transaction_code=000D3LZ,status=COMPLETE,total_amount={total},transaction_uuid=240613-155000,product_code=EPAYTEST,signed_field_names={names}"
+                ),
+            )
+        };
+        let data = |shown: &str, sig: &str| {
+            STANDARD.encode(format!(
+                r#"{{"transaction_code":"000D3LZ","status":"COMPLETE","total_amount":"{shown}","transaction_uuid":"240613-155000","product_code":"EPAYTEST","signed_field_names":"{names}","signature":"{sig}"}}"#
+            ))
+        };
+        let cb = verify_callback(&creds(), &data("6,600.0", &signed_as("6600.0")));
+        assert_eq!(cb.as_ref().map(|c| c.total_amount), Ok(paisa(660_000)));
+        assert_eq!(cb.map(|c| c.total_amount_raw), Ok("6,600.0".to_owned()));
+        // Signed as shown also verifies (the values as received come first).
+        assert!(verify_callback(&creds(), &data("6,600.0", &signed_as("6,600.0"))).is_ok());
+        assert!(verify_callback(&creds(), &data("1,000,000.0", &signed_as("1000000.0"))).is_ok());
+        // Another amount, with or without separators: refused.
+        for shown in ["6,700.0", "66,000.0", "6600.5"] {
+            assert_eq!(
+                verify_callback(&creds(), &data(shown, &signed_as("6600.0"))).err(),
+                Some(CallbackError::BadSignature),
+                "{shown}"
             );
         }
     }
