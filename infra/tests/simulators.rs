@@ -1832,6 +1832,77 @@ async fn fonepay_web_redirect() {
     );
 }
 
+/// Client libraries written for the real providers work unchanged: the
+/// test key Khalti's docs print, form-encoded Khalti bodies, eSewa fields
+/// in the POST's query string.
+#[tokio::test]
+async fn the_simulators_take_what_the_real_providers_take() {
+    let sim = start().await;
+    let docs_key = format!("Key {}", simulators::KHALTI_DOCS_SECRET_KEY);
+    let form = |pairs: &[(&str, &str)]| form_body(pairs);
+    let resp = sim
+        .http
+        .post(format!("{}/khalti/api/v2/epayment/initiate/", sim.base))
+        .header("authorization", &docs_key)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[
+            ("return_url", &format!("{MERCHANT}/khalti/return")),
+            ("website_url", MERCHANT),
+            ("amount", "1000"),
+            ("purchase_order_id", "form-1"),
+            ("purchase_order_name", "Dhaka topi"),
+        ]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let started: Value = resp.json().await.unwrap();
+    let pidx = started["pidx"].as_str().unwrap_or_default().to_owned();
+    assert!(!pidx.is_empty(), "{started}");
+    let resp = sim
+        .http
+        .post(format!("{}/khalti/api/v2/epayment/lookup/", sim.base))
+        .header("authorization", &docs_key)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("pidx", &pidx)]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let looked: Value = resp.json().await.unwrap();
+    assert_eq!(looked["status"], "Initiated", "{looked}");
+    assert_eq!(looked["total_amount"], 1000, "{looked}");
+
+    // eSewa: every field in the query string, an empty body.
+    let fields = Sim::esewa_fields("query-1", ESEWA_SECRET);
+    let pairs: Vec<(&str, &str)> = fields
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let resp = sim
+        .http
+        .post(format!("{}?{}", sim.esewa_form_url(), form_body(&pairs)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+    assert!(location(&resp).contains("/esewa/wallet/query-1"));
+
+    let index = sim
+        .http
+        .get(&sim.base)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        index.contains(simulators::KHALTI_DOCS_SECRET_KEY),
+        "{index}"
+    );
+}
+
 #[tokio::test]
 async fn index_page_and_control_errors() {
     let sim = start().await;

@@ -171,8 +171,17 @@ fn wallet_url(st: &SimState, uuid: &str) -> String {
     format!("{}/esewa/wallet/{}", st.base(), page::path_seg(uuid))
 }
 
-async fn form(State(st): State<SimState>, body: Bytes) -> Response {
-    let f = parse_form(&body);
+async fn form(
+    State(st): State<SimState>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+    body: Bytes,
+) -> Response {
+    // eSewa reads request parameters: fields in the POST's query string
+    // count as the form body's do (the body's first where both are sent).
+    let mut f = parse_form(&body);
+    for (k, v) in parse_form(query.unwrap_or_default().as_bytes()) {
+        f.entry(k).or_insert(v);
+    }
     for name in FORM_FIELDS {
         if f.get(name).is_none_or(|v| v.trim().is_empty()) {
             return bad_request(&format!("Invalid payload: {name} is required"));

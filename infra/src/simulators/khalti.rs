@@ -221,6 +221,28 @@ fn authenticate(st: &SimState, headers: &HeaderMap) -> Result<String, Response> 
     }
 }
 
+/// The request body as Khalti's API (Django REST framework) reads it: a
+/// form-encoded body by its content type (values as strings, which its
+/// fields accept), else JSON.
+fn request_body(headers: &HeaderMap, body: &[u8]) -> Result<Map<String, Value>, Response> {
+    let form = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| {
+            t.trim()
+                .to_ascii_lowercase()
+                .starts_with("application/x-www-form-urlencoded")
+        });
+    if form {
+        let mut out = Map::new();
+        for (k, v) in super::parse_form(body) {
+            out.insert(k, Value::String(v));
+        }
+        return Ok(out);
+    }
+    json_body(body)
+}
+
 /// The JSON body, or DRF's parse error.
 fn json_body(body: &[u8]) -> Result<Map<String, Value>, Response> {
     if body.iter().all(|b| b.is_ascii_whitespace()) {
@@ -281,7 +303,7 @@ async fn initiate(State(st): State<SimState>, headers: HeaderMap, body: Bytes) -
         Ok(k) => k,
         Err(r) => return r,
     };
-    let body = match json_body(&body) {
+    let body = match request_body(&headers, &body) {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -582,7 +604,7 @@ async fn lookup(State(st): State<SimState>, headers: HeaderMap, body: Bytes) -> 
         Ok(k) => k,
         Err(r) => return r,
     };
-    let body = match json_body(&body) {
+    let body = match request_body(&headers, &body) {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -662,7 +684,7 @@ async fn refund(
         Ok(k) => k,
         Err(r) => return r,
     };
-    let body = match json_body(&body) {
+    let body = match request_body(&headers, &body) {
         Ok(b) => b,
         Err(r) => return r,
     };

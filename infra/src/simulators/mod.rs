@@ -57,6 +57,9 @@ use serde_json::json;
 /// (`Authorization: Key live_secret_key_…`). Made up for the simulator; the
 /// real sandbox key comes from test-admin.khalti.com.
 pub const KHALTI_TEST_SECRET_KEY: &str = "live_secret_key_0d8f5c3e2b1a4f6e9d7c8b5a4e3f2d1c";
+/// The sandbox test secret key Khalti's public docs print: client
+/// libraries and tutorials use it, so the simulator takes it too.
+pub const KHALTI_DOCS_SECRET_KEY: &str = "live_secret_key_68791341fdd94846a146f0457ff7b455";
 
 /// An eSewa merchant: `product_code` and the HMAC secret key.
 #[derive(Clone, Debug)]
@@ -121,7 +124,7 @@ impl SimConfig {
                 product_code: "EPAYTEST".into(),
                 secret_key: "8gBm/:&EnhH.1/q".into(),
             }],
-            khalti_secret_keys: vec![KHALTI_TEST_SECRET_KEY.into()],
+            khalti_secret_keys: vec![KHALTI_TEST_SECRET_KEY.into(), KHALTI_DOCS_SECRET_KEY.into()],
             fonepay_merchants: vec![
                 FonepayMerchant {
                     merchant_code: "NBQM".into(),
@@ -795,11 +798,17 @@ async fn index(State(st): State<SimState>) -> Response {
         ));
     }
     for k in &cfg.khalti_secret_keys {
+        let note = if k == KHALTI_DOCS_SECRET_KEY {
+            " (the test key Khalti's docs print: accepted here too)"
+        } else {
+            ""
+        };
         body.push_str(&format!(
-            "<li>Khalti <code>Authorization: Key {}</code></li>",
+            "<li>Khalti <code>Authorization: Key {}</code>{note}</li>",
             page::esc(k)
         ));
     }
+    body.push_str("<li>Khalti's API takes JSON or form-encoded bodies; eSewa's form takes its fields in the body or the query string.</li>");
     for m in &cfg.fonepay_merchants {
         body.push_str(&format!(
             "<li>Fonepay merchantCode <code>{}</code>, secret <code>{}</code>, username <code>{}</code>, password <code>{}</code></li>",
