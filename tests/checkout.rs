@@ -690,6 +690,10 @@ async fn checkout_ids_do_not_predict_each_other(which: Which) {
     }
 }
 
+async fn live_providers(app: &TestApp, key: &str) -> Value {
+    app.get("/v1/providers", Some(key)).await.body["providers"].clone()
+}
+
 async fn providers_show_what_the_project_can_use(which: Which) {
     let Some(app) = spawn_app(which).await else {
         return;
@@ -706,6 +710,7 @@ async fn providers_show_what_the_project_can_use(which: Which) {
     let a = app.get("/v1/providers", Some(&sandbox)).await;
     assert_eq!(a.status, 200, "{}", a.body);
     assert_eq!(a.body["data"].as_array().map(Vec::len), Some(3));
+    assert_eq!(a.body["providers"], json!(["esewa", "khalti"]));
     assert_eq!(
         by_name(&a, "esewa"),
         json!({"provider": "esewa", "enabled": true, "sandbox": true, "minAmount": 1, "maxAmount": 100_000_000})
@@ -745,6 +750,8 @@ async fn providers_show_what_the_project_can_use(which: Which) {
     assert!(put.is_ok(), "{put:?}");
     let a = app.get("/v1/providers", Some(&sandbox)).await;
     assert_eq!(by_name(&a, "fonepay")["enabled"], true);
+    assert_eq!(a.body["providers"], json!(["esewa", "khalti", "fonepay"]));
+    assert_eq!(live_providers(&app, &live).await, json!([]));
     assert_eq!(by_name(&a, "fonepay")["sandbox"], false, "real money");
     let live_after = app.get("/v1/providers", Some(&live)).await;
     assert_eq!(

@@ -62,6 +62,9 @@ struct Expired {
 #[derive(Serialize)]
 struct ProviderList {
     data: Vec<ProviderAvailability>,
+    /// The enabled providers' names, as SDKs written for the contract's
+    /// product read them (`providers: ["esewa", ...]`).
+    providers: Vec<&'static str>,
 }
 
 /// The one place checkout refusals become answers.
@@ -174,5 +177,10 @@ async fn list_providers(
 ) -> Result<Json<ProviderList>, ApiError> {
     let who = auth.require(Scope::PaymentsRead)?;
     let data = checkout::providers(&*state.store, who.project_id(), who.mode()).await?;
-    Ok(Json(ProviderList { data }))
+    let providers = data
+        .iter()
+        .filter(|p| p.enabled)
+        .map(|p| p.provider.as_str())
+        .collect();
+    Ok(Json(ProviderList { data, providers }))
 }
