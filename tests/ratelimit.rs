@@ -373,10 +373,16 @@ async fn public_routes_are_throttled_per_session_and_address(which: Which) {
     app.stop().await;
 }
 
+async fn views(app: &TestApp, key: &str, id: &str) -> u64 {
+    let link = app.get(&format!("/v1/payment-links/{id}"), Some(key)).await;
+    link.body["stats"]["views"].as_u64().unwrap_or(u64::MAX)
+}
+
 /// One address opens at most a few sessions from a link (each would be
-/// an open session to expire and an attempt to reconcile); a flood of the
-/// link's page is cut at the link's limit and counts only the views it
-/// served; bad input answers a clear page and stores nothing.
+/// an open session to expire and an attempt to reconcile), the link opens
+/// a bounded number a minute in all, a flood of its page is cut per
+/// address and counts only the views it served, and bad input answers a
+/// clear page.
 async fn a_link_is_bounded_per_address_and_in_all(which: Which) {
     let Some(app) = spawn_app(which).await else {
         return;
@@ -393,7 +399,8 @@ async fn a_link_is_bounded_per_address_and_in_all(which: Which) {
         .await;
     assert_eq!(l.status, 201, "{}", l.body);
     let id = l.body["id"].as_str().unwrap_or_default().to_owned();
-    app.state().public_limits.set(1000, 100, 100, 40, 3);
+    // address, writes per address, per session, link opens, link sessions
+    app.state().public_limits.set(1000, 100, 100, 5, 3);
     steady_window().await;
     let here = client_from([127, 0, 0, 1]);
     let url = app.url(&format!("/l/{id}"));
@@ -407,7 +414,20 @@ async fn a_link_is_bounded_per_address_and_in_all(which: Which) {
     assert_eq!(code, 429, "{page}");
     assert!(retry.is_some_and(|r| r > 60), "{retry:?}");
     assert!(page.contains("minutes"), "{page}");
+    // The same link with its id percent-encoded is the same link.
+    let encoded = app.url(&format!("/l/{}", id.replace('_', "%5F")));
+    let (code, _, page) = public(
+        &here,
+        reqwest::Method::POST,
+        &encoded,
+        HTML,
+        Some("name=Ram"),
+    )
+    .await;
+    assert_eq!(code, 429, "{page}");
     assert_eq!(total(&app, &key, "/v1/sessions").await, 3);
+    // Other addresses: the link's fourth and fifth opens (one with a
+    // broken form, answered with a page), then the link is full.
     let there = client_from([127, 0, 0, 3]);
     assert_eq!(
         public(&there, reqwest::Method::POST, &url, HTML, Some("name=Sita"))
@@ -415,7 +435,6 @@ async fn a_link_is_bounded_per_address_and_in_all(which: Which) {
             .0,
         303
     );
-    // Bad input: a broken form, an absurd id, a wrong method.
     let (code, _, _) = public(
         &there,
         reqwest::Method::POST,
@@ -425,6 +444,18 @@ async fn a_link_is_bounded_per_address_and_in_all(which: Which) {
     )
     .await;
     assert!(code == 303 || code == 422, "{code}");
+    let (code, retry, _) = public(
+        &client_from([127, 0, 0, 5]),
+        reqwest::Method::POST,
+        &url,
+        JSON,
+        Some("name=Hari"),
+    )
+    .await;
+    assert_eq!(code, 429);
+    assert!(retry.is_some_and(|r| (1..=60).contains(&r)), "{retry:?}");
+    assert!(total(&app, &key, "/v1/sessions").await <= 5);
+    // An absurd id, a wrong method: clear answers, nothing stored.
     let long = app.url(&format!("/l/{}", "x".repeat(5000)));
     assert_eq!(
         public(&there, reqwest::Method::GET, &long, HTML, None)
@@ -432,29 +463,31 @@ async fn a_link_is_bounded_per_address_and_in_all(which: Which) {
             .0,
         404
     );
-    let put = public(&there, reqwest::Method::PUT, &url, HTML, None)
-        .await
-        .0;
-    assert_eq!(put, 405);
-    let sessions = total(&app, &key, "/v1/sessions").await;
-    assert!(sessions <= 5, "{sessions}");
-    // The link's flood: the link's 40 a minute are all its page serves
-    // (the 40 include the requests above), the rest are refused.
+    assert_eq!(
+        public(&there, reqwest::Method::PUT, &url, HTML, None)
+            .await
+            .0,
+        405
+    );
+    // A flood of the page from one address: its 50 a minute are served
+    // (and counted as views), the rest refused.
+    app.state().public_limits.set(50, 100, 100, 5, 3);
+    let before = views(&app, &key, &id).await;
+    let flooder = client_from([127, 0, 0, 7]);
     let flood = futures::future::join_all(
-        (0..120).map(|_| public(&there, reqwest::Method::GET, &url, HTML, None)),
+        (0..120).map(|_| public(&flooder, reqwest::Method::GET, &url, HTML, None)),
     )
     .await;
     let served = flood.iter().filter(|a| a.0 == 200).count();
-    assert!(served < 40, "{served}");
+    assert_eq!(served, 50);
     assert!(flood.iter().all(|a| a.0 == 200 || a.0 == 429));
-    let link = app
-        .get(&format!("/v1/payment-links/{id}"), Some(&key))
-        .await;
+    assert_eq!(views(&app, &key, &id).await, before + 50);
+    // Another address still gets the page.
     assert_eq!(
-        link.body["stats"]["views"].as_u64(),
-        Some(served as u64),
-        "{}",
-        link.body
+        public(&here, reqwest::Method::GET, &url, HTML, None)
+            .await
+            .0,
+        200
     );
     app.stop().await;
 }

@@ -68,18 +68,28 @@ async fn throttle(
     let address = shared::http::edge::client_address(&req);
     let post = req.method() == http::Method::POST;
     let mut parts = req.uri().path().trim_start_matches('/').split('/');
-    let (kind, id, rest) = (parts.next(), parts.next(), parts.next());
-    // An id names a counter only when it could be one of ours.
-    let id = id.filter(|id| {
+    let (kind, raw_id, rest) = (parts.next(), parts.next(), parts.next());
+    // The id as the route hands it to the handler (percent-decoded), so an
+    // encoded id cannot slip past its counters; it names a counter only
+    // when it could be one of ours (the handler answers 404 otherwise).
+    let decoded: Option<String> = raw_id.map(|raw| {
+        percent_encoding::percent_decode_str(raw)
+            .decode_utf8_lossy()
+            .into_owned()
+    });
+    let id = decoded.as_deref().filter(|id| {
         (4..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
     });
     let session = id.filter(|_| kind == Some("c"));
     let link = id.filter(|_| kind == Some("l"));
+    // A provider's return and the pages' status poll count per session
+    // only: customers behind one carrier NAT share an address, and a
+    // customer coming back from paying must get through.
+    let per_session_only = session.is_some() && matches!(rest, Some("return" | "status"));
     let request = throttle::PublicRequest {
-        address: &address,
-        // Starts an attempt, opens a session, or a provider's return
-        // (which asks the provider).
-        write: post || rest == Some("return"),
+        address: (!per_session_only).then_some(address.as_str()),
+        // Starts an attempt or opens a session.
+        write: post,
         session,
         link,
         opens_session: post && link.is_some() && rest.is_none(),

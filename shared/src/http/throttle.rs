@@ -24,16 +24,36 @@ use crate::time::Timestamp;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PublicRequest<'a> {
     /// The client's address (API Gateway's `sourceIp`, else the socket's
-    /// peer), or `unknown`.
-    pub address: &'a str,
+    /// peer), or `unknown`; `None`: the request is not counted per
+    /// address (a provider's return and the pages' status poll, bounded
+    /// per session: many customers share one address behind a carrier's
+    /// NAT, and a paying customer's return must not be refused).
+    pub address: Option<&'a str>,
     /// Whether it may write (starts an attempt, opens a session, a return).
     pub write: bool,
     /// The checkout session in its path.
     pub session: Option<&'a str>,
     /// The payment link in its path.
     pub link: Option<&'a str>,
-    /// Whether it opens a checkout session from the link (`POST /l/{id}`).
+    /// Whether it opens a checkout session from the link (`POST /l/{id}`):
+    /// only these count per link (a link's page views count per address).
     pub opens_session: bool,
+}
+
+/// The counter name of a client address: an IPv6 client is its /64 (one
+/// subscriber's prefix), an IPv4 client its address.
+fn address_bucket(address: &str) -> String {
+    match address.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_none() => {
+            let s = v6.segments();
+            format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+        }
+        Ok(std::net::IpAddr::V6(v6)) => v6
+            .to_ipv4_mapped()
+            .map(|v4| v4.to_string())
+            .unwrap_or_else(|| address.to_owned()),
+        _ => address.chars().take(64).collect(),
+    }
 }
 
 /// One limit: at most `limit` requests per `window` seconds.
@@ -64,8 +84,8 @@ pub const PER_ADDRESS: u32 = 600;
 pub const WRITES_PER_ADDRESS: u32 = 60;
 /// Requests per checkout session and minute (the pages poll every 2 s).
 pub const PER_SESSION: u32 = 120;
-/// Requests per payment link and minute, all clients together.
-pub const PER_LINK: u32 = 1200;
+/// Sessions opened per payment link and minute, all clients together.
+pub const PER_LINK: u32 = 600;
 /// Sessions one client address may open from one link per 30 minutes
 /// (a session's lifetime): how many open sessions it can hold.
 pub const SESSIONS_PER_LINK_AND_ADDRESS: u32 = 10;
@@ -128,8 +148,11 @@ impl PublicLimits {
         }
     }
 
-    /// Takes a slot of every limit `req` falls under at `now`, the
-    /// narrowest first; the first one full answers the request.
+    /// Takes a slot of every limit `req` falls under at `now`: the
+    /// client's own (per address, its writes, its sessions of the link)
+    /// first, then the shared ones (the session's, the link's), so a
+    /// client refused for its own flood never uses up a slot others
+    /// need. The first limit full answers the request.
     pub async fn take(
         &self,
         store: &dyn Store,
@@ -137,21 +160,21 @@ impl PublicLimits {
         now: Timestamp,
     ) -> Result<(), Limited> {
         let mut buckets: Vec<(&Limit, String)> = Vec::with_capacity(5);
-        if req.opens_session {
-            if let Some(link) = req.link {
-                buckets.push((&self.link_sessions, format!("LS#{link}#{}", req.address)));
+        if let Some(address) = req.address.map(address_bucket) {
+            buckets.push((&self.per_address, format!("A#{address}")));
+            if req.write {
+                buckets.push((&self.writes_per_address, format!("AW#{address}")));
+            }
+            if let (true, Some(link)) = (req.opens_session, req.link) {
+                buckets.push((&self.link_sessions, format!("LS#{link}#{address}")));
             }
         }
         if let Some(s) = req.session {
             buckets.push((&self.per_session, format!("S#{s}")));
         }
-        if let Some(l) = req.link {
+        if let (true, Some(l)) = (req.opens_session, req.link) {
             buckets.push((&self.per_link, format!("L#{l}")));
         }
-        if req.write {
-            buckets.push((&self.writes_per_address, format!("AW#{}", req.address)));
-        }
-        buckets.push((&self.per_address, format!("A#{}", req.address)));
         for (limit, bucket) in buckets {
             self.take_one(store, limit, &bucket, now).await?;
         }
@@ -220,7 +243,7 @@ mod tests {
         link: Option<&'a str>,
     ) -> PublicRequest<'a> {
         PublicRequest {
-            address,
+            address: Some(address),
             write: false,
             session,
             link,
@@ -233,6 +256,62 @@ mod tests {
         check(PublicLimits::default(), &store).await;
         let store = EmbeddedStore::in_memory().unwrap_or_else(|e| panic!("{e}"));
         check(PublicLimits::default().counted_in_process(), &store).await;
+    }
+
+    #[tokio::test]
+    async fn a_client_refused_for_its_own_flood_uses_no_shared_slot() {
+        both(async |limits: PublicLimits, store: &dyn Store| {
+            limits.set(3, 100, 5, 4, 100);
+            let t = at("2026-11-25T10:00:10Z");
+            let mut open = req("10.0.0.1", None, Some("lnk_1"));
+            open.write = true;
+            open.opens_session = true;
+            for n in 0..20 {
+                let r = limits.take(store, &open, t).await;
+                assert_eq!(r.is_ok(), n < 3, "{n}: {r:?}");
+            }
+            // Its 17 refused opens took none of the link's 4: the fourth
+            // is there for another client, then the link is full.
+            for (a, ok) in [("10.0.0.2", true), ("10.0.0.3", false)] {
+                let mut other = open.clone();
+                other.address = Some(a);
+                let r = limits.take(store, &other, t).await;
+                assert_eq!(
+                    r.map_err(|l| l.limit),
+                    if ok { Ok(()) } else { Err("link") },
+                    "{a}"
+                );
+            }
+            // A page view of the link is not counted per link.
+            assert!(
+                limits
+                    .take(store, &req("10.0.0.6", None, Some("lnk_1")), t)
+                    .await
+                    .is_ok()
+            );
+            // Returns and status polls: per session only.
+            let mut back = req("10.0.0.1", Some("cs_1"), None);
+            back.address = None;
+            for _ in 0..5 {
+                assert!(limits.take(store, &back, t).await.is_ok());
+            }
+            assert!(limits.take(store, &back, t).await.is_err());
+        })
+        .await;
+    }
+
+    #[test]
+    fn an_ipv6_client_is_its_64() {
+        assert_eq!(
+            address_bucket("2400:1a00:b040:1234:aaaa:bbbb:cccc:dddd"),
+            address_bucket("2400:1a00:b040:1234::1")
+        );
+        assert_ne!(
+            address_bucket("2400:1a00:b040:1234::1"),
+            address_bucket("2400:1a00:b040:1235::1")
+        );
+        assert_eq!(address_bucket("::ffff:203.0.113.7"), "203.0.113.7");
+        assert_eq!(address_bucket("203.0.113.7"), "203.0.113.7");
     }
 
     #[tokio::test]
@@ -299,7 +378,7 @@ mod tests {
             assert_eq!(again.as_ref().map_err(|l| l.limit), Err("link sessions"));
             assert_eq!(again.map_err(|l| l.retry_after), Err(29 * 60));
             let mut other = open.clone();
-            other.address = "10.0.0.8";
+            other.address = Some("10.0.0.8");
             assert!(limits.take(store, &other, next).await.is_ok());
         })
         .await;
