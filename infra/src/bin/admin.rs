@@ -60,7 +60,8 @@ const SECRET_WARNING: &str = "This is the only time this secret is shown: store 
         DHUKUTI_DATA_DIR          data directory of the embedded store (default ./.dhukuti)\n  \
         DHUKUTI_BACKEND           store backend (default embedded)\n  \
         DHUKUTI_CREDENTIALS_KEY   master key sealing provider credentials: base64 of 32 bytes, or id:base64\n  \
-        DHUKUTI_CREDENTIALS_PREVIOUS_KEYS   older master keys, comma-separated id:base64\n\n\
+        DHUKUTI_CREDENTIALS_PREVIOUS_KEYS   older master keys, comma-separated id:base64\n  \
+        DHUKUTI_PUBLIC_URL        public base URL of the hosted pages (payments release: link events)\n\n\
         listen and trigger talk HTTP to a running gateway (--api) and take its sandbox key\n\
         from $DHUKUTI_DATA_DIR/demo-keys.json unless --key is given."
 )]
@@ -1073,13 +1074,10 @@ async fn payments_cmd(cmd: PaymentsCmd, now: Timestamp) -> Result<Output, Failur
                     ));
                 }
             };
-            let state = shared::AppState::new(
-                store,
-                Arc::new(SystemClock),
-                shared::Config {
-                    public_base_url: String::new(),
-                },
-            );
+            // DHUKUTI_PUBLIC_URL, as the gateway's: a link's event names
+            // the link's public page.
+            let state =
+                shared::AppState::new(store, Arc::new(SystemClock), shared::Config::from_env());
             let p = attempts::release(&state, &payment_id, decision, now)
                 .await
                 .map_err(|e| match e {
@@ -1088,6 +1086,9 @@ async fn payments_cmd(cmd: PaymentsCmd, now: Timestamp) -> Result<Output, Failur
                     }
                     ReleaseError::NotHeld => {
                         Failure::Failed(format!("payment {payment_id} is not held for review"))
+                    }
+                    ReleaseError::NotApplied(_) => {
+                        Failure::Failed(format!("payment {payment_id}: {e}"))
                     }
                     ReleaseError::Store(e) => {
                         Failure::Failed(format!("cannot release the payment: {e}"))

@@ -53,7 +53,10 @@ pub(crate) const OPEN_PAYMENTS: &str = "OPEN#PAY";
 /// the open ones, one partition per project and mode, by due time.
 pub(crate) const RECHECK_PAYMENTS: &str = "RECHECK#PAY";
 /// How many cancelled payments one sweep re-checks per project.
-pub const RECHECK_BATCH: usize = 10;
+pub const RECHECK_BATCH: usize = 25;
+/// A sweep starts no provider check after this long (the scheduler runs
+/// every minute, one run at a time, with a 60 s timeout).
+pub const SWEEP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(40);
 /// At most this many provider checks per sweep, shared round-robin among
 /// the projects with due work (the rest are due again next sweep).
 pub const SWEEP_BUDGET: usize = 2000;
@@ -172,10 +175,22 @@ fn due_sk(p: &Payment, at: Timestamp) -> String {
 /// When the reconciler next asks the provider about `p`: a minute after it
 /// began, then [`check_gap`] after its last claimed check.
 pub fn next_check_at(p: &Payment) -> Timestamp {
-    match p.checks.checked_at {
+    let next = match p.checks.checked_at {
         None => p.created_at.plus(RECONCILE_AFTER),
         Some(c) => c.plus(check_gap(p, c)),
+    };
+    // A sandbox Fonepay QR paid after its cap hold is held for review
+    // (decide_for): one last check just before the hold ends, so a
+    // payment made in time is learned in time even with the page closed.
+    if p.provider == Provider::Fonepay && p.mode == Mode::Sandbox && p.attempt.cap_month.is_some() {
+        let last = p
+            .created_at
+            .plus(fonepay_cap::HOLD_WINDOW - chrono::Duration::seconds(30));
+        if p.checks.checked_at.is_none_or(|c| c < last) && next > last {
+            return last;
+        }
     }
+    next
 }
 
 fn is_open(s: PaymentStatus) -> bool {
@@ -819,7 +834,10 @@ pub async fn on_return(
     let mut payment = payment;
     // A cancelled payment may still be paid (the customer finished at the
     // provider after the cancel): its return is checked like an open one.
-    if is_open(payment.status) || payment.status == PaymentStatus::Cancelled {
+    // A payment held for review waits for a person: a return changes
+    // nothing (and asks the provider nothing).
+    let reviewable = payment.checks.review.is_none();
+    if reviewable && (is_open(payment.status) || payment.status == PaymentStatus::Cancelled) {
         let creds = state
             .providers
             .credentials(store, &payment.project_id, payment.mode, payment.provider)
@@ -916,6 +934,10 @@ pub enum ReleaseError {
     NotFound,
     #[error("the payment is not held for review")]
     NotHeld,
+    /// Taken off hold, but something else settled it first (it stays as
+    /// it now is; look again).
+    #[error("taken off hold, but the payment is now {0:?}: the decision did not apply")]
+    NotApplied(PaymentStatus),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -938,6 +960,15 @@ pub async fn release(
     let Some(reason) = p.checks.review.clone() else {
         return Err(ReleaseError::NotHeld);
     };
+    // The registry first: the partition the payment goes back to must be
+    // one the sweep finds.
+    super::active::touch_now(store, &p.project_id, p.mode, now).await?;
+    // Due now for a recheck; a few minutes on when the decision follows at
+    // once, so a sweep running meanwhile does not judge it first.
+    let due = match decision {
+        Release::Recheck => now,
+        _ => now.plus(chrono::Duration::minutes(5)),
+    };
     let update = Update::new()
         .remove(REVIEW)
         .set("updated_at", now.to_rfc3339())
@@ -945,7 +976,7 @@ pub async fn release(
             Index::Gsi2.pk_attr(),
             open_payments_partition(&p.project_id, p.mode),
         )
-        .set(Index::Gsi2.sk_attr(), due_sk(&p, now));
+        .set(Index::Gsi2.sk_attr(), due_sk(&p, due));
     let cond = Cond::And(vec![
         Cond::eq(REVIEW, reason.clone()),
         Cond::eq("status", "processing"),
@@ -956,9 +987,8 @@ pub async fn release(
         Err(e) => return Err(e.into()),
     };
     let unheld: Payment = from_item(item)?;
-    super::active::touch(store, &p.project_id, p.mode, now).await?;
     tracing::warn!(payment = %id, held_for = %reason, decision = ?decision, "payment released from review by a person");
-    let out = match decision {
+    let out = match decision.clone() {
         Release::Recheck => unheld,
         Release::Succeed => {
             let provider_ref = unheld.provider_ref.clone();
@@ -966,6 +996,14 @@ pub async fn release(
         }
         Release::Fail(why) => apply(state, &unheld, Decision::Failed(why), now).await?,
     };
+    let landed = match &decision {
+        Release::Recheck => true,
+        Release::Succeed => out.status == PaymentStatus::Success,
+        Release::Fail(_) => out.status == PaymentStatus::Failed,
+    };
+    if !landed {
+        return Err(ReleaseError::NotApplied(out.status));
+    }
     Ok(out)
 }
 
@@ -1585,7 +1623,10 @@ pub async fn poll(
     let Some(payment) = find_payment(store, session_id, &pid).await? else {
         return Ok(Some((session, None)));
     };
-    if !is_open(payment.status) || session.status != SessionStatus::Initiated {
+    if !is_open(payment.status)
+        || session.status != SessionStatus::Initiated
+        || payment.checks.review.is_some()
+    {
         return Ok(Some((session, Some(payment))));
     }
     if !claim_check(store, &payment, now, POLL_CHECK_EVERY).await? {
@@ -1865,18 +1906,42 @@ pub async fn sweep(state: &AppState, now: Timestamp) -> Result<SweepReport, Stor
             }
         }
     }
+    // Refunds first: a long reconciling pass must not starve them.
+    let refunds = super::refunds::sweep(state, now).await?;
+    report.refunds_checked = refunds.checked;
+    report.refunds_resolved = refunds.resolved;
+    report.errors += refunds.errors;
     let (due, idle) = open_payments(store, &active, now).await?;
+    // No new provider check starts after the deadline: the rest are due
+    // again at the next run (one run at a time, a minute apart).
+    let started = std::time::Instant::now();
     let results: Vec<(Payment, Option<Result<Payment, AttemptError>>)> =
         futures::stream::iter(due.into_iter().map(|p| async move {
-            if p.checks.recheck_until.is_some_and(|u| u <= now) {
-                let r = retire(store, &p).await.map(|()| p.clone());
-                return (p, r.err().map(|e| Err(e.into())));
+            if started.elapsed() >= SWEEP_DEADLINE {
+                return (p, None);
+            }
+            // A payment of the former global partitions may move to its
+            // project's partitions (a cancel re-checked): the project must
+            // be in the registry that finds them.
+            if p.checks.recheck_until.is_none_or(|u| u > now) {
+                if let Err(e) = super::active::touch(store, &p.project_id, p.mode, now).await {
+                    return (p, Some(Err(e.into())));
+                }
             }
             let r = match claim_as_read(store, &p, now).await {
                 Ok(true) => Some(reconcile(state, &p, now).await),
                 Ok(false) => None,
                 Err(e) => Some(Err(e.into())),
             };
+            // A cancelled payment past its day of re-checks: asked one last
+            // time above, it leaves the index if still cancelled.
+            if p.checks.recheck_until.is_some_and(|u| u <= now)
+                && matches!(&r, Some(Ok(after)) if after.status == PaymentStatus::Cancelled)
+            {
+                if let Err(e) = retire(store, &p).await {
+                    return (p, Some(Err(e.into())));
+                }
+            }
             (p, r)
         }))
         .buffer_unordered(SWEEP_PARALLEL)
@@ -1907,10 +1972,6 @@ pub async fn sweep(state: &AppState, now: Timestamp) -> Result<SweepReport, Stor
             super::active::retire(store, &a, now).await?;
         }
     }
-    let refunds = super::refunds::sweep(state, now).await?;
-    report.refunds_checked = refunds.checked;
-    report.refunds_resolved = refunds.resolved;
-    report.errors += refunds.errors;
     tracing::info!(
         refunds_checked = report.refunds_checked,
         refunds_resolved = report.refunds_resolved,
@@ -2354,6 +2415,27 @@ mod tests {
             decide_for(&p, &paid(50_000), None, true, late),
             Decision::Success { .. }
         ));
+    }
+
+    #[test]
+    fn a_sandbox_qr_is_checked_once_more_just_before_its_hold_ends() {
+        let mut p = payment_of(50_000);
+        p.provider = Provider::Fonepay;
+        p.attempt.cap_month = Some("2026-11".into());
+        let last = p
+            .created_at
+            .plus(fonepay_cap::HOLD_WINDOW - chrono::Duration::seconds(30));
+        // Checked at 28 minutes: the next gap (2.8 min) would pass the hold.
+        p.checks.checked_at = Some(p.created_at.plus(chrono::Duration::minutes(28)));
+        assert_eq!(next_check_at(&p), last);
+        // Checked after that: the usual gap.
+        p.checks.checked_at = Some(last.plus(chrono::Duration::seconds(1)));
+        assert!(next_check_at(&p) > last);
+        // Live Fonepay: no hold, the usual gap.
+        p.mode = Mode::Live;
+        p.attempt.cap_month = None;
+        p.checks.checked_at = Some(p.created_at.plus(chrono::Duration::minutes(28)));
+        assert!(next_check_at(&p) > last);
     }
 
     #[test]

@@ -927,6 +927,9 @@ async fn mark_expired(
 ) -> Result<CheckoutSession, StoreError> {
     let key = CheckoutSession::key(id);
     let mut read = known.cloned();
+    // Set when the link the session holds a use of is gone (deleted):
+    // the session expires without giving the use back.
+    let mut link_gone = false;
     for attempt in 0..8usize {
         let current = match read.take() {
             Some(s) => s,
@@ -952,7 +955,8 @@ async fn mark_expired(
             cond: Some(Cond::And(conds)),
         }];
         // A session holding one of its link's uses gives it back as it ends.
-        if current.link_claimed {
+        let releases = current.link_claimed && current.link_id.is_some() && !link_gone;
+        if releases {
             if let Some(link) = &current.link_id {
                 ops.push(super::links::release_op(link));
             }
@@ -969,6 +973,11 @@ async fn mark_expired(
             }
             // Moved meanwhile (paid, another attempt): read it again.
             Err(e) if failed_at(&e, 0) => {}
+            Err(e) if releases && failed_at(&e, 1) => {
+                tracing::warn!(session = %id, "the link of an expiring session is gone: its use is not given back");
+                link_gone = true;
+                read = Some(current);
+            }
             // Busy (the link or the counters are being written).
             Err(StoreError::TransactionCanceled { reasons })
                 if !reasons.contains(&TxReason::ConditionFailed) =>
