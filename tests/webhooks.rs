@@ -753,7 +753,12 @@ async fn an_event_is_delivered_once_and_signed(which: Which) {
     assert_eq!(body["type"], "payment.succeeded");
     assert_eq!(body["created"], event.created_at.unix_seconds());
     assert_eq!(body["livemode"], false);
-    assert_eq!(body["data"], json!({"object": event.object}));
+    assert_eq!(body["data"]["object"], event.object);
+    // The main fields, flat beside the object, as plugins read them.
+    assert_eq!(body["data"]["id"], event.object["id"]);
+    assert_eq!(body["data"]["amount"], event.object["amount"]);
+    assert_eq!(body["data"]["currency"], "NPR");
+    assert_eq!(body["data"]["status"], event.object["status"]);
     assert_eq!(body["data"]["object"]["id"], pay);
 
     // The log.

@@ -127,15 +127,99 @@ impl Event {
     }
 
     /// The body merchants receive (decisions, "Webhooks"):
-    /// `{id, type, created, livemode, data: {object}}`.
+    /// `{id, type, created, livemode, data: {object, ...}}`, with the
+    /// resource's main fields also flat in `data` ([`Event::flat_fields`]).
     pub fn body(&self) -> Value {
+        let mut data = self.flat_fields();
+        data.insert("object".into(), self.object.clone());
         serde_json::json!({
             "id": self.id,
             "type": self.event_type.as_str(),
             "created": self.created_at.unix_seconds(),
             "livemode": self.mode.is_live(),
-            "data": {"object": self.object},
+            "data": data,
         })
+    }
+
+    /// The resource's main fields, snake_case, flat in `data` beside
+    /// `object`: plugins and SDK examples written for the product the
+    /// contract describes read `data.id`, `data.amount`, `data.status`…
+    /// Payment events: `id`, `amount`, `currency`, `provider`,
+    /// `provider_ref`, `session_id`, `metadata`, `status`; refund events:
+    /// `id`, `payment_id`, `amount`, `currency`, `status`, `provider_ref`;
+    /// `payment_link.paid`: `id`, `amount`, `currency`, `provider`,
+    /// `metadata`, `url`, `status` (`active`/`inactive`);
+    /// `invoice.paid`: `id` and `invoice_id`, `invoice_number`, `amount`
+    /// (the total), `currency`, `status` (the collection status). A field
+    /// the resource does not have is left out.
+    pub fn flat_fields(&self) -> serde_json::Map<String, Value> {
+        let o = &self.object;
+        let mut out = serde_json::Map::new();
+        let mut copy = |to: &str, from: &str| {
+            if let Some(v) = o.get(from) {
+                out.insert(to.to_owned(), v.clone());
+            }
+        };
+        match self.event_type {
+            EventType::PaymentSucceeded
+            | EventType::PaymentFailed
+            | EventType::PaymentCancelled
+            | EventType::PaymentRefunded => {
+                for (to, from) in [
+                    ("id", "id"),
+                    ("amount", "amount"),
+                    ("currency", "currency"),
+                    ("provider", "provider"),
+                    ("provider_ref", "providerRef"),
+                    ("session_id", "checkoutSessionId"),
+                    ("metadata", "metadata"),
+                    ("status", "status"),
+                ] {
+                    copy(to, from);
+                }
+            }
+            EventType::RefundSucceeded | EventType::RefundFailed => {
+                for (to, from) in [
+                    ("id", "id"),
+                    ("payment_id", "paymentId"),
+                    ("amount", "amount"),
+                    ("currency", "currency"),
+                    ("status", "status"),
+                    ("provider_ref", "providerRefundId"),
+                ] {
+                    copy(to, from);
+                }
+            }
+            EventType::PaymentLinkPaid => {
+                for (to, from) in [
+                    ("id", "id"),
+                    ("amount", "amount"),
+                    ("currency", "currency"),
+                    ("provider", "provider"),
+                    ("metadata", "metadata"),
+                    ("url", "url"),
+                ] {
+                    copy(to, from);
+                }
+                if let Some(active) = o.get("active").and_then(Value::as_bool) {
+                    let word = if active { "active" } else { "inactive" };
+                    out.insert("status".into(), Value::from(word));
+                }
+            }
+            EventType::InvoicePaid => {
+                for (to, from) in [
+                    ("id", "id"),
+                    ("invoice_id", "id"),
+                    ("invoice_number", "invoice_number"),
+                    ("amount", "total_amount"),
+                    ("currency", "currency"),
+                    ("status", "collection_status"),
+                ] {
+                    copy(to, from);
+                }
+            }
+        }
+        out
     }
 
     /// The transaction write that records this event.
@@ -354,6 +438,80 @@ mod tests {
         assert_eq!(body["livemode"], true);
         assert_eq!(body["data"]["object"]["id"], "pay_1");
         assert!(body["id"].as_str().unwrap().starts_with("evt_"));
+    }
+
+    /// Plugins written for the contract's product read flat fields from
+    /// `data`; `data.object` stays as it was.
+    #[test]
+    fn data_carries_the_main_fields_flat_beside_the_object() {
+        let now = Timestamp::parse("2026-11-22T10:00:00Z").unwrap();
+        let body =
+            |kind, object: Value| Event::new(kind, "proj_1", Mode::Sandbox, object, now).body();
+        let payment = json!({"id": "pay_1", "object": "payment", "amount": 150000, "currency": "NPR",
+            "provider": "khalti", "providerRef": "KTX-1", "checkoutSessionId": "cs_1",
+            "metadata": {"order": "42"}, "status": "success", "customerEmail": "a@b.example"});
+        let d = &body(EventType::PaymentSucceeded, payment.clone())["data"];
+        assert_eq!(d["object"], payment);
+        assert_eq!(
+            (
+                &d["id"],
+                &d["amount"],
+                &d["currency"],
+                &d["provider"],
+                &d["provider_ref"],
+                &d["session_id"],
+                &d["status"]
+            ),
+            (
+                &json!("pay_1"),
+                &json!(150000),
+                &json!("NPR"),
+                &json!("khalti"),
+                &json!("KTX-1"),
+                &json!("cs_1"),
+                &json!("success")
+            )
+        );
+        assert_eq!(d["metadata"]["order"], "42");
+        assert!(d.get("customer_email").is_none() && d.get("customerEmail").is_none());
+        let refund = json!({"id": "rf_1", "paymentId": "pay_1", "amount": 5000, "currency": "NPR",
+            "status": "succeeded", "providerRefundId": null});
+        let d = &body(EventType::RefundSucceeded, refund)["data"];
+        assert_eq!(
+            (&d["id"], &d["payment_id"], &d["amount"]),
+            (&json!("rf_1"), &json!("pay_1"), &json!(5000))
+        );
+        assert!(d.get("provider_ref").is_some_and(Value::is_null));
+        let invoice = json!({"id": "oinv_1", "invoice_number": "PI-000001", "total_amount": 356007,
+            "currency": "NPR", "collection_status": "paid"});
+        let d = &body(EventType::InvoicePaid, invoice)["data"];
+        assert_eq!(
+            (
+                &d["id"],
+                &d["invoice_id"],
+                &d["invoice_number"],
+                &d["amount"],
+                &d["status"]
+            ),
+            (
+                &json!("oinv_1"),
+                &json!("oinv_1"),
+                &json!("PI-000001"),
+                &json!(356007),
+                &json!("paid")
+            )
+        );
+        let link = json!({"id": "lnk_1", "amount": 120000, "currency": "NPR", "active": true,
+            "url": "https://pay.example/l/lnk_1", "metadata": {}});
+        let d = &body(EventType::PaymentLinkPaid, link)["data"];
+        assert_eq!(
+            (&d["id"], &d["status"], &d["url"]),
+            (
+                &json!("lnk_1"),
+                &json!("active"),
+                &json!("https://pay.example/l/lnk_1")
+            )
+        );
     }
 
     #[tokio::test]
