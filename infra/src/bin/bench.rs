@@ -43,6 +43,25 @@ use shared::store::embedded::EmbeddedStore;
 use shared::store::{Cond, Index, Item, Key, Query, QueryPage, Store, StoreError, TxOp, Update};
 use shared::time::{Clock, SystemClock};
 
+/// The local gateway on the embedded store in `tmp`, on a free port, with
+/// no background sweeps or webhook polling.
+fn local_settings(tmp: &std::path::Path) -> std::result::Result<Settings, String> {
+    Ok(Settings {
+        addr: "127.0.0.1:0".parse().map_err(|_| "addr")?,
+        data_dir: tmp.to_path_buf(),
+        backend: shared::app::Backend::Embedded {
+            data_dir: tmp.to_path_buf(),
+        },
+        init: false,
+        demo_payments: false,
+        public_url: None,
+        sweep_every: None,
+        provider_timeout: None,
+        webhooks: Default::default(),
+        webhook_poll: None,
+    })
+}
+
 struct Result {
     name: &'static str,
     requests: usize,
@@ -87,20 +106,7 @@ async fn main() -> std::result::Result<(), String> {
     let embedded: Arc<dyn Store> =
         Arc::new(EmbeddedStore::open(&tmp.join("dhukuti.redb")).map_err(|e| e.to_string())?);
     let counting = Arc::new(CountingStore::new(embedded));
-    let settings = Settings {
-        addr: "127.0.0.1:0".parse().map_err(|_| "addr")?,
-        data_dir: tmp.clone(),
-        backend: shared::app::Backend::Embedded {
-            data_dir: tmp.clone(),
-        },
-        init: false,
-        demo_payments: false,
-        public_url: None,
-        sweep_every: None,
-        provider_timeout: None,
-        webhooks: Default::default(),
-        webhook_poll: None,
-    };
+    let settings = local_settings(&tmp)?;
     let running = dhukuti::start_with_store(settings, counting.clone()).await?;
     // Load from one key: the per-key rate limit must not be what is measured.
     running.state.limits.set(u32::MAX, u32::MAX);
@@ -590,21 +596,12 @@ async fn webhooks_bench(cfg: WebhookBench) -> std::result::Result<(), String> {
         writes: AtomicU64::new(0),
     });
     let settings = Settings {
-        addr: "127.0.0.1:0".parse().map_err(|_| "addr")?,
-        data_dir: tmp.clone(),
-        backend: shared::app::Backend::Embedded {
-            data_dir: tmp.clone(),
-        },
-        init: false,
-        demo_payments: false,
-        public_url: None,
-        sweep_every: None,
-        provider_timeout: None,
         webhooks: WebhookSettings {
             allow_local_http: true,
             ..Default::default()
         },
         webhook_poll: Some(cfg.poll),
+        ..local_settings(&tmp)?
     };
     let running = dhukuti::start_with_store(settings, clock.clone()).await?;
     running.state.limits.set(u32::MAX, u32::MAX);
@@ -890,20 +887,7 @@ async fn reconciler_bench(junk: usize, genuine: usize) -> std::result::Result<()
     std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
     let store: Arc<dyn Store> =
         Arc::new(EmbeddedStore::open(&tmp.join("dhukuti.redb")).map_err(|e| e.to_string())?);
-    let settings = Settings {
-        addr: "127.0.0.1:0".parse().map_err(|_| "addr")?,
-        data_dir: tmp.clone(),
-        backend: shared::app::Backend::Embedded {
-            data_dir: tmp.clone(),
-        },
-        init: false,
-        demo_payments: false,
-        public_url: None,
-        sweep_every: None,
-        provider_timeout: None,
-        webhooks: Default::default(),
-        webhook_poll: None,
-    };
+    let settings = local_settings(&tmp)?;
     let running = dhukuti::start_with_store(settings, store.clone()).await?;
     let state = running.state.clone();
     let base = running.base_url.clone();

@@ -614,25 +614,10 @@ fn supersede_ops(prev: &Payment, now: Timestamp) -> Result<Vec<TxOp>, StoreError
     if !is_open(prev.status) || prev.checks.review.is_some() {
         return Ok(Vec::new());
     }
-    let mut next = prev.clone();
-    next.status = PaymentStatus::Cancelled;
-    next.failure_reason = Some(SUPERSEDED.to_owned());
-    next.updated_at = now;
-    let update = Update::new()
-        .set("status", status_word(next.status))
-        .set("failure_reason", SUPERSEDED)
-        .set("updated_at", now.to_rfc3339());
-    Ok(vec![
-        TxOp::Update {
-            key: Payment::key(&prev.id),
-            update: recheck(update, prev, now),
-            cond: Some(not_held(status_in(&[
-                PaymentStatus::Pending,
-                PaymentStatus::Processing,
-            ]))),
-        },
-        event_op(EventType::PaymentCancelled, &next, now)?,
-    ])
+    // A cancel as a provider's answer would plan it, without its session
+    // (the new attempt's write moves the session).
+    let cancel = Decision::Cancelled(SUPERSEDED.to_owned());
+    Ok(plan(prev, None, None, &cancel, now)?.unwrap_or_default())
 }
 
 /// The day counters of a started attempt: the payment is created, and the
@@ -1335,15 +1320,20 @@ fn close_payment(update: Update) -> Update {
 /// `update` cancelling `p` at `now`: re-checked for [`RECHECK_CANCELLED`]
 /// from its project's re-check partition.
 fn recheck(update: Update, p: &Payment, now: Timestamp) -> Update {
-    let mut checked = p.clone();
-    checked.checks.checked_at = Some(now);
     update
         .set("recheck_until", now.plus(RECHECK_CANCELLED).to_rfc3339())
         .set(
             Index::Gsi2.pk_attr(),
             recheck_partition(&p.project_id, p.mode),
         )
-        .set(Index::Gsi2.sk_attr(), due_sk(p, next_check_at(&checked)))
+        .set(Index::Gsi2.sk_attr(), due_after_check(p, now))
+}
+
+/// `p`'s sort key in its partition once checked at `now`.
+fn due_after_check(p: &Payment, now: Timestamp) -> String {
+    let mut checked = p.clone();
+    checked.checks.checked_at = Some(now);
+    due_sk(p, next_check_at(&checked))
 }
 
 /// The transaction that applies `decision` to `p` as stored now; `None`
@@ -1650,11 +1640,9 @@ pub async fn poll(
 /// sort key of a payment that is in no partition indexes nothing: an
 /// index entry needs both key attributes.
 fn check_update(p: &Payment, now: Timestamp) -> Update {
-    let mut checked = p.clone();
-    checked.checks.checked_at = Some(now);
     Update::new()
         .set("checked_at", now.to_rfc3339())
-        .set(Index::Gsi2.sk_attr(), due_sk(p, next_check_at(&checked)))
+        .set(Index::Gsi2.sk_attr(), due_after_check(p, now))
 }
 
 async fn claimed(

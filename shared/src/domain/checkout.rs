@@ -1135,29 +1135,33 @@ pub async fn list(
         // with `expires_at <= now` (the sweep stores them within a minute
         // or so), counted with a key-range query.
         Some(s @ (SessionStatus::Pending | SessionStatus::Initiated)) => {
-            totals.stored(s) - overdue(store, project_id, mode, s, now).await?
+            totals.stored(s) - overdue(store, project_id, mode, Some(s), now).await?
         }
+        // Every session in the open index past its time is pending or
+        // initiated: one count.
         Some(SessionStatus::Expired) => {
             totals.stored(SessionStatus::Expired)
-                + overdue(store, project_id, mode, SessionStatus::Pending, now).await?
-                + overdue(store, project_id, mode, SessionStatus::Initiated, now).await?
+                + overdue(store, project_id, mode, None, now).await?
         }
     };
     Ok((sessions, u64::try_from(total.max(0)).unwrap_or(0)))
 }
 
-/// Open sessions of the project stored as `status` whose time passed.
+/// Open sessions of the project whose time passed, stored as `status`
+/// (any open one when `None`).
 async fn overdue(
     store: &dyn Store,
     project_id: &str,
     mode: Mode,
-    status: SessionStatus,
+    status: Option<SessionStatus>,
     now: Timestamp,
 ) -> Result<i64, StoreError> {
-    let query = Query::partition(open_sessions_partition(project_id, mode))
+    let mut query = Query::partition(open_sessions_partition(project_id, mode))
         .on(Index::Gsi2)
-        .sk(SkCond::Lt(format!("{}#~", now.to_rfc3339())))
-        .filter(Cond::eq("status", status.as_str()));
+        .sk(SkCond::Lt(format!("{}#~", now.to_rfc3339())));
+    if let Some(status) = status {
+        query = query.filter(Cond::eq("status", status.as_str()));
+    }
     Ok(i64::try_from(store.count(&query).await?).unwrap_or(i64::MAX))
 }
 

@@ -147,17 +147,7 @@ pub fn held_text(minutes: i64) -> String {
 /// session ending at `session_expires`: conditioned on a use being left
 /// and `maxUses` unchanged.
 pub fn claim_op(link: &PaymentLink, session_expires: Timestamp) -> TxOp {
-    let room = match link.max_uses {
-        // Unlimited, and still unlimited when the write lands.
-        None => Cond::Not(Box::new(Cond::ge("max_uses", 0))),
-        Some(m) => Cond::And(vec![
-            Cond::eq("max_uses", m),
-            Cond::Or(vec![
-                Cond::AttrNotExists("claimed".into()),
-                Cond::lt("claimed", m),
-            ]),
-        ]),
-    };
+    let room = below_max_uses(link.max_uses, "claimed");
     let until = link
         .held_until
         .filter(|h| *h > session_expires)
@@ -168,6 +158,18 @@ pub fn claim_op(link: &PaymentLink, session_expires: Timestamp) -> TxOp {
             .add("claimed", 1)
             .set("held_until", until.to_rfc3339()),
         cond: Some(Cond::And(vec![Cond::Exists, room])),
+    }
+}
+
+/// The link's counter `attr` is below `max_uses` as read (and `maxUses`
+/// unchanged, or still unlimited, when the write lands).
+fn below_max_uses(max_uses: Option<i64>, attr: &str) -> Cond {
+    match max_uses {
+        None => Cond::Not(Box::new(Cond::ge("max_uses", 0))),
+        Some(m) => Cond::And(vec![
+            Cond::eq("max_uses", m),
+            Cond::Or(vec![Cond::AttrNotExists(attr.into()), Cond::lt(attr, m)]),
+        ]),
     }
 }
 
@@ -946,17 +948,7 @@ pub async fn open_session(
     };
     let mut session = checkout::new_session(&creator, valid, now);
     session.link_id = Some(link.id.clone());
-    let left = match link.max_uses {
-        // Unlimited, and still unlimited when the write lands.
-        None => Cond::Not(Box::new(Cond::ge("max_uses", 0))),
-        Some(m) => Cond::And(vec![
-            Cond::eq("max_uses", m),
-            Cond::Or(vec![
-                Cond::AttrNotExists("used_count".into()),
-                Cond::lt("used_count", m),
-            ]),
-        ]),
-    };
+    let left = below_max_uses(link.max_uses, "used_count");
     let mut ops = vec![
         TxOp::Check {
             key: PaymentLink::key(&link.id),
