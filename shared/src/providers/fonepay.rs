@@ -41,6 +41,9 @@ use crate::money::Paisa;
 pub const MAX_QR_PRN_LEN: usize = 20;
 /// Web redirect `PRN`: 3-25 characters.
 pub const MAX_WEB_PRN_LEN: usize = 25;
+/// The QR status check takes a `prn` of up to 50 characters (the docs'
+/// own example PRN is a 36-character UUID).
+pub const MAX_STATUS_PRN_LEN: usize = 50;
 const MAX_QR_AMOUNT_LEN: usize = 10;
 const MAX_WEB_AMOUNT_LEN: usize = 18;
 const MAX_REMARK_LEN: usize = 25;
@@ -440,7 +443,7 @@ impl ProviderClient for FonepayClient {
         query: &StatusQuery,
     ) -> Result<ProviderStatus, ProviderError> {
         let c = credentials(creds)?;
-        check_reference(&query.reference, MAX_WEB_PRN_LEN)?;
+        check_reference(&query.reference, MAX_STATUS_PRN_LEN)?;
         let body = json!({
             "prn": query.reference,
             "merchantCode": c.merchant_code,

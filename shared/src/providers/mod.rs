@@ -30,6 +30,8 @@ pub mod sms;
 mod transport;
 
 #[cfg(test)]
+mod fixtures;
+#[cfg(test)]
 mod mock;
 
 use async_trait::async_trait;
