@@ -483,6 +483,7 @@ async fn every_endpoint_keeps_the_contract(which: Which) {
         lacking.insert(row.scope.as_str(), key);
     }
 
+    let nullability = spec_nullability();
     let mut failures: Vec<String> = Vec::new();
     let mut checked = 0;
     for row in ROUTES {
@@ -560,6 +561,11 @@ async fn every_endpoint_keeps_the_contract(which: Which) {
                     a.status, a.body
                 ));
             }
+            if a.status == 200 {
+                for f in null_failures(&a.body, &nullability) {
+                    failures.push(format!("{what}: {f}"));
+                }
+            }
         }
         checked += 1;
     }
@@ -600,6 +606,89 @@ async fn every_endpoint_keeps_the_contract(which: Which) {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// Per resource (by id prefix), each field the contract's resource tables
+/// name and whether its type says "or null".
+type Nullability = BTreeMap<&'static str, BTreeMap<String, bool>>;
+
+fn spec_nullability() -> Nullability {
+    let path = repo_root().join("../shared/spec/payment-gateway-api.md");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let resources = [
+        ("### One-time invoice", "oinv_"),
+        ("### Payment link", "lnk_"),
+        ("### Payment", "pay_"),
+        ("### Refund", "ref_"),
+        ("### Checkout session", "cs_"),
+        ("### Webhook endpoint", "we_"),
+    ];
+    let mut out: Nullability = BTreeMap::new();
+    let mut current: Option<&'static str> = None;
+    for line in text.lines() {
+        if line.starts_with("#") {
+            current = resources
+                .iter()
+                .find(|(h, _)| line == *h || line.starts_with(&format!("{h} (")))
+                .map(|(_, p)| *p);
+            continue;
+        }
+        let Some(prefix) = current else { continue };
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cells.len() < 4 || cells[1] == "Field" || cells[1].starts_with("---") {
+            continue;
+        }
+        let nullable = cells[2].contains("or null");
+        for name in cells[1].split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            out.entry(prefix)
+                .or_default()
+                .insert(name.to_owned(), nullable);
+        }
+    }
+    assert!(
+        out.len() == resources.len(),
+        "resource tables read: {out:?}"
+    );
+    out
+}
+
+/// Fields of contract resources in `body` that break their type's
+/// nullability: `null` where the type does not say "or null", absent
+/// where it does.
+fn null_failures(body: &Value, spec: &Nullability) -> Vec<String> {
+    let mut out = Vec::new();
+    match body {
+        Value::Array(items) => {
+            for v in items {
+                out.extend(null_failures(v, spec));
+            }
+        }
+        Value::Object(obj) => {
+            let id = obj.get("id").and_then(Value::as_str).unwrap_or_default();
+            let fields = spec
+                .iter()
+                .find(|(prefix, _)| id.starts_with(**prefix))
+                .map(|(_, f)| f);
+            if let Some(fields) = fields {
+                for (name, nullable) in fields {
+                    match (obj.get(name), nullable) {
+                        (Some(Value::Null), false) => {
+                            out.push(format!("{id}: {name} is null but not typed \"or null\""))
+                        }
+                        (None, true) => {
+                            out.push(format!("{id}: {name} (typed \"or null\") is missing"))
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            for v in obj.values() {
+                out.extend(null_failures(v, spec));
+            }
+        }
+        _ => {}
+    }
+    out
 }
 
 /// What differs from the expected error envelope, if anything.

@@ -181,11 +181,44 @@ async fn lists_filter_on_active_and_patch_changes_only_what_is_sent(which: Which
     );
 
     let p = send(&app, reqwest::Method::PATCH, &format!("/v1/payment-links/{a_id}"), &key,
-        Some(json!({"title": "A2", "description": null, "maxUses": 3, "expiresAt": "2099-01-01T00:00:00Z"}))).await;
+        Some(json!({"title": "A2", "description": "", "maxUses": 3, "expiresAt": "2099-01-01T00:00:00Z",
+            "customerName": "Sita Rai", "customerEmail": "sita@example.com", "customerPhone": "9800000001",
+            "customerLine1": "Lakeside 4", "customerCity": "Pokhara", "customerCountry": "NP"}))).await;
     assert_eq!(p.status, 200, "{}", p.body);
     assert_eq!(p.body["title"], "A2");
-    assert_eq!(p.body["description"], Value::Null);
+    assert_eq!(
+        p.body.get("description"),
+        None,
+        "cleared: omitted, never null"
+    );
     assert_eq!(p.body["maxUses"], 3);
+    assert_eq!(p.body["customerName"], "Sita Rai");
+    assert_eq!(p.body["customerEmail"], "sita@example.com");
+    assert_eq!(p.body["customerLine1"], "Lakeside 4");
+    assert_eq!(p.body["customerCity"], "Pokhara");
+    assert_eq!(p.body["customerCountry"], "NP");
+    assert_eq!(p.body.get("customerState"), None);
+    // maxUses null: unlimited (the SDK sends it so).
+    let u = send(
+        &app,
+        reqwest::Method::PATCH,
+        &format!("/v1/payment-links/{a_id}"),
+        &key,
+        Some(json!({"maxUses": null})),
+    )
+    .await;
+    assert_eq!(u.status, 200, "{}", u.body);
+    assert_eq!(u.body["maxUses"], Value::Null);
+    assert_eq!(u.body["customerCity"], "Pokhara", "not sent, not changed");
+    let u = send(
+        &app,
+        reqwest::Method::PATCH,
+        &format!("/v1/payment-links/{a_id}"),
+        &key,
+        Some(json!({"maxUses": 3})),
+    )
+    .await;
+    assert_eq!(u.status, 200, "{}", u.body);
     assert_eq!(p.body["amount"], 1000, "not sent, not changed");
     assert_eq!(p.body["expiresAt"], "2099-01-01T00:00:00.000Z");
     for (body, param) in [
@@ -196,6 +229,13 @@ async fn lists_filter_on_active_and_patch_changes_only_what_is_sent(which: Which
             "inactiveMessage",
         ),
         (json!({"referenceId": "x".repeat(101)}), "referenceId"),
+        // null only where the contract types the field "or null".
+        (json!({"description": null}), "description"),
+        (json!({"inactiveMessage": null}), "inactiveMessage"),
+        (json!({"referenceId": null}), "referenceId"),
+        (json!({"customerEmail": "sita"}), "customerEmail"),
+        (json!({"customerName": 5}), "customerName"),
+        (json!({"customerLine1": ["Lakeside"]}), "customerLine1"),
         (json!({"maxUses": 0}), "maxUses"),
         (json!({"expiresAt": "2001-01-01T00:00:00Z"}), "expiresAt"),
         (

@@ -836,8 +836,11 @@ pub struct ApiKeyView {
     pub kind: KeyKind,
     pub scopes: Vec<String>,
     pub description: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub last_used_at: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub spend_cap_paisa: Option<i64>,
 }
 

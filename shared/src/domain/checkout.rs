@@ -228,15 +228,22 @@ pub struct CheckoutSessionView {
     pub flow: Flow,
     pub amount: Paisa,
     pub currency: Currency,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub provider: Option<Provider>,
     pub status: SessionStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub payment_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     pub metadata: Map<String, Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_email: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_phone: Option<String>,
     pub collect_address: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_address: Option<Address>,
     pub expires_at: Timestamp,
     pub created_at: Timestamp,
@@ -1729,21 +1736,26 @@ mod tests {
             "flow",
             "amount",
             "currency",
-            "provider",
             "status",
-            "paymentId",
-            "description",
             "metadata",
-            "customerName",
-            "customerEmail",
-            "customerPhone",
             "collectAddress",
-            "customerAddress",
             "expiresAt",
             "createdAt",
             "updatedAt",
         ] {
             assert!(view.get(field).is_some(), "missing {field}");
+        }
+        // Optional fields: set, or omitted; never null against their type.
+        for f in [
+            "provider",
+            "paymentId",
+            "description",
+            "customerName",
+            "customerEmail",
+            "customerPhone",
+            "customerAddress",
+        ] {
+            assert_ne!(view.get(f), Some(&serde_json::Value::Null), "{f} is null");
         }
         assert!(view.get("returnUrl").is_none() && view.get("apiKeyId").is_none());
         assert_eq!(view["status"], "pending");

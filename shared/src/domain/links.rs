@@ -30,6 +30,9 @@ pub const MAX_REFERENCE_ID: usize = 100;
 /// The smallest amount a customer may enter when the link sets none.
 pub const DEFAULT_MIN_AMOUNT: i64 = 1000;
 
+/// Longest pre-filled address part.
+pub const MAX_ADDRESS_PART: usize = 200;
+
 /// A stored link.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PaymentLink {
@@ -190,9 +193,12 @@ pub struct PaymentLinkView {
     pub livemode: bool,
     pub mode: Mode,
     pub title: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
     pub amount: Option<Paisa>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub min_amount: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_amount: Option<i64>,
     pub currency: Currency,
     pub provider: Option<Provider>,
@@ -200,18 +206,30 @@ pub struct PaymentLinkView {
     pub max_uses: Option<i64>,
     pub used_count: i64,
     pub expires_at: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub redirect_url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub inactive_message: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_email: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_phone: Option<String>,
     pub collect_address: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_line1: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_line2: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_city: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_state: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_postal_code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_country: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub reference_id: Option<String>,
     pub metadata: Map<String, Value>,
     pub url: String,
@@ -344,6 +362,24 @@ pub struct PatchLink {
     pub reference_id: Option<Option<String>>,
     #[serde(default, deserialize_with = "nullable")]
     pub collect_address: Option<Option<bool>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_name: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_email: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_phone: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_line1: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_line2: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_city: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_state: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_postal_code: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_country: Option<Option<String>>,
 }
 
 /// A key that cannot be cleared was sent as `null`.
@@ -433,6 +469,20 @@ fn text(field: &str, v: Option<String>, max: usize) -> Result<Option<String>, Li
     Ok(bounded(field, v, max)?)
 }
 
+/// A pre-filled email: absent, or plausible (an empty string is refused,
+/// not taken for absent).
+fn email(field: &str, v: Option<String>) -> Result<Option<String>, LinkError> {
+    let Some(v) = v else {
+        return Ok(None);
+    };
+    let v = text(field, Some(v), checkout::MAX_EMAIL_LEN)?
+        .ok_or_else(|| invalid(field, format!("{field} must be an email address")))?;
+    if !super::account::is_plausible_email(&v) {
+        return Err(invalid(field, format!("{field} must be an email address")));
+    }
+    Ok(Some(v))
+}
+
 fn future_time(field: &str, v: &str, now: Timestamp) -> Result<Timestamp, LinkError> {
     let t = Timestamp::parse(v).ok_or_else(|| {
         invalid(
@@ -507,12 +557,16 @@ pub fn new_link(
     let metadata = req.metadata.unwrap_or_default();
     checkout::check_metadata(&metadata)?;
     let address = Address {
-        line1: text("customerLine1", req.customer_line1, 200)?,
-        line2: text("customerLine2", req.customer_line2, 200)?,
-        city: text("customerCity", req.customer_city, 200)?,
-        state: text("customerState", req.customer_state, 200)?,
-        postal_code: text("customerPostalCode", req.customer_postal_code, 200)?,
-        country: text("customerCountry", req.customer_country, 200)?,
+        line1: text("customerLine1", req.customer_line1, MAX_ADDRESS_PART)?,
+        line2: text("customerLine2", req.customer_line2, MAX_ADDRESS_PART)?,
+        city: text("customerCity", req.customer_city, MAX_ADDRESS_PART)?,
+        state: text("customerState", req.customer_state, MAX_ADDRESS_PART)?,
+        postal_code: text(
+            "customerPostalCode",
+            req.customer_postal_code,
+            MAX_ADDRESS_PART,
+        )?,
+        country: text("customerCountry", req.customer_country, MAX_ADDRESS_PART)?,
     };
     Ok(PaymentLink {
         id: ids::new_id(IdKind::PaymentLink),
@@ -539,7 +593,7 @@ pub fn new_link(
             MAX_INACTIVE_MESSAGE,
         )?,
         customer_name: text("customerName", req.customer_name, checkout::MAX_NAME_LEN)?,
-        customer_email: text("customerEmail", req.customer_email, checkout::MAX_EMAIL_LEN)?,
+        customer_email: email("customerEmail", req.customer_email)?,
         customer_phone: text("customerPhone", req.customer_phone, checkout::MAX_PHONE_LEN)?,
         collect_address: req.collect_address.unwrap_or(false),
         customer_address: (address != Address::default()).then_some(address),
@@ -646,6 +700,27 @@ pub async fn patch(
     patch: PatchLink,
     now: Timestamp,
 ) -> Result<PaymentLink, LinkError> {
+    // Address parts are written with the rest of the address as read: a
+    // concurrent edit in between means read again.
+    for _ in 0..4 {
+        if let Some(link) = patch_once(store, project_id, mode, id, patch.clone(), now).await? {
+            return Ok(link);
+        }
+    }
+    Err(LinkError::Store(StoreError::Unavailable(
+        "the payment link kept changing; retry".into(),
+    )))
+}
+
+/// One try of [`patch`]; `None` when the link changed after it was read.
+async fn patch_once(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+    patch: PatchLink,
+    now: Timestamp,
+) -> Result<Option<PaymentLink>, LinkError> {
     let link = find(store, project_id, mode, id)
         .await?
         .ok_or(LinkError::NotFound)?;
@@ -659,18 +734,18 @@ pub async fn patch(
             .ok_or_else(|| invalid("title", "title must not be empty"))?;
         update = update.set("title", t);
     }
-    if let Some(d) = patch.description {
+    if let Some(d) = not_null("description", patch.description)? {
         update = set_opt(
             update,
             "description",
-            text("description", d, MAX_DESCRIPTION)?,
+            text("description", Some(d), MAX_DESCRIPTION)?,
         );
     }
     if let Some(a) = not_null("active", patch.active)? {
         update = update.set("active", a);
     }
-    if let Some(m) = patch.inactive_message {
-        let m = text("inactiveMessage", m, MAX_INACTIVE_MESSAGE)?;
+    if let Some(m) = not_null("inactiveMessage", patch.inactive_message)? {
+        let m = text("inactiveMessage", Some(m), MAX_INACTIVE_MESSAGE)?;
         update = set_opt(update, "inactive_message", m);
     }
     if let Some(e) = patch.expires_at {
@@ -681,16 +756,21 @@ pub async fn patch(
         update = set_opt(update, "expires_at", e);
     }
     let mut cond = vec![Cond::Exists];
-    if let Some(m) = not_null("maxUses", patch.max_uses)? {
-        let m = max_uses(m)?;
-        if m < link.used_count {
-            return Err(below_use_count(link.used_count));
+    match patch.max_uses {
+        None => {}
+        // null: unlimited.
+        Some(None) => update = update.remove("max_uses"),
+        Some(Some(m)) => {
+            let m = max_uses(m)?;
+            if m < link.used_count {
+                return Err(below_use_count(link.used_count));
+            }
+            update = update.set("max_uses", m);
+            cond.push(Cond::Or(vec![
+                Cond::AttrNotExists("used_count".into()),
+                Cond::le("used_count", m),
+            ]));
         }
-        update = update.set("max_uses", m);
-        cond.push(Cond::Or(vec![
-            Cond::AttrNotExists("used_count".into()),
-            Cond::le("used_count", m),
-        ]));
     }
     if let Some(u) = patch.redirect_url {
         if let Some(url) = &u {
@@ -698,24 +778,81 @@ pub async fn patch(
         }
         update = set_opt(update, "redirect_url", u);
     }
-    if let Some(r) = patch.reference_id {
+    if let Some(r) = not_null("referenceId", patch.reference_id)? {
         update = set_opt(
             update,
             "reference_id",
-            text("referenceId", r, MAX_REFERENCE_ID)?,
+            text("referenceId", Some(r), MAX_REFERENCE_ID)?,
         );
     }
     if let Some(c) = not_null("collectAddress", patch.collect_address)? {
         update = update.set("collect_address", c);
     }
+    // Pre-fills: a string sets, an empty string clears.
+    if let Some(n) = not_null("customerName", patch.customer_name)? {
+        let n = text("customerName", Some(n), checkout::MAX_NAME_LEN)?;
+        update = set_opt(update, "customer_name", n);
+    }
+    if let Some(e) = not_null("customerEmail", patch.customer_email)? {
+        let e = if e.trim().is_empty() {
+            None
+        } else {
+            email("customerEmail", Some(e))?
+        };
+        update = set_opt(update, "customer_email", e);
+    }
+    if let Some(p) = not_null("customerPhone", patch.customer_phone)? {
+        let p = text("customerPhone", Some(p), checkout::MAX_PHONE_LEN)?;
+        update = set_opt(update, "customer_phone", p);
+    }
+    let mut address = link.customer_address.clone().unwrap_or_default();
+    let mut address_sent = false;
+    for (field, sent, slot) in [
+        ("customerLine1", patch.customer_line1, &mut address.line1),
+        ("customerLine2", patch.customer_line2, &mut address.line2),
+        ("customerCity", patch.customer_city, &mut address.city),
+        ("customerState", patch.customer_state, &mut address.state),
+        (
+            "customerPostalCode",
+            patch.customer_postal_code,
+            &mut address.postal_code,
+        ),
+        (
+            "customerCountry",
+            patch.customer_country,
+            &mut address.country,
+        ),
+    ] {
+        if let Some(v) = not_null(field, sent)? {
+            *slot = text(field, Some(v), MAX_ADDRESS_PART)?;
+            address_sent = true;
+        }
+    }
+    if address_sent {
+        // The address is one attribute: written whole, on the version read.
+        update = if address == Address::default() {
+            update.remove("customer_address")
+        } else {
+            update.set(
+                "customer_address",
+                serde_json::to_value(&address).map_err(|e| StoreError::Backend(e.to_string()))?,
+            )
+        };
+        cond.push(Cond::eq("updated_at", link.updated_at.to_rfc3339()));
+    }
     match store
         .update(&PaymentLink::key(&link.id), update, Some(Cond::And(cond)))
         .await
     {
-        Ok(item) => Ok(from_item(item)?),
+        Ok(item) => Ok(Some(from_item(item)?)),
         Err(StoreError::ConditionFailed) => match get(store, &link.id).await? {
-            Some(now_link) => Err(below_use_count(now_link.used_count)),
             None => Err(LinkError::NotFound),
+            Some(now_link) => match patch.max_uses {
+                Some(Some(m)) if now_link.used_count > m => {
+                    Err(below_use_count(now_link.used_count))
+                }
+                _ => Ok(None),
+            },
         },
         Err(e) => Err(e.into()),
     }
@@ -1154,7 +1291,7 @@ mod tests {
         let l = create(json!({"title": "Box", "amount": 1000, "description": "d"})).unwrap();
         insert(&store, &l).await.unwrap();
         let p: PatchLink =
-            serde_json::from_value(json!({"title": "Big box", "description": null, "maxUses": 3}))
+            serde_json::from_value(json!({"title": "Big box", "description": "", "maxUses": 3}))
                 .unwrap();
         let after = patch(&store, "proj_1", Mode::Sandbox, &l.id, p, now())
             .await
@@ -1168,8 +1305,61 @@ mod tests {
             ("Big box", None, Some(3))
         );
         assert_eq!(after.amount, l.amount, "keys not sent stay");
-        // Keys that cannot be cleared refuse null.
-        for key in ["title", "active", "maxUses", "collectAddress"] {
+        // maxUses null: unlimited again.
+        let p: PatchLink = serde_json::from_value(json!({"maxUses": null})).unwrap();
+        let after = patch(&store, "proj_1", Mode::Sandbox, &l.id, p, now())
+            .await
+            .unwrap();
+        assert_eq!(after.max_uses, None);
+        // Pre-fills: set one address part, keep the others; "" clears.
+        let p: PatchLink = serde_json::from_value(json!({
+            "customerName": "Sita", "customerEmail": "sita@example.com",
+            "customerPhone": "9800000001", "customerCity": "Pokhara", "customerLine1": "Lakeside 4"
+        }))
+        .unwrap();
+        let after = patch(&store, "proj_1", Mode::Sandbox, &l.id, p, now())
+            .await
+            .unwrap();
+        assert_eq!(after.customer_name.as_deref(), Some("Sita"));
+        assert_eq!(after.customer_email.as_deref(), Some("sita@example.com"));
+        assert_eq!(after.customer_phone.as_deref(), Some("9800000001"));
+        let a = after.customer_address.clone().unwrap_or_default();
+        assert_eq!(
+            (a.line1.as_deref(), a.city.as_deref()),
+            (Some("Lakeside 4"), Some("Pokhara"))
+        );
+        let p: PatchLink =
+            serde_json::from_value(json!({"customerCity": "", "customerEmail": ""})).unwrap();
+        let after = patch(&store, "proj_1", Mode::Sandbox, &l.id, p, now())
+            .await
+            .unwrap();
+        let a = after.customer_address.clone().unwrap_or_default();
+        assert_eq!((a.line1.as_deref(), a.city), (Some("Lakeside 4"), None));
+        assert_eq!(after.customer_email, None);
+        let p: PatchLink =
+            serde_json::from_value(json!({"customerEmail": "not-an-email"})).unwrap();
+        assert!(matches!(
+            patch(&store, "proj_1", Mode::Sandbox, &l.id, p, now()).await,
+            Err(LinkError::Invalid { ref field, .. }) if field == "customerEmail"
+        ));
+        // Keys the contract does not type as nullable refuse null.
+        for key in [
+            "title",
+            "description",
+            "active",
+            "inactiveMessage",
+            "referenceId",
+            "collectAddress",
+            "customerName",
+            "customerEmail",
+            "customerPhone",
+            "customerLine1",
+            "customerLine2",
+            "customerCity",
+            "customerState",
+            "customerPostalCode",
+            "customerCountry",
+        ] {
             let p: PatchLink = serde_json::from_value(json!({ key: null })).unwrap();
             assert!(
                 matches!(patch(&store, "proj_1", Mode::Sandbox, &l.id, p, now()).await,

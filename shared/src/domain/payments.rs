@@ -135,15 +135,20 @@ pub struct PaymentView {
     pub currency: Currency,
     pub provider: Provider,
     pub status: PaymentStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub provider_ref: Option<String>,
     pub failure_reason: Option<String>,
     pub metadata: Map<String, Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_email: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_phone: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     /// Set on a second success for one session (decisions, "Payments").
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub double_payment_of: Option<String>,
 }
 
@@ -329,17 +334,22 @@ mod tests {
             "currency",
             "provider",
             "status",
-            "providerRef",
             "failureReason",
             "metadata",
-            "customerName",
-            "customerEmail",
-            "customerPhone",
             "createdAt",
             "updatedAt",
             "amountRefunded",
         ] {
             assert!(v.get(field).is_some(), "missing {field}");
+        }
+        // Optional fields: set, or omitted; never null against their type.
+        for f in [
+            "providerRef",
+            "customerName",
+            "customerEmail",
+            "customerPhone",
+        ] {
+            assert_ne!(v.get(f), Some(&serde_json::Value::Null), "{f} is null");
         }
         assert_eq!(v["livemode"], true);
         assert_eq!(v["mode"], "live");

@@ -159,9 +159,13 @@ pub struct RefundView {
     pub currency: Currency,
     pub reason: RefundReason,
     pub status: RefundStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub provider_refund_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub notes: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mobile_number: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
@@ -1324,14 +1328,14 @@ mod tests {
             "currency",
             "reason",
             "status",
-            "providerRefundId",
-            "failureReason",
-            "notes",
-            "mobileNumber",
             "createdAt",
             "updatedAt",
         ] {
             assert!(v.get(f).is_some(), "{f}");
+        }
+        // Optional fields: set, or omitted; never null against their type.
+        for f in ["providerRefundId", "failureReason", "notes", "mobileNumber"] {
+            assert_ne!(v.get(f), Some(&serde_json::Value::Null), "{f} is null");
         }
         assert_eq!(v["status"], "processing");
         assert_eq!(v["reason"], "customer_request");

@@ -851,13 +851,18 @@ pub struct DeliveryView {
     pub object: &'static str,
     pub webhook_endpoint_id: String,
     pub event_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub payment_id: Option<String>,
     pub event_type: &'static str,
     pub status: &'static str,
     pub attempts: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub response_status: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub last_attempt_at: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub next_attempt_at: Option<Timestamp>,
     pub created_at: Timestamp,
     pub livemode: bool,
