@@ -98,11 +98,13 @@ async fn account_shows_the_key_context_and_masks_email_without_pii_read(which: W
         "kind",
         "scopes",
         "description",
-        "expires_at",
-        "last_used_at",
         "spend_cap_paisa",
     ] {
         assert!(k.get(field).is_some(), "api_key.{field} missing: {k}");
+    }
+    // Timestamps typed without "or null": set, or omitted.
+    for field in ["expires_at", "last_used_at"] {
+        assert_ne!(k.get(field), Some(&serde_json::Value::Null), "{k}");
     }
     assert!(k["id"].as_str().is_some_and(|s| s.starts_with("ak_")));
     assert_eq!(k["prefix"], &narrow[..12]);

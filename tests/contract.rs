@@ -706,4 +706,323 @@ fn error_mismatch(a: &Answer, status: u16, kind: &str, code: &str) -> Option<Str
     })
 }
 
-on_both_backends!(every_endpoint_keeps_the_contract);
+/// The JSON type a body field has in the contract.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Str,
+    Int,
+    Bool,
+    Obj,
+    Arr,
+}
+
+/// One body field: its path in the body (dots for nesting), its type and
+/// whether the contract types it "or null".
+struct BodyField {
+    path: &'static str,
+    kind: Kind,
+    nullable: bool,
+}
+
+const fn f(path: &'static str, kind: Kind) -> BodyField {
+    BodyField {
+        path,
+        kind,
+        nullable: false,
+    }
+}
+
+const fn n(path: &'static str, kind: Kind) -> BodyField {
+    BodyField {
+        path,
+        kind,
+        nullable: true,
+    }
+}
+
+/// Every body field of every write route, as the contract (and
+/// decisions.md where the contract says "not shown") types it.
+fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
+    use Kind::*;
+    let customer = [
+        f("customerName", Str),
+        f("customerEmail", Str),
+        f("customerPhone", Str),
+        f("customerLine1", Str),
+        f("customerLine2", Str),
+        f("customerCity", Str),
+        f("customerState", Str),
+        f("customerPostalCode", Str),
+        f("customerCountry", Str),
+    ];
+    let invoice = [
+        f("lines", Arr),
+        f("lines.0", Obj),
+        f("lines.0.description", Str),
+        f("lines.0.quantity", Str),
+        f("lines.0.unitAmount", Int),
+        f("dueAt", Str),
+        n("customerId", Str),
+        n("buyer", Obj),
+        f("buyer.name", Str),
+        f("buyer.email", Str),
+        f("buyer.phone", Str),
+        f("buyer.address", Str),
+        f("taxRateBps", Int),
+        n("externalReference", Str),
+        n("note", Str),
+    ];
+    match (method, path) {
+        ("POST", "/v1/checkout") => vec![
+            f("amount", Int),
+            f("returnUrl", Str),
+            f("cancelUrl", Str),
+            f("provider", Str),
+            f("flow", Str),
+            f("currency", Str),
+            f("description", Str),
+            f("metadata", Obj),
+            f("customer", Obj),
+            f("customer.name", Str),
+            f("customer.email", Str),
+            f("customer.phone", Str),
+            f("customer.address", Obj),
+            f("customer.address.line1", Str),
+            f("collectAddress", Bool),
+        ],
+        ("POST", "/v1/checkout/{id}/expire")
+        | ("POST", "/v1/payment-links/{id}/cancel")
+        | ("POST", "/v1/invoices/{id}/discard") => vec![],
+        ("POST", "/v1/refunds") => vec![
+            f("paymentId", Str),
+            f("amount", Int),
+            f("reason", Str),
+            f("notes", Str),
+            f("mobileNumber", Str),
+        ],
+        ("POST", "/v1/payment-links") => {
+            let mut v = vec![
+                f("title", Str),
+                f("description", Str),
+                n("amount", Int),
+                f("minAmount", Int),
+                f("maxAmount", Int),
+                f("currency", Str),
+                n("provider", Str),
+                n("maxUses", Int),
+                n("expiresAt", Str),
+                f("redirectUrl", Str),
+                f("inactiveMessage", Str),
+                f("collectAddress", Bool),
+                f("referenceId", Str),
+                f("metadata", Obj),
+            ];
+            v.extend(customer);
+            v
+        }
+        ("PATCH", "/v1/payment-links/{id}") => {
+            let mut v = vec![
+                f("title", Str),
+                f("description", Str),
+                f("active", Bool),
+                f("inactiveMessage", Str),
+                n("expiresAt", Str),
+                n("maxUses", Int),
+                n("redirectUrl", Str),
+                f("referenceId", Str),
+                f("collectAddress", Bool),
+            ];
+            v.extend(customer);
+            v
+        }
+        ("POST", "/v1/webhooks") | ("PATCH", "/v1/webhooks/{id}") => {
+            vec![f("url", Str), f("events", Arr), f("enabled", Bool)]
+        }
+        ("POST", "/v1/webhooks/{id}/test") => vec![f("type", Str)],
+        ("POST", "/v1/invoices") => invoice.into_iter().collect(),
+        ("PATCH", "/v1/invoices/{id}") => {
+            let mut v: Vec<BodyField> = invoice.into_iter().collect();
+            v.push(f("version", Int));
+            v
+        }
+        ("POST", "/v1/invoices/{id}/finalize") => vec![f("version", Int)],
+        ("POST", "/v1/invoices/{id}/correct") => vec![f("reason", Str)],
+        ("POST", "/v1/invoices/{id}/adjustments") => {
+            vec![f("amount", Int), f("reason", Str), f("version", Int)]
+        }
+        ("POST", "/v1/invoices/{id}/checkout") => vec![f("provider", Str)],
+        ("POST", "/v1/sms/notify-pending-payment") => vec![
+            f("customerPhone", Str),
+            f("shopName", Str),
+            f("orderName", Str),
+            f("amountMinor", Int),
+            f("currency", Str),
+            f("checkoutUrl", Str),
+        ],
+        _ => panic!("no body fields for {method} {path}"),
+    }
+}
+
+/// Values of the wrong JSON type for `kind`.
+fn wrong_values(kind: Kind) -> Vec<Value> {
+    match kind {
+        Kind::Str => vec![json!(12345), json!(["x"]), json!({"x": 1})],
+        Kind::Int => vec![json!("12"), json!([1]), json!(true)],
+        Kind::Bool => vec![json!("true"), json!(1), json!([true])],
+        Kind::Obj => vec![json!(["x"]), json!("x"), json!(7)],
+        Kind::Arr => vec![json!({"0": 1}), json!("x"), json!(7)],
+    }
+}
+
+/// `body` with the value at `path` (dots; numbers index arrays) set to
+/// `value`, creating objects on the way.
+fn with_field(body: &Value, path: &str, value: Value) -> Value {
+    fn set(target: &mut Value, parts: &[&str], value: Value) {
+        let Some((first, rest)) = parts.split_first() else {
+            *target = value;
+            return;
+        };
+        let next = match first.parse::<usize>() {
+            Ok(i) => {
+                if !target.is_array() {
+                    *target = json!([]);
+                }
+                let arr = target.as_array_mut().expect("array");
+                while arr.len() <= i {
+                    arr.push(json!({}));
+                }
+                &mut arr[i]
+            }
+            Err(_) => {
+                if !target.is_object() {
+                    *target = json!({});
+                }
+                let obj = target.as_object_mut().expect("object");
+                obj.entry(first.to_string()).or_insert(json!({}))
+            }
+        };
+        set(next, rest, value);
+    }
+    let mut out = body.clone();
+    let parts: Vec<&str> = path.split('.').collect();
+    set(&mut out, &parts, value);
+    out
+}
+
+/// How serde_path_to_error names a path: `lines[0].quantity`.
+fn param_of(path: &str) -> String {
+    let mut out = String::new();
+    for part in path.split('.') {
+        if part.parse::<usize>().is_ok() {
+            out.push_str(&format!("[{part}]"));
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(part);
+        }
+    }
+    out
+}
+
+/// Every body field of every write route, sent with a value of the wrong
+/// JSON type (and `null` where the contract does not type it "or null"):
+/// a 400 `validation_failed` whose `param` names the field, and nothing
+/// changed.
+async fn every_body_field_refuses_a_wrong_type(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let tenant = app.tenant("Strict Teas", "owner@strict.example").await;
+    let sandbox = app.key(&tenant, Mode::Sandbox, &Scope::ALL).await;
+    let rec = records(&app, &tenant, &sandbox).await;
+    let mut failures: Vec<String> = Vec::new();
+    let mut sent = 0;
+    for row in ROUTES
+        .iter()
+        .filter(|r| r.method != "GET" && r.method != "DELETE")
+    {
+        let path = if row.path.contains("{id}") {
+            row.path.replace("{id}", rec.id_for(row.path))
+        } else {
+            row.path.to_owned()
+        };
+        let base = body_for(&app, &rec, row.method, row.path).unwrap_or_else(|| json!({}));
+        // An array for the body object (serde would read a struct from it
+        // by position: `["https://…"]` was a webhook's new url).
+        // (Routes without a body ignore what is sent.)
+        let fields = body_fields(row.method, row.path);
+        if fields.is_empty() {
+            continue;
+        }
+        let url = rec.hook_url.clone();
+        let a = call(&app, row.method, &path, Some(&sandbox), Some(&json!([url]))).await;
+        if a.status != 400 || a.body["error"]["code"] != "validation_failed" {
+            failures.push(format!(
+                "{} {} with an array body: expected 400, got {} {}",
+                row.method, row.path, a.status, a.body
+            ));
+        }
+        for field in fields {
+            let mut values = wrong_values(field.kind);
+            if !field.nullable {
+                values.push(Value::Null);
+            }
+            for value in values {
+                let body = with_field(&base, field.path, value.clone());
+                let a = call(&app, row.method, &path, Some(&sandbox), Some(&body)).await;
+                sent += 1;
+                let param = a.body["error"]["param"].as_str().unwrap_or_default();
+                if a.status != 400
+                    || a.body["error"]["code"] != "validation_failed"
+                    || param != param_of(field.path)
+                {
+                    failures.push(format!(
+                        "{} {} with {} = {value}: expected 400 validation_failed naming {}, got {} {}",
+                        row.method,
+                        row.path,
+                        field.path,
+                        param_of(field.path),
+                        a.status,
+                        a.body
+                    ));
+                }
+            }
+        }
+    }
+    assert!(sent > 300, "only {sent} requests");
+    // Nothing the refused writes did.
+    for (path, field, value) in [
+        (
+            format!("/v1/payment-links/{}", rec.link),
+            "title",
+            json!("Tea"),
+        ),
+        (
+            format!("/v1/webhooks/{}", rec.webhook),
+            "url",
+            json!(rec.hook_url),
+        ),
+        (format!("/v1/invoices/{}", rec.draft), "version", json!(1)),
+    ] {
+        let a = app.get(&path, Some(&sandbox)).await;
+        if a.body[field] != value {
+            failures.push(format!(
+                "after the refused writes, GET {path}: {field} is {}",
+                a.body[field]
+            ));
+        }
+    }
+    app.stop().await;
+    assert!(
+        failures.is_empty(),
+        "{} wrong-type answer(s) on {which:?}:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+on_both_backends!(
+    every_endpoint_keeps_the_contract,
+    every_body_field_refuses_a_wrong_type
+);

@@ -840,7 +840,7 @@ pub struct ApiKeyView {
     pub expires_at: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_used_at: Option<Timestamp>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Nullable (decisions.md): always present.
     pub spend_cap_paisa: Option<i64>,
 }
 

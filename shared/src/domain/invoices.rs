@@ -30,7 +30,7 @@ use super::payments::{self, Payment, PaymentStatus};
 use super::record::{from_item, page_of, to_item};
 use crate::AppState;
 use crate::http::idempotency::Fence;
-use crate::http::input::{nullable, present};
+use crate::http::input::{nullable, or_null, present};
 use crate::ids::{self, IdKind};
 use crate::money::Currency;
 use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, TxReason, Update};
@@ -464,15 +464,15 @@ pub struct LineInput {
 pub struct CreateInvoice {
     pub lines: Vec<LineInput>,
     pub due_at: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_null")]
     pub customer_id: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_null")]
     pub buyer: Option<Buyer>,
     #[serde(default)]
     pub tax_rate_bps: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_null")]
     pub external_reference: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_null")]
     pub note: Option<String>,
 }
 
@@ -491,8 +491,8 @@ pub struct PatchInvoice {
     pub customer_id: Option<Option<String>>,
     #[serde(default, deserialize_with = "nullable")]
     pub buyer: Option<Option<Buyer>>,
-    #[serde(default, deserialize_with = "nullable")]
-    pub tax_rate_bps: Option<Option<i64>>,
+    #[serde(default, deserialize_with = "present")]
+    pub tax_rate_bps: Option<i64>,
     #[serde(default, deserialize_with = "nullable")]
     pub external_reference: Option<Option<String>>,
     #[serde(default, deserialize_with = "nullable")]
@@ -915,7 +915,7 @@ pub async fn patch(
         next.buyer = valid_buyer(v)?;
     }
     if let Some(v) = body.tax_rate_bps {
-        next.tax_rate_bps = valid_tax(v)?;
+        next.tax_rate_bps = valid_tax(Some(v))?;
     }
     if let Some(v) = body.external_reference {
         next.external_reference = text("externalReference", v, MAX_TEXT_LEN)?;

@@ -16,7 +16,7 @@ use super::checkout::{self, Address, CheckoutError, MAX_AMOUNT_PAISA, bounded, c
 use super::record::{from_item, to_item};
 use super::{Mode, Provider};
 use crate::http::idempotency::Fence;
-use crate::http::input::nullable;
+use crate::http::input::{nullable, or_null};
 use crate::ids::{self, IdKind};
 use crate::money::{Currency, Paisa};
 use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, Update};
@@ -296,7 +296,7 @@ pub struct CreateLink {
     pub title: String,
     #[serde(default)]
     pub description: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_null")]
     pub amount: Option<i64>,
     #[serde(default)]
     pub min_amount: Option<i64>,
@@ -304,11 +304,11 @@ pub struct CreateLink {
     pub max_amount: Option<i64>,
     #[serde(default)]
     pub currency: Option<Currency>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_null")]
     pub provider: Option<Provider>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_null")]
     pub max_uses: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "or_null")]
     pub expires_at: Option<String>,
     #[serde(default)]
     pub redirect_url: Option<String>,

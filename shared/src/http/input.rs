@@ -7,6 +7,7 @@ use http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
+pub use super::strict::{Strict, or_null};
 
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -101,16 +102,29 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         ));
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let result: Result<T, _> = serde_path_to_error::deserialize(&mut de);
+    let result: Result<T, _> = serde_path_to_error::deserialize(Strict::new(&mut de));
     let value = result.map_err(|err| {
         let path = err.path().to_string();
         let inner = err.into_inner();
+        // serde_json reports a number or array where an enum's string is
+        // expected as a syntax error; the body is valid JSON, so it is the
+        // field's type that is wrong.
+        if inner.is_syntax() && path != "." && is_json(bytes) {
+            return ApiError::validation(
+                path.clone(),
+                format!("Invalid `{path}`: expected a string, one of the allowed values"),
+            );
+        }
         json_error(&path, &inner)
     })?;
     de.end().map_err(|_| {
         ApiError::bad_request("The request body has trailing characters after the JSON value")
     })?;
     Ok(value)
+}
+
+fn is_json(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
 }
 
 fn json_error(path: &str, err: &serde_json::Error) -> ApiError {
@@ -200,7 +214,7 @@ where
     D: serde::Deserializer<'de>,
     T: serde::Deserialize<'de>,
 {
-    <Option<T> as serde::Deserialize>::deserialize(d).map(Some)
+    or_null(d).map(Some)
 }
 
 /// For `#[serde(default, deserialize_with = "present")]` on an

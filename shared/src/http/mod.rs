@@ -10,6 +10,7 @@ pub mod idempotency;
 pub mod input;
 pub mod pagination;
 pub mod ratelimit;
+pub mod strict;
 pub mod throttle;
 
 pub use auth::Auth;
