@@ -163,7 +163,17 @@ impl Drop for Receiver {
     }
 }
 
-async fn receive(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> StatusCode {
+/// The test receiver's answer body for `status` (the delivery log keeps
+/// its first KB).
+fn answer_for(status: u16) -> String {
+    format!("test receiver says {status}: {}", "x".repeat(2000))
+}
+
+async fn receive(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, String) {
     let now = SystemClock.now().unix_seconds();
     let hit = Hit {
         headers: headers.clone(),
@@ -209,7 +219,10 @@ async fn receive(State(s): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) 
     } else {
         b.ok_status.unwrap_or(200)
     };
-    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        answer_for(status),
+    )
 }
 
 impl Receiver {
@@ -779,6 +792,16 @@ async fn an_event_is_delivered_once_and_signed(which: Which) {
         "{d}"
     );
     assert_eq!(d["livemode"], false, "{d}");
+    // What was sent, and the first KB of what the receiver said (a 204
+    // has no body).
+    assert_eq!(d["payload"], hit.json, "{d}");
+    let said = answer_for(204);
+    let expected = if d["responseStatus"] == 204 {
+        ""
+    } else {
+        &said[..1024]
+    };
+    assert_eq!(d["responseBody"], expected, "{d}");
     assert_eq!(
         keys_of(&d),
         sorted(&[
@@ -791,9 +814,9 @@ async fn an_event_is_delivered_once_and_signed(which: Which) {
             "status",
             "attempts",
             "responseStatus",
-            "lastError",
+            "responseBody",
+            "payload",
             "lastAttemptAt",
-            "nextAttemptAt",
             "createdAt",
             "livemode",
         ])
@@ -836,6 +859,12 @@ async fn a_failing_receiver_gets_retries_until_it_answers(which: Which) {
     assert_eq!(retrying["status"], "retrying", "{retrying}");
     assert_eq!(retrying["attempts"], 1, "{retrying}");
     assert_eq!(retrying["responseStatus"], 500, "{retrying}");
+    assert_eq!(
+        retrying["responseBody"],
+        answer_for(500)[..1024],
+        "{retrying}"
+    );
+    assert!(retrying["payload"]["id"] == event.id, "{retrying}");
     assert!(text(&retrying["lastError"]).contains("500"), "{retrying}");
     assert!(retrying["nextAttemptAt"].is_string(), "{retrying}");
 

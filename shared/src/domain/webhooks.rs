@@ -812,6 +812,12 @@ pub struct Delivery {
     pub status: DeliveryStatus,
     pub attempts: u32,
     pub response_status: Option<u16>,
+    /// The first KB of the receiver's last answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_body: Option<String>,
+    /// The body sent (the same on every attempt), once one was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
     pub last_error: Option<String>,
     pub last_attempt_at: Option<Timestamp>,
     pub next_attempt_at: Option<Timestamp>,
@@ -858,6 +864,12 @@ pub struct DeliveryView {
     pub attempts: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub response_status: Option<u16>,
+    /// The first KB of the receiver's last answer, as text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_body: Option<String>,
+    /// The event body sent, as JSON (omitted before the first attempt).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -880,6 +892,11 @@ impl From<&Delivery> for DeliveryView {
             status: d.status.as_str(),
             attempts: d.attempts,
             response_status: d.response_status,
+            response_body: d.response_body.clone(),
+            payload: d
+                .payload
+                .as_deref()
+                .and_then(|p| serde_json::from_str(p).ok()),
             last_error: d.last_error.clone(),
             last_attempt_at: d.last_attempt_at,
             next_attempt_at: d.next_attempt_at,
@@ -1015,6 +1032,8 @@ pub async fn fan_out(state: &AppState, event: &Event) -> Result<usize, DispatchE
             status: DeliveryStatus::Pending,
             attempts: 0,
             response_status: None,
+            response_body: None,
+            payload: None,
             last_error: None,
             last_attempt_at: None,
             next_attempt_at: Some(now),
@@ -1253,12 +1272,19 @@ pub async fn dispatch(
         None => update.remove("response_status"),
     };
     update = match &sent {
-        Sent::NoAnswer(why) => update.set("last_error", why.as_str()),
-        Sent::Answered(s) if !sent.is_success() => {
-            update.set("last_error", format!("the receiver answered {s}"))
-        }
-        Sent::Answered(_) => update.remove("last_error"),
+        Sent::NoAnswer(why) => update
+            .set("last_error", why.as_str())
+            .remove("response_body"),
+        Sent::Answered(s, answer) if !sent.is_success() => update
+            .set("last_error", format!("the receiver answered {s}"))
+            .set("response_body", answer.as_str()),
+        Sent::Answered(_, answer) => update
+            .remove("last_error")
+            .set("response_body", answer.as_str()),
     };
+    if d.payload.is_none() {
+        update = update.set("payload", String::from_utf8_lossy(&body).into_owned());
+    }
     // The next attempt's message goes out before the log: if the log then
     // fails, this message stays and redoes the attempt, and the early
     // message waits for it; if queueing fails, nothing is logged and this

@@ -16,26 +16,30 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use super::signature::{SIGNATURE_HEADER, TIMESTAMP_HEADER, sign};
 use super::ssrf::{self, Policy, UrlError};
 
-/// Longest part of a receiver's answer we read (it is not stored).
+/// Longest part of a receiver's answer we read.
 const MAX_ANSWER: usize = 64 * 1024;
+
+/// Longest part of a receiver's answer the delivery log keeps.
+pub const MAX_KEPT_ANSWER: usize = 1024;
 
 /// What one delivery attempt got.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Sent {
-    /// The receiver answered this HTTP status.
-    Answered(u16),
+    /// The receiver answered this HTTP status, with the start of its body
+    /// (at most [`MAX_KEPT_ANSWER`] bytes, as text).
+    Answered(u16, String),
     /// No answer: the reason, for the delivery log (no secrets in it).
     NoAnswer(String),
 }
 
 impl Sent {
     pub fn is_success(&self) -> bool {
-        matches!(self, Sent::Answered(s) if (200..300).contains(s))
+        matches!(self, Sent::Answered(s, _) if (200..300).contains(s))
     }
 
     pub fn status(&self) -> Option<u16> {
         match self {
-            Sent::Answered(s) => Some(*s),
+            Sent::Answered(s, _) => Some(*s),
             Sent::NoAnswer(_) => None,
         }
     }
@@ -150,15 +154,20 @@ impl WebhookClient {
             Ok(mut response) => {
                 let status = response.status().as_u16();
                 // Drain a little of the answer so the connection can be
-                // reused; its content is not kept.
+                // reused; its first KB is kept for the delivery log.
                 let mut read = 0usize;
+                let mut kept: Vec<u8> = Vec::new();
                 while read < MAX_ANSWER {
                     match response.chunk().await {
-                        Ok(Some(chunk)) => read += chunk.len(),
+                        Ok(Some(chunk)) => {
+                            read += chunk.len();
+                            let room = MAX_KEPT_ANSWER.saturating_sub(kept.len());
+                            kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                        }
                         _ => break,
                     }
                 }
-                Sent::Answered(status)
+                Sent::Answered(status, answer_text(&kept))
             }
             Err(e) if e.is_timeout() => {
                 Sent::NoAnswer(format!("no answer within {} s", self.timeout.as_secs_f64()))
@@ -166,6 +175,18 @@ impl WebhookClient {
             Err(e) if e.is_connect() => Sent::NoAnswer(connect_reason(&e)),
             Err(e) => Sent::NoAnswer(format!("request failed: {}", without_url(&e))),
         }
+    }
+}
+
+/// The kept start of an answer as text: invalid UTF-8 replaced, a
+/// character cut by the limit dropped.
+fn answer_text(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => s.to_owned(),
+        Err(e) if e.error_len().is_none() => {
+            String::from_utf8_lossy(&bytes[..e.valid_up_to()]).into_owned()
+        }
+        Err(_) => String::from_utf8_lossy(bytes).into_owned(),
     }
 }
 
@@ -251,7 +272,7 @@ mod tests {
         let sent = local()
             .send(&url, "whsec_x", 1_700_000_000, b"{\"a\":1}", true)
             .await;
-        assert_eq!(sent, Sent::Answered(204));
+        assert_eq!(sent.status(), Some(204));
         assert!(sent.is_success());
         let raw = task.await.unwrap();
         let lower = raw.to_ascii_lowercase();
