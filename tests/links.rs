@@ -373,7 +373,10 @@ async fn cancel_delete_and_max_uses_follow_the_use_count(which: Which) {
     )
     .await;
     assert_eq!(d.status, 200, "{}", d.body);
-    assert_eq!(d.body, json!({"deleted": true, "id": fid}));
+    assert_eq!(
+        d.body,
+        json!({"deleted": true, "id": fid, "livemode": false})
+    );
     app.get(&format!("/v1/payment-links/{fid}"), Some(&key))
         .await
         .assert_error(404, "invalid_request_error", "not_found");

@@ -198,5 +198,7 @@ async fn delete_link(
     let deleted = links::delete(&*state.store, who.project_id(), who.mode(), &id)
         .await
         .map_err(|e| api_error(e, &id))?;
-    Ok(Json(json!({"deleted": true, "id": deleted})))
+    Ok(Json(
+        json!({"deleted": true, "id": deleted, "livemode": who.mode().is_live()}),
+    ))
 }
