@@ -525,6 +525,41 @@ async fn a_cancel_at_esewa_returns_to_the_picker_and_khalti_then_pays(which: Whi
     shop.stop().await;
 }
 
+/// A redirect checkout (no picker): a cancel at the provider lands on the
+/// shop's cancelUrl, or its returnUrl with `status=cancelled`.
+async fn a_cancel_in_a_redirect_checkout_goes_back_to_the_shop(which: Which) {
+    let Some(shop) = Shop::open(which).await else {
+        return;
+    };
+    for cancel_url in [Some("https://shop.example/basket?from=pay"), None] {
+        let mut body = json!({
+            "amount": AMOUNT, "returnUrl": "https://shop.example/thanks?order=7",
+            "flow": "redirect", "provider": "esewa",
+        });
+        if let Some(c) = cancel_url {
+            body["cancelUrl"] = json!(c);
+        }
+        let a = shop
+            .app
+            .post("/v1/checkout", Some(&shop.key), None, &body)
+            .await;
+        assert_eq!(a.status, 201, "{}", a.body);
+        let s = text(&a.body["id"]);
+        let at = shop.to_provider(&s, Via::Esewa).await;
+        let first = shop.current_payment(&s).await;
+        let callback = shop.press(&at, "cancel").await;
+        let back = shop.arrive(&s, &callback).await;
+        let expected = match cancel_url {
+            Some(c) => c.to_owned(),
+            None => format!("https://shop.example/thanks?order=7&session_id={s}&status=cancelled"),
+        };
+        assert_eq!(back.redirect(303), expected);
+        assert_eq!(shop.payment_status(&first).await, "cancelled");
+        assert_eq!(shop.session_status(&s).await, "pending");
+    }
+    shop.stop().await;
+}
+
 async fn a_scripted_cancel_at_khalti_returns_to_the_picker_and_esewa_then_pays(which: Which) {
     let Some(shop) = Shop::open(which).await else {
         return;
@@ -1435,6 +1470,7 @@ on_both_backends!(
     a_customer_pays_with_a_fonepay_qr,
     a_customer_pays_on_fonepays_web_page,
     a_cancel_at_esewa_returns_to_the_picker_and_khalti_then_pays,
+    a_cancel_in_a_redirect_checkout_goes_back_to_the_shop,
     a_scripted_cancel_at_khalti_returns_to_the_picker_and_esewa_then_pays,
     a_fonepay_decline_fails_the_session,
     an_esewa_decline_sends_the_customer_back_to_the_picker,

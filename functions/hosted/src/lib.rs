@@ -257,6 +257,19 @@ fn merchant_return(s: &CheckoutSession) -> String {
     )
 }
 
+/// Where a customer who cancelled at the provider goes from a redirect
+/// checkout: `cancelUrl` as given, else `returnUrl` with the session id and
+/// `status=cancelled`.
+fn merchant_cancel(s: &CheckoutSession) -> String {
+    match &s.cancel_url {
+        Some(url) => url.clone(),
+        None => with_params(
+            &s.return_url,
+            &[("session_id", &s.id), ("status", "cancelled")],
+        ),
+    }
+}
+
 async fn offered(state: &AppState, s: &CheckoutSession) -> Result<Vec<Provider>, StoreError> {
     let all = checkout::providers(&*state.store, &s.project_id, s.mode).await?;
     Ok(all
@@ -601,6 +614,13 @@ fn after_return(session: &CheckoutSession, payment: &Payment) -> Response {
             } else {
                 see_other(&format!("/c/{}", session.id))
             }
+        }
+        // A redirect checkout has no picker to come back to: the shop's
+        // cancelUrl, or its returnUrl saying the payment was cancelled.
+        PaymentStatus::Cancelled
+            if session.status == SessionStatus::Pending && session.flow == Flow::Redirect =>
+        {
+            see_other(&merchant_cancel(session))
         }
         PaymentStatus::Cancelled if session.status == SessionStatus::Pending => {
             see_other(&format!("/c/{}?notice=cancelled", session.id))
