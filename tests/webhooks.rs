@@ -591,11 +591,25 @@ async fn endpoints_are_registered_listed_patched_and_deleted(which: Which) {
         "https://169.254.169.254/latest",
         "https://[::1]/x",
         "https://localhost/x",
+        "https://metadata.google.internal/computeMetadata/v1/",
+        "https://intranet/hooks",
     ] {
         let a = m.post("/v1/webhooks", &m.key, &json!({"url": bad})).await;
         a.assert_error(400, "invalid_request_error", "validation_failed");
         assert_eq!(a.body["error"]["param"], "url", "{bad}: {}", a.body);
     }
+    // A host whose DNS is not set up yet is accepted (the delivery
+    // client checks what it resolves to at connect time).
+    let later = m
+        .post(
+            "/v1/webhooks",
+            &m.key,
+            &json!({"url": "https://hooks.not-live-yet.example/dhukuti"}),
+        )
+        .await;
+    assert_eq!(later.status, 201, "{}", later.body);
+    m.delete(&format!("/v1/webhooks/{}", text(&later.body["id"])), &m.key)
+        .await;
     // Local http is for sandbox keys only.
     let a = m.post("/v1/webhooks", &live, &json!({"url": url})).await;
     a.assert_error(400, "invalid_request_error", "validation_failed");

@@ -25,7 +25,7 @@ pub enum UrlError {
     Invalid(String),
     #[error("webhook URLs must use https")]
     NotHttps,
-    #[error("the host resolves to a {0} address, which webhooks may not call")]
+    #[error("the host is or resolves to a {0} address, which webhooks may not call")]
     Forbidden(&'static str),
     #[error("the host {0} does not resolve")]
     Unresolvable(String),
@@ -103,6 +103,31 @@ fn forbidden_v4(ip: Ipv4Addr) -> Option<&'static str> {
     }
 }
 
+/// A host name that names this machine or a private network whatever DNS
+/// says: `localhost` and its kin, `.local`/`.internal`/`.localdomain`
+/// names (mDNS, cloud metadata such as `metadata.google.internal`), and
+/// single-label names (resolved through the server's search domains).
+fn internal_name(host: &str) -> Option<&'static str> {
+    let host = host.trim_end_matches('.');
+    let loopback = [
+        "localhost",
+        "localhost.localdomain",
+        "ip6-localhost",
+        "ip6-loopback",
+    ];
+    if loopback.contains(&host) || host.ends_with(".localhost") {
+        return Some("loopback");
+    }
+    if [".local", ".internal", ".localdomain", ".lan", ".home.arpa"]
+        .iter()
+        .any(|suffix| host.ends_with(suffix))
+        || !host.contains('.')
+    {
+        return Some("private-network");
+    }
+    None
+}
+
 /// A webhook URL, checked for its form (not yet resolved).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
@@ -143,13 +168,12 @@ pub fn check_url(url: &str, policy: Policy) -> Result<Target, UrlError> {
         _ => return Err(UrlError::NotHttps),
     };
     if !local {
-        if host == "localhost" || host.ends_with(".localhost") {
-            return Err(UrlError::Forbidden("loopback"));
-        }
         if let Ok(ip) = host.parse::<IpAddr>() {
             if let Some(kind) = forbidden_kind(ip) {
                 return Err(UrlError::Forbidden(kind));
             }
+        } else if let Some(kind) = internal_name(&host) {
+            return Err(UrlError::Forbidden(kind));
         }
     }
     if parsed.as_str().len() > MAX_URL_LEN {
@@ -195,6 +219,32 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn internal_names_are_refused_without_dns() {
+        let policy = Policy {
+            allow_local_http: false,
+        };
+        for url in [
+            "https://localhost.localdomain/x",
+            "https://metadata.google.internal/computeMetadata/v1/",
+            "https://printer.local/x",
+            "https://intranet/x",
+            "https://router.lan./x",
+            "https://a.localhost/x",
+        ] {
+            assert!(
+                matches!(check_url(url, policy), Err(UrlError::Forbidden(_))),
+                "{url}"
+            );
+        }
+        for url in [
+            "https://hooks.shop.example/x",
+            "https://shop.com.np/dhukuti",
+        ] {
+            assert!(check_url(url, policy).is_ok(), "{url}");
+        }
     }
 
     #[test]
