@@ -42,6 +42,9 @@ echo "== moto $("$venv/bin/pip" show moto 2>/dev/null | sed -n 's/^Version: //p'
 # DHUKUTI_REQUIRE_AWS=1 they fail instead of skipping when it is missing.
 export DHUKUTI_TEST_AWS_ENDPOINT="http://127.0.0.1:$port"
 export DHUKUTI_REQUIRE_AWS=1
+# tests/contract.rs runs the official Python SDK with this interpreter.
+export DHUKUTI_TEST_PYTHON="$PWD/$venv/bin/python"
+case "$venv" in /*) DHUKUTI_TEST_PYTHON="$venv/bin/python" ;; esac
 export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=ap-south-1
 unset AWS_PROFILE AWS_SESSION_TOKEN
 

@@ -1022,7 +1022,54 @@ async fn every_body_field_refuses_a_wrong_type(which: Which) {
     );
 }
 
+/// The official merchant SDK (`paybridge-np`, installed unchanged into
+/// the test venv by infra/test.sh) runs its calls that the contract shares
+/// against this gateway: tests/sdk/paybridge_smoke.py.
+async fn the_official_python_sdk_works_unchanged(which: Which) {
+    let python = match std::env::var("DHUKUTI_TEST_PYTHON") {
+        Ok(p) if !p.is_empty() => p,
+        _ => {
+            assert!(
+                std::env::var("DHUKUTI_REQUIRE_AWS").is_err(),
+                "DHUKUTI_TEST_PYTHON is not set (infra/test.sh sets it to the test venv's python)"
+            );
+            eprintln!("skipped: DHUKUTI_TEST_PYTHON is not set");
+            return;
+        }
+    };
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let tenant = app.tenant("SDK Teas", "owner@sdk.example").await;
+    let key = app.key(&tenant, Mode::Sandbox, &Scope::ALL).await;
+    let paid = app
+        .payment(&tenant, Mode::Sandbox, 250_000, Provider::Esewa)
+        .await;
+    let script = repo_root().join("tests/sdk/paybridge_smoke.py");
+    let run = tokio::process::Command::new(&python)
+        .arg(&script)
+        .env("BASE_URL", &app.base)
+        .env("API_KEY", &key)
+        .env("PAID_ESEWA", &paid.id)
+        .kill_on_drop(true)
+        .output();
+    let out = match tokio::time::timeout(std::time::Duration::from_secs(120), run).await {
+        Ok(Ok(out)) => out,
+        Ok(Err(e)) => panic!("{python}: {e}"),
+        Err(_) => panic!("the SDK smoke run took over 120 s"),
+    };
+    app.stop().await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the SDK run failed on {which:?}:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("all SDK calls behaved"), "{stdout}");
+}
+
 on_both_backends!(
     every_endpoint_keeps_the_contract,
-    every_body_field_refuses_a_wrong_type
+    every_body_field_refuses_a_wrong_type,
+    the_official_python_sdk_works_unchanged
 );
