@@ -1930,3 +1930,42 @@ async fn index_page_and_control_errors() {
     let resp = sim.qr_status_raw("idx-1").await;
     assert_eq!(resp.status(), StatusCode::NOT_ACCEPTABLE);
 }
+
+/// An independent client library (nepal-gateways from PyPI, installed
+/// unchanged into the test venv by infra/test.sh) pays through the eSewa
+/// and Khalti simulators and verifies the returns its own way:
+/// infra/tests/clients/nepal_gateways_flow.py.
+#[tokio::test]
+async fn an_independent_client_library_works_against_the_simulators() {
+    let python = match std::env::var("DHUKUTI_TEST_PYTHON") {
+        Ok(p) if !p.is_empty() => p,
+        _ => {
+            assert!(
+                std::env::var("DHUKUTI_REQUIRE_AWS").is_err(),
+                "DHUKUTI_TEST_PYTHON is not set (infra/test.sh sets it to the test venv's python)"
+            );
+            eprintln!("skipped: DHUKUTI_TEST_PYTHON is not set");
+            return;
+        }
+    };
+    let sim = start().await;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/clients/nepal_gateways_flow.py");
+    let run = tokio::process::Command::new(&python)
+        .arg(&script)
+        .env("SIM_BASE", &sim.base)
+        .kill_on_drop(true)
+        .output();
+    let out = match tokio::time::timeout(Duration::from_secs(60), run).await {
+        Ok(Ok(out)) => out,
+        Ok(Err(e)) => panic!("{python}: {e}"),
+        Err(_) => panic!("the client library run took over 60 s"),
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("the independent client library worked unchanged"),
+        "{stdout}"
+    );
+}
