@@ -5,7 +5,7 @@ use dhukuti_tests::{
     Answer, TestApp, Which, fresh_backend, on_both_backends, send, spawn_app, spawn_app_on,
     spawn_app_tweaked, spawn_app_wrapped,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 use shared::domain::account::{self, Pause, Scope, Suspension};
 use shared::domain::{Mode, Provider};
 use shared::time::{Clock, SystemClock};
@@ -434,6 +434,40 @@ async fn unknown_routes_and_methods_get_the_envelope(which: Which) {
     )
     .await;
     a.assert_error(405, "invalid_request_error", "method_not_allowed");
+    // A method the path does not take is a 405 whatever Idempotency-Key
+    // it carries (the key is not judged, nor taken, for it): found by the
+    // contract fuzzer, which got 409 idempotency_key_reused here.
+    let body = json!({"amount": 10_000, "returnUrl": "https://shop.example/thanks"});
+    let created = send(
+        app.client
+            .post(app.url("/v1/checkout"))
+            .bearer_auth(&key)
+            .header("Idempotency-Key", "fuzz-405")
+            .json(&body),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    for method in [reqwest::Method::PATCH, reqwest::Method::DELETE] {
+        let a = send(
+            app.client
+                .request(method.clone(), app.url("/v1/checkout"))
+                .bearer_auth(&key)
+                .header("Idempotency-Key", "fuzz-405")
+                .json(&body),
+        )
+        .await;
+        a.assert_error(405, "invalid_request_error", "method_not_allowed");
+    }
+    // ... and the POST under that key still replays.
+    let again = send(
+        app.client
+            .post(app.url("/v1/checkout"))
+            .bearer_auth(&key)
+            .header("Idempotency-Key", "fuzz-405")
+            .json(&body),
+    )
+    .await;
+    assert_eq!(again.body["id"], created.body["id"], "{}", again.body);
 
     // A body declared over 1 MiB is refused before it is read: 413 in the
     // envelope. Raw TCP, so the client reads the answer instead of racing

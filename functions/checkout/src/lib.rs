@@ -25,15 +25,17 @@ use shared::time::Timestamp;
 pub fn router(state: AppState) -> Router {
     with_edge(
         Router::new()
-            .route("/v1/checkout", post(create_checkout))
-            .route("/v1/checkout/{id}/expire", post(expire_checkout))
+            .route(
+                "/v1/checkout",
+                idempotency::on(&state, post(create_checkout)),
+            )
+            .route(
+                "/v1/checkout/{id}/expire",
+                idempotency::on(&state, post(expire_checkout)),
+            )
             .route("/v1/sessions", get(list_sessions))
             .route("/v1/sessions/{id}", get(get_session))
             .route("/v1/providers", get(list_providers))
-            .layer(axum::middleware::from_fn_with_state(
-                state.clone(),
-                idempotency::layer,
-            ))
             .with_state(state),
     )
 }

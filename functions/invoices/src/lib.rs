@@ -29,18 +29,35 @@ use shared::http::{
 pub fn router(state: AppState) -> Router {
     with_edge(
         Router::new()
-            .route("/v1/invoices", get(list_invoices).post(create_invoice))
-            .route("/v1/invoices/{id}", get(get_invoice).patch(patch_invoice))
-            .route("/v1/invoices/{id}/finalize", post(finalize_invoice))
-            .route("/v1/invoices/{id}/discard", post(discard_invoice))
-            .route("/v1/invoices/{id}/correct", post(correct_invoice))
-            .route("/v1/invoices/{id}/adjustments", post(adjust_invoice))
-            .route("/v1/invoices/{id}/checkout", post(invoice_checkout))
+            .route(
+                "/v1/invoices",
+                idempotency::on(&state, get(list_invoices).post(create_invoice)),
+            )
+            .route(
+                "/v1/invoices/{id}",
+                idempotency::on(&state, get(get_invoice).patch(patch_invoice)),
+            )
+            .route(
+                "/v1/invoices/{id}/finalize",
+                idempotency::on(&state, post(finalize_invoice)),
+            )
+            .route(
+                "/v1/invoices/{id}/discard",
+                idempotency::on(&state, post(discard_invoice)),
+            )
+            .route(
+                "/v1/invoices/{id}/correct",
+                idempotency::on(&state, post(correct_invoice)),
+            )
+            .route(
+                "/v1/invoices/{id}/adjustments",
+                idempotency::on(&state, post(adjust_invoice)),
+            )
+            .route(
+                "/v1/invoices/{id}/checkout",
+                idempotency::on(&state, post(invoice_checkout)),
+            )
             .route("/v1/invoices/{id}/pdf", get(invoice_pdf))
-            .layer(axum::middleware::from_fn_with_state(
-                state.clone(),
-                idempotency::layer,
-            ))
             .with_state(state),
     )
 }

@@ -18,16 +18,18 @@ use shared::http::{ApiError, Auth, ErrorType, JsonBody, Page, Pagination, QueryP
 pub fn router(state: AppState) -> Router {
     with_edge(
         Router::new()
-            .route("/v1/payment-links", get(list_links).post(create_link))
+            .route(
+                "/v1/payment-links",
+                idempotency::on(&state, get(list_links).post(create_link)),
+            )
             .route(
                 "/v1/payment-links/{id}",
-                get(get_link).patch(patch_link).delete(delete_link),
+                idempotency::on(&state, get(get_link).patch(patch_link).delete(delete_link)),
             )
-            .route("/v1/payment-links/{id}/cancel", post(cancel_link))
-            .layer(axum::middleware::from_fn_with_state(
-                state.clone(),
-                idempotency::layer,
-            ))
+            .route(
+                "/v1/payment-links/{id}/cancel",
+                idempotency::on(&state, post(cancel_link)),
+            )
             .with_state(state),
     )
 }

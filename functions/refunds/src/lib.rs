@@ -19,12 +19,11 @@ use shared::http::{ApiError, Auth, ErrorType, JsonBody, Page, Pagination, QueryP
 pub fn router(state: AppState) -> Router {
     with_edge(
         Router::new()
-            .route("/v1/refunds", get(list_refunds).post(create_refund))
+            .route(
+                "/v1/refunds",
+                idempotency::on(&state, get(list_refunds).post(create_refund)),
+            )
             .route("/v1/refunds/{id}", get(get_refund))
-            .layer(axum::middleware::from_fn_with_state(
-                state.clone(),
-                idempotency::layer,
-            ))
             .with_state(state),
     )
 }

@@ -17,11 +17,10 @@ use shared::http::{ApiError, Auth, ErrorType, JsonBody, with_edge};
 pub fn router(state: AppState) -> Router {
     with_edge(
         Router::new()
-            .route("/v1/sms/notify-pending-payment", post(notify))
-            .layer(axum::middleware::from_fn_with_state(
-                state.clone(),
-                idempotency::layer,
-            ))
+            .route(
+                "/v1/sms/notify-pending-payment",
+                idempotency::on(&state, post(notify)),
+            )
             .with_state(state),
     )
 }

@@ -23,19 +23,24 @@ use shared::http::{ApiError, Auth, ErrorType, JsonBody, with_edge};
 pub fn router(state: AppState) -> Router {
     with_edge(
         Router::new()
-            .route("/v1/webhooks", get(list_endpoints).post(create_endpoint))
+            .route(
+                "/v1/webhooks",
+                idempotency::on(&state, get(list_endpoints).post(create_endpoint)),
+            )
             .route(
                 "/v1/webhooks/{id}",
-                get(get_endpoint)
-                    .patch(patch_endpoint)
-                    .delete(delete_endpoint),
+                idempotency::on(
+                    &state,
+                    get(get_endpoint)
+                        .patch(patch_endpoint)
+                        .delete(delete_endpoint),
+                ),
             )
             .route("/v1/webhooks/{id}/deliveries", get(list_deliveries))
-            .route("/v1/webhooks/{id}/test", post(send_test))
-            .layer(axum::middleware::from_fn_with_state(
-                state.clone(),
-                idempotency::layer,
-            ))
+            .route(
+                "/v1/webhooks/{id}/test",
+                idempotency::on(&state, post(send_test)),
+            )
             .with_state(state),
     )
 }

@@ -118,6 +118,20 @@ fn conflict(code: &'static str, message: &str) -> ApiError {
 }
 
 /// The middleware. Requests without the header, and GETs, pass through.
+/// `method_router` with the idempotency layer on its methods only: a
+/// method the path does not take stays a plain 405, whatever
+/// Idempotency-Key it carries (the key is neither judged nor taken).
+/// (`Router::route_layer` would also wrap each route's 405 fallback.)
+pub fn on<S>(
+    state: &AppState,
+    method_router: axum::routing::MethodRouter<S>,
+) -> axum::routing::MethodRouter<S>
+where
+    S: Clone + Send + Sync + 'static,
+{
+    method_router.route_layer(axum::middleware::from_fn_with_state(state.clone(), layer))
+}
+
 pub async fn layer(State(state): State<AppState>, req: Request, next: Next) -> Response {
     match run(state, req, next).await {
         Ok(res) => res,
