@@ -1068,8 +1068,78 @@ async fn the_official_python_sdk_works_unchanged(which: Which) {
     assert!(stdout.contains("all SDK calls behaved"), "{stdout}");
 }
 
+/// A contract-driven fuzzer (schemathesis, from the test venv) over the
+/// contract written as OpenAPI (tests/fuzz/contract.openapi.yaml), a
+/// bounded run: no 5xx, no status the contract does not list, no answer
+/// that breaks its schema (types and nullability), no invalid input
+/// accepted, 405 for methods a path does not take, auth enforced.
+/// Excluded, with its reason: `positive_data_acceptance`: the contract's
+/// schemas do not carry the business rules (positive amounts, non-empty
+/// titles, Nepali phone numbers, offsets up to 10,000, https receivers),
+/// so a schema-valid request may rightly be refused with a 400.
+async fn a_contract_fuzzer_finds_nothing(which: Which) {
+    let python = match std::env::var("DHUKUTI_TEST_PYTHON") {
+        Ok(p) if !p.is_empty() => std::path::PathBuf::from(p),
+        _ => {
+            assert!(
+                std::env::var("DHUKUTI_REQUIRE_AWS").is_err(),
+                "DHUKUTI_TEST_PYTHON is not set (infra/test.sh sets it to the test venv's python)"
+            );
+            eprintln!("skipped: DHUKUTI_TEST_PYTHON is not set");
+            return;
+        }
+    };
+    let schemathesis = python.with_file_name("schemathesis");
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let tenant = app.tenant("Fuzz Teas", "owner@fuzz.example").await;
+    let key = app.key(&tenant, Mode::Sandbox, &Scope::ALL).await;
+    let spec = repo_root().join("tests/fuzz/contract.openapi.yaml");
+    let report = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let run = tokio::process::Command::new(&schemathesis)
+        .arg("run")
+        .arg(&spec)
+        .args(["--url", &app.base])
+        .args(["-H", &format!("Authorization: Bearer {key}")])
+        .args([
+            "--checks",
+            "all",
+            "--exclude-checks",
+            "positive_data_acceptance",
+        ])
+        .args(["--phases", "examples,coverage,fuzzing"])
+        .args([
+            "--max-examples",
+            "12",
+            "--rate-limit",
+            "20/s",
+            "--seed",
+            "16",
+        ])
+        .args(["--request-timeout", "10", "--no-color"])
+        .arg("--report-dir")
+        .arg(report.path())
+        .kill_on_drop(true)
+        .output();
+    let out = match tokio::time::timeout(std::time::Duration::from_secs(300), run).await {
+        Ok(Ok(out)) => out,
+        Ok(Err(e)) => panic!("{}: {e}", schemathesis.display()),
+        Err(_) => panic!("the fuzz run took over 300 s"),
+    };
+    app.stop().await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the contract fuzzer found failures on {which:?}:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("passed"), "{stdout}");
+}
+
 on_both_backends!(
     every_endpoint_keeps_the_contract,
     every_body_field_refuses_a_wrong_type,
-    the_official_python_sdk_works_unchanged
+    the_official_python_sdk_works_unchanged,
+    a_contract_fuzzer_finds_nothing
 );
