@@ -445,6 +445,17 @@ pub fn validate_create(req: CreateCheckout, mode: Mode) -> Result<ValidCheckout,
     check_metadata(&metadata)?;
     let customer = req.customer.unwrap_or_default();
     let customer_name = bounded("customer.name", customer.name, MAX_NAME_LEN)?;
+    // An email given must be one: "" is refused, not taken for absent.
+    if customer
+        .email
+        .as_deref()
+        .is_some_and(|e| e.trim().is_empty())
+    {
+        return Err(invalid(
+            "customer.email",
+            "customer.email must be an email address (leave it out when there is none)",
+        ));
+    }
     let customer_email = bounded("customer.email", customer.email, MAX_EMAIL_LEN)?;
     if let Some(email) = &customer_email {
         if !super::account::is_plausible_email(email) {
