@@ -1093,7 +1093,9 @@ async fn the_official_python_sdk_works_unchanged(which: Which) {
 /// contract written as OpenAPI (tests/fuzz/contract.openapi.yaml), a
 /// bounded run: no 5xx, no status the contract does not list, no answer
 /// that breaks its schema (types and nullability), no invalid input
-/// accepted, 405 for methods a path does not take, auth enforced.
+/// accepted, 405 for methods a path does not take, auth enforced; the
+/// stateful phase follows the spec's links (create, then read, patch,
+/// cancel, delete what was created).
 /// Excluded, with its reason: `positive_data_acceptance`: the contract's
 /// schemas do not carry the business rules (positive amounts, non-empty
 /// titles, Nepali phone numbers, offsets up to 10,000, https receivers),
@@ -1121,7 +1123,7 @@ async fn a_contract_fuzzer_finds_nothing(which: Which) {
             "--exclude-checks",
             "positive_data_acceptance",
         ])
-        .args(["--phases", "examples,coverage,fuzzing"])
+        .args(["--phases", "examples,coverage,fuzzing,stateful"])
         .args([
             "--max-examples",
             "12",

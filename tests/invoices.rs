@@ -1775,6 +1775,8 @@ async fn lists_are_newest_first_filtered_and_scoped(which: Which) {
         "?document_status=paid",
         "?collection_status=void",
         "?document_status=DRAFT",
+        "?document_status=",
+        "?collection_status=",
     ] {
         let a = c.app.get(&format!("/v1/invoices{q}"), Some(&c.key)).await;
         a.assert_error(400, "invalid_request_error", "validation_failed");

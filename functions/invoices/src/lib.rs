@@ -156,7 +156,7 @@ async fn list_invoices(
     let who = auth.require(Scope::InvoicesRead)?;
     let page = Pagination::from_query(&query, invoices::DEFAULT_PAGE)?;
     let document_status = match query.get("document_status") {
-        None | Some("") => None,
+        None => None,
         Some(v) => Some(DocumentStatus::parse(v).ok_or_else(|| {
             ApiError::validation(
                 "document_status",
@@ -165,7 +165,7 @@ async fn list_invoices(
         })?),
     };
     let collection_status = match query.get("collection_status") {
-        None | Some("") => None,
+        None => None,
         Some(v) => Some(CollectionStatus::parse(v).ok_or_else(|| {
             ApiError::validation(
                 "collection_status",

@@ -100,7 +100,7 @@ async fn list_links(
     let who = auth.require(Scope::LinksRead)?;
     let page = Pagination::from_query(&query, links::DEFAULT_PAGE)?;
     let active = match query.get("active") {
-        None | Some("") => None,
+        None => None,
         Some("true") => Some(true),
         Some("false") => Some(false),
         Some(other) => {
