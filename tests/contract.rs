@@ -1135,6 +1135,8 @@ async fn a_contract_fuzzer_finds_nothing(which: Which) {
         .args(["--request-timeout", "10", "--no-color"])
         .arg("--report-dir")
         .arg(report.path())
+        // Its cache (.schemathesis/) goes beside the report, not the tree.
+        .current_dir(report.path())
         .kill_on_drop(true)
         .output();
     let out = match tokio::time::timeout(std::time::Duration::from_secs(300), run).await {
