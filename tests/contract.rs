@@ -1035,27 +1035,11 @@ async fn every_body_field_refuses_a_wrong_type(which: Which) {
     );
 }
 
-/// The test venv's python (infra/test.sh sets `DHUKUTI_TEST_PYTHON`);
-/// `None` (the test skips) only outside infra/test.sh.
-fn test_python() -> Option<std::path::PathBuf> {
-    match std::env::var("DHUKUTI_TEST_PYTHON") {
-        Ok(p) if !p.is_empty() => Some(std::path::PathBuf::from(p)),
-        _ => {
-            assert!(
-                std::env::var("DHUKUTI_REQUIRE_AWS").is_err(),
-                "DHUKUTI_TEST_PYTHON is not set (infra/test.sh sets it to the test venv's python)"
-            );
-            eprintln!("skipped: DHUKUTI_TEST_PYTHON is not set");
-            None
-        }
-    }
-}
-
 /// The official merchant SDK (`paybridge-np`, installed unchanged into
 /// the test venv by infra/test.sh) runs its calls that the contract shares
 /// against this gateway: tests/sdk/paybridge_smoke.py.
 async fn the_official_python_sdk_works_unchanged(which: Which) {
-    let Some(python) = test_python() else {
+    let Some(python) = shared::testenv::python() else {
         return;
     };
     let Some(app) = spawn_app(which).await else {
@@ -1101,7 +1085,7 @@ async fn the_official_python_sdk_works_unchanged(which: Which) {
 /// titles, Nepali phone numbers, offsets up to 10,000, https receivers),
 /// so a schema-valid request may rightly be refused with a 400.
 async fn a_contract_fuzzer_finds_nothing(which: Which) {
-    let Some(python) = test_python() else {
+    let Some(python) = shared::testenv::python() else {
         return;
     };
     let schemathesis = python.with_file_name("schemathesis");

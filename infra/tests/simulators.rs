@@ -1937,16 +1937,8 @@ async fn index_page_and_control_errors() {
 /// infra/tests/clients/nepal_gateways_flow.py.
 #[tokio::test]
 async fn an_independent_client_library_works_against_the_simulators() {
-    let python = match std::env::var("DHUKUTI_TEST_PYTHON") {
-        Ok(p) if !p.is_empty() => p,
-        _ => {
-            assert!(
-                std::env::var("DHUKUTI_REQUIRE_AWS").is_err(),
-                "DHUKUTI_TEST_PYTHON is not set (infra/test.sh sets it to the test venv's python)"
-            );
-            eprintln!("skipped: DHUKUTI_TEST_PYTHON is not set");
-            return;
-        }
+    let Some(python) = shared::testenv::python() else {
+        return;
     };
     let sim = start().await;
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -1958,7 +1950,7 @@ async fn an_independent_client_library_works_against_the_simulators() {
         .output();
     let out = match tokio::time::timeout(Duration::from_secs(60), run).await {
         Ok(Ok(out)) => out,
-        Ok(Err(e)) => panic!("{python}: {e}"),
+        Ok(Err(e)) => panic!("{}: {e}", python.display()),
         Err(_) => panic!("the client library run took over 60 s"),
     };
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -17,6 +17,8 @@ pub mod pdf;
 pub mod providers;
 pub mod queue;
 pub mod store;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testenv;
 pub mod time;
 pub mod webhooks;
 

@@ -790,6 +790,18 @@ pub fn is_plausible_email(email: &str) -> bool {
         && !domain.contains("..")
 }
 
+/// An optional email field of a request: absent stays absent; a value
+/// given must be a plausible address (`""` is refused, never taken for
+/// absent). `Err`: the message, naming `field`.
+pub fn optional_email(field: &str, value: Option<String>) -> Result<Option<String>, String> {
+    match value {
+        Some(v) if !is_plausible_email(&v) => Err(format!(
+            "{field} must be an email address (leave it out when there is none)"
+        )),
+        other => Ok(other),
+    }
+}
+
 /// `r***@example.com`: the first character and the domain, so a merchant
 /// recognises the address without the key exposing it.
 pub fn mask_email(email: &str) -> String {

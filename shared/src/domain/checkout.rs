@@ -445,26 +445,8 @@ pub fn validate_create(req: CreateCheckout, mode: Mode) -> Result<ValidCheckout,
     check_metadata(&metadata)?;
     let customer = req.customer.unwrap_or_default();
     let customer_name = bounded("customer.name", customer.name, MAX_NAME_LEN)?;
-    // An email given must be one: "" is refused, not taken for absent.
-    if customer
-        .email
-        .as_deref()
-        .is_some_and(|e| e.trim().is_empty())
-    {
-        return Err(invalid(
-            "customer.email",
-            "customer.email must be an email address (leave it out when there is none)",
-        ));
-    }
-    let customer_email = bounded("customer.email", customer.email, MAX_EMAIL_LEN)?;
-    if let Some(email) = &customer_email {
-        if !super::account::is_plausible_email(email) {
-            return Err(invalid(
-                "customer.email",
-                format!("customer.email is not an email address: '{email}'"),
-            ));
-        }
-    }
+    let customer_email = super::account::optional_email("customer.email", customer.email)
+        .map_err(|m| invalid("customer.email", m))?;
     let customer_phone = bounded("customer.phone", customer.phone, MAX_PHONE_LEN)?;
     if let Some(phone) = &customer_phone {
         if !is_phone(phone) {

@@ -613,23 +613,9 @@ fn valid_lines(lines: Vec<LineInput>) -> Result<Vec<Line>, InvoiceError> {
 
 fn valid_buyer(buyer: Option<Buyer>) -> Result<Option<Buyer>, InvoiceError> {
     let Some(b) = buyer else { return Ok(None) };
-    // An email given must be one (the contract's email format): "" is
-    // refused, not taken for absent.
-    if b.email.as_deref().is_some_and(|e| e.trim().is_empty()) {
-        return Err(invalid(
-            "buyer.email",
-            "buyer.email must be an email address (leave it out when there is none)",
-        ));
-    }
-    let email = text("buyer.email", b.email, MAX_EMAIL_LEN)?;
-    if let Some(e) = &email {
-        if !account::is_plausible_email(e) {
-            return Err(invalid(
-                "buyer.email",
-                "buyer.email must be an email address",
-            ));
-        }
-    }
+    // The contract's email format: "" is refused, not taken for absent.
+    let email = account::optional_email("buyer.email", b.email.map(|e| e.trim().to_owned()))
+        .map_err(|m| invalid("buyer.email", m))?;
     let buyer = Buyer {
         name: text("buyer.name", b.name, MAX_TEXT_LEN)?,
         email,

@@ -30,9 +30,6 @@ pub const MAX_REFERENCE_ID: usize = 100;
 /// The smallest amount a customer may enter when the link sets none.
 pub const DEFAULT_MIN_AMOUNT: i64 = 1000;
 
-/// Longest pre-filled address part.
-pub const MAX_ADDRESS_PART: usize = 200;
-
 /// A stored link.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PaymentLink {
@@ -472,15 +469,8 @@ fn text(field: &str, v: Option<String>, max: usize) -> Result<Option<String>, Li
 /// A pre-filled email: absent, or plausible (an empty string is refused,
 /// not taken for absent).
 fn email(field: &str, v: Option<String>) -> Result<Option<String>, LinkError> {
-    let Some(v) = v else {
-        return Ok(None);
-    };
-    let v = text(field, Some(v), checkout::MAX_EMAIL_LEN)?
-        .ok_or_else(|| invalid(field, format!("{field} must be an email address")))?;
-    if !super::account::is_plausible_email(&v) {
-        return Err(invalid(field, format!("{field} must be an email address")));
-    }
-    Ok(Some(v))
+    super::account::optional_email(field, v.map(|s| s.trim().to_owned()))
+        .map_err(|m| invalid(field, m))
 }
 
 fn future_time(field: &str, v: &str, now: Timestamp) -> Result<Timestamp, LinkError> {
@@ -557,16 +547,36 @@ pub fn new_link(
     let metadata = req.metadata.unwrap_or_default();
     checkout::check_metadata(&metadata)?;
     let address = Address {
-        line1: text("customerLine1", req.customer_line1, MAX_ADDRESS_PART)?,
-        line2: text("customerLine2", req.customer_line2, MAX_ADDRESS_PART)?,
-        city: text("customerCity", req.customer_city, MAX_ADDRESS_PART)?,
-        state: text("customerState", req.customer_state, MAX_ADDRESS_PART)?,
+        line1: text(
+            "customerLine1",
+            req.customer_line1,
+            checkout::MAX_ADDRESS_PART_LEN,
+        )?,
+        line2: text(
+            "customerLine2",
+            req.customer_line2,
+            checkout::MAX_ADDRESS_PART_LEN,
+        )?,
+        city: text(
+            "customerCity",
+            req.customer_city,
+            checkout::MAX_ADDRESS_PART_LEN,
+        )?,
+        state: text(
+            "customerState",
+            req.customer_state,
+            checkout::MAX_ADDRESS_PART_LEN,
+        )?,
         postal_code: text(
             "customerPostalCode",
             req.customer_postal_code,
-            MAX_ADDRESS_PART,
+            checkout::MAX_ADDRESS_PART_LEN,
         )?,
-        country: text("customerCountry", req.customer_country, MAX_ADDRESS_PART)?,
+        country: text(
+            "customerCountry",
+            req.customer_country,
+            checkout::MAX_ADDRESS_PART_LEN,
+        )?,
     };
     Ok(PaymentLink {
         id: ids::new_id(IdKind::PaymentLink),
@@ -824,7 +834,7 @@ async fn patch_once(
         ),
     ] {
         if let Some(v) = not_null(field, sent)? {
-            *slot = text(field, Some(v), MAX_ADDRESS_PART)?;
+            *slot = text(field, Some(v), checkout::MAX_ADDRESS_PART_LEN)?;
             address_sent = true;
         }
     }
