@@ -5,11 +5,13 @@
 //! - [`http`]: the edge every function shares: error envelope, request ids,
 //!   authentication and scopes, pagination, JSON input.
 //! - [`store`]: the storage port and its backends.
-//! - [`ids`], [`money`], [`time`]: the value types on the wire.
+//! - [`ids`], [`money`], [`time`]: the value types on the wire;
+//!   [`fields`]: the contract's field rules, shared by requests and responses.
 
 pub mod app;
 pub mod blobs;
 pub mod domain;
+pub mod fields;
 pub mod http;
 pub mod ids;
 pub mod money;

@@ -24,7 +24,7 @@ use shared::AppState;
 use shared::domain::Provider;
 use shared::domain::account;
 use shared::domain::attempts::{self, AttemptError, PayChoice, ReturnKind};
-use shared::domain::checkout::{self, Address, CheckoutSession, Flow, SessionStatus};
+use shared::domain::checkout::{self, CheckoutSession, Flow, SessionStatus, StoredAddress};
 use shared::domain::links;
 use shared::domain::payments::{Payment, PaymentStatus};
 use shared::http::error::Enveloped;
@@ -321,7 +321,7 @@ async fn render(
     s: &CheckoutSession,
     notice: Option<&str>,
     error: Option<(StatusCode, &str)>,
-    address: Option<&Address>,
+    address: Option<&StoredAddress>,
     choose: bool,
 ) -> Result<Response, StoreError> {
     let (merchant, active) = merchant_of(state, &s.project_id).await?;
@@ -399,7 +399,7 @@ async fn render(
 /// The picker's form fields.
 fn parse_choice(body: &[u8]) -> PayChoice {
     let mut choice = PayChoice::default();
-    let mut address = Address::default();
+    let mut address = StoredAddress::default();
     let mut any_address = false;
     for (k, v) in form_urlencoded::parse(body) {
         let v = v.trim().to_owned();

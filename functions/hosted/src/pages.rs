@@ -5,7 +5,7 @@
 //! carries a signature, never the key).
 
 use shared::domain::Provider;
-use shared::domain::checkout::{Address, CheckoutSession};
+use shared::domain::checkout::{CheckoutSession, StoredAddress};
 use shared::money::Paisa;
 
 pub use shared::http::html::esc;
@@ -107,7 +107,7 @@ pub fn picker(
     offered: &[Provider],
     notice: Option<&str>,
     error: Option<&str>,
-    address: Option<&Address>,
+    address: Option<&StoredAddress>,
 ) -> String {
     let mut body = summary(s);
     if let Some(n) = notice {
@@ -142,7 +142,7 @@ pub fn picker(
     body.push_str("</fieldset>");
     if s.collect_address {
         let a = address.or(s.customer_address.as_ref());
-        let val = |f: fn(&Address) -> &Option<String>| {
+        let val = |f: fn(&StoredAddress) -> &Option<String>| {
             a.and_then(|a| f(a).as_deref()).map(esc).unwrap_or_default()
         };
         body.push_str("<h1>Delivery address</h1>");

@@ -575,7 +575,7 @@ fn non_empty(value: &str, flag: &str) -> Result<String, Failure> {
 // ------------------------------------------------------------------ seller
 
 /// Longest seller name or legal name (as an invoice's other text fields).
-const MAX_SELLER_TEXT: usize = shared::domain::invoices::MAX_TEXT_LEN;
+const MAX_SELLER_TEXT: usize = shared::fields::InvoiceText::MAX;
 const MAX_LOGO_URL: usize = 2048;
 
 /// A seller text field: trimmed, `""` clears it.

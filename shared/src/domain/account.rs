@@ -772,35 +772,7 @@ pub async fn rotate_api_key(
     })
 }
 
-/// A cheap sanity check of an email address: one `@`, a non-empty local
-/// part, a dotted domain, no spaces or control characters, at most 254
-/// characters. Not a full RFC 5322 parser.
-pub fn is_plausible_email(email: &str) -> bool {
-    if email.len() > 254 || email.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return false;
-    }
-    let Some((local, domain)) = email.split_once('@') else {
-        return false;
-    };
-    !local.is_empty()
-        && !domain.contains('@')
-        && domain.contains('.')
-        && !domain.starts_with('.')
-        && !domain.ends_with('.')
-        && !domain.contains("..")
-}
-
-/// An optional email field of a request: absent stays absent; a value
-/// given must be a plausible address (`""` is refused, never taken for
-/// absent). `Err`: the message, naming `field`.
-pub fn optional_email(field: &str, value: Option<String>) -> Result<Option<String>, String> {
-    match value {
-        Some(v) if !is_plausible_email(&v) => Err(format!(
-            "{field} must be an email address (leave it out when there is none)"
-        )),
-        other => Ok(other),
-    }
-}
+pub use crate::fields::is_plausible_email;
 
 /// `r***@example.com`: the first character and the domain, so a merchant
 /// recognises the address without the key exposing it.
@@ -1431,27 +1403,5 @@ mod tests {
             Err(StoreError::ConditionFailed)
         );
         assert_eq!(ok(get_project(&*store, "proj_missing").await, "g"), None);
-    }
-
-    #[test]
-    fn emails_are_checked_for_plausibility() {
-        for good in ["ramesh@himal.example", "a.b+c@x.com.np"] {
-            assert!(is_plausible_email(good), "{good}");
-        }
-        for bad in [
-            "",
-            "ramesh",
-            "@himal.example",
-            "ramesh@",
-            "ramesh@himal",
-            "a@b@c.np",
-            "ram esh@x.np",
-            "r@.x.np",
-            "r@x.np.",
-            "r@x..np",
-        ] {
-            assert!(!is_plausible_email(bad), "{bad}");
-        }
-        assert!(!is_plausible_email(&format!("{}@x.np", "a".repeat(260))));
     }
 }

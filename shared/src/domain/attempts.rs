@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 
 use super::account;
 use super::analytics::Tally;
-use super::checkout::{self, Address, CheckoutSession, SessionStatus, open_partitions};
+use super::checkout::{self, CheckoutSession, SessionStatus, StoredAddress, open_partitions};
 use super::fonepay_cap::{self, CapError};
 use super::outbox::{Event, EventType};
 use super::payments::{AttemptInfo, Payment, PaymentStatus, PaymentView};
@@ -90,7 +90,7 @@ pub struct PayChoice {
     /// page.
     pub fonepay_web: bool,
     /// The address form, when the session collects one.
-    pub address: Option<Address>,
+    pub address: Option<StoredAddress>,
 }
 
 /// Why an attempt could not start or a return could not be handled.
@@ -229,34 +229,31 @@ fn origin(url: &str) -> String {
     format!("{scheme}://{host}")
 }
 
-fn check_address(a: &Address) -> Result<Address, AttemptError> {
-    let clean = |field: &'static str, v: &Option<String>, required: bool| {
-        let v = v.as_deref().map(str::trim).filter(|v| !v.is_empty());
-        match v {
-            None if required => Err(AttemptError::Invalid {
-                field,
-                message: "is required".into(),
-            }),
-            Some(v) if v.chars().count() > checkout::MAX_ADDRESS_PART_LEN => {
-                Err(AttemptError::Invalid {
-                    field,
-                    message: format!("at most {} characters", checkout::MAX_ADDRESS_PART_LEN),
-                })
-            }
-            Some(v) if v.chars().any(char::is_control) => Err(AttemptError::Invalid {
-                field,
-                message: "must not contain control characters".into(),
-            }),
-            v => Ok(v.map(str::to_owned)),
-        }
+/// The address the customer typed, trimmed, each part held to
+/// [`AddressPart`](crate::fields::AddressPart)'s rule; `line1` and `city`
+/// are required.
+fn check_address(a: &StoredAddress) -> Result<StoredAddress, AttemptError> {
+    let part = |field: &'static str, v: &Option<String>, required: bool| match v
+        .as_deref()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+    {
+        None if required => Err(AttemptError::Invalid {
+            field,
+            message: "is required".into(),
+        }),
+        None => Ok(None),
+        Some(v) => crate::fields::AddressPart::parse(v.to_owned())
+            .map(|p| Some(p.into_string()))
+            .map_err(|message| AttemptError::Invalid { field, message }),
     };
-    Ok(Address {
-        line1: clean("line1", &a.line1, true)?,
-        line2: clean("line2", &a.line2, false)?,
-        city: clean("city", &a.city, true)?,
-        state: clean("state", &a.state, false)?,
-        postal_code: clean("postalCode", &a.postal_code, false)?,
-        country: clean("country", &a.country, false)?,
+    Ok(StoredAddress {
+        line1: part("line1", &a.line1, true)?,
+        line2: part("line2", &a.line2, false)?,
+        city: part("city", &a.city, true)?,
+        state: part("state", &a.state, false)?,
+        postal_code: part("postalCode", &a.postal_code, false)?,
+        country: part("country", &a.country, false)?,
     })
 }
 

@@ -22,6 +22,7 @@ use serde_json::{Map, Value};
 use super::credentials::list_configured_providers;
 use super::record::{from_item, to_item};
 use super::{Mode, Provider};
+use crate::fields::{AddressPart, Description, Email, HttpUrl, PersonName, Phone};
 use crate::http::idempotency::Fence;
 use crate::ids::{self, IdKind};
 use crate::money::{Currency, Paisa};
@@ -41,12 +42,6 @@ pub const FONEPAY_SANDBOX_MAX_PAISA: i64 = super::account::SANDBOX_FONEPAY_MAX_P
 pub const MAX_METADATA_KEYS: usize = 50;
 pub const MAX_METADATA_KEY_LEN: usize = 40;
 pub const MAX_METADATA_VALUE_LEN: usize = 500;
-pub const MAX_URL_LEN: usize = 2048;
-pub const MAX_DESCRIPTION_LEN: usize = 500;
-pub const MAX_NAME_LEN: usize = 100;
-pub const MAX_EMAIL_LEN: usize = 254;
-pub const MAX_PHONE_LEN: usize = 20;
-pub const MAX_ADDRESS_PART_LEN: usize = 200;
 /// Default page size of `GET /v1/sessions` (spec, Limits).
 pub const DEFAULT_PAGE: usize = 25;
 /// Tries of the create transaction when DynamoDB reports a conflict on the
@@ -105,22 +100,78 @@ impl SessionStatus {
     }
 }
 
-/// The customer's address, pre-filled or collected.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The customer's address, pre-filled or collected. On the wire each part
+/// is an [`AddressPart`] (the contract's rule); stored records and the
+/// hosted page's form hold plain strings ([`StoredAddress`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Address {
-    #[serde(default)]
-    pub line1: Option<String>,
-    #[serde(default)]
-    pub line2: Option<String>,
-    #[serde(default)]
-    pub city: Option<String>,
-    #[serde(default)]
-    pub state: Option<String>,
-    #[serde(default)]
-    pub postal_code: Option<String>,
-    #[serde(default)]
-    pub country: Option<String>,
+pub struct Address<T = AddressPart> {
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    pub line1: Option<T>,
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    pub line2: Option<T>,
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    pub city: Option<T>,
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    pub state: Option<T>,
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    pub postal_code: Option<T>,
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    pub country: Option<T>,
+}
+
+/// An address as stored and as the hosted page's form sends it.
+pub type StoredAddress = Address<String>;
+
+fn none<T>() -> Option<T> {
+    None
+}
+
+impl<T> Default for Address<T> {
+    fn default() -> Self {
+        Address {
+            line1: None,
+            line2: None,
+            city: None,
+            state: None,
+            postal_code: None,
+            country: None,
+        }
+    }
+}
+
+impl<T> Address<T> {
+    /// Every part through `f`, each with its field name.
+    pub fn try_map<U, E>(
+        self,
+        mut f: impl FnMut(&'static str, T) -> Result<U, E>,
+    ) -> Result<Address<U>, E> {
+        let mut part = |name: &'static str, v: Option<T>| v.map(|v| f(name, v)).transpose();
+        Ok(Address {
+            line1: part("line1", self.line1)?,
+            line2: part("line2", self.line2)?,
+            city: part("city", self.city)?,
+            state: part("state", self.state)?,
+            postal_code: part("postalCode", self.postal_code)?,
+            country: part("country", self.country)?,
+        })
+    }
+}
+
+impl Address {
+    /// The parts as stored.
+    pub fn stored(self) -> StoredAddress {
+        let Ok(a) = self.try_map(|_, v| Ok::<_, std::convert::Infallible>(v.into_string()));
+        a
+    }
+}
+
+impl StoredAddress {
+    /// The parts as the API shows them (they kept the rule when written).
+    pub fn view(self) -> Address {
+        let Ok(a) = self.try_map(|_, v| Ok::<_, std::convert::Infallible>(AddressPart::stored(v)));
+        a
+    }
 }
 
 /// A stored checkout session.
@@ -154,7 +205,7 @@ pub struct CheckoutSession {
     #[serde(default)]
     pub collect_address: bool,
     #[serde(default)]
-    pub customer_address: Option<Address>,
+    pub customer_address: Option<StoredAddress>,
     pub return_url: String,
     #[serde(default)]
     pub cancel_url: Option<String>,
@@ -234,14 +285,14 @@ pub struct CheckoutSessionView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub payment_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
+    pub description: Option<Description>,
     pub metadata: Map<String, Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub customer_name: Option<String>,
+    pub customer_name: Option<PersonName>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub customer_email: Option<String>,
+    pub customer_email: Option<Email>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub customer_phone: Option<String>,
+    pub customer_phone: Option<Phone>,
     pub collect_address: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub customer_address: Option<Address>,
@@ -263,13 +314,13 @@ impl CheckoutSessionView {
             currency: s.currency,
             provider: s.provider,
             payment_id: s.payment_id,
-            description: s.description,
+            description: s.description.map(Description::stored),
             metadata: s.metadata,
-            customer_name: s.customer_name,
-            customer_email: s.customer_email,
-            customer_phone: s.customer_phone,
+            customer_name: s.customer_name.map(PersonName::stored),
+            customer_email: s.customer_email.map(Email::stored),
+            customer_phone: s.customer_phone.map(Phone::stored),
             collect_address: s.collect_address,
-            customer_address: s.customer_address,
+            customer_address: s.customer_address.map(StoredAddress::view),
             expires_at: s.expires_at,
             created_at: s.created_at,
             updated_at: s.updated_at,
@@ -282,9 +333,9 @@ impl CheckoutSessionView {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateCheckout {
     pub amount: i64,
-    pub return_url: String,
+    pub return_url: HttpUrl,
     #[serde(default)]
-    pub cancel_url: Option<String>,
+    pub cancel_url: Option<HttpUrl>,
     #[serde(default)]
     pub provider: Option<Provider>,
     #[serde(default)]
@@ -292,7 +343,7 @@ pub struct CreateCheckout {
     #[serde(default)]
     pub currency: Option<Currency>,
     #[serde(default)]
-    pub description: Option<String>,
+    pub description: Option<Description>,
     #[serde(default)]
     pub metadata: Option<Map<String, Value>>,
     #[serde(default)]
@@ -305,11 +356,11 @@ pub struct CreateCheckout {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CustomerInput {
     #[serde(default)]
-    pub name: Option<String>,
+    pub name: Option<PersonName>,
     #[serde(default)]
-    pub email: Option<String>,
+    pub email: Option<Email>,
     #[serde(default)]
-    pub phone: Option<String>,
+    pub phone: Option<Phone>,
     #[serde(default)]
     pub address: Option<Address>,
 }
@@ -416,7 +467,7 @@ pub struct ValidCheckout {
     pub customer_name: Option<String>,
     pub customer_email: Option<String>,
     pub customer_phone: Option<String>,
-    pub customer_address: Option<Address>,
+    pub customer_address: Option<StoredAddress>,
     pub collect_address: bool,
 }
 
@@ -440,62 +491,26 @@ pub fn validate_create(req: CreateCheckout, mode: Mode) -> Result<ValidCheckout,
     if let Some(url) = &req.cancel_url {
         check_url("cancelUrl", url, mode)?;
     }
-    let description = bounded("description", req.description, MAX_DESCRIPTION_LEN)?;
     let metadata = req.metadata.unwrap_or_default();
     check_metadata(&metadata)?;
     let customer = req.customer.unwrap_or_default();
-    let customer_name = bounded("customer.name", customer.name, MAX_NAME_LEN)?;
-    let customer_email = super::account::optional_email("customer.email", customer.email)
-        .map_err(|m| invalid("customer.email", m))?;
-    let customer_phone = bounded("customer.phone", customer.phone, MAX_PHONE_LEN)?;
-    if let Some(phone) = &customer_phone {
-        if !is_phone(phone) {
-            return Err(invalid(
-                "customer.phone",
-                "customer.phone may hold only digits, '+', '-' and spaces",
-            ));
-        }
-    }
-    let customer_address = match customer.address {
-        None => None,
-        Some(a) => Some(Address {
-            line1: bounded("customer.address.line1", a.line1, MAX_ADDRESS_PART_LEN)?,
-            line2: bounded("customer.address.line2", a.line2, MAX_ADDRESS_PART_LEN)?,
-            city: bounded("customer.address.city", a.city, MAX_ADDRESS_PART_LEN)?,
-            state: bounded("customer.address.state", a.state, MAX_ADDRESS_PART_LEN)?,
-            postal_code: bounded(
-                "customer.address.postalCode",
-                a.postal_code,
-                MAX_ADDRESS_PART_LEN,
-            )?,
-            country: bounded("customer.address.country", a.country, MAX_ADDRESS_PART_LEN)?,
-        }),
-    };
     Ok(ValidCheckout {
         amount,
-        return_url: req.return_url,
-        cancel_url: req.cancel_url,
+        return_url: req.return_url.into_string(),
+        cancel_url: req.cancel_url.map(String::from),
         provider: req.provider,
         flow,
-        description,
+        description: req.description.map(String::from),
         metadata,
-        customer_name,
-        customer_email,
-        customer_phone,
-        customer_address,
+        customer_name: customer.name.map(String::from),
+        customer_email: customer.email.map(String::from),
+        customer_phone: customer.phone.map(String::from),
+        customer_address: customer.address.map(Address::stored),
         collect_address: req.collect_address.unwrap_or(false),
     })
 }
 
 /// `amount` > 0, at most [`MAX_AMOUNT_PAISA`], within the provider's limits.
-/// A phone number a checkout accepts: digits, with `+`, `-` and spaces.
-pub fn is_phone(phone: &str) -> bool {
-    phone.chars().any(|c| c.is_ascii_digit())
-        && phone
-            .chars()
-            .all(|c| c.is_ascii_digit() || matches!(c, '+' | '-' | ' '))
-}
-
 pub fn check_amount(
     amount: i64,
     provider: Option<Provider>,
@@ -545,57 +560,13 @@ pub fn check_amount(
     Paisa::new(amount).map_err(|e| invalid("amount", e.to_string()))
 }
 
-/// An absolute `http(s)` URL: `https` in live; in sandbox also `http` to
-/// `localhost`, `127.0.0.1` or `[::1]` (a merchant testing locally).
+/// An absolute `http(s)` URL ([`HttpUrl`]'s rule): `https` in live; in
+/// sandbox also `http` to `localhost`, `127.0.0.1` or `[::1]` (a merchant
+/// testing locally).
 pub fn check_url(field: &str, url: &str, mode: Mode) -> Result<(), CheckoutError> {
-    if url.is_empty() || url.len() > MAX_URL_LEN {
-        return Err(invalid(
-            field,
-            format!("{field} must be a URL of 1 to {MAX_URL_LEN} characters"),
-        ));
-    }
-    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(invalid(
-            field,
-            format!("{field} must not contain spaces or control characters"),
-        ));
-    }
-    let lower = url.to_ascii_lowercase();
-    let (https, rest) = if let Some(rest) = lower.strip_prefix("https://") {
-        (true, rest)
-    } else if let Some(rest) = lower.strip_prefix("http://") {
-        (false, rest)
-    } else {
-        return Err(invalid(
-            field,
-            format!("{field} must be an absolute http(s) URL"),
-        ));
-    };
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    if authority.contains('@') {
-        return Err(invalid(
-            field,
-            format!("{field} must not carry user credentials"),
-        ));
-    }
-    let host = if authority.starts_with('[') {
-        authority
-            .split_once(']')
-            .map(|(h, _)| format!("{h}]"))
-            .unwrap_or_default()
-    } else {
-        authority.split(':').next().unwrap_or_default().to_owned()
-    };
-    let host_ok = !host.is_empty()
-        && (host.starts_with('[')
-            || host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')));
-    if !host_ok {
-        return Err(invalid(field, format!("{field} has no valid host")));
-    }
-    if !https {
-        let local = matches!(host.as_str(), "localhost" | "127.0.0.1" | "[::1]");
+    let url = HttpUrl::parse(url.to_owned()).map_err(|m| invalid(field, format!("{field} {m}")))?;
+    if !url.is_https() {
+        let local = matches!(url.host().as_str(), "localhost" | "127.0.0.1" | "[::1]");
         if mode.is_live() || !local {
             return Err(invalid(
                 field,
@@ -606,24 +577,6 @@ pub fn check_url(field: &str, url: &str, mode: Mode) -> Result<(), CheckoutError
         }
     }
     Ok(())
-}
-
-pub(crate) fn bounded(
-    field: &str,
-    value: Option<String>,
-    max: usize,
-) -> Result<Option<String>, CheckoutError> {
-    match value {
-        Some(v) if v.chars().count() > max => Err(invalid(
-            field,
-            format!("{field} must be at most {max} characters"),
-        )),
-        Some(v) if v.chars().any(char::is_control) => Err(invalid(
-            field,
-            format!("{field} must not contain control characters"),
-        )),
-        other => Ok(other),
-    }
 }
 
 /// At most 50 keys of 1–40 characters; values are strings (at most 500
@@ -1411,12 +1364,15 @@ mod tests {
                 "{url} {mode:?}"
             );
         }
-        let long = format!("https://x.example/{}", "a".repeat(MAX_URL_LEN));
+        let long = format!(
+            "https://x.example/{}",
+            "a".repeat(crate::fields::MAX_URL_LEN)
+        );
         assert!(check_url("returnUrl", &long, Mode::Live).is_err());
         let r = with(base(), "cancelUrl", json!("http://evil.example"));
         assert_eq!(field_of(validate_create(req(r), Mode::Live)), "cancelUrl");
         let r = with(base(), "returnUrl", json!("nope"));
-        assert_eq!(field_of(validate_create(req(r), Mode::Live)), "returnUrl");
+        assert_eq!(refused_at(r), "returnUrl");
     }
 
     #[test]
@@ -1450,12 +1406,24 @@ mod tests {
         assert!(validate_create(req(r), Mode::Live).is_ok());
     }
 
+    /// Where parsing a request stops, as the body's path: the field rules
+    /// live in the field types ([`crate::fields`]).
+    fn refused_at(v: Value) -> String {
+        let r: Result<CreateCheckout, _> = serde_path_to_error::deserialize(v);
+        match r {
+            Err(e) => e.path().to_string(),
+            Ok(r) => panic!("parsed: {r:?}"),
+        }
+    }
+
     #[test]
     fn customer_fields_are_checked_and_named() {
+        use crate::fields::{AddressPart, Description, MAX_PHONE_LEN, PersonName};
         let cases = [
             (json!({"email": "not-an-email"}), "customer.email"),
+            (json!({"email": ""}), "customer.email"),
             (
-                json!({"name": "n".repeat(MAX_NAME_LEN + 1)}),
+                json!({"name": "n".repeat(PersonName::MAX + 1)}),
                 "customer.name",
             ),
             (json!({"phone": "98-call-me"}), "customer.phone"),
@@ -1464,13 +1432,16 @@ mod tests {
                 "customer.phone",
             ),
             (
-                json!({"address": {"city": "c".repeat(MAX_ADDRESS_PART_LEN + 1)}}),
+                json!({"address": {"city": "c".repeat(AddressPart::MAX + 1)}}),
                 "customer.address.city",
+            ),
+            (
+                json!({"address": {"line1": "a\u{0}b"}}),
+                "customer.address.line1",
             ),
         ];
         for (customer, field) in cases {
-            let r = with(base(), "customer", customer);
-            assert_eq!(field_of(validate_create(req(r), Mode::Live)), field);
+            assert_eq!(refused_at(with(base(), "customer", customer)), field);
         }
         let r = with(
             base(),
@@ -1485,12 +1456,13 @@ mod tests {
             v.customer_address.and_then(|a| a.postal_code).as_deref(),
             Some("44600")
         );
+        assert_eq!(v.customer_email.as_deref(), Some("sita@example.com"));
         let r = with(
             base(),
             "description",
-            json!("d".repeat(MAX_DESCRIPTION_LEN + 1)),
+            json!("d".repeat(Description::MAX + 1)),
         );
-        assert_eq!(field_of(validate_create(req(r), Mode::Live)), "description");
+        assert_eq!(refused_at(r), "description");
     }
 
     #[test]

@@ -29,6 +29,9 @@ use super::outbox::{Event, EventType};
 use super::payments::{self, Payment, PaymentStatus};
 use super::record::{from_item, page_of, to_item};
 use crate::AppState;
+use crate::fields::{
+    BuyerAddress, BuyerPhone, Email, InvoiceLineText, InvoiceNote, InvoiceText, PersonName, Phone,
+};
 use crate::http::idempotency::Fence;
 use crate::http::input::{nullable, or_null, present};
 use crate::ids::{self, IdKind};
@@ -42,12 +45,6 @@ pub const MAX_TAX_BPS: i64 = 10_000;
 pub const MAX_QUANTITY_UNITS: u64 = 1_000_000;
 /// Largest unit amount: NPR 1,000,000,000.00.
 pub const MAX_UNIT_AMOUNT: i64 = 100_000_000_000;
-pub const MAX_DESCRIPTION_LEN: usize = 500;
-pub const MAX_TEXT_LEN: usize = 200;
-pub const MAX_NOTE_LEN: usize = 2_000;
-pub const MAX_ADDRESS_LEN: usize = 500;
-pub const MAX_PHONE_LEN: usize = 32;
-pub const MAX_EMAIL_LEN: usize = checkout::MAX_EMAIL_LEN;
 pub const DEFAULT_PAGE: usize = 25;
 /// How often a finalize re-reads a counter another finalize moved, and for
 /// how long at most (well within a Lambda's 15 s).
@@ -198,33 +195,70 @@ impl CollectionStatus {
     }
 }
 
-/// One line, as stored and as answered (camelCase, spec "Line object").
+/// One line, as stored (plain text) and as answered (`Line<InvoiceLineText>`,
+/// the contract's rule on `description`), camelCase (spec "Line object").
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Line {
+pub struct Line<D = String> {
     pub id: String,
-    pub description: String,
+    pub description: D,
     pub quantity: String,
     pub unit_amount: i64,
     pub line_total: i64,
 }
 
-/// The buyer (spec: name, email, phone, address; nothing else).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+impl Line {
+    /// The line as answered.
+    pub fn view(self) -> Line<InvoiceLineText> {
+        Line {
+            id: self.id,
+            description: InvoiceLineText::stored(self.description),
+            quantity: self.quantity,
+            unit_amount: self.unit_amount,
+            line_total: self.line_total,
+        }
+    }
+}
+
+/// The buyer on the wire (spec: name, email, phone, address; nothing
+/// else), each field with its rule.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Buyer {
-    #[serde(default)]
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<InvoiceText>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<Email>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phone: Option<BuyerPhone>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<BuyerAddress>,
+}
+
+/// The buyer as stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoredBuyer {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    #[serde(default)]
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub email: Option<String>,
-    #[serde(default)]
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phone: Option<String>,
-    #[serde(default)]
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+}
+
+impl StoredBuyer {
+    /// The buyer as answered (it kept the rules when written).
+    pub fn view(self) -> Buyer {
+        Buyer {
+            name: self.name.map(InvoiceText::stored),
+            email: self.email.map(Email::stored),
+            phone: self.phone.map(BuyerPhone::stored),
+            address: self.address.map(BuyerAddress::stored),
+        }
+    }
 }
 
 /// A payment allocated to the invoice.
@@ -265,7 +299,7 @@ pub struct Invoice {
     pub amount_adjusted: i64,
     pub amount_excess: i64,
     pub customer_id: Option<String>,
-    pub buyer: Option<Buyer>,
+    pub buyer: Option<StoredBuyer>,
     pub seller: Option<Seller>,
     pub issued_at: Option<Timestamp>,
     pub due_at: Timestamp,
@@ -375,7 +409,7 @@ pub struct InvoiceView {
     pub collection_status: &'static str,
     pub overdue: bool,
     pub currency: &'static str,
-    pub lines: Vec<Line>,
+    pub lines: Vec<Line<InvoiceLineText>>,
     pub subtotal: i64,
     pub tax_total: i64,
     pub tax_rate_bps: i64,
@@ -384,19 +418,19 @@ pub struct InvoiceView {
     pub amount_adjusted: i64,
     pub amount_excess: i64,
     pub amount_remaining: i64,
-    pub customer_id: Option<String>,
+    pub customer_id: Option<InvoiceText>,
     pub buyer: Option<Buyer>,
     pub seller: Option<SellerView>,
     pub issued_at: Option<Timestamp>,
     pub due_at: Timestamp,
     pub created_at: Timestamp,
-    pub external_reference: Option<String>,
-    pub note: Option<String>,
+    pub external_reference: Option<InvoiceText>,
+    pub note: Option<InvoiceNote>,
     pub needs_attention: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub voided_at: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub void_reason: Option<String>,
+    pub void_reason: Option<InvoiceLineText>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub corrected_by_invoice_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -415,7 +449,7 @@ impl InvoiceView {
             collection_status: inv.collection().as_str(),
             overdue: inv.overdue(now),
             currency: "NPR",
-            lines: inv.lines.clone(),
+            lines: inv.lines.iter().cloned().map(Line::view).collect(),
             subtotal: inv.subtotal,
             tax_total: inv.tax_total,
             tax_rate_bps: inv.tax_rate_bps,
@@ -424,8 +458,8 @@ impl InvoiceView {
             amount_adjusted: inv.amount_adjusted,
             amount_excess: inv.amount_excess,
             amount_remaining: inv.amount_remaining(),
-            customer_id: inv.customer_id.clone(),
-            buyer: inv.buyer.clone(),
+            customer_id: inv.customer_id.clone().map(InvoiceText::stored),
+            buyer: inv.buyer.clone().map(StoredBuyer::view),
             seller: inv.seller.as_ref().map(|s| SellerView {
                 name: s.name.clone(),
                 legal_name: s.legal_name.clone(),
@@ -436,11 +470,11 @@ impl InvoiceView {
             issued_at: inv.issued_at,
             due_at: inv.due_at,
             created_at: inv.created_at,
-            external_reference: inv.external_reference.clone(),
-            note: inv.note.clone(),
+            external_reference: inv.external_reference.clone().map(InvoiceText::stored),
+            note: inv.note.clone().map(InvoiceNote::stored),
             needs_attention: inv.needs_attention,
             voided_at: inv.voided_at,
-            void_reason: inv.void_reason.clone(),
+            void_reason: inv.void_reason.clone().map(InvoiceLineText::stored),
             corrected_by_invoice_id: inv.corrected_by_invoice_id.clone(),
             correction_of_invoice_id: inv.correction_of_invoice_id.clone(),
         }
@@ -453,7 +487,7 @@ impl InvoiceView {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LineInput {
-    pub description: String,
+    pub description: InvoiceLineText,
     pub quantity: String,
     pub unit_amount: i64,
 }
@@ -465,15 +499,15 @@ pub struct CreateInvoice {
     pub lines: Vec<LineInput>,
     pub due_at: String,
     #[serde(default, deserialize_with = "or_null")]
-    pub customer_id: Option<String>,
+    pub customer_id: Option<InvoiceText>,
     #[serde(default, deserialize_with = "or_null")]
     pub buyer: Option<Buyer>,
     #[serde(default)]
     pub tax_rate_bps: Option<i64>,
     #[serde(default, deserialize_with = "or_null")]
-    pub external_reference: Option<String>,
+    pub external_reference: Option<InvoiceText>,
     #[serde(default, deserialize_with = "or_null")]
-    pub note: Option<String>,
+    pub note: Option<InvoiceNote>,
 }
 
 /// `PATCH /v1/invoices/{id}`: the create fields to change, and the
@@ -488,15 +522,15 @@ pub struct PatchInvoice {
     #[serde(default, deserialize_with = "present")]
     pub due_at: Option<String>,
     #[serde(default, deserialize_with = "nullable")]
-    pub customer_id: Option<Option<String>>,
+    pub customer_id: Option<Option<InvoiceText>>,
     #[serde(default, deserialize_with = "nullable")]
     pub buyer: Option<Option<Buyer>>,
     #[serde(default, deserialize_with = "present")]
     pub tax_rate_bps: Option<i64>,
     #[serde(default, deserialize_with = "nullable")]
-    pub external_reference: Option<Option<String>>,
+    pub external_reference: Option<Option<InvoiceText>>,
     #[serde(default, deserialize_with = "nullable")]
-    pub note: Option<Option<String>>,
+    pub note: Option<Option<InvoiceNote>>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -508,14 +542,14 @@ pub struct FinalizeInvoice {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CorrectInvoice {
-    pub reason: String,
+    pub reason: InvoiceLineText,
 }
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdjustInvoice {
     pub amount: i64,
-    pub reason: String,
+    pub reason: InvoiceLineText,
     pub version: i64,
 }
 
@@ -558,20 +592,12 @@ fn invalid(field: impl Into<String>, message: impl Into<String>) -> InvoiceError
     }
 }
 
-fn text(field: &str, value: Option<String>, max: usize) -> Result<Option<String>, InvoiceError> {
-    match value.map(|v| v.trim().to_owned()) {
-        None => Ok(None),
-        Some(v) if v.is_empty() => Ok(None),
-        Some(v) if v.chars().count() > max => Err(invalid(
-            field,
-            format!("{field} must be at most {max} characters"),
-        )),
-        Some(v) if v.chars().any(|c| c.is_control() && c != '\n') => Err(invalid(
-            field,
-            format!("{field} must not contain control characters"),
-        )),
-        Some(v) => Ok(Some(v)),
-    }
+/// A text the merchant sent, trimmed; blank is none. Its rule (length,
+/// characters) was kept when the request was parsed ([`crate::fields`]).
+fn text(value: Option<impl Into<String>>) -> Option<String> {
+    value
+        .map(|v| v.into().trim().to_owned())
+        .filter(|v| !v.is_empty())
 }
 
 fn valid_lines(lines: Vec<LineInput>) -> Result<Vec<Line>, InvoiceError> {
@@ -586,12 +612,8 @@ fn valid_lines(lines: Vec<LineInput>) -> Result<Vec<Line>, InvoiceError> {
         .enumerate()
         .map(|(i, l)| {
             let field = |name: &str| format!("lines[{i}].{name}");
-            let description = text(
-                &field("description"),
-                Some(l.description),
-                MAX_DESCRIPTION_LEN,
-            )?
-            .ok_or_else(|| invalid(field("description"), "description must not be empty"))?;
+            let description = text(Some(l.description))
+                .ok_or_else(|| invalid(field("description"), "description must not be empty"))?;
             let quantity =
                 Quantity::parse(l.quantity.trim()).map_err(|m| invalid(field("quantity"), m))?;
             if !(0..=MAX_UNIT_AMOUNT).contains(&l.unit_amount) {
@@ -611,18 +633,15 @@ fn valid_lines(lines: Vec<LineInput>) -> Result<Vec<Line>, InvoiceError> {
         .collect()
 }
 
-fn valid_buyer(buyer: Option<Buyer>) -> Result<Option<Buyer>, InvoiceError> {
-    let Some(b) = buyer else { return Ok(None) };
-    // The contract's email format: "" is refused, not taken for absent.
-    let email = account::optional_email("buyer.email", b.email.map(|e| e.trim().to_owned()))
-        .map_err(|m| invalid("buyer.email", m))?;
-    let buyer = Buyer {
-        name: text("buyer.name", b.name, MAX_TEXT_LEN)?,
-        email,
-        phone: text("buyer.phone", b.phone, MAX_PHONE_LEN)?,
-        address: text("buyer.address", b.address, MAX_ADDRESS_LEN)?,
+fn valid_buyer(buyer: Option<Buyer>) -> Option<StoredBuyer> {
+    let b = buyer?;
+    let buyer = StoredBuyer {
+        name: text(b.name),
+        email: b.email.map(String::from),
+        phone: text(b.phone),
+        address: text(b.address),
     };
-    Ok((buyer != Buyer::default()).then_some(buyer))
+    (buyer != StoredBuyer::default()).then_some(buyer)
 }
 
 fn valid_due(text_value: &str) -> Result<Timestamp, InvoiceError> {
@@ -694,15 +713,15 @@ pub fn new_draft(
         amount_paid: 0,
         amount_adjusted: 0,
         amount_excess: 0,
-        customer_id: text("customerId", body.customer_id, MAX_TEXT_LEN)?,
-        buyer: valid_buyer(body.buyer)?,
+        customer_id: text(body.customer_id),
+        buyer: valid_buyer(body.buyer),
         seller: None,
         issued_at: None,
         due_at: valid_due(&body.due_at)?,
         created_at: now,
         updated_at: now,
-        external_reference: text("externalReference", body.external_reference, MAX_TEXT_LEN)?,
-        note: text("note", body.note, MAX_NOTE_LEN)?,
+        external_reference: text(body.external_reference),
+        note: text(body.note),
         needs_attention: false,
         voided_at: None,
         void_reason: None,
@@ -903,19 +922,19 @@ pub async fn patch(
         next.due_at = valid_due(&due)?;
     }
     if let Some(v) = body.customer_id {
-        next.customer_id = text("customerId", v, MAX_TEXT_LEN)?;
+        next.customer_id = text(v);
     }
     if let Some(v) = body.buyer {
-        next.buyer = valid_buyer(v)?;
+        next.buyer = valid_buyer(v);
     }
     if let Some(v) = body.tax_rate_bps {
         next.tax_rate_bps = valid_tax(Some(v))?;
     }
     if let Some(v) = body.external_reference {
-        next.external_reference = text("externalReference", v, MAX_TEXT_LEN)?;
+        next.external_reference = text(v);
     }
     if let Some(v) = body.note {
-        next.note = text("note", v, MAX_NOTE_LEN)?;
+        next.note = text(v);
     }
     price(&mut next)?;
     next.version += 1;
@@ -1213,8 +1232,8 @@ pub async fn correct(
     id: &str,
     body: CorrectInvoice,
 ) -> Result<(Invoice, Invoice), InvoiceError> {
-    let reason = text("reason", Some(body.reason), MAX_DESCRIPTION_LEN)?
-        .ok_or_else(|| invalid("reason", "reason must not be empty"))?;
+    let reason =
+        text(Some(body.reason)).ok_or_else(|| invalid("reason", "reason must not be empty"))?;
     let store = &*state.store;
     let current = get(store, project_id, mode, id).await?;
     require_state(&current, DocumentStatus::Issued, "correct")?;
@@ -1293,8 +1312,8 @@ pub async fn adjust(
     id: &str,
     body: AdjustInvoice,
 ) -> Result<Invoice, InvoiceError> {
-    let reason = text("reason", Some(body.reason), MAX_DESCRIPTION_LEN)?
-        .ok_or_else(|| invalid("reason", "reason must not be empty"))?;
+    let reason =
+        text(Some(body.reason)).ok_or_else(|| invalid("reason", "reason must not be empty"))?;
     let store = &*state.store;
     let current = get(store, project_id, mode, id).await?;
     require_state(&current, DocumentStatus::Issued, "an adjustment")?;
@@ -1406,14 +1425,13 @@ pub async fn checkout(
             flow: checkout::Flow::Hosted,
             description: Some(format!("Invoice {number}")),
             metadata,
+            // Only what the checkout's own rules take: a longer name is
+            // cut, a phone in another shape left out.
             customer_name: buyer
                 .name
-                .map(|n| n.chars().take(checkout::MAX_NAME_LEN).collect()),
-            customer_email: buyer.email.filter(|e| e.len() <= checkout::MAX_EMAIL_LEN),
-            // Only a phone the checkout itself would accept.
-            customer_phone: buyer
-                .phone
-                .filter(|p| p.len() <= checkout::MAX_PHONE_LEN && checkout::is_phone(p)),
+                .map(|n| n.chars().take(PersonName::MAX).collect()),
+            customer_email: buyer.email,
+            customer_phone: buyer.phone.filter(|p| Phone::parse(p.clone()).is_ok()),
             customer_address: None,
             collect_address: false,
         };
@@ -1798,12 +1816,24 @@ mod tests {
         let mut b = body(json!([{"description": "x", "quantity": "1", "unitAmount": 1}]));
         b.due_at = "tomorrow".into();
         assert_eq!(field_of(b), "dueAt");
-        let mut b = body(json!([{"description": "x", "quantity": "1", "unitAmount": 1}]));
-        b.buyer = Some(Buyer {
-            email: Some("not-an-email".into()),
-            ..Buyer::default()
-        });
-        assert_eq!(field_of(b), "buyer.email");
+        // The field rules live in the field types: parsing stops at the
+        // field, by its path.
+        for (buyer, field) in [
+            (json!({"email": "not-an-email"}), "buyer.email"),
+            (json!({"email": ""}), "buyer.email"),
+            (
+                json!({"name": "n".repeat(InvoiceText::MAX + 1)}),
+                "buyer.name",
+            ),
+            (json!({"name": "a\nb"}), "buyer.name"),
+            (json!({"address": "Thamel\nKathmandu"}), ""),
+        ] {
+            let v = json!({"lines": [{"description": "x", "quantity": "1", "unitAmount": 1}],
+                           "dueAt": "2026-12-31T00:00:00Z", "buyer": buyer});
+            let r: Result<CreateInvoice, _> = serde_path_to_error::deserialize(v);
+            let at = r.err().map(|e| e.path().to_string()).unwrap_or_default();
+            assert_eq!(at, field);
+        }
         // Unknown properties: refused by the types.
         assert!(
             serde_json::from_value::<CreateInvoice>(json!({
@@ -2059,7 +2089,7 @@ mod tests {
                 Mode::Sandbox,
                 &inv.id,
                 CorrectInvoice {
-                    reason: "wrong buyer".into(),
+                    reason: InvoiceLineText::stored("wrong buyer".into()),
                 },
             )
             .await
@@ -2097,7 +2127,7 @@ mod tests {
                 &inv.id,
                 AdjustInvoice {
                     amount: 30,
-                    reason: "discount".into(),
+                    reason: InvoiceLineText::stored("discount".into()),
                     version: current.version,
                 },
             )

@@ -12,9 +12,13 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::checkout::{self, Address, CheckoutError, MAX_AMOUNT_PAISA, bounded, check_url};
+use super::checkout::{self, CheckoutError, MAX_AMOUNT_PAISA, StoredAddress, check_url};
 use super::record::{from_item, to_item};
 use super::{Mode, Provider};
+use crate::fields::{
+    AddressPart, Description, Email, HttpUrl, InactiveMessage, LinkTitle, OrEmpty, PersonName,
+    Phone, ReferenceId, Rule,
+};
 use crate::http::idempotency::Fence;
 use crate::http::input::{nullable, or_null};
 use crate::ids::{self, IdKind};
@@ -23,10 +27,6 @@ use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, Update};
 use crate::time::Timestamp;
 
 pub const DEFAULT_PAGE: usize = 25;
-pub const MAX_TITLE: usize = 100;
-pub const MAX_DESCRIPTION: usize = 500;
-pub const MAX_INACTIVE_MESSAGE: usize = 300;
-pub const MAX_REFERENCE_ID: usize = 100;
 /// The smallest amount a customer may enter when the link sets none.
 pub const DEFAULT_MIN_AMOUNT: i64 = 1000;
 
@@ -79,7 +79,7 @@ pub struct PaymentLink {
     #[serde(default)]
     pub collect_address: bool,
     #[serde(default)]
-    pub customer_address: Option<Address>,
+    pub customer_address: Option<StoredAddress>,
     #[serde(default)]
     pub reference_id: Option<String>,
     #[serde(default)]
@@ -189,9 +189,9 @@ pub struct PaymentLinkView {
     pub id: String,
     pub livemode: bool,
     pub mode: Mode,
-    pub title: String,
+    pub title: LinkTitle,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
+    pub description: Option<Description>,
     pub amount: Option<Paisa>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub min_amount: Option<i64>,
@@ -204,30 +204,30 @@ pub struct PaymentLinkView {
     pub used_count: i64,
     pub expires_at: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub redirect_url: Option<String>,
+    pub redirect_url: Option<HttpUrl>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub inactive_message: Option<String>,
+    pub inactive_message: Option<InactiveMessage>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub customer_name: Option<String>,
+    pub customer_name: Option<PersonName>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub customer_email: Option<String>,
+    pub customer_email: Option<Email>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub customer_phone: Option<String>,
+    pub customer_phone: Option<Phone>,
     pub collect_address: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub customer_line1: Option<String>,
+    pub customer_line1: Option<AddressPart>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub customer_line2: Option<String>,
+    pub customer_line2: Option<AddressPart>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub customer_city: Option<String>,
+    pub customer_city: Option<AddressPart>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub customer_state: Option<String>,
+    pub customer_state: Option<AddressPart>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub customer_postal_code: Option<String>,
+    pub customer_postal_code: Option<AddressPart>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub customer_country: Option<String>,
+    pub customer_country: Option<AddressPart>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reference_id: Option<String>,
+    pub reference_id: Option<ReferenceId>,
     pub metadata: Map<String, Value>,
     pub url: String,
     pub created_at: Timestamp,
@@ -239,7 +239,7 @@ pub struct PaymentLinkView {
 impl PaymentLinkView {
     /// The view of `l`, served from `base`; with `stats` on a retrieve.
     pub fn of(l: PaymentLink, base: &str, with_stats: bool) -> Self {
-        let a = l.customer_address.clone().unwrap_or_default();
+        let a = l.customer_address.clone().unwrap_or_default().view();
         let stats = with_stats.then(|| LinkStats {
             views: l.views,
             used_count: l.used_count,
@@ -254,8 +254,8 @@ impl PaymentLinkView {
             url: format!("{base}/l/{}", l.id),
             id: l.id,
             mode: l.mode,
-            title: l.title,
-            description: l.description,
+            title: LinkTitle::stored(l.title),
+            description: l.description.map(Description::stored),
             amount: l.amount,
             min_amount: l.min_amount,
             max_amount: l.max_amount,
@@ -265,11 +265,11 @@ impl PaymentLinkView {
             max_uses: l.max_uses,
             used_count: l.used_count,
             expires_at: l.expires_at,
-            redirect_url: l.redirect_url,
-            inactive_message: l.inactive_message,
-            customer_name: l.customer_name,
-            customer_email: l.customer_email,
-            customer_phone: l.customer_phone,
+            redirect_url: l.redirect_url.map(HttpUrl::stored),
+            inactive_message: l.inactive_message.map(InactiveMessage::stored),
+            customer_name: l.customer_name.map(PersonName::stored),
+            customer_email: l.customer_email.map(Email::stored),
+            customer_phone: l.customer_phone.map(Phone::stored),
             collect_address: l.collect_address,
             customer_line1: a.line1,
             customer_line2: a.line2,
@@ -277,7 +277,7 @@ impl PaymentLinkView {
             customer_state: a.state,
             customer_postal_code: a.postal_code,
             customer_country: a.country,
-            reference_id: l.reference_id,
+            reference_id: l.reference_id.map(ReferenceId::stored),
             metadata: l.metadata,
             created_at: l.created_at,
             updated_at: l.updated_at,
@@ -290,9 +290,9 @@ impl PaymentLinkView {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateLink {
-    pub title: String,
+    pub title: LinkTitle,
     #[serde(default)]
-    pub description: Option<String>,
+    pub description: Option<Description>,
     #[serde(default, deserialize_with = "or_null")]
     pub amount: Option<i64>,
     #[serde(default)]
@@ -308,31 +308,31 @@ pub struct CreateLink {
     #[serde(default, deserialize_with = "or_null")]
     pub expires_at: Option<String>,
     #[serde(default)]
-    pub redirect_url: Option<String>,
+    pub redirect_url: Option<HttpUrl>,
     #[serde(default)]
-    pub inactive_message: Option<String>,
+    pub inactive_message: Option<InactiveMessage>,
     #[serde(default)]
-    pub customer_name: Option<String>,
+    pub customer_name: Option<PersonName>,
     #[serde(default)]
-    pub customer_email: Option<String>,
+    pub customer_email: Option<Email>,
     #[serde(default)]
-    pub customer_phone: Option<String>,
+    pub customer_phone: Option<OrEmpty<Phone>>,
     #[serde(default)]
     pub collect_address: Option<bool>,
     #[serde(default)]
-    pub customer_line1: Option<String>,
+    pub customer_line1: Option<AddressPart>,
     #[serde(default)]
-    pub customer_line2: Option<String>,
+    pub customer_line2: Option<AddressPart>,
     #[serde(default)]
-    pub customer_city: Option<String>,
+    pub customer_city: Option<AddressPart>,
     #[serde(default)]
-    pub customer_state: Option<String>,
+    pub customer_state: Option<AddressPart>,
     #[serde(default)]
-    pub customer_postal_code: Option<String>,
+    pub customer_postal_code: Option<AddressPart>,
     #[serde(default)]
-    pub customer_country: Option<String>,
+    pub customer_country: Option<AddressPart>,
     #[serde(default)]
-    pub reference_id: Option<String>,
+    pub reference_id: Option<ReferenceId>,
     #[serde(default)]
     pub metadata: Option<Map<String, Value>>,
 }
@@ -342,41 +342,41 @@ pub struct CreateLink {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PatchLink {
     #[serde(default, deserialize_with = "nullable")]
-    pub title: Option<Option<String>>,
+    pub title: Option<Option<LinkTitle>>,
     #[serde(default, deserialize_with = "nullable")]
-    pub description: Option<Option<String>>,
+    pub description: Option<Option<Description>>,
     #[serde(default, deserialize_with = "nullable")]
     pub active: Option<Option<bool>>,
     #[serde(default, deserialize_with = "nullable")]
-    pub inactive_message: Option<Option<String>>,
+    pub inactive_message: Option<Option<InactiveMessage>>,
     #[serde(default, deserialize_with = "nullable")]
     pub expires_at: Option<Option<String>>,
     #[serde(default, deserialize_with = "nullable")]
     pub max_uses: Option<Option<i64>>,
     #[serde(default, deserialize_with = "nullable")]
-    pub redirect_url: Option<Option<String>>,
+    pub redirect_url: Option<Option<HttpUrl>>,
     #[serde(default, deserialize_with = "nullable")]
-    pub reference_id: Option<Option<String>>,
+    pub reference_id: Option<Option<ReferenceId>>,
     #[serde(default, deserialize_with = "nullable")]
     pub collect_address: Option<Option<bool>>,
     #[serde(default, deserialize_with = "nullable")]
-    pub customer_name: Option<Option<String>>,
+    pub customer_name: Option<Option<PersonName>>,
     #[serde(default, deserialize_with = "nullable")]
-    pub customer_email: Option<Option<String>>,
+    pub customer_email: Option<Option<OrEmpty<Email>>>,
     #[serde(default, deserialize_with = "nullable")]
-    pub customer_phone: Option<Option<String>>,
+    pub customer_phone: Option<Option<OrEmpty<Phone>>>,
     #[serde(default, deserialize_with = "nullable")]
-    pub customer_line1: Option<Option<String>>,
+    pub customer_line1: Option<Option<AddressPart>>,
     #[serde(default, deserialize_with = "nullable")]
-    pub customer_line2: Option<Option<String>>,
+    pub customer_line2: Option<Option<AddressPart>>,
     #[serde(default, deserialize_with = "nullable")]
-    pub customer_city: Option<Option<String>>,
+    pub customer_city: Option<Option<AddressPart>>,
     #[serde(default, deserialize_with = "nullable")]
-    pub customer_state: Option<Option<String>>,
+    pub customer_state: Option<Option<AddressPart>>,
     #[serde(default, deserialize_with = "nullable")]
-    pub customer_postal_code: Option<Option<String>>,
+    pub customer_postal_code: Option<Option<AddressPart>>,
     #[serde(default, deserialize_with = "nullable")]
-    pub customer_country: Option<Option<String>>,
+    pub customer_country: Option<Option<AddressPart>>,
 }
 
 /// A key that cannot be cleared was sent as `null`.
@@ -461,16 +461,11 @@ fn invalid(field: &str, message: impl Into<String>) -> LinkError {
     }
 }
 
-fn text(field: &str, v: Option<String>, max: usize) -> Result<Option<String>, LinkError> {
-    let v = v.map(|s| s.trim().to_owned()).filter(|s| !s.is_empty());
-    Ok(bounded(field, v, max)?)
-}
-
-/// A pre-filled email: absent, or plausible (an empty string is refused,
-/// not taken for absent).
-fn email(field: &str, v: Option<String>) -> Result<Option<String>, LinkError> {
-    super::account::optional_email(field, v.map(|s| s.trim().to_owned()))
-        .map_err(|m| invalid(field, m))
+/// A text the merchant sent, trimmed; blank is none. Its rule (length,
+/// characters) was kept when the request was parsed.
+fn text(v: Option<impl Into<String>>) -> Option<String> {
+    v.map(|s| s.into().trim().to_owned())
+        .filter(|s| !s.is_empty())
 }
 
 fn future_time(field: &str, v: &str, now: Timestamp) -> Result<Timestamp, LinkError> {
@@ -500,8 +495,7 @@ pub fn new_link(
     req: CreateLink,
     now: Timestamp,
 ) -> Result<PaymentLink, LinkError> {
-    let title = text("title", Some(req.title), MAX_TITLE)?
-        .ok_or_else(|| invalid("title", "title is required"))?;
+    let title = text(Some(req.title)).ok_or_else(|| invalid("title", "title is required"))?;
     let (amount, min_amount, max_amount) = match req.amount {
         Some(a) => {
             if req.min_amount.is_some() || req.max_amount.is_some() {
@@ -546,44 +540,20 @@ pub fn new_link(
     };
     let metadata = req.metadata.unwrap_or_default();
     checkout::check_metadata(&metadata)?;
-    let address = Address {
-        line1: text(
-            "customerLine1",
-            req.customer_line1,
-            checkout::MAX_ADDRESS_PART_LEN,
-        )?,
-        line2: text(
-            "customerLine2",
-            req.customer_line2,
-            checkout::MAX_ADDRESS_PART_LEN,
-        )?,
-        city: text(
-            "customerCity",
-            req.customer_city,
-            checkout::MAX_ADDRESS_PART_LEN,
-        )?,
-        state: text(
-            "customerState",
-            req.customer_state,
-            checkout::MAX_ADDRESS_PART_LEN,
-        )?,
-        postal_code: text(
-            "customerPostalCode",
-            req.customer_postal_code,
-            checkout::MAX_ADDRESS_PART_LEN,
-        )?,
-        country: text(
-            "customerCountry",
-            req.customer_country,
-            checkout::MAX_ADDRESS_PART_LEN,
-        )?,
+    let address = StoredAddress {
+        line1: text(req.customer_line1),
+        line2: text(req.customer_line2),
+        city: text(req.customer_city),
+        state: text(req.customer_state),
+        postal_code: text(req.customer_postal_code),
+        country: text(req.customer_country),
     };
     Ok(PaymentLink {
         id: ids::new_id(IdKind::PaymentLink),
         project_id: project_id.to_owned(),
         mode,
         title,
-        description: text("description", req.description, MAX_DESCRIPTION)?,
+        description: text(req.description),
         amount,
         min_amount,
         max_amount,
@@ -596,18 +566,17 @@ pub fn new_link(
         claimed: 0,
         held_until: None,
         expires_at,
-        redirect_url: req.redirect_url,
-        inactive_message: text(
-            "inactiveMessage",
-            req.inactive_message,
-            MAX_INACTIVE_MESSAGE,
-        )?,
-        customer_name: text("customerName", req.customer_name, checkout::MAX_NAME_LEN)?,
-        customer_email: email("customerEmail", req.customer_email)?,
-        customer_phone: text("customerPhone", req.customer_phone, checkout::MAX_PHONE_LEN)?,
+        redirect_url: req.redirect_url.map(String::from),
+        inactive_message: text(req.inactive_message),
+        customer_name: text(req.customer_name),
+        customer_email: req.customer_email.map(String::from),
+        customer_phone: req
+            .customer_phone
+            .and_then(OrEmpty::into_option)
+            .map(String::from),
         collect_address: req.collect_address.unwrap_or(false),
-        customer_address: (address != Address::default()).then_some(address),
-        reference_id: text("referenceId", req.reference_id, MAX_REFERENCE_ID)?,
+        customer_address: (address != StoredAddress::default()).then_some(address),
+        reference_id: text(req.reference_id),
         metadata,
         created_at: now,
         updated_at: now,
@@ -740,23 +709,17 @@ async fn patch_once(
         None => update.set(attr, Value::Null),
     };
     if let Some(t) = not_null("title", patch.title)? {
-        let t = text("title", Some(t), MAX_TITLE)?
-            .ok_or_else(|| invalid("title", "title must not be empty"))?;
+        let t = text(Some(t)).ok_or_else(|| invalid("title", "title must not be empty"))?;
         update = update.set("title", t);
     }
     if let Some(d) = not_null("description", patch.description)? {
-        update = set_opt(
-            update,
-            "description",
-            text("description", Some(d), MAX_DESCRIPTION)?,
-        );
+        update = set_opt(update, "description", text(Some(d)));
     }
     if let Some(a) = not_null("active", patch.active)? {
         update = update.set("active", a);
     }
     if let Some(m) = not_null("inactiveMessage", patch.inactive_message)? {
-        let m = text("inactiveMessage", Some(m), MAX_INACTIVE_MESSAGE)?;
-        update = set_opt(update, "inactive_message", m);
+        update = set_opt(update, "inactive_message", text(Some(m)));
     }
     if let Some(e) = patch.expires_at {
         let e = match e {
@@ -786,33 +749,24 @@ async fn patch_once(
         if let Some(url) = &u {
             check_url("redirectUrl", url, mode)?;
         }
-        update = set_opt(update, "redirect_url", u);
+        update = set_opt(update, "redirect_url", u.map(String::from));
     }
     if let Some(r) = not_null("referenceId", patch.reference_id)? {
-        update = set_opt(
-            update,
-            "reference_id",
-            text("referenceId", Some(r), MAX_REFERENCE_ID)?,
-        );
+        update = set_opt(update, "reference_id", text(Some(r)));
     }
     if let Some(c) = not_null("collectAddress", patch.collect_address)? {
         update = update.set("collect_address", c);
     }
     // Pre-fills: a string sets, an empty string clears.
     if let Some(n) = not_null("customerName", patch.customer_name)? {
-        let n = text("customerName", Some(n), checkout::MAX_NAME_LEN)?;
-        update = set_opt(update, "customer_name", n);
+        update = set_opt(update, "customer_name", text(Some(n)));
     }
     if let Some(e) = not_null("customerEmail", patch.customer_email)? {
-        let e = if e.trim().is_empty() {
-            None
-        } else {
-            email("customerEmail", Some(e))?
-        };
+        let e = e.into_option().map(String::from);
         update = set_opt(update, "customer_email", e);
     }
     if let Some(p) = not_null("customerPhone", patch.customer_phone)? {
-        let p = text("customerPhone", Some(p), checkout::MAX_PHONE_LEN)?;
+        let p = p.into_option().map(String::from);
         update = set_opt(update, "customer_phone", p);
     }
     let mut address = link.customer_address.clone().unwrap_or_default();
@@ -834,13 +788,13 @@ async fn patch_once(
         ),
     ] {
         if let Some(v) = not_null(field, sent)? {
-            *slot = text(field, Some(v), checkout::MAX_ADDRESS_PART_LEN)?;
+            *slot = text(Some(v));
             address_sent = true;
         }
     }
     if address_sent {
         // The address is one attribute: written whole, on the version read.
-        update = if address == Address::default() {
+        update = if address == StoredAddress::default() {
             update.remove("customer_address")
         } else {
             update.set(
@@ -969,6 +923,21 @@ pub struct LinkCustomer {
     pub phone: Option<String>,
 }
 
+/// What a customer typed on a link's page, trimmed (blank is none) and
+/// held to the field's rule.
+fn typed<T: Rule + Into<String>>(
+    field: &str,
+    v: Option<String>,
+) -> Result<Option<String>, OpenError> {
+    text(v)
+        .map(|v| T::parse(v).map(Into::into))
+        .transpose()
+        .map_err(|message| OpenError::Invalid {
+            field: field.to_owned(),
+            message: format!("{field} {message}"),
+        })
+}
+
 /// The message a link shows when it cannot be used.
 pub fn inactive_text(link: &PaymentLink) -> String {
     link.inactive_message
@@ -1052,12 +1021,6 @@ pub async fn open_session(
         return Err(OpenError::Held(minutes));
     }
     let amount = amount_for(&link, customer.amount.as_deref())?;
-    let keep = |field: &str, v: Option<String>, max: usize| -> Result<Option<String>, OpenError> {
-        text(field, v, max).map_err(|e| match e {
-            LinkError::Invalid { field, message } => OpenError::Invalid { field, message },
-            other => OpenError::Unusable(other.to_string()),
-        })
-    };
     let valid = checkout::ValidCheckout {
         amount,
         return_url: link
@@ -1069,20 +1032,17 @@ pub async fn open_session(
         flow: checkout::Flow::Hosted,
         description: Some(link.title.clone()),
         metadata: link.metadata.clone(),
-        customer_name: keep(
+        customer_name: typed::<PersonName>(
             "customerName",
             customer.name.or(link.customer_name.clone()),
-            checkout::MAX_NAME_LEN,
         )?,
-        customer_email: keep(
+        customer_email: typed::<Email>(
             "customerEmail",
             customer.email.or(link.customer_email.clone()),
-            checkout::MAX_EMAIL_LEN,
         )?,
-        customer_phone: keep(
+        customer_phone: typed::<Phone>(
             "customerPhone",
             customer.phone.or(link.customer_phone.clone()),
-            checkout::MAX_PHONE_LEN,
         )?,
         customer_address: link.customer_address.clone(),
         collect_address: link.collect_address,
@@ -1145,9 +1105,11 @@ mod tests {
         Timestamp::parse("2026-11-22T10:00:00Z").unwrap()
     }
 
+    /// A create request, parsed as the API parses it: a field's rule
+    /// ([`crate::fields`]) is kept or the error names the field's path.
     fn create(v: Value) -> Result<PaymentLink, LinkError> {
-        let req: CreateLink =
-            serde_json::from_value(v).map_err(|e| invalid("body", e.to_string()))?;
+        let req: CreateLink = serde_path_to_error::deserialize(v)
+            .map_err(|e| invalid(&e.path().to_string(), e.inner().to_string()))?;
         new_link("proj_1", Mode::Sandbox, req, now())
     }
 
@@ -1228,7 +1190,7 @@ mod tests {
             )),
             "description"
         );
-        assert_eq!(field(create(json!({"title": "a", "bogus": 1}))), "body");
+        assert_eq!(field(create(json!({"title": "a", "bogus": 1}))), "bogus");
     }
 
     #[test]
@@ -1346,12 +1308,12 @@ mod tests {
         let a = after.customer_address.clone().unwrap_or_default();
         assert_eq!((a.line1.as_deref(), a.city), (Some("Lakeside 4"), None));
         assert_eq!(after.customer_email, None);
-        let p: PatchLink =
-            serde_json::from_value(json!({"customerEmail": "not-an-email"})).unwrap();
-        assert!(matches!(
-            patch(&store, "proj_1", Mode::Sandbox, &l.id, p, now()).await,
-            Err(LinkError::Invalid { ref field, .. }) if field == "customerEmail"
-        ));
+        let p: Result<PatchLink, _> =
+            serde_path_to_error::deserialize(json!({"customerEmail": "not-an-email"}));
+        assert_eq!(
+            p.err().map(|e| e.path().to_string()).as_deref(),
+            Some("customerEmail")
+        );
         // Keys the contract does not type as nullable refuse null.
         for key in [
             "title",

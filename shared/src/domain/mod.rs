@@ -14,6 +14,8 @@ pub mod outbox;
 pub mod payments;
 pub mod record;
 pub mod refunds;
+#[cfg(test)]
+mod roundtrip;
 pub mod sms;
 pub mod webhooks;
 

@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 
 use super::record::{from_item, to_item};
 use super::{Mode, Provider};
+use crate::fields::{Email, PersonName, Phone};
 use crate::ids::{self, IdKind};
 use crate::money::{Currency, Paisa};
 use crate::store::{Cond, Index, Key, Query, Store, StoreError};
@@ -140,11 +141,11 @@ pub struct PaymentView {
     pub failure_reason: Option<String>,
     pub metadata: Map<String, Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub customer_name: Option<String>,
+    pub customer_name: Option<PersonName>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub customer_email: Option<String>,
+    pub customer_email: Option<Email>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub customer_phone: Option<String>,
+    pub customer_phone: Option<Phone>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     /// Set on a second success for one session (decisions, "Payments").
@@ -168,9 +169,9 @@ impl From<Payment> for PaymentView {
             provider_ref: p.provider_ref,
             failure_reason: p.failure_reason,
             metadata: p.metadata,
-            customer_name: p.customer_name,
-            customer_email: p.customer_email,
-            customer_phone: p.customer_phone,
+            customer_name: p.customer_name.map(PersonName::stored),
+            customer_email: p.customer_email.map(Email::stored),
+            customer_phone: p.customer_phone.map(Phone::stored),
             created_at: p.created_at,
             updated_at: p.updated_at,
             double_payment_of: p.double_payment_of,

@@ -31,6 +31,7 @@ use super::outbox::{Event, EventType};
 use super::payments::{self, Payment, PaymentStatus, PaymentView};
 use super::record::{from_item, to_item};
 use crate::app::AppState;
+use crate::fields::{NepaliMobile, RefundNotes};
 use crate::http::idempotency::Fence;
 use crate::ids::{self, IdKind};
 use crate::money::{Currency, Paisa};
@@ -40,7 +41,6 @@ use crate::time::Timestamp;
 
 /// Default page size of `GET /v1/refunds` (spec).
 pub const DEFAULT_PAGE: usize = 10;
-pub const MAX_NOTES_LEN: usize = 500;
 /// An open refund is asked about after this: longer than the longest
 /// provider call (`DHUKUTI_PROVIDER_TIMEOUT_MS` is at most 120 s), so the
 /// sweep never judges a refund whose call is still in flight.
@@ -164,9 +164,9 @@ pub struct RefundView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub notes: Option<String>,
+    pub notes: Option<RefundNotes>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub mobile_number: Option<String>,
+    pub mobile_number: Option<NepaliMobile>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -185,8 +185,8 @@ impl From<Refund> for RefundView {
             status: r.status,
             provider_refund_id: r.provider_refund_id,
             failure_reason: r.failure_reason,
-            notes: r.notes,
-            mobile_number: r.mobile_number,
+            notes: r.notes.map(RefundNotes::stored),
+            mobile_number: r.mobile_number.map(NepaliMobile::stored),
             created_at: r.created_at,
             updated_at: r.updated_at,
         }
@@ -201,9 +201,9 @@ pub struct CreateRefund {
     pub amount: i64,
     pub reason: RefundReason,
     #[serde(default)]
-    pub notes: Option<String>,
+    pub notes: Option<RefundNotes>,
     #[serde(default)]
-    pub mobile_number: Option<String>,
+    pub mobile_number: Option<NepaliMobile>,
 }
 
 /// Why a refund was not created.
@@ -233,7 +233,8 @@ fn invalid(field: &'static str, message: impl Into<String>) -> RefundError {
     }
 }
 
-/// The request, checked: the amount, the note and the payer's mobile.
+/// The request, checked: the amount (the note and the payer's mobile kept
+/// their rules when the body was parsed).
 pub fn validate(req: &CreateRefund) -> Result<(), RefundError> {
     if req.amount <= 0 {
         return Err(invalid(
@@ -243,23 +244,6 @@ pub fn validate(req: &CreateRefund) -> Result<(), RefundError> {
                 req.amount
             ),
         ));
-    }
-    if let Some(n) = &req.notes {
-        if n.chars().count() > MAX_NOTES_LEN {
-            return Err(invalid(
-                "notes",
-                format!("notes must be at most {MAX_NOTES_LEN} characters"),
-            ));
-        }
-    }
-    if let Some(m) = &req.mobile_number {
-        let digits = m.trim().trim_start_matches("+977").trim_start_matches('-');
-        if digits.len() != 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(invalid(
-                "mobileNumber",
-                "mobileNumber must be a 10-digit Nepali mobile number (e.g. 9800000001)",
-            ));
-        }
     }
     Ok(())
 }
@@ -368,7 +352,7 @@ pub async fn create(
             .notes
             .map(|n| n.trim().to_owned())
             .filter(|n| !n.is_empty()),
-        mobile_number: req.mobile_number.map(|m| m.trim().to_owned()),
+        mobile_number: req.mobile_number.map(String::from),
         created_at: now,
         updated_at: now,
     };
@@ -1287,11 +1271,14 @@ mod tests {
             req(serde_json::json!({"paymentId": "pay_1", "amount": 100, "reason": "duplicate"}))
                 .unwrap();
         assert!(validate(&ok).is_ok());
+        let zero = serde_json::json!({"paymentId": "pay_1", "amount": 0, "reason": "other"});
+        match validate(&req(zero).unwrap()) {
+            Err(RefundError::Invalid { field: f, .. }) => assert_eq!(f, "amount"),
+            other => panic!("amount: {other:?}"),
+        }
+        // The note's and the mobile's rules live in their field types:
+        // parsing stops there, naming the field.
         for (body, field) in [
-            (
-                serde_json::json!({"paymentId": "pay_1", "amount": 0, "reason": "other"}),
-                "amount",
-            ),
             (
                 serde_json::json!({"paymentId": "pay_1", "amount": 1, "reason": "other", "notes": "x".repeat(501)}),
                 "notes",
@@ -1301,10 +1288,11 @@ mod tests {
                 "mobileNumber",
             ),
         ] {
-            match validate(&req(body).unwrap()) {
-                Err(RefundError::Invalid { field: f, .. }) => assert_eq!(f, field),
-                other => panic!("{field}: {other:?}"),
-            }
+            let r: Result<CreateRefund, _> = serde_path_to_error::deserialize(body);
+            assert_eq!(
+                r.err().map(|e| e.path().to_string()).as_deref(),
+                Some(field)
+            );
         }
         let with_mobile = req(serde_json::json!({"paymentId": "pay_1", "amount": 1, "reason": "other", "mobileNumber": "+9779800000001"})).unwrap();
         assert!(validate(&with_mobile).is_ok());
