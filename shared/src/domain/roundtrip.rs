@@ -234,3 +234,52 @@ fn a_refund_is_taken_back_as_it_is_answered() {
     assert_eq!(back, sent, "the view answers what was sent");
     api::<CreateRefund>(&back);
 }
+
+/// The fields the contract types "or null" are answered as `null` when
+/// unset, and the API takes that `null` back; the others are left out.
+#[test]
+fn unset_fields_typed_or_null_come_back_as_null_and_are_taken() {
+    let sent = json!({
+        "title": "Tip jar", "amount": null, "provider": null, "maxUses": null,
+        "expiresAt": null,
+    });
+    let link = match links::new_link("proj_1", Mode::Sandbox, api::<CreateLink>(&sent), now()) {
+        Ok(l) => l,
+        Err(e) => panic!("{e}"),
+    };
+    let view = read(PaymentLinkView::of(link, "https://pay.example", false));
+    let back = Value::Object(pick(
+        &view,
+        &["title", "amount", "provider", "maxUses", "expiresAt"],
+    ));
+    assert_eq!(back, sent, "or-null fields are present as null");
+    api::<CreateLink>(&back);
+    for absent in ["description", "customerEmail", "referenceId", "redirectUrl"] {
+        assert!(!view.contains_key(absent), "{absent} is not typed or null");
+    }
+
+    let sent = json!({
+        "lines": [{"description": "Momo", "quantity": "1", "unitAmount": 100}],
+        "dueAt": "2026-12-31T18:15:00Z",
+        "customerId": null, "buyer": null, "externalReference": null, "note": null,
+    });
+    let inv = match invoices::new_draft("proj_1", Mode::Sandbox, api::<CreateInvoice>(&sent), now())
+    {
+        Ok(i) => i,
+        Err(e) => panic!("{e}"),
+    };
+    let view = read(InvoiceView::at(&inv, now()));
+    let back = json!({
+        "lines": sent["lines"], "dueAt": sent["dueAt"], "customerId": view["customer_id"],
+        "buyer": view["buyer"], "externalReference": view["external_reference"],
+        "note": view["note"],
+    });
+    assert_eq!(back, sent, "or-null fields are present as null");
+    for key in ["customer_id", "buyer", "external_reference", "note"] {
+        assert!(
+            view.contains_key(key),
+            "{key} is typed or null: always present"
+        );
+    }
+    api::<CreateInvoice>(&back);
+}
