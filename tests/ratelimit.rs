@@ -126,7 +126,7 @@ async fn a_refused_key_costs_nothing(which: Which) {
     let id = key_record(&app, &good).await.id;
     let now = SystemClock.now();
     for dt in [-2, -1, 0] {
-        let w = shared::http::ratelimit::Window::of(now.plus(chrono::Duration::seconds(dt)));
+        let w = shared::limits::rate::Window::of(now.plus(chrono::Duration::seconds(dt)));
         let item = app.store.get(&w.counter_key(&id)).await;
         assert!(matches!(item, Ok(None)), "{item:?}");
     }

@@ -16,14 +16,14 @@ use std::time::Duration;
 
 use axum::routing::get;
 use axum::{Json, Router};
+use edge::with_edge;
 use serde_json::json;
 use shared::app::Backend;
 use shared::blobs::Blobs;
 use shared::domain::Mode;
 use shared::domain::credentials::{CredentialsError, CredentialsKey, CredentialsKeys};
 use shared::domain::webhooks::WebhookSettings;
-use shared::http::ratelimit::RateLimits;
-use shared::http::with_edge;
+use shared::limits::rate::RateLimits;
 use shared::providers::{ProviderConfig, ProviderHub, SandboxAccounts};
 use shared::queue::Queue;
 use shared::store::Store;
@@ -65,7 +65,7 @@ pub fn app_with_simulators(state: AppState, sim: simulators::SimState) -> Router
 fn simulator_routes(sim: simulators::SimState) -> Router {
     simulators::router(sim).layer(axum::middleware::map_response(
         |mut res: axum::response::Response| async move {
-            res.extensions_mut().insert(shared::http::error::Enveloped);
+            res.extensions_mut().insert(edge::error::Enveloped);
             res
         },
     ))
@@ -340,10 +340,10 @@ pub async fn start_with_clock(
     let (rate_limits, public_limits) = if store.single_process() {
         (
             rate_limits.counted_in_process(),
-            shared::http::throttle::PublicLimits::default().counted_in_process(),
+            shared::limits::public::PublicLimits::default().counted_in_process(),
         )
     } else {
-        (rate_limits, shared::http::throttle::PublicLimits::default())
+        (rate_limits, shared::limits::public::PublicLimits::default())
     };
     let state = AppState::new(store.clone(), clock, config)
         .with_queue(queue)

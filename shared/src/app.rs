@@ -25,8 +25,8 @@ use crate::domain::credentials::{
     CredentialsError, CredentialsKeys, KEY_ENV, KEY_SECRET_ENV, PREVIOUS_KEYS_ENV,
 };
 use crate::domain::webhooks::WebhookSettings;
-use crate::http::ratelimit::RateLimits;
-use crate::http::throttle::PublicLimits;
+use crate::limits::public::PublicLimits;
+use crate::limits::rate::RateLimits;
 use crate::providers::ProviderHub;
 use crate::queue::memory::InProcessQueue;
 use crate::queue::{Queue, QueueName};

@@ -2,8 +2,8 @@
 //!
 //! - [`domain`]: one module per resource (account, payments, ...), no HTTP
 //!   and no AWS types: it talks to the [`store::Store`] port only.
-//! - [`http`]: the edge every function shares: error envelope, request ids,
-//!   authentication and scopes, pagination, JSON input.
+//! - [`limits`]: per-key rate limits and the public routes' limits, as
+//!   counts in the store (the HTTP edge, crate `edge`, answers with them).
 //! - [`store`]: the storage port and its backends.
 //! - [`ids`], [`money`], [`time`]: the value types on the wire;
 //!   [`fields`]: the contract's field rules, shared by requests and responses.
@@ -12,8 +12,8 @@ pub mod app;
 pub mod blobs;
 pub mod domain;
 pub mod fields;
-pub mod http;
 pub mod ids;
+pub mod limits;
 pub mod money;
 pub mod pdf;
 pub mod providers;

@@ -4,10 +4,10 @@
 use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
+use edge::{ApiError, Auth, QueryParams, with_edge};
 use shared::AppState;
 use shared::domain::account::{self, AccountView, Scope};
 use shared::domain::analytics::{self, Overview};
-use shared::http::{ApiError, Auth, QueryParams, with_edge};
 
 /// The function's routes, wrapped in the shared edge.
 pub fn router(state: AppState) -> Router {

@@ -8,6 +8,8 @@
 use axum::extract::{Extension, Path, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use edge::idempotency::{self, Fence};
+use edge::{ApiError, Auth, JsonBody, Page, Pagination, QueryParams, with_edge};
 use http::StatusCode;
 use serde::Serialize;
 use shared::AppState;
@@ -17,8 +19,6 @@ use shared::domain::checkout::{
     self, CheckoutError, CheckoutSession, CheckoutSessionView, CreateCheckout, Creator, Flow,
     ProviderAvailability, SessionStatus,
 };
-use shared::http::idempotency::{self, Fence};
-use shared::http::{ApiError, Auth, JsonBody, Page, Pagination, QueryParams, with_edge};
 use shared::time::Timestamp;
 
 /// The function's routes, behind the idempotency layer, in the shared edge.
@@ -71,7 +71,7 @@ struct ProviderList {
 
 /// The one place checkout refusals become answers.
 fn api_error(err: CheckoutError) -> ApiError {
-    checkout::api_error(err)
+    edge::refusals::checkout(err)
 }
 
 async fn create_checkout(

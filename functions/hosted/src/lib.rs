@@ -18,6 +18,8 @@ use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use edge::error::Enveloped;
+use edge::with_edge;
 use http::{HeaderValue, StatusCode, header};
 use serde_json::json;
 use shared::AppState;
@@ -27,9 +29,7 @@ use shared::domain::attempts::{self, AttemptError, PayChoice, ReturnKind};
 use shared::domain::checkout::{self, CheckoutSession, Flow, SessionStatus, StoredAddress};
 use shared::domain::links;
 use shared::domain::payments::{Payment, PaymentStatus};
-use shared::http::error::Enveloped;
-use shared::http::throttle;
-use shared::http::with_edge;
+use shared::limits::public;
 use shared::providers::Handoff;
 use shared::store::StoreError;
 
@@ -57,7 +57,7 @@ pub fn router(state: AppState) -> Router {
     )
 }
 
-/// The public routes' limits ([`shared::http::throttle`]), before any
+/// The public routes' limits ([`shared::limits::public`]), before any
 /// other work: over one, 429 with `Retry-After`, a page for a browser
 /// (it asks for `text/html`), the `rate_limited` envelope otherwise.
 async fn throttle(
@@ -65,7 +65,7 @@ async fn throttle(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let address = shared::http::edge::client_address(&req);
+    let address = edge::requests::client_address(&req);
     let post = req.method() == http::Method::POST;
     let mut parts = req.uri().path().trim_start_matches('/').split('/');
     let (kind, raw_id, rest) = (parts.next(), parts.next(), parts.next());
@@ -86,7 +86,7 @@ async fn throttle(
     // only: customers behind one carrier NAT share an address, and a
     // customer coming back from paying must get through.
     let per_session_only = session.is_some() && matches!(rest, Some("return" | "status"));
-    let request = throttle::PublicRequest {
+    let request = public::PublicRequest {
         address: (!per_session_only).then_some(address.as_str()),
         // Starts an attempt or opens a session.
         write: post,
@@ -108,7 +108,7 @@ async fn throttle(
     }
 }
 
-fn too_many(req: &axum::extract::Request, limited: &throttle::Limited) -> Response {
+fn too_many(req: &axum::extract::Request, limited: &public::Limited) -> Response {
     let secs = limited.retry_after;
     let wait = if secs >= 120 {
         format!("{} minutes", (secs + 59) / 60)
@@ -134,9 +134,9 @@ fn too_many(req: &axum::extract::Request, limited: &throttle::Limited) -> Respon
             ),
         )
     } else {
-        shared::http::error::ApiError::new(
+        edge::error::ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
-            shared::http::error::ErrorType::RateLimitError,
+            edge::error::ErrorType::RateLimitError,
             "rate_limited",
             format!(
                 "Too many requests to this page ({} limit); retry after {secs} s",

@@ -8,7 +8,7 @@ use shared::domain::Provider;
 use shared::domain::checkout::{CheckoutSession, StoredAddress};
 use shared::money::Paisa;
 
-pub use shared::http::html::esc;
+pub use edge::html::esc;
 
 /// Escapes text for a JavaScript string literal inside a `<script>`.
 fn js_str(s: &str) -> String {

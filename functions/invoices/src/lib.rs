@@ -10,6 +10,10 @@ use axum::extract::{Extension, Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use edge::idempotency::{self, Fence};
+use edge::{
+    ApiError, Auth, ErrorType, JsonBody, OptionalJsonBody, Page, Pagination, QueryParams, with_edge,
+};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use serde_json::{Value, json};
 use shared::AppState;
@@ -19,10 +23,6 @@ use shared::domain::checkout::CheckoutError;
 use shared::domain::invoices::{
     self, AdjustInvoice, CollectionStatus, CorrectInvoice, CreateInvoice, DocumentStatus,
     FinalizeInvoice, InvoiceCheckout, InvoiceCheckoutView, InvoiceError, InvoiceView, PatchInvoice,
-};
-use shared::http::idempotency::{self, Fence};
-use shared::http::{
-    ApiError, Auth, ErrorType, JsonBody, OptionalJsonBody, Page, Pagination, QueryParams, with_edge,
 };
 
 /// The function's routes, behind the idempotency layer, in the shared edge.
@@ -99,7 +99,7 @@ fn api_error(err: InvoiceError, id: &str) -> ApiError {
             "invoice_not_collectable",
             format!("This invoice's balance cannot be collected by checkout: {message}"),
         ),
-        InvoiceError::Checkout(e) => shared::domain::checkout::api_error(e),
+        InvoiceError::Checkout(e) => edge::refusals::checkout(e),
         e @ InvoiceError::AlreadyDiscarded => ApiError::not_found("invoice", &e.to_string()),
         InvoiceError::Store(e) => e.into(),
     }

@@ -6,13 +6,13 @@
 use axum::extract::{Extension, Path, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use edge::idempotency::{self, Fence};
+use edge::{ApiError, Auth, ErrorType, JsonBody, Page, Pagination, QueryParams, with_edge};
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::links::{self, CreateLink, LinkError, PatchLink, PaymentLinkView};
-use shared::http::idempotency::{self, Fence};
-use shared::http::{ApiError, Auth, ErrorType, JsonBody, Page, Pagination, QueryParams, with_edge};
 
 /// The function's routes, behind the idempotency layer, in the shared edge.
 pub fn router(state: AppState) -> Router {

@@ -3,10 +3,10 @@
 use axum::extract::{Path, State};
 use axum::routing::get;
 use axum::{Json, Router};
+use edge::{ApiError, Auth, Page, Pagination, QueryParams, with_edge};
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::payments::{self, PaymentView};
-use shared::http::{ApiError, Auth, Page, Pagination, QueryParams, with_edge};
 
 /// The function's routes, wrapped in the shared edge.
 pub fn router(state: AppState) -> Router {

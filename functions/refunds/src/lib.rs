@@ -8,12 +8,12 @@
 use axum::extract::{Extension, Path, State};
 use axum::routing::get;
 use axum::{Json, Router};
+use edge::idempotency::{self, Fence};
+use edge::{ApiError, Auth, ErrorType, JsonBody, Page, Pagination, QueryParams, with_edge};
 use http::StatusCode;
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::refunds::{self, CreateRefund, RefundError, RefundView};
-use shared::http::idempotency::{self, Fence};
-use shared::http::{ApiError, Auth, ErrorType, JsonBody, Page, Pagination, QueryParams, with_edge};
 
 /// The function's routes, behind the idempotency layer, in the shared edge.
 pub fn router(state: AppState) -> Router {

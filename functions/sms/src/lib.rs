@@ -6,12 +6,12 @@
 use axum::extract::{Extension, State};
 use axum::routing::post;
 use axum::{Json, Router};
+use edge::idempotency::{self, Fence};
+use edge::{ApiError, Auth, ErrorType, JsonBody, with_edge};
 use http::{HeaderMap, StatusCode};
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::sms::{self, Limits, NotifyOutcome, NotifyRequest, SmsError};
-use shared::http::idempotency::{self, Fence};
-use shared::http::{ApiError, Auth, ErrorType, JsonBody, with_edge};
 
 /// The function's routes, behind the idempotency layer, in the shared edge.
 pub fn router(state: AppState) -> Router {

@@ -7,6 +7,8 @@ use axum::extract::{Extension, Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use edge::idempotency::{self, Fence, Redact};
+use edge::{ApiError, Auth, ErrorType, JsonBody, with_edge};
 use http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -16,8 +18,6 @@ use shared::domain::outbox::EventType;
 use shared::domain::webhooks::{
     self, CreateEndpoint, DeliveryView, EndpointView, PatchEndpoint, WebhookError,
 };
-use shared::http::idempotency::{self, Fence, Redact};
-use shared::http::{ApiError, Auth, ErrorType, JsonBody, with_edge};
 
 /// The function's routes, behind the idempotency layer, in the shared edge.
 pub fn router(state: AppState) -> Router {

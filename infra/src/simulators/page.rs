@@ -5,7 +5,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-pub(crate) use shared::http::html::esc;
+pub(crate) use edge::html::esc;
 
 /// Percent-encodes one path segment.
 pub(crate) fn path_seg(s: &str) -> String {

@@ -23,9 +23,9 @@ use super::credentials::list_configured_providers;
 use super::record::{from_item, to_item};
 use super::{Mode, Provider};
 use crate::fields::{AddressPart, Description, Email, HttpUrl, PersonName, Phone};
-use crate::http::idempotency::Fence;
 use crate::ids::{self, IdKind};
 use crate::money::{Currency, Paisa};
+use crate::store::fence::Fence;
 use crate::store::{
     Cond, Index, Key, Query, SkCond, Store, StoreError, TTL, TxOp, TxReason, Update,
 };
@@ -383,42 +383,6 @@ pub enum CheckoutError {
     SpendCapExceeded { cap: i64 },
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-/// The one place checkout refusals become answers (the checkout and
-/// invoices functions).
-pub fn api_error(err: CheckoutError) -> crate::http::ApiError {
-    use crate::http::{ApiError, ErrorType};
-    use http::StatusCode;
-    match err {
-        CheckoutError::Invalid { field, message } => ApiError::validation(field, message),
-        CheckoutError::FonepaySandboxCap(message) => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            ErrorType::InvalidRequestError,
-            "fonepay_sandbox_cap",
-            message,
-        )
-        .with_param("amount"),
-        CheckoutError::ProviderUnavailable(p) => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            ErrorType::InvalidRequestError,
-            "provider_unavailable",
-            format!(
-                "{} is not enabled for this project in this mode; see GET /v1/providers",
-                p.as_str()
-            ),
-        )
-        .with_param("provider"),
-        CheckoutError::SpendCapExceeded { cap } => ApiError::new(
-            StatusCode::FORBIDDEN,
-            ErrorType::PermissionError,
-            "spend_cap_exceeded",
-            format!(
-                "This checkout would take the key's volume this month above its spend cap of {cap} paisa"
-            ),
-        ),
-        CheckoutError::Store(e) => e.into(),
-    }
 }
 
 fn invalid(field: &str, message: impl Into<String>) -> CheckoutError {

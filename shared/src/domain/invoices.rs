@@ -29,13 +29,13 @@ use super::outbox::{Event, EventType};
 use super::payments::{self, Payment, PaymentStatus};
 use super::record::{from_item, page_of, to_item};
 use crate::AppState;
+use crate::fields::wire::{nullable, or_null, present};
 use crate::fields::{
     BuyerAddress, BuyerPhone, Email, InvoiceLineText, InvoiceNote, InvoiceText, PersonName, Phone,
 };
-use crate::http::idempotency::Fence;
-use crate::http::input::{nullable, or_null, present};
 use crate::ids::{self, IdKind};
 use crate::money::Currency;
+use crate::store::fence::Fence;
 use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
 

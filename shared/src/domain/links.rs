@@ -15,14 +15,14 @@ use serde_json::{Map, Value};
 use super::checkout::{self, CheckoutError, MAX_AMOUNT_PAISA, StoredAddress, check_url};
 use super::record::{from_item, to_item};
 use super::{Mode, Provider};
+use crate::fields::wire::{nullable, or_null};
 use crate::fields::{
     AddressPart, Description, Email, HttpUrl, InactiveMessage, LinkTitle, OrEmpty, PersonName,
     Phone, ReferenceId, Rule,
 };
-use crate::http::idempotency::Fence;
-use crate::http::input::{nullable, or_null};
 use crate::ids::{self, IdKind};
 use crate::money::{Currency, Paisa};
+use crate::store::fence::Fence;
 use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, Update};
 use crate::time::Timestamp;
 

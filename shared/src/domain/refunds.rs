@@ -32,10 +32,10 @@ use super::payments::{self, Payment, PaymentStatus, PaymentView};
 use super::record::{from_item, to_item};
 use crate::app::AppState;
 use crate::fields::{NepaliMobile, RefundNotes};
-use crate::http::idempotency::Fence;
 use crate::ids::{self, IdKind};
 use crate::money::{Currency, Paisa};
 use crate::providers::{ProviderError, ProviderState, StatusQuery};
+use crate::store::fence::Fence;
 use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
 

@@ -16,11 +16,11 @@ use super::checkout::{self, CheckoutSessionView, CreateCheckout, Creator};
 use super::invoices::{self, CreateInvoice, InvoiceView, PatchInvoice};
 use super::links::{self, CreateLink, PatchLink, PaymentLinkView};
 use super::refunds::{CreateRefund, Refund, RefundStatus, RefundView};
+use crate::fields::wire::Strict;
 use crate::fields::{
     AddressPart, BuyerAddress, BuyerPhone, Description, InactiveMessage, InvoiceLineText,
     InvoiceNote, InvoiceText, LinkTitle, MAX_PHONE_LEN, PersonName, ReferenceId, RefundNotes,
 };
-use crate::http::input::parse_json;
 use crate::time::Timestamp;
 
 fn now() -> Timestamp {
@@ -52,11 +52,17 @@ fn phone() -> String {
     format!("{p}{}", "1".repeat(MAX_PHONE_LEN - p.len()))
 }
 
-/// Parses `v` with the API's own body parser, or fails naming the field.
+/// Reads `v` as the API reads a body ([`Strict`]), or fails naming the
+/// field.
 fn api<T: serde::de::DeserializeOwned>(v: &Value) -> T {
-    match parse_json::<T>(v.to_string().as_bytes()) {
+    let text = v.to_string();
+    let mut de = serde_json::Deserializer::from_str(&text);
+    match serde_path_to_error::deserialize::<_, T>(Strict::new(&mut de)) {
         Ok(t) => t,
-        Err(e) => panic!("the API refuses what it answered: {e:?}\nbody: {v:#}"),
+        Err(e) => panic!(
+            "the API refuses what it answered at {}: {e}\nbody: {v:#}",
+            e.path()
+        ),
     }
 }
 

@@ -60,10 +60,10 @@ use super::account::Principal;
 use super::checkout::{CheckoutSession, SessionStatus};
 use super::record::{from_item, to_item};
 use crate::AppState;
-use crate::http::idempotency::Fence;
 use crate::ids::{IdKind, new_id};
 use crate::providers::sms::{SmsClient, SmsSendError};
 use crate::queue::{QueueError, QueueName};
+use crate::store::fence::Fence;
 use crate::store::{
     Cond, Index, Key, Query, SkCond, Store, StoreError, TTL, TxOp, TxReason, Update,
 };
@@ -2564,7 +2564,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_retry_whose_first_run_took_the_last_place_answers_as_the_first() {
-        use crate::http::idempotency::Fence;
+        use crate::store::fence::Fence;
         let (state, who, clock) = state_with_tenant(Plan::Growth, Mode::Sandbox).await;
         session(&state, &who, "9841000001").await;
         let limits = Limits {

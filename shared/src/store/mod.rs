@@ -26,6 +26,7 @@ pub mod counting;
 pub mod dynamo;
 pub mod embedded;
 pub mod faults;
+pub mod fence;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 mod validate;

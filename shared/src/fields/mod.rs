@@ -19,6 +19,8 @@
 //! checking again, and a later, stricter rule never makes an old record
 //! unreadable.
 
+pub mod wire;
+
 use std::fmt;
 use std::ops::Deref;
 

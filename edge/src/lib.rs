@@ -1,20 +1,20 @@
 //! The HTTP edge every function shares: the error envelope, request ids and
-//! request logs, authentication and scopes, rate limits, pagination and JSON
-//! input.
+//! request logs, authentication and scopes, idempotency, rate-limit
+//! headers, pagination, JSON input and HTML helpers. The rules it serves
+//! live in `shared`, which knows nothing of HTTP.
 
 pub mod auth;
-pub mod edge;
 pub mod error;
 pub mod html;
 pub mod idempotency;
 pub mod input;
 pub mod pagination;
 pub mod ratelimit;
-pub mod strict;
-pub mod throttle;
+pub mod refusals;
+pub mod requests;
 
 pub use auth::Auth;
-pub use edge::{RequestId, with_edge};
 pub use error::{ApiError, ErrorType};
 pub use input::{JsonBody, OptionalJsonBody, QueryParams};
 pub use pagination::{Page, Pagination};
+pub use requests::{RequestId, with_edge};

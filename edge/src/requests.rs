@@ -15,8 +15,8 @@ use http::{HeaderValue, StatusCode};
 use tower_http::catch_panic::CatchPanicLayer;
 
 use super::error::{ApiError, Enveloped};
-use super::ratelimit::QuotaSlot;
-use crate::ids;
+use super::ratelimit::{QuotaHttp, QuotaSlot};
+use shared::ids;
 
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 

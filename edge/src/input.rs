@@ -7,7 +7,7 @@ use http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
-pub use super::strict::{Strict, or_null};
+pub use shared::fields::wire::{Strict, nullable, or_null, present};
 
 /// Largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -206,28 +206,6 @@ impl<S: Send + Sync> FromRequestParts<S> for QueryParams {
     }
 }
 
-/// For `#[serde(default, deserialize_with = "nullable")]` on an
-/// `Option<Option<T>>`: `None` = not sent, `Some(None)` = sent as `null`
-/// (PATCH bodies where `null` clears a field).
-pub fn nullable<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: serde::Deserialize<'de>,
-{
-    or_null(d).map(Some)
-}
-
-/// For `#[serde(default, deserialize_with = "present")]` on an
-/// `Option<T>` that cannot be cleared: absent is `None`, `null` is refused
-/// (a 400 naming the field, never a silent no-op).
-pub fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: serde::Deserialize<'de>,
-{
-    T::deserialize(d).map(Some)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,7 +307,7 @@ mod tests {
         use axum::routing::post;
         use http_body_util::BodyExt;
         use tower::ServiceExt;
-        let app = crate::http::with_edge(axum::Router::new().route(
+        let app = crate::with_edge(axum::Router::new().route(
             "/t",
             post(|JsonBody(v): JsonBody<serde_json::Value>| async move { axum::Json(v) }),
         ));

@@ -33,19 +33,18 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::auth::authenticate_request;
-use super::edge::current_request_id;
 use super::error::{ApiError, Enveloped, ErrorType};
 use super::input::{MAX_BODY_BYTES, QueryParams};
-use crate::app::AppState;
-use crate::domain::record::{from_item, to_item};
-use crate::store::{Cond, Key, StoreError, TTL, TxOp, TxReason, Update};
-use crate::time::Timestamp;
+use super::requests::current_request_id;
+use shared::app::AppState;
+use shared::domain::record::{from_item, to_item};
+use shared::store::{Cond, Key, StoreError, TTL, Update};
+use shared::time::Timestamp;
 
 pub const HEADER: &str = "idempotency-key";
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 pub const MAX_KEY_LEN: usize = 255;
-/// How long keys are remembered.
-pub const RETENTION: chrono::Duration = chrono::Duration::hours(24);
+pub use shared::store::fence::{Fence, RETENTION};
 /// How long an in-flight claim blocks retries before another may take it.
 pub const LEASE: chrono::Duration = chrono::Duration::seconds(60);
 /// Answers larger than this are answered but not stored for replay.
@@ -177,7 +176,7 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
     let store = &*state.store;
     let now = state.clock.now();
     let key = record_key(auth.project_id(), auth.mode().as_str(), &idem_key);
-    let owner = crate::ids::new_id(crate::ids::IdKind::Event);
+    let owner = shared::ids::new_id(shared::ids::IdKind::Event);
     let claim = Record {
         state: ClaimState::InProgress,
         fingerprint: print.clone(),
@@ -242,13 +241,13 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
     // another request under the same key never finds this one's write as
     // "already done" (and is answered `idempotency_key_reused` above, as
     // the released claim keeps its fingerprint).
-    parts.extensions.insert(Fence {
-        key: Key::new(
+    parts.extensions.insert(Fence::new(
+        Key::new(
             format!("{}#{print}", key.pk.replacen("IDEM#", "IDEMFENCE#", 1)),
             "FENCE",
         ),
-        ttl: now.plus(RETENTION).unix_seconds(),
-    });
+        now.plus(RETENTION).unix_seconds(),
+    ));
     let req = Request::from_parts(parts, Body::from(bytes));
     let res = next.run(req).await;
     let owned = Cond::And(vec![
@@ -377,111 +376,25 @@ fn replay(r: &Record) -> Response {
     res
 }
 
-/// Marks "this request's write is done" inside the write's own transaction.
-/// Present (as an `Extension`) only on requests with an `Idempotency-Key`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Fence {
-    key: Key,
-    ttl: i64,
-}
-
-impl Fence {
-    /// A fence on `key` kept `ttl` (epoch seconds); the layer makes one per
-    /// request (tools and tests may make their own).
-    pub fn new(key: Key, ttl: i64) -> Fence {
-        Fence { key, ttl }
-    }
-
-    /// The operation to add to the write's transaction. It fails if this
-    /// request's write already committed once.
-    pub fn op(&self, resource_id: &str) -> TxOp {
-        let mut item = crate::store::Item::new();
-        item.insert(crate::store::PK.into(), self.key.pk.clone().into());
-        item.insert(crate::store::SK.into(), self.key.sk.clone().into());
-        item.insert("resource_id".into(), resource_id.into());
-        item.insert(TTL.into(), self.ttl.into());
-        // A fence past its retention is gone for the key's purposes, even
-        // where the store has not deleted it yet (DynamoDB deletes expired
-        // items lazily; the embedded store never does): it is overwritten.
-        let made_at = self.ttl - RETENTION.num_seconds();
-        TxOp::Put {
-            item,
-            cond: Some(Cond::Or(vec![Cond::NotExists, Cond::lt(TTL, made_at)])),
-        }
-    }
-
-    /// Whether a failed transaction failed on the fence op at `index`.
-    pub fn tripped(err: &StoreError, index: usize) -> bool {
-        matches!(err, StoreError::TransactionCanceled { reasons }
-            if matches!(reasons.get(index), Some(TxReason::ConditionFailed)))
-    }
-
-    /// The id of what the first run of this request created; none when
-    /// the fence is past its retention (a key reused days later), as for
-    /// [`Fence::op`], even where the store has not deleted it yet.
-    pub async fn resource_id(
-        &self,
-        store: &dyn crate::store::Store,
-    ) -> Result<Option<String>, StoreError> {
-        let made_at = self.ttl - RETENTION.num_seconds();
-        Ok(store.get(&self.key).await?.and_then(|item| {
-            let live = item
-                .get(TTL)
-                .and_then(|v| v.as_i64())
-                .is_some_and(|ttl| ttl >= made_at);
-            if !live {
-                return None;
-            }
-            item.get("resource_id")
-                .and_then(|v| v.as_str())
-                .map(str::to_owned)
-        }))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::Mode;
-    use crate::domain::account::{self, KeyKind, NewKey, Plan, Scope};
-    use crate::http::{Auth, JsonBody, with_edge};
-    use crate::store::embedded::EmbeddedStore;
-    use crate::store::faults::{Fault, FaultyStore, Op};
-    use crate::store::{Item, Key, Store};
-    use crate::time::{Clock, SystemClock};
-    use crate::{AppState, Config};
+    use crate::{Auth, JsonBody, with_edge};
     use axum::extract::Extension;
     use axum::routing::post;
     use axum::{Json, Router};
     use http_body_util::BodyExt;
     use serde_json::{Value, json};
+    use shared::domain::Mode;
+    use shared::domain::account::{self, KeyKind, NewKey, Plan, Scope};
+    use shared::store::TxOp;
+    use shared::store::embedded::EmbeddedStore;
+    use shared::store::faults::{Fault, FaultyStore, Op};
+    use shared::store::{Item, Key, Store};
+    use shared::time::{Clock, SystemClock};
+    use shared::{AppState, Config};
     use std::sync::Arc;
     use tower::ServiceExt;
-
-    #[tokio::test]
-    async fn a_fence_past_its_retention_is_overwritten_not_tripped() {
-        let store = EmbeddedStore::in_memory().unwrap();
-        let key = Key::new("IDEMFENCE#p#sandbox#k", "FENCE");
-        let day = RETENTION.num_seconds();
-        let first = Fence::new(key.clone(), 1_000_000 + day);
-        store.transact(vec![first.op("oinv_a")]).await.unwrap();
-        // The same request again within the day: tripped.
-        let again = store.transact(vec![first.op("oinv_a")]).await.unwrap_err();
-        assert!(Fence::tripped(&again, 0), "{again:?}");
-        // A new request with the key two days later: the old fence is stale,
-        // and names nothing (a refused request must not answer as `oinv_a`).
-        let later = Fence::new(key, 1_000_000 + 2 * day + 1);
-        assert_eq!(later.resource_id(&store).await.unwrap(), None);
-        assert_eq!(
-            first.resource_id(&store).await.unwrap().as_deref(),
-            Some("oinv_a")
-        );
-        store.transact(vec![later.op("oinv_b")]).await.unwrap();
-        assert_eq!(
-            later.resource_id(&store).await.unwrap().as_deref(),
-            Some("oinv_b")
-        );
-    }
 
     #[test]
     fn redact_leaves_out_secret_fields_only() {
@@ -504,7 +417,7 @@ mod tests {
         JsonBody(body): JsonBody<Value>,
     ) -> Result<(StatusCode, Json<Value>), ApiError> {
         let store = &*state.store;
-        let id = crate::ids::new_id(crate::ids::IdKind::Event);
+        let id = shared::ids::new_id(shared::ids::IdKind::Event);
         let widget = json!({"id": id, "name": body["name"], "project": auth.project_id()});
         let mut item = Item::new();
         item.insert("pk".into(), format!("W#{id}").into());
@@ -559,7 +472,7 @@ mod tests {
             .store
             .update(&Key::new("BIG", "BIG"), Update::new().add("n", 1), None)
             .await?;
-        let id = crate::ids::new_id(crate::ids::IdKind::Event);
+        let id = shared::ids::new_id(shared::ids::IdKind::Event);
         let pad = "x".repeat(MAX_STORED_BODY);
         Ok((StatusCode::CREATED, Json(json!({"id": id, "pad": pad}))))
     }

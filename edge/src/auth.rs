@@ -14,10 +14,10 @@ use http::{StatusCode, header};
 use serde_json::json;
 
 use super::error::{ApiError, ErrorType};
-use super::ratelimit::QuotaSlot;
-use crate::app::AppState;
-use crate::domain::Mode;
-use crate::domain::account::{self, AuthError, Principal, Scope};
+use super::ratelimit::{QuotaHttp, QuotaSlot};
+use shared::app::AppState;
+use shared::domain::Mode;
+use shared::domain::account::{self, AuthError, Principal, Scope};
 
 /// The authenticated caller of a request.
 #[derive(Clone, Debug)]
@@ -143,7 +143,7 @@ pub fn auth_error(err: AuthError) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::time::Timestamp;
+    use shared::time::Timestamp;
 
     fn parts(auth: Option<&str>) -> Parts {
         let mut b = http::Request::get("/v1/account");
@@ -182,7 +182,7 @@ mod tests {
     #[test]
     fn failures_map_to_the_spec_answers() {
         let t = Timestamp::parse("2026-01-01T00:00:00Z")
-            .unwrap_or_else(|| crate::time::Clock::now(&crate::time::SystemClock));
+            .unwrap_or_else(|| shared::time::Clock::now(&shared::time::SystemClock));
         let e = auth_error(AuthError::Invalid);
         assert_eq!(
             (e.status, e.kind, e.code),

@@ -9,11 +9,11 @@
 //! requests of a window succeed however many instances race, and the item
 //! as written says how many are left. A failed condition is the 429.
 //!
-//! The check runs once per request, right after authentication
-//! ([`super::auth::authenticate_request`]): a bad key is a 401 that costs
-//! nobody's budget. The answer's `X-RateLimit-*` headers are added by the
-//! edge ([`super::edge`]) from the [`QuotaSlot`] it puts on the request.
-//! A store failure of the limiter lets the request through (logged).
+//! The HTTP edge (crate `edge`) runs the check once per request, right
+//! after authentication (a bad key is a 401 that costs nobody's budget),
+//! and turns the [`Quota`] it leaves in the request's [`QuotaSlot`] into
+//! `X-RateLimit-*` headers or the 429. A store failure of the limiter lets
+//! the request through (logged).
 //!
 //! The local gateway on the embedded store is one process by construction
 //! (the store file is locked), so it counts in memory instead
@@ -24,17 +24,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use http::{HeaderMap, HeaderValue, StatusCode};
-
-use super::error::{ApiError, ErrorType};
 use crate::domain::Mode;
 use crate::store::{Cond, Key, Store, StoreError, TTL, Update};
 use crate::time::Timestamp;
-
-pub const LIMIT_HEADER: &str = "x-ratelimit-limit";
-pub const REMAINING_HEADER: &str = "x-ratelimit-remaining";
-pub const RESET_HEADER: &str = "x-ratelimit-reset";
-pub const RETRY_AFTER_HEADER: &str = "retry-after";
 
 /// Requests per second of a live key unless configured.
 pub const DEFAULT_LIVE: u32 = 100;
@@ -221,34 +213,6 @@ impl Quota {
     pub fn limited(&self) -> bool {
         self.retry_after.is_some()
     }
-
-    /// Adds the `X-RateLimit-*` headers (and `Retry-After` when limited).
-    pub fn apply(&self, headers: &mut HeaderMap) {
-        headers.insert(LIMIT_HEADER, HeaderValue::from(self.limit));
-        headers.insert(REMAINING_HEADER, HeaderValue::from(self.remaining));
-        headers.insert(RESET_HEADER, HeaderValue::from(self.reset));
-        if let Some(secs) = self.retry_after {
-            headers.insert(RETRY_AFTER_HEADER, HeaderValue::from(secs));
-        }
-    }
-
-    /// The 429 of a limited request, headers included.
-    pub fn error(&self) -> ApiError {
-        let secs = self.retry_after.unwrap_or(1).max(1);
-        ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            ErrorType::RateLimitError,
-            "rate_limited",
-            format!(
-                "Too many requests with this API key: the limit is {} per second; retry after {secs} s",
-                self.limit
-            ),
-        )
-        .with_header(LIMIT_HEADER, self.limit.to_string())
-        .with_header(REMAINING_HEADER, self.remaining.to_string())
-        .with_header(RESET_HEADER, self.reset.to_string())
-        .with_header(RETRY_AFTER_HEADER, secs.to_string())
-    }
 }
 
 /// Where the limiter leaves its decision for the edge to turn into
@@ -357,41 +321,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn headers_and_the_429() {
-        let ok = Quota {
-            limit: 5,
-            remaining: 3,
-            reset: 1_800_000_001,
-            retry_after: None,
-        };
-        let mut h = HeaderMap::new();
-        ok.apply(&mut h);
-        assert_eq!(h[LIMIT_HEADER], "5");
-        assert_eq!(h[REMAINING_HEADER], "3");
-        assert_eq!(h[RESET_HEADER], "1800000001");
-        assert!(h.get(RETRY_AFTER_HEADER).is_none());
-
-        let over = Quota {
-            remaining: 0,
-            retry_after: Some(1),
-            ..ok
-        };
-        let e = over.error();
-        assert_eq!(
-            (e.status, e.kind, e.code),
-            (
-                StatusCode::TOO_MANY_REQUESTS,
-                ErrorType::RateLimitError,
-                "rate_limited"
-            )
-        );
-        let res = axum::response::IntoResponse::into_response(e);
-        assert_eq!(res.headers()[RETRY_AFTER_HEADER], "1");
-        assert_eq!(res.headers()[REMAINING_HEADER], "0");
-        assert_eq!(res.headers()[LIMIT_HEADER], "5");
-    }
-
     #[tokio::test]
     async fn exactly_the_limit_passes_per_window_and_key() {
         let store = store();
@@ -439,133 +368,6 @@ mod tests {
         assert!(!q.limited());
         assert_eq!((q.limit, q.remaining), (5, 4));
         assert_eq!(faulty.injected(), 1);
-    }
-
-    /// A merchant route behind the idempotency layer and the edge, on a
-    /// clock that stands still (one window), with a limit of 1.
-    async fn gateway() -> (
-        axum::Router,
-        String,
-        Arc<dyn Store>,
-        crate::time::ManualClock,
-    ) {
-        use crate::domain::account::{self, KeyKind, NewKey, Plan, Scope};
-        use crate::http::{Auth, with_edge};
-        use crate::{AppState, Config};
-        use axum::routing::get;
-
-        let store = store();
-        let now = at("2026-11-22T01:00:00.100Z");
-        let Ok(m) = account::create_merchant(&*store, now, "R", "r@x.example", Plan::Pro).await
-        else {
-            panic!()
-        };
-        let Ok(p) = account::create_project(&*store, now, &m, "P", false).await else {
-            panic!()
-        };
-        let new = NewKey {
-            mode: Mode::Sandbox,
-            kind: KeyKind::Secret,
-            scopes: Scope::ALL.to_vec(),
-            description: String::new(),
-            expires_at: None,
-            spend_cap_paisa: None,
-        };
-        let Ok((key, _)) = account::issue_api_key(&*store, now, &p, new).await else {
-            panic!()
-        };
-        let clock = crate::time::ManualClock::new(now);
-        let state = AppState::new(
-            store.clone(),
-            Arc::new(clock.clone()),
-            Config {
-                public_base_url: "http://x".into(),
-            },
-        )
-        .with_rate_limits(RateLimits::new(100, 1));
-        // Two Auth extractors: the request must still count once.
-        async fn who(a: Auth, b: Auth) -> String {
-            format!("{} {}", a.project_id(), b.project_id())
-        }
-        let app = with_edge(
-            axum::Router::new()
-                .route("/v1/who", get(who).post(who))
-                .layer(axum::middleware::from_fn_with_state(
-                    state.clone(),
-                    super::super::idempotency::layer,
-                ))
-                .with_state(state),
-        );
-        (app, key, store, clock)
-    }
-
-    async fn send(
-        app: &axum::Router,
-        method: &str,
-        key: Option<&str>,
-        idem: Option<&str>,
-    ) -> http::Response<axum::body::Body> {
-        use tower::ServiceExt;
-        let mut req = http::Request::builder().method(method).uri("/v1/who");
-        if let Some(k) = key {
-            req = req.header("authorization", format!("Bearer {k}"));
-        }
-        if let Some(i) = idem {
-            req = req.header("idempotency-key", i);
-        }
-        let req = req.body(axum::body::Body::empty()).unwrap_or_default();
-        app.clone().oneshot(req).await.unwrap_or_default()
-    }
-
-    #[tokio::test]
-    async fn one_request_counts_once_after_authentication() {
-        let (app, key, store, clock) = gateway().await;
-        // Refused keys cost nothing and carry no rate headers.
-        for bad in [
-            None,
-            Some("sk_test_nope"),
-            Some("sk_test_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"),
-        ] {
-            let res = send(&app, "GET", bad, None).await;
-            assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
-            assert!(res.headers().get(LIMIT_HEADER).is_none());
-        }
-        // The idempotency layer and two extractors authenticate: one slot.
-        let res = send(&app, "POST", Some(&key), Some("k1")).await;
-        assert_eq!(res.status(), StatusCode::OK);
-        assert_eq!(res.headers()[LIMIT_HEADER], "1");
-        assert_eq!(res.headers()[REMAINING_HEADER], "0");
-        let reset = at("2026-11-22T01:00:01.000Z").unix_seconds().to_string();
-        assert_eq!(res.headers()[RESET_HEADER], reset.as_str());
-        assert!(res.headers().get(RETRY_AFTER_HEADER).is_none());
-        // The window is spent: 429 in the envelope, with Retry-After.
-        let res = send(&app, "GET", Some(&key), None).await;
-        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(res.headers()[RETRY_AFTER_HEADER], "1");
-        assert_eq!(res.headers()[REMAINING_HEADER], "0");
-        let body = http_body_util::BodyExt::collect(res.into_body())
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-        assert_eq!(body["error"]["type"], "rate_limit_error");
-        assert_eq!(body["error"]["code"], "rate_limited");
-        // The next second has a fresh budget.
-        clock.advance(chrono::Duration::seconds(1));
-        let res = send(&app, "GET", Some(&key), None).await;
-        assert_eq!(res.status(), StatusCode::OK);
-        // Two windows were written, the first with count 1 (the 429 did
-        // not add).
-        let w = Window::of(at("2026-11-22T01:00:00.100Z"));
-        let key_item = crate::domain::account::ApiKey::key_for_hash(
-            &crate::domain::account::hash_secret(&key),
-        );
-        let id = match store.get(&key_item).await {
-            Ok(Some(item)) => item["id"].as_str().unwrap_or_default().to_owned(),
-            other => panic!("{other:?}"),
-        };
-        let item = store.get(&w.counter_key(&id)).await.ok().flatten();
-        assert_eq!(item.and_then(|i| i.get("count").cloned()), Some(1.into()));
     }
 
     #[tokio::test]

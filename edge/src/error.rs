@@ -6,8 +6,8 @@ use http::{HeaderValue, StatusCode, header};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use super::edge::current_request_id;
-use crate::store::StoreError;
+use super::requests::current_request_id;
+use shared::store::StoreError;
 
 /// `error.type`: the broad category a client branches on first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -1,3 +1,6 @@
+//! How a request body is read: as the contract types it, with PATCH
+//! semantics for absent and `null` keys ([`nullable`], [`present`]).
+//!
 //! Request bodies read as the contract types them. serde's derive is
 //! lenient in two ways a contract is not: a struct also deserializes from
 //! a JSON array (its fields by position, so `["https://…"]` would set a
@@ -5,7 +8,7 @@
 //! field is nullable. [`Strict`] wraps a deserializer so that, at every
 //! depth, an object is only read from a JSON object and `null` is refused
 //! except where a field is declared nullable with [`or_null`] (or
-//! [`super::input::nullable`] for PATCH bodies).
+//! [`nullable`] for PATCH bodies).
 //!
 //! Outside [`Strict`] (stored items, tests that call `serde_json` directly)
 //! the marked fields behave like plain `Option`s.
@@ -53,6 +56,28 @@ where
         }
     }
     d.deserialize_newtype_struct(NULLABLE, V(PhantomData))
+}
+
+/// For `#[serde(default, deserialize_with = "nullable")]` on an
+/// `Option<Option<T>>`: `None` = not sent, `Some(None)` = sent as `null`
+/// (PATCH bodies where `null` clears a field).
+pub fn nullable<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: de::Deserialize<'de>,
+{
+    or_null(d).map(Some)
+}
+
+/// For `#[serde(default, deserialize_with = "present")]` on an
+/// `Option<T>` that cannot be cleared: absent is `None`, `null` is refused
+/// (a 400 naming the field, never a silent no-op).
+pub fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: de::Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
 }
 
 /// Wraps the visitor of a value: whatever it reads inside is strict again.

@@ -7,7 +7,7 @@
 //! nothing else is done: no store write beyond the counter.
 //!
 //! The counters are the same kind as the per-key limits'
-//! ([`super::ratelimit`]): one conditional `ADD` per bucket and window in
+//! ([`super::rate`]): one conditional `ADD` per bucket and window in
 //! the store, shared by every function instance; in memory on the
 //! embedded store (one process). A store failure of the limiter lets the
 //! request through (logged): the limits protect, they never block a
