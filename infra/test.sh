@@ -65,6 +65,9 @@ need=()
 # The invoice PDF tests (shared/src/pdf.rs) read the PDFs back with poppler's
 # pdftotext/pdfinfo/pdftoppm; they fail, never skip, without them.
 [ -n "${DHUKUTI_PDFTOTEXT:-}" ] || command -v pdftotext >/dev/null 2>&1 || need+=(poppler-utils)
+# The webhook receivers in docs/webhooks.md run under python3 and node
+# (tests/webhooks.rs): the docs cannot rot.
+command -v node >/dev/null 2>&1 || need+=(nodejs)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "== installing ${need[*]} (apt)"
   apt_install "${need[@]}"
