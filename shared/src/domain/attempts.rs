@@ -341,10 +341,14 @@ pub async fn start(
         },
         (_, false) => None,
     };
-    let creds = state
-        .providers
-        .credentials(store, &session.project_id, session.mode, provider)
-        .await?;
+    let creds = super::credentials::for_provider(
+        store,
+        &state.providers,
+        &session.project_id,
+        session.mode,
+        provider,
+    )
+    .await?;
     let client = state.providers.client(session.mode, provider)?;
     if !account::storefront(store, &session.project_id).await?.1 {
         return Err(AttemptError::NotOffered(
@@ -820,10 +824,14 @@ pub async fn on_return(
     // nothing (and asks the provider nothing).
     let reviewable = payment.checks.review.is_none();
     if reviewable && (is_open(payment.status) || payment.status == PaymentStatus::Cancelled) {
-        let creds = state
-            .providers
-            .credentials(store, &payment.project_id, payment.mode, payment.provider)
-            .await?;
+        let creds = super::credentials::for_provider(
+            store,
+            &state.providers,
+            &payment.project_id,
+            payment.mode,
+            payment.provider,
+        )
+        .await?;
         match verify_return(&payment, &creds, kind, params) {
             // One provider check per payment every few seconds, however
             // often the return is replayed.
@@ -1187,10 +1195,14 @@ async fn check_and_apply(
     now: Timestamp,
 ) -> Result<Payment, AttemptError> {
     let store = &*state.store;
-    let creds = state
-        .providers
-        .credentials(store, &payment.project_id, payment.mode, payment.provider)
-        .await?;
+    let creds = super::credentials::for_provider(
+        store,
+        &state.providers,
+        &payment.project_id,
+        payment.mode,
+        payment.provider,
+    )
+    .await?;
     let client = state.providers.client(payment.mode, payment.provider)?;
     let query = StatusQuery {
         reference: payment.attempt.reference.clone().unwrap_or_default(),

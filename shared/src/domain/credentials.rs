@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::record::{from_item, to_item};
 use super::{Mode, Provider};
+use crate::providers::hub::{HubError, ProviderHub};
 use crate::store::{Cond, Key, Query, SkCond, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
@@ -858,6 +859,28 @@ pub async fn reencrypt_credentials(
     Ok(rewritten)
 }
 
+/// The credentials a project uses at `provider` in `mode`: its own,
+/// opened with the hub's master key; else the gateway's sandbox account
+/// (sandbox eSewa and Khalti only).
+pub async fn for_provider(
+    store: &dyn Store,
+    hub: &ProviderHub,
+    project_id: &str,
+    mode: Mode,
+    provider: Provider,
+) -> Result<ProviderCredentials, HubError> {
+    if let Some(keys) = hub.keys() {
+        if let Some(c) = get_credentials(store, keys, project_id, mode, provider).await? {
+            return Ok(c);
+        }
+    }
+    hub.sandbox_account(mode, provider)
+        .ok_or(HubError::NotConfigured {
+            provider: provider.as_str(),
+            mode: mode.as_str(),
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1394,5 +1417,40 @@ mod tests {
         let b64 = STANDARD.encode([0xab; 32]);
         assert!(!text.contains(&b64) && !text.contains("171"), "{text}");
         assert!(text.contains("k1"));
+    }
+
+    #[tokio::test]
+    async fn projects_without_credentials_fall_back_to_the_sandbox_accounts_only() {
+        use crate::providers::hub::{HubError, ProviderHub, SandboxAccounts};
+        let store = crate::store::embedded::EmbeddedStore::in_memory().unwrap();
+        let hub = ProviderHub::unconfigured();
+        let esewa = for_provider(&store, &hub, "proj_1", Mode::Sandbox, Provider::Esewa)
+            .await
+            .unwrap();
+        assert_eq!(esewa.provider(), Provider::Esewa);
+        assert!(
+            for_provider(&store, &hub, "proj_1", Mode::Sandbox, Provider::Khalti)
+                .await
+                .is_ok()
+        );
+        for (mode, provider) in [
+            (Mode::Sandbox, Provider::Fonepay),
+            (Mode::Live, Provider::Esewa),
+            (Mode::Live, Provider::Khalti),
+            (Mode::Live, Provider::Fonepay),
+        ] {
+            let got = for_provider(&store, &hub, "proj_1", mode, provider).await;
+            assert!(
+                matches!(got, Err(HubError::NotConfigured { .. })),
+                "{mode:?} {provider:?}"
+            );
+        }
+        // No gateway Khalti key (a deployment without one): no fallback.
+        let hub = hub.with_sandbox_accounts(SandboxAccounts {
+            khalti: None,
+            ..SandboxAccounts::default()
+        });
+        let got = for_provider(&store, &hub, "proj_1", Mode::Sandbox, Provider::Khalti).await;
+        assert!(matches!(got, Err(HubError::NotConfigured { .. })));
     }
 }

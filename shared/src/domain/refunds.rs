@@ -463,10 +463,14 @@ async fn call_khalti(
     now: Timestamp,
 ) -> Result<Refund, StoreError> {
     let store = &*state.store;
-    let creds = match state
-        .providers
-        .credentials(store, &payment.project_id, payment.mode, payment.provider)
-        .await
+    let creds = match super::credentials::for_provider(
+        store,
+        &state.providers,
+        &payment.project_id,
+        payment.mode,
+        payment.provider,
+    )
+    .await
     {
         Ok(c) => c,
         Err(e) => {
@@ -847,11 +851,15 @@ async fn resolve_one(state: &AppState, id: &str, now: Timestamp) -> Result<bool,
 
 async fn ask_khalti(state: &AppState, payment: &Payment) -> Option<ProviderState> {
     let store = &*state.store;
-    let creds = state
-        .providers
-        .credentials(store, &payment.project_id, payment.mode, payment.provider)
-        .await
-        .ok()?;
+    let creds = super::credentials::for_provider(
+        store,
+        &state.providers,
+        &payment.project_id,
+        payment.mode,
+        payment.provider,
+    )
+    .await
+    .ok()?;
     let client = state
         .providers
         .client(payment.mode, payment.provider)

@@ -1,17 +1,15 @@
 //! Everything a payment attempt needs from the outside world: the provider
-//! clients of each mode and the project's credentials, opened with the
-//! master key.
-//!
-//! Credentials: the project's own sealed credentials when configured; in
-//! sandbox, eSewa and Khalti fall back to the gateway's test accounts
-//! ([`SandboxAccounts`]), so a new project can try checkout at once.
-//! Fonepay has no sandbox and never falls back (decisions, "Sandbox
-//! fonepay").
+//! clients of each mode, the master key that opens stored credentials,
+//! and the gateway's own sandbox accounts ([`SandboxAccounts`]), which
+//! eSewa and Khalti fall back to in sandbox so a new project can try
+//! checkout at once. Fonepay has no sandbox and never falls back
+//! (decisions, "Sandbox fonepay"). The hub never reads the store: the
+//! rules look a project's credentials up
+//! ([`crate::domain::credentials::for_provider`]) and hand them in.
 
 use super::{ProviderClient, ProviderClients, ProviderConfig, ProviderError};
-use crate::domain::credentials::{self, CredentialsError, CredentialsKeys, ProviderCredentials};
+use crate::domain::credentials::{CredentialsError, CredentialsKeys, ProviderCredentials};
 use crate::domain::{Mode, Provider};
-use crate::store::Store;
 
 /// eSewa's published UAT merchant (research notes, section 1).
 pub const ESEWA_TEST_PRODUCT_CODE: &str = "EPAYTEST";
@@ -172,69 +170,20 @@ impl ProviderHub {
         }
     }
 
-    /// The credentials a project uses at `provider` in `mode`.
-    pub async fn credentials(
-        &self,
-        store: &dyn Store,
-        project_id: &str,
-        mode: Mode,
-        provider: Provider,
-    ) -> Result<ProviderCredentials, HubError> {
-        if let Some(keys) = &self.keys {
-            if let Some(c) =
-                credentials::get_credentials(store, keys, project_id, mode, provider).await?
-            {
-                return Ok(c);
-            }
-        }
-        let fallback = match (mode, provider) {
+    /// The gateway's own test account at `provider` in `mode`, for a
+    /// project without credentials of its own: sandbox eSewa and Khalti
+    /// only (Fonepay has no sandbox; live never falls back).
+    pub fn sandbox_account(&self, mode: Mode, provider: Provider) -> Option<ProviderCredentials> {
+        match (mode, provider) {
             (Mode::Sandbox, Provider::Esewa) => Some(self.sandbox.esewa.clone()),
             (Mode::Sandbox, Provider::Khalti) => self.sandbox.khalti.clone(),
             _ => None,
-        };
-        fallback.ok_or(HubError::NotConfigured {
-            provider: provider.as_str(),
-            mode: mode.as_str(),
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::embedded::EmbeddedStore;
-
-    #[tokio::test]
-    async fn projects_without_credentials_fall_back_to_the_sandbox_accounts_only() {
-        let store = EmbeddedStore::in_memory().unwrap();
-        let mut hub = ProviderHub::unconfigured();
-        let esewa = hub
-            .credentials(&store, "proj_1", Mode::Sandbox, Provider::Esewa)
-            .await
-            .unwrap();
-        assert_eq!(esewa.provider(), Provider::Esewa);
-        assert!(
-            hub.credentials(&store, "proj_1", Mode::Sandbox, Provider::Khalti)
-                .await
-                .is_ok()
-        );
-        for (mode, provider) in [
-            (Mode::Sandbox, Provider::Fonepay),
-            (Mode::Live, Provider::Esewa),
-            (Mode::Live, Provider::Khalti),
-            (Mode::Live, Provider::Fonepay),
-        ] {
-            let got = hub.credentials(&store, "proj_1", mode, provider).await;
-            assert!(
-                matches!(got, Err(HubError::NotConfigured { .. })),
-                "{mode:?} {provider:?}"
-            );
         }
-        // No gateway Khalti key (a deployment without one): no fallback.
-        hub.sandbox.khalti = None;
-        let got = hub
-            .credentials(&store, "proj_1", Mode::Sandbox, Provider::Khalti)
-            .await;
-        assert!(matches!(got, Err(HubError::NotConfigured { .. })));
+    }
+
+    /// The same hub with other sandbox accounts.
+    pub fn with_sandbox_accounts(mut self, accounts: SandboxAccounts) -> Self {
+        self.sandbox = accounts;
+        self
     }
 }
