@@ -1,5 +1,6 @@
-//! What every handler gets: the store, the queue, the blobs, the clock and
-//! the configuration; and how a process builds them from its environment.
+//! What the rules use ([`Deps`]: store, queue, blobs, clock, configuration,
+//! providers) and what every handler gets ([`AppState`]: those and the
+//! limits); and how a process builds them from its environment.
 //!
 //! Backends (`DHUKUTI_BACKEND`):
 //! - `embedded` (default for the dev server): redb in `DHUKUTI_DATA_DIR`,
@@ -80,9 +81,11 @@ fn is_host(h: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':'))
 }
 
-/// Shared by every request of a function (cheap to clone).
+/// What the rules use: the store, the queue, the blobs, the clock, the
+/// configuration, the provider clients and the webhook settings (cheap to
+/// clone). Domain operations take `&Deps`, never the edge's limits.
 #[derive(Clone)]
-pub struct AppState {
+pub struct Deps {
     pub store: Arc<dyn Store>,
     pub queue: Arc<dyn Queue>,
     pub blobs: Arc<dyn Blobs>,
@@ -92,10 +95,31 @@ pub struct AppState {
     pub providers: Arc<ProviderHub>,
     /// Webhook receivers allowed, retry schedule, timeouts.
     pub webhooks: Arc<WebhookSettings>,
+}
+
+/// Shared by every request of a function (cheap to clone): the rules'
+/// [`Deps`] (it derefs to them, so `&state` is a `&Deps`) and the edge's
+/// limits.
+#[derive(Clone)]
+pub struct AppState {
+    pub deps: Deps,
     /// Requests per second per API key (live, sandbox).
     pub limits: Arc<RateLimits>,
     /// The public routes' limits (per client address, session, link).
     pub public_limits: Arc<PublicLimits>,
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Deps;
+    fn deref(&self) -> &Deps {
+        &self.deps
+    }
+}
+
+impl std::ops::DerefMut for AppState {
+    fn deref_mut(&mut self) -> &mut Deps {
+        &mut self.deps
+    }
 }
 
 impl AppState {
@@ -122,13 +146,15 @@ impl AppState {
     /// [`AppState::with_blobs`].
     pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, config: Config) -> Self {
         AppState {
-            store,
-            queue: Arc::new(InProcessQueue::new()),
-            blobs: Arc::new(MemoryBlobs::new()),
-            clock,
-            config: Arc::new(config),
-            providers: Arc::new(ProviderHub::unconfigured()),
-            webhooks: Arc::new(WebhookSettings::default()),
+            deps: Deps {
+                store,
+                queue: Arc::new(InProcessQueue::new()),
+                blobs: Arc::new(MemoryBlobs::new()),
+                clock,
+                config: Arc::new(config),
+                providers: Arc::new(ProviderHub::unconfigured()),
+                webhooks: Arc::new(WebhookSettings::default()),
+            },
             limits: Arc::new(RateLimits::default()),
             public_limits: Arc::new(PublicLimits::default()),
         }

@@ -24,4 +24,4 @@ pub mod testenv;
 pub mod time;
 pub mod webhooks;
 
-pub use app::{AppState, Config};
+pub use app::{AppState, Config, Deps};

@@ -182,7 +182,7 @@ mod tests {
     #[tokio::test]
     async fn a_store_error_keeps_the_message_for_a_retry() {
         use shared::store::faults::{Fault, FaultyStore, Op};
-        let faulty = Arc::new(FaultyStore::new(state().store));
+        let faulty = Arc::new(FaultyStore::new(state().store.clone()));
         faulty.plan(Op::Get, 0, Fault::throttled());
         let mut state = state();
         state.store = faulty.clone();

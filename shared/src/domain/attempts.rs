@@ -32,7 +32,7 @@ use super::outbox::{Event, EventType};
 use super::payments::{AttemptInfo, Payment, PaymentStatus, PaymentView};
 use super::record::{from_item, to_item};
 use super::{Mode, Provider};
-use crate::app::AppState;
+use crate::app::Deps;
 use crate::ids::{self, IdKind};
 use crate::money::Currency;
 use crate::providers::hub::HubError;
@@ -261,7 +261,7 @@ fn check_address(a: &StoredAddress) -> Result<StoredAddress, AttemptError> {
 /// for the hand-off.
 /// `public_base`: our public base URL (the providers return there).
 pub async fn start(
-    state: &AppState,
+    state: &Deps,
     session_id: &str,
     choice: PayChoice,
     public_base: &str,
@@ -806,7 +806,7 @@ fn providers_clip(s: &str) -> String {
 /// tampered return changes nothing, or (a signed Fonepay return for
 /// another amount) holds the payment for review.
 pub async fn on_return(
-    state: &AppState,
+    state: &Deps,
     session_id: &str,
     payment_id: &str,
     kind: ReturnKind,
@@ -938,7 +938,7 @@ pub enum ReleaseError {
 /// with the reconciler, never lost), then the decision is applied like a
 /// provider's answer (its event, its session, counters). Logged.
 pub async fn release(
-    state: &AppState,
+    state: &Deps,
     id: &str,
     decision: Release,
     now: Timestamp,
@@ -1181,7 +1181,7 @@ fn late_sandbox_qr(payment: &Payment, now: Timestamp) -> bool {
 /// reconciler's and the pollers' path). Proof: the provider's answer to
 /// our own query, judged by [`decide`] (amount compared where stated).
 pub async fn reconcile(
-    state: &AppState,
+    state: &Deps,
     payment: &Payment,
     now: Timestamp,
 ) -> Result<Payment, AttemptError> {
@@ -1189,7 +1189,7 @@ pub async fn reconcile(
 }
 
 async fn check_and_apply(
-    state: &AppState,
+    state: &Deps,
     payment: &Payment,
     returned: Option<ReturnKind>,
     now: Timestamp,
@@ -1230,7 +1230,7 @@ async fn check_and_apply(
 /// one transaction; answers the payment as stored afterwards. A payment
 /// another caller settled first is answered as that caller left it.
 pub async fn apply(
-    state: &AppState,
+    state: &Deps,
     payment: &Payment,
     decision: Decision,
     now: Timestamp,
@@ -1608,7 +1608,7 @@ fn plan(
 /// (a conditional write claims the check). Proof: as [`reconcile`]; the
 /// poll carries nothing the payment is judged on.
 pub async fn poll(
-    state: &AppState,
+    state: &Deps,
     session_id: &str,
     now: Timestamp,
 ) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
@@ -1880,7 +1880,7 @@ async fn retire(store: &dyn Store, p: &Payment) -> Result<(), StoreError> {
 
 /// The scheduled pass: expires due sessions and reconciles open payments
 /// with their providers when each is due ([`open_payments`]).
-pub async fn sweep(state: &AppState, now: Timestamp) -> Result<SweepReport, StoreError> {
+pub async fn sweep(state: &Deps, now: Timestamp) -> Result<SweepReport, StoreError> {
     let store = &*state.store;
     let mut report = SweepReport::default();
     let active = super::active::all(store).await?;
@@ -2002,6 +2002,7 @@ async fn has_indexed_payments(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::AppState;
     use crate::domain::checkout::{CreateCheckout, Creator, validate_create};
     use crate::domain::outbox;
     use crate::money::Paisa;
@@ -2041,11 +2042,7 @@ mod tests {
     }
 
     /// A session in `initiated` with one pending attempt at `provider`.
-    async fn attempt(
-        st: &AppState,
-        provider: Provider,
-        now: Timestamp,
-    ) -> (CheckoutSession, Payment) {
+    async fn attempt(st: &Deps, provider: Provider, now: Timestamp) -> (CheckoutSession, Payment) {
         let req: CreateCheckout = serde_json::from_value(json!({
             "amount": 100_000, "returnUrl": "https://shop.example/thanks"
         }))
@@ -2069,7 +2066,7 @@ mod tests {
     }
 
     /// A new session of `project` (sandbox, NPR 1,000).
-    async fn session_of(st: &AppState, project: &str, now: Timestamp) -> CheckoutSession {
+    async fn session_of(st: &Deps, project: &str, now: Timestamp) -> CheckoutSession {
         let req: CreateCheckout = serde_json::from_value(json!({
             "amount": 100_000, "returnUrl": "https://shop.example/thanks"
         }))
@@ -2136,7 +2133,7 @@ mod tests {
     }
 
     async fn add_attempt(
-        st: &AppState,
+        st: &Deps,
         session: &CheckoutSession,
         provider: Provider,
         reference: &str,
@@ -2187,7 +2184,7 @@ mod tests {
         p
     }
 
-    async fn load(st: &AppState, p: &Payment) -> (CheckoutSession, Payment) {
+    async fn load(st: &Deps, p: &Payment) -> (CheckoutSession, Payment) {
         let s = checkout::find_any(
             &*st.store,
             &p.checkout_session_id,
@@ -2203,7 +2200,7 @@ mod tests {
         (s, p)
     }
 
-    async fn events(st: &AppState) -> Vec<(EventType, String)> {
+    async fn events(st: &Deps) -> Vec<(EventType, String)> {
         outbox::recent(&*st.store, "proj_1", Mode::Sandbox, 50)
             .await
             .unwrap()
@@ -3078,7 +3075,7 @@ mod tests {
 
     /// The day counters (all shards) of the session's and payments'
     /// creation day.
-    async fn counters(st: &AppState, now: Timestamp) -> std::collections::BTreeMap<String, i64> {
+    async fn counters(st: &Deps, now: Timestamp) -> std::collections::BTreeMap<String, i64> {
         crate::domain::analytics::day_totals(&*st.store, "proj_1", Mode::Sandbox, now)
             .await
             .unwrap()

@@ -28,7 +28,7 @@ use super::checkout::{self, CheckoutSession, SessionStatus};
 use super::outbox::{Event, EventType};
 use super::payments::{self, Payment, PaymentStatus};
 use super::record::{from_item, page_of, to_item};
-use crate::AppState;
+use crate::Deps;
 use crate::fields::wire::{nullable, or_null, present};
 use crate::fields::{
     BuyerAddress, BuyerPhone, Email, InvoiceLineText, InvoiceNote, InvoiceText, PersonName, Phone,
@@ -764,7 +764,7 @@ pub async fn get(
 /// Creates a draft. Live mode needs live invoicing enabled on the
 /// project. With the request's fence, a retry finds the first draft.
 pub async fn create(
-    state: &AppState,
+    state: &Deps,
     project_id: &str,
     mode: Mode,
     body: CreateInvoice,
@@ -795,7 +795,7 @@ pub async fn create(
 
 /// What the first run of a fenced request made.
 async fn first_of(
-    state: &AppState,
+    state: &Deps,
     fence: &Fence,
     project_id: &str,
     mode: Mode,
@@ -905,7 +905,7 @@ async fn lost_race(store: &dyn Store, current: &Invoice, sent: i64, what: &str) 
 
 /// Edits a draft (the keys sent change), at the version sent.
 pub async fn patch(
-    state: &AppState,
+    state: &Deps,
     project_id: &str,
     mode: Mode,
     id: &str,
@@ -959,7 +959,7 @@ pub fn number_text(mode: Mode, n: u64) -> String {
 /// re-reads it and tries again; one that lost the invoice gets
 /// `VersionConflict` and changes nothing.
 pub async fn finalize(
-    state: &AppState,
+    state: &Deps,
     project_id: &str,
     mode: Mode,
     id: &str,
@@ -1076,7 +1076,7 @@ pub async fn finalize(
 /// Deletes a draft. With the request's fence, a retry after a lost answer
 /// answers the same.
 pub async fn discard(
-    state: &AppState,
+    state: &Deps,
     project_id: &str,
     mode: Mode,
     id: &str,
@@ -1226,7 +1226,7 @@ fn correction_blocker(
 /// copy of its lines and terms), in one transaction. Its open checkout, if
 /// any, is expired in the same transaction, so nobody pays a void invoice.
 pub async fn correct(
-    state: &AppState,
+    state: &Deps,
     project_id: &str,
     mode: Mode,
     id: &str,
@@ -1306,7 +1306,7 @@ pub async fn correct(
 /// transaction (a new checkout collects the new one); with an attempt in
 /// progress the adjustment waits (409).
 pub async fn adjust(
-    state: &AppState,
+    state: &Deps,
     project_id: &str,
     mode: Mode,
     id: &str,
@@ -1367,7 +1367,7 @@ pub struct InvoiceCheckoutView {
 /// unless an attempt is in progress on it (409). Opening a checkout is a
 /// change of the invoice: its `version` goes up.
 pub async fn checkout(
-    state: &AppState,
+    state: &Deps,
     payer: &checkout::Creator,
     id: &str,
     body: InvoiceCheckout,
@@ -1585,7 +1585,7 @@ pub fn allocation_ops(
 
 /// The PDF of an issued or void invoice: the stored file of its current
 /// version, rendered and stored first when missing.
-pub async fn pdf(state: &AppState, inv: &Invoice) -> Result<Vec<u8>, InvoiceError> {
+pub async fn pdf(state: &Deps, inv: &Invoice) -> Result<Vec<u8>, InvoiceError> {
     if inv.document_status == DocumentStatus::Draft {
         return Err(InvoiceError::StateConflict(
             "a draft has no PDF; finalize it first".into(),
@@ -1612,7 +1612,7 @@ pub async fn pdf(state: &AppState, inv: &Invoice) -> Result<Vec<u8>, InvoiceErro
 
 /// Renders and stores the PDF of `inv` (after finalize or a void); a
 /// failure is logged, the PDF is then rendered on first request.
-pub async fn store_pdf(state: &AppState, inv: &Invoice) {
+pub async fn store_pdf(state: &Deps, inv: &Invoice) {
     // Bounded: the change it follows has committed; a slow blob store must
     // not turn its answer into a timeout.
     match tokio::time::timeout(std::time::Duration::from_secs(3), pdf(state, inv)).await {
@@ -1953,6 +1953,7 @@ mod tests {
     }
 
     mod numbering {
+        use crate::AppState;
         use std::sync::Arc;
 
         use super::*;
@@ -1970,7 +1971,7 @@ mod tests {
             )
         }
 
-        async fn draft(state: &AppState) -> Invoice {
+        async fn draft(state: &Deps) -> Invoice {
             let b =
                 super::body(json!([{"description": "x", "quantity": "1", "unitAmount": 100_000}]));
             create(state, "proj_1", Mode::Sandbox, b, None)
@@ -2015,14 +2016,14 @@ mod tests {
             assert_eq!(issued.invoice_number.as_deref(), Some("PI-000001"));
         }
 
-        async fn issued(state: &AppState) -> Invoice {
+        async fn issued(state: &Deps) -> Invoice {
             let d = draft(state).await;
             finalize(state, "proj_1", Mode::Sandbox, &d.id, d.version, None)
                 .await
                 .unwrap()
         }
 
-        async fn session(state: &AppState, id: &str) -> CheckoutSession {
+        async fn session(state: &Deps, id: &str) -> CheckoutSession {
             from_item(
                 state
                     .store

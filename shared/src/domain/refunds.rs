@@ -30,7 +30,7 @@ use super::checkout::open_partition;
 use super::outbox::{Event, EventType};
 use super::payments::{self, Payment, PaymentStatus, PaymentView};
 use super::record::{from_item, to_item};
-use crate::app::AppState;
+use crate::app::Deps;
 use crate::fields::{NepaliMobile, RefundNotes};
 use crate::ids::{self, IdKind};
 use crate::money::{Currency, Paisa};
@@ -288,7 +288,7 @@ fn not_refundable(p: &Payment) -> RefundError {
 /// Khalti, asks Khalti once. A request whose first run already committed
 /// (its fence is there) answers that run's refund.
 pub async fn create(
-    state: &AppState,
+    state: &Deps,
     project_id: &str,
     mode: Mode,
     req: CreateRefund,
@@ -457,7 +457,7 @@ fn marker_item(refund: &Refund) -> Result<crate::store::Item, StoreError> {
 
 /// The one call to Khalti's refund API for `refund`, and its outcome.
 async fn call_khalti(
-    state: &AppState,
+    state: &Deps,
     payment: &Payment,
     refund: Refund,
     now: Timestamp,
@@ -543,7 +543,7 @@ pub enum Outcome {
 /// the events, in one transaction; answers the refund as stored after. A
 /// refund no longer `processing` is answered unchanged.
 pub async fn resolve(
-    state: &AppState,
+    state: &Deps,
     refund: &Refund,
     outcome: Outcome,
     now: Timestamp,
@@ -779,7 +779,7 @@ pub struct RefundSweep {
 /// at all, still so [`NOT_APPLIED_AFTER`] after the refund, is `failed`
 /// (the reservation is released); anything Khalti cannot settle within
 /// [`GIVE_UP_AFTER`] goes to `requires_action`.
-pub async fn sweep(state: &AppState, now: Timestamp) -> Result<RefundSweep, StoreError> {
+pub async fn sweep(state: &Deps, now: Timestamp) -> Result<RefundSweep, StoreError> {
     let store = &*state.store;
     let mut report = RefundSweep::default();
     let before = format!("{}#~", now.plus(-RESOLVE_AFTER).to_rfc3339());
@@ -805,7 +805,7 @@ pub async fn sweep(state: &AppState, now: Timestamp) -> Result<RefundSweep, Stor
     Ok(report)
 }
 
-async fn resolve_one(state: &AppState, id: &str, now: Timestamp) -> Result<bool, StoreError> {
+async fn resolve_one(state: &Deps, id: &str, now: Timestamp) -> Result<bool, StoreError> {
     let store = &*state.store;
     let Some(refund) = get(store, id).await? else {
         return Ok(false);
@@ -849,7 +849,7 @@ async fn resolve_one(state: &AppState, id: &str, now: Timestamp) -> Result<bool,
     }
 }
 
-async fn ask_khalti(state: &AppState, payment: &Payment) -> Option<ProviderState> {
+async fn ask_khalti(state: &Deps, payment: &Payment) -> Option<ProviderState> {
     let store = &*state.store;
     let creds = super::credentials::for_provider(
         store,
@@ -945,6 +945,7 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::AppState;
     use crate::domain::outbox;
     use crate::domain::payments::AttemptInfo;
     use crate::store::embedded::EmbeddedStore;
@@ -966,7 +967,7 @@ mod tests {
         )
     }
 
-    async fn paid(st: &AppState, provider: Provider, amount: i64) -> Payment {
+    async fn paid(st: &Deps, provider: Provider, amount: i64) -> Payment {
         let now = at("2026-11-22T10:00:00Z");
         let p = Payment {
             id: ids::new_id(IdKind::Payment),
@@ -1004,12 +1005,12 @@ mod tests {
         }
     }
 
-    async fn reserved(st: &AppState, p: &Payment) -> i64 {
+    async fn reserved(st: &Deps, p: &Payment) -> i64 {
         let item = st.store.get(&Payment::key(&p.id)).await.unwrap().unwrap();
         reserved_of(&item)
     }
 
-    async fn kinds(st: &AppState) -> Vec<EventType> {
+    async fn kinds(st: &Deps) -> Vec<EventType> {
         let mut k: Vec<EventType> = outbox::recent(&*st.store, "proj_1", Mode::Sandbox, 50)
             .await
             .unwrap()
@@ -1090,7 +1091,7 @@ mod tests {
 
     /// A Khalti refund as `create` leaves it when Khalti does not answer:
     /// `processing`, reserved, with its sweep marker.
-    async fn open_khalti_refund(st: &AppState, p: &Payment, amount: i64) -> Refund {
+    async fn open_khalti_refund(st: &Deps, p: &Payment, amount: i64) -> Refund {
         let now = at("2026-11-22T10:00:00Z");
         let r = Refund {
             id: ids::new_id(IdKind::Refund),

@@ -59,7 +59,7 @@ use super::Mode;
 use super::account::Principal;
 use super::checkout::{CheckoutSession, SessionStatus};
 use super::record::{from_item, to_item};
-use crate::AppState;
+use crate::Deps;
 use crate::ids::{IdKind, new_id};
 use crate::providers::sms::{SmsClient, SmsSendError};
 use crate::queue::{QueueError, QueueName};
@@ -728,7 +728,7 @@ pub const STUCK_AFTER: chrono::Duration = chrono::Duration::minutes(5);
 /// not queue it every run. A duplicate message is harmless (the claim lets
 /// one send through). Answers how many were queued.
 pub async fn requeue_stuck(
-    state: &AppState,
+    state: &Deps,
     now: Timestamp,
     limit: usize,
 ) -> Result<usize, StoreError> {
@@ -829,7 +829,7 @@ fn masked(phone: &str) -> String {
 /// store and queue (live). `checkout_base` is the project's public base
 /// URL ([`crate::Config::base_for`]).
 pub async fn notify(
-    state: &AppState,
+    state: &Deps,
     who: &Principal,
     req: NotifyRequest,
     checkout_base: &str,
@@ -955,7 +955,7 @@ pub async fn notify(
 /// and counted, and the backstop sweep queues it within minutes (a late
 /// reminder, not a lost one); ending it here instead could race a message
 /// that did reach the queue.
-async fn enqueue(state: &AppState, sms_id: &str) -> bool {
+async fn enqueue(state: &Deps, sms_id: &str) -> bool {
     let body = match serde_json::to_string(&SmsMessage {
         sms_id: sms_id.to_owned(),
     }) {
@@ -1024,7 +1024,7 @@ pub enum DispatchError {
 
 /// One queue message body: malformed messages are dropped (logged).
 pub async fn handle_message(
-    state: &AppState,
+    state: &Deps,
     client: &SmsClient,
     body: &str,
 ) -> Result<DispatchOutcome, DispatchError> {
@@ -1190,7 +1190,7 @@ async fn unclaim(store: &dyn Store, id: &str, claim: &str) {
 
 /// Claims, sends and records one reminder (see the module docs).
 pub async fn dispatch(
-    state: &AppState,
+    state: &Deps,
     client: &SmsClient,
     sms_id: &str,
     lease: Duration,
@@ -1335,7 +1335,7 @@ pub async fn dispatch(
 
 /// Ends a reminder whose dispatcher stopped while sending it: `unknown`,
 /// its quota unit kept.
-async fn abandon(state: &AppState, r: &SmsReminder) -> Result<DispatchOutcome, DispatchError> {
+async fn abandon(state: &Deps, r: &SmsReminder) -> Result<DispatchOutcome, DispatchError> {
     let now = state.clock.now();
     let ended = state
         .store
@@ -1373,6 +1373,7 @@ async fn abandon(state: &AppState, r: &SmsReminder) -> Result<DispatchOutcome, D
 
 #[cfg(test)]
 mod tests {
+    use crate::AppState;
     use std::sync::Arc;
 
     use super::*;
@@ -1823,7 +1824,7 @@ mod tests {
         (state, Principal { key, merchant }, clock)
     }
 
-    async fn session(state: &AppState, who: &Principal, phone: &str) -> String {
+    async fn session(state: &Deps, who: &Principal, phone: &str) -> String {
         // Ids sort by the wall clock's millisecond: keep them apart.
         tokio::time::sleep(Duration::from_millis(2)).await;
         let now = state.clock.now();
@@ -1984,7 +1985,7 @@ mod tests {
 
     /// A live reminder queued the way `notify` does (its quota unit taken),
     /// bound to a fresh pending session of `who`.
-    async fn queued_reminder(state: &AppState, who: &Principal) -> SmsReminder {
+    async fn queued_reminder(state: &Deps, who: &Principal) -> SmsReminder {
         let now = state.clock.now();
         let session_id = session(state, who, "9841000001").await;
         assert!(matches!(
@@ -2012,7 +2013,7 @@ mod tests {
         r
     }
 
-    async fn quota_used(state: &AppState, who: &Principal) -> i64 {
+    async fn quota_used(state: &Deps, who: &Principal) -> i64 {
         let now = state.clock.now();
         state
             .store
@@ -2024,7 +2025,7 @@ mod tests {
             .unwrap_or(0)
     }
 
-    async fn status_of(state: &AppState, id: &str) -> SmsReminder {
+    async fn status_of(state: &Deps, id: &str) -> SmsReminder {
         match get(&*state.store, id).await {
             Ok(Some(r)) => r,
             other => panic!("{other:?}"),

@@ -34,7 +34,7 @@ use super::Mode;
 use super::credentials::{self, CredentialsError, SealedSecret};
 use super::outbox::{self, Event, EventType};
 use super::record::{from_item, to_item};
-use crate::AppState;
+use crate::Deps;
 use crate::fields::wire::present;
 use crate::ids::{self, IdKind};
 use crate::queue::{MAX_DELAY, QueueError, QueueName};
@@ -343,7 +343,7 @@ fn new_secret() -> Result<String, WebhookError> {
     Ok(format!("whsec_{}", hex::encode(bytes)))
 }
 
-fn keys(state: &AppState) -> Result<&credentials::CredentialsKeys, WebhookError> {
+fn keys(state: &Deps) -> Result<&credentials::CredentialsKeys, WebhookError> {
     state.providers.keys().ok_or_else(|| {
         WebhookError::Secrets(format!(
             "set {} so signing secrets can be sealed",
@@ -357,7 +357,7 @@ fn keys(state: &AppState) -> Result<&credentials::CredentialsKeys, WebhookError>
 /// finds the first endpoint: it is answered without its secret (`None`),
 /// which was shown once already and is never stored in the clear.
 pub async fn create(
-    state: &AppState,
+    state: &Deps,
     project_id: &str,
     mode: Mode,
     body: CreateEndpoint,
@@ -633,7 +633,7 @@ pub async fn list(
 
 /// Changes the keys sent; answers the endpoint as written.
 pub async fn patch(
-    state: &AppState,
+    state: &Deps,
     project_id: &str,
     mode: Mode,
     id: &str,
@@ -991,11 +991,7 @@ pub struct FanOutReport {
     pub requeued: usize,
 }
 
-async fn enqueue(
-    state: &AppState,
-    msg: &DeliveryMessage,
-    delay: Duration,
-) -> Result<(), QueueError> {
+async fn enqueue(state: &Deps, msg: &DeliveryMessage, delay: Duration) -> Result<(), QueueError> {
     let body = serde_json::to_string(msg).map_err(|e| QueueError::Invalid(e.to_string()))?;
     state
         .queue
@@ -1009,7 +1005,7 @@ async fn enqueue(
 /// outbox. Safe to run any number of times, concurrently too: a delivery is
 /// written once, and a first attempt not yet made is queued again (the
 /// handler drops what is not due).
-pub async fn fan_out(state: &AppState, event: &Event) -> Result<usize, DispatchError> {
+pub async fn fan_out(state: &Deps, event: &Event) -> Result<usize, DispatchError> {
     let now = state.clock.now();
     let endpoints = list(&*state.store, &event.project_id, event.mode).await?;
     let mut queued = 0;
@@ -1085,7 +1081,7 @@ pub async fn fan_out(state: &AppState, event: &Event) -> Result<usize, DispatchE
 /// `limit` per outbox shard. Errors are counted and logged; the events
 /// stay in the outbox for the next run.
 pub async fn fan_out_pending(
-    state: &AppState,
+    state: &Deps,
     created_before: Option<Timestamp>,
     limit: usize,
 ) -> Result<FanOutReport, StoreError> {
@@ -1108,7 +1104,7 @@ pub async fn fan_out_pending(
 
 /// Fans out the event `id` (the Streams function: the stream says which
 /// event was written; the record itself is read from the table).
-pub async fn fan_out_by_id(state: &AppState, id: &str) -> Result<usize, DispatchError> {
+pub async fn fan_out_by_id(state: &Deps, id: &str) -> Result<usize, DispatchError> {
     match outbox::get(&*state.store, id).await? {
         Some(event) if !event.dispatched => fan_out(state, &event).await,
         _ => Ok(0),
@@ -1136,7 +1132,7 @@ pub enum Outcome {
 /// Handles one queue message at `now`. `Err` means "keep the message":
 /// it comes back after its visibility timeout and is handled again.
 pub async fn dispatch(
-    state: &AppState,
+    state: &Deps,
     client: &WebhookClient,
     msg: &DeliveryMessage,
 ) -> Result<Outcome, DispatchError> {
@@ -1327,7 +1323,7 @@ pub async fn dispatch(
 }
 
 /// Ends a delivery that can no longer be made, without sending.
-async fn give_up(state: &AppState, d: &Delivery, why: &str) -> Result<Outcome, DispatchError> {
+async fn give_up(state: &Deps, d: &Delivery, why: &str) -> Result<Outcome, DispatchError> {
     let now = state.clock.now();
     let written = state
         .store
@@ -1370,7 +1366,7 @@ pub const OVERDUE_AFTER: chrono::Duration = chrono::Duration::minutes(15);
 /// message a late webhook, not a lost one. Duplicates are harmless (the
 /// claim lets one through). Answers how many were queued.
 pub async fn requeue_overdue(
-    state: &AppState,
+    state: &Deps,
     now: Timestamp,
     limit: usize,
 ) -> Result<usize, StoreError> {
@@ -1440,11 +1436,7 @@ pub const FAN_OUT_GRACE: chrono::Duration = chrono::Duration::minutes(2);
 /// The scheduled backstop: fans out events the stream function missed (in
 /// the outbox for over [`FAN_OUT_GRACE`]) and queues overdue deliveries
 /// again, at most `limit` of each per shard.
-pub async fn sweep(
-    state: &AppState,
-    now: Timestamp,
-    limit: usize,
-) -> Result<FanOutReport, StoreError> {
+pub async fn sweep(state: &Deps, now: Timestamp, limit: usize) -> Result<FanOutReport, StoreError> {
     let mut report = fan_out_pending(state, Some(now.plus(-FAN_OUT_GRACE)), limit).await?;
     report.requeued = requeue_overdue(state, now, limit).await?;
     Ok(report)
@@ -1453,7 +1445,7 @@ pub async fn sweep(
 /// Handles a queue message body: [`dispatch`], with a message that can
 /// never be handled logged and dropped.
 pub async fn handle_message(
-    state: &AppState,
+    state: &Deps,
     client: &WebhookClient,
     body: &str,
 ) -> Result<Outcome, DispatchError> {
@@ -1507,7 +1499,7 @@ fn sample_object(t: EventType, mode: Mode, now: Timestamp) -> Value {
 /// Records a test event of type `t` for endpoint `id` only (whatever its
 /// `events` filter says); it goes through the outbox like any event.
 pub async fn send_test_event(
-    state: &AppState,
+    state: &Deps,
     project_id: &str,
     mode: Mode,
     id: &str,
@@ -1635,6 +1627,7 @@ mod tests {
     }
 
     mod dispatching {
+        use crate::AppState;
         use std::sync::Arc;
 
         use super::*;
