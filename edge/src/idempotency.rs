@@ -86,7 +86,7 @@ const KEY_ID: &str = "key_id";
 fn record_key(project_id: &str, mode: &str, idem_key: &str) -> Key {
     // Hashed: any printable key fits, and the store never sees it raw.
     let digest = hex::encode(Sha256::digest(idem_key.as_bytes()));
-    Key::new(format!("IDEM#{project_id}#{mode}#{digest}"), "IDEM")
+    shared::keys::idempotency(project_id, mode, &digest)
 }
 
 /// What makes two requests "the same request".
@@ -242,10 +242,7 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
     // "already done" (and is answered `idempotency_key_reused` above, as
     // the released claim keeps its fingerprint).
     parts.extensions.insert(Fence::new(
-        Key::new(
-            format!("{}#{print}", key.pk.replacen("IDEM#", "IDEMFENCE#", 1)),
-            "FENCE",
-        ),
+        shared::keys::idempotency_fence(&key, &print),
         now.plus(RETENTION).unix_seconds(),
     ));
     let req = Request::from_parts(parts, Body::from(bytes));

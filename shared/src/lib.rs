@@ -13,6 +13,7 @@ pub mod blobs;
 pub mod domain;
 pub mod fields;
 pub mod ids;
+pub mod keys;
 pub mod limits;
 pub mod money;
 pub mod pdf;

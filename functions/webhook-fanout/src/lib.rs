@@ -29,13 +29,7 @@ pub fn outbox_event_id(record: &EventRecord) -> Option<String> {
         Some(AttributeValue::S(s)) => Some(s.as_str()),
         _ => None,
     };
-    if key("sk")? != "EVT" {
-        return None;
-    }
-    key("pk")?
-        .strip_prefix("EVT#")
-        .filter(|id| !id.is_empty())
-        .map(str::to_owned)
+    shared::keys::record_id(shared::keys::Record::Event, key("pk")?, key("sk")?).map(str::to_owned)
 }
 
 fn failure(record: &EventRecord) -> DynamoDbBatchItemFailure {

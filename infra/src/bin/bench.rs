@@ -446,8 +446,10 @@ impl Store for CommitClock {
             .iter()
             .filter(|op| matches!(op, TxOp::Put { .. }))
             .filter_map(TxOp::key)
-            .filter(|k| k.sk == "EVT")
-            .filter_map(|k| k.pk.strip_prefix("EVT#").map(str::to_owned))
+            .filter_map(|k| {
+                shared::keys::record_id(shared::keys::Record::Event, &k.pk, &k.sk)
+                    .map(str::to_owned)
+            })
             .collect();
         Box::pin(async move {
             let result = self.inner.transact(ops).await;

@@ -12,6 +12,7 @@ use subtle::ConstantTimeEq;
 use super::Mode;
 use super::record::{from_item, to_item};
 use crate::ids::{IdKind, new_id};
+use crate::keys;
 use crate::store::{Cond, Index, Item, Key, Query, Store, StoreError, TxOp, Update};
 use crate::time::Timestamp;
 
@@ -122,7 +123,7 @@ pub struct Merchant {
 
 impl Merchant {
     pub fn key(id: &str) -> Key {
-        Key::new(format!("MER#{id}"), "MER")
+        keys::record(keys::Record::Merchant, id)
     }
 }
 
@@ -154,7 +155,7 @@ pub struct Seller {
 
 impl Project {
     pub fn key(id: &str) -> Key {
-        Key::new(format!("PROJ#{id}"), "PROJ")
+        keys::record(keys::Record::Project, id)
     }
 }
 
@@ -197,7 +198,7 @@ pub struct ApiKey {
 
 impl ApiKey {
     pub fn key_for_hash(hash_hex: &str) -> Key {
-        Key::new(format!("AKEY#{hash_hex}"), "AKEY")
+        keys::api_key(hash_hex)
     }
 
     pub fn has_scope(&self, scope: Scope) -> bool {
@@ -461,7 +462,7 @@ struct KeyFields {
 
 /// The gsi1 partition listing a project's keys (sort key: the key id).
 fn keys_partition(project_id: &str) -> String {
-    format!("PROJ#{project_id}#AKEYS")
+    keys::project_keys(project_id)
 }
 
 /// A fresh secret, its record and the item to store (not yet written).

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Mode;
 use super::record::from_item;
+use crate::keys;
 use crate::store::{Cond, Key, Query, Store, StoreError, Update};
 use crate::time::Timestamp;
 
@@ -50,10 +51,7 @@ fn shard(project_id: &str) -> u32 {
 }
 
 fn key(project_id: &str, mode: Mode) -> Key {
-    Key::new(
-        format!("ACTIVE#{}", shard(project_id)),
-        format!("{project_id}#{}", mode.as_str()),
-    )
+    keys::active(shard(project_id), project_id, mode)
 }
 
 /// When this process last wrote each entry, per store.
@@ -116,7 +114,7 @@ pub async fn touch_now(
 pub async fn all(store: &dyn Store) -> Result<Vec<Active>, StoreError> {
     let mut out = Vec::new();
     for s in 0..SHARDS {
-        let mut query = Query::partition(format!("ACTIVE#{s}"));
+        let mut query = Query::partition(keys::active_partition(s));
         loop {
             let page = store.query(&query).await?;
             for item in page.items {

@@ -48,6 +48,7 @@ use serde::Serialize;
 use super::checkout::{CheckoutSession, SessionStatus};
 use super::payments::Payment;
 use super::{Mode, Provider};
+use crate::keys;
 use crate::store::{
     Item, Key, MAX_TX_OPS, PK, Query, SK, SkCond, Store, StoreError, TTL, TxOp, Update,
 };
@@ -82,7 +83,7 @@ fn provider_volume(p: Provider) -> String {
 
 /// The counters partition of a project in a mode.
 pub fn stats_partition(project_id: &str, mode: Mode) -> String {
-    format!("PROJ#{project_id}#{}#STATS", mode.as_str())
+    keys::per_mode(project_id, mode, keys::PerMode::Stats)
 }
 
 /// All-time session counters: [`SHARDS`] items per project and mode
@@ -96,13 +97,13 @@ pub fn stats_partition(project_id: &str, mode: Mode) -> String {
 fn totals_key(project_id: &str, mode: Mode, session_id: &str) -> Key {
     Key::new(
         stats_partition(project_id, mode),
-        format!("ALL#{:02}", shard_of(session_id)),
+        keys::stats_totals(shard_of(session_id)),
     )
 }
 
 /// The marker of [`totals_key`]'s counters.
 pub fn totals_marker(project_id: &str, mode: Mode) -> Key {
-    Key::new(stats_partition(project_id, mode), "ALL#INIT")
+    Key::new(stats_partition(project_id, mode), keys::STATS_TOTALS_MARKER)
 }
 
 const TOTAL: &str = "total";
@@ -136,15 +137,15 @@ pub async fn session_totals(
     project_id: &str,
     mode: Mode,
 ) -> Result<Option<SessionTotals>, StoreError> {
-    let query =
-        Query::partition(stats_partition(project_id, mode)).sk(SkCond::BeginsWith("ALL#".into()));
+    let query = Query::partition(stats_partition(project_id, mode))
+        .sk(SkCond::BeginsWith(keys::STATS_TOTALS_PREFIX.into()));
     let mut totals = SessionTotals::default();
     let mut marked = false;
     let mut query = query;
     loop {
         let page = store.query(&query).await?;
         for item in &page.items {
-            if item.get(SK).and_then(Value::as_str) == Some("ALL#INIT") {
+            if item.get(SK).and_then(Value::as_str) == Some(keys::STATS_TOTALS_MARKER) {
                 marked = true;
                 continue;
             }
@@ -191,18 +192,18 @@ pub fn shard_of(id: &str) -> u32 {
 /// The sort key of the former, unsharded item of `day` (still read), and
 /// the least sort key of the day.
 fn day_sk(day: &str) -> String {
-    format!("DAY#{day}")
+    keys::stats_day(day)
 }
 
 /// The sort key of a shard item of `day`.
 fn shard_sk(day: &str, shard: u32) -> String {
-    format!("DAY#{day}#{shard:02}")
+    keys::stats_day_shard(day, shard)
 }
 
 /// A sort key after every item of `day` (`~` sorts after the digits) and
 /// before the next day's.
 fn day_end_sk(day: &str) -> String {
-    format!("DAY#{day}#~")
+    keys::stats_day_end(day)
 }
 
 /// The key of the UTC day of `at` without a shard: the item of the former

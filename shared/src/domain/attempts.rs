@@ -34,6 +34,7 @@ use super::record::{from_item, to_item};
 use super::{Mode, Provider};
 use crate::app::Deps;
 use crate::ids::{self, IdKind};
+use crate::keys;
 use crate::money::Currency;
 use crate::providers::hub::HubError;
 use crate::providers::{
@@ -47,11 +48,11 @@ use crate::time::Timestamp;
 /// project and mode, by when their next provider check is due
 /// ([`open_payments_partition`]). `OPEN#PAY#0..3` are the former, global
 /// partitions (by creation), still drained.
-pub(crate) const OPEN_PAYMENTS: &str = "OPEN#PAY";
+pub(crate) const OPEN_PAYMENTS: keys::Open = keys::Open::Payments;
 /// Cancelled payments the reconciler still re-checks for a day (the
 /// customer may pay after all; a superseded attempt is one), apart from
 /// the open ones, one partition per project and mode, by due time.
-pub(crate) const RECHECK_PAYMENTS: &str = "RECHECK#PAY";
+pub(crate) const RECHECK_PAYMENTS: keys::Open = keys::Open::Recheck;
 /// How many cancelled payments one sweep re-checks per project.
 pub const RECHECK_BATCH: usize = 25;
 /// A sweep starts no provider check after this long (the scheduler runs
@@ -159,12 +160,12 @@ pub fn stored_item(p: &Payment) -> Result<crate::store::Item, StoreError> {
 
 /// The `gsi2` partition of a project's open payments, by next check.
 pub fn open_payments_partition(project_id: &str, mode: Mode) -> String {
-    format!("{OPEN_PAYMENTS}#{project_id}#{}", mode.as_str())
+    keys::open_per_project(OPEN_PAYMENTS, project_id, mode)
 }
 
 /// The `gsi2` partition of a project's cancelled payments still re-checked.
 pub fn recheck_partition(project_id: &str, mode: Mode) -> String {
-    format!("{RECHECK_PAYMENTS}#{project_id}#{}", mode.as_str())
+    keys::open_per_project(RECHECK_PAYMENTS, project_id, mode)
 }
 
 /// The sort key of `p` in its partition when due at `at`.
@@ -893,7 +894,7 @@ fn hold_update(p: &Payment, reason: &str, now: Timestamp) -> Update {
 
 /// The `gsi2` partition of payments held for review, oldest hold first
 /// (one for the whole table: holds are rare, and each calls a person).
-pub const HELD_PAYMENTS: &str = "REVIEW#PAY";
+pub const HELD_PAYMENTS: &str = keys::HELD_PAYMENTS;
 
 /// Payments held for review, oldest hold first, at most `limit`.
 pub async fn held(store: &dyn Store, limit: usize) -> Result<Vec<Payment>, StoreError> {

@@ -24,6 +24,7 @@ use super::record::{from_item, to_item};
 use super::{Mode, Provider};
 use crate::fields::{AddressPart, Description, Email, HttpUrl, PersonName, Phone};
 use crate::ids::{self, IdKind};
+use crate::keys;
 use crate::money::{Currency, Paisa};
 use crate::store::fence::Fence;
 use crate::store::{
@@ -229,7 +230,7 @@ pub struct CheckoutSession {
 
 impl CheckoutSession {
     pub fn key(id: &str) -> Key {
-        Key::new(format!("CS#{id}"), "CS")
+        keys::record(keys::Record::CheckoutSession, id)
     }
 
     /// The item for this session, with its index keys.
@@ -238,7 +239,7 @@ impl CheckoutSession {
     }
 
     fn list_partition(project_id: &str, mode: Mode) -> String {
-        format!("PROJ#{project_id}#{}#CS", mode.as_str())
+        keys::per_mode(project_id, mode, keys::PerMode::Sessions)
     }
 
     /// `gsi1`: the project's list; `gsi2` (sparse, while open): the
@@ -600,10 +601,7 @@ impl Creator {
 /// The spend counter of a key for the calendar month (UTC) of `now`.
 pub fn spend_counter_key(api_key_id: &str, now: Timestamp) -> Key {
     let d = now.datetime();
-    Key::new(
-        format!("AKEY#{api_key_id}"),
-        format!("SPEND#{:04}-{:02}", d.year(), d.month()),
-    )
+    keys::spend_counter(api_key_id, d.year(), d.month())
 }
 
 /// The condition under which adding `amount` keeps the month's volume at
@@ -911,24 +909,23 @@ async fn mark_expired(
 /// The sweep partitions of open records (`gsi2`), spread so no single
 /// partition takes every write.
 pub const OPEN_SHARDS: u32 = 4;
-pub(crate) const OPEN_SESSIONS: &str = "OPEN#CS";
+pub(crate) const OPEN_SESSIONS: keys::Open = keys::Open::Sessions;
 
 /// The open-records partition of `id` under `prefix`.
-pub(crate) fn open_partition(prefix: &str, id: &str) -> String {
-    let sum: u32 = id.bytes().map(u32::from).sum();
-    format!("{prefix}#{}", sum % OPEN_SHARDS)
+pub(crate) fn open_partition(what: keys::Open, id: &str) -> String {
+    keys::open(what, keys::shard_of(id, OPEN_SHARDS))
 }
 
 /// Every open-records partition under `prefix`.
-pub(crate) fn open_partitions(prefix: &str) -> Vec<String> {
-    (0..OPEN_SHARDS).map(|s| format!("{prefix}#{s}")).collect()
+pub(crate) fn open_partitions(what: keys::Open) -> Vec<String> {
+    (0..OPEN_SHARDS).map(|s| keys::open(what, s)).collect()
 }
 
 /// The `gsi2` partition of a project's open sessions, by `expires_at`:
 /// the sweep finds it through [`super::active`], and `GET /v1/sessions`
 /// counts the ones past their time in it.
 pub fn open_sessions_partition(project_id: &str, mode: Mode) -> String {
-    format!("{OPEN_SESSIONS}#{project_id}#{}", mode.as_str())
+    keys::open_per_project(OPEN_SESSIONS, project_id, mode)
 }
 
 /// Open sessions whose time has passed at `now`, oldest first: at most

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::record::{from_item, to_item};
 use super::{Mode, Provider};
+use crate::keys;
 use crate::providers::hub::{HubError, ProviderHub};
 use crate::store::{Cond, Key, Query, SkCond, Store, StoreError, TxOp};
 use crate::time::Timestamp;
@@ -539,18 +540,15 @@ impl From<&StoredCredentials> for ConfiguredProvider {
 }
 
 fn project_partition(project_id: &str) -> String {
-    format!("PROJ#{project_id}")
+    keys::project_partition(project_id)
 }
 
 fn project_key(project_id: &str) -> Key {
-    Key::new(project_partition(project_id), "PROJ")
+    keys::record(keys::Record::Project, project_id)
 }
 
 fn credentials_key(project_id: &str, mode: Mode, provider: Provider) -> Key {
-    Key::new(
-        project_partition(project_id),
-        format!("CRED#{}#{}", mode.as_str(), provider.as_str()),
-    )
+    keys::credentials(project_id, mode, provider)
 }
 
 /// The associated data: what the ciphertext belongs to. NUL separators
@@ -791,7 +789,7 @@ pub async fn list_configured_providers(
     project_id: &str,
 ) -> Result<Vec<ConfiguredProvider>, CredentialsError> {
     let mut query = Query::partition(project_partition(project_id))
-        .sk(SkCond::BeginsWith("CRED#".into()))
+        .sk(SkCond::BeginsWith(keys::CREDENTIALS_PREFIX.into()))
         .limit(100);
     let mut out = Vec::new();
     loop {

@@ -15,6 +15,7 @@
 use chrono::{Datelike, FixedOffset};
 use serde_json::{Value, json};
 
+use crate::keys;
 use crate::store::{Cond, Item, Key, Store, StoreError, TTL, TxOp, Update};
 use crate::time::Timestamp;
 
@@ -49,7 +50,7 @@ pub fn month_of(at: Timestamp) -> String {
 }
 
 pub fn cap_key(project_id: &str, month: &str) -> Key {
-    Key::new(format!("PROJ#{project_id}"), format!("FPCAP#{month}"))
+    keys::fonepay_cap(project_id, month)
 }
 
 fn hold_attr(reference: &str) -> String {

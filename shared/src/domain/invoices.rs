@@ -34,6 +34,7 @@ use crate::fields::{
     BuyerAddress, BuyerPhone, Email, InvoiceLineText, InvoiceNote, InvoiceText, PersonName, Phone,
 };
 use crate::ids::{self, IdKind};
+use crate::keys;
 use crate::money::Currency;
 use crate::store::fence::Fence;
 use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, TxReason, Update};
@@ -323,11 +324,11 @@ pub struct Invoice {
 
 impl Invoice {
     pub fn key(id: &str) -> Key {
-        Key::new(format!("OINV#{id}"), "OINV")
+        keys::record(keys::Record::Invoice, id)
     }
 
     fn list_partition(project_id: &str, mode: Mode) -> String {
-        format!("PROJ#{project_id}#{}#OINV", mode.as_str())
+        keys::per_mode(project_id, mode, keys::PerMode::Invoices)
     }
 
     fn indexes(&self) -> Vec<(Index, String, String)> {
@@ -943,7 +944,7 @@ pub async fn patch(
 }
 
 fn counter_key(project_id: &str, mode: Mode) -> Key {
-    Key::new(format!("PROJ#{project_id}#{}", mode.as_str()), "SEQ#PI")
+    keys::invoice_sequence(project_id, mode)
 }
 
 /// `PI-000042` live, `TEST-PI-000042` sandbox (6 digits, then as many as

@@ -21,6 +21,7 @@ use crate::fields::{
     Phone, ReferenceId, Rule,
 };
 use crate::ids::{self, IdKind};
+use crate::keys;
 use crate::money::{Currency, Paisa};
 use crate::store::fence::Fence;
 use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, Update};
@@ -90,11 +91,11 @@ pub struct PaymentLink {
 
 impl PaymentLink {
     pub fn key(id: &str) -> Key {
-        Key::new(format!("LNK#{id}"), "LNK")
+        keys::record(keys::Record::PaymentLink, id)
     }
 
     fn list_partition(project_id: &str, mode: Mode) -> String {
-        format!("PROJ#{project_id}#{}#LNK", mode.as_str())
+        keys::per_mode(project_id, mode, keys::PerMode::Links)
     }
 
     fn indexes(&self) -> [(Index, String, String); 1] {

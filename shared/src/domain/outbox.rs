@@ -15,6 +15,7 @@ use serde_json::Value;
 use super::Mode;
 use super::record::{from_item, to_item};
 use crate::ids::{self, IdKind};
+use crate::keys;
 use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, Update};
 use crate::time::Timestamp;
 
@@ -113,17 +114,16 @@ impl Event {
     }
 
     pub fn key(id: &str) -> Key {
-        Key::new(format!("EVT#{id}"), "EVT")
+        keys::record(keys::Record::Event, id)
     }
 
     fn list_partition(project_id: &str, mode: Mode) -> String {
-        format!("PROJ#{project_id}#{}#EVT", mode.as_str())
+        keys::per_mode(project_id, mode, keys::PerMode::Events)
     }
 
     /// The outbox partition of event `id`.
     pub fn outbox_partition(id: &str) -> String {
-        let sum: u32 = id.bytes().map(u32::from).sum();
-        format!("OUTBOX#{}", sum % SHARDS)
+        keys::open(keys::Open::Outbox, keys::shard_of(id, SHARDS))
     }
 
     /// The body merchants receive (decisions, "Webhooks"):
@@ -296,7 +296,7 @@ pub async fn undelivered(
 ) -> Result<Vec<Event>, StoreError> {
     let mut out = Vec::new();
     for shard in 0..SHARDS {
-        let query = Query::partition(format!("OUTBOX#{shard}"))
+        let query = Query::partition(keys::open(keys::Open::Outbox, shard))
             .on(Index::Gsi2)
             .limit(limit);
         for item in store.query(&query).await?.items {

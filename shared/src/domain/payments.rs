@@ -11,6 +11,7 @@ use super::record::{from_item, to_item};
 use super::{Mode, Provider};
 use crate::fields::{Email, PersonName, Phone};
 use crate::ids::{self, IdKind};
+use crate::keys;
 use crate::money::{Currency, Paisa};
 use crate::store::{Cond, Index, Key, Query, Store, StoreError};
 use crate::time::Timestamp;
@@ -106,11 +107,11 @@ pub struct AttemptInfo {
 
 impl Payment {
     pub fn key(id: &str) -> Key {
-        Key::new(format!("PAY#{id}"), "PAY")
+        keys::record(keys::Record::Payment, id)
     }
 
     fn list_partition(project_id: &str, mode: Mode) -> String {
-        format!("PROJ#{project_id}#{}#PAY", mode.as_str())
+        keys::per_mode(project_id, mode, keys::PerMode::Payments)
     }
 
     pub(crate) fn indexes(&self) -> [(Index, String, String); 1] {

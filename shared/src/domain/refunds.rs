@@ -33,6 +33,7 @@ use super::record::{from_item, to_item};
 use crate::app::Deps;
 use crate::fields::{NepaliMobile, RefundNotes};
 use crate::ids::{self, IdKind};
+use crate::keys;
 use crate::money::{Currency, Paisa};
 use crate::providers::{ProviderError, ProviderState, StatusQuery};
 use crate::store::fence::Fence;
@@ -52,7 +53,7 @@ pub const RESOLVE_AFTER: chrono::Duration = chrono::Duration::minutes(5);
 pub const NOT_APPLIED_AFTER: chrono::Duration = chrono::Duration::hours(1);
 /// An open refund Khalti cannot confirm within this goes to a person.
 pub const GIVE_UP_AFTER: chrono::Duration = chrono::Duration::hours(24);
-const OPEN_REFUNDS: &str = "OPENREF";
+const OPEN_REFUNDS: keys::Open = keys::Open::Refunds;
 const TRIES: usize = 12;
 /// The payment attribute holding the reserved (not failed) refund total.
 pub const RESERVED: &str = "amount_reserved";
@@ -112,15 +113,15 @@ pub struct Refund {
 
 impl Refund {
     pub fn key(id: &str) -> Key {
-        Key::new(format!("REF#{id}"), "REF")
+        keys::record(keys::Record::Refund, id)
     }
 
     fn list_partition(project_id: &str, mode: Mode) -> String {
-        format!("PROJ#{project_id}#{}#REF", mode.as_str())
+        keys::per_mode(project_id, mode, keys::PerMode::Refunds)
     }
 
     fn payment_partition(payment_id: &str) -> String {
-        format!("PAY#{payment_id}#REF")
+        keys::payment_refunds(payment_id)
     }
 
     fn indexes(&self) -> [(Index, String, String); 2] {
@@ -784,7 +785,7 @@ pub async fn sweep(state: &Deps, now: Timestamp) -> Result<RefundSweep, StoreErr
     let mut report = RefundSweep::default();
     let before = format!("{}#~", now.plus(-RESOLVE_AFTER).to_rfc3339());
     for shard in 0..super::checkout::OPEN_SHARDS {
-        let query = Query::partition(format!("{OPEN_REFUNDS}#{shard}"))
+        let query = Query::partition(keys::open(OPEN_REFUNDS, shard))
             .sk(SkCond::Lt(before.clone()))
             .limit(50);
         for item in store.query(&query).await?.items {

@@ -61,6 +61,7 @@ use super::checkout::{CheckoutSession, SessionStatus};
 use super::record::{from_item, to_item};
 use crate::Deps;
 use crate::ids::{IdKind, new_id};
+use crate::keys;
 use crate::providers::sms::{SmsClient, SmsSendError};
 use crate::queue::{QueueError, QueueName};
 use crate::store::fence::Fence;
@@ -368,7 +369,7 @@ pub async fn pending_session(
         }
     }
     let since = now.plus(chrono::Duration::hours(-SESSION_WINDOW_HOURS));
-    let mut query = Query::partition(format!("PROJ#{project_id}#{}#CS", mode.as_str()))
+    let mut query = Query::partition(keys::per_mode(project_id, mode, keys::PerMode::Sessions))
         .on(Index::Gsi1)
         .sk(SkCond::Ge(first_id_at(IdKind::CheckoutSession, since)))
         .backward()
@@ -398,10 +399,7 @@ pub async fn pending_session(
 /// The recipient's window item: the times (ms) of the reminders sent to
 /// `phone` by the merchant in `mode` in the last 24 h, and a version.
 pub fn recipient_window(merchant_id: &str, mode: Mode, phone: &str) -> Key {
-    Key::new(
-        format!("SMSRCPT#{merchant_id}#{}#TO#{phone}", mode.as_str()),
-        "R",
-    )
+    keys::sms_recipient(merchant_id, mode, phone)
 }
 
 /// The recipient window's length.
@@ -412,18 +410,12 @@ const WINDOW_TRIES: usize = 12;
 /// The merchant's fixed-hour counter.
 pub fn merchant_counter(merchant_id: &str, mode: Mode, now: Timestamp) -> Key {
     let hour = now.unix_seconds().div_euclid(3600);
-    Key::new(
-        format!("SMSCNT#{merchant_id}#{}", mode.as_str()),
-        format!("H#{hour}"),
-    )
+    keys::sms_hour(merchant_id, mode, hour)
 }
 
 /// The merchant's live quota counter of the UTC month of `now`.
 pub fn quota_counter(merchant_id: &str, now: Timestamp) -> Key {
-    Key::new(
-        format!("SMSQUOTA#{merchant_id}"),
-        format!("M#{}", now.datetime().format("%Y-%m")),
-    )
+    keys::sms_quota(merchant_id, &now.datetime().format("%Y-%m").to_string())
 }
 
 /// `n < limit` (a missing counter is 0).
@@ -679,11 +671,11 @@ pub struct SmsReminder {
 
 impl SmsReminder {
     pub fn key(id: &str) -> Key {
-        Key::new(format!("SMS#{id}"), "SMS")
+        keys::record(keys::Record::Sms, id)
     }
 
     fn list_partition(project_id: &str, mode: Mode) -> String {
-        format!("PROJ#{project_id}#{}#SMS", mode.as_str())
+        keys::per_mode(project_id, mode, keys::PerMode::Sms)
     }
 
     /// `gsi1`: the project's reminders, by time-ordered id; `gsi2` (sparse,
@@ -709,8 +701,7 @@ impl SmsReminder {
 const OPEN_SHARDS: u32 = 4;
 
 fn open_partition(id: &str) -> String {
-    let sum: u32 = id.bytes().map(u32::from).sum();
-    format!("OPEN#SMS#{}", sum % OPEN_SHARDS)
+    keys::open(keys::Open::Sms, keys::shard_of(id, OPEN_SHARDS))
 }
 
 fn open_sort_key(at: Timestamp, id: &str) -> String {
@@ -736,7 +727,7 @@ pub async fn requeue_stuck(
     let before = format!("{:015}", now.plus(-STUCK_AFTER).unix_millis().max(0));
     let mut queued = 0;
     for shard in 0..OPEN_SHARDS {
-        let query = Query::partition(format!("OPEN#SMS#{shard}"))
+        let query = Query::partition(keys::open(keys::Open::Sms, shard))
             .on(Index::Gsi2)
             .sk(crate::store::SkCond::Lt(before.clone()))
             .limit(limit);

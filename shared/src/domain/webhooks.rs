@@ -37,6 +37,7 @@ use super::record::{from_item, to_item};
 use crate::Deps;
 use crate::fields::wire::present;
 use crate::ids::{self, IdKind};
+use crate::keys;
 use crate::queue::{MAX_DELAY, QueueError, QueueName};
 use crate::store::fence::Fence;
 use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
@@ -173,7 +174,7 @@ pub struct Endpoint {
 
 impl Endpoint {
     fn partition(project_id: &str, mode: Mode) -> String {
-        format!("PROJ#{project_id}#{}#WE", mode.as_str())
+        keys::per_mode(project_id, mode, keys::PerMode::WebhookEndpoints)
     }
 
     pub fn key(project_id: &str, mode: Mode, id: &str) -> Key {
@@ -492,10 +493,7 @@ impl EndpointCounter {
     const VERSION: &'static str = "v";
 
     fn key(project_id: &str, mode: Mode) -> Key {
-        Key::new(
-            format!("PROJ#{project_id}#{}#WECOUNT", mode.as_str()),
-            "COUNT",
-        )
+        keys::webhook_count(project_id, mode)
     }
 
     /// The count and its version, if the counter exists (0 for either
@@ -828,13 +826,15 @@ pub struct Delivery {
 
 impl Delivery {
     pub fn key(event_id: &str, endpoint_id: &str) -> Key {
-        Key::new(format!("EVT#{event_id}"), format!("WHD#{endpoint_id}"))
+        keys::delivery(event_id, endpoint_id)
     }
 
     /// The open-deliveries partition of event `event_id` (`gsi2`).
     fn open_partition(event_id: &str) -> String {
-        let sum: u32 = event_id.bytes().map(u32::from).sum();
-        format!("OPEN#WHD#{}", sum % outbox::SHARDS)
+        keys::open(
+            keys::Open::Deliveries,
+            keys::shard_of(event_id, outbox::SHARDS),
+        )
     }
 
     /// The open-deliveries sort key: due time first.
@@ -843,7 +843,7 @@ impl Delivery {
     }
 
     fn log_partition(endpoint_id: &str) -> String {
-        format!("WE#{endpoint_id}#WHD")
+        keys::endpoint_deliveries(endpoint_id)
     }
 }
 
@@ -1373,7 +1373,7 @@ pub async fn requeue_overdue(
     let before = format!("{:015}", now.plus(-OVERDUE_AFTER).unix_millis().max(0));
     let mut queued = 0;
     for shard in 0..outbox::SHARDS {
-        let query = Query::partition(format!("OPEN#WHD#{shard}"))
+        let query = Query::partition(keys::open(keys::Open::Deliveries, shard))
             .on(Index::Gsi2)
             .sk(SkCond::Lt(before.clone()))
             .limit(limit);

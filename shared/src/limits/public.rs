@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::store::{Cond, Key, Store, StoreError, TTL, Update};
+use crate::store::{Cond, Store, StoreError, TTL, Update};
 use crate::time::Timestamp;
 
 /// What a public request is, for its limits.
@@ -211,7 +211,7 @@ impl PublicLimits {
             entry.1 += 1;
             return Ok(());
         }
-        let key = Key::new(format!("THROTTLE#{bucket}#{start}"), "THROTTLE");
+        let key = crate::keys::throttle(bucket, start);
         let update = Update::new().add("count", 1).set(TTL, end + 60);
         let room = Cond::Or(vec![
             Cond::AttrNotExists("count".into()),

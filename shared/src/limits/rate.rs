@@ -194,7 +194,7 @@ impl Window {
 
     /// The counter item of `key_id` in this window.
     pub fn counter_key(self, key_id: &str) -> Key {
-        Key::new(format!("RATE#{key_id}#{}", self.start), "RATE")
+        crate::keys::rate_window(key_id, self.start)
     }
 }
 
