@@ -825,14 +825,7 @@ pub async fn on_return(
     // nothing (and asks the provider nothing).
     let reviewable = payment.checks.review.is_none();
     if reviewable && (is_open(payment.status) || payment.status == PaymentStatus::Cancelled) {
-        let creds = super::credentials::for_provider(
-            store,
-            &state.providers,
-            &payment.project_id,
-            payment.mode,
-            payment.provider,
-        )
-        .await?;
+        let creds = super::credentials::for_payment(state, &payment).await?;
         match verify_return(&payment, &creds, kind, params) {
             // One provider check per payment every few seconds, however
             // often the return is replayed.
@@ -1196,14 +1189,7 @@ async fn check_and_apply(
     now: Timestamp,
 ) -> Result<Payment, AttemptError> {
     let store = &*state.store;
-    let creds = super::credentials::for_provider(
-        store,
-        &state.providers,
-        &payment.project_id,
-        payment.mode,
-        payment.provider,
-    )
-    .await?;
+    let creds = super::credentials::for_payment(state, payment).await?;
     let client = state.providers.client(payment.mode, payment.provider)?;
     let query = StatusQuery {
         reference: payment.attempt.reference.clone().unwrap_or_default(),

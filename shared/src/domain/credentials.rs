@@ -857,6 +857,21 @@ pub async fn reencrypt_credentials(
     Ok(rewritten)
 }
 
+/// The credentials of `payment`'s project at its provider in its mode.
+pub async fn for_payment(
+    deps: &crate::Deps,
+    payment: &super::payments::Payment,
+) -> Result<ProviderCredentials, HubError> {
+    for_provider(
+        &*deps.store,
+        &deps.providers,
+        &payment.project_id,
+        payment.mode,
+        payment.provider,
+    )
+    .await
+}
+
 /// The credentials a project uses at `provider` in `mode`: its own,
 /// opened with the hub's master key; else the gateway's sandbox account
 /// (sandbox eSewa and Khalti only).

@@ -463,16 +463,7 @@ async fn call_khalti(
     refund: Refund,
     now: Timestamp,
 ) -> Result<Refund, StoreError> {
-    let store = &*state.store;
-    let creds = match super::credentials::for_provider(
-        store,
-        &state.providers,
-        &payment.project_id,
-        payment.mode,
-        payment.provider,
-    )
-    .await
-    {
+    let creds = match super::credentials::for_payment(state, payment).await {
         Ok(c) => c,
         Err(e) => {
             let why = format!("no Khalti credentials to refund with: {e}");
@@ -851,16 +842,7 @@ async fn resolve_one(state: &Deps, id: &str, now: Timestamp) -> Result<bool, Sto
 }
 
 async fn ask_khalti(state: &Deps, payment: &Payment) -> Option<ProviderState> {
-    let store = &*state.store;
-    let creds = super::credentials::for_provider(
-        store,
-        &state.providers,
-        &payment.project_id,
-        payment.mode,
-        payment.provider,
-    )
-    .await
-    .ok()?;
+    let creds = super::credentials::for_payment(state, payment).await.ok()?;
     let client = state
         .providers
         .client(payment.mode, payment.provider)
