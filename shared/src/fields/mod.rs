@@ -87,25 +87,6 @@ impl<const MAX: usize, const LINES: bool> Text<MAX, LINES> {
         }
         Ok(Text(value))
     }
-
-    /// A value read back from the store (it kept the rule when written).
-    pub fn stored(value: String) -> Self {
-        Text(value)
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    pub fn into_string(self) -> String {
-        self.0
-    }
-}
-
-impl<'de, const MAX: usize, const LINES: bool> Deserialize<'de> for Text<MAX, LINES> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Text::parse(String::deserialize(d)?).map_err(serde::de::Error::custom)
-    }
 }
 
 impl<const MAX: usize, const LINES: bool> utoipa::PartialSchema for Text<MAX, LINES> {
@@ -146,18 +127,6 @@ impl Email {
             Err("must be an email address (leave it out when there is none)".to_owned())
         }
     }
-
-    pub fn stored(value: String) -> Self {
-        Email(value)
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    pub fn into_string(self) -> String {
-        self.0
-    }
 }
 
 /// Whether `email` looks like an address (see [`Email`]).
@@ -174,12 +143,6 @@ pub fn is_plausible_email(email: &str) -> bool {
         && !domain.starts_with('.')
         && !domain.ends_with('.')
         && !domain.contains("..")
-}
-
-impl<'de> Deserialize<'de> for Email {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Email::parse(String::deserialize(d)?).map_err(serde::de::Error::custom)
-    }
 }
 
 impl utoipa::PartialSchema for Email {
@@ -217,18 +180,6 @@ impl Phone {
         }
         Ok(Phone(value))
     }
-
-    pub fn stored(value: String) -> Self {
-        Phone(value)
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    pub fn into_string(self) -> String {
-        self.0
-    }
 }
 
 /// Whether `phone` has the shape of [`Phone`] (its length aside).
@@ -237,12 +188,6 @@ pub fn is_phone(phone: &str) -> bool {
         && phone
             .chars()
             .all(|c| c.is_ascii_digit() || matches!(c, '+' | '-' | ' '))
-}
-
-impl<'de> Deserialize<'de> for Phone {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Phone::parse(String::deserialize(d)?).map_err(serde::de::Error::custom)
-    }
 }
 
 impl utoipa::PartialSchema for Phone {
@@ -303,10 +248,6 @@ impl HttpUrl {
         Ok(HttpUrl(value))
     }
 
-    pub fn stored(value: String) -> Self {
-        HttpUrl(value)
-    }
-
     pub fn is_https(&self) -> bool {
         self.0.to_ascii_lowercase().starts_with("https://")
     }
@@ -316,14 +257,6 @@ impl HttpUrl {
         let lower = self.0.to_ascii_lowercase();
         let rest = lower.split_once("://").map(|(_, r)| r).unwrap_or_default();
         host_of(rest.split(['/', '?', '#']).next().unwrap_or_default())
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    pub fn into_string(self) -> String {
-        self.0
     }
 }
 
@@ -335,12 +268,6 @@ fn host_of(authority: &str) -> String {
             .unwrap_or_default()
     } else {
         authority.split(':').next().unwrap_or_default().to_owned()
-    }
-}
-
-impl<'de> Deserialize<'de> for HttpUrl {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        HttpUrl::parse(String::deserialize(d)?).map_err(serde::de::Error::custom)
     }
 }
 
@@ -374,24 +301,6 @@ impl NepaliMobile {
             return Err("must be a 10-digit Nepali mobile number (e.g. 9800000001)".to_owned());
         }
         Ok(NepaliMobile(v.to_owned()))
-    }
-
-    pub fn stored(value: String) -> Self {
-        NepaliMobile(value)
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    pub fn into_string(self) -> String {
-        self.0
-    }
-}
-
-impl<'de> Deserialize<'de> for NepaliMobile {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        NepaliMobile::parse(String::deserialize(d)?).map_err(serde::de::Error::custom)
     }
 }
 
@@ -458,6 +367,30 @@ pub trait Rule: Sized {
 
 macro_rules! string_like {
     ($($ty:ty => [$($gen:tt)*]),* $(,)?) => {$(
+        impl<$($gen)*> $ty {
+            /// A value read back from the store (it kept the rule when
+            /// written): not checked again.
+            pub fn stored(value: String) -> Self {
+                Self(value)
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            pub fn into_string(self) -> String {
+                self.0
+            }
+        }
+
+        /// Parsing enforces the rule ([`Rule::parse`]); the error's path
+        /// names the field.
+        impl<'de, $($gen)*> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                <$ty>::parse(String::deserialize(d)?).map_err(serde::de::Error::custom)
+            }
+        }
+
         impl<$($gen)*> Deref for $ty {
             type Target = str;
             fn deref(&self) -> &str {
