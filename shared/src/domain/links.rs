@@ -925,18 +925,25 @@ pub struct LinkCustomer {
 }
 
 /// What a customer typed on a link's page, trimmed (blank is none) and
-/// held to the field's rule.
+/// held to the field's rule; when nothing was typed, the link's pre-fill
+/// if it keeps the rule.
 fn typed<T: Rule + Into<String>>(
     field: &str,
-    v: Option<String>,
+    typed: Option<String>,
+    prefill: Option<&String>,
 ) -> Result<Option<String>, OpenError> {
-    text(v)
-        .map(|v| T::parse(v).map(Into::into))
-        .transpose()
-        .map_err(|message| OpenError::Invalid {
-            field: field.to_owned(),
-            message: format!("{field} {message}"),
-        })
+    match typed {
+        Some(v) => text(Some(v))
+            .map(|v| T::parse(v).map(Into::into))
+            .transpose()
+            .map_err(|message| OpenError::Invalid {
+                field: field.to_owned(),
+                message: format!("{field} {message}"),
+            }),
+        // The link's own pre-fill: one stored before a stricter rule is
+        // left out rather than refusing every customer of the link.
+        None => Ok(text(prefill.cloned()).and_then(|p| T::parse(p).ok().map(Into::into))),
+    }
 }
 
 /// The message a link shows when it cannot be used.
@@ -1035,15 +1042,18 @@ pub async fn open_session(
         metadata: link.metadata.clone(),
         customer_name: typed::<PersonName>(
             "customerName",
-            customer.name.or(link.customer_name.clone()),
+            customer.name,
+            link.customer_name.as_ref(),
         )?,
         customer_email: typed::<Email>(
             "customerEmail",
-            customer.email.or(link.customer_email.clone()),
+            customer.email,
+            link.customer_email.as_ref(),
         )?,
         customer_phone: typed::<Phone>(
             "customerPhone",
-            customer.phone.or(link.customer_phone.clone()),
+            customer.phone,
+            link.customer_phone.as_ref(),
         )?,
         customer_address: link.customer_address.clone(),
         collect_address: link.collect_address,
@@ -1192,6 +1202,32 @@ mod tests {
             "description"
         );
         assert_eq!(field(create(json!({"title": "a", "bogus": 1}))), "bogus");
+    }
+
+    /// What a customer types is held to the rule; a link's own pre-fill
+    /// that breaks today's rule (stored before it) is left out instead of
+    /// refusing every customer.
+    #[test]
+    fn typed_details_are_checked_and_stale_prefills_dropped() {
+        let stale = "call me".to_owned();
+        let good = "9800000001".to_owned();
+        assert!(matches!(
+            typed::<Phone>("customerPhone", Some("call me".into()), Some(&good)),
+            Err(OpenError::Invalid { ref field, .. }) if field == "customerPhone"
+        ));
+        assert_eq!(
+            typed::<Phone>("customerPhone", None, Some(&stale)).ok(),
+            Some(None)
+        );
+        assert_eq!(
+            typed::<Phone>("customerPhone", None, Some(&good)).ok(),
+            Some(Some(good.clone()))
+        );
+        assert_eq!(
+            typed::<Phone>("customerPhone", Some("  ".into()), Some(&good)).ok(),
+            Some(None),
+            "a blank field clears the pre-fill"
+        );
     }
 
     #[test]
