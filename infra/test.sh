@@ -42,13 +42,13 @@ echo "== moto $("$venv/bin/pip" show moto 2>/dev/null | sed -n 's/^Version: //p'
 # DHUKUTI_REQUIRE_AWS=1 they fail instead of skipping when it is missing.
 export DHUKUTI_TEST_AWS_ENDPOINT="http://127.0.0.1:$port"
 export DHUKUTI_REQUIRE_AWS=1
-# tests/contract.rs runs the official Python SDK with this interpreter.
+# tests/e2e/contract.rs runs the official Python SDK with this interpreter.
 export DHUKUTI_TEST_PYTHON="$PWD/$venv/bin/python"
 case "$venv" in /*) DHUKUTI_TEST_PYTHON="$venv/bin/python" ;; esac
 export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=ap-south-1
 unset AWS_PROFILE AWS_SESSION_TOKEN
 
-# The browser test (tests/browser.rs) drives Debian's Chromium through
+# The browser test (tests/e2e/browser.rs) drives Debian's Chromium through
 # chromedriver (package chromium-driver). Installed here when missing (CI:
 # Debian, root, apt reachable); DHUKUTI_CHROMIUM set makes the test fail,
 # never skip, when the browser does not start.
@@ -66,7 +66,7 @@ need=()
 # pdftotext/pdfinfo/pdftoppm; they fail, never skip, without them.
 [ -n "${DHUKUTI_PDFTOTEXT:-}" ] || command -v pdftotext >/dev/null 2>&1 || need+=(poppler-utils)
 # The webhook receivers in docs/webhooks.md run under python3 and node
-# (tests/webhooks.rs): the docs cannot rot.
+# (tests/e2e/webhooks.rs): the docs cannot rot.
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "== installing ${need[*]} (apt)"

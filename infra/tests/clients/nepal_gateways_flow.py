@@ -3,7 +3,7 @@ unchanged) against our simulators: initiate, pay on the simulator's page
 as a browser would, verify the return the library's way (eSewa's signature
 and status check, Khalti's lookup). Only the endpoints are pointed at the
 simulators, as a deployer points them at a sandbox. Driven by
-infra/tests/simulators.rs with SIM_BASE; exits non-zero on failure.
+infra/tests/tools/simulators.rs with SIM_BASE; exits non-zero on failure.
 """
 
 import base64

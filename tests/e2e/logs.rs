@@ -1,6 +1,8 @@
 //! The request log: one line per request with method, path, status,
-//! latency and request id, and never an API key. Its own test binary, so
-//! the global log subscriber captures only this test's gateway.
+//! latency and request id, and never an API key. The subscriber is this
+//! test's thread's default, not the global one: the test runs on a
+//! current-thread runtime, so it captures exactly the gateways this test
+//! starts (their tasks run on this thread), never the rest of the suite.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -34,7 +36,7 @@ async fn request_logs_have_one_line_per_request_and_never_a_key() {
         .with_max_level(tracing::Level::INFO)
         .with_writer(move || writer.clone())
         .finish();
-    assert!(tracing::subscriber::set_global_default(subscriber).is_ok());
+    let _scoped = tracing::subscriber::set_default(subscriber);
 
     let mut seen = Vec::new();
     for which in [Which::Embedded, Which::Aws] {

@@ -1,0 +1,25 @@
+//! The end-to-end suite: one test binary, a module per capability. Every
+//! module drives the gateway the way a merchant, a customer's browser, a
+//! provider or an attacker does, through the one app builder in
+//! `tests/support` (`spawn_app`, `on_both_backends!`), on the embedded
+//! store and on DynamoDB/SQS/S3 (moto). One binary links the workspace
+//! once instead of fifteen times (see `BENCHMARKS.md`).
+//!
+//! Run one module: `bash infra/test.sh -p dhukuti-tests --test e2e links::`.
+
+mod analytics;
+mod api;
+mod browser;
+mod checkout;
+mod contract;
+mod invoices;
+mod lambda;
+mod links;
+mod logs;
+mod pay;
+mod ratelimit;
+mod refunds;
+mod sms;
+mod template;
+mod webhooks;
+mod workspace;

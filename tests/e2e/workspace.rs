@@ -1,0 +1,189 @@
+//! The workspace's test switches hide no test. Crates and binaries without
+//! tests of their own are built with `test = false` (and libraries without
+//! runnable examples with `doctest = false`), so `cargo test` does not
+//! link an empty harness for each: most of the suite's link time and
+//! target size. This check keeps the switch honest: a test or a runnable
+//! doc example added behind it fails here instead of never running.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn workspace_targets() -> Vec<(String, Value)> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--no-deps",
+            "--offline",
+            "--format-version",
+            "1",
+        ])
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .output()
+        .unwrap_or_else(|e| panic!("cargo metadata: {e}"));
+    assert!(
+        out.status.success(),
+        "cargo metadata failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let mut targets = Vec::new();
+    for package in meta["packages"].as_array().into_iter().flatten() {
+        let name = package["name"].as_str().unwrap_or("").to_owned();
+        for target in package["targets"].as_array().into_iter().flatten() {
+            targets.push((name.clone(), target.clone()));
+        }
+    }
+    assert!(targets.len() > 20, "too few targets: {}", targets.len());
+    targets
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The lines of `text` that declare a test, outside `macro_rules!` bodies
+/// (a macro that writes tests for its caller is not a test of this crate).
+fn test_markers(text: &str) -> Vec<String> {
+    let mut in_macro = false;
+    let mut found = Vec::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("macro_rules!") {
+            in_macro = true;
+        }
+        if in_macro {
+            in_macro = line != "}";
+            continue;
+        }
+        let t = line.trim_start();
+        if t.starts_with("#[test]")
+            || t.starts_with("#[cfg(test)]")
+            || t.starts_with("#[tokio::test")
+        {
+            found.push(line.to_owned());
+        }
+    }
+    found
+}
+
+/// The opening fences of doc-comment code blocks that rustdoc would
+/// compile: no language, or only Rust's own attributes, and not `ignore`.
+fn runnable_examples(text: &str) -> Vec<String> {
+    let mut open = false;
+    let mut found = Vec::new();
+    for line in text.lines().map(str::trim_start) {
+        let Some(doc) = line
+            .strip_prefix("///")
+            .or_else(|| line.strip_prefix("//!"))
+        else {
+            continue;
+        };
+        let Some(lang) = doc.trim().strip_prefix("```") else {
+            continue;
+        };
+        open = !open;
+        if !open {
+            continue;
+        }
+        let rust = lang
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .all(|t| {
+                matches!(t, "rust" | "should_panic" | "no_run" | "compile_fail")
+                    || t.starts_with("edition")
+            });
+        if rust {
+            found.push(line.to_owned());
+        }
+    }
+    found
+}
+
+#[test]
+fn targets_built_without_tests_have_none() {
+    let targets = workspace_targets();
+    let bins: Vec<PathBuf> = targets
+        .iter()
+        .filter(|(_, t)| t["kind"][0] == "bin")
+        .filter_map(|(_, t)| t["src_path"].as_str().map(PathBuf::from))
+        .collect();
+    let mut checked = 0;
+    for (package, target) in &targets {
+        let kind = target["kind"][0].as_str().unwrap_or("");
+        let src = PathBuf::from(target["src_path"].as_str().unwrap_or(""));
+        // A library owns its folder's files but the binaries'; a binary
+        // owns its own file.
+        let files: Vec<PathBuf> = match kind {
+            "lib" => {
+                let mut all = Vec::new();
+                rust_files(src.parent().unwrap_or(Path::new(".")), &mut all);
+                all.retain(|f| !bins.contains(f) && !f.starts_with(src.with_file_name("bin")));
+                all
+            }
+            "bin" => vec![src.clone()],
+            _ => continue,
+        };
+        let texts: Vec<(PathBuf, String)> = files
+            .into_iter()
+            .map(|f| {
+                let text = std::fs::read_to_string(&f).unwrap_or_default();
+                (f, text)
+            })
+            .collect();
+        if target["test"] == false {
+            checked += 1;
+            for (file, text) in &texts {
+                let found = test_markers(text);
+                assert!(
+                    found.is_empty(),
+                    "{package} {kind} is built with `test = false` but {} has tests: {found:?}",
+                    file.display()
+                );
+            }
+        }
+        if kind == "lib" && target["doctest"] == false {
+            checked += 1;
+            for (file, text) in &texts {
+                let found = runnable_examples(text);
+                assert!(
+                    found.is_empty(),
+                    "{package} is built with `doctest = false` but {} has examples: {found:?}",
+                    file.display()
+                );
+            }
+        }
+    }
+    assert!(checked >= 20, "only {checked} switches checked");
+}
+
+#[test]
+fn the_marker_scans_find_what_they_look_for() {
+    let unit = "fn a() {}\n#[cfg(test)]\nmod tests {\n    #[test]\n    fn b() {}\n}\n";
+    assert_eq!(test_markers(unit).len(), 2);
+    let macro_only = "macro_rules! both {\n    () => {\n        #[tokio::test]\n        async fn x() {}\n    };\n}\n";
+    assert!(test_markers(macro_only).is_empty());
+    assert_eq!(
+        test_markers("#[tokio::test(flavor = \"multi_thread\")]\n").len(),
+        1
+    );
+    assert_eq!(
+        runnable_examples("/// ```\n/// let x = 1;\n/// ```\n").len(),
+        1
+    );
+    assert_eq!(runnable_examples("/// ```rust,no_run\n/// ```\n").len(), 1);
+    for quiet in ["text", "ignore", "json", "rust,ignore"] {
+        let doc = format!("//! ```{quiet}\n//! x\n//! ```\n");
+        assert!(runnable_examples(&doc).is_empty(), "{quiet}");
+    }
+}
