@@ -21,6 +21,14 @@ from moto.server import MotoRequestHandler
 from werkzeug.serving import run_simple
 
 
+class QuietRequestHandler(MotoRequestHandler):
+    """No access-log line per request: writing it took about a tenth of
+    the server's time in a full test run (errors are still logged)."""
+
+    def log_request(self, code="-", size="-"):
+        pass
+
+
 def main() -> None:
     host, port = sys.argv[1], int(sys.argv[2])
     os.environ.setdefault("MOTO_PORT", str(port))
@@ -45,7 +53,7 @@ def main() -> None:
         return app(environ, start_response)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    run_simple(host, port, serialized, threaded=True, request_handler=MotoRequestHandler)
+    run_simple(host, port, serialized, threaded=True, request_handler=QuietRequestHandler)
 
 
 if __name__ == "__main__":
