@@ -65,9 +65,10 @@ need=()
 # The invoice PDF tests (shared/src/pdf.rs) read the PDFs back with poppler's
 # pdftotext/pdfinfo/pdftoppm; they fail, never skip, without them.
 [ -n "${DHUKUTI_PDFTOTEXT:-}" ] || command -v pdftotext >/dev/null 2>&1 || need+=(poppler-utils)
-# The webhook receivers in docs/webhooks.md run under python3 and node
-# (tests/e2e/webhooks.rs): the docs cannot rot.
+# The webhook receivers in docs/webhooks.md run under python3, node and
+# php (tests/e2e/webhooks.rs): the docs cannot rot.
 command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v php >/dev/null 2>&1 || need+=(php-cli)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "== installing ${need[*]} (apt)"
   apt_install "${need[@]}"

@@ -1698,10 +1698,12 @@ async fn the_documented_receivers_verify_as_documented(which: Which) {
         Ok(d) => d,
         Err(e) => panic!("docs/webhooks.md: {e}"),
     };
-    // Standard library only: the system's interpreters run them.
+    // Standard library only: the system's interpreters run them (PHP
+    // behind its built-in server, as the example says).
     for (lang, program, file) in [
         ("python", "python3", "receiver.py"),
         ("js", "node", "receiver.js"),
+        ("php", "php", "receiver.php"),
     ] {
         let code = documented_block(&doc, "## How to verify a webhook", lang);
         let dir = match tempfile::tempdir() {
@@ -1716,9 +1718,18 @@ async fn the_documented_receivers_verify_as_documented(which: Which) {
             Ok(a) => a.port(),
             Err(e) => panic!("{e}"),
         };
-        let mut child = match tokio::process::Command::new(program)
-            .arg(&path)
-            .arg(port.to_string())
+        let mut command = tokio::process::Command::new(program);
+        if lang == "php" {
+            // Its server logs every request on stderr.
+            command
+                .arg("-S")
+                .arg(format!("127.0.0.1:{port}"))
+                .arg(&path)
+                .stderr(std::process::Stdio::null());
+        } else {
+            command.arg(&path).arg(port.to_string());
+        }
+        let mut child = match command
             .env("WEBHOOK_SECRET", "whsec_docs_old, whsec_docs")
             .env("DHUKUTI_KEY", &key)
             .env("DHUKUTI_API", app.url(""))
