@@ -9,15 +9,14 @@
 //! take it from there, so a request takes one slot of its key's budget.
 
 use axum::extract::FromRequestParts;
+use http::header;
 use http::request::Parts;
-use http::{StatusCode, header};
-use serde_json::json;
 
-use super::error::{ApiError, ErrorType};
+use super::error::ApiError;
 use super::ratelimit::{QuotaHttp, QuotaSlot};
 use shared::app::AppState;
 use shared::domain::Mode;
-use shared::domain::account::{self, AuthError, Principal, Scope};
+use shared::domain::account::{self, Principal, Scope};
 
 /// The authenticated caller of a request.
 #[derive(Clone, Debug)]
@@ -63,9 +62,7 @@ impl FromRequestParts<AppState> for Auth {
 pub async fn authenticate_request(parts: &Parts, state: &AppState) -> Result<Auth, ApiError> {
     let secret = bearer(parts)?;
     let now = state.clock.now();
-    let key = account::authenticate_key(&*state.store, now, secret)
-        .await
-        .map_err(auth_error)?;
+    let key = account::authenticate_key(&*state.store, now, secret).await?;
     // The key is real: its merchant is read while the limiter takes its
     // slot (one round trip less on DynamoDB). A refusal of the merchant
     // or the key (403 suspended, 423 paused) still comes first and carries
@@ -76,7 +73,7 @@ pub async fn authenticate_request(parts: &Parts, state: &AppState) -> Result<Aut
         account::principal_of(&*state.store, key),
         state.limits.take(&*state.store, &key_id, mode, now)
     );
-    let principal = principal.map_err(auth_error)?;
+    let principal = principal?;
     if let Some(slot) = parts.extensions.get::<QuotaSlot>() {
         slot.set(quota);
     }
@@ -108,41 +105,12 @@ fn bearer(parts: &Parts) -> Result<&str, ApiError> {
     Ok(token)
 }
 
-/// The one place authentication failures become answers.
-pub fn auth_error(err: AuthError) -> ApiError {
-    match err {
-        AuthError::Missing => ApiError::api_key_invalid("No API key provided"),
-        // One message for unknown, malformed and revoked keys: nothing to
-        // learn by probing.
-        AuthError::Invalid => ApiError::api_key_invalid("Invalid API key provided"),
-        AuthError::Expired => ApiError::api_key_invalid("This API key has expired"),
-        AuthError::Suspended(s) => ApiError::new(
-            StatusCode::FORBIDDEN,
-            ErrorType::AccountError,
-            "account_suspended",
-            "This merchant account is suspended; contact support",
-        )
-        .with_extra(
-            "suspension",
-            json!({"suspended_at": s.suspended_at, "reason": s.reason}),
-        ),
-        AuthError::Paused(p) => ApiError::new(
-            StatusCode::LOCKED,
-            ErrorType::AccountError,
-            "token_paused",
-            "This API key is paused",
-        )
-        .with_extra(
-            "pause",
-            json!({"paused_at": p.paused_at, "reason": p.reason}),
-        ),
-        AuthError::Store(e) => e.into(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ErrorType;
+    use http::StatusCode;
+    use shared::domain::account::AuthError;
     use shared::time::Timestamp;
 
     fn parts(auth: Option<&str>) -> Parts {
@@ -183,7 +151,7 @@ mod tests {
     fn failures_map_to_the_spec_answers() {
         let t = Timestamp::parse("2026-01-01T00:00:00Z")
             .unwrap_or_else(|| shared::time::Clock::now(&shared::time::SystemClock));
-        let e = auth_error(AuthError::Invalid);
+        let e = ApiError::from(AuthError::Invalid);
         assert_eq!(
             (e.status, e.kind, e.code),
             (
@@ -192,7 +160,7 @@ mod tests {
                 "api_key_invalid"
             )
         );
-        let e = auth_error(AuthError::Suspended(account::Suspension {
+        let e = ApiError::from(AuthError::Suspended(account::Suspension {
             suspended_at: t,
             reason: "r".into(),
         }));
@@ -204,7 +172,7 @@ mod tests {
             e.body("id")["error"]["suspension"]["suspended_at"],
             "2026-01-01T00:00:00.000Z"
         );
-        let e = auth_error(AuthError::Paused(account::Pause {
+        let e = ApiError::from(AuthError::Paused(account::Pause {
             paused_at: t,
             reason: "r".into(),
         }));

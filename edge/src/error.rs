@@ -88,13 +88,7 @@ impl ApiError {
 
     /// 400 `validation_failed` naming the field or parameter at fault.
     pub fn validation(param: impl Into<String>, message: impl Into<String>) -> Self {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            ErrorType::InvalidRequestError,
-            "validation_failed",
-            message,
-        )
-        .with_param(param)
+        shared::refusal::Refusal::invalid(param, message).into()
     }
 
     /// 400 `validation_failed` about the request as a whole.
@@ -109,13 +103,7 @@ impl ApiError {
 
     /// 404 `not_found`: also the answer for another project's or mode's record.
     pub fn not_found(what: &str, id: &str) -> Self {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            ErrorType::InvalidRequestError,
-            "not_found",
-            format!("No such {what}: '{id}'"),
-        )
-        .with_param("id")
+        shared::refusal::Refusal::not_found(what, id).into()
     }
 
     /// 401 `api_key_invalid`.
@@ -248,13 +236,7 @@ impl IntoResponse for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
-        // Storage details stay in the logs; the client gets a retryable
-        // error: 503 when the store was only busy, 500 otherwise.
-        tracing::error!(error = %err, "store call failed");
-        match err {
-            StoreError::Unavailable(_) => ApiError::unavailable(),
-            _ => ApiError::internal(),
-        }
+        shared::refusal::Refusal::from(err).into()
     }
 }
 

@@ -53,20 +53,9 @@ mod tests {
     use super::*;
     use shared::domain::Mode;
     use shared::store::Store;
-    use shared::store::embedded::EmbeddedStore;
-    use shared::time::Timestamp;
+    use shared::testenv::at;
+    use shared::testenv::memory_store as store;
     use std::sync::Arc;
-
-    fn at(s: &str) -> Timestamp {
-        Timestamp::parse(s).unwrap_or_else(|| panic!("bad time {s}"))
-    }
-
-    fn store() -> Arc<dyn Store> {
-        match EmbeddedStore::in_memory() {
-            Ok(s) => Arc::new(s),
-            Err(e) => panic!("{e}"),
-        }
-    }
 
     #[test]
     fn headers_and_the_429() {

@@ -19,6 +19,7 @@ pub mod money;
 pub mod pdf;
 pub mod providers;
 pub mod queue;
+pub mod refusal;
 pub mod store;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testenv;

@@ -17,3 +17,16 @@ pub fn python() -> Option<std::path::PathBuf> {
         }
     }
 }
+
+/// A time written in a test (RFC 3339); a typo fails the test.
+pub fn at(s: &str) -> crate::time::Timestamp {
+    crate::time::Timestamp::parse(s).unwrap_or_else(|| panic!("bad time {s}"))
+}
+
+/// A fresh, empty in-memory embedded store.
+pub fn memory_store() -> std::sync::Arc<dyn crate::store::Store> {
+    match crate::store::embedded::EmbeddedStore::in_memory() {
+        Ok(s) => std::sync::Arc::new(s),
+        Err(e) => panic!("in-memory store: {e}"),
+    }
+}

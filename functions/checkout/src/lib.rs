@@ -16,7 +16,7 @@ use shared::AppState;
 use shared::domain::Provider;
 use shared::domain::account::Scope;
 use shared::domain::checkout::{
-    self, CheckoutError, CheckoutSession, CheckoutSessionView, CreateCheckout, Creator, Flow,
+    self, CheckoutSession, CheckoutSessionView, CreateCheckout, Creator, Flow,
     ProviderAvailability, SessionStatus,
 };
 use shared::time::Timestamp;
@@ -69,11 +69,6 @@ struct ProviderList {
     providers: Vec<&'static str>,
 }
 
-/// The one place checkout refusals become answers.
-fn api_error(err: CheckoutError) -> ApiError {
-    edge::refusals::checkout(err)
-}
-
 async fn create_checkout(
     State(state): State<AppState>,
     auth: Auth,
@@ -89,13 +84,11 @@ async fn create_checkout(
     let base = state.config.base_for(host);
     let who = auth.require(Scope::PaymentsWrite)?;
     let JsonBody(body) = body?;
-    let valid = checkout::validate_create(body, who.mode()).map_err(api_error)?;
+    let valid = checkout::validate_create(body, who.mode())?;
     let creator = Creator::of(who);
     let now = state.clock.now();
     let fence = fence.as_ref().map(|Extension(f)| f);
-    let s = checkout::create(&*state.store, &creator, valid, now, fence)
-        .await
-        .map_err(api_error)?;
+    let s = checkout::create(&*state.store, &creator, valid, now, fence).await?;
     let created = Created {
         checkout_url: format!("{base}/c/{}", s.id),
         livemode: s.mode.is_live(),

@@ -11,15 +11,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use edge::idempotency::{self, Fence};
-use edge::{
-    ApiError, Auth, ErrorType, JsonBody, OptionalJsonBody, Page, Pagination, QueryParams, with_edge,
-};
+use edge::{ApiError, Auth, JsonBody, OptionalJsonBody, Page, Pagination, QueryParams, with_edge};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use serde_json::{Value, json};
 use shared::AppState;
 use shared::domain::Mode;
 use shared::domain::account::Scope;
-use shared::domain::checkout::CheckoutError;
 use shared::domain::invoices::{
     self, AdjustInvoice, CollectionStatus, CorrectInvoice, CreateInvoice, DocumentStatus,
     FinalizeInvoice, InvoiceCheckout, InvoiceCheckoutView, InvoiceError, InvoiceView, PatchInvoice,
@@ -62,49 +59,6 @@ pub fn router(state: AppState) -> Router {
     )
 }
 
-/// The one place invoice refusals become answers.
-fn api_error(err: InvoiceError, id: &str) -> ApiError {
-    match err {
-        InvoiceError::Invalid { field, message } => ApiError::validation(field, message),
-        InvoiceError::NotFound => ApiError::not_found("invoice", id),
-        e @ InvoiceError::LiveDisabled => ApiError::new(
-            StatusCode::FORBIDDEN,
-            ErrorType::PermissionError,
-            "live_invoicing_disabled",
-            e.to_string(),
-        ),
-        e @ InvoiceError::StateConflict(_) => ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorType::InvalidRequestError,
-            "state_conflict",
-            e.to_string(),
-        ),
-        e @ InvoiceError::VersionConflict { .. } => ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorType::InvalidRequestError,
-            "version_conflict",
-            e.to_string(),
-        ),
-        e @ InvoiceError::NotCorrectable(_) => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            ErrorType::InvalidRequestError,
-            "invoice_not_correctable",
-            e.to_string(),
-        ),
-        // The balance is out of what a checkout may take: a business rule
-        // (nothing in the request to fix).
-        InvoiceError::Checkout(CheckoutError::Invalid { message, .. }) => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            ErrorType::InvalidRequestError,
-            "invoice_not_collectable",
-            format!("This invoice's balance cannot be collected by checkout: {message}"),
-        ),
-        InvoiceError::Checkout(e) => edge::refusals::checkout(e),
-        e @ InvoiceError::AlreadyDiscarded => ApiError::not_found("invoice", &e.to_string()),
-        InvoiceError::Store(e) => e.into(),
-    }
-}
-
 fn view(inv: &invoices::Invoice, state: &AppState) -> InvoiceView {
     InvoiceView::at(inv, state.clock.now())
 }
@@ -142,9 +96,8 @@ async fn create_invoice(
 ) -> Result<(StatusCode, Json<InvoiceView>), ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     let JsonBody(body) = body?;
-    let inv = invoices::create(&state, who.project_id(), who.mode(), body, fence_of(&fence))
-        .await
-        .map_err(|e| api_error(e, ""))?;
+    let inv =
+        invoices::create(&state, who.project_id(), who.mode(), body, fence_of(&fence)).await?;
     Ok((StatusCode::CREATED, Json(view(&inv, &state))))
 }
 
@@ -195,9 +148,7 @@ async fn get_invoice(
     Path(id): Path<String>,
 ) -> Result<Json<InvoiceView>, ApiError> {
     let who = auth.require(Scope::InvoicesRead)?;
-    let inv = invoices::get(&*state.store, who.project_id(), who.mode(), &id)
-        .await
-        .map_err(|e| api_error(e, &id))?;
+    let inv = invoices::get(&*state.store, who.project_id(), who.mode(), &id).await?;
     Ok(Json(view(&inv, &state)))
 }
 
@@ -211,9 +162,7 @@ async fn patch_invoice(
 ) -> Result<Json<InvoiceView>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     let JsonBody(body) = body?;
-    let inv = invoices::patch(&state, who.project_id(), who.mode(), &id, body)
-        .await
-        .map_err(|e| api_error(e, &id))?;
+    let inv = invoices::patch(&state, who.project_id(), who.mode(), &id, body).await?;
     Ok(Json(view(&inv, &state)))
 }
 
@@ -239,8 +188,7 @@ async fn finalize_invoice(
             body.version,
             fence_of(&fence),
         )
-        .await
-        .map_err(|e| api_error(e, &id))?
+        .await?
     };
     tracing::info!(invoice = %inv.id, number = ?inv.invoice_number, "invoice issued");
     invoices::store_pdf(&state, &inv).await;
@@ -258,7 +206,7 @@ async fn discard_invoice(
         Ok(_) | Err(InvoiceError::AlreadyDiscarded) => Ok(Json(
             json!({"id": id, "deleted": true, "livemode": who.mode().is_live()}),
         )),
-        Err(e) => Err(api_error(e, &id)),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -272,9 +220,8 @@ async fn correct_invoice(
 ) -> Result<Json<Value>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     let JsonBody(body) = body?;
-    let (voided, replacement) = invoices::correct(&state, who.project_id(), who.mode(), &id, body)
-        .await
-        .map_err(|e| api_error(e, &id))?;
+    let (voided, replacement) =
+        invoices::correct(&state, who.project_id(), who.mode(), &id, body).await?;
     tracing::info!(invoice = %voided.id, replacement = %replacement.id, "invoice voided and replaced");
     invoices::store_pdf(&state, &voided).await;
     Ok(Json(json!({
@@ -293,9 +240,7 @@ async fn adjust_invoice(
 ) -> Result<Json<InvoiceView>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     let JsonBody(body) = body?;
-    let inv = invoices::adjust(&state, who.project_id(), who.mode(), &id, body)
-        .await
-        .map_err(|e| api_error(e, &id))?;
+    let inv = invoices::adjust(&state, who.project_id(), who.mode(), &id, body).await?;
     Ok(Json(view(&inv, &state)))
 }
 
@@ -318,9 +263,8 @@ async fn invoice_checkout(
     let base = state
         .config
         .base_for(headers.get(header::HOST).and_then(|h| h.to_str().ok()));
-    let (session, reused) = invoices::checkout(&state, &payer, &id, body, &base, fence_of(&fence))
-        .await
-        .map_err(|e| api_error(e, &id))?;
+    let (session, reused) =
+        invoices::checkout(&state, &payer, &id, body, &base, fence_of(&fence)).await?;
     Ok(Json(InvoiceCheckoutView {
         checkout_url: format!("{base}/c/{}", session.id),
         checkout_session_id: session.id,
@@ -334,12 +278,8 @@ async fn invoice_pdf(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let who = auth.require(Scope::InvoicesRead)?;
-    let inv = invoices::get(&*state.store, who.project_id(), who.mode(), &id)
-        .await
-        .map_err(|e| api_error(e, &id))?;
-    let bytes = invoices::pdf(&state, &inv)
-        .await
-        .map_err(|e| api_error(e, &id))?;
+    let inv = invoices::get(&*state.store, who.project_id(), who.mode(), &id).await?;
+    let bytes = invoices::pdf(&state, &inv).await?;
     let name = inv.invoice_number.clone().unwrap_or_else(|| inv.id.clone());
     let mut res = (StatusCode::OK, bytes).into_response();
     let h = res.headers_mut();

@@ -7,12 +7,12 @@ use axum::extract::{Extension, Path, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use edge::idempotency::{self, Fence};
-use edge::{ApiError, Auth, ErrorType, JsonBody, Page, Pagination, QueryParams, with_edge};
+use edge::{ApiError, Auth, JsonBody, Page, Pagination, QueryParams, with_edge};
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use shared::AppState;
 use shared::domain::account::Scope;
-use shared::domain::links::{self, CreateLink, LinkError, PatchLink, PaymentLinkView};
+use shared::domain::links::{self, CreateLink, PatchLink, PaymentLinkView};
 
 /// The function's routes, behind the idempotency layer, in the shared edge.
 pub fn router(state: AppState) -> Router {
@@ -34,36 +34,6 @@ pub fn router(state: AppState) -> Router {
     )
 }
 
-/// The one place link refusals become answers.
-fn api_error(err: LinkError, id: &str) -> ApiError {
-    match err {
-        LinkError::Invalid { field, message } => ApiError::validation(field, message),
-        LinkError::NotFound => ApiError::not_found("payment link", id),
-        e @ LinkError::Inactive => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            ErrorType::InvalidRequestError,
-            "link_inactive",
-            e.to_string(),
-        ),
-        e @ LinkError::Used => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            ErrorType::InvalidRequestError,
-            "link_used",
-            e.to_string(),
-        ),
-        LinkError::SpendCapExceeded { field, cap } => ApiError::new(
-            StatusCode::FORBIDDEN,
-            ErrorType::PermissionError,
-            "spend_cap_exceeded",
-            format!(
-                "A customer could pay more than this key's spend cap of {cap} paisa through this link: set {field} to at most {cap}"
-            ),
-        )
-        .with_param(field),
-        LinkError::Store(e) => e.into(),
-    }
-}
-
 fn base(state: &AppState, headers: &HeaderMap) -> String {
     let host = headers
         .get(http::header::HOST)
@@ -82,9 +52,8 @@ async fn create_link(
 ) -> Result<(StatusCode, Json<PaymentLinkView>), ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
     let JsonBody(body) = body?;
-    let link = links::new_link(who.project_id(), who.mode(), body, state.clock.now())
-        .map_err(|e| api_error(e, ""))?;
-    links::check_spend_cap(&link, who.key.spend_cap_paisa).map_err(|e| api_error(e, ""))?;
+    let link = links::new_link(who.project_id(), who.mode(), body, state.clock.now())?;
+    links::check_spend_cap(&link, who.key.spend_cap_paisa)?;
     let fence = fence.as_ref().map(|Extension(f)| f);
     let link = links::insert_once(&*state.store, &link, fence).await?;
     let view = PaymentLinkView::of(link, &base(&state, &headers), false);
@@ -159,8 +128,7 @@ async fn patch_link(
         body,
         state.clock.now(),
     )
-    .await
-    .map_err(|e| api_error(e, &id))?;
+    .await?;
     Ok(Json(PaymentLinkView::of(
         link,
         &base(&state, &headers),
@@ -182,8 +150,7 @@ async fn cancel_link(
         &id,
         state.clock.now(),
     )
-    .await
-    .map_err(|e| api_error(e, &id))?;
+    .await?;
     Ok(Json(PaymentLinkView::of(
         link,
         &base(&state, &headers),
@@ -197,9 +164,7 @@ async fn delete_link(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
-    let deleted = links::delete(&*state.store, who.project_id(), who.mode(), &id)
-        .await
-        .map_err(|e| api_error(e, &id))?;
+    let deleted = links::delete(&*state.store, who.project_id(), who.mode(), &id).await?;
     Ok(Json(
         json!({"deleted": true, "id": deleted, "livemode": who.mode().is_live()}),
     ))

@@ -9,11 +9,11 @@ use axum::extract::{Extension, Path, State};
 use axum::routing::get;
 use axum::{Json, Router};
 use edge::idempotency::{self, Fence};
-use edge::{ApiError, Auth, ErrorType, JsonBody, Page, Pagination, QueryParams, with_edge};
+use edge::{ApiError, Auth, JsonBody, Page, Pagination, QueryParams, with_edge};
 use http::StatusCode;
 use shared::AppState;
 use shared::domain::account::Scope;
-use shared::domain::refunds::{self, CreateRefund, RefundError, RefundView};
+use shared::domain::refunds::{self, CreateRefund, RefundView};
 
 /// The function's routes, behind the idempotency layer, in the shared edge.
 pub fn router(state: AppState) -> Router {
@@ -26,38 +26,6 @@ pub fn router(state: AppState) -> Router {
             .route("/v1/refunds/{id}", get(get_refund))
             .with_state(state),
     )
-}
-
-/// The one place refund refusals become answers.
-fn api_error(err: RefundError) -> ApiError {
-    let unprocessable = |code: &'static str, message: String| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            ErrorType::InvalidRequestError,
-            code,
-            message,
-        )
-    };
-    match err {
-        RefundError::Invalid { field, message } => ApiError::validation(field, message),
-        RefundError::PaymentNotFound => ApiError::new(
-            StatusCode::NOT_FOUND,
-            ErrorType::InvalidRequestError,
-            "not_found",
-            "No such payment",
-        )
-        .with_param("paymentId"),
-        e @ RefundError::ExceedsBalance { .. } => {
-            unprocessable("refund_exceeds_balance", e.to_string()).with_param("amount")
-        }
-        RefundError::NotSupported(m) => {
-            unprocessable("refund_not_supported", m).with_param("paymentId")
-        }
-        RefundError::NotRefundable(m) => {
-            unprocessable("payment_not_refundable", m).with_param("paymentId")
-        }
-        RefundError::Store(e) => e.into(),
-    }
 }
 
 async fn create_refund(
@@ -79,8 +47,7 @@ async fn create_refund(
         state.clock.now(),
         fence,
     )
-    .await
-    .map_err(api_error)?;
+    .await?;
     Ok((StatusCode::CREATED, Json(refund.into())))
 }
 

@@ -7,11 +7,11 @@ use axum::extract::{Extension, State};
 use axum::routing::post;
 use axum::{Json, Router};
 use edge::idempotency::{self, Fence};
-use edge::{ApiError, Auth, ErrorType, JsonBody, with_edge};
-use http::{HeaderMap, StatusCode};
+use edge::{ApiError, Auth, JsonBody, with_edge};
+use http::HeaderMap;
 use shared::AppState;
 use shared::domain::account::Scope;
-use shared::domain::sms::{self, Limits, NotifyOutcome, NotifyRequest, SmsError};
+use shared::domain::sms::{self, Limits, NotifyOutcome, NotifyRequest};
 
 /// The function's routes, behind the idempotency layer, in the shared edge.
 pub fn router(state: AppState) -> Router {
@@ -23,44 +23,6 @@ pub fn router(state: AppState) -> Router {
             )
             .with_state(state),
     )
-}
-
-/// The one place SMS refusals become answers.
-pub fn api_error(err: SmsError) -> ApiError {
-    match err {
-        SmsError::Invalid { field, message } => ApiError::validation(field, message),
-        e @ SmsError::PhoneNotOnSession => ApiError::new(
-            StatusCode::BAD_REQUEST,
-            ErrorType::InvalidRequestError,
-            "phone_not_on_session",
-            e.to_string(),
-        )
-        .with_param("customerPhone"),
-        e @ (SmsError::InvalidCheckoutHost { .. } | SmsError::ForeignCheckoutSession { .. }) => {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                ErrorType::InvalidRequestError,
-                "invalid_checkout_host",
-                e.to_string(),
-            )
-            .with_param("checkoutUrl")
-        }
-        SmsError::RateLimited {
-            which,
-            retry_after_secs,
-        } => ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            ErrorType::RateLimitError,
-            "rate_limited",
-            format!("Too many SMS reminders ({which}); retry later"),
-        )
-        .with_header("retry-after", retry_after_secs.to_string()),
-        SmsError::Store(e) => e.into(),
-        SmsError::Queue(e) => {
-            tracing::error!(error = %e, "SMS queue send failed");
-            ApiError::unavailable()
-        }
-    }
 }
 
 async fn notify(
@@ -79,8 +41,6 @@ async fn notify(
         .and_then(|h| h.to_str().ok());
     let base = state.config.base_for(host);
     let fence = fence.as_ref().map(|Extension(f)| f);
-    sms::notify(&state, who, body, &base, Limits::default(), fence)
-        .await
-        .map(Json)
-        .map_err(api_error)
+    let outcome = sms::notify(&state, who, body, &base, Limits::default(), fence).await?;
+    Ok(Json(outcome))
 }

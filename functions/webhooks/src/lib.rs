@@ -8,16 +8,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use edge::idempotency::{self, Fence, Redact};
-use edge::{ApiError, Auth, ErrorType, JsonBody, with_edge};
+use edge::{ApiError, Auth, JsonBody, with_edge};
 use http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::outbox::EventType;
-use shared::domain::webhooks::{
-    self, CreateEndpoint, DeliveryView, EndpointView, PatchEndpoint, WebhookError,
-};
+use shared::domain::webhooks::{self, CreateEndpoint, DeliveryView, EndpointView, PatchEndpoint};
 
 /// The function's routes, behind the idempotency layer, in the shared edge.
 pub fn router(state: AppState) -> Router {
@@ -45,26 +43,6 @@ pub fn router(state: AppState) -> Router {
     )
 }
 
-/// The one place webhook refusals become answers.
-fn api_error(err: WebhookError, id: &str) -> ApiError {
-    match err {
-        WebhookError::Invalid { field, message } => ApiError::validation(field, message),
-        WebhookError::NotFound => ApiError::not_found("webhook endpoint", id),
-        e @ WebhookError::TooMany => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            ErrorType::InvalidRequestError,
-            "webhook_endpoint_limit",
-            e.to_string(),
-        ),
-        WebhookError::Secrets(why) => {
-            // A deployment problem, not the caller's: logged, never shown.
-            tracing::error!(error = %why, "webhook signing secrets unavailable");
-            ApiError::internal()
-        }
-        WebhookError::Store(e) => e.into(),
-    }
-}
-
 async fn create_endpoint(
     State(state): State<AppState>,
     auth: Auth,
@@ -76,9 +54,8 @@ async fn create_endpoint(
     let who = auth.require(Scope::WebhooksWrite)?;
     let JsonBody(body) = body?;
     let fence = fence.as_ref().map(|Extension(f)| f);
-    let (endpoint, secret) = webhooks::create(&state, who.project_id(), who.mode(), body, fence)
-        .await
-        .map_err(|e| api_error(e, ""))?;
+    let (endpoint, secret) =
+        webhooks::create(&state, who.project_id(), who.mode(), body, fence).await?;
     tracing::info!(endpoint_id = %endpoint.id, "webhook endpoint registered");
     let mut res = (
         StatusCode::CREATED,
@@ -106,9 +83,7 @@ async fn get_endpoint(
     Path(id): Path<String>,
 ) -> Result<Json<EndpointView>, ApiError> {
     let who = auth.require(Scope::WebhooksRead)?;
-    let endpoint = webhooks::get(&*state.store, who.project_id(), who.mode(), &id)
-        .await
-        .map_err(|e| api_error(e, &id))?;
+    let endpoint = webhooks::get(&*state.store, who.project_id(), who.mode(), &id).await?;
     Ok(Json(EndpointView::of(&endpoint, None)))
 }
 
@@ -122,9 +97,7 @@ async fn patch_endpoint(
 ) -> Result<Json<EndpointView>, ApiError> {
     let who = auth.require(Scope::WebhooksWrite)?;
     let JsonBody(body) = body?;
-    let endpoint = webhooks::patch(&state, who.project_id(), who.mode(), &id, body)
-        .await
-        .map_err(|e| api_error(e, &id))?;
+    let endpoint = webhooks::patch(&state, who.project_id(), who.mode(), &id, body).await?;
     Ok(Json(EndpointView::of(&endpoint, None)))
 }
 
@@ -134,9 +107,7 @@ async fn delete_endpoint(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let who = auth.require(Scope::WebhooksWrite)?;
-    webhooks::delete(&*state.store, who.project_id(), who.mode(), &id)
-        .await
-        .map_err(|e| api_error(e, &id))?;
+    webhooks::delete(&*state.store, who.project_id(), who.mode(), &id).await?;
     tracing::info!(endpoint_id = %id, "webhook endpoint deleted");
     Ok(Json(json!({"deleted": true, "id": id})))
 }
@@ -147,9 +118,7 @@ async fn list_deliveries(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let who = auth.require(Scope::WebhooksRead)?;
-    let found = webhooks::deliveries(&*state.store, who.project_id(), who.mode(), &id)
-        .await
-        .map_err(|e| api_error(e, &id))?;
+    let found = webhooks::deliveries(&*state.store, who.project_id(), who.mode(), &id).await?;
     let data: Vec<DeliveryView> = found.iter().map(DeliveryView::from).collect();
     Ok(Json(json!({ "data": data })))
 }
@@ -182,8 +151,6 @@ async fn send_test(
             ),
         )
     })?;
-    let event = webhooks::send_test_event(&state, who.project_id(), who.mode(), &id, t)
-        .await
-        .map_err(|e| api_error(e, &id))?;
+    let event = webhooks::send_test_event(&state, who.project_id(), who.mode(), &id, t).await?;
     Ok((StatusCode::ACCEPTED, Json(event.body())))
 }

@@ -4,8 +4,10 @@
 //! Secret keys are stored only as SHA-256 hashes, looked up by hash and
 //! compared in constant time. A key belongs to one project and one mode.
 
+use crate::refusal::{Kind, Refusal};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -258,6 +260,35 @@ pub enum AuthError {
     Suspended(Suspension),
     Paused(Pause),
     Store(StoreError),
+}
+
+impl From<AuthError> for Refusal {
+    fn from(err: AuthError) -> Self {
+        let unauthenticated = |m: &str| Refusal::new(Kind::Unauthenticated, "api_key_invalid", m);
+        match err {
+            AuthError::Missing => unauthenticated("No API key provided"),
+            // One message for unknown, malformed and revoked keys: nothing
+            // to learn by probing.
+            AuthError::Invalid => unauthenticated("Invalid API key provided"),
+            AuthError::Expired => unauthenticated("This API key has expired"),
+            AuthError::Suspended(s) => Refusal::new(
+                Kind::AccountClosed,
+                "account_suspended",
+                "This merchant account is suspended; contact support",
+            )
+            .with_extra(
+                "suspension",
+                json!({"suspended_at": s.suspended_at, "reason": s.reason}),
+            ),
+            AuthError::Paused(p) => {
+                Refusal::new(Kind::KeyPaused, "token_paused", "This API key is paused").with_extra(
+                    "pause",
+                    json!({"paused_at": p.paused_at, "reason": p.reason}),
+                )
+            }
+            AuthError::Store(e) => e.into(),
+        }
+    }
 }
 
 /// Checks the bearer secret of a request: two store reads (the key by its
@@ -897,16 +928,9 @@ pub async fn account_view(store: &dyn Store, who: &Principal) -> Result<AccountV
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::embedded::EmbeddedStore;
+    use crate::testenv::memory_store as store;
     use crate::time::{Clock, SystemClock};
     use std::sync::Arc;
-
-    fn store() -> Arc<dyn Store> {
-        match EmbeddedStore::in_memory() {
-            Ok(s) => Arc::new(s),
-            Err(e) => panic!("in-memory store: {e}"),
-        }
-    }
 
     fn all_scopes(mode: Mode) -> NewKey {
         NewKey {

@@ -152,10 +152,7 @@ pub async fn retire(store: &dyn Store, a: &Active, now: Timestamp) -> Result<boo
 mod tests {
     use super::*;
     use crate::store::embedded::EmbeddedStore;
-
-    fn at(s: &str) -> Timestamp {
-        Timestamp::parse(s).unwrap()
-    }
+    use crate::testenv::at;
 
     #[tokio::test]
     async fn touched_projects_are_listed_until_retired_when_idle() {

@@ -605,11 +605,8 @@ mod tests {
     use crate::domain::payments::{AttemptInfo, PaymentStatus};
     use crate::money::{Currency, Paisa};
     use crate::store::embedded::EmbeddedStore;
+    use crate::testenv::at;
     use serde_json::json;
-
-    fn at(s: &str) -> Timestamp {
-        Timestamp::parse(s).unwrap()
-    }
 
     fn session(now: Timestamp) -> CheckoutSession {
         let req: CreateCheckout = serde_json::from_value(json!({

@@ -1995,13 +1995,10 @@ mod tests {
     use crate::money::Paisa;
     use crate::providers::ProviderCredentials;
     use crate::store::embedded::EmbeddedStore;
+    use crate::testenv::at;
     use crate::time::ManualClock;
     use base64::Engine;
     use std::sync::Arc;
-
-    fn at(s: &str) -> Timestamp {
-        Timestamp::parse(s).unwrap()
-    }
 
     /// What a sweep at `now` would check.
     async fn due_now(store: &dyn Store, now: Timestamp) -> Vec<Payment> {

@@ -15,6 +15,7 @@
 //!   month (UTC), enforced by a counter updated in the same transaction as
 //!   the session insert, so concurrent creations cannot pass it.
 
+use crate::refusal::Refusal;
 use chrono::Datelike;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -384,6 +385,32 @@ pub enum CheckoutError {
     SpendCapExceeded { cap: i64 },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl From<CheckoutError> for Refusal {
+    fn from(err: CheckoutError) -> Self {
+        match err {
+            CheckoutError::Invalid { field, message } => Refusal::invalid(field, message),
+            CheckoutError::FonepaySandboxCap(message) => {
+                Refusal::unprocessable("fonepay_sandbox_cap", message).at("amount")
+            }
+            CheckoutError::ProviderUnavailable(p) => Refusal::unprocessable(
+                "provider_unavailable",
+                format!(
+                    "{} is not enabled for this project in this mode; see GET /v1/providers",
+                    p.as_str()
+                ),
+            )
+            .at("provider"),
+            CheckoutError::SpendCapExceeded { cap } => Refusal::forbidden(
+                "spend_cap_exceeded",
+                format!(
+                    "This checkout would take the key's volume this month above its spend cap of {cap} paisa"
+                ),
+            ),
+            CheckoutError::Store(e) => e.into(),
+        }
+    }
 }
 
 fn invalid(field: &str, message: impl Into<String>) -> CheckoutError {
@@ -1131,6 +1158,7 @@ pub async fn providers(
 mod tests {
     use super::*;
     use crate::store::embedded::EmbeddedStore;
+    use crate::testenv::memory_store as store;
     use crate::time::{Clock, SystemClock};
     use serde_json::json;
     use std::sync::Arc;
@@ -1503,13 +1531,6 @@ mod tests {
             amount_limits(Provider::Fonepay, Mode::Live).max,
             MAX_AMOUNT_PAISA
         );
-    }
-
-    fn store() -> Arc<dyn Store> {
-        match EmbeddedStore::in_memory() {
-            Ok(s) => Arc::new(s),
-            Err(e) => panic!("{e}"),
-        }
     }
 
     fn creator(cap: Option<i64>) -> Creator {

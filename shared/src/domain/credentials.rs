@@ -899,20 +899,15 @@ mod tests {
     use super::*;
     use crate::domain::account::{Plan, create_merchant, create_project};
     use crate::store::Update;
-    use crate::store::embedded::EmbeddedStore;
+    use crate::testenv::memory_store as store;
     use crate::time::{Clock, SystemClock};
     use serde_json::Value;
-    use std::sync::Arc;
 
     fn ok<T, E: std::fmt::Debug>(r: Result<T, E>, what: &str) -> T {
         match r {
             Ok(v) => v,
             Err(e) => panic!("{what}: {e:?}"),
         }
-    }
-
-    fn store() -> Arc<dyn Store> {
-        Arc::new(ok(EmbeddedStore::in_memory(), "in-memory store"))
     }
 
     fn keys(id: &str) -> CredentialsKeys {

@@ -236,11 +236,8 @@ pub fn paid_ops(
 mod tests {
     use super::*;
     use crate::store::embedded::EmbeddedStore;
+    use crate::testenv::at;
     use std::sync::Arc;
-
-    fn at(s: &str) -> Timestamp {
-        Timestamp::parse(s).unwrap()
-    }
 
     #[test]
     fn months_are_kathmandu_months() {

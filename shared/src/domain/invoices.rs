@@ -18,6 +18,7 @@
 //! they were made against (optimistic locking), and so does the payment
 //! allocation (re-read and retried on conflict).
 
+use crate::refusal::Refusal;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -565,8 +566,8 @@ pub struct InvoiceCheckout {
 pub enum InvoiceError {
     #[error("{message}")]
     Invalid { field: String, message: String },
-    #[error("no such invoice")]
-    NotFound,
+    #[error("no such invoice: {0}")]
+    NotFound(String),
     /// A retried discard whose first run deleted the draft.
     #[error("the draft was discarded by this request")]
     AlreadyDiscarded,
@@ -584,6 +585,38 @@ pub enum InvoiceError {
     Checkout(checkout::CheckoutError),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl From<InvoiceError> for Refusal {
+    fn from(err: InvoiceError) -> Self {
+        match err {
+            InvoiceError::Invalid { field, message } => Refusal::invalid(field, message),
+            InvoiceError::NotFound(id) => Refusal::not_found("invoice", &id),
+            e @ InvoiceError::LiveDisabled => {
+                Refusal::forbidden("live_invoicing_disabled", e.to_string())
+            }
+            e @ InvoiceError::StateConflict(_) => {
+                Refusal::conflict("state_conflict", e.to_string())
+            }
+            e @ InvoiceError::VersionConflict { .. } => {
+                Refusal::conflict("version_conflict", e.to_string())
+            }
+            e @ InvoiceError::NotCorrectable(_) => {
+                Refusal::unprocessable("invoice_not_correctable", e.to_string())
+            }
+            // The balance is out of what a checkout may take: a business
+            // rule (nothing in the request to fix).
+            InvoiceError::Checkout(checkout::CheckoutError::Invalid { message, .. }) => {
+                Refusal::unprocessable(
+                    "invoice_not_collectable",
+                    format!("This invoice's balance cannot be collected by checkout: {message}"),
+                )
+            }
+            InvoiceError::Checkout(e) => e.into(),
+            e @ InvoiceError::AlreadyDiscarded => Refusal::not_found("invoice", &e.to_string()),
+            InvoiceError::Store(e) => e.into(),
+        }
+    }
 }
 
 fn invalid(field: impl Into<String>, message: impl Into<String>) -> InvoiceError {
@@ -758,7 +791,7 @@ pub async fn get(
 ) -> Result<Invoice, InvoiceError> {
     match get_any(store, id).await? {
         Some(inv) if inv.project_id == project_id && inv.mode == mode => Ok(inv),
-        _ => Err(InvoiceError::NotFound),
+        _ => Err(InvoiceError::NotFound(id.to_owned())),
     }
 }
 
@@ -1085,14 +1118,14 @@ pub async fn discard(
 ) -> Result<Invoice, InvoiceError> {
     let current = match get(&*state.store, project_id, mode, id).await {
         Ok(c) => c,
-        Err(InvoiceError::NotFound) => {
+        Err(InvoiceError::NotFound(_)) => {
             if let Some(f) = fence {
                 if f.resource_id(&*state.store).await?.as_deref() == Some(id) {
                     // This very request discarded it (its answer was lost).
                     return Err(InvoiceError::AlreadyDiscarded);
                 }
             }
-            return Err(InvoiceError::NotFound);
+            return Err(InvoiceError::NotFound(id.to_owned()));
         }
         Err(e) => return Err(e),
     };
@@ -1492,7 +1525,7 @@ pub async fn checkout(
                     .map(from_item::<CheckoutSession>)
                     .transpose()?
                     .filter(|s| s.invoice_id.as_deref() == Some(id))
-                    .ok_or(InvoiceError::NotFound)?;
+                    .ok_or_else(|| InvoiceError::NotFound(id.to_owned()))?;
                 return Ok((s, false));
             }
             Err(e) if spend_at.is_some_and(|i| checkout::failed_at(&e, i)) => {

@@ -9,6 +9,7 @@
 //! deleted (a condition on the delete), and a cancel of an inactive link
 //! changes nothing (a condition on `active`).
 
+use crate::refusal::Refusal;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -394,8 +395,8 @@ fn not_null<T>(field: &str, v: Option<Option<T>>) -> Result<Option<T>, LinkError
 pub enum LinkError {
     #[error("{field}: {message}")]
     Invalid { field: String, message: String },
-    #[error("no such payment link")]
-    NotFound,
+    #[error("no such payment link: {0}")]
+    NotFound(String),
     /// 422 `link_inactive`.
     #[error("the payment link is already inactive")]
     Inactive,
@@ -410,6 +411,25 @@ pub enum LinkError {
     SpendCapExceeded { field: &'static str, cap: i64 },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl From<LinkError> for Refusal {
+    fn from(err: LinkError) -> Self {
+        match err {
+            LinkError::Invalid { field, message } => Refusal::invalid(field, message),
+            LinkError::NotFound(id) => Refusal::not_found("payment link", &id),
+            e @ LinkError::Inactive => Refusal::unprocessable("link_inactive", e.to_string()),
+            e @ LinkError::Used => Refusal::unprocessable("link_used", e.to_string()),
+            LinkError::SpendCapExceeded { field, cap } => Refusal::forbidden(
+                "spend_cap_exceeded",
+                format!(
+                    "A customer could pay more than this key's spend cap of {cap} paisa through this link: set {field} to at most {cap}"
+                ),
+            )
+            .at(field),
+            LinkError::Store(e) => e.into(),
+        }
+    }
 }
 
 /// A key with a monthly spend cap creates only links whose largest
@@ -703,7 +723,7 @@ async fn patch_once(
 ) -> Result<Option<PaymentLink>, LinkError> {
     let link = find(store, project_id, mode, id)
         .await?
-        .ok_or(LinkError::NotFound)?;
+        .ok_or_else(|| LinkError::NotFound(id.to_owned()))?;
     let mut update = Update::new().set("updated_at", now.to_rfc3339());
     let set_opt = |update: Update, attr: &str, v: Option<String>| match v {
         Some(s) => update.set(attr, s),
@@ -811,7 +831,7 @@ async fn patch_once(
     {
         Ok(item) => Ok(Some(from_item(item)?)),
         Err(StoreError::ConditionFailed) => match get(store, &link.id).await? {
-            None => Err(LinkError::NotFound),
+            None => Err(LinkError::NotFound(id.to_owned())),
             Some(now_link) => match patch.max_uses {
                 Some(Some(m)) if now_link.used_count > m => {
                     Err(below_use_count(now_link.used_count))
@@ -841,7 +861,7 @@ pub async fn cancel(
 ) -> Result<PaymentLink, LinkError> {
     let link = find(store, project_id, mode, id)
         .await?
-        .ok_or(LinkError::NotFound)?;
+        .ok_or_else(|| LinkError::NotFound(id.to_owned()))?;
     let update = Update::new()
         .set("active", false)
         .set("updated_at", now.to_rfc3339());
@@ -869,7 +889,7 @@ pub async fn delete(
 ) -> Result<String, LinkError> {
     let link = find(store, project_id, mode, id)
         .await?
-        .ok_or(LinkError::NotFound)?;
+        .ok_or_else(|| LinkError::NotFound(id.to_owned()))?;
     let unused = Cond::And(vec![
         Cond::Or(vec![
             Cond::AttrNotExists("used_count".into()),
@@ -890,7 +910,7 @@ pub async fn delete(
         Ok(_) => Ok(link.id),
         Err(StoreError::ConditionFailed) => match get(store, &link.id).await? {
             Some(_) => Err(LinkError::Used),
-            None => Err(LinkError::NotFound),
+            None => Err(LinkError::NotFound(id.to_owned())),
         },
         Err(e) => Err(e.into()),
     }
@@ -1406,7 +1426,7 @@ mod tests {
         // Another project sees nothing.
         assert!(matches!(
             cancel(&store, "proj_2", Mode::Sandbox, &l.id, now()).await,
-            Err(LinkError::NotFound)
+            Err(LinkError::NotFound(_))
         ));
         let unused = create(json!({"title": "Unused"})).unwrap();
         insert(&store, &unused).await.unwrap();

@@ -233,9 +233,8 @@ pub async fn list(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::embedded::EmbeddedStore;
+    use crate::testenv::memory_store as store;
     use crate::time::{Clock, SystemClock};
-    use std::sync::Arc;
 
     fn payment(project: &str, mode: Mode, amount: i64) -> Payment {
         let now = SystemClock.now();
@@ -260,13 +259,6 @@ mod tests {
             double_payment_of: None,
             attempt: AttemptInfo::default(),
             checks: Checks::default(),
-        }
-    }
-
-    fn store() -> Arc<dyn Store> {
-        match EmbeddedStore::in_memory() {
-            Ok(s) => Arc::new(s),
-            Err(e) => panic!("{e}"),
         }
     }
 

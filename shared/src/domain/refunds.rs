@@ -21,6 +21,7 @@
 //! an open refund also has a marker item `OPENREF#<shard>` /
 //! `<created>#<id>`, the sweep's queue, deleted when it resolves.
 
+use crate::refusal::{Kind, Refusal};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -225,6 +226,27 @@ pub enum RefundError {
     ExceedsBalance { amount: i64, remaining: i64 },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl From<RefundError> for Refusal {
+    fn from(err: RefundError) -> Self {
+        match err {
+            RefundError::Invalid { field, message } => Refusal::invalid(field, message),
+            RefundError::PaymentNotFound => {
+                Refusal::new(Kind::NotFound, "not_found", "No such payment").at("paymentId")
+            }
+            e @ RefundError::ExceedsBalance { .. } => {
+                Refusal::unprocessable("refund_exceeds_balance", e.to_string()).at("amount")
+            }
+            RefundError::NotSupported(m) => {
+                Refusal::unprocessable("refund_not_supported", m).at("paymentId")
+            }
+            RefundError::NotRefundable(m) => {
+                Refusal::unprocessable("payment_not_refundable", m).at("paymentId")
+            }
+            RefundError::Store(e) => e.into(),
+        }
+    }
 }
 
 fn invalid(field: &'static str, message: impl Into<String>) -> RefundError {
@@ -932,12 +954,9 @@ mod tests {
     use crate::domain::outbox;
     use crate::domain::payments::AttemptInfo;
     use crate::store::embedded::EmbeddedStore;
+    use crate::testenv::at;
     use crate::time::ManualClock;
     use std::sync::Arc;
-
-    fn at(s: &str) -> Timestamp {
-        Timestamp::parse(s).unwrap()
-    }
 
     fn state(now: Timestamp) -> AppState {
         let store: Arc<dyn Store> = Arc::new(EmbeddedStore::in_memory().unwrap());

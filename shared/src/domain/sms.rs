@@ -50,6 +50,7 @@
 //! again by [`requeue_stuck`] (the Scheduler, the local worker): a lost
 //! message means a late reminder, not a lost one.
 
+use crate::refusal::{Kind, Refusal};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -160,6 +161,34 @@ pub enum SmsError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Queue(#[from] QueueError),
+}
+
+impl From<SmsError> for Refusal {
+    fn from(err: SmsError) -> Self {
+        match err {
+            SmsError::Invalid { field, message } => Refusal::invalid(field, message),
+            e @ SmsError::PhoneNotOnSession => {
+                Refusal::new(Kind::Invalid, "phone_not_on_session", e.to_string())
+                    .at("customerPhone")
+            }
+            e
+            @ (SmsError::InvalidCheckoutHost { .. } | SmsError::ForeignCheckoutSession { .. }) => {
+                Refusal::new(Kind::Invalid, "invalid_checkout_host", e.to_string())
+                    .at("checkoutUrl")
+            }
+            SmsError::RateLimited {
+                which,
+                retry_after_secs,
+            } => Refusal::new(
+                Kind::RateLimited,
+                "rate_limited",
+                format!("Too many SMS reminders ({which}); retry later"),
+            )
+            .retry_after(u64::try_from(retry_after_secs).unwrap_or(0)),
+            SmsError::Store(e) => e.into(),
+            SmsError::Queue(e) => e.into(),
+        }
+    }
 }
 
 fn invalid(field: &'static str, message: impl Into<String>) -> SmsError {
@@ -1365,12 +1394,12 @@ async fn abandon(state: &Deps, r: &SmsReminder) -> Result<DispatchOutcome, Dispa
 #[cfg(test)]
 mod tests {
     use crate::AppState;
+    use crate::testenv::memory_store as store;
     use std::sync::Arc;
 
     use super::*;
     use crate::Config;
     use crate::domain::account::Plan;
-    use crate::store::embedded::EmbeddedStore;
     use crate::time::{Clock, ManualClock, SystemClock};
 
     /// Guard 3 alone.
@@ -1420,13 +1449,6 @@ mod tests {
 
     async fn put_new(store: &dyn Store, r: &SmsReminder) -> Result<(), StoreError> {
         store.transact(vec![new_record_op(r)?]).await
-    }
-
-    fn store() -> Arc<dyn Store> {
-        match EmbeddedStore::in_memory() {
-            Ok(s) => Arc::new(s),
-            Err(e) => panic!("{e}"),
-        }
     }
 
     fn req() -> NotifyRequest {

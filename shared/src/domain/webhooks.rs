@@ -25,6 +25,7 @@
 //! leaves the message on the queue: it comes back after the lease and the
 //! same event (same id) is sent again.
 
+use crate::refusal::Refusal;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -254,14 +255,31 @@ pub enum WebhookError {
         field: &'static str,
         message: String,
     },
-    #[error("no such webhook endpoint")]
-    NotFound,
+    #[error("no such webhook endpoint: {0}")]
+    NotFound(String),
     #[error("a project may register at most {MAX_ENDPOINTS} webhook endpoints per mode")]
     TooMany,
     #[error("webhook signing is not configured: {0}")]
     Secrets(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl From<WebhookError> for Refusal {
+    fn from(err: WebhookError) -> Self {
+        match err {
+            WebhookError::Invalid { field, message } => Refusal::invalid(field, message),
+            WebhookError::NotFound(id) => Refusal::not_found("webhook endpoint", &id),
+            e @ WebhookError::TooMany => {
+                Refusal::unprocessable("webhook_endpoint_limit", e.to_string())
+            }
+            // A deployment problem, not the caller's: logged, never shown.
+            WebhookError::Secrets(why) => {
+                Refusal::internal(&format_args!("webhook signing secrets unavailable: {why}"))
+            }
+            WebhookError::Store(e) => e.into(),
+        }
+    }
 }
 
 impl From<CredentialsError> for WebhookError {
@@ -603,11 +621,11 @@ pub async fn get(
     id: &str,
 ) -> Result<Endpoint, WebhookError> {
     if !ids::is_valid(id, IdKind::WebhookEndpoint) {
-        return Err(WebhookError::NotFound);
+        return Err(WebhookError::NotFound(id.to_owned()));
     }
     match store.get(&Endpoint::key(project_id, mode, id)).await? {
         Some(item) => Ok(from_item(item)?),
-        None => Err(WebhookError::NotFound),
+        None => Err(WebhookError::NotFound(id.to_owned())),
     }
 }
 
@@ -665,7 +683,7 @@ pub async fn patch(
         .await
     {
         Ok(item) => Ok(from_item(item)?),
-        Err(e) if e.is_condition_failure() => Err(WebhookError::NotFound),
+        Err(e) if e.is_condition_failure() => Err(WebhookError::NotFound(id.to_owned())),
         Err(e) => Err(e.into()),
     }
 }
@@ -711,7 +729,7 @@ pub async fn delete(
             return Err(e.into());
         };
         if matches!(reasons.get(ENDPOINT_AT), Some(TxReason::ConditionFailed)) {
-            return Err(WebhookError::NotFound);
+            return Err(WebhookError::NotFound(id.to_owned()));
         }
         if matches!(reasons.get(COUNTER_AT), Some(TxReason::ConditionFailed)) {
             // The counter is missing (made here from the endpoints, then
@@ -751,7 +769,7 @@ pub async fn delete(
                     Err(StoreError::TransactionCanceled { reasons })
                         if matches!(reasons.get(ENDPOINT_AT), Some(TxReason::ConditionFailed)) =>
                     {
-                        return Err(WebhookError::NotFound);
+                        return Err(WebhookError::NotFound(id.to_owned()));
                     }
                     // The count moved (a registration or a delete in
                     // between): read it again.
@@ -1167,7 +1185,9 @@ pub async fn dispatch(
     let endpoint = match get(&*state.store, &d.project_id, d.mode, &d.endpoint_id).await {
         Ok(e) if e.enabled => e,
         Ok(_) => return give_up(state, &d, "the endpoint is disabled").await,
-        Err(WebhookError::NotFound) => return give_up(state, &d, "the endpoint was deleted").await,
+        Err(WebhookError::NotFound(_)) => {
+            return give_up(state, &d, "the endpoint was deleted").await;
+        }
         Err(WebhookError::Store(e)) => return Err(e.into()),
         Err(e) => return Err(DispatchError::Secrets(e.to_string())),
     };
@@ -2546,11 +2566,11 @@ mod tests {
             assert!(
                 deleted
                     .iter()
-                    .all(|r| matches!(r, Ok(()) | Err(WebhookError::NotFound)))
+                    .all(|r| matches!(r, Ok(()) | Err(WebhookError::NotFound(_))))
             );
             assert!(matches!(
                 delete(&*f.state.store, "proj_2", Mode::Sandbox, &gone).await,
-                Err(WebhookError::NotFound)
+                Err(WebhookError::NotFound(_))
             ));
             assert_eq!(count_of(&f, "proj_2").await, Some(15));
             create(&f.state, "proj_2", Mode::Sandbox, body(100), None)
@@ -2672,12 +2692,12 @@ mod tests {
                 .unwrap();
             assert!(matches!(
                 get(&*f.state.store, "proj_2", Mode::Sandbox, &only.id).await,
-                Err(WebhookError::NotFound)
+                Err(WebhookError::NotFound(_))
             ));
             assert_eq!(count_of(&f, "proj_2").await, Some(0));
             assert!(matches!(
                 delete(&*f.state.store, "proj_2", Mode::Sandbox, &only.id).await,
-                Err(WebhookError::NotFound)
+                Err(WebhookError::NotFound(_))
             ));
             assert_eq!(count_of(&f, "proj_2").await, Some(0));
 

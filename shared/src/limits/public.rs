@@ -232,10 +232,7 @@ impl PublicLimits {
 mod tests {
     use super::*;
     use crate::store::embedded::EmbeddedStore;
-
-    fn at(s: &str) -> Timestamp {
-        Timestamp::parse(s).unwrap_or_else(|| panic!("bad time {s}"))
-    }
+    use crate::testenv::at;
 
     fn req<'a>(
         address: &'a str,

@@ -266,19 +266,9 @@ pub async fn take(store: &dyn Store, key_id: &str, limit: u32, now: Timestamp) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::embedded::EmbeddedStore;
     use crate::store::faults::{Fault, FaultyStore, Op};
-
-    fn at(s: &str) -> Timestamp {
-        Timestamp::parse(s).unwrap_or_else(|| panic!("bad time {s}"))
-    }
-
-    fn store() -> Arc<dyn Store> {
-        match EmbeddedStore::in_memory() {
-            Ok(s) => Arc::new(s),
-            Err(e) => panic!("{e}"),
-        }
-    }
+    use crate::testenv::at;
+    use crate::testenv::memory_store as store;
 
     #[test]
     fn windows_are_whole_seconds() {
