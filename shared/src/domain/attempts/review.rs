@@ -1,0 +1,166 @@
+//! Payments held for review (a provider answer we cannot trust) and their
+//! release by an operator.
+
+use super::*;
+
+/// A hold for review: `processing` with its reason, out of the
+/// reconciler's partitions (nothing it learns changes a held payment, and
+/// held ones must not crowd its turns) into the held payments' partition
+/// ([`held`], for the admin tool); the error log written with it is what
+/// calls a person.
+pub(super) fn hold_update(p: &Payment, reason: &str, now: Timestamp) -> Update {
+    Update::new()
+        .set("status", "processing")
+        .set(REVIEW, reason)
+        .set("updated_at", now.to_rfc3339())
+        .remove("recheck_until")
+        .set(Index::Gsi2.pk_attr(), HELD_PAYMENTS)
+        .set(
+            Index::Gsi2.sk_attr(),
+            format!("{}#{}", now.to_rfc3339(), p.id),
+        )
+}
+
+/// The `gsi2` partition of payments held for review, oldest hold first
+/// (one for the whole table: holds are rare, and each calls a person).
+pub const HELD_PAYMENTS: &str = keys::HELD_PAYMENTS;
+
+/// Payments held for review, oldest hold first, at most `limit`.
+pub async fn held(store: &dyn Store, limit: usize) -> Result<Vec<Payment>, StoreError> {
+    let query = Query::partition(HELD_PAYMENTS).on(Index::Gsi2).limit(limit);
+    let page = store.query(&query).await?;
+    page.items.into_iter().map(from_item).collect()
+}
+
+/// What a person decided about a payment held for review.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// Back to the reconciler, due now (the cause was fixed, e.g. a wrong
+    /// amount on our side): it is judged afresh, and held again if the
+    /// provider's answer still does not match.
+    Recheck,
+    /// The person confirmed the money with the provider: `success`, with
+    /// its event, as a provider's paid answer would.
+    Succeed,
+    /// The person found no money (or returned it): `failed` with this
+    /// reason.
+    Fail(String),
+}
+
+/// Why a release was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error("no such payment")]
+    NotFound,
+    #[error("the payment is not held for review")]
+    NotHeld,
+    /// Taken off hold, but something else settled it first (it stays as
+    /// it now is; look again).
+    #[error("taken off hold, but the payment is now {0:?}: the decision did not apply")]
+    NotApplied(PaymentStatus),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Takes payment `id` off hold as a person decided: the hold is removed
+/// and the payment put back in its project's open payments, due now, in
+/// one conditional write (so a crash before the decision lands leaves it
+/// with the reconciler, never lost), then the decision is applied like a
+/// provider's answer (its event, its session, counters). Logged.
+pub async fn release(
+    state: &Deps,
+    id: &str,
+    decision: Release,
+    now: Timestamp,
+) -> Result<Payment, ReleaseError> {
+    let store = &*state.store;
+    let p = crate::domain::payments::get(store, id)
+        .await?
+        .ok_or(ReleaseError::NotFound)?;
+    let Some(reason) = p.checks.review.clone() else {
+        return Err(ReleaseError::NotHeld);
+    };
+    // The registry first: the partition the payment goes back to must be
+    // one the sweep finds.
+    crate::domain::active::touch_now(store, &p.project_id, p.mode, now).await?;
+    // Due now for a recheck; a few minutes on when the decision follows at
+    // once, so a sweep running meanwhile does not judge it first.
+    let due = match decision {
+        Release::Recheck => now,
+        _ => now.plus(chrono::Duration::minutes(5)),
+    };
+    let update = Update::new()
+        .remove(REVIEW)
+        .set("updated_at", now.to_rfc3339())
+        .set(
+            Index::Gsi2.pk_attr(),
+            open_payments_partition(&p.project_id, p.mode),
+        )
+        .set(Index::Gsi2.sk_attr(), due_sk(&p, due));
+    let cond = Cond::And(vec![
+        Cond::eq(REVIEW, reason.clone()),
+        Cond::eq("status", "processing"),
+    ]);
+    let item = match store.update(&Payment::key(id), update, Some(cond)).await {
+        Ok(item) => item,
+        Err(StoreError::ConditionFailed) => return Err(ReleaseError::NotHeld),
+        Err(e) => return Err(e.into()),
+    };
+    let unheld: Payment = from_item(item)?;
+    tracing::warn!(payment = %id, held_for = %reason, decision = ?decision, "payment released from review by a person");
+    let out = match decision.clone() {
+        Release::Recheck => unheld,
+        Release::Succeed => {
+            let provider_ref = unheld.provider_ref.clone();
+            apply(state, &unheld, Decision::Success { provider_ref }, now).await?
+        }
+        Release::Fail(why) => apply(state, &unheld, Decision::Failed(why), now).await?,
+    };
+    let landed = match &decision {
+        Release::Recheck => true,
+        Release::Succeed => out.status == PaymentStatus::Success,
+        Release::Fail(_) => out.status == PaymentStatus::Failed,
+    };
+    if !landed {
+        return Err(ReleaseError::NotApplied(out.status));
+    }
+    Ok(out)
+}
+
+/// Which payments a hold may land on: open ones, and cancelled ones (their
+/// day of rechecks must not settle them).
+pub(super) fn holdable() -> Cond {
+    status_in(&[
+        PaymentStatus::Pending,
+        PaymentStatus::Processing,
+        PaymentStatus::Cancelled,
+    ])
+}
+
+/// The payment attribute of a hold for review ([`crate::domain::payments::Checks::review`]).
+pub(super) const REVIEW: &str = "review";
+
+/// Holds an open (or cancelled) payment as `processing` for a person to
+/// look at; the reconciler, and every settlement planned from an older
+/// copy, then leave it alone.
+pub(super) async fn hold_for_review(
+    store: &dyn Store,
+    payment: &Payment,
+    reason: &str,
+    now: Timestamp,
+) -> Result<Payment, StoreError> {
+    match store
+        .update(
+            &Payment::key(&payment.id),
+            hold_update(payment, reason, now),
+            Some(holdable()),
+        )
+        .await
+    {
+        Ok(item) => from_item(item),
+        Err(StoreError::ConditionFailed) => Ok(crate::domain::payments::get(store, &payment.id)
+            .await?
+            .unwrap_or_else(|| payment.clone())),
+        Err(e) => Err(e),
+    }
+}

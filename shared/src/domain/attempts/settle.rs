@@ -1,0 +1,610 @@
+//! Deciding and applying a provider's answer: `success` only on a paid status
+//! whose amount matches, each change with its event in one transaction.
+
+use super::*;
+
+/// What the provider's answer means for a payment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Success {
+        provider_ref: Option<String>,
+    },
+    Failed(String),
+    Cancelled(String),
+    /// The provider refused to start the attempt: the payment is `failed`
+    /// but the customer goes back to the picker (nothing was attempted).
+    NotStarted(String),
+    /// Still open at the provider: `processing`.
+    Processing,
+    /// Nothing to change (logged with the reason).
+    Hold(String),
+    /// Money may have moved in a way the payment does not explain (paid
+    /// another amount, paid with no amount stated, refunded before it was
+    /// settled): held as `processing` for a person, never settled by the
+    /// reconciler again.
+    Review(String),
+}
+
+/// The rule (decisions, "Payments"): `success` only on a paid status whose
+/// amount, when the provider states one, is the payment's.
+///
+/// **What proves the money.** Every path that can set `success` (the
+/// browser return and eSewa's signed `data` on it, the QR page's poll,
+/// the status poll, the reconciler) ends here, through
+/// [`check_and_apply`]: never on what a browser brought, always on the
+/// provider's own server-to-server answer to a query we make:
+///
+/// | provider | status | amount | currency | our reference |
+/// |---|---|---|---|---|
+/// | eSewa | `status` of the status API (`COMPLETE`) | its `total_amount`, compared here | NPR (eSewa has no other) | we query with our `transaction_uuid`, `total_amount` and product code; the client refuses an answer naming another `transaction_uuid` |
+/// | Khalti | lookup `status` (`Completed`) | its `total_amount`, compared here | NPR (Khalti has no other) | we look up the `pidx` Khalti gave our initiate (kept on the payment); the client refuses another `pidx` |
+/// | Fonepay | QR/web status `paymentStatus` (`success`) | none in the answer: the proof is our own signed request (the QR we minted, the web request whose DV we signed) for that PRN, which fixes the amount | NPR (the QR and request state it) | we query with our PRN and merchant code under our DV |
+///
+/// A mismatch (another amount, no amount from eSewa or Khalti, a refund
+/// of an unsettled payment, a sandbox QR paid after its cap hold) is a
+/// [`Decision::Review`]: `processing`, out of every automatic path, logged
+/// at error level with the reason, until a person releases it
+/// ([`release`]).
+/// `session_over`: the session expired (an attempt the provider has
+/// forgotten then counts as cancelled).
+pub fn decide(payment: &Payment, status: &ProviderStatus, session_over: bool) -> Decision {
+    match status.state {
+        ProviderState::Paid => match status.amount {
+            Some(a) if a != payment.amount => Decision::Review(format!(
+                "provider says paid {} paisa, the payment is {}: needs review",
+                a.get(),
+                payment.amount.get()
+            )),
+            // eSewa and Khalti state the amount; without it there is no
+            // proof. Fonepay's status has none: the amount is the one we
+            // minted into the QR or signed into the web request.
+            None if payment.provider != Provider::Fonepay => {
+                Decision::Review("provider says paid but states no amount: needs review".into())
+            }
+            _ => Decision::Success {
+                provider_ref: status.provider_ref.clone(),
+            },
+        },
+        ProviderState::Pending | ProviderState::Ambiguous => Decision::Processing,
+        ProviderState::Failed => {
+            Decision::Failed(format!("declined by the provider ({})", status.raw_status))
+        }
+        ProviderState::Cancelled => Decision::Cancelled("cancelled by the customer".into()),
+        ProviderState::Expired => {
+            Decision::Cancelled("the provider's payment window closed".into())
+        }
+        ProviderState::NotFound if session_over => {
+            Decision::Cancelled("the customer did not pay before the session expired".into())
+        }
+        ProviderState::NotFound => Decision::Hold("the provider does not know it yet".into()),
+        ProviderState::Refunded { .. } => Decision::Review(format!(
+            "provider reports {} for an unsettled payment: needs review",
+            status.raw_status
+        )),
+    }
+}
+
+/// [`decide`] in context: `returned` is the provider return that
+/// triggered the check (none for the reconciler and the QR page's poll).
+///
+/// - After a failure return, an attempt the provider has no record of
+///   (eSewa answers `NOT_FOUND` for a payment left or declined in its
+///   wallet; it has no "failed" status) is over: cancelled, and the
+///   customer goes back to the picker.
+/// - The provider's "pending" means `processing` only when the customer
+///   came back from the provider; otherwise the customer simply has not paid
+///   yet (an unscanned QR, a wallet page left open) and nothing changes,
+///   until [`ABANDONED_AFTER`] past an expired session, when the attempt
+///   is cancelled.
+pub fn decide_for(
+    payment: &Payment,
+    status: &ProviderStatus,
+    returned: Option<ReturnKind>,
+    session_over: bool,
+    now: Timestamp,
+) -> Decision {
+    if let Some(why) = &payment.checks.review {
+        return Decision::Hold(format!("waiting for review: {why}"));
+    }
+    match (returned, status.state) {
+        (Some(ReturnKind::Fail), ProviderState::NotFound) => Decision::Cancelled(format!(
+            "the customer came back from {} without paying",
+            payment.provider.as_str()
+        )),
+        // The customer came back (eSewa sends a pending payment to its
+        // failure return): the provider is working on it.
+        (Some(_), ProviderState::Pending) => Decision::Processing,
+        (_, ProviderState::Pending) if payment.status == PaymentStatus::Pending => {
+            if session_over && now >= payment.created_at.plus(ABANDONED_AFTER) {
+                Decision::Cancelled("not paid by the customer".into())
+            } else {
+                Decision::Hold("not paid yet".into())
+            }
+        }
+        _ => match decide(payment, status, session_over) {
+            Decision::Success { .. } if late_sandbox_qr(payment, now) => Decision::Review(format!(
+                "sandbox Fonepay payment reported paid after its {}-minute cap hold lapsed \
+                 (minted {}): it may pass the NPR 5,000 month cap; not counted until a person \
+                 confirms it",
+                fonepay_cap::HOLD_WINDOW.num_minutes(),
+                payment.created_at.to_rfc3339()
+            )),
+            d => d,
+        },
+    }
+}
+
+/// A sandbox Fonepay attempt (real money under the month cap) learned to
+/// be paid after its cap hold lapsed: the month's room it held may have
+/// been given to others meanwhile, so its success is not counted by
+/// itself (the simulator, like the hold, refuses a QR that old).
+pub(super) fn late_sandbox_qr(payment: &Payment, now: Timestamp) -> bool {
+    payment.provider == Provider::Fonepay
+        && payment.mode == Mode::Sandbox
+        && payment.attempt.cap_month.is_some()
+        && now >= payment.created_at.plus(fonepay_cap::HOLD_WINDOW)
+}
+
+/// Asks the provider about `payment` and applies the answer (the
+/// reconciler's and the pollers' path). Proof: the provider's answer to
+/// our own query, judged by [`decide`] (amount compared where stated).
+pub async fn reconcile(
+    state: &Deps,
+    payment: &Payment,
+    now: Timestamp,
+) -> Result<Payment, AttemptError> {
+    check_and_apply(state, payment, None, now).await
+}
+
+pub(super) async fn check_and_apply(
+    state: &Deps,
+    payment: &Payment,
+    returned: Option<ReturnKind>,
+    now: Timestamp,
+) -> Result<Payment, AttemptError> {
+    let store = &*state.store;
+    let creds = crate::domain::credentials::for_payment(state, payment).await?;
+    let client = state.providers.client(payment.mode, payment.provider)?;
+    let query = StatusQuery {
+        reference: payment.attempt.reference.clone().unwrap_or_default(),
+        amount: payment.amount,
+        provider_ref: payment.attempt.provider_token.clone(),
+    };
+    let status = client.status(&creds, &query).await?;
+    let session = checkout::find_any(store, &payment.checkout_session_id, now).await?;
+    // Over: expired, or settled by another attempt, or gone.
+    let over = session.as_ref().is_none_or(|s| s.status.is_final());
+    let decision = decide_for(payment, &status, returned, over, now);
+    match &decision {
+        Decision::Hold(why) => {
+            tracing::info!(payment = %payment.id, provider_status = %status.raw_status, reason = %why, "payment left as it is");
+        }
+        Decision::Review(why) => {
+            tracing::error!(payment = %payment.id, provider = payment.provider.as_str(), provider_status = %status.raw_status, reason = %why, "payment needs review: held as processing");
+        }
+        _ => {}
+    }
+    Ok(apply(state, payment, decision, now).await?)
+}
+
+/// Applies `decision` to `payment` (and its session), with its event, in
+/// one transaction; answers the payment as stored afterwards. A payment
+/// another caller settled first is answered as that caller left it.
+pub async fn apply(
+    state: &Deps,
+    payment: &Payment,
+    decision: Decision,
+    now: Timestamp,
+) -> Result<Payment, StoreError> {
+    let store = &*state.store;
+    let key = Payment::key(&payment.id);
+    for attempt in 0..SETTLE_TRIES {
+        let Some(item) = store.get(&key).await? else {
+            return Err(StoreError::Backend(format!(
+                "payment {} vanished",
+                payment.id
+            )));
+        };
+        let current: Payment = from_item(item)?;
+        let session = match store
+            .get(&CheckoutSession::key(&current.checkout_session_id))
+            .await?
+        {
+            Some(i) => Some(from_item::<CheckoutSession>(i)?),
+            None => None,
+        };
+        let link = match session.as_ref().and_then(|s| s.link_id.clone()) {
+            Some(id) => crate::domain::links::get(store, &id).await?,
+            None => None,
+        };
+        let link = link.map(|l| (l, state.config.public_base_url.as_str()));
+        let invoice = match session.as_ref().and_then(|s| s.invoice_id.clone()) {
+            Some(id) => crate::domain::invoices::get_any(store, &id).await?,
+            None => None,
+        };
+        let Some(mut ops) = plan(&current, session.as_ref(), link.as_ref(), &decision, now)? else {
+            return Ok(current);
+        };
+        // A success for an invoice's checkout is allocated to the invoice
+        // in the same transaction (re-read and retried on conflict).
+        if let (Decision::Success { .. }, Some(inv)) = (&decision, &invoice) {
+            ops.extend(crate::domain::invoices::allocation_ops(
+                inv,
+                &current.id,
+                current.amount.get(),
+                now,
+            )?);
+        }
+        match store.transact(ops).await {
+            Ok(()) => {
+                return match store.get(&key).await? {
+                    Some(i) => from_item(i),
+                    None => Err(StoreError::Backend(format!(
+                        "payment {} vanished",
+                        payment.id
+                    ))),
+                };
+            }
+            Err(StoreError::TransactionCanceled { reasons })
+                if reasons
+                    .iter()
+                    .any(|r| matches!(r, TxReason::ConditionFailed | TxReason::Conflict)) =>
+            {
+                crate::store::contention_backoff(attempt).await;
+                continue;
+            }
+            Err(StoreError::ConditionFailed) => {
+                crate::store::contention_backoff(attempt).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(StoreError::Unavailable(format!(
+        "payment {} kept changing while being settled",
+        payment.id
+    )))
+}
+
+/// How often a settlement re-reads what moved under it (its session, link
+/// or invoice), with a short random pause that grows each time
+/// ([`crate::store::contention_backoff`]).
+pub(super) const SETTLE_TRIES: usize = 8;
+
+pub(super) fn event_op(
+    kind: EventType,
+    payment: &Payment,
+    now: Timestamp,
+) -> Result<TxOp, StoreError> {
+    let view = serde_json::to_value(PaymentView::from(payment.clone()))
+        .map_err(|e| StoreError::Invalid(e.to_string()))?;
+    Event::new(kind, &payment.project_id, payment.mode, view, now).put_op()
+}
+
+/// `cond`, and no hold for review: a settlement never lands over a hold
+/// that came after the copy it was planned from was read.
+pub(super) fn not_held(cond: Cond) -> Cond {
+    Cond::And(vec![cond, Cond::AttrNotExists(REVIEW.into())])
+}
+
+pub(super) fn close_payment(update: Update) -> Update {
+    update.unindex(Index::Gsi2)
+}
+
+/// `update` cancelling `p` at `now`: re-checked for [`RECHECK_CANCELLED`]
+/// from its project's re-check partition.
+pub(super) fn recheck(update: Update, p: &Payment, now: Timestamp) -> Update {
+    update
+        .set("recheck_until", now.plus(RECHECK_CANCELLED).to_rfc3339())
+        .set(
+            Index::Gsi2.pk_attr(),
+            recheck_partition(&p.project_id, p.mode),
+        )
+        .set(Index::Gsi2.sk_attr(), due_after_check(p, now))
+}
+
+/// `p`'s sort key in its partition once checked at `now`.
+pub(super) fn due_after_check(p: &Payment, now: Timestamp) -> String {
+    let mut checked = p.clone();
+    checked.checks.checked_at = Some(now);
+    due_sk(p, next_check_at(&checked))
+}
+
+/// The transaction that applies `decision` to `p` as stored now; `None`
+/// when nothing changes.
+pub(super) fn plan(
+    p: &Payment,
+    session: Option<&CheckoutSession>,
+    link: Option<&(crate::domain::links::PaymentLink, &str)>,
+    decision: &Decision,
+    now: Timestamp,
+) -> Result<Option<Vec<TxOp>>, StoreError> {
+    let key = Payment::key(&p.id);
+    let stamp = now.to_rfc3339();
+    let ours = |s: &CheckoutSession| s.payment_id.as_deref() == Some(p.id.as_str());
+    let mut ops = Vec::new();
+    // The day counters of the transitions below, added to `ops` last.
+    let mut tally = Tally::new();
+    if p.checks.review.is_some() {
+        // `p` is the fresh copy; the decision may have been made from an
+        // older one (a sweep's or a poll's) read before a signed return
+        // held the payment: it waits for a person, whatever the provider
+        // now says.
+        tracing::warn!(payment = %p.id, "payment held for review: provider answer not applied");
+        return Ok(None);
+    }
+    match decision {
+        Decision::Hold(_) => return Ok(None),
+        Decision::Review(reason) => {
+            if !(is_open(p.status) || p.status == PaymentStatus::Cancelled) {
+                return Ok(None);
+            }
+            ops.push(TxOp::Update {
+                key,
+                update: hold_update(p, reason, now),
+                cond: Some(not_held(holdable())),
+            });
+        }
+        Decision::Processing => {
+            if p.status != PaymentStatus::Pending {
+                return Ok(None);
+            }
+            ops.push(TxOp::Update {
+                key,
+                update: Update::new()
+                    .set("status", "processing")
+                    .set("updated_at", stamp),
+                cond: Some(Cond::eq("status", "pending")),
+            });
+        }
+        Decision::Success { provider_ref } => {
+            // A late success after a cancel (the session expired first) is
+            // still money taken: record it.
+            if !matches!(
+                p.status,
+                PaymentStatus::Pending | PaymentStatus::Processing | PaymentStatus::Cancelled
+            ) {
+                return Ok(None);
+            }
+            let mut next = p.clone();
+            next.status = PaymentStatus::Success;
+            next.failure_reason = None;
+            next.provider_ref = provider_ref.clone().or_else(|| p.provider_ref.clone());
+            next.updated_at = now;
+            let mut update = close_payment(
+                Update::new()
+                    .remove("recheck_until")
+                    .set("status", "success")
+                    .set("updated_at", stamp.clone())
+                    .set("failure_reason", Value::Null),
+            );
+            if let Some(r) = &next.provider_ref {
+                update = update.set("provider_ref", r.clone());
+            }
+            match session {
+                Some(s) if s.status == SessionStatus::Success && !ours(s) => {
+                    next.double_payment_of = s.payment_id.clone();
+                    update = update.set("double_payment_of", json!(s.payment_id));
+                    tracing::error!(
+                        payment = %p.id,
+                        first = ?s.payment_id,
+                        session = %s.id,
+                        "double payment: a second attempt of one session succeeded; flagged for refund"
+                    );
+                    ops.push(TxOp::Check {
+                        key: CheckoutSession::key(&s.id),
+                        cond: Cond::eq("status", "success"),
+                    });
+                }
+                Some(s) if s.status != SessionStatus::Success => {
+                    // Success is final: a session becomes paid once.
+                    tally.session_paid(s);
+                    tally.session_moved(s, s.status, SessionStatus::Success);
+                    ops.push(TxOp::Update {
+                        key: CheckoutSession::key(&s.id),
+                        update: Update::new()
+                            .set("status", "success")
+                            .set("payment_id", p.id.clone())
+                            .set("provider", p.provider.as_str())
+                            .set("updated_at", stamp.clone())
+                            .unindex(Index::Gsi2),
+                        // As read: a session that moved meanwhile (expired,
+                        // failed: its link use given back) is re-read.
+                        cond: Some(Cond::eq("status", s.status.as_str())),
+                    });
+                    if let Some((l, base)) = link {
+                        // The link's use becomes a completed one, once:
+                        // only this transition of the session counts it.
+                        let mut update = Update::new()
+                            .add("used_count", 1)
+                            .set("updated_at", stamp.clone());
+                        if s.status.is_final() || !s.link_claimed {
+                            // Its hold was given back (expired first).
+                            update = update.add("claimed", 1);
+                        }
+                        ops.push(TxOp::Update {
+                            key: crate::domain::links::PaymentLink::key(&l.id),
+                            update,
+                            cond: Some(Cond::Exists),
+                        });
+                        let mut after = l.clone();
+                        after.used_count += 1;
+                        after.updated_at = now;
+                        let view = serde_json::to_value(crate::domain::links::PaymentLinkView::of(
+                            after, base, false,
+                        ))
+                        .map_err(|e| StoreError::Invalid(e.to_string()))?;
+                        ops.push(
+                            Event::new(
+                                EventType::PaymentLinkPaid,
+                                &p.project_id,
+                                p.mode,
+                                view,
+                                now,
+                            )
+                            .put_op()?,
+                        );
+                    }
+                }
+                _ => {}
+            }
+            ops.insert(
+                0,
+                TxOp::Update {
+                    key,
+                    update,
+                    cond: Some(not_held(status_in(&[
+                        PaymentStatus::Pending,
+                        PaymentStatus::Processing,
+                        PaymentStatus::Cancelled,
+                    ]))),
+                },
+            );
+            if p.provider == Provider::Fonepay && p.mode == Mode::Sandbox {
+                ops.extend(fonepay_cap::paid_ops(
+                    &p.project_id,
+                    p.attempt.reference.as_deref().unwrap_or_default(),
+                    p.attempt.cap_month.as_deref(),
+                    p.amount.get(),
+                    now,
+                ));
+            }
+            // From pending, processing or cancelled (the condition above):
+            // a payment becomes a success once.
+            tally.payment_succeeded(p);
+            ops.push(event_op(EventType::PaymentSucceeded, &next, now)?);
+        }
+        Decision::Failed(reason) | Decision::Cancelled(reason) | Decision::NotStarted(reason) => {
+            if !is_open(p.status) {
+                return Ok(None);
+            }
+            let failed = matches!(decision, Decision::Failed(_) | Decision::NotStarted(_));
+            // A decline ends the session; a cancel, or an attempt that never
+            // reached the provider, sends the customer back to the picker
+            // while the session has time left.
+            let ends_session = matches!(decision, Decision::Failed(_));
+            let mut next = p.clone();
+            next.status = if failed {
+                PaymentStatus::Failed
+            } else {
+                PaymentStatus::Cancelled
+            };
+            next.failure_reason = Some(reason.clone());
+            next.updated_at = now;
+            let mut update = Update::new()
+                .set("status", status_word(next.status))
+                .set("failure_reason", reason.clone())
+                .set("updated_at", stamp.clone());
+            update = if failed {
+                close_payment(update)
+            } else {
+                // A cancelled attempt may still be paid at the provider:
+                // the reconciler keeps asking for a day, from the
+                // project's re-check partition (out of the open payments).
+                recheck(update, p, now)
+            };
+            ops.push(TxOp::Update {
+                key,
+                update,
+                cond: Some(not_held(status_in(&[
+                    PaymentStatus::Pending,
+                    PaymentStatus::Processing,
+                ]))),
+            });
+            if let Some(s) = session.filter(|s| ours(s) && s.status == SessionStatus::Initiated) {
+                let back_to_picker = !ends_session && s.expires_at > now;
+                let mut session_update = if ends_session {
+                    Update::new()
+                        .set("status", "failed")
+                        .set("updated_at", stamp.clone())
+                        .unindex(Index::Gsi2)
+                } else if back_to_picker {
+                    Update::new()
+                        .set("status", "pending")
+                        .set("updated_at", stamp.clone())
+                } else {
+                    Update::new()
+                };
+                // The attempt held one of its link's uses: given back as it
+                // fails or is cancelled (the next attempt takes one again).
+                let release = s.link_claimed && !session_update.set.is_empty();
+                if release {
+                    session_update = session_update.set("link_claimed", false);
+                }
+                if !session_update.set.is_empty() {
+                    let to = if ends_session {
+                        SessionStatus::Failed
+                    } else {
+                        SessionStatus::Pending
+                    };
+                    tally.session_moved(s, SessionStatus::Initiated, to);
+                    ops.push(TxOp::Update {
+                        key: CheckoutSession::key(&s.id),
+                        update: session_update,
+                        cond: Some(Cond::And(vec![
+                            Cond::eq("payment_id", p.id.clone()),
+                            Cond::eq("status", "initiated"),
+                        ])),
+                    });
+                    if release {
+                        if let Some(id) = &s.link_id {
+                            ops.push(crate::domain::links::release_op(id));
+                        }
+                    }
+                }
+            }
+            let kind = if failed {
+                // From pending or processing: failed is final, counted once.
+                // A cancel counts in no outcome (it may still succeed).
+                tally.payment_failed(p);
+                EventType::PaymentFailed
+            } else {
+                EventType::PaymentCancelled
+            };
+            ops.push(event_op(kind, &next, now)?);
+        }
+    }
+    tally.apply_to(&mut ops)?;
+    Ok(Some(ops))
+}
+
+/// For the QR page's polling: asks the provider about the session's
+/// current payment, at most once per [`POLL_CHECK_EVERY`] per payment
+/// (a conditional write claims the check). Proof: as [`reconcile`]; the
+/// poll carries nothing the payment is judged on.
+pub async fn poll(
+    state: &Deps,
+    session_id: &str,
+    now: Timestamp,
+) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
+    let store = &*state.store;
+    let Some(session) = checkout::find_any(store, session_id, now).await? else {
+        return Ok(None);
+    };
+    let Some(pid) = session.payment_id.clone() else {
+        return Ok(Some((session, None)));
+    };
+    let Some(payment) = find_payment(store, session_id, &pid).await? else {
+        return Ok(Some((session, None)));
+    };
+    if !is_open(payment.status)
+        || session.status != SessionStatus::Initiated
+        || payment.checks.review.is_some()
+    {
+        return Ok(Some((session, Some(payment))));
+    }
+    if !claim_check(store, &payment, now, POLL_CHECK_EVERY).await? {
+        return Ok(Some((session, Some(payment))));
+    }
+    let payment = match reconcile(state, &payment, now).await {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(payment = %payment.id, error = %e, "status check failed; will retry");
+            payment
+        }
+    };
+    let session = checkout::find_any(store, session_id, now)
+        .await?
+        .unwrap_or(session);
+    Ok(Some((session, Some(payment))))
+}

@@ -1,0 +1,474 @@
+//! Starting an attempt: the customer picks a provider; one transaction writes
+//! the pending payment and moves the session on, then the provider is asked
+//! for the hand-off.
+
+use super::*;
+
+/// The URLs on our own server the provider sends the customer back to.
+pub fn return_url(base: &str, session_id: &str, payment_id: &str, outcome: &str) -> String {
+    format!("{base}/c/{session_id}/return/{payment_id}/{outcome}")
+}
+
+/// The merchant's site (scheme and host of `url`), for Khalti's
+/// `website_url`.
+pub(super) fn origin(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("https", url));
+    let host = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    format!("{scheme}://{host}")
+}
+
+/// The address the customer typed, trimmed, each part held to
+/// [`AddressPart`](crate::fields::AddressPart)'s rule; `line1` and `city`
+/// are required.
+pub(super) fn check_address(a: &StoredAddress) -> Result<StoredAddress, AttemptError> {
+    let part = |field: &'static str, v: &Option<String>, required: bool| match v
+        .as_deref()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+    {
+        None if required => Err(AttemptError::Invalid {
+            field,
+            message: "is required".into(),
+        }),
+        None => Ok(None),
+        Some(v) => crate::fields::AddressPart::parse(v.to_owned())
+            .map(|p| Some(p.into_string()))
+            .map_err(|message| AttemptError::Invalid { field, message }),
+    };
+    Ok(StoredAddress {
+        line1: part("line1", &a.line1, true)?,
+        line2: part("line2", &a.line2, false)?,
+        city: part("city", &a.city, true)?,
+        state: part("state", &a.state, false)?,
+        postal_code: part("postalCode", &a.postal_code, false)?,
+        country: part("country", &a.country, false)?,
+    })
+}
+
+/// The customer chose a provider: create the attempt and ask the provider
+/// for the hand-off.
+/// `public_base`: our public base URL (the providers return there).
+pub async fn start(
+    state: &Deps,
+    session_id: &str,
+    choice: PayChoice,
+    public_base: &str,
+    now: Timestamp,
+) -> Result<Started, AttemptError> {
+    let store = &*state.store;
+    let session = checkout::find_any(store, session_id, now)
+        .await?
+        .ok_or(AttemptError::NotFound)?;
+    if session.status.is_final() {
+        return Err(AttemptError::Closed(session.status));
+    }
+    if session.attempts >= MAX_ATTEMPTS {
+        return Err(AttemptError::NotOffered(format!(
+            "this checkout has had {MAX_ATTEMPTS} payment attempts; please return to the shop and start again"
+        )));
+    }
+    let provider = choice
+        .provider
+        .or(session.provider)
+        .ok_or(AttemptError::Invalid {
+            field: "provider",
+            message: "choose how to pay".into(),
+        })?;
+    if session.flow == checkout::Flow::Redirect && session.provider != Some(provider) {
+        return Err(AttemptError::NotOffered(format!(
+            "this checkout pays with {} only",
+            session
+                .provider
+                .map(Provider::as_str)
+                .unwrap_or("one provider")
+        )));
+    }
+    let offered = checkout::providers(store, &session.project_id, session.mode).await?;
+    if !offered.iter().any(|p| p.provider == provider && p.enabled) {
+        return Err(AttemptError::NotOffered(format!(
+            "{} is not available for this shop",
+            provider.as_str()
+        )));
+    }
+    checkout::check_amount(session.amount.get(), Some(provider), session.mode).map_err(
+        |e| match e {
+            checkout::CheckoutError::FonepaySandboxCap(m) => AttemptError::FonepayCap(m),
+            other => AttemptError::NotOffered(other.to_string()),
+        },
+    )?;
+    let address = match (&choice.address, session.collect_address) {
+        // Once an attempt has started, the customer's details are frozen:
+        // the provider, the merchant's webhook and the payment were told
+        // them (the form may send them again unchanged).
+        (Some(a), true) if session.payment_id.is_some() => {
+            let sent = check_address(a)?;
+            let kept = match &session.customer_address {
+                Some(k) => Some(check_address(k)?),
+                None => None,
+            };
+            if kept.as_ref() != Some(&sent) {
+                return Err(AttemptError::Invalid {
+                    field: "address",
+                    message: "cannot be changed once a payment has been started for this \
+                              checkout; pay with the address given, or return to the shop \
+                              to start a new checkout"
+                        .into(),
+                });
+            }
+            kept
+        }
+        (Some(a), true) => Some(check_address(a)?),
+        (None, true) => match &session.customer_address {
+            Some(a) => Some(check_address(a)?),
+            None => {
+                return Err(AttemptError::Invalid {
+                    field: "line1",
+                    message: "is required".into(),
+                });
+            }
+        },
+        (_, false) => None,
+    };
+    let creds = crate::domain::credentials::for_provider(
+        store,
+        &state.providers,
+        &session.project_id,
+        session.mode,
+        provider,
+    )
+    .await?;
+    let client = state.providers.client(session.mode, provider)?;
+    if !account::storefront(store, &session.project_id).await?.1 {
+        return Err(AttemptError::NotOffered(
+            "this shop cannot take payments right now".into(),
+        ));
+    }
+    // A link's session takes one of the link's uses as its customer is
+    // sent to a provider (again after an attempt gave it back), in the
+    // start's transaction.
+    let claim = match (&session.link_id, session.link_claimed) {
+        (Some(link_id), false) => {
+            let link = crate::domain::links::get(store, link_id)
+                .await?
+                .ok_or_else(|| AttemptError::NotOffered(LINK_GONE.into()))?;
+            refuse_link(&link, now)?;
+            Some(link)
+        }
+        _ => None,
+    };
+
+    let reference = providers::new_reference();
+    let qr = provider == Provider::Fonepay && !choice.fonepay_web;
+    let capped = provider == Provider::Fonepay && session.mode == Mode::Sandbox;
+    let cap_month = if capped {
+        match fonepay_cap::reserve(
+            store,
+            &session.project_id,
+            &reference,
+            session.amount.get(),
+            now,
+        )
+        .await
+        {
+            Ok(m) => Some(m),
+            Err(CapError::MonthExceeded { .. }) => {
+                return Err(AttemptError::FonepayCap(
+                    "Sandbox fonepay uses real money and is capped at NPR 5,000 a month \
+                     (succeeded payments plus QRs minted in the last 30 minutes); \
+                     this payment would pass it"
+                        .into(),
+                ));
+            }
+            Err(CapError::Store(e)) => return Err(e.into()),
+        }
+    } else {
+        None
+    };
+
+    let payment = Payment {
+        id: ids::new_id(IdKind::Payment),
+        project_id: session.project_id.clone(),
+        checkout_session_id: session.id.clone(),
+        mode: session.mode,
+        amount: session.amount,
+        amount_refunded: Default::default(),
+        currency: Currency::Npr,
+        provider,
+        status: PaymentStatus::Pending,
+        provider_ref: None,
+        failure_reason: None,
+        metadata: session.metadata.clone(),
+        customer_name: session.customer_name.clone(),
+        customer_email: session.customer_email.clone(),
+        customer_phone: session.customer_phone.clone(),
+        created_at: now,
+        updated_at: now,
+        double_payment_of: None,
+        attempt: AttemptInfo {
+            reference: Some(reference.clone()),
+            provider_token: None,
+            qr_message: None,
+            cap_month: cap_month.clone(),
+            qr,
+        },
+        checks: Default::default(),
+    };
+    let mut session_update = Update::new()
+        .add("attempts", 1)
+        .set("status", SessionStatus::Initiated.as_str())
+        .set("payment_id", payment.id.clone())
+        .set("provider", provider.as_str())
+        .set("updated_at", now.to_rfc3339());
+    if claim.is_some() {
+        session_update = session_update.set("link_claimed", true);
+    }
+    if let Some(a) = &address {
+        session_update = session_update.set(
+            "customer_address",
+            serde_json::to_value(a).map_err(|e| StoreError::Invalid(e.to_string()))?,
+        );
+    }
+    let current = match &session.payment_id {
+        Some(p) => Cond::eq("payment_id", p.clone()),
+        // Stored as null or missing: "not a string" covers both on both
+        // backends (a comparison across types is false).
+        None => Cond::Not(Box::new(Cond::ge("payment_id", ""))),
+    };
+    let mut ops = vec![
+        TxOp::Put {
+            item: to_item(
+                &payment,
+                &Payment::key(&payment.id),
+                &payment_indexes(&payment),
+            )?,
+            cond: Some(Cond::NotExists),
+        },
+        TxOp::Update {
+            key: CheckoutSession::key(&session.id),
+            update: session_update,
+            cond: Some(Cond::And(vec![
+                Cond::Exists,
+                // As read: the counters move from this status.
+                Cond::eq("status", session.status.as_str()),
+                Cond::gt("expires_at", now.to_rfc3339()),
+                Cond::Or(vec![
+                    Cond::AttrNotExists("attempts".into()),
+                    Cond::lt("attempts", i64::from(MAX_ATTEMPTS)),
+                ]),
+                current,
+            ])),
+        },
+    ];
+    // One open payment per session: the attempt this one supersedes is
+    // cancelled in the same write (none of our providers has an API to
+    // void a started attempt; its customer may still finish it, so it is
+    // re-checked for a day like any cancel, and its Fonepay cap hold stays
+    // until it lapses).
+    if let Some(prev) = &session.payment_id {
+        if let Some(prev) = find_payment(store, &session.id, prev).await? {
+            ops.extend(supersede_ops(&prev, now)?);
+        }
+    }
+    let claim_at = claim.as_ref().map(|link| {
+        ops.push(crate::domain::links::claim_op(link, session.expires_at));
+        ops.len() - 1
+    });
+    start_tally(&session, &payment).apply_to(&mut ops)?;
+    crate::domain::active::touch(store, &session.project_id, session.mode, now).await?;
+    if let Err(e) = transact_start(store, ops).await {
+        if let Some(m) = &cap_month {
+            release_hold(store, &session.project_id, &reference, m).await;
+        }
+        if let (Some(at), Some(link)) = (claim_at, &claim) {
+            if checkout::failed_at(&e, at) {
+                // Taken meanwhile: say why, as the link now stands.
+                let now_link = crate::domain::links::get(store, &link.id).await?;
+                let now_link =
+                    now_link.ok_or_else(|| AttemptError::NotOffered(LINK_GONE.into()))?;
+                refuse_link(&now_link, now)?;
+                return Err(AttemptError::NotOffered(crate::domain::links::held_text(1)));
+            }
+        }
+        return Err(if e.is_condition_failure() {
+            AttemptError::Busy
+        } else {
+            e.into()
+        });
+    }
+
+    let base = public_base;
+    let attempt = Attempt {
+        reference: reference.clone(),
+        amount: session.amount,
+        return_url: return_url(base, &session.id, &payment.id, "ok"),
+        failure_url: Some(return_url(base, &session.id, &payment.id, "fail")),
+        website_url: origin(&session.return_url),
+        order_name: session
+            .description
+            .clone()
+            .unwrap_or_else(|| format!("Order {}", session.id)),
+        customer: Some(CustomerInfo {
+            name: session.customer_name.clone(),
+            email: session.customer_email.clone(),
+            phone: session.customer_phone.clone(),
+        }),
+        channel: if qr { Channel::Qr } else { Channel::Browser },
+    };
+    match client.initiate(&creds, &attempt).await {
+        Ok(handoff) => {
+            let mut info = payment.attempt.clone();
+            match &handoff {
+                Handoff::Redirect { provider_ref, .. } => {
+                    info.provider_token = provider_ref.clone();
+                }
+                Handoff::Qr {
+                    qr_message,
+                    provider_ref,
+                    ..
+                } => {
+                    info.provider_token = provider_ref.clone();
+                    info.qr_message = Some(qr_message.clone());
+                }
+                Handoff::AutoPostForm { .. } => {}
+            }
+            let mut payment = payment;
+            if info != payment.attempt {
+                let value =
+                    serde_json::to_value(&info).map_err(|e| StoreError::Invalid(e.to_string()))?;
+                state
+                    .store
+                    .update(
+                        &Payment::key(&payment.id),
+                        Update::new().set("attempt", value),
+                        Some(Cond::Exists),
+                    )
+                    .await?;
+                payment.attempt = info;
+            }
+            // The session as the transaction left it (no second read).
+            let mut session = session;
+            session.status = SessionStatus::Initiated;
+            session.payment_id = Some(payment.id.clone());
+            session.provider = Some(provider);
+            session.attempts += 1;
+            session.updated_at = now;
+            if address.is_some() {
+                session.customer_address = address;
+            }
+            Ok(Started {
+                session,
+                payment,
+                handoff,
+            })
+        }
+        Err(err) => {
+            tracing::warn!(
+                payment = %payment.id,
+                provider = provider.as_str(),
+                error = %err,
+                "provider refused to start the attempt"
+            );
+            if let Some(m) = &cap_month {
+                release_hold(store, &session.project_id, &reference, m).await;
+            }
+            let reason = format!("{} could not start the payment: {err}", provider.as_str());
+            apply(state, &payment, Decision::NotStarted(reason), now).await?;
+            Err(AttemptError::Provider(err))
+        }
+    }
+}
+
+pub(super) const LINK_GONE: &str = "this payment link no longer exists";
+
+/// Refuses an attempt for `link` when it is used up or every use is held.
+pub(super) fn refuse_link(
+    link: &crate::domain::links::PaymentLink,
+    now: Timestamp,
+) -> Result<(), AttemptError> {
+    if link.max_uses.is_some_and(|m| link.used_count >= m) {
+        return Err(AttemptError::NotOffered(
+            crate::domain::links::inactive_text(link),
+        ));
+    }
+    match link.held(now) {
+        Some(minutes) => Err(AttemptError::NotOffered(crate::domain::links::held_text(
+            minutes,
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Why an attempt was closed by the next one of its session.
+pub const SUPERSEDED: &str = "superseded by a newer attempt of the same checkout";
+
+/// The writes cancelling `prev`, an open attempt a new one of its session
+/// supersedes (none when it is no longer open or held for review): out of
+/// the open payments into its project's re-check partition, with its
+/// `payment.cancelled` event. Conditioned on it still being open and not
+/// held, so a payment settled meanwhile makes the start fail and retry.
+pub(super) fn supersede_ops(prev: &Payment, now: Timestamp) -> Result<Vec<TxOp>, StoreError> {
+    if !is_open(prev.status) || prev.checks.review.is_some() {
+        return Ok(Vec::new());
+    }
+    // A cancel as a provider's answer would plan it, without its session
+    // (the new attempt's write moves the session).
+    let cancel = Decision::Cancelled(SUPERSEDED.to_owned());
+    Ok(plan(prev, None, None, &cancel, now)?.unwrap_or_default())
+}
+
+/// The day counters of a started attempt: the payment is created, and the
+/// session counts as initiated on its first attempt only (`session` as
+/// read; the transaction's `payment_id` condition pins that read).
+pub(super) fn start_tally(session: &CheckoutSession, payment: &Payment) -> Tally {
+    let mut tally = Tally::new();
+    tally.payment_created(payment);
+    if session.payment_id.is_none() {
+        tally.session_initiated(session);
+    }
+    tally.session_moved(session, session.status, SessionStatus::Initiated);
+    tally
+}
+
+/// The start transaction, tried again when only a conflict (another
+/// transaction writing the same item: the day's counters are shared by
+/// the project's sessions) cancelled it.
+pub(super) async fn transact_start(store: &dyn Store, ops: Vec<TxOp>) -> Result<(), StoreError> {
+    let mut tries = 0u64;
+    loop {
+        tries += 1;
+        match store.transact(ops.clone()).await {
+            Err(StoreError::TransactionCanceled { reasons })
+                if tries < 5
+                    && reasons.contains(&TxReason::Conflict)
+                    && !reasons.contains(&TxReason::ConditionFailed) =>
+            {
+                let pause = 5 + 10 * tries + rand::random::<u64>() % 20;
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+pub(super) async fn release_hold(
+    store: &dyn Store,
+    project_id: &str,
+    reference: &str,
+    month: &str,
+) {
+    if let Err(e) = fonepay_cap::release(store, project_id, reference, month).await {
+        // The hold lapses by itself after 30 minutes.
+        tracing::warn!(error = %e, "could not release a sandbox fonepay hold");
+    }
+}
+
+/// The payment `payment_id` of session `session_id`.
+pub async fn find_payment(
+    store: &dyn Store,
+    session_id: &str,
+    payment_id: &str,
+) -> Result<Option<Payment>, StoreError> {
+    Ok(crate::domain::payments::get(store, payment_id)
+        .await?
+        .filter(|p| p.checkout_session_id == session_id))
+}

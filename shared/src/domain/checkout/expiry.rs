@@ -1,0 +1,265 @@
+//! Expiry: the open-sessions index, expiring one session or every due one,
+//! and listing with the status as of now.
+
+use super::*;
+
+pub(crate) fn open_cond() -> Cond {
+    Cond::Or(vec![
+        Cond::eq("status", SessionStatus::Pending.as_str()),
+        Cond::eq("status", SessionStatus::Initiated.as_str()),
+    ])
+}
+
+/// Moves an open session to `expired`; when `only_if_due`, only once its
+/// `expires_at` passed. A session that is no longer open (or not yet due)
+/// is answered as stored.
+///
+/// One transaction: the session (conditioned on the status it was read
+/// with), its project's session counters, and the link use it gives back.
+/// A session that moved meanwhile is read again and tried again.
+pub(super) async fn mark_expired(
+    store: &dyn Store,
+    id: &str,
+    known: Option<&CheckoutSession>,
+    now: Timestamp,
+    only_if_due: bool,
+) -> Result<CheckoutSession, StoreError> {
+    let key = CheckoutSession::key(id);
+    let mut read = known.cloned();
+    // Set when the link the session holds a use of is gone (deleted):
+    // the session expires without giving the use back.
+    let mut link_gone = false;
+    for attempt in 0..8usize {
+        let current = match read.take() {
+            Some(s) => s,
+            None => match store.get(&key).await? {
+                Some(item) => from_item::<CheckoutSession>(item)?,
+                None => return Err(StoreError::Backend(format!("session {id} vanished"))),
+            },
+        };
+        if current.status.is_final() || (only_if_due && now < current.expires_at) {
+            return Ok(current);
+        }
+        let mut conds = vec![Cond::Exists, Cond::eq("status", current.status.as_str())];
+        if only_if_due {
+            conds.push(Cond::le("expires_at", now.to_rfc3339()));
+        }
+        let update = Update::new()
+            .set("status", SessionStatus::Expired.as_str())
+            .set("updated_at", now.to_rfc3339())
+            .unindex(Index::Gsi2);
+        let mut ops = vec![TxOp::Update {
+            key: key.clone(),
+            update,
+            cond: Some(Cond::And(conds)),
+        }];
+        // A session holding one of its link's uses gives it back as it ends.
+        let releases = current.link_claimed && current.link_id.is_some() && !link_gone;
+        if releases {
+            if let Some(link) = &current.link_id {
+                ops.push(crate::domain::links::release_op(link));
+            }
+        }
+        let mut tally = crate::domain::analytics::Tally::new();
+        tally.session_moved(&current, current.status, SessionStatus::Expired);
+        tally.apply_to(&mut ops)?;
+        match store.transact(ops).await {
+            Ok(()) => {
+                let mut done = current;
+                done.status = SessionStatus::Expired;
+                done.updated_at = now;
+                return Ok(done);
+            }
+            // Moved meanwhile (paid, another attempt): read it again.
+            Err(e) if failed_at(&e, 0) => {}
+            Err(e) if releases && failed_at(&e, 1) => {
+                tracing::warn!(session = %id, "the link of an expiring session is gone: its use is not given back");
+                link_gone = true;
+                read = Some(current);
+            }
+            // Busy (the link or the counters are being written).
+            Err(StoreError::TransactionCanceled { reasons })
+                if !reasons.contains(&TxReason::ConditionFailed) =>
+            {
+                read = Some(current);
+            }
+            Err(e) => return Err(e),
+        }
+        crate::store::contention_backoff(attempt).await;
+    }
+    Err(StoreError::Unavailable(format!("session {id} is busy")))
+}
+
+/// The sweep partitions of open records (`gsi2`), spread so no single
+/// partition takes every write.
+pub const OPEN_SHARDS: u32 = 4;
+pub(crate) const OPEN_SESSIONS: keys::Open = keys::Open::Sessions;
+
+/// The open-records partition of `id` under `prefix`.
+pub(crate) fn open_partition(what: keys::Open, id: &str) -> String {
+    keys::open(what, keys::shard_of(id, OPEN_SHARDS))
+}
+
+/// Every open-records partition under `prefix`.
+pub(crate) fn open_partitions(what: keys::Open) -> Vec<String> {
+    (0..OPEN_SHARDS).map(|s| keys::open(what, s)).collect()
+}
+
+/// The `gsi2` partition of a project's open sessions, by `expires_at`:
+/// the sweep finds it through [`crate::domain::active`], and `GET /v1/sessions`
+/// counts the ones past their time in it.
+pub fn open_sessions_partition(project_id: &str, mode: Mode) -> String {
+    keys::open_per_project(OPEN_SESSIONS, project_id, mode)
+}
+
+/// Open sessions whose time has passed at `now`, oldest first: at most
+/// `limit` of each project in `active` (one project's backlog never holds
+/// up another's), then at most `limit` per partition of the former,
+/// global layout (sessions written before the per-project index).
+pub async fn due_for_expiry(
+    store: &dyn Store,
+    active: &[crate::domain::active::Active],
+    now: Timestamp,
+    limit: usize,
+) -> Result<Vec<String>, StoreError> {
+    let partitions = active
+        .iter()
+        .map(|a| open_sessions_partition(&a.project_id, a.mode))
+        .chain(open_partitions(OPEN_SESSIONS));
+    let mut ids = Vec::new();
+    for pk in partitions {
+        let query = Query::partition(pk)
+            .on(Index::Gsi2)
+            .sk(SkCond::Lt(format!("{}#~", now.to_rfc3339())))
+            .limit(limit);
+        for item in store.query(&query).await?.items {
+            if let Some(id) = item.get("id").and_then(Value::as_str) {
+                ids.push(id.to_owned());
+            }
+        }
+    }
+    Ok(ids)
+}
+
+/// Whether the project has any open session indexed (the sweep retires an
+/// idle registry entry only when it has none).
+pub async fn has_open_sessions(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+) -> Result<bool, StoreError> {
+    let query = Query::partition(open_sessions_partition(project_id, mode))
+        .on(Index::Gsi2)
+        .limit(1);
+    Ok(!store.query(&query).await?.items.is_empty())
+}
+
+/// Stores a due session as expired (the scheduler's part of lazy expiry).
+/// Whether this call moved it.
+pub async fn expire_due(store: &dyn Store, id: &str, now: Timestamp) -> Result<bool, StoreError> {
+    let s = mark_expired(store, id, None, now, true).await?;
+    Ok(s.status == SessionStatus::Expired && s.updated_at == now)
+}
+
+/// `POST /v1/checkout/{id}/expire`: `pending|initiated` -> `expired`; a
+/// final session is answered unchanged. `None` when not found.
+pub async fn expire(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+    now: Timestamp,
+) -> Result<Option<CheckoutSession>, StoreError> {
+    let Some(session) = find(store, project_id, mode, id, now).await? else {
+        return Ok(None);
+    };
+    if session.status.is_final() {
+        return Ok(Some(session));
+    }
+    mark_expired(store, &session.id, Some(&session), now, false)
+        .await
+        .map(Some)
+}
+
+/// The list filter for `status` as of `now`: stored statuses, with open
+/// sessions past their time counted as expired.
+pub fn status_filter(status: SessionStatus, now: Timestamp) -> Cond {
+    let now = now.to_rfc3339();
+    match status {
+        SessionStatus::Pending | SessionStatus::Initiated => Cond::And(vec![
+            Cond::eq("status", status.as_str()),
+            Cond::gt("expires_at", now),
+        ]),
+        SessionStatus::Expired => Cond::Or(vec![
+            Cond::eq("status", status.as_str()),
+            Cond::And(vec![open_cond(), Cond::le("expires_at", now)]),
+        ]),
+        SessionStatus::Success | SessionStatus::Failed => Cond::eq("status", status.as_str()),
+    }
+}
+
+/// A page of the project's sessions in `mode`, newest first, optionally of
+/// one status (as of `now`), and the total. Lists show lazy expiry without
+/// writing it (a read of the one session persists it).
+pub async fn list(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    status: Option<SessionStatus>,
+    now: Timestamp,
+    offset: usize,
+    limit: usize,
+) -> Result<(Vec<CheckoutSession>, u64), StoreError> {
+    let mut query = Query::partition(CheckoutSession::list_partition(project_id, mode))
+        .on(Index::Gsi1)
+        .backward();
+    if let Some(s) = status {
+        query = query.filter(status_filter(s, now));
+    }
+    let Some(totals) = crate::domain::analytics::session_totals(store, project_id, mode).await?
+    else {
+        // A project from before the counters: counted the old way.
+        return crate::domain::record::page_of(store, &query, offset, limit).await;
+    };
+    let items = crate::store::query_window(store, &query, offset, limit).await?;
+    let sessions = items
+        .into_iter()
+        .map(from_item)
+        .collect::<Result<Vec<CheckoutSession>, _>>()?;
+    let total = match status {
+        None => totals.total,
+        Some(s @ (SessionStatus::Success | SessionStatus::Failed)) => totals.stored(s),
+        // Lazy expiry: open sessions past their time are listed as
+        // expired. They are the ones still in the project's open index
+        // with `expires_at <= now` (the sweep stores them within a minute
+        // or so), counted with a key-range query.
+        Some(s @ (SessionStatus::Pending | SessionStatus::Initiated)) => {
+            totals.stored(s) - overdue(store, project_id, mode, Some(s), now).await?
+        }
+        // Every session in the open index past its time is pending or
+        // initiated: one count.
+        Some(SessionStatus::Expired) => {
+            totals.stored(SessionStatus::Expired)
+                + overdue(store, project_id, mode, None, now).await?
+        }
+    };
+    Ok((sessions, u64::try_from(total.max(0)).unwrap_or(0)))
+}
+
+/// Open sessions of the project whose time passed, stored as `status`
+/// (any open one when `None`).
+pub(super) async fn overdue(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    status: Option<SessionStatus>,
+    now: Timestamp,
+) -> Result<i64, StoreError> {
+    let mut query = Query::partition(open_sessions_partition(project_id, mode))
+        .on(Index::Gsi2)
+        .sk(SkCond::Lt(format!("{}#~", now.to_rfc3339())));
+    if let Some(status) = status {
+        query = query.filter(Cond::eq("status", status.as_str()));
+    }
+    Ok(i64::try_from(store.count(&query).await?).unwrap_or(i64::MAX))
+}

@@ -1,0 +1,51 @@
+//! Which providers a project can take payments through in a mode.
+
+use super::*;
+
+/// One provider as `GET /v1/providers` shows it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderAvailability {
+    pub provider: Provider,
+    pub enabled: bool,
+    /// Whether payments go to the provider's test environment (no real
+    /// money): eSewa and Khalti in sandbox; never fonepay.
+    pub sandbox: bool,
+    pub min_amount: i64,
+    pub max_amount: i64,
+}
+
+/// Whether a project can use `provider` in `mode`, given whether it has
+/// stored credentials for it: in sandbox eSewa and Khalti always (their
+/// public test credentials); fonepay has no sandbox and needs real ones.
+pub fn is_enabled(provider: Provider, mode: Mode, has_credentials: bool) -> bool {
+    has_credentials || (mode == Mode::Sandbox && provider != Provider::Fonepay)
+}
+
+/// Every provider, enabled or not, for the project in `mode`.
+pub async fn providers(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+) -> Result<Vec<ProviderAvailability>, StoreError> {
+    let configured = list_configured_providers(store, project_id)
+        .await
+        .map_err(|e| match e {
+            crate::domain::credentials::CredentialsError::Store(s) => s,
+            other => StoreError::Backend(other.to_string()),
+        })?;
+    Ok(Provider::ALL
+        .into_iter()
+        .map(|p| {
+            let has = configured.iter().any(|c| c.provider == p && c.mode == mode);
+            let limits = amount_limits(p, mode);
+            ProviderAvailability {
+                provider: p,
+                enabled: is_enabled(p, mode, has),
+                sandbox: mode == Mode::Sandbox && p != Provider::Fonepay,
+                min_amount: limits.min,
+                max_amount: limits.max,
+            }
+        })
+        .collect())
+}

@@ -1,0 +1,801 @@
+//! Checkout sessions as stored and answered, the create request and its
+//! rules (amount ranges per provider and mode, URLs, metadata), and the
+//! spend cap taken with the session.
+
+use super::*;
+
+/// How the customer pays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Flow {
+    /// Our hosted page; the customer picks a provider unless one is set.
+    Hosted,
+    /// Straight to the set provider.
+    Redirect,
+    /// Direct-QR (created by the QR endpoint, not `POST /v1/checkout`).
+    Qr,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionStatus {
+    Pending,
+    Initiated,
+    Success,
+    Failed,
+    Expired,
+}
+
+impl SessionStatus {
+    pub const ALL: [SessionStatus; 5] = [
+        SessionStatus::Pending,
+        SessionStatus::Initiated,
+        SessionStatus::Success,
+        SessionStatus::Failed,
+        SessionStatus::Expired,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionStatus::Pending => "pending",
+            SessionStatus::Initiated => "initiated",
+            SessionStatus::Success => "success",
+            SessionStatus::Failed => "failed",
+            SessionStatus::Expired => "expired",
+        }
+    }
+
+    /// The status named `s`; `None` for anything else (the list ignores it).
+    pub fn parse(s: &str) -> Option<SessionStatus> {
+        SessionStatus::ALL.into_iter().find(|x| x.as_str() == s)
+    }
+
+    /// Whether nothing moves the session on any more.
+    pub fn is_final(self) -> bool {
+        !matches!(self, SessionStatus::Pending | SessionStatus::Initiated)
+    }
+}
+
+/// The customer's address, pre-filled or collected. On the wire each part
+/// is an [`AddressPart`] (the contract's rule); stored records and the
+/// hosted page's form hold plain strings ([`StoredAddress`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Address<T = AddressPart> {
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    pub line1: Option<T>,
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    pub line2: Option<T>,
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    pub city: Option<T>,
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    pub state: Option<T>,
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    pub postal_code: Option<T>,
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    pub country: Option<T>,
+}
+
+/// An address as stored and as the hosted page's form sends it.
+pub type StoredAddress = Address<String>;
+
+pub(super) fn none<T>() -> Option<T> {
+    None
+}
+
+impl<T> Default for Address<T> {
+    fn default() -> Self {
+        Address {
+            line1: None,
+            line2: None,
+            city: None,
+            state: None,
+            postal_code: None,
+            country: None,
+        }
+    }
+}
+
+impl<T> Address<T> {
+    /// Every part through `f`, each with its field name.
+    pub fn try_map<U, E>(
+        self,
+        mut f: impl FnMut(&'static str, T) -> Result<U, E>,
+    ) -> Result<Address<U>, E> {
+        let mut part = |name: &'static str, v: Option<T>| v.map(|v| f(name, v)).transpose();
+        Ok(Address {
+            line1: part("line1", self.line1)?,
+            line2: part("line2", self.line2)?,
+            city: part("city", self.city)?,
+            state: part("state", self.state)?,
+            postal_code: part("postalCode", self.postal_code)?,
+            country: part("country", self.country)?,
+        })
+    }
+}
+
+impl Address {
+    /// The parts as stored.
+    pub fn stored(self) -> StoredAddress {
+        let Ok(a) = self.try_map(|_, v| Ok::<_, std::convert::Infallible>(v.into_string()));
+        a
+    }
+}
+
+impl StoredAddress {
+    /// The parts as the API shows them (they kept the rule when written).
+    pub fn view(self) -> Address {
+        let Ok(a) = self.try_map(|_, v| Ok::<_, std::convert::Infallible>(AddressPart::stored(v)));
+        a
+    }
+}
+
+/// A stored checkout session.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckoutSession {
+    pub id: String,
+    pub project_id: String,
+    pub mode: Mode,
+    /// The key that created it (its spend counter was charged).
+    pub api_key_id: String,
+    pub flow: Flow,
+    pub amount: Paisa,
+    pub currency: Currency,
+    /// `None` while the customer picks on the hosted page.
+    #[serde(default)]
+    pub provider: Option<Provider>,
+    pub status: SessionStatus,
+    /// The current attempt's payment.
+    #[serde(default)]
+    pub payment_id: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub metadata: Map<String, Value>,
+    #[serde(default)]
+    pub customer_name: Option<String>,
+    #[serde(default)]
+    pub customer_email: Option<String>,
+    #[serde(default)]
+    pub customer_phone: Option<String>,
+    #[serde(default)]
+    pub collect_address: bool,
+    #[serde(default)]
+    pub customer_address: Option<StoredAddress>,
+    pub return_url: String,
+    #[serde(default)]
+    pub cancel_url: Option<String>,
+    pub expires_at: Timestamp,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    /// Attempts started at providers (bounded per session).
+    #[serde(default)]
+    pub attempts: u32,
+    /// The payment link the session was opened from.
+    #[serde(default)]
+    pub link_id: Option<String>,
+    /// Whether the session holds one of its link's `maxUses` (released
+    /// when it ends unpaid).
+    #[serde(default)]
+    pub link_claimed: bool,
+    /// The one-time invoice the session collects for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invoice_id: Option<String>,
+}
+
+impl CheckoutSession {
+    pub fn key(id: &str) -> Key {
+        keys::record(keys::Record::CheckoutSession, id)
+    }
+
+    /// The item for this session, with its index keys.
+    pub fn item(&self) -> Result<crate::store::Item, StoreError> {
+        to_item(self, &CheckoutSession::key(&self.id), &self.indexes())
+    }
+
+    pub(super) fn list_partition(project_id: &str, mode: Mode) -> String {
+        keys::per_mode(project_id, mode, keys::PerMode::Sessions)
+    }
+
+    /// `gsi1`: the project's list; `gsi2` (sparse, while open): the
+    /// sessions the scheduler expires, by `expires_at`.
+    pub(crate) fn indexes(&self) -> Vec<(Index, String, String)> {
+        let mut out = vec![(
+            Index::Gsi1,
+            CheckoutSession::list_partition(&self.project_id, self.mode),
+            self.id.clone(),
+        )];
+        if !self.status.is_final() {
+            out.push((
+                Index::Gsi2,
+                open_sessions_partition(&self.project_id, self.mode),
+                format!("{}#{}", self.expires_at.to_rfc3339(), self.id),
+            ));
+        }
+        out
+    }
+
+    /// The status as of `now`: an open session past `expires_at` is expired.
+    pub fn status_at(&self, now: Timestamp) -> SessionStatus {
+        if !self.status.is_final() && now >= self.expires_at {
+            SessionStatus::Expired
+        } else {
+            self.status
+        }
+    }
+}
+
+/// A session as the API shows it (camelCase, as the spec writes it).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckoutSessionView {
+    pub id: String,
+    pub livemode: bool,
+    pub mode: Mode,
+    pub flow: Flow,
+    pub amount: Paisa,
+    pub currency: Currency,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<Provider>,
+    pub status: SessionStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payment_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<Description>,
+    pub metadata: Map<String, Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub customer_name: Option<PersonName>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub customer_email: Option<Email>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub customer_phone: Option<Phone>,
+    pub collect_address: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub customer_address: Option<Address>,
+    pub expires_at: Timestamp,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl CheckoutSessionView {
+    /// The view as of `now` (an open session past its time shows expired).
+    pub fn at(s: CheckoutSession, now: Timestamp) -> Self {
+        CheckoutSessionView {
+            livemode: s.mode.is_live(),
+            status: s.status_at(now),
+            id: s.id,
+            mode: s.mode,
+            flow: s.flow,
+            amount: s.amount,
+            currency: s.currency,
+            provider: s.provider,
+            payment_id: s.payment_id,
+            description: s.description.map(Description::stored),
+            metadata: s.metadata,
+            customer_name: s.customer_name.map(PersonName::stored),
+            customer_email: s.customer_email.map(Email::stored),
+            customer_phone: s.customer_phone.map(Phone::stored),
+            collect_address: s.collect_address,
+            customer_address: s.customer_address.map(StoredAddress::view),
+            expires_at: s.expires_at,
+            created_at: s.created_at,
+            updated_at: s.updated_at,
+        }
+    }
+}
+
+/// The body of `POST /v1/checkout` (decisions.md). Unknown fields refused.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateCheckout {
+    pub amount: i64,
+    pub return_url: HttpUrl,
+    #[serde(default)]
+    pub cancel_url: Option<HttpUrl>,
+    #[serde(default)]
+    pub provider: Option<Provider>,
+    #[serde(default)]
+    pub flow: Option<Flow>,
+    #[serde(default)]
+    pub currency: Option<Currency>,
+    #[serde(default)]
+    pub description: Option<Description>,
+    #[serde(default)]
+    pub metadata: Option<Map<String, Value>>,
+    #[serde(default)]
+    pub customer: Option<CustomerInput>,
+    #[serde(default)]
+    pub collect_address: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CustomerInput {
+    #[serde(default)]
+    pub name: Option<PersonName>,
+    #[serde(default)]
+    pub email: Option<Email>,
+    #[serde(default)]
+    pub phone: Option<Phone>,
+    #[serde(default)]
+    pub address: Option<Address>,
+}
+
+/// Why a checkout operation was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CheckoutError {
+    /// A field breaks a rule (400 `validation_failed`).
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    /// Sandbox fonepay over NPR 1,000 (422 `fonepay_sandbox_cap`).
+    #[error("{0}")]
+    FonepaySandboxCap(String),
+    /// The project cannot take payments through the provider in this mode
+    /// (422 `provider_unavailable`).
+    #[error("provider {0:?} is not enabled")]
+    ProviderUnavailable(Provider),
+    /// The key's monthly spend cap would be passed (403 `spend_cap_exceeded`).
+    #[error("spend cap of {cap} paisa exceeded")]
+    SpendCapExceeded { cap: i64 },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<CheckoutError> for Refusal {
+    fn from(err: CheckoutError) -> Self {
+        match err {
+            CheckoutError::Invalid { field, message } => Refusal::invalid(field, message),
+            CheckoutError::FonepaySandboxCap(message) => {
+                Refusal::unprocessable("fonepay_sandbox_cap", message).at("amount")
+            }
+            CheckoutError::ProviderUnavailable(p) => Refusal::unprocessable(
+                "provider_unavailable",
+                format!(
+                    "{} is not enabled for this project in this mode; see GET /v1/providers",
+                    p.as_str()
+                ),
+            )
+            .at("provider"),
+            CheckoutError::SpendCapExceeded { cap } => Refusal::forbidden(
+                "spend_cap_exceeded",
+                format!(
+                    "This checkout would take the key's volume this month above its spend cap of {cap} paisa"
+                ),
+            ),
+            CheckoutError::Store(e) => e.into(),
+        }
+    }
+}
+
+pub(super) fn invalid(field: &str, message: impl Into<String>) -> CheckoutError {
+    CheckoutError::Invalid {
+        field: field.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// The amounts a provider takes in a mode, in paisa (inclusive).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct AmountLimits {
+    pub min: i64,
+    pub max: i64,
+}
+
+/// Khalti: at least Rs 10; fonepay in sandbox: at most NPR 1,000 (real
+/// money moves); everything at most [`MAX_AMOUNT_PAISA`].
+pub fn amount_limits(provider: Provider, mode: Mode) -> AmountLimits {
+    match (provider, mode) {
+        (Provider::Khalti, _) => AmountLimits {
+            min: KHALTI_MIN_AMOUNT_PAISA,
+            max: MAX_AMOUNT_PAISA,
+        },
+        (Provider::Fonepay, Mode::Sandbox) => AmountLimits {
+            min: 1,
+            max: FONEPAY_SANDBOX_MAX_PAISA,
+        },
+        _ => AmountLimits {
+            min: 1,
+            max: MAX_AMOUNT_PAISA,
+        },
+    }
+}
+
+/// A create request that passed every rule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidCheckout {
+    pub amount: Paisa,
+    pub return_url: String,
+    pub cancel_url: Option<String>,
+    pub provider: Option<Provider>,
+    pub flow: Flow,
+    pub description: Option<String>,
+    pub metadata: Map<String, Value>,
+    pub customer_name: Option<String>,
+    pub customer_email: Option<String>,
+    pub customer_phone: Option<String>,
+    pub customer_address: Option<StoredAddress>,
+    pub collect_address: bool,
+}
+
+/// Checks a create request against every rule (no store needed).
+pub fn validate_create(req: CreateCheckout, mode: Mode) -> Result<ValidCheckout, CheckoutError> {
+    let flow = req.flow.unwrap_or(Flow::Hosted);
+    if flow == Flow::Qr {
+        return Err(invalid(
+            "flow",
+            "flow must be 'hosted' or 'redirect'; QR sessions come from the Direct-QR endpoint",
+        ));
+    }
+    if flow == Flow::Redirect && req.provider.is_none() {
+        return Err(invalid(
+            "provider",
+            "provider is required when flow is 'redirect'",
+        ));
+    }
+    let amount = check_amount(req.amount, req.provider, mode)?;
+    check_url("returnUrl", &req.return_url, mode)?;
+    if let Some(url) = &req.cancel_url {
+        check_url("cancelUrl", url, mode)?;
+    }
+    let metadata = req.metadata.unwrap_or_default();
+    check_metadata(&metadata)?;
+    let customer = req.customer.unwrap_or_default();
+    Ok(ValidCheckout {
+        amount,
+        return_url: req.return_url.into_string(),
+        cancel_url: req.cancel_url.map(String::from),
+        provider: req.provider,
+        flow,
+        description: req.description.map(String::from),
+        metadata,
+        customer_name: customer.name.map(String::from),
+        customer_email: customer.email.map(String::from),
+        customer_phone: customer.phone.map(String::from),
+        customer_address: customer.address.map(Address::stored),
+        collect_address: req.collect_address.unwrap_or(false),
+    })
+}
+
+/// `amount` > 0, at most [`MAX_AMOUNT_PAISA`], within the provider's limits.
+pub fn check_amount(
+    amount: i64,
+    provider: Option<Provider>,
+    mode: Mode,
+) -> Result<Paisa, CheckoutError> {
+    if amount <= 0 {
+        return Err(invalid(
+            "amount",
+            format!("amount must be a positive integer of paisa, got {amount}"),
+        ));
+    }
+    if amount > MAX_AMOUNT_PAISA {
+        return Err(invalid(
+            "amount",
+            format!("amount must be at most {MAX_AMOUNT_PAISA} paisa (NPR 10,00,000)"),
+        ));
+    }
+    if let Some(p) = provider {
+        let limits = amount_limits(p, mode);
+        if amount < limits.min {
+            return Err(invalid(
+                "amount",
+                format!(
+                    "{} takes at least {} paisa, got {amount}",
+                    p.as_str(),
+                    limits.min
+                ),
+            ));
+        }
+        if amount > limits.max {
+            if p == Provider::Fonepay && mode == Mode::Sandbox {
+                return Err(CheckoutError::FonepaySandboxCap(format!(
+                    "Sandbox fonepay uses real money and is capped at {} paisa (NPR 1,000) per payment",
+                    limits.max
+                )));
+            }
+            return Err(invalid(
+                "amount",
+                format!(
+                    "{} takes at most {} paisa, got {amount}",
+                    p.as_str(),
+                    limits.max
+                ),
+            ));
+        }
+    }
+    Paisa::new(amount).map_err(|e| invalid("amount", e.to_string()))
+}
+
+/// An absolute `http(s)` URL ([`HttpUrl`]'s rule): `https` in live; in
+/// sandbox also `http` to `localhost`, `127.0.0.1` or `[::1]` (a merchant
+/// testing locally).
+pub fn check_url(field: &str, url: &str, mode: Mode) -> Result<(), CheckoutError> {
+    let url = HttpUrl::parse(url.to_owned()).map_err(|m| invalid(field, format!("{field} {m}")))?;
+    if !url.is_https() {
+        let local = matches!(url.host().as_str(), "localhost" | "127.0.0.1" | "[::1]");
+        if mode.is_live() || !local {
+            return Err(invalid(
+                field,
+                format!(
+                    "{field} must use https (http is allowed only to localhost/127.0.0.1 in sandbox)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// At most 50 keys of 1–40 characters; values are strings (at most 500
+/// characters), numbers or booleans.
+pub fn check_metadata(metadata: &Map<String, Value>) -> Result<(), CheckoutError> {
+    if metadata.len() > MAX_METADATA_KEYS {
+        return Err(invalid(
+            "metadata",
+            format!("metadata holds at most {MAX_METADATA_KEYS} keys"),
+        ));
+    }
+    for (k, v) in metadata {
+        if k.is_empty() || k.chars().count() > MAX_METADATA_KEY_LEN {
+            return Err(invalid(
+                "metadata",
+                format!("metadata keys must be 1 to {MAX_METADATA_KEY_LEN} characters"),
+            ));
+        }
+        let ok = match v {
+            Value::String(s) => s.chars().count() <= MAX_METADATA_VALUE_LEN,
+            Value::Number(_) | Value::Bool(_) => true,
+            _ => false,
+        };
+        if !ok {
+            return Err(invalid(
+                &format!("metadata.{k}"),
+                format!(
+                    "metadata values must be strings of at most {MAX_METADATA_VALUE_LEN} characters, numbers or booleans"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Who creates the session: its project, mode and key (with the key's cap).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Creator {
+    pub project_id: String,
+    pub mode: Mode,
+    pub api_key_id: String,
+    pub spend_cap_paisa: Option<i64>,
+}
+
+impl Creator {
+    /// The authenticated key `who` creating a session.
+    pub fn of(who: &crate::domain::account::Principal) -> Creator {
+        Creator {
+            project_id: who.project_id().to_owned(),
+            mode: who.mode(),
+            api_key_id: who.key.id.clone(),
+            spend_cap_paisa: who.key.spend_cap_paisa,
+        }
+    }
+}
+
+/// The spend counter of a key for the calendar month (UTC) of `now`.
+pub fn spend_counter_key(api_key_id: &str, now: Timestamp) -> Key {
+    let d = now.datetime();
+    keys::spend_counter(api_key_id, d.year(), d.month())
+}
+
+/// The condition under which adding `amount` keeps the month's volume at
+/// or under `cap`; `None` when the amount alone is over the cap.
+pub fn spend_cap_condition(cap: i64, amount: i64) -> Option<Cond> {
+    let room = cap.checked_sub(amount)?;
+    (room >= 0).then(|| {
+        Cond::Or(vec![
+            Cond::AttrNotExists("volume".into()),
+            Cond::le("volume", room),
+        ])
+    })
+}
+
+/// The write charging `amount` to the creating key's spend counter for
+/// the month, conditioned on staying under its cap (for the creation's
+/// transaction); `None` for a key without a cap. A transaction failing on
+/// it is [`CheckoutError::SpendCapExceeded`].
+pub fn spend_op(
+    creator: &Creator,
+    amount: i64,
+    now: Timestamp,
+) -> Result<Option<TxOp>, CheckoutError> {
+    let Some(cap) = creator.spend_cap_paisa else {
+        return Ok(None);
+    };
+    let cond = spend_cap_condition(cap, amount).ok_or(CheckoutError::SpendCapExceeded { cap })?;
+    // Kept a month past the month it counts, then dropped by TTL.
+    let ttl = now.plus(chrono::Duration::days(62)).unix_seconds();
+    Ok(Some(TxOp::Update {
+        key: spend_counter_key(&creator.api_key_id, now),
+        update: Update::new().add("volume", amount).set(TTL, ttl),
+        cond: Some(cond),
+    }))
+}
+
+/// The new session of `valid`, created at `now`.
+pub fn new_session(creator: &Creator, valid: ValidCheckout, now: Timestamp) -> CheckoutSession {
+    CheckoutSession {
+        id: ids::new_id(IdKind::CheckoutSession),
+        project_id: creator.project_id.clone(),
+        mode: creator.mode,
+        api_key_id: creator.api_key_id.clone(),
+        flow: valid.flow,
+        amount: valid.amount,
+        currency: Currency::Npr,
+        provider: valid.provider,
+        status: SessionStatus::Pending,
+        payment_id: None,
+        description: valid.description,
+        metadata: valid.metadata,
+        customer_name: valid.customer_name,
+        customer_email: valid.customer_email,
+        customer_phone: valid.customer_phone,
+        collect_address: valid.collect_address,
+        customer_address: valid.customer_address,
+        return_url: valid.return_url,
+        cancel_url: valid.cancel_url,
+        expires_at: now.plus(SESSION_LIFETIME),
+        created_at: now,
+        updated_at: now,
+        attempts: 0,
+        link_id: None,
+        link_claimed: false,
+        invoice_id: None,
+    }
+}
+
+/// Creates a session: checks the chosen provider is enabled, then one
+/// transaction of the session, the key's spend counter (when it has a cap)
+/// and the request's idempotency fence. A request whose first run already
+/// committed (its fence is there) answers the session that run created.
+pub async fn create(
+    store: &dyn Store,
+    creator: &Creator,
+    valid: ValidCheckout,
+    now: Timestamp,
+    fence: Option<&Fence>,
+) -> Result<CheckoutSession, CheckoutError> {
+    if let Some(p) = valid.provider {
+        let enabled = providers(store, &creator.project_id, creator.mode).await?;
+        if !enabled.iter().any(|x| x.provider == p && x.enabled) {
+            return Err(CheckoutError::ProviderUnavailable(p));
+        }
+    }
+    let spend = spend_op(creator, valid.amount.get(), now)?;
+    crate::domain::active::touch(store, &creator.project_id, creator.mode, now).await?;
+    let session = new_session(creator, valid, now);
+    let item = to_item(
+        &session,
+        &CheckoutSession::key(&session.id),
+        &session.indexes(),
+    )?;
+    let mut ops = vec![TxOp::Put {
+        item,
+        cond: Some(Cond::NotExists),
+    }];
+    let counter_at = spend.map(|op| {
+        ops.push(op);
+        ops.len() - 1
+    });
+    let fence_at = fence.map(|f| {
+        ops.push(f.op(&session.id));
+        ops.len() - 1
+    });
+    // The day's counters, in the same transaction (after the ops above,
+    // whose indexes the error handling reads).
+    let mut tally = crate::domain::analytics::Tally::new();
+    tally.session_created(&session);
+    tally.apply_to(&mut ops)?;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match store.transact(ops.clone()).await {
+            Ok(()) => return Ok(session),
+            Err(e) => {
+                if let (Some(f), Some(i)) = (fence, fence_at) {
+                    if Fence::tripped(&e, i) {
+                        return first_run_session(store, creator, f).await;
+                    }
+                }
+                if let Some(i) = counter_at {
+                    if failed_at(&e, i) {
+                        return Err(CheckoutError::SpendCapExceeded {
+                            cap: creator.spend_cap_paisa.unwrap_or_default(),
+                        });
+                    }
+                }
+                let conflict = matches!(&e, StoreError::TransactionCanceled { reasons }
+                    if reasons.contains(&TxReason::Conflict));
+                if conflict && tries < CONFLICT_TRIES {
+                    tokio::time::sleep(std::time::Duration::from_millis(20 * tries as u64)).await;
+                    continue;
+                }
+                if conflict {
+                    return Err(StoreError::Unavailable(
+                        "spend counter busy (transaction conflicts)".into(),
+                    )
+                    .into());
+                }
+                return Err(e.into());
+            }
+        }
+    }
+}
+
+/// Whether a cancelled transaction failed on the condition of op `index`.
+pub fn failed_at(err: &StoreError, index: usize) -> bool {
+    matches!(err, StoreError::TransactionCanceled { reasons }
+        if matches!(reasons.get(index), Some(TxReason::ConditionFailed)))
+}
+
+pub(super) async fn first_run_session(
+    store: &dyn Store,
+    creator: &Creator,
+    fence: &Fence,
+) -> Result<CheckoutSession, CheckoutError> {
+    let first = fence.resource_id(store).await?.unwrap_or_default();
+    let item = store.get(&CheckoutSession::key(&first)).await?;
+    match item {
+        Some(item) => {
+            let s: CheckoutSession = from_item(item)?;
+            if s.project_id == creator.project_id && s.mode == creator.mode {
+                return Ok(s);
+            }
+            Err(StoreError::Backend(format!("fence of {first} belongs to another project")).into())
+        }
+        None => Err(StoreError::Backend(format!("fenced session {first} is missing")).into()),
+    }
+}
+
+/// The session `id` of `project_id` in `mode` as of `now`; `None` for any
+/// other project's or mode's session, exactly as for a missing one. An open
+/// session past `expires_at` is stored as expired on the way (conditional:
+/// a concurrent move to a final state wins).
+pub async fn find(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+    now: Timestamp,
+) -> Result<Option<CheckoutSession>, StoreError> {
+    if !ids::is_valid(id, IdKind::CheckoutSession) {
+        return Ok(None);
+    }
+    let Some(session) = find_any(store, id, now).await? else {
+        return Ok(None);
+    };
+    if session.project_id != project_id || session.mode != mode {
+        return Ok(None);
+    }
+    Ok(Some(session))
+}
+
+/// The session `id` of any project as of `now` (the public pages know a
+/// session by its id alone), with lazy expiry persisted as in [`find`].
+pub async fn find_any(
+    store: &dyn Store,
+    id: &str,
+    now: Timestamp,
+) -> Result<Option<CheckoutSession>, StoreError> {
+    if !ids::is_valid(id, IdKind::CheckoutSession) {
+        return Ok(None);
+    }
+    let Some(item) = store.get(&CheckoutSession::key(id)).await? else {
+        return Ok(None);
+    };
+    let session: CheckoutSession = from_item(item)?;
+    if session.status_at(now) == SessionStatus::Expired && session.status != SessionStatus::Expired
+    {
+        return mark_expired(store, &session.id, Some(&session), now, true)
+            .await
+            .map(Some);
+    }
+    Ok(Some(session))
+}

@@ -1,0 +1,235 @@
+//! Collecting an invoice through a checkout, and allocating each payment to
+//! its balance.
+
+use super::*;
+
+/// What `POST /v1/invoices/{id}/checkout` answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct InvoiceCheckoutView {
+    pub checkout_session_id: String,
+    pub checkout_url: String,
+    pub reused: bool,
+}
+
+/// Opens (or reuses) a checkout for what is left to collect on an issued
+/// invoice. The open session of the invoice is reused when it is for the
+/// current balance and the provider asked for; otherwise it is expired in
+/// the transaction that opens the new one (one open checkout per invoice),
+/// unless an attempt is in progress on it (409). Opening a checkout is a
+/// change of the invoice: its `version` goes up.
+pub async fn checkout(
+    state: &Deps,
+    payer: &checkout::Creator,
+    id: &str,
+    body: InvoiceCheckout,
+    base: &str,
+    fence: Option<&Fence>,
+) -> Result<(CheckoutSession, bool), InvoiceError> {
+    let store = &*state.store;
+    let (project_id, mode) = (payer.project_id.as_str(), payer.mode);
+    if let Some(p) = body.provider {
+        let enabled = checkout::providers(store, project_id, mode).await?;
+        if !enabled.iter().any(|x| x.provider == p && x.enabled) {
+            return Err(InvoiceError::Checkout(
+                checkout::CheckoutError::ProviderUnavailable(p),
+            ));
+        }
+    }
+    for attempt in 0..8 {
+        let inv = get(store, project_id, mode, id).await?;
+        require_state(&inv, DocumentStatus::Issued, "a checkout")?;
+        let remaining = inv.amount_remaining();
+        if remaining <= 0 {
+            return Err(InvoiceError::StateConflict(
+                "nothing is left to collect on this invoice".into(),
+            ));
+        }
+        let now = state.clock.now();
+        let previous = current_checkout(store, &inv).await?;
+        if let Some(c) = &previous {
+            let s = &c.session;
+            let status = s.status_at(now);
+            let open = matches!(status, SessionStatus::Pending | SessionStatus::Initiated);
+            let same_provider = body.provider.is_none() || body.provider == s.provider;
+            if open && s.amount.get() == remaining && same_provider {
+                return Ok((s.clone(), true));
+            }
+            if status == SessionStatus::Initiated {
+                return Err(InvoiceError::StateConflict(format!(
+                    "checkout {} has a payment in progress; wait for it to finish",
+                    s.id
+                )));
+            }
+        }
+        let amount = checkout::check_amount(remaining, body.provider, mode)
+            .map_err(InvoiceError::Checkout)?;
+        let number = inv.invoice_number.clone().unwrap_or_default();
+        let mut metadata = serde_json::Map::new();
+        metadata.insert("invoice_id".into(), json!(inv.id));
+        metadata.insert("invoice_number".into(), json!(number));
+        let buyer = inv.buyer.clone().unwrap_or_default();
+        let valid = checkout::ValidCheckout {
+            amount,
+            return_url: String::new(),
+            cancel_url: None,
+            provider: body.provider,
+            flow: checkout::Flow::Hosted,
+            description: Some(format!("Invoice {number}")),
+            metadata,
+            // Only what the checkout's own rules take: a longer name is
+            // cut, a phone in another shape left out.
+            customer_name: buyer
+                .name
+                .map(|n| n.chars().take(PersonName::MAX).collect()),
+            customer_email: buyer.email,
+            customer_phone: buyer.phone.filter(|p| Phone::parse(p.clone()).is_ok()),
+            customer_address: None,
+            collect_address: false,
+        };
+        // A new checkout is volume the calling key creates: charged to its
+        // spend counter like POST /v1/checkout (a reused one is not).
+        let spend = checkout::spend_op(payer, amount.get(), now).map_err(InvoiceError::Checkout)?;
+        let mut session = checkout::new_session(payer, valid, now);
+        session.return_url = format!("{base}/c/{}", session.id);
+        session.invoice_id = Some(inv.id.clone());
+        let mut ops = vec![
+            TxOp::Put {
+                item: session.item()?,
+                cond: Some(Cond::NotExists),
+            },
+            TxOp::Update {
+                key: Invoice::key(&inv.id),
+                update: Update::new()
+                    .set("checkout_session_id", session.id.clone())
+                    .set("version", inv.version + 1)
+                    .set("updated_at", json!(now)),
+                cond: Some(Cond::And(vec![
+                    Cond::eq("version", inv.version),
+                    Cond::eq("document_status", "issued"),
+                ])),
+            },
+        ];
+        if let Some(f) = fence {
+            ops.push(f.op(&session.id));
+        }
+        let mut tally = crate::domain::analytics::Tally::new();
+        if let Some(c) = &previous {
+            ops.push(close_checkout_op(&c.session, now, &mut tally));
+        }
+        let spend_at = spend.map(|op| {
+            ops.push(op);
+            ops.len() - 1
+        });
+        // The day's counters, in the same transaction (last: the fence's
+        // index above is read on failure).
+        tally.session_created(&session);
+        tally.apply_to(&mut ops)?;
+        crate::domain::active::touch(store, project_id, mode, now).await?;
+        match store.transact(ops).await {
+            Ok(()) => return Ok((session, false)),
+            Err(StoreError::TransactionCanceled { reasons })
+                if fence.is_some() && matches!(reasons.get(2), Some(TxReason::ConditionFailed)) =>
+            {
+                // This very request opened a checkout already (its answer
+                // was lost): answer that one.
+                let sid = match fence {
+                    Some(f) => f.resource_id(store).await?.unwrap_or_default(),
+                    None => String::new(),
+                };
+                let s = store
+                    .get(&CheckoutSession::key(&sid))
+                    .await?
+                    .map(from_item::<CheckoutSession>)
+                    .transpose()?
+                    .filter(|s| s.invoice_id.as_deref() == Some(id))
+                    .ok_or_else(|| InvoiceError::NotFound(id.to_owned()))?;
+                return Ok((s, false));
+            }
+            Err(e) if spend_at.is_some_and(|i| checkout::failed_at(&e, i)) => {
+                return Err(InvoiceError::Checkout(
+                    checkout::CheckoutError::SpendCapExceeded {
+                        cap: payer.spend_cap_paisa.unwrap_or_default(),
+                    },
+                ));
+            }
+            Err(e)
+                if e.is_condition_failure()
+                    || matches!(e, StoreError::TransactionCanceled { .. }) =>
+            {
+                // The invoice or its checkout moved (another checkout, a
+                // payment, an adjustment): read both again.
+                crate::store::contention_backoff(attempt).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(InvoiceError::Store(StoreError::Unavailable(
+        "the invoice kept changing; retry".into(),
+    )))
+}
+
+// ------------------------------------------------------------ collection
+
+/// The writes that allocate a succeeded `payment_id` of `amount` to the
+/// invoice as read: to `amount_paid` up to the collectible balance, the
+/// rest to `amount_excess` with `needs_attention`; `invoice.paid` when the
+/// invoice becomes paid. Nothing when the payment is already allocated.
+/// The invoice write is conditioned on the version read (the settlement
+/// re-reads and retries on conflict).
+pub fn allocation_ops(
+    inv: &Invoice,
+    payment_id: &str,
+    amount: i64,
+    now: Timestamp,
+) -> Result<Vec<TxOp>, StoreError> {
+    if inv.allocations.iter().any(|a| a.payment_id == payment_id) {
+        return Ok(Vec::new());
+    }
+    let collectible = if inv.document_status == DocumentStatus::Issued {
+        inv.amount_remaining()
+    } else {
+        0
+    };
+    let paid = amount.min(collectible).max(0);
+    let excess = amount - paid;
+    let mut next = inv.clone();
+    next.amount_paid += paid;
+    next.amount_excess += excess;
+    next.needs_attention |= excess > 0;
+    next.allocations.push(Allocation {
+        payment_id: payment_id.to_owned(),
+        amount,
+        excess,
+        at: now,
+    });
+    next.version += 1;
+    next.updated_at = now;
+    next.collection_status = next.collection();
+    if excess > 0 {
+        tracing::warn!(
+            invoice = %inv.id,
+            payment = %payment_id,
+            excess,
+            "payment beyond the invoice's balance: recorded as excess, needs attention"
+        );
+    }
+    let mut ops = vec![TxOp::Put {
+        item: next.item()?,
+        cond: Some(Cond::eq("version", inv.version)),
+    }];
+    // Paid: the payment took the balance to zero (also after adjustments).
+    if inv.document_status == DocumentStatus::Issued && collectible > 0 && paid == collectible {
+        let mut view = serde_json::to_value(InvoiceView::at(&next, now))
+            .map_err(|e| StoreError::Invalid(e.to_string()))?;
+        if let Some(o) = view.as_object_mut() {
+            // The payment that settled it (the delivery log's `paymentId`).
+            o.insert("payment_id".into(), json!(payment_id));
+        }
+        ops.push(
+            Event::new(EventType::InvoicePaid, &inv.project_id, inv.mode, view, now).put_op()?,
+        );
+    }
+    Ok(ops)
+}
+
+// -------------------------------------------------------------------- pdf

@@ -1,0 +1,177 @@
+//! Finalizing: the gapless per-project number, taken in the transaction that
+//! finalizes the draft.
+
+use super::*;
+
+pub(super) fn counter_key(project_id: &str, mode: Mode) -> Key {
+    keys::invoice_sequence(project_id, mode)
+}
+
+/// `PI-000042` live, `TEST-PI-000042` sandbox (6 digits, then as many as
+/// needed).
+pub fn number_text(mode: Mode, n: u64) -> String {
+    let prefix = if mode.is_live() { "PI-" } else { "TEST-PI-" };
+    format!("{prefix}{n:06}")
+}
+
+/// Issues a draft at the version sent: allocates the next number of the
+/// project and mode in the same transaction, copies the seller profile,
+/// and freezes the document. A finalize that lost the counter to another
+/// re-reads it and tries again; one that lost the invoice gets
+/// `VersionConflict` and changes nothing.
+pub async fn finalize(
+    state: &Deps,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+    version: i64,
+    fence: Option<&Fence>,
+) -> Result<Invoice, InvoiceError> {
+    let store = &*state.store;
+    let seller = account::get_project(store, project_id)
+        .await?
+        .and_then(|p| p.seller);
+    let ckey = counter_key(project_id, mode);
+    let started = std::time::Instant::now();
+    for attempt in 0..FINALIZE_TRIES {
+        if started.elapsed() > FINALIZE_BUDGET {
+            break;
+        }
+        let current = get(store, project_id, mode, id).await?;
+        if current.document_status != DocumentStatus::Draft {
+            if let Some(f) = fence {
+                // A retry of a finalize whose answer was lost.
+                if f.resource_id(store).await?.as_deref() == Some(id) {
+                    return Ok(current);
+                }
+            }
+        }
+        require_state(&current, DocumentStatus::Draft, "finalize")?;
+        check_version(&current, version)?;
+        let last: u64 = match store.get(&ckey).await? {
+            Some(item) => item.get("value").and_then(Value::as_u64).unwrap_or(0),
+            None => 0,
+        };
+        let n = last + 1;
+        let now = state.clock.now();
+        let mut next = current.clone();
+        next.document_status = DocumentStatus::Issued;
+        next.invoice_number = Some(number_text(mode, n));
+        next.issued_at = Some(now);
+        next.seller = seller.clone();
+        next.version += 1;
+        next.updated_at = now;
+        next.collection_status = next.collection();
+        let counter_cond = if last == 0 {
+            Cond::Or(vec![
+                Cond::AttrNotExists("value".into()),
+                Cond::eq("value", 0),
+            ])
+        } else {
+            Cond::eq("value", last)
+        };
+        let mut ops = vec![
+            TxOp::Update {
+                key: Invoice::key(id),
+                update: Update::new()
+                    .set("document_status", "issued")
+                    .set("invoice_number", json!(next.invoice_number))
+                    .set("issued_at", json!(now))
+                    .set("seller", json!(next.seller))
+                    .set("version", next.version)
+                    .set("updated_at", json!(now))
+                    .set("collection_status", next.collection_status.as_str()),
+                cond: Some(Cond::And(vec![
+                    Cond::eq("version", current.version),
+                    Cond::eq("document_status", "draft"),
+                ])),
+            },
+            TxOp::Update {
+                key: ckey.clone(),
+                update: Update::new().set("value", n),
+                cond: Some(counter_cond),
+            },
+        ];
+        if let Some(f) = fence {
+            ops.push(f.op(id));
+        }
+        match store.transact(ops).await {
+            Ok(()) => return Ok(next),
+            Err(StoreError::TransactionCanceled { reasons }) => {
+                let failed = |i: usize| matches!(reasons.get(i), Some(TxReason::ConditionFailed));
+                if failed(2) {
+                    // This very request finalized it already (its answer
+                    // was lost).
+                    let first = fence.map(|f| f.resource_id(store));
+                    let first = match first {
+                        Some(r) => r.await?,
+                        None => None,
+                    };
+                    if first.as_deref() == Some(id) {
+                        return get(store, project_id, mode, id).await;
+                    }
+                    return Err(InvoiceError::StateConflict(
+                        "this Idempotency-Key was used for another request".into(),
+                    ));
+                }
+                if failed(0) {
+                    let now_current = get(store, project_id, mode, id).await?;
+                    require_state(&now_current, DocumentStatus::Draft, "finalize")?;
+                    return Err(InvoiceError::VersionConflict {
+                        sent: version,
+                        current: now_current.version,
+                    });
+                }
+                // The counter moved (or a write conflict): read it again,
+                // after a pause that grows with the contention.
+                crate::store::contention_backoff(attempt).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(InvoiceError::Store(StoreError::Unavailable(
+        "invoice numbering is busy; retry".into(),
+    )))
+}
+
+/// Deletes a draft. With the request's fence, a retry after a lost answer
+/// answers the same.
+pub async fn discard(
+    state: &Deps,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+    fence: Option<&Fence>,
+) -> Result<Invoice, InvoiceError> {
+    let current = match get(&*state.store, project_id, mode, id).await {
+        Ok(c) => c,
+        Err(InvoiceError::NotFound(_)) => {
+            if let Some(f) = fence {
+                if f.resource_id(&*state.store).await?.as_deref() == Some(id) {
+                    // This very request discarded it (its answer was lost).
+                    return Err(InvoiceError::AlreadyDiscarded);
+                }
+            }
+            return Err(InvoiceError::NotFound(id.to_owned()));
+        }
+        Err(e) => return Err(e),
+    };
+    require_state(&current, DocumentStatus::Draft, "discard")?;
+    let mut ops = vec![TxOp::Delete {
+        key: Invoice::key(id),
+        cond: Some(Cond::And(vec![
+            Cond::eq("document_status", "draft"),
+            Cond::eq("version", current.version),
+        ])),
+    }];
+    if let Some(f) = fence {
+        ops.push(f.op(id));
+    }
+    match state.store.transact(ops).await {
+        Ok(()) => Ok(current),
+        Err(e) if e.is_condition_failure() => Err(InvoiceError::StateConflict(
+            "the draft changed while being discarded; read it again".into(),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}

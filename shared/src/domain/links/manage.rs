@@ -1,0 +1,745 @@
+//! The links API: the answer's shape, the create and patch bodies and their
+//! rules, and create, read, list, patch, cancel and delete.
+
+use super::*;
+
+/// `stats` of the single-link retrieve.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LinkStats {
+    pub views: i64,
+    pub used_count: i64,
+    pub conversion_rate: f64,
+}
+
+/// A link as the API shows it (camelCase; the address flattened into
+/// `customerLine1`… as the spec writes it).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PaymentLinkView {
+    pub id: String,
+    pub livemode: bool,
+    pub mode: Mode,
+    pub title: LinkTitle,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<Description>,
+    pub amount: Option<Paisa>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_amount: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_amount: Option<i64>,
+    pub currency: Currency,
+    pub provider: Option<Provider>,
+    pub active: bool,
+    pub max_uses: Option<i64>,
+    pub used_count: i64,
+    pub expires_at: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redirect_url: Option<HttpUrl>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inactive_message: Option<InactiveMessage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub customer_name: Option<PersonName>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub customer_email: Option<Email>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub customer_phone: Option<Phone>,
+    pub collect_address: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub customer_line1: Option<AddressPart>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub customer_line2: Option<AddressPart>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub customer_city: Option<AddressPart>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub customer_state: Option<AddressPart>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub customer_postal_code: Option<AddressPart>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub customer_country: Option<AddressPart>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference_id: Option<ReferenceId>,
+    pub metadata: Map<String, Value>,
+    pub url: String,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stats: Option<LinkStats>,
+}
+
+impl PaymentLinkView {
+    /// The view of `l`, served from `base`; with `stats` on a retrieve.
+    pub fn of(l: PaymentLink, base: &str, with_stats: bool) -> Self {
+        let a = l.customer_address.clone().unwrap_or_default().view();
+        let stats = with_stats.then(|| LinkStats {
+            views: l.views,
+            used_count: l.used_count,
+            conversion_rate: if l.views > 0 {
+                l.used_count as f64 / l.views as f64
+            } else {
+                0.0
+            },
+        });
+        PaymentLinkView {
+            livemode: l.mode.is_live(),
+            url: format!("{base}/l/{}", l.id),
+            id: l.id,
+            mode: l.mode,
+            title: LinkTitle::stored(l.title),
+            description: l.description.map(Description::stored),
+            amount: l.amount,
+            min_amount: l.min_amount,
+            max_amount: l.max_amount,
+            currency: l.currency,
+            provider: l.provider,
+            active: l.active,
+            max_uses: l.max_uses,
+            used_count: l.used_count,
+            expires_at: l.expires_at,
+            redirect_url: l.redirect_url.map(HttpUrl::stored),
+            inactive_message: l.inactive_message.map(InactiveMessage::stored),
+            customer_name: l.customer_name.map(PersonName::stored),
+            customer_email: l.customer_email.map(Email::stored),
+            customer_phone: l.customer_phone.map(Phone::stored),
+            collect_address: l.collect_address,
+            customer_line1: a.line1,
+            customer_line2: a.line2,
+            customer_city: a.city,
+            customer_state: a.state,
+            customer_postal_code: a.postal_code,
+            customer_country: a.country,
+            reference_id: l.reference_id.map(ReferenceId::stored),
+            metadata: l.metadata,
+            created_at: l.created_at,
+            updated_at: l.updated_at,
+            stats,
+        }
+    }
+}
+
+/// The body of `POST /v1/payment-links`. Unknown fields refused.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateLink {
+    pub title: LinkTitle,
+    #[serde(default)]
+    pub description: Option<Description>,
+    #[serde(default, deserialize_with = "or_null")]
+    pub amount: Option<i64>,
+    #[serde(default)]
+    pub min_amount: Option<i64>,
+    #[serde(default)]
+    pub max_amount: Option<i64>,
+    #[serde(default)]
+    pub currency: Option<Currency>,
+    #[serde(default, deserialize_with = "or_null")]
+    pub provider: Option<Provider>,
+    #[serde(default, deserialize_with = "or_null")]
+    pub max_uses: Option<i64>,
+    #[serde(default, deserialize_with = "or_null")]
+    pub expires_at: Option<String>,
+    #[serde(default)]
+    pub redirect_url: Option<HttpUrl>,
+    #[serde(default)]
+    pub inactive_message: Option<InactiveMessage>,
+    #[serde(default)]
+    pub customer_name: Option<PersonName>,
+    #[serde(default)]
+    pub customer_email: Option<Email>,
+    #[serde(default)]
+    pub customer_phone: Option<OrEmpty<Phone>>,
+    #[serde(default)]
+    pub collect_address: Option<bool>,
+    #[serde(default)]
+    pub customer_line1: Option<AddressPart>,
+    #[serde(default)]
+    pub customer_line2: Option<AddressPart>,
+    #[serde(default)]
+    pub customer_city: Option<AddressPart>,
+    #[serde(default)]
+    pub customer_state: Option<AddressPart>,
+    #[serde(default)]
+    pub customer_postal_code: Option<AddressPart>,
+    #[serde(default)]
+    pub customer_country: Option<AddressPart>,
+    #[serde(default)]
+    pub reference_id: Option<ReferenceId>,
+    #[serde(default)]
+    pub metadata: Option<Map<String, Value>>,
+}
+
+/// The body of `PATCH /v1/payment-links/{id}`: only the keys sent change.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PatchLink {
+    #[serde(default, deserialize_with = "nullable")]
+    pub title: Option<Option<LinkTitle>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub description: Option<Option<Description>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub active: Option<Option<bool>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub inactive_message: Option<Option<InactiveMessage>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub expires_at: Option<Option<String>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub max_uses: Option<Option<i64>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub redirect_url: Option<Option<HttpUrl>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub reference_id: Option<Option<ReferenceId>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub collect_address: Option<Option<bool>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_name: Option<Option<PersonName>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_email: Option<Option<OrEmpty<Email>>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_phone: Option<Option<OrEmpty<Phone>>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_line1: Option<Option<AddressPart>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_line2: Option<Option<AddressPart>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_city: Option<Option<AddressPart>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_state: Option<Option<AddressPart>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_postal_code: Option<Option<AddressPart>>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub customer_country: Option<Option<AddressPart>>,
+}
+
+/// A key that cannot be cleared was sent as `null`.
+pub(super) fn not_null<T>(field: &str, v: Option<Option<T>>) -> Result<Option<T>, LinkError> {
+    match v {
+        None => Ok(None),
+        Some(Some(x)) => Ok(Some(x)),
+        Some(None) => Err(invalid(field, format!("{field} cannot be null"))),
+    }
+}
+
+/// Why a link operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    #[error("no such payment link: {0}")]
+    NotFound(String),
+    /// 422 `link_inactive`.
+    #[error("the payment link is already inactive")]
+    Inactive,
+    /// 422 `link_used`.
+    #[error(
+        "the payment link has been used (or a customer is paying through it now); cancel it instead"
+    )]
+    Used,
+    /// 403 `spend_cap_exceeded`: a customer could pay more through the
+    /// link than the creating key may take in a month.
+    #[error("{field}: above the key's spend cap of {cap} paisa")]
+    SpendCapExceeded { field: &'static str, cap: i64 },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<LinkError> for Refusal {
+    fn from(err: LinkError) -> Self {
+        match err {
+            LinkError::Invalid { field, message } => Refusal::invalid(field, message),
+            LinkError::NotFound(id) => Refusal::not_found("payment link", &id),
+            e @ LinkError::Inactive => Refusal::unprocessable("link_inactive", e.to_string()),
+            e @ LinkError::Used => Refusal::unprocessable("link_used", e.to_string()),
+            LinkError::SpendCapExceeded { field, cap } => Refusal::forbidden(
+                "spend_cap_exceeded",
+                format!(
+                    "A customer could pay more than this key's spend cap of {cap} paisa through this link: set {field} to at most {cap}"
+                ),
+            )
+            .at(field),
+            LinkError::Store(e) => e.into(),
+        }
+    }
+}
+
+/// A key with a monthly spend cap creates only links whose largest
+/// payment fits under it: a fixed `amount` at most the cap, or a
+/// customer-entered amount whose `maxAmount` (given, since its default is
+/// the providers' largest) is at most the cap. The link's sessions are
+/// opened by customers, not by the key, so the cap bounds what one of them
+/// can pay rather than counting them (a public page could otherwise use
+/// the key's month up by opening sessions).
+pub fn check_spend_cap(link: &PaymentLink, cap: Option<i64>) -> Result<(), LinkError> {
+    let Some(cap) = cap else {
+        return Ok(());
+    };
+    let (field, largest) = match (link.amount, link.max_amount) {
+        (Some(a), _) => ("amount", a.get()),
+        (None, Some(m)) => ("maxAmount", m),
+        (None, None) => ("maxAmount", MAX_AMOUNT_PAISA),
+    };
+    if largest > cap {
+        return Err(LinkError::SpendCapExceeded { field, cap });
+    }
+    Ok(())
+}
+
+impl From<CheckoutError> for LinkError {
+    fn from(e: CheckoutError) -> Self {
+        match e {
+            CheckoutError::Invalid { field, message } => LinkError::Invalid { field, message },
+            CheckoutError::FonepaySandboxCap(m) => LinkError::Invalid {
+                field: "amount".into(),
+                message: m,
+            },
+            CheckoutError::ProviderUnavailable(p) => LinkError::Invalid {
+                field: "provider".into(),
+                message: format!("{} is not enabled for this project", p.as_str()),
+            },
+            CheckoutError::SpendCapExceeded { cap } => LinkError::Invalid {
+                field: "amount".into(),
+                message: format!("over the spend cap of {cap} paisa"),
+            },
+            CheckoutError::Store(s) => LinkError::Store(s),
+        }
+    }
+}
+
+pub(super) fn invalid(field: &str, message: impl Into<String>) -> LinkError {
+    LinkError::Invalid {
+        field: field.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// A text the merchant sent, trimmed; blank is none. Its rule (length,
+/// characters) was kept when the request was parsed.
+pub(super) fn text(v: Option<impl Into<String>>) -> Option<String> {
+    v.map(|s| s.into().trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+pub(super) fn future_time(field: &str, v: &str, now: Timestamp) -> Result<Timestamp, LinkError> {
+    let t = Timestamp::parse(v).ok_or_else(|| {
+        invalid(
+            field,
+            format!("{field} must be an ISO 8601 timestamp, e.g. 2026-12-31T18:00:00Z"),
+        )
+    })?;
+    if t <= now {
+        return Err(invalid(field, format!("{field} must be in the future")));
+    }
+    Ok(t)
+}
+
+pub(super) fn max_uses(v: i64) -> Result<i64, LinkError> {
+    if v < 1 {
+        return Err(invalid("maxUses", "maxUses must be at least 1"));
+    }
+    Ok(v)
+}
+
+/// Checks a create request and builds the link.
+pub fn new_link(
+    project_id: &str,
+    mode: Mode,
+    req: CreateLink,
+    now: Timestamp,
+) -> Result<PaymentLink, LinkError> {
+    let title = text(Some(req.title)).ok_or_else(|| invalid("title", "title is required"))?;
+    let (amount, min_amount, max_amount) = match req.amount {
+        Some(a) => {
+            if req.min_amount.is_some() || req.max_amount.is_some() {
+                return Err(invalid(
+                    "amount",
+                    "give either a fixed amount or minAmount/maxAmount, not both",
+                ));
+            }
+            (
+                Some(checkout::check_amount(a, req.provider, mode)?),
+                None,
+                None,
+            )
+        }
+        None => {
+            let min = req.min_amount.unwrap_or(DEFAULT_MIN_AMOUNT);
+            let max = req.max_amount.unwrap_or(MAX_AMOUNT_PAISA);
+            if min < 1 {
+                return Err(invalid("minAmount", "minAmount must be at least 1 paisa"));
+            }
+            if max > MAX_AMOUNT_PAISA {
+                return Err(invalid(
+                    "maxAmount",
+                    format!("maxAmount must be at most {MAX_AMOUNT_PAISA} paisa"),
+                ));
+            }
+            if min > max {
+                return Err(invalid(
+                    "minAmount",
+                    "minAmount must not be above maxAmount",
+                ));
+            }
+            (None, Some(min), Some(max))
+        }
+    };
+    if let Some(url) = &req.redirect_url {
+        check_url("redirectUrl", url, mode)?;
+    }
+    let expires_at = match &req.expires_at {
+        Some(v) => Some(future_time("expiresAt", v, now)?),
+        None => None,
+    };
+    let metadata = req.metadata.unwrap_or_default();
+    checkout::check_metadata(&metadata)?;
+    let address = StoredAddress {
+        line1: text(req.customer_line1),
+        line2: text(req.customer_line2),
+        city: text(req.customer_city),
+        state: text(req.customer_state),
+        postal_code: text(req.customer_postal_code),
+        country: text(req.customer_country),
+    };
+    Ok(PaymentLink {
+        id: ids::new_id(IdKind::PaymentLink),
+        project_id: project_id.to_owned(),
+        mode,
+        title,
+        description: text(req.description),
+        amount,
+        min_amount,
+        max_amount,
+        currency: Currency::Npr,
+        provider: req.provider,
+        active: true,
+        max_uses: req.max_uses.map(max_uses).transpose()?,
+        used_count: 0,
+        views: 0,
+        claimed: 0,
+        held_until: None,
+        expires_at,
+        redirect_url: req.redirect_url.map(String::from),
+        inactive_message: text(req.inactive_message),
+        customer_name: text(req.customer_name),
+        customer_email: req.customer_email.map(String::from),
+        customer_phone: req
+            .customer_phone
+            .and_then(OrEmpty::into_option)
+            .map(String::from),
+        collect_address: req.collect_address.unwrap_or(false),
+        customer_address: (address != StoredAddress::default()).then_some(address),
+        reference_id: text(req.reference_id),
+        metadata,
+        created_at: now,
+        updated_at: now,
+    })
+}
+
+/// Gives back a use an unpaid session held (its session ended).
+pub fn release_op(link_id: &str) -> TxOp {
+    TxOp::Update {
+        key: PaymentLink::key(link_id),
+        update: Update::new().add("claimed", -1),
+        cond: Some(Cond::Exists),
+    }
+}
+
+/// Stores a new link once per request: with the request's idempotency
+/// fence in the same transaction, a retry whose first run committed gets
+/// that run's link instead of a second one.
+pub async fn insert_once(
+    store: &dyn Store,
+    link: &PaymentLink,
+    fence: Option<&Fence>,
+) -> Result<PaymentLink, StoreError> {
+    let mut ops = vec![TxOp::Put {
+        item: to_item(link, &PaymentLink::key(&link.id), &link.indexes())?,
+        cond: Some(Cond::NotExists),
+    }];
+    if let Some(f) = fence {
+        ops.push(f.op(&link.id));
+    }
+    match store.transact(ops).await {
+        Ok(()) => Ok(link.clone()),
+        Err(e) => match fence {
+            Some(f) if Fence::tripped(&e, 1) => {
+                let first = f.resource_id(store).await?.unwrap_or_default();
+                get(store, &first)
+                    .await?
+                    .ok_or_else(|| StoreError::Backend(format!("fenced link {first} is missing")))
+            }
+            _ => Err(e),
+        },
+    }
+}
+
+/// Stores a new link.
+pub async fn insert(store: &dyn Store, link: &PaymentLink) -> Result<(), StoreError> {
+    let item = to_item(link, &PaymentLink::key(&link.id), &link.indexes())?;
+    store.put(item, Some(Cond::NotExists)).await
+}
+
+/// The link `id` of any project (the public page knows it by id alone).
+pub async fn get(store: &dyn Store, id: &str) -> Result<Option<PaymentLink>, StoreError> {
+    if !ids::is_valid(id, IdKind::PaymentLink) {
+        return Ok(None);
+    }
+    match store.get(&PaymentLink::key(id)).await? {
+        Some(item) => from_item(item).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The link `id` of `project_id` in `mode`, else `None`.
+pub async fn find(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+) -> Result<Option<PaymentLink>, StoreError> {
+    Ok(get(store, id)
+        .await?
+        .filter(|l| l.project_id == project_id && l.mode == mode))
+}
+
+/// A page of the project's links in `mode`, newest first, optionally only
+/// active or inactive ones, and the total.
+pub async fn list(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    active: Option<bool>,
+    offset: usize,
+    limit: usize,
+) -> Result<(Vec<PaymentLink>, u64), StoreError> {
+    let mut query = Query::partition(PaymentLink::list_partition(project_id, mode))
+        .on(Index::Gsi1)
+        .backward();
+    if let Some(a) = active {
+        query = query.filter(Cond::eq("active", a));
+    }
+    crate::domain::record::page_of(store, &query, offset, limit).await
+}
+
+/// Applies `patch` to the link (only the keys sent), atomically: `maxUses`
+/// below the use count at the moment of the write is refused.
+pub async fn patch(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+    patch: PatchLink,
+    now: Timestamp,
+) -> Result<PaymentLink, LinkError> {
+    // Address parts are written with the rest of the address as read: a
+    // concurrent edit in between means read again.
+    for _ in 0..4 {
+        if let Some(link) = patch_once(store, project_id, mode, id, patch.clone(), now).await? {
+            return Ok(link);
+        }
+    }
+    Err(LinkError::Store(StoreError::Unavailable(
+        "the payment link kept changing; retry".into(),
+    )))
+}
+
+/// One try of [`patch`]; `None` when the link changed after it was read.
+pub(super) async fn patch_once(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+    patch: PatchLink,
+    now: Timestamp,
+) -> Result<Option<PaymentLink>, LinkError> {
+    let link = find(store, project_id, mode, id)
+        .await?
+        .ok_or_else(|| LinkError::NotFound(id.to_owned()))?;
+    let mut update = Update::new().set("updated_at", now.to_rfc3339());
+    let set_opt = |update: Update, attr: &str, v: Option<String>| match v {
+        Some(s) => update.set(attr, s),
+        None => update.set(attr, Value::Null),
+    };
+    if let Some(t) = not_null("title", patch.title)? {
+        let t = text(Some(t)).ok_or_else(|| invalid("title", "title must not be empty"))?;
+        update = update.set("title", t);
+    }
+    if let Some(d) = not_null("description", patch.description)? {
+        update = set_opt(update, "description", text(Some(d)));
+    }
+    if let Some(a) = not_null("active", patch.active)? {
+        update = update.set("active", a);
+    }
+    if let Some(m) = not_null("inactiveMessage", patch.inactive_message)? {
+        update = set_opt(update, "inactive_message", text(Some(m)));
+    }
+    if let Some(e) = patch.expires_at {
+        let e = match e {
+            Some(v) => Some(future_time("expiresAt", &v, now)?.to_rfc3339()),
+            None => None,
+        };
+        update = set_opt(update, "expires_at", e);
+    }
+    let mut cond = vec![Cond::Exists];
+    match patch.max_uses {
+        None => {}
+        // null: unlimited.
+        Some(None) => update = update.remove("max_uses"),
+        Some(Some(m)) => {
+            let m = max_uses(m)?;
+            if m < link.used_count {
+                return Err(below_use_count(link.used_count));
+            }
+            update = update.set("max_uses", m);
+            cond.push(Cond::Or(vec![
+                Cond::AttrNotExists("used_count".into()),
+                Cond::le("used_count", m),
+            ]));
+        }
+    }
+    if let Some(u) = patch.redirect_url {
+        if let Some(url) = &u {
+            check_url("redirectUrl", url, mode)?;
+        }
+        update = set_opt(update, "redirect_url", u.map(String::from));
+    }
+    if let Some(r) = not_null("referenceId", patch.reference_id)? {
+        update = set_opt(update, "reference_id", text(Some(r)));
+    }
+    if let Some(c) = not_null("collectAddress", patch.collect_address)? {
+        update = update.set("collect_address", c);
+    }
+    // Pre-fills: a string sets, an empty string clears.
+    if let Some(n) = not_null("customerName", patch.customer_name)? {
+        update = set_opt(update, "customer_name", text(Some(n)));
+    }
+    if let Some(e) = not_null("customerEmail", patch.customer_email)? {
+        let e = e.into_option().map(String::from);
+        update = set_opt(update, "customer_email", e);
+    }
+    if let Some(p) = not_null("customerPhone", patch.customer_phone)? {
+        let p = p.into_option().map(String::from);
+        update = set_opt(update, "customer_phone", p);
+    }
+    let mut address = link.customer_address.clone().unwrap_or_default();
+    let mut address_sent = false;
+    for (field, sent, slot) in [
+        ("customerLine1", patch.customer_line1, &mut address.line1),
+        ("customerLine2", patch.customer_line2, &mut address.line2),
+        ("customerCity", patch.customer_city, &mut address.city),
+        ("customerState", patch.customer_state, &mut address.state),
+        (
+            "customerPostalCode",
+            patch.customer_postal_code,
+            &mut address.postal_code,
+        ),
+        (
+            "customerCountry",
+            patch.customer_country,
+            &mut address.country,
+        ),
+    ] {
+        if let Some(v) = not_null(field, sent)? {
+            *slot = text(Some(v));
+            address_sent = true;
+        }
+    }
+    if address_sent {
+        // The address is one attribute: written whole, on the version read.
+        update = if address == StoredAddress::default() {
+            update.remove("customer_address")
+        } else {
+            update.set(
+                "customer_address",
+                serde_json::to_value(&address).map_err(|e| StoreError::Backend(e.to_string()))?,
+            )
+        };
+        cond.push(Cond::eq("updated_at", link.updated_at.to_rfc3339()));
+    }
+    match store
+        .update(&PaymentLink::key(&link.id), update, Some(Cond::And(cond)))
+        .await
+    {
+        Ok(item) => Ok(Some(from_item(item)?)),
+        Err(StoreError::ConditionFailed) => match get(store, &link.id).await? {
+            None => Err(LinkError::NotFound(id.to_owned())),
+            Some(now_link) => match patch.max_uses {
+                Some(Some(m)) if now_link.used_count > m => {
+                    Err(below_use_count(now_link.used_count))
+                }
+                _ => Ok(None),
+            },
+        },
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub(super) fn below_use_count(used: i64) -> LinkError {
+    invalid(
+        "maxUses",
+        format!("maxUses cannot be set below the link's use count ({used})"),
+    )
+}
+
+/// `POST /v1/payment-links/{id}/cancel`: active -> inactive; an inactive
+/// link is refused (422 `link_inactive`).
+pub async fn cancel(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+    now: Timestamp,
+) -> Result<PaymentLink, LinkError> {
+    let link = find(store, project_id, mode, id)
+        .await?
+        .ok_or_else(|| LinkError::NotFound(id.to_owned()))?;
+    let update = Update::new()
+        .set("active", false)
+        .set("updated_at", now.to_rfc3339());
+    match store
+        .update(
+            &PaymentLink::key(&link.id),
+            update,
+            Some(Cond::eq("active", true)),
+        )
+        .await
+    {
+        Ok(item) => Ok(from_item(item)?),
+        Err(StoreError::ConditionFailed) => Err(LinkError::Inactive),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `DELETE /v1/payment-links/{id}`: only a link never used (422
+/// `link_used` otherwise).
+pub async fn delete(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+) -> Result<String, LinkError> {
+    let link = find(store, project_id, mode, id)
+        .await?
+        .ok_or_else(|| LinkError::NotFound(id.to_owned()))?;
+    let unused = Cond::And(vec![
+        Cond::Or(vec![
+            Cond::AttrNotExists("used_count".into()),
+            Cond::eq("used_count", 0),
+        ]),
+        Cond::Or(vec![
+            Cond::AttrNotExists("claimed".into()),
+            Cond::le("claimed", 0),
+        ]),
+    ]);
+    match store
+        .delete(
+            &PaymentLink::key(&link.id),
+            Some(Cond::And(vec![Cond::Exists, unused])),
+        )
+        .await
+    {
+        Ok(_) => Ok(link.id),
+        Err(StoreError::ConditionFailed) => match get(store, &link.id).await? {
+            Some(_) => Err(LinkError::Used),
+            None => Err(LinkError::NotFound(id.to_owned())),
+        },
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,184 @@
+//! Payment links (spec "Payment link", decisions "Payment links"):
+//! reusable hosted pages that shops share, with a fixed amount or one the
+//! customer enters between bounds.
+//!
+//! Stored at `LNK#<id>` / `LNK`, listed per project and mode through
+//! `gsi1` (`PROJ#<p>#<mode>#LNK`, newest first). `views` and `used_count`
+//! are counters on the item (atomic `ADD`); `maxUses` can never be set
+//! below `used_count` (a condition on the update), a used link can never be
+//! deleted (a condition on the delete), and a cancel of an inactive link
+//! changes nothing (a condition on `active`).
+
+use crate::refusal::Refusal;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::checkout::{self, CheckoutError, MAX_AMOUNT_PAISA, StoredAddress, check_url};
+use super::record::{from_item, to_item};
+use super::{Mode, Provider};
+use crate::fields::wire::{nullable, or_null};
+use crate::fields::{
+    AddressPart, Description, Email, HttpUrl, InactiveMessage, LinkTitle, OrEmpty, PersonName,
+    Phone, ReferenceId, Rule,
+};
+use crate::ids::{self, IdKind};
+use crate::keys;
+use crate::money::{Currency, Paisa};
+use crate::store::fence::Fence;
+use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, Update};
+use crate::time::Timestamp;
+
+mod manage;
+mod page;
+#[cfg(test)]
+mod tests;
+
+pub use manage::*;
+pub use page::*;
+
+pub const DEFAULT_PAGE: usize = 25;
+/// The smallest amount a customer may enter when the link sets none.
+pub const DEFAULT_MIN_AMOUNT: i64 = 1000;
+
+/// A stored link.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PaymentLink {
+    pub id: String,
+    pub project_id: String,
+    pub mode: Mode,
+    pub title: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub amount: Option<Paisa>,
+    #[serde(default)]
+    pub min_amount: Option<i64>,
+    #[serde(default)]
+    pub max_amount: Option<i64>,
+    pub currency: Currency,
+    #[serde(default)]
+    pub provider: Option<Provider>,
+    pub active: bool,
+    #[serde(default)]
+    pub max_uses: Option<i64>,
+    #[serde(default)]
+    pub used_count: i64,
+    #[serde(default)]
+    pub views: i64,
+    /// Uses taken: completed payments plus attempts holding a use (a use
+    /// is held from the moment a customer is sent to a provider until that
+    /// attempt fails, is cancelled or its session expires).
+    #[serde(default)]
+    pub claimed: i64,
+    /// When the last hold taken ends at the latest (its session's expiry):
+    /// how long the page says to wait while every use is held.
+    #[serde(default)]
+    pub held_until: Option<Timestamp>,
+    #[serde(default)]
+    pub expires_at: Option<Timestamp>,
+    #[serde(default)]
+    pub redirect_url: Option<String>,
+    #[serde(default)]
+    pub inactive_message: Option<String>,
+    #[serde(default)]
+    pub customer_name: Option<String>,
+    #[serde(default)]
+    pub customer_email: Option<String>,
+    #[serde(default)]
+    pub customer_phone: Option<String>,
+    #[serde(default)]
+    pub collect_address: bool,
+    #[serde(default)]
+    pub customer_address: Option<StoredAddress>,
+    #[serde(default)]
+    pub reference_id: Option<String>,
+    #[serde(default)]
+    pub metadata: Map<String, Value>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl PaymentLink {
+    pub fn key(id: &str) -> Key {
+        keys::record(keys::Record::PaymentLink, id)
+    }
+
+    fn list_partition(project_id: &str, mode: Mode) -> String {
+        keys::per_mode(project_id, mode, keys::PerMode::Links)
+    }
+
+    fn indexes(&self) -> [(Index, String, String); 1] {
+        [(
+            Index::Gsi1,
+            PaymentLink::list_partition(&self.project_id, self.mode),
+            self.id.clone(),
+        )]
+    }
+
+    /// Why the link cannot take a payment at `now`, if it cannot.
+    pub fn unusable(&self, now: Timestamp) -> Option<&'static str> {
+        if !self.active {
+            Some("inactive")
+        } else if self.expires_at.is_some_and(|e| now >= e) {
+            Some("expired")
+        } else if self.max_uses.is_some_and(|m| self.used_count >= m) {
+            Some("used up")
+        } else {
+            None
+        }
+    }
+
+    /// While every remaining use is held by a customer at a provider (none
+    /// used up): whole minutes, at least 1, until the holds end at the
+    /// latest.
+    pub fn held(&self, now: Timestamp) -> Option<i64> {
+        let m = self.max_uses?;
+        if self.used_count >= m || self.claimed < m {
+            return None;
+        }
+        let until = self
+            .held_until
+            .unwrap_or(now.plus(checkout::SESSION_LIFETIME));
+        let secs = (until.datetime() - now.datetime()).num_seconds();
+        Some(((secs + 59) / 60).max(1))
+    }
+}
+
+/// The page's words while every use of a link is held.
+pub fn held_text(minutes: i64) -> String {
+    let unit = if minutes == 1 { "minute" } else { "minutes" };
+    format!(
+        "This payment link is temporarily unavailable: every use is being paid \
+         right now. Try again in {minutes} {unit}."
+    )
+}
+
+/// The write taking one use of `link` (as read) for an attempt of a
+/// session ending at `session_expires`: conditioned on a use being left
+/// and `maxUses` unchanged.
+pub fn claim_op(link: &PaymentLink, session_expires: Timestamp) -> TxOp {
+    let room = below_max_uses(link.max_uses, "claimed");
+    let until = link
+        .held_until
+        .filter(|h| *h > session_expires)
+        .unwrap_or(session_expires);
+    TxOp::Update {
+        key: PaymentLink::key(&link.id),
+        update: Update::new()
+            .add("claimed", 1)
+            .set("held_until", until.to_rfc3339()),
+        cond: Some(Cond::And(vec![Cond::Exists, room])),
+    }
+}
+
+/// The link's counter `attr` is below `max_uses` as read (and `maxUses`
+/// unchanged, or still unlimited, when the write lands).
+fn below_max_uses(max_uses: Option<i64>, attr: &str) -> Cond {
+    match max_uses {
+        None => Cond::Not(Box::new(Cond::ge("max_uses", 0))),
+        Some(m) => Cond::And(vec![
+            Cond::eq("max_uses", m),
+            Cond::Or(vec![Cond::AttrNotExists(attr.into()), Cond::lt(attr, m)]),
+        ]),
+    }
+}

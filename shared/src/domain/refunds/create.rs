@@ -1,0 +1,357 @@
+//! Creating a refund: the request, the balance reserved on the payment in
+//! the same transaction, and the call to Khalti where it refunds by API.
+
+use super::*;
+
+/// The body of `POST /v1/refunds`. Unknown fields refused.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateRefund {
+    pub payment_id: String,
+    pub amount: i64,
+    pub reason: RefundReason,
+    #[serde(default)]
+    pub notes: Option<RefundNotes>,
+    #[serde(default)]
+    pub mobile_number: Option<NepaliMobile>,
+}
+
+/// Why a refund was not created.
+#[derive(Debug, thiserror::Error)]
+pub enum RefundError {
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error("no such payment")]
+    PaymentNotFound,
+    #[error("{0}")]
+    NotSupported(String),
+    #[error("{0}")]
+    NotRefundable(String),
+    #[error("the refund of {amount} paisa is more than the {remaining} paisa left to refund")]
+    ExceedsBalance { amount: i64, remaining: i64 },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<RefundError> for Refusal {
+    fn from(err: RefundError) -> Self {
+        match err {
+            RefundError::Invalid { field, message } => Refusal::invalid(field, message),
+            RefundError::PaymentNotFound => {
+                Refusal::new(Kind::NotFound, "not_found", "No such payment").at("paymentId")
+            }
+            e @ RefundError::ExceedsBalance { .. } => {
+                Refusal::unprocessable("refund_exceeds_balance", e.to_string()).at("amount")
+            }
+            RefundError::NotSupported(m) => {
+                Refusal::unprocessable("refund_not_supported", m).at("paymentId")
+            }
+            RefundError::NotRefundable(m) => {
+                Refusal::unprocessable("payment_not_refundable", m).at("paymentId")
+            }
+            RefundError::Store(e) => e.into(),
+        }
+    }
+}
+
+pub(super) fn invalid(field: &'static str, message: impl Into<String>) -> RefundError {
+    RefundError::Invalid {
+        field,
+        message: message.into(),
+    }
+}
+
+/// The request, checked: the amount (the note and the payer's mobile kept
+/// their rules when the body was parsed).
+pub fn validate(req: &CreateRefund) -> Result<(), RefundError> {
+    if req.amount <= 0 {
+        return Err(invalid(
+            "amount",
+            format!(
+                "amount must be a positive integer of paisa, got {}",
+                req.amount
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn reserved_of(item: &crate::store::Item) -> i64 {
+    item.get(RESERVED).and_then(Value::as_i64).unwrap_or(0)
+}
+
+/// The payment as stored and its reserved refund total.
+pub(super) async fn payment_with_reserved(
+    store: &dyn Store,
+    id: &str,
+) -> Result<Option<(Payment, i64)>, StoreError> {
+    if !ids::is_valid(id, IdKind::Payment) {
+        return Ok(None);
+    }
+    match store.get(&Payment::key(id)).await? {
+        Some(item) => {
+            let reserved = reserved_of(&item);
+            Ok(Some((from_item(item)?, reserved)))
+        }
+        None => Ok(None),
+    }
+}
+
+pub(super) fn not_refundable(p: &Payment) -> RefundError {
+    match p.status {
+        PaymentStatus::Refunded => {
+            RefundError::NotRefundable("the payment is already fully refunded".into())
+        }
+        s => RefundError::NotRefundable(format!(
+            "only a successful payment can be refunded; this one is {}",
+            serde_json::to_value(s)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        )),
+    }
+}
+
+/// Creates a refund of a payment of `project_id` in `mode` and, for
+/// Khalti, asks Khalti once. A request whose first run already committed
+/// (its fence is there) answers that run's refund.
+pub async fn create(
+    state: &Deps,
+    project_id: &str,
+    mode: Mode,
+    req: CreateRefund,
+    now: Timestamp,
+    fence: Option<&Fence>,
+) -> Result<Refund, RefundError> {
+    validate(&req)?;
+    let store = &*state.store;
+    let Some((payment, reserved)) = payment_with_reserved(store, &req.payment_id).await? else {
+        return Err(RefundError::PaymentNotFound);
+    };
+    if payment.project_id != project_id || payment.mode != mode {
+        return Err(RefundError::PaymentNotFound);
+    }
+    if payment.provider == Provider::Fonepay {
+        return Err(RefundError::NotSupported(
+            "Fonepay has no refund API: refund the full amount from the Fonepay merchant dashboard"
+                .into(),
+        ));
+    }
+    let remaining = payment.amount.get() - reserved;
+    if payment.status != PaymentStatus::Success || req.amount > remaining {
+        // A retry whose first run committed (and took the balance) gets
+        // that run's refund; only a refusal pays for the fence read.
+        if let Some(r) = first_run(store, fence).await? {
+            return Ok(r);
+        }
+        if payment.status != PaymentStatus::Success {
+            return Err(not_refundable(&payment));
+        }
+        return Err(RefundError::ExceedsBalance {
+            amount: req.amount,
+            remaining,
+        });
+    }
+    let amount = Paisa::new(req.amount).map_err(|e| invalid("amount", e.to_string()))?;
+    let (status, failure_reason) = match payment.provider {
+        Provider::Esewa => (
+            RefundStatus::RequiresAction,
+            Some(format!(
+                "eSewa has no refund API: refund {} of eSewa transaction {} in the eSewa merchant portal (merchant.esewa.com.np)",
+                amount.display_npr(),
+                payment.provider_ref.as_deref().unwrap_or("(unknown)")
+            )),
+        ),
+        _ => (RefundStatus::Processing, None),
+    };
+    let refund = Refund {
+        id: ids::new_id(IdKind::Refund),
+        project_id: project_id.to_owned(),
+        payment_id: payment.id.clone(),
+        mode,
+        provider: payment.provider,
+        amount,
+        currency: Currency::Npr,
+        reason: req.reason,
+        status,
+        provider_refund_id: None,
+        failure_reason,
+        notes: req
+            .notes
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty()),
+        mobile_number: req.mobile_number.map(String::from),
+        created_at: now,
+        updated_at: now,
+    };
+    let room = payment.amount.get() - req.amount;
+    let mut ops = vec![
+        TxOp::Update {
+            key: Payment::key(&payment.id),
+            update: Update::new().add(RESERVED, req.amount),
+            cond: Some(Cond::And(vec![
+                Cond::eq("status", "success"),
+                Cond::Or(vec![
+                    Cond::AttrNotExists(RESERVED.into()),
+                    Cond::le(RESERVED, room),
+                ]),
+            ])),
+        },
+        TxOp::Put {
+            item: to_item(&refund, &Refund::key(&refund.id), &refund.indexes())?,
+            cond: Some(Cond::NotExists),
+        },
+    ];
+    if refund.status == RefundStatus::Processing {
+        ops.push(TxOp::Put {
+            item: marker_item(&refund)?,
+            cond: None,
+        });
+    }
+    let fence_at = fence.map(|f| {
+        ops.push(f.op(&refund.id));
+        ops.len() - 1
+    });
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match store.transact(ops.clone()).await {
+            Ok(()) => break,
+            Err(e) => {
+                if let (Some(f), Some(i)) = (fence, fence_at) {
+                    if Fence::tripped(&e, i) {
+                        return first_run(store, Some(f)).await?.ok_or_else(|| {
+                            StoreError::Backend("the fenced refund is missing".into()).into()
+                        });
+                    }
+                }
+                match &e {
+                    StoreError::TransactionCanceled { reasons } => {
+                        if matches!(reasons.first(), Some(TxReason::ConditionFailed)) {
+                            return Err(balance_error(store, &payment.id, req.amount).await);
+                        }
+                        if reasons.contains(&TxReason::Conflict) && tries < TRIES {
+                            let pause = 10 * tries as u64 + rand::random::<u64>() % 20;
+                            tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                            continue;
+                        }
+                        return Err(e.into());
+                    }
+                    _ => return Err(e.into()),
+                }
+            }
+        }
+    }
+    if refund.status != RefundStatus::Processing {
+        return Ok(refund);
+    }
+    Ok(call_khalti(state, &payment, refund, now).await?)
+}
+
+/// The refund the first run of this request created, if it committed.
+pub(super) async fn first_run(
+    store: &dyn Store,
+    fence: Option<&Fence>,
+) -> Result<Option<Refund>, StoreError> {
+    let Some(f) = fence else {
+        return Ok(None);
+    };
+    match f.resource_id(store).await? {
+        Some(first) => get(store, &first).await,
+        None => Ok(None),
+    }
+}
+
+/// Why the reservation did not fit, as the payment now stands.
+pub(super) async fn balance_error(store: &dyn Store, payment_id: &str, amount: i64) -> RefundError {
+    match payment_with_reserved(store, payment_id).await {
+        Ok(Some((p, reserved))) if p.status == PaymentStatus::Success => {
+            RefundError::ExceedsBalance {
+                amount,
+                remaining: p.amount.get() - reserved,
+            }
+        }
+        Ok(Some((p, _))) => not_refundable(&p),
+        Ok(None) => RefundError::PaymentNotFound,
+        Err(e) => e.into(),
+    }
+}
+
+pub(super) fn marker_item(refund: &Refund) -> Result<crate::store::Item, StoreError> {
+    let mut item = serde_json::Map::new();
+    item.insert("id".into(), Value::String(refund.id.clone()));
+    let key = refund.marker_key();
+    item.insert(crate::store::PK.into(), Value::String(key.pk));
+    item.insert(crate::store::SK.into(), Value::String(key.sk));
+    Ok(item)
+}
+
+/// The one call to Khalti's refund API for `refund`, and its outcome.
+pub(super) async fn call_khalti(
+    state: &Deps,
+    payment: &Payment,
+    refund: Refund,
+    now: Timestamp,
+) -> Result<Refund, StoreError> {
+    let creds = match crate::domain::credentials::for_payment(state, payment).await {
+        Ok(c) => c,
+        Err(e) => {
+            let why = format!("no Khalti credentials to refund with: {e}");
+            return resolve(state, &refund, Outcome::Failed(why), now).await;
+        }
+    };
+    let client = match state.providers.client(payment.mode, payment.provider) {
+        Ok(c) => c,
+        Err(e) => return resolve(state, &refund, Outcome::Failed(e.to_string()), now).await,
+    };
+    let Some(txn) = payment.provider_ref.as_deref() else {
+        let why = "the payment has no Khalti transaction id to refund".to_owned();
+        return resolve(state, &refund, Outcome::Failed(why), now).await;
+    };
+    let amount = khalti_amount(&refund, payment);
+    let called = client
+        .refund(&creds, txn, amount, refund.mobile_number.as_deref())
+        .await;
+    match called {
+        Ok(_) => {
+            let after = resolve(
+                state,
+                &refund,
+                Outcome::Succeeded(Some(txn.to_owned())),
+                now,
+            )
+            .await?;
+            if after.status == RefundStatus::Failed {
+                tracing::error!(
+                    refund = %refund.id,
+                    "Khalti applied a refund already recorded failed: check the Khalti dashboard and correct by hand"
+                );
+            }
+            Ok(after)
+        }
+        Err(ProviderError::Rejected { code, message }) => {
+            let why = format!("Khalti refused the refund: {message} ({code})");
+            resolve(state, &refund, Outcome::Failed(why), now).await
+        }
+        Err(ProviderError::Invalid(m) | ProviderError::Unsupported(m)) => {
+            resolve(state, &refund, Outcome::Failed(m), now).await
+        }
+        Err(e) => {
+            // Timed out, 5xx or unreadable: Khalti may have acted. Never
+            // call again; the sweep asks Khalti's lookup.
+            tracing::warn!(refund = %refund.id, error = %e, "Khalti refund outcome unknown; left processing for the sweep");
+            Ok(refund)
+        }
+    }
+}
+
+/// What to send Khalti: the whole amount of an untouched payment is a
+/// full refund (Khalti's empty body, `None`); anything else names the
+/// amount.
+pub fn khalti_amount(refund: &Refund, payment: &Payment) -> Option<Paisa> {
+    let full = refund.amount == payment.amount && payment.amount_refunded == Paisa::ZERO;
+    (!full).then_some(refund.amount)
+}

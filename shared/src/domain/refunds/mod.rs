@@ -1,0 +1,204 @@
+//! Refunds (spec "Refund", decisions "Refunds"): money back to a customer,
+//! where a bug pays twice.
+//!
+//! - **Balance.** A refund reserves its amount on the payment with one
+//!   conditional write (`amount_reserved <= amount - this`, payment still
+//!   `success`) in the same transaction that stores the refund, so the sum
+//!   of `processing + succeeded + requires_action` refunds never passes the
+//!   payment, whatever the concurrency. A `failed` refund releases its
+//!   reservation in the transaction that fails it.
+//! - **Providers.** Khalti: its refund API, called once per refund, never
+//!   again (a timeout leaves the refund `processing` for [`sweep`], which
+//!   asks Khalti's lookup instead). eSewa: no refund API, so the refund is
+//!   `requires_action` at once (the merchant refunds in eSewa's portal; the
+//!   record is the audit trail). Fonepay: refused (422), nothing created.
+//! - **Events.** `refund.succeeded` / `refund.failed` in the transaction of
+//!   the change; `payment.refunded` when succeeded refunds reach the full
+//!   amount (the payment becomes `refunded`).
+//!
+//! Stored at `REF#<id>`, listed by project and mode (`gsi1`
+//! `PROJ#<p>#<mode>#REF`) and by payment (`gsi2` `PAY#<payment>#REF`);
+//! an open refund also has a marker item `OPENREF#<shard>` /
+//! `<created>#<id>`, the sweep's queue, deleted when it resolves.
+
+use crate::refusal::{Kind, Refusal};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::Mode;
+use super::Provider;
+use super::checkout::open_partition;
+use super::outbox::{Event, EventType};
+use super::payments::{self, Payment, PaymentStatus, PaymentView};
+use super::record::{from_item, to_item};
+use crate::app::Deps;
+use crate::fields::{NepaliMobile, RefundNotes};
+use crate::ids::{self, IdKind};
+use crate::keys;
+use crate::money::{Currency, Paisa};
+use crate::providers::{ProviderError, ProviderState, StatusQuery};
+use crate::store::fence::Fence;
+use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
+use crate::time::Timestamp;
+
+mod create;
+mod resolve;
+#[cfg(test)]
+mod tests;
+
+pub use create::*;
+pub use resolve::*;
+
+/// Default page size of `GET /v1/refunds` (spec).
+pub const DEFAULT_PAGE: usize = 10;
+/// An open refund is asked about after this: longer than the longest
+/// provider call (`DHUKUTI_PROVIDER_TIMEOUT_MS` is at most 120 s), so the
+/// sweep never judges a refund whose call is still in flight.
+pub const RESOLVE_AFTER: chrono::Duration = chrono::Duration::minutes(5);
+/// A refund Khalti's lookup shows as not applied is `failed` (its balance
+/// released for another refund) only once it is this old: a refund call
+/// that timed out or answered 5xx may still be applied a little later, and
+/// failing it early would let the merchant refund the customer twice.
+pub const NOT_APPLIED_AFTER: chrono::Duration = chrono::Duration::hours(1);
+/// An open refund Khalti cannot confirm within this goes to a person.
+pub const GIVE_UP_AFTER: chrono::Duration = chrono::Duration::hours(24);
+const OPEN_REFUNDS: keys::Open = keys::Open::Refunds;
+const TRIES: usize = 12;
+/// The payment attribute holding the reserved (not failed) refund total.
+pub const RESERVED: &str = "amount_reserved";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefundStatus {
+    Processing,
+    Succeeded,
+    Failed,
+    RequiresAction,
+}
+
+impl RefundStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefundStatus::Processing => "processing",
+            RefundStatus::Succeeded => "succeeded",
+            RefundStatus::Failed => "failed",
+            RefundStatus::RequiresAction => "requires_action",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefundReason {
+    CustomerRequest,
+    Duplicate,
+    Fraudulent,
+    Other,
+}
+
+/// A stored refund.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Refund {
+    pub id: String,
+    pub project_id: String,
+    pub payment_id: String,
+    pub mode: Mode,
+    pub provider: Provider,
+    pub amount: Paisa,
+    pub currency: Currency,
+    pub reason: RefundReason,
+    pub status: RefundStatus,
+    #[serde(default)]
+    pub provider_refund_id: Option<String>,
+    #[serde(default)]
+    pub failure_reason: Option<String>,
+    #[serde(default)]
+    pub notes: Option<String>,
+    #[serde(default)]
+    pub mobile_number: Option<String>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl Refund {
+    pub fn key(id: &str) -> Key {
+        keys::record(keys::Record::Refund, id)
+    }
+
+    fn list_partition(project_id: &str, mode: Mode) -> String {
+        keys::per_mode(project_id, mode, keys::PerMode::Refunds)
+    }
+
+    fn payment_partition(payment_id: &str) -> String {
+        keys::payment_refunds(payment_id)
+    }
+
+    fn indexes(&self) -> [(Index, String, String); 2] {
+        [
+            (
+                Index::Gsi1,
+                Refund::list_partition(&self.project_id, self.mode),
+                self.id.clone(),
+            ),
+            (
+                Index::Gsi2,
+                Refund::payment_partition(&self.payment_id),
+                self.id.clone(),
+            ),
+        ]
+    }
+
+    fn marker_key(&self) -> Key {
+        Key::new(
+            open_partition(OPEN_REFUNDS, &self.id),
+            format!("{}#{}", self.created_at.to_rfc3339(), self.id),
+        )
+    }
+}
+
+/// A refund as the API shows it (camelCase, as the spec writes it).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RefundView {
+    pub id: String,
+    pub livemode: bool,
+    pub payment_id: String,
+    pub project_id: String,
+    pub mode: Mode,
+    pub amount: Paisa,
+    pub currency: Currency,
+    pub reason: RefundReason,
+    pub status: RefundStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_refund_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notes: Option<RefundNotes>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mobile_number: Option<NepaliMobile>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl From<Refund> for RefundView {
+    fn from(r: Refund) -> Self {
+        RefundView {
+            livemode: r.mode.is_live(),
+            id: r.id,
+            payment_id: r.payment_id,
+            project_id: r.project_id,
+            mode: r.mode,
+            amount: r.amount,
+            currency: r.currency,
+            reason: r.reason,
+            status: r.status,
+            provider_refund_id: r.provider_refund_id,
+            failure_reason: r.failure_reason,
+            notes: r.notes.map(RefundNotes::stored),
+            mobile_number: r.mobile_number.map(NepaliMobile::stored),
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}

@@ -1,0 +1,412 @@
+//! Resolving a refund: applying the provider's answer exactly once, reading
+//! and listing refunds, and the sweep that resolves the ones left open.
+
+use super::*;
+
+/// How an open refund ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded(Option<String>),
+    Failed(String),
+    RequiresAction(String),
+}
+
+/// Moves an open refund to its outcome, with the payment's counters and
+/// the events, in one transaction; answers the refund as stored after. A
+/// refund no longer `processing` is answered unchanged.
+pub async fn resolve(
+    state: &Deps,
+    refund: &Refund,
+    outcome: Outcome,
+    now: Timestamp,
+) -> Result<Refund, StoreError> {
+    let store = &*state.store;
+    for _ in 0..TRIES {
+        let Some(current) = get(store, &refund.id).await? else {
+            return Err(StoreError::Backend(format!(
+                "refund {} vanished",
+                refund.id
+            )));
+        };
+        if current.status != RefundStatus::Processing {
+            return Ok(current);
+        }
+        let Some(payment) = payments::get(store, &current.payment_id).await? else {
+            return Err(StoreError::Backend(format!(
+                "payment {} vanished",
+                current.payment_id
+            )));
+        };
+        let ops = resolve_ops(&current, &payment, &outcome, now)?;
+        match store.transact(ops).await {
+            Ok(()) => {
+                if matches!(outcome, Outcome::Succeeded(_)) {
+                    mark_refunded(store, &payment.id, now).await?;
+                }
+                return get(store, &refund.id)
+                    .await?
+                    .ok_or_else(|| StoreError::Backend(format!("refund {} vanished", refund.id)));
+            }
+            Err(StoreError::TransactionCanceled { .. }) => {
+                tokio::time::sleep(std::time::Duration::from_millis(
+                    5 + rand::random::<u64>() % 20,
+                ))
+                .await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(StoreError::Unavailable(format!(
+        "refund {} kept changing while being resolved",
+        refund.id
+    )))
+}
+
+/// Once succeeded refunds reach the full amount: the payment becomes
+/// `refunded` with its `payment.refunded` event, in one transaction that
+/// only the first caller to see the full amount can commit.
+pub(super) async fn mark_refunded(
+    store: &dyn Store,
+    payment_id: &str,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let Some(p) = payments::get(store, payment_id).await? else {
+        return Ok(());
+    };
+    if p.status != PaymentStatus::Success || p.amount_refunded < p.amount {
+        return Ok(());
+    }
+    let mut after = p.clone();
+    after.status = PaymentStatus::Refunded;
+    after.updated_at = now;
+    let view = serde_json::to_value(PaymentView::from(after))
+        .map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let ops = vec![
+        TxOp::Update {
+            key: Payment::key(&p.id),
+            update: Update::new()
+                .set("status", "refunded")
+                .set("updated_at", now.to_rfc3339()),
+            cond: Some(Cond::And(vec![
+                Cond::eq("status", "success"),
+                Cond::ge("amount_refunded", p.amount.get()),
+            ])),
+        },
+        Event::new(EventType::PaymentRefunded, &p.project_id, p.mode, view, now).put_op()?,
+    ];
+    for attempt in 0..TRIES {
+        match store.transact(ops.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(StoreError::TransactionCanceled { reasons })
+                if reasons.contains(&TxReason::Conflict) =>
+            {
+                let pause = 5 + 10 * attempt as u64 + rand::random::<u64>() % 20;
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+            }
+            // Another caller marked it first: exactly one event.
+            Err(StoreError::TransactionCanceled { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(StoreError::Unavailable(format!(
+        "payment {payment_id} reached its full refund but could not be marked refunded"
+    )))
+}
+
+pub(super) fn resolve_ops(
+    r: &Refund,
+    p: &Payment,
+    outcome: &Outcome,
+    now: Timestamp,
+) -> Result<Vec<TxOp>, StoreError> {
+    let stamp = now.to_rfc3339();
+    let mut next = r.clone();
+    next.updated_at = now;
+    let mut refund_update = Update::new().set("updated_at", stamp.clone());
+    let mut ops = Vec::new();
+    match outcome {
+        Outcome::Succeeded(provider_ref) => {
+            next.status = RefundStatus::Succeeded;
+            next.provider_refund_id = provider_ref.clone();
+            refund_update = refund_update.set("status", "succeeded");
+            if let Some(id) = provider_ref {
+                refund_update = refund_update.set("provider_refund_id", id.clone());
+            }
+            // The reservation already caps the total: add without
+            // reading, so parallel successes never retry on each other.
+            ops.push(TxOp::Update {
+                key: Payment::key(&p.id),
+                update: Update::new()
+                    .add("amount_refunded", r.amount.get())
+                    .set("updated_at", stamp.clone()),
+                cond: Some(Cond::Exists),
+            });
+            ops.push(event(EventType::RefundSucceeded, &next, now)?);
+        }
+        Outcome::Failed(why) => {
+            next.status = RefundStatus::Failed;
+            next.failure_reason = Some(why.clone());
+            refund_update = refund_update
+                .set("status", "failed")
+                .set("failure_reason", why.clone());
+            ops.push(TxOp::Update {
+                key: Payment::key(&p.id),
+                update: Update::new().add(RESERVED, -r.amount.get()),
+                cond: Some(Cond::Exists),
+            });
+            ops.push(event(EventType::RefundFailed, &next, now)?);
+        }
+        Outcome::RequiresAction(why) => {
+            refund_update = refund_update
+                .set("status", "requires_action")
+                .set("failure_reason", why.clone());
+        }
+    }
+    ops.insert(
+        0,
+        TxOp::Update {
+            key: Refund::key(&r.id),
+            update: refund_update,
+            cond: Some(Cond::eq("status", "processing")),
+        },
+    );
+    ops.push(TxOp::Delete {
+        key: r.marker_key(),
+        cond: None,
+    });
+    Ok(ops)
+}
+
+pub(super) fn event(kind: EventType, r: &Refund, now: Timestamp) -> Result<TxOp, StoreError> {
+    let view = serde_json::to_value(RefundView::from(r.clone()))
+        .map_err(|e| StoreError::Invalid(e.to_string()))?;
+    Event::new(kind, &r.project_id, r.mode, view, now).put_op()
+}
+
+/// The refund `id` of any project.
+pub async fn get(store: &dyn Store, id: &str) -> Result<Option<Refund>, StoreError> {
+    if !ids::is_valid(id, IdKind::Refund) {
+        return Ok(None);
+    }
+    match store.get(&Refund::key(id)).await? {
+        Some(item) => from_item(item).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The refund `id` of `project_id` in `mode` (else `None`, as if missing).
+pub async fn find(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+) -> Result<Option<Refund>, StoreError> {
+    Ok(get(store, id)
+        .await?
+        .filter(|r| r.project_id == project_id && r.mode == mode))
+}
+
+/// A page of the project's refunds in `mode`, newest first, optionally of
+/// one payment, and the total.
+pub async fn list(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    payment_id: Option<&str>,
+    offset: usize,
+    limit: usize,
+) -> Result<(Vec<Refund>, u64), StoreError> {
+    let query = match payment_id {
+        Some(pid) => {
+            // Another project's (or a missing) payment lists nothing.
+            if payments::find(store, project_id, mode, pid)
+                .await?
+                .is_none()
+            {
+                return Ok((Vec::new(), 0));
+            }
+            Query::partition(Refund::payment_partition(pid))
+                .on(Index::Gsi2)
+                .backward()
+        }
+        None => Query::partition(Refund::list_partition(project_id, mode))
+            .on(Index::Gsi1)
+            .backward(),
+    };
+    crate::domain::record::page_of(store, &query, offset, limit).await
+}
+
+/// What one refund sweep did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RefundSweep {
+    pub checked: usize,
+    pub resolved: usize,
+    pub errors: usize,
+}
+
+/// Resolves refunds left `processing` (a Khalti timeout) by asking Khalti's
+/// lookup, never its refund API: fully refunded, or partly refunded with
+/// no other refund of the payment succeeded, is `succeeded`; not refunded
+/// at all, still so [`NOT_APPLIED_AFTER`] after the refund, is `failed`
+/// (the reservation is released); anything Khalti cannot settle within
+/// [`GIVE_UP_AFTER`] goes to `requires_action`.
+pub async fn sweep(state: &Deps, now: Timestamp) -> Result<RefundSweep, StoreError> {
+    let store = &*state.store;
+    let mut report = RefundSweep::default();
+    let before = format!("{}#~", now.plus(-RESOLVE_AFTER).to_rfc3339());
+    for shard in 0..crate::domain::checkout::OPEN_SHARDS {
+        let query = Query::partition(keys::open(OPEN_REFUNDS, shard))
+            .sk(SkCond::Lt(before.clone()))
+            .limit(50);
+        for item in store.query(&query).await?.items {
+            let Some(id) = item.get("id").and_then(Value::as_str) else {
+                continue;
+            };
+            report.checked += 1;
+            match resolve_one(state, id, now).await {
+                Ok(true) => report.resolved += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(refund = %id, error = %e, "refund not resolved; next sweep retries");
+                    report.errors += 1;
+                }
+            }
+        }
+    }
+    Ok(report)
+}
+
+pub(super) async fn resolve_one(
+    state: &Deps,
+    id: &str,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
+    let store = &*state.store;
+    let Some(refund) = get(store, id).await? else {
+        return Ok(false);
+    };
+    if refund.status != RefundStatus::Processing {
+        // Resolved, but its marker outlived it: drop the marker.
+        store.delete(&refund.marker_key(), None).await?;
+        return Ok(false);
+    }
+    let Some(payment) = payments::get(store, &refund.payment_id).await? else {
+        return Ok(false);
+    };
+    let outcome = match ask_khalti(state, &payment).await {
+        Some(state_now) => decide(
+            &refund,
+            payment.amount,
+            state_now,
+            others_of(store, &refund).await?,
+        )
+        .map(|o| match o {
+            Outcome::Succeeded(None) => Outcome::Succeeded(payment.provider_ref.clone()),
+            other => other,
+        }),
+        None => None,
+    };
+    let outcome = match outcome {
+        Some(Outcome::Failed(_)) if now < refund.created_at.plus(NOT_APPLIED_AFTER) => None,
+        Some(o) => Some(o),
+        None if now >= refund.created_at.plus(GIVE_UP_AFTER) => Some(Outcome::RequiresAction(
+            "Khalti did not confirm this refund within a day: check the Khalti merchant dashboard"
+                .into(),
+        )),
+        None => None,
+    };
+    match outcome {
+        Some(o) => {
+            let after = resolve(state, &refund, o, now).await?;
+            Ok(after.status != RefundStatus::Processing)
+        }
+        None => Ok(false),
+    }
+}
+
+pub(super) async fn ask_khalti(state: &Deps, payment: &Payment) -> Option<ProviderState> {
+    let creds = crate::domain::credentials::for_payment(state, payment)
+        .await
+        .ok()?;
+    let client = state
+        .providers
+        .client(payment.mode, payment.provider)
+        .ok()?;
+    let query = StatusQuery {
+        reference: payment.attempt.reference.clone().unwrap_or_default(),
+        amount: payment.amount,
+        provider_ref: payment.attempt.provider_token.clone(),
+    };
+    match client.status(&creds, &query).await {
+        Ok(s) => Some(s.state),
+        Err(e) => {
+            tracing::warn!(payment = %payment.id, error = %e, "Khalti lookup failed");
+            None
+        }
+    }
+}
+
+/// The payment's other refunds that are not `failed`: whether there are
+/// any, and their total.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Others {
+    pub count: usize,
+    pub total: i64,
+}
+
+/// From the payment's reservation (a consistent read of one item, never
+/// an index that may lag): every live refund of the payment is in it.
+pub(super) async fn others_of(store: &dyn Store, refund: &Refund) -> Result<Others, StoreError> {
+    let reserved = match store.get(&Payment::key(&refund.payment_id)).await? {
+        Some(item) => reserved_of(&item),
+        None => 0,
+    };
+    let total = (reserved - refund.amount.get()).max(0);
+    Ok(Others {
+        count: usize::from(total > 0),
+        total,
+    })
+}
+
+/// What Khalti's lookup says about an open refund, given the payment's
+/// amount and its other refunds that are not `failed`: `None` = ask again.
+/// Khalti's lookup says only "refunded", "partly refunded" or neither, so
+/// a refund is called `succeeded` only when that answer can mean nothing
+/// else: fully refunded with every live refund adding up to the payment,
+/// or partly refunded with no other live refund. Otherwise a person looks.
+pub fn decide(
+    refund: &Refund,
+    payment_amount: Paisa,
+    khalti: ProviderState,
+    others: Others,
+) -> Option<Outcome> {
+    let unsure = || {
+        Some(Outcome::RequiresAction(format!(
+            "Khalti cannot say whether this refund of {} was applied (other refunds of the payment are open or were made elsewhere): check the Khalti merchant dashboard",
+            refund.amount.display_npr()
+        )))
+    };
+    match khalti {
+        ProviderState::Refunded { partial: false } => {
+            if others.total + refund.amount.get() == payment_amount.get() {
+                Some(Outcome::Succeeded(None))
+            } else {
+                unsure()
+            }
+        }
+        // Alone, and not the whole payment (had a whole-payment refund
+        // been applied, Khalti would say fully refunded: this one was not,
+        // and another refund was made elsewhere).
+        ProviderState::Refunded { partial: true }
+            if others.count == 0 && refund.amount < payment_amount =>
+        {
+            Some(Outcome::Succeeded(None))
+        }
+        ProviderState::Refunded { partial: true } => unsure(),
+        ProviderState::Paid => Some(Outcome::Failed(
+            "Khalti did not apply the refund (the payment shows no refund)".into(),
+        )),
+        _ => None,
+    }
+}

@@ -1,0 +1,379 @@
+//! The SMS worker: claim a reminder, check it is still worth sending, send it
+//! through the provider and record the outcome exactly once.
+
+use super::*;
+
+/// What handling one message did; each lets the message go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DispatchOutcome {
+    Sent,
+    /// Certainly not sent: refused by the provider, or out of attempts.
+    Failed,
+    /// Not sent: its checkout session is no longer payable.
+    Cancelled,
+    /// Maybe sent; never tried again (see [`SmsStatus::Unknown`]).
+    Unknown,
+    /// Unknown, final, or claimed by another worker (duplicate message).
+    Skipped,
+}
+
+/// Why a message must stay on the queue (it comes back and is retried).
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("SMS provider unavailable: {0}")]
+    Transient(String),
+}
+
+/// One queue message body: malformed messages are dropped (logged).
+pub async fn handle_message(
+    state: &Deps,
+    client: &SmsClient,
+    body: &str,
+) -> Result<DispatchOutcome, DispatchError> {
+    match serde_json::from_str::<SmsMessage>(body) {
+        Ok(msg) => dispatch(state, client, &msg.sms_id, LEASE).await,
+        Err(e) => {
+            tracing::warn!(error = %e, "malformed SMS queue message dropped");
+            Ok(DispatchOutcome::Skipped)
+        }
+    }
+}
+
+/// Whether the reminder's checkout session can still be paid (a reminder
+/// without one, from before sessions were bound, is sent).
+pub(super) async fn still_payable(
+    store: &dyn Store,
+    r: &SmsReminder,
+    now: Timestamp,
+) -> Result<Option<String>, StoreError> {
+    let Some(id) = r.session_id.as_deref() else {
+        return Ok(None);
+    };
+    let session = match store.get(&CheckoutSession::key(id)).await? {
+        Some(item) => from_item::<CheckoutSession>(item).ok(),
+        None => None,
+    };
+    Ok(match session.map(|s| s.status_at(now)) {
+        Some(SessionStatus::Pending | SessionStatus::Initiated) => None,
+        Some(other) => Some(format!(
+            "checkout session {id} is {}: nothing to remind",
+            other.as_str()
+        )),
+        None => Some(format!("checkout session {id} no longer exists")),
+    })
+}
+
+/// Ends a claimed reminder: `status` with `error`, conditioned on our
+/// claim; a `Failed` or `Cancelled` one gives its quota unit back in the
+/// same transaction (once: the write that ends it is the one that gives
+/// it back). `Ok(false)`: the lease was lost, another worker owns it.
+pub(super) async fn finish(
+    store: &dyn Store,
+    r: &SmsReminder,
+    claim: &str,
+    status: SmsStatus,
+    attempts: u32,
+    error: Option<&str>,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
+    let mut update = Update::new()
+        .set("status", status.as_str())
+        .set("attempts", attempts)
+        .set("updated_at", json!(now))
+        .remove("lease_until_ms")
+        .remove(CLAIM);
+    if status.is_final() {
+        update = update.unindex(Index::Gsi2);
+    }
+    update = match error {
+        Some(e) => update.set("last_error", e),
+        None => update.remove("last_error"),
+    };
+    let key = SmsReminder::key(&r.id);
+    let cond = held_by(claim);
+    let gives_back = matches!(status, SmsStatus::Failed | SmsStatus::Cancelled);
+    let mut attempt = 0;
+    loop {
+        let result = if gives_back {
+            store
+                .transact(vec![
+                    TxOp::Update {
+                        key: key.clone(),
+                        update: update.clone(),
+                        cond: Some(cond.clone()),
+                    },
+                    TxOp::Update {
+                        key: quota_counter(&r.merchant_id, r.created_at),
+                        update: Update::new().add("n", -1),
+                        cond: Some(Cond::gt("n", 0)),
+                    },
+                ])
+                .await
+        } else {
+            store
+                .update(&key, update.clone(), Some(cond.clone()))
+                .await
+                .map(|_| ())
+        };
+        let e = match result {
+            Ok(()) => return Ok(true),
+            Err(e) => e,
+        };
+        match &e {
+            StoreError::ConditionFailed => return Ok(false),
+            StoreError::TransactionCanceled { reasons } => {
+                if matches!(reasons.first(), Some(TxReason::ConditionFailed)) {
+                    return Ok(false);
+                }
+                if matches!(reasons.get(1), Some(TxReason::ConditionFailed)) {
+                    // The month's counter is gone (expired): nothing to
+                    // give back to; end the reminder alone.
+                    tracing::warn!(sms_id = %r.id, "SMS quota unit not given back: its month's counter is gone");
+                    return match store.update(&key, update, Some(cond)).await {
+                        Ok(_) => Ok(true),
+                        Err(e) if e.is_condition_failure() => Ok(false),
+                        Err(e) => Err(e),
+                    };
+                }
+                // Another transaction on the same items (many reminders of
+                // one merchant ending at once): try again.
+            }
+            // Busy or unreachable: the outcome must not be lost (a
+            // reminder left `sending` ends `unknown`), so try again.
+            StoreError::Unavailable(_) => {}
+            _ => return Err(e),
+        }
+        attempt += 1;
+        if attempt >= FINISH_TRIES {
+            return Err(e);
+        }
+        crate::store::contention_backoff(attempt).await;
+    }
+}
+
+/// The attribute naming the claim in flight (a random id): every write of
+/// the claim holder is conditioned on it.
+pub(super) const CLAIM: &str = "claim";
+
+/// Still `sending` under the claim `claim`.
+pub(super) fn held_by(claim: &str) -> Cond {
+    Cond::And(vec![
+        Cond::eq("status", SmsStatus::Sending.as_str()),
+        Cond::eq(CLAIM, claim),
+    ])
+}
+
+/// Tries of the write that ends a claimed reminder.
+pub(super) const FINISH_TRIES: usize = 6;
+
+/// Gives a claim back (`sending` → `queued`, attempts unchanged) after a
+/// failure before anything was sent, so the queue's next delivery tries
+/// again instead of ending it `unknown`. Best effort: conditioned on our
+/// claim (a claim write that did not land changes nothing).
+pub(super) async fn unclaim(store: &dyn Store, id: &str, claim: &str) {
+    let released = store
+        .update(
+            &SmsReminder::key(id),
+            Update::new()
+                .set("status", SmsStatus::Queued.as_str())
+                .remove("lease_until_ms")
+                .remove(CLAIM),
+            Some(held_by(claim)),
+        )
+        .await;
+    match released {
+        Ok(_) => {}
+        Err(e) if e.is_condition_failure() => {}
+        Err(e) => {
+            tracing::warn!(sms_id = id, error = %e, "could not give an SMS claim back; it ends unknown after its lease")
+        }
+    }
+}
+
+/// Claims, sends and records one reminder (see the module docs).
+pub async fn dispatch(
+    state: &Deps,
+    client: &SmsClient,
+    sms_id: &str,
+    lease: Duration,
+) -> Result<DispatchOutcome, DispatchError> {
+    let store = &*state.store;
+    let Some(r) = get(store, sms_id).await? else {
+        tracing::warn!(sms_id, "message for an unknown SMS reminder dropped");
+        return Ok(DispatchOutcome::Skipped);
+    };
+    let now_ms = state.clock.now().unix_millis();
+    if r.mode != Mode::Live {
+        return Ok(DispatchOutcome::Skipped);
+    }
+    let key = SmsReminder::key(sms_id);
+    match r.status {
+        SmsStatus::Queued => {}
+        SmsStatus::Sending => {
+            let Some(held) = r.lease_until_ms.filter(|t| *t >= now_ms) else {
+                // Its dispatcher stopped while it was claimed: the message
+                // may have gone out. Not sent again; ended `unknown`.
+                return abandon(state, &r).await;
+            };
+            tracing::debug!(sms_id, held, "SMS reminder claimed by another worker");
+            return Ok(DispatchOutcome::Skipped);
+        }
+        _ => return Ok(DispatchOutcome::Skipped),
+    }
+    let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
+    let lease_until = now_ms + lease_ms;
+    // Names this claim alone: two workers may compute the same lease.
+    let claim_id = ulid::Ulid::new().to_string();
+    let claim = store
+        .update(
+            &key,
+            Update::new()
+                .set("status", SmsStatus::Sending.as_str())
+                .set("lease_until_ms", lease_until)
+                .set(CLAIM, claim_id.as_str()),
+            Some(Cond::And(vec![
+                Cond::eq("attempts", r.attempts),
+                Cond::eq("status", SmsStatus::Queued.as_str()),
+            ])),
+        )
+        .await;
+    match claim {
+        Ok(_) => {}
+        Err(e) if e.is_condition_failure() => return Ok(DispatchOutcome::Skipped),
+        Err(e) => {
+            // The claim may have landed: give it back, nothing was sent.
+            unclaim(store, sms_id, &claim_id).await;
+            return Err(e.into());
+        }
+    }
+    // Paid (or expired) since it was queued: nothing to remind.
+    let payable = match still_payable(store, &r, state.clock.now()).await {
+        Ok(p) => p,
+        Err(e) => {
+            unclaim(store, sms_id, &claim_id).await;
+            return Err(e.into());
+        }
+    };
+    if let Some(why) = payable {
+        let now = state.clock.now();
+        let ended = finish(
+            store,
+            &r,
+            &claim_id,
+            SmsStatus::Cancelled,
+            r.attempts,
+            Some(&why),
+            now,
+        )
+        .await;
+        let ended = match ended {
+            Ok(ended) => ended,
+            Err(e) => {
+                unclaim(store, sms_id, &claim_id).await;
+                return Err(e.into());
+            }
+        };
+        if ended {
+            tracing::info!(sms_id, reason = %why, "SMS reminder cancelled, not sent");
+            return Ok(DispatchOutcome::Cancelled);
+        }
+        return Ok(DispatchOutcome::Skipped);
+    }
+    let sent = client.send(&r.to, &r.text).await;
+    let attempts = r.attempts + 1;
+    let (status, error, outcome) = match sent {
+        Ok(()) => (SmsStatus::Sent, None, Ok(DispatchOutcome::Sent)),
+        Err(e @ SmsSendError::Rejected { .. }) => (
+            SmsStatus::Failed,
+            Some(e.to_string()),
+            Ok(DispatchOutcome::Failed),
+        ),
+        Err(SmsSendError::Unknown(why)) => (
+            SmsStatus::Unknown,
+            Some(format!(
+                "the provider may have taken it ({why}); not sent again"
+            )),
+            Ok(DispatchOutcome::Unknown),
+        ),
+        Err(SmsSendError::Transient(why)) if attempts >= MAX_ATTEMPTS => (
+            SmsStatus::Failed,
+            Some(format!("gave up after {attempts} attempts: {why}")),
+            Ok(DispatchOutcome::Failed),
+        ),
+        Err(SmsSendError::Transient(why)) => (
+            SmsStatus::Queued,
+            Some(why.clone()),
+            Err(DispatchError::Transient(why)),
+        ),
+    };
+    let now = state.clock.now();
+    // A store error here leaves the reminder `sending`: after the lease it
+    // ends `unknown`, never sent twice.
+    if !finish(
+        store,
+        &r,
+        &claim_id,
+        status,
+        attempts,
+        error.as_deref(),
+        now,
+    )
+    .await?
+    {
+        // Our lease ran out and another worker ended it.
+        return Ok(DispatchOutcome::Skipped);
+    }
+    match &outcome {
+        Ok(DispatchOutcome::Sent) => tracing::info!(sms_id, attempts, "SMS reminder sent"),
+        Ok(_) => {
+            tracing::warn!(sms_id, attempts, status = status.as_str(), error = ?error, "SMS reminder not sent")
+        }
+        Err(_) => {
+            tracing::warn!(sms_id, attempts, error = ?error, "SMS send failed; it will be retried")
+        }
+    }
+    outcome
+}
+
+/// Ends a reminder whose dispatcher stopped while sending it: `unknown`,
+/// its quota unit kept.
+pub(super) async fn abandon(
+    state: &Deps,
+    r: &SmsReminder,
+) -> Result<DispatchOutcome, DispatchError> {
+    let now = state.clock.now();
+    let ended = state
+        .store
+        .update(
+            &SmsReminder::key(&r.id),
+            Update::new()
+                .set("status", SmsStatus::Unknown.as_str())
+                .set("updated_at", json!(now))
+                .set(
+                    "last_error",
+                    "a dispatcher stopped while sending it; not sent again",
+                )
+                .remove("lease_until_ms")
+                .remove(CLAIM)
+                .unindex(Index::Gsi2),
+            Some(Cond::And(vec![
+                Cond::eq("status", SmsStatus::Sending.as_str()),
+                Cond::eq("attempts", r.attempts),
+                match r.lease_until_ms {
+                    Some(t) => Cond::eq("lease_until_ms", t),
+                    None => Cond::AttrNotExists("lease_until_ms".into()),
+                },
+            ])),
+        )
+        .await;
+    match ended {
+        Ok(_) => {
+            tracing::warn!(sms_id = %r.id, "SMS reminder abandoned mid-send ended unknown; not sent again");
+            Ok(DispatchOutcome::Unknown)
+        }
+        Err(e) if e.is_condition_failure() => Ok(DispatchOutcome::Skipped),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,196 @@
+//! `notify`: the guards, then the reminder and its queue message.
+
+use super::*;
+
+/// The queue message: the reminder to send.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SmsMessage {
+    pub sms_id: String,
+}
+
+/// The last digits of a number, for logs.
+pub(super) fn masked(phone: &str) -> String {
+    let tail: String = phone
+        .chars()
+        .rev()
+        .take(3)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    format!("*******{tail}")
+}
+
+/// The whole request: validation, guards 1-4, then log (sandbox) or
+/// store and queue (live). `checkout_base` is the project's public base
+/// URL ([`crate::Config::base_for`]).
+pub async fn notify(
+    state: &Deps,
+    who: &Principal,
+    req: NotifyRequest,
+    checkout_base: &str,
+    limits: Limits,
+    fence: Option<&Fence>,
+) -> Result<NotifyOutcome, SmsError> {
+    let v = validate(req)?;
+    let store = &*state.store;
+    let now = state.clock.now();
+    let project_id = who.project_id();
+    let mode = who.mode();
+    let merchant_id = who.merchant.id.as_str();
+    // 1. A recent pending session for this number (the one the URL names,
+    // when it names one of the project's).
+    let url_session = session_in_url(&v.checkout_url, checkout_base);
+    let session_id =
+        match pending_session(store, project_id, mode, &v.phone, url_session, now).await? {
+            SessionMatch::Found(id) => id,
+            SessionMatch::NotFound => return Err(SmsError::PhoneNotOnSession),
+            SessionMatch::ForeignUrl(id) => {
+                return Err(SmsError::ForeignCheckoutSession { session_id: id });
+            }
+        };
+    // 2. The checkout host (no verified custom domains exist yet).
+    let allowed = url_host(checkout_base).unwrap_or_default();
+    if allowed.is_empty() || v.checkout_host != allowed {
+        return Err(SmsError::InvalidCheckoutHost { allowed });
+    }
+    // 3 and 4, with the record: one transaction.
+    let mut reminder = SmsReminder {
+        id: new_id(IdKind::Sms),
+        project_id: project_id.to_owned(),
+        merchant_id: merchant_id.to_owned(),
+        mode,
+        to: v.phone.clone(),
+        text: message_text(&v),
+        session_id: Some(session_id),
+        status: SmsStatus::Logged,
+        attempts: 0,
+        lease_until_ms: None,
+        last_error: None,
+        created_at: now,
+        updated_at: now,
+    };
+    let live = mode == Mode::Live;
+    if live {
+        reminder.status = SmsStatus::Queued;
+    }
+    let quota = live.then(|| who.merchant.plan.sms_monthly_quota());
+    let record = new_record_op(&reminder)?;
+    let taken = take_places(
+        store,
+        limits,
+        merchant_id,
+        mode,
+        &v.phone,
+        now,
+        quota,
+        Some(record),
+        fence.map(|f| f.op(&reminder.id)),
+    )
+    .await;
+    // The first run's reminder, when already read.
+    let (taken, first_run) = match (taken, fence) {
+        // The recipient's window is full, perhaps with this request's own
+        // first run (its answer lost): that run's reminder answers.
+        (Err(e @ SmsError::RateLimited { .. }), Some(f)) => match f.resource_id(store).await? {
+            Some(id) => (Taken::AlreadyStored, Some(id)),
+            None => return Err(e),
+        },
+        (taken, _) => (taken?, None),
+    };
+    match taken {
+        Taken::All => {}
+        Taken::QuotaExhausted => {
+            return Ok(NotifyOutcome {
+                sent: false,
+                status: "plan_limit_reached",
+            });
+        }
+        // A retry of a request whose answer was lost: the first run's
+        // reminder stands and is answered as the first run was. Its queue
+        // message may never have been sent (the first run stopped at the
+        // store's answer): queue it again now rather than wait for the
+        // sweep; a duplicate message is dropped by the claim.
+        Taken::AlreadyStored => {
+            if live {
+                let first_run = match (first_run, fence) {
+                    (Some(id), _) => Some(id),
+                    (None, Some(f)) => f.resource_id(store).await.unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, "first reminder of a retried request not read; the sweep queues it");
+                        None
+                    }),
+                    (None, None) => None,
+                };
+                if let Some(id) = first_run {
+                    enqueue(state, &id).await;
+                }
+            }
+            return Ok(NotifyOutcome {
+                sent: live,
+                status: if live { "queued" } else { "logged" },
+            });
+        }
+    }
+    if !live {
+        tracing::info!(sms_id = %reminder.id, to = %masked(&reminder.to), project_id, "sandbox SMS reminder logged, not delivered");
+        return Ok(NotifyOutcome {
+            sent: false,
+            status: "logged",
+        });
+    }
+    enqueue(state, &reminder.id).await;
+    tracing::info!(sms_id = %reminder.id, to = %masked(&reminder.to), project_id, "SMS reminder stored");
+    Ok(NotifyOutcome {
+        sent: true,
+        status: "queued",
+    })
+}
+
+/// Queues a stored live reminder for the dispatcher; answers whether it
+/// was queued. A failure is logged, not returned: the reminder is stored
+/// and counted, and the backstop sweep queues it within minutes (a late
+/// reminder, not a lost one); ending it here instead could race a message
+/// that did reach the queue.
+pub(super) async fn enqueue(state: &Deps, sms_id: &str) -> bool {
+    let body = match serde_json::to_string(&SmsMessage {
+        sms_id: sms_id.to_owned(),
+    }) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(sms_id, error = %e, "SMS message not encoded; the sweep queues it");
+            return false;
+        }
+    };
+    match state
+        .queue
+        .send(QueueName::Sms, &body, Duration::ZERO)
+        .await
+    {
+        Ok(_) => {
+            tracing::debug!(sms_id, "SMS reminder queued");
+            true
+        }
+        Err(e) => {
+            tracing::warn!(sms_id, error = %e, "SMS reminder not queued; the backstop sweep will queue it");
+            false
+        }
+    }
+}
+
+/// The put of a new reminder's record.
+pub(super) fn new_record_op(r: &SmsReminder) -> Result<TxOp, StoreError> {
+    let mut item = to_item(r, &SmsReminder::key(&r.id), &r.indexes())?;
+    // Kept 90 days for support, then expired by the table's TTL.
+    item.insert(TTL.into(), json!(r.created_at.unix_seconds() + 90 * 86_400));
+    Ok(TxOp::Put {
+        item,
+        cond: Some(Cond::NotExists),
+    })
+}
+
+pub async fn get(store: &dyn Store, id: &str) -> Result<Option<SmsReminder>, StoreError> {
+    match store.get(&SmsReminder::key(id)).await? {
+        Some(item) => from_item(item).map(Some),
+        None => Ok(None),
+    }
+}

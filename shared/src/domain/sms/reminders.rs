@@ -1,0 +1,198 @@
+//! The reminder record, its open-reminder index and the recent log.
+
+use super::*;
+
+/// Status of a stored reminder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SmsStatus {
+    /// Sandbox: logged, never delivered.
+    Logged,
+    /// Waiting for the dispatcher.
+    Queued,
+    /// Claimed by a dispatcher (see `lease_until_ms`).
+    Sending,
+    /// Accepted by the provider.
+    Sent,
+    /// Certainly not sent: refused by the provider, or out of attempts.
+    /// Its quota unit is given back.
+    Failed,
+    /// Not sent: its checkout session was paid, expired or cancelled
+    /// before the dispatcher got to it. Its quota unit is given back.
+    Cancelled,
+    /// Maybe sent: the provider was reached and no clear answer came back,
+    /// or a dispatcher stopped while sending. Never sent again (the
+    /// customer must not get it twice); its quota unit is kept.
+    Unknown,
+}
+
+impl SmsStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SmsStatus::Logged => "logged",
+            SmsStatus::Queued => "queued",
+            SmsStatus::Sending => "sending",
+            SmsStatus::Sent => "sent",
+            SmsStatus::Failed => "failed",
+            SmsStatus::Cancelled => "cancelled",
+            SmsStatus::Unknown => "unknown",
+        }
+    }
+
+    /// Nothing more happens to it.
+    pub fn is_final(self) -> bool {
+        !matches!(self, SmsStatus::Queued | SmsStatus::Sending)
+    }
+}
+
+/// One reminder, stored at `SMS#<id>` / `SMS`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SmsReminder {
+    pub id: String,
+    pub project_id: String,
+    pub merchant_id: String,
+    pub mode: Mode,
+    pub to: String,
+    pub text: String,
+    /// The checkout session the reminder is about (guard 1's match): the
+    /// dispatcher sends nothing once it is no longer payable.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    pub status: SmsStatus,
+    #[serde(default)]
+    pub attempts: u32,
+    #[serde(default)]
+    pub lease_until_ms: Option<i64>,
+    #[serde(default)]
+    pub last_error: Option<String>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl SmsReminder {
+    pub fn key(id: &str) -> Key {
+        keys::record(keys::Record::Sms, id)
+    }
+
+    fn list_partition(project_id: &str, mode: Mode) -> String {
+        keys::per_mode(project_id, mode, keys::PerMode::Sms)
+    }
+
+    /// `gsi1`: the project's reminders, by time-ordered id; `gsi2` (sparse,
+    /// while a live reminder waits to be sent): the backstop sweep's queue.
+    pub(super) fn indexes(&self) -> Vec<(Index, String, String)> {
+        let mut out = vec![(
+            Index::Gsi1,
+            SmsReminder::list_partition(&self.project_id, self.mode),
+            self.id.clone(),
+        )];
+        if matches!(self.status, SmsStatus::Queued | SmsStatus::Sending) {
+            out.push((
+                Index::Gsi2,
+                open_partition(&self.id),
+                open_sort_key(self.created_at, &self.id),
+            ));
+        }
+        out
+    }
+}
+
+/// Shards of the open-reminders index.
+pub(super) const OPEN_SHARDS: u32 = 4;
+
+pub(super) fn open_partition(id: &str) -> String {
+    keys::open(keys::Open::Sms, keys::shard_of(id, OPEN_SHARDS))
+}
+
+pub(super) fn open_sort_key(at: Timestamp, id: &str) -> String {
+    format!("{:015}#{id}", at.unix_millis().max(0))
+}
+
+/// How long a waiting reminder may go unsent before the sweep queues it
+/// again (its message was lost: a crash between the record and the queue,
+/// an ambiguous write, a message given up to the dead-letter queue).
+pub const STUCK_AFTER: chrono::Duration = chrono::Duration::minutes(5);
+
+/// Queues again every live reminder still waiting [`STUCK_AFTER`] after it
+/// was queued (or last swept), at most `limit` per shard; moves each one
+/// forward in the index first, so the next sweep looks further and does
+/// not queue it every run. A duplicate message is harmless (the claim lets
+/// one send through). Answers how many were queued.
+pub async fn requeue_stuck(
+    state: &Deps,
+    now: Timestamp,
+    limit: usize,
+) -> Result<usize, StoreError> {
+    let store = &*state.store;
+    let before = format!("{:015}", now.plus(-STUCK_AFTER).unix_millis().max(0));
+    let mut queued = 0;
+    for shard in 0..OPEN_SHARDS {
+        let query = Query::partition(keys::open(keys::Open::Sms, shard))
+            .on(Index::Gsi2)
+            .sk(crate::store::SkCond::Lt(before.clone()))
+            .limit(limit);
+        for item in store.query(&query).await?.items {
+            let Some(r) =
+                crate::domain::outbox::readable::<SmsReminder>(store, item, "SMS reminder", now)
+                    .await
+            else {
+                continue;
+            };
+            let key = SmsReminder::key(&r.id);
+            let waiting = match r.status {
+                SmsStatus::Queued => true,
+                SmsStatus::Sending => r.lease_until_ms.is_none_or(|t| t < now.unix_millis()),
+                _ => false,
+            };
+            let update = if waiting {
+                Update::new().set(Index::Gsi2.sk_attr(), open_sort_key(now, &r.id))
+            } else if matches!(r.status, SmsStatus::Sending) {
+                continue;
+            } else {
+                // Final but still listed: take it out.
+                Update::new().unindex(Index::Gsi2)
+            };
+            let moved = store
+                .update(
+                    &key,
+                    update,
+                    Some(Cond::And(vec![
+                        Cond::eq("status", r.status.as_str()),
+                        Cond::eq("attempts", r.attempts),
+                    ])),
+                )
+                .await;
+            match moved {
+                Ok(_) => {}
+                Err(e) if e.is_condition_failure() => continue,
+                Err(e) => return Err(e),
+            }
+            if waiting && enqueue(state, &r.id).await {
+                queued += 1;
+                tracing::warn!(sms_id = %r.id, attempts = r.attempts, "stuck SMS reminder queued again");
+            }
+        }
+    }
+    Ok(queued)
+}
+
+/// The project's latest reminders in `mode`, newest first (support and
+/// tests; index reads are eventually consistent).
+pub async fn list_recent(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    limit: usize,
+) -> Result<Vec<SmsReminder>, StoreError> {
+    let query = Query::partition(SmsReminder::list_partition(project_id, mode))
+        .on(Index::Gsi1)
+        .backward()
+        .limit(limit.clamp(1, 100));
+    store
+        .query(&query)
+        .await?
+        .items
+        .into_iter()
+        .map(from_item)
+        .collect()
+}

@@ -1,0 +1,358 @@
+//! Delivering: claim an attempt with a lease, send it signed, log the
+//! outcome, schedule the next try or give up; re-queue overdue deliveries.
+
+use super::*;
+
+/// What handling one message did; every outcome lets the message go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The receiver answered 2xx.
+    Delivered,
+    /// The attempt failed; the next one is queued.
+    Retrying { next_in: Duration },
+    /// The last attempt failed, or the endpoint is gone or disabled.
+    Failed,
+    /// Not due yet: queued again for the rest of the wait.
+    NotDue,
+    /// Stale or duplicate message (attempt made, delivery final, or
+    /// another worker holds the attempt).
+    Skipped,
+}
+
+/// Handles one queue message at `now`. `Err` means "keep the message":
+/// it comes back after its visibility timeout and is handled again.
+pub async fn dispatch(
+    state: &Deps,
+    client: &WebhookClient,
+    msg: &DeliveryMessage,
+) -> Result<Outcome, DispatchError> {
+    let now = state.clock.now();
+    let Some(d) = delivery(&*state.store, &msg.event_id, &msg.endpoint_id).await? else {
+        tracing::warn!(event_id = %msg.event_id, endpoint_id = %msg.endpoint_id, "message for an unknown delivery dropped");
+        return Ok(Outcome::Skipped);
+    };
+    if d.status.is_final() || msg.attempt < d.attempts {
+        return Ok(Outcome::Skipped);
+    }
+    if msg.attempt > d.attempts {
+        // The message for the next attempt is queued before the current
+        // attempt is logged: the log is late or failed (then the current
+        // attempt's message redoes it). Either way this message must not
+        // be lost: look again after a lease.
+        enqueue(state, msg, state.webhooks.lease).await?;
+        return Ok(Outcome::NotDue);
+    }
+    if let Some(next) = d.next_attempt_at {
+        let wait_ms = next.unix_millis() - now.unix_millis();
+        if wait_ms > 1000 {
+            enqueue(state, msg, Duration::from_millis(wait_ms as u64)).await?;
+            return Ok(Outcome::NotDue);
+        }
+    }
+    let now_ms = now.unix_millis();
+    if d.lease_until_ms.is_some_and(|until| until > now_ms) {
+        return Ok(Outcome::Skipped);
+    }
+    let key = Delivery::key(&d.event_id, &d.endpoint_id);
+    let endpoint = match get(&*state.store, &d.project_id, d.mode, &d.endpoint_id).await {
+        Ok(e) if e.enabled => e,
+        Ok(_) => return give_up(state, &d, "the endpoint is disabled").await,
+        Err(WebhookError::NotFound(_)) => {
+            return give_up(state, &d, "the endpoint was deleted").await;
+        }
+        Err(WebhookError::Store(e)) => return Err(e.into()),
+        Err(e) => return Err(DispatchError::Secrets(e.to_string())),
+    };
+    let Some(event) = outbox::get(&*state.store, &d.event_id).await? else {
+        return give_up(state, &d, "the event no longer exists").await;
+    };
+
+    // Claim this attempt (the lease counts from now, not from the reads).
+    let now_ms = state.clock.now().unix_millis();
+    let lease_until = now_ms + state.webhooks.lease.as_millis() as i64;
+    let claim = state
+        .store
+        .update(
+            &key,
+            Update::new().set("lease_until_ms", lease_until),
+            Some(Cond::And(vec![
+                Cond::eq("attempts", d.attempts),
+                Cond::Or(vec![
+                    Cond::eq("status", "pending"),
+                    Cond::eq("status", "retrying"),
+                ]),
+                Cond::Or(vec![
+                    Cond::AttrNotExists("lease_until_ms".into()),
+                    Cond::lt("lease_until_ms", now_ms),
+                ]),
+            ])),
+        )
+        .await;
+    match claim {
+        Ok(_) => {}
+        Err(e) if e.is_condition_failure() => return Ok(Outcome::Skipped),
+        Err(e) => return Err(e.into()),
+    }
+
+    let body = serde_json::to_vec(&event.body())
+        .map_err(|e| DispatchError::BadMessage(format!("event body: {e}")))?;
+    let secret = match state.providers.keys() {
+        Some(keys) => credentials::open_secret(keys, &endpoint.secret, &endpoint.secret_context())
+            .map_err(|e| e.to_string()),
+        None => Err(format!("{} is not set", credentials::KEY_ENV)),
+    };
+    let sent = match secret {
+        Ok(secret) => {
+            client
+                .send(
+                    &endpoint.url,
+                    &secret,
+                    state.clock.now().unix_seconds(),
+                    &body,
+                    endpoint.mode == Mode::Sandbox,
+                )
+                .await
+        }
+        // A deployment fault (the master key that sealed it is gone): an
+        // attempt that fails visibly in the log and is retried on the
+        // schedule, rather than a message bouncing to the dead letters.
+        Err(why) => {
+            tracing::error!(endpoint_id = %endpoint.id, error = %why, "cannot open a webhook signing secret");
+            Sent::NoAnswer("not sent: the signing secret could not be opened".into())
+        }
+    };
+    let done_at = state.clock.now();
+    let attempts = d.attempts + 1;
+    let retry_in = state.webhooks.schedule.get(d.attempts as usize).copied();
+    let (status, next_at, outcome) = if sent.is_success() {
+        (DeliveryStatus::Success, None, Outcome::Delivered)
+    } else if let Some(wait) = retry_in {
+        let next = done_at.plus(chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX));
+        (
+            DeliveryStatus::Retrying,
+            Some(next),
+            Outcome::Retrying { next_in: wait },
+        )
+    } else {
+        (DeliveryStatus::Failed, None, Outcome::Failed)
+    };
+    let mut update = Update::new()
+        .set("attempts", attempts)
+        .set("status", status.as_str())
+        .set("last_attempt_at", json!(done_at))
+        .set("updated_at", json!(done_at))
+        .remove("lease_until_ms");
+    update = match next_at {
+        Some(t) => update
+            .set("next_attempt_at", json!(t))
+            .set(Index::Gsi2.pk_attr(), Delivery::open_partition(&d.event_id))
+            .set(
+                Index::Gsi2.sk_attr(),
+                Delivery::open_sort_key(t, &d.event_id, &d.endpoint_id),
+            ),
+        // Final: out of the open-deliveries index.
+        None => update.remove("next_attempt_at").unindex(Index::Gsi2),
+    };
+    update = match sent.status() {
+        Some(code) => update.set("response_status", code),
+        None => update.remove("response_status"),
+    };
+    update = match &sent {
+        Sent::NoAnswer(why) => update
+            .set("last_error", why.as_str())
+            .remove("response_body"),
+        Sent::Answered(s, answer) if !sent.is_success() => update
+            .set("last_error", format!("the receiver answered {s}"))
+            .set("response_body", answer.as_str()),
+        Sent::Answered(_, answer) => update
+            .remove("last_error")
+            .set("response_body", answer.as_str()),
+    };
+    if d.payload.is_none() {
+        update = update.set("payload", String::from_utf8_lossy(&body).into_owned());
+    }
+    // The next attempt's message goes out before the log: if the log then
+    // fails, this message stays and redoes the attempt, and the early
+    // message waits for it; if queueing fails, nothing is logged and this
+    // message redoes the attempt. Never a delivery without a message.
+    if let Outcome::Retrying { next_in } = outcome {
+        let next = DeliveryMessage {
+            attempt: attempts,
+            ..msg.clone()
+        };
+        enqueue(state, &next, next_in).await?;
+    }
+    let logged = state
+        .store
+        .update(
+            &key,
+            update,
+            Some(Cond::And(vec![
+                Cond::eq("attempts", d.attempts),
+                Cond::eq("lease_until_ms", lease_until),
+                Cond::Or(vec![
+                    Cond::eq("status", "pending"),
+                    Cond::eq("status", "retrying"),
+                ]),
+            ])),
+        )
+        .await;
+    match logged {
+        Ok(_) => {}
+        // Our claim ran out and another worker took the attempt: it logs.
+        Err(e) if e.is_condition_failure() => return Ok(Outcome::Skipped),
+        Err(e) => return Err(e.into()),
+    }
+    tracing::info!(
+        event_id = %d.event_id,
+        endpoint_id = %d.endpoint_id,
+        attempt = attempts,
+        status = status.as_str(),
+        response_status = ?sent.status(),
+        "webhook attempt"
+    );
+    Ok(outcome)
+}
+
+/// Ends a delivery that can no longer be made, without sending.
+pub(super) async fn give_up(
+    state: &Deps,
+    d: &Delivery,
+    why: &str,
+) -> Result<Outcome, DispatchError> {
+    let now = state.clock.now();
+    let written = state
+        .store
+        .update(
+            &Delivery::key(&d.event_id, &d.endpoint_id),
+            Update::new()
+                .set("status", DeliveryStatus::Failed.as_str())
+                .set("last_error", why)
+                .remove("next_attempt_at")
+                .unindex(Index::Gsi2)
+                .set("updated_at", json!(now)),
+            Some(Cond::And(vec![
+                Cond::eq("attempts", d.attempts),
+                Cond::Or(vec![
+                    Cond::eq("status", "pending"),
+                    Cond::eq("status", "retrying"),
+                ]),
+                // Not while another worker holds the attempt: it logs.
+                Cond::Or(vec![
+                    Cond::AttrNotExists("lease_until_ms".into()),
+                    Cond::lt("lease_until_ms", now.unix_millis()),
+                ]),
+            ])),
+        )
+        .await;
+    match written {
+        Ok(_) => Ok(Outcome::Failed),
+        Err(e) if e.is_condition_failure() => Ok(Outcome::Skipped),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// How late an open delivery must be before the sweep queues it again: its
+/// own message fires at its due time (SQS delays are at most 15 minutes),
+/// so one this late lost its message (a dead-letter queue, a purge).
+pub const OVERDUE_AFTER: chrono::Duration = chrono::Duration::minutes(15);
+
+/// Queues again every open delivery due more than [`OVERDUE_AFTER`] ago
+/// (at most `limit` per shard): the backstop that makes a lost queue
+/// message a late webhook, not a lost one. Duplicates are harmless (the
+/// claim lets one through). Answers how many were queued.
+pub async fn requeue_overdue(
+    state: &Deps,
+    now: Timestamp,
+    limit: usize,
+) -> Result<usize, StoreError> {
+    let before = format!("{:015}", now.plus(-OVERDUE_AFTER).unix_millis().max(0));
+    let mut queued = 0;
+    for shard in 0..outbox::SHARDS {
+        let query = Query::partition(keys::open(keys::Open::Deliveries, shard))
+            .on(Index::Gsi2)
+            .sk(SkCond::Lt(before.clone()))
+            .limit(limit);
+        for item in state.store.query(&query).await?.items {
+            // One bad record must not keep the others from being queued
+            // again.
+            let Some(d) =
+                outbox::readable::<Delivery>(&*state.store, item, "webhook delivery", now).await
+            else {
+                continue;
+            };
+            if d.status.is_final() || d.lease_until_ms.is_some_and(|t| t > now.unix_millis()) {
+                continue;
+            }
+            // Move it forward in the index first, so the next sweep looks at
+            // the ones behind it and does not queue this one every run.
+            let moved = state
+                .store
+                .update(
+                    &Delivery::key(&d.event_id, &d.endpoint_id),
+                    Update::new().set(
+                        Index::Gsi2.sk_attr(),
+                        Delivery::open_sort_key(now, &d.event_id, &d.endpoint_id),
+                    ),
+                    Some(Cond::And(vec![
+                        Cond::eq("attempts", d.attempts),
+                        Cond::AttrExists(Index::Gsi2.pk_attr().into()),
+                        Cond::Or(vec![
+                            Cond::eq("status", "pending"),
+                            Cond::eq("status", "retrying"),
+                        ]),
+                    ])),
+                )
+                .await;
+            match moved {
+                Ok(_) => {}
+                Err(e) if e.is_condition_failure() => continue,
+                Err(e) => return Err(e),
+            }
+            tracing::warn!(event_id = %d.event_id, endpoint_id = %d.endpoint_id, attempts = d.attempts, "overdue webhook delivery queued again");
+            let msg = DeliveryMessage {
+                event_id: d.event_id.clone(),
+                endpoint_id: d.endpoint_id.clone(),
+                attempt: d.attempts,
+            };
+            match enqueue(state, &msg, Duration::ZERO).await {
+                Ok(()) => queued += 1,
+                // Still overdue: the next sweep tries again.
+                Err(e) => tracing::warn!(error = %e, "could not queue an overdue delivery"),
+            }
+        }
+    }
+    Ok(queued)
+}
+
+/// How long the stream function has to take an event before the
+/// scheduled sweep fans it out itself.
+pub const FAN_OUT_GRACE: chrono::Duration = chrono::Duration::minutes(2);
+
+/// The scheduled backstop: fans out events the stream function missed (in
+/// the outbox for over [`FAN_OUT_GRACE`]) and queues overdue deliveries
+/// again, at most `limit` of each per shard.
+pub async fn sweep(state: &Deps, now: Timestamp, limit: usize) -> Result<FanOutReport, StoreError> {
+    let mut report = fan_out_pending(state, Some(now.plus(-FAN_OUT_GRACE)), limit).await?;
+    report.requeued = requeue_overdue(state, now, limit).await?;
+    Ok(report)
+}
+
+/// Handles a queue message body: [`dispatch`], with a message that can
+/// never be handled logged and dropped.
+pub async fn handle_message(
+    state: &Deps,
+    client: &WebhookClient,
+    body: &str,
+) -> Result<Outcome, DispatchError> {
+    let msg = match DeliveryMessage::parse(body) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::error!(error = %e, "webhook message dropped");
+            return Ok(Outcome::Skipped);
+        }
+    };
+    dispatch(state, client, &msg).await
+}
+
+// ----------------------------------------------------------- test events

@@ -1,0 +1,636 @@
+//! Webhook endpoints: register (at most `MAX_ENDPOINTS` per project and
+//! mode, counted in the same transaction), read, change and delete.
+
+use super::*;
+
+/// A stored endpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub id: String,
+    pub project_id: String,
+    pub mode: Mode,
+    pub url: String,
+    /// Empty = every event.
+    pub events: Vec<EventType>,
+    pub enabled: bool,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    /// The signing secret, sealed with the master key.
+    pub secret: SealedSecret,
+}
+
+impl Endpoint {
+    fn partition(project_id: &str, mode: Mode) -> String {
+        keys::per_mode(project_id, mode, keys::PerMode::WebhookEndpoints)
+    }
+
+    pub fn key(project_id: &str, mode: Mode, id: &str) -> Key {
+        Key::new(Endpoint::partition(project_id, mode), id)
+    }
+
+    /// Whether this endpoint wants events of type `t`.
+    pub fn wants(&self, t: EventType) -> bool {
+        self.enabled && (self.events.is_empty() || self.events.contains(&t))
+    }
+
+    pub(super) fn secret_context(&self) -> String {
+        format!("webhook/{}/{}", self.project_id, self.id)
+    }
+}
+
+/// The endpoint as the API answers it (spec, "Webhook endpoint").
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointView {
+    pub id: String,
+    pub object: &'static str,
+    pub livemode: bool,
+    pub url: String,
+    pub events: Vec<&'static str>,
+    pub enabled: bool,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    /// Only in the answer to the registration.
+    #[serde(rename = "signing_secret", skip_serializing_if = "Option::is_none")]
+    pub signing_secret: Option<String>,
+}
+
+impl EndpointView {
+    pub fn of(e: &Endpoint, signing_secret: Option<String>) -> Self {
+        EndpointView {
+            id: e.id.clone(),
+            object: "webhook_endpoint",
+            livemode: e.mode.is_live(),
+            url: e.url.clone(),
+            events: e.events.iter().map(|t| t.as_str()).collect(),
+            enabled: e.enabled,
+            created_at: e.created_at,
+            updated_at: e.updated_at,
+            signing_secret,
+        }
+    }
+}
+
+/// `POST /v1/webhooks`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEndpoint {
+    pub url: String,
+    #[serde(default, deserialize_with = "present")]
+    pub events: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "present")]
+    pub enabled: Option<bool>,
+}
+
+/// `PATCH /v1/webhooks/{id}`: only the keys sent change.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchEndpoint {
+    #[serde(default, deserialize_with = "present")]
+    pub url: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    pub events: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "present")]
+    pub enabled: Option<bool>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("{message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error("no such webhook endpoint: {0}")]
+    NotFound(String),
+    #[error("a project may register at most {MAX_ENDPOINTS} webhook endpoints per mode")]
+    TooMany,
+    #[error("webhook signing is not configured: {0}")]
+    Secrets(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<WebhookError> for Refusal {
+    fn from(err: WebhookError) -> Self {
+        match err {
+            WebhookError::Invalid { field, message } => Refusal::invalid(field, message),
+            WebhookError::NotFound(id) => Refusal::not_found("webhook endpoint", &id),
+            e @ WebhookError::TooMany => {
+                Refusal::unprocessable("webhook_endpoint_limit", e.to_string())
+            }
+            // A deployment problem, not the caller's: logged, never shown.
+            WebhookError::Secrets(why) => {
+                Refusal::internal(&format_args!("webhook signing secrets unavailable: {why}"))
+            }
+            WebhookError::Store(e) => e.into(),
+        }
+    }
+}
+
+impl From<CredentialsError> for WebhookError {
+    fn from(e: CredentialsError) -> Self {
+        match e {
+            CredentialsError::Store(s) => WebhookError::Store(s),
+            other => WebhookError::Secrets(other.to_string()),
+        }
+    }
+}
+
+pub(super) fn invalid(field: &'static str, message: impl Into<String>) -> WebhookError {
+    WebhookError::Invalid {
+        field,
+        message: message.into(),
+    }
+}
+
+/// Event names to types: known names only, duplicates dropped, order kept.
+pub fn parse_events(names: &[String]) -> Result<Vec<EventType>, WebhookError> {
+    if names.len() > 4 * EventType::ALL.len() {
+        return Err(invalid("events", "too many event names"));
+    }
+    let mut out = Vec::new();
+    for name in names {
+        let t = EventType::parse(name).ok_or_else(|| {
+            invalid(
+                "events",
+                format!(
+                    "{name:?} is not an event type; use one of {}",
+                    EventType::ALL.map(|t| t.as_str()).join(", ")
+                ),
+            )
+        })?;
+        if !out.contains(&t) {
+            out.push(t);
+        }
+    }
+    Ok(out)
+}
+
+/// How long registration waits for a receiver's host to resolve.
+pub(super) const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Checks a receiver URL for an endpoint of `mode`: its form (https, no
+/// IP literal in a private, loopback, link-local or metadata range, no
+/// localhost-like or single-label name), and, when the host resolves now,
+/// every address it resolves to. A host that does not resolve yet is
+/// accepted: DNS is often set up after the endpoint is registered, and
+/// the delivery client checks every address again at connect time and
+/// connects only to what it checked.
+pub async fn check_receiver(
+    url: &str,
+    mode: Mode,
+    settings: &WebhookSettings,
+) -> Result<String, WebhookError> {
+    let target = ssrf::check_url(url.trim(), settings.policy(mode)).map_err(|e| match e {
+        UrlError::NotHttps if settings.allow_local_http && mode == Mode::Live => invalid(
+            "url",
+            "webhook URLs must use https (local http receivers are for sandbox only)",
+        ),
+        other => invalid("url", other.to_string()),
+    })?;
+    if !target.local {
+        match tokio::time::timeout(RESOLVE_TIMEOUT, ssrf::resolve(&target)).await {
+            Ok(Ok(_)) | Ok(Err(UrlError::Unresolvable(_))) | Err(_) => {}
+            Ok(Err(e)) => return Err(invalid("url", e.to_string())),
+        }
+    }
+    Ok(target.url)
+}
+
+/// `whsec_` + 32 random bytes in hex (decisions).
+pub(super) fn new_secret() -> Result<String, WebhookError> {
+    use rand::TryRngCore;
+    let mut bytes = [0u8; 32];
+    rand::rngs::OsRng
+        .try_fill_bytes(&mut bytes)
+        .map_err(|e| WebhookError::Secrets(format!("no randomness for a secret: {e}")))?;
+    Ok(format!("whsec_{}", hex::encode(bytes)))
+}
+
+pub(super) fn keys(state: &Deps) -> Result<&credentials::CredentialsKeys, WebhookError> {
+    state.providers.keys().ok_or_else(|| {
+        WebhookError::Secrets(format!(
+            "set {} so signing secrets can be sealed",
+            credentials::KEY_ENV
+        ))
+    })
+}
+
+/// Registers an endpoint; answers it and its signing secret (shown once).
+/// With the request's idempotency `fence`, a retry after a lost answer
+/// finds the first endpoint: it is answered without its secret (`None`),
+/// which was shown once already and is never stored in the clear.
+pub async fn create(
+    state: &Deps,
+    project_id: &str,
+    mode: Mode,
+    body: CreateEndpoint,
+    fence: Option<&Fence>,
+) -> Result<(Endpoint, Option<String>), WebhookError> {
+    let events = parse_events(body.events.as_deref().unwrap_or_default())?;
+    let url = check_receiver(&body.url, mode, &state.webhooks).await?;
+    let now = state.clock.now();
+    let secret = new_secret()?;
+    let id = ids::new_id(IdKind::WebhookEndpoint);
+    let context = format!("webhook/{project_id}/{id}");
+    let sealed = credentials::seal_secret(keys(state)?, &context, &secret)?;
+    let endpoint = Endpoint {
+        id,
+        project_id: project_id.to_owned(),
+        mode,
+        url,
+        events,
+        enabled: body.enabled.unwrap_or(true),
+        created_at: now,
+        updated_at: now,
+        secret: sealed,
+    };
+    let item = to_item(
+        &endpoint,
+        &Endpoint::key(project_id, mode, &endpoint.id),
+        &[],
+    )?;
+    // The endpoint, the count (only while under the limit: the limit
+    // holds however many registrations run at once), and the fence.
+    let counter = EndpointCounter::key(project_id, mode);
+    let mut ops = vec![
+        TxOp::Put {
+            item,
+            cond: Some(Cond::NotExists),
+        },
+        TxOp::Update {
+            key: counter.clone(),
+            update: Update::new()
+                .add(EndpointCounter::ATTR, 1)
+                .add(EndpointCounter::VERSION, 1),
+            cond: Some(Cond::lt(EndpointCounter::ATTR, MAX_ENDPOINTS as i64)),
+        },
+    ];
+    const COUNTER_AT: usize = 1;
+    const FENCE_AT: usize = 2;
+    if let Some(f) = fence {
+        ops.push(f.op(&endpoint.id));
+    }
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let e = match state.store.transact(ops.clone()).await {
+            Ok(()) => return Ok((endpoint, Some(secret))),
+            Err(e) => e,
+        };
+        if let Some(f) = fence {
+            if Fence::tripped(&e, FENCE_AT) {
+                let first = f.resource_id(&*state.store).await?.unwrap_or_default();
+                let endpoint = get(&*state.store, project_id, mode, &first).await?;
+                return Ok((endpoint, None));
+            }
+        }
+        let StoreError::TransactionCanceled { reasons } = &e else {
+            return Err(e.into());
+        };
+        if matches!(reasons.get(COUNTER_AT), Some(TxReason::ConditionFailed)) {
+            // Full by the count. The endpoints themselves decide: the count
+            // may have drifted (endpoints changed without it: old code
+            // during a rolling deploy, a manual delete), or be missing
+            // (vanished under us, or data from before it): then it is made
+            // from the endpoints, and the write tried again.
+            match EndpointCounter::read(&*state.store, project_id, mode).await? {
+                Some((n, v)) => {
+                    let real = EndpointCounter::recount(&*state.store, project_id, mode).await?;
+                    if real >= MAX_ENDPOINTS as i64 {
+                        return Err(WebhookError::TooMany);
+                    }
+                    if real != n {
+                        // Only over the version just read: a registration
+                        // or a delete in between makes this fail, and we
+                        // try again.
+                        EndpointCounter::repair(&*state.store, project_id, mode, (n, v), real)
+                            .await?;
+                    }
+                }
+                None => EndpointCounter::ensure(&*state.store, project_id, mode).await?,
+            }
+            if tries >= TX_TRIES {
+                return Err(StoreError::Unavailable(
+                    "webhook endpoints are busy: their count kept changing".into(),
+                )
+                .into());
+            }
+            continue;
+        }
+        if reasons.contains(&TxReason::Conflict) && tries < TX_TRIES {
+            crate::store::contention_backoff(tries as usize).await;
+            continue;
+        }
+        return Err(busy_or(e).into());
+    }
+}
+
+/// How many times a transaction on the endpoint count is tried when it
+/// meets another one on the same count (DynamoDB's `TransactionConflict`).
+pub(super) const TX_TRIES: u32 = 8;
+
+/// A transaction still conflicting after [`TX_TRIES`] is a busy store (the
+/// caller may retry), not a fault.
+pub(super) fn busy_or(e: StoreError) -> StoreError {
+    match &e {
+        StoreError::TransactionCanceled { reasons } if reasons.contains(&TxReason::Conflict) => {
+            StoreError::Unavailable(format!("webhook endpoints are busy: {e}"))
+        }
+        _ => e,
+    }
+}
+
+/// The number of endpoints of one project in one mode, at
+/// `PROJ#<project>#<mode>#WECOUNT` / `COUNT`: raised in the transaction
+/// that writes an endpoint, only while under [`MAX_ENDPOINTS`], and
+/// lowered in the transaction that deletes one (conditioned on the
+/// endpoint existing, so a second delete lowers nothing).
+pub(super) struct EndpointCounter;
+
+impl EndpointCounter {
+    pub(super) const ATTR: &'static str = "n";
+    /// Raised by every write of the count, so a repair from a recount is
+    /// conditioned on nothing having changed since (a count alone could
+    /// come back to the value read: a delete then a registration).
+    const VERSION: &'static str = "v";
+
+    pub(super) fn key(project_id: &str, mode: Mode) -> Key {
+        keys::webhook_count(project_id, mode)
+    }
+
+    /// The count and its version, if the counter exists (0 for either
+    /// attribute missing).
+    pub(super) async fn read(
+        store: &dyn Store,
+        project_id: &str,
+        mode: Mode,
+    ) -> Result<Option<(i64, i64)>, StoreError> {
+        Ok(store
+            .get(&EndpointCounter::key(project_id, mode))
+            .await?
+            .map(|item| {
+                let get = |a: &str| item.get(a).and_then(Value::as_i64).unwrap_or(0);
+                (get(EndpointCounter::ATTR), get(EndpointCounter::VERSION))
+            }))
+    }
+
+    /// `version` still holds (a missing one reads as 0).
+    fn unchanged(version: i64) -> Cond {
+        if version == 0 {
+            Cond::Or(vec![
+                Cond::eq(EndpointCounter::VERSION, 0),
+                Cond::AttrNotExists(EndpointCounter::VERSION.into()),
+            ])
+        } else {
+            Cond::eq(EndpointCounter::VERSION, version)
+        }
+    }
+
+    /// Makes sure the counter exists. Endpoints registered before it
+    /// existed are counted (strongly consistent) and the count written
+    /// only if there is still no counter: every write that changes the
+    /// endpoints needs the counter (its condition is false on a missing
+    /// one), so none can land between that count and that put.
+    async fn ensure(store: &dyn Store, project_id: &str, mode: Mode) -> Result<(), StoreError> {
+        if EndpointCounter::read(store, project_id, mode)
+            .await?
+            .is_some()
+        {
+            return Ok(());
+        }
+        let n = EndpointCounter::recount(store, project_id, mode).await?;
+        let key = EndpointCounter::key(project_id, mode);
+        let mut item = crate::store::Item::new();
+        item.insert(crate::store::PK.into(), Value::String(key.pk));
+        item.insert(crate::store::SK.into(), Value::String(key.sk));
+        item.insert(EndpointCounter::ATTR.into(), json!(n));
+        match store.put(item, Some(Cond::NotExists)).await {
+            // Another request made it first: from the same endpoints.
+            Err(e) if e.is_condition_failure() => Ok(()),
+            other => other,
+        }
+    }
+
+    /// The endpoints actually stored (strongly consistent).
+    async fn recount(store: &dyn Store, project_id: &str, mode: Mode) -> Result<i64, StoreError> {
+        let n = store
+            .count(&Query::partition(Endpoint::partition(project_id, mode)))
+            .await?;
+        Ok(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+
+    /// Sets the count to `real` if its version is still the one read with
+    /// `seen` (before `real` was counted). Every write that changes the
+    /// endpoints raises the version in the same transaction, so if it is
+    /// unchanged none landed in between; if it moved, nothing is written
+    /// (the caller reads and counts again). Logged: a drifted count means
+    /// endpoints were changed without it.
+    pub(super) async fn repair(
+        store: &dyn Store,
+        project_id: &str,
+        mode: Mode,
+        seen: (i64, i64),
+        real: i64,
+    ) -> Result<(), StoreError> {
+        let key = EndpointCounter::key(project_id, mode);
+        let (seen, version) = seen;
+        let still = EndpointCounter::unchanged(version);
+        let update = Update::new()
+            .set(EndpointCounter::ATTR, real.max(0))
+            .add(EndpointCounter::VERSION, 1);
+        match store
+            .update(&key, update, Some(Cond::And(vec![Cond::Exists, still])))
+            .await
+        {
+            Ok(_) => {
+                tracing::warn!(
+                    pk = %key.pk,
+                    was = seen,
+                    now = real.max(0),
+                    "webhook endpoint count had drifted; repaired from the endpoints"
+                );
+                Ok(())
+            }
+            Err(e) if e.is_condition_failure() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// The endpoint `id` of the project in `mode`.
+pub async fn get(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+) -> Result<Endpoint, WebhookError> {
+    if !ids::is_valid(id, IdKind::WebhookEndpoint) {
+        return Err(WebhookError::NotFound(id.to_owned()));
+    }
+    match store.get(&Endpoint::key(project_id, mode, id)).await? {
+        Some(item) => Ok(from_item(item)?),
+        None => Err(WebhookError::NotFound(id.to_owned())),
+    }
+}
+
+/// Every endpoint of the project in `mode`, newest first.
+pub async fn list(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+) -> Result<Vec<Endpoint>, StoreError> {
+    let query = Query::partition(Endpoint::partition(project_id, mode))
+        .backward()
+        .limit(100);
+    store
+        .query(&query)
+        .await?
+        .items
+        .into_iter()
+        .map(from_item)
+        .collect()
+}
+
+/// Changes the keys sent; answers the endpoint as written.
+pub async fn patch(
+    state: &Deps,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+    body: PatchEndpoint,
+) -> Result<Endpoint, WebhookError> {
+    let current = get(&*state.store, project_id, mode, id).await?;
+    let mut update = Update::new();
+    if let Some(url) = &body.url {
+        let url = check_receiver(url, mode, &state.webhooks).await?;
+        update = update.set("url", url);
+    }
+    if let Some(events) = &body.events {
+        let events = parse_events(events)?;
+        update = update.set(
+            "events",
+            serde_json::to_value(events).map_err(|e| StoreError::Invalid(e.to_string()))?,
+        );
+    }
+    if let Some(enabled) = body.enabled {
+        update = update.set("enabled", enabled);
+    }
+    let now = state.clock.now();
+    update = update.set("updated_at", json!(now));
+    match state
+        .store
+        .update(
+            &Endpoint::key(project_id, mode, &current.id),
+            update,
+            Some(Cond::Exists),
+        )
+        .await
+    {
+        Ok(item) => Ok(from_item(item)?),
+        Err(e) if e.is_condition_failure() => Err(WebhookError::NotFound(id.to_owned())),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes the endpoint for good; pending deliveries to it are dropped
+/// when their turn comes.
+pub async fn delete(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+) -> Result<(), WebhookError> {
+    let current = get(store, project_id, mode, id).await?;
+    let key = Endpoint::key(project_id, mode, &current.id);
+    let counter = EndpointCounter::key(project_id, mode);
+    // The endpoint goes only if it is still there, and the count goes down
+    // with it: a second delete (a retry, a race) lowers nothing.
+    const ENDPOINT_AT: usize = 0;
+    const COUNTER_AT: usize = 1;
+    let ops = vec![
+        TxOp::Delete {
+            key: key.clone(),
+            cond: Some(Cond::Exists),
+        },
+        TxOp::Update {
+            key: counter.clone(),
+            update: Update::new()
+                .add(EndpointCounter::ATTR, -1)
+                .add(EndpointCounter::VERSION, 1),
+            // Never below 0, and never ADD onto a missing counter (it
+            // would start at -1): false on a missing `n`.
+            cond: Some(Cond::gt(EndpointCounter::ATTR, 0)),
+        },
+    ];
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let e = match store.transact(ops.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        let StoreError::TransactionCanceled { reasons } = &e else {
+            return Err(e.into());
+        };
+        if matches!(reasons.get(ENDPOINT_AT), Some(TxReason::ConditionFailed)) {
+            return Err(WebhookError::NotFound(id.to_owned()));
+        }
+        if matches!(reasons.get(COUNTER_AT), Some(TxReason::ConditionFailed)) {
+            // The counter is missing (made here from the endpoints, then
+            // the delete is tried again), or it says
+            // 0 while the endpoint exists: it drifted low (endpoints
+            // written without it). The endpoint still goes; the count is
+            // set from the endpoints left, only over the 0 just read.
+            let counted = EndpointCounter::read(store, project_id, mode).await?;
+            if counted.is_none() {
+                EndpointCounter::ensure(store, project_id, mode).await?;
+            }
+            if let Some((seen @ ..=0, version)) = counted {
+                let real = EndpointCounter::recount(store, project_id, mode).await?;
+                let ops = vec![
+                    TxOp::Delete {
+                        key: key.clone(),
+                        cond: Some(Cond::Exists),
+                    },
+                    TxOp::Update {
+                        key: counter.clone(),
+                        update: Update::new()
+                            .set(EndpointCounter::ATTR, (real - 1).max(0))
+                            .add(EndpointCounter::VERSION, 1),
+                        cond: Some(EndpointCounter::unchanged(version)),
+                    },
+                ];
+                match store.transact(ops).await {
+                    Ok(()) => {
+                        tracing::warn!(
+                            pk = %counter.pk,
+                            was = seen,
+                            now = (real - 1).max(0),
+                            "webhook endpoint count had drifted low; repaired from the endpoints"
+                        );
+                        return Ok(());
+                    }
+                    Err(StoreError::TransactionCanceled { reasons })
+                        if matches!(reasons.get(ENDPOINT_AT), Some(TxReason::ConditionFailed)) =>
+                    {
+                        return Err(WebhookError::NotFound(id.to_owned()));
+                    }
+                    // The count moved (a registration or a delete in
+                    // between): read it again.
+                    Err(StoreError::TransactionCanceled { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        // Or another transaction was on it.
+        if tries < TX_TRIES {
+            crate::store::contention_backoff(tries as usize).await;
+            continue;
+        }
+        return Err(busy_or(e).into());
+    }
+}
+
+// ------------------------------------------------------------ deliveries

@@ -1,0 +1,184 @@
+//! The delivery log: one record per (event, endpoint), as merchants read it.
+
+use super::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryStatus {
+    Pending,
+    Retrying,
+    Success,
+    Failed,
+}
+
+impl DeliveryStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Retrying => "retrying",
+            DeliveryStatus::Success => "success",
+            DeliveryStatus::Failed => "failed",
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, DeliveryStatus::Success | DeliveryStatus::Failed)
+    }
+}
+
+/// One event's delivery to one endpoint, with its attempts so far.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Delivery {
+    pub id: String,
+    pub event_id: String,
+    pub event_type: EventType,
+    pub endpoint_id: String,
+    pub project_id: String,
+    pub mode: Mode,
+    pub payment_id: Option<String>,
+    pub status: DeliveryStatus,
+    pub attempts: u32,
+    pub response_status: Option<u16>,
+    /// The first KB of the receiver's last answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_body: Option<String>,
+    /// The body sent (the same on every attempt), once one was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
+    pub last_error: Option<String>,
+    pub last_attempt_at: Option<Timestamp>,
+    pub next_attempt_at: Option<Timestamp>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    /// Unix milliseconds until which an attempt is claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_until_ms: Option<i64>,
+}
+
+impl Delivery {
+    pub fn key(event_id: &str, endpoint_id: &str) -> Key {
+        keys::delivery(event_id, endpoint_id)
+    }
+
+    /// The open-deliveries partition of event `event_id` (`gsi2`).
+    pub(super) fn open_partition(event_id: &str) -> String {
+        keys::open(
+            keys::Open::Deliveries,
+            keys::shard_of(event_id, outbox::SHARDS),
+        )
+    }
+
+    /// The open-deliveries sort key: due time first.
+    pub(super) fn open_sort_key(due: Timestamp, event_id: &str, endpoint_id: &str) -> String {
+        format!("{:015}#{event_id}#{endpoint_id}", due.unix_millis().max(0))
+    }
+
+    pub(super) fn log_partition(endpoint_id: &str) -> String {
+        keys::endpoint_deliveries(endpoint_id)
+    }
+}
+
+/// A delivery as the API answers it (spec, "Webhook delivery attempt").
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryView {
+    pub id: String,
+    pub object: &'static str,
+    pub webhook_endpoint_id: String,
+    pub event_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payment_id: Option<String>,
+    pub event_type: &'static str,
+    pub status: &'static str,
+    pub attempts: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_status: Option<u16>,
+    /// The first KB of the receiver's last answer, as text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_body: Option<String>,
+    /// The event body sent, as JSON (omitted before the first attempt).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_attempt_at: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_attempt_at: Option<Timestamp>,
+    pub created_at: Timestamp,
+    pub livemode: bool,
+}
+
+impl From<&Delivery> for DeliveryView {
+    fn from(d: &Delivery) -> Self {
+        DeliveryView {
+            id: d.id.clone(),
+            object: "webhook_delivery",
+            webhook_endpoint_id: d.endpoint_id.clone(),
+            event_id: d.event_id.clone(),
+            payment_id: d.payment_id.clone(),
+            event_type: d.event_type.as_str(),
+            status: d.status.as_str(),
+            attempts: d.attempts,
+            response_status: d.response_status,
+            response_body: d.response_body.clone(),
+            payload: d
+                .payload
+                .as_deref()
+                .and_then(|p| serde_json::from_str(p).ok()),
+            last_error: d.last_error.clone(),
+            last_attempt_at: d.last_attempt_at,
+            next_attempt_at: d.next_attempt_at,
+            created_at: d.created_at,
+            livemode: d.mode.is_live(),
+        }
+    }
+}
+
+/// The last [`DELIVERY_LOG`] deliveries to endpoint `id`, newest first.
+pub async fn deliveries(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+) -> Result<Vec<Delivery>, WebhookError> {
+    let endpoint = get(store, project_id, mode, id).await?;
+    let query = Query::partition(Delivery::log_partition(&endpoint.id))
+        .on(Index::Gsi1)
+        .backward()
+        .limit(DELIVERY_LOG);
+    let found = store.query(&query).await?;
+    Ok(found
+        .items
+        .into_iter()
+        .map(from_item)
+        .collect::<Result<Vec<Delivery>, _>>()?)
+}
+
+/// The delivery of `event_id` to `endpoint_id`, if any.
+pub async fn delivery(
+    store: &dyn Store,
+    event_id: &str,
+    endpoint_id: &str,
+) -> Result<Option<Delivery>, StoreError> {
+    match store.get(&Delivery::key(event_id, endpoint_id)).await? {
+        Some(item) => Ok(Some(from_item(item)?)),
+        None => Ok(None),
+    }
+}
+
+/// The payment an event is about, for the delivery log's `paymentId`.
+pub(super) fn payment_id_of(object: &Value) -> Option<String> {
+    ["paymentId", "payment_id"]
+        .iter()
+        .find_map(|k| object.get(*k).and_then(Value::as_str))
+        .or_else(|| {
+            object
+                .get("id")
+                .and_then(Value::as_str)
+                .filter(|id| id.starts_with("pay_"))
+        })
+        .map(str::to_owned)
+}
+
+// --------------------------------------------------------------- fan-out
