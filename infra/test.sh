@@ -2,7 +2,7 @@
 # Runs every test of the project: unit tests, the store conformance suite on
 # both backends, the Lambda-edge tests and the end-to-end tests over HTTP
 # against the local gateway on the embedded store and on DynamoDB/SQS/S3
-# (a pinned moto server on 127.0.0.1, started and stopped here).
+# (pinned moto servers on 127.0.0.1, one per core, started and stopped here).
 #
 # Before the tests it lints template.yaml with cfn-lint and `sam validate`.
 #
@@ -25,22 +25,33 @@ echo "== template.yaml: cfn-lint and sam validate --lint (offline)"
 "$venv/bin/cfn-lint" template.yaml
 SAM_CLI_TELEMETRY=0 "$venv/bin/sam" validate --lint --region ap-south-1 --template-file template.yaml
 
-port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$venv/bin/python" infra/moto_server.py 127.0.0.1 "$port" > target/moto.log 2>&1 &
-moto_pid=$!
-trap 'kill "$moto_pid" 2>/dev/null || true; wait "$moto_pid" 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do
-  if "$venv/bin/python" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/moto-api/')" 2>/dev/null; then
-    break
-  fi
-  kill -0 "$moto_pid" 2>/dev/null || { echo "moto failed to start:"; cat target/moto.log; exit 1; }
-  sleep 0.2
+# One moto server per core (DHUKUTI_MOTO_SERVERS to choose): each serves
+# its requests one at a time (infra/moto_server.py), so one server was the
+# suite's bottleneck. Tests take the servers in turn and keep theirs
+# (shared::queue::testkit::aws_endpoint).
+servers="${DHUKUTI_MOTO_SERVERS:-$(nproc 2>/dev/null || echo 2)}"
+endpoints=()
+moto_pids=()
+trap 'for p in "${moto_pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done' EXIT
+for i in $(seq 1 "$servers"); do
+  port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  "$venv/bin/python" infra/moto_server.py 127.0.0.1 "$port" > "target/moto-$i.log" 2>&1 &
+  moto_pids+=("$!")
+  for _ in $(seq 1 100); do
+    if "$venv/bin/python" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/moto-api/')" 2>/dev/null; then
+      break
+    fi
+    kill -0 "${moto_pids[-1]}" 2>/dev/null || { echo "moto failed to start:"; cat "target/moto-$i.log"; exit 1; }
+    sleep 0.2
+  done
+  endpoints+=("http://127.0.0.1:$port")
 done
-echo "== moto $("$venv/bin/pip" show moto 2>/dev/null | sed -n 's/^Version: //p') on 127.0.0.1:$port (pid $moto_pid)"
+echo "== moto $("$venv/bin/pip" show moto 2>/dev/null | sed -n 's/^Version: //p') on ${endpoints[*]} (pids ${moto_pids[*]})"
 
-# The AWS-backed tests use this endpoint with dummy credentials; with
-# DHUKUTI_REQUIRE_AWS=1 they fail instead of skipping when it is missing.
-export DHUKUTI_TEST_AWS_ENDPOINT="http://127.0.0.1:$port"
+# The AWS-backed tests use these endpoints with dummy credentials; with
+# DHUKUTI_REQUIRE_AWS=1 they fail instead of skipping when none is set.
+DHUKUTI_TEST_AWS_ENDPOINT=$(IFS=,; echo "${endpoints[*]}")
+export DHUKUTI_TEST_AWS_ENDPOINT
 export DHUKUTI_REQUIRE_AWS=1
 # tests/e2e/contract.rs runs the official Python SDK with this interpreter.
 export DHUKUTI_TEST_PYTHON="$PWD/$venv/bin/python"

@@ -78,22 +78,33 @@ macro_rules! queue_conformance_tests {
 // ---------------------------------------------------------------- helpers
 
 /// The endpoint of the AWS emulator (or AWS) for backend tests, from
-/// `DHUKUTI_TEST_AWS_ENDPOINT`. When it is unset: panics if
-/// `DHUKUTI_REQUIRE_AWS=1`, otherwise says so on stderr and answers `None`
-/// (the caller skips).
+/// `DHUKUTI_TEST_AWS_ENDPOINT`: one URL, or several separated by commas
+/// (`infra/test.sh` starts one moto server per core: each serves requests
+/// one at a time), handed out in turn so tests spread over them. A test
+/// keeps the one it got for everything it creates. When it is unset:
+/// panics if `DHUKUTI_REQUIRE_AWS=1`, otherwise says so on stderr and
+/// answers `None` (the caller skips).
 pub fn aws_endpoint() -> Option<String> {
-    match std::env::var("DHUKUTI_TEST_AWS_ENDPOINT") {
-        Ok(endpoint) if !endpoint.trim().is_empty() => Some(endpoint.trim().to_owned()),
-        _ => {
-            if std::env::var("DHUKUTI_REQUIRE_AWS").as_deref() == Ok("1") {
-                panic!("DHUKUTI_REQUIRE_AWS=1 but DHUKUTI_TEST_AWS_ENDPOINT is not set");
-            }
-            eprintln!(
-                "skipped: DHUKUTI_TEST_AWS_ENDPOINT is not set (run `bash infra/test.sh` for moto)"
-            );
-            None
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let listed = std::env::var("DHUKUTI_TEST_AWS_ENDPOINT").unwrap_or_default();
+    let endpoints: Vec<&str> = listed
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .collect();
+    if endpoints.is_empty() {
+        if std::env::var("DHUKUTI_REQUIRE_AWS").as_deref() == Ok("1") {
+            panic!("DHUKUTI_REQUIRE_AWS=1 but DHUKUTI_TEST_AWS_ENDPOINT is not set");
         }
+        eprintln!(
+            "skipped: DHUKUTI_TEST_AWS_ENDPOINT is not set (run `bash infra/test.sh` for moto)"
+        );
+        return None;
     }
+    let turn = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    endpoints
+        .get(turn % endpoints.len())
+        .map(|e| (*e).to_owned())
 }
 
 /// A queue-name prefix no other test (or run) uses: `dhukuti-test-<ulid>`.
