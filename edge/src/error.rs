@@ -6,7 +6,7 @@ use http::{HeaderValue, StatusCode, header};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use super::requests::current_request_id;
+use crate::context::current_request_id;
 use shared::store::StoreError;
 
 /// `error.type`: the broad category a client branches on first.
@@ -175,7 +175,7 @@ impl ApiError {
                 "This endpoint does not accept that HTTP method",
             ),
             StatusCode::PAYLOAD_TOO_LARGE => {
-                ApiError::payload_too_large(super::input::MAX_BODY_BYTES)
+                ApiError::payload_too_large(crate::context::MAX_BODY_BYTES)
             }
             s if s.is_client_error() => ApiError::new(
                 s,

@@ -9,8 +9,7 @@ use serde::de::DeserializeOwned;
 use super::error::ApiError;
 pub use shared::fields::wire::{Strict, nullable, or_null, present};
 
-/// Largest request body accepted.
-pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+pub use crate::context::MAX_BODY_BYTES;
 
 /// A JSON request body of type `T`, validated by serde.
 #[derive(Debug)]

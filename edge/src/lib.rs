@@ -4,6 +4,7 @@
 //! live in `shared`, which knows nothing of HTTP.
 
 pub mod auth;
+pub mod context;
 pub mod error;
 pub mod html;
 pub mod idempotency;

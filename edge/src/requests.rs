@@ -18,20 +18,12 @@ use super::error::{ApiError, Enveloped};
 use super::ratelimit::{QuotaHttp, QuotaSlot};
 use shared::ids;
 
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
+use crate::context::REQUEST_ID;
+pub use crate::context::{REQUEST_ID_HEADER, current_request_id};
 
 /// The id of the request being served, also in `X-Request-Id`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestId(pub String);
-
-tokio::task_local! {
-    static REQUEST_ID: String;
-}
-
-/// The id of the request this task is serving, if inside [`with_edge`].
-pub fn current_request_id() -> Option<String> {
-    REQUEST_ID.try_with(Clone::clone).ok()
-}
 
 /// Wraps `router` with the shared edge. Safe to apply twice (the dev
 /// server wraps the merged app again): an inner edge sees the outer one's

@@ -6,7 +6,7 @@
 //! every one of them; the domain computes ids, shards and times and asks
 //! this module for the strings.
 
-use crate::domain::{Mode, Provider};
+use crate::kinds::{Mode, Provider};
 use crate::store::Key;
 
 /// A record found by its id alone: `<KIND>#<id>` / `<KIND>`.
@@ -116,6 +116,39 @@ pub fn webhook_count(project_id: &str, mode: Mode) -> Key {
 /// Sort keys in [`PerMode::Stats`]: the all-time session counters
 /// (`ALL#<shard>`, and `ALL#INIT` once they cover every session) and the
 /// daily counters (`DAY#<yyyy-mm-dd>`, sharded `DAY#<day>#<shard>`).
+/// The counters partition of a project in a mode.
+pub fn stats_partition(project_id: &str, mode: Mode) -> String {
+    per_mode(project_id, mode, PerMode::Stats)
+}
+
+/// The marker, written with the project, saying its all-time session
+/// counters cover every session it has.
+pub fn stats_totals_marker(project_id: &str, mode: Mode) -> Key {
+    Key::new(stats_partition(project_id, mode), STATS_TOTALS_MARKER)
+}
+
+/// Counter items per day, and all-time session counter items.
+pub const STATS_SHARDS: u32 = 8;
+
+/// The counter shard (`0..STATS_SHARDS`) of the record `id`: FNV-1a over
+/// its bytes, high half folded into the low (the low bits of FNV-1a alone
+/// depend on the low bits of each byte only). Stable across processes and
+/// builds: a storage format.
+pub fn stats_shard(id: &str) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let folded = (h ^ (h >> 32)) & 0xffff_ffff;
+    // `folded` fits in u32 and STATS_SHARDS > 0: the remainder is below it.
+    u32::try_from(folded % u64::from(STATS_SHARDS)).unwrap_or(0)
+}
+
+/// The attribute of a payment link counting the uses held by open sessions
+/// or paid.
+pub const LINK_CLAIMED: &str = "claimed";
+
 pub const STATS_TOTALS_PREFIX: &str = "ALL#";
 pub const STATS_TOTALS_MARKER: &str = "ALL#INIT";
 

@@ -14,6 +14,7 @@ pub mod domain;
 pub mod fields;
 pub mod ids;
 pub mod keys;
+pub mod kinds;
 pub mod limits;
 pub mod money;
 pub mod pdf;

@@ -899,7 +899,7 @@ async fn the_sessions_total_costs_the_same_whatever_their_number(which: Which) {
     // marker) and the page, however many sessions there are (a scan read
     // all 40).
     assert_eq!(costs[0].0, costs[1].0, "calls with 4 and with 40 sessions");
-    let bound = u64::from(shared::domain::analytics::SHARDS) + 1 + 2;
+    let bound = u64::from(shared::domain::checkout::stats::SHARDS) + 1 + 2;
     assert!(
         costs.iter().all(|c| c.1 <= bound),
         "items read {costs:?}, at most {bound}"

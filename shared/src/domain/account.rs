@@ -427,9 +427,9 @@ pub async fn create_project(
         cond: Some(Cond::NotExists),
     }];
     // The project's session counters start with it: they cover every
-    // session it will have (analytics::session_totals).
+    // session it will have (checkout::stats::session_totals).
     for mode in [Mode::Sandbox, Mode::Live] {
-        let key = super::analytics::totals_marker(&project.id, mode);
+        let key = crate::keys::stats_totals_marker(&project.id, mode);
         let mut marker = crate::store::Item::new();
         marker.insert(crate::store::PK.into(), key.pk.into());
         marker.insert(crate::store::SK.into(), key.sk.into());

@@ -47,7 +47,7 @@ pub struct Active {
 }
 
 fn shard(project_id: &str) -> u32 {
-    super::analytics::shard_of(project_id) % SHARDS
+    keys::stats_shard(project_id) % SHARDS
 }
 
 fn key(project_id: &str, mode: Mode) -> Key {

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::domain::Mode;
+use crate::kinds::Mode;
 use crate::store::{Cond, Key, Store, StoreError, TTL, Update};
 use crate::time::Timestamp;
 

@@ -31,7 +31,7 @@
 
 use std::time::Duration;
 
-use crate::domain::Mode;
+use crate::kinds::Mode;
 
 /// Per-call timeout when none is configured.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -29,7 +29,7 @@ use super::{
     ProviderError, ProviderState, ProviderStatus, RefundOutcome, StatusQuery, check_amount,
     check_reference, clip, sign,
 };
-use crate::domain::Provider;
+use crate::kinds::Provider;
 use crate::money::Paisa;
 
 /// The fields the request signature covers, in order (fixed by eSewa).

@@ -34,7 +34,7 @@ use super::{
     ProviderError, ProviderState, ProviderStatus, RefundOutcome, StatusQuery, check_amount,
     check_reference, clip, sign,
 };
-use crate::domain::Provider;
+use crate::kinds::Provider;
 use crate::money::Paisa;
 
 /// Longest QR `prn` (the PDF's limit; the 2024 doc allows 25).

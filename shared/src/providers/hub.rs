@@ -9,7 +9,7 @@
 
 use super::{ProviderClient, ProviderClients, ProviderConfig, ProviderError};
 use crate::domain::credentials::{CredentialsError, CredentialsKeys, ProviderCredentials};
-use crate::domain::{Mode, Provider};
+use crate::kinds::{Mode, Provider};
 
 /// eSewa's published UAT merchant (research notes, section 1).
 pub const ESEWA_TEST_PRODUCT_CODE: &str = "EPAYTEST";

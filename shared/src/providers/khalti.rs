@@ -29,7 +29,7 @@ use super::{
     Attempt, Channel, Handoff, ProviderClient, ProviderConfig, ProviderCredentials, ProviderError,
     ProviderState, ProviderStatus, RefundOutcome, StatusQuery, check_amount, check_reference, clip,
 };
-use crate::domain::Provider;
+use crate::kinds::Provider;
 use crate::money::Paisa;
 
 /// Khalti's documented minimum (Rs 10); Khalti itself enforces it.

@@ -36,8 +36,8 @@ mod mock;
 
 use async_trait::async_trait;
 
-use crate::domain::Provider;
 pub use crate::domain::credentials::ProviderCredentials;
+use crate::kinds::Provider;
 use crate::money::Paisa;
 pub use config::{ConfigError, ProviderConfig};
 pub use esewa::EsewaClient;

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::{ProviderError, clip};
-use crate::domain::Provider;
+use crate::kinds::Provider;
 
 /// Largest provider answer read (their answers are a few hundred bytes).
 const MAX_BODY: usize = 256 * 1024;

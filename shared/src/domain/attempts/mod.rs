@@ -25,7 +25,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::account;
-use super::analytics::Tally;
+use super::checkout::stats::Tally;
 use super::checkout::{self, CheckoutSession, SessionStatus, StoredAddress, open_partitions};
 use super::fonepay_cap::{self, CapError};
 use super::outbox::{Event, EventType};

@@ -420,7 +420,7 @@ pub(super) fn plan(
                             .set("updated_at", stamp.clone());
                         if s.status.is_final() || !s.link_claimed {
                             // Its hold was given back (expired first).
-                            update = update.add("claimed", 1);
+                            update = update.add(keys::LINK_CLAIMED, 1);
                         }
                         ops.push(TxOp::Update {
                             key: crate::domain::links::PaymentLink::key(&l.id),
@@ -548,7 +548,7 @@ pub(super) fn plan(
                     });
                     if release {
                         if let Some(id) = &s.link_id {
-                            ops.push(crate::domain::links::release_op(id));
+                            ops.push(crate::domain::checkout::release_link_use(id));
                         }
                     }
                 }

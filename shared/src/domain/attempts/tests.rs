@@ -1079,7 +1079,7 @@ fn count(c: &std::collections::BTreeMap<String, i64>, attr: &str) -> i64 {
 
 #[test]
 fn a_start_counts_the_payment_and_the_first_attempt_of_its_session() {
-    use crate::domain::analytics::{PAYMENTS_TOTAL, SESSIONS_INITIATED, day_key};
+    use crate::domain::checkout::stats::{PAYMENTS_TOTAL, SESSIONS_INITIATED, day_key};
     let now = at("2026-11-22T10:00:00Z");
     let req: CreateCheckout = serde_json::from_value(json!({
         "amount": 100_000, "returnUrl": "https://shop.example/thanks"

@@ -57,10 +57,10 @@ pub(super) async fn mark_expired(
         let releases = current.link_claimed && current.link_id.is_some() && !link_gone;
         if releases {
             if let Some(link) = &current.link_id {
-                ops.push(crate::domain::links::release_op(link));
+                ops.push(release_link_use(link));
             }
         }
-        let mut tally = crate::domain::analytics::Tally::new();
+        let mut tally = stats::Tally::new();
         tally.session_moved(&current, current.status, SessionStatus::Expired);
         tally.apply_to(&mut ops)?;
         match store.transact(ops).await {
@@ -216,8 +216,7 @@ pub async fn list(
     if let Some(s) = status {
         query = query.filter(status_filter(s, now));
     }
-    let Some(totals) = crate::domain::analytics::session_totals(store, project_id, mode).await?
-    else {
+    let Some(totals) = stats::session_totals(store, project_id, mode).await? else {
         // A project from before the counters: counted the old way.
         return crate::domain::record::page_of(store, &query, offset, limit).await;
     };
@@ -262,4 +261,14 @@ pub(super) async fn overdue(
         query = query.filter(Cond::eq("status", status.as_str()));
     }
     Ok(i64::try_from(store.count(&query).await?).unwrap_or(i64::MAX))
+}
+
+/// Gives back the use of its payment link that an unpaid session held (the
+/// session ended): the link record's [`keys::LINK_CLAIMED`] count.
+pub fn release_link_use(link_id: &str) -> TxOp {
+    TxOp::Update {
+        key: keys::record(keys::Record::PaymentLink, link_id),
+        update: Update::new().add(keys::LINK_CLAIMED, -1),
+        cond: Some(Cond::Exists),
+    }
 }

@@ -36,6 +36,7 @@ use crate::time::Timestamp;
 mod expiry;
 mod providers;
 mod sessions;
+pub mod stats;
 #[cfg(test)]
 mod tests;
 

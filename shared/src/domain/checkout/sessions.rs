@@ -690,7 +690,7 @@ pub async fn create(
     });
     // The day's counters, in the same transaction (after the ops above,
     // whose indexes the error handling reads).
-    let mut tally = crate::domain::analytics::Tally::new();
+    let mut tally = stats::Tally::new();
     tally.session_created(&session);
     tally.apply_to(&mut ops)?;
     let mut tries = 0;

@@ -112,7 +112,7 @@ pub async fn checkout(
         if let Some(f) = fence {
             ops.push(f.op(&session.id));
         }
-        let mut tally = crate::domain::analytics::Tally::new();
+        let mut tally = checkout::stats::Tally::new();
         if let Some(c) = &previous {
             ops.push(close_checkout_op(&c.session, now, &mut tally));
         }

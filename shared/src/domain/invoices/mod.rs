@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 
 use super::Mode;
 use super::account::{self, Seller};
-use super::analytics::Tally;
+use super::checkout::stats::Tally;
 use super::checkout::{self, CheckoutSession, SessionStatus};
 use super::outbox::{Event, EventType};
 use super::payments::{self, Payment, PaymentStatus};

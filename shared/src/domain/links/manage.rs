@@ -432,15 +432,6 @@ pub fn new_link(
     })
 }
 
-/// Gives back a use an unpaid session held (its session ended).
-pub fn release_op(link_id: &str) -> TxOp {
-    TxOp::Update {
-        key: PaymentLink::key(link_id),
-        update: Update::new().add("claimed", -1),
-        cond: Some(Cond::Exists),
-    }
-}
-
 /// Stores a new link once per request: with the request's idempotency
 /// fence in the same transaction, a retry whose first run committed gets
 /// that run's link instead of a second one.
@@ -724,8 +715,8 @@ pub async fn delete(
             Cond::eq("used_count", 0),
         ]),
         Cond::Or(vec![
-            Cond::AttrNotExists("claimed".into()),
-            Cond::le("claimed", 0),
+            Cond::AttrNotExists(keys::LINK_CLAIMED.into()),
+            Cond::le(keys::LINK_CLAIMED, 0),
         ]),
     ]);
     match store

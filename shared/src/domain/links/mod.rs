@@ -157,7 +157,7 @@ pub fn held_text(minutes: i64) -> String {
 /// session ending at `session_expires`: conditioned on a use being left
 /// and `maxUses` unchanged.
 pub fn claim_op(link: &PaymentLink, session_expires: Timestamp) -> TxOp {
-    let room = below_max_uses(link.max_uses, "claimed");
+    let room = below_max_uses(link.max_uses, keys::LINK_CLAIMED);
     let until = link
         .held_until
         .filter(|h| *h > session_expires)
@@ -165,7 +165,7 @@ pub fn claim_op(link: &PaymentLink, session_expires: Timestamp) -> TxOp {
     TxOp::Update {
         key: PaymentLink::key(&link.id),
         update: Update::new()
-            .add("claimed", 1)
+            .add(keys::LINK_CLAIMED, 1)
             .set("held_until", until.to_rfc3339()),
         cond: Some(Cond::And(vec![Cond::Exists, room])),
     }

@@ -189,7 +189,7 @@ pub async fn open_session(
         },
     ];
     // The day's counters, in the same transaction.
-    let mut tally = crate::domain::analytics::Tally::new();
+    let mut tally = checkout::stats::Tally::new();
     tally.session_created(&session);
     tally.apply_to(&mut ops)?;
     crate::domain::active::touch(store, &session.project_id, session.mode, now).await?;
