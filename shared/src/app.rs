@@ -22,18 +22,18 @@ use std::sync::Arc;
 use crate::blobs::Blobs;
 use crate::blobs::local::LocalDirBlobs;
 use crate::blobs::memory::MemoryBlobs;
-use crate::domain::credentials::{
-    CredentialsError, CredentialsKeys, KEY_ENV, KEY_SECRET_ENV, PREVIOUS_KEYS_ENV,
-};
-use crate::domain::webhooks::WebhookSettings;
 use crate::limits::public::PublicLimits;
 use crate::limits::rate::RateLimits;
 use crate::providers::ProviderHub;
 use crate::queue::memory::InProcessQueue;
 use crate::queue::{Queue, QueueName};
+use crate::secrets::{
+    CredentialsError, CredentialsKeys, KEY_ENV, KEY_SECRET_ENV, PREVIOUS_KEYS_ENV,
+};
 use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
 use crate::time::{Clock, SystemClock};
+use crate::webhooks::settings::WebhookSettings;
 
 /// Configuration read once at start (environment variables).
 #[derive(Clone, Debug)]

@@ -21,6 +21,7 @@ pub mod pdf;
 pub mod providers;
 pub mod queue;
 pub mod refusal;
+pub mod secrets;
 pub mod store;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testenv;

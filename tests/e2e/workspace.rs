@@ -187,3 +187,138 @@ fn the_marker_scans_find_what_they_look_for() {
         assert!(runnable_examples(&doc).is_empty(), "{quiet}");
     }
 }
+
+/// The modules directly in `dir` (files and folders) and, for each, the
+/// modules of `dir` it imports: `crate::<prefix><name>` anywhere in its
+/// code, and `super::<name>` in a top-level file or a folder's `mod.rs`.
+/// Comments, `#[cfg(test)] mod tests` blocks and `tests.rs`/`testkit.rs`
+/// files are left out: tests may reach anywhere.
+fn module_imports(dir: &Path, prefix: &str) -> Vec<(String, Vec<String>)> {
+    let mut modules: Vec<(String, Vec<PathBuf>)> = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let file = entry.file_name().to_string_lossy().into_owned();
+        if path.is_dir() {
+            let mut files = Vec::new();
+            rust_files(&path, &mut files);
+            modules.push((file, files));
+        } else if let Some(name) = file.strip_suffix(".rs") {
+            if !matches!(name, "lib" | "main" | "mod") {
+                modules.push((name.to_owned(), vec![path]));
+            }
+        }
+    }
+    let names: Vec<String> = modules.iter().map(|(n, _)| n.clone()).collect();
+    let word = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut graph = Vec::new();
+    for (name, files) in &modules {
+        let mut deps = Vec::new();
+        for file in files {
+            let base = file.file_name().map(|f| f.to_string_lossy().into_owned());
+            if matches!(base.as_deref(), Some("tests.rs" | "testkit.rs")) {
+                continue;
+            }
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            let code = text.split("#[cfg(test)]\nmod tests {").next().unwrap_or("");
+            let top = file.parent() == Some(dir) || base.as_deref() == Some("mod.rs");
+            for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+                let mut found: Vec<String> = line
+                    .split(&format!("crate::{prefix}"))
+                    .skip(1)
+                    .map(word)
+                    .collect();
+                if top {
+                    found.extend(line.split("super::").skip(1).map(word));
+                    if let Some(group) = line.split("use super::{").nth(1) {
+                        found.extend(group.split([',', ' ', '}']).map(word));
+                    }
+                }
+                for dep in found {
+                    if dep != *name && names.contains(&dep) && !deps.contains(&dep) {
+                        deps.push(dep);
+                    }
+                }
+            }
+        }
+        graph.push((name.clone(), deps));
+    }
+    graph
+}
+
+/// A cycle in `graph`, as the modules along it, if there is one.
+fn a_cycle(graph: &[(String, Vec<String>)]) -> Option<Vec<String>> {
+    fn visit(
+        at: &str,
+        graph: &[(String, Vec<String>)],
+        path: &mut Vec<String>,
+        done: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == at) {
+            let mut cycle = path[i..].to_vec();
+            cycle.push(at.to_owned());
+            return Some(cycle);
+        }
+        if done.iter().any(|d| d == at) {
+            return None;
+        }
+        path.push(at.to_owned());
+        let deps = graph.iter().find(|(n, _)| n == at).map(|(_, d)| d.clone());
+        for dep in deps.unwrap_or_default() {
+            if let Some(cycle) = visit(&dep, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.push(at.to_owned());
+        None
+    }
+    let mut done = Vec::new();
+    graph
+        .iter()
+        .find_map(|(name, _)| visit(name, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn modules_import_each_other_without_cycles() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for (dir, prefix) in [
+        ("shared/src", ""),
+        ("shared/src/domain", "domain::"),
+        ("edge/src", ""),
+    ] {
+        let graph = module_imports(&root.join(dir), prefix);
+        assert!(graph.len() > 5, "{dir}: too few modules: {graph:?}");
+        assert!(
+            graph.iter().any(|(_, deps)| !deps.is_empty()),
+            "{dir}: no imports found"
+        );
+        if let Some(cycle) = a_cycle(&graph) {
+            panic!(
+                "{dir}: modules import each other in a cycle: {}",
+                cycle.join(" -> ")
+            );
+        }
+    }
+}
+
+#[test]
+fn the_cycle_finder_finds_a_cycle() {
+    let g = |edges: &[(&str, &[&str])]| -> Vec<(String, Vec<String>)> {
+        edges
+            .iter()
+            .map(|(n, d)| ((*n).to_owned(), d.iter().map(|s| (*s).to_owned()).collect()))
+            .collect()
+    };
+    assert_eq!(
+        a_cycle(&g(&[("a", &["b"]), ("b", &["c"]), ("c", &[])])),
+        None
+    );
+    assert_eq!(
+        a_cycle(&g(&[("a", &["b"]), ("b", &["c"]), ("c", &["a"])])),
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
+    );
+}

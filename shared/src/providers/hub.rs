@@ -8,8 +8,8 @@
 //! ([`crate::domain::credentials::for_provider`]) and hand them in.
 
 use super::{ProviderClient, ProviderClients, ProviderConfig, ProviderError};
-use crate::domain::credentials::{CredentialsError, CredentialsKeys, ProviderCredentials};
 use crate::kinds::{Mode, Provider};
+use crate::secrets::{CredentialsError, CredentialsKeys, ProviderCredentials};
 
 /// eSewa's published UAT merchant (research notes, section 1).
 pub const ESEWA_TEST_PRODUCT_CODE: &str = "EPAYTEST";

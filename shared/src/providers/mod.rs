@@ -36,9 +36,9 @@ mod mock;
 
 use async_trait::async_trait;
 
-pub use crate::domain::credentials::ProviderCredentials;
 use crate::kinds::Provider;
 use crate::money::Paisa;
+pub use crate::secrets::ProviderCredentials;
 pub use config::{ConfigError, ProviderConfig};
 pub use esewa::EsewaClient;
 pub use fonepay::FonepayClient;

@@ -4,5 +4,6 @@
 //! Endpoints, deliveries and retries are in `domain::webhooks`.
 
 pub mod client;
+pub mod settings;
 pub mod signature;
 pub mod ssrf;
