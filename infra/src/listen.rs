@@ -795,9 +795,15 @@ mod tests {
             .header("content-type", "application/json")
             .body(body);
         if let Some(s) = signature {
-            req = req
-                .header(SIGNATURE_HEADER, s)
-                .header(TIMESTAMP_HEADER, Utc::now().timestamp().to_string());
+            // The timestamp header repeats the signature's `t`, as the
+            // gateway sends it (not the clock now: a second may have
+            // turned since the test signed).
+            let t = s
+                .split(',')
+                .find_map(|part| part.trim().strip_prefix("t="))
+                .unwrap_or_default()
+                .to_owned();
+            req = req.header(SIGNATURE_HEADER, s).header(TIMESTAMP_HEADER, t);
         }
         req.send().await.unwrap().status().as_u16()
     }
