@@ -1,0 +1,270 @@
+//! The operator's side: creating merchants and projects, issuing keys,
+//! suspending, pausing and reinstating, plans, sellers and live invoicing.
+
+use super::*;
+
+/// Creates a merchant.
+pub async fn create_merchant(
+    store: &dyn Store,
+    now: Timestamp,
+    name: &str,
+    email: &str,
+    plan: Plan,
+) -> Result<Merchant, StoreError> {
+    let merchant = Merchant {
+        id: new_id(IdKind::Merchant),
+        name: name.to_owned(),
+        email: email.to_owned(),
+        plan,
+        suspension: None,
+        created_at: now,
+    };
+    let item = to_item(&merchant, &Merchant::key(&merchant.id), &[])?;
+    store.put(item, Some(Cond::NotExists)).await?;
+    Ok(merchant)
+}
+
+/// Creates a project of `merchant`.
+pub async fn create_project(
+    store: &dyn Store,
+    now: Timestamp,
+    merchant: &Merchant,
+    name: &str,
+    live_invoicing: bool,
+) -> Result<Project, StoreError> {
+    let project = Project {
+        id: new_id(IdKind::Project),
+        merchant_id: merchant.id.clone(),
+        name: name.to_owned(),
+        live_invoicing,
+        seller: None,
+        created_at: now,
+    };
+    let item = to_item(&project, &Project::key(&project.id), &[])?;
+    let mut ops = vec![TxOp::Put {
+        item,
+        cond: Some(Cond::NotExists),
+    }];
+    // The project's session counters start with it: they cover every
+    // session it will have (checkout::stats::session_totals).
+    for mode in [Mode::Sandbox, Mode::Live] {
+        let key = crate::keys::stats_totals_marker(&project.id, mode);
+        let mut marker = crate::store::Item::new();
+        marker.insert(crate::store::PK.into(), key.pk.into());
+        marker.insert(crate::store::SK.into(), key.sk.into());
+        marker.insert("since".into(), now.to_rfc3339().into());
+        ops.push(TxOp::Put {
+            item: marker,
+            cond: None,
+        });
+    }
+    store.transact(ops).await?;
+    Ok(project)
+}
+
+/// What a new key may do and how it is labelled.
+#[derive(Clone, Debug)]
+pub struct NewKey {
+    pub mode: Mode,
+    pub kind: KeyKind,
+    pub scopes: Vec<Scope>,
+    pub description: String,
+    pub expires_at: Option<Timestamp>,
+    pub spend_cap_paisa: Option<i64>,
+}
+
+/// Mints a key for `project`. Returns the secret (shown once, never
+/// stored) and the stored record.
+pub async fn issue_api_key(
+    store: &dyn Store,
+    now: Timestamp,
+    project: &Project,
+    new: NewKey,
+) -> Result<(String, ApiKey), StoreError> {
+    let fields = KeyFields {
+        merchant_id: project.merchant_id.clone(),
+        project_id: project.id.clone(),
+        mode: new.mode,
+        kind: new.kind,
+        scopes: new.scopes.iter().map(|s| s.as_str().to_owned()).collect(),
+        description: new.description,
+        expires_at: new.expires_at,
+        spend_cap_paisa: new.spend_cap_paisa,
+    };
+    let (secret, key, item) = mint_key(now, fields)?;
+    store.put(item, Some(Cond::NotExists)).await?;
+    Ok((secret, key))
+}
+
+/// Everything a minted key copies from its request (or, on rotation, from
+/// the key it replaces). Scopes stay strings so a rotation keeps scopes
+/// this build does not know.
+pub(super) struct KeyFields {
+    pub(super) merchant_id: String,
+    pub(super) project_id: String,
+    pub(super) mode: Mode,
+    pub(super) kind: KeyKind,
+    pub(super) scopes: Vec<String>,
+    pub(super) description: String,
+    pub(super) expires_at: Option<Timestamp>,
+    pub(super) spend_cap_paisa: Option<i64>,
+}
+
+/// The gsi1 partition listing a project's keys (sort key: the key id).
+pub(super) fn keys_partition(project_id: &str) -> String {
+    keys::project_keys(project_id)
+}
+
+/// A fresh secret, its record and the item to store (not yet written).
+pub(super) fn mint_key(now: Timestamp, f: KeyFields) -> Result<(String, ApiKey, Item), StoreError> {
+    let random: String = rand::rng()
+        .sample_iter(rand::distr::Alphanumeric)
+        .take(SECRET_RANDOM_LEN)
+        .map(char::from)
+        .collect();
+    let secret = format!("{}{random}", f.mode.key_prefix());
+    let hash = hash_secret(&secret);
+    let key = ApiKey {
+        id: new_id(IdKind::ApiKey),
+        key_hash: hash.clone(),
+        merchant_id: f.merchant_id,
+        project_id: f.project_id,
+        mode: f.mode,
+        kind: f.kind,
+        scopes: f.scopes,
+        description: f.description,
+        prefix: secret.chars().take(12).collect(),
+        hint: secret[secret.len() - 4..].to_owned(),
+        expires_at: f.expires_at,
+        last_used_at: None,
+        spend_cap_paisa: f.spend_cap_paisa,
+        pause: None,
+        created_at: now,
+    };
+    let index = (Index::Gsi1, keys_partition(&key.project_id), key.id.clone());
+    let item = to_item(&key, &ApiKey::key_for_hash(&hash), &[index])?;
+    Ok((secret, key, item))
+}
+
+/// Suspends a merchant: every call of its keys answers 403 from now on.
+pub async fn suspend_merchant(
+    store: &dyn Store,
+    merchant_id: &str,
+    suspension: Suspension,
+) -> Result<(), StoreError> {
+    let value =
+        serde_json::to_value(&suspension).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let update = Update::new().set("suspension", value);
+    store
+        .update(&Merchant::key(merchant_id), update, Some(Cond::Exists))
+        .await
+        .map(|_| ())
+}
+
+/// Pauses one key: its calls answer 423 until resumed.
+pub async fn pause_api_key(
+    store: &dyn Store,
+    key: &ApiKey,
+    pause: Pause,
+) -> Result<(), StoreError> {
+    let value = serde_json::to_value(&pause).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let update = Update::new().set("pause", value);
+    store
+        .update(
+            &ApiKey::key_for_hash(&key.key_hash),
+            update,
+            Some(Cond::Exists),
+        )
+        .await
+        .map(|_| ())
+}
+
+/// The merchant `id`, if it exists.
+pub async fn get_merchant(store: &dyn Store, id: &str) -> Result<Option<Merchant>, StoreError> {
+    match store.get(&Merchant::key(id)).await? {
+        Some(item) => Ok(Some(from_item(item)?)),
+        None => Ok(None),
+    }
+}
+
+/// The name customers see for a project's shop (its merchant's, else the
+/// project's) and whether it may take payments (merchant present and not
+/// suspended): the public pages and payment attempts ask this.
+pub async fn storefront(store: &dyn Store, project_id: &str) -> Result<(String, bool), StoreError> {
+    let Some(project) = get_project(store, project_id).await? else {
+        return Ok(("Shop".into(), false));
+    };
+    match get_merchant(store, &project.merchant_id).await? {
+        Some(m) => Ok((m.name, m.suspension.is_none())),
+        None => Ok((project.name, false)),
+    }
+}
+
+/// The project `id`, if it exists.
+pub async fn get_project(store: &dyn Store, id: &str) -> Result<Option<Project>, StoreError> {
+    match store.get(&Project::key(id)).await? {
+        Some(item) => Ok(Some(from_item(item)?)),
+        None => Ok(None),
+    }
+}
+
+/// Lifts a suspension: the merchant's keys work again. The merchant as
+/// written; [`StoreError::ConditionFailed`] when it does not exist.
+pub async fn reinstate_merchant(
+    store: &dyn Store,
+    merchant_id: &str,
+) -> Result<Merchant, StoreError> {
+    let update = Update::new().remove("suspension");
+    let item = store
+        .update(&Merchant::key(merchant_id), update, Some(Cond::Exists))
+        .await?;
+    from_item(item)
+}
+
+/// Moves a merchant to `plan` (its plan-derived entitlements follow at
+/// once). [`StoreError::ConditionFailed`] when the merchant does not exist.
+pub async fn set_plan(
+    store: &dyn Store,
+    merchant_id: &str,
+    plan: Plan,
+) -> Result<Merchant, StoreError> {
+    let value = serde_json::to_value(plan).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let update = Update::new().set("plan", value);
+    let item = store
+        .update(&Merchant::key(merchant_id), update, Some(Cond::Exists))
+        .await?;
+    from_item(item)
+}
+
+/// Turns live one-time invoices of a project on or off (sandbox always has
+/// them). [`StoreError::ConditionFailed`] when the project does not exist.
+/// Sets (or with `None` removes) the project's seller profile.
+pub async fn set_seller(
+    store: &dyn Store,
+    project_id: &str,
+    seller: Option<&Seller>,
+) -> Result<Project, StoreError> {
+    let update = match seller {
+        Some(s) => Update::new().set(
+            "seller",
+            serde_json::to_value(s).map_err(|e| StoreError::Invalid(e.to_string()))?,
+        ),
+        None => Update::new().remove("seller"),
+    };
+    let item = store
+        .update(&Project::key(project_id), update, Some(Cond::Exists))
+        .await?;
+    from_item(item)
+}
+
+pub async fn set_live_invoicing(
+    store: &dyn Store,
+    project_id: &str,
+    enabled: bool,
+) -> Result<Project, StoreError> {
+    let update = Update::new().set("live_invoicing", enabled);
+    let item = store
+        .update(&Project::key(project_id), update, Some(Cond::Exists))
+        .await?;
+    from_item(item)
+}

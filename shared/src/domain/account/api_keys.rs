@@ -1,0 +1,160 @@
+//! A project's keys: listing, finding, revoking and rotating with a grace
+//! period.
+
+use super::*;
+
+/// Every key of a project, newest first, revoked ones excluded.
+///
+/// Reads the project's gsi1 partition, which lags writes on DynamoDB: a key
+/// issued or revoked a moment ago may be missing or still listed. Use
+/// [`find_api_key`] for a consistent answer about one key.
+pub async fn list_api_keys(store: &dyn Store, project_id: &str) -> Result<Vec<ApiKey>, StoreError> {
+    let mut query = Query::partition(keys_partition(project_id))
+        .on(Index::Gsi1)
+        .backward()
+        .limit(100);
+    let mut keys = Vec::new();
+    loop {
+        let page = store.query(&query).await?;
+        for item in page.items {
+            keys.push(from_item::<ApiKey>(item)?);
+        }
+        match page.last_key {
+            Some(last) => query.start_after = Some(last),
+            None => break,
+        }
+    }
+    Ok(keys)
+}
+
+/// The key `key_id` of `project_id`, read back from the table (strongly
+/// consistent) once the project's listing names it. `None` when the
+/// project has no such key (or it was revoked).
+pub async fn find_api_key(
+    store: &dyn Store,
+    project_id: &str,
+    key_id: &str,
+) -> Result<Option<ApiKey>, StoreError> {
+    let listed = list_api_keys(store, project_id).await?;
+    let Some(found) = listed.into_iter().find(|k| k.id == key_id) else {
+        return Ok(None);
+    };
+    match store.get(&ApiKey::key_for_hash(&found.key_hash)).await? {
+        Some(item) => {
+            let key: ApiKey = from_item(item)?;
+            Ok((key.id == key_id && key.project_id == project_id).then_some(key))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Revokes a key for good: its item is deleted, so [`authenticate`] answers
+/// [`AuthError::Invalid`] from now on. [`StoreError::ConditionFailed`] when
+/// it was already revoked.
+pub async fn revoke_api_key(store: &dyn Store, key: &ApiKey) -> Result<(), StoreError> {
+    let cond = Cond::And(vec![Cond::Exists, Cond::eq("id", key.id.as_str())]);
+    store
+        .delete(&ApiKey::key_for_hash(&key.key_hash), Some(cond))
+        .await
+}
+
+/// How long a rotated key keeps working unless the caller says otherwise.
+pub const DEFAULT_ROTATION_GRACE_SECS: i64 = 24 * 60 * 60;
+
+/// [`DEFAULT_ROTATION_GRACE_SECS`] as a duration.
+pub fn default_rotation_grace() -> chrono::Duration {
+    chrono::Duration::seconds(DEFAULT_ROTATION_GRACE_SECS)
+}
+
+/// The outcome of [`rotate_api_key`].
+#[derive(Clone, PartialEq)]
+pub struct Rotation {
+    /// The new key's secret: shown once, never stored.
+    pub secret: String,
+    pub new_key: ApiKey,
+    /// The old key as written, with its new `expires_at`.
+    pub old_key: ApiKey,
+}
+
+impl std::fmt::Debug for Rotation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rotation")
+            .field("secret", &"[redacted]")
+            .field("new_key", &self.new_key)
+            .field("old_key", &self.old_key)
+            .finish()
+    }
+}
+
+/// Replaces `old` by a new key with the same mode, kind, scopes,
+/// description and spend cap, and lets `old` expire at `now + grace` (or
+/// earlier, if it already expired sooner). Both keys work during the
+/// grace. The new key expires at `expires_at` (`None`: never) and starts
+/// unpaused. One transaction: either both changes happen or neither.
+pub async fn rotate_api_key(
+    store: &dyn Store,
+    now: Timestamp,
+    old: &ApiKey,
+    grace: chrono::Duration,
+    expires_at: Option<Timestamp>,
+) -> Result<Rotation, StoreError> {
+    if grace < chrono::Duration::zero() {
+        return Err(StoreError::Invalid(
+            "the grace period cannot be negative".into(),
+        ));
+    }
+    if old.expires_at.is_some_and(|t| t <= now) {
+        return Err(StoreError::Invalid(format!(
+            "key {} has already expired; issue a new key instead",
+            old.id
+        )));
+    }
+    if expires_at.is_some_and(|t| t <= now) {
+        return Err(StoreError::Invalid(
+            "the new key's expiry must be in the future".into(),
+        ));
+    }
+    let fields = KeyFields {
+        merchant_id: old.merchant_id.clone(),
+        project_id: old.project_id.clone(),
+        mode: old.mode,
+        kind: old.kind,
+        scopes: old.scopes.clone(),
+        description: old.description.clone(),
+        expires_at,
+        spend_cap_paisa: old.spend_cap_paisa,
+    };
+    let (secret, new_key, new_item) = mint_key(now, fields)?;
+    let grace_end = now.plus(grace);
+    let old_expiry = match old.expires_at {
+        Some(t) if t < grace_end => t,
+        _ => grace_end,
+    };
+    let expiry_value =
+        serde_json::to_value(old_expiry).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    store
+        .transact(vec![
+            TxOp::Put {
+                item: new_item,
+                cond: Some(Cond::NotExists),
+            },
+            TxOp::Update {
+                key: ApiKey::key_for_hash(&old.key_hash),
+                update: Update::new().set("expires_at", expiry_value),
+                cond: Some(Cond::And(vec![
+                    Cond::Exists,
+                    Cond::eq("id", old.id.as_str()),
+                ])),
+            },
+        ])
+        .await?;
+    let mut old_key = old.clone();
+    old_key.expires_at = Some(old_expiry);
+    Ok(Rotation {
+        secret,
+        new_key,
+        old_key,
+    })
+}
+
+pub use crate::fields::is_plausible_email;

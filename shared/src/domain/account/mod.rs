@@ -1,0 +1,221 @@
+//! Merchants, projects and API keys: who is calling, in which mode, with
+//! which scopes, and the account context they see.
+//!
+//! Secret keys are stored only as SHA-256 hashes, looked up by hash and
+//! compared in constant time. A key belongs to one project and one mode.
+
+use crate::refusal::{Kind, Refusal};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::Mode;
+use super::record::{from_item, to_item};
+use crate::ids::{IdKind, new_id};
+use crate::keys;
+use crate::store::{Cond, Index, Item, Key, Query, Store, StoreError, TxOp, Update};
+use crate::time::Timestamp;
+
+mod admin;
+mod api_keys;
+mod auth;
+#[cfg(test)]
+mod tests;
+mod view;
+
+pub use admin::*;
+pub use api_keys::*;
+pub use auth::*;
+pub use view::*;
+
+/// What a key may do. Unknown scope strings in storage are ignored, so a
+/// newer scope never breaks an older reader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scope {
+    AccountRead,
+    PaymentsRead,
+    PaymentsWrite,
+    LinksRead,
+    LinksWrite,
+    SessionsRead,
+    AnalyticsRead,
+    PiiRead,
+    InvoicesRead,
+    InvoicesWrite,
+    RefundsRead,
+    RefundsWrite,
+    WebhooksRead,
+    WebhooksWrite,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 14] = [
+        Scope::AccountRead,
+        Scope::PaymentsRead,
+        Scope::PaymentsWrite,
+        Scope::LinksRead,
+        Scope::LinksWrite,
+        Scope::SessionsRead,
+        Scope::AnalyticsRead,
+        Scope::PiiRead,
+        Scope::InvoicesRead,
+        Scope::InvoicesWrite,
+        Scope::RefundsRead,
+        Scope::RefundsWrite,
+        Scope::WebhooksRead,
+        Scope::WebhooksWrite,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::AccountRead => "account:read",
+            Scope::PaymentsRead => "payments:read",
+            Scope::PaymentsWrite => "payments:write",
+            Scope::LinksRead => "links:read",
+            Scope::LinksWrite => "links:write",
+            Scope::SessionsRead => "sessions:read",
+            Scope::AnalyticsRead => "analytics:read",
+            Scope::PiiRead => "pii:read",
+            Scope::InvoicesRead => "invoices:read",
+            Scope::InvoicesWrite => "invoices:write",
+            Scope::RefundsRead => "refunds:read",
+            Scope::RefundsWrite => "refunds:write",
+            Scope::WebhooksRead => "webhooks:read",
+            Scope::WebhooksWrite => "webhooks:write",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Scope> {
+        Scope::ALL.into_iter().find(|scope| scope.as_str() == s)
+    }
+}
+
+/// The merchant's subscription plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Plan {
+    Free,
+    Growth,
+    Pro,
+}
+
+impl Plan {
+    /// Live SMS reminders a month (spec: Free 0, Growth 200, Pro 1,000).
+    pub fn sms_monthly_quota(self) -> u32 {
+        match self {
+            Plan::Free => 0,
+            Plan::Growth => 200,
+            Plan::Pro => 1000,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Suspension {
+    pub suspended_at: Timestamp,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pause {
+    pub paused_at: Timestamp,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Merchant {
+    pub id: String,
+    pub name: String,
+    pub email: String,
+    pub plan: Plan,
+    #[serde(default)]
+    pub suspension: Option<Suspension>,
+    pub created_at: Timestamp,
+}
+
+impl Merchant {
+    pub fn key(id: &str) -> Key {
+        keys::record(keys::Record::Merchant, id)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Project {
+    pub id: String,
+    pub merchant_id: String,
+    pub name: String,
+    /// Whether live one-time invoices are enabled (sandbox always is).
+    #[serde(default)]
+    pub live_invoicing: bool,
+    /// The seller profile copied onto invoices at finalize.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seller: Option<Seller>,
+    pub created_at: Timestamp,
+}
+
+/// A project's seller profile (spec "seller": name, legalName, email,
+/// logoUrl, brandColor), set by the operator (`dhukuti-admin project
+/// seller`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Seller {
+    pub name: Option<String>,
+    pub legal_name: Option<String>,
+    pub email: Option<String>,
+    pub logo_url: Option<String>,
+    pub brand_color: Option<String>,
+}
+
+impl Project {
+    pub fn key(id: &str) -> Key {
+        keys::record(keys::Record::Project, id)
+    }
+}
+
+/// `secret` keys hold every scope they list for a server; `restricted`
+/// keys are narrowed to a few scopes for one job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyKind {
+    Secret,
+    Restricted,
+}
+
+/// A stored API key. The secret itself is never stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiKey {
+    pub id: String,
+    /// Hex SHA-256 of the secret.
+    pub key_hash: String,
+    pub merchant_id: String,
+    pub project_id: String,
+    pub mode: Mode,
+    pub kind: KeyKind,
+    pub scopes: Vec<String>,
+    #[serde(default)]
+    pub description: String,
+    /// First 12 characters of the secret, e.g. `sk_test_AbCd`.
+    pub prefix: String,
+    /// Last 4 characters of the secret.
+    pub hint: String,
+    #[serde(default)]
+    pub expires_at: Option<Timestamp>,
+    #[serde(default)]
+    pub last_used_at: Option<Timestamp>,
+    #[serde(default)]
+    pub spend_cap_paisa: Option<i64>,
+    #[serde(default)]
+    pub pause: Option<Pause>,
+    pub created_at: Timestamp,
+}
+
+impl ApiKey {
+    pub fn key_for_hash(hash_hex: &str) -> Key {
+        keys::api_key(hash_hex)
+    }
+
+    pub fn has_scope(&self, scope: Scope) -> bool {
+        self.scopes.iter().any(|s| s == scope.as_str())
+    }
+}
