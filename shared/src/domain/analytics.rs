@@ -115,7 +115,7 @@ async fn day_items(
     first: &str,
     last: &str,
 ) -> Result<Vec<Item>, StoreError> {
-    let mut q = Query::partition(stats_partition(project_id, mode))
+    let mut q = Query::partition(crate::keys::stats_partition(project_id, mode))
         .sk(SkCond::Between(day_sk(first), day_end_sk(last)));
     let mut items = Vec::new();
     loop {
@@ -721,7 +721,7 @@ mod tests {
             let shards = store
                 .inner
                 .query(
-                    &Query::partition(stats_partition("proj_1", Mode::Sandbox)).sk(
+                    &Query::partition(crate::keys::stats_partition("proj_1", Mode::Sandbox)).sk(
                         SkCond::Between(day_sk(&day_of(day(d))), day_end_sk(&day_of(day(d)))),
                     ),
                 )

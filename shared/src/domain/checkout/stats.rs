@@ -73,11 +73,6 @@ pub(crate) fn provider_volume(p: Provider) -> String {
     format!("{}_success_volume", p.as_str())
 }
 
-/// The counters partition of a project in a mode.
-pub fn stats_partition(project_id: &str, mode: Mode) -> String {
-    keys::stats_partition(project_id, mode)
-}
-
 /// All-time session counters: [`SHARDS`] items per project and mode
 /// (`ALL#NN`, the shard of the session's id, like its day item), each
 /// counting sessions by stored status, plus `total`; changed in the same
@@ -88,14 +83,9 @@ pub fn stats_partition(project_id: &str, mode: Mode) -> String {
 /// before them is counted the old way.
 fn totals_key(project_id: &str, mode: Mode, session_id: &str) -> Key {
     Key::new(
-        stats_partition(project_id, mode),
+        keys::stats_partition(project_id, mode),
         keys::stats_totals(shard_of(session_id)),
     )
-}
-
-/// The marker of [`totals_key`]'s counters.
-pub fn totals_marker(project_id: &str, mode: Mode) -> Key {
-    keys::stats_totals_marker(project_id, mode)
 }
 
 const TOTAL: &str = "total";
@@ -129,7 +119,7 @@ pub async fn session_totals(
     project_id: &str,
     mode: Mode,
 ) -> Result<Option<SessionTotals>, StoreError> {
-    let query = Query::partition(stats_partition(project_id, mode))
+    let query = Query::partition(keys::stats_partition(project_id, mode))
         .sk(SkCond::BeginsWith(keys::STATS_TOTALS_PREFIX.into()));
     let mut totals = SessionTotals::default();
     let mut marked = false;
@@ -192,13 +182,13 @@ pub(crate) fn day_end_sk(day: &str) -> String {
 /// The key of the UTC day of `at` without a shard: the item of the former
 /// layout, and what [`Tally::added`] takes for "all items of the day".
 pub fn day_key(project_id: &str, mode: Mode, at: Timestamp) -> Key {
-    Key::new(stats_partition(project_id, mode), day_sk(&day_of(at)))
+    Key::new(keys::stats_partition(project_id, mode), day_sk(&day_of(at)))
 }
 
 /// The shard item `shard` of the UTC day of `at`.
 pub fn shard_key(project_id: &str, mode: Mode, at: Timestamp, shard: u32) -> Key {
     Key::new(
-        stats_partition(project_id, mode),
+        keys::stats_partition(project_id, mode),
         shard_sk(&day_of(at), shard),
     )
 }

@@ -26,7 +26,7 @@ async fn the_total_costs_the_same_reads_whatever_the_number_of_sessions() {
     let inner: Arc<dyn Store> = Arc::new(EmbeddedStore::in_memory().unwrap());
     let counting = crate::store::counting::CountingStore::new(inner.clone());
     let now = Timestamp::parse("2026-11-25T10:00:00Z").unwrap();
-    let marker = super::stats::totals_marker("proj_t", Mode::Sandbox);
+    let marker = crate::keys::stats_totals_marker("proj_t", Mode::Sandbox);
     let mut item = crate::store::Item::new();
     item.insert(crate::store::PK.into(), marker.pk.into());
     item.insert(crate::store::SK.into(), marker.sk.into());
