@@ -10,7 +10,7 @@ use crate::context::current_request_id;
 use shared::store::StoreError;
 
 /// `error.type`: the broad category a client branches on first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorType {
     AuthenticationError,

@@ -9,6 +9,7 @@ pub mod error;
 pub mod html;
 pub mod idempotency;
 pub mod input;
+pub mod openapi;
 pub mod pagination;
 pub mod ratelimit;
 pub mod refusals;

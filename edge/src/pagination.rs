@@ -56,15 +56,31 @@ impl Pagination {
     }
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq)]
+/// `limit` and `offset` as the document shows them ([`Pagination::from_query`]
+/// reads them; its bounds are these).
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub struct PageParams {
+    /// Records per page; each list names its default.
+    #[param(minimum = 1, maximum = 100)]
+    limit: Option<u32>,
+    /// Records to skip.
+    #[param(minimum = 0, maximum = 10_000)]
+    offset: Option<u32>,
+}
+
+/// The page's place in the whole list.
+#[derive(Clone, Debug, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct Meta {
+    /// Records matching the query in all pages.
     pub total: u64,
     pub limit: usize,
     pub offset: usize,
 }
 
 /// One page of a list answer.
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct Page<T> {
     pub data: Vec<T>,
     pub meta: Meta,

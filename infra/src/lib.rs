@@ -35,8 +35,8 @@ use tokio::task::JoinHandle;
 
 pub use demo::DemoKeys;
 
-/// Every function's routes, plus `GET /health` and the simulators under
-/// `/sim`.
+/// Every function's routes, plus `GET /health`, the API reference
+/// (`/openapi.json`, `/docs`) and the simulators under `/sim`.
 pub fn app(state: AppState) -> Router {
     let sim = simulators::SimState::with_base_url(format!("{}/sim", state.config.public_base_url));
     app_with_simulators(state, sim)
@@ -44,6 +44,7 @@ pub fn app(state: AppState) -> Router {
 
 /// [`app`] with simulators of the caller's configuration.
 pub fn app_with_simulators(state: AppState, sim: simulators::SimState) -> Router {
+    let document: Arc<str> = Arc::from(edge::openapi::to_json(&openapi(&state)));
     with_edge(
         Router::new()
             .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
@@ -56,8 +57,44 @@ pub fn app_with_simulators(state: AppState, sim: simulators::SimState) -> Router
             .merge(invoices::router(state.clone()))
             .merge(sms::router(state.clone()))
             .merge(hosted::router(state))
+            .merge(docs::router(document))
             .nest("/sim", simulator_routes(sim)),
     )
+}
+
+/// The OpenAPI document of every `/v1` route: built from the same
+/// route tables the functions serve (`edge::openapi`).
+pub fn openapi(state: &AppState) -> utoipa::openapi::OpenApi {
+    let parts = [
+        account::routes(state),
+        payments::routes(state),
+        checkout::routes(state),
+        refunds::routes(state),
+        payment_links::routes(state),
+        webhooks_api::routes(state),
+        invoices::routes(state),
+        sms::routes(state),
+    ];
+    let mut api = utoipa::openapi::OpenApi::default();
+    for part in parts {
+        api.merge(part.split_for_parts().1);
+    }
+    edge::openapi::finish(api, webhooks_api::events())
+}
+
+/// The document as JSON, the same whatever the state (the committed
+/// copy, `docs/openapi.json`, is this): `cargo run -- --openapi`.
+pub fn openapi_json() -> Result<String, String> {
+    let store = shared::store::embedded::EmbeddedStore::in_memory()
+        .map_err(|e| format!("in-memory store: {e}"))?;
+    let state = AppState::new(
+        Arc::new(store),
+        Arc::new(SystemClock),
+        Config {
+            public_base_url: "http://127.0.0.1:8080".into(),
+        },
+    );
+    Ok(edge::openapi::to_json(&openapi(&state)))
 }
 
 /// The provider simulators under `/sim`, answering in their providers'

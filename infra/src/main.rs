@@ -12,6 +12,19 @@ async fn main() -> ExitCode {
         )
         .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--openapi") {
+        // The OpenAPI document on stdout: `cargo run -- --openapi > docs/openapi.json`.
+        return match dhukuti::openapi_json() {
+            Ok(doc) => {
+                print!("{doc}");
+                ExitCode::SUCCESS
+            }
+            Err(msg) => {
+                eprintln!("dhukuti: {msg}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let settings = match dhukuti::Settings::from_env_and_args(&args) {
         Ok(s) => s,
         Err(msg) => {

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Sandbox or live: fixed by the API key, carried by every record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     Sandbox,
@@ -34,7 +34,7 @@ impl Mode {
 }
 
 /// The payment providers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Provider {
     Esewa,

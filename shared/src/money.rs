@@ -8,6 +8,20 @@ use std::fmt;
 #[serde(transparent)]
 pub struct Paisa(i64);
 
+/// On the wire: a non-negative integer of paisa.
+impl utoipa::PartialSchema for Paisa {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(0))
+            .description(Some("An amount in paisa (1 NPR = 100 paisa)."))
+            .into()
+    }
+}
+impl utoipa::ToSchema for Paisa {}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MoneyError {
     #[error("amount must not be negative")]
@@ -77,7 +91,7 @@ impl<'de> Deserialize<'de> for Paisa {
 }
 
 /// The one currency the service takes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum Currency {
     #[default]
     #[serde(rename = "NPR")]

@@ -100,9 +100,9 @@ const ROUTES: &[Route] = &[
 ];
 
 /// Paths outside the API contract: the public hosted pages, the health
-/// check and the provider simulators.
+/// check, the API reference and the provider simulators.
 fn outside_contract(path: &str) -> bool {
-    ["/c/", "/l/", "/health", "/sim"]
+    ["/c/", "/l/", "/health", "/sim", "/docs", "/openapi.json"]
         .iter()
         .any(|p| path.starts_with(p))
 }
@@ -188,9 +188,23 @@ fn router_routes() -> BTreeSet<(String, String)> {
     out
 }
 
-/// The routes of the `.route(...)` calls in `text`.
+/// The routes of the `.route(...)` calls and `#[utoipa::path(method,
+/// path = "...")]` attributes (what `routes!` serves) in `text`.
 fn routes_in(text: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
+    for attr in text.split("#[utoipa::path(").skip(1) {
+        let method = attr
+            .trim_start()
+            .split(|c: char| !c.is_alphanumeric())
+            .next()
+            .unwrap_or("");
+        let Some(p) = attr.find("path = \"") else {
+            continue;
+        };
+        let path = &attr[p + "path = \"".len()..];
+        let path = &path[..path.find('"').unwrap_or(0)];
+        out.push((method.to_uppercase(), path.to_owned()));
+    }
     let mut rest = text;
     while let Some(at) = rest.find(".route(") {
         let args = &rest[at + ".route(".len()..];
@@ -1074,16 +1088,17 @@ async fn the_official_python_sdk_works_unchanged(which: Which) {
 }
 
 /// A contract-driven fuzzer (schemathesis, from the test venv) over the
-/// contract written as OpenAPI (tests/fuzz/contract.openapi.yaml), a
-/// bounded run: no 5xx, no status the contract does not list, no answer
-/// that breaks its schema (types and nullability), no invalid input
-/// accepted, 405 for methods a path does not take, auth enforced; the
-/// stateful phase follows the spec's links (create, then read, patch,
-/// cancel, delete what was created).
-/// Excluded, with its reason: `positive_data_acceptance`: the contract's
-/// schemas do not carry the business rules (positive amounts, non-empty
-/// titles, Nepali phone numbers, offsets up to 10,000, https receivers),
-/// so a schema-valid request may rightly be refused with a 400.
+/// OpenAPI document the gateway serves (`/openapi.json`, generated from
+/// the code), a bounded run: no 5xx, no status the document does not
+/// list, no answer that breaks its schema (types and nullability), no
+/// invalid input accepted, 405 for methods a path does not take, auth
+/// enforced; the stateful phase follows the document's links (create,
+/// then read, change, cancel, delete what was created).
+/// Excluded, with its reason: `positive_data_acceptance`: the schemas do
+/// not carry the rules that need the record or the project (a refund's
+/// amount against what is left, a provider's bounds for this project and
+/// mode, a payment link's min and max, an https receiver in live mode),
+/// so a schema-valid request may rightly be refused with a 400 or 422.
 async fn a_contract_fuzzer_finds_nothing(which: Which) {
     let Some(python) = shared::testenv::python() else {
         return;
@@ -1094,7 +1109,7 @@ async fn a_contract_fuzzer_finds_nothing(which: Which) {
     };
     let tenant = app.tenant("Fuzz Teas", "owner@fuzz.example").await;
     let key = app.key(&tenant, Mode::Sandbox, &Scope::ALL).await;
-    let spec = repo_root().join("tests/fuzz/contract.openapi.yaml");
+    let spec = app.url("/openapi.json");
     let report = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let run = tokio::process::Command::new(&schemathesis)
         .arg("run")

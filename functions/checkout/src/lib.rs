@@ -6,9 +6,10 @@
 //! returns the first session instead of creating a second one.
 
 use axum::extract::{Extension, Path, State};
-use axum::routing::{get, post};
 use axum::{Json, Router};
-use edge::idempotency::{self, Fence};
+use edge::idempotency::Fence;
+use edge::openapi::{OpenApiRouter, idempotent, routes};
+use edge::pagination::PageParams;
 use edge::{ApiError, Auth, JsonBody, Page, Pagination, QueryParams, with_edge};
 use http::StatusCode;
 use serde::Serialize;
@@ -21,54 +22,67 @@ use shared::domain::checkout::{
 };
 use shared::time::Timestamp;
 
+/// The function's routes and their description, one value.
+pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(idempotent(state, routes!(create_checkout)))
+        .routes(idempotent(state, routes!(expire_checkout)))
+        .routes(routes!(list_sessions))
+        .routes(routes!(get_session))
+        .routes(routes!(list_providers))
+}
+
 /// The function's routes, behind the idempotency layer, in the shared edge.
 pub fn router(state: AppState) -> Router {
-    with_edge(
-        Router::new()
-            .route(
-                "/v1/checkout",
-                idempotency::on(&state, post(create_checkout)),
-            )
-            .route(
-                "/v1/checkout/{id}/expire",
-                idempotency::on(&state, post(expire_checkout)),
-            )
-            .route("/v1/sessions", get(list_sessions))
-            .route("/v1/sessions/{id}", get(get_session))
-            .route("/v1/providers", get(list_providers))
-            .with_state(state),
-    )
+    let (router, _) = routes(&state).split_for_parts();
+    with_edge(router.with_state(state))
 }
 
 /// The answer of `POST /v1/checkout` (snake_case, decisions.md).
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = CheckoutCreated)]
 struct Created {
     id: String,
     livemode: bool,
     checkout_url: String,
     flow: Flow,
+    #[schema(required)]
     provider: Option<Provider>,
     expires_at: Timestamp,
 }
 
 /// The answer of `POST /v1/checkout/{id}/expire`.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = CheckoutExpired)]
 struct Expired {
     id: String,
     status: SessionStatus,
     flow: Flow,
+    #[schema(required)]
     provider: Option<Provider>,
     expires_at: Timestamp,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct ProviderList {
     data: Vec<ProviderAvailability>,
     /// The enabled providers' names, as SDKs written for the contract's
     /// product read them (`providers: ["esewa", ...]`).
+    #[schema(value_type = Vec<Provider>)]
     providers: Vec<&'static str>,
 }
 
+/// Create a checkout session: send the customer to `checkout_url`.
+#[utoipa::path(
+    post, path = "/v1/checkout", tag = "Checkout", operation_id = "createCheckout",
+    request_body = CreateCheckout,
+    security(("bearer" = ["payments:write"])),
+    responses(
+        (status = 201, description = "The session.", body = Created),
+        (status = 200, description = "A replay: the first answer to this `Idempotency-Key`.", body = Created),
+        (status = 422, description = "A business rule refused it (`provider_unavailable`, `fonepay_sandbox_cap`).", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn create_checkout(
     State(state): State<AppState>,
     auth: Auth,
@@ -100,6 +114,16 @@ async fn create_checkout(
     Ok((StatusCode::CREATED, Json(created)))
 }
 
+/// Expire an open session now; its pending payment is cancelled.
+#[utoipa::path(
+    post, path = "/v1/checkout/{id}/expire", tag = "Checkout", operation_id = "expireCheckout",
+    params(("id" = String, Path, description = "A checkout session id, `cs_…`.")),
+    security(("bearer" = ["payments:write"])),
+    responses(
+        (status = 200, description = "The session, expired (or already final).", body = Expired),
+        (status = 409, description = "The session was paid or is being paid.", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn expire_checkout(
     State(state): State<AppState>,
     auth: Auth,
@@ -124,6 +148,13 @@ async fn expire_checkout(
     }))
 }
 
+/// List checkout sessions, newest first.
+#[utoipa::path(
+    get, path = "/v1/sessions", tag = "Checkout", operation_id = "listSessions",
+    params(PageParams, ("status" = Option<String>, Query, description = "Only sessions in this status (`open`, `completed`, `expired`, …); an unknown value is ignored.")),
+    security(("bearer" = ["sessions:read"])),
+    responses((status = 200, description = "A page of sessions.", body = Page<CheckoutSessionView>)),
+)]
 async fn list_sessions(
     State(state): State<AppState>,
     auth: Auth,
@@ -151,6 +182,13 @@ async fn list_sessions(
     Ok(Json(Page::new(data, total, page)))
 }
 
+/// Retrieve a checkout session.
+#[utoipa::path(
+    get, path = "/v1/sessions/{id}", tag = "Checkout", operation_id = "getSession",
+    params(("id" = String, Path, description = "A checkout session id, `cs_…`.")),
+    security(("bearer" = ["sessions:read"])),
+    responses((status = 200, description = "The session.", body = CheckoutSessionView)),
+)]
 async fn get_session(
     State(state): State<AppState>,
     auth: Auth,
@@ -166,6 +204,11 @@ async fn get_session(
 
 /// Scope `payments:read` (decisions.md): what a server needs before it
 /// creates a checkout is which providers it may name.
+#[utoipa::path(
+    get, path = "/v1/providers", tag = "Checkout", operation_id = "listProviders",
+    security(("bearer" = ["payments:read"])),
+    responses((status = 200, description = "Every provider, and whether this project can use it in this mode.", body = ProviderList)),
+)]
 async fn list_providers(
     State(state): State<AppState>,
     auth: Auth,

@@ -8,12 +8,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::extract::{Extension, Path, State};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
-use edge::idempotency::{self, Fence};
+use edge::idempotency::Fence;
+use edge::openapi::{OpenApiRouter, idempotent, routes};
+use edge::pagination::PageParams;
 use edge::{ApiError, Auth, JsonBody, OptionalJsonBody, Page, Pagination, QueryParams, with_edge};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
-use serde_json::{Value, json};
 use shared::AppState;
 use shared::domain::Mode;
 use shared::domain::account::Scope;
@@ -22,41 +22,23 @@ use shared::domain::invoices::{
     FinalizeInvoice, InvoiceCheckout, InvoiceCheckoutView, InvoiceError, InvoiceView, PatchInvoice,
 };
 
+/// The function's routes and their description, one value.
+pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(idempotent(state, routes!(create_invoice, list_invoices)))
+        .routes(idempotent(state, routes!(get_invoice, patch_invoice)))
+        .routes(idempotent(state, routes!(finalize_invoice)))
+        .routes(idempotent(state, routes!(discard_invoice)))
+        .routes(idempotent(state, routes!(correct_invoice)))
+        .routes(idempotent(state, routes!(adjust_invoice)))
+        .routes(idempotent(state, routes!(invoice_checkout)))
+        .routes(routes!(invoice_pdf))
+}
+
 /// The function's routes, behind the idempotency layer, in the shared edge.
 pub fn router(state: AppState) -> Router {
-    with_edge(
-        Router::new()
-            .route(
-                "/v1/invoices",
-                idempotency::on(&state, get(list_invoices).post(create_invoice)),
-            )
-            .route(
-                "/v1/invoices/{id}",
-                idempotency::on(&state, get(get_invoice).patch(patch_invoice)),
-            )
-            .route(
-                "/v1/invoices/{id}/finalize",
-                idempotency::on(&state, post(finalize_invoice)),
-            )
-            .route(
-                "/v1/invoices/{id}/discard",
-                idempotency::on(&state, post(discard_invoice)),
-            )
-            .route(
-                "/v1/invoices/{id}/correct",
-                idempotency::on(&state, post(correct_invoice)),
-            )
-            .route(
-                "/v1/invoices/{id}/adjustments",
-                idempotency::on(&state, post(adjust_invoice)),
-            )
-            .route(
-                "/v1/invoices/{id}/checkout",
-                idempotency::on(&state, post(invoice_checkout)),
-            )
-            .route("/v1/invoices/{id}/pdf", get(invoice_pdf))
-            .with_state(state),
-    )
+    let (router, _) = routes(&state).split_for_parts();
+    with_edge(router.with_state(state))
 }
 
 fn view(inv: &invoices::Invoice, state: &AppState) -> InvoiceView {
@@ -86,6 +68,17 @@ fn numbering_lock(project_id: &str, mode: Mode) -> Arc<tokio::sync::Mutex<()>> {
         .clone()
 }
 
+/// Create a draft invoice.
+#[utoipa::path(
+    post, path = "/v1/invoices", tag = "Invoices", operation_id = "createInvoice",
+    request_body = CreateInvoice,
+    security(("bearer" = ["invoices:write"])),
+    responses(
+        (status = 201, description = "The draft.", body = InvoiceView),
+        (status = 200, description = "A replay: the first answer to this `Idempotency-Key`.", body = InvoiceView),
+        (status = 422, description = "A business rule refused it.", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn create_invoice(
     State(state): State<AppState>,
     auth: Auth,
@@ -101,6 +94,15 @@ async fn create_invoice(
     Ok((StatusCode::CREATED, Json(view(&inv, &state))))
 }
 
+/// List invoices, newest first.
+#[utoipa::path(
+    get, path = "/v1/invoices", tag = "Invoices", operation_id = "listInvoices",
+    params(PageParams, ("document_status" = inline(Option<DocumentStatus>), Query, description = "Only invoices in this document status."), ("collection_status" = inline(Option<CollectionStatus>), Query, description = "Only invoices in this collection status.")),
+    security(("bearer" = ["invoices:read"])),
+    responses(
+        (status = 200, description = "A page of invoices.", body = Page<InvoiceView>),
+    ),
+)]
 async fn list_invoices(
     State(state): State<AppState>,
     auth: Auth,
@@ -142,6 +144,15 @@ async fn list_invoices(
     Ok(Json(Page::new(data, total, page)))
 }
 
+/// Retrieve an invoice.
+#[utoipa::path(
+    get, path = "/v1/invoices/{id}", tag = "Invoices", operation_id = "getInvoice",
+    params(("id" = String, Path, description = "An invoice id, `inv_…`.")),
+    security(("bearer" = ["invoices:read"])),
+    responses(
+        (status = 200, description = "The invoice.", body = InvoiceView),
+    ),
+)]
 async fn get_invoice(
     State(state): State<AppState>,
     auth: Auth,
@@ -152,6 +163,17 @@ async fn get_invoice(
     Ok(Json(view(&inv, &state)))
 }
 
+/// Change a draft: only the keys sent change.
+#[utoipa::path(
+    patch, path = "/v1/invoices/{id}", tag = "Invoices", operation_id = "updateInvoice",
+    params(("id" = String, Path, description = "An invoice id, `inv_…`.")),
+    request_body = PatchInvoice,
+    security(("bearer" = ["invoices:write"])),
+    responses(
+        (status = 200, description = "The draft as changed.", body = InvoiceView),
+        (status = 422, description = "Not in a state that allows it.", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn patch_invoice(
     State(state): State<AppState>,
     auth: Auth,
@@ -166,6 +188,17 @@ async fn patch_invoice(
     Ok(Json(view(&inv, &state)))
 }
 
+/// Issue a draft: it takes its number and its PDF.
+#[utoipa::path(
+    post, path = "/v1/invoices/{id}/finalize", tag = "Invoices", operation_id = "finalizeInvoice",
+    params(("id" = String, Path, description = "An invoice id, `inv_…`.")),
+    request_body = FinalizeInvoice,
+    security(("bearer" = ["invoices:write"])),
+    responses(
+        (status = 200, description = "The issued invoice.", body = InvoiceView),
+        (status = 422, description = "Not in a state that allows it.", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn finalize_invoice(
     State(state): State<AppState>,
     auth: Auth,
@@ -195,21 +228,44 @@ async fn finalize_invoice(
     Ok(Json(view(&inv, &state)))
 }
 
+/// Discard a draft (again: the same answer).
+#[utoipa::path(
+    post, path = "/v1/invoices/{id}/discard", tag = "Invoices", operation_id = "discardInvoice",
+    params(("id" = String, Path, description = "An invoice id, `inv_…`.")),
+    security(("bearer" = ["invoices:write"])),
+    responses(
+        (status = 200, description = "Discarded.", body = Discarded),
+        (status = 422, description = "Not in a state that allows it.", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn discard_invoice(
     State(state): State<AppState>,
     auth: Auth,
     fence: Option<Extension<Fence>>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Discarded>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     match invoices::discard(&state, who.project_id(), who.mode(), &id, fence_of(&fence)).await {
-        Ok(_) | Err(InvoiceError::AlreadyDiscarded) => Ok(Json(
-            json!({"id": id, "deleted": true, "livemode": who.mode().is_live()}),
-        )),
+        Ok(_) | Err(InvoiceError::AlreadyDiscarded) => Ok(Json(Discarded {
+            deleted: true,
+            id,
+            livemode: who.mode().is_live(),
+        })),
         Err(e) => Err(e.into()),
     }
 }
 
+/// Void an issued invoice and issue its replacement.
+#[utoipa::path(
+    post, path = "/v1/invoices/{id}/correct", tag = "Invoices", operation_id = "correctInvoice",
+    params(("id" = String, Path, description = "An invoice id, `inv_…`.")),
+    request_body = CorrectInvoice,
+    security(("bearer" = ["invoices:write"])),
+    responses(
+        (status = 200, description = "The voided invoice and its replacement.", body = Corrected),
+        (status = 422, description = "Not in a state that allows it.", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn correct_invoice(
     State(state): State<AppState>,
     auth: Auth,
@@ -217,19 +273,47 @@ async fn correct_invoice(
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
     body: Result<JsonBody<CorrectInvoice>, ApiError>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Corrected>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     let JsonBody(body) = body?;
     let (voided, replacement) =
         invoices::correct(&state, who.project_id(), who.mode(), &id, body).await?;
     tracing::info!(invoice = %voided.id, replacement = %replacement.id, "invoice voided and replaced");
     invoices::store_pdf(&state, &voided).await;
-    Ok(Json(json!({
-        "voided": view(&voided, &state),
-        "replacement": view(&replacement, &state),
-    })))
+    Ok(Json(Corrected {
+        replacement: view(&replacement, &state),
+        voided: view(&voided, &state),
+    }))
 }
 
+/// The answer of a discard.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(as = InvoiceDiscarded)]
+struct Discarded {
+    deleted: bool,
+    id: String,
+    livemode: bool,
+}
+
+/// The answer of a correction.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(as = InvoiceCorrected)]
+struct Corrected {
+    replacement: InvoiceView,
+    voided: InvoiceView,
+}
+
+/// Record a credit or write-off against an issued invoice.
+#[utoipa::path(
+    post, path = "/v1/invoices/{id}/adjustments", tag = "Invoices", operation_id = "adjustInvoice",
+    params(("id" = String, Path, description = "An invoice id, `inv_…`.")),
+    request_body = AdjustInvoice,
+    security(("bearer" = ["invoices:write"])),
+    responses(
+        (status = 200, description = "The invoice with the adjustment.", body = InvoiceView),
+        (status = 422, description = "Not in a state that allows it.", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn adjust_invoice(
     State(state): State<AppState>,
     auth: Auth,
@@ -244,6 +328,17 @@ async fn adjust_invoice(
     Ok(Json(view(&inv, &state)))
 }
 
+/// A checkout session for what is left to pay on an issued invoice.
+#[utoipa::path(
+    post, path = "/v1/invoices/{id}/checkout", tag = "Invoices", operation_id = "createInvoiceCheckout",
+    params(("id" = String, Path, description = "An invoice id, `inv_…`.")),
+    request_body = Option<InvoiceCheckout>,
+    security(("bearer" = ["invoices:write", "payments:write"])),
+    responses(
+        (status = 200, description = "The session to send the customer to.", body = InvoiceCheckoutView),
+        (status = 422, description = "Not in a state that allows it.", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn invoice_checkout(
     State(state): State<AppState>,
     auth: Auth,
@@ -272,6 +367,16 @@ async fn invoice_checkout(
     }))
 }
 
+/// The issued invoice as a PDF.
+#[utoipa::path(
+    get, path = "/v1/invoices/{id}/pdf", tag = "Invoices", operation_id = "getInvoicePdf",
+    params(("id" = String, Path, description = "An invoice id, `inv_…`.")),
+    security(("bearer" = ["invoices:read"])),
+    responses(
+        (status = 200, description = "The PDF.", content_type = "application/pdf", body = edge::openapi::Binary),
+        (status = 422, description = "Not in a state that allows it.", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn invoice_pdf(
     State(state): State<AppState>,
     auth: Auth,

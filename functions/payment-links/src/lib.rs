@@ -4,34 +4,31 @@
 //! `functions/hosted`.
 
 use axum::extract::{Extension, Path, State};
-use axum::routing::{get, post};
 use axum::{Json, Router};
-use edge::idempotency::{self, Fence};
+use edge::idempotency::Fence;
+use edge::openapi::{OpenApiRouter, idempotent, routes};
+use edge::pagination::PageParams;
 use edge::{ApiError, Auth, JsonBody, Page, Pagination, QueryParams, with_edge};
 use http::{HeaderMap, StatusCode};
-use serde_json::{Value, json};
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::links::{self, CreateLink, PatchLink, PaymentLinkView};
 
+/// The function's routes and their description, one value.
+pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(idempotent(state, routes!(create_link, list_links)))
+        .routes(idempotent(
+            state,
+            routes!(get_link, patch_link, delete_link),
+        ))
+        .routes(idempotent(state, routes!(cancel_link)))
+}
+
 /// The function's routes, behind the idempotency layer, in the shared edge.
 pub fn router(state: AppState) -> Router {
-    with_edge(
-        Router::new()
-            .route(
-                "/v1/payment-links",
-                idempotency::on(&state, get(list_links).post(create_link)),
-            )
-            .route(
-                "/v1/payment-links/{id}",
-                idempotency::on(&state, get(get_link).patch(patch_link).delete(delete_link)),
-            )
-            .route(
-                "/v1/payment-links/{id}/cancel",
-                idempotency::on(&state, post(cancel_link)),
-            )
-            .with_state(state),
-    )
+    let (router, _) = routes(&state).split_for_parts();
+    with_edge(router.with_state(state))
 }
 
 fn base(state: &AppState, headers: &HeaderMap) -> String {
@@ -41,6 +38,17 @@ fn base(state: &AppState, headers: &HeaderMap) -> String {
     state.config.base_for(host)
 }
 
+/// Create a payment link: a reusable public page at `url`.
+#[utoipa::path(
+    post, path = "/v1/payment-links", tag = "Payment links", operation_id = "createPaymentLink",
+    request_body = CreateLink,
+    security(("bearer" = ["links:write"])),
+    responses(
+        (status = 201, description = "The link.", body = PaymentLinkView),
+        (status = 200, description = "A replay: the first answer to this `Idempotency-Key`.", body = PaymentLinkView),
+        (status = 422, description = "A business rule refused it.", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn create_link(
     State(state): State<AppState>,
     auth: Auth,
@@ -60,6 +68,13 @@ async fn create_link(
     Ok((StatusCode::CREATED, Json(view)))
 }
 
+/// List payment links, newest first.
+#[utoipa::path(
+    get, path = "/v1/payment-links", tag = "Payment links", operation_id = "listPaymentLinks",
+    params(PageParams, ("active" = Option<bool>, Query, description = "Only active (`true`) or inactive (`false`) links.")),
+    security(("bearer" = ["links:read"])),
+    responses((status = 200, description = "A page of links.", body = Page<PaymentLinkView>)),
+)]
 async fn list_links(
     State(state): State<AppState>,
     auth: Auth,
@@ -96,6 +111,13 @@ async fn list_links(
     Ok(Json(Page::new(data, total, page)))
 }
 
+/// Retrieve a payment link, with its payment stats.
+#[utoipa::path(
+    get, path = "/v1/payment-links/{id}", tag = "Payment links", operation_id = "getPaymentLink",
+    params(("id" = String, Path, description = "A payment link id, `plink_…`.")),
+    security(("bearer" = ["links:read"])),
+    responses((status = 200, description = "The link.", body = PaymentLinkView)),
+)]
 async fn get_link(
     State(state): State<AppState>,
     auth: Auth,
@@ -109,6 +131,18 @@ async fn get_link(
         .ok_or_else(|| ApiError::not_found("payment link", &id))
 }
 
+/// Change a payment link: only the keys sent change; `null` clears one
+/// that may be cleared.
+#[utoipa::path(
+    patch, path = "/v1/payment-links/{id}", tag = "Payment links", operation_id = "updatePaymentLink",
+    params(("id" = String, Path, description = "A payment link id, `plink_…`.")),
+    request_body = PatchLink,
+    security(("bearer" = ["links:write"])),
+    responses(
+        (status = 200, description = "The link as changed.", body = PaymentLinkView),
+        (status = 422, description = "A business rule refused it.", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn patch_link(
     State(state): State<AppState>,
     auth: Auth,
@@ -136,6 +170,16 @@ async fn patch_link(
     )))
 }
 
+/// Deactivate a payment link for good.
+#[utoipa::path(
+    post, path = "/v1/payment-links/{id}/cancel", tag = "Payment links", operation_id = "cancelPaymentLink",
+    params(("id" = String, Path, description = "A payment link id, `plink_…`.")),
+    security(("bearer" = ["links:write"])),
+    responses(
+        (status = 200, description = "The link, inactive.", body = PaymentLinkView),
+        (status = 422, description = "Already inactive (`link_inactive`).", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn cancel_link(
     State(state): State<AppState>,
     auth: Auth,
@@ -158,14 +202,35 @@ async fn cancel_link(
     )))
 }
 
+/// Delete a payment link that no payment used.
+#[utoipa::path(
+    delete, path = "/v1/payment-links/{id}", tag = "Payment links", operation_id = "deletePaymentLink",
+    params(("id" = String, Path, description = "A payment link id, `plink_…`.")),
+    security(("bearer" = ["links:write"])),
+    responses(
+        (status = 200, description = "Deleted.", body = Deleted),
+        (status = 409, description = "Payments used the link: cancel it instead.", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn delete_link(
     State(state): State<AppState>,
     auth: Auth,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Deleted>, ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
     let deleted = links::delete(&*state.store, who.project_id(), who.mode(), &id).await?;
-    Ok(Json(
-        json!({"deleted": true, "id": deleted, "livemode": who.mode().is_live()}),
-    ))
+    Ok(Json(Deleted {
+        deleted: true,
+        id: deleted,
+        livemode: who.mode().is_live(),
+    }))
+}
+
+/// The answer of a delete.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(as = PaymentLinkDeleted)]
+struct Deleted {
+    deleted: bool,
+    id: String,
+    livemode: bool,
 }

@@ -1,23 +1,34 @@
 //! The payments function: `GET /v1/payments`, `GET /v1/payments/{id}`.
 
 use axum::extract::{Path, State};
-use axum::routing::get;
 use axum::{Json, Router};
+use edge::openapi::{OpenApiRouter, routes};
+use edge::pagination::PageParams;
 use edge::{ApiError, Auth, Page, Pagination, QueryParams, with_edge};
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::payments::{self, PaymentView};
 
-/// The function's routes, wrapped in the shared edge.
-pub fn router(state: AppState) -> Router {
-    with_edge(
-        Router::new()
-            .route("/v1/payments", get(list_payments))
-            .route("/v1/payments/{id}", get(get_payment))
-            .with_state(state),
-    )
+/// The function's routes and their description, one value.
+pub fn routes(_state: &AppState) -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_payments))
+        .routes(routes!(get_payment))
 }
 
+/// The function's routes, wrapped in the shared edge.
+pub fn router(state: AppState) -> Router {
+    let (router, _) = routes(&state).split_for_parts();
+    with_edge(router.with_state(state))
+}
+
+/// List payments, newest first.
+#[utoipa::path(
+    get, path = "/v1/payments", tag = "Payments", operation_id = "listPayments",
+    params(PageParams),
+    security(("bearer" = ["payments:read"])),
+    responses((status = 200, description = "A page of payments (25 by default).", body = Page<PaymentView>)),
+)]
 async fn list_payments(
     State(state): State<AppState>,
     auth: Auth,
@@ -37,6 +48,13 @@ async fn list_payments(
     Ok(Json(Page::new(data, total, page)))
 }
 
+/// Retrieve a payment.
+#[utoipa::path(
+    get, path = "/v1/payments/{id}", tag = "Payments", operation_id = "getPayment",
+    params(("id" = String, Path, description = "A payment id, `pay_…`.")),
+    security(("bearer" = ["payments:read"])),
+    responses((status = 200, description = "The payment.", body = PaymentView)),
+)]
 async fn get_payment(
     State(state): State<AppState>,
     auth: Auth,

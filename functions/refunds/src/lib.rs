@@ -6,28 +6,41 @@
 //! first refund, never a second one.
 
 use axum::extract::{Extension, Path, State};
-use axum::routing::get;
 use axum::{Json, Router};
-use edge::idempotency::{self, Fence};
+use edge::idempotency::Fence;
+use edge::openapi::{OpenApiRouter, idempotent, routes};
+use edge::pagination::PageParams;
 use edge::{ApiError, Auth, JsonBody, Page, Pagination, QueryParams, with_edge};
 use http::StatusCode;
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::refunds::{self, CreateRefund, RefundView};
 
-/// The function's routes, behind the idempotency layer, in the shared edge.
-pub fn router(state: AppState) -> Router {
-    with_edge(
-        Router::new()
-            .route(
-                "/v1/refunds",
-                idempotency::on(&state, get(list_refunds).post(create_refund)),
-            )
-            .route("/v1/refunds/{id}", get(get_refund))
-            .with_state(state),
-    )
+/// The function's routes and their description, one value.
+pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(idempotent(state, routes!(create_refund, list_refunds)))
+        .routes(routes!(get_refund))
 }
 
+/// The function's routes, behind the idempotency layer, in the shared edge.
+pub fn router(state: AppState) -> Router {
+    let (router, _) = routes(&state).split_for_parts();
+    with_edge(router.with_state(state))
+}
+
+#[utoipa::path(
+    post, path = "/v1/refunds", tag = "Refunds", operation_id = "createRefund",
+    request_body = CreateRefund,
+    security(("bearer" = ["refunds:write"])),
+    responses(
+        (status = 201, description = "The refund (`pending` until the provider answers, or `succeeded`).", body = RefundView),
+        (status = 200, description = "A replay: the first answer to this `Idempotency-Key`.", body = RefundView),
+        (status = 404, description = "No such payment (`not_found`, param `paymentId`).", body = edge::openapi::ErrorEnvelope),
+        (status = 409, description = "A refund of this payment is in progress.", body = edge::openapi::ErrorEnvelope),
+        (status = 422, description = "Not refundable: amount over what is left, payment not succeeded, or the provider takes no API refunds.", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn create_refund(
     State(state): State<AppState>,
     auth: Auth,
@@ -51,6 +64,12 @@ async fn create_refund(
     Ok((StatusCode::CREATED, Json(refund.into())))
 }
 
+#[utoipa::path(
+    get, path = "/v1/refunds", tag = "Refunds", operation_id = "listRefunds",
+    params(PageParams, ("paymentId" = Option<String>, Query, description = "Only this payment's refunds.")),
+    security(("bearer" = ["refunds:read"])),
+    responses((status = 200, description = "A page of refunds, newest first.", body = Page<RefundView>)),
+)]
 async fn list_refunds(
     State(state): State<AppState>,
     auth: Auth,
@@ -72,6 +91,12 @@ async fn list_refunds(
     Ok(Json(Page::new(data, total, page)))
 }
 
+#[utoipa::path(
+    get, path = "/v1/refunds/{id}", tag = "Refunds", operation_id = "getRefund",
+    params(("id" = String, Path, description = "A refund id, `re_…`.")),
+    security(("bearer" = ["refunds:read"])),
+    responses((status = 200, description = "The refund.", body = RefundView)),
+)]
 async fn get_refund(
     State(state): State<AppState>,
     auth: Auth,

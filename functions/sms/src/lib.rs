@@ -4,27 +4,37 @@
 //! reminder. `functions/sms-dispatcher` sends it.
 
 use axum::extract::{Extension, State};
-use axum::routing::post;
 use axum::{Json, Router};
-use edge::idempotency::{self, Fence};
+use edge::idempotency::Fence;
+use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::{ApiError, Auth, JsonBody, with_edge};
 use http::HeaderMap;
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::sms::{self, Limits, NotifyOutcome, NotifyRequest};
 
-/// The function's routes, behind the idempotency layer, in the shared edge.
-pub fn router(state: AppState) -> Router {
-    with_edge(
-        Router::new()
-            .route(
-                "/v1/sms/notify-pending-payment",
-                idempotency::on(&state, post(notify)),
-            )
-            .with_state(state),
-    )
+/// The function's routes and their description, one value.
+pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(idempotent(state, routes!(notify)))
 }
 
+/// The function's routes, behind the idempotency layer, in the shared edge.
+pub fn router(state: AppState) -> Router {
+    let (router, _) = routes(&state).split_for_parts();
+    with_edge(router.with_state(state))
+}
+
+/// Text the customer a reminder of a pending checkout (live: queued for
+/// sending; sandbox: logged, nothing sent).
+#[utoipa::path(
+    post, path = "/v1/sms/notify-pending-payment", tag = "SMS", operation_id = "notifyPendingPayment",
+    request_body = NotifyRequest,
+    security(("bearer" = ["payments:write"])),
+    responses(
+        (status = 200, description = "What happened to the reminder.", body = NotifyOutcome),
+        (status = 400, description = "Invalid, or a guard refused it (`phone_not_on_session`, `invalid_checkout_host`).", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn notify(
     State(state): State<AppState>,
     auth: Auth,

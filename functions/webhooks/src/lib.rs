@@ -3,46 +3,53 @@
 //! and `POST /v1/webhooks/{id}/test` (a test event of one type, for that
 //! endpoint only). Delivery itself is `functions/webhook-dispatcher`.
 
+pub mod events;
+
 use axum::extract::{Extension, Path, State};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
-use edge::idempotency::{self, Fence, Redact};
+use edge::idempotency::{Fence, Redact};
+use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::{ApiError, Auth, JsonBody, with_edge};
 use http::StatusCode;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::outbox::EventType;
 use shared::domain::webhooks::{self, CreateEndpoint, DeliveryView, EndpointView, PatchEndpoint};
 
-/// The function's routes, behind the idempotency layer, in the shared edge.
-pub fn router(state: AppState) -> Router {
-    with_edge(
-        Router::new()
-            .route(
-                "/v1/webhooks",
-                idempotency::on(&state, get(list_endpoints).post(create_endpoint)),
-            )
-            .route(
-                "/v1/webhooks/{id}",
-                idempotency::on(
-                    &state,
-                    get(get_endpoint)
-                        .patch(patch_endpoint)
-                        .delete(delete_endpoint),
-                ),
-            )
-            .route("/v1/webhooks/{id}/deliveries", get(list_deliveries))
-            .route(
-                "/v1/webhooks/{id}/test",
-                idempotency::on(&state, post(send_test)),
-            )
-            .with_state(state),
-    )
+pub use events::events;
+
+/// The function's routes and their description, one value.
+pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(idempotent(state, routes!(create_endpoint, list_endpoints)))
+        .routes(idempotent(
+            state,
+            routes!(get_endpoint, patch_endpoint, delete_endpoint),
+        ))
+        .routes(routes!(list_deliveries))
+        .routes(idempotent(state, routes!(send_test)))
 }
 
+/// The function's routes, behind the idempotency layer, in the shared edge.
+pub fn router(state: AppState) -> Router {
+    let (router, _) = routes(&state).split_for_parts();
+    with_edge(router.with_state(state))
+}
+
+/// Register a webhook endpoint. Its `signing_secret` is in this answer
+/// only.
+#[utoipa::path(
+    post, path = "/v1/webhooks", tag = "Webhooks", operation_id = "createWebhookEndpoint",
+    request_body = CreateEndpoint,
+    security(("bearer" = ["webhooks:write"])),
+    responses(
+        (status = 201, description = "The endpoint, with its signing secret.", body = EndpointView),
+        (status = 200, description = "A replay: the first answer to this `Idempotency-Key`, without the secret.", body = EndpointView),
+    ),
+)]
 async fn create_endpoint(
     State(state): State<AppState>,
     auth: Auth,
@@ -67,16 +74,29 @@ async fn create_endpoint(
     Ok(res)
 }
 
+/// List webhook endpoints.
+#[utoipa::path(
+    get, path = "/v1/webhooks", tag = "Webhooks", operation_id = "listWebhookEndpoints",
+    security(("bearer" = ["webhooks:read"])),
+    responses((status = 200, description = "Every endpoint of this project and mode.", body = EndpointList)),
+)]
 async fn list_endpoints(
     State(state): State<AppState>,
     auth: Auth,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<EndpointList>, ApiError> {
     let who = auth.require(Scope::WebhooksRead)?;
     let found = webhooks::list(&*state.store, who.project_id(), who.mode()).await?;
-    let data: Vec<EndpointView> = found.iter().map(|e| EndpointView::of(e, None)).collect();
-    Ok(Json(json!({ "data": data })))
+    let data = found.iter().map(|e| EndpointView::of(e, None)).collect();
+    Ok(Json(EndpointList { data }))
 }
 
+/// Retrieve a webhook endpoint.
+#[utoipa::path(
+    get, path = "/v1/webhooks/{id}", tag = "Webhooks", operation_id = "getWebhookEndpoint",
+    params(("id" = String, Path, description = "A webhook endpoint id, `we_…`.")),
+    security(("bearer" = ["webhooks:read"])),
+    responses((status = 200, description = "The endpoint.", body = EndpointView)),
+)]
 async fn get_endpoint(
     State(state): State<AppState>,
     auth: Auth,
@@ -87,6 +107,14 @@ async fn get_endpoint(
     Ok(Json(EndpointView::of(&endpoint, None)))
 }
 
+/// Change a webhook endpoint: only the keys sent change.
+#[utoipa::path(
+    patch, path = "/v1/webhooks/{id}", tag = "Webhooks", operation_id = "updateWebhookEndpoint",
+    params(("id" = String, Path, description = "A webhook endpoint id, `we_…`.")),
+    request_body = PatchEndpoint,
+    security(("bearer" = ["webhooks:write"])),
+    responses((status = 200, description = "The endpoint as changed.", body = EndpointView)),
+)]
 async fn patch_endpoint(
     State(state): State<AppState>,
     auth: Auth,
@@ -101,36 +129,85 @@ async fn patch_endpoint(
     Ok(Json(EndpointView::of(&endpoint, None)))
 }
 
+/// Delete a webhook endpoint; its pending deliveries end.
+#[utoipa::path(
+    delete, path = "/v1/webhooks/{id}", tag = "Webhooks", operation_id = "deleteWebhookEndpoint",
+    params(("id" = String, Path, description = "A webhook endpoint id, `we_…`.")),
+    security(("bearer" = ["webhooks:write"])),
+    responses((status = 200, description = "Deleted.", body = EndpointDeleted)),
+)]
 async fn delete_endpoint(
     State(state): State<AppState>,
     auth: Auth,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<EndpointDeleted>, ApiError> {
     let who = auth.require(Scope::WebhooksWrite)?;
     webhooks::delete(&*state.store, who.project_id(), who.mode(), &id).await?;
     tracing::info!(endpoint_id = %id, "webhook endpoint deleted");
-    Ok(Json(json!({"deleted": true, "id": id})))
+    Ok(Json(EndpointDeleted { deleted: true, id }))
 }
 
+/// The endpoint's deliveries, newest first.
+#[utoipa::path(
+    get, path = "/v1/webhooks/{id}/deliveries", tag = "Webhooks", operation_id = "listWebhookDeliveries",
+    params(("id" = String, Path, description = "A webhook endpoint id, `we_…`.")),
+    security(("bearer" = ["webhooks:read"])),
+    responses((status = 200, description = "The deliveries.", body = DeliveryList)),
+)]
 async fn list_deliveries(
     State(state): State<AppState>,
     auth: Auth,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DeliveryList>, ApiError> {
     let who = auth.require(Scope::WebhooksRead)?;
     let found = webhooks::deliveries(&*state.store, who.project_id(), who.mode(), &id).await?;
-    let data: Vec<DeliveryView> = found.iter().map(DeliveryView::from).collect();
-    Ok(Json(json!({ "data": data })))
+    let data = found.iter().map(DeliveryView::from).collect();
+    Ok(Json(DeliveryList { data }))
 }
 
 /// `POST /v1/webhooks/{id}/test`: `{"type": "<event type>"}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = WebhookTestEvent)]
 struct TestEvent {
     #[serde(rename = "type")]
+    #[schema(value_type = EventType)]
     event_type: String,
 }
 
+/// `GET /v1/webhooks`.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = WebhookEndpointList)]
+struct EndpointList {
+    data: Vec<EndpointView>,
+}
+
+/// `GET /v1/webhooks/{id}/deliveries`.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = WebhookDeliveryList)]
+struct DeliveryList {
+    data: Vec<DeliveryView>,
+}
+
+/// The answer of a delete.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = WebhookEndpointDeleted)]
+struct EndpointDeleted {
+    deleted: bool,
+    id: String,
+}
+
+/// Send the endpoint (and only it) a test event of one type.
+#[utoipa::path(
+    post, path = "/v1/webhooks/{id}/test", tag = "Webhooks", operation_id = "sendWebhookTestEvent",
+    params(("id" = String, Path, description = "A webhook endpoint id, `we_…`.")),
+    request_body = TestEvent,
+    security(("bearer" = ["webhooks:write"])),
+    responses(
+        (status = 202, description = "The event, queued for this endpoint.", body = events::Event),
+        (status = 422, description = "The endpoint is disabled.", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
 async fn send_test(
     State(state): State<AppState>,
     auth: Auth,

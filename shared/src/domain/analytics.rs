@@ -37,14 +37,15 @@ pub fn parse_days(raw: Option<&str>) -> Result<u32, String> {
     }
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, PartialEq, utoipa::ToSchema)]
+#[schema(as = AnalyticsWindow)]
 pub struct Window {
     pub days: u32,
     pub start: Timestamp,
     pub end: Timestamp,
 }
 
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct PaymentFigures {
     pub total: i64,
     pub success: i64,
@@ -53,7 +54,7 @@ pub struct PaymentFigures {
     pub success_volume_paisa: i64,
 }
 
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct Funnel {
     pub sessions_created: i64,
     pub sessions_initiated: i64,
@@ -61,7 +62,7 @@ pub struct Funnel {
     pub conversion_rate_initiated_to_paid: f64,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct ProviderFigures {
     pub provider: Provider,
     pub count: i64,
@@ -70,7 +71,7 @@ pub struct ProviderFigures {
 }
 
 /// The answer of `GET /v1/analytics/overview`.
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct Overview {
     pub window: Window,
     pub payments: PaymentFigures,

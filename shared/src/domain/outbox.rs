@@ -23,7 +23,7 @@ use crate::time::Timestamp;
 pub const SHARDS: u32 = 4;
 
 /// Every event type (decisions, "Webhooks").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 pub enum EventType {
     #[serde(rename = "payment.succeeded")]
     PaymentSucceeded,

@@ -16,7 +16,7 @@ use crate::money::{Currency, Paisa};
 use crate::store::{Cond, Index, Key, Query, Store, StoreError};
 use crate::time::Timestamp;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PaymentStatus {
     Pending,
@@ -124,8 +124,9 @@ impl Payment {
 }
 
 /// A payment as the API shows it (camelCase, as the spec writes it).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = Payment)]
 pub struct PaymentView {
     pub id: String,
     pub livemode: bool,
@@ -138,19 +139,26 @@ pub struct PaymentView {
     pub provider: Provider,
     pub status: PaymentStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub provider_ref: Option<String>,
+    #[schema(required)]
     pub failure_reason: Option<String>,
+    #[schema(value_type = Object)]
     pub metadata: Map<String, Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub customer_name: Option<PersonName>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub customer_email: Option<Email>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub customer_phone: Option<Phone>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     /// Set on a second success for one session (decisions, "Payments").
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub double_payment_of: Option<String>,
 }
 

@@ -104,7 +104,13 @@ impl<const MAX: usize, const LINES: bool> utoipa::PartialSchema for Text<MAX, LI
     }
 }
 
-impl<const MAX: usize, const LINES: bool> utoipa::ToSchema for Text<MAX, LINES> {}
+/// Named by its rule (`Text100`, `Lines500`): each length is its own schema.
+impl<const MAX: usize, const LINES: bool> utoipa::ToSchema for Text<MAX, LINES> {
+    fn name() -> std::borrow::Cow<'static, str> {
+        let kind = if LINES { "Lines" } else { "Text" };
+        std::borrow::Cow::Owned(format!("{kind}{MAX}"))
+    }
+}
 
 // ------------------------------------------------------------------ email
 
@@ -341,8 +347,10 @@ impl<'de, T: Rule> Deserialize<'de> for OrEmpty<T> {
     }
 }
 
-impl<T: utoipa::PartialSchema> utoipa::PartialSchema for OrEmpty<T> {
-    fn schema() -> RefOr<Schema> {
+/// Generic, so its schema comes through utoipa's `ComposeSchema` (which
+/// gives it `PartialSchema`): it does not depend on how the field is used.
+impl<T: utoipa::PartialSchema> utoipa::__dev::ComposeSchema for OrEmpty<T> {
+    fn compose(_: Vec<RefOr<Schema>>) -> RefOr<Schema> {
         let blank = ObjectBuilder::new()
             .schema_type(Type::String)
             .pattern(Some("^\\s*$"))

@@ -93,7 +93,7 @@ impl Scope {
 }
 
 /// The merchant's subscription plan.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Plan {
     Free,
@@ -175,7 +175,7 @@ impl Project {
 
 /// `secret` keys hold every scope they list for a server; `restricted`
 /// keys are narrowed to a few scopes for one job.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum KeyKind {
     Secret,

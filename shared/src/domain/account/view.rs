@@ -16,7 +16,8 @@ pub fn mask_email(email: &str) -> String {
 }
 
 /// `GET /v1/account`, snake_case as the spec writes it.
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, PartialEq, utoipa::ToSchema)]
+#[schema(as = Account)]
 pub struct AccountView {
     pub merchant: MerchantView,
     pub project: ProjectView,
@@ -25,7 +26,8 @@ pub struct AccountView {
     pub entitlements: Entitlements,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, PartialEq, utoipa::ToSchema)]
+#[schema(as = Merchant)]
 pub struct MerchantView {
     pub id: String,
     pub name: String,
@@ -33,7 +35,8 @@ pub struct MerchantView {
     pub created_at: Timestamp,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, PartialEq, utoipa::ToSchema)]
+#[schema(as = Project)]
 pub struct ProjectView {
     pub id: String,
     pub name: String,
@@ -41,7 +44,8 @@ pub struct ProjectView {
     pub created_at: Timestamp,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, PartialEq, utoipa::ToSchema)]
+#[schema(as = ApiKey)]
 pub struct ApiKeyView {
     pub id: String,
     pub prefix: String,
@@ -50,15 +54,18 @@ pub struct ApiKeyView {
     pub scopes: Vec<String>,
     pub description: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub expires_at: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub last_used_at: Option<Timestamp>,
     /// Nullable (decisions.md): always present.
+    #[schema(required)]
     pub spend_cap_paisa: Option<i64>,
 }
 
 /// What the plan and the project allow.
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct Entitlements {
     pub live_invoicing: bool,
     pub sms_monthly_quota: u32,

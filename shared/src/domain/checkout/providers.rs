@@ -3,7 +3,7 @@
 use super::*;
 
 /// One provider as `GET /v1/providers` shows it.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderAvailability {
     pub provider: Provider,

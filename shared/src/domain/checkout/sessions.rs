@@ -5,7 +5,7 @@
 use super::*;
 
 /// How the customer pays.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Flow {
     /// Our hosted page; the customer picks a provider unless one is set.
@@ -16,7 +16,7 @@ pub enum Flow {
     Qr,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SessionStatus {
     Pending,
@@ -59,7 +59,7 @@ impl SessionStatus {
 /// The customer's address, pre-filled or collected. On the wire each part
 /// is an [`AddressPart`] (the contract's rule); stored records and the
 /// hosted page's form hold plain strings ([`StoredAddress`]).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Address<T = AddressPart> {
     #[serde(default = "none", skip_serializing_if = "Option::is_none")]
@@ -226,8 +226,9 @@ impl CheckoutSession {
 }
 
 /// A session as the API shows it (camelCase, as the spec writes it).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = CheckoutSession)]
 pub struct CheckoutSessionView {
     pub id: String,
     pub livemode: bool,
@@ -236,21 +237,29 @@ pub struct CheckoutSessionView {
     pub amount: Paisa,
     pub currency: Currency,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub provider: Option<Provider>,
     pub status: SessionStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub payment_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub description: Option<Description>,
+    #[schema(value_type = Object)]
     pub metadata: Map<String, Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub customer_name: Option<PersonName>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub customer_email: Option<Email>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub customer_phone: Option<Phone>,
     pub collect_address: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub customer_address: Option<Address>,
     pub expires_at: Timestamp,
     pub created_at: Timestamp,
@@ -285,9 +294,11 @@ impl CheckoutSessionView {
 }
 
 /// The body of `POST /v1/checkout` (decisions.md). Unknown fields refused.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateCheckout {
+    /// Paisa; the provider's and mode's bounds apply (`GET /v1/providers`).
+    #[schema(minimum = 1)]
     pub amount: i64,
     pub return_url: HttpUrl,
     #[serde(default)]
@@ -301,6 +312,7 @@ pub struct CreateCheckout {
     #[serde(default)]
     pub description: Option<Description>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Map<String, Value>>,
     #[serde(default)]
     pub customer: Option<CustomerInput>,
@@ -308,7 +320,7 @@ pub struct CreateCheckout {
     pub collect_address: Option<bool>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CustomerInput {
     #[serde(default)]

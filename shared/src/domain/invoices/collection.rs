@@ -4,7 +4,8 @@
 use super::*;
 
 /// What `POST /v1/invoices/{id}/checkout` answers.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[schema(as = InvoiceCheckoutSession)]
 pub struct InvoiceCheckoutView {
     pub checkout_session_id: String,
     pub checkout_url: String,

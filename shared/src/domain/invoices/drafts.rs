@@ -4,7 +4,7 @@
 use super::*;
 
 /// One line of a create or patch body.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LineInput {
     pub description: InvoiceLineText,
@@ -13,7 +13,7 @@ pub struct LineInput {
 }
 
 /// `POST /v1/invoices` (camelCase request).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateInvoice {
     pub lines: Vec<LineInput>,
@@ -33,7 +33,7 @@ pub struct CreateInvoice {
 /// `PATCH /v1/invoices/{id}`: the create fields to change, and the
 /// `version` they were made against. A key sent as `null` clears it
 /// (except `lines` and `dueAt`, which cannot be cleared).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PatchInvoice {
     pub version: i64,
@@ -53,19 +53,19 @@ pub struct PatchInvoice {
     pub note: Option<Option<InvoiceNote>>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FinalizeInvoice {
     pub version: i64,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CorrectInvoice {
     pub reason: InvoiceLineText,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AdjustInvoice {
     pub amount: i64,
@@ -73,7 +73,7 @@ pub struct AdjustInvoice {
     pub version: i64,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InvoiceCheckout {
     #[serde(default)]

@@ -86,7 +86,7 @@ pub fn tax_total(subtotal: i64, bps: i64) -> i64 {
 
 // -------------------------------------------------------------- resources
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DocumentStatus {
     Draft,
@@ -114,7 +114,7 @@ impl DocumentStatus {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CollectionStatus {
     Unpaid,
@@ -147,7 +147,7 @@ impl CollectionStatus {
 
 /// One line, as stored (plain text) and as answered (`Line<InvoiceLineText>`,
 /// the contract's rule on `description`), camelCase (spec "Line object").
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Line<D = String> {
     pub id: String,
@@ -172,7 +172,7 @@ impl Line {
 
 /// The buyer on the wire (spec: name, email, phone, address; nothing
 /// else), each field with its rule.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Buyer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -222,7 +222,7 @@ pub struct Allocation {
 }
 
 /// A collection adjustment.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Adjustment {
     pub amount: i64,
     pub reason: String,
@@ -334,26 +334,34 @@ impl Invoice {
 }
 
 /// The seller as answered (camelCase keys, spec "seller").
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = Seller)]
 pub struct SellerView {
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub name: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub legal_name: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub email: Option<String>,
+    #[schema(required)]
     pub logo_url: Option<String>,
+    #[schema(required)]
     pub brand_color: Option<String>,
 }
 
 /// The invoice as the API answers it (spec field names, snake_case).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+#[schema(as = Invoice)]
 pub struct InvoiceView {
     pub id: String,
     pub object: &'static str,
     pub livemode: bool,
     pub version: i64,
+    #[schema(required)]
     pub invoice_number: Option<String>,
     pub document_status: &'static str,
     pub collection_status: &'static str,
@@ -368,22 +376,32 @@ pub struct InvoiceView {
     pub amount_adjusted: i64,
     pub amount_excess: i64,
     pub amount_remaining: i64,
+    #[schema(required)]
     pub customer_id: Option<InvoiceText>,
+    #[schema(required)]
     pub buyer: Option<Buyer>,
+    #[schema(required)]
     pub seller: Option<SellerView>,
+    #[schema(required)]
     pub issued_at: Option<Timestamp>,
     pub due_at: Timestamp,
     pub created_at: Timestamp,
+    #[schema(required)]
     pub external_reference: Option<InvoiceText>,
+    #[schema(required)]
     pub note: Option<InvoiceNote>,
     pub needs_attention: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub voided_at: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub void_reason: Option<InvoiceLineText>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub corrected_by_invoice_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub correction_of_invoice_id: Option<String>,
 }
 

@@ -4,7 +4,7 @@
 use super::*;
 
 /// `stats` of the single-link retrieve.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct LinkStats {
     pub views: i64,
     pub used_count: i64,
@@ -13,56 +13,78 @@ pub struct LinkStats {
 
 /// A link as the API shows it (camelCase; the address flattened into
 /// `customerLine1`… as the spec writes it).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = PaymentLink)]
 pub struct PaymentLinkView {
     pub id: String,
     pub livemode: bool,
     pub mode: Mode,
     pub title: LinkTitle,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub description: Option<Description>,
+    #[schema(required)]
     pub amount: Option<Paisa>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub min_amount: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub max_amount: Option<i64>,
     pub currency: Currency,
+    #[schema(required)]
     pub provider: Option<Provider>,
     pub active: bool,
+    #[schema(required)]
     pub max_uses: Option<i64>,
     pub used_count: i64,
+    #[schema(required)]
     pub expires_at: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub redirect_url: Option<HttpUrl>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub inactive_message: Option<InactiveMessage>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub customer_name: Option<PersonName>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub customer_email: Option<Email>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub customer_phone: Option<Phone>,
     pub collect_address: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub customer_line1: Option<AddressPart>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub customer_line2: Option<AddressPart>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub customer_city: Option<AddressPart>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub customer_state: Option<AddressPart>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub customer_postal_code: Option<AddressPart>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub customer_country: Option<AddressPart>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub reference_id: Option<ReferenceId>,
+    #[schema(value_type = Object)]
     pub metadata: Map<String, Value>,
     pub url: String,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub stats: Option<LinkStats>,
 }
 
@@ -117,7 +139,7 @@ impl PaymentLinkView {
 }
 
 /// The body of `POST /v1/payment-links`. Unknown fields refused.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateLink {
     pub title: LinkTitle,
@@ -164,11 +186,12 @@ pub struct CreateLink {
     #[serde(default)]
     pub reference_id: Option<ReferenceId>,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<Map<String, Value>>,
 }
 
 /// The body of `PATCH /v1/payment-links/{id}`: only the keys sent change.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PatchLink {
     #[serde(default, deserialize_with = "nullable")]

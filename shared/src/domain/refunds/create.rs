@@ -4,10 +4,12 @@
 use super::*;
 
 /// The body of `POST /v1/refunds`. Unknown fields refused.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateRefund {
     pub payment_id: String,
+    /// Paisa, at most what is left to refund.
+    #[schema(minimum = 1)]
     pub amount: i64,
     pub reason: RefundReason,
     #[serde(default)]

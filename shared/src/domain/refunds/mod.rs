@@ -67,7 +67,7 @@ const TRIES: usize = 12;
 /// The payment attribute holding the reserved (not failed) refund total.
 pub const RESERVED: &str = "amount_reserved";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RefundStatus {
     Processing,
@@ -87,7 +87,7 @@ impl RefundStatus {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RefundReason {
     CustomerRequest,
@@ -157,8 +157,9 @@ impl Refund {
 }
 
 /// A refund as the API shows it (camelCase, as the spec writes it).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = Refund)]
 pub struct RefundView {
     pub id: String,
     pub livemode: bool,
@@ -170,12 +171,16 @@ pub struct RefundView {
     pub reason: RefundReason,
     pub status: RefundStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub provider_refund_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub failure_reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub notes: Option<RefundNotes>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub mobile_number: Option<NepaliMobile>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,

@@ -120,7 +120,7 @@ const MAX_URL: usize = 500;
 const MAX_AMOUNT_MINOR: i64 = 10_000_000_000;
 
 /// The request body (camelCase, unknown fields refused).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct NotifyRequest {
     pub customer_phone: String,
@@ -145,9 +145,12 @@ pub struct ValidNotify {
 }
 
 /// The answer: `{sent, status}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct NotifyOutcome {
     pub sent: bool,
+    /// `queued` (live), `logged` (sandbox: nothing is sent) or
+    /// `plan_limit_reached` (this month's quota is used).
+    #[schema(value_type = String, pattern = "^(queued|logged|plan_limit_reached)$")]
     pub status: &'static str,
 }
 

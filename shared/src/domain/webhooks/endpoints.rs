@@ -39,19 +39,24 @@ impl Endpoint {
 }
 
 /// The endpoint as the API answers it (spec, "Webhook endpoint").
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = WebhookEndpoint)]
 pub struct EndpointView {
     pub id: String,
+    /// Always `webhook_endpoint`.
+    #[schema(value_type = String, pattern = "^webhook_endpoint$")]
     pub object: &'static str,
     pub livemode: bool,
     pub url: String,
+    #[schema(value_type = Vec<EventType>)]
     pub events: Vec<&'static str>,
     pub enabled: bool,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     /// Only in the answer to the registration.
     #[serde(rename = "signing_secret", skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub signing_secret: Option<String>,
 }
 
@@ -72,25 +77,30 @@ impl EndpointView {
 }
 
 /// `POST /v1/webhooks`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateEndpoint {
     pub url: String,
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<Vec<EventType>>, nullable = false)]
     pub events: Option<Vec<String>>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub enabled: Option<bool>,
 }
 
 /// `PATCH /v1/webhooks/{id}`: only the keys sent change.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PatchEndpoint {
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub url: Option<String>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<Vec<EventType>>, nullable = false)]
     pub events: Option<Vec<String>>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub enabled: Option<bool>,
 }
 

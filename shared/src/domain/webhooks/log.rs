@@ -79,31 +79,44 @@ impl Delivery {
 }
 
 /// A delivery as the API answers it (spec, "Webhook delivery attempt").
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
+#[schema(as = WebhookDelivery)]
 pub struct DeliveryView {
     pub id: String,
+    /// Always `webhook_delivery`.
+    #[schema(value_type = String)]
     pub object: &'static str,
     pub webhook_endpoint_id: String,
     pub event_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub payment_id: Option<String>,
+    #[schema(value_type = EventType)]
     pub event_type: &'static str,
+    #[schema(value_type = String)]
     pub status: &'static str,
     pub attempts: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub response_status: Option<u16>,
     /// The first KB of the receiver's last answer, as text.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub response_body: Option<String>,
     /// The event body sent, as JSON (omitted before the first attempt).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    #[schema(value_type = Option<Object>)]
     pub payload: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub last_error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub last_attempt_at: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub next_attempt_at: Option<Timestamp>,
     pub created_at: Timestamp,
     pub livemode: bool,

@@ -1,0 +1,369 @@
+//! The OpenAPI document's shared parts, and the one value that is both a
+//! route table and its description ([`OpenApiRouter`]).
+//!
+//! A function builds its routes with [`routes!`] over handlers annotated
+//! with `#[utoipa::path]`: the path the router serves is the path the
+//! document names, by construction. What every operation shares is added
+//! here once, from what the edge really does: the bearer key, the
+//! `Idempotency-Key` header where [`idempotent`] installs the layer, the
+//! `X-Request-Id` and `X-RateLimit-*` headers, and the error answers the
+//! edge itself gives (401, 403, 429, 503; 400 where there is input; 404
+//! where the path names a record; 409 and 413 where a body is fenced).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::path::{HttpMethod, Operation, ParameterBuilder, ParameterIn};
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{
+    ContentBuilder, InfoBuilder, OpenApi, OpenApiVersion, Ref, RefOr, Required, ResponseBuilder,
+    Schema,
+};
+use utoipa::{PartialSchema, ToSchema};
+
+pub use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
+pub use utoipa_axum::routes;
+
+use crate::ErrorType;
+use crate::idempotency;
+use crate::ratelimit::{LIMIT_HEADER, REMAINING_HEADER, RESET_HEADER};
+use shared::AppState;
+
+/// The security scheme's name: `Authorization: Bearer sk_test_…`.
+pub const BEARER: &str = "bearer";
+const ERROR: &str = "Error";
+const RATE_LIMITED: &str = "RateLimited";
+const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
+/// Marks an operation behind the idempotency layer until [`finish`]
+/// turns it into the documented header and answers.
+const IDEMPOTENT_MARK: &str = "x-dhukuti-idempotent";
+
+/// These operations behind the idempotency layer, and documented so: the
+/// one call that installs the layer also names the header.
+pub fn idempotent<S>(
+    state: &AppState,
+    (schemas, mut paths, method_router): UtoipaMethodRouter<S>,
+) -> UtoipaMethodRouter<S>
+where
+    S: Clone + Send + Sync + 'static,
+{
+    for item in paths.paths.values_mut() {
+        for op in writes(item) {
+            let ext = op.extensions.get_or_insert_with(Default::default);
+            ext.insert(IDEMPOTENT_MARK.to_owned(), serde_json::Value::Bool(true));
+        }
+    }
+    (schemas, paths, idempotency::on(state, method_router))
+}
+
+fn writes(item: &mut utoipa::openapi::PathItem) -> impl Iterator<Item = &mut Operation> {
+    [
+        &mut item.post,
+        &mut item.patch,
+        &mut item.delete,
+        &mut item.put,
+    ]
+    .into_iter()
+    .flatten()
+}
+
+fn operations(item: &mut utoipa::openapi::PathItem) -> Vec<(HttpMethod, &mut Operation)> {
+    [
+        (HttpMethod::Get, &mut item.get),
+        (HttpMethod::Post, &mut item.post),
+        (HttpMethod::Patch, &mut item.patch),
+        (HttpMethod::Put, &mut item.put),
+        (HttpMethod::Delete, &mut item.delete),
+    ]
+    .into_iter()
+    .filter_map(|(m, op)| op.as_mut().map(|op| (m, op)))
+    .collect()
+}
+
+/// The error envelope every refusal is written in (`edge::error`).
+#[derive(Serialize, ToSchema)]
+#[schema(as = Error)]
+#[allow(dead_code)]
+pub struct ErrorEnvelope {
+    error: ErrorBody,
+}
+
+/// What went wrong. More objects may join it (`suspension`, `pause`,
+/// `refund`), named by the code that adds them.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+struct ErrorBody {
+    /// For people: may change wording at any time.
+    message: String,
+    #[serde(rename = "type")]
+    kind: ErrorType,
+    /// For programs: stable, snake_case (e.g. `validation_failed`,
+    /// `missing_scope`, `not_found`, `rate_limited`,
+    /// `idempotency_key_in_use`). New codes may appear.
+    code: String,
+    /// The `X-Request-Id` of this answer: quote it to support.
+    request_id: String,
+    /// The body field, query parameter or header at fault.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    param: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<String>,
+    #[serde(flatten)]
+    more: BTreeMap<String, serde_json::Value>,
+}
+
+/// A file in the answer (`format: binary`), e.g. an invoice PDF.
+pub struct Binary;
+
+impl utoipa::PartialSchema for Binary {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
+                utoipa::openapi::KnownFormat::Binary,
+            )))
+            .into()
+    }
+}
+impl ToSchema for Binary {}
+
+fn header(description: &str, schema: impl Into<RefOr<Schema>>) -> utoipa::openapi::Header {
+    HeaderBuilder::new()
+        .schema(Some(schema))
+        .description(Some(description))
+        .build()
+}
+
+fn request_id_header() -> utoipa::openapi::Header {
+    header(
+        "This request's id, also in every log line about it and in an error's `request_id`.",
+        String::schema(),
+    )
+}
+
+fn rate_headers() -> Vec<(&'static str, utoipa::openapi::Header)> {
+    vec![
+        (
+            LIMIT_HEADER,
+            header("Requests allowed per window for this key.", u64::schema()),
+        ),
+        (
+            REMAINING_HEADER,
+            header("Requests left in this window.", u64::schema()),
+        ),
+        (
+            RESET_HEADER,
+            header(
+                "Unix time (seconds) at which the window resets.",
+                u64::schema(),
+            ),
+        ),
+    ]
+}
+
+fn error_response(description: &str, rate_limited: bool) -> utoipa::openapi::Response {
+    let mut r = ResponseBuilder::new()
+        .description(description)
+        .header("X-Request-Id", request_id_header())
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name(ERROR)))
+                .build(),
+        );
+    if rate_limited {
+        r = r.header(
+            "Retry-After",
+            header("Seconds to wait before trying again.", u64::schema()),
+        );
+        for (name, h) in rate_headers() {
+            r = r.header(name, h);
+        }
+    }
+    r.build()
+}
+
+/// The whole document from the routers' own parts: shared components,
+/// the security of every operation, the edge's headers and answers, and
+/// the webhook events.
+pub fn finish(mut api: OpenApi, webhooks: utoipa::openapi::Paths) -> OpenApi {
+    api.openapi = OpenApiVersion::Version31;
+    api.info = InfoBuilder::new()
+        .title("Dhukuti API")
+        .version("1")
+        .description(Some(
+            "Collect rupees through eSewa, Khalti and Fonepay with one API. \
+             Authenticate with a secret key as a bearer token \
+             (`Authorization: Bearer sk_test_…`); a test key sees only \
+             sandbox data. Amounts are integers in paisa. Writes accept an \
+             `Idempotency-Key`: a retry with the same key and body returns \
+             the first answer. Errors use one envelope, `{\"error\": {…}}`. \
+             Webhooks (below) are signed with the endpoint's secret in \
+             `X-Service-Signature`.",
+        ))
+        .build();
+
+    let mut components = api.components.take().unwrap_or_default();
+    components.security_schemes.insert(
+        BEARER.to_owned(),
+        RefOr::T(SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .bearer_format("sk_test_… or sk_live_…")
+                .description(Some(
+                    "A secret API key. Each operation names the scope it needs.",
+                ))
+                .build(),
+        )),
+    );
+    let mut schemas = Vec::new();
+    <ErrorEnvelope as ToSchema>::schemas(&mut schemas);
+    schemas.push((ERROR.to_owned(), ErrorEnvelope::schema()));
+    components.schemas.extend(schemas);
+    components.responses.insert(
+        ERROR.to_owned(),
+        RefOr::T(error_response("Refused: the error envelope.", false)),
+    );
+    components.responses.insert(
+        RATE_LIMITED.to_owned(),
+        RefOr::T(error_response(
+            "Too many requests for this key (`rate_limited`).",
+            true,
+        )),
+    );
+
+    for (path, item) in api.paths.paths.iter_mut() {
+        let names_record = path.contains('{');
+        for (method, op) in operations(item) {
+            document_operation(op, &method, names_record);
+        }
+    }
+    link_created_records(&mut api);
+    if !webhooks.paths.is_empty() {
+        api.webhooks = Some(webhooks);
+    }
+    api.components = Some(components);
+    api
+}
+
+/// A create (`POST /v1/x` answering 201) links to every operation on
+/// `/v1/x/{id}…` with the new record's id: how a client, or a stateful
+/// fuzzer, goes from a record to what can be done with it.
+fn link_created_records(api: &mut OpenApi) {
+    let mut targets: Vec<(String, String)> = Vec::new();
+    for (path, item) in api.paths.paths.iter_mut() {
+        for (_, op) in operations(item) {
+            if let Some(id) = &op.operation_id {
+                targets.push((path.clone(), id.clone()));
+            }
+        }
+    }
+    for (path, item) in api.paths.paths.iter_mut() {
+        let Some(RefOr::T(created)) = item
+            .post
+            .as_mut()
+            .and_then(|op| op.responses.responses.get_mut("201"))
+        else {
+            continue;
+        };
+        let prefix = format!("{path}/{{id}}");
+        for (target, id) in &targets {
+            if *target == prefix || target.starts_with(&format!("{prefix}/")) {
+                created.links.insert(
+                    id.clone(),
+                    RefOr::T(
+                        utoipa::openapi::link::LinkBuilder::new()
+                            .operation_id(id.clone())
+                            .parameter("id", "$response.body#/id")
+                            .build(),
+                    ),
+                );
+            }
+        }
+    }
+}
+
+fn document_operation(op: &mut Operation, method: &HttpMethod, names_record: bool) {
+    let idempotent = op
+        .extensions
+        .as_mut()
+        .and_then(|e| e.remove(IDEMPOTENT_MARK))
+        .is_some();
+    if op.extensions.as_ref().is_some_and(|e| e.is_empty()) {
+        op.extensions = None;
+    }
+    if idempotent {
+        let p = ParameterBuilder::new()
+            .name(IDEMPOTENCY_KEY)
+            .parameter_in(ParameterIn::Header)
+            .required(Required::False)
+            .description(Some(
+                "Up to 255 printable ASCII characters, unique per operation you \
+                 mean once. A retry with the same key and body replays the first \
+                 answer; the same key with another body is a 409.",
+            ))
+            .schema(Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .min_length(Some(1))
+                    .max_length(Some(255))
+                    // What `HeaderValue::to_str` passes, trimmed as HTTP
+                    // trims a field value.
+                    .pattern(Some("^[\\x21-\\x7E]([\\t\\x20-\\x7E]*[\\x21-\\x7E])?$")),
+            ))
+            .build();
+        op.parameters.get_or_insert_with(Vec::new).push(RefOr::T(p));
+    }
+
+    for response in op.responses.responses.values_mut() {
+        if let RefOr::T(r) = response {
+            r.headers
+                .insert("X-Request-Id".to_owned(), RefOr::T(request_id_header()));
+            for (name, h) in rate_headers() {
+                r.headers.insert(name.to_owned(), RefOr::T(h));
+            }
+        }
+    }
+
+    let has_input = op.request_body.is_some()
+        || op.parameters.as_ref().is_some_and(|p| !p.is_empty())
+        || names_record;
+    let mut answers: BTreeMap<&str, &str> = BTreeMap::new();
+    answers.insert("401", ERROR);
+    answers.insert("403", ERROR);
+    answers.insert("429", RATE_LIMITED);
+    answers.insert("503", ERROR);
+    if has_input || idempotent {
+        answers.insert("400", ERROR);
+    }
+    if names_record {
+        answers.insert("404", ERROR);
+    }
+    if idempotent {
+        answers.insert("409", ERROR);
+    }
+    if op.request_body.is_some() || (idempotent && *method != HttpMethod::Get) {
+        answers.insert("413", ERROR);
+    }
+    for (status, name) in answers {
+        op.responses
+            .responses
+            .entry(status.to_owned())
+            .or_insert_with(|| RefOr::Ref(Ref::new(format!("#/components/responses/{name}"))));
+    }
+}
+
+/// The document as the gateway serves it: pretty JSON with a final
+/// newline, so the committed copy diffs line by line.
+pub fn to_json(api: &OpenApi) -> String {
+    match api.to_pretty_json() {
+        Ok(mut s) => {
+            s.push('\n');
+            s
+        }
+        // Serializing our own document cannot fail; say so if it ever does.
+        Err(e) => format!("{{\"error\": \"the OpenAPI document did not serialize: {e}\"}}\n"),
+    }
+}

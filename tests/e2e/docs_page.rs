@@ -1,0 +1,539 @@
+//! The API reference in a real browser: headless Chromium opens the
+//! gateway's `/docs`, Swagger UI (served from the gateway's own
+//! `/docs/assets/`) fetches and renders `/openapi.json`, and the
+//! operations for `POST /v1/checkout` and `GET /v1/payments/{id}` are on
+//! the page. Then what the page fetched: every URL in its Resource Timing
+//! entries is on a loopback host (no CDN, no Swagger validator), and the
+//! browser's console shows no Content-Security-Policy refusal (nothing was
+//! even attempted elsewhere, no script blocked).
+//!
+//! Gated like `browser`: with `DHUKUTI_CHROMIUM` set (`infra/test.sh` sets
+//! it) a browser that does not start fails the test; without it and
+//! without Chromium on PATH, the test says so loudly and passes. Chromium
+//! runs under Debian's chromedriver on 127.0.0.1, both in their own process
+//! group, killed when the test ends however it ends; every wait is bounded.
+//!
+//! The chromedriver plumbing repeats a small part of `browser.rs`, whose
+//! helpers are private to that module.
+
+use std::fs;
+use std::future::Future;
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dhukuti_tests::{TestApp, Which, spawn_app};
+use fantoccini::wd::WebDriverCompatibleCommand;
+use fantoccini::{Client, ClientBuilder};
+use serde_json::{Value, json};
+
+/// The longest any one wait (an element, a command) may take.
+const WAIT: Duration = Duration::from_secs(20);
+/// The longest the whole browser part may take.
+const WHOLE: Duration = Duration::from_secs(90);
+
+/// As in `browser.rs`; chromedriver adds its own `--remote-debugging-port`.
+const CHROMIUM_FLAGS: [&str; 8] = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--window-size=1280,1000",
+];
+
+/// The operations the reference must show, as (method, path).
+const WANTED: [(&str, &str); 2] = [("POST", "/v1/checkout"), ("GET", "/v1/payments/{id}")];
+
+/// The files the page must have fetched, all from the gateway.
+const FETCHED: [&str; 4] = [
+    "/docs/assets/swagger-ui.css",
+    "/docs/assets/swagger-ui-bundle.js",
+    "/docs/assets/init.js",
+    "/openapi.json",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_reference_renders_offline_in_a_real_browser() {
+    let Some((chromium, chromedriver)) = locate_browser() else {
+        return;
+    };
+    let Some(app) = spawn_app(Which::Embedded).await else {
+        panic!("the embedded gateway is never skipped");
+    };
+    served_over_http(&app).await;
+
+    let started = Instant::now();
+    let driver = Driver::start(&chromedriver);
+    let client = driver.connect(&chromium).await;
+    let run = tokio::time::timeout(WHOLE, read_the_reference(&client, &app))
+        .await
+        .unwrap_or_else(|_| Err(format!("the browser part took longer than {WHOLE:?}")));
+    let report = match &run {
+        Ok(_) => None,
+        Err(_) => Some(driver.report(&client).await),
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), client.close()).await;
+    drop(driver);
+    app.stop().await;
+    match run {
+        Ok(seen) => eprintln!(
+            "docs page: {seen} operations rendered, every fetch on loopback, in {:?}",
+            started.elapsed()
+        ),
+        Err(e) => panic!("{e}\n{}", report.unwrap_or_default()),
+    }
+}
+
+/// Before the browser, plain HTTP: the page, its files and the document
+/// answer, the document lists the wanted operations (so a failure below
+/// is the page's, not the document's).
+async fn served_over_http(app: &TestApp) {
+    let page = match app.client.get(app.url("/docs")).send().await {
+        Ok(r) => r,
+        Err(e) => panic!("GET /docs: {e}"),
+    };
+    assert_eq!(page.status().as_u16(), 200, "GET /docs");
+    let header = |r: &reqwest::Response, name: &str| {
+        r.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert!(
+        header(&page, "content-type").starts_with("text/html"),
+        "GET /docs: {:?}",
+        page.headers()
+    );
+    let csp = header(&page, "content-security-policy");
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("connect-src 'self'"),
+        "GET /docs: content-security-policy {csp:?}"
+    );
+    for path in FETCHED {
+        let a = app.get(path, None).await;
+        assert_eq!(a.status, 200, "GET {path}");
+    }
+    let doc = app.get("/openapi.json", None).await;
+    assert!(
+        doc.header("content-type").starts_with("application/json"),
+        "GET /openapi.json: {:?}",
+        doc.headers
+    );
+    assert_eq!(doc.header("access-control-allow-origin"), "*");
+    for (method, path) in WANTED {
+        assert!(
+            doc.body["paths"][path][method.to_lowercase()].is_object(),
+            "/openapi.json has no {method} {path}; its paths: {:?}",
+            doc.body["paths"]
+                .as_object()
+                .map(|p| p.keys().collect::<Vec<_>>())
+        );
+    }
+}
+
+/// Opens `/docs`, waits for Swagger UI's operations, finds the wanted ones
+/// and checks what the page fetched; how many operations it rendered.
+async fn read_the_reference(c: &Client, app: &TestApp) -> Result<usize, String> {
+    within("open /docs", c.goto(&app.url("/docs"))).await?;
+
+    // Swagger UI fetches the document, then renders one `.opblock` per
+    // operation (collapsed, under expanded tags: its default).
+    let deadline = Instant::now() + WAIT;
+    let operations = loop {
+        let found = operations(c).await?;
+        let missing: Vec<_> = WANTED
+            .iter()
+            .filter(|(m, p)| !found.iter().any(|(fm, fp)| fm == m && fp == p))
+            .collect();
+        if missing.is_empty() {
+            break found;
+        }
+        if Instant::now() >= deadline {
+            let shown = within(
+                "read what Swagger UI shows",
+                c.execute("return document.body.innerText.slice(0, 2000);", vec![]),
+            )
+            .await
+            .unwrap_or_default();
+            return Err(format!(
+                "after {WAIT:?} the page shows no operation for {missing:?}; \
+                 operations rendered: {found:?}; the page says: {shown}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    // Every URL the page fetched (itself included) is on the gateway's
+    // loopback origin, and the files above are among them.
+    let fetched = within(
+        "read the page's Resource Timing entries",
+        c.execute(
+            "return performance.getEntriesByType('navigation')\
+               .concat(performance.getEntriesByType('resource'))\
+               .map(function (e) { return e.name; });",
+            vec![],
+        ),
+    )
+    .await?;
+    let fetched: Vec<String> = fetched
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|u| u.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let elsewhere: Vec<&String> = fetched.iter().filter(|u| !on_loopback(u)).collect();
+    if !elsewhere.is_empty() {
+        return Err(format!(
+            "the page fetched from other hosts: {elsewhere:?} (all: {fetched:?})"
+        ));
+    }
+    for path in FETCHED {
+        let want = app.url(path);
+        if !fetched.contains(&want) {
+            return Err(format!(
+                "the page's Resource Timing lacks {want}, so it cannot vouch \
+                 for what else was fetched: {fetched:?}"
+            ));
+        }
+    }
+
+    // Nothing was refused by the page's policy: no request to another
+    // host attempted, no script or style blocked. Through chromedriver's
+    // log endpoint; a driver without it cannot tell, and that is said.
+    match tokio::time::timeout(WAIT, c.issue_cmd(BrowserLog)).await {
+        Ok(Ok(log)) => {
+            let entries = log
+                .as_array()
+                .or_else(|| log["value"].as_array())
+                .cloned()
+                .unwrap_or_default();
+            let refused: Vec<String> = entries
+                .iter()
+                .filter_map(|e| e["message"].as_str())
+                .filter(|m| m.contains("Content Security Policy") || m.contains("Refused to"))
+                .map(str::to_owned)
+                .collect();
+            if !refused.is_empty() {
+                return Err(format!("the console shows refusals: {refused:#?}"));
+            }
+        }
+        other => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "docs page: the browser's console could not be read ({other:?}); \
+                 its CSP refusals were not checked"
+            );
+        }
+    }
+    Ok(operations.len())
+}
+
+/// Every rendered operation as (method, path), from the texts of its
+/// `.opblock-summary-method` and `.opblock-summary-path`.
+async fn operations(c: &Client) -> Result<Vec<(String, String)>, String> {
+    let found = within(
+        "read the rendered operations",
+        c.execute(
+            "return Array.from(document.querySelectorAll('.opblock')).map(function (b) {\
+               var m = b.querySelector('.opblock-summary-method');\
+               var p = b.querySelector('.opblock-summary-path');\
+               return [m ? m.textContent : '', p ? p.textContent : ''];\
+             });",
+            vec![],
+        ),
+    )
+    .await?;
+    // Swagger UI breaks long paths with <wbr> (or zero-width spaces).
+    let clean = |v: &Value| {
+        v.as_str()
+            .unwrap_or_default()
+            .replace('\u{200b}', "")
+            .trim()
+            .to_owned()
+    };
+    Ok(found
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|pair| (clean(&pair[0]).to_uppercase(), clean(&pair[1])))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// An `http(s)` URL on 127.0.0.0/8, `::1` or `localhost`.
+fn on_loopback(u: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(u) else {
+        return false;
+    };
+    if !matches!(url.scheme(), "http" | "https") {
+        return false;
+    }
+    match url.host_str() {
+        Some("localhost") => true,
+        Some(host) => host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        None => false,
+    }
+}
+
+/// `fut` within [`WAIT`], its error named after `what`.
+async fn within<T, E: std::fmt::Display>(
+    what: &str,
+    fut: impl Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(WAIT, fut).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("{what}: {e}")),
+        Err(_) => Err(format!("{what}: no answer within {WAIT:?}")),
+    }
+}
+
+/// chromedriver's `POST /session/{id}/se/log` for the `browser` log (the
+/// page's console, kept with `goog:loggingPrefs`); not in fantoccini.
+#[derive(Debug)]
+struct BrowserLog;
+
+impl WebDriverCompatibleCommand for BrowserLog {
+    fn endpoint(
+        &self,
+        base: &reqwest::Url,
+        session: Option<&str>,
+    ) -> Result<reqwest::Url, <reqwest::Url as std::str::FromStr>::Err> {
+        base.join(&format!("session/{}/se/log", session.unwrap_or_default()))
+    }
+
+    fn method_and_body(&self, _: &reqwest::Url) -> (http::Method, Option<String>) {
+        (
+            http::Method::POST,
+            Some(json!({"type": "browser"}).to_string()),
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Chromium and chromedriver: found and run as `browser.rs` does.
+
+/// Chromium and chromedriver, or `None` (after a loud message) on a
+/// machine that has no browser and did not ask for one.
+fn locate_browser() -> Option<(PathBuf, PathBuf)> {
+    let asked = std::env::var_os("DHUKUTI_CHROMIUM").filter(|v| !v.is_empty());
+    let chromium = match &asked {
+        Some(p) => {
+            let p = PathBuf::from(p);
+            assert!(
+                p.is_file(),
+                "DHUKUTI_CHROMIUM={} is not a file: the browser cannot start",
+                p.display()
+            );
+            Some(p)
+        }
+        None => [
+            "chromium",
+            "chromium-browser",
+            "google-chrome",
+            "google-chrome-stable",
+        ]
+        .iter()
+        .find_map(|n| on_path(n)),
+    };
+    let driver = match std::env::var_os("DHUKUTI_CHROMEDRIVER").filter(|v| !v.is_empty()) {
+        Some(p) => Some(PathBuf::from(p)).filter(|p| p.is_file()),
+        None => on_path("chromedriver").or_else(|| {
+            Some(PathBuf::from("/usr/lib/chromium/chromedriver")).filter(|p| p.is_file())
+        }),
+    };
+    match (chromium, driver) {
+        (Some(c), Some(d)) => Some((c, d)),
+        (c, _) => {
+            let missing = match c {
+                None => "no chromium on PATH",
+                Some(_) => {
+                    "no chromedriver (Debian package chromium-driver; or DHUKUTI_CHROMEDRIVER)"
+                }
+            };
+            assert!(
+                asked.is_none(),
+                "DHUKUTI_CHROMIUM is set but {missing}: the browser cannot start"
+            );
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n================= DOCS PAGE BROWSER TEST NOT RUN =================\n\
+                 {missing}, and DHUKUTI_CHROMIUM is unset. `bash infra/test.sh`\n\
+                 installs chromium and chromium-driver and runs it; or\n\
+                 `apt-get install chromium chromium-driver` and run it again.\n\
+                 ==================================================================\n"
+            );
+            None
+        }
+    }
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// chromedriver on a free loopback port, the leader of its own process
+/// group, which Chromium and its helpers inherit. Dropping it kills the
+/// whole group and reaps chromedriver.
+struct Driver {
+    child: Child,
+    url: String,
+    log: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Driver {
+    fn start(chromedriver: &Path) -> Driver {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let port = match std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
+            Ok(a) => a.port(),
+            Err(e) => panic!("a free port for chromedriver: {e}"),
+        };
+        let log = dir.path().join("chromedriver.log");
+        let out = fs::File::create(dir.path().join("chromedriver.out"))
+            .unwrap_or_else(|e| panic!("chromedriver's output file: {e}"));
+        let err = out
+            .try_clone()
+            .unwrap_or_else(|e| panic!("chromedriver's output file: {e}"));
+        let child = Command::new(chromedriver)
+            .arg(format!("--port={port}"))
+            .arg(format!("--log-path={}", log.display()))
+            .arg("--allowed-ips=127.0.0.1")
+            // Chromium's profile goes under the test's temp dir, removed
+            // when the driver is dropped.
+            .env("TMPDIR", dir.path())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{} did not start: {e}", chromedriver.display()));
+        Driver {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            log,
+            dir,
+        }
+    }
+
+    /// Waits for chromedriver to be ready, then opens a session on
+    /// `chromium` that keeps the page's console log; fails (never skips)
+    /// when either does not come up.
+    async fn connect(&self, chromium: &Path) -> Client {
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let ready = tokio::time::timeout(
+                Duration::from_secs(2),
+                http.get(format!("{}/status", self.url)).send(),
+            )
+            .await;
+            if matches!(ready, Ok(Ok(ref r)) if r.status().is_success()) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "chromedriver was not ready within {WAIT:?}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let caps = json!({
+            "browserName": "chrome",
+            "pageLoadStrategy": "normal",
+            "timeouts": {"pageLoad": WAIT.as_millis() as u64, "script": WAIT.as_millis() as u64, "implicit": 0},
+            "goog:loggingPrefs": {"browser": "ALL"},
+            "goog:chromeOptions": {
+                "binary": chromium.display().to_string(),
+                "args": CHROMIUM_FLAGS,
+            },
+        });
+        let Value::Object(caps) = caps else {
+            unreachable!()
+        };
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        let mut builder = ClientBuilder::new(connector);
+        builder.capabilities(caps);
+        match tokio::time::timeout(WAIT, builder.connect(&self.url)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => panic!(
+                "Chromium ({}) did not start under chromedriver: {e}\n{}",
+                chromium.display(),
+                self.logs()
+            ),
+            Err(_) => panic!(
+                "Chromium ({}) did not start within {WAIT:?}\n{}",
+                chromium.display(),
+                self.logs()
+            ),
+        }
+    }
+
+    /// Where the browser is and what it shows (a screenshot saved beside
+    /// the test binaries as `browser-failure-docs-page.png`), plus
+    /// chromedriver's log: for a failure message.
+    async fn report(&self, c: &Client) -> String {
+        let short = Duration::from_secs(5);
+        let url = match tokio::time::timeout(short, c.current_url()).await {
+            Ok(Ok(u)) => u.to_string(),
+            other => format!("(unknown: {other:?})"),
+        };
+        let source = match tokio::time::timeout(short, c.source()).await {
+            Ok(Ok(s)) => s.chars().take(4000).collect(),
+            other => format!("(unavailable: {other:?})"),
+        };
+        let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("browser-failure-docs-page.png");
+        let shot = match tokio::time::timeout(short, c.screenshot()).await {
+            Ok(Ok(png)) if fs::write(&shot, &png).is_ok() => shot.display().to_string(),
+            _ => "(none)".into(),
+        };
+        format!(
+            "--- browser at: {url}\n--- screenshot: {shot}\n--- page source (start):\n{source}\n{}",
+            self.logs()
+        )
+    }
+
+    /// The last lines of chromedriver's log and output.
+    fn logs(&self) -> String {
+        let tail = |p: &Path| {
+            let text = fs::read_to_string(p).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        };
+        format!(
+            "--- chromedriver log (last 40 lines):\n{}\n--- chromedriver output:\n{}",
+            tail(&self.log),
+            tail(&self.dir.path().join("chromedriver.out"))
+        )
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // The group id is chromedriver's pid, not reusable before the
+        // `wait` below reaps it.
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
