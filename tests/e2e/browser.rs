@@ -44,13 +44,13 @@ use shared::domain::Mode;
 use shared::domain::account::Scope;
 
 /// The longest any one wait (an element, a URL, a command) may take.
-const WAIT: Duration = Duration::from_secs(20);
+pub(crate) const WAIT: Duration = Duration::from_secs(20);
 /// The longest the whole browser part of one test may take.
 const WHOLE: Duration = Duration::from_secs(120);
 
 /// The flags the brief asks for; chromedriver adds its own
 /// `--remote-debugging-port`.
-const CHROMIUM_FLAGS: [&str; 8] = [
+pub(crate) const CHROMIUM_FLAGS: [&str; 8] = [
     "--headless",
     "--no-sandbox",
     "--disable-gpu",
@@ -309,7 +309,7 @@ async fn type_into(c: &Client, css: &str, text: &str) -> Result<(), String> {
 }
 
 /// `fut` within [`WAIT`], its error named after `what`.
-async fn within<T, E: Display>(
+pub(crate) async fn within<T, E: Display>(
     what: &str,
     fut: impl Future<Output = Result<T, E>>,
 ) -> Result<T, String> {
@@ -494,7 +494,7 @@ impl Scene {
 
 /// Chromium and chromedriver, or `None` (after a loud message) on a
 /// machine that has no browser and did not ask for one.
-fn locate_browser() -> Option<(PathBuf, PathBuf)> {
+pub(crate) fn locate_browser() -> Option<(PathBuf, PathBuf)> {
     let asked = std::env::var_os("DHUKUTI_CHROMIUM").filter(|v| !v.is_empty());
     let chromium = match &asked {
         Some(p) => {
@@ -559,7 +559,7 @@ fn on_path(name: &str) -> Option<PathBuf> {
 /// chromedriver on a free loopback port, the leader of its own process
 /// group, which Chromium and its helpers inherit. Dropping it kills the
 /// whole group and reaps chromedriver.
-struct Driver {
+pub(crate) struct Driver {
     child: Child,
     url: String,
     log: PathBuf,
@@ -567,7 +567,7 @@ struct Driver {
 }
 
 impl Driver {
-    fn start(chromedriver: &Path) -> Driver {
+    pub(crate) fn start(chromedriver: &Path) -> Driver {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let port = match std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
             Ok(a) => a.port(),
@@ -603,7 +603,7 @@ impl Driver {
 
     /// Waits for chromedriver to be ready, then opens a session on
     /// `chromium`; fails (never skips) when either does not come up.
-    async fn connect(&self, chromium: &Path) -> Client {
+    pub(crate) async fn connect(&self, chromium: &Path) -> Client {
         let http = reqwest::Client::new();
         let deadline = Instant::now() + WAIT;
         loop {
@@ -626,6 +626,8 @@ impl Driver {
             "browserName": "chrome",
             "pageLoadStrategy": "normal",
             "timeouts": {"pageLoad": WAIT.as_millis() as u64, "script": WAIT.as_millis() as u64, "implicit": 0},
+            // The page's console, for tests that read it (`docs_page`).
+            "goog:loggingPrefs": {"browser": "ALL"},
             "goog:chromeOptions": {
                 "binary": chromium.display().to_string(),
                 "args": CHROMIUM_FLAGS,
@@ -656,7 +658,7 @@ impl Driver {
     /// Where the browser is and what it shows (a screenshot saved beside
     /// the test binaries as `browser-failure-{name}.png`), plus
     /// chromedriver's log: for a failure message.
-    async fn report(&self, c: &Client, name: &str) -> String {
+    pub(crate) async fn report(&self, c: &Client, name: &str) -> String {
         let short = Duration::from_secs(5);
         let url = match tokio::time::timeout(short, c.current_url()).await {
             Ok(Ok(u)) => u.to_string(),
@@ -679,7 +681,7 @@ impl Driver {
     }
 
     /// The last lines of chromedriver's log and output.
-    fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         let tail = |p: &Path| {
             let text = fs::read_to_string(p).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();

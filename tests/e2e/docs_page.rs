@@ -16,35 +16,17 @@
 //! The chromedriver plumbing repeats a small part of `browser.rs`, whose
 //! helpers are private to that module.
 
-use std::fs;
-use std::future::Future;
 use std::io::Write;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::browser::{Driver, WAIT, locate_browser, within};
 use dhukuti_tests::{TestApp, Which, spawn_app};
+use fantoccini::Client;
 use fantoccini::wd::WebDriverCompatibleCommand;
-use fantoccini::{Client, ClientBuilder};
 use serde_json::{Value, json};
 
-/// The longest any one wait (an element, a command) may take.
-const WAIT: Duration = Duration::from_secs(20);
 /// The longest the whole browser part may take.
 const WHOLE: Duration = Duration::from_secs(90);
-
-/// As in `browser.rs`; chromedriver adds its own `--remote-debugging-port`.
-const CHROMIUM_FLAGS: [&str; 8] = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--no-first-run",
-    "--no-default-browser-check",
-    "--window-size=1280,1000",
-];
 
 /// The operations the reference must show, as (method, path).
 const WANTED: [(&str, &str); 2] = [("POST", "/v1/checkout"), ("GET", "/v1/payments/{id}")];
@@ -75,7 +57,7 @@ async fn the_api_reference_renders_offline_in_a_real_browser() {
         .unwrap_or_else(|_| Err(format!("the browser part took longer than {WHOLE:?}")));
     let report = match &run {
         Ok(_) => None,
-        Err(_) => Some(driver.report(&client).await),
+        Err(_) => Some(driver.report(&client, "docs-page").await),
     };
     let _ = tokio::time::timeout(Duration::from_secs(5), client.close()).await;
     drop(driver);
@@ -288,18 +270,6 @@ fn on_loopback(u: &str) -> bool {
     }
 }
 
-/// `fut` within [`WAIT`], its error named after `what`.
-async fn within<T, E: std::fmt::Display>(
-    what: &str,
-    fut: impl Future<Output = Result<T, E>>,
-) -> Result<T, String> {
-    match tokio::time::timeout(WAIT, fut).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(format!("{what}: {e}")),
-        Err(_) => Err(format!("{what}: no answer within {WAIT:?}")),
-    }
-}
-
 /// chromedriver's `POST /session/{id}/se/log` for the `browser` log (the
 /// page's console, kept with `goog:loggingPrefs`); not in fantoccini.
 #[derive(Debug)]
@@ -319,221 +289,5 @@ impl WebDriverCompatibleCommand for BrowserLog {
             http::Method::POST,
             Some(json!({"type": "browser"}).to_string()),
         )
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Chromium and chromedriver: found and run as `browser.rs` does.
-
-/// Chromium and chromedriver, or `None` (after a loud message) on a
-/// machine that has no browser and did not ask for one.
-fn locate_browser() -> Option<(PathBuf, PathBuf)> {
-    let asked = std::env::var_os("DHUKUTI_CHROMIUM").filter(|v| !v.is_empty());
-    let chromium = match &asked {
-        Some(p) => {
-            let p = PathBuf::from(p);
-            assert!(
-                p.is_file(),
-                "DHUKUTI_CHROMIUM={} is not a file: the browser cannot start",
-                p.display()
-            );
-            Some(p)
-        }
-        None => [
-            "chromium",
-            "chromium-browser",
-            "google-chrome",
-            "google-chrome-stable",
-        ]
-        .iter()
-        .find_map(|n| on_path(n)),
-    };
-    let driver = match std::env::var_os("DHUKUTI_CHROMEDRIVER").filter(|v| !v.is_empty()) {
-        Some(p) => Some(PathBuf::from(p)).filter(|p| p.is_file()),
-        None => on_path("chromedriver").or_else(|| {
-            Some(PathBuf::from("/usr/lib/chromium/chromedriver")).filter(|p| p.is_file())
-        }),
-    };
-    match (chromium, driver) {
-        (Some(c), Some(d)) => Some((c, d)),
-        (c, _) => {
-            let missing = match c {
-                None => "no chromium on PATH",
-                Some(_) => {
-                    "no chromedriver (Debian package chromium-driver; or DHUKUTI_CHROMEDRIVER)"
-                }
-            };
-            assert!(
-                asked.is_none(),
-                "DHUKUTI_CHROMIUM is set but {missing}: the browser cannot start"
-            );
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n================= DOCS PAGE BROWSER TEST NOT RUN =================\n\
-                 {missing}, and DHUKUTI_CHROMIUM is unset. `bash infra/test.sh`\n\
-                 installs chromium and chromium-driver and runs it; or\n\
-                 `apt-get install chromium chromium-driver` and run it again.\n\
-                 ==================================================================\n"
-            );
-            None
-        }
-    }
-}
-
-fn on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
-
-/// chromedriver on a free loopback port, the leader of its own process
-/// group, which Chromium and its helpers inherit. Dropping it kills the
-/// whole group and reaps chromedriver.
-struct Driver {
-    child: Child,
-    url: String,
-    log: PathBuf,
-    dir: tempfile::TempDir,
-}
-
-impl Driver {
-    fn start(chromedriver: &Path) -> Driver {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-        let port = match std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()) {
-            Ok(a) => a.port(),
-            Err(e) => panic!("a free port for chromedriver: {e}"),
-        };
-        let log = dir.path().join("chromedriver.log");
-        let out = fs::File::create(dir.path().join("chromedriver.out"))
-            .unwrap_or_else(|e| panic!("chromedriver's output file: {e}"));
-        let err = out
-            .try_clone()
-            .unwrap_or_else(|e| panic!("chromedriver's output file: {e}"));
-        let child = Command::new(chromedriver)
-            .arg(format!("--port={port}"))
-            .arg(format!("--log-path={}", log.display()))
-            .arg("--allowed-ips=127.0.0.1")
-            // Chromium's profile goes under the test's temp dir, removed
-            // when the driver is dropped.
-            .env("TMPDIR", dir.path())
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .process_group(0)
-            .spawn()
-            .unwrap_or_else(|e| panic!("{} did not start: {e}", chromedriver.display()));
-        Driver {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            log,
-            dir,
-        }
-    }
-
-    /// Waits for chromedriver to be ready, then opens a session on
-    /// `chromium` that keeps the page's console log; fails (never skips)
-    /// when either does not come up.
-    async fn connect(&self, chromium: &Path) -> Client {
-        let http = reqwest::Client::new();
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let ready = tokio::time::timeout(
-                Duration::from_secs(2),
-                http.get(format!("{}/status", self.url)).send(),
-            )
-            .await;
-            if matches!(ready, Ok(Ok(ref r)) if r.status().is_success()) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "chromedriver was not ready within {WAIT:?}\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let caps = json!({
-            "browserName": "chrome",
-            "pageLoadStrategy": "normal",
-            "timeouts": {"pageLoad": WAIT.as_millis() as u64, "script": WAIT.as_millis() as u64, "implicit": 0},
-            "goog:loggingPrefs": {"browser": "ALL"},
-            "goog:chromeOptions": {
-                "binary": chromium.display().to_string(),
-                "args": CHROMIUM_FLAGS,
-            },
-        });
-        let Value::Object(caps) = caps else {
-            unreachable!()
-        };
-        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-        let mut builder = ClientBuilder::new(connector);
-        builder.capabilities(caps);
-        match tokio::time::timeout(WAIT, builder.connect(&self.url)).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => panic!(
-                "Chromium ({}) did not start under chromedriver: {e}\n{}",
-                chromium.display(),
-                self.logs()
-            ),
-            Err(_) => panic!(
-                "Chromium ({}) did not start within {WAIT:?}\n{}",
-                chromium.display(),
-                self.logs()
-            ),
-        }
-    }
-
-    /// Where the browser is and what it shows (a screenshot saved beside
-    /// the test binaries as `browser-failure-docs-page.png`), plus
-    /// chromedriver's log: for a failure message.
-    async fn report(&self, c: &Client) -> String {
-        let short = Duration::from_secs(5);
-        let url = match tokio::time::timeout(short, c.current_url()).await {
-            Ok(Ok(u)) => u.to_string(),
-            other => format!("(unknown: {other:?})"),
-        };
-        let source = match tokio::time::timeout(short, c.source()).await {
-            Ok(Ok(s)) => s.chars().take(4000).collect(),
-            other => format!("(unavailable: {other:?})"),
-        };
-        let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("browser-failure-docs-page.png");
-        let shot = match tokio::time::timeout(short, c.screenshot()).await {
-            Ok(Ok(png)) if fs::write(&shot, &png).is_ok() => shot.display().to_string(),
-            _ => "(none)".into(),
-        };
-        format!(
-            "--- browser at: {url}\n--- screenshot: {shot}\n--- page source (start):\n{source}\n{}",
-            self.logs()
-        )
-    }
-
-    /// The last lines of chromedriver's log and output.
-    fn logs(&self) -> String {
-        let tail = |p: &Path| {
-            let text = fs::read_to_string(p).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            lines[lines.len().saturating_sub(40)..].join("\n")
-        };
-        format!(
-            "--- chromedriver log (last 40 lines):\n{}\n--- chromedriver output:\n{}",
-            tail(&self.log),
-            tail(&self.dir.path().join("chromedriver.out"))
-        )
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        // The group id is chromedriver's pid, not reusable before the
-        // `wait` below reaps it.
-        let group = format!("-{}", self.child.id());
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &group])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
