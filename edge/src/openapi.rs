@@ -82,6 +82,109 @@ fn operations(item: &mut utoipa::openapi::PathItem) -> Vec<(HttpMethod, &mut Ope
     .collect()
 }
 
+/// Every `error.code` the API answers with, and what it means. A test
+/// (`tests/e2e/openapi.rs`) fails when the code names one not listed.
+pub const ERROR_CODES: &[(&str, &str)] = &[
+    (
+        "validation_failed",
+        "a field, query parameter or header breaks its rule; `param` names it",
+    ),
+    ("api_key_invalid", "no API key, or not a valid one"),
+    ("account_suspended", "the merchant's account is suspended"),
+    ("token_paused", "the merchant paused this key"),
+    (
+        "missing_scope",
+        "the key lacks the scope the operation needs",
+    ),
+    (
+        "spend_cap_exceeded",
+        "the key's monthly spend cap would be passed",
+    ),
+    (
+        "live_invoicing_disabled",
+        "invoicing in live mode is not enabled for this project",
+    ),
+    (
+        "not_found",
+        "no such record for this project and mode, or no such path",
+    ),
+    ("method_not_allowed", "the path does not take this method"),
+    ("payload_too_large", "the body is over the size limit"),
+    (
+        "invalid_request_error",
+        "another client error of the HTTP layer",
+    ),
+    (
+        "idempotency_key_reused",
+        "this Idempotency-Key was used for another request or key",
+    ),
+    (
+        "idempotency_conflict",
+        "the request with this Idempotency-Key is in progress, or its answer was not kept",
+    ),
+    (
+        "version_conflict",
+        "the record changed since it was read: read it again",
+    ),
+    (
+        "state_conflict",
+        "the record's state does not allow this now",
+    ),
+    (
+        "provider_unavailable",
+        "the provider is not enabled for this project in this mode",
+    ),
+    (
+        "fonepay_sandbox_cap",
+        "over the sandbox Fonepay cap per payment or per month",
+    ),
+    (
+        "refund_exceeds_balance",
+        "more than is left to refund on the payment",
+    ),
+    (
+        "refund_not_supported",
+        "the provider takes no refunds through the API",
+    ),
+    (
+        "payment_not_refundable",
+        "the payment is not in a refundable state",
+    ),
+    ("link_inactive", "the payment link is inactive"),
+    (
+        "link_used",
+        "payments used the payment link: cancel it instead",
+    ),
+    (
+        "invoice_not_collectable",
+        "the invoice's balance cannot be collected by checkout",
+    ),
+    (
+        "invoice_not_correctable",
+        "the invoice cannot be corrected in its state",
+    ),
+    (
+        "webhook_endpoint_limit",
+        "the project has its maximum of webhook endpoints",
+    ),
+    (
+        "phone_not_on_session",
+        "no pending checkout for this phone on the project",
+    ),
+    (
+        "invalid_checkout_host",
+        "the checkout URL is not on this project's checkout host",
+    ),
+    (
+        "rate_limited",
+        "too many requests: wait `Retry-After` seconds",
+    ),
+    (
+        "api_error",
+        "our fault or a busy dependency: retry with the same Idempotency-Key",
+    ),
+];
+
 /// The error envelope every refusal is written in (`edge::error`).
 #[derive(Serialize, ToSchema)]
 #[schema(as = Error)]
@@ -99,16 +202,17 @@ struct ErrorBody {
     message: String,
     #[serde(rename = "type")]
     kind: ErrorType,
-    /// For programs: stable, snake_case (e.g. `validation_failed`,
-    /// `missing_scope`, `not_found`, `rate_limited`,
-    /// `idempotency_key_in_use`). New codes may appear.
+    /// For programs: stable, snake_case; the codes are listed in the
+    /// document's description ([`ERROR_CODES`]). New codes may appear.
     code: String,
     /// The `X-Request-Id` of this answer: quote it to support.
     request_id: String,
     /// The body field, query parameter or header at fault.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     param: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     detail: Option<String>,
     #[serde(flatten)]
     more: BTreeMap<String, serde_json::Value>,
@@ -204,6 +308,14 @@ pub fn finish(mut api: OpenApi, webhooks: utoipa::openapi::Paths) -> OpenApi {
              `X-Service-Signature`.",
         ))
         .build();
+    let codes: String = ERROR_CODES
+        .iter()
+        .map(|(code, meaning)| format!("\n- `{code}`: {meaning}"))
+        .collect();
+    if let Some(d) = api.info.description.as_mut() {
+        d.push_str("\n\nError codes (`error.code`):");
+        d.push_str(&codes);
+    }
 
     let mut components = api.components.take().unwrap_or_default();
     components.security_schemes.insert(

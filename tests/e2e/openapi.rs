@@ -78,6 +78,92 @@ fn the_committed_document_is_what_the_code_generates() {
     }
 }
 
+/// Every `error.code` the sources can answer with is listed in the
+/// document (`edge::openapi::ERROR_CODES`), and every listed code is
+/// still answered somewhere: read from the calls that set a code
+/// (`Refusal::new(kind, "…")`, `Refusal::unprocessable("…")`,
+/// `ApiError::new(status, type, "…")`, …), whitespace removed so a call
+/// over several lines reads as one.
+#[test]
+fn every_error_code_is_documented() {
+    const CALLS: [(&str, usize); 6] = [
+        ("Refusal::new(", 1),
+        ("Refusal::unprocessable(", 0),
+        ("Refusal::conflict(", 0),
+        ("Refusal::forbidden(", 0),
+        ("ApiError::new(", 2),
+        ("conflict(", 0),
+    ];
+    let mut found = BTreeSet::new();
+    let mut dirs = vec![
+        repo_root().join("shared/src"),
+        repo_root().join("edge/src"),
+        repo_root().join("functions"),
+    ];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+                continue;
+            }
+            if p.extension().and_then(|x| x.to_str()) != Some("rs")
+                || p.file_name().and_then(|n| n.to_str()) == Some("tests.rs")
+            {
+                continue;
+            }
+            let text: String = std::fs::read_to_string(&p)
+                .unwrap_or_default()
+                .split_whitespace()
+                .collect();
+            // An inline test module (at the end of a file) calls these
+            // with made-up codes.
+            let text = text.split("#[cfg(test)]modtests{").next().unwrap_or("");
+            for (call, skip) in CALLS {
+                for (at, _) in text.match_indices(call) {
+                    let mut rest = &text[at + call.len()..];
+                    for _ in 0..skip {
+                        rest = rest.split_once(',').map(|(_, r)| r).unwrap_or("");
+                    }
+                    if let Some(lit) = rest.strip_prefix('"')
+                        && let Some((code, _)) = lit.split_once('"')
+                    {
+                        found.insert(code.to_owned());
+                    }
+                }
+            }
+        }
+    }
+    let listed: BTreeSet<String> = edge::openapi::ERROR_CODES
+        .iter()
+        .map(|(c, _)| (*c).to_owned())
+        .collect();
+    assert!(
+        found.len() >= 20,
+        "only {} codes found: {found:?}",
+        found.len()
+    );
+    let undocumented: Vec<_> = found.difference(&listed).collect();
+    let stale: Vec<_> = listed.difference(&found).collect();
+    assert!(
+        undocumented.is_empty() && stale.is_empty(),
+        "codes answered but not in ERROR_CODES: {undocumented:?}; listed but never answered: {stale:?}"
+    );
+    let description = document()["info"]["description"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    for code in &listed {
+        assert!(
+            description.contains(&format!("`{code}`")),
+            "{code} not described"
+        );
+    }
+}
+
 /// An independent OpenAPI 3.1 validator (from the test venv) accepts the
 /// committed document.
 #[test]

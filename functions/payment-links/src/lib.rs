@@ -209,7 +209,7 @@ async fn cancel_link(
     security(("bearer" = ["links:write"])),
     responses(
         (status = 200, description = "Deleted.", body = Deleted),
-        (status = 409, description = "Payments used the link: cancel it instead.", body = edge::openapi::ErrorEnvelope),
+        (status = 422, description = "Payments used the link (`link_used`): cancel it instead.", body = edge::openapi::ErrorEnvelope),
     ),
 )]
 async fn delete_link(
