@@ -7,7 +7,7 @@
 //! here once, from what the edge really does: the bearer key, the
 //! `Idempotency-Key` header where [`idempotent`] installs the layer, the
 //! `X-Request-Id` and `X-RateLimit-*` headers, and the error answers the
-//! edge itself gives (401, 403, 429, 503; 400 where there is input; 404
+//! edge itself gives (401, 403, 423, 429, 500, 503; 400 where there is input; 404
 //! where the path names a record; 409 and 413 where a body is fenced).
 
 use std::collections::BTreeMap;
@@ -445,7 +445,10 @@ fn document_operation(op: &mut Operation, method: &HttpMethod, names_record: boo
     let mut answers: BTreeMap<&str, &str> = BTreeMap::new();
     answers.insert("401", ERROR);
     answers.insert("403", ERROR);
+    // A key its merchant paused (`token_paused`, with the pause).
+    answers.insert("423", ERROR);
     answers.insert("429", RATE_LIMITED);
+    answers.insert("500", ERROR);
     answers.insert("503", ERROR);
     if has_input || idempotent {
         answers.insert("400", ERROR);

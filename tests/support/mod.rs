@@ -442,8 +442,17 @@ impl TestApp {
     }
 }
 
+/// Sends `req`; an answer of a documented `/v1` operation must carry a
+/// status the OpenAPI document lists for it, so every test that sends
+/// through here also checks the document.
 pub async fn send(req: reqwest::RequestBuilder) -> Answer {
-    let res = match req.send().await {
+    let (client, req) = req.build_split();
+    let req = match req {
+        Ok(r) => r,
+        Err(e) => panic!("request did not build: {e}"),
+    };
+    let (method, path) = (req.method().to_string(), req.url().path().to_owned());
+    let res = match client.execute(req).await {
         Ok(r) => r,
         Err(e) => panic!("request failed: {e}"),
     };
@@ -451,9 +460,54 @@ pub async fn send(req: reqwest::RequestBuilder) -> Answer {
     let headers = res.headers().clone();
     let bytes = res.bytes().await.unwrap_or_default();
     let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    if let Some(listed) = documented_statuses(&method, &path) {
+        assert!(
+            listed.iter().any(|s| *s == status.to_string()),
+            "{method} {path} answered {status}, which the OpenAPI document does not list \
+             for it ({listed:?}): {body}"
+        );
+    }
     Answer {
         status,
         headers,
         body,
     }
+}
+
+/// The statuses the document lists for the operation `method path`
+/// matches (`{id}` matching one segment); `None` when no operation does.
+pub fn documented_statuses(method: &str, path: &str) -> Option<Vec<String>> {
+    type Operation = (String, Vec<String>, Vec<String>);
+    static OPERATIONS: std::sync::OnceLock<Vec<Operation>> = std::sync::OnceLock::new();
+    let operations = OPERATIONS.get_or_init(|| {
+        let doc: Value = match dhukuti::openapi_json().map(|j| serde_json::from_str(&j)) {
+            Ok(Ok(d)) => d,
+            Ok(Err(e)) => panic!("the OpenAPI document: {e}"),
+            Err(e) => panic!("the OpenAPI document: {e}"),
+        };
+        let mut out = Vec::new();
+        for (template, item) in doc["paths"].as_object().into_iter().flatten() {
+            for (m, op) in item.as_object().into_iter().flatten() {
+                let statuses = op["responses"]
+                    .as_object()
+                    .map(|r| r.keys().cloned().collect())
+                    .unwrap_or_default();
+                let segments = template.split('/').map(String::from).collect();
+                out.push((m.to_uppercase(), segments, statuses));
+            }
+        }
+        out
+    });
+    let segments: Vec<&str> = path.split('/').collect();
+    operations
+        .iter()
+        .find(|(m, template, _)| {
+            m == method
+                && template.len() == segments.len()
+                && template
+                    .iter()
+                    .zip(&segments)
+                    .all(|(t, s)| t.starts_with('{') || t == s)
+        })
+        .map(|(_, _, statuses)| statuses.clone())
 }

@@ -76,7 +76,6 @@ fn numbering_lock(project_id: &str, mode: Mode) -> Arc<tokio::sync::Mutex<()>> {
     responses(
         (status = 201, description = "The draft.", body = InvoiceView),
         (status = 200, description = "A replay: the first answer to this `Idempotency-Key`.", body = InvoiceView),
-        (status = 422, description = "A business rule refused it.", body = edge::openapi::ErrorEnvelope),
     ),
 )]
 async fn create_invoice(
@@ -171,7 +170,7 @@ async fn get_invoice(
     security(("bearer" = ["invoices:write"])),
     responses(
         (status = 200, description = "The draft as changed.", body = InvoiceView),
-        (status = 422, description = "Not in a state that allows it.", body = edge::openapi::ErrorEnvelope),
+        (status = 409, description = "The invoice changed or is not in a state that allows this (`version_conflict`, `state_conflict`).", body = edge::openapi::ErrorEnvelope),
     ),
 )]
 async fn patch_invoice(
@@ -196,7 +195,7 @@ async fn patch_invoice(
     security(("bearer" = ["invoices:write"])),
     responses(
         (status = 200, description = "The issued invoice.", body = InvoiceView),
-        (status = 422, description = "Not in a state that allows it.", body = edge::openapi::ErrorEnvelope),
+        (status = 409, description = "The invoice changed or is not in a state that allows this (`version_conflict`, `state_conflict`).", body = edge::openapi::ErrorEnvelope),
     ),
 )]
 async fn finalize_invoice(
@@ -235,7 +234,7 @@ async fn finalize_invoice(
     security(("bearer" = ["invoices:write"])),
     responses(
         (status = 200, description = "Discarded.", body = Discarded),
-        (status = 422, description = "Not in a state that allows it.", body = edge::openapi::ErrorEnvelope),
+        (status = 409, description = "The invoice changed or is not in a state that allows this (`version_conflict`, `state_conflict`).", body = edge::openapi::ErrorEnvelope),
     ),
 )]
 async fn discard_invoice(
@@ -263,7 +262,8 @@ async fn discard_invoice(
     security(("bearer" = ["invoices:write"])),
     responses(
         (status = 200, description = "The voided invoice and its replacement.", body = Corrected),
-        (status = 422, description = "Not in a state that allows it.", body = edge::openapi::ErrorEnvelope),
+        (status = 409, description = "The invoice changed or is not in a state that allows this (`version_conflict`, `state_conflict`).", body = edge::openapi::ErrorEnvelope),
+        (status = 422, description = "Cannot be corrected in its state (`invoice_not_correctable`).", body = edge::openapi::ErrorEnvelope),
     ),
 )]
 async fn correct_invoice(
@@ -311,7 +311,7 @@ struct Corrected {
     security(("bearer" = ["invoices:write"])),
     responses(
         (status = 200, description = "The invoice with the adjustment.", body = InvoiceView),
-        (status = 422, description = "Not in a state that allows it.", body = edge::openapi::ErrorEnvelope),
+        (status = 409, description = "The invoice changed or is not in a state that allows this (`version_conflict`, `state_conflict`).", body = edge::openapi::ErrorEnvelope),
     ),
 )]
 async fn adjust_invoice(
@@ -336,7 +336,8 @@ async fn adjust_invoice(
     security(("bearer" = ["invoices:write", "payments:write"])),
     responses(
         (status = 200, description = "The session to send the customer to.", body = InvoiceCheckoutView),
-        (status = 422, description = "Not in a state that allows it.", body = edge::openapi::ErrorEnvelope),
+        (status = 409, description = "The invoice changed or is not in a state that allows this (`version_conflict`, `state_conflict`).", body = edge::openapi::ErrorEnvelope),
+        (status = 422, description = "The balance cannot be collected by checkout (`invoice_not_collectable`, `provider_unavailable`).", body = edge::openapi::ErrorEnvelope),
     ),
 )]
 async fn invoice_checkout(
@@ -374,7 +375,7 @@ async fn invoice_checkout(
     security(("bearer" = ["invoices:read"])),
     responses(
         (status = 200, description = "The PDF.", content_type = "application/pdf", body = edge::openapi::Binary),
-        (status = 422, description = "Not in a state that allows it.", body = edge::openapi::ErrorEnvelope),
+        (status = 409, description = "Not issued yet: a draft has no PDF (`state_conflict`).", body = edge::openapi::ErrorEnvelope),
     ),
 )]
 async fn invoice_pdf(

@@ -46,7 +46,6 @@ fn base(state: &AppState, headers: &HeaderMap) -> String {
     responses(
         (status = 201, description = "The link.", body = PaymentLinkView),
         (status = 200, description = "A replay: the first answer to this `Idempotency-Key`.", body = PaymentLinkView),
-        (status = 422, description = "A business rule refused it.", body = edge::openapi::ErrorEnvelope),
     ),
 )]
 async fn create_link(
@@ -140,7 +139,7 @@ async fn get_link(
     security(("bearer" = ["links:write"])),
     responses(
         (status = 200, description = "The link as changed.", body = PaymentLinkView),
-        (status = 422, description = "A business rule refused it.", body = edge::openapi::ErrorEnvelope),
+        (status = 422, description = "Not with the link's uses or state (`link_used`, `link_inactive`).", body = edge::openapi::ErrorEnvelope),
     ),
 )]
 async fn patch_link(

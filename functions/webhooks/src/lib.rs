@@ -48,6 +48,7 @@ pub fn router(state: AppState) -> Router {
     responses(
         (status = 201, description = "The endpoint, with its signing secret.", body = EndpointView),
         (status = 200, description = "A replay: the first answer to this `Idempotency-Key`, without the secret.", body = EndpointView),
+        (status = 422, description = "The project has its maximum of endpoints (`webhook_endpoint_limit`).", body = edge::openapi::ErrorEnvelope),
     ),
 )]
 async fn create_endpoint(
