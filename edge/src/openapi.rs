@@ -97,6 +97,10 @@ pub const ERROR_CODES: &[(&str, &str)] = &[
         "the key lacks the scope the operation needs",
     ),
     (
+        "permission_denied",
+        "the plan lacks the feature; `entitlement` names it",
+    ),
+    (
         "spend_cap_exceeded",
         "the key's monthly spend cap would be passed",
     ),
@@ -137,6 +141,11 @@ pub const ERROR_CODES: &[(&str, &str)] = &[
     (
         "fonepay_sandbox_cap",
         "over the sandbox Fonepay cap per payment or per month",
+    ),
+    ("session_closed", "the session is final: create a new one"),
+    (
+        "provider_error",
+        "the provider did not answer as it should: retry with the same Idempotency-Key",
     ),
     (
         "refund_exceeds_balance",

@@ -7,6 +7,7 @@ use shared::domain::account::AuthError;
 use shared::domain::checkout::CheckoutError;
 use shared::domain::invoices::InvoiceError;
 use shared::domain::links::LinkError;
+use shared::domain::qr::QrError;
 use shared::domain::refunds::RefundError;
 use shared::domain::sms::SmsError;
 use shared::domain::webhooks::WebhookError;
@@ -67,6 +68,7 @@ answered_by_refusal!(
     CheckoutError,
     InvoiceError,
     LinkError,
+    QrError,
     RefundError,
     SmsError,
     WebhookError,

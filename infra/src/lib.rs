@@ -56,6 +56,7 @@ pub fn app_with_simulators(state: AppState, sim: simulators::SimState) -> Router
             .merge(webhooks_api::router(state.clone()))
             .merge(invoices::router(state.clone()))
             .merge(sms::router(state.clone()))
+            .merge(qr::router(state.clone()))
             .merge(hosted::router(state))
             .merge(docs::router(document))
             .nest("/sim", simulator_routes(sim)),
@@ -74,6 +75,7 @@ pub fn openapi(state: &AppState) -> utoipa::openapi::OpenApi {
         webhooks_api::routes(state),
         invoices::routes(state),
         sms::routes(state),
+        qr::routes(state),
     ];
     let mut api = utoipa::openapi::OpenApi::default();
     for part in parts {

@@ -97,6 +97,9 @@ const ROUTES: &[Route] = &[
         "/v1/sms/notify-pending-payment",
         Scope::PaymentsWrite,
     ),
+    // Direct-QR
+    r("POST", "/v1/qr/fonepay", Scope::PaymentsWrite),
+    r("POST", "/v1/qr/{id}/refresh", Scope::PaymentsWrite),
 ];
 
 /// Paths outside the API contract: the public hosted pages, the health
@@ -276,7 +279,10 @@ struct Records {
 impl Records {
     fn id_for(&self, path: &str) -> &str {
         let p = path;
-        if p.starts_with("/v1/checkout/") || p.starts_with("/v1/sessions/") {
+        if p.starts_with("/v1/checkout/")
+            || p.starts_with("/v1/sessions/")
+            || p.starts_with("/v1/qr/")
+        {
             &self.session
         } else if p.starts_with("/v1/payments/") {
             &self.payment
@@ -307,6 +313,8 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
             json!({"amount": 10_000, "returnUrl": "https://shop.example/thanks"})
         }
         ("POST", "/v1/checkout/{id}/expire") => json!({}),
+        ("POST", "/v1/qr/fonepay") => json!({"amount": 10_000}),
+        ("POST", "/v1/qr/{id}/refresh") => json!({}),
         ("POST", "/v1/refunds") => {
             json!({"paymentId": rec.payment, "amount": 100, "reason": "customer_request"})
         }
@@ -805,6 +813,7 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
             f("collectAddress", Bool),
         ],
         ("POST", "/v1/checkout/{id}/expire")
+        | ("POST", "/v1/qr/{id}/refresh")
         | ("POST", "/v1/payment-links/{id}/cancel")
         | ("POST", "/v1/invoices/{id}/discard") => vec![],
         ("POST", "/v1/refunds") => vec![
@@ -849,6 +858,18 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
             v.extend(customer);
             v
         }
+        ("POST", "/v1/qr/fonepay") => vec![
+            f("amount", Int),
+            f("currency", Str),
+            f("description", Str),
+            f("metadata", Obj),
+            f("customer", Obj),
+            f("customer.name", Str),
+            f("customer.email", Str),
+            f("customer.phone", Str),
+            f("customer.address", Obj),
+            f("customer.address.line1", Str),
+        ],
         ("POST", "/v1/webhooks") | ("PATCH", "/v1/webhooks/{id}") => {
             vec![f("url", Str), f("events", Arr), f("enabled", Bool)]
         }

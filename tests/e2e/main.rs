@@ -19,6 +19,7 @@ mod links;
 mod logs;
 mod openapi;
 mod pay;
+mod qr;
 mod ratelimit;
 mod refunds;
 mod sms;

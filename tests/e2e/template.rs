@@ -369,10 +369,15 @@ fn the_scheduler_sweeps_every_minute_one_run_at_a_time() {
     assert!(http_routes(scheduler).is_empty());
 }
 
-/// The functions that talk to a provider: Hosted (payments), Refunds
-/// (Khalti's refund API) and Scheduler (reconciliation of payments and
-/// refunds).
-const PROVIDER_CALLERS: [&str; 3] = ["HostedFunction", "RefundsFunction", "SchedulerFunction"];
+/// The functions that talk to a provider: Hosted (payments), Qr (Fonepay's
+/// QR API for Direct-QR), Refunds (Khalti's refund API) and Scheduler
+/// (reconciliation of payments and refunds).
+const PROVIDER_CALLERS: [&str; 4] = [
+    "HostedFunction",
+    "QrFunction",
+    "RefundsFunction",
+    "SchedulerFunction",
+];
 
 /// The functions that hold webhook signing secrets, sealed with the same
 /// master key: Webhooks (seals a new endpoint's secret) and

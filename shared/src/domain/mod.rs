@@ -12,6 +12,7 @@ pub mod invoices;
 pub mod links;
 pub mod outbox;
 pub mod payments;
+pub mod qr;
 pub mod record;
 pub mod refunds;
 #[cfg(test)]

@@ -71,6 +71,8 @@ pub struct Entitlements {
     pub sms_monthly_quota: u32,
     pub sandbox_fonepay_max_payment_paisa: i64,
     pub sandbox_fonepay_max_month_paisa: i64,
+    /// Direct-QR (`POST /v1/qr/fonepay`): every paid plan.
+    pub fonepay_direct_qr: bool,
 }
 
 /// Sandbox fonepay caps (spec: NPR 1,000 a payment, NPR 5,000 a month).
@@ -125,6 +127,7 @@ pub async fn account_view(store: &dyn Store, who: &Principal) -> Result<AccountV
             sms_monthly_quota: who.merchant.plan.sms_monthly_quota(),
             sandbox_fonepay_max_payment_paisa: SANDBOX_FONEPAY_MAX_PAYMENT_PAISA,
             sandbox_fonepay_max_month_paisa: SANDBOX_FONEPAY_MAX_MONTH_PAISA,
+            fonepay_direct_qr: crate::domain::qr::entitled(who.merchant.plan),
         },
     })
 }

@@ -1,0 +1,186 @@
+//! The Direct-QR function: `POST /v1/qr/fonepay` and
+//! `POST /v1/qr/{id}/refresh`. A shop counter shows the Fonepay QR on its
+//! own screen; the session, its payment, the proof of payment and the
+//! webhooks are the hosted flow's (`shared::domain::qr`).
+
+use axum::extract::{Extension, Path, State};
+use axum::{Json, Router};
+use base64::Engine;
+use edge::idempotency::Fence;
+use edge::openapi::{OpenApiRouter, idempotent, routes};
+use edge::{ApiError, Auth, JsonBody, with_edge};
+use http::{HeaderMap, StatusCode};
+use serde::Serialize;
+use shared::AppState;
+use shared::domain::account::Scope;
+use shared::domain::qr::{self, CreateQr, ShownQr};
+use shared::time::Timestamp;
+
+/// The function's routes and their description, one value.
+pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(idempotent(state, routes!(create_fonepay_qr)))
+        .routes(idempotent(state, routes!(refresh_qr)))
+}
+
+/// The function's routes, behind the idempotency layer, in the shared edge.
+pub fn router(state: AppState) -> Router {
+    let (router, _) = routes(&state).split_for_parts();
+    with_edge(router.with_state(state))
+}
+
+/// What the counter shows (snake_case, as the SDKs read it).
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = FonepayQr)]
+struct Shown {
+    /// The Direct-QR session, `cs_…`: the same on every refresh.
+    id: String,
+    /// The EMV QR string Fonepay answered: render it yourself, or show
+    /// `qr_image`.
+    qr_message: String,
+    /// `data:image/png;base64,…`: the same QR as a PNG a phone camera
+    /// reads.
+    qr_image: String,
+    /// When the session ends (a QR itself is shown for about 3 minutes:
+    /// refresh it).
+    expires_at: Timestamp,
+    livemode: bool,
+}
+
+fn base(state: &AppState, headers: &HeaderMap) -> String {
+    let host = headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    state.config.base_for(host)
+}
+
+fn shown(s: ShownQr) -> Result<Shown, ApiError> {
+    let qr_image = png_data_url(&s.qr_message).ok_or_else(ApiError::internal)?;
+    Ok(Shown {
+        id: s.session.id,
+        qr_message: s.qr_message,
+        qr_image,
+        expires_at: s.session.expires_at,
+        livemode: s.session.mode.is_live(),
+    })
+}
+
+/// Create a Direct-QR session: a Fonepay QR for your own screen.
+#[utoipa::path(
+    post, path = "/v1/qr/fonepay", tag = "Direct-QR", operation_id = "createFonepayQr",
+    request_body = CreateQr,
+    security(("bearer" = ["payments:write"])),
+    responses(
+        (status = 201, description = "The session and its QR.", body = Shown),
+        (status = 200, description = "A replay: the first answer to this `Idempotency-Key`.", body = Shown),
+        (status = 422, description = "Fonepay is not enabled, or the sandbox cap is reached (`provider_unavailable`, `fonepay_sandbox_cap`).", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
+async fn create_fonepay_qr(
+    State(state): State<AppState>,
+    auth: Auth,
+    fence: Option<Extension<Fence>>,
+    headers: HeaderMap,
+    // Parsed after the scope check: a key without the scope gets 403,
+    // whatever it sent.
+    body: Result<JsonBody<CreateQr>, ApiError>,
+) -> Result<(StatusCode, Json<Shown>), ApiError> {
+    let who = auth.require(Scope::PaymentsWrite)?;
+    let JsonBody(body) = body?;
+    let base = base(&state, &headers);
+    let valid = qr::validate(body, who.mode(), &base)?;
+    let fence = fence.as_ref().map(|Extension(f)| f);
+    let now = state.clock.now();
+    let s = qr::create(&state, who, valid, &base, now, fence).await?;
+    Ok((StatusCode::CREATED, Json(shown(s)?)))
+}
+
+/// A fresh QR for the same session (same `id` and webhooks); the session's
+/// lifetime is unchanged.
+#[utoipa::path(
+    post, path = "/v1/qr/{id}/refresh", tag = "Direct-QR", operation_id = "refreshFonepayQr",
+    params(("id" = String, Path, description = "A Direct-QR session id, `cs_…`.")),
+    security(("bearer" = ["payments:write"])),
+    responses(
+        (status = 200, description = "The session and its new QR.", body = Shown),
+        (status = 422, description = "The session is final (`session_closed`), or the sandbox cap is reached.", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
+async fn refresh_qr(
+    State(state): State<AppState>,
+    auth: Auth,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Shown>, ApiError> {
+    let who = auth.require(Scope::PaymentsWrite)?;
+    let base = base(&state, &headers);
+    let s = qr::refresh(&state, who, &id, &base, state.clock.now()).await?;
+    Ok(Json(shown(s)?))
+}
+
+/// `text` as a QR in a PNG, as a `data:` URL: black modules on white, 6
+/// pixels each, with the 4-module quiet zone readers need. `None` only if
+/// `text` is too long for a QR.
+pub fn png_data_url(text: &str) -> Option<String> {
+    const SCALE: usize = 6;
+    const QUIET: usize = 4;
+    let code = qrcode::QrCode::new(text.as_bytes()).ok()?;
+    let modules = code.width();
+    let colors = code.to_colors();
+    let side = (modules + 2 * QUIET) * SCALE;
+    let mut pixels = vec![255u8; side * side];
+    for (i, color) in colors.iter().enumerate() {
+        if *color != qrcode::Color::Dark {
+            continue;
+        }
+        let (mx, my) = (i % modules + QUIET, i / modules + QUIET);
+        for y in my * SCALE..(my + 1) * SCALE {
+            let row = y * side;
+            pixels[row + mx * SCALE..row + (mx + 1) * SCALE].fill(0);
+        }
+    }
+    let mut png = Vec::new();
+    {
+        let side = u32::try_from(side).ok()?;
+        let mut encoder = png::Encoder::new(&mut png, side, side);
+        encoder.set_color(png::ColorType::Grayscale);
+        encoder.set_depth(png::BitDepth::Eight);
+        let mut writer = encoder.write_header().ok()?;
+        writer.write_image_data(&pixels).ok()?;
+    }
+    Some(format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(png)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_image_is_a_png_of_the_qr_with_its_quiet_zone() {
+        let url = png_data_url("000201010212").unwrap_or_default();
+        let b64 = url.strip_prefix("data:image/png;base64,").unwrap_or("");
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap_or_default();
+        let decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+        let mut reader = decoder.read_info().unwrap_or_else(|e| panic!("{e}"));
+        let mut buf = vec![0; reader.output_buffer_size().unwrap_or(0)];
+        let info = reader
+            .next_frame(&mut buf)
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Version 1 is 21 modules, plus 4 each side, 6 px a module.
+        assert_eq!((info.width, info.height), (174, 174));
+        // The quiet zone is white; the finder pattern's corner is black.
+        assert_eq!(buf[0], 255);
+        let corner = 4 * 6 * 174 + 4 * 6;
+        assert_eq!(buf[corner], 0);
+    }
+
+    #[test]
+    fn text_too_long_for_a_qr_has_no_image() {
+        assert!(png_data_url(&"x".repeat(8000)).is_none());
+    }
+}

@@ -1,0 +1,260 @@
+//! Direct-QR (Fonepay): a checkout session of flow `qr` whose Fonepay QR
+//! the merchant shows on its own screen (a shop counter's tablet) instead
+//! of sending the customer to our hosted page (docs/decisions-refined.md,
+//! "Direct-QR"). The session and its payments are the hosted flow's: the
+//! same attempt start (Fonepay's QR API, the sandbox caps), the same
+//! server-to-server proof before a payment succeeds, the same webhooks.
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::account::{Plan, Principal};
+use super::attempts::{self, AttemptError, PayChoice};
+use super::checkout::{
+    self, CheckoutError, CheckoutSession, Creator, CustomerInput, Flow, SessionStatus,
+    ValidCheckout,
+};
+use super::{Mode, Provider};
+use crate::app::Deps;
+use crate::fields::Description;
+use crate::money::Currency;
+use crate::providers::Handoff;
+use crate::refusal::{Kind, Refusal};
+use crate::store::StoreError;
+use crate::store::fence::Fence;
+use crate::time::Timestamp;
+
+/// The entitlement a plan needs for Direct-QR, as the envelope names it.
+pub const ENTITLEMENT: &str = "fonepay.directQr";
+
+/// The body of `POST /v1/qr/fonepay`. Unknown fields refused.
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(as = CreateFonepayQr)]
+pub struct CreateQr {
+    /// Paisa; Fonepay's bounds for this mode apply (`GET /v1/providers`).
+    #[schema(minimum = 1)]
+    pub amount: i64,
+    #[serde(default)]
+    pub currency: Option<Currency>,
+    #[serde(default)]
+    pub description: Option<Description>,
+    #[serde(default)]
+    pub customer: Option<CustomerInput>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<Map<String, Value>>,
+}
+
+/// Why a Direct-QR operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum QrError {
+    /// The merchant's plan does not include Direct-QR.
+    #[error("Direct-QR is not in the {0:?} plan; it is in every paid plan")]
+    NotEntitled(Plan),
+    /// No Direct-QR session `id` for this project and mode.
+    #[error("no such Direct-QR session")]
+    NotFound(String),
+    /// The session is final: no new QR.
+    #[error("this Direct-QR session is {}: create a new one", .0.as_str())]
+    Closed(SessionStatus),
+    #[error(transparent)]
+    Checkout(#[from] CheckoutError),
+    #[error(transparent)]
+    Attempt(#[from] AttemptError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<QrError> for Refusal {
+    fn from(err: QrError) -> Self {
+        match err {
+            e @ QrError::NotEntitled(_) => Refusal::forbidden("permission_denied", e.to_string())
+                .with_extra("entitlement", Value::from(ENTITLEMENT)),
+            QrError::NotFound(id) => Refusal::not_found("Direct-QR session", &id),
+            e @ QrError::Closed(_) => Refusal::unprocessable("session_closed", e.to_string()),
+            QrError::Checkout(e) => e.into(),
+            QrError::Attempt(e) => match e {
+                AttemptError::NotFound => Refusal::not_found("Direct-QR session", ""),
+                e @ AttemptError::Closed(_) => {
+                    Refusal::unprocessable("session_closed", e.to_string())
+                }
+                AttemptError::NotOffered(m) => {
+                    Refusal::unprocessable("provider_unavailable", m).at("provider")
+                }
+                AttemptError::Invalid { field, message } => Refusal::invalid(field, message),
+                AttemptError::FonepayCap(m) => {
+                    Refusal::unprocessable("fonepay_sandbox_cap", m).at("amount")
+                }
+                e @ AttemptError::Busy => Refusal::conflict("state_conflict", e.to_string()),
+                AttemptError::Provider(e) => Refusal::new(
+                    Kind::Unavailable,
+                    "provider_error",
+                    format!("Fonepay did not give a QR ({e}); retry with the same Idempotency-Key"),
+                ),
+                AttemptError::Store(e) => e.into(),
+            },
+            QrError::Store(e) => e.into(),
+        }
+    }
+}
+
+/// Whether `plan` includes Direct-QR: every paid plan.
+pub fn entitled(plan: Plan) -> bool {
+    plan != Plan::Free
+}
+
+/// Checks a create request (no store needed). `base`: our public base URL,
+/// the session's return address (a counter has no shop page to return to).
+pub fn validate(req: CreateQr, mode: Mode, base: &str) -> Result<ValidCheckout, CheckoutError> {
+    let amount = checkout::check_amount(req.amount, Some(Provider::Fonepay), mode)?;
+    let metadata = req.metadata.unwrap_or_default();
+    checkout::check_metadata(&metadata)?;
+    let customer = req.customer.unwrap_or_default();
+    Ok(ValidCheckout {
+        amount,
+        return_url: base.to_owned(),
+        cancel_url: None,
+        provider: Some(Provider::Fonepay),
+        flow: Flow::Qr,
+        description: req.description.map(String::from),
+        metadata,
+        customer_name: customer.name.map(String::from),
+        customer_email: customer.email.map(String::from),
+        customer_phone: customer.phone.map(String::from),
+        customer_address: customer.address.map(checkout::Address::stored),
+        collect_address: false,
+    })
+}
+
+/// A session and the QR of its open payment.
+#[derive(Clone, Debug)]
+pub struct ShownQr {
+    pub session: CheckoutSession,
+    pub qr_message: String,
+}
+
+/// Creates the session and its first QR. A retry of the same request
+/// (its fence) finds the session the first run made, and its QR if that
+/// run got one.
+pub async fn create(
+    state: &Deps,
+    who: &Principal,
+    valid: ValidCheckout,
+    base: &str,
+    now: Timestamp,
+    fence: Option<&Fence>,
+) -> Result<ShownQr, QrError> {
+    if !entitled(who.merchant.plan) {
+        return Err(QrError::NotEntitled(who.merchant.plan));
+    }
+    let session = checkout::create(&*state.store, &Creator::of(who), valid, now, fence).await?;
+    if let Some(shown) = open_qr(state, &session).await? {
+        return Ok(shown);
+    }
+    new_qr(state, &session.id, base, now).await
+}
+
+/// A fresh QR for the same session (a Fonepay QR is shown for about three
+/// minutes): the open payment is superseded by a new one.
+pub async fn refresh(
+    state: &Deps,
+    who: &Principal,
+    id: &str,
+    base: &str,
+    now: Timestamp,
+) -> Result<ShownQr, QrError> {
+    if !entitled(who.merchant.plan) {
+        return Err(QrError::NotEntitled(who.merchant.plan));
+    }
+    let session = checkout::find(&*state.store, who.project_id(), who.mode(), id, now)
+        .await?
+        .filter(|s| s.flow == Flow::Qr)
+        .ok_or_else(|| QrError::NotFound(id.to_owned()))?;
+    let status = session.status_at(now);
+    if status.is_final() {
+        return Err(QrError::Closed(status));
+    }
+    new_qr(state, &session.id, base, now).await
+}
+
+/// The QR of the session's open payment, if it has one.
+async fn open_qr(state: &Deps, session: &CheckoutSession) -> Result<Option<ShownQr>, QrError> {
+    let Some(payment_id) = &session.payment_id else {
+        return Ok(None);
+    };
+    let payment = attempts::find_payment(&*state.store, &session.id, payment_id).await?;
+    Ok(payment
+        .filter(|p| p.status == super::payments::PaymentStatus::Pending)
+        .and_then(|p| p.attempt.qr_message)
+        .map(|qr_message| ShownQr {
+            session: session.clone(),
+            qr_message,
+        }))
+}
+
+async fn new_qr(state: &Deps, id: &str, base: &str, now: Timestamp) -> Result<ShownQr, QrError> {
+    let choice = PayChoice {
+        provider: Some(Provider::Fonepay),
+        fonepay_web: false,
+        address: None,
+    };
+    let started = attempts::start(state, id, choice, base, now).await?;
+    match started.handoff {
+        Handoff::Qr { qr_message, .. } => Ok(ShownQr {
+            session: started.session,
+            qr_message,
+        }),
+        _ => Err(QrError::Attempt(AttemptError::NotOffered(
+            "Fonepay did not answer with a QR".into(),
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(amount: i64) -> CreateQr {
+        CreateQr {
+            amount,
+            currency: None,
+            description: None,
+            customer: None,
+            metadata: None,
+        }
+    }
+
+    #[test]
+    fn a_qr_session_pays_with_fonepay_by_qr_within_fonepays_bounds() {
+        let v = validate(body(50_000), Mode::Sandbox, "http://127.0.0.1:8080").unwrap();
+        assert_eq!(v.flow, Flow::Qr);
+        assert_eq!(v.provider, Some(Provider::Fonepay));
+        assert_eq!(v.return_url, "http://127.0.0.1:8080");
+        assert!(!v.collect_address);
+        assert!(validate(body(0), Mode::Sandbox, "x").is_err());
+        // Sandbox Fonepay is capped at NPR 1,000 a payment.
+        assert!(matches!(
+            validate(body(100_001), Mode::Sandbox, "x"),
+            Err(CheckoutError::FonepaySandboxCap(_))
+        ));
+    }
+
+    #[test]
+    fn every_paid_plan_has_direct_qr() {
+        assert!(!entitled(Plan::Free));
+        assert!(entitled(Plan::Growth));
+        assert!(entitled(Plan::Pro));
+    }
+
+    #[test]
+    fn the_refusals_say_what_the_contract_says() {
+        let r: Refusal = QrError::NotEntitled(Plan::Free).into();
+        assert_eq!((r.kind, r.code), (Kind::Forbidden, "permission_denied"));
+        assert_eq!(r.extra, Some(("entitlement", Value::from(ENTITLEMENT))));
+        let r: Refusal = QrError::Closed(SessionStatus::Success).into();
+        assert_eq!((r.kind, r.code), (Kind::Unprocessable, "session_closed"));
+        let r: Refusal = QrError::NotFound("cs_x".into()).into();
+        assert_eq!(r.kind, Kind::NotFound);
+    }
+}

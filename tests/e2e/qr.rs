@@ -1,0 +1,232 @@
+//! Direct-QR: a shop counter asks for a Fonepay QR, shows it, refreshes
+//! it, and the customer's banking app pays it; the payment is proven
+//! server to server like every other; the official SDK's `client.qr`
+//! works unchanged; a plan without the feature and a final session are
+//! refused as the contract says.
+
+use base64::Engine;
+use dhukuti_tests::shop::Shop;
+use dhukuti_tests::{Which, on_both_backends, spawn_app};
+use serde_json::{Value, json};
+use shared::domain::Mode;
+use shared::domain::account::{self, Plan, Scope};
+use shared::time::{Clock, SystemClock};
+
+/// NPR 500: under the sandbox Fonepay cap of NPR 1,000.
+const AMOUNT: i64 = 50_000;
+
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_owned()
+}
+
+async fn open(which: Which) -> Option<Shop> {
+    let shop = Shop::on(spawn_app(which).await?).await;
+    shop.app.enable_fonepay(&shop.tenant, Mode::Sandbox).await;
+    Some(shop)
+}
+
+async fn create(shop: &Shop, idempotency_key: Option<&str>) -> dhukuti_tests::Answer {
+    let body = json!({
+        "amount": AMOUNT,
+        "currency": "NPR",
+        "customer": {"name": "Sita Rai", "email": "sita@example.com", "phone": "9800000001"},
+        "metadata": {"counter": "2"},
+    });
+    shop.app
+        .post("/v1/qr/fonepay", Some(&shop.key), idempotency_key, &body)
+        .await
+}
+
+/// The PNG a `data:` URL carries: its width and height.
+fn png_size(data_url: &str) -> (u32, u32) {
+    let Some(b64) = data_url.strip_prefix("data:image/png;base64,") else {
+        panic!("not a PNG data URL: {data_url:.40}")
+    };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .unwrap_or_else(|e| panic!("base64: {e}"));
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
+    let at = |i: usize| u32::from_be_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+    // The IHDR chunk: width and height right after "IHDR".
+    (at(16), at(20))
+}
+
+async fn a_counter_shows_a_qr_refreshes_it_and_the_customer_pays(which: Which) {
+    let Some(shop) = open(which).await else {
+        return;
+    };
+    let a = create(&shop, Some("counter-1")).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    let id = text(&a.body["id"]);
+    assert!(id.starts_with("cs_"), "{}", a.body);
+    assert_eq!(a.body["livemode"], false);
+    let qr = text(&a.body["qr_message"]);
+    assert!(qr.starts_with("000201"), "an EMV QR string: {qr}");
+    let (w, h) = png_size(&text(&a.body["qr_image"]));
+    assert!(w == h && w >= 150, "{w}x{h}");
+    let expires_at = text(&a.body["expires_at"]);
+
+    // The same request again answers the same QR (the idempotency layer).
+    let again = create(&shop, Some("counter-1")).await;
+    assert_eq!(again.body["id"], a.body["id"]);
+    assert_eq!(again.body["qr_message"], a.body["qr_message"]);
+
+    // A session of flow `qr` with its Fonepay payment.
+    let s = shop.session(&id).await;
+    assert_eq!(s["flow"], "qr", "{s}");
+    assert_eq!(s["provider"], "fonepay", "{s}");
+    assert_eq!(s["status"], "initiated", "{s}");
+    let first = text(&s["paymentId"]);
+
+    // A refresh: the same session, a new QR, the lifetime unchanged.
+    let r = shop
+        .app
+        .post(
+            &format!("/v1/qr/{id}/refresh"),
+            Some(&shop.key),
+            None,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["id"], a.body["id"]);
+    assert_eq!(text(&r.body["expires_at"]), expires_at);
+    assert_ne!(r.body["qr_message"], a.body["qr_message"], "a fresh QR");
+    let s = shop.session(&id).await;
+    let second = text(&s["paymentId"]);
+    assert_ne!(first, second);
+    assert_eq!(shop.payment(&first).await["status"], "cancelled");
+
+    // The customer's banking app pays the fresh QR; the sweep proves it
+    // with Fonepay, server to server.
+    let prn = shop.reference(&second).await;
+    let res = shop
+        .app
+        .client
+        .post(shop.sim(&format!("/fonepay/_control/attempts/{prn}/pay")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(res.status().is_success(), "{}", res.status());
+    shop.app
+        .sweep(SystemClock.now().plus(chrono::Duration::minutes(2)))
+        .await;
+    assert_eq!(shop.payment(&second).await["status"], "success");
+    assert_eq!(shop.session(&id).await["status"], "success");
+    assert_eq!(shop.events_about("payment.succeeded", &second).await, 1);
+
+    // A final session gets no new QR.
+    let r = shop
+        .app
+        .post(
+            &format!("/v1/qr/{id}/refresh"),
+            Some(&shop.key),
+            None,
+            &json!({}),
+        )
+        .await;
+    r.assert_error(422, "invalid_request_error", "session_closed");
+    shop.stop().await;
+}
+
+async fn direct_qr_is_a_plan_feature_and_refuses_what_it_cannot_do(which: Which) {
+    let Some(shop) = open(which).await else {
+        return;
+    };
+    // A hosted session is not a Direct-QR session: 404, as for any id.
+    let hosted = shop.create_checkout(10_000).await;
+    let r = shop
+        .app
+        .post(
+            &format!("/v1/qr/{}/refresh", text(&hosted["id"])),
+            Some(&shop.key),
+            None,
+            &json!({}),
+        )
+        .await;
+    r.assert_error(404, "invalid_request_error", "not_found");
+    // Over the sandbox Fonepay cap of NPR 1,000 a payment.
+    let over = shop
+        .app
+        .post(
+            "/v1/qr/fonepay",
+            Some(&shop.key),
+            None,
+            &json!({"amount": 100_001}),
+        )
+        .await;
+    over.assert_error(422, "invalid_request_error", "fonepay_sandbox_cap");
+    // Fields are checked.
+    let bad = shop
+        .app
+        .post(
+            "/v1/qr/fonepay",
+            Some(&shop.key),
+            None,
+            &json!({"amount": 1000, "returnUrl": "https://x.example"}),
+        )
+        .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+
+    // The Free plan has no Direct-QR: 403 naming the entitlement.
+    let free = shop.app.tenant("Free Teas", "owner@free.example").await;
+    if let Err(e) = account::set_plan(&*shop.app.store, &free.merchant.id, Plan::Free).await {
+        panic!("set_plan: {e}")
+    }
+    shop.app.enable_fonepay(&free, Mode::Sandbox).await;
+    let key = shop.app.key(&free, Mode::Sandbox, &Scope::ALL).await;
+    let r = shop
+        .app
+        .post("/v1/qr/fonepay", Some(&key), None, &json!({"amount": 1000}))
+        .await;
+    r.assert_error(403, "permission_error", "permission_denied");
+    assert_eq!(r.body["error"]["entitlement"], "fonepay.directQr");
+    let account = shop.app.get("/v1/account", Some(&key)).await;
+    assert_eq!(account.body["entitlements"]["fonepay_direct_qr"], false);
+    let account = shop.app.get("/v1/account", Some(&shop.key)).await;
+    assert_eq!(account.body["entitlements"]["fonepay_direct_qr"], true);
+    shop.stop().await;
+}
+
+/// The official SDK's `client.qr.fonepay(...)` and `client.qr.refresh(...)`,
+/// unchanged.
+async fn the_official_sdk_makes_and_refreshes_a_qr(which: Which) {
+    let Some(python) = shared::testenv::python() else {
+        return;
+    };
+    let Some(shop) = open(which).await else {
+        return;
+    };
+    let script = r#"
+import sys
+from paybridge_np import PayBridgeNP
+client = PayBridgeNP(sys.argv[2], base_url=sys.argv[1])
+qr = client.qr.fonepay({"amount": 25000, "customer": {"name": "Hari", "email": "hari@example.com"}})
+assert qr["id"].startswith("cs_") and qr["qr_message"] and qr["qr_image"].startswith("data:image/png;base64,"), qr
+fresh = client.qr.refresh(qr["id"])
+assert fresh["id"] == qr["id"] and fresh["qr_message"] != qr["qr_message"], fresh
+print("sdk qr ok")
+"#;
+    let out = tokio::process::Command::new(&python)
+        .args(["-c", script, &shop.app.base, &shop.key])
+        .kill_on_drop(true)
+        .output();
+    let out = match tokio::time::timeout(std::time::Duration::from_secs(60), out).await {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => panic!("{}: {e}", python.display()),
+        Err(_) => panic!("the SDK took over 60 s"),
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("sdk qr ok"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    shop.stop().await;
+}
+
+on_both_backends!(
+    a_counter_shows_a_qr_refreshes_it_and_the_customer_pays,
+    direct_qr_is_a_plan_feature_and_refuses_what_it_cannot_do,
+    the_official_sdk_makes_and_refreshes_a_qr,
+);
