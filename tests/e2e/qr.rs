@@ -229,4 +229,162 @@ on_both_backends!(
     a_counter_shows_a_qr_refreshes_it_and_the_customer_pays,
     direct_qr_is_a_plan_feature_and_refuses_what_it_cannot_do,
     the_official_sdk_makes_and_refreshes_a_qr,
+    the_event_stream_tells_the_screen_and_resumes_without_loss,
 );
+
+/// One server-sent event: `(id, event, data)`.
+type Sent = (String, String, Value);
+
+/// Reads events from an open stream until `until` says stop or `within`
+/// passes; `None` for a comment-only or ended stream.
+async fn read_events(
+    res: &mut reqwest::Response,
+    buf: &mut String,
+    within: std::time::Duration,
+    until: impl Fn(&Sent) -> bool,
+) -> Vec<Sent> {
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let (mut id, mut event, mut data) = (String::new(), String::new(), String::new());
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    id = v.trim().to_owned();
+                } else if let Some(v) = line.strip_prefix("event:") {
+                    event = v.trim().to_owned();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.trim());
+                }
+            }
+            if event.is_empty() {
+                continue;
+            }
+            let sent = (
+                id,
+                event,
+                serde_json::from_str(&data).unwrap_or(Value::Null),
+            );
+            let stop = until(&sent);
+            out.push(sent);
+            if stop {
+                return out;
+            }
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, res.chunk()).await {
+            Ok(Ok(Some(bytes))) => buf.push_str(&String::from_utf8_lossy(&bytes)),
+            _ => return out,
+        }
+    }
+}
+
+async fn pay_at_fonepay(shop: &Shop, payment: &str, action: &str) {
+    let prn = shop.reference(payment).await;
+    let res = shop
+        .app
+        .client
+        .post(shop.sim(&format!("/fonepay/_control/attempts/{prn}/{action}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(res.status().is_success(), "{}", res.status());
+}
+
+async fn stream(shop: &Shop, url: &str, last_id: Option<&str>) -> reqwest::Response {
+    let mut req = shop.app.client.get(url);
+    if let Some(id) = last_id {
+        req = req.header("last-event-id", id);
+    }
+    req.send().await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The customer's screen: the stream says `qr.failed` when the bank
+/// declines and ends; after a dropped connection it still delivers
+/// `qr.paid` (within two seconds of the payment, after the
+/// server-to-server check) and ends; a screen that saw the final event
+/// is told to stop (204), not sent it again.
+async fn the_event_stream_tells_the_screen_and_resumes_without_loss(which: Which) {
+    let Some(shop) = open(which).await else {
+        return;
+    };
+    let secs = std::time::Duration::from_secs;
+    // The bank declines: qr.failed, final for a Direct-QR session.
+    let a = create(&shop, None).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    let id = text(&a.body["id"]);
+    let url = text(&a.body["events_url"]);
+    assert_eq!(url, format!("{}/c/{id}/events", shop.app.base));
+    let mut res = stream(&shop, &url, None).await;
+    assert_eq!(res.status(), 200);
+    let ct = res.headers()["content-type"]
+        .to_str()
+        .unwrap_or("")
+        .to_owned();
+    assert!(ct.starts_with("text/event-stream"), "{ct}");
+    let first = text(&shop.session(&id).await["paymentId"]);
+    pay_at_fonepay(&shop, &first, "fail").await;
+    let mut buf = String::new();
+    let got = read_events(&mut res, &mut buf, secs(10), |e| e.1 == "qr.failed").await;
+    let kinds: Vec<&str> = got.iter().map(|e| e.1.as_str()).collect();
+    assert_eq!(kinds, ["qr.failed"], "{got:?}");
+    assert_eq!(got[0].2["payment_id"], first.as_str());
+    let end = tokio::time::timeout(secs(5), res.chunk()).await;
+    assert!(matches!(end, Ok(Ok(None))), "the stream ends: {end:?}");
+    let r = shop
+        .app
+        .post(
+            &format!("/v1/qr/{id}/refresh"),
+            Some(&shop.key),
+            None,
+            &json!({}),
+        )
+        .await;
+    r.assert_error(422, "invalid_request_error", "session_closed");
+
+    // A new QR; the screen connects, then loses the connection.
+    let b = create(&shop, None).await;
+    let id = text(&b.body["id"]);
+    let url = text(&b.body["events_url"]);
+    drop(stream(&shop, &url, None).await);
+    let payment = text(&shop.session(&id).await["paymentId"]);
+    let mut res = stream(&shop, &url, None).await;
+    let paid_at = std::time::Instant::now();
+    pay_at_fonepay(&shop, &payment, "pay").await;
+    let mut buf = String::new();
+    let got = read_events(&mut res, &mut buf, secs(10), |e| e.1 == "qr.paid").await;
+    let took = paid_at.elapsed();
+    let kinds: Vec<&str> = got.iter().map(|e| e.1.as_str()).collect();
+    assert_eq!(kinds, ["qr.paid"], "{got:?}");
+    assert_eq!(got[0].2["payment_id"], payment.as_str());
+    assert!(took < secs(2), "qr.paid after {took:?}");
+    // Proven server to server: the payment is paid in the API.
+    assert_eq!(shop.payment(&payment).await["status"], "success");
+    let end = tokio::time::timeout(secs(5), res.chunk()).await;
+    assert!(matches!(end, Ok(Ok(None))), "the stream ends: {end:?}");
+    // Coming back without the last id: the final event again (no loss);
+    // with it: 204, nothing repeated.
+    let mut again = stream(&shop, &url, None).await;
+    let mut buf = String::new();
+    let got = read_events(&mut again, &mut buf, secs(5), |e| e.1 == "qr.paid").await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    let seen = stream(&shop, &url, Some(&got[0].0)).await;
+    assert_eq!(seen.status(), 204);
+
+    // A hosted session has no stream; an unknown id neither.
+    let hosted = shop.create_checkout(10_000).await;
+    let res = shop
+        .app
+        .client
+        .get(format!(
+            "{}/c/{}/events",
+            shop.app.base,
+            text(&hosted["id"])
+        ))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(res.status(), 404);
+    shop.stop().await;
+}

@@ -291,6 +291,7 @@ fn the_hosted_pages_are_served_by_hosted_without_an_authorizer() {
         ("GET", "/c/{id}"),
         ("POST", "/c/{id}/pay"),
         ("GET", "/c/{id}/status"),
+        ("GET", "/c/{id}/events"),
         ("GET", "/c/{id}/return/{payment}/{outcome}"),
         ("POST", "/c/{id}/return/{payment}/{outcome}"),
         ("GET", "/c/{id}/qr/{payment}"),

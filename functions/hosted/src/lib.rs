@@ -41,6 +41,7 @@ pub fn router(state: AppState) -> Router {
             .route("/c/{id}", get(show))
             .route("/c/{id}/pay", axum::routing::post(pay))
             .route("/c/{id}/status", get(status))
+            .route("/c/{id}/events", get(events))
             .route(
                 "/c/{id}/return/{payment}/{outcome}",
                 get(returned_get).post(returned_post),
@@ -500,6 +501,153 @@ async fn pay(
         Ok(r) => r,
         Err(e) => trouble(&e),
     }
+}
+
+/// How long one event stream lasts; the client reconnects (`retry`) with
+/// `Last-Event-ID`. Under the function's 15 s timeout and API Gateway's
+/// 30 s, which also buffers a Lambda's answer: deployed, a stream's
+/// events arrive when it ends, and it ends at once after a final event.
+pub const STREAM_FOR: std::time::Duration = std::time::Duration::from_secs(12);
+/// Streams open at once in this process; past it, 503 with `Retry-After`.
+pub const MAX_STREAMS: usize = 256;
+const STREAM_POLL: std::time::Duration = std::time::Duration::from_millis(500);
+
+fn streams() -> &'static std::sync::Arc<tokio::sync::Semaphore> {
+    static STREAMS: std::sync::OnceLock<std::sync::Arc<tokio::sync::Semaphore>> =
+        std::sync::OnceLock::new();
+    STREAMS.get_or_init(|| std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)))
+}
+
+/// One open event stream: what it has sent, what it will send next, and
+/// its place among [`MAX_STREAMS`].
+struct Feed {
+    state: AppState,
+    id: String,
+    sent: std::collections::HashSet<String>,
+    queue: std::collections::VecDeque<axum::response::sse::Event>,
+    started: tokio::time::Instant,
+    first: bool,
+    done: bool,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// `GET /c/{id}/events`: a Direct-QR session's server-sent events for the
+/// customer's screen (`qr.paid`, `qr.failed`, `qr.expired`), public like
+/// the session's page: the session id is the capability. Each poll runs
+/// the same bounded server-to-server check as the QR page's.
+async fn events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: http::HeaderMap,
+) -> Response {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let now = state.clock.now();
+    let last_seen: Option<String> = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.chars().take(200).collect());
+    match checkout::find_any(&*state.store, &id, now).await {
+        Ok(Some(s)) if s.flow == checkout::Flow::Qr => {
+            // The screen saw the final event: 204 tells an EventSource to
+            // stop reconnecting.
+            if s.status_at(now).is_final() && last_seen.is_some() {
+                let payment = match &s.payment_id {
+                    Some(p) => attempts::find_payment(&*state.store, &s.id, p)
+                        .await
+                        .ok()
+                        .flatten(),
+                    None => None,
+                };
+                let finals = shared::domain::qr::stream_events(&s, payment.as_ref(), now);
+                if finals
+                    .iter()
+                    .any(|e| e.last && Some(&e.id) == last_seen.as_ref())
+                {
+                    return StatusCode::NO_CONTENT.into_response();
+                }
+            }
+        }
+        Ok(_) => {
+            return (
+                StatusCode::NOT_FOUND,
+                axum::Json(json!({"error": "no such Direct-QR session"})),
+            )
+                .into_response();
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "event stream: session read failed");
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(header::RETRY_AFTER, "2")],
+                axum::Json(json!({"error": "try again"})),
+            )
+                .into_response();
+        }
+    }
+    let Ok(permit) = streams().clone().try_acquire_owned() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "5")],
+            axum::Json(json!({"error": "too many open streams; retry"})),
+        )
+            .into_response();
+    };
+    let sent: std::collections::HashSet<String> = last_seen.into_iter().collect();
+    let mut queue = std::collections::VecDeque::new();
+    queue.push_back(Event::default().comment("connected").retry(STREAM_POLL));
+    let feed = Feed {
+        state,
+        id,
+        sent,
+        queue,
+        started: tokio::time::Instant::now(),
+        first: true,
+        done: false,
+        _permit: permit,
+    };
+    let stream = futures::stream::unfold(feed, |mut f| async move {
+        loop {
+            if let Some(e) = f.queue.pop_front() {
+                return Some((Ok::<_, std::convert::Infallible>(e), f));
+            }
+            if f.done || f.started.elapsed() >= STREAM_FOR {
+                return None;
+            }
+            if !f.first {
+                tokio::time::sleep(STREAM_POLL).await;
+            }
+            f.first = false;
+            let now = f.state.clock.now();
+            let every = chrono::Duration::seconds(1);
+            let (session, payment) = match attempts::poll_every(&f.state, &f.id, now, every).await {
+                Ok(Some(x)) => x,
+                Ok(None) => return None,
+                Err(e) => {
+                    tracing::warn!(error = %e, "event stream poll failed; retrying");
+                    continue;
+                }
+            };
+            for ev in shared::domain::qr::stream_events(&session, payment.as_ref(), now) {
+                if !f.sent.insert(ev.id.clone()) {
+                    continue;
+                }
+                f.done |= ev.last;
+                f.queue.push_back(
+                    Event::default()
+                        .id(ev.id)
+                        .event(ev.kind)
+                        .data(ev.data.to_string()),
+                );
+            }
+        }
+    });
+    let mut res = Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(15)))
+        .into_response();
+    // Not a page: the hosted pages' headers (`secure`) still apply.
+    res.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    res
 }
 
 async fn status(State(state): State<AppState>, Path(id): Path<String>) -> Response {

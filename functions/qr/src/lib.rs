@@ -41,6 +41,10 @@ struct Shown {
     /// `data:image/png;base64,…`: the same QR as a PNG a phone camera
     /// reads.
     qr_image: String,
+    /// Server-sent events for the customer's screen: `qr.paid` (only once
+    /// Fonepay confirmed it server to server), `qr.failed`, `qr.expired`;
+    /// each has an `id` for `Last-Event-ID`. No key needed.
+    events_url: String,
     /// When the session ends (a QR itself is shown for about 3 minutes:
     /// refresh it).
     expires_at: Timestamp,
@@ -54,9 +58,10 @@ fn base(state: &AppState, headers: &HeaderMap) -> String {
     state.config.base_for(host)
 }
 
-fn shown(s: ShownQr) -> Result<Shown, ApiError> {
+fn shown(s: ShownQr, base: &str) -> Result<Shown, ApiError> {
     let qr_image = png_data_url(&s.qr_message).ok_or_else(ApiError::internal)?;
     Ok(Shown {
+        events_url: format!("{base}/c/{}/events", s.session.id),
         id: s.session.id,
         qr_message: s.qr_message,
         qr_image,
@@ -92,7 +97,7 @@ async fn create_fonepay_qr(
     let fence = fence.as_ref().map(|Extension(f)| f);
     let now = state.clock.now();
     let s = qr::create(&state, who, valid, &base, now, fence).await?;
-    Ok((StatusCode::CREATED, Json(shown(s)?)))
+    Ok((StatusCode::CREATED, Json(shown(s, &base)?)))
 }
 
 /// A fresh QR for the same session (same `id` and webhooks); the session's
@@ -115,7 +120,7 @@ async fn refresh_qr(
     let who = auth.require(Scope::PaymentsWrite)?;
     let base = base(&state, &headers);
     let s = qr::refresh(&state, who, &id, &base, state.clock.now()).await?;
-    Ok(Json(shown(s)?))
+    Ok(Json(shown(s, &base)?))
 }
 
 /// `text` as a QR in a PNG, as a `data:` URL: black modules on white, 6

@@ -211,6 +211,70 @@ async fn new_qr(state: &Deps, id: &str, base: &str, now: Timestamp) -> Result<Sh
     }
 }
 
+/// One event of a Direct-QR session's stream (`/c/{id}/events`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamEvent {
+    /// Unique per session and outcome, so `Last-Event-ID` resumes without
+    /// loss or repeat.
+    pub id: String,
+    /// `qr.paid`, `qr.failed` or `qr.expired`.
+    pub kind: &'static str,
+    pub data: Value,
+    /// After it the stream ends: the session is final.
+    pub last: bool,
+}
+
+/// The events the session's state shows now. A payment is `qr.paid` only
+/// once the session is `success`, which only a server-to-server check
+/// makes it; a failed payment is `qr.failed` (the counter may refresh);
+/// a session past its time is `qr.expired`.
+pub fn stream_events(
+    session: &CheckoutSession,
+    payment: Option<&super::payments::Payment>,
+    now: Timestamp,
+) -> Vec<StreamEvent> {
+    use super::payments::PaymentStatus;
+    let payment_id = payment.map(|p| p.id.clone());
+    let data = |status: &str| {
+        serde_json::json!({
+            "id": session.id,
+            "payment_id": payment_id,
+            "amount": session.amount.get(),
+            "status": status,
+        })
+    };
+    let on_payment = |what: &str| format!("{}:{what}", payment_id.as_deref().unwrap_or("none"));
+    match session.status_at(now) {
+        SessionStatus::Success => vec![StreamEvent {
+            id: on_payment("paid"),
+            kind: "qr.paid",
+            data: data("success"),
+            last: true,
+        }],
+        SessionStatus::Failed => vec![StreamEvent {
+            id: on_payment("failed"),
+            kind: "qr.failed",
+            data: data("failed"),
+            last: true,
+        }],
+        SessionStatus::Expired => vec![StreamEvent {
+            id: format!("{}:expired", session.id),
+            kind: "qr.expired",
+            data: data("expired"),
+            last: true,
+        }],
+        SessionStatus::Pending | SessionStatus::Initiated => match payment {
+            Some(p) if p.status == PaymentStatus::Failed => vec![StreamEvent {
+                id: on_payment("failed"),
+                kind: "qr.failed",
+                data: data("failed"),
+                last: false,
+            }],
+            _ => Vec::new(),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,6 +309,37 @@ mod tests {
         assert!(!entitled(Plan::Free));
         assert!(entitled(Plan::Growth));
         assert!(entitled(Plan::Pro));
+    }
+
+    fn session(status: SessionStatus) -> CheckoutSession {
+        let now = crate::testenv::at("2026-11-26T10:00:00Z");
+        serde_json::from_value(serde_json::json!({
+            "id": "cs_01", "project_id": "prj_1", "mode": "sandbox", "flow": "qr",
+            "api_key_id": "key_1",
+            "amount": 50000, "currency": "NPR", "provider": "fonepay",
+            "status": status.as_str(), "return_url": "http://x", "metadata": {},
+            "expires_at": now.plus(chrono::Duration::minutes(30)).to_rfc3339(),
+            "created_at": now.to_rfc3339(), "updated_at": now.to_rfc3339(),
+            "payment_id": "pay_1",
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn the_stream_shows_only_what_the_state_proves() {
+        let now = crate::testenv::at("2026-11-26T10:01:00Z");
+        let open = session(SessionStatus::Initiated);
+        assert!(stream_events(&open, None, now).is_empty());
+        let paid = stream_events(&session(SessionStatus::Success), None, now);
+        assert_eq!(paid.len(), 1);
+        assert_eq!((paid[0].kind, paid[0].last), ("qr.paid", true));
+        let failed = stream_events(&session(SessionStatus::Failed), None, now);
+        assert_eq!((failed[0].kind, failed[0].last), ("qr.failed", true));
+        // Past its time an open session is expired, whatever is stored.
+        let later = now.plus(chrono::Duration::hours(1));
+        let expired = stream_events(&open, None, later);
+        assert_eq!(expired[0].kind, "qr.expired");
+        assert_eq!(expired[0].id, "cs_01:expired");
     }
 
     #[test]

@@ -577,6 +577,18 @@ pub async fn poll(
     session_id: &str,
     now: Timestamp,
 ) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
+    poll_every(state, session_id, now, POLL_CHECK_EVERY).await
+}
+
+/// [`poll`], asking the provider at most once per `every` per payment
+/// (a Direct-QR event stream asks every second, so a paid QR shows within
+/// about two: decisions-refined, "Direct-QR").
+pub async fn poll_every(
+    state: &Deps,
+    session_id: &str,
+    now: Timestamp,
+    every: chrono::Duration,
+) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
     let store = &*state.store;
     let Some(session) = checkout::find_any(store, session_id, now).await? else {
         return Ok(None);
@@ -593,7 +605,7 @@ pub async fn poll(
     {
         return Ok(Some((session, Some(payment))));
     }
-    if !claim_check(store, &payment, now, POLL_CHECK_EVERY).await? {
+    if !claim_check(store, &payment, now, every).await? {
         return Ok(Some((session, Some(payment))));
     }
     let payment = match reconcile(state, &payment, now).await {
