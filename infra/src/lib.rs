@@ -2,6 +2,7 @@
 //! 127.0.0.1, on the embedded store in a data directory. Same handlers,
 //! same domain as on Lambda; no second code path.
 
+pub mod counter;
 pub mod demo;
 pub mod listen;
 pub mod queue_worker;
@@ -447,7 +448,10 @@ pub async fn start_with_clock(
     let sms_worker = Some(sms_worker::spawn(&state, sms_client));
 
     let (tx, rx) = oneshot::channel::<()>();
-    let router = app_with_simulators(state.clone(), sim);
+    // The demo counter (`/demo/counter`) asks the API with the demo key,
+    // server side.
+    let router = app_with_simulators(state.clone(), sim)
+        .merge(counter::routes(base_url.clone(), demo.keys.sandbox.clone()));
     let task = tokio::spawn(async move {
         // The peer's address: the public routes' per-client limits.
         axum::serve(

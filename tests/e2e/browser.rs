@@ -297,7 +297,7 @@ async fn land_on_the_thanks_page(c: &Client, shop: &MerchantSite) -> Result<Stri
 }
 
 /// Types `text` into the empty field `css` and checks that it holds it.
-async fn type_into(c: &Client, css: &str, text: &str) -> Result<(), String> {
+pub(crate) async fn type_into(c: &Client, css: &str, text: &str) -> Result<(), String> {
     let field = element(c, css).await?;
     within(&format!("clear `{css}`"), field.clear()).await?;
     within(&format!("type into `{css}`"), field.send_keys(text)).await?;
@@ -321,7 +321,7 @@ pub(crate) async fn within<T, E: Display>(
 }
 
 /// The first element matching `css`, waiting for it up to [`WAIT`].
-async fn element(c: &Client, css: &str) -> Result<Element, String> {
+pub(crate) async fn element(c: &Client, css: &str) -> Result<Element, String> {
     let found = c
         .wait()
         .at_most(WAIT)

@@ -12,6 +12,7 @@ mod api;
 mod browser;
 mod checkout;
 mod contract;
+mod counter_page;
 mod docs_page;
 mod invoices;
 mod lambda;

@@ -99,11 +99,6 @@ impl From<QrError> for Refusal {
     }
 }
 
-/// Whether `plan` includes Direct-QR: every paid plan.
-pub fn entitled(plan: Plan) -> bool {
-    plan != Plan::Free
-}
-
 /// Checks a create request (no store needed). `base`: our public base URL,
 /// the session's return address (a counter has no shop page to return to).
 pub fn validate(req: CreateQr, mode: Mode, base: &str) -> Result<ValidCheckout, CheckoutError> {
@@ -145,7 +140,7 @@ pub async fn create(
     now: Timestamp,
     fence: Option<&Fence>,
 ) -> Result<ShownQr, QrError> {
-    if !entitled(who.merchant.plan) {
+    if !who.merchant.plan.direct_qr() {
         return Err(QrError::NotEntitled(who.merchant.plan));
     }
     let session = checkout::create(&*state.store, &Creator::of(who), valid, now, fence).await?;
@@ -164,7 +159,7 @@ pub async fn refresh(
     base: &str,
     now: Timestamp,
 ) -> Result<ShownQr, QrError> {
-    if !entitled(who.merchant.plan) {
+    if !who.merchant.plan.direct_qr() {
         return Err(QrError::NotEntitled(who.merchant.plan));
     }
     let session = checkout::find(&*state.store, who.project_id(), who.mode(), id, now)
@@ -306,9 +301,9 @@ mod tests {
 
     #[test]
     fn every_paid_plan_has_direct_qr() {
-        assert!(!entitled(Plan::Free));
-        assert!(entitled(Plan::Growth));
-        assert!(entitled(Plan::Pro));
+        assert!(!Plan::Free.direct_qr());
+        assert!(Plan::Growth.direct_qr());
+        assert!(Plan::Pro.direct_qr());
     }
 
     fn session(status: SessionStatus) -> CheckoutSession {

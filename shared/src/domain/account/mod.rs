@@ -102,6 +102,11 @@ pub enum Plan {
 }
 
 impl Plan {
+    /// Direct-QR (`POST /v1/qr/fonepay`): every paid plan.
+    pub fn direct_qr(self) -> bool {
+        self != Plan::Free
+    }
+
     /// Live SMS reminders a month (spec: Free 0, Growth 200, Pro 1,000).
     pub fn sms_monthly_quota(self) -> u32 {
         match self {

@@ -127,7 +127,7 @@ pub async fn account_view(store: &dyn Store, who: &Principal) -> Result<AccountV
             sms_monthly_quota: who.merchant.plan.sms_monthly_quota(),
             sandbox_fonepay_max_payment_paisa: SANDBOX_FONEPAY_MAX_PAYMENT_PAISA,
             sandbox_fonepay_max_month_paisa: SANDBOX_FONEPAY_MAX_MONTH_PAISA,
-            fonepay_direct_qr: crate::domain::qr::entitled(who.merchant.plan),
+            fonepay_direct_qr: who.merchant.plan.direct_qr(),
         },
     })
 }
