@@ -24,7 +24,12 @@ pub struct Auth(pub Principal);
 
 impl Auth {
     /// 403 `missing_scope` unless the key holds `scope`.
+    /// The principal, if this secret or restricted key holds `scope`; a
+    /// publishable key is refused whatever it holds.
     pub fn require(&self, scope: Scope) -> Result<&Principal, ApiError> {
+        if self.0.key.kind == shared::domain::account::KeyKind::Publishable {
+            return Err(shared::domain::account::publishable_refusal().into());
+        }
         if self.0.key.has_scope(scope) {
             Ok(&self.0)
         } else {

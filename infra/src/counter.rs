@@ -42,7 +42,10 @@ pub fn routes(base: String, key: String) -> Router {
         .with_state(counter)
 }
 
+/// The page's own headers; its answers keep their shape (the edge does not
+/// wrap them in the API's envelope).
 fn secure(mut res: Response) -> Response {
+    res.extensions_mut().insert(edge::error::Enveloped);
     let h = res.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use shared::AppState;
 use shared::domain::account::{
-    self, ApiKey, KeyKind, NewKey, Plan, Project, Scope, hash_secret, mode_of_secret,
+    self, ApiKey, KeyKind, NewKey, Plan, Project, Scope, hash_secret, shape_of_key,
 };
 use shared::domain::credentials::{
     CredentialsError, ProviderCredentials, list_configured_providers, put_credentials,
@@ -25,6 +25,23 @@ use shared::store::{Cond, Key, StoreError, Update};
 pub struct DemoKeys {
     pub sandbox: String,
     pub live: String,
+    /// `pk_test_…`: for an app (the mobile endpoints only).
+    #[serde(default)]
+    pub sandbox_publishable: String,
+    /// `pk_live_…`.
+    #[serde(default)]
+    pub live_publishable: String,
+}
+
+impl DemoKeys {
+    fn slot(&mut self, mode: Mode, kind: KeyKind) -> &mut String {
+        match (mode, kind) {
+            (Mode::Sandbox, KeyKind::Publishable) => &mut self.sandbox_publishable,
+            (Mode::Live, KeyKind::Publishable) => &mut self.live_publishable,
+            (Mode::Sandbox, _) => &mut self.sandbox,
+            (Mode::Live, _) => &mut self.live,
+        }
+    }
 }
 
 /// What the store remembers about the demo merchant.
@@ -96,13 +113,17 @@ pub async fn bootstrap(state: &AppState, keys_file: &Path) -> Result<DemoAccount
         .and_then(|text| serde_json::from_str(&text).ok());
     let mut keys = DemoKeys::default();
     let mut changed = false;
-    for mode in [Mode::Sandbox, Mode::Live] {
-        let remembered = saved.as_ref().map(|k| match mode {
-            Mode::Sandbox => k.sandbox.clone(),
-            Mode::Live => k.live.clone(),
-        });
+    let kinds = [
+        (Mode::Sandbox, KeyKind::Secret),
+        (Mode::Live, KeyKind::Secret),
+        (Mode::Sandbox, KeyKind::Publishable),
+        (Mode::Live, KeyKind::Publishable),
+    ];
+    for (mode, kind) in kinds {
+        let remembered = saved.clone().map(|mut k| k.slot(mode, kind).clone());
+        let publishable = kind == KeyKind::Publishable;
         let usable = match remembered {
-            Some(secret) if mode_of_secret(&secret) == Some(mode) => {
+            Some(secret) if shape_of_key(&secret) == Some((mode, publishable)) => {
                 let known = store
                     .get(&ApiKey::key_for_hash(&hash_secret(&secret)))
                     .await
@@ -115,15 +136,12 @@ pub async fn bootstrap(state: &AppState, keys_file: &Path) -> Result<DemoAccount
             Some(secret) => secret,
             None => {
                 changed = true;
-                issue_demo_key(state, &demo.project_id, mode)
+                issue_demo_key(state, &demo.project_id, mode, kind)
                     .await
                     .map_err(err)?
             }
         };
-        match mode {
-            Mode::Sandbox => keys.sandbox = secret,
-            Mode::Live => keys.live = secret,
-        }
+        *keys.slot(mode, kind) = secret;
     }
     if changed || saved.is_none() {
         write_keys_file(keys_file, &keys)?;
@@ -136,6 +154,7 @@ async fn issue_demo_key(
     state: &AppState,
     project_id: &str,
     mode: Mode,
+    kind: KeyKind,
 ) -> Result<String, StoreError> {
     let store = &*state.store;
     let project: Project = match store.get(&Project::key(project_id)).await? {
@@ -146,11 +165,15 @@ async fn issue_demo_key(
             )));
         }
     };
+    let scopes = match kind {
+        KeyKind::Publishable => Vec::new(),
+        _ => Scope::ALL.to_vec(),
+    };
     let new = NewKey {
         mode,
-        kind: KeyKind::Secret,
-        scopes: Scope::ALL.to_vec(),
-        description: format!("Local demo key ({})", mode.as_str()),
+        kind,
+        scopes,
+        description: format!("Local demo key ({}, {kind:?})", mode.as_str()),
         expires_at: None,
         spend_cap_paisa: None,
     };

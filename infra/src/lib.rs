@@ -40,11 +40,12 @@ pub use demo::DemoKeys;
 /// (`/openapi.json`, `/docs`) and the simulators under `/sim`.
 pub fn app(state: AppState) -> Router {
     let sim = simulators::SimState::with_base_url(format!("{}/sim", state.config.public_base_url));
-    app_with_simulators(state, sim)
+    app_with_simulators(state, sim, Router::new())
 }
 
-/// [`app`] with simulators of the caller's configuration.
-pub fn app_with_simulators(state: AppState, sim: simulators::SimState) -> Router {
+/// [`app`] with simulators of the caller's configuration, and `extra`
+/// routes (the demo counter) behind the same edge.
+pub fn app_with_simulators(state: AppState, sim: simulators::SimState, extra: Router) -> Router {
     let document: Arc<str> = Arc::from(edge::openapi::to_json(&openapi(&state)));
     with_edge(
         Router::new()
@@ -60,6 +61,7 @@ pub fn app_with_simulators(state: AppState, sim: simulators::SimState) -> Router
             .merge(qr::router(state.clone()))
             .merge(hosted::router(state))
             .merge(docs::router(document))
+            .merge(extra)
             .nest("/sim", simulator_routes(sim)),
     )
 }
@@ -450,8 +452,8 @@ pub async fn start_with_clock(
     let (tx, rx) = oneshot::channel::<()>();
     // The demo counter (`/demo/counter`) asks the API with the demo key,
     // server side.
-    let router = app_with_simulators(state.clone(), sim)
-        .merge(counter::routes(base_url.clone(), demo.keys.sandbox.clone()));
+    let counter = counter::routes(base_url.clone(), demo.keys.sandbox.clone());
+    let router = app_with_simulators(state.clone(), sim, counter);
     let task = tokio::spawn(async move {
         // The peer's address: the public routes' per-client limits.
         axum::serve(
@@ -490,6 +492,10 @@ pub fn banner(running: &Running, settings: &Settings) -> String {
         format!("  data directory  {}", data_dir.display()),
         format!("  sandbox key     {sandbox}"),
         format!("  live key        {}", running.keys.live),
+        format!(
+            "  publishable     {} (apps: mobile endpoints only)",
+            running.keys.sandbox_publishable
+        ),
         format!("  keys file       {}", running.keys_file.display()),
         String::new(),
         "Try:".to_owned(),

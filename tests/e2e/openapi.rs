@@ -317,6 +317,12 @@ async fn every_operation_is_served_with_its_documented_scope() {
     assert_eq!(served.body, document(), "the served document");
 
     let tenant = app.tenant("Scope Teas", "owner@scope.example").await;
+    // The demo project's publishable key, from the demo keys file.
+    let publishable = match &app.running {
+        Some(r) => r.keys.sandbox_publishable.clone(),
+        None => panic!("the gateway stopped"),
+    };
+    assert!(publishable.starts_with("pk_test_"), "{publishable}");
     let doc = document();
     for (method, path, scopes) in operations(&doc) {
         let url = app.url(&fill(&path));
@@ -339,6 +345,15 @@ async fn every_operation_is_served_with_its_documented_scope() {
         };
         let (status, body) = send(None).await;
         assert_eq!(status, 401, "{method} {path} without a key: {body}");
+        // A publishable key moves no money and reads nothing here.
+        let (status, body) = send(Some(publishable.clone())).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (403, Some("permission_denied")),
+            "{method} {path} with a publishable key: {body}"
+        );
+        let said = body["error"]["message"].as_str().unwrap_or("");
+        assert!(said.contains("publishable key"), "{said}");
 
         let wanted: Vec<Scope> = scopes.iter().filter_map(|s| Scope::parse(s)).collect();
         let others: Vec<Scope> = Scope::ALL

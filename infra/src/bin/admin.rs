@@ -255,9 +255,10 @@ enum KeyCmd {
         project_id: String,
         #[arg(long, value_enum)]
         mode: ModeArg,
-        /// Comma-separated scopes (e.g. payments:read,payments:write) or `all`.
+        /// Comma-separated scopes (e.g. payments:read,payments:write) or
+        /// `all`; none for a publishable key.
         #[arg(long, value_parser = parse_scopes)]
-        scopes: ScopeList,
+        scopes: Option<ScopeList>,
         #[arg(long, value_enum)]
         kind: KindArg,
         #[arg(long, default_value = "")]
@@ -408,6 +409,8 @@ impl From<ModeArg> for Mode {
 enum KindArg {
     Secret,
     Restricted,
+    /// `pk_…`: for apps; calls only the mobile endpoints.
+    Publishable,
 }
 
 impl From<KindArg> for KeyKind {
@@ -415,6 +418,7 @@ impl From<KindArg> for KeyKind {
         match k {
             KindArg::Secret => KeyKind::Secret,
             KindArg::Restricted => KeyKind::Restricted,
+            KindArg::Publishable => KeyKind::Publishable,
         }
     }
 }
@@ -872,6 +876,7 @@ fn kind_str(k: KeyKind) -> &'static str {
     match k {
         KeyKind::Secret => "secret",
         KeyKind::Restricted => "restricted",
+        KeyKind::Publishable => "publishable",
     }
 }
 
@@ -1262,12 +1267,26 @@ async fn key_cmd(cmd: KeyCmd, now: Timestamp) -> Result<Output, Failure> {
                         .into(),
                 ));
             }
+            let scopes = match (kind, scopes) {
+                (KindArg::Publishable, None) => Vec::new(),
+                (KindArg::Publishable, Some(_)) => {
+                    return Err(Failure::Usage(
+                        "a publishable key has no scopes: leave out --scopes".into(),
+                    ));
+                }
+                (_, Some(s)) => s.0,
+                (_, None) => {
+                    return Err(Failure::Usage(
+                        "--scopes is required for a secret or restricted key".into(),
+                    ));
+                }
+            };
             let store = store().await?;
             let p = project(&*store, &project_id).await?;
             let new = NewKey {
                 mode: mode.into(),
                 kind: kind.into(),
-                scopes: scopes.0,
+                scopes,
                 description: description.trim().to_owned(),
                 expires_at: expires_in.map(|s| now.plus(s.duration)),
                 spend_cap_paisa,

@@ -122,7 +122,7 @@ pub(super) fn mint_key(now: Timestamp, f: KeyFields) -> Result<(String, ApiKey, 
         .take(SECRET_RANDOM_LEN)
         .map(char::from)
         .collect();
-    let secret = format!("{}{random}", f.mode.key_prefix());
+    let secret = format!("{}{random}", f.kind.prefix(f.mode));
     let hash = hash_secret(&secret);
     let key = ApiKey {
         id: new_id(IdKind::ApiKey),

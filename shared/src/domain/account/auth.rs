@@ -13,19 +13,33 @@ pub fn hash_secret(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))
 }
 
-/// The mode a secret's prefix claims, if it is shaped like one of our keys.
+/// The mode a secret key's prefix claims, if it is shaped like one of our
+/// secret keys (`sk_…`).
 pub fn mode_of_secret(secret: &str) -> Option<Mode> {
-    let (mode, rest) = if let Some(rest) = secret.strip_prefix("sk_test_") {
-        (Mode::Sandbox, rest)
+    match shape_of_key(secret) {
+        Some((mode, false)) => Some(mode),
+        _ => None,
+    }
+}
+
+/// The mode a key's prefix claims and whether it is publishable (`pk_…`),
+/// if it is shaped like one of our keys.
+pub fn shape_of_key(secret: &str) -> Option<(Mode, bool)> {
+    let (mode, publishable, rest) = if let Some(rest) = secret.strip_prefix("sk_test_") {
+        (Mode::Sandbox, false, rest)
     } else if let Some(rest) = secret.strip_prefix("sk_live_") {
-        (Mode::Live, rest)
+        (Mode::Live, false, rest)
+    } else if let Some(rest) = secret.strip_prefix("pk_test_") {
+        (Mode::Sandbox, true, rest)
+    } else if let Some(rest) = secret.strip_prefix("pk_live_") {
+        (Mode::Live, true, rest)
     } else {
         return None;
     };
     let well_formed = rest.len() >= SECRET_MIN_RANDOM_LEN
         && secret.len() <= SECRET_MAX_LEN
         && rest.bytes().all(|b| b.is_ascii_alphanumeric());
-    well_formed.then_some(mode)
+    well_formed.then_some((mode, publishable))
 }
 
 /// Who is calling: the key and its merchant, both read for every request.
@@ -42,6 +56,16 @@ impl Principal {
     pub fn project_id(&self) -> &str {
         &self.key.project_id
     }
+}
+
+/// The refusal of a publishable key anywhere but the mobile endpoints.
+pub fn publishable_refusal() -> Refusal {
+    Refusal::forbidden(
+        "permission_denied",
+        "This is a publishable key (pk_…): it can call only the mobile endpoints \
+         with a session's client secret; call this endpoint from your server \
+         with a secret key",
+    )
 }
 
 /// Why a caller was turned away.
@@ -105,7 +129,7 @@ pub async fn authenticate_key(
     now: Timestamp,
     secret: &str,
 ) -> Result<ApiKey, AuthError> {
-    let Some(claimed_mode) = mode_of_secret(secret) else {
+    let Some((claimed_mode, publishable)) = shape_of_key(secret) else {
         return Err(AuthError::Invalid);
     };
     let hash = hash_secret(secret);
@@ -118,7 +142,8 @@ pub async fn authenticate_key(
     // The lookup was by hash already; the constant-time compare keeps the
     // check itself free of timing signals whatever the store does.
     let same: bool = key.key_hash.as_bytes().ct_eq(hash.as_bytes()).into();
-    if !same || key.mode != claimed_mode {
+    // A key is of the kind its prefix says, or it is no key of ours.
+    if !same || key.mode != claimed_mode || (key.kind == KeyKind::Publishable) != publishable {
         return Err(AuthError::Invalid);
     }
     if key.expires_at.is_some_and(|t| t <= now) {

@@ -179,12 +179,26 @@ impl Project {
 }
 
 /// `secret` keys hold every scope they list for a server; `restricted`
-/// keys are narrowed to a few scopes for one job.
+/// keys are narrowed to a few scopes for one job; `publishable` keys
+/// (`pk_test_…`, `pk_live_…`) are safe to ship in an app: they call only
+/// the mobile endpoints, with a session's client secret.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum KeyKind {
     Secret,
     Restricted,
+    Publishable,
+}
+
+impl KeyKind {
+    /// The prefix of a key of this kind in `mode`.
+    pub fn prefix(self, mode: Mode) -> &'static str {
+        match (self, mode) {
+            (KeyKind::Publishable, Mode::Sandbox) => "pk_test_",
+            (KeyKind::Publishable, Mode::Live) => "pk_live_",
+            (_, mode) => mode.key_prefix(),
+        }
+    }
 }
 
 /// A stored API key. The secret itself is never stored.

@@ -498,3 +498,60 @@ async fn plan_and_live_invoicing_change_the_entitlements() {
     );
     assert_eq!(ok(get_project(&*store, "proj_missing").await, "g"), None);
 }
+
+#[test]
+fn publishable_keys_have_their_own_prefix_and_are_no_secret_keys() {
+    let random = "a1".repeat(20);
+    assert_eq!(
+        shape_of_key(&format!("pk_test_{random}")),
+        Some((Mode::Sandbox, true))
+    );
+    assert_eq!(
+        shape_of_key(&format!("pk_live_{random}")),
+        Some((Mode::Live, true))
+    );
+    assert_eq!(
+        shape_of_key(&format!("sk_live_{random}")),
+        Some((Mode::Live, false))
+    );
+    // A publishable key is not shaped like a secret one.
+    assert_eq!(mode_of_secret(&format!("pk_test_{random}")), None);
+    assert_eq!(KeyKind::Publishable.prefix(Mode::Live), "pk_live_");
+    assert_eq!(KeyKind::Secret.prefix(Mode::Sandbox), "sk_test_");
+    assert_eq!(KeyKind::Restricted.prefix(Mode::Live), "sk_live_");
+}
+
+#[tokio::test]
+async fn a_publishable_key_authenticates_only_with_its_own_prefix() {
+    let store = crate::testenv::memory_store();
+    let now = crate::testenv::at("2026-11-26T10:00:00Z");
+    let m = create_merchant(&*store, now, "Pk Teas", "pk@example.com", Plan::Growth)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let p = create_project(&*store, now, &m, "shop", true)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let new = NewKey {
+        mode: Mode::Sandbox,
+        kind: KeyKind::Publishable,
+        scopes: Vec::new(),
+        description: String::new(),
+        expires_at: None,
+        spend_cap_paisa: None,
+    };
+    let (secret, key) = issue_api_key(&*store, now, &p, new)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(secret.starts_with("pk_test_"), "{secret}");
+    let who = authenticate(&*store, now, &secret)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(who.key.id, key.id);
+    assert_eq!(who.key.kind, KeyKind::Publishable);
+    // The same random part under a secret prefix is no key.
+    let forged = secret.replacen("pk_test_", "sk_test_", 1);
+    assert_eq!(
+        authenticate(&*store, now, &forged).await.err(),
+        Some(AuthError::Invalid)
+    );
+}
