@@ -1188,7 +1188,29 @@ async fn project_cmd(cmd: ProjectCmd, now: Timestamp) -> Result<Output, Failure>
             let p = account::create_project(&*store, now, &m, &name, live_invoicing)
                 .await
                 .map_err(failed("cannot create the project"))?;
-            Ok(Output::new(to_json(&p), project_lines(&p)))
+            // Its publishable keys, one per mode, come with it (for its
+            // apps; shown here only, like every key).
+            let mut json = to_json(&p);
+            let mut text = project_lines(&p);
+            for mode in [Mode::Sandbox, Mode::Live] {
+                let new = NewKey {
+                    mode,
+                    kind: KeyKind::Publishable,
+                    scopes: Vec::new(),
+                    description: format!("Publishable ({})", mode.as_str()),
+                    expires_at: None,
+                    spend_cap_paisa: None,
+                };
+                let (secret, _) = account::issue_api_key(&*store, now, &p, new)
+                    .await
+                    .map_err(failed("cannot issue the publishable key"))?;
+                let field = format!("publishable_key_{}", mode.as_str());
+                if let Some(o) = json.as_object_mut() {
+                    o.insert(field.clone(), json!(secret));
+                }
+                text.push(format!("{field:<13}{secret}"));
+            }
+            Ok(Output::new(json, text))
         }
         ProjectCmd::Show { project_id } => {
             check_id(&project_id, IdKind::Project, "project")?;

@@ -141,6 +141,15 @@ fn onboard(dir: &Path) -> (String, String) {
     .json();
     assert_eq!(p["merchant_id"], merchant.as_str());
     assert_eq!(p["live_invoicing"], false);
+    // Its publishable keys come with it, one per mode.
+    assert!(
+        is_secret_shape(&text(&p, "publishable_key_sandbox"), "pk_test_"),
+        "{p}"
+    );
+    assert!(
+        is_secret_shape(&text(&p, "publishable_key_live"), "pk_live_"),
+        "{p}"
+    );
     (merchant, text(&p, "id"))
 }
 
@@ -229,7 +238,10 @@ async fn keys_are_issued_once_listed_rotated_and_revoked() {
     assert!(!listed_json.stdout.contains(&secret) && !listed_json.stdout.contains("key_hash"));
     let rows = listed_json.json();
     let rows = rows.as_array().cloned().unwrap_or_default();
-    assert_eq!(rows.len(), 2);
+    // The project's two publishable keys came with it, before these.
+    assert_eq!(rows.len(), 4);
+    let kinds: Vec<&str> = rows.iter().filter_map(|r| r["kind"].as_str()).collect();
+    assert_eq!(kinds[2..], ["publishable", "publishable"], "{rows:?}");
     assert_eq!(rows[0]["id"], live_id.as_str(), "newest first");
     assert_eq!(rows[1]["mode"], "sandbox");
     assert_eq!(rows[1]["scopes"].as_array().map(Vec::len), Some(14));
@@ -288,7 +300,11 @@ async fn keys_are_issued_once_listed_rotated_and_revoked() {
     assert_eq!(again.code, Some(1));
     assert!(again.stderr.contains("not found"), "{}", again.stderr);
     let after = must(dir, &["key", "list", "--project", &project, "--json"]).json();
-    assert_eq!(after.as_array().map(Vec::len), Some(2), "old + rotated");
+    assert_eq!(
+        after.as_array().map(Vec::len),
+        Some(4),
+        "old + rotated + the two publishable"
+    );
 }
 
 #[tokio::test]
