@@ -132,6 +132,15 @@ fn fresh_request_id() -> String {
     format!("req_{}", &id[ids::IdKind::Event.prefix().len()..])
 }
 
+/// Our public base URL as this request reached us (its `Host`, when the
+/// configuration allows it): where links in an answer point.
+pub fn public_base(state: &shared::AppState, headers: &http::HeaderMap) -> String {
+    let host = headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    state.config.base_for(host)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -79,15 +79,7 @@ async fn a_counter_shows_a_qr_refreshes_it_and_the_customer_pays(which: Which) {
     let first = text(&s["paymentId"]);
 
     // A refresh: the same session, a new QR, the lifetime unchanged.
-    let r = shop
-        .app
-        .post(
-            &format!("/v1/qr/{id}/refresh"),
-            Some(&shop.key),
-            None,
-            &json!({}),
-        )
-        .await;
+    let r = refresh(&shop, &id).await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.body["id"], a.body["id"]);
     assert_eq!(text(&r.body["expires_at"]), expires_at);
@@ -99,15 +91,7 @@ async fn a_counter_shows_a_qr_refreshes_it_and_the_customer_pays(which: Which) {
 
     // The customer's banking app pays the fresh QR; the sweep proves it
     // with Fonepay, server to server.
-    let prn = shop.reference(&second).await;
-    let res = shop
-        .app
-        .client
-        .post(shop.sim(&format!("/fonepay/_control/attempts/{prn}/pay")))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(res.status().is_success(), "{}", res.status());
+    pay_at_fonepay(&shop, &second, "pay").await;
     shop.app
         .sweep(SystemClock.now().plus(chrono::Duration::minutes(2)))
         .await;
@@ -116,15 +100,7 @@ async fn a_counter_shows_a_qr_refreshes_it_and_the_customer_pays(which: Which) {
     assert_eq!(shop.events_about("payment.succeeded", &second).await, 1);
 
     // A final session gets no new QR.
-    let r = shop
-        .app
-        .post(
-            &format!("/v1/qr/{id}/refresh"),
-            Some(&shop.key),
-            None,
-            &json!({}),
-        )
-        .await;
+    let r = refresh(&shop, &id).await;
     r.assert_error(422, "invalid_request_error", "session_closed");
     shop.stop().await;
 }
@@ -135,15 +111,7 @@ async fn direct_qr_is_a_plan_feature_and_refuses_what_it_cannot_do(which: Which)
     };
     // A hosted session is not a Direct-QR session: 404, as for any id.
     let hosted = shop.create_checkout(10_000).await;
-    let r = shop
-        .app
-        .post(
-            &format!("/v1/qr/{}/refresh", text(&hosted["id"])),
-            Some(&shop.key),
-            None,
-            &json!({}),
-        )
-        .await;
+    let r = refresh(&shop, &text(&hosted["id"])).await;
     r.assert_error(404, "invalid_request_error", "not_found");
     // Over the sandbox Fonepay cap of NPR 1,000 a payment.
     let over = shop
@@ -280,6 +248,17 @@ async fn read_events(
     }
 }
 
+async fn refresh(shop: &Shop, id: &str) -> dhukuti_tests::Answer {
+    shop.app
+        .post(
+            &format!("/v1/qr/{id}/refresh"),
+            Some(&shop.key),
+            None,
+            &json!({}),
+        )
+        .await
+}
+
 async fn pay_at_fonepay(shop: &Shop, payment: &str, action: &str) {
     let prn = shop.reference(payment).await;
     let res = shop
@@ -332,15 +311,7 @@ async fn the_event_stream_tells_the_screen_and_resumes_without_loss(which: Which
     assert_eq!(got[0].2["payment_id"], first.as_str());
     let end = tokio::time::timeout(secs(5), res.chunk()).await;
     assert!(matches!(end, Ok(Ok(None))), "the stream ends: {end:?}");
-    let r = shop
-        .app
-        .post(
-            &format!("/v1/qr/{id}/refresh"),
-            Some(&shop.key),
-            None,
-            &json!({}),
-        )
-        .await;
+    let r = refresh(&shop, &id).await;
     r.assert_error(422, "invalid_request_error", "session_closed");
 
     // A new QR; the screen connects, then loses the connection.

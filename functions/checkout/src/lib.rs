@@ -92,10 +92,7 @@ async fn create_checkout(
     // whatever it sent.
     body: Result<JsonBody<CreateCheckout>, ApiError>,
 ) -> Result<(StatusCode, Json<Created>), ApiError> {
-    let host = headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok());
-    let base = state.config.base_for(host);
+    let base = edge::requests::public_base(&state, &headers);
     let who = auth.require(Scope::PaymentsWrite)?;
     let JsonBody(body) = body?;
     let valid = checkout::validate_create(body, who.mode())?;

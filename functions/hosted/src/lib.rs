@@ -444,8 +444,7 @@ async fn pay(
     let now = state.clock.now();
     let choice = parse_choice(&body);
     let address = choice.address.clone();
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
-    let base = state.config.base_for(host);
+    let base = edge::requests::public_base(&state, &headers);
     let started = attempts::start(&state, &id, choice, &base, now).await;
     let (status, message) = match started {
         Ok(s) => {
@@ -850,8 +849,7 @@ async fn link_open(
             Err(e) => return trouble(&e),
         }
     }
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
-    let base = state.config.base_for(host);
+    let base = edge::requests::public_base(&state, &headers);
     match links::open_session(&*state.store, &id, customer, &base, now).await {
         Ok(session) => see_other(&format!("/c/{}", session.id)),
         Err(links::OpenError::NotFound) => link_not_found(),

@@ -356,9 +356,7 @@ async fn invoice_checkout(
     let who = auth.require(Scope::InvoicesWrite)?;
     let OptionalJsonBody(body) = body?;
     let payer = shared::domain::checkout::Creator::of(who);
-    let base = state
-        .config
-        .base_for(headers.get(header::HOST).and_then(|h| h.to_str().ok()));
+    let base = edge::requests::public_base(&state, &headers);
     let (session, reused) =
         invoices::checkout(&state, &payer, &id, body, &base, fence_of(&fence)).await?;
     Ok(Json(InvoiceCheckoutView {

@@ -31,13 +31,6 @@ pub fn router(state: AppState) -> Router {
     with_edge(router.with_state(state))
 }
 
-fn base(state: &AppState, headers: &HeaderMap) -> String {
-    let host = headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok());
-    state.config.base_for(host)
-}
-
 /// Create a payment link: a reusable public page at `url`.
 #[utoipa::path(
     post, path = "/v1/payment-links", tag = "Payment links", operation_id = "createPaymentLink",
@@ -63,7 +56,7 @@ async fn create_link(
     links::check_spend_cap(&link, who.key.spend_cap_paisa)?;
     let fence = fence.as_ref().map(|Extension(f)| f);
     let link = links::insert_once(&*state.store, &link, fence).await?;
-    let view = PaymentLinkView::of(link, &base(&state, &headers), false);
+    let view = PaymentLinkView::of(link, &edge::requests::public_base(&state, &headers), false);
     Ok((StatusCode::CREATED, Json(view)))
 }
 
@@ -102,7 +95,7 @@ async fn list_links(
         page.limit,
     )
     .await?;
-    let base = base(&state, &headers);
+    let base = edge::requests::public_base(&state, &headers);
     let data = found
         .into_iter()
         .map(|l| PaymentLinkView::of(l, &base, false))
@@ -126,7 +119,13 @@ async fn get_link(
     let who = auth.require(Scope::LinksRead)?;
     links::find(&*state.store, who.project_id(), who.mode(), &id)
         .await?
-        .map(|l| Json(PaymentLinkView::of(l, &base(&state, &headers), true)))
+        .map(|l| {
+            Json(PaymentLinkView::of(
+                l,
+                &edge::requests::public_base(&state, &headers),
+                true,
+            ))
+        })
         .ok_or_else(|| ApiError::not_found("payment link", &id))
 }
 
@@ -164,7 +163,7 @@ async fn patch_link(
     .await?;
     Ok(Json(PaymentLinkView::of(
         link,
-        &base(&state, &headers),
+        &edge::requests::public_base(&state, &headers),
         false,
     )))
 }
@@ -196,7 +195,7 @@ async fn cancel_link(
     .await?;
     Ok(Json(PaymentLinkView::of(
         link,
-        &base(&state, &headers),
+        &edge::requests::public_base(&state, &headers),
         false,
     )))
 }

@@ -51,13 +51,6 @@ struct Shown {
     livemode: bool,
 }
 
-fn base(state: &AppState, headers: &HeaderMap) -> String {
-    let host = headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok());
-    state.config.base_for(host)
-}
-
 fn shown(s: ShownQr, base: &str) -> Result<Shown, ApiError> {
     let qr_image = png_data_url(&s.qr_message).ok_or_else(ApiError::internal)?;
     Ok(Shown {
@@ -92,7 +85,7 @@ async fn create_fonepay_qr(
 ) -> Result<(StatusCode, Json<Shown>), ApiError> {
     let who = auth.require(Scope::PaymentsWrite)?;
     let JsonBody(body) = body?;
-    let base = base(&state, &headers);
+    let base = edge::requests::public_base(&state, &headers);
     let valid = qr::validate(body, who.mode(), &base)?;
     let fence = fence.as_ref().map(|Extension(f)| f);
     let now = state.clock.now();
@@ -118,7 +111,7 @@ async fn refresh_qr(
     Path(id): Path<String>,
 ) -> Result<Json<Shown>, ApiError> {
     let who = auth.require(Scope::PaymentsWrite)?;
-    let base = base(&state, &headers);
+    let base = edge::requests::public_base(&state, &headers);
     let s = qr::refresh(&state, who, &id, &base, state.clock.now()).await?;
     Ok(Json(shown(s, &base)?))
 }

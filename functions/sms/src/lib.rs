@@ -46,10 +46,7 @@ async fn notify(
 ) -> Result<Json<NotifyOutcome>, ApiError> {
     let who = auth.require(Scope::PaymentsWrite)?;
     let JsonBody(body) = body?;
-    let host = headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok());
-    let base = state.config.base_for(host);
+    let base = edge::requests::public_base(&state, &headers);
     let fence = fence.as_ref().map(|Extension(f)| f);
     let outcome = sms::notify(&state, who, body, &base, Limits::default(), fence).await?;
     Ok(Json(outcome))
