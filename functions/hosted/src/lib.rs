@@ -7,11 +7,15 @@
 //! | `POST /c/{id}/pay` | The customer's choice: starts an attempt and hands the browser to the provider (eSewa: auto-posted signed form; Khalti: redirect to its `payment_url`; Fonepay: our QR page, or its web page). |
 //! | `GET|POST /c/{id}/return/{payment}/{ok|fail}` | The provider's return: verified, then checked server to server; on to the merchant's `returnUrl` when paid. |
 //! | `GET /c/{id}/status` | JSON for the pages' polling (no personal data): asks the provider at most every 3 s. |
+//! | `GET /c/{id}/events` | A Direct-QR session's server-sent events (`qr.paid`, `qr.failed`, `qr.expired`). |
 //! | `GET /c/{id}/qr/{payment}` | The Fonepay QR again (reload-safe). |
 //!
 //! Handlers only translate between HTTP and [`shared::domain::attempts`].
 
 pub mod pages;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -509,6 +513,50 @@ async fn pay(
 pub const STREAM_FOR: std::time::Duration = std::time::Duration::from_secs(12);
 /// Streams open at once in this process; past it, 503 with `Retry-After`.
 pub const MAX_STREAMS: usize = 256;
+/// Streams one client address may hold open on one session (a screen
+/// needs one; a reconnect may overlap the old one): past it, 429. So no
+/// address takes the process's streams with one session id.
+pub const MAX_STREAMS_PER_WATCHER: usize = 4;
+
+/// One client address's open streams on one session, given back on drop.
+struct WatcherSlot(String);
+
+impl WatcherSlot {
+    fn open() -> &'static Mutex<HashMap<String, usize>> {
+        static OPEN: std::sync::OnceLock<Mutex<HashMap<String, usize>>> =
+            std::sync::OnceLock::new();
+        OPEN.get_or_init(|| Mutex::new(HashMap::new()))
+    }
+
+    fn take(address: &str, session: &str) -> Option<WatcherSlot> {
+        let key = format!("{address}|{session}");
+        let mut open = match Self::open().lock() {
+            Ok(m) => m,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let n = open.entry(key.clone()).or_insert(0);
+        if *n >= MAX_STREAMS_PER_WATCHER {
+            return None;
+        }
+        *n += 1;
+        Some(WatcherSlot(key))
+    }
+}
+
+impl Drop for WatcherSlot {
+    fn drop(&mut self) {
+        let mut open = match Self::open().lock() {
+            Ok(m) => m,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(n) = open.get_mut(&self.0) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.0);
+            }
+        }
+    }
+}
 const STREAM_POLL: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn streams() -> &'static std::sync::Arc<tokio::sync::Semaphore> {
@@ -528,6 +576,7 @@ struct Feed {
     first: bool,
     done: bool,
     _permit: tokio::sync::OwnedSemaphorePermit,
+    _watcher: WatcherSlot,
 }
 
 /// `GET /c/{id}/events`: a Direct-QR session's server-sent events for the
@@ -537,9 +586,11 @@ struct Feed {
 async fn events(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    headers: http::HeaderMap,
+    req: axum::extract::Request,
 ) -> Response {
     use axum::response::sse::{Event, KeepAlive, Sse};
+    let address = edge::requests::client_address(&req);
+    let headers = req.headers();
     let now = state.clock.now();
     let last_seen: Option<String> = headers
         .get("last-event-id")
@@ -583,6 +634,14 @@ async fn events(
                 .into_response();
         }
     }
+    let Some(watcher) = WatcherSlot::take(&address, &id) else {
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "2")],
+            axum::Json(json!({"error": "too many open streams on this session from here"})),
+        )
+            .into_response();
+    };
     let Ok(permit) = streams().clone().try_acquire_owned() else {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -603,6 +662,7 @@ async fn events(
         first: true,
         done: false,
         _permit: permit,
+        _watcher: watcher,
     };
     let stream = futures::stream::unfold(feed, |mut f| async move {
         loop {
