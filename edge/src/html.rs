@@ -1,4 +1,32 @@
-//! HTML escaping for the pages we serve (hosted checkout, simulators).
+//! HTML escaping and the headers of the pages we serve (hosted checkout,
+//! the demo counter, simulators).
+
+use axum::response::Response;
+use http::{HeaderValue, header};
+
+/// A page's own answer, as every page we serve sends it: in its own shape
+/// (the edge leaves it out of the API's error envelope), never cached,
+/// never framed, sniffed as nothing but its type, no referrer to other
+/// sites, and held to `csp`.
+pub fn page_answer(mut res: Response, csp: &'static str) -> Response {
+    res.extensions_mut().insert(crate::error::Enveloped);
+    let h = res.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(csp),
+    );
+    res
+}
 
 /// Escapes text for HTML content and double- or single-quoted attribute
 /// values.

@@ -3,6 +3,7 @@
 //! headers, pagination, JSON input and HTML helpers. The rules it serves
 //! live in `shared`, which knows nothing of HTTP.
 
+pub mod answers;
 pub mod auth;
 pub mod context;
 pub mod error;

@@ -50,23 +50,15 @@ where
     S: Clone + Send + Sync + 'static,
 {
     for item in paths.paths.values_mut() {
-        for op in writes(item) {
+        let writes = operations(item)
+            .into_iter()
+            .filter(|(method, _)| *method != HttpMethod::Get);
+        for (_, op) in writes {
             let ext = op.extensions.get_or_insert_with(Default::default);
             ext.insert(IDEMPOTENT_MARK.to_owned(), serde_json::Value::Bool(true));
         }
     }
     (schemas, paths, idempotency::on(state, method_router))
-}
-
-fn writes(item: &mut utoipa::openapi::PathItem) -> impl Iterator<Item = &mut Operation> {
-    [
-        &mut item.post,
-        &mut item.patch,
-        &mut item.delete,
-        &mut item.put,
-    ]
-    .into_iter()
-    .flatten()
 }
 
 fn operations(item: &mut utoipa::openapi::PathItem) -> Vec<(HttpMethod, &mut Operation)> {

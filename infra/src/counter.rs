@@ -42,25 +42,14 @@ pub fn routes(base: String, key: String) -> Router {
         .with_state(counter)
 }
 
-/// The page's own headers; its answers keep their shape (the edge does not
-/// wrap them in the API's envelope).
-fn secure(mut res: Response) -> Response {
-    res.extensions_mut().insert(edge::error::Enveloped);
-    let h = res.headers_mut();
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(
-            "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; \
-             img-src data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; \
-             form-action 'self'",
-        ),
-    );
-    res
+/// The page's headers (its answers keep their own shape).
+fn secure(res: Response) -> Response {
+    edge::html::page_answer(
+        res,
+        "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; \
+         img-src data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; \
+         form-action 'self'",
+    )
 }
 
 async fn page() -> Response {

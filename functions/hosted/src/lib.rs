@@ -22,7 +22,6 @@ use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use edge::error::Enveloped;
 use edge::with_edge;
 use http::{HeaderValue, StatusCode, header};
 use serde_json::json;
@@ -156,27 +155,12 @@ fn too_many(req: &axum::extract::Request, limited: &public::Limited) -> Response
 }
 
 /// Pages answer in their own shapes (HTML), never framed, never cached.
-async fn secure(mut res: Response) -> Response {
-    res.extensions_mut().insert(Enveloped);
-    let h = res.headers_mut();
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("same-origin"),
-    );
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(
-            "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; \
-             img-src data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'",
-        ),
-    );
-    res
+async fn secure(res: Response) -> Response {
+    edge::html::page_answer(
+        res,
+        "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; \
+         img-src data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'",
+    )
 }
 
 fn html(status: StatusCode, page: String) -> Response {

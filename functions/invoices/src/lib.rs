@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use axum::extract::{Extension, Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
+use edge::answers::Deleted;
 use edge::idempotency::Fence;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::pagination::PageParams;
@@ -233,7 +234,7 @@ async fn finalize_invoice(
     params(("id" = String, Path, description = "An invoice id, `inv_…`.")),
     security(("bearer" = ["invoices:write"])),
     responses(
-        (status = 200, description = "Discarded.", body = Discarded),
+        (status = 200, description = "Discarded.", body = Deleted),
         (status = 409, description = "The invoice changed or is not in a state that allows this (`version_conflict`, `state_conflict`).", body = edge::openapi::ErrorEnvelope),
     ),
 )]
@@ -242,14 +243,10 @@ async fn discard_invoice(
     auth: Auth,
     fence: Option<Extension<Fence>>,
     Path(id): Path<String>,
-) -> Result<Json<Discarded>, ApiError> {
+) -> Result<Json<Deleted>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     match invoices::discard(&state, who.project_id(), who.mode(), &id, fence_of(&fence)).await {
-        Ok(_) | Err(InvoiceError::AlreadyDiscarded) => Ok(Json(Discarded {
-            deleted: true,
-            id,
-            livemode: who.mode().is_live(),
-        })),
+        Ok(_) | Err(InvoiceError::AlreadyDiscarded) => Ok(Json(Deleted::of(id, who.mode()))),
         Err(e) => Err(e.into()),
     }
 }
@@ -284,15 +281,6 @@ async fn correct_invoice(
         replacement: view(&replacement, &state),
         voided: view(&voided, &state),
     }))
-}
-
-/// The answer of a discard.
-#[derive(serde::Serialize, utoipa::ToSchema)]
-#[schema(as = InvoiceDiscarded)]
-struct Discarded {
-    deleted: bool,
-    id: String,
-    livemode: bool,
 }
 
 /// The answer of a correction.

@@ -5,6 +5,7 @@
 
 use axum::extract::{Extension, Path, State};
 use axum::{Json, Router};
+use edge::answers::Deleted;
 use edge::idempotency::Fence;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::pagination::PageParams;
@@ -217,18 +218,5 @@ async fn delete_link(
 ) -> Result<Json<Deleted>, ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
     let deleted = links::delete(&*state.store, who.project_id(), who.mode(), &id).await?;
-    Ok(Json(Deleted {
-        deleted: true,
-        id: deleted,
-        livemode: who.mode().is_live(),
-    }))
-}
-
-/// The answer of a delete.
-#[derive(serde::Serialize, utoipa::ToSchema)]
-#[schema(as = PaymentLinkDeleted)]
-struct Deleted {
-    deleted: bool,
-    id: String,
-    livemode: bool,
+    Ok(Json(Deleted::of(deleted, who.mode())))
 }
