@@ -60,6 +60,45 @@ impl FromRequestParts<AppState> for Auth {
     }
 }
 
+/// The caller of an endpoint for apps: a publishable key (`pk_…`) of a
+/// project whose merchant may take payments. A secret key is refused
+/// (403). Anyone holding the app holds its publishable key, so it has no
+/// per-key rate limit for one client to exhaust: the public routes'
+/// limits per client address and per session apply instead
+/// ([`shared::limits::public`]).
+#[derive(Clone, Debug)]
+pub struct AppKey(pub Principal);
+
+impl FromRequestParts<AppState> for AppKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let secret = bearer(parts)?;
+        let now = state.clock.now();
+        let key = account::authenticate_key(&*state.store, now, secret).await?;
+        if key.kind != account::KeyKind::Publishable {
+            return Err(account::secret_key_in_app_refusal().into());
+        }
+        let principal = account::principal_of(&*state.store, key).await?;
+        let address = super::requests::client_address_in(&parts.extensions);
+        // `/v1/mobile/sessions/{id}…`: the session's own budget.
+        let session = parts.uri.path().split('/').nth(4).filter(|id| {
+            id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        });
+        let request = shared::limits::public::PublicRequest {
+            address: Some(address.as_str()),
+            write: parts.method == http::Method::POST,
+            session,
+            link: None,
+            opens_session: false,
+        };
+        if let Err(limited) = state.public_limits.take(&*state.store, &request, now).await {
+            return Err(ApiError::public_limited(&limited));
+        }
+        Ok(AppKey(principal))
+    }
+}
+
 /// Authenticates the request's bearer key, then takes one request of the
 /// key's rate limit (429 when over) and records the key's use. The
 /// limiter's decision goes to the request's [`QuotaSlot`] (the edge turns

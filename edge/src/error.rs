@@ -101,6 +101,22 @@ impl ApiError {
         )
     }
 
+    /// 429 of a public route's limit (per client address, per session),
+    /// with `Retry-After`.
+    pub fn public_limited(limited: &shared::limits::public::Limited) -> Self {
+        let secs = limited.retry_after.max(1);
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            ErrorType::RateLimitError,
+            "rate_limited",
+            format!(
+                "Too many requests ({} limit); retry after {secs} s",
+                limited.limit
+            ),
+        )
+        .with_header("retry-after", secs.to_string())
+    }
+
     /// 404 `not_found`: also the answer for another project's or mode's record.
     pub fn not_found(what: &str, id: &str) -> Self {
         shared::refusal::Refusal::not_found(what, id).into()

@@ -33,6 +33,9 @@ use shared::AppState;
 
 /// The security scheme's name: `Authorization: Bearer sk_test_…`.
 pub const BEARER: &str = "bearer";
+/// The apps' scheme: `Authorization: Bearer pk_test_…` (the mobile
+/// endpoints, with a session's client secret).
+pub const PUBLISHABLE: &str = "publishable";
 const ERROR: &str = "Error";
 const RATE_LIMITED: &str = "RateLimited";
 const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
@@ -327,6 +330,20 @@ pub fn finish(mut api: OpenApi, webhooks: utoipa::openapi::Paths) -> OpenApi {
                 .bearer_format("sk_test_… or sk_live_…")
                 .description(Some(
                     "A secret API key. Each operation names the scope it needs.",
+                ))
+                .build(),
+        )),
+    );
+    components.security_schemes.insert(
+        PUBLISHABLE.to_owned(),
+        RefOr::T(SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .bearer_format("pk_test_… or pk_live_…")
+                .description(Some(
+                    "A publishable key, safe in an app: it calls only the mobile \
+                     endpoints, with the session's client secret. Its requests \
+                     are limited per client address and per session.",
                 ))
                 .build(),
         )),

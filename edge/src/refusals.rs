@@ -7,6 +7,7 @@ use shared::domain::account::AuthError;
 use shared::domain::checkout::CheckoutError;
 use shared::domain::invoices::InvoiceError;
 use shared::domain::links::LinkError;
+use shared::domain::mobile::MobileError;
 use shared::domain::qr::QrError;
 use shared::domain::refunds::RefundError;
 use shared::domain::sms::SmsError;
@@ -68,6 +69,7 @@ answered_by_refusal!(
     CheckoutError,
     InvoiceError,
     LinkError,
+    MobileError,
     QrError,
     RefundError,
     SmsError,

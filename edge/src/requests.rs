@@ -96,14 +96,19 @@ fn is_error(status: StatusCode) -> bool {
 /// gateway from the connection, not from a header a client can write),
 /// else the socket's peer (the local gateway), else `unknown`.
 pub fn client_address(req: &Request) -> String {
+    client_address_in(req.extensions())
+}
+
+/// [`client_address`] from a request's extensions (an extractor's parts).
+pub fn client_address_in(extensions: &http::Extensions) -> String {
     use lambda_http::request::RequestContext;
-    let from_gateway = match req.extensions().get::<RequestContext>() {
+    let from_gateway = match extensions.get::<RequestContext>() {
         Some(RequestContext::ApiGatewayV2(ctx)) => ctx.http.source_ip.clone(),
         Some(RequestContext::ApiGatewayV1(ctx)) => ctx.identity.source_ip.clone(),
         _ => None,
     };
     let peer = || {
-        req.extensions()
+        extensions
             .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
             .map(|c| c.0.ip().to_string())
     };

@@ -59,6 +59,7 @@ pub fn app_with_simulators(state: AppState, sim: simulators::SimState, extra: Ro
             .merge(invoices::router(state.clone()))
             .merge(sms::router(state.clone()))
             .merge(qr::router(state.clone()))
+            .merge(mobile::router(state.clone()))
             .merge(hosted::router(state))
             .merge(docs::router(document))
             .merge(extra)
@@ -79,6 +80,7 @@ pub fn openapi(state: &AppState) -> utoipa::openapi::OpenApi {
         invoices::routes(state),
         sms::routes(state),
         qr::routes(state),
+        mobile::routes(state),
     ];
     let mut api = utoipa::openapi::OpenApi::default();
     for part in parts {

@@ -316,6 +316,7 @@ async fn every_validation_error_names_its_field(which: Which) {
         ("sandbox", with("provider", json!("paypal")), "provider"),
         ("sandbox", with("flow", json!("popup")), "flow"),
         ("sandbox", with("flow", json!("qr")), "flow"),
+        ("sandbox", with("flow", json!("mobile")), "flow"),
         ("sandbox", with("flow", json!("redirect")), "provider"),
         ("sandbox", with("returnUrl", json!("/thanks")), "returnUrl"),
         (

@@ -100,6 +100,15 @@ const ROUTES: &[Route] = &[
     // Direct-QR
     r("POST", "/v1/qr/fonepay", Scope::PaymentsWrite),
     r("POST", "/v1/qr/{id}/refresh", Scope::PaymentsWrite),
+    // mobile sessions, created by the merchant's server
+    r("POST", "/v1/mobile/sessions", Scope::PaymentsWrite),
+];
+
+/// The endpoints for apps: a publishable key and a session's client
+/// secret, no scope (tests/e2e/mobile.rs walks them).
+const APP_ROUTES: &[(&str, &str)] = &[
+    ("GET", "/v1/mobile/sessions/{id}"),
+    ("POST", "/v1/mobile/sessions/{id}/attempts"),
 ];
 
 /// Paths outside the API contract: the public hosted pages, the health
@@ -252,6 +261,14 @@ fn routes_in(text: &str) -> Vec<(String, String)> {
 }
 
 fn assert_covers(what: &str, declared: &BTreeSet<(String, String)>) {
+    let mut declared = declared.clone();
+    for (method, path) in APP_ROUTES {
+        assert!(
+            declared.remove(&((*method).to_owned(), (*path).to_owned())),
+            "{what} lacks the app's {method} {path}"
+        );
+    }
+    let declared = &declared;
     let table = table();
     let missing: Vec<_> = declared.difference(&table).collect();
     let extra: Vec<_> = table.difference(declared).collect();
@@ -313,7 +330,9 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
             json!({"amount": 10_000, "returnUrl": "https://shop.example/thanks"})
         }
         ("POST", "/v1/checkout/{id}/expire") => json!({}),
-        ("POST", "/v1/qr/fonepay") => json!({"amount": 10_000}),
+        ("POST", "/v1/qr/fonepay") | ("POST", "/v1/mobile/sessions") => {
+            json!({"amount": 10_000})
+        }
         ("POST", "/v1/qr/{id}/refresh") => json!({}),
         ("POST", "/v1/refunds") => {
             json!({"paymentId": rec.payment, "amount": 100, "reason": "customer_request"})
@@ -858,6 +877,20 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
             v.extend(customer);
             v
         }
+        ("POST", "/v1/mobile/sessions") => vec![
+            f("amount", Int),
+            f("provider", Str),
+            f("currency", Str),
+            f("description", Str),
+            f("metadata", Obj),
+            f("customer", Obj),
+            f("customer.name", Str),
+            f("customer.email", Str),
+            f("customer.phone", Str),
+            f("customer.address", Obj),
+            f("customer.address.line1", Str),
+            f("collectAddress", Bool),
+        ],
         ("POST", "/v1/qr/fonepay") => vec![
             f("amount", Int),
             f("currency", Str),

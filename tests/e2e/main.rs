@@ -18,6 +18,7 @@ mod invoices;
 mod lambda;
 mod links;
 mod logs;
+mod mobile;
 mod openapi;
 mod pay;
 mod qr;

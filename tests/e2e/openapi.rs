@@ -24,7 +24,11 @@ fn document() -> Value {
     serde_json::from_str(&generated()).unwrap_or_else(|e| panic!("the document: {e}"))
 }
 
-/// `(METHOD, path)` of every operation, and its documented scopes.
+/// An app's operation: the `publishable` scheme, no scope.
+const APP: &str = "publishable";
+
+/// `(METHOD, path)` of every operation, and its documented scopes (for
+/// an app's operation, [`APP`] alone).
 fn operations(doc: &Value) -> Vec<(String, String, Vec<String>)> {
     let mut out = Vec::new();
     let Some(paths) = doc["paths"].as_object() else {
@@ -36,6 +40,10 @@ fn operations(doc: &Value) -> Vec<(String, String, Vec<String>)> {
         };
         for (method, op) in item {
             if !["get", "post", "patch", "put", "delete"].contains(&method.as_str()) {
+                continue;
+            }
+            if op["security"][0][APP].is_array() {
+                out.push((method.to_uppercase(), path.clone(), vec![APP.to_owned()]));
                 continue;
             }
             let scopes = op["security"][0]["bearer"]
@@ -203,7 +211,8 @@ fn the_document_describes_every_operation_fully() {
         assert!(!id.is_empty(), "{method} {path}: no operationId");
         assert!(ids.insert(id.to_owned()), "operationId {id} twice");
         assert!(!scopes.is_empty(), "{method} {path}: no scope");
-        for s in scopes {
+        let app = scopes == &[APP];
+        for s in scopes.iter().filter(|_| !app) {
             assert!(Scope::parse(s).is_some(), "{method} {path}: scope {s}");
         }
         let responses = op["responses"].as_object().cloned().unwrap_or_default();
@@ -220,9 +229,11 @@ fn the_document_describes_every_operation_fully() {
         let idempotent = op["parameters"]
             .as_array()
             .is_some_and(|ps| ps.iter().any(|p| p["name"] == "Idempotency-Key"));
+        // An app's attempt is not: a retry starts a newer attempt, which
+        // supersedes the first.
         assert_eq!(
             idempotent,
-            method != "GET" && !path.ends_with("/pdf"),
+            method != "GET" && !path.ends_with("/pdf") && !app,
             "{method} {path}: Idempotency-Key documented where the layer is"
         );
         let success = responses
@@ -345,6 +356,38 @@ async fn every_operation_is_served_with_its_documented_scope() {
         };
         let (status, body) = send(None).await;
         assert_eq!(status, 401, "{method} {path} without a key: {body}");
+        if scopes == [APP] {
+            // An app's operation refuses a secret key, whatever it holds,
+            // and with the publishable key but no client secret knows no
+            // session.
+            let full = app.key(&tenant, Mode::Sandbox, &Scope::ALL).await;
+            let (status, body) = send(Some(full)).await;
+            assert_eq!(
+                (status, body["error"]["code"].as_str()),
+                (403, Some("permission_denied")),
+                "{method} {path} with a secret key: {body}"
+            );
+            let said = body["error"]["message"].as_str().unwrap_or("");
+            assert!(said.contains("publishable key"), "{said}");
+            // (A valid body: what is left to refuse is the session.)
+            let res = app
+                .client
+                .request(m.clone(), &url)
+                .header("content-type", "application/json")
+                .body(r#"{"provider": "khalti"}"#)
+                .bearer_auth(&publishable)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let status = res.status().as_u16();
+            let body: Value = res.json().await.unwrap_or(Value::Null);
+            assert_eq!(
+                (status, body["error"]["code"].as_str()),
+                (404, Some("not_found")),
+                "{method} {path} with the publishable key: {body}"
+            );
+            continue;
+        }
         // A publishable key moves no money and reads nothing here.
         let (status, body) = send(Some(publishable.clone())).await;
         assert_eq!(

@@ -371,10 +371,12 @@ fn the_scheduler_sweeps_every_minute_one_run_at_a_time() {
 }
 
 /// The functions that talk to a provider: Hosted (payments), Qr (Fonepay's
-/// QR API for Direct-QR), Refunds (Khalti's refund API) and Scheduler
-/// (reconciliation of payments and refunds).
-const PROVIDER_CALLERS: [&str; 4] = [
+/// QR API for Direct-QR), Mobile (an app's attempts and status checks),
+/// Refunds (Khalti's refund API) and Scheduler (reconciliation of
+/// payments and refunds).
+const PROVIDER_CALLERS: [&str; 5] = [
     "HostedFunction",
+    "MobileFunction",
     "QrFunction",
     "RefundsFunction",
     "SchedulerFunction",

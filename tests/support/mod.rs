@@ -4,6 +4,7 @@
 
 pub mod browser;
 pub mod shop;
+pub mod sse;
 
 use std::path::PathBuf;
 use std::sync::Arc;

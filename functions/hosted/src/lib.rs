@@ -138,16 +138,7 @@ fn too_many(req: &axum::extract::Request, limited: &public::Limited) -> Response
             ),
         )
     } else {
-        edge::error::ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            edge::error::ErrorType::RateLimitError,
-            "rate_limited",
-            format!(
-                "Too many requests to this page ({} limit); retry after {secs} s",
-                limited.limit
-            ),
-        )
-        .into_response()
+        edge::error::ApiError::public_limited(limited).into_response()
     };
     res.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -237,6 +228,15 @@ pub fn with_params(url: &str, params: &[(&str, &str)]) -> String {
     out
 }
 
+/// Where the customer came from, in words.
+fn back_to(flow: Flow) -> &'static str {
+    match flow {
+        Flow::Hosted | Flow::Redirect => "the shop",
+        Flow::Mobile => "the app",
+        Flow::Qr => "the counter",
+    }
+}
+
 /// Where a paid customer goes: the merchant's `returnUrl` with the session
 /// id and status (a hint only: merchants confirm through the API).
 fn merchant_return(s: &CheckoutSession) -> String {
@@ -257,17 +257,6 @@ fn merchant_cancel(s: &CheckoutSession) -> String {
             &[("session_id", &s.id), ("status", "cancelled")],
         ),
     }
-}
-
-async fn offered(state: &AppState, s: &CheckoutSession) -> Result<Vec<Provider>, StoreError> {
-    let all = checkout::providers(&*state.store, &s.project_id, s.mode).await?;
-    Ok(all
-        .into_iter()
-        .filter(|p| p.enabled)
-        .filter(|p| checkout::check_amount(s.amount.get(), Some(p.provider), s.mode).is_ok())
-        .filter(|p| s.flow != Flow::Redirect || s.provider == Some(p.provider))
-        .map(|p| p.provider)
-        .collect())
 }
 
 fn query_has(query: &Option<String>, name: &str, value: &str) -> bool {
@@ -314,28 +303,44 @@ async fn render(
     choose: bool,
 ) -> Result<Response, StoreError> {
     let (merchant, active) = merchant_of(state, &s.project_id).await?;
-    let back_to_shop = s.cancel_url.as_deref().unwrap_or(&s.return_url);
+    let place = back_to(s.flow);
+    // A counter's QR and an app have no shop page: our page is the end.
+    let shop = s.flow.has_shop().then(|| merchant_return(s));
+    let back_to_shop = s
+        .flow
+        .has_shop()
+        .then(|| s.cancel_url.as_deref().unwrap_or(&s.return_url));
+    let label = format!("Return to {place}");
     let page = match s.status {
         SessionStatus::Success => pages::final_page(
             s,
             &merchant,
             "Payment received",
-            "Thank you: your payment is confirmed.",
-            Some((&merchant_return(s), "Return to the shop")),
+            &format!(
+                "Thank you: your payment is confirmed.{}",
+                if shop.is_none() {
+                    format!(" You can return to {place}.")
+                } else {
+                    String::new()
+                }
+            ),
+            shop.as_deref().map(|href| (href, label.as_str())),
         ),
         SessionStatus::Failed => pages::final_page(
             s,
             &merchant,
             "Payment failed",
-            "The payment did not go through and nothing was charged. Please return to the shop to try again.",
-            Some((back_to_shop, "Return to the shop")),
+            &format!(
+                "The payment did not go through and nothing was charged. Please return to {place} to try again."
+            ),
+            back_to_shop.map(|href| (href, label.as_str())),
         ),
         SessionStatus::Expired => pages::final_page(
             s,
             &merchant,
             "This checkout has expired",
-            "Checkouts are open for 30 minutes. Please return to the shop to start again.",
-            Some((back_to_shop, "Return to the shop")),
+            &format!("Checkouts are open for 30 minutes. Please return to {place} to start again."),
+            back_to_shop.map(|href| (href, label.as_str())),
         ),
         SessionStatus::Pending | SessionStatus::Initiated => {
             let current = match (&s.payment_id, s.status) {
@@ -359,7 +364,7 @@ async fn render(
                 }
                 _ => {
                     let offered = if active {
-                        offered(state, s).await?
+                        checkout::offered(&*state.store, s).await?
                     } else {
                         Vec::new()
                     };
@@ -581,7 +586,7 @@ async fn events(
         .and_then(|v| v.to_str().ok())
         .map(|v| v.chars().take(200).collect());
     match checkout::find_any(&*state.store, &id, now).await {
-        Ok(Some(s)) if s.flow == checkout::Flow::Qr => {
+        Ok(Some(s)) if matches!(s.flow, Flow::Qr | Flow::Mobile) => {
             // The screen saw the final event: 204 tells an EventSource to
             // stop reconnecting.
             if s.status_at(now).is_final() && last_seen.is_some() {
@@ -604,7 +609,7 @@ async fn events(
         Ok(_) => {
             return (
                 StatusCode::NOT_FOUND,
-                axum::Json(json!({"error": "no such Direct-QR session"})),
+                axum::Json(json!({"error": "no such Direct-QR or mobile session"})),
             )
                 .into_response();
         }
@@ -714,7 +719,10 @@ async fn status(State(state): State<AppState>, Path(id): Path<String>) -> Respon
         }
     };
     let (next, message) = match session.status {
-        SessionStatus::Success => (Some(merchant_return(&session)), "Payment confirmed."),
+        SessionStatus::Success if session.flow.has_shop() => {
+            (Some(merchant_return(&session)), "Payment confirmed.")
+        }
+        SessionStatus::Success => (Some(format!("/c/{id}")), "Payment confirmed."),
         SessionStatus::Failed | SessionStatus::Expired => (Some(format!("/c/{id}")), ""),
         SessionStatus::Pending => match &payment {
             Some(p) if p.status == PaymentStatus::Cancelled => {
@@ -800,7 +808,7 @@ async fn returned(
 fn after_return(session: &CheckoutSession, payment: &Payment) -> Response {
     match payment.status {
         PaymentStatus::Success | PaymentStatus::Refunded => {
-            if session.status == SessionStatus::Success {
+            if session.status == SessionStatus::Success && session.flow.has_shop() {
                 see_other(&merchant_return(session))
             } else {
                 see_other(&format!("/c/{}", session.id))

@@ -10,6 +10,7 @@ pub mod credentials;
 pub mod fonepay_cap;
 pub mod invoices;
 pub mod links;
+pub mod mobile;
 pub mod outbox;
 pub mod payments;
 pub mod qr;

@@ -74,26 +74,13 @@ impl From<QrError> for Refusal {
             QrError::NotFound(id) => Refusal::not_found("Direct-QR session", &id),
             e @ QrError::Closed(_) => Refusal::unprocessable("session_closed", e.to_string()),
             QrError::Checkout(e) => e.into(),
-            QrError::Attempt(e) => match e {
-                AttemptError::NotFound => Refusal::not_found("Direct-QR session", ""),
-                e @ AttemptError::Closed(_) => {
-                    Refusal::unprocessable("session_closed", e.to_string())
-                }
-                AttemptError::NotOffered(m) => {
-                    Refusal::unprocessable("provider_unavailable", m).at("provider")
-                }
-                AttemptError::Invalid { field, message } => Refusal::invalid(field, message),
-                AttemptError::FonepayCap(m) => {
-                    Refusal::unprocessable("fonepay_sandbox_cap", m).at("amount")
-                }
-                e @ AttemptError::Busy => Refusal::conflict("state_conflict", e.to_string()),
-                AttemptError::Provider(e) => Refusal::new(
-                    Kind::Unavailable,
-                    "provider_error",
-                    format!("Fonepay did not give a QR ({e}); retry with the same Idempotency-Key"),
-                ),
-                AttemptError::Store(e) => e.into(),
-            },
+            QrError::Attempt(AttemptError::NotFound) => Refusal::not_found("Direct-QR session", ""),
+            QrError::Attempt(AttemptError::Provider(e)) => Refusal::new(
+                Kind::Unavailable,
+                "provider_error",
+                format!("Fonepay did not give a QR ({e}); retry with the same Idempotency-Key"),
+            ),
+            QrError::Attempt(e) => e.into(),
             QrError::Store(e) => e.into(),
         }
     }
@@ -119,6 +106,7 @@ pub fn validate(req: CreateQr, mode: Mode, base: &str) -> Result<ValidCheckout, 
         customer_phone: customer.phone.map(String::from),
         customer_address: customer.address.map(checkout::Address::stored),
         collect_address: false,
+        client_secret_sha256: None,
     })
 }
 

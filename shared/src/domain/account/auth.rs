@@ -68,6 +68,16 @@ pub fn publishable_refusal() -> Refusal {
     )
 }
 
+/// A secret key sent to an endpoint for apps: refused, so that no app is
+/// ever built around one.
+pub fn secret_key_in_app_refusal() -> Refusal {
+    Refusal::forbidden(
+        "permission_denied",
+        "This endpoint is for apps and takes the project's publishable key (pk_…) \
+         with the session's client secret; a secret key must never be in an app",
+    )
+}
+
 /// Why a caller was turned away.
 #[derive(Clone, Debug, PartialEq)]
 pub enum AuthError {

@@ -134,6 +134,32 @@ pub enum AttemptError {
     Store(#[from] StoreError),
 }
 
+/// An attempt refused to an API caller (a Direct-QR counter, a mobile
+/// app): the contract's codes, naming the field where there is one.
+impl From<AttemptError> for crate::refusal::Refusal {
+    fn from(e: AttemptError) -> Self {
+        use crate::refusal::{Kind, Refusal};
+        match e {
+            AttemptError::NotFound => Refusal::not_found("checkout session", ""),
+            e @ AttemptError::Closed(_) => Refusal::unprocessable("session_closed", e.to_string()),
+            AttemptError::NotOffered(m) => {
+                Refusal::unprocessable("provider_unavailable", m).at("provider")
+            }
+            AttemptError::Invalid { field, message } => Refusal::invalid(field, message),
+            AttemptError::FonepayCap(m) => {
+                Refusal::unprocessable("fonepay_sandbox_cap", m).at("amount")
+            }
+            e @ AttemptError::Busy => Refusal::conflict("state_conflict", e.to_string()),
+            AttemptError::Provider(e) => Refusal::new(
+                Kind::Unavailable,
+                "provider_error",
+                format!("the provider did not start the payment ({e}); try again"),
+            ),
+            AttemptError::Store(e) => e.into(),
+        }
+    }
+}
+
 impl From<HubError> for AttemptError {
     fn from(e: HubError) -> Self {
         match e {

@@ -74,7 +74,10 @@ pub async fn start(
             field: "provider",
             message: "choose how to pay".into(),
         })?;
-    if session.flow == checkout::Flow::Redirect && session.provider != Some(provider) {
+    // Only a hosted page lets the customer pick another provider than the
+    // one the merchant set.
+    if session.flow != checkout::Flow::Hosted && session.provider.is_some_and(|set| set != provider)
+    {
         return Err(AttemptError::NotOffered(format!(
             "this checkout pays with {} only",
             session

@@ -49,3 +49,18 @@ pub async fn providers(
         })
         .collect())
 }
+
+/// The providers a customer of session `s` may pay with: enabled for its
+/// project and mode, taking its amount, and only the set one where the
+/// session names it (a redirect checkout, a Direct-QR or a mobile
+/// session with `provider`).
+pub async fn offered(store: &dyn Store, s: &CheckoutSession) -> Result<Vec<Provider>, StoreError> {
+    let all = providers(store, &s.project_id, s.mode).await?;
+    Ok(all
+        .into_iter()
+        .filter(|p| p.enabled)
+        .filter(|p| check_amount(s.amount.get(), Some(p.provider), s.mode).is_ok())
+        .filter(|p| s.flow == Flow::Hosted || s.provider.is_none_or(|set| set == p.provider))
+        .map(|p| p.provider)
+        .collect())
+}

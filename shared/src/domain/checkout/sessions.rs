@@ -14,6 +14,17 @@ pub enum Flow {
     Redirect,
     /// Direct-QR (created by the QR endpoint, not `POST /v1/checkout`).
     Qr,
+    /// A merchant's app pays (created by `POST /v1/mobile/sessions`; the
+    /// app starts attempts with a publishable key and the client secret).
+    Mobile,
+}
+
+impl Flow {
+    /// Whether the customer came from a shop page to go back to: a
+    /// counter's QR and an app have none, so our final page is the end.
+    pub fn has_shop(self) -> bool {
+        matches!(self, Flow::Hosted | Flow::Redirect)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
@@ -181,6 +192,10 @@ pub struct CheckoutSession {
     /// The one-time invoice the session collects for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub invoice_id: Option<String>,
+    /// Hex SHA-256 of a mobile session's client secret (the secret itself
+    /// is shown once, to the merchant's server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_secret_sha256: Option<String>,
 }
 
 impl CheckoutSession {
@@ -427,15 +442,18 @@ pub struct ValidCheckout {
     pub customer_phone: Option<String>,
     pub customer_address: Option<StoredAddress>,
     pub collect_address: bool,
+    /// A mobile session's client secret, hashed.
+    pub client_secret_sha256: Option<String>,
 }
 
 /// Checks a create request against every rule (no store needed).
 pub fn validate_create(req: CreateCheckout, mode: Mode) -> Result<ValidCheckout, CheckoutError> {
     let flow = req.flow.unwrap_or(Flow::Hosted);
-    if flow == Flow::Qr {
+    if matches!(flow, Flow::Qr | Flow::Mobile) {
         return Err(invalid(
             "flow",
-            "flow must be 'hosted' or 'redirect'; QR sessions come from the Direct-QR endpoint",
+            "flow must be 'hosted' or 'redirect'; QR sessions come from POST /v1/qr/fonepay, \
+             mobile ones from POST /v1/mobile/sessions",
         ));
     }
     if flow == Flow::Redirect && req.provider.is_none() {
@@ -465,6 +483,7 @@ pub fn validate_create(req: CreateCheckout, mode: Mode) -> Result<ValidCheckout,
         customer_phone: customer.phone.map(String::from),
         customer_address: customer.address.map(Address::stored),
         collect_address: req.collect_address.unwrap_or(false),
+        client_secret_sha256: None,
     })
 }
 
@@ -660,6 +679,7 @@ pub fn new_session(creator: &Creator, valid: ValidCheckout, now: Timestamp) -> C
         link_id: None,
         link_claimed: false,
         invoice_id: None,
+        client_secret_sha256: valid.client_secret_sha256,
     }
 }
 

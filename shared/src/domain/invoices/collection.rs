@@ -86,6 +86,7 @@ pub async fn checkout(
             customer_phone: buyer.phone.filter(|p| Phone::parse(p.clone()).is_ok()),
             customer_address: None,
             collect_address: false,
+            client_secret_sha256: None,
         };
         // A new checkout is volume the calling key creates: charged to its
         // spend counter like POST /v1/checkout (a reused one is not).

@@ -164,6 +164,7 @@ pub async fn open_session(
         )?,
         customer_address: link.customer_address.clone(),
         collect_address: link.collect_address,
+        client_secret_sha256: None,
     };
     let creator = checkout::Creator {
         project_id: link.project_id.clone(),

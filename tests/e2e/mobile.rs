@@ -1,0 +1,500 @@
+//! Mobile sessions: the merchant's server creates a session with its
+//! secret key and hands the app the id and client secret; the app, holding
+//! only the publishable key, reads the session and pays with each
+//! provider: Khalti's page, eSewa's signed form, Fonepay's QR with the
+//! event stream. Each payment is proven server to server and ends as a
+//! hosted one does (webhook, refund). A wrong secret, another project's
+//! key or a secret key get nothing.
+
+use dhukuti_tests::browser::{Page, form, text};
+use dhukuti_tests::shop::Shop;
+use dhukuti_tests::sse::read_events;
+use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, spawn_app};
+use serde_json::{Value, json};
+use shared::domain::Mode;
+use shared::domain::account::{self, KeyKind, NewKey};
+use shared::time::{Clock, SystemClock};
+
+/// NPR 500: within every provider's sandbox bounds.
+const AMOUNT: i64 = 50_000;
+
+/// The app's side: the publishable key and one session's secret.
+struct App {
+    key: String,
+    id: String,
+    secret: String,
+}
+
+async fn publishable(app: &TestApp, tenant: &dhukuti_tests::Tenant, mode: Mode) -> String {
+    let new = NewKey {
+        mode,
+        kind: KeyKind::Publishable,
+        scopes: Vec::new(),
+        description: "the shop's app".into(),
+        expires_at: None,
+        spend_cap_paisa: None,
+    };
+    match account::issue_api_key(&*app.store, SystemClock.now(), &tenant.project, new).await {
+        Ok((key, _)) => key,
+        Err(e) => panic!("publishable key: {e}"),
+    }
+}
+
+async fn open(which: Which) -> Option<(Shop, String)> {
+    let shop = Shop::on(spawn_app(which).await?).await;
+    let pk = publishable(&shop.app, &shop.tenant, Mode::Sandbox).await;
+    Some((shop, pk))
+}
+
+/// The merchant's server: `POST /v1/mobile/sessions`.
+async fn create(shop: &Shop, body: Value, idempotency_key: Option<&str>) -> Answer {
+    shop.app
+        .post(
+            "/v1/mobile/sessions",
+            Some(&shop.key),
+            idempotency_key,
+            &body,
+        )
+        .await
+}
+
+async fn session_for_app(shop: &Shop, pk: &str, body: Value) -> App {
+    let a = create(shop, body, None).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    App {
+        key: pk.to_owned(),
+        id: text(&a.body["id"]),
+        secret: text(&a.body["client_secret"]),
+    }
+}
+
+impl App {
+    /// `GET /v1/mobile/sessions/{id}` with the secret in the header.
+    async fn read(&self, shop: &Shop) -> Answer {
+        self.read_with(shop, Some(&self.secret)).await
+    }
+
+    async fn read_with(&self, shop: &Shop, secret: Option<&str>) -> Answer {
+        let mut req = shop
+            .app
+            .client
+            .get(shop.app.url(&format!("/v1/mobile/sessions/{}", self.id)))
+            .bearer_auth(&self.key);
+        if let Some(s) = secret {
+            req = req.header("x-client-secret", s);
+        }
+        dhukuti_tests::send(req).await
+    }
+
+    /// `POST /v1/mobile/sessions/{id}/attempts` with the secret in the body.
+    async fn attempt(&self, shop: &Shop, provider: &str) -> Answer {
+        let body = json!({"provider": provider, "client_secret": self.secret});
+        let req = shop
+            .app
+            .client
+            .post(
+                shop.app
+                    .url(&format!("/v1/mobile/sessions/{}/attempts", self.id)),
+            )
+            .bearer_auth(&self.key)
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        dhukuti_tests::send(req).await
+    }
+}
+
+/// The customer presses "pay" on a provider's wallet page; the provider
+/// sends the browser back to us, and we answer.
+async fn pay_on_wallet(shop: &Shop, app: &App, wallet: &str) -> Page {
+    let page = shop.browser.get(wallet).await;
+    assert_eq!(page.status, 200, "{}", page.show());
+    let Some(f) = form(&page.body, None) else {
+        panic!("no form on the wallet: {}", page.show())
+    };
+    let mut sent = f.hidden.clone();
+    sent.push(("action".into(), "pay".into()));
+    let callback = shop.browser.post_form(&f.action, &sent).await.redirect(302);
+    assert!(
+        callback.starts_with(&format!("{}/c/{}/return/pay_", shop.app.base, app.id)),
+        "{callback}"
+    );
+    shop.browser.get(&callback).await
+}
+
+/// After the provider's return the customer stays on our final page (an
+/// app has no shop page), which says to go back to the app.
+async fn assert_paid_page(shop: &Shop, app: &App, back: &Page) {
+    let final_page = format!("{}/c/{}", shop.app.base, app.id);
+    assert_eq!(back.redirect(303), final_page, "{}", back.show());
+    let page = shop.browser.get(&format!("/c/{}", app.id)).await;
+    assert!(page.has("Payment received"), "{}", page.show());
+    assert!(page.has("return to the app"), "{}", page.show());
+    assert!(
+        !page.has("back-link"),
+        "no shop to go back to: {}",
+        page.show()
+    );
+}
+
+/// The session as the app sees it once paid, with the payment.
+async fn assert_paid(shop: &Shop, app: &App, provider: &str) -> String {
+    let a = app.read(shop).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.body["status"], "success", "{}", a.body);
+    let p = &a.body["payment"];
+    assert_eq!(p["status"], "success", "{}", a.body);
+    assert_eq!(p["provider"], provider, "{}", a.body);
+    assert_eq!(p["amount"], AMOUNT, "{}", a.body);
+    let payment = text(&p["id"]);
+    // The merchant's view agrees, and heard it once.
+    assert_eq!(shop.payment(&payment).await["status"], "success");
+    assert_eq!(shop.session(&app.id).await["flow"], "mobile");
+    assert_eq!(shop.events_about("payment.succeeded", &payment).await, 1);
+    payment
+}
+
+async fn an_app_pays_with_khalti_holding_only_its_publishable_key(which: Which) {
+    let Some((shop, pk)) = open(which).await else {
+        return;
+    };
+    let body = json!({
+        "amount": AMOUNT,
+        "currency": "NPR",
+        "description": "Momo x 4",
+        "customer": {"name": "Sita Rai", "phone": "9800000001"},
+        "metadata": {"order": "A-17"},
+    });
+    let a = create(&shop, body.clone(), Some("order-A-17")).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    let id = text(&a.body["id"]);
+    let secret = text(&a.body["client_secret"]);
+    assert!(id.starts_with("cs_"), "{}", a.body);
+    assert!(
+        secret.starts_with("cs_secret_") && secret.len() >= 40,
+        "{secret}"
+    );
+    assert_eq!(a.body["livemode"], false);
+    assert_eq!(a.body["amount"], AMOUNT);
+    assert_eq!(a.body["currency"], "NPR");
+    assert!(a.body["expires_at"].is_string(), "{}", a.body);
+    // Fonepay needs the merchant's own credentials: not offered.
+    assert_eq!(a.body["providers"], json!(["esewa", "khalti"]));
+    // A retry after a lost answer gets the same session and secret.
+    let again = create(&shop, body, Some("order-A-17")).await;
+    assert_eq!(
+        (&again.body["id"], &again.body["client_secret"]),
+        (&a.body["id"], &a.body["client_secret"])
+    );
+    let app = App {
+        key: pk.clone(),
+        id,
+        secret,
+    };
+
+    // The app reads its session: the header or the query carry the secret.
+    let r = app.read(&shop).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["status"], "pending");
+    assert_eq!(r.body["payment"], Value::Null);
+    assert_eq!(r.body["providers"], json!(["esewa", "khalti"]));
+    assert_eq!(
+        text(&r.body["events_url"]),
+        format!("{}/c/{}/events", shop.app.base, app.id)
+    );
+    let by_query = shop
+        .app
+        .get(
+            &format!(
+                "/v1/mobile/sessions/{}?client_secret={}",
+                app.id, app.secret
+            ),
+            Some(&pk),
+        )
+        .await;
+    assert_eq!(by_query.status, 200, "{}", by_query.body);
+
+    // Khalti: the app opens the payment page the answer names.
+    let t = app.attempt(&shop, "khalti").await;
+    assert_eq!(t.status, 201, "{}", t.body);
+    assert_eq!(t.body["handoff"], "redirect");
+    assert_eq!(t.body["provider"], "khalti");
+    assert!(t.body["pidx"].is_string(), "{}", t.body);
+    for none in ["form_url", "form_fields", "qr_message", "qr_image"] {
+        assert_eq!(t.body[none], Value::Null, "{none}: {}", t.body);
+    }
+    let url = text(&t.body["payment_url"]);
+    assert!(
+        url.starts_with(&format!("{}/sim/khalti/pay", shop.app.base)),
+        "{url}"
+    );
+    assert_eq!(app.read(&shop).await.body["status"], "initiated");
+    let back = pay_on_wallet(&shop, &app, &url).await;
+    assert_paid_page(&shop, &app, &back).await;
+    let payment = assert_paid(&shop, &app, "khalti").await;
+    assert_eq!(text(&t.body["payment_id"]), payment);
+
+    // The payment is the merchant's like any other: refunded in part.
+    let refund = shop
+        .app
+        .post(
+            "/v1/refunds",
+            Some(&shop.key),
+            Some("refund-A-17"),
+            &json!({"paymentId": payment, "amount": 10_000, "reason": "customer_request"}),
+        )
+        .await;
+    assert_eq!(refund.status, 201, "{}", refund.body);
+
+    // A paid session takes no new attempt.
+    let late = app.attempt(&shop, "esewa").await;
+    late.assert_error(422, "invalid_request_error", "session_closed");
+    shop.stop().await;
+}
+
+async fn an_app_pays_with_esewa_by_posting_the_signed_form(which: Which) {
+    let Some((shop, pk)) = open(which).await else {
+        return;
+    };
+    let app = session_for_app(&shop, &pk, json!({"amount": AMOUNT})).await;
+    let t = app.attempt(&shop, "esewa").await;
+    assert_eq!(t.status, 201, "{}", t.body);
+    assert_eq!(t.body["handoff"], "form_post");
+    let action = text(&t.body["form_url"]);
+    assert_eq!(
+        action,
+        format!("{}/sim/esewa/api/epay/main/v2/form", shop.app.base)
+    );
+    let Some(fields) = t.body["form_fields"].as_object() else {
+        panic!("no form fields: {}", t.body)
+    };
+    for must in [
+        "amount",
+        "total_amount",
+        "transaction_uuid",
+        "product_code",
+        "signed_field_names",
+        "signature",
+        "success_url",
+        "failure_url",
+    ] {
+        assert!(fields.contains_key(must), "{must} in {fields:?}");
+    }
+    assert_eq!(t.body["payment_url"], Value::Null);
+    // The app's web view posts the fields unchanged.
+    let sent: Vec<(String, String)> = fields.iter().map(|(k, v)| (k.clone(), text(v))).collect();
+    let at = shop.browser.post_form(&action, &sent).await;
+    let wallet = at.redirect(303);
+    let back = pay_on_wallet(&shop, &app, &wallet).await;
+    assert_paid_page(&shop, &app, &back).await;
+    assert_paid(&shop, &app, "esewa").await;
+    shop.stop().await;
+}
+
+async fn an_app_shows_a_fonepay_qr_and_hears_it_paid(which: Which) {
+    let Some((shop, pk)) = open(which).await else {
+        return;
+    };
+    shop.app.enable_fonepay(&shop.tenant, Mode::Sandbox).await;
+    let app = session_for_app(&shop, &pk, json!({"amount": AMOUNT, "provider": "fonepay"})).await;
+    assert_eq!(app.read(&shop).await.body["providers"], json!(["fonepay"]));
+    // The session names Fonepay: nothing else is offered.
+    let other = app.attempt(&shop, "khalti").await;
+    other.assert_error(422, "invalid_request_error", "provider_unavailable");
+    let t = app.attempt(&shop, "fonepay").await;
+    assert_eq!(t.status, 201, "{}", t.body);
+    assert_eq!(t.body["handoff"], "qr");
+    assert!(
+        text(&t.body["qr_message"]).starts_with("000201"),
+        "{}",
+        t.body
+    );
+    assert!(
+        text(&t.body["qr_image"]).starts_with("data:image/png;base64,"),
+        "{}",
+        t.body
+    );
+    let payment = text(&t.body["payment_id"]);
+
+    // The app listens; the customer's bank pays the QR.
+    let url = text(&t.body["events_url"]);
+    let mut res = shop
+        .app
+        .client
+        .get(&url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(res.status(), 200);
+    let prn = shop.reference(&payment).await;
+    let paid = shop
+        .app
+        .client
+        .post(shop.sim(&format!("/fonepay/_control/attempts/{prn}/pay")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(paid.status().is_success(), "{}", paid.status());
+    let mut buf = String::new();
+    let got = read_events(
+        &mut res,
+        &mut buf,
+        std::time::Duration::from_secs(10),
+        |e| e.1 == "qr.paid",
+    )
+    .await;
+    assert_eq!(got.last().map(|e| e.1.as_str()), Some("qr.paid"), "{got:?}");
+    assert_eq!(
+        got.last().map(|e| e.2["payment_id"].clone()),
+        Some(json!(payment))
+    );
+    assert_paid(&shop, &app, "fonepay").await;
+    shop.stop().await;
+}
+
+/// Only the session's own secret, with its own project's publishable key,
+/// opens it; every wrong answer is the unknown id's 404. A secret key is
+/// refused on the app's endpoints, the publishable key everywhere else.
+async fn a_session_opens_only_to_its_secret_and_its_projects_key(which: Which) {
+    let Some((shop, pk)) = open(which).await else {
+        return;
+    };
+    let app = session_for_app(&shop, &pk, json!({"amount": AMOUNT})).await;
+    let other = session_for_app(&shop, &pk, json!({"amount": AMOUNT})).await;
+    assert_eq!(app.read(&shop).await.status, 200);
+    let not_found = |a: &Answer, what: &str| {
+        a.assert_error(404, "invalid_request_error", "not_found");
+        assert!(!a.body.to_string().contains("secret"), "{what}: {}", a.body);
+    };
+    not_found(&app.read_with(&shop, None).await, "no secret");
+    not_found(&app.read_with(&shop, Some("")).await, "empty");
+    not_found(
+        &app.read_with(&shop, Some(&other.secret)).await,
+        "another session's",
+    );
+    not_found(
+        &app.read_with(&shop, Some(&format!("{}x", app.secret)))
+            .await,
+        "altered",
+    );
+    let ghost = App {
+        key: pk.clone(),
+        id: "cs_01jz0000000000000000000000".into(),
+        secret: app.secret.clone(),
+    };
+    not_found(&ghost.read(&shop).await, "unknown id");
+    // The wrong secret starts nothing either.
+    let wrong = App {
+        key: pk.clone(),
+        id: app.id.clone(),
+        secret: other.secret.clone(),
+    };
+    not_found(&wrong.attempt(&shop, "khalti").await, "attempt");
+    assert_eq!(shop.session(&app.id).await["status"], "pending");
+
+    // Another project's publishable key, and the live one, find nothing.
+    let stranger = shop.app.tenant("Other Teas", "owner@other.example").await;
+    let their_pk = publishable(&shop.app, &stranger, Mode::Sandbox).await;
+    let live_pk = publishable(&shop.app, &shop.tenant, Mode::Live).await;
+    for key in [their_pk, live_pk] {
+        let as_them = App {
+            key,
+            id: app.id.clone(),
+            secret: app.secret.clone(),
+        };
+        not_found(&as_them.read(&shop).await, "another project or mode");
+    }
+    // A secret key is no app's key; a publishable key creates nothing.
+    let with_secret_key = App {
+        key: shop.key.clone(),
+        id: app.id.clone(),
+        secret: app.secret.clone(),
+    };
+    let refused = with_secret_key.read(&shop).await;
+    refused.assert_error(403, "permission_error", "permission_denied");
+    let created = shop
+        .app
+        .post(
+            "/v1/mobile/sessions",
+            Some(&pk),
+            None,
+            &json!({"amount": AMOUNT}),
+        )
+        .await;
+    created.assert_error(403, "permission_error", "permission_denied");
+    // A hosted session is no mobile session, whatever is sent.
+    let hosted = shop.create_checkout(10_000).await;
+    let as_hosted = App {
+        key: pk.clone(),
+        id: text(&hosted["id"]),
+        secret: app.secret.clone(),
+    };
+    not_found(&as_hosted.read(&shop).await, "a hosted session");
+
+    // Bodies are checked: the URLs of a checkout are not a mobile field.
+    let bad = create(
+        &shop,
+        json!({"amount": AMOUNT, "returnUrl": "https://shop.example"}),
+        None,
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    let bad = app.attempt(&shop, "paypal").await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+
+    // The merchant expires it: the app sees it expired and cannot pay.
+    let expired = shop
+        .app
+        .post(
+            &format!("/v1/checkout/{}/expire", app.id),
+            Some(&shop.key),
+            None,
+            &json!({}),
+        )
+        .await;
+    assert_eq!(expired.status, 200, "{}", expired.body);
+    assert_eq!(app.read(&shop).await.body["status"], "expired");
+    let late = app.attempt(&shop, "khalti").await;
+    late.assert_error(422, "invalid_request_error", "session_closed");
+    shop.stop().await;
+}
+
+/// The app's requests count per client address and per session, never
+/// against a per-key budget that whoever holds the app could spend.
+async fn an_apps_requests_are_limited_per_address_not_per_key(which: Which) {
+    let Some((shop, pk)) = open(which).await else {
+        return;
+    };
+    let app = session_for_app(&shop, &pk, json!({"amount": AMOUNT})).await;
+    // Five reads a minute per address for this test.
+    shop.app.state().public_limits.set(5, 60, 120, 600, 10);
+    for i in 0..5 {
+        let a = app.read(&shop).await;
+        assert_eq!(a.status, 200, "read {i}: {}", a.body);
+        assert!(
+            a.headers.get("x-ratelimit-limit").is_none(),
+            "no key budget"
+        );
+    }
+    let over = app.read(&shop).await;
+    over.assert_error(429, "rate_limit_error", "rate_limited");
+    assert!(
+        over.header("retry-after")
+            .parse::<u64>()
+            .is_ok_and(|s| s >= 1)
+    );
+    // The merchant's server, on its own key, is not held up.
+    let s = shop
+        .app
+        .get(&format!("/v1/sessions/{}", app.id), Some(&shop.key))
+        .await;
+    assert_eq!(s.status, 200, "{}", s.body);
+    shop.stop().await;
+}
+
+on_both_backends!(
+    an_app_pays_with_khalti_holding_only_its_publishable_key,
+    an_app_pays_with_esewa_by_posting_the_signed_form,
+    an_app_shows_a_fonepay_qr_and_hears_it_paid,
+    a_session_opens_only_to_its_secret_and_its_projects_key,
+    an_apps_requests_are_limited_per_address_not_per_key,
+);
