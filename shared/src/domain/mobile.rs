@@ -96,6 +96,17 @@ pub fn validate(
     mode: Mode,
     base: &str,
 ) -> Result<ValidCheckout, CheckoutError> {
+    validate_for(Flow::Mobile, req, mode, base)
+}
+
+/// [`validate`] for a session of `flow` that ends on our own page (an
+/// app's, or a counter's Direct-QR).
+pub fn validate_for(
+    flow: Flow,
+    req: CreateMobileSession,
+    mode: Mode,
+    base: &str,
+) -> Result<ValidCheckout, CheckoutError> {
     let amount = checkout::check_amount(req.amount, req.provider, mode)?;
     let metadata = req.metadata.unwrap_or_default();
     checkout::check_metadata(&metadata)?;
@@ -105,7 +116,7 @@ pub fn validate(
         return_url: base.to_owned(),
         cancel_url: None,
         provider: req.provider,
-        flow: Flow::Mobile,
+        flow,
         description: req.description.map(String::from),
         metadata,
         customer_name: customer.name.map(String::from),

@@ -89,25 +89,16 @@ impl From<QrError> for Refusal {
 /// Checks a create request (no store needed). `base`: our public base URL,
 /// the session's return address (a counter has no shop page to return to).
 pub fn validate(req: CreateQr, mode: Mode, base: &str) -> Result<ValidCheckout, CheckoutError> {
-    let amount = checkout::check_amount(req.amount, Some(Provider::Fonepay), mode)?;
-    let metadata = req.metadata.unwrap_or_default();
-    checkout::check_metadata(&metadata)?;
-    let customer = req.customer.unwrap_or_default();
-    Ok(ValidCheckout {
-        amount,
-        return_url: base.to_owned(),
-        cancel_url: None,
+    let as_own_page = super::mobile::CreateMobileSession {
+        amount: req.amount,
         provider: Some(Provider::Fonepay),
-        flow: Flow::Qr,
-        description: req.description.map(String::from),
-        metadata,
-        customer_name: customer.name.map(String::from),
-        customer_email: customer.email.map(String::from),
-        customer_phone: customer.phone.map(String::from),
-        customer_address: customer.address.map(checkout::Address::stored),
-        collect_address: false,
-        client_secret_sha256: None,
-    })
+        currency: req.currency,
+        description: req.description,
+        metadata: req.metadata,
+        customer: req.customer,
+        collect_address: None,
+    };
+    super::mobile::validate_for(Flow::Qr, as_own_page, mode, base)
 }
 
 /// A session and the QR of its open payment.
