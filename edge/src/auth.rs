@@ -91,6 +91,7 @@ impl FromRequestParts<AppState> for AppKey {
             session,
             link: None,
             opens_session: false,
+            opens_stream: false,
         };
         if let Err(limited) = state.public_limits.take(&*state.store, &request, now).await {
             return Err(ApiError::public_limited(&limited));

@@ -521,6 +521,7 @@ mod tests {
             Arc::new(SystemClock),
             Config {
                 public_base_url: "http://x".into(),
+                events_base_url: None,
             },
         );
         let app = with_edge(

@@ -131,6 +131,7 @@ mod tests {
             Arc::new(clock.clone()),
             Config {
                 public_base_url: "http://x".into(),
+                events_base_url: None,
             },
         )
         .with_rate_limits(RateLimits::new(100, 1));

@@ -146,6 +146,17 @@ pub fn public_base(state: &shared::AppState, headers: &http::HeaderMap) -> Strin
     state.config.base_for(host)
 }
 
+/// A session's event stream for the customer's screen: on the events
+/// function's own URL where one is configured (it streams; API Gateway
+/// would buffer the answer), else on our public base.
+pub fn events_url(state: &shared::AppState, headers: &http::HeaderMap, session_id: &str) -> String {
+    let host = headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    let base = state.config.events_base_for(host);
+    format!("{base}/c/{session_id}/events")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

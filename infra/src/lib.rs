@@ -99,6 +99,7 @@ pub fn openapi_json() -> Result<String, String> {
         Arc::new(SystemClock),
         Config {
             public_base_url: "http://127.0.0.1:8080".into(),
+            events_base_url: None,
         },
     );
     Ok(edge::openapi::to_json(&openapi(&state)))
@@ -354,6 +355,7 @@ pub async fn start_with_clock(
     let base_url = base_url.trim_end_matches('/').to_owned();
     let config = Config {
         public_base_url: base_url.clone(),
+        events_base_url: None,
     };
     let sim_base = format!("{base_url}/sim");
     // Sandbox providers: the simulators, unless the environment names

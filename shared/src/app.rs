@@ -42,6 +42,10 @@ pub struct Config {
     /// /. Empty on Lambda without `DHUKUTI_PUBLIC_URL`: then each request's
     /// own host is used ([`Config::base_for`]).
     pub public_base_url: String,
+    /// Where customers' screens stream a session's events from, no
+    /// trailing /: deployed, the events function's URL (it streams the
+    /// answer; API Gateway would buffer it). `None`: the public base.
+    pub events_base_url: Option<String>,
 }
 
 impl Config {
@@ -55,8 +59,22 @@ impl Config {
             None if on_lambda => String::new(),
             None => "http://127.0.0.1:8080".to_owned(),
         };
+        let events = std::env::var("DHUKUTI_EVENTS_URL")
+            .ok()
+            .map(|v| v.trim().trim_end_matches('/').to_owned())
+            .filter(|v| !v.is_empty());
         Config {
             public_base_url: base.trim().trim_end_matches('/').to_owned(),
+            events_base_url: events,
+        }
+    }
+
+    /// Where a session's event stream is served: the events function's
+    /// URL when configured, else [`Config::base_for`].
+    pub fn events_base_for(&self, host: Option<&str>) -> String {
+        match &self.events_base_url {
+            Some(base) => base.clone(),
+            None => self.base_for(host),
         }
     }
 
@@ -137,6 +155,7 @@ impl AppState {
             Arc::new(crate::time::ManualClock::new(SystemClock.now())),
             Config {
                 public_base_url: "http://127.0.0.1:8080".into(),
+                events_base_url: None,
             },
         )
     }
@@ -504,10 +523,12 @@ mod tests {
     fn the_base_url_falls_back_to_the_request_host() {
         let set = super::Config {
             public_base_url: "https://pay.example".into(),
+            events_base_url: None,
         };
         assert_eq!(set.base_for(Some("evil.example")), "https://pay.example");
         let unset = super::Config {
             public_base_url: String::new(),
+            events_base_url: None,
         };
         assert_eq!(
             unset.base_for(Some("abc.execute-api.ap-south-1.amazonaws.com")),
@@ -515,6 +536,16 @@ mod tests {
         );
         assert_eq!(unset.base_for(Some("a/b@c")), "http://127.0.0.1:8080");
         assert_eq!(unset.base_for(None), "http://127.0.0.1:8080");
+        // The event streams follow the pages unless they have their own URL.
+        assert_eq!(set.events_base_for(None), "https://pay.example");
+        let streaming = super::Config {
+            events_base_url: Some("https://x7k.lambda-url.ap-south-1.on.aws".into()),
+            ..set
+        };
+        assert_eq!(
+            streaming.events_base_for(Some("pay.example")),
+            "https://x7k.lambda-url.ap-south-1.on.aws"
+        );
     }
 
     use super::*;

@@ -194,11 +194,74 @@ print("sdk qr ok")
     shop.stop().await;
 }
 
+/// Deployed, the stream is the events function behind a function URL
+/// with response streaming: through its Lambda handler (lambda_http's
+/// streaming adapter, fed a real function URL event) the first bytes
+/// leave before anything happened, and `qr.paid` leaves within two
+/// seconds of the payment, while the invocation is still open, not when
+/// it ends.
+async fn the_events_function_streams_each_event_as_it_happens(which: Which) {
+    use futures::StreamExt;
+    use lambda_http::lambda_runtime::{Context, LambdaEvent};
+    use lambda_http::request::LambdaRequest;
+    use lambda_http::{Service, StreamAdapter};
+
+    let Some(shop) = open(which).await else {
+        return;
+    };
+    let secs = std::time::Duration::from_secs;
+    let a = create(&shop, None).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    let id = text(&a.body["id"]);
+    let payment = text(&shop.session(&id).await["paymentId"]);
+    let path = format!("{}/events/events-stream.json", env!("CARGO_MANIFEST_DIR"));
+    let event = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .replace("__SESSION_ID__", &id);
+    let request: LambdaRequest =
+        serde_json::from_str(&event).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut handler = StreamAdapter::from(events::router(shop.app.state().clone()));
+    let response = handler
+        .call(LambdaEvent::new(request, Context::default()))
+        .await
+        .unwrap_or_else(|e| panic!("handler: {e:?}"));
+    let prelude = &response.metadata_prelude;
+    assert_eq!(prelude.status_code, 200);
+    assert_eq!(prelude.headers["content-type"], "text/event-stream");
+    assert_eq!(prelude.headers["cache-control"], "no-store");
+    let mut body = response.stream;
+    // Bytes before any event: the answer is streamed, not buffered.
+    let first = tokio::time::timeout(secs(3), body.next()).await;
+    let first = match first {
+        Ok(Some(Ok(bytes))) => String::from_utf8_lossy(&bytes).into_owned(),
+        other => panic!("no first chunk: {other:?}"),
+    };
+    assert!(first.contains(": connected"), "{first}");
+
+    pay_at_fonepay(&shop, &payment, "pay").await;
+    let paid_at = tokio::time::Instant::now();
+    let mut seen = String::new();
+    while !seen.contains("event: qr.paid") {
+        match tokio::time::timeout(secs(3), body.next()).await {
+            Ok(Some(Ok(bytes))) => seen.push_str(&String::from_utf8_lossy(&bytes)),
+            other => panic!("the stream ended or stalled before qr.paid: {other:?} after {seen}"),
+        }
+    }
+    let took = paid_at.elapsed();
+    assert!(took < secs(2), "qr.paid after {took:?}");
+    assert!(seen.contains(&format!("id: {payment}:paid")), "{seen}");
+    // Then the invocation ends.
+    let end = tokio::time::timeout(secs(5), body.next()).await;
+    assert!(matches!(end, Ok(None)), "the stream ends");
+    shop.stop().await;
+}
+
 on_both_backends!(
     a_counter_shows_a_qr_refreshes_it_and_the_customer_pays,
     direct_qr_is_a_plan_feature_and_refuses_what_it_cannot_do,
     the_official_sdk_makes_and_refreshes_a_qr,
     the_event_stream_tells_the_screen_and_resumes_without_loss,
+    the_events_function_streams_each_event_as_it_happens,
 );
 
 async fn refresh(shop: &Shop, id: &str) -> dhukuti_tests::Answer {

@@ -372,9 +372,11 @@ fn the_scheduler_sweeps_every_minute_one_run_at_a_time() {
 
 /// The functions that talk to a provider: Hosted (payments), Qr (Fonepay's
 /// QR API for Direct-QR), Mobile (an app's attempts and status checks),
+/// Events (the event streams' status checks),
 /// Refunds (Khalti's refund API) and Scheduler (reconciliation of
 /// payments and refunds).
-const PROVIDER_CALLERS: [&str; 5] = [
+const PROVIDER_CALLERS: [&str; 6] = [
+    "EventsFunction",
     "HostedFunction",
     "MobileFunction",
     "QrFunction",
@@ -1731,4 +1733,53 @@ fn the_sms_dispatcher_consumes_the_sms_queue() {
     assert_eq!(senders, ["SchedulerFunction", "SmsFunction"]);
     assert_eq!(token_holders, ["SmsDispatcherFunction"]);
     assert!(t["Globals"]["Function"]["Environment"]["Variables"]["DHUKUTI_SMS_TOKEN"].is_null());
+}
+
+/// The event streams are deployed as a function URL that streams its
+/// answer (API Gateway would buffer it): no authorizer (public like the
+/// checkout page), GET only from any origin, a timeout past the stream's
+/// own end, and reserved concurrency so held streams can never take the
+/// API's. The functions that answer `events_url` point it there, and the
+/// binary runs lambda_http's streaming runtime.
+#[test]
+fn the_event_streams_are_a_streaming_function_url() {
+    let t = template();
+    let f = function(&t, "EventsFunction", "events");
+    let props = &f["Properties"];
+    let url = &props["FunctionUrlConfig"];
+    assert_eq!(url["InvokeMode"].as_str(), Some("RESPONSE_STREAM"));
+    assert_eq!(url["AuthType"].as_str(), Some("NONE"));
+    assert_eq!(url["Cors"]["AllowMethods"][0].as_str(), Some("GET"));
+    assert!(url["Cors"]["AllowMethods"][1].is_null(), "GET only");
+    assert!(http_routes(f).is_empty(), "not behind API Gateway");
+    let timeout = props["Timeout"].as_u64().unwrap_or(0);
+    assert!(
+        timeout > events::STREAM_FOR.as_secs() && timeout <= 900,
+        "Timeout {timeout} must outlast a {:?} stream",
+        events::STREAM_FOR
+    );
+    let reserved = intrinsic(&props["ReservedConcurrentExecutions"]);
+    assert_eq!(
+        reserved.as_ref().map(|(f, arg)| (f.as_str(), arg.as_str())),
+        Some(("Ref", Some("EventStreamConcurrency")))
+    );
+    assert_eq!(
+        t["Parameters"]["EventStreamConcurrency"]["Type"].as_str(),
+        Some("Number")
+    );
+    for name in ["QrFunction", "MobileFunction"] {
+        let var =
+            &t["Resources"][name]["Properties"]["Environment"]["Variables"]["DHUKUTI_EVENTS_URL"];
+        assert_eq!(
+            get_att(var),
+            Some(("EventsFunctionUrl".into(), "FunctionUrl".into())),
+            "{name}: {var:?}"
+        );
+    }
+    let main = format!(
+        "{}/../functions/events/src/main.rs",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&main).unwrap_or_else(|e| panic!("{main}: {e}"));
+    assert!(text.contains("run_with_streaming_response("), "{text}");
 }

@@ -7,7 +7,7 @@
 //! | `POST /c/{id}/pay` | The customer's choice: starts an attempt and hands the browser to the provider (eSewa: auto-posted signed form; Khalti: redirect to its `payment_url`; Fonepay: our QR page, or its web page). |
 //! | `GET|POST /c/{id}/return/{payment}/{ok|fail}` | The provider's return: verified, then checked server to server; on to the merchant's `returnUrl` when paid. |
 //! | `GET /c/{id}/status` | JSON for the pages' polling (no personal data): asks the provider at most every 3 s. |
-//! | `GET /c/{id}/events` | A Direct-QR session's server-sent events (`qr.paid`, `qr.failed`, `qr.expired`). |
+//! | `GET /c/{id}/events` | A Direct-QR or mobile session's server-sent events (`qr.paid`, `qr.failed`, `qr.expired`). |
 //! | `GET /c/{id}/qr/{payment}` | The Fonepay QR again (reload-safe). |
 //!
 //! Handlers only translate between HTTP and [`shared::domain::attempts`].
@@ -57,9 +57,32 @@ pub fn router(state: AppState) -> Router {
                 throttle,
             ))
             .route_layer(axum::middleware::map_response(secure))
+            .layer(axum::Extension(StreamFor(STREAM_FOR)))
             .with_state(state),
     )
 }
+
+/// Only the event streams (`GET /c/{id}/events`), each lasting up to
+/// `stream_for`, with the public limits and headers of every page: the
+/// events function, which streams its answer through a Lambda function
+/// URL instead of API Gateway.
+pub fn events_router(state: AppState, stream_for: std::time::Duration) -> Router {
+    with_edge(
+        Router::new()
+            .route("/c/{id}/events", get(events))
+            .route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                throttle,
+            ))
+            .route_layer(axum::middleware::map_response(secure))
+            .layer(axum::Extension(StreamFor(stream_for)))
+            .with_state(state),
+    )
+}
+
+/// How long the event streams of a router last.
+#[derive(Clone, Copy, Debug)]
+struct StreamFor(std::time::Duration);
 
 /// The public routes' limits ([`shared::limits::public`]), before any
 /// other work: over one, 429 with `Retry-After`, a page for a browser
@@ -97,6 +120,7 @@ async fn throttle(
         session,
         link,
         opens_session: post && link.is_some() && rest.is_none(),
+        opens_stream: session.is_some() && rest == Some("events"),
     };
     let now = state.clock.now();
     match state.public_limits.take(&*state.store, &request, now).await {
@@ -495,10 +519,11 @@ async fn pay(
     }
 }
 
-/// How long one event stream lasts; the client reconnects (`retry`) with
-/// `Last-Event-ID`. Under the function's 15 s timeout and API Gateway's
-/// 30 s, which also buffers a Lambda's answer: deployed, a stream's
-/// events arrive when it ends, and it ends at once after a final event.
+/// How long one event stream lasts on the hosted routes; the client
+/// reconnects (`retry`) with `Last-Event-ID`. Under the function's 15 s
+/// timeout and API Gateway's 30 s, which also buffers a Lambda's answer:
+/// there a stream's events arrive when it ends (at once after a final
+/// event). The events function streams for longer (`functions/events`).
 pub const STREAM_FOR: std::time::Duration = std::time::Duration::from_secs(12);
 /// Streams open at once in this process; past it, 503 with `Retry-After`.
 pub const MAX_STREAMS: usize = 256;
@@ -562,18 +587,20 @@ struct Feed {
     sent: std::collections::HashSet<String>,
     queue: std::collections::VecDeque<axum::response::sse::Event>,
     started: tokio::time::Instant,
+    stream_for: std::time::Duration,
     first: bool,
     done: bool,
     _permit: tokio::sync::OwnedSemaphorePermit,
     _watcher: WatcherSlot,
 }
 
-/// `GET /c/{id}/events`: a Direct-QR session's server-sent events for the
+/// `GET /c/{id}/events`: a Direct-QR or mobile session's server-sent events for the
 /// customer's screen (`qr.paid`, `qr.failed`, `qr.expired`), public like
 /// the session's page: the session id is the capability. Each poll runs
 /// the same bounded server-to-server check as the QR page's.
 async fn events(
     State(state): State<AppState>,
+    axum::Extension(StreamFor(stream_for)): axum::Extension<StreamFor>,
     Path(id): Path<String>,
     req: axum::extract::Request,
 ) -> Response {
@@ -648,6 +675,7 @@ async fn events(
         sent,
         queue,
         started: tokio::time::Instant::now(),
+        stream_for,
         first: true,
         done: false,
         _permit: permit,
@@ -658,7 +686,7 @@ async fn events(
             if let Some(e) = f.queue.pop_front() {
                 return Some((Ok::<_, std::convert::Infallible>(e), f));
             }
-            if f.done || f.started.elapsed() >= STREAM_FOR {
+            if f.done || f.started.elapsed() >= f.stream_for {
                 return None;
             }
             if !f.first {

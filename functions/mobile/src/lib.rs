@@ -152,10 +152,6 @@ struct Attempt {
     expires_at: Timestamp,
 }
 
-fn events_url(base: &str, id: &str) -> String {
-    format!("{base}/c/{id}/events")
-}
-
 /// The client secret the app sent: the header first, else `fallback`
 /// (the query's or the body's `client_secret`).
 fn client_secret<'a>(headers: &'a HeaderMap, fallback: Option<&'a str>) -> Option<&'a str> {
@@ -258,16 +254,16 @@ async fn get_mobile_session(
     } else {
         (session, payment)
     };
-    let base = edge::requests::public_base(&state, &headers);
+    let events_url = edge::requests::events_url(&state, &headers, &session.id);
     let providers = checkout::offered(&*state.store, &session).await?;
-    Ok(Json(view(session, payment, providers, &base, now)))
+    Ok(Json(view(session, payment, providers, events_url, now)))
 }
 
 fn view(
     s: CheckoutSession,
     payment: Option<Payment>,
     providers: Vec<Provider>,
-    base: &str,
+    events_url: String,
     now: Timestamp,
 ) -> View {
     let payment = payment
@@ -281,7 +277,7 @@ fn view(
             created_at: p.created_at,
         });
     View {
-        events_url: events_url(base, &s.id),
+        events_url,
         livemode: s.mode.is_live(),
         status: s.status_at(now),
         amount: s.amount,
@@ -327,7 +323,7 @@ async fn start_mobile_attempt(
     let started = mobile::start(&state, &session, body.provider, address, &base, now).await?;
     let mut answer = Attempt {
         payment_id: started.payment.id,
-        events_url: events_url(&base, &started.session.id),
+        events_url: edge::requests::events_url(&state, &headers, &started.session.id),
         session_id: started.session.id,
         provider: started.payment.provider,
         expires_at: started.session.expires_at,

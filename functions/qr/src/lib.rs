@@ -51,10 +51,10 @@ struct Shown {
     livemode: bool,
 }
 
-fn shown(s: ShownQr, base: &str) -> Result<Shown, ApiError> {
+fn shown(s: ShownQr, events_url: String) -> Result<Shown, ApiError> {
     let qr_image = png_data_url(&s.qr_message).ok_or_else(ApiError::internal)?;
     Ok(Shown {
-        events_url: format!("{base}/c/{}/events", s.session.id),
+        events_url,
         id: s.session.id,
         qr_message: s.qr_message,
         qr_image,
@@ -90,7 +90,8 @@ async fn create_fonepay_qr(
     let fence = fence.as_ref().map(|Extension(f)| f);
     let now = state.clock.now();
     let s = qr::create(&state, who, valid, &base, now, fence).await?;
-    Ok((StatusCode::CREATED, Json(shown(s, &base)?)))
+    let events = edge::requests::events_url(&state, &headers, &s.session.id);
+    Ok((StatusCode::CREATED, Json(shown(s, events)?)))
 }
 
 /// A fresh QR for the same session (same `id` and webhooks); the session's
@@ -113,7 +114,8 @@ async fn refresh_qr(
     let who = auth.require(Scope::PaymentsWrite)?;
     let base = edge::requests::public_base(&state, &headers);
     let s = qr::refresh(&state, who, &id, &base, state.clock.now()).await?;
-    Ok(Json(shown(s, &base)?))
+    let events = edge::requests::events_url(&state, &headers, &s.session.id);
+    Ok(Json(shown(s, events)?))
 }
 
 /// `text` as a QR in a PNG, as a `data:` URL: black modules on white, 6

@@ -38,6 +38,10 @@ pub struct PublicRequest<'a> {
     /// Whether it opens a checkout session from the link (`POST /l/{id}`):
     /// only these count per link (a link's page views count per address).
     pub opens_session: bool,
+    /// Whether it opens a session's event stream (`GET /c/{id}/events`):
+    /// a stream holds a function instance while it lasts, so opens are
+    /// bounded per address and per session, not only as requests.
+    pub opens_stream: bool,
 }
 
 /// The counter name of a client address: an IPv6 client is its /64 (one
@@ -89,6 +93,12 @@ pub const PER_LINK: u32 = 600;
 /// Sessions one client address may open from one link per 30 minutes
 /// (a session's lifetime): how many open sessions it can hold.
 pub const SESSIONS_PER_LINK_AND_ADDRESS: u32 = 10;
+/// Event streams one client address may open per minute: with streams of
+/// up to 50 s, at most about this many held at once (a screen reconnects
+/// about once a minute; an address shared by many phones gets a dozen).
+pub const STREAMS_PER_ADDRESS: u32 = 12;
+/// Event streams per session and minute (a screen needs one at a time).
+pub const STREAMS_PER_SESSION: u32 = 6;
 
 /// The public routes' limits, adjustable while running (tests).
 #[derive(Debug)]
@@ -98,6 +108,8 @@ pub struct PublicLimits {
     per_session: Limit,
     per_link: Limit,
     link_sessions: Limit,
+    address_streams: Limit,
+    session_streams: Limit,
     /// `Some`: windows counted in this process (the embedded store).
     local: Option<Mutex<HashMap<String, (i64, u32)>>>,
 }
@@ -119,6 +131,8 @@ impl Default for PublicLimits {
             per_session: Limit::new("session", PER_SESSION, 60),
             per_link: Limit::new("link", PER_LINK, 60),
             link_sessions: Limit::new("link sessions", SESSIONS_PER_LINK_AND_ADDRESS, 1800),
+            address_streams: Limit::new("address streams", STREAMS_PER_ADDRESS, 60),
+            session_streams: Limit::new("session streams", STREAMS_PER_SESSION, 60),
             local: None,
         }
     }
@@ -148,6 +162,17 @@ impl PublicLimits {
         }
     }
 
+    /// Replaces the event-stream limits (tests): opens per address and
+    /// per session, a minute.
+    pub fn set_streams(&self, address: u32, session: u32) {
+        self.address_streams
+            .limit
+            .store(address.max(1), Ordering::Relaxed);
+        self.session_streams
+            .limit
+            .store(session.max(1), Ordering::Relaxed);
+    }
+
     /// Takes a slot of every limit `req` falls under at `now`: the
     /// client's own (per address, its writes, its sessions of the link)
     /// first, then the shared ones (the session's, the link's), so a
@@ -168,9 +193,15 @@ impl PublicLimits {
             if let (true, Some(link)) = (req.opens_session, req.link) {
                 buckets.push((&self.link_sessions, format!("LS#{link}#{address}")));
             }
+            if req.opens_stream {
+                buckets.push((&self.address_streams, format!("AS#{address}")));
+            }
         }
         if let Some(s) = req.session {
             buckets.push((&self.per_session, format!("S#{s}")));
+            if req.opens_stream {
+                buckets.push((&self.session_streams, format!("SS#{s}")));
+            }
         }
         if let (true, Some(l)) = (req.opens_session, req.link) {
             buckets.push((&self.per_link, format!("L#{l}")));
@@ -245,6 +276,7 @@ mod tests {
             session,
             link,
             opens_session: false,
+            opens_stream: false,
         }
     }
 
@@ -293,6 +325,65 @@ mod tests {
                 assert!(limits.take(store, &back, t).await.is_ok());
             }
             assert!(limits.take(store, &back, t).await.is_err());
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn event_streams_are_bounded_per_address_and_per_session() {
+        both(async |limits: PublicLimits, store: &dyn Store| {
+            limits.set_streams(3, 2);
+            let t = at("2026-11-25T10:00:10Z");
+            let stream = |address, session| PublicRequest {
+                opens_stream: true,
+                ..req(address, Some(session), None)
+            };
+            // One session: two opens a minute, whoever asks.
+            assert!(
+                limits
+                    .take(store, &stream("10.0.0.1", "cs_1"), t)
+                    .await
+                    .is_ok()
+            );
+            assert!(
+                limits
+                    .take(store, &stream("10.0.0.2", "cs_1"), t)
+                    .await
+                    .is_ok()
+            );
+            let r = limits.take(store, &stream("10.0.0.3", "cs_1"), t).await;
+            assert_eq!(r.map_err(|l| l.limit), Err("session streams"));
+            // One address: three opens a minute over its sessions (the
+            // refused one above counted for 10.0.0.3, not 10.0.0.1).
+            assert!(
+                limits
+                    .take(store, &stream("10.0.0.1", "cs_2"), t)
+                    .await
+                    .is_ok()
+            );
+            assert!(
+                limits
+                    .take(store, &stream("10.0.0.1", "cs_3"), t)
+                    .await
+                    .is_ok()
+            );
+            let r = limits.take(store, &stream("10.0.0.1", "cs_4"), t).await;
+            assert_eq!(r.map_err(|l| l.limit), Err("address streams"));
+            // Other requests of that address are not streams.
+            assert!(
+                limits
+                    .take(store, &req("10.0.0.1", Some("cs_4"), None), t)
+                    .await
+                    .is_ok()
+            );
+            // The next minute opens again.
+            let later = at("2026-11-25T10:01:10Z");
+            assert!(
+                limits
+                    .take(store, &stream("10.0.0.1", "cs_4"), later)
+                    .await
+                    .is_ok()
+            );
         })
         .await;
     }

@@ -31,6 +31,7 @@ fn state(now: Timestamp) -> AppState {
         Arc::new(ManualClock::new(now)),
         crate::Config {
             public_base_url: "https://pay.example".into(),
+            events_base_url: None,
         },
     )
 }

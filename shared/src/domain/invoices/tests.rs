@@ -289,6 +289,7 @@ mod numbering {
             Arc::new(SystemClock),
             Config {
                 public_base_url: "http://127.0.0.1:8080".into(),
+                events_base_url: None,
             },
         )
     }

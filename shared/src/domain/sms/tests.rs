@@ -414,6 +414,7 @@ async fn state_on(
         clock.clone(),
         Config {
             public_base_url: "https://pay.example".into(),
+            events_base_url: None,
         },
     );
     let now = clock.now();

@@ -133,6 +133,7 @@ mod dispatching {
             Arc::new(clock.clone()),
             Config {
                 public_base_url: "http://127.0.0.1:8080".into(),
+                events_base_url: None,
             },
         )
         .with_queue(queue.clone())
