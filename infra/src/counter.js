@@ -30,6 +30,9 @@
       box.dataset.session = a.body.id;
       say("Scan to pay");
       source = new EventSource(a.body.events);
+      source.addEventListener("qr.scanned", function () {
+        say("Scanned: waiting for the payment…");
+      });
       source.addEventListener("qr.paid", function () {
         say("Paid", "paid"); box.hidden = true; source.close();
       });

@@ -258,6 +258,7 @@ pub async fn seed_payments(state: &AppState, demo: &DemoAccount) -> Result<usize
                 created_at: created,
                 updated_at: created,
                 double_payment_of: None,
+                scanned_at: None,
                 attempt: Default::default(),
                 checks: Default::default(),
             };

@@ -80,6 +80,7 @@ async fn fixture(which: Which) -> Option<Fixture> {
             created_at: now,
             updated_at: now,
             double_payment_of: None,
+            scanned_at: None,
             attempt: Default::default(),
             checks: Default::default(),
         };

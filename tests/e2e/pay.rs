@@ -1155,6 +1155,7 @@ async fn one_projects_flood_does_not_delay_anothers_settlement(which: Which) {
                 created_at: now.plus(chrono::Duration::milliseconds(i as i64)),
                 updated_at: now,
                 double_payment_of: None,
+                scanned_at: None,
                 attempt: shared::domain::payments::AttemptInfo {
                     reference: Some(format!("JUNK-{i}")),
                     ..Default::default()

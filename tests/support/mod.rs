@@ -427,6 +427,7 @@ impl TestApp {
             created_at: now,
             updated_at: now,
             double_payment_of: None,
+            scanned_at: None,
             attempt: Default::default(),
             checks: Default::default(),
         };

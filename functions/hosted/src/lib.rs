@@ -7,7 +7,7 @@
 //! | `POST /c/{id}/pay` | The customer's choice: starts an attempt and hands the browser to the provider (eSewa: auto-posted signed form; Khalti: redirect to its `payment_url`; Fonepay: our QR page, or its web page). |
 //! | `GET|POST /c/{id}/return/{payment}/{ok|fail}` | The provider's return: verified, then checked server to server; on to the merchant's `returnUrl` when paid. |
 //! | `GET /c/{id}/status` | JSON for the pages' polling (no personal data): asks the provider at most every 3 s. |
-//! | `GET /c/{id}/events` | A Direct-QR or mobile session's server-sent events (`qr.paid`, `qr.failed`, `qr.expired`). |
+//! | `GET /c/{id}/events` | A Direct-QR or mobile session's server-sent events (`qr.scanned`, `qr.paid`, `qr.failed`, `qr.expired`). |
 //! | `GET /c/{id}/qr/{payment}` | The Fonepay QR again (reload-safe). |
 //!
 //! Handlers only translate between HTTP and [`shared::domain::attempts`].
@@ -592,10 +592,57 @@ struct Feed {
     done: bool,
     _permit: tokio::sync::OwnedSemaphorePermit,
     _watcher: WatcherSlot,
+    _scans: Option<Listener>,
+}
+
+/// A task listening on Fonepay's websocket for one stream, stopped with it.
+struct Listener(tokio::task::JoinHandle<()>);
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Listens on the session's open Fonepay QR's websocket while the stream
+/// lasts and records a scan (`qr.scanned`; a hint, never proof). `None`
+/// when there is no open QR with a websocket.
+async fn scan_listener(
+    state: &AppState,
+    id: &str,
+    lasting: std::time::Duration,
+) -> Option<Listener> {
+    let now = state.clock.now();
+    let session = checkout::find_any(&*state.store, id, now).await.ok()??;
+    let pid = session.payment_id?;
+    let payment = attempts::find_payment(&*state.store, id, &pid)
+        .await
+        .ok()??;
+    if payment.status != PaymentStatus::Pending || payment.scanned_at.is_some() {
+        return None;
+    }
+    let url = payment.attempt.websocket_url?;
+    let state = state.clone();
+    Some(Listener(tokio::spawn(async move {
+        use shared::providers::fonepay_ws::{Hint, Hints};
+        let deadline = tokio::time::Instant::now() + lasting;
+        let Some(mut hints) = Hints::connect(&url, std::time::Duration::from_secs(5)).await else {
+            return;
+        };
+        while let Some(hint) = hints.next(deadline).await {
+            if hint == Hint::Scanned {
+                let now = state.clock.now();
+                match shared::domain::qr::record_scan(&*state.store, &pid, now).await {
+                    Ok(_) => return,
+                    Err(e) => tracing::warn!(error = %e, "scan not recorded"),
+                }
+            }
+        }
+    })))
 }
 
 /// `GET /c/{id}/events`: a Direct-QR or mobile session's server-sent events for the
-/// customer's screen (`qr.paid`, `qr.failed`, `qr.expired`), public like
+/// customer's screen (`qr.scanned`, `qr.paid`, `qr.failed`, `qr.expired`), public like
 /// the session's page: the session id is the capability. Each poll runs
 /// the same bounded server-to-server check as the QR page's.
 async fn events(
@@ -666,6 +713,7 @@ async fn events(
         )
             .into_response();
     };
+    let scans = scan_listener(&state, &id, stream_for).await;
     let sent: std::collections::HashSet<String> = last_seen.into_iter().collect();
     let mut queue = std::collections::VecDeque::new();
     queue.push_back(Event::default().comment("connected").retry(STREAM_POLL));
@@ -680,6 +728,7 @@ async fn events(
         done: false,
         _permit: permit,
         _watcher: watcher,
+        _scans: scans,
     };
     let stream = futures::stream::unfold(feed, |mut f| async move {
         loop {

@@ -71,8 +71,8 @@ struct View {
     currency: Currency,
     expires_at: Timestamp,
     providers: Vec<Provider>,
-    /// Server-sent events about this session (`qr.paid`, `qr.failed`,
-    /// `qr.expired`), as for Direct-QR. No key needed.
+    /// Server-sent events about this session (`qr.scanned`, `qr.paid`,
+    /// `qr.failed`, `qr.expired`), as for Direct-QR. No key needed.
     events_url: String,
     /// The current payment once it is final (`success`, `failed`,
     /// `cancelled`, `refunded`); `null` before.

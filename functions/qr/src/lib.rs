@@ -41,9 +41,10 @@ struct Shown {
     /// `data:image/png;base64,…`: the same QR as a PNG a phone camera
     /// reads.
     qr_image: String,
-    /// Server-sent events for the customer's screen: `qr.paid` (only once
-    /// Fonepay confirmed it server to server), `qr.failed`, `qr.expired`;
-    /// each has an `id` for `Last-Event-ID`. No key needed.
+    /// Server-sent events for the customer's screen: `qr.scanned` (a
+    /// hint from Fonepay), `qr.paid` (only once Fonepay confirmed it
+    /// server to server), `qr.failed`, `qr.expired`; each has an `id` for
+    /// `Last-Event-ID`. No key needed; deployed, on its own host.
     events_url: String,
     /// When the session ends (a QR itself is shown for about 3 minutes:
     /// refresh it).

@@ -151,6 +151,7 @@ async fn main() -> std::result::Result<(), String> {
         created_at: now,
         updated_at: now,
         double_payment_of: None,
+        scanned_at: None,
         attempt: Default::default(),
         checks: Default::default(),
     };
@@ -695,6 +696,7 @@ async fn webhooks_bench(cfg: WebhookBench) -> std::result::Result<(), String> {
             created_at: now,
             updated_at: now,
             double_payment_of: None,
+            scanned_at: None,
             attempt: Default::default(),
             checks: Default::default(),
         };

@@ -242,6 +242,7 @@ async fn main() -> Result<(), String> {
         created_at: now,
         updated_at: now,
         double_payment_of: None,
+        scanned_at: None,
         attempt: Default::default(),
         checks: Default::default(),
     };

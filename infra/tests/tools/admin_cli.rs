@@ -638,6 +638,7 @@ async fn held_payment(store: std::sync::Arc<dyn shared::store::Store>, project: 
         created_at: now,
         updated_at: now,
         double_payment_of: None,
+        scanned_at: None,
         attempt: Default::default(),
         checks: Default::default(),
     };

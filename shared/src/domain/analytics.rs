@@ -238,6 +238,7 @@ mod tests {
             created_at: now,
             updated_at: now,
             double_payment_of: None,
+            scanned_at: None,
             attempt: AttemptInfo::default(),
             checks: Default::default(),
         }

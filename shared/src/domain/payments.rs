@@ -58,6 +58,10 @@ pub struct Payment {
     /// double payment, kept and flagged for the merchant to refund.
     #[serde(default)]
     pub double_payment_of: Option<String>,
+    /// When Fonepay's websocket said the customer scanned the QR (a hint
+    /// for the customer's screen, `qr.scanned`; never shown in the API).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scanned_at: Option<Timestamp>,
     /// What the gateway needs about the attempt at the provider (never
     /// shown in the API).
     #[serde(default)]
@@ -103,6 +107,10 @@ pub struct AttemptInfo {
     /// Paid by scanning a QR rather than in the browser.
     #[serde(default)]
     pub qr: bool,
+    /// Fonepay's websocket for this QR (scan and result hints, never
+    /// proof).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub websocket_url: Option<String>,
 }
 
 impl Payment {
@@ -265,6 +273,7 @@ mod tests {
             created_at: now,
             updated_at: now,
             double_payment_of: None,
+            scanned_at: None,
             attempt: AttemptInfo::default(),
             checks: Checks::default(),
         }

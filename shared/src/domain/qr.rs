@@ -191,7 +191,7 @@ pub struct StreamEvent {
     /// Unique per session and outcome, so `Last-Event-ID` resumes without
     /// loss or repeat.
     pub id: String,
-    /// `qr.paid`, `qr.failed` or `qr.expired`.
+    /// `qr.scanned`, `qr.paid`, `qr.failed` or `qr.expired`.
     pub kind: &'static str,
     pub data: Value,
     /// After it the stream ends: the session is final.
@@ -218,7 +218,19 @@ pub fn stream_events(
         })
     };
     let on_payment = |what: &str| format!("{}:{what}", payment_id.as_deref().unwrap_or("none"));
-    match session.status_at(now) {
+    // The scan comes first whatever followed, so a screen that missed it
+    // still sees it once (its id is the payment's).
+    let mut out: Vec<StreamEvent> = payment
+        .filter(|p| p.scanned_at.is_some())
+        .map(|_| StreamEvent {
+            id: on_payment("scanned"),
+            kind: "qr.scanned",
+            data: data("scanned"),
+            last: false,
+        })
+        .into_iter()
+        .collect();
+    let outcome = match session.status_at(now) {
         SessionStatus::Success => vec![StreamEvent {
             id: on_payment("paid"),
             kind: "qr.paid",
@@ -246,6 +258,38 @@ pub fn stream_events(
             }],
             _ => Vec::new(),
         },
+    };
+    out.extend(outcome);
+    out
+}
+
+/// Records that Fonepay's websocket saw the customer scan the QR of open
+/// payment `payment_id` (a hint: the screen shows it; nothing is judged on
+/// it). Once per payment; `false` when it was already recorded or the
+/// payment is no longer open.
+pub async fn record_scan(
+    store: &dyn crate::store::Store,
+    payment_id: &str,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
+    use crate::store::{Cond, Update};
+    let cond = Cond::And(vec![
+        Cond::Exists,
+        Cond::AttrNotExists("scanned_at".into()),
+        Cond::eq("status", "pending"),
+    ]);
+    let update = Update::new().set("scanned_at", now.to_rfc3339());
+    match store
+        .update(
+            &super::payments::Payment::key(payment_id),
+            update,
+            Some(cond),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(StoreError::ConditionFailed) => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -314,6 +358,51 @@ mod tests {
         let expired = stream_events(&open, None, later);
         assert_eq!(expired[0].kind, "qr.expired");
         assert_eq!(expired[0].id, "cs_01:expired");
+    }
+
+    #[tokio::test]
+    async fn a_scan_is_told_once_before_whatever_follows() {
+        use crate::domain::payments::{Payment, PaymentStatus};
+        let now = crate::testenv::at("2026-11-26T10:01:00Z");
+        let store = crate::testenv::memory_store();
+        let mut p: Payment = serde_json::from_value(serde_json::json!({
+            "id": "pay_1", "project_id": "prj_1", "checkout_session_id": "cs_01",
+            "mode": "sandbox", "amount": 50000, "currency": "NPR", "provider": "fonepay",
+            "status": "pending", "created_at": now.to_rfc3339(), "updated_at": now.to_rfc3339(),
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let item = crate::domain::record::to_item(&p, &Payment::key(&p.id), &[])
+            .unwrap_or_else(|e| panic!("{e}"));
+        store
+            .put(item, None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(record_scan(&*store, "pay_1", now).await.unwrap_or(false));
+        // Once only; an unknown payment is no error.
+        assert!(!record_scan(&*store, "pay_1", now).await.unwrap_or(true));
+        assert!(!record_scan(&*store, "pay_x", now).await.unwrap_or(true));
+        let stored = store
+            .get(&Payment::key("pay_1"))
+            .await
+            .ok()
+            .flatten()
+            .and_then(|i| crate::domain::record::from_item::<Payment>(i).ok());
+        assert_eq!(stored.and_then(|p| p.scanned_at), Some(now));
+
+        let open = session(SessionStatus::Initiated);
+        assert!(stream_events(&open, Some(&p), now).is_empty());
+        p.scanned_at = Some(now);
+        let e = stream_events(&open, Some(&p), now);
+        assert_eq!(e.len(), 1);
+        assert_eq!(
+            (e[0].kind, e[0].id.as_str(), e[0].last),
+            ("qr.scanned", "pay_1:scanned", false)
+        );
+        p.status = PaymentStatus::Success;
+        let e = stream_events(&session(SessionStatus::Success), Some(&p), now);
+        let kinds: Vec<&str> = e.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, ["qr.scanned", "qr.paid"]);
+        assert!(e[1].last);
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod amount;
 pub mod config;
 pub mod esewa;
 pub mod fonepay;
+pub mod fonepay_ws;
 pub mod hub;
 pub mod khalti;
 pub mod sign;

@@ -207,12 +207,14 @@ pub async fn start(
         created_at: now,
         updated_at: now,
         double_payment_of: None,
+        scanned_at: None,
         attempt: AttemptInfo {
             reference: Some(reference.clone()),
             provider_token: None,
             qr_message: None,
             cap_month: cap_month.clone(),
             qr,
+            websocket_url: None,
         },
         checks: Default::default(),
     };
@@ -327,10 +329,11 @@ pub async fn start(
                 Handoff::Qr {
                     qr_message,
                     provider_ref,
-                    ..
+                    websocket_url,
                 } => {
                     info.provider_token = provider_ref.clone();
                     info.qr_message = Some(qr_message.clone());
+                    info.websocket_url = websocket_url.clone();
                 }
                 Handoff::AutoPostForm { .. } => {}
             }

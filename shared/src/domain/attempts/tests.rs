@@ -153,6 +153,7 @@ async fn add_attempt(
         created_at: now,
         updated_at: now,
         double_payment_of: None,
+        scanned_at: None,
         attempt: AttemptInfo {
             reference: Some(reference.into()),
             provider_token: Some("pidx-1".into()),
@@ -247,6 +248,7 @@ fn payment_of(amount: i64) -> Payment {
         created_at: at("2026-11-22T10:00:00Z"),
         updated_at: at("2026-11-22T10:00:00Z"),
         double_payment_of: None,
+        scanned_at: None,
         attempt: AttemptInfo {
             reference: Some("250610-162413".into()),
             provider_token: Some("pidx-1".into()),

@@ -40,6 +40,7 @@ async fn paid(st: &Deps, provider: Provider, amount: i64) -> Payment {
         created_at: now,
         updated_at: now,
         double_payment_of: None,
+        scanned_at: None,
         attempt: AttemptInfo::default(),
         checks: Default::default(),
     };

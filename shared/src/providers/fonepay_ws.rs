@@ -1,0 +1,201 @@
+//! Fonepay's dynamic-QR websocket (providers.md 3.4): the hints Fonepay
+//! pushes while a customer scans and pays. A hint is never proof: a
+//! payment result only makes us ask the status API sooner; a scan only
+//! tells the customer's screen (`qr.scanned`).
+//!
+//! Frames are JSON whose `transactionStatus` is itself a JSON string: a
+//! scan carries `qrVerified` (the 2024 doc spells it `QRVerified`), a
+//! result `paymentSuccess` (not `success`, which is true either way).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::Value;
+use tokio_tungstenite::tungstenite::Message;
+
+/// What one frame says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hint {
+    /// The customer's app read the QR.
+    Scanned,
+    /// Fonepay says the payment went through (`true`) or not: ask the
+    /// status API, which alone decides.
+    Result(bool),
+}
+
+/// The hint in one text frame, if it holds one.
+pub fn parse_frame(text: &str) -> Option<Hint> {
+    let outer: Value = serde_json::from_str(text).ok()?;
+    let inner = match outer.get("transactionStatus")? {
+        Value::String(s) => serde_json::from_str::<Value>(s).ok()?,
+        // Some senders skip the double encoding.
+        v @ Value::Object(_) => v.clone(),
+        _ => return None,
+    };
+    let inner = inner.as_object()?;
+    let field = |name: &str| {
+        inner
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    };
+    if let Some(paid) = field("paymentSuccess").and_then(Value::as_bool) {
+        return Some(Hint::Result(paid));
+    }
+    match field("qrVerified").and_then(Value::as_bool) {
+        Some(true) => Some(Hint::Scanned),
+        _ => None,
+    }
+}
+
+/// Whether we may connect to `url`: Fonepay's answer names it, but it is
+/// still a URL from outside, so only Fonepay's own hosts (`ws://` too:
+/// the 2024 doc gives `ws://acquirer-websocket.fonepay.com/…`) or a
+/// loopback host (the simulator).
+pub fn allowed(url: &str) -> bool {
+    let Ok(u) = url.parse::<http::Uri>() else {
+        return false;
+    };
+    if !matches!(u.scheme_str(), Some("ws" | "wss")) {
+        return false;
+    }
+    let host = u.host().unwrap_or("").to_ascii_lowercase();
+    host == "fonepay.com"
+        || host.ends_with(".fonepay.com")
+        || matches!(host.as_str(), "127.0.0.1" | "localhost" | "[::1]")
+}
+
+/// TLS for `wss://`: rustls on the aws-lc-rs provider (the one the AWS
+/// SDK and reqwest already use) and the platform's roots.
+pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    let found = rustls_native_certs::load_native_certs();
+    for cert in found.certs {
+        // A root the store cannot parse is skipped, as reqwest does.
+        let _ = roots.add(cert);
+    }
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// An open Fonepay websocket, read hint by hint.
+pub struct Hints {
+    socket: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+}
+
+impl Hints {
+    /// Connects to `url` within `connect_within`; `None` on any failure
+    /// (the websocket is only a hint: the status API is polled anyway).
+    pub async fn connect(url: &str, connect_within: Duration) -> Option<Hints> {
+        if !allowed(url) {
+            tracing::warn!("fonepay websocket: refused an unexpected URL");
+            return None;
+        }
+        let connector = match tls_config() {
+            Ok(c) => tokio_tungstenite::Connector::Rustls(c),
+            Err(e) => {
+                tracing::warn!(error = %e, "fonepay websocket: no TLS configuration");
+                return None;
+            }
+        };
+        let mut config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default();
+        // Fonepay's frames are a few hundred bytes.
+        config.max_message_size = Some(64 * 1024);
+        config.max_frame_size = Some(64 * 1024);
+        let connect = tokio_tungstenite::connect_async_tls_with_config(
+            url,
+            Some(config),
+            false,
+            Some(connector),
+        );
+        match tokio::time::timeout(connect_within, connect).await {
+            Ok(Ok((socket, _))) => Some(Hints { socket }),
+            Ok(Err(e)) => {
+                tracing::info!(error = %e, "fonepay websocket: not connected");
+                None
+            }
+            Err(_) => {
+                tracing::info!("fonepay websocket: connect timed out");
+                None
+            }
+        }
+    }
+
+    /// The next hint before `deadline`; `None` once the socket closed,
+    /// failed or the deadline passed.
+    pub async fn next(&mut self, deadline: tokio::time::Instant) -> Option<Hint> {
+        loop {
+            match tokio::time::timeout_at(deadline, self.socket.next()).await {
+                Ok(Some(Ok(Message::Text(text)))) => {
+                    if let Some(hint) = parse_frame(text.as_str()) {
+                        return Some(hint);
+                    }
+                }
+                Ok(Some(Ok(_))) => {}
+                _ => return None,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_read_as_the_docs_write_them() {
+        let scan = r#"{"merchantId":70,"deviceId":"Td35","transactionStatus":"{\"success\":true,\"message\":\"VERIFIED\",\"qrVerified\":true}"}"#;
+        assert_eq!(parse_frame(scan), Some(Hint::Scanned));
+        let scan_2024 = r#"{"transactionStatus":"{\"success\":true,\"QRVerified\":true}"}"#;
+        assert_eq!(parse_frame(scan_2024), Some(Hint::Scanned));
+        let paid = r#"{"transactionStatus":"{\"traceId\":17015,\"productNumber\":\"P1\",\"amount\":\"14\",\"message\":\"Request Complete\",\"success\":true,\"paymentSuccess\":true}"}"#;
+        assert_eq!(parse_frame(paid), Some(Hint::Result(true)));
+        // `success` is true on a failure too: `paymentSuccess` decides.
+        let failed = r#"{"transactionStatus":"{\"message\":\"Request Failed\",\"success\":true,\"paymentSuccess\":false}"}"#;
+        assert_eq!(parse_frame(failed), Some(Hint::Result(false)));
+        for junk in [
+            "",
+            "not json",
+            "{}",
+            r#"{"transactionStatus":"not json"}"#,
+            r#"{"transactionStatus":"{\"qrVerified\":false}"}"#,
+            r#"{"transactionStatus":7}"#,
+        ] {
+            assert_eq!(parse_frame(junk), None, "{junk}");
+        }
+    }
+
+    #[test]
+    fn only_fonepays_secure_socket_or_a_local_simulator_is_dialled() {
+        assert!(allowed(
+            "wss://ws.fonepay.com/convergent-webSocket-web/merchantEndPoint/Td3/NBQM/Y"
+        ));
+        assert!(allowed(
+            "ws://acquirer-websocket.fonepay.com/merchantEndPoint/Td3/NBQM/Y"
+        ));
+        assert!(allowed("ws://127.0.0.1:8080/sim/fonepay/ws/Td3/NBQM/Y"));
+        for no in [
+            "wss://fonepay.com.evil.example/x",
+            "wss://evilfonepay.com/x",
+            "ws://169.254.169.254/latest",
+            "https://ws.fonepay.com/x",
+            "file:///etc/passwd",
+            "",
+        ] {
+            assert!(!allowed(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn the_tls_configuration_builds_on_this_platform() {
+        assert!(tls_config().is_ok());
+    }
+}
