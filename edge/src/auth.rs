@@ -82,8 +82,13 @@ impl FromRequestParts<AppState> for AppKey {
         let principal = account::principal_of(&*state.store, key).await?;
         let address = super::requests::client_address_in(&parts.extensions);
         // `/v1/mobile/sessions/{id}…`: the session's own budget.
-        let session = parts.uri.path().split('/').nth(4).filter(|id| {
-            id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        // Decoded as the route hands it to the handler, so an encoded id
+        // cannot slip past its session's counter.
+        let raw = parts.uri.path().split('/').nth(4).unwrap_or("");
+        let decoded = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
+        let session = Some(decoded.as_ref()).filter(|id| {
+            (4..=64).contains(&id.len())
+                && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
         });
         let request = shared::limits::public::PublicRequest {
             address: Some(address.as_str()),

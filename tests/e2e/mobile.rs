@@ -228,10 +228,40 @@ async fn an_app_pays_with_khalti_holding_only_its_publishable_key(which: Which) 
         "{url}"
     );
     assert_eq!(app.read(&shop).await.body["status"], "initiated");
+    // The app listens while the customer is at Khalti: the stream only
+    // reads a redirect provider's payment, so the return is the one that
+    // asks Khalti, and the customer lands on "paid" at once.
+    let mut events = shop
+        .app
+        .client
+        .get(text(&t.body["events_url"]))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let back = pay_on_wallet(&shop, &app, &url).await;
     assert_paid_page(&shop, &app, &back).await;
     let payment = assert_paid(&shop, &app, "khalti").await;
+    let mut buf = String::new();
+    let got = read_events(
+        &mut events,
+        &mut buf,
+        std::time::Duration::from_secs(5),
+        |e| e.1 == "qr.paid",
+    )
+    .await;
+    assert_eq!(got.last().map(|e| e.1.as_str()), Some("qr.paid"), "{got:?}");
     assert_eq!(text(&t.body["payment_id"]), payment);
+
+    // The merchant's analytics count it as any checkout.
+    let a = shop
+        .app
+        .get("/v1/analytics/overview", Some(&shop.key))
+        .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.body["funnel"]["sessions_created"], 1, "{}", a.body);
+    assert_eq!(a.body["funnel"]["sessions_paid"], 1, "{}", a.body);
+    assert_eq!(a.body["payments"]["success"], 1, "{}", a.body);
 
     // The payment is the merchant's like any other: refunded in part.
     let refund = shop

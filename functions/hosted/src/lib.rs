@@ -744,14 +744,15 @@ async fn events(
             f.first = false;
             let now = f.state.clock.now();
             let every = chrono::Duration::seconds(1);
-            let (session, payment) = match attempts::poll_every(&f.state, &f.id, now, every).await {
-                Ok(Some(x)) => x,
-                Ok(None) => return None,
-                Err(e) => {
-                    tracing::warn!(error = %e, "event stream poll failed; retrying");
-                    continue;
-                }
-            };
+            let (session, payment) =
+                match attempts::poll_qr_every(&f.state, &f.id, now, every).await {
+                    Ok(Some(x)) => x,
+                    Ok(None) => return None,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "event stream poll failed; retrying");
+                        continue;
+                    }
+                };
             for ev in shared::domain::qr::stream_events(&session, payment.as_ref(), now) {
                 if !f.sent.insert(ev.id.clone()) {
                     continue;

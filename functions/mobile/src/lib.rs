@@ -23,6 +23,9 @@ use shared::money::{Currency, Paisa};
 use shared::providers::Handoff;
 use shared::time::Timestamp;
 
+/// How often an app's reads may ask Fonepay about its open QR.
+const POLL: chrono::Duration = chrono::Duration::seconds(3);
+
 /// Where an app sends the session's client secret (or `client_secret` in
 /// a GET's query or a POST's body).
 pub const CLIENT_SECRET_HEADER: &str = "x-client-secret";
@@ -231,28 +234,20 @@ async fn get_mobile_session(
     let now = state.clock.now();
     let secret = client_secret(&headers, query.get("client_secret"));
     let session = mobile::open(&*state.store, &who, &id, secret, now).await?;
-    let payment = match &session.payment_id {
-        Some(p) => attempts::find_payment(&*state.store, &session.id, p).await?,
-        None => None,
-    };
-    // A QR is proven by asking Fonepay (as its page and stream do); a
-    // redirect provider by its return, which a poll here must not beat
-    // to the one check per few seconds, and by the sweep.
-    let open_qr = payment.as_ref().is_some_and(|p| {
-        p.attempt.qr && matches!(p.status, PaymentStatus::Pending | PaymentStatus::Processing)
-    });
-    let (session, payment) = if open_qr {
-        match attempts::poll(&state, &session.id, now).await {
-            Ok(Some(found)) => found,
-            Ok(None) => (session, payment),
-            Err(e) => {
-                // A courtesy: the stream and the sweep prove it anyway.
-                tracing::warn!(error = %e, "mobile session: status check failed");
-                (session, payment)
-            }
+    // An open Fonepay QR is asked about (as its page and stream do); a
+    // redirect provider's payment is only read (attempts::poll_qr_every).
+    let (session, payment) = match attempts::poll_qr_every(&state, &session.id, now, POLL).await {
+        Ok(Some(found)) => found,
+        Ok(None) => (session, None),
+        Err(e) => {
+            // A courtesy: the stream and the sweep prove it anyway.
+            tracing::warn!(error = %e, "mobile session: status check failed");
+            let payment = match &session.payment_id {
+                Some(p) => attempts::find_payment(&*state.store, &session.id, p).await?,
+                None => None,
+            };
+            (session, payment)
         }
-    } else {
-        (session, payment)
     };
     let events_url = edge::requests::events_url(&state, &headers, &session.id);
     let providers = checkout::offered(&*state.store, &session).await?;

@@ -580,14 +580,37 @@ pub async fn poll(
     poll_every(state, session_id, now, POLL_CHECK_EVERY).await
 }
 
-/// [`poll`], asking the provider at most once per `every` per payment
-/// (a Direct-QR event stream asks every second, so a paid QR shows within
-/// about two: decisions-refined, "Direct-QR").
+/// [`poll`], asking the provider at most once per `every` per payment.
 pub async fn poll_every(
     state: &Deps,
     session_id: &str,
     now: Timestamp,
     every: chrono::Duration,
+) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
+    poll_when(state, session_id, now, every, false).await
+}
+
+/// For an event stream: [`poll_every`] for a QR payment (a Direct-QR
+/// stream asks every second, so a paid QR shows within about two:
+/// decisions-refined, "Direct-QR"); any other payment is only read. A
+/// redirect provider's payment is proven on the customer's return, which
+/// a stream must not beat to the one check per few seconds, or by the
+/// sweep.
+pub async fn poll_qr_every(
+    state: &Deps,
+    session_id: &str,
+    now: Timestamp,
+    every: chrono::Duration,
+) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
+    poll_when(state, session_id, now, every, true).await
+}
+
+async fn poll_when(
+    state: &Deps,
+    session_id: &str,
+    now: Timestamp,
+    every: chrono::Duration,
+    qr_only: bool,
 ) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
     let store = &*state.store;
     let Some(session) = checkout::find_any(store, session_id, now).await? else {
@@ -602,6 +625,7 @@ pub async fn poll_every(
     if !is_open(payment.status)
         || session.status != SessionStatus::Initiated
         || payment.checks.review.is_some()
+        || (qr_only && !payment.attempt.qr)
     {
         return Ok(Some((session, Some(payment))));
     }
