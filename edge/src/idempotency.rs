@@ -150,6 +150,12 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
     // Idempotency-Key is judged.
     let (mut parts, body) = req.into_parts();
     let auth = authenticate_request(&parts, &state).await?;
+    // A publishable key is public (it ships in apps) and is refused by
+    // every idempotent route: refused before it can claim a key, so no
+    // one holding an app can block the merchant's Idempotency-Keys.
+    if auth.0.key.kind == shared::domain::account::KeyKind::Publishable {
+        return Err(shared::domain::account::publishable_refusal().into());
+    }
     parts.extensions.insert(auth.clone());
     let idem_key = parts
         .headers

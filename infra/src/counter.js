@@ -12,6 +12,28 @@
     state.className = cls || "";
   }
 
+  // An EventSource retries a dropped stream by itself, but gives up for
+  // good on an answer other than 200 (429 or 503 when streams are busy):
+  // then the screen listens again a few seconds later.
+  function listen(url) {
+    var over = false;
+    var end = function (text, cls) {
+      over = true; say(text, cls); box.hidden = true; source.close();
+    };
+    source = new EventSource(url);
+    source.addEventListener("qr.scanned", function () {
+      say("Scanned: waiting for the payment…");
+    });
+    source.addEventListener("qr.paid", function () { end("Paid", "paid"); });
+    source.addEventListener("qr.failed", function () { end("Payment failed", "failed"); });
+    source.addEventListener("qr.expired", function () { end("QR expired", "failed"); });
+    source.onerror = function () {
+      if (!over && source.readyState === EventSource.CLOSED) {
+        setTimeout(function () { listen(url); }, 3000);
+      }
+    };
+  }
+
   form.addEventListener("submit", function (ev) {
     ev.preventDefault();
     if (source) { source.close(); source = null; }
@@ -29,19 +51,7 @@
       box.hidden = false;
       box.dataset.session = a.body.id;
       say("Scan to pay");
-      source = new EventSource(a.body.events);
-      source.addEventListener("qr.scanned", function () {
-        say("Scanned: waiting for the payment…");
-      });
-      source.addEventListener("qr.paid", function () {
-        say("Paid", "paid"); box.hidden = true; source.close();
-      });
-      source.addEventListener("qr.failed", function () {
-        say("Payment failed", "failed"); box.hidden = true; source.close();
-      });
-      source.addEventListener("qr.expired", function () {
-        say("QR expired", "failed"); box.hidden = true; source.close();
-      });
+      listen(a.body.events);
     }).catch(function () { say("Could not reach the gateway", "failed"); });
   });
 })();

@@ -451,6 +451,49 @@ async fn a_session_opens_only_to_its_secret_and_its_projects_key(which: Which) {
         )
         .await;
     created.assert_error(403, "permission_error", "permission_denied");
+    // The session's id is public (in its events_url), but our hosted
+    // page neither offers nor starts a payment for it: that is the app's.
+    let page = shop.browser.get(&format!("/c/{}", app.id)).await;
+    assert_eq!(page.status, 200, "{}", page.show());
+    assert!(page.has("Please pay from the app"), "{}", page.show());
+    assert!(
+        form(&page.body, Some("pay-form")).is_none(),
+        "{}",
+        page.show()
+    );
+    let pay = shop
+        .browser
+        .post_form(
+            &format!("/c/{}/pay", app.id),
+            &[("provider".to_owned(), "khalti".to_owned())],
+        )
+        .await;
+    assert_eq!(pay.status, 404, "{}", pay.show());
+    assert_eq!(shop.session(&app.id).await["status"], "pending");
+
+    // Holding the app's key, no one can take the merchant's
+    // Idempotency-Keys: refused before any claim.
+    let taken = shop
+        .app
+        .post(
+            "/v1/checkout",
+            Some(&pk),
+            Some("order-B-9"),
+            &json!({"amount": AMOUNT, "returnUrl": "https://shop.example/thanks"}),
+        )
+        .await;
+    taken.assert_error(403, "permission_error", "permission_denied");
+    let mine = shop
+        .app
+        .post(
+            "/v1/checkout",
+            Some(&shop.key),
+            Some("order-B-9"),
+            &json!({"amount": AMOUNT, "returnUrl": "https://shop.example/thanks"}),
+        )
+        .await;
+    assert_eq!(mine.status, 201, "{}", mine.body);
+
     // A hosted session is no mobile session, whatever is sent.
     let hosted = shop.create_checkout(10_000).await;
     let as_hosted = App {

@@ -386,6 +386,15 @@ async fn render(
                     }
                     pages::confirming(s, &merchant, p.provider)
                 }
+                // A counter's or an app's session is paid there: its
+                // page only tells where (its id is public).
+                _ if !s.flow.has_shop() => pages::final_page(
+                    s,
+                    &merchant,
+                    "Waiting for your payment",
+                    &format!("Please pay from {place}; this page does not take payments."),
+                    None,
+                ),
                 _ => {
                     let offered = if active {
                         checkout::offered(&*state.store, s).await?
@@ -459,7 +468,10 @@ async fn pay(
     body: Bytes,
 ) -> Response {
     let now = state.clock.now();
-    let choice = parse_choice(&body);
+    let choice = PayChoice {
+        from_page: true,
+        ..parse_choice(&body)
+    };
     let address = choice.address.clone();
     let base = edge::requests::public_base(&state, &headers);
     let started = attempts::start(&state, &id, choice, &base, now).await;

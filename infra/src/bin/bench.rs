@@ -929,6 +929,7 @@ async fn reconciler_bench(junk: usize, genuine: usize) -> std::result::Result<()
                 provider: Some(Provider::Esewa),
                 fonepay_web: false,
                 address: None,
+                from_page: false,
             };
             let started = attempts::start(&state, &s.id, choice, &base, at)
                 .await

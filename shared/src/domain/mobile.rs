@@ -220,6 +220,7 @@ pub async fn start(
         provider: Some(provider),
         fonepay_web: false,
         address,
+        from_page: false,
     };
     Ok(attempts::start(deps, &session.id, choice, base, now).await?)
 }

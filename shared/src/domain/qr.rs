@@ -172,6 +172,7 @@ async fn new_qr(state: &Deps, id: &str, base: &str, now: Timestamp) -> Result<Sh
         provider: Some(Provider::Fonepay),
         fonepay_web: false,
         address: None,
+        from_page: false,
     };
     let started = attempts::start(state, id, choice, base, now).await?;
     match started.handoff {
@@ -220,8 +221,10 @@ pub fn stream_events(
     let on_payment = |what: &str| format!("{}:{what}", payment_id.as_deref().unwrap_or("none"));
     // The scan comes first whatever followed, so a screen that missed it
     // still sees it once (its id is the payment's).
+    // A failed or cancelled payment's scan is over: not told again.
     let mut out: Vec<StreamEvent> = payment
         .filter(|p| p.scanned_at.is_some())
+        .filter(|p| !matches!(p.status, PaymentStatus::Failed | PaymentStatus::Cancelled))
         .map(|_| StreamEvent {
             id: on_payment("scanned"),
             kind: "qr.scanned",
@@ -403,6 +406,11 @@ mod tests {
         let kinds: Vec<&str> = e.iter().map(|e| e.kind).collect();
         assert_eq!(kinds, ["qr.scanned", "qr.paid"]);
         assert!(e[1].last);
+        // Once it failed, a reconnecting screen is not told "scanned".
+        p.status = PaymentStatus::Failed;
+        let e = stream_events(&open, Some(&p), now);
+        let kinds: Vec<&str> = e.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, ["qr.failed"]);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Fonepay's dynamic-QR websocket (providers.md 3.4): the hints Fonepay
-//! pushes while a customer scans and pays. A hint is never proof: a
-//! payment result only makes us ask the status API sooner; a scan only
-//! tells the customer's screen (`qr.scanned`).
+//! pushes while a customer scans and pays. A hint is never proof: a scan
+//! only tells the customer's screen (`qr.scanned`); a payment result is
+//! read but not acted on (the stream asks the status API every second).
 //!
 //! Frames are JSON whose `transactionStatus` is itself a JSON string: a
 //! scan carries `qrVerified` (the 2024 doc spells it `QRVerified`), a
@@ -49,11 +49,17 @@ pub fn parse_frame(text: &str) -> Option<Hint> {
     }
 }
 
+/// Whether we may connect to `url` (see [`allowed_with`]): loopback only
+/// off Lambda, where the runtime API listens on loopback.
+pub fn allowed(url: &str) -> bool {
+    allowed_with(url, std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_none())
+}
+
 /// Whether we may connect to `url`: Fonepay's answer names it, but it is
 /// still a URL from outside, so only Fonepay's own hosts (`ws://` too:
-/// the 2024 doc gives `ws://acquirer-websocket.fonepay.com/…`) or a
-/// loopback host (the simulator).
-pub fn allowed(url: &str) -> bool {
+/// the 2024 doc gives `ws://acquirer-websocket.fonepay.com/…`), and a
+/// loopback host (the simulator) only when `loopback`.
+pub fn allowed_with(url: &str, loopback: bool) -> bool {
     let Ok(u) = url.parse::<http::Uri>() else {
         return false;
     };
@@ -63,12 +69,18 @@ pub fn allowed(url: &str) -> bool {
     let host = u.host().unwrap_or("").to_ascii_lowercase();
     host == "fonepay.com"
         || host.ends_with(".fonepay.com")
-        || matches!(host.as_str(), "127.0.0.1" | "localhost" | "[::1]")
+        || (loopback && matches!(host.as_str(), "127.0.0.1" | "localhost" | "[::1]"))
 }
 
 /// TLS for `wss://`: rustls on the aws-lc-rs provider (the one the AWS
 /// SDK and reqwest already use) and the platform's roots.
 pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    static CONFIG: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>> =
+        std::sync::OnceLock::new();
+    CONFIG.get_or_init(build_tls_config).clone()
+}
+
+fn build_tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     let found = rustls_native_certs::load_native_certs();
@@ -181,7 +193,15 @@ mod tests {
         assert!(allowed(
             "ws://acquirer-websocket.fonepay.com/merchantEndPoint/Td3/NBQM/Y"
         ));
-        assert!(allowed("ws://127.0.0.1:8080/sim/fonepay/ws/Td3/NBQM/Y"));
+        assert!(allowed_with(
+            "ws://127.0.0.1:8080/sim/fonepay/ws/Td3/NBQM/Y",
+            true
+        ));
+        // On Lambda the runtime API is on loopback: never dialled there.
+        assert!(!allowed_with(
+            "ws://127.0.0.1:9001/2018-06-01/runtime",
+            false
+        ));
         for no in [
             "wss://fonepay.com.evil.example/x",
             "wss://evilfonepay.com/x",
@@ -190,7 +210,7 @@ mod tests {
             "file:///etc/passwd",
             "",
         ] {
-            assert!(!allowed(no), "{no}");
+            assert!(!allowed_with(no, true), "{no}");
         }
     }
 

@@ -106,6 +106,11 @@ pub struct PayChoice {
     pub fonepay_web: bool,
     /// The address form, when the session collects one.
     pub address: Option<StoredAddress>,
+    /// Chosen on our hosted page (not through the API): only sessions with
+    /// a shop page take those; a Direct-QR or mobile session's id is public
+    /// (in its `events_url`), and its attempts belong to the counter or
+    /// the app.
+    pub from_page: bool,
 }
 
 /// Why an attempt could not start or a return could not be handled.

@@ -59,6 +59,9 @@ pub async fn start(
     let session = checkout::find_any(store, session_id, now)
         .await?
         .ok_or(AttemptError::NotFound)?;
+    if choice.from_page && !session.flow.has_shop() {
+        return Err(AttemptError::NotFound);
+    }
     if session.status.is_final() {
         return Err(AttemptError::Closed(session.status));
     }
