@@ -64,10 +64,31 @@ impl FromRequestParts<AppState> for Auth {
 /// project whose merchant may take payments. A secret key is refused
 /// (403). Anyone holding the app holds its publishable key, so it has no
 /// per-key rate limit for one client to exhaust: the public routes'
-/// limits per client address and per session apply instead
-/// ([`shared::limits::public`]).
+/// limits per client address and, once the secret is checked, per
+/// session apply instead ([`shared::limits::public`]).
 #[derive(Clone, Debug)]
 pub struct AppKey(pub Principal);
+
+impl AppKey {
+    /// Takes one request of session `id`'s public budget (shared with its
+    /// hosted page): call it once the client secret proved the caller.
+    pub async fn session_budget(state: &AppState, id: &str) -> Result<(), ApiError> {
+        let request = shared::limits::public::PublicRequest {
+            address: None,
+            write: false,
+            session: Some(id),
+            link: None,
+            opens_session: false,
+            opens_stream: false,
+        };
+        let now = state.clock.now();
+        state
+            .public_limits
+            .take(&*state.store, &request, now)
+            .await
+            .map_err(|limited| ApiError::public_limited(&limited))
+    }
+}
 
 impl FromRequestParts<AppState> for AppKey {
     type Rejection = ApiError;
@@ -81,19 +102,13 @@ impl FromRequestParts<AppState> for AppKey {
         }
         let principal = account::principal_of(&*state.store, key).await?;
         let address = super::requests::client_address_in(&parts.extensions);
-        // `/v1/mobile/sessions/{id}…`: the session's own budget.
-        // Decoded as the route hands it to the handler, so an encoded id
-        // cannot slip past its session's counter.
-        let raw = parts.uri.path().split('/').nth(4).unwrap_or("");
-        let decoded = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
-        let session = Some(decoded.as_ref()).filter(|id| {
-            (4..=64).contains(&id.len())
-                && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-        });
+        // The session's own budget is taken once its secret is checked
+        // ([`AppKey::session_budget`]), so no one can spend it with the id
+        // alone.
         let request = shared::limits::public::PublicRequest {
             address: Some(address.as_str()),
             write: parts.method == http::Method::POST,
-            session,
+            session: None,
             link: None,
             opens_session: false,
             opens_stream: false,

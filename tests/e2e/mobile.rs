@@ -564,7 +564,31 @@ async fn an_apps_requests_are_limited_per_address_not_per_key(which: Which) {
     shop.stop().await;
 }
 
+/// A session's own budget (shared with its hosted page) is spent only by
+/// callers holding its secret: the id alone, public in `events_url`,
+/// cannot use it up for the app.
+async fn only_the_secret_spends_a_sessions_budget(which: Which) {
+    let Some((shop, pk)) = open(which).await else {
+        return;
+    };
+    let app = session_for_app(&shop, &pk, json!({"amount": AMOUNT})).await;
+    // Three requests a minute per session for this test.
+    shop.app.state().public_limits.set(600, 60, 3, 600, 10);
+    for _ in 0..6 {
+        let wrong = app.read_with(&shop, Some("cs_secret_guess")).await;
+        wrong.assert_error(404, "invalid_request_error", "not_found");
+    }
+    for i in 0..3 {
+        let a = app.read(&shop).await;
+        assert_eq!(a.status, 200, "read {i}: {}", a.body);
+    }
+    let over = app.read(&shop).await;
+    over.assert_error(429, "rate_limit_error", "rate_limited");
+    shop.stop().await;
+}
+
 on_both_backends!(
+    only_the_secret_spends_a_sessions_budget,
     an_app_pays_with_khalti_holding_only_its_publishable_key,
     an_app_pays_with_esewa_by_posting_the_signed_form,
     an_app_shows_a_fonepay_qr_and_hears_it_paid,

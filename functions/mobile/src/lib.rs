@@ -234,6 +234,7 @@ async fn get_mobile_session(
     let now = state.clock.now();
     let secret = client_secret(&headers, query.get("client_secret"));
     let session = mobile::open(&*state.store, &who, &id, secret, now).await?;
+    AppKey::session_budget(&state, &session.id).await?;
     // An open Fonepay QR is asked about (as its page and stream do); a
     // redirect provider's payment is only read (attempts::poll_qr_every).
     let (session, payment) = match attempts::poll_qr_every(&state, &session.id, now, POLL).await {
@@ -313,6 +314,7 @@ async fn start_mobile_attempt(
     let now = state.clock.now();
     let secret = client_secret(&headers, body.client_secret.as_deref());
     let session = mobile::open(&*state.store, &who, &id, secret, now).await?;
+    AppKey::session_budget(&state, &session.id).await?;
     let base = edge::requests::public_base(&state, &headers);
     let address = body.address.map(Address::stored);
     let started = mobile::start(&state, &session, body.provider, address, &base, now).await?;
