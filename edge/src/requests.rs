@@ -140,21 +140,21 @@ fn fresh_request_id() -> String {
 /// Our public base URL as this request reached us (its `Host`, when the
 /// configuration allows it): where links in an answer point.
 pub fn public_base(state: &shared::AppState, headers: &http::HeaderMap) -> String {
-    let host = headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok());
-    state.config.base_for(host)
+    state.config.base_for(host(headers))
 }
 
 /// A session's event stream for the customer's screen: on the events
 /// function's own URL where one is configured (it streams; API Gateway
 /// would buffer the answer), else on our public base.
 pub fn events_url(state: &shared::AppState, headers: &http::HeaderMap, session_id: &str) -> String {
-    let host = headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok());
-    let base = state.config.events_base_for(host);
+    let base = state.config.events_base_for(host(headers));
     format!("{base}/c/{session_id}/events")
+}
+
+fn host(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
 }
 
 #[cfg(test)]

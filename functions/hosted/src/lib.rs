@@ -621,13 +621,14 @@ impl Drop for Listener {
 /// when there is no open QR with a websocket.
 async fn scan_listener(
     state: &AppState,
-    id: &str,
+    session: &CheckoutSession,
     lasting: std::time::Duration,
 ) -> Option<Listener> {
-    let now = state.clock.now();
-    let session = checkout::find_any(&*state.store, id, now).await.ok()??;
-    let pid = session.payment_id?;
-    let payment = attempts::find_payment(&*state.store, id, &pid)
+    if session.status != SessionStatus::Initiated {
+        return None;
+    }
+    let pid = session.payment_id.clone()?;
+    let payment = attempts::find_payment(&*state.store, &session.id, &pid)
         .await
         .ok()??;
     if payment.status != PaymentStatus::Pending || payment.scanned_at.is_some() {
@@ -671,7 +672,7 @@ async fn events(
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .map(|v| v.chars().take(200).collect());
-    match checkout::find_any(&*state.store, &id, now).await {
+    let session = match checkout::find_any(&*state.store, &id, now).await {
         Ok(Some(s)) if matches!(s.flow, Flow::Qr | Flow::Mobile) => {
             // The screen saw the final event: 204 tells an EventSource to
             // stop reconnecting.
@@ -691,6 +692,7 @@ async fn events(
                     return StatusCode::NO_CONTENT.into_response();
                 }
             }
+            s
         }
         Ok(_) => {
             return (
@@ -708,7 +710,7 @@ async fn events(
             )
                 .into_response();
         }
-    }
+    };
     let Some(watcher) = WatcherSlot::take(&address, &id) else {
         return (
             StatusCode::TOO_MANY_REQUESTS,
@@ -725,7 +727,7 @@ async fn events(
         )
             .into_response();
     };
-    let scans = scan_listener(&state, &id, stream_for).await;
+    let scans = scan_listener(&state, &session, stream_for).await;
     let sent: std::collections::HashSet<String> = last_seen.into_iter().collect();
     let mut queue = std::collections::VecDeque::new();
     queue.push_back(Event::default().comment("connected").retry(STREAM_POLL));

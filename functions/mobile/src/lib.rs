@@ -237,17 +237,17 @@ async fn get_mobile_session(
     AppKey::session_budget(&state, &session.id).await?;
     // An open Fonepay QR is asked about (as its page and stream do); a
     // redirect provider's payment is only read (attempts::poll_qr_every).
-    let (session, payment) = match attempts::poll_qr_every(&state, &session.id, now, POLL).await {
-        Ok(Some(found)) => found,
-        Ok(None) => (session, None),
+    let read = session.clone();
+    let (session, payment) = match attempts::poll_qr_of(&state, session, now, POLL).await {
+        Ok(found) => found,
         Err(e) => {
             // A courtesy: the stream and the sweep prove it anyway.
             tracing::warn!(error = %e, "mobile session: status check failed");
-            let payment = match &session.payment_id {
-                Some(p) => attempts::find_payment(&*state.store, &session.id, p).await?,
+            let payment = match &read.payment_id {
+                Some(p) => attempts::find_payment(&*state.store, &read.id, p).await?,
                 None => None,
             };
-            (session, payment)
+            (read, payment)
         }
     };
     let events_url = edge::requests::events_url(&state, &headers, &session.id);
@@ -317,7 +317,7 @@ async fn start_mobile_attempt(
     AppKey::session_budget(&state, &session.id).await?;
     let base = edge::requests::public_base(&state, &headers);
     let address = body.address.map(Address::stored);
-    let started = mobile::start(&state, &session, body.provider, address, &base, now).await?;
+    let started = mobile::start(&state, session, body.provider, address, &base, now).await?;
     let mut answer = Attempt {
         payment_id: started.payment.id,
         events_url: edge::requests::events_url(&state, &headers, &started.session.id),

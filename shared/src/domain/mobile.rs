@@ -210,7 +210,7 @@ pub async fn open(
 /// Fonepay pays by QR.
 pub async fn start(
     deps: &Deps,
-    session: &CheckoutSession,
+    session: CheckoutSession,
     provider: Provider,
     address: Option<checkout::StoredAddress>,
     base: &str,
@@ -222,7 +222,7 @@ pub async fn start(
         address,
         from_page: false,
     };
-    Ok(attempts::start(deps, &session.id, choice, base, now).await?)
+    Ok(attempts::start_for(deps, session, choice, base, now).await?)
 }
 
 #[cfg(test)]

@@ -126,7 +126,7 @@ pub async fn create(
     if let Some(shown) = open_qr(state, &session).await? {
         return Ok(shown);
     }
-    new_qr(state, &session.id, base, now).await
+    new_qr(state, session, base, now).await
 }
 
 /// A fresh QR for the same session (a Fonepay QR is shown for about three
@@ -149,7 +149,7 @@ pub async fn refresh(
     if status.is_final() {
         return Err(QrError::Closed(status));
     }
-    new_qr(state, &session.id, base, now).await
+    new_qr(state, session, base, now).await
 }
 
 /// The QR of the session's open payment, if it has one.
@@ -167,14 +167,19 @@ async fn open_qr(state: &Deps, session: &CheckoutSession) -> Result<Option<Shown
         }))
 }
 
-async fn new_qr(state: &Deps, id: &str, base: &str, now: Timestamp) -> Result<ShownQr, QrError> {
+async fn new_qr(
+    state: &Deps,
+    session: CheckoutSession,
+    base: &str,
+    now: Timestamp,
+) -> Result<ShownQr, QrError> {
     let choice = PayChoice {
         provider: Some(Provider::Fonepay),
         fonepay_web: false,
         address: None,
         from_page: false,
     };
-    let started = attempts::start(state, id, choice, base, now).await?;
+    let started = attempts::start_for(state, session, choice, base, now).await?;
     match started.handoff {
         Handoff::Qr { qr_message, .. } => Ok(ShownQr {
             session: started.session,

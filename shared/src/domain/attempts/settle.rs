@@ -612,25 +612,48 @@ async fn poll_when(
     every: chrono::Duration,
     qr_only: bool,
 ) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
-    let store = &*state.store;
-    let Some(session) = checkout::find_any(store, session_id, now).await? else {
+    let Some(session) = checkout::find_any(&*state.store, session_id, now).await? else {
         return Ok(None);
     };
+    poll_session(state, session, now, every, qr_only)
+        .await
+        .map(Some)
+}
+
+/// [`poll_qr_every`] for a session the caller has read already (one read
+/// less).
+pub async fn poll_qr_of(
+    state: &Deps,
+    session: CheckoutSession,
+    now: Timestamp,
+    every: chrono::Duration,
+) -> Result<(CheckoutSession, Option<Payment>), AttemptError> {
+    poll_session(state, session, now, every, true).await
+}
+
+async fn poll_session(
+    state: &Deps,
+    session: CheckoutSession,
+    now: Timestamp,
+    every: chrono::Duration,
+    qr_only: bool,
+) -> Result<(CheckoutSession, Option<Payment>), AttemptError> {
+    let store = &*state.store;
     let Some(pid) = session.payment_id.clone() else {
-        return Ok(Some((session, None)));
+        return Ok((session, None));
     };
-    let Some(payment) = find_payment(store, session_id, &pid).await? else {
-        return Ok(Some((session, None)));
+    let Some(payment) = find_payment(store, &session.id, &pid).await? else {
+        return Ok((session, None));
     };
     if !is_open(payment.status)
         || session.status != SessionStatus::Initiated
         || payment.checks.review.is_some()
         || (qr_only && !payment.attempt.qr)
     {
-        return Ok(Some((session, Some(payment))));
+        return Ok((session, Some(payment)));
     }
     if !claim_check(store, &payment, now, every).await? {
-        return Ok(Some((session, Some(payment))));
+        return Ok((session, Some(payment)));
     }
     let payment = match reconcile(state, &payment, now).await {
         Ok(p) => p,
@@ -639,8 +662,8 @@ async fn poll_when(
             payment
         }
     };
-    let session = checkout::find_any(store, session_id, now)
+    let session = checkout::find_any(store, &session.id, now)
         .await?
         .unwrap_or(session);
-    Ok(Some((session, Some(payment))))
+    Ok((session, Some(payment)))
 }

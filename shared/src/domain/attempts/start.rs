@@ -55,10 +55,22 @@ pub async fn start(
     public_base: &str,
     now: Timestamp,
 ) -> Result<Started, AttemptError> {
-    let store = &*state.store;
-    let session = checkout::find_any(store, session_id, now)
+    let session = checkout::find_any(&*state.store, session_id, now)
         .await?
         .ok_or(AttemptError::NotFound)?;
+    start_for(state, session, choice, public_base, now).await
+}
+
+/// [`start`] for a session the caller has just read or written (one read
+/// less); the transaction's conditions still check it is as read.
+pub async fn start_for(
+    state: &Deps,
+    session: CheckoutSession,
+    choice: PayChoice,
+    public_base: &str,
+    now: Timestamp,
+) -> Result<Started, AttemptError> {
+    let store = &*state.store;
     if choice.from_page && !session.flow.has_shop() {
         return Err(AttemptError::NotFound);
     }
