@@ -17,7 +17,10 @@ mkdir -p target
 if [ ! -x "$venv/bin/moto_server" ] || ! cmp -s infra/requirements-test.txt "$venv/.requirements"; then
   echo "== installing test tools into $venv"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check -r infra/requirements-test.txt
+  # --no-compile: Python writes the bytecode of what the tests import when
+  # they first import it; compiling every module up front (sympy, botocore,
+  # ...) would add about 150 MB to the target dir for modules never run.
+  "$venv/bin/pip" install --quiet --no-compile --disable-pip-version-check -r infra/requirements-test.txt
   cp infra/requirements-test.txt "$venv/.requirements"
 fi
 

@@ -6,8 +6,8 @@
 //! next to the hello-world `lambda_http` binary (`hello-lambda`), built the
 //! same way. Every run is a fresh process.
 //!
-//!     cargo build --release -p dhukuti --bins -p dhukuti-account -p dhukuti-payments
-//!     cargo run --release -p dhukuti --bin coldstart -- [--runs 20]
+//!     cargo build --release -p dhukuti-bench --bins -p dhukuti-account -p dhukuti-payments
+//!     cargo run --release -p dhukuti-bench --bin coldstart -- [--runs 20]
 //!
 //! The functions get the environment of this process (so with
 //! `DHUKUTI_BACKEND=aws`, `AWS_ENDPOINT_URL`, `DHUKUTI_TABLE`, ... they

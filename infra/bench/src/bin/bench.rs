@@ -4,7 +4,7 @@
 //! /v1/checkout` (each request with its own `Idempotency-Key`, as a
 //! merchant sends it) on the gateway.
 //!
-//!     cargo run --release -p dhukuti --bin bench -- [--seconds 10] [--connections 32]
+//!     cargo run --release -p dhukuti-bench --bin bench -- [--seconds 10] [--connections 32]
 //!
 //! Prints a Markdown table for BENCHMARKS.md and the store calls one
 //! request makes.
@@ -12,12 +12,12 @@
 //! With `--reconciler`, measures the reconciler's fairness instead (see
 //! [`reconciler_bench`]):
 //!
-//!     cargo run --release -p dhukuti --bin bench -- --reconciler [--junk 10000] [--genuine 20]
+//!     cargo run --release -p dhukuti-bench --bin bench -- --reconciler [--junk 10000] [--genuine 20]
 //!
 //! With `--webhooks`, measures webhook delivery instead (see
 //! [`webhooks_bench`]):
 //!
-//!     cargo run --release -p dhukuti --bin bench -- --webhooks \
+//!     cargo run --release -p dhukuti-bench --bin bench -- --webhooks \
 //!         [--events 2000] [--latency-events 200] [--payments 200] [--poll-ms 10]
 
 use std::collections::HashMap;
