@@ -19,6 +19,8 @@ pub enum IdKind {
     WebhookDelivery,
     Event,
     Sms,
+    DashboardUser,
+    AuditEntry,
 }
 
 impl IdKind {
@@ -36,6 +38,8 @@ impl IdKind {
             IdKind::WebhookDelivery => "whd_",
             IdKind::Event => "evt_",
             IdKind::Sms => "sms_",
+            IdKind::DashboardUser => "usr_",
+            IdKind::AuditEntry => "aud_",
         }
     }
 }

@@ -340,6 +340,36 @@ pub fn throttle(bucket: &str, start: i64) -> Key {
     Key::new(format!("THROTTLE#{bucket}#{start}"), "THROTTLE")
 }
 
+/// A merchant's projects (`gsi1`), oldest first.
+pub fn merchant_projects(merchant_id: &str) -> String {
+    format!("MER#{merchant_id}#PROJ")
+}
+
+/// A dashboard user.
+pub fn dashboard_user(user_id: &str) -> Key {
+    Key::new(format!("DUSER#{user_id}"), "DUSER")
+}
+
+/// The claim of a dashboard sign-in email (lowercased): one user each.
+pub fn dashboard_email(email: &str) -> Key {
+    Key::new(format!("DEMAIL#{email}"), "DEMAIL")
+}
+
+/// A merchant's dashboard users (`gsi1`).
+pub fn merchant_users(merchant_id: &str) -> String {
+    format!("MER#{merchant_id}#DUSER")
+}
+
+/// A dashboard session, by the SHA-256 of its cookie.
+pub fn dashboard_session(token_hash: &str) -> Key {
+    Key::new(format!("DSESS#{token_hash}"), "DSESS")
+}
+
+/// A merchant's audit log (sort key: time and entry id).
+pub fn audit_partition(merchant_id: &str) -> String {
+    format!("MER#{merchant_id}#AUDIT")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -462,6 +492,12 @@ mod tests {
             kk("IDEMFENCE#p#sandbox#d1#f1", "FENCE")
         );
         assert_eq!(k(rate_window("ak", 100)), kk("RATE#ak#100", "RATE"));
+        assert_eq!(merchant_projects("mer"), "MER#mer#PROJ");
+        assert_eq!(k(dashboard_user("usr_1")), kk("DUSER#usr_1", "DUSER"));
+        assert_eq!(k(dashboard_email("a@b.np")), kk("DEMAIL#a@b.np", "DEMAIL"));
+        assert_eq!(merchant_users("mer"), "MER#mer#DUSER");
+        assert_eq!(k(dashboard_session("ab")), kk("DSESS#ab", "DSESS"));
+        assert_eq!(audit_partition("mer"), "MER#mer#AUDIT");
         assert_eq!(
             k(throttle("A#1.2.3.4", 60)),
             kk("THROTTLE#A#1.2.3.4#60", "THROTTLE")

@@ -106,6 +106,48 @@ pub async fn overview(
     Ok(summarize(&items, days, start, now))
 }
 
+/// One UTC day's successful payments, for the dashboard's chart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DayFigures {
+    /// `YYYY-MM-DD`.
+    pub day: String,
+    pub success: i64,
+    pub success_volume_paisa: i64,
+}
+
+/// [`overview`] and the same window day by day (every day present, oldest
+/// first), from the same one read of the counters.
+pub async fn overview_by_day(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    days: u32,
+    now: Timestamp,
+) -> Result<(Overview, Vec<DayFigures>), StoreError> {
+    let days = days.clamp(1, MAX_DAYS);
+    let start = start_of_day(now).plus(chrono::Duration::days(-(i64::from(days) - 1)));
+    let items = day_items(store, project_id, mode, &day_of(start), &day_of(now)).await?;
+    let mut series: Vec<DayFigures> = (0..i64::from(days))
+        .map(|n| DayFigures {
+            day: day_of(start.plus(chrono::Duration::days(n))),
+            success: 0,
+            success_volume_paisa: 0,
+        })
+        .collect();
+    for item in &items {
+        // `DAY#YYYY-MM-DD` or `DAY#YYYY-MM-DD#shard`.
+        let day = item
+            .get(SK)
+            .and_then(|v| v.as_str())
+            .and_then(|sk| sk.get(4..14));
+        if let Some(slot) = day.and_then(|d| series.iter_mut().find(|f| f.day == d)) {
+            slot.success += int(item, PAYMENTS_SUCCESS);
+            slot.success_volume_paisa += int(item, SUCCESS_VOLUME);
+        }
+    }
+    Ok((summarize(&items, days, start, now), series))
+}
+
 /// Every counter item from the day `first` to the day `last` (both
 /// `YYYY-MM-DD`, inclusive): all shards, and the unsharded items of the
 /// former layout; all pages.
@@ -751,6 +793,38 @@ mod tests {
         assert_eq!(o.payments.success, paid);
         assert_eq!(o.payments.success_volume_paisa, volume);
         assert_eq!(o.by_provider[0].success_volume_paisa, volume);
+
+        // Day by day: the same sums, each on its own day, zeros between.
+        let (same, series) = overview_by_day(&store, "proj_1", Mode::Sandbox, 7, now)
+            .await
+            .unwrap();
+        assert_eq!(same, o);
+        let days: Vec<&str> = series.iter().map(|f| f.day.as_str()).collect();
+        assert_eq!(
+            days,
+            [
+                "2026-11-16",
+                "2026-11-17",
+                "2026-11-18",
+                "2026-11-19",
+                "2026-11-20",
+                "2026-11-21",
+                "2026-11-22"
+            ]
+        );
+        let per_day: i64 = (0..40).filter(|i| i % 2 == 0).map(|i| 1_000 + i).sum();
+        let expected = [per_day, per_day, 0, 0, 0, per_day, per_day];
+        let got: Vec<i64> = series.iter().map(|f| f.success_volume_paisa).collect();
+        assert_eq!(got, expected);
+        assert!(
+            series
+                .iter()
+                .all(|f| f.success == if f.success_volume_paisa > 0 { 20 } else { 0 })
+        );
+        assert_eq!(
+            series.iter().map(|f| f.success_volume_paisa).sum::<i64>(),
+            volume
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -7,6 +7,7 @@ pub mod analytics;
 pub mod attempts;
 pub mod checkout;
 pub mod credentials;
+pub mod dashboard;
 pub mod fonepay_cap;
 pub mod invoices;
 pub mod links;

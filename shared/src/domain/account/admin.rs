@@ -40,7 +40,13 @@ pub async fn create_project(
         seller: None,
         created_at: now,
     };
-    let item = to_item(&project, &Project::key(&project.id), &[])?;
+    // Listed under its merchant (the dashboard's project switch).
+    let listed = (
+        Index::Gsi1,
+        keys::merchant_projects(&merchant.id),
+        format!("{}#{}", project.created_at.to_rfc3339(), project.id),
+    );
+    let item = to_item(&project, &Project::key(&project.id), &[listed])?;
     let mut ops = vec![TxOp::Put {
         item,
         cond: Some(Cond::NotExists),
@@ -267,4 +273,22 @@ pub async fn set_live_invoicing(
         .update(&Project::key(project_id), update, Some(Cond::Exists))
         .await?;
     from_item(item)
+}
+
+/// The projects of `merchant_id`, oldest first (at most 100: the
+/// dashboard's switch; an operator creates projects).
+pub async fn merchant_projects(
+    store: &dyn Store,
+    merchant_id: &str,
+) -> Result<Vec<Project>, StoreError> {
+    let q = Query::partition(keys::merchant_projects(merchant_id))
+        .on(Index::Gsi1)
+        .limit(100);
+    store
+        .query(&q)
+        .await?
+        .items
+        .into_iter()
+        .map(from_item)
+        .collect()
 }

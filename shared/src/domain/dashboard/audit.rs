@@ -1,0 +1,132 @@
+//! The audit log: who did what, when and from where, per merchant, newest
+//! first. Written by every dashboard action; read by owners.
+
+use super::*;
+
+/// Longest `detail` kept (a note, a URL).
+const DETAIL_MAX: usize = 500;
+/// Entries a page shows.
+pub const AUDIT_PAGE: usize = 25;
+
+/// One thing a person did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub id: String,
+    pub merchant_id: String,
+    pub user_id: String,
+    pub email: String,
+    /// What, e.g. `refund.create`, `key.rotate`, `sign_in`.
+    pub action: String,
+    /// The record acted on (`pay_…`, `ak_…`), or empty.
+    pub target: String,
+    /// The project and mode it happened in, or empty.
+    #[serde(default)]
+    pub project_id: String,
+    #[serde(default)]
+    pub mode: Option<Mode>,
+    #[serde(default)]
+    pub detail: String,
+    pub address: String,
+    pub at: Timestamp,
+}
+
+/// Who acts, as the audit log names them.
+#[derive(Clone, Debug)]
+pub struct Actor {
+    pub user_id: String,
+    pub email: String,
+    pub merchant_id: String,
+    pub project_id: String,
+    pub mode: Mode,
+    pub address: String,
+}
+
+impl Actor {
+    pub fn of(user: &DashboardUser, session: &DashboardSession, address: &str) -> Actor {
+        Actor {
+            user_id: user.id.clone(),
+            email: user.email.clone(),
+            merchant_id: user.merchant_id.clone(),
+            project_id: session.project_id.clone(),
+            mode: session.mode,
+            address: address.chars().take(64).collect(),
+        }
+    }
+}
+
+/// The audit entry of `action` on `target` by `actor`.
+pub fn audit_entry(
+    actor: &Actor,
+    now: Timestamp,
+    action: &str,
+    target: &str,
+    detail: &str,
+) -> AuditEntry {
+    AuditEntry {
+        id: new_id(IdKind::AuditEntry),
+        merchant_id: actor.merchant_id.clone(),
+        user_id: actor.user_id.clone(),
+        email: actor.email.clone(),
+        action: action.to_owned(),
+        target: target.to_owned(),
+        project_id: actor.project_id.clone(),
+        mode: Some(actor.mode),
+        detail: detail.chars().take(DETAIL_MAX).collect(),
+        address: actor.address.clone(),
+        at: now,
+    }
+}
+
+fn audit_key(entry: &AuditEntry) -> Key {
+    Key::new(
+        keys::audit_partition(&entry.merchant_id),
+        format!("{}#{}", entry.at.to_rfc3339(), entry.id),
+    )
+}
+
+/// Writes an audit entry.
+pub async fn record_audit(store: &dyn Store, entry: &AuditEntry) -> Result<(), StoreError> {
+    store
+        .put(
+            to_item(entry, &audit_key(entry), &[])?,
+            Some(Cond::NotExists),
+        )
+        .await
+}
+
+/// The put of an audit entry, for an action's own transaction.
+pub fn audit_op(entry: &AuditEntry) -> Result<TxOp, StoreError> {
+    Ok(TxOp::Put {
+        item: to_item(entry, &audit_key(entry), &[])?,
+        cond: Some(Cond::NotExists),
+    })
+}
+
+/// A page of a merchant's audit log, newest first, from before the
+/// cursor `before` (an entry's sort key); and the cursor of the next page.
+pub async fn list_audit(
+    store: &dyn Store,
+    merchant_id: &str,
+    before: Option<&str>,
+    limit: usize,
+) -> Result<(Vec<AuditEntry>, Option<String>), StoreError> {
+    let mut q = Query::partition(keys::audit_partition(merchant_id))
+        .backward()
+        .limit(limit);
+    if let Some(before) = before {
+        q = q.sk(SkCond::Lt(before.to_owned()));
+    }
+    let page = store.query(&q).await?;
+    let next = page
+        .last_key
+        .as_ref()
+        .and_then(|k| k.get(crate::store::SK))
+        .and_then(|v| v.as_str())
+        .map(str::to_owned);
+    let entries = page
+        .items
+        .into_iter()
+        .map(from_item)
+        .collect::<Result<Vec<AuditEntry>, _>>()?;
+    Ok((entries, next))
+}

@@ -1,0 +1,202 @@
+//! The merchant dashboard's people and sign-in: users of a merchant with a
+//! role, their argon2id passwords, cookie sessions with an idle and an
+//! absolute expiry, sign-in throttling, and the audit log of what each
+//! person did. The pages themselves are `functions/dashboard`.
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::Mode;
+use super::record::{from_item, to_item};
+use crate::ids::{IdKind, new_id};
+use crate::keys;
+use crate::refusal::{Kind, Refusal};
+use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TTL, TxOp, Update};
+use crate::time::Timestamp;
+
+mod audit;
+mod sessions;
+#[cfg(test)]
+mod tests;
+mod users;
+
+pub use audit::*;
+pub use sessions::*;
+pub use users::*;
+
+/// What a person may do in the dashboard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Everything, people and the audit log included.
+    Owner,
+    /// Everything but people and the audit log.
+    Developer,
+    /// Reads payments, refunds, links, invoices and the overview; changes
+    /// nothing and sees no keys, credentials or webhook endpoints.
+    Viewer,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Owner => "owner",
+            Role::Developer => "developer",
+            Role::Viewer => "viewer",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        [Role::Owner, Role::Developer, Role::Viewer]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+    }
+
+    /// Whether this role may do `what`.
+    pub fn may(self, what: Permission) -> bool {
+        match what {
+            Permission::Read => true,
+            Permission::Act | Permission::Secrets => self != Role::Viewer,
+            Permission::People => self == Role::Owner,
+        }
+    }
+}
+
+/// The kinds of things a page or action needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Permission {
+    /// Payments, refunds, links, invoices, SMS log, the overview.
+    Read,
+    /// Refunds, links, invoices, webhook endpoints: changes to the
+    /// business's records.
+    Act,
+    /// API keys and provider credentials, and the webhook endpoints.
+    Secrets,
+    /// People and the audit log.
+    People,
+}
+
+impl Permission {
+    pub fn refusal(self) -> Refusal {
+        Refusal::forbidden(
+            "permission_denied",
+            match self {
+                Permission::Read => "Your role cannot see this",
+                Permission::Act => "Your role can look but not change anything",
+                Permission::Secrets => "Your role cannot see keys, credentials or webhooks",
+                Permission::People => "Only an owner can do this",
+            },
+        )
+    }
+}
+
+/// A person who signs in to a merchant's dashboard. The password is kept
+/// only as an argon2id PHC string.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DashboardUser {
+    pub id: String,
+    pub merchant_id: String,
+    /// Lowercased.
+    pub email: String,
+    pub role: Role,
+    pub password_hash: String,
+    #[serde(default)]
+    pub disabled: bool,
+    /// Sessions carry the epoch they began in; raising it ends them all
+    /// ("sign out everywhere", a password reset, disabling).
+    #[serde(default)]
+    pub session_epoch: i64,
+    pub created_at: Timestamp,
+}
+
+impl DashboardUser {
+    pub fn key(id: &str) -> Key {
+        keys::dashboard_user(id)
+    }
+}
+
+/// Hex SHA-256: how session cookies are stored.
+fn sha256_hex(s: &str) -> String {
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+/// `n` random letters and digits.
+fn random_alnum(n: usize) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    (0..n)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+/// Constant-time equality of two strings.
+fn same(a: &str, b: &str) -> bool {
+    a.as_bytes().ct_eq(b.as_bytes()).into()
+}
+
+/// Why a person could not sign in or act.
+#[derive(Debug, thiserror::Error)]
+pub enum DashboardError {
+    #[error("wrong email or password")]
+    WrongCredentials,
+    #[error("too many sign-in attempts")]
+    Throttled { retry_after: i64 },
+    #[error("this user is disabled")]
+    Disabled,
+    #[error("the merchant has no project")]
+    NoProject,
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error("a user with this email exists")]
+    EmailTaken,
+    #[error("no such user")]
+    UnknownUser,
+    #[error("no such merchant")]
+    UnknownMerchant,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<DashboardError> for Refusal {
+    fn from(e: DashboardError) -> Self {
+        match e {
+            DashboardError::WrongCredentials => Refusal::new(
+                Kind::Unauthenticated,
+                "sign_in_failed",
+                "Wrong email or password",
+            ),
+            DashboardError::Throttled { retry_after } => Refusal::new(
+                Kind::RateLimited,
+                "rate_limited",
+                format!("Too many sign-in attempts; try again in {retry_after} s"),
+            ),
+            DashboardError::Disabled => Refusal::forbidden(
+                "user_disabled",
+                "This user is disabled; ask the account's owner",
+            ),
+            DashboardError::NoProject => Refusal::forbidden(
+                "no_project",
+                "This merchant has no project yet; ask Dhukuti's operators",
+            ),
+            DashboardError::Invalid { field, message } => Refusal::invalid(field, message),
+            DashboardError::EmailTaken => Refusal::new(
+                Kind::Conflict,
+                "email_taken",
+                "A user with this email exists",
+            )
+            .at("email"),
+            DashboardError::UnknownUser => {
+                Refusal::new(Kind::NotFound, "resource_missing", "No such user")
+            }
+            DashboardError::UnknownMerchant => {
+                Refusal::new(Kind::NotFound, "resource_missing", "No such merchant")
+            }
+            DashboardError::Store(e) => e.into(),
+        }
+    }
+}

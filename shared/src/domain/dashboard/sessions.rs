@@ -1,0 +1,286 @@
+//! Sign-in and sessions: the throttle before any password is checked, the
+//! session a cookie names (stored by its hash), its idle and absolute
+//! expiry, its CSRF token, the project and mode it looks at, sign-out.
+
+use super::*;
+
+/// Random characters of a session cookie after its prefix.
+const TOKEN_RANDOM: usize = 43;
+const TOKEN_PREFIX: &str = "ds_";
+/// A session ends after this long without a request.
+pub const IDLE: chrono::Duration = chrono::Duration::minutes(30);
+/// A session ends this long after sign-in, however busy.
+pub const ABSOLUTE: chrono::Duration = chrono::Duration::hours(12);
+/// `last_seen_at` is written at most this often per session.
+const TOUCH_EVERY: chrono::Duration = chrono::Duration::seconds(60);
+
+/// Sign-in attempts per email per window (successful ones give their slot
+/// back): a password guesser gets 10 guesses per 15 minutes per account.
+pub const ATTEMPTS_PER_ACCOUNT: i64 = 10;
+/// Failed sign-in attempts per client address per window, all accounts.
+pub const ATTEMPTS_PER_ADDRESS: i64 = 30;
+/// The throttle's window, seconds.
+pub const ATTEMPT_WINDOW: i64 = 15 * 60;
+
+/// A signed-in browser. Stored under the SHA-256 of its cookie.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DashboardSession {
+    pub user_id: String,
+    pub merchant_id: String,
+    /// The user's `session_epoch` at sign-in.
+    pub epoch: i64,
+    /// The token every form carries back.
+    pub csrf: String,
+    /// The project and mode the pages show.
+    pub project_id: String,
+    pub mode: Mode,
+    pub created_at: Timestamp,
+    pub last_seen_at: Timestamp,
+    pub expires_at: Timestamp,
+    /// The address it signed in from (for the audit log).
+    pub address: String,
+}
+
+impl DashboardSession {
+    /// When it ends if no request comes.
+    pub fn idle_until(&self) -> Timestamp {
+        let idle = self.last_seen_at.plus(IDLE);
+        if idle < self.expires_at {
+            idle
+        } else {
+            self.expires_at
+        }
+    }
+
+    /// Whether `token` is this session's CSRF token.
+    pub fn csrf_ok(&self, token: &str) -> bool {
+        !token.is_empty() && same(&self.csrf, token)
+    }
+}
+
+/// A session just opened: the cookie (shown to this browser once) and
+/// what is stored.
+#[derive(Clone, Debug)]
+pub struct SignedIn {
+    pub cookie: String,
+    pub session: DashboardSession,
+    pub user: DashboardUser,
+}
+
+/// Why a cookie opens no session.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// No such session, or not shaped like a cookie of ours.
+    Unknown,
+    /// Idle or absolute expiry passed.
+    Expired,
+    /// Signed out everywhere, password reset, or user disabled.
+    Revoked,
+}
+
+fn session_key(cookie: &str) -> Key {
+    keys::dashboard_session(&sha256_hex(cookie))
+}
+
+fn well_formed(cookie: &str) -> bool {
+    cookie.strip_prefix(TOKEN_PREFIX).is_some_and(|rest| {
+        rest.len() == TOKEN_RANDOM && rest.bytes().all(|b| b.is_ascii_alphanumeric())
+    })
+}
+
+/// The address's throttle bucket: an IPv6 client is its /64.
+fn address_bucket(address: &str) -> String {
+    match address.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_none() => {
+            let s = v6.segments();
+            format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+        }
+        _ => address.chars().take(64).collect(),
+    }
+}
+
+/// Takes one attempt slot of `bucket` if one is left in the window.
+async fn take_attempt(
+    store: &dyn Store,
+    bucket: &str,
+    limit: i64,
+    now: Timestamp,
+) -> Result<Result<Key, i64>, StoreError> {
+    let start = now.unix_seconds().div_euclid(ATTEMPT_WINDOW) * ATTEMPT_WINDOW;
+    let end = start + ATTEMPT_WINDOW;
+    let key = keys::throttle(bucket, start);
+    let update = Update::new().add("count", 1).set(TTL, end + 60);
+    let room = Cond::Or(vec![
+        Cond::AttrNotExists("count".into()),
+        Cond::lt("count", limit),
+    ]);
+    match store.update(&key, update, Some(room)).await {
+        Ok(_) => Ok(Ok(key)),
+        Err(StoreError::ConditionFailed) => Ok(Err((end - now.unix_seconds()).max(1))),
+        Err(e) => Err(e),
+    }
+}
+
+/// Gives a slot back (a successful sign-in is no guess).
+async fn give_back(store: &dyn Store, key: &Key) {
+    let _ = store
+        .update(key, Update::new().add("count", -1), Some(Cond::Exists))
+        .await;
+}
+
+/// Signs a person in from `address`: the throttle first (per email, then
+/// per address), then the password (argon2id, an unknown email checked
+/// against a decoy so it takes as long), then a new session on the
+/// merchant's first project in sandbox.
+pub async fn sign_in(
+    store: &dyn Store,
+    now: Timestamp,
+    email: &str,
+    password: &str,
+    address: &str,
+) -> Result<SignedIn, DashboardError> {
+    let email = normalize_email(email).map_err(|_| DashboardError::WrongCredentials)?;
+    let account =
+        match take_attempt(store, &format!("DSIGN#{email}"), ATTEMPTS_PER_ACCOUNT, now).await? {
+            Ok(key) => key,
+            Err(retry_after) => return Err(DashboardError::Throttled { retry_after }),
+        };
+    let bucket = format!("DSIGNA#{}", address_bucket(address));
+    let from_address = match take_attempt(store, &bucket, ATTEMPTS_PER_ADDRESS, now).await? {
+        Ok(key) => key,
+        Err(retry_after) => {
+            give_back(store, &account).await;
+            return Err(DashboardError::Throttled { retry_after });
+        }
+    };
+    let user = find_user_by_email(store, &email).await?;
+    let hash = match &user {
+        Some(u) => u.password_hash.as_str(),
+        None => decoy_hash().await,
+    };
+    let matches = verify_password(password, hash).await;
+    let user = match user {
+        Some(u) if matches => u,
+        _ => return Err(DashboardError::WrongCredentials),
+    };
+    give_back(store, &account).await;
+    give_back(store, &from_address).await;
+    if user.disabled {
+        return Err(DashboardError::Disabled);
+    }
+    let project = super::super::account::merchant_projects(store, &user.merchant_id)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or(DashboardError::NoProject)?;
+    let cookie = format!("{TOKEN_PREFIX}{}", random_alnum(TOKEN_RANDOM));
+    let session = DashboardSession {
+        user_id: user.id.clone(),
+        merchant_id: user.merchant_id.clone(),
+        epoch: user.session_epoch,
+        csrf: random_alnum(32),
+        project_id: project.id,
+        mode: Mode::Sandbox,
+        created_at: now,
+        last_seen_at: now,
+        expires_at: now.plus(ABSOLUTE),
+        address: address.chars().take(64).collect(),
+    };
+    store_session(store, &cookie, &session, Some(Cond::NotExists)).await?;
+    Ok(SignedIn {
+        cookie,
+        session,
+        user,
+    })
+}
+
+async fn store_session(
+    store: &dyn Store,
+    cookie: &str,
+    session: &DashboardSession,
+    cond: Option<Cond>,
+) -> Result<(), StoreError> {
+    let mut item = to_item(session, &session_key(cookie), &[])?;
+    item.insert(
+        TTL.into(),
+        (session.expires_at.unix_seconds() + 3600).into(),
+    );
+    store.put(item, cond).await
+}
+
+/// The session and user a cookie names, if it is still open: two reads
+/// (the session, its user), and at most one write a minute to keep it
+/// from idling out.
+pub async fn open_session(
+    store: &dyn Store,
+    now: Timestamp,
+    cookie: &str,
+) -> Result<Result<(DashboardSession, DashboardUser), SessionEnd>, StoreError> {
+    if !well_formed(cookie) {
+        return Ok(Err(SessionEnd::Unknown));
+    }
+    let key = session_key(cookie);
+    let Some(item) = store.get(&key).await? else {
+        return Ok(Err(SessionEnd::Unknown));
+    };
+    let mut session: DashboardSession = from_item(item)?;
+    if session.idle_until() <= now {
+        let _ = store.delete(&key, None).await;
+        return Ok(Err(SessionEnd::Expired));
+    }
+    let user = match get_user(store, &session.user_id).await? {
+        Some(u)
+            if !u.disabled
+                && u.session_epoch == session.epoch
+                && u.merchant_id == session.merchant_id =>
+        {
+            u
+        }
+        _ => {
+            let _ = store.delete(&key, None).await;
+            return Ok(Err(SessionEnd::Revoked));
+        }
+    };
+    if session.last_seen_at.plus(TOUCH_EVERY) <= now {
+        let stale = Cond::lt("last_seen_at", now.plus(-TOUCH_EVERY).to_rfc3339());
+        let update = Update::new().set("last_seen_at", now.to_rfc3339());
+        match store.update(&key, update, Some(stale)).await {
+            Ok(_) | Err(StoreError::ConditionFailed) => {}
+            Err(e) => return Err(e),
+        }
+        session.last_seen_at = now;
+    }
+    Ok(Ok((session, user)))
+}
+
+/// Ends the session a cookie names (sign out here).
+pub async fn sign_out(store: &dyn Store, cookie: &str) -> Result<(), StoreError> {
+    if !well_formed(cookie) {
+        return Ok(());
+    }
+    store.delete(&session_key(cookie), None).await
+}
+
+/// Points a session at another project of its merchant, or mode.
+pub async fn switch_view(
+    store: &dyn Store,
+    cookie: &str,
+    session: &DashboardSession,
+    project_id: &str,
+    mode: Mode,
+) -> Result<(), DashboardError> {
+    let projects = super::super::account::merchant_projects(store, &session.merchant_id).await?;
+    if !projects.iter().any(|p| p.id == project_id) {
+        return Err(DashboardError::Invalid {
+            field: "project",
+            message: "No such project".into(),
+        });
+    }
+    let update = Update::new()
+        .set("project_id", project_id)
+        .set("mode", mode.as_str());
+    store
+        .update(&session_key(cookie), update, Some(Cond::Exists))
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,321 @@
+use super::*;
+use crate::domain::account::{Plan, create_merchant, create_project};
+use crate::store::embedded::EmbeddedStore;
+use crate::testenv::at;
+
+const PASSWORD: &str = "correct horse battery";
+
+async fn setup() -> (EmbeddedStore, DashboardUser, String) {
+    let store = EmbeddedStore::in_memory().unwrap_or_else(|e| panic!("{e}"));
+    let now = at("2026-11-26T10:00:00Z");
+    let m = create_merchant(&store, now, "Himal", "a@himal.np", Plan::Growth)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let p = create_project(&store, now, &m, "Shop", false)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let u = create_user(&store, now, &m.id, "Owner@Himal.np ", Role::Owner, PASSWORD)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    (store, u, p.id)
+}
+
+#[test]
+fn roles_allow_what_the_issue_says() {
+    use Permission::*;
+    assert!(Role::Viewer.may(Read));
+    assert!(!Role::Viewer.may(Act));
+    assert!(!Role::Viewer.may(Secrets));
+    assert!(!Role::Viewer.may(People));
+    assert!(Role::Developer.may(Act) && Role::Developer.may(Secrets));
+    assert!(!Role::Developer.may(People));
+    assert!(Role::Owner.may(People));
+    for r in [Role::Owner, Role::Developer, Role::Viewer] {
+        assert_eq!(Role::parse(r.as_str()), Some(r));
+    }
+    assert_eq!(Role::parse("admin"), None);
+}
+
+#[test]
+fn passwords_and_emails_are_checked() {
+    assert!(check_password("short").is_err());
+    assert!(check_password(&"x".repeat(PASSWORD_MAX_BYTES + 1)).is_err());
+    assert!(check_password("twelve chars").is_ok());
+    assert_eq!(
+        normalize_email(" A@B.np ").unwrap_or_default(),
+        "a@b.np".to_owned()
+    );
+    assert!(normalize_email("no-at-sign").is_err());
+    assert!(normalize_email("a#b@c.np").is_err());
+}
+
+#[tokio::test]
+async fn the_stored_hash_is_argon2id_and_verifies_only_the_password() {
+    let (store, user, _) = setup().await;
+    assert!(
+        user.password_hash
+            .starts_with("$argon2id$v=19$m=19456,t=2,p=1$")
+    );
+    assert!(!user.password_hash.contains(PASSWORD));
+    assert!(verify_password(PASSWORD, &user.password_hash).await);
+    assert!(!verify_password("correct horse battery!", &user.password_hash).await);
+    assert!(!verify_password(PASSWORD, "not a hash").await);
+    assert_eq!(user.email, "owner@himal.np");
+    let again = create_user(
+        &store,
+        at("2026-11-26T10:00:00Z"),
+        &user.merchant_id,
+        "OWNER@himal.np",
+        Role::Viewer,
+        PASSWORD,
+    )
+    .await;
+    assert!(
+        matches!(again, Err(DashboardError::EmailTaken)),
+        "{again:?}"
+    );
+    let nobody = create_user(
+        &store,
+        at("2026-11-26T10:00:00Z"),
+        "mer_missing",
+        "x@y.np",
+        Role::Viewer,
+        PASSWORD,
+    )
+    .await;
+    assert!(matches!(nobody, Err(DashboardError::UnknownMerchant)));
+}
+
+#[tokio::test]
+async fn a_session_opens_idles_out_and_ends_absolutely() {
+    let (store, user, project) = setup().await;
+    let t0 = at("2026-11-26T10:00:00Z");
+    let s = sign_in(&store, t0, "owner@himal.np", PASSWORD, "10.0.0.1")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s.session.project_id, project);
+    assert_eq!(s.session.mode, Mode::Sandbox);
+    assert_eq!(s.user.id, user.id);
+    // The cookie is not what is stored.
+    assert!(
+        store
+            .get(&keys::dashboard_session(&s.cookie))
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+    );
+    let open = |t: Timestamp| open_session(&store, t, &s.cookie);
+    // Used every 20 minutes, it lives until the absolute end.
+    let mut t = t0;
+    for _ in 0..35 {
+        t = t.plus(chrono::Duration::minutes(20));
+        let r = open(t).await.unwrap_or_else(|e| panic!("{e}"));
+        if t < t0.plus(ABSOLUTE) {
+            assert!(r.is_ok(), "{t}: {r:?}");
+        } else {
+            assert_eq!(r.err(), Some(SessionEnd::Expired), "{t}");
+            break;
+        }
+    }
+    // A fresh one idles out after 30 minutes without a request.
+    let s2 = sign_in(&store, t0, "owner@himal.np", PASSWORD, "10.0.0.1")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let r = open_session(&store, t0.plus(IDLE), &s2.cookie).await;
+    assert_eq!(r.ok().and_then(|r| r.err()), Some(SessionEnd::Expired));
+    // Gone for good after it expired.
+    let r = open_session(&store, t0.plus(chrono::Duration::minutes(1)), &s2.cookie).await;
+    assert_eq!(r.ok().and_then(|r| r.err()), Some(SessionEnd::Unknown));
+    for bad in [
+        "",
+        "ds_short",
+        "sk_test_whatever",
+        &format!("ds_{}", "a".repeat(43)),
+    ] {
+        let r = open_session(&store, t0, bad).await;
+        assert_eq!(
+            r.ok().and_then(|r| r.err()),
+            Some(SessionEnd::Unknown),
+            "{bad}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sign_out_everywhere_reset_and_disable_end_sessions() {
+    let (store, user, _) = setup().await;
+    let t0 = at("2026-11-26T10:00:00Z");
+    let sign = || sign_in(&store, t0, "owner@himal.np", PASSWORD, "10.0.0.1");
+    let a = sign().await.unwrap_or_else(|e| panic!("{e}"));
+    let b = sign().await.unwrap_or_else(|e| panic!("{e}"));
+    sign_out(&store, &a.cookie)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let r = open_session(&store, t0, &a.cookie).await.ok();
+    assert_eq!(r.and_then(|r| r.err()), Some(SessionEnd::Unknown));
+    assert!(matches!(
+        open_session(&store, t0, &b.cookie).await,
+        Ok(Ok(_))
+    ));
+    end_all_sessions(&store, &user.id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let r = open_session(&store, t0, &b.cookie).await.ok();
+    assert_eq!(r.and_then(|r| r.err()), Some(SessionEnd::Revoked));
+
+    let c = sign().await.unwrap_or_else(|e| panic!("{e}"));
+    reset_password(&store, "owner@himal.np", "a brand new password")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let r = open_session(&store, t0, &c.cookie).await.ok();
+    assert_eq!(r.and_then(|r| r.err()), Some(SessionEnd::Revoked));
+    assert!(matches!(
+        sign().await,
+        Err(DashboardError::WrongCredentials)
+    ));
+    let d = sign_in(
+        &store,
+        t0,
+        "owner@himal.np",
+        "a brand new password",
+        "10.0.0.1",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    set_disabled(&store, "owner@himal.np", true)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let r = open_session(&store, t0, &d.cookie).await.ok();
+    assert_eq!(r.and_then(|r| r.err()), Some(SessionEnd::Revoked));
+    let r = sign_in(
+        &store,
+        t0,
+        "owner@himal.np",
+        "a brand new password",
+        "10.0.0.1",
+    )
+    .await;
+    assert!(matches!(r, Err(DashboardError::Disabled)), "{r:?}");
+}
+
+#[tokio::test]
+async fn guesses_are_throttled_per_account_and_per_address() {
+    let (store, _, _) = setup().await;
+    let t0 = at("2026-11-26T10:00:00Z");
+    for n in 0..ATTEMPTS_PER_ACCOUNT {
+        let r = sign_in(&store, t0, "owner@himal.np", "wrong password!", "10.0.0.1").await;
+        assert!(
+            matches!(r, Err(DashboardError::WrongCredentials)),
+            "{n}: {r:?}"
+        );
+    }
+    // The right password no longer helps in this window, from anywhere.
+    let r = sign_in(&store, t0, "owner@himal.np", PASSWORD, "10.9.9.9").await;
+    assert!(matches!(r, Err(DashboardError::Throttled { .. })), "{r:?}");
+    let later = t0.plus(chrono::Duration::seconds(ATTEMPT_WINDOW));
+    assert!(
+        sign_in(&store, later, "owner@himal.np", PASSWORD, "10.0.0.1")
+            .await
+            .is_ok()
+    );
+
+    // One address guessing many accounts is held too.
+    let t1 = at("2026-11-26T12:00:00Z");
+    for n in 0..ATTEMPTS_PER_ADDRESS {
+        let r = sign_in(
+            &store,
+            t1,
+            &format!("u{n}@x.np"),
+            "wrong password!",
+            "10.0.0.2",
+        )
+        .await;
+        assert!(
+            matches!(r, Err(DashboardError::WrongCredentials)),
+            "{n}: {r:?}"
+        );
+    }
+    let r = sign_in(&store, t1, "owner@himal.np", PASSWORD, "10.0.0.2").await;
+    assert!(matches!(r, Err(DashboardError::Throttled { .. })), "{r:?}");
+    // The owner's own slots were given back: another address signs in.
+    assert!(
+        sign_in(&store, t1, "owner@himal.np", PASSWORD, "10.0.0.3")
+            .await
+            .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn switching_view_stays_within_the_merchant() {
+    let (store, _, project) = setup().await;
+    let t0 = at("2026-11-26T10:00:00Z");
+    let s = sign_in(&store, t0, "owner@himal.np", PASSWORD, "10.0.0.1")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let other = create_merchant(&store, t0, "Other", "o@o.np", Plan::Free)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let theirs = create_project(&store, t0, &other, "Theirs", false)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let r = switch_view(&store, &s.cookie, &s.session, &theirs.id, Mode::Live).await;
+    assert!(matches!(
+        r,
+        Err(DashboardError::Invalid {
+            field: "project",
+            ..
+        })
+    ));
+    switch_view(&store, &s.cookie, &s.session, &project, Mode::Live)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (session, _) = open_session(&store, t0, &s.cookie)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(session.mode, Mode::Live);
+    assert!(session.csrf_ok(&s.session.csrf));
+    assert!(!session.csrf_ok(""));
+    assert!(!session.csrf_ok("x"));
+}
+
+#[tokio::test]
+async fn the_audit_log_pages_newest_first() {
+    let (store, user, project) = setup().await;
+    let actor = Actor {
+        user_id: user.id.clone(),
+        email: user.email.clone(),
+        merchant_id: user.merchant_id.clone(),
+        project_id: project,
+        mode: Mode::Sandbox,
+        address: "10.0.0.1".into(),
+    };
+    let t0 = at("2026-11-26T10:00:00Z");
+    for n in 0..7 {
+        let e = audit_entry(
+            &actor,
+            t0.plus(chrono::Duration::seconds(n)),
+            "test",
+            &format!("t{n}"),
+            "",
+        );
+        record_audit(&store, &e)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let (first, next) = list_audit(&store, &user.merchant_id, None, 3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let targets: Vec<_> = first.iter().map(|e| e.target.as_str()).collect();
+    assert_eq!(targets, ["t6", "t5", "t4"]);
+    let (second, _) = list_audit(&store, &user.merchant_id, next.as_deref(), 3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let targets: Vec<_> = second.iter().map(|e| e.target.as_str()).collect();
+    assert_eq!(targets, ["t3", "t2", "t1"]);
+    let (none, _) = list_audit(&store, "mer_other", None, 3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(none.is_empty());
+}
