@@ -13,6 +13,7 @@ use shared::domain::account::{
 use shared::domain::credentials::{
     CredentialsError, ProviderCredentials, list_configured_providers, put_credentials,
 };
+use shared::domain::dashboard;
 use shared::domain::payments::{self, Payment, PaymentStatus};
 use shared::domain::record::{from_item, to_item};
 use shared::domain::{Mode, Provider};
@@ -31,6 +32,11 @@ pub struct DemoKeys {
     /// `pk_live_…`.
     #[serde(default)]
     pub live_publishable: String,
+    /// The demo owner's dashboard sign-in (`/dashboard`).
+    #[serde(default)]
+    pub dashboard_email: String,
+    #[serde(default)]
+    pub dashboard_password: String,
 }
 
 impl DemoKeys {
@@ -54,6 +60,9 @@ pub struct DemoAccount {
     #[serde(skip)]
     pub keys: DemoKeys,
 }
+
+/// The demo owner's dashboard email.
+pub const DEMO_OWNER: &str = "owner@himalayan-java.example";
 
 fn marker_key() -> Key {
     Key::new("DEMO", "DEMO")
@@ -143,6 +152,56 @@ pub async fn bootstrap(state: &AppState, keys_file: &Path) -> Result<DemoAccount
         };
         *keys.slot(mode, kind) = secret;
     }
+    // The dashboard's demo owner: the remembered password if it still
+    // signs in, else a new one (a reset, if the user exists).
+    let project = account::get_project(store, &demo.project_id)
+        .await
+        .map_err(err)?
+        .ok_or_else(|| format!("demo project {} is missing", demo.project_id))?;
+    account::list_under_merchant(store, &project)
+        .await
+        .map_err(err)?;
+    let remembered = saved
+        .as_ref()
+        .filter(|k| k.dashboard_email == DEMO_OWNER && !k.dashboard_password.is_empty());
+    let user_err = |e: dashboard::DashboardError| format!("demo dashboard user: {e}");
+    let existing = dashboard::find_user_by_email(store, DEMO_OWNER)
+        .await
+        .map_err(user_err)?;
+    let still_signs_in = match (&existing, remembered) {
+        (Some(user), Some(k)) => {
+            dashboard::verify_password(&k.dashboard_password, &user.password_hash).await
+        }
+        _ => false,
+    };
+    keys.dashboard_email = DEMO_OWNER.to_owned();
+    keys.dashboard_password = match (still_signs_in, remembered, existing) {
+        (true, Some(k), _) => k.dashboard_password.clone(),
+        (_, _, existing) => {
+            changed = true;
+            let password = dashboard::new_form_token();
+            match existing {
+                Some(_) => {
+                    dashboard::reset_password(store, DEMO_OWNER, &password)
+                        .await
+                        .map_err(user_err)?;
+                }
+                None => {
+                    dashboard::create_user(
+                        store,
+                        now,
+                        &demo.merchant_id,
+                        DEMO_OWNER,
+                        dashboard::Role::Owner,
+                        &password,
+                    )
+                    .await
+                    .map_err(user_err)?;
+                }
+            }
+            password
+        }
+    };
     if changed || saved.is_none() {
         write_keys_file(keys_file, &keys)?;
     }

@@ -60,6 +60,7 @@ pub fn app_with_simulators(state: AppState, sim: simulators::SimState, extra: Ro
             .merge(sms::router(state.clone()))
             .merge(qr::router(state.clone()))
             .merge(mobile::router(state.clone()))
+            .merge(dashboard::router(state.clone()))
             .merge(hosted::router(state))
             .merge(docs::router(document))
             .merge(extra)
@@ -499,6 +500,10 @@ pub fn banner(running: &Running, settings: &Settings) -> String {
         format!(
             "  publishable     {} (apps: mobile endpoints only)",
             running.keys.sandbox_publishable
+        ),
+        format!(
+            "  dashboard       {url}/dashboard  ({} / {})",
+            running.keys.dashboard_email, running.keys.dashboard_password
         ),
         format!("  keys file       {}", running.keys_file.display()),
         String::new(),

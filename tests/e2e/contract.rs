@@ -112,9 +112,10 @@ const APP_ROUTES: &[(&str, &str)] = &[
 ];
 
 /// Paths outside the API contract: the public hosted pages, the health
-/// check, the API reference and the provider simulators.
+/// check, the API reference, the merchant dashboard and the provider
+/// simulators.
 fn outside_contract(path: &str) -> bool {
-    ["/c/", "/l/", "/health", "/sim", "/docs", "/openapi.json"]
+    ["/c/", "/l/", "/health", "/sim", "/docs", "/openapi.json", "/dashboard"]
         .iter()
         .any(|p| path.starts_with(p))
 }

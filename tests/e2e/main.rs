@@ -13,6 +13,7 @@ mod browser;
 mod checkout;
 mod contract;
 mod counter_page;
+mod dashboard;
 mod docs_page;
 mod invoices;
 mod lambda;

@@ -45,6 +45,9 @@ use shared::store::embedded::EmbeddedStore;
 use shared::store::{Store, StoreError};
 use shared::time::{Clock, SystemClock, Timestamp};
 
+#[path = "admin/users.rs"]
+mod users;
+
 const SECRET_WARNING: &str = "This is the only time this secret is shown: store it now. \
      Dhukuti keeps only its hash and cannot show it again.";
 
@@ -87,6 +90,9 @@ enum Command {
     /// Store a project's credentials at eSewa, Khalti and Fonepay (encrypted).
     #[command(subcommand)]
     Credentials(CredentialsCmd),
+    /// Dashboard users: create, reset a password, disable, list.
+    #[command(subcommand)]
+    User(users::UserCmd),
     /// Payments held for review: list them, release one as decided.
     #[command(subcommand)]
     Payments(PaymentsCmd),
@@ -187,6 +193,9 @@ enum ProjectCmd {
         #[arg(long, value_name = "true|false")]
         live_invoicing: Option<bool>,
     },
+    /// List a project created before the dashboard under its merchant, so
+    /// the dashboard's project switch shows it (new projects already are).
+    ListUnderMerchant { project_id: String },
     /// Set the seller profile copied onto the project's invoices when they
     /// are finalized (issued invoices keep the seller they were issued with).
     Seller(SellerArgs),
@@ -946,6 +955,7 @@ async fn run(command: Command) -> Result<Output, Failure> {
         Command::Key(cmd) => key_cmd(cmd, now).await,
         Command::Credentials(cmd) => credentials_cmd(cmd, now).await,
         Command::Payments(cmd) => payments_cmd(cmd, now).await,
+        Command::User(cmd) => users::user_cmd(cmd, now).await,
         Command::Trigger(args) => trigger_cmd(args).await,
         // Runs until Ctrl-C, printing as it goes: see `main`.
         Command::Listen(_) => Err(Failure::Usage("listen runs on its own".into())),
@@ -1176,6 +1186,15 @@ async fn merchant_cmd(cmd: MerchantCmd, now: Timestamp) -> Result<Output, Failur
 
 async fn project_cmd(cmd: ProjectCmd, now: Timestamp) -> Result<Output, Failure> {
     match cmd {
+        ProjectCmd::ListUnderMerchant { project_id } => {
+            check_id(&project_id, IdKind::Project, "project")?;
+            let store = store().await?;
+            let p = project(&*store, &project_id).await?;
+            account::list_under_merchant(&*store, &p)
+                .await
+                .map_err(failed("cannot list the project under its merchant"))?;
+            Ok(Output::new(to_json(&p), project_lines(&p)))
+        }
         ProjectCmd::Create {
             merchant_id,
             name,

@@ -275,6 +275,25 @@ pub async fn set_live_invoicing(
     from_item(item)
 }
 
+/// Lists `project` under its merchant (idempotent): projects created
+/// before the dashboard were not (`dhukuti-admin project
+/// list-under-merchant`, and the local gateway on start).
+pub async fn list_under_merchant(store: &dyn Store, project: &Project) -> Result<(), StoreError> {
+    let update = Update::new()
+        .set(
+            Index::Gsi1.pk_attr(),
+            keys::merchant_projects(&project.merchant_id),
+        )
+        .set(
+            Index::Gsi1.sk_attr(),
+            format!("{}#{}", project.created_at.to_rfc3339(), project.id),
+        );
+    store
+        .update(&Project::key(&project.id), update, Some(Cond::Exists))
+        .await
+        .map(|_| ())
+}
+
 /// The projects of `merchant_id`, oldest first (at most 100: the
 /// dashboard's switch; an operator creates projects).
 pub async fn merchant_projects(

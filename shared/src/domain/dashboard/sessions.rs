@@ -284,3 +284,14 @@ pub async fn switch_view(
         .await?;
     Ok(())
 }
+
+/// A random token for the sign-in form, before there is a session (sent
+/// as a cookie and as a field: the double-submit pattern).
+pub fn new_form_token() -> String {
+    random_alnum(32)
+}
+
+/// Whether two tokens are the same, in constant time; empty is no token.
+pub fn same_token(a: &str, b: &str) -> bool {
+    !a.is_empty() && same(a, b)
+}

@@ -1,0 +1,642 @@
+//! The merchant dashboard: server-rendered pages under `/dashboard` that
+//! work without JavaScript, signed in with a cookie session.
+//!
+//! | Route | What |
+//! |---|---|
+//! | `GET, POST /dashboard/sign-in` | The sign-in form and its answer (throttled per email and address). |
+//! | `POST /dashboard/sign-out`, `/dashboard/sign-out-everywhere` | End this session, or every session of the user. |
+//! | `POST /dashboard/view` | Switch project or sandbox/live. |
+//! | `GET /dashboard` | The overview: the last 30 days and their chart. |
+//! | `GET /dashboard/payments`, `/dashboard/payments/{id}` | Payments, and one with its attempt and refunds. |
+//! | `GET /dashboard/audit` | Who did what (owners). |
+//!
+//! Handlers check the session (`Signed`), the role (`Permission`) and,
+//! on every form, the CSRF token; the rules live in
+//! `shared::domain::dashboard` and the capability modules.
+
+mod chart;
+mod pages;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{FromRequestParts, Path, RawQuery, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use edge::with_edge;
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use shared::AppState;
+use shared::domain::Mode;
+use shared::domain::account;
+use shared::domain::analytics;
+use shared::domain::dashboard::{
+    self, Actor, DashboardError, DashboardSession, DashboardUser, Permission,
+};
+use shared::domain::payments::{self, PaymentView};
+use shared::domain::refunds;
+use shared::limits::public;
+
+pub use pages::Nav;
+
+/// The session cookie.
+pub const SESSION_COOKIE: &str = "dhukuti_session";
+/// The sign-in form's CSRF cookie (before there is a session).
+pub const PRE_COOKIE: &str = "dhukuti_pre";
+/// Rows a list page shows.
+pub const PAGE: usize = 25;
+/// The deepest page a list goes (offset pages read what they skip).
+const MAX_PAGE: usize = 400;
+
+const CSS: &str = include_str!("dashboard.css");
+
+/// The dashboard's routes in the shared edge, with the pages' security
+/// headers and the public limits per client address.
+pub fn router(state: AppState) -> Router {
+    with_edge(
+        Router::new()
+            .route("/dashboard", get(overview))
+            .route("/dashboard/", get(overview))
+            .route("/dashboard/sign-in", get(sign_in_page).post(sign_in))
+            .route("/dashboard/sign-out", post(sign_out))
+            .route("/dashboard/sign-out-everywhere", post(sign_out_everywhere))
+            .route("/dashboard/view", post(switch_view))
+            .route("/dashboard/payments", get(payments_page))
+            .route("/dashboard/payments/{id}", get(payment_page))
+            .route("/dashboard/audit", get(audit_page))
+            .route("/dashboard/assets/dashboard.css", get(css))
+            .fallback(not_found)
+            .route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                throttle,
+            ))
+            .layer(axum::middleware::map_response(secure))
+            .with_state(state),
+    )
+}
+
+/// Every request counts against its client address's public limits (the
+/// sign-in form is open to anyone; a signed-in browser makes a few
+/// requests a page).
+async fn throttle(
+    State(state): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let address = edge::requests::client_address(&req);
+    let request = public::PublicRequest {
+        address: Some(address.as_str()),
+        write: req.method() == http::Method::POST,
+        session: None,
+        link: None,
+        opens_session: false,
+        opens_stream: false,
+    };
+    match state
+        .public_limits
+        .take(&*state.store, &request, state.clock.now())
+        .await
+    {
+        Ok(()) => next.run(req).await,
+        Err(limited) => {
+            let mut res = html(
+                StatusCode::TOO_MANY_REQUESTS,
+                pages::message(
+                    "Too many requests",
+                    &format!(
+                        "Too many requests from your network. Try again in {} s.",
+                        limited.retry_after
+                    ),
+                ),
+            );
+            if let Ok(v) = HeaderValue::from_str(&limited.retry_after.to_string()) {
+                res.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+            res
+        }
+    }
+}
+
+/// The pages' headers: never cached or framed; only our own stylesheet,
+/// no script at all, forms only to ourselves.
+async fn secure(res: Response) -> Response {
+    edge::html::page_answer(
+        res,
+        "default-src 'none'; style-src 'self'; img-src 'self' data:; \
+         form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    )
+}
+
+fn html(status: StatusCode, page: String) -> Response {
+    let mut res = (status, page).into_response();
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    res
+}
+
+fn see_other(location: &str) -> Response {
+    let mut res = StatusCode::SEE_OTHER.into_response();
+    if let Ok(v) = HeaderValue::from_str(location) {
+        res.headers_mut().insert(header::LOCATION, v);
+    }
+    res
+}
+
+async fn css() -> Response {
+    let mut res = CSS.into_response();
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/css; charset=utf-8"),
+    );
+    res
+}
+
+async fn not_found() -> Response {
+    html(
+        StatusCode::NOT_FOUND,
+        pages::message("Not found", "There is no such page in the dashboard."),
+    )
+}
+
+/// A page that ends a handler early (a refusal, a failure): boxed, so
+/// that `Result<Response, Stop>` stays small.
+pub struct Stop(Box<Response>);
+
+impl IntoResponse for Stop {
+    fn into_response(self) -> Response {
+        *self.0
+    }
+}
+
+impl From<Response> for Stop {
+    fn from(res: Response) -> Self {
+        Stop(Box::new(res))
+    }
+}
+
+/// What a page handler answers.
+type Page = Result<Response, Stop>;
+
+/// [`failure`] as a [`Stop`].
+fn fail(e: impl Into<shared::refusal::Refusal>) -> Stop {
+    failure(e).into()
+}
+
+/// The failure page of a store or rule error: the words of the refusal,
+/// never its internals.
+fn failure(e: impl Into<shared::refusal::Refusal>) -> Response {
+    let refusal = e.into();
+    let status = match refusal.kind {
+        shared::refusal::Kind::NotFound => StatusCode::NOT_FOUND,
+        shared::refusal::Kind::Forbidden => StatusCode::FORBIDDEN,
+        shared::refusal::Kind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+        shared::refusal::Kind::Invalid | shared::refusal::Kind::Unprocessable => {
+            StatusCode::UNPROCESSABLE_ENTITY
+        }
+        shared::refusal::Kind::Conflict => StatusCode::CONFLICT,
+        shared::refusal::Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        shared::refusal::Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        _ => StatusCode::BAD_REQUEST,
+    };
+    if status.is_server_error() {
+        tracing::error!(code = refusal.code, message = %refusal.message, "dashboard failure");
+        return html(
+            status,
+            pages::message(
+                "Something went wrong",
+                "We could not finish this. Nothing was changed; try again in a moment.",
+            ),
+        );
+    }
+    html(status, pages::message("Not done", &refusal.message))
+}
+
+/// A cookie's value from the request's `Cookie` headers.
+pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_owned())
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+}
+
+/// `Secure` on cookies everywhere but the local http gateway.
+fn secure_cookies(state: &AppState) -> bool {
+    !state.config.public_base_url.starts_with("http://")
+}
+
+fn set_cookie(state: &AppState, name: &str, value: &str, max_age: i64) -> HeaderValue {
+    let secure = if secure_cookies(state) {
+        "; Secure"
+    } else {
+        ""
+    };
+    HeaderValue::from_str(&format!(
+        "{name}={value}; Path=/dashboard; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}"
+    ))
+    .unwrap_or_else(|_| HeaderValue::from_static("invalid=; Max-Age=0"))
+}
+
+/// A form's fields (`application/x-www-form-urlencoded`), first value of
+/// each name.
+fn form(body: &Bytes) -> std::collections::HashMap<String, String> {
+    let mut out = std::collections::HashMap::new();
+    for (k, v) in form_urlencoded::parse(body) {
+        out.entry(k.into_owned()).or_insert_with(|| v.into_owned());
+    }
+    out
+}
+
+fn query(raw: &Option<String>) -> std::collections::HashMap<String, String> {
+    form(&Bytes::from(raw.clone().unwrap_or_default()))
+}
+
+/// A page to come back to after signing in: our own paths only.
+fn local_path(next: Option<&String>) -> String {
+    next.filter(|p| {
+        p.starts_with("/dashboard")
+            && !p.contains("//")
+            && !p.contains('\\')
+            && p.len() <= 200
+            && p.bytes().all(|b| b.is_ascii_graphic())
+    })
+    .cloned()
+    .unwrap_or_else(|| "/dashboard".to_owned())
+}
+
+/// A signed-in request: the session its cookie names, the user, and the
+/// client's address. Without one, a GET goes to the sign-in page and
+/// comes back after; a POST changes nothing.
+pub struct Signed {
+    pub session: DashboardSession,
+    pub user: DashboardUser,
+    pub cookie: String,
+    pub address: String,
+}
+
+impl Signed {
+    fn actor(&self) -> Actor {
+        Actor::of(&self.user, &self.session, &self.address)
+    }
+
+    /// Refuses with a page unless the role allows `what`.
+    fn require(&self, what: Permission) -> Result<(), Stop> {
+        if self.user.role.may(what) {
+            Ok(())
+        } else {
+            Err(fail(what.refusal()))
+        }
+    }
+
+    /// Refuses with a page unless the form carries this session's token.
+    fn check_csrf(&self, fields: &std::collections::HashMap<String, String>) -> Result<(), Stop> {
+        let token = fields.get("csrf").map(String::as_str).unwrap_or("");
+        if self.session.csrf_ok(token) {
+            Ok(())
+        } else {
+            Err(Stop::from(html(
+                StatusCode::FORBIDDEN,
+                pages::message(
+                    "This form has expired",
+                    "Nothing was changed. Go back, reload the page and try again.",
+                ),
+            )))
+        }
+    }
+
+    fn nav(&self, projects: Vec<account::Project>, current: &'static str) -> Nav {
+        Nav {
+            email: self.user.email.clone(),
+            role: self.user.role,
+            csrf: self.session.csrf.clone(),
+            project_id: self.session.project_id.clone(),
+            mode: self.session.mode,
+            projects: projects.into_iter().map(|p| (p.id, p.name)).collect(),
+            current,
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for Signed {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
+        let signed_out = |parts: &Parts| {
+            if parts.method == http::Method::GET {
+                let next = parts
+                    .uri
+                    .path_and_query()
+                    .map(|p| p.as_str())
+                    .unwrap_or("/dashboard");
+                let next: String = form_urlencoded::byte_serialize(next.as_bytes()).collect();
+                see_other(&format!("/dashboard/sign-in?next={next}"))
+            } else {
+                html(
+                    StatusCode::UNAUTHORIZED,
+                    pages::message(
+                        "You are signed out",
+                        "Nothing was changed. Sign in again and repeat what you were doing.",
+                    ),
+                )
+            }
+        };
+        let Some(cookie) = cookie(&parts.headers, SESSION_COOKIE) else {
+            return Err(signed_out(parts));
+        };
+        match dashboard::open_session(&*state.store, state.clock.now(), &cookie).await {
+            Ok(Ok((session, user))) => Ok(Signed {
+                session,
+                user,
+                cookie,
+                address: edge::requests::client_address_in(&parts.extensions),
+            }),
+            Ok(Err(_)) => {
+                let mut res = signed_out(parts);
+                res.headers_mut()
+                    .append(header::SET_COOKIE, set_cookie(state, SESSION_COOKIE, "", 0));
+                Err(res)
+            }
+            Err(e) => Err(failure(e)),
+        }
+    }
+}
+
+async fn sign_in_page(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let q = query(&raw);
+    let pre = cookie(&headers, PRE_COOKIE)
+        .filter(|v| v.len() == 32 && v.bytes().all(|b| b.is_ascii_alphanumeric()))
+        .unwrap_or_else(dashboard::new_form_token);
+    let next = local_path(q.get("next"));
+    let mut res = html(StatusCode::OK, pages::sign_in(&pre, &next, None, ""));
+    res.headers_mut().append(
+        header::SET_COOKIE,
+        set_cookie(&state, PRE_COOKIE, &pre, 3600),
+    );
+    res
+}
+
+async fn sign_in(State(state): State<AppState>, req: axum::extract::Request) -> Response {
+    let address = edge::requests::client_address(&req);
+    let headers = req.headers().clone();
+    let body = match axum::body::to_bytes(req.into_body(), 16 * 1024).await {
+        Ok(b) => b,
+        Err(_) => {
+            return html(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                pages::message("Too large", "That form was too large."),
+            );
+        }
+    };
+    let f = form(&body);
+    let email = f.get("email").cloned().unwrap_or_default();
+    let next = local_path(f.get("next"));
+    let pre = cookie(&headers, PRE_COOKIE).unwrap_or_default();
+    let sent = f.get("csrf").map(String::as_str).unwrap_or("");
+    if pre.len() != 32 || !dashboard::same_token(&pre, sent) {
+        let fresh = dashboard::new_form_token();
+        let mut res = html(
+            StatusCode::FORBIDDEN,
+            pages::sign_in(
+                &fresh,
+                &next,
+                Some("This form has expired. Please sign in again."),
+                &email,
+            ),
+        );
+        res.headers_mut().append(
+            header::SET_COOKIE,
+            set_cookie(&state, PRE_COOKIE, &fresh, 3600),
+        );
+        return res;
+    }
+    let password = f.get("password").cloned().unwrap_or_default();
+    let now = state.clock.now();
+    match dashboard::sign_in(&*state.store, now, &email, &password, &address).await {
+        Ok(signed) => {
+            let actor = Actor::of(&signed.user, &signed.session, &address);
+            let entry = dashboard::audit_entry(&actor, now, "sign_in", &signed.user.id, "");
+            if let Err(e) = dashboard::record_audit(&*state.store, &entry).await {
+                tracing::warn!(error = %e, "audit entry of a sign-in not written");
+            }
+            let mut res = see_other(&next);
+            let age = dashboard::ABSOLUTE.num_seconds();
+            let h = res.headers_mut();
+            h.append(
+                header::SET_COOKIE,
+                set_cookie(&state, SESSION_COOKIE, &signed.cookie, age),
+            );
+            h.append(header::SET_COOKIE, set_cookie(&state, PRE_COOKIE, "", 0));
+            res
+        }
+        Err(e) => {
+            let (status, message) = match &e {
+                DashboardError::WrongCredentials => (
+                    StatusCode::UNAUTHORIZED,
+                    "Wrong email or password.".to_owned(),
+                ),
+                DashboardError::Throttled { retry_after } => (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "Too many sign-in attempts. Try again in {} minutes.",
+                        (retry_after + 59) / 60
+                    ),
+                ),
+                DashboardError::Disabled => (
+                    StatusCode::FORBIDDEN,
+                    "This user is disabled. Ask your account's owner.".to_owned(),
+                ),
+                DashboardError::NoProject => (
+                    StatusCode::FORBIDDEN,
+                    "Your account has no project yet. Contact Dhukuti.".to_owned(),
+                ),
+                _ => return failure(e),
+            };
+            let mut res = html(status, pages::sign_in(&pre, &next, Some(&message), &email));
+            if let DashboardError::Throttled { retry_after } = e
+                && let Ok(v) = HeaderValue::from_str(&retry_after.to_string())
+            {
+                res.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+            res
+        }
+    }
+}
+
+async fn sign_out(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
+    signed.check_csrf(&form(&body))?;
+    dashboard::sign_out(&*state.store, &signed.cookie)
+        .await
+        .map_err(fail)?;
+    Ok(signed_out_now(&state))
+}
+
+/// Back to the sign-in page, the session cookie cleared.
+fn signed_out_now(state: &AppState) -> Response {
+    let mut res = see_other("/dashboard/sign-in");
+    res.headers_mut()
+        .append(header::SET_COOKIE, set_cookie(state, SESSION_COOKIE, "", 0));
+    res
+}
+
+async fn sign_out_everywhere(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
+    signed.check_csrf(&form(&body))?;
+    let now = state.clock.now();
+    dashboard::end_all_sessions(&*state.store, &signed.user.id)
+        .await
+        .map_err(fail)?;
+    let entry = dashboard::audit_entry(
+        &signed.actor(),
+        now,
+        "sign_out_everywhere",
+        &signed.user.id,
+        "",
+    );
+    if let Err(e) = dashboard::record_audit(&*state.store, &entry).await {
+        tracing::warn!(error = %e, "audit entry of a sign-out not written");
+    }
+    Ok(signed_out_now(&state))
+}
+
+async fn switch_view(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
+    let f = form(&body);
+    signed.check_csrf(&f)?;
+    let mode = match f.get("mode").map(String::as_str) {
+        Some("live") => Mode::Live,
+        Some("sandbox") | None => Mode::Sandbox,
+        Some(_) => {
+            return Err(fail(shared::refusal::Refusal::invalid(
+                "mode",
+                "Choose sandbox or live",
+            )));
+        }
+    };
+    let project = f
+        .get("project")
+        .cloned()
+        .unwrap_or_else(|| signed.session.project_id.clone());
+    dashboard::switch_view(
+        &*state.store,
+        &signed.cookie,
+        &signed.session,
+        &project,
+        mode,
+    )
+    .await
+    .map_err(fail)?;
+    Ok(see_other(&local_path(f.get("back"))))
+}
+
+/// The header of a signed-in page (reads the merchant's projects).
+async fn nav(state: &AppState, signed: &Signed, current: &'static str) -> Result<Nav, Stop> {
+    let projects = account::merchant_projects(&*state.store, &signed.user.merchant_id)
+        .await
+        .map_err(fail)?;
+    Ok(signed.nav(projects, current))
+}
+
+async fn overview(State(state): State<AppState>, signed: Signed) -> Page {
+    let (o, series) = analytics::overview_by_day(
+        &*state.store,
+        &signed.session.project_id,
+        signed.session.mode,
+        analytics::DEFAULT_DAYS,
+        state.clock.now(),
+    )
+    .await
+    .map_err(fail)?;
+    let nav = nav(&state, &signed, "overview").await?;
+    Ok(html(StatusCode::OK, pages::overview(&nav, &o, &series)))
+}
+
+/// The page number of a list (`?page=`, from 1), bounded.
+fn page_number(q: &std::collections::HashMap<String, String>) -> Result<usize, Stop> {
+    match q.get("page") {
+        None => Ok(1),
+        Some(raw) => match raw.parse::<usize>() {
+            Ok(n) if (1..=MAX_PAGE).contains(&n) => Ok(n),
+            _ => Err(fail(shared::refusal::Refusal::invalid(
+                "page",
+                format!("A page is a number from 1 to {MAX_PAGE}"),
+            ))),
+        },
+    }
+}
+
+async fn payments_page(
+    State(state): State<AppState>,
+    signed: Signed,
+    RawQuery(raw): RawQuery,
+) -> Page {
+    let page = page_number(&query(&raw))?;
+    let (list, total) = payments::list(
+        &*state.store,
+        &signed.session.project_id,
+        signed.session.mode,
+        (page - 1) * PAGE,
+        PAGE,
+    )
+    .await
+    .map_err(fail)?;
+    let views: Vec<PaymentView> = list.into_iter().map(PaymentView::from).collect();
+    let nav = nav(&state, &signed, "payments").await?;
+    Ok(html(
+        StatusCode::OK,
+        pages::payments(&nav, &views, page, total),
+    ))
+}
+
+async fn payment_page(
+    State(state): State<AppState>,
+    signed: Signed,
+    Path(id): Path<String>,
+) -> Page {
+    let (project, mode) = (&signed.session.project_id, signed.session.mode);
+    let payment = payments::find(&*state.store, project, mode, &id)
+        .await
+        .map_err(fail)?
+        .ok_or_else(|| fail(shared::refusal::Refusal::not_found("payment", &id)))?;
+    let (refunds, _) = refunds::list(&*state.store, project, mode, Some(&id), 0, 100)
+        .await
+        .map_err(fail)?;
+    let nav = nav(&state, &signed, "payments").await?;
+    let attempt = payment.attempt.clone();
+    Ok(html(
+        StatusCode::OK,
+        pages::payment(&nav, &PaymentView::from(payment), &attempt, &refunds),
+    ))
+}
+
+async fn audit_page(
+    State(state): State<AppState>,
+    signed: Signed,
+    RawQuery(raw): RawQuery,
+) -> Page {
+    signed.require(Permission::People)?;
+    let q = query(&raw);
+    let before = q
+        .get("before")
+        .filter(|b| b.len() <= 80 && b.bytes().all(|c| c.is_ascii_graphic()));
+    let (entries, next) = dashboard::list_audit(
+        &*state.store,
+        &signed.user.merchant_id,
+        before.map(String::as_str),
+        dashboard::AUDIT_PAGE,
+    )
+    .await
+    .map_err(fail)?;
+    let nav = nav(&state, &signed, "audit").await?;
+    Ok(html(
+        StatusCode::OK,
+        pages::audit(&nav, &entries, next.as_deref()),
+    ))
+}

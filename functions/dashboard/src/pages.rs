@@ -1,0 +1,373 @@
+//! The dashboard's HTML (maud: every value escaped). One layout: a header
+//! with the project and sandbox/live switch and the person signed in, a
+//! navigation of the pages the role may see, a main landmark. No script.
+
+use maud::{DOCTYPE, Markup, html};
+use serde::Serialize;
+use shared::domain::Mode;
+use shared::domain::analytics::{DayFigures, Overview};
+use shared::domain::dashboard::{AuditEntry, Permission, Role};
+use shared::domain::payments::{AttemptInfo, PaymentView};
+use shared::domain::refunds::Refund;
+use shared::money::Paisa;
+use shared::time::Timestamp;
+
+/// What every signed-in page's header shows.
+pub struct Nav {
+    pub email: String,
+    pub role: Role,
+    pub csrf: String,
+    pub project_id: String,
+    pub mode: Mode,
+    /// (id, name) of the merchant's projects.
+    pub projects: Vec<(String, String)>,
+    /// The page shown (`overview`, `payments`, `audit`).
+    pub current: &'static str,
+}
+
+/// The pages, their paths and who sees them in the navigation.
+const PAGES: [(&str, &str, &str, Permission); 3] = [
+    ("overview", "/dashboard", "Overview", Permission::Read),
+    (
+        "payments",
+        "/dashboard/payments",
+        "Payments",
+        Permission::Read,
+    ),
+    ("audit", "/dashboard/audit", "Audit log", Permission::People),
+];
+
+/// An amount in paisa as people read it (`NPR 1,234.50`).
+pub fn rupees(paisa: i64) -> String {
+    Paisa::new(paisa)
+        .map(|p| p.display_npr())
+        .unwrap_or_else(|_| format!("{paisa} paisa"))
+}
+
+/// The lowercase name serde gives a value (a status, a provider).
+fn label<T: Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => String::new(),
+    }
+}
+
+/// A time as people read it: `2026-11-26 10:03 UTC`.
+fn when(t: Timestamp) -> String {
+    t.datetime().format("%Y-%m-%d %H:%M UTC").to_string()
+}
+
+fn head(title: &str) -> Markup {
+    html! {
+        (DOCTYPE)
+        meta charset="utf-8";
+        meta name="viewport" content="width=device-width,initial-scale=1";
+        meta name="robots" content="noindex";
+        title { (title) " · Dhukuti dashboard" }
+        link rel="stylesheet" href="/dashboard/assets/dashboard.css";
+    }
+}
+
+/// A whole signed-in page.
+fn layout(nav: &Nav, title: &str, body: Markup) -> String {
+    let sandbox = nav.mode == Mode::Sandbox;
+    html! {
+        html lang="en" {
+            head { (head(title)) }
+            body {
+                a.skip href="#main" { "Skip to content" }
+                header.top {
+                    span.brand { "Dhukuti" }
+                    form method="post" action="/dashboard/view" {
+                        input type="hidden" name="csrf" value=(nav.csrf);
+                        input type="hidden" name="back" value=(PAGES.iter().find(|p| p.0 == nav.current).map(|p| p.1).unwrap_or("/dashboard"));
+                        label for="project" { "Project" }
+                        select id="project" name="project" {
+                            @for (id, name) in &nav.projects {
+                                option value=(id) selected[*id == nav.project_id] { (name) }
+                            }
+                        }
+                        label for="mode" { "Mode" }
+                        select id="mode" name="mode" {
+                            option value="sandbox" selected[sandbox] { "Sandbox" }
+                            option value="live" selected[!sandbox] { "Live" }
+                        }
+                        button type="submit" { "Switch" }
+                    }
+                    span {
+                        (nav.email) " (" (nav.role.as_str()) ") "
+                        form method="post" action="/dashboard/sign-out" {
+                            input type="hidden" name="csrf" value=(nav.csrf);
+                            button.link type="submit" { "Sign out" }
+                        }
+                    }
+                }
+                @if sandbox {
+                    p.sandbox { "Sandbox: test payments, no real money." }
+                }
+                nav.main aria-label="Dashboard" {
+                    @for (key, path, name, needs) in PAGES {
+                        @if nav.role.may(needs) {
+                            @if key == nav.current {
+                                a href=(path) aria-current="page" { (name) }
+                            } @else {
+                                a href=(path) { (name) }
+                            }
+                        }
+                    }
+                }
+                main id="main" {
+                    h1 { (title) }
+                    (body)
+                }
+            }
+        }
+    }
+    .into_string()
+}
+
+/// A page with one message (errors, refusals, limits).
+pub fn message(title: &str, text: &str) -> String {
+    html! {
+        html lang="en" {
+            head { (head(title)) }
+            body {
+                main id="main" .signin {
+                    h1 { (title) }
+                    p { (text) }
+                    p { a href="/dashboard" { "Back to the dashboard" } }
+                }
+            }
+        }
+    }
+    .into_string()
+}
+
+/// The sign-in form.
+pub fn sign_in(csrf: &str, next: &str, error: Option<&str>, email: &str) -> String {
+    html! {
+        html lang="en" {
+            head { (head("Sign in")) }
+            body {
+                main id="main" .signin {
+                    h1 { "Sign in to Dhukuti" }
+                    @if let Some(e) = error {
+                        p.error role="alert" { (e) }
+                    }
+                    form.stack method="post" action="/dashboard/sign-in" {
+                        input type="hidden" name="csrf" value=(csrf);
+                        input type="hidden" name="next" value=(next);
+                        label for="email" { "Email" }
+                        input id="email" type="email" name="email" value=(email)
+                            autocomplete="username" required maxlength="254";
+                        label for="password" { "Password" }
+                        input id="password" type="password" name="password"
+                            autocomplete="current-password" required maxlength="256";
+                        button.primary type="submit" { "Sign in" }
+                    }
+                }
+            }
+        }
+    }
+    .into_string()
+}
+
+/// The overview: the last 30 days' figures and the chart of each day's
+/// volume.
+pub fn overview(nav: &Nav, o: &Overview, series: &[DayFigures]) -> String {
+    let p = &o.payments;
+    let f = &o.funnel;
+    let body = html! {
+        p.muted { "The last " (o.window.days) " days, " (when(o.window.start)) " to now." }
+        div.cards {
+            div.card { div.n { (rupees(p.success_volume_paisa)) } div.l { "Collected" } }
+            div.card { div.n { (p.success) } div.l { "Successful payments" } }
+            div.card { div.n { (format!("{:.0}%", p.success_rate * 100.0)) } div.l { "Success rate" } }
+            div.card { div.n { (f.sessions_created) } div.l { "Checkouts opened" } }
+            div.card { div.n { (format!("{:.0}%", f.conversion_rate_initiated_to_paid * 100.0)) } div.l { "Started checkouts paid" } }
+        }
+        section.panel.chart aria-labelledby="chart-title" {
+            h2 id="chart-title" { "Collected per day" }
+            (crate::chart::bars(series))
+            details {
+                summary { "The same figures as a table" }
+                table {
+                    thead { tr { th scope="col" { "Day" } th.num scope="col" { "Payments" } th.num scope="col" { "Collected" } } }
+                    tbody {
+                        @for d in series {
+                            tr { td { (d.day) } td.num { (d.success) } td.num { (rupees(d.success_volume_paisa)) } }
+                        }
+                    }
+                }
+            }
+        }
+        section.panel aria-labelledby="providers-title" {
+            h2 id="providers-title" { "By provider" }
+            @if o.by_provider.is_empty() {
+                p.muted { "No payments in this window yet." }
+            } @else {
+                table {
+                    thead { tr { th scope="col" { "Provider" } th.num scope="col" { "Payments" } th.num scope="col" { "Successful" } th.num scope="col" { "Collected" } } }
+                    tbody {
+                        @for b in &o.by_provider {
+                            tr {
+                                td { (label(&b.provider)) }
+                                td.num { (b.count) }
+                                td.num { (b.success_count) }
+                                td.num { (rupees(b.success_volume_paisa)) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        form method="post" action="/dashboard/sign-out-everywhere" {
+            input type="hidden" name="csrf" value=(nav.csrf);
+            button.primary type="submit" { "Sign out on every device" }
+        }
+    };
+    layout(nav, "Overview", body)
+}
+
+fn status_badge(status: &str) -> Markup {
+    html! { span class={ "status " (status) } { (status) } }
+}
+
+/// A page of payments, newest first.
+pub fn payments(nav: &Nav, list: &[PaymentView], page: usize, total: u64) -> String {
+    let pages = (total as usize).div_ceil(crate::PAGE).max(1);
+    let body = html! {
+        p.muted { (total) " payments. Page " (page) " of " (pages) "." }
+        div.panel {
+            @if list.is_empty() {
+                p { "No payments yet." }
+            } @else {
+                table {
+                    thead { tr {
+                        th scope="col" { "Payment" }
+                        th scope="col" { "Status" }
+                        th scope="col" { "Provider" }
+                        th.num scope="col" { "Amount" }
+                        th scope="col" { "Created" }
+                    } }
+                    tbody {
+                        @for p in list {
+                            tr {
+                                td { a href={ "/dashboard/payments/" (p.id) } { (p.id) } }
+                                td { (status_badge(&label(&p.status))) }
+                                td { (label(&p.provider)) }
+                                td.num { (p.amount.display_npr()) }
+                                td { (when(p.created_at)) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        (pager("/dashboard/payments", page, pages))
+    };
+    layout(nav, "Payments", body)
+}
+
+fn pager(path: &str, page: usize, pages: usize) -> Markup {
+    html! {
+        nav.pager aria-label="Pages" {
+            @if page > 1 {
+                a href={ (path) "?page=" (page - 1) } rel="prev" { "← Newer" }
+            } @else { span {} }
+            @if page < pages {
+                a href={ (path) "?page=" (page + 1) } rel="next" { "Older →" }
+            }
+        }
+    }
+}
+
+/// One payment: its facts, the provider's references and its refunds.
+pub fn payment(nav: &Nav, p: &PaymentView, attempt: &AttemptInfo, refunds: &[Refund]) -> String {
+    let body = html! {
+        div.panel {
+            dl.facts {
+                dt { "Payment" } dd { (p.id) }
+                dt { "Status" } dd { (status_badge(&label(&p.status))) }
+                dt { "Amount" } dd { (p.amount.display_npr()) }
+                dt { "Refunded" } dd { (p.amount_refunded.display_npr()) }
+                dt { "Provider" } dd { (label(&p.provider)) }
+                dt { "Provider's reference" } dd { (p.provider_ref.as_deref().unwrap_or("—")) }
+                dt { "Our reference" } dd { (attempt.reference.as_deref().unwrap_or("—")) }
+                dt { "Checkout session" } dd { (p.checkout_session_id) }
+                @if let Some(reason) = &p.failure_reason {
+                    dt { "Why it failed" } dd { (reason) }
+                }
+                dt { "Created" } dd { (when(p.created_at)) }
+                dt { "Updated" } dd { (when(p.updated_at)) }
+            }
+        }
+        section.panel aria-labelledby="refunds-title" {
+            h2 id="refunds-title" { "Refunds" }
+            @if refunds.is_empty() {
+                p.muted { "No refunds." }
+            } @else {
+                table {
+                    thead { tr {
+                        th scope="col" { "Refund" }
+                        th scope="col" { "Status" }
+                        th.num scope="col" { "Amount" }
+                        th scope="col" { "Notes" }
+                        th scope="col" { "Created" }
+                    } }
+                    tbody {
+                        @for r in refunds {
+                            tr {
+                                td { (r.id) }
+                                td { (status_badge(r.status.as_str())) }
+                                td.num { (r.amount.display_npr()) }
+                                td { (r.notes.as_deref().unwrap_or("")) }
+                                td { (when(r.created_at)) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        p { a href="/dashboard/payments" { "← All payments" } }
+    };
+    layout(nav, &format!("Payment {}", p.id), body)
+}
+
+/// A page of the audit log, newest first.
+pub fn audit(nav: &Nav, entries: &[AuditEntry], next: Option<&str>) -> String {
+    let body = html! {
+        div.panel {
+            @if entries.is_empty() {
+                p { "Nothing recorded yet." }
+            } @else {
+                table {
+                    thead { tr {
+                        th scope="col" { "When" }
+                        th scope="col" { "Who" }
+                        th scope="col" { "What" }
+                        th scope="col" { "On" }
+                        th scope="col" { "From" }
+                    } }
+                    tbody {
+                        @for e in entries {
+                            tr {
+                                td { (when(e.at)) }
+                                td { (e.email) }
+                                td { (e.action) @if !e.detail.is_empty() { br; span.muted { (e.detail) } } }
+                                td { (e.target) }
+                                td { (e.address) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        @if let Some(cursor) = next {
+            nav.pager aria-label="Pages" {
+                a href={ "/dashboard/audit?before=" (form_urlencoded::byte_serialize(cursor.as_bytes()).collect::<String>()) } rel="next" { "Older →" }
+            }
+        }
+    };
+    layout(nav, "Audit log", body)
+}

@@ -1,0 +1,511 @@
+//! The merchant dashboard over HTTP, as a browser without JavaScript and
+//! as an attacker drive it: sign-in (wrong password, stale or missing
+//! CSRF token, throttling), the session cookie's attributes, the pages'
+//! headers, roles, tenancy, the sandbox/live switch, sign-out (here and
+//! everywhere) and the audit log. Both backends.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use dhukuti_tests::browser::{form_encode, tags};
+use dhukuti_tests::{Tenant, TestApp, Which, on_both_backends, spawn_app};
+use shared::domain::dashboard::{self, Role};
+use shared::domain::{Mode, Provider};
+use shared::time::{Clock, SystemClock};
+
+const PASSWORD: &str = "a long dashboard password";
+
+/// A browser with a cookie jar that follows no redirect by itself.
+struct Dash {
+    http: reqwest::Client,
+    base: String,
+    jar: HashMap<String, String>,
+    /// The `Set-Cookie` headers of the last answer.
+    set_cookies: Vec<String>,
+}
+
+struct Answer {
+    status: u16,
+    location: String,
+    headers: reqwest::header::HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    fn show(&self) -> String {
+        let body: String = self.body.chars().take(600).collect();
+        format!("HTTP {} -> {:?}: {body}", self.status, self.location)
+    }
+}
+
+impl Dash {
+    fn new(base: &str) -> Dash {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap_or_else(|e| panic!("client: {e}"));
+        Dash {
+            http,
+            base: base.to_owned(),
+            jar: HashMap::new(),
+            set_cookies: Vec::new(),
+        }
+    }
+
+    async fn send(&mut self, req: reqwest::RequestBuilder) -> Answer {
+        let cookies: Vec<String> = self.jar.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let req = if cookies.is_empty() {
+            req
+        } else {
+            req.header("cookie", cookies.join("; "))
+        };
+        let res = req
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("request failed: {e}"));
+        self.set_cookies.clear();
+        for v in res.headers().get_all("set-cookie") {
+            let line = v.to_str().unwrap_or("").to_owned();
+            if let Some((name, rest)) = line.split(';').next().and_then(|p| p.split_once('=')) {
+                if line.contains("Max-Age=0") || rest.is_empty() {
+                    self.jar.remove(name);
+                } else {
+                    self.jar.insert(name.to_owned(), rest.to_owned());
+                }
+            }
+            self.set_cookies.push(line);
+        }
+        Answer {
+            status: res.status().as_u16(),
+            location: res
+                .headers()
+                .get("location")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned(),
+            headers: res.headers().clone(),
+            body: res.text().await.unwrap_or_default(),
+        }
+    }
+
+    async fn get(&mut self, path: &str) -> Answer {
+        let req = self.http.get(format!("{}{path}", self.base));
+        self.send(req).await
+    }
+
+    async fn post(&mut self, path: &str, fields: &[(&str, &str)]) -> Answer {
+        let fields: Vec<(String, String)> = fields
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let req = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form_encode(&fields));
+        self.send(req).await
+    }
+
+    /// The sign-in form's token (fetching the form sets its cookie).
+    async fn form_token(&mut self) -> String {
+        let page = self.get("/dashboard/sign-in").await;
+        assert_eq!(page.status, 200, "{}", page.show());
+        csrf(&page.body)
+    }
+
+    /// Signs in; answers the redirect.
+    async fn sign_in(&mut self, email: &str, password: &str) -> Answer {
+        let token = self.form_token().await;
+        self.post(
+            "/dashboard/sign-in",
+            &[("email", email), ("password", password), ("csrf", &token)],
+        )
+        .await
+    }
+}
+
+/// The first form's CSRF token on a page.
+fn csrf(body: &str) -> String {
+    tags(body, "input")
+        .into_iter()
+        .find(|t| t.get("name") == Some("csrf"))
+        .and_then(|t| t.get("value").map(str::to_owned))
+        .unwrap_or_else(|| panic!("no csrf field in {body}"))
+}
+
+async fn user(app: &TestApp, tenant: &Tenant, email: &str, role: Role) {
+    let now = SystemClock.now();
+    dashboard::create_user(&*app.store, now, &tenant.merchant.id, email, role, PASSWORD)
+        .await
+        .unwrap_or_else(|e| panic!("user: {e}"));
+}
+
+async fn signed_in(app: &TestApp, email: &str) -> Dash {
+    let mut b = Dash::new(&app.base);
+    let r = b.sign_in(email, PASSWORD).await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    b
+}
+
+async fn sign_in_checks_password_and_form_token(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Himal Traders", "owner@himal.np").await;
+    user(&app, &t, "owner@himal.np", Role::Owner).await;
+    let mut b = Dash::new(&app.base);
+
+    // Signed out, a page sends the browser to sign in and back after.
+    let r = b.get("/dashboard/payments?page=1").await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    assert_eq!(
+        r.location,
+        "/dashboard/sign-in?next=%2Fdashboard%2Fpayments%3Fpage%3D1"
+    );
+    let form = b.get(&r.location).await;
+    assert_eq!(form.status, 200, "{}", form.show());
+    assert!(
+        form.body.contains("<label for=\"email\">"),
+        "{}",
+        form.show()
+    );
+    assert!(form.body.contains("<label for=\"password\">"));
+    let token = csrf(&form.body);
+
+    // A wrong password: the same words as an unknown email, no session.
+    for email in ["owner@himal.np", "nobody@himal.np"] {
+        let r = b
+            .post(
+                "/dashboard/sign-in",
+                &[
+                    ("email", email),
+                    ("password", "not the password"),
+                    ("csrf", &token),
+                ],
+            )
+            .await;
+        assert_eq!(r.status, 401, "{}", r.show());
+        assert!(r.body.contains("Wrong email or password."), "{}", r.show());
+        assert!(!b.jar.contains_key("dhukuti_session"));
+    }
+    // Without the form's token, or with another one: refused, nothing done.
+    for sent in ["", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"] {
+        let r = b
+            .post(
+                "/dashboard/sign-in",
+                &[
+                    ("email", "owner@himal.np"),
+                    ("password", PASSWORD),
+                    ("csrf", sent),
+                ],
+            )
+            .await;
+        assert_eq!(r.status, 403, "{}", r.show());
+        assert!(r.body.contains("This form has expired"), "{}", r.show());
+        assert!(!b.jar.contains_key("dhukuti_session"));
+    }
+    // A fresh browser posting another's token (no cookie of its own).
+    let mut stranger = Dash::new(&app.base);
+    let r = stranger
+        .post(
+            "/dashboard/sign-in",
+            &[
+                ("email", "owner@himal.np"),
+                ("password", PASSWORD),
+                ("csrf", &token),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.show());
+
+    // The right password, with the form's token (the refusal above gave a
+    // new one), an open redirect attempt in `next` ignored.
+    let token = csrf(&b.get("/dashboard/sign-in").await.body);
+    let r = b
+        .post(
+            "/dashboard/sign-in",
+            &[
+                ("email", " Owner@Himal.np "),
+                ("password", PASSWORD),
+                ("csrf", &token),
+                ("next", "//evil.example/x"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    assert_eq!(r.location, "/dashboard");
+    let session_cookie = b
+        .set_cookies
+        .iter()
+        .find(|c| c.starts_with("dhukuti_session=ds_"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no session cookie: {:?}", b.set_cookies));
+    for attr in [
+        "HttpOnly",
+        "SameSite=Lax",
+        "Path=/dashboard",
+        "Max-Age=43200",
+    ] {
+        assert!(session_cookie.contains(attr), "{session_cookie}");
+    }
+    // The local gateway is plain http: `Secure` is relaxed only there.
+    assert!(!session_cookie.contains("Secure"), "{session_cookie}");
+
+    let overview = b.get("/dashboard").await;
+    assert_eq!(overview.status, 200, "{}", overview.show());
+    assert!(overview.body.contains("<h1>Overview</h1>"));
+    assert!(overview.body.contains("role=\"img\""), "the chart");
+    assert_eq!(overview.body.matches("<rect").count(), 30, "a bar a day");
+    assert!(overview.body.contains("owner@himal.np (owner)"));
+    assert!(!overview.body.contains("<script"), "no script at all");
+    let h = |name: &str| {
+        overview
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert!(h("content-security-policy").contains("frame-ancestors 'none'"));
+    assert!(h("content-security-policy").contains("default-src 'none'"));
+    assert!(!h("content-security-policy").contains("unsafe-inline"));
+    assert_eq!(h("x-frame-options"), "DENY");
+    assert_eq!(h("cache-control"), "no-store");
+    let css = b.get("/dashboard/assets/dashboard.css").await;
+    assert_eq!(css.status, 200);
+    assert!(css.body.contains("body{"));
+    app.stop().await;
+}
+
+async fn roles_and_tenancy_are_enforced(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let a = app.tenant("Himal Traders", "a@himal.np").await;
+    let other = app.tenant("Other Shop", "b@other.np").await;
+    user(&app, &a, "owner@himal.np", Role::Owner).await;
+    user(&app, &a, "viewer@himal.np", Role::Viewer).await;
+    user(&app, &other, "owner@other.np", Role::Owner).await;
+    let ours = app
+        .payment(&a, Mode::Sandbox, 150_000, Provider::Khalti)
+        .await;
+    let live = app.payment(&a, Mode::Live, 99_900, Provider::Esewa).await;
+    let theirs = app
+        .payment(&other, Mode::Sandbox, 70_000, Provider::Esewa)
+        .await;
+
+    let mut owner = signed_in(&app, "owner@himal.np").await;
+    let list = owner.get("/dashboard/payments").await;
+    assert_eq!(list.status, 200, "{}", list.show());
+    assert!(list.body.contains(&ours.id), "{}", list.show());
+    assert!(
+        !list.body.contains(&live.id),
+        "sandbox shows no live payment"
+    );
+    assert!(!list.body.contains(&theirs.id));
+    let detail = owner.get(&format!("/dashboard/payments/{}", ours.id)).await;
+    assert_eq!(detail.status, 200, "{}", detail.show());
+    assert!(detail.body.contains("NPR 1,500.00"), "{}", detail.show());
+    // Another merchant's payment is no payment here.
+    let r = owner
+        .get(&format!("/dashboard/payments/{}", theirs.id))
+        .await;
+    assert_eq!(r.status, 404, "{}", r.show());
+    assert!(!r.body.contains("NPR 700.00"));
+    for bad in ["0", "-1", "x", "401", "99999999999999999999"] {
+        let r = owner.get(&format!("/dashboard/payments?page={bad}")).await;
+        assert_eq!(r.status, 422, "page={bad}: {}", r.show());
+        assert!(r.body.contains("A page is a number"), "{}", r.show());
+    }
+
+    // The switch to live, with the form's token.
+    let token = csrf(&list.body);
+    let r = owner
+        .post(
+            "/dashboard/view",
+            &[
+                ("csrf", &token),
+                ("project", &a.project.id),
+                ("mode", "live"),
+                ("back", "/dashboard/payments"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    assert_eq!(r.location, "/dashboard/payments");
+    let list = owner.get("/dashboard/payments").await;
+    assert!(
+        list.body.contains(&live.id) && !list.body.contains(&ours.id),
+        "{}",
+        list.show()
+    );
+    assert!(!list.body.contains("Sandbox: test payments"));
+    // Another merchant's project, a mode that is none, a missing token:
+    // refused, the view unchanged.
+    for fields in [
+        vec![
+            ("csrf", token.as_str()),
+            ("project", other.project.id.as_str()),
+            ("mode", "sandbox"),
+        ],
+        vec![
+            ("csrf", token.as_str()),
+            ("project", a.project.id.as_str()),
+            ("mode", "production"),
+        ],
+        vec![("project", a.project.id.as_str()), ("mode", "sandbox")],
+    ] {
+        let r = owner.post("/dashboard/view", &fields).await;
+        assert!(matches!(r.status, 403 | 422), "{fields:?}: {}", r.show());
+        let list = owner.get("/dashboard/payments").await;
+        assert!(list.body.contains(&live.id), "{fields:?} changed the view");
+    }
+
+    // A viewer reads payments but not the audit log.
+    let mut viewer = signed_in(&app, "viewer@himal.np").await;
+    assert_eq!(viewer.get("/dashboard/payments").await.status, 200);
+    let r = viewer.get("/dashboard/audit").await;
+    assert_eq!(r.status, 403, "{}", r.show());
+    let nav = viewer.get("/dashboard").await;
+    assert!(
+        !nav.body.contains("href=\"/dashboard/audit\""),
+        "no link to it"
+    );
+
+    // The owner's audit log names both sign-ins, from where; the other
+    // merchant's owner sees none of them.
+    let audit = owner.get("/dashboard/audit").await;
+    assert_eq!(audit.status, 200, "{}", audit.show());
+    assert!(audit.body.contains("owner@himal.np") && audit.body.contains("viewer@himal.np"));
+    assert!(audit.body.contains("sign_in") && audit.body.contains("127.0.0.1"));
+    let mut stranger = signed_in(&app, "owner@other.np").await;
+    let theirs_log = stranger.get("/dashboard/audit").await;
+    assert!(
+        !theirs_log.body.contains("himal.np"),
+        "{}",
+        theirs_log.show()
+    );
+    app.stop().await;
+}
+
+async fn sign_out_here_and_everywhere(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Himal Traders", "a@himal.np").await;
+    user(&app, &t, "owner@himal.np", Role::Owner).await;
+    let mut phone = signed_in(&app, "owner@himal.np").await;
+    let mut laptop = signed_in(&app, "owner@himal.np").await;
+    let page = phone.get("/dashboard").await;
+    let token = csrf(&page.body);
+
+    // A sign-out without the token (a cross-site form) does nothing.
+    let r = phone
+        .post("/dashboard/sign-out", &[("csrf", "forged")])
+        .await;
+    assert_eq!(r.status, 403, "{}", r.show());
+    assert_eq!(phone.get("/dashboard").await.status, 200);
+    // Another session's token is not this one's.
+    let laptop_token = csrf(&laptop.get("/dashboard").await.body);
+    let r = phone
+        .post("/dashboard/sign-out", &[("csrf", &laptop_token)])
+        .await;
+    assert_eq!(r.status, 403, "{}", r.show());
+
+    // Sign out everywhere from the phone: the laptop is signed out too.
+    let r = phone
+        .post("/dashboard/sign-out-everywhere", &[("csrf", &token)])
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    assert_eq!(r.location, "/dashboard/sign-in");
+    for b in [&mut phone, &mut laptop] {
+        let r = b.get("/dashboard").await;
+        assert_eq!(r.status, 303, "{}", r.show());
+        // A form posted by a signed-out browser changes nothing.
+        let r = b
+            .post("/dashboard/sign-out-everywhere", &[("csrf", &token)])
+            .await;
+        assert_eq!(r.status, 401, "{}", r.show());
+    }
+
+    // Signing out here leaves the other session.
+    let mut a = signed_in(&app, "owner@himal.np").await;
+    let mut b = signed_in(&app, "owner@himal.np").await;
+    let token = csrf(&a.get("/dashboard").await.body);
+    let r = a.post("/dashboard/sign-out", &[("csrf", &token)]).await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    assert_eq!(a.get("/dashboard").await.status, 303);
+    assert_eq!(b.get("/dashboard").await.status, 200);
+    let audit = b.get("/dashboard/audit").await;
+    assert!(
+        audit.body.contains("sign_out_everywhere"),
+        "{}",
+        audit.show()
+    );
+
+    // A password reset ends every session; a disabled user cannot sign in.
+    dashboard::reset_password(&*app.store, "owner@himal.np", "another long password")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(b.get("/dashboard").await.status, 303);
+    dashboard::set_disabled(&*app.store, "owner@himal.np", true)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut c = Dash::new(&app.base);
+    let r = c.sign_in("owner@himal.np", "another long password").await;
+    assert_eq!(r.status, 403, "{}", r.show());
+    assert!(r.body.contains("disabled"), "{}", r.show());
+    app.stop().await;
+}
+
+async fn guessing_a_password_is_throttled(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Himal Traders", "a@himal.np").await;
+    user(&app, &t, "owner@himal.np", Role::Owner).await;
+    let mut b = Dash::new(&app.base);
+    let token = b.form_token().await;
+    for n in 0..dashboard::ATTEMPTS_PER_ACCOUNT {
+        let r = b
+            .post(
+                "/dashboard/sign-in",
+                &[
+                    ("email", "owner@himal.np"),
+                    ("password", &format!("guess number {n}")),
+                    ("csrf", &token),
+                ],
+            )
+            .await;
+        assert_eq!(r.status, 401, "{n}: {}", r.show());
+    }
+    let r = b
+        .post(
+            "/dashboard/sign-in",
+            &[
+                ("email", "owner@himal.np"),
+                ("password", PASSWORD),
+                ("csrf", &token),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 429, "{}", r.show());
+    let retry: i64 = r
+        .headers
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!((1..=dashboard::ATTEMPT_WINDOW).contains(&retry), "{retry}");
+    assert!(r.body.contains("Too many sign-in attempts"), "{}", r.show());
+    assert!(!b.jar.contains_key("dhukuti_session"));
+    app.stop().await;
+}
+
+on_both_backends!(
+    sign_in_checks_password_and_form_token,
+    roles_and_tenancy_are_enforced,
+    sign_out_here_and_everywhere,
+    guessing_a_password_is_throttled,
+);
