@@ -1,8 +1,18 @@
 //! HTML escaping and the headers of the pages we serve (hosted checkout,
 //! the demo counter, simulators).
 
-use axum::response::Response;
-use http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+
+/// An HTML page with `status`.
+pub fn html(status: StatusCode, page: String) -> Response {
+    let mut res = (status, page).into_response();
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    res
+}
 
 /// A page's own answer, as every page we serve sends it: in its own shape
 /// (the edge leaves it out of the API's error envelope), never cached,

@@ -115,9 +115,17 @@ const APP_ROUTES: &[(&str, &str)] = &[
 /// check, the API reference, the merchant dashboard and the provider
 /// simulators.
 fn outside_contract(path: &str) -> bool {
-    ["/c/", "/l/", "/health", "/sim", "/docs", "/openapi.json", "/dashboard"]
-        .iter()
-        .any(|p| path.starts_with(p))
+    [
+        "/c/",
+        "/l/",
+        "/health",
+        "/sim",
+        "/docs",
+        "/openapi.json",
+        "/dashboard",
+    ]
+    .iter()
+    .any(|p| path.starts_with(p))
 }
 
 fn table() -> BTreeSet<(String, String)> {

@@ -272,6 +272,14 @@ async fn sign_in_checks_password_and_form_token(which: Which) {
     assert!(!h("content-security-policy").contains("unsafe-inline"));
     assert_eq!(h("x-frame-options"), "DENY");
     assert_eq!(h("cache-control"), "no-store");
+    // An unknown dashboard page is a page, not the API's envelope.
+    let missing = b.get("/dashboard/no-such-page").await;
+    assert_eq!(missing.status, 404, "{}", missing.show());
+    assert!(
+        missing.body.contains("There is no such page"),
+        "{}",
+        missing.show()
+    );
     let css = b.get("/dashboard/assets/dashboard.css").await;
     assert_eq!(css.status, 200);
     assert!(css.body.contains("body{"));

@@ -22,6 +22,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequestParts, Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use edge::html::html;
 use edge::with_edge;
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -64,7 +65,9 @@ pub fn router(state: AppState) -> Router {
             .route("/dashboard/payments/{id}", get(payment_page))
             .route("/dashboard/audit", get(audit_page))
             .route("/dashboard/assets/dashboard.css", get(css))
-            .fallback(not_found)
+            // Not a fallback: the local gateway merges every router into
+            // one, where a fallback would answer the API's unknown paths.
+            .route("/dashboard/{*rest}", axum::routing::any(not_found))
             .route_layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 throttle,
@@ -124,15 +127,6 @@ async fn secure(res: Response) -> Response {
         "default-src 'none'; style-src 'self'; img-src 'self' data:; \
          form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     )
-}
-
-fn html(status: StatusCode, page: String) -> Response {
-    let mut res = (status, page).into_response();
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    res
 }
 
 fn see_other(location: &str) -> Response {

@@ -22,6 +22,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use edge::html::html;
 use edge::with_edge;
 use http::{HeaderValue, StatusCode, header};
 use serde_json::json;
@@ -176,15 +177,6 @@ async fn secure(res: Response) -> Response {
         "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; \
          img-src data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'",
     )
-}
-
-fn html(status: StatusCode, page: String) -> Response {
-    let mut res = (status, page).into_response();
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    res
 }
 
 fn see_other(location: &str) -> Response {

@@ -53,6 +53,21 @@ pub async fn page_of<T: DeserializeOwned>(
     Ok((records, total))
 }
 
+/// The records of one page of `query` (its `limit` bounds them): small
+/// lists read whole, such as a merchant's projects or people.
+pub async fn all_of<T: DeserializeOwned>(
+    store: &dyn Store,
+    query: &Query,
+) -> Result<Vec<T>, StoreError> {
+    store
+        .query(query)
+        .await?
+        .items
+        .into_iter()
+        .map(from_item)
+        .collect()
+}
+
 /// The record stored in `item`.
 pub fn from_item<T: DeserializeOwned>(item: Item) -> Result<T, StoreError> {
     let key = Key::of(&item);

@@ -303,11 +303,5 @@ pub async fn merchant_projects(
     let q = Query::partition(keys::merchant_projects(merchant_id))
         .on(Index::Gsi1)
         .limit(100);
-    store
-        .query(&q)
-        .await?
-        .items
-        .into_iter()
-        .map(from_item)
-        .collect()
+    super::super::record::all_of(store, &q).await
 }

@@ -162,39 +162,40 @@ pub enum DashboardError {
     Store(#[from] StoreError),
 }
 
+/// The dashboard shows these as pages, never in the API's envelope, so
+/// they take the API's general codes (`tests/e2e/openapi.rs` keeps the
+/// list of codes to what the API answers).
 impl From<DashboardError> for Refusal {
     fn from(e: DashboardError) -> Self {
         match e {
             DashboardError::WrongCredentials => Refusal::new(
                 Kind::Unauthenticated,
-                "sign_in_failed",
+                "permission_denied",
                 "Wrong email or password",
             ),
             DashboardError::Throttled { retry_after } => Refusal::new(
                 Kind::RateLimited,
                 "rate_limited",
                 format!("Too many sign-in attempts; try again in {retry_after} s"),
-            ),
+            )
+            .retry_after(u64::try_from(retry_after).unwrap_or(1)),
             DashboardError::Disabled => Refusal::forbidden(
-                "user_disabled",
+                "permission_denied",
                 "This user is disabled; ask the account's owner",
             ),
             DashboardError::NoProject => Refusal::forbidden(
-                "no_project",
+                "permission_denied",
                 "This merchant has no project yet; ask Dhukuti's operators",
             ),
             DashboardError::Invalid { field, message } => Refusal::invalid(field, message),
-            DashboardError::EmailTaken => Refusal::new(
-                Kind::Conflict,
-                "email_taken",
-                "A user with this email exists",
-            )
-            .at("email"),
+            DashboardError::EmailTaken => {
+                Refusal::conflict("state_conflict", "A user with this email exists").at("email")
+            }
             DashboardError::UnknownUser => {
-                Refusal::new(Kind::NotFound, "resource_missing", "No such user")
+                Refusal::new(Kind::NotFound, "not_found", "No such user")
             }
             DashboardError::UnknownMerchant => {
-                Refusal::new(Kind::NotFound, "resource_missing", "No such merchant")
+                Refusal::new(Kind::NotFound, "not_found", "No such merchant")
             }
             DashboardError::Store(e) => e.into(),
         }

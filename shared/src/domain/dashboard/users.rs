@@ -243,11 +243,5 @@ pub async fn list_users(
     let q = Query::partition(keys::merchant_users(merchant_id))
         .on(Index::Gsi1)
         .limit(100);
-    store
-        .query(&q)
-        .await?
-        .items
-        .into_iter()
-        .map(from_item)
-        .collect()
+    super::super::record::all_of(store, &q).await
 }
