@@ -365,6 +365,12 @@ pub fn dashboard_session(token_hash: &str) -> Key {
     Key::new(format!("DSESS#{token_hash}"), "DSESS")
 }
 
+/// The fence of one dashboard form (its one-time token): a double submit
+/// finds what the first made.
+pub fn dashboard_form(merchant_id: &str, nonce: &str) -> Key {
+    Key::new(format!("DFORM#{merchant_id}#{nonce}"), "FENCE")
+}
+
 /// A merchant's audit log (sort key: time and entry id).
 pub fn audit_partition(merchant_id: &str) -> String {
     format!("MER#{merchant_id}#AUDIT")
@@ -498,6 +504,7 @@ mod tests {
         assert_eq!(merchant_users("mer"), "MER#mer#DUSER");
         assert_eq!(k(dashboard_session("ab")), kk("DSESS#ab", "DSESS"));
         assert_eq!(audit_partition("mer"), "MER#mer#AUDIT");
+        assert_eq!(k(dashboard_form("mer", "n1")), kk("DFORM#mer#n1", "FENCE"));
         assert_eq!(
             k(throttle("A#1.2.3.4", 60)),
             kk("THROTTLE#A#1.2.3.4#60", "THROTTLE")

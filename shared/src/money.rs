@@ -98,6 +98,47 @@ pub enum Currency {
     Npr,
 }
 
+/// An amount a person typed in rupees (`1500`, `1,500.5`, `NPR 1,500.50`)
+/// in paisa: at most two decimals, commas only between digits, more than
+/// zero, at most 10 digits of rupees.
+pub fn parse_rupees(text: &str) -> Result<i64, String> {
+    let t = text.trim();
+    let t = t
+        .strip_prefix("NPR")
+        .or_else(|| t.strip_prefix("Rs."))
+        .or_else(|| t.strip_prefix("Rs"))
+        .unwrap_or(t)
+        .trim();
+    let wrong = || format!("{text:?} is not an amount in rupees, like 1500 or 1,500.50");
+    let (whole, frac) = match t.split_once('.') {
+        Some((_, "")) => return Err(wrong()),
+        Some((w, f)) => (w, f),
+        None => (t, ""),
+    };
+    let grouped_ok = whole.split(',').enumerate().all(|(i, g)| {
+        !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()) && (i == 0 || g.len() == 3)
+    });
+    let digits: String = whole.chars().filter(|c| *c != ',').collect();
+    if !grouped_ok
+        || digits.len() > 10
+        || frac.len() > 2
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(wrong());
+    }
+    let rupees: i64 = digits.parse().map_err(|_| wrong())?;
+    let paisa: i64 = match frac.len() {
+        0 => 0,
+        1 => frac.parse::<i64>().map_err(|_| wrong())? * 10,
+        _ => frac.parse::<i64>().map_err(|_| wrong())?,
+    };
+    let total = rupees * 100 + paisa;
+    if total <= 0 {
+        return Err(format!("{text:?}: an amount must be more than zero"));
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,5 +179,40 @@ mod tests {
             Some("\"NPR\"")
         );
         assert!(serde_json::from_str::<Currency>("\"USD\"").is_err());
+    }
+
+    #[test]
+    fn rupees_as_people_type_them() {
+        for (text, paisa) in [
+            ("1500", 150_000),
+            ("1,500", 150_000),
+            ("1,500.5", 150_050),
+            ("NPR 1,500.50", 150_050),
+            ("Rs. 10", 1_000),
+            (" 0.01 ", 1),
+            ("12,34,567", -1),
+            ("1234567890", 123_456_789_000),
+        ] {
+            match super::parse_rupees(text) {
+                Ok(p) => assert_eq!(p, paisa, "{text}"),
+                Err(e) => assert_eq!(paisa, -1, "{text}: {e}"),
+            }
+        }
+        for bad in [
+            "",
+            "0",
+            "0.00",
+            "-5",
+            "1.234",
+            "1,50",
+            ",100",
+            "1e3",
+            "12345678901",
+            "1.",
+            "abc",
+            "1 000",
+        ] {
+            assert!(super::parse_rupees(bad).is_err(), "{bad}");
+        }
     }
 }

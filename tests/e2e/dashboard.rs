@@ -511,7 +511,231 @@ async fn guessing_a_password_is_throttled(which: Which) {
     app.stop().await;
 }
 
+/// A field's value in the first form on a page that has it.
+fn field(body: &str, name: &str) -> String {
+    tags(body, "input")
+        .into_iter()
+        .find(|t| t.get("name") == Some(name))
+        .and_then(|t| t.get("value").map(str::to_owned))
+        .unwrap_or_else(|| panic!("no {name} field in {body}"))
+}
+
+async fn refund_count(app: &TestApp, t: &Tenant, payment: &str) -> u64 {
+    shared::domain::refunds::list(
+        &*app.store,
+        &t.project.id,
+        Mode::Sandbox,
+        Some(payment),
+        0,
+        100,
+    )
+    .await
+    .map(|(_, n)| n)
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn refunds_are_issued_once_with_notes(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Himal Traders", "a@himal.np").await;
+    let other = app.tenant("Other Shop", "b@other.np").await;
+    user(&app, &t, "owner@himal.np", Role::Owner).await;
+    user(&app, &t, "viewer@himal.np", Role::Viewer).await;
+    let esewa = app
+        .payment(&t, Mode::Sandbox, 150_000, Provider::Esewa)
+        .await;
+    let fonepay = app
+        .payment(&t, Mode::Sandbox, 80_000, Provider::Fonepay)
+        .await;
+    let theirs = app
+        .payment(&other, Mode::Sandbox, 70_000, Provider::Esewa)
+        .await;
+    let mut owner = signed_in(&app, "owner@himal.np").await;
+    let path = format!("/dashboard/payments/{}", esewa.id);
+    let page = owner.get(&path).await;
+    assert!(
+        page.body.contains("<h2 id=\"refund-title\">Refund</h2>"),
+        "{}",
+        page.show()
+    );
+    assert_eq!(field(&page.body, "amount"), "1500.00");
+    let (token, nonce) = (csrf(&page.body), field(&page.body, "nonce"));
+    let action = format!("{path}/refund");
+    let refund = [
+        ("csrf", token.as_str()),
+        ("nonce", nonce.as_str()),
+        ("amount", "500"),
+        ("reason", "customer_request"),
+        ("notes", "Torn packaging\r\nsecond line"),
+    ];
+    let r = owner.post(&action, &refund).await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let id = r
+        .location
+        .split("?refund=")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{}", r.show()))
+        .to_owned();
+    // The double click: the same form again finds the same refund.
+    let again = owner.post(&action, &refund).await;
+    assert_eq!(again.status, 303, "{}", again.show());
+    assert_eq!(again.location, r.location);
+    assert_eq!(refund_count(&app, &t, &esewa.id).await, 1);
+    let shown = owner.get(&r.location).await;
+    assert!(
+        shown.body.contains(&format!("Refund {id} recorded.")),
+        "{}",
+        shown.show()
+    );
+    assert!(shown.body.contains("requires_action") && shown.body.contains("eSewa merchant portal"));
+    assert!(
+        shown.body.contains("Torn packaging\nsecond line"),
+        "{}",
+        shown.show()
+    );
+    assert_eq!(field(&shown.body, "amount"), "1000.00", "what is left");
+    let list = owner.get("/dashboard/refunds").await;
+    assert!(
+        list.body.contains(&id) && list.body.contains("1 refunds."),
+        "{}",
+        list.show()
+    );
+
+    // More than is left, a bad amount, an unknown reason, a missing token
+    // or one-time token: a clear page, nothing made.
+    let fresh = owner.get(&path).await;
+    let (token, nonce) = (csrf(&fresh.body), field(&fresh.body, "nonce"));
+    for (amount, reason, sent_nonce, status, says) in [
+        ("1,000.01", "other", nonce.as_str(), 422, "more than"),
+        ("abc", "other", nonce.as_str(), 422, "Amount:"),
+        ("5.005", "other", nonce.as_str(), 422, "Amount:"),
+        ("10", "because", nonce.as_str(), 422, "Reason:"),
+        ("10", "other", "", 403, "This form has expired"),
+    ] {
+        let r = owner
+            .post(
+                &action,
+                &[
+                    ("csrf", &token),
+                    ("nonce", sent_nonce),
+                    ("amount", amount),
+                    ("reason", reason),
+                ],
+            )
+            .await;
+        assert_eq!(r.status, status, "{amount} {reason}: {}", r.show());
+        assert!(r.body.contains(says), "{amount}: {}", r.show());
+        assert_eq!(refund_count(&app, &t, &esewa.id).await, 1, "{amount}");
+    }
+    let r = owner
+        .post(
+            &action,
+            &[("nonce", &nonce), ("amount", "10"), ("reason", "other")],
+        )
+        .await;
+    assert_eq!(r.status, 403, "no CSRF token: {}", r.show());
+    // Another merchant's payment is none of ours.
+    let r = owner
+        .post(
+            &format!("/dashboard/payments/{}/refund", theirs.id),
+            &[
+                ("csrf", &token),
+                ("nonce", &nonce),
+                ("amount", "10"),
+                ("reason", "other"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.show());
+    assert_eq!(refund_count(&app, &other, &theirs.id).await, 0);
+
+    // Fonepay: the full amount only, recorded for a refund by hand.
+    let fp = format!("/dashboard/payments/{}", fonepay.id);
+    let page = owner.get(&fp).await;
+    assert!(
+        page.body.contains("Fonepay has no refund API"),
+        "{}",
+        page.show()
+    );
+    let (token, nonce) = (csrf(&page.body), field(&page.body, "nonce"));
+    let r = owner
+        .post(
+            &format!("{fp}/refund"),
+            &[
+                ("csrf", &token),
+                ("nonce", &nonce),
+                ("amount", "100"),
+                ("reason", "other"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 422, "{}", r.show());
+    assert!(
+        r.body.contains("full amount only: NPR 800.00"),
+        "{}",
+        r.show()
+    );
+    let r = owner
+        .post(
+            &format!("{fp}/refund"),
+            &[
+                ("csrf", &token),
+                ("nonce", &nonce),
+                ("amount", "800.00"),
+                ("reason", "other"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let shown = owner.get(&r.location).await;
+    assert!(
+        shown.body.contains("Fonepay merchant portal"),
+        "{}",
+        shown.show()
+    );
+    // The API still refuses a Fonepay refund (the contract).
+    let key = app
+        .key(&t, Mode::Sandbox, &shared::domain::account::Scope::ALL)
+        .await;
+    let api = app
+        .post(
+            "/v1/refunds",
+            Some(&key),
+            None,
+            &serde_json::json!({"paymentId": fonepay.id, "amount": 80_000, "reason": "other"}),
+        )
+        .await;
+    assert_eq!(api.status, 422, "{}", api.body);
+
+    // A viewer sees no form, and posting one changes nothing.
+    let mut viewer = signed_in(&app, "viewer@himal.np").await;
+    let page = viewer.get(&path).await;
+    assert!(!page.body.contains("refund-title"), "{}", page.show());
+    let token = csrf(&page.body);
+    let r = viewer
+        .post(
+            &action,
+            &[
+                ("csrf", &token),
+                ("nonce", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"),
+                ("amount", "10"),
+                ("reason", "other"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.show());
+    assert_eq!(refund_count(&app, &t, &esewa.id).await, 1);
+
+    // Both refunds are in the owner's audit log, with the notes.
+    let audit = owner.get("/dashboard/audit").await;
+    assert!(audit.body.contains("refund.create"), "{}", audit.show());
+    assert!(audit.body.contains(&id) && audit.body.contains("Torn packaging"));
+    app.stop().await;
+}
+
 on_both_backends!(
+    refunds_are_issued_once_with_notes,
     sign_in_checks_password_and_form_token,
     roles_and_tenancy_are_enforced,
     sign_out_here_and_everywhere,

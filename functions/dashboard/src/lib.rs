@@ -34,7 +34,8 @@ use shared::domain::dashboard::{
     self, Actor, DashboardError, DashboardSession, DashboardUser, Permission,
 };
 use shared::domain::payments::{self, PaymentView};
-use shared::domain::refunds;
+use shared::domain::refunds::{self, CreateRefund, RefundError, RefundReason};
+use shared::fields::RefundNotes;
 use shared::limits::public;
 
 pub use pages::Nav;
@@ -63,6 +64,8 @@ pub fn router(state: AppState) -> Router {
             .route("/dashboard/view", post(switch_view))
             .route("/dashboard/payments", get(payments_page))
             .route("/dashboard/payments/{id}", get(payment_page))
+            .route("/dashboard/payments/{id}/refund", post(refund))
+            .route("/dashboard/refunds", get(refunds_page))
             .route("/dashboard/audit", get(audit_page))
             .route("/dashboard/assets/dashboard.css", get(css))
             // Not a fallback: the local gateway merges every router into
@@ -593,20 +596,197 @@ async fn payment_page(
     State(state): State<AppState>,
     signed: Signed,
     Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Page {
+    let q = query(&raw);
+    let notice = q
+        .get("refund")
+        .filter(|r| r.starts_with("ref_") && r.len() <= 64)
+        .map(|r| format!("Refund {r} recorded."));
+    payment_view(
+        &state,
+        &signed,
+        &id,
+        notice.as_deref(),
+        None,
+        StatusCode::OK,
+    )
+    .await
+}
+
+/// The payment page, with a notice or an error above it.
+async fn payment_view(
+    state: &AppState,
+    signed: &Signed,
+    id: &str,
+    notice: Option<&str>,
+    error: Option<&str>,
+    status: StatusCode,
 ) -> Page {
     let (project, mode) = (&signed.session.project_id, signed.session.mode);
-    let payment = payments::find(&*state.store, project, mode, &id)
+    let payment = payments::find(&*state.store, project, mode, id)
         .await
         .map_err(fail)?
-        .ok_or_else(|| fail(shared::refusal::Refusal::not_found("payment", &id)))?;
-    let (refunds, _) = refunds::list(&*state.store, project, mode, Some(&id), 0, 100)
+        .ok_or_else(|| fail(shared::refusal::Refusal::not_found("payment", id)))?;
+    let (refunds, _) = refunds::list(&*state.store, project, mode, Some(id), 0, 100)
         .await
         .map_err(fail)?;
-    let nav = nav(&state, &signed, "payments").await?;
+    let nav = nav(state, signed, "payments").await?;
     let attempt = payment.attempt.clone();
+    let form = signed
+        .user
+        .role
+        .may(Permission::Act)
+        .then(dashboard::new_form_nonce);
+    Ok(html(
+        status,
+        pages::payment(
+            &nav,
+            &PaymentView::from(payment),
+            &attempt,
+            &refunds,
+            pages::Notes {
+                notice,
+                error,
+                refund_form: form.as_deref(),
+            },
+        ),
+    ))
+}
+
+/// What a refund form asks for, read from its fields; an error names
+/// the field.
+fn refund_request(
+    payment_id: &str,
+    f: &std::collections::HashMap<String, String>,
+) -> Result<CreateRefund, String> {
+    let amount = shared::money::parse_rupees(f.get("amount").map(String::as_str).unwrap_or(""))
+        .map_err(|e| format!("Amount: {e}"))?;
+    let reason = match f.get("reason").map(String::as_str) {
+        Some("customer_request") => RefundReason::CustomerRequest,
+        Some("duplicate") => RefundReason::Duplicate,
+        Some("fraudulent") => RefundReason::Fraudulent,
+        Some("other") => RefundReason::Other,
+        _ => return Err("Reason: choose one of the reasons".into()),
+    };
+    let notes = f
+        .get("notes")
+        .map(|n| n.replace("\r\n", "\n").trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .map(|n| RefundNotes::parse(n).map_err(|e| format!("Notes: {e}")))
+        .transpose()?;
+    Ok(CreateRefund {
+        payment_id: payment_id.to_owned(),
+        amount,
+        reason,
+        notes,
+        mobile_number: None,
+    })
+}
+
+/// Issues a refund from the payment's page: the same rule as the API
+/// (`refunds::create_via`), Fonepay's full amount recorded for the
+/// merchant to refund by hand; the audit entry in the refund's own
+/// transaction; a double submit finds the first refund.
+async fn refund(
+    State(state): State<AppState>,
+    signed: Signed,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Page {
+    signed.require(Permission::Act)?;
+    let f = form(&body);
+    signed.check_csrf(&f)?;
+    let now = state.clock.now();
+    let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
+    let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, now) else {
+        return Err(Stop::from(html(
+            StatusCode::FORBIDDEN,
+            pages::message(
+                "This form has expired",
+                "Nothing was changed. Go back, reload the page and try again.",
+            ),
+        )));
+    };
+    let req = match refund_request(&id, &f) {
+        Ok(r) => r,
+        Err(e) => {
+            return payment_view(
+                &state,
+                &signed,
+                &id,
+                None,
+                Some(&e),
+                StatusCode::UNPROCESSABLE_ENTITY,
+            )
+            .await;
+        }
+    };
+    let actor = signed.actor();
+    let detail = format!(
+        "{} ({:?}){}",
+        shared::money::Paisa::new(req.amount)
+            .map(|p| p.display_npr())
+            .unwrap_or_default(),
+        req.reason,
+        req.notes
+            .as_ref()
+            .map(|n| format!(": {}", n.as_str()))
+            .unwrap_or_default()
+    );
+    let made = refunds::create_via(
+        &state,
+        &signed.session.project_id,
+        signed.session.mode,
+        req,
+        now,
+        Some(&fence),
+        refunds::Channel::Dashboard,
+        |r| {
+            let entry = dashboard::audit_entry(&actor, now, "refund.create", &r.id, &detail);
+            Ok(vec![dashboard::audit_op(&entry)?])
+        },
+    )
+    .await;
+    match made {
+        Ok(r) => Ok(see_other(&format!(
+            "/dashboard/payments/{id}?refund={}",
+            r.id
+        ))),
+        Err(RefundError::Store(e)) => Err(fail(e)),
+        Err(e) => {
+            let refusal = shared::refusal::Refusal::from(e);
+            let status = if refusal.kind == shared::refusal::Kind::NotFound {
+                StatusCode::NOT_FOUND
+            } else {
+                StatusCode::UNPROCESSABLE_ENTITY
+            };
+            let message = format!("The refund was not made: {}", refusal.message);
+            payment_view(&state, &signed, &id, None, Some(&message), status).await
+        }
+    }
+}
+
+async fn refunds_page(
+    State(state): State<AppState>,
+    signed: Signed,
+    RawQuery(raw): RawQuery,
+) -> Page {
+    let page = page_number(&query(&raw))?;
+    let (list, total) = refunds::list(
+        &*state.store,
+        &signed.session.project_id,
+        signed.session.mode,
+        None,
+        (page - 1) * PAGE,
+        PAGE,
+    )
+    .await
+    .map_err(fail)?;
+    let nav = nav(&state, &signed, "refunds").await?;
     Ok(html(
         StatusCode::OK,
-        pages::payment(&nav, &PaymentView::from(payment), &attempt, &refunds),
+        pages::refunds(&nav, &list, page, total),
     ))
 }
 

@@ -26,7 +26,7 @@ pub struct Nav {
 }
 
 /// The pages, their paths and who sees them in the navigation.
-const PAGES: [(&str, &str, &str, Permission); 3] = [
+const PAGES: [(&str, &str, &str, Permission); 4] = [
     ("overview", "/dashboard", "Overview", Permission::Read),
     (
         "payments",
@@ -34,6 +34,7 @@ const PAGES: [(&str, &str, &str, Permission); 3] = [
         "Payments",
         Permission::Read,
     ),
+    ("refunds", "/dashboard/refunds", "Refunds", Permission::Read),
     ("audit", "/dashboard/audit", "Audit log", Permission::People),
 ];
 
@@ -282,9 +283,82 @@ fn pager(path: &str, page: usize, pages: usize) -> Markup {
     }
 }
 
+/// What a payment page says above its facts, and whether it offers the
+/// refund form (its one-time token).
+pub struct Notes<'a> {
+    pub notice: Option<&'a str>,
+    pub error: Option<&'a str>,
+    pub refund_form: Option<&'a str>,
+}
+
+fn refund_status(r: &Refund) -> Markup {
+    html! {
+        (status_badge(r.status.as_str()))
+        @if let Some(why) = &r.failure_reason {
+            br; span.muted { (why) }
+        }
+    }
+}
+
+/// The refund form of a payment that can still be refunded: the amount
+/// left (Fonepay: the whole amount, fixed), a reason, notes.
+fn refund_form(nav: &Nav, p: &PaymentView, left: i64, nonce: &str) -> Markup {
+    let fonepay = label(&p.provider) == "fonepay";
+    let amount = format!("{}.{:02}", left / 100, left % 100);
+    html! {
+        section.panel aria-labelledby="refund-title" {
+            h2 id="refund-title" { "Refund" }
+            @if fonepay {
+                p.muted { "Fonepay has no refund API: the full amount is recorded here, and you refund it in the Fonepay merchant portal." }
+            }
+            form.stack method="post" action={ "/dashboard/payments/" (p.id) "/refund" } {
+                input type="hidden" name="csrf" value=(nav.csrf);
+                input type="hidden" name="nonce" value=(nonce);
+                label for="amount" { "Amount in rupees" }
+                @if fonepay {
+                    input id="amount" name="amount" value=(amount) readonly inputmode="decimal";
+                } @else {
+                    input id="amount" name="amount" value=(amount) required inputmode="decimal" maxlength="20";
+                }
+                label for="reason" { "Reason" }
+                select id="reason" name="reason" {
+                    option value="customer_request" { "The customer asked" }
+                    option value="duplicate" { "Paid twice" }
+                    option value="fraudulent" { "Fraud" }
+                    option value="other" { "Other" }
+                }
+                label for="notes" { "Notes (kept with the refund)" }
+                textarea id="notes" name="notes" rows="3" maxlength="500" {}
+                button.primary type="submit" { "Refund" }
+            }
+        }
+    }
+}
+
 /// One payment: its facts, the provider's references and its refunds.
-pub fn payment(nav: &Nav, p: &PaymentView, attempt: &AttemptInfo, refunds: &[Refund]) -> String {
+pub fn payment(
+    nav: &Nav,
+    p: &PaymentView,
+    attempt: &AttemptInfo,
+    refunds: &[Refund],
+    notes: Notes<'_>,
+) -> String {
+    // What is left: the amount less every refund not failed (processing,
+    // succeeded, or waiting for the merchant's hand).
+    let held: i64 = refunds
+        .iter()
+        .filter(|r| r.status.as_str() != "failed")
+        .map(|r| r.amount.get())
+        .sum();
+    let left = p.amount.get() - held;
+    let refundable = label(&p.status) == "success" && left > 0;
     let body = html! {
+        @if let Some(n) = notes.notice {
+            p.notice role="status" { (n) }
+        }
+        @if let Some(e) = notes.error {
+            p.error role="alert" { (e) }
+        }
         div.panel {
             dl.facts {
                 dt { "Payment" } dd { (p.id) }
@@ -319,7 +393,7 @@ pub fn payment(nav: &Nav, p: &PaymentView, attempt: &AttemptInfo, refunds: &[Ref
                         @for r in refunds {
                             tr {
                                 td { (r.id) }
-                                td { (status_badge(r.status.as_str())) }
+                                td { (refund_status(r)) }
                                 td.num { (r.amount.display_npr()) }
                                 td { (r.notes.as_deref().unwrap_or("")) }
                                 td { (when(r.created_at)) }
@@ -329,9 +403,50 @@ pub fn payment(nav: &Nav, p: &PaymentView, attempt: &AttemptInfo, refunds: &[Ref
                 }
             }
         }
+        @if let (true, Some(nonce)) = (refundable, notes.refund_form) {
+            (refund_form(nav, p, left, nonce))
+        }
         p { a href="/dashboard/payments" { "← All payments" } }
     };
     layout(nav, &format!("Payment {}", p.id), body)
+}
+
+/// A page of refunds, newest first.
+pub fn refunds(nav: &Nav, list: &[Refund], page: usize, total: u64) -> String {
+    let pages = (total as usize).div_ceil(crate::PAGE).max(1);
+    let body = html! {
+        p.muted { (total) " refunds. Page " (page) " of " (pages) "." }
+        div.panel {
+            @if list.is_empty() {
+                p { "No refunds yet." }
+            } @else {
+                table {
+                    thead { tr {
+                        th scope="col" { "Refund" }
+                        th scope="col" { "Payment" }
+                        th scope="col" { "Status" }
+                        th.num scope="col" { "Amount" }
+                        th scope="col" { "Notes" }
+                        th scope="col" { "Created" }
+                    } }
+                    tbody {
+                        @for r in list {
+                            tr {
+                                td { (r.id) }
+                                td { a href={ "/dashboard/payments/" (r.payment_id) } { (r.payment_id) } }
+                                td { (refund_status(r)) }
+                                td.num { (r.amount.display_npr()) }
+                                td { (r.notes.as_deref().unwrap_or("")) }
+                                td { (when(r.created_at)) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        (pager("/dashboard/refunds", page, pages))
+    };
+    layout(nav, "Refunds", body)
 }
 
 /// A page of the audit log, newest first.

@@ -17,12 +17,14 @@ use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TTL, TxOp
 use crate::time::Timestamp;
 
 mod audit;
+mod forms;
 mod sessions;
 #[cfg(test)]
 mod tests;
 mod users;
 
 pub use audit::*;
+pub use forms::*;
 pub use sessions::*;
 pub use users::*;
 

@@ -128,6 +128,42 @@ pub async fn create(
     now: Timestamp,
     fence: Option<&Fence>,
 ) -> Result<Refund, RefundError> {
+    create_via(
+        state,
+        project_id,
+        mode,
+        req,
+        now,
+        fence,
+        Channel::Api,
+        |_| Ok(Vec::new()),
+    )
+    .await
+}
+
+/// Where a refund is asked for. The contract refuses a Fonepay refund
+/// over the API and has it "issued from the dashboard": there, the full
+/// amount is recorded as `requires_action` for the merchant to refund in
+/// Fonepay's merchant portal, as eSewa refunds are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Channel {
+    Api,
+    Dashboard,
+}
+
+/// [`create`] from `channel`, with `extra` operations (an audit entry)
+/// written in the refund's own transaction.
+#[allow(clippy::too_many_arguments)]
+pub async fn create_via(
+    state: &Deps,
+    project_id: &str,
+    mode: Mode,
+    req: CreateRefund,
+    now: Timestamp,
+    fence: Option<&Fence>,
+    channel: Channel,
+    extra: impl FnOnce(&Refund) -> Result<Vec<TxOp>, StoreError>,
+) -> Result<Refund, RefundError> {
     validate(&req)?;
     let store = &*state.store;
     let Some((payment, reserved)) = payment_with_reserved(store, &req.payment_id).await? else {
@@ -136,7 +172,21 @@ pub async fn create(
     if payment.project_id != project_id || payment.mode != mode {
         return Err(RefundError::PaymentNotFound);
     }
-    if payment.provider == Provider::Fonepay {
+    if payment.provider == Provider::Fonepay && channel == Channel::Dashboard {
+        let full = payment.amount.get();
+        if payment.status == PaymentStatus::Success && (req.amount != full || reserved != 0) {
+            if let Some(r) = first_run(store, fence).await? {
+                return Ok(r);
+            }
+            return Err(invalid(
+                "amount",
+                format!(
+                    "Fonepay refunds are of the full amount only: {}",
+                    payment.amount.display_npr()
+                ),
+            ));
+        }
+    } else if payment.provider == Provider::Fonepay {
         return Err(RefundError::NotSupported(
             "Fonepay has no refund API: refund the full amount from the Fonepay merchant dashboard"
                 .into(),
@@ -167,7 +217,19 @@ pub async fn create(
                 payment.provider_ref.as_deref().unwrap_or("(unknown)")
             )),
         ),
-        _ => (RefundStatus::Processing, None),
+        Provider::Fonepay => (
+            RefundStatus::RequiresAction,
+            Some(format!(
+                "Fonepay has no refund API: refund {} of Fonepay transaction {} in the Fonepay merchant portal",
+                amount.display_npr(),
+                payment
+                    .provider_ref
+                    .as_deref()
+                    .or(payment.attempt.reference.as_deref())
+                    .unwrap_or("(unknown)")
+            )),
+        ),
+        Provider::Khalti => (RefundStatus::Processing, None),
     };
     let refund = Refund {
         id: ids::new_id(IdKind::Refund),
@@ -213,6 +275,7 @@ pub async fn create(
             cond: None,
         });
     }
+    ops.extend(extra(&refund)?);
     let fence_at = fence.map(|f| {
         ops.push(f.op(&refund.id));
         ops.len() - 1

@@ -392,3 +392,70 @@ fn the_view_uses_the_spec_names() {
     assert_eq!(v["status"], "processing");
     assert_eq!(v["reason"], "customer_request");
 }
+
+#[tokio::test]
+async fn the_dashboard_records_a_full_fonepay_refund_once_with_its_extra_ops() {
+    let now = at("2026-11-22T10:00:00Z");
+    let st = state(now);
+    let f = paid(&st, Provider::Fonepay, 10_000).await;
+    let via = |amount: i64, fence: Option<crate::store::fence::Fence>| {
+        let st = st.clone();
+        let req = ask(&f, amount);
+        async move {
+            create_via(
+                &st,
+                "proj_1",
+                Mode::Sandbox,
+                req,
+                now,
+                fence.as_ref(),
+                Channel::Dashboard,
+                |r| {
+                    let mut item = crate::store::Item::new();
+                    item.insert("pk".into(), format!("EXTRA#{}", r.id).into());
+                    item.insert("sk".into(), "EXTRA".into());
+                    Ok(vec![TxOp::Put { item, cond: None }])
+                },
+            )
+            .await
+        }
+    };
+    // Part of a Fonepay payment: refused, naming the amount; nothing held.
+    let part = via(4_000, None).await;
+    assert!(
+        matches!(&part, Err(RefundError::Invalid { field: "amount", message }) if message.contains("NPR 100.00")),
+        "{part:?}"
+    );
+    assert_eq!(reserved(&st, &f).await, 0);
+    // The whole of it: recorded for the merchant's hand, with the extra op
+    // in the same transaction; the same form again finds it.
+    let fence = crate::store::fence::Fence::new(
+        crate::store::Key::new("DFORM#mer#n", "FENCE"),
+        now.plus(chrono::Duration::hours(24)).unix_seconds(),
+    );
+    let r = via(10_000, Some(fence.clone())).await.unwrap();
+    assert_eq!(r.status, RefundStatus::RequiresAction);
+    assert!(
+        r.failure_reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("Fonepay merchant portal")
+    );
+    assert!(
+        st.store
+            .get(&crate::store::Key::new(format!("EXTRA#{}", r.id), "EXTRA"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let again = via(10_000, Some(fence)).await.unwrap();
+    assert_eq!(again.id, r.id);
+    assert_eq!(reserved(&st, &f).await, 10_000);
+    // A second full refund (another form) is more than is left.
+    assert!(via(10_000, None).await.is_err());
+    // The API still refuses it.
+    assert!(matches!(
+        create(&st, "proj_1", Mode::Sandbox, ask(&f, 10_000), now, None).await,
+        Err(RefundError::NotSupported(_))
+    ));
+}

@@ -1,0 +1,61 @@
+//! Double submits: every action form carries a one-time token; the
+//! action's fence (or, for an action that cannot take one, a claim) on it
+//! makes a second submit find what the first did instead of doing it again.
+
+use super::*;
+use crate::store::fence::{Fence, RETENTION};
+
+/// Characters of a form's one-time token.
+const NONCE_LEN: usize = 32;
+
+/// A new one-time token for an action form.
+pub fn new_form_nonce() -> String {
+    random_alnum(NONCE_LEN)
+}
+
+/// The fence of the form `nonce` of `merchant_id`, kept a day; `None`
+/// when the token is not shaped like ours.
+pub fn form_fence(merchant_id: &str, nonce: &str, now: Timestamp) -> Option<Fence> {
+    let ok = nonce.len() == NONCE_LEN && nonce.bytes().all(|b| b.is_ascii_alphanumeric());
+    ok.then(|| {
+        Fence::new(
+            keys::dashboard_form(merchant_id, nonce),
+            now.plus(RETENTION).unix_seconds(),
+        )
+    })
+}
+
+/// What claiming a form found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum FormClaim {
+    /// This is the first submit: go ahead, then [`complete_form`].
+    First,
+    /// Submitted before; what it made, if it got that far.
+    Done(Option<String>),
+}
+
+/// Claims a form for an action that cannot put the fence in its own
+/// transaction (issuing a key: its secret can be shown only once).
+pub async fn claim_form(store: &dyn Store, fence: &Fence) -> Result<FormClaim, StoreError> {
+    match store.transact(vec![fence.op("")]).await {
+        Ok(()) => Ok(FormClaim::First),
+        Err(e) if Fence::tripped(&e, 0) || e.is_condition_failure() => Ok(FormClaim::Done(
+            fence.resource_id(store).await?.filter(|id| !id.is_empty()),
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+/// Records what a claimed form made.
+pub async fn complete_form(
+    store: &dyn Store,
+    fence: &Fence,
+    resource_id: &str,
+) -> Result<(), StoreError> {
+    // The claim's own item, its id filled in.
+    let TxOp::Put { mut item, .. } = fence.op(resource_id) else {
+        return Ok(());
+    };
+    item.insert("resource_id".into(), resource_id.into());
+    store.put(item, Some(Cond::Exists)).await
+}
