@@ -254,6 +254,14 @@ async fn sign_in_checks_password_and_form_token(which: Which) {
 
     let overview = b.get("/dashboard").await;
     assert_eq!(overview.status, 200, "{}", overview.show());
+    // Standards mode: the doctype comes first.
+    assert!(
+        overview
+            .body
+            .starts_with("<!DOCTYPE html><html lang=\"en\">"),
+        "{}",
+        overview.show()
+    );
     assert!(overview.body.contains("<h1>Overview</h1>"));
     assert!(overview.body.contains("role=\"img\""), "the chart");
     assert_eq!(overview.body.matches("<rect").count(), 30, "a bar a day");
@@ -734,7 +742,151 @@ async fn refunds_are_issued_once_with_notes(which: Which) {
     app.stop().await;
 }
 
+async fn api_keys_are_issued_rotated_and_revoked(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Himal Traders", "a@himal.np").await;
+    let other = app.tenant("Other Shop", "b@other.np").await;
+    user(&app, &t, "owner@himal.np", Role::Owner).await;
+    user(&app, &t, "dev@himal.np", Role::Developer).await;
+    user(&app, &t, "viewer@himal.np", Role::Viewer).await;
+    let theirs = app
+        .key(&other, Mode::Sandbox, &shared::domain::account::Scope::ALL)
+        .await;
+    let theirs_id = shared::domain::account::list_api_keys(&*app.store, &other.project.id)
+        .await
+        .unwrap_or_default()
+        .first()
+        .map(|k| k.id.clone())
+        .unwrap_or_default();
+    assert!(theirs.starts_with("sk_test_") && theirs_id.starts_with("ak_"));
+
+    let mut viewer = signed_in(&app, "viewer@himal.np").await;
+    assert_eq!(viewer.get("/dashboard/keys").await.status, 403);
+    assert!(
+        !viewer
+            .get("/dashboard")
+            .await
+            .body
+            .contains("href=\"/dashboard/keys\"")
+    );
+
+    let mut dev = signed_in(&app, "dev@himal.np").await;
+    let page = dev.get("/dashboard/keys").await;
+    assert_eq!(page.status, 200, "{}", page.show());
+    let (token, nonce) = (csrf(&page.body), field(&page.body, "nonce"));
+    // A restricted key without scopes, a publishable one with a cap, an
+    // expiry that is no number of days: refused, nothing issued.
+    for (kind, extra, says) in [
+        ("restricted", ("spend_cap", ""), "Scopes:"),
+        ("publishable", ("spend_cap", "100"), "Spend cap:"),
+        ("secret", ("expires_days", "0"), "Expires:"),
+        ("admin", ("spend_cap", ""), "Kind:"),
+    ] {
+        let r = dev
+            .post(
+                "/dashboard/keys",
+                &[("csrf", &token), ("nonce", &nonce), ("kind", kind), extra],
+            )
+            .await;
+        assert_eq!(r.status, 422, "{kind}: {}", r.show());
+        assert!(r.body.contains(says), "{kind}: {}", r.show());
+    }
+    let issue = [
+        ("csrf", token.as_str()),
+        ("nonce", nonce.as_str()),
+        ("kind", "restricted"),
+        ("description", "reporting <script>"),
+        ("scope:payments:read", "on"),
+        ("spend_cap", "5,000"),
+    ];
+    let r = dev.post("/dashboard/keys", &issue).await;
+    assert_eq!(r.status, 200, "{}", r.show());
+    let secret = field(&r.body, "secret");
+    assert!(secret.starts_with("sk_test_"), "{secret}");
+    assert!(r.body.contains("shown only this once"));
+    assert!(!r.body.contains("<script>"), "escaped");
+    // The key works for its scope only.
+    assert_eq!(app.get("/v1/payments", Some(&secret)).await.status, 200);
+    app.get("/v1/account", Some(&secret)).await.assert_error(
+        403,
+        "permission_error",
+        "missing_scope",
+    );
+    // The double click issues nothing more, and shows no secret.
+    let again = dev.post("/dashboard/keys", &issue).await;
+    assert_eq!(again.status, 200, "{}", again.show());
+    assert!(again.body.contains("already sent"), "{}", again.show());
+    assert!(!again.body.contains(&secret));
+    let list = dev.get("/dashboard/keys").await;
+    assert!(!list.body.contains(&secret), "the list shows no secret");
+    let keys = shared::domain::account::list_api_keys(&*app.store, &t.project.id)
+        .await
+        .unwrap_or_default();
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[0].spend_cap_paisa, Some(500_000));
+    let id = keys[0].id.clone();
+
+    // Rotating with no grace: the new key works, the old one no longer.
+    let (token, nonce) = (csrf(&list.body), field(&list.body, "nonce"));
+    let r = dev
+        .post(
+            &format!("/dashboard/keys/{id}/rotate"),
+            &[("csrf", &token), ("nonce", &nonce), ("grace", "0")],
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.show());
+    let rotated = field(&r.body, "secret");
+    assert_ne!(rotated, secret);
+    assert_eq!(app.get("/v1/payments", Some(&rotated)).await.status, 200);
+    assert_eq!(app.get("/v1/payments", Some(&secret)).await.status, 401);
+    // Another merchant's key is no key here.
+    let page = dev.get("/dashboard/keys").await;
+    let (token, nonce) = (csrf(&page.body), field(&page.body, "nonce"));
+    let r = dev
+        .post(
+            &format!("/dashboard/keys/{theirs_id}/revoke"),
+            &[("csrf", &token), ("nonce", &nonce), ("confirm", "yes")],
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.show());
+    assert_eq!(app.get("/v1/payments", Some(&theirs)).await.status, 200);
+    // Revoking asks to confirm, then the key stops working.
+    let new_id = shared::domain::account::list_api_keys(&*app.store, &t.project.id)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .map(|k| k.id)
+        .find(|k| *k != id)
+        .unwrap_or_default();
+    let nonce2 = field(&dev.get("/dashboard/keys").await.body, "nonce");
+    let revoke = format!("/dashboard/keys/{new_id}/revoke");
+    let r = dev
+        .post(&revoke, &[("csrf", &token), ("nonce", &nonce2)])
+        .await;
+    assert_eq!(r.status, 422, "{}", r.show());
+    assert_eq!(app.get("/v1/payments", Some(&rotated)).await.status, 200);
+    let r = dev
+        .post(
+            &revoke,
+            &[("csrf", &token), ("nonce", &nonce2), ("confirm", "yes")],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    assert_eq!(app.get("/v1/payments", Some(&rotated)).await.status, 401);
+    // The owner reads who did all this.
+    let mut owner = signed_in(&app, "owner@himal.np").await;
+    let audit = owner.get("/dashboard/audit").await;
+    for action in ["key.issue", "key.rotate", "key.revoke"] {
+        assert!(audit.body.contains(action), "{action}: {}", audit.show());
+    }
+    assert!(audit.body.contains("dev@himal.np"));
+    app.stop().await;
+}
+
 on_both_backends!(
+    api_keys_are_issued_rotated_and_revoked,
     refunds_are_issued_once_with_notes,
     sign_in_checks_password_and_form_token,
     roles_and_tenancy_are_enforced,

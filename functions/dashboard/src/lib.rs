@@ -15,6 +15,7 @@
 //! `shared::domain::dashboard` and the capability modules.
 
 mod chart;
+mod keys;
 mod pages;
 
 use axum::Router;
@@ -66,6 +67,9 @@ pub fn router(state: AppState) -> Router {
             .route("/dashboard/payments/{id}", get(payment_page))
             .route("/dashboard/payments/{id}/refund", post(refund))
             .route("/dashboard/refunds", get(refunds_page))
+            .route("/dashboard/keys", get(keys::keys_page).post(keys::issue))
+            .route("/dashboard/keys/{id}/rotate", post(keys::rotate))
+            .route("/dashboard/keys/{id}/revoke", post(keys::revoke))
             .route("/dashboard/audit", get(audit_page))
             .route("/dashboard/assets/dashboard.css", get(css))
             // Not a fallback: the local gateway merges every router into
@@ -132,7 +136,7 @@ async fn secure(res: Response) -> Response {
     )
 }
 
-fn see_other(location: &str) -> Response {
+pub(crate) fn see_other(location: &str) -> Response {
     let mut res = StatusCode::SEE_OTHER.into_response();
     if let Ok(v) = HeaderValue::from_str(location) {
         res.headers_mut().insert(header::LOCATION, v);
@@ -174,10 +178,10 @@ impl From<Response> for Stop {
 }
 
 /// What a page handler answers.
-type Page = Result<Response, Stop>;
+pub(crate) type Page = Result<Response, Stop>;
 
 /// [`failure`] as a [`Stop`].
-fn fail(e: impl Into<shared::refusal::Refusal>) -> Stop {
+pub(crate) fn fail(e: impl Into<shared::refusal::Refusal>) -> Stop {
     failure(e).into()
 }
 
@@ -208,6 +212,32 @@ fn failure(e: impl Into<shared::refusal::Refusal>) -> Response {
         );
     }
     html(status, pages::message("Not done", &refusal.message))
+}
+
+/// The page of a form whose token is stale or missing: nothing done.
+pub(crate) fn expired_form() -> Stop {
+    Stop::from(html(
+        StatusCode::FORBIDDEN,
+        pages::message(
+            "This form has expired",
+            "Nothing was changed. Go back, reload the page and try again.",
+        ),
+    ))
+}
+
+/// Writes an audit entry of `action` by the signed-in person; a failure
+/// to write it is logged (the action itself is done).
+pub(crate) async fn audit(
+    state: &AppState,
+    signed: &Signed,
+    action: &str,
+    target: &str,
+    detail: &str,
+) {
+    let entry = dashboard::audit_entry(&signed.actor(), state.clock.now(), action, target, detail);
+    if let Err(e) = dashboard::record_audit(&*state.store, &entry).await {
+        tracing::warn!(error = %e, action, "audit entry not written");
+    }
 }
 
 /// A cookie's value from the request's `Cookie` headers.
@@ -242,7 +272,7 @@ fn set_cookie(state: &AppState, name: &str, value: &str, max_age: i64) -> Header
 
 /// A form's fields (`application/x-www-form-urlencoded`), first value of
 /// each name.
-fn form(body: &Bytes) -> std::collections::HashMap<String, String> {
+pub(crate) fn form(body: &Bytes) -> std::collections::HashMap<String, String> {
     let mut out = std::collections::HashMap::new();
     for (k, v) in form_urlencoded::parse(body) {
         out.entry(k.into_owned()).or_insert_with(|| v.into_owned());
@@ -250,7 +280,7 @@ fn form(body: &Bytes) -> std::collections::HashMap<String, String> {
     out
 }
 
-fn query(raw: &Option<String>) -> std::collections::HashMap<String, String> {
+pub(crate) fn query(raw: &Option<String>) -> std::collections::HashMap<String, String> {
     form(&Bytes::from(raw.clone().unwrap_or_default()))
 }
 
@@ -297,13 +327,7 @@ impl Signed {
         if self.session.csrf_ok(token) {
             Ok(())
         } else {
-            Err(Stop::from(html(
-                StatusCode::FORBIDDEN,
-                pages::message(
-                    "This form has expired",
-                    "Nothing was changed. Go back, reload the page and try again.",
-                ),
-            )))
+            Err(expired_form())
         }
     }
 
@@ -487,20 +511,10 @@ fn signed_out_now(state: &AppState) -> Response {
 
 async fn sign_out_everywhere(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
     signed.check_csrf(&form(&body))?;
-    let now = state.clock.now();
     dashboard::end_all_sessions(&*state.store, &signed.user.id)
         .await
         .map_err(fail)?;
-    let entry = dashboard::audit_entry(
-        &signed.actor(),
-        now,
-        "sign_out_everywhere",
-        &signed.user.id,
-        "",
-    );
-    if let Err(e) = dashboard::record_audit(&*state.store, &entry).await {
-        tracing::warn!(error = %e, "audit entry of a sign-out not written");
-    }
+    audit(&state, &signed, "sign_out_everywhere", &signed.user.id, "").await;
     Ok(signed_out_now(&state))
 }
 
@@ -534,7 +548,11 @@ async fn switch_view(State(state): State<AppState>, signed: Signed, body: Bytes)
 }
 
 /// The header of a signed-in page (reads the merchant's projects).
-async fn nav(state: &AppState, signed: &Signed, current: &'static str) -> Result<Nav, Stop> {
+pub(crate) async fn nav(
+    state: &AppState,
+    signed: &Signed,
+    current: &'static str,
+) -> Result<Nav, Stop> {
     let projects = account::merchant_projects(&*state.store, &signed.user.merchant_id)
         .await
         .map_err(fail)?;
@@ -700,13 +718,7 @@ async fn refund(
     let now = state.clock.now();
     let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
     let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, now) else {
-        return Err(Stop::from(html(
-            StatusCode::FORBIDDEN,
-            pages::message(
-                "This form has expired",
-                "Nothing was changed. Go back, reload the page and try again.",
-            ),
-        )));
+        return Err(expired_form());
     };
     let req = match refund_request(&id, &f) {
         Ok(r) => r,

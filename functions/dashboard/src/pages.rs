@@ -5,6 +5,7 @@
 use maud::{DOCTYPE, Markup, html};
 use serde::Serialize;
 use shared::domain::Mode;
+use shared::domain::account::{ApiKey, KeyKind, Scope};
 use shared::domain::analytics::{DayFigures, Overview};
 use shared::domain::dashboard::{AuditEntry, Permission, Role};
 use shared::domain::payments::{AttemptInfo, PaymentView};
@@ -26,7 +27,7 @@ pub struct Nav {
 }
 
 /// The pages, their paths and who sees them in the navigation.
-const PAGES: [(&str, &str, &str, Permission); 4] = [
+const PAGES: [(&str, &str, &str, Permission); 5] = [
     ("overview", "/dashboard", "Overview", Permission::Read),
     (
         "payments",
@@ -35,6 +36,7 @@ const PAGES: [(&str, &str, &str, Permission); 4] = [
         Permission::Read,
     ),
     ("refunds", "/dashboard/refunds", "Refunds", Permission::Read),
+    ("keys", "/dashboard/keys", "API keys", Permission::Secrets),
     ("audit", "/dashboard/audit", "Audit log", Permission::People),
 ];
 
@@ -60,7 +62,6 @@ fn when(t: Timestamp) -> String {
 
 fn head(title: &str) -> Markup {
     html! {
-        (DOCTYPE)
         meta charset="utf-8";
         meta name="viewport" content="width=device-width,initial-scale=1";
         meta name="robots" content="noindex";
@@ -73,6 +74,7 @@ fn head(title: &str) -> Markup {
 fn layout(nav: &Nav, title: &str, body: Markup) -> String {
     let sandbox = nav.mode == Mode::Sandbox;
     html! {
+        (DOCTYPE)
         html lang="en" {
             head { (head(title)) }
             body {
@@ -130,6 +132,7 @@ fn layout(nav: &Nav, title: &str, body: Markup) -> String {
 /// A page with one message (errors, refusals, limits).
 pub fn message(title: &str, text: &str) -> String {
     html! {
+        (DOCTYPE)
         html lang="en" {
             head { (head(title)) }
             body {
@@ -147,6 +150,7 @@ pub fn message(title: &str, text: &str) -> String {
 /// The sign-in form.
 pub fn sign_in(csrf: &str, next: &str, error: Option<&str>, email: &str) -> String {
     html! {
+        (DOCTYPE)
         html lang="en" {
             head { (head("Sign in")) }
             body {
@@ -447,6 +451,137 @@ pub fn refunds(nav: &Nav, list: &[Refund], page: usize, total: u64) -> String {
         (pager("/dashboard/refunds", page, pages))
     };
     layout(nav, "Refunds", body)
+}
+
+fn kind_name(kind: KeyKind) -> &'static str {
+    match kind {
+        KeyKind::Secret => "secret",
+        KeyKind::Restricted => "restricted",
+        KeyKind::Publishable => "publishable",
+    }
+}
+
+/// The project's keys in this mode, the form to issue one, and each
+/// key's rotate and revoke forms.
+pub fn keys(
+    nav: &Nav,
+    keys: &[ApiKey],
+    now: Timestamp,
+    nonce: &str,
+    notice: Option<&str>,
+    error: Option<&str>,
+) -> String {
+    let body = html! {
+        @if let Some(n) = notice { p.notice role="status" { (n) } }
+        @if let Some(e) = error { p.error role="alert" { (e) } }
+        div.panel {
+            @if keys.is_empty() {
+                p { "No keys in this mode yet." }
+            } @else {
+                table {
+                    thead { tr {
+                        th scope="col" { "Key" }
+                        th scope="col" { "Kind" }
+                        th scope="col" { "Scopes" }
+                        th scope="col" { "Spend cap" }
+                        th scope="col" { "Expires" }
+                        th scope="col" { "Last used" }
+                        th scope="col" { "Actions" }
+                    } }
+                    tbody {
+                        @for k in keys {
+                            tr {
+                                td { (k.prefix) "…" (k.hint) br; span.muted { (k.id) " " (k.description) } }
+                                td { (kind_name(k.kind)) @if k.pause.is_some() { " (paused)" } }
+                                td { (k.scopes.join(", ")) }
+                                td { (k.spend_cap_paisa.map(rupees).unwrap_or_else(|| "—".into())) }
+                                td {
+                                    @match k.expires_at {
+                                        Some(t) if t <= now => { "expired " (when(t)) }
+                                        Some(t) => { (when(t)) }
+                                        None => { "never" }
+                                    }
+                                }
+                                td { (k.last_used_at.map(when).unwrap_or_else(|| "—".into())) }
+                                td {
+                                    form method="post" action={ "/dashboard/keys/" (k.id) "/rotate" } {
+                                        input type="hidden" name="csrf" value=(nav.csrf);
+                                        input type="hidden" name="nonce" value=(nonce);
+                                        label for={ "grace-" (k.id) } { "Old key works for" }
+                                        " "
+                                        select id={ "grace-" (k.id) } name="grace" {
+                                            option value="0" { "no longer" }
+                                            option value="1h" { "1 hour" }
+                                            option value="24h" selected { "24 hours" }
+                                            option value="7d" { "7 days" }
+                                        }
+                                        " "
+                                        button type="submit" { "Rotate" }
+                                    }
+                                    form method="post" action={ "/dashboard/keys/" (k.id) "/revoke" } {
+                                        input type="hidden" name="csrf" value=(nav.csrf);
+                                        input type="hidden" name="nonce" value=(nonce);
+                                        input type="checkbox" id={ "confirm-" (k.id) } name="confirm" value="yes";
+                                        " "
+                                        label for={ "confirm-" (k.id) } { "I am sure" }
+                                        " "
+                                        button type="submit" { "Revoke" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        section.panel aria-labelledby="issue-title" {
+            h2 id="issue-title" { "Issue a key" }
+            form.stack method="post" action="/dashboard/keys" {
+                input type="hidden" name="csrf" value=(nav.csrf);
+                input type="hidden" name="nonce" value=(nonce);
+                label for="kind" { "Kind" }
+                select id="kind" name="kind" {
+                    option value="secret" { "Secret: every scope, for your server" }
+                    option value="restricted" { "Restricted: only the scopes ticked below" }
+                    option value="publishable" { "Publishable: for an app, mobile endpoints only" }
+                }
+                label for="description" { "Description" }
+                input id="description" name="description" maxlength="100";
+                fieldset {
+                    legend { "Scopes of a restricted key" }
+                    @for scope in Scope::ALL {
+                        div {
+                            input type="checkbox" id={ "scope-" (scope.as_str()) } name={ "scope:" (scope.as_str()) } value="on";
+                            " "
+                            label for={ "scope-" (scope.as_str()) } { (scope.as_str()) }
+                        }
+                    }
+                }
+                label for="spend_cap" { "Monthly spend cap in rupees (optional)" }
+                input id="spend_cap" name="spend_cap" inputmode="decimal" maxlength="20";
+                label for="expires_days" { "Expires after this many days (optional)" }
+                input id="expires_days" name="expires_days" inputmode="numeric" maxlength="4";
+                button.primary type="submit" { "Issue key" }
+            }
+        }
+    };
+    layout(nav, "API keys", body)
+}
+
+/// A new key's secret, shown this once.
+pub fn secret_once(nav: &Nav, title: &str, secret: &str, key: &ApiKey) -> String {
+    let body = html! {
+        p.notice role="status" {
+            "Copy the key now: it is shown only this once and we keep only its hash."
+        }
+        div.panel {
+            label for="secret" { (title) }
+            input id="secret" name="secret" readonly value=(secret) size="60";
+            p.muted { (key.id) " · " (kind_name(key.kind)) " · " (key.scopes.join(", ")) }
+        }
+        p { a href="/dashboard/keys" { "← All keys" } }
+    };
+    layout(nav, "Key issued", body)
 }
 
 /// A page of the audit log, newest first.
