@@ -14,6 +14,7 @@ mod checkout;
 mod contract;
 mod counter_page;
 mod dashboard;
+mod dashboard_browser;
 mod docs_page;
 mod invoices;
 mod lambda;

@@ -51,7 +51,11 @@ pub fn bars(series: &[DayFigures]) -> Markup {
             line x1=(LEFT) y1=(HEIGHT - BOTTOM) x2=(WIDTH) y2=(HEIGHT - BOTTOM)
                 stroke="#4b5563" stroke-width="1" {}
             text x=(LEFT) y="12" font-size="12" fill="#374151" {
-                "max " (crate::pages::rupees(max as i64))
+                @if total > 0 {
+                    "max " (crate::pages::rupees(max as i64))
+                } @else {
+                    "Nothing collected in these days yet"
+                }
             }
             @for (i, d) in series.iter().enumerate() {
                 @let h = (d.success_volume_paisa.max(0) as f64 / max * plot).round();
@@ -104,5 +108,6 @@ mod tests {
         assert!(!svg.contains("NaN") && !svg.contains("inf"));
         let zeros = bars(&[day("2026-11-26", 0)]).into_string();
         assert!(zeros.contains("height=\"0.0\"") && !zeros.contains("NaN"));
+        assert!(zeros.contains("Nothing collected") && !zeros.contains("max NPR"));
     }
 }
