@@ -885,7 +885,187 @@ async fn api_keys_are_issued_rotated_and_revoked(which: Which) {
     app.stop().await;
 }
 
+async fn links_invoices_sms_and_webhooks_are_listed(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Himal Traders", "a@himal.np").await;
+    let other = app.tenant("Other Shop", "b@other.np").await;
+    user(&app, &t, "owner@himal.np", Role::Owner).await;
+    user(&app, &t, "viewer@himal.np", Role::Viewer).await;
+    let key = app
+        .key(&t, Mode::Sandbox, &shared::domain::account::Scope::ALL)
+        .await;
+    let theirs = app
+        .key(&other, Mode::Sandbox, &shared::domain::account::Scope::ALL)
+        .await;
+    let post = |k: &str, path: &str, body: serde_json::Value| {
+        let (k, path) = (k.to_owned(), path.to_owned());
+        let app = &app;
+        async move { app.post(&path, Some(&k), None, &body).await }
+    };
+    let link = post(
+        &key,
+        "/v1/payment-links",
+        serde_json::json!({"title": "Blue <mugs>", "amount": 50_000}),
+    )
+    .await;
+    assert_eq!(link.status, 201, "{}", link.body);
+    let invoice = post(
+        &key,
+        "/v1/invoices",
+        serde_json::json!({
+            "lines": [{"description": "Two mugs", "quantity": "2", "unitAmount": 25_000}],
+            "dueAt": "2030-12-31T18:15:00+05:45",
+        }),
+    )
+    .await;
+    assert_eq!(invoice.status, 201, "{}", invoice.body);
+    let inv_id = invoice.body["id"].as_str().unwrap_or_default().to_owned();
+    // A receiver on loopback, allowed for sandbox endpoints in tests.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind: {e}"));
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, axum::Router::new().fallback(|| async { "ok" })).await;
+    });
+    let hook = post(
+        &key,
+        "/v1/webhooks",
+        serde_json::json!({"url": format!("http://127.0.0.1:{port}/hook")}),
+    )
+    .await;
+    assert_eq!(hook.status, 201, "{}", hook.body);
+    let we = hook.body["id"].as_str().unwrap_or_default().to_owned();
+    let their_link = post(
+        &theirs,
+        "/v1/payment-links",
+        serde_json::json!({"title": "Theirs", "amount": 1_000}),
+    )
+    .await;
+    let their_link = their_link.body["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+
+    let mut owner = signed_in(&app, "owner@himal.np").await;
+    let links = owner.get("/dashboard/links").await;
+    assert_eq!(links.status, 200, "{}", links.show());
+    assert!(
+        links.body.contains("Blue &lt;mugs&gt;") && links.body.contains("NPR 500.00"),
+        "{}",
+        links.show()
+    );
+    assert!(!links.body.contains(&their_link));
+    let list = owner.get("/dashboard/invoices").await;
+    assert!(list.body.contains(&inv_id), "{}", list.show());
+    let detail = owner.get(&format!("/dashboard/invoices/{inv_id}")).await;
+    assert_eq!(detail.status, 200, "{}", detail.show());
+    assert!(
+        detail.body.contains("Two mugs") && detail.body.contains("NPR 500.00"),
+        "{}",
+        detail.show()
+    );
+    // A draft has no PDF; finalized, it downloads.
+    assert!(
+        detail.body.contains("A draft has no PDF"),
+        "{}",
+        detail.show()
+    );
+    let draft_pdf = owner
+        .get(&format!("/dashboard/invoices/{inv_id}/pdf"))
+        .await;
+    assert_eq!(draft_pdf.status, 409, "{}", draft_pdf.show());
+    let version = invoice.body["version"].as_i64().unwrap_or(1);
+    let fin = post(
+        &key,
+        &format!("/v1/invoices/{inv_id}/finalize"),
+        serde_json::json!({"version": version}),
+    )
+    .await;
+    assert_eq!(fin.status, 200, "{}", fin.body);
+    let pdf = owner
+        .get(&format!("/dashboard/invoices/{inv_id}/pdf"))
+        .await;
+    assert_eq!(pdf.status, 200, "{}", pdf.show());
+    assert_eq!(
+        pdf.headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/pdf")
+    );
+    assert!(pdf.body.starts_with("%PDF-"), "a PDF");
+    assert_eq!(
+        owner
+            .get("/dashboard/invoices/oinv_01m8bs0cc3j03q9xx14dhg73b5")
+            .await
+            .status,
+        404
+    );
+    let sms = owner.get("/dashboard/sms").await;
+    assert_eq!(sms.status, 200, "{}", sms.show());
+    assert!(sms.body.contains("0 reminders."), "{}", sms.show());
+
+    // Webhooks: the endpoint, its log, and a test event sent once.
+    let hooks = owner.get("/dashboard/webhooks").await;
+    assert!(hooks.body.contains(&we), "{}", hooks.show());
+    let page = owner.get(&format!("/dashboard/webhooks/{we}")).await;
+    assert_eq!(page.status, 200, "{}", page.show());
+    let (token, nonce) = (csrf(&page.body), field(&page.body, "nonce"));
+    let send = [
+        ("csrf", token.as_str()),
+        ("nonce", nonce.as_str()),
+        ("type", "payment.succeeded"),
+    ];
+    let r = owner
+        .post(&format!("/dashboard/webhooks/{we}/test"), &send)
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let again = owner
+        .post(&format!("/dashboard/webhooks/{we}/test"), &send)
+        .await;
+    assert_eq!(
+        again.location, r.location,
+        "a double submit sends nothing more"
+    );
+    let events = shared::domain::outbox::recent(&*app.store, &t.project.id, Mode::Sandbox, 50)
+        .await
+        .unwrap_or_default();
+    let tests = events
+        .iter()
+        .filter(|e| e.endpoint_id.as_deref() == Some(we.as_str()))
+        .count();
+    assert_eq!(tests, 1);
+    let r = owner
+        .post(
+            &format!("/dashboard/webhooks/{we}/test"),
+            &[
+                ("csrf", &token),
+                ("nonce", &nonce),
+                ("type", "payment.nothing"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 422, "{}", r.show());
+    // A viewer sees links and invoices but no webhooks.
+    let mut viewer = signed_in(&app, "viewer@himal.np").await;
+    assert_eq!(viewer.get("/dashboard/links").await.status, 200);
+    assert_eq!(viewer.get("/dashboard/webhooks").await.status, 403);
+    assert_eq!(
+        viewer
+            .get(&format!("/dashboard/webhooks/{we}"))
+            .await
+            .status,
+        403
+    );
+    let audit = owner.get("/dashboard/audit").await;
+    assert!(audit.body.contains("webhook.test"), "{}", audit.show());
+    app.stop().await;
+}
+
 on_both_backends!(
+    links_invoices_sms_and_webhooks_are_listed,
     api_keys_are_issued_rotated_and_revoked,
     refunds_are_issued_once_with_notes,
     sign_in_checks_password_and_form_token,

@@ -254,6 +254,14 @@ async fn walk(c: &Client, app: &TestApp, payment: &str, old_key: &str) -> Result
     audit(c, "new key").await?;
     shot(c, "07-rotated").await?;
     open(c, app, "/dashboard/audit", "08-audit").await?;
+    for (path, name) in [
+        ("/dashboard/links", "08a-links"),
+        ("/dashboard/invoices", "08b-invoices"),
+        ("/dashboard/webhooks", "08c-webhooks"),
+        ("/dashboard/sms", "08d-sms"),
+    ] {
+        open(c, app, path, name).await?;
+    }
 
     // The same pages on a phone: no sideways scrolling, still readable.
     within("phone size", c.set_window_size(390, 844)).await?;

@@ -17,6 +17,7 @@
 mod chart;
 mod keys;
 mod pages;
+mod records;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -67,6 +68,14 @@ pub fn router(state: AppState) -> Router {
             .route("/dashboard/payments/{id}", get(payment_page))
             .route("/dashboard/payments/{id}/refund", post(refund))
             .route("/dashboard/refunds", get(refunds_page))
+            .route("/dashboard/links", get(records::links_page))
+            .route("/dashboard/invoices", get(records::invoices_page))
+            .route("/dashboard/invoices/{id}", get(records::invoice_page))
+            .route("/dashboard/invoices/{id}/pdf", get(records::invoice_pdf))
+            .route("/dashboard/sms", get(records::sms_page))
+            .route("/dashboard/webhooks", get(records::webhooks_page))
+            .route("/dashboard/webhooks/{id}", get(records::endpoint_page))
+            .route("/dashboard/webhooks/{id}/test", post(records::send_test))
             .route("/dashboard/keys", get(keys::keys_page).post(keys::issue))
             .route("/dashboard/keys/{id}/rotate", post(keys::rotate))
             .route("/dashboard/keys/{id}/revoke", post(keys::revoke))
@@ -574,7 +583,7 @@ async fn overview(State(state): State<AppState>, signed: Signed) -> Page {
 }
 
 /// The page number of a list (`?page=`, from 1), bounded.
-fn page_number(q: &std::collections::HashMap<String, String>) -> Result<usize, Stop> {
+pub(crate) fn page_number(q: &std::collections::HashMap<String, String>) -> Result<usize, Stop> {
     match q.get("page") {
         None => Ok(1),
         Some(raw) => match raw.parse::<usize>() {

@@ -27,7 +27,7 @@ pub struct Nav {
 }
 
 /// The pages, their paths and who sees them in the navigation.
-const PAGES: [(&str, &str, &str, Permission); 5] = [
+const PAGES: [(&str, &str, &str, Permission); 9] = [
     ("overview", "/dashboard", "Overview", Permission::Read),
     (
         "payments",
@@ -36,7 +36,21 @@ const PAGES: [(&str, &str, &str, Permission); 5] = [
         Permission::Read,
     ),
     ("refunds", "/dashboard/refunds", "Refunds", Permission::Read),
+    ("links", "/dashboard/links", "Links", Permission::Read),
+    (
+        "invoices",
+        "/dashboard/invoices",
+        "Invoices",
+        Permission::Read,
+    ),
+    (
+        "webhooks",
+        "/dashboard/webhooks",
+        "Webhooks",
+        Permission::Secrets,
+    ),
     ("keys", "/dashboard/keys", "API keys", Permission::Secrets),
+    ("sms", "/dashboard/sms", "SMS", Permission::Read),
     ("audit", "/dashboard/audit", "Audit log", Permission::People),
 ];
 
@@ -48,7 +62,7 @@ pub fn rupees(paisa: i64) -> String {
 }
 
 /// The lowercase name serde gives a value (a status, a provider).
-fn label<T: Serialize>(v: &T) -> String {
+pub(crate) fn label<T: Serialize>(v: &T) -> String {
     match serde_json::to_value(v) {
         Ok(serde_json::Value::String(s)) => s,
         _ => String::new(),
@@ -56,7 +70,7 @@ fn label<T: Serialize>(v: &T) -> String {
 }
 
 /// A time as people read it: `2026-11-26 10:03 UTC`.
-fn when(t: Timestamp) -> String {
+pub(crate) fn when(t: Timestamp) -> String {
     t.datetime().format("%Y-%m-%d %H:%M UTC").to_string()
 }
 
@@ -71,7 +85,7 @@ fn head(title: &str) -> Markup {
 }
 
 /// A whole signed-in page.
-fn layout(nav: &Nav, title: &str, body: Markup) -> String {
+pub(crate) fn layout(nav: &Nav, title: &str, body: Markup) -> String {
     let sandbox = nav.mode == Mode::Sandbox;
     html! {
         (DOCTYPE)
@@ -234,7 +248,7 @@ pub fn overview(nav: &Nav, o: &Overview, series: &[DayFigures]) -> String {
     layout(nav, "Overview", body)
 }
 
-fn status_badge(status: &str) -> Markup {
+pub(crate) fn status_badge(status: &str) -> Markup {
     html! { span class={ "status " (status) } { (status) } }
 }
 
@@ -274,7 +288,7 @@ pub fn payments(nav: &Nav, list: &[PaymentView], page: usize, total: u64) -> Str
     layout(nav, "Payments", body)
 }
 
-fn pager(path: &str, page: usize, pages: usize) -> Markup {
+pub(crate) fn pager(path: &str, page: usize, pages: usize) -> Markup {
     html! {
         nav.pager aria-label="Pages" {
             @if page > 1 {

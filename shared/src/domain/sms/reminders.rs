@@ -176,6 +176,21 @@ pub async fn requeue_stuck(
     Ok(queued)
 }
 
+/// A page of the project's reminders in `mode`, newest first, and the
+/// total (the dashboard's SMS log).
+pub async fn list(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    offset: usize,
+    limit: usize,
+) -> Result<(Vec<SmsReminder>, u64), StoreError> {
+    let query = Query::partition(SmsReminder::list_partition(project_id, mode))
+        .on(Index::Gsi1)
+        .backward();
+    crate::domain::record::page_of(store, &query, offset, limit).await
+}
+
 /// The project's latest reminders in `mode`, newest first (support and
 /// tests; index reads are eventually consistent).
 pub async fn list_recent(

@@ -1,0 +1,459 @@
+//! The business's records in the dashboard, read through the same domain
+//! functions as the API for the session's project and mode: payment
+//! links (with their views and uses), invoices (and their PDF), the SMS
+//! reminder log, and webhook endpoints with their delivery log and a test
+//! event. Every list paginates.
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, RawQuery, State};
+use axum::response::{IntoResponse, Response};
+use edge::html::html;
+use http::{HeaderValue, StatusCode, header};
+use maud::html as markup;
+use shared::AppState;
+use shared::domain::dashboard::{self, FormClaim, Permission};
+use shared::domain::invoices::{self, Invoice};
+use shared::domain::links::{self, PaymentLink};
+use shared::domain::outbox::EventType;
+use shared::domain::sms::{self, SmsReminder};
+use shared::domain::webhooks::{self, Delivery, Endpoint, WebhookError};
+
+use crate::pages::{Nav, label, layout, pager, rupees, status_badge, when};
+use crate::{PAGE, Page, Signed, Stop, expired_form, fail, form, nav, page_number, query};
+
+fn npr(p: i64) -> String {
+    rupees(p)
+}
+
+fn pages_of(total: u64) -> usize {
+    (total as usize).div_ceil(PAGE).max(1)
+}
+
+pub async fn links_page(
+    State(state): State<AppState>,
+    signed: Signed,
+    RawQuery(raw): RawQuery,
+) -> Page {
+    let page = page_number(&query(&raw))?;
+    let (list, total) = links::list(
+        &*state.store,
+        &signed.session.project_id,
+        signed.session.mode,
+        None,
+        (page - 1) * PAGE,
+        PAGE,
+    )
+    .await
+    .map_err(fail)?;
+    let nav = nav(&state, &signed, "links").await?;
+    Ok(html(StatusCode::OK, links_html(&nav, &list, page, total)))
+}
+
+fn link_amount(l: &PaymentLink) -> String {
+    match (l.amount, l.min_amount, l.max_amount) {
+        (Some(a), _, _) => a.display_npr(),
+        (None, min, max) => format!(
+            "{} to {}",
+            min.map(npr).unwrap_or_else(|| "any".into()),
+            max.map(npr).unwrap_or_else(|| "any".into())
+        ),
+    }
+}
+
+fn links_html(nav: &Nav, list: &[PaymentLink], page: usize, total: u64) -> String {
+    let body = markup! {
+        p.muted { (total) " payment links. Page " (page) " of " (pages_of(total)) "." }
+        div.panel {
+            @if list.is_empty() { p { "No payment links yet." } } @else {
+                table {
+                    thead { tr {
+                        th scope="col" { "Link" } th scope="col" { "Amount" }
+                        th.num scope="col" { "Views" } th.num scope="col" { "Paid" }
+                        th.num scope="col" { "Conversion" } th scope="col" { "State" }
+                    } }
+                    tbody { @for l in list {
+                        tr {
+                            td { a href={ "/l/" (l.id) } { (l.title) } br; span.muted { (l.id) } }
+                            td { (link_amount(l)) }
+                            td.num { (l.views) }
+                            td.num { (l.used_count) @if let Some(m) = l.max_uses { " of " (m) } }
+                            td.num { (format!("{:.0}%", if l.views > 0 { l.used_count as f64 * 100.0 / l.views as f64 } else { 0.0 })) }
+                            td { (status_badge(if l.active { "active" } else { "inactive" }))
+                                 @if let Some(t) = l.expires_at { br; span.muted { "until " (when(t)) } } }
+                        }
+                    } }
+                }
+            }
+        }
+        (pager("/dashboard/links", page, pages_of(total)))
+    };
+    layout(nav, "Payment links", body)
+}
+
+pub async fn invoices_page(
+    State(state): State<AppState>,
+    signed: Signed,
+    RawQuery(raw): RawQuery,
+) -> Page {
+    let page = page_number(&query(&raw))?;
+    let (list, total) = invoices::list(
+        &*state.store,
+        &signed.session.project_id,
+        signed.session.mode,
+        None,
+        None,
+        (page - 1) * PAGE,
+        PAGE,
+    )
+    .await
+    .map_err(fail)?;
+    let nav = nav(&state, &signed, "invoices").await?;
+    let body = markup! {
+        p.muted { (total) " invoices. Page " (page) " of " (pages_of(total)) "." }
+        div.panel {
+            @if list.is_empty() { p { "No invoices yet." } } @else {
+                table {
+                    thead { tr {
+                        th scope="col" { "Invoice" } th scope="col" { "Buyer" }
+                        th.num scope="col" { "Total" } th.num scope="col" { "Paid" }
+                        th scope="col" { "State" } th scope="col" { "Due" }
+                    } }
+                    tbody { @for i in &list {
+                        tr {
+                            td { a href={ "/dashboard/invoices/" (i.id) } { (i.invoice_number.as_deref().unwrap_or("draft")) } br; span.muted { (i.id) } }
+                            td { (i.buyer.as_ref().map(|b| label(&b.name)).unwrap_or_default()) }
+                            td.num { (npr(i.total_amount)) }
+                            td.num { (npr(i.amount_paid)) }
+                            td { (status_badge(&label(&i.document_status))) " " (status_badge(&label(&i.collection_status))) }
+                            td { (when(i.due_at)) }
+                        }
+                    } }
+                }
+            }
+        }
+        (pager("/dashboard/invoices", page, pages_of(total)))
+    };
+    Ok(html(StatusCode::OK, layout(&nav, "Invoices", body)))
+}
+
+async fn invoice_of(state: &AppState, signed: &Signed, id: &str) -> Result<Invoice, Stop> {
+    invoices::get(
+        &*state.store,
+        &signed.session.project_id,
+        signed.session.mode,
+        id,
+    )
+    .await
+    .map_err(fail)
+}
+
+pub async fn invoice_page(
+    State(state): State<AppState>,
+    signed: Signed,
+    Path(id): Path<String>,
+) -> Page {
+    let i = invoice_of(&state, &signed, &id).await?;
+    let nav = nav(&state, &signed, "invoices").await?;
+    let title = format!(
+        "Invoice {}",
+        i.invoice_number.as_deref().unwrap_or("(draft)")
+    );
+    let body = markup! {
+        div.panel {
+            dl.facts {
+                dt { "Invoice" } dd { (i.id) }
+                dt { "State" } dd { (status_badge(&label(&i.document_status))) " " (status_badge(&label(&i.collection_status))) }
+                dt { "Total" } dd { (npr(i.total_amount)) }
+                dt { "Paid" } dd { (npr(i.amount_paid)) }
+                dt { "Due" } dd { (when(i.due_at)) }
+                @if let Some(note) = &i.note { dt { "Note" } dd { (note) } }
+            }
+        }
+        section.panel aria-labelledby="lines-title" {
+            h2 id="lines-title" { "Lines" }
+            table {
+                thead { tr { th scope="col" { "Description" } th.num scope="col" { "Quantity" } th.num scope="col" { "Amount" } } }
+                tbody { @for l in &i.lines {
+                    tr { td { (l.description) } td.num { (l.quantity) } td.num { (npr(l.line_total)) } }
+                } }
+            }
+        }
+        @if label(&i.document_status) == "draft" {
+            p.muted { "A draft has no PDF until it is finalized." }
+        } @else {
+            p { a href={ "/dashboard/invoices/" (i.id) "/pdf" } { "Download the PDF" } }
+        }
+        p { a href="/dashboard/invoices" { "← All invoices" } }
+    };
+    Ok(html(StatusCode::OK, layout(&nav, &title, body)))
+}
+
+pub async fn invoice_pdf(
+    State(state): State<AppState>,
+    signed: Signed,
+    Path(id): Path<String>,
+) -> Result<Response, Stop> {
+    let i = invoice_of(&state, &signed, &id).await?;
+    let bytes = invoices::pdf(&state, &i).await.map_err(fail)?;
+    let mut res = Body::from(bytes).into_response();
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/pdf"),
+    );
+    let name = format!(
+        "attachment; filename=\"{}.pdf\"",
+        i.invoice_number
+            .as_deref()
+            .unwrap_or(&i.id)
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+            .collect::<String>()
+    );
+    if let Ok(v) = HeaderValue::from_str(&name) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    Ok(res)
+}
+
+/// A phone number as the SMS log shows it: the last three digits only.
+fn masked(phone: &str) -> String {
+    let digits: Vec<char> = phone.chars().filter(char::is_ascii_digit).collect();
+    let tail: String = digits[digits.len().saturating_sub(3)..].iter().collect();
+    format!("•••••••{tail}")
+}
+
+pub async fn sms_page(
+    State(state): State<AppState>,
+    signed: Signed,
+    RawQuery(raw): RawQuery,
+) -> Page {
+    let page = page_number(&query(&raw))?;
+    let (list, total): (Vec<SmsReminder>, u64) = sms::list(
+        &*state.store,
+        &signed.session.project_id,
+        signed.session.mode,
+        (page - 1) * PAGE,
+        PAGE,
+    )
+    .await
+    .map_err(fail)?;
+    let nav = nav(&state, &signed, "sms").await?;
+    let body = markup! {
+        p.muted { (total) " reminders. Page " (page) " of " (pages_of(total)) "." }
+        div.panel {
+            @if list.is_empty() { p { "No SMS reminders yet." } } @else {
+                table {
+                    thead { tr {
+                        th scope="col" { "Reminder" } th scope="col" { "To" }
+                        th scope="col" { "State" } th scope="col" { "Sent for" } th scope="col" { "Created" }
+                    } }
+                    tbody { @for r in &list {
+                        tr {
+                            td { (r.id) }
+                            td { (masked(&r.to)) }
+                            td { (status_badge(&label(&r.status))) @if let Some(e) = &r.last_error { br; span.muted { (e) } } }
+                            td { (r.session_id.as_deref().unwrap_or("—")) }
+                            td { (when(r.created_at)) }
+                        }
+                    } }
+                }
+            }
+        }
+        (pager("/dashboard/sms", page, pages_of(total)))
+    };
+    Ok(html(StatusCode::OK, layout(&nav, "SMS reminders", body)))
+}
+
+fn events_of(e: &Endpoint) -> String {
+    if e.events.is_empty() {
+        "every event".into()
+    } else {
+        e.events
+            .iter()
+            .map(|t| t.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+pub async fn webhooks_page(State(state): State<AppState>, signed: Signed) -> Page {
+    signed.require(Permission::Secrets)?;
+    let list = webhooks::list(
+        &*state.store,
+        &signed.session.project_id,
+        signed.session.mode,
+    )
+    .await
+    .map_err(fail)?;
+    let nav = nav(&state, &signed, "webhooks").await?;
+    let body = markup! {
+        div.panel {
+            @if list.is_empty() { p { "No webhook endpoints in this mode yet." } } @else {
+                table {
+                    thead { tr { th scope="col" { "Endpoint" } th scope="col" { "Events" } th scope="col" { "State" } } }
+                    tbody { @for e in &list {
+                        tr {
+                            td { a href={ "/dashboard/webhooks/" (e.id) } { (e.url) } br; span.muted { (e.id) } }
+                            td { (events_of(e)) }
+                            td { (status_badge(if e.enabled { "enabled" } else { "disabled" })) }
+                        }
+                    } }
+                }
+            }
+        }
+    };
+    Ok(html(StatusCode::OK, layout(&nav, "Webhooks", body)))
+}
+
+fn webhook_failure(e: WebhookError) -> Stop {
+    fail(e)
+}
+
+async fn endpoint_view(
+    state: &AppState,
+    signed: &Signed,
+    id: &str,
+    notice: Option<&str>,
+    status: StatusCode,
+) -> Page {
+    let (project, mode) = (&signed.session.project_id, signed.session.mode);
+    let e = webhooks::get(&*state.store, project, mode, id)
+        .await
+        .map_err(webhook_failure)?;
+    let log: Vec<Delivery> = webhooks::deliveries(&*state.store, project, mode, id)
+        .await
+        .map_err(webhook_failure)?;
+    let nav = nav(state, signed, "webhooks").await?;
+    let nonce = dashboard::new_form_nonce();
+    let body = markup! {
+        @if let Some(n) = notice { p.notice role="status" { (n) } }
+        div.panel {
+            dl.facts {
+                dt { "URL" } dd { (e.url) }
+                dt { "Events" } dd { (events_of(&e)) }
+                dt { "State" } dd { (status_badge(if e.enabled { "enabled" } else { "disabled" })) }
+            }
+        }
+        section.panel aria-labelledby="log-title" {
+            h2 id="log-title" { "Latest deliveries" }
+            @if log.is_empty() { p.muted { "Nothing delivered yet." } } @else {
+                table {
+                    thead { tr {
+                        th scope="col" { "Event" } th scope="col" { "State" } th.num scope="col" { "Attempts" }
+                        th scope="col" { "Answer" } th scope="col" { "Last try" }
+                    } }
+                    tbody { @for d in &log {
+                        tr {
+                            td { (d.event_type.as_str()) br; span.muted { (d.event_id) } }
+                            td { (status_badge(&label(&d.status))) }
+                            td.num { (d.attempts) }
+                            td { (d.response_status.map(|s| s.to_string()).unwrap_or_default())
+                                 @if let Some(err) = &d.last_error { br; span.muted { (err) } } }
+                            td { (d.last_attempt_at.map(when).unwrap_or_else(|| "—".into())) }
+                        }
+                    } }
+                }
+            }
+        }
+        section.panel aria-labelledby="test-title" {
+            h2 id="test-title" { "Send a test event" }
+            form.stack method="post" action={ "/dashboard/webhooks/" (e.id) "/test" } {
+                input type="hidden" name="csrf" value=(nav.csrf);
+                input type="hidden" name="nonce" value=(nonce);
+                label for="type" { "Event type" }
+                select id="type" name="type" {
+                    @for t in EventType::ALL { option value=(t.as_str()) { (t.as_str()) } }
+                }
+                button.primary type="submit" { "Send test event" }
+            }
+        }
+        p { a href="/dashboard/webhooks" { "← All endpoints" } }
+    };
+    Ok(html(status, layout(&nav, "Webhook endpoint", body)))
+}
+
+pub async fn endpoint_page(
+    State(state): State<AppState>,
+    signed: Signed,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Page {
+    signed.require(Permission::Secrets)?;
+    let q = query(&raw);
+    let notice = q
+        .get("sent")
+        .filter(|id| id.starts_with("evt_") && id.len() <= 64)
+        .map(|id| format!("Test event {id} queued for this endpoint."));
+    endpoint_view(&state, &signed, &id, notice.as_deref(), StatusCode::OK).await
+}
+
+/// Sends a test event to one endpoint (`webhooks::send_test_event`); the
+/// form's one-time token keeps a double submit from sending two.
+pub async fn send_test(
+    State(state): State<AppState>,
+    signed: Signed,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Page {
+    signed.require(Permission::Secrets)?;
+    let f = form(&body);
+    signed.check_csrf(&f)?;
+    let Some(t) = f.get("type").and_then(|t| EventType::parse(t)) else {
+        return Err(fail(shared::refusal::Refusal::invalid(
+            "type",
+            "Choose an event type",
+        )));
+    };
+    let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
+    let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, state.clock.now())
+    else {
+        return Err(expired_form());
+    };
+    // The endpoint first: another merchant's id claims nothing.
+    webhooks::get(
+        &*state.store,
+        &signed.session.project_id,
+        signed.session.mode,
+        &id,
+    )
+    .await
+    .map_err(webhook_failure)?;
+    if let FormClaim::Done(sent) = dashboard::claim_form(&*state.store, &fence)
+        .await
+        .map_err(fail)?
+    {
+        let location = match sent {
+            Some(evt) => format!("/dashboard/webhooks/{id}?sent={evt}"),
+            None => format!("/dashboard/webhooks/{id}"),
+        };
+        return Ok(crate::see_other(&location));
+    }
+    let event = webhooks::send_test_event(
+        &state,
+        &signed.session.project_id,
+        signed.session.mode,
+        &id,
+        t,
+    )
+    .await
+    .map_err(webhook_failure)?;
+    if let Err(e) = dashboard::complete_form(&*state.store, &fence, &event.id).await {
+        tracing::warn!(error = %e, "form result not recorded");
+    }
+    crate::audit(&state, &signed, "webhook.test", &id, t.as_str()).await;
+    Ok(crate::see_other(&format!(
+        "/dashboard/webhooks/{id}?sent={}",
+        event.id
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn phones_show_only_their_last_digits() {
+        assert_eq!(super::masked("+977 9841000123"), "•••••••123");
+        assert_eq!(super::masked("12"), "•••••••12");
+        assert_eq!(super::masked(""), "•••••••");
+    }
+}
