@@ -1064,7 +1064,110 @@ async fn links_invoices_sms_and_webhooks_are_listed(which: Which) {
     app.stop().await;
 }
 
+async fn provider_credentials_are_set_and_never_shown(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Himal Traders", "a@himal.np").await;
+    user(&app, &t, "dev@himal.np", Role::Developer).await;
+    user(&app, &t, "viewer@himal.np", Role::Viewer).await;
+    let mut viewer = signed_in(&app, "viewer@himal.np").await;
+    assert_eq!(viewer.get("/dashboard/credentials").await.status, 403);
+    let mut dev = signed_in(&app, "dev@himal.np").await;
+    let page = dev.get("/dashboard/credentials").await;
+    assert_eq!(page.status, 200, "{}", page.show());
+    let token = csrf(&page.body);
+    const SECRET: &str = "live_secret_key_0123456789abcdef";
+    // An empty field, an unknown provider: refused, nothing stored.
+    let r = dev
+        .post(
+            "/dashboard/credentials",
+            &[
+                ("csrf", &token),
+                ("provider", "khalti"),
+                ("secret_key", " "),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 422, "{}", r.show());
+    assert!(r.body.contains("secret_key is empty"), "{}", r.show());
+    let r = dev
+        .post(
+            "/dashboard/credentials",
+            &[
+                ("csrf", &token),
+                ("provider", "paypal"),
+                ("secret_key", SECRET),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 422, "{}", r.show());
+    let r = dev
+        .post(
+            "/dashboard/credentials",
+            &[("provider", "khalti"), ("secret_key", SECRET)],
+        )
+        .await;
+    assert_eq!(r.status, 403, "no CSRF token: {}", r.show());
+    let none = shared::domain::credentials::list_configured_providers(&*app.store, &t.project.id)
+        .await
+        .unwrap_or_default();
+    assert!(none.is_empty());
+    let r = dev
+        .post(
+            "/dashboard/credentials",
+            &[
+                ("csrf", &token),
+                ("provider", "khalti"),
+                ("secret_key", SECRET),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let shown = dev.get(&r.location).await;
+    assert!(
+        shown.body.contains("khalti credentials saved"),
+        "{}",
+        shown.show()
+    );
+    assert!(
+        shown.body.contains("ok"),
+        "the check opens them: {}",
+        shown.show()
+    );
+    assert!(!shown.body.contains(SECRET), "never shown back");
+    // Stored sealed, for this project and mode.
+    let stored = shared::domain::credentials::list_configured_providers(&*app.store, &t.project.id)
+        .await
+        .unwrap_or_default();
+    assert_eq!(stored.len(), 1);
+    assert_eq!(
+        (stored[0].provider, stored[0].mode),
+        (Provider::Khalti, Mode::Sandbox)
+    );
+    let mut owner_store_scan = String::new();
+    for item in app
+        .store
+        .query(&shared::store::Query::partition(
+            shared::keys::project_partition(&t.project.id),
+        ))
+        .await
+        .map(|p| p.items)
+        .unwrap_or_default()
+    {
+        owner_store_scan.push_str(&serde_json::Value::Object(item).to_string());
+    }
+    assert!(!owner_store_scan.contains(SECRET), "sealed in the store");
+    user(&app, &t, "owner@himal.np", Role::Owner).await;
+    let mut owner = signed_in(&app, "owner@himal.np").await;
+    let audit = owner.get("/dashboard/audit").await;
+    assert!(audit.body.contains("credentials.set"), "{}", audit.show());
+    assert!(!audit.body.contains(SECRET));
+    app.stop().await;
+}
+
 on_both_backends!(
+    provider_credentials_are_set_and_never_shown,
     links_invoices_sms_and_webhooks_are_listed,
     api_keys_are_issued_rotated_and_revoked,
     refunds_are_issued_once_with_notes,

@@ -259,6 +259,7 @@ async fn walk(c: &Client, app: &TestApp, payment: &str, old_key: &str) -> Result
         ("/dashboard/invoices", "08b-invoices"),
         ("/dashboard/webhooks", "08c-webhooks"),
         ("/dashboard/sms", "08d-sms"),
+        ("/dashboard/credentials", "08e-credentials"),
     ] {
         open(c, app, path, name).await?;
     }

@@ -15,6 +15,7 @@
 //! `shared::domain::dashboard` and the capability modules.
 
 mod chart;
+mod credentials;
 mod keys;
 mod pages;
 mod records;
@@ -77,6 +78,10 @@ pub fn router(state: AppState) -> Router {
             .route("/dashboard/webhooks/{id}", get(records::endpoint_page))
             .route("/dashboard/webhooks/{id}/test", post(records::send_test))
             .route("/dashboard/keys", get(keys::keys_page).post(keys::issue))
+            .route(
+                "/dashboard/credentials",
+                get(credentials::page).post(credentials::set),
+            )
             .route("/dashboard/keys/{id}/rotate", post(keys::rotate))
             .route("/dashboard/keys/{id}/revoke", post(keys::revoke))
             .route("/dashboard/audit", get(audit_page))

@@ -27,7 +27,7 @@ pub struct Nav {
 }
 
 /// The pages, their paths and who sees them in the navigation.
-const PAGES: [(&str, &str, &str, Permission); 9] = [
+const PAGES: [(&str, &str, &str, Permission); 10] = [
     ("overview", "/dashboard", "Overview", Permission::Read),
     (
         "payments",
@@ -50,6 +50,12 @@ const PAGES: [(&str, &str, &str, Permission); 9] = [
         Permission::Secrets,
     ),
     ("keys", "/dashboard/keys", "API keys", Permission::Secrets),
+    (
+        "credentials",
+        "/dashboard/credentials",
+        "Credentials",
+        Permission::Secrets,
+    ),
     ("sms", "/dashboard/sms", "SMS", Permission::Read),
     ("audit", "/dashboard/audit", "Audit log", Permission::People),
 ];

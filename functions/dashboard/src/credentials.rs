@@ -1,0 +1,205 @@
+//! Provider credentials in the dashboard: which providers the project has
+//! credentials for in this mode, whether each still opens with the master
+//! key, and a form per provider to set them. Values go in and are never
+//! shown back (the page has no field holding one). Owners and developers.
+
+use axum::body::Bytes;
+use axum::extract::{RawQuery, State};
+use edge::html::html;
+use http::StatusCode;
+use maud::html as markup;
+use shared::AppState;
+use shared::domain::Provider;
+use shared::domain::credentials::{self, CredentialsError, ProviderCredentials};
+use shared::domain::dashboard::Permission;
+
+use crate::pages::{layout, status_badge, when};
+use crate::{Page, Signed, fail, form, nav, query, see_other};
+
+/// One field of a provider's form: its name, its label, whether it is a
+/// secret (a password field).
+type Field = (&'static str, &'static str, bool);
+
+/// The fields of each provider's form.
+const FIELDS: [(Provider, &[Field]); 3] = [
+    (
+        Provider::Esewa,
+        &[
+            ("product_code", "Product code", false),
+            ("secret_key", "Secret key", true),
+        ],
+    ),
+    (Provider::Khalti, &[("secret_key", "Live secret key", true)]),
+    (
+        Provider::Fonepay,
+        &[
+            ("merchant_code", "Merchant code", false),
+            ("secret_key", "Secret key", true),
+            ("username", "Username", false),
+            ("password", "Password", true),
+        ],
+    ),
+];
+
+fn provider_named(name: &str) -> Option<Provider> {
+    Provider::ALL.into_iter().find(|p| p.as_str() == name)
+}
+
+async fn show(
+    state: &AppState,
+    signed: &Signed,
+    notice: Option<&str>,
+    error: Option<&str>,
+    status: StatusCode,
+) -> Page {
+    let (project, mode) = (&signed.session.project_id, signed.session.mode);
+    let configured: Vec<_> = credentials::list_configured_providers(&*state.store, project)
+        .await
+        .map_err(|e| fail(shared::refusal::Refusal::internal(&e)))?
+        .into_iter()
+        .filter(|c| c.mode == mode)
+        .collect();
+    // The check: each set opens with the master key (no value shown).
+    let mut rows = Vec::new();
+    for c in &configured {
+        let verdict = match state.providers.keys() {
+            None => "no master key configured here".to_owned(),
+            Some(keys) => {
+                match credentials::get_credentials(&*state.store, keys, project, mode, c.provider)
+                    .await
+                {
+                    Ok(Some(_)) => "ok".to_owned(),
+                    Ok(None) => "removed meanwhile".to_owned(),
+                    Err(e) => e.to_string(),
+                }
+            }
+        };
+        rows.push((c, verdict));
+    }
+    let nav = nav(state, signed, "credentials").await?;
+    let body = markup! {
+        @if let Some(n) = notice { p.notice role="status" { (n) } }
+        @if let Some(e) = error { p.error role="alert" { (e) } }
+        div.panel {
+            @if rows.is_empty() {
+                p { "No provider credentials in this mode: payments use Dhukuti's sandbox accounts, or cannot start live." }
+            } @else {
+                table {
+                    thead { tr { th scope="col" { "Provider" } th scope="col" { "Check" } th scope="col" { "Sealed with" } th scope="col" { "Set" } } }
+                    tbody { @for (c, verdict) in &rows {
+                        tr {
+                            td { (c.provider.as_str()) }
+                            td { (status_badge(if verdict == "ok" { "success" } else { "failed" })) " " (verdict) }
+                            td { (c.key_id) }
+                            td { (when(c.updated_at)) }
+                        }
+                    } }
+                }
+            }
+        }
+        @for (provider, fields) in FIELDS {
+            section.panel aria-labelledby={ "set-" (provider.as_str()) } {
+                h2 id={ "set-" (provider.as_str()) } { "Set " (provider.as_str()) " credentials" }
+                form.stack method="post" action="/dashboard/credentials" autocomplete="off" {
+                    input type="hidden" name="csrf" value=(nav.csrf);
+                    input type="hidden" name="provider" value=(provider.as_str());
+                    @for (name, text, secret) in fields.iter() {
+                        label for={ (provider.as_str()) "-" (name) } { (text) }
+                        @if *secret {
+                            input id={ (provider.as_str()) "-" (name) } name=(name) type="password" required maxlength="200" autocomplete="new-password";
+                        } @else {
+                            input id={ (provider.as_str()) "-" (name) } name=(name) required maxlength="200";
+                        }
+                    }
+                    button.primary type="submit" { "Save " (provider.as_str()) " credentials" }
+                }
+            }
+        }
+    };
+    Ok(html(status, layout(&nav, "Provider credentials", body)))
+}
+
+pub async fn page(State(state): State<AppState>, signed: Signed, RawQuery(raw): RawQuery) -> Page {
+    signed.require(Permission::Secrets)?;
+    let q = query(&raw);
+    let notice = q.get("saved").and_then(|p| provider_named(p)).map(|p| {
+        format!(
+            "{} credentials saved and sealed; they are never shown again.",
+            p.as_str()
+        )
+    });
+    show(&state, &signed, notice.as_deref(), None, StatusCode::OK).await
+}
+
+pub async fn set(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
+    signed.require(Permission::Secrets)?;
+    let f = form(&body);
+    signed.check_csrf(&f)?;
+    let value = |name: &str| f.get(name).map(|v| v.trim().to_owned()).unwrap_or_default();
+    let creds = match f.get("provider").and_then(|p| provider_named(p)) {
+        Some(Provider::Esewa) => ProviderCredentials::Esewa {
+            product_code: value("product_code"),
+            secret_key: value("secret_key"),
+        },
+        Some(Provider::Khalti) => ProviderCredentials::Khalti {
+            secret_key: value("secret_key"),
+        },
+        Some(Provider::Fonepay) => ProviderCredentials::Fonepay {
+            merchant_code: value("merchant_code"),
+            secret_key: value("secret_key"),
+            username: value("username"),
+            password: value("password"),
+        },
+        None => {
+            return show(
+                &state,
+                &signed,
+                None,
+                Some("Choose a provider"),
+                StatusCode::UNPROCESSABLE_ENTITY,
+            )
+            .await;
+        }
+    };
+    let provider = creds.provider();
+    let Some(keys) = state.providers.keys() else {
+        return show(&state, &signed, None, Some("This deployment has no credentials master key: nothing can be sealed. Ask your operator."), StatusCode::SERVICE_UNAVAILABLE).await;
+    };
+    let saved = credentials::put_credentials(
+        &*state.store,
+        keys,
+        state.clock.now(),
+        &signed.session.project_id,
+        signed.session.mode,
+        &creds,
+    )
+    .await;
+    match saved {
+        Ok(_) => {
+            // Which provider and mode, never a value.
+            crate::audit(
+                &state,
+                &signed,
+                "credentials.set",
+                provider.as_str(),
+                signed.session.mode.as_str(),
+            )
+            .await;
+            Ok(see_other(&format!(
+                "/dashboard/credentials?saved={}",
+                provider.as_str()
+            )))
+        }
+        Err(CredentialsError::Invalid(why)) => {
+            show(
+                &state,
+                &signed,
+                None,
+                Some(&format!("Not saved: {why}")),
+                StatusCode::UNPROCESSABLE_ENTITY,
+            )
+            .await
+        }
+        Err(e) => Err(fail(shared::refusal::Refusal::internal(&e))),
+    }
+}
