@@ -329,6 +329,29 @@ async fn roles_and_tenancy_are_enforced(which: Which) {
         .await;
     assert_eq!(r.status, 404, "{}", r.show());
     assert!(!r.body.contains("NPR 700.00"));
+    // Filters: by provider and status; a status that is none is refused.
+    let esewa = app
+        .payment(&a, Mode::Sandbox, 20_000, Provider::Esewa)
+        .await;
+    let by_esewa = owner.get("/dashboard/payments?provider=esewa").await;
+    assert!(
+        by_esewa.body.contains(&esewa.id) && !by_esewa.body.contains(&ours.id),
+        "{}",
+        by_esewa.show()
+    );
+    assert!(by_esewa.body.contains("1 payments."), "{}", by_esewa.show());
+    let failed = owner
+        .get("/dashboard/payments?status=failed&provider=")
+        .await;
+    assert!(failed.body.contains("0 payments."), "{}", failed.show());
+    let both = owner
+        .get("/dashboard/payments?status=success&provider=khalti")
+        .await;
+    assert!(both.body.contains(&ours.id) && !both.body.contains(&esewa.id));
+    for bad in ["status=paid", "provider=paypal"] {
+        let r = owner.get(&format!("/dashboard/payments?{bad}")).await;
+        assert_eq!(r.status, 422, "{bad}: {}", r.show());
+    }
     for bad in ["0", "-1", "x", "401", "99999999999999999999"] {
         let r = owner.get(&format!("/dashboard/payments?page={bad}")).await;
         assert_eq!(r.status, 422, "page={bad}: {}", r.show());

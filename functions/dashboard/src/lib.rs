@@ -606,11 +606,41 @@ async fn payments_page(
     signed: Signed,
     RawQuery(raw): RawQuery,
 ) -> Page {
-    let page = page_number(&query(&raw))?;
-    let (list, total) = payments::list(
+    let q = query(&raw);
+    let page = page_number(&q)?;
+    let named = |name: &str| q.get(name).map(String::as_str).unwrap_or("");
+    let status = match named("status") {
+        "" => None,
+        s => Some(
+            serde_json::from_value::<payments::PaymentStatus>(serde_json::Value::from(s)).map_err(
+                |_| {
+                    fail(shared::refusal::Refusal::invalid(
+                        "status",
+                        "No such payment status",
+                    ))
+                },
+            )?,
+        ),
+    };
+    let provider = match named("provider") {
+        "" => None,
+        p => Some(
+            shared::domain::Provider::ALL
+                .into_iter()
+                .find(|x| x.as_str() == p)
+                .ok_or_else(|| {
+                    fail(shared::refusal::Refusal::invalid(
+                        "provider",
+                        "No such provider",
+                    ))
+                })?,
+        ),
+    };
+    let (list, total) = payments::list_filtered(
         &*state.store,
         &signed.session.project_id,
         signed.session.mode,
+        payments::PaymentFilter { status, provider },
         (page - 1) * PAGE,
         PAGE,
     )
@@ -618,9 +648,13 @@ async fn payments_page(
     .map_err(fail)?;
     let views: Vec<PaymentView> = list.into_iter().map(PaymentView::from).collect();
     let nav = nav(&state, &signed, "payments").await?;
+    let (status, provider) = (
+        status.map(|s| pages::label(&s)).unwrap_or_default(),
+        provider.map(|p| p.as_str()).unwrap_or_default(),
+    );
     Ok(html(
         StatusCode::OK,
-        pages::payments(&nav, &views, page, total),
+        pages::payments(&nav, &views, page, total, &status, provider),
     ))
 }
 

@@ -259,9 +259,53 @@ pub(crate) fn status_badge(status: &str) -> Markup {
 }
 
 /// A page of payments, newest first.
-pub fn payments(nav: &Nav, list: &[PaymentView], page: usize, total: u64) -> String {
+/// The statuses and providers a payments list may be narrowed to.
+const STATUSES: [&str; 6] = [
+    "pending",
+    "processing",
+    "success",
+    "failed",
+    "refunded",
+    "cancelled",
+];
+const PROVIDERS: [&str; 3] = ["esewa", "khalti", "fonepay"];
+
+/// A page of payments, newest first, narrowed by `status` and `provider`
+/// (empty: any).
+pub fn payments(
+    nav: &Nav,
+    list: &[PaymentView],
+    page: usize,
+    total: u64,
+    status: &str,
+    provider: &str,
+) -> String {
     let pages = (total as usize).div_ceil(crate::PAGE).max(1);
+    let mut path = "/dashboard/payments".to_owned();
+    let filters: Vec<String> = [("status", status), ("provider", provider)]
+        .iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    if !filters.is_empty() {
+        path = format!("{path}?{}", filters.join("&"));
+    }
     let body = html! {
+        form.filters method="get" action="/dashboard/payments" {
+            label for="status" { "Status" } " "
+            select id="status" name="status" {
+                option value="" { "any" }
+                @for s in STATUSES { option value=(s) selected[s == status] { (s) } }
+            }
+            " "
+            label for="provider" { "Provider" } " "
+            select id="provider" name="provider" {
+                option value="" { "any" }
+                @for p in PROVIDERS { option value=(p) selected[p == provider] { (p) } }
+            }
+            " "
+            button type="submit" { "Show" }
+        }
         p.muted { (total) " payments. Page " (page) " of " (pages) "." }
         div.panel {
             @if list.is_empty() {
@@ -289,19 +333,22 @@ pub fn payments(nav: &Nav, list: &[PaymentView], page: usize, total: u64) -> Str
                 }
             }
         }
-        (pager("/dashboard/payments", page, pages))
+        (pager(&path, page, pages))
     };
     layout(nav, "Payments", body)
 }
 
+/// Links to the newer and older page of `path` (which may carry a query
+/// of its own: the list's filters).
 pub(crate) fn pager(path: &str, page: usize, pages: usize) -> Markup {
+    let join = if path.contains('?') { '&' } else { '?' };
     html! {
         nav.pager aria-label="Pages" {
             @if page > 1 {
-                a href={ (path) "?page=" (page - 1) } rel="prev" { "← Newer" }
+                a href={ (path) (join) "page=" (page - 1) } rel="prev" { "← Newer" }
             } @else { span {} }
             @if page < pages {
-                a href={ (path) "?page=" (page + 1) } rel="next" { "Older →" }
+                a href={ (path) (join) "page=" (page + 1) } rel="next" { "Older →" }
             }
         }
     }

@@ -246,6 +246,42 @@ pub async fn list(
     super::record::page_of(store, &query, offset, limit).await
 }
 
+/// What a list of payments may be narrowed to (the dashboard's filters).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PaymentFilter {
+    pub status: Option<PaymentStatus>,
+    pub provider: Option<Provider>,
+}
+
+/// [`list`] narrowed by `filter` (a filter on the same index read, so a
+/// page costs what it examines), and the total that matches.
+pub async fn list_filtered(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    filter: PaymentFilter,
+    offset: usize,
+    limit: usize,
+) -> Result<(Vec<Payment>, u64), StoreError> {
+    let mut conds = Vec::new();
+    if let Some(s) = filter.status {
+        conds.push(Cond::eq(
+            "status",
+            serde_json::to_value(s).unwrap_or_default(),
+        ));
+    }
+    if let Some(p) = filter.provider {
+        conds.push(Cond::eq("provider", p.as_str()));
+    }
+    let mut query = Query::partition(Payment::list_partition(project_id, mode))
+        .on(Index::Gsi1)
+        .backward();
+    if !conds.is_empty() {
+        query = query.filter(Cond::And(conds));
+    }
+    super::record::page_of(store, &query, offset, limit).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,5 +402,52 @@ mod tests {
         assert_eq!(v["mode"], "live");
         assert_eq!(v["currency"], "NPR");
         assert_eq!(v["status"], "success");
+    }
+
+    #[tokio::test]
+    async fn a_filtered_list_pages_and_counts_only_what_matches() {
+        let store = store();
+        let mut failed_esewa = Vec::new();
+        for i in 0..9 {
+            let mut p = payment("proj_a", Mode::Sandbox, 100 + i);
+            if i % 3 == 0 {
+                p.status = PaymentStatus::Failed;
+                p.provider = Provider::Esewa;
+                failed_esewa.push(p.id.clone());
+            } else if i % 3 == 1 {
+                p.status = PaymentStatus::Failed;
+            }
+            assert!(insert(&*store, &p).await.is_ok());
+        }
+        failed_esewa.reverse();
+        let both = PaymentFilter {
+            status: Some(PaymentStatus::Failed),
+            provider: Some(Provider::Esewa),
+        };
+        let (page, total) = list_filtered(&*store, "proj_a", Mode::Sandbox, both, 1, 5)
+            .await
+            .unwrap_or_default();
+        assert_eq!(total, 3);
+        let got: Vec<String> = page.into_iter().map(|p| p.id).collect();
+        assert_eq!(got, failed_esewa[1..].to_vec());
+        let failed = PaymentFilter {
+            status: Some(PaymentStatus::Failed),
+            provider: None,
+        };
+        let (_, total) = list_filtered(&*store, "proj_a", Mode::Sandbox, failed, 0, 25)
+            .await
+            .unwrap_or_default();
+        assert_eq!(total, 6);
+        let (_, total) = list_filtered(
+            &*store,
+            "proj_a",
+            Mode::Sandbox,
+            PaymentFilter::default(),
+            0,
+            25,
+        )
+        .await
+        .unwrap_or_default();
+        assert_eq!(total, 9);
     }
 }
