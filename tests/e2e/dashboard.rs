@@ -1189,7 +1189,119 @@ async fn provider_credentials_are_set_and_never_shown(which: Which) {
     app.stop().await;
 }
 
+async fn an_owner_manages_people(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Himal Traders", "a@himal.np").await;
+    let other = app.tenant("Other Shop", "b@other.np").await;
+    user(&app, &t, "owner@himal.np", Role::Owner).await;
+    user(&app, &t, "dev@himal.np", Role::Developer).await;
+    user(&app, &other, "them@other.np", Role::Viewer).await;
+    let theirs = dashboard::find_user_by_email(&*app.store, "them@other.np")
+        .await
+        .ok()
+        .flatten()
+        .map(|u| u.id)
+        .unwrap_or_default();
+    let me = dashboard::find_user_by_email(&*app.store, "owner@himal.np")
+        .await
+        .ok()
+        .flatten()
+        .map(|u| u.id)
+        .unwrap_or_default();
+    let mut owner = signed_in(&app, "owner@himal.np").await;
+    let page = owner.get("/dashboard/people").await;
+    assert_eq!(page.status, 200, "{}", page.show());
+    let token = csrf(&page.body);
+    let add = [
+        ("csrf", token.as_str()),
+        ("email", "Sita@Himal.np"),
+        ("role", "viewer"),
+    ];
+    let r = owner.post("/dashboard/people", &add).await;
+    assert_eq!(r.status, 200, "{}", r.show());
+    let first = field(&r.body, "password");
+    assert!(first.len() >= 12, "{first}");
+    // The double click adds nobody more.
+    let again = owner.post("/dashboard/people", &add).await;
+    assert_eq!(again.status, 422, "{}", again.show());
+    assert!(again.body.contains("already"), "{}", again.show());
+    let people = dashboard::list_users(&*app.store, &t.merchant.id)
+        .await
+        .unwrap_or_default();
+    assert_eq!(people.len(), 3);
+    let sita = people
+        .iter()
+        .find(|u| u.email == "sita@himal.np")
+        .map(|u| u.id.clone())
+        .unwrap_or_default();
+
+    // Sita signs in with the first password, as a viewer; promoted, the
+    // same session may now see keys.
+    let mut sita_b = Dash::new(&app.base);
+    let r = sita_b.sign_in("sita@himal.np", &first).await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    assert_eq!(sita_b.get("/dashboard/keys").await.status, 403);
+    let r = owner
+        .post(
+            &format!("/dashboard/people/{sita}"),
+            &[("csrf", &token), ("do", "role"), ("role", "developer")],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    assert_eq!(sita_b.get("/dashboard/keys").await.status, 200);
+    // A developer cannot change people, nor read them.
+    let mut dev = signed_in(&app, "dev@himal.np").await;
+    assert_eq!(dev.get("/dashboard/people").await.status, 403);
+    let dev_token = csrf(&dev.get("/dashboard").await.body);
+    let r = dev
+        .post(
+            &format!("/dashboard/people/{sita}"),
+            &[("csrf", &dev_token), ("do", "disable")],
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.show());
+    // An owner cannot change themselves, nor another merchant's people.
+    let r = owner
+        .post(
+            &format!("/dashboard/people/{me}"),
+            &[("csrf", &token), ("do", "disable")],
+        )
+        .await;
+    assert_eq!(r.status, 422, "{}", r.show());
+    let r = owner
+        .post(
+            &format!("/dashboard/people/{theirs}"),
+            &[("csrf", &token), ("do", "disable")],
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.show());
+    let still = dashboard::find_user_by_email(&*app.store, "them@other.np")
+        .await
+        .ok()
+        .flatten();
+    assert_eq!(still.map(|u| u.disabled), Some(false));
+    // Disabling ends Sita's session at once.
+    let r = owner
+        .post(
+            &format!("/dashboard/people/{sita}"),
+            &[("csrf", &token), ("do", "disable")],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    assert_eq!(sita_b.get("/dashboard").await.status, 303);
+    let audit = owner.get("/dashboard/audit").await;
+    assert!(
+        audit.body.contains("person.add") && audit.body.contains("sita@himal.np is now developer"),
+        "{}",
+        audit.show()
+    );
+    app.stop().await;
+}
+
 on_both_backends!(
+    an_owner_manages_people,
     provider_credentials_are_set_and_never_shown,
     links_invoices_sms_and_webhooks_are_listed,
     api_keys_are_issued_rotated_and_revoked,

@@ -260,6 +260,7 @@ async fn walk(c: &Client, app: &TestApp, payment: &str, old_key: &str) -> Result
         ("/dashboard/webhooks", "08c-webhooks"),
         ("/dashboard/sms", "08d-sms"),
         ("/dashboard/credentials", "08e-credentials"),
+        ("/dashboard/people", "08f-people"),
     ] {
         open(c, app, path, name).await?;
     }

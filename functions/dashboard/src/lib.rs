@@ -18,6 +18,7 @@ mod chart;
 mod credentials;
 mod keys;
 mod pages;
+mod people;
 mod records;
 
 use axum::Router;
@@ -85,6 +86,8 @@ pub fn router(state: AppState) -> Router {
             .route("/dashboard/keys/{id}/rotate", post(keys::rotate))
             .route("/dashboard/keys/{id}/revoke", post(keys::revoke))
             .route("/dashboard/audit", get(audit_page))
+            .route("/dashboard/people", get(people::page).post(people::add))
+            .route("/dashboard/people/{id}", post(people::change))
             .route("/dashboard/assets/dashboard.css", get(css))
             // Not a fallback: the local gateway merges every router into
             // one, where a fallback would answer the API's unknown paths.

@@ -27,7 +27,7 @@ pub struct Nav {
 }
 
 /// The pages, their paths and who sees them in the navigation.
-const PAGES: [(&str, &str, &str, Permission); 10] = [
+const PAGES: [(&str, &str, &str, Permission); 11] = [
     ("overview", "/dashboard", "Overview", Permission::Read),
     (
         "payments",
@@ -57,6 +57,7 @@ const PAGES: [(&str, &str, &str, Permission); 10] = [
         Permission::Secrets,
     ),
     ("sms", "/dashboard/sms", "SMS", Permission::Read),
+    ("people", "/dashboard/people", "People", Permission::People),
     ("audit", "/dashboard/audit", "Audit log", Permission::People),
 ];
 

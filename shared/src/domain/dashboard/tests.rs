@@ -319,3 +319,61 @@ async fn the_audit_log_pages_newest_first() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(none.is_empty());
 }
+
+#[tokio::test]
+async fn an_owner_changes_only_their_own_merchants_people() {
+    let (store, owner, _) = setup().await;
+    let t0 = at("2026-11-26T10:00:00Z");
+    let dev = create_user(
+        &store,
+        t0,
+        &owner.merchant_id,
+        "dev@himal.np",
+        Role::Developer,
+        PASSWORD,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let s = sign_in(&store, t0, "dev@himal.np", PASSWORD, "10.0.0.1")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let changed = change_user(
+        &store,
+        &owner.merchant_id,
+        &dev.id,
+        UserChange::Role(Role::Viewer),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(changed.role, Role::Viewer);
+    // The role is read on each request: the open session sees it.
+    let (_, now_user) = open_session(&store, t0, &s.cookie)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(now_user.role, Role::Viewer);
+    let r = change_user(&store, "mer_other", &dev.id, UserChange::Disabled(true)).await;
+    assert!(matches!(r, Err(DashboardError::UnknownUser)), "{r:?}");
+    let r = change_user(
+        &store,
+        &owner.merchant_id,
+        "usr_missing",
+        UserChange::Disabled(true),
+    )
+    .await;
+    assert!(matches!(r, Err(DashboardError::UnknownUser)), "{r:?}");
+    change_user(
+        &store,
+        &owner.merchant_id,
+        &dev.id,
+        UserChange::Disabled(true),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let r = open_session(&store, t0, &s.cookie).await.ok();
+    assert_eq!(r.and_then(|r| r.err()), Some(SessionEnd::Revoked));
+    let users = list_users(&store, &owner.merchant_id)
+        .await
+        .unwrap_or_default();
+    assert_eq!(users.len(), 2);
+}

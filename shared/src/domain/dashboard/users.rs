@@ -245,3 +245,35 @@ pub async fn list_users(
         .limit(100);
     super::super::record::all_of(store, &q).await
 }
+
+/// What an owner may change about a person of their merchant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UserChange {
+    Role(Role),
+    /// Disabling also ends every session.
+    Disabled(bool),
+}
+
+/// Changes `user_id` of `merchant_id` (another merchant's user is
+/// [`DashboardError::UnknownUser`]).
+pub async fn change_user(
+    store: &dyn Store,
+    merchant_id: &str,
+    user_id: &str,
+    change: UserChange,
+) -> Result<DashboardUser, DashboardError> {
+    let update = match change {
+        UserChange::Role(role) => Update::new().set("role", role.as_str()),
+        UserChange::Disabled(true) => Update::new().set("disabled", true).add("session_epoch", 1),
+        UserChange::Disabled(false) => Update::new().set("disabled", false),
+    };
+    let ours = Cond::And(vec![Cond::Exists, Cond::eq("merchant_id", merchant_id)]);
+    match store
+        .update(&DashboardUser::key(user_id), update, Some(ours))
+        .await
+    {
+        Ok(item) => Ok(from_item(item)?),
+        Err(StoreError::ConditionFailed) => Err(DashboardError::UnknownUser),
+        Err(e) => Err(e.into()),
+    }
+}

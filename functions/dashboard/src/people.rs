@@ -1,0 +1,216 @@
+//! People (owners only): the merchant's dashboard users, adding one with
+//! a role (a first password generated and shown once, to hand over),
+//! changing a role, disabling and enabling. An owner cannot change
+//! themselves here, so no account is left without an owner by a slip.
+//! Every change is in the audit log.
+
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use edge::html::html;
+use http::StatusCode;
+use maud::html as markup;
+use shared::AppState;
+use shared::domain::dashboard::{self, DashboardError, Permission, Role, UserChange};
+
+use crate::pages::{layout, status_badge, when};
+use crate::{Page, Signed, fail, form, nav, query, see_other};
+
+const ROLES: [Role; 3] = [Role::Owner, Role::Developer, Role::Viewer];
+
+async fn show(
+    state: &AppState,
+    signed: &Signed,
+    notice: Option<&str>,
+    error: Option<&str>,
+    status: StatusCode,
+) -> Page {
+    let users = dashboard::list_users(&*state.store, &signed.user.merchant_id)
+        .await
+        .map_err(fail)?;
+    let nav = nav(state, signed, "people").await?;
+    let body = markup! {
+        @if let Some(n) = notice { p.notice role="status" { (n) } }
+        @if let Some(e) = error { p.error role="alert" { (e) } }
+        div.panel {
+            table {
+                thead { tr { th scope="col" { "Person" } th scope="col" { "Role" } th scope="col" { "State" } th scope="col" { "Since" } th scope="col" { "Change" } } }
+                tbody { @for u in &users {
+                    tr {
+                        td { (u.email) }
+                        td { (u.role.as_str()) }
+                        td { (status_badge(if u.disabled { "disabled" } else { "active" })) }
+                        td { (when(u.created_at)) }
+                        td {
+                            @if u.id == signed.user.id {
+                                span.muted { "you" }
+                            } @else {
+                                form method="post" action={ "/dashboard/people/" (u.id) } {
+                                    input type="hidden" name="csrf" value=(nav.csrf);
+                                    label for={ "role-" (u.id) } { "Role" } " "
+                                    select id={ "role-" (u.id) } name="role" {
+                                        @for r in ROLES { option value=(r.as_str()) selected[r == u.role] { (r.as_str()) } }
+                                    }
+                                    " "
+                                    button type="submit" name="do" value="role" { "Change role" }
+                                    " "
+                                    @if u.disabled {
+                                        button type="submit" name="do" value="enable" { "Enable" }
+                                    } @else {
+                                        button type="submit" name="do" value="disable" { "Disable" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                } }
+            }
+        }
+        section.panel aria-labelledby="add-title" {
+            h2 id="add-title" { "Add a person" }
+            form.stack method="post" action="/dashboard/people" {
+                input type="hidden" name="csrf" value=(nav.csrf);
+                label for="email" { "Email" }
+                input id="email" name="email" type="email" required maxlength="254";
+                label for="role" { "Role" }
+                select id="role" name="role" {
+                    option value="viewer" { "viewer: reads, changes nothing" }
+                    option value="developer" { "developer: keys, webhooks, refunds; not people" }
+                    option value="owner" { "owner: everything" }
+                }
+                button.primary type="submit" { "Add" }
+            }
+        }
+    };
+    Ok(html(status, layout(&nav, "People", body)))
+}
+
+pub async fn page(State(state): State<AppState>, signed: Signed, RawQuery(raw): RawQuery) -> Page {
+    signed.require(Permission::People)?;
+    let q = query(&raw);
+    let notice = q
+        .get("changed")
+        .filter(|e| e.len() <= 254 && !e.contains('<'))
+        .map(|e| format!("{e} changed."));
+    show(&state, &signed, notice.as_deref(), None, StatusCode::OK).await
+}
+
+fn role_named(name: &str) -> Option<Role> {
+    Role::parse(name)
+}
+
+pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
+    signed.require(Permission::People)?;
+    let f = form(&body);
+    signed.check_csrf(&f)?;
+    let Some(role) = f.get("role").and_then(|r| role_named(r)) else {
+        return show(
+            &state,
+            &signed,
+            None,
+            Some("Role: choose owner, developer or viewer"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        )
+        .await;
+    };
+    let email = f.get("email").cloned().unwrap_or_default();
+    let password = dashboard::new_form_token();
+    let made = dashboard::create_user(
+        &*state.store,
+        state.clock.now(),
+        &signed.user.merchant_id,
+        &email,
+        role,
+        &password,
+    )
+    .await;
+    match made {
+        Ok(u) => {
+            crate::audit(
+                &state,
+                &signed,
+                "person.add",
+                &u.id,
+                &format!("{} as {}", u.email, role.as_str()),
+            )
+            .await;
+            let nav = nav(&state, &signed, "people").await?;
+            let body = markup! {
+                p.notice role="status" { "Hand this first password to " (u.email) " yourself; it is shown only this once. They can be given a new one by an operator." }
+                div.panel {
+                    label for="password" { "First password of " (u.email) }
+                    input id="password" name="password" readonly value=(password) size="40";
+                }
+                p { a href="/dashboard/people" { "← People" } }
+            };
+            Ok(html(StatusCode::OK, layout(&nav, "Person added", body)))
+        }
+        Err(e @ (DashboardError::Invalid { .. } | DashboardError::EmailTaken)) => {
+            let why = match e {
+                DashboardError::EmailTaken => {
+                    "Email: someone already signs in with it (a second click adds nobody)."
+                        .to_owned()
+                }
+                other => other.to_string(),
+            };
+            show(
+                &state,
+                &signed,
+                None,
+                Some(&why),
+                StatusCode::UNPROCESSABLE_ENTITY,
+            )
+            .await
+        }
+        Err(e) => Err(fail(e)),
+    }
+}
+
+pub async fn change(
+    State(state): State<AppState>,
+    signed: Signed,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Page {
+    signed.require(Permission::People)?;
+    let f = form(&body);
+    signed.check_csrf(&f)?;
+    if id == signed.user.id {
+        return show(
+            &state,
+            &signed,
+            None,
+            Some("You cannot change yourself here; another owner can."),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        )
+        .await;
+    }
+    let what = match (
+        f.get("do").map(String::as_str),
+        f.get("role").and_then(|r| role_named(r)),
+    ) {
+        (Some("role"), Some(role)) => UserChange::Role(role),
+        (Some("disable"), _) => UserChange::Disabled(true),
+        (Some("enable"), _) => UserChange::Disabled(false),
+        _ => {
+            return show(
+                &state,
+                &signed,
+                None,
+                Some("Choose a role, or disable or enable"),
+                StatusCode::UNPROCESSABLE_ENTITY,
+            )
+            .await;
+        }
+    };
+    let u = dashboard::change_user(&*state.store, &signed.user.merchant_id, &id, what)
+        .await
+        .map_err(fail)?;
+    let detail = match what {
+        UserChange::Role(r) => format!("{} is now {}", u.email, r.as_str()),
+        UserChange::Disabled(true) => format!("{} disabled", u.email),
+        UserChange::Disabled(false) => format!("{} enabled", u.email),
+    };
+    crate::audit(&state, &signed, "person.change", &u.id, &detail).await;
+    let email: String = form_urlencoded::byte_serialize(u.email.as_bytes()).collect();
+    Ok(see_other(&format!("/dashboard/people?changed={email}")))
+}
