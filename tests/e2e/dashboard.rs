@@ -1300,7 +1300,102 @@ async fn an_owner_manages_people(which: Which) {
     app.stop().await;
 }
 
+async fn payment_links_are_made_once_and_cancelled(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Himal Traders", "a@himal.np").await;
+    user(&app, &t, "dev@himal.np", Role::Developer).await;
+    user(&app, &t, "viewer@himal.np", Role::Viewer).await;
+    let mut dev = signed_in(&app, "dev@himal.np").await;
+    let page = dev.get("/dashboard/links").await;
+    assert!(page.body.contains("New payment link"), "{}", page.show());
+    let (token, nonce) = (csrf(&page.body), field(&page.body, "nonce"));
+    for (title, amount, says) in [
+        ("", "250", "title"),
+        ("Mugs", "2.505", "Amount:"),
+        ("Mugs", "0", "Amount:"),
+    ] {
+        let r = dev
+            .post(
+                "/dashboard/links",
+                &[
+                    ("csrf", &token),
+                    ("nonce", &nonce),
+                    ("title", title),
+                    ("amount", amount),
+                ],
+            )
+            .await;
+        assert_eq!(r.status, 422, "{title} {amount}: {}", r.show());
+        assert!(r.body.contains(says), "{}", r.show());
+    }
+    let make = [
+        ("csrf", token.as_str()),
+        ("nonce", nonce.as_str()),
+        ("title", "Blue mugs"),
+        ("amount", "250"),
+        ("max_uses", "5"),
+    ];
+    let r = dev.post("/dashboard/links", &make).await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let again = dev.post("/dashboard/links", &make).await;
+    assert_eq!(again.location, r.location, "a double submit makes one link");
+    let (links, total) =
+        shared::domain::links::list(&*app.store, &t.project.id, Mode::Sandbox, None, 0, 10)
+            .await
+            .unwrap_or_default();
+    assert_eq!(total, 1);
+    let link = &links[0];
+    assert_eq!(
+        (link.amount.map(|a| a.get()), link.max_uses),
+        (Some(25_000), Some(5))
+    );
+    let public = app
+        .client
+        .get(app.url(&format!("/l/{}", link.id)))
+        .send()
+        .await;
+    assert_eq!(public.map(|r| r.status().as_u16()).unwrap_or(0), 200);
+    // A viewer has no form, and cannot post one.
+    let mut viewer = signed_in(&app, "viewer@himal.np").await;
+    let vpage = viewer.get("/dashboard/links").await;
+    assert!(!vpage.body.contains("New payment link"));
+    let vtoken = csrf(&vpage.body);
+    let r = viewer
+        .post(
+            &format!("/dashboard/links/{}/cancel", link.id),
+            &[("csrf", &vtoken)],
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.show());
+    // Cancelled (twice: the same outcome), the link takes no payment.
+    for _ in 0..2 {
+        let r = dev
+            .post(
+                &format!("/dashboard/links/{}/cancel", link.id),
+                &[("csrf", &token)],
+            )
+            .await;
+        assert_eq!(r.status, 303, "{}", r.show());
+    }
+    let after = shared::domain::links::get(&*app.store, &link.id)
+        .await
+        .ok()
+        .flatten();
+    assert_eq!(after.map(|l| l.active), Some(false));
+    let r = dev
+        .post(
+            "/dashboard/links/lnk_01m8bs0cc3j03q9xx14dhg73b5/cancel",
+            &[("csrf", &token)],
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.show());
+    app.stop().await;
+}
+
 on_both_backends!(
+    payment_links_are_made_once_and_cancelled,
     an_owner_manages_people,
     provider_credentials_are_set_and_never_shown,
     links_invoices_sms_and_webhooks_are_listed,

@@ -70,7 +70,11 @@ pub fn router(state: AppState) -> Router {
             .route("/dashboard/payments/{id}", get(payment_page))
             .route("/dashboard/payments/{id}/refund", post(refund))
             .route("/dashboard/refunds", get(refunds_page))
-            .route("/dashboard/links", get(records::links_page))
+            .route(
+                "/dashboard/links",
+                get(records::links_page).post(records::make_link),
+            )
+            .route("/dashboard/links/{id}/cancel", post(records::cancel_link))
             .route("/dashboard/invoices", get(records::invoices_page))
             .route("/dashboard/invoices/{id}", get(records::invoice_page))
             .route("/dashboard/invoices/{id}/pdf", get(records::invoice_pdf))

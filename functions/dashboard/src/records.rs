@@ -46,7 +46,146 @@ pub async fn links_page(
     .await
     .map_err(fail)?;
     let nav = nav(&state, &signed, "links").await?;
-    Ok(html(StatusCode::OK, links_html(&nav, &list, page, total)))
+    let q = query(&raw);
+    let notice = q
+        .get("made")
+        .or(q.get("cancelled"))
+        .filter(|id| id.starts_with("lnk_") && id.len() <= 64)
+        .map(|id| {
+            if q.contains_key("made") {
+                format!("Payment link {id} made: share /l/{id}.")
+            } else {
+                format!("Payment link {id} cancelled.")
+            }
+        });
+    let act = signed.user.role.may(Permission::Act);
+    Ok(html(
+        StatusCode::OK,
+        links_html(
+            &nav,
+            &list,
+            page,
+            total,
+            act.then(dashboard::new_form_nonce).as_deref(),
+            notice.as_deref(),
+            None,
+        ),
+    ))
+}
+
+/// The fields of the new-link form as the API's body (`CreateLink`), so
+/// the API's rules apply; an error names the field.
+fn link_request(
+    f: &std::collections::HashMap<String, String>,
+) -> Result<links::CreateLink, String> {
+    let mut body = serde_json::Map::new();
+    let text = |name: &str| {
+        f.get(name)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
+    if let Some(t) = text("title") {
+        body.insert("title".into(), t.into());
+    }
+    if let Some(d) = text("description") {
+        body.insert("description".into(), d.into());
+    }
+    if let Some(a) = text("amount") {
+        let paisa = shared::money::parse_rupees(&a).map_err(|e| format!("Amount: {e}"))?;
+        body.insert("amount".into(), paisa.into());
+    }
+    if let Some(m) = text("max_uses") {
+        let n: i64 = m
+            .parse()
+            .map_err(|_| "Uses: a whole number, or empty".to_owned())?;
+        body.insert("maxUses".into(), n.into());
+    }
+    serde_path_to_error::deserialize(serde_json::Value::Object(body)).map_err(|e| {
+        let field = e.path().to_string();
+        format!(
+            "{}: {}",
+            if field == "." {
+                "Title".to_owned()
+            } else {
+                field
+            },
+            e.inner()
+        )
+    })
+}
+
+pub async fn make_link(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
+    signed.require(Permission::Act)?;
+    let f = form(&body);
+    signed.check_csrf(&f)?;
+    let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
+    let now = state.clock.now();
+    let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, now) else {
+        return Err(expired_form());
+    };
+    let (project, mode) = (&signed.session.project_id, signed.session.mode);
+    let made = link_request(&f).and_then(|req| {
+        links::new_link(project, mode, req, now)
+            .map_err(|e| shared::refusal::Refusal::from(e).message)
+    });
+    let link = match made {
+        Ok(l) => l,
+        Err(why) => {
+            let (list, total) = links::list(&*state.store, project, mode, None, 0, PAGE)
+                .await
+                .map_err(fail)?;
+            let nav = nav(&state, &signed, "links").await?;
+            return Ok(html(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                links_html(
+                    &nav,
+                    &list,
+                    1,
+                    total,
+                    Some(nonce),
+                    None,
+                    Some(&format!("Not made: {why}")),
+                ),
+            ));
+        }
+    };
+    // A double submit finds the first link (the fence is in its write).
+    let link = links::insert_once(&*state.store, &link, Some(&fence))
+        .await
+        .map_err(fail)?;
+    crate::audit(&state, &signed, "link.create", &link.id, &link.title).await;
+    Ok(crate::see_other(&format!(
+        "/dashboard/links?made={}",
+        link.id
+    )))
+}
+
+pub async fn cancel_link(
+    State(state): State<AppState>,
+    signed: Signed,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Page {
+    signed.require(Permission::Act)?;
+    signed.check_csrf(&form(&body))?;
+    let now = state.clock.now();
+    match links::cancel(
+        &*state.store,
+        &signed.session.project_id,
+        signed.session.mode,
+        &id,
+        now,
+    )
+    .await
+    {
+        // Already inactive (a second click): the same outcome.
+        Ok(_) | Err(links::LinkError::Inactive) => {}
+        Err(e) => return Err(fail(e)),
+    }
+    crate::audit(&state, &signed, "link.cancel", &id, "").await;
+    Ok(crate::see_other(&format!(
+        "/dashboard/links?cancelled={id}"
+    )))
 }
 
 fn link_amount(l: &PaymentLink) -> String {
@@ -60,8 +199,18 @@ fn link_amount(l: &PaymentLink) -> String {
     }
 }
 
-fn links_html(nav: &Nav, list: &[PaymentLink], page: usize, total: u64) -> String {
+fn links_html(
+    nav: &Nav,
+    list: &[PaymentLink],
+    page: usize,
+    total: u64,
+    nonce: Option<&str>,
+    notice: Option<&str>,
+    error: Option<&str>,
+) -> String {
     let body = markup! {
+        @if let Some(n) = notice { p.notice role="status" { (n) } }
+        @if let Some(e) = error { p.error role="alert" { (e) } }
         p.muted { (total) " payment links. Page " (page) " of " (pages_of(total)) "." }
         div.panel {
             @if list.is_empty() { p { "No payment links yet." } } @else {
@@ -79,13 +228,38 @@ fn links_html(nav: &Nav, list: &[PaymentLink], page: usize, total: u64) -> Strin
                             td.num { (l.used_count) @if let Some(m) = l.max_uses { " of " (m) } }
                             td.num { (format!("{:.0}%", if l.views > 0 { l.used_count as f64 * 100.0 / l.views as f64 } else { 0.0 })) }
                             td { (status_badge(if l.active { "active" } else { "inactive" }))
-                                 @if let Some(t) = l.expires_at { br; span.muted { "until " (when(t)) } } }
+                                 @if let Some(t) = l.expires_at { br; span.muted { "until " (when(t)) } }
+                                 @if let (true, Some(_)) = (l.active, nonce) {
+                                     form method="post" action={ "/dashboard/links/" (l.id) "/cancel" } {
+                                         input type="hidden" name="csrf" value=(nav.csrf);
+                                         button type="submit" { "Cancel link" }
+                                     }
+                                 }
+                            }
                         }
                     } }
                 }
             }
         }
         (pager("/dashboard/links", page, pages_of(total)))
+        @if let Some(nonce) = nonce {
+            section.panel aria-labelledby="new-link-title" {
+                h2 id="new-link-title" { "New payment link" }
+                form.stack method="post" action="/dashboard/links" {
+                    input type="hidden" name="csrf" value=(nav.csrf);
+                    input type="hidden" name="nonce" value=(nonce);
+                    label for="title" { "Title" }
+                    input id="title" name="title" required maxlength="100";
+                    label for="description" { "Description (optional)" }
+                    input id="description" name="description" maxlength="500";
+                    label for="amount" { "Amount in rupees (empty: the customer types it)" }
+                    input id="amount" name="amount" inputmode="decimal" maxlength="20";
+                    label for="max_uses" { "How many payments it takes (empty: no limit)" }
+                    input id="max_uses" name="max_uses" inputmode="numeric" maxlength="9";
+                    button.primary type="submit" { "Make link" }
+                }
+            }
+        }
     };
     layout(nav, "Payment links", body)
 }
