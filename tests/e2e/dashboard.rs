@@ -1394,7 +1394,178 @@ async fn payment_links_are_made_once_and_cancelled(which: Which) {
     app.stop().await;
 }
 
+/// A webhook receiver on loopback that answers 200 and keeps each body.
+async fn hook_receiver() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = seen.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("bind: {e}"));
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+    let router = axum::Router::new().fallback(move |body: String| {
+        let keep = keep.clone();
+        async move {
+            keep.lock().unwrap_or_else(|p| p.into_inner()).push(body);
+            "ok"
+        }
+    });
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    (format!("http://127.0.0.1:{port}/hook"), seen)
+}
+
+async fn hits_reach(seen: &std::sync::Arc<std::sync::Mutex<Vec<String>>>, n: usize) -> Vec<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let got = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if got.len() >= n || std::time::Instant::now() > deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn webhook_endpoints_are_managed_and_deliveries_resent(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Himal Traders", "a@himal.np").await;
+    user(&app, &t, "dev@himal.np", Role::Developer).await;
+    let (url, seen) = hook_receiver().await;
+    let mut dev = signed_in(&app, "dev@himal.np").await;
+    let page = dev.get("/dashboard/webhooks").await;
+    let (token, nonce) = (csrf(&page.body), field(&page.body, "nonce"));
+    let r = dev
+        .post(
+            "/dashboard/webhooks",
+            &[
+                ("csrf", &token),
+                ("nonce", &nonce),
+                ("url", "ftp://example.com/x"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 422, "{}", r.show());
+    assert!(r.body.contains("Not added"), "{}", r.show());
+    let add = [
+        ("csrf", token.as_str()),
+        ("nonce", nonce.as_str()),
+        ("url", url.as_str()),
+        ("event:payment.succeeded", "on"),
+    ];
+    let r = dev.post("/dashboard/webhooks", &add).await;
+    assert_eq!(r.status, 200, "{}", r.show());
+    assert!(
+        field(&r.body, "secret").starts_with("whsec_"),
+        "{}",
+        r.show()
+    );
+    let again = dev.post("/dashboard/webhooks", &add).await;
+    assert!(again.body.contains("already sent"), "{}", again.show());
+    let endpoints = shared::domain::webhooks::list(&*app.store, &t.project.id, Mode::Sandbox)
+        .await
+        .unwrap_or_default();
+    assert_eq!(endpoints.len(), 1, "a double submit adds one endpoint");
+    let we = endpoints[0].id.clone();
+    let path = format!("/dashboard/webhooks/{we}");
+
+    // A test event arrives; once delivered, it can be sent again, once.
+    let page = dev.get(&path).await;
+    let nonce = field(&page.body, "nonce");
+    let r = dev
+        .post(
+            &format!("{path}/test"),
+            &[
+                ("csrf", &token),
+                ("nonce", &nonce),
+                ("type", "payment.succeeded"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let first = hits_reach(&seen, 1).await;
+    assert_eq!(first.len(), 1, "the test event arrives");
+    let event: serde_json::Value = serde_json::from_str(&first[0]).unwrap_or_default();
+    let event_id = event["id"].as_str().unwrap_or_default().to_owned();
+    assert!(event_id.starts_with("evt_"), "{event}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let log = loop {
+        let log = dev.get(&path).await;
+        if log.body.contains(">Resend<") || std::time::Instant::now() > deadline {
+            break log;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(log.body.contains(">Resend<"), "{}", log.show());
+    let at = log.body.find("/resend\"").unwrap_or(0);
+    let resend_nonce = field(&log.body[at..], "nonce");
+    let resend = [
+        ("csrf", token.as_str()),
+        ("event", event_id.as_str()),
+        ("nonce", resend_nonce.as_str()),
+    ];
+    let r = dev.post(&format!("{path}/resend"), &resend).await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let r2 = dev.post(&format!("{path}/resend"), &resend).await;
+    assert_eq!(r2.status, 303, "{}", r2.show());
+    let both = hits_reach(&seen, 2).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let all = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(all.len(), 2, "sent again once: {both:?}");
+    let again: serde_json::Value = serde_json::from_str(&all[1]).unwrap_or_default();
+    assert_eq!(again["id"], event["id"], "the same event, the same id");
+    // An event of another endpoint, or none, resends nothing.
+    let r = dev
+        .post(
+            &format!("{path}/resend"),
+            &[
+                ("csrf", &token),
+                ("event", "evt_01m8bs0cc3j03q9xx14dhg73b5"),
+                ("nonce", "BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.show());
+
+    // Disable, enable, delete (after confirming).
+    let r = dev
+        .post(&path, &[("csrf", &token), ("do", "disable")])
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    assert!(dev.get(&path).await.body.contains(">disabled<"));
+    let r = dev.post(&path, &[("csrf", &token), ("do", "enable")]).await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let r = dev.post(&path, &[("csrf", &token), ("do", "delete")]).await;
+    assert_eq!(r.status, 422, "{}", r.show());
+    let r = dev
+        .post(
+            &path,
+            &[("csrf", &token), ("do", "delete"), ("confirm", "yes")],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let left = shared::domain::webhooks::list(&*app.store, &t.project.id, Mode::Sandbox)
+        .await
+        .unwrap_or_default();
+    assert!(left.is_empty());
+    user(&app, &t, "owner@himal.np", Role::Owner).await;
+    let mut owner = signed_in(&app, "owner@himal.np").await;
+    let audit = owner.get("/dashboard/audit").await;
+    for action in [
+        "webhook.add",
+        "webhook.test",
+        "webhook.resend",
+        "webhook.disable",
+        "webhook.delete",
+    ] {
+        assert!(audit.body.contains(action), "{action}: {}", audit.show());
+    }
+    app.stop().await;
+}
+
 on_both_backends!(
+    webhook_endpoints_are_managed_and_deliveries_resent,
     payment_links_are_made_once_and_cancelled,
     an_owner_manages_people,
     provider_credentials_are_set_and_never_shown,

@@ -79,8 +79,15 @@ pub fn router(state: AppState) -> Router {
             .route("/dashboard/invoices/{id}", get(records::invoice_page))
             .route("/dashboard/invoices/{id}/pdf", get(records::invoice_pdf))
             .route("/dashboard/sms", get(records::sms_page))
-            .route("/dashboard/webhooks", get(records::webhooks_page))
-            .route("/dashboard/webhooks/{id}", get(records::endpoint_page))
+            .route(
+                "/dashboard/webhooks",
+                get(records::webhooks_page).post(records::add_endpoint),
+            )
+            .route(
+                "/dashboard/webhooks/{id}",
+                get(records::endpoint_page).post(records::change_endpoint),
+            )
+            .route("/dashboard/webhooks/{id}/resend", post(records::resend))
             .route("/dashboard/webhooks/{id}/test", post(records::send_test))
             .route("/dashboard/keys", get(keys::keys_page).post(keys::issue))
             .route(

@@ -574,7 +574,7 @@ pub fn keys(
                                 td {
                                     form method="post" action={ "/dashboard/keys/" (k.id) "/rotate" } {
                                         input type="hidden" name="csrf" value=(nav.csrf);
-                                        input type="hidden" name="nonce" value=(nonce);
+                                        input type="hidden" name="nonce" value=(shared::domain::dashboard::new_form_nonce());
                                         label for={ "grace-" (k.id) } { "Old key works for" }
                                         " "
                                         select id={ "grace-" (k.id) } name="grace" {
@@ -588,7 +588,7 @@ pub fn keys(
                                     }
                                     form method="post" action={ "/dashboard/keys/" (k.id) "/revoke" } {
                                         input type="hidden" name="csrf" value=(nav.csrf);
-                                        input type="hidden" name="nonce" value=(nonce);
+                                        input type="hidden" name="nonce" value=(shared::domain::dashboard::new_form_nonce());
                                         input type="checkbox" id={ "confirm-" (k.id) } name="confirm" value="yes";
                                         " "
                                         label for={ "confirm-" (k.id) } { "I am sure" }

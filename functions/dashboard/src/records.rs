@@ -451,8 +451,27 @@ fn events_of(e: &Endpoint) -> String {
     }
 }
 
-pub async fn webhooks_page(State(state): State<AppState>, signed: Signed) -> Page {
+pub async fn webhooks_page(
+    State(state): State<AppState>,
+    signed: Signed,
+    RawQuery(raw): RawQuery,
+) -> Page {
     signed.require(Permission::Secrets)?;
+    let q = query(&raw);
+    let notice = q
+        .get("deleted")
+        .filter(|id| id.starts_with("we_") && id.len() <= 64)
+        .map(|id| format!("Endpoint {id} deleted."));
+    webhooks_view(&state, &signed, notice.as_deref(), None, StatusCode::OK).await
+}
+
+async fn webhooks_view(
+    state: &AppState,
+    signed: &Signed,
+    notice: Option<&str>,
+    error: Option<&str>,
+    status: StatusCode,
+) -> Page {
     let list = webhooks::list(
         &*state.store,
         &signed.session.project_id,
@@ -460,8 +479,11 @@ pub async fn webhooks_page(State(state): State<AppState>, signed: Signed) -> Pag
     )
     .await
     .map_err(fail)?;
-    let nav = nav(&state, &signed, "webhooks").await?;
+    let nav = nav(state, signed, "webhooks").await?;
+    let nonce = dashboard::new_form_nonce();
     let body = markup! {
+        @if let Some(n) = notice { p.notice role="status" { (n) } }
+        @if let Some(e) = error { p.error role="alert" { (e) } }
         div.panel {
             @if list.is_empty() { p { "No webhook endpoints in this mode yet." } } @else {
                 table {
@@ -476,8 +498,198 @@ pub async fn webhooks_page(State(state): State<AppState>, signed: Signed) -> Pag
                 }
             }
         }
+        section.panel aria-labelledby="add-hook-title" {
+            h2 id="add-hook-title" { "Add an endpoint" }
+            form.stack method="post" action="/dashboard/webhooks" {
+                input type="hidden" name="csrf" value=(nav.csrf);
+                input type="hidden" name="nonce" value=(nonce);
+                label for="url" { "URL (https)" }
+                input id="url" name="url" type="url" required maxlength="2048";
+                fieldset {
+                    legend { "Events (none ticked: every event)" }
+                    @for t in EventType::ALL {
+                        div {
+                            input type="checkbox" id={ "ev-" (t.as_str()) } name={ "event:" (t.as_str()) } value="on";
+                            " "
+                            label for={ "ev-" (t.as_str()) } { (t.as_str()) }
+                        }
+                    }
+                }
+                button.primary type="submit" { "Add endpoint" }
+            }
+        }
     };
-    Ok(html(StatusCode::OK, layout(&nav, "Webhooks", body)))
+    Ok(html(status, layout(&nav, "Webhooks", body)))
+}
+
+/// Adds an endpoint (`webhooks::create`, the API's rules: https, no
+/// private address, at most 16); its signing secret is shown once. The
+/// form's fence makes a double submit find the first endpoint.
+pub async fn add_endpoint(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
+    signed.require(Permission::Secrets)?;
+    let f = form(&body);
+    signed.check_csrf(&f)?;
+    let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
+    let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, state.clock.now())
+    else {
+        return Err(expired_form());
+    };
+    let events: Vec<String> = EventType::ALL
+        .iter()
+        .filter(|t| f.contains_key(&format!("event:{}", t.as_str())))
+        .map(|t| t.as_str().to_owned())
+        .collect();
+    let req = webhooks::CreateEndpoint {
+        url: f
+            .get("url")
+            .map(|u| u.trim().to_owned())
+            .unwrap_or_default(),
+        events: Some(events),
+        enabled: Some(true),
+    };
+    let made = webhooks::create(
+        &state,
+        &signed.session.project_id,
+        signed.session.mode,
+        req,
+        Some(&fence),
+    )
+    .await;
+    let (endpoint, secret) = match made {
+        Ok(v) => v,
+        Err(e @ (WebhookError::Invalid { .. } | WebhookError::TooMany)) => {
+            let why = format!("Not added: {}", shared::refusal::Refusal::from(e).message);
+            return webhooks_view(
+                &state,
+                &signed,
+                None,
+                Some(&why),
+                StatusCode::UNPROCESSABLE_ENTITY,
+            )
+            .await;
+        }
+        Err(e) => return Err(webhook_failure(e)),
+    };
+    crate::audit(&state, &signed, "webhook.add", &endpoint.id, &endpoint.url).await;
+    let nav = nav(&state, &signed, "webhooks").await?;
+    let body = markup! {
+        @match &secret {
+            Some(secret) => {
+                p.notice role="status" { "Copy the signing secret now: it is shown only this once." }
+                div.panel {
+                    label for="secret" { "Signing secret of " (endpoint.url) }
+                    input id="secret" name="secret" readonly value=(secret) size="70";
+                }
+            }
+            None => {
+                p.notice role="status" { "This form was already sent: the endpoint exists, and its signing secret was shown once." }
+            }
+        }
+        p { a href={ "/dashboard/webhooks/" (endpoint.id) } { "The endpoint" } " · " a href="/dashboard/webhooks" { "All endpoints" } }
+    };
+    Ok(html(StatusCode::OK, layout(&nav, "Endpoint added", body)))
+}
+
+/// Enables, disables or deletes an endpoint (deleting asks to confirm).
+pub async fn change_endpoint(
+    State(state): State<AppState>,
+    signed: Signed,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Page {
+    signed.require(Permission::Secrets)?;
+    let f = form(&body);
+    signed.check_csrf(&f)?;
+    let (project, mode) = (&signed.session.project_id, signed.session.mode);
+    match f.get("do").map(String::as_str) {
+        Some(on @ ("enable" | "disable")) => {
+            let patch = webhooks::PatchEndpoint {
+                enabled: Some(on == "enable"),
+                ..Default::default()
+            };
+            webhooks::patch(&state, project, mode, &id, patch)
+                .await
+                .map_err(webhook_failure)?;
+            crate::audit(&state, &signed, &format!("webhook.{on}"), &id, "").await;
+            Ok(crate::see_other(&format!("/dashboard/webhooks/{id}")))
+        }
+        Some("delete") if f.get("confirm").map(String::as_str) == Some("yes") => {
+            match webhooks::delete(&*state.store, project, mode, &id).await {
+                // Gone already (a second click): the same outcome.
+                Ok(()) | Err(WebhookError::NotFound(_)) => {}
+                Err(e) => return Err(webhook_failure(e)),
+            }
+            crate::audit(&state, &signed, "webhook.delete", &id, "").await;
+            Ok(crate::see_other(&format!(
+                "/dashboard/webhooks?deleted={id}"
+            )))
+        }
+        Some("delete") => {
+            endpoint_view(
+                &state,
+                &signed,
+                &id,
+                Some("Tick the box to confirm the deletion."),
+                StatusCode::UNPROCESSABLE_ENTITY,
+            )
+            .await
+        }
+        _ => Err(fail(shared::refusal::Refusal::invalid(
+            "do",
+            "Choose enable, disable or delete",
+        ))),
+    }
+}
+
+/// Sends one final delivery again (`webhooks::resend`).
+pub async fn resend(
+    State(state): State<AppState>,
+    signed: Signed,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Page {
+    signed.require(Permission::Secrets)?;
+    let f = form(&body);
+    signed.check_csrf(&f)?;
+    let event = f.get("event").cloned().unwrap_or_default();
+    let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
+    let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, state.clock.now())
+    else {
+        return Err(expired_form());
+    };
+    // The endpoint and delivery first: another's claims nothing.
+    webhooks::get(
+        &*state.store,
+        &signed.session.project_id,
+        signed.session.mode,
+        &id,
+    )
+    .await
+    .map_err(webhook_failure)?;
+    if let FormClaim::Done(_) = dashboard::claim_form(&*state.store, &fence)
+        .await
+        .map_err(fail)?
+    {
+        // A double click: the first one sent it again.
+        return Ok(crate::see_other(&format!(
+            "/dashboard/webhooks/{id}?resent={event}"
+        )));
+    }
+    let done = webhooks::resend(
+        &state,
+        &signed.session.project_id,
+        signed.session.mode,
+        &event,
+        &id,
+    )
+    .await
+    .map_err(webhook_failure)?;
+    if done == webhooks::Resent::Queued {
+        crate::audit(&state, &signed, "webhook.resend", &id, &event).await;
+    }
+    Ok(crate::see_other(&format!(
+        "/dashboard/webhooks/{id}?resent={event}"
+    )))
 }
 
 fn webhook_failure(e: WebhookError) -> Stop {
@@ -508,6 +720,22 @@ async fn endpoint_view(
                 dt { "Events" } dd { (events_of(&e)) }
                 dt { "State" } dd { (status_badge(if e.enabled { "enabled" } else { "disabled" })) }
             }
+            form method="post" action={ "/dashboard/webhooks/" (e.id) } {
+                input type="hidden" name="csrf" value=(nav.csrf);
+                @if e.enabled {
+                    button type="submit" name="do" value="disable" { "Disable" }
+                } @else {
+                    button type="submit" name="do" value="enable" { "Enable" }
+                }
+            }
+            form method="post" action={ "/dashboard/webhooks/" (e.id) } {
+                input type="hidden" name="csrf" value=(nav.csrf);
+                input type="checkbox" id="confirm-delete" name="confirm" value="yes";
+                " "
+                label for="confirm-delete" { "I am sure" }
+                " "
+                button type="submit" name="do" value="delete" { "Delete endpoint" }
+            }
         }
         section.panel aria-labelledby="log-title" {
             h2 id="log-title" { "Latest deliveries" }
@@ -515,7 +743,7 @@ async fn endpoint_view(
                 table {
                     thead { tr {
                         th scope="col" { "Event" } th scope="col" { "State" } th.num scope="col" { "Attempts" }
-                        th scope="col" { "Answer" } th scope="col" { "Last try" }
+                        th scope="col" { "Answer" } th scope="col" { "Last try" } th scope="col" { "Again" }
                     } }
                     tbody { @for d in &log {
                         tr {
@@ -525,6 +753,16 @@ async fn endpoint_view(
                             td { (d.response_status.map(|s| s.to_string()).unwrap_or_default())
                                  @if let Some(err) = &d.last_error { br; span.muted { (err) } } }
                             td { (d.last_attempt_at.map(when).unwrap_or_else(|| "—".into())) }
+                            td {
+                                @if d.status.is_final() {
+                                    form method="post" action={ "/dashboard/webhooks/" (e.id) "/resend" } {
+                                        input type="hidden" name="csrf" value=(nav.csrf);
+                                        input type="hidden" name="nonce" value=(dashboard::new_form_nonce());
+                                        input type="hidden" name="event" value=(d.event_id);
+                                        button type="submit" { "Resend" }
+                                    }
+                                }
+                            }
                         }
                     } }
                 }
@@ -558,7 +796,12 @@ pub async fn endpoint_page(
     let notice = q
         .get("sent")
         .filter(|id| id.starts_with("evt_") && id.len() <= 64)
-        .map(|id| format!("Test event {id} queued for this endpoint."));
+        .map(|id| format!("Test event {id} queued for this endpoint."))
+        .or_else(|| {
+            q.get("resent")
+                .filter(|id| id.starts_with("evt_") && id.len() <= 64)
+                .map(|id| format!("Event {id} queued to be sent again."))
+        });
     endpoint_view(&state, &signed, &id, notice.as_deref(), StatusCode::OK).await
 }
 

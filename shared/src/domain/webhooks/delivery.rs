@@ -356,3 +356,77 @@ pub async fn handle_message(
 }
 
 // ----------------------------------------------------------- test events
+
+/// What [`resend`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resent {
+    /// Queued for one more attempt now.
+    Queued,
+    /// Not final: its own retries are still to come (nothing done).
+    StillOpen,
+}
+
+/// Sends a final delivery (delivered or failed) again: one more attempt of
+/// the same event (same id and body, so a receiver that deduplicates by
+/// event id sees it as the same) to the same endpoint, now. The delivery
+/// is reopened only if it is as read (status and attempts), so a double
+/// submit queues one attempt; it goes back in the open-deliveries index,
+/// so the sweep's backstop queues it again if its message is lost. After
+/// that attempt the schedule goes on where it was (usually: over, so a
+/// failure is final again).
+pub async fn resend(
+    state: &Deps,
+    project_id: &str,
+    mode: Mode,
+    event_id: &str,
+    endpoint_id: &str,
+) -> Result<Resent, WebhookError> {
+    // The endpoint first: another project's or mode's is no endpoint.
+    get(&*state.store, project_id, mode, endpoint_id).await?;
+    let d = delivery(&*state.store, event_id, endpoint_id)
+        .await?
+        .filter(|d| d.project_id == project_id && d.mode == mode)
+        .ok_or_else(|| WebhookError::NotFound(format!("{event_id} to {endpoint_id}")))?;
+    if !d.status.is_final() {
+        return Ok(Resent::StillOpen);
+    }
+    let now = state.clock.now();
+    let reopen = Update::new()
+        .set("status", DeliveryStatus::Retrying.as_str())
+        .set("next_attempt_at", json!(now))
+        .set("updated_at", json!(now))
+        .set(Index::Gsi2.pk_attr(), Delivery::open_partition(&d.event_id))
+        .set(
+            Index::Gsi2.sk_attr(),
+            Delivery::open_sort_key(now, &d.event_id, &d.endpoint_id),
+        )
+        .remove("lease_until_ms");
+    let as_read = Cond::And(vec![
+        Cond::eq("status", d.status.as_str()),
+        Cond::eq("attempts", d.attempts),
+    ]);
+    match state
+        .store
+        .update(
+            &Delivery::key(&d.event_id, &d.endpoint_id),
+            reopen,
+            Some(as_read),
+        )
+        .await
+    {
+        Ok(_) => {}
+        // Reopened by a first click meanwhile: that one queued it.
+        Err(e) if e.is_condition_failure() => return Ok(Resent::StillOpen),
+        Err(e) => return Err(e.into()),
+    }
+    let msg = DeliveryMessage {
+        event_id: d.event_id.clone(),
+        endpoint_id: d.endpoint_id.clone(),
+        attempt: d.attempts,
+    };
+    // A lost message leaves an open, due delivery: the sweep queues it.
+    if let Err(e) = enqueue(state, &msg, Duration::ZERO).await {
+        tracing::warn!(error = %e, "a resent delivery's message was not queued; the sweep will");
+    }
+    Ok(Resent::Queued)
+}
