@@ -713,6 +713,7 @@ async fn payment_view(
         .map_err(fail)?;
     let nav = nav(state, signed, "payments").await?;
     let attempt = payment.attempt.clone();
+    let checks = payment.checks.clone();
     let form = signed
         .user
         .role
@@ -724,6 +725,7 @@ async fn payment_view(
             &nav,
             &PaymentView::from(payment),
             &attempt,
+            &checks,
             &refunds,
             pages::Notes {
                 notice,

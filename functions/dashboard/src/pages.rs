@@ -8,7 +8,7 @@ use shared::domain::Mode;
 use shared::domain::account::{ApiKey, KeyKind, Scope};
 use shared::domain::analytics::{DayFigures, Overview};
 use shared::domain::dashboard::{AuditEntry, Permission, Role};
-use shared::domain::payments::{AttemptInfo, PaymentView};
+use shared::domain::payments::{AttemptInfo, Checks, PaymentView};
 use shared::domain::refunds::Refund;
 use shared::money::Paisa;
 use shared::time::Timestamp;
@@ -412,6 +412,7 @@ pub fn payment(
     nav: &Nav,
     p: &PaymentView,
     attempt: &AttemptInfo,
+    checks: &Checks,
     refunds: &[Refund],
     notes: Notes<'_>,
 ) -> String {
@@ -443,6 +444,11 @@ pub fn payment(
                 dt { "Checkout session" } dd { (p.checkout_session_id) }
                 @if let Some(reason) = &p.failure_reason {
                     dt { "Why it failed" } dd { (reason) }
+                }
+                dt { "Paid by" } dd { @if attempt.qr { "QR scan" } @else { "the provider's page" } }
+                dt { "Last checked with the provider" } dd { (checks.checked_at.map(when).unwrap_or_else(|| "—".into())) }
+                @if let Some(why) = &checks.review {
+                    dt { "Held for review" } dd { (why) }
                 }
                 dt { "Created" } dd { (when(p.created_at)) }
                 dt { "Updated" } dd { (when(p.updated_at)) }
