@@ -1357,8 +1357,51 @@ async fn payment_links_are_made_once_and_cancelled(which: Which) {
         .send()
         .await;
     assert_eq!(public.map(|r| r.status().as_u16()).unwrap_or(0), 200);
+    // Its page: the stats and the edit form; an edit through the API's rule.
+    let lpath = format!("/dashboard/links/{}", link.id);
+    let lpage = dev.get(&lpath).await;
+    assert_eq!(lpage.status, 200, "{}", lpage.show());
+    assert!(lpage.body.contains("Views") && lpage.body.contains("Blue mugs"));
+    let r = dev
+        .post(
+            &lpath,
+            &[
+                ("csrf", &token),
+                ("title", "Green mugs"),
+                ("description", "Handmade"),
+                ("max_uses", ""),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let edited = shared::domain::links::get(&*app.store, &link.id)
+        .await
+        .ok()
+        .flatten();
+    assert_eq!(
+        edited
+            .as_ref()
+            .map(|l| (l.title.as_str(), l.description.as_deref(), l.max_uses)),
+        Some(("Green mugs", Some("Handmade"), None))
+    );
+    for (title, uses) in [("", "3"), ("Mugs", "-1"), ("Mugs", "x")] {
+        let r = dev
+            .post(
+                &lpath,
+                &[("csrf", &token), ("title", title), ("max_uses", uses)],
+            )
+            .await;
+        assert_eq!(r.status, 422, "{title} {uses}: {}", r.show());
+        assert!(r.body.contains("Not saved"), "{}", r.show());
+    }
     // A viewer has no form, and cannot post one.
     let mut viewer = signed_in(&app, "viewer@himal.np").await;
+    let r = viewer.get(&lpath).await;
+    assert!(
+        r.status == 200 && !r.body.contains("edit-title"),
+        "{}",
+        r.show()
+    );
     let vpage = viewer.get("/dashboard/links").await;
     assert!(!vpage.body.contains("New payment link"));
     let vtoken = csrf(&vpage.body);

@@ -74,6 +74,10 @@ pub fn router(state: AppState) -> Router {
                 "/dashboard/links",
                 get(records::links_page).post(records::make_link),
             )
+            .route(
+                "/dashboard/links/{id}",
+                get(records::link_page).post(records::edit_link),
+            )
             .route("/dashboard/links/{id}/cancel", post(records::cancel_link))
             .route("/dashboard/invoices", get(records::invoices_page))
             .route("/dashboard/invoices/{id}", get(records::invoice_page))

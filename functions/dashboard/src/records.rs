@@ -160,6 +160,162 @@ pub async fn make_link(State(state): State<AppState>, signed: Signed, body: Byte
     )))
 }
 
+pub async fn link_page(
+    State(state): State<AppState>,
+    signed: Signed,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Page {
+    let saved = query(&raw).contains_key("saved");
+    link_view(
+        &state,
+        &signed,
+        &id,
+        saved.then_some("Saved."),
+        None,
+        StatusCode::OK,
+    )
+    .await
+}
+
+async fn link_view(
+    state: &AppState,
+    signed: &Signed,
+    id: &str,
+    notice: Option<&str>,
+    error: Option<&str>,
+    status: StatusCode,
+) -> Page {
+    let l = links::find(
+        &*state.store,
+        &signed.session.project_id,
+        signed.session.mode,
+        id,
+    )
+    .await
+    .map_err(fail)?
+    .ok_or_else(|| fail(shared::refusal::Refusal::not_found("payment link", id)))?;
+    let nav = nav(state, signed, "links").await?;
+    let act = signed.user.role.may(Permission::Act);
+    let conversion = if l.views > 0 {
+        l.used_count as f64 * 100.0 / l.views as f64
+    } else {
+        0.0
+    };
+    let body = markup! {
+        @if let Some(n) = notice { p.notice role="status" { (n) } }
+        @if let Some(e) = error { p.error role="alert" { (e) } }
+        div.cards {
+            div.card { div.n { (l.views) } div.l { "Views" } }
+            div.card { div.n { (l.used_count) } div.l { "Paid" } }
+            div.card { div.n { (format!("{conversion:.0}%")) } div.l { "Conversion" } }
+        }
+        div.panel {
+            dl.facts {
+                dt { "Page" } dd { a href={ "/l/" (l.id) } { "/l/" (l.id) } }
+                dt { "Amount" } dd { (link_amount(&l)) }
+                dt { "State" } dd { (status_badge(if l.active { "active" } else { "inactive" })) }
+            }
+        }
+        @if act && l.active {
+            section.panel aria-labelledby="edit-title" {
+                h2 id="edit-title" { "Edit" }
+                form.stack method="post" action={ "/dashboard/links/" (l.id) } {
+                    input type="hidden" name="csrf" value=(nav.csrf);
+                    label for="title" { "Title" }
+                    input id="title" name="title" required maxlength="100" value=(l.title);
+                    label for="description" { "Description (empty: none)" }
+                    input id="description" name="description" maxlength="500" value=(l.description.as_deref().unwrap_or(""));
+                    label for="max_uses" { "How many payments it takes (empty: no limit)" }
+                    input id="max_uses" name="max_uses" inputmode="numeric" maxlength="9" value=(l.max_uses.map(|m| m.to_string()).unwrap_or_default());
+                    button.primary type="submit" { "Save" }
+                }
+            }
+        }
+        p { a href="/dashboard/links" { "← All links" } }
+    };
+    Ok(html(status, layout(&nav, &l.title, body)))
+}
+
+/// Edits a link's title, description and use limit through the API's
+/// rule (`links::patch`: a limit below the uses so far is refused). The
+/// same edit twice is the same link.
+pub async fn edit_link(
+    State(state): State<AppState>,
+    signed: Signed,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Page {
+    signed.require(Permission::Act)?;
+    let f = form(&body);
+    signed.check_csrf(&f)?;
+    let text = |name: &str| f.get(name).map(|v| v.trim().to_owned()).unwrap_or_default();
+    let patch = (|| -> Result<links::PatchLink, String> {
+        let title =
+            shared::fields::LinkTitle::parse(text("title")).map_err(|e| format!("Title: {e}"))?;
+        if title.trim().is_empty() {
+            return Err("Title: a link needs one".into());
+        }
+        let description = match text("description") {
+            d if d.is_empty() => None,
+            d => Some(
+                shared::fields::Description::parse(d).map_err(|e| format!("Description: {e}"))?,
+            ),
+        };
+        let max_uses = match text("max_uses") {
+            m if m.is_empty() => None,
+            m => Some(
+                m.parse::<i64>()
+                    .map_err(|_| "Uses: a whole number, or empty".to_owned())?,
+            ),
+        };
+        Ok(links::PatchLink {
+            title: Some(Some(title)),
+            description: Some(description),
+            max_uses: Some(max_uses),
+            ..Default::default()
+        })
+    })();
+    let now = state.clock.now();
+    let result = match patch {
+        Ok(p) => links::patch(
+            &*state.store,
+            &signed.session.project_id,
+            signed.session.mode,
+            &id,
+            p,
+            now,
+        )
+        .await
+        .map_err(|e| match e {
+            links::LinkError::NotFound(_) => Err(fail(e)),
+            other => Ok(shared::refusal::Refusal::from(other).message),
+        }),
+        Err(why) => Err(Ok(why)),
+    };
+    match result {
+        Ok(l) => {
+            crate::audit(&state, &signed, "link.edit", &l.id, &l.title).await;
+            Ok(crate::see_other(&format!(
+                "/dashboard/links/{}?saved=1",
+                l.id
+            )))
+        }
+        Err(Err(stop)) => Err(stop),
+        Err(Ok(why)) => {
+            link_view(
+                &state,
+                &signed,
+                &id,
+                None,
+                Some(&format!("Not saved: {why}")),
+                StatusCode::UNPROCESSABLE_ENTITY,
+            )
+            .await
+        }
+    }
+}
+
 pub async fn cancel_link(
     State(state): State<AppState>,
     signed: Signed,
@@ -222,7 +378,7 @@ fn links_html(
                     } }
                     tbody { @for l in list {
                         tr {
-                            td { a href={ "/l/" (l.id) } { (l.title) } br; span.muted { (l.id) } }
+                            td { a href={ "/dashboard/links/" (l.id) } { (l.title) } br; span.muted { (l.id) } }
                             td { (link_amount(l)) }
                             td.num { (l.views) }
                             td.num { (l.used_count) @if let Some(m) = l.max_uses { " of " (m) } }
