@@ -14,7 +14,7 @@ use shared::domain::credentials::{self, CredentialsError, ProviderCredentials};
 use shared::domain::dashboard::Permission;
 
 use crate::pages::{layout, status_badge, when};
-use crate::{Page, Signed, fail, form, nav, query, see_other};
+use crate::{Page, Signed, fail, nav, query, see_other};
 
 /// One field of a provider's form: its name, its label, whether it is a
 /// secret (a password field).
@@ -132,9 +132,7 @@ pub async fn page(State(state): State<AppState>, signed: Signed, RawQuery(raw): 
 }
 
 pub async fn set(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
-    signed.require(Permission::Secrets)?;
-    let f = form(&body);
-    signed.check_csrf(&f)?;
+    let f = signed.action_form(Permission::Secrets, &body)?;
     let value = |name: &str| f.get(name).map(|v| v.trim().to_owned()).unwrap_or_default();
     let creds = match f.get("provider").and_then(|p| provider_named(p)) {
         Some(Provider::Esewa) => ProviderCredentials::Esewa {

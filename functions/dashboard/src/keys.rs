@@ -14,7 +14,7 @@ use shared::AppState;
 use shared::domain::account::{self, ApiKey, KeyKind, NewKey, Scope};
 use shared::domain::dashboard::{self, FormClaim, Permission};
 
-use crate::{Page, Signed, Stop, expired_form, fail, form, nav, pages, query, see_other};
+use crate::{Page, Signed, Stop, expired_form, fail, nav, pages, query, see_other};
 
 /// Longest key description.
 const DESCRIPTION_MAX: usize = 100;
@@ -61,9 +61,7 @@ pub async fn keys_page(
 ) -> Page {
     signed.require(Permission::Secrets)?;
     let q = query(&raw);
-    let notice = q
-        .get("revoked")
-        .filter(|id| id.starts_with("ak_") && id.len() <= 64)
+    let notice = crate::id_param(&q, "revoked", "ak_")
         .map(|id| format!("Key {id} revoked: it no longer works."));
     show(&state, &signed, notice.as_deref(), None, StatusCode::OK).await
 }
@@ -169,9 +167,7 @@ async fn claim(
 }
 
 pub async fn issue(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
-    signed.require(Permission::Secrets)?;
-    let f = form(&body);
-    signed.check_csrf(&f)?;
+    let f = signed.action_form(Permission::Secrets, &body)?;
     let now = state.clock.now();
     let new = match new_key(&signed, &f, now) {
         Ok(n) => n,
@@ -257,9 +253,7 @@ pub async fn rotate(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Page {
-    signed.require(Permission::Secrets)?;
-    let f = form(&body);
-    signed.check_csrf(&f)?;
+    let f = signed.action_form(Permission::Secrets, &body)?;
     let grace = match f.get("grace").map(String::as_str) {
         Some("0") => chrono::Duration::zero(),
         Some("1h") => chrono::Duration::hours(1),
@@ -323,9 +317,7 @@ pub async fn revoke(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Page {
-    signed.require(Permission::Secrets)?;
-    let f = form(&body);
-    signed.check_csrf(&f)?;
+    let f = signed.action_form(Permission::Secrets, &body)?;
     if f.get("confirm").map(String::as_str) != Some("yes") {
         return show(
             &state,

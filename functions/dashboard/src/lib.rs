@@ -316,6 +316,20 @@ pub(crate) fn query(raw: &Option<String>) -> std::collections::HashMap<String, S
     form(&Bytes::from(raw.clone().unwrap_or_default()))
 }
 
+/// The query parameter `name` when it names one of our ids (`prefix…`):
+/// what a notice after an action may echo.
+pub(crate) fn id_param<'a>(
+    q: &'a std::collections::HashMap<String, String>,
+    name: &str,
+    prefix: &str,
+) -> Option<&'a String> {
+    q.get(name).filter(|id| {
+        id.starts_with(prefix)
+            && id.len() <= 64
+            && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    })
+}
+
 /// A page to come back to after signing in: our own paths only.
 fn local_path(next: Option<&String>) -> String {
     next.filter(|p| {
@@ -351,6 +365,19 @@ impl Signed {
         } else {
             Err(fail(what.refusal()))
         }
+    }
+
+    /// The fields of a form posted for an action needing `what`: the role
+    /// checked first, then the form's CSRF token.
+    pub(crate) fn action_form(
+        &self,
+        what: Permission,
+        body: &Bytes,
+    ) -> Result<std::collections::HashMap<String, String>, Stop> {
+        self.require(what)?;
+        let f = form(body);
+        self.check_csrf(&f)?;
+        Ok(f)
     }
 
     /// Refuses with a page unless the form carries this session's token.
@@ -683,10 +710,7 @@ async fn payment_page(
     RawQuery(raw): RawQuery,
 ) -> Page {
     let q = query(&raw);
-    let notice = q
-        .get("refund")
-        .filter(|r| r.starts_with("ref_") && r.len() <= 64)
-        .map(|r| format!("Refund {r} recorded."));
+    let notice = crate::id_param(&q, "refund", "ref_").map(|r| format!("Refund {r} recorded."));
     payment_view(
         &state,
         &signed,
@@ -780,9 +804,7 @@ async fn refund(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Page {
-    signed.require(Permission::Act)?;
-    let f = form(&body);
-    signed.check_csrf(&f)?;
+    let f = signed.action_form(Permission::Act, &body)?;
     let now = state.clock.now();
     let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
     let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, now) else {

@@ -13,7 +13,7 @@ use shared::AppState;
 use shared::domain::dashboard::{self, DashboardError, Permission, Role, UserChange};
 
 use crate::pages::{layout, status_badge, when};
-use crate::{Page, Signed, fail, form, nav, query, see_other};
+use crate::{Page, Signed, fail, nav, query, see_other};
 
 const ROLES: [Role; 3] = [Role::Owner, Role::Developer, Role::Viewer];
 
@@ -99,9 +99,7 @@ fn role_named(name: &str) -> Option<Role> {
 }
 
 pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
-    signed.require(Permission::People)?;
-    let f = form(&body);
-    signed.check_csrf(&f)?;
+    let f = signed.action_form(Permission::People, &body)?;
     let Some(role) = f.get("role").and_then(|r| role_named(r)) else {
         return show(
             &state,
@@ -171,9 +169,7 @@ pub async fn change(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Page {
-    signed.require(Permission::People)?;
-    let f = form(&body);
-    signed.check_csrf(&f)?;
+    let f = signed.action_form(Permission::People, &body)?;
     if id == signed.user.id {
         return show(
             &state,

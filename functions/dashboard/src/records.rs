@@ -19,7 +19,7 @@ use shared::domain::sms::{self, SmsReminder};
 use shared::domain::webhooks::{self, Delivery, Endpoint, WebhookError};
 
 use crate::pages::{Nav, label, layout, pager, rupees, status_badge, when};
-use crate::{PAGE, Page, Signed, Stop, expired_form, fail, form, nav, page_number, query};
+use crate::{PAGE, Page, Signed, Stop, expired_form, fail, nav, page_number, query};
 
 fn npr(p: i64) -> String {
     rupees(p)
@@ -47,16 +47,11 @@ pub async fn links_page(
     .map_err(fail)?;
     let nav = nav(&state, &signed, "links").await?;
     let q = query(&raw);
-    let notice = q
-        .get("made")
-        .or(q.get("cancelled"))
-        .filter(|id| id.starts_with("lnk_") && id.len() <= 64)
-        .map(|id| {
-            if q.contains_key("made") {
-                format!("Payment link {id} made: share /l/{id}.")
-            } else {
-                format!("Payment link {id} cancelled.")
-            }
+    let notice = crate::id_param(&q, "made", "lnk_")
+        .map(|id| format!("Payment link {id} made: share /l/{id}."))
+        .or_else(|| {
+            crate::id_param(&q, "cancelled", "lnk_")
+                .map(|id| format!("Payment link {id} cancelled."))
         });
     let act = signed.user.role.may(Permission::Act);
     Ok(html(
@@ -115,9 +110,7 @@ fn link_request(
 }
 
 pub async fn make_link(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
-    signed.require(Permission::Act)?;
-    let f = form(&body);
-    signed.check_csrf(&f)?;
+    let f = signed.action_form(Permission::Act, &body)?;
     let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
     let now = state.clock.now();
     let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, now) else {
@@ -246,9 +239,7 @@ pub async fn edit_link(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Page {
-    signed.require(Permission::Act)?;
-    let f = form(&body);
-    signed.check_csrf(&f)?;
+    let f = signed.action_form(Permission::Act, &body)?;
     let text = |name: &str| f.get(name).map(|v| v.trim().to_owned()).unwrap_or_default();
     let patch = (|| -> Result<links::PatchLink, String> {
         let title =
@@ -322,8 +313,7 @@ pub async fn cancel_link(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Page {
-    signed.require(Permission::Act)?;
-    signed.check_csrf(&form(&body))?;
+    signed.action_form(Permission::Act, &body)?;
     let now = state.clock.now();
     match links::cancel(
         &*state.store,
@@ -614,10 +604,7 @@ pub async fn webhooks_page(
 ) -> Page {
     signed.require(Permission::Secrets)?;
     let q = query(&raw);
-    let notice = q
-        .get("deleted")
-        .filter(|id| id.starts_with("we_") && id.len() <= 64)
-        .map(|id| format!("Endpoint {id} deleted."));
+    let notice = crate::id_param(&q, "deleted", "we_").map(|id| format!("Endpoint {id} deleted."));
     webhooks_view(&state, &signed, notice.as_deref(), None, StatusCode::OK).await
 }
 
@@ -682,9 +669,7 @@ async fn webhooks_view(
 /// private address, at most 16); its signing secret is shown once. The
 /// form's fence makes a double submit find the first endpoint.
 pub async fn add_endpoint(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
-    signed.require(Permission::Secrets)?;
-    let f = form(&body);
-    signed.check_csrf(&f)?;
+    let f = signed.action_form(Permission::Secrets, &body)?;
     let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
     let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, state.clock.now())
     else {
@@ -753,9 +738,7 @@ pub async fn change_endpoint(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Page {
-    signed.require(Permission::Secrets)?;
-    let f = form(&body);
-    signed.check_csrf(&f)?;
+    let f = signed.action_form(Permission::Secrets, &body)?;
     let (project, mode) = (&signed.session.project_id, signed.session.mode);
     match f.get("do").map(String::as_str) {
         Some(on @ ("enable" | "disable")) => {
@@ -804,9 +787,7 @@ pub async fn resend(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Page {
-    signed.require(Permission::Secrets)?;
-    let f = form(&body);
-    signed.check_csrf(&f)?;
+    let f = signed.action_form(Permission::Secrets, &body)?;
     let event = f.get("event").cloned().unwrap_or_default();
     let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
     let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, state.clock.now())
@@ -949,13 +930,10 @@ pub async fn endpoint_page(
 ) -> Page {
     signed.require(Permission::Secrets)?;
     let q = query(&raw);
-    let notice = q
-        .get("sent")
-        .filter(|id| id.starts_with("evt_") && id.len() <= 64)
+    let notice = crate::id_param(&q, "sent", "evt_")
         .map(|id| format!("Test event {id} queued for this endpoint."))
         .or_else(|| {
-            q.get("resent")
-                .filter(|id| id.starts_with("evt_") && id.len() <= 64)
+            crate::id_param(&q, "resent", "evt_")
                 .map(|id| format!("Event {id} queued to be sent again."))
         });
     endpoint_view(&state, &signed, &id, notice.as_deref(), StatusCode::OK).await
@@ -969,9 +947,7 @@ pub async fn send_test(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Page {
-    signed.require(Permission::Secrets)?;
-    let f = form(&body);
-    signed.check_csrf(&f)?;
+    let f = signed.action_form(Permission::Secrets, &body)?;
     let Some(t) = f.get("type").and_then(|t| EventType::parse(t)) else {
         return Err(fail(shared::refusal::Refusal::invalid(
             "type",
