@@ -1590,6 +1590,7 @@ fn only_the_webhook_pipeline_sends_to_the_webhooks_queue() {
     assert_eq!(
         senders,
         [
+            "DashboardFunction",
             "SchedulerFunction",
             "WebhookDispatcherFunction",
             "WebhookFanoutFunction"

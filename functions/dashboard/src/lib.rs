@@ -39,7 +39,7 @@ use shared::domain::dashboard::{
 };
 use shared::domain::payments::{self, PaymentView};
 use shared::domain::refunds::{self, CreateRefund, RefundError, RefundReason};
-use shared::fields::RefundNotes;
+use shared::fields::{NepaliMobile, RefundNotes};
 use shared::limits::public;
 
 pub use pages::Nav;
@@ -239,7 +239,8 @@ fn failure(e: impl Into<shared::refusal::Refusal>) -> Response {
             status,
             pages::message(
                 "Something went wrong",
-                "We could not finish this. Nothing was changed; try again in a moment.",
+                "We could not finish this. Try again in a moment; if you were changing \
+                 something, look whether it was done before you repeat it.",
             ),
         );
     }
@@ -785,12 +786,18 @@ fn refund_request(
         .filter(|n| !n.is_empty())
         .map(|n| RefundNotes::parse(n).map_err(|e| format!("Notes: {e}")))
         .transpose()?;
+    let mobile_number = f
+        .get("mobile")
+        .map(|m| m.trim().to_owned())
+        .filter(|m| !m.is_empty())
+        .map(|m| NepaliMobile::parse(m).map_err(|e| format!("Mobile number: {e}")))
+        .transpose()?;
     Ok(CreateRefund {
         payment_id: payment_id.to_owned(),
         amount,
         reason,
         notes,
-        mobile_number: None,
+        mobile_number,
     })
 }
 
@@ -855,7 +862,24 @@ async fn refund(
             "/dashboard/payments/{id}?refund={}",
             r.id
         ))),
-        Err(RefundError::Store(e)) => Err(fail(e)),
+        // The refund may have committed before the failure (a Khalti call
+        // after it, say): never "nothing was changed" here. The same form
+        // sent again is safe (its fence finds the refund).
+        Err(RefundError::Store(e)) => {
+            tracing::error!(error = %e, payment = %id, "dashboard refund unconfirmed");
+            payment_view(
+                &state,
+                &signed,
+                &id,
+                None,
+                Some(
+                    "We could not confirm the refund: it may have been recorded. Look at the \
+                     refunds below before you try again.",
+                ),
+                StatusCode::SERVICE_UNAVAILABLE,
+            )
+            .await
+        }
         Err(e) => {
             let refusal = shared::refusal::Refusal::from(e);
             let status = if refusal.kind == shared::refusal::Kind::NotFound {

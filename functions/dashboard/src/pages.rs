@@ -399,6 +399,10 @@ fn refund_form(nav: &Nav, p: &PaymentView, left: i64, nonce: &str) -> Markup {
                     option value="fraudulent" { "Fraud" }
                     option value="other" { "Other" }
                 }
+                @if label(&p.provider) == "khalti" {
+                    label for="mobile" { "Customer's Khalti mobile number (needed when they paid from a bank)" }
+                    input id="mobile" name="mobile" inputmode="tel" maxlength="14";
+                }
                 label for="notes" { "Notes (kept with the refund)" }
                 textarea id="notes" name="notes" rows="3" maxlength="500" {}
                 button.primary type="submit" { "Refund" }

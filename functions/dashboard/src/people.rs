@@ -53,6 +53,8 @@ async fn show(
                                     " "
                                     button type="submit" name="do" value="role" { "Change role" }
                                     " "
+                                    button type="submit" name="do" value="password" { "New password" }
+                                    " "
                                     @if u.disabled {
                                         button type="submit" name="do" value="enable" { "Enable" }
                                     } @else {
@@ -69,6 +71,7 @@ async fn show(
             h2 id="add-title" { "Add a person" }
             form.stack method="post" action="/dashboard/people" {
                 input type="hidden" name="csrf" value=(nav.csrf);
+                input type="hidden" name="nonce" value=(dashboard::new_form_nonce());
                 label for="email" { "Email" }
                 input id="email" name="email" type="email" required maxlength="254";
                 label for="role" { "Role" }
@@ -87,11 +90,8 @@ async fn show(
 pub async fn page(State(state): State<AppState>, signed: Signed, RawQuery(raw): RawQuery) -> Page {
     signed.require(Permission::People)?;
     let q = query(&raw);
-    let notice = q
-        .get("changed")
-        .filter(|e| e.len() <= 254 && !e.contains('<'))
-        .map(|e| format!("{e} changed."));
-    show(&state, &signed, notice.as_deref(), None, StatusCode::OK).await
+    let notice = q.contains_key("changed").then_some("Saved.");
+    show(&state, &signed, notice, None, StatusCode::OK).await
 }
 
 fn role_named(name: &str) -> Option<Role> {
@@ -100,6 +100,11 @@ fn role_named(name: &str) -> Option<Role> {
 
 pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
     let f = signed.action_form(Permission::People, &body)?;
+    let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
+    let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, state.clock.now())
+    else {
+        return Err(crate::expired_form());
+    };
     let Some(role) = f.get("role").and_then(|r| role_named(r)) else {
         return show(
             &state,
@@ -111,6 +116,21 @@ pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
         .await;
     };
     let email = f.get("email").cloned().unwrap_or_default();
+    if let dashboard::FormClaim::Done(_) = dashboard::claim_form(&*state.store, &fence)
+        .await
+        .map_err(fail)?
+    {
+        return show(
+            &state,
+            &signed,
+            Some(
+                "This form was already sent. If the first password was lost, give a new one below.",
+            ),
+            None,
+            StatusCode::OK,
+        )
+        .await;
+    }
     let password = dashboard::new_form_token();
     let made = dashboard::create_user(
         &*state.store,
@@ -133,7 +153,7 @@ pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
             .await;
             let nav = nav(&state, &signed, "people").await?;
             let body = markup! {
-                p.notice role="status" { "Hand this first password to " (u.email) " yourself; it is shown only this once. They can be given a new one by an operator." }
+                p.notice role="status" { "Hand this first password to " (u.email) " yourself; it is shown only this once. An owner can give them a new one here." }
                 div.panel {
                     label for="password" { "First password of " (u.email) }
                     input id="password" name="password" readonly value=(password) size="40";
@@ -145,7 +165,7 @@ pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
         Err(e @ (DashboardError::Invalid { .. } | DashboardError::EmailTaken)) => {
             let why = match e {
                 DashboardError::EmailTaken => {
-                    "Email: someone already signs in with it (a second click adds nobody)."
+                    "Email: this address cannot be added; use another, or ask Dhukuti's operators."
                         .to_owned()
                 }
                 other => other.to_string(),
@@ -180,6 +200,24 @@ pub async fn change(
         )
         .await;
     }
+    if f.get("do").map(String::as_str) == Some("password") {
+        let password = dashboard::new_form_token();
+        let u =
+            dashboard::reset_password_of(&*state.store, &signed.user.merchant_id, &id, &password)
+                .await
+                .map_err(fail)?;
+        crate::audit(&state, &signed, "person.password", &u.id, &u.email).await;
+        let nav = nav(&state, &signed, "people").await?;
+        let body = markup! {
+            p.notice role="status" { "Hand this new password to " (u.email) " yourself; it is shown only this once. Their sessions have ended." }
+            div.panel {
+                label for="password" { "New password of " (u.email) }
+                input id="password" name="password" readonly value=(password) size="40";
+            }
+            p { a href="/dashboard/people" { "← People" } }
+        };
+        return Ok(html(StatusCode::OK, layout(&nav, "New password", body)));
+    }
     let what = match (
         f.get("do").map(String::as_str),
         f.get("role").and_then(|r| role_named(r)),
@@ -207,6 +245,5 @@ pub async fn change(
         UserChange::Disabled(false) => format!("{} enabled", u.email),
     };
     crate::audit(&state, &signed, "person.change", &u.id, &detail).await;
-    let email: String = form_urlencoded::byte_serialize(u.email.as_bytes()).collect();
-    Ok(see_other(&format!("/dashboard/people?changed={email}")))
+    Ok(see_other("/dashboard/people?changed=1"))
 }

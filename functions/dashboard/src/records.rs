@@ -754,11 +754,12 @@ pub async fn change_endpoint(
         }
         Some("delete") if f.get("confirm").map(String::as_str) == Some("yes") => {
             match webhooks::delete(&*state.store, project, mode, &id).await {
-                // Gone already (a second click): the same outcome.
-                Ok(()) | Err(WebhookError::NotFound(_)) => {}
+                Ok(()) => crate::audit(&state, &signed, "webhook.delete", &id, "").await,
+                // Gone already (a second click): the same outcome, and
+                // nothing to log.
+                Err(WebhookError::NotFound(_)) => {}
                 Err(e) => return Err(webhook_failure(e)),
             }
-            crate::audit(&state, &signed, "webhook.delete", &id, "").await;
             Ok(crate::see_other(&format!(
                 "/dashboard/webhooks?deleted={id}"
             )))

@@ -14,9 +14,15 @@ pub const ABSOLUTE: chrono::Duration = chrono::Duration::hours(12);
 /// `last_seen_at` is written at most this often per session.
 const TOUCH_EVERY: chrono::Duration = chrono::Duration::seconds(60);
 
-/// Sign-in attempts per email per window (successful ones give their slot
-/// back): a password guesser gets 10 guesses per 15 minutes per account.
-pub const ATTEMPTS_PER_ACCOUNT: i64 = 10;
+/// Sign-in attempts per email from one client address per window
+/// (successful ones give their slot back): a guesser gets 10 guesses per
+/// 15 minutes per account from each address, and a stranger at another
+/// address cannot lock the owner out.
+pub const ATTEMPTS_PER_ACCOUNT_AND_ADDRESS: i64 = 10;
+/// Failed sign-in attempts per email from all addresses per window: a
+/// botnet spreading guesses over many addresses is held too (and can lock
+/// the account for the rest of a window: the price of that).
+pub const ATTEMPTS_PER_ACCOUNT: i64 = 100;
 /// Failed sign-in attempts per client address per window, all accounts.
 pub const ATTEMPTS_PER_ADDRESS: i64 = 30;
 /// The throttle's window, seconds.
@@ -140,19 +146,29 @@ pub async fn sign_in(
     address: &str,
 ) -> Result<SignedIn, DashboardError> {
     let email = normalize_email(email).map_err(|_| DashboardError::WrongCredentials)?;
-    let account =
-        match take_attempt(store, &format!("DSIGN#{email}"), ATTEMPTS_PER_ACCOUNT, now).await? {
-            Ok(key) => key,
-            Err(retry_after) => return Err(DashboardError::Throttled { retry_after }),
-        };
-    let bucket = format!("DSIGNA#{}", address_bucket(address));
-    let from_address = match take_attempt(store, &bucket, ATTEMPTS_PER_ADDRESS, now).await? {
-        Ok(key) => key,
-        Err(retry_after) => {
-            give_back(store, &account).await;
-            return Err(DashboardError::Throttled { retry_after });
+    let from = address_bucket(address);
+    // This address's slots first, then the shared ones: a refusal for one's
+    // own guessing never uses a slot others need.
+    let buckets = [
+        (
+            format!("DSIGN#{email}#{from}"),
+            ATTEMPTS_PER_ACCOUNT_AND_ADDRESS,
+        ),
+        (format!("DSIGNA#{from}"), ATTEMPTS_PER_ADDRESS),
+        (format!("DSIGNE#{email}"), ATTEMPTS_PER_ACCOUNT),
+    ];
+    let mut taken = Vec::new();
+    for (bucket, limit) in buckets {
+        match take_attempt(store, &bucket, limit, now).await? {
+            Ok(key) => taken.push(key),
+            Err(retry_after) => {
+                for key in &taken {
+                    give_back(store, key).await;
+                }
+                return Err(DashboardError::Throttled { retry_after });
+            }
         }
-    };
+    }
     let user = find_user_by_email(store, &email).await?;
     let hash = match &user {
         Some(u) => u.password_hash.as_str(),
@@ -163,8 +179,9 @@ pub async fn sign_in(
         Some(u) if matches => u,
         _ => return Err(DashboardError::WrongCredentials),
     };
-    give_back(store, &account).await;
-    give_back(store, &from_address).await;
+    for key in &taken {
+        give_back(store, key).await;
+    }
     if user.disabled {
         return Err(DashboardError::Disabled);
     }

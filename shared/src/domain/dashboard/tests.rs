@@ -203,15 +203,33 @@ async fn sign_out_everywhere_reset_and_disable_end_sessions() {
 async fn guesses_are_throttled_per_account_and_per_address() {
     let (store, _, _) = setup().await;
     let t0 = at("2026-11-26T10:00:00Z");
-    for n in 0..ATTEMPTS_PER_ACCOUNT {
+    for n in 0..ATTEMPTS_PER_ACCOUNT_AND_ADDRESS {
         let r = sign_in(&store, t0, "owner@himal.np", "wrong password!", "10.0.0.1").await;
         assert!(
             matches!(r, Err(DashboardError::WrongCredentials)),
             "{n}: {r:?}"
         );
     }
-    // The right password no longer helps in this window, from anywhere.
-    let r = sign_in(&store, t0, "owner@himal.np", PASSWORD, "10.9.9.9").await;
+    // The right password no longer helps from that address in this
+    // window; the owner at another address is not locked out by it.
+    let r = sign_in(&store, t0, "owner@himal.np", PASSWORD, "10.0.0.1").await;
+    assert!(matches!(r, Err(DashboardError::Throttled { .. })), "{r:?}");
+    assert!(
+        sign_in(&store, t0, "owner@himal.np", PASSWORD, "10.9.9.9")
+            .await
+            .is_ok()
+    );
+    // Guesses spread over many addresses are held per account too.
+    let t2 = at("2026-11-26T14:00:00Z");
+    for n in 0..ATTEMPTS_PER_ACCOUNT {
+        let from = format!("10.1.{}.{}", n / 200, n % 200);
+        let r = sign_in(&store, t2, "owner@himal.np", "wrong password!", &from).await;
+        assert!(
+            matches!(r, Err(DashboardError::WrongCredentials)),
+            "{n}: {r:?}"
+        );
+    }
+    let r = sign_in(&store, t2, "owner@himal.np", PASSWORD, "10.2.0.1").await;
     assert!(matches!(r, Err(DashboardError::Throttled { .. })), "{r:?}");
     let later = t0.plus(chrono::Duration::seconds(ATTEMPT_WINDOW));
     assert!(
