@@ -798,6 +798,7 @@ async fn api_keys_are_issued_rotated_and_revoked(which: Which) {
     let mut dev = signed_in(&app, "dev@himal.np").await;
     let page = dev.get("/dashboard/keys").await;
     assert_eq!(page.status, 200, "{}", page.show());
+    assert_eq!(dev.get("/dashboard/keys?page=0").await.status, 422);
     let (token, nonce) = (csrf(&page.body), field(&page.body, "nonce"));
     // A restricted key without scopes, a publishable one with a cap, an
     // expiry that is no number of days: refused, nothing issued.
@@ -1553,6 +1554,7 @@ async fn webhook_endpoints_are_managed_and_deliveries_resent(which: Which) {
     assert_eq!(endpoints.len(), 1, "a double submit adds one endpoint");
     let we = endpoints[0].id.clone();
     let path = format!("/dashboard/webhooks/{we}");
+    assert_eq!(dev.get(&format!("{path}?page=x")).await.status, 422);
 
     // A test event arrives; once delivered, it can be sent again, once.
     let page = dev.get(&path).await;

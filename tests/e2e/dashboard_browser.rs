@@ -124,10 +124,36 @@ async fn an_owner_refunds_and_rotates_a_key_in_a_real_browser() {
         .payment(&t, Mode::Sandbox, 240_000, Provider::Esewa)
         .await;
     let old_key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    // A link, an invoice and a webhook endpoint, for their own pages.
+    let mut details = Vec::new();
+    for (path, body, page) in [
+        (
+            "/v1/payment-links",
+            serde_json::json!({"title": "Blue mugs", "amount": 50_000}),
+            "/dashboard/links/",
+        ),
+        (
+            "/v1/invoices",
+            serde_json::json!({"lines": [{"description": "Two mugs", "quantity": "2", "unitAmount": 25_000}], "dueAt": "2030-12-31T18:15:00+05:45"}),
+            "/dashboard/invoices/",
+        ),
+        (
+            "/v1/webhooks",
+            serde_json::json!({"url": "http://127.0.0.1:9/hook"}),
+            "/dashboard/webhooks/",
+        ),
+    ] {
+        let made = app.post(path, Some(&old_key), None, &body).await;
+        assert_eq!(made.status, 201, "{path}: {}", made.body);
+        details.push(format!(
+            "{page}{}",
+            made.body["id"].as_str().unwrap_or_default()
+        ));
+    }
 
     let driver = Driver::start(&chromedriver);
     let client = driver.connect(&chromium).await;
-    let run = tokio::time::timeout(WHOLE, walk(&client, &app, &payment.id, &old_key))
+    let run = tokio::time::timeout(WHOLE, walk(&client, &app, &payment.id, &old_key, &details))
         .await
         .unwrap_or_else(|_| Err(format!("the browser part took longer than {WHOLE:?}")));
     let report = match &run {
@@ -198,7 +224,13 @@ async fn click(c: &Client, css: &str) -> Result<(), String> {
 }
 
 /// The walk; the rotated key's secret.
-async fn walk(c: &Client, app: &TestApp, payment: &str, old_key: &str) -> Result<String, String> {
+async fn walk(
+    c: &Client,
+    app: &TestApp,
+    payment: &str,
+    old_key: &str,
+    details: &[String],
+) -> Result<String, String> {
     // Signed out, the dashboard asks to sign in.
     within("open /dashboard", c.goto(&app.url("/dashboard"))).await?;
     element(c, "#email").await?;
@@ -263,6 +295,15 @@ async fn walk(c: &Client, app: &TestApp, payment: &str, old_key: &str) -> Result
         ("/dashboard/people", "08f-people"),
     ] {
         open(c, app, path, name).await?;
+    }
+    for (i, path) in details.iter().enumerate() {
+        open(
+            c,
+            app,
+            path,
+            &format!("08{}-detail", (b'g' + i as u8) as char),
+        )
+        .await?;
     }
 
     // The same pages on a phone: no sideways scrolling, still readable.

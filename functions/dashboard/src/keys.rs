@@ -38,7 +38,24 @@ async fn show(
     error: Option<&str>,
     status: StatusCode,
 ) -> Page {
-    let keys = listed(state, signed).await?;
+    show_page(state, signed, 1, notice, error, status).await
+}
+
+async fn show_page(
+    state: &AppState,
+    signed: &Signed,
+    page: usize,
+    notice: Option<&str>,
+    error: Option<&str>,
+    status: StatusCode,
+) -> Page {
+    let all = listed(state, signed).await?;
+    let total = all.len();
+    let keys: Vec<ApiKey> = all
+        .into_iter()
+        .skip((page - 1) * crate::PAGE)
+        .take(crate::PAGE)
+        .collect();
     let nav = nav(state, signed, "keys").await?;
     let now = state.clock.now();
     Ok(html(
@@ -46,6 +63,7 @@ async fn show(
         pages::keys(
             &nav,
             &keys,
+            (page, total),
             now,
             &dashboard::new_form_nonce(),
             notice,
@@ -63,7 +81,16 @@ pub async fn keys_page(
     let q = query(&raw);
     let notice = crate::id_param(&q, "revoked", "ak_")
         .map(|id| format!("Key {id} revoked: it no longer works."));
-    show(&state, &signed, notice.as_deref(), None, StatusCode::OK).await
+    let page = crate::page_number(&q)?;
+    show_page(
+        &state,
+        &signed,
+        page,
+        notice.as_deref(),
+        None,
+        StatusCode::OK,
+    )
+    .await
 }
 
 /// What the issue form asks for.

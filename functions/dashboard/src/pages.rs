@@ -544,6 +544,7 @@ fn kind_name(kind: KeyKind) -> &'static str {
 pub fn keys(
     nav: &Nav,
     keys: &[ApiKey],
+    (page, total): (usize, usize),
     now: Timestamp,
     nonce: &str,
     notice: Option<&str>,
@@ -612,6 +613,7 @@ pub fn keys(
                 }
             }
         }
+        (pager("/dashboard/keys", page, total.div_ceil(crate::PAGE).max(1)))
         section.panel aria-labelledby="issue-title" {
             h2 id="issue-title" { "Issue a key" }
             form.stack method="post" action="/dashboard/keys" {

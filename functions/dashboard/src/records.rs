@@ -769,6 +769,7 @@ pub async fn change_endpoint(
                 &state,
                 &signed,
                 &id,
+                1,
                 Some("Tick the box to confirm the deletion."),
                 StatusCode::UNPROCESSABLE_ENTITY,
             )
@@ -838,6 +839,7 @@ async fn endpoint_view(
     state: &AppState,
     signed: &Signed,
     id: &str,
+    page: usize,
     notice: Option<&str>,
     status: StatusCode,
 ) -> Page {
@@ -845,9 +847,10 @@ async fn endpoint_view(
     let e = webhooks::get(&*state.store, project, mode, id)
         .await
         .map_err(webhook_failure)?;
-    let log: Vec<Delivery> = webhooks::deliveries(&*state.store, project, mode, id)
-        .await
-        .map_err(webhook_failure)?;
+    let (log, total): (Vec<Delivery>, u64) =
+        webhooks::deliveries_page(&*state.store, project, mode, id, (page - 1) * PAGE, PAGE)
+            .await
+            .map_err(webhook_failure)?;
     let nav = nav(state, signed, "webhooks").await?;
     let nonce = dashboard::new_form_nonce();
     let body = markup! {
@@ -918,6 +921,7 @@ async fn endpoint_view(
                 button.primary type="submit" { "Send test event" }
             }
         }
+        (pager(&format!("/dashboard/webhooks/{}", e.id), page, pages_of(total)))
         p { a href="/dashboard/webhooks" { "← All endpoints" } }
     };
     Ok(html(status, layout(&nav, "Webhook endpoint", body)))
@@ -937,7 +941,16 @@ pub async fn endpoint_page(
             crate::id_param(&q, "resent", "evt_")
                 .map(|id| format!("Event {id} queued to be sent again."))
         });
-    endpoint_view(&state, &signed, &id, notice.as_deref(), StatusCode::OK).await
+    let page = page_number(&q)?;
+    endpoint_view(
+        &state,
+        &signed,
+        &id,
+        page,
+        notice.as_deref(),
+        StatusCode::OK,
+    )
+    .await
 }
 
 /// Sends a test event to one endpoint (`webhooks::send_test_event`); the

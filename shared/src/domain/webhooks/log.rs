@@ -168,6 +168,23 @@ pub async fn deliveries(
         .collect::<Result<Vec<Delivery>, _>>()?)
 }
 
+/// A page of the deliveries to endpoint `id`, newest first, and their
+/// total (the dashboard's delivery log).
+pub async fn deliveries_page(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+    offset: usize,
+    limit: usize,
+) -> Result<(Vec<Delivery>, u64), WebhookError> {
+    let endpoint = get(store, project_id, mode, id).await?;
+    let query = Query::partition(Delivery::log_partition(&endpoint.id))
+        .on(Index::Gsi1)
+        .backward();
+    Ok(crate::domain::record::page_of(store, &query, offset, limit).await?)
+}
+
 /// The delivery of `event_id` to `endpoint_id`, if any.
 pub async fn delivery(
     store: &dyn Store,
