@@ -45,6 +45,11 @@ pub enum Provider {
 impl Provider {
     pub const ALL: [Provider; 3] = [Provider::Esewa, Provider::Khalti, Provider::Fonepay];
 
+    /// The provider named `name` (`esewa`, `khalti`, `fonepay`).
+    pub fn parse(name: &str) -> Option<Provider> {
+        Provider::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Provider::Esewa => "esewa",

@@ -41,10 +41,6 @@ const FIELDS: [(Provider, &[Field]); 3] = [
     ),
 ];
 
-fn provider_named(name: &str) -> Option<Provider> {
-    Provider::ALL.into_iter().find(|p| p.as_str() == name)
-}
-
 async fn show(
     state: &AppState,
     signed: &Signed,
@@ -122,7 +118,7 @@ async fn show(
 pub async fn page(State(state): State<AppState>, signed: Signed, RawQuery(raw): RawQuery) -> Page {
     signed.require(Permission::Secrets)?;
     let q = query(&raw);
-    let notice = q.get("saved").and_then(|p| provider_named(p)).map(|p| {
+    let notice = q.get("saved").and_then(|p| Provider::parse(p)).map(|p| {
         format!(
             "{} credentials saved and sealed; they are never shown again.",
             p.as_str()
@@ -134,7 +130,7 @@ pub async fn page(State(state): State<AppState>, signed: Signed, RawQuery(raw): 
 pub async fn set(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
     let f = signed.action_form(Permission::Secrets, &body)?;
     let value = |name: &str| f.get(name).map(|v| v.trim().to_owned()).unwrap_or_default();
-    let creds = match f.get("provider").and_then(|p| provider_named(p)) {
+    let creds = match f.get("provider").and_then(|p| Provider::parse(p)) {
         Some(Provider::Esewa) => ProviderCredentials::Esewa {
             product_code: value("product_code"),
             secret_key: value("secret_key"),

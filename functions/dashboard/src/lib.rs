@@ -583,8 +583,8 @@ async fn switch_view(State(state): State<AppState>, signed: Signed, body: Bytes)
     signed.check_csrf(&f)?;
     let mode = match f.get("mode").map(String::as_str) {
         Some("live") => Mode::Live,
-        Some("sandbox") | None => Mode::Sandbox,
-        Some(_) => {
+        Some("sandbox") => Mode::Sandbox,
+        _ => {
             return Err(fail(shared::refusal::Refusal::invalid(
                 "mode",
                 "Choose sandbox or live",
@@ -670,17 +670,12 @@ async fn payments_page(
     };
     let provider = match named("provider") {
         "" => None,
-        p => Some(
-            shared::domain::Provider::ALL
-                .into_iter()
-                .find(|x| x.as_str() == p)
-                .ok_or_else(|| {
-                    fail(shared::refusal::Refusal::invalid(
-                        "provider",
-                        "No such provider",
-                    ))
-                })?,
-        ),
+        p => Some(shared::domain::Provider::parse(p).ok_or_else(|| {
+            fail(shared::refusal::Refusal::invalid(
+                "provider",
+                "No such provider",
+            ))
+        })?),
     };
     let (list, total) = payments::list_filtered(
         &*state.store,
@@ -737,7 +732,7 @@ async fn payment_view(
         .await
         .map_err(fail)?
         .ok_or_else(|| fail(shared::refusal::Refusal::not_found("payment", id)))?;
-    let (refunds, _) = refunds::list(&*state.store, project, mode, Some(id), 0, 100)
+    let (refunds, _) = refunds::of_payment(&*state.store, &payment.id, 0, 100)
         .await
         .map_err(fail)?;
     let nav = nav(state, signed, "payments").await?;

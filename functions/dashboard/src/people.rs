@@ -94,10 +94,6 @@ pub async fn page(State(state): State<AppState>, signed: Signed, RawQuery(raw): 
     show(&state, &signed, notice, None, StatusCode::OK).await
 }
 
-fn role_named(name: &str) -> Option<Role> {
-    Role::parse(name)
-}
-
 pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
     let f = signed.action_form(Permission::People, &body)?;
     let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
@@ -105,7 +101,7 @@ pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
     else {
         return Err(crate::expired_form());
     };
-    let Some(role) = f.get("role").and_then(|r| role_named(r)) else {
+    let Some(role) = f.get("role").and_then(|r| Role::parse(r)) else {
         return show(
             &state,
             &signed,
@@ -220,7 +216,7 @@ pub async fn change(
     }
     let what = match (
         f.get("do").map(String::as_str),
-        f.get("role").and_then(|r| role_named(r)),
+        f.get("role").and_then(|r| Role::parse(r)),
     ) {
         (Some("role"), Some(role)) => UserChange::Role(role),
         (Some("disable"), _) => UserChange::Disabled(true),

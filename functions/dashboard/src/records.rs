@@ -21,10 +21,6 @@ use shared::domain::webhooks::{self, Delivery, Endpoint, WebhookError};
 use crate::pages::{Nav, label, layout, pager, rupees, status_badge, when};
 use crate::{PAGE, Page, Signed, Stop, expired_form, fail, nav, page_number, query};
 
-fn npr(p: i64) -> String {
-    rupees(p)
-}
-
 fn pages_of(total: u64) -> usize {
     (total as usize).div_ceil(PAGE).max(1)
 }
@@ -339,8 +335,8 @@ fn link_amount(l: &PaymentLink) -> String {
         (Some(a), _, _) => a.display_npr(),
         (None, min, max) => format!(
             "{} to {}",
-            min.map(npr).unwrap_or_else(|| "any".into()),
-            max.map(npr).unwrap_or_else(|| "any".into())
+            min.map(rupees).unwrap_or_else(|| "any".into()),
+            max.map(rupees).unwrap_or_else(|| "any".into())
         ),
     }
 }
@@ -442,8 +438,8 @@ pub async fn invoices_page(
                         tr {
                             td { a href={ "/dashboard/invoices/" (i.id) } { (i.invoice_number.as_deref().unwrap_or("draft")) } br; span.muted { (i.id) } }
                             td { (i.buyer.as_ref().map(|b| label(&b.name)).unwrap_or_default()) }
-                            td.num { (npr(i.total_amount)) }
-                            td.num { (npr(i.amount_paid)) }
+                            td.num { (rupees(i.total_amount)) }
+                            td.num { (rupees(i.amount_paid)) }
                             td { (status_badge(&label(&i.document_status))) " " (status_badge(&label(&i.collection_status))) }
                             td { (when(i.due_at)) }
                         }
@@ -483,8 +479,8 @@ pub async fn invoice_page(
             dl.facts {
                 dt { "Invoice" } dd { (i.id) }
                 dt { "State" } dd { (status_badge(&label(&i.document_status))) " " (status_badge(&label(&i.collection_status))) }
-                dt { "Total" } dd { (npr(i.total_amount)) }
-                dt { "Paid" } dd { (npr(i.amount_paid)) }
+                dt { "Total" } dd { (rupees(i.total_amount)) }
+                dt { "Paid" } dd { (rupees(i.amount_paid)) }
                 dt { "Due" } dd { (when(i.due_at)) }
                 @if let Some(note) = &i.note { dt { "Note" } dd { (note) } }
             }
@@ -494,7 +490,7 @@ pub async fn invoice_page(
             table {
                 thead { tr { th scope="col" { "Description" } th.num scope="col" { "Quantity" } th.num scope="col" { "Amount" } } }
                 tbody { @for l in &i.lines {
-                    tr { td { (l.description) } td.num { (l.quantity) } td.num { (npr(l.line_total)) } }
+                    tr { td { (l.description) } td.num { (l.quantity) } td.num { (rupees(l.line_total)) } }
                 } }
             }
         }
@@ -709,7 +705,7 @@ pub async fn add_endpoint(State(state): State<AppState>, signed: Signed, body: B
             )
             .await;
         }
-        Err(e) => return Err(webhook_failure(e)),
+        Err(e) => return Err(fail(e)),
     };
     crate::audit(&state, &signed, "webhook.add", &endpoint.id, &endpoint.url).await;
     let nav = nav(&state, &signed, "webhooks").await?;
@@ -748,7 +744,7 @@ pub async fn change_endpoint(
             };
             webhooks::patch(&state, project, mode, &id, patch)
                 .await
-                .map_err(webhook_failure)?;
+                .map_err(fail)?;
             crate::audit(&state, &signed, &format!("webhook.{on}"), &id, "").await;
             Ok(crate::see_other(&format!("/dashboard/webhooks/{id}")))
         }
@@ -758,7 +754,7 @@ pub async fn change_endpoint(
                 // Gone already (a second click): the same outcome, and
                 // nothing to log.
                 Err(WebhookError::NotFound(_)) => {}
-                Err(e) => return Err(webhook_failure(e)),
+                Err(e) => return Err(fail(e)),
             }
             Ok(crate::see_other(&format!(
                 "/dashboard/webhooks?deleted={id}"
@@ -796,15 +792,8 @@ pub async fn resend(
     else {
         return Err(expired_form());
     };
-    // The endpoint and delivery first: another's claims nothing.
-    webhooks::get(
-        &*state.store,
-        &signed.session.project_id,
-        signed.session.mode,
-        &id,
-    )
-    .await
-    .map_err(webhook_failure)?;
+    // Claimed first; the domain call then finds the endpoint (another
+    // project's is a 404, which only spends this form's token).
     if let FormClaim::Done(_) = dashboard::claim_form(&*state.store, &fence)
         .await
         .map_err(fail)?
@@ -822,17 +811,13 @@ pub async fn resend(
         &id,
     )
     .await
-    .map_err(webhook_failure)?;
+    .map_err(fail)?;
     if done == webhooks::Resent::Queued {
         crate::audit(&state, &signed, "webhook.resend", &id, &event).await;
     }
     Ok(crate::see_other(&format!(
         "/dashboard/webhooks/{id}?resent={event}"
     )))
-}
-
-fn webhook_failure(e: WebhookError) -> Stop {
-    fail(e)
 }
 
 async fn endpoint_view(
@@ -846,11 +831,11 @@ async fn endpoint_view(
     let (project, mode) = (&signed.session.project_id, signed.session.mode);
     let e = webhooks::get(&*state.store, project, mode, id)
         .await
-        .map_err(webhook_failure)?;
+        .map_err(fail)?;
     let (log, total): (Vec<Delivery>, u64) =
         webhooks::deliveries_page(&*state.store, project, mode, id, (page - 1) * PAGE, PAGE)
             .await
-            .map_err(webhook_failure)?;
+            .map_err(fail)?;
     let nav = nav(state, signed, "webhooks").await?;
     let nonce = dashboard::new_form_nonce();
     let body = markup! {
@@ -973,15 +958,8 @@ pub async fn send_test(
     else {
         return Err(expired_form());
     };
-    // The endpoint first: another merchant's id claims nothing.
-    webhooks::get(
-        &*state.store,
-        &signed.session.project_id,
-        signed.session.mode,
-        &id,
-    )
-    .await
-    .map_err(webhook_failure)?;
+    // Claimed first; the domain call then finds the endpoint (another
+    // project's is a 404, which only spends this form's token).
     if let FormClaim::Done(sent) = dashboard::claim_form(&*state.store, &fence)
         .await
         .map_err(fail)?
@@ -1000,7 +978,7 @@ pub async fn send_test(
         t,
     )
     .await
-    .map_err(webhook_failure)?;
+    .map_err(fail)?;
     if let Err(e) = dashboard::complete_form(&*state.store, &fence, &event.id).await {
         tracing::warn!(error = %e, "form result not recorded");
     }

@@ -46,7 +46,7 @@ pub struct PublicRequest<'a> {
 
 /// The counter name of a client address: an IPv6 client is its /64 (one
 /// subscriber's prefix), an IPv4 client its address.
-fn address_bucket(address: &str) -> String {
+pub fn address_bucket(address: &str) -> String {
     match address.parse::<std::net::IpAddr>() {
         Ok(std::net::IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_none() => {
             let s = v6.segments();
@@ -242,21 +242,52 @@ impl PublicLimits {
             entry.1 += 1;
             return Ok(());
         }
-        let key = crate::keys::throttle(bucket, start);
-        let update = Update::new().add("count", 1).set(TTL, end + 60);
-        let room = Cond::Or(vec![
-            Cond::AttrNotExists("count".into()),
-            Cond::lt("count", i64::from(n)),
-        ]);
-        match store.update(&key, update, Some(room)).await {
-            Ok(_) => Ok(()),
-            Err(StoreError::ConditionFailed) => Err(limited()),
+        match take_slot(store, bucket, i64::from(n), limit.window, now).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(limited()),
             Err(e) => {
                 tracing::warn!(error = %e, limit = limit.name, "public limiter unavailable; request let through");
                 Ok(())
             }
         }
     }
+}
+
+/// Takes one slot of `bucket` in its fixed window of `window` seconds
+/// holding `limit` slots, counted in the store (one conditional `ADD`,
+/// shared by every instance): the slot's key (to give it back with
+/// [`give_back`]), or, when the window is full, the whole seconds until
+/// it ends.
+pub async fn take_slot(
+    store: &dyn Store,
+    bucket: &str,
+    limit: i64,
+    window: i64,
+    now: Timestamp,
+) -> Result<Result<crate::store::Key, i64>, StoreError> {
+    let start = now.unix_seconds().div_euclid(window) * window;
+    let end = start + window;
+    let key = crate::keys::throttle(bucket, start);
+    let update = Update::new().add("count", 1).set(TTL, end + 60);
+    let room = Cond::Or(vec![
+        Cond::AttrNotExists("count".into()),
+        Cond::lt("count", limit),
+    ]);
+    match store.update(&key, update, Some(room)).await {
+        Ok(_) => Ok(Ok(key)),
+        Err(StoreError::ConditionFailed) => {
+            Ok(Err(((end * 1000 - now.unix_millis() + 999) / 1000).max(1)))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Gives back a slot [`take_slot`] took (best effort: a slot not given
+/// back only counts against its window).
+pub async fn give_back(store: &dyn Store, key: &crate::store::Key) {
+    let _ = store
+        .update(key, Update::new().add("count", -1), Some(Cond::Exists))
+        .await;
 }
 
 #[cfg(test)]

@@ -5,7 +5,6 @@
 
 use rand::Rng;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::Mode;
@@ -117,11 +116,6 @@ impl DashboardUser {
     pub fn key(id: &str) -> Key {
         keys::dashboard_user(id)
     }
-}
-
-/// Hex SHA-256: how session cookies are stored.
-fn sha256_hex(s: &str) -> String {
-    hex::encode(Sha256::digest(s.as_bytes()))
 }
 
 /// `n` random letters and digits.

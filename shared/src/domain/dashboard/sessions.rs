@@ -3,6 +3,7 @@
 //! expiry, its CSRF token, the project and mode it looks at, sign-out.
 
 use super::*;
+use crate::limits::public;
 
 /// Random characters of a session cookie after its prefix.
 const TOKEN_RANDOM: usize = 43;
@@ -85,53 +86,13 @@ pub enum SessionEnd {
 }
 
 fn session_key(cookie: &str) -> Key {
-    keys::dashboard_session(&sha256_hex(cookie))
+    keys::dashboard_session(&super::super::account::hash_secret(cookie))
 }
 
 fn well_formed(cookie: &str) -> bool {
     cookie.strip_prefix(TOKEN_PREFIX).is_some_and(|rest| {
         rest.len() == TOKEN_RANDOM && rest.bytes().all(|b| b.is_ascii_alphanumeric())
     })
-}
-
-/// The address's throttle bucket: an IPv6 client is its /64.
-fn address_bucket(address: &str) -> String {
-    match address.parse::<std::net::IpAddr>() {
-        Ok(std::net::IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_none() => {
-            let s = v6.segments();
-            format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
-        }
-        _ => address.chars().take(64).collect(),
-    }
-}
-
-/// Takes one attempt slot of `bucket` if one is left in the window.
-async fn take_attempt(
-    store: &dyn Store,
-    bucket: &str,
-    limit: i64,
-    now: Timestamp,
-) -> Result<Result<Key, i64>, StoreError> {
-    let start = now.unix_seconds().div_euclid(ATTEMPT_WINDOW) * ATTEMPT_WINDOW;
-    let end = start + ATTEMPT_WINDOW;
-    let key = keys::throttle(bucket, start);
-    let update = Update::new().add("count", 1).set(TTL, end + 60);
-    let room = Cond::Or(vec![
-        Cond::AttrNotExists("count".into()),
-        Cond::lt("count", limit),
-    ]);
-    match store.update(&key, update, Some(room)).await {
-        Ok(_) => Ok(Ok(key)),
-        Err(StoreError::ConditionFailed) => Ok(Err((end - now.unix_seconds()).max(1))),
-        Err(e) => Err(e),
-    }
-}
-
-/// Gives a slot back (a successful sign-in is no guess).
-async fn give_back(store: &dyn Store, key: &Key) {
-    let _ = store
-        .update(key, Update::new().add("count", -1), Some(Cond::Exists))
-        .await;
 }
 
 /// Signs a person in from `address`: the throttle first (per email, then
@@ -146,7 +107,7 @@ pub async fn sign_in(
     address: &str,
 ) -> Result<SignedIn, DashboardError> {
     let email = normalize_email(email).map_err(|_| DashboardError::WrongCredentials)?;
-    let from = address_bucket(address);
+    let from = public::address_bucket(address);
     // This address's slots first, then the shared ones: a refusal for one's
     // own guessing never uses a slot others need.
     let buckets = [
@@ -159,11 +120,11 @@ pub async fn sign_in(
     ];
     let mut taken = Vec::new();
     for (bucket, limit) in buckets {
-        match take_attempt(store, &bucket, limit, now).await? {
+        match public::take_slot(store, &bucket, limit, ATTEMPT_WINDOW, now).await? {
             Ok(key) => taken.push(key),
             Err(retry_after) => {
                 for key in &taken {
-                    give_back(store, key).await;
+                    public::give_back(store, key).await;
                 }
                 return Err(DashboardError::Throttled { retry_after });
             }
@@ -180,7 +141,7 @@ pub async fn sign_in(
         _ => return Err(DashboardError::WrongCredentials),
     };
     for key in &taken {
-        give_back(store, key).await;
+        public::give_back(store, key).await;
     }
     if user.disabled {
         return Err(DashboardError::Disabled);

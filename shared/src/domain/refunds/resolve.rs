@@ -226,14 +226,27 @@ pub async fn list(
             {
                 return Ok((Vec::new(), 0));
             }
-            Query::partition(Refund::payment_partition(pid))
-                .on(Index::Gsi2)
-                .backward()
+            return of_payment(store, pid, offset, limit).await;
         }
         None => Query::partition(Refund::list_partition(project_id, mode))
             .on(Index::Gsi1)
             .backward(),
     };
+    crate::domain::record::page_of(store, &query, offset, limit).await
+}
+
+/// A page of the refunds of `payment_id`, newest first, and the total,
+/// for a caller that has already found the payment in its project and
+/// mode (the dashboard's payment page); [`list`] checks that itself.
+pub async fn of_payment(
+    store: &dyn Store,
+    payment_id: &str,
+    offset: usize,
+    limit: usize,
+) -> Result<(Vec<Refund>, u64), StoreError> {
+    let query = Query::partition(Refund::payment_partition(payment_id))
+        .on(Index::Gsi2)
+        .backward();
     crate::domain::record::page_of(store, &query, offset, limit).await
 }
 
