@@ -285,6 +285,12 @@ pub fn payment_refunds(payment_id: &str) -> String {
     format!("PAY#{payment_id}#REF")
 }
 
+/// The events about a payment (its own partition, by event id: oldest
+/// first), written with each event: the payment's timeline.
+pub fn payment_events(payment_id: &str) -> String {
+    format!("PAY#{payment_id}#EVT")
+}
+
 /// One delivery of an event to an endpoint.
 pub fn delivery(event_id: &str, endpoint_id: &str) -> Key {
     Key::new(format!("EVT#{event_id}"), format!("WHD#{endpoint_id}"))
@@ -480,6 +486,7 @@ mod tests {
         assert_eq!(HELD_PAYMENTS, "REVIEW#PAY");
         assert_eq!(shard_of("ab", 4), (97 + 98) % 4);
         assert_eq!(payment_refunds("pay_1"), "PAY#pay_1#REF");
+        assert_eq!(payment_events("pay_1"), "PAY#pay_1#EVT");
         assert_eq!(k(delivery("evt_1", "we_1")), kk("EVT#evt_1", "WHD#we_1"));
         assert_eq!(endpoint_deliveries("we_1"), "WE#we_1#WHD");
         assert_eq!(

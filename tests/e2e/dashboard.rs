@@ -1650,7 +1650,113 @@ async fn webhook_endpoints_are_managed_and_deliveries_resent(which: Which) {
     app.stop().await;
 }
 
+/// A payment's page shows its events in order, each with where it was
+/// delivered, from the payment's own timeline: a real Khalti payment,
+/// then a refund from the dashboard, both heard by a real receiver.
+async fn a_payments_events_are_shown_with_their_deliveries(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let shop = dhukuti_tests::shop::Shop::on(app).await;
+    let app = &shop.app;
+    user(app, &shop.tenant, "owner@asan.example", Role::Owner).await;
+    let (url, seen) = hook_receiver().await;
+    let mut owner = signed_in(app, "owner@asan.example").await;
+    let page = owner.get("/dashboard/webhooks").await;
+    let (token, nonce) = (csrf(&page.body), field(&page.body, "nonce"));
+    let add = [
+        ("csrf", token.as_str()),
+        ("nonce", nonce.as_str()),
+        ("url", url.as_str()),
+        ("event:payment.succeeded", "on"),
+        ("event:refund.succeeded", "on"),
+    ];
+    let r = owner.post("/dashboard/webhooks", &add).await;
+    assert_eq!(r.status, 200, "{}", r.show());
+    let we = shared::domain::webhooks::list(&*app.store, &shop.tenant.project.id, Mode::Sandbox)
+        .await
+        .unwrap_or_default()
+        .first()
+        .map(|e| e.id.clone())
+        .unwrap_or_else(|| panic!("no endpoint"));
+
+    let paid = shop.paid(dhukuti_tests::shop::Via::Khalti, 100_000).await;
+    assert_eq!(
+        hits_reach(&seen, 1).await.len(),
+        1,
+        "payment.succeeded heard"
+    );
+    let path = format!("/dashboard/payments/{paid}");
+    let page = owner.get(&path).await;
+    let nonce = field(&page.body, "nonce");
+    let r = owner
+        .post(
+            &format!("{path}/refund"),
+            &[
+                ("csrf", token.as_str()),
+                ("nonce", nonce.as_str()),
+                ("amount", "300"),
+                ("reason", "other"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    assert_eq!(
+        hits_reach(&seen, 2).await.len(),
+        2,
+        "refund.succeeded heard"
+    );
+
+    // Both deliveries are recorded as they end; the page shows them so.
+    let delivered = format!(
+        "<a href=\"/dashboard/webhooks/{we}\">{we}</a> <span class=\"status success\">success</span> 1 attempt, answered 200"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let page = loop {
+        let page = owner.get(&path).await;
+        let done = page.body.matches(&delivered).count() == 2;
+        if done || std::time::Instant::now() > deadline {
+            break page;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(page.status, 200, "{}", page.show());
+    let events = page
+        .body
+        .split("<h2 id=\"events-title\">")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no events section: {}", page.show()));
+    assert_eq!(events.matches(&delivered).count(), 2, "{events}");
+    let succeeded = events.find("payment.succeeded");
+    let refunded = events.find("refund.succeeded");
+    assert!(
+        succeeded.is_some() && refunded.is_some() && succeeded < refunded,
+        "oldest first: {events}"
+    );
+    let heard: Vec<serde_json::Value> = seen
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|b| serde_json::from_str(b).unwrap_or_default())
+        .collect();
+    for event in &heard {
+        let id = event["id"].as_str().unwrap_or("?");
+        assert!(events.contains(id), "event {id} shown: {events}");
+    }
+
+    // A payment nothing was said about has no events.
+    let quiet = app
+        .payment(&shop.tenant, Mode::Sandbox, 5_000, Provider::Khalti)
+        .await;
+    let page = owner
+        .get(&format!("/dashboard/payments/{}", quiet.id))
+        .await;
+    assert!(page.body.contains("No events yet."), "{}", page.show());
+    shop.stop().await;
+}
+
 on_both_backends!(
+    a_payments_events_are_shown_with_their_deliveries,
     webhook_endpoints_are_managed_and_deliveries_resent,
     payment_links_are_made_once_and_cancelled,
     an_owner_manages_people,

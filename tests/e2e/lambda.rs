@@ -545,8 +545,8 @@ async fn outbox_event(state: &AppState, f: &Fixture) -> shared::domain::outbox::
         serde_json::json!({"id": f.payment_id, "object": "payment", "status": "success"}),
         state.clock.now(),
     );
-    let put = event.put_op().unwrap_or_else(|e| panic!("{e}"));
-    if let Err(e) = state.store.transact(vec![put]).await {
+    let put = event.put_ops().unwrap_or_else(|e| panic!("{e}"));
+    if let Err(e) = state.store.transact(put).await {
         panic!("{e}")
     }
     event

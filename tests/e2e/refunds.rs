@@ -16,8 +16,8 @@
 
 use std::time::{Duration, Instant};
 
-use dhukuti_tests::browser::{Form, form, text};
-use dhukuti_tests::shop::{self, RETURN_URL, Via};
+use dhukuti_tests::browser::text;
+use dhukuti_tests::shop::{self, Via};
 use dhukuti_tests::{Answer, Which, on_both_backends, spawn_app};
 use serde_json::{Value, json};
 use shared::domain::Mode;
@@ -61,88 +61,6 @@ impl Shop {
     /// `POST /v1/checkout`: the new session's id.
     async fn checkout(&self, amount: i64) -> String {
         text(&self.create_checkout(amount).await["id"])
-    }
-
-    /// Picks `via` on the hosted page, follows the hand-off to the
-    /// provider's page and answers its form (the one with the buttons).
-    async fn to_wallet(&self, session: &str, via: Via) -> Form {
-        let base = &self.app.base;
-        let (wallet_url, wallet_prefix) = match via {
-            Via::Esewa => {
-                let page = self.choose(session, &[("provider", "esewa")]).await;
-                assert_eq!(page.status, 200, "{}", page.show());
-                let Some(handoff) = form(&page.body, Some("handoff")) else {
-                    panic!("no hand-off form: {}", page.show())
-                };
-                let at = self
-                    .browser
-                    .post_form(&handoff.action, &handoff.hidden)
-                    .await;
-                (at.redirect(303), "/sim/esewa/wallet/")
-            }
-            Via::Khalti => {
-                let page = self.choose(session, &[("provider", "khalti")]).await;
-                (page.redirect(303), "/sim/khalti/pay")
-            }
-            Via::FonepayWeb => {
-                let page = self
-                    .choose(session, &[("provider", "fonepay"), ("fonepay", "web")])
-                    .await;
-                let to = page.redirect(303);
-                assert!(
-                    to.starts_with(&format!("{base}/sim/fonepay/api/merchantRequest?")),
-                    "{to}"
-                );
-                (
-                    self.browser.get(&to).await.redirect(303),
-                    "/sim/fonepay/web/",
-                )
-            }
-        };
-        assert!(
-            wallet_url.starts_with(&format!("{base}{wallet_prefix}")),
-            "{wallet_url}"
-        );
-        let page = self.browser.get(&wallet_url).await;
-        assert_eq!(page.status, 200, "{}", page.show());
-        let Some(f) = form(&page.body, None) else {
-            panic!("no form on the provider's page: {}", page.show())
-        };
-        f
-    }
-
-    /// A customer pays `amount` through `via`: the payment's id, paid
-    /// (`success`).
-    async fn paid(&self, via: Via, amount: i64) -> String {
-        let s = self.checkout(amount).await;
-        let wallet = self.to_wallet(&s, via).await;
-        let payment = text(&self.session(&s).await["paymentId"]);
-        assert!(payment.starts_with("pay_"), "no attempt for {s}");
-        let mut sent = wallet.hidden.clone();
-        sent.push(("action".into(), "pay".into()));
-        let callback = self
-            .browser
-            .post_form(&wallet.action, &sent)
-            .await
-            .redirect(302);
-        assert!(
-            callback.starts_with(&format!("{}/c/{s}/return/{payment}/ok", self.app.base)),
-            "{callback}"
-        );
-        let back = self.browser.get(&callback).await;
-        assert_eq!(
-            back.redirect(303),
-            format!("{RETURN_URL}?session_id={s}&status=success")
-        );
-        let p = self.payment(&payment).await;
-        assert_eq!(p["status"], "success", "{p}");
-        assert_eq!(p["amount"], amount, "{p}");
-        assert_eq!(p["amountRefunded"], 0, "{p}");
-        assert!(
-            p["providerRef"].as_str().is_some_and(|r| !r.is_empty()),
-            "{p}"
-        );
-        payment
     }
 
     /// The payment's status and refunded total, as the API shows them.

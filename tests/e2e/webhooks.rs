@@ -392,11 +392,11 @@ impl Merchant {
             object,
             SystemClock.now(),
         );
-        let op = match event.put_op() {
-            Ok(op) => op,
+        let ops = match event.put_ops() {
+            Ok(ops) => ops,
             Err(e) => panic!("event op: {e}"),
         };
-        if let Err(e) = self.app.store.transact(vec![op]).await {
+        if let Err(e) = self.app.store.transact(ops).await {
             panic!("event write: {e}");
         }
         event

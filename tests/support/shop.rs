@@ -11,7 +11,7 @@ use shared::domain::outbox::{self, Event};
 use shared::domain::payments::Payment;
 use shared::domain::record::from_item;
 
-use crate::browser::{Browser, Page, fields, text};
+use crate::browser::{Browser, Form, Page, fields, form, text};
 use crate::{Tenant, TestApp};
 
 /// The merchant's pages (nothing listens there: the customer's browser is
@@ -154,6 +154,88 @@ impl Shop {
     }
 
     // --- the customer, through the browser
+
+    /// Picks `via` on the hosted page, follows the hand-off to the
+    /// provider's page and answers its form (the one with the buttons).
+    pub async fn to_wallet(&self, session: &str, via: Via) -> Form {
+        let base = &self.app.base;
+        let (wallet_url, wallet_prefix) = match via {
+            Via::Esewa => {
+                let page = self.choose(session, &[("provider", "esewa")]).await;
+                assert_eq!(page.status, 200, "{}", page.show());
+                let Some(handoff) = form(&page.body, Some("handoff")) else {
+                    panic!("no hand-off form: {}", page.show())
+                };
+                let at = self
+                    .browser
+                    .post_form(&handoff.action, &handoff.hidden)
+                    .await;
+                (at.redirect(303), "/sim/esewa/wallet/")
+            }
+            Via::Khalti => {
+                let page = self.choose(session, &[("provider", "khalti")]).await;
+                (page.redirect(303), "/sim/khalti/pay")
+            }
+            Via::FonepayWeb => {
+                let page = self
+                    .choose(session, &[("provider", "fonepay"), ("fonepay", "web")])
+                    .await;
+                let to = page.redirect(303);
+                assert!(
+                    to.starts_with(&format!("{base}/sim/fonepay/api/merchantRequest?")),
+                    "{to}"
+                );
+                (
+                    self.browser.get(&to).await.redirect(303),
+                    "/sim/fonepay/web/",
+                )
+            }
+        };
+        assert!(
+            wallet_url.starts_with(&format!("{base}{wallet_prefix}")),
+            "{wallet_url}"
+        );
+        let page = self.browser.get(&wallet_url).await;
+        assert_eq!(page.status, 200, "{}", page.show());
+        let Some(f) = form(&page.body, None) else {
+            panic!("no form on the provider's page: {}", page.show())
+        };
+        f
+    }
+
+    /// A customer pays `amount` through `via`: the payment's id, paid
+    /// (`success`).
+    pub async fn paid(&self, via: Via, amount: i64) -> String {
+        let s = text(&self.create_checkout(amount).await["id"]);
+        let wallet = self.to_wallet(&s, via).await;
+        let payment = text(&self.session(&s).await["paymentId"]);
+        assert!(payment.starts_with("pay_"), "no attempt for {s}");
+        let mut sent = wallet.hidden.clone();
+        sent.push(("action".into(), "pay".into()));
+        let callback = self
+            .browser
+            .post_form(&wallet.action, &sent)
+            .await
+            .redirect(302);
+        assert!(
+            callback.starts_with(&format!("{}/c/{s}/return/{payment}/ok", self.app.base)),
+            "{callback}"
+        );
+        let back = self.browser.get(&callback).await;
+        assert_eq!(
+            back.redirect(303),
+            format!("{RETURN_URL}?session_id={s}&status=success")
+        );
+        let p = self.payment(&payment).await;
+        assert_eq!(p["status"], "success", "{p}");
+        assert_eq!(p["amount"], amount, "{p}");
+        assert_eq!(p["amountRefunded"], 0, "{p}");
+        assert!(
+            p["providerRef"].as_str().is_some_and(|r| !r.is_empty()),
+            "{p}"
+        );
+        payment
+    }
 
     /// `POST /c/{id}/pay` with the picker's fields.
     pub async fn choose(&self, session: &str, picked: &[(&str, &str)]) -> Page {

@@ -37,8 +37,10 @@ use shared::domain::analytics;
 use shared::domain::dashboard::{
     self, Actor, DashboardError, DashboardSession, DashboardUser, Permission,
 };
+use shared::domain::outbox;
 use shared::domain::payments::{self, PaymentView};
 use shared::domain::refunds::{self, CreateRefund, RefundError, RefundReason};
+use shared::domain::webhooks;
 use shared::fields::{NepaliMobile, RefundNotes};
 use shared::limits::public;
 
@@ -735,6 +737,7 @@ async fn payment_view(
     let (refunds, _) = refunds::of_payment(&*state.store, &payment.id, 0, 100)
         .await
         .map_err(fail)?;
+    let timeline = timeline(state, &payment.id).await?;
     let nav = nav(state, signed, "payments").await?;
     let attempt = payment.attempt.clone();
     let checks = payment.checks.clone();
@@ -751,6 +754,7 @@ async fn payment_view(
             &attempt,
             &checks,
             &refunds,
+            &timeline,
             pages::Notes {
                 notice,
                 error,
@@ -758,6 +762,32 @@ async fn payment_view(
             },
         ),
     ))
+}
+
+/// The events a payment page shows at most (oldest first), and the
+/// deliveries shown per event.
+pub(crate) const TIMELINE: usize = 20;
+const TIMELINE_DELIVERIES: usize = 10;
+
+/// Payment `id`'s events, oldest first, each with its deliveries (read
+/// side by side). The caller has found the payment in its tenant.
+async fn timeline(state: &AppState, id: &str) -> Result<Vec<pages::TimelineRow>, Stop> {
+    let store = &*state.store;
+    let events = outbox::of_payment(store, id, TIMELINE)
+        .await
+        .map_err(fail)?;
+    let deliveries = futures::future::try_join_all(
+        events
+            .iter()
+            .map(|e| webhooks::deliveries_of_event(store, &e.event_id, TIMELINE_DELIVERIES)),
+    )
+    .await
+    .map_err(fail)?;
+    Ok(events
+        .into_iter()
+        .zip(deliveries)
+        .map(|(event, deliveries)| pages::TimelineRow { event, deliveries })
+        .collect())
 }
 
 /// What a refund form asks for, read from its fields; an error names

@@ -8,8 +8,10 @@ use shared::domain::Mode;
 use shared::domain::account::{ApiKey, KeyKind, Scope};
 use shared::domain::analytics::{DayFigures, Overview};
 use shared::domain::dashboard::{AuditEntry, Permission, Role};
+use shared::domain::outbox::TimelineEntry;
 use shared::domain::payments::{AttemptInfo, Checks, PaymentView};
 use shared::domain::refunds::Refund;
+use shared::domain::webhooks::Delivery;
 use shared::money::Paisa;
 use shared::time::Timestamp;
 
@@ -418,6 +420,7 @@ pub fn payment(
     attempt: &AttemptInfo,
     checks: &Checks,
     refunds: &[Refund],
+    timeline: &[TimelineRow],
     notes: Notes<'_>,
 ) -> String {
     // What is left: the amount less every refund not failed (processing,
@@ -485,12 +488,62 @@ pub fn payment(
                 }
             }
         }
+        (events(timeline))
         @if let (true, Some(nonce)) = (refundable, notes.refund_form) {
             (refund_form(nav, p, left, nonce))
         }
         p { a href="/dashboard/payments" { "← All payments" } }
     };
     layout(nav, &format!("Payment {}", p.id), body)
+}
+
+/// One event of a payment's timeline, with its deliveries.
+pub struct TimelineRow {
+    pub event: TimelineEntry,
+    pub deliveries: Vec<Delivery>,
+}
+
+/// A payment's events, oldest first, and where each was delivered.
+fn events(timeline: &[TimelineRow]) -> Markup {
+    html! {
+        section.panel aria-labelledby="events-title" {
+            h2 id="events-title" { "Events" }
+            @if timeline.is_empty() {
+                p.muted { "No events yet." }
+            } @else {
+                table {
+                    thead { tr {
+                        th scope="col" { "When" }
+                        th scope="col" { "Event" }
+                        th scope="col" { "Deliveries" }
+                    } }
+                    tbody {
+                        @for row in timeline {
+                            tr {
+                                td { (when(row.event.created_at)) }
+                                td { (row.event.event_type.as_str()) br; span.muted { (row.event.event_id) } }
+                                td {
+                                    @if row.deliveries.is_empty() {
+                                        span.muted { "None: no endpoint took it (yet)." }
+                                    }
+                                    @for d in &row.deliveries {
+                                        a href={ "/dashboard/webhooks/" (d.endpoint_id) } { (d.endpoint_id) }
+                                        " " (status_badge(&label(&d.status)))
+                                        " " (d.attempts) @if d.attempts == 1 { " attempt" } @else { " attempts" }
+                                        @if let Some(code) = d.response_status { ", answered " (code) }
+                                        br;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                @if timeline.len() >= crate::TIMELINE {
+                    p.muted { "The first " (crate::TIMELINE) " events are shown." }
+                }
+            }
+        }
+    }
 }
 
 /// A page of refunds, newest first.

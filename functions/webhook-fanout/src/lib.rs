@@ -155,11 +155,11 @@ mod tests {
             json!({"id": "pay_1", "status": "success"}),
             state.clock.now(),
         );
-        let put = match e.put_op() {
-            Ok(op) => op,
+        let put = match e.put_ops() {
+            Ok(ops) => ops,
             Err(err) => panic!("{err}"),
         };
-        if let Err(err) = state.store.transact(vec![put]).await {
+        if let Err(err) = state.store.transact(put).await {
             panic!("{err}")
         }
         e

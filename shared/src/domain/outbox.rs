@@ -7,7 +7,9 @@
 //! `gsi1` (`PROJ#<project>#<mode>#EVT`, newest first), and, until
 //! delivered, through the sparse `gsi2` partition `OUTBOX#<shard>` by id
 //! (oldest first), spread over [`SHARDS`] partitions so no one partition
-//! takes every write.
+//! takes every write. An event about a payment also writes a small entry
+//! in the payment's timeline (`PAY#<payment>#EVT` / `<event id>`), in the
+//! same transaction: the dashboard reads a payment's events from there.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -90,6 +92,9 @@ pub struct Event {
     /// For a test event: the one endpoint it is for (others never get it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_id: Option<String>,
+    /// The payment the event is about, if any (its timeline lists it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_id: Option<String>,
 }
 
 impl Event {
@@ -107,10 +112,18 @@ impl Event {
             project_id: project_id.to_owned(),
             mode,
             created_at: now,
+            payment_id: payment_of(&object),
             object,
             dispatched: false,
             endpoint_id: None,
         }
+    }
+
+    /// The same event, about payment `id` (when its object does not name
+    /// the payment, as a payment link's does not).
+    pub fn about_payment(mut self, id: &str) -> Event {
+        self.payment_id = Some(id.to_owned());
+        self
     }
 
     pub fn key(id: &str) -> Key {
@@ -222,8 +235,28 @@ impl Event {
         out
     }
 
-    /// The transaction write that records this event.
-    pub fn put_op(&self) -> Result<TxOp, StoreError> {
+    /// The transaction writes that record this event: the event, and its
+    /// entry in the timeline of the payment it is about (not for a test
+    /// event, whose payment is made up).
+    pub fn put_ops(&self) -> Result<Vec<TxOp>, StoreError> {
+        let mut ops = vec![self.put_op()?];
+        if let (Some(payment), None) = (&self.payment_id, &self.endpoint_id) {
+            let entry = TimelineEntry {
+                event_id: self.id.clone(),
+                event_type: self.event_type,
+                created_at: self.created_at,
+            };
+            let key = Key::new(keys::payment_events(payment), self.id.clone());
+            ops.push(TxOp::Put {
+                item: to_item(&entry, &key, &[])?,
+                cond: Some(Cond::NotExists),
+            });
+        }
+        Ok(ops)
+    }
+
+    /// The write of the event record alone (see [`Event::put_ops`]).
+    fn put_op(&self) -> Result<TxOp, StoreError> {
         let mut indexes = vec![(
             Index::Gsi1,
             Event::list_partition(&self.project_id, self.mode),
@@ -241,6 +274,47 @@ impl Event {
             cond: Some(Cond::NotExists),
         })
     }
+}
+
+/// The payment an event's object is about: a refund's or an invoice
+/// payment's `paymentId`/`payment_id`, or the payment itself.
+pub fn payment_of(object: &Value) -> Option<String> {
+    ["paymentId", "payment_id"]
+        .iter()
+        .find_map(|k| object.get(*k).and_then(Value::as_str))
+        .or_else(|| {
+            object
+                .get("id")
+                .and_then(Value::as_str)
+                .filter(|id| id.starts_with("pay_"))
+        })
+        .map(str::to_owned)
+}
+
+/// One event in a payment's timeline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TimelineEntry {
+    pub event_id: String,
+    #[serde(rename = "type")]
+    pub event_type: EventType,
+    pub created_at: Timestamp,
+}
+
+/// The events about payment `payment_id`, oldest first (at most
+/// `limit`). The caller has found the payment in its tenant.
+pub async fn of_payment(
+    store: &dyn Store,
+    payment_id: &str,
+    limit: usize,
+) -> Result<Vec<TimelineEntry>, StoreError> {
+    let query = Query::partition(keys::payment_events(payment_id)).limit(limit);
+    store
+        .query(&query)
+        .await?
+        .items
+        .into_iter()
+        .map(from_item)
+        .collect()
 }
 
 /// The project's events in `mode`, newest first (at most `limit`).
@@ -528,7 +602,7 @@ mod tests {
                 now,
             );
             ids.push(e.id.clone());
-            store.transact(vec![e.put_op().unwrap()]).await.unwrap();
+            store.transact(e.put_ops().unwrap()).await.unwrap();
         }
         let listed = recent(&store, "proj_1", Mode::Sandbox, 10).await.unwrap();
         assert_eq!(listed.len(), 6);
@@ -544,6 +618,84 @@ mod tests {
             pending.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
             ids
         );
+    }
+
+    /// A payment's events, a refund's and a payment link's among them,
+    /// are in its timeline in order; a test event and another payment's
+    /// are not.
+    #[tokio::test]
+    async fn a_payments_events_make_its_timeline() {
+        let store = EmbeddedStore::in_memory().unwrap();
+        let now = Timestamp::parse("2026-11-22T10:00:00Z").unwrap();
+        let record = |e: &Event| store.transact(e.put_ops().unwrap());
+        let paid = Event::new(
+            EventType::PaymentSucceeded,
+            "proj_1",
+            Mode::Sandbox,
+            json!({"id": "pay_1", "status": "success"}),
+            now,
+        );
+        let link = Event::new(
+            EventType::PaymentLinkPaid,
+            "proj_1",
+            Mode::Sandbox,
+            json!({"id": "lnk_1"}),
+            now,
+        )
+        .about_payment("pay_1");
+        let refund = Event::new(
+            EventType::RefundSucceeded,
+            "proj_1",
+            Mode::Sandbox,
+            json!({"id": "ref_1", "paymentId": "pay_1"}),
+            now,
+        );
+        let other = Event::new(
+            EventType::PaymentFailed,
+            "proj_1",
+            Mode::Sandbox,
+            json!({"id": "pay_2"}),
+            now,
+        );
+        let mut test = Event::new(
+            EventType::PaymentSucceeded,
+            "proj_1",
+            Mode::Sandbox,
+            json!({"id": "pay_1"}),
+            now,
+        );
+        test.endpoint_id = Some("we_1".into());
+        for e in [&paid, &link, &refund, &other, &test] {
+            record(e).await.unwrap();
+        }
+        let timeline = of_payment(&store, "pay_1", 10).await.unwrap();
+        let seen: Vec<(&str, EventType)> = timeline
+            .iter()
+            .map(|t| (t.event_id.as_str(), t.event_type))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (paid.id.as_str(), EventType::PaymentSucceeded),
+                (link.id.as_str(), EventType::PaymentLinkPaid),
+                (refund.id.as_str(), EventType::RefundSucceeded),
+            ]
+        );
+        assert_eq!(timeline[0].created_at, now);
+        assert_eq!(of_payment(&store, "pay_1", 2).await.unwrap().len(), 2);
+        // The event itself remembers its payment (the delivery log's).
+        assert_eq!(
+            get(&store, &link.id)
+                .await
+                .unwrap()
+                .unwrap()
+                .payment_id
+                .as_deref(),
+            Some("pay_1")
+        );
+        // Written once: recording the same event again is refused whole.
+        assert!(record(&paid).await.is_err());
+        assert_eq!(of_payment(&store, "pay_1", 10).await.unwrap().len(), 3);
     }
 
     #[tokio::test]

@@ -275,10 +275,10 @@ pub(super) fn event_op(
     kind: EventType,
     payment: &Payment,
     now: Timestamp,
-) -> Result<TxOp, StoreError> {
+) -> Result<Vec<TxOp>, StoreError> {
     let view = serde_json::to_value(PaymentView::from(payment.clone()))
         .map_err(|e| StoreError::Invalid(e.to_string()))?;
-    Event::new(kind, &payment.project_id, payment.mode, view, now).put_op()
+    Event::new(kind, &payment.project_id, payment.mode, view, now).put_ops()
 }
 
 /// `cond`, and no hold for review: a settlement never lands over a hold
@@ -434,7 +434,7 @@ pub(super) fn plan(
                             after, base, false,
                         ))
                         .map_err(|e| StoreError::Invalid(e.to_string()))?;
-                        ops.push(
+                        ops.extend(
                             Event::new(
                                 EventType::PaymentLinkPaid,
                                 &p.project_id,
@@ -442,7 +442,8 @@ pub(super) fn plan(
                                 view,
                                 now,
                             )
-                            .put_op()?,
+                            .about_payment(&p.id)
+                            .put_ops()?,
                         );
                     }
                 }
@@ -472,7 +473,7 @@ pub(super) fn plan(
             // From pending, processing or cancelled (the condition above):
             // a payment becomes a success once.
             tally.payment_succeeded(p);
-            ops.push(event_op(EventType::PaymentSucceeded, &next, now)?);
+            ops.extend(event_op(EventType::PaymentSucceeded, &next, now)?);
         }
         Decision::Failed(reason) | Decision::Cancelled(reason) | Decision::NotStarted(reason) => {
             if !is_open(p.status) {
@@ -561,7 +562,7 @@ pub(super) fn plan(
             } else {
                 EventType::PaymentCancelled
             };
-            ops.push(event_op(kind, &next, now)?);
+            ops.extend(event_op(kind, &next, now)?);
         }
     }
     tally.apply_to(&mut ops)?;

@@ -227,8 +227,8 @@ pub fn allocation_ops(
             // The payment that settled it (the delivery log's `paymentId`).
             o.insert("payment_id".into(), json!(payment_id));
         }
-        ops.push(
-            Event::new(EventType::InvoicePaid, &inv.project_id, inv.mode, view, now).put_op()?,
+        ops.extend(
+            Event::new(EventType::InvoicePaid, &inv.project_id, inv.mode, view, now).put_ops()?,
         );
     }
     Ok(ops)

@@ -82,19 +82,17 @@ pub(super) async fn mark_refunded(
     after.updated_at = now;
     let view = serde_json::to_value(PaymentView::from(after))
         .map_err(|e| StoreError::Invalid(e.to_string()))?;
-    let ops = vec![
-        TxOp::Update {
-            key: Payment::key(&p.id),
-            update: Update::new()
-                .set("status", "refunded")
-                .set("updated_at", now.to_rfc3339()),
-            cond: Some(Cond::And(vec![
-                Cond::eq("status", "success"),
-                Cond::ge("amount_refunded", p.amount.get()),
-            ])),
-        },
-        Event::new(EventType::PaymentRefunded, &p.project_id, p.mode, view, now).put_op()?,
-    ];
+    let mut ops = vec![TxOp::Update {
+        key: Payment::key(&p.id),
+        update: Update::new()
+            .set("status", "refunded")
+            .set("updated_at", now.to_rfc3339()),
+        cond: Some(Cond::And(vec![
+            Cond::eq("status", "success"),
+            Cond::ge("amount_refunded", p.amount.get()),
+        ])),
+    }];
+    ops.extend(Event::new(EventType::PaymentRefunded, &p.project_id, p.mode, view, now).put_ops()?);
     for attempt in 0..TRIES {
         match store.transact(ops.clone()).await {
             Ok(()) => return Ok(()),
@@ -142,7 +140,7 @@ pub(super) fn resolve_ops(
                     .set("updated_at", stamp.clone()),
                 cond: Some(Cond::Exists),
             });
-            ops.push(event(EventType::RefundSucceeded, &next, now)?);
+            ops.extend(event(EventType::RefundSucceeded, &next, now)?);
         }
         Outcome::Failed(why) => {
             next.status = RefundStatus::Failed;
@@ -155,7 +153,7 @@ pub(super) fn resolve_ops(
                 update: Update::new().add(RESERVED, -r.amount.get()),
                 cond: Some(Cond::Exists),
             });
-            ops.push(event(EventType::RefundFailed, &next, now)?);
+            ops.extend(event(EventType::RefundFailed, &next, now)?);
         }
         Outcome::RequiresAction(why) => {
             refund_update = refund_update
@@ -178,10 +176,10 @@ pub(super) fn resolve_ops(
     Ok(ops)
 }
 
-pub(super) fn event(kind: EventType, r: &Refund, now: Timestamp) -> Result<TxOp, StoreError> {
+pub(super) fn event(kind: EventType, r: &Refund, now: Timestamp) -> Result<Vec<TxOp>, StoreError> {
     let view = serde_json::to_value(RefundView::from(r.clone()))
         .map_err(|e| StoreError::Invalid(e.to_string()))?;
-    Event::new(kind, &r.project_id, r.mode, view, now).put_op()
+    Event::new(kind, &r.project_id, r.mode, view, now).put_ops()
 }
 
 /// The refund `id` of any project.

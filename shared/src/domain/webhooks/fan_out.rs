@@ -77,7 +77,10 @@ pub async fn fan_out(state: &Deps, event: &Event) -> Result<usize, DispatchError
             endpoint_id: endpoint.id.clone(),
             project_id: event.project_id.clone(),
             mode: event.mode,
-            payment_id: payment_id_of(&event.object),
+            payment_id: event
+                .payment_id
+                .clone()
+                .or_else(|| outbox::payment_of(&event.object)),
             status: DeliveryStatus::Pending,
             attempts: 0,
             response_status: None,

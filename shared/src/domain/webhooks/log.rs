@@ -185,6 +185,25 @@ pub async fn deliveries_page(
     Ok(crate::domain::record::page_of(store, &query, offset, limit).await?)
 }
 
+/// The deliveries of event `event_id` (one per endpoint it went to, at
+/// most `limit`). The caller has found the event's payment in its tenant.
+pub async fn deliveries_of_event(
+    store: &dyn Store,
+    event_id: &str,
+    limit: usize,
+) -> Result<Vec<Delivery>, StoreError> {
+    let query = Query::partition(Event::key(event_id).pk)
+        .sk(SkCond::BeginsWith(keys::delivery(event_id, "").sk))
+        .limit(limit);
+    store
+        .query(&query)
+        .await?
+        .items
+        .into_iter()
+        .map(from_item)
+        .collect()
+}
+
 /// The delivery of `event_id` to `endpoint_id`, if any.
 pub async fn delivery(
     store: &dyn Store,
@@ -195,20 +214,6 @@ pub async fn delivery(
         Some(item) => Ok(Some(from_item(item)?)),
         None => Ok(None),
     }
-}
-
-/// The payment an event is about, for the delivery log's `paymentId`.
-pub(super) fn payment_id_of(object: &Value) -> Option<String> {
-    ["paymentId", "payment_id"]
-        .iter()
-        .find_map(|k| object.get(*k).and_then(Value::as_str))
-        .or_else(|| {
-            object
-                .get("id")
-                .and_then(Value::as_str)
-                .filter(|id| id.starts_with("pay_"))
-        })
-        .map(str::to_owned)
 }
 
 // --------------------------------------------------------------- fan-out

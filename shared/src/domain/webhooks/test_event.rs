@@ -56,6 +56,6 @@ pub async fn send_test_event(
     let now = state.clock.now();
     let mut event = Event::new(t, project_id, mode, sample_object(t, mode, now), now);
     event.endpoint_id = Some(endpoint.id.clone());
-    state.store.transact(vec![event.put_op()?]).await?;
+    state.store.transact(event.put_ops()?).await?;
     Ok(event)
 }

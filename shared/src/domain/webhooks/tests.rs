@@ -71,14 +71,14 @@ fn endpoints_want_their_events_only_while_enabled() {
 #[test]
 fn the_payment_of_an_event_is_found_in_its_object() {
     assert_eq!(
-        payment_id_of(&json!({"id": "pay_1"})).as_deref(),
+        outbox::payment_of(&json!({"id": "pay_1"})).as_deref(),
         Some("pay_1")
     );
     assert_eq!(
-        payment_id_of(&json!({"id": "ref_1", "paymentId": "pay_2"})).as_deref(),
+        outbox::payment_of(&json!({"id": "ref_1", "paymentId": "pay_2"})).as_deref(),
         Some("pay_2")
     );
-    assert_eq!(payment_id_of(&json!({"id": "oinv_1"})), None);
+    assert_eq!(outbox::payment_of(&json!({"id": "oinv_1"})), None);
 }
 
 #[test]
@@ -97,7 +97,7 @@ fn test_events_have_a_plausible_object() {
         let o = sample_object(t, Mode::Sandbox, now);
         assert_eq!(o["test"], true, "{t:?}");
         assert!(
-            payment_id_of(&o).is_some_and(|p| p.starts_with("pay_")),
+            outbox::payment_of(&o).is_some_and(|p| p.starts_with("pay_")),
             "{t:?}"
         );
     }
@@ -165,7 +165,7 @@ mod dispatching {
         );
         state
             .store
-            .transact(vec![event.put_op().unwrap()])
+            .transact(event.put_ops().unwrap())
             .await
             .unwrap();
         let client = state.webhooks.client().unwrap();
@@ -686,6 +686,53 @@ mod dispatching {
 
     // ------------------------------------------------ the delivery log
 
+    /// An event's deliveries are found from the event, one per endpoint,
+    /// and nothing else of its partition (the event record) is read as one.
+    #[tokio::test]
+    async fn an_events_deliveries_are_found_from_the_event() {
+        let f = fixture().await;
+        assert!(
+            deliveries_of_event(&*f.state.store, &f.event.id, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let (second, _) = create(
+            &f.state,
+            "proj_1",
+            Mode::Sandbox,
+            CreateEndpoint {
+                url: "http://127.0.0.1:9/other".into(),
+                events: None,
+                enabled: None,
+            },
+            None,
+        )
+        .await
+        .unwrap();
+        assert_eq!(fan_out(&f.state, &f.event).await.unwrap(), 2);
+        let found = deliveries_of_event(&*f.state.store, &f.event.id, 10)
+            .await
+            .unwrap();
+        let mut to: Vec<&str> = found.iter().map(|d| d.endpoint_id.as_str()).collect();
+        to.sort_unstable();
+        let mut want = vec![f.endpoint.id.as_str(), second.id.as_str()];
+        want.sort_unstable();
+        assert_eq!(to, want);
+        assert!(
+            found
+                .iter()
+                .all(|d| d.payment_id.as_deref() == Some("pay_1"))
+        );
+        assert_eq!(
+            deliveries_of_event(&*f.state.store, &f.event.id, 1)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
     #[tokio::test]
     async fn the_delivery_log_answers_the_newest_fifty_newest_first() {
         let f = fixture().await;
@@ -701,7 +748,7 @@ mod dispatching {
             );
             f.state
                 .store
-                .transact(vec![event.put_op().unwrap()])
+                .transact(event.put_ops().unwrap())
                 .await
                 .unwrap();
             assert_eq!(fan_out(&f.state, &event).await.unwrap(), 1);
