@@ -57,4 +57,14 @@ impl Provider {
             Provider::Fonepay => "fonepay",
         }
     }
+
+    /// The provider's name as people write it (`eSewa`, `Khalti`,
+    /// `Fonepay`), for pages and messages.
+    pub fn display_name(self) -> &'static str {
+        match self {
+            Provider::Esewa => "eSewa",
+            Provider::Khalti => "Khalti",
+            Provider::Fonepay => "Fonepay",
+        }
+    }
 }

@@ -1182,12 +1182,94 @@ async fn provider_credentials_are_set_and_never_shown(which: Which) {
         owner_store_scan.push_str(&serde_json::Value::Object(item).to_string());
     }
     assert!(!owner_store_scan.contains(SECRET), "sealed in the store");
+
+    // Asking Khalti: the key set is not one it knows, then one it knows.
+    let r = ask(&mut dev, &token, "khalti").await;
+    assert_eq!(r.status, 200, "{}", r.show());
+    assert!(
+        r.body
+            .contains("role=\"alert\">Khalti refused the credentials")
+            && r.body.contains("Invalid token."),
+        "{}",
+        r.show()
+    );
+    assert!(!r.body.contains(SECRET));
+    let known = dhukuti::simulators::KHALTI_TEST_SECRET_KEY;
+    let r = dev
+        .post(
+            "/dashboard/credentials",
+            &[
+                ("csrf", &token),
+                ("provider", "khalti"),
+                ("secret_key", known),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let r = ask(&mut dev, &token, "khalti").await;
+    assert!(
+        r.body
+            .contains("role=\"status\">Khalti accepted the credentials"),
+        "{}",
+        r.show()
+    );
+    assert!(!r.body.contains(known), "never shown back");
+    // eSewa: nothing to ask; none stored: said so; a viewer may not ask.
+    let r = dev
+        .post(
+            "/dashboard/credentials",
+            &[
+                ("csrf", &token),
+                ("provider", "esewa"),
+                ("product_code", "EPAYTEST"),
+                ("secret_key", "8gBm/:&EnhH.1/q"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let r = ask(&mut dev, &token, "esewa").await;
+    assert!(
+        r.body.contains("eSewa has no call that proves"),
+        "{}",
+        r.show()
+    );
+    let r = ask(&mut dev, &token, "fonepay").await;
+    assert_eq!(r.status, 422, "{}", r.show());
+    assert!(r.body.contains("No Fonepay credentials"), "{}", r.show());
+    let r = dev
+        .post("/dashboard/credentials/check", &[("provider", "khalti")])
+        .await;
+    assert_eq!(r.status, 403, "no CSRF token: {}", r.show());
+    let viewer_token = csrf(&viewer.get("/dashboard").await.body);
+    let r = viewer
+        .post(
+            "/dashboard/credentials/check",
+            &[("csrf", viewer_token.as_str()), ("provider", "khalti")],
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.show());
+
     user(&app, &t, "owner@himal.np", Role::Owner).await;
     let mut owner = signed_in(&app, "owner@himal.np").await;
     let audit = owner.get("/dashboard/audit").await;
     assert!(audit.body.contains("credentials.set"), "{}", audit.show());
+    assert!(audit.body.contains("credentials.check"), "{}", audit.show());
+    assert!(
+        audit.body.contains("refused") && audit.body.contains("accepted"),
+        "{}",
+        audit.show()
+    );
     assert!(!audit.body.contains(SECRET));
     app.stop().await;
+}
+
+/// Presses "Ask <provider>" on the credentials page.
+async fn ask(dev: &mut Dash, token: &str, provider: &str) -> Answer {
+    dev.post(
+        "/dashboard/credentials/check",
+        &[("csrf", token), ("provider", provider)],
+    )
+    .await
 }
 
 async fn an_owner_manages_people(which: Which) {

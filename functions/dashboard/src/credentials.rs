@@ -1,7 +1,9 @@
 //! Provider credentials in the dashboard: which providers the project has
 //! credentials for in this mode, whether each still opens with the master
-//! key, and a form per provider to set them. Values go in and are never
-//! shown back (the page has no field holding one). Owners and developers.
+//! key, a button asking the provider whether they work
+//! (`credentials::ask_provider`), and a form per provider to set them.
+//! Values go in and are never shown back (the page has no field holding
+//! one). Owners and developers.
 
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
@@ -10,10 +12,12 @@ use http::StatusCode;
 use maud::html as markup;
 use shared::AppState;
 use shared::domain::Provider;
-use shared::domain::credentials::{self, CredentialsError, ProviderCredentials};
+use shared::domain::credentials::{self, Asked, CredentialsError, ProviderCredentials};
 use shared::domain::dashboard::Permission;
 
 use crate::pages::{layout, status_badge, when};
+use shared::providers::probe::Verdict;
+
 use crate::{Page, Signed, fail, nav, query, see_other};
 
 /// One field of a provider's form: its name, its label, whether it is a
@@ -81,13 +85,23 @@ async fn show(
                 p { "No provider credentials in this mode: payments use Dhukuti's sandbox accounts, or cannot start live." }
             } @else {
                 table {
-                    thead { tr { th scope="col" { "Provider" } th scope="col" { "Check" } th scope="col" { "Sealed with" } th scope="col" { "Set" } } }
+                    thead { tr {
+                        th scope="col" { "Provider" } th scope="col" { "Opens with the master key" }
+                        th scope="col" { "Sealed with" } th scope="col" { "Set" } th scope="col" { "Do they work?" }
+                    } }
                     tbody { @for (c, verdict) in &rows {
                         tr {
                             td { (c.provider.as_str()) }
                             td { (status_badge(if verdict == "ok" { "success" } else { "failed" })) " " (verdict) }
                             td { (c.key_id) }
                             td { (when(c.updated_at)) }
+                            td {
+                                form method="post" action="/dashboard/credentials/check" {
+                                    input type="hidden" name="csrf" value=(nav.csrf);
+                                    input type="hidden" name="provider" value=(c.provider.as_str());
+                                    button type="submit" { "Ask " (c.provider.display_name()) }
+                                }
+                            }
                         }
                     } }
                 }
@@ -125,6 +139,74 @@ pub async fn page(State(state): State<AppState>, signed: Signed, RawQuery(raw): 
         )
     });
     show(&state, &signed, notice.as_deref(), None, StatusCode::OK).await
+}
+
+/// Asks the provider whether the project's credentials there work, and
+/// shows its verdict (never a value).
+pub async fn check(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
+    let f = signed.action_form(Permission::Secrets, &body)?;
+    let Some(provider) = f.get("provider").and_then(|p| Provider::parse(p)) else {
+        return show(
+            &state,
+            &signed,
+            None,
+            Some("Choose a provider"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        )
+        .await;
+    };
+    let asked = credentials::ask_provider(
+        &*state.store,
+        &state.providers,
+        &signed.session.project_id,
+        signed.session.mode,
+        provider,
+        state.clock.now(),
+    )
+    .await
+    .map_err(|e| fail(shared::refusal::Refusal::internal(&e)))?;
+    let name = provider.display_name();
+    let verdict = match asked {
+        Asked::NoneStored => {
+            let why = format!("No {name} credentials of this project in this mode to ask about.");
+            return show(
+                &state,
+                &signed,
+                None,
+                Some(&why),
+                StatusCode::UNPROCESSABLE_ENTITY,
+            )
+            .await;
+        }
+        Asked::Throttled { retry_after } => {
+            let why = format!(
+                "Too many checks for this project lately: ask again in {} minutes.",
+                (retry_after + 59) / 60
+            );
+            return show(
+                &state,
+                &signed,
+                None,
+                Some(&why),
+                StatusCode::TOO_MANY_REQUESTS,
+            )
+            .await;
+        }
+        Asked::Verdict(v) => v,
+    };
+    crate::audit(
+        &state,
+        &signed,
+        "credentials.check",
+        provider.as_str(),
+        verdict.word(),
+    )
+    .await;
+    let said = verdict.message();
+    match verdict {
+        Verdict::Refused(_) => show(&state, &signed, None, Some(said), StatusCode::OK).await,
+        _ => show(&state, &signed, Some(said), None, StatusCode::OK).await,
+    }
 }
 
 pub async fn set(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {

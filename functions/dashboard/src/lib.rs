@@ -100,6 +100,7 @@ pub fn router(state: AppState) -> Router {
                 "/dashboard/credentials",
                 get(credentials::page).post(credentials::set),
             )
+            .route("/dashboard/credentials/check", post(credentials::check))
             .route("/dashboard/keys/{id}/rotate", post(keys::rotate))
             .route("/dashboard/keys/{id}/revoke", post(keys::revoke))
             .route("/dashboard/audit", get(audit_page))

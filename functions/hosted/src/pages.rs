@@ -91,14 +91,6 @@ fn summary(s: &CheckoutSession) -> String {
     )
 }
 
-pub fn provider_name(p: Provider) -> &'static str {
-    match p {
-        Provider::Esewa => "eSewa",
-        Provider::Khalti => "Khalti",
-        Provider::Fonepay => "Fonepay",
-    }
-}
-
 /// The picker: one radio per offered provider (the session's own
 /// pre-selected), the address form when collected, and one submit button.
 pub fn picker(
@@ -136,7 +128,7 @@ pub fn picker(
         body.push_str(&format!(
             "<label class=option for=provider-{v}><input type=radio name=provider value={v} id=provider-{v}{checked}>{name}</label>",
             v = p.as_str(),
-            name = provider_name(*p),
+            name = p.display_name(),
         ));
     }
     body.push_str("</fieldset>");
@@ -264,7 +256,7 @@ pub fn confirming(s: &CheckoutSession, merchant: &str, provider: Provider) -> St
          <p id=state>We are checking with {} that your payment went through. This page moves on by itself.</p></div>\
          <p class=muted><a href=\"/c/{}?choose=1\">Choose another way to pay</a></p>",
         summary(s),
-        provider_name(provider),
+        provider.display_name(),
         esc(&s.id)
     );
     layout(

@@ -30,6 +30,7 @@ use super::record::{from_item, to_item};
 use super::{Mode, Provider};
 use crate::keys;
 use crate::providers::hub::{HubError, ProviderHub};
+use crate::providers::probe::{self, Verdict};
 use crate::store::{Cond, Key, Query, SkCond, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
@@ -428,6 +429,57 @@ pub async fn for_provider(
         })
 }
 
+/// Provider checks ([`ask_provider`]) a project may ask for per
+/// [`CHECK_WINDOW`] seconds, across every person and instance: each is
+/// a call to the provider on the project's credentials.
+pub const CHECKS_PER_WINDOW: i64 = 10;
+pub const CHECK_WINDOW: i64 = 600;
+
+/// What [`ask_provider`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Asked {
+    /// The provider's answer, read for what it says of the credentials.
+    Verdict(Verdict),
+    /// The project has no credentials of its own there.
+    NoneStored,
+    /// Too many checks lately: the seconds until one may be asked again.
+    Throttled { retry_after: i64 },
+}
+
+/// Asks `provider` whether the project's own credentials in `mode` work
+/// ([`crate::providers::probe`]: one read-only call, none for eSewa),
+/// within [`CHECKS_PER_WINDOW`]. The gateway's sandbox accounts are never
+/// asked about.
+pub async fn ask_provider(
+    store: &dyn Store,
+    hub: &ProviderHub,
+    project_id: &str,
+    mode: Mode,
+    provider: Provider,
+    now: Timestamp,
+) -> Result<Asked, HubError> {
+    let keys = hub.keys().ok_or(CredentialsError::MissingKey)?;
+    let Some(creds) = get_credentials(store, keys, project_id, mode, provider).await? else {
+        return Ok(Asked::NoneStored);
+    };
+    let bucket = format!("CREDCHECK#{project_id}");
+    let taken =
+        crate::limits::public::take_slot(store, &bucket, CHECKS_PER_WINDOW, CHECK_WINDOW, now)
+            .await
+            .map_err(CredentialsError::from)?;
+    if let Err(retry_after) = taken {
+        return Ok(Asked::Throttled { retry_after });
+    }
+    let verdict = match hub.client(mode, provider) {
+        Ok(client) => probe::ask(client, &creds).await,
+        Err(e) => Verdict::Unknown(format!(
+            "{} cannot be asked from here: {e}",
+            provider.display_name()
+        )),
+    };
+    Ok(Asked::Verdict(verdict))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -501,6 +553,59 @@ mod tests {
             username: "fp-user-9841000001".into(),
             password: "p@ssw0rd-fonepay-xyz".into(),
         }
+    }
+
+    /// The project's own credentials are asked about, one call each, at
+    /// most [`CHECKS_PER_WINDOW`] a window across the project; none
+    /// stored is said so, with no call.
+    #[tokio::test]
+    async fn the_provider_is_asked_about_the_projects_own_credentials() {
+        use crate::providers::mock::Mock;
+        use crate::providers::{ProviderConfig, SandboxAccounts};
+        let store = store();
+        let p = project(&*store).await;
+        let k = keys("k1");
+        let mock = Mock::start().await;
+        let cfg = ProviderConfig::for_base(&mock.base);
+        let hub = ok(
+            ProviderHub::new(&cfg, &cfg, Some(k.clone()), SandboxAccounts::default()),
+            "hub",
+        );
+        let now = SystemClock.now();
+        let ask = |provider| ask_provider(&*store, &hub, &p, Mode::Sandbox, provider, now);
+        assert_eq!(ok(ask(Provider::Khalti).await, "ask"), Asked::NoneStored);
+        assert!(mock.requests().is_empty());
+        ok(
+            put_credentials(&*store, &k, now, &p, Mode::Sandbox, &khalti()).await,
+            "put",
+        );
+        mock.reply(401, r#"{"detail": "Invalid token.", "status_code": 401}"#);
+        match ok(ask(Provider::Khalti).await, "ask") {
+            Asked::Verdict(v) => assert_eq!(v.word(), "refused", "{v:?}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(mock.requests().len(), 1);
+        let sent = mock.last();
+        assert_eq!(
+            sent.header("authorization"),
+            Some("Key live_secret_key_68791341fdd94846a146f0457ff7b455"),
+            "the stored key, opened"
+        );
+        for _ in 1..CHECKS_PER_WINDOW {
+            assert!(matches!(
+                ok(ask(Provider::Khalti).await, "ask"),
+                Asked::Verdict(_)
+            ));
+        }
+        assert!(matches!(
+            ok(ask(Provider::Khalti).await, "ask"),
+            Asked::Throttled { retry_after } if retry_after > 0 && retry_after <= CHECK_WINDOW
+        ));
+        assert_eq!(
+            mock.requests().len() as i64,
+            CHECKS_PER_WINDOW,
+            "no call when throttled"
+        );
     }
 
     async fn raw_items(store: &dyn Store, project_id: &str) -> Vec<crate::store::Item> {

@@ -26,6 +26,7 @@ pub mod fonepay;
 pub mod fonepay_ws;
 pub mod hub;
 pub mod khalti;
+pub mod probe;
 pub mod sign;
 pub mod sms;
 mod transport;
@@ -33,7 +34,7 @@ mod transport;
 #[cfg(test)]
 mod fixtures;
 #[cfg(test)]
-mod mock;
+pub(crate) mod mock;
 
 use async_trait::async_trait;
 
