@@ -120,6 +120,13 @@ impl FromRequestParts<AppState> for AppKey {
     }
 }
 
+/// The keys this process authenticated lately
+/// ([`account::cache`]: revocations elsewhere take effect within
+/// [`account::cache::PRINCIPAL_TTL`]; here at once). One per process, as
+/// the epoch that invalidates it is.
+static PRINCIPALS: std::sync::LazyLock<account::cache::PrincipalCache> =
+    std::sync::LazyLock::new(account::cache::PrincipalCache::new);
+
 /// Authenticates the request's bearer key, then takes one request of the
 /// key's rate limit (429 when over) and records the key's use. The
 /// limiter's decision goes to the request's [`QuotaSlot`] (the edge turns
@@ -127,27 +134,50 @@ impl FromRequestParts<AppState> for AppKey {
 pub async fn authenticate_request(parts: &Parts, state: &AppState) -> Result<Auth, ApiError> {
     let secret = bearer(parts)?;
     let now = state.clock.now();
-    let key = account::authenticate_key(&*state.store, now, secret).await?;
-    // The key is real: its merchant is read while the limiter takes its
-    // slot (one round trip less on DynamoDB). A refusal of the merchant
-    // or the key (403 suspended, 423 paused) still comes first and carries
-    // no rate-limit headers; its slot is taken from a key that can do
-    // nothing anyway.
-    let (key_id, mode) = (key.id.clone(), key.mode);
-    let (principal, quota) = tokio::join!(
-        account::principal_of(&*state.store, key),
-        state.limits.take(&*state.store, &key_id, mode, now)
-    );
-    let principal = principal?;
+    let (principal, quota) = match PRINCIPALS.recall(secret, now) {
+        // Remembered (at most `PRINCIPAL_TTL` old): no store read.
+        Some(principal) => {
+            let principal = principal?;
+            let quota = (state.limits)
+                .take(&*state.store, &principal.key.id, principal.mode(), now)
+                .await;
+            (principal, quota)
+        }
+        None => {
+            let epoch = account::cache::epoch();
+            let key = account::authenticate_key(&*state.store, now, secret).await?;
+            // The key is real: its merchant is read while the limiter takes
+            // its slot (one round trip less on DynamoDB). A refusal of the
+            // merchant or the key (403 suspended, 423 paused) still comes
+            // first and carries no rate-limit headers; its slot is taken
+            // from a key that can do nothing anyway.
+            let (key_id, mode) = (key.id.clone(), key.mode);
+            let (principal, quota) = tokio::join!(
+                account::principal_of(&*state.store, key),
+                state.limits.take(&*state.store, &key_id, mode, now)
+            );
+            let principal = principal?;
+            PRINCIPALS.remember(&principal, now, epoch);
+            (principal, quota)
+        }
+    };
     if let Some(slot) = parts.extensions.get::<QuotaSlot>() {
         slot.set(quota);
     }
     if quota.limited() {
         return Err(quota.error());
     }
-    if let Err(e) = account::record_use(&*state.store, &principal.key, now).await {
+    let fresh_since = now.plus(-account::LAST_USED_EVERY);
+    let stale = principal.key.last_used_at.is_none_or(|t| t < fresh_since);
+    match account::record_use(&*state.store, &principal.key, now).await {
+        // Written now, or by another instance meanwhile (the write's
+        // condition failed): the remembered copy is fresh either way.
+        Ok(_) if stale => PRINCIPALS.used(&principal.key.key_hash, now),
+        Ok(_) => {}
         // Bookkeeping only: the request goes on.
-        tracing::warn!(error = %e, key_id = %principal.key.id, "last_used_at not recorded");
+        Err(e) => {
+            tracing::warn!(error = %e, key_id = %principal.key.id, "last_used_at not recorded");
+        }
     }
     Ok(Auth(principal))
 }

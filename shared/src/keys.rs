@@ -341,6 +341,11 @@ pub fn rate_window(key_id: &str, start: i64) -> Key {
     Key::new(format!("RATE#{key_id}#{start}"), "RATE")
 }
 
+/// Whether `key` is a per-key rate counter ([`rate_window`]).
+pub fn is_rate_window(key: &Key) -> bool {
+    key.sk == "RATE" && key.pk.starts_with("RATE#")
+}
+
 /// A public route's budget `bucket` in the window starting at `start`.
 pub fn throttle(bucket: &str, start: i64) -> Key {
     Key::new(format!("THROTTLE#{bucket}#{start}"), "THROTTLE")

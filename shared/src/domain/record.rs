@@ -44,8 +44,12 @@ pub async fn page_of<T: DeserializeOwned>(
     offset: usize,
     limit: usize,
 ) -> Result<(Vec<T>, u64), StoreError> {
-    let items = query_window(store, query, offset, limit).await?;
-    let total = store.count(query).await?;
+    // Side by side: one round trip's wait, not two.
+    let (items, total) = tokio::join!(
+        query_window(store, query, offset, limit),
+        store.count(query)
+    );
+    let (items, total) = (items?, total?);
     let records = items
         .into_iter()
         .map(from_item)

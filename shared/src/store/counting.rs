@@ -8,10 +8,12 @@ use async_trait::async_trait;
 
 use super::{Cond, Item, Key, Query, QueryPage, Store, StoreError, TxOp, Update};
 
-/// Forwards to an inner store and counts every call.
+/// Forwards to an inner store and counts every call, and apart the
+/// per-key rate limiter's (its counters' updates).
 pub struct CountingStore {
     inner: Arc<dyn Store>,
     calls: AtomicU64,
+    limiter: AtomicU64,
 }
 
 impl CountingStore {
@@ -19,12 +21,23 @@ impl CountingStore {
         CountingStore {
             inner,
             calls: AtomicU64::new(0),
+            limiter: AtomicU64::new(0),
         }
     }
 
     /// Calls made so far.
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::Relaxed)
+    }
+
+    /// The rate limiter's calls among them.
+    pub fn limiter_calls(&self) -> u64 {
+        self.limiter.load(Ordering::Relaxed)
+    }
+
+    /// Calls made so far, the rate limiter's left out.
+    pub fn calls_besides_limiter(&self) -> u64 {
+        self.calls() - self.limiter_calls()
     }
 
     fn tick(&self) {
@@ -57,6 +70,9 @@ impl Store for CountingStore {
         cond: Option<Cond>,
     ) -> Result<Item, StoreError> {
         self.tick();
+        if crate::keys::is_rate_window(key) {
+            self.limiter.fetch_add(1, Ordering::Relaxed);
+        }
         self.inner.update(key, update, cond).await
     }
     async fn delete(&self, key: &Key, cond: Option<Cond>) -> Result<(), StoreError> {

@@ -161,10 +161,11 @@ pub async fn suspend_merchant(
     let value =
         serde_json::to_value(&suspension).map_err(|e| StoreError::Invalid(e.to_string()))?;
     let update = Update::new().set("suspension", value);
-    store
+    let written = store
         .update(&Merchant::key(merchant_id), update, Some(Cond::Exists))
-        .await
-        .map(|_| ())
+        .await;
+    super::cache::changed();
+    written.map(|_| ())
 }
 
 /// Pauses one key: its calls answer 423 until resumed.
@@ -175,14 +176,15 @@ pub async fn pause_api_key(
 ) -> Result<(), StoreError> {
     let value = serde_json::to_value(&pause).map_err(|e| StoreError::Invalid(e.to_string()))?;
     let update = Update::new().set("pause", value);
-    store
+    let written = store
         .update(
             &ApiKey::key_for_hash(&key.key_hash),
             update,
             Some(Cond::Exists),
         )
-        .await
-        .map(|_| ())
+        .await;
+    super::cache::changed();
+    written.map(|_| ())
 }
 
 /// The merchant `id`, if it exists.
@@ -221,10 +223,11 @@ pub async fn reinstate_merchant(
     merchant_id: &str,
 ) -> Result<Merchant, StoreError> {
     let update = Update::new().remove("suspension");
-    let item = store
+    let written = store
         .update(&Merchant::key(merchant_id), update, Some(Cond::Exists))
-        .await?;
-    from_item(item)
+        .await;
+    super::cache::changed();
+    from_item(written?)
 }
 
 /// Moves a merchant to `plan` (its plan-derived entitlements follow at
@@ -236,10 +239,11 @@ pub async fn set_plan(
 ) -> Result<Merchant, StoreError> {
     let value = serde_json::to_value(plan).map_err(|e| StoreError::Invalid(e.to_string()))?;
     let update = Update::new().set("plan", value);
-    let item = store
+    let written = store
         .update(&Merchant::key(merchant_id), update, Some(Cond::Exists))
-        .await?;
-    from_item(item)
+        .await;
+    super::cache::changed();
+    from_item(written?)
 }
 
 /// Turns live one-time invoices of a project on or off (sandbox always has

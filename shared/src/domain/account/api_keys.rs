@@ -53,9 +53,11 @@ pub async fn find_api_key(
 /// it was already revoked.
 pub async fn revoke_api_key(store: &dyn Store, key: &ApiKey) -> Result<(), StoreError> {
     let cond = Cond::And(vec![Cond::Exists, Cond::eq("id", key.id.as_str())]);
-    store
+    let deleted = store
         .delete(&ApiKey::key_for_hash(&key.key_hash), Some(cond))
-        .await
+        .await;
+    super::cache::changed();
+    deleted
 }
 
 /// How long a rotated key keeps working unless the caller says otherwise.
@@ -132,7 +134,7 @@ pub async fn rotate_api_key(
     };
     let expiry_value =
         serde_json::to_value(old_expiry).map_err(|e| StoreError::Invalid(e.to_string()))?;
-    store
+    let written = store
         .transact(vec![
             TxOp::Put {
                 item: new_item,
@@ -147,7 +149,9 @@ pub async fn rotate_api_key(
                 ])),
             },
         ])
-        .await?;
+        .await;
+    super::cache::changed();
+    written?;
     let mut old_key = old.clone();
     old_key.expires_at = Some(old_expiry);
     Ok(Rotation {

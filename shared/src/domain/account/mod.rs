@@ -21,6 +21,7 @@ use crate::time::Timestamp;
 mod admin;
 mod api_keys;
 mod auth;
+pub mod cache;
 #[cfg(test)]
 mod tests;
 mod view;

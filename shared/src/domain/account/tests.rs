@@ -555,3 +555,104 @@ async fn a_publishable_key_authenticates_only_with_its_own_prefix() {
         Some(AuthError::Invalid)
     );
 }
+
+// ------------------------------------------------ the principal cache
+
+/// A key authenticated once and remembered in `cache` under the epoch
+/// read before the read; the epoch it was remembered under.
+async fn remembered(
+    store: &dyn Store,
+    cache: &cache::PrincipalCache,
+    secret: &str,
+    now: Timestamp,
+) -> u64 {
+    let epoch = cache::epoch();
+    let p = match authenticate(store, now, secret).await {
+        Ok(p) => p,
+        Err(e) => panic!("{e:?}"),
+    };
+    cache.remember(&p, now, epoch);
+    epoch
+}
+
+/// Remembered for 30 s by the hash of the secret; an expiry is checked
+/// on every recall. Tests in this process may bump the epoch at any time
+/// (a revocation elsewhere): a check is made only when it held still.
+#[tokio::test]
+async fn an_authenticated_key_is_remembered_for_thirty_seconds() {
+    let store = store();
+    let (_, project) = setup(&*store).await;
+    let now = SystemClock.now();
+    let mut expiring = all_scopes(Mode::Live);
+    expiring.expires_at = Some(now.plus(chrono::Duration::seconds(10)));
+    let Ok((secret, key)) = issue_api_key(&*store, now, &project, expiring).await else {
+        panic!("key")
+    };
+    let mut checked = 0;
+    for _ in 0..100 {
+        let cache = cache::PrincipalCache::new();
+        let epoch = remembered(&*store, &cache, &secret, now).await;
+        let soon = cache.recall(&secret, now.plus(chrono::Duration::seconds(9)));
+        let expired = cache.recall(&secret, now.plus(chrono::Duration::seconds(10)));
+        let later = cache.recall(&secret, now.plus(cache::PRINCIPAL_TTL));
+        let before = cache.recall(&secret, now.plus(chrono::Duration::seconds(-1)));
+        let other = cache.recall("sk_live_notthesecret", now);
+        if cache::epoch() != epoch {
+            continue;
+        }
+        assert!(
+            matches!(soon, Some(Ok(ref p)) if p.key.id == key.id),
+            "{soon:?}"
+        );
+        assert!(
+            matches!(expired, Some(Err(AuthError::Expired))),
+            "{expired:?}"
+        );
+        assert!(later.is_none() && before.is_none() && other.is_none());
+        checked += 1;
+        break;
+    }
+    assert_eq!(checked, 1, "the epoch never held still");
+}
+
+/// A revocation, a pause, a suspension or a plan change in this process
+/// is seen by the next request; a read made before such a change is never
+/// remembered as current.
+#[tokio::test]
+async fn a_change_in_this_process_is_seen_at_once() {
+    let store = store();
+    let (merchant, project) = setup(&*store).await;
+    let now = SystemClock.now();
+    let Ok((secret, key)) = issue_api_key(&*store, now, &project, all_scopes(Mode::Live)).await
+    else {
+        panic!("key")
+    };
+    let cache = cache::PrincipalCache::new();
+    remembered(&*store, &cache, &secret, now).await;
+    assert!(set_plan(&*store, &merchant.id, Plan::Pro).await.is_ok());
+    assert!(cache.recall(&secret, now).is_none(), "the plan changed");
+    remembered(&*store, &cache, &secret, now).await;
+    let pause = Pause {
+        reason: "review".into(),
+        paused_at: now,
+    };
+    assert!(pause_api_key(&*store, &key, pause).await.is_ok());
+    assert!(cache.recall(&secret, now).is_none(), "paused");
+    assert!(matches!(
+        authenticate(&*store, now, &secret).await,
+        Err(AuthError::Paused(_))
+    ));
+    // Read before a change, remembered after it: not remembered.
+    let epoch = cache::epoch();
+    let Ok((other_secret, other)) =
+        issue_api_key(&*store, now, &project, all_scopes(Mode::Live)).await
+    else {
+        panic!("key")
+    };
+    let Ok(p) = authenticate(&*store, now, &other_secret).await else {
+        panic!("auth")
+    };
+    assert!(revoke_api_key(&*store, &other).await.is_ok());
+    cache.remember(&p, now, epoch);
+    assert!(cache.recall(&other_secret, now).is_none(), "revoked");
+}

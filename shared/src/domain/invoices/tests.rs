@@ -241,7 +241,15 @@ fn allocation_fills_the_balance_then_the_excess() {
         at: now,
     });
     let ops = allocation_ops(&inv, "pay_b", 5_000, now).unwrap();
-    assert_eq!(ops.len(), 2, "the invoice and invoice.paid");
+    assert_eq!(
+        ops.len(),
+        3,
+        "the invoice, invoice.paid and its entry in the paying payment's timeline"
+    );
+    let TxOp::Put { item: entry, .. } = &ops[2] else {
+        panic!("{ops:?}")
+    };
+    assert_eq!(entry.get("pk"), Some(&json!("PAY#pay_b#EVT")));
     let TxOp::Put { item, .. } = &ops[0] else {
         panic!("{ops:?}")
     };
