@@ -1051,6 +1051,18 @@ fn link_uses_are_held_and_released_by_functions_that_may() {
     }
 }
 
+/// A checkout that names a provider needing the project's credentials
+/// checks that they exist inside its transaction (no read before it).
+#[test]
+fn a_checkout_may_check_credentials_in_its_transaction() {
+    let t = template();
+    let actions = table_actions(function(&t, "CheckoutFunction", "checkout"));
+    assert!(
+        actions.iter().any(|a| a == "dynamodb:ConditionCheckItem"),
+        "{actions:?}"
+    );
+}
+
 /// The sweep resolves refunds left pending as well as payments: the same
 /// item rights as Refunds on the table, and the indexes.
 #[test]

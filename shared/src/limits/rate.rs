@@ -262,6 +262,9 @@ struct Lease {
     served: u32,
     /// Requests admitted here in the window before, if it was the last one.
     served_before: u32,
+    /// Held while a lease is asked for: one at a time per key here, so
+    /// concurrent requests wait for its slots instead of leasing more.
+    gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Leased slots per key in this instance (see the module documentation).
@@ -274,17 +277,24 @@ enum Found {
     Slot(Window, u32),
     /// The window is known full.
     Full(Window),
-    /// Lease a block of this many slots of this window.
-    Lease(Window, u32),
+    /// Lease (one request at a time: hold the gate).
+    Lease(Arc<tokio::sync::Mutex<()>>),
 }
 
 impl Leases {
     async fn take(&self, store: &dyn Store, key_id: &str, limit: u32, now: Timestamp) -> Quota {
         let limit = limit.max(1);
+        let gate = match self.find(key_id, limit, now) {
+            Found::Slot(w, remaining) => return w.quota(limit, remaining, None),
+            Found::Full(w) => return w.quota(limit, 0, Some(w.retry_after(now))),
+            Found::Lease(gate) => gate,
+        };
+        let _leasing = gate.lock().await;
+        // Another request may have leased while this one waited.
         let (window, block) = match self.find(key_id, limit, now) {
             Found::Slot(w, remaining) => return w.quota(limit, remaining, None),
             Found::Full(w) => return w.quota(limit, 0, Some(w.retry_after(now))),
-            Found::Lease(w, block) => (w, block),
+            Found::Lease(_) => self.block(key_id, limit, now),
         };
         let mut got = lease(store, key_id, window, block, limit).await;
         if matches!(got, Ok(None)) && block > 1 {
@@ -295,10 +305,12 @@ impl Leases {
                 let remaining = self.leased(key_id, window, limit, count, block);
                 window.quota(limit, remaining, None)
             }
-            Ok(None) => {
-                self.mark_full(key_id, window);
-                window.quota(limit, 0, Some(window.retry_after(now)))
-            }
+            // Full: unless a lease of this instance's that ran meanwhile
+            // left a slot in hand.
+            Ok(None) => match self.full(key_id, window) {
+                Some(position) => window.quota(limit, remaining(limit, position), None),
+                None => window.quota(limit, 0, Some(window.retry_after(now))),
+            },
             Err(e) => {
                 tracing::warn!(error = %e, key_id, "rate limiter unavailable; request let through");
                 window.quota(limit, limit.saturating_sub(1), None)
@@ -323,6 +335,7 @@ impl Leases {
             *l = Lease {
                 window: current.start,
                 served_before,
+                gate: l.gate.clone(),
                 ..Lease::default()
             };
         }
@@ -335,15 +348,26 @@ impl Leases {
         if l.full {
             return Found::Full(window);
         }
-        // What this instance will likely serve in the rest of the window:
-        // at the pace of the last window, or of this one so far if faster.
+        Found::Lease(l.gate.clone())
+    }
+
+    /// The window to lease in and the block to ask for: what this
+    /// instance will likely serve in the rest of the window, at the pace
+    /// of the last window or of this one so far if faster (a busy window
+    /// grows its blocks), at most [`max_block`].
+    fn block(&self, key_id: &str, limit: u32, now: Timestamp) -> (Window, u32) {
+        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let (window, served, served_before) = match map.get(key_id) {
+            Some(l) => (Window { start: l.window }, l.served, l.served_before),
+            None => (Window::of(now), 0, 0),
+        };
         let left_ms = (window.reset() * 1000 - now.unix_millis()).clamp(0, 1000);
         let elapsed_ms = (1000 - left_ms).max(1);
-        let pace = i64::from(l.served_before).max(i64::from(l.served) * 1000 / elapsed_ms);
+        let pace = i64::from(served_before).max(i64::from(served) * 1000 / elapsed_ms);
         let block = (pace * left_ms + 999)
             .div_euclid(1000)
             .clamp(1, i64::from(max_block(limit)));
-        Found::Lease(window, u32::try_from(block).unwrap_or(1))
+        (window, u32::try_from(block).unwrap_or(1))
     }
 
     /// Records a lease of `block` slots that left the counter at `count`:
@@ -362,11 +386,15 @@ impl Leases {
         remaining(limit, first)
     }
 
-    fn mark_full(&self, key_id: &str, window: Window) {
+    /// Records that `window`'s counter is full; a slot still in hand (a
+    /// concurrent lease's), if any, goes to the request.
+    fn full(&self, key_id: &str, window: Window) -> Option<i64> {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(l) = map.get_mut(key_id).filter(|l| l.window == window.start) {
-            l.full = true;
-        }
+        let l = map.get_mut(key_id).filter(|l| l.window == window.start)?;
+        l.full = true;
+        let position = l.next_slot()?;
+        l.served += 1;
+        Some(position)
     }
 }
 
@@ -649,6 +677,34 @@ mod tests {
             f.writes,
             f.requests
         );
+    }
+
+    /// Concurrent requests of one instance lease side by side; every slot
+    /// they leased is handed out before any request is refused, so exactly
+    /// the limit passes, with distinct Remaining values.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_requests_of_one_instance_use_every_leased_slot() {
+        for round in 0..20 {
+            let store = store();
+            let limits = Arc::new(RateLimits::new(100, 25));
+            let t = at("2026-11-22T01:00:00.100Z");
+            let calls = (0..40).map(|_| {
+                let (store, limits) = (store.clone(), limits.clone());
+                tokio::spawn(async move { limits.take(&*store, "ak_c", Mode::Sandbox, t).await })
+            });
+            let quotas: Vec<Quota> = futures::future::join_all(calls)
+                .await
+                .into_iter()
+                .filter_map(Result::ok)
+                .collect();
+            let mut left: Vec<u32> = quotas
+                .iter()
+                .filter(|q| !q.limited())
+                .map(|q| q.remaining)
+                .collect();
+            left.sort_unstable();
+            assert_eq!(left, (0..25).collect::<Vec<u32>>(), "round {round}");
+        }
     }
 
     #[tokio::test]

@@ -9,11 +9,13 @@ use async_trait::async_trait;
 use super::{Cond, Item, Key, Query, QueryPage, Store, StoreError, TxOp, Update};
 
 /// Forwards to an inner store and counts every call, and apart the
-/// per-key rate limiter's (its counters' updates).
+/// updates of the keys a test sets apart ([`CountingStore::apart`], e.g.
+/// the rate limiter's counters).
 pub struct CountingStore {
     inner: Arc<dyn Store>,
     calls: AtomicU64,
-    limiter: AtomicU64,
+    apart: Option<fn(&Key) -> bool>,
+    apart_calls: AtomicU64,
 }
 
 impl CountingStore {
@@ -21,8 +23,15 @@ impl CountingStore {
         CountingStore {
             inner,
             calls: AtomicU64::new(0),
-            limiter: AtomicU64::new(0),
+            apart: None,
+            apart_calls: AtomicU64::new(0),
         }
+    }
+
+    /// Counts the updates of keys for which `which` holds apart too.
+    pub fn apart(mut self, which: fn(&Key) -> bool) -> Self {
+        self.apart = Some(which);
+        self
     }
 
     /// Calls made so far.
@@ -30,14 +39,14 @@ impl CountingStore {
         self.calls.load(Ordering::Relaxed)
     }
 
-    /// The rate limiter's calls among them.
-    pub fn limiter_calls(&self) -> u64 {
-        self.limiter.load(Ordering::Relaxed)
+    /// The updates set apart among them.
+    pub fn apart_calls(&self) -> u64 {
+        self.apart_calls.load(Ordering::Relaxed)
     }
 
-    /// Calls made so far, the rate limiter's left out.
-    pub fn calls_besides_limiter(&self) -> u64 {
-        self.calls() - self.limiter_calls()
+    /// Calls made so far, those set apart left out.
+    pub fn other_calls(&self) -> u64 {
+        self.calls() - self.apart_calls()
     }
 
     fn tick(&self) {
@@ -70,8 +79,8 @@ impl Store for CountingStore {
         cond: Option<Cond>,
     ) -> Result<Item, StoreError> {
         self.tick();
-        if crate::keys::is_rate_window(key) {
-            self.limiter.fetch_add(1, Ordering::Relaxed);
+        if self.apart.is_some_and(|apart| apart(key)) {
+            self.apart_calls.fetch_add(1, Ordering::Relaxed);
         }
         self.inner.update(key, update, cond).await
     }

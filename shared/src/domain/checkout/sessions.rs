@@ -683,10 +683,12 @@ pub fn new_session(creator: &Creator, valid: ValidCheckout, now: Timestamp) -> C
     }
 }
 
-/// Creates a session: checks the chosen provider is enabled, then one
-/// transaction of the session, the key's spend counter (when it has a cap)
-/// and the request's idempotency fence. A request whose first run already
-/// committed (its fence is there) answers the session that run created.
+/// Creates a session in one transaction: the session, the key's spend
+/// counter (when it has a cap), the request's idempotency fence and, when
+/// the request names a provider that needs the project's own credentials
+/// (live, or Fonepay), a check that they are there (no read before). A
+/// request whose first run already committed (its fence is there) answers
+/// the session that run created.
 pub async fn create(
     store: &dyn Store,
     creator: &Creator,
@@ -694,12 +696,10 @@ pub async fn create(
     now: Timestamp,
     fence: Option<&Fence>,
 ) -> Result<CheckoutSession, CheckoutError> {
-    if let Some(p) = valid.provider {
-        let enabled = providers(store, &creator.project_id, creator.mode).await?;
-        if !enabled.iter().any(|x| x.provider == p && x.enabled) {
-            return Err(CheckoutError::ProviderUnavailable(p));
-        }
-    }
+    // Enabled without credentials (sandbox eSewa and Khalti), or with them.
+    let needs_credentials = valid
+        .provider
+        .filter(|p| !is_enabled(*p, creator.mode, false));
     let spend = spend_op(creator, valid.amount.get(), now)?;
     crate::domain::active::touch(store, &creator.project_id, creator.mode, now).await?;
     let session = new_session(creator, valid, now);
@@ -720,6 +720,13 @@ pub async fn create(
         ops.push(f.op(&session.id));
         ops.len() - 1
     });
+    let credentials_at = needs_credentials.map(|p| {
+        ops.push(TxOp::Check {
+            key: keys::credentials(&creator.project_id, creator.mode, p),
+            cond: Cond::Exists,
+        });
+        (p, ops.len() - 1)
+    });
     // The day's counters, in the same transaction (after the ops above,
     // whose indexes the error handling reads).
     let mut tally = stats::Tally::new();
@@ -734,6 +741,11 @@ pub async fn create(
                 if let (Some(f), Some(i)) = (fence, fence_at) {
                     if Fence::tripped(&e, i) {
                         return first_run_session(store, creator, f).await;
+                    }
+                }
+                if let Some((p, i)) = credentials_at {
+                    if failed_at(&e, i) {
+                        return Err(CheckoutError::ProviderUnavailable(p));
                     }
                 }
                 if let Some(i) = counter_at {
