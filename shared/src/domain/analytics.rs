@@ -437,7 +437,10 @@ mod tests {
             cond: None,
         }];
         t.apply_to(&mut ops).unwrap();
-        assert_eq!(ops.len(), 1);
+        // And the payment's all-time count, on its session's item.
+        assert_eq!(ops.len(), 2);
+        let all_time = crate::domain::totals::item_key("proj_1", Mode::Sandbox, &s.id);
+        assert_eq!(ops[1].key(), Some(all_time));
         let TxOp::Update { update, .. } = &ops[0] else {
             panic!("not an update")
         };
@@ -575,10 +578,12 @@ mod tests {
         t.session_paid(&s);
         t.payment_succeeded(&p);
         let key = counter_key("proj_1", Mode::Sandbox, now, &s.id);
-        assert_eq!(t.keys(), vec![&key]);
+        // The day's item, and the all-time item of the session's shard.
+        let all_time = crate::domain::totals::item_key("proj_1", Mode::Sandbox, &s.id);
+        assert_eq!(t.keys(), vec![&key, &all_time]);
         let mut ops = Vec::new();
         t.apply_to(&mut ops).unwrap();
-        assert_eq!(ops.len(), 1);
+        assert_eq!(ops.len(), 2);
         assert_eq!(ops[0].key(), Some(key));
         // Without a session id a payment shards on its own id.
         let mut orphan = payment(&s, Provider::Khalti, now);
@@ -587,7 +592,10 @@ mod tests {
         t.payment_created(&orphan);
         assert_eq!(
             t.keys(),
-            vec![&counter_key("proj_1", Mode::Sandbox, now, "pay_1")]
+            vec![
+                &counter_key("proj_1", Mode::Sandbox, now, "pay_1"),
+                &crate::domain::totals::item_key("proj_1", Mode::Sandbox, "pay_1")
+            ]
         );
     }
 

@@ -20,6 +20,7 @@ pub mod refunds;
 #[cfg(test)]
 mod roundtrip;
 pub mod sms;
+pub mod totals;
 pub mod webhooks;
 
 pub use crate::kinds::{Mode, Provider};

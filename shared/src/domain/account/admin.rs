@@ -59,6 +59,7 @@ pub async fn create_project(
         marker.insert(crate::store::PK.into(), key.pk.into());
         marker.insert(crate::store::SK.into(), key.sk.into());
         marker.insert("since".into(), now.to_rfc3339().into());
+        marker.insert(super::super::totals::PAYMENTS_COVERED.into(), true.into());
         ops.push(TxOp::Put {
             item: marker,
             cond: None,

@@ -42,13 +42,11 @@
 //! [`SHARDS`] may change without moving data. The overview reads
 //! O(days × shards) small items with one paginated query.
 
-use serde_json::Value;
-
 use super::{CheckoutSession, SessionStatus};
 use crate::domain::payments::Payment;
 use crate::domain::{Mode, Provider};
 use crate::keys;
-use crate::store::{Key, MAX_TX_OPS, Query, SK, SkCond, Store, StoreError, TTL, TxOp, Update};
+use crate::store::{Key, MAX_TX_OPS, Store, StoreError, TTL, TxOp, Update};
 use crate::time::Timestamp;
 
 /// A day's counters are kept this long after the day (then dropped by
@@ -82,10 +80,7 @@ pub(crate) fn provider_volume(p: Provider) -> String {
 /// says the counters cover every session of the project: a project from
 /// before them is counted the old way.
 fn totals_key(project_id: &str, mode: Mode, session_id: &str) -> Key {
-    Key::new(
-        keys::stats_partition(project_id, mode),
-        keys::stats_totals(shard_of(session_id)),
-    )
+    crate::domain::totals::item_key(project_id, mode, session_id)
 }
 
 const TOTAL: &str = "total";
@@ -119,34 +114,18 @@ pub async fn session_totals(
     project_id: &str,
     mode: Mode,
 ) -> Result<Option<SessionTotals>, StoreError> {
-    let query = Query::partition(keys::stats_partition(project_id, mode))
-        .sk(SkCond::BeginsWith(keys::STATS_TOTALS_PREFIX.into()));
-    let mut totals = SessionTotals::default();
-    let mut marked = false;
-    let mut query = query;
-    loop {
-        let page = store.query(&query).await?;
-        for item in &page.items {
-            if item.get(SK).and_then(Value::as_str) == Some(keys::STATS_TOTALS_MARKER) {
-                marked = true;
-                continue;
-            }
-            let n = |a: &str| item.get(a).and_then(Value::as_i64).unwrap_or(0);
-            totals.total += n(TOTAL);
-            for s in SessionStatus::ALL {
-                let v = n(status_attr(s));
-                match totals.by_status.iter_mut().find(|(x, _)| *x == s) {
-                    Some((_, t)) => *t += v,
-                    None => totals.by_status.push((s, v)),
-                }
-            }
-        }
-        match page.last_key {
-            Some(last) => query.start_after = Some(last),
-            None => break,
-        }
+    let all = crate::domain::totals::read(store, project_id, mode).await?;
+    if all.marker.is_none() {
+        return Ok(None);
     }
-    Ok(marked.then_some(totals))
+    let by_status = SessionStatus::ALL
+        .into_iter()
+        .map(|s| (s, all.sum(status_attr(s))))
+        .collect();
+    Ok(Some(SessionTotals {
+        total: all.sum(TOTAL),
+        by_status,
+    }))
 }
 
 /// The UTC day of `at`, as `YYYY-MM-DD`.
@@ -210,14 +189,9 @@ fn within(key: &Key, want: &Key) -> bool {
                     .is_some_and(|rest| rest.starts_with('#'))))
 }
 
-/// The id a payment's counters shard on: its checkout session's (so it
-/// shares the item of its session), else its own.
+/// The id a payment's counters shard on ([`Payment::counter_shard_id`]).
 fn payment_shard_id(p: &Payment) -> &str {
-    if p.checkout_session_id.is_empty() {
-        &p.id
-    } else {
-        &p.checkout_session_id
-    }
+    p.counter_shard_id()
 }
 
 /// Midnight UTC of the day of `at`.
@@ -315,10 +289,12 @@ impl Tally {
         self.session(s, SESSIONS_PAID);
     }
 
-    /// A payment was created.
+    /// A payment was created (also in the all-time count).
     pub fn payment_created(&mut self, p: &Payment) {
         self.payment(p, PAYMENTS_TOTAL, 1);
         self.payment(p, &provider_count(p.provider), 1);
+        let all_time = totals_key(&p.project_id, p.mode, payment_shard_id(p));
+        self.add_to(all_time, None, crate::domain::totals::PAYMENTS, 1);
     }
 
     /// A payment became `success`.
