@@ -6,7 +6,7 @@
 //!
 //! Starts the local gateway on a file-backed embedded store, makes one
 //! merchant, project and live key, and fills the project with payments
-//! spread over the last 90 days (one in four failed), each written with
+//! scattered over the last 90 days (one in four failed), each written with
 //! its counters as the real write path does (the day's analytics counters
 //! and the all-time payment count). At 10k, 100k and 1M payments it sends
 //! `--samples` requests of each kind, one after another, and prints their
@@ -197,10 +197,12 @@ async fn fill(
     Ok(())
 }
 
-/// Payment number `n`: created `n` minutes before `now`, wrapping at 90
-/// days, one in four failed.
+/// Payment number `n`: created at a minute of the last 90 days that
+/// scatters the first payments over all of them (so every checkpoint has
+/// 90 days of counters: analytics is measured at the same number of days),
+/// one in four failed.
 fn payment(project_id: &str, now: Timestamp, n: usize) -> Payment {
-    let minutes = (n % (90 * 24 * 60)) as i64;
+    let minutes = ((n as i64) * 7919) % (90 * 24 * 60);
     let created = now.plus(chrono::Duration::minutes(-minutes));
     let failed = n % 4 == 3;
     Payment {
