@@ -308,13 +308,7 @@ pub async fn of_payment(
     limit: usize,
 ) -> Result<Vec<TimelineEntry>, StoreError> {
     let query = Query::partition(keys::payment_events(payment_id)).limit(limit);
-    store
-        .query(&query)
-        .await?
-        .items
-        .into_iter()
-        .map(from_item)
-        .collect()
+    super::record::all_of(store, &query).await
 }
 
 /// The project's events in `mode`, newest first (at most `limit`).
@@ -628,42 +622,18 @@ mod tests {
         let store = EmbeddedStore::in_memory().unwrap();
         let now = Timestamp::parse("2026-11-22T10:00:00Z").unwrap();
         let record = |e: &Event| store.transact(e.put_ops().unwrap());
-        let paid = Event::new(
+        let event = |t, object: Value| Event::new(t, "proj_1", Mode::Sandbox, object, now);
+        let paid = event(
             EventType::PaymentSucceeded,
-            "proj_1",
-            Mode::Sandbox,
             json!({"id": "pay_1", "status": "success"}),
-            now,
         );
-        let link = Event::new(
-            EventType::PaymentLinkPaid,
-            "proj_1",
-            Mode::Sandbox,
-            json!({"id": "lnk_1"}),
-            now,
-        )
-        .about_payment("pay_1");
-        let refund = Event::new(
+        let link = event(EventType::PaymentLinkPaid, json!({"id": "lnk_1"})).about_payment("pay_1");
+        let refund = event(
             EventType::RefundSucceeded,
-            "proj_1",
-            Mode::Sandbox,
             json!({"id": "ref_1", "paymentId": "pay_1"}),
-            now,
         );
-        let other = Event::new(
-            EventType::PaymentFailed,
-            "proj_1",
-            Mode::Sandbox,
-            json!({"id": "pay_2"}),
-            now,
-        );
-        let mut test = Event::new(
-            EventType::PaymentSucceeded,
-            "proj_1",
-            Mode::Sandbox,
-            json!({"id": "pay_1"}),
-            now,
-        );
+        let other = event(EventType::PaymentFailed, json!({"id": "pay_2"}));
+        let mut test = event(EventType::PaymentSucceeded, json!({"id": "pay_1"}));
         test.endpoint_id = Some("we_1".into());
         for e in [&paid, &link, &refund, &other, &test] {
             record(e).await.unwrap();

@@ -16,6 +16,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "../local.rs"]
+mod local;
+
 use shared::domain::account::{self, KeyKind, NewKey, Plan, Scope};
 use shared::domain::checkout::stats::Tally;
 use shared::domain::payments::{Payment, PaymentStatus};
@@ -51,20 +54,7 @@ async fn main() -> Result<(), String> {
     std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
     let store: Arc<dyn Store> =
         Arc::new(EmbeddedStore::open(&tmp.join("dhukuti.redb")).map_err(|e| e.to_string())?);
-    let settings = dhukuti::Settings {
-        addr: "127.0.0.1:0".parse().map_err(|_| "addr")?,
-        data_dir: tmp.clone(),
-        backend: shared::app::Backend::Embedded {
-            data_dir: tmp.clone(),
-        },
-        init: false,
-        demo_payments: false,
-        public_url: None,
-        sweep_every: None,
-        provider_timeout: None,
-        webhooks: Default::default(),
-        webhook_poll: None,
-    };
+    let settings = local::local_settings(&tmp)?;
     let running = dhukuti::start_with_store(settings, store.clone()).await?;
     running.state.limits.set(u32::MAX, u32::MAX);
 

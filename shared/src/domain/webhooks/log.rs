@@ -195,13 +195,7 @@ pub async fn deliveries_of_event(
     let query = Query::partition(Event::key(event_id).pk)
         .sk(SkCond::BeginsWith(keys::delivery(event_id, "").sk))
         .limit(limit);
-    store
-        .query(&query)
-        .await?
-        .items
-        .into_iter()
-        .map(from_item)
-        .collect()
+    crate::domain::record::all_of(store, &query).await
 }
 
 /// The delivery of `event_id` to `endpoint_id`, if any.
