@@ -20,7 +20,7 @@ use shared::domain::account::{self, Principal, Scope};
 
 /// The authenticated caller of a request.
 #[derive(Clone, Debug)]
-pub struct Auth(pub Principal);
+pub struct Auth(pub std::sync::Arc<Principal>);
 
 impl Auth {
     /// 403 `missing_scope` unless the key holds `scope`.
@@ -156,7 +156,7 @@ pub async fn authenticate_request(parts: &Parts, state: &AppState) -> Result<Aut
                 account::principal_of(&*state.store, key),
                 state.limits.take(&*state.store, &key_id, mode, now)
             );
-            let principal = principal?;
+            let principal = std::sync::Arc::new(principal?);
             PRINCIPALS.remember(&principal, now, epoch);
             (principal, quota)
         }

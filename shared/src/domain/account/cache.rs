@@ -16,8 +16,8 @@
 //! the SHA-256 of the secret, never the secret.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::{AuthError, Principal, hash_secret};
 use crate::time::Timestamp;
@@ -42,7 +42,7 @@ pub fn epoch() -> u64 {
 }
 
 struct Entry {
-    principal: Principal,
+    principal: Arc<Principal>,
     read_at: Timestamp,
     epoch: u64,
 }
@@ -69,7 +69,11 @@ impl PrincipalCache {
 
     /// The caller of `secret` as remembered, if fresh: `Some(Err)` when its
     /// key has expired since (the clock is checked on every request).
-    pub fn recall(&self, secret: &str, now: Timestamp) -> Option<Result<Principal, AuthError>> {
+    pub fn recall(
+        &self,
+        secret: &str,
+        now: Timestamp,
+    ) -> Option<Result<Arc<Principal>, AuthError>> {
         let hash = hash_secret(secret);
         let map = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let e = map.get(&hash)?;
@@ -80,12 +84,12 @@ impl PrincipalCache {
         if e.principal.key.expires_at.is_some_and(|t| t <= now) {
             return Some(Err(AuthError::Expired));
         }
-        Some(Ok(e.principal.clone()))
+        Some(Ok(Arc::clone(&e.principal)))
     }
 
     /// Remembers `principal`, read at `now` under `epoch` (taken before
     /// the read): not if anything changed since.
-    pub fn remember(&self, principal: &Principal, now: Timestamp, epoch: u64) {
+    pub fn remember(&self, principal: &Arc<Principal>, now: Timestamp, epoch: u64) {
         if epoch != self::epoch() {
             return;
         }
@@ -100,7 +104,7 @@ impl PrincipalCache {
         map.insert(
             principal.key.key_hash.clone(),
             Entry {
-                principal: principal.clone(),
+                principal: Arc::clone(principal),
                 read_at: now,
                 epoch,
             },
@@ -112,7 +116,7 @@ impl PrincipalCache {
     pub fn used(&self, key_hash: &str, at: Timestamp) {
         let mut map = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(e) = map.get_mut(key_hash) {
-            e.principal.key.last_used_at = Some(at);
+            Arc::make_mut(&mut e.principal).key.last_used_at = Some(at);
         }
     }
 }

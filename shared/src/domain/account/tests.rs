@@ -568,7 +568,7 @@ async fn remembered(
 ) -> u64 {
     let epoch = cache::epoch();
     let p = match authenticate(store, now, secret).await {
-        Ok(p) => p,
+        Ok(p) => Arc::new(p),
         Err(e) => panic!("{e:?}"),
     };
     cache.remember(&p, now, epoch);
@@ -653,6 +653,6 @@ async fn a_change_in_this_process_is_seen_at_once() {
         panic!("auth")
     };
     assert!(revoke_api_key(&*store, &other).await.is_ok());
-    cache.remember(&p, now, epoch);
+    cache.remember(&Arc::new(p), now, epoch);
     assert!(cache.recall(&other_secret, now).is_none(), "revoked");
 }
