@@ -415,7 +415,13 @@ fn commit_batch(db: &Database, batch: Vec<Job>) {
                     answers.push((job.reply, None));
                     continue;
                 }
-                let answer = (job.run)(&mut tables);
+                // A write that panics fails its batch, not the writer.
+                let run = std::panic::AssertUnwindSafe(|| (job.run)(&mut tables));
+                let answer = std::panic::catch_unwind(run).unwrap_or_else(|_| {
+                    Err(StoreError::Backend(
+                        "a write panicked; its batch was aborted".into(),
+                    ))
+                });
                 if let Err(e @ StoreError::Backend(_)) = &answer {
                     // The transaction may hold part of this write.
                     broken = Some(e.clone());
@@ -949,6 +955,25 @@ mod tests {
             "nothing of the refused one"
         );
         store.assert_indexes_consistent();
+    }
+
+    /// A write that panics aborts its batch (none of it committed, every
+    /// write in it answered with the failure) and the writer goes on.
+    #[tokio::test]
+    async fn a_panicking_write_fails_its_batch_and_the_writer_goes_on() {
+        let store = EmbeddedStore::in_memory().expect("store");
+        let (first, a) = job(put("A", None));
+        let (boom, b) = job(|_| panic!("a bug in a write"));
+        commit_batch(&store.db, vec![first, boom]);
+        assert!(matches!(a.await, Ok(Err(StoreError::Backend(_)))));
+        assert!(matches!(b.await, Ok(Err(StoreError::Backend(_)))));
+        assert!(store.get(&Key::new("A", "X")).await.expect("get").is_none());
+        // Through the writer thread: it answers, and takes the next write.
+        let (again, c) = job(|_| panic!("a bug in a write, again"));
+        assert!(store.writer.send(again).is_ok());
+        assert!(matches!(c.await, Ok(Err(StoreError::Backend(_)))));
+        let item = obj(json!({"pk": "B", "sk": "X"}));
+        assert!(store.put(item, None).await.is_ok(), "the writer goes on");
     }
 
     /// Many writers at once on a file store: every acknowledged write is
