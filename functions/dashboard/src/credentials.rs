@@ -20,6 +20,9 @@ use shared::providers::probe::Verdict;
 
 use crate::{Page, Signed, fail, nav, query, see_other};
 
+/// Said when this deployment has no credentials master key.
+const NO_MASTER_KEY: &str = "This deployment has no credentials master key: nothing can be sealed or opened. Ask your operator.";
+
 /// One field of a provider's form: its name, its label, whether it is a
 /// secret (a password field).
 type Field = (&'static str, &'static str, bool);
@@ -155,6 +158,16 @@ pub async fn check(State(state): State<AppState>, signed: Signed, body: Bytes) -
         )
         .await;
     };
+    if state.providers.keys().is_none() {
+        return show(
+            &state,
+            &signed,
+            None,
+            Some(NO_MASTER_KEY),
+            StatusCode::SERVICE_UNAVAILABLE,
+        )
+        .await;
+    }
     let asked = credentials::ask_provider(
         &*state.store,
         &state.providers,
@@ -239,7 +252,14 @@ pub async fn set(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
     };
     let provider = creds.provider();
     let Some(keys) = state.providers.keys() else {
-        return show(&state, &signed, None, Some("This deployment has no credentials master key: nothing can be sealed. Ask your operator."), StatusCode::SERVICE_UNAVAILABLE).await;
+        return show(
+            &state,
+            &signed,
+            None,
+            Some(NO_MASTER_KEY),
+            StatusCode::SERVICE_UNAVAILABLE,
+        )
+        .await;
     };
     let saved = credentials::put_credentials(
         &*state.store,

@@ -78,6 +78,14 @@ pub(crate) fn label<T: Serialize>(v: &T) -> String {
     }
 }
 
+/// The pages a list of `total` takes (at least one).
+pub(crate) fn pages_of(total: u64) -> usize {
+    usize::try_from(total)
+        .unwrap_or(usize::MAX)
+        .div_ceil(crate::PAGE)
+        .max(1)
+}
+
 /// A time as people read it: `2026-11-26 10:03 UTC`.
 pub(crate) fn when(t: Timestamp) -> String {
     t.datetime().format("%Y-%m-%d %H:%M UTC").to_string()
@@ -283,7 +291,7 @@ pub fn payments(
     status: &str,
     provider: &str,
 ) -> String {
-    let pages = (total as usize).div_ceil(crate::PAGE).max(1);
+    let pages = pages_of(total);
     let mut path = "/dashboard/payments".to_owned();
     let filters: Vec<String> = [("status", status), ("provider", provider)]
         .iter()
@@ -548,7 +556,7 @@ fn events(timeline: &[TimelineRow]) -> Markup {
 
 /// A page of refunds, newest first.
 pub fn refunds(nav: &Nav, list: &[Refund], page: usize, total: u64) -> String {
-    let pages = (total as usize).div_ceil(crate::PAGE).max(1);
+    let pages = pages_of(total);
     let body = html! {
         p.muted { (total) " refunds. Page " (page) " of " (pages) "." }
         div.panel {
@@ -666,7 +674,7 @@ pub fn keys(
                 }
             }
         }
-        (pager("/dashboard/keys", page, total.div_ceil(crate::PAGE).max(1)))
+        (pager("/dashboard/keys", page, pages_of(total as u64)))
         section.panel aria-labelledby="issue-title" {
             h2 id="issue-title" { "Issue a key" }
             form.stack method="post" action="/dashboard/keys" {
@@ -753,4 +761,15 @@ pub fn audit(nav: &Nav, entries: &[AuditEntry], next: Option<&str>) -> String {
         }
     };
     layout(nav, "Audit log", body)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_list_takes_at_least_one_page() {
+        let page = crate::PAGE as u64;
+        assert_eq!(super::pages_of(0), 1);
+        assert_eq!(super::pages_of(page), 1);
+        assert_eq!(super::pages_of(page + 1), 2);
+    }
 }

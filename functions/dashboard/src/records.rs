@@ -18,12 +18,8 @@ use shared::domain::outbox::EventType;
 use shared::domain::sms::{self, SmsReminder};
 use shared::domain::webhooks::{self, Delivery, Endpoint, WebhookError};
 
-use crate::pages::{Nav, label, layout, pager, rupees, status_badge, when};
+use crate::pages::{Nav, label, layout, pager, pages_of, rupees, status_badge, when};
 use crate::{PAGE, Page, Signed, Stop, expired_form, fail, nav, page_number, query};
-
-fn pages_of(total: u64) -> usize {
-    (total as usize).div_ceil(PAGE).max(1)
-}
 
 pub async fn links_page(
     State(state): State<AppState>,
