@@ -20,7 +20,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::blobs::Blobs;
-use crate::blobs::local::LocalDirBlobs;
 use crate::blobs::memory::MemoryBlobs;
 use crate::limits::public::PublicLimits;
 use crate::limits::rate::RateLimits;
@@ -31,7 +30,6 @@ use crate::secrets::{
     CredentialsError, CredentialsKeys, KEY_ENV, KEY_SECRET_ENV, PREVIOUS_KEYS_ENV,
 };
 use crate::store::Store;
-use crate::store::embedded::EmbeddedStore;
 use crate::time::{Clock, SystemClock};
 use crate::webhooks::settings::WebhookSettings;
 
@@ -146,7 +144,7 @@ impl AppState {
     /// `http://127.0.0.1:8080`. Panics if the store cannot be made.
     #[cfg(any(test, feature = "testkit"))]
     pub fn for_tests() -> Self {
-        let store = match EmbeddedStore::in_memory() {
+        let store = match crate::store::embedded::EmbeddedStore::in_memory() {
             Ok(s) => s,
             Err(e) => panic!("in-memory store: {e}"),
         };
@@ -296,21 +294,25 @@ pub async fn credentials_keys() -> Result<Option<CredentialsKeys>, String> {
     }
 }
 
+/// A function built without Secrets Manager (no `secrets` feature) reads no
+/// secret: it is granted none in `template.yaml` (`tests/e2e/deps.rs`), and
+/// a secret named to it anyway fails its start rather than being ignored.
+#[cfg(not(feature = "secrets"))]
+async fn keys_from_secret(_: Option<&str>, secret: &str) -> Result<CredentialsKeys, String> {
+    Err(format!(
+        "cannot read the secret {secret}: this function is built without Secrets Manager \
+         (feature secrets) and uses no provider credentials"
+    ))
+}
+
 /// The keys in a Secrets Manager secret: its `SecretString`
 /// (GetSecretValue, the current version) read with the standard AWS
 /// environment, at `endpoint` when given (a local server).
+#[cfg(feature = "secrets")]
 async fn keys_from_secret(endpoint: Option<&str>, secret: &str) -> Result<CredentialsKeys, String> {
     use aws_sdk_secretsmanager::error::DisplayErrorContext;
-    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
-    if let Some(endpoint) = endpoint {
-        loader = loader.endpoint_url(endpoint);
-    }
-    let shared = loader.load().await;
-    if shared.region().is_none() {
-        return Err(format!(
-            "cannot read the secret {secret}: no AWS region (set AWS_REGION)"
-        ));
-    }
+    let shared = crate::aws::sdk_config(endpoint)
+        .map_err(|e| format!("cannot read the secret {secret}: {e}"))?;
     let client = aws_sdk_secretsmanager::Client::new(&shared);
     let out = client
         .get_secret_value()
@@ -393,23 +395,7 @@ impl Backend {
         init: bool,
     ) -> Result<(Arc<dyn Store>, Arc<dyn Queue>, Arc<dyn Blobs>), String> {
         match self {
-            Backend::Embedded { data_dir } => {
-                std::fs::create_dir_all(data_dir).map_err(|e| {
-                    format!("cannot create data directory {}: {e}", data_dir.display())
-                })?;
-                let db = data_dir.join("dhukuti.redb");
-                let store = EmbeddedStore::open(&db).map_err(|e| {
-                    format!(
-                        "cannot open {} (is another process using it?): {e}",
-                        db.display()
-                    )
-                })?;
-                Ok((
-                    Arc::new(store),
-                    Arc::new(InProcessQueue::new()),
-                    Arc::new(LocalDirBlobs::new(data_dir.join("blobs"))),
-                ))
-            }
+            Backend::Embedded { data_dir } => open_embedded(data_dir),
             Backend::Aws(settings) => open_aws(settings, init).await,
         }
     }
@@ -440,7 +426,7 @@ impl Backend {
         match self {
             Backend::Embedded { .. } => self.open(false).await.map(|(store, _, _)| store),
             Backend::Aws(s) => {
-                let shared = aws_shared_config(s).await?;
+                let shared = crate::aws::sdk_config(s.endpoint.as_deref())?;
                 let dynamo = aws_sdk_dynamodb::Client::new(&shared);
                 Ok(Arc::new(crate::store::dynamo::DynamoStore::new(
                     dynamo,
@@ -451,49 +437,75 @@ impl Backend {
     }
 }
 
-async fn aws_shared_config(s: &AwsSettings) -> Result<aws_config::SdkConfig, String> {
-    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
-    if let Some(endpoint) = &s.endpoint {
-        loader = loader.endpoint_url(endpoint);
-    }
-    let shared = loader.load().await;
-    if shared.region().is_none() {
-        return Err("no AWS region: set AWS_REGION".into());
-    }
-    Ok(shared)
+type Backends = (Arc<dyn Store>, Arc<dyn Queue>, Arc<dyn Blobs>);
+
+#[cfg(feature = "embedded")]
+fn open_embedded(data_dir: &std::path::Path) -> Result<Backends, String> {
+    use crate::blobs::local::LocalDirBlobs;
+    use crate::store::embedded::EmbeddedStore;
+    std::fs::create_dir_all(data_dir)
+        .map_err(|e| format!("cannot create data directory {}: {e}", data_dir.display()))?;
+    let db = data_dir.join("dhukuti.redb");
+    let store = EmbeddedStore::open(&db).map_err(|e| {
+        format!(
+            "cannot open {} (is another process using it?): {e}",
+            db.display()
+        )
+    })?;
+    Ok((
+        Arc::new(store),
+        Arc::new(InProcessQueue::new()),
+        Arc::new(LocalDirBlobs::new(data_dir.join("blobs"))),
+    ))
 }
 
-async fn open_aws(
-    s: &AwsSettings,
-    init: bool,
-) -> Result<(Arc<dyn Store>, Arc<dyn Queue>, Arc<dyn Blobs>), String> {
-    use crate::blobs::s3::{S3Blobs, ensure_bucket};
-    use crate::queue::sqs::{SqsQueue, ensure_queues, queue_name};
+/// A deployed function carries no embedded store (issue 21).
+#[cfg(not(feature = "embedded"))]
+fn open_embedded(_: &std::path::Path) -> Result<Backends, String> {
+    Err(
+        "DHUKUTI_BACKEND=embedded: this build has no embedded store (feature embedded); \
+         set DHUKUTI_BACKEND=aws"
+            .into(),
+    )
+}
+
+async fn open_aws(s: &AwsSettings, init: bool) -> Result<Backends, String> {
     use crate::store::dynamo::{DynamoStore, create_table};
 
-    let shared = aws_shared_config(s).await?;
+    let shared = crate::aws::sdk_config(s.endpoint.as_deref())?;
     let dynamo = aws_sdk_dynamodb::Client::new(&shared);
-    let sqs = aws_sdk_sqs::Client::new(&shared);
-    // A local endpoint serves every bucket on one host: path-style.
-    let s3_conf = aws_sdk_s3::config::Builder::from(&shared)
-        .force_path_style(s.endpoint.is_some())
-        .build();
-    let s3 = aws_sdk_s3::Client::from_conf(s3_conf);
-
-    let mut urls = s.queue_urls.clone();
     if init {
         create_table(&dynamo, &s.table)
             .await
             .map_err(|e| format!("cannot create table {}: {e}", s.table))?;
+    }
+    let queue = aws_queue(&shared, s, init).await?;
+    let blobs = aws_blobs(&shared, s, init).await?;
+    Ok((
+        Arc::new(DynamoStore::new(dynamo, s.table.clone())),
+        queue,
+        blobs,
+    ))
+}
+
+/// The SQS queues: created with `init`; each found by name unless its URL
+/// is set (the template sets them, saving two round trips at start).
+#[cfg(feature = "sqs")]
+async fn aws_queue(
+    shared: &aws_types::SdkConfig,
+    s: &AwsSettings,
+    init: bool,
+) -> Result<Arc<dyn Queue>, String> {
+    use crate::queue::sqs::{SqsQueue, ensure_queues, queue_name};
+    let sqs = aws_sdk_sqs::Client::new(shared);
+    let mut urls = s.queue_urls.clone();
+    if init {
         let created = ensure_queues(&sqs, &s.queue_prefix)
             .await
             .map_err(|e| format!("cannot create queues {}-*: {e}", s.queue_prefix))?;
         for (queue, url) in created {
             urls.entry(queue).or_insert(url);
         }
-        ensure_bucket(&s3, &s.bucket)
-            .await
-            .map_err(|e| format!("cannot create bucket {}: {e}", s.bucket))?;
     }
     for queue in QueueName::ALL {
         if urls.contains_key(&queue) {
@@ -510,11 +522,60 @@ async fn open_aws(
             .ok_or_else(|| format!("queue {name} not found: set its URL or create it (--init)"))?;
         urls.insert(queue, url);
     }
-    Ok((
-        Arc::new(DynamoStore::new(dynamo, s.table.clone())),
-        Arc::new(SqsQueue::new(sqs, urls)),
-        Arc::new(S3Blobs::new(s3, s.bucket.clone())),
-    ))
+    Ok(Arc::new(SqsQueue::new(sqs, urls)))
+}
+
+/// A function that sends to no queue carries no SQS client.
+#[cfg(not(feature = "sqs"))]
+async fn aws_queue(
+    _: &aws_types::SdkConfig,
+    s: &AwsSettings,
+    init: bool,
+) -> Result<Arc<dyn Queue>, String> {
+    if init {
+        return Err(format!(
+            "cannot create queues {}-*: this build has no SQS client (feature sqs)",
+            s.queue_prefix
+        ));
+    }
+    Ok(Arc::new(crate::queue::NoQueue))
+}
+
+/// The S3 bucket: created with `init`. A local endpoint serves every bucket
+/// on one host: path-style.
+#[cfg(feature = "s3")]
+async fn aws_blobs(
+    shared: &aws_types::SdkConfig,
+    s: &AwsSettings,
+    init: bool,
+) -> Result<Arc<dyn Blobs>, String> {
+    use crate::blobs::s3::{S3Blobs, ensure_bucket};
+    let conf = aws_sdk_s3::config::Builder::from(shared)
+        .force_path_style(s.endpoint.is_some())
+        .build();
+    let s3 = aws_sdk_s3::Client::from_conf(conf);
+    if init {
+        ensure_bucket(&s3, &s.bucket)
+            .await
+            .map_err(|e| format!("cannot create bucket {}: {e}", s.bucket))?;
+    }
+    Ok(Arc::new(S3Blobs::new(s3, s.bucket.clone())))
+}
+
+/// A function that stores no documents carries no S3 client.
+#[cfg(not(feature = "s3"))]
+async fn aws_blobs(
+    _: &aws_types::SdkConfig,
+    s: &AwsSettings,
+    init: bool,
+) -> Result<Arc<dyn Blobs>, String> {
+    if init {
+        return Err(format!(
+            "cannot create bucket {}: this build has no S3 client (feature s3)",
+            s.bucket
+        ));
+    }
+    Ok(Arc::new(crate::blobs::NoBlobs))
 }
 
 #[cfg(test)]
@@ -594,10 +655,10 @@ mod tests {
         let Some(endpoint) = crate::queue::testkit::aws_endpoint() else {
             return;
         };
-        let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .endpoint_url(&endpoint)
-            .load()
-            .await;
+        let shared = match crate::aws::sdk_config(Some(&endpoint)) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
         let client = aws_sdk_secretsmanager::Client::new(&shared);
         let id = crate::ids::new_id(crate::ids::IdKind::Event);
         let b64 = base64::engine::general_purpose::STANDARD.encode([9u8; 32]);

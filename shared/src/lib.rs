@@ -9,6 +9,7 @@
 //!   [`fields`]: the contract's field rules, shared by requests and responses.
 
 pub mod app;
+pub mod aws;
 pub mod blobs;
 pub mod domain;
 pub mod fields;
@@ -17,6 +18,7 @@ pub mod keys;
 pub mod kinds;
 pub mod limits;
 pub mod money;
+#[cfg(feature = "pdf")]
 pub mod pdf;
 pub mod providers;
 pub mod queue;

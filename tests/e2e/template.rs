@@ -1799,3 +1799,144 @@ fn the_event_streams_are_a_streaming_function_url() {
     let text = std::fs::read_to_string(&main).unwrap_or_else(|e| panic!("{main}: {e}"));
     assert!(text.contains("run_with_streaming_response("), "{text}");
 }
+
+/// The crates `package` links, as `cargo tree` resolves it alone: the
+/// features of a deployed build (`sam build` builds one function at a time),
+/// not the union the workspace's tests are built with.
+fn linked_crates(package: &str) -> Vec<String> {
+    let manifest = format!("{}/../Cargo.toml", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(env!("CARGO"))
+        .args(["tree", "-p", package, "-e", "normal", "--prefix", "none"])
+        .args([
+            "--format",
+            "{p}",
+            "--offline",
+            "--locked",
+            "--manifest-path",
+        ])
+        .arg(&manifest)
+        .output()
+        .unwrap_or_else(|e| panic!("cargo tree: {e}"));
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut crates: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect();
+    crates.sort();
+    crates.dedup();
+    crates
+}
+
+/// Never in a deployed function: the embedded store, the local gateway and
+/// its provider simulators, the benches and the tests' own crates.
+const NEVER_DEPLOYED: &[&str] = &[
+    "redb",
+    "dhukuti",
+    "dhukuti-bench",
+    "dhukuti-tests",
+    "tempfile",
+    "fantoccini",
+];
+
+/// Issue 21: each function links only what it uses. What it does on AWS
+/// beyond DynamoDB is what `template.yaml` grants it, so its SDK clients
+/// follow its grants both ways (a client without a grant is dead weight; a
+/// grant without a client is a function that fails when it needs it), the
+/// PDF writer goes with the documents bucket, and nothing on
+/// [`NEVER_DEPLOYED`] is linked. The read functions are held to the plain
+/// list too, so a grant added to one must change this test.
+#[test]
+fn every_function_links_what_its_grants_use_and_nothing_denied() {
+    let t = template();
+    let mut seen = 0;
+    for (name, f) in functions(&t) {
+        let Some(binary) = f["Metadata"]["BuildProperties"]["Binary"].as_str() else {
+            continue;
+        };
+        let crates = linked_crates(&format!("dhukuti-{binary}"));
+        let links = |c: &str| crates.iter().any(|x| x == c);
+        assert!(links("lambda_runtime"), "{name}: not a Lambda function?");
+        let granted: Vec<String> = statements(&f)
+            .iter()
+            .filter(|st| st["Effect"].as_str() != Some("Deny"))
+            .flat_map(actions_of)
+            .collect();
+        let grants = |prefix: &str| granted.iter().any(|a| a.starts_with(prefix));
+        if binary != "docs" {
+            for (sdk, action) in [
+                ("aws-sdk-sqs", "sqs:SendMessage"),
+                ("aws-sdk-s3", "s3:"),
+                ("aws-sdk-secretsmanager", "secretsmanager:GetSecretValue"),
+            ] {
+                assert_eq!(
+                    links(sdk),
+                    grants(action),
+                    "{name}: links {sdk}: {}, granted {action}: {}",
+                    links(sdk),
+                    grants(action)
+                );
+            }
+        }
+        assert_eq!(
+            links("pdf-writer"),
+            links("aws-sdk-s3"),
+            "{name}: pdf-writer"
+        );
+        for denied in NEVER_DEPLOYED {
+            assert!(!links(denied), "{name} links {denied}");
+        }
+        if ["account", "payments", "payment-links", "checkout", "docs"].contains(&binary) {
+            for denied in [
+                "aws-sdk-s3",
+                "aws-sdk-sqs",
+                "aws-sdk-secretsmanager",
+                "pdf-writer",
+            ] {
+                assert!(
+                    !links(denied),
+                    "{name} (reads and writes DynamoDB only) links {denied}"
+                );
+            }
+        }
+        seen += 1;
+    }
+    assert!(seen >= 17, "only {seen} functions checked");
+}
+
+/// `sam build` runs `cargo lambda build --release --arm64 --bin <Binary>` in
+/// each function's `CodeUri` and copies `<CodeUri>/target/lambda/<Binary>/
+/// bootstrap`. From the workspace root `--bin` finds only the default
+/// member's binaries (and would unify every member's features); from the
+/// crate's own directory cargo builds that crate alone, with its own
+/// features, into the workspace's target directory, which
+/// `functions/<Binary>/target` links to.
+#[test]
+fn every_function_is_built_from_its_own_crate_directory() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let t = template();
+    for (name, f) in functions(&t) {
+        let Some(binary) = f["Metadata"]["BuildProperties"]["Binary"].as_str() else {
+            continue;
+        };
+        let dir = format!("functions/{binary}");
+        assert_eq!(
+            f["Properties"]["CodeUri"].as_str(),
+            Some(dir.as_str()),
+            "{name}: CodeUri"
+        );
+        let manifest = std::fs::read_to_string(root.join(&dir).join("Cargo.toml"))
+            .unwrap_or_else(|e| panic!("{dir}/Cargo.toml: {e}"));
+        assert!(
+            manifest.contains(&format!("name = \"{binary}\"")),
+            "{dir}/Cargo.toml has no binary {binary}"
+        );
+        let link = std::fs::read_link(root.join(&dir).join("target"))
+            .unwrap_or_else(|e| panic!("{dir}/target is not a link: {e}"));
+        assert_eq!(link, std::path::Path::new("../../target"), "{dir}/target");
+    }
+}

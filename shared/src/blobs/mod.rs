@@ -6,6 +6,7 @@ use bytes::Bytes;
 
 pub mod local;
 pub mod memory;
+#[cfg(feature = "s3")]
 pub mod s3;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
@@ -35,6 +36,28 @@ pub trait Blobs: Send + Sync + 'static {
 
     /// The object under `key`, if any.
     async fn get(&self, key: &str) -> Result<Option<Blob>, BlobError>;
+}
+
+/// The blobs of a function built without a blob store (no `s3` feature):
+/// every call fails, naming the missing feature. Such a function is granted
+/// no S3 action in `template.yaml` either (`tests/e2e/deps.rs`).
+pub struct NoBlobs;
+
+impl NoBlobs {
+    fn refuse() -> BlobError {
+        BlobError::Backend("this function is built without a blob store (feature s3)".into())
+    }
+}
+
+#[async_trait]
+impl Blobs for NoBlobs {
+    async fn put(&self, _: &str, _: Bytes, _: &str) -> Result<(), BlobError> {
+        Err(Self::refuse())
+    }
+
+    async fn get(&self, _: &str) -> Result<Option<Blob>, BlobError> {
+        Err(Self::refuse())
+    }
 }
 
 /// Checks a key the same way on every backend, so a key that works on the

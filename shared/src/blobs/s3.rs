@@ -22,7 +22,7 @@ use bytes::Bytes;
 
 use super::memory::validate_content_type;
 use super::{Blob, BlobError, Blobs, validate_key};
-use crate::queue::sqs::is_transient;
+use crate::aws::is_transient;
 
 /// The blob port on one S3 bucket.
 #[derive(Clone, Debug)]

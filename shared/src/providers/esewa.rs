@@ -252,7 +252,7 @@ impl ProviderClient for EsewaClient {
             .append_pair("transaction_uuid", &query.reference);
         let request = self
             .transport
-            .client()
+            .client()?
             .get(url)
             .header(reqwest::header::ACCEPT, "application/json");
         let reply = self

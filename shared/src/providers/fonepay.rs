@@ -403,7 +403,7 @@ impl ProviderClient for FonepayClient {
                 });
                 let request = self
                     .transport
-                    .client()
+                    .client()?
                     .post(self.config.fonepay_qr_create_url())
                     .header(reqwest::header::ACCEPT, "application/json")
                     .json(&body);
@@ -453,7 +453,7 @@ impl ProviderClient for FonepayClient {
         });
         let request = self
             .transport
-            .client()
+            .client()?
             .post(self.config.fonepay_qr_status_url())
             .header(reqwest::header::ACCEPT, "application/json")
             .json(&body);

@@ -7,7 +7,6 @@
 //! scan carries `qrVerified` (the 2024 doc spells it `QRVerified`), a
 //! result `paymentSuccess` (not `success`, which is true either way).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -72,29 +71,8 @@ pub fn allowed_with(url: &str, loopback: bool) -> bool {
         || (loopback && matches!(host.as_str(), "127.0.0.1" | "localhost" | "[::1]"))
 }
 
-/// TLS for `wss://`: rustls on the aws-lc-rs provider (the one the AWS
-/// SDK and reqwest already use) and the platform's roots.
-pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
-    static CONFIG: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>> =
-        std::sync::OnceLock::new();
-    CONFIG.get_or_init(build_tls_config).clone()
-}
-
-fn build_tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    let found = rustls_native_certs::load_native_certs();
-    for cert in found.certs {
-        // A root the store cannot parse is skipped, as reqwest does.
-        let _ = roots.add(cert);
-    }
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(Arc::new(config))
-}
+/// TLS for `wss://`: the provider calls' configuration (one per process).
+pub use super::transport::tls_config;
 
 /// An open Fonepay websocket, read hint by hint.
 pub struct Hints {

@@ -53,16 +53,22 @@ impl KhaltiClient {
         }
     }
 
-    fn post(&self, url: String, secret_key: &str, body: &Value) -> reqwest::RequestBuilder {
+    fn post(
+        &self,
+        url: String,
+        secret_key: &str,
+        body: &Value,
+    ) -> Result<reqwest::RequestBuilder, ProviderError> {
         let mut auth = reqwest::header::HeaderValue::from_str(&format!("Key {secret_key}"))
             .unwrap_or_else(|_| reqwest::header::HeaderValue::from_static("Key"));
         auth.set_sensitive(true);
-        self.transport
-            .client()
+        Ok(self
+            .transport
+            .client()?
             .post(url)
             .header(reqwest::header::AUTHORIZATION, auth)
             .header(reqwest::header::ACCEPT, "application/json")
-            .json(body)
+            .json(body))
     }
 }
 
@@ -265,7 +271,7 @@ impl ProviderClient for KhaltiClient {
                 body["customer_info"] = Value::Object(info);
             }
         }
-        let request = self.post(self.config.khalti_initiate_url(), secret_key, &body);
+        let request = self.post(self.config.khalti_initiate_url(), secret_key, &body)?;
         let reply = self
             .transport
             .send(Provider::Khalti, "initiate", request)
@@ -309,7 +315,7 @@ impl ProviderClient for KhaltiClient {
             self.config.khalti_lookup_url(),
             secret_key,
             &json!({ "pidx": pidx }),
-        );
+        )?;
         let reply = self
             .transport
             .send(Provider::Khalti, "lookup", request)
@@ -348,7 +354,7 @@ impl ProviderClient for KhaltiClient {
             self.config.khalti_refund_url(provider_ref),
             secret_key,
             &Value::Object(body),
-        );
+        )?;
         let reply = self
             .transport
             .send(Provider::Khalti, "refund", request)

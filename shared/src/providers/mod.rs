@@ -29,7 +29,7 @@ pub mod khalti;
 pub mod probe;
 pub mod sign;
 pub mod sms;
-mod transport;
+pub mod transport;
 
 #[cfg(test)]
 mod fixtures;
@@ -290,7 +290,7 @@ pub struct ProviderClients {
 
 impl ProviderClients {
     pub fn new(config: &ProviderConfig) -> Result<Self, ProviderError> {
-        let transport = transport::Transport::new(config.timeout)?;
+        let transport = transport::Transport::new(config.timeout);
         Ok(ProviderClients {
             esewa: EsewaClient::new(config, transport.clone()),
             khalti: KhaltiClient::new(config, transport.clone()),

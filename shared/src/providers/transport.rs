@@ -2,6 +2,7 @@
 //! a bounded answer, and errors mapped onto [`ProviderError`]. Nothing here
 //! logs a URL, a header or a body (they may carry credentials).
 
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::{ProviderError, clip};
@@ -11,9 +12,15 @@ use crate::kinds::Provider;
 const MAX_BODY: usize = 256 * 1024;
 const MAX_CONNECT: Duration = Duration::from_secs(5);
 
+/// Built on first use, not at start: most functions never call a provider,
+/// and building an HTTPS client reads the platform's roots (issue 21: a
+/// cold start pays only for what it uses). Every client of the process
+/// shares one TLS configuration ([`tls_config`]), so the roots are read
+/// once.
 #[derive(Clone)]
 pub(crate) struct Transport {
-    client: reqwest::Client,
+    timeout: Duration,
+    client: Arc<OnceLock<reqwest::Client>>,
 }
 
 impl std::fmt::Debug for Transport {
@@ -57,24 +64,32 @@ impl Reply {
 }
 
 impl Transport {
-    pub fn new(timeout: Duration) -> Result<Self, ProviderError> {
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(MAX_CONNECT))
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("dhukuti/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| {
-                ProviderError::Invalid(format!(
-                    "cannot build the HTTPS client: {}",
-                    e.without_url()
-                ))
-            })?;
-        Ok(Transport { client })
+    pub fn new(timeout: Duration) -> Self {
+        Transport {
+            timeout,
+            client: Arc::new(OnceLock::new()),
+        }
     }
 
-    pub fn client(&self) -> &reqwest::Client {
-        &self.client
+    /// The HTTPS client, built on the first call. A failure (the platform
+    /// has no usable TLS roots) is answered to that call and tried again on
+    /// the next.
+    pub fn client(&self) -> Result<&reqwest::Client, ProviderError> {
+        if let Some(client) = self.client.get() {
+            return Ok(client);
+        }
+        let unusable =
+            |e: String| ProviderError::Unavailable(format!("cannot build the HTTPS client: {e}"));
+        let tls = tls_config().map_err(unusable)?;
+        let client = reqwest::Client::builder()
+            .timeout(self.timeout)
+            .connect_timeout(self.timeout.min(MAX_CONNECT))
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("dhukuti/", env!("CARGO_PKG_VERSION")))
+            .tls_backend_preconfigured((*tls).clone())
+            .build()
+            .map_err(|e| unusable(e.without_url().to_string()))?;
+        Ok(self.client.get_or_init(|| client))
     }
 
     /// Send `request` and read the whole answer (any HTTP status).
@@ -120,5 +135,62 @@ fn map_error(e: reqwest::Error) -> ProviderError {
         ProviderError::Invalid(format!("bad request: {}", e.without_url()))
     } else {
         ProviderError::Unavailable(clip(&e.without_url().to_string(), 200))
+    }
+}
+
+/// The process's one TLS client configuration: rustls on the aws-lc-rs
+/// provider (the one the AWS SDK already uses) with the platform's roots,
+/// read once, on first use. The provider calls and Fonepay's websocket
+/// share it.
+pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
+    CONFIG.get_or_init(build_tls_config).clone()
+}
+
+fn build_tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    let found = rustls_native_certs::load_native_certs();
+    for cert in found.certs {
+        // A root the store cannot parse is skipped, as reqwest does.
+        let _ = roots.add(cert);
+    }
+    if roots.is_empty() {
+        return Err("no TLS root certificates found on this platform".into());
+    }
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A function that never calls a provider never builds an HTTPS client
+    /// (nor reads the platform's roots); the clients of a mode share one,
+    /// and every client shares one TLS configuration.
+    #[test]
+    fn the_client_is_built_on_first_use_and_shared() {
+        let transport = Transport::new(Duration::from_secs(5));
+        let copy = transport.clone();
+        assert!(transport.client.get().is_none(), "built at start");
+        let first = match transport.client() {
+            Ok(c) => c as *const reqwest::Client,
+            Err(e) => panic!("{e}"),
+        };
+        let again = match copy.client() {
+            Ok(c) => c as *const reqwest::Client,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(first, again, "the clones share one client");
+        let (a, b) = match (tls_config(), tls_config()) {
+            (Ok(a), Ok(b)) => (a, b),
+            (a, b) => panic!("{:?} {:?}", a.err(), b.err()),
+        };
+        assert!(Arc::ptr_eq(&a, &b), "the roots are read once per process");
     }
 }

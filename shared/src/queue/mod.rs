@@ -7,6 +7,7 @@ use std::time::Duration;
 
 pub mod lambda;
 pub mod memory;
+#[cfg(feature = "sqs")]
 pub mod sqs;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
@@ -82,4 +83,36 @@ pub trait Queue: Send + Sync + 'static {
 
     /// Removes a received message for good.
     async fn delete(&self, queue: QueueName, receipt: &str) -> Result<(), QueueError>;
+}
+
+/// The queue of a function built without one (no `sqs` feature): every
+/// call fails, naming the missing feature. Such a function is granted no
+/// SQS action in `template.yaml` either (`tests/e2e/deps.rs`).
+pub struct NoQueue;
+
+impl NoQueue {
+    fn refuse() -> QueueError {
+        QueueError::Backend("this function is built without a queue (feature sqs)".into())
+    }
+}
+
+#[async_trait]
+impl Queue for NoQueue {
+    async fn send(&self, _: QueueName, _: &str, _: Duration) -> Result<String, QueueError> {
+        Err(Self::refuse())
+    }
+
+    async fn receive(
+        &self,
+        _: QueueName,
+        _: usize,
+        _: Duration,
+        _: Duration,
+    ) -> Result<Vec<Message>, QueueError> {
+        Err(Self::refuse())
+    }
+
+    async fn delete(&self, _: QueueName, _: &str) -> Result<(), QueueError> {
+        Err(Self::refuse())
+    }
 }

@@ -25,6 +25,7 @@ use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 
 use super::memory::{MAX_WAIT, validate_receive, validate_send};
 use super::{Message, Queue, QueueError, QueueName};
+use crate::aws::is_transient;
 
 /// How many receives a message gets before SQS moves it to the queue's
 /// dead-letter queue.
@@ -317,43 +318,6 @@ impl Queue for SqsQueue {
             }
             Err(err) => Err(sdk_error(&format!("DeleteMessage {}", queue.as_str()), err)),
         }
-    }
-}
-
-/// Error codes AWS services use for "slow down" and "try again".
-const TRANSIENT_CODES: &[&str] = &[
-    "Throttling",
-    "ThrottlingException",
-    "ThrottledException",
-    "RequestThrottled",
-    "RequestThrottledException",
-    "AWS.SimpleQueueService.RequestThrottled",
-    "KmsThrottled",
-    "SlowDown",
-    "TooManyRequestsException",
-    "RequestLimitExceeded",
-    "ProvisionedThroughputExceededException",
-    "RequestTimeout",
-    "RequestTimeoutException",
-    "ServiceUnavailable",
-    "InternalError",
-    "InternalFailure",
-];
-
-/// Whether an AWS SDK error is worth retrying later: a timeout, a failure to
-/// reach the service, throttling, or a 5xx/429 answer. Shared by the SQS
-/// and S3 backends (both SDKs use the same error type).
-pub(crate) fn is_transient<E: ProvideErrorMetadata>(err: &SdkError<E>) -> bool {
-    match err {
-        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) => true,
-        SdkError::ServiceError(_) | SdkError::ResponseError(_) => {
-            let status = err.raw_response().map(|r| r.status().as_u16());
-            matches!(status, Some(429 | 500..=599))
-                || err
-                    .code()
-                    .is_some_and(|code| TRANSIENT_CODES.contains(&code))
-        }
-        _ => false,
     }
 }
 

@@ -24,6 +24,7 @@
 pub mod cond;
 pub mod counting;
 pub mod dynamo;
+#[cfg(feature = "embedded")]
 pub mod embedded;
 pub mod faults;
 pub mod fence;

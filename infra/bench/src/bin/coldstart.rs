@@ -2,12 +2,18 @@
 //! Lambda Runtime API on loopback and measures
 //! - init: process start to its first `GET /runtime/invocation/next`;
 //! - first invocation: the event handed over to the response posted back;
+//! - peak RSS: the process's high-water mark (`VmHWM`) once it has answered;
 //!
 //! next to the hello-world `lambda_http` binary (`hello-lambda`), built the
 //! same way. Every run is a fresh process.
 //!
 //!     cargo build --release -p dhukuti-bench --bins -p dhukuti-account -p dhukuti-payments
-//!     cargo run --release -p dhukuti-bench --bin coldstart -- [--runs 20]
+//!     cargo run --release -p dhukuti-bench --bin coldstart -- [--runs 20] [name[=path] ...]
+//!
+//! Without names it measures `hello-lambda`, `account` and `payments` from
+//! its own directory; a name without a path is looked up there too (any
+//! function: those without a route for the event answer 404, after the
+//! same start). `hello-lambda` is always measured first, as the baseline.
 //!
 //! The functions get the environment of this process (so with
 //! `DHUKUTI_BACKEND=aws`, `AWS_ENDPOINT_URL`, `DHUKUTI_TABLE`, ... they
@@ -115,6 +121,17 @@ struct Sample {
     init: Duration,
     first: Duration,
     status: String,
+    /// `VmHWM` of the process after its first answer, in KiB.
+    peak_kib: u64,
+}
+
+/// The peak resident set of process `pid` so far (`VmHWM`), in KiB.
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 async fn measure(bin: &PathBuf, event: Value) -> Result<Sample, String> {
@@ -170,6 +187,7 @@ async fn measure(bin: &PathBuf, event: Value) -> Result<Sample, String> {
     })
     .await
     .map_err(|_| format!("{} did not answer within 30 s", bin.display()))??;
+    let peak_kib = child.id().and_then(peak_rss_kib).unwrap_or(0);
     let _ = child.kill().await;
     server.abort();
     let sent_at = fake.run.lock().await.sent_at.ok_or("no event was sent")?;
@@ -178,6 +196,7 @@ async fn measure(bin: &PathBuf, event: Value) -> Result<Sample, String> {
         init: init.ok_or("no poll")?,
         first: outcome.0 - sent_at,
         status: body["statusCode"].to_string(),
+        peak_kib,
     })
 }
 
@@ -189,12 +208,17 @@ fn median(mut v: Vec<Duration>) -> Duration {
 #[tokio::main]
 async fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let runs: usize = args
-        .iter()
-        .position(|a| a == "--runs")
+    let runs_at = args.iter().position(|a| a == "--runs");
+    let runs: usize = runs_at
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
+    let named: Vec<&String> = args
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| runs_at.is_none_or(|r| *i != r && *i != r + 1))
+        .map(|(_, a)| a)
+        .collect();
     let dir = std::env::current_exe()
         .map_err(|e| e.to_string())?
         .parent()
@@ -249,25 +273,42 @@ async fn main() -> Result<(), String> {
     payments::insert(store, &payment).await.map_err(err)?;
     drop(state); // the embedded store is single-process: release it
 
-    let targets = [
-        ("hello-lambda", "/".to_owned()),
-        ("account", "/v1/account".to_owned()),
-        ("payments", format!("/v1/payments/{}", payment.id)),
-    ];
+    let route = |name: &str| match name {
+        "account" => "/v1/account".to_owned(),
+        "payments" => format!("/v1/payments/{}", payment.id),
+        _ => "/".to_owned(),
+    };
+    let mut targets = vec![("hello-lambda".to_owned(), dir.join("hello-lambda"))];
+    let names: Vec<String> = if named.is_empty() {
+        vec!["account".into(), "payments".into()]
+    } else {
+        named.iter().map(|n| n.to_string()).collect()
+    };
+    for n in names {
+        match n.split_once('=') {
+            Some((name, path)) => targets.push((name.to_owned(), PathBuf::from(path))),
+            None => targets.push((n.clone(), dir.join(&n))),
+        }
+    }
     println!("runs per binary: {runs}\n");
-    println!("| binary | init p50 (ms) | first invocation p50 (ms) | init vs hello | status |");
-    println!("|---|---:|---:|---:|---|");
+    println!(
+        "| binary | init p50 (ms) | first invocation p50 (ms) | init vs hello | peak RSS (MiB) | status |"
+    );
+    println!("|---|---:|---:|---:|---:|---|");
     let mut hello_init = Duration::ZERO;
-    for (name, path) in targets {
-        let bin = dir.join(name);
+    for (name, bin) in targets {
+        let base = name.split('.').next().unwrap_or(&name).to_owned();
+        let path = route(&base);
         let mut inits = Vec::new();
         let mut firsts = Vec::new();
         let mut status = String::new();
+        let mut peak = 0;
         for _ in 0..runs {
             let s = measure(&bin, http_event(&path, &key)).await?;
             inits.push(s.init);
             firsts.push(s.first);
             status = s.status;
+            peak = peak.max(s.peak_kib);
         }
         let init = median(inits);
         if name == "hello-lambda" {
@@ -279,9 +320,10 @@ async fn main() -> Result<(), String> {
             init.as_secs_f64() / hello_init.as_secs_f64()
         };
         println!(
-            "| {name} | {:.2} | {:.2} | {ratio:.2}x | {status} |",
+            "| {name} | {:.2} | {:.2} | {ratio:.2}x | {:.1} | {status} |",
             init.as_secs_f64() * 1000.0,
-            median(firsts).as_secs_f64() * 1000.0
+            median(firsts).as_secs_f64() * 1000.0,
+            peak as f64 / 1024.0
         );
     }
     Ok(())

@@ -45,6 +45,7 @@ mod collection;
 mod corrections;
 mod drafts;
 mod numbering;
+#[cfg(feature = "pdf")]
 mod pdf;
 mod records;
 #[cfg(test)]
@@ -54,6 +55,7 @@ pub use collection::*;
 pub use corrections::*;
 pub use drafts::*;
 pub use numbering::*;
+#[cfg(feature = "pdf")]
 pub use pdf::*;
 pub use records::*;
 
