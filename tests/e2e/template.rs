@@ -1804,25 +1804,10 @@ fn the_event_streams_are_a_streaming_function_url() {
 /// features of a deployed build (`sam build` builds one function at a time),
 /// not the union the workspace's tests are built with.
 fn linked_crates(package: &str) -> Vec<String> {
-    let manifest = format!("{}/../Cargo.toml", env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new(env!("CARGO"))
-        .args(["tree", "-p", package, "-e", "normal", "--prefix", "none"])
-        .args([
-            "--format",
-            "{p}",
-            "--offline",
-            "--locked",
-            "--manifest-path",
-        ])
-        .arg(&manifest)
-        .output()
-        .unwrap_or_else(|e| panic!("cargo tree: {e}"));
-    assert!(
-        out.status.success(),
-        "cargo tree -p {package}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut crates: Vec<String> = String::from_utf8_lossy(&out.stdout)
+    let out = crate::workspace::cargo_stdout(&[
+        "tree", "-p", package, "-e", "normal", "--prefix", "none", "--format", "{p}", "--locked",
+    ]);
+    let mut crates: Vec<String> = String::from_utf8_lossy(&out)
         .lines()
         .filter_map(|l| l.split_whitespace().next())
         .map(str::to_owned)

@@ -10,26 +10,27 @@ use std::process::Command;
 
 use serde_json::Value;
 
-fn workspace_targets() -> Vec<(String, Value)> {
+/// What `cargo <args>` prints on the workspace, offline; a failure fails
+/// the test with cargo's own words.
+pub(crate) fn cargo_stdout(args: &[&str]) -> Vec<u8> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
     let out = Command::new(env!("CARGO"))
-        .args([
-            "metadata",
-            "--no-deps",
-            "--offline",
-            "--format-version",
-            "1",
-        ])
-        .arg("--manifest-path")
+        .args(args)
+        .args(["--offline", "--manifest-path"])
         .arg(&manifest)
         .output()
-        .unwrap_or_else(|e| panic!("cargo metadata: {e}"));
+        .unwrap_or_else(|e| panic!("cargo {args:?}: {e}"));
     assert!(
         out.status.success(),
-        "cargo metadata failed: {}",
+        "cargo {args:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let meta: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    out.stdout
+}
+
+fn workspace_targets() -> Vec<(String, Value)> {
+    let out = cargo_stdout(&["metadata", "--no-deps", "--format-version", "1"]);
+    let meta: Value = serde_json::from_slice(&out).unwrap_or(Value::Null);
     let mut targets = Vec::new();
     for package in meta["packages"].as_array().into_iter().flatten() {
         let name = package["name"].as_str().unwrap_or("").to_owned();
