@@ -141,10 +141,15 @@ fn map_error(e: reqwest::Error) -> ProviderError {
 /// The process's one TLS client configuration: rustls on the aws-lc-rs
 /// provider (the one the AWS SDK already uses) with the platform's roots,
 /// read once, on first use. The provider calls and Fonepay's websocket
-/// share it.
+/// share it. A failure (no usable roots) is not remembered: the next call
+/// tries again.
 pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
-    static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
-    CONFIG.get_or_init(build_tls_config).clone()
+    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
+    if let Some(config) = CONFIG.get() {
+        return Ok(config.clone());
+    }
+    let built = build_tls_config()?;
+    Ok(CONFIG.get_or_init(|| built).clone())
 }
 
 fn build_tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
