@@ -48,6 +48,18 @@ const FIELDS: [(Provider, &[Field]); 3] = [
     ),
 ];
 
+/// The page refusing what needs the credentials master key (503).
+async fn no_master_key(state: &AppState, signed: &Signed) -> Page {
+    show(
+        state,
+        signed,
+        None,
+        Some(NO_MASTER_KEY),
+        StatusCode::SERVICE_UNAVAILABLE,
+    )
+    .await
+}
+
 async fn show(
     state: &AppState,
     signed: &Signed,
@@ -159,14 +171,7 @@ pub async fn check(State(state): State<AppState>, signed: Signed, body: Bytes) -
         .await;
     };
     if state.providers.keys().is_none() {
-        return show(
-            &state,
-            &signed,
-            None,
-            Some(NO_MASTER_KEY),
-            StatusCode::SERVICE_UNAVAILABLE,
-        )
-        .await;
+        return no_master_key(&state, &signed).await;
     }
     let asked = credentials::ask_provider(
         &*state.store,
@@ -252,14 +257,7 @@ pub async fn set(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
     };
     let provider = creds.provider();
     let Some(keys) = state.providers.keys() else {
-        return show(
-            &state,
-            &signed,
-            None,
-            Some(NO_MASTER_KEY),
-            StatusCode::SERVICE_UNAVAILABLE,
-        )
-        .await;
+        return no_master_key(&state, &signed).await;
     };
     let saved = credentials::put_credentials(
         &*state.store,
