@@ -23,8 +23,51 @@ use utoipa::openapi::{
 };
 use utoipa::{PartialSchema, ToSchema};
 
+/// The handlers' routes only: a deployed function serves no document, so
+/// it does not build one at every cold start, nor link the code that
+/// would (issue 21). See [`route_table!`](crate::route_table).
+#[cfg(not(feature = "document"))]
+pub use crate::route_table as routes;
 pub use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
+/// The handlers' routes and their OpenAPI operations (feature `document`:
+/// the local gateway, which writes `docs/openapi.json`, and the tests).
+#[cfg(feature = "document")]
 pub use utoipa_axum::routes;
+
+/// What [`route_table!`](crate::route_table) expands to names.
+#[doc(hidden)]
+pub mod __private {
+    pub use axum::routing::MethodRouter;
+    pub use utoipa::Path;
+    pub use utoipa::openapi::path::{PathItem, Paths};
+    pub use utoipa_axum::PathItemExt;
+    pub use utoipa_axum::paste;
+}
+
+/// `utoipa_axum::routes!` without the document: the same paths and
+/// methods, read from each handler's `#[utoipa::path]`, on one
+/// `MethodRouter`, with an empty [`PathItem`](utoipa::openapi::PathItem)
+/// per path (so [`OpenApiRouter::routes`] registers it) and no schemas.
+/// `edge::openapi::routes!` is this macro unless the `document` feature is
+/// on; a test holds the two to the same routes.
+#[macro_export]
+macro_rules! route_table {
+    ( $( $handler:ident ),+ $(,)? ) => {{
+        use $crate::openapi::__private::{Path as _, PathItemExt as _};
+        let mut paths = $crate::openapi::__private::Paths::new();
+        let mut method_router = $crate::openapi::__private::MethodRouter::new();
+        $( $crate::openapi::__private::paste! {
+            for method in [<__path_ $handler>]::methods() {
+                method_router = method_router.on(method.to_method_filter(), $handler);
+            }
+            paths
+                .paths
+                .entry([<__path_ $handler>]::path())
+                .or_insert_with($crate::openapi::__private::PathItem::default);
+        } )+
+        (::std::vec::Vec::new(), paths, method_router)
+    }};
+}
 
 use crate::ErrorType;
 use crate::idempotency;
@@ -498,5 +541,105 @@ pub fn to_json(api: &OpenApi) -> String {
         }
         // Serializing our own document cannot fail; say so if it ever does.
         Err(e) => format!("{{\"error\": \"the OpenAPI document did not serialize: {e}\"}}\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::extract::Path;
+    use http::{Method, Request};
+    use tower::ServiceExt;
+
+    use super::OpenApiRouter;
+
+    #[utoipa::path(get, path = "/v1/things")]
+    async fn list_things() -> &'static str {
+        "list"
+    }
+
+    #[utoipa::path(post, path = "/v1/things")]
+    async fn create_thing() -> &'static str {
+        "create"
+    }
+
+    #[utoipa::path(get, path = "/v1/things/{id}", params(("id" = String, Path)))]
+    async fn get_thing(Path(id): Path<String>) -> String {
+        format!("get {id}")
+    }
+
+    #[utoipa::path(patch, path = "/v1/things/{id}", params(("id" = String, Path)))]
+    async fn patch_thing(Path(id): Path<String>) -> String {
+        format!("patch {id}")
+    }
+
+    #[utoipa::path(post, path = "/v1/things/{id}/cancel", params(("id" = String, Path)))]
+    async fn cancel_thing(Path(id): Path<String>) -> String {
+        format!("cancel {id}")
+    }
+
+    /// A deployed function's route table answers every method on every
+    /// path exactly as the documented one the tests and the local gateway
+    /// run: same handler, same 404 and 405.
+    #[tokio::test]
+    async fn the_route_table_routes_as_the_documented_routes_do() {
+        let documented = OpenApiRouter::<()>::new()
+            .routes(utoipa_axum::routes!(list_things, create_thing))
+            .routes(utoipa_axum::routes!(get_thing, patch_thing))
+            .routes(utoipa_axum::routes!(cancel_thing));
+        let table = OpenApiRouter::<()>::new()
+            .routes(crate::route_table!(list_things, create_thing))
+            .routes(crate::route_table!(get_thing, patch_thing))
+            .routes(crate::route_table!(cancel_thing));
+        let (documented, doc) = documented.split_for_parts();
+        let (table, bare) = table.split_for_parts();
+        let keys =
+            |api: &utoipa::openapi::OpenApi| api.paths.paths.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(keys(&doc), keys(&bare));
+        assert_eq!(keys(&doc).len(), 3);
+        assert!(
+            bare.components
+                .as_ref()
+                .is_none_or(|c| c.schemas.is_empty()),
+            "the table carries no schemas"
+        );
+        let mut answered = 0;
+        for path in [
+            "/v1/things",
+            "/v1/things/t_1",
+            "/v1/things/t_1/cancel",
+            "/v1/other",
+        ] {
+            for method in [
+                Method::GET,
+                Method::POST,
+                Method::PATCH,
+                Method::PUT,
+                Method::DELETE,
+            ] {
+                let call = |router: axum::Router| {
+                    let request = Request::builder()
+                        .method(method.clone())
+                        .uri(path)
+                        .body(Body::empty());
+                    async move {
+                        let response = router.oneshot(request.map_err(|e| e.to_string())?).await;
+                        let response = response.map_err(|e| e.to_string())?;
+                        let status = response.status();
+                        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        Ok::<_, String>((status, body))
+                    }
+                };
+                let want = call(documented.clone()).await;
+                let got = call(table.clone()).await;
+                assert_eq!(got, want, "{method} {path}");
+                if want.as_ref().is_ok_and(|(s, _)| s.is_success()) {
+                    answered += 1;
+                }
+            }
+        }
+        assert_eq!(answered, 5, "each handler answered once");
     }
 }

@@ -470,14 +470,22 @@ fn open_embedded(_: &std::path::Path) -> Result<Backends, String> {
 }
 
 async fn open_aws(s: &AwsSettings, init: bool) -> Result<Backends, String> {
-    use crate::store::dynamo::{DynamoStore, create_table};
+    use crate::store::dynamo::DynamoStore;
 
     let shared = crate::aws::sdk_config(s.endpoint.as_deref())?;
     let dynamo = aws_sdk_dynamodb::Client::new(&shared);
+    #[cfg(feature = "tools")]
     if init {
-        create_table(&dynamo, &s.table)
+        crate::store::dynamo::create_table(&dynamo, &s.table)
             .await
             .map_err(|e| format!("cannot create table {}: {e}", s.table))?;
+    }
+    #[cfg(not(feature = "tools"))]
+    if init {
+        return Err(format!(
+            "cannot create table {}: this build does not create AWS resources (feature tools)",
+            s.table
+        ));
     }
     let queue = aws_queue(&shared, s, init).await?;
     let blobs = aws_blobs(&shared, s, init).await?;
@@ -496,11 +504,15 @@ async fn aws_queue(
     s: &AwsSettings,
     init: bool,
 ) -> Result<Arc<dyn Queue>, String> {
-    use crate::queue::sqs::{SqsQueue, ensure_queues, queue_name};
+    use crate::queue::sqs::{SqsQueue, queue_name};
+    // Without tools, open_aws has refused an init already.
+    #[cfg(not(feature = "tools"))]
+    let _ = init;
     let sqs = aws_sdk_sqs::Client::new(shared);
     let mut urls = s.queue_urls.clone();
+    #[cfg(feature = "tools")]
     if init {
-        let created = ensure_queues(&sqs, &s.queue_prefix)
+        let created = crate::queue::sqs::ensure_queues(&sqs, &s.queue_prefix)
             .await
             .map_err(|e| format!("cannot create queues {}-*: {e}", s.queue_prefix))?;
         for (queue, url) in created {
@@ -549,13 +561,17 @@ async fn aws_blobs(
     s: &AwsSettings,
     init: bool,
 ) -> Result<Arc<dyn Blobs>, String> {
-    use crate::blobs::s3::{S3Blobs, ensure_bucket};
+    use crate::blobs::s3::S3Blobs;
+    // Without tools, open_aws has refused an init already.
+    #[cfg(not(feature = "tools"))]
+    let _ = init;
     let conf = aws_sdk_s3::config::Builder::from(shared)
         .force_path_style(s.endpoint.is_some())
         .build();
     let s3 = aws_sdk_s3::Client::from_conf(conf);
+    #[cfg(feature = "tools")]
     if init {
-        ensure_bucket(&s3, &s.bucket)
+        crate::blobs::s3::ensure_bucket(&s3, &s.bucket)
             .await
             .map_err(|e| format!("cannot create bucket {}: {e}", s.bucket))?;
     }

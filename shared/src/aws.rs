@@ -70,7 +70,68 @@ pub fn sdk_config_from(
     if let Some(endpoint) = endpoint {
         config = config.endpoint_url(endpoint);
     }
+    match trust_from(var)? {
+        Trust::Amazon => config = config.http_client(amazon_trust_client()?),
+        Trust::System => {}
+    }
     Ok(config.build())
+}
+
+/// Whom the SDK clients' TLS trusts (`DHUKUTI_AWS_TRUST`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trust {
+    /// `amazon`, the default: the five roots every AWS endpoint chains to
+    /// ([`AMAZON_ROOTS_PEM`]), and no other.
+    Amazon,
+    /// `system`: the platform's roots, as the SDK has them by default (an
+    /// HTTPS endpoint of one's own, LocalStack, a proxy that inspects TLS,
+    /// the China partitions).
+    System,
+}
+
+/// The roots of every AWS service endpoint, as Amazon Trust Services
+/// publishes them: Amazon Root CA 1 to 4 and Starfield Services Root
+/// Certificate Authority - G2 (valid to 2037-2040).
+///
+/// Trusting only these means a certificate from any other authority cannot
+/// stand in for DynamoDB, SQS, S3 or Secrets Manager, and the start does
+/// not read and parse the platform's 140-odd roots: that was a third of a
+/// function's cold start (issue 21, BENCHMARKS.md §3).
+pub const AMAZON_ROOTS_PEM: &[u8] = include_bytes!("../certs/amazon-trust-services.pem");
+
+fn trust_from(var: impl Fn(&str) -> Option<String>) -> Result<Trust, String> {
+    match var("DHUKUTI_AWS_TRUST").as_deref().map(str::trim) {
+        None => Ok(Trust::Amazon),
+        Some(v) if v.eq_ignore_ascii_case("amazon") => Ok(Trust::Amazon),
+        Some(v) if v.eq_ignore_ascii_case("system") => Ok(Trust::System),
+        Some(_) => Err("DHUKUTI_AWS_TRUST must be `amazon` or `system`".into()),
+    }
+}
+
+/// The SDK's own HTTPS client (hyper, rustls on aws-lc, proxies from the
+/// environment, as its default client), trusting [`AMAZON_ROOTS_PEM`] only.
+fn amazon_trust_client() -> Result<aws_types::sdk_config::SharedHttpClient, String> {
+    use aws_smithy_http_client::proxy::ProxyConfig;
+    use aws_smithy_http_client::tls::rustls_provider::CryptoMode;
+    use aws_smithy_http_client::tls::{Provider, TlsContext, TrustStore};
+    use aws_smithy_http_client::{Builder, ConnectorBuilder};
+    let tls = TlsContext::builder()
+        .with_trust_store(TrustStore::empty().with_pem_certificate(AMAZON_ROOTS_PEM))
+        .build()
+        .map_err(|e| format!("the AWS roots: {e}"))?;
+    Ok(
+        Builder::new().build_with_connector_fn(move |settings, components| {
+            let mut connector = ConnectorBuilder::default()
+                .tls_provider(Provider::Rustls(CryptoMode::AwsLc))
+                .tls_context(tls.clone());
+            connector.set_connector_settings(settings.cloned());
+            if let Some(components) = components {
+                connector.set_sleep_impl(components.sleep_impl());
+            }
+            connector.set_proxy_config(Some(ProxyConfig::from_env()));
+            connector.build()
+        }),
+    )
 }
 
 /// Error codes AWS services use for "slow down" and "try again".
@@ -156,6 +217,75 @@ mod tests {
         assert_eq!(creds.access_key_id(), "AKIDEXAMPLE");
         assert_eq!(creds.secret_access_key(), "wJalrXUtnFEMI");
         assert_eq!(creds.session_token(), Some("IQoJb3JpZ2lu"));
+    }
+
+    const LAMBDA: &[(&str, &str)] = &[
+        ("AWS_REGION", "ap-south-1"),
+        ("AWS_ACCESS_KEY_ID", "AKID"),
+        ("AWS_SECRET_ACCESS_KEY", "s3cr3t"),
+    ];
+
+    fn amazon_roots() -> Vec<rustls::pki_types::CertificateDer<'static>> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        match CertificateDer::pem_slice_iter(AMAZON_ROOTS_PEM).collect::<Result<Vec<_>, _>>() {
+            Ok(certs) => certs,
+            Err(e) => panic!("shared/certs/amazon-trust-services.pem: {e:?}"),
+        }
+    }
+
+    /// The SHA-256 fingerprints Amazon Trust Services publishes
+    /// (https://www.amazontrust.com/repository/).
+    #[test]
+    fn the_pinned_roots_are_the_five_amazon_publishes() {
+        use sha2::{Digest, Sha256};
+        let published = [
+            "8ecde6884f3d87b1125ba31ac3fcb13d7016de7f57cc904fe1cb97c6ae98196e",
+            "1ba5b2aa8c65401a82960118f80bec4f62304d83cec4713a19c39c011ea46db4",
+            "18ce6cfe7bf14e60b2e347b8dfe868cb31d02ebb3ada271569f50343b46db3a4",
+            "e35d28419ed02025cfa69038cd623962458da5c695fbdea3c22b0bfb25897092",
+            "568d6905a2c88708a4b3025190edcfedb1974a606a13c6e5290fcb2ae63edab5",
+        ];
+        let certs = amazon_roots();
+        let fingerprints: Vec<String> = certs
+            .iter()
+            .map(|c| hex::encode(Sha256::digest(c.as_ref())))
+            .collect();
+        assert_eq!(fingerprints, published);
+        // As the SDK's client adds them (it panics on one it cannot parse).
+        let mut store = rustls::RootCertStore::empty();
+        for cert in certs {
+            assert!(store.add(cert).is_ok());
+        }
+        assert_eq!(store.len(), 5);
+    }
+
+    /// Pinning narrows the platform's trust, never widens it: each root is
+    /// one the platform (Mozilla's store on Debian) already trusts.
+    #[test]
+    fn each_pinned_root_is_one_the_platform_trusts() {
+        let platform = rustls_native_certs::load_native_certs().certs;
+        assert!(!platform.is_empty(), "no platform roots to compare with");
+        for cert in amazon_roots() {
+            assert!(platform.contains(&cert), "{cert:?} is not a platform root");
+        }
+    }
+
+    #[test]
+    fn the_sdk_trusts_amazons_roots_unless_told_otherwise() {
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut vars = LAMBDA.to_vec();
+            vars.extend_from_slice(extra);
+            sdk_config_from(lookup(&vars), None)
+        };
+        let pinned = |c: Result<SdkConfig, String>| c.map(|c| c.http_client().is_some());
+        assert_eq!(pinned(with(&[])), Ok(true));
+        assert_eq!(pinned(with(&[("DHUKUTI_AWS_TRUST", "Amazon")])), Ok(true));
+        assert_eq!(pinned(with(&[("DHUKUTI_AWS_TRUST", "system")])), Ok(false));
+        assert_eq!(
+            pinned(with(&[("DHUKUTI_AWS_TRUST", "everyone")])),
+            Err("DHUKUTI_AWS_TRUST must be `amazon` or `system`".to_owned())
+        );
     }
 
     #[test]

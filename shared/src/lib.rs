@@ -17,6 +17,7 @@ pub mod ids;
 pub mod keys;
 pub mod kinds;
 pub mod limits;
+pub mod logging;
 pub mod money;
 #[cfg(feature = "pdf")]
 pub mod pdf;

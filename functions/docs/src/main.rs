@@ -7,6 +7,6 @@ const OPENAPI_JSON: &str = include_str!("../../../docs/openapi.json");
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
-    lambda_http::tracing::init_default_subscriber();
+    shared::logging::init_lambda();
     lambda_http::run(docs::router(std::sync::Arc::from(OPENAPI_JSON))).await
 }

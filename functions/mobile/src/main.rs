@@ -1,6 +1,6 @@
 #[tokio::main]
 async fn main() -> Result<(), lambda_http::Error> {
-    lambda_http::tracing::init_default_subscriber();
+    shared::logging::init_lambda();
     let state = shared::AppState::from_env().await?;
     lambda_http::run(mobile::router(state)).await
 }

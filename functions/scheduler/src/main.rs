@@ -3,7 +3,7 @@ use serde_json::Value;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    lambda_runtime::tracing::init_default_subscriber();
+    shared::logging::init_lambda();
     let state = shared::AppState::from_env().await?;
     lambda_runtime::run(service_fn(|event: LambdaEvent<Value>| {
         let state = state.clone();

@@ -4,7 +4,7 @@ use shared::providers::sms::{SmsClient, SmsConfig};
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    lambda_runtime::tracing::init_default_subscriber();
+    shared::logging::init_lambda();
     let state = shared::AppState::from_env().await?;
     // One client per process (DHUKUTI_SMS_BASE_URL, DHUKUTI_SMS_TOKEN,
     // DHUKUTI_SMS_FROM): its connection pool outlives invocations.

@@ -3,7 +3,7 @@ use lambda_runtime::{LambdaEvent, service_fn};
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    lambda_runtime::tracing::init_default_subscriber();
+    shared::logging::init_lambda();
     let state = shared::AppState::from_env().await?;
     // One client per process: its connection pool outlives invocations.
     let client = state.webhooks.client()?;

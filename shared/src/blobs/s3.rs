@@ -10,13 +10,15 @@ use async_trait::async_trait;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+#[cfg(feature = "tools")]
 use aws_sdk_s3::operation::create_bucket::CreateBucketError;
 use aws_sdk_s3::operation::get_object::GetObjectError;
 use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::ServerSideEncryption;
+#[cfg(feature = "tools")]
 use aws_sdk_s3::types::{
     BucketLocationConstraint, CreateBucketConfiguration, PublicAccessBlockConfiguration,
-    ServerSideEncryption, ServerSideEncryptionByDefault, ServerSideEncryptionConfiguration,
-    ServerSideEncryptionRule,
+    ServerSideEncryptionByDefault, ServerSideEncryptionConfiguration, ServerSideEncryptionRule,
 };
 use bytes::Bytes;
 
@@ -63,6 +65,7 @@ pub fn client_for_endpoint(endpoint: &str, region: &str) -> Client {
     Client::from_conf(config)
 }
 
+#[cfg(feature = "tools")]
 /// Creates `bucket` in the client's region if it does not exist yet (one
 /// this account already owns is fine), then blocks all public access and
 /// sets default encryption to SSE-S3 (AES256). Idempotent.
@@ -128,6 +131,7 @@ pub async fn ensure_bucket(client: &Client, bucket: &str) -> Result<(), BlobErro
     Ok(())
 }
 
+#[cfg(feature = "tools")]
 fn tolerate_not_implemented<T, E>(op: &str, result: Result<T, SdkError<E>>) -> Result<(), BlobError>
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,

@@ -19,11 +19,16 @@ use async_trait::async_trait;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+#[cfg(feature = "tools")]
 use aws_sdk_sqs::operation::create_queue::CreateQueueError;
+#[cfg(feature = "tools")]
 use aws_sdk_sqs::operation::delete_message::DeleteMessageError;
+#[cfg(feature = "tools")]
 use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 
-use super::memory::{MAX_WAIT, validate_receive, validate_send};
+use super::memory::validate_send;
+#[cfg(feature = "tools")]
+use super::memory::{MAX_WAIT, validate_receive};
 use super::{Message, Queue, QueueError, QueueName};
 use crate::aws::is_transient;
 
@@ -31,8 +36,10 @@ use crate::aws::is_transient;
 /// dead-letter queue.
 pub const MAX_RECEIVE_COUNT: u32 = 5;
 /// How long the dead-letter queues keep a message: SQS's longest, 14 days.
+#[cfg(feature = "tools")]
 const DLQ_RETENTION_SECS: u32 = 14 * 24 * 60 * 60;
 /// SQS's longest queue name.
+#[cfg(feature = "tools")]
 const MAX_QUEUE_NAME: usize = 80;
 
 /// The queue port on SQS: one queue URL per [`QueueName`].
@@ -87,6 +94,7 @@ pub fn dead_letter_queue_name(prefix: &str, queue: QueueName) -> String {
     format!("{prefix}-{}-dlq", queue.as_str())
 }
 
+#[cfg(feature = "tools")]
 /// Creates (or finds) every queue of [`QueueName::ALL`] as `{prefix}-{name}`,
 /// each with a dead-letter queue `{prefix}-{name}-dlq` that receives a
 /// message after [`MAX_RECEIVE_COUNT`] receives. Idempotent: existing
@@ -125,6 +133,7 @@ pub async fn ensure_queues(
     Ok(urls)
 }
 
+#[cfg(feature = "tools")]
 fn validate_prefix(prefix: &str) -> Result<(), QueueError> {
     let longest = QueueName::ALL
         .iter()
@@ -146,6 +155,7 @@ fn validate_prefix(prefix: &str) -> Result<(), QueueError> {
     }
 }
 
+#[cfg(feature = "tools")]
 /// Creates queue `name` with `attributes`; when it exists with other
 /// attributes, sets them on it. Answers its URL.
 async fn create_or_update(
@@ -186,6 +196,7 @@ async fn create_or_update(
     }
 }
 
+#[cfg(feature = "tools")]
 fn is_queue_exists(err: &SdkError<CreateQueueError>) -> bool {
     matches!(
         err.as_service_error(),
@@ -193,6 +204,7 @@ fn is_queue_exists(err: &SdkError<CreateQueueError>) -> bool {
     ) || matches!(err.code(), Some("QueueAlreadyExists" | "QueueNameExists"))
 }
 
+#[cfg(feature = "tools")]
 async fn queue_arn(client: &Client, url: &str) -> Result<String, QueueError> {
     let out = client
         .get_queue_attributes()
@@ -217,6 +229,7 @@ fn ceil_secs(d: Duration) -> i32 {
     i32::try_from(secs).unwrap_or(i32::MAX)
 }
 
+#[cfg(feature = "tools")]
 /// Whole seconds, rounded to the nearest, at most [`MAX_WAIT`].
 fn wait_secs(d: Duration) -> i32 {
     let millis = d.min(MAX_WAIT).as_millis();
@@ -246,6 +259,7 @@ impl Queue for SqsQueue {
             .ok_or_else(|| QueueError::Backend("SendMessage: no MessageId in the answer".into()))
     }
 
+    #[cfg(feature = "tools")]
     async fn receive(
         &self,
         queue: QueueName,
@@ -295,6 +309,7 @@ impl Queue for SqsQueue {
             .collect()
     }
 
+    #[cfg(feature = "tools")]
     async fn delete(&self, queue: QueueName, receipt: &str) -> Result<(), QueueError> {
         let result = self
             .client
@@ -319,6 +334,31 @@ impl Queue for SqsQueue {
             Err(err) => Err(sdk_error(&format!("DeleteMessage {}", queue.as_str()), err)),
         }
     }
+
+    /// Deployed functions take their messages from Lambda's event source
+    /// mapping and never poll; only the local gateway's workers do.
+    #[cfg(not(feature = "tools"))]
+    async fn receive(
+        &self,
+        _: QueueName,
+        _: usize,
+        _: Duration,
+        _: Duration,
+    ) -> Result<Vec<Message>, QueueError> {
+        Err(not_polled())
+    }
+
+    #[cfg(not(feature = "tools"))]
+    async fn delete(&self, _: QueueName, _: &str) -> Result<(), QueueError> {
+        Err(not_polled())
+    }
+}
+
+#[cfg(not(feature = "tools"))]
+fn not_polled() -> QueueError {
+    QueueError::Backend(
+        "this build does not poll SQS (feature tools): Lambda's event source mapping does".into(),
+    )
 }
 
 fn sdk_error<E>(op: &str, err: SdkError<E>) -> QueueError

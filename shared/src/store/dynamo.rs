@@ -45,23 +45,18 @@
 //! an attribute named `__dhukuti_noop__` is reserved (see [`Update`]s
 //! without changes).
 
-use std::collections::HashMap;
-use std::fmt;
-use std::time::{Duration, Instant};
-
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_dynamodb::operation::create_table::CreateTableError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, AttributeValue, BillingMode, CancellationReason, ConditionCheck, Delete,
-    GlobalSecondaryIndex, IndexStatus, KeySchemaElement, KeyType, Projection, ProjectionType, Put,
-    ReturnValue, ScalarAttributeType, Select, StreamSpecification, StreamViewType, TableStatus,
-    TimeToLiveSpecification, TimeToLiveStatus, TransactWriteItem,
+    AttributeValue, CancellationReason, ConditionCheck, Delete, Put, ReturnValue, Select,
+    TransactWriteItem,
 };
 use serde_json::Value;
+use std::collections::HashMap;
+use std::fmt;
 
 use super::validate::{
     validate_cond, validate_item, validate_key, validate_query, validate_sk, validate_start_after,
@@ -78,9 +73,6 @@ type Attrs = HashMap<String, AttributeValue>;
 /// an [`Update`] with no changes (DynamoDB needs a non-empty expression in
 /// a transaction, and still creates a missing item).
 const NOOP_ATTR: &str = "__dhukuti_noop__";
-
-/// How long [`create_table`] waits for the table and its indexes.
-const ACTIVE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// [`Store`] on one DynamoDB table. Cheap to clone (the client is shared).
 #[derive(Clone)]
@@ -179,164 +171,189 @@ pub fn table_schema() -> TableSchema {
     }
 }
 
-fn key_elements(schema: &[(&str, &str)]) -> Result<Vec<KeySchemaElement>, StoreError> {
-    schema
-        .iter()
-        .map(|(attr, kind)| {
-            KeySchemaElement::builder()
-                .attribute_name(*attr)
-                .key_type(KeyType::from(*kind))
-                .build()
-                .map_err(build_error("key schema"))
-        })
-        .collect()
-}
+/// Creating the table (the local gateway's `--init`, `dhukuti-admin`, the
+/// tests): feature `tools`. A deployed function only uses the table the
+/// template made, and carries none of these operations (issue 21).
+#[cfg(feature = "tools")]
+mod provision {
+    use std::time::{Duration, Instant};
 
-/// Creates `table` as [`table_schema`] describes it (on-demand billing, the
-/// key, both indexes, a stream), waits until it and its indexes are
-/// `ACTIVE` and enables TTL on [`TTL`]. Idempotent: an existing table with
-/// the same key schema is only waited on and given TTL. Point-in-time
-/// recovery and KMS encryption stay with the deployment (`template.yaml`).
-pub async fn create_table(client: &Client, table: &str) -> Result<(), StoreError> {
-    let schema = table_schema();
-    let attributes = schema
-        .attributes
-        .iter()
-        .map(|(name, kind)| {
-            AttributeDefinition::builder()
-                .attribute_name(*name)
-                .attribute_type(ScalarAttributeType::from(*kind))
-                .build()
-                .map_err(build_error("attribute definition"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let indexes = schema
-        .indexes
-        .iter()
-        .map(|index| {
-            GlobalSecondaryIndex::builder()
-                .index_name(index.name)
-                .set_key_schema(Some(key_elements(&index.key_schema)?))
-                .projection(
-                    Projection::builder()
-                        .projection_type(ProjectionType::from(index.projection))
-                        .build(),
-                )
-                .build()
-                .map_err(build_error("index"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let stream = StreamSpecification::builder()
-        .stream_enabled(true)
-        .stream_view_type(StreamViewType::from(schema.stream_view_type))
-        .build()
-        .map_err(build_error("stream specification"))?;
-    let created = client
-        .create_table()
-        .table_name(table)
-        .billing_mode(BillingMode::from(schema.billing_mode))
-        .set_attribute_definitions(Some(attributes))
-        .set_key_schema(Some(key_elements(&schema.key_schema)?))
-        .set_global_secondary_indexes(Some(indexes))
-        .stream_specification(stream)
-        .send()
-        .await;
-    match created {
-        Ok(_) => {}
-        Err(SdkError::ServiceError(e))
-            if matches!(e.err(), CreateTableError::ResourceInUseException(_)) => {}
-        Err(e) => return Err(sdk_error("create table", e)),
+    use aws_sdk_dynamodb::Client;
+    use aws_sdk_dynamodb::error::SdkError;
+    use aws_sdk_dynamodb::operation::create_table::CreateTableError;
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, GlobalSecondaryIndex, IndexStatus, KeySchemaElement,
+        KeyType, Projection, ProjectionType, ScalarAttributeType, StreamSpecification,
+        StreamViewType, TableStatus, TimeToLiveSpecification, TimeToLiveStatus,
+    };
+
+    use super::{StoreError, TableSchema, build_error, sdk_error, table_schema};
+
+    /// How long [`create_table`] waits for the table and its indexes.
+    const ACTIVE_TIMEOUT: Duration = Duration::from_secs(300);
+
+    fn key_elements(schema: &[(&str, &str)]) -> Result<Vec<KeySchemaElement>, StoreError> {
+        schema
+            .iter()
+            .map(|(attr, kind)| {
+                KeySchemaElement::builder()
+                    .attribute_name(*attr)
+                    .key_type(KeyType::from(*kind))
+                    .build()
+                    .map_err(build_error("key schema"))
+            })
+            .collect()
     }
-    wait_until_active(client, table, &schema).await?;
-    enable_ttl(client, table, schema.ttl_attribute).await
-}
 
-async fn wait_until_active(
-    client: &Client,
-    table: &str,
-    schema: &TableSchema,
-) -> Result<(), StoreError> {
-    let deadline = Instant::now() + ACTIVE_TIMEOUT;
-    let mut pause = Duration::from_millis(100);
-    loop {
-        let out = client
-            .describe_table()
+    /// Creates `table` as [`table_schema`] describes it (on-demand billing, the
+    /// key, both indexes, a stream), waits until it and its indexes are
+    /// `ACTIVE` and enables TTL on [`TTL`](super::TTL). Idempotent: an existing table with
+    /// the same key schema is only waited on and given TTL. Point-in-time
+    /// recovery and KMS encryption stay with the deployment (`template.yaml`).
+    pub async fn create_table(client: &Client, table: &str) -> Result<(), StoreError> {
+        let schema = table_schema();
+        let attributes = schema
+            .attributes
+            .iter()
+            .map(|(name, kind)| {
+                AttributeDefinition::builder()
+                    .attribute_name(*name)
+                    .attribute_type(ScalarAttributeType::from(*kind))
+                    .build()
+                    .map_err(build_error("attribute definition"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let indexes = schema
+            .indexes
+            .iter()
+            .map(|index| {
+                GlobalSecondaryIndex::builder()
+                    .index_name(index.name)
+                    .set_key_schema(Some(key_elements(&index.key_schema)?))
+                    .projection(
+                        Projection::builder()
+                            .projection_type(ProjectionType::from(index.projection))
+                            .build(),
+                    )
+                    .build()
+                    .map_err(build_error("index"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let stream = StreamSpecification::builder()
+            .stream_enabled(true)
+            .stream_view_type(StreamViewType::from(schema.stream_view_type))
+            .build()
+            .map_err(build_error("stream specification"))?;
+        let created = client
+            .create_table()
+            .table_name(table)
+            .billing_mode(BillingMode::from(schema.billing_mode))
+            .set_attribute_definitions(Some(attributes))
+            .set_key_schema(Some(key_elements(&schema.key_schema)?))
+            .set_global_secondary_indexes(Some(indexes))
+            .stream_specification(stream)
+            .send()
+            .await;
+        match created {
+            Ok(_) => {}
+            Err(SdkError::ServiceError(e))
+                if matches!(e.err(), CreateTableError::ResourceInUseException(_)) => {}
+            Err(e) => return Err(sdk_error("create table", e)),
+        }
+        wait_until_active(client, table, &schema).await?;
+        enable_ttl(client, table, schema.ttl_attribute).await
+    }
+
+    async fn wait_until_active(
+        client: &Client,
+        table: &str,
+        schema: &TableSchema,
+    ) -> Result<(), StoreError> {
+        let deadline = Instant::now() + ACTIVE_TIMEOUT;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let out = client
+                .describe_table()
+                .table_name(table)
+                .send()
+                .await
+                .map_err(|e| sdk_error("describe table", e))?;
+            let description = out
+                .table()
+                .ok_or_else(|| StoreError::Backend("describe table: no description".into()))?;
+            let key: Vec<(&str, &str)> = description
+                .key_schema()
+                .iter()
+                .map(|k| (k.attribute_name(), k.key_type().as_str()))
+                .collect();
+            if key != schema.key_schema {
+                return Err(StoreError::Backend(format!(
+                    "table {table} exists with another key schema: {key:?}"
+                )));
+            }
+            let table_active = description.table_status() == Some(&TableStatus::Active);
+            let indexes = description.global_secondary_indexes();
+            let indexes_active = schema.indexes.iter().all(|want| {
+                indexes.iter().any(|have| {
+                    have.index_name() == Some(want.name)
+                        && have
+                            .index_status()
+                            .is_none_or(|status| *status == IndexStatus::Active)
+                })
+            });
+            if table_active && indexes_active {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(StoreError::Unavailable(format!(
+                    "table {table} not ACTIVE after {ACTIVE_TIMEOUT:?}"
+                )));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    async fn enable_ttl(client: &Client, table: &str, attr: &str) -> Result<(), StoreError> {
+        let current = client
+            .describe_time_to_live()
             .table_name(table)
             .send()
             .await
-            .map_err(|e| sdk_error("describe table", e))?;
-        let description = out
-            .table()
-            .ok_or_else(|| StoreError::Backend("describe table: no description".into()))?;
-        let key: Vec<(&str, &str)> = description
-            .key_schema()
-            .iter()
-            .map(|k| (k.attribute_name(), k.key_type().as_str()))
-            .collect();
-        if key != schema.key_schema {
-            return Err(StoreError::Backend(format!(
-                "table {table} exists with another key schema: {key:?}"
-            )));
+            .map_err(|e| sdk_error("describe time to live", e))?;
+        if let Some(description) = current.time_to_live_description() {
+            let on = matches!(
+                description.time_to_live_status(),
+                Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling)
+            );
+            match description.attribute_name() {
+                Some(name) if on && name == attr => return Ok(()),
+                Some(name) if on => {
+                    return Err(StoreError::Backend(format!(
+                        "table {table} has TTL on {name}, not {attr}"
+                    )));
+                }
+                _ => {}
+            }
         }
-        let table_active = description.table_status() == Some(&TableStatus::Active);
-        let indexes = description.global_secondary_indexes();
-        let indexes_active = schema.indexes.iter().all(|want| {
-            indexes.iter().any(|have| {
-                have.index_name() == Some(want.name)
-                    && have
-                        .index_status()
-                        .is_none_or(|status| *status == IndexStatus::Active)
-            })
-        });
-        if table_active && indexes_active {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(StoreError::Unavailable(format!(
-                "table {table} not ACTIVE after {ACTIVE_TIMEOUT:?}"
-            )));
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(2));
+        let spec = TimeToLiveSpecification::builder()
+            .enabled(true)
+            .attribute_name(attr)
+            .build()
+            .map_err(build_error("time to live specification"))?;
+        client
+            .update_time_to_live()
+            .table_name(table)
+            .time_to_live_specification(spec)
+            .send()
+            .await
+            .map_err(|e| sdk_error("update time to live", e))?;
+        Ok(())
     }
 }
 
-async fn enable_ttl(client: &Client, table: &str, attr: &str) -> Result<(), StoreError> {
-    let current = client
-        .describe_time_to_live()
-        .table_name(table)
-        .send()
-        .await
-        .map_err(|e| sdk_error("describe time to live", e))?;
-    if let Some(description) = current.time_to_live_description() {
-        let on = matches!(
-            description.time_to_live_status(),
-            Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling)
-        );
-        match description.attribute_name() {
-            Some(name) if on && name == attr => return Ok(()),
-            Some(name) if on => {
-                return Err(StoreError::Backend(format!(
-                    "table {table} has TTL on {name}, not {attr}"
-                )));
-            }
-            _ => {}
-        }
-    }
-    let spec = TimeToLiveSpecification::builder()
-        .enabled(true)
-        .attribute_name(attr)
-        .build()
-        .map_err(build_error("time to live specification"))?;
-    client
-        .update_time_to_live()
-        .table_name(table)
-        .time_to_live_specification(spec)
-        .send()
-        .await
-        .map_err(|e| sdk_error("update time to live", e))?;
-    Ok(())
-}
+#[cfg(feature = "tools")]
+pub use provision::create_table;
 
 // ------------------------------------------------------------------ errors
 
@@ -1075,6 +1092,7 @@ impl Store for DynamoStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use aws_sdk_dynamodb::types::BillingMode;
     use serde_json::json;
     use std::sync::Arc;
 
