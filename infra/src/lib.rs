@@ -61,6 +61,7 @@ pub fn app_with_simulators(state: AppState, sim: simulators::SimState, extra: Ro
             .merge(qr::router(state.clone()))
             .merge(mobile::router(state.clone()))
             .merge(dashboard::router(state.clone()))
+            .merge(dashboard::documents_router(state.clone()))
             .merge(hosted::router(state))
             .merge(docs::router(document))
             .merge(extra)

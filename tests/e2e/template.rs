@@ -937,9 +937,9 @@ fn the_functions_that_settle_payments_may_write_the_invoice() {
     }
 }
 
-/// Only the invoices function and the dashboard (an invoice's PDF) may
-/// touch the documents bucket, and no function gets S3 rights anywhere
-/// else.
+/// Only the invoices function and the dashboard's documents function (an
+/// invoice's PDF) may touch the documents bucket, and no function gets S3
+/// rights anywhere else.
 #[test]
 fn only_the_invoices_and_dashboard_functions_touch_the_documents_bucket() {
     let t = template();
@@ -962,7 +962,7 @@ fn only_the_invoices_and_dashboard_functions_touch_the_documents_bucket() {
         }
     }
     holders.sort();
-    assert_eq!(holders, ["DashboardFunction", "InvoicesFunction"]);
+    assert_eq!(holders, ["DashboardDocumentsFunction", "InvoicesFunction"]);
 }
 
 /// Every policy statement of a function.

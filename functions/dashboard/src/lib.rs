@@ -16,6 +16,8 @@
 
 mod chart;
 mod credentials;
+#[cfg(feature = "documents")]
+mod documents;
 mod keys;
 mod pages;
 mod people;
@@ -58,9 +60,11 @@ const MAX_PAGE: usize = 400;
 const CSS: &str = include_str!("dashboard.css");
 
 /// The dashboard's routes in the shared edge, with the pages' security
-/// headers and the public limits per client address.
+/// headers and the public limits per client address. An invoice's PDF is
+/// [`documents_router`]'s.
 pub fn router(state: AppState) -> Router {
-    with_edge(
+    in_edge(
+        state,
         Router::new()
             .route("/dashboard", get(overview))
             .route("/dashboard/", get(overview))
@@ -83,7 +87,6 @@ pub fn router(state: AppState) -> Router {
             .route("/dashboard/links/{id}/cancel", post(records::cancel_link))
             .route("/dashboard/invoices", get(records::invoices_page))
             .route("/dashboard/invoices/{id}", get(records::invoice_page))
-            .route("/dashboard/invoices/{id}/pdf", get(records::invoice_pdf))
             .route("/dashboard/sms", get(records::sms_page))
             .route(
                 "/dashboard/webhooks",
@@ -109,7 +112,28 @@ pub fn router(state: AppState) -> Router {
             .route("/dashboard/assets/dashboard.css", get(css))
             // Not a fallback: the local gateway merges every router into
             // one, where a fallback would answer the API's unknown paths.
-            .route("/dashboard/{*rest}", axum::routing::any(not_found))
+            .route("/dashboard/{*rest}", axum::routing::any(not_found)),
+    )
+}
+
+/// `GET /dashboard/invoices/{id}/pdf`, behind the same sign-in, limits and
+/// headers as the pages. Deployed as its own function
+/// (`functions/dashboard-documents`, feature `documents`): only it carries
+/// the S3 client and the PDF renderer, which would take the pages'
+/// function over its size (issue 21).
+#[cfg(feature = "documents")]
+pub fn documents_router(state: AppState) -> Router {
+    in_edge(
+        state,
+        Router::new().route("/dashboard/invoices/{id}/pdf", get(documents::invoice_pdf)),
+    )
+}
+
+/// `routes` with the public limits per client address, the pages'
+/// security headers and the shared edge.
+fn in_edge(state: AppState, routes: Router<AppState>) -> Router {
+    with_edge(
+        routes
             .route_layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 throttle,

@@ -4,11 +4,10 @@
 //! reminder log, and webhook endpoints with their delivery log and a test
 //! event. Every list paginates.
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
-use axum::response::{IntoResponse, Response};
 use edge::html::html;
-use http::{HeaderValue, StatusCode, header};
+use http::StatusCode;
 use maud::html as markup;
 use shared::AppState;
 use shared::domain::dashboard::{self, FormClaim, Permission};
@@ -448,7 +447,11 @@ pub async fn invoices_page(
     Ok(html(StatusCode::OK, layout(&nav, "Invoices", body)))
 }
 
-async fn invoice_of(state: &AppState, signed: &Signed, id: &str) -> Result<Invoice, Stop> {
+pub(crate) async fn invoice_of(
+    state: &AppState,
+    signed: &Signed,
+    id: &str,
+) -> Result<Invoice, Stop> {
     invoices::get(
         &*state.store,
         &signed.session.project_id,
@@ -498,34 +501,6 @@ pub async fn invoice_page(
         p { a href="/dashboard/invoices" { "← All invoices" } }
     };
     Ok(html(StatusCode::OK, layout(&nav, &title, body)))
-}
-
-pub async fn invoice_pdf(
-    State(state): State<AppState>,
-    signed: Signed,
-    Path(id): Path<String>,
-) -> Result<Response, Stop> {
-    let i = invoice_of(&state, &signed, &id).await?;
-    let bytes = invoices::pdf(&state, &i).await.map_err(fail)?;
-    let mut res = Body::from(bytes).into_response();
-    let h = res.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/pdf"),
-    );
-    let name = format!(
-        "attachment; filename=\"{}.pdf\"",
-        i.invoice_number
-            .as_deref()
-            .unwrap_or(&i.id)
-            .chars()
-            .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
-            .collect::<String>()
-    );
-    if let Ok(v) = HeaderValue::from_str(&name) {
-        h.insert(header::CONTENT_DISPOSITION, v);
-    }
-    Ok(res)
 }
 
 /// A phone number as the SMS log shows it: the last three digits only.
