@@ -65,7 +65,6 @@ pub fn client_for_endpoint(endpoint: &str, region: &str) -> Client {
     Client::from_conf(config)
 }
 
-#[cfg(feature = "tools")]
 /// Creates `bucket` in the client's region if it does not exist yet (one
 /// this account already owns is fine), then blocks all public access and
 /// sets default encryption to SSE-S3 (AES256). Idempotent.
@@ -73,6 +72,7 @@ pub fn client_for_endpoint(endpoint: &str, region: &str) -> Client {
 /// An emulator that answers `NotImplemented` to the public access block or
 /// the encryption settings is tolerated (with a warning); any other error
 /// fails.
+#[cfg(feature = "tools")]
 pub async fn ensure_bucket(client: &Client, bucket: &str) -> Result<(), BlobError> {
     let region = client.config().region().map(|r| r.as_ref().to_owned());
     let mut create = client.create_bucket().bucket(bucket);

@@ -94,12 +94,12 @@ pub fn dead_letter_queue_name(prefix: &str, queue: QueueName) -> String {
     format!("{prefix}-{}-dlq", queue.as_str())
 }
 
-#[cfg(feature = "tools")]
 /// Creates (or finds) every queue of [`QueueName::ALL`] as `{prefix}-{name}`,
 /// each with a dead-letter queue `{prefix}-{name}-dlq` that receives a
 /// message after [`MAX_RECEIVE_COUNT`] receives. Idempotent: existing
 /// queues are kept and their redrive policy is (re)set. Answers the URLs
 /// for [`SqsQueue::new`].
+#[cfg(feature = "tools")]
 pub async fn ensure_queues(
     client: &Client,
     prefix: &str,
@@ -155,9 +155,9 @@ fn validate_prefix(prefix: &str) -> Result<(), QueueError> {
     }
 }
 
-#[cfg(feature = "tools")]
 /// Creates queue `name` with `attributes`; when it exists with other
 /// attributes, sets them on it. Answers its URL.
+#[cfg(feature = "tools")]
 async fn create_or_update(
     client: &Client,
     name: &str,
@@ -229,8 +229,8 @@ fn ceil_secs(d: Duration) -> i32 {
     i32::try_from(secs).unwrap_or(i32::MAX)
 }
 
-#[cfg(feature = "tools")]
 /// Whole seconds, rounded to the nearest, at most [`MAX_WAIT`].
+#[cfg(feature = "tools")]
 fn wait_secs(d: Duration) -> i32 {
     let millis = d.min(MAX_WAIT).as_millis();
     i32::try_from((millis + 500) / 1000).unwrap_or(i32::MAX)
