@@ -113,11 +113,20 @@ pub struct Deps {
     pub webhooks: Arc<WebhookSettings>,
 }
 
-/// Shared by every request of a function (cheap to clone): the rules'
-/// [`Deps`] (it derefs to them, so `&state` is a `&Deps`) and the edge's
-/// limits.
+/// Shared by every request of a function: the rules' [`Deps`] and the
+/// edge's limits ([`StateParts`]; it derefs to them, so `state.store`
+/// reads and `&state` is a `&Deps`).
+///
+/// One pointer: the router clones the state for every extractor of every
+/// request, and a clone is one reference count, not nine (issue 21). A
+/// change through `DerefMut` (tests, start-up) copies the parts first if
+/// another clone shares them, so no clone sees another's change.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<StateParts>);
+
+/// What an [`AppState`] holds.
+#[derive(Clone)]
+pub struct StateParts {
     pub deps: Deps,
     /// Requests per second per API key (live, sandbox).
     pub limits: Arc<RateLimits>,
@@ -126,13 +135,26 @@ pub struct AppState {
 }
 
 impl std::ops::Deref for AppState {
+    type Target = StateParts;
+    fn deref(&self) -> &StateParts {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for AppState {
+    fn deref_mut(&mut self) -> &mut StateParts {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+impl std::ops::Deref for StateParts {
     type Target = Deps;
     fn deref(&self) -> &Deps {
         &self.deps
     }
 }
 
-impl std::ops::DerefMut for AppState {
+impl std::ops::DerefMut for StateParts {
     fn deref_mut(&mut self) -> &mut Deps {
         &mut self.deps
     }
@@ -162,7 +184,7 @@ impl AppState {
     /// (tests); replace them with [`AppState::with_queue`] and
     /// [`AppState::with_blobs`].
     pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, config: Config) -> Self {
-        AppState {
+        AppState(Arc::new(StateParts {
             deps: Deps {
                 store,
                 queue: Arc::new(InProcessQueue::new()),
@@ -174,7 +196,7 @@ impl AppState {
             },
             limits: Arc::new(RateLimits::default()),
             public_limits: Arc::new(PublicLimits::default()),
-        }
+        }))
     }
 
     pub fn with_public_limits(mut self, limits: PublicLimits) -> Self {
@@ -596,6 +618,26 @@ async fn aws_blobs(
 
 #[cfg(test)]
 mod tests {
+    /// Clones share one set of parts; a change to one clone copies them
+    /// first, so the others keep what they had.
+    #[test]
+    fn a_state_changed_after_cloning_leaves_its_clones_as_they_were() {
+        use std::sync::Arc;
+        let first = super::AppState::for_tests();
+        let second = first.clone();
+        assert!(Arc::ptr_eq(&first.0, &second.0), "a clone is one pointer");
+        let mut changed = first.clone();
+        let limits = super::RateLimits::default();
+        limits.set(7, 3);
+        changed.limits = Arc::new(limits);
+        assert!(!Arc::ptr_eq(&first.limits, &changed.limits));
+        assert!(Arc::ptr_eq(&first.limits, &second.limits));
+        assert!(
+            Arc::ptr_eq(&first.store, &changed.store),
+            "the rest is shared"
+        );
+    }
+
     #[test]
     fn the_base_url_falls_back_to_the_request_host() {
         let set = super::Config {

@@ -333,10 +333,7 @@ pub async fn recent(
 
 /// The event `id`.
 pub async fn get(store: &dyn Store, id: &str) -> Result<Option<Event>, StoreError> {
-    match store.get(&Event::key(id)).await? {
-        Some(item) => Ok(Some(from_item(item)?)),
-        None => Ok(None),
-    }
+    crate::domain::record::get(store, &Event::key(id)).await
 }
 
 /// Takes event `id` out of the outbox (its deliveries exist).

@@ -249,10 +249,7 @@ pub async fn get(store: &dyn Store, id: &str) -> Result<Option<Payment>, StoreEr
     if !ids::is_valid(id, IdKind::Payment) {
         return Ok(None);
     }
-    match store.get(&Payment::key(id)).await? {
-        Some(item) => from_item(item).map(Some),
-        None => Ok(None),
-    }
+    crate::domain::record::get(store, &Payment::key(id)).await
 }
 
 /// A page of the project's payments in `mode`, newest first, and the total.

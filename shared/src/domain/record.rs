@@ -72,13 +72,31 @@ pub async fn all_of<T: DeserializeOwned>(
         .collect()
 }
 
+/// The record stored at `key`, if any: one [`Store::get_stored`], decoded
+/// straight into `T` (records are read this way; [`from_item`] is for
+/// items a query or a write answered).
+pub async fn get<T: DeserializeOwned>(
+    store: &dyn Store,
+    key: &Key,
+) -> Result<Option<T>, StoreError> {
+    match store.get_stored(key).await? {
+        Some(stored) => stored
+            .decode()
+            .map(Some)
+            .map_err(|e| unparseable(Some(key), e)),
+        None => Ok(None),
+    }
+}
+
+/// A record that no longer parses is a bug or corruption: say where.
+fn unparseable(key: Option<&Key>, e: serde_json::Error) -> StoreError {
+    StoreError::Backend(format!("stored record {key:?} does not parse: {e}"))
+}
+
 /// The record stored in `item`.
 pub fn from_item<T: DeserializeOwned>(item: Item) -> Result<T, StoreError> {
     let key = Key::of(&item);
-    serde_json::from_value(Value::Object(item)).map_err(|e| {
-        // A record that no longer parses is a bug or corruption: say where.
-        StoreError::Backend(format!("stored record {key:?} does not parse: {e}"))
-    })
+    serde_json::from_value(Value::Object(item)).map_err(|e| unparseable(key.as_ref(), e))
 }
 
 #[cfg(test)]
@@ -106,6 +124,44 @@ mod tests {
         assert_eq!(item["pk"], "THING#x");
         assert_eq!(item["gsi1pk"], "P");
         assert_eq!(from_item::<Thing>(item).ok(), Some(t));
+    }
+
+    #[tokio::test]
+    async fn get_reads_a_record_in_one_call_and_names_one_that_does_not_parse() {
+        use crate::store::counting::CountingStore;
+        use crate::store::embedded::EmbeddedStore;
+        use std::sync::Arc;
+        let Ok(embedded) = EmbeddedStore::in_memory() else {
+            panic!("in-memory store did not open")
+        };
+        let store = CountingStore::new(Arc::new(embedded));
+        let t = Thing {
+            id: "x".into(),
+            n: 3,
+        };
+        let key = Key::new("THING#x", "THING");
+        let Ok(item) = to_item(&t, &key, &[]) else {
+            panic!("to_item failed")
+        };
+        assert_eq!(store.put(item, None).await, Ok(()));
+        let before = store.calls();
+        assert_eq!(get::<Thing>(&store, &key).await, Ok(Some(t)));
+        assert_eq!(store.calls() - before, 1, "one store call");
+        let missing = Key::new("THING#y", "THING");
+        assert_eq!(get::<Thing>(&store, &missing).await, Ok(None));
+
+        let bad = Key::new("THING#z", "THING");
+        let mut item = Item::new();
+        item.insert(PK.into(), Value::from("THING#z"));
+        item.insert(SK.into(), Value::from("THING"));
+        item.insert("id".into(), Value::from(5));
+        assert_eq!(store.put(item, None).await, Ok(()));
+        match get::<Thing>(&store, &bad).await {
+            Err(StoreError::Backend(message)) => {
+                assert!(message.contains("THING#z"), "names the record: {message}");
+            }
+            other => panic!("expected a backend error, got {other:?}"),
+        }
     }
 
     #[test]

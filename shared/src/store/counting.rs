@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 
-use super::{Cond, Item, Key, Query, QueryPage, Store, StoreError, TxOp, Update};
+use super::{Cond, Item, Key, Query, QueryPage, Store, StoreError, Stored, TxOp, Update};
 
 /// Forwards to an inner store and counts every call, and apart the
 /// updates of the keys a test sets apart ([`CountingStore::apart`], e.g.
@@ -67,6 +67,10 @@ impl Store for CountingStore {
     async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
         self.tick();
         self.inner.get(key).await
+    }
+    async fn get_stored(&self, key: &Key) -> Result<Option<Stored>, StoreError> {
+        self.tick();
+        self.inner.get_stored(key).await
     }
     async fn put(&self, item: Item, cond: Option<Cond>) -> Result<(), StoreError> {
         self.tick();

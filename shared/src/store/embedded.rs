@@ -49,8 +49,8 @@ use super::validate::{
     validate_transaction, validate_update,
 };
 use super::{
-    Cond, Index, Item, Key, PK, Query, QueryPage, SK, SkCond, Store, StoreError, TxOp, TxReason,
-    Update,
+    Cond, Index, Item, Key, PK, Query, QueryPage, SK, SkCond, Store, StoreError, Stored, TxOp,
+    TxReason, Update,
 };
 
 type MainKey = (&'static str, &'static str);
@@ -688,6 +688,23 @@ fn index_position(q: &Query, start: &Item) -> Result<[String; 4], StoreError> {
     Ok([ipk, isk, start.pk, start.sk].map(str::to_owned))
 }
 
+impl EmbeddedStore {
+    /// The item at `key` through `f`, in one read transaction.
+    fn read_item<T>(
+        &self,
+        key: &Key,
+        f: impl FnOnce(&[u8]) -> Result<T, StoreError>,
+    ) -> Result<Option<T>, StoreError> {
+        validate_key(key)?;
+        let txn = self.db.begin_read().map_err(backend("get: begin read"))?;
+        let items = txn.open_table(ITEMS).map_err(backend("get: open items"))?;
+        let guard = items
+            .get((key.pk.as_str(), key.sk.as_str()))
+            .map_err(backend("get: read"))?;
+        guard.map(|g| f(g.value())).transpose()
+    }
+}
+
 #[async_trait]
 impl Store for EmbeddedStore {
     fn single_process(&self) -> bool {
@@ -699,13 +716,11 @@ impl Store for EmbeddedStore {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
-        validate_key(key)?;
-        let txn = self.db.begin_read().map_err(backend("get: begin read"))?;
-        let items = txn.open_table(ITEMS).map_err(backend("get: open items"))?;
-        let guard = items
-            .get((key.pk.as_str(), key.sk.as_str()))
-            .map_err(backend("get: read"))?;
-        guard.map(|g| decode(g.value())).transpose()
+        self.read_item(key, decode)
+    }
+
+    async fn get_stored(&self, key: &Key) -> Result<Option<Stored>, StoreError> {
+        self.read_item(key, |bytes| Ok(Stored::json(bytes.to_vec())))
     }
 
     async fn put(&self, item: Item, cond: Option<Cond>) -> Result<(), StoreError> {

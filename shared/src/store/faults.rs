@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{Cond, Item, Key, Query, QueryPage, Store, StoreError, TxOp, Update};
+use super::{Cond, Item, Key, Query, QueryPage, Store, StoreError, Stored, TxOp, Update};
 
 /// Which calls a planned fault may hit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,6 +128,9 @@ impl Store for FaultyStore {
 
     async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
         faulty!(self, Op::Get, self.inner.get(key))
+    }
+    async fn get_stored(&self, key: &Key) -> Result<Option<Stored>, StoreError> {
+        faulty!(self, Op::Get, self.inner.get_stored(key))
     }
     async fn put(&self, item: Item, cond: Option<Cond>) -> Result<(), StoreError> {
         faulty!(self, Op::Put, self.inner.put(item, cond))

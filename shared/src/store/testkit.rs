@@ -54,6 +54,7 @@ macro_rules! store_conformance_tests {
     (@list $($head:tt)+) => {
         $crate::store_conformance_tests!($($head)+
             put_get_roundtrip,
+            get_stored_decodes_as_get_reads,
             put_replaces_whole_item,
             put_rejects_invalid_items,
             put_if_not_exists,
@@ -311,6 +312,49 @@ pub async fn put_get_roundtrip(store: Arc<dyn Store>) {
     assert_eq!(get(&*store, &pk, "a").await, Some(it));
     assert_eq!(get(&*store, &pk, "b").await, None, "other sort key");
     assert_eq!(get(&*store, &unique("roundtrip"), "a").await, None);
+}
+
+/// `get_stored` reads the item `get` reads, and a record decoded from it
+/// is the one decoded from `get`'s item; a missing item or an invalid key
+/// answers as `get` does.
+pub async fn get_stored_decodes_as_get_reads(store: Arc<dyn Store>) {
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    struct Record {
+        pk: String,
+        int: i64,
+        big: u64,
+        float: f64,
+        s: String,
+        nul: Option<String>,
+        list: Vec<Value>,
+        #[serde(default)]
+        absent: Option<u32>,
+    }
+    let pk = unique("stored");
+    let it = item(
+        &pk,
+        "a",
+        json!({
+            "int": -42, "big": u64::MAX, "float": 1.25, "s": "héllo 😀 \"q\"", "nul": null,
+            "list": [1, "two", {"three": 3}], "extra": {"ignored": true},
+        }),
+    );
+    store.put(it.clone(), None).await.expect("put");
+    let key = Key::new(&pk, "a");
+    let stored = store.get_stored(&key).await.expect("get_stored");
+    let Some(stored) = stored else {
+        panic!("get_stored found nothing where get finds the item");
+    };
+    assert_eq!(stored.clone().into_item().expect("into_item"), it);
+    let via_item: Record = serde_json::from_value(Value::Object(it)).expect("from the item");
+    assert_eq!(stored.decode::<Record>().expect("decode"), via_item);
+    assert_eq!(via_item.s, "héllo 😀 \"q\"");
+    assert_eq!(store.get_stored(&Key::new(&pk, "b")).await, Ok(None));
+    let invalid = Key::new("", "a");
+    assert_eq!(
+        store.get_stored(&invalid).await.map(|_| ()),
+        store.get(&invalid).await.map(|_| ()),
+    );
 }
 
 pub async fn put_replaces_whole_item(store: Arc<dyn Store>) {

@@ -4,7 +4,7 @@
 //! /v1/checkout` (each request with its own `Idempotency-Key`, as a
 //! merchant sends it) on the gateway.
 //!
-//!     cargo run --release -p dhukuti-bench --bin bench -- [--seconds 10] [--connections 32]
+//!     cargo run --release -p dhukuti-bench --bin bench -- [--seconds 10] [--connections 32] [--rounds 5]
 //!
 //! Prints a Markdown table for BENCHMARKS.md and the store calls one
 //! request makes.
@@ -84,6 +84,7 @@ async fn main() -> std::result::Result<(), String> {
     }
     let seconds = arg("--seconds", 10);
     let connections = arg("--connections", 32) as usize;
+    let rounds = arg("--rounds", 5).clamp(1, seconds.max(1)) as usize;
 
     let tmp = std::env::temp_dir().join(format!("dhukuti-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -220,19 +221,48 @@ async fn main() -> std::result::Result<(), String> {
     let mut results = Vec::new();
     let mut commit_note = String::new();
     let checkout_url = format!("{base}/v1/checkout");
-    for (name, target, post) in [
-        ("bare axum, fixed body", &bare_url, None),
-        ("gateway GET /v1/payments/{id}", &url, None),
-        (
-            "gateway POST /v1/checkout (Idempotency-Key each)",
-            &checkout_url,
-            Some(checkout_body),
-        ),
-    ] {
+
+    // The bare handler and the gateway's read take turns, `rounds` times
+    // for `seconds / rounds` each, so that the machine's speed drifting
+    // during the run (it does, by a fifth between runs here) weighs on
+    // both alike: their ratio is the number the issue sets.
+    let pair = [
+        ("bare axum, fixed body", &bare_url),
+        ("gateway GET /v1/payments/{id}", &url),
+    ];
+    for (_, target) in pair {
+        // Warm up connections and caches.
+        load(target, None, &key, connections, Duration::from_secs(1)).await;
+    }
+    let mut samples: [(usize, usize, f64, Vec<u64>); 2] = Default::default();
+    let mut round_ratios = Vec::new();
+    for _ in 0..rounds {
+        let mut rates = [0.0; 2];
+        for (i, (_, target)) in pair.iter().enumerate() {
+            let (requests, errors, secs, lat) =
+                load(target, None, &key, connections, duration / rounds as u32).await;
+            rates[i] = requests as f64 / secs;
+            let sample = &mut samples[i];
+            sample.0 += requests;
+            sample.1 += errors;
+            sample.2 += secs;
+            sample.3.extend(lat);
+        }
+        round_ratios.push(rates[1] / rates[0].max(1.0));
+    }
+    for ((name, _), (requests, errors, seconds, lat)) in pair.into_iter().zip(samples) {
+        results.push(summarize(name, requests, errors, seconds, lat));
+    }
+
+    for (name, target, post) in [(
+        "gateway POST /v1/checkout (Idempotency-Key each)",
+        &checkout_url,
+        Some(checkout_body),
+    )] {
         // Warm up connections and caches.
         load(target, post, &key, connections, Duration::from_secs(1)).await;
         let (writes_before, commits_before) = (counting.calls(), redb.commits());
-        let (requests, errors, seconds, mut lat) =
+        let (requests, errors, seconds, lat) =
             load(target, post, &key, connections, duration).await;
         if post.is_some() {
             // Group commit: how many store calls each durable commit held
@@ -244,20 +274,7 @@ async fn main() -> std::result::Result<(), String> {
                 calls as f64 / commits as f64
             );
         }
-        lat.sort_unstable();
-        let pick = |q: f64| {
-            lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
-                .copied()
-                .unwrap_or(0)
-        };
-        results.push(Result {
-            name,
-            requests,
-            errors,
-            seconds,
-            p50_us: pick(0.50),
-            p99_us: pick(0.99),
-        });
+        results.push(summarize(name, requests, errors, seconds, lat));
     }
     let _ = running.stop().await;
     let _ = std::fs::remove_dir_all(&tmp);
@@ -272,7 +289,10 @@ async fn main() -> std::result::Result<(), String> {
         "\nbody size of GET /v1/payments/{{id}}: {} bytes",
         body.len()
     );
-    println!("connections: {connections}; duration: {seconds} s per target\n");
+    println!(
+        "connections: {connections}; duration: {seconds} s per target \
+         (the bare handler and the GET in {rounds} alternating rounds)\n"
+    );
     println!("| target | requests | errors | req/s | p50 (ms) | p99 (ms) |");
     println!("|---|---:|---:|---:|---:|---:|");
     for r in &results {
@@ -286,8 +306,44 @@ async fn main() -> std::result::Result<(), String> {
             r.p99_us as f64 / 1000.0
         );
     }
+    if let [bare, read, ..] = &results[..] {
+        let rate = |r: &Result| r.requests as f64 / r.seconds;
+        let rounds = round_ratios
+            .iter()
+            .map(|r| format!("{:.0}%", r * 100.0))
+            .collect::<Vec<_>>()
+            .join(", ");
+        println!(
+            "\nGET vs bare: {:.0}% (rounds: {rounds})",
+            100.0 * rate(read) / rate(bare).max(1.0)
+        );
+    }
     println!("\n{commit_note}");
     Ok(())
+}
+
+/// A row of the table: the rate and the 50th and 99th percentiles.
+fn summarize(
+    name: &'static str,
+    requests: usize,
+    errors: usize,
+    seconds: f64,
+    mut lat: Vec<u64>,
+) -> Result {
+    lat.sort_unstable();
+    let pick = |q: f64| {
+        lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
+    Result {
+        name,
+        requests,
+        errors,
+        seconds,
+        p50_us: pick(0.50),
+        p99_us: pick(0.99),
+    }
 }
 
 /// `connections` workers, each with its own keep-alive connection, send

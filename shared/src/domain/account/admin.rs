@@ -190,10 +190,7 @@ pub async fn pause_api_key(
 
 /// The merchant `id`, if it exists.
 pub async fn get_merchant(store: &dyn Store, id: &str) -> Result<Option<Merchant>, StoreError> {
-    match store.get(&Merchant::key(id)).await? {
-        Some(item) => Ok(Some(from_item(item)?)),
-        None => Ok(None),
-    }
+    crate::domain::record::get(store, &Merchant::key(id)).await
 }
 
 /// The name customers see for a project's shop (its merchant's, else the
@@ -211,10 +208,7 @@ pub async fn storefront(store: &dyn Store, project_id: &str) -> Result<(String, 
 
 /// The project `id`, if it exists.
 pub async fn get_project(store: &dyn Store, id: &str) -> Result<Option<Project>, StoreError> {
-    match store.get(&Project::key(id)).await? {
-        Some(item) => Ok(Some(from_item(item)?)),
-        None => Ok(None),
-    }
+    crate::domain::record::get(store, &Project::key(id)).await
 }
 
 /// Lifts a suspension: the merchant's keys work again. The merchant as

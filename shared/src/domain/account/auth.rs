@@ -165,11 +165,12 @@ pub async fn authenticate_key(
 /// The second half of [`authenticate`]: the key's merchant (one read),
 /// refused when suspended, then the key refused when paused.
 pub async fn principal_of(store: &dyn Store, key: ApiKey) -> Result<Principal, AuthError> {
-    let merchant: Merchant = match store.get(&Merchant::key(&key.merchant_id)).await {
-        Ok(Some(item)) => from_item(item).map_err(AuthError::Store)?,
-        Ok(None) => return Err(AuthError::Invalid),
-        Err(e) => return Err(AuthError::Store(e)),
-    };
+    let merchant: Merchant =
+        match crate::domain::record::get(store, &Merchant::key(&key.merchant_id)).await {
+            Ok(Some(merchant)) => merchant,
+            Ok(None) => return Err(AuthError::Invalid),
+            Err(e) => return Err(AuthError::Store(e)),
+        };
     if let Some(s) = &merchant.suspension {
         return Err(AuthError::Suspended(s.clone()));
     }

@@ -82,15 +82,16 @@ pub const SANDBOX_FONEPAY_MAX_MONTH_PAISA: i64 = 500_000;
 /// The account context of the calling key: one more store read (the
 /// project) on top of authentication.
 pub async fn account_view(store: &dyn Store, who: &Principal) -> Result<AccountView, StoreError> {
-    let project: Project = match store.get(&Project::key(&who.key.project_id)).await? {
-        Some(item) => from_item(item)?,
-        None => {
-            return Err(StoreError::Backend(format!(
-                "project {} of key {} is missing",
-                who.key.project_id, who.key.id
-            )));
-        }
-    };
+    let project: Project =
+        match crate::domain::record::get(store, &Project::key(&who.key.project_id)).await? {
+            Some(project) => project,
+            None => {
+                return Err(StoreError::Backend(format!(
+                    "project {} of key {} is missing",
+                    who.key.project_id, who.key.id
+                )));
+            }
+        };
     let email = if who.key.has_scope(Scope::PiiRead) {
         who.merchant.email.clone()
     } else {

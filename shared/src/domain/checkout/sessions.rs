@@ -831,10 +831,11 @@ pub async fn find_any(
     if !ids::is_valid(id, IdKind::CheckoutSession) {
         return Ok(None);
     }
-    let Some(item) = store.get(&CheckoutSession::key(id)).await? else {
+    let Some(session) =
+        crate::domain::record::get::<CheckoutSession>(store, &CheckoutSession::key(id)).await?
+    else {
         return Ok(None);
     };
-    let session: CheckoutSession = from_item(item)?;
     if session.status_at(now) == SessionStatus::Expired && session.status != SessionStatus::Expired
     {
         return mark_expired(store, &session.id, Some(&session), now, true)

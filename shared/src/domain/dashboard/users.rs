@@ -164,10 +164,7 @@ pub async fn create_user(
 
 /// The user with this id.
 pub async fn get_user(store: &dyn Store, id: &str) -> Result<Option<DashboardUser>, StoreError> {
-    match store.get(&DashboardUser::key(id)).await? {
-        Some(item) => from_item(item).map(Some),
-        None => Ok(None),
-    }
+    crate::domain::record::get(store, &DashboardUser::key(id)).await
 }
 
 /// The user who signs in with `email` (two reads: the claim, the user).

@@ -294,10 +294,7 @@ pub async fn get_any(store: &dyn Store, id: &str) -> Result<Option<Invoice>, Sto
     if !ids::is_valid(id, IdKind::Invoice) {
         return Ok(None);
     }
-    match store.get(&Invoice::key(id)).await? {
-        Some(item) => Ok(Some(from_item(item)?)),
-        None => Ok(None),
-    }
+    crate::domain::record::get(store, &Invoice::key(id)).await
 }
 
 /// The invoice `id` of `project_id` in `mode`.

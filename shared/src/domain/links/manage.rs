@@ -495,10 +495,7 @@ pub async fn get(store: &dyn Store, id: &str) -> Result<Option<PaymentLink>, Sto
     if !ids::is_valid(id, IdKind::PaymentLink) {
         return Ok(None);
     }
-    match store.get(&PaymentLink::key(id)).await? {
-        Some(item) => from_item(item).map(Some),
-        None => Ok(None),
-    }
+    crate::domain::record::get(store, &PaymentLink::key(id)).await
 }
 
 /// The link `id` of `project_id` in `mode`, else `None`.

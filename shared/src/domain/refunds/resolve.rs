@@ -187,10 +187,7 @@ pub async fn get(store: &dyn Store, id: &str) -> Result<Option<Refund>, StoreErr
     if !ids::is_valid(id, IdKind::Refund) {
         return Ok(None);
     }
-    match store.get(&Refund::key(id)).await? {
-        Some(item) => from_item(item).map(Some),
-        None => Ok(None),
-    }
+    crate::domain::record::get(store, &Refund::key(id)).await
 }
 
 /// The refund `id` of `project_id` in `mode` (else `None`, as if missing).

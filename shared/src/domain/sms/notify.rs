@@ -189,8 +189,5 @@ pub(super) fn new_record_op(r: &SmsReminder) -> Result<TxOp, StoreError> {
 }
 
 pub async fn get(store: &dyn Store, id: &str) -> Result<Option<SmsReminder>, StoreError> {
-    match store.get(&SmsReminder::key(id)).await? {
-        Some(item) => from_item(item).map(Some),
-        None => Ok(None),
-    }
+    crate::domain::record::get(store, &SmsReminder::key(id)).await
 }

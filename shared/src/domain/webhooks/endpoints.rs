@@ -479,8 +479,8 @@ pub async fn get(
     if !ids::is_valid(id, IdKind::WebhookEndpoint) {
         return Err(WebhookError::NotFound(id.to_owned()));
     }
-    match store.get(&Endpoint::key(project_id, mode, id)).await? {
-        Some(item) => Ok(from_item(item)?),
+    match crate::domain::record::get(store, &Endpoint::key(project_id, mode, id)).await? {
+        Some(endpoint) => Ok(endpoint),
         None => Err(WebhookError::NotFound(id.to_owned())),
     }
 }

@@ -204,10 +204,7 @@ pub async fn delivery(
     event_id: &str,
     endpoint_id: &str,
 ) -> Result<Option<Delivery>, StoreError> {
-    match store.get(&Delivery::key(event_id, endpoint_id)).await? {
-        Some(item) => Ok(Some(from_item(item)?)),
-        None => Ok(None),
-    }
+    crate::domain::record::get(store, &Delivery::key(event_id, endpoint_id)).await
 }
 
 // --------------------------------------------------------------- fan-out
