@@ -48,7 +48,10 @@ pub struct Stored(StoredRepr);
 
 #[derive(Clone, Debug, PartialEq)]
 enum StoredRepr {
-    /// The item's JSON text, as the embedded store keeps it.
+    /// The item's JSON text, as the embedded store keeps it. Only a build
+    /// with that store has it: a deployed function decodes one way only,
+    /// and links no second decoder per record type (issue 21's 10 MB).
+    #[cfg(feature = "embedded")]
     Json(Vec<u8>),
     /// The item, decoded already.
     Item(Item),
@@ -56,6 +59,7 @@ enum StoredRepr {
 
 impl Stored {
     /// An item kept as JSON text (not checked until decoded).
+    #[cfg(feature = "embedded")]
     pub fn json(bytes: Vec<u8>) -> Stored {
         Stored(StoredRepr::Json(bytes))
     }
@@ -69,6 +73,7 @@ impl Stored {
     /// with `serde_json::from_value`.
     pub fn decode<T: serde::de::DeserializeOwned>(self) -> Result<T, serde_json::Error> {
         match self.0 {
+            #[cfg(feature = "embedded")]
             StoredRepr::Json(bytes) => serde_json::from_slice(&bytes),
             StoredRepr::Item(item) => serde_json::from_value(Value::Object(item)),
         }
@@ -77,6 +82,7 @@ impl Stored {
     /// The item itself.
     pub fn into_item(self) -> Result<Item, StoreError> {
         match self.0 {
+            #[cfg(feature = "embedded")]
             StoredRepr::Json(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|e| StoreError::Backend(format!("decode stored item: {e}"))),
             StoredRepr::Item(item) => Ok(item),
