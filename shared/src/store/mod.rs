@@ -43,10 +43,10 @@ pub type Item = Map<String, Value>;
 /// straight into the record's fields, without the [`Item`] map between
 /// them (on the read path that map was a third of a request's own work,
 /// issue 21).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct Stored(StoredRepr);
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug, PartialEq)]
 enum StoredRepr {
     /// The item's JSON text, as the embedded store keeps it. Only a build
     /// with that store has it: a deployed function decodes one way only,
@@ -69,23 +69,13 @@ impl Stored {
         Stored(StoredRepr::Item(item))
     }
 
-    /// The item as a `T`: the same answer as decoding [`Stored::into_item`]
-    /// with `serde_json::from_value`.
+    /// The item as a `T` (`Value` for the item itself): the same answer
+    /// as `serde_json::from_value` of the item `get` reads.
     pub fn decode<T: serde::de::DeserializeOwned>(self) -> Result<T, serde_json::Error> {
         match self.0 {
             #[cfg(feature = "embedded")]
             StoredRepr::Json(bytes) => serde_json::from_slice(&bytes),
             StoredRepr::Item(item) => serde_json::from_value(Value::Object(item)),
-        }
-    }
-
-    /// The item itself.
-    pub fn into_item(self) -> Result<Item, StoreError> {
-        match self.0 {
-            #[cfg(feature = "embedded")]
-            StoredRepr::Json(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| StoreError::Backend(format!("decode stored item: {e}"))),
-            StoredRepr::Item(item) => Ok(item),
         }
     }
 }
