@@ -16,6 +16,7 @@ pub mod ratelimit;
 pub mod refusals;
 pub mod requests;
 
+pub use answers::Json;
 pub use auth::Auth;
 pub use error::{ApiError, ErrorType};
 pub use input::{JsonBody, OptionalJsonBody, QueryParams};

@@ -1,8 +1,9 @@
 //! The account function: `GET /v1/account` and
 //! `GET /v1/analytics/overview` (the "Account and analytics" group).
 
+use axum::Router;
 use axum::extract::State;
-use axum::{Json, Router};
+use edge::Json;
 use edge::openapi::{OpenApiRouter, routes};
 use edge::{ApiError, Auth, QueryParams, with_edge};
 use shared::AppState;

@@ -5,8 +5,9 @@
 //! request's fence in its own transaction, so a retry after a lost answer
 //! returns the first session instead of creating a second one.
 
+use axum::Router;
 use axum::extract::{Extension, Path, State};
-use axum::{Json, Router};
+use edge::Json;
 use edge::idempotency::Fence;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::pagination::PageParams;

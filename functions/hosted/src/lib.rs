@@ -689,7 +689,7 @@ async fn events(
         Ok(_) => {
             return (
                 StatusCode::NOT_FOUND,
-                axum::Json(json!({"error": "no such Direct-QR or mobile session"})),
+                edge::Json(json!({"error": "no such Direct-QR or mobile session"})),
             )
                 .into_response();
         }
@@ -698,7 +698,7 @@ async fn events(
             return (
                 StatusCode::SERVICE_UNAVAILABLE,
                 [(header::RETRY_AFTER, "2")],
-                axum::Json(json!({"error": "try again"})),
+                edge::Json(json!({"error": "try again"})),
             )
                 .into_response();
         }
@@ -707,7 +707,7 @@ async fn events(
         return (
             StatusCode::TOO_MANY_REQUESTS,
             [(header::RETRY_AFTER, "2")],
-            axum::Json(json!({"error": "too many open streams on this session from here"})),
+            edge::Json(json!({"error": "too many open streams on this session from here"})),
         )
             .into_response();
     };
@@ -715,7 +715,7 @@ async fn events(
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             [(header::RETRY_AFTER, "5")],
-            axum::Json(json!({"error": "too many open streams; retry"})),
+            edge::Json(json!({"error": "too many open streams; retry"})),
         )
             .into_response();
     };
@@ -789,7 +789,7 @@ async fn status(State(state): State<AppState>, Path(id): Path<String>) -> Respon
         Ok(None) => {
             return (
                 StatusCode::NOT_FOUND,
-                axum::Json(json!({"error": "no such checkout session"})),
+                edge::Json(json!({"error": "no such checkout session"})),
             )
                 .into_response();
         }
@@ -797,7 +797,7 @@ async fn status(State(state): State<AppState>, Path(id): Path<String>) -> Respon
             tracing::warn!(error = %e, "status poll failed");
             return (
                 StatusCode::SERVICE_UNAVAILABLE,
-                axum::Json(json!({"error": "try again"})),
+                edge::Json(json!({"error": "try again"})),
             )
                 .into_response();
         }
@@ -821,7 +821,7 @@ async fn status(State(state): State<AppState>, Path(id): Path<String>) -> Respon
             _ => (None, "Waiting for your payment…"),
         },
     };
-    axum::Json(json!({
+    edge::Json(json!({
         "status": session.status.as_str(),
         "paymentStatus": payment.as_ref().map(|p| p.status),
         "message": message,

@@ -6,9 +6,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use axum::Router;
 use axum::extract::{Extension, Path, State};
 use axum::response::{IntoResponse, Response};
-use axum::{Json, Router};
+use edge::Json;
 use edge::answers::Deleted;
 use edge::idempotency::Fence;
 use edge::openapi::{OpenApiRouter, idempotent, routes};

@@ -4,8 +4,9 @@
 //! publishable key and the session's client secret). The rules are
 //! `shared::domain::mobile`; paying is the hosted flow's.
 
+use axum::Router;
 use axum::extract::{Extension, Path, State};
-use axum::{Json, Router};
+use edge::Json;
 use edge::auth::AppKey;
 use edge::idempotency::Fence;
 use edge::openapi::{OpenApiRouter, idempotent, routes};

@@ -3,8 +3,9 @@
 //! `POST /v1/payment-links/{id}/cancel`. The public page is in
 //! `functions/hosted`.
 
+use axum::Router;
 use axum::extract::{Extension, Path, State};
-use axum::{Json, Router};
+use edge::Json;
 use edge::answers::Deleted;
 use edge::idempotency::Fence;
 use edge::openapi::{OpenApiRouter, idempotent, routes};

@@ -1,7 +1,8 @@
 //! The payments function: `GET /v1/payments`, `GET /v1/payments/{id}`.
 
+use axum::Router;
 use axum::extract::{Path, State};
-use axum::{Json, Router};
+use edge::Json;
 use edge::openapi::{OpenApiRouter, routes};
 use edge::pagination::PageParams;
 use edge::{ApiError, Auth, Page, Pagination, QueryParams, with_edge};

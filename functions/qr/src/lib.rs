@@ -3,9 +3,10 @@
 //! own screen; the session, its payment, the proof of payment and the
 //! webhooks are the hosted flow's (`shared::domain::qr`).
 
+use axum::Router;
 use axum::extract::{Extension, Path, State};
-use axum::{Json, Router};
 use base64::Engine;
+use edge::Json;
 use edge::idempotency::Fence;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::{ApiError, Auth, JsonBody, with_edge};

@@ -5,8 +5,9 @@
 //! in the refund's own transaction: a retry after a lost answer gets the
 //! first refund, never a second one.
 
+use axum::Router;
 use axum::extract::{Extension, Path, State};
-use axum::{Json, Router};
+use edge::Json;
 use edge::idempotency::Fence;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::pagination::PageParams;

@@ -3,8 +3,9 @@
 //! validates, applies the guards, logs (sandbox) or queues (live) the
 //! reminder. `functions/sms-dispatcher` sends it.
 
+use axum::Router;
 use axum::extract::{Extension, State};
-use axum::{Json, Router};
+use edge::Json;
 use edge::idempotency::Fence;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::{ApiError, Auth, JsonBody, with_edge};

@@ -5,9 +5,10 @@
 
 pub mod events;
 
+use axum::Router;
 use axum::extract::{Extension, Path, State};
 use axum::response::{IntoResponse, Response};
-use axum::{Json, Router};
+use edge::Json;
 use edge::idempotency::{Fence, Redact};
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::{ApiError, Auth, JsonBody, with_edge};
