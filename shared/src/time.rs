@@ -40,16 +40,7 @@ impl Timestamp {
         if b.len() != CANONICAL_LEN {
             return None;
         }
-        let punctuation = [
-            (4, b'-'),
-            (7, b'-'),
-            (10, b'T'),
-            (13, b':'),
-            (16, b':'),
-            (19, b'.'),
-            (23, b'Z'),
-        ];
-        if punctuation.iter().any(|&(at, c)| b[at] != c) {
+        if PUNCTUATION.iter().any(|&(at, c)| b[at] != c) {
             return None;
         }
         let num = |from: usize, to: usize| -> Option<u32> {
@@ -92,15 +83,7 @@ impl Timestamp {
         put(14, 2, dt.minute());
         put(17, 2, dt.second());
         put(20, 3, millis);
-        for (at, c) in [
-            (4, b'-'),
-            (7, b'-'),
-            (10, b'T'),
-            (13, b':'),
-            (16, b':'),
-            (19, b'.'),
-            (23, b'Z'),
-        ] {
+        for (at, c) in PUNCTUATION {
             buf[at] = c;
         }
         std::str::from_utf8(buf).ok()
@@ -129,6 +112,17 @@ impl Timestamp {
 
 /// The length of `2026-11-22T01:24:18.123Z`.
 const CANONICAL_LEN: usize = 24;
+
+/// Where that form has which separator; every other byte is a digit.
+const PUNCTUATION: [(usize, u8); 7] = [
+    (4, b'-'),
+    (7, b'-'),
+    (10, b'T'),
+    (13, b':'),
+    (16, b':'),
+    (19, b'.'),
+    (23, b'Z'),
+];
 
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
