@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, header};
 use serde::Serialize;
 
-/// Room for a typical record's JSON (a payment is about 600 bytes), so the
+/// Room for a typical record's JSON (a payment is about 500 bytes), so the
 /// body is written into one buffer instead of regrowing from axum's 128.
 const ANSWER_CAPACITY: usize = 1024;
 
