@@ -13,7 +13,9 @@
 //! Without names it measures `hello-lambda`, `account` and `payments` from
 //! its own directory; a name without a path is looked up there too (any
 //! function: those without a route for the event answer 404, after the
-//! same start). `hello-lambda` is always measured first, as the baseline.
+//! same start). `hello-lambda` is always measured, as the baseline; each
+//! run starts every binary once, in turn (so drift in the machine's speed
+//! reaches them all alike), and the medians are over the runs.
 //!
 //! The functions get the environment of this process (so with
 //! `DHUKUTI_BACKEND=aws`, `AWS_ENDPOINT_URL`, `DHUKUTI_TABLE`, ... they
@@ -200,6 +202,15 @@ async fn measure(bin: &PathBuf, event: Value) -> Result<Sample, String> {
     })
 }
 
+/// One binary's starts over the run.
+#[derive(Default)]
+struct Starts {
+    inits: Vec<Duration>,
+    firsts: Vec<Duration>,
+    status: String,
+    peak_kib: u64,
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v.get(v.len() / 2).copied().unwrap_or_default()
@@ -290,27 +301,28 @@ async fn main() -> Result<(), String> {
             None => targets.push((n.clone(), dir.join(&n))),
         }
     }
-    println!("runs per binary: {runs}\n");
+    println!("runs per binary: {runs}, the binaries in turn in each run\n");
     println!(
         "| binary | init p50 (ms) | first invocation p50 (ms) | init vs hello | peak RSS (MiB) | status |"
     );
     println!("|---|---:|---:|---:|---:|---|");
-    let mut hello_init = Duration::ZERO;
-    for (name, bin) in targets {
-        let base = name.split('.').next().unwrap_or(&name).to_owned();
-        let path = route(&base);
-        let mut inits = Vec::new();
-        let mut firsts = Vec::new();
-        let mut status = String::new();
-        let mut peak = 0;
-        for _ in 0..runs {
-            let s = measure(&bin, http_event(&path, &key)).await?;
-            inits.push(s.init);
-            firsts.push(s.first);
-            status = s.status;
-            peak = peak.max(s.peak_kib);
+    // Round-robin: each run starts every binary once, in turn, so a
+    // change in the machine's speed during the run reaches all of them
+    // alike instead of skewing the ratio against whichever ran then.
+    let mut samples: Vec<Starts> = targets.iter().map(|_| Starts::default()).collect();
+    for _ in 0..runs {
+        for ((name, bin), seen) in targets.iter().zip(samples.iter_mut()) {
+            let base = name.split('.').next().unwrap_or(name);
+            let s = measure(bin, http_event(&route(base), &key)).await?;
+            seen.inits.push(s.init);
+            seen.firsts.push(s.first);
+            seen.status = s.status;
+            seen.peak_kib = seen.peak_kib.max(s.peak_kib);
         }
-        let init = median(inits);
+    }
+    let mut hello_init = Duration::ZERO;
+    for ((name, _), seen) in targets.iter().zip(samples) {
+        let init = median(seen.inits);
         if name == "hello-lambda" {
             hello_init = init;
         }
@@ -320,10 +332,11 @@ async fn main() -> Result<(), String> {
             init.as_secs_f64() / hello_init.as_secs_f64()
         };
         println!(
-            "| {name} | {:.2} | {:.2} | {ratio:.2}x | {:.1} | {status} |",
+            "| {name} | {:.2} | {:.2} | {ratio:.2}x | {:.1} | {} |",
             init.as_secs_f64() * 1000.0,
-            median(firsts).as_secs_f64() * 1000.0,
-            peak as f64 / 1024.0
+            median(seen.firsts).as_secs_f64() * 1000.0,
+            seen.peak_kib as f64 / 1024.0,
+            seen.status
         );
     }
     Ok(())
