@@ -527,11 +527,16 @@ async fn aws_queue(
     init: bool,
 ) -> Result<Arc<dyn Queue>, String> {
     use crate::queue::sqs::{SqsQueue, queue_name};
-    // Without tools, open_aws has refused an init already.
-    #[cfg(not(feature = "tools"))]
-    let _ = init;
-    let sqs = aws_sdk_sqs::Client::new(shared);
     let mut urls = s.queue_urls.clone();
+    // Every URL known (as the template sets them) and nothing to create:
+    // SQS is not asked anything at start, so its client is built on the
+    // first send. The shared configuration is valid: the DynamoDB client
+    // was built from it already.
+    if !init && QueueName::ALL.iter().all(|q| urls.contains_key(q)) {
+        let config = aws_sdk_sqs::Config::from(shared);
+        return Ok(Arc::new(SqsQueue::on_first_use(config, urls)));
+    }
+    let sqs = aws_sdk_sqs::Client::new(shared);
     #[cfg(feature = "tools")]
     if init {
         let created = crate::queue::sqs::ensure_queues(&sqs, &s.queue_prefix)

@@ -45,15 +45,63 @@ const MAX_QUEUE_NAME: usize = 80;
 /// The queue port on SQS: one queue URL per [`QueueName`].
 #[derive(Clone, Debug)]
 pub struct SqsQueue {
-    client: Client,
+    client: SqsClient,
     urls: HashMap<QueueName, String>,
+}
+
+/// The SDK client, built already or on the first send. Building one
+/// parses the SDK's endpoint partition table and assembles its plugins
+/// (about 0.1 ms); a function whose first request sends nothing, such as
+/// a dashboard page, should not pay that in its cold start.
+#[derive(Clone, Debug)]
+enum SqsClient {
+    Built(Client),
+    OnFirstUse {
+        config: Box<aws_sdk_sqs::Config>,
+        built: std::sync::OnceLock<Client>,
+    },
 }
 
 impl SqsQueue {
     /// `urls` maps each queue to its SQS URL (see [`ensure_queues`]); a
     /// queue missing from it fails with [`QueueError::Backend`] when used.
     pub fn new(client: Client, urls: HashMap<QueueName, String>) -> Self {
-        Self { client, urls }
+        Self {
+            client: SqsClient::Built(client),
+            urls,
+        }
+    }
+
+    /// As [`SqsQueue::new`], the client built from `config` when first
+    /// needed. `config` must be one a client was already built from (the
+    /// SDK validates it then, and panics on a bad one): the shared
+    /// configuration the store's DynamoDB client was made with.
+    pub fn on_first_use(config: aws_sdk_sqs::Config, urls: HashMap<QueueName, String>) -> Self {
+        Self {
+            client: SqsClient::OnFirstUse {
+                config: Box::new(config),
+                built: std::sync::OnceLock::new(),
+            },
+            urls,
+        }
+    }
+
+    fn client(&self) -> &Client {
+        match &self.client {
+            SqsClient::Built(client) => client,
+            SqsClient::OnFirstUse { config, built } => {
+                built.get_or_init(|| Client::from_conf((**config).clone()))
+            }
+        }
+    }
+
+    /// Whether the SDK client exists yet (tests).
+    #[cfg(test)]
+    fn built(&self) -> bool {
+        match &self.client {
+            SqsClient::Built(_) => true,
+            SqsClient::OnFirstUse { built, .. } => built.get().is_some(),
+        }
     }
 
     fn url(&self, queue: QueueName) -> Result<&str, QueueError> {
@@ -246,7 +294,7 @@ impl Queue for SqsQueue {
     ) -> Result<String, QueueError> {
         validate_send(body, delay)?;
         let out = self
-            .client
+            .client()
             .send_message()
             .queue_url(self.url(queue)?)
             .message_body(body)
@@ -269,7 +317,7 @@ impl Queue for SqsQueue {
     ) -> Result<Vec<Message>, QueueError> {
         validate_receive(max, visibility)?;
         let out = self
-            .client
+            .client()
             .receive_message()
             .queue_url(self.url(queue)?)
             .max_number_of_messages(i32::try_from(max).unwrap_or(10))
@@ -312,7 +360,7 @@ impl Queue for SqsQueue {
     #[cfg(feature = "tools")]
     async fn delete(&self, queue: QueueName, receipt: &str) -> Result<(), QueueError> {
         let result = self
-            .client
+            .client()
             .delete_message()
             .queue_url(self.url(queue)?)
             .receipt_handle(receipt)
@@ -396,6 +444,53 @@ mod tests {
             strict_stale_receipt = "moto 5.2.5 deletes a message on a stale receipt handle; \
                 SQS documents that the request succeeds but the message is not deleted"
         );
+    }
+
+    async fn make_on_first_use() -> Option<Arc<dyn Queue>> {
+        let endpoint = aws_endpoint()?;
+        let client = client_for_endpoint(&endpoint, "ap-south-1");
+        let urls = ensure_queues(&client, &unique_prefix()).await.unwrap();
+        let queue = SqsQueue::on_first_use(client.config().clone(), urls);
+        assert!(!queue.built());
+        Some(Arc::new(queue))
+    }
+
+    /// The same suite with the client built on the first call.
+    mod conformance_on_first_use {
+        use super::make_on_first_use;
+
+        crate::queue_conformance_tests!(
+            make_on_first_use,
+            strict_stale_receipt = "moto 5.2.5 deletes a message on a stale receipt handle; \
+                SQS documents that the request succeeds but the message is not deleted"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_queue_on_first_use_builds_its_client_on_the_first_send() {
+        let config = client_for_endpoint("http://127.0.0.1:9", "ap-south-1")
+            .config()
+            .to_builder()
+            .retry_config(aws_sdk_sqs::config::retry::RetryConfig::disabled())
+            .build();
+        let urls = HashMap::from([(
+            QueueName::Sms,
+            "http://127.0.0.1:9/000000000000/x-sms".to_owned(),
+        )]);
+        let q = SqsQueue::on_first_use(config, urls);
+        assert!(!q.built());
+        // Refused before SQS is asked: still no client.
+        let refused = q.send(QueueName::Sms, "", Duration::ZERO).await;
+        assert!(
+            matches!(refused, Err(QueueError::Invalid(_))),
+            "{refused:?}"
+        );
+        assert!(!q.built());
+        let err = q.send(QueueName::Sms, "x", Duration::ZERO).await;
+        assert!(matches!(err, Err(QueueError::Unavailable(_))), "{err:?}");
+        assert!(q.built());
+        let clone = q.clone();
+        assert!(clone.built());
     }
 
     #[test]
