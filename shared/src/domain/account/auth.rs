@@ -143,12 +143,10 @@ pub async fn authenticate_key(
         return Err(AuthError::Invalid);
     };
     let hash = hash_secret(secret);
-    let item = store
-        .get(&ApiKey::key_for_hash(&hash))
+    let key: ApiKey = crate::domain::record::get(store, &ApiKey::key_for_hash(&hash))
         .await
         .map_err(AuthError::Store)?
         .ok_or(AuthError::Invalid)?;
-    let key: ApiKey = from_item(item).map_err(AuthError::Store)?;
     // The lookup was by hash already; the constant-time compare keeps the
     // check itself free of timing signals whatever the store does.
     let same: bool = key.key_hash.as_bytes().ct_eq(hash.as_bytes()).into();

@@ -138,13 +138,13 @@ pub async fn checkout(
                     Some(f) => f.resource_id(store).await?.unwrap_or_default(),
                     None => String::new(),
                 };
-                let s = store
-                    .get(&CheckoutSession::key(&sid))
-                    .await?
-                    .map(from_item::<CheckoutSession>)
-                    .transpose()?
-                    .filter(|s| s.invoice_id.as_deref() == Some(id))
-                    .ok_or_else(|| InvoiceError::NotFound(id.to_owned()))?;
+                let s = crate::domain::record::get::<CheckoutSession>(
+                    store,
+                    &CheckoutSession::key(&sid),
+                )
+                .await?
+                .filter(|s| s.invoice_id.as_deref() == Some(id))
+                .ok_or_else(|| InvoiceError::NotFound(id.to_owned()))?;
                 return Ok((s, false));
             }
             Err(e) if spend_at.is_some_and(|i| checkout::failed_at(&e, i)) => {

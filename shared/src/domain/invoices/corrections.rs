@@ -17,10 +17,11 @@ pub(super) async fn current_checkout(
     let Some(sid) = &inv.checkout_session_id else {
         return Ok(None);
     };
-    let Some(item) = store.get(&CheckoutSession::key(sid)).await? else {
+    let Some(session) =
+        crate::domain::record::get::<CheckoutSession>(store, &CheckoutSession::key(sid)).await?
+    else {
         return Ok(None);
     };
-    let session: CheckoutSession = from_item(item)?;
     let payment = match &session.payment_id {
         Some(pid) => payments::get(store, pid).await?,
         None => None,

@@ -28,7 +28,7 @@ use super::checkout::stats::Tally;
 use super::checkout::{self, CheckoutSession, SessionStatus};
 use super::outbox::{Event, EventType};
 use super::payments::{self, Payment, PaymentStatus};
-use super::record::{from_item, page_of, to_item};
+use super::record::{page_of, to_item};
 use crate::Deps;
 use crate::fields::wire::{nullable, or_null, present};
 use crate::fields::{

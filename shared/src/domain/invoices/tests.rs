@@ -1,4 +1,5 @@
 use super::*;
+use crate::domain::record::from_item;
 
 fn q(s: &str) -> Quantity {
     Quantity::parse(s).unwrap()
