@@ -15,7 +15,11 @@
 //! function: those without a route for the event answer 404, after the
 //! same start). `hello-lambda` is always measured, as the baseline; each
 //! run starts every binary once, in turn (so drift in the machine's speed
-//! reaches them all alike), and the medians are over the runs.
+//! reaches them all alike), and the medians are over the runs. The ratio
+//! to hello-lambda is the median of the runs' own ratios (each binary's
+//! init over hello-lambda's in the same run), with their quartiles: a
+//! paired measure, which the machine's slow and fast spells move far less
+//! than a ratio of two medians.
 //!
 //! The functions get the environment of this process (so with
 //! `DHUKUTI_BACKEND=aws`, `AWS_ENDPOINT_URL`, `DHUKUTI_TABLE`, ... they
@@ -202,6 +206,10 @@ async fn measure(bin: &PathBuf, event: Value) -> Result<Sample, String> {
     })
 }
 
+/// The pause before each start, for the previous one's work (the
+/// harness's, moto's) to finish.
+const SETTLE: Duration = Duration::from_millis(30);
+
 /// One binary's starts over the run.
 #[derive(Default)]
 struct Starts {
@@ -214,6 +222,23 @@ struct Starts {
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+/// The quartiles (25th, 50th, 75th percentile) of `v`; zeros when empty.
+fn quartiles(mut v: Vec<f64>) -> [f64; 3] {
+    v.sort_by(f64::total_cmp);
+    let at = |q: usize| v.get(v.len() * q / 4).copied().unwrap_or_default();
+    [at(1), at(2), at(3)]
+}
+
+/// Each run's init of `inits` over hello-lambda's init of the same run.
+fn paired_ratios(inits: &[Duration], hello: &[Duration]) -> Vec<f64> {
+    inits
+        .iter()
+        .zip(hello)
+        .filter(|(_, h)| !h.is_zero())
+        .map(|(i, h)| i.as_secs_f64() / h.as_secs_f64())
+        .collect()
 }
 
 #[tokio::main]
@@ -303,15 +328,24 @@ async fn main() -> Result<(), String> {
     }
     println!("runs per binary: {runs}, the binaries in turn in each run\n");
     println!(
-        "| binary | init p50 (ms) | first invocation p50 (ms) | init vs hello | peak RSS (MiB) | status |"
+        "| binary | init p50 (ms) | first invocation p50 (ms) | init vs hello, runs' p50 (p25-p75) | peak RSS (MiB) | status |"
     );
     println!("|---|---:|---:|---:|---:|---|");
     // Round-robin: each run starts every binary once, in turn, so a
     // change in the machine's speed during the run reaches all of them
-    // alike instead of skewing the ratio against whichever ran then.
+    // alike instead of skewing the ratio against whichever ran then. Each
+    // run begins one place further along the list, so no binary always
+    // follows the same one, and every start waits for the machine to
+    // settle: a first invocation that called moto leaves it busy for a
+    // few milliseconds, which would otherwise slow whichever start came
+    // next.
     let mut samples: Vec<Starts> = targets.iter().map(|_| Starts::default()).collect();
-    for _ in 0..runs {
-        for ((name, bin), seen) in targets.iter().zip(samples.iter_mut()) {
+    for run in 0..runs {
+        for turn in 0..targets.len() {
+            let at = (run + turn) % targets.len();
+            let (name, bin) = &targets[at];
+            let seen = &mut samples[at];
+            tokio::time::sleep(SETTLE).await;
             let base = name.split('.').next().unwrap_or(name);
             let s = measure(bin, http_event(&route(base), &key)).await?;
             seen.inits.push(s.init);
@@ -320,20 +354,12 @@ async fn main() -> Result<(), String> {
             seen.peak_kib = seen.peak_kib.max(s.peak_kib);
         }
     }
-    let mut hello_init = Duration::ZERO;
+    let hello = samples.first().map(|s| s.inits.clone()).unwrap_or_default();
     for ((name, _), seen) in targets.iter().zip(samples) {
-        let init = median(seen.inits);
-        if name == "hello-lambda" {
-            hello_init = init;
-        }
-        let ratio = if hello_init.is_zero() {
-            0.0
-        } else {
-            init.as_secs_f64() / hello_init.as_secs_f64()
-        };
+        let [low, ratio, high] = quartiles(paired_ratios(&seen.inits, &hello));
         println!(
-            "| {name} | {:.2} | {:.2} | {ratio:.2}x | {:.1} | {} |",
-            init.as_secs_f64() * 1000.0,
+            "| {name} | {:.2} | {:.2} | {ratio:.2}x ({low:.2}-{high:.2}) | {:.1} | {} |",
+            median(seen.inits).as_secs_f64() * 1000.0,
             median(seen.firsts).as_secs_f64() * 1000.0,
             seen.peak_kib as f64 / 1024.0,
             seen.status
