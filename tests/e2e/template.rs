@@ -1896,6 +1896,36 @@ fn every_function_links_what_its_grants_use_and_nothing_denied() {
     assert!(seen >= 17, "only {seen} functions checked");
 }
 
+/// Issue 21: every function runs on tokio's current-thread runtime. Lambda
+/// hands an instance one event at a time, so the default multi-thread
+/// runtime's worker threads would only be started at init and left idle:
+/// about a tenth of hello-lambda's start for most functions, a sixth for
+/// the dashboard (BENCHMARKS.md §3, "one thread").
+#[test]
+fn every_function_starts_a_current_thread_runtime() {
+    let t = template();
+    let mut seen = 0;
+    for (name, f) in functions(&t) {
+        let Some(dir) = f["Properties"]["CodeUri"].as_str() else {
+            continue;
+        };
+        let main = format!("{}/../{dir}/src/main.rs", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&main).unwrap_or_else(|e| panic!("{main}: {e}"));
+        let runtimes: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("#[tokio::main"))
+            .collect();
+        assert_eq!(
+            runtimes,
+            ["#[tokio::main(flavor = \"current_thread\")]"],
+            "{name}: {main}"
+        );
+        seen += 1;
+    }
+    assert!(seen >= 17, "only {seen} functions checked");
+}
+
 /// `sam build` runs `cargo lambda build --release --arm64 --bin <Binary>` in
 /// each function's `CodeUri` and copies `<CodeUri>/target/lambda/<Binary>/
 /// bootstrap`. From the workspace root `--bin` finds only the default

@@ -2,7 +2,7 @@
 //! dashboard user (`dashboard::documents_router`). Its own function so that
 //! only it carries the S3 client and the PDF renderer.
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), lambda_http::Error> {
     shared::logging::init_lambda();
     let state = shared::AppState::from_env().await?;

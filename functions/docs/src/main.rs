@@ -5,7 +5,7 @@
 /// The OpenAPI document the gateway answers from `/openapi.json`.
 const OPENAPI_JSON: &str = include_str!("../../../docs/openapi.json");
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), lambda_http::Error> {
     shared::logging::init_lambda();
     lambda_http::run(docs::router(std::sync::Arc::from(OPENAPI_JSON))).await

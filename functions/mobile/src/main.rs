@@ -1,4 +1,4 @@
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), lambda_http::Error> {
     shared::logging::init_lambda();
     let state = shared::AppState::from_env().await?;

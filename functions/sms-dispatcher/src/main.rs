@@ -2,7 +2,7 @@ use aws_lambda_events::sqs::SqsEvent;
 use lambda_runtime::{LambdaEvent, service_fn};
 use shared::providers::sms::{SmsClient, SmsConfig};
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), lambda_runtime::Error> {
     shared::logging::init_lambda();
     let state = shared::AppState::from_env().await?;

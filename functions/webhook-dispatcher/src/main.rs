@@ -1,7 +1,7 @@
 use aws_lambda_events::sqs::SqsEvent;
 use lambda_runtime::{LambdaEvent, service_fn};
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), lambda_runtime::Error> {
     shared::logging::init_lambda();
     let state = shared::AppState::from_env().await?;
