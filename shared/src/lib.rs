@@ -29,6 +29,7 @@ pub mod store;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testenv;
 pub mod time;
+pub mod tls;
 pub mod webhooks;
 
 pub use app::{AppState, Config, Deps};

@@ -71,9 +71,6 @@ pub fn allowed_with(url: &str, loopback: bool) -> bool {
         || (loopback && matches!(host.as_str(), "127.0.0.1" | "localhost" | "[::1]"))
 }
 
-/// TLS for `wss://`: the provider calls' configuration (one per process).
-pub use super::transport::tls_config;
-
 /// An open Fonepay websocket, read hint by hint.
 pub struct Hints {
     socket: tokio_tungstenite::WebSocketStream<
@@ -89,7 +86,7 @@ impl Hints {
             tracing::warn!("fonepay websocket: refused an unexpected URL");
             return None;
         }
-        let connector = match tls_config() {
+        let connector = match crate::tls::outbound() {
             Ok(c) => tokio_tungstenite::Connector::Rustls(c),
             Err(e) => {
                 tracing::warn!(error = %e, "fonepay websocket: no TLS configuration");
@@ -190,10 +187,5 @@ mod tests {
         ] {
             assert!(!allowed_with(no, true), "{no}");
         }
-    }
-
-    #[test]
-    fn the_tls_configuration_builds_on_this_platform() {
-        assert!(tls_config().is_ok());
     }
 }

@@ -119,10 +119,12 @@ impl std::fmt::Debug for SmsClient {
 
 impl SmsClient {
     pub fn new(config: SmsConfig) -> Result<SmsClient, String> {
+        let tls = crate::tls::outbound().map_err(|e| format!("SMS HTTP client: {e}"))?;
         let http = reqwest::Client::builder()
             .timeout(config.timeout)
             .connect_timeout(config.timeout.min(Duration::from_secs(5)))
             .redirect(reqwest::redirect::Policy::none())
+            .tls_backend_preconfigured((*tls).clone())
             .build()
             .map_err(|e| format!("SMS HTTP client: {e}"))?;
         Ok(SmsClient { http, config })

@@ -12,11 +12,9 @@ use crate::kinds::Provider;
 const MAX_BODY: usize = 256 * 1024;
 const MAX_CONNECT: Duration = Duration::from_secs(5);
 
-/// Built on first use, not at start: most functions never call a provider,
-/// and building an HTTPS client reads the platform's roots (issue 21: a
-/// cold start pays only for what it uses). Every client of the process
-/// shares one TLS configuration ([`tls_config`]), so the roots are read
-/// once.
+/// Built on first use, not at start: most functions never call a provider
+/// (issue 21: a cold start pays only for what it uses). Every client of
+/// the process shares one TLS configuration ([`crate::tls::outbound`]).
 #[derive(Clone)]
 pub(crate) struct Transport {
     timeout: Duration,
@@ -72,7 +70,7 @@ impl Transport {
     }
 
     /// The HTTPS client, built on the first call. A failure (the platform
-    /// has no usable TLS roots) is answered to that call and tried again on
+    /// cannot offer TLS 1.2 or 1.3) is answered to that call and tried again on
     /// the next.
     pub fn client(&self) -> Result<&reqwest::Client, ProviderError> {
         if let Some(client) = self.client.get() {
@@ -80,7 +78,7 @@ impl Transport {
         }
         let unusable =
             |e: String| ProviderError::Unavailable(format!("cannot build the HTTPS client: {e}"));
-        let tls = tls_config().map_err(unusable)?;
+        let tls = crate::tls::outbound().map_err(unusable)?;
         let client = reqwest::Client::builder()
             .timeout(self.timeout)
             .connect_timeout(self.timeout.min(MAX_CONNECT))
@@ -138,46 +136,12 @@ fn map_error(e: reqwest::Error) -> ProviderError {
     }
 }
 
-/// The process's one TLS client configuration: rustls on the aws-lc-rs
-/// provider (the one the AWS SDK already uses) with the platform's roots,
-/// read once, on first use. The provider calls and Fonepay's websocket
-/// share it. A failure (no usable roots) is not remembered: the next call
-/// tries again.
-pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
-    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
-    if let Some(config) = CONFIG.get() {
-        return Ok(config.clone());
-    }
-    let built = build_tls_config()?;
-    Ok(CONFIG.get_or_init(|| built).clone())
-}
-
-fn build_tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    let found = rustls_native_certs::load_native_certs();
-    for cert in found.certs {
-        // A root the store cannot parse is skipped, as reqwest does.
-        let _ = roots.add(cert);
-    }
-    if roots.is_empty() {
-        return Err("no TLS root certificates found on this platform".into());
-    }
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(Arc::new(config))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A function that never calls a provider never builds an HTTPS client
-    /// (nor reads the platform's roots); the clients of a mode share one,
-    /// and every client shares one TLS configuration.
+    /// A function that never calls a provider never builds an HTTPS
+    /// client; the clients of a mode share one.
     #[test]
     fn the_client_is_built_on_first_use_and_shared() {
         let transport = Transport::new(Duration::from_secs(5));
@@ -192,10 +156,5 @@ mod tests {
             Err(e) => panic!("{e}"),
         };
         assert_eq!(first, again, "the clones share one client");
-        let (a, b) = match (tls_config(), tls_config()) {
-            (Ok(a), Ok(b)) => (a, b),
-            (a, b) => panic!("{:?} {:?}", a.err(), b.err()),
-        };
-        assert!(Arc::ptr_eq(&a, &b), "the roots are read once per process");
     }
 }

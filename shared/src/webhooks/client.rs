@@ -97,6 +97,8 @@ impl std::fmt::Debug for WebhookClient {
 impl WebhookClient {
     /// A client under `policy` that gives a receiver `timeout` to answer.
     pub fn new(policy: Policy, timeout: Duration) -> Result<Self, String> {
+        let tls =
+            crate::tls::outbound().map_err(|e| format!("cannot build the webhook client: {e}"))?;
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(5)))
@@ -108,6 +110,7 @@ impl WebhookClient {
             }))
             .user_agent(concat!("dhukuti-webhooks/", env!("CARGO_PKG_VERSION")))
             .pool_idle_timeout(Duration::from_secs(30))
+            .tls_backend_preconfigured((*tls).clone())
             .build()
             .map_err(|e| format!("cannot build the webhook client: {e}"))?;
         Ok(WebhookClient {
