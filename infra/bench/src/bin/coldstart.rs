@@ -13,13 +13,16 @@
 //! Without names it measures `hello-lambda`, `account` and `payments` from
 //! its own directory; a name without a path is looked up there too (any
 //! function: those without a route for the event answer 404, after the
-//! same start). `hello-lambda` is always measured, as the baseline; each
-//! run starts every binary once, in turn (so drift in the machine's speed
-//! reaches them all alike), and the medians are over the runs. The ratio
-//! to hello-lambda is the median of the runs' own ratios (each binary's
-//! init over hello-lambda's in the same run), with their quartiles: a
-//! paired measure, which the machine's slow and fast spells move far less
-//! than a ratio of two medians.
+//! same start; the queue- and stream-driven ones get an empty batch; an
+//! invocation error is reported as the status, not a failure).
+//! `hello-lambda` is always measured, as the baseline; each run starts
+//! every binary once, in turn (so drift in the machine's speed reaches them
+//! all alike), each run one place further along the list, each start after
+//! a pause for the last one's work to settle; the medians are over the
+//! runs. The ratio to hello-lambda is the median of the runs' own ratios
+//! (each binary's init over hello-lambda's in the same run), with their
+//! quartiles: a paired measure, which the machine's slow and fast spells
+//! move far less than a ratio of two medians.
 //!
 //! The functions get the environment of this process (so with
 //! `DHUKUTI_BACKEND=aws`, `AWS_ENDPOINT_URL`, `DHUKUTI_TABLE`, ... they
@@ -181,15 +184,35 @@ async fn measure(bin: &PathBuf, event: Value) -> Result<Sample, String> {
 
     let mut init = None;
     let outcome = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some((what, at, body)) = rx.recv().await {
+        loop {
+            let (what, at, body) = tokio::select! {
+                got = rx.recv() => match got {
+                    Some(got) => got,
+                    None => return Err("runtime API closed".to_owned()),
+                },
+                // A start that fails (a missing setting) exits without a word.
+                exit = child.wait() => return Err(format!(
+                    "{} exited before answering ({}); run it alone to see why",
+                    bin.display(),
+                    exit.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string())
+                )),
+            };
             match what {
                 "next" if init.is_none() => init = Some(at - started),
                 "response" => return Ok((at, body)),
-                "error" => return Err(format!("{} reported an error: {body}", bin.display())),
+                // Still a start to measure (an event the function does
+                // not take, a route it lacks): the status says so.
+                "error" => {
+                    let kind = serde_json::from_str::<Value>(&body)
+                        .ok()
+                        .and_then(|b| b["errorType"].as_str().map(str::to_owned))
+                        .unwrap_or_default();
+                    let status = json!({ "statusCode": format!("error {kind}") });
+                    return Ok((at, status.to_string()));
+                }
                 _ => {}
             }
         }
-        Err("runtime API closed".to_owned())
     })
     .await
     .map_err(|_| format!("{} did not answer within 30 s", bin.display()))??;
@@ -205,6 +228,10 @@ async fn measure(bin: &PathBuf, event: Value) -> Result<Sample, String> {
         peak_kib,
     })
 }
+
+/// The functions driven by SQS or a DynamoDB stream rather than HTTP: they
+/// get an empty batch.
+const QUEUE_DRIVEN: &[&str] = &["sms-dispatcher", "webhook-dispatcher", "webhook-fanout"];
 
 /// The pause before each start, for the previous one's work (the
 /// harness's, moto's) to finish.
@@ -347,7 +374,12 @@ async fn main() -> Result<(), String> {
             let seen = &mut samples[at];
             tokio::time::sleep(SETTLE).await;
             let base = name.split('.').next().unwrap_or(name);
-            let s = measure(bin, http_event(&route(base), &key)).await?;
+            let event = if QUEUE_DRIVEN.contains(&base) {
+                json!({ "Records": [] })
+            } else {
+                http_event(&route(base), &key)
+            };
+            let s = measure(bin, event).await?;
             seen.inits.push(s.init);
             seen.firsts.push(s.first);
             seen.status = s.status;
