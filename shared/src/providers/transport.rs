@@ -69,9 +69,9 @@ impl Transport {
         }
     }
 
-    /// The HTTPS client, built on the first call. A failure (the platform
-    /// cannot offer TLS 1.2 or 1.3) is answered to that call and tried again on
-    /// the next.
+    /// The HTTPS client, built on the first call. A failure (a crypto
+    /// provider with neither TLS 1.2 nor 1.3) is answered to that call and
+    /// tried again on the next.
     pub fn client(&self) -> Result<&reqwest::Client, ProviderError> {
         if let Some(client) = self.client.get() {
             return Ok(client);
