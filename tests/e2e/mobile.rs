@@ -539,6 +539,7 @@ async fn an_apps_requests_are_limited_per_address_not_per_key(which: Which) {
     };
     let app = session_for_app(&shop, &pk, json!({"amount": AMOUNT})).await;
     // Five reads a minute per address for this test.
+    start_early_in_a_minute().await;
     shop.app.state().public_limits.set(5, 60, 120, 600, 10);
     for i in 0..5 {
         let a = app.read(&shop).await;
@@ -564,6 +565,16 @@ async fn an_apps_requests_are_limited_per_address_not_per_key(which: Which) {
     shop.stop().await;
 }
 
+/// The limits' windows are whole minutes: a test that counts requests
+/// into one starts early in it, so that they all fall into it (on moto
+/// they have straddled a minute's end).
+async fn start_early_in_a_minute() {
+    let second = SystemClock.now().unix_seconds().rem_euclid(60);
+    if second > 40 {
+        tokio::time::sleep(std::time::Duration::from_secs((61 - second) as u64)).await;
+    }
+}
+
 /// A session's own budget (shared with its hosted page) is spent only by
 /// callers holding its secret: the id alone, public in `events_url`,
 /// cannot use it up for the app.
@@ -572,13 +583,8 @@ async fn only_the_secret_spends_a_sessions_budget(which: Which) {
         return;
     };
     let app = session_for_app(&shop, &pk, json!({"amount": AMOUNT})).await;
-    // Three requests a minute per session for this test. The windows are
-    // whole minutes: start early in one, so that the ten requests below
-    // all fall into it (on moto they once straddled a minute's end).
-    let second = SystemClock.now().unix_seconds().rem_euclid(60);
-    if second > 40 {
-        tokio::time::sleep(std::time::Duration::from_secs((61 - second) as u64)).await;
-    }
+    // Three requests a minute per session for this test.
+    start_early_in_a_minute().await;
     shop.app.state().public_limits.set(600, 60, 3, 600, 10);
     for _ in 0..6 {
         let wrong = app.read_with(&shop, Some("cs_secret_guess")).await;
