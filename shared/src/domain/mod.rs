@@ -20,6 +20,8 @@ pub mod refunds;
 #[cfg(test)]
 mod roundtrip;
 pub mod sms;
+#[cfg(test)]
+mod stored_shapes;
 pub mod totals;
 pub mod webhooks;
 

@@ -115,6 +115,19 @@ impl EmbeddedStore {
         self.writer.commits()
     }
 
+    /// Every item of the table, in key order: a whole-store read for tools
+    /// and the stored-shape fixture test, never for a request.
+    pub fn scan_all(&self) -> Result<Vec<Item>, StoreError> {
+        let txn = self.db.begin_read().map_err(backend("scan: begin read"))?;
+        let items = txn.open_table(ITEMS).map_err(backend("scan: open items"))?;
+        let mut all = Vec::new();
+        for entry in items.iter().map_err(backend("scan: iterate"))? {
+            let (_, bytes) = entry.map_err(backend("scan: read"))?;
+            all.push(decode(bytes.value())?);
+        }
+        Ok(all)
+    }
+
     /// Creates the tables so read transactions always find them.
     fn init(db: Database) -> Result<Self, StoreError> {
         let txn = db.begin_write().map_err(backend("init: begin write"))?;

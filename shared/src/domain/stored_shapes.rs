@@ -1,0 +1,494 @@
+//! Nothing stored changes shape: a store written by main at `0c604e9`
+//! (`shared/fixtures/store/`: the redb file the local gateway keeps and a
+//! DynamoDB scan of the same items, 293 items of every kind the end-to-end
+//! suite writes; its README says how it was made) is read back here, every
+//! item is named by its key, and every item of a record type decodes into
+//! that type and serializes back to the attributes it was read from.
+//!
+//! A change to a record's fields, its serde attributes, its key or its
+//! index entries that would make old items unreadable, or make the next
+//! write of an old item differ from it, fails here.
+
+use std::collections::{BTreeMap, HashMap};
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::store::embedded::EmbeddedStore;
+use crate::store::{Index, Item, PK, SK};
+
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/store");
+
+/// What the fixture must hold of each kind, at least.
+const KINDS: usize = 36;
+
+/// How an item of one kind is checked.
+enum Check {
+    /// A record type: it decodes into it, and the record serializes back to
+    /// the item's attributes (with the item's key and index entries), but
+    /// for the attributes listed, which live in the item only and are
+    /// changed by atomic writes alone (issue 38 makes them fields).
+    Record {
+        roundtrip: fn(&Item) -> Result<Map<String, Value>, String>,
+        item_only: &'static [&'static str],
+    },
+    /// Written as attributes, not a record type: each item has every
+    /// attribute of `always` and none outside `also`.
+    Attributes {
+        always: &'static [&'static str],
+        also: &'static [&'static str],
+    },
+    /// A family of attributes named by prefix (`hold_<id>`) beside fixed
+    /// ones.
+    Family {
+        always: &'static [&'static str],
+        prefix: &'static str,
+    },
+}
+
+/// The record `T` read from `item` and serialized again, with the item's
+/// key and index attributes (what `record::to_item` adds).
+fn roundtrip<T: DeserializeOwned + Serialize>(item: &Item) -> Result<Map<String, Value>, String> {
+    let record: T = super::record::from_item(item.clone()).map_err(|e| e.to_string())?;
+    let Value::Object(mut back) = serde_json::to_value(&record).map_err(|e| e.to_string())? else {
+        return Err("a record serializes to an object".into());
+    };
+    let mut keys = vec![PK, SK];
+    for index in Index::ALL {
+        keys.push(index.pk_attr());
+        keys.push(index.sk_attr());
+    }
+    for attr in keys {
+        if let Some(v) = item.get(attr) {
+            back.insert(attr.to_owned(), v.clone());
+        }
+    }
+    Ok(back)
+}
+
+fn record<T: DeserializeOwned + Serialize>(item_only: &'static [&'static str]) -> Check {
+    Check::Record {
+        roundtrip: roundtrip::<T>,
+        item_only,
+    }
+}
+
+const COUNT_TTL: Check = Check::Attributes {
+    always: &["count", "ttl"],
+    also: &[],
+};
+const FENCE: Check = Check::Attributes {
+    always: &["resource_id", "ttl"],
+    also: &[],
+};
+
+/// The kind of the item at (`pk`, `sk`), and how to check it.
+fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
+    use super::{
+        account, active, checkout, dashboard, invoices, links, outbox, payments, refunds, sms,
+        webhooks,
+    };
+    let head = pk.split('#').next().unwrap_or("");
+    let parts = pk.split('#').count();
+    Some(match (head, sk) {
+        ("ACTIVE", _) => ("active project", record::<active::Active>(&[])),
+        ("AKEY", "AKEY") => ("api key", record::<account::ApiKey>(&[])),
+        ("AKEY", s) if s.starts_with("SPEND#") => (
+            "api key spend",
+            Check::Attributes {
+                always: &["volume", "ttl"],
+                also: &[],
+            },
+        ),
+        ("CS", "CS") => ("checkout session", record::<checkout::CheckoutSession>(&[])),
+        ("DEMAIL", "DEMAIL") => (
+            "dashboard email claim",
+            Check::Attributes {
+                always: &["user_id"],
+                also: &[],
+            },
+        ),
+        ("DEMO", "DEMO") => (
+            "demo account",
+            Check::Attributes {
+                always: &["merchant_id", "project_id", "payments_seeded"],
+                also: &[],
+            },
+        ),
+        ("DFORM", "FENCE") => ("dashboard form fence", FENCE),
+        ("DSESS", "DSESS") => (
+            "dashboard session",
+            record::<dashboard::DashboardSession>(&[crate::store::TTL]),
+        ),
+        ("DUSER", "DUSER") => ("dashboard user", record::<dashboard::DashboardUser>(&[])),
+        ("EVT", "EVT") => ("event", record::<outbox::Event>(&[])),
+        ("EVT", s) if s.starts_with("WHD#") => {
+            ("webhook delivery", record::<webhooks::Delivery>(&[]))
+        }
+        ("IDEM", "IDEM") => (
+            "idempotency record",
+            Check::Attributes {
+                always: &["created_at", "fingerprint", "key_id", "state", "ttl"],
+                also: &["body", "content_type", "locked_until", "owner", "status"],
+            },
+        ),
+        ("IDEMFENCE", "FENCE") => ("idempotency fence", FENCE),
+        ("LNK", "LNK") => ("payment link", record::<links::PaymentLink>(&[])),
+        ("MER", "MER") => ("merchant", record::<account::Merchant>(&[])),
+        ("MER", _) if pk.ends_with("#AUDIT") => {
+            ("audit entry", record::<dashboard::AuditEntry>(&[]))
+        }
+        ("OINV", "OINV") => ("invoice", record::<invoices::Invoice>(&[])),
+        ("OPENREF", _) => (
+            "open refund marker",
+            Check::Attributes {
+                always: &["id"],
+                also: &[],
+            },
+        ),
+        ("PAY", "PAY") => ("payment", record::<payments::Payment>(&[refunds::RESERVED])),
+        ("PAY", _) if pk.ends_with("#EVT") => (
+            "payment timeline entry",
+            record::<outbox::TimelineEntry>(&[]),
+        ),
+        ("PROJ", "PROJ") => ("project", record::<account::Project>(&[])),
+        ("PROJ", s) if s.starts_with("CRED#") => (
+            "provider credentials",
+            Check::Attributes {
+                always: &[
+                    "alg",
+                    "ciphertext",
+                    "key_id",
+                    "mode",
+                    "nonce",
+                    "project_id",
+                    "provider",
+                    "updated_at",
+                ],
+                also: &[],
+            },
+        ),
+        ("PROJ", s) if s.starts_with("FPCAP#") => (
+            "fonepay month cap",
+            Check::Family {
+                always: &["ttl", "version"],
+                prefix: "hold_",
+            },
+        ),
+        ("PROJ", "SEQ#PI") if parts == 3 => (
+            "invoice number sequence",
+            Check::Attributes {
+                always: &["value"],
+                also: &[],
+            },
+        ),
+        ("PROJ", "ALL#INIT") => (
+            "session totals marker",
+            Check::Attributes {
+                always: &["payments_counted", "since"],
+                also: &[],
+            },
+        ),
+        ("PROJ", s) if s.starts_with("ALL#") => (
+            "session totals",
+            Check::Attributes {
+                always: &[],
+                also: &[
+                    "expired",
+                    "failed",
+                    "initiated",
+                    "payments",
+                    "pending",
+                    "success",
+                    "total",
+                ],
+            },
+        ),
+        ("PROJ", s) if s.starts_with("DAY#") => (
+            "daily counters",
+            Check::Attributes {
+                always: &["ttl"],
+                also: &[
+                    "esewa_count",
+                    "esewa_success",
+                    "esewa_success_volume",
+                    "fonepay_count",
+                    "fonepay_success",
+                    "fonepay_success_volume",
+                    "khalti_count",
+                    "khalti_success",
+                    "khalti_success_volume",
+                    "payments_failed",
+                    "payments_success",
+                    "payments_total",
+                    "sessions_created",
+                    "sessions_initiated",
+                    "sessions_paid",
+                    "success_volume_paisa",
+                ],
+            },
+        ),
+        ("PROJ", "COUNT") if pk.ends_with("#WECOUNT") => (
+            "webhook endpoint count",
+            Check::Attributes {
+                always: &["n"],
+                also: &["v"],
+            },
+        ),
+        ("PROJ", _) if pk.ends_with("#WE") => {
+            ("webhook endpoint", record::<webhooks::Endpoint>(&[]))
+        }
+        ("RATE", "RATE") => ("api key rate window", COUNT_TTL),
+        ("REF", "REF") => ("refund", record::<refunds::Refund>(&[])),
+        ("SMS", "SMS") => (
+            "sms reminder",
+            record::<sms::SmsReminder>(&["claim", crate::store::TTL]),
+        ),
+        ("SMSCNT", _) => (
+            "sms hour count",
+            Check::Attributes {
+                always: &["n", "ttl"],
+                also: &[],
+            },
+        ),
+        ("SMSQUOTA", _) => (
+            "sms month quota",
+            Check::Attributes {
+                always: &["n"],
+                also: &["ttl"],
+            },
+        ),
+        ("SMSRCPT", "R") => (
+            "sms recipient window",
+            Check::Attributes {
+                always: &["sent_ms", "ttl", "v"],
+                also: &[],
+            },
+        ),
+        ("THROTTLE", "THROTTLE") => ("public route budget", COUNT_TTL),
+        _ => return None,
+    })
+}
+
+/// What is wrong with `item` of its kind, if anything.
+fn problems(item: &Item, check: &Check) -> Vec<String> {
+    let attrs = || item.keys().filter(|a| *a != PK && *a != SK);
+    match check {
+        Check::Record {
+            roundtrip,
+            item_only,
+        } => {
+            let back = match roundtrip(item) {
+                Ok(back) => back,
+                Err(e) => return vec![format!("does not decode: {e}")],
+            };
+            let mut out = Vec::new();
+            for (attr, value) in item {
+                if item_only.contains(&attr.as_str()) {
+                    continue;
+                }
+                match back.get(attr) {
+                    Some(v) if crate::store::cond::values_equal(v, value) => {}
+                    Some(v) => out.push(format!("{attr}: stored {value}, written back {v}")),
+                    None => out.push(format!("{attr}: stored {value}, not written back")),
+                }
+            }
+            // An update that REMOVEs an optional attribute leaves it absent
+            // where a whole-record write stores `null`: both read as `None`.
+            for (attr, value) in &back {
+                if !item.contains_key(attr) && !value.is_null() {
+                    out.push(format!("{attr}: not stored, written back {value}"));
+                }
+            }
+            out
+        }
+        Check::Attributes { always, also } => {
+            let mut out: Vec<String> = always
+                .iter()
+                .filter(|a| !item.contains_key(**a))
+                .map(|a| format!("{a}: missing"))
+                .collect();
+            out.extend(
+                attrs()
+                    .filter(|a| !always.contains(&a.as_str()) && !also.contains(&a.as_str()))
+                    .map(|a| format!("{a}: not an attribute of this kind")),
+            );
+            out
+        }
+        Check::Family { always, prefix } => {
+            let mut out: Vec<String> = always
+                .iter()
+                .filter(|a| !item.contains_key(**a))
+                .map(|a| format!("{a}: missing"))
+                .collect();
+            out.extend(
+                attrs()
+                    .filter(|a| !always.contains(&a.as_str()) && !a.starts_with(prefix))
+                    .map(|a| format!("{a}: not an attribute of this kind")),
+            );
+            out
+        }
+    }
+}
+
+/// Checks every item; answers how many items of each kind there were.
+fn check_all(source: &str, items: &[Item]) -> BTreeMap<&'static str, usize> {
+    let mut seen = BTreeMap::new();
+    let mut failures = Vec::new();
+    for item in items {
+        let (Some(pk), Some(sk)) = (
+            item.get(PK).and_then(Value::as_str),
+            item.get(SK).and_then(Value::as_str),
+        ) else {
+            failures.push(format!("an item without a string key: {item:?}"));
+            continue;
+        };
+        let Some((kind, check)) = kind_of(pk, sk) else {
+            failures.push(format!("{pk} / {sk}: no kind has this key"));
+            continue;
+        };
+        *seen.entry(kind).or_insert(0) += 1;
+        for problem in problems(item, &check) {
+            failures.push(format!("{kind} {pk} / {sk}: {problem}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{source}: {} problems:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    seen
+}
+
+fn redb_items() -> Vec<Item> {
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => panic!("tempdir: {e}"),
+    };
+    // Opened on a copy: opening a redb file may write to it.
+    let copy = dir.path().join("dhukuti.redb");
+    if let Err(e) = std::fs::copy(format!("{FIXTURE}/dhukuti.redb"), &copy) {
+        panic!("copy the fixture: {e}");
+    }
+    let store = match EmbeddedStore::open(&copy) {
+        Ok(s) => s,
+        Err(e) => panic!("the fixture opens: {e}"),
+    };
+    match store.scan_all() {
+        Ok(items) => items,
+        Err(e) => panic!("the fixture reads: {e}"),
+    }
+}
+
+/// DynamoDB JSON (`{"S": "x"}`, `{"N": "1"}`, ...) as the SDK's value.
+fn attribute(v: &Value) -> AttributeValue {
+    let Some((tag, inner)) = v.as_object().and_then(|m| m.iter().next()) else {
+        panic!("not a DynamoDB JSON value: {v}")
+    };
+    match (tag.as_str(), inner) {
+        ("S", Value::String(s)) => AttributeValue::S(s.clone()),
+        ("N", Value::String(n)) => AttributeValue::N(n.clone()),
+        ("BOOL", Value::Bool(b)) => AttributeValue::Bool(*b),
+        ("NULL", Value::Bool(b)) => AttributeValue::Null(*b),
+        ("L", Value::Array(l)) => AttributeValue::L(l.iter().map(attribute).collect()),
+        ("M", Value::Object(m)) => {
+            AttributeValue::M(m.iter().map(|(k, v)| (k.clone(), attribute(v))).collect())
+        }
+        _ => panic!("unexpected DynamoDB JSON value: {v}"),
+    }
+}
+
+/// The scan, read as the DynamoDB backend reads an item.
+fn dynamodb_items() -> Vec<Item> {
+    let text = match std::fs::read_to_string(format!("{FIXTURE}/dynamodb.json")) {
+        Ok(t) => t,
+        Err(e) => panic!("read the fixture: {e}"),
+    };
+    let dump: Value = match serde_json::from_str(&text) {
+        Ok(v) => v,
+        Err(e) => panic!("the fixture parses: {e}"),
+    };
+    let Some(items) = dump["Items"].as_array() else {
+        panic!("the fixture has Items")
+    };
+    items
+        .iter()
+        .map(|raw| {
+            let Some(map) = raw.as_object() else {
+                panic!("an item is an object: {raw}")
+            };
+            let attrs: HashMap<String, AttributeValue> =
+                map.iter().map(|(k, v)| (k.clone(), attribute(v))).collect();
+            match serde_dynamo::from_item::<_, Item>(attrs) {
+                Ok(item) => item,
+                Err(e) => panic!("an item decodes as the backend decodes it: {e}"),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn every_item_main_wrote_to_redb_reads_back_and_writes_back_the_same() {
+    let items = redb_items();
+    assert_eq!(items.len(), 293, "the fixture's items");
+    let seen = check_all("redb", &items);
+    assert_eq!(seen.len(), KINDS, "kinds in the fixture: {seen:?}");
+}
+
+#[test]
+fn every_item_main_wrote_to_dynamodb_reads_back_and_writes_back_the_same() {
+    let items = dynamodb_items();
+    assert_eq!(items.len(), 293, "the fixture's items");
+    let seen = check_all("dynamodb", &items);
+    assert_eq!(seen.len(), KINDS, "kinds in the fixture: {seen:?}");
+}
+
+#[test]
+fn both_fixtures_hold_the_same_items() {
+    let mut redb = redb_items();
+    let mut dynamodb = dynamodb_items();
+    let key = |i: &Item| {
+        (
+            i.get(PK).map(Value::to_string),
+            i.get(SK).map(Value::to_string),
+        )
+    };
+    redb.sort_by_key(key);
+    dynamodb.sort_by_key(key);
+    assert_eq!(redb.len(), dynamodb.len());
+    for (a, b) in redb.iter().zip(&dynamodb) {
+        assert!(
+            crate::store::cond::values_equal(&Value::Object(a.clone()), &Value::Object(b.clone())),
+            "redb {a:?}\ndynamodb {b:?}"
+        );
+    }
+}
+
+#[test]
+fn a_changed_record_shape_is_caught() {
+    // The check is not vacuous: an attribute the record drops, one it
+    // renames, and a value it writes back differently each fail.
+    let items = redb_items();
+    let Some(payment) = items
+        .iter()
+        .find(|i| i.get(SK).and_then(Value::as_str) == Some("PAY"))
+    else {
+        panic!("the fixture has a payment")
+    };
+    let Some((_, check)) = kind_of("PAY#x", "PAY") else {
+        panic!("payments have a kind")
+    };
+    assert!(problems(payment, &check).is_empty());
+    let mut extra = payment.clone();
+    extra.insert("surprise".into(), Value::from(1));
+    assert!(!problems(&extra, &check).is_empty(), "an unknown attribute");
+    let mut changed = payment.clone();
+    changed.insert("amount".into(), Value::from("100"));
+    assert!(!problems(&changed, &check).is_empty(), "a string amount");
+    let mut missing = payment.clone();
+    missing.remove("created_at");
+    assert!(!problems(&missing, &check).is_empty(), "a missing field");
+}
