@@ -1,6 +1,7 @@
 //! Domain refusals as answers: the one place a [`Refusal`] (what any
 //! domain operation says when it does not do what was asked) becomes the
-//! contract's envelope, status and headers.
+//! contract's envelope, status and headers. The status of a kind
+//! ([`status_of`]) is also what the dashboard's and hosted pages answer.
 
 use http::StatusCode;
 use shared::domain::account::AuthError;
@@ -16,27 +17,40 @@ use shared::refusal::{Kind, Refusal};
 
 use crate::{ApiError, ErrorType};
 
+/// The status of each kind of refusal: the only place a kind becomes an
+/// HTTP status. The API's envelope, the dashboard's pages and the hosted
+/// pages all answer with it; a page chooses only its words.
+pub fn status_of(kind: Kind) -> StatusCode {
+    match kind {
+        Kind::Invalid => StatusCode::BAD_REQUEST,
+        Kind::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Kind::AccountClosed | Kind::Forbidden => StatusCode::FORBIDDEN,
+        Kind::KeyPaused => StatusCode::LOCKED,
+        Kind::NotFound => StatusCode::NOT_FOUND,
+        Kind::Conflict => StatusCode::CONFLICT,
+        Kind::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
+        Kind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+        Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
 impl From<Refusal> for ApiError {
     fn from(r: Refusal) -> Self {
-        let (status, kind) = match r.kind {
-            Kind::Invalid => (StatusCode::BAD_REQUEST, ErrorType::InvalidRequestError),
+        let kind = match r.kind {
+            Kind::Invalid | Kind::NotFound | Kind::Conflict | Kind::Unprocessable => {
+                ErrorType::InvalidRequestError
+            }
             Kind::Unauthenticated => return ApiError::api_key_invalid(r.message),
-            Kind::AccountClosed => (StatusCode::FORBIDDEN, ErrorType::AccountError),
-            Kind::KeyPaused => (StatusCode::LOCKED, ErrorType::AccountError),
-            Kind::Forbidden => (StatusCode::FORBIDDEN, ErrorType::PermissionError),
-            Kind::NotFound => (StatusCode::NOT_FOUND, ErrorType::InvalidRequestError),
-            Kind::Conflict => (StatusCode::CONFLICT, ErrorType::InvalidRequestError),
-            Kind::Unprocessable => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                ErrorType::InvalidRequestError,
-            ),
-            Kind::RateLimited => (StatusCode::TOO_MANY_REQUESTS, ErrorType::RateLimitError),
+            Kind::AccountClosed | Kind::KeyPaused => ErrorType::AccountError,
+            Kind::Forbidden => ErrorType::PermissionError,
+            Kind::RateLimited => ErrorType::RateLimitError,
             // Ours: the logs have the detail (the refusal logged it when it
             // was made); the answer says only what to do.
             Kind::Unavailable => return ApiError::unavailable(),
             Kind::Internal => return ApiError::internal(),
         };
-        let mut e = ApiError::new(status, kind, r.code, r.message);
+        let mut e = ApiError::new(status_of(r.kind), kind, r.code, r.message);
         if let Some(field) = r.field {
             e = e.with_param(field);
         }
@@ -80,6 +94,38 @@ answered_by_refusal!(
 mod tests {
     use super::*;
     use shared::store::StoreError;
+
+    /// Every kind's status, once: the API, the dashboard and the hosted
+    /// pages all answer with these.
+    const STATUSES: [(Kind, u16); 11] = [
+        (Kind::Invalid, 400),
+        (Kind::Unauthenticated, 401),
+        (Kind::AccountClosed, 403),
+        (Kind::KeyPaused, 423),
+        (Kind::Forbidden, 403),
+        (Kind::NotFound, 404),
+        (Kind::Conflict, 409),
+        (Kind::Unprocessable, 422),
+        (Kind::RateLimited, 429),
+        (Kind::Unavailable, 503),
+        (Kind::Internal, 500),
+    ];
+
+    #[test]
+    fn each_kind_has_one_status_and_the_envelope_answers_with_it() {
+        for (kind, status) in STATUSES {
+            assert_eq!(status_of(kind).as_u16(), status, "{kind:?}");
+            let e = ApiError::from(Refusal::new(kind, "some_code", "m"));
+            assert_eq!(e.status, status_of(kind), "{kind:?}");
+        }
+        // The table names each kind once.
+        for (i, (kind, _)) in STATUSES.iter().enumerate() {
+            assert!(
+                STATUSES[..i].iter().all(|(k, _)| k != kind),
+                "{kind:?} twice"
+            );
+        }
+    }
 
     #[test]
     fn each_kind_has_its_status_and_type() {

@@ -1,7 +1,8 @@
 //! One refusal: what a domain operation says when it does not do what was
 //! asked, in the contract's words (kind, code, message, field). Each
-//! domain error converts into it beside its own definition; the edge turns
-//! a refusal into the error envelope in one place (`edge::error`).
+//! domain error converts into it beside its own definition; the edge gives
+//! each kind its status in one place (`edge::refusals::status_of`, for the
+//! API and the pages alike) and turns a refusal into the error envelope.
 
 use std::fmt;
 
