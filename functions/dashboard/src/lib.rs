@@ -245,21 +245,10 @@ pub(crate) fn fail(e: impl Into<shared::refusal::Refusal>) -> Stop {
 }
 
 /// The failure page of a store or rule error: the words of the refusal,
-/// never its internals.
+/// never its internals; its status the API's for the refusal's kind.
 fn failure(e: impl Into<shared::refusal::Refusal>) -> Response {
     let refusal = e.into();
-    let status = match refusal.kind {
-        shared::refusal::Kind::NotFound => StatusCode::NOT_FOUND,
-        shared::refusal::Kind::Forbidden => StatusCode::FORBIDDEN,
-        shared::refusal::Kind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-        shared::refusal::Kind::Invalid | shared::refusal::Kind::Unprocessable => {
-            StatusCode::UNPROCESSABLE_ENTITY
-        }
-        shared::refusal::Kind::Conflict => StatusCode::CONFLICT,
-        shared::refusal::Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        shared::refusal::Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-        _ => StatusCode::BAD_REQUEST,
-    };
+    let status = edge::refusals::status_of(refusal.kind);
     if status.is_server_error() {
         tracing::error!(code = refusal.code, message = %refusal.message, "dashboard failure");
         return html(
@@ -547,30 +536,30 @@ async fn sign_in(State(state): State<AppState>, req: axum::extract::Request) -> 
             res
         }
         Err(e) => {
-            let (status, message) = match &e {
-                DashboardError::WrongCredentials => (
-                    StatusCode::UNAUTHORIZED,
-                    "Wrong email or password.".to_owned(),
-                ),
+            // The sign-in form again, in its own words; the status is the
+            // refusal's.
+            let (message, retry_after) = match &e {
+                DashboardError::WrongCredentials => ("Wrong email or password.".to_owned(), None),
                 DashboardError::Throttled { retry_after } => (
-                    StatusCode::TOO_MANY_REQUESTS,
                     format!(
                         "Too many sign-in attempts. Try again in {} minutes.",
                         (retry_after + 59) / 60
                     ),
+                    Some(*retry_after),
                 ),
                 DashboardError::Disabled => (
-                    StatusCode::FORBIDDEN,
                     "This user is disabled. Ask your account's owner.".to_owned(),
+                    None,
                 ),
                 DashboardError::NoProject => (
-                    StatusCode::FORBIDDEN,
                     "Your account has no project yet. Contact Dhukuti.".to_owned(),
+                    None,
                 ),
                 _ => return failure(e),
             };
+            let status = edge::refusals::status_of(shared::refusal::Refusal::from(e).kind);
             let mut res = html(status, pages::sign_in(&pre, &next, Some(&message), &email));
-            if let DashboardError::Throttled { retry_after } = e
+            if let Some(retry_after) = retry_after
                 && let Ok(v) = HeaderValue::from_str(&retry_after.to_string())
             {
                 res.headers_mut().insert(header::RETRY_AFTER, v);
@@ -917,6 +906,7 @@ async fn refund(
         // sent again is safe (its fence finds the refund).
         Err(RefundError::Store(e)) => {
             tracing::error!(error = %e, payment = %id, "dashboard refund unconfirmed");
+            let status = edge::refusals::status_of(shared::refusal::Refusal::from(e).kind);
             payment_view(
                 &state,
                 &signed,
@@ -926,17 +916,13 @@ async fn refund(
                     "We could not confirm the refund: it may have been recorded. Look at the \
                      refunds below before you try again.",
                 ),
-                StatusCode::SERVICE_UNAVAILABLE,
+                status,
             )
             .await
         }
         Err(e) => {
             let refusal = shared::refusal::Refusal::from(e);
-            let status = if refusal.kind == shared::refusal::Kind::NotFound {
-                StatusCode::NOT_FOUND
-            } else {
-                StatusCode::UNPROCESSABLE_ENTITY
-            };
+            let status = edge::refusals::status_of(refusal.kind);
             let message = format!("The refund was not made: {}", refusal.message);
             payment_view(&state, &signed, &id, None, Some(&message), status).await
         }
@@ -989,4 +975,37 @@ async fn audit_page(
         StatusCode::OK,
         pages::audit(&nav, &entries, next.as_deref()),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shared::refusal::{Kind, Refusal};
+
+    #[test]
+    fn a_refused_page_answers_with_the_apis_status_for_its_kind() {
+        let kinds = [
+            Kind::Invalid,
+            Kind::Unauthenticated,
+            Kind::AccountClosed,
+            Kind::KeyPaused,
+            Kind::Forbidden,
+            Kind::NotFound,
+            Kind::Conflict,
+            Kind::Unprocessable,
+            Kind::RateLimited,
+            Kind::Unavailable,
+            Kind::Internal,
+        ];
+        for kind in kinds {
+            let refusal = Refusal::new(kind, "some_code", "Not this way");
+            let page = failure(refusal.clone());
+            assert_eq!(page.status(), edge::refusals::status_of(kind), "{kind:?}");
+            assert_eq!(
+                page.status(),
+                edge::ApiError::from(refusal).status,
+                "{kind:?}"
+            );
+        }
+    }
 }
