@@ -1046,7 +1046,7 @@ async fn a_provider_that_cannot_start_sends_the_customer_back_to_the_picker(whic
     )
     .await;
     let page = shop.choose(&s, &[("provider", "khalti")]).await;
-    assert_eq!(page.status, 502, "{}", page.show());
+    assert_eq!(page.status, 503, "{}", page.show());
     // Nothing was charged: the attempt failed, the session stays open.
     let (ids, total) = shop.payments().await;
     assert_eq!(total, 1, "{ids:?}");
@@ -1295,7 +1295,7 @@ async fn the_address_is_frozen_once_an_attempt_started(which: Which) {
         ("city", "Pokhara"),
     ];
     let refused = shop.choose(&s, &elsewhere).await;
-    assert_eq!(refused.status, 422, "{}", refused.show());
+    assert_eq!(refused.status, 400, "{}", refused.show());
     assert!(
         refused.has("cannot be changed once a payment has been started"),
         "{}",

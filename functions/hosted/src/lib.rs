@@ -35,6 +35,7 @@ use shared::domain::links;
 use shared::domain::payments::{Payment, PaymentStatus};
 use shared::limits::public;
 use shared::providers::Handoff;
+use shared::refusal::Refusal;
 use shared::store::StoreError;
 
 /// The public routes, in the shared edge (request id, one log line, no
@@ -487,21 +488,7 @@ async fn pay(
         Err(AttemptError::NotFound) => return not_found(),
         Err(AttemptError::Closed(_)) => return see_other(&format!("/c/{id}")),
         Err(AttemptError::Store(e)) => return trouble(&e),
-        Err(e @ AttemptError::Invalid { .. }) => (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
-        Err(AttemptError::NotOffered(m)) => (StatusCode::UNPROCESSABLE_ENTITY, m),
-        Err(AttemptError::FonepayCap(m)) => (StatusCode::UNPROCESSABLE_ENTITY, m),
-        Err(e @ AttemptError::Busy) => (StatusCode::CONFLICT, e.to_string()),
-        Err(AttemptError::Provider(e)) => (
-            StatusCode::BAD_GATEWAY,
-            format!(
-                "The payment provider did not answer ({}). Nothing was charged: try again or choose another way to pay.",
-                if e.is_retryable() {
-                    "temporarily unavailable"
-                } else {
-                    "request refused"
-                }
-            ),
-        ),
+        Err(e) => picker_note(e),
     };
     let session = match checkout::find_any(&*state.store, &id, now).await {
         Ok(Some(s)) => s,
@@ -521,6 +508,23 @@ async fn pay(
         Ok(r) => r,
         Err(e) => trouble(&e),
     }
+}
+
+/// The picker's note on an attempt it did not start: words for the
+/// customer, and the status the API answers the same refusal with.
+fn picker_note(e: AttemptError) -> (StatusCode, String) {
+    let words = match &e {
+        AttemptError::Provider(p) => format!(
+            "The payment provider did not answer ({}). Nothing was charged: try again or choose another way to pay.",
+            if p.is_retryable() {
+                "temporarily unavailable"
+            } else {
+                "request refused"
+            }
+        ),
+        other => other.to_string(),
+    };
+    (edge::refusals::status_of(Refusal::from(e).kind), words)
 }
 
 /// How long one event stream lasts on the hosted routes; the client
@@ -1135,5 +1139,39 @@ mod tests {
         assert_eq!(a.city.as_deref(), Some("Kathmandu"));
         assert_eq!(parse_choice(b"provider=paypal").provider, None);
         assert!(parse_choice(b"provider=esewa").address.is_none());
+    }
+
+    #[test]
+    fn the_pickers_note_has_the_apis_status() {
+        use shared::providers::ProviderError;
+        let refused = || {
+            [
+                AttemptError::Invalid {
+                    field: "line1",
+                    message: "is required".into(),
+                },
+                AttemptError::NotOffered("khalti is not available for this shop".into()),
+                AttemptError::FonepayCap("over NPR 1,000 in sandbox".into()),
+                AttemptError::Busy,
+                AttemptError::Provider(ProviderError::Unavailable("500".into())),
+                AttemptError::Provider(ProviderError::Rejected {
+                    code: "bad".into(),
+                    message: "no".into(),
+                }),
+            ]
+        };
+        for (e, api) in refused().into_iter().zip(refused()) {
+            let what = e.to_string();
+            let (status, _) = picker_note(e);
+            let api = edge::ApiError::from(Refusal::from(api));
+            assert_eq!(status, api.status, "{what}");
+        }
+        // A provider that did not start: 503 as the API, the page's words.
+        let (status, words) = picker_note(AttemptError::Provider(ProviderError::Timeout));
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            words.contains("temporarily unavailable") && words.contains("Nothing was charged"),
+            "{words}"
+        );
     }
 }
