@@ -207,10 +207,12 @@ fn not_found() -> Response {
     )
 }
 
+/// A store failure on a hosted page: nothing was charged; the status is
+/// the API's for the same failure (503 when the store was busy, else 500).
 fn trouble(e: &StoreError) -> Response {
     tracing::error!(error = %e, "store error on a hosted page");
     html(
-        StatusCode::SERVICE_UNAVAILABLE,
+        edge::refusals::status_of(Refusal::from(e.clone()).kind),
         pages::plain(
             "Please try again",
             "We could not load this checkout just now. Nothing was charged. Please reload in a moment.",
@@ -1139,6 +1141,17 @@ mod tests {
         assert_eq!(a.city.as_deref(), Some("Kathmandu"));
         assert_eq!(parse_choice(b"provider=paypal").provider, None);
         assert!(parse_choice(b"provider=esewa").address.is_none());
+    }
+
+    #[test]
+    fn a_store_failure_has_the_apis_status() {
+        for e in [
+            StoreError::Unavailable("busy".into()),
+            StoreError::Backend("broken".into()),
+        ] {
+            let api = edge::ApiError::from(Refusal::from(e.clone()));
+            assert_eq!(trouble(&e).status(), api.status, "{e}");
+        }
     }
 
     #[test]
