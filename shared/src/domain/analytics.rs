@@ -11,7 +11,11 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::checkout::stats::*;
+use super::checkout::stats::{
+    PAYMENTS_FAILED, PAYMENTS_SUCCESS, PAYMENTS_TOTAL, SESSIONS_CREATED, SESSIONS_INITIATED,
+    SESSIONS_PAID, SUCCESS_VOLUME, day_end_sk, day_of, day_sk, provider_count, provider_success,
+    provider_volume, start_of_day,
+};
 use super::{Mode, Provider};
 use crate::store::{Item, PK, Query, SK, SkCond, Store, StoreError, TTL};
 use crate::time::Timestamp;
@@ -236,6 +240,7 @@ pub fn summarize(items: &[Item], days: u32, start: Timestamp, end: Timestamp) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::checkout::stats::{SHARDS, Tally, counter_key, day_key, shard_of, shard_sk};
     use crate::domain::checkout::{
         self, CheckoutSession, CreateCheckout, Creator, validate_create,
     };

@@ -34,7 +34,11 @@ use crate::providers::probe::{self, Verdict};
 use crate::store::{Cond, Key, Query, SkCond, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
-pub use crate::secrets::*;
+use crate::secrets::{ALG, NONCE_LEN, Plaintext};
+pub use crate::secrets::{
+    CredentialsError, CredentialsKey, CredentialsKeys, DEFAULT_KEY_ID, KEY_ENV, KEY_SECRET_ENV,
+    PREVIOUS_KEYS_ENV, ProviderCredentials,
+};
 
 /// The stored item: ciphertext, nonce and key id, no plaintext field.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -1,7 +1,16 @@
 //! The operator's side: creating merchants and projects, issuing keys,
 //! suspending, pausing and reinstating, plans, sellers and live invoicing.
 
-use super::*;
+use rand::Rng;
+
+use super::auth::{SECRET_RANDOM_LEN, hash_secret};
+use super::{ApiKey, KeyKind, Merchant, Pause, Plan, Project, Scope, Seller, Suspension};
+use crate::domain::Mode;
+use crate::domain::record::{from_item, to_item};
+use crate::ids::{IdKind, new_id};
+use crate::keys;
+use crate::store::{Cond, Index, Item, Query, Store, StoreError, TxOp, Update};
+use crate::time::Timestamp;
 
 /// Creates a merchant.
 pub async fn create_merchant(

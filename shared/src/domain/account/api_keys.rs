@@ -1,7 +1,11 @@
 //! A project's keys: listing, finding, revoking and rotating with a grace
 //! period.
 
-use super::*;
+use super::ApiKey;
+use super::admin::{KeyFields, keys_partition, mint_key};
+use crate::domain::record::from_item;
+use crate::store::{Cond, Index, Query, Store, StoreError, TxOp, Update};
+use crate::time::Timestamp;
 
 /// Every key of a project, newest first, revoked ones excluded.
 ///

@@ -1,7 +1,15 @@
 //! Authentication: a secret key's hash and mode, the principal a valid key
 //! makes, why a caller is turned away, and the key's last use.
 
-use super::*;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::{ApiKey, KeyKind, Merchant, Pause, Suspension};
+use crate::domain::Mode;
+use crate::refusal::{Kind, Refusal};
+use crate::store::{Cond, Store, StoreError, Update};
+use crate::time::Timestamp;
 
 /// Random characters after the mode prefix of a secret key.
 pub const SECRET_RANDOM_LEN: usize = 40;

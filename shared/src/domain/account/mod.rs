@@ -4,18 +4,11 @@
 //! Secret keys are stored only as SHA-256 hashes, looked up by hash and
 //! compared in constant time. A key belongs to one project and one mode.
 
-use crate::refusal::{Kind, Refusal};
-use rand::Rng;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 use super::Mode;
-use super::record::{from_item, to_item};
-use crate::ids::{IdKind, new_id};
 use crate::keys;
-use crate::store::{Cond, Index, Item, Key, Query, Store, StoreError, TxOp, Update};
+use crate::store::Key;
 use crate::time::Timestamp;
 
 mod admin;

@@ -1,4 +1,6 @@
 use super::*;
+use crate::domain::record::from_item;
+use crate::store::{Store, StoreError};
 use crate::testenv::memory_store as store;
 use crate::time::{Clock, SystemClock};
 use std::sync::Arc;

@@ -1,7 +1,13 @@
 //! What `GET /v1/account` answers: the merchant, project, key and
 //! entitlements, with the email masked.
 
-use super::*;
+use serde::Serialize;
+
+use super::auth::Principal;
+use super::{KeyKind, Plan, Project, Scope};
+use crate::domain::Mode;
+use crate::store::{Store, StoreError};
+use crate::time::Timestamp;
 
 /// `r***@example.com`: the first character and the domain, so a merchant
 /// recognises the address without the key exposing it.

@@ -20,28 +20,15 @@
 //! - [`sweep`](fn@sweep): the scheduler's pass: expires due sessions and reconciles
 //!   open payments.
 
-use futures::StreamExt;
-use serde::Serialize;
-use serde_json::{Value, json};
-
-use super::account;
-use super::checkout::stats::Tally;
-use super::checkout::{self, CheckoutSession, SessionStatus, StoredAddress, open_partitions};
-use super::fonepay_cap::{self, CapError};
-use super::outbox::{Event, EventType};
-use super::payments::{AttemptInfo, Payment, PaymentStatus, PaymentView};
-use super::record::{from_item, to_item};
+use super::checkout::{CheckoutSession, SessionStatus, StoredAddress};
+use super::fonepay_cap;
+use super::payments::{Payment, PaymentStatus};
+use super::record::to_item;
 use super::{Mode, Provider};
-use crate::app::Deps;
-use crate::ids::{self, IdKind};
 use crate::keys;
-use crate::money::Currency;
 use crate::providers::hub::HubError;
-use crate::providers::{
-    self, Attempt, Channel, CustomerInfo, Handoff, ProviderError, ProviderState, ProviderStatus,
-    StatusQuery, esewa, fonepay, khalti,
-};
-use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
+use crate::providers::{Handoff, ProviderError};
+use crate::store::{Cond, Index, StoreError};
 use crate::time::Timestamp;
 
 mod returns;

@@ -1,7 +1,17 @@
 //! The provider sends the browser back: the return is verified before it
 //! triggers a server-to-server check, and never decides anything itself.
 
-use super::*;
+use super::review::hold_for_review;
+use super::settle::check_and_apply;
+use super::start::find_payment;
+use super::sweep::claim_check;
+use super::{AttemptError, POLL_CHECK_EVERY, is_open, status_word};
+use crate::app::Deps;
+use crate::domain::Provider;
+use crate::domain::checkout::{self, CheckoutSession};
+use crate::domain::payments::{Payment, PaymentStatus};
+use crate::providers::{self, esewa, fonepay, khalti};
+use crate::time::Timestamp;
 
 /// Which way the provider sent the customer back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,7 +1,14 @@
 //! Payments held for review (a provider answer we cannot trust) and their
 //! release by an operator.
 
-use super::*;
+use super::settle::{Decision, apply};
+use super::{due_sk, open_payments_partition, status_in};
+use crate::app::Deps;
+use crate::domain::payments::{Payment, PaymentStatus};
+use crate::domain::record::from_item;
+use crate::keys;
+use crate::store::{Cond, Index, Query, Store, StoreError, Update};
+use crate::time::Timestamp;
 
 /// A hold for review: `processing` with its reason, out of the
 /// reconciler's partitions (nothing it learns changes a held payment, and

@@ -1,7 +1,27 @@
 //! Deciding and applying a provider's answer: `success` only on a paid status
 //! whose amount matches, each change with its event in one transaction.
 
-use super::*;
+use serde_json::{Value, json};
+
+use super::returns::ReturnKind;
+use super::review::{REVIEW, hold_update, holdable};
+use super::start::find_payment;
+use super::sweep::claim_check;
+use super::{
+    ABANDONED_AFTER, AttemptError, POLL_CHECK_EVERY, RECHECK_CANCELLED, due_sk, is_open,
+    next_check_at, recheck_partition, status_in, status_word,
+};
+use crate::app::Deps;
+use crate::domain::checkout::stats::Tally;
+use crate::domain::checkout::{self, CheckoutSession, SessionStatus};
+use crate::domain::outbox::{Event, EventType};
+use crate::domain::payments::{Payment, PaymentStatus, PaymentView};
+use crate::domain::record::from_item;
+use crate::domain::{Mode, Provider, fonepay_cap};
+use crate::keys;
+use crate::providers::{ProviderState, ProviderStatus, StatusQuery};
+use crate::store::{Cond, Index, StoreError, TxOp, TxReason, Update};
+use crate::time::Timestamp;
 
 /// What the provider's answer means for a payment.
 #[derive(Clone, Debug, PartialEq, Eq)]

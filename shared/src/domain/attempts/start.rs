@@ -2,7 +2,20 @@
 //! the pending payment and moves the session on, then the provider is asked
 //! for the hand-off.
 
-use super::*;
+use super::settle::{Decision, apply, plan};
+use super::{AttemptError, MAX_ATTEMPTS, PayChoice, Started, is_open, payment_indexes};
+use crate::app::Deps;
+use crate::domain::checkout::stats::Tally;
+use crate::domain::checkout::{self, CheckoutSession, SessionStatus, StoredAddress};
+use crate::domain::fonepay_cap::{self, CapError};
+use crate::domain::payments::{AttemptInfo, Payment, PaymentStatus};
+use crate::domain::record::to_item;
+use crate::domain::{Mode, Provider, account};
+use crate::ids::{self, IdKind};
+use crate::money::Currency;
+use crate::providers::{self, Attempt, Channel, CustomerInfo, Handoff};
+use crate::store::{Cond, Store, StoreError, TxOp, TxReason, Update};
+use crate::time::Timestamp;
 
 /// The URLs on our own server the provider sends the customer back to.
 pub fn return_url(base: &str, session_id: &str, payment_id: &str, outcome: &str) -> String {

@@ -1,7 +1,21 @@
 //! The scheduler's pass: which open payments are due for a check, claiming
 //! one check at a time, and the sweep that expires and reconciles.
 
-use super::*;
+use futures::StreamExt;
+use serde::Serialize;
+
+use super::settle::{due_after_check, reconcile};
+use super::{
+    AttemptError, EXPIRE_BATCH, OPEN_PAYMENTS, RECHECK_BATCH, RECONCILE_AFTER, SWEEP_BATCH,
+    SWEEP_BUDGET, SWEEP_DEADLINE, SWEEP_PARALLEL, SWEEP_SCAN, is_open, next_check_at,
+    open_payments_partition, recheck_partition,
+};
+use crate::app::Deps;
+use crate::domain::checkout::{self, open_partitions};
+use crate::domain::payments::{Payment, PaymentStatus};
+use crate::domain::record::from_item;
+use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, Update};
+use crate::time::Timestamp;
 
 /// The write claiming a provider check of `p` at `now`: its `checked_at`,
 /// and its place in its partition (`gsi2sk`, by next check). Setting the

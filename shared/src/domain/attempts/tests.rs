@@ -1,13 +1,22 @@
 use super::*;
 use crate::AppState;
+use crate::app::Deps;
+use crate::domain::checkout;
 use crate::domain::checkout::{CreateCheckout, Creator, validate_create};
 use crate::domain::outbox;
+use crate::domain::outbox::EventType;
+use crate::domain::payments::{AttemptInfo, PaymentView};
+use crate::ids::{self, IdKind};
+use crate::money::Currency;
 use crate::money::Paisa;
 use crate::providers::ProviderCredentials;
+use crate::providers::{ProviderState, ProviderStatus};
 use crate::store::embedded::EmbeddedStore;
+use crate::store::{Store, TxOp, Update};
 use crate::testenv::at;
 use crate::time::ManualClock;
 use base64::Engine;
+use serde_json::json;
 use std::sync::Arc;
 
 /// What a sweep at `now` would check.

@@ -1,7 +1,15 @@
 //! Expiry: the open-sessions index, expiring one session or every due one,
 //! and listing with the status as of now.
 
-use super::*;
+use serde_json::Value;
+
+use super::sessions::{CheckoutSession, SessionStatus, failed_at, find};
+use super::stats;
+use crate::domain::Mode;
+use crate::domain::record::from_item;
+use crate::keys;
+use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
+use crate::time::Timestamp;
 
 pub(crate) fn open_cond() -> Cond {
     Cond::Or(vec![

@@ -15,24 +15,6 @@
 //!   month (UTC), enforced by a counter updated in the same transaction as
 //!   the session insert, so concurrent creations cannot pass it.
 
-use crate::refusal::Refusal;
-use chrono::Datelike;
-use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
-
-use super::credentials::list_configured_providers;
-use super::record::{from_item, to_item};
-use super::{Mode, Provider};
-use crate::fields::{AddressPart, Description, Email, HttpUrl, PersonName, Phone};
-use crate::ids::{self, IdKind};
-use crate::keys;
-use crate::money::{Currency, Paisa};
-use crate::store::fence::Fence;
-use crate::store::{
-    Cond, Index, Key, Query, SkCond, Store, StoreError, TTL, TxOp, TxReason, Update,
-};
-use crate::time::Timestamp;
-
 mod expiry;
 mod providers;
 mod sessions;

@@ -1,6 +1,11 @@
 //! Which providers a project can take payments through in a mode.
 
-use super::*;
+use serde::Serialize;
+
+use super::sessions::{CheckoutSession, Flow, amount_limits, check_amount};
+use crate::domain::credentials::list_configured_providers;
+use crate::domain::{Mode, Provider};
+use crate::store::{Store, StoreError};
 
 /// One provider as `GET /v1/providers` shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]

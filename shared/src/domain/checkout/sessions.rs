@@ -2,7 +2,26 @@
 //! rules (amount ranges per provider and mode, URLs, metadata), and the
 //! spend cap taken with the session.
 
-use super::*;
+use chrono::Datelike;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::expiry::{mark_expired, open_sessions_partition};
+use super::providers::is_enabled;
+use super::{
+    CONFLICT_TRIES, FONEPAY_SANDBOX_MAX_PAISA, KHALTI_MIN_AMOUNT_PAISA, MAX_AMOUNT_PAISA,
+    MAX_METADATA_KEY_LEN, MAX_METADATA_KEYS, MAX_METADATA_VALUE_LEN, SESSION_LIFETIME, stats,
+};
+use crate::domain::record::{from_item, to_item};
+use crate::domain::{Mode, Provider};
+use crate::fields::{AddressPart, Description, Email, HttpUrl, PersonName, Phone};
+use crate::ids::{self, IdKind};
+use crate::keys;
+use crate::money::{Currency, Paisa};
+use crate::refusal::Refusal;
+use crate::store::fence::Fence;
+use crate::store::{Cond, Index, Key, Store, StoreError, TTL, TxOp, TxReason, Update};
+use crate::time::Timestamp;
 
 /// How the customer pays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -1,8 +1,12 @@
 use super::*;
+use crate::domain::{Mode, Provider};
 use crate::store::embedded::EmbeddedStore;
+use crate::store::{Store, Update};
 use crate::testenv::memory_store as store;
+use crate::time::Timestamp;
 use crate::time::{Clock, SystemClock};
 use serde_json::json;
+use serde_json::{Map, Value};
 use std::sync::Arc;
 
 fn req(v: Value) -> CreateCheckout {

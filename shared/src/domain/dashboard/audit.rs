@@ -1,7 +1,16 @@
 //! The audit log: who did what, when and from where, per merchant, newest
 //! first. Written by every dashboard action; read by owners.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+
+use super::DashboardUser;
+use super::sessions::DashboardSession;
+use crate::domain::Mode;
+use crate::domain::record::{from_item, to_item};
+use crate::ids::{IdKind, new_id};
+use crate::keys;
+use crate::store::{Cond, Key, Query, SkCond, Store, StoreError, TxOp};
+use crate::time::Timestamp;
 
 /// Longest `detail` kept (a note, a URL).
 const DETAIL_MAX: usize = 500;

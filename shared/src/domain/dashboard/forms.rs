@@ -2,8 +2,11 @@
 //! action's fence (or, for an action that cannot take one, a claim) on it
 //! makes a second submit find what the first did instead of doing it again.
 
-use super::*;
+use super::random_alnum;
+use crate::keys;
 use crate::store::fence::{Fence, RETENTION};
+use crate::store::{Cond, Store, StoreError, TxOp};
+use crate::time::Timestamp;
 
 /// Characters of a form's one-time token.
 const NONCE_LEN: usize = 32;

@@ -7,12 +7,9 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 
-use super::Mode;
-use super::record::{from_item, to_item};
-use crate::ids::{IdKind, new_id};
 use crate::keys;
 use crate::refusal::{Kind, Refusal};
-use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TTL, TxOp, Update};
+use crate::store::{Key, StoreError};
 use crate::time::Timestamp;
 
 mod audit;

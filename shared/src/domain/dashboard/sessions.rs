@@ -2,8 +2,16 @@
 //! session a cookie names (stored by its hash), its idle and absolute
 //! expiry, its CSRF token, the project and mode it looks at, sign-out.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+
+use super::users::{decoy_hash, find_user_by_email, get_user, normalize_email, verify_password};
+use super::{DashboardError, DashboardUser, random_alnum, same};
+use crate::domain::Mode;
+use crate::domain::record::{from_item, to_item};
+use crate::keys;
 use crate::limits::public;
+use crate::store::{Cond, Key, Store, StoreError, TTL, Update};
+use crate::time::Timestamp;
 
 /// Random characters of a session cookie after its prefix.
 const TOKEN_RANDOM: usize = 43;

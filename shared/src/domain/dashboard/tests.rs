@@ -1,5 +1,7 @@
 use super::*;
+use crate::domain::Mode;
 use crate::domain::account::{Plan, create_merchant, create_project};
+use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
 use crate::testenv::at;
 

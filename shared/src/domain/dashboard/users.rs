@@ -4,7 +4,14 @@
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::{Algorithm, Argon2, Params, Version};
 
-use super::*;
+use rand::Rng;
+
+use super::{DashboardError, DashboardUser, Role};
+use crate::domain::record::{from_item, to_item};
+use crate::ids::{IdKind, new_id};
+use crate::keys;
+use crate::store::{Cond, Index, Query, Store, StoreError, TxOp, Update};
+use crate::time::Timestamp;
 
 /// Shortest password accepted (NIST SP 800-63B asks for at least 8; a
 /// dashboard that issues refunds asks for more).

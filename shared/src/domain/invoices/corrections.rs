@@ -1,7 +1,21 @@
 //! Corrections and adjustments of a finalized invoice, and what blocks them
 //! (a checkout being paid).
 
-use super::*;
+use serde_json::json;
+
+use super::drafts::{
+    AdjustInvoice, CorrectInvoice, InvoiceError, check_version, get, invalid, lost_race, replace,
+    require_state, text,
+};
+use super::records::{Adjustment, CollectionStatus, DocumentStatus, Invoice};
+use crate::Deps;
+use crate::domain::Mode;
+use crate::domain::checkout::stats::Tally;
+use crate::domain::checkout::{CheckoutSession, SessionStatus};
+use crate::domain::payments::{self, Payment, PaymentStatus};
+use crate::ids::{self, IdKind};
+use crate::store::{Cond, Index, Store, StoreError, TxOp, Update};
+use crate::time::Timestamp;
 
 /// The invoice's current checkout session, and the payment of its latest
 /// attempt, as they are now.

@@ -1,7 +1,24 @@
 //! Drafts: the request bodies and their rules, create, read, list, patch
 //! (with the version check) and discard.
 
-use super::*;
+use serde::Deserialize;
+
+use super::records::{
+    Buyer, CollectionStatus, DocumentStatus, Invoice, Line, Quantity, StoredBuyer, line_total,
+    tax_total,
+};
+use super::{MAX_LINES, MAX_TAX_BPS, MAX_UNIT_AMOUNT};
+use crate::Deps;
+use crate::domain::record::page_of;
+use crate::domain::{Mode, account, checkout};
+use crate::fields::wire::{nullable, or_null, present};
+use crate::fields::{InvoiceLineText, InvoiceNote, InvoiceText};
+use crate::ids::{self, IdKind};
+use crate::money::Currency;
+use crate::refusal::Refusal;
+use crate::store::fence::Fence;
+use crate::store::{Cond, Index, Query, Store, StoreError, TxOp};
+use crate::time::Timestamp;
 
 /// One line of a create or patch body.
 #[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]

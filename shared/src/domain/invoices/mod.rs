@@ -18,29 +18,6 @@
 //! they were made against (optimistic locking), and so does the payment
 //! allocation (re-read and retried on conflict).
 
-use crate::refusal::Refusal;
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
-
-use super::Mode;
-use super::account::{self, Seller};
-use super::checkout::stats::Tally;
-use super::checkout::{self, CheckoutSession, SessionStatus};
-use super::outbox::{Event, EventType};
-use super::payments::{self, Payment, PaymentStatus};
-use super::record::{page_of, to_item};
-use crate::Deps;
-use crate::fields::wire::{nullable, or_null, present};
-use crate::fields::{
-    BuyerAddress, BuyerPhone, Email, InvoiceLineText, InvoiceNote, InvoiceText, PersonName, Phone,
-};
-use crate::ids::{self, IdKind};
-use crate::keys;
-use crate::money::Currency;
-use crate::store::fence::Fence;
-use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, TxReason, Update};
-use crate::time::Timestamp;
-
 mod collection;
 mod corrections;
 mod drafts;

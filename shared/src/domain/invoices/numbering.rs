@@ -1,7 +1,15 @@
 //! Finalizing: the gapless per-project number, taken in the transaction that
 //! finalizes the draft.
 
-use super::*;
+use serde_json::{Value, json};
+
+use super::drafts::{InvoiceError, check_version, get, require_state};
+use super::records::{DocumentStatus, Invoice};
+use super::{FINALIZE_BUDGET, FINALIZE_TRIES};
+use crate::domain::{Mode, account};
+use crate::store::fence::Fence;
+use crate::store::{Cond, Key, StoreError, TxOp, TxReason, Update};
+use crate::{Deps, keys};
 
 pub(super) fn counter_key(project_id: &str, mode: Mode) -> Key {
     keys::invoice_sequence(project_id, mode)

@@ -1,6 +1,9 @@
 //! The invoice PDF: rendered once per version and kept in the blob store.
 
-use super::*;
+use super::drafts::InvoiceError;
+use super::records::{DocumentStatus, Invoice};
+use crate::Deps;
+use crate::store::StoreError;
 
 /// The PDF of an issued or void invoice: the stored file of its current
 /// version, rendered and stored first when missing.

@@ -1,7 +1,17 @@
 //! The invoice, its lines, buyer, allocations and adjustments as stored and
 //! as answered, and the money arithmetic of a line (quantity, tax).
 
-use super::*;
+use serde::{Deserialize, Serialize};
+
+use super::MAX_QUANTITY_UNITS;
+use crate::domain::Mode;
+use crate::domain::account::Seller;
+use crate::domain::record::to_item;
+use crate::fields::{BuyerAddress, BuyerPhone, Email, InvoiceLineText, InvoiceNote, InvoiceText};
+use crate::keys;
+use crate::money::Currency;
+use crate::store::{Index, Key, StoreError};
+use crate::time::Timestamp;
 
 /// A quantity: decimal text with at most 3 decimals, greater than zero,
 /// kept as thousandths (`"1.5"` = 1500).

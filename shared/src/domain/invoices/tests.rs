@@ -1,5 +1,12 @@
 use super::*;
+use crate::Deps;
+use crate::domain::Mode;
+use crate::domain::checkout::{self, CheckoutSession, SessionStatus};
 use crate::domain::record::from_item;
+use crate::fields::{InvoiceLineText, InvoiceText};
+use crate::store::TxOp;
+use crate::time::Timestamp;
+use serde_json::json;
 
 fn q(s: &str) -> Quantity {
     Quantity::parse(s).unwrap()

@@ -1,7 +1,25 @@
 //! The links API: the answer's shape, the create and patch bodies and their
 //! rules, and create, read, list, patch, cancel and delete.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::{DEFAULT_MIN_AMOUNT, PaymentLink};
+use crate::domain::checkout::{self, CheckoutError, MAX_AMOUNT_PAISA, StoredAddress, check_url};
+use crate::domain::record::{from_item, to_item};
+use crate::domain::{Mode, Provider};
+use crate::fields::wire::{nullable, or_null};
+use crate::fields::{
+    AddressPart, Description, Email, HttpUrl, InactiveMessage, LinkTitle, OrEmpty, PersonName,
+    Phone, ReferenceId,
+};
+use crate::ids::{self, IdKind};
+use crate::keys;
+use crate::money::{Currency, Paisa};
+use crate::refusal::Refusal;
+use crate::store::fence::Fence;
+use crate::store::{Cond, Index, Query, Store, StoreError, TxOp, Update};
+use crate::time::Timestamp;
 
 /// `stats` of the single-link retrieve.
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]

@@ -9,23 +9,14 @@
 //! deleted (a condition on the delete), and a cancel of an inactive link
 //! changes nothing (a condition on `active`).
 
-use crate::refusal::Refusal;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::checkout::{self, CheckoutError, MAX_AMOUNT_PAISA, StoredAddress, check_url};
-use super::record::{from_item, to_item};
+use super::checkout::{self, StoredAddress};
 use super::{Mode, Provider};
-use crate::fields::wire::{nullable, or_null};
-use crate::fields::{
-    AddressPart, Description, Email, HttpUrl, InactiveMessage, LinkTitle, OrEmpty, PersonName,
-    Phone, ReferenceId, Rule,
-};
-use crate::ids::{self, IdKind};
 use crate::keys;
 use crate::money::{Currency, Paisa};
-use crate::store::fence::Fence;
-use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, Update};
+use crate::store::{Cond, Index, Key, TxOp, Update};
 use crate::time::Timestamp;
 
 mod manage;

@@ -1,7 +1,14 @@
 //! The public link page: the amount a customer may type, counting views, and
 //! opening a checkout session that holds one use of the link.
 
-use super::*;
+use super::manage::{get, text};
+use super::{PaymentLink, below_max_uses, held_text};
+use crate::domain::checkout::{self, CheckoutError, MAX_AMOUNT_PAISA};
+use crate::domain::record::to_item;
+use crate::fields::{Email, PersonName, Phone, Rule};
+use crate::money::Paisa;
+use crate::store::{Cond, Store, StoreError, TxOp, Update};
+use crate::time::Timestamp;
 
 /// Why the public page could not open a checkout for a link.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,8 @@
 use super::*;
+use crate::fields::Phone;
+use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
+use crate::store::fence::Fence;
 use serde_json::json;
 
 fn now() -> Timestamp {

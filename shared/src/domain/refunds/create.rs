@@ -1,7 +1,23 @@
 //! Creating a refund: the request, the balance reserved on the payment in
 //! the same transaction, and the call to Khalti where it refunds by API.
 
-use super::*;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::resolve::{Outcome, get, resolve};
+use super::{RESERVED, Refund, RefundReason, RefundStatus, TRIES};
+use crate::app::Deps;
+use crate::domain::payments::{Payment, PaymentStatus};
+use crate::domain::record::{from_item, to_item};
+use crate::domain::{Mode, Provider};
+use crate::fields::{NepaliMobile, RefundNotes};
+use crate::ids::{self, IdKind};
+use crate::money::{Currency, Paisa};
+use crate::providers::ProviderError;
+use crate::refusal::{Kind, Refusal};
+use crate::store::fence::Fence;
+use crate::store::{Cond, Store, StoreError, TxOp, TxReason, Update};
+use crate::time::Timestamp;
 
 /// The body of `POST /v1/refunds`. Unknown fields refused.
 #[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]

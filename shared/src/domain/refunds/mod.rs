@@ -21,24 +21,15 @@
 //! an open refund also has a marker item `OPENREF#<shard>` /
 //! `<created>#<id>`, the sweep's queue, deleted when it resolves.
 
-use crate::refusal::{Kind, Refusal};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::Mode;
 use super::Provider;
 use super::checkout::open_partition;
-use super::outbox::{Event, EventType};
-use super::payments::{self, Payment, PaymentStatus, PaymentView};
-use super::record::{from_item, to_item};
-use crate::app::Deps;
 use crate::fields::{NepaliMobile, RefundNotes};
-use crate::ids::{self, IdKind};
 use crate::keys;
 use crate::money::{Currency, Paisa};
-use crate::providers::{ProviderError, ProviderState, StatusQuery};
-use crate::store::fence::Fence;
-use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
+use crate::store::{Index, Key};
 use crate::time::Timestamp;
 
 mod create;

@@ -1,7 +1,24 @@
 //! Resolving a refund: applying the provider's answer exactly once, reading
 //! and listing refunds, and the sweep that resolves the ones left open.
 
-use super::*;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::create::reserved_of;
+use super::{
+    GIVE_UP_AFTER, NOT_APPLIED_AFTER, OPEN_REFUNDS, RESERVED, RESOLVE_AFTER, Refund, RefundStatus,
+    RefundView, TRIES,
+};
+use crate::app::Deps;
+use crate::domain::Mode;
+use crate::domain::outbox::{Event, EventType};
+use crate::domain::payments::{self, Payment, PaymentStatus, PaymentView};
+use crate::ids::{self, IdKind};
+use crate::keys;
+use crate::money::Paisa;
+use crate::providers::{ProviderState, StatusQuery};
+use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
+use crate::time::Timestamp;
 
 /// How an open refund ends.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,8 +1,15 @@
 use super::*;
 use crate::AppState;
+use crate::app::Deps;
 use crate::domain::outbox;
+use crate::domain::outbox::EventType;
 use crate::domain::payments::AttemptInfo;
+use crate::domain::payments::{self, Payment, PaymentStatus};
+use crate::domain::record::to_item;
+use crate::ids::{self, IdKind};
+use crate::providers::ProviderState;
 use crate::store::embedded::EmbeddedStore;
+use crate::store::{Store, TxOp, Update};
 use crate::testenv::at;
 use crate::time::ManualClock;
 use std::sync::Arc;

@@ -1,7 +1,20 @@
 //! The SMS worker: claim a reminder, check it is still worth sending, send it
 //! through the provider and record the outcome exactly once.
 
-use super::*;
+use serde_json::json;
+use std::time::Duration;
+
+use super::guards::quota_counter;
+use super::notify::{SmsMessage, get};
+use super::reminders::{SmsReminder, SmsStatus};
+use super::{LEASE, MAX_ATTEMPTS};
+use crate::Deps;
+use crate::domain::Mode;
+use crate::domain::checkout::{CheckoutSession, SessionStatus};
+use crate::domain::record::from_item;
+use crate::providers::sms::{SmsClient, SmsSendError};
+use crate::store::{Cond, Index, Store, StoreError, TxOp, TxReason, Update};
+use crate::time::Timestamp;
 
 /// What handling one message did; each lets the message go.
 #[derive(Clone, Debug, PartialEq, Eq)]

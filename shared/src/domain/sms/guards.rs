@@ -1,7 +1,19 @@
 //! The guards, in order: a pending session for the recipient, the checkout
 //! host, and the abuse limits and plan quota taken in one transaction.
 
-use super::*;
+use serde_json::json;
+
+use super::request::{first_id_at, normalize_phone};
+use super::{Limits, SESSION_PAGE, SESSION_PAGES, SESSION_WINDOW_HOURS, SmsError};
+use crate::domain::Mode;
+use crate::domain::checkout::{CheckoutSession, SessionStatus};
+use crate::domain::record::from_item;
+use crate::ids::IdKind;
+use crate::keys;
+use crate::store::{
+    Cond, Index, Key, Query, SkCond, Store, StoreError, TTL, TxOp, TxReason, Update,
+};
+use crate::time::Timestamp;
 
 /// The path of an `http(s)` URL, without its query and fragment (`""`
 /// when it has none).

@@ -54,22 +54,9 @@ use crate::refusal::{Kind, Refusal};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
-use super::Mode;
-use super::account::Principal;
-use super::checkout::{CheckoutSession, SessionStatus};
-use super::record::{from_item, to_item};
-use crate::Deps;
-use crate::ids::{IdKind, new_id};
-use crate::keys;
-use crate::providers::sms::{SmsClient, SmsSendError};
-use crate::queue::{QueueError, QueueName};
-use crate::store::fence::Fence;
-use crate::store::{
-    Cond, Index, Key, Query, SkCond, Store, StoreError, TTL, TxOp, TxReason, Update,
-};
-use crate::time::Timestamp;
+use crate::queue::QueueError;
+use crate::store::StoreError;
 
 mod dispatch;
 mod guards;

@@ -1,6 +1,21 @@
 //! `notify`: the guards, then the reminder and its queue message.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::time::Duration;
+
+use super::guards::{SessionMatch, Taken, pending_session, session_in_url, take_places};
+use super::reminders::{SmsReminder, SmsStatus};
+use super::request::{message_text, url_host, validate};
+use super::{Limits, NotifyOutcome, NotifyRequest, SmsError};
+use crate::Deps;
+use crate::domain::Mode;
+use crate::domain::account::Principal;
+use crate::domain::record::to_item;
+use crate::ids::{IdKind, new_id};
+use crate::queue::QueueName;
+use crate::store::fence::Fence;
+use crate::store::{Cond, Store, StoreError, TTL, TxOp};
 
 /// The queue message: the reminder to send.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,6 +1,13 @@
 //! The reminder record, its open-reminder index and the recent log.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+
+use super::notify::enqueue;
+use crate::domain::Mode;
+use crate::domain::record::from_item;
+use crate::store::{Cond, Index, Key, Query, Store, StoreError, Update};
+use crate::time::Timestamp;
+use crate::{Deps, keys};
 
 /// Status of a stored reminder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,7 +1,11 @@
 //! The reminder request: the phone and URL rules, the checked request and the
 //! text the customer receives.
 
-use super::*;
+use super::{
+    MAX_AMOUNT_MINOR, MAX_TEXT_FIELD, MAX_URL, NotifyRequest, SmsError, ValidNotify, invalid,
+};
+use crate::ids::IdKind;
+use crate::time::Timestamp;
 
 /// A Nepali mobile number as 10 digits (`97…`/`98…`), from the forms
 /// people write: optional `+977` (or `977`) prefix, spaces and dashes.

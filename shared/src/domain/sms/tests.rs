@@ -4,8 +4,18 @@ use std::sync::Arc;
 
 use super::*;
 use crate::Config;
+use crate::Deps;
+use crate::domain::Mode;
 use crate::domain::account::Plan;
+use crate::domain::account::Principal;
+use crate::domain::checkout::CheckoutSession;
+use crate::ids::{IdKind, new_id};
+use crate::providers::sms::SmsClient;
+use crate::queue::QueueName;
+use crate::store::{Key, Store, TxReason, Update};
+use crate::time::Timestamp;
 use crate::time::{Clock, ManualClock, SystemClock};
+use serde_json::json;
 
 /// Guard 3 alone.
 async fn take_abuse_limits(

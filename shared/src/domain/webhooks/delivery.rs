@@ -1,7 +1,17 @@
 //! Delivering: claim an attempt with a lease, send it signed, log the
 //! outcome, schedule the next try or give up; re-queue overdue deliveries.
 
-use super::*;
+use serde_json::json;
+use std::time::Duration;
+
+use super::endpoints::{WebhookError, get};
+use super::fan_out::{DeliveryMessage, DispatchError, FanOutReport, enqueue, fan_out_pending};
+use super::log::{Delivery, DeliveryStatus, delivery};
+use crate::domain::{Mode, credentials, outbox};
+use crate::store::{Cond, Index, Query, SkCond, StoreError, Update};
+use crate::time::Timestamp;
+use crate::webhooks::client::{Sent, WebhookClient};
+use crate::{Deps, keys};
 
 /// What handling one message did; every outcome lets the message go.
 #[derive(Clone, Debug, PartialEq, Eq)]

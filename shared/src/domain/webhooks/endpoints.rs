@@ -1,7 +1,25 @@
 //! Webhook endpoints: register (at most `MAX_ENDPOINTS` per project and
 //! mode, counted in the same transaction), read, change and delete.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+use super::MAX_ENDPOINTS;
+use crate::Deps;
+use crate::domain::Mode;
+use crate::domain::credentials::{self, CredentialsError, SealedSecret};
+use crate::domain::outbox::EventType;
+use crate::domain::record::{from_item, to_item};
+use crate::fields::wire::present;
+use crate::ids::{self, IdKind};
+use crate::keys;
+use crate::refusal::Refusal;
+use crate::store::fence::Fence;
+use crate::store::{Cond, Key, Query, Store, StoreError, TxOp, TxReason, Update};
+use crate::time::Timestamp;
+use crate::webhooks::settings::WebhookSettings;
+use crate::webhooks::ssrf::{self, UrlError};
 
 /// A stored endpoint.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

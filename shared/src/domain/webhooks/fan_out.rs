@@ -1,7 +1,18 @@
 //! Fan-out: an outbox event becomes one delivery (and one queue message) per
 //! subscribed endpoint, at most once however often it runs.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+use super::endpoints::list;
+use super::log::{Delivery, DeliveryStatus, delivery};
+use crate::Deps;
+use crate::domain::outbox::{self, Event};
+use crate::domain::record::to_item;
+use crate::ids::{self, IdKind};
+use crate::queue::{MAX_DELAY, QueueError, QueueName};
+use crate::store::{Cond, Index, StoreError};
+use crate::time::Timestamp;
 
 /// What a queue message asks: make attempt `attempt` (0-based: the number
 /// of attempts already made) of one delivery.

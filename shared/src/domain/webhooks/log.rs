@@ -1,6 +1,16 @@
 //! The delivery log: one record per (event, endpoint), as merchants read it.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::DELIVERY_LOG;
+use super::endpoints::{WebhookError, get};
+use crate::domain::Mode;
+use crate::domain::outbox::{self, Event, EventType};
+use crate::domain::record::from_item;
+use crate::keys;
+use crate::store::{Index, Key, Query, SkCond, Store, StoreError};
+use crate::time::Timestamp;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -25,27 +25,6 @@
 //! leaves the message on the queue: it comes back after the lease and the
 //! same event (same id) is sent again.
 
-use crate::refusal::Refusal;
-use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
-
-use super::Mode;
-use super::credentials::{self, CredentialsError, SealedSecret};
-use super::outbox::{self, Event, EventType};
-use super::record::{from_item, to_item};
-use crate::Deps;
-use crate::fields::wire::present;
-use crate::ids::{self, IdKind};
-use crate::keys;
-use crate::queue::{MAX_DELAY, QueueError, QueueName};
-use crate::store::fence::Fence;
-use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
-use crate::time::Timestamp;
-use crate::webhooks::client::{Sent, WebhookClient};
-use crate::webhooks::ssrf::{self, UrlError};
-
 mod delivery;
 mod endpoints;
 mod fan_out;

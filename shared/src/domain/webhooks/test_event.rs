@@ -1,6 +1,13 @@
 //! A signed test event of any type, sent to one endpoint on request.
 
-use super::*;
+use serde_json::{Value, json};
+
+use super::endpoints::{WebhookError, get, invalid};
+use crate::Deps;
+use crate::domain::Mode;
+use crate::domain::outbox::{Event, EventType};
+use crate::ids::{self, IdKind};
+use crate::time::Timestamp;
 
 /// A sample object for a test event of type `t`.
 pub(super) fn sample_object(t: EventType, mode: Mode, now: Timestamp) -> Value {

@@ -1,4 +1,15 @@
 use super::*;
+use crate::domain::Mode;
+use crate::domain::credentials::SealedSecret;
+use crate::domain::outbox::{self, Event, EventType};
+use crate::ids::IdKind;
+use crate::queue::{MAX_DELAY, QueueError, QueueName};
+use crate::store::fence::Fence;
+use crate::store::{Cond, Index, Key, Update};
+use crate::time::Timestamp;
+use crate::webhooks::client::WebhookClient;
+use serde_json::json;
+use std::time::Duration;
 
 #[test]
 fn schedules_parse_and_refuse_nonsense() {
