@@ -52,8 +52,8 @@ pub async fn find_api_key(
     }
 }
 
-/// Revokes a key for good: its item is deleted, so [`authenticate`] answers
-/// [`AuthError::Invalid`] from now on. [`StoreError::ConditionFailed`] when
+/// Revokes a key for good: its item is deleted, so [`authenticate`](super::authenticate) answers
+/// [`AuthError::Invalid`](super::AuthError::Invalid) from now on. [`StoreError::ConditionFailed`] when
 /// it was already revoked.
 pub async fn revoke_api_key(store: &dyn Store, key: &ApiKey) -> Result<(), StoreError> {
     let cond = Cond::And(vec![Cond::Exists, Cond::eq("id", key.id.as_str())]);
@@ -65,10 +65,12 @@ pub async fn revoke_api_key(store: &dyn Store, key: &ApiKey) -> Result<(), Store
 }
 
 /// How long a rotated key keeps working unless the caller says otherwise.
-pub const DEFAULT_ROTATION_GRACE_SECS: i64 = 24 * 60 * 60;
+#[cfg(test)]
+const DEFAULT_ROTATION_GRACE_SECS: i64 = 24 * 60 * 60;
 
 /// [`DEFAULT_ROTATION_GRACE_SECS`] as a duration.
-pub fn default_rotation_grace() -> chrono::Duration {
+#[cfg(test)]
+pub(super) fn default_rotation_grace() -> chrono::Duration {
     chrono::Duration::seconds(DEFAULT_ROTATION_GRACE_SECS)
 }
 

@@ -12,9 +12,9 @@ use crate::store::{Cond, Store, StoreError, Update};
 use crate::time::Timestamp;
 
 /// Random characters after the mode prefix of a secret key.
-pub const SECRET_RANDOM_LEN: usize = 40;
-pub(super) const SECRET_MIN_RANDOM_LEN: usize = 32;
-pub(super) const SECRET_MAX_LEN: usize = 128;
+pub(super) const SECRET_RANDOM_LEN: usize = 40;
+const SECRET_MIN_RANDOM_LEN: usize = 32;
+const SECRET_MAX_LEN: usize = 128;
 
 /// Hex SHA-256 of a secret key, the only form in which keys are stored.
 pub fn hash_secret(secret: &str) -> String {

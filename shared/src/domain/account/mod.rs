@@ -19,10 +19,23 @@ pub mod cache;
 mod tests;
 mod view;
 
-pub use admin::*;
-pub use api_keys::*;
-pub use auth::*;
-pub use view::*;
+pub use admin::{
+    NewKey, create_merchant, create_project, get_merchant, get_project, issue_api_key,
+    list_under_merchant, merchant_projects, pause_api_key, reinstate_merchant, set_live_invoicing,
+    set_plan, set_seller, storefront, suspend_merchant,
+};
+pub use api_keys::{
+    Rotation, find_api_key, is_plausible_email, list_api_keys, revoke_api_key, rotate_api_key,
+};
+pub use auth::{
+    AuthError, LAST_USED_EVERY, Principal, authenticate, authenticate_key, hash_secret,
+    mode_of_secret, principal_of, publishable_refusal, record_use, secret_key_in_app_refusal,
+    shape_of_key,
+};
+pub use view::{
+    AccountView, ApiKeyView, Entitlements, MerchantView, ProjectView,
+    SANDBOX_FONEPAY_MAX_PAYMENT_PAISA, account_view,
+};
 
 /// What a key may do. Unknown scope strings in storage are ignored, so a
 /// newer scope never breaks an older reader.

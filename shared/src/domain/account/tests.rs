@@ -1,3 +1,5 @@
+use super::api_keys::default_rotation_grace;
+use super::view::mask_email;
 use super::*;
 use crate::domain::record::from_item;
 use crate::store::{Store, StoreError};

@@ -11,7 +11,7 @@ use crate::time::Timestamp;
 
 /// `r***@example.com`: the first character and the domain, so a merchant
 /// recognises the address without the key exposing it.
-pub fn mask_email(email: &str) -> String {
+pub(super) fn mask_email(email: &str) -> String {
     match email.split_once('@') {
         Some((local, domain)) if !local.is_empty() && !domain.is_empty() => {
             let first: String = local.chars().take(1).collect();
@@ -83,7 +83,7 @@ pub struct Entitlements {
 
 /// Sandbox fonepay caps (spec: NPR 1,000 a payment, NPR 5,000 a month).
 pub const SANDBOX_FONEPAY_MAX_PAYMENT_PAISA: i64 = 100_000;
-pub const SANDBOX_FONEPAY_MAX_MONTH_PAISA: i64 = 500_000;
+const SANDBOX_FONEPAY_MAX_MONTH_PAISA: i64 = 500_000;
 
 /// The account context of the calling key: one more store read (the
 /// project) on top of authentication.

@@ -12,8 +12,8 @@
 //!   Fonepay's DV, our reference and amount) before we ask the provider
 //!   server to server; a return that does not verify is logged and changes
 //!   nothing (the reconciler resolves the payment).
-//! - [`reconcile`]: asks the provider and applies the answer
-//!   ([`decide`]): `success` only on a paid status whose amount matches;
+//! - [`reconcile`](settle::reconcile): asks the provider and applies the answer
+//!   ([`decide`](settle::decide)): `success` only on a paid status whose amount matches;
 //!   a second success for one session is kept and flagged
 //!   (`double_payment_of`). Every change merchants hear about writes its
 //!   event in the same transaction ([`outbox`](super::outbox)).
@@ -39,11 +39,13 @@ mod sweep;
 #[cfg(test)]
 mod tests;
 
-pub use returns::*;
-pub use review::*;
-pub use settle::*;
-pub use start::*;
-pub use sweep::*;
+pub use returns::{ReturnKind, on_return};
+pub use review::{Release, ReleaseError, held, release};
+pub use settle::{Decision, apply, poll, poll_qr_every, poll_qr_of};
+pub use start::{find_payment, start, start_for};
+pub use sweep::{SweepReport, sweep};
+
+use sweep::check_gap;
 
 /// Open payments live in `gsi2` under this prefix, one partition per
 /// project and mode, by when their next provider check is due

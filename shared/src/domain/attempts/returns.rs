@@ -25,7 +25,7 @@ pub enum ReturnKind {
 /// Why a return was not believed (logged; nothing changes), and whether
 /// a person must look (a genuine return saying another amount was paid).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Distrust {
+pub(super) struct Distrust {
     pub reason: String,
     pub review: bool,
 }
@@ -42,7 +42,7 @@ impl Distrust {
 /// Checks the provider's browser return for `payment`. `Ok(())`: worth a
 /// server-to-server check now. `Err`: tampered, replayed onto another
 /// attempt, or for another amount.
-pub fn verify_return(
+pub(super) fn verify_return(
     payment: &Payment,
     creds: &providers::ProviderCredentials,
     kind: ReturnKind,
@@ -130,7 +130,7 @@ pub fn verify_return(
     }
 }
 
-pub(super) fn providers_clip(s: &str) -> String {
+fn providers_clip(s: &str) -> String {
     s.chars().take(40).collect()
 }
 
@@ -142,7 +142,7 @@ pub(super) fn providers_clip(s: &str) -> String {
 /// `total_amount`, `transaction_uuid` and product code with our amount and
 /// reference; Khalti's `pidx`, `purchase_order_id` and amount as ours;
 /// Fonepay's DV over our PRN and amount), and only a return that passes
-/// triggers the server-to-server check whose answer [`decide`] judges. A
+/// triggers the server-to-server check whose answer [`decide`](super::settle::decide) judges. A
 /// tampered return changes nothing, or (a signed Fonepay return for
 /// another amount) holds the payment for review.
 pub async fn on_return(

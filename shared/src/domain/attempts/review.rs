@@ -30,7 +30,7 @@ pub(super) fn hold_update(p: &Payment, reason: &str, now: Timestamp) -> Update {
 
 /// The `gsi2` partition of payments held for review, oldest hold first
 /// (one for the whole table: holds are rare, and each calls a person).
-pub const HELD_PAYMENTS: &str = keys::HELD_PAYMENTS;
+const HELD_PAYMENTS: &str = keys::HELD_PAYMENTS;
 
 /// Payments held for review, oldest hold first, at most `limit`.
 pub async fn held(store: &dyn Store, limit: usize) -> Result<Vec<Payment>, StoreError> {

@@ -67,7 +67,7 @@ pub enum Decision {
 /// ([`release`]).
 /// `session_over`: the session expired (an attempt the provider has
 /// forgotten then counts as cancelled).
-pub fn decide(payment: &Payment, status: &ProviderStatus, session_over: bool) -> Decision {
+pub(super) fn decide(payment: &Payment, status: &ProviderStatus, session_over: bool) -> Decision {
     match status.state {
         ProviderState::Paid => match status.amount {
             Some(a) if a != payment.amount => Decision::Review(format!(
@@ -116,7 +116,7 @@ pub fn decide(payment: &Payment, status: &ProviderStatus, session_over: bool) ->
 ///   yet (an unscanned QR, a wallet page left open) and nothing changes,
 ///   until [`ABANDONED_AFTER`] past an expired session, when the attempt
 ///   is cancelled.
-pub fn decide_for(
+pub(super) fn decide_for(
     payment: &Payment,
     status: &ProviderStatus,
     returned: Option<ReturnKind>,
@@ -158,7 +158,7 @@ pub fn decide_for(
 /// be paid after its cap hold lapsed: the month's room it held may have
 /// been given to others meanwhile, so its success is not counted by
 /// itself (the simulator, like the hold, refuses a QR that old).
-pub(super) fn late_sandbox_qr(payment: &Payment, now: Timestamp) -> bool {
+fn late_sandbox_qr(payment: &Payment, now: Timestamp) -> bool {
     payment.provider == Provider::Fonepay
         && payment.mode == Mode::Sandbox
         && payment.attempt.cap_month.is_some()
@@ -168,7 +168,7 @@ pub(super) fn late_sandbox_qr(payment: &Payment, now: Timestamp) -> bool {
 /// Asks the provider about `payment` and applies the answer (the
 /// reconciler's and the pollers' path). Proof: the provider's answer to
 /// our own query, judged by [`decide`] (amount compared where stated).
-pub async fn reconcile(
+pub(super) async fn reconcile(
     state: &Deps,
     payment: &Payment,
     now: Timestamp,
@@ -289,13 +289,9 @@ pub async fn apply(
 /// How often a settlement re-reads what moved under it (its session, link
 /// or invoice), with a short random pause that grows each time
 /// ([`crate::store::contention_backoff`]).
-pub(super) const SETTLE_TRIES: usize = 8;
+const SETTLE_TRIES: usize = 8;
 
-pub(super) fn event_op(
-    kind: EventType,
-    payment: &Payment,
-    now: Timestamp,
-) -> Result<Vec<TxOp>, StoreError> {
+fn event_op(kind: EventType, payment: &Payment, now: Timestamp) -> Result<Vec<TxOp>, StoreError> {
     let view = serde_json::to_value(PaymentView::from(payment.clone()))
         .map_err(|e| StoreError::Invalid(e.to_string()))?;
     Event::new(kind, &payment.project_id, payment.mode, view, now).put_ops()
@@ -303,11 +299,11 @@ pub(super) fn event_op(
 
 /// `cond`, and no hold for review: a settlement never lands over a hold
 /// that came after the copy it was planned from was read.
-pub(super) fn not_held(cond: Cond) -> Cond {
+fn not_held(cond: Cond) -> Cond {
     Cond::And(vec![cond, Cond::AttrNotExists(REVIEW.into())])
 }
 
-pub(super) fn close_payment(update: Update) -> Update {
+fn close_payment(update: Update) -> Update {
     update.unindex(Index::Gsi2)
 }
 
@@ -602,7 +598,7 @@ pub async fn poll(
 }
 
 /// [`poll`], asking the provider at most once per `every` per payment.
-pub async fn poll_every(
+async fn poll_every(
     state: &Deps,
     session_id: &str,
     now: Timestamp,

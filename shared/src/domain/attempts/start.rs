@@ -18,7 +18,7 @@ use crate::store::{Cond, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
 
 /// The URLs on our own server the provider sends the customer back to.
-pub fn return_url(base: &str, session_id: &str, payment_id: &str, outcome: &str) -> String {
+pub(super) fn return_url(base: &str, session_id: &str, payment_id: &str, outcome: &str) -> String {
     format!("{base}/c/{session_id}/return/{payment_id}/{outcome}")
 }
 
@@ -33,7 +33,7 @@ pub(super) fn origin(url: &str) -> String {
 /// The address the customer typed, trimmed, each part held to
 /// [`AddressPart`](crate::fields::AddressPart)'s rule; `line1` and `city`
 /// are required.
-pub(super) fn check_address(a: &StoredAddress) -> Result<StoredAddress, AttemptError> {
+fn check_address(a: &StoredAddress) -> Result<StoredAddress, AttemptError> {
     let part = |field: &'static str, v: &Option<String>, required: bool| match v
         .as_deref()
         .map(str::trim)
@@ -412,10 +412,10 @@ pub async fn start_for(
     }
 }
 
-pub(super) const LINK_GONE: &str = "this payment link no longer exists";
+const LINK_GONE: &str = "this payment link no longer exists";
 
 /// Refuses an attempt for `link` when it is used up or every use is held.
-pub(super) fn refuse_link(
+fn refuse_link(
     link: &crate::domain::links::PaymentLink,
     now: Timestamp,
 ) -> Result<(), AttemptError> {
@@ -433,14 +433,14 @@ pub(super) fn refuse_link(
 }
 
 /// Why an attempt was closed by the next one of its session.
-pub const SUPERSEDED: &str = "superseded by a newer attempt of the same checkout";
+const SUPERSEDED: &str = "superseded by a newer attempt of the same checkout";
 
 /// The writes cancelling `prev`, an open attempt a new one of its session
 /// supersedes (none when it is no longer open or held for review): out of
 /// the open payments into its project's re-check partition, with its
 /// `payment.cancelled` event. Conditioned on it still being open and not
 /// held, so a payment settled meanwhile makes the start fail and retry.
-pub(super) fn supersede_ops(prev: &Payment, now: Timestamp) -> Result<Vec<TxOp>, StoreError> {
+fn supersede_ops(prev: &Payment, now: Timestamp) -> Result<Vec<TxOp>, StoreError> {
     if !is_open(prev.status) || prev.checks.review.is_some() {
         return Ok(Vec::new());
     }
@@ -466,7 +466,7 @@ pub(super) fn start_tally(session: &CheckoutSession, payment: &Payment) -> Tally
 /// The start transaction, tried again when only a conflict (another
 /// transaction writing the same item: the day's counters are shared by
 /// the project's sessions) cancelled it.
-pub(super) async fn transact_start(store: &dyn Store, ops: Vec<TxOp>) -> Result<(), StoreError> {
+async fn transact_start(store: &dyn Store, ops: Vec<TxOp>) -> Result<(), StoreError> {
     let mut tries = 0u64;
     loop {
         tries += 1;
@@ -484,12 +484,7 @@ pub(super) async fn transact_start(store: &dyn Store, ops: Vec<TxOp>) -> Result<
     }
 }
 
-pub(super) async fn release_hold(
-    store: &dyn Store,
-    project_id: &str,
-    reference: &str,
-    month: &str,
-) {
+async fn release_hold(store: &dyn Store, project_id: &str, reference: &str, month: &str) {
     if let Err(e) = fonepay_cap::release(store, project_id, reference, month).await {
         // The hold lapses by itself after 30 minutes.
         tracing::warn!(error = %e, "could not release a sandbox fonepay hold");

@@ -21,7 +21,7 @@ use crate::time::Timestamp;
 /// and its place in its partition (`gsi2sk`, by next check). Setting the
 /// sort key of a payment that is in no partition indexes nothing: an
 /// index entry needs both key attributes.
-pub(super) fn check_update(p: &Payment, now: Timestamp) -> Update {
+fn check_update(p: &Payment, now: Timestamp) -> Update {
     Update::new()
         .set("checked_at", now.to_rfc3339())
         .set(Index::Gsi2.sk_attr(), due_after_check(p, now))
@@ -50,7 +50,7 @@ pub(super) async fn claimed(
 /// Claims the next provider check of payment `p` at `now` if none was
 /// made in the last `gap` (a conditional write, so parallel pollers and
 /// sweeps ask the provider once). Whether this caller may check.
-pub async fn claim_check(
+pub(super) async fn claim_check(
     store: &dyn Store,
     p: &Payment,
     now: Timestamp,
@@ -80,7 +80,7 @@ pub(super) async fn claim_as_read(
 /// while young, then a tenth of its age (an hour-old attempt every 6
 /// minutes, a day-old one every 2.4 hours), so abandoned attempts cost
 /// little.
-pub fn check_gap(payment: &Payment, now: Timestamp) -> chrono::Duration {
+pub(super) fn check_gap(payment: &Payment, now: Timestamp) -> chrono::Duration {
     let age = now.datetime() - payment.created_at.datetime();
     std::cmp::max(RECONCILE_AFTER, age / 10)
 }
@@ -103,13 +103,13 @@ pub struct SweepReport {
 }
 
 /// Whether the sweep should ask the provider about `p` at `now`.
-pub fn due_for_check(p: &Payment, now: Timestamp) -> bool {
+fn due_for_check(p: &Payment, now: Timestamp) -> bool {
     next_check_at(p) <= now
 }
 
 /// The due entries of one `gsi2` partition (sort key before
 /// `{now}#~`), at most `limit`, oldest due first.
-pub(super) async fn due_in(
+async fn due_in(
     store: &dyn Store,
     pk: String,
     now: Timestamp,
@@ -136,7 +136,7 @@ pub(super) async fn due_in(
 /// creation) created before `before`: at most [`SWEEP_BATCH`] per
 /// partition that are due a check (or, for cancelled ones, due to leave
 /// the index), reading at most [`SWEEP_SCAN`] entries per partition.
-pub(super) async fn legacy_open_payments(
+async fn legacy_open_payments(
     store: &dyn Store,
     before: Timestamp,
     now: Timestamp,
@@ -171,7 +171,7 @@ pub(super) async fn legacy_open_payments(
 }
 
 /// One project's due reconciler work.
-pub(super) struct ProjectDue {
+struct ProjectDue {
     active: crate::domain::active::Active,
     payments: Vec<Payment>,
 }
@@ -185,7 +185,7 @@ pub(super) struct ProjectDue {
 /// delays another project's due payment by at most one turn. Payments of
 /// the former global partitions take one turn like a project. Also
 /// answers the registry entries whose project had nothing open.
-pub async fn open_payments(
+pub(super) async fn open_payments(
     store: &dyn Store,
     active: &[crate::domain::active::Active],
     now: Timestamp,
@@ -367,7 +367,7 @@ pub async fn sweep(state: &Deps, now: Timestamp) -> Result<SweepReport, StoreErr
 
 /// Whether any payment of the project sits in its open or re-check
 /// partition, due or not.
-pub(super) async fn has_indexed_payments(
+async fn has_indexed_payments(
     store: &dyn Store,
     a: &crate::domain::active::Active,
 ) -> Result<bool, StoreError> {

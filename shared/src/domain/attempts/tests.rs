@@ -1,3 +1,8 @@
+use super::returns::{Distrust, verify_return};
+use super::review::hold_for_review;
+use super::settle::{decide, decide_for, plan};
+use super::start::{origin, return_url, start_tally};
+use super::sweep::{claim_as_read, claim_check, open_payments, retire};
 use super::*;
 use crate::AppState;
 use crate::app::Deps;

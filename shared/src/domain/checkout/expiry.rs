@@ -11,7 +11,7 @@ use crate::keys;
 use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
 
-pub(crate) fn open_cond() -> Cond {
+fn open_cond() -> Cond {
     Cond::Or(vec![
         Cond::eq("status", SessionStatus::Pending.as_str()),
         Cond::eq("status", SessionStatus::Initiated.as_str()),
@@ -101,7 +101,7 @@ pub(super) async fn mark_expired(
 /// The sweep partitions of open records (`gsi2`), spread so no single
 /// partition takes every write.
 pub const OPEN_SHARDS: u32 = 4;
-pub(crate) const OPEN_SESSIONS: keys::Open = keys::Open::Sessions;
+const OPEN_SESSIONS: keys::Open = keys::Open::Sessions;
 
 /// The open-records partition of `id` under `prefix`.
 pub(crate) fn open_partition(what: keys::Open, id: &str) -> String {
@@ -116,7 +116,7 @@ pub(crate) fn open_partitions(what: keys::Open) -> Vec<String> {
 /// The `gsi2` partition of a project's open sessions, by `expires_at`:
 /// the sweep finds it through [`crate::domain::active`], and `GET /v1/sessions`
 /// counts the ones past their time in it.
-pub fn open_sessions_partition(project_id: &str, mode: Mode) -> String {
+pub(super) fn open_sessions_partition(project_id: &str, mode: Mode) -> String {
     keys::open_per_project(OPEN_SESSIONS, project_id, mode)
 }
 
@@ -191,7 +191,7 @@ pub async fn expire(
 
 /// The list filter for `status` as of `now`: stored statuses, with open
 /// sessions past their time counted as expired.
-pub fn status_filter(status: SessionStatus, now: Timestamp) -> Cond {
+fn status_filter(status: SessionStatus, now: Timestamp) -> Cond {
     let now = now.to_rfc3339();
     match status {
         SessionStatus::Pending | SessionStatus::Initiated => Cond::And(vec![
@@ -255,7 +255,7 @@ pub async fn list(
 
 /// Open sessions of the project whose time passed, stored as `status`
 /// (any open one when `None`).
-pub(super) async fn overdue(
+async fn overdue(
     store: &dyn Store,
     project_id: &str,
     mode: Mode,

@@ -22,9 +22,16 @@ pub mod stats;
 #[cfg(test)]
 mod tests;
 
-pub use expiry::*;
-pub use providers::*;
-pub use sessions::*;
+pub use expiry::{
+    OPEN_SHARDS, due_for_expiry, expire, expire_due, has_open_sessions, list, release_link_use,
+};
+pub(crate) use expiry::{open_partition, open_partitions};
+pub use providers::{ProviderAvailability, offered, providers};
+pub use sessions::{
+    Address, CheckoutError, CheckoutSession, CheckoutSessionView, CreateCheckout, Creator,
+    CustomerInput, Flow, SessionStatus, StoredAddress, ValidCheckout, check_amount, check_metadata,
+    check_url, create, failed_at, find, find_any, new_session, spend_op, validate_create,
+};
 
 /// How long a session can be paid.
 pub const SESSION_LIFETIME: chrono::Duration = chrono::Duration::minutes(30);

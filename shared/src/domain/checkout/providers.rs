@@ -23,7 +23,7 @@ pub struct ProviderAvailability {
 /// Whether a project can use `provider` in `mode`, given whether it has
 /// stored credentials for it: in sandbox eSewa and Khalti always (their
 /// public test credentials); fonepay has no sandbox and needs real ones.
-pub fn is_enabled(provider: Provider, mode: Mode, has_credentials: bool) -> bool {
+pub(super) fn is_enabled(provider: Provider, mode: Mode, has_credentials: bool) -> bool {
     has_credentials || (mode == Mode::Sandbox && provider != Provider::Fonepay)
 }
 

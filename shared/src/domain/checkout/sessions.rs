@@ -413,7 +413,7 @@ impl From<CheckoutError> for Refusal {
     }
 }
 
-pub(super) fn invalid(field: &str, message: impl Into<String>) -> CheckoutError {
+fn invalid(field: &str, message: impl Into<String>) -> CheckoutError {
     CheckoutError::Invalid {
         field: field.to_owned(),
         message: message.into(),
@@ -422,14 +422,14 @@ pub(super) fn invalid(field: &str, message: impl Into<String>) -> CheckoutError 
 
 /// The amounts a provider takes in a mode, in paisa (inclusive).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct AmountLimits {
+pub(super) struct AmountLimits {
     pub min: i64,
     pub max: i64,
 }
 
 /// Khalti: at least Rs 10; fonepay in sandbox: at most NPR 1,000 (real
 /// money moves); everything at most [`MAX_AMOUNT_PAISA`].
-pub fn amount_limits(provider: Provider, mode: Mode) -> AmountLimits {
+pub(super) fn amount_limits(provider: Provider, mode: Mode) -> AmountLimits {
     match (provider, mode) {
         (Provider::Khalti, _) => AmountLimits {
             min: KHALTI_MIN_AMOUNT_PAISA,
@@ -630,14 +630,14 @@ impl Creator {
 }
 
 /// The spend counter of a key for the calendar month (UTC) of `now`.
-pub fn spend_counter_key(api_key_id: &str, now: Timestamp) -> Key {
+pub(super) fn spend_counter_key(api_key_id: &str, now: Timestamp) -> Key {
     let d = now.datetime();
     keys::spend_counter(api_key_id, d.year(), d.month())
 }
 
 /// The condition under which adding `amount` keeps the month's volume at
 /// or under `cap`; `None` when the amount alone is over the cap.
-pub fn spend_cap_condition(cap: i64, amount: i64) -> Option<Cond> {
+pub(super) fn spend_cap_condition(cap: i64, amount: i64) -> Option<Cond> {
     let room = cap.checked_sub(amount)?;
     (room >= 0).then(|| {
         Cond::Or(vec![
@@ -798,7 +798,7 @@ pub fn failed_at(err: &StoreError, index: usize) -> bool {
         if matches!(reasons.get(index), Some(TxReason::ConditionFailed)))
 }
 
-pub(super) async fn first_run_session(
+async fn first_run_session(
     store: &dyn Store,
     creator: &Creator,
     fence: &Fence,

@@ -1,3 +1,5 @@
+use super::providers::is_enabled;
+use super::sessions::{amount_limits, spend_cap_condition, spend_counter_key};
 use super::*;
 use crate::domain::{Mode, Provider};
 use crate::store::embedded::EmbeddedStore;

@@ -19,10 +19,16 @@ mod sessions;
 mod tests;
 mod users;
 
-pub use audit::*;
-pub use forms::*;
-pub use sessions::*;
-pub use users::*;
+pub use audit::{AUDIT_PAGE, Actor, AuditEntry, audit_entry, audit_op, list_audit, record_audit};
+pub use forms::{FormClaim, claim_form, complete_form, form_fence, new_form_nonce};
+pub use sessions::{
+    ABSOLUTE, ATTEMPT_WINDOW, ATTEMPTS_PER_ACCOUNT_AND_ADDRESS, DashboardSession, SessionEnd,
+    SignedIn, new_form_token, open_session, same_token, sign_in, sign_out, switch_view,
+};
+pub use users::{
+    UserChange, change_user, check_password, create_user, end_all_sessions, find_user_by_email,
+    list_users, normalize_email, reset_password, reset_password_of, set_disabled, verify_password,
+};
 
 /// What a person may do in the dashboard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -17,7 +17,7 @@ use crate::time::Timestamp;
 const TOKEN_RANDOM: usize = 43;
 const TOKEN_PREFIX: &str = "ds_";
 /// A session ends after this long without a request.
-pub const IDLE: chrono::Duration = chrono::Duration::minutes(30);
+pub(super) const IDLE: chrono::Duration = chrono::Duration::minutes(30);
 /// A session ends this long after sign-in, however busy.
 pub const ABSOLUTE: chrono::Duration = chrono::Duration::hours(12);
 /// `last_seen_at` is written at most this often per session.
@@ -31,9 +31,9 @@ pub const ATTEMPTS_PER_ACCOUNT_AND_ADDRESS: i64 = 10;
 /// Failed sign-in attempts per email from all addresses per window: a
 /// botnet spreading guesses over many addresses is held too (and can lock
 /// the account for the rest of a window: the price of that).
-pub const ATTEMPTS_PER_ACCOUNT: i64 = 100;
+pub(super) const ATTEMPTS_PER_ACCOUNT: i64 = 100;
 /// Failed sign-in attempts per client address per window, all accounts.
-pub const ATTEMPTS_PER_ADDRESS: i64 = 30;
+pub(super) const ATTEMPTS_PER_ADDRESS: i64 = 30;
 /// The throttle's window, seconds.
 pub const ATTEMPT_WINDOW: i64 = 15 * 60;
 

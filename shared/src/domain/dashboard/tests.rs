@@ -1,3 +1,5 @@
+use super::sessions::{ATTEMPTS_PER_ACCOUNT, ATTEMPTS_PER_ADDRESS, IDLE};
+use super::users::PASSWORD_MAX_BYTES;
 use super::*;
 use crate::domain::Mode;
 use crate::domain::account::{Plan, create_merchant, create_project};

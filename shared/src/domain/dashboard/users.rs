@@ -15,10 +15,10 @@ use crate::time::Timestamp;
 
 /// Shortest password accepted (NIST SP 800-63B asks for at least 8; a
 /// dashboard that issues refunds asks for more).
-pub const PASSWORD_MIN_CHARS: usize = 12;
+const PASSWORD_MIN_CHARS: usize = 12;
 /// Longest password accepted, in bytes: hashing cost must not grow with
 /// what a stranger posts.
-pub const PASSWORD_MAX_BYTES: usize = 256;
+pub(super) const PASSWORD_MAX_BYTES: usize = 256;
 /// Longest email accepted.
 const EMAIL_MAX: usize = 254;
 
@@ -66,7 +66,7 @@ pub fn normalize_email(email: &str) -> Result<String, DashboardError> {
 
 /// The argon2id PHC string of `password` (CPU work: off the async
 /// threads).
-pub async fn hash_password(password: &str) -> Result<String, DashboardError> {
+async fn hash_password(password: &str) -> Result<String, DashboardError> {
     check_password(password)?;
     let password = password.to_owned();
     let salt: [u8; 16] = rand::rng().random();
@@ -170,7 +170,10 @@ pub async fn create_user(
 }
 
 /// The user with this id.
-pub async fn get_user(store: &dyn Store, id: &str) -> Result<Option<DashboardUser>, StoreError> {
+pub(super) async fn get_user(
+    store: &dyn Store,
+    id: &str,
+) -> Result<Option<DashboardUser>, StoreError> {
     crate::domain::record::get(store, &DashboardUser::key(id)).await
 }
 

@@ -45,7 +45,7 @@ pub(super) async fn current_checkout(
 
 /// Whether a payment may still bring money (a cancelled one is watched for
 /// a late success until its re-check ends).
-pub(super) fn payment_active(p: &Payment, now: Timestamp) -> bool {
+fn payment_active(p: &Payment, now: Timestamp) -> bool {
     match p.status {
         PaymentStatus::Pending | PaymentStatus::Processing | PaymentStatus::Success => true,
         PaymentStatus::Cancelled => p.checks.recheck_until.is_some_and(|t| t > now),
@@ -56,7 +56,7 @@ pub(super) fn payment_active(p: &Payment, now: Timestamp) -> bool {
 /// Why the invoice's checkout stops a change that needs it closed, if it
 /// does: an attempt in progress, a payment, or a payment that may still
 /// succeed.
-pub(super) fn checkout_activity(c: &CurrentCheckout, now: Timestamp) -> Option<String> {
+fn checkout_activity(c: &CurrentCheckout, now: Timestamp) -> Option<String> {
     let s = &c.session;
     if matches!(s.status, SessionStatus::Initiated | SessionStatus::Success) {
         return Some(format!(
@@ -106,7 +106,7 @@ pub(super) fn close_checkout_op(s: &CheckoutSession, now: Timestamp, tally: &mut
 /// Why an issued invoice cannot be corrected (spec: any receipt,
 /// allocated or excess amount, unlinked payment activity or
 /// payment-related attention), if it cannot.
-pub(super) fn correction_blocker(
+fn correction_blocker(
     inv: &Invoice,
     checkout: Option<&CurrentCheckout>,
     now: Timestamp,

@@ -169,7 +169,7 @@ pub(super) fn text(value: Option<impl Into<String>>) -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
-pub(super) fn valid_lines(lines: Vec<LineInput>) -> Result<Vec<Line>, InvoiceError> {
+fn valid_lines(lines: Vec<LineInput>) -> Result<Vec<Line>, InvoiceError> {
     if lines.is_empty() || lines.len() > MAX_LINES {
         return Err(invalid(
             "lines",
@@ -202,7 +202,7 @@ pub(super) fn valid_lines(lines: Vec<LineInput>) -> Result<Vec<Line>, InvoiceErr
         .collect()
 }
 
-pub(super) fn valid_buyer(buyer: Option<Buyer>) -> Option<StoredBuyer> {
+fn valid_buyer(buyer: Option<Buyer>) -> Option<StoredBuyer> {
     let b = buyer?;
     let buyer = StoredBuyer {
         name: text(b.name),
@@ -231,7 +231,7 @@ pub(super) fn valid_due(text_value: &str) -> Result<Timestamp, InvoiceError> {
     Ok(due)
 }
 
-pub(super) fn valid_tax(bps: Option<i64>) -> Result<i64, InvoiceError> {
+fn valid_tax(bps: Option<i64>) -> Result<i64, InvoiceError> {
     match bps {
         None => Ok(0),
         Some(b) if (0..=MAX_TAX_BPS).contains(&b) => Ok(b),
@@ -360,7 +360,7 @@ pub async fn create(
 }
 
 /// What the first run of a fenced request made.
-pub(super) async fn first_of(
+async fn first_of(
     state: &Deps,
     fence: &Fence,
     project_id: &str,
@@ -398,7 +398,7 @@ pub async fn list(
 
 /// The write of `next` over `current`: the whole record, conditioned on
 /// the version that was read (every change bumps it).
-pub(super) fn replace_op(current: &Invoice, next: &Invoice) -> Result<TxOp, StoreError> {
+fn replace_op(current: &Invoice, next: &Invoice) -> Result<TxOp, StoreError> {
     Ok(TxOp::Put {
         item: next.item()?,
         cond: Some(Cond::eq("version", current.version)),

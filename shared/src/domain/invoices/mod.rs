@@ -28,13 +28,19 @@ mod records;
 #[cfg(test)]
 mod tests;
 
-pub use collection::*;
-pub use corrections::*;
-pub use drafts::*;
-pub use numbering::*;
+pub use collection::{InvoiceCheckoutView, allocation_ops, checkout};
+pub use corrections::{adjust, correct};
+pub use drafts::{
+    AdjustInvoice, CorrectInvoice, CreateInvoice, FinalizeInvoice, InvoiceCheckout, InvoiceError,
+    LineInput, PatchInvoice, create, get, get_any, list, new_draft, patch,
+};
+pub use numbering::{discard, finalize};
 #[cfg(feature = "pdf")]
-pub use pdf::*;
-pub use records::*;
+pub use pdf::{pdf, store_pdf};
+pub use records::{
+    Adjustment, Allocation, Buyer, CollectionStatus, DocumentStatus, Invoice, InvoiceView, Line,
+    Quantity, SellerView, StoredBuyer,
+};
 
 pub const MAX_LINES: usize = 100;
 pub const MAX_TAX_BPS: i64 = 10_000;

@@ -11,13 +11,13 @@ use crate::store::fence::Fence;
 use crate::store::{Cond, Key, StoreError, TxOp, TxReason, Update};
 use crate::{Deps, keys};
 
-pub(super) fn counter_key(project_id: &str, mode: Mode) -> Key {
+fn counter_key(project_id: &str, mode: Mode) -> Key {
     keys::invoice_sequence(project_id, mode)
 }
 
 /// `PI-000042` live, `TEST-PI-000042` sandbox (6 digits, then as many as
 /// needed).
-pub fn number_text(mode: Mode, n: u64) -> String {
+pub(super) fn number_text(mode: Mode, n: u64) -> String {
     let prefix = if mode.is_live() { "PI-" } else { "TEST-PI-" };
     format!("{prefix}{n:06}")
 }

@@ -48,7 +48,7 @@ pub async fn store_pdf(state: &Deps, inv: &Invoice) {
     }
 }
 
-pub(super) fn render_pdf(inv: &Invoice) -> Result<Vec<u8>, InvoiceError> {
+fn render_pdf(inv: &Invoice) -> Result<Vec<u8>, InvoiceError> {
     use crate::pdf::{PdfBuyer, PdfInvoice, PdfLine, PdfSeller, render};
     let doc = PdfInvoice {
         invoice_number: inv.invoice_number.clone(),

@@ -83,14 +83,14 @@ impl Quantity {
 }
 
 /// `round_half_up(quantity x unit_amount)` in paisa.
-pub fn line_total(quantity: Quantity, unit_amount: i64) -> i64 {
+pub(super) fn line_total(quantity: Quantity, unit_amount: i64) -> i64 {
     let product = i128::from(quantity.0) * i128::from(unit_amount);
     // Both are >= 0: half up is adding half the divisor.
     ((product + 500) / 1000) as i64
 }
 
 /// `round_half_up(subtotal x bps / 10000)` in paisa.
-pub fn tax_total(subtotal: i64, bps: i64) -> i64 {
+pub(super) fn tax_total(subtotal: i64, bps: i64) -> i64 {
     ((i128::from(subtotal) * i128::from(bps) + 5_000) / 10_000) as i64
 }
 

@@ -1,3 +1,6 @@
+use super::drafts::{price, valid_due};
+use super::numbering::number_text;
+use super::records::{line_total, tax_total};
 use super::*;
 use crate::Deps;
 use crate::domain::Mode;

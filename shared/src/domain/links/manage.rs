@@ -251,7 +251,7 @@ pub struct PatchLink {
 }
 
 /// A key that cannot be cleared was sent as `null`.
-pub(super) fn not_null<T>(field: &str, v: Option<Option<T>>) -> Result<Option<T>, LinkError> {
+fn not_null<T>(field: &str, v: Option<Option<T>>) -> Result<Option<T>, LinkError> {
     match v {
         None => Ok(None),
         Some(Some(x)) => Ok(Some(x)),
@@ -358,7 +358,7 @@ pub(super) fn text(v: Option<impl Into<String>>) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
-pub(super) fn future_time(field: &str, v: &str, now: Timestamp) -> Result<Timestamp, LinkError> {
+fn future_time(field: &str, v: &str, now: Timestamp) -> Result<Timestamp, LinkError> {
     let t = Timestamp::parse(v).ok_or_else(|| {
         invalid(
             field,
@@ -503,7 +503,8 @@ pub async fn insert_once(
 }
 
 /// Stores a new link.
-pub async fn insert(store: &dyn Store, link: &PaymentLink) -> Result<(), StoreError> {
+#[cfg(test)]
+pub(super) async fn insert(store: &dyn Store, link: &PaymentLink) -> Result<(), StoreError> {
     let item = to_item(link, &PaymentLink::key(&link.id), &link.indexes())?;
     store.put(item, Some(Cond::NotExists)).await
 }
@@ -570,7 +571,7 @@ pub async fn patch(
 }
 
 /// One try of [`patch`]; `None` when the link changed after it was read.
-pub(super) async fn patch_once(
+async fn patch_once(
     store: &dyn Store,
     project_id: &str,
     mode: Mode,
@@ -700,7 +701,7 @@ pub(super) async fn patch_once(
     }
 }
 
-pub(super) fn below_use_count(used: i64) -> LinkError {
+fn below_use_count(used: i64) -> LinkError {
     invalid(
         "maxUses",
         format!("maxUses cannot be set below the link's use count ({used})"),

@@ -24,8 +24,11 @@ mod page;
 #[cfg(test)]
 mod tests;
 
-pub use manage::*;
-pub use page::*;
+pub use manage::{
+    CreateLink, LinkError, LinkStats, PatchLink, PaymentLinkView, cancel, check_spend_cap, delete,
+    find, get, insert_once, list, new_link, patch,
+};
+pub use page::{LinkCustomer, OpenError, count_view, inactive_text, open_session};
 
 pub const DEFAULT_PAGE: usize = 25;
 /// The smallest amount a customer may enter when the link sets none.

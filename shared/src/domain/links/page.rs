@@ -84,7 +84,7 @@ pub async fn count_view(store: &dyn Store, id: &str) -> Result<(), StoreError> {
 
 /// The amount of a payment through `link`: its fixed amount, or what the
 /// customer typed, within the link's bounds and the provider's limits.
-pub fn amount_for(link: &PaymentLink, typed: Option<&str>) -> Result<Paisa, OpenError> {
+fn amount_for(link: &PaymentLink, typed: Option<&str>) -> Result<Paisa, OpenError> {
     let bad = |m: String| OpenError::Invalid {
         field: "amount".into(),
         message: m,
@@ -124,7 +124,7 @@ pub fn amount_for(link: &PaymentLink, typed: Option<&str>) -> Result<Paisa, Open
 }
 
 /// Opens a checkout session for a customer of `link`. The session takes no
-/// use of the link: its attempt does ([`claim_op`], in the attempt's
+/// use of the link: its attempt does ([`claim_op`](super::claim_op), in the attempt's
 /// transaction), so opening the page again and again holds nothing. The
 /// session is refused while the link is used up (checked in the same
 /// transaction) or every use is held.

@@ -1,3 +1,5 @@
+use super::manage::{insert, invalid};
+use super::page::typed;
 use super::*;
 use crate::fields::Phone;
 use crate::store::Store;

@@ -75,7 +75,7 @@ impl From<RefundError> for Refusal {
     }
 }
 
-pub(super) fn invalid(field: &'static str, message: impl Into<String>) -> RefundError {
+fn invalid(field: &'static str, message: impl Into<String>) -> RefundError {
     RefundError::Invalid {
         field,
         message: message.into(),
@@ -84,7 +84,7 @@ pub(super) fn invalid(field: &'static str, message: impl Into<String>) -> Refund
 
 /// The request, checked: the amount (the note and the payer's mobile kept
 /// their rules when the body was parsed).
-pub fn validate(req: &CreateRefund) -> Result<(), RefundError> {
+pub(super) fn validate(req: &CreateRefund) -> Result<(), RefundError> {
     if req.amount <= 0 {
         return Err(invalid(
             "amount",
@@ -102,7 +102,7 @@ pub(super) fn reserved_of(item: &crate::store::Item) -> i64 {
 }
 
 /// The payment as stored and its reserved refund total.
-pub(super) async fn payment_with_reserved(
+async fn payment_with_reserved(
     store: &dyn Store,
     id: &str,
 ) -> Result<Option<(Payment, i64)>, StoreError> {
@@ -118,7 +118,7 @@ pub(super) async fn payment_with_reserved(
     }
 }
 
-pub(super) fn not_refundable(p: &Payment) -> RefundError {
+fn not_refundable(p: &Payment) -> RefundError {
     match p.status {
         PaymentStatus::Refunded => {
             RefundError::NotRefundable("the payment is already fully refunded".into())
@@ -333,10 +333,7 @@ pub async fn create_via(
 }
 
 /// The refund the first run of this request created, if it committed.
-pub(super) async fn first_run(
-    store: &dyn Store,
-    fence: Option<&Fence>,
-) -> Result<Option<Refund>, StoreError> {
+async fn first_run(store: &dyn Store, fence: Option<&Fence>) -> Result<Option<Refund>, StoreError> {
     let Some(f) = fence else {
         return Ok(None);
     };
@@ -347,7 +344,7 @@ pub(super) async fn first_run(
 }
 
 /// Why the reservation did not fit, as the payment now stands.
-pub(super) async fn balance_error(store: &dyn Store, payment_id: &str, amount: i64) -> RefundError {
+async fn balance_error(store: &dyn Store, payment_id: &str, amount: i64) -> RefundError {
     match payment_with_reserved(store, payment_id).await {
         Ok(Some((p, reserved))) if p.status == PaymentStatus::Success => {
             RefundError::ExceedsBalance {
@@ -371,7 +368,7 @@ pub(super) fn marker_item(refund: &Refund) -> Result<crate::store::Item, StoreEr
 }
 
 /// The one call to Khalti's refund API for `refund`, and its outcome.
-pub(super) async fn call_khalti(
+async fn call_khalti(
     state: &Deps,
     payment: &Payment,
     refund: Refund,
@@ -432,7 +429,7 @@ pub(super) async fn call_khalti(
 /// What to send Khalti: the whole amount of an untouched payment is a
 /// full refund (Khalti's empty body, `None`); anything else names the
 /// amount.
-pub fn khalti_amount(refund: &Refund, payment: &Payment) -> Option<Paisa> {
+pub(super) fn khalti_amount(refund: &Refund, payment: &Payment) -> Option<Paisa> {
     let full = refund.amount == payment.amount && payment.amount_refunded == Paisa::ZERO;
     (!full).then_some(refund.amount)
 }

@@ -37,8 +37,8 @@ mod resolve;
 #[cfg(test)]
 mod tests;
 
-pub use create::*;
-pub use resolve::*;
+pub use create::{Channel, CreateRefund, RefundError, create, create_via};
+pub use resolve::{RefundSweep, find, list, of_payment, sweep};
 
 /// Default page size of `GET /v1/refunds` (spec).
 pub const DEFAULT_PAGE: usize = 10;

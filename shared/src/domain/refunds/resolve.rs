@@ -22,7 +22,7 @@ use crate::time::Timestamp;
 
 /// How an open refund ends.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(super) enum Outcome {
     Succeeded(Option<String>),
     Failed(String),
     RequiresAction(String),
@@ -31,7 +31,7 @@ pub enum Outcome {
 /// Moves an open refund to its outcome, with the payment's counters and
 /// the events, in one transaction; answers the refund as stored after. A
 /// refund no longer `processing` is answered unchanged.
-pub async fn resolve(
+pub(super) async fn resolve(
     state: &Deps,
     refund: &Refund,
     outcome: Outcome,
@@ -83,7 +83,7 @@ pub async fn resolve(
 /// Once succeeded refunds reach the full amount: the payment becomes
 /// `refunded` with its `payment.refunded` event, in one transaction that
 /// only the first caller to see the full amount can commit.
-pub(super) async fn mark_refunded(
+async fn mark_refunded(
     store: &dyn Store,
     payment_id: &str,
     now: Timestamp,
@@ -129,7 +129,7 @@ pub(super) async fn mark_refunded(
     )))
 }
 
-pub(super) fn resolve_ops(
+fn resolve_ops(
     r: &Refund,
     p: &Payment,
     outcome: &Outcome,
@@ -200,7 +200,7 @@ pub(super) fn event(kind: EventType, r: &Refund, now: Timestamp) -> Result<Vec<T
 }
 
 /// The refund `id` of any project.
-pub async fn get(store: &dyn Store, id: &str) -> Result<Option<Refund>, StoreError> {
+pub(super) async fn get(store: &dyn Store, id: &str) -> Result<Option<Refund>, StoreError> {
     if !ids::is_valid(id, IdKind::Refund) {
         return Ok(None);
     }
@@ -302,11 +302,7 @@ pub async fn sweep(state: &Deps, now: Timestamp) -> Result<RefundSweep, StoreErr
     Ok(report)
 }
 
-pub(super) async fn resolve_one(
-    state: &Deps,
-    id: &str,
-    now: Timestamp,
-) -> Result<bool, StoreError> {
+async fn resolve_one(state: &Deps, id: &str, now: Timestamp) -> Result<bool, StoreError> {
     let store = &*state.store;
     let Some(refund) = get(store, id).await? else {
         return Ok(false);
@@ -350,7 +346,7 @@ pub(super) async fn resolve_one(
     }
 }
 
-pub(super) async fn ask_khalti(state: &Deps, payment: &Payment) -> Option<ProviderState> {
+async fn ask_khalti(state: &Deps, payment: &Payment) -> Option<ProviderState> {
     let creds = crate::domain::credentials::for_payment(state, payment)
         .await
         .ok()?;
@@ -375,14 +371,14 @@ pub(super) async fn ask_khalti(state: &Deps, payment: &Payment) -> Option<Provid
 /// The payment's other refunds that are not `failed`: whether there are
 /// any, and their total.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Others {
+pub(super) struct Others {
     pub count: usize,
     pub total: i64,
 }
 
 /// From the payment's reservation (a consistent read of one item, never
 /// an index that may lag): every live refund of the payment is in it.
-pub(super) async fn others_of(store: &dyn Store, refund: &Refund) -> Result<Others, StoreError> {
+async fn others_of(store: &dyn Store, refund: &Refund) -> Result<Others, StoreError> {
     let reserved = match store.get(&Payment::key(&refund.payment_id)).await? {
         Some(item) => reserved_of(&item),
         None => 0,
@@ -400,7 +396,7 @@ pub(super) async fn others_of(store: &dyn Store, refund: &Refund) -> Result<Othe
 /// a refund is called `succeeded` only when that answer can mean nothing
 /// else: fully refunded with every live refund adding up to the payment,
 /// or partly refunded with no other live refund. Otherwise a person looks.
-pub fn decide(
+pub(super) fn decide(
     refund: &Refund,
     payment_amount: Paisa,
     khalti: ProviderState,

@@ -1,3 +1,5 @@
+use super::create::{khalti_amount, marker_item, reserved_of, validate};
+use super::resolve::{Others, Outcome, decide, resolve};
 use super::*;
 use crate::AppState;
 use crate::app::Deps;

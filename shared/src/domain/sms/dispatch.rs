@@ -56,7 +56,7 @@ pub async fn handle_message(
 
 /// Whether the reminder's checkout session can still be paid (a reminder
 /// without one, from before sessions were bound, is sent).
-pub(super) async fn still_payable(
+async fn still_payable(
     store: &dyn Store,
     r: &SmsReminder,
     now: Timestamp,
@@ -82,7 +82,7 @@ pub(super) async fn still_payable(
 /// claim; a `Failed` or `Cancelled` one gives its quota unit back in the
 /// same transaction (once: the write that ends it is the one that gives
 /// it back). `Ok(false)`: the lease was lost, another worker owns it.
-pub(super) async fn finish(
+async fn finish(
     store: &dyn Store,
     r: &SmsReminder,
     claim: &str,
@@ -168,10 +168,10 @@ pub(super) async fn finish(
 
 /// The attribute naming the claim in flight (a random id): every write of
 /// the claim holder is conditioned on it.
-pub(super) const CLAIM: &str = "claim";
+const CLAIM: &str = "claim";
 
 /// Still `sending` under the claim `claim`.
-pub(super) fn held_by(claim: &str) -> Cond {
+fn held_by(claim: &str) -> Cond {
     Cond::And(vec![
         Cond::eq("status", SmsStatus::Sending.as_str()),
         Cond::eq(CLAIM, claim),
@@ -179,13 +179,13 @@ pub(super) fn held_by(claim: &str) -> Cond {
 }
 
 /// Tries of the write that ends a claimed reminder.
-pub(super) const FINISH_TRIES: usize = 6;
+const FINISH_TRIES: usize = 6;
 
 /// Gives a claim back (`sending` → `queued`, attempts unchanged) after a
 /// failure before anything was sent, so the queue's next delivery tries
 /// again instead of ending it `unknown`. Best effort: conditioned on our
 /// claim (a claim write that did not land changes nothing).
-pub(super) async fn unclaim(store: &dyn Store, id: &str, claim: &str) {
+async fn unclaim(store: &dyn Store, id: &str, claim: &str) {
     let released = store
         .update(
             &SmsReminder::key(id),
@@ -206,7 +206,7 @@ pub(super) async fn unclaim(store: &dyn Store, id: &str, claim: &str) {
 }
 
 /// Claims, sends and records one reminder (see the module docs).
-pub async fn dispatch(
+pub(super) async fn dispatch(
     state: &Deps,
     client: &SmsClient,
     sms_id: &str,
@@ -352,10 +352,7 @@ pub async fn dispatch(
 
 /// Ends a reminder whose dispatcher stopped while sending it: `unknown`,
 /// its quota unit kept.
-pub(super) async fn abandon(
-    state: &Deps,
-    r: &SmsReminder,
-) -> Result<DispatchOutcome, DispatchError> {
+async fn abandon(state: &Deps, r: &SmsReminder) -> Result<DispatchOutcome, DispatchError> {
     let now = state.clock.now();
     let ended = state
         .store

@@ -17,7 +17,7 @@ use crate::time::Timestamp;
 
 /// The path of an `http(s)` URL, without its query and fragment (`""`
 /// when it has none).
-pub(super) fn url_path(url: &str) -> Option<&str> {
+fn url_path(url: &str) -> Option<&str> {
     let rest = url
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://"))?;
@@ -40,7 +40,7 @@ pub fn session_in_url<'a>(url: &'a str, base: &str) -> Option<&'a str> {
 }
 
 /// Whether `s` is a session guard 1 accepts for `phone` at `now`.
-pub(super) fn is_pending_for(s: &CheckoutSession, phone: &str, now: Timestamp) -> bool {
+fn is_pending_for(s: &CheckoutSession, phone: &str, now: Timestamp) -> bool {
     let since = now.plus(chrono::Duration::hours(-SESSION_WINDOW_HOURS));
     let pending = matches!(
         s.status_at(now),
@@ -56,7 +56,7 @@ pub(super) fn is_pending_for(s: &CheckoutSession, phone: &str, now: Timestamp) -
 
 /// What guard 1 found.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SessionMatch {
+pub(super) enum SessionMatch {
     /// The recipient's pending session the reminder is about: the one the
     /// URL names, else the newest one found.
     Found(String),
@@ -72,7 +72,7 @@ pub enum SessionMatch {
 /// checkout it links to); otherwise the project's sessions are read on
 /// `gsi1`, newest first from the id of "24 h ago", at most
 /// `SESSION_PAGES` pages of `SESSION_PAGE`.
-pub async fn pending_session(
+pub(super) async fn pending_session(
     store: &dyn Store,
     project_id: &str,
     mode: Mode,
@@ -127,17 +127,17 @@ pub async fn pending_session(
 
 /// The recipient's window item: the times (ms) of the reminders sent to
 /// `phone` by the merchant in `mode` in the last 24 h, and a version.
-pub fn recipient_window(merchant_id: &str, mode: Mode, phone: &str) -> Key {
+pub(super) fn recipient_window(merchant_id: &str, mode: Mode, phone: &str) -> Key {
     keys::sms_recipient(merchant_id, mode, phone)
 }
 
 /// The recipient window's length.
-pub(super) const RECIPIENT_WINDOW_MS: i64 = 24 * 3_600_000;
+const RECIPIENT_WINDOW_MS: i64 = 24 * 3_600_000;
 /// Tries of the recipient window's versioned write before giving up.
 pub(super) const WINDOW_TRIES: usize = 12;
 
 /// The merchant's fixed-hour counter.
-pub fn merchant_counter(merchant_id: &str, mode: Mode, now: Timestamp) -> Key {
+pub(super) fn merchant_counter(merchant_id: &str, mode: Mode, now: Timestamp) -> Key {
     let hour = now.unix_seconds().div_euclid(3600);
     keys::sms_hour(merchant_id, mode, hour)
 }
@@ -158,7 +158,7 @@ pub(super) fn counter_update(expires: i64) -> Update {
 
 /// What [`take_places`] took.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Taken {
+pub(super) enum Taken {
     /// Both abuse places (and the quota unit, and the reminder written).
     All,
     /// The quota is used up: nothing was taken.
@@ -185,7 +185,7 @@ pub enum Taken {
 /// Refusals come in the guards' order: a full recipient window or hour is
 /// `rate_limited` even when the quota is used up too.
 #[allow(clippy::too_many_arguments)]
-pub async fn take_places(
+pub(super) async fn take_places(
     store: &dyn Store,
     limits: Limits,
     merchant_id: &str,

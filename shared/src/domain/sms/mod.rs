@@ -4,7 +4,7 @@
 //! body, then applies the guards in this order:
 //! 1. the recipient (normalized Nepali mobile) has a pending checkout
 //!    session on this project and mode created in the last 24 h
-//!    ([`pending_session`]). When `checkoutUrl` names one of the project's
+//!    ([`pending_session`](guards::pending_session)). When `checkoutUrl` names one of the project's
 //!    sessions (`/c/<cs_id>`) it must be that one; otherwise the project's
 //!    sessions on `gsi1` are read newest first, from the id of "24 h ago",
 //!    in bounded pages. The reminder is bound to the session found;
@@ -25,7 +25,7 @@
 //!
 //! Sandbox reminders pass guards 1-3 and are stored as `logged`, never
 //! queued. Live reminders are stored (`sms_…` at `SMS#<id>` / `SMS`,
-//! status `queued`) and their id is queued on [`QueueName::Sms`].
+//! status `queued`) and their id is queued on [`QueueName::Sms`](crate::queue::QueueName::Sms).
 //!
 //! The dispatcher ([`dispatch`]) sends one reminder at most once. The
 //! provider takes no idempotency key, so the rule is "when in doubt, do
@@ -66,11 +66,10 @@ mod request;
 #[cfg(test)]
 mod tests;
 
-pub use dispatch::*;
-pub use guards::*;
-pub use notify::*;
-pub use reminders::*;
-pub use request::*;
+pub use dispatch::{DispatchError, DispatchOutcome, handle_message};
+pub use guards::{quota_counter, session_in_url};
+pub use notify::{SmsMessage, get, notify};
+pub use reminders::{SmsReminder, SmsStatus, list, list_recent, requeue_stuck};
 
 /// The abuse limits (decisions: 3 per recipient per 24 h, 100 per merchant
 /// per hour).

@@ -24,7 +24,7 @@ pub struct SmsMessage {
 }
 
 /// The last digits of a number, for logs.
-pub(super) fn masked(phone: &str) -> String {
+fn masked(phone: &str) -> String {
     let tail: String = phone
         .chars()
         .rev()

@@ -105,20 +105,20 @@ impl SmsReminder {
 }
 
 /// Shards of the open-reminders index.
-pub(super) const OPEN_SHARDS: u32 = 4;
+const OPEN_SHARDS: u32 = 4;
 
 pub(super) fn open_partition(id: &str) -> String {
     keys::open(keys::Open::Sms, keys::shard_of(id, OPEN_SHARDS))
 }
 
-pub(super) fn open_sort_key(at: Timestamp, id: &str) -> String {
+fn open_sort_key(at: Timestamp, id: &str) -> String {
     format!("{:015}#{id}", at.unix_millis().max(0))
 }
 
 /// How long a waiting reminder may go unsent before the sweep queues it
 /// again (its message was lost: a crash between the record and the queue,
 /// an ambiguous write, a message given up to the dead-letter queue).
-pub const STUCK_AFTER: chrono::Duration = chrono::Duration::minutes(5);
+const STUCK_AFTER: chrono::Duration = chrono::Duration::minutes(5);
 
 /// Queues again every live reminder still waiting [`STUCK_AFTER`] after it
 /// was queued (or last swept), at most `limit` per shard; moves each one

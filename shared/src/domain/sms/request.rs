@@ -9,7 +9,7 @@ use crate::time::Timestamp;
 
 /// A Nepali mobile number as 10 digits (`97…`/`98…`), from the forms
 /// people write: optional `+977` (or `977`) prefix, spaces and dashes.
-pub fn normalize_phone(raw: &str) -> Option<String> {
+pub(super) fn normalize_phone(raw: &str) -> Option<String> {
     let compact: String = raw
         .trim()
         .chars()
@@ -31,7 +31,7 @@ pub fn normalize_phone(raw: &str) -> Option<String> {
 
 /// `host[:port]` of an `http(s)` URL, lowercase; `None` for anything
 /// else (no scheme, user info, an empty or odd host).
-pub fn url_host(url: &str) -> Option<String> {
+pub(super) fn url_host(url: &str) -> Option<String> {
     let rest = url
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://"))?;
@@ -44,7 +44,7 @@ pub fn url_host(url: &str) -> Option<String> {
     ok.then(|| authority.to_ascii_lowercase())
 }
 
-pub(super) fn text_field(field: &'static str, value: &str) -> Result<String, SmsError> {
+fn text_field(field: &'static str, value: &str) -> Result<String, SmsError> {
     let v = value.trim();
     if v.is_empty() {
         return Err(invalid(field, format!("{field} must not be empty")));
@@ -65,7 +65,7 @@ pub(super) fn text_field(field: &'static str, value: &str) -> Result<String, Sms
 }
 
 /// Checks each field, naming the one at fault.
-pub fn validate(req: NotifyRequest) -> Result<ValidNotify, SmsError> {
+pub(super) fn validate(req: NotifyRequest) -> Result<ValidNotify, SmsError> {
     let phone = normalize_phone(&req.customer_phone).ok_or_else(|| {
         invalid(
             "customerPhone",
@@ -107,7 +107,7 @@ pub fn validate(req: NotifyRequest) -> Result<ValidNotify, SmsError> {
 }
 
 /// The reminder's text.
-pub fn message_text(v: &ValidNotify) -> String {
+pub(super) fn message_text(v: &ValidNotify) -> String {
     let amount = crate::money::Paisa::new(v.amount_minor)
         .map(|p| p.display_npr())
         .unwrap_or_default();

@@ -2,6 +2,13 @@ use crate::AppState;
 use crate::testenv::memory_store as store;
 use std::sync::Arc;
 
+use super::dispatch::dispatch;
+use super::guards::{
+    Taken, WINDOW_TRIES, below, counter_update, merchant_counter, recipient_window, take_places,
+};
+use super::notify::new_record_op;
+use super::reminders::open_partition;
+use super::request::{message_text, normalize_phone, validate};
 use super::*;
 use crate::Config;
 use crate::Deps;

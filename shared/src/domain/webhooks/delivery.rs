@@ -31,7 +31,7 @@ pub enum Outcome {
 
 /// Handles one queue message at `now`. `Err` means "keep the message":
 /// it comes back after its visibility timeout and is handled again.
-pub async fn dispatch(
+pub(super) async fn dispatch(
     state: &Deps,
     client: &WebhookClient,
     msg: &DeliveryMessage,
@@ -225,11 +225,7 @@ pub async fn dispatch(
 }
 
 /// Ends a delivery that can no longer be made, without sending.
-pub(super) async fn give_up(
-    state: &Deps,
-    d: &Delivery,
-    why: &str,
-) -> Result<Outcome, DispatchError> {
+async fn give_up(state: &Deps, d: &Delivery, why: &str) -> Result<Outcome, DispatchError> {
     let now = state.clock.now();
     let written = state
         .store
@@ -265,7 +261,7 @@ pub(super) async fn give_up(
 /// How late an open delivery must be before the sweep queues it again: its
 /// own message fires at its due time (SQS delays are at most 15 minutes),
 /// so one this late lost its message (a dead-letter queue, a purge).
-pub const OVERDUE_AFTER: chrono::Duration = chrono::Duration::minutes(15);
+const OVERDUE_AFTER: chrono::Duration = chrono::Duration::minutes(15);
 
 /// Queues again every open delivery due more than [`OVERDUE_AFTER`] ago
 /// (at most `limit` per shard): the backstop that makes a lost queue
@@ -337,7 +333,7 @@ pub async fn requeue_overdue(
 
 /// How long the stream function has to take an event before the
 /// scheduled sweep fans it out itself.
-pub const FAN_OUT_GRACE: chrono::Duration = chrono::Duration::minutes(2);
+const FAN_OUT_GRACE: chrono::Duration = chrono::Duration::minutes(2);
 
 /// The scheduled backstop: fans out events the stream function missed (in
 /// the outbox for over [`FAN_OUT_GRACE`]) and queues overdue deliveries

@@ -196,7 +196,7 @@ pub fn parse_events(names: &[String]) -> Result<Vec<EventType>, WebhookError> {
 }
 
 /// How long registration waits for a receiver's host to resolve.
-pub(super) const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Checks a receiver URL for an endpoint of `mode`: its form (https, no
 /// IP literal in a private, loopback, link-local or metadata range, no
@@ -205,7 +205,7 @@ pub(super) const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// accepted: DNS is often set up after the endpoint is registered, and
 /// the delivery client checks every address again at connect time and
 /// connects only to what it checked.
-pub async fn check_receiver(
+async fn check_receiver(
     url: &str,
     mode: Mode,
     settings: &WebhookSettings,
@@ -227,7 +227,7 @@ pub async fn check_receiver(
 }
 
 /// `whsec_` + 32 random bytes in hex (decisions).
-pub(super) fn new_secret() -> Result<String, WebhookError> {
+fn new_secret() -> Result<String, WebhookError> {
     use rand::TryRngCore;
     let mut bytes = [0u8; 32];
     rand::rngs::OsRng
@@ -357,11 +357,11 @@ pub async fn create(
 
 /// How many times a transaction on the endpoint count is tried when it
 /// meets another one on the same count (DynamoDB's `TransactionConflict`).
-pub(super) const TX_TRIES: u32 = 8;
+const TX_TRIES: u32 = 8;
 
 /// A transaction still conflicting after [`TX_TRIES`] is a busy store (the
 /// caller may retry), not a fault.
-pub(super) fn busy_or(e: StoreError) -> StoreError {
+fn busy_or(e: StoreError) -> StoreError {
     match &e {
         StoreError::TransactionCanceled { reasons } if reasons.contains(&TxReason::Conflict) => {
             StoreError::Unavailable(format!("webhook endpoints are busy: {e}"))

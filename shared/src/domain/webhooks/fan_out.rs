@@ -49,7 +49,7 @@ pub struct FanOutReport {
     pub events: usize,
     pub deliveries: usize,
     pub errors: usize,
-    /// Overdue deliveries queued again ([`requeue_overdue`]).
+    /// Overdue deliveries queued again ([`requeue_overdue`](super::requeue_overdue)).
     pub requeued: usize,
 }
 
@@ -71,7 +71,7 @@ pub(super) async fn enqueue(
 /// outbox. Safe to run any number of times, concurrently too: a delivery is
 /// written once, and a first attempt not yet made is queued again (the
 /// handler drops what is not due).
-pub async fn fan_out(state: &Deps, event: &Event) -> Result<usize, DispatchError> {
+pub(super) async fn fan_out(state: &Deps, event: &Event) -> Result<usize, DispatchError> {
     let now = state.clock.now();
     let endpoints = list(&*state.store, &event.project_id, event.mode).await?;
     let mut queued = 0;

@@ -33,11 +33,17 @@ mod test_event;
 #[cfg(test)]
 mod tests;
 
-pub use delivery::*;
-pub use endpoints::*;
-pub use fan_out::*;
-pub use log::*;
-pub use test_event::*;
+pub use delivery::{Outcome, Resent, handle_message, requeue_overdue, resend, sweep};
+pub use endpoints::{
+    CreateEndpoint, Endpoint, EndpointView, PatchEndpoint, WebhookError, create, delete, get, list,
+    parse_events, patch,
+};
+pub use fan_out::{DeliveryMessage, DispatchError, FanOutReport, fan_out_by_id, fan_out_pending};
+pub use log::{
+    Delivery, DeliveryStatus, DeliveryView, deliveries, deliveries_of_event, deliveries_page,
+    delivery,
+};
+pub use test_event::send_test_event;
 
 /// Most endpoints one project may register per mode.
 pub const MAX_ENDPOINTS: usize = 16;

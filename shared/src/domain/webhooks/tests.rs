@@ -1,3 +1,7 @@
+use super::delivery::dispatch;
+use super::endpoints::EndpointCounter;
+use super::fan_out::fan_out;
+use super::test_event::sample_object;
 use super::*;
 use crate::domain::Mode;
 use crate::domain::credentials::SealedSecret;
