@@ -323,3 +323,97 @@ fn the_cycle_finder_finds_a_cycle() {
         Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
     );
 }
+
+/// The `use` declarations in `text` that import a glob (`use a::*;`,
+/// `use a::{b, *};`), as their first line's number and their text, left
+/// out those inside a `#[cfg(test)]` module (tests may `use super::*;`).
+fn glob_imports(text: &str) -> Vec<(usize, String)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i].trim_start();
+        if line == "#[cfg(test)]" {
+            let mut j = i + 1;
+            while lines
+                .get(j)
+                .is_some_and(|l| l.trim_start().starts_with("#["))
+            {
+                j += 1;
+            }
+            let item = lines.get(j).copied().unwrap_or("");
+            let head = item.trim_start();
+            if head.split_whitespace().any(|w| w == "mod") && head.ends_with('{') {
+                // rustfmt closes the module at the indent it opened it.
+                let close = format!("{}}}", &item[..item.len() - head.len()]);
+                while j < lines.len() && lines[j] != close {
+                    j += 1;
+                }
+                i = j + 1;
+                continue;
+            }
+        }
+        let is_use = line.starts_with("use ")
+            || (line.starts_with("pub") && line.split_whitespace().nth(1) == Some("use"));
+        if !is_use {
+            i += 1;
+            continue;
+        }
+        let first = i;
+        let mut decl = String::new();
+        while let Some(l) = lines.get(i) {
+            if !decl.is_empty() {
+                decl.push(' ');
+            }
+            decl.push_str(l.trim());
+            i += 1;
+            if l.trim_end().ends_with(';') {
+                break;
+            }
+        }
+        let compact: String = decl.chars().filter(|c| !c.is_whitespace()).collect();
+        if compact.contains("::*") || compact.contains("{*") || compact.contains(",*") {
+            found.push((first + 1, decl));
+        }
+    }
+    found
+}
+
+#[test]
+fn the_domain_has_no_glob_imports_outside_tests() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/src/domain");
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    assert!(files.len() > 20, "too few files under {}", root.display());
+    let mut found = Vec::new();
+    for file in &files {
+        if file.file_name().is_some_and(|f| f == "tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        let name = file.strip_prefix(&root).unwrap_or(file).display();
+        for (line, decl) in glob_imports(&text) {
+            found.push(format!("shared/src/domain/{name}:{line}: {decl}"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "glob imports in the domain outside its tests; import the names used \
+         (and re-export from a mod.rs only what callers use):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_glob_scan_finds_what_it_looks_for() {
+    let text = "use super::*;\n\
+                use a::{b, c};\n\
+                pub use x::{\n    y,\n    *,\n};\n\
+                fn f() {\n    use std::io::*;\n}\n\
+                #[cfg(test)]\nconst X: u8 = 1;\n\
+                pub(crate) use z::*;\n\
+                #[cfg(test)]\nmod tests {\n    use super::*;\n    fn g() {\n        use q::*;\n    }\n}\n\
+                use after::*;\n";
+    let lines: Vec<usize> = glob_imports(text).into_iter().map(|(l, _)| l).collect();
+    assert_eq!(lines, vec![1, 3, 8, 12, 20]);
+}
