@@ -31,6 +31,7 @@ use crate::providers::{Handoff, ProviderError};
 use crate::store::{Cond, Index, StoreError};
 use crate::time::Timestamp;
 
+mod provider_rules;
 mod returns;
 mod review;
 mod settle;
@@ -217,7 +218,7 @@ pub fn next_check_at(p: &Payment) -> Timestamp {
     // A sandbox Fonepay QR paid after its cap hold is held for review
     // (decide_for): one last check just before the hold ends, so a
     // payment made in time is learned in time even with the page closed.
-    if p.provider == Provider::Fonepay && p.mode == Mode::Sandbox && p.attempt.cap_month.is_some() {
+    if provider_rules::of(p.provider, p.mode).month_cap && p.attempt.cap_month.is_some() {
         let last = p
             .created_at
             .plus(fonepay_cap::HOLD_WINDOW - chrono::Duration::seconds(30));

@@ -78,7 +78,9 @@ pub(super) fn decide(payment: &Payment, status: &ProviderStatus, session_over: b
             // eSewa and Khalti state the amount; without it there is no
             // proof. Fonepay's status has none: the amount is the one we
             // minted into the QR or signed into the web request.
-            None if payment.provider != Provider::Fonepay => {
+            None if super::provider_rules::of(payment.provider, payment.mode)
+                .states_paid_amount =>
+            {
                 Decision::Review("provider says paid but states no amount: needs review".into())
             }
             _ => Decision::Success {
@@ -159,8 +161,7 @@ pub(super) fn decide_for(
 /// been given to others meanwhile, so its success is not counted by
 /// itself (the simulator, like the hold, refuses a QR that old).
 fn late_sandbox_qr(payment: &Payment, now: Timestamp) -> bool {
-    payment.provider == Provider::Fonepay
-        && payment.mode == Mode::Sandbox
+    super::provider_rules::of(payment.provider, payment.mode).month_cap
         && payment.attempt.cap_month.is_some()
         && now >= payment.created_at.plus(fonepay_cap::HOLD_WINDOW)
 }
@@ -335,12 +336,6 @@ pub(super) fn plan(
     decision: &Decision,
     now: Timestamp,
 ) -> Result<Option<Vec<TxOp>>, StoreError> {
-    let key = Payment::key(&p.id);
-    let stamp = now.to_rfc3339();
-    let ours = |s: &CheckoutSession| s.payment_id.as_deref() == Some(p.id.as_str());
-    let mut ops = Vec::new();
-    // The day counters of the transitions below, added to `ops` last.
-    let mut tally = Tally::new();
     if p.checks.review.is_some() {
         // `p` is the fresh copy; the decision may have been made from an
         // older one (a sweep's or a poll's) read before a signed return
@@ -349,240 +344,330 @@ pub(super) fn plan(
         tracing::warn!(payment = %p.id, "payment held for review: provider answer not applied");
         return Ok(None);
     }
-    match decision {
-        Decision::Hold(_) => return Ok(None),
-        Decision::Review(reason) => {
-            if !(is_open(p.status) || p.status == PaymentStatus::Cancelled) {
-                return Ok(None);
-            }
-            ops.push(TxOp::Update {
-                key,
-                update: hold_update(p, reason, now),
-                cond: Some(not_held(holdable())),
-            });
-        }
-        Decision::Processing => {
-            if p.status != PaymentStatus::Pending {
-                return Ok(None);
-            }
-            ops.push(TxOp::Update {
-                key,
-                update: Update::new()
-                    .set("status", "processing")
-                    .set("updated_at", stamp),
-                cond: Some(Cond::eq("status", "pending")),
-            });
-        }
+    // The day counters of the transitions below, added to the ops last.
+    let mut tally = Tally::new();
+    let ops = match decision {
+        Decision::Hold(_) => None,
+        Decision::Review(reason) => plan_review(p, reason, now),
+        Decision::Processing => plan_processing(p, now),
         Decision::Success { provider_ref } => {
-            // A late success after a cancel (the session expired first) is
-            // still money taken: record it.
-            if !matches!(
-                p.status,
-                PaymentStatus::Pending | PaymentStatus::Processing | PaymentStatus::Cancelled
-            ) {
-                return Ok(None);
-            }
-            let mut next = p.clone();
-            next.status = PaymentStatus::Success;
-            next.failure_reason = None;
-            next.provider_ref = provider_ref.clone().or_else(|| p.provider_ref.clone());
-            next.updated_at = now;
-            let mut update = close_payment(
-                Update::new()
-                    .remove("recheck_until")
-                    .set("status", "success")
-                    .set("updated_at", stamp.clone())
-                    .set("failure_reason", Value::Null),
-            );
-            if let Some(r) = &next.provider_ref {
-                update = update.set("provider_ref", r.clone());
-            }
-            match session {
-                Some(s) if s.status == SessionStatus::Success && !ours(s) => {
-                    next.double_payment_of = s.payment_id.clone();
-                    update = update.set("double_payment_of", json!(s.payment_id));
-                    tracing::error!(
-                        payment = %p.id,
-                        first = ?s.payment_id,
-                        session = %s.id,
-                        "double payment: a second attempt of one session succeeded; flagged for refund"
-                    );
-                    ops.push(TxOp::Check {
-                        key: CheckoutSession::key(&s.id),
-                        cond: Cond::eq("status", "success"),
-                    });
-                }
-                Some(s) if s.status != SessionStatus::Success => {
-                    // Success is final: a session becomes paid once.
-                    tally.session_paid(s);
-                    tally.session_moved(s, s.status, SessionStatus::Success);
-                    ops.push(TxOp::Update {
-                        key: CheckoutSession::key(&s.id),
-                        update: Update::new()
-                            .set("status", "success")
-                            .set("payment_id", p.id.clone())
-                            .set("provider", p.provider.as_str())
-                            .set("updated_at", stamp.clone())
-                            .unindex(Index::Gsi2),
-                        // As read: a session that moved meanwhile (expired,
-                        // failed: its link use given back) is re-read.
-                        cond: Some(Cond::eq("status", s.status.as_str())),
-                    });
-                    if let Some((l, base)) = link {
-                        // The link's use becomes a completed one, once:
-                        // only this transition of the session counts it.
-                        let mut update = Update::new()
-                            .add("used_count", 1)
-                            .set("updated_at", stamp.clone());
-                        if s.status.is_final() || !s.link_claimed {
-                            // Its hold was given back (expired first).
-                            update = update.add(keys::LINK_CLAIMED, 1);
-                        }
-                        ops.push(TxOp::Update {
-                            key: crate::domain::links::PaymentLink::key(&l.id),
-                            update,
-                            cond: Some(Cond::Exists),
-                        });
-                        let mut after = l.clone();
-                        after.used_count += 1;
-                        after.updated_at = now;
-                        let view = serde_json::to_value(crate::domain::links::PaymentLinkView::of(
-                            after, base, false,
-                        ))
-                        .map_err(|e| StoreError::Invalid(e.to_string()))?;
-                        ops.extend(
-                            Event::new(
-                                EventType::PaymentLinkPaid,
-                                &p.project_id,
-                                p.mode,
-                                view,
-                                now,
-                            )
-                            .about_payment(&p.id)
-                            .put_ops()?,
-                        );
-                    }
-                }
-                _ => {}
-            }
-            ops.insert(
-                0,
-                TxOp::Update {
-                    key,
-                    update,
-                    cond: Some(not_held(status_in(&[
-                        PaymentStatus::Pending,
-                        PaymentStatus::Processing,
-                        PaymentStatus::Cancelled,
-                    ]))),
-                },
-            );
-            if p.provider == Provider::Fonepay && p.mode == Mode::Sandbox {
-                ops.extend(fonepay_cap::paid_ops(
-                    &p.project_id,
-                    p.attempt.reference.as_deref().unwrap_or_default(),
-                    p.attempt.cap_month.as_deref(),
-                    p.amount.get(),
-                    now,
-                ));
-            }
-            // From pending, processing or cancelled (the condition above):
-            // a payment becomes a success once.
-            tally.payment_succeeded(p);
-            ops.extend(event_op(EventType::PaymentSucceeded, &next, now)?);
+            plan_success(p, session, link, provider_ref.as_deref(), &mut tally, now)?
         }
         Decision::Failed(reason) | Decision::Cancelled(reason) | Decision::NotStarted(reason) => {
-            if !is_open(p.status) {
-                return Ok(None);
-            }
-            let failed = matches!(decision, Decision::Failed(_) | Decision::NotStarted(_));
-            // A decline ends the session; a cancel, or an attempt that never
-            // reached the provider, sends the customer back to the picker
-            // while the session has time left.
-            let ends_session = matches!(decision, Decision::Failed(_));
-            let mut next = p.clone();
-            next.status = if failed {
-                PaymentStatus::Failed
-            } else {
-                PaymentStatus::Cancelled
-            };
-            next.failure_reason = Some(reason.clone());
-            next.updated_at = now;
-            let mut update = Update::new()
-                .set("status", status_word(next.status))
-                .set("failure_reason", reason.clone())
-                .set("updated_at", stamp.clone());
-            update = if failed {
-                close_payment(update)
-            } else {
-                // A cancelled attempt may still be paid at the provider:
-                // the reconciler keeps asking for a day, from the
-                // project's re-check partition (out of the open payments).
-                recheck(update, p, now)
-            };
-            ops.push(TxOp::Update {
-                key,
-                update,
-                cond: Some(not_held(status_in(&[
-                    PaymentStatus::Pending,
-                    PaymentStatus::Processing,
-                ]))),
-            });
-            if let Some(s) = session.filter(|s| ours(s) && s.status == SessionStatus::Initiated) {
-                let back_to_picker = !ends_session && s.expires_at > now;
-                let mut session_update = if ends_session {
-                    Update::new()
-                        .set("status", "failed")
-                        .set("updated_at", stamp.clone())
-                        .unindex(Index::Gsi2)
-                } else if back_to_picker {
-                    Update::new()
-                        .set("status", "pending")
-                        .set("updated_at", stamp.clone())
-                } else {
-                    Update::new()
-                };
-                // The attempt held one of its link's uses: given back as it
-                // fails or is cancelled (the next attempt takes one again).
-                let release = s.link_claimed && !session_update.set.is_empty();
-                if release {
-                    session_update = session_update.set("link_claimed", false);
-                }
-                if !session_update.set.is_empty() {
-                    let to = if ends_session {
-                        SessionStatus::Failed
-                    } else {
-                        SessionStatus::Pending
-                    };
-                    tally.session_moved(s, SessionStatus::Initiated, to);
-                    ops.push(TxOp::Update {
-                        key: CheckoutSession::key(&s.id),
-                        update: session_update,
-                        cond: Some(Cond::And(vec![
-                            Cond::eq("payment_id", p.id.clone()),
-                            Cond::eq("status", "initiated"),
-                        ])),
-                    });
-                    if release {
-                        if let Some(id) = &s.link_id {
-                            ops.push(crate::domain::checkout::release_link_use(id));
-                        }
-                    }
-                }
-            }
-            let kind = if failed {
-                // From pending or processing: failed is final, counted once.
-                // A cancel counts in no outcome (it may still succeed).
-                tally.payment_failed(p);
-                EventType::PaymentFailed
-            } else {
-                EventType::PaymentCancelled
-            };
-            ops.extend(event_op(kind, &next, now)?);
+            plan_closing(p, session, decision, reason, &mut tally, now)?
         }
-    }
+    };
+    let Some(mut ops) = ops else {
+        return Ok(None);
+    };
     tally.apply_to(&mut ops)?;
     Ok(Some(ops))
+}
+
+/// Held for a person: an open or cancelled payment becomes `processing`
+/// with the reason.
+fn plan_review(p: &Payment, reason: &str, now: Timestamp) -> Option<Vec<TxOp>> {
+    if !(is_open(p.status) || p.status == PaymentStatus::Cancelled) {
+        return None;
+    }
+    Some(vec![TxOp::Update {
+        key: Payment::key(&p.id),
+        update: hold_update(p, reason, now),
+        cond: Some(not_held(holdable())),
+    }])
+}
+
+/// Still open at the provider: a `pending` payment becomes `processing`.
+fn plan_processing(p: &Payment, now: Timestamp) -> Option<Vec<TxOp>> {
+    if p.status != PaymentStatus::Pending {
+        return None;
+    }
+    Some(vec![TxOp::Update {
+        key: Payment::key(&p.id),
+        update: Update::new()
+            .set("status", "processing")
+            .set("updated_at", now.to_rfc3339()),
+        cond: Some(Cond::eq("status", "pending")),
+    }])
+}
+
+/// Paid: the payment becomes a success once (from pending, processing or
+/// cancelled), its session paid (or, already paid by another attempt, the
+/// payment flagged as a double payment), its month-cap hold counted, with
+/// its event.
+fn plan_success(
+    p: &Payment,
+    session: Option<&CheckoutSession>,
+    link: Option<&(crate::domain::links::PaymentLink, &str)>,
+    provider_ref: Option<&str>,
+    tally: &mut Tally,
+    now: Timestamp,
+) -> Result<Option<Vec<TxOp>>, StoreError> {
+    // A late success after a cancel (the session expired first) is still
+    // money taken: record it.
+    if !matches!(
+        p.status,
+        PaymentStatus::Pending | PaymentStatus::Processing | PaymentStatus::Cancelled
+    ) {
+        return Ok(None);
+    }
+    let stamp = now.to_rfc3339();
+    let mut next = p.clone();
+    next.status = PaymentStatus::Success;
+    next.failure_reason = None;
+    next.provider_ref = provider_ref
+        .map(str::to_owned)
+        .or_else(|| p.provider_ref.clone());
+    next.updated_at = now;
+    let mut update = close_payment(
+        Update::new()
+            .remove("recheck_until")
+            .set("status", "success")
+            .set("updated_at", stamp)
+            .set("failure_reason", Value::Null),
+    );
+    if let Some(r) = &next.provider_ref {
+        update = update.set("provider_ref", r.clone());
+    }
+    let ours = |s: &CheckoutSession| s.payment_id.as_deref() == Some(p.id.as_str());
+    let session_ops = match session {
+        Some(s) if s.status == SessionStatus::Success && !ours(s) => {
+            update = flag_double_payment(p, s, &mut next, update);
+            vec![TxOp::Check {
+                key: CheckoutSession::key(&s.id),
+                cond: Cond::eq("status", "success"),
+            }]
+        }
+        Some(s) if s.status != SessionStatus::Success => session_paid_ops(p, s, link, tally, now)?,
+        _ => Vec::new(),
+    };
+    let mut ops = vec![TxOp::Update {
+        key: Payment::key(&p.id),
+        update,
+        cond: Some(not_held(status_in(&[
+            PaymentStatus::Pending,
+            PaymentStatus::Processing,
+            PaymentStatus::Cancelled,
+        ]))),
+    }];
+    ops.extend(session_ops);
+    if super::provider_rules::of(p.provider, p.mode).month_cap {
+        ops.extend(fonepay_cap::paid_ops(
+            &p.project_id,
+            p.attempt.reference.as_deref().unwrap_or_default(),
+            p.attempt.cap_month.as_deref(),
+            p.amount.get(),
+            now,
+        ));
+    }
+    // From pending, processing or cancelled (the condition above): a
+    // payment becomes a success once.
+    tally.payment_succeeded(p);
+    ops.extend(event_op(EventType::PaymentSucceeded, &next, now)?);
+    Ok(Some(ops))
+}
+
+/// A second attempt of a session another attempt paid succeeded: `next`
+/// and its `update` name the first (`double_payment_of`), for a refund.
+fn flag_double_payment(
+    p: &Payment,
+    s: &CheckoutSession,
+    next: &mut Payment,
+    update: Update,
+) -> Update {
+    next.double_payment_of = s.payment_id.clone();
+    tracing::error!(
+        payment = %p.id,
+        first = ?s.payment_id,
+        session = %s.id,
+        "double payment: a second attempt of one session succeeded; flagged for refund"
+    );
+    update.set("double_payment_of", json!(s.payment_id))
+}
+
+/// The session `s` becomes paid by `p` (success is final: a session
+/// becomes paid once), and its link's use a completed one.
+fn session_paid_ops(
+    p: &Payment,
+    s: &CheckoutSession,
+    link: Option<&(crate::domain::links::PaymentLink, &str)>,
+    tally: &mut Tally,
+    now: Timestamp,
+) -> Result<Vec<TxOp>, StoreError> {
+    tally.session_paid(s);
+    tally.session_moved(s, s.status, SessionStatus::Success);
+    let mut ops = vec![TxOp::Update {
+        key: CheckoutSession::key(&s.id),
+        update: Update::new()
+            .set("status", "success")
+            .set("payment_id", p.id.clone())
+            .set("provider", p.provider.as_str())
+            .set("updated_at", now.to_rfc3339())
+            .unindex(Index::Gsi2),
+        // As read: a session that moved meanwhile (expired, failed: its
+        // link use given back) is re-read.
+        cond: Some(Cond::eq("status", s.status.as_str())),
+    }];
+    if let Some((l, base)) = link {
+        ops.extend(link_paid_ops(p, s, l, base, now)?);
+    }
+    Ok(ops)
+}
+
+/// The link's use becomes a completed one, once (only the session's move
+/// to paid counts it), with its `payment_link.paid` event.
+fn link_paid_ops(
+    p: &Payment,
+    s: &CheckoutSession,
+    l: &crate::domain::links::PaymentLink,
+    base: &str,
+    now: Timestamp,
+) -> Result<Vec<TxOp>, StoreError> {
+    let mut update = Update::new()
+        .add("used_count", 1)
+        .set("updated_at", now.to_rfc3339());
+    if s.status.is_final() || !s.link_claimed {
+        // Its hold was given back (expired first).
+        update = update.add(keys::LINK_CLAIMED, 1);
+    }
+    let mut ops = vec![TxOp::Update {
+        key: crate::domain::links::PaymentLink::key(&l.id),
+        update,
+        cond: Some(Cond::Exists),
+    }];
+    let mut after = l.clone();
+    after.used_count += 1;
+    after.updated_at = now;
+    let view = serde_json::to_value(crate::domain::links::PaymentLinkView::of(
+        after, base, false,
+    ))
+    .map_err(|e| StoreError::Invalid(e.to_string()))?;
+    ops.extend(
+        Event::new(EventType::PaymentLinkPaid, &p.project_id, p.mode, view, now)
+            .about_payment(&p.id)
+            .put_ops()?,
+    );
+    Ok(ops)
+}
+
+/// Declined, cancelled or never started: an open payment becomes `failed`
+/// (closed) or `cancelled` (re-checked for a day), its session moved on,
+/// with its event.
+fn plan_closing(
+    p: &Payment,
+    session: Option<&CheckoutSession>,
+    decision: &Decision,
+    reason: &str,
+    tally: &mut Tally,
+    now: Timestamp,
+) -> Result<Option<Vec<TxOp>>, StoreError> {
+    if !is_open(p.status) {
+        return Ok(None);
+    }
+    let failed = matches!(decision, Decision::Failed(_) | Decision::NotStarted(_));
+    // A decline ends the session; a cancel, or an attempt that never
+    // reached the provider, sends the customer back to the picker while
+    // the session has time left.
+    let ends_session = matches!(decision, Decision::Failed(_));
+    let mut next = p.clone();
+    next.status = if failed {
+        PaymentStatus::Failed
+    } else {
+        PaymentStatus::Cancelled
+    };
+    next.failure_reason = Some(reason.to_owned());
+    next.updated_at = now;
+    let update = Update::new()
+        .set("status", status_word(next.status))
+        .set("failure_reason", reason.to_owned())
+        .set("updated_at", now.to_rfc3339());
+    let update = if failed {
+        close_payment(update)
+    } else {
+        // A cancelled attempt may still be paid at the provider: the
+        // reconciler keeps asking for a day, from the project's re-check
+        // partition (out of the open payments).
+        recheck(update, p, now)
+    };
+    let mut ops = vec![TxOp::Update {
+        key: Payment::key(&p.id),
+        update,
+        cond: Some(not_held(status_in(&[
+            PaymentStatus::Pending,
+            PaymentStatus::Processing,
+        ]))),
+    }];
+    let ours = |s: &&CheckoutSession| {
+        s.payment_id.as_deref() == Some(p.id.as_str()) && s.status == SessionStatus::Initiated
+    };
+    if let Some(s) = session.filter(ours) {
+        ops.extend(session_after_attempt_ops(p, s, ends_session, tally, now));
+    }
+    let kind = if failed {
+        // From pending or processing: failed is final, counted once. A
+        // cancel counts in no outcome (it may still succeed).
+        tally.payment_failed(p);
+        EventType::PaymentFailed
+    } else {
+        EventType::PaymentCancelled
+    };
+    ops.extend(event_op(kind, &next, now)?);
+    Ok(Some(ops))
+}
+
+/// The initiated session `s` after its attempt `p` closed: `failed` when
+/// the attempt ends it, else back to the picker while it has time left;
+/// the link's use it held given back.
+fn session_after_attempt_ops(
+    p: &Payment,
+    s: &CheckoutSession,
+    ends_session: bool,
+    tally: &mut Tally,
+    now: Timestamp,
+) -> Vec<TxOp> {
+    let stamp = now.to_rfc3339();
+    let back_to_picker = !ends_session && s.expires_at > now;
+    let mut session_update = if ends_session {
+        Update::new()
+            .set("status", "failed")
+            .set("updated_at", stamp)
+            .unindex(Index::Gsi2)
+    } else if back_to_picker {
+        Update::new()
+            .set("status", "pending")
+            .set("updated_at", stamp)
+    } else {
+        Update::new()
+    };
+    // The attempt held one of its link's uses: given back as it fails or
+    // is cancelled (the next attempt takes one again).
+    let release = s.link_claimed && !session_update.set.is_empty();
+    if release {
+        session_update = session_update.set("link_claimed", false);
+    }
+    if session_update.set.is_empty() {
+        return Vec::new();
+    }
+    let to = if ends_session {
+        SessionStatus::Failed
+    } else {
+        SessionStatus::Pending
+    };
+    tally.session_moved(s, SessionStatus::Initiated, to);
+    let mut ops = vec![TxOp::Update {
+        key: CheckoutSession::key(&s.id),
+        update: session_update,
+        cond: Some(Cond::And(vec![
+            Cond::eq("payment_id", p.id.clone()),
+            Cond::eq("status", "initiated"),
+        ])),
+    }];
+    if release {
+        if let Some(id) = &s.link_id {
+            ops.push(crate::domain::checkout::release_link_use(id));
+        }
+    }
+    ops
 }
 
 /// For the QR page's polling: asks the provider about the session's

@@ -84,6 +84,51 @@ pub async fn start_for(
     now: Timestamp,
 ) -> Result<Started, AttemptError> {
     let store = &*state.store;
+    check_open(&session, &choice)?;
+    let provider = chosen_provider(&session, &choice)?;
+    check_offered(store, &session, provider).await?;
+    let address = customer_address(&session, choice.address.as_ref())?;
+    let creds = crate::domain::credentials::for_provider(
+        store,
+        &state.providers,
+        &session.project_id,
+        session.mode,
+        provider,
+    )
+    .await?;
+    let client = state.providers.client(session.mode, provider)?;
+    check_storefront(store, &session.project_id).await?;
+    let claim = link_use_to_claim(store, &session, now).await?;
+
+    let rules = super::provider_rules::of(provider, session.mode);
+    let reference = providers::new_reference();
+    let cap_month = if rules.month_cap {
+        Some(hold_month_cap(store, &session, &reference, now).await?)
+    } else {
+        None
+    };
+    let qr = rules.pays_by_qr && !choice.fonepay_web;
+    let payment = pending_payment(&session, provider, &reference, cap_month, qr, now);
+    record_start(
+        store,
+        &session,
+        &payment,
+        address.as_ref(),
+        claim.as_ref(),
+        now,
+    )
+    .await?;
+
+    let attempt = provider_attempt(&session, &payment, &reference, public_base);
+    match client.initiate(&creds, &attempt).await {
+        Ok(handoff) => handed_off(state, session, payment, handoff, address, now).await,
+        Err(err) => not_started(state, &payment, err, now).await,
+    }
+}
+
+/// Refuses a start on a session that takes no more attempts: closed, out
+/// of attempts, or (from our page) one without a shop page.
+fn check_open(session: &CheckoutSession, choice: &PayChoice) -> Result<(), AttemptError> {
     if choice.from_page && !session.flow.has_shop() {
         return Err(AttemptError::NotFound);
     }
@@ -95,6 +140,15 @@ pub async fn start_for(
             "this checkout has had {MAX_ATTEMPTS} payment attempts; please return to the shop and start again"
         )));
     }
+    Ok(())
+}
+
+/// The provider the customer pays with: the one chosen, else the one the
+/// merchant set.
+fn chosen_provider(
+    session: &CheckoutSession,
+    choice: &PayChoice,
+) -> Result<Provider, AttemptError> {
     let provider = choice
         .provider
         .or(session.provider)
@@ -114,6 +168,16 @@ pub async fn start_for(
                 .unwrap_or("one provider")
         )));
     }
+    Ok(provider)
+}
+
+/// Refuses a provider the shop does not offer, or one that does not take
+/// the session's amount.
+async fn check_offered(
+    store: &dyn Store,
+    session: &CheckoutSession,
+    provider: Provider,
+) -> Result<(), AttemptError> {
     let offered = checkout::providers(store, &session.project_id, session.mode).await?;
     if !offered.iter().any(|p| p.provider == provider && p.enabled) {
         return Err(AttemptError::NotOffered(format!(
@@ -127,16 +191,27 @@ pub async fn start_for(
             other => AttemptError::NotOffered(other.to_string()),
         },
     )?;
-    let address = match (&choice.address, session.collect_address) {
+    Ok(())
+}
+
+/// The address the attempt goes with, when the session collects one: the
+/// one sent, else the one kept; once an attempt has started, the kept one
+/// only.
+fn customer_address(
+    session: &CheckoutSession,
+    sent: Option<&StoredAddress>,
+) -> Result<Option<StoredAddress>, AttemptError> {
+    let kept = || match &session.customer_address {
+        Some(k) => check_address(k).map(Some),
+        None => Ok(None),
+    };
+    match (sent, session.collect_address) {
         // Once an attempt has started, the customer's details are frozen:
         // the provider, the merchant's webhook and the payment were told
         // them (the form may send them again unchanged).
         (Some(a), true) if session.payment_id.is_some() => {
             let sent = check_address(a)?;
-            let kept = match &session.customer_address {
-                Some(k) => Some(check_address(k)?),
-                None => None,
-            };
+            let kept = kept()?;
             if kept.as_ref() != Some(&sent) {
                 return Err(AttemptError::Invalid {
                     field: "address",
@@ -146,77 +221,87 @@ pub async fn start_for(
                         .into(),
                 });
             }
-            kept
+            Ok(kept)
         }
-        (Some(a), true) => Some(check_address(a)?),
-        (None, true) => match &session.customer_address {
-            Some(a) => Some(check_address(a)?),
-            None => {
-                return Err(AttemptError::Invalid {
-                    field: "line1",
-                    message: "is required".into(),
-                });
-            }
+        (Some(a), true) => Ok(Some(check_address(a)?)),
+        (None, true) => match kept()? {
+            Some(a) => Ok(Some(a)),
+            None => Err(AttemptError::Invalid {
+                field: "line1",
+                message: "is required".into(),
+            }),
         },
-        (_, false) => None,
-    };
-    let creds = crate::domain::credentials::for_provider(
-        store,
-        &state.providers,
-        &session.project_id,
-        session.mode,
-        provider,
-    )
-    .await?;
-    let client = state.providers.client(session.mode, provider)?;
-    if !account::storefront(store, &session.project_id).await?.1 {
+        (_, false) => Ok(None),
+    }
+}
+
+/// Refuses a start while the merchant's shop cannot take payments.
+async fn check_storefront(store: &dyn Store, project_id: &str) -> Result<(), AttemptError> {
+    if !account::storefront(store, project_id).await?.1 {
         return Err(AttemptError::NotOffered(
             "this shop cannot take payments right now".into(),
         ));
     }
-    // A link's session takes one of the link's uses as its customer is
-    // sent to a provider (again after an attempt gave it back), in the
-    // start's transaction.
-    let claim = match (&session.link_id, session.link_claimed) {
-        (Some(link_id), false) => {
-            let link = crate::domain::links::get(store, link_id)
-                .await?
-                .ok_or_else(|| AttemptError::NotOffered(LINK_GONE.into()))?;
-            refuse_link(&link, now)?;
-            Some(link)
-        }
-        _ => None,
-    };
+    Ok(())
+}
 
-    let reference = providers::new_reference();
-    let qr = provider == Provider::Fonepay && !choice.fonepay_web;
-    let capped = provider == Provider::Fonepay && session.mode == Mode::Sandbox;
-    let cap_month = if capped {
-        match fonepay_cap::reserve(
-            store,
-            &session.project_id,
-            &reference,
-            session.amount.get(),
-            now,
-        )
-        .await
-        {
-            Ok(m) => Some(m),
-            Err(CapError::MonthExceeded { .. }) => {
-                return Err(AttemptError::FonepayCap(
-                    "Sandbox fonepay uses real money and is capped at NPR 5,000 a month \
-                     (succeeded payments plus QRs minted in the last 30 minutes); \
-                     this payment would pass it"
-                        .into(),
-                ));
-            }
-            Err(CapError::Store(e)) => return Err(e.into()),
-        }
-    } else {
-        None
+/// The link whose use the start takes: a link's session takes one of the
+/// link's uses as its customer is sent to a provider (again after an
+/// attempt gave it back), in the start's transaction.
+async fn link_use_to_claim(
+    store: &dyn Store,
+    session: &CheckoutSession,
+    now: Timestamp,
+) -> Result<Option<crate::domain::links::PaymentLink>, AttemptError> {
+    let (Some(link_id), false) = (&session.link_id, session.link_claimed) else {
+        return Ok(None);
     };
+    let link = crate::domain::links::get(store, link_id)
+        .await?
+        .ok_or_else(|| AttemptError::NotOffered(LINK_GONE.into()))?;
+    refuse_link(&link, now)?;
+    Ok(Some(link))
+}
 
-    let payment = Payment {
+/// Holds the session's amount against the month's cap (sandbox Fonepay:
+/// real money); answers the month held in.
+async fn hold_month_cap(
+    store: &dyn Store,
+    session: &CheckoutSession,
+    reference: &str,
+    now: Timestamp,
+) -> Result<String, AttemptError> {
+    let held = fonepay_cap::reserve(
+        store,
+        &session.project_id,
+        reference,
+        session.amount.get(),
+        now,
+    )
+    .await;
+    match held {
+        Ok(m) => Ok(m),
+        Err(CapError::MonthExceeded { .. }) => Err(AttemptError::FonepayCap(
+            "Sandbox fonepay uses real money and is capped at NPR 5,000 a month \
+             (succeeded payments plus QRs minted in the last 30 minutes); \
+             this payment would pass it"
+                .into(),
+        )),
+        Err(CapError::Store(e)) => Err(e.into()),
+    }
+}
+
+/// The attempt's payment as the start creates it: `pending`, the
+/// session's amount and customer.
+fn pending_payment(
+    session: &CheckoutSession,
+    provider: Provider,
+    reference: &str,
+    cap_month: Option<String>,
+    qr: bool,
+    now: Timestamp,
+) -> Payment {
+    Payment {
         id: ids::new_id(IdKind::Payment),
         project_id: session.project_id.clone(),
         checkout_session_id: session.id.clone(),
@@ -237,59 +322,42 @@ pub async fn start_for(
         double_payment_of: None,
         scanned_at: None,
         attempt: AttemptInfo {
-            reference: Some(reference.clone()),
+            reference: Some(reference.to_owned()),
             provider_token: None,
             qr_message: None,
-            cap_month: cap_month.clone(),
+            cap_month,
             qr,
             websocket_url: None,
         },
         checks: Default::default(),
-    };
-    let mut session_update = Update::new()
-        .add("attempts", 1)
-        .set("status", SessionStatus::Initiated.as_str())
-        .set("payment_id", payment.id.clone())
-        .set("provider", provider.as_str())
-        .set("updated_at", now.to_rfc3339());
-    if claim.is_some() {
-        session_update = session_update.set("link_claimed", true);
     }
-    if let Some(a) = &address {
-        session_update = session_update.set(
-            "customer_address",
-            serde_json::to_value(a).map_err(|e| StoreError::Invalid(e.to_string()))?,
-        );
-    }
-    let current = match &session.payment_id {
-        Some(p) => Cond::eq("payment_id", p.clone()),
-        // Stored as null or missing: "not a string" covers both on both
-        // backends (a comparison across types is false).
-        None => Cond::Not(Box::new(Cond::ge("payment_id", ""))),
-    };
+}
+
+/// The start's one transaction: the payment created, the session moved to
+/// `initiated` as read, the attempt it supersedes cancelled, the link's
+/// use taken and the day's counters. A refusal gives the cap hold back.
+async fn record_start(
+    store: &dyn Store,
+    session: &CheckoutSession,
+    payment: &Payment,
+    address: Option<&StoredAddress>,
+    claim: Option<&crate::domain::links::PaymentLink>,
+    now: Timestamp,
+) -> Result<(), AttemptError> {
+    let session_update = started_session_update(payment, address, claim.is_some(), now)?;
     let mut ops = vec![
         TxOp::Put {
             item: to_item(
-                &payment,
+                payment,
                 &Payment::key(&payment.id),
-                &payment_indexes(&payment),
+                &payment_indexes(payment),
             )?,
             cond: Some(Cond::NotExists),
         },
         TxOp::Update {
             key: CheckoutSession::key(&session.id),
             update: session_update,
-            cond: Some(Cond::And(vec![
-                Cond::Exists,
-                // As read: the counters move from this status.
-                Cond::eq("status", session.status.as_str()),
-                Cond::gt("expires_at", now.to_rfc3339()),
-                Cond::Or(vec![
-                    Cond::AttrNotExists("attempts".into()),
-                    Cond::lt("attempts", i64::from(MAX_ATTEMPTS)),
-                ]),
-                current,
-            ])),
+            cond: Some(startable_as_read(session, now)),
         },
     ];
     // One open payment per session: the attempt this one supersedes is
@@ -302,36 +370,117 @@ pub async fn start_for(
             ops.extend(supersede_ops(&prev, now)?);
         }
     }
-    let claim_at = claim.as_ref().map(|link| {
+    let claim_at = claim.map(|link| {
         ops.push(crate::domain::links::claim_op(link, session.expires_at));
-        ops.len() - 1
+        (link, ops.len() - 1)
     });
-    start_tally(&session, &payment).apply_to(&mut ops)?;
+    start_tally(session, payment).apply_to(&mut ops)?;
     crate::domain::active::touch(store, &session.project_id, session.mode, now).await?;
-    if let Err(e) = transact_start(store, ops).await {
-        if let Some(m) = &cap_month {
-            release_hold(store, &session.project_id, &reference, m).await;
+    match transact_start(store, ops).await {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            release_cap_hold(store, payment).await;
+            Err(start_refused(store, claim_at, e, now).await)
         }
-        if let (Some(at), Some(link)) = (claim_at, &claim) {
-            if checkout::failed_at(&e, at) {
-                // Taken meanwhile: say why, as the link now stands.
-                let now_link = crate::domain::links::get(store, &link.id).await?;
-                let now_link =
-                    now_link.ok_or_else(|| AttemptError::NotOffered(LINK_GONE.into()))?;
-                refuse_link(&now_link, now)?;
-                return Err(AttemptError::NotOffered(crate::domain::links::held_text(1)));
-            }
-        }
-        return Err(if e.is_condition_failure() {
-            AttemptError::Busy
-        } else {
-            e.into()
-        });
     }
+}
 
-    let base = public_base;
-    let attempt = Attempt {
-        reference: reference.clone(),
+/// The session's move to `initiated` with `payment` (its link's use taken
+/// when `claims_link`, the address kept when one goes with the attempt).
+fn started_session_update(
+    payment: &Payment,
+    address: Option<&StoredAddress>,
+    claims_link: bool,
+    now: Timestamp,
+) -> Result<Update, StoreError> {
+    let mut update = Update::new()
+        .add("attempts", 1)
+        .set("status", SessionStatus::Initiated.as_str())
+        .set("payment_id", payment.id.clone())
+        .set("provider", payment.provider.as_str())
+        .set("updated_at", now.to_rfc3339());
+    if claims_link {
+        update = update.set("link_claimed", true);
+    }
+    if let Some(a) = address {
+        update = update.set(
+            "customer_address",
+            serde_json::to_value(a).map_err(|e| StoreError::Invalid(e.to_string()))?,
+        );
+    }
+    Ok(update)
+}
+
+/// The session is as read: its status (the counters move from it), still
+/// open, with attempts left and the same current payment.
+fn startable_as_read(session: &CheckoutSession, now: Timestamp) -> Cond {
+    let current = match &session.payment_id {
+        Some(p) => Cond::eq("payment_id", p.clone()),
+        // Stored as null or missing: "not a string" covers both on both
+        // backends (a comparison across types is false).
+        None => Cond::Not(Box::new(Cond::ge("payment_id", ""))),
+    };
+    Cond::And(vec![
+        Cond::Exists,
+        // As read: the counters move from this status.
+        Cond::eq("status", session.status.as_str()),
+        Cond::gt("expires_at", now.to_rfc3339()),
+        Cond::Or(vec![
+            Cond::AttrNotExists("attempts".into()),
+            Cond::lt("attempts", i64::from(MAX_ATTEMPTS)),
+        ]),
+        current,
+    ])
+}
+
+/// Why the start's transaction `e` did not land: the link's last use
+/// taken meanwhile (`claim`: the link and its operation's place), else a
+/// session that moved (busy), else the store's error.
+async fn start_refused(
+    store: &dyn Store,
+    claim: Option<(&crate::domain::links::PaymentLink, usize)>,
+    e: StoreError,
+    now: Timestamp,
+) -> AttemptError {
+    if let Some((link, at)) = claim {
+        if checkout::failed_at(&e, at) {
+            return link_taken(store, link, now).await;
+        }
+    }
+    if e.is_condition_failure() {
+        AttemptError::Busy
+    } else {
+        e.into()
+    }
+}
+
+/// A link use taken meanwhile: why, as the link now stands.
+async fn link_taken(
+    store: &dyn Store,
+    link: &crate::domain::links::PaymentLink,
+    now: Timestamp,
+) -> AttemptError {
+    let now_link = match crate::domain::links::get(store, &link.id).await {
+        Ok(Some(l)) => l,
+        Ok(None) => return AttemptError::NotOffered(LINK_GONE.into()),
+        Err(e) => return e.into(),
+    };
+    match refuse_link(&now_link, now) {
+        Err(e) => e,
+        Ok(()) => AttemptError::NotOffered(crate::domain::links::held_text(1)),
+    }
+}
+
+/// What the provider is asked to start: our reference and amount, where
+/// to send the customer back, and who pays.
+fn provider_attempt(
+    session: &CheckoutSession,
+    payment: &Payment,
+    reference: &str,
+    base: &str,
+) -> Attempt {
+    Attempt {
+        reference: reference.to_owned(),
         amount: session.amount,
         return_url: return_url(base, &session.id, &payment.id, "ok"),
         failure_url: Some(return_url(base, &session.id, &payment.id, "fail")),
@@ -345,70 +494,107 @@ pub async fn start_for(
             email: session.customer_email.clone(),
             phone: session.customer_phone.clone(),
         }),
-        channel: if qr { Channel::Qr } else { Channel::Browser },
-    };
-    match client.initiate(&creds, &attempt).await {
-        Ok(handoff) => {
-            let mut info = payment.attempt.clone();
-            match &handoff {
-                Handoff::Redirect { provider_ref, .. } => {
-                    info.provider_token = provider_ref.clone();
-                }
-                Handoff::Qr {
-                    qr_message,
-                    provider_ref,
-                    websocket_url,
-                } => {
-                    info.provider_token = provider_ref.clone();
-                    info.qr_message = Some(qr_message.clone());
-                    info.websocket_url = websocket_url.clone();
-                }
-                Handoff::AutoPostForm { .. } => {}
-            }
-            let mut payment = payment;
-            if info != payment.attempt {
-                let value =
-                    serde_json::to_value(&info).map_err(|e| StoreError::Invalid(e.to_string()))?;
-                state
-                    .store
-                    .update(
-                        &Payment::key(&payment.id),
-                        Update::new().set("attempt", value),
-                        Some(Cond::Exists),
-                    )
-                    .await?;
-                payment.attempt = info;
-            }
-            // The session as the transaction left it (no second read).
-            let mut session = session;
-            session.status = SessionStatus::Initiated;
-            session.payment_id = Some(payment.id.clone());
-            session.provider = Some(provider);
-            session.attempts += 1;
-            session.updated_at = now;
-            if address.is_some() {
-                session.customer_address = address;
-            }
-            Ok(Started {
-                session,
-                payment,
-                handoff,
-            })
+        channel: if payment.attempt.qr {
+            Channel::Qr
+        } else {
+            Channel::Browser
+        },
+    }
+}
+
+/// The provider took the attempt: what its hand-off names is kept on the
+/// payment, and the session is answered as the start's transaction left
+/// it (no second read).
+async fn handed_off(
+    state: &Deps,
+    mut session: CheckoutSession,
+    payment: Payment,
+    handoff: Handoff,
+    address: Option<StoredAddress>,
+    now: Timestamp,
+) -> Result<Started, AttemptError> {
+    let payment = record_handoff(state, payment, &handoff).await?;
+    session.status = SessionStatus::Initiated;
+    session.payment_id = Some(payment.id.clone());
+    session.provider = Some(payment.provider);
+    session.attempts += 1;
+    session.updated_at = now;
+    if address.is_some() {
+        session.customer_address = address;
+    }
+    Ok(Started {
+        session,
+        payment,
+        handoff,
+    })
+}
+
+/// Keeps on the payment what `handoff` names (the provider's token, the
+/// QR and its socket), when it names any.
+async fn record_handoff(
+    state: &Deps,
+    mut payment: Payment,
+    handoff: &Handoff,
+) -> Result<Payment, AttemptError> {
+    let mut info = payment.attempt.clone();
+    match handoff {
+        Handoff::Redirect { provider_ref, .. } => {
+            info.provider_token = provider_ref.clone();
         }
-        Err(err) => {
-            tracing::warn!(
-                payment = %payment.id,
-                provider = provider.as_str(),
-                error = %err,
-                "provider refused to start the attempt"
-            );
-            if let Some(m) = &cap_month {
-                release_hold(store, &session.project_id, &reference, m).await;
-            }
-            let reason = format!("{} could not start the payment: {err}", provider.as_str());
-            apply(state, &payment, Decision::NotStarted(reason), now).await?;
-            Err(AttemptError::Provider(err))
+        Handoff::Qr {
+            qr_message,
+            provider_ref,
+            websocket_url,
+        } => {
+            info.provider_token = provider_ref.clone();
+            info.qr_message = Some(qr_message.clone());
+            info.websocket_url = websocket_url.clone();
         }
+        Handoff::AutoPostForm { .. } => {}
+    }
+    if info != payment.attempt {
+        let value = serde_json::to_value(&info).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        state
+            .store
+            .update(
+                &Payment::key(&payment.id),
+                Update::new().set("attempt", value),
+                Some(Cond::Exists),
+            )
+            .await?;
+        payment.attempt = info;
+    }
+    Ok(payment)
+}
+
+/// The provider refused to start the attempt: its cap hold given back,
+/// the payment `failed` and the customer back at the picker.
+async fn not_started(
+    state: &Deps,
+    payment: &Payment,
+    err: ProviderError,
+    now: Timestamp,
+) -> Result<Started, AttemptError> {
+    tracing::warn!(
+        payment = %payment.id,
+        provider = payment.provider.as_str(),
+        error = %err,
+        "provider refused to start the attempt"
+    );
+    release_cap_hold(&*state.store, payment).await;
+    let reason = format!(
+        "{} could not start the payment: {err}",
+        payment.provider.as_str()
+    );
+    apply(state, payment, Decision::NotStarted(reason), now).await?;
+    Err(AttemptError::Provider(err))
+}
+
+/// Gives back the month-cap hold `payment`'s start took, if it took one.
+async fn release_cap_hold(store: &dyn Store, payment: &Payment) {
+    if let (Some(month), Some(reference)) = (&payment.attempt.cap_month, &payment.attempt.reference)
+    {
+        release_hold(store, &payment.project_id, reference, month).await;
     }
 }
 
