@@ -882,19 +882,18 @@ async fn refund(
             .map(|n| format!(": {}", n.as_str()))
             .unwrap_or_default()
     );
-    let made = refunds::create_via(
-        &state,
-        &signed.session.project_id,
-        signed.session.mode,
-        req,
+    let request = refunds::RefundRequest {
+        project_id: &signed.session.project_id,
+        mode: signed.session.mode,
+        body: req,
+        channel: refunds::Channel::Dashboard,
         now,
-        Some(&fence),
-        refunds::Channel::Dashboard,
-        |r| {
-            let entry = dashboard::audit_entry(&actor, now, "refund.create", &r.id, &detail);
-            Ok(vec![dashboard::audit_op(&entry)?])
-        },
-    )
+        fence: Some(&fence),
+    };
+    let made = refunds::create_via(&state, request, |r| {
+        let entry = dashboard::audit_entry(&actor, now, "refund.create", &r.id, &detail);
+        Ok(vec![dashboard::audit_op(&entry)?])
+    })
     .await;
     match made {
         Ok(r) => Ok(see_other(&format!(

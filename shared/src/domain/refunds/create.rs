@@ -144,17 +144,15 @@ pub async fn create(
     now: Timestamp,
     fence: Option<&Fence>,
 ) -> Result<Refund, RefundError> {
-    create_via(
-        state,
+    let request = RefundRequest {
         project_id,
         mode,
-        req,
+        body: req,
+        channel: Channel::Api,
         now,
         fence,
-        Channel::Api,
-        |_| Ok(Vec::new()),
-    )
-    .await
+    };
+    create_via(state, request, |_| Ok(Vec::new())).await
 }
 
 /// Where a refund is asked for. The contract refuses a Fonepay refund
@@ -167,19 +165,35 @@ pub enum Channel {
     Dashboard,
 }
 
-/// [`create`] from `channel`, with `extra` operations (an audit entry)
-/// written in the refund's own transaction.
-#[allow(clippy::too_many_arguments)]
+/// A refund asked for: by the project and mode of the key (or dashboard
+/// session) that asks, what it sent, from where, when, and the request's
+/// idempotency fence (a retry whose first run committed answers that
+/// run's refund).
+#[derive(Clone, Debug)]
+pub struct RefundRequest<'a> {
+    pub project_id: &'a str,
+    pub mode: Mode,
+    pub body: CreateRefund,
+    pub channel: Channel,
+    pub now: Timestamp,
+    pub fence: Option<&'a Fence>,
+}
+
+/// [`create`] from the request's channel, with `extra` operations (an
+/// audit entry) written in the refund's own transaction.
 pub async fn create_via(
     state: &Deps,
-    project_id: &str,
-    mode: Mode,
-    req: CreateRefund,
-    now: Timestamp,
-    fence: Option<&Fence>,
-    channel: Channel,
+    request: RefundRequest<'_>,
     extra: impl FnOnce(&Refund) -> Result<Vec<TxOp>, StoreError>,
 ) -> Result<Refund, RefundError> {
+    let RefundRequest {
+        project_id,
+        mode,
+        body: req,
+        channel,
+        now,
+        fence,
+    } = request;
     validate(&req)?;
     let store = &*state.store;
     let Some((payment, reserved)) = payment_with_reserved(store, &req.payment_id).await? else {
@@ -188,43 +202,95 @@ pub async fn create_via(
     if payment.project_id != project_id || payment.mode != mode {
         return Err(RefundError::PaymentNotFound);
     }
-    if payment.provider == Provider::Fonepay && channel == Channel::Dashboard {
-        let full = payment.amount.get();
-        if payment.status == PaymentStatus::Success && (req.amount != full || reserved != 0) {
-            if let Some(r) = first_run(store, fence).await? {
-                return Ok(r);
-            }
-            return Err(invalid(
+    match refused(&payment, reserved, req.amount, channel) {
+        None => {}
+        Some(Refused::Outright(e)) => return Err(e),
+        // A retry whose first run committed (and took the balance) gets
+        // that run's refund; only a refusal pays for the fence read.
+        Some(Refused::UnlessRetried(e)) => {
+            return first_run(store, fence).await?.ok_or(e);
+        }
+    }
+    let amount = Paisa::new(req.amount).map_err(|e| invalid("amount", e.to_string()))?;
+    let refund = new_refund(project_id, mode, &payment, amount, req, now);
+    let mut ops = reservation_ops(&payment, &refund)?;
+    ops.extend(extra(&refund)?);
+    let fence_at = fence.map(|f| {
+        ops.push(f.op(&refund.id));
+        (f, ops.len() - 1)
+    });
+    if let Some(first) =
+        write_refund(store, ops, fence_at, &payment.id, refund.amount.get()).await?
+    {
+        return Ok(first);
+    }
+    if refund.status != RefundStatus::Processing {
+        return Ok(refund);
+    }
+    Ok(call_khalti(state, &payment, refund, now).await?)
+}
+
+/// Why a refund is refused before anything is written.
+#[derive(Debug)]
+enum Refused {
+    /// Whatever ran before.
+    Outright(RefundError),
+    /// Unless this request's first run committed: then its refund answers.
+    UnlessRetried(RefundError),
+}
+
+/// Why `payment` (with `reserved` already held) takes no refund of
+/// `amount` from `channel`, if it does not: its provider's rule first,
+/// then the balance.
+fn refused(payment: &Payment, reserved: i64, amount: i64, channel: Channel) -> Option<Refused> {
+    if let Some(r) = provider_refuses(payment, reserved, amount, channel) {
+        return Some(r);
+    }
+    let remaining = payment.amount.get() - reserved;
+    if payment.status != PaymentStatus::Success {
+        return Some(Refused::UnlessRetried(not_refundable(payment)));
+    }
+    (amount > remaining).then_some(Refused::UnlessRetried(RefundError::ExceedsBalance {
+        amount,
+        remaining,
+    }))
+}
+
+/// The providers' own refund rules: Fonepay has no refund API, so its
+/// refunds are issued from the dashboard only, of the whole (untouched)
+/// amount; eSewa and Khalti take any part of the balance from anywhere.
+fn provider_refuses(
+    payment: &Payment,
+    reserved: i64,
+    amount: i64,
+    channel: Channel,
+) -> Option<Refused> {
+    match (payment.provider, channel) {
+        (Provider::Fonepay, Channel::Api) => Some(Refused::Outright(RefundError::NotSupported(
+            "Fonepay has no refund API: refund the full amount from the Fonepay merchant dashboard"
+                .into(),
+        ))),
+        (Provider::Fonepay, Channel::Dashboard)
+            if payment.status == PaymentStatus::Success
+                && (amount != payment.amount.get() || reserved != 0) =>
+        {
+            Some(Refused::UnlessRetried(invalid(
                 "amount",
                 format!(
                     "Fonepay refunds are of the full amount only: {}",
                     payment.amount.display_npr()
                 ),
-            ));
+            )))
         }
-    } else if payment.provider == Provider::Fonepay {
-        return Err(RefundError::NotSupported(
-            "Fonepay has no refund API: refund the full amount from the Fonepay merchant dashboard"
-                .into(),
-        ));
+        _ => None,
     }
-    let remaining = payment.amount.get() - reserved;
-    if payment.status != PaymentStatus::Success || req.amount > remaining {
-        // A retry whose first run committed (and took the balance) gets
-        // that run's refund; only a refusal pays for the fence read.
-        if let Some(r) = first_run(store, fence).await? {
-            return Ok(r);
-        }
-        if payment.status != PaymentStatus::Success {
-            return Err(not_refundable(&payment));
-        }
-        return Err(RefundError::ExceedsBalance {
-            amount: req.amount,
-            remaining,
-        });
-    }
-    let amount = Paisa::new(req.amount).map_err(|e| invalid("amount", e.to_string()))?;
-    let (status, failure_reason) = match payment.provider {
+}
+
+/// How `payment`'s provider refunds `amount`: Khalti by its API
+/// (`processing` until it answers); eSewa and Fonepay by the merchant in
+/// their portal (`requires_action`, with what to refund where).
+fn provider_route(payment: &Payment, amount: Paisa) -> (RefundStatus, Option<String>) {
+    match payment.provider {
         Provider::Esewa => (
             RefundStatus::RequiresAction,
             Some(format!(
@@ -246,8 +312,20 @@ pub async fn create_via(
             )),
         ),
         Provider::Khalti => (RefundStatus::Processing, None),
-    };
-    let refund = Refund {
+    }
+}
+
+/// The refund of `amount` of `payment` as it is created.
+fn new_refund(
+    project_id: &str,
+    mode: Mode,
+    payment: &Payment,
+    amount: Paisa,
+    req: CreateRefund,
+    now: Timestamp,
+) -> Refund {
+    let (status, failure_reason) = provider_route(payment, amount);
+    Refund {
         id: ids::new_id(IdKind::Refund),
         project_id: project_id.to_owned(),
         payment_id: payment.id.clone(),
@@ -266,12 +344,19 @@ pub async fn create_via(
         mobile_number: req.mobile_number.map(String::from),
         created_at: now,
         updated_at: now,
-    };
-    let room = payment.amount.get() - req.amount;
+    }
+}
+
+/// The refund's amount reserved on the payment (still `success`, the
+/// reservations within its amount), the refund stored, and an open one
+/// queued for the sweep.
+fn reservation_ops(payment: &Payment, refund: &Refund) -> Result<Vec<TxOp>, StoreError> {
+    let amount = refund.amount.get();
+    let room = payment.amount.get() - amount;
     let mut ops = vec![
         TxOp::Update {
             key: Payment::key(&payment.id),
-            update: Update::new().add(RESERVED, req.amount),
+            update: Update::new().add(RESERVED, amount),
             cond: Some(Cond::And(vec![
                 Cond::eq("status", "success"),
                 Cond::Or(vec![
@@ -281,55 +366,55 @@ pub async fn create_via(
             ])),
         },
         TxOp::Put {
-            item: to_item(&refund, &Refund::key(&refund.id), &refund.indexes())?,
+            item: to_item(refund, &Refund::key(&refund.id), &refund.indexes())?,
             cond: Some(Cond::NotExists),
         },
     ];
     if refund.status == RefundStatus::Processing {
         ops.push(TxOp::Put {
-            item: marker_item(&refund)?,
+            item: marker_item(refund)?,
             cond: None,
         });
     }
-    ops.extend(extra(&refund)?);
-    let fence_at = fence.map(|f| {
-        ops.push(f.op(&refund.id));
-        ops.len() - 1
-    });
+    Ok(ops)
+}
+
+/// Writes the refund's transaction `ops` (its reservation first), again
+/// on a conflict. `Some`: the first run's refund, when this request's
+/// fence (`fence_at`: the fence and its operation's place) shows it ran.
+async fn write_refund(
+    store: &dyn Store,
+    ops: Vec<TxOp>,
+    fence_at: Option<(&Fence, usize)>,
+    payment_id: &str,
+    amount: i64,
+) -> Result<Option<Refund>, RefundError> {
     let mut tries = 0;
     loop {
         tries += 1;
-        match store.transact(ops.clone()).await {
-            Ok(()) => break,
-            Err(e) => {
-                if let (Some(f), Some(i)) = (fence, fence_at) {
-                    if Fence::tripped(&e, i) {
-                        return first_run(store, Some(f)).await?.ok_or_else(|| {
-                            StoreError::Backend("the fenced refund is missing".into()).into()
-                        });
-                    }
-                }
-                match &e {
-                    StoreError::TransactionCanceled { reasons } => {
-                        if matches!(reasons.first(), Some(TxReason::ConditionFailed)) {
-                            return Err(balance_error(store, &payment.id, req.amount).await);
-                        }
-                        if reasons.contains(&TxReason::Conflict) && tries < TRIES {
-                            let pause = 10 * tries as u64 + rand::random::<u64>() % 20;
-                            tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
-                            continue;
-                        }
-                        return Err(e.into());
-                    }
-                    _ => return Err(e.into()),
-                }
+        let Err(e) = store.transact(ops.clone()).await else {
+            return Ok(None);
+        };
+        if let Some((f, i)) = fence_at {
+            if Fence::tripped(&e, i) {
+                return match first_run(store, Some(f)).await? {
+                    Some(first) => Ok(Some(first)),
+                    None => Err(StoreError::Backend("the fenced refund is missing".into()).into()),
+                };
             }
         }
+        let StoreError::TransactionCanceled { reasons } = &e else {
+            return Err(e.into());
+        };
+        if matches!(reasons.first(), Some(TxReason::ConditionFailed)) {
+            return Err(balance_error(store, payment_id, amount).await);
+        }
+        if !(reasons.contains(&TxReason::Conflict) && tries < TRIES) {
+            return Err(e.into());
+        }
+        let pause = 10 * tries as u64 + rand::random::<u64>() % 20;
+        tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
     }
-    if refund.status != RefundStatus::Processing {
-        return Ok(refund);
-    }
-    Ok(call_khalti(state, &payment, refund, now).await?)
 }
 
 /// The refund the first run of this request created, if it committed.

@@ -411,21 +411,20 @@ async fn the_dashboard_records_a_full_fonepay_refund_once_with_its_extra_ops() {
         let st = st.clone();
         let req = ask(&f, amount);
         async move {
-            create_via(
-                &st,
-                "proj_1",
-                Mode::Sandbox,
-                req,
+            let request = RefundRequest {
+                project_id: "proj_1",
+                mode: Mode::Sandbox,
+                body: req,
+                channel: Channel::Dashboard,
                 now,
-                fence.as_ref(),
-                Channel::Dashboard,
-                |r| {
-                    let mut item = crate::store::Item::new();
-                    item.insert("pk".into(), format!("EXTRA#{}", r.id).into());
-                    item.insert("sk".into(), "EXTRA".into());
-                    Ok(vec![TxOp::Put { item, cond: None }])
-                },
-            )
+                fence: fence.as_ref(),
+            };
+            create_via(&st, request, |r| {
+                let mut item = crate::store::Item::new();
+                item.insert("pk".into(), format!("EXTRA#{}", r.id).into());
+                item.insert("sk".into(), "EXTRA".into());
+                Ok(vec![TxOp::Put { item, cond: None }])
+            })
             .await
         }
     };
