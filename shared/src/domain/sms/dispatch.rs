@@ -221,7 +221,6 @@ pub(super) async fn dispatch(
     if r.mode != Mode::Live {
         return Ok(DispatchOutcome::Skipped);
     }
-    let key = SmsReminder::key(sms_id);
     match r.status {
         SmsStatus::Queued => {}
         SmsStatus::Sending => {
@@ -235,13 +234,31 @@ pub(super) async fn dispatch(
         }
         _ => return Ok(DispatchOutcome::Skipped),
     }
+    let Some(claim_id) = claim(store, &r, lease, now_ms).await? else {
+        return Ok(DispatchOutcome::Skipped);
+    };
+    if let Some(ended) = cancel_when_not_payable(state, &r, &claim_id).await? {
+        return Ok(ended);
+    }
+    send_and_record(state, client, &r, &claim_id).await
+}
+
+/// Claims the queued reminder `r` for `lease` from `now_ms` (`queued` →
+/// `sending`); answers the claim's id, or `None` when another worker
+/// claimed or ended it first.
+pub(super) async fn claim(
+    store: &dyn Store,
+    r: &SmsReminder,
+    lease: Duration,
+    now_ms: i64,
+) -> Result<Option<String>, DispatchError> {
     let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
     let lease_until = now_ms + lease_ms;
     // Names this claim alone: two workers may compute the same lease.
     let claim_id = ulid::Ulid::new().to_string();
-    let claim = store
+    let claimed = store
         .update(
-            &key,
+            &SmsReminder::key(&r.id),
             Update::new()
                 .set("status", SmsStatus::Sending.as_str())
                 .set("lease_until_ms", lease_until)
@@ -252,51 +269,114 @@ pub(super) async fn dispatch(
             ])),
         )
         .await;
-    match claim {
-        Ok(_) => {}
-        Err(e) if e.is_condition_failure() => return Ok(DispatchOutcome::Skipped),
+    match claimed {
+        Ok(_) => Ok(Some(claim_id)),
+        Err(e) if e.is_condition_failure() => Ok(None),
         Err(e) => {
             // The claim may have landed: give it back, nothing was sent.
-            unclaim(store, sms_id, &claim_id).await;
-            return Err(e.into());
+            unclaim(store, &r.id, &claim_id).await;
+            Err(e.into())
         }
     }
-    // Paid (or expired) since it was queued: nothing to remind.
-    let payable = match still_payable(store, &r, state.clock.now()).await {
+}
+
+/// Paid (or expired) since it was queued: nothing to remind. Ends the
+/// claimed reminder `cancelled`, nothing sent, and answers what that did;
+/// `None` while its session can still be paid. A store error gives the
+/// claim back.
+pub(super) async fn cancel_when_not_payable(
+    state: &Deps,
+    r: &SmsReminder,
+    claim_id: &str,
+) -> Result<Option<DispatchOutcome>, DispatchError> {
+    let store = &*state.store;
+    let payable = match still_payable(store, r, state.clock.now()).await {
         Ok(p) => p,
         Err(e) => {
-            unclaim(store, sms_id, &claim_id).await;
+            unclaim(store, &r.id, claim_id).await;
             return Err(e.into());
         }
     };
-    if let Some(why) = payable {
-        let now = state.clock.now();
-        let ended = finish(
-            store,
-            &r,
-            &claim_id,
-            SmsStatus::Cancelled,
-            r.attempts,
-            Some(&why),
-            now,
-        )
-        .await;
-        let ended = match ended {
-            Ok(ended) => ended,
-            Err(e) => {
-                unclaim(store, sms_id, &claim_id).await;
-                return Err(e.into());
-            }
-        };
-        if ended {
-            tracing::info!(sms_id, reason = %why, "SMS reminder cancelled, not sent");
-            return Ok(DispatchOutcome::Cancelled);
+    let Some(why) = payable else {
+        return Ok(None);
+    };
+    let now = state.clock.now();
+    let ended = finish(
+        store,
+        r,
+        claim_id,
+        SmsStatus::Cancelled,
+        r.attempts,
+        Some(&why),
+        now,
+    )
+    .await;
+    let ended = match ended {
+        Ok(ended) => ended,
+        Err(e) => {
+            unclaim(store, &r.id, claim_id).await;
+            return Err(e.into());
         }
-        return Ok(DispatchOutcome::Skipped);
+    };
+    if ended {
+        tracing::info!(sms_id = %r.id, reason = %why, "SMS reminder cancelled, not sent");
+        return Ok(Some(DispatchOutcome::Cancelled));
     }
+    Ok(Some(DispatchOutcome::Skipped))
+}
+
+/// Sends the claimed reminder `r` once and ends its claim with the
+/// outcome.
+pub(super) async fn send_and_record(
+    state: &Deps,
+    client: &SmsClient,
+    r: &SmsReminder,
+    claim_id: &str,
+) -> Result<DispatchOutcome, DispatchError> {
+    let sms_id = r.id.as_str();
     let sent = client.send(&r.to, &r.text).await;
     let attempts = r.attempts + 1;
-    let (status, error, outcome) = match sent {
+    let (status, error, outcome) = send_outcome(sent, attempts);
+    let now = state.clock.now();
+    // A store error here leaves the reminder `sending`: after the lease it
+    // ends `unknown`, never sent twice.
+    if !finish(
+        &*state.store,
+        r,
+        claim_id,
+        status,
+        attempts,
+        error.as_deref(),
+        now,
+    )
+    .await?
+    {
+        // Our lease ran out and another worker ended it.
+        return Ok(DispatchOutcome::Skipped);
+    }
+    match &outcome {
+        Ok(DispatchOutcome::Sent) => tracing::info!(sms_id, attempts, "SMS reminder sent"),
+        Ok(_) => {
+            tracing::warn!(sms_id, attempts, status = status.as_str(), error = ?error, "SMS reminder not sent")
+        }
+        Err(_) => {
+            tracing::warn!(sms_id, attempts, error = ?error, "SMS send failed; it will be retried")
+        }
+    }
+    outcome
+}
+
+/// What the `attempts`-th send's result makes of the reminder: its
+/// status, the error it records, and what the message handling answers.
+pub(super) fn send_outcome(
+    sent: Result<(), SmsSendError>,
+    attempts: u32,
+) -> (
+    SmsStatus,
+    Option<String>,
+    Result<DispatchOutcome, DispatchError>,
+) {
+    match sent {
         Ok(()) => (SmsStatus::Sent, None, Ok(DispatchOutcome::Sent)),
         Err(e @ SmsSendError::Rejected { .. }) => (
             SmsStatus::Failed,
@@ -320,34 +400,7 @@ pub(super) async fn dispatch(
             Some(why.clone()),
             Err(DispatchError::Transient(why)),
         ),
-    };
-    let now = state.clock.now();
-    // A store error here leaves the reminder `sending`: after the lease it
-    // ends `unknown`, never sent twice.
-    if !finish(
-        store,
-        &r,
-        &claim_id,
-        status,
-        attempts,
-        error.as_deref(),
-        now,
-    )
-    .await?
-    {
-        // Our lease ran out and another worker ended it.
-        return Ok(DispatchOutcome::Skipped);
     }
-    match &outcome {
-        Ok(DispatchOutcome::Sent) => tracing::info!(sms_id, attempts, "SMS reminder sent"),
-        Ok(_) => {
-            tracing::warn!(sms_id, attempts, status = status.as_str(), error = ?error, "SMS reminder not sent")
-        }
-        Err(_) => {
-            tracing::warn!(sms_id, attempts, error = ?error, "SMS send failed; it will be retried")
-        }
-    }
-    outcome
 }
 
 /// Ends a reminder whose dispatcher stopped while sending it: `unknown`,

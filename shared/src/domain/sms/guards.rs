@@ -168,6 +168,21 @@ pub(super) enum Taken {
     AlreadyStored,
 }
 
+/// The places one reminder takes (guards 3 and 4): its recipient's in the
+/// rolling day and its merchant's in the hour, under `limits`, and, in
+/// live mode (`quota`: the plan's monthly quota), a unit of the month's
+/// quota.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Places<'a> {
+    pub merchant_id: &'a str,
+    pub mode: Mode,
+    /// The recipient, normalized.
+    pub phone: &'a str,
+    pub now: Timestamp,
+    pub quota: Option<u32>,
+    pub limits: Limits,
+}
+
 /// Guards 3 and 4, and the reminder's record, in one transaction:
 /// everything or nothing, so a refused request takes nothing.
 ///
@@ -184,100 +199,27 @@ pub(super) enum Taken {
 ///
 /// Refusals come in the guards' order: a full recipient window or hour is
 /// `rate_limited` even when the quota is used up too.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn take_places(
     store: &dyn Store,
-    limits: Limits,
-    merchant_id: &str,
-    mode: Mode,
-    phone: &str,
-    now: Timestamp,
-    quota: Option<u32>,
+    places: Places<'_>,
     record: Option<TxOp>,
     fence: Option<TxOp>,
 ) -> Result<Taken, SmsError> {
-    let secs = now.unix_seconds();
-    let now_ms = now.unix_millis();
-    let hour_end = (secs.div_euclid(3600) + 1) * 3600;
-    let hour_full = || SmsError::RateLimited {
-        which: format!(
-            "at most {} reminders per merchant per hour",
-            limits.per_merchant_per_hour
-        ),
-        retry_after_secs: (hour_end - secs).max(1),
-    };
-    let key = recipient_window(merchant_id, mode, phone);
+    let key = recipient_window(places.merchant_id, places.mode, places.phone);
     for attempt in 0..WINDOW_TRIES {
         let current = store.get(&key).await?;
-        let version = current
-            .as_ref()
-            .and_then(|i| i.get("v"))
-            .and_then(serde_json::Value::as_i64);
-        let mut recent: Vec<i64> = current
-            .as_ref()
-            .and_then(|i| i.get("sent_ms"))
-            .and_then(serde_json::Value::as_array)
-            .map(|a| a.iter().filter_map(serde_json::Value::as_i64).collect())
-            .unwrap_or_default();
-        recent.retain(|t| *t > now_ms - RECIPIENT_WINDOW_MS);
-        recent.sort_unstable();
-        let room = usize::try_from(limits.per_recipient_per_day).unwrap_or(0);
-        if recent.len() >= room {
-            // The place frees when the oldest counted reminder is 24 h old.
-            let frees_ms = recent
-                .len()
-                .checked_sub(room)
-                .and_then(|i| recent.get(i))
-                .map_or(now_ms + RECIPIENT_WINDOW_MS, |t| t + RECIPIENT_WINDOW_MS);
-            return Err(SmsError::RateLimited {
-                which: format!(
-                    "at most {} reminders per recipient in 24 hours",
-                    limits.per_recipient_per_day
-                ),
-                retry_after_secs: ((frees_ms - now_ms + 999) / 1000).max(1),
-            });
-        }
-        recent.push(now_ms);
-        let mut item = crate::store::Item::new();
-        item.insert("pk".into(), json!(key.pk));
-        item.insert("sk".into(), json!(key.sk));
-        item.insert("sent_ms".into(), json!(recent));
-        item.insert("v".into(), json!(version.unwrap_or(0) + 1));
-        item.insert(
-            TTL.into(),
-            json!((now_ms + RECIPIENT_WINDOW_MS) / 1000 + 3600),
-        );
+        let window = RecipientWindow::read(current.as_ref(), places.now);
+        window.refuse_when_full(places.limits)?;
         let mut ops = vec![
-            TxOp::Put {
-                item,
-                cond: Some(match version {
-                    Some(v) => Cond::eq("v", v),
-                    None => Cond::NotExists,
-                }),
-            },
+            window.with_send(&key),
             TxOp::Update {
-                key: merchant_counter(merchant_id, mode, now),
-                update: counter_update(hour_end + 86_400),
-                cond: Some(below(limits.per_merchant_per_hour)),
+                key: merchant_counter(places.merchant_id, places.mode, places.now),
+                update: counter_update(hour_end(places.now) + 86_400),
+                cond: Some(below(places.limits.per_merchant_per_hour)),
             },
         ];
-        const QUOTA_AT: usize = 2;
-        if let Some(quota) = quota {
-            let key = quota_counter(merchant_id, now);
-            ops.push(if quota == 0 {
-                // No quota: a check that never passes (`n` is never < 0,
-                // and a missing `n` fails the comparison).
-                TxOp::Check {
-                    key,
-                    cond: Cond::lt("n", 0),
-                }
-            } else {
-                TxOp::Update {
-                    key,
-                    update: counter_update(secs + 40 * 86_400),
-                    cond: Some(below(i64::from(quota))),
-                }
-            });
+        if let Some(quota) = places.quota {
+            ops.push(quota_op(places.merchant_id, quota, places.now));
         }
         if let Some(op) = &record {
             ops.push(op.clone());
@@ -289,15 +231,8 @@ pub(super) async fn take_places(
         match store.transact(ops).await {
             Ok(()) => return Ok(Taken::All),
             Err(StoreError::TransactionCanceled { reasons }) => {
-                let failed = |i: usize| matches!(reasons.get(i), Some(TxReason::ConditionFailed));
-                if fence_at.is_some_and(failed) {
-                    return Ok(Taken::AlreadyStored);
-                }
-                if failed(1) {
-                    return Err(hour_full());
-                }
-                if quota.is_some() && failed(QUOTA_AT) && !failed(0) {
-                    return Ok(Taken::QuotaExhausted);
+                if let Some(answer) = refused_places(&places, &reasons, fence_at) {
+                    return answer;
                 }
                 // The window moved under us, or a conflicting transaction:
                 // read again.
@@ -306,27 +241,162 @@ pub(super) async fn take_places(
             Err(e) => return Err(e.into()),
         }
     }
-    // Still conflicting (hot counters under a burst): a full hour or quota
-    // is still a 429 / plan_limit_reached, not a busy store.
+    still_conflicting(store, &places).await
+}
+
+/// Where the quota's operation sits in the places' transaction.
+const QUOTA_AT: usize = 2;
+
+/// The end of the UTC hour of `now`, in seconds.
+fn hour_end(now: Timestamp) -> i64 {
+    (now.unix_seconds().div_euclid(3600) + 1) * 3600
+}
+
+/// The merchant's hour is full: until its end.
+fn hour_full(places: &Places<'_>) -> SmsError {
+    let secs = places.now.unix_seconds();
+    SmsError::RateLimited {
+        which: format!(
+            "at most {} reminders per merchant per hour",
+            places.limits.per_merchant_per_hour
+        ),
+        retry_after_secs: (hour_end(places.now) - secs).max(1),
+    }
+}
+
+/// The month's quota unit: a conditional `ADD`, or, for a quota of 0, a
+/// check that never passes (`n` is never < 0, and a missing `n` fails the
+/// comparison).
+fn quota_op(merchant_id: &str, quota: u32, now: Timestamp) -> TxOp {
+    let key = quota_counter(merchant_id, now);
+    if quota == 0 {
+        TxOp::Check {
+            key,
+            cond: Cond::lt("n", 0),
+        }
+    } else {
+        TxOp::Update {
+            key,
+            update: counter_update(now.unix_seconds() + 40 * 86_400),
+            cond: Some(below(i64::from(quota))),
+        }
+    }
+}
+
+/// What a cancelled places' transaction answers, by the operation whose
+/// condition failed (`None`: the window moved or a conflict, try again).
+fn refused_places(
+    places: &Places<'_>,
+    reasons: &[TxReason],
+    fence_at: Option<usize>,
+) -> Option<Result<Taken, SmsError>> {
+    let failed = |i: usize| matches!(reasons.get(i), Some(TxReason::ConditionFailed));
+    if fence_at.is_some_and(failed) {
+        return Some(Ok(Taken::AlreadyStored));
+    }
+    if failed(1) {
+        return Some(Err(hour_full(places)));
+    }
+    if places.quota.is_some() && failed(QUOTA_AT) && !failed(0) {
+        return Some(Ok(Taken::QuotaExhausted));
+    }
+    None
+}
+
+/// Still conflicting after every try (hot counters under a burst): a full
+/// hour or quota is still a 429 / plan_limit_reached, not a busy store.
+async fn still_conflicting(store: &dyn Store, places: &Places<'_>) -> Result<Taken, SmsError> {
     let count = |key: Key| async move {
         store
             .get(&key)
             .await
             .map(|i| i.and_then(|i| i.get("n").and_then(serde_json::Value::as_i64)))
     };
-    if count(merchant_counter(merchant_id, mode, now))
-        .await?
-        .unwrap_or(0)
-        >= limits.per_merchant_per_hour
-    {
-        return Err(hour_full());
+    let hour = merchant_counter(places.merchant_id, places.mode, places.now);
+    if count(hour).await?.unwrap_or(0) >= places.limits.per_merchant_per_hour {
+        return Err(hour_full(places));
     }
-    if let Some(quota) = quota {
-        if count(quota_counter(merchant_id, now)).await?.unwrap_or(0) >= i64::from(quota) {
+    if let Some(quota) = places.quota {
+        let month = quota_counter(places.merchant_id, places.now);
+        if count(month).await?.unwrap_or(0) >= i64::from(quota) {
             return Ok(Taken::QuotaExhausted);
         }
     }
     Err(SmsError::Store(StoreError::Unavailable(
         "SMS limits are busy; retry".into(),
     )))
+}
+
+/// The recipient's window as read: its version and the times (ms) of its
+/// reminders in the last 24 h, oldest first.
+struct RecipientWindow {
+    version: Option<i64>,
+    recent: Vec<i64>,
+    now_ms: i64,
+}
+
+impl RecipientWindow {
+    fn read(current: Option<&crate::store::Item>, now: Timestamp) -> RecipientWindow {
+        let now_ms = now.unix_millis();
+        let version = current
+            .and_then(|i| i.get("v"))
+            .and_then(serde_json::Value::as_i64);
+        let mut recent: Vec<i64> = current
+            .and_then(|i| i.get("sent_ms"))
+            .and_then(serde_json::Value::as_array)
+            .map(|a| a.iter().filter_map(serde_json::Value::as_i64).collect())
+            .unwrap_or_default();
+        recent.retain(|t| *t > now_ms - RECIPIENT_WINDOW_MS);
+        recent.sort_unstable();
+        RecipientWindow {
+            version,
+            recent,
+            now_ms,
+        }
+    }
+
+    /// Refuses a reminder to a recipient whose day is full: until the
+    /// oldest counted reminder is 24 h old, when its place frees.
+    fn refuse_when_full(&self, limits: Limits) -> Result<(), SmsError> {
+        let (recent, now_ms) = (&self.recent, self.now_ms);
+        let room = usize::try_from(limits.per_recipient_per_day).unwrap_or(0);
+        if recent.len() < room {
+            return Ok(());
+        }
+        let frees_ms = recent
+            .len()
+            .checked_sub(room)
+            .and_then(|i| recent.get(i))
+            .map_or(now_ms + RECIPIENT_WINDOW_MS, |t| t + RECIPIENT_WINDOW_MS);
+        Err(SmsError::RateLimited {
+            which: format!(
+                "at most {} reminders per recipient in 24 hours",
+                limits.per_recipient_per_day
+            ),
+            retry_after_secs: ((frees_ms - now_ms + 999) / 1000).max(1),
+        })
+    }
+
+    /// The window with this reminder's send added, written on the version
+    /// read.
+    fn with_send(self, key: &Key) -> TxOp {
+        let mut recent = self.recent;
+        recent.push(self.now_ms);
+        let mut item = crate::store::Item::new();
+        item.insert("pk".into(), json!(key.pk));
+        item.insert("sk".into(), json!(key.sk));
+        item.insert("sent_ms".into(), json!(recent));
+        item.insert("v".into(), json!(self.version.unwrap_or(0) + 1));
+        item.insert(
+            TTL.into(),
+            json!((self.now_ms + RECIPIENT_WINDOW_MS) / 1000 + 3600),
+        );
+        TxOp::Put {
+            item,
+            cond: Some(match self.version {
+                Some(v) => Cond::eq("v", v),
+                None => Cond::NotExists,
+            }),
+        }
+    }
 }

@@ -52,53 +52,23 @@ pub async fn notify(
     let now = state.clock.now();
     let project_id = who.project_id();
     let mode = who.mode();
-    let merchant_id = who.merchant.id.as_str();
-    // 1. A recent pending session for this number (the one the URL names,
-    // when it names one of the project's).
-    let url_session = session_in_url(&v.checkout_url, checkout_base);
-    let session_id =
-        match pending_session(store, project_id, mode, &v.phone, url_session, now).await? {
-            SessionMatch::Found(id) => id,
-            SessionMatch::NotFound => return Err(SmsError::PhoneNotOnSession),
-            SessionMatch::ForeignUrl(id) => {
-                return Err(SmsError::ForeignCheckoutSession { session_id: id });
-            }
-        };
-    // 2. The checkout host (no verified custom domains exist yet).
-    let allowed = url_host(checkout_base).unwrap_or_default();
-    if allowed.is_empty() || v.checkout_host != allowed {
-        return Err(SmsError::InvalidCheckoutHost { allowed });
-    }
+    let session_id = recipient_session(store, who, &v, checkout_base, now).await?;
+    check_checkout_host(&v, checkout_base)?;
     // 3 and 4, with the record: one transaction.
-    let mut reminder = SmsReminder {
-        id: new_id(IdKind::Sms),
-        project_id: project_id.to_owned(),
-        merchant_id: merchant_id.to_owned(),
-        mode,
-        to: v.phone.clone(),
-        text: message_text(&v),
-        session_id: Some(session_id),
-        status: SmsStatus::Logged,
-        attempts: 0,
-        lease_until_ms: None,
-        last_error: None,
-        created_at: now,
-        updated_at: now,
-    };
+    let reminder = new_reminder(who, &v, session_id, now);
     let live = mode == Mode::Live;
-    if live {
-        reminder.status = SmsStatus::Queued;
-    }
-    let quota = live.then(|| who.merchant.plan.sms_monthly_quota());
+    let places = Places {
+        merchant_id: who.merchant.id.as_str(),
+        mode,
+        phone: &v.phone,
+        now,
+        quota: live.then(|| who.merchant.plan.sms_monthly_quota()),
+        limits,
+    };
     let record = new_record_op(&reminder)?;
     let taken = take_places(
         store,
-        limits,
-        merchant_id,
-        mode,
-        &v.phone,
-        now,
-        quota,
+        places,
         Some(record),
         fence.map(|f| f.op(&reminder.id)),
     )
@@ -121,30 +91,7 @@ pub async fn notify(
                 status: "plan_limit_reached",
             });
         }
-        // A retry of a request whose answer was lost: the first run's
-        // reminder stands and is answered as the first run was. Its queue
-        // message may never have been sent (the first run stopped at the
-        // store's answer): queue it again now rather than wait for the
-        // sweep; a duplicate message is dropped by the claim.
-        Taken::AlreadyStored => {
-            if live {
-                let first_run = match (first_run, fence) {
-                    (Some(id), _) => Some(id),
-                    (None, Some(f)) => f.resource_id(store).await.unwrap_or_else(|e| {
-                        tracing::warn!(error = %e, "first reminder of a retried request not read; the sweep queues it");
-                        None
-                    }),
-                    (None, None) => None,
-                };
-                if let Some(id) = first_run {
-                    enqueue(state, &id).await;
-                }
-            }
-            return Ok(NotifyOutcome {
-                sent: live,
-                status: if live { "queued" } else { "logged" },
-            });
-        }
+        Taken::AlreadyStored => return Ok(answer_first_run(state, live, first_run, fence).await),
     }
     if !live {
         tracing::info!(sms_id = %reminder.id, to = %masked(&reminder.to), project_id, "sandbox SMS reminder logged, not delivered");
@@ -159,6 +106,101 @@ pub async fn notify(
         sent: true,
         status: "queued",
     })
+}
+
+/// Guard 1: a recent pending session for this number (the one the URL
+/// names, when it names one of the project's).
+async fn recipient_session(
+    store: &dyn Store,
+    who: &Principal,
+    v: &ValidNotify,
+    checkout_base: &str,
+    now: Timestamp,
+) -> Result<String, SmsError> {
+    let url_session = session_in_url(&v.checkout_url, checkout_base);
+    let found = pending_session(
+        store,
+        who.project_id(),
+        who.mode(),
+        &v.phone,
+        url_session,
+        now,
+    )
+    .await?;
+    match found {
+        SessionMatch::Found(id) => Ok(id),
+        SessionMatch::NotFound => Err(SmsError::PhoneNotOnSession),
+        SessionMatch::ForeignUrl(id) => Err(SmsError::ForeignCheckoutSession { session_id: id }),
+    }
+}
+
+/// Guard 2: the checkout host (no verified custom domains exist yet).
+fn check_checkout_host(v: &ValidNotify, checkout_base: &str) -> Result<(), SmsError> {
+    let allowed = url_host(checkout_base).unwrap_or_default();
+    if allowed.is_empty() || v.checkout_host != allowed {
+        return Err(SmsError::InvalidCheckoutHost { allowed });
+    }
+    Ok(())
+}
+
+/// The reminder as the request stores it: `queued` live, `logged` in
+/// sandbox, bound to its session.
+fn new_reminder(
+    who: &Principal,
+    v: &ValidNotify,
+    session_id: String,
+    now: Timestamp,
+) -> SmsReminder {
+    let mode = who.mode();
+    SmsReminder {
+        id: new_id(IdKind::Sms),
+        project_id: who.project_id().to_owned(),
+        merchant_id: who.merchant.id.clone(),
+        mode,
+        to: v.phone.clone(),
+        text: message_text(v),
+        session_id: Some(session_id),
+        status: if mode == Mode::Live {
+            SmsStatus::Queued
+        } else {
+            SmsStatus::Logged
+        },
+        attempts: 0,
+        lease_until_ms: None,
+        last_error: None,
+        created_at: now,
+        updated_at: now,
+    }
+}
+
+/// A retry of a request whose answer was lost: the first run's reminder
+/// stands and is answered as the first run was. Its queue message may
+/// never have been sent (the first run stopped at the store's answer):
+/// queued again now rather than wait for the sweep; a duplicate message
+/// is dropped by the claim.
+async fn answer_first_run(
+    state: &Deps,
+    live: bool,
+    first_run: Option<String>,
+    fence: Option<&Fence>,
+) -> NotifyOutcome {
+    if live {
+        let first_run = match (first_run, fence) {
+            (Some(id), _) => Some(id),
+            (None, Some(f)) => f.resource_id(&*state.store).await.unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "first reminder of a retried request not read; the sweep queues it");
+                None
+            }),
+            (None, None) => None,
+        };
+        if let Some(id) = first_run {
+            enqueue(state, &id).await;
+        }
+    }
+    NotifyOutcome {
+        sent: live,
+        status: if live { "queued" } else { "logged" },
+    }
 }
 
 /// Queues a stored live reminder for the dispatcher; answers whether it

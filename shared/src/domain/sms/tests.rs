@@ -35,12 +35,14 @@ async fn take_abuse_limits(
 ) -> Result<(), SmsError> {
     take_places(
         store,
-        limits,
-        merchant_id,
-        mode,
-        phone,
-        now,
-        None,
+        Places {
+            merchant_id,
+            mode,
+            phone,
+            now,
+            quota: None,
+            limits,
+        },
         None,
         None,
     )
@@ -269,12 +271,14 @@ async fn concurrent_quota_reservations_stop_at_the_quota_and_refusals_take_nothi
         async move {
             take_places(
                 &*store,
-                limits,
-                "mer_1",
-                Mode::Live,
-                &phone,
-                at,
-                Some(quota),
+                Places {
+                    merchant_id: "mer_1",
+                    mode: Mode::Live,
+                    phone: &phone,
+                    now: at,
+                    quota: Some(quota),
+                    limits,
+                },
                 None,
                 None,
             )
@@ -335,12 +339,14 @@ async fn a_full_hour_is_rate_limited_before_the_quota_is_looked_at() {
         async move {
             take_places(
                 &*store,
-                limits,
-                "mer_1",
-                Mode::Live,
-                phone,
-                now,
-                Some(quota),
+                Places {
+                    merchant_id: "mer_1",
+                    mode: Mode::Live,
+                    phone,
+                    now,
+                    quota: Some(quota),
+                    limits,
+                },
                 None,
                 None,
             )
@@ -1128,12 +1134,14 @@ async fn a_full_hour_under_endless_conflicts_is_still_a_429() {
     }
     let r = take_places(
         &*faulty,
-        limits,
-        "mer_1",
-        Mode::Live,
-        "9841000001",
-        now,
-        Some(10),
+        Places {
+            merchant_id: "mer_1",
+            mode: Mode::Live,
+            phone: "9841000001",
+            now,
+            quota: Some(10),
+            limits,
+        },
         None,
         None,
     )
@@ -1153,12 +1161,14 @@ async fn a_full_hour_under_endless_conflicts_is_still_a_429() {
     }
     let r = take_places(
         &*faulty,
-        limits,
-        "mer_1",
-        Mode::Live,
-        "9841000001",
-        now,
-        Some(10),
+        Places {
+            merchant_id: "mer_1",
+            mode: Mode::Live,
+            phone: "9841000001",
+            now,
+            quota: Some(10),
+            limits,
+        },
         None,
         None,
     )
