@@ -41,29 +41,9 @@ pub(super) async fn dispatch(
         tracing::warn!(event_id = %msg.event_id, endpoint_id = %msg.endpoint_id, "message for an unknown delivery dropped");
         return Ok(Outcome::Skipped);
     };
-    if d.status.is_final() || msg.attempt < d.attempts {
-        return Ok(Outcome::Skipped);
+    if let Some(later) = not_now(state, msg, &d, now).await? {
+        return Ok(later);
     }
-    if msg.attempt > d.attempts {
-        // The message for the next attempt is queued before the current
-        // attempt is logged: the log is late or failed (then the current
-        // attempt's message redoes it). Either way this message must not
-        // be lost: look again after a lease.
-        enqueue(state, msg, state.webhooks.lease).await?;
-        return Ok(Outcome::NotDue);
-    }
-    if let Some(next) = d.next_attempt_at {
-        let wait_ms = next.unix_millis() - now.unix_millis();
-        if wait_ms > 1000 {
-            enqueue(state, msg, Duration::from_millis(wait_ms as u64)).await?;
-            return Ok(Outcome::NotDue);
-        }
-    }
-    let now_ms = now.unix_millis();
-    if d.lease_until_ms.is_some_and(|until| until > now_ms) {
-        return Ok(Outcome::Skipped);
-    }
-    let key = Delivery::key(&d.event_id, &d.endpoint_id);
     let endpoint = match get(&*state.store, &d.project_id, d.mode, &d.endpoint_id).await {
         Ok(e) if e.enabled => e,
         Ok(_) => return give_up(state, &d, "the endpoint is disabled").await,
@@ -76,21 +56,101 @@ pub(super) async fn dispatch(
     let Some(event) = outbox::get(&*state.store, &d.event_id).await? else {
         return give_up(state, &d, "the event no longer exists").await;
     };
+    let Some(lease_until) = claim_attempt(state, &d).await? else {
+        return Ok(Outcome::Skipped);
+    };
+    let body = serde_json::to_vec(&event.body())
+        .map_err(|e| DispatchError::BadMessage(format!("event body: {e}")))?;
+    let sent = send_signed(state, client, &endpoint, &body).await;
+    let done_at = state.clock.now();
+    let (status, next_at, outcome) = attempt_outcome(state, &d, &sent, done_at);
+    let update = attempt_log(&d, &sent, &body, status, next_at, done_at);
+    // The next attempt's message goes out before the log: if the log then
+    // fails, this message stays and redoes the attempt, and the early
+    // message waits for it; if queueing fails, nothing is logged and this
+    // message redoes the attempt. Never a delivery without a message.
+    if let Outcome::Retrying { next_in } = outcome {
+        let next = DeliveryMessage {
+            attempt: d.attempts + 1,
+            ..msg.clone()
+        };
+        enqueue(state, &next, next_in).await?;
+    }
+    if !log_attempt(state, &d, update, lease_until).await? {
+        // Our claim ran out and another worker took the attempt: it logs.
+        return Ok(Outcome::Skipped);
+    }
+    tracing::info!(
+        event_id = %d.event_id,
+        endpoint_id = %d.endpoint_id,
+        attempt = d.attempts + 1,
+        status = status.as_str(),
+        response_status = ?sent.status(),
+        "webhook attempt"
+    );
+    Ok(outcome)
+}
 
-    // Claim this attempt (the lease counts from now, not from the reads).
+/// What a message that is not for an attempt now does: stale or final is
+/// skipped; one early (ahead of the attempt logged, or before the next
+/// attempt is due) is queued again for later; a lease held by another
+/// worker is skipped. `None`: attempt it now.
+pub(super) async fn not_now(
+    state: &Deps,
+    msg: &DeliveryMessage,
+    d: &Delivery,
+    now: Timestamp,
+) -> Result<Option<Outcome>, DispatchError> {
+    if d.status.is_final() || msg.attempt < d.attempts {
+        return Ok(Some(Outcome::Skipped));
+    }
+    if msg.attempt > d.attempts {
+        // The message for the next attempt is queued before the current
+        // attempt is logged: the log is late or failed (then the current
+        // attempt's message redoes it). Either way this message must not
+        // be lost: look again after a lease.
+        enqueue(state, msg, state.webhooks.lease).await?;
+        return Ok(Some(Outcome::NotDue));
+    }
+    if let Some(next) = d.next_attempt_at {
+        let wait_ms = next.unix_millis() - now.unix_millis();
+        if wait_ms > 1000 {
+            enqueue(state, msg, Duration::from_millis(wait_ms as u64)).await?;
+            return Ok(Some(Outcome::NotDue));
+        }
+    }
+    let now_ms = now.unix_millis();
+    if d.lease_until_ms.is_some_and(|until| until > now_ms) {
+        return Ok(Some(Outcome::Skipped));
+    }
+    Ok(None)
+}
+
+/// Open attempts: still `pending` or `retrying`.
+fn open_attempt() -> Cond {
+    Cond::Or(vec![
+        Cond::eq("status", "pending"),
+        Cond::eq("status", "retrying"),
+    ])
+}
+
+/// Claims the delivery's attempt with a lease that counts from now (not
+/// from the reads); answers the lease's end, or `None` when another
+/// worker holds or made it.
+pub(super) async fn claim_attempt(
+    state: &Deps,
+    d: &Delivery,
+) -> Result<Option<i64>, DispatchError> {
     let now_ms = state.clock.now().unix_millis();
     let lease_until = now_ms + state.webhooks.lease.as_millis() as i64;
     let claim = state
         .store
         .update(
-            &key,
+            &Delivery::key(&d.event_id, &d.endpoint_id),
             Update::new().set("lease_until_ms", lease_until),
             Some(Cond::And(vec![
                 Cond::eq("attempts", d.attempts),
-                Cond::Or(vec![
-                    Cond::eq("status", "pending"),
-                    Cond::eq("status", "retrying"),
-                ]),
+                open_attempt(),
                 Cond::Or(vec![
                     Cond::AttrNotExists("lease_until_ms".into()),
                     Cond::lt("lease_until_ms", now_ms),
@@ -99,26 +159,32 @@ pub(super) async fn dispatch(
         )
         .await;
     match claim {
-        Ok(_) => {}
-        Err(e) if e.is_condition_failure() => return Ok(Outcome::Skipped),
-        Err(e) => return Err(e.into()),
+        Ok(_) => Ok(Some(lease_until)),
+        Err(e) if e.is_condition_failure() => Ok(None),
+        Err(e) => Err(e.into()),
     }
+}
 
-    let body = serde_json::to_vec(&event.body())
-        .map_err(|e| DispatchError::BadMessage(format!("event body: {e}")))?;
+/// Sends `body` to `endpoint`, signed with its secret.
+pub(super) async fn send_signed(
+    state: &Deps,
+    client: &WebhookClient,
+    endpoint: &Endpoint,
+    body: &[u8],
+) -> Sent {
     let secret = match state.providers.keys() {
         Some(keys) => credentials::open_secret(keys, &endpoint.secret, &endpoint.secret_context())
             .map_err(|e| e.to_string()),
         None => Err(format!("{} is not set", credentials::KEY_ENV)),
     };
-    let sent = match secret {
+    match secret {
         Ok(secret) => {
             client
                 .send(
                     &endpoint.url,
                     &secret,
                     state.clock.now().unix_seconds(),
-                    &body,
+                    body,
                     endpoint.mode == Mode::Sandbox,
                 )
                 .await
@@ -130,11 +196,19 @@ pub(super) async fn dispatch(
             tracing::error!(endpoint_id = %endpoint.id, error = %why, "cannot open a webhook signing secret");
             Sent::NoAnswer("not sent: the signing secret could not be opened".into())
         }
-    };
-    let done_at = state.clock.now();
-    let attempts = d.attempts + 1;
+    }
+}
+
+/// What the attempt made at `done_at` leads to: delivered, the next try on
+/// the schedule, or, past it, failed.
+pub(super) fn attempt_outcome(
+    state: &Deps,
+    d: &Delivery,
+    sent: &Sent,
+    done_at: Timestamp,
+) -> (DeliveryStatus, Option<Timestamp>, Outcome) {
     let retry_in = state.webhooks.schedule.get(d.attempts as usize).copied();
-    let (status, next_at, outcome) = if sent.is_success() {
+    if sent.is_success() {
         (DeliveryStatus::Success, None, Outcome::Delivered)
     } else if let Some(wait) = retry_in {
         let next = done_at.plus(chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX));
@@ -145,9 +219,22 @@ pub(super) async fn dispatch(
         )
     } else {
         (DeliveryStatus::Failed, None, Outcome::Failed)
-    };
+    }
+}
+
+/// The delivery log's entry for the attempt: its status, when the next is
+/// due (in the open-deliveries index) or none (out of it), the receiver's
+/// answer or why there was none, and the payload on the first attempt.
+pub(super) fn attempt_log(
+    d: &Delivery,
+    sent: &Sent,
+    body: &[u8],
+    status: DeliveryStatus,
+    next_at: Option<Timestamp>,
+    done_at: Timestamp,
+) -> Update {
     let mut update = Update::new()
-        .set("attempts", attempts)
+        .set("attempts", d.attempts + 1)
         .set("status", status.as_str())
         .set("last_attempt_at", json!(done_at))
         .set("updated_at", json!(done_at))
@@ -167,7 +254,7 @@ pub(super) async fn dispatch(
         Some(code) => update.set("response_status", code),
         None => update.remove("response_status"),
     };
-    update = match &sent {
+    update = match sent {
         Sent::NoAnswer(why) => update
             .set("last_error", why.as_str())
             .remove("response_body"),
@@ -179,49 +266,36 @@ pub(super) async fn dispatch(
             .set("response_body", answer.as_str()),
     };
     if d.payload.is_none() {
-        update = update.set("payload", String::from_utf8_lossy(&body).into_owned());
+        update = update.set("payload", String::from_utf8_lossy(body).into_owned());
     }
-    // The next attempt's message goes out before the log: if the log then
-    // fails, this message stays and redoes the attempt, and the early
-    // message waits for it; if queueing fails, nothing is logged and this
-    // message redoes the attempt. Never a delivery without a message.
-    if let Outcome::Retrying { next_in } = outcome {
-        let next = DeliveryMessage {
-            attempt: attempts,
-            ..msg.clone()
-        };
-        enqueue(state, &next, next_in).await?;
-    }
+    update
+}
+
+/// Logs the attempt under our claim (the lease ending `lease_until`);
+/// `false` when the claim ran out and another worker took the attempt.
+pub(super) async fn log_attempt(
+    state: &Deps,
+    d: &Delivery,
+    update: Update,
+    lease_until: i64,
+) -> Result<bool, DispatchError> {
     let logged = state
         .store
         .update(
-            &key,
+            &Delivery::key(&d.event_id, &d.endpoint_id),
             update,
             Some(Cond::And(vec![
                 Cond::eq("attempts", d.attempts),
                 Cond::eq("lease_until_ms", lease_until),
-                Cond::Or(vec![
-                    Cond::eq("status", "pending"),
-                    Cond::eq("status", "retrying"),
-                ]),
+                open_attempt(),
             ])),
         )
         .await;
     match logged {
-        Ok(_) => {}
-        // Our claim ran out and another worker took the attempt: it logs.
-        Err(e) if e.is_condition_failure() => return Ok(Outcome::Skipped),
-        Err(e) => return Err(e.into()),
+        Ok(_) => Ok(true),
+        Err(e) if e.is_condition_failure() => Ok(false),
+        Err(e) => Err(e.into()),
     }
-    tracing::info!(
-        event_id = %d.event_id,
-        endpoint_id = %d.endpoint_id,
-        attempt = attempts,
-        status = status.as_str(),
-        response_status = ?sent.status(),
-        "webhook attempt"
-    );
-    Ok(outcome)
 }
 
 /// Ends a delivery that can no longer be made, without sending.
