@@ -40,14 +40,7 @@ pub async fn checkout(
 ) -> Result<(CheckoutSession, bool), InvoiceError> {
     let store = &*state.store;
     let (project_id, mode) = (payer.project_id.as_str(), payer.mode);
-    if let Some(p) = body.provider {
-        let enabled = checkout::providers(store, project_id, mode).await?;
-        if !enabled.iter().any(|x| x.provider == p && x.enabled) {
-            return Err(InvoiceError::Checkout(
-                checkout::CheckoutError::ProviderUnavailable(p),
-            ));
-        }
-    }
+    check_provider_offered(store, project_id, mode, body.provider).await?;
     for attempt in 0..8 {
         let inv = get(store, project_id, mode, id).await?;
         require_state(&inv, DocumentStatus::Issued, "a checkout")?;
@@ -60,52 +53,16 @@ pub async fn checkout(
         let now = state.clock.now();
         let previous = current_checkout(store, &inv).await?;
         if let Some(c) = &previous {
-            let s = &c.session;
-            let status = s.status_at(now);
-            let open = matches!(status, SessionStatus::Pending | SessionStatus::Initiated);
-            let same_provider = body.provider.is_none() || body.provider == s.provider;
-            if open && s.amount.get() == remaining && same_provider {
-                return Ok((s.clone(), true));
-            }
-            if status == SessionStatus::Initiated {
-                return Err(InvoiceError::StateConflict(format!(
-                    "checkout {} has a payment in progress; wait for it to finish",
-                    s.id
-                )));
+            if let Some(open) = reusable_checkout(&c.session, remaining, body.provider, now)? {
+                return Ok((open, true));
             }
         }
         let amount = checkout::check_amount(remaining, body.provider, mode)
             .map_err(InvoiceError::Checkout)?;
-        let number = inv.invoice_number.clone().unwrap_or_default();
-        let mut metadata = serde_json::Map::new();
-        metadata.insert("invoice_id".into(), json!(inv.id));
-        metadata.insert("invoice_number".into(), json!(number));
-        let buyer = inv.buyer.clone().unwrap_or_default();
-        let valid = checkout::ValidCheckout {
-            amount,
-            return_url: String::new(),
-            cancel_url: None,
-            provider: body.provider,
-            flow: checkout::Flow::Hosted,
-            description: Some(format!("Invoice {number}")),
-            metadata,
-            // Only what the checkout's own rules take: a longer name is
-            // cut, a phone in another shape left out.
-            customer_name: buyer
-                .name
-                .map(|n| n.chars().take(PersonName::MAX).collect()),
-            customer_email: buyer.email,
-            customer_phone: buyer.phone.filter(|p| Phone::parse(p.clone()).is_ok()),
-            customer_address: None,
-            collect_address: false,
-            client_secret_sha256: None,
-        };
         // A new checkout is volume the calling key creates: charged to its
         // spend counter like POST /v1/checkout (a reused one is not).
         let spend = checkout::spend_op(payer, amount.get(), now).map_err(InvoiceError::Checkout)?;
-        let mut session = checkout::new_session(payer, valid, now);
-        session.return_url = format!("{base}/c/{}", session.id);
-        session.invoice_id = Some(inv.id.clone());
+        let session = invoice_session(payer, &inv, amount, body.provider, base, now);
         let mut ops = vec![
             TxOp::Put {
                 item: session.item()?,
@@ -146,18 +103,7 @@ pub async fn checkout(
             {
                 // This very request opened a checkout already (its answer
                 // was lost): answer that one.
-                let sid = match fence {
-                    Some(f) => f.resource_id(store).await?.unwrap_or_default(),
-                    None => String::new(),
-                };
-                let s = crate::domain::record::get::<CheckoutSession>(
-                    store,
-                    &CheckoutSession::key(&sid),
-                )
-                .await?
-                .filter(|s| s.invoice_id.as_deref() == Some(id))
-                .ok_or_else(|| InvoiceError::NotFound(id.to_owned()))?;
-                return Ok((s, false));
+                return Ok((first_run_session(store, fence, id).await?, false));
             }
             Err(e) if spend_at.is_some_and(|i| checkout::failed_at(&e, i)) => {
                 return Err(InvoiceError::Checkout(
@@ -180,6 +126,107 @@ pub async fn checkout(
     Err(InvoiceError::Store(StoreError::Unavailable(
         "the invoice kept changing; retry".into(),
     )))
+}
+
+/// Refuses a provider the project does not offer (none asked: any).
+async fn check_provider_offered(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    provider: Option<crate::domain::Provider>,
+) -> Result<(), InvoiceError> {
+    let Some(p) = provider else {
+        return Ok(());
+    };
+    let enabled = checkout::providers(store, project_id, mode).await?;
+    if !enabled.iter().any(|x| x.provider == p && x.enabled) {
+        return Err(InvoiceError::Checkout(
+            checkout::CheckoutError::ProviderUnavailable(p),
+        ));
+    }
+    Ok(())
+}
+
+/// The invoice's current checkout `s`, when it can be answered again: open,
+/// for the `remaining` balance and the provider asked for. One with an
+/// attempt in progress is refused (409); any other is replaced (`None`).
+fn reusable_checkout(
+    s: &CheckoutSession,
+    remaining: i64,
+    provider: Option<crate::domain::Provider>,
+    now: Timestamp,
+) -> Result<Option<CheckoutSession>, InvoiceError> {
+    let status = s.status_at(now);
+    let open = matches!(status, SessionStatus::Pending | SessionStatus::Initiated);
+    let same_provider = provider.is_none() || provider == s.provider;
+    if open && s.amount.get() == remaining && same_provider {
+        return Ok(Some(s.clone()));
+    }
+    if status == SessionStatus::Initiated {
+        return Err(InvoiceError::StateConflict(format!(
+            "checkout {} has a payment in progress; wait for it to finish",
+            s.id
+        )));
+    }
+    Ok(None)
+}
+
+/// The hosted checkout of `amount` for the invoice: named after it, its
+/// buyer as the customer (as far as the checkout's rules take them), and
+/// returning to its own page.
+fn invoice_session(
+    payer: &checkout::Creator,
+    inv: &Invoice,
+    amount: crate::money::Paisa,
+    provider: Option<crate::domain::Provider>,
+    base: &str,
+    now: Timestamp,
+) -> CheckoutSession {
+    let number = inv.invoice_number.clone().unwrap_or_default();
+    let mut metadata = serde_json::Map::new();
+    metadata.insert("invoice_id".into(), json!(inv.id));
+    metadata.insert("invoice_number".into(), json!(number));
+    let buyer = inv.buyer.clone().unwrap_or_default();
+    let valid = checkout::ValidCheckout {
+        amount,
+        return_url: String::new(),
+        cancel_url: None,
+        provider,
+        flow: checkout::Flow::Hosted,
+        description: Some(format!("Invoice {number}")),
+        metadata,
+        // Only what the checkout's own rules take: a longer name is cut, a
+        // phone in another shape left out.
+        customer_name: buyer
+            .name
+            .map(|n| n.chars().take(PersonName::MAX).collect()),
+        customer_email: buyer.email,
+        customer_phone: buyer.phone.filter(|p| Phone::parse(p.clone()).is_ok()),
+        customer_address: None,
+        collect_address: false,
+        client_secret_sha256: None,
+    };
+    let mut session = checkout::new_session(payer, valid, now);
+    session.return_url = format!("{base}/c/{}", session.id);
+    session.invoice_id = Some(inv.id.clone());
+    session
+}
+
+/// The checkout this very request opened already for invoice `id` (its
+/// fence tripped: its answer was lost).
+async fn first_run_session(
+    store: &dyn Store,
+    fence: Option<&Fence>,
+    id: &str,
+) -> Result<CheckoutSession, InvoiceError> {
+    let sid = match fence {
+        Some(f) => f.resource_id(store).await?.unwrap_or_default(),
+        None => String::new(),
+    };
+    crate::domain::record::get::<CheckoutSession>(store, &CheckoutSession::key(&sid))
+        .await?
+        .filter(|s| s.invoice_id.as_deref() == Some(id))
+        .ok_or_else(|| InvoiceError::NotFound(id.to_owned()))
 }
 
 // ------------------------------------------------------------ collection

@@ -62,22 +62,7 @@ pub async fn finalize(
         };
         let n = last + 1;
         let now = state.clock.now();
-        let mut next = current.clone();
-        next.document_status = DocumentStatus::Issued;
-        next.invoice_number = Some(number_text(mode, n));
-        next.issued_at = Some(now);
-        next.seller = seller.clone();
-        next.version += 1;
-        next.updated_at = now;
-        next.collection_status = next.collection();
-        let counter_cond = if last == 0 {
-            Cond::Or(vec![
-                Cond::AttrNotExists("value".into()),
-                Cond::eq("value", 0),
-            ])
-        } else {
-            Cond::eq("value", last)
-        };
+        let next = issued(&current, number_text(mode, n), seller.clone(), now);
         let mut ops = vec![
             TxOp::Update {
                 key: Invoice::key(id),
@@ -97,7 +82,7 @@ pub async fn finalize(
             TxOp::Update {
                 key: ckey.clone(),
                 update: Update::new().set("value", n),
-                cond: Some(counter_cond),
+                cond: Some(counter_at(last)),
             },
         ];
         if let Some(f) = fence {
@@ -110,17 +95,7 @@ pub async fn finalize(
                 if failed(2) {
                     // This very request finalized it already (its answer
                     // was lost).
-                    let first = fence.map(|f| f.resource_id(store));
-                    let first = match first {
-                        Some(r) => r.await?,
-                        None => None,
-                    };
-                    if first.as_deref() == Some(id) {
-                        return get(store, project_id, mode, id).await;
-                    }
-                    return Err(InvoiceError::StateConflict(
-                        "this Idempotency-Key was used for another request".into(),
-                    ));
+                    return first_run_finalized(store, project_id, mode, id, fence).await;
                 }
                 if failed(0) {
                     let now_current = get(store, project_id, mode, id).await?;
@@ -140,6 +115,53 @@ pub async fn finalize(
     Err(InvoiceError::Store(StoreError::Unavailable(
         "invoice numbering is busy; retry".into(),
     )))
+}
+
+/// The draft `current` as issued at `now` with `number`: the seller
+/// profile copied, the document frozen.
+fn issued(current: &Invoice, number: String, seller: Option<Seller>, now: Timestamp) -> Invoice {
+    let mut next = current.clone();
+    next.document_status = DocumentStatus::Issued;
+    next.invoice_number = Some(number);
+    next.issued_at = Some(now);
+    next.seller = seller;
+    next.version += 1;
+    next.updated_at = now;
+    next.collection_status = next.collection();
+    next
+}
+
+/// The number counter still at `last` as read (0: never written).
+fn counter_at(last: u64) -> Cond {
+    if last == 0 {
+        Cond::Or(vec![
+            Cond::AttrNotExists("value".into()),
+            Cond::eq("value", 0),
+        ])
+    } else {
+        Cond::eq("value", last)
+    }
+}
+
+/// The fence of this request tripped: the invoice it finalized already,
+/// or, when the key was used for another resource, a conflict.
+async fn first_run_finalized(
+    store: &dyn Store,
+    project_id: &str,
+    mode: Mode,
+    id: &str,
+    fence: Option<&Fence>,
+) -> Result<Invoice, InvoiceError> {
+    let first = match fence {
+        Some(f) => f.resource_id(store).await?,
+        None => None,
+    };
+    if first.as_deref() == Some(id) {
+        return get(store, project_id, mode, id).await;
+    }
+    Err(InvoiceError::StateConflict(
+        "this Idempotency-Key was used for another request".into(),
+    ))
 }
 
 /// Deletes a draft. With the request's fence, a retry after a lost answer
