@@ -576,113 +576,18 @@ async fn patch_once(
     project_id: &str,
     mode: Mode,
     id: &str,
-    patch: PatchLink,
+    mut patch: PatchLink,
     now: Timestamp,
 ) -> Result<Option<PaymentLink>, LinkError> {
     let link = find(store, project_id, mode, id)
         .await?
         .ok_or_else(|| LinkError::NotFound(id.to_owned()))?;
-    let mut update = Update::new().set("updated_at", now.to_rfc3339());
-    let set_opt = |update: Update, attr: &str, v: Option<String>| match v {
-        Some(s) => update.set(attr, s),
-        None => update.set(attr, Value::Null),
-    };
-    if let Some(t) = not_null("title", patch.title)? {
-        let t = text(Some(t)).ok_or_else(|| invalid("title", "title must not be empty"))?;
-        update = update.set("title", t);
-    }
-    if let Some(d) = not_null("description", patch.description)? {
-        update = set_opt(update, "description", text(Some(d)));
-    }
-    if let Some(a) = not_null("active", patch.active)? {
-        update = update.set("active", a);
-    }
-    if let Some(m) = not_null("inactiveMessage", patch.inactive_message)? {
-        update = set_opt(update, "inactive_message", text(Some(m)));
-    }
-    if let Some(e) = patch.expires_at {
-        let e = match e {
-            Some(v) => Some(future_time("expiresAt", &v, now)?.to_rfc3339()),
-            None => None,
-        };
-        update = set_opt(update, "expires_at", e);
-    }
     let mut cond = vec![Cond::Exists];
-    match patch.max_uses {
-        None => {}
-        // null: unlimited.
-        Some(None) => update = update.remove("max_uses"),
-        Some(Some(m)) => {
-            let m = max_uses(m)?;
-            if m < link.used_count {
-                return Err(below_use_count(link.used_count));
-            }
-            update = update.set("max_uses", m);
-            cond.push(Cond::Or(vec![
-                Cond::AttrNotExists("used_count".into()),
-                Cond::le("used_count", m),
-            ]));
-        }
-    }
-    if let Some(u) = patch.redirect_url {
-        if let Some(url) = &u {
-            check_url("redirectUrl", url, mode)?;
-        }
-        update = set_opt(update, "redirect_url", u.map(String::from));
-    }
-    if let Some(r) = not_null("referenceId", patch.reference_id)? {
-        update = set_opt(update, "reference_id", text(Some(r)));
-    }
-    if let Some(c) = not_null("collectAddress", patch.collect_address)? {
-        update = update.set("collect_address", c);
-    }
-    // Pre-fills: a string sets, an empty string clears.
-    if let Some(n) = not_null("customerName", patch.customer_name)? {
-        update = set_opt(update, "customer_name", text(Some(n)));
-    }
-    if let Some(e) = not_null("customerEmail", patch.customer_email)? {
-        let e = e.into_option().map(String::from);
-        update = set_opt(update, "customer_email", e);
-    }
-    if let Some(p) = not_null("customerPhone", patch.customer_phone)? {
-        let p = p.into_option().map(String::from);
-        update = set_opt(update, "customer_phone", p);
-    }
-    let mut address = link.customer_address.clone().unwrap_or_default();
-    let mut address_sent = false;
-    for (field, sent, slot) in [
-        ("customerLine1", patch.customer_line1, &mut address.line1),
-        ("customerLine2", patch.customer_line2, &mut address.line2),
-        ("customerCity", patch.customer_city, &mut address.city),
-        ("customerState", patch.customer_state, &mut address.state),
-        (
-            "customerPostalCode",
-            patch.customer_postal_code,
-            &mut address.postal_code,
-        ),
-        (
-            "customerCountry",
-            patch.customer_country,
-            &mut address.country,
-        ),
-    ] {
-        if let Some(v) = not_null(field, sent)? {
-            *slot = text(Some(v));
-            address_sent = true;
-        }
-    }
-    if address_sent {
-        // The address is one attribute: written whole, on the version read.
-        update = if address == StoredAddress::default() {
-            update.remove("customer_address")
-        } else {
-            update.set(
-                "customer_address",
-                serde_json::to_value(&address).map_err(|e| StoreError::Backend(e.to_string()))?,
-            )
-        };
-        cond.push(Cond::eq("updated_at", link.updated_at.to_rfc3339()));
-    }
+    let update = Update::new().set("updated_at", now.to_rfc3339());
+    let update = patch_details(update, &mut patch, now)?;
+    let update = patch_max_uses(update, &link, patch.max_uses, &mut cond)?;
+    let update = patch_checkout_fields(update, &mut patch, mode)?;
+    let update = patch_address(update, &link, &mut patch, &mut cond)?;
     match store
         .update(&PaymentLink::key(&link.id), update, Some(Cond::And(cond)))
         .await
@@ -699,6 +604,163 @@ async fn patch_once(
         },
         Err(e) => Err(e.into()),
     }
+}
+
+/// `attr` set to `v`, or to null.
+fn set_or_null(update: Update, attr: &str, v: Option<String>) -> Update {
+    match v {
+        Some(s) => update.set(attr, s),
+        None => update.set(attr, Value::Null),
+    }
+}
+
+/// The link's own details sent: title, description, active, inactive
+/// message and expiry.
+fn patch_details(
+    mut update: Update,
+    patch: &mut PatchLink,
+    now: Timestamp,
+) -> Result<Update, LinkError> {
+    if let Some(t) = not_null("title", patch.title.take())? {
+        let t = text(Some(t)).ok_or_else(|| invalid("title", "title must not be empty"))?;
+        update = update.set("title", t);
+    }
+    if let Some(d) = not_null("description", patch.description.take())? {
+        update = set_or_null(update, "description", text(Some(d)));
+    }
+    if let Some(a) = not_null("active", patch.active.take())? {
+        update = update.set("active", a);
+    }
+    if let Some(m) = not_null("inactiveMessage", patch.inactive_message.take())? {
+        update = set_or_null(update, "inactive_message", text(Some(m)));
+    }
+    if let Some(e) = patch.expires_at.take() {
+        let e = match e {
+            Some(v) => Some(future_time("expiresAt", &v, now)?.to_rfc3339()),
+            None => None,
+        };
+        update = set_or_null(update, "expires_at", e);
+    }
+    Ok(update)
+}
+
+/// `maxUses` sent: `null` is unlimited; a number may not be below the
+/// link's use count, as read and (`cond`) at the write.
+fn patch_max_uses(
+    update: Update,
+    link: &PaymentLink,
+    sent: Option<Option<i64>>,
+    cond: &mut Vec<Cond>,
+) -> Result<Update, LinkError> {
+    match sent {
+        None => Ok(update),
+        // null: unlimited.
+        Some(None) => Ok(update.remove("max_uses")),
+        Some(Some(m)) => {
+            let m = max_uses(m)?;
+            if m < link.used_count {
+                return Err(below_use_count(link.used_count));
+            }
+            cond.push(Cond::Or(vec![
+                Cond::AttrNotExists("used_count".into()),
+                Cond::le("used_count", m),
+            ]));
+            Ok(update.set("max_uses", m))
+        }
+    }
+}
+
+/// What the link's checkouts take from it, sent: the redirect, the
+/// reference, whether to collect an address, and the customer pre-fills
+/// (a string sets, an empty string clears).
+fn patch_checkout_fields(
+    mut update: Update,
+    patch: &mut PatchLink,
+    mode: Mode,
+) -> Result<Update, LinkError> {
+    if let Some(u) = patch.redirect_url.take() {
+        if let Some(url) = &u {
+            check_url("redirectUrl", url, mode)?;
+        }
+        update = set_or_null(update, "redirect_url", u.map(String::from));
+    }
+    if let Some(r) = not_null("referenceId", patch.reference_id.take())? {
+        update = set_or_null(update, "reference_id", text(Some(r)));
+    }
+    if let Some(c) = not_null("collectAddress", patch.collect_address.take())? {
+        update = update.set("collect_address", c);
+    }
+    // Pre-fills: a string sets, an empty string clears.
+    if let Some(n) = not_null("customerName", patch.customer_name.take())? {
+        update = set_or_null(update, "customer_name", text(Some(n)));
+    }
+    if let Some(e) = not_null("customerEmail", patch.customer_email.take())? {
+        let e = e.into_option().map(String::from);
+        update = set_or_null(update, "customer_email", e);
+    }
+    if let Some(p) = not_null("customerPhone", patch.customer_phone.take())? {
+        let p = p.into_option().map(String::from);
+        update = set_or_null(update, "customer_phone", p);
+    }
+    Ok(update)
+}
+
+/// The customer address parts sent, over the address as read: the address
+/// is one attribute, written whole on the version read (`cond`).
+fn patch_address(
+    update: Update,
+    link: &PaymentLink,
+    patch: &mut PatchLink,
+    cond: &mut Vec<Cond>,
+) -> Result<Update, LinkError> {
+    let mut address = link.customer_address.clone().unwrap_or_default();
+    let mut address_sent = false;
+    for (field, sent, slot) in [
+        (
+            "customerLine1",
+            patch.customer_line1.take(),
+            &mut address.line1,
+        ),
+        (
+            "customerLine2",
+            patch.customer_line2.take(),
+            &mut address.line2,
+        ),
+        (
+            "customerCity",
+            patch.customer_city.take(),
+            &mut address.city,
+        ),
+        (
+            "customerState",
+            patch.customer_state.take(),
+            &mut address.state,
+        ),
+        (
+            "customerPostalCode",
+            patch.customer_postal_code.take(),
+            &mut address.postal_code,
+        ),
+        (
+            "customerCountry",
+            patch.customer_country.take(),
+            &mut address.country,
+        ),
+    ] {
+        if let Some(v) = not_null(field, sent)? {
+            *slot = text(Some(v));
+            address_sent = true;
+        }
+    }
+    if !address_sent {
+        return Ok(update);
+    }
+    cond.push(Cond::eq("updated_at", link.updated_at.to_rfc3339()));
+    if address == StoredAddress::default() {
+        return Ok(update.remove("customer_address"));
+    }
+    let value = serde_json::to_value(&address).map_err(|e| StoreError::Backend(e.to_string()))?;
+    Ok(update.set("customer_address", value))
 }
 
 fn below_use_count(used: i64) -> LinkError {
