@@ -636,6 +636,111 @@ fn watermark(c: &mut Content, word: &[u8], col: Rgb) {
 // ---------------------------------------------------------------------------
 // The document, laid out page by page.
 
+/// The width of the first page header's left column (seller, buyer).
+const HEADER_COL_W: f32 = 270.0;
+
+/// The buyer ("bill to"), left, from `top`; answers where it ends.
+fn bill_to(c: &mut Content, inv: &PdfInvoice, top: f32) -> f32 {
+    let col_w = HEADER_COL_W;
+    let mut y = top;
+    label(c, b"BILL TO", MUTED, LEFT, y);
+    y -= 16.0;
+    let mut any = false;
+    if let Some(b) = inv.buyer.as_ref() {
+        if let Some(name) = field(b.name.as_ref()) {
+            let (name, size) = fit(&name, Font::Bold, 11.0, 8.0, col_w);
+            text(c, &name, Font::Bold, size, INK, LEFT, y);
+            y -= 14.0;
+            any = true;
+        }
+        for v in [&b.email, &b.phone]
+            .into_iter()
+            .filter_map(|v| field(v.as_ref()))
+        {
+            let v = ellipsize(&v, Font::Regular, 9.0, col_w);
+            text(c, &v, Font::Regular, 9.0, INK, LEFT, y);
+            y -= 12.5;
+            any = true;
+        }
+        if let Some(addr) = b.address.as_deref() {
+            let lines = wrap(addr, Font::Regular, 9.0, col_w);
+            let shown = lines.len().min(5);
+            for (i, line) in lines.iter().take(shown).enumerate() {
+                let line = if i + 1 == shown && lines.len() > shown {
+                    let mut cut = line.clone();
+                    cut.extend_from_slice(b" ...");
+                    ellipsize(&cut, Font::Regular, 9.0, col_w)
+                } else {
+                    line.clone()
+                };
+                text(c, &line, Font::Regular, 9.0, MUTED, LEFT, y);
+                y -= 12.5;
+                any = true;
+            }
+        }
+    }
+    if !any {
+        text(c, b"-", Font::Regular, 9.0, MUTED, LEFT, y);
+        y -= 12.5;
+    }
+    y
+}
+
+/// A void invoice's notice, from `y`: no longer payable, and why; answers
+/// where it ends.
+fn void_notice(c: &mut Content, inv: &PdfInvoice, y: f32) -> f32 {
+    let reason = inv
+        .void_reason
+        .as_deref()
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .unwrap_or("No reason given.");
+    let lines = wrap(reason, Font::Regular, 9.0, RIGHT - LEFT - 90.0);
+    let shown: Vec<&Vec<u8>> = lines.iter().take(6).collect();
+    let h = 38.0 + 12.0 * shown.len().max(1) as f32;
+    let box_y = y - h;
+    set_fill(c, RED_BG);
+    c.set_stroke_rgb(RED.0, RED.1, RED.2);
+    c.set_line_width(0.8);
+    rounded_rect(c, LEFT, box_y, RIGHT - LEFT, h, 4.0);
+    c.fill_nonzero_and_stroke();
+    text(c, b"VOID", Font::Bold, 14.0, RED, LEFT + 14.0, y - 22.0);
+    text(
+        c,
+        b"This invoice has been voided and is no longer payable.",
+        Font::Regular,
+        9.0,
+        INK,
+        LEFT + 66.0,
+        y - 21.0,
+    );
+    let mut ly = y - 36.0;
+    label(c, b"REASON", RED, LEFT + 14.0, ly);
+    for line in shown {
+        text(c, line, Font::Regular, 9.0, INK, LEFT + 66.0, ly);
+        ly -= 12.0;
+    }
+    box_y - 22.0
+}
+
+/// The amount due and by when, or that it is paid or nothing is due, from
+/// `y`; answers where it ends.
+fn amount_due(c: &mut Content, inv: &PdfInvoice, theme: Theme, y: f32) -> f32 {
+    let (big, col): (Vec<u8>, Rgb) = if inv.amount_remaining > 0 {
+        let mut t = npr(inv.amount_remaining).into_bytes();
+        t.extend_from_slice(b" due ");
+        t.extend_from_slice(&date(&inv.due_at));
+        (t, INK)
+    } else if inv.amount_paid > 0 {
+        (b"Paid in full - thank you".to_vec(), theme.accent)
+    } else {
+        (b"Nothing to pay".to_vec(), INK)
+    };
+    let (big, size) = fit(&big, Font::Bold, 15.0, 9.0, RIGHT - LEFT);
+    text(c, &big, Font::Bold, size, col, LEFT, y - 12.0);
+    y - 36.0
+}
+
 struct Doc<'a> {
     inv: &'a PdfInvoice,
     theme: Theme,
@@ -714,53 +819,74 @@ impl<'a> Doc<'a> {
         Ok(false)
     }
 
+    /// The first page's header: the seller and the title, the buyer and
+    /// the details, then the amount due (or why there is none).
     fn first_page_header(&mut self) {
-        let inv = self.inv;
-        let theme = self.theme;
-        let void = self.is_void();
-        let c = &mut self.page;
         let top = PAGE_H - 58.0;
+        let left_bottom = self.seller_block(top);
+        let right_bottom = self.title_block(top);
+        let mut y = left_bottom.min(right_bottom) - 14.0;
+        hline(&mut self.page, LEFT, RIGHT, y, 0.6, RULE);
+        y -= 24.0;
+        let left_bottom = bill_to(&mut self.page, self.inv, y);
+        let right_bottom = self.details_block(y);
+        let y = left_bottom.min(right_bottom) - 14.0;
+        self.y = if self.is_void() {
+            void_notice(&mut self.page, self.inv, y)
+        } else {
+            amount_due(&mut self.page, self.inv, self.theme, y)
+        };
+    }
 
-        // Seller, top left.
-        let col_w = 270.0;
+    /// The seller, top left from `top`; answers where it ends.
+    fn seller_block(&mut self, top: f32) -> f32 {
+        let c = &mut self.page;
         let mut y = top;
-        let seller = inv.seller.as_ref();
         if let Some(name) = &self.seller_name {
-            let (name, size) = fit(name, Font::Bold, 16.0, 10.0, col_w);
+            let (name, size) = fit(name, Font::Bold, 16.0, 10.0, HEADER_COL_W);
             text(c, &name, Font::Bold, size, INK, LEFT, y);
             y -= 17.0;
         }
-        if let Some(s) = seller {
-            let name = field(s.name.as_ref());
-            if let Some(legal) =
-                field(s.legal_name.as_ref()).filter(|l| name.as_ref().is_some_and(|n| n != l))
+        let Some(s) = self.inv.seller.as_ref() else {
+            return y;
+        };
+        let name = field(s.name.as_ref());
+        if let Some(legal) =
+            field(s.legal_name.as_ref()).filter(|l| name.as_ref().is_some_and(|n| n != l))
+        {
+            let legal = String::from_utf8_lossy(&legal).into_owned();
+            for line in wrap(&legal, Font::Regular, 9.0, HEADER_COL_W)
+                .iter()
+                .take(2)
             {
-                let legal = String::from_utf8_lossy(&legal).into_owned();
-                for line in wrap(&legal, Font::Regular, 9.0, col_w).iter().take(2) {
-                    text(c, line, Font::Regular, 9.0, MUTED, LEFT, y);
-                    y -= 12.0;
-                }
-            }
-            if let Some(email) = field(s.email.as_ref()) {
-                let email = ellipsize(&email, Font::Regular, 9.0, col_w);
-                text(c, &email, Font::Regular, 9.0, MUTED, LEFT, y);
+                text(c, line, Font::Regular, 9.0, MUTED, LEFT, y);
                 y -= 12.0;
             }
-            if let Some(url) = field(s.logo_url.as_ref()) {
-                let url = ellipsize(&url, Font::Regular, 7.0, col_w);
-                text(c, &url, Font::Regular, 7.0, FAINT, LEFT, y);
-                y -= 10.0;
-            }
         }
-        let left_bottom = y;
+        if let Some(email) = field(s.email.as_ref()) {
+            let email = ellipsize(&email, Font::Regular, 9.0, HEADER_COL_W);
+            text(c, &email, Font::Regular, 9.0, MUTED, LEFT, y);
+            y -= 12.0;
+        }
+        if let Some(url) = field(s.logo_url.as_ref()) {
+            let url = ellipsize(&url, Font::Regular, 7.0, HEADER_COL_W);
+            text(c, &url, Font::Regular, 7.0, FAINT, LEFT, y);
+            y -= 10.0;
+        }
+        y
+    }
 
-        // Title, number and marks, top right.
+    /// The title, the number and the marks (void, test mode), top right
+    /// from `top`; answers where they end.
+    fn title_block(&mut self, top: f32) -> f32 {
+        let void = self.is_void();
+        let c = &mut self.page;
         text_right(
             c,
             b"INVOICE",
             Font::Bold,
             24.0,
-            theme.accent,
+            self.theme.accent,
             RIGHT,
             top - 4.0,
         );
@@ -779,64 +905,20 @@ impl<'a> Doc<'a> {
             right = badge(c, b"VOID", RED, RED_BG, right, y) - 6.0;
             marks = true;
         }
-        if !inv.livemode {
+        if !self.inv.livemode {
             badge(c, b"TEST MODE", AMBER, AMBER_BG, right, y);
             marks = true;
         }
         if marks {
             y -= 16.0;
         }
-        let right_bottom = y + 8.0;
+        y + 8.0
+    }
 
-        let mut y = left_bottom.min(right_bottom) - 14.0;
-        hline(c, LEFT, RIGHT, y, 0.6, RULE);
-        y -= 24.0;
-        let block_top = y;
-
-        // Bill to, left.
-        label(c, b"BILL TO", MUTED, LEFT, y);
-        y -= 16.0;
-        let mut any = false;
-        if let Some(b) = inv.buyer.as_ref() {
-            if let Some(name) = field(b.name.as_ref()) {
-                let (name, size) = fit(&name, Font::Bold, 11.0, 8.0, col_w);
-                text(c, &name, Font::Bold, size, INK, LEFT, y);
-                y -= 14.0;
-                any = true;
-            }
-            for v in [&b.email, &b.phone]
-                .into_iter()
-                .filter_map(|v| field(v.as_ref()))
-            {
-                let v = ellipsize(&v, Font::Regular, 9.0, col_w);
-                text(c, &v, Font::Regular, 9.0, INK, LEFT, y);
-                y -= 12.5;
-                any = true;
-            }
-            if let Some(addr) = b.address.as_deref() {
-                let lines = wrap(addr, Font::Regular, 9.0, col_w);
-                let shown = lines.len().min(5);
-                for (i, line) in lines.iter().take(shown).enumerate() {
-                    let line = if i + 1 == shown && lines.len() > shown {
-                        let mut cut = line.clone();
-                        cut.extend_from_slice(b" ...");
-                        ellipsize(&cut, Font::Regular, 9.0, col_w)
-                    } else {
-                        line.clone()
-                    };
-                    text(c, &line, Font::Regular, 9.0, MUTED, LEFT, y);
-                    y -= 12.5;
-                    any = true;
-                }
-            }
-        }
-        if !any {
-            text(c, b"-", Font::Regular, 9.0, MUTED, LEFT, y);
-            y -= 12.5;
-        }
-        let left_bottom = y;
-
-        // Details, right.
+    /// The details (number, dates, reference), right, from `top`; answers
+    /// where they end.
+    fn details_block(&mut self, top: f32) -> f32 {
+        let inv = self.inv;
         let mut rows: Vec<(&[u8], Vec<u8>)> = Vec::new();
         rows.push((
             b"Invoice number",
@@ -850,66 +932,16 @@ impl<'a> Doc<'a> {
         if let Some(r) = field(inv.external_reference.as_ref()) {
             rows.push((b"Reference", r));
         }
+        let c = &mut self.page;
         let label_x = RIGHT - 220.0;
-        let mut y = block_top;
+        let mut y = top;
         for (name, value) in rows {
             text(c, name, Font::Regular, 9.0, MUTED, label_x, y);
             let (value, size) = fit(&value, Font::Bold, 9.0, 6.0, 140.0);
             text_right(c, &value, Font::Bold, size, INK, RIGHT, y);
             y -= 15.0;
         }
-        let mut y = left_bottom.min(y) - 14.0;
-
-        // The amount due, or why there is none.
-        if void {
-            let reason = inv
-                .void_reason
-                .as_deref()
-                .map(str::trim)
-                .filter(|r| !r.is_empty())
-                .unwrap_or("No reason given.");
-            let lines = wrap(reason, Font::Regular, 9.0, RIGHT - LEFT - 90.0);
-            let shown: Vec<&Vec<u8>> = lines.iter().take(6).collect();
-            let h = 38.0 + 12.0 * shown.len().max(1) as f32;
-            let box_y = y - h;
-            set_fill(c, RED_BG);
-            c.set_stroke_rgb(RED.0, RED.1, RED.2);
-            c.set_line_width(0.8);
-            rounded_rect(c, LEFT, box_y, RIGHT - LEFT, h, 4.0);
-            c.fill_nonzero_and_stroke();
-            text(c, b"VOID", Font::Bold, 14.0, RED, LEFT + 14.0, y - 22.0);
-            text(
-                c,
-                b"This invoice has been voided and is no longer payable.",
-                Font::Regular,
-                9.0,
-                INK,
-                LEFT + 66.0,
-                y - 21.0,
-            );
-            let mut ly = y - 36.0;
-            label(c, b"REASON", RED, LEFT + 14.0, ly);
-            for line in shown {
-                text(c, line, Font::Regular, 9.0, INK, LEFT + 66.0, ly);
-                ly -= 12.0;
-            }
-            y = box_y - 22.0;
-        } else {
-            let (big, col): (Vec<u8>, Rgb) = if inv.amount_remaining > 0 {
-                let mut t = npr(inv.amount_remaining).into_bytes();
-                t.extend_from_slice(b" due ");
-                t.extend_from_slice(&date(&inv.due_at));
-                (t, INK)
-            } else if inv.amount_paid > 0 {
-                (b"Paid in full - thank you".to_vec(), theme.accent)
-            } else {
-                (b"Nothing to pay".to_vec(), INK)
-            };
-            let (big, size) = fit(&big, Font::Bold, 15.0, 9.0, RIGHT - LEFT);
-            text(c, &big, Font::Bold, size, col, LEFT, y - 12.0);
-            y -= 36.0;
-        }
-        self.y = y;
+        y
     }
 
     fn table_header(&mut self) {
