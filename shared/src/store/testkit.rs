@@ -447,26 +447,11 @@ pub async fn put_if_exists(store: Arc<dyn Store>) {
     );
 }
 
-pub async fn condition_comparisons(store: Arc<dyn Store>) {
-    let pk = unique("cmp");
-    let key = Key::new(&pk, "a");
-    store
-        .put(
-            item(
-                &pk,
-                "a",
-                json!({
-                    "n": 10, "f": 2.5, "neg": -3, "big": u64::MAX,
-                    "s": "m", "hi": "\u{FFFD}", "b": true,
-                    "obj": {"x": 1, "y": [1, "z"]}, "arr": [1, "a"],
-                }),
-            ),
-            None,
-        )
-        .await
-        .expect("put");
+/// Comparisons and the answer each must give on an item holding numbers,
+/// strings, a boolean, an object and an array.
+fn comparison_cases() -> Vec<(&'static str, CmpOp, Value, bool)> {
     use CmpOp::{Eq, Ge, Gt, Le, Lt, Ne};
-    let cases: Vec<(&str, CmpOp, Value, bool)> = vec![
+    vec![
         // equality, numbers numerically
         ("n", Eq, json!(10), true),
         ("n", Eq, json!(11), false),
@@ -520,8 +505,29 @@ pub async fn condition_comparisons(store: Arc<dyn Store>) {
         ("b", Gt, json!(0), false),
         ("obj", Lt, json!(1), false),
         ("arr", Ge, json!("a"), false),
-    ];
-    for (attr, op, value, expected) in cases {
+    ]
+}
+
+pub async fn condition_comparisons(store: Arc<dyn Store>) {
+    let pk = unique("cmp");
+    let key = Key::new(&pk, "a");
+    store
+        .put(
+            item(
+                &pk,
+                "a",
+                json!({
+                    "n": 10, "f": 2.5, "neg": -3, "big": u64::MAX,
+                    "s": "m", "hi": "\u{FFFD}", "b": true,
+                    "obj": {"x": 1, "y": [1, "z"]}, "arr": [1, "a"],
+                }),
+            ),
+            None,
+        )
+        .await
+        .expect("put");
+    use CmpOp::{Eq, Ge, Gt, Le, Lt, Ne};
+    for (attr, op, value, expected) in comparison_cases() {
         let cond = Cond::Cmp(attr.into(), op, value);
         assert_eq!(
             holds(&*store, &key, cond.clone()).await,
@@ -905,23 +911,29 @@ pub async fn transact_all_or_nothing(store: Arc<dyn Store>) {
     );
 
     // Upsert and unconditional ops inside a transaction.
+    transact_upserts(&*store, &pk).await;
+}
+
+/// An upsert and unconditional ops inside a transaction: the update
+/// creates its item, the delete of a missing item is no failure.
+async fn transact_upserts(store: &dyn Store, pk: &str) {
     store
         .transact(vec![
             TxOp::Update {
-                key: Key::new(&pk, "e"),
+                key: Key::new(pk, "e"),
                 update: Update::new().add("n", 3),
                 cond: None,
             },
             TxOp::Delete {
-                key: Key::new(&pk, "never"),
+                key: Key::new(pk, "never"),
                 cond: None,
             },
         ])
         .await
         .expect("transaction");
     assert_eq!(
-        get(&*store, &pk, "e").await,
-        Some(item(&pk, "e", json!({"n": 3})))
+        get(store, pk, "e").await,
+        Some(item(pk, "e", json!({"n": 3})))
     );
 }
 
