@@ -417,3 +417,91 @@ fn the_glob_scan_finds_what_it_looks_for() {
     let lines: Vec<usize> = glob_imports(text).into_iter().map(|(l, _)| l).collect();
     assert_eq!(lines, vec![1, 3, 8, 12, 20]);
 }
+
+/// The lint names that, allowed, would let a long function or a long
+/// argument list into the shared crate: the two lints and the groups that
+/// hold them.
+const LENGTH_LINTS: [&str; 5] = [
+    "too_many_lines",
+    "too_many_arguments",
+    "clippy::pedantic",
+    "clippy::complexity",
+    "clippy::all",
+];
+
+/// The `allow(...)` and `expect(...)` lists in `text` (comments left out)
+/// that name one of [`LENGTH_LINTS`], with the line they start on.
+fn length_allows(text: &str) -> Vec<(usize, String)> {
+    let code: String = text
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("//") {
+                ""
+            } else {
+                l
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut found = Vec::new();
+    for opener in ["allow(", "expect("] {
+        for (at, _) in code.match_indices(opener) {
+            let rest = &code[at..];
+            let list = &rest[..rest.find(')').unwrap_or(rest.len())];
+            if LENGTH_LINTS.iter().any(|lint| list.contains(lint)) {
+                let line = code[..at].matches('\n').count() + 1;
+                found.push((line, list.split_whitespace().collect::<Vec<_>>().join(" ")));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Issue 38: no function of the shared crate's non-test code is over 100
+/// lines (clippy's `too_many_lines`, on in its lib.rs at the threshold of
+/// shared/clippy.toml), and none takes more arguments than clippy allows;
+/// neither lint is allowed anywhere in it.
+#[test]
+fn the_shared_crate_allows_no_long_function_or_argument_list() {
+    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared");
+    let lib = std::fs::read_to_string(shared.join("src/lib.rs")).unwrap_or_default();
+    assert!(
+        lib.contains("#![cfg_attr(not(test), warn(clippy::too_many_lines))]"),
+        "shared/src/lib.rs no longer turns on clippy::too_many_lines"
+    );
+    let config = std::fs::read_to_string(shared.join("clippy.toml")).unwrap_or_default();
+    assert!(
+        config
+            .lines()
+            .any(|l| l.replace(' ', "") == "too-many-lines-threshold=100"),
+        "shared/clippy.toml no longer holds functions to 100 lines:\n{config}"
+    );
+    let mut files = Vec::new();
+    rust_files(&shared.join("src"), &mut files);
+    assert!(files.len() > 50, "too few files: {}", files.len());
+    let mut found = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        for (line, list) in length_allows(&text) {
+            found.push(format!("{}:{line}: {list}", file.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "split the function or take a parameter struct instead of allowing the lint:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_allow_scan_finds_what_it_looks_for() {
+    let text = "#[allow(clippy::too_many_arguments)]\nfn a() {}\n\
+                #[cfg_attr(feature = \"x\", expect(\n    clippy::too_many_lines,\n))]\nfn b() {}\n\
+                #![allow(clippy::pedantic)]\n\
+                // #[allow(clippy::too_many_lines)] in a comment\n\
+                #[allow(clippy::type_complexity)]\nfn c() { x.expect(\"too long\"); }\n\
+                #![cfg_attr(not(test), warn(clippy::too_many_lines))]\n";
+    let found: Vec<usize> = length_allows(text).into_iter().map(|(l, _)| l).collect();
+    assert_eq!(found, vec![1, 3, 7], "{:?}", length_allows(text));
+}
