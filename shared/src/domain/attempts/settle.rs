@@ -14,10 +14,10 @@ use super::{
 use crate::app::Deps;
 use crate::domain::checkout::stats::Tally;
 use crate::domain::checkout::{self, CheckoutSession, SessionStatus};
+use crate::domain::fonepay_cap;
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::payments::{Payment, PaymentStatus, PaymentView};
 use crate::domain::record::from_item;
-use crate::domain::{Mode, Provider, fonepay_cap};
 use crate::keys;
 use crate::providers::{ProviderState, ProviderStatus, StatusQuery};
 use crate::store::{Cond, Index, StoreError, TxOp, TxReason, Update};

@@ -10,10 +10,10 @@ use crate::domain::checkout::{self, CheckoutSession, SessionStatus, StoredAddres
 use crate::domain::fonepay_cap::{self, CapError};
 use crate::domain::payments::{AttemptInfo, Payment, PaymentStatus};
 use crate::domain::record::to_item;
-use crate::domain::{Mode, Provider, account};
+use crate::domain::{Provider, account};
 use crate::ids::{self, IdKind};
 use crate::money::Currency;
-use crate::providers::{self, Attempt, Channel, CustomerInfo, Handoff};
+use crate::providers::{self, Attempt, Channel, CustomerInfo, Handoff, ProviderError};
 use crate::store::{Cond, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
 

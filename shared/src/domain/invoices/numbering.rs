@@ -6,9 +6,11 @@ use serde_json::{Value, json};
 use super::drafts::{InvoiceError, check_version, get, require_state};
 use super::records::{DocumentStatus, Invoice};
 use super::{FINALIZE_BUDGET, FINALIZE_TRIES};
+use crate::domain::account::Seller;
 use crate::domain::{Mode, account};
 use crate::store::fence::Fence;
-use crate::store::{Cond, Key, StoreError, TxOp, TxReason, Update};
+use crate::store::{Cond, Key, Store, StoreError, TxOp, TxReason, Update};
+use crate::time::Timestamp;
 use crate::{Deps, keys};
 
 fn counter_key(project_id: &str, mode: Mode) -> Key {

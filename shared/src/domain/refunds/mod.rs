@@ -37,7 +37,7 @@ mod resolve;
 #[cfg(test)]
 mod tests;
 
-pub use create::{Channel, CreateRefund, RefundError, create, create_via};
+pub use create::{Channel, CreateRefund, RefundError, RefundRequest, create, create_via};
 pub use resolve::{RefundSweep, find, list, of_payment, sweep};
 
 /// Default page size of `GET /v1/refunds` (spec).

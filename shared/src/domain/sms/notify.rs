@@ -4,10 +4,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::time::Duration;
 
-use super::guards::{SessionMatch, Taken, pending_session, session_in_url, take_places};
+use super::guards::{Places, SessionMatch, Taken, pending_session, session_in_url, take_places};
 use super::reminders::{SmsReminder, SmsStatus};
 use super::request::{message_text, url_host, validate};
-use super::{Limits, NotifyOutcome, NotifyRequest, SmsError};
+use super::{Limits, NotifyOutcome, NotifyRequest, SmsError, ValidNotify};
 use crate::Deps;
 use crate::domain::Mode;
 use crate::domain::account::Principal;
@@ -16,6 +16,7 @@ use crate::ids::{IdKind, new_id};
 use crate::queue::QueueName;
 use crate::store::fence::Fence;
 use crate::store::{Cond, Store, StoreError, TTL, TxOp};
+use crate::time::Timestamp;
 
 /// The queue message: the reminder to send.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use super::dispatch::dispatch;
 use super::guards::{
-    Taken, WINDOW_TRIES, below, counter_update, merchant_counter, recipient_window, take_places,
+    Places, Taken, WINDOW_TRIES, below, counter_update, merchant_counter, recipient_window,
+    take_places,
 };
 use super::notify::new_record_op;
 use super::reminders::open_partition;

@@ -4,7 +4,7 @@
 use serde_json::json;
 use std::time::Duration;
 
-use super::endpoints::{WebhookError, get};
+use super::endpoints::{Endpoint, WebhookError, get};
 use super::fan_out::{DeliveryMessage, DispatchError, FanOutReport, enqueue, fan_out_pending};
 use super::log::{Delivery, DeliveryStatus, delivery};
 use crate::domain::{Mode, credentials, outbox};
