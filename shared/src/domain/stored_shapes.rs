@@ -272,9 +272,24 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
     })
 }
 
+/// `always` missing from `item`, and attributes neither in `always` nor
+/// `also`.
+fn attribute_problems(item: &Item, always: &[&str], also: impl Fn(&str) -> bool) -> Vec<String> {
+    let mut out: Vec<String> = always
+        .iter()
+        .filter(|a| !item.contains_key(**a))
+        .map(|a| format!("{a}: missing"))
+        .collect();
+    out.extend(
+        item.keys()
+            .filter(|a| *a != PK && *a != SK && !always.contains(&a.as_str()) && !also(a))
+            .map(|a| format!("{a}: not an attribute of this kind")),
+    );
+    out
+}
+
 /// What is wrong with `item` of its kind, if anything.
 fn problems(item: &Item, check: &Check) -> Vec<String> {
-    let attrs = || item.keys().filter(|a| *a != PK && *a != SK);
     match check {
         Check::Record {
             roundtrip,
@@ -305,30 +320,10 @@ fn problems(item: &Item, check: &Check) -> Vec<String> {
             out
         }
         Check::Attributes { always, also } => {
-            let mut out: Vec<String> = always
-                .iter()
-                .filter(|a| !item.contains_key(**a))
-                .map(|a| format!("{a}: missing"))
-                .collect();
-            out.extend(
-                attrs()
-                    .filter(|a| !always.contains(&a.as_str()) && !also.contains(&a.as_str()))
-                    .map(|a| format!("{a}: not an attribute of this kind")),
-            );
-            out
+            attribute_problems(item, always, |a| also.contains(&a))
         }
         Check::Family { always, prefix } => {
-            let mut out: Vec<String> = always
-                .iter()
-                .filter(|a| !item.contains_key(**a))
-                .map(|a| format!("{a}: missing"))
-                .collect();
-            out.extend(
-                attrs()
-                    .filter(|a| !always.contains(&a.as_str()) && !a.starts_with(prefix))
-                    .map(|a| format!("{a}: not an attribute of this kind")),
-            );
-            out
+            attribute_problems(item, always, |a| a.starts_with(prefix))
         }
     }
 }

@@ -298,6 +298,15 @@ fn event_op(kind: EventType, payment: &Payment, now: Timestamp) -> Result<Vec<Tx
     Event::new(kind, &payment.project_id, payment.mode, view, now).put_ops()
 }
 
+/// `update` of `p` if its status is one of `from` and it is not held.
+fn unheld_payment_update(p: &Payment, update: Update, from: &[PaymentStatus]) -> TxOp {
+    TxOp::Update {
+        key: Payment::key(&p.id),
+        update,
+        cond: Some(not_held(status_in(from))),
+    }
+}
+
 /// `cond`, and no hold for review: a settlement never lands over a hold
 /// that came after the copy it was planned from was read.
 fn not_held(cond: Cond) -> Cond {
@@ -441,15 +450,15 @@ fn plan_success(
         Some(s) if s.status != SessionStatus::Success => session_paid_ops(p, s, link, tally, now)?,
         _ => Vec::new(),
     };
-    let mut ops = vec![TxOp::Update {
-        key: Payment::key(&p.id),
+    let mut ops = vec![unheld_payment_update(
+        p,
         update,
-        cond: Some(not_held(status_in(&[
+        &[
             PaymentStatus::Pending,
             PaymentStatus::Processing,
             PaymentStatus::Cancelled,
-        ]))),
-    }];
+        ],
+    )];
     ops.extend(session_ops);
     if super::provider_rules::of(p.provider, p.mode).month_cap {
         ops.extend(fonepay_cap::paid_ops(
@@ -589,14 +598,11 @@ fn plan_closing(
         // partition (out of the open payments).
         recheck(update, p, now)
     };
-    let mut ops = vec![TxOp::Update {
-        key: Payment::key(&p.id),
+    let mut ops = vec![unheld_payment_update(
+        p,
         update,
-        cond: Some(not_held(status_in(&[
-            PaymentStatus::Pending,
-            PaymentStatus::Processing,
-        ]))),
-    }];
+        &[PaymentStatus::Pending, PaymentStatus::Processing],
+    )];
     let ours = |s: &&CheckoutSession| {
         s.payment_id.as_deref() == Some(p.id.as_str()) && s.status == SessionStatus::Initiated
     };
