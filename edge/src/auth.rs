@@ -15,8 +15,8 @@ use http::request::Parts;
 use super::error::ApiError;
 use super::ratelimit::{QuotaHttp, QuotaSlot};
 use shared::app::AppState;
-use shared::domain::Mode;
 use shared::domain::account::{self, Principal, Scope};
+use shared::domain::{Mode, Tenant};
 
 /// The authenticated caller of a request.
 #[derive(Clone, Debug)]
@@ -43,6 +43,11 @@ impl Auth {
 
     pub fn project_id(&self) -> &str {
         self.0.project_id()
+    }
+
+    /// Whose records the caller reads and writes.
+    pub fn tenant(&self) -> &Tenant {
+        self.0.tenant()
     }
 }
 

@@ -37,6 +37,7 @@ use super::error::{ApiError, Enveloped, ErrorType};
 use super::input::{MAX_BODY_BYTES, QueryParams};
 use super::requests::current_request_id;
 use shared::app::AppState;
+use shared::domain::Tenant;
 use shared::domain::record::{from_item, to_item};
 use shared::store::{Cond, Key, StoreError, TTL, Update};
 use shared::time::Timestamp;
@@ -83,10 +84,10 @@ struct Record {
 /// The record attribute of [`Record::key_id`].
 const KEY_ID: &str = "key_id";
 
-fn record_key(project_id: &str, mode: &str, idem_key: &str) -> Key {
+fn record_key(tenant: &Tenant, idem_key: &str) -> Key {
     // Hashed: any printable key fits, and the store never sees it raw.
     let digest = hex::encode(Sha256::digest(idem_key.as_bytes()));
-    shared::keys::idempotency(project_id, mode, &digest)
+    shared::keys::idempotency(&tenant.project, tenant.mode.as_str(), &digest)
 }
 
 /// What makes two requests "the same request".
@@ -181,7 +182,7 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
 
     let store = &*state.store;
     let now = state.clock.now();
-    let key = record_key(auth.project_id(), auth.mode().as_str(), &idem_key);
+    let key = record_key(auth.tenant(), &idem_key);
     let owner = shared::ids::new_id(shared::ids::IdKind::Event);
     let claim = Record {
         state: ClaimState::InProgress,
@@ -707,7 +708,7 @@ mod tests {
             panic!()
         };
         let body = r#"{"name": "z"}"#;
-        let key = record_key(who.project_id(), "sandbox", "crashed");
+        let key = record_key(&Tenant::new(who.project_id(), Mode::Sandbox), "crashed");
         // The first key's process died mid-request; its lease is over.
         let claim = Record {
             state: ClaimState::InProgress,
@@ -859,7 +860,7 @@ mod tests {
         call(&s, Some("gone"), r#"{"name": "first"}"#).await;
         assert_eq!(widgets_created(&s).await, 1);
         // Drop the claim record: only the fence remains.
-        let record = record_key(&s.project_id, "sandbox", "gone");
+        let record = record_key(&Tenant::new(&s.project_id, Mode::Sandbox), "gone");
         s.store.delete(&record, None).await.unwrap();
         let other = call(&s, Some("gone"), r#"{"name": "second"}"#).await;
         assert_eq!(other.status, StatusCode::CREATED, "{:?}", other.body);
@@ -896,7 +897,7 @@ mod tests {
         };
         let body = r#"{"name": "z"}"#;
         let print = fingerprint(&Method::POST, "/v1/widgets", None, body.as_bytes());
-        let key = record_key(who.project_id(), "sandbox", "crashed");
+        let key = record_key(&Tenant::new(who.project_id(), Mode::Sandbox), "crashed");
         let mut claim = Record {
             state: ClaimState::InProgress,
             fingerprint: print,
@@ -935,7 +936,7 @@ mod tests {
         let Ok(who) = account::authenticate(&*s.store, now, &s.key).await else {
             panic!()
         };
-        let key = record_key(who.project_id(), "sandbox", "old");
+        let key = record_key(&Tenant::new(who.project_id(), Mode::Sandbox), "old");
         // A completed answer for another request, past its 24 h TTL but not
         // yet swept (DynamoDB deletes expired items lazily).
         let stale = Record {

@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use super::error::ApiError;
 use super::input::QueryParams;
+use shared::domain::Window;
 
 pub const MAX_LIMIT: usize = 100;
 /// Offsets are read through on DynamoDB (it has no skip), so a page past
@@ -19,6 +20,14 @@ pub struct Pagination {
 }
 
 impl Pagination {
+    /// The records of the list this page holds.
+    pub fn window(&self) -> Window {
+        Window {
+            offset: self.offset,
+            limit: self.limit,
+        }
+    }
+
     pub fn from_query(q: &QueryParams, default_limit: usize) -> Result<Self, ApiError> {
         let limit = match q.get("limit") {
             None => default_limit,

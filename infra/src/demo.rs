@@ -7,6 +7,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use shared::AppState;
+use shared::domain::Tenant;
 use shared::domain::account::{
     self, ApiKey, KeyKind, NewKey, Plan, Project, Scope, hash_secret, shape_of_key,
 };
@@ -371,8 +372,7 @@ pub async fn ensure_fonepay_credentials(
         &*state.store,
         keys,
         state.clock.now(),
-        &demo.project_id,
-        Mode::Sandbox,
+        &Tenant::new(&demo.project_id, Mode::Sandbox),
         &simulator_fonepay_credentials(),
     )
     .await

@@ -1,6 +1,7 @@
 //! The two kinds every record carries, below every other module: its mode
 //! (sandbox or live, fixed by the API key) and, for money movements, its
-//! provider. `domain` re-exports them.
+//! provider; and the [`Tenant`] a call acts for (a project in a mode).
+//! `domain` re-exports them.
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +31,29 @@ impl Mode {
             Mode::Sandbox => "sk_test_",
             Mode::Live => "sk_live_",
         }
+    }
+}
+
+/// Whose records a call reads and writes: one project in one mode, as
+/// authentication found it (an API key, a publishable key, a dashboard
+/// session). Every find and list of a caller's records takes one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Tenant {
+    pub project: String,
+    pub mode: Mode,
+}
+
+impl Tenant {
+    pub fn new(project: impl Into<String>, mode: Mode) -> Self {
+        Tenant {
+            project: project.into(),
+            mode,
+        }
+    }
+
+    /// Whether a record of `project_id` in `mode` is this tenant's.
+    pub fn owns(&self, project_id: &str, mode: Mode) -> bool {
+        self.project == project_id && self.mode == mode
     }
 }
 

@@ -103,8 +103,7 @@ async fn a_session_reads_back_with_every_field(which: Which) {
         &*app.store,
         &keys,
         SystemClock.now(),
-        &t.project.id,
-        Mode::Live,
+        &shared::domain::Tenant::new(&t.project.id, Mode::Live),
         &creds,
     )
     .await;
@@ -743,8 +742,7 @@ async fn providers_show_what_the_project_can_use(which: Which) {
         &*app.store,
         &keys,
         now,
-        &t.project.id,
-        Mode::Sandbox,
+        &shared::domain::Tenant::new(&t.project.id, Mode::Sandbox),
         &creds,
     )
     .await;

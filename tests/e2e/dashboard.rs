@@ -554,11 +554,9 @@ fn field(body: &str, name: &str) -> String {
 async fn refund_count(app: &TestApp, t: &Tenant, payment: &str) -> u64 {
     shared::domain::refunds::list(
         &*app.store,
-        &t.project.id,
-        Mode::Sandbox,
+        &shared::domain::Tenant::new(&t.project.id, Mode::Sandbox),
         Some(payment),
-        0,
-        100,
+        shared::domain::Window::first(100),
     )
     .await
     .map(|(_, n)| n)
@@ -1053,9 +1051,13 @@ async fn links_invoices_sms_and_webhooks_are_listed(which: Which) {
         again.location, r.location,
         "a double submit sends nothing more"
     );
-    let events = shared::domain::outbox::recent(&*app.store, &t.project.id, Mode::Sandbox, 50)
-        .await
-        .unwrap_or_default();
+    let events = shared::domain::outbox::recent(
+        &*app.store,
+        &shared::domain::Tenant::new(&t.project.id, Mode::Sandbox),
+        50,
+    )
+    .await
+    .unwrap_or_default();
     let tests = events
         .iter()
         .filter(|e| e.endpoint_id.as_deref() == Some(we.as_str()))
@@ -1465,10 +1467,14 @@ async fn payment_links_are_made_once_and_cancelled(which: Which) {
     assert_eq!(r.status, 303, "{}", r.show());
     let again = dev.post("/dashboard/links", &make).await;
     assert_eq!(again.location, r.location, "a double submit makes one link");
-    let (links, total) =
-        shared::domain::links::list(&*app.store, &t.project.id, Mode::Sandbox, None, 0, 10)
-            .await
-            .unwrap_or_default();
+    let (links, total) = shared::domain::links::list(
+        &*app.store,
+        &shared::domain::Tenant::new(&t.project.id, Mode::Sandbox),
+        None,
+        shared::domain::Window::first(10),
+    )
+    .await
+    .unwrap_or_default();
     assert_eq!(total, 1);
     let link = &links[0];
     assert_eq!(
@@ -1630,9 +1636,12 @@ async fn webhook_endpoints_are_managed_and_deliveries_resent(which: Which) {
     );
     let again = dev.post("/dashboard/webhooks", &add).await;
     assert!(again.body.contains("already sent"), "{}", again.show());
-    let endpoints = shared::domain::webhooks::list(&*app.store, &t.project.id, Mode::Sandbox)
-        .await
-        .unwrap_or_default();
+    let endpoints = shared::domain::webhooks::list(
+        &*app.store,
+        &shared::domain::Tenant::new(&t.project.id, Mode::Sandbox),
+    )
+    .await
+    .unwrap_or_default();
     assert_eq!(endpoints.len(), 1, "a double submit adds one endpoint");
     let we = endpoints[0].id.clone();
     let path = format!("/dashboard/webhooks/{we}");
@@ -1713,9 +1722,12 @@ async fn webhook_endpoints_are_managed_and_deliveries_resent(which: Which) {
         )
         .await;
     assert_eq!(r.status, 303, "{}", r.show());
-    let left = shared::domain::webhooks::list(&*app.store, &t.project.id, Mode::Sandbox)
-        .await
-        .unwrap_or_default();
+    let left = shared::domain::webhooks::list(
+        &*app.store,
+        &shared::domain::Tenant::new(&t.project.id, Mode::Sandbox),
+    )
+    .await
+    .unwrap_or_default();
     assert!(left.is_empty());
     user(&app, &t, "owner@himal.np", Role::Owner).await;
     let mut owner = signed_in(&app, "owner@himal.np").await;
@@ -1755,12 +1767,15 @@ async fn a_payments_events_are_shown_with_their_deliveries(which: Which) {
     ];
     let r = owner.post("/dashboard/webhooks", &add).await;
     assert_eq!(r.status, 200, "{}", r.show());
-    let we = shared::domain::webhooks::list(&*app.store, &shop.tenant.project.id, Mode::Sandbox)
-        .await
-        .unwrap_or_default()
-        .first()
-        .map(|e| e.id.clone())
-        .unwrap_or_else(|| panic!("no endpoint"));
+    let we = shared::domain::webhooks::list(
+        &*app.store,
+        &shared::domain::Tenant::new(&shop.tenant.project.id, Mode::Sandbox),
+    )
+    .await
+    .unwrap_or_default()
+    .first()
+    .map(|e| e.id.clone())
+    .unwrap_or_else(|| panic!("no endpoint"));
 
     let paid = shop.paid(dhukuti_tests::shop::Via::Khalti, 100_000).await;
     assert_eq!(

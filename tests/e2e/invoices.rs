@@ -279,11 +279,16 @@ impl Ctx {
 
     /// Events of `kind` in the sandbox outbox about invoice `id`.
     async fn events_about(&self, kind: &str, id: &str) -> Vec<outbox::Event> {
-        let events =
-            match outbox::recent(&*self.app.store, self.project(), Mode::Sandbox, 100).await {
-                Ok(e) => e,
-                Err(e) => panic!("events: {e}"),
-            };
+        let events = match outbox::recent(
+            &*self.app.store,
+            &shared::domain::Tenant::new(self.project(), Mode::Sandbox),
+            100,
+        )
+        .await
+        {
+            Ok(e) => e,
+            Err(e) => panic!("events: {e}"),
+        };
         events
             .into_iter()
             .filter(|e| serde_json::to_value(e.event_type).ok() == Some(json!(kind)))
@@ -761,7 +766,14 @@ async fn concurrent_domain_finalizes_without_the_process_lock_stay_gapless(which
             let start = start.clone();
             tokio::spawn(async move {
                 start.wait().await;
-                invoices::finalize(&state, &project, Mode::Sandbox, &id, v, None).await
+                invoices::finalize(
+                    &state,
+                    &shared::domain::Tenant::new(&project, Mode::Sandbox),
+                    &id,
+                    v,
+                    None,
+                )
+                .await
             })
         })
         .collect();
@@ -1664,7 +1676,13 @@ async fn part_payments_and_overdue_follow_the_balance(which: Which) {
     let project = c.project();
     let idr = id.as_str();
     let allocate = |amount: i64, payment: &'static str| async move {
-        let Ok(inv) = invoices::get(store, project, Mode::Sandbox, idr).await else {
+        let Ok(inv) = invoices::get(
+            store,
+            &shared::domain::Tenant::new(project, Mode::Sandbox),
+            idr,
+        )
+        .await
+        else {
             panic!("invoice {idr}")
         };
         let ops = match invoices::allocation_ops(&inv, payment, amount, SystemClock.now()) {

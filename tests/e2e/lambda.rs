@@ -158,7 +158,11 @@ async fn invoices_function_answers_the_pdf_as_binary(which: Which) {
         Ok(b) => b,
         Err(e) => panic!("{e}"),
     };
-    let draft = match invoices::new_draft(&f.project_id, Mode::Live, body, SystemClock.now()) {
+    let draft = match invoices::new_draft(
+        &shared::domain::Tenant::new(&f.project_id, Mode::Live),
+        body,
+        SystemClock.now(),
+    ) {
         Ok(d) => d,
         Err(e) => panic!("{e}"),
     };
@@ -169,9 +173,15 @@ async fn invoices_function_answers_the_pdf_as_binary(which: Which) {
         .put(item, None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let issued = invoices::finalize(&f.state, &f.project_id, Mode::Live, &draft.id, 1, None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let issued = invoices::finalize(
+        &f.state,
+        &shared::domain::Tenant::new(&f.project_id, Mode::Live),
+        &draft.id,
+        1,
+        None,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(issued.invoice_number.as_deref(), Some("PI-000001"));
     f.invoice_id = Some(draft.id.clone());
     let res = invoke(::invoices::router(f.state.clone()), "invoice-pdf.json", &f).await;
@@ -527,7 +537,14 @@ async fn endpoint(
         events: events.map(|e| e.iter().map(|s| (*s).to_owned()).collect()),
         enabled: None,
     };
-    match shared::domain::webhooks::create(state, &f.project_id, Mode::Sandbox, body, None).await {
+    match shared::domain::webhooks::create(
+        state,
+        &shared::domain::Tenant::new(&f.project_id, Mode::Sandbox),
+        body,
+        None,
+    )
+    .await
+    {
         Ok((endpoint, Some(secret))) => (endpoint, secret),
         Ok((endpoint, None)) => panic!("{} came without its secret", endpoint.id),
         Err(e) => panic!("endpoint: {e}"),

@@ -645,9 +645,13 @@ async fn a_customer_pays_through_a_link(which: Which) {
     assert_eq!(after["stats"]["views"], 1);
     assert_eq!(after["stats"]["conversion_rate"], 1.0);
     // The same return again (a replayed callback): counted once.
-    let events = shared::domain::outbox::recent(&*app.store, &t.project.id, Mode::Sandbox, 20)
-        .await
-        .unwrap_or_default();
+    let events = shared::domain::outbox::recent(
+        &*app.store,
+        &shared::domain::Tenant::new(&t.project.id, Mode::Sandbox),
+        20,
+    )
+    .await
+    .unwrap_or_default();
     let paid: Vec<_> = events
         .iter()
         .filter(|e| e.event_type.as_str() == "payment_link.paid")

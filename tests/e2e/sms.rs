@@ -200,7 +200,12 @@ async fn a_live_reminder_is_queued_then_delivered_exactly_once(which: Which) {
 
 /// The project's one reminder (the answer names none).
 async fn sent_reminder_id(app: &TestApp, tenant: &dhukuti_tests::Tenant) -> Option<String> {
-    let listed = sms::list_recent(&*app.store, &tenant.project.id, Mode::Live, 10).await;
+    let listed = sms::list_recent(
+        &*app.store,
+        &shared::domain::Tenant::new(&tenant.project.id, Mode::Live),
+        10,
+    )
+    .await;
     let Ok(list) = listed else {
         panic!("{listed:?}")
     };
@@ -295,7 +300,12 @@ async fn the_live_quota_holds_under_concurrency(which: Which) {
 /// The live reminder of the tenant's project, once it is final.
 async fn final_reminder(app: &TestApp, tenant: &dhukuti_tests::Tenant) -> sms::SmsReminder {
     for _ in 0..150 {
-        let listed = sms::list_recent(&*app.store, &tenant.project.id, Mode::Live, 10).await;
+        let listed = sms::list_recent(
+            &*app.store,
+            &shared::domain::Tenant::new(&tenant.project.id, Mode::Live),
+            10,
+        )
+        .await;
         if let Ok([r]) = listed.as_deref() {
             if let Ok(Some(r)) = sms::get(&*app.store, &r.id).await {
                 if r.status.is_final() {
@@ -485,7 +495,12 @@ async fn a_retry_after_a_lost_answer_sends_one_sms(which: Which) {
     let (messages, calls) = simulator(&app).await;
     assert_eq!((messages.len(), calls), (1, 1), "{messages:?}");
     assert_eq!(quota_used(&app, &tenant).await, 1);
-    let listed = sms::list_recent(&*app.store, &tenant.project.id, Mode::Live, 10).await;
+    let listed = sms::list_recent(
+        &*app.store,
+        &shared::domain::Tenant::new(&tenant.project.id, Mode::Live),
+        10,
+    )
+    .await;
     assert!(matches!(listed.as_deref(), Ok([_])), "{listed:?}");
     app.stop().await;
 }

@@ -344,8 +344,7 @@ impl TestApp {
             &*self.store,
             keys,
             SystemClock.now(),
-            &tenant.project.id,
-            mode,
+            &shared::domain::Tenant::new(&tenant.project.id, mode),
             &creds,
         )
         .await

@@ -115,7 +115,13 @@ impl Shop {
     }
 
     pub async fn events(&self) -> Vec<Event> {
-        match outbox::recent(&*self.app.store, &self.tenant.project.id, Mode::Sandbox, 50).await {
+        match outbox::recent(
+            &*self.app.store,
+            &shared::domain::Tenant::new(&self.tenant.project.id, Mode::Sandbox),
+            50,
+        )
+        .await
+        {
             Ok(e) => e,
             Err(e) => panic!("events: {e}"),
         }

@@ -55,6 +55,6 @@ async fn get_overview(
         analytics::parse_days(query.get("days")).map_err(|m| ApiError::validation("days", m))?;
     let now = state.clock.now();
     Ok(Json(
-        analytics::overview(&*state.store, auth.project_id(), auth.mode(), days, now).await?,
+        analytics::overview(&*state.store, auth.tenant(), days, now).await?,
     ))
 }

@@ -128,15 +128,9 @@ async fn expire_checkout(
     Path(id): Path<String>,
 ) -> Result<Json<Expired>, ApiError> {
     let who = auth.require(Scope::PaymentsWrite)?;
-    let s: CheckoutSession = checkout::expire(
-        &*state.store,
-        who.project_id(),
-        who.mode(),
-        &id,
-        state.clock.now(),
-    )
-    .await?
-    .ok_or_else(|| ApiError::not_found("checkout session", &id))?;
+    let s: CheckoutSession = checkout::expire(&*state.store, who.tenant(), &id, state.clock.now())
+        .await?
+        .ok_or_else(|| ApiError::not_found("checkout session", &id))?;
     Ok(Json(Expired {
         id: s.id,
         status: s.status,
@@ -163,16 +157,8 @@ async fn list_sessions(
     // The spec: unrecognised status values are ignored.
     let status = query.get("status").and_then(SessionStatus::parse);
     let now = state.clock.now();
-    let (found, total) = checkout::list(
-        &*state.store,
-        who.project_id(),
-        who.mode(),
-        status,
-        now,
-        page.offset,
-        page.limit,
-    )
-    .await?;
+    let (found, total) =
+        checkout::list(&*state.store, who.tenant(), status, now, page.window()).await?;
     let data = found
         .into_iter()
         .map(|s| CheckoutSessionView::at(s, now))
@@ -194,7 +180,7 @@ async fn get_session(
 ) -> Result<Json<CheckoutSessionView>, ApiError> {
     let who = auth.require(Scope::SessionsRead)?;
     let now = state.clock.now();
-    checkout::find(&*state.store, who.project_id(), who.mode(), &id, now)
+    checkout::find(&*state.store, who.tenant(), &id, now)
         .await?
         .map(|s| Json(CheckoutSessionView::at(s, now)))
         .ok_or_else(|| ApiError::not_found("checkout session", &id))
@@ -212,7 +198,7 @@ async fn list_providers(
     auth: Auth,
 ) -> Result<Json<ProviderList>, ApiError> {
     let who = auth.require(Scope::PaymentsRead)?;
-    let data = checkout::providers(&*state.store, who.project_id(), who.mode()).await?;
+    let data = checkout::providers(&*state.store, who.tenant()).await?;
     let providers = data
         .iter()
         .filter(|p| p.enabled)

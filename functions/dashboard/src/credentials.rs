@@ -67,12 +67,12 @@ async fn show(
     error: Option<&str>,
     status: StatusCode,
 ) -> Page {
-    let (project, mode) = (&signed.session.project_id, signed.session.mode);
-    let configured: Vec<_> = credentials::list_configured_providers(&*state.store, project)
+    let tenant = &signed.tenant;
+    let configured: Vec<_> = credentials::list_configured_providers(&*state.store, &tenant.project)
         .await
         .map_err(|e| fail(shared::refusal::Refusal::internal(&e)))?
         .into_iter()
-        .filter(|c| c.mode == mode)
+        .filter(|c| c.mode == tenant.mode)
         .collect();
     // The check: each set opens with the master key (no value shown).
     let mut rows = Vec::new();
@@ -80,9 +80,7 @@ async fn show(
         let verdict = match state.providers.keys() {
             None => "no master key configured here".to_owned(),
             Some(keys) => {
-                match credentials::get_credentials(&*state.store, keys, project, mode, c.provider)
-                    .await
-                {
+                match credentials::get_credentials(&*state.store, keys, tenant, c.provider).await {
                     Ok(Some(_)) => "ok".to_owned(),
                     Ok(None) => "removed meanwhile".to_owned(),
                     Err(e) => e.to_string(),
@@ -176,8 +174,7 @@ pub async fn check(State(state): State<AppState>, signed: Signed, body: Bytes) -
     let asked = credentials::ask_provider(
         &*state.store,
         &state.providers,
-        &signed.session.project_id,
-        signed.session.mode,
+        &signed.tenant,
         provider,
         state.clock.now(),
     )
@@ -263,8 +260,7 @@ pub async fn set(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
         &*state.store,
         keys,
         state.clock.now(),
-        &signed.session.project_id,
-        signed.session.mode,
+        &signed.tenant,
         &creds,
     )
     .await;

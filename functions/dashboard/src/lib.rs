@@ -43,6 +43,7 @@ use shared::domain::outbox;
 use shared::domain::payments::{self, PaymentView};
 use shared::domain::refunds::{self, CreateRefund, RefundError, RefundReason};
 use shared::domain::webhooks;
+use shared::domain::{Tenant, Window};
 use shared::fields::{NepaliMobile, RefundNotes};
 use shared::limits::public;
 
@@ -365,6 +366,8 @@ fn local_path(next: Option<&String>) -> String {
 /// comes back after; a POST changes nothing.
 pub struct Signed {
     pub session: DashboardSession,
+    /// The project and mode the session shows: whose records it reads.
+    pub tenant: Tenant,
     pub user: DashboardUser,
     pub cookie: String,
     pub address: String,
@@ -448,6 +451,7 @@ impl FromRequestParts<AppState> for Signed {
         };
         match dashboard::open_session(&*state.store, state.clock.now(), &cookie).await {
             Ok(Ok((session, user))) => Ok(Signed {
+                tenant: Tenant::new(&session.project_id, session.mode),
                 session,
                 user,
                 cookie,
@@ -638,8 +642,7 @@ pub(crate) async fn nav(
 async fn overview(State(state): State<AppState>, signed: Signed) -> Page {
     let (o, series) = analytics::overview_by_day(
         &*state.store,
-        &signed.session.project_id,
-        signed.session.mode,
+        &signed.tenant,
         analytics::DEFAULT_DAYS,
         state.clock.now(),
     )
@@ -695,11 +698,12 @@ async fn payments_page(
     };
     let (list, total) = payments::list_filtered(
         &*state.store,
-        &signed.session.project_id,
-        signed.session.mode,
+        &signed.tenant,
         payments::PaymentFilter { status, provider },
-        (page - 1) * PAGE,
-        PAGE,
+        Window {
+            offset: (page - 1) * PAGE,
+            limit: PAGE,
+        },
     )
     .await
     .map_err(fail)?;
@@ -743,12 +747,11 @@ async fn payment_view(
     error: Option<&str>,
     status: StatusCode,
 ) -> Page {
-    let (project, mode) = (&signed.session.project_id, signed.session.mode);
-    let payment = payments::find(&*state.store, project, mode, id)
+    let payment = payments::find(&*state.store, &signed.tenant, id)
         .await
         .map_err(fail)?
         .ok_or_else(|| fail(shared::refusal::Refusal::not_found("payment", id)))?;
-    let (refunds, _) = refunds::of_payment(&*state.store, &payment.id, 0, 100)
+    let (refunds, _) = refunds::of_payment(&*state.store, &payment.id, Window::first(100))
         .await
         .map_err(fail)?;
     let timeline = timeline(state, &payment.id).await?;
@@ -936,11 +939,12 @@ async fn refunds_page(
     let page = page_number(&query(&raw))?;
     let (list, total) = refunds::list(
         &*state.store,
-        &signed.session.project_id,
-        signed.session.mode,
+        &signed.tenant,
         None,
-        (page - 1) * PAGE,
-        PAGE,
+        Window {
+            offset: (page - 1) * PAGE,
+            limit: PAGE,
+        },
     )
     .await
     .map_err(fail)?;

@@ -19,6 +19,7 @@ use shared::domain::webhooks::{self, Delivery, Endpoint, WebhookError};
 
 use crate::pages::{Nav, label, layout, pager, pages_of, rupees, status_badge, when};
 use crate::{PAGE, Page, Signed, Stop, expired_form, fail, nav, page_number, query};
+use shared::domain::Window;
 
 pub async fn links_page(
     State(state): State<AppState>,
@@ -28,11 +29,12 @@ pub async fn links_page(
     let page = page_number(&query(&raw))?;
     let (list, total) = links::list(
         &*state.store,
-        &signed.session.project_id,
-        signed.session.mode,
+        &signed.tenant,
         None,
-        (page - 1) * PAGE,
-        PAGE,
+        Window {
+            offset: (page - 1) * PAGE,
+            limit: PAGE,
+        },
     )
     .await
     .map_err(fail)?;
@@ -107,17 +109,17 @@ pub async fn make_link(State(state): State<AppState>, signed: Signed, body: Byte
     let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, now) else {
         return Err(expired_form());
     };
-    let (project, mode) = (&signed.session.project_id, signed.session.mode);
     let made = link_request(&f).and_then(|req| {
-        links::new_link(project, mode, req, now)
+        links::new_link(&signed.tenant, req, now)
             .map_err(|e| shared::refusal::Refusal::from(e).message)
     });
     let link = match made {
         Ok(l) => l,
         Err(why) => {
-            let (list, total) = links::list(&*state.store, project, mode, None, 0, PAGE)
-                .await
-                .map_err(fail)?;
+            let (list, total) =
+                links::list(&*state.store, &signed.tenant, None, Window::first(PAGE))
+                    .await
+                    .map_err(fail)?;
             let nav = nav(&state, &signed, "links").await?;
             return Ok(html(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -170,15 +172,10 @@ async fn link_view(
     error: Option<&str>,
     status: StatusCode,
 ) -> Page {
-    let l = links::find(
-        &*state.store,
-        &signed.session.project_id,
-        signed.session.mode,
-        id,
-    )
-    .await
-    .map_err(fail)?
-    .ok_or_else(|| fail(shared::refusal::Refusal::not_found("payment link", id)))?;
+    let l = links::find(&*state.store, &signed.tenant, id)
+        .await
+        .map_err(fail)?
+        .ok_or_else(|| fail(shared::refusal::Refusal::not_found("payment link", id)))?;
     let nav = nav(state, signed, "links").await?;
     let act = signed.user.role.may(Permission::Act);
     let conversion = if l.views > 0 {
@@ -260,19 +257,12 @@ pub async fn edit_link(
     })();
     let now = state.clock.now();
     let result = match patch {
-        Ok(p) => links::patch(
-            &*state.store,
-            &signed.session.project_id,
-            signed.session.mode,
-            &id,
-            p,
-            now,
-        )
-        .await
-        .map_err(|e| match e {
-            links::LinkError::NotFound(_) => Err(fail(e)),
-            other => Ok(shared::refusal::Refusal::from(other).message),
-        }),
+        Ok(p) => links::patch(&*state.store, &signed.tenant, &id, p, now)
+            .await
+            .map_err(|e| match e {
+                links::LinkError::NotFound(_) => Err(fail(e)),
+                other => Ok(shared::refusal::Refusal::from(other).message),
+            }),
         Err(why) => Err(Ok(why)),
     };
     match result {
@@ -306,15 +296,7 @@ pub async fn cancel_link(
 ) -> Page {
     signed.action_form(Permission::Act, &body)?;
     let now = state.clock.now();
-    match links::cancel(
-        &*state.store,
-        &signed.session.project_id,
-        signed.session.mode,
-        &id,
-        now,
-    )
-    .await
-    {
+    match links::cancel(&*state.store, &signed.tenant, &id, now).await {
         // Already inactive (a second click): the same outcome.
         Ok(_) | Err(links::LinkError::Inactive) => {}
         Err(e) => return Err(fail(e)),
@@ -409,12 +391,13 @@ pub async fn invoices_page(
     let page = page_number(&query(&raw))?;
     let (list, total) = invoices::list(
         &*state.store,
-        &signed.session.project_id,
-        signed.session.mode,
+        &signed.tenant,
         None,
         None,
-        (page - 1) * PAGE,
-        PAGE,
+        Window {
+            offset: (page - 1) * PAGE,
+            limit: PAGE,
+        },
     )
     .await
     .map_err(fail)?;
@@ -452,14 +435,9 @@ pub(crate) async fn invoice_of(
     signed: &Signed,
     id: &str,
 ) -> Result<Invoice, Stop> {
-    invoices::get(
-        &*state.store,
-        &signed.session.project_id,
-        signed.session.mode,
-        id,
-    )
-    .await
-    .map_err(fail)
+    invoices::get(&*state.store, &signed.tenant, id)
+        .await
+        .map_err(fail)
 }
 
 pub async fn invoice_page(
@@ -518,10 +496,11 @@ pub async fn sms_page(
     let page = page_number(&query(&raw))?;
     let (list, total): (Vec<SmsReminder>, u64) = sms::list(
         &*state.store,
-        &signed.session.project_id,
-        signed.session.mode,
-        (page - 1) * PAGE,
-        PAGE,
+        &signed.tenant,
+        Window {
+            offset: (page - 1) * PAGE,
+            limit: PAGE,
+        },
     )
     .await
     .map_err(fail)?;
@@ -582,13 +561,9 @@ async fn webhooks_view(
     error: Option<&str>,
     status: StatusCode,
 ) -> Page {
-    let list = webhooks::list(
-        &*state.store,
-        &signed.session.project_id,
-        signed.session.mode,
-    )
-    .await
-    .map_err(fail)?;
+    let list = webhooks::list(&*state.store, &signed.tenant)
+        .await
+        .map_err(fail)?;
     let nav = nav(state, signed, "webhooks").await?;
     let nonce = dashboard::new_form_nonce();
     let body = markup! {
@@ -655,14 +630,7 @@ pub async fn add_endpoint(State(state): State<AppState>, signed: Signed, body: B
         events: Some(events),
         enabled: Some(true),
     };
-    let made = webhooks::create(
-        &state,
-        &signed.session.project_id,
-        signed.session.mode,
-        req,
-        Some(&fence),
-    )
-    .await;
+    let made = webhooks::create(&state, &signed.tenant, req, Some(&fence)).await;
     let (endpoint, secret) = match made {
         Ok(v) => v,
         Err(e @ (WebhookError::Invalid { .. } | WebhookError::TooMany)) => {
@@ -706,21 +674,20 @@ pub async fn change_endpoint(
     body: Bytes,
 ) -> Page {
     let f = signed.action_form(Permission::Secrets, &body)?;
-    let (project, mode) = (&signed.session.project_id, signed.session.mode);
     match f.get("do").map(String::as_str) {
         Some(on @ ("enable" | "disable")) => {
             let patch = webhooks::PatchEndpoint {
                 enabled: Some(on == "enable"),
                 ..Default::default()
             };
-            webhooks::patch(&state, project, mode, &id, patch)
+            webhooks::patch(&state, &signed.tenant, &id, patch)
                 .await
                 .map_err(fail)?;
             crate::audit(&state, &signed, &format!("webhook.{on}"), &id, "").await;
             Ok(crate::see_other(&format!("/dashboard/webhooks/{id}")))
         }
         Some("delete") if f.get("confirm").map(String::as_str) == Some("yes") => {
-            match webhooks::delete(&*state.store, project, mode, &id).await {
+            match webhooks::delete(&*state.store, &signed.tenant, &id).await {
                 Ok(()) => crate::audit(&state, &signed, "webhook.delete", &id, "").await,
                 // Gone already (a second click): the same outcome, and
                 // nothing to log.
@@ -774,15 +741,9 @@ pub async fn resend(
             "/dashboard/webhooks/{id}?resent={event}"
         )));
     }
-    let done = webhooks::resend(
-        &state,
-        &signed.session.project_id,
-        signed.session.mode,
-        &event,
-        &id,
-    )
-    .await
-    .map_err(fail)?;
+    let done = webhooks::resend(&state, &signed.tenant, &event, &id)
+        .await
+        .map_err(fail)?;
     if done == webhooks::Resent::Queued {
         crate::audit(&state, &signed, "webhook.resend", &id, &event).await;
     }
@@ -799,14 +760,20 @@ async fn endpoint_view(
     notice: Option<&str>,
     status: StatusCode,
 ) -> Page {
-    let (project, mode) = (&signed.session.project_id, signed.session.mode);
-    let e = webhooks::get(&*state.store, project, mode, id)
+    let e = webhooks::get(&*state.store, &signed.tenant, id)
         .await
         .map_err(fail)?;
-    let (log, total): (Vec<Delivery>, u64) =
-        webhooks::deliveries_page(&*state.store, project, mode, id, (page - 1) * PAGE, PAGE)
-            .await
-            .map_err(fail)?;
+    let (log, total): (Vec<Delivery>, u64) = webhooks::deliveries_page(
+        &*state.store,
+        &signed.tenant,
+        id,
+        Window {
+            offset: (page - 1) * PAGE,
+            limit: PAGE,
+        },
+    )
+    .await
+    .map_err(fail)?;
     let nav = nav(state, signed, "webhooks").await?;
     let nonce = dashboard::new_form_nonce();
     let body = markup! {
@@ -941,15 +908,9 @@ pub async fn send_test(
         };
         return Ok(crate::see_other(&location));
     }
-    let event = webhooks::send_test_event(
-        &state,
-        &signed.session.project_id,
-        signed.session.mode,
-        &id,
-        t,
-    )
-    .await
-    .map_err(fail)?;
+    let event = webhooks::send_test_event(&state, &signed.tenant, &id, t)
+        .await
+        .map_err(fail)?;
     if let Err(e) = dashboard::complete_form(&*state.store, &fence, &event.id).await {
         tracing::warn!(error = %e, "form result not recorded");
     }

@@ -17,7 +17,7 @@ use edge::pagination::PageParams;
 use edge::{ApiError, Auth, JsonBody, OptionalJsonBody, Page, Pagination, QueryParams, with_edge};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use shared::AppState;
-use shared::domain::Mode;
+use shared::domain::Tenant;
 use shared::domain::account::Scope;
 use shared::domain::invoices::{
     self, AdjustInvoice, CollectionStatus, CorrectInvoice, CreateInvoice, DocumentStatus,
@@ -54,8 +54,8 @@ fn fence_of(fence: &Option<Extension<Fence>>) -> Option<&Fence> {
 /// Finalizes of one project and mode wait for each other in this process:
 /// they would only race for the same counter (the store's conditional
 /// write still decides between processes).
-fn numbering_lock(project_id: &str, mode: Mode) -> Arc<tokio::sync::Mutex<()>> {
-    static LOCKS: OnceLock<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>> = OnceLock::new();
+fn numbering_lock(tenant: &Tenant) -> Arc<tokio::sync::Mutex<()>> {
+    static LOCKS: OnceLock<Mutex<HashMap<Tenant, Arc<tokio::sync::Mutex<()>>>>> = OnceLock::new();
     let locks = LOCKS.get_or_init(|| Mutex::new(HashMap::new()));
     let mut map = match locks.lock() {
         Ok(m) => m,
@@ -65,9 +65,7 @@ fn numbering_lock(project_id: &str, mode: Mode) -> Arc<tokio::sync::Mutex<()>> {
         // Forget idle locks now and then (held ones are shared: kept).
         map.retain(|_, l| Arc::strong_count(l) > 1);
     }
-    map.entry(format!("{project_id}#{}", mode.as_str()))
-        .or_default()
-        .clone()
+    map.entry(tenant.clone()).or_default().clone()
 }
 
 /// Create a draft invoice.
@@ -90,8 +88,7 @@ async fn create_invoice(
 ) -> Result<(StatusCode, Json<InvoiceView>), ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     let JsonBody(body) = body?;
-    let inv =
-        invoices::create(&state, who.project_id(), who.mode(), body, fence_of(&fence)).await?;
+    let inv = invoices::create(&state, who.tenant(), body, fence_of(&fence)).await?;
     Ok((StatusCode::CREATED, Json(view(&inv, &state))))
 }
 
@@ -133,12 +130,10 @@ async fn list_invoices(
     };
     let (found, total) = invoices::list(
         &*state.store,
-        who.project_id(),
-        who.mode(),
+        who.tenant(),
         document_status,
         collection_status,
-        page.offset,
-        page.limit,
+        page.window(),
     )
     .await?;
     let data = found.iter().map(|i| view(i, &state)).collect();
@@ -160,7 +155,7 @@ async fn get_invoice(
     Path(id): Path<String>,
 ) -> Result<Json<InvoiceView>, ApiError> {
     let who = auth.require(Scope::InvoicesRead)?;
-    let inv = invoices::get(&*state.store, who.project_id(), who.mode(), &id).await?;
+    let inv = invoices::get(&*state.store, who.tenant(), &id).await?;
     Ok(Json(view(&inv, &state)))
 }
 
@@ -185,7 +180,7 @@ async fn patch_invoice(
 ) -> Result<Json<InvoiceView>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     let JsonBody(body) = body?;
-    let inv = invoices::patch(&state, who.project_id(), who.mode(), &id, body).await?;
+    let inv = invoices::patch(&state, who.tenant(), &id, body).await?;
     Ok(Json(view(&inv, &state)))
 }
 
@@ -211,18 +206,10 @@ async fn finalize_invoice(
 ) -> Result<Json<InvoiceView>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     let JsonBody(body) = body?;
-    let lock = numbering_lock(who.project_id(), who.mode());
+    let lock = numbering_lock(who.tenant());
     let inv = {
         let _turn = lock.lock().await;
-        invoices::finalize(
-            &state,
-            who.project_id(),
-            who.mode(),
-            &id,
-            body.version,
-            fence_of(&fence),
-        )
-        .await?
+        invoices::finalize(&state, who.tenant(), &id, body.version, fence_of(&fence)).await?
     };
     tracing::info!(invoice = %inv.id, number = ?inv.invoice_number, "invoice issued");
     invoices::store_pdf(&state, &inv).await;
@@ -246,7 +233,7 @@ async fn discard_invoice(
     Path(id): Path<String>,
 ) -> Result<Json<Deleted>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
-    match invoices::discard(&state, who.project_id(), who.mode(), &id, fence_of(&fence)).await {
+    match invoices::discard(&state, who.tenant(), &id, fence_of(&fence)).await {
         Ok(_) | Err(InvoiceError::AlreadyDiscarded) => Ok(Json(Deleted::of(id, who.mode()))),
         Err(e) => Err(e.into()),
     }
@@ -274,8 +261,7 @@ async fn correct_invoice(
 ) -> Result<Json<Corrected>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     let JsonBody(body) = body?;
-    let (voided, replacement) =
-        invoices::correct(&state, who.project_id(), who.mode(), &id, body).await?;
+    let (voided, replacement) = invoices::correct(&state, who.tenant(), &id, body).await?;
     tracing::info!(invoice = %voided.id, replacement = %replacement.id, "invoice voided and replaced");
     invoices::store_pdf(&state, &voided).await;
     Ok(Json(Corrected {
@@ -313,7 +299,7 @@ async fn adjust_invoice(
 ) -> Result<Json<InvoiceView>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     let JsonBody(body) = body?;
-    let inv = invoices::adjust(&state, who.project_id(), who.mode(), &id, body).await?;
+    let inv = invoices::adjust(&state, who.tenant(), &id, body).await?;
     Ok(Json(view(&inv, &state)))
 }
 
@@ -371,7 +357,7 @@ async fn invoice_pdf(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let who = auth.require(Scope::InvoicesRead)?;
-    let inv = invoices::get(&*state.store, who.project_id(), who.mode(), &id).await?;
+    let inv = invoices::get(&*state.store, who.tenant(), &id).await?;
     let bytes = invoices::pdf(&state, &inv).await?;
     let name = inv.invoice_number.clone().unwrap_or_else(|| inv.id.clone());
     let mut res = (StatusCode::OK, bytes).into_response();

@@ -54,7 +54,7 @@ async fn create_link(
 ) -> Result<(StatusCode, Json<PaymentLinkView>), ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
     let JsonBody(body) = body?;
-    let link = links::new_link(who.project_id(), who.mode(), body, state.clock.now())?;
+    let link = links::new_link(who.tenant(), body, state.clock.now())?;
     links::check_spend_cap(&link, who.key.spend_cap_paisa)?;
     let fence = fence.as_ref().map(|Extension(f)| f);
     let link = links::insert_once(&*state.store, &link, fence).await?;
@@ -88,15 +88,7 @@ async fn list_links(
             ));
         }
     };
-    let (found, total) = links::list(
-        &*state.store,
-        who.project_id(),
-        who.mode(),
-        active,
-        page.offset,
-        page.limit,
-    )
-    .await?;
+    let (found, total) = links::list(&*state.store, who.tenant(), active, page.window()).await?;
     let base = edge::requests::public_base(&state, &headers);
     let data = found
         .into_iter()
@@ -119,7 +111,7 @@ async fn get_link(
     Path(id): Path<String>,
 ) -> Result<Json<PaymentLinkView>, ApiError> {
     let who = auth.require(Scope::LinksRead)?;
-    links::find(&*state.store, who.project_id(), who.mode(), &id)
+    links::find(&*state.store, who.tenant(), &id)
         .await?
         .map(|l| {
             Json(PaymentLinkView::of(
@@ -154,15 +146,7 @@ async fn patch_link(
 ) -> Result<Json<PaymentLinkView>, ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
     let JsonBody(body) = body?;
-    let link = links::patch(
-        &*state.store,
-        who.project_id(),
-        who.mode(),
-        &id,
-        body,
-        state.clock.now(),
-    )
-    .await?;
+    let link = links::patch(&*state.store, who.tenant(), &id, body, state.clock.now()).await?;
     Ok(Json(PaymentLinkView::of(
         link,
         &edge::requests::public_base(&state, &headers),
@@ -187,14 +171,7 @@ async fn cancel_link(
     Path(id): Path<String>,
 ) -> Result<Json<PaymentLinkView>, ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
-    let link = links::cancel(
-        &*state.store,
-        who.project_id(),
-        who.mode(),
-        &id,
-        state.clock.now(),
-    )
-    .await?;
+    let link = links::cancel(&*state.store, who.tenant(), &id, state.clock.now()).await?;
     Ok(Json(PaymentLinkView::of(
         link,
         &edge::requests::public_base(&state, &headers),
@@ -218,6 +195,6 @@ async fn delete_link(
     Path(id): Path<String>,
 ) -> Result<Json<Deleted>, ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
-    let deleted = links::delete(&*state.store, who.project_id(), who.mode(), &id).await?;
+    let deleted = links::delete(&*state.store, who.tenant(), &id).await?;
     Ok(Json(Deleted::of(deleted, who.mode())))
 }

@@ -37,14 +37,7 @@ async fn list_payments(
 ) -> Result<Json<Page<PaymentView>>, ApiError> {
     let who = auth.require(Scope::PaymentsRead)?;
     let page = Pagination::from_query(&query, payments::DEFAULT_PAGE)?;
-    let (found, total) = payments::list(
-        &*state.store,
-        who.project_id(),
-        who.mode(),
-        page.offset,
-        page.limit,
-    )
-    .await?;
+    let (found, total) = payments::list(&*state.store, who.tenant(), page.window()).await?;
     let data = found.into_iter().map(PaymentView::from).collect();
     Ok(Json(Page::new(data, total, page)))
 }
@@ -62,7 +55,7 @@ async fn get_payment(
     Path(id): Path<String>,
 ) -> Result<Json<PaymentView>, ApiError> {
     let who = auth.require(Scope::PaymentsRead)?;
-    payments::find(&*state.store, who.project_id(), who.mode(), &id)
+    payments::find(&*state.store, who.tenant(), &id)
         .await?
         .map(|p| Json(p.into()))
         .ok_or_else(|| ApiError::not_found("payment", &id))

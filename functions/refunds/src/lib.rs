@@ -53,15 +53,7 @@ async fn create_refund(
     let who = auth.require(Scope::RefundsWrite)?;
     let JsonBody(body) = body?;
     let fence = fence.as_ref().map(|Extension(f)| f);
-    let refund = refunds::create(
-        &state,
-        who.project_id(),
-        who.mode(),
-        body,
-        state.clock.now(),
-        fence,
-    )
-    .await?;
+    let refund = refunds::create(&state, who.tenant(), body, state.clock.now(), fence).await?;
     Ok((StatusCode::CREATED, Json(refund.into())))
 }
 
@@ -79,15 +71,8 @@ async fn list_refunds(
     let who = auth.require(Scope::RefundsRead)?;
     let page = Pagination::from_query(&query, refunds::DEFAULT_PAGE)?;
     let payment_id = query.get("paymentId").filter(|p| !p.is_empty());
-    let (found, total) = refunds::list(
-        &*state.store,
-        who.project_id(),
-        who.mode(),
-        payment_id,
-        page.offset,
-        page.limit,
-    )
-    .await?;
+    let (found, total) =
+        refunds::list(&*state.store, who.tenant(), payment_id, page.window()).await?;
     let data = found.into_iter().map(RefundView::from).collect();
     Ok(Json(Page::new(data, total, page)))
 }
@@ -104,7 +89,7 @@ async fn get_refund(
     Path(id): Path<String>,
 ) -> Result<Json<RefundView>, ApiError> {
     let who = auth.require(Scope::RefundsRead)?;
-    refunds::find(&*state.store, who.project_id(), who.mode(), &id)
+    refunds::find(&*state.store, who.tenant(), &id)
         .await?
         .map(|r| Json(r.into()))
         .ok_or_else(|| ApiError::not_found("refund", &id))

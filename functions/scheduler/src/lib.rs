@@ -107,6 +107,7 @@ mod tests {
     use shared::time::Timestamp;
 
     use super::*;
+    use shared::domain::Tenant;
 
     fn state() -> AppState {
         AppState::for_tests()
@@ -189,8 +190,7 @@ mod tests {
         let state = webhook_state();
         let created = webhooks::create(
             &state,
-            "proj_1",
-            Mode::Sandbox,
+            &Tenant::new("proj_1", Mode::Sandbox),
             CreateEndpoint {
                 url: "http://127.0.0.1:9/hooks".into(),
                 events: None,

@@ -63,8 +63,7 @@ async fn create_endpoint(
     let who = auth.require(Scope::WebhooksWrite)?;
     let JsonBody(body) = body?;
     let fence = fence.as_ref().map(|Extension(f)| f);
-    let (endpoint, secret) =
-        webhooks::create(&state, who.project_id(), who.mode(), body, fence).await?;
+    let (endpoint, secret) = webhooks::create(&state, who.tenant(), body, fence).await?;
     tracing::info!(endpoint_id = %endpoint.id, "webhook endpoint registered");
     let mut res = (
         StatusCode::CREATED,
@@ -87,7 +86,7 @@ async fn list_endpoints(
     auth: Auth,
 ) -> Result<Json<EndpointList>, ApiError> {
     let who = auth.require(Scope::WebhooksRead)?;
-    let found = webhooks::list(&*state.store, who.project_id(), who.mode()).await?;
+    let found = webhooks::list(&*state.store, who.tenant()).await?;
     let data = found.iter().map(|e| EndpointView::of(e, None)).collect();
     Ok(Json(EndpointList { data }))
 }
@@ -105,7 +104,7 @@ async fn get_endpoint(
     Path(id): Path<String>,
 ) -> Result<Json<EndpointView>, ApiError> {
     let who = auth.require(Scope::WebhooksRead)?;
-    let endpoint = webhooks::get(&*state.store, who.project_id(), who.mode(), &id).await?;
+    let endpoint = webhooks::get(&*state.store, who.tenant(), &id).await?;
     Ok(Json(EndpointView::of(&endpoint, None)))
 }
 
@@ -127,7 +126,7 @@ async fn patch_endpoint(
 ) -> Result<Json<EndpointView>, ApiError> {
     let who = auth.require(Scope::WebhooksWrite)?;
     let JsonBody(body) = body?;
-    let endpoint = webhooks::patch(&state, who.project_id(), who.mode(), &id, body).await?;
+    let endpoint = webhooks::patch(&state, who.tenant(), &id, body).await?;
     Ok(Json(EndpointView::of(&endpoint, None)))
 }
 
@@ -144,7 +143,7 @@ async fn delete_endpoint(
     Path(id): Path<String>,
 ) -> Result<Json<EndpointDeleted>, ApiError> {
     let who = auth.require(Scope::WebhooksWrite)?;
-    webhooks::delete(&*state.store, who.project_id(), who.mode(), &id).await?;
+    webhooks::delete(&*state.store, who.tenant(), &id).await?;
     tracing::info!(endpoint_id = %id, "webhook endpoint deleted");
     Ok(Json(EndpointDeleted { deleted: true, id }))
 }
@@ -162,7 +161,7 @@ async fn list_deliveries(
     Path(id): Path<String>,
 ) -> Result<Json<DeliveryList>, ApiError> {
     let who = auth.require(Scope::WebhooksRead)?;
-    let found = webhooks::deliveries(&*state.store, who.project_id(), who.mode(), &id).await?;
+    let found = webhooks::deliveries(&*state.store, who.tenant(), &id).await?;
     let data = found.iter().map(DeliveryView::from).collect();
     Ok(Json(DeliveryList { data }))
 }
@@ -230,6 +229,6 @@ async fn send_test(
             ),
         )
     })?;
-    let event = webhooks::send_test_event(&state, who.project_id(), who.mode(), &id, t).await?;
+    let event = webhooks::send_test_event(&state, who.tenant(), &id, t).await?;
     Ok((StatusCode::ACCEPTED, Json(event.body())))
 }

@@ -32,6 +32,7 @@ use dhukuti::listen;
 use serde::Serialize;
 use serde_json::{Value, json};
 use shared::app::Backend;
+use shared::domain::Tenant;
 use shared::domain::account::{
     self, ApiKey, KeyKind, Merchant, NewKey, Pause, Plan, Project, Scope, Seller, Suspension,
 };
@@ -1587,9 +1588,15 @@ async fn credentials_cmd(cmd: CredentialsCmd, now: Timestamp) -> Result<Output, 
             let keys = CredentialsKeys::from_env().map_err(cred_failed)?;
             let creds = provider_credentials(args)?;
             let store = store().await?;
-            let c = credentials::put_credentials(&*store, &keys, now, &project_id, mode, &creds)
-                .await
-                .map_err(cred_failed)?;
+            let c = credentials::put_credentials(
+                &*store,
+                &keys,
+                now,
+                &Tenant::new(&project_id, mode),
+                &creds,
+            )
+            .await
+            .map_err(cred_failed)?;
             Ok(Output::new(to_json(&c), configured_lines(&c)))
         }
         CredentialsCmd::List { project_id, check } => {
@@ -1619,8 +1626,7 @@ async fn credentials_cmd(cmd: CredentialsCmd, now: Timestamp) -> Result<Output, 
                     let verdict = match credentials::get_credentials(
                         &*store,
                         keys,
-                        &project_id,
-                        c.mode,
+                        &Tenant::new(&project_id, c.mode),
                         c.provider,
                     )
                     .await
@@ -1671,9 +1677,10 @@ async fn credentials_cmd(cmd: CredentialsCmd, now: Timestamp) -> Result<Output, 
             check_id(&project_id, IdKind::Project, "project")?;
             let (mode, provider): (Mode, Provider) = (mode.into(), provider.into());
             let store = store().await?;
-            let removed = credentials::delete_credentials(&*store, &project_id, mode, provider)
-                .await
-                .map_err(cred_failed)?;
+            let removed =
+                credentials::delete_credentials(&*store, &Tenant::new(&project_id, mode), provider)
+                    .await
+                    .map_err(cred_failed)?;
             if !removed {
                 return Err(Failure::Failed(format!(
                     "project {project_id} has no {} credentials in {} mode",

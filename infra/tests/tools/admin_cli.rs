@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
+use shared::domain::Tenant;
 use shared::domain::account::{self, AuthError};
 use shared::domain::credentials::{self, CredentialsKeys};
 use shared::domain::{Mode, Provider};
@@ -556,9 +557,13 @@ async fn provider_credentials_are_stored_encrypted() {
             Ok(k) => k,
             Err(e) => panic!("{e}"),
         };
-        let got =
-            credentials::get_credentials(&store, &keys, &project, Mode::Live, Provider::Fonepay)
-                .await;
+        let got = credentials::get_credentials(
+            &store,
+            &keys,
+            &Tenant::new(&project, Mode::Live),
+            Provider::Fonepay,
+        )
+        .await;
         let expected = credentials::ProviderCredentials::Fonepay {
             merchant_code: "NBQM-42".into(),
             secret_key: fonepay_secret.into(),

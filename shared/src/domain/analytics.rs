@@ -17,6 +17,7 @@ use super::checkout::stats::{
     provider_volume, start_of_day,
 };
 use super::{Mode, Provider};
+use crate::domain::Tenant;
 use crate::store::{Item, PK, Query, SK, SkCond, Store, StoreError, TTL};
 use crate::time::Timestamp;
 
@@ -99,14 +100,20 @@ fn int(item: &Item, attr: &str) -> i64 {
 /// starts at midnight UTC `days - 1` days before `now` and ends `now`).
 pub async fn overview(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     days: u32,
     now: Timestamp,
 ) -> Result<Overview, StoreError> {
     let days = days.clamp(1, MAX_DAYS);
     let start = start_of_day(now).plus(chrono::Duration::days(-(i64::from(days) - 1)));
-    let items = day_items(store, project_id, mode, &day_of(start), &day_of(now)).await?;
+    let items = day_items(
+        store,
+        &tenant.project,
+        tenant.mode,
+        &day_of(start),
+        &day_of(now),
+    )
+    .await?;
     Ok(summarize(&items, days, start, now))
 }
 
@@ -123,14 +130,20 @@ pub struct DayFigures {
 /// first), from the same one read of the counters.
 pub async fn overview_by_day(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     days: u32,
     now: Timestamp,
 ) -> Result<(Overview, Vec<DayFigures>), StoreError> {
     let days = days.clamp(1, MAX_DAYS);
     let start = start_of_day(now).plus(chrono::Duration::days(-(i64::from(days) - 1)));
-    let items = day_items(store, project_id, mode, &day_of(start), &day_of(now)).await?;
+    let items = day_items(
+        store,
+        &tenant.project,
+        tenant.mode,
+        &day_of(start),
+        &day_of(now),
+    )
+    .await?;
     let mut series: Vec<DayFigures> = (0..i64::from(days))
         .map(|n| DayFigures {
             day: day_of(start.plus(chrono::Duration::days(n))),
@@ -492,7 +505,7 @@ mod tests {
         t.apply_to(&mut ops).unwrap();
         store.transact(ops).await.unwrap();
 
-        let o = overview(&store, "proj_1", Mode::Sandbox, 7, now)
+        let o = overview(&store, &Tenant::new("proj_1", Mode::Sandbox), 7, now)
             .await
             .unwrap();
         assert_eq!(o.window.start, at("2026-11-16T00:00:00Z"));
@@ -514,15 +527,15 @@ mod tests {
                 success_volume_paisa: 200_000,
             }]
         );
-        let all = overview(&store, "proj_1", Mode::Sandbox, 90, now)
+        let all = overview(&store, &Tenant::new("proj_1", Mode::Sandbox), 90, now)
             .await
             .unwrap();
         assert_eq!(all.funnel.sessions_created, 5);
-        let one = overview(&store, "proj_1", Mode::Sandbox, 1, now)
+        let one = overview(&store, &Tenant::new("proj_1", Mode::Sandbox), 1, now)
             .await
             .unwrap();
         assert_eq!(one.funnel.sessions_created, 1);
-        let live = overview(&store, "proj_1", Mode::Live, 30, now)
+        let live = overview(&store, &Tenant::new("proj_1", Mode::Live), 30, now)
             .await
             .unwrap();
         assert_eq!(live.funnel.sessions_created, 1);
@@ -666,7 +679,7 @@ mod tests {
         let empty = day_totals(&store, "proj_1", Mode::Live, now).await.unwrap();
         assert!(empty.is_empty());
 
-        let one = overview(&store, "proj_1", Mode::Sandbox, 1, now)
+        let one = overview(&store, &Tenant::new("proj_1", Mode::Sandbox), 1, now)
             .await
             .unwrap();
         assert_eq!(one.funnel.sessions_created, 9);
@@ -682,7 +695,7 @@ mod tests {
                 success_volume_paisa: 500_000,
             }]
         );
-        let two = overview(&store, "proj_1", Mode::Sandbox, 2, now)
+        let two = overview(&store, &Tenant::new("proj_1", Mode::Sandbox), 2, now)
             .await
             .unwrap();
         assert_eq!(two.funnel.sessions_created, 20);
@@ -795,7 +808,7 @@ mod tests {
         assert_eq!(today.get(SESSIONS_CREATED), Some(&40));
 
         store.queries.store(0, std::sync::atomic::Ordering::Relaxed);
-        let o = overview(&store, "proj_1", Mode::Sandbox, 7, now)
+        let o = overview(&store, &Tenant::new("proj_1", Mode::Sandbox), 7, now)
             .await
             .unwrap();
         // 4 days of 8 shards, 2 a page: 16 or 17 pages, all followed.
@@ -808,7 +821,7 @@ mod tests {
         assert_eq!(o.by_provider[0].success_volume_paisa, volume);
 
         // Day by day: the same sums, each on its own day, zeros between.
-        let (same, series) = overview_by_day(&store, "proj_1", Mode::Sandbox, 7, now)
+        let (same, series) = overview_by_day(&store, &Tenant::new("proj_1", Mode::Sandbox), 7, now)
             .await
             .unwrap();
         assert_eq!(same, o);
@@ -888,7 +901,7 @@ mod tests {
         assert_eq!(totals.get(PAYMENTS_SUCCESS), Some(&(TASKS * ROUNDS)));
         assert_eq!(totals.get(SUCCESS_VOLUME), Some(&want_volume));
         assert_eq!(totals.get("fonepay_success_volume"), Some(&want_volume));
-        let o = overview(&*store, "proj_1", Mode::Sandbox, 1, now)
+        let o = overview(&*store, &Tenant::new("proj_1", Mode::Sandbox), 1, now)
             .await
             .unwrap();
         assert_eq!(o.funnel.sessions_paid, TASKS * ROUNDS);

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::record::{from_item, to_item};
 use super::{Mode, Provider};
+use crate::domain::Tenant;
 use crate::keys;
 use crate::providers::hub::{HubError, ProviderHub};
 use crate::providers::probe::{self, Verdict};
@@ -271,18 +272,21 @@ pub async fn put_credentials(
     store: &dyn Store,
     keys: &CredentialsKeys,
     now: Timestamp,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     creds: &ProviderCredentials,
 ) -> Result<ConfiguredProvider, CredentialsError> {
     creds.validate()?;
     let provider = creds.provider();
-    let stored = seal(keys.current(), project_id, mode, creds, now)?;
-    let item = to_item(&stored, &credentials_key(project_id, mode, provider), &[])?;
+    let stored = seal(keys.current(), &tenant.project, tenant.mode, creds, now)?;
+    let item = to_item(
+        &stored,
+        &credentials_key(&tenant.project, tenant.mode, provider),
+        &[],
+    )?;
     let written = store
         .transact(vec![
             TxOp::Check {
-                key: project_key(project_id),
+                key: project_key(&tenant.project),
                 cond: Cond::Exists,
             },
             TxOp::Put { item, cond: None },
@@ -291,7 +295,7 @@ pub async fn put_credentials(
     match written {
         Ok(()) => Ok(ConfiguredProvider::from(&stored)),
         Err(e) if e.is_condition_failure() => {
-            Err(CredentialsError::ProjectNotFound(project_id.to_owned()))
+            Err(CredentialsError::ProjectNotFound(tenant.project.clone()))
         }
         Err(e) => Err(e.into()),
     }
@@ -302,23 +306,22 @@ pub async fn put_credentials(
 pub async fn get_credentials(
     store: &dyn Store,
     keys: &CredentialsKeys,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     provider: Provider,
 ) -> Result<Option<ProviderCredentials>, CredentialsError> {
     let Some(item) = store
-        .get(&credentials_key(project_id, mode, provider))
+        .get(&credentials_key(&tenant.project, tenant.mode, provider))
         .await?
     else {
         return Ok(None);
     };
     let stored: StoredCredentials = from_item(item).map_err(|_| {
         CredentialsError::Corrupt(
-            describe(project_id, mode, provider),
+            describe(&tenant.project, tenant.mode, provider),
             "record does not parse".into(),
         )
     })?;
-    open(keys, &stored, project_id, mode, provider).map(Some)
+    open(keys, &stored, &tenant.project, tenant.mode, provider).map(Some)
 }
 
 /// Which providers a project has credentials for, in each mode (no
@@ -349,13 +352,12 @@ pub async fn list_configured_providers(
 /// any.
 pub async fn delete_credentials(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     provider: Provider,
 ) -> Result<bool, CredentialsError> {
     match store
         .delete(
-            &credentials_key(project_id, mode, provider),
+            &credentials_key(&tenant.project, tenant.mode, provider),
             Some(Cond::Exists),
         )
         .await
@@ -380,7 +382,9 @@ pub async fn reencrypt_credentials(
             continue;
         }
         let (mode, provider) = (configured.mode, configured.provider);
-        let Some(creds) = get_credentials(store, keys, project_id, mode, provider).await? else {
+        let Some(creds) =
+            get_credentials(store, keys, &Tenant::new(project_id, mode), provider).await?
+        else {
             continue;
         };
         let stored = seal(keys.current(), project_id, mode, &creds, now)?;
@@ -422,7 +426,9 @@ pub async fn for_provider(
     provider: Provider,
 ) -> Result<ProviderCredentials, HubError> {
     if let Some(keys) = hub.keys() {
-        if let Some(c) = get_credentials(store, keys, project_id, mode, provider).await? {
+        if let Some(c) =
+            get_credentials(store, keys, &Tenant::new(project_id, mode), provider).await?
+        {
             return Ok(c);
         }
     }
@@ -457,16 +463,15 @@ pub enum Asked {
 pub async fn ask_provider(
     store: &dyn Store,
     hub: &ProviderHub,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     provider: Provider,
     now: Timestamp,
 ) -> Result<Asked, HubError> {
     let keys = hub.keys().ok_or(CredentialsError::MissingKey)?;
-    let Some(creds) = get_credentials(store, keys, project_id, mode, provider).await? else {
+    let Some(creds) = get_credentials(store, keys, tenant, provider).await? else {
         return Ok(Asked::NoneStored);
     };
-    let bucket = format!("CREDCHECK#{project_id}");
+    let bucket = format!("CREDCHECK#{}", tenant.project);
     let taken =
         crate::limits::public::take_slot(store, &bucket, CHECKS_PER_WINDOW, CHECK_WINDOW, now)
             .await
@@ -474,7 +479,7 @@ pub async fn ask_provider(
     if let Err(retry_after) = taken {
         return Ok(Asked::Throttled { retry_after });
     }
-    let verdict = match hub.client(mode, provider) {
+    let verdict = match hub.client(tenant.mode, provider) {
         Ok(client) => probe::ask(client, &creds).await,
         Err(e) => Verdict::Unknown(format!(
             "{} cannot be asked from here: {e}",
@@ -576,11 +581,12 @@ mod tests {
             "hub",
         );
         let now = SystemClock.now();
-        let ask = |provider| ask_provider(&*store, &hub, &p, Mode::Sandbox, provider, now);
+        let tenant = Tenant::new(&p, Mode::Sandbox);
+        let ask = |provider| ask_provider(&*store, &hub, &tenant, provider, now);
         assert_eq!(ok(ask(Provider::Khalti).await, "ask"), Asked::NoneStored);
         assert!(mock.requests().is_empty());
         ok(
-            put_credentials(&*store, &k, now, &p, Mode::Sandbox, &khalti()).await,
+            put_credentials(&*store, &k, now, &Tenant::new(&p, Mode::Sandbox), &khalti()).await,
             "put",
         );
         mock.reply(401, r#"{"detail": "Invalid token.", "status_code": 401}"#);
@@ -631,15 +637,22 @@ mod tests {
             (Mode::Live, fonepay()),
         ] {
             let c = ok(
-                put_credentials(&*store, &keys, now, &p, mode, &creds).await,
+                put_credentials(&*store, &keys, now, &Tenant::new(&p, mode), &creds).await,
                 "put",
             );
             assert_eq!(c.key_id, "k1");
-            let back = get_credentials(&*store, &keys, &p, mode, creds.provider()).await;
+            let back =
+                get_credentials(&*store, &keys, &Tenant::new(&p, mode), creds.provider()).await;
             assert_eq!(ok(back, "get"), Some(creds));
         }
         // Sandbox eSewa says nothing about live eSewa.
-        let live_esewa = get_credentials(&*store, &keys, &p, Mode::Live, Provider::Esewa).await;
+        let live_esewa = get_credentials(
+            &*store,
+            &keys,
+            &Tenant::new(&p, Mode::Live),
+            Provider::Esewa,
+        )
+        .await;
         assert_eq!(ok(live_esewa, "get"), None);
 
         // Replacing keeps one record.
@@ -648,10 +661,16 @@ mod tests {
             secret_key: "other".into(),
         };
         ok(
-            put_credentials(&*store, &keys, now, &p, Mode::Sandbox, &newer).await,
+            put_credentials(&*store, &keys, now, &Tenant::new(&p, Mode::Sandbox), &newer).await,
             "replace",
         );
-        let back = get_credentials(&*store, &keys, &p, Mode::Sandbox, Provider::Esewa).await;
+        let back = get_credentials(
+            &*store,
+            &keys,
+            &Tenant::new(&p, Mode::Sandbox),
+            Provider::Esewa,
+        )
+        .await;
         assert_eq!(ok(back, "get"), Some(newer));
 
         let listed = ok(list_configured_providers(&*store, &p).await, "list");
@@ -667,11 +686,11 @@ mod tests {
         assert!(ok(list_configured_providers(&*store, "proj_none").await, "l").is_empty());
 
         assert!(ok(
-            delete_credentials(&*store, &p, Mode::Live, Provider::Khalti).await,
+            delete_credentials(&*store, &Tenant::new(&p, Mode::Live), Provider::Khalti).await,
             "delete"
         ));
         assert!(!ok(
-            delete_credentials(&*store, &p, Mode::Live, Provider::Khalti).await,
+            delete_credentials(&*store, &Tenant::new(&p, Mode::Live), Provider::Khalti).await,
             "delete again"
         ));
         assert_eq!(
@@ -692,7 +711,7 @@ mod tests {
             (Mode::Sandbox, fonepay()),
         ] {
             ok(
-                put_credentials(&*store, &keys, now, &p, mode, &creds).await,
+                put_credentials(&*store, &keys, now, &Tenant::new(&p, mode), &creds).await,
                 "put",
             );
         }
@@ -726,7 +745,7 @@ mod tests {
         let now = SystemClock.now();
         let p = project(&*store).await;
         ok(
-            put_credentials(&*store, &keys, now, &p, Mode::Live, &khalti()).await,
+            put_credentials(&*store, &keys, now, &Tenant::new(&p, Mode::Live), &khalti()).await,
             "put",
         );
         let key = credentials_key(&p, Mode::Live, Provider::Khalti);
@@ -740,7 +759,8 @@ mod tests {
                 .unwrap_or_default()
                 .to_owned()
         };
-        let get = || get_credentials(&*store, &keys, &p, Mode::Live, Provider::Khalti);
+        let live = Tenant::new(&p, Mode::Live);
+        let get = || get_credentials(&*store, &keys, &live, Provider::Khalti);
 
         // Flip one bit of every byte position of the ciphertext, one at a time.
         let ct = ok(STANDARD.decode(field("ciphertext")), "b64");
@@ -784,7 +804,13 @@ mod tests {
         item.insert("key_id".into(), Value::from("k2"));
         ok(store.put(item, None).await, "tamper");
         let other = CredentialsKeys::single(ok(CredentialsKey::generate("k2"), "g"));
-        let r = get_credentials(&*store, &other, &p, Mode::Live, Provider::Khalti).await;
+        let r = get_credentials(
+            &*store,
+            &other,
+            &Tenant::new(&p, Mode::Live),
+            Provider::Khalti,
+        )
+        .await;
         assert!(matches!(r, Err(CredentialsError::Decrypt(_))));
     }
 
@@ -795,16 +821,35 @@ mod tests {
         let p = project(&*store).await;
         let right = keys("k1");
         ok(
-            put_credentials(&*store, &right, now, &p, Mode::Sandbox, &esewa()).await,
+            put_credentials(
+                &*store,
+                &right,
+                now,
+                &Tenant::new(&p, Mode::Sandbox),
+                &esewa(),
+            )
+            .await,
             "put",
         );
         // Same id, other bytes.
         let wrong = keys("k1");
-        let r = get_credentials(&*store, &wrong, &p, Mode::Sandbox, Provider::Esewa).await;
+        let r = get_credentials(
+            &*store,
+            &wrong,
+            &Tenant::new(&p, Mode::Sandbox),
+            Provider::Esewa,
+        )
+        .await;
         assert!(matches!(r, Err(CredentialsError::Decrypt(_))), "{r:?}");
         // Another id altogether.
         let unknown = keys("k2");
-        let r = get_credentials(&*store, &unknown, &p, Mode::Sandbox, Provider::Esewa).await;
+        let r = get_credentials(
+            &*store,
+            &unknown,
+            &Tenant::new(&p, Mode::Sandbox),
+            Provider::Esewa,
+        )
+        .await;
         assert!(
             matches!(&r, Err(CredentialsError::UnknownKey { key_id, .. }) if key_id == "k1"),
             "{r:?}"
@@ -819,7 +864,14 @@ mod tests {
         let p = project(&*store).await;
         let q = project(&*store).await;
         ok(
-            put_credentials(&*store, &keys, now, &p, Mode::Sandbox, &khalti()).await,
+            put_credentials(
+                &*store,
+                &keys,
+                now,
+                &Tenant::new(&p, Mode::Sandbox),
+                &khalti(),
+            )
+            .await,
             "put",
         );
         let Some(original) = ok(
@@ -845,7 +897,7 @@ mod tests {
             item.insert("mode".into(), Value::from(mode.as_str()));
             item.insert("provider".into(), Value::from(provider.as_str()));
             ok(store.put(item, None).await, "copy");
-            let r = get_credentials(&*store, &keys, project_id, mode, provider).await;
+            let r = get_credentials(&*store, &keys, &Tenant::new(project_id, mode), provider).await;
             assert!(
                 matches!(r, Err(CredentialsError::Decrypt(_))),
                 "moved to {project_id} {mode:?} {provider:?}: {r:?}"
@@ -858,7 +910,14 @@ mod tests {
         let store = store();
         let keys = keys("k1");
         let now = SystemClock.now();
-        let r = put_credentials(&*store, &keys, now, "proj_nope", Mode::Live, &khalti()).await;
+        let r = put_credentials(
+            &*store,
+            &keys,
+            now,
+            &Tenant::new("proj_nope", Mode::Live),
+            &khalti(),
+        )
+        .await;
         assert_eq!(
             r,
             Err(CredentialsError::ProjectNotFound("proj_nope".into()))
@@ -881,7 +940,7 @@ mod tests {
                 secret_key: "x".repeat(2000),
             },
         ] {
-            let r = put_credentials(&*store, &keys, now, &p, Mode::Live, &bad).await;
+            let r = put_credentials(&*store, &keys, now, &Tenant::new(&p, Mode::Live), &bad).await;
             assert!(matches!(r, Err(CredentialsError::Invalid(_))), "{bad:?}");
         }
         // Changing a project item's attribute does not count as a project.
@@ -892,7 +951,14 @@ mod tests {
                 None,
             )
             .await;
-        let r = put_credentials(&*store, &keys, now, "proj_ghost", Mode::Live, &khalti()).await;
+        let r = put_credentials(
+            &*store,
+            &keys,
+            now,
+            &Tenant::new("proj_ghost", Mode::Live),
+            &khalti(),
+        )
+        .await;
         assert!(matches!(r, Err(CredentialsError::ProjectNotFound(_))));
     }
 
@@ -905,16 +971,36 @@ mod tests {
         let new = ok(CredentialsKey::generate("2026-06"), "g");
         let before = CredentialsKeys::single(old.clone());
         ok(
-            put_credentials(&*store, &before, now, &p, Mode::Live, &fonepay()).await,
+            put_credentials(
+                &*store,
+                &before,
+                now,
+                &Tenant::new(&p, Mode::Live),
+                &fonepay(),
+            )
+            .await,
             "put",
         );
         ok(
-            put_credentials(&*store, &before, now, &p, Mode::Sandbox, &esewa()).await,
+            put_credentials(
+                &*store,
+                &before,
+                now,
+                &Tenant::new(&p, Mode::Sandbox),
+                &esewa(),
+            )
+            .await,
             "put",
         );
         let both = ok(CredentialsKeys::new(new.clone(), vec![old.clone()]), "keys");
         // Older records still read with the old key listed as previous.
-        let r = get_credentials(&*store, &both, &p, Mode::Live, Provider::Fonepay).await;
+        let r = get_credentials(
+            &*store,
+            &both,
+            &Tenant::new(&p, Mode::Live),
+            Provider::Fonepay,
+        )
+        .await;
         assert_eq!(ok(r, "read old"), Some(fonepay()));
         assert_eq!(
             ok(reencrypt_credentials(&*store, &both, now, &p).await, "re"),
@@ -928,7 +1014,13 @@ mod tests {
         assert!(listed.iter().all(|c| c.key_id == "2026-06"));
         // The old key can go now.
         let after = CredentialsKeys::single(new);
-        let r = get_credentials(&*store, &after, &p, Mode::Sandbox, Provider::Esewa).await;
+        let r = get_credentials(
+            &*store,
+            &after,
+            &Tenant::new(&p, Mode::Sandbox),
+            Provider::Esewa,
+        )
+        .await;
         assert_eq!(ok(r, "read new"), Some(esewa()));
         assert!(CredentialsKeys::new(old.clone(), vec![old]).is_err());
     }

@@ -199,7 +199,7 @@ pub async fn open(
     secret: Option<&str>,
     now: Timestamp,
 ) -> Result<CheckoutSession, MobileError> {
-    checkout::find(store, who.project_id(), who.mode(), id, now)
+    checkout::find(store, who.tenant(), id, now)
         .await?
         .filter(|s| secret_matches(s, secret))
         .ok_or_else(|| MobileError::NotFound(id.to_owned()))

@@ -25,4 +25,5 @@ mod stored_shapes;
 pub mod totals;
 pub mod webhooks;
 
-pub use crate::kinds::{Mode, Provider};
+pub use crate::kinds::{Mode, Provider, Tenant};
+pub use record::Window;

@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use super::Mode;
 use super::record::{from_item, to_item};
+use crate::domain::Tenant;
 use crate::ids::{self, IdKind};
 use crate::keys;
 use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, Update};
@@ -314,11 +315,10 @@ pub async fn of_payment(
 /// The project's events in `mode`, newest first (at most `limit`).
 pub async fn recent(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     limit: usize,
 ) -> Result<Vec<Event>, StoreError> {
-    let query = Query::partition(Event::list_partition(project_id, mode))
+    let query = Query::partition(Event::list_partition(&tenant.project, tenant.mode))
         .on(Index::Gsi1)
         .backward()
         .limit(limit);
@@ -595,11 +595,13 @@ mod tests {
             ids.push(e.id.clone());
             store.transact(e.put_ops().unwrap()).await.unwrap();
         }
-        let listed = recent(&store, "proj_1", Mode::Sandbox, 10).await.unwrap();
+        let listed = recent(&store, &Tenant::new("proj_1", Mode::Sandbox), 10)
+            .await
+            .unwrap();
         assert_eq!(listed.len(), 6);
         assert_eq!(listed[0].id, ids[5]);
         assert!(
-            recent(&store, "proj_1", Mode::Live, 10)
+            recent(&store, &Tenant::new("proj_1", Mode::Live), 10)
                 .await
                 .unwrap()
                 .is_empty()

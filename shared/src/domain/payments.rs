@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 
 use super::record::{from_item, to_item};
 use super::{Mode, Provider};
+use crate::domain::{Tenant, Window};
 use crate::fields::{Email, PersonName, Phone};
 use crate::ids::{self, IdKind};
 use crate::keys;
@@ -228,19 +229,20 @@ pub async fn insert(store: &dyn Store, payment: &Payment) -> Result<(), StoreErr
         .await
 }
 
-/// The payment `id` of `project_id` in `mode`; `None` for any other
-/// project's or mode's payment, exactly as for a missing one. One store
-/// read, none for an id that cannot exist.
+/// The payment `id` of `tenant`; `None` for any other project's or
+/// mode's payment, exactly as for a missing one. One store read, none for
+/// an id that cannot exist.
 pub async fn find(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
 ) -> Result<Option<Payment>, StoreError> {
     let Some(payment) = get(store, id).await? else {
         return Ok(None);
     };
-    Ok((payment.project_id == project_id && payment.mode == mode).then_some(payment))
+    Ok(tenant
+        .owns(&payment.project_id, payment.mode)
+        .then_some(payment))
 }
 
 /// The payment `id` of any project (provider returns know it by id
@@ -252,23 +254,21 @@ pub async fn get(store: &dyn Store, id: &str) -> Result<Option<Payment>, StoreEr
     crate::domain::record::get(store, &Payment::key(id)).await
 }
 
-/// A page of the project's payments in `mode`, newest first, and the total.
+/// A page of the tenant's payments, newest first, and the total.
 pub async fn list(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
-    offset: usize,
-    limit: usize,
+    tenant: &Tenant,
+    window: Window,
 ) -> Result<(Vec<Payment>, u64), StoreError> {
-    let query = Query::partition(Payment::list_partition(project_id, mode))
+    let query = Query::partition(Payment::list_partition(&tenant.project, tenant.mode))
         .on(Index::Gsi1)
         .backward();
     // The total from the project's counter (one query of a few items),
     // side by side with the page; counted through the index only for a
     // project from before the counter.
     let (page, counted) = tokio::join!(
-        crate::store::query_window(store, &query, offset, limit),
-        super::totals::payments(store, project_id, mode)
+        crate::store::query_window(store, &query, window.offset, window.limit),
+        super::totals::payments(store, &tenant.project, tenant.mode)
     );
     let total = match counted? {
         Some(n) => n,
@@ -292,11 +292,9 @@ pub struct PaymentFilter {
 /// page costs what it examines), and the total that matches.
 pub async fn list_filtered(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     filter: PaymentFilter,
-    offset: usize,
-    limit: usize,
+    window: Window,
 ) -> Result<(Vec<Payment>, u64), StoreError> {
     let mut conds = Vec::new();
     if let Some(s) = filter.status {
@@ -308,13 +306,13 @@ pub async fn list_filtered(
     if let Some(p) = filter.provider {
         conds.push(Cond::eq("provider", p.as_str()));
     }
-    let mut query = Query::partition(Payment::list_partition(project_id, mode))
+    let mut query = Query::partition(Payment::list_partition(&tenant.project, tenant.mode))
         .on(Index::Gsi1)
         .backward();
     if !conds.is_empty() {
         query = query.filter(Cond::And(conds));
     }
-    super::record::page_of(store, &query, offset, limit).await
+    super::record::page_of(store, &query, window).await
 }
 
 #[cfg(test)]
@@ -355,15 +353,18 @@ mod tests {
         let store = store();
         let p = payment("proj_a", Mode::Sandbox, 1000);
         assert!(insert(&*store, &p).await.is_ok());
-        let found = find(&*store, "proj_a", Mode::Sandbox, &p.id).await;
+        let found = find(&*store, &Tenant::new("proj_a", Mode::Sandbox), &p.id).await;
         assert_eq!(found.ok().flatten().map(|x| x.id), Some(p.id.clone()));
-        assert_eq!(find(&*store, "proj_a", Mode::Live, &p.id).await, Ok(None));
         assert_eq!(
-            find(&*store, "proj_b", Mode::Sandbox, &p.id).await,
+            find(&*store, &Tenant::new("proj_a", Mode::Live), &p.id).await,
             Ok(None)
         );
         assert_eq!(
-            find(&*store, "proj_a", Mode::Sandbox, "pay_nope").await,
+            find(&*store, &Tenant::new("proj_b", Mode::Sandbox), &p.id).await,
+            Ok(None)
+        );
+        assert_eq!(
+            find(&*store, &Tenant::new("proj_a", Mode::Sandbox), "pay_nope").await,
             Ok(None)
         );
         // A second insert of the same id never overwrites.
@@ -390,13 +391,31 @@ mod tests {
                 .is_ok()
         );
         ids_in_order.reverse();
-        let Ok((page, total)) = list(&*store, "proj_a", Mode::Live, 2, 3).await else {
+        let Ok((page, total)) = list(
+            &*store,
+            &Tenant::new("proj_a", Mode::Live),
+            Window {
+                offset: 2,
+                limit: 3,
+            },
+        )
+        .await
+        else {
             panic!()
         };
         assert_eq!(total, 7);
         let got: Vec<String> = page.into_iter().map(|p| p.id).collect();
         assert_eq!(got, ids_in_order[2..5].to_vec());
-        let Ok((tail, _)) = list(&*store, "proj_a", Mode::Live, 6, 10).await else {
+        let Ok((tail, _)) = list(
+            &*store,
+            &Tenant::new("proj_a", Mode::Live),
+            Window {
+                offset: 6,
+                limit: 10,
+            },
+        )
+        .await
+        else {
             panic!()
         };
         assert_eq!(tail.len(), 1);
@@ -428,12 +447,24 @@ mod tests {
         let item = to_item(&around, &Payment::key(&around.id), &around.indexes()).unwrap();
         assert!(inner.put(item, None).await.is_ok());
         let counting = CountingStore::new(inner);
-        let Ok((page, total)) = list(&counting, &project.id, Mode::Live, 0, 25).await else {
+        let Ok((page, total)) = list(
+            &counting,
+            &Tenant::new(&project.id, Mode::Live),
+            Window::first(25),
+        )
+        .await
+        else {
             panic!("list")
         };
         assert_eq!((page.len(), total), (8, 7));
         assert_eq!(counting.calls(), 2, "the page and the counter");
-        let Ok((_, sandbox)) = list(&counting, &project.id, Mode::Sandbox, 0, 25).await else {
+        let Ok((_, sandbox)) = list(
+            &counting,
+            &Tenant::new(&project.id, Mode::Sandbox),
+            Window::first(25),
+        )
+        .await
+        else {
             panic!("list")
         };
         assert_eq!(sandbox, 0);
@@ -496,9 +527,17 @@ mod tests {
             status: Some(PaymentStatus::Failed),
             provider: Some(Provider::Esewa),
         };
-        let (page, total) = list_filtered(&*store, "proj_a", Mode::Sandbox, both, 1, 5)
-            .await
-            .unwrap_or_default();
+        let (page, total) = list_filtered(
+            &*store,
+            &Tenant::new("proj_a", Mode::Sandbox),
+            both,
+            Window {
+                offset: 1,
+                limit: 5,
+            },
+        )
+        .await
+        .unwrap_or_default();
         assert_eq!(total, 3);
         let got: Vec<String> = page.into_iter().map(|p| p.id).collect();
         assert_eq!(got, failed_esewa[1..].to_vec());
@@ -506,17 +545,20 @@ mod tests {
             status: Some(PaymentStatus::Failed),
             provider: None,
         };
-        let (_, total) = list_filtered(&*store, "proj_a", Mode::Sandbox, failed, 0, 25)
-            .await
-            .unwrap_or_default();
+        let (_, total) = list_filtered(
+            &*store,
+            &Tenant::new("proj_a", Mode::Sandbox),
+            failed,
+            Window::first(25),
+        )
+        .await
+        .unwrap_or_default();
         assert_eq!(total, 6);
         let (_, total) = list_filtered(
             &*store,
-            "proj_a",
-            Mode::Sandbox,
+            &Tenant::new("proj_a", Mode::Sandbox),
             PaymentFilter::default(),
-            0,
-            25,
+            Window::first(25),
         )
         .await
         .unwrap_or_default();

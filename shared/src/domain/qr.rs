@@ -141,7 +141,7 @@ pub async fn refresh(
     if !who.merchant.plan.direct_qr() {
         return Err(QrError::NotEntitled(who.merchant.plan));
     }
-    let session = checkout::find(&*state.store, who.project_id(), who.mode(), id, now)
+    let session = checkout::find(&*state.store, who.tenant(), id, now)
         .await?
         .filter(|s| s.flow == Flow::Qr)
         .ok_or_else(|| QrError::NotFound(id.to_owned()))?;

@@ -36,17 +36,31 @@ pub fn to_item<T: Serialize>(
     Ok(item)
 }
 
-/// One page of `query` (`offset`, `limit`) as records, and the total the
-/// query matches: what every list endpoint answers.
+/// Which records of a list one page holds: `limit` of them after the
+/// first `offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub offset: usize,
+    pub limit: usize,
+}
+
+impl Window {
+    /// The first `limit` records.
+    pub fn first(limit: usize) -> Self {
+        Window { offset: 0, limit }
+    }
+}
+
+/// One page of `query` (the records in `window`) as records, and the
+/// total the query matches: what every list endpoint answers.
 pub async fn page_of<T: DeserializeOwned>(
     store: &dyn Store,
     query: &Query,
-    offset: usize,
-    limit: usize,
+    window: Window,
 ) -> Result<(Vec<T>, u64), StoreError> {
     // Side by side: one round trip's wait, not two.
     let (items, total) = tokio::join!(
-        query_window(store, query, offset, limit),
+        query_window(store, query, window.offset, window.limit),
         store.count(query)
     );
     let (items, total) = (items?, total?);

@@ -16,6 +16,7 @@ use super::checkout::{self, CheckoutSessionView, CreateCheckout, Creator};
 use super::invoices::{self, CreateInvoice, InvoiceView, PatchInvoice};
 use super::links::{self, CreateLink, PatchLink, PaymentLinkView};
 use super::refunds::{CreateRefund, Refund, RefundStatus, RefundView};
+use crate::domain::Tenant;
 use crate::fields::wire::Strict;
 use crate::fields::{
     AddressPart, BuyerAddress, BuyerPhone, Description, InactiveMessage, InvoiceLineText,
@@ -136,7 +137,11 @@ fn a_payment_link_is_taken_back_as_it_is_answered() {
         "customerCountry": longest(AddressPart::MAX),
         "referenceId": longest(ReferenceId::MAX), "metadata": {"k": "v"},
     });
-    let link = match links::new_link("proj_1", Mode::Sandbox, api::<CreateLink>(&sent), now()) {
+    let link = match links::new_link(
+        &Tenant::new("proj_1", Mode::Sandbox),
+        api::<CreateLink>(&sent),
+        now(),
+    ) {
         Ok(l) => l,
         Err(e) => panic!("{e}"),
     };
@@ -176,8 +181,11 @@ fn an_invoice_is_taken_back_as_it_is_answered() {
         "externalReference": longest(InvoiceText::MAX),
         "note": longest_lines(InvoiceNote::MAX),
     });
-    let inv = match invoices::new_draft("proj_1", Mode::Sandbox, api::<CreateInvoice>(&sent), now())
-    {
+    let inv = match invoices::new_draft(
+        &Tenant::new("proj_1", Mode::Sandbox),
+        api::<CreateInvoice>(&sent),
+        now(),
+    ) {
         Ok(i) => i,
         Err(e) => panic!("{e}"),
     };
@@ -249,7 +257,11 @@ fn unset_fields_typed_or_null_come_back_as_null_and_are_taken() {
         "title": "Tip jar", "amount": null, "provider": null, "maxUses": null,
         "expiresAt": null,
     });
-    let link = match links::new_link("proj_1", Mode::Sandbox, api::<CreateLink>(&sent), now()) {
+    let link = match links::new_link(
+        &Tenant::new("proj_1", Mode::Sandbox),
+        api::<CreateLink>(&sent),
+        now(),
+    ) {
         Ok(l) => l,
         Err(e) => panic!("{e}"),
     };
@@ -269,8 +281,11 @@ fn unset_fields_typed_or_null_come_back_as_null_and_are_taken() {
         "dueAt": "2026-12-31T18:15:00Z",
         "customerId": null, "buyer": null, "externalReference": null, "note": null,
     });
-    let inv = match invoices::new_draft("proj_1", Mode::Sandbox, api::<CreateInvoice>(&sent), now())
-    {
+    let inv = match invoices::new_draft(
+        &Tenant::new("proj_1", Mode::Sandbox),
+        api::<CreateInvoice>(&sent),
+        now(),
+    ) {
         Ok(i) => i,
         Err(e) => panic!("{e}"),
     };

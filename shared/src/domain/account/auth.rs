@@ -10,6 +10,7 @@ use crate::domain::Mode;
 use crate::refusal::{Kind, Refusal};
 use crate::store::{Cond, Store, StoreError, Update};
 use crate::time::Timestamp;
+use crate::domain::Tenant;
 
 /// Random characters after the mode prefix of a secret key.
 pub(super) const SECRET_RANDOM_LEN: usize = 40;
@@ -50,14 +51,30 @@ pub fn shape_of_key(secret: &str) -> Option<(Mode, bool)> {
     well_formed.then_some((mode, publishable))
 }
 
-/// Who is calling: the key and its merchant, both read for every request.
+/// Who is calling: the key and its merchant, both read for every request,
+/// and the tenant the key acts for (its project and mode).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Principal {
     pub key: ApiKey,
     pub merchant: Merchant,
+    tenant: Tenant,
 }
 
 impl Principal {
+    pub fn new(key: ApiKey, merchant: Merchant) -> Self {
+        let tenant = Tenant::new(&key.project_id, key.mode);
+        Principal {
+            key,
+            merchant,
+            tenant,
+        }
+    }
+
+    /// Whose records the caller reads and writes.
+    pub fn tenant(&self) -> &Tenant {
+        &self.tenant
+    }
+
     pub fn mode(&self) -> Mode {
         self.key.mode
     }
@@ -183,7 +200,7 @@ pub async fn principal_of(store: &dyn Store, key: ApiKey) -> Result<Principal, A
     if let Some(p) = &key.pause {
         return Err(AuthError::Paused(p.clone()));
     }
-    Ok(Principal { key, merchant })
+    Ok(Principal::new(key, merchant))
 }
 
 /// How stale `api_key.last_used_at` may get: it is written at most once

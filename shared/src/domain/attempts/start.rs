@@ -16,6 +16,7 @@ use crate::money::Currency;
 use crate::providers::{self, Attempt, Channel, CustomerInfo, Handoff, ProviderError};
 use crate::store::{Cond, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
+use crate::domain::Tenant;
 
 /// The URLs on our own server the provider sends the customer back to.
 pub(super) fn return_url(base: &str, session_id: &str, payment_id: &str, outcome: &str) -> String {
@@ -178,7 +179,8 @@ async fn check_offered(
     session: &CheckoutSession,
     provider: Provider,
 ) -> Result<(), AttemptError> {
-    let offered = checkout::providers(store, &session.project_id, session.mode).await?;
+    let offered =
+        checkout::providers(store, &Tenant::new(&session.project_id, session.mode)).await?;
     if !offered.iter().any(|p| p.provider == provider && p.enabled) {
         return Err(AttemptError::NotOffered(format!(
             "{} is not available for this shop",

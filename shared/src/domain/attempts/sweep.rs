@@ -16,6 +16,7 @@ use crate::domain::payments::{Payment, PaymentStatus};
 use crate::domain::record::from_item;
 use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, Update};
 use crate::time::Timestamp;
+use crate::domain::Tenant;
 
 /// The write claiming a provider check of `p` at `now`: its `checked_at`,
 /// and its place in its partition (`gsi2sk`, by next check). Setting the
@@ -347,7 +348,8 @@ pub async fn sweep(state: &Deps, now: Timestamp) -> Result<SweepReport, StoreErr
     // Projects with nothing open for a while leave the registry (kept if
     // they have an open session or anything was written since the read).
     for a in idle {
-        let quiet = !checkout::has_open_sessions(store, &a.project_id, a.mode).await?
+        let quiet = !checkout::has_open_sessions(store, &Tenant::new(&a.project_id, a.mode))
+            .await?
             && !has_indexed_payments(store, &a).await?;
         if quiet {
             crate::domain::active::retire(store, &a, now).await?;

@@ -7,6 +7,7 @@ use super::*;
 use crate::AppState;
 use crate::app::Deps;
 use crate::domain::checkout;
+use crate::domain::Tenant;
 use crate::domain::checkout::{CreateCheckout, Creator, validate_create};
 use crate::domain::outbox;
 use crate::domain::outbox::EventType;
@@ -211,7 +212,7 @@ async fn load(st: &Deps, p: &Payment) -> (CheckoutSession, Payment) {
 }
 
 async fn events(st: &Deps) -> Vec<(EventType, String)> {
-    outbox::recent(&*st.store, "proj_1", Mode::Sandbox, 50)
+    outbox::recent(&*st.store, &Tenant::new("proj_1", Mode::Sandbox), 50)
         .await
         .unwrap()
         .into_iter()

@@ -2,6 +2,7 @@
 //! and listing with the status as of now.
 
 use serde_json::Value;
+use crate::domain::{Tenant, Window};
 
 use super::sessions::{CheckoutSession, SessionStatus, failed_at, find};
 use super::stats;
@@ -151,12 +152,8 @@ pub async fn due_for_expiry(
 
 /// Whether the project has any open session indexed (the sweep retires an
 /// idle registry entry only when it has none).
-pub async fn has_open_sessions(
-    store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
-) -> Result<bool, StoreError> {
-    let query = Query::partition(open_sessions_partition(project_id, mode))
+pub async fn has_open_sessions(store: &dyn Store, tenant: &Tenant) -> Result<bool, StoreError> {
+    let query = Query::partition(open_sessions_partition(&tenant.project, tenant.mode))
         .on(Index::Gsi2)
         .limit(1);
     Ok(!store.query(&query).await?.items.is_empty())
@@ -173,12 +170,11 @@ pub async fn expire_due(store: &dyn Store, id: &str, now: Timestamp) -> Result<b
 /// final session is answered unchanged. `None` when not found.
 pub async fn expire(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
     now: Timestamp,
 ) -> Result<Option<CheckoutSession>, StoreError> {
-    let Some(session) = find(store, project_id, mode, id, now).await? else {
+    let Some(session) = find(store, tenant, id, now).await? else {
         return Ok(None);
     };
     if session.status.is_final() {
@@ -211,24 +207,25 @@ fn status_filter(status: SessionStatus, now: Timestamp) -> Cond {
 /// writing it (a read of the one session persists it).
 pub async fn list(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     status: Option<SessionStatus>,
     now: Timestamp,
-    offset: usize,
-    limit: usize,
+    window: Window,
 ) -> Result<(Vec<CheckoutSession>, u64), StoreError> {
-    let mut query = Query::partition(CheckoutSession::list_partition(project_id, mode))
-        .on(Index::Gsi1)
-        .backward();
+    let mut query = Query::partition(CheckoutSession::list_partition(
+        &tenant.project,
+        tenant.mode,
+    ))
+    .on(Index::Gsi1)
+    .backward();
     if let Some(s) = status {
         query = query.filter(status_filter(s, now));
     }
-    let Some(totals) = stats::session_totals(store, project_id, mode).await? else {
+    let Some(totals) = stats::session_totals(store, tenant).await? else {
         // A project from before the counters: counted the old way.
-        return crate::domain::record::page_of(store, &query, offset, limit).await;
+        return crate::domain::record::page_of(store, &query, window).await;
     };
-    let items = crate::store::query_window(store, &query, offset, limit).await?;
+    let items = crate::store::query_window(store, &query, window.offset, window.limit).await?;
     let sessions = items
         .into_iter()
         .map(from_item)
@@ -241,13 +238,12 @@ pub async fn list(
         // with `expires_at <= now` (the sweep stores them within a minute
         // or so), counted with a key-range query.
         Some(s @ (SessionStatus::Pending | SessionStatus::Initiated)) => {
-            totals.stored(s) - overdue(store, project_id, mode, Some(s), now).await?
+            totals.stored(s) - overdue(store, tenant, Some(s), now).await?
         }
         // Every session in the open index past its time is pending or
         // initiated: one count.
         Some(SessionStatus::Expired) => {
-            totals.stored(SessionStatus::Expired)
-                + overdue(store, project_id, mode, None, now).await?
+            totals.stored(SessionStatus::Expired) + overdue(store, tenant, None, now).await?
         }
     };
     Ok((sessions, u64::try_from(total.max(0)).unwrap_or(0)))
@@ -257,12 +253,11 @@ pub async fn list(
 /// (any open one when `None`).
 async fn overdue(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     status: Option<SessionStatus>,
     now: Timestamp,
 ) -> Result<i64, StoreError> {
-    let mut query = Query::partition(open_sessions_partition(project_id, mode))
+    let mut query = Query::partition(open_sessions_partition(&tenant.project, tenant.mode))
         .on(Index::Gsi2)
         .sk(SkCond::Lt(format!("{}#~", now.to_rfc3339())));
     if let Some(status) = status {

@@ -6,6 +6,7 @@ use super::sessions::{CheckoutSession, Flow, amount_limits, check_amount};
 use crate::domain::credentials::list_configured_providers;
 use crate::domain::{Mode, Provider};
 use crate::store::{Store, StoreError};
+use crate::domain::Tenant;
 
 /// One provider as `GET /v1/providers` shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
@@ -30,10 +31,9 @@ pub(super) fn is_enabled(provider: Provider, mode: Mode, has_credentials: bool) 
 /// Every provider, enabled or not, for the project in `mode`.
 pub async fn providers(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
 ) -> Result<Vec<ProviderAvailability>, StoreError> {
-    let configured = list_configured_providers(store, project_id)
+    let configured = list_configured_providers(store, &tenant.project)
         .await
         .map_err(|e| match e {
             crate::domain::credentials::CredentialsError::Store(s) => s,
@@ -42,12 +42,14 @@ pub async fn providers(
     Ok(Provider::ALL
         .into_iter()
         .map(|p| {
-            let has = configured.iter().any(|c| c.provider == p && c.mode == mode);
-            let limits = amount_limits(p, mode);
+            let has = configured
+                .iter()
+                .any(|c| c.provider == p && c.mode == tenant.mode);
+            let limits = amount_limits(p, tenant.mode);
             ProviderAvailability {
                 provider: p,
-                enabled: is_enabled(p, mode, has),
-                sandbox: mode == Mode::Sandbox && p != Provider::Fonepay,
+                enabled: is_enabled(p, tenant.mode, has),
+                sandbox: tenant.mode == Mode::Sandbox && p != Provider::Fonepay,
                 min_amount: limits.min,
                 max_amount: limits.max,
             }
@@ -60,7 +62,7 @@ pub async fn providers(
 /// session names it (a redirect checkout, a Direct-QR or a mobile
 /// session with `provider`).
 pub async fn offered(store: &dyn Store, s: &CheckoutSession) -> Result<Vec<Provider>, StoreError> {
-    let all = providers(store, &s.project_id, s.mode).await?;
+    let all = providers(store, &Tenant::new(&s.project_id, s.mode)).await?;
     Ok(all
         .into_iter()
         .filter(|p| p.enabled)

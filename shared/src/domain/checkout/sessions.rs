@@ -22,6 +22,7 @@ use crate::refusal::Refusal;
 use crate::store::fence::Fence;
 use crate::store::{Cond, Index, Key, Store, StoreError, TTL, TxOp, TxReason, Update};
 use crate::time::Timestamp;
+use crate::domain::Tenant;
 
 /// How the customer pays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -823,8 +824,7 @@ async fn first_run_session(
 /// a concurrent move to a final state wins).
 pub async fn find(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
     now: Timestamp,
 ) -> Result<Option<CheckoutSession>, StoreError> {
@@ -834,7 +834,7 @@ pub async fn find(
     let Some(session) = find_any(store, id, now).await? else {
         return Ok(None);
     };
-    if session.project_id != project_id || session.mode != mode {
+    if !tenant.owns(&session.project_id, session.mode) {
         return Ok(None);
     }
     Ok(Some(session))

@@ -43,6 +43,7 @@
 //! O(days × shards) small items with one paginated query.
 
 use super::{CheckoutSession, SessionStatus};
+use crate::domain::Tenant;
 use crate::domain::payments::Payment;
 use crate::domain::{Mode, Provider};
 use crate::keys;
@@ -111,10 +112,9 @@ impl SessionTotals {
 /// before they were kept (no marker).
 pub async fn session_totals(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
 ) -> Result<Option<SessionTotals>, StoreError> {
-    let all = crate::domain::totals::read(store, project_id, mode).await?;
+    let all = crate::domain::totals::read(store, &tenant.project, tenant.mode).await?;
     if all.marker.is_none() {
         return Ok(None);
     }

@@ -2,6 +2,7 @@ use super::providers::is_enabled;
 use super::sessions::{amount_limits, spend_cap_condition, spend_counter_key};
 use super::*;
 use crate::domain::{Mode, Provider};
+use crate::domain::{Tenant, Window};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::{Store, Update};
 use crate::testenv::memory_store as store;
@@ -56,9 +57,15 @@ async fn the_total_costs_the_same_reads_whatever_the_number_of_sessions() {
             );
         }
         let before = counting.calls();
-        let (page, total) = list(&counting, "proj_t", Mode::Sandbox, None, now, 0, 1)
-            .await
-            .unwrap();
+        let (page, total) = list(
+            &counting,
+            &Tenant::new("proj_t", Mode::Sandbox),
+            None,
+            now,
+            Window::first(1),
+        )
+        .await
+        .unwrap();
         assert_eq!((page.len(), total), (1, n as u64));
         costs.push(counting.calls() - before);
     }
@@ -66,10 +73,16 @@ async fn the_total_costs_the_same_reads_whatever_the_number_of_sessions() {
     let total = |status, at| {
         let counting = &counting;
         async move {
-            list(counting, "proj_t", Mode::Sandbox, Some(status), at, 0, 1)
-                .await
-                .unwrap()
-                .1
+            list(
+                counting,
+                &Tenant::new("proj_t", Mode::Sandbox),
+                Some(status),
+                at,
+                Window::first(1),
+            )
+            .await
+            .unwrap()
+            .1
         }
     };
     assert_eq!(total(SessionStatus::Pending, now).await, 40);
@@ -84,9 +97,15 @@ async fn the_total_costs_the_same_reads_whatever_the_number_of_sessions() {
     assert_eq!(total(SessionStatus::Expired, late).await, 40);
     assert_eq!(total(SessionStatus::Expired, now).await, 5);
     assert_eq!(total(SessionStatus::Pending, now).await, 35);
-    let (_, all) = list(&counting, "proj_t", Mode::Sandbox, None, late, 0, 1)
-        .await
-        .unwrap();
+    let (_, all) = list(
+        &counting,
+        &Tenant::new("proj_t", Mode::Sandbox),
+        None,
+        late,
+        Window::first(1),
+    )
+    .await
+    .unwrap();
     assert_eq!(all, 40);
 }
 
@@ -406,27 +425,27 @@ async fn reads_expire_lazily_and_persist_it() {
     let Ok(s) = make(&*store, &c, 500, now).await else {
         panic!()
     };
-    let found = find(&*store, "proj_a", Mode::Sandbox, &s.id, now).await;
+    let found = find(&*store, &Tenant::new("proj_a", Mode::Sandbox), &s.id, now).await;
     assert_eq!(
         found.ok().flatten().map(|x| x.status),
         Some(SessionStatus::Pending)
     );
     assert_eq!(
-        find(&*store, "proj_b", Mode::Sandbox, &s.id, now).await,
+        find(&*store, &Tenant::new("proj_b", Mode::Sandbox), &s.id, now).await,
         Ok(None)
     );
     assert_eq!(
-        find(&*store, "proj_a", Mode::Live, &s.id, now).await,
+        find(&*store, &Tenant::new("proj_a", Mode::Live), &s.id, now).await,
         Ok(None)
     );
     let later = now.plus(SESSION_LIFETIME);
-    let found = find(&*store, "proj_a", Mode::Sandbox, &s.id, later).await;
+    let found = find(&*store, &Tenant::new("proj_a", Mode::Sandbox), &s.id, later).await;
     assert_eq!(
         found.ok().flatten().map(|x| x.status),
         Some(SessionStatus::Expired)
     );
     // Persisted: visible even to a reader whose clock is earlier.
-    let found = find(&*store, "proj_a", Mode::Sandbox, &s.id, now).await;
+    let found = find(&*store, &Tenant::new("proj_a", Mode::Sandbox), &s.id, now).await;
     assert_eq!(
         found.ok().flatten().map(|x| x.status),
         Some(SessionStatus::Expired)
@@ -440,7 +459,8 @@ async fn expire_moves_open_sessions_only() {
     let Ok(s) = make(&*store, &creator(None), 500, now).await else {
         panic!()
     };
-    let Ok(Some(e)) = expire(&*store, "proj_a", Mode::Sandbox, &s.id, now).await else {
+    let Ok(Some(e)) = expire(&*store, &Tenant::new("proj_a", Mode::Sandbox), &s.id, now).await
+    else {
         panic!()
     };
     assert_eq!(e.status, SessionStatus::Expired);
@@ -449,12 +469,13 @@ async fn expire_moves_open_sessions_only() {
     let _ = store
         .update(&key, Update::new().set("status", "success"), None)
         .await;
-    let Ok(Some(again)) = expire(&*store, "proj_a", Mode::Sandbox, &s.id, now).await else {
+    let Ok(Some(again)) = expire(&*store, &Tenant::new("proj_a", Mode::Sandbox), &s.id, now).await
+    else {
         panic!()
     };
     assert_eq!(again.status, SessionStatus::Success);
     assert_eq!(
-        expire(&*store, "proj_b", Mode::Sandbox, &s.id, now).await,
+        expire(&*store, &Tenant::new("proj_b", Mode::Sandbox), &s.id, now).await,
         Ok(None)
     );
 }
@@ -475,7 +496,15 @@ async fn the_spend_cap_counts_the_month_per_key() {
     let next = now.plus(chrono::Duration::days(32));
     assert!(make(&*store, &c, 1000, next).await.is_ok());
     // The failed attempts left no session behind.
-    let Ok((_, total)) = list(&*store, "proj_a", Mode::Sandbox, None, now, 0, 10).await else {
+    let Ok((_, total)) = list(
+        &*store,
+        &Tenant::new("proj_a", Mode::Sandbox),
+        None,
+        now,
+        Window::first(10),
+    )
+    .await
+    else {
         panic!()
     };
     assert_eq!(total, 3);
@@ -493,13 +522,25 @@ async fn lists_filter_by_status_as_of_now() {
         };
         made.push(s);
     }
-    let _ = expire(&*store, "proj_a", Mode::Sandbox, &made[0].id, now).await;
+    let _ = expire(
+        &*store,
+        &Tenant::new("proj_a", Mode::Sandbox),
+        &made[0].id,
+        now,
+    )
+    .await;
     let count = |s: Option<SessionStatus>, at: Timestamp| {
         let store = store.clone();
         async move {
-            list(&*store, "proj_a", Mode::Sandbox, s, at, 0, 25)
-                .await
-                .map(|(items, total)| (items.len() as u64, total))
+            list(
+                &*store,
+                &Tenant::new("proj_a", Mode::Sandbox),
+                s,
+                at,
+                Window::first(25),
+            )
+            .await
+            .map(|(items, total)| (items.len() as u64, total))
         }
     };
     assert_eq!(count(None, now).await, Ok((3, 3)));
@@ -508,7 +549,15 @@ async fn lists_filter_by_status_as_of_now() {
     let later = now.plus(SESSION_LIFETIME);
     assert_eq!(count(Some(SessionStatus::Pending), later).await, Ok((0, 0)));
     assert_eq!(count(Some(SessionStatus::Expired), later).await, Ok((3, 3)));
-    let Ok((page, _)) = list(&*store, "proj_a", Mode::Sandbox, None, now, 0, 1).await else {
+    let Ok((page, _)) = list(
+        &*store,
+        &Tenant::new("proj_a", Mode::Sandbox),
+        None,
+        now,
+        Window::first(1),
+    )
+    .await
+    else {
         panic!()
     };
     assert_eq!(page[0].id, made[2].id, "newest first");

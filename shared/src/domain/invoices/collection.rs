@@ -15,6 +15,7 @@ use crate::fields::{PersonName, Phone};
 use crate::store::fence::Fence;
 use crate::store::{Cond, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
+use crate::domain::Tenant;
 
 /// What `POST /v1/invoices/{id}/checkout` answers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -40,10 +41,11 @@ pub async fn checkout(
     fence: Option<&Fence>,
 ) -> Result<(CheckoutSession, bool), InvoiceError> {
     let store = &*state.store;
+    let tenant = Tenant::new(&payer.project_id, payer.mode);
     let (project_id, mode) = (payer.project_id.as_str(), payer.mode);
-    check_provider_offered(store, project_id, mode, body.provider).await?;
+    check_provider_offered(store, &tenant, body.provider).await?;
     for attempt in 0..8 {
-        let inv = get(store, project_id, mode, id).await?;
+        let inv = get(store, &tenant, id).await?;
         require_state(&inv, DocumentStatus::Issued, "a checkout")?;
         let remaining = inv.amount_remaining();
         if remaining <= 0 {
@@ -132,14 +134,13 @@ pub async fn checkout(
 /// Refuses a provider the project does not offer (none asked: any).
 async fn check_provider_offered(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     provider: Option<crate::domain::Provider>,
 ) -> Result<(), InvoiceError> {
     let Some(p) = provider else {
         return Ok(());
     };
-    let enabled = checkout::providers(store, project_id, mode).await?;
+    let enabled = checkout::providers(store, tenant).await?;
     if !enabled.iter().any(|x| x.provider == p && x.enabled) {
         return Err(InvoiceError::Checkout(
             checkout::CheckoutError::ProviderUnavailable(p),

@@ -16,6 +16,7 @@ use crate::domain::payments::{self, Payment, PaymentStatus};
 use crate::ids::{self, IdKind};
 use crate::store::{Cond, Index, Store, StoreError, TxOp, Update};
 use crate::time::Timestamp;
+use crate::domain::Tenant;
 
 /// The invoice's current checkout session, and the payment of its latest
 /// attempt, as they are now.
@@ -130,15 +131,14 @@ fn correction_blocker(
 /// any, is expired in the same transaction, so nobody pays a void invoice.
 pub async fn correct(
     state: &Deps,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
     body: CorrectInvoice,
 ) -> Result<(Invoice, Invoice), InvoiceError> {
     let reason =
         text(Some(body.reason)).ok_or_else(|| invalid("reason", "reason must not be empty"))?;
     let store = &*state.store;
-    let current = get(store, project_id, mode, id).await?;
+    let current = get(store, tenant, id).await?;
     require_state(&current, DocumentStatus::Issued, "correct")?;
     let now = state.clock.now();
     let checkout = current_checkout(store, &current).await?;
@@ -210,15 +210,14 @@ pub async fn correct(
 /// progress the adjustment waits (409).
 pub async fn adjust(
     state: &Deps,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
     body: AdjustInvoice,
 ) -> Result<Invoice, InvoiceError> {
     let reason =
         text(Some(body.reason)).ok_or_else(|| invalid("reason", "reason must not be empty"))?;
     let store = &*state.store;
-    let current = get(store, project_id, mode, id).await?;
+    let current = get(store, tenant, id).await?;
     require_state(&current, DocumentStatus::Issued, "an adjustment")?;
     check_version(&current, body.version)?;
     let remaining = current.amount_remaining();

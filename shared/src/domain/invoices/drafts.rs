@@ -19,6 +19,7 @@ use crate::refusal::Refusal;
 use crate::store::fence::Fence;
 use crate::store::{Cond, Index, Query, Store, StoreError, TxOp};
 use crate::time::Timestamp;
+use crate::domain::{Tenant, Window};
 
 /// One line of a create or patch body.
 #[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
@@ -259,16 +260,15 @@ pub(super) fn price(inv: &mut Invoice) -> Result<(), InvoiceError> {
 
 /// A new draft from a create body (validated; not stored).
 pub fn new_draft(
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     body: CreateInvoice,
     now: Timestamp,
 ) -> Result<Invoice, InvoiceError> {
     let lines = valid_lines(body.lines)?;
     let mut inv = Invoice {
         id: ids::new_id(IdKind::Invoice),
-        project_id: project_id.to_owned(),
-        mode,
+        project_id: tenant.project.clone(),
+        mode: tenant.mode,
         version: 1,
         invoice_number: None,
         document_status: DocumentStatus::Draft,
@@ -315,14 +315,9 @@ pub async fn get_any(store: &dyn Store, id: &str) -> Result<Option<Invoice>, Sto
 }
 
 /// The invoice `id` of `project_id` in `mode`.
-pub async fn get(
-    store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
-    id: &str,
-) -> Result<Invoice, InvoiceError> {
+pub async fn get(store: &dyn Store, tenant: &Tenant, id: &str) -> Result<Invoice, InvoiceError> {
     match get_any(store, id).await? {
-        Some(inv) if inv.project_id == project_id && inv.mode == mode => Ok(inv),
+        Some(inv) if tenant.owns(&inv.project_id, inv.mode) => Ok(inv),
         _ => Err(InvoiceError::NotFound(id.to_owned())),
     }
 }
@@ -331,18 +326,17 @@ pub async fn get(
 /// project. With the request's fence, a retry finds the first draft.
 pub async fn create(
     state: &Deps,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     body: CreateInvoice,
     fence: Option<&Fence>,
 ) -> Result<Invoice, InvoiceError> {
-    if mode == Mode::Live {
-        let project = account::get_project(&*state.store, project_id).await?;
+    if tenant.mode == Mode::Live {
+        let project = account::get_project(&*state.store, &tenant.project).await?;
         if !project.is_some_and(|p| p.live_invoicing) {
             return Err(InvoiceError::LiveDisabled);
         }
     }
-    let inv = new_draft(project_id, mode, body, state.clock.now())?;
+    let inv = new_draft(tenant, body, state.clock.now())?;
     let mut ops = vec![TxOp::Put {
         item: inv.item()?,
         cond: Some(Cond::NotExists),
@@ -353,7 +347,7 @@ pub async fn create(
     match state.store.transact(ops).await {
         Ok(()) => Ok(inv),
         Err(e) => match fence {
-            Some(f) if Fence::tripped(&e, 1) => first_of(state, f, project_id, mode).await,
+            Some(f) if Fence::tripped(&e, 1) => first_of(state, f, tenant).await,
             _ => Err(e.into()),
         },
     }
@@ -363,22 +357,19 @@ pub async fn create(
 async fn first_of(
     state: &Deps,
     fence: &Fence,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
 ) -> Result<Invoice, InvoiceError> {
     let first = fence.resource_id(&*state.store).await?.unwrap_or_default();
-    get(&*state.store, project_id, mode, &first).await
+    get(&*state.store, tenant, &first).await
 }
 
 /// One page of the project's invoices, newest first, with the total.
 pub async fn list(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     document_status: Option<DocumentStatus>,
     collection_status: Option<CollectionStatus>,
-    offset: usize,
-    limit: usize,
+    window: Window,
 ) -> Result<(Vec<Invoice>, u64), StoreError> {
     let mut filters = Vec::new();
     if let Some(d) = document_status {
@@ -387,13 +378,13 @@ pub async fn list(
     if let Some(c) = collection_status {
         filters.push(Cond::eq("collection_status", c.as_str()));
     }
-    let mut query = Query::partition(Invoice::list_partition(project_id, mode))
+    let mut query = Query::partition(Invoice::list_partition(&tenant.project, tenant.mode))
         .on(Index::Gsi1)
         .backward();
     if !filters.is_empty() {
         query = query.filter(Cond::And(filters));
     }
-    page_of(store, &query, offset, limit).await
+    page_of(store, &query, window).await
 }
 
 /// The write of `next` over `current`: the whole record, conditioned on
@@ -459,7 +450,13 @@ pub(super) async fn lost_race(
     sent: i64,
     what: &str,
 ) -> InvoiceError {
-    match get(store, &current.project_id, current.mode, &current.id).await {
+    match get(
+        store,
+        &Tenant::new(&current.project_id, current.mode),
+        &current.id,
+    )
+    .await
+    {
         Ok(now) if now.document_status != current.document_status => {
             InvoiceError::StateConflict(format!(
                 "{what} needs a {} invoice; this one is now {}",
@@ -481,12 +478,11 @@ pub(super) async fn lost_race(
 /// Edits a draft (the keys sent change), at the version sent.
 pub async fn patch(
     state: &Deps,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
     body: PatchInvoice,
 ) -> Result<Invoice, InvoiceError> {
-    let current = get(&*state.store, project_id, mode, id).await?;
+    let current = get(&*state.store, tenant, id).await?;
     require_state(&current, DocumentStatus::Draft, "editing")?;
     check_version(&current, body.version)?;
     let mut next = current.clone();

@@ -2,6 +2,7 @@
 //! finalizes the draft.
 
 use serde_json::{Value, json};
+use crate::domain::Tenant;
 
 use super::drafts::{InvoiceError, check_version, get, require_state};
 use super::records::{DocumentStatus, Invoice};
@@ -31,23 +32,22 @@ pub(super) fn number_text(mode: Mode, n: u64) -> String {
 /// `VersionConflict` and changes nothing.
 pub async fn finalize(
     state: &Deps,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
     version: i64,
     fence: Option<&Fence>,
 ) -> Result<Invoice, InvoiceError> {
     let store = &*state.store;
-    let seller = account::get_project(store, project_id)
+    let seller = account::get_project(store, &tenant.project)
         .await?
         .and_then(|p| p.seller);
-    let ckey = counter_key(project_id, mode);
+    let ckey = counter_key(&tenant.project, tenant.mode);
     let started = std::time::Instant::now();
     for attempt in 0..FINALIZE_TRIES {
         if started.elapsed() > FINALIZE_BUDGET {
             break;
         }
-        let current = get(store, project_id, mode, id).await?;
+        let current = get(store, tenant, id).await?;
         if current.document_status != DocumentStatus::Draft {
             if let Some(f) = fence {
                 // A retry of a finalize whose answer was lost.
@@ -64,7 +64,7 @@ pub async fn finalize(
         };
         let n = last + 1;
         let now = state.clock.now();
-        let next = issued(&current, number_text(mode, n), seller.clone(), now);
+        let next = issued(&current, number_text(tenant.mode, n), seller.clone(), now);
         let mut ops = vec![
             TxOp::Update {
                 key: Invoice::key(id),
@@ -97,10 +97,10 @@ pub async fn finalize(
                 if failed(2) {
                     // This very request finalized it already (its answer
                     // was lost).
-                    return first_run_finalized(store, project_id, mode, id, fence).await;
+                    return first_run_finalized(store, tenant, id, fence).await;
                 }
                 if failed(0) {
-                    let now_current = get(store, project_id, mode, id).await?;
+                    let now_current = get(store, tenant, id).await?;
                     require_state(&now_current, DocumentStatus::Draft, "finalize")?;
                     return Err(InvoiceError::VersionConflict {
                         sent: version,
@@ -149,8 +149,7 @@ fn counter_at(last: u64) -> Cond {
 /// or, when the key was used for another resource, a conflict.
 async fn first_run_finalized(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
     fence: Option<&Fence>,
 ) -> Result<Invoice, InvoiceError> {
@@ -159,7 +158,7 @@ async fn first_run_finalized(
         None => None,
     };
     if first.as_deref() == Some(id) {
-        return get(store, project_id, mode, id).await;
+        return get(store, tenant, id).await;
     }
     Err(InvoiceError::StateConflict(
         "this Idempotency-Key was used for another request".into(),
@@ -170,12 +169,11 @@ async fn first_run_finalized(
 /// answers the same.
 pub async fn discard(
     state: &Deps,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
     fence: Option<&Fence>,
 ) -> Result<Invoice, InvoiceError> {
-    let current = match get(&*state.store, project_id, mode, id).await {
+    let current = match get(&*state.store, tenant, id).await {
         Ok(c) => c,
         Err(InvoiceError::NotFound(_)) => {
             if let Some(f) = fence {

@@ -5,6 +5,7 @@ use super::*;
 use crate::Deps;
 use crate::domain::Mode;
 use crate::domain::checkout::{self, CheckoutSession, SessionStatus};
+use crate::domain::Tenant;
 use crate::domain::record::from_item;
 use crate::fields::{InvoiceLineText, InvoiceText};
 use crate::store::TxOp;
@@ -94,8 +95,7 @@ fn body(lines: serde_json::Value) -> CreateInvoice {
 fn a_draft_is_priced_from_its_lines() {
     let now = Timestamp::parse("2026-11-22T10:00:00Z").unwrap();
     let inv = new_draft(
-        "proj_1",
-        Mode::Sandbox,
+        &Tenant::new("proj_1", Mode::Sandbox),
         body(json!([
             {"description": "Tea, 1 kg", "quantity": "2.5", "unitAmount": 120_000},
             {"description": "Delivery", "quantity": "1", "unitAmount": 15_050},
@@ -116,7 +116,7 @@ fn a_draft_is_priced_from_its_lines() {
 #[test]
 fn invalid_bodies_name_their_field() {
     let now = Timestamp::parse("2026-11-22T10:00:00Z").unwrap();
-    let field_of = |b: CreateInvoice| match new_draft("p", Mode::Sandbox, b, now) {
+    let field_of = |b: CreateInvoice| match new_draft(&Tenant::new("p", Mode::Sandbox), b, now) {
         Err(InvoiceError::Invalid { field, .. }) => field,
         other => panic!("{other:?}"),
     };
@@ -200,8 +200,7 @@ fn invalid_bodies_name_their_field() {
 fn collection_status_follows_the_amounts() {
     let now = Timestamp::parse("2026-11-22T10:00:00Z").unwrap();
     let mut inv = new_draft(
-        "p",
-        Mode::Live,
+        &Tenant::new("p", Mode::Live),
         body(json!([{"description": "x", "quantity": "1", "unitAmount": 10_000}])),
         now,
     )
@@ -235,8 +234,7 @@ fn collection_status_follows_the_amounts() {
 fn allocation_fills_the_balance_then_the_excess() {
     let now = Timestamp::parse("2026-11-22T10:00:00Z").unwrap();
     let mut inv = new_draft(
-        "p",
-        Mode::Sandbox,
+        &Tenant::new("p", Mode::Sandbox),
         body(json!([{"description": "x", "quantity": "1", "unitAmount": 10_000}])),
         now,
     )
@@ -315,7 +313,7 @@ mod numbering {
 
     async fn draft(state: &Deps) -> Invoice {
         let b = super::body(json!([{"description": "x", "quantity": "1", "unitAmount": 100_000}]));
-        create(state, "proj_1", Mode::Sandbox, b, None)
+        create(state, &Tenant::new("proj_1", Mode::Sandbox), b, None)
             .await
             .unwrap()
     }
@@ -330,7 +328,14 @@ mod numbering {
         let runs = drafts.into_iter().map(|d| {
             let state = state.clone();
             tokio::spawn(async move {
-                finalize(&state, "proj_1", Mode::Sandbox, &d.id, d.version, None).await
+                finalize(
+                    &state,
+                    &Tenant::new("proj_1", Mode::Sandbox),
+                    &d.id,
+                    d.version,
+                    None,
+                )
+                .await
             })
         });
         let mut numbers: Vec<String> = futures::future::join_all(runs)
@@ -345,23 +350,35 @@ mod numbering {
         let b = super::body(json!([{"description": "x", "quantity": "1", "unitAmount": 100}]));
         let mut live_state = state.clone();
         live_state.clock = Arc::new(SystemClock);
-        let live = new_draft("proj_1", Mode::Live, b, SystemClock.now()).unwrap();
+        let live = new_draft(&Tenant::new("proj_1", Mode::Live), b, SystemClock.now()).unwrap();
         live_state
             .store
             .put(live.item().unwrap(), None)
             .await
             .unwrap();
-        let issued = finalize(&live_state, "proj_1", Mode::Live, &live.id, 1, None)
-            .await
-            .unwrap();
+        let issued = finalize(
+            &live_state,
+            &Tenant::new("proj_1", Mode::Live),
+            &live.id,
+            1,
+            None,
+        )
+        .await
+        .unwrap();
         assert_eq!(issued.invoice_number.as_deref(), Some("PI-000001"));
     }
 
     async fn issued(state: &Deps) -> Invoice {
         let d = draft(state).await;
-        finalize(state, "proj_1", Mode::Sandbox, &d.id, d.version, None)
-            .await
-            .unwrap()
+        finalize(
+            state,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            &d.id,
+            d.version,
+            None,
+        )
+        .await
+        .unwrap()
     }
 
     async fn session(state: &Deps, id: &str) -> CheckoutSession {
@@ -419,16 +436,19 @@ mod numbering {
         assert_eq!(counted.get("sessions_created"), Some(&2));
         assert_eq!(session(&state, &a.id).await.status, SessionStatus::Expired);
         // The invoice moved on: a write at the old version conflicts.
-        let now_inv = get(&*state.store, "proj_1", Mode::Sandbox, &inv.id)
-            .await
-            .unwrap();
+        let now_inv = get(
+            &*state.store,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            &inv.id,
+        )
+        .await
+        .unwrap();
         assert_eq!(now_inv.version, inv.version + 2);
         // Correct an invoice with a fresh pending checkout: allowed, and
         // the checkout is expired with it.
         let (voided, replacement) = correct(
             &state,
-            "proj_1",
-            Mode::Sandbox,
+            &Tenant::new("proj_1", Mode::Sandbox),
             &inv.id,
             CorrectInvoice {
                 reason: InvoiceLineText::stored("wrong buyer".into()),
@@ -459,13 +479,16 @@ mod numbering {
         )
         .await
         .unwrap();
-        let current = get(&*state.store, "proj_1", Mode::Sandbox, &inv.id)
-            .await
-            .unwrap();
+        let current = get(
+            &*state.store,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            &inv.id,
+        )
+        .await
+        .unwrap();
         let adjusted = adjust(
             &state,
-            "proj_1",
-            Mode::Sandbox,
+            &Tenant::new("proj_1", Mode::Sandbox),
             &inv.id,
             AdjustInvoice {
                 amount: 30,
@@ -504,9 +527,15 @@ mod numbering {
         let state = state();
         let a = draft(&state).await;
         let b = draft(&state).await;
-        let err = finalize(&state, "proj_1", Mode::Sandbox, &a.id, 7, None)
-            .await
-            .unwrap_err();
+        let err = finalize(
+            &state,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            &a.id,
+            7,
+            None,
+        )
+        .await
+        .unwrap_err();
         assert!(
             matches!(
                 err,
@@ -517,17 +546,29 @@ mod numbering {
             ),
             "{err:?}"
         );
-        let still = get(&*state.store, "proj_1", Mode::Sandbox, &a.id)
+        let still = get(&*state.store, &Tenant::new("proj_1", Mode::Sandbox), &a.id)
             .await
             .unwrap();
         assert_eq!(still, a);
-        let issued = finalize(&state, "proj_1", Mode::Sandbox, &b.id, 1, None)
-            .await
-            .unwrap();
+        let issued = finalize(
+            &state,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            &b.id,
+            1,
+            None,
+        )
+        .await
+        .unwrap();
         assert_eq!(issued.invoice_number.as_deref(), Some("TEST-PI-000001"));
-        let again = finalize(&state, "proj_1", Mode::Sandbox, &b.id, 2, None)
-            .await
-            .unwrap_err();
+        let again = finalize(
+            &state,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            &b.id,
+            2,
+            None,
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(again, InvoiceError::StateConflict(_)), "{again:?}");
     }
 }

@@ -20,6 +20,7 @@ use crate::refusal::Refusal;
 use crate::store::fence::Fence;
 use crate::store::{Cond, Index, Query, Store, StoreError, TxOp, Update};
 use crate::time::Timestamp;
+use crate::domain::{Tenant, Window};
 
 /// `stats` of the single-link retrieve.
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
@@ -380,8 +381,7 @@ pub(super) fn max_uses(v: i64) -> Result<i64, LinkError> {
 
 /// Checks a create request and builds the link.
 pub fn new_link(
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     req: CreateLink,
     now: Timestamp,
 ) -> Result<PaymentLink, LinkError> {
@@ -395,7 +395,7 @@ pub fn new_link(
                 ));
             }
             (
-                Some(checkout::check_amount(a, req.provider, mode)?),
+                Some(checkout::check_amount(a, req.provider, tenant.mode)?),
                 None,
                 None,
             )
@@ -422,7 +422,7 @@ pub fn new_link(
         }
     };
     if let Some(url) = &req.redirect_url {
-        check_url("redirectUrl", url, mode)?;
+        check_url("redirectUrl", url, tenant.mode)?;
     }
     let expires_at = match &req.expires_at {
         Some(v) => Some(future_time("expiresAt", v, now)?),
@@ -440,8 +440,8 @@ pub fn new_link(
     };
     Ok(PaymentLink {
         id: ids::new_id(IdKind::PaymentLink),
-        project_id: project_id.to_owned(),
-        mode,
+        project_id: tenant.project.clone(),
+        mode: tenant.mode,
         title,
         description: text(req.description),
         amount,
@@ -520,40 +520,36 @@ pub async fn get(store: &dyn Store, id: &str) -> Result<Option<PaymentLink>, Sto
 /// The link `id` of `project_id` in `mode`, else `None`.
 pub async fn find(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
 ) -> Result<Option<PaymentLink>, StoreError> {
     Ok(get(store, id)
         .await?
-        .filter(|l| l.project_id == project_id && l.mode == mode))
+        .filter(|l| tenant.owns(&l.project_id, l.mode)))
 }
 
 /// A page of the project's links in `mode`, newest first, optionally only
 /// active or inactive ones, and the total.
 pub async fn list(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     active: Option<bool>,
-    offset: usize,
-    limit: usize,
+    window: Window,
 ) -> Result<(Vec<PaymentLink>, u64), StoreError> {
-    let mut query = Query::partition(PaymentLink::list_partition(project_id, mode))
+    let mut query = Query::partition(PaymentLink::list_partition(&tenant.project, tenant.mode))
         .on(Index::Gsi1)
         .backward();
     if let Some(a) = active {
         query = query.filter(Cond::eq("active", a));
     }
-    crate::domain::record::page_of(store, &query, offset, limit).await
+    crate::domain::record::page_of(store, &query, window).await
 }
 
 /// Applies `patch` to the link (only the keys sent), atomically: `maxUses`
 /// below the use count at the moment of the write is refused.
 pub async fn patch(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
     patch: PatchLink,
     now: Timestamp,
@@ -561,7 +557,7 @@ pub async fn patch(
     // Address parts are written with the rest of the address as read: a
     // concurrent edit in between means read again.
     for _ in 0..4 {
-        if let Some(link) = patch_once(store, project_id, mode, id, patch.clone(), now).await? {
+        if let Some(link) = patch_once(store, tenant, id, patch.clone(), now).await? {
             return Ok(link);
         }
     }
@@ -573,20 +569,19 @@ pub async fn patch(
 /// One try of [`patch`]; `None` when the link changed after it was read.
 async fn patch_once(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
     mut patch: PatchLink,
     now: Timestamp,
 ) -> Result<Option<PaymentLink>, LinkError> {
-    let link = find(store, project_id, mode, id)
+    let link = find(store, tenant, id)
         .await?
         .ok_or_else(|| LinkError::NotFound(id.to_owned()))?;
     let mut cond = vec![Cond::Exists];
     let update = Update::new().set("updated_at", now.to_rfc3339());
     let update = patch_details(update, &mut patch, now)?;
     let update = patch_max_uses(update, &link, patch.max_uses, &mut cond)?;
-    let update = patch_checkout_fields(update, &mut patch, mode)?;
+    let update = patch_checkout_fields(update, &mut patch, tenant.mode)?;
     let update = patch_address(update, &link, &mut patch, &mut cond)?;
     match store
         .update(&PaymentLink::key(&link.id), update, Some(Cond::And(cond)))
@@ -774,12 +769,11 @@ fn below_use_count(used: i64) -> LinkError {
 /// link is refused (422 `link_inactive`).
 pub async fn cancel(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
     now: Timestamp,
 ) -> Result<PaymentLink, LinkError> {
-    let link = find(store, project_id, mode, id)
+    let link = find(store, tenant, id)
         .await?
         .ok_or_else(|| LinkError::NotFound(id.to_owned()))?;
     let update = Update::new()
@@ -801,13 +795,8 @@ pub async fn cancel(
 
 /// `DELETE /v1/payment-links/{id}`: only a link never used (422
 /// `link_used` otherwise).
-pub async fn delete(
-    store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
-    id: &str,
-) -> Result<String, LinkError> {
-    let link = find(store, project_id, mode, id)
+pub async fn delete(store: &dyn Store, tenant: &Tenant, id: &str) -> Result<String, LinkError> {
+    let link = find(store, tenant, id)
         .await?
         .ok_or_else(|| LinkError::NotFound(id.to_owned()))?;
     let unused = Cond::And(vec![

@@ -3,6 +3,7 @@ use super::page::typed;
 use super::*;
 use crate::fields::Phone;
 use crate::store::Store;
+use crate::domain::{Tenant, Window};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::fence::Fence;
 use serde_json::json;
@@ -16,7 +17,7 @@ fn now() -> Timestamp {
 fn create(v: Value) -> Result<PaymentLink, LinkError> {
     let req: CreateLink = serde_path_to_error::deserialize(v)
         .map_err(|e| invalid(&e.path().to_string(), e.inner().to_string()))?;
-    new_link("proj_1", Mode::Sandbox, req, now())
+    new_link(&Tenant::new("proj_1", Mode::Sandbox), req, now())
 }
 
 fn field(r: Result<PaymentLink, LinkError>) -> String {
@@ -160,9 +161,14 @@ async fn a_fenced_create_that_committed_answers_its_first_link() {
     let again = insert_once(&store, &second, Some(&fence)).await.unwrap();
     assert_eq!(again.id, first.id);
     assert!(get(&store, &second.id).await.unwrap().is_none());
-    let (_, total) = list(&store, "proj_1", Mode::Sandbox, None, 0, 10)
-        .await
-        .unwrap();
+    let (_, total) = list(
+        &store,
+        &Tenant::new("proj_1", Mode::Sandbox),
+        None,
+        Window::first(10),
+    )
+    .await
+    .unwrap();
     assert_eq!(total, 1);
 }
 
@@ -196,9 +202,15 @@ async fn patch_cancel_and_delete_follow_the_rules() {
     let p: PatchLink =
         serde_json::from_value(json!({"title": "Big box", "description": "", "maxUses": 3}))
             .unwrap();
-    let after = patch(&store, "proj_1", Mode::Sandbox, &l.id, p, now())
-        .await
-        .unwrap();
+    let after = patch(
+        &store,
+        &Tenant::new("proj_1", Mode::Sandbox),
+        &l.id,
+        p,
+        now(),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         (
             after.title.as_str(),
@@ -210,9 +222,15 @@ async fn patch_cancel_and_delete_follow_the_rules() {
     assert_eq!(after.amount, l.amount, "keys not sent stay");
     // maxUses null: unlimited again.
     let p: PatchLink = serde_json::from_value(json!({"maxUses": null})).unwrap();
-    let after = patch(&store, "proj_1", Mode::Sandbox, &l.id, p, now())
-        .await
-        .unwrap();
+    let after = patch(
+        &store,
+        &Tenant::new("proj_1", Mode::Sandbox),
+        &l.id,
+        p,
+        now(),
+    )
+    .await
+    .unwrap();
     assert_eq!(after.max_uses, None);
     // Pre-fills: set one address part, keep the others; "" clears.
     let p: PatchLink = serde_json::from_value(json!({
@@ -220,9 +238,15 @@ async fn patch_cancel_and_delete_follow_the_rules() {
         "customerPhone": "9800000001", "customerCity": "Pokhara", "customerLine1": "Lakeside 4"
     }))
     .unwrap();
-    let after = patch(&store, "proj_1", Mode::Sandbox, &l.id, p, now())
-        .await
-        .unwrap();
+    let after = patch(
+        &store,
+        &Tenant::new("proj_1", Mode::Sandbox),
+        &l.id,
+        p,
+        now(),
+    )
+    .await
+    .unwrap();
     assert_eq!(after.customer_name.as_deref(), Some("Sita"));
     assert_eq!(after.customer_email.as_deref(), Some("sita@example.com"));
     assert_eq!(after.customer_phone.as_deref(), Some("9800000001"));
@@ -233,9 +257,15 @@ async fn patch_cancel_and_delete_follow_the_rules() {
     );
     let p: PatchLink =
         serde_json::from_value(json!({"customerCity": "", "customerEmail": ""})).unwrap();
-    let after = patch(&store, "proj_1", Mode::Sandbox, &l.id, p, now())
-        .await
-        .unwrap();
+    let after = patch(
+        &store,
+        &Tenant::new("proj_1", Mode::Sandbox),
+        &l.id,
+        p,
+        now(),
+    )
+    .await
+    .unwrap();
     let a = after.customer_address.clone().unwrap_or_default();
     assert_eq!((a.line1.as_deref(), a.city), (Some("Lakeside 4"), None));
     assert_eq!(after.customer_email, None);
@@ -265,7 +295,7 @@ async fn patch_cancel_and_delete_follow_the_rules() {
     ] {
         let p: PatchLink = serde_json::from_value(json!({ key: null })).unwrap();
         assert!(
-            matches!(patch(&store, "proj_1", Mode::Sandbox, &l.id, p, now()).await,
+            matches!(patch(&store, &Tenant::new("proj_1", Mode::Sandbox), &l.id, p, now()).await,
                     Err(LinkError::Invalid { ref field, .. }) if field == key),
             "{key}"
         );
@@ -281,42 +311,52 @@ async fn patch_cancel_and_delete_follow_the_rules() {
         .unwrap();
     let p: PatchLink = serde_json::from_value(json!({"maxUses": 1})).unwrap();
     assert!(matches!(
-        patch(&store, "proj_1", Mode::Sandbox, &l.id, p, now()).await,
+        patch(&store, &Tenant::new("proj_1", Mode::Sandbox), &l.id, p, now()).await,
         Err(LinkError::Invalid { field, .. }) if field == "maxUses"
     ));
     assert!(matches!(
-        delete(&store, "proj_1", Mode::Sandbox, &l.id).await,
+        delete(&store, &Tenant::new("proj_1", Mode::Sandbox), &l.id).await,
         Err(LinkError::Used)
     ));
     assert!(
-        cancel(&store, "proj_1", Mode::Sandbox, &l.id, now())
+        cancel(&store, &Tenant::new("proj_1", Mode::Sandbox), &l.id, now())
             .await
             .is_ok()
     );
     assert!(matches!(
-        cancel(&store, "proj_1", Mode::Sandbox, &l.id, now()).await,
+        cancel(&store, &Tenant::new("proj_1", Mode::Sandbox), &l.id, now()).await,
         Err(LinkError::Inactive)
     ));
     // Another project sees nothing.
     assert!(matches!(
-        cancel(&store, "proj_2", Mode::Sandbox, &l.id, now()).await,
+        cancel(&store, &Tenant::new("proj_2", Mode::Sandbox), &l.id, now()).await,
         Err(LinkError::NotFound(_))
     ));
     let unused = create(json!({"title": "Unused"})).unwrap();
     insert(&store, &unused).await.unwrap();
     assert_eq!(
-        delete(&store, "proj_1", Mode::Sandbox, &unused.id)
+        delete(&store, &Tenant::new("proj_1", Mode::Sandbox), &unused.id)
             .await
             .unwrap(),
         unused.id
     );
     assert!(get(&store, &unused.id).await.unwrap().is_none());
-    let (active, total) = list(&store, "proj_1", Mode::Sandbox, Some(true), 0, 10)
-        .await
-        .unwrap();
+    let (active, total) = list(
+        &store,
+        &Tenant::new("proj_1", Mode::Sandbox),
+        Some(true),
+        Window::first(10),
+    )
+    .await
+    .unwrap();
     assert_eq!((active.len(), total), (0, 0));
-    let (all, total) = list(&store, "proj_1", Mode::Sandbox, None, 0, 10)
-        .await
-        .unwrap();
+    let (all, total) = list(
+        &store,
+        &Tenant::new("proj_1", Mode::Sandbox),
+        None,
+        Window::first(10),
+    )
+    .await
+    .unwrap();
     assert_eq!((all.len(), total), (1, 1));
 }

@@ -18,6 +18,7 @@ use crate::refusal::{Kind, Refusal};
 use crate::store::fence::Fence;
 use crate::store::{Cond, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
+use crate::domain::Tenant;
 
 /// The body of `POST /v1/refunds`. Unknown fields refused.
 #[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
@@ -138,15 +139,14 @@ fn not_refundable(p: &Payment) -> RefundError {
 /// (its fence is there) answers that run's refund.
 pub async fn create(
     state: &Deps,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     req: CreateRefund,
     now: Timestamp,
     fence: Option<&Fence>,
 ) -> Result<Refund, RefundError> {
     let request = RefundRequest {
-        project_id,
-        mode,
+        project_id: &tenant.project,
+        mode: tenant.mode,
         body: req,
         channel: Channel::Api,
         now,

@@ -19,6 +19,8 @@ use crate::money::Paisa;
 use crate::providers::{ProviderState, StatusQuery};
 use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
+use crate::domain::Tenant;
+use crate::domain::Window;
 
 /// How an open refund ends.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -210,41 +212,35 @@ pub(super) async fn get(store: &dyn Store, id: &str) -> Result<Option<Refund>, S
 /// The refund `id` of `project_id` in `mode` (else `None`, as if missing).
 pub async fn find(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
 ) -> Result<Option<Refund>, StoreError> {
     Ok(get(store, id)
         .await?
-        .filter(|r| r.project_id == project_id && r.mode == mode))
+        .filter(|r| tenant.owns(&r.project_id, r.mode)))
 }
 
 /// A page of the project's refunds in `mode`, newest first, optionally of
 /// one payment, and the total.
 pub async fn list(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     payment_id: Option<&str>,
-    offset: usize,
-    limit: usize,
+    window: Window,
 ) -> Result<(Vec<Refund>, u64), StoreError> {
     let query = match payment_id {
         Some(pid) => {
             // Another project's (or a missing) payment lists nothing.
-            if payments::find(store, project_id, mode, pid)
-                .await?
-                .is_none()
-            {
+            if payments::find(store, tenant, pid).await?.is_none() {
                 return Ok((Vec::new(), 0));
             }
-            return of_payment(store, pid, offset, limit).await;
+            return of_payment(store, pid, window).await;
         }
-        None => Query::partition(Refund::list_partition(project_id, mode))
+        None => Query::partition(Refund::list_partition(&tenant.project, tenant.mode))
             .on(Index::Gsi1)
             .backward(),
     };
-    crate::domain::record::page_of(store, &query, offset, limit).await
+    crate::domain::record::page_of(store, &query, window).await
 }
 
 /// A page of the refunds of `payment_id`, newest first, and the total,
@@ -253,13 +249,12 @@ pub async fn list(
 pub async fn of_payment(
     store: &dyn Store,
     payment_id: &str,
-    offset: usize,
-    limit: usize,
+    window: Window,
 ) -> Result<(Vec<Refund>, u64), StoreError> {
     let query = Query::partition(Refund::payment_partition(payment_id))
         .on(Index::Gsi2)
         .backward();
-    crate::domain::record::page_of(store, &query, offset, limit).await
+    crate::domain::record::page_of(store, &query, window).await
 }
 
 /// What one refund sweep did.

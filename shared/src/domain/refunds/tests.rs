@@ -10,6 +10,7 @@ use crate::domain::payments::{self, Payment, PaymentStatus};
 use crate::domain::record::to_item;
 use crate::ids::{self, IdKind};
 use crate::providers::ProviderState;
+use crate::domain::{Tenant, Window};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::{Store, TxOp, Update};
 use crate::testenv::at;
@@ -73,12 +74,13 @@ async fn reserved(st: &Deps, p: &Payment) -> i64 {
 }
 
 async fn kinds(st: &Deps) -> Vec<EventType> {
-    let mut k: Vec<EventType> = outbox::recent(&*st.store, "proj_1", Mode::Sandbox, 50)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.event_type)
-        .collect();
+    let mut k: Vec<EventType> =
+        outbox::recent(&*st.store, &Tenant::new("proj_1", Mode::Sandbox), 50)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.event_type)
+            .collect();
     k.reverse();
     k
 }
@@ -93,7 +95,7 @@ async fn fifty_racing_refunds_of_thirty_percent_reserve_at_most_the_amount() {
         let st = st.clone();
         let req = ask(&p, 30_000);
         tasks.push(tokio::spawn(async move {
-            create(&st, "proj_1", Mode::Sandbox, req, now, None).await
+            create(&st, &Tenant::new("proj_1", Mode::Sandbox), req, now, None).await
         }));
     }
     let (mut ok, mut over) = (0, 0);
@@ -109,9 +111,14 @@ async fn fifty_racing_refunds_of_thirty_percent_reserve_at_most_the_amount() {
     }
     assert_eq!((ok, over), (3, 47));
     assert_eq!(reserved(&st, &p).await, 90_000);
-    let (listed, total) = list(&*st.store, "proj_1", Mode::Sandbox, Some(&p.id), 0, 100)
-        .await
-        .unwrap();
+    let (listed, total) = list(
+        &*st.store,
+        &Tenant::new("proj_1", Mode::Sandbox),
+        Some(&p.id),
+        Window::first(100),
+    )
+    .await
+    .unwrap();
     assert_eq!((listed.len(), total), (3, 3));
 }
 
@@ -121,15 +128,36 @@ async fn refunds_are_refused_for_other_projects_fonepay_and_unpaid_payments() {
     let st = state(now);
     let p = paid(&st, Provider::Esewa, 10_000).await;
     assert!(matches!(
-        create(&st, "proj_2", Mode::Sandbox, ask(&p, 100), now, None).await,
+        create(
+            &st,
+            &Tenant::new("proj_2", Mode::Sandbox),
+            ask(&p, 100),
+            now,
+            None
+        )
+        .await,
         Err(RefundError::PaymentNotFound)
     ));
     assert!(matches!(
-        create(&st, "proj_1", Mode::Live, ask(&p, 100), now, None).await,
+        create(
+            &st,
+            &Tenant::new("proj_1", Mode::Live),
+            ask(&p, 100),
+            now,
+            None
+        )
+        .await,
         Err(RefundError::PaymentNotFound)
     ));
     assert!(matches!(
-        create(&st, "proj_1", Mode::Sandbox, ask(&p, 10_001), now, None).await,
+        create(
+            &st,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            ask(&p, 10_001),
+            now,
+            None
+        )
+        .await,
         Err(RefundError::ExceedsBalance {
             remaining: 10_000,
             ..
@@ -137,7 +165,14 @@ async fn refunds_are_refused_for_other_projects_fonepay_and_unpaid_payments() {
     ));
     let f = paid(&st, Provider::Fonepay, 10_000).await;
     assert!(matches!(
-        create(&st, "proj_1", Mode::Sandbox, ask(&f, 100), now, None).await,
+        create(
+            &st,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            ask(&f, 100),
+            now,
+            None
+        )
+        .await,
         Err(RefundError::NotSupported(_))
     ));
     assert_eq!(reserved(&st, &f).await, 0);
@@ -146,7 +181,14 @@ async fn refunds_are_refused_for_other_projects_fonepay_and_unpaid_payments() {
     pending.status = PaymentStatus::Pending;
     payments::insert(&*st.store, &pending).await.unwrap();
     assert!(matches!(
-        create(&st, "proj_1", Mode::Sandbox, ask(&pending, 100), now, None).await,
+        create(
+            &st,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            ask(&pending, 100),
+            now,
+            None
+        )
+        .await,
         Err(RefundError::NotRefundable(_))
     ));
 }
@@ -463,7 +505,14 @@ async fn the_dashboard_records_a_full_fonepay_refund_once_with_its_extra_ops() {
     assert!(via(10_000, None).await.is_err());
     // The API still refuses it.
     assert!(matches!(
-        create(&st, "proj_1", Mode::Sandbox, ask(&f, 10_000), now, None).await,
+        create(
+            &st,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            ask(&f, 10_000),
+            now,
+            None
+        )
+        .await,
         Err(RefundError::NotSupported(_))
     ));
 }

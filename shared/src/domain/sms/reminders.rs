@@ -8,6 +8,7 @@ use crate::domain::record::from_item;
 use crate::store::{Cond, Index, Key, Query, Store, StoreError, Update};
 use crate::time::Timestamp;
 use crate::{Deps, keys};
+use crate::domain::{Tenant, Window};
 
 /// Status of a stored reminder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -187,26 +188,23 @@ pub async fn requeue_stuck(
 /// total (the dashboard's SMS log).
 pub async fn list(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
-    offset: usize,
-    limit: usize,
+    tenant: &Tenant,
+    window: Window,
 ) -> Result<(Vec<SmsReminder>, u64), StoreError> {
-    let query = Query::partition(SmsReminder::list_partition(project_id, mode))
+    let query = Query::partition(SmsReminder::list_partition(&tenant.project, tenant.mode))
         .on(Index::Gsi1)
         .backward();
-    crate::domain::record::page_of(store, &query, offset, limit).await
+    crate::domain::record::page_of(store, &query, window).await
 }
 
 /// The project's latest reminders in `mode`, newest first (support and
 /// tests; index reads are eventually consistent).
 pub async fn list_recent(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     limit: usize,
 ) -> Result<Vec<SmsReminder>, StoreError> {
-    let query = Query::partition(SmsReminder::list_partition(project_id, mode))
+    let query = Query::partition(SmsReminder::list_partition(&tenant.project, tenant.mode))
         .on(Index::Gsi1)
         .backward()
         .limit(limit.clamp(1, 100));

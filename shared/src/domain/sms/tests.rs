@@ -14,6 +14,7 @@ use super::*;
 use crate::Config;
 use crate::Deps;
 use crate::domain::Mode;
+use crate::domain::Tenant;
 use crate::domain::account::Plan;
 use crate::domain::account::Principal;
 use crate::domain::checkout::CheckoutSession;
@@ -464,7 +465,7 @@ async fn state_on(
     else {
         panic!("key")
     };
-    (state, Principal { key, merchant }, clock)
+    (state, Principal::new(key, merchant), clock)
 }
 
 async fn session(state: &Deps, who: &Principal, phone: &str) -> String {
@@ -918,14 +919,26 @@ async fn a_url_naming_a_session_binds_the_reminder_to_it() {
     };
     let r = notify(&state, &who, with_url(&mine), base, Limits::default(), None).await;
     assert!(matches!(&r, Ok(o) if o.status == "logged"), "{r:?}");
-    let Ok(list) = list_recent(&*state.store, who.project_id(), Mode::Sandbox, 10).await else {
+    let Ok(list) = list_recent(
+        &*state.store,
+        &Tenant::new(who.project_id(), Mode::Sandbox),
+        10,
+    )
+    .await
+    else {
         panic!("list")
     };
     assert_eq!(list[0].session_id.as_deref(), Some(mine.as_str()));
     // A URL without a session id binds to the newest pending session.
     let r = notify(&state, &who, req(), base, Limits::default(), None).await;
     assert!(r.is_ok(), "{r:?}");
-    let Ok(list) = list_recent(&*state.store, who.project_id(), Mode::Sandbox, 10).await else {
+    let Ok(list) = list_recent(
+        &*state.store,
+        &Tenant::new(who.project_id(), Mode::Sandbox),
+        10,
+    )
+    .await
+    else {
         panic!("list")
     };
     assert_eq!(list[0].session_id.as_deref(), Some(newer.as_str()));
@@ -1094,7 +1107,13 @@ async fn a_reminder_the_queue_refused_is_answered_queued_and_swept_later() {
         "{r:?}"
     );
     assert_eq!(quota_used(&state, &who).await, 1);
-    let Ok(list) = list_recent(&*state.store, who.project_id(), Mode::Live, 10).await else {
+    let Ok(list) = list_recent(
+        &*state.store,
+        &Tenant::new(who.project_id(), Mode::Live),
+        10,
+    )
+    .await
+    else {
         panic!("list")
     };
     assert_eq!(list.len(), 1);
@@ -1227,7 +1246,13 @@ async fn a_retry_whose_first_run_took_the_last_place_answers_as_the_first() {
     // own first run) and answers as the first run did.
     let r = notify(&state, &who, req(), base, limits, Some(&fence)).await;
     assert!(matches!(&r, Ok(o) if o.status == "logged"), "{r:?}");
-    let Ok(list) = list_recent(&*state.store, who.project_id(), Mode::Sandbox, 10).await else {
+    let Ok(list) = list_recent(
+        &*state.store,
+        &Tenant::new(who.project_id(), Mode::Sandbox),
+        10,
+    )
+    .await
+    else {
         panic!("list")
     };
     assert_eq!(list.len(), 1, "one reminder");

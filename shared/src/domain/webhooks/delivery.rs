@@ -12,6 +12,7 @@ use crate::store::{Cond, Index, Query, SkCond, StoreError, Update};
 use crate::time::Timestamp;
 use crate::webhooks::client::{Sent, WebhookClient};
 use crate::{Deps, keys};
+use crate::domain::Tenant;
 
 /// What handling one message did; every outcome lets the message go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,7 +45,13 @@ pub(super) async fn dispatch(
     if let Some(later) = not_now(state, msg, &d, now).await? {
         return Ok(later);
     }
-    let endpoint = match get(&*state.store, &d.project_id, d.mode, &d.endpoint_id).await {
+    let endpoint = match get(
+        &*state.store,
+        &Tenant::new(&d.project_id, d.mode),
+        &d.endpoint_id,
+    )
+    .await
+    {
         Ok(e) if e.enabled => e,
         Ok(_) => return give_up(state, &d, "the endpoint is disabled").await,
         Err(WebhookError::NotFound(_)) => {
@@ -456,16 +463,15 @@ pub enum Resent {
 /// failure is final again).
 pub async fn resend(
     state: &Deps,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     event_id: &str,
     endpoint_id: &str,
 ) -> Result<Resent, WebhookError> {
     // The endpoint first: another project's or mode's is no endpoint.
-    get(&*state.store, project_id, mode, endpoint_id).await?;
+    get(&*state.store, tenant, endpoint_id).await?;
     let d = delivery(&*state.store, event_id, endpoint_id)
         .await?
-        .filter(|d| d.project_id == project_id && d.mode == mode)
+        .filter(|d| tenant.owns(&d.project_id, d.mode))
         .ok_or_else(|| WebhookError::NotFound(format!("{event_id} to {endpoint_id}")))?;
     if !d.status.is_final() {
         return Ok(Resent::StillOpen);

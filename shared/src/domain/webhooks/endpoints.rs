@@ -20,6 +20,7 @@ use crate::store::{Cond, Key, Query, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
 use crate::webhooks::settings::WebhookSettings;
 use crate::webhooks::ssrf::{self, UrlError};
+use crate::domain::Tenant;
 
 /// A stored endpoint.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -251,22 +252,21 @@ pub(super) fn keys(state: &Deps) -> Result<&credentials::CredentialsKeys, Webhoo
 /// which was shown once already and is never stored in the clear.
 pub async fn create(
     state: &Deps,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     body: CreateEndpoint,
     fence: Option<&Fence>,
 ) -> Result<(Endpoint, Option<String>), WebhookError> {
     let events = parse_events(body.events.as_deref().unwrap_or_default())?;
-    let url = check_receiver(&body.url, mode, &state.webhooks).await?;
+    let url = check_receiver(&body.url, tenant.mode, &state.webhooks).await?;
     let now = state.clock.now();
     let secret = new_secret()?;
     let id = ids::new_id(IdKind::WebhookEndpoint);
-    let context = format!("webhook/{project_id}/{id}");
+    let context = format!("webhook/{}/{id}", tenant.project);
     let sealed = credentials::seal_secret(keys(state)?, &context, &secret)?;
     let endpoint = Endpoint {
         id,
-        project_id: project_id.to_owned(),
-        mode,
+        project_id: tenant.project.clone(),
+        mode: tenant.mode,
         url,
         events,
         enabled: body.enabled.unwrap_or(true),
@@ -276,12 +276,12 @@ pub async fn create(
     };
     let item = to_item(
         &endpoint,
-        &Endpoint::key(project_id, mode, &endpoint.id),
+        &Endpoint::key(&tenant.project, tenant.mode, &endpoint.id),
         &[],
     )?;
     // The endpoint, the count (only while under the limit: the limit
     // holds however many registrations run at once), and the fence.
-    let counter = EndpointCounter::key(project_id, mode);
+    let counter = EndpointCounter::key(&tenant.project, tenant.mode);
     let mut ops = vec![
         TxOp::Put {
             item,
@@ -310,7 +310,7 @@ pub async fn create(
         if let Some(f) = fence {
             if Fence::tripped(&e, FENCE_AT) {
                 let first = f.resource_id(&*state.store).await?.unwrap_or_default();
-                let endpoint = get(&*state.store, project_id, mode, &first).await?;
+                let endpoint = get(&*state.store, tenant, &first).await?;
                 return Ok((endpoint, None));
             }
         }
@@ -323,9 +323,11 @@ pub async fn create(
             // during a rolling deploy, a manual delete), or be missing
             // (vanished under us, or data from before it): then it is made
             // from the endpoints, and the write tried again.
-            match EndpointCounter::read(&*state.store, project_id, mode).await? {
+            match EndpointCounter::read(&*state.store, &tenant.project, tenant.mode).await? {
                 Some((n, v)) => {
-                    let real = EndpointCounter::recount(&*state.store, project_id, mode).await?;
+                    let real =
+                        EndpointCounter::recount(&*state.store, &tenant.project, tenant.mode)
+                            .await?;
                     if real >= MAX_ENDPOINTS as i64 {
                         return Err(WebhookError::TooMany);
                     }
@@ -333,11 +335,19 @@ pub async fn create(
                         // Only over the version just read: a registration
                         // or a delete in between makes this fail, and we
                         // try again.
-                        EndpointCounter::repair(&*state.store, project_id, mode, (n, v), real)
-                            .await?;
+                        EndpointCounter::repair(
+                            &*state.store,
+                            &tenant.project,
+                            tenant.mode,
+                            (n, v),
+                            real,
+                        )
+                        .await?;
                     }
                 }
-                None => EndpointCounter::ensure(&*state.store, project_id, mode).await?,
+                None => {
+                    EndpointCounter::ensure(&*state.store, &tenant.project, tenant.mode).await?
+                }
             }
             if tries >= TX_TRIES {
                 return Err(StoreError::Unavailable(
@@ -488,28 +498,21 @@ impl EndpointCounter {
 }
 
 /// The endpoint `id` of the project in `mode`.
-pub async fn get(
-    store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
-    id: &str,
-) -> Result<Endpoint, WebhookError> {
+pub async fn get(store: &dyn Store, tenant: &Tenant, id: &str) -> Result<Endpoint, WebhookError> {
     if !ids::is_valid(id, IdKind::WebhookEndpoint) {
         return Err(WebhookError::NotFound(id.to_owned()));
     }
-    match crate::domain::record::get(store, &Endpoint::key(project_id, mode, id)).await? {
+    match crate::domain::record::get(store, &Endpoint::key(&tenant.project, tenant.mode, id))
+        .await?
+    {
         Some(endpoint) => Ok(endpoint),
         None => Err(WebhookError::NotFound(id.to_owned())),
     }
 }
 
 /// Every endpoint of the project in `mode`, newest first.
-pub async fn list(
-    store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
-) -> Result<Vec<Endpoint>, StoreError> {
-    let query = Query::partition(Endpoint::partition(project_id, mode))
+pub async fn list(store: &dyn Store, tenant: &Tenant) -> Result<Vec<Endpoint>, StoreError> {
+    let query = Query::partition(Endpoint::partition(&tenant.project, tenant.mode))
         .backward()
         .limit(100);
     store
@@ -524,15 +527,14 @@ pub async fn list(
 /// Changes the keys sent; answers the endpoint as written.
 pub async fn patch(
     state: &Deps,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
     body: PatchEndpoint,
 ) -> Result<Endpoint, WebhookError> {
-    let current = get(&*state.store, project_id, mode, id).await?;
+    let current = get(&*state.store, tenant, id).await?;
     let mut update = Update::new();
     if let Some(url) = &body.url {
-        let url = check_receiver(url, mode, &state.webhooks).await?;
+        let url = check_receiver(url, tenant.mode, &state.webhooks).await?;
         update = update.set("url", url);
     }
     if let Some(events) = &body.events {
@@ -550,7 +552,7 @@ pub async fn patch(
     match state
         .store
         .update(
-            &Endpoint::key(project_id, mode, &current.id),
+            &Endpoint::key(&tenant.project, tenant.mode, &current.id),
             update,
             Some(Cond::Exists),
         )
@@ -564,15 +566,10 @@ pub async fn patch(
 
 /// Deletes the endpoint for good; pending deliveries to it are dropped
 /// when their turn comes.
-pub async fn delete(
-    store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
-    id: &str,
-) -> Result<(), WebhookError> {
-    let current = get(store, project_id, mode, id).await?;
-    let key = Endpoint::key(project_id, mode, &current.id);
-    let counter = EndpointCounter::key(project_id, mode);
+pub async fn delete(store: &dyn Store, tenant: &Tenant, id: &str) -> Result<(), WebhookError> {
+    let current = get(store, tenant, id).await?;
+    let key = Endpoint::key(&tenant.project, tenant.mode, &current.id);
+    let counter = EndpointCounter::key(&tenant.project, tenant.mode);
     // The endpoint goes only if it is still there, and the count goes down
     // with it: a second delete (a retry, a race) lowers nothing.
     const ENDPOINT_AT: usize = 0;
@@ -611,12 +608,12 @@ pub async fn delete(
             // 0 while the endpoint exists: it drifted low (endpoints
             // written without it). The endpoint still goes; the count is
             // set from the endpoints left, only over the 0 just read.
-            let counted = EndpointCounter::read(store, project_id, mode).await?;
+            let counted = EndpointCounter::read(store, &tenant.project, tenant.mode).await?;
             if counted.is_none() {
-                EndpointCounter::ensure(store, project_id, mode).await?;
+                EndpointCounter::ensure(store, &tenant.project, tenant.mode).await?;
             }
             if let Some((seen @ ..=0, version)) = counted {
-                let real = EndpointCounter::recount(store, project_id, mode).await?;
+                let real = EndpointCounter::recount(store, &tenant.project, tenant.mode).await?;
                 let ops = vec![
                     TxOp::Delete {
                         key: key.clone(),

@@ -13,6 +13,7 @@ use crate::ids::{self, IdKind};
 use crate::queue::{MAX_DELAY, QueueError, QueueName};
 use crate::store::{Cond, Index, StoreError};
 use crate::time::Timestamp;
+use crate::domain::Tenant;
 
 /// What a queue message asks: make attempt `attempt` (0-based: the number
 /// of attempts already made) of one delivery.
@@ -73,7 +74,7 @@ pub(super) async fn enqueue(
 /// handler drops what is not due).
 pub(super) async fn fan_out(state: &Deps, event: &Event) -> Result<usize, DispatchError> {
     let now = state.clock.now();
-    let endpoints = list(&*state.store, &event.project_id, event.mode).await?;
+    let endpoints = list(&*state.store, &Tenant::new(&event.project_id, event.mode)).await?;
     let mut queued = 0;
     // A test event goes to its one endpoint, whatever that one's filter.
     let targets = endpoints.iter().filter(|e| match &event.endpoint_id {

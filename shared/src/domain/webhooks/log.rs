@@ -11,6 +11,7 @@ use crate::domain::record::from_item;
 use crate::keys;
 use crate::store::{Index, Key, Query, SkCond, Store, StoreError};
 use crate::time::Timestamp;
+use crate::domain::{Tenant, Window};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -161,11 +162,10 @@ impl From<&Delivery> for DeliveryView {
 /// The last [`DELIVERY_LOG`] deliveries to endpoint `id`, newest first.
 pub async fn deliveries(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
 ) -> Result<Vec<Delivery>, WebhookError> {
-    let endpoint = get(store, project_id, mode, id).await?;
+    let endpoint = get(store, tenant, id).await?;
     let query = Query::partition(Delivery::log_partition(&endpoint.id))
         .on(Index::Gsi1)
         .backward()
@@ -182,17 +182,15 @@ pub async fn deliveries(
 /// total (the dashboard's delivery log).
 pub async fn deliveries_page(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
-    offset: usize,
-    limit: usize,
+    window: Window,
 ) -> Result<(Vec<Delivery>, u64), WebhookError> {
-    let endpoint = get(store, project_id, mode, id).await?;
+    let endpoint = get(store, tenant, id).await?;
     let query = Query::partition(Delivery::log_partition(&endpoint.id))
         .on(Index::Gsi1)
         .backward();
-    Ok(crate::domain::record::page_of(store, &query, offset, limit).await?)
+    Ok(crate::domain::record::page_of(store, &query, window).await?)
 }
 
 /// The deliveries of event `event_id` (one per endpoint it went to, at

@@ -8,6 +8,7 @@ use crate::domain::Mode;
 use crate::domain::outbox::{Event, EventType};
 use crate::ids::{self, IdKind};
 use crate::time::Timestamp;
+use crate::domain::Tenant;
 
 /// A sample object for a test event of type `t`.
 pub(super) fn sample_object(t: EventType, mode: Mode, now: Timestamp) -> Value {
@@ -48,12 +49,11 @@ pub(super) fn sample_object(t: EventType, mode: Mode, now: Timestamp) -> Value {
 /// `events` filter says); it goes through the outbox like any event.
 pub async fn send_test_event(
     state: &Deps,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     id: &str,
     t: EventType,
 ) -> Result<Event, WebhookError> {
-    let endpoint = get(&*state.store, project_id, mode, id).await?;
+    let endpoint = get(&*state.store, tenant, id).await?;
     if !endpoint.enabled {
         return Err(invalid(
             "id",
@@ -61,7 +61,13 @@ pub async fn send_test_event(
         ));
     }
     let now = state.clock.now();
-    let mut event = Event::new(t, project_id, mode, sample_object(t, mode, now), now);
+    let mut event = Event::new(
+        t,
+        &tenant.project,
+        tenant.mode,
+        sample_object(t, tenant.mode, now),
+        now,
+    );
     event.endpoint_id = Some(endpoint.id.clone());
     state.store.transact(event.put_ops()?).await?;
     Ok(event)

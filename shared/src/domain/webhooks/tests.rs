@@ -14,6 +14,7 @@ use crate::time::Timestamp;
 use crate::webhooks::client::WebhookClient;
 use serde_json::json;
 use std::time::Duration;
+use crate::domain::Tenant;
 
 #[test]
 fn schedules_parse_and_refuse_nonsense() {
@@ -160,8 +161,7 @@ mod dispatching {
         // Port 9 (discard) on loopback: nothing listens, sends fail fast.
         let (endpoint, _secret) = create(
             &state,
-            "proj_1",
-            Mode::Sandbox,
+            &Tenant::new("proj_1", Mode::Sandbox),
             CreateEndpoint {
                 url: "http://127.0.0.1:9/hook".into(),
                 events: None,
@@ -334,8 +334,7 @@ mod dispatching {
         fan_out(&f.state, &f.event).await.unwrap();
         patch(
             &f.state,
-            "proj_1",
-            Mode::Sandbox,
+            &Tenant::new("proj_1", Mode::Sandbox),
             &f.endpoint.id,
             PatchEndpoint {
                 enabled: Some(false),
@@ -353,9 +352,13 @@ mod dispatching {
         assert!(d.last_error.unwrap().contains("disabled"));
 
         // Deleted: a new event gets no delivery at all.
-        delete(&*f.state.store, "proj_1", Mode::Sandbox, &f.endpoint.id)
-            .await
-            .unwrap();
+        delete(
+            &*f.state.store,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            &f.endpoint.id,
+        )
+        .await
+        .unwrap();
         let later = Event::new(
             EventType::PaymentFailed,
             "proj_1",
@@ -395,8 +398,7 @@ mod dispatching {
         let (url, hits) = counting_receiver(Duration::from_millis(200)).await;
         patch(
             &f.state,
-            "proj_1",
-            Mode::Sandbox,
+            &Tenant::new("proj_1", Mode::Sandbox),
             &f.endpoint.id,
             PatchEndpoint {
                 url: Some(url),
@@ -598,8 +600,7 @@ mod dispatching {
         let f = fixture().await;
         let (filtered, _) = create(
             &f.state,
-            "proj_1",
-            Mode::Sandbox,
+            &Tenant::new("proj_1", Mode::Sandbox),
             CreateEndpoint {
                 url: "http://127.0.0.1:9/other".into(),
                 events: Some(vec!["payment.failed".into()]),
@@ -611,8 +612,7 @@ mod dispatching {
         .unwrap();
         let event = send_test_event(
             &f.state,
-            "proj_1",
-            Mode::Sandbox,
+            &Tenant::new("proj_1", Mode::Sandbox),
             &filtered.id,
             EventType::RefundSucceeded,
         )
@@ -643,18 +643,28 @@ mod dispatching {
             events: None,
             enabled: None,
         };
-        let (first, secret) = create(&f.state, "proj_1", Mode::Sandbox, body(), Some(&fence))
-            .await
-            .unwrap();
+        let (first, secret) = create(
+            &f.state,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            body(),
+            Some(&fence),
+        )
+        .await
+        .unwrap();
         assert!(secret.is_some_and(|s| s.starts_with("whsec_") && s.len() == 6 + 64));
         // The answer was lost; the retry runs the handler again.
-        let (again, secret) = create(&f.state, "proj_1", Mode::Sandbox, body(), Some(&fence))
-            .await
-            .unwrap();
+        let (again, secret) = create(
+            &f.state,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            body(),
+            Some(&fence),
+        )
+        .await
+        .unwrap();
         assert_eq!(again.id, first.id);
         assert!(secret.is_none(), "the secret is shown once");
         assert_eq!(
-            list(&*f.state.store, "proj_1", Mode::Sandbox)
+            list(&*f.state.store, &Tenant::new("proj_1", Mode::Sandbox))
                 .await
                 .unwrap()
                 .len(),
@@ -714,8 +724,7 @@ mod dispatching {
         );
         let (second, _) = create(
             &f.state,
-            "proj_1",
-            Mode::Sandbox,
+            &Tenant::new("proj_1", Mode::Sandbox),
             CreateEndpoint {
                 url: "http://127.0.0.1:9/other".into(),
                 events: None,
@@ -769,9 +778,13 @@ mod dispatching {
             assert_eq!(fan_out(&f.state, &event).await.unwrap(), 1);
             events.push(event);
         }
-        let log = deliveries(&*f.state.store, "proj_1", Mode::Sandbox, &f.endpoint.id)
-            .await
-            .unwrap();
+        let log = deliveries(
+            &*f.state.store,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            &f.endpoint.id,
+        )
+        .await
+        .unwrap();
         assert_eq!(log.len(), DELIVERY_LOG);
         // Exactly the newest 50 events, newest first.
         let listed: Vec<&str> = log.iter().map(|d| d.event_id.as_str()).collect();
@@ -914,8 +927,7 @@ mod dispatching {
         let (url, hits) = flaky_receiver(4, f.clock.clone()).await;
         patch(
             &f.state,
-            "proj_1",
-            Mode::Sandbox,
+            &Tenant::new("proj_1", Mode::Sandbox),
             &f.endpoint.id,
             PatchEndpoint {
                 url: Some(url),
@@ -1040,9 +1052,9 @@ mod dispatching {
         let f = fixture().await;
         let runs = (0..40).map(|i| {
             let state = f.state.clone();
-            tokio::spawn(
-                async move { create(&state, "proj_2", Mode::Sandbox, body(i), None).await },
-            )
+            tokio::spawn(async move {
+                create(&state, &Tenant::new("proj_2", Mode::Sandbox), body(i), None).await
+            })
         });
         let results: Vec<Result<(Endpoint, Option<String>), WebhookError>> =
             futures::future::join_all(runs)
@@ -1056,16 +1068,21 @@ mod dispatching {
             .filter(|r| matches!(r, Err(WebhookError::TooMany)))
             .count();
         assert_eq!((made, refused), (MAX_ENDPOINTS, 40 - MAX_ENDPOINTS));
-        let listed = list(&*f.state.store, "proj_2", Mode::Sandbox)
+        let listed = list(&*f.state.store, &Tenant::new("proj_2", Mode::Sandbox))
             .await
             .unwrap();
         assert_eq!(listed.len(), MAX_ENDPOINTS);
         assert_eq!(count_of(&f, "proj_2").await, Some(MAX_ENDPOINTS as i64));
         // Per project and mode: the others are untouched.
         assert_eq!(count_of(&f, "proj_1").await, Some(1));
-        create(&f.state, "proj_3", Mode::Sandbox, body(0), None)
-            .await
-            .unwrap();
+        create(
+            &f.state,
+            &Tenant::new("proj_3", Mode::Sandbox),
+            body(0),
+            None,
+        )
+        .await
+        .unwrap();
 
         // Deleting makes room for exactly one; deleting twice (here at
         // once) frees one place only.
@@ -1073,7 +1090,9 @@ mod dispatching {
         let deletes = (0..4).map(|_| {
             let store = f.state.store.clone();
             let gone = gone.clone();
-            tokio::spawn(async move { delete(&*store, "proj_2", Mode::Sandbox, &gone).await })
+            tokio::spawn(async move {
+                delete(&*store, &Tenant::new("proj_2", Mode::Sandbox), &gone).await
+            })
         });
         let deleted: Vec<Result<(), WebhookError>> = futures::future::join_all(deletes)
             .await
@@ -1087,19 +1106,35 @@ mod dispatching {
                 .all(|r| matches!(r, Ok(()) | Err(WebhookError::NotFound(_))))
         );
         assert!(matches!(
-            delete(&*f.state.store, "proj_2", Mode::Sandbox, &gone).await,
+            delete(
+                &*f.state.store,
+                &Tenant::new("proj_2", Mode::Sandbox),
+                &gone
+            )
+            .await,
             Err(WebhookError::NotFound(_))
         ));
         assert_eq!(count_of(&f, "proj_2").await, Some(15));
-        create(&f.state, "proj_2", Mode::Sandbox, body(100), None)
-            .await
-            .unwrap();
+        create(
+            &f.state,
+            &Tenant::new("proj_2", Mode::Sandbox),
+            body(100),
+            None,
+        )
+        .await
+        .unwrap();
         assert!(matches!(
-            create(&f.state, "proj_2", Mode::Sandbox, body(101), None).await,
+            create(
+                &f.state,
+                &Tenant::new("proj_2", Mode::Sandbox),
+                body(101),
+                None
+            )
+            .await,
             Err(WebhookError::TooMany)
         ));
         assert_eq!(
-            list(&*f.state.store, "proj_2", Mode::Sandbox)
+            list(&*f.state.store, &Tenant::new("proj_2", Mode::Sandbox))
                 .await
                 .unwrap()
                 .len(),
@@ -1123,34 +1158,55 @@ mod dispatching {
     async fn a_count_drifted_high_is_repaired_from_the_endpoints() {
         let f = fixture().await;
         for i in 0..3 {
-            create(&f.state, "proj_2", Mode::Sandbox, body(i), None)
-                .await
-                .unwrap();
+            create(
+                &f.state,
+                &Tenant::new("proj_2", Mode::Sandbox),
+                body(i),
+                None,
+            )
+            .await
+            .unwrap();
         }
         // Endpoints deleted without the count (old code, by hand).
         set_count(&f, "proj_2", MAX_ENDPOINTS as i64).await;
-        create(&f.state, "proj_2", Mode::Sandbox, body(3), None)
-            .await
-            .unwrap();
+        create(
+            &f.state,
+            &Tenant::new("proj_2", Mode::Sandbox),
+            body(3),
+            None,
+        )
+        .await
+        .unwrap();
         assert_eq!(count_of(&f, "proj_2").await, Some(4));
-        let listed = list(&*f.state.store, "proj_2", Mode::Sandbox)
+        let listed = list(&*f.state.store, &Tenant::new("proj_2", Mode::Sandbox))
             .await
             .unwrap();
         assert_eq!(listed.len(), 4);
 
         // Still a limit: a full project is refused, repaired or not.
         for i in 4..MAX_ENDPOINTS {
-            create(&f.state, "proj_2", Mode::Sandbox, body(i), None)
-                .await
-                .unwrap();
+            create(
+                &f.state,
+                &Tenant::new("proj_2", Mode::Sandbox),
+                body(i),
+                None,
+            )
+            .await
+            .unwrap();
         }
         set_count(&f, "proj_2", MAX_ENDPOINTS as i64 + 3).await;
         assert!(matches!(
-            create(&f.state, "proj_2", Mode::Sandbox, body(99), None).await,
+            create(
+                &f.state,
+                &Tenant::new("proj_2", Mode::Sandbox),
+                body(99),
+                None
+            )
+            .await,
             Err(WebhookError::TooMany)
         ));
         assert_eq!(
-            list(&*f.state.store, "proj_2", Mode::Sandbox)
+            list(&*f.state.store, &Tenant::new("proj_2", Mode::Sandbox))
                 .await
                 .unwrap()
                 .len(),
@@ -1162,9 +1218,14 @@ mod dispatching {
     async fn a_repair_from_a_stale_read_changes_nothing() {
         let f = fixture().await;
         for i in 0..2 {
-            create(&f.state, "proj_2", Mode::Sandbox, body(i), None)
-                .await
-                .unwrap();
+            create(
+                &f.state,
+                &Tenant::new("proj_2", Mode::Sandbox),
+                body(i),
+                None,
+            )
+            .await
+            .unwrap();
         }
         let store = &*f.state.store;
         let Some((n, v)) = EndpointCounter::read(store, "proj_2", Mode::Sandbox)
@@ -1176,13 +1237,20 @@ mod dispatching {
         assert_eq!(n, 2);
         // A delete then a registration: the count is back at 2, but it
         // moved in between (a repair from the first read is stale).
-        let listed = list(store, "proj_2", Mode::Sandbox).await.unwrap();
-        delete(store, "proj_2", Mode::Sandbox, &listed[0].id)
+        let listed = list(store, &Tenant::new("proj_2", Mode::Sandbox))
             .await
             .unwrap();
-        create(&f.state, "proj_2", Mode::Sandbox, body(7), None)
+        delete(store, &Tenant::new("proj_2", Mode::Sandbox), &listed[0].id)
             .await
             .unwrap();
+        create(
+            &f.state,
+            &Tenant::new("proj_2", Mode::Sandbox),
+            body(7),
+            None,
+        )
+        .await
+        .unwrap();
         EndpointCounter::repair(store, "proj_2", Mode::Sandbox, (n, v), 9)
             .await
             .unwrap();
@@ -1201,20 +1269,39 @@ mod dispatching {
     #[tokio::test]
     async fn a_count_drifted_low_never_blocks_a_delete_nor_goes_negative() {
         let f = fixture().await;
-        let (only, _) = create(&f.state, "proj_2", Mode::Sandbox, body(0), None)
-            .await
-            .unwrap();
+        let (only, _) = create(
+            &f.state,
+            &Tenant::new("proj_2", Mode::Sandbox),
+            body(0),
+            None,
+        )
+        .await
+        .unwrap();
         set_count(&f, "proj_2", 0).await;
-        delete(&*f.state.store, "proj_2", Mode::Sandbox, &only.id)
-            .await
-            .unwrap();
+        delete(
+            &*f.state.store,
+            &Tenant::new("proj_2", Mode::Sandbox),
+            &only.id,
+        )
+        .await
+        .unwrap();
         assert!(matches!(
-            get(&*f.state.store, "proj_2", Mode::Sandbox, &only.id).await,
+            get(
+                &*f.state.store,
+                &Tenant::new("proj_2", Mode::Sandbox),
+                &only.id
+            )
+            .await,
             Err(WebhookError::NotFound(_))
         ));
         assert_eq!(count_of(&f, "proj_2").await, Some(0));
         assert!(matches!(
-            delete(&*f.state.store, "proj_2", Mode::Sandbox, &only.id).await,
+            delete(
+                &*f.state.store,
+                &Tenant::new("proj_2", Mode::Sandbox),
+                &only.id
+            )
+            .await,
             Err(WebhookError::NotFound(_))
         ));
         assert_eq!(count_of(&f, "proj_2").await, Some(0));
@@ -1222,19 +1309,32 @@ mod dispatching {
         // Low with several left: set from the endpoints that remain.
         let mut made = Vec::new();
         for i in 0..3 {
-            let (e, _) = create(&f.state, "proj_2", Mode::Sandbox, body(i), None)
-                .await
-                .unwrap();
+            let (e, _) = create(
+                &f.state,
+                &Tenant::new("proj_2", Mode::Sandbox),
+                body(i),
+                None,
+            )
+            .await
+            .unwrap();
             made.push(e.id);
         }
         set_count(&f, "proj_2", 0).await;
-        delete(&*f.state.store, "proj_2", Mode::Sandbox, &made[0])
-            .await
-            .unwrap();
+        delete(
+            &*f.state.store,
+            &Tenant::new("proj_2", Mode::Sandbox),
+            &made[0],
+        )
+        .await
+        .unwrap();
         assert_eq!(count_of(&f, "proj_2").await, Some(2));
-        delete(&*f.state.store, "proj_2", Mode::Sandbox, &made[1])
-            .await
-            .unwrap();
+        delete(
+            &*f.state.store,
+            &Tenant::new("proj_2", Mode::Sandbox),
+            &made[1],
+        )
+        .await
+        .unwrap();
         assert_eq!(count_of(&f, "proj_2").await, Some(1));
     }
 
@@ -1242,34 +1342,60 @@ mod dispatching {
     async fn endpoints_from_before_the_counter_are_counted() {
         let f = fixture().await;
         for i in 0..MAX_ENDPOINTS {
-            create(&f.state, "proj_2", Mode::Sandbox, body(i), None)
-                .await
-                .unwrap();
+            create(
+                &f.state,
+                &Tenant::new("proj_2", Mode::Sandbox),
+                body(i),
+                None,
+            )
+            .await
+            .unwrap();
         }
         // As stored before the counter existed.
         let counter = EndpointCounter::key("proj_2", Mode::Sandbox);
         f.state.store.delete(&counter, None).await.unwrap();
         assert!(matches!(
-            create(&f.state, "proj_2", Mode::Sandbox, body(99), None).await,
+            create(
+                &f.state,
+                &Tenant::new("proj_2", Mode::Sandbox),
+                body(99),
+                None
+            )
+            .await,
             Err(WebhookError::TooMany)
         ));
         assert_eq!(count_of(&f, "proj_2").await, Some(MAX_ENDPOINTS as i64));
 
         // A delete is the first write after the upgrade: counted too.
         f.state.store.delete(&counter, None).await.unwrap();
-        let some = list(&*f.state.store, "proj_2", Mode::Sandbox)
+        let some = list(&*f.state.store, &Tenant::new("proj_2", Mode::Sandbox))
             .await
             .unwrap()
             .remove(0);
-        delete(&*f.state.store, "proj_2", Mode::Sandbox, &some.id)
-            .await
-            .unwrap();
+        delete(
+            &*f.state.store,
+            &Tenant::new("proj_2", Mode::Sandbox),
+            &some.id,
+        )
+        .await
+        .unwrap();
         assert_eq!(count_of(&f, "proj_2").await, Some(15));
-        create(&f.state, "proj_2", Mode::Sandbox, body(100), None)
-            .await
-            .unwrap();
+        create(
+            &f.state,
+            &Tenant::new("proj_2", Mode::Sandbox),
+            body(100),
+            None,
+        )
+        .await
+        .unwrap();
         assert!(matches!(
-            create(&f.state, "proj_2", Mode::Sandbox, body(101), None).await,
+            create(
+                &f.state,
+                &Tenant::new("proj_2", Mode::Sandbox),
+                body(101),
+                None
+            )
+            .await,
             Err(WebhookError::TooMany)
         ));
     }
