@@ -6,11 +6,10 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::{ApiKey, KeyKind, Merchant, Pause, Suspension};
-use crate::domain::Mode;
+use crate::domain::{Mode, Tenant};
 use crate::refusal::{Kind, Refusal};
 use crate::store::{Cond, Store, StoreError, Update};
 use crate::time::Timestamp;
-use crate::domain::Tenant;
 
 /// Random characters after the mode prefix of a secret key.
 pub(super) const SECRET_RANDOM_LEN: usize = 40;

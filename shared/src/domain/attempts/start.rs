@@ -10,13 +10,12 @@ use crate::domain::checkout::{self, CheckoutSession, SessionStatus, StoredAddres
 use crate::domain::fonepay_cap::{self, CapError};
 use crate::domain::payments::{AttemptInfo, Payment, PaymentStatus};
 use crate::domain::record::to_item;
-use crate::domain::{Provider, account};
+use crate::domain::{Provider, Tenant, account};
 use crate::ids::{self, IdKind};
 use crate::money::Currency;
 use crate::providers::{self, Attempt, Channel, CustomerInfo, Handoff, ProviderError};
 use crate::store::{Cond, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
-use crate::domain::Tenant;
 
 /// The URLs on our own server the provider sends the customer back to.
 pub(super) fn return_url(base: &str, session_id: &str, payment_id: &str, outcome: &str) -> String {

@@ -11,12 +11,12 @@ use super::{
     open_payments_partition, recheck_partition,
 };
 use crate::app::Deps;
+use crate::domain::Tenant;
 use crate::domain::checkout::{self, open_partitions};
 use crate::domain::payments::{Payment, PaymentStatus};
 use crate::domain::record::from_item;
 use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, Update};
 use crate::time::Timestamp;
-use crate::domain::Tenant;
 
 /// The write claiming a provider check of `p` at `now`: its `checked_at`,
 /// and its place in its partition (`gsi2sk`, by next check). Setting the

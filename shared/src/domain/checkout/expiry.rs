@@ -2,12 +2,11 @@
 //! and listing with the status as of now.
 
 use serde_json::Value;
-use crate::domain::{Tenant, Window};
 
 use super::sessions::{CheckoutSession, SessionStatus, failed_at, find};
 use super::stats;
-use crate::domain::Mode;
 use crate::domain::record::from_item;
+use crate::domain::{Mode, Tenant, Window};
 use crate::keys;
 use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;

@@ -4,9 +4,8 @@ use serde::Serialize;
 
 use super::sessions::{CheckoutSession, Flow, amount_limits, check_amount};
 use crate::domain::credentials::list_configured_providers;
-use crate::domain::{Mode, Provider};
+use crate::domain::{Mode, Provider, Tenant};
 use crate::store::{Store, StoreError};
-use crate::domain::Tenant;
 
 /// One provider as `GET /v1/providers` shows it.
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]

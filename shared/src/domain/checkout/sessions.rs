@@ -13,7 +13,7 @@ use super::{
     MAX_METADATA_KEY_LEN, MAX_METADATA_KEYS, MAX_METADATA_VALUE_LEN, SESSION_LIFETIME, stats,
 };
 use crate::domain::record::{from_item, to_item};
-use crate::domain::{Mode, Provider};
+use crate::domain::{Mode, Provider, Tenant};
 use crate::fields::{AddressPart, Description, Email, HttpUrl, PersonName, Phone};
 use crate::ids::{self, IdKind};
 use crate::keys;
@@ -22,7 +22,6 @@ use crate::refusal::Refusal;
 use crate::store::fence::Fence;
 use crate::store::{Cond, Index, Key, Store, StoreError, TTL, TxOp, TxReason, Update};
 use crate::time::Timestamp;
-use crate::domain::Tenant;
 
 /// How the customer pays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

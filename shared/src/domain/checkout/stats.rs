@@ -43,9 +43,8 @@
 //! O(days × shards) small items with one paginated query.
 
 use super::{CheckoutSession, SessionStatus};
-use crate::domain::Tenant;
 use crate::domain::payments::Payment;
-use crate::domain::{Mode, Provider};
+use crate::domain::{Mode, Provider, Tenant};
 use crate::keys;
 use crate::store::{Key, MAX_TX_OPS, Store, StoreError, TTL, TxOp, Update};
 use crate::time::Timestamp;

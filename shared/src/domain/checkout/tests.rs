@@ -1,8 +1,7 @@
 use super::providers::is_enabled;
 use super::sessions::{amount_limits, spend_cap_condition, spend_counter_key};
 use super::*;
-use crate::domain::{Mode, Provider};
-use crate::domain::{Tenant, Window};
+use crate::domain::{Mode, Provider, Tenant, Window};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::{Store, Update};
 use crate::testenv::memory_store as store;

@@ -8,14 +8,13 @@ use super::corrections::{close_checkout_op, current_checkout};
 use super::drafts::{InvoiceCheckout, InvoiceError, get, require_state};
 use super::records::{Allocation, DocumentStatus, Invoice, InvoiceView};
 use crate::Deps;
-use crate::domain::Mode;
+use crate::domain::Tenant;
 use crate::domain::checkout::{self, CheckoutSession, SessionStatus};
 use crate::domain::outbox::{Event, EventType};
 use crate::fields::{PersonName, Phone};
 use crate::store::fence::Fence;
 use crate::store::{Cond, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
-use crate::domain::Tenant;
 
 /// What `POST /v1/invoices/{id}/checkout` answers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]

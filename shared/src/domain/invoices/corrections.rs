@@ -9,14 +9,13 @@ use super::drafts::{
 };
 use super::records::{Adjustment, CollectionStatus, DocumentStatus, Invoice};
 use crate::Deps;
-use crate::domain::Mode;
+use crate::domain::Tenant;
 use crate::domain::checkout::stats::Tally;
 use crate::domain::checkout::{CheckoutSession, SessionStatus};
 use crate::domain::payments::{self, Payment, PaymentStatus};
 use crate::ids::{self, IdKind};
 use crate::store::{Cond, Index, Store, StoreError, TxOp, Update};
 use crate::time::Timestamp;
-use crate::domain::Tenant;
 
 /// The invoice's current checkout session, and the payment of its latest
 /// attempt, as they are now.

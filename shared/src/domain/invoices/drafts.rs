@@ -10,7 +10,7 @@ use super::records::{
 use super::{MAX_LINES, MAX_TAX_BPS, MAX_UNIT_AMOUNT};
 use crate::Deps;
 use crate::domain::record::page_of;
-use crate::domain::{Mode, account, checkout};
+use crate::domain::{Mode, Tenant, Window, account, checkout};
 use crate::fields::wire::{nullable, or_null, present};
 use crate::fields::{InvoiceLineText, InvoiceNote, InvoiceText};
 use crate::ids::{self, IdKind};
@@ -19,7 +19,6 @@ use crate::refusal::Refusal;
 use crate::store::fence::Fence;
 use crate::store::{Cond, Index, Query, Store, StoreError, TxOp};
 use crate::time::Timestamp;
-use crate::domain::{Tenant, Window};
 
 /// One line of a create or patch body.
 #[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
@@ -354,11 +353,7 @@ pub async fn create(
 }
 
 /// What the first run of a fenced request made.
-async fn first_of(
-    state: &Deps,
-    fence: &Fence,
-    tenant: &Tenant,
-) -> Result<Invoice, InvoiceError> {
+async fn first_of(state: &Deps, fence: &Fence, tenant: &Tenant) -> Result<Invoice, InvoiceError> {
     let first = fence.resource_id(&*state.store).await?.unwrap_or_default();
     get(&*state.store, tenant, &first).await
 }

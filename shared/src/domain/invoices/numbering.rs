@@ -2,13 +2,12 @@
 //! finalizes the draft.
 
 use serde_json::{Value, json};
-use crate::domain::Tenant;
 
 use super::drafts::{InvoiceError, check_version, get, require_state};
 use super::records::{DocumentStatus, Invoice};
 use super::{FINALIZE_BUDGET, FINALIZE_TRIES};
 use crate::domain::account::Seller;
-use crate::domain::{Mode, account};
+use crate::domain::{Mode, Tenant, account};
 use crate::store::fence::Fence;
 use crate::store::{Cond, Key, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;

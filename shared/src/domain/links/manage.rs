@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use super::{DEFAULT_MIN_AMOUNT, PaymentLink};
 use crate::domain::checkout::{self, CheckoutError, MAX_AMOUNT_PAISA, StoredAddress, check_url};
 use crate::domain::record::{from_item, to_item};
-use crate::domain::{Mode, Provider};
+use crate::domain::{Mode, Provider, Tenant, Window};
 use crate::fields::wire::{nullable, or_null};
 use crate::fields::{
     AddressPart, Description, Email, HttpUrl, InactiveMessage, LinkTitle, OrEmpty, PersonName,
@@ -20,7 +20,6 @@ use crate::refusal::Refusal;
 use crate::store::fence::Fence;
 use crate::store::{Cond, Index, Query, Store, StoreError, TxOp, Update};
 use crate::time::Timestamp;
-use crate::domain::{Tenant, Window};
 
 /// `stats` of the single-link retrieve.
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]

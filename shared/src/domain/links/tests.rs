@@ -1,9 +1,9 @@
 use super::manage::{insert, invalid};
 use super::page::typed;
 use super::*;
+use crate::domain::{Tenant, Window};
 use crate::fields::Phone;
 use crate::store::Store;
-use crate::domain::{Tenant, Window};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::fence::Fence;
 use serde_json::json;

@@ -9,7 +9,7 @@ use super::{RESERVED, Refund, RefundReason, RefundStatus, TRIES};
 use crate::app::Deps;
 use crate::domain::payments::{Payment, PaymentStatus};
 use crate::domain::record::{from_item, to_item};
-use crate::domain::{Mode, Provider};
+use crate::domain::{Mode, Provider, Tenant};
 use crate::fields::{NepaliMobile, RefundNotes};
 use crate::ids::{self, IdKind};
 use crate::money::{Currency, Paisa};
@@ -18,7 +18,6 @@ use crate::refusal::{Kind, Refusal};
 use crate::store::fence::Fence;
 use crate::store::{Cond, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
-use crate::domain::Tenant;
 
 /// The body of `POST /v1/refunds`. Unknown fields refused.
 #[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]

@@ -10,17 +10,15 @@ use super::{
     RefundView, TRIES,
 };
 use crate::app::Deps;
-use crate::domain::Mode;
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::payments::{self, Payment, PaymentStatus, PaymentView};
+use crate::domain::{Tenant, Window};
 use crate::ids::{self, IdKind};
 use crate::keys;
 use crate::money::Paisa;
 use crate::providers::{ProviderState, StatusQuery};
 use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
-use crate::domain::Tenant;
-use crate::domain::Window;
 
 /// How an open refund ends.
 #[derive(Clone, Debug, PartialEq, Eq)]

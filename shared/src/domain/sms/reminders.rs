@@ -3,12 +3,11 @@
 use serde::{Deserialize, Serialize};
 
 use super::notify::enqueue;
-use crate::domain::Mode;
 use crate::domain::record::from_item;
+use crate::domain::{Mode, Tenant, Window};
 use crate::store::{Cond, Index, Key, Query, Store, StoreError, Update};
 use crate::time::Timestamp;
 use crate::{Deps, keys};
-use crate::domain::{Tenant, Window};
 
 /// Status of a stored reminder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

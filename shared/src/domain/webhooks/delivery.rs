@@ -7,12 +7,11 @@ use std::time::Duration;
 use super::endpoints::{Endpoint, WebhookError, get};
 use super::fan_out::{DeliveryMessage, DispatchError, FanOutReport, enqueue, fan_out_pending};
 use super::log::{Delivery, DeliveryStatus, delivery};
-use crate::domain::{Mode, credentials, outbox};
+use crate::domain::{Mode, Tenant, credentials, outbox};
 use crate::store::{Cond, Index, Query, SkCond, StoreError, Update};
 use crate::time::Timestamp;
 use crate::webhooks::client::{Sent, WebhookClient};
 use crate::{Deps, keys};
-use crate::domain::Tenant;
 
 /// What handling one message did; every outcome lets the message go.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use super::MAX_ENDPOINTS;
 use crate::Deps;
-use crate::domain::Mode;
 use crate::domain::credentials::{self, CredentialsError, SealedSecret};
 use crate::domain::outbox::EventType;
 use crate::domain::record::{from_item, to_item};
+use crate::domain::{Mode, Tenant};
 use crate::fields::wire::present;
 use crate::ids::{self, IdKind};
 use crate::keys;
@@ -20,7 +20,6 @@ use crate::store::{Cond, Key, Query, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
 use crate::webhooks::settings::WebhookSettings;
 use crate::webhooks::ssrf::{self, UrlError};
-use crate::domain::Tenant;
 
 /// A stored endpoint.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -7,13 +7,13 @@ use std::time::Duration;
 use super::endpoints::list;
 use super::log::{Delivery, DeliveryStatus, delivery};
 use crate::Deps;
+use crate::domain::Tenant;
 use crate::domain::outbox::{self, Event};
 use crate::domain::record::to_item;
 use crate::ids::{self, IdKind};
 use crate::queue::{MAX_DELAY, QueueError, QueueName};
 use crate::store::{Cond, Index, StoreError};
 use crate::time::Timestamp;
-use crate::domain::Tenant;
 
 /// What a queue message asks: make attempt `attempt` (0-based: the number
 /// of attempts already made) of one delivery.

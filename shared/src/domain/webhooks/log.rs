@@ -5,13 +5,12 @@ use serde_json::Value;
 
 use super::DELIVERY_LOG;
 use super::endpoints::{WebhookError, get};
-use crate::domain::Mode;
 use crate::domain::outbox::{self, Event, EventType};
 use crate::domain::record::from_item;
+use crate::domain::{Mode, Tenant, Window};
 use crate::keys;
 use crate::store::{Index, Key, Query, SkCond, Store, StoreError};
 use crate::time::Timestamp;
-use crate::domain::{Tenant, Window};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

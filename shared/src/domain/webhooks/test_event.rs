@@ -4,11 +4,10 @@ use serde_json::{Value, json};
 
 use super::endpoints::{WebhookError, get, invalid};
 use crate::Deps;
-use crate::domain::Mode;
 use crate::domain::outbox::{Event, EventType};
+use crate::domain::{Mode, Tenant};
 use crate::ids::{self, IdKind};
 use crate::time::Timestamp;
-use crate::domain::Tenant;
 
 /// A sample object for a test event of type `t`.
 pub(super) fn sample_object(t: EventType, mode: Mode, now: Timestamp) -> Value {

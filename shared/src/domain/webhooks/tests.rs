@@ -3,9 +3,9 @@ use super::endpoints::EndpointCounter;
 use super::fan_out::fan_out;
 use super::test_event::sample_object;
 use super::*;
-use crate::domain::Mode;
 use crate::domain::credentials::SealedSecret;
 use crate::domain::outbox::{self, Event, EventType};
+use crate::domain::{Mode, Tenant};
 use crate::ids::IdKind;
 use crate::queue::{MAX_DELAY, QueueError, QueueName};
 use crate::store::fence::Fence;
@@ -14,7 +14,6 @@ use crate::time::Timestamp;
 use crate::webhooks::client::WebhookClient;
 use serde_json::json;
 use std::time::Duration;
-use crate::domain::Tenant;
 
 #[test]
 fn schedules_parse_and_refuse_nonsense() {
