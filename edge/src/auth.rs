@@ -88,7 +88,7 @@ impl AppKey {
         };
         let now = state.clock.now();
         state
-            .public_limits
+            .public_limits()
             .take(&*state.store, &request, now)
             .await
             .map_err(|limited| ApiError::public_limited(&limited))
@@ -118,7 +118,11 @@ impl FromRequestParts<AppState> for AppKey {
             opens_session: false,
             opens_stream: false,
         };
-        if let Err(limited) = state.public_limits.take(&*state.store, &request, now).await {
+        if let Err(limited) = state
+            .public_limits()
+            .take(&*state.store, &request, now)
+            .await
+        {
             return Err(ApiError::public_limited(&limited));
         }
         Ok(AppKey(principal))
@@ -143,7 +147,8 @@ pub async fn authenticate_request(parts: &Parts, state: &AppState) -> Result<Aut
         // Remembered (at most `PRINCIPAL_TTL` old): no store read.
         Some(principal) => {
             let principal = principal?;
-            let quota = (state.limits)
+            let quota = state
+                .limits()
                 .take(&*state.store, &principal.key.id, principal.mode(), now)
                 .await;
             (principal, quota)
@@ -159,7 +164,7 @@ pub async fn authenticate_request(parts: &Parts, state: &AppState) -> Result<Aut
             let (key_id, mode) = (key.id.clone(), key.mode);
             let (principal, quota) = tokio::join!(
                 account::principal_of(&*state.store, key),
-                state.limits.take(&*state.store, &key_id, mode, now)
+                state.limits().take(&*state.store, &key_id, mode, now)
             );
             let principal = std::sync::Arc::new(principal?);
             PRINCIPALS.remember(&principal, now, epoch);

@@ -114,53 +114,52 @@ pub struct Deps {
 }
 
 /// Shared by every request of a function: the rules' [`Deps`] and the
-/// edge's limits ([`StateParts`]; it derefs to them, so `state.store`
-/// reads and `&state` is a `&Deps`).
+/// edge's limits. It derefs to the [`Deps`] (so `state.store` reads and
+/// `&state` is a `&Deps`); the limits are [`AppState::limits`] and
+/// [`AppState::public_limits`].
 ///
 /// One pointer: the router clones the state for every extractor of every
 /// request, and a clone is one reference count, not nine (issue 21). A
-/// change through `DerefMut` (tests, start-up) copies the parts first if
-/// another clone shares them, so no clone sees another's change.
+/// change through `DerefMut` or a `with_…` (tests, start-up) copies the
+/// parts first if another clone shares them, so no clone sees another's
+/// change.
 #[derive(Clone)]
 pub struct AppState(Arc<StateParts>);
 
 /// What an [`AppState`] holds.
 #[derive(Clone)]
-pub struct StateParts {
-    pub deps: Deps,
+struct StateParts {
+    deps: Deps,
     /// Requests per second per API key (live, sandbox).
-    pub limits: Arc<RateLimits>,
+    limits: Arc<RateLimits>,
     /// The public routes' limits (per client address, session, link).
-    pub public_limits: Arc<PublicLimits>,
+    public_limits: Arc<PublicLimits>,
 }
 
 impl std::ops::Deref for AppState {
-    type Target = StateParts;
-    fn deref(&self) -> &StateParts {
-        &self.0
+    type Target = Deps;
+    fn deref(&self) -> &Deps {
+        &self.0.deps
     }
 }
 
 impl std::ops::DerefMut for AppState {
-    fn deref_mut(&mut self) -> &mut StateParts {
-        Arc::make_mut(&mut self.0)
-    }
-}
-
-impl std::ops::Deref for StateParts {
-    type Target = Deps;
-    fn deref(&self) -> &Deps {
-        &self.deps
-    }
-}
-
-impl std::ops::DerefMut for StateParts {
     fn deref_mut(&mut self) -> &mut Deps {
-        &mut self.deps
+        &mut Arc::make_mut(&mut self.0).deps
     }
 }
 
 impl AppState {
+    /// Requests per second per API key (live, sandbox).
+    pub fn limits(&self) -> &RateLimits {
+        &self.0.limits
+    }
+
+    /// The public routes' limits (per client address, session, link).
+    pub fn public_limits(&self) -> &PublicLimits {
+        &self.0.public_limits
+    }
+
     /// Tests: a state on a fresh in-memory embedded store, its clock a
     /// [`crate::time::ManualClock`] at the current time, the public base URL
     /// `http://127.0.0.1:8080`. Panics if the store cannot be made.
@@ -200,12 +199,12 @@ impl AppState {
     }
 
     pub fn with_public_limits(mut self, limits: PublicLimits) -> Self {
-        self.public_limits = Arc::new(limits);
+        Arc::make_mut(&mut self.0).public_limits = Arc::new(limits);
         self
     }
 
     pub fn with_rate_limits(mut self, limits: RateLimits) -> Self {
-        self.limits = Arc::new(limits);
+        Arc::make_mut(&mut self.0).limits = Arc::new(limits);
         self
     }
 
@@ -631,12 +630,11 @@ mod tests {
         let first = super::AppState::for_tests();
         let second = first.clone();
         assert!(Arc::ptr_eq(&first.0, &second.0), "a clone is one pointer");
-        let mut changed = first.clone();
         let limits = super::RateLimits::default();
         limits.set(7, 3);
-        changed.limits = Arc::new(limits);
-        assert!(!Arc::ptr_eq(&first.limits, &changed.limits));
-        assert!(Arc::ptr_eq(&first.limits, &second.limits));
+        let changed = first.clone().with_rate_limits(limits);
+        assert!(!std::ptr::eq(first.limits(), changed.limits()));
+        assert!(std::ptr::eq(first.limits(), second.limits()));
         assert!(
             Arc::ptr_eq(&first.store, &changed.store),
             "the rest is shared"

@@ -540,7 +540,7 @@ async fn an_apps_requests_are_limited_per_address_not_per_key(which: Which) {
     let app = session_for_app(&shop, &pk, json!({"amount": AMOUNT})).await;
     // Five reads a minute per address for this test.
     start_early_in_a_minute().await;
-    shop.app.state().public_limits.set(5, 60, 120, 600, 10);
+    shop.app.state().public_limits().set(5, 60, 120, 600, 10);
     for i in 0..5 {
         let a = app.read(&shop).await;
         assert_eq!(a.status, 200, "read {i}: {}", a.body);
@@ -585,7 +585,7 @@ async fn only_the_secret_spends_a_sessions_budget(which: Which) {
     let app = session_for_app(&shop, &pk, json!({"amount": AMOUNT})).await;
     // Three requests a minute per session for this test.
     start_early_in_a_minute().await;
-    shop.app.state().public_limits.set(600, 60, 3, 600, 10);
+    shop.app.state().public_limits().set(600, 60, 3, 600, 10);
     for _ in 0..6 {
         let wrong = app.read_with(&shop, Some("cs_secret_guess")).await;
         wrong.assert_error(404, "invalid_request_error", "not_found");

@@ -288,7 +288,7 @@ async fn public_routes_are_throttled_per_session_and_address(which: Which) {
         new_session(&app, &key).await,
     );
     // address, writes per address, per session, per link, link sessions
-    app.state().public_limits.set(60, 4, 8, 100, 3);
+    app.state().public_limits().set(60, 4, 8, 100, 3);
     steady_window().await;
     let here = client_from([127, 0, 0, 1]);
     let status = app.url(&format!("/c/{s1}/status"));
@@ -400,7 +400,7 @@ async fn a_link_is_bounded_per_address_and_in_all(which: Which) {
     assert_eq!(l.status, 201, "{}", l.body);
     let id = l.body["id"].as_str().unwrap_or_default().to_owned();
     // address, writes per address, per session, link opens, link sessions
-    app.state().public_limits.set(1000, 100, 100, 5, 3);
+    app.state().public_limits().set(1000, 100, 100, 5, 3);
     steady_window().await;
     let here = client_from([127, 0, 0, 1]);
     let url = app.url(&format!("/l/{id}"));
@@ -476,7 +476,7 @@ async fn a_link_is_bounded_per_address_and_in_all(which: Which) {
     );
     // A flood of the page from one address: its 50 a minute are served
     // (and counted as views), the rest refused.
-    app.state().public_limits.set(50, 100, 100, 5, 3);
+    app.state().public_limits().set(50, 100, 100, 5, 3);
     let before = views(&app, &key, &id).await;
     let flooder = client_from([127, 0, 0, 7]);
     let flood = futures::future::join_all(

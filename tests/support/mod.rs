@@ -202,7 +202,7 @@ async fn spawn_app_full(
     // Many tests fire hundreds of concurrent requests with one key: the
     // rate limit stays out of their way unless a test lowers it
     // ([`TestApp::set_rate_limits`]).
-    running.state.limits.set(TEST_RATE_LIMIT, TEST_RATE_LIMIT);
+    running.state.limits().set(TEST_RATE_LIMIT, TEST_RATE_LIMIT);
     TestApp {
         base: running.base_url.clone(),
         store,
@@ -310,7 +310,7 @@ impl TestApp {
 
     /// Replaces the gateway's per-key limits (requests per second).
     pub fn set_rate_limits(&self, live: u32, sandbox: u32) {
-        self.state().limits.set(live, sandbox);
+        self.state().limits().set(live, sandbox);
     }
 
     /// The state the gateway's functions share.

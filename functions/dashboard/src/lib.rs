@@ -162,7 +162,7 @@ async fn throttle(
         opens_stream: false,
     };
     match state
-        .public_limits
+        .public_limits()
         .take(&*state.store, &request, state.clock.now())
         .await
     {

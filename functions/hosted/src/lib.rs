@@ -125,7 +125,11 @@ async fn throttle(
         opens_stream: session.is_some() && rest == Some("events"),
     };
     let now = state.clock.now();
-    match state.public_limits.take(&*state.store, &request, now).await {
+    match state
+        .public_limits()
+        .take(&*state.store, &request, now)
+        .await
+    {
         Ok(()) => next.run(req).await,
         Err(limited) => {
             tracing::warn!(

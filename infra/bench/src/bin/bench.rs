@@ -95,7 +95,7 @@ async fn main() -> std::result::Result<(), String> {
     let settings = local_settings(&tmp)?;
     let running = dhukuti::start_with_store(settings, counting.clone()).await?;
     // Load from one key: the per-key rate limit must not be what is measured.
-    running.state.limits.set(u32::MAX, u32::MAX);
+    running.state.limits().set(u32::MAX, u32::MAX);
 
     // A merchant, a key and a payment to read.
     let now = SystemClock.now();
@@ -670,7 +670,7 @@ async fn webhooks_bench(cfg: WebhookBench) -> std::result::Result<(), String> {
         ..local_settings(&tmp)?
     };
     let running = dhukuti::start_with_store(settings, clock.clone()).await?;
-    running.state.limits.set(u32::MAX, u32::MAX);
+    running.state.limits().set(u32::MAX, u32::MAX);
     let base = running.base_url.clone();
     let key = running.keys.sandbox.clone();
     let store: &dyn Store = &*clock;

@@ -56,7 +56,7 @@ async fn main() -> Result<(), String> {
         Arc::new(EmbeddedStore::open(&tmp.join("dhukuti.redb")).map_err(|e| e.to_string())?);
     let settings = local::local_settings(&tmp)?;
     let running = dhukuti::start_with_store(settings, store.clone()).await?;
-    running.state.limits.set(u32::MAX, u32::MAX);
+    running.state.limits().set(u32::MAX, u32::MAX);
 
     let now = SystemClock.now();
     let merchant =
