@@ -55,6 +55,14 @@ pub const SESSION_COOKIE: &str = "dhukuti_session";
 pub const PRE_COOKIE: &str = "dhukuti_pre";
 /// Rows a list page shows.
 pub const PAGE: usize = 25;
+
+/// The rows of list page `page` (1-based, already checked to be >= 1).
+pub(crate) fn page_window(page: usize) -> Window {
+    Window {
+        offset: page.saturating_sub(1).saturating_mul(PAGE),
+        limit: PAGE,
+    }
+}
 /// The deepest page a list goes (offset pages read what they skip).
 const MAX_PAGE: usize = 400;
 
@@ -700,10 +708,7 @@ async fn payments_page(
         &*state.store,
         &signed.tenant,
         payments::PaymentFilter { status, provider },
-        Window {
-            offset: (page - 1) * PAGE,
-            limit: PAGE,
-        },
+        page_window(page),
     )
     .await
     .map_err(fail)?;
@@ -937,17 +942,9 @@ async fn refunds_page(
     RawQuery(raw): RawQuery,
 ) -> Page {
     let page = page_number(&query(&raw))?;
-    let (list, total) = refunds::list(
-        &*state.store,
-        &signed.tenant,
-        None,
-        Window {
-            offset: (page - 1) * PAGE,
-            limit: PAGE,
-        },
-    )
-    .await
-    .map_err(fail)?;
+    let (list, total) = refunds::list(&*state.store, &signed.tenant, None, page_window(page))
+        .await
+        .map_err(fail)?;
     let nav = nav(&state, &signed, "refunds").await?;
     Ok(html(
         StatusCode::OK,

@@ -17,9 +17,9 @@ use shared::domain::outbox::EventType;
 use shared::domain::sms::{self, SmsReminder};
 use shared::domain::webhooks::{self, Delivery, Endpoint, WebhookError};
 
+use crate::page_window;
 use crate::pages::{Nav, label, layout, pager, pages_of, rupees, status_badge, when};
-use crate::{PAGE, Page, Signed, Stop, expired_form, fail, nav, page_number, query};
-use shared::domain::Window;
+use crate::{Page, Signed, Stop, expired_form, fail, nav, page_number, query};
 
 pub async fn links_page(
     State(state): State<AppState>,
@@ -27,17 +27,9 @@ pub async fn links_page(
     RawQuery(raw): RawQuery,
 ) -> Page {
     let page = page_number(&query(&raw))?;
-    let (list, total) = links::list(
-        &*state.store,
-        &signed.tenant,
-        None,
-        Window {
-            offset: (page - 1) * PAGE,
-            limit: PAGE,
-        },
-    )
-    .await
-    .map_err(fail)?;
+    let (list, total) = links::list(&*state.store, &signed.tenant, None, page_window(page))
+        .await
+        .map_err(fail)?;
     let nav = nav(&state, &signed, "links").await?;
     let q = query(&raw);
     let notice = crate::id_param(&q, "made", "lnk_")
@@ -116,10 +108,9 @@ pub async fn make_link(State(state): State<AppState>, signed: Signed, body: Byte
     let link = match made {
         Ok(l) => l,
         Err(why) => {
-            let (list, total) =
-                links::list(&*state.store, &signed.tenant, None, Window::first(PAGE))
-                    .await
-                    .map_err(fail)?;
+            let (list, total) = links::list(&*state.store, &signed.tenant, None, page_window(1))
+                .await
+                .map_err(fail)?;
             let nav = nav(&state, &signed, "links").await?;
             return Ok(html(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -389,18 +380,10 @@ pub async fn invoices_page(
     RawQuery(raw): RawQuery,
 ) -> Page {
     let page = page_number(&query(&raw))?;
-    let (list, total) = invoices::list(
-        &*state.store,
-        &signed.tenant,
-        None,
-        None,
-        Window {
-            offset: (page - 1) * PAGE,
-            limit: PAGE,
-        },
-    )
-    .await
-    .map_err(fail)?;
+    let (list, total) =
+        invoices::list(&*state.store, &signed.tenant, None, None, page_window(page))
+            .await
+            .map_err(fail)?;
     let nav = nav(&state, &signed, "invoices").await?;
     let body = markup! {
         p.muted { (total) " invoices. Page " (page) " of " (pages_of(total)) "." }
@@ -494,16 +477,10 @@ pub async fn sms_page(
     RawQuery(raw): RawQuery,
 ) -> Page {
     let page = page_number(&query(&raw))?;
-    let (list, total): (Vec<SmsReminder>, u64) = sms::list(
-        &*state.store,
-        &signed.tenant,
-        Window {
-            offset: (page - 1) * PAGE,
-            limit: PAGE,
-        },
-    )
-    .await
-    .map_err(fail)?;
+    let (list, total): (Vec<SmsReminder>, u64) =
+        sms::list(&*state.store, &signed.tenant, page_window(page))
+            .await
+            .map_err(fail)?;
     let nav = nav(&state, &signed, "sms").await?;
     let body = markup! {
         p.muted { (total) " reminders. Page " (page) " of " (pages_of(total)) "." }
@@ -763,17 +740,10 @@ async fn endpoint_view(
     let e = webhooks::get(&*state.store, &signed.tenant, id)
         .await
         .map_err(fail)?;
-    let (log, total): (Vec<Delivery>, u64) = webhooks::deliveries_page(
-        &*state.store,
-        &signed.tenant,
-        id,
-        Window {
-            offset: (page - 1) * PAGE,
-            limit: PAGE,
-        },
-    )
-    .await
-    .map_err(fail)?;
+    let (log, total): (Vec<Delivery>, u64) =
+        webhooks::deliveries_page(&*state.store, &signed.tenant, id, page_window(page))
+            .await
+            .map_err(fail)?;
     let nav = nav(state, signed, "webhooks").await?;
     let nonce = dashboard::new_form_nonce();
     let body = markup! {

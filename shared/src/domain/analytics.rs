@@ -104,6 +104,18 @@ pub async fn overview(
     days: u32,
     now: Timestamp,
 ) -> Result<Overview, StoreError> {
+    let (days, start, items) = window_items(store, tenant, days, now).await?;
+    Ok(summarize(&items, days, start, now))
+}
+
+/// The window of `days` days ending `now` (clamped to 1..=MAX_DAYS), its
+/// first midnight, and its day counter items: one read.
+async fn window_items(
+    store: &dyn Store,
+    tenant: &Tenant,
+    days: u32,
+    now: Timestamp,
+) -> Result<(u32, Timestamp, Vec<Item>), StoreError> {
     let days = days.clamp(1, MAX_DAYS);
     let start = start_of_day(now).plus(chrono::Duration::days(-(i64::from(days) - 1)));
     let items = day_items(
@@ -114,7 +126,7 @@ pub async fn overview(
         &day_of(now),
     )
     .await?;
-    Ok(summarize(&items, days, start, now))
+    Ok((days, start, items))
 }
 
 /// One UTC day's successful payments, for the dashboard's chart.
@@ -134,16 +146,7 @@ pub async fn overview_by_day(
     days: u32,
     now: Timestamp,
 ) -> Result<(Overview, Vec<DayFigures>), StoreError> {
-    let days = days.clamp(1, MAX_DAYS);
-    let start = start_of_day(now).plus(chrono::Duration::days(-(i64::from(days) - 1)));
-    let items = day_items(
-        store,
-        &tenant.project,
-        tenant.mode,
-        &day_of(start),
-        &day_of(now),
-    )
-    .await?;
+    let (days, start, items) = window_items(store, tenant, days, now).await?;
     let mut series: Vec<DayFigures> = (0..i64::from(days))
         .map(|n| DayFigures {
             day: day_of(start.plus(chrono::Duration::days(n))),
