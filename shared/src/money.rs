@@ -45,6 +45,11 @@ impl Paisa {
         self.0
     }
 
+    /// No paisa (a counted field left out of its stored item at zero).
+    pub fn is_zero(&self) -> bool {
+        self.0 == 0
+    }
+
     pub fn checked_add(self, other: Paisa) -> Result<Paisa, MoneyError> {
         self.0
             .checked_add(other.0)

@@ -46,6 +46,12 @@ pub struct Active {
     pub touched_at: Timestamp,
 }
 
+crate::attrs! { Active {
+    PROJECT_ID: String = project_id,
+    MODE: Mode = mode,
+    TOUCHED_AT: Timestamp = touched_at,
+} }
+
 fn shard(project_id: &str) -> u32 {
     keys::stats_shard(project_id) % SHARDS
 }

@@ -98,6 +98,18 @@ pub struct Event {
     pub payment_id: Option<String>,
 }
 
+crate::attrs! { Event {
+    ID: String = id,
+    EVENT_TYPE: EventType = event_type as "type",
+    PROJECT_ID: String = project_id,
+    MODE: Mode = mode,
+    CREATED_AT: Timestamp = created_at,
+    OBJECT: Value = object,
+    DISPATCHED: bool = dispatched,
+    ENDPOINT_ID: Option<String> = endpoint_id,
+    PAYMENT_ID: Option<String> = payment_id,
+} }
+
 impl Event {
     /// A new event about `object` (its API view), created at `now`.
     pub fn new(
@@ -300,6 +312,12 @@ pub struct TimelineEntry {
     pub event_type: EventType,
     pub created_at: Timestamp,
 }
+
+crate::attrs! { TimelineEntry {
+    EVENT_ID: String = event_id,
+    EVENT_TYPE: EventType = event_type as "type",
+    CREATED_AT: Timestamp = created_at,
+} }
 
 /// The events about payment `payment_id`, oldest first (at most
 /// `limit`). The caller has found the payment in its tenant.

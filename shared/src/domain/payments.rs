@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::record::{from_item, to_item};
+use super::record::{Entry, Record, from_item};
 use super::{Mode, Provider};
 use crate::domain::{Tenant, Window};
 use crate::fields::{Email, PersonName, Phone};
@@ -38,6 +38,11 @@ pub struct Payment {
     pub amount: Paisa,
     #[serde(default)]
     pub amount_refunded: Paisa,
+    /// Refunds not failed, reserved against the amount (left out of the
+    /// item at zero; changed only by `ADD`, with the refund it reserves
+    /// for, never by writing the whole payment).
+    #[serde(default, skip_serializing_if = "Paisa::is_zero")]
+    pub amount_reserved: Paisa,
     pub currency: Currency,
     pub provider: Provider,
     pub status: PaymentStatus,
@@ -71,7 +76,40 @@ pub struct Payment {
     /// writes can use them; never shown in the API).
     #[serde(flatten, default)]
     pub checks: Checks,
+    /// Its entry among its project's open payments, by next check (while
+    /// open): `gsi2pk`, then `gsi2sk` (see [`Gsi2Entry`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gsi2pk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gsi2sk: Option<String>,
 }
+
+crate::attrs! { Payment {
+    ID: String = id,
+    PROJECT_ID: String = project_id,
+    CHECKOUT_SESSION_ID: String = checkout_session_id,
+    MODE: Mode = mode,
+    AMOUNT: Paisa = amount,
+    AMOUNT_REFUNDED: Paisa = amount_refunded,
+    AMOUNT_RESERVED: Paisa = amount_reserved,
+    CURRENCY: Currency = currency,
+    PROVIDER: Provider = provider,
+    STATUS: PaymentStatus = status,
+    PROVIDER_REF: Option<String> = provider_ref,
+    FAILURE_REASON: Option<String> = failure_reason,
+    METADATA: Map<String, Value> = metadata,
+    CUSTOMER_NAME: Option<String> = customer_name,
+    CUSTOMER_EMAIL: Option<String> = customer_email,
+    CUSTOMER_PHONE: Option<String> = customer_phone,
+    CREATED_AT: Timestamp = created_at,
+    UPDATED_AT: Timestamp = updated_at,
+    DOUBLE_PAYMENT_OF: Option<String> = double_payment_of,
+    SCANNED_AT: Option<Timestamp> = scanned_at,
+    ATTEMPT: AttemptInfo = attempt,
+    CHECKED_AT: Option<Timestamp> = checks.checked_at,
+    RECHECK_UNTIL: Option<Timestamp> = checks.recheck_until,
+    REVIEW: Option<String> = checks.review,
+} }
 
 /// When the provider was last asked about a payment, and why it waits.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -132,10 +170,17 @@ impl Payment {
             &self.checkout_session_id
         }
     }
+}
 
-    pub fn indexes(&self) -> [(Index, String, String); 1] {
-        [(
-            Index::Gsi1,
+impl Record for Payment {
+    fn item_key(&self) -> Key {
+        Payment::key(&self.id)
+    }
+
+    /// Listed in its project's payments, newest first (its open-payments
+    /// entry is its `gsi2` fields).
+    fn entries(&self) -> Vec<Entry> {
+        vec![Entry::gsi1(
             Payment::list_partition(&self.project_id, self.mode),
             self.id.clone(),
         )]
@@ -212,21 +257,12 @@ pub const DEFAULT_PAGE: usize = 25;
 
 /// Stores a new payment; refuses to overwrite one.
 pub async fn insert(store: &dyn Store, payment: &Payment) -> Result<(), StoreError> {
-    let item = to_item(payment, &Payment::key(&payment.id), &payment.indexes())?;
     let counted = super::totals::count_payment(
         &payment.project_id,
         payment.mode,
         payment.counter_shard_id(),
     );
-    store
-        .transact(vec![
-            crate::store::TxOp::Put {
-                item,
-                cond: Some(Cond::NotExists),
-            },
-            counted,
-        ])
-        .await
+    store.transact(vec![payment.put_new()?, counted]).await
 }
 
 /// The payment `id` of `tenant`; `None` for any other project's or
@@ -298,13 +334,10 @@ pub async fn list_filtered(
 ) -> Result<(Vec<Payment>, u64), StoreError> {
     let mut conds = Vec::new();
     if let Some(s) = filter.status {
-        conds.push(Cond::eq(
-            "status",
-            serde_json::to_value(s).unwrap_or_default(),
-        ));
+        conds.push(Payment::STATUS.eq(&s));
     }
     if let Some(p) = filter.provider {
-        conds.push(Cond::eq("provider", p.as_str()));
+        conds.push(Payment::PROVIDER.eq(&p));
     }
     let mut query = Query::partition(Payment::list_partition(&tenant.project, tenant.mode))
         .on(Index::Gsi1)
@@ -330,6 +363,9 @@ mod tests {
             mode,
             amount: Paisa::new(amount).unwrap_or_default(),
             amount_refunded: Paisa::ZERO,
+            amount_reserved: Paisa::ZERO,
+            gsi2pk: None,
+            gsi2sk: None,
             currency: Currency::Npr,
             provider: Provider::Khalti,
             status: PaymentStatus::Success,
@@ -444,7 +480,7 @@ mod tests {
             );
         }
         let around = payment(&project.id, Mode::Live, 1);
-        let item = to_item(&around, &Payment::key(&around.id), &around.indexes()).unwrap();
+        let item = around.to_item().unwrap();
         assert!(inner.put(item, None).await.is_ok());
         let counting = CountingStore::new(inner);
         let Ok((page, total)) = list(

@@ -2,17 +2,353 @@
 //! attributes. Extra attributes (`pk`, `sk`, index keys) are ignored when
 //! reading, so adding an index never breaks old records.
 
+use std::marker::PhantomData;
+
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::store::{Index, Item, Key, PK, Query, SK, Store, StoreError, query_window};
+use crate::store::{
+    Cond, Index, Item, Key, PK, Query, SK, Store, StoreError, TxOp, Update, query_window,
+};
+
+/// A kind of stored record: where one lives and which indexes list it
+/// follow from its fields. Conditions and updates on it are written with
+/// its [`Attr`] constants (declared with [`attrs!`](crate::attrs)), never
+/// with attribute names.
+pub trait Record: Serialize + DeserializeOwned {
+    /// The table key of this record.
+    fn item_key(&self) -> Key;
+
+    /// The index entries its fields determine (a sparse entry whose time
+    /// an update chooses is a pair of fields of its own, [`Gsi2Entry`]).
+    fn entries(&self) -> Vec<Entry> {
+        Vec::new()
+    }
+
+    /// The whole item: fields, key and index entries.
+    fn to_item(&self) -> Result<Item, StoreError> {
+        item_of(self, &self.item_key(), &self.entries())
+    }
+
+    /// Writes this record where none is yet (the only whole-record write
+    /// of most kinds: later changes are [`Changes`]).
+    fn put_new(&self) -> Result<TxOp, StoreError> {
+        Ok(TxOp::Put {
+            item: self.to_item()?,
+            cond: Some(Cond::NotExists),
+        })
+    }
+}
+
+/// One entry of a record in an index: the partition it is listed in and
+/// its place there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub index: Index,
+    pub partition: String,
+    pub sort: String,
+}
+
+impl Entry {
+    pub fn gsi1(partition: impl Into<String>, sort: impl Into<String>) -> Entry {
+        Entry {
+            index: Index::Gsi1,
+            partition: partition.into(),
+            sort: sort.into(),
+        }
+    }
+
+    pub fn gsi2(partition: impl Into<String>, sort: impl Into<String>) -> Entry {
+        Entry {
+            index: Index::Gsi2,
+            partition: partition.into(),
+            sort: sort.into(),
+        }
+    }
+}
+
+/// A `gsi2` entry whose sort key an update chooses (a due time), which
+/// the record's other fields cannot derive. The record keeps it as two
+/// fields of its own, `gsi2pk` and `gsi2sk` (`Option<String>`, left out
+/// when `None`: plain fields, not a flattened struct, so decoding stays
+/// one pass); [`Changes::index`] and [`Changes::unindex`] move it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gsi2Entry {
+    pub partition: String,
+    pub sort: String,
+}
+
+impl Gsi2Entry {
+    pub fn new(partition: impl Into<String>, sort: impl Into<String>) -> Gsi2Entry {
+        Gsi2Entry {
+            partition: partition.into(),
+            sort: sort.into(),
+        }
+    }
+}
+
+/// One stored attribute of record `R`, holding a `V`: conditions and
+/// updates name it through this, with a `V` serialized by serde, so the
+/// compiler checks both the attribute and its value.
+pub struct Attr<R, V: ?Sized> {
+    name: &'static str,
+    of: PhantomData<fn(&R) -> &V>,
+}
+
+impl<R, V: ?Sized> Clone for Attr<R, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<R, V: ?Sized> Copy for Attr<R, V> {}
+
+impl<R, V: ?Sized> std::fmt::Debug for Attr<R, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+/// The JSON a value is stored as. Record values (strings, numbers,
+/// timestamps, enums, maps with string keys) always serialize.
+fn stored<V: Serialize + ?Sized>(v: &V) -> Value {
+    match serde_json::to_value(v) {
+        Ok(value) => value,
+        Err(e) => {
+            tracing::error!(error = %e, "a record value did not serialize");
+            Value::Null
+        }
+    }
+}
+
+impl<R, V: Serialize + ?Sized> Attr<R, V> {
+    /// Declared by [`attrs!`](crate::attrs), which checks the field.
+    #[doc(hidden)]
+    pub const fn declared(name: &'static str) -> Self {
+        Attr {
+            name,
+            of: PhantomData,
+        }
+    }
+
+    /// The attribute's name in the item.
+    pub fn name(self) -> &'static str {
+        self.name
+    }
+
+    pub fn eq(self, v: &V) -> Cond {
+        Cond::eq(self.name, stored(v))
+    }
+    pub fn ne(self, v: &V) -> Cond {
+        Cond::ne(self.name, stored(v))
+    }
+    pub fn lt(self, v: &V) -> Cond {
+        Cond::lt(self.name, stored(v))
+    }
+    pub fn le(self, v: &V) -> Cond {
+        Cond::le(self.name, stored(v))
+    }
+    pub fn gt(self, v: &V) -> Cond {
+        Cond::gt(self.name, stored(v))
+    }
+    pub fn ge(self, v: &V) -> Cond {
+        Cond::ge(self.name, stored(v))
+    }
+    /// The attribute is one of `values`.
+    pub fn is_in<'a>(self, values: impl IntoIterator<Item = &'a V>) -> Cond
+    where
+        V: 'a,
+    {
+        Cond::Or(values.into_iter().map(|v| self.eq(v)).collect())
+    }
+    /// The item holds the attribute.
+    pub fn exists(self) -> Cond {
+        Cond::AttrExists(self.name.into())
+    }
+    /// The item does not hold the attribute.
+    pub fn missing(self) -> Cond {
+        Cond::AttrNotExists(self.name.into())
+    }
+}
+
+impl<R, T: Serialize> Attr<R, Option<T>> {
+    /// The attribute holds `v` (an optional field compared with a value).
+    pub fn is(self, v: &T) -> Cond {
+        Cond::eq(self.name, stored(v))
+    }
+}
+
+/// A number an update may `ADD` to.
+pub trait Count {
+    fn delta(n: Self) -> i64;
+}
+impl Count for i64 {
+    fn delta(n: i64) -> i64 {
+        n
+    }
+}
+impl Count for u64 {
+    fn delta(n: u64) -> i64 {
+        i64::try_from(n).unwrap_or(i64::MAX)
+    }
+}
+impl Count for u32 {
+    fn delta(n: u32) -> i64 {
+        i64::from(n)
+    }
+}
+impl Count for crate::money::Paisa {
+    fn delta(n: crate::money::Paisa) -> i64 {
+        n.get()
+    }
+}
+
+/// Changes to one stored record of kind `R`: what [`Store::update`]
+/// applies, built from `R`'s attributes only.
+pub struct Changes<R> {
+    update: Update,
+    of: PhantomData<fn(&R)>,
+}
+
+impl<R> Clone for Changes<R> {
+    fn clone(&self) -> Self {
+        Changes {
+            update: self.update.clone(),
+            of: PhantomData,
+        }
+    }
+}
+
+impl<R> std::fmt::Debug for Changes<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.update.fmt(f)
+    }
+}
+
+impl<R> Default for Changes<R> {
+    fn default() -> Self {
+        Changes {
+            update: Update::new(),
+            of: PhantomData,
+        }
+    }
+}
+
+impl<R> PartialEq for Changes<R> {
+    fn eq(&self, other: &Self) -> bool {
+        self.update == other.update
+    }
+}
+
+impl<R> Changes<R> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `SET attr = v`.
+    pub fn set<V: Serialize + ?Sized>(mut self, attr: Attr<R, V>, v: &V) -> Self {
+        self.update = self.update.set(attr.name, stored(v));
+        self
+    }
+
+    /// `ADD attr n`: the one way a counted field changes once stored.
+    pub fn add<V: Count>(mut self, attr: Attr<R, V>, n: V) -> Self {
+        self.update = self.update.add(attr.name, V::delta(n));
+        self
+    }
+
+    /// `ADD attr -n`.
+    pub fn subtract<V: Count>(mut self, attr: Attr<R, V>, n: V) -> Self {
+        self.update = self.update.add(attr.name, -V::delta(n));
+        self
+    }
+
+    /// `REMOVE attr` of an optional field.
+    pub fn remove<T>(mut self, attr: Attr<R, Option<T>>) -> Self {
+        self.update = self.update.remove(attr.name);
+        self
+    }
+
+    /// Lists the record in `gsi2` at `entry`.
+    pub fn index(mut self, entry: &Gsi2Entry) -> Self {
+        self.update = self
+            .update
+            .set(Index::Gsi2.pk_attr(), entry.partition.clone())
+            .set(Index::Gsi2.sk_attr(), entry.sort.clone());
+        self
+    }
+
+    /// Takes the record out of the sparse `index`.
+    pub fn unindex(mut self, index: Index) -> Self {
+        self.update = self.update.unindex(index);
+        self
+    }
+
+    /// Whether nothing would change.
+    pub fn is_empty(&self) -> bool {
+        self.update.set.is_empty() && self.update.add.is_empty() && self.update.remove.is_empty()
+    }
+
+    /// Whether no attribute would be set.
+    pub fn sets_nothing(&self) -> bool {
+        self.update.set.is_empty()
+    }
+}
+
+impl<R> From<Changes<R>> for Update {
+    fn from(changes: Changes<R>) -> Update {
+        changes.update
+    }
+}
+
+/// Declares the stored attributes of a record as [`Attr`] constants, each
+/// checked against the record's field of that name and type:
+///
+/// ```ignore
+/// attrs! { Payment {
+///     STATUS: PaymentStatus = status,
+///     CHECKED_AT: Option<Timestamp> = checks.checked_at,
+/// } }
+/// attrs! { Event { KIND: EventType = kind as "type" } }
+/// ```
+///
+/// One constant per stored field, named as the field in capitals (so
+/// code elsewhere can rely on the name); a field serde renames says its
+/// stored name with `as`.
+///
+/// ```ignore
+/// ```
+#[macro_export]
+macro_rules! attrs {
+    ($record:ident {
+        $($konst:ident : $ty:ty = $first:ident $(. $rest:ident)* $(as $name:literal)?),* $(,)?
+    }) => {
+        impl $record {
+            $(
+                pub const $konst: $crate::domain::record::Attr<$record, $ty> =
+                    $crate::domain::record::Attr::declared(
+                        $crate::attrs!(@name [$($name)?] $first $($rest)*)
+                    );
+            )*
+        }
+        const _: () = {
+            #[allow(dead_code)]
+            fn fields_exist(r: &$record) {
+                $( let _: &$ty = &r.$first $(. $rest)*; )*
+            }
+        };
+    };
+    (@name [$name:literal] $($path:ident)+) => { $name };
+    (@name [] $($path:ident)+) => { $crate::attrs!(@last $($path)+) };
+    (@last $only:ident) => { stringify!($only) };
+    (@last $first:ident $($rest:ident)+) => { $crate::attrs!(@last $($rest)+) };
+}
 
 /// The item for `record` stored at `key`, listed in `indexes`.
-pub fn to_item<T: Serialize>(
+fn item_of<T: Serialize + ?Sized>(
     record: &T,
     key: &Key,
-    indexes: &[(Index, String, String)],
+    indexes: &[Entry],
 ) -> Result<Item, StoreError> {
     let mut item = match serde_json::to_value(record) {
         Ok(Value::Object(map)) => map,
@@ -29,11 +365,35 @@ pub fn to_item<T: Serialize>(
     };
     item.insert(PK.into(), Value::String(key.pk.clone()));
     item.insert(SK.into(), Value::String(key.sk.clone()));
-    for (index, ipk, isk) in indexes {
-        item.insert(index.pk_attr().into(), Value::String(ipk.clone()));
-        item.insert(index.sk_attr().into(), Value::String(isk.clone()));
+    for entry in indexes {
+        item.insert(
+            entry.index.pk_attr().into(),
+            Value::String(entry.partition.clone()),
+        );
+        item.insert(
+            entry.index.sk_attr().into(),
+            Value::String(entry.sort.clone()),
+        );
     }
     Ok(item)
+}
+
+/// The item for `record` stored at `key`, listed in `indexes`.
+/// Transitional: records become [`Record`]s; this goes with the last.
+pub fn to_item<T: Serialize>(
+    record: &T,
+    key: &Key,
+    indexes: &[(Index, String, String)],
+) -> Result<Item, StoreError> {
+    let entries: Vec<Entry> = indexes
+        .iter()
+        .map(|(index, partition, sort)| Entry {
+            index: *index,
+            partition: partition.clone(),
+            sort: sort.clone(),
+        })
+        .collect();
+    item_of(record, key, &entries)
 }
 
 /// Which records of a list one page holds: `limit` of them after the
@@ -131,7 +491,7 @@ mod tests {
             n: 3,
         };
         let key = Key::new("THING#x", "THING");
-        let item = to_item(&t, &key, &[(Index::Gsi1, "P".into(), "x".into())]);
+        let item = item_of(&t, &key, &[Entry::gsi1("P", "x")]);
         let Ok(item) = item else {
             panic!("to_item failed")
         };

@@ -147,6 +147,15 @@ pub struct Merchant {
     pub created_at: Timestamp,
 }
 
+crate::attrs! { Merchant {
+    ID: String = id,
+    NAME: String = name,
+    EMAIL: String = email,
+    PLAN: Plan = plan,
+    SUSPENSION: Option<Suspension> = suspension,
+    CREATED_AT: Timestamp = created_at,
+} }
+
 impl Merchant {
     pub fn key(id: &str) -> Key {
         keys::record(keys::Record::Merchant, id)
@@ -166,6 +175,15 @@ pub struct Project {
     pub seller: Option<Seller>,
     pub created_at: Timestamp,
 }
+
+crate::attrs! { Project {
+    ID: String = id,
+    MERCHANT_ID: String = merchant_id,
+    NAME: String = name,
+    LIVE_INVOICING: bool = live_invoicing,
+    SELLER: Option<Seller> = seller,
+    CREATED_AT: Timestamp = created_at,
+} }
 
 /// A project's seller profile (spec "seller": name, legalName, email,
 /// logoUrl, brandColor), set by the operator (`dhukuti-admin project
@@ -235,6 +253,24 @@ pub struct ApiKey {
     pub pause: Option<Pause>,
     pub created_at: Timestamp,
 }
+
+crate::attrs! { ApiKey {
+    ID: String = id,
+    KEY_HASH: String = key_hash,
+    MERCHANT_ID: String = merchant_id,
+    PROJECT_ID: String = project_id,
+    MODE: Mode = mode,
+    KIND: KeyKind = kind,
+    SCOPES: Vec<String> = scopes,
+    DESCRIPTION: String = description,
+    PREFIX: String = prefix,
+    HINT: String = hint,
+    EXPIRES_AT: Option<Timestamp> = expires_at,
+    LAST_USED_AT: Option<Timestamp> = last_used_at,
+    SPEND_CAP_PAISA: Option<i64> = spend_cap_paisa,
+    PAUSE: Option<Pause> = pause,
+    CREATED_AT: Timestamp = created_at,
+} }
 
 impl ApiKey {
     pub fn key_for_hash(hash_hex: &str) -> Key {

@@ -23,7 +23,7 @@
 use super::checkout::{CheckoutSession, SessionStatus, StoredAddress};
 use super::fonepay_cap;
 use super::payments::{Payment, PaymentStatus};
-use super::record::to_item;
+use super::record::{Record, to_item};
 use super::{Mode, Provider};
 use crate::keys;
 use crate::providers::hub::HubError;
@@ -176,7 +176,11 @@ pub struct Started {
 }
 
 fn payment_indexes(p: &Payment) -> Vec<(Index, String, String)> {
-    let mut out = p.indexes().to_vec();
+    let mut out: Vec<(Index, String, String)> = p
+        .entries()
+        .into_iter()
+        .map(|e| (e.index, e.partition, e.sort))
+        .collect();
     if is_open(p.status) {
         out.push((
             Index::Gsi2,

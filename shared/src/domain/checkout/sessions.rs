@@ -217,6 +217,36 @@ pub struct CheckoutSession {
     pub client_secret_sha256: Option<String>,
 }
 
+crate::attrs! { CheckoutSession {
+    ID: String = id,
+    PROJECT_ID: String = project_id,
+    MODE: Mode = mode,
+    API_KEY_ID: String = api_key_id,
+    FLOW: Flow = flow,
+    AMOUNT: Paisa = amount,
+    CURRENCY: Currency = currency,
+    PROVIDER: Option<Provider> = provider,
+    STATUS: SessionStatus = status,
+    PAYMENT_ID: Option<String> = payment_id,
+    DESCRIPTION: Option<String> = description,
+    METADATA: Map<String, Value> = metadata,
+    CUSTOMER_NAME: Option<String> = customer_name,
+    CUSTOMER_EMAIL: Option<String> = customer_email,
+    CUSTOMER_PHONE: Option<String> = customer_phone,
+    COLLECT_ADDRESS: bool = collect_address,
+    CUSTOMER_ADDRESS: Option<StoredAddress> = customer_address,
+    RETURN_URL: String = return_url,
+    CANCEL_URL: Option<String> = cancel_url,
+    EXPIRES_AT: Timestamp = expires_at,
+    CREATED_AT: Timestamp = created_at,
+    UPDATED_AT: Timestamp = updated_at,
+    ATTEMPTS: u32 = attempts,
+    LINK_ID: Option<String> = link_id,
+    LINK_CLAIMED: bool = link_claimed,
+    INVOICE_ID: Option<String> = invoice_id,
+    CLIENT_SECRET_SHA256: Option<String> = client_secret_sha256,
+} }
+
 impl CheckoutSession {
     pub fn key(id: &str) -> Key {
         keys::record(keys::Record::CheckoutSession, id)

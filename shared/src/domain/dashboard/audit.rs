@@ -39,6 +39,20 @@ pub struct AuditEntry {
     pub at: Timestamp,
 }
 
+crate::attrs! { AuditEntry {
+    ID: String = id,
+    MERCHANT_ID: String = merchant_id,
+    USER_ID: String = user_id,
+    EMAIL: String = email,
+    ACTION: String = action,
+    TARGET: String = target,
+    PROJECT_ID: String = project_id,
+    MODE: Option<Mode> = mode,
+    DETAIL: String = detail,
+    ADDRESS: String = address,
+    AT: Timestamp = at,
+} }
+
 /// Who acts, as the audit log names them.
 #[derive(Clone, Debug)]
 pub struct Actor {

@@ -115,6 +115,17 @@ pub struct DashboardUser {
     pub created_at: Timestamp,
 }
 
+crate::attrs! { DashboardUser {
+    ID: String = id,
+    MERCHANT_ID: String = merchant_id,
+    EMAIL: String = email,
+    ROLE: Role = role,
+    PASSWORD_HASH: String = password_hash,
+    DISABLED: bool = disabled,
+    SESSION_EPOCH: i64 = session_epoch,
+    CREATED_AT: Timestamp = created_at,
+} }
+
 impl DashboardUser {
     pub fn key(id: &str) -> Key {
         keys::dashboard_user(id)

@@ -56,6 +56,19 @@ pub struct DashboardSession {
     pub address: String,
 }
 
+crate::attrs! { DashboardSession {
+    USER_ID: String = user_id,
+    MERCHANT_ID: String = merchant_id,
+    EPOCH: i64 = epoch,
+    CSRF: String = csrf,
+    PROJECT_ID: String = project_id,
+    MODE: Mode = mode,
+    CREATED_AT: Timestamp = created_at,
+    LAST_SEEN_AT: Timestamp = last_seen_at,
+    EXPIRES_AT: Timestamp = expires_at,
+    ADDRESS: String = address,
+} }
+
 impl DashboardSession {
     /// When it ends if no request comes.
     pub fn idle_until(&self) -> Timestamp {

@@ -281,6 +281,42 @@ pub struct Invoice {
     pub adjustments: Vec<Adjustment>,
 }
 
+crate::attrs! { Invoice {
+    ID: String = id,
+    PROJECT_ID: String = project_id,
+    MODE: Mode = mode,
+    VERSION: i64 = version,
+    INVOICE_NUMBER: Option<String> = invoice_number,
+    DOCUMENT_STATUS: DocumentStatus = document_status,
+    COLLECTION_STATUS: CollectionStatus = collection_status,
+    CURRENCY: Currency = currency,
+    LINES: Vec<Line> = lines,
+    SUBTOTAL: i64 = subtotal,
+    TAX_RATE_BPS: i64 = tax_rate_bps,
+    TAX_TOTAL: i64 = tax_total,
+    TOTAL_AMOUNT: i64 = total_amount,
+    AMOUNT_PAID: i64 = amount_paid,
+    AMOUNT_ADJUSTED: i64 = amount_adjusted,
+    AMOUNT_EXCESS: i64 = amount_excess,
+    CUSTOMER_ID: Option<String> = customer_id,
+    BUYER: Option<StoredBuyer> = buyer,
+    SELLER: Option<Seller> = seller,
+    ISSUED_AT: Option<Timestamp> = issued_at,
+    DUE_AT: Timestamp = due_at,
+    CREATED_AT: Timestamp = created_at,
+    UPDATED_AT: Timestamp = updated_at,
+    EXTERNAL_REFERENCE: Option<String> = external_reference,
+    NOTE: Option<String> = note,
+    NEEDS_ATTENTION: bool = needs_attention,
+    VOIDED_AT: Option<Timestamp> = voided_at,
+    VOID_REASON: Option<String> = void_reason,
+    CORRECTED_BY_INVOICE_ID: Option<String> = corrected_by_invoice_id,
+    CORRECTION_OF_INVOICE_ID: Option<String> = correction_of_invoice_id,
+    CHECKOUT_SESSION_ID: Option<String> = checkout_session_id,
+    ALLOCATIONS: Vec<Allocation> = allocations,
+    ADJUSTMENTS: Vec<Adjustment> = adjustments,
+} }
+
 impl Invoice {
     pub fn key(id: &str) -> Key {
         keys::record(keys::Record::Invoice, id)

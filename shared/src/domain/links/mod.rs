@@ -92,6 +92,37 @@ pub struct PaymentLink {
     pub updated_at: Timestamp,
 }
 
+crate::attrs! { PaymentLink {
+    ID: String = id,
+    PROJECT_ID: String = project_id,
+    MODE: Mode = mode,
+    TITLE: String = title,
+    DESCRIPTION: Option<String> = description,
+    AMOUNT: Option<Paisa> = amount,
+    MIN_AMOUNT: Option<i64> = min_amount,
+    MAX_AMOUNT: Option<i64> = max_amount,
+    CURRENCY: Currency = currency,
+    PROVIDER: Option<Provider> = provider,
+    ACTIVE: bool = active,
+    MAX_USES: Option<i64> = max_uses,
+    USED_COUNT: i64 = used_count,
+    VIEWS: i64 = views,
+    CLAIMED: i64 = claimed,
+    HELD_UNTIL: Option<Timestamp> = held_until,
+    EXPIRES_AT: Option<Timestamp> = expires_at,
+    REDIRECT_URL: Option<String> = redirect_url,
+    INACTIVE_MESSAGE: Option<String> = inactive_message,
+    CUSTOMER_NAME: Option<String> = customer_name,
+    CUSTOMER_EMAIL: Option<String> = customer_email,
+    CUSTOMER_PHONE: Option<String> = customer_phone,
+    COLLECT_ADDRESS: bool = collect_address,
+    CUSTOMER_ADDRESS: Option<StoredAddress> = customer_address,
+    REFERENCE_ID: Option<String> = reference_id,
+    METADATA: Map<String, Value> = metadata,
+    CREATED_AT: Timestamp = created_at,
+    UPDATED_AT: Timestamp = updated_at,
+} }
+
 impl PaymentLink {
     pub fn key(id: &str) -> Key {
         keys::record(keys::Record::PaymentLink, id)

@@ -111,6 +111,24 @@ pub struct Refund {
     pub updated_at: Timestamp,
 }
 
+crate::attrs! { Refund {
+    ID: String = id,
+    PROJECT_ID: String = project_id,
+    PAYMENT_ID: String = payment_id,
+    MODE: Mode = mode,
+    PROVIDER: Provider = provider,
+    AMOUNT: Paisa = amount,
+    CURRENCY: Currency = currency,
+    REASON: RefundReason = reason,
+    STATUS: RefundStatus = status,
+    PROVIDER_REFUND_ID: Option<String> = provider_refund_id,
+    FAILURE_REASON: Option<String> = failure_reason,
+    NOTES: Option<String> = notes,
+    MOBILE_NUMBER: Option<String> = mobile_number,
+    CREATED_AT: Timestamp = created_at,
+    UPDATED_AT: Timestamp = updated_at,
+} }
+
 impl Refund {
     pub fn key(id: &str) -> Key {
         keys::record(keys::Record::Refund, id)

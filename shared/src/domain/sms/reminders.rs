@@ -76,6 +76,22 @@ pub struct SmsReminder {
     pub updated_at: Timestamp,
 }
 
+crate::attrs! { SmsReminder {
+    ID: String = id,
+    PROJECT_ID: String = project_id,
+    MERCHANT_ID: String = merchant_id,
+    MODE: Mode = mode,
+    TO: String = to,
+    TEXT: String = text,
+    SESSION_ID: Option<String> = session_id,
+    STATUS: SmsStatus = status,
+    ATTEMPTS: u32 = attempts,
+    LEASE_UNTIL_MS: Option<i64> = lease_until_ms,
+    LAST_ERROR: Option<String> = last_error,
+    CREATED_AT: Timestamp = created_at,
+    UPDATED_AT: Timestamp = updated_at,
+} }
+
 impl SmsReminder {
     pub fn key(id: &str) -> Key {
         keys::record(keys::Record::Sms, id)

@@ -37,6 +37,18 @@ pub struct Endpoint {
     pub secret: SealedSecret,
 }
 
+crate::attrs! { Endpoint {
+    ID: String = id,
+    PROJECT_ID: String = project_id,
+    MODE: Mode = mode,
+    URL: String = url,
+    EVENTS: Vec<EventType> = events,
+    ENABLED: bool = enabled,
+    CREATED_AT: Timestamp = created_at,
+    UPDATED_AT: Timestamp = updated_at,
+    SECRET: SealedSecret = secret,
+} }
+
 impl Endpoint {
     fn partition(project_id: &str, mode: Mode) -> String {
         keys::per_mode(project_id, mode, keys::PerMode::WebhookEndpoints)

@@ -65,6 +65,27 @@ pub struct Delivery {
     pub lease_until_ms: Option<i64>,
 }
 
+crate::attrs! { Delivery {
+    ID: String = id,
+    EVENT_ID: String = event_id,
+    EVENT_TYPE: EventType = event_type,
+    ENDPOINT_ID: String = endpoint_id,
+    PROJECT_ID: String = project_id,
+    MODE: Mode = mode,
+    PAYMENT_ID: Option<String> = payment_id,
+    STATUS: DeliveryStatus = status,
+    ATTEMPTS: u32 = attempts,
+    RESPONSE_STATUS: Option<u16> = response_status,
+    RESPONSE_BODY: Option<String> = response_body,
+    PAYLOAD: Option<String> = payload,
+    LAST_ERROR: Option<String> = last_error,
+    LAST_ATTEMPT_AT: Option<Timestamp> = last_attempt_at,
+    NEXT_ATTEMPT_AT: Option<Timestamp> = next_attempt_at,
+    CREATED_AT: Timestamp = created_at,
+    UPDATED_AT: Timestamp = updated_at,
+    LEASE_UNTIL_MS: Option<i64> = lease_until_ms,
+} }
+
 impl Delivery {
     pub fn key(event_id: &str, endpoint_id: &str) -> Key {
         keys::delivery(event_id, endpoint_id)
