@@ -2,6 +2,7 @@
 //! attributes. Extra attributes (`pk`, `sk`, index keys) are ignored when
 //! reading, so adding an index never breaks old records.
 
+use std::borrow::Borrow;
 use std::marker::PhantomData;
 
 use serde::Serialize;
@@ -136,22 +137,40 @@ impl<R, V: Serialize + ?Sized> Attr<R, V> {
         self.name
     }
 
-    pub fn eq(self, v: &V) -> Cond {
+    pub fn eq<Q: Serialize + ?Sized>(self, v: &Q) -> Cond
+    where
+        V: Borrow<Q>,
+    {
         Cond::eq(self.name, stored(v))
     }
-    pub fn ne(self, v: &V) -> Cond {
+    pub fn ne<Q: Serialize + ?Sized>(self, v: &Q) -> Cond
+    where
+        V: Borrow<Q>,
+    {
         Cond::ne(self.name, stored(v))
     }
-    pub fn lt(self, v: &V) -> Cond {
+    pub fn lt<Q: Serialize + ?Sized>(self, v: &Q) -> Cond
+    where
+        V: Borrow<Q>,
+    {
         Cond::lt(self.name, stored(v))
     }
-    pub fn le(self, v: &V) -> Cond {
+    pub fn le<Q: Serialize + ?Sized>(self, v: &Q) -> Cond
+    where
+        V: Borrow<Q>,
+    {
         Cond::le(self.name, stored(v))
     }
-    pub fn gt(self, v: &V) -> Cond {
+    pub fn gt<Q: Serialize + ?Sized>(self, v: &Q) -> Cond
+    where
+        V: Borrow<Q>,
+    {
         Cond::gt(self.name, stored(v))
     }
-    pub fn ge(self, v: &V) -> Cond {
+    pub fn ge<Q: Serialize + ?Sized>(self, v: &Q) -> Cond
+    where
+        V: Borrow<Q>,
+    {
         Cond::ge(self.name, stored(v))
     }
     /// The attribute is one of `values`.
@@ -173,7 +192,10 @@ impl<R, V: Serialize + ?Sized> Attr<R, V> {
 
 impl<R, T: Serialize> Attr<R, Option<T>> {
     /// The attribute holds `v` (an optional field compared with a value).
-    pub fn is(self, v: &T) -> Cond {
+    pub fn is<Q: Serialize + ?Sized>(self, v: &Q) -> Cond
+    where
+        T: Borrow<Q>,
+    {
         Cond::eq(self.name, stored(v))
     }
 }
@@ -245,8 +267,23 @@ impl<R> Changes<R> {
         Self::default()
     }
 
-    /// `SET attr = v`.
-    pub fn set<V: Serialize + ?Sized>(mut self, attr: Attr<R, V>, v: &V) -> Self {
+    /// `SET attr = v` (`&str` for a `String` field, and so on).
+    pub fn set<V, Q>(mut self, attr: Attr<R, V>, v: &Q) -> Self
+    where
+        V: Serialize + Borrow<Q> + ?Sized,
+        Q: Serialize + ?Sized,
+    {
+        self.update = self.update.set(attr.name, stored(v));
+        self
+    }
+
+    /// `SET attr = v` on an optional field (`None` is [`Changes::remove`]
+    /// or a `set` of `&None`, as the record's other writes store it).
+    pub fn set_some<T, Q>(mut self, attr: Attr<R, Option<T>>, v: &Q) -> Self
+    where
+        T: Borrow<Q>,
+        Q: Serialize + ?Sized,
+    {
         self.update = self.update.set(attr.name, stored(v));
         self
     }
@@ -536,6 +573,46 @@ mod tests {
             }
             other => panic!("expected a backend error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn attributes_write_their_values_as_serde_stores_them() {
+        use crate::domain::payments::{Payment, PaymentStatus};
+        use crate::time::Timestamp;
+        assert_eq!(
+            Payment::STATUS.eq(&PaymentStatus::Pending),
+            Cond::eq("status", "pending")
+        );
+        assert_eq!(
+            Payment::REVIEW.missing(),
+            Cond::AttrNotExists("review".into())
+        );
+        assert_eq!(
+            Payment::CHECKED_AT.name(),
+            "checked_at",
+            "a flattened field"
+        );
+        let Some(at) = Timestamp::from_unix_millis(1_700_000_000_123) else {
+            panic!("a valid time")
+        };
+        let update: Update = Changes::<Payment>::new()
+            .set(Payment::STATUS, &PaymentStatus::Success)
+            .set(Payment::UPDATED_AT, &at)
+            .set_some(Payment::FAILURE_REASON, "declined")
+            .add(Payment::AMOUNT_RESERVED, crate::money::Paisa::ZERO)
+            .remove(Payment::RECHECK_UNTIL)
+            .unindex(Index::Gsi2)
+            .into();
+        assert_eq!(
+            update,
+            Update::new()
+                .set("status", "success")
+                .set("updated_at", at.to_rfc3339())
+                .set("failure_reason", "declined")
+                .add("amount_reserved", 0)
+                .remove("recheck_until")
+                .unindex(Index::Gsi2)
+        );
     }
 
     #[test]
