@@ -221,3 +221,12 @@ mod tests {
         }
     }
 }
+
+/// A stored amount compares with a plain number of paisa (a condition
+/// such as "reserved at most the room left", where the room may be
+/// negative).
+impl std::borrow::Borrow<i64> for Paisa {
+    fn borrow(&self) -> &i64 {
+        &self.0
+    }
+}

@@ -327,31 +327,41 @@ fn the_cycle_finder_finds_a_cycle() {
 /// The `use` declarations in `text` that import a glob (`use a::*;`,
 /// `use a::{b, *};`), as their first line's number and their text, left
 /// out those inside a `#[cfg(test)]` module (tests may `use super::*;`).
+/// When line `i` opens a `#[cfg(test)]` module: the index of the line
+/// after it closes.
+fn test_module_end(lines: &[&str], i: usize) -> Option<usize> {
+    if lines[i].trim_start() != "#[cfg(test)]" {
+        return None;
+    }
+    let mut j = i + 1;
+    while lines
+        .get(j)
+        .is_some_and(|l| l.trim_start().starts_with("#["))
+    {
+        j += 1;
+    }
+    let item = lines.get(j).copied().unwrap_or("");
+    let head = item.trim_start();
+    if !(head.split_whitespace().any(|w| w == "mod") && head.ends_with('{')) {
+        return None;
+    }
+    // rustfmt closes the module at the indent it opened it.
+    let close = format!("{}}}", &item[..item.len() - head.len()]);
+    while j < lines.len() && lines[j] != close {
+        j += 1;
+    }
+    Some(j + 1)
+}
+
 fn glob_imports(text: &str) -> Vec<(usize, String)> {
     let lines: Vec<&str> = text.lines().collect();
     let mut found = Vec::new();
     let mut i = 0;
     while i < lines.len() {
         let line = lines[i].trim_start();
-        if line == "#[cfg(test)]" {
-            let mut j = i + 1;
-            while lines
-                .get(j)
-                .is_some_and(|l| l.trim_start().starts_with("#["))
-            {
-                j += 1;
-            }
-            let item = lines.get(j).copied().unwrap_or("");
-            let head = item.trim_start();
-            if head.split_whitespace().any(|w| w == "mod") && head.ends_with('{') {
-                // rustfmt closes the module at the indent it opened it.
-                let close = format!("{}}}", &item[..item.len() - head.len()]);
-                while j < lines.len() && lines[j] != close {
-                    j += 1;
-                }
-                i = j + 1;
-                continue;
-            }
+        if let Some(after) = test_module_end(&lines, i) {
+            i = after;
+            continue;
         }
         let is_use = line.starts_with("use ")
             || (line.starts_with("pub") && line.split_whitespace().nth(1) == Some("use"));
@@ -402,6 +412,95 @@ fn the_domain_has_no_glob_imports_outside_tests() {
          (and re-export from a mod.rs only what callers use):\n{}",
         found.join("\n")
     );
+}
+
+/// What names a stored attribute or index attribute by string, or reads
+/// an item by attribute name: the domain writes these through its
+/// records' `Attr` constants and `Changes` (issue 38).
+const UNTYPED_STORAGE: [&str; 19] = [
+    "Cond::eq(",
+    "Cond::ne(",
+    "Cond::lt(",
+    "Cond::le(",
+    "Cond::gt(",
+    "Cond::ge(",
+    "Cond::Cmp(",
+    "Cond::AttrExists(",
+    "Cond::AttrNotExists(",
+    "Update::new(",
+    "Update {",
+    ".set(\"",
+    ".add(\"",
+    ".remove(\"",
+    ".get(\"",
+    ".pk_attr()",
+    ".sk_attr()",
+    "(Index, String, String)",
+    "record::to_item(",
+];
+
+/// The lines of `text` outside `#[cfg(test)]` modules (comments left out)
+/// that hold one of [`UNTYPED_STORAGE`].
+fn untyped_storage(text: &str) -> Vec<(usize, String)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        if let Some(after) = test_module_end(&lines, i) {
+            i = after;
+            continue;
+        }
+        let code = lines[i].split("//").next().unwrap_or("");
+        if UNTYPED_STORAGE.iter().any(|p| code.contains(p)) {
+            found.push((i + 1, lines[i].trim().to_owned()));
+        }
+        i += 1;
+    }
+    found
+}
+
+#[test]
+fn the_domain_names_stored_attributes_only_through_its_records() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/src/domain");
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    assert!(files.len() > 20, "too few files under {}", root.display());
+    let mut found = Vec::new();
+    for file in &files {
+        // The typed layer itself, and the tests (which write raw items on
+        // purpose, and the fixture test that reads them).
+        let name = file
+            .strip_prefix(&root)
+            .unwrap_or(file)
+            .display()
+            .to_string();
+        if name == "record.rs" || name == "stored_shapes.rs" || name.ends_with("tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        for (line, code) in untyped_storage(&text) {
+            found.push(format!("shared/src/domain/{name}:{line}: {code}"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "attribute names as strings in the domain; declare the attribute on \
+         its record (attrs!) and write conditions and updates with it:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_storage_scan_finds_what_it_looks_for() {
+    let text = "let c = Cond::eq(\"status\", \"pending\");\n\
+                let ok = Payment::STATUS.eq(&s);\n\
+                // Cond::eq(\"in a comment\")\n\
+                let u = Update::new()\n    .set(\"a\", 1);\n\
+                let v = item.get(\"amount\");\n\
+                #[cfg(test)]\nmod tests {\n    fn t() { Cond::eq(\"x\", 1); }\n}\n\
+                let k = Index::Gsi2.sk_attr();\n";
+    let lines: Vec<usize> = untyped_storage(text).into_iter().map(|(l, _)| l).collect();
+    assert_eq!(lines, vec![1, 4, 5, 6, 11]);
 }
 
 #[test]

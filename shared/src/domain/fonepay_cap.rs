@@ -12,19 +12,79 @@
 //! never goes over. A success (in the settle transaction) adds to `paid`,
 //! drops its hold and bumps the version in one atomic update.
 
-use chrono::{Datelike, FixedOffset};
-use serde_json::{Value, json};
+use std::collections::BTreeMap;
 
+use chrono::{Datelike, FixedOffset};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::domain::record::{self, Changes, Family};
 use crate::keys;
-use crate::store::{Cond, Item, Key, Store, StoreError, TTL, TxOp, Update};
+use crate::store::{Cond, Key, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// NPR 5,000 a month.
 pub const MONTH_CAP_PAISA: i64 = 500_000;
 /// An unpaid attempt counts this long after it is minted.
 pub const HOLD_WINDOW: chrono::Duration = chrono::Duration::minutes(30);
-const HOLD_PREFIX: &str = "hold_";
 const TRIES: usize = 40;
+
+/// One project's sandbox fonepay month (`PROJ#<p>` / `FPCAP#YYYY-MM`),
+/// read whole and changed only by updates.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MonthCap {
+    /// Succeeded volume, paisa (left out at zero).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub paid: i64,
+    /// Bumped by every write: a mint writes only over the version it read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<i64>,
+    /// Epoch seconds after which the item may go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<i64>,
+    /// The minted attempts' holds, by attempt reference.
+    #[serde(flatten, serialize_with = "holds_out", deserialize_with = "holds_in")]
+    pub holds: BTreeMap<String, Hold>,
+}
+
+/// One minted attempt's hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hold {
+    /// Paisa.
+    #[serde(default)]
+    pub amount: i64,
+    /// Epoch seconds it was minted.
+    #[serde(default)]
+    pub minted: i64,
+}
+
+crate::attrs! { MonthCap {
+    PAID: i64 = paid,
+    VERSION: Option<i64> = version,
+    TTL: Option<i64> = ttl,
+} }
+
+impl MonthCap {
+    /// A hold per minted attempt: attribute `hold_<reference>`.
+    pub const HOLD: Family<MonthCap, Hold> = Family::declared("hold_");
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+fn holds_out<S: Serializer>(holds: &BTreeMap<String, Hold>, s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = s.serialize_map(Some(holds.len()))?;
+    for (reference, hold) in holds {
+        map.serialize_entry(&format!("hold_{reference}"), hold)?;
+    }
+    map.end()
+}
+
+fn holds_in<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, Hold>, D::Error> {
+    let attrs = BTreeMap::<String, serde_json::Value>::deserialize(d)?;
+    record::members(MonthCap::HOLD, attrs).map_err(serde::de::Error::custom)
+}
 
 /// Why a mint was refused.
 #[derive(Debug, thiserror::Error)]
@@ -53,31 +113,21 @@ pub fn cap_key(project_id: &str, month: &str) -> Key {
     keys::fonepay_cap(project_id, month)
 }
 
-fn hold_attr(reference: &str) -> String {
-    format!("{HOLD_PREFIX}{reference}")
+fn paid(cap: Option<&MonthCap>) -> i64 {
+    cap.map_or(0, |c| c.paid)
 }
 
-fn int(item: Option<&Item>, attr: &str) -> i64 {
-    item.and_then(|i| i.get(attr))
-        .and_then(Value::as_i64)
-        .unwrap_or(0)
-}
-
-/// The holds of `item` still counting at `now`: (attribute, amount).
-fn holds(item: Option<&Item>, now: Timestamp) -> (Vec<(String, i64)>, Vec<String>) {
+/// The holds of `cap` still counting at `now`: (reference, amount), and
+/// the references of the stale ones.
+fn holds(cap: Option<&MonthCap>, now: Timestamp) -> (Vec<(String, i64)>, Vec<String>) {
     let mut active = Vec::new();
     let mut stale = Vec::new();
     let cutoff = now.plus(-HOLD_WINDOW).unix_seconds();
-    for (attr, v) in item.into_iter().flatten() {
-        if !attr.starts_with(HOLD_PREFIX) {
-            continue;
-        }
-        let amount = v.get("amount").and_then(Value::as_i64).unwrap_or(0);
-        let minted = v.get("minted").and_then(Value::as_i64).unwrap_or(0);
-        if minted > cutoff {
-            active.push((attr.clone(), amount));
+    for (reference, hold) in cap.into_iter().flat_map(|c| &c.holds) {
+        if hold.minted > cutoff {
+            active.push((reference.clone(), hold.amount));
         } else {
-            stale.push(attr.clone());
+            stale.push(reference.clone());
         }
     }
     (active, stale)
@@ -85,22 +135,26 @@ fn holds(item: Option<&Item>, now: Timestamp) -> (Vec<(String, i64)>, Vec<String
 
 /// "The item's version is still the one read" (or it still does not
 /// exist).
-fn version_cond(item: Option<&Item>) -> Cond {
-    match item.and_then(|i| i.get("version")).and_then(Value::as_i64) {
-        Some(v) => Cond::eq("version", v),
-        None => Cond::AttrNotExists("version".into()),
+fn version_cond(cap: Option<&MonthCap>) -> Cond {
+    match cap.and_then(|c| c.version) {
+        Some(v) => MonthCap::VERSION.is(&v),
+        None => MonthCap::VERSION.missing(),
     }
+}
+
+async fn read(store: &dyn Store, key: &Key) -> Result<Option<MonthCap>, StoreError> {
+    record::get(store, key).await
 }
 
 /// What counts toward the month of `now` for the project.
 pub async fn used(store: &dyn Store, project_id: &str, now: Timestamp) -> Result<i64, StoreError> {
     let month = month_of(now);
-    let cur = store.get(&cap_key(project_id, &month)).await?;
+    let cur = read(store, &cap_key(project_id, &month)).await?;
     let mut total =
-        int(cur.as_ref(), "paid") + holds(cur.as_ref(), now).0.iter().map(|h| h.1).sum::<i64>();
+        paid(cur.as_ref()) + holds(cur.as_ref(), now).0.iter().map(|h| h.1).sum::<i64>();
     let earlier = month_of(now.plus(-HOLD_WINDOW));
     if earlier != month {
-        let prev = store.get(&cap_key(project_id, &earlier)).await?;
+        let prev = read(store, &cap_key(project_id, &earlier)).await?;
         total += holds(prev.as_ref(), now).0.iter().map(|h| h.1).sum::<i64>();
     }
     Ok(total)
@@ -119,14 +173,14 @@ pub async fn reserve(
     let key = cap_key(project_id, &month);
     let earlier = month_of(now.plus(-HOLD_WINDOW));
     for attempt in 0..TRIES {
-        let cur = store.get(&key).await?;
+        let cur = read(store, &key).await?;
         let (active, stale) = holds(cur.as_ref(), now);
-        let mut used = int(cur.as_ref(), "paid") + active.iter().map(|h| h.1).sum::<i64>();
+        let mut used = paid(cur.as_ref()) + active.iter().map(|h| h.1).sum::<i64>();
         // Near a month start, last month's recent holds count too; a mint
         // there must not race one on last month's item.
         let mut prev_check = None;
         if earlier != month {
-            let prev = store.get(&cap_key(project_id, &earlier)).await?;
+            let prev = read(store, &cap_key(project_id, &earlier)).await?;
             used += holds(prev.as_ref(), now).0.iter().map(|h| h.1).sum::<i64>();
             prev_check = Some(version_cond(prev.as_ref()));
         }
@@ -138,16 +192,21 @@ pub async fn reserve(
             });
         }
         let cond = version_cond(cur.as_ref());
-        let mut update = Update::new()
-            .set(
-                hold_attr(reference),
-                json!({"amount": amount, "minted": now.unix_seconds()}),
-            )
-            .add("version", 1)
-            .set(TTL, now.plus(chrono::Duration::days(62)).unix_seconds());
-        for attr in stale {
-            update = update.remove(attr);
+        let hold = Hold {
+            amount,
+            minted: now.unix_seconds(),
+        };
+        let mut update = Changes::new()
+            .set_member(MonthCap::HOLD, reference, &hold)
+            .add(MonthCap::VERSION.some(), 1)
+            .set_some(
+                MonthCap::TTL,
+                &now.plus(chrono::Duration::days(62)).unix_seconds(),
+            );
+        for stale_reference in stale {
+            update = update.remove_member(MonthCap::HOLD, &stale_reference);
         }
+        let update = update.into();
         let written = match prev_check {
             None => store.update(&key, update, Some(cond)).await.map(|_| ()),
             Some(prev_cond) => store
@@ -188,9 +247,15 @@ pub async fn release(
     reference: &str,
     month: &str,
 ) -> Result<(), StoreError> {
-    let update = Update::new().remove(hold_attr(reference)).add("version", 1);
+    let update = Changes::new()
+        .remove_member(MonthCap::HOLD, reference)
+        .add(MonthCap::VERSION.some(), 1);
     store
-        .update(&cap_key(project_id, month), update, Some(Cond::Exists))
+        .update(
+            &cap_key(project_id, month),
+            update.into(),
+            Some(Cond::Exists),
+        )
         .await
         .map(|_| ())
 }
@@ -207,16 +272,19 @@ pub fn paid_ops(
 ) -> Vec<TxOp> {
     let month = month_of(now);
     let ttl = now.plus(chrono::Duration::days(62)).unix_seconds();
-    let mut update = Update::new()
-        .add("paid", amount)
-        .add("version", 1)
-        .set(TTL, ttl);
+    let mut update = Changes::new()
+        .add(MonthCap::PAID, amount)
+        .add(MonthCap::VERSION.some(), 1)
+        .set_some(MonthCap::TTL, &ttl);
     let mut ops = Vec::new();
     match hold_month {
-        Some(m) if m == month => update = update.remove(hold_attr(reference)),
+        Some(m) if m == month => update = update.remove_member(MonthCap::HOLD, reference),
         Some(m) => ops.push(TxOp::Update {
             key: cap_key(project_id, m),
-            update: Update::new().remove(hold_attr(reference)).add("version", 1),
+            update: Changes::new()
+                .remove_member(MonthCap::HOLD, reference)
+                .add(MonthCap::VERSION.some(), 1)
+                .into(),
             cond: None,
         }),
         None => {}
@@ -225,7 +293,7 @@ pub fn paid_ops(
         0,
         TxOp::Update {
             key: cap_key(project_id, &month),
-            update,
+            update: update.into(),
             cond: None,
         },
     );

@@ -280,19 +280,17 @@ pub async fn record_scan(
     payment_id: &str,
     now: Timestamp,
 ) -> Result<bool, StoreError> {
-    use crate::store::{Cond, Update};
+    use super::payments::{Payment, PaymentStatus};
+    use super::record::Changes;
+    use crate::store::Cond;
     let cond = Cond::And(vec![
         Cond::Exists,
-        Cond::AttrNotExists("scanned_at".into()),
-        Cond::eq("status", "pending"),
+        Payment::SCANNED_AT.missing(),
+        Payment::STATUS.eq(&PaymentStatus::Pending),
     ]);
-    let update = Update::new().set("scanned_at", now.to_rfc3339());
+    let update = Changes::<Payment>::new().set_some(Payment::SCANNED_AT, &now);
     match store
-        .update(
-            &super::payments::Payment::key(payment_id),
-            update,
-            Some(cond),
-        )
+        .update(&Payment::key(payment_id), update.into(), Some(cond))
         .await
     {
         Ok(_) => Ok(true),
@@ -379,8 +377,7 @@ mod tests {
             "status": "pending", "created_at": now.to_rfc3339(), "updated_at": now.to_rfc3339(),
         }))
         .unwrap_or_else(|e| panic!("{e}"));
-        let item = crate::domain::record::to_item(&p, &Payment::key(&p.id), &[])
-            .unwrap_or_else(|e| panic!("{e}"));
+        let item = crate::domain::record::Record::to_item(&p).unwrap_or_else(|e| panic!("{e}"));
         store
             .put(item, None)
             .await

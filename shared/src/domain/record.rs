@@ -191,6 +191,12 @@ impl<R, V: Serialize + ?Sized> Attr<R, V> {
 }
 
 impl<R, T: Serialize> Attr<R, Option<T>> {
+    /// The attribute as its value when present: a comparison with it is
+    /// false where the item lacks the attribute (`ne`: true).
+    pub fn some(self) -> Attr<R, T> {
+        Attr::declared(self.name)
+    }
+
     /// The attribute holds `v` (an optional field compared with a value).
     pub fn is<Q: Serialize + ?Sized>(self, v: &Q) -> Cond
     where
@@ -198,6 +204,56 @@ impl<R, T: Serialize> Attr<R, Option<T>> {
     {
         Cond::eq(self.name, stored(v))
     }
+}
+
+/// A family of attributes of record `R`, one per member (a name the
+/// record's data chooses, e.g. one hold per attempt): `<prefix><member>`,
+/// each holding a `V`. The record reads them back as a map (see
+/// [`members`]).
+pub struct Family<R, V> {
+    prefix: &'static str,
+    of: PhantomData<fn(&R) -> &V>,
+}
+
+impl<R, V> Clone for Family<R, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<R, V> Copy for Family<R, V> {}
+
+impl<R, V> Family<R, V> {
+    /// Declared beside the record.
+    pub const fn declared(prefix: &'static str) -> Self {
+        Family {
+            prefix,
+            of: PhantomData,
+        }
+    }
+
+    /// The attribute of `member`.
+    fn name(self, member: &str) -> String {
+        format!("{}{member}", self.prefix)
+    }
+
+    /// The member an attribute name holds, if it is of this family.
+    pub fn member(self, attr: &str) -> Option<&str> {
+        attr.strip_prefix(self.prefix)
+    }
+}
+
+/// Decodes the members of `family` out of a whole item's attributes (for a
+/// record's custom `Deserialize` of a flattened map): other attributes
+/// are left alone, a member that does not decode is an error.
+pub fn members<R, V: DeserializeOwned>(
+    family: Family<R, V>,
+    attrs: std::collections::BTreeMap<String, Value>,
+) -> Result<std::collections::BTreeMap<String, V>, serde_json::Error> {
+    attrs
+        .into_iter()
+        .filter_map(|(attr, value)| family.member(&attr).map(|m| (m.to_owned(), value)))
+        .map(|(m, value)| Ok((m, serde_json::from_value(value)?)))
+        .collect()
 }
 
 /// A number an update may `ADD` to.
@@ -306,12 +362,31 @@ impl<R> Changes<R> {
         self
     }
 
+    /// `SET` the attribute of `member` in `family`.
+    pub fn set_member<V: Serialize>(mut self, family: Family<R, V>, member: &str, v: &V) -> Self {
+        self.update = self.update.set(family.name(member), stored(v));
+        self
+    }
+
+    /// `REMOVE` the attribute of `member` in `family`.
+    pub fn remove_member<V>(mut self, family: Family<R, V>, member: &str) -> Self {
+        self.update = self.update.remove(family.name(member));
+        self
+    }
+
     /// Lists the record in `gsi2` at `entry`.
     pub fn index(mut self, entry: &Gsi2Entry) -> Self {
         self.update = self
             .update
             .set(Index::Gsi2.pk_attr(), entry.partition.clone())
             .set(Index::Gsi2.sk_attr(), entry.sort.clone());
+        self
+    }
+
+    /// Moves the record within its `gsi2` partition to `sort` (a new due
+    /// time), keeping the partition.
+    pub fn index_sort(mut self, sort: impl Into<String>) -> Self {
+        self.update = self.update.set(Index::Gsi2.sk_attr(), sort.into());
         self
     }
 
@@ -360,6 +435,8 @@ macro_rules! attrs {
     ($record:ident {
         $($konst:ident : $ty:ty = $first:ident $(. $rest:ident)* $(as $name:literal)?),* $(,)?
     }) => {
+        // Every stored field has its constant, used or not yet.
+        #[allow(dead_code)]
         impl $record {
             $(
                 pub const $konst: $crate::domain::record::Attr<$record, $ty> =

@@ -148,7 +148,7 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
                 also: &[],
             },
         ),
-        ("PAY", "PAY") => ("payment", record::<payments::Payment>(&[refunds::RESERVED])),
+        ("PAY", "PAY") => ("payment", record::<payments::Payment>(&[])),
         ("PAY", _) if pk.ends_with("#EVT") => (
             "payment timeline entry",
             record::<outbox::TimelineEntry>(&[]),

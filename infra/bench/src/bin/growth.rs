@@ -22,12 +22,12 @@ mod local;
 use shared::domain::account::{self, KeyKind, NewKey, Plan, Scope};
 use shared::domain::checkout::stats::Tally;
 use shared::domain::payments::{Payment, PaymentStatus};
-use shared::domain::record::to_item;
+use shared::domain::record::Record;
 use shared::domain::{Mode, Provider};
 use shared::ids::{IdKind, new_id};
 use shared::money::{Currency, Paisa};
+use shared::store::Store;
 use shared::store::embedded::EmbeddedStore;
-use shared::store::{Cond, Store, TxOp};
 use shared::time::{Clock, SystemClock, Timestamp};
 
 /// Payments per transaction: with their counter items, within the
@@ -203,6 +203,9 @@ fn payment(project_id: &str, now: Timestamp, n: usize) -> Payment {
         amount: Paisa::new(10_000 + (n as i64 % 500) * 100).unwrap_or_default(),
         amount_refunded: Paisa::ZERO,
         currency: Currency::Npr,
+        amount_reserved: Default::default(),
+        gsi2pk: None,
+        gsi2sk: None,
         provider: [Provider::Esewa, Provider::Khalti, Provider::Fonepay][n % 3],
         status: if failed {
             PaymentStatus::Failed
@@ -229,11 +232,7 @@ async fn write(store: &dyn Store, batch: Vec<Payment>) -> Result<(), String> {
     let mut ops = Vec::with_capacity(batch.len() * 2);
     let mut tally = Tally::new();
     for p in &batch {
-        let item = to_item(p, &Payment::key(&p.id), &p.indexes()).map_err(|e| e.to_string())?;
-        ops.push(TxOp::Put {
-            item,
-            cond: Some(Cond::NotExists),
-        });
+        ops.push(p.put_new().map_err(|e| e.to_string())?);
         tally.payment_created(p);
         match p.status {
             PaymentStatus::Success => tally.payment_succeeded(p),

@@ -23,12 +23,12 @@
 use super::checkout::{CheckoutSession, SessionStatus, StoredAddress};
 use super::fonepay_cap;
 use super::payments::{Payment, PaymentStatus};
-use super::record::{Record, to_item};
+use super::record::{Gsi2Entry, Record};
 use super::{Mode, Provider};
 use crate::keys;
 use crate::providers::hub::HubError;
 use crate::providers::{Handoff, ProviderError};
-use crate::store::{Cond, Index, StoreError};
+use crate::store::{Cond, StoreError};
 use crate::time::Timestamp;
 
 mod provider_rules;
@@ -175,26 +175,29 @@ pub struct Started {
     pub handoff: Handoff,
 }
 
-fn payment_indexes(p: &Payment) -> Vec<(Index, String, String)> {
-    let mut out: Vec<(Index, String, String)> = p
-        .entries()
-        .into_iter()
-        .map(|e| (e.index, e.partition, e.sort))
-        .collect();
-    if is_open(p.status) {
-        out.push((
-            Index::Gsi2,
-            open_payments_partition(&p.project_id, p.mode),
-            due_sk(p, next_check_at(p)),
-        ));
-    }
+/// An open payment's entry among its project's open payments, due at its
+/// next check.
+fn open_entry(p: &Payment) -> Gsi2Entry {
+    Gsi2Entry::new(
+        open_payments_partition(&p.project_id, p.mode),
+        due_sk(p, next_check_at(p)),
+    )
+}
+
+/// `p` as the start of its attempt stores it: listed among the open
+/// payments while open.
+fn as_started(p: &Payment) -> Payment {
+    let mut out = p.clone();
+    let open = is_open(p.status).then(|| open_entry(p));
+    out.gsi2pk = open.as_ref().map(|e| e.partition.clone());
+    out.gsi2sk = open.map(|e| e.sort);
     out
 }
 
 /// `p` as the start of its attempt stores it, with its indexes (for
 /// seeding many payments at once: tests, benchmarks).
 pub fn stored_item(p: &Payment) -> Result<crate::store::Item, StoreError> {
-    to_item(p, &Payment::key(&p.id), &payment_indexes(p))
+    as_started(p).to_item()
 }
 
 /// The `gsi2` partition of a project's open payments, by next check.
@@ -238,20 +241,5 @@ fn is_open(s: PaymentStatus) -> bool {
 }
 
 fn status_in(list: &[PaymentStatus]) -> Cond {
-    Cond::Or(
-        list.iter()
-            .map(|s| Cond::eq("status", status_word(*s)))
-            .collect(),
-    )
-}
-
-fn status_word(s: PaymentStatus) -> &'static str {
-    match s {
-        PaymentStatus::Pending => "pending",
-        PaymentStatus::Processing => "processing",
-        PaymentStatus::Success => "success",
-        PaymentStatus::Failed => "failed",
-        PaymentStatus::Refunded => "refunded",
-        PaymentStatus::Cancelled => "cancelled",
-    }
+    Payment::STATUS.is_in(list)
 }

@@ -5,7 +5,7 @@ use super::review::hold_for_review;
 use super::settle::check_and_apply;
 use super::start::find_payment;
 use super::sweep::claim_check;
-use super::{AttemptError, POLL_CHECK_EVERY, is_open, status_word};
+use super::{AttemptError, POLL_CHECK_EVERY, is_open};
 use crate::app::Deps;
 use crate::domain::Provider;
 use crate::domain::checkout::{self, CheckoutSession};
@@ -198,7 +198,7 @@ pub async fn on_return(
             }
         }
     } else {
-        tracing::info!(payment = %payment.id, status = status_word(payment.status), "return for a settled payment (replay or reload): nothing to do");
+        tracing::info!(payment = %payment.id, status = ?payment.status, "return for a settled payment (replay or reload): nothing to do");
     }
     let session = checkout::find_any(store, session_id, now)
         .await?

@@ -5,9 +5,9 @@ use super::settle::{Decision, apply};
 use super::{due_sk, open_payments_partition, status_in};
 use crate::app::Deps;
 use crate::domain::payments::{Payment, PaymentStatus};
-use crate::domain::record::from_item;
+use crate::domain::record::{Changes, Gsi2Entry, from_item};
 use crate::keys;
-use crate::store::{Cond, Index, Query, Store, StoreError, Update};
+use crate::store::{Cond, Index, Query, Store, StoreError};
 use crate::time::Timestamp;
 
 /// A hold for review: `processing` with its reason, out of the
@@ -15,17 +15,13 @@ use crate::time::Timestamp;
 /// held ones must not crowd its turns) into the held payments' partition
 /// ([`held`], for the admin tool); the error log written with it is what
 /// calls a person.
-pub(super) fn hold_update(p: &Payment, reason: &str, now: Timestamp) -> Update {
-    Update::new()
-        .set("status", "processing")
-        .set(REVIEW, reason)
-        .set("updated_at", now.to_rfc3339())
-        .remove("recheck_until")
-        .set(Index::Gsi2.pk_attr(), HELD_PAYMENTS)
-        .set(
-            Index::Gsi2.sk_attr(),
-            format!("{}#{}", now.to_rfc3339(), p.id),
-        )
+pub(super) fn hold_update(p: &Payment, reason: &str, now: Timestamp) -> Changes<Payment> {
+    Changes::new()
+        .set(Payment::STATUS, &PaymentStatus::Processing)
+        .set_some(Payment::REVIEW, reason)
+        .set(Payment::UPDATED_AT, &now)
+        .remove(Payment::RECHECK_UNTIL)
+        .index(&Gsi2Entry::new(HELD_PAYMENTS, due_sk(p, now)))
 }
 
 /// The `gsi2` partition of payments held for review, oldest hold first
@@ -96,19 +92,21 @@ pub async fn release(
         Release::Recheck => now,
         _ => now.plus(chrono::Duration::minutes(5)),
     };
-    let update = Update::new()
-        .remove(REVIEW)
-        .set("updated_at", now.to_rfc3339())
-        .set(
-            Index::Gsi2.pk_attr(),
+    let update = Changes::<Payment>::new()
+        .remove(Payment::REVIEW)
+        .set(Payment::UPDATED_AT, &now)
+        .index(&Gsi2Entry::new(
             open_payments_partition(&p.project_id, p.mode),
-        )
-        .set(Index::Gsi2.sk_attr(), due_sk(&p, due));
+            due_sk(&p, due),
+        ));
     let cond = Cond::And(vec![
-        Cond::eq(REVIEW, reason.clone()),
-        Cond::eq("status", "processing"),
+        Payment::REVIEW.is(&reason),
+        Payment::STATUS.eq(&PaymentStatus::Processing),
     ]);
-    let item = match store.update(&Payment::key(id), update, Some(cond)).await {
+    let item = match store
+        .update(&Payment::key(id), update.into(), Some(cond))
+        .await
+    {
         Ok(item) => item,
         Err(StoreError::ConditionFailed) => return Err(ReleaseError::NotHeld),
         Err(e) => return Err(e.into()),
@@ -144,9 +142,6 @@ pub(super) fn holdable() -> Cond {
     ])
 }
 
-/// The payment attribute of a hold for review ([`crate::domain::payments::Checks::review`]).
-pub(super) const REVIEW: &str = "review";
-
 /// Holds an open (or cancelled) payment as `processing` for a person to
 /// look at; the reconciler, and every settlement planned from an older
 /// copy, then leave it alone.
@@ -159,7 +154,7 @@ pub(super) async fn hold_for_review(
     match store
         .update(
             &Payment::key(&payment.id),
-            hold_update(payment, reason, now),
+            hold_update(payment, reason, now).into(),
             Some(holdable()),
         )
         .await

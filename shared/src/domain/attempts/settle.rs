@@ -1,26 +1,24 @@
 //! Deciding and applying a provider's answer: `success` only on a paid status
 //! whose amount matches, each change with its event in one transaction.
 
-use serde_json::{Value, json};
-
 use super::returns::ReturnKind;
-use super::review::{REVIEW, hold_update, holdable};
+use super::review::{hold_update, holdable};
 use super::start::find_payment;
 use super::sweep::claim_check;
 use super::{
     ABANDONED_AFTER, AttemptError, POLL_CHECK_EVERY, RECHECK_CANCELLED, due_sk, is_open,
-    next_check_at, recheck_partition, status_in, status_word,
+    next_check_at, recheck_partition, status_in,
 };
 use crate::app::Deps;
 use crate::domain::checkout::stats::Tally;
 use crate::domain::checkout::{self, CheckoutSession, SessionStatus};
 use crate::domain::fonepay_cap;
+use crate::domain::links::PaymentLink;
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::payments::{Payment, PaymentStatus, PaymentView};
-use crate::domain::record::from_item;
-use crate::keys;
+use crate::domain::record::{Changes, Gsi2Entry, from_item};
 use crate::providers::{ProviderState, ProviderStatus, StatusQuery};
-use crate::store::{Cond, Index, StoreError, TxOp, TxReason, Update};
+use crate::store::{Cond, Index, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 
 /// What the provider's answer means for a payment.
@@ -299,10 +297,10 @@ fn event_op(kind: EventType, payment: &Payment, now: Timestamp) -> Result<Vec<Tx
 }
 
 /// `update` of `p` if its status is one of `from` and it is not held.
-fn unheld_payment_update(p: &Payment, update: Update, from: &[PaymentStatus]) -> TxOp {
+fn unheld_payment_update(p: &Payment, update: Changes<Payment>, from: &[PaymentStatus]) -> TxOp {
     TxOp::Update {
         key: Payment::key(&p.id),
-        update,
+        update: update.into(),
         cond: Some(not_held(status_in(from))),
     }
 }
@@ -310,23 +308,22 @@ fn unheld_payment_update(p: &Payment, update: Update, from: &[PaymentStatus]) ->
 /// `cond`, and no hold for review: a settlement never lands over a hold
 /// that came after the copy it was planned from was read.
 fn not_held(cond: Cond) -> Cond {
-    Cond::And(vec![cond, Cond::AttrNotExists(REVIEW.into())])
+    Cond::And(vec![cond, Payment::REVIEW.missing()])
 }
 
-fn close_payment(update: Update) -> Update {
+fn close_payment(update: Changes<Payment>) -> Changes<Payment> {
     update.unindex(Index::Gsi2)
 }
 
 /// `update` cancelling `p` at `now`: re-checked for [`RECHECK_CANCELLED`]
 /// from its project's re-check partition.
-pub(super) fn recheck(update: Update, p: &Payment, now: Timestamp) -> Update {
+pub(super) fn recheck(update: Changes<Payment>, p: &Payment, now: Timestamp) -> Changes<Payment> {
     update
-        .set("recheck_until", now.plus(RECHECK_CANCELLED).to_rfc3339())
-        .set(
-            Index::Gsi2.pk_attr(),
+        .set_some(Payment::RECHECK_UNTIL, &now.plus(RECHECK_CANCELLED))
+        .index(&Gsi2Entry::new(
             recheck_partition(&p.project_id, p.mode),
-        )
-        .set(Index::Gsi2.sk_attr(), due_after_check(p, now))
+            due_after_check(p, now),
+        ))
 }
 
 /// `p`'s sort key in its partition once checked at `now`.
@@ -381,7 +378,7 @@ fn plan_review(p: &Payment, reason: &str, now: Timestamp) -> Option<Vec<TxOp>> {
     }
     Some(vec![TxOp::Update {
         key: Payment::key(&p.id),
-        update: hold_update(p, reason, now),
+        update: hold_update(p, reason, now).into(),
         cond: Some(not_held(holdable())),
     }])
 }
@@ -393,10 +390,11 @@ fn plan_processing(p: &Payment, now: Timestamp) -> Option<Vec<TxOp>> {
     }
     Some(vec![TxOp::Update {
         key: Payment::key(&p.id),
-        update: Update::new()
-            .set("status", "processing")
-            .set("updated_at", now.to_rfc3339()),
-        cond: Some(Cond::eq("status", "pending")),
+        update: Changes::new()
+            .set(Payment::STATUS, &PaymentStatus::Processing)
+            .set(Payment::UPDATED_AT, &now)
+            .into(),
+        cond: Some(Payment::STATUS.eq(&PaymentStatus::Pending)),
     }])
 }
 
@@ -420,7 +418,6 @@ fn plan_success(
     ) {
         return Ok(None);
     }
-    let stamp = now.to_rfc3339();
     let mut next = p.clone();
     next.status = PaymentStatus::Success;
     next.failure_reason = None;
@@ -429,14 +426,14 @@ fn plan_success(
         .or_else(|| p.provider_ref.clone());
     next.updated_at = now;
     let mut update = close_payment(
-        Update::new()
-            .remove("recheck_until")
-            .set("status", "success")
-            .set("updated_at", stamp)
-            .set("failure_reason", Value::Null),
+        Changes::new()
+            .remove(Payment::RECHECK_UNTIL)
+            .set(Payment::STATUS, &PaymentStatus::Success)
+            .set(Payment::UPDATED_AT, &now)
+            .set(Payment::FAILURE_REASON, &None),
     );
     if let Some(r) = &next.provider_ref {
-        update = update.set("provider_ref", r.clone());
+        update = update.set_some(Payment::PROVIDER_REF, r);
     }
     let ours = |s: &CheckoutSession| s.payment_id.as_deref() == Some(p.id.as_str());
     let session_ops = match session {
@@ -444,7 +441,7 @@ fn plan_success(
             update = flag_double_payment(p, s, &mut next, update);
             vec![TxOp::Check {
                 key: CheckoutSession::key(&s.id),
-                cond: Cond::eq("status", "success"),
+                cond: CheckoutSession::STATUS.eq(&SessionStatus::Success),
             }]
         }
         Some(s) if s.status != SessionStatus::Success => session_paid_ops(p, s, link, tally, now)?,
@@ -482,8 +479,8 @@ fn flag_double_payment(
     p: &Payment,
     s: &CheckoutSession,
     next: &mut Payment,
-    update: Update,
-) -> Update {
+    update: Changes<Payment>,
+) -> Changes<Payment> {
     next.double_payment_of = s.payment_id.clone();
     tracing::error!(
         payment = %p.id,
@@ -491,7 +488,7 @@ fn flag_double_payment(
         session = %s.id,
         "double payment: a second attempt of one session succeeded; flagged for refund"
     );
-    update.set("double_payment_of", json!(s.payment_id))
+    update.set(Payment::DOUBLE_PAYMENT_OF, &s.payment_id)
 }
 
 /// The session `s` becomes paid by `p` (success is final: a session
@@ -507,15 +504,16 @@ fn session_paid_ops(
     tally.session_moved(s, s.status, SessionStatus::Success);
     let mut ops = vec![TxOp::Update {
         key: CheckoutSession::key(&s.id),
-        update: Update::new()
-            .set("status", "success")
-            .set("payment_id", p.id.clone())
-            .set("provider", p.provider.as_str())
-            .set("updated_at", now.to_rfc3339())
-            .unindex(Index::Gsi2),
+        update: Changes::new()
+            .set(CheckoutSession::STATUS, &SessionStatus::Success)
+            .set_some(CheckoutSession::PAYMENT_ID, &p.id)
+            .set_some(CheckoutSession::PROVIDER, &p.provider)
+            .set(CheckoutSession::UPDATED_AT, &now)
+            .unindex(Index::Gsi2)
+            .into(),
         // As read: a session that moved meanwhile (expired, failed: its
         // link use given back) is re-read.
-        cond: Some(Cond::eq("status", s.status.as_str())),
+        cond: Some(CheckoutSession::STATUS.eq(&s.status)),
     }];
     if let Some((l, base)) = link {
         ops.extend(link_paid_ops(p, s, l, base, now)?);
@@ -532,16 +530,16 @@ fn link_paid_ops(
     base: &str,
     now: Timestamp,
 ) -> Result<Vec<TxOp>, StoreError> {
-    let mut update = Update::new()
-        .add("used_count", 1)
-        .set("updated_at", now.to_rfc3339());
+    let mut update = Changes::new()
+        .add(PaymentLink::USED_COUNT, 1)
+        .set(PaymentLink::UPDATED_AT, &now);
     if s.status.is_final() || !s.link_claimed {
         // Its hold was given back (expired first).
-        update = update.add(keys::LINK_CLAIMED, 1);
+        update = update.add(PaymentLink::CLAIMED, 1);
     }
     let mut ops = vec![TxOp::Update {
-        key: crate::domain::links::PaymentLink::key(&l.id),
-        update,
+        key: PaymentLink::key(&l.id),
+        update: update.into(),
         cond: Some(Cond::Exists),
     }];
     let mut after = l.clone();
@@ -586,10 +584,10 @@ fn plan_closing(
     };
     next.failure_reason = Some(reason.to_owned());
     next.updated_at = now;
-    let update = Update::new()
-        .set("status", status_word(next.status))
-        .set("failure_reason", reason.to_owned())
-        .set("updated_at", now.to_rfc3339());
+    let update = Changes::new()
+        .set(Payment::STATUS, &next.status)
+        .set_some(Payment::FAILURE_REASON, reason)
+        .set(Payment::UPDATED_AT, &now);
     let update = if failed {
         close_payment(update)
     } else {
@@ -631,27 +629,26 @@ fn session_after_attempt_ops(
     tally: &mut Tally,
     now: Timestamp,
 ) -> Vec<TxOp> {
-    let stamp = now.to_rfc3339();
     let back_to_picker = !ends_session && s.expires_at > now;
     let mut session_update = if ends_session {
-        Update::new()
-            .set("status", "failed")
-            .set("updated_at", stamp)
+        Changes::new()
+            .set(CheckoutSession::STATUS, &SessionStatus::Failed)
+            .set(CheckoutSession::UPDATED_AT, &now)
             .unindex(Index::Gsi2)
     } else if back_to_picker {
-        Update::new()
-            .set("status", "pending")
-            .set("updated_at", stamp)
+        Changes::new()
+            .set(CheckoutSession::STATUS, &SessionStatus::Pending)
+            .set(CheckoutSession::UPDATED_AT, &now)
     } else {
-        Update::new()
+        Changes::new()
     };
     // The attempt held one of its link's uses: given back as it fails or
     // is cancelled (the next attempt takes one again).
-    let release = s.link_claimed && !session_update.set.is_empty();
+    let release = s.link_claimed && !session_update.sets_nothing();
     if release {
-        session_update = session_update.set("link_claimed", false);
+        session_update = session_update.set(CheckoutSession::LINK_CLAIMED, &false);
     }
-    if session_update.set.is_empty() {
+    if session_update.sets_nothing() {
         return Vec::new();
     }
     let to = if ends_session {
@@ -662,10 +659,10 @@ fn session_after_attempt_ops(
     tally.session_moved(s, SessionStatus::Initiated, to);
     let mut ops = vec![TxOp::Update {
         key: CheckoutSession::key(&s.id),
-        update: session_update,
+        update: session_update.into(),
         cond: Some(Cond::And(vec![
-            Cond::eq("payment_id", p.id.clone()),
-            Cond::eq("status", "initiated"),
+            CheckoutSession::PAYMENT_ID.is(&p.id),
+            CheckoutSession::STATUS.eq(&SessionStatus::Initiated),
         ])),
     }];
     if release {

@@ -3,18 +3,18 @@
 //! for the hand-off.
 
 use super::settle::{Decision, apply, plan};
-use super::{AttemptError, MAX_ATTEMPTS, PayChoice, Started, is_open, payment_indexes};
+use super::{AttemptError, MAX_ATTEMPTS, PayChoice, Started, as_started, is_open};
 use crate::app::Deps;
 use crate::domain::checkout::stats::Tally;
 use crate::domain::checkout::{self, CheckoutSession, SessionStatus, StoredAddress};
 use crate::domain::fonepay_cap::{self, CapError};
 use crate::domain::payments::{AttemptInfo, Payment, PaymentStatus};
-use crate::domain::record::to_item;
+use crate::domain::record::{Changes, Record};
 use crate::domain::{Provider, Tenant, account};
 use crate::ids::{self, IdKind};
 use crate::money::Currency;
 use crate::providers::{self, Attempt, Channel, CustomerInfo, Handoff, ProviderError};
-use crate::store::{Cond, Store, StoreError, TxOp, TxReason, Update};
+use crate::store::{Cond, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 
 /// The URLs on our own server the provider sends the customer back to.
@@ -348,19 +348,12 @@ async fn record_start(
     claim: Option<&crate::domain::links::PaymentLink>,
     now: Timestamp,
 ) -> Result<(), AttemptError> {
-    let session_update = started_session_update(payment, address, claim.is_some(), now)?;
+    let session_update = started_session_update(payment, address, claim.is_some(), now);
     let mut ops = vec![
-        TxOp::Put {
-            item: to_item(
-                payment,
-                &Payment::key(&payment.id),
-                &payment_indexes(payment),
-            )?,
-            cond: Some(Cond::NotExists),
-        },
+        as_started(payment).put_new()?,
         TxOp::Update {
             key: CheckoutSession::key(&session.id),
-            update: session_update,
+            update: session_update.into(),
             cond: Some(startable_as_read(session, now)),
         },
     ];
@@ -396,42 +389,39 @@ fn started_session_update(
     address: Option<&StoredAddress>,
     claims_link: bool,
     now: Timestamp,
-) -> Result<Update, StoreError> {
-    let mut update = Update::new()
-        .add("attempts", 1)
-        .set("status", SessionStatus::Initiated.as_str())
-        .set("payment_id", payment.id.clone())
-        .set("provider", payment.provider.as_str())
-        .set("updated_at", now.to_rfc3339());
+) -> Changes<CheckoutSession> {
+    let mut update = Changes::new()
+        .add(CheckoutSession::ATTEMPTS, 1)
+        .set(CheckoutSession::STATUS, &SessionStatus::Initiated)
+        .set_some(CheckoutSession::PAYMENT_ID, &payment.id)
+        .set_some(CheckoutSession::PROVIDER, &payment.provider)
+        .set(CheckoutSession::UPDATED_AT, &now);
     if claims_link {
-        update = update.set("link_claimed", true);
+        update = update.set(CheckoutSession::LINK_CLAIMED, &true);
     }
     if let Some(a) = address {
-        update = update.set(
-            "customer_address",
-            serde_json::to_value(a).map_err(|e| StoreError::Invalid(e.to_string()))?,
-        );
+        update = update.set_some(CheckoutSession::CUSTOMER_ADDRESS, a);
     }
-    Ok(update)
+    update
 }
 
 /// The session is as read: its status (the counters move from it), still
 /// open, with attempts left and the same current payment.
 fn startable_as_read(session: &CheckoutSession, now: Timestamp) -> Cond {
     let current = match &session.payment_id {
-        Some(p) => Cond::eq("payment_id", p.clone()),
+        Some(p) => CheckoutSession::PAYMENT_ID.is(p),
         // Stored as null or missing: "not a string" covers both on both
         // backends (a comparison across types is false).
-        None => Cond::Not(Box::new(Cond::ge("payment_id", ""))),
+        None => Cond::Not(Box::new(CheckoutSession::PAYMENT_ID.some().ge(""))),
     };
     Cond::And(vec![
         Cond::Exists,
         // As read: the counters move from this status.
-        Cond::eq("status", session.status.as_str()),
-        Cond::gt("expires_at", now.to_rfc3339()),
+        CheckoutSession::STATUS.eq(&session.status),
+        CheckoutSession::EXPIRES_AT.gt(&now),
         Cond::Or(vec![
-            Cond::AttrNotExists("attempts".into()),
-            Cond::lt("attempts", i64::from(MAX_ATTEMPTS)),
+            CheckoutSession::ATTEMPTS.missing(),
+            CheckoutSession::ATTEMPTS.lt(&MAX_ATTEMPTS),
         ]),
         current,
     ])
@@ -557,12 +547,11 @@ async fn record_handoff(
         Handoff::AutoPostForm { .. } => {}
     }
     if info != payment.attempt {
-        let value = serde_json::to_value(&info).map_err(|e| StoreError::Invalid(e.to_string()))?;
         state
             .store
             .update(
                 &Payment::key(&payment.id),
-                Update::new().set("attempt", value),
+                Changes::new().set(Payment::ATTEMPT, &info).into(),
                 Some(Cond::Exists),
             )
             .await?;

@@ -14,18 +14,18 @@ use crate::app::Deps;
 use crate::domain::Tenant;
 use crate::domain::checkout::{self, open_partitions};
 use crate::domain::payments::{Payment, PaymentStatus};
-use crate::domain::record::from_item;
-use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, Update};
+use crate::domain::record::{Changes, from_item};
+use crate::store::{Cond, Index, Query, SkCond, Store, StoreError};
 use crate::time::Timestamp;
 
 /// The write claiming a provider check of `p` at `now`: its `checked_at`,
 /// and its place in its partition (`gsi2sk`, by next check). Setting the
 /// sort key of a payment that is in no partition indexes nothing: an
 /// index entry needs both key attributes.
-fn check_update(p: &Payment, now: Timestamp) -> Update {
-    Update::new()
-        .set("checked_at", now.to_rfc3339())
-        .set(Index::Gsi2.sk_attr(), due_after_check(p, now))
+fn check_update(p: &Payment, now: Timestamp) -> Changes<Payment> {
+    Changes::new()
+        .set_some(Payment::CHECKED_AT, &now)
+        .index_sort(due_after_check(p, now))
 }
 
 pub(super) async fn claimed(
@@ -37,7 +37,7 @@ pub(super) async fn claimed(
     let claim = store
         .update(
             &Payment::key(&p.id),
-            check_update(p, now),
+            check_update(p, now).into(),
             Some(Cond::And(vec![Cond::Exists, cond])),
         )
         .await;
@@ -58,8 +58,8 @@ pub(super) async fn claim_check(
     gap: chrono::Duration,
 ) -> Result<bool, StoreError> {
     let cond = Cond::Or(vec![
-        Cond::AttrNotExists("checked_at".into()),
-        Cond::le("checked_at", now.plus(-gap).to_rfc3339()),
+        Payment::CHECKED_AT.missing(),
+        Payment::CHECKED_AT.some().le(&now.plus(-gap)),
     ]);
     claimed(store, p, now, cond).await
 }
@@ -71,8 +71,8 @@ pub(super) async fn claim_as_read(
     now: Timestamp,
 ) -> Result<bool, StoreError> {
     let cond = match p.checks.checked_at {
-        None => Cond::AttrNotExists("checked_at".into()),
-        Some(c) => Cond::eq("checked_at", c.to_rfc3339()),
+        None => Payment::CHECKED_AT.missing(),
+        Some(c) => Payment::CHECKED_AT.is(&c),
     };
     claimed(store, p, now, cond).await
 }
@@ -247,12 +247,14 @@ pub(super) async fn open_payments(
 /// Takes a cancelled payment out of the reconciler's index once its
 /// re-check window passed.
 pub(super) async fn retire(store: &dyn Store, p: &Payment) -> Result<(), StoreError> {
-    let update = Update::new().remove("recheck_until").unindex(Index::Gsi2);
+    let update = Changes::<Payment>::new()
+        .remove(Payment::RECHECK_UNTIL)
+        .unindex(Index::Gsi2);
     match store
         .update(
             &Payment::key(&p.id),
-            update,
-            Some(Cond::eq("status", "cancelled")),
+            update.into(),
+            Some(Payment::STATUS.eq(&PaymentStatus::Cancelled)),
         )
         .await
     {

@@ -181,7 +181,7 @@ async fn add_attempt(
     st.store
         .transact(vec![
             TxOp::Put {
-                item: to_item(&p, &Payment::key(&p.id), &payment_indexes(&p)).unwrap(),
+                item: stored_item(&p).unwrap(),
                 cond: Some(Cond::NotExists),
             },
             TxOp::Update {

@@ -2,13 +2,12 @@
 //! the same transaction, and the call to Khalti where it refunds by API.
 
 use serde::Deserialize;
-use serde_json::Value;
 
 use super::resolve::{Outcome, get, resolve};
-use super::{RESERVED, Refund, RefundReason, RefundStatus, TRIES};
+use super::{Refund, RefundReason, RefundStatus, TRIES};
 use crate::app::Deps;
 use crate::domain::payments::{Payment, PaymentStatus};
-use crate::domain::record::{from_item, to_item};
+use crate::domain::record::{self, Changes, Record};
 use crate::domain::{Mode, Provider, Tenant};
 use crate::fields::{NepaliMobile, RefundNotes};
 use crate::ids::{self, IdKind};
@@ -16,7 +15,7 @@ use crate::money::{Currency, Paisa};
 use crate::providers::ProviderError;
 use crate::refusal::{Kind, Refusal};
 use crate::store::fence::Fence;
-use crate::store::{Cond, Store, StoreError, TxOp, TxReason, Update};
+use crate::store::{Cond, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 
 /// The body of `POST /v1/refunds`. Unknown fields refused.
@@ -97,10 +96,6 @@ pub(super) fn validate(req: &CreateRefund) -> Result<(), RefundError> {
     Ok(())
 }
 
-pub(super) fn reserved_of(item: &crate::store::Item) -> i64 {
-    item.get(RESERVED).and_then(Value::as_i64).unwrap_or(0)
-}
-
 /// The payment as stored and its reserved refund total.
 async fn payment_with_reserved(
     store: &dyn Store,
@@ -109,13 +104,11 @@ async fn payment_with_reserved(
     if !ids::is_valid(id, IdKind::Payment) {
         return Ok(None);
     }
-    match store.get(&Payment::key(id)).await? {
-        Some(item) => {
-            let reserved = reserved_of(&item);
-            Ok(Some((from_item(item)?, reserved)))
-        }
-        None => Ok(None),
-    }
+    let payment: Option<Payment> = record::get(store, &Payment::key(id)).await?;
+    Ok(payment.map(|p| {
+        let reserved = p.amount_reserved.get();
+        (p, reserved)
+    }))
 }
 
 fn not_refundable(p: &Payment) -> RefundError {
@@ -350,24 +343,22 @@ fn new_refund(
 /// reservations within its amount), the refund stored, and an open one
 /// queued for the sweep.
 fn reservation_ops(payment: &Payment, refund: &Refund) -> Result<Vec<TxOp>, StoreError> {
-    let amount = refund.amount.get();
-    let room = payment.amount.get() - amount;
+    let room = payment.amount.get() - refund.amount.get();
     let mut ops = vec![
         TxOp::Update {
             key: Payment::key(&payment.id),
-            update: Update::new().add(RESERVED, amount),
+            update: Changes::new()
+                .add(Payment::AMOUNT_RESERVED, refund.amount)
+                .into(),
             cond: Some(Cond::And(vec![
-                Cond::eq("status", "success"),
+                Payment::STATUS.eq(&PaymentStatus::Success),
                 Cond::Or(vec![
-                    Cond::AttrNotExists(RESERVED.into()),
-                    Cond::le(RESERVED, room),
+                    Payment::AMOUNT_RESERVED.missing(),
+                    Payment::AMOUNT_RESERVED.le(&room),
                 ]),
             ])),
         },
-        TxOp::Put {
-            item: to_item(refund, &Refund::key(&refund.id), &refund.indexes())?,
-            cond: Some(Cond::NotExists),
-        },
+        refund.put_new()?,
     ];
     if refund.status == RefundStatus::Processing {
         ops.push(TxOp::Put {
@@ -443,12 +434,7 @@ async fn balance_error(store: &dyn Store, payment_id: &str, amount: i64) -> Refu
 }
 
 pub(super) fn marker_item(refund: &Refund) -> Result<crate::store::Item, StoreError> {
-    let mut item = serde_json::Map::new();
-    item.insert("id".into(), Value::String(refund.id.clone()));
-    let key = refund.marker_key();
-    item.insert(crate::store::PK.into(), Value::String(key.pk));
-    item.insert(crate::store::SK.into(), Value::String(key.sk));
-    Ok(item)
+    refund.marker().to_item()
 }
 
 /// The one call to Khalti's refund API for `refund`, and its outcome.

@@ -26,10 +26,11 @@ use serde::{Deserialize, Serialize};
 use super::Mode;
 use super::Provider;
 use super::checkout::open_partition;
+use crate::domain::record::{Entry, Record};
 use crate::fields::{NepaliMobile, RefundNotes};
 use crate::keys;
 use crate::money::{Currency, Paisa};
-use crate::store::{Index, Key};
+use crate::store::Key;
 use crate::time::Timestamp;
 
 mod create;
@@ -55,8 +56,6 @@ pub const NOT_APPLIED_AFTER: chrono::Duration = chrono::Duration::hours(1);
 pub const GIVE_UP_AFTER: chrono::Duration = chrono::Duration::hours(24);
 const OPEN_REFUNDS: keys::Open = keys::Open::Refunds;
 const TRIES: usize = 12;
-/// The payment attribute holding the reserved (not failed) refund total.
-pub const RESERVED: &str = "amount_reserved";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -142,25 +141,55 @@ impl Refund {
         keys::payment_refunds(payment_id)
     }
 
-    fn indexes(&self) -> [(Index, String, String); 2] {
-        [
-            (
-                Index::Gsi1,
-                Refund::list_partition(&self.project_id, self.mode),
-                self.id.clone(),
-            ),
-            (
-                Index::Gsi2,
-                Refund::payment_partition(&self.payment_id),
-                self.id.clone(),
-            ),
-        ]
+    /// Its place in the sweep's queue of open refunds, by creation.
+    fn marker(&self) -> OpenRefund {
+        OpenRefund {
+            id: self.id.clone(),
+            queued_at: format!("{}#{}", self.created_at.to_rfc3339(), self.id),
+        }
     }
 
     fn marker_key(&self) -> Key {
+        self.marker().item_key()
+    }
+}
+
+impl Record for Refund {
+    fn item_key(&self) -> Key {
+        Refund::key(&self.id)
+    }
+
+    /// Listed in its project's refunds and in its payment's.
+    fn entries(&self) -> Vec<Entry> {
+        vec![
+            Entry::gsi1(
+                Refund::list_partition(&self.project_id, self.mode),
+                self.id.clone(),
+            ),
+            Entry::gsi2(Refund::payment_partition(&self.payment_id), self.id.clone()),
+        ]
+    }
+}
+
+/// An open refund in the sweep's queue (`OPEN#REF#<shard>`, by creation):
+/// the item holds its id.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct OpenRefund {
+    pub id: String,
+    /// Its sort key in the queue: the item's `sk`, not an attribute.
+    #[serde(skip)]
+    queued_at: String,
+}
+
+crate::attrs! { OpenRefund {
+    ID: String = id,
+} }
+
+impl Record for OpenRefund {
+    fn item_key(&self) -> Key {
         Key::new(
             open_partition(OPEN_REFUNDS, &self.id),
-            format!("{}#{}", self.created_at.to_rfc3339(), self.id),
+            self.queued_at.clone(),
         )
     }
 }

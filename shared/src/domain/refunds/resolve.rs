@@ -2,22 +2,21 @@
 //! and listing refunds, and the sweep that resolves the ones left open.
 
 use serde::Serialize;
-use serde_json::Value;
 
-use super::create::reserved_of;
 use super::{
-    GIVE_UP_AFTER, NOT_APPLIED_AFTER, OPEN_REFUNDS, RESERVED, RESOLVE_AFTER, Refund, RefundStatus,
-    RefundView, TRIES,
+    GIVE_UP_AFTER, NOT_APPLIED_AFTER, OPEN_REFUNDS, OpenRefund, RESOLVE_AFTER, Refund,
+    RefundStatus, RefundView, TRIES,
 };
 use crate::app::Deps;
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::payments::{self, Payment, PaymentStatus, PaymentView};
+use crate::domain::record::{self, Changes, from_item};
 use crate::domain::{Tenant, Window};
 use crate::ids::{self, IdKind};
 use crate::keys;
 use crate::money::Paisa;
 use crate::providers::{ProviderState, StatusQuery};
-use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
+use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 
 /// How an open refund ends.
@@ -101,12 +100,13 @@ async fn mark_refunded(
         .map_err(|e| StoreError::Invalid(e.to_string()))?;
     let mut ops = vec![TxOp::Update {
         key: Payment::key(&p.id),
-        update: Update::new()
-            .set("status", "refunded")
-            .set("updated_at", now.to_rfc3339()),
+        update: Changes::new()
+            .set(Payment::STATUS, &PaymentStatus::Refunded)
+            .set(Payment::UPDATED_AT, &now)
+            .into(),
         cond: Some(Cond::And(vec![
-            Cond::eq("status", "success"),
-            Cond::ge("amount_refunded", p.amount.get()),
+            Payment::STATUS.eq(&PaymentStatus::Success),
+            Payment::AMOUNT_REFUNDED.ge(&p.amount),
         ])),
     }];
     ops.extend(Event::new(EventType::PaymentRefunded, &p.project_id, p.mode, view, now).put_ops()?);
@@ -135,26 +135,26 @@ fn resolve_ops(
     outcome: &Outcome,
     now: Timestamp,
 ) -> Result<Vec<TxOp>, StoreError> {
-    let stamp = now.to_rfc3339();
     let mut next = r.clone();
     next.updated_at = now;
-    let mut refund_update = Update::new().set("updated_at", stamp.clone());
+    let mut refund_update = Changes::new().set(Refund::UPDATED_AT, &now);
     let mut ops = Vec::new();
     match outcome {
         Outcome::Succeeded(provider_ref) => {
             next.status = RefundStatus::Succeeded;
             next.provider_refund_id = provider_ref.clone();
-            refund_update = refund_update.set("status", "succeeded");
+            refund_update = refund_update.set(Refund::STATUS, &RefundStatus::Succeeded);
             if let Some(id) = provider_ref {
-                refund_update = refund_update.set("provider_refund_id", id.clone());
+                refund_update = refund_update.set_some(Refund::PROVIDER_REFUND_ID, id);
             }
             // The reservation already caps the total: add without
             // reading, so parallel successes never retry on each other.
             ops.push(TxOp::Update {
                 key: Payment::key(&p.id),
-                update: Update::new()
-                    .add("amount_refunded", r.amount.get())
-                    .set("updated_at", stamp.clone()),
+                update: Changes::new()
+                    .add(Payment::AMOUNT_REFUNDED, r.amount)
+                    .set(Payment::UPDATED_AT, &now)
+                    .into(),
                 cond: Some(Cond::Exists),
             });
             ops.extend(event(EventType::RefundSucceeded, &next, now)?);
@@ -163,27 +163,29 @@ fn resolve_ops(
             next.status = RefundStatus::Failed;
             next.failure_reason = Some(why.clone());
             refund_update = refund_update
-                .set("status", "failed")
-                .set("failure_reason", why.clone());
+                .set(Refund::STATUS, &RefundStatus::Failed)
+                .set_some(Refund::FAILURE_REASON, why);
             ops.push(TxOp::Update {
                 key: Payment::key(&p.id),
-                update: Update::new().add(RESERVED, -r.amount.get()),
+                update: Changes::new()
+                    .subtract(Payment::AMOUNT_RESERVED, r.amount)
+                    .into(),
                 cond: Some(Cond::Exists),
             });
             ops.extend(event(EventType::RefundFailed, &next, now)?);
         }
         Outcome::RequiresAction(why) => {
             refund_update = refund_update
-                .set("status", "requires_action")
-                .set("failure_reason", why.clone());
+                .set(Refund::STATUS, &RefundStatus::RequiresAction)
+                .set_some(Refund::FAILURE_REASON, why);
         }
     }
     ops.insert(
         0,
         TxOp::Update {
             key: Refund::key(&r.id),
-            update: refund_update,
-            cond: Some(Cond::eq("status", "processing")),
+            update: refund_update.into(),
+            cond: Some(Refund::STATUS.eq(&RefundStatus::Processing)),
         },
     );
     ops.push(TxOp::Delete {
@@ -278,9 +280,10 @@ pub async fn sweep(state: &Deps, now: Timestamp) -> Result<RefundSweep, StoreErr
             .sk(SkCond::Lt(before.clone()))
             .limit(50);
         for item in store.query(&query).await?.items {
-            let Some(id) = item.get("id").and_then(Value::as_str) else {
+            let Ok(OpenRefund { id, .. }) = from_item(item) else {
                 continue;
             };
+            let id = id.as_str();
             report.checked += 1;
             match resolve_one(state, id, now).await {
                 Ok(true) => report.resolved += 1,
@@ -372,10 +375,8 @@ pub(super) struct Others {
 /// From the payment's reservation (a consistent read of one item, never
 /// an index that may lag): every live refund of the payment is in it.
 async fn others_of(store: &dyn Store, refund: &Refund) -> Result<Others, StoreError> {
-    let reserved = match store.get(&Payment::key(&refund.payment_id)).await? {
-        Some(item) => reserved_of(&item),
-        None => 0,
-    };
+    let payment: Option<Payment> = record::get(store, &Payment::key(&refund.payment_id)).await?;
+    let reserved = payment.map_or(0, |p| p.amount_reserved.get());
     let total = (reserved - refund.amount.get()).max(0);
     Ok(Others {
         count: usize::from(total > 0),

@@ -1,4 +1,4 @@
-use super::create::{khalti_amount, marker_item, reserved_of, validate};
+use super::create::{khalti_amount, marker_item, validate};
 use super::resolve::{Others, Outcome, decide, resolve};
 use super::*;
 use crate::AppState;
@@ -6,7 +6,6 @@ use crate::app::Deps;
 use crate::domain::outbox::EventType;
 use crate::domain::payments::AttemptInfo;
 use crate::domain::payments::{self, Payment, PaymentStatus};
-use crate::domain::record::to_item;
 use crate::domain::{Tenant, Window, outbox};
 use crate::ids::{self, IdKind};
 use crate::providers::ProviderState;
@@ -72,7 +71,10 @@ fn ask(payment: &Payment, amount: i64) -> CreateRefund {
 
 async fn reserved(st: &Deps, p: &Payment) -> i64 {
     let item = st.store.get(&Payment::key(&p.id)).await.unwrap().unwrap();
-    reserved_of(&item)
+    crate::domain::record::from_item::<Payment>(item)
+        .unwrap()
+        .amount_reserved
+        .get()
 }
 
 async fn kinds(st: &Deps) -> Vec<EventType> {
@@ -220,11 +222,11 @@ async fn open_khalti_refund(st: &Deps, p: &Payment, amount: i64) -> Refund {
         .transact(vec![
             TxOp::Update {
                 key: Payment::key(&p.id),
-                update: Update::new().add(RESERVED, amount),
+                update: Update::new().add("amount_reserved", amount),
                 cond: None,
             },
             TxOp::Put {
-                item: to_item(&r, &Refund::key(&r.id), &r.indexes()).unwrap(),
+                item: crate::domain::record::Record::to_item(&r).unwrap(),
                 cond: None,
             },
             TxOp::Put {
