@@ -394,7 +394,7 @@ fn busy_or(e: StoreError) -> StoreError {
 /// that writes an endpoint, only while under [`MAX_ENDPOINTS`], and
 /// lowered in the transaction that deletes one (conditioned on the
 /// endpoint existing, so a second delete lowers nothing). Written whole
-/// once, when made from the endpoints ([`EndpointCounter::ensure`]); then
+/// once, when made from the endpoints (`EndpointCounter::ensure`); then
 /// changed by `ADD`s and repairs alone.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct EndpointCounter {
