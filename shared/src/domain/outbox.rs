@@ -15,11 +15,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::Mode;
-use super::record::{from_item, to_item};
+use super::record::{Changes, Entry, Record, from_item};
 use crate::domain::Tenant;
 use crate::ids::{self, IdKind};
 use crate::keys;
-use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, Update};
+use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// How many `gsi2` partitions hold undelivered events.
@@ -252,40 +252,39 @@ impl Event {
     /// entry in the timeline of the payment it is about (not for a test
     /// event, whose payment is made up).
     pub fn put_ops(&self) -> Result<Vec<TxOp>, StoreError> {
-        let mut ops = vec![self.put_op()?];
+        let mut ops = vec![self.put_new()?];
         if let (Some(payment), None) = (&self.payment_id, &self.endpoint_id) {
             let entry = TimelineEntry {
+                timeline: keys::payment_events(payment),
                 event_id: self.id.clone(),
                 event_type: self.event_type,
                 created_at: self.created_at,
             };
-            let key = Key::new(keys::payment_events(payment), self.id.clone());
-            ops.push(TxOp::Put {
-                item: to_item(&entry, &key, &[])?,
-                cond: Some(Cond::NotExists),
-            });
+            ops.push(entry.put_new()?);
         }
         Ok(ops)
     }
+}
 
-    /// The write of the event record alone (see [`Event::put_ops`]).
-    fn put_op(&self) -> Result<TxOp, StoreError> {
-        let mut indexes = vec![(
-            Index::Gsi1,
+impl Record for Event {
+    fn item_key(&self) -> Key {
+        Event::key(&self.id)
+    }
+
+    /// Listed in its project's events (newest first), and, until
+    /// delivery has taken it, in its outbox shard by id.
+    fn entries(&self) -> Vec<Entry> {
+        let mut entries = vec![Entry::gsi1(
             Event::list_partition(&self.project_id, self.mode),
             self.id.clone(),
         )];
         if !self.dispatched {
-            indexes.push((
-                Index::Gsi2,
+            entries.push(Entry::gsi2(
                 Event::outbox_partition(&self.id),
                 self.id.clone(),
             ));
         }
-        Ok(TxOp::Put {
-            item: to_item(self, &Event::key(&self.id), &indexes)?,
-            cond: Some(Cond::NotExists),
-        })
+        entries
     }
 }
 
@@ -307,6 +306,10 @@ pub fn payment_of(object: &Value) -> Option<String> {
 /// One event in a payment's timeline.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TimelineEntry {
+    /// The timeline it is in (`PAY#<payment>#EVT`): its `pk`, read with it
+    /// and written as its key (no attribute of its own names the payment).
+    #[serde(rename = "pk", skip_serializing)]
+    timeline: String,
     pub event_id: String,
     #[serde(rename = "type")]
     pub event_type: EventType,
@@ -318,6 +321,12 @@ crate::attrs! { TimelineEntry {
     EVENT_TYPE: EventType = event_type as "type",
     CREATED_AT: Timestamp = created_at,
 } }
+
+impl Record for TimelineEntry {
+    fn item_key(&self) -> Key {
+        Key::new(self.timeline.clone(), self.event_id.clone())
+    }
+}
 
 /// The events about payment `payment_id`, oldest first (at most
 /// `limit`). The caller has found the payment in its tenant.
@@ -356,9 +365,11 @@ pub async fn get(store: &dyn Store, id: &str) -> Result<Option<Event>, StoreErro
 
 /// Takes event `id` out of the outbox (its deliveries exist).
 pub async fn mark_dispatched(store: &dyn Store, id: &str) -> Result<(), StoreError> {
-    let update = Update::new().set("dispatched", true).unindex(Index::Gsi2);
+    let update = Changes::<Event>::new()
+        .set(Event::DISPATCHED, &true)
+        .unindex(Index::Gsi2);
     match store
-        .update(&Event::key(id), update, Some(Cond::Exists))
+        .update(&Event::key(id), update.into(), Some(Cond::Exists))
         .await
     {
         Ok(_) => Ok(()),
@@ -396,8 +407,6 @@ pub async fn undelivered(
 /// taken out of the index (longer than a rolling deploy).
 pub const QUARANTINE_AFTER: chrono::Duration = chrono::Duration::hours(1);
 
-const UPDATED_AT: &str = "updated_at";
-
 /// An item of a sweep's index read as its record `T`; `None` when it does
 /// not read as one: then it is passed over ([`pass_over_unreadable`]).
 pub(crate) async fn readable<T: serde::de::DeserializeOwned>(
@@ -422,9 +431,16 @@ pub(crate) async fn readable<T: serde::de::DeserializeOwned>(
 struct Unreadable {
     key: Option<Key>,
     written_ms: Option<i64>,
-    /// `updated_at` as read: taken out of the index only if still so.
+    /// `updated_at` as read (the stored text, whatever record wrote it):
+    /// taken out of the index only if still so.
     updated_at: Option<String>,
 }
+
+// The one attribute the sweep reads from, and conditions on, an item it
+// cannot read as its record.
+crate::attrs! { Unreadable {
+    UPDATED_AT: Option<String> = updated_at,
+} }
 
 impl Unreadable {
     /// Taken from the item before it is read as its record.
@@ -432,7 +448,7 @@ impl Unreadable {
         let key = Key::of(item);
         let minted = key.as_ref().and_then(|k| crate::ids::minted_at_ms(&k.pk));
         let updated_at = item
-            .get(UPDATED_AT)
+            .get(Unreadable::UPDATED_AT.name())
             .and_then(Value::as_str)
             .map(str::to_owned);
         let updated = updated_at
@@ -473,14 +489,14 @@ async fn pass_over_unreadable(
         return;
     }
     tracing::error!(pk = %key.pk, error = %error, "unreadable {what} taken out of its index");
-    let update = Update::new().unindex(Index::Gsi2);
+    let update = Changes::<Unreadable>::new().unindex(Index::Gsi2);
     // Not if it was written again since it was read (newer code, now).
-    let unchanged = match seen.updated_at {
-        Some(at) => Cond::eq(UPDATED_AT, at),
-        None => Cond::AttrNotExists(UPDATED_AT.into()),
+    let unchanged = match &seen.updated_at {
+        Some(at) => Unreadable::UPDATED_AT.is(at.as_str()),
+        None => Unreadable::UPDATED_AT.missing(),
     };
     let cond = Cond::And(vec![Cond::Exists, unchanged]);
-    match store.update(&key, update, Some(cond)).await {
+    match store.update(&key, update.into(), Some(cond)).await {
         Ok(_) => {}
         // Gone already, or written again since it was read: left alone.
         Err(e) if e.is_condition_failure() => {}
@@ -699,7 +715,7 @@ mod tests {
             json!({"id": "pay_1"}),
             now,
         );
-        let Ok(TxOp::Put { item, .. }) = e.put_op() else {
+        let Ok(TxOp::Put { item, .. }) = e.put_new() else {
             panic!("put op")
         };
         let shard = item.get("gsi2pk").cloned();

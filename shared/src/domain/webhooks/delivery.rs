@@ -1,14 +1,14 @@
 //! Delivering: claim an attempt with a lease, send it signed, log the
 //! outcome, schedule the next try or give up; re-queue overdue deliveries.
 
-use serde_json::json;
 use std::time::Duration;
 
 use super::endpoints::{Endpoint, WebhookError, get};
 use super::fan_out::{DeliveryMessage, DispatchError, FanOutReport, enqueue, fan_out_pending};
 use super::log::{Delivery, DeliveryStatus, delivery};
+use crate::domain::record::Changes;
 use crate::domain::{Mode, Tenant, credentials, outbox};
-use crate::store::{Cond, Index, Query, SkCond, StoreError, Update};
+use crate::store::{Cond, Index, Query, SkCond, StoreError};
 use crate::time::Timestamp;
 use crate::webhooks::client::{Sent, WebhookClient};
 use crate::{Deps, keys};
@@ -134,9 +134,14 @@ pub(super) async fn not_now(
 
 /// Open attempts: still `pending` or `retrying`.
 fn open_attempt() -> Cond {
+    Delivery::STATUS.is_in(&[DeliveryStatus::Pending, DeliveryStatus::Retrying])
+}
+
+/// No worker holds the attempt at `now_ms`: no lease, or one run out.
+fn unleased(now_ms: i64) -> Cond {
     Cond::Or(vec![
-        Cond::eq("status", "pending"),
-        Cond::eq("status", "retrying"),
+        Delivery::LEASE_UNTIL_MS.missing(),
+        Delivery::LEASE_UNTIL_MS.lt(&Some(now_ms)),
     ])
 }
 
@@ -153,14 +158,13 @@ pub(super) async fn claim_attempt(
         .store
         .update(
             &Delivery::key(&d.event_id, &d.endpoint_id),
-            Update::new().set("lease_until_ms", lease_until),
+            Changes::<Delivery>::new()
+                .set_some(Delivery::LEASE_UNTIL_MS, &lease_until)
+                .into(),
             Some(Cond::And(vec![
-                Cond::eq("attempts", d.attempts),
+                Delivery::ATTEMPTS.eq(&d.attempts),
                 open_attempt(),
-                Cond::Or(vec![
-                    Cond::AttrNotExists("lease_until_ms".into()),
-                    Cond::lt("lease_until_ms", now_ms),
-                ]),
+                unleased(now_ms),
             ])),
         )
         .await;
@@ -238,41 +242,42 @@ pub(super) fn attempt_log(
     status: DeliveryStatus,
     next_at: Option<Timestamp>,
     done_at: Timestamp,
-) -> Update {
-    let mut update = Update::new()
-        .set("attempts", d.attempts + 1)
-        .set("status", status.as_str())
-        .set("last_attempt_at", json!(done_at))
-        .set("updated_at", json!(done_at))
-        .remove("lease_until_ms");
+) -> Changes<Delivery> {
+    let mut update = Changes::<Delivery>::new()
+        .set(Delivery::ATTEMPTS, &(d.attempts + 1))
+        .set(Delivery::STATUS, &status)
+        .set_some(Delivery::LAST_ATTEMPT_AT, &done_at)
+        .set(Delivery::UPDATED_AT, &done_at)
+        .remove(Delivery::LEASE_UNTIL_MS);
     update = match next_at {
         Some(t) => update
-            .set("next_attempt_at", json!(t))
-            .set(Index::Gsi2.pk_attr(), Delivery::open_partition(&d.event_id))
-            .set(
-                Index::Gsi2.sk_attr(),
-                Delivery::open_sort_key(t, &d.event_id, &d.endpoint_id),
-            ),
+            .set_some(Delivery::NEXT_ATTEMPT_AT, &t)
+            .index(&Delivery::open_entry(t, &d.event_id, &d.endpoint_id)),
         // Final: out of the open-deliveries index.
-        None => update.remove("next_attempt_at").unindex(Index::Gsi2),
+        None => update
+            .remove(Delivery::NEXT_ATTEMPT_AT)
+            .unindex(Index::Gsi2),
     };
     update = match sent.status() {
-        Some(code) => update.set("response_status", code),
-        None => update.remove("response_status"),
+        Some(code) => update.set_some(Delivery::RESPONSE_STATUS, &code),
+        None => update.remove(Delivery::RESPONSE_STATUS),
     };
     update = match sent {
         Sent::NoAnswer(why) => update
-            .set("last_error", why.as_str())
-            .remove("response_body"),
+            .set_some(Delivery::LAST_ERROR, why.as_str())
+            .remove(Delivery::RESPONSE_BODY),
         Sent::Answered(s, answer) if !sent.is_success() => update
-            .set("last_error", format!("the receiver answered {s}"))
-            .set("response_body", answer.as_str()),
+            .set_some(
+                Delivery::LAST_ERROR,
+                format!("the receiver answered {s}").as_str(),
+            )
+            .set_some(Delivery::RESPONSE_BODY, answer.as_str()),
         Sent::Answered(_, answer) => update
-            .remove("last_error")
-            .set("response_body", answer.as_str()),
+            .remove(Delivery::LAST_ERROR)
+            .set_some(Delivery::RESPONSE_BODY, answer.as_str()),
     };
     if d.payload.is_none() {
-        update = update.set("payload", String::from_utf8_lossy(body).into_owned());
+        update = update.set_some(Delivery::PAYLOAD, &*String::from_utf8_lossy(body));
     }
     update
 }
@@ -282,17 +287,17 @@ pub(super) fn attempt_log(
 pub(super) async fn log_attempt(
     state: &Deps,
     d: &Delivery,
-    update: Update,
+    update: Changes<Delivery>,
     lease_until: i64,
 ) -> Result<bool, DispatchError> {
     let logged = state
         .store
         .update(
             &Delivery::key(&d.event_id, &d.endpoint_id),
-            update,
+            update.into(),
             Some(Cond::And(vec![
-                Cond::eq("attempts", d.attempts),
-                Cond::eq("lease_until_ms", lease_until),
+                Delivery::ATTEMPTS.eq(&d.attempts),
+                Delivery::LEASE_UNTIL_MS.is(&lease_until),
                 open_attempt(),
             ])),
         )
@@ -311,23 +316,18 @@ async fn give_up(state: &Deps, d: &Delivery, why: &str) -> Result<Outcome, Dispa
         .store
         .update(
             &Delivery::key(&d.event_id, &d.endpoint_id),
-            Update::new()
-                .set("status", DeliveryStatus::Failed.as_str())
-                .set("last_error", why)
-                .remove("next_attempt_at")
+            Changes::<Delivery>::new()
+                .set(Delivery::STATUS, &DeliveryStatus::Failed)
+                .set_some(Delivery::LAST_ERROR, why)
+                .remove(Delivery::NEXT_ATTEMPT_AT)
                 .unindex(Index::Gsi2)
-                .set("updated_at", json!(now)),
+                .set(Delivery::UPDATED_AT, &now)
+                .into(),
             Some(Cond::And(vec![
-                Cond::eq("attempts", d.attempts),
-                Cond::Or(vec![
-                    Cond::eq("status", "pending"),
-                    Cond::eq("status", "retrying"),
-                ]),
+                Delivery::ATTEMPTS.eq(&d.attempts),
+                open_attempt(),
                 // Not while another worker holds the attempt: it logs.
-                Cond::Or(vec![
-                    Cond::AttrNotExists("lease_until_ms".into()),
-                    Cond::lt("lease_until_ms", now.unix_millis()),
-                ]),
+                unleased(now.unix_millis()),
             ])),
         )
         .await;
@@ -370,23 +370,20 @@ pub async fn requeue_overdue(
             if d.status.is_final() || d.lease_until_ms.is_some_and(|t| t > now.unix_millis()) {
                 continue;
             }
-            // Move it forward in the index first, so the next sweep looks at
-            // the ones behind it and does not queue this one every run.
+            // Move it forward in the index first (due now: same partition,
+            // later place), so the next sweep looks at the ones behind it
+            // and does not queue this one every run.
             let moved = state
                 .store
                 .update(
                     &Delivery::key(&d.event_id, &d.endpoint_id),
-                    Update::new().set(
-                        Index::Gsi2.sk_attr(),
-                        Delivery::open_sort_key(now, &d.event_id, &d.endpoint_id),
-                    ),
+                    Changes::<Delivery>::new()
+                        .index(&Delivery::open_entry(now, &d.event_id, &d.endpoint_id))
+                        .into(),
                     Some(Cond::And(vec![
-                        Cond::eq("attempts", d.attempts),
-                        Cond::AttrExists(Index::Gsi2.pk_attr().into()),
-                        Cond::Or(vec![
-                            Cond::eq("status", "pending"),
-                            Cond::eq("status", "retrying"),
-                        ]),
+                        Delivery::ATTEMPTS.eq(&d.attempts),
+                        Delivery::GSI2PK.exists(),
+                        open_attempt(),
                     ])),
                 )
                 .await;
@@ -476,25 +473,21 @@ pub async fn resend(
         return Ok(Resent::StillOpen);
     }
     let now = state.clock.now();
-    let reopen = Update::new()
-        .set("status", DeliveryStatus::Retrying.as_str())
-        .set("next_attempt_at", json!(now))
-        .set("updated_at", json!(now))
-        .set(Index::Gsi2.pk_attr(), Delivery::open_partition(&d.event_id))
-        .set(
-            Index::Gsi2.sk_attr(),
-            Delivery::open_sort_key(now, &d.event_id, &d.endpoint_id),
-        )
-        .remove("lease_until_ms");
+    let reopen = Changes::<Delivery>::new()
+        .set(Delivery::STATUS, &DeliveryStatus::Retrying)
+        .set_some(Delivery::NEXT_ATTEMPT_AT, &now)
+        .set(Delivery::UPDATED_AT, &now)
+        .index(&Delivery::open_entry(now, &d.event_id, &d.endpoint_id))
+        .remove(Delivery::LEASE_UNTIL_MS);
     let as_read = Cond::And(vec![
-        Cond::eq("status", d.status.as_str()),
-        Cond::eq("attempts", d.attempts),
+        Delivery::STATUS.eq(&d.status),
+        Delivery::ATTEMPTS.eq(&d.attempts),
     ]);
     match state
         .store
         .update(
             &Delivery::key(&d.event_id, &d.endpoint_id),
-            reopen,
+            reopen.into(),
             Some(as_read),
         )
         .await

@@ -2,21 +2,20 @@
 //! mode, counted in the same transaction), read, change and delete.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 use std::time::Duration;
 
 use super::MAX_ENDPOINTS;
 use crate::Deps;
 use crate::domain::credentials::{self, CredentialsError, SealedSecret};
 use crate::domain::outbox::EventType;
-use crate::domain::record::{from_item, to_item};
+use crate::domain::record::{Changes, Record, from_item};
 use crate::domain::{Mode, Tenant};
 use crate::fields::wire::present;
 use crate::ids::{self, IdKind};
 use crate::keys;
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
-use crate::store::{Cond, Key, Query, Store, StoreError, TxOp, TxReason, Update};
+use crate::store::{Cond, Key, Query, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 use crate::webhooks::settings::WebhookSettings;
 use crate::webhooks::ssrf::{self, UrlError};
@@ -65,6 +64,12 @@ impl Endpoint {
 
     pub(super) fn secret_context(&self) -> String {
         format!("webhook/{}/{}", self.project_id, self.id)
+    }
+}
+
+impl Record for Endpoint {
+    fn item_key(&self) -> Key {
+        Endpoint::key(&self.project_id, self.mode, &self.id)
     }
 }
 
@@ -285,25 +290,18 @@ pub async fn create(
         updated_at: now,
         secret: sealed,
     };
-    let item = to_item(
-        &endpoint,
-        &Endpoint::key(&tenant.project, tenant.mode, &endpoint.id),
-        &[],
-    )?;
     // The endpoint, the count (only while under the limit: the limit
     // holds however many registrations run at once), and the fence.
     let counter = EndpointCounter::key(&tenant.project, tenant.mode);
     let mut ops = vec![
-        TxOp::Put {
-            item,
-            cond: Some(Cond::NotExists),
-        },
+        endpoint.put_new()?,
         TxOp::Update {
             key: counter.clone(),
-            update: Update::new()
-                .add(EndpointCounter::ATTR, 1)
-                .add(EndpointCounter::VERSION, 1),
-            cond: Some(Cond::lt(EndpointCounter::ATTR, MAX_ENDPOINTS as i64)),
+            update: Changes::<EndpointCounter>::new()
+                .add(EndpointCounter::N, 1)
+                .add(EndpointCounter::V, 1)
+                .into(),
+            cond: Some(EndpointCounter::N.lt(&(MAX_ENDPOINTS as i64))),
         },
     ];
     const COUNTER_AT: usize = 1;
@@ -395,16 +393,44 @@ fn busy_or(e: StoreError) -> StoreError {
 /// `PROJ#<project>#<mode>#WECOUNT` / `COUNT`: raised in the transaction
 /// that writes an endpoint, only while under [`MAX_ENDPOINTS`], and
 /// lowered in the transaction that deletes one (conditioned on the
-/// endpoint existing, so a second delete lowers nothing).
-pub(super) struct EndpointCounter;
-
-impl EndpointCounter {
-    pub(super) const ATTR: &'static str = "n";
+/// endpoint existing, so a second delete lowers nothing). Written whole
+/// once, when made from the endpoints (`EndpointCounter::ensure`); then
+/// changed by `ADD`s and repairs alone.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EndpointCounter {
+    /// Its key, as read with it and written as its key (no attribute
+    /// names the project and mode it counts).
+    #[serde(skip_serializing)]
+    pk: String,
+    #[serde(skip_serializing)]
+    sk: String,
+    /// The endpoints (0 when missing).
+    #[serde(default)]
+    pub n: i64,
     /// Raised by every write of the count, so a repair from a recount is
     /// conditioned on nothing having changed since (a count alone could
     /// come back to the value read: a delete then a registration).
-    const VERSION: &'static str = "v";
+    /// Missing (0) on a counter no write has raised yet.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub v: i64,
+}
 
+crate::attrs! { EndpointCounter {
+    N: i64 = n,
+    V: i64 = v,
+} }
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+impl Record for EndpointCounter {
+    fn item_key(&self) -> Key {
+        Key::new(self.pk.clone(), self.sk.clone())
+    }
+}
+
+impl EndpointCounter {
     pub(super) fn key(project_id: &str, mode: Mode) -> Key {
         keys::webhook_count(project_id, mode)
     }
@@ -416,24 +442,20 @@ impl EndpointCounter {
         project_id: &str,
         mode: Mode,
     ) -> Result<Option<(i64, i64)>, StoreError> {
-        Ok(store
-            .get(&EndpointCounter::key(project_id, mode))
-            .await?
-            .map(|item| {
-                let get = |a: &str| item.get(a).and_then(Value::as_i64).unwrap_or(0);
-                (get(EndpointCounter::ATTR), get(EndpointCounter::VERSION))
-            }))
+        let key = EndpointCounter::key(project_id, mode);
+        let counter: Option<EndpointCounter> = crate::domain::record::get(store, &key).await?;
+        Ok(counter.map(|c| (c.n, c.v)))
     }
 
     /// `version` still holds (a missing one reads as 0).
     fn unchanged(version: i64) -> Cond {
         if version == 0 {
             Cond::Or(vec![
-                Cond::eq(EndpointCounter::VERSION, 0),
-                Cond::AttrNotExists(EndpointCounter::VERSION.into()),
+                EndpointCounter::V.eq(&0),
+                EndpointCounter::V.missing(),
             ])
         } else {
-            Cond::eq(EndpointCounter::VERSION, version)
+            EndpointCounter::V.eq(&version)
         }
     }
 
@@ -450,12 +472,9 @@ impl EndpointCounter {
             return Ok(());
         }
         let n = EndpointCounter::recount(store, project_id, mode).await?;
-        let key = EndpointCounter::key(project_id, mode);
-        let mut item = crate::store::Item::new();
-        item.insert(crate::store::PK.into(), Value::String(key.pk));
-        item.insert(crate::store::SK.into(), Value::String(key.sk));
-        item.insert(EndpointCounter::ATTR.into(), json!(n));
-        match store.put(item, Some(Cond::NotExists)).await {
+        let Key { pk, sk } = EndpointCounter::key(project_id, mode);
+        let counter = EndpointCounter { pk, sk, n, v: 0 };
+        match store.put(counter.to_item()?, Some(Cond::NotExists)).await {
             // Another request made it first: from the same endpoints.
             Err(e) if e.is_condition_failure() => Ok(()),
             other => other,
@@ -486,11 +505,15 @@ impl EndpointCounter {
         let key = EndpointCounter::key(project_id, mode);
         let (seen, version) = seen;
         let still = EndpointCounter::unchanged(version);
-        let update = Update::new()
-            .set(EndpointCounter::ATTR, real.max(0))
-            .add(EndpointCounter::VERSION, 1);
+        let update = Changes::<EndpointCounter>::new()
+            .set(EndpointCounter::N, &real.max(0))
+            .add(EndpointCounter::V, 1);
         match store
-            .update(&key, update, Some(Cond::And(vec![Cond::Exists, still])))
+            .update(
+                &key,
+                update.into(),
+                Some(Cond::And(vec![Cond::Exists, still])),
+            )
             .await
         {
             Ok(_) => {
@@ -543,30 +566,22 @@ pub async fn patch(
     body: PatchEndpoint,
 ) -> Result<Endpoint, WebhookError> {
     let current = get(&*state.store, tenant, id).await?;
-    let mut update = Update::new();
+    let mut update = Changes::<Endpoint>::new();
     if let Some(url) = &body.url {
         let url = check_receiver(url, tenant.mode, &state.webhooks).await?;
-        update = update.set("url", url);
+        update = update.set(Endpoint::URL, url.as_str());
     }
     if let Some(events) = &body.events {
-        let events = parse_events(events)?;
-        update = update.set(
-            "events",
-            serde_json::to_value(events).map_err(|e| StoreError::Invalid(e.to_string()))?,
-        );
+        update = update.set(Endpoint::EVENTS, &parse_events(events)?);
     }
     if let Some(enabled) = body.enabled {
-        update = update.set("enabled", enabled);
+        update = update.set(Endpoint::ENABLED, &enabled);
     }
     let now = state.clock.now();
-    update = update.set("updated_at", json!(now));
+    update = update.set(Endpoint::UPDATED_AT, &now);
     match state
         .store
-        .update(
-            &Endpoint::key(&tenant.project, tenant.mode, &current.id),
-            update,
-            Some(Cond::Exists),
-        )
+        .update(&current.item_key(), update.into(), Some(Cond::Exists))
         .await
     {
         Ok(item) => Ok(from_item(item)?),
@@ -592,12 +607,13 @@ pub async fn delete(store: &dyn Store, tenant: &Tenant, id: &str) -> Result<(), 
         },
         TxOp::Update {
             key: counter.clone(),
-            update: Update::new()
-                .add(EndpointCounter::ATTR, -1)
-                .add(EndpointCounter::VERSION, 1),
+            update: Changes::<EndpointCounter>::new()
+                .subtract(EndpointCounter::N, 1)
+                .add(EndpointCounter::V, 1)
+                .into(),
             // Never below 0, and never ADD onto a missing counter (it
             // would start at -1): false on a missing `n`.
-            cond: Some(Cond::gt(EndpointCounter::ATTR, 0)),
+            cond: Some(EndpointCounter::N.gt(&0)),
         },
     ];
     let mut tries = 0;
@@ -632,9 +648,10 @@ pub async fn delete(store: &dyn Store, tenant: &Tenant, id: &str) -> Result<(), 
                     },
                     TxOp::Update {
                         key: counter.clone(),
-                        update: Update::new()
-                            .set(EndpointCounter::ATTR, (real - 1).max(0))
-                            .add(EndpointCounter::VERSION, 1),
+                        update: Changes::<EndpointCounter>::new()
+                            .set(EndpointCounter::N, &(real - 1).max(0))
+                            .add(EndpointCounter::V, 1)
+                            .into(),
                         cond: Some(EndpointCounter::unchanged(version)),
                     },
                 ];

@@ -9,10 +9,10 @@ use super::log::{Delivery, DeliveryStatus, delivery};
 use crate::Deps;
 use crate::domain::Tenant;
 use crate::domain::outbox::{self, Event};
-use crate::domain::record::to_item;
+use crate::domain::record::Record;
 use crate::ids::{self, IdKind};
 use crate::queue::{MAX_DELAY, QueueError, QueueName};
-use crate::store::{Cond, Index, StoreError};
+use crate::store::{Cond, StoreError};
 use crate::time::Timestamp;
 
 /// What a queue message asks: make attempt `attempt` (0-based: the number
@@ -82,6 +82,8 @@ pub(super) async fn fan_out(state: &Deps, event: &Event) -> Result<usize, Dispat
         None => e.wants(event.event_type),
     });
     for endpoint in targets {
+        // In the open deliveries, due now.
+        let open = Delivery::open_entry(now, &event.id, &endpoint.id);
         let delivery = Delivery {
             id: ids::new_id(IdKind::WebhookDelivery),
             event_id: event.id.clone(),
@@ -104,24 +106,14 @@ pub(super) async fn fan_out(state: &Deps, event: &Event) -> Result<usize, Dispat
             created_at: now,
             updated_at: now,
             lease_until_ms: None,
+            gsi2pk: Some(open.partition),
+            gsi2sk: Some(open.sort),
         };
-        let item = to_item(
-            &delivery,
-            &Delivery::key(&event.id, &endpoint.id),
-            &[
-                (
-                    Index::Gsi1,
-                    Delivery::log_partition(&endpoint.id),
-                    delivery.id.clone(),
-                ),
-                (
-                    Index::Gsi2,
-                    Delivery::open_partition(&event.id),
-                    Delivery::open_sort_key(now, &event.id, &endpoint.id),
-                ),
-            ],
-        )?;
-        let first_time = match state.store.put(item, Some(Cond::NotExists)).await {
+        let first_time = match state
+            .store
+            .put(delivery.to_item()?, Some(Cond::NotExists))
+            .await
+        {
             Ok(()) => true,
             Err(e) if e.is_condition_failure() => false,
             Err(e) => return Err(e.into()),

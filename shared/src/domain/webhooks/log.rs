@@ -6,7 +6,7 @@ use serde_json::Value;
 use super::DELIVERY_LOG;
 use super::endpoints::{WebhookError, get};
 use crate::domain::outbox::{self, Event, EventType};
-use crate::domain::record::from_item;
+use crate::domain::record::{Entry, Gsi2Entry, Record, from_item};
 use crate::domain::{Mode, Tenant, Window};
 use crate::keys;
 use crate::store::{Index, Key, Query, SkCond, Store, StoreError};
@@ -63,6 +63,12 @@ pub struct Delivery {
     /// Unix milliseconds until which an attempt is claimed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_until_ms: Option<i64>,
+    /// Its entry among the open deliveries, by due time, while open:
+    /// `gsi2pk`, then `gsi2sk` (see [`Delivery::open_entry`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gsi2pk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gsi2sk: Option<String>,
 }
 
 crate::attrs! { Delivery {
@@ -84,6 +90,8 @@ crate::attrs! { Delivery {
     CREATED_AT: Timestamp = created_at,
     UPDATED_AT: Timestamp = updated_at,
     LEASE_UNTIL_MS: Option<i64> = lease_until_ms,
+    GSI2PK: Option<String> = gsi2pk,
+    GSI2SK: Option<String> = gsi2sk,
 } }
 
 impl Delivery {
@@ -91,21 +99,41 @@ impl Delivery {
         keys::delivery(event_id, endpoint_id)
     }
 
-    /// The open-deliveries partition of event `event_id` (`gsi2`).
-    pub(super) fn open_partition(event_id: &str) -> String {
-        keys::open(
-            keys::Open::Deliveries,
-            keys::shard_of(event_id, outbox::SHARDS),
+    /// Its entry among the open deliveries (`gsi2`), due at `due`: in the
+    /// partition of its event's shard, due time first.
+    pub(super) fn open_entry(due: Timestamp, event_id: &str, endpoint_id: &str) -> Gsi2Entry {
+        Gsi2Entry::new(
+            keys::open(
+                keys::Open::Deliveries,
+                keys::shard_of(event_id, outbox::SHARDS),
+            ),
+            Delivery::open_sort_key(due, event_id, endpoint_id),
         )
     }
 
-    /// The open-deliveries sort key: due time first.
-    pub(super) fn open_sort_key(due: Timestamp, event_id: &str, endpoint_id: &str) -> String {
+    /// The open-deliveries sort key of one due at `due`: due time first
+    /// (a sweep reads those due before a time).
+    fn open_sort_key(due: Timestamp, event_id: &str, endpoint_id: &str) -> String {
         format!("{:015}#{event_id}#{endpoint_id}", due.unix_millis().max(0))
     }
 
     pub(super) fn log_partition(endpoint_id: &str) -> String {
         keys::endpoint_deliveries(endpoint_id)
+    }
+}
+
+impl Record for Delivery {
+    fn item_key(&self) -> Key {
+        Delivery::key(&self.event_id, &self.endpoint_id)
+    }
+
+    /// Listed in its endpoint's delivery log, newest first (its entry
+    /// among the open deliveries is its `gsi2` fields).
+    fn entries(&self) -> Vec<Entry> {
+        vec![Entry::gsi1(
+            Delivery::log_partition(&self.endpoint_id),
+            self.id.clone(),
+        )]
     }
 }
 

@@ -35,8 +35,8 @@ mod tests;
 
 pub use delivery::{Outcome, Resent, handle_message, requeue_overdue, resend, sweep};
 pub use endpoints::{
-    CreateEndpoint, Endpoint, EndpointView, PatchEndpoint, WebhookError, create, delete, get, list,
-    parse_events, patch,
+    CreateEndpoint, Endpoint, EndpointCounter, EndpointView, PatchEndpoint, WebhookError, create,
+    delete, get, list, parse_events, patch,
 };
 pub use fan_out::{DeliveryMessage, DispatchError, FanOutReport, fan_out_by_id, fan_out_pending};
 pub use log::{

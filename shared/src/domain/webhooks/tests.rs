@@ -5,6 +5,7 @@ use super::test_event::sample_object;
 use super::*;
 use crate::domain::credentials::SealedSecret;
 use crate::domain::outbox::{self, Event, EventType};
+use crate::domain::record::Changes;
 use crate::domain::{Mode, Tenant};
 use crate::ids::IdKind;
 use crate::queue::{MAX_DELAY, QueueError, QueueName};
@@ -1146,7 +1147,9 @@ mod dispatching {
             .store
             .update(
                 &EndpointCounter::key(project, Mode::Sandbox),
-                Update::new().set(EndpointCounter::ATTR, n),
+                Changes::<EndpointCounter>::new()
+                    .set(EndpointCounter::N, &n)
+                    .into(),
                 Some(Cond::Exists),
             )
             .await
