@@ -1286,7 +1286,7 @@ async fn a_reminder_keeps_its_expiry_open_entry_and_claim_as_fields() {
     )
     .await;
     assert!(matches!(&r, Ok(o) if o.status == "queued"), "{r:?}");
-    let Ok(listed) = list_recent(&*state.store, &who.tenant(), 10).await else {
+    let Ok(listed) = list_recent(&*state.store, who.tenant(), 10).await else {
         panic!("list")
     };
     let [stored] = listed.as_slice() else {
