@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, json};
 use shared::AppState;
 use shared::domain::Tenant;
 use shared::domain::account::{
@@ -16,11 +16,11 @@ use shared::domain::credentials::{
 };
 use shared::domain::dashboard;
 use shared::domain::payments::{self, Payment, PaymentStatus};
-use shared::domain::record::{from_item, to_item};
+use shared::domain::record::{Changes, Record, from_item};
 use shared::domain::{Mode, Provider};
 use shared::ids::{IdKind, new_id};
 use shared::money::{Currency, Paisa};
-use shared::store::{Cond, Key, StoreError, Update};
+use shared::store::{Cond, Key, StoreError};
 
 /// `demo-keys.json`: the secrets of the demo keys, for scripts.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,6 +60,18 @@ pub struct DemoAccount {
     pub payments_seeded: bool,
     #[serde(skip)]
     pub keys: DemoKeys,
+}
+
+shared::attrs! { DemoAccount {
+    MERCHANT_ID: String = merchant_id,
+    PROJECT_ID: String = project_id,
+    PAYMENTS_SEEDED: bool = payments_seeded,
+} }
+
+impl Record for DemoAccount {
+    fn item_key(&self) -> Key {
+        marker_key()
+    }
 }
 
 /// The demo owner's dashboard email.
@@ -112,7 +124,7 @@ pub async fn bootstrap(state: &AppState, keys_file: &Path) -> Result<DemoAccount
                 payments_seeded: false,
                 keys: DemoKeys::default(),
             };
-            let item = to_item(&demo, &marker_key(), &[]).map_err(err)?;
+            let item = demo.to_item().map_err(err)?;
             store.put(item, Some(Cond::NotExists)).await.map_err(err)?;
             demo
         }
@@ -332,7 +344,9 @@ pub async fn seed_payments(state: &AppState, demo: &DemoAccount) -> Result<usize
     store
         .update(
             &marker_key(),
-            Update::new().set("payments_seeded", Value::Bool(true)),
+            Changes::new()
+                .set(DemoAccount::PAYMENTS_SEEDED, &true)
+                .into(),
             Some(Cond::Exists),
         )
         .await?;

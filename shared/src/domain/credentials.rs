@@ -26,7 +26,7 @@ use base64::engine::general_purpose::STANDARD;
 use rand::TryRngCore;
 use serde::{Deserialize, Serialize};
 
-use super::record::{from_item, to_item};
+use super::record::{Record, from_item};
 use super::{Mode, Provider};
 use crate::domain::Tenant;
 use crate::keys;
@@ -42,8 +42,9 @@ pub use crate::secrets::{
 };
 
 /// The stored item: ciphertext, nonce and key id, no plaintext field.
+/// Written whole each time (replaced, never updated).
 #[derive(Clone, Debug, Serialize, Deserialize)]
-struct StoredCredentials {
+pub struct StoredCredentials {
     project_id: String,
     mode: Mode,
     provider: Provider,
@@ -54,6 +55,23 @@ struct StoredCredentials {
     /// Base64 of the AES-256-GCM ciphertext and its 128-bit tag.
     ciphertext: String,
     updated_at: Timestamp,
+}
+
+crate::attrs! { StoredCredentials {
+    PROJECT_ID: String = project_id,
+    MODE: Mode = mode,
+    PROVIDER: Provider = provider,
+    KEY_ID: String = key_id,
+    ALG: String = alg,
+    NONCE: String = nonce,
+    CIPHERTEXT: String = ciphertext,
+    UPDATED_AT: Timestamp = updated_at,
+} }
+
+impl Record for StoredCredentials {
+    fn item_key(&self) -> Key {
+        credentials_key(&self.project_id, self.mode, self.provider)
+    }
 }
 
 /// One configured provider of a project, without any secret.
@@ -276,13 +294,8 @@ pub async fn put_credentials(
     creds: &ProviderCredentials,
 ) -> Result<ConfiguredProvider, CredentialsError> {
     creds.validate()?;
-    let provider = creds.provider();
     let stored = seal(keys.current(), &tenant.project, tenant.mode, creds, now)?;
-    let item = to_item(
-        &stored,
-        &credentials_key(&tenant.project, tenant.mode, provider),
-        &[],
-    )?;
+    let item = stored.to_item()?;
     let written = store
         .transact(vec![
             TxOp::Check {
@@ -388,10 +401,9 @@ pub async fn reencrypt_credentials(
             continue;
         };
         let stored = seal(keys.current(), project_id, mode, &creds, now)?;
-        let item = to_item(&stored, &credentials_key(project_id, mode, provider), &[])?;
         // Only if nobody replaced it meanwhile.
-        let unchanged = Cond::eq("key_id", configured.key_id.as_str());
-        match store.put(item, Some(unchanged)).await {
+        let unchanged = StoredCredentials::KEY_ID.eq(configured.key_id.as_str());
+        match store.put(stored.to_item()?, Some(unchanged)).await {
             Ok(()) => rewritten += 1,
             Err(StoreError::ConditionFailed) => {}
             Err(e) => return Err(e.into()),

@@ -18,11 +18,12 @@ use super::checkout::{
 };
 use super::{Mode, Provider};
 use crate::app::Deps;
+use crate::domain::record::Changes;
 use crate::fields::Description;
 use crate::money::Currency;
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
-use crate::store::{Cond, Store, StoreError, Update};
+use crate::store::{Cond, Store, StoreError};
 use crate::time::Timestamp;
 
 /// What a client secret starts with; random alphanumerics follow.
@@ -160,11 +161,11 @@ pub async fn create(
     valid.client_secret_sha256 = Some(hash.clone());
     let mut session = checkout::create(store, &Creator::of(who), valid, now, fence).await?;
     if session.client_secret_sha256.as_deref() != Some(hash.as_str()) {
-        let update = Update::new().set("client_secret_sha256", hash.clone());
+        let update = Changes::new().set_some(CheckoutSession::CLIENT_SECRET_SHA256, hash.as_str());
         store
             .update(
                 &CheckoutSession::key(&session.id),
-                update,
+                update.into(),
                 Some(Cond::Exists),
             )
             .await?;

@@ -6,10 +6,10 @@ use rand::Rng;
 use super::auth::{SECRET_RANDOM_LEN, hash_secret};
 use super::{ApiKey, KeyKind, Merchant, Pause, Plan, Project, Scope, Seller, Suspension};
 use crate::domain::Mode;
-use crate::domain::record::{from_item, to_item};
+use crate::domain::record::{Changes, Record, from_item};
 use crate::ids::{IdKind, new_id};
 use crate::keys;
-use crate::store::{Cond, Index, Item, Query, Store, StoreError, TxOp, Update};
+use crate::store::{Cond, Index, Query, Store, StoreError, TxOp, Update};
 use crate::time::Timestamp;
 
 /// Creates a merchant.
@@ -28,8 +28,9 @@ pub async fn create_merchant(
         suspension: None,
         created_at: now,
     };
-    let item = to_item(&merchant, &Merchant::key(&merchant.id), &[])?;
-    store.put(item, Some(Cond::NotExists)).await?;
+    store
+        .put(merchant.to_item()?, Some(Cond::NotExists))
+        .await?;
     Ok(merchant)
 }
 
@@ -49,17 +50,7 @@ pub async fn create_project(
         seller: None,
         created_at: now,
     };
-    // Listed under its merchant (the dashboard's project switch).
-    let listed = (
-        Index::Gsi1,
-        keys::merchant_projects(&merchant.id),
-        format!("{}#{}", project.created_at.to_rfc3339(), project.id),
-    );
-    let item = to_item(&project, &Project::key(&project.id), &[listed])?;
-    let mut ops = vec![TxOp::Put {
-        item,
-        cond: Some(Cond::NotExists),
-    }];
+    let mut ops = vec![project.put_new()?];
     // The project's session counters start with it: they cover every
     // session it will have (checkout::stats::session_totals).
     for mode in [Mode::Sandbox, Mode::Live] {
@@ -107,8 +98,8 @@ pub async fn issue_api_key(
         expires_at: new.expires_at,
         spend_cap_paisa: new.spend_cap_paisa,
     };
-    let (secret, key, item) = mint_key(now, fields)?;
-    store.put(item, Some(Cond::NotExists)).await?;
+    let (secret, key) = mint_key(now, fields);
+    store.put(key.to_item()?, Some(Cond::NotExists)).await?;
     Ok((secret, key))
 }
 
@@ -131,18 +122,17 @@ pub(super) fn keys_partition(project_id: &str) -> String {
     keys::project_keys(project_id)
 }
 
-/// A fresh secret, its record and the item to store (not yet written).
-pub(super) fn mint_key(now: Timestamp, f: KeyFields) -> Result<(String, ApiKey, Item), StoreError> {
+/// A fresh secret and its record (not yet written).
+pub(super) fn mint_key(now: Timestamp, f: KeyFields) -> (String, ApiKey) {
     let random: String = rand::rng()
         .sample_iter(rand::distr::Alphanumeric)
         .take(SECRET_RANDOM_LEN)
         .map(char::from)
         .collect();
     let secret = format!("{}{random}", f.kind.prefix(f.mode));
-    let hash = hash_secret(&secret);
     let key = ApiKey {
         id: new_id(IdKind::ApiKey),
-        key_hash: hash.clone(),
+        key_hash: hash_secret(&secret),
         merchant_id: f.merchant_id,
         project_id: f.project_id,
         mode: f.mode,
@@ -157,9 +147,7 @@ pub(super) fn mint_key(now: Timestamp, f: KeyFields) -> Result<(String, ApiKey, 
         pause: None,
         created_at: now,
     };
-    let index = (Index::Gsi1, keys_partition(&key.project_id), key.id.clone());
-    let item = to_item(&key, &ApiKey::key_for_hash(&hash), &[index])?;
-    Ok((secret, key, item))
+    (secret, key)
 }
 
 /// Suspends a merchant: every call of its keys answers 403 from now on.
@@ -168,11 +156,13 @@ pub async fn suspend_merchant(
     merchant_id: &str,
     suspension: Suspension,
 ) -> Result<(), StoreError> {
-    let value =
-        serde_json::to_value(&suspension).map_err(|e| StoreError::Invalid(e.to_string()))?;
-    let update = Update::new().set("suspension", value);
+    let update = Changes::new().set_some(Merchant::SUSPENSION, &suspension);
     let written = store
-        .update(&Merchant::key(merchant_id), update, Some(Cond::Exists))
+        .update(
+            &Merchant::key(merchant_id),
+            update.into(),
+            Some(Cond::Exists),
+        )
         .await;
     super::cache::changed();
     written.map(|_| ())
@@ -184,14 +174,9 @@ pub async fn pause_api_key(
     key: &ApiKey,
     pause: Pause,
 ) -> Result<(), StoreError> {
-    let value = serde_json::to_value(&pause).map_err(|e| StoreError::Invalid(e.to_string()))?;
-    let update = Update::new().set("pause", value);
+    let update = Changes::new().set_some(ApiKey::PAUSE, &pause);
     let written = store
-        .update(
-            &ApiKey::key_for_hash(&key.key_hash),
-            update,
-            Some(Cond::Exists),
-        )
+        .update(&key.item_key(), update.into(), Some(Cond::Exists))
         .await;
     super::cache::changed();
     written.map(|_| ())
@@ -226,9 +211,13 @@ pub async fn reinstate_merchant(
     store: &dyn Store,
     merchant_id: &str,
 ) -> Result<Merchant, StoreError> {
-    let update = Update::new().remove("suspension");
+    let update = Changes::new().remove(Merchant::SUSPENSION);
     let written = store
-        .update(&Merchant::key(merchant_id), update, Some(Cond::Exists))
+        .update(
+            &Merchant::key(merchant_id),
+            update.into(),
+            Some(Cond::Exists),
+        )
         .await;
     super::cache::changed();
     from_item(written?)
@@ -241,10 +230,13 @@ pub async fn set_plan(
     merchant_id: &str,
     plan: Plan,
 ) -> Result<Merchant, StoreError> {
-    let value = serde_json::to_value(plan).map_err(|e| StoreError::Invalid(e.to_string()))?;
-    let update = Update::new().set("plan", value);
+    let update = Changes::new().set(Merchant::PLAN, &plan);
     let written = store
-        .update(&Merchant::key(merchant_id), update, Some(Cond::Exists))
+        .update(
+            &Merchant::key(merchant_id),
+            update.into(),
+            Some(Cond::Exists),
+        )
         .await;
     super::cache::changed();
     from_item(written?)
@@ -259,14 +251,11 @@ pub async fn set_seller(
     seller: Option<&Seller>,
 ) -> Result<Project, StoreError> {
     let update = match seller {
-        Some(s) => Update::new().set(
-            "seller",
-            serde_json::to_value(s).map_err(|e| StoreError::Invalid(e.to_string()))?,
-        ),
-        None => Update::new().remove("seller"),
+        Some(s) => Changes::new().set_some(Project::SELLER, s),
+        None => Changes::new().remove(Project::SELLER),
     };
     let item = store
-        .update(&Project::key(project_id), update, Some(Cond::Exists))
+        .update(&Project::key(project_id), update.into(), Some(Cond::Exists))
         .await?;
     from_item(item)
 }
@@ -276,9 +265,9 @@ pub async fn set_live_invoicing(
     project_id: &str,
     enabled: bool,
 ) -> Result<Project, StoreError> {
-    let update = Update::new().set("live_invoicing", enabled);
+    let update = Changes::new().set(Project::LIVE_INVOICING, &enabled);
     let item = store
-        .update(&Project::key(project_id), update, Some(Cond::Exists))
+        .update(&Project::key(project_id), update.into(), Some(Cond::Exists))
         .await?;
     from_item(item)
 }
@@ -287,17 +276,18 @@ pub async fn set_live_invoicing(
 /// before the dashboard were not (`dhukuti-admin project
 /// list-under-merchant`, and the local gateway on start).
 pub async fn list_under_merchant(store: &dyn Store, project: &Project) -> Result<(), StoreError> {
-    let update = Update::new()
-        .set(
-            Index::Gsi1.pk_attr(),
-            keys::merchant_projects(&project.merchant_id),
-        )
-        .set(
-            Index::Gsi1.sk_attr(),
-            format!("{}#{}", project.created_at.to_rfc3339(), project.id),
-        );
+    // Its entries as a new project's (no field changes: only the index
+    // attributes, which `Changes` does not name, are set).
+    let update = project.entries().into_iter().fold(
+        Update::from(Changes::<Project>::new()),
+        |update, entry| {
+            update
+                .set(entry.index.pk_attr(), entry.partition)
+                .set(entry.index.sk_attr(), entry.sort)
+        },
+    );
     store
-        .update(&Project::key(&project.id), update, Some(Cond::Exists))
+        .update(&project.item_key(), update, Some(Cond::Exists))
         .await
         .map(|_| ())
 }

@@ -3,8 +3,8 @@
 
 use super::ApiKey;
 use super::admin::{KeyFields, keys_partition, mint_key};
-use crate::domain::record::from_item;
-use crate::store::{Cond, Index, Query, Store, StoreError, TxOp, Update};
+use crate::domain::record::{Changes, Record, from_item};
+use crate::store::{Cond, Index, Query, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// Every key of a project, newest first, revoked ones excluded.
@@ -43,23 +43,16 @@ pub async fn find_api_key(
     let Some(found) = listed.into_iter().find(|k| k.id == key_id) else {
         return Ok(None);
     };
-    match store.get(&ApiKey::key_for_hash(&found.key_hash)).await? {
-        Some(item) => {
-            let key: ApiKey = from_item(item)?;
-            Ok((key.id == key_id && key.project_id == project_id).then_some(key))
-        }
-        None => Ok(None),
-    }
+    let key: Option<ApiKey> = crate::domain::record::get(store, &found.item_key()).await?;
+    Ok(key.filter(|key| key.id == key_id && key.project_id == project_id))
 }
 
 /// Revokes a key for good: its item is deleted, so [`authenticate`](super::authenticate) answers
 /// [`AuthError::Invalid`](super::AuthError::Invalid) from now on. [`StoreError::ConditionFailed`] when
 /// it was already revoked.
 pub async fn revoke_api_key(store: &dyn Store, key: &ApiKey) -> Result<(), StoreError> {
-    let cond = Cond::And(vec![Cond::Exists, Cond::eq("id", key.id.as_str())]);
-    let deleted = store
-        .delete(&ApiKey::key_for_hash(&key.key_hash), Some(cond))
-        .await;
+    let cond = Cond::And(vec![Cond::Exists, ApiKey::ID.eq(key.id.as_str())]);
+    let deleted = store.delete(&key.item_key(), Some(cond)).await;
     super::cache::changed();
     deleted
 }
@@ -132,26 +125,23 @@ pub async fn rotate_api_key(
         expires_at,
         spend_cap_paisa: old.spend_cap_paisa,
     };
-    let (secret, new_key, new_item) = mint_key(now, fields)?;
+    let (secret, new_key) = mint_key(now, fields);
     let grace_end = now.plus(grace);
     let old_expiry = match old.expires_at {
         Some(t) if t < grace_end => t,
         _ => grace_end,
     };
-    let expiry_value =
-        serde_json::to_value(old_expiry).map_err(|e| StoreError::Invalid(e.to_string()))?;
     let written = store
         .transact(vec![
-            TxOp::Put {
-                item: new_item,
-                cond: Some(Cond::NotExists),
-            },
+            new_key.put_new()?,
             TxOp::Update {
-                key: ApiKey::key_for_hash(&old.key_hash),
-                update: Update::new().set("expires_at", expiry_value),
+                key: old.item_key(),
+                update: Changes::new()
+                    .set_some(ApiKey::EXPIRES_AT, &old_expiry)
+                    .into(),
                 cond: Some(Cond::And(vec![
                     Cond::Exists,
-                    Cond::eq("id", old.id.as_str()),
+                    ApiKey::ID.eq(old.id.as_str()),
                 ])),
             },
         ])

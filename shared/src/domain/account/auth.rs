@@ -6,9 +6,10 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::{ApiKey, KeyKind, Merchant, Pause, Suspension};
+use crate::domain::record::{Changes, Record};
 use crate::domain::{Mode, Tenant};
 use crate::refusal::{Kind, Refusal};
-use crate::store::{Cond, Store, StoreError, Update};
+use crate::store::{Cond, Store, StoreError};
 use crate::time::Timestamp;
 
 /// Random characters after the mode prefix of a secret key.
@@ -224,11 +225,11 @@ pub async fn record_use(
     // key revoked meanwhile from coming back as a bare item.
     let stale = Cond::And(vec![
         Cond::Exists,
-        Cond::Not(Box::new(Cond::ge("last_used_at", cutoff.to_rfc3339()))),
+        Cond::Not(Box::new(ApiKey::LAST_USED_AT.ge(&Some(cutoff)))),
     ]);
-    let update = Update::new().set("last_used_at", now.to_rfc3339());
+    let update = Changes::new().set_some(ApiKey::LAST_USED_AT, &now);
     match store
-        .update(&ApiKey::key_for_hash(&key.key_hash), update, Some(stale))
+        .update(&key.item_key(), update.into(), Some(stale))
         .await
     {
         Ok(_) => Ok(true),

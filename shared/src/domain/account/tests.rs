@@ -660,3 +660,86 @@ async fn a_change_in_this_process_is_seen_at_once() {
     cache.remember(&Arc::new(p), now, epoch);
     assert!(cache.recall(&other_secret, now).is_none(), "revoked");
 }
+
+#[tokio::test]
+async fn keys_and_projects_are_stored_where_and_listed_as_before() {
+    use crate::domain::record::Record;
+    use crate::store::{Index, PK, SK};
+    let store = store();
+    let (m, p) = setup(&*store).await;
+    let Ok((_, key)) = issue_api_key(&*store, SystemClock.now(), &p, all_scopes(Mode::Live)).await
+    else {
+        panic!("key")
+    };
+    let Ok(Some(item)) = store.get(&ApiKey::key_for_hash(&key.key_hash)).await else {
+        panic!("the key is stored under its hash")
+    };
+    assert_eq!(item[PK], format!("AKEY#{}", key.key_hash));
+    assert_eq!(item[Index::Gsi1.pk_attr()], format!("PROJ#{}#AKEYS", p.id));
+    assert_eq!(item[Index::Gsi1.sk_attr()], key.id.as_str());
+    let Ok(Some(item)) = store.get(&Project::key(&p.id)).await else {
+        panic!("the project is stored")
+    };
+    assert_eq!(item[Index::Gsi1.pk_attr()], format!("MER#{}#PROJ", m.id));
+    assert_eq!(
+        item[Index::Gsi1.sk_attr()],
+        format!("{}#{}", p.created_at.to_rfc3339(), p.id)
+    );
+    assert_eq!(p.item_key(), Project::key(&p.id));
+    assert_eq!(m.item_key(), Merchant::key(&m.id));
+    let Ok(Some(item)) = store.get(&Merchant::key(&m.id)).await else {
+        panic!("the merchant is stored")
+    };
+    assert_eq!(item[SK], "MER");
+}
+
+#[tokio::test]
+async fn listing_a_project_again_writes_its_entry_and_nothing_else() {
+    use crate::store::Index;
+    let store = store();
+    let (_, p) = setup(&*store).await;
+    let Ok(Some(before)) = store.get(&Project::key(&p.id)).await else {
+        panic!("the project is stored")
+    };
+    let mut bare = before.clone();
+    bare.remove(Index::Gsi1.pk_attr());
+    bare.remove(Index::Gsi1.sk_attr());
+    assert_eq!(store.put(bare, None).await, Ok(()));
+    assert_eq!(list_under_merchant(&*store, &p).await, Ok(()));
+    let Ok(Some(after)) = store.get(&Project::key(&p.id)).await else {
+        panic!("the project is stored")
+    };
+    assert_eq!(after, before);
+}
+
+#[test]
+fn a_keys_spend_is_charged_and_capped_as_before() {
+    use crate::domain::record::Record;
+    use crate::store::{Cond, Update};
+    let t = crate::testenv::at("2026-11-26T10:00:00Z");
+    assert_eq!(
+        ApiKeySpend::key("ak_1", t),
+        crate::keys::spend_counter("ak_1", 2026, 11)
+    );
+    let spend = ApiKeySpend {
+        api_key_id: "ak_1".into(),
+        year: 2026,
+        month: 11,
+        ..ApiKeySpend::default()
+    };
+    assert_eq!(spend.item_key(), ApiKeySpend::key("ak_1", t));
+    assert_eq!(
+        ApiKeySpend::within(1000, 100),
+        Some(Cond::Or(vec![
+            Cond::AttrNotExists("volume".into()),
+            Cond::le("volume", 900),
+        ]))
+    );
+    assert_eq!(ApiKeySpend::within(1000, 1000).map(|_| ()), Some(()));
+    assert_eq!(ApiKeySpend::within(1000, 1001), None);
+    let charge: Update = ApiKeySpend::charge(500, 1_800_000_000).into();
+    assert_eq!(
+        charge,
+        Update::new().add("volume", 500).set("ttl", 1_800_000_000)
+    );
+}

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::DashboardUser;
 use super::sessions::DashboardSession;
 use crate::domain::Mode;
-use crate::domain::record::{from_item, to_item};
+use crate::domain::record::{Record, from_item};
 use crate::ids::{IdKind, new_id};
 use crate::keys;
 use crate::store::{Cond, Key, Query, SkCond, Store, StoreError, TxOp};
@@ -100,29 +100,24 @@ pub fn audit_entry(
     }
 }
 
-fn audit_key(entry: &AuditEntry) -> Key {
-    Key::new(
-        keys::audit_partition(&entry.merchant_id),
-        format!("{}#{}", entry.at.to_rfc3339(), entry.id),
-    )
+impl Record for AuditEntry {
+    /// In its merchant's log, by time.
+    fn item_key(&self) -> Key {
+        Key::new(
+            keys::audit_partition(&self.merchant_id),
+            format!("{}#{}", self.at.to_rfc3339(), self.id),
+        )
+    }
 }
 
 /// Writes an audit entry.
 pub async fn record_audit(store: &dyn Store, entry: &AuditEntry) -> Result<(), StoreError> {
-    store
-        .put(
-            to_item(entry, &audit_key(entry), &[])?,
-            Some(Cond::NotExists),
-        )
-        .await
+    store.put(entry.to_item()?, Some(Cond::NotExists)).await
 }
 
 /// The put of an audit entry, for an action's own transaction.
 pub fn audit_op(entry: &AuditEntry) -> Result<TxOp, StoreError> {
-    Ok(TxOp::Put {
-        item: to_item(entry, &audit_key(entry), &[])?,
-        cond: Some(Cond::NotExists),
-    })
+    entry.put_new()
 }
 
 /// A page of a merchant's audit log, newest first, from before the

@@ -56,9 +56,8 @@ pub async fn complete_form(
     resource_id: &str,
 ) -> Result<(), StoreError> {
     // The claim's own item, its id filled in.
-    let TxOp::Put { mut item, .. } = fence.op(resource_id) else {
+    let TxOp::Put { item, .. } = fence.op(resource_id) else {
         return Ok(());
     };
-    item.insert("resource_id".into(), resource_id.into());
     store.put(item, Some(Cond::Exists)).await
 }

@@ -7,6 +7,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 
+use super::record::{Entry, Record};
 use crate::keys;
 use crate::refusal::{Kind, Refusal};
 use crate::store::{Key, StoreError};
@@ -26,8 +27,9 @@ pub use sessions::{
     SignedIn, new_form_token, open_session, same_token, sign_in, sign_out, switch_view,
 };
 pub use users::{
-    UserChange, change_user, check_password, create_user, end_all_sessions, find_user_by_email,
-    list_users, normalize_email, reset_password, reset_password_of, set_disabled, verify_password,
+    EmailClaim, UserChange, change_user, check_password, create_user, end_all_sessions,
+    find_user_by_email, list_users, normalize_email, reset_password, reset_password_of,
+    set_disabled, verify_password,
 };
 
 /// What a person may do in the dashboard.
@@ -129,6 +131,20 @@ crate::attrs! { DashboardUser {
 impl DashboardUser {
     pub fn key(id: &str) -> Key {
         keys::dashboard_user(id)
+    }
+}
+
+impl Record for DashboardUser {
+    fn item_key(&self) -> Key {
+        DashboardUser::key(&self.id)
+    }
+
+    /// Listed among its merchant's people, oldest first.
+    fn entries(&self) -> Vec<Entry> {
+        vec![Entry::gsi1(
+            keys::merchant_users(&self.merchant_id),
+            format!("{}#{}", self.created_at.to_rfc3339(), self.id),
+        )]
     }
 }
 

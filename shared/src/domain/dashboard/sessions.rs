@@ -7,10 +7,10 @@ use serde::{Deserialize, Serialize};
 use super::users::{decoy_hash, find_user_by_email, get_user, normalize_email, verify_password};
 use super::{DashboardError, DashboardUser, random_alnum, same};
 use crate::domain::Mode;
-use crate::domain::record::{from_item, to_item};
+use crate::domain::record::{Changes, Record};
 use crate::keys;
 use crate::limits::public;
-use crate::store::{Cond, Key, Store, StoreError, TTL, Update};
+use crate::store::{Cond, Key, Store, StoreError};
 use crate::time::Timestamp;
 
 /// Random characters of a session cookie after its prefix.
@@ -54,6 +54,13 @@ pub struct DashboardSession {
     pub expires_at: Timestamp,
     /// The address it signed in from (for the audit log).
     pub address: String,
+    /// When the store may drop it (epoch seconds): an hour after its
+    /// absolute expiry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<i64>,
+    /// The SHA-256 of its cookie: not stored, the item's key holds it.
+    #[serde(skip)]
+    token_hash: String,
 }
 
 crate::attrs! { DashboardSession {
@@ -67,7 +74,14 @@ crate::attrs! { DashboardSession {
     LAST_SEEN_AT: Timestamp = last_seen_at,
     EXPIRES_AT: Timestamp = expires_at,
     ADDRESS: String = address,
+    TTL: Option<i64> = ttl,
 } }
+
+impl Record for DashboardSession {
+    fn item_key(&self) -> Key {
+        keys::dashboard_session(&self.token_hash)
+    }
+}
 
 impl DashboardSession {
     /// When it ends if no request comes.
@@ -106,8 +120,12 @@ pub enum SessionEnd {
     Revoked,
 }
 
+fn token_hash(cookie: &str) -> String {
+    super::super::account::hash_secret(cookie)
+}
+
 fn session_key(cookie: &str) -> Key {
-    keys::dashboard_session(&super::super::account::hash_secret(cookie))
+    keys::dashboard_session(&token_hash(cookie))
 }
 
 fn well_formed(cookie: &str) -> bool {
@@ -173,6 +191,7 @@ pub async fn sign_in(
         .next()
         .ok_or(DashboardError::NoProject)?;
     let cookie = format!("{TOKEN_PREFIX}{}", random_alnum(TOKEN_RANDOM));
+    let expires_at = now.plus(ABSOLUTE);
     let session = DashboardSession {
         user_id: user.id.clone(),
         merchant_id: user.merchant_id.clone(),
@@ -182,29 +201,17 @@ pub async fn sign_in(
         mode: Mode::Sandbox,
         created_at: now,
         last_seen_at: now,
-        expires_at: now.plus(ABSOLUTE),
+        expires_at,
         address: address.chars().take(64).collect(),
+        ttl: Some(expires_at.unix_seconds() + 3600),
+        token_hash: token_hash(&cookie),
     };
-    store_session(store, &cookie, &session, Some(Cond::NotExists)).await?;
+    store.put(session.to_item()?, Some(Cond::NotExists)).await?;
     Ok(SignedIn {
         cookie,
         session,
         user,
     })
-}
-
-async fn store_session(
-    store: &dyn Store,
-    cookie: &str,
-    session: &DashboardSession,
-    cond: Option<Cond>,
-) -> Result<(), StoreError> {
-    let mut item = to_item(session, &session_key(cookie), &[])?;
-    item.insert(
-        TTL.into(),
-        (session.expires_at.unix_seconds() + 3600).into(),
-    );
-    store.put(item, cond).await
 }
 
 /// The session and user a cookie names, if it is still open: two reads
@@ -219,10 +226,11 @@ pub async fn open_session(
         return Ok(Err(SessionEnd::Unknown));
     }
     let key = session_key(cookie);
-    let Some(item) = store.get(&key).await? else {
+    let found: Option<DashboardSession> = crate::domain::record::get(store, &key).await?;
+    let Some(mut session) = found else {
         return Ok(Err(SessionEnd::Unknown));
     };
-    let mut session: DashboardSession = from_item(item)?;
+    session.token_hash = token_hash(cookie);
     if session.idle_until() <= now {
         let _ = store.delete(&key, None).await;
         return Ok(Err(SessionEnd::Expired));
@@ -241,9 +249,9 @@ pub async fn open_session(
         }
     };
     if session.last_seen_at.plus(TOUCH_EVERY) <= now {
-        let stale = Cond::lt("last_seen_at", now.plus(-TOUCH_EVERY).to_rfc3339());
-        let update = Update::new().set("last_seen_at", now.to_rfc3339());
-        match store.update(&key, update, Some(stale)).await {
+        let stale = DashboardSession::LAST_SEEN_AT.lt(&now.plus(-TOUCH_EVERY));
+        let update = Changes::new().set(DashboardSession::LAST_SEEN_AT, &now);
+        match store.update(&key, update.into(), Some(stale)).await {
             Ok(_) | Err(StoreError::ConditionFailed) => {}
             Err(e) => return Err(e),
         }
@@ -275,11 +283,11 @@ pub async fn switch_view(
             message: "No such project".into(),
         });
     }
-    let update = Update::new()
-        .set("project_id", project_id)
-        .set("mode", mode.as_str());
+    let update = Changes::new()
+        .set(DashboardSession::PROJECT_ID, project_id)
+        .set(DashboardSession::MODE, &mode);
     store
-        .update(&session_key(cookie), update, Some(Cond::Exists))
+        .update(&session_key(cookie), update.into(), Some(Cond::Exists))
         .await?;
     Ok(())
 }

@@ -399,3 +399,80 @@ async fn an_owner_changes_only_their_own_merchants_people() {
         .unwrap_or_default();
     assert_eq!(users.len(), 2);
 }
+
+#[tokio::test]
+async fn people_claims_and_sessions_are_stored_as_before() {
+    use crate::domain::account::hash_secret;
+    use crate::domain::record::Record;
+    use crate::store::{Index, PK, SK};
+    let (store, user, project) = setup().await;
+    // The email claim: its key and the user's id, nothing else.
+    let Ok(Some(claim)) = store.get(&keys::dashboard_email("owner@himal.np")).await else {
+        panic!("the email is claimed")
+    };
+    assert_eq!(claim.len(), 3, "{claim:?}");
+    assert_eq!(claim[PK], "DEMAIL#owner@himal.np");
+    assert_eq!(claim[SK], "DEMAIL");
+    assert_eq!(claim["user_id"], user.id.as_str());
+    // The user, listed among its merchant's people by creation.
+    let Ok(Some(stored)) = store.get(&DashboardUser::key(&user.id)).await else {
+        panic!("the user is stored")
+    };
+    assert_eq!(
+        stored[Index::Gsi1.pk_attr()],
+        format!("MER#{}#DUSER", user.merchant_id)
+    );
+    assert_eq!(
+        stored[Index::Gsi1.sk_attr()],
+        format!("{}#{}", user.created_at.to_rfc3339(), user.id)
+    );
+    assert_eq!(user.item_key(), DashboardUser::key(&user.id));
+    // The session, under its cookie's hash, kept an hour past its end.
+    let t0 = at("2026-11-26T10:00:00Z");
+    let s = sign_in(&store, t0, "owner@himal.np", PASSWORD, "10.0.0.1")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let key = keys::dashboard_session(&hash_secret(&s.cookie));
+    assert_eq!(s.session.item_key(), key);
+    let Ok(Some(item)) = store.get(&key).await else {
+        panic!("the session is stored under its cookie's hash")
+    };
+    let ttl = s.session.expires_at.unix_seconds() + 3600;
+    assert_eq!(item["ttl"], ttl);
+    assert_eq!(s.session.ttl, Some(ttl));
+    assert!(!item.contains_key("token_hash"), "{item:?}");
+    // Opened again, it is the session signed in (its key too).
+    let opened = open_session(&store, t0, &s.cookie)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let Ok((session, _)) = opened else {
+        panic!("{opened:?}")
+    };
+    assert_eq!(session, s.session);
+    assert_eq!(session.project_id, project);
+}
+
+#[test]
+fn an_audit_entry_is_kept_in_its_merchants_log_by_time() {
+    use crate::domain::record::Record;
+    let entry = AuditEntry {
+        id: "aud_1".into(),
+        merchant_id: "mer_1".into(),
+        user_id: "usr_1".into(),
+        email: "a@b.np".into(),
+        action: "sign_in".into(),
+        target: String::new(),
+        project_id: String::new(),
+        mode: None,
+        detail: String::new(),
+        address: "10.0.0.1".into(),
+        at: at("2026-11-26T10:00:00Z"),
+    };
+    assert_eq!(
+        entry.item_key(),
+        crate::store::Key::new(
+            keys::audit_partition("mer_1"),
+            format!("{}#aud_1", entry.at.to_rfc3339())
+        )
+    );
+}

@@ -5,13 +5,41 @@ use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, Salt
 use argon2::{Algorithm, Argon2, Params, Version};
 
 use rand::Rng;
+use serde::{Deserialize, Serialize};
 
 use super::{DashboardError, DashboardUser, Role};
-use crate::domain::record::{from_item, to_item};
+use crate::domain::record::{Changes, Record, from_item};
 use crate::ids::{IdKind, new_id};
 use crate::keys;
-use crate::store::{Cond, Index, Query, Store, StoreError, TxOp, Update};
+use crate::store::{Cond, Index, Key, Query, Store, StoreError};
 use crate::time::Timestamp;
+
+/// The claim of an email by the one user who signs in with it: written
+/// with the user, in one transaction, where none is yet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmailClaim {
+    /// The email claimed (lowercased): not stored, the item's key holds
+    /// it.
+    #[serde(skip)]
+    pub email: String,
+    pub user_id: String,
+}
+
+crate::attrs! { EmailClaim {
+    USER_ID: String = user_id,
+} }
+
+impl EmailClaim {
+    pub fn key(email: &str) -> Key {
+        keys::dashboard_email(email)
+    }
+}
+
+impl Record for EmailClaim {
+    fn item_key(&self) -> Key {
+        EmailClaim::key(&self.email)
+    }
+}
 
 /// Shortest password accepted (NIST SP 800-63B asks for at least 8; a
 /// dashboard that issues refunds asks for more).
@@ -141,27 +169,11 @@ pub async fn create_user(
         session_epoch: 0,
         created_at: now,
     };
-    let listed = (
-        Index::Gsi1,
-        keys::merchant_users(merchant_id),
-        format!("{}#{}", now.to_rfc3339(), user.id),
-    );
-    let item = to_item(&user, &DashboardUser::key(&user.id), &[listed])?;
-    let claim_key = keys::dashboard_email(&email);
-    let mut claim = crate::store::Item::new();
-    claim.insert(crate::store::PK.into(), claim_key.pk.into());
-    claim.insert(crate::store::SK.into(), claim_key.sk.into());
-    claim.insert("user_id".into(), user.id.clone().into());
-    let ops = vec![
-        TxOp::Put {
-            item: claim,
-            cond: Some(Cond::NotExists),
-        },
-        TxOp::Put {
-            item,
-            cond: Some(Cond::NotExists),
-        },
-    ];
+    let claim = EmailClaim {
+        email,
+        user_id: user.id.clone(),
+    };
+    let ops = vec![claim.put_new()?, user.put_new()?];
     match store.transact(ops).await {
         Ok(()) => Ok(user),
         Err(e) if e.is_condition_failure() => Err(DashboardError::EmailTaken),
@@ -183,16 +195,17 @@ pub async fn find_user_by_email(
     email: &str,
 ) -> Result<Option<DashboardUser>, DashboardError> {
     let email = normalize_email(email)?;
-    let Some(claim) = store.get(&keys::dashboard_email(&email)).await? else {
+    let claim: Option<EmailClaim> =
+        crate::domain::record::get(store, &EmailClaim::key(&email)).await?;
+    let Some(claim) = claim else {
         // As many reads as a known email, so timing tells nobody which
         // emails sign in here.
         let _ = get_user(store, "usr_00000000000000000000000000").await;
         return Ok(None);
     };
-    let Some(id) = claim.get("user_id").and_then(|v| v.as_str()) else {
-        return Ok(None);
-    };
-    Ok(get_user(store, id).await?.filter(|u| u.email == email))
+    Ok(get_user(store, &claim.user_id)
+        .await?
+        .filter(|u| u.email == email))
 }
 
 /// Sets a new password and ends every session of the user.
@@ -205,11 +218,11 @@ pub async fn reset_password(
         .await?
         .ok_or(DashboardError::UnknownUser)?;
     let hash = hash_password(password).await?;
-    let update = Update::new()
-        .set("password_hash", hash)
-        .add("session_epoch", 1);
+    let update = Changes::new()
+        .set(DashboardUser::PASSWORD_HASH, hash.as_str())
+        .add(DashboardUser::SESSION_EPOCH, 1);
     let item = store
-        .update(&DashboardUser::key(&user.id), update, Some(Cond::Exists))
+        .update(&user.item_key(), update.into(), Some(Cond::Exists))
         .await?;
     Ok(from_item(item)?)
 }
@@ -223,12 +236,12 @@ pub async fn set_disabled(
     let user = find_user_by_email(store, email)
         .await?
         .ok_or(DashboardError::UnknownUser)?;
-    let mut update = Update::new().set("disabled", disabled);
+    let mut update = Changes::new().set(DashboardUser::DISABLED, &disabled);
     if disabled {
-        update = update.add("session_epoch", 1);
+        update = update.add(DashboardUser::SESSION_EPOCH, 1);
     }
     let item = store
-        .update(&DashboardUser::key(&user.id), update, Some(Cond::Exists))
+        .update(&user.item_key(), update.into(), Some(Cond::Exists))
         .await?;
     Ok(from_item(item)?)
 }
@@ -238,7 +251,7 @@ pub async fn end_all_sessions(store: &dyn Store, user_id: &str) -> Result<(), St
     store
         .update(
             &DashboardUser::key(user_id),
-            Update::new().add("session_epoch", 1),
+            Changes::new().add(DashboardUser::SESSION_EPOCH, 1).into(),
             Some(Cond::Exists),
         )
         .await
@@ -273,13 +286,18 @@ pub async fn change_user(
     change: UserChange,
 ) -> Result<DashboardUser, DashboardError> {
     let update = match change {
-        UserChange::Role(role) => Update::new().set("role", role.as_str()),
-        UserChange::Disabled(true) => Update::new().set("disabled", true).add("session_epoch", 1),
-        UserChange::Disabled(false) => Update::new().set("disabled", false),
+        UserChange::Role(role) => Changes::new().set(DashboardUser::ROLE, &role),
+        UserChange::Disabled(true) => Changes::new()
+            .set(DashboardUser::DISABLED, &true)
+            .add(DashboardUser::SESSION_EPOCH, 1),
+        UserChange::Disabled(false) => Changes::new().set(DashboardUser::DISABLED, &false),
     };
-    let ours = Cond::And(vec![Cond::Exists, Cond::eq("merchant_id", merchant_id)]);
+    let ours = Cond::And(vec![
+        Cond::Exists,
+        DashboardUser::MERCHANT_ID.eq(merchant_id),
+    ]);
     match store
-        .update(&DashboardUser::key(user_id), update, Some(ours))
+        .update(&DashboardUser::key(user_id), update.into(), Some(ours))
         .await
     {
         Ok(item) => Ok(from_item(item)?),
