@@ -23,9 +23,9 @@ use std::sync::{LazyLock, Mutex};
 use serde::{Deserialize, Serialize};
 
 use super::Mode;
-use super::record::from_item;
+use super::record::{Changes, Record, from_item};
 use crate::keys;
-use crate::store::{Cond, Key, Query, Store, StoreError, Update};
+use crate::store::{Key, Query, Store, StoreError};
 use crate::time::Timestamp;
 
 /// Registry partitions.
@@ -51,6 +51,12 @@ crate::attrs! { Active {
     MODE: Mode = mode,
     TOUCHED_AT: Timestamp = touched_at,
 } }
+
+impl Record for Active {
+    fn item_key(&self) -> Key {
+        key(&self.project_id, self.mode)
+    }
+}
 
 fn shard(project_id: &str) -> u32 {
     keys::stats_shard(project_id) % SHARDS
@@ -105,12 +111,12 @@ pub async fn touch_now(
     mode: Mode,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    let update = Update::new()
-        .set("project_id", project_id)
-        .set("mode", mode.as_str())
-        .set("touched_at", now.to_rfc3339());
+    let update = Changes::<Active>::new()
+        .set(Active::PROJECT_ID, project_id)
+        .set(Active::MODE, &mode)
+        .set(Active::TOUCHED_AT, &now);
     store
-        .update(&key(project_id, mode), update, None)
+        .update(&key(project_id, mode), update.into(), None)
         .await
         .map(|_| ())
 }
@@ -146,8 +152,8 @@ pub async fn retire(store: &dyn Store, a: &Active, now: Timestamp) -> Result<boo
     if now < a.touched_at.plus(IDLE_AFTER) {
         return Ok(false);
     }
-    let cond = Cond::eq("touched_at", a.touched_at.to_rfc3339());
-    match store.delete(&key(&a.project_id, a.mode), Some(cond)).await {
+    let cond = Active::TOUCHED_AT.eq(&a.touched_at);
+    match store.delete(&a.item_key(), Some(cond)).await {
         Ok(()) => Ok(true),
         Err(StoreError::ConditionFailed) => Ok(false),
         Err(e) => Err(e),

@@ -11,14 +11,12 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::checkout::stats::{
-    PAYMENTS_FAILED, PAYMENTS_SUCCESS, PAYMENTS_TOTAL, SESSIONS_CREATED, SESSIONS_INITIATED,
-    SESSIONS_PAID, SUCCESS_VOLUME, day_end_sk, day_of, day_sk, provider_count, provider_success,
-    provider_volume, start_of_day,
-};
+use super::checkout::stats::{DayCounters, day_end_sk, day_of, day_sk, start_of_day};
+use super::record::from_item;
+use super::totals::Counter;
 use super::{Mode, Provider};
 use crate::domain::Tenant;
-use crate::store::{Item, PK, Query, SK, SkCond, Store, StoreError, TTL};
+use crate::store::{Query, SkCond, Store, StoreError};
 use crate::time::Timestamp;
 
 /// Days in the window when the request names none.
@@ -92,10 +90,6 @@ fn ratio(part: i64, whole: i64) -> f64 {
     }
 }
 
-fn int(item: &Item, attr: &str) -> i64 {
-    item.get(attr).and_then(|v| v.as_i64()).unwrap_or(0)
-}
-
 /// The overview of the last `days` UTC days including today's (the window
 /// starts at midnight UTC `days - 1` days before `now` and ends `now`).
 pub async fn overview(
@@ -115,7 +109,7 @@ async fn window_items(
     tenant: &Tenant,
     days: u32,
     now: Timestamp,
-) -> Result<(u32, Timestamp, Vec<Item>), StoreError> {
+) -> Result<(u32, Timestamp, Vec<DayCounters>), StoreError> {
     let days = days.clamp(1, MAX_DAYS);
     let start = start_of_day(now).plus(chrono::Duration::days(-(i64::from(days) - 1)));
     let items = day_items(
@@ -156,13 +150,10 @@ pub async fn overview_by_day(
         .collect();
     for item in &items {
         // `DAY#YYYY-MM-DD` or `DAY#YYYY-MM-DD#shard`.
-        let day = item
-            .get(SK)
-            .and_then(|v| v.as_str())
-            .and_then(|sk| sk.get(4..14));
+        let day = item.sk.get(4..14);
         if let Some(slot) = day.and_then(|d| series.iter_mut().find(|f| f.day == d)) {
-            slot.success += int(item, PAYMENTS_SUCCESS);
-            slot.success_volume_paisa += int(item, SUCCESS_VOLUME);
+            slot.success += item.payments_success.get();
+            slot.success_volume_paisa += item.success_volume_paisa.get();
         }
     }
     Ok((summarize(&items, days, start, now), series))
@@ -177,13 +168,15 @@ async fn day_items(
     mode: Mode,
     first: &str,
     last: &str,
-) -> Result<Vec<Item>, StoreError> {
+) -> Result<Vec<DayCounters>, StoreError> {
     let mut q = Query::partition(crate::keys::stats_partition(project_id, mode))
         .sk(SkCond::Between(day_sk(first), day_end_sk(last)));
     let mut items = Vec::new();
     loop {
         let page = store.query(&q).await?;
-        items.extend(page.items);
+        for item in page.items {
+            items.push(from_item(item)?);
+        }
         match page.last_key {
             Some(last) => q.start_after = Some(last),
             None => break,
@@ -204,12 +197,9 @@ pub async fn day_totals(
     let day = day_of(at);
     let mut totals = BTreeMap::new();
     for item in day_items(store, project_id, mode, &day, &day).await? {
-        for (attr, value) in &item {
-            if attr == PK || attr == SK || attr == TTL {
-                continue;
-            }
-            if let Some(n) = value.as_i64() {
-                *totals.entry(attr.clone()).or_insert(0) += n;
+        for (attr, count) in item.counters() {
+            if let Some(n) = count.stored() {
+                *totals.entry(attr.name().to_owned()).or_insert(0) += n;
             }
         }
     }
@@ -218,19 +208,21 @@ pub async fn day_totals(
 
 /// Sums counter items (any number per day: shards, former unsharded
 /// items) into the overview.
-pub fn summarize(items: &[Item], days: u32, start: Timestamp, end: Timestamp) -> Overview {
-    let sum = |attr: &str| items.iter().map(|i| int(i, attr)).sum::<i64>();
-    let total = sum(PAYMENTS_TOTAL);
-    let success = sum(PAYMENTS_SUCCESS);
-    let initiated = sum(SESSIONS_INITIATED);
-    let paid = sum(SESSIONS_PAID);
+pub fn summarize(items: &[DayCounters], days: u32, start: Timestamp, end: Timestamp) -> Overview {
+    let sum = |count: &dyn Fn(&DayCounters) -> Counter| -> i64 {
+        items.iter().map(|i| count(i).get()).sum()
+    };
+    let total = sum(&|c| c.payments_total);
+    let success = sum(&|c| c.payments_success);
+    let initiated = sum(&|c| c.sessions_initiated);
+    let paid = sum(&|c| c.sessions_paid);
     let by_provider = Provider::ALL
         .iter()
         .map(|&p| ProviderFigures {
             provider: p,
-            count: sum(&provider_count(p)),
-            success_count: sum(&provider_success(p)),
-            success_volume_paisa: sum(&provider_volume(p)),
+            count: sum(&|c| c.provider(p).count),
+            success_count: sum(&|c| c.provider(p).success),
+            success_volume_paisa: sum(&|c| c.provider(p).success_volume),
         })
         .filter(|f| f.count > 0 || f.success_count > 0)
         .collect();
@@ -239,12 +231,12 @@ pub fn summarize(items: &[Item], days: u32, start: Timestamp, end: Timestamp) ->
         payments: PaymentFigures {
             total,
             success,
-            failed: sum(PAYMENTS_FAILED),
+            failed: sum(&|c| c.payments_failed),
             success_rate: ratio(success, total),
-            success_volume_paisa: sum(SUCCESS_VOLUME),
+            success_volume_paisa: sum(&|c| c.success_volume_paisa),
         },
         funnel: Funnel {
-            sessions_created: sum(SESSIONS_CREATED),
+            sessions_created: sum(&|c| c.sessions_created),
             sessions_initiated: initiated,
             sessions_paid: paid,
             conversion_rate_initiated_to_paid: ratio(paid, initiated),
@@ -256,14 +248,16 @@ pub fn summarize(items: &[Item], days: u32, start: Timestamp, end: Timestamp) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::checkout::stats::{SHARDS, Tally, counter_key, day_key, shard_of, shard_sk};
+    use crate::domain::checkout::stats::{
+        DayCounters, SHARDS, Tally, counter_key, day_key, shard_of, shard_sk,
+    };
     use crate::domain::checkout::{
         self, CheckoutSession, CreateCheckout, Creator, validate_create,
     };
     use crate::domain::payments::{AttemptInfo, Payment, PaymentStatus};
     use crate::money::{Currency, Paisa};
     use crate::store::embedded::EmbeddedStore;
-    use crate::store::{Key, TxOp, Update};
+    use crate::store::{Item, Key, PK, SK, TTL, TxOp, Update};
     use crate::testenv::at;
     use serde_json::json;
 
@@ -333,10 +327,10 @@ mod tests {
         assert_eq!(day_s.sk, "DAY#2026-11-20");
         assert_eq!(day_p.sk, "DAY#2026-11-21");
         assert_eq!(day_s.pk, "PROJ#proj_1#sandbox#STATS");
-        assert_eq!(t.added(&day_s, SESSIONS_PAID), 1);
-        assert_eq!(t.added(&day_p, SESSIONS_PAID), 0);
-        assert_eq!(t.added(&day_p, PAYMENTS_SUCCESS), 1);
-        assert_eq!(t.added(&day_p, SUCCESS_VOLUME), 100_000);
+        assert_eq!(t.added(&day_s, DayCounters::SESSIONS_PAID.name()), 1);
+        assert_eq!(t.added(&day_p, DayCounters::SESSIONS_PAID.name()), 0);
+        assert_eq!(t.added(&day_p, DayCounters::PAYMENTS_SUCCESS.name()), 1);
+        assert_eq!(t.added(&day_p, DayCounters::SUCCESS_VOLUME_PAISA.name()), 100_000);
         assert_eq!(t.added(&day_p, "khalti_success"), 1);
         assert_eq!(t.added(&day_p, "khalti_success_volume"), 100_000);
         // Each on a shard item of its day, the shard of the session.
@@ -367,7 +361,7 @@ mod tests {
                     t.session_created(&s);
                     t
                 },
-                vec![(SESSIONS_CREATED, 1)],
+                vec![(DayCounters::SESSIONS_CREATED.name(), 1)],
             ),
             (
                 "session initiated",
@@ -376,7 +370,7 @@ mod tests {
                     t.session_initiated(&s);
                     t
                 },
-                vec![(SESSIONS_INITIATED, 1)],
+                vec![(DayCounters::SESSIONS_INITIATED.name(), 1)],
             ),
             (
                 "session paid",
@@ -385,7 +379,7 @@ mod tests {
                     t.session_paid(&s);
                     t
                 },
-                vec![(SESSIONS_PAID, 1)],
+                vec![(DayCounters::SESSIONS_PAID.name(), 1)],
             ),
             (
                 "payment created",
@@ -394,7 +388,7 @@ mod tests {
                     t.payment_created(&p);
                     t
                 },
-                vec![(PAYMENTS_TOTAL, 1), ("esewa_count", 1)],
+                vec![(DayCounters::PAYMENTS_TOTAL.name(), 1), ("esewa_count", 1)],
             ),
             (
                 "payment succeeded",
@@ -404,8 +398,8 @@ mod tests {
                     t
                 },
                 vec![
-                    (PAYMENTS_SUCCESS, 1),
-                    (SUCCESS_VOLUME, 100_000),
+                    (DayCounters::PAYMENTS_SUCCESS.name(), 1),
+                    (DayCounters::SUCCESS_VOLUME_PAISA.name(), 100_000),
                     ("esewa_success", 1),
                     ("esewa_success_volume", 100_000),
                 ],
@@ -417,17 +411,17 @@ mod tests {
                     t.payment_failed(&p);
                     t
                 },
-                vec![(PAYMENTS_FAILED, 1)],
+                vec![(DayCounters::PAYMENTS_FAILED.name(), 1)],
             ),
         ];
         let all = [
-            SESSIONS_CREATED,
-            SESSIONS_INITIATED,
-            SESSIONS_PAID,
-            PAYMENTS_TOTAL,
-            PAYMENTS_SUCCESS,
-            PAYMENTS_FAILED,
-            SUCCESS_VOLUME,
+            DayCounters::SESSIONS_CREATED.name(),
+            DayCounters::SESSIONS_INITIATED.name(),
+            DayCounters::SESSIONS_PAID.name(),
+            DayCounters::PAYMENTS_TOTAL.name(),
+            DayCounters::PAYMENTS_SUCCESS.name(),
+            DayCounters::PAYMENTS_FAILED.name(),
+            DayCounters::SUCCESS_VOLUME_PAISA.name(),
             "esewa_count",
             "esewa_success",
             "esewa_success_volume",
@@ -457,7 +451,7 @@ mod tests {
         // The transaction already updates the counter item: the adds join it.
         let mut ops = vec![TxOp::Update {
             key: day.clone(),
-            update: Update::new().add(PAYMENTS_TOTAL, 2),
+            update: Update::new().add(DayCounters::PAYMENTS_TOTAL.name(), 2),
             cond: None,
         }];
         t.apply_to(&mut ops).unwrap();
@@ -469,8 +463,8 @@ mod tests {
             panic!("not an update")
         };
         let get = |a: &str| update.add.iter().find(|(x, _)| x == a).map(|(_, v)| *v);
-        assert_eq!(get(PAYMENTS_TOTAL), Some(3));
-        assert_eq!(get(SESSIONS_INITIATED), Some(2));
+        assert_eq!(get(DayCounters::PAYMENTS_TOTAL.name()), Some(3));
+        assert_eq!(get(DayCounters::SESSIONS_INITIATED.name()), Some(2));
         assert_eq!(get("fonepay_count"), Some(1));
         assert!(update.set.iter().any(|(a, _)| a == TTL));
 
@@ -645,15 +639,15 @@ mod tests {
             &store,
             now,
             &[
-                (SESSIONS_CREATED, 4),
-                (PAYMENTS_TOTAL, 3),
-                (PAYMENTS_SUCCESS, 2),
+                (DayCounters::SESSIONS_CREATED.name(), 4),
+                (DayCounters::PAYMENTS_TOTAL.name(), 3),
+                (DayCounters::PAYMENTS_SUCCESS.name(), 2),
                 ("khalti_count", 3),
                 ("khalti_success", 2),
             ],
         )
         .await;
-        put_unsharded(&store, yesterday, &[(SESSIONS_CREATED, 10)]).await;
+        put_unsharded(&store, yesterday, &[(DayCounters::SESSIONS_CREATED.name(), 10)]).await;
         // Then sharded adds on the same days.
         let mut t = Tally::new();
         for _ in 0..5 {
@@ -671,16 +665,16 @@ mod tests {
         let today = day_totals(&store, "proj_1", Mode::Sandbox, now)
             .await
             .unwrap();
-        assert_eq!(today.get(SESSIONS_CREATED), Some(&9));
-        assert_eq!(today.get(PAYMENTS_TOTAL), Some(&8));
-        assert_eq!(today.get(PAYMENTS_SUCCESS), Some(&7));
-        assert_eq!(today.get(SUCCESS_VOLUME), Some(&500_000));
+        assert_eq!(today.get(DayCounters::SESSIONS_CREATED.name()), Some(&9));
+        assert_eq!(today.get(DayCounters::PAYMENTS_TOTAL.name()), Some(&8));
+        assert_eq!(today.get(DayCounters::PAYMENTS_SUCCESS.name()), Some(&7));
+        assert_eq!(today.get(DayCounters::SUCCESS_VOLUME_PAISA.name()), Some(&500_000));
         assert_eq!(today.get("khalti_count"), Some(&8));
         assert!(!today.contains_key(TTL) && !today.contains_key(PK));
         let before = day_totals(&store, "proj_1", Mode::Sandbox, yesterday)
             .await
             .unwrap();
-        assert_eq!(before.get(SESSIONS_CREATED), Some(&11));
+        assert_eq!(before.get(DayCounters::SESSIONS_CREATED.name()), Some(&11));
         assert_eq!(before.len(), 1);
         let empty = day_totals(&store, "proj_1", Mode::Live, now).await.unwrap();
         assert!(empty.is_empty());
@@ -811,7 +805,7 @@ mod tests {
         let today = day_totals(&store, "proj_1", Mode::Sandbox, now)
             .await
             .unwrap();
-        assert_eq!(today.get(SESSIONS_CREATED), Some(&40));
+        assert_eq!(today.get(DayCounters::SESSIONS_CREATED.name()), Some(&40));
 
         store.queries.store(0, std::sync::atomic::Ordering::Relaxed);
         let o = overview(&store, &Tenant::new("proj_1", Mode::Sandbox), 7, now)
@@ -903,9 +897,9 @@ mod tests {
         let totals = day_totals(&*store, "proj_1", Mode::Sandbox, now)
             .await
             .unwrap();
-        assert_eq!(totals.get(SESSIONS_PAID), Some(&(TASKS * ROUNDS)));
-        assert_eq!(totals.get(PAYMENTS_SUCCESS), Some(&(TASKS * ROUNDS)));
-        assert_eq!(totals.get(SUCCESS_VOLUME), Some(&want_volume));
+        assert_eq!(totals.get(DayCounters::SESSIONS_PAID.name()), Some(&(TASKS * ROUNDS)));
+        assert_eq!(totals.get(DayCounters::PAYMENTS_SUCCESS.name()), Some(&(TASKS * ROUNDS)));
+        assert_eq!(totals.get(DayCounters::SUCCESS_VOLUME_PAISA.name()), Some(&want_volume));
         assert_eq!(totals.get("fonepay_success_volume"), Some(&want_volume));
         let o = overview(&*store, &Tenant::new("proj_1", Mode::Sandbox), 1, now)
             .await

@@ -54,14 +54,9 @@ pub async fn create_project(
     // The project's session counters start with it: they cover every
     // session it will have (checkout::stats::session_totals).
     for mode in [Mode::Sandbox, Mode::Live] {
-        let key = crate::keys::stats_totals_marker(&project.id, mode);
-        let mut marker = crate::store::Item::new();
-        marker.insert(crate::store::PK.into(), key.pk.into());
-        marker.insert(crate::store::SK.into(), key.sk.into());
-        marker.insert("since".into(), now.to_rfc3339().into());
-        marker.insert(super::super::totals::PAYMENTS_COVERED.into(), true.into());
+        let marker = super::super::totals::AllTimeMarker::new(&project.id, mode, now);
         ops.push(TxOp::Put {
-            item: marker,
+            item: super::super::record::Record::to_item(&marker)?,
             cond: None,
         });
     }

@@ -1102,7 +1102,7 @@ fn count(c: &std::collections::BTreeMap<String, i64>, attr: &str) -> i64 {
 
 #[test]
 fn a_start_counts_the_payment_and_the_first_attempt_of_its_session() {
-    use crate::domain::checkout::stats::{PAYMENTS_TOTAL, SESSIONS_INITIATED, day_key};
+    use crate::domain::checkout::stats::{DayCounters, day_key};
     let now = at("2026-11-22T10:00:00Z");
     let req: CreateCheckout = serde_json::from_value(json!({
         "amount": 100_000, "returnUrl": "https://shop.example/thanks"
@@ -1129,17 +1129,17 @@ fn a_start_counts_the_payment_and_the_first_attempt_of_its_session() {
         day_key("proj_1", Mode::Sandbox, yesterday),
         day_key("proj_1", Mode::Sandbox, now),
     );
-    assert_eq!(first.added(&d0, SESSIONS_INITIATED), 1);
-    assert_eq!(first.added(&d1, SESSIONS_INITIATED), 0);
-    assert_eq!(first.added(&d1, PAYMENTS_TOTAL), 1);
+    assert_eq!(first.added(&d0, DayCounters::SESSIONS_INITIATED.name()), 1);
+    assert_eq!(first.added(&d1, DayCounters::SESSIONS_INITIATED.name()), 0);
+    assert_eq!(first.added(&d1, DayCounters::PAYMENTS_TOTAL.name()), 1);
     assert_eq!(first.added(&d1, "khalti_count"), 1);
     // A second attempt (back at the picker after a cancel): the
     // payment counts, the session does not again.
     session.attempts = 1;
     session.payment_id = Some("pay_first".into());
     let second = start_tally(&session, &p);
-    assert_eq!(second.added(&d0, SESSIONS_INITIATED), 0);
-    assert_eq!(second.added(&d1, PAYMENTS_TOTAL), 1);
+    assert_eq!(second.added(&d0, DayCounters::SESSIONS_INITIATED.name()), 0);
+    assert_eq!(second.added(&d1, DayCounters::PAYMENTS_TOTAL.name()), 1);
 }
 
 #[tokio::test]

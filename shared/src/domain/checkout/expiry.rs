@@ -1,21 +1,17 @@
 //! Expiry: the open-sessions index, expiring one session or every due one,
 //! and listing with the status as of now.
 
-use serde_json::Value;
-
 use super::sessions::{CheckoutSession, SessionStatus, failed_at, find};
 use super::stats;
-use crate::domain::record::from_item;
+use crate::domain::links::PaymentLink;
+use crate::domain::record::{Changes, from_item};
 use crate::domain::{Mode, Tenant, Window};
 use crate::keys;
-use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason, Update};
+use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 
 fn open_cond() -> Cond {
-    Cond::Or(vec![
-        Cond::eq("status", SessionStatus::Pending.as_str()),
-        Cond::eq("status", SessionStatus::Initiated.as_str()),
-    ])
+    CheckoutSession::STATUS.is_in(&[SessionStatus::Pending, SessionStatus::Initiated])
 }
 
 /// Moves an open session to `expired`; when `only_if_due`, only once its
@@ -40,25 +36,25 @@ pub(super) async fn mark_expired(
     for attempt in 0..8usize {
         let current = match read.take() {
             Some(s) => s,
-            None => match store.get(&key).await? {
-                Some(item) => from_item::<CheckoutSession>(item)?,
+            None => match crate::domain::record::get::<CheckoutSession>(store, &key).await? {
+                Some(s) => s,
                 None => return Err(StoreError::Backend(format!("session {id} vanished"))),
             },
         };
         if current.status.is_final() || (only_if_due && now < current.expires_at) {
             return Ok(current);
         }
-        let mut conds = vec![Cond::Exists, Cond::eq("status", current.status.as_str())];
+        let mut conds = vec![Cond::Exists, CheckoutSession::STATUS.eq(&current.status)];
         if only_if_due {
-            conds.push(Cond::le("expires_at", now.to_rfc3339()));
+            conds.push(CheckoutSession::EXPIRES_AT.le(&now));
         }
-        let update = Update::new()
-            .set("status", SessionStatus::Expired.as_str())
-            .set("updated_at", now.to_rfc3339())
+        let update = Changes::<CheckoutSession>::new()
+            .set(CheckoutSession::STATUS, &SessionStatus::Expired)
+            .set(CheckoutSession::UPDATED_AT, &now)
             .unindex(Index::Gsi2);
         let mut ops = vec![TxOp::Update {
             key: key.clone(),
-            update,
+            update: update.into(),
             cond: Some(Cond::And(conds)),
         }];
         // A session holding one of its link's uses gives it back as it ends.
@@ -141,8 +137,9 @@ pub async fn due_for_expiry(
             .sk(SkCond::Lt(format!("{}#~", now.to_rfc3339())))
             .limit(limit);
         for item in store.query(&query).await?.items {
-            if let Some(id) = item.get("id").and_then(Value::as_str) {
-                ids.push(id.to_owned());
+            match from_item::<CheckoutSession>(item) {
+                Ok(s) => ids.push(s.id),
+                Err(e) => tracing::warn!(error = %e, "unreadable open session passed over"),
             }
         }
     }
@@ -187,17 +184,16 @@ pub async fn expire(
 /// The list filter for `status` as of `now`: stored statuses, with open
 /// sessions past their time counted as expired.
 fn status_filter(status: SessionStatus, now: Timestamp) -> Cond {
-    let now = now.to_rfc3339();
+    let stored = CheckoutSession::STATUS.eq(&status);
     match status {
-        SessionStatus::Pending | SessionStatus::Initiated => Cond::And(vec![
-            Cond::eq("status", status.as_str()),
-            Cond::gt("expires_at", now),
-        ]),
+        SessionStatus::Pending | SessionStatus::Initiated => {
+            Cond::And(vec![stored, CheckoutSession::EXPIRES_AT.gt(&now)])
+        }
         SessionStatus::Expired => Cond::Or(vec![
-            Cond::eq("status", status.as_str()),
-            Cond::And(vec![open_cond(), Cond::le("expires_at", now)]),
+            stored,
+            Cond::And(vec![open_cond(), CheckoutSession::EXPIRES_AT.le(&now)]),
         ]),
-        SessionStatus::Success | SessionStatus::Failed => Cond::eq("status", status.as_str()),
+        SessionStatus::Success | SessionStatus::Failed => stored,
     }
 }
 
@@ -260,17 +256,19 @@ async fn overdue(
         .on(Index::Gsi2)
         .sk(SkCond::Lt(format!("{}#~", now.to_rfc3339())));
     if let Some(status) = status {
-        query = query.filter(Cond::eq("status", status.as_str()));
+        query = query.filter(CheckoutSession::STATUS.eq(&status));
     }
     Ok(i64::try_from(store.count(&query).await?).unwrap_or(i64::MAX))
 }
 
 /// Gives back the use of its payment link that an unpaid session held (the
-/// session ended): the link record's [`keys::LINK_CLAIMED`] count.
+/// session ended): the link record's [`PaymentLink::CLAIMED`] count.
 pub fn release_link_use(link_id: &str) -> TxOp {
     TxOp::Update {
-        key: keys::record(keys::Record::PaymentLink, link_id),
-        update: Update::new().add(keys::LINK_CLAIMED, -1),
+        key: PaymentLink::key(link_id),
+        update: Changes::<PaymentLink>::new()
+            .subtract(PaymentLink::CLAIMED, 1)
+            .into(),
         cond: Some(Cond::Exists),
     }
 }

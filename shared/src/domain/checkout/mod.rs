@@ -29,8 +29,9 @@ pub(crate) use expiry::{open_partition, open_partitions};
 pub use providers::{ProviderAvailability, offered, providers};
 pub use sessions::{
     Address, CheckoutError, CheckoutSession, CheckoutSessionView, CreateCheckout, Creator,
-    CustomerInput, Flow, SessionStatus, StoredAddress, ValidCheckout, check_amount, check_metadata,
-    check_url, create, failed_at, find, find_any, new_session, spend_op, validate_create,
+    CustomerInput, Flow, SessionStatus, SpendCounter, StoredAddress, ValidCheckout, check_amount,
+    check_metadata, check_url, create, failed_at, find, find_any, new_session, spend_op,
+    validate_create,
 };
 
 /// How long a session can be paid.

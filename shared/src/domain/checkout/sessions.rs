@@ -12,7 +12,7 @@ use super::{
     CONFLICT_TRIES, FONEPAY_SANDBOX_MAX_PAISA, KHALTI_MIN_AMOUNT_PAISA, MAX_AMOUNT_PAISA,
     MAX_METADATA_KEY_LEN, MAX_METADATA_KEYS, MAX_METADATA_VALUE_LEN, SESSION_LIFETIME, stats,
 };
-use crate::domain::record::{from_item, to_item};
+use crate::domain::record::{Changes, Entry, Record};
 use crate::domain::{Mode, Provider, Tenant};
 use crate::fields::{AddressPart, Description, Email, HttpUrl, PersonName, Phone};
 use crate::ids::{self, IdKind};
@@ -20,7 +20,7 @@ use crate::keys;
 use crate::money::{Currency, Paisa};
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
-use crate::store::{Cond, Index, Key, Store, StoreError, TTL, TxOp, TxReason, Update};
+use crate::store::{Cond, Key, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 
 /// How the customer pays.
@@ -247,36 +247,42 @@ crate::attrs! { CheckoutSession {
     CLIENT_SECRET_SHA256: Option<String> = client_secret_sha256,
 } }
 
-impl CheckoutSession {
-    pub fn key(id: &str) -> Key {
-        keys::record(keys::Record::CheckoutSession, id)
-    }
-
-    /// The item for this session, with its index keys.
-    pub fn item(&self) -> Result<crate::store::Item, StoreError> {
-        to_item(self, &CheckoutSession::key(&self.id), &self.indexes())
-    }
-
-    pub(super) fn list_partition(project_id: &str, mode: Mode) -> String {
-        keys::per_mode(project_id, mode, keys::PerMode::Sessions)
+impl Record for CheckoutSession {
+    fn item_key(&self) -> Key {
+        CheckoutSession::key(&self.id)
     }
 
     /// `gsi1`: the project's list; `gsi2` (sparse, while open): the
-    /// sessions the scheduler expires, by `expires_at`.
-    pub(crate) fn indexes(&self) -> Vec<(Index, String, String)> {
-        let mut out = vec![(
-            Index::Gsi1,
+    /// sessions the scheduler expires, by `expires_at` (an update that
+    /// ends the session takes it out).
+    fn entries(&self) -> Vec<Entry> {
+        let mut out = vec![Entry::gsi1(
             CheckoutSession::list_partition(&self.project_id, self.mode),
             self.id.clone(),
         )];
         if !self.status.is_final() {
-            out.push((
-                Index::Gsi2,
+            out.push(Entry::gsi2(
                 open_sessions_partition(&self.project_id, self.mode),
                 format!("{}#{}", self.expires_at.to_rfc3339(), self.id),
             ));
         }
         out
+    }
+}
+
+impl CheckoutSession {
+    pub fn key(id: &str) -> Key {
+        keys::record(keys::Record::CheckoutSession, id)
+    }
+
+    /// The item for this session, with its index entries
+    /// ([`Record::to_item`]).
+    pub fn item(&self) -> Result<crate::store::Item, StoreError> {
+        self.to_item()
+    }
+
+    pub(super) fn list_partition(project_id: &str, mode: Mode) -> String {
+        keys::per_mode(project_id, mode, keys::PerMode::Sessions)
     }
 
     /// The status as of `now`: an open session past `expires_at` is expired.
@@ -659,6 +665,34 @@ impl Creator {
     }
 }
 
+/// A key's spend counter for one calendar month (UTC), "api key spend":
+/// the volume of the sessions it created, only ever added to, in the
+/// creation's transaction. Its key is no function of its fields: the
+/// record holds it (`pk`, `sk`, read from the item, written as its key).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpendCounter {
+    #[serde(skip_serializing)]
+    pub pk: String,
+    #[serde(skip_serializing)]
+    pub sk: String,
+    /// Paisa of the sessions created in the month.
+    pub volume: i64,
+    /// Epoch seconds after which the counter may go (a month past its
+    /// month).
+    pub ttl: i64,
+}
+
+crate::attrs! { SpendCounter {
+    VOLUME: i64 = volume,
+    TTL: i64 = ttl,
+} }
+
+impl Record for SpendCounter {
+    fn item_key(&self) -> Key {
+        Key::new(self.pk.as_str(), self.sk.as_str())
+    }
+}
+
 /// The spend counter of a key for the calendar month (UTC) of `now`.
 pub(super) fn spend_counter_key(api_key_id: &str, now: Timestamp) -> Key {
     let d = now.datetime();
@@ -671,8 +705,8 @@ pub(super) fn spend_cap_condition(cap: i64, amount: i64) -> Option<Cond> {
     let room = cap.checked_sub(amount)?;
     (room >= 0).then(|| {
         Cond::Or(vec![
-            Cond::AttrNotExists("volume".into()),
-            Cond::le("volume", room),
+            SpendCounter::VOLUME.missing(),
+            SpendCounter::VOLUME.le(&room),
         ])
     })
 }
@@ -694,7 +728,10 @@ pub fn spend_op(
     let ttl = now.plus(chrono::Duration::days(62)).unix_seconds();
     Ok(Some(TxOp::Update {
         key: spend_counter_key(&creator.api_key_id, now),
-        update: Update::new().add("volume", amount).set(TTL, ttl),
+        update: Changes::<SpendCounter>::new()
+            .add(SpendCounter::VOLUME, amount)
+            .set(SpendCounter::TTL, &ttl)
+            .into(),
         cond: Some(cond),
     }))
 }
@@ -752,15 +789,7 @@ pub async fn create(
     let spend = spend_op(creator, valid.amount.get(), now)?;
     crate::domain::active::touch(store, &creator.project_id, creator.mode, now).await?;
     let session = new_session(creator, valid, now);
-    let item = to_item(
-        &session,
-        &CheckoutSession::key(&session.id),
-        &session.indexes(),
-    )?;
-    let mut ops = vec![TxOp::Put {
-        item,
-        cond: Some(Cond::NotExists),
-    }];
+    let mut ops = vec![session.put_new()?];
     let counter_at = spend.map(|op| {
         ops.push(op);
         ops.len() - 1
@@ -834,10 +863,10 @@ async fn first_run_session(
     fence: &Fence,
 ) -> Result<CheckoutSession, CheckoutError> {
     let first = fence.resource_id(store).await?.unwrap_or_default();
-    let item = store.get(&CheckoutSession::key(&first)).await?;
-    match item {
-        Some(item) => {
-            let s: CheckoutSession = from_item(item)?;
+    let stored =
+        crate::domain::record::get::<CheckoutSession>(store, &CheckoutSession::key(&first)).await?;
+    match stored {
+        Some(s) => {
             if s.project_id == creator.project_id && s.mode == creator.mode {
                 return Ok(s);
             }

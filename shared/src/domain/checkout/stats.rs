@@ -42,33 +42,183 @@
 //! [`SHARDS`] may change without moving data. The overview reads
 //! O(days × shards) small items with one paginated query.
 
+use serde::{Deserialize, Serialize};
+
 use super::{CheckoutSession, SessionStatus};
 use crate::domain::payments::Payment;
+use crate::domain::record::{Attr, Changes, Record};
+use crate::domain::totals::{AllTimeCounts, Counter};
 use crate::domain::{Mode, Provider, Tenant};
 use crate::keys;
-use crate::store::{Key, MAX_TX_OPS, Store, StoreError, TTL, TxOp, Update};
+use crate::store::{Key, MAX_TX_OPS, Store, StoreError, TxOp, Update};
 use crate::time::Timestamp;
 
 /// A day's counters are kept this long after the day (then dropped by
 /// TTL): well past the longest window and the latest late success.
 pub const KEEP_DAYS: i64 = 120;
 
-pub const SESSIONS_CREATED: &str = "sessions_created";
-pub const SESSIONS_INITIATED: &str = "sessions_initiated";
-pub const SESSIONS_PAID: &str = "sessions_paid";
-pub const PAYMENTS_TOTAL: &str = "payments_total";
-pub const PAYMENTS_SUCCESS: &str = "payments_success";
-pub const PAYMENTS_FAILED: &str = "payments_failed";
-pub const SUCCESS_VOLUME: &str = "success_volume_paisa";
+/// One counter item of a day (`DAY#YYYY-MM-DD#NN`, or the former
+/// unsharded `DAY#YYYY-MM-DD`), "daily counters": each counter is absent
+/// until first added to. Its key is no function of its counts: the record
+/// holds it (`pk`, `sk`, read from the item, written as its key).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DayCounters {
+    #[serde(skip_serializing)]
+    pub pk: String,
+    #[serde(skip_serializing)]
+    pub sk: String,
+    /// Epoch seconds after which the item may go ([`KEEP_DAYS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<i64>,
+    #[serde(default, skip_serializing_if = "Counter::is_unset")]
+    pub sessions_created: Counter,
+    #[serde(default, skip_serializing_if = "Counter::is_unset")]
+    pub sessions_initiated: Counter,
+    #[serde(default, skip_serializing_if = "Counter::is_unset")]
+    pub sessions_paid: Counter,
+    #[serde(default, skip_serializing_if = "Counter::is_unset")]
+    pub payments_total: Counter,
+    #[serde(default, skip_serializing_if = "Counter::is_unset")]
+    pub payments_success: Counter,
+    #[serde(default, skip_serializing_if = "Counter::is_unset")]
+    pub payments_failed: Counter,
+    #[serde(default, skip_serializing_if = "Counter::is_unset")]
+    pub success_volume_paisa: Counter,
+    #[serde(default, skip_serializing_if = "Counter::is_unset")]
+    pub esewa_count: Counter,
+    #[serde(default, skip_serializing_if = "Counter::is_unset")]
+    pub esewa_success: Counter,
+    #[serde(default, skip_serializing_if = "Counter::is_unset")]
+    pub esewa_success_volume: Counter,
+    #[serde(default, skip_serializing_if = "Counter::is_unset")]
+    pub khalti_count: Counter,
+    #[serde(default, skip_serializing_if = "Counter::is_unset")]
+    pub khalti_success: Counter,
+    #[serde(default, skip_serializing_if = "Counter::is_unset")]
+    pub khalti_success_volume: Counter,
+    #[serde(default, skip_serializing_if = "Counter::is_unset")]
+    pub fonepay_count: Counter,
+    #[serde(default, skip_serializing_if = "Counter::is_unset")]
+    pub fonepay_success: Counter,
+    #[serde(default, skip_serializing_if = "Counter::is_unset")]
+    pub fonepay_success_volume: Counter,
+}
 
-pub(crate) fn provider_count(p: Provider) -> String {
-    format!("{}_count", p.as_str())
+crate::attrs! { DayCounters {
+    TTL: Option<i64> = ttl,
+    SESSIONS_CREATED: Counter = sessions_created,
+    SESSIONS_INITIATED: Counter = sessions_initiated,
+    SESSIONS_PAID: Counter = sessions_paid,
+    PAYMENTS_TOTAL: Counter = payments_total,
+    PAYMENTS_SUCCESS: Counter = payments_success,
+    PAYMENTS_FAILED: Counter = payments_failed,
+    SUCCESS_VOLUME_PAISA: Counter = success_volume_paisa,
+    ESEWA_COUNT: Counter = esewa_count,
+    ESEWA_SUCCESS: Counter = esewa_success,
+    ESEWA_SUCCESS_VOLUME: Counter = esewa_success_volume,
+    KHALTI_COUNT: Counter = khalti_count,
+    KHALTI_SUCCESS: Counter = khalti_success,
+    KHALTI_SUCCESS_VOLUME: Counter = khalti_success_volume,
+    FONEPAY_COUNT: Counter = fonepay_count,
+    FONEPAY_SUCCESS: Counter = fonepay_success,
+    FONEPAY_SUCCESS_VOLUME: Counter = fonepay_success_volume,
+} }
+
+impl Record for DayCounters {
+    fn item_key(&self) -> Key {
+        Key::new(self.pk.as_str(), self.sk.as_str())
+    }
 }
-pub(crate) fn provider_success(p: Provider) -> String {
-    format!("{}_success", p.as_str())
+
+/// A provider's counters of one day item (or of a sum of them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProviderCounts {
+    /// Payments created.
+    pub count: Counter,
+    /// Payments that succeeded.
+    pub success: Counter,
+    /// Their volume, in paisa.
+    pub success_volume: Counter,
 }
-pub(crate) fn provider_volume(p: Provider) -> String {
-    format!("{}_success_volume", p.as_str())
+
+impl DayCounters {
+    /// `<provider>_count`: the provider's payments created.
+    pub fn count_of(p: Provider) -> Attr<DayCounters, Counter> {
+        match p {
+            Provider::Esewa => DayCounters::ESEWA_COUNT,
+            Provider::Khalti => DayCounters::KHALTI_COUNT,
+            Provider::Fonepay => DayCounters::FONEPAY_COUNT,
+        }
+    }
+
+    /// `<provider>_success`: the provider's payments that succeeded.
+    pub fn success_of(p: Provider) -> Attr<DayCounters, Counter> {
+        match p {
+            Provider::Esewa => DayCounters::ESEWA_SUCCESS,
+            Provider::Khalti => DayCounters::KHALTI_SUCCESS,
+            Provider::Fonepay => DayCounters::FONEPAY_SUCCESS,
+        }
+    }
+
+    /// `<provider>_success_volume`: their volume, in paisa.
+    pub fn success_volume_of(p: Provider) -> Attr<DayCounters, Counter> {
+        match p {
+            Provider::Esewa => DayCounters::ESEWA_SUCCESS_VOLUME,
+            Provider::Khalti => DayCounters::KHALTI_SUCCESS_VOLUME,
+            Provider::Fonepay => DayCounters::FONEPAY_SUCCESS_VOLUME,
+        }
+    }
+
+    /// The counters of provider `p` on this item.
+    pub fn provider(&self, p: Provider) -> ProviderCounts {
+        let (count, success, success_volume) = match p {
+            Provider::Esewa => (
+                self.esewa_count,
+                self.esewa_success,
+                self.esewa_success_volume,
+            ),
+            Provider::Khalti => (
+                self.khalti_count,
+                self.khalti_success,
+                self.khalti_success_volume,
+            ),
+            Provider::Fonepay => (
+                self.fonepay_count,
+                self.fonepay_success,
+                self.fonepay_success_volume,
+            ),
+        };
+        ProviderCounts {
+            count,
+            success,
+            success_volume,
+        }
+    }
+
+    /// Every counter of the item, with its attribute.
+    pub fn counters(&self) -> [(Attr<DayCounters, Counter>, Counter); 16] {
+        [
+            (DayCounters::SESSIONS_CREATED, self.sessions_created),
+            (DayCounters::SESSIONS_INITIATED, self.sessions_initiated),
+            (DayCounters::SESSIONS_PAID, self.sessions_paid),
+            (DayCounters::PAYMENTS_TOTAL, self.payments_total),
+            (DayCounters::PAYMENTS_SUCCESS, self.payments_success),
+            (DayCounters::PAYMENTS_FAILED, self.payments_failed),
+            (DayCounters::SUCCESS_VOLUME_PAISA, self.success_volume_paisa),
+            (DayCounters::ESEWA_COUNT, self.esewa_count),
+            (DayCounters::ESEWA_SUCCESS, self.esewa_success),
+            (DayCounters::ESEWA_SUCCESS_VOLUME, self.esewa_success_volume),
+            (DayCounters::KHALTI_COUNT, self.khalti_count),
+            (DayCounters::KHALTI_SUCCESS, self.khalti_success),
+            (DayCounters::KHALTI_SUCCESS_VOLUME, self.khalti_success_volume),
+            (DayCounters::FONEPAY_COUNT, self.fonepay_count),
+            (DayCounters::FONEPAY_SUCCESS, self.fonepay_success),
+            (
+                DayCounters::FONEPAY_SUCCESS_VOLUME,
+                self.fonepay_success_volume,
+            ),
+        ]
+    }
 }
 
 /// All-time session counters: [`SHARDS`] items per project and mode
@@ -83,10 +233,26 @@ fn totals_key(project_id: &str, mode: Mode, session_id: &str) -> Key {
     crate::domain::totals::item_key(project_id, mode, session_id)
 }
 
-const TOTAL: &str = "total";
+/// The all-time counter of sessions stored with `s`.
+fn status_attr(s: SessionStatus) -> Attr<AllTimeCounts, Counter> {
+    match s {
+        SessionStatus::Pending => AllTimeCounts::PENDING,
+        SessionStatus::Initiated => AllTimeCounts::INITIATED,
+        SessionStatus::Success => AllTimeCounts::SUCCESS,
+        SessionStatus::Failed => AllTimeCounts::FAILED,
+        SessionStatus::Expired => AllTimeCounts::EXPIRED,
+    }
+}
 
-fn status_attr(s: SessionStatus) -> &'static str {
-    s.as_str()
+/// What `c` counts of sessions stored with `s`.
+fn status_count(c: &AllTimeCounts, s: SessionStatus) -> Counter {
+    match s {
+        SessionStatus::Pending => c.pending,
+        SessionStatus::Initiated => c.initiated,
+        SessionStatus::Success => c.success,
+        SessionStatus::Failed => c.failed,
+        SessionStatus::Expired => c.expired,
+    }
 }
 
 /// A project's sessions by stored status, from the all-time counters.
@@ -119,10 +285,10 @@ pub async fn session_totals(
     }
     let by_status = SessionStatus::ALL
         .into_iter()
-        .map(|s| (s, all.sum(status_attr(s))))
+        .map(|s| (s, all.sum(|c| status_count(c, s))))
         .collect();
     Ok(Some(SessionTotals {
-        total: all.sum(TOTAL),
+        total: all.sum(|c| c.total),
         by_status,
     }))
 }
@@ -202,14 +368,97 @@ pub(crate) fn start_of_day(at: Timestamp) -> Timestamp {
     }
 }
 
-/// One day item's adds (one entry per attribute).
-type Adds = Vec<(String, i64)>;
+/// The adds of one transaction to one counter item of kind `R`: one
+/// entry per counter.
+#[derive(Clone, Debug)]
+struct ItemAdds<R> {
+    key: Key,
+    adds: Vec<(Attr<R, Counter>, i64)>,
+}
 
-/// Counter additions of one transaction, grouped per day item.
-#[derive(Clone, Debug, Default, PartialEq)]
+impl<R> ItemAdds<R> {
+    fn new(key: Key) -> Self {
+        ItemAdds {
+            key,
+            adds: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, attr: Attr<R, Counter>, n: i64) {
+        match self.adds.iter_mut().find(|(a, _)| a.name() == attr.name()) {
+            Some((_, v)) => *v += n,
+            None => self.adds.push((attr, n)),
+        }
+    }
+
+    fn added(&self, name: &str) -> i64 {
+        self.adds
+            .iter()
+            .filter(|(a, _)| a.name() == name)
+            .map(|(_, v)| *v)
+            .sum()
+    }
+
+    fn changes(&self) -> Changes<R> {
+        self.adds
+            .iter()
+            .fold(Changes::new(), |c, (attr, n)| c.add(*attr, Counter::of(*n)))
+    }
+}
+
+/// The adds to one counter item: a day's (with its ttl) or an all-time one.
+#[derive(Clone, Debug)]
+enum Counted {
+    Day { adds: ItemAdds<DayCounters>, ttl: i64 },
+    AllTime(ItemAdds<AllTimeCounts>),
+}
+
+impl Counted {
+    fn key(&self) -> &Key {
+        match self {
+            Counted::Day { adds, .. } => &adds.key,
+            Counted::AllTime(adds) => &adds.key,
+        }
+    }
+
+    fn added(&self, name: &str) -> i64 {
+        match self {
+            Counted::Day { adds, .. } => adds.added(name),
+            Counted::AllTime(adds) => adds.added(name),
+        }
+    }
+
+    /// The update adding these counts (and setting a day item's ttl).
+    fn update(&self) -> Update {
+        match self {
+            Counted::Day { adds, ttl } => adds.changes().set_some(DayCounters::TTL, ttl).into(),
+            Counted::AllTime(adds) => adds.changes().into(),
+        }
+    }
+}
+
+/// Joins `from` into `into`, an update of the same item: adds of the same
+/// counter are summed (an update names an attribute once), a set already
+/// there is kept.
+fn merge(into: &mut Update, from: Update) {
+    for (attr, n) in from.add {
+        match into.add.iter_mut().find(|(a, _)| *a == attr) {
+            Some((_, v)) => *v += n,
+            None => into.add.push((attr, n)),
+        }
+    }
+    for (attr, v) in from.set {
+        if !into.set.iter().any(|(a, _)| *a == attr) {
+            into.set.push((attr, v));
+        }
+    }
+}
+
+/// Counter additions of one transaction, grouped per counter item.
+#[derive(Clone, Debug, Default)]
 pub struct Tally {
-    /// Per item: its ttl (none for the all-time items) and its adds.
-    items: Vec<(Key, Option<i64>, Adds)>,
+    /// Per item, in the order first added to.
+    items: Vec<Counted>,
 }
 
 impl Tally {
@@ -221,35 +470,55 @@ impl Tally {
         self.items.is_empty()
     }
 
-    fn add(&mut self, record: (&str, Mode, Timestamp, &str), attr: &str, n: i64) {
+    /// Adds `n` to `attr` of the day item of the record (its project,
+    /// mode, creation time and shard id).
+    fn add(
+        &mut self,
+        record: (&str, Mode, Timestamp, &str),
+        attr: Attr<DayCounters, Counter>,
+        n: i64,
+    ) {
         let (project_id, mode, created, shard_id) = record;
         let key = counter_key(project_id, mode, created, shard_id);
-        let ttl = start_of_day(created)
-            .plus(chrono::Duration::days(KEEP_DAYS))
-            .unix_seconds();
-        self.add_to(key, Some(ttl), attr, n);
-    }
-
-    fn add_to(&mut self, key: Key, ttl: Option<i64>, attr: &str, n: i64) {
-        let at = match self.items.iter().position(|(k, _, _)| *k == key) {
-            Some(i) => i,
-            None => {
-                self.items.push((key, ttl, Vec::new()));
-                self.items.len() - 1
-            }
-        };
-        let adds = &mut self.items[at].2;
-        match adds.iter_mut().find(|(a, _)| a == attr) {
-            Some((_, v)) => *v += n,
-            None => adds.push((attr.to_owned(), n)),
+        let at = self.items.iter().position(|c| match c {
+            Counted::Day { adds, .. } => adds.key == key,
+            Counted::AllTime(_) => false,
+        });
+        let at = at.unwrap_or_else(|| {
+            let ttl = start_of_day(created)
+                .plus(chrono::Duration::days(KEEP_DAYS))
+                .unix_seconds();
+            self.items.push(Counted::Day {
+                adds: ItemAdds::new(key),
+                ttl,
+            });
+            self.items.len() - 1
+        });
+        if let Some(Counted::Day { adds, .. }) = self.items.get_mut(at) {
+            adds.add(attr, n);
         }
     }
 
-    fn session(&mut self, s: &CheckoutSession, attr: &str) {
+    /// Adds `n` to `attr` of the all-time item `key`.
+    fn add_all_time(&mut self, key: Key, attr: Attr<AllTimeCounts, Counter>, n: i64) {
+        let at = self.items.iter().position(|c| match c {
+            Counted::AllTime(adds) => adds.key == key,
+            Counted::Day { .. } => false,
+        });
+        let at = at.unwrap_or_else(|| {
+            self.items.push(Counted::AllTime(ItemAdds::new(key)));
+            self.items.len() - 1
+        });
+        if let Some(Counted::AllTime(adds)) = self.items.get_mut(at) {
+            adds.add(attr, n);
+        }
+    }
+
+    fn session(&mut self, s: &CheckoutSession, attr: Attr<DayCounters, Counter>) {
         self.add((&s.project_id, s.mode, s.created_at, &s.id), attr, 1);
     }
 
-    fn payment(&mut self, p: &Payment, attr: &str, n: i64) {
+    fn payment(&mut self, p: &Payment, attr: Attr<DayCounters, Counter>, n: i64) {
         let record = (
             p.project_id.as_str(),
             p.mode,
@@ -261,10 +530,10 @@ impl Tally {
 
     /// A session was created (`pending`).
     pub fn session_created(&mut self, s: &CheckoutSession) {
-        self.session(s, SESSIONS_CREATED);
+        self.session(s, DayCounters::SESSIONS_CREATED);
         let key = totals_key(&s.project_id, s.mode, &s.id);
-        self.add_to(key.clone(), None, TOTAL, 1);
-        self.add_to(key, None, status_attr(SessionStatus::Pending), 1);
+        self.add_all_time(key.clone(), AllTimeCounts::TOTAL, 1);
+        self.add_all_time(key, status_attr(SessionStatus::Pending), 1);
     }
 
     /// A session's stored status moved from `from` to `to` (the write is
@@ -274,56 +543,54 @@ impl Tally {
             return;
         }
         let key = totals_key(&s.project_id, s.mode, &s.id);
-        self.add_to(key.clone(), None, status_attr(from), -1);
-        self.add_to(key, None, status_attr(to), 1);
+        self.add_all_time(key.clone(), status_attr(from), -1);
+        self.add_all_time(key, status_attr(to), 1);
     }
 
     /// A session became `initiated` for the first time.
     pub fn session_initiated(&mut self, s: &CheckoutSession) {
-        self.session(s, SESSIONS_INITIATED);
+        self.session(s, DayCounters::SESSIONS_INITIATED);
     }
 
     /// A session became `success`.
     pub fn session_paid(&mut self, s: &CheckoutSession) {
-        self.session(s, SESSIONS_PAID);
+        self.session(s, DayCounters::SESSIONS_PAID);
     }
 
     /// A payment was created (also in the all-time count).
     pub fn payment_created(&mut self, p: &Payment) {
-        self.payment(p, PAYMENTS_TOTAL, 1);
-        self.payment(p, &provider_count(p.provider), 1);
+        self.payment(p, DayCounters::PAYMENTS_TOTAL, 1);
+        self.payment(p, DayCounters::count_of(p.provider), 1);
         let all_time = totals_key(&p.project_id, p.mode, payment_shard_id(p));
-        self.add_to(all_time, None, crate::domain::totals::PAYMENTS, 1);
+        self.add_all_time(all_time, AllTimeCounts::PAYMENTS, 1);
     }
 
     /// A payment became `success`.
     pub fn payment_succeeded(&mut self, p: &Payment) {
         let amount = p.amount.get();
-        self.payment(p, PAYMENTS_SUCCESS, 1);
-        self.payment(p, SUCCESS_VOLUME, amount);
-        self.payment(p, &provider_success(p.provider), 1);
-        self.payment(p, &provider_volume(p.provider), amount);
+        self.payment(p, DayCounters::PAYMENTS_SUCCESS, 1);
+        self.payment(p, DayCounters::SUCCESS_VOLUME_PAISA, amount);
+        self.payment(p, DayCounters::success_of(p.provider), 1);
+        self.payment(p, DayCounters::success_volume_of(p.provider), amount);
     }
 
     /// A payment became `failed`.
     pub fn payment_failed(&mut self, p: &Payment) {
-        self.payment(p, PAYMENTS_FAILED, 1);
+        self.payment(p, DayCounters::PAYMENTS_FAILED, 1);
     }
 
     /// The counter items this tally adds to, in order.
     pub fn keys(&self) -> Vec<&Key> {
-        self.items.iter().map(|(k, _, _)| k).collect()
+        self.items.iter().map(Counted::key).collect()
     }
 
-    /// The adds of `attr` on the item `key`, or on all items of the day
-    /// when `key` is a [`day_key`] (tests and checks).
+    /// The adds of the counter named `attr` on the item `key`, or on all
+    /// items of the day when `key` is a [`day_key`] (tests and checks).
     pub fn added(&self, key: &Key, attr: &str) -> i64 {
         self.items
             .iter()
-            .filter(|(k, _, _)| within(k, key))
-            .flat_map(|(_, _, adds)| adds.iter())
-            .filter(|(a, _)| a == attr)
-            .map(|(_, v)| *v)
+            .filter(|c| within(c.key(), key))
+            .map(|c| c.added(attr))
             .sum()
     }
 
@@ -331,40 +598,24 @@ impl Tally {
     /// there (a transaction touches each key once), else as a new
     /// unconditional update (an upsert: a missing day starts from 0).
     pub fn apply_to(self, ops: &mut Vec<TxOp>) -> Result<(), StoreError> {
-        for (key, ttl, adds) in self.items {
-            let existing = ops.iter_mut().find(|op| op.key().as_ref() == Some(&key));
+        for counted in self.items {
+            let existing = ops
+                .iter_mut()
+                .find(|op| op.key().as_ref() == Some(counted.key()));
             match existing {
-                Some(TxOp::Update { update, .. }) => {
-                    for (attr, n) in adds {
-                        match update.add.iter_mut().find(|(a, _)| *a == attr) {
-                            Some((_, v)) => *v += n,
-                            None => update.add.push((attr, n)),
-                        }
-                    }
-                    if let Some(ttl) = ttl {
-                        if !update.set.iter().any(|(a, _)| a == TTL) {
-                            update.set.push((TTL.to_owned(), ttl.into()));
-                        }
-                    }
-                }
+                Some(TxOp::Update { update, .. }) => merge(update, counted.update()),
                 Some(_) => {
+                    let key = counted.key();
                     return Err(StoreError::Invalid(format!(
                         "counter item {}/{} is already written by this transaction",
                         key.pk, key.sk
                     )));
                 }
-                None => {
-                    let mut update = match ttl {
-                        Some(ttl) => Update::new().set(TTL, ttl),
-                        None => Update::new(),
-                    };
-                    update.add = adds;
-                    ops.push(TxOp::Update {
-                        key,
-                        update,
-                        cond: None,
-                    });
-                }
+                None => ops.push(TxOp::Update {
+                    update: counted.update(),
+                    key: counted.key().clone(),
+                    cond: None,
+                }),
             }
         }
         if ops.len() > MAX_TX_OPS {

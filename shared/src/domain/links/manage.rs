@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use super::{DEFAULT_MIN_AMOUNT, PaymentLink};
 use crate::domain::checkout::{self, CheckoutError, MAX_AMOUNT_PAISA, StoredAddress, check_url};
-use crate::domain::record::{from_item, to_item};
+use crate::domain::record::{Changes, Record, from_item};
 use crate::domain::{Mode, Provider, Tenant, Window};
 use crate::fields::wire::{nullable, or_null};
 use crate::fields::{
@@ -14,11 +14,10 @@ use crate::fields::{
     Phone, ReferenceId,
 };
 use crate::ids::{self, IdKind};
-use crate::keys;
 use crate::money::{Currency, Paisa};
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
-use crate::store::{Cond, Index, Query, Store, StoreError, TxOp, Update};
+use crate::store::{Cond, Index, Query, Store, StoreError};
 use crate::time::Timestamp;
 
 /// `stats` of the single-link retrieve.
@@ -480,10 +479,7 @@ pub async fn insert_once(
     link: &PaymentLink,
     fence: Option<&Fence>,
 ) -> Result<PaymentLink, StoreError> {
-    let mut ops = vec![TxOp::Put {
-        item: to_item(link, &PaymentLink::key(&link.id), &link.indexes())?,
-        cond: Some(Cond::NotExists),
-    }];
+    let mut ops = vec![link.put_new()?];
     if let Some(f) = fence {
         ops.push(f.op(&link.id));
     }
@@ -504,8 +500,7 @@ pub async fn insert_once(
 /// Stores a new link.
 #[cfg(test)]
 pub(super) async fn insert(store: &dyn Store, link: &PaymentLink) -> Result<(), StoreError> {
-    let item = to_item(link, &PaymentLink::key(&link.id), &link.indexes())?;
-    store.put(item, Some(Cond::NotExists)).await
+    store.put(link.to_item()?, Some(Cond::NotExists)).await
 }
 
 /// The link `id` of any project (the public page knows it by id alone).
@@ -539,7 +534,7 @@ pub async fn list(
         .on(Index::Gsi1)
         .backward();
     if let Some(a) = active {
-        query = query.filter(Cond::eq("active", a));
+        query = query.filter(PaymentLink::ACTIVE.eq(&a));
     }
     crate::domain::record::page_of(store, &query, window).await
 }
@@ -577,13 +572,13 @@ async fn patch_once(
         .await?
         .ok_or_else(|| LinkError::NotFound(id.to_owned()))?;
     let mut cond = vec![Cond::Exists];
-    let update = Update::new().set("updated_at", now.to_rfc3339());
-    let update = patch_details(update, &mut patch, now)?;
-    let update = patch_max_uses(update, &link, patch.max_uses, &mut cond)?;
-    let update = patch_checkout_fields(update, &mut patch, tenant.mode)?;
-    let update = patch_address(update, &link, &mut patch, &mut cond)?;
+    let changes = Changes::<PaymentLink>::new().set(PaymentLink::UPDATED_AT, &now);
+    let changes = patch_details(changes, &mut patch, now)?;
+    let changes = patch_max_uses(changes, &link, patch.max_uses, &mut cond)?;
+    let changes = patch_checkout_fields(changes, &mut patch, tenant.mode)?;
+    let changes = patch_address(changes, &link, &mut patch, &mut cond)?;
     match store
-        .update(&PaymentLink::key(&link.id), update, Some(Cond::And(cond)))
+        .update(&link.item_key(), changes.into(), Some(Cond::And(cond)))
         .await
     {
         Ok(item) => Ok(Some(from_item(item)?)),
@@ -600,66 +595,58 @@ async fn patch_once(
     }
 }
 
-/// `attr` set to `v`, or to null.
-fn set_or_null(update: Update, attr: &str, v: Option<String>) -> Update {
-    match v {
-        Some(s) => update.set(attr, s),
-        None => update.set(attr, Value::Null),
-    }
-}
-
 /// The link's own details sent: title, description, active, inactive
-/// message and expiry.
+/// message and expiry (a cleared one is stored as null).
 fn patch_details(
-    mut update: Update,
+    mut changes: Changes<PaymentLink>,
     patch: &mut PatchLink,
     now: Timestamp,
-) -> Result<Update, LinkError> {
+) -> Result<Changes<PaymentLink>, LinkError> {
     if let Some(t) = not_null("title", patch.title.take())? {
         let t = text(Some(t)).ok_or_else(|| invalid("title", "title must not be empty"))?;
-        update = update.set("title", t);
+        changes = changes.set(PaymentLink::TITLE, t.as_str());
     }
     if let Some(d) = not_null("description", patch.description.take())? {
-        update = set_or_null(update, "description", text(Some(d)));
+        changes = changes.set(PaymentLink::DESCRIPTION, &text(Some(d)));
     }
     if let Some(a) = not_null("active", patch.active.take())? {
-        update = update.set("active", a);
+        changes = changes.set(PaymentLink::ACTIVE, &a);
     }
     if let Some(m) = not_null("inactiveMessage", patch.inactive_message.take())? {
-        update = set_or_null(update, "inactive_message", text(Some(m)));
+        changes = changes.set(PaymentLink::INACTIVE_MESSAGE, &text(Some(m)));
     }
     if let Some(e) = patch.expires_at.take() {
         let e = match e {
-            Some(v) => Some(future_time("expiresAt", &v, now)?.to_rfc3339()),
+            Some(v) => Some(future_time("expiresAt", &v, now)?),
             None => None,
         };
-        update = set_or_null(update, "expires_at", e);
+        changes = changes.set(PaymentLink::EXPIRES_AT, &e);
     }
-    Ok(update)
+    Ok(changes)
 }
 
 /// `maxUses` sent: `null` is unlimited; a number may not be below the
 /// link's use count, as read and (`cond`) at the write.
 fn patch_max_uses(
-    update: Update,
+    changes: Changes<PaymentLink>,
     link: &PaymentLink,
     sent: Option<Option<i64>>,
     cond: &mut Vec<Cond>,
-) -> Result<Update, LinkError> {
+) -> Result<Changes<PaymentLink>, LinkError> {
     match sent {
-        None => Ok(update),
+        None => Ok(changes),
         // null: unlimited.
-        Some(None) => Ok(update.remove("max_uses")),
+        Some(None) => Ok(changes.remove(PaymentLink::MAX_USES)),
         Some(Some(m)) => {
             let m = max_uses(m)?;
             if m < link.used_count {
                 return Err(below_use_count(link.used_count));
             }
             cond.push(Cond::Or(vec![
-                Cond::AttrNotExists("used_count".into()),
-                Cond::le("used_count", m),
+                PaymentLink::USED_COUNT.missing(),
+                PaymentLink::USED_COUNT.le(&m),
             ]));
-            Ok(update.set("max_uses", m))
+            Ok(changes.set_some(PaymentLink::MAX_USES, &m))
         }
     }
 }
@@ -668,45 +655,45 @@ fn patch_max_uses(
 /// reference, whether to collect an address, and the customer pre-fills
 /// (a string sets, an empty string clears).
 fn patch_checkout_fields(
-    mut update: Update,
+    mut changes: Changes<PaymentLink>,
     patch: &mut PatchLink,
     mode: Mode,
-) -> Result<Update, LinkError> {
+) -> Result<Changes<PaymentLink>, LinkError> {
     if let Some(u) = patch.redirect_url.take() {
         if let Some(url) = &u {
             check_url("redirectUrl", url, mode)?;
         }
-        update = set_or_null(update, "redirect_url", u.map(String::from));
+        changes = changes.set(PaymentLink::REDIRECT_URL, &u.map(String::from));
     }
     if let Some(r) = not_null("referenceId", patch.reference_id.take())? {
-        update = set_or_null(update, "reference_id", text(Some(r)));
+        changes = changes.set(PaymentLink::REFERENCE_ID, &text(Some(r)));
     }
     if let Some(c) = not_null("collectAddress", patch.collect_address.take())? {
-        update = update.set("collect_address", c);
+        changes = changes.set(PaymentLink::COLLECT_ADDRESS, &c);
     }
     // Pre-fills: a string sets, an empty string clears.
     if let Some(n) = not_null("customerName", patch.customer_name.take())? {
-        update = set_or_null(update, "customer_name", text(Some(n)));
+        changes = changes.set(PaymentLink::CUSTOMER_NAME, &text(Some(n)));
     }
     if let Some(e) = not_null("customerEmail", patch.customer_email.take())? {
         let e = e.into_option().map(String::from);
-        update = set_or_null(update, "customer_email", e);
+        changes = changes.set(PaymentLink::CUSTOMER_EMAIL, &e);
     }
     if let Some(p) = not_null("customerPhone", patch.customer_phone.take())? {
         let p = p.into_option().map(String::from);
-        update = set_or_null(update, "customer_phone", p);
+        changes = changes.set(PaymentLink::CUSTOMER_PHONE, &p);
     }
-    Ok(update)
+    Ok(changes)
 }
 
 /// The customer address parts sent, over the address as read: the address
 /// is one attribute, written whole on the version read (`cond`).
 fn patch_address(
-    update: Update,
+    changes: Changes<PaymentLink>,
     link: &PaymentLink,
     patch: &mut PatchLink,
     cond: &mut Vec<Cond>,
-) -> Result<Update, LinkError> {
+) -> Result<Changes<PaymentLink>, LinkError> {
     let mut address = link.customer_address.clone().unwrap_or_default();
     let mut address_sent = false;
     for (field, sent, slot) in [
@@ -747,14 +734,13 @@ fn patch_address(
         }
     }
     if !address_sent {
-        return Ok(update);
+        return Ok(changes);
     }
-    cond.push(Cond::eq("updated_at", link.updated_at.to_rfc3339()));
+    cond.push(PaymentLink::UPDATED_AT.eq(&link.updated_at));
     if address == StoredAddress::default() {
-        return Ok(update.remove("customer_address"));
+        return Ok(changes.remove(PaymentLink::CUSTOMER_ADDRESS));
     }
-    let value = serde_json::to_value(&address).map_err(|e| StoreError::Backend(e.to_string()))?;
-    Ok(update.set("customer_address", value))
+    Ok(changes.set_some(PaymentLink::CUSTOMER_ADDRESS, &address))
 }
 
 fn below_use_count(used: i64) -> LinkError {
@@ -775,14 +761,14 @@ pub async fn cancel(
     let link = find(store, tenant, id)
         .await?
         .ok_or_else(|| LinkError::NotFound(id.to_owned()))?;
-    let update = Update::new()
-        .set("active", false)
-        .set("updated_at", now.to_rfc3339());
+    let changes = Changes::<PaymentLink>::new()
+        .set(PaymentLink::ACTIVE, &false)
+        .set(PaymentLink::UPDATED_AT, &now);
     match store
         .update(
-            &PaymentLink::key(&link.id),
-            update,
-            Some(Cond::eq("active", true)),
+            &link.item_key(),
+            changes.into(),
+            Some(PaymentLink::ACTIVE.eq(&true)),
         )
         .await
     {
@@ -800,17 +786,17 @@ pub async fn delete(store: &dyn Store, tenant: &Tenant, id: &str) -> Result<Stri
         .ok_or_else(|| LinkError::NotFound(id.to_owned()))?;
     let unused = Cond::And(vec![
         Cond::Or(vec![
-            Cond::AttrNotExists("used_count".into()),
-            Cond::eq("used_count", 0),
+            PaymentLink::USED_COUNT.missing(),
+            PaymentLink::USED_COUNT.eq(&0),
         ]),
         Cond::Or(vec![
-            Cond::AttrNotExists(keys::LINK_CLAIMED.into()),
-            Cond::le(keys::LINK_CLAIMED, 0),
+            PaymentLink::CLAIMED.missing(),
+            PaymentLink::CLAIMED.le(&0),
         ]),
     ]);
     match store
         .delete(
-            &PaymentLink::key(&link.id),
+            &link.item_key(),
             Some(Cond::And(vec![Cond::Exists, unused])),
         )
         .await

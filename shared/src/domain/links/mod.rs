@@ -13,10 +13,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::checkout::{self, StoredAddress};
+use super::record::{Attr, Changes, Entry, Record};
 use super::{Mode, Provider};
 use crate::keys;
 use crate::money::{Currency, Paisa};
-use crate::store::{Cond, Index, Key, TxOp, Update};
+use crate::store::{Cond, Key, TxOp};
 use crate::time::Timestamp;
 
 mod manage;
@@ -123,6 +124,20 @@ crate::attrs! { PaymentLink {
     UPDATED_AT: Timestamp = updated_at,
 } }
 
+impl Record for PaymentLink {
+    fn item_key(&self) -> Key {
+        PaymentLink::key(&self.id)
+    }
+
+    /// Listed in its project's links, newest first.
+    fn entries(&self) -> Vec<Entry> {
+        vec![Entry::gsi1(
+            PaymentLink::list_partition(&self.project_id, self.mode),
+            self.id.clone(),
+        )]
+    }
+}
+
 impl PaymentLink {
     pub fn key(id: &str) -> Key {
         keys::record(keys::Record::PaymentLink, id)
@@ -130,14 +145,6 @@ impl PaymentLink {
 
     fn list_partition(project_id: &str, mode: Mode) -> String {
         keys::per_mode(project_id, mode, keys::PerMode::Links)
-    }
-
-    fn indexes(&self) -> [(Index, String, String); 1] {
-        [(
-            Index::Gsi1,
-            PaymentLink::list_partition(&self.project_id, self.mode),
-            self.id.clone(),
-        )]
     }
 
     /// Why the link cannot take a payment at `now`, if it cannot.
@@ -182,28 +189,29 @@ pub fn held_text(minutes: i64) -> String {
 /// session ending at `session_expires`: conditioned on a use being left
 /// and `maxUses` unchanged.
 pub fn claim_op(link: &PaymentLink, session_expires: Timestamp) -> TxOp {
-    let room = below_max_uses(link.max_uses, keys::LINK_CLAIMED);
+    let room = below_max_uses(link.max_uses, PaymentLink::CLAIMED);
     let until = link
         .held_until
         .filter(|h| *h > session_expires)
         .unwrap_or(session_expires);
     TxOp::Update {
         key: PaymentLink::key(&link.id),
-        update: Update::new()
-            .add(keys::LINK_CLAIMED, 1)
-            .set("held_until", until.to_rfc3339()),
+        update: Changes::<PaymentLink>::new()
+            .add(PaymentLink::CLAIMED, 1)
+            .set_some(PaymentLink::HELD_UNTIL, &until)
+            .into(),
         cond: Some(Cond::And(vec![Cond::Exists, room])),
     }
 }
 
-/// The link's counter `attr` is below `max_uses` as read (and `maxUses`
+/// The link's counter `count` is below `max_uses` as read (and `maxUses`
 /// unchanged, or still unlimited, when the write lands).
-fn below_max_uses(max_uses: Option<i64>, attr: &str) -> Cond {
+fn below_max_uses(max_uses: Option<i64>, count: Attr<PaymentLink, i64>) -> Cond {
     match max_uses {
-        None => Cond::Not(Box::new(Cond::ge("max_uses", 0))),
+        None => Cond::Not(Box::new(PaymentLink::MAX_USES.ge(&Some(0)))),
         Some(m) => Cond::And(vec![
-            Cond::eq("max_uses", m),
-            Cond::Or(vec![Cond::AttrNotExists(attr.into()), Cond::lt(attr, m)]),
+            PaymentLink::MAX_USES.is(&m),
+            Cond::Or(vec![count.missing(), count.lt(&m)]),
         ]),
     }
 }

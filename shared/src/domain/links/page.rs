@@ -4,10 +4,10 @@
 use super::manage::{get, text};
 use super::{PaymentLink, below_max_uses, held_text};
 use crate::domain::checkout::{self, CheckoutError, MAX_AMOUNT_PAISA};
-use crate::domain::record::to_item;
+use crate::domain::record::{Changes, Record};
 use crate::fields::{Email, PersonName, Phone, Rule};
 use crate::money::Paisa;
-use crate::store::{Cond, Store, StoreError, TxOp, Update};
+use crate::store::{Cond, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// Why the public page could not open a checkout for a link.
@@ -72,7 +72,9 @@ pub async fn count_view(store: &dyn Store, id: &str) -> Result<(), StoreError> {
     match store
         .update(
             &PaymentLink::key(id),
-            Update::new().add("views", 1),
+            Changes::<PaymentLink>::new()
+                .add(PaymentLink::VIEWS, 1)
+                .into(),
             Some(Cond::Exists),
         )
         .await
@@ -181,20 +183,13 @@ pub async fn open_session(
     };
     let mut session = checkout::new_session(&creator, valid, now);
     session.link_id = Some(link.id.clone());
-    let left = below_max_uses(link.max_uses, "used_count");
+    let left = below_max_uses(link.max_uses, PaymentLink::USED_COUNT);
     let mut ops = vec![
         TxOp::Check {
             key: PaymentLink::key(&link.id),
-            cond: Cond::And(vec![Cond::Exists, Cond::eq("active", true), left]),
+            cond: Cond::And(vec![Cond::Exists, PaymentLink::ACTIVE.eq(&true), left]),
         },
-        TxOp::Put {
-            item: to_item(
-                &session,
-                &checkout::CheckoutSession::key(&session.id),
-                &session.indexes(),
-            )?,
-            cond: Some(Cond::NotExists),
-        },
+        session.put_new()?,
     ];
     // The day's counters, in the same transaction.
     let mut tally = checkout::stats::Tally::new();

@@ -3,7 +3,7 @@ use super::page::typed;
 use super::*;
 use crate::domain::{Tenant, Window};
 use crate::fields::Phone;
-use crate::store::Store;
+use crate::store::{Store, Update};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::fence::Fence;
 use serde_json::json;
