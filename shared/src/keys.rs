@@ -145,9 +145,6 @@ pub fn stats_shard(id: &str) -> u32 {
     u32::try_from(folded % u64::from(STATS_SHARDS)).unwrap_or(0)
 }
 
-/// The attribute of a payment link counting the uses held by open sessions
-/// or paid.
-pub const LINK_CLAIMED: &str = "claimed";
 
 pub const STATS_TOTALS_PREFIX: &str = "ALL#";
 pub const STATS_TOTALS_MARKER: &str = "ALL#INIT";

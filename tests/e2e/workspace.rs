@@ -415,9 +415,11 @@ fn the_domain_has_no_glob_imports_outside_tests() {
 }
 
 /// What names a stored attribute or index attribute by string, or reads
-/// an item by attribute name: the domain writes these through its
-/// records' `Attr` constants and `Changes` (issue 38).
-const UNTYPED_STORAGE: [&str; 19] = [
+/// a stored item by attribute name: the domain writes these through its
+/// records' `Attr` constants and `Changes`, and decodes items into
+/// records (issue 38). (JSON that is not a stored item, such as an event's
+/// payload, is not matched.)
+const UNTYPED_STORAGE: [&str; 20] = [
     "Cond::eq(",
     "Cond::ne(",
     "Cond::lt(",
@@ -428,11 +430,12 @@ const UNTYPED_STORAGE: [&str; 19] = [
     "Cond::AttrExists(",
     "Cond::AttrNotExists(",
     "Update::new(",
-    "Update {",
+    "Update::default(",
     ".set(\"",
     ".add(\"",
     ".remove(\"",
-    ".get(\"",
+    "item.get(\"",
+    "|i| i.get(\"",
     ".pk_attr()",
     ".sk_attr()",
     "(Index, String, String)",

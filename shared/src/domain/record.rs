@@ -383,6 +383,18 @@ impl<R> Changes<R> {
         self
     }
 
+    /// Lists the record at `entries` (its computed ones, for a record
+    /// stored before an index listed it).
+    pub fn enter(mut self, entries: impl IntoIterator<Item = Entry>) -> Self {
+        for entry in entries {
+            self.update = self
+                .update
+                .set(entry.index.pk_attr(), entry.partition)
+                .set(entry.index.sk_attr(), entry.sort);
+        }
+        self
+    }
+
     /// Moves the record within its `gsi2` partition to `sort` (a new due
     /// time), keeping the partition.
     pub fn index_sort(mut self, sort: impl Into<String>) -> Self {

@@ -271,16 +271,8 @@ pub async fn set_live_invoicing(
 /// before the dashboard were not (`dhukuti-admin project
 /// list-under-merchant`, and the local gateway on start).
 pub async fn list_under_merchant(store: &dyn Store, project: &Project) -> Result<(), StoreError> {
-    // Its entries as a new project's (no field changes: only the index
-    // attributes, which `Changes` does not name, are set).
-    let update = project.entries().into_iter().fold(
-        Update::from(Changes::<Project>::new()),
-        |update, entry| {
-            update
-                .set(entry.index.pk_attr(), entry.partition)
-                .set(entry.index.sk_attr(), entry.sort)
-        },
-    );
+    // Its entries as a new project's (no field changes).
+    let update: Update = Changes::<Project>::new().enter(project.entries()).into();
     store
         .update(&project.item_key(), update, Some(Cond::Exists))
         .await

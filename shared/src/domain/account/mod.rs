@@ -4,13 +4,12 @@
 //! Secret keys are stored only as SHA-256 hashes, looked up by hash and
 //! compared in constant time. A key belongs to one project and one mode.
 
-use chrono::Datelike;
 use serde::{Deserialize, Serialize};
 
 use super::Mode;
-use super::record::{Changes, Entry, Record};
+use super::record::{Entry, Record};
 use crate::keys;
-use crate::store::{Cond, Key};
+use crate::store::Key;
 use crate::time::Timestamp;
 
 mod admin;
@@ -319,61 +318,3 @@ impl Record for ApiKey {
     }
 }
 
-/// What a key with a spend cap created in one calendar month (UTC): the
-/// volume of its checkout sessions, charged by an `ADD` in each
-/// creation's own transaction on the condition that it stays under the
-/// cap, and dropped by TTL a month after. Never written whole.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ApiKeySpend {
-    /// The key it counts for: not stored (the item's key holds it).
-    #[serde(skip)]
-    pub api_key_id: String,
-    /// The month it counts (not stored either).
-    #[serde(skip)]
-    pub year: i32,
-    #[serde(skip)]
-    pub month: u32,
-    /// Paisa.
-    #[serde(default)]
-    pub volume: i64,
-    /// When the store may drop it (epoch seconds).
-    pub ttl: i64,
-}
-
-crate::attrs! { ApiKeySpend {
-    VOLUME: i64 = volume,
-    TTL: i64 = ttl,
-} }
-
-impl ApiKeySpend {
-    /// The spend of `api_key_id` in the month (UTC) of `at`.
-    pub fn key(api_key_id: &str, at: Timestamp) -> Key {
-        let d = at.datetime();
-        keys::spend_counter(api_key_id, d.year(), d.month())
-    }
-
-    /// Adding `amount` keeps the month's volume at or under `cap`; `None`
-    /// when the amount alone is over it.
-    pub fn within(cap: i64, amount: i64) -> Option<Cond> {
-        let room = cap.checked_sub(amount)?;
-        (room >= 0).then(|| {
-            Cond::Or(vec![
-                ApiKeySpend::VOLUME.missing(),
-                ApiKeySpend::VOLUME.le(&room),
-            ])
-        })
-    }
-
-    /// Charges `amount`, keeping the counter until `ttl` (epoch seconds).
-    pub fn charge(amount: i64, ttl: i64) -> Changes<ApiKeySpend> {
-        Changes::new()
-            .add(ApiKeySpend::VOLUME, amount)
-            .set(ApiKeySpend::TTL, &ttl)
-    }
-}
-
-impl Record for ApiKeySpend {
-    fn item_key(&self) -> Key {
-        keys::spend_counter(&self.api_key_id, self.year, self.month)
-    }
-}

@@ -711,35 +711,3 @@ async fn listing_a_project_again_writes_its_entry_and_nothing_else() {
     };
     assert_eq!(after, before);
 }
-
-#[test]
-fn a_keys_spend_is_charged_and_capped_as_before() {
-    use crate::domain::record::Record;
-    use crate::store::{Cond, Update};
-    let t = crate::testenv::at("2026-11-26T10:00:00Z");
-    assert_eq!(
-        ApiKeySpend::key("ak_1", t),
-        crate::keys::spend_counter("ak_1", 2026, 11)
-    );
-    let spend = ApiKeySpend {
-        api_key_id: "ak_1".into(),
-        year: 2026,
-        month: 11,
-        ..ApiKeySpend::default()
-    };
-    assert_eq!(spend.item_key(), ApiKeySpend::key("ak_1", t));
-    assert_eq!(
-        ApiKeySpend::within(1000, 100),
-        Some(Cond::Or(vec![
-            Cond::AttrNotExists("volume".into()),
-            Cond::le("volume", 900),
-        ]))
-    );
-    assert_eq!(ApiKeySpend::within(1000, 1000).map(|_| ()), Some(()));
-    assert_eq!(ApiKeySpend::within(1000, 1001), None);
-    let charge: Update = ApiKeySpend::charge(500, 1_800_000_000).into();
-    assert_eq!(
-        charge,
-        Update::new().add("volume", 500).set("ttl", 1_800_000_000)
-    );
-}

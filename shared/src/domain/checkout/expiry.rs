@@ -1,9 +1,10 @@
 //! Expiry: the open-sessions index, expiring one session or every due one,
 //! and listing with the status as of now.
 
+use serde::{Deserialize, Serialize};
+
 use super::sessions::{CheckoutSession, SessionStatus, failed_at, find};
 use super::stats;
-use crate::domain::links::PaymentLink;
 use crate::domain::record::{Changes, from_item};
 use crate::domain::{Mode, Tenant, Window};
 use crate::keys;
@@ -261,13 +262,27 @@ async fn overdue(
     Ok(i64::try_from(store.count(&query).await?).unwrap_or(i64::MAX))
 }
 
+/// The part of a payment link's item a session holds a share of: its
+/// claimed uses (the link's own `claimed` field). Declared here, as a view
+/// of the link's item, because `links` builds on `checkout`, not the
+/// reverse; `links`' tests hold the two declarations to one attribute.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkUses {
+    #[serde(default)]
+    pub claimed: i64,
+}
+
+crate::attrs! { LinkUses {
+    CLAIMED: i64 = claimed,
+} }
+
 /// Gives back the use of its payment link that an unpaid session held (the
-/// session ended): the link record's [`PaymentLink::CLAIMED`] count.
+/// session ended): the link record's claimed count ([`LinkUses`]).
 pub fn release_link_use(link_id: &str) -> TxOp {
     TxOp::Update {
-        key: PaymentLink::key(link_id),
-        update: Changes::<PaymentLink>::new()
-            .subtract(PaymentLink::CLAIMED, 1)
+        key: keys::record(keys::Record::PaymentLink, link_id),
+        update: Changes::<LinkUses>::new()
+            .subtract(LinkUses::CLAIMED, 1)
             .into(),
         cond: Some(Cond::Exists),
     }

@@ -23,7 +23,8 @@ pub mod stats;
 mod tests;
 
 pub use expiry::{
-    OPEN_SHARDS, due_for_expiry, expire, expire_due, has_open_sessions, list, release_link_use,
+    LinkUses, OPEN_SHARDS, due_for_expiry, expire, expire_due, has_open_sessions, list,
+    release_link_use,
 };
 pub(crate) use expiry::{open_partition, open_partitions};
 pub use providers::{ProviderAvailability, offered, providers};

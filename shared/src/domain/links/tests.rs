@@ -360,3 +360,11 @@ async fn patch_cancel_and_delete_follow_the_rules() {
     .unwrap();
     assert_eq!((all.len(), total), (1, 1));
 }
+
+#[test]
+fn checkout_counts_a_links_claimed_uses_in_the_links_own_field() {
+    assert_eq!(
+        super::PaymentLink::CLAIMED.name(),
+        crate::domain::checkout::LinkUses::CLAIMED.name()
+    );
+}
