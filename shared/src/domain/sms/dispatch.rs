@@ -1,17 +1,16 @@
 //! The SMS worker: claim a reminder, check it is still worth sending, send it
 //! through the provider and record the outcome exactly once.
 
-use serde_json::json;
 use std::time::Duration;
 
-use super::guards::quota_counter;
+use super::guards::{SmsCount, quota_counter};
 use super::notify::{SmsMessage, get};
 use super::reminders::{SmsReminder, SmsStatus};
 use super::{LEASE, MAX_ATTEMPTS};
 use crate::Deps;
 use crate::domain::Mode;
 use crate::domain::checkout::{CheckoutSession, SessionStatus};
-use crate::domain::record::from_item;
+use crate::domain::record::{Changes, from_item};
 use crate::providers::sms::{SmsClient, SmsSendError};
 use crate::store::{Cond, Index, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
@@ -91,19 +90,20 @@ async fn finish(
     error: Option<&str>,
     now: Timestamp,
 ) -> Result<bool, StoreError> {
-    let mut update = Update::new()
-        .set("status", status.as_str())
-        .set("attempts", attempts)
-        .set("updated_at", json!(now))
-        .remove("lease_until_ms")
-        .remove(CLAIM);
+    let mut changes = Changes::<SmsReminder>::new()
+        .set(SmsReminder::STATUS, &status)
+        .set(SmsReminder::ATTEMPTS, &attempts)
+        .set(SmsReminder::UPDATED_AT, &now)
+        .remove(SmsReminder::LEASE_UNTIL_MS)
+        .remove(SmsReminder::CLAIM);
     if status.is_final() {
-        update = update.unindex(Index::Gsi2);
+        changes = changes.unindex(Index::Gsi2);
     }
-    update = match error {
-        Some(e) => update.set("last_error", e),
-        None => update.remove("last_error"),
+    changes = match error {
+        Some(e) => changes.set_some(SmsReminder::LAST_ERROR, e),
+        None => changes.remove(SmsReminder::LAST_ERROR),
     };
+    let update: Update = changes.into();
     let key = SmsReminder::key(&r.id);
     let cond = held_by(claim);
     let gives_back = matches!(status, SmsStatus::Failed | SmsStatus::Cancelled);
@@ -119,8 +119,8 @@ async fn finish(
                     },
                     TxOp::Update {
                         key: quota_counter(&r.merchant_id, r.created_at),
-                        update: Update::new().add("n", -1),
-                        cond: Some(Cond::gt("n", 0)),
+                        update: Changes::<SmsCount>::new().subtract(SmsCount::N, 1).into(),
+                        cond: Some(SmsCount::N.gt(&0)),
                     },
                 ])
                 .await
@@ -166,15 +166,12 @@ async fn finish(
     }
 }
 
-/// The attribute naming the claim in flight (a random id): every write of
-/// the claim holder is conditioned on it.
-const CLAIM: &str = "claim";
-
-/// Still `sending` under the claim `claim`.
+/// Still `sending` under the claim `claim` (every write of the claim
+/// holder is conditioned on it).
 fn held_by(claim: &str) -> Cond {
     Cond::And(vec![
-        Cond::eq("status", SmsStatus::Sending.as_str()),
-        Cond::eq(CLAIM, claim),
+        SmsReminder::STATUS.eq(&SmsStatus::Sending),
+        SmsReminder::CLAIM.is(claim),
     ])
 }
 
@@ -189,10 +186,11 @@ async fn unclaim(store: &dyn Store, id: &str, claim: &str) {
     let released = store
         .update(
             &SmsReminder::key(id),
-            Update::new()
-                .set("status", SmsStatus::Queued.as_str())
-                .remove("lease_until_ms")
-                .remove(CLAIM),
+            Changes::<SmsReminder>::new()
+                .set(SmsReminder::STATUS, &SmsStatus::Queued)
+                .remove(SmsReminder::LEASE_UNTIL_MS)
+                .remove(SmsReminder::CLAIM)
+                .into(),
             Some(held_by(claim)),
         )
         .await;
@@ -259,13 +257,14 @@ pub(super) async fn claim(
     let claimed = store
         .update(
             &SmsReminder::key(&r.id),
-            Update::new()
-                .set("status", SmsStatus::Sending.as_str())
-                .set("lease_until_ms", lease_until)
-                .set(CLAIM, claim_id.as_str()),
+            Changes::<SmsReminder>::new()
+                .set(SmsReminder::STATUS, &SmsStatus::Sending)
+                .set_some(SmsReminder::LEASE_UNTIL_MS, &lease_until)
+                .set_some(SmsReminder::CLAIM, claim_id.as_str())
+                .into(),
             Some(Cond::And(vec![
-                Cond::eq("attempts", r.attempts),
-                Cond::eq("status", SmsStatus::Queued.as_str()),
+                SmsReminder::ATTEMPTS.eq(&r.attempts),
+                SmsReminder::STATUS.eq(&SmsStatus::Queued),
             ])),
         )
         .await;
@@ -357,7 +356,7 @@ pub(super) async fn send_and_record(
     match &outcome {
         Ok(DispatchOutcome::Sent) => tracing::info!(sms_id, attempts, "SMS reminder sent"),
         Ok(_) => {
-            tracing::warn!(sms_id, attempts, status = status.as_str(), error = ?error, "SMS reminder not sent")
+            tracing::warn!(sms_id, attempts, status = ?status, error = ?error, "SMS reminder not sent")
         }
         Err(_) => {
             tracing::warn!(sms_id, attempts, error = ?error, "SMS send failed; it will be retried")
@@ -411,22 +410,23 @@ async fn abandon(state: &Deps, r: &SmsReminder) -> Result<DispatchOutcome, Dispa
         .store
         .update(
             &SmsReminder::key(&r.id),
-            Update::new()
-                .set("status", SmsStatus::Unknown.as_str())
-                .set("updated_at", json!(now))
-                .set(
-                    "last_error",
+            Changes::<SmsReminder>::new()
+                .set(SmsReminder::STATUS, &SmsStatus::Unknown)
+                .set(SmsReminder::UPDATED_AT, &now)
+                .set_some(
+                    SmsReminder::LAST_ERROR,
                     "a dispatcher stopped while sending it; not sent again",
                 )
-                .remove("lease_until_ms")
-                .remove(CLAIM)
-                .unindex(Index::Gsi2),
+                .remove(SmsReminder::LEASE_UNTIL_MS)
+                .remove(SmsReminder::CLAIM)
+                .unindex(Index::Gsi2)
+                .into(),
             Some(Cond::And(vec![
-                Cond::eq("status", SmsStatus::Sending.as_str()),
-                Cond::eq("attempts", r.attempts),
+                SmsReminder::STATUS.eq(&SmsStatus::Sending),
+                SmsReminder::ATTEMPTS.eq(&r.attempts),
                 match r.lease_until_ms {
-                    Some(t) => Cond::eq("lease_until_ms", t),
-                    None => Cond::AttrNotExists("lease_until_ms".into()),
+                    Some(t) => SmsReminder::LEASE_UNTIL_MS.is(&t),
+                    None => SmsReminder::LEASE_UNTIL_MS.missing(),
                 },
             ])),
         )

@@ -1,18 +1,16 @@
 //! The guards, in order: a pending session for the recipient, the checkout
 //! host, and the abuse limits and plan quota taken in one transaction.
 
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
 use super::request::{first_id_at, normalize_phone};
 use super::{Limits, SESSION_PAGE, SESSION_PAGES, SESSION_WINDOW_HOURS, SmsError};
 use crate::domain::Mode;
 use crate::domain::checkout::{CheckoutSession, SessionStatus};
-use crate::domain::record::from_item;
+use crate::domain::record::{self, Changes, Record, from_item};
 use crate::ids::IdKind;
 use crate::keys;
-use crate::store::{
-    Cond, Index, Key, Query, SkCond, Store, StoreError, TTL, TxOp, TxReason, Update,
-};
+use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 
 /// The path of an `http(s)` URL, without its query and fragment (`""`
@@ -103,7 +101,7 @@ pub(super) async fn pending_session(
         .sk(SkCond::Ge(first_id_at(IdKind::CheckoutSession, since)))
         .backward()
         .limit(SESSION_PAGE)
-        .filter(Cond::AttrExists("customer_phone".into()));
+        .filter(CheckoutSession::CUSTOMER_PHONE.exists());
     for _ in 0..SESSION_PAGES {
         let page = store.query(&query).await?;
         for item in page.items {
@@ -147,13 +145,45 @@ pub fn quota_counter(merchant_id: &str, now: Timestamp) -> Key {
     keys::sms_quota(merchant_id, &now.datetime().format("%Y-%m").to_string())
 }
 
-/// `n < limit` (a missing counter is 0).
-pub(super) fn below(limit: i64) -> Cond {
-    Cond::Or(vec![Cond::AttrNotExists("n".into()), Cond::lt("n", limit)])
+/// A count of reminders: a merchant's in one UTC hour
+/// ([`merchant_counter`], stored kind "sms hour count") or its live
+/// quota used in one UTC month ([`quota_counter`], "sms month quota").
+/// Changed only by `ADD` ([`counter_update`]); never written whole.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SmsCount {
+    /// Its key, as read (written from [`Record::item_key`]).
+    #[serde(skip_serializing)]
+    pub pk: String,
+    #[serde(skip_serializing)]
+    pub sk: String,
+    pub n: i64,
+    /// Epoch seconds after which the table's TTL expires it (a month's
+    /// quota counted before expiry was set has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<i64>,
 }
 
-pub(super) fn counter_update(expires: i64) -> Update {
-    Update::new().add("n", 1).set(TTL, expires)
+crate::attrs! { SmsCount {
+    N: i64 = n,
+    TTL: Option<i64> = ttl,
+} }
+
+impl Record for SmsCount {
+    fn item_key(&self) -> Key {
+        Key::new(self.pk.clone(), self.sk.clone())
+    }
+}
+
+/// `n < limit` (a missing counter is 0).
+pub(super) fn below(limit: i64) -> Cond {
+    Cond::Or(vec![SmsCount::N.missing(), SmsCount::N.lt(&limit)])
+}
+
+/// One more, the counter expiring at `expires` (epoch seconds).
+pub(super) fn counter_update(expires: i64) -> Changes<SmsCount> {
+    Changes::new()
+        .add(SmsCount::N, 1)
+        .set_some(SmsCount::TTL, &expires)
 }
 
 /// What [`take_places`] took.
@@ -207,14 +237,14 @@ pub(super) async fn take_places(
 ) -> Result<Taken, SmsError> {
     let key = recipient_window(places.merchant_id, places.mode, places.phone);
     for attempt in 0..WINDOW_TRIES {
-        let current = store.get(&key).await?;
-        let window = RecipientWindow::read(current.as_ref(), places.now);
+        let current = record::get::<SmsRecipientWindow>(store, &key).await?;
+        let window = RecipientWindow::read(current, places.now);
         window.refuse_when_full(places.limits)?;
         let mut ops = vec![
-            window.with_send(&key),
+            window.with_send(&key)?,
             TxOp::Update {
                 key: merchant_counter(places.merchant_id, places.mode, places.now),
-                update: counter_update(hour_end(places.now) + 86_400),
+                update: counter_update(hour_end(places.now) + 86_400).into(),
                 cond: Some(below(places.limits.per_merchant_per_hour)),
             },
         ];
@@ -272,12 +302,12 @@ fn quota_op(merchant_id: &str, quota: u32, now: Timestamp) -> TxOp {
     if quota == 0 {
         TxOp::Check {
             key,
-            cond: Cond::lt("n", 0),
+            cond: SmsCount::N.lt(&0),
         }
     } else {
         TxOp::Update {
             key,
-            update: counter_update(now.unix_seconds() + 40 * 86_400),
+            update: counter_update(now.unix_seconds() + 40 * 86_400).into(),
             cond: Some(below(i64::from(quota))),
         }
     }
@@ -307,10 +337,9 @@ fn refused_places(
 /// hour or quota is still a 429 / plan_limit_reached, not a busy store.
 async fn still_conflicting(store: &dyn Store, places: &Places<'_>) -> Result<Taken, SmsError> {
     let count = |key: Key| async move {
-        store
-            .get(&key)
+        record::get::<SmsCount>(store, &key)
             .await
-            .map(|i| i.and_then(|i| i.get("n").and_then(serde_json::Value::as_i64)))
+            .map(|c| c.map(|c| c.n))
     };
     let hour = merchant_counter(places.merchant_id, places.mode, places.now);
     if count(hour).await?.unwrap_or(0) >= places.limits.per_merchant_per_hour {
@@ -327,6 +356,35 @@ async fn still_conflicting(store: &dyn Store, places: &Places<'_>) -> Result<Tak
     )))
 }
 
+/// The recipient's window as stored (kind "sms recipient window"): the
+/// times (ms) of the reminders sent to a recipient in the last 24 h, and a
+/// version every write is conditioned on (written whole, at the next
+/// version).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SmsRecipientWindow {
+    /// Its key, as read (written from [`Record::item_key`]).
+    #[serde(skip_serializing)]
+    pub pk: String,
+    #[serde(skip_serializing)]
+    pub sk: String,
+    pub sent_ms: Vec<i64>,
+    pub v: i64,
+    /// Epoch seconds after which the table's TTL expires it.
+    pub ttl: i64,
+}
+
+crate::attrs! { SmsRecipientWindow {
+    SENT_MS: Vec<i64> = sent_ms,
+    V: i64 = v,
+    TTL: i64 = ttl,
+} }
+
+impl Record for SmsRecipientWindow {
+    fn item_key(&self) -> Key {
+        Key::new(self.pk.clone(), self.sk.clone())
+    }
+}
+
 /// The recipient's window as read: its version and the times (ms) of its
 /// reminders in the last 24 h, oldest first.
 struct RecipientWindow {
@@ -336,16 +394,10 @@ struct RecipientWindow {
 }
 
 impl RecipientWindow {
-    fn read(current: Option<&crate::store::Item>, now: Timestamp) -> RecipientWindow {
+    fn read(current: Option<SmsRecipientWindow>, now: Timestamp) -> RecipientWindow {
         let now_ms = now.unix_millis();
-        let version = current
-            .and_then(|i| i.get("v"))
-            .and_then(serde_json::Value::as_i64);
-        let mut recent: Vec<i64> = current
-            .and_then(|i| i.get("sent_ms"))
-            .and_then(serde_json::Value::as_array)
-            .map(|a| a.iter().filter_map(serde_json::Value::as_i64).collect())
-            .unwrap_or_default();
+        let version = current.as_ref().map(|w| w.v);
+        let mut recent: Vec<i64> = current.map(|w| w.sent_ms).unwrap_or_default();
         recent.retain(|t| *t > now_ms - RECIPIENT_WINDOW_MS);
         recent.sort_unstable();
         RecipientWindow {
@@ -354,7 +406,6 @@ impl RecipientWindow {
             now_ms,
         }
     }
-
     /// Refuses a reminder to a recipient whose day is full: until the
     /// oldest counted reminder is 24 h old, when its place frees.
     fn refuse_when_full(&self, limits: Limits) -> Result<(), SmsError> {
@@ -379,24 +430,22 @@ impl RecipientWindow {
 
     /// The window with this reminder's send added, written on the version
     /// read.
-    fn with_send(self, key: &Key) -> TxOp {
+    fn with_send(self, key: &Key) -> Result<TxOp, StoreError> {
         let mut recent = self.recent;
         recent.push(self.now_ms);
-        let mut item = crate::store::Item::new();
-        item.insert("pk".into(), json!(key.pk));
-        item.insert("sk".into(), json!(key.sk));
-        item.insert("sent_ms".into(), json!(recent));
-        item.insert("v".into(), json!(self.version.unwrap_or(0) + 1));
-        item.insert(
-            TTL.into(),
-            json!((self.now_ms + RECIPIENT_WINDOW_MS) / 1000 + 3600),
-        );
-        TxOp::Put {
-            item,
+        let window = SmsRecipientWindow {
+            pk: key.pk.clone(),
+            sk: key.sk.clone(),
+            sent_ms: recent,
+            v: self.version.unwrap_or(0) + 1,
+            ttl: (self.now_ms + RECIPIENT_WINDOW_MS) / 1000 + 3600,
+        };
+        Ok(TxOp::Put {
+            item: window.to_item()?,
             cond: Some(match self.version {
-                Some(v) => Cond::eq("v", v),
+                Some(v) => SmsRecipientWindow::V.eq(&v),
                 None => Cond::NotExists,
             }),
-        }
+        })
     }
 }

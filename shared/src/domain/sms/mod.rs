@@ -67,7 +67,7 @@ mod request;
 mod tests;
 
 pub use dispatch::{DispatchError, DispatchOutcome, handle_message};
-pub use guards::{quota_counter, session_in_url};
+pub use guards::{SmsCount, SmsRecipientWindow, quota_counter, session_in_url};
 pub use notify::{SmsMessage, get, notify};
 pub use reminders::{SmsReminder, SmsStatus, list, list_recent, requeue_stuck};
 

@@ -1,21 +1,20 @@
 //! `notify`: the guards, then the reminder and its queue message.
 
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use std::time::Duration;
 
 use super::guards::{Places, SessionMatch, Taken, pending_session, session_in_url, take_places};
-use super::reminders::{SmsReminder, SmsStatus};
+use super::reminders::{KEPT_DAYS, SmsReminder, SmsStatus};
 use super::request::{message_text, url_host, validate};
 use super::{Limits, NotifyOutcome, NotifyRequest, SmsError, ValidNotify};
 use crate::Deps;
 use crate::domain::Mode;
 use crate::domain::account::Principal;
-use crate::domain::record::to_item;
+use crate::domain::record::Record;
 use crate::ids::{IdKind, new_id};
 use crate::queue::QueueName;
 use crate::store::fence::Fence;
-use crate::store::{Cond, Store, StoreError, TTL, TxOp};
+use crate::store::{Store, StoreError};
 use crate::time::Timestamp;
 
 /// The queue message: the reminder to send.
@@ -66,7 +65,7 @@ pub async fn notify(
         quota: live.then(|| who.merchant.plan.sms_monthly_quota()),
         limits,
     };
-    let record = new_record_op(&reminder)?;
+    let record = reminder.put_new()?;
     let taken = take_places(
         store,
         places,
@@ -144,8 +143,9 @@ fn check_checkout_host(v: &ValidNotify, checkout_base: &str) -> Result<(), SmsEr
     Ok(())
 }
 
-/// The reminder as the request stores it: `queued` live, `logged` in
-/// sandbox, bound to its session.
+/// The reminder as the request stores it: `queued` live (listed among the
+/// open reminders), `logged` in sandbox, bound to its session, kept
+/// [`KEPT_DAYS`].
 fn new_reminder(
     who: &Principal,
     v: &ValidNotify,
@@ -153,7 +153,7 @@ fn new_reminder(
     now: Timestamp,
 ) -> SmsReminder {
     let mode = who.mode();
-    SmsReminder {
+    let mut reminder = SmsReminder {
         id: new_id(IdKind::Sms),
         project_id: who.project_id().to_owned(),
         merchant_id: who.merchant.id.clone(),
@@ -171,7 +171,16 @@ fn new_reminder(
         last_error: None,
         created_at: now,
         updated_at: now,
+        claim: None,
+        ttl: Some(now.unix_seconds() + KEPT_DAYS * 86_400),
+        gsi2pk: None,
+        gsi2sk: None,
+    };
+    if mode == Mode::Live {
+        // Waits for the dispatcher: the backstop sweep watches it.
+        reminder.list_open(now);
     }
+    reminder
 }
 
 /// A retry of a request whose answer was lost: the first run's reminder
@@ -233,17 +242,6 @@ pub(super) async fn enqueue(state: &Deps, sms_id: &str) -> bool {
             false
         }
     }
-}
-
-/// The put of a new reminder's record.
-pub(super) fn new_record_op(r: &SmsReminder) -> Result<TxOp, StoreError> {
-    let mut item = to_item(r, &SmsReminder::key(&r.id), &r.indexes())?;
-    // Kept 90 days for support, then expired by the table's TTL.
-    item.insert(TTL.into(), json!(r.created_at.unix_seconds() + 90 * 86_400));
-    Ok(TxOp::Put {
-        item,
-        cond: Some(Cond::NotExists),
-    })
 }
 
 pub async fn get(store: &dyn Store, id: &str) -> Result<Option<SmsReminder>, StoreError> {

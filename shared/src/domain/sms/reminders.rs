@@ -3,9 +3,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::notify::enqueue;
-use crate::domain::record::from_item;
+use crate::domain::record::{Changes, Entry, Gsi2Entry, Record, from_item};
 use crate::domain::{Mode, Tenant, Window};
-use crate::store::{Cond, Index, Key, Query, Store, StoreError, Update};
+use crate::store::{Cond, Index, Key, Query, Store, StoreError};
 use crate::time::Timestamp;
 use crate::{Deps, keys};
 
@@ -34,18 +34,6 @@ pub enum SmsStatus {
 }
 
 impl SmsStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SmsStatus::Logged => "logged",
-            SmsStatus::Queued => "queued",
-            SmsStatus::Sending => "sending",
-            SmsStatus::Sent => "sent",
-            SmsStatus::Failed => "failed",
-            SmsStatus::Cancelled => "cancelled",
-            SmsStatus::Unknown => "unknown",
-        }
-    }
-
     /// Nothing more happens to it.
     pub fn is_final(self) -> bool {
         !matches!(self, SmsStatus::Queued | SmsStatus::Sending)
@@ -74,7 +62,27 @@ pub struct SmsReminder {
     pub last_error: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// The claim in flight while `sending` (a random id written with the
+    /// lease): every write of the claim holder is conditioned on it. Set
+    /// and removed by updates only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+    /// Epoch seconds after which the table's TTL expires it (kept
+    /// [`KEPT_DAYS`] for support).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<i64>,
+    /// Its entry among the open reminders (while a live reminder waits to
+    /// be sent: the backstop sweep's queue, by when it was queued or last
+    /// swept): `gsi2pk`, then `gsi2sk` (see [`Gsi2Entry`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gsi2pk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gsi2sk: Option<String>,
 }
+
+/// How long a reminder is kept for support before the table's TTL
+/// expires it.
+pub(super) const KEPT_DAYS: i64 = 90;
 
 crate::attrs! { SmsReminder {
     ID: String = id,
@@ -90,6 +98,8 @@ crate::attrs! { SmsReminder {
     LAST_ERROR: Option<String> = last_error,
     CREATED_AT: Timestamp = created_at,
     UPDATED_AT: Timestamp = updated_at,
+    CLAIM: Option<String> = claim,
+    TTL: Option<i64> = ttl,
 } }
 
 impl SmsReminder {
@@ -101,22 +111,27 @@ impl SmsReminder {
         keys::per_mode(project_id, mode, keys::PerMode::Sms)
     }
 
-    /// `gsi1`: the project's reminders, by time-ordered id; `gsi2` (sparse,
-    /// while a live reminder waits to be sent): the backstop sweep's queue.
-    pub(super) fn indexes(&self) -> Vec<(Index, String, String)> {
-        let mut out = vec![(
-            Index::Gsi1,
+    /// Lists it among the open reminders from `at` (a new reminder: when
+    /// it was created).
+    pub(super) fn list_open(&mut self, at: Timestamp) {
+        let entry = open_entry(&self.id, at);
+        self.gsi2pk = Some(entry.partition);
+        self.gsi2sk = Some(entry.sort);
+    }
+}
+
+impl Record for SmsReminder {
+    fn item_key(&self) -> Key {
+        SmsReminder::key(&self.id)
+    }
+
+    /// `gsi1`: the project's reminders, by time-ordered id (its
+    /// open-reminders entry is its `gsi2` fields).
+    fn entries(&self) -> Vec<Entry> {
+        vec![Entry::gsi1(
             SmsReminder::list_partition(&self.project_id, self.mode),
             self.id.clone(),
-        )];
-        if matches!(self.status, SmsStatus::Queued | SmsStatus::Sending) {
-            out.push((
-                Index::Gsi2,
-                open_partition(&self.id),
-                open_sort_key(self.created_at, &self.id),
-            ));
-        }
-        out
+        )]
     }
 }
 
@@ -127,8 +142,12 @@ pub(super) fn open_partition(id: &str) -> String {
     keys::open(keys::Open::Sms, keys::shard_of(id, OPEN_SHARDS))
 }
 
-fn open_sort_key(at: Timestamp, id: &str) -> String {
-    format!("{:015}#{id}", at.unix_millis().max(0))
+/// The open-reminders entry of reminder `id` from `at`.
+fn open_entry(id: &str, at: Timestamp) -> Gsi2Entry {
+    Gsi2Entry::new(
+        open_partition(id),
+        format!("{:015}#{id}", at.unix_millis().max(0)),
+    )
 }
 
 /// How long a waiting reminder may go unsent before the sweep queues it
@@ -167,21 +186,21 @@ pub async fn requeue_stuck(
                 SmsStatus::Sending => r.lease_until_ms.is_none_or(|t| t < now.unix_millis()),
                 _ => false,
             };
-            let update = if waiting {
-                Update::new().set(Index::Gsi2.sk_attr(), open_sort_key(now, &r.id))
+            let changes = if waiting {
+                Changes::<SmsReminder>::new().index(&open_entry(&r.id, now))
             } else if matches!(r.status, SmsStatus::Sending) {
                 continue;
             } else {
                 // Final but still listed: take it out.
-                Update::new().unindex(Index::Gsi2)
+                Changes::new().unindex(Index::Gsi2)
             };
             let moved = store
                 .update(
                     &key,
-                    update,
+                    changes.into(),
                     Some(Cond::And(vec![
-                        Cond::eq("status", r.status.as_str()),
-                        Cond::eq("attempts", r.attempts),
+                        SmsReminder::STATUS.eq(&r.status),
+                        SmsReminder::ATTEMPTS.eq(&r.attempts),
                     ])),
                 )
                 .await;

@@ -7,7 +7,6 @@ use super::guards::{
     Places, Taken, WINDOW_TRIES, below, counter_update, merchant_counter, recipient_window,
     take_places,
 };
-use super::notify::new_record_op;
 use super::reminders::open_partition;
 use super::request::{message_text, normalize_phone, validate};
 use super::*;
@@ -16,6 +15,7 @@ use crate::Deps;
 use crate::domain::account::Plan;
 use crate::domain::account::Principal;
 use crate::domain::checkout::CheckoutSession;
+use crate::domain::record::Record;
 use crate::domain::{Mode, Tenant};
 use crate::ids::{IdKind, new_id};
 use crate::providers::sms::SmsClient;
@@ -61,7 +61,7 @@ async fn reserve_quota(
     let taken = store
         .update(
             &quota_counter(merchant_id, now),
-            counter_update(now.unix_seconds() + 40 * 86_400),
+            counter_update(now.unix_seconds() + 40 * 86_400).into(),
             Some(below(i64::from(quota))),
         )
         .await;
@@ -73,7 +73,7 @@ async fn reserve_quota(
 }
 
 async fn put_new(store: &dyn Store, r: &SmsReminder) -> Result<(), StoreError> {
-    store.transact(vec![new_record_op(r)?]).await
+    store.transact(vec![r.put_new()?]).await
 }
 
 fn req() -> NotifyRequest {
@@ -364,7 +364,7 @@ async fn a_full_hour_is_rate_limited_before_the_quota_is_looked_at() {
 async fn a_reminder_whose_message_was_lost_is_queued_again_once_per_sweep() {
     let (state, _who, clock) = state_with_tenant(Plan::Growth, Mode::Live).await;
     let now = clock.now();
-    let reminder = SmsReminder {
+    let mut reminder = SmsReminder {
         id: crate::ids::new_id(crate::ids::IdKind::Sms),
         project_id: "proj_1".into(),
         merchant_id: "mer_1".into(),
@@ -378,7 +378,12 @@ async fn a_reminder_whose_message_was_lost_is_queued_again_once_per_sweep() {
         last_error: None,
         created_at: now,
         updated_at: now,
+        claim: None,
+        ttl: None,
+        gsi2pk: None,
+        gsi2sk: None,
     };
+    reminder.list_open(now);
     // Recorded, but its queue message never went out (a crash).
     let Ok(()) = put_new(&*state.store, &reminder).await else {
         panic!("put")
@@ -636,7 +641,7 @@ async fn queued_reminder(state: &Deps, who: &Principal) -> SmsReminder {
         reserve_quota(&*state.store, &who.merchant.id, 200, now).await,
         Ok(true)
     ));
-    let r = SmsReminder {
+    let mut r = SmsReminder {
         id: new_id(IdKind::Sms),
         project_id: who.project_id().to_owned(),
         merchant_id: who.merchant.id.clone(),
@@ -650,7 +655,12 @@ async fn queued_reminder(state: &Deps, who: &Principal) -> SmsReminder {
         last_error: None,
         created_at: now,
         updated_at: now,
+        claim: None,
+        ttl: None,
+        gsi2pk: None,
+        gsi2sk: None,
     };
+    r.list_open(now);
     if let Err(e) = put_new(&*state.store, &r).await {
         panic!("{e}")
     }
@@ -1259,4 +1269,126 @@ async fn a_retry_whose_first_run_took_the_last_place_answers_as_the_first() {
     let other = Fence::new(Key::new("IDEMFENCE#p#sandbox#k2", "FENCE"), ttl);
     let r = notify(&state, &who, req(), base, limits, Some(&other)).await;
     assert!(matches!(r, Err(SmsError::RateLimited { .. })), "{r:?}");
+}
+
+#[tokio::test]
+async fn a_reminder_keeps_its_expiry_open_entry_and_claim_as_fields() {
+    let (state, who, clock) = state_with_tenant(Plan::Growth, Mode::Live).await;
+    let (client, _sent) = provider(Some(200)).await;
+    session(&state, &who, "9841000001").await;
+    let r = notify(
+        &state,
+        &who,
+        req(),
+        "https://pay.example",
+        Limits::default(),
+        None,
+    )
+    .await;
+    assert!(matches!(&r, Ok(o) if o.status == "queued"), "{r:?}");
+    let Ok(listed) = list_recent(&*state.store, who.tenant(), 10).await else {
+        panic!("list")
+    };
+    let [stored] = listed.as_slice() else {
+        panic!("{listed:?}")
+    };
+    let now = clock.now();
+    assert_eq!(stored.ttl, Some(now.unix_seconds() + 90 * 86_400));
+    assert_eq!(
+        stored.gsi2pk.as_deref(),
+        Some(open_partition(&stored.id).as_str())
+    );
+    assert!(stored.claim.is_none());
+    let raw = |id: String| {
+        let store = state.store.clone();
+        async move {
+            match store.get(&SmsReminder::key(&id)).await {
+                Ok(Some(item)) => item,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    // The item as stored is the record's item: nothing lives in the item
+    // alone.
+    let Ok(item) = stored.to_item() else {
+        panic!("to_item")
+    };
+    assert_eq!(raw(stored.id.clone()).await, item);
+
+    // A claim is a field, written by the claim's update alone.
+    let Ok(Some(claim_id)) =
+        super::dispatch::claim(&*state.store, stored, LEASE, now.unix_millis()).await
+    else {
+        panic!("claim")
+    };
+    let claimed = status_of(&state, &stored.id).await;
+    assert_eq!(claimed.claim.as_deref(), Some(claim_id.as_str()));
+    assert_eq!(claimed.status, SmsStatus::Sending);
+    assert_eq!(
+        raw(stored.id.clone()).await.get("claim"),
+        Some(&json!(claim_id))
+    );
+
+    // Ending it removes the claim and its open entry, keeps its expiry.
+    let d = super::dispatch::send_and_record(&state, &client, &claimed, &claim_id).await;
+    assert!(matches!(d, Ok(DispatchOutcome::Sent)), "{d:?}");
+    let sent = status_of(&state, &stored.id).await;
+    assert_eq!(sent.status, SmsStatus::Sent);
+    assert!(sent.claim.is_none() && sent.gsi2pk.is_none() && sent.gsi2sk.is_none());
+    assert_eq!(sent.ttl, stored.ttl);
+    let item = raw(stored.id.clone()).await;
+    assert!(!item.contains_key("claim") && !item.contains_key("gsi2pk"));
+}
+
+#[tokio::test]
+async fn the_counters_and_the_recipient_window_read_as_records_of_unchanged_shape() {
+    let store = store();
+    let now = SystemClock.now();
+    let limits = Limits::default();
+    for phone in ["9841000001", "9841000001", "9841000002"] {
+        let taken = take_abuse_limits(&*store, limits, "mer_1", Mode::Live, phone, now).await;
+        assert!(taken.is_ok(), "{taken:?}");
+    }
+    assert!(matches!(
+        reserve_quota(&*store, "mer_1", 5, now).await,
+        Ok(true)
+    ));
+    let attrs = |item: crate::store::Item| {
+        let mut names: Vec<String> = item.keys().cloned().collect();
+        names.sort_unstable();
+        names
+    };
+
+    let window_key = recipient_window("mer_1", Mode::Live, "9841000001");
+    let Ok(Some(window)) =
+        crate::domain::record::get::<SmsRecipientWindow>(&*store, &window_key).await
+    else {
+        panic!("the window reads as a record")
+    };
+    assert_eq!(window.v, 2);
+    assert_eq!(window.sent_ms, vec![now.unix_millis(); 2]);
+    assert_eq!(window.ttl, (now.unix_millis() + 86_400_000) / 1000 + 3600);
+    assert_eq!(window.item_key(), window_key);
+    let Ok(Some(raw)) = store.get(&window_key).await else {
+        panic!("raw window")
+    };
+    assert_eq!(attrs(raw.clone()), ["pk", "sent_ms", "sk", "ttl", "v"]);
+    assert_eq!(window.to_item().ok(), Some(raw), "written back as stored");
+
+    for (key, n) in [
+        (merchant_counter("mer_1", Mode::Live, now), 3),
+        (quota_counter("mer_1", now), 1),
+    ] {
+        let Ok(Some(count)) = crate::domain::record::get::<SmsCount>(&*store, &key).await else {
+            panic!("{key:?} reads as a record")
+        };
+        assert_eq!(count.n, n, "{key:?}");
+        assert!(count.ttl.is_some(), "{key:?}");
+        assert_eq!(count.item_key(), key);
+        let Ok(Some(raw)) = store.get(&key).await else {
+            panic!("raw counter")
+        };
+        assert_eq!(attrs(raw.clone()), ["n", "pk", "sk", "ttl"]);
+        assert_eq!(count.to_item().ok(), Some(raw), "written back as stored");
+    }
 }
