@@ -11,9 +11,10 @@ use crate::Deps;
 use crate::domain::Tenant;
 use crate::domain::checkout::{self, CheckoutSession, SessionStatus};
 use crate::domain::outbox::{Event, EventType};
+use crate::domain::record::{Changes, Record};
 use crate::fields::{PersonName, Phone};
 use crate::store::fence::Fence;
-use crate::store::{Cond, Store, StoreError, TxOp, TxReason, Update};
+use crate::store::{Cond, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 
 /// What `POST /v1/invoices/{id}/checkout` answers.
@@ -72,13 +73,14 @@ pub async fn checkout(
             },
             TxOp::Update {
                 key: Invoice::key(&inv.id),
-                update: Update::new()
-                    .set("checkout_session_id", session.id.clone())
-                    .set("version", inv.version + 1)
-                    .set("updated_at", json!(now)),
+                update: Changes::<Invoice>::new()
+                    .set_some(Invoice::CHECKOUT_SESSION_ID, session.id.as_str())
+                    .set(Invoice::VERSION, &(inv.version + 1))
+                    .set(Invoice::UPDATED_AT, &now)
+                    .into(),
                 cond: Some(Cond::And(vec![
-                    Cond::eq("version", inv.version),
-                    Cond::eq("document_status", "issued"),
+                    Invoice::VERSION.eq(&inv.version),
+                    Invoice::DOCUMENT_STATUS.eq(&DocumentStatus::Issued),
                 ])),
             },
         ];
@@ -276,8 +278,8 @@ pub fn allocation_ops(
         );
     }
     let mut ops = vec![TxOp::Put {
-        item: next.item()?,
-        cond: Some(Cond::eq("version", inv.version)),
+        item: next.to_item()?,
+        cond: Some(Invoice::VERSION.eq(&inv.version)),
     }];
     // Paid: the payment took the balance to zero (also after adjustments).
     if inv.document_status == DocumentStatus::Issued && collectible > 0 && paid == collectible {

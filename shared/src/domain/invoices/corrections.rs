@@ -1,8 +1,6 @@
 //! Corrections and adjustments of a finalized invoice, and what blocks them
 //! (a checkout being paid).
 
-use serde_json::json;
-
 use super::drafts::{
     AdjustInvoice, CorrectInvoice, InvoiceError, check_version, get, invalid, lost_race, replace,
     require_state, text,
@@ -13,8 +11,9 @@ use crate::domain::Tenant;
 use crate::domain::checkout::stats::Tally;
 use crate::domain::checkout::{CheckoutSession, SessionStatus};
 use crate::domain::payments::{self, Payment, PaymentStatus};
+use crate::domain::record::{Changes, Record};
 use crate::ids::{self, IdKind};
-use crate::store::{Cond, Index, Store, StoreError, TxOp, Update};
+use crate::store::{Cond, Index, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// The invoice's current checkout session, and the payment of its latest
@@ -78,27 +77,31 @@ fn checkout_activity(c: &CurrentCheckout, now: Timestamp) -> Option<String> {
 /// checked to still be what it was.
 pub(super) fn close_checkout_op(s: &CheckoutSession, now: Timestamp, tally: &mut Tally) -> TxOp {
     let attempt_as_read = match &s.payment_id {
-        Some(p) => Cond::eq("payment_id", p.clone()),
-        // Null or missing: "not a string" covers both on both backends.
-        None => Cond::Not(Box::new(Cond::ge("payment_id", ""))),
+        Some(p) => CheckoutSession::PAYMENT_ID.is(p),
+        // Null or missing: "not a string" (not >= "") covers both on both
+        // backends.
+        None => Cond::Not(Box::new(
+            CheckoutSession::PAYMENT_ID.ge(&Some(String::new())),
+        )),
     };
     if s.status_at(now) == SessionStatus::Pending {
         tally.session_moved(s, SessionStatus::Pending, SessionStatus::Expired);
         TxOp::Update {
             key: CheckoutSession::key(&s.id),
-            update: Update::new()
-                .set("status", "expired")
-                .set("updated_at", json!(now))
-                .unindex(Index::Gsi2),
+            update: Changes::<CheckoutSession>::new()
+                .set(CheckoutSession::STATUS, &SessionStatus::Expired)
+                .set(CheckoutSession::UPDATED_AT, &now)
+                .unindex(Index::Gsi2)
+                .into(),
             cond: Some(Cond::And(vec![
-                Cond::eq("status", "pending"),
+                CheckoutSession::STATUS.eq(&SessionStatus::Pending),
                 attempt_as_read,
             ])),
         }
     } else {
         TxOp::Check {
             key: CheckoutSession::key(&s.id),
-            cond: Cond::And(vec![Cond::eq("status", s.status.as_str()), attempt_as_read]),
+            cond: Cond::And(vec![CheckoutSession::STATUS.eq(&s.status), attempt_as_read]),
         }
     }
 }
@@ -175,18 +178,15 @@ pub async fn correct(
 
     let mut ops = vec![
         TxOp::Put {
-            item: voided.item()?,
+            item: voided.to_item()?,
             // The version covers everything the blocker read (payments
             // and checkouts bump it).
             cond: Some(Cond::And(vec![
-                Cond::eq("version", current.version),
-                Cond::eq("document_status", "issued"),
+                Invoice::VERSION.eq(&current.version),
+                Invoice::DOCUMENT_STATUS.eq(&DocumentStatus::Issued),
             ])),
         },
-        TxOp::Put {
-            item: replacement.item()?,
-            cond: Some(Cond::NotExists),
-        },
+        replacement.put_new()?,
     ];
     if let Some(c) = &checkout {
         let mut tally = Tally::new();

@@ -9,7 +9,7 @@ use super::records::{
 };
 use super::{MAX_LINES, MAX_TAX_BPS, MAX_UNIT_AMOUNT};
 use crate::Deps;
-use crate::domain::record::page_of;
+use crate::domain::record::{Record, page_of};
 use crate::domain::{Mode, Tenant, Window, account, checkout};
 use crate::fields::wire::{nullable, or_null, present};
 use crate::fields::{InvoiceLineText, InvoiceNote, InvoiceText};
@@ -336,10 +336,7 @@ pub async fn create(
         }
     }
     let inv = new_draft(tenant, body, state.clock.now())?;
-    let mut ops = vec![TxOp::Put {
-        item: inv.item()?,
-        cond: Some(Cond::NotExists),
-    }];
+    let mut ops = vec![inv.put_new()?];
     if let Some(f) = fence {
         ops.push(f.op(&inv.id));
     }
@@ -368,10 +365,10 @@ pub async fn list(
 ) -> Result<(Vec<Invoice>, u64), StoreError> {
     let mut filters = Vec::new();
     if let Some(d) = document_status {
-        filters.push(Cond::eq("document_status", d.as_str()));
+        filters.push(Invoice::DOCUMENT_STATUS.eq(&d));
     }
     if let Some(c) = collection_status {
-        filters.push(Cond::eq("collection_status", c.as_str()));
+        filters.push(Invoice::COLLECTION_STATUS.eq(&c));
     }
     let mut query = Query::partition(Invoice::list_partition(&tenant.project, tenant.mode))
         .on(Index::Gsi1)
@@ -386,8 +383,8 @@ pub async fn list(
 /// the version that was read (every change bumps it).
 fn replace_op(current: &Invoice, next: &Invoice) -> Result<TxOp, StoreError> {
     Ok(TxOp::Put {
-        item: next.item()?,
-        cond: Some(Cond::eq("version", current.version)),
+        item: next.to_item()?,
+        cond: Some(Invoice::VERSION.eq(&current.version)),
     })
 }
 

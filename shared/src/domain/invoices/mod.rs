@@ -34,7 +34,7 @@ pub use drafts::{
     AdjustInvoice, CorrectInvoice, CreateInvoice, FinalizeInvoice, InvoiceCheckout, InvoiceError,
     LineInput, PatchInvoice, create, get, get_any, list, new_draft, patch,
 };
-pub use numbering::{discard, finalize};
+pub use numbering::{InvoiceSequence, discard, finalize};
 #[cfg(feature = "pdf")]
 pub use pdf::{pdf, store_pdf};
 pub use records::{

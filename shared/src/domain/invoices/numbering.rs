@@ -1,20 +1,44 @@
 //! Finalizing: the gapless per-project number, taken in the transaction that
 //! finalizes the draft.
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 
 use super::drafts::{InvoiceError, check_version, get, require_state};
 use super::records::{DocumentStatus, Invoice};
 use super::{FINALIZE_BUDGET, FINALIZE_TRIES};
 use crate::domain::account::Seller;
+use crate::domain::record::{self, Changes, Record};
 use crate::domain::{Mode, Tenant, account};
 use crate::store::fence::Fence;
-use crate::store::{Cond, Key, Store, StoreError, TxOp, TxReason, Update};
+use crate::store::{Cond, Key, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 use crate::{Deps, keys};
 
 fn counter_key(project_id: &str, mode: Mode) -> Key {
     keys::invoice_sequence(project_id, mode)
+}
+
+/// The number counter of a project and mode (stored kind "invoice number
+/// sequence"): the last number given. Changed only by a finalize's `SET`
+/// conditioned on the value it read; never written whole.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InvoiceSequence {
+    /// Its key, as read (written from [`Record::item_key`]).
+    #[serde(skip_serializing)]
+    pub pk: String,
+    #[serde(skip_serializing)]
+    pub sk: String,
+    pub value: u64,
+}
+
+crate::attrs! { InvoiceSequence {
+    VALUE: u64 = value,
+} }
+
+impl Record for InvoiceSequence {
+    fn item_key(&self) -> Key {
+        Key::new(self.pk.clone(), self.sk.clone())
+    }
 }
 
 /// `PI-000042` live, `TEST-PI-000042` sandbox (6 digits, then as many as
@@ -57,32 +81,19 @@ pub async fn finalize(
         }
         require_state(&current, DocumentStatus::Draft, "finalize")?;
         check_version(&current, version)?;
-        let last: u64 = match store.get(&ckey).await? {
-            Some(item) => item.get("value").and_then(Value::as_u64).unwrap_or(0),
-            None => 0,
-        };
+        let last = record::get::<InvoiceSequence>(store, &ckey)
+            .await?
+            .map_or(0, |s| s.value);
         let n = last + 1;
         let now = state.clock.now();
         let next = issued(&current, number_text(tenant.mode, n), seller.clone(), now);
         let mut ops = vec![
-            TxOp::Update {
-                key: Invoice::key(id),
-                update: Update::new()
-                    .set("document_status", "issued")
-                    .set("invoice_number", json!(next.invoice_number))
-                    .set("issued_at", json!(now))
-                    .set("seller", json!(next.seller))
-                    .set("version", next.version)
-                    .set("updated_at", json!(now))
-                    .set("collection_status", next.collection_status.as_str()),
-                cond: Some(Cond::And(vec![
-                    Cond::eq("version", current.version),
-                    Cond::eq("document_status", "draft"),
-                ])),
-            },
+            issue_op(&current, &next),
             TxOp::Update {
                 key: ckey.clone(),
-                update: Update::new().set("value", n),
+                update: Changes::<InvoiceSequence>::new()
+                    .set(InvoiceSequence::VALUE, &n)
+                    .into(),
                 cond: Some(counter_at(last)),
             },
         ];
@@ -132,15 +143,36 @@ fn issued(current: &Invoice, number: String, seller: Option<Seller>, now: Timest
     next
 }
 
+/// The write that issues the draft `current` as `next`, if it is still
+/// the draft at the version read.
+fn issue_op(current: &Invoice, next: &Invoice) -> TxOp {
+    TxOp::Update {
+        key: Invoice::key(&current.id),
+        update: Changes::<Invoice>::new()
+            .set(Invoice::DOCUMENT_STATUS, &next.document_status)
+            .set(Invoice::INVOICE_NUMBER, &next.invoice_number)
+            .set(Invoice::ISSUED_AT, &next.issued_at)
+            .set(Invoice::SELLER, &next.seller)
+            .set(Invoice::VERSION, &next.version)
+            .set(Invoice::UPDATED_AT, &next.updated_at)
+            .set(Invoice::COLLECTION_STATUS, &next.collection_status)
+            .into(),
+        cond: Some(Cond::And(vec![
+            Invoice::VERSION.eq(&current.version),
+            Invoice::DOCUMENT_STATUS.eq(&DocumentStatus::Draft),
+        ])),
+    }
+}
+
 /// The number counter still at `last` as read (0: never written).
 fn counter_at(last: u64) -> Cond {
     if last == 0 {
         Cond::Or(vec![
-            Cond::AttrNotExists("value".into()),
-            Cond::eq("value", 0),
+            InvoiceSequence::VALUE.missing(),
+            InvoiceSequence::VALUE.eq(&0),
         ])
     } else {
-        Cond::eq("value", last)
+        InvoiceSequence::VALUE.eq(&last)
     }
 }
 
@@ -189,8 +221,8 @@ pub async fn discard(
     let mut ops = vec![TxOp::Delete {
         key: Invoice::key(id),
         cond: Some(Cond::And(vec![
-            Cond::eq("document_status", "draft"),
-            Cond::eq("version", current.version),
+            Invoice::DOCUMENT_STATUS.eq(&DocumentStatus::Draft),
+            Invoice::VERSION.eq(&current.version),
         ])),
     }];
     if let Some(f) = fence {

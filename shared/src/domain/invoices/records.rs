@@ -6,11 +6,11 @@ use serde::{Deserialize, Serialize};
 use super::MAX_QUANTITY_UNITS;
 use crate::domain::Mode;
 use crate::domain::account::Seller;
-use crate::domain::record::to_item;
+use crate::domain::record::{Entry, Record};
 use crate::fields::{BuyerAddress, BuyerPhone, Email, InvoiceLineText, InvoiceNote, InvoiceText};
 use crate::keys;
 use crate::money::Currency;
-use crate::store::{Index, Key, StoreError};
+use crate::store::Key;
 use crate::time::Timestamp;
 
 /// A quantity: decimal text with at most 3 decimals, greater than zero,
@@ -326,14 +326,6 @@ impl Invoice {
         keys::per_mode(project_id, mode, keys::PerMode::Invoices)
     }
 
-    fn indexes(&self) -> Vec<(Index, String, String)> {
-        vec![(
-            Index::Gsi1,
-            Invoice::list_partition(&self.project_id, self.mode),
-            self.id.clone(),
-        )]
-    }
-
     /// The current collectible balance.
     pub fn amount_remaining(&self) -> i64 {
         if self.document_status != DocumentStatus::Issued {
@@ -373,9 +365,19 @@ impl Invoice {
     pub fn pdf_key(&self) -> String {
         format!("invoices/{}/v{}.pdf", self.id, self.version)
     }
+}
 
-    pub(super) fn item(&self) -> Result<crate::store::Item, StoreError> {
-        to_item(self, &Invoice::key(&self.id), &self.indexes())
+impl Record for Invoice {
+    fn item_key(&self) -> Key {
+        Invoice::key(&self.id)
+    }
+
+    /// Listed in its project's invoices, newest first.
+    fn entries(&self) -> Vec<Entry> {
+        vec![Entry::gsi1(
+            Invoice::list_partition(&self.project_id, self.mode),
+            self.id.clone(),
+        )]
     }
 }
 

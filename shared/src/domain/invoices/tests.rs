@@ -4,7 +4,7 @@ use super::records::{line_total, tax_total};
 use super::*;
 use crate::Deps;
 use crate::domain::checkout::{self, CheckoutSession, SessionStatus};
-use crate::domain::record::from_item;
+use crate::domain::record::{Record, from_item};
 use crate::domain::{Mode, Tenant};
 use crate::fields::{InvoiceLineText, InvoiceText};
 use crate::store::TxOp;
@@ -352,7 +352,7 @@ mod numbering {
         let live = new_draft(&Tenant::new("proj_1", Mode::Live), b, SystemClock.now()).unwrap();
         live_state
             .store
-            .put(live.item().unwrap(), None)
+            .put(live.to_item().unwrap(), None)
             .await
             .unwrap();
         let issued = finalize(
@@ -569,6 +569,45 @@ mod numbering {
         .await
         .unwrap_err();
         assert!(matches!(again, InvoiceError::StateConflict(_)), "{again:?}");
+    }
+
+    #[tokio::test]
+    async fn the_number_counter_is_a_record_holding_only_its_value() {
+        let state = state();
+        let tenant = Tenant::new("proj_1", Mode::Sandbox);
+        let key = crate::keys::invoice_sequence("proj_1", Mode::Sandbox);
+        let none = crate::domain::record::get::<InvoiceSequence>(&*state.store, &key).await;
+        assert_eq!(none, Ok(None), "no number given yet");
+        issued(&state).await;
+        issued(&state).await;
+        let Ok(Some(seq)) =
+            crate::domain::record::get::<InvoiceSequence>(&*state.store, &key).await
+        else {
+            panic!("the counter reads as a record")
+        };
+        assert_eq!(seq.value, 2);
+        assert_eq!(seq.item_key(), key);
+        let raw = state.store.get(&key).await.unwrap().unwrap();
+        let mut attrs: Vec<&str> = raw.keys().map(String::as_str).collect();
+        attrs.sort_unstable();
+        assert_eq!(
+            attrs,
+            ["pk", "sk", "value"],
+            "the item's shape is unchanged"
+        );
+        assert_eq!(seq.to_item().unwrap(), raw, "written back as stored");
+        let third = issued(&state).await;
+        assert_eq!(third.invoice_number.as_deref(), Some("TEST-PI-000003"));
+        let listed = list(
+            &*state.store,
+            &tenant,
+            Some(DocumentStatus::Issued),
+            None,
+            crate::domain::Window::first(10),
+        )
+        .await
+        .unwrap();
+        assert_eq!(listed.1, 3, "the status filter names the typed attribute");
     }
 }
 
