@@ -317,6 +317,7 @@ pub async fn seed_payments(state: &AppState, demo: &DemoAccount) -> Result<usize
                 } else {
                     Paisa::ZERO
                 },
+                amount_reserved: Paisa::ZERO,
                 currency: Currency::Npr,
                 provider: *provider,
                 status: *status,
@@ -333,6 +334,8 @@ pub async fn seed_payments(state: &AppState, demo: &DemoAccount) -> Result<usize
                 scanned_at: None,
                 attempt: Default::default(),
                 checks: Default::default(),
+                gsi2pk: None,
+                gsi2sk: None,
             };
             payments::insert(store, &payment).await?;
             written += 1;
