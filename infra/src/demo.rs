@@ -317,6 +317,7 @@ pub async fn seed_payments(state: &AppState, demo: &DemoAccount) -> Result<usize
                 } else {
                     Paisa::ZERO
                 },
+                amount_reserved: Paisa::ZERO,
                 currency: Currency::Npr,
                 amount_reserved: Default::default(),
                 gsi2pk: None,
@@ -336,6 +337,8 @@ pub async fn seed_payments(state: &AppState, demo: &DemoAccount) -> Result<usize
                 scanned_at: None,
                 attempt: Default::default(),
                 checks: Default::default(),
+                gsi2pk: None,
+                gsi2sk: None,
             };
             payments::insert(store, &payment).await?;
             written += 1;
