@@ -319,9 +319,6 @@ pub async fn seed_payments(state: &AppState, demo: &DemoAccount) -> Result<usize
                 },
                 amount_reserved: Paisa::ZERO,
                 currency: Currency::Npr,
-                amount_reserved: Default::default(),
-                gsi2pk: None,
-                gsi2sk: None,
                 provider: *provider,
                 status: *status,
                 provider_ref: paid
