@@ -38,7 +38,7 @@ use super::input::{MAX_BODY_BYTES, QueryParams};
 use super::requests::current_request_id;
 use shared::app::AppState;
 use shared::domain::Tenant;
-use shared::domain::record::{from_item, to_item};
+use shared::domain::record::{from_item, item_at};
 use shared::store::{Cond, Key, StoreError, TTL, Update};
 use shared::time::Timestamp;
 
@@ -196,7 +196,7 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
         ttl: now.plus(RETENTION).unix_seconds(),
         key_id: Some(auth.0.key.id.clone()),
     };
-    let item = to_item(&claim, &key, &[])?;
+    let item = item_at(&claim, &key)?;
     // Free to claim: no record, an expired one, or an abandoned claim of
     // the same request by the same API key.
     let free = Cond::Or(vec![
@@ -722,7 +722,7 @@ mod tests {
             ttl: now.plus(RETENTION).unix_seconds(),
             key_id: Some(who.key.id.clone()),
         };
-        let Ok(item) = to_item(&claim, &key, &[]) else {
+        let Ok(item) = item_at(&claim, &key) else {
             panic!()
         };
         assert!(s.store.put(item, None).await.is_ok());
@@ -911,7 +911,7 @@ mod tests {
             // Written before the key was kept: taken over all the same.
             key_id: None,
         };
-        let Ok(item) = to_item(&claim, &key, &[]) else {
+        let Ok(item) = item_at(&claim, &key) else {
             panic!()
         };
         assert!(s.store.put(item, None).await.is_ok());
@@ -920,7 +920,7 @@ mod tests {
         assert_eq!(blocked.body["error"]["code"], "idempotency_conflict");
 
         claim.locked_until = now.plus(chrono::Duration::seconds(-1));
-        let Ok(item) = to_item(&claim, &key, &[]) else {
+        let Ok(item) = item_at(&claim, &key) else {
             panic!()
         };
         assert!(s.store.put(item, None).await.is_ok());
@@ -951,7 +951,7 @@ mod tests {
             ttl: now.plus(chrono::Duration::hours(-1)).unix_seconds(),
             key_id: None,
         };
-        let Ok(item) = to_item(&stale, &key, &[]) else {
+        let Ok(item) = item_at(&stale, &key) else {
             panic!()
         };
         assert!(s.store.put(item, None).await.is_ok());

@@ -145,7 +145,6 @@ pub fn stats_shard(id: &str) -> u32 {
     u32::try_from(folded % u64::from(STATS_SHARDS)).unwrap_or(0)
 }
 
-
 pub const STATS_TOTALS_PREFIX: &str = "ALL#";
 pub const STATS_TOTALS_MARKER: &str = "ALL#INIT";
 

@@ -144,6 +144,15 @@ pub fn parse_rupees(text: &str) -> Result<i64, String> {
     Ok(total)
 }
 
+/// A stored amount compares with a plain number of paisa (a condition
+/// such as "reserved at most the room left", where the room may be
+/// negative).
+impl std::borrow::Borrow<i64> for Paisa {
+    fn borrow(&self) -> &i64 {
+        &self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,14 +228,5 @@ mod tests {
         ] {
             assert!(super::parse_rupees(bad).is_err(), "{bad}");
         }
-    }
-}
-
-/// A stored amount compares with a plain number of paisa (a condition
-/// such as "reserved at most the room left", where the room may be
-/// negative).
-impl std::borrow::Borrow<i64> for Paisa {
-    fn borrow(&self) -> &i64 {
-        &self.0
     }
 }

@@ -169,8 +169,7 @@ async fn invoices_function_answers_the_pdf_as_binary(which: Which) {
         Ok(d) => d,
         Err(e) => panic!("{e}"),
     };
-    let item = shared::domain::record::to_item(&draft, &invoices::Invoice::key(&draft.id), &[])
-        .unwrap_or_else(|e| panic!("{e}"));
+    let item = shared::domain::record::Record::to_item(&draft).unwrap_or_else(|e| panic!("{e}"));
     f.state
         .store
         .put(item, None)

@@ -330,7 +330,10 @@ mod tests {
         assert_eq!(t.added(&day_s, DayCounters::SESSIONS_PAID.name()), 1);
         assert_eq!(t.added(&day_p, DayCounters::SESSIONS_PAID.name()), 0);
         assert_eq!(t.added(&day_p, DayCounters::PAYMENTS_SUCCESS.name()), 1);
-        assert_eq!(t.added(&day_p, DayCounters::SUCCESS_VOLUME_PAISA.name()), 100_000);
+        assert_eq!(
+            t.added(&day_p, DayCounters::SUCCESS_VOLUME_PAISA.name()),
+            100_000
+        );
         assert_eq!(t.added(&day_p, "khalti_success"), 1);
         assert_eq!(t.added(&day_p, "khalti_success_volume"), 100_000);
         // Each on a shard item of its day, the shard of the session.
@@ -647,7 +650,12 @@ mod tests {
             ],
         )
         .await;
-        put_unsharded(&store, yesterday, &[(DayCounters::SESSIONS_CREATED.name(), 10)]).await;
+        put_unsharded(
+            &store,
+            yesterday,
+            &[(DayCounters::SESSIONS_CREATED.name(), 10)],
+        )
+        .await;
         // Then sharded adds on the same days.
         let mut t = Tally::new();
         for _ in 0..5 {
@@ -668,7 +676,10 @@ mod tests {
         assert_eq!(today.get(DayCounters::SESSIONS_CREATED.name()), Some(&9));
         assert_eq!(today.get(DayCounters::PAYMENTS_TOTAL.name()), Some(&8));
         assert_eq!(today.get(DayCounters::PAYMENTS_SUCCESS.name()), Some(&7));
-        assert_eq!(today.get(DayCounters::SUCCESS_VOLUME_PAISA.name()), Some(&500_000));
+        assert_eq!(
+            today.get(DayCounters::SUCCESS_VOLUME_PAISA.name()),
+            Some(&500_000)
+        );
         assert_eq!(today.get("khalti_count"), Some(&8));
         assert!(!today.contains_key(TTL) && !today.contains_key(PK));
         let before = day_totals(&store, "proj_1", Mode::Sandbox, yesterday)
@@ -897,9 +908,18 @@ mod tests {
         let totals = day_totals(&*store, "proj_1", Mode::Sandbox, now)
             .await
             .unwrap();
-        assert_eq!(totals.get(DayCounters::SESSIONS_PAID.name()), Some(&(TASKS * ROUNDS)));
-        assert_eq!(totals.get(DayCounters::PAYMENTS_SUCCESS.name()), Some(&(TASKS * ROUNDS)));
-        assert_eq!(totals.get(DayCounters::SUCCESS_VOLUME_PAISA.name()), Some(&want_volume));
+        assert_eq!(
+            totals.get(DayCounters::SESSIONS_PAID.name()),
+            Some(&(TASKS * ROUNDS))
+        );
+        assert_eq!(
+            totals.get(DayCounters::PAYMENTS_SUCCESS.name()),
+            Some(&(TASKS * ROUNDS))
+        );
+        assert_eq!(
+            totals.get(DayCounters::SUCCESS_VOLUME_PAISA.name()),
+            Some(&want_volume)
+        );
         assert_eq!(totals.get("fonepay_success_volume"), Some(&want_volume));
         let o = overview(&*store, &Tenant::new("proj_1", Mode::Sandbox), 1, now)
             .await

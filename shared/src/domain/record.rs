@@ -504,22 +504,10 @@ fn item_of<T: Serialize + ?Sized>(
     Ok(item)
 }
 
-/// The item for `record` stored at `key`, listed in `indexes`.
-/// Transitional: records become [`Record`]s; this goes with the last.
-pub fn to_item<T: Serialize>(
-    record: &T,
-    key: &Key,
-    indexes: &[(Index, String, String)],
-) -> Result<Item, StoreError> {
-    let entries: Vec<Entry> = indexes
-        .iter()
-        .map(|(index, partition, sort)| Entry {
-            index: *index,
-            partition: partition.clone(),
-            sort: sort.clone(),
-        })
-        .collect();
-    item_of(record, key, &entries)
+/// The item for `record` stored at `key`, in no index: for a record whose
+/// key is not its own to say (the edge's idempotency records).
+pub fn item_at<T: Serialize>(record: &T, key: &Key) -> Result<Item, StoreError> {
+    item_of(record, key, &[])
 }
 
 /// Which records of a list one page holds: `limit` of them after the
@@ -640,7 +628,7 @@ mod tests {
             n: 3,
         };
         let key = Key::new("THING#x", "THING");
-        let Ok(item) = to_item(&t, &key, &[]) else {
+        let Ok(item) = item_at(&t, &key) else {
             panic!("to_item failed")
         };
         assert_eq!(store.put(item, None).await, Ok(()));

@@ -317,4 +317,3 @@ impl Record for ApiKey {
         )]
     }
 }
-

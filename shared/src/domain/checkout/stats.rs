@@ -210,7 +210,10 @@ impl DayCounters {
             (DayCounters::ESEWA_SUCCESS_VOLUME, self.esewa_success_volume),
             (DayCounters::KHALTI_COUNT, self.khalti_count),
             (DayCounters::KHALTI_SUCCESS, self.khalti_success),
-            (DayCounters::KHALTI_SUCCESS_VOLUME, self.khalti_success_volume),
+            (
+                DayCounters::KHALTI_SUCCESS_VOLUME,
+                self.khalti_success_volume,
+            ),
             (DayCounters::FONEPAY_COUNT, self.fonepay_count),
             (DayCounters::FONEPAY_SUCCESS, self.fonepay_success),
             (
@@ -409,7 +412,10 @@ impl<R> ItemAdds<R> {
 /// The adds to one counter item: a day's (with its ttl) or an all-time one.
 #[derive(Clone, Debug)]
 enum Counted {
-    Day { adds: ItemAdds<DayCounters>, ttl: i64 },
+    Day {
+        adds: ItemAdds<DayCounters>,
+        ttl: i64,
+    },
     AllTime(ItemAdds<AllTimeCounts>),
 }
 

@@ -3,9 +3,9 @@ use super::page::typed;
 use super::*;
 use crate::domain::{Tenant, Window};
 use crate::fields::Phone;
-use crate::store::{Store, Update};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::fence::Fence;
+use crate::store::{Store, Update};
 use serde_json::json;
 
 fn now() -> Timestamp {
