@@ -206,6 +206,15 @@ impl<R, T: Serialize> Attr<R, Option<T>> {
     }
 }
 
+/// A value's word as serde stores it (a status for a log line), without
+/// its JSON quotes: `success`, not `Success` or `"success"`.
+pub fn word<V: Serialize + ?Sized>(v: &V) -> String {
+    match stored(v) {
+        Value::String(s) => s,
+        other => other.to_string(),
+    }
+}
+
 /// A family of attributes of record `R`, one per member (a name the
 /// record's data chooses, e.g. one hold per attempt): `<prefix><member>`,
 /// each holding a `V`. The record reads them back as a map (see

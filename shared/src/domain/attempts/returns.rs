@@ -10,6 +10,7 @@ use crate::app::Deps;
 use crate::domain::Provider;
 use crate::domain::checkout::{self, CheckoutSession};
 use crate::domain::payments::{Payment, PaymentStatus};
+use crate::domain::record::word;
 use crate::providers::{self, esewa, fonepay, khalti};
 use crate::time::Timestamp;
 
@@ -198,7 +199,7 @@ pub async fn on_return(
             }
         }
     } else {
-        tracing::info!(payment = %payment.id, status = ?payment.status, "return for a settled payment (replay or reload): nothing to do");
+        tracing::info!(payment = %payment.id, status = %word(&payment.status), "return for a settled payment (replay or reload): nothing to do");
     }
     let session = checkout::find_any(store, session_id, now)
         .await?

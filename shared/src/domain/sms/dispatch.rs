@@ -10,7 +10,7 @@ use super::{LEASE, MAX_ATTEMPTS};
 use crate::Deps;
 use crate::domain::Mode;
 use crate::domain::checkout::{CheckoutSession, SessionStatus};
-use crate::domain::record::{Changes, from_item};
+use crate::domain::record::{Changes, from_item, word};
 use crate::providers::sms::{SmsClient, SmsSendError};
 use crate::store::{Cond, Index, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
@@ -356,7 +356,7 @@ pub(super) async fn send_and_record(
     match &outcome {
         Ok(DispatchOutcome::Sent) => tracing::info!(sms_id, attempts, "SMS reminder sent"),
         Ok(_) => {
-            tracing::warn!(sms_id, attempts, status = ?status, error = ?error, "SMS reminder not sent")
+            tracing::warn!(sms_id, attempts, status = %word(&status), error = ?error, "SMS reminder not sent")
         }
         Err(_) => {
             tracing::warn!(sms_id, attempts, error = ?error, "SMS send failed; it will be retried")

@@ -187,7 +187,7 @@ pub async fn requeue_stuck(
                 _ => false,
             };
             let changes = if waiting {
-                Changes::<SmsReminder>::new().index(&open_entry(&r.id, now))
+                Changes::<SmsReminder>::new().index_sort(open_entry(&r.id, now).sort)
             } else if matches!(r.status, SmsStatus::Sending) {
                 continue;
             } else {

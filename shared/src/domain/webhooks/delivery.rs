@@ -378,7 +378,7 @@ pub async fn requeue_overdue(
                 .update(
                     &Delivery::key(&d.event_id, &d.endpoint_id),
                     Changes::<Delivery>::new()
-                        .index(&Delivery::open_entry(now, &d.event_id, &d.endpoint_id))
+                        .index_sort(Delivery::open_entry(now, &d.event_id, &d.endpoint_id).sort)
                         .into(),
                     Some(Cond::And(vec![
                         Delivery::ATTEMPTS.eq(&d.attempts),
