@@ -316,6 +316,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_month_item_that_does_not_decode_refuses_instead_of_counting_zero() {
+        // decisions-refined: a damaged counter is an error, never 0 (read
+        // as 0, a sandbox project could mint past its real-money cap).
+        let store = EmbeddedStore::in_memory().unwrap();
+        let t0 = at("2026-11-10T04:00:00Z");
+        let key = cap_key("proj_1", &month_of(t0));
+        let mut item = crate::store::Item::new();
+        item.insert(crate::store::PK.into(), key.pk.clone().into());
+        item.insert(crate::store::SK.into(), key.sk.clone().into());
+        item.insert("paid".into(), serde_json::Value::from("lots"));
+        store.put(item, None).await.unwrap();
+        assert!(matches!(
+            used(&store, "proj_1", t0).await,
+            Err(StoreError::Backend(_))
+        ));
+        assert!(matches!(
+            reserve(&store, "proj_1", "R1", 100_000, t0).await,
+            Err(CapError::Store(StoreError::Backend(_)))
+        ));
+        // An item without `paid` (holds only) still reads as none paid.
+        let ok = reserve(&store, "proj_2", "R1", 100_000, t0).await;
+        assert!(ok.is_ok(), "{ok:?}");
+        assert_eq!(used(&store, "proj_2", t0).await.unwrap(), 100_000);
+    }
+
+    #[tokio::test]
     async fn holds_count_for_thirty_minutes_and_paid_volume_for_the_month() {
         let store = EmbeddedStore::in_memory().unwrap();
         let t0 = at("2026-11-10T04:00:00Z");

@@ -274,11 +274,6 @@ impl Count for i64 {
         n
     }
 }
-impl Count for u64 {
-    fn delta(n: u64) -> i64 {
-        i64::try_from(n).unwrap_or(i64::MAX)
-    }
-}
 impl Count for u32 {
     fn delta(n: u32) -> i64 {
         i64::from(n)

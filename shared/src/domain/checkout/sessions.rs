@@ -275,12 +275,6 @@ impl CheckoutSession {
         keys::record(keys::Record::CheckoutSession, id)
     }
 
-    /// The item for this session, with its index entries
-    /// ([`Record::to_item`]).
-    pub fn item(&self) -> Result<crate::store::Item, StoreError> {
-        self.to_item()
-    }
-
     pub(super) fn list_partition(project_id: &str, mode: Mode) -> String {
         keys::per_mode(project_id, mode, keys::PerMode::Sessions)
     }

@@ -67,10 +67,7 @@ pub async fn checkout(
         let spend = checkout::spend_op(payer, amount.get(), now).map_err(InvoiceError::Checkout)?;
         let session = invoice_session(payer, &inv, amount, body.provider, base, now);
         let mut ops = vec![
-            TxOp::Put {
-                item: session.item()?,
-                cond: Some(Cond::NotExists),
-            },
+            session.put_new()?,
             TxOp::Update {
                 key: Invoice::key(&inv.id),
                 update: Changes::<Invoice>::new()
