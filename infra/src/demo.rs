@@ -389,7 +389,7 @@ pub async fn ensure_fonepay_credentials(
         &*state.store,
         keys,
         state.clock.now(),
-        &Tenant::new(&demo.project_id, Mode::Sandbox),
+        &Tenant::new(demo.project_id.clone(), Mode::Sandbox),
         &simulator_fonepay_credentials(),
     )
     .await

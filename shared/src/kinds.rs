@@ -3,6 +3,7 @@
 //! provider; and the [`Tenant`] a call acts for (a project in a mode).
 //! `domain` re-exports them.
 
+use crate::ids::ProjectId;
 use serde::{Deserialize, Serialize};
 
 /// Sandbox or live: fixed by the API key, carried by every record.
@@ -39,12 +40,12 @@ impl Mode {
 /// session). Every find and list of a caller's records takes one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Tenant {
-    pub project: String,
+    pub project: ProjectId,
     pub mode: Mode,
 }
 
 impl Tenant {
-    pub fn new(project: impl Into<String>, mode: Mode) -> Self {
+    pub fn new(project: impl Into<ProjectId>, mode: Mode) -> Self {
         Tenant {
             project: project.into(),
             mode,
@@ -53,7 +54,7 @@ impl Tenant {
 
     /// Whether a record of `project_id` in `mode` is this tenant's.
     pub fn owns(&self, project_id: &str, mode: Mode) -> bool {
-        self.project == project_id && self.mode == mode
+        *self.project == *project_id && self.mode == mode
     }
 }
 

@@ -103,7 +103,7 @@ async fn a_session_reads_back_with_every_field(which: Which) {
         &*app.store,
         &keys,
         SystemClock.now(),
-        &shared::domain::Tenant::new(&t.project.id, Mode::Live),
+        &shared::domain::Tenant::new(t.project.id.clone(), Mode::Live),
         &creds,
     )
     .await;
@@ -742,7 +742,7 @@ async fn providers_show_what_the_project_can_use(which: Which) {
         &*app.store,
         &keys,
         now,
-        &shared::domain::Tenant::new(&t.project.id, Mode::Sandbox),
+        &shared::domain::Tenant::new(t.project.id.clone(), Mode::Sandbox),
         &creds,
     )
     .await;

@@ -554,7 +554,7 @@ fn field(body: &str, name: &str) -> String {
 async fn refund_count(app: &TestApp, t: &Tenant, payment: &str) -> u64 {
     shared::domain::refunds::list(
         &*app.store,
-        &shared::domain::Tenant::new(&t.project.id, Mode::Sandbox),
+        &shared::domain::Tenant::new(t.project.id.clone(), Mode::Sandbox),
         Some(payment),
         shared::domain::Window::first(100),
     )
@@ -1053,7 +1053,7 @@ async fn links_invoices_sms_and_webhooks_are_listed(which: Which) {
     );
     let events = shared::domain::outbox::recent(
         &*app.store,
-        &shared::domain::Tenant::new(&t.project.id, Mode::Sandbox),
+        &shared::domain::Tenant::new(t.project.id.clone(), Mode::Sandbox),
         50,
     )
     .await
@@ -1469,7 +1469,7 @@ async fn payment_links_are_made_once_and_cancelled(which: Which) {
     assert_eq!(again.location, r.location, "a double submit makes one link");
     let (links, total) = shared::domain::links::list(
         &*app.store,
-        &shared::domain::Tenant::new(&t.project.id, Mode::Sandbox),
+        &shared::domain::Tenant::new(t.project.id.clone(), Mode::Sandbox),
         None,
         shared::domain::Window::first(10),
     )
@@ -1638,7 +1638,7 @@ async fn webhook_endpoints_are_managed_and_deliveries_resent(which: Which) {
     assert!(again.body.contains("already sent"), "{}", again.show());
     let endpoints = shared::domain::webhooks::list(
         &*app.store,
-        &shared::domain::Tenant::new(&t.project.id, Mode::Sandbox),
+        &shared::domain::Tenant::new(t.project.id.clone(), Mode::Sandbox),
     )
     .await
     .unwrap_or_default();
@@ -1724,7 +1724,7 @@ async fn webhook_endpoints_are_managed_and_deliveries_resent(which: Which) {
     assert_eq!(r.status, 303, "{}", r.show());
     let left = shared::domain::webhooks::list(
         &*app.store,
-        &shared::domain::Tenant::new(&t.project.id, Mode::Sandbox),
+        &shared::domain::Tenant::new(t.project.id.clone(), Mode::Sandbox),
     )
     .await
     .unwrap_or_default();
@@ -1769,7 +1769,7 @@ async fn a_payments_events_are_shown_with_their_deliveries(which: Which) {
     assert_eq!(r.status, 200, "{}", r.show());
     let we = shared::domain::webhooks::list(
         &*app.store,
-        &shared::domain::Tenant::new(&shop.tenant.project.id, Mode::Sandbox),
+        &shared::domain::Tenant::new(shop.tenant.project.id.clone(), Mode::Sandbox),
     )
     .await
     .unwrap_or_default()

@@ -768,7 +768,7 @@ async fn concurrent_domain_finalizes_without_the_process_lock_stay_gapless(which
                 start.wait().await;
                 invoices::finalize(
                     &state,
-                    &shared::domain::Tenant::new(&project, Mode::Sandbox),
+                    &shared::domain::Tenant::new(project.as_str(), Mode::Sandbox),
                     &id,
                     v,
                     None,

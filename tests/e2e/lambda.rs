@@ -162,7 +162,7 @@ async fn invoices_function_answers_the_pdf_as_binary(which: Which) {
         Err(e) => panic!("{e}"),
     };
     let draft = match invoices::new_draft(
-        &shared::domain::Tenant::new(&f.project_id, Mode::Live),
+        &shared::domain::Tenant::new(f.project_id.clone(), Mode::Live),
         body,
         SystemClock.now(),
     ) {
@@ -177,7 +177,7 @@ async fn invoices_function_answers_the_pdf_as_binary(which: Which) {
         .unwrap_or_else(|e| panic!("{e}"));
     let issued = invoices::finalize(
         &f.state,
-        &shared::domain::Tenant::new(&f.project_id, Mode::Live),
+        &shared::domain::Tenant::new(f.project_id.clone(), Mode::Live),
         &draft.id,
         1,
         None,
@@ -541,7 +541,7 @@ async fn endpoint(
     };
     match shared::domain::webhooks::create(
         state,
-        &shared::domain::Tenant::new(&f.project_id, Mode::Sandbox),
+        &shared::domain::Tenant::new(f.project_id.clone(), Mode::Sandbox),
         body,
         None,
     )

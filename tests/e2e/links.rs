@@ -647,7 +647,7 @@ async fn a_customer_pays_through_a_link(which: Which) {
     // The same return again (a replayed callback): counted once.
     let events = shared::domain::outbox::recent(
         &*app.store,
-        &shared::domain::Tenant::new(&t.project.id, Mode::Sandbox),
+        &shared::domain::Tenant::new(t.project.id.clone(), Mode::Sandbox),
         20,
     )
     .await

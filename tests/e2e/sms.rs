@@ -202,7 +202,7 @@ async fn a_live_reminder_is_queued_then_delivered_exactly_once(which: Which) {
 async fn sent_reminder_id(app: &TestApp, tenant: &dhukuti_tests::Tenant) -> Option<String> {
     let listed = sms::list_recent(
         &*app.store,
-        &shared::domain::Tenant::new(&tenant.project.id, Mode::Live),
+        &shared::domain::Tenant::new(tenant.project.id.clone(), Mode::Live),
         10,
     )
     .await;
@@ -302,7 +302,7 @@ async fn final_reminder(app: &TestApp, tenant: &dhukuti_tests::Tenant) -> sms::S
     for _ in 0..150 {
         let listed = sms::list_recent(
             &*app.store,
-            &shared::domain::Tenant::new(&tenant.project.id, Mode::Live),
+            &shared::domain::Tenant::new(tenant.project.id.clone(), Mode::Live),
             10,
         )
         .await;
@@ -497,7 +497,7 @@ async fn a_retry_after_a_lost_answer_sends_one_sms(which: Which) {
     assert_eq!(quota_used(&app, &tenant).await, 1);
     let listed = sms::list_recent(
         &*app.store,
-        &shared::domain::Tenant::new(&tenant.project.id, Mode::Live),
+        &shared::domain::Tenant::new(tenant.project.id.clone(), Mode::Live),
         10,
     )
     .await;

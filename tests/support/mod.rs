@@ -344,7 +344,7 @@ impl TestApp {
             &*self.store,
             keys,
             SystemClock.now(),
-            &shared::domain::Tenant::new(&tenant.project.id, mode),
+            &shared::domain::Tenant::new(tenant.project.id.clone(), mode),
             &creds,
         )
         .await

@@ -117,7 +117,7 @@ impl Shop {
     pub async fn events(&self) -> Vec<Event> {
         match outbox::recent(
             &*self.app.store,
-            &shared::domain::Tenant::new(&self.tenant.project.id, Mode::Sandbox),
+            &shared::domain::Tenant::new(self.tenant.project.id.clone(), Mode::Sandbox),
             50,
         )
         .await

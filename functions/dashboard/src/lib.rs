@@ -459,7 +459,7 @@ impl FromRequestParts<AppState> for Signed {
         };
         match dashboard::open_session(&*state.store, state.clock.now(), &cookie).await {
             Ok(Ok((session, user))) => Ok(Signed {
-                tenant: Tenant::new(&session.project_id, session.mode),
+                tenant: Tenant::new(session.project_id.clone(), session.mode),
                 session,
                 user,
                 cookie,

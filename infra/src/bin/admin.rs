@@ -1592,7 +1592,7 @@ async fn credentials_cmd(cmd: CredentialsCmd, now: Timestamp) -> Result<Output, 
                 &*store,
                 &keys,
                 now,
-                &Tenant::new(&project_id, mode),
+                &Tenant::new(project_id.clone(), mode),
                 &creds,
             )
             .await
@@ -1626,7 +1626,7 @@ async fn credentials_cmd(cmd: CredentialsCmd, now: Timestamp) -> Result<Output, 
                     let verdict = match credentials::get_credentials(
                         &*store,
                         keys,
-                        &Tenant::new(&project_id, c.mode),
+                        &Tenant::new(project_id.clone(), c.mode),
                         c.provider,
                     )
                     .await
@@ -1677,10 +1677,13 @@ async fn credentials_cmd(cmd: CredentialsCmd, now: Timestamp) -> Result<Output, 
             check_id(&project_id, IdKind::Project, "project")?;
             let (mode, provider): (Mode, Provider) = (mode.into(), provider.into());
             let store = store().await?;
-            let removed =
-                credentials::delete_credentials(&*store, &Tenant::new(&project_id, mode), provider)
-                    .await
-                    .map_err(cred_failed)?;
+            let removed = credentials::delete_credentials(
+                &*store,
+                &Tenant::new(project_id.clone(), mode),
+                provider,
+            )
+            .await
+            .map_err(cred_failed)?;
             if !removed {
                 return Err(Failure::Failed(format!(
                     "project {project_id} has no {} credentials in {} mode",

@@ -560,7 +560,7 @@ async fn provider_credentials_are_stored_encrypted() {
         let got = credentials::get_credentials(
             &store,
             &keys,
-            &Tenant::new(&project, Mode::Live),
+            &Tenant::new(project.clone(), Mode::Live),
             Provider::Fonepay,
         )
         .await;

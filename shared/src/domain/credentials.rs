@@ -307,9 +307,9 @@ pub async fn put_credentials(
         .await;
     match written {
         Ok(()) => Ok(ConfiguredProvider::from(&stored)),
-        Err(e) if e.is_condition_failure() => {
-            Err(CredentialsError::ProjectNotFound(tenant.project.clone()))
-        }
+        Err(e) if e.is_condition_failure() => Err(CredentialsError::ProjectNotFound(
+            tenant.project.clone().into(),
+        )),
         Err(e) => Err(e.into()),
     }
 }
@@ -593,12 +593,19 @@ mod tests {
             "hub",
         );
         let now = SystemClock.now();
-        let tenant = Tenant::new(&p, Mode::Sandbox);
+        let tenant = Tenant::new(p.as_str(), Mode::Sandbox);
         let ask = |provider| ask_provider(&*store, &hub, &tenant, provider, now);
         assert_eq!(ok(ask(Provider::Khalti).await, "ask"), Asked::NoneStored);
         assert!(mock.requests().is_empty());
         ok(
-            put_credentials(&*store, &k, now, &Tenant::new(&p, Mode::Sandbox), &khalti()).await,
+            put_credentials(
+                &*store,
+                &k,
+                now,
+                &Tenant::new(p.as_str(), Mode::Sandbox),
+                &khalti(),
+            )
+            .await,
             "put",
         );
         mock.reply(401, r#"{"detail": "Invalid token.", "status_code": 401}"#);
@@ -649,19 +656,24 @@ mod tests {
             (Mode::Live, fonepay()),
         ] {
             let c = ok(
-                put_credentials(&*store, &keys, now, &Tenant::new(&p, mode), &creds).await,
+                put_credentials(&*store, &keys, now, &Tenant::new(p.as_str(), mode), &creds).await,
                 "put",
             );
             assert_eq!(c.key_id, "k1");
-            let back =
-                get_credentials(&*store, &keys, &Tenant::new(&p, mode), creds.provider()).await;
+            let back = get_credentials(
+                &*store,
+                &keys,
+                &Tenant::new(p.as_str(), mode),
+                creds.provider(),
+            )
+            .await;
             assert_eq!(ok(back, "get"), Some(creds));
         }
         // Sandbox eSewa says nothing about live eSewa.
         let live_esewa = get_credentials(
             &*store,
             &keys,
-            &Tenant::new(&p, Mode::Live),
+            &Tenant::new(p.as_str(), Mode::Live),
             Provider::Esewa,
         )
         .await;
@@ -673,13 +685,20 @@ mod tests {
             secret_key: "other".into(),
         };
         ok(
-            put_credentials(&*store, &keys, now, &Tenant::new(&p, Mode::Sandbox), &newer).await,
+            put_credentials(
+                &*store,
+                &keys,
+                now,
+                &Tenant::new(p.as_str(), Mode::Sandbox),
+                &newer,
+            )
+            .await,
             "replace",
         );
         let back = get_credentials(
             &*store,
             &keys,
-            &Tenant::new(&p, Mode::Sandbox),
+            &Tenant::new(p.as_str(), Mode::Sandbox),
             Provider::Esewa,
         )
         .await;
@@ -698,11 +717,21 @@ mod tests {
         assert!(ok(list_configured_providers(&*store, "proj_none").await, "l").is_empty());
 
         assert!(ok(
-            delete_credentials(&*store, &Tenant::new(&p, Mode::Live), Provider::Khalti).await,
+            delete_credentials(
+                &*store,
+                &Tenant::new(p.as_str(), Mode::Live),
+                Provider::Khalti
+            )
+            .await,
             "delete"
         ));
         assert!(!ok(
-            delete_credentials(&*store, &Tenant::new(&p, Mode::Live), Provider::Khalti).await,
+            delete_credentials(
+                &*store,
+                &Tenant::new(p.as_str(), Mode::Live),
+                Provider::Khalti
+            )
+            .await,
             "delete again"
         ));
         assert_eq!(
@@ -723,7 +752,7 @@ mod tests {
             (Mode::Sandbox, fonepay()),
         ] {
             ok(
-                put_credentials(&*store, &keys, now, &Tenant::new(&p, mode), &creds).await,
+                put_credentials(&*store, &keys, now, &Tenant::new(p.as_str(), mode), &creds).await,
                 "put",
             );
         }
@@ -757,7 +786,14 @@ mod tests {
         let now = SystemClock.now();
         let p = project(&*store).await;
         ok(
-            put_credentials(&*store, &keys, now, &Tenant::new(&p, Mode::Live), &khalti()).await,
+            put_credentials(
+                &*store,
+                &keys,
+                now,
+                &Tenant::new(p.as_str(), Mode::Live),
+                &khalti(),
+            )
+            .await,
             "put",
         );
         let key = credentials_key(&p, Mode::Live, Provider::Khalti);
@@ -771,7 +807,7 @@ mod tests {
                 .unwrap_or_default()
                 .to_owned()
         };
-        let live = Tenant::new(&p, Mode::Live);
+        let live = Tenant::new(p.as_str(), Mode::Live);
         let get = || get_credentials(&*store, &keys, &live, Provider::Khalti);
 
         // Flip one bit of every byte position of the ciphertext, one at a time.
@@ -819,7 +855,7 @@ mod tests {
         let r = get_credentials(
             &*store,
             &other,
-            &Tenant::new(&p, Mode::Live),
+            &Tenant::new(p.as_str(), Mode::Live),
             Provider::Khalti,
         )
         .await;
@@ -837,7 +873,7 @@ mod tests {
                 &*store,
                 &right,
                 now,
-                &Tenant::new(&p, Mode::Sandbox),
+                &Tenant::new(p.as_str(), Mode::Sandbox),
                 &esewa(),
             )
             .await,
@@ -848,7 +884,7 @@ mod tests {
         let r = get_credentials(
             &*store,
             &wrong,
-            &Tenant::new(&p, Mode::Sandbox),
+            &Tenant::new(p.as_str(), Mode::Sandbox),
             Provider::Esewa,
         )
         .await;
@@ -858,7 +894,7 @@ mod tests {
         let r = get_credentials(
             &*store,
             &unknown,
-            &Tenant::new(&p, Mode::Sandbox),
+            &Tenant::new(p.as_str(), Mode::Sandbox),
             Provider::Esewa,
         )
         .await;
@@ -880,7 +916,7 @@ mod tests {
                 &*store,
                 &keys,
                 now,
-                &Tenant::new(&p, Mode::Sandbox),
+                &Tenant::new(p.as_str(), Mode::Sandbox),
                 &khalti(),
             )
             .await,
@@ -952,7 +988,14 @@ mod tests {
                 secret_key: "x".repeat(2000),
             },
         ] {
-            let r = put_credentials(&*store, &keys, now, &Tenant::new(&p, Mode::Live), &bad).await;
+            let r = put_credentials(
+                &*store,
+                &keys,
+                now,
+                &Tenant::new(p.as_str(), Mode::Live),
+                &bad,
+            )
+            .await;
             assert!(matches!(r, Err(CredentialsError::Invalid(_))), "{bad:?}");
         }
         // Changing a project item's attribute does not count as a project.
@@ -987,7 +1030,7 @@ mod tests {
                 &*store,
                 &before,
                 now,
-                &Tenant::new(&p, Mode::Live),
+                &Tenant::new(p.as_str(), Mode::Live),
                 &fonepay(),
             )
             .await,
@@ -998,7 +1041,7 @@ mod tests {
                 &*store,
                 &before,
                 now,
-                &Tenant::new(&p, Mode::Sandbox),
+                &Tenant::new(p.as_str(), Mode::Sandbox),
                 &esewa(),
             )
             .await,
@@ -1009,7 +1052,7 @@ mod tests {
         let r = get_credentials(
             &*store,
             &both,
-            &Tenant::new(&p, Mode::Live),
+            &Tenant::new(p.as_str(), Mode::Live),
             Provider::Fonepay,
         )
         .await;
@@ -1029,7 +1072,7 @@ mod tests {
         let r = get_credentials(
             &*store,
             &after,
-            &Tenant::new(&p, Mode::Sandbox),
+            &Tenant::new(p.as_str(), Mode::Sandbox),
             Provider::Esewa,
         )
         .await;

@@ -485,7 +485,7 @@ mod tests {
         let counting = CountingStore::new(inner);
         let Ok((page, total)) = list(
             &counting,
-            &Tenant::new(&project.id, Mode::Live),
+            &Tenant::new(project.id.clone(), Mode::Live),
             Window::first(25),
         )
         .await
@@ -496,7 +496,7 @@ mod tests {
         assert_eq!(counting.calls(), 2, "the page and the counter");
         let Ok((_, sandbox)) = list(
             &counting,
-            &Tenant::new(&project.id, Mode::Sandbox),
+            &Tenant::new(project.id.clone(), Mode::Sandbox),
             Window::first(25),
         )
         .await

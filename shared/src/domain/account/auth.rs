@@ -62,7 +62,7 @@ pub struct Principal {
 
 impl Principal {
     pub fn new(key: ApiKey, merchant: Merchant) -> Self {
-        let tenant = Tenant::new(&key.project_id, key.mode);
+        let tenant = Tenant::new(key.project_id.clone(), key.mode);
         Principal {
             key,
             merchant,

@@ -178,8 +178,11 @@ async fn check_offered(
     session: &CheckoutSession,
     provider: Provider,
 ) -> Result<(), AttemptError> {
-    let offered =
-        checkout::providers(store, &Tenant::new(&session.project_id, session.mode)).await?;
+    let offered = checkout::providers(
+        store,
+        &Tenant::new(session.project_id.clone(), session.mode),
+    )
+    .await?;
     if !offered.iter().any(|p| p.provider == provider && p.enabled) {
         return Err(AttemptError::NotOffered(format!(
             "{} is not available for this shop",

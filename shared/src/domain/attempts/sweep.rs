@@ -350,7 +350,7 @@ pub async fn sweep(state: &Deps, now: Timestamp) -> Result<SweepReport, StoreErr
     // Projects with nothing open for a while leave the registry (kept if
     // they have an open session or anything was written since the read).
     for a in idle {
-        let quiet = !checkout::has_open_sessions(store, &Tenant::new(&a.project_id, a.mode))
+        let quiet = !checkout::has_open_sessions(store, &Tenant::new(a.project_id.clone(), a.mode))
             .await?
             && !has_indexed_payments(store, &a).await?;
         if quiet {

@@ -61,7 +61,7 @@ pub async fn providers(
 /// session names it (a redirect checkout, a Direct-QR or a mobile
 /// session with `provider`).
 pub async fn offered(store: &dyn Store, s: &CheckoutSession) -> Result<Vec<Provider>, StoreError> {
-    let all = providers(store, &Tenant::new(&s.project_id, s.mode)).await?;
+    let all = providers(store, &Tenant::new(s.project_id.clone(), s.mode)).await?;
     Ok(all
         .into_iter()
         .filter(|p| p.enabled)

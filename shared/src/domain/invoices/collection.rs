@@ -41,7 +41,7 @@ pub async fn checkout(
     fence: Option<&Fence>,
 ) -> Result<(CheckoutSession, bool), InvoiceError> {
     let store = &*state.store;
-    let tenant = Tenant::new(&payer.project_id, payer.mode);
+    let tenant = Tenant::new(payer.project_id.clone(), payer.mode);
     let (project_id, mode) = (payer.project_id.as_str(), payer.mode);
     check_provider_offered(store, &tenant, body.provider).await?;
     for attempt in 0..8 {

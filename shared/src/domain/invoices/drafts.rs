@@ -266,7 +266,7 @@ pub fn new_draft(
     let lines = valid_lines(body.lines)?;
     let mut inv = Invoice {
         id: ids::new_id(IdKind::Invoice),
-        project_id: tenant.project.clone(),
+        project_id: tenant.project.clone().into(),
         mode: tenant.mode,
         version: 1,
         invoice_number: None,
@@ -444,7 +444,7 @@ pub(super) async fn lost_race(
 ) -> InvoiceError {
     match get(
         store,
-        &Tenant::new(&current.project_id, current.mode),
+        &Tenant::new(current.project_id.clone(), current.mode),
         &current.id,
     )
     .await

@@ -438,7 +438,7 @@ pub fn new_link(
     };
     Ok(PaymentLink {
         id: ids::new_id(IdKind::PaymentLink),
-        project_id: tenant.project.clone(),
+        project_id: tenant.project.clone().into(),
         mode: tenant.mode,
         title,
         description: text(req.description),

@@ -46,7 +46,7 @@ pub(super) async fn dispatch(
     }
     let endpoint = match get(
         &*state.store,
-        &Tenant::new(&d.project_id, d.mode),
+        &Tenant::new(d.project_id.clone(), d.mode),
         &d.endpoint_id,
     )
     .await

@@ -281,7 +281,7 @@ pub async fn create(
     let sealed = credentials::seal_secret(keys(state)?, &context, &secret)?;
     let endpoint = Endpoint {
         id,
-        project_id: tenant.project.clone(),
+        project_id: tenant.project.clone().into(),
         mode: tenant.mode,
         url,
         events,
