@@ -607,3 +607,184 @@ fn the_allow_scan_finds_what_it_looks_for() {
     let found: Vec<usize> = length_allows(text).into_iter().map(|(l, _)| l).collect();
     assert_eq!(found, vec![1, 3, 7], "{:?}", length_allows(text));
 }
+
+/// Names of fields and parameters that hold someone else's id: a
+/// provider's reference, the merchant's own reference for a customer or an
+/// order, a request's or an idempotency key's. Only our ids are typed.
+const EXTERNAL_IDS: [&str; 9] = [
+    "provider_refund_id",
+    "customer_id",
+    "reference_id",
+    "transaction_id",
+    "purchase_order_id",
+    "trace_id",
+    "request_id",
+    "external_customer_id",
+    "idempotency_key_id",
+];
+
+/// The types an id of ours must not travel as.
+const UNTYPED_ID_TYPES: [&str; 9] = [
+    "String",
+    "&str",
+    "&'a str",
+    "&String",
+    "Option<String>",
+    "Option<&str>",
+    "Vec<String>",
+    "&[String]",
+    "impl Into<String>",
+];
+
+/// Whether line `i` sits in a struct that is an API shape (derives
+/// `ToSchema`): views keep string ids so the OpenAPI document stays as it
+/// is; they are filled from the typed records.
+fn in_api_shape(lines: &[&str], i: usize) -> bool {
+    let item_starts = [
+        "struct ", "enum ", "fn ", "impl ", "impl<", "mod ", "trait ",
+    ];
+    let Some(head) = (0..=i).rev().find(|&j| {
+        let l = lines[j]
+            .trim_start()
+            .trim_start_matches("pub(crate) ")
+            .trim_start_matches("pub ")
+            .trim_start_matches("async ");
+        item_starts.iter().any(|s| l.starts_with(s))
+    }) else {
+        return false;
+    };
+    let l = lines[head].trim_start();
+    if !l.contains("struct ") {
+        return false;
+    }
+    (0..head)
+        .rev()
+        .take_while(|&j| {
+            let a = lines[j].trim_start();
+            a.starts_with("#[") || a.starts_with("///") || a.starts_with(')') || a.ends_with(',')
+        })
+        .any(|j| lines[j].contains("ToSchema"))
+}
+
+/// The lines of `text` outside `#[cfg(test)]` modules (comments left out)
+/// where a field or parameter named as one of our ids (`id`, `…_id`,
+/// `ids`, `…_ids`) has a string type.
+fn untyped_ids(text: &str) -> Vec<(usize, String)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        if let Some(after) = test_module_end(&lines, i) {
+            i = after;
+            continue;
+        }
+        let code = lines[i].split("//").next().unwrap_or("");
+        let bad = code.match_indices(": ").any(|(at, _)| {
+            let name: String = code[..at]
+                .chars()
+                .rev()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            let ours =
+                name == "id" || name == "ids" || name.ends_with("_id") || name.ends_with("_ids");
+            let ty = code[at + 2..].trim_start();
+            let untyped = UNTYPED_ID_TYPES.iter().any(|t| {
+                ty.strip_prefix(t)
+                    .is_some_and(|rest| !rest.starts_with(|c: char| c.is_alphanumeric()))
+            });
+            ours && untyped && !EXTERNAL_IDS.contains(&name.as_str())
+        });
+        if bad && !in_api_shape(&lines, i) {
+            found.push((i + 1, lines[i].trim().to_owned()));
+        }
+        i += 1;
+    }
+    found
+}
+
+#[test]
+fn the_domain_holds_and_takes_our_ids_typed() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/src/domain");
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    assert!(files.len() > 20, "too few files under {}", root.display());
+    let mut found = Vec::new();
+    for file in &files {
+        let name = file
+            .strip_prefix(&root)
+            .unwrap_or(file)
+            .display()
+            .to_string();
+        if name.ends_with("tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        for (line, code) in untyped_ids(&text) {
+            found.push(format!("shared/src/domain/{name}:{line}: {code}"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "ids of ours as strings in a stored record or a domain signature; use \
+         the kind's type from shared::ids (parsed at the edge):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_id_scan_finds_what_it_looks_for() {
+    let text = "pub struct Payment {\n    pub id: String,\n    pub project_id: ProjectId,\n\
+                    pub provider_refund_id: Option<String>,\n    pub link_ids: Vec<String>,\n}\n\
+                pub async fn find(store: &dyn Store, id: &str) {}\n\
+                #[derive(Serialize, utoipa::ToSchema)]\npub struct PaymentView {\n    pub id: String,\n}\n\
+                fn f(payment_id: Option<&str>, idx: &str, id: PaymentId, ident: String) {}\n\
+                // fn g(id: &str)\n\
+                #[cfg(test)]\nmod tests {\n    fn t(id: &str) {}\n}\n\
+                fn h(session_id: &String) {}\n";
+    let lines: Vec<usize> = untyped_ids(text).into_iter().map(|(l, _)| l).collect();
+    assert_eq!(lines, vec![2, 5, 7, 12, 18]);
+}
+
+/// What reaches around the domain to the store from a handler.
+const STORE_REACHES: [&str; 4] = [
+    "&*state.store",
+    "state.store.as_ref()",
+    "&state.store",
+    "state.store.clone()",
+];
+
+#[test]
+fn handlers_reach_the_store_only_through_the_domain() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    rust_files(&root.join("functions"), &mut files);
+    rust_files(&root.join("edge/src"), &mut files);
+    assert!(files.len() > 20, "too few handler files");
+    let mut found = Vec::new();
+    for file in files.iter().filter(|f| !f.ends_with("tests.rs")) {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let mut i = 0;
+        while i < lines.len() {
+            if let Some(after) = test_module_end(&lines, i) {
+                i = after;
+                continue;
+            }
+            let code = lines[i].split("//").next().unwrap_or("");
+            if STORE_REACHES.iter().any(|p| code.contains(p)) {
+                let name = file.strip_prefix(&root).unwrap_or(file).display();
+                found.push(format!("{name}:{}: {}", i + 1, lines[i].trim()));
+            }
+            i += 1;
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "handlers hand the store to the domain; give the domain the deps \
+         (`&state`) and let it take the store and the clock itself:\n{}",
+        found.join("\n")
+    );
+}
