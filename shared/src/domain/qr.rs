@@ -17,6 +17,7 @@ use super::checkout::{
 use super::{Mode, Provider};
 use crate::app::Deps;
 use crate::fields::Description;
+use crate::ids::{PaymentId, SessionId};
 use crate::money::Currency;
 use crate::providers::Handoff;
 use crate::refusal::{Kind, Refusal};
@@ -154,10 +155,11 @@ pub async fn refresh(
 
 /// The QR of the session's open payment, if it has one.
 async fn open_qr(state: &Deps, session: &CheckoutSession) -> Result<Option<ShownQr>, QrError> {
-    let Some(payment_id) = &session.payment_id else {
+    let Some(payment_id) = session.payment_id.clone().map(PaymentId::from) else {
         return Ok(None);
     };
-    let payment = attempts::find_payment(&*state.store, &session.id, payment_id).await?;
+    let sid = SessionId::from(session.id.clone());
+    let payment = attempts::find_payment(state, &sid, &payment_id).await?;
     Ok(payment
         .filter(|p| p.status == super::payments::PaymentStatus::Pending)
         .and_then(|p| p.attempt.qr_message)
@@ -277,7 +279,7 @@ pub fn stream_events(
 /// payment is no longer open.
 pub async fn record_scan(
     store: &dyn crate::store::Store,
-    payment_id: &str,
+    payment_id: &PaymentId,
     now: Timestamp,
 ) -> Result<bool, StoreError> {
     use super::payments::{Payment, PaymentStatus};
@@ -382,12 +384,24 @@ mod tests {
             .put(item, None)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        assert!(record_scan(&*store, "pay_1", now).await.unwrap_or(false));
+        assert!(
+            record_scan(&*store, &"pay_1".into(), now)
+                .await
+                .unwrap_or(false)
+        );
         // Once only; an unknown payment is no error.
-        assert!(!record_scan(&*store, "pay_1", now).await.unwrap_or(true));
-        assert!(!record_scan(&*store, "pay_x", now).await.unwrap_or(true));
+        assert!(
+            !record_scan(&*store, &"pay_1".into(), now)
+                .await
+                .unwrap_or(true)
+        );
+        assert!(
+            !record_scan(&*store, &"pay_x".into(), now)
+                .await
+                .unwrap_or(true)
+        );
         let stored = store
-            .get(&Payment::key("pay_1"))
+            .get(&Payment::key(&"pay_1".into()))
             .await
             .ok()
             .flatten()

@@ -6,6 +6,7 @@ use super::{due_sk, open_payments_partition, status_in};
 use crate::app::Deps;
 use crate::domain::payments::{Payment, PaymentStatus};
 use crate::domain::record::{Changes, Gsi2Entry, from_item};
+use crate::ids::PaymentId;
 use crate::keys;
 use crate::store::{Cond, Index, Query, Store, StoreError};
 use crate::time::Timestamp;
@@ -72,7 +73,7 @@ pub enum ReleaseError {
 /// provider's answer (its event, its session, counters). Logged.
 pub async fn release(
     state: &Deps,
-    id: &str,
+    id: &PaymentId,
     decision: Release,
     now: Timestamp,
 ) -> Result<Payment, ReleaseError> {
