@@ -1176,9 +1176,12 @@ async fn one_projects_flood_does_not_delay_anothers_settlement(which: Which) {
             panic!("seed: {e}");
         }
     }
-    if let Err(e) =
-        shared::domain::active::touch_now(&*state.store, &creator.project_id, Mode::Sandbox, now)
-            .await
+    if let Err(e) = shared::domain::active::touch_now(
+        &*state.store,
+        &shared::domain::Tenant::new(creator.project_id.clone(), Mode::Sandbox),
+        now,
+    )
+    .await
     {
         panic!("{e}");
     }

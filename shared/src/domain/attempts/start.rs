@@ -376,7 +376,12 @@ async fn record_start(
         (link, ops.len() - 1)
     });
     start_tally(session, payment).apply_to(&mut ops)?;
-    crate::domain::active::touch(store, &session.project_id, session.mode, now).await?;
+    crate::domain::active::touch(
+        store,
+        &Tenant::new(session.project_id.clone(), session.mode),
+        now,
+    )
+    .await?;
     match transact_start(store, ops).await {
         Ok(()) => Ok(()),
         Err(e) => {
