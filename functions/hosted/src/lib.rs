@@ -661,7 +661,7 @@ async fn scan_listener(
         while let Some(hint) = hints.next(deadline).await {
             if hint == Hint::Scanned {
                 let now = state.clock.now();
-                match shared::domain::qr::record_scan(&*state.store, &pid, now).await {
+                match shared::domain::qr::record_scan(&state, &pid, now).await {
                     Ok(_) => return,
                     Err(e) => tracing::warn!(error = %e, "scan not recorded"),
                 }
