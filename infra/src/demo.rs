@@ -18,7 +18,6 @@ use shared::domain::dashboard;
 use shared::domain::payments::{self, Payment, PaymentStatus};
 use shared::domain::record::{Changes, Record, from_item};
 use shared::domain::{Mode, Provider};
-use shared::ids::{IdKind, new_id};
 use shared::money::{Currency, Paisa};
 use shared::store::{Cond, Key, StoreError};
 
@@ -307,9 +306,9 @@ pub async fn seed_payments(state: &AppState, demo: &DemoAccount) -> Result<usize
             metadata.insert("order_id".into(), json!(format!("ORD-{}", 1001 + i)));
             let paid = matches!(status, PaymentStatus::Success | PaymentStatus::Refunded);
             let payment = Payment {
-                id: new_id(IdKind::Payment),
-                project_id: demo.project_id.clone(),
-                checkout_session_id: new_id(IdKind::CheckoutSession),
+                id: shared::ids::PaymentId::new(),
+                project_id: demo.project_id.clone().into(),
+                checkout_session_id: shared::ids::SessionId::new(),
                 mode,
                 amount: Paisa::new(*amount).unwrap_or_default(),
                 amount_refunded: if *status == PaymentStatus::Refunded {

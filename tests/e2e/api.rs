@@ -357,7 +357,10 @@ async fn payments_list_is_newest_first_and_paginates(which: Which) {
         .unwrap_or_default();
     assert_eq!(
         got,
-        created[..25].iter().map(String::as_str).collect::<Vec<_>>()
+        created[..25]
+            .iter()
+            .map(|id| id.as_str())
+            .collect::<Vec<_>>()
     );
 
     let a = app.get("/v1/payments?limit=4&offset=27", Some(&key)).await;
@@ -371,7 +374,10 @@ async fn payments_list_is_newest_first_and_paginates(which: Which) {
         .unwrap_or_default();
     assert_eq!(
         got,
-        created[27..].iter().map(String::as_str).collect::<Vec<_>>()
+        created[27..]
+            .iter()
+            .map(|id| id.as_str())
+            .collect::<Vec<_>>()
     );
 
     let a = app.get("/v1/payments?offset=100", Some(&key)).await;

@@ -476,7 +476,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
     assert_eq!(issued["document_status"], "issued", "{issued}");
     let rec = Records {
         session: text(&session["id"]),
-        payment: payment.id,
+        payment: payment.id.to_string(),
         // A refund is not cheap to make (it needs a paid provider
         // transaction): a well-formed id that does not exist.
         refund: new_id(IdKind::Refund),
@@ -1132,7 +1132,7 @@ async fn the_official_python_sdk_works_unchanged(which: Which) {
         .arg(&script)
         .env("BASE_URL", &app.base)
         .env("API_KEY", &key)
-        .env("PAID_ESEWA", &paid.id)
+        .env("PAID_ESEWA", paid.id.as_str())
         .kill_on_drop(true)
         .output();
     let out = match tokio::time::timeout(std::time::Duration::from_secs(120), run).await {

@@ -72,7 +72,7 @@ async fn sell_at_the_counter(c: &Client, app: &TestApp) -> Result<(), String> {
     let payment = s["paymentId"].as_str().ok_or(format!("no payment: {s}"))?;
     let stored = app
         .store
-        .get(&shared::domain::payments::Payment::key(payment))
+        .get(&shared::domain::payments::Payment::key(&payment.into()))
         .await
         .map_err(|e| e.to_string())?
         .ok_or("payment not stored")?;

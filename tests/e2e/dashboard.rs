@@ -314,12 +314,12 @@ async fn roles_and_tenancy_are_enforced(which: Which) {
     let mut owner = signed_in(&app, "owner@himal.np").await;
     let list = owner.get("/dashboard/payments").await;
     assert_eq!(list.status, 200, "{}", list.show());
-    assert!(list.body.contains(&ours.id), "{}", list.show());
+    assert!(list.body.contains(ours.id.as_str()), "{}", list.show());
     assert!(
-        !list.body.contains(&live.id),
+        !list.body.contains(live.id.as_str()),
         "sandbox shows no live payment"
     );
-    assert!(!list.body.contains(&theirs.id));
+    assert!(!list.body.contains(theirs.id.as_str()));
     let detail = owner.get(&format!("/dashboard/payments/{}", ours.id)).await;
     assert_eq!(detail.status, 200, "{}", detail.show());
     assert!(detail.body.contains("NPR 1,500.00"), "{}", detail.show());
@@ -335,7 +335,7 @@ async fn roles_and_tenancy_are_enforced(which: Which) {
         .await;
     let by_esewa = owner.get("/dashboard/payments?provider=esewa").await;
     assert!(
-        by_esewa.body.contains(&esewa.id) && !by_esewa.body.contains(&ours.id),
+        by_esewa.body.contains(esewa.id.as_str()) && !by_esewa.body.contains(ours.id.as_str()),
         "{}",
         by_esewa.show()
     );
@@ -347,7 +347,7 @@ async fn roles_and_tenancy_are_enforced(which: Which) {
     let both = owner
         .get("/dashboard/payments?status=success&provider=khalti")
         .await;
-    assert!(both.body.contains(&ours.id) && !both.body.contains(&esewa.id));
+    assert!(both.body.contains(ours.id.as_str()) && !both.body.contains(esewa.id.as_str()));
     for bad in ["status=paid", "provider=paypal"] {
         let r = owner.get(&format!("/dashboard/payments?{bad}")).await;
         assert_eq!(r.status, 400, "{bad}: {}", r.show());
@@ -375,7 +375,7 @@ async fn roles_and_tenancy_are_enforced(which: Which) {
     assert_eq!(r.location, "/dashboard/payments");
     let list = owner.get("/dashboard/payments").await;
     assert!(
-        list.body.contains(&live.id) && !list.body.contains(&ours.id),
+        list.body.contains(live.id.as_str()) && !list.body.contains(ours.id.as_str()),
         "{}",
         list.show()
     );
@@ -398,7 +398,10 @@ async fn roles_and_tenancy_are_enforced(which: Which) {
         let r = owner.post("/dashboard/view", &fields).await;
         assert!(matches!(r.status, 403 | 400), "{fields:?}: {}", r.show());
         let list = owner.get("/dashboard/payments").await;
-        assert!(list.body.contains(&live.id), "{fields:?} changed the view");
+        assert!(
+            list.body.contains(live.id.as_str()),
+            "{fields:?} changed the view"
+        );
     }
 
     // A viewer reads payments but not the audit log.
@@ -552,10 +555,18 @@ fn field(body: &str, name: &str) -> String {
 }
 
 async fn refund_count(app: &TestApp, t: &Tenant, payment: &str) -> u64 {
+    let state = shared::AppState::new(
+        app.store.clone(),
+        std::sync::Arc::new(shared::time::SystemClock),
+        shared::Config {
+            public_base_url: app.base.clone(),
+            events_base_url: None,
+        },
+    );
     shared::domain::refunds::list(
-        &*app.store,
+        &state,
         &shared::domain::Tenant::new(t.project.id.clone(), Mode::Sandbox),
-        Some(payment),
+        Some(&payment.into()),
         shared::domain::Window::first(100),
     )
     .await

@@ -14,7 +14,6 @@ use shared::Config;
 use shared::domain::account::{KeyKind, NewKey, Plan, Scope};
 use shared::domain::payments::{Payment, PaymentStatus};
 use shared::domain::{Mode, Provider};
-use shared::ids::{IdKind, new_id};
 use shared::money::{Currency, Paisa};
 use shared::time::{Clock, SystemClock};
 
@@ -62,9 +61,9 @@ async fn fixture(which: Which) -> Option<Fixture> {
     let mut ids = Vec::new();
     for amount in [700, 900] {
         let payment = Payment {
-            id: new_id(IdKind::Payment),
-            project_id: p.id.clone(),
-            checkout_session_id: new_id(IdKind::CheckoutSession),
+            id: shared::ids::PaymentId::new(),
+            project_id: p.id.clone().into(),
+            checkout_session_id: shared::ids::SessionId::new(),
             mode: Mode::Live,
             amount: Paisa::new(amount).unwrap_or_default(),
             amount_refunded: Paisa::ZERO,
@@ -105,7 +104,7 @@ async fn fixture(which: Which) -> Option<Fixture> {
             .with_blobs(blobs),
         key,
         project_id: p.id.clone(),
-        payment_id: ids.remove(0),
+        payment_id: ids.remove(0).into(),
         session_id: None,
         invoice_id: None,
     })

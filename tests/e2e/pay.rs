@@ -1137,9 +1137,9 @@ async fn one_projects_flood_does_not_delay_anothers_settlement(which: Which) {
     let junk: Vec<shared::store::TxOp> = (0..JUNK)
         .map(|i| {
             let p = shared::domain::payments::Payment {
-                id: shared::ids::new_id(shared::ids::IdKind::Payment),
-                project_id: creator.project_id.clone(),
-                checkout_session_id: shared::ids::new_id(shared::ids::IdKind::CheckoutSession),
+                id: shared::ids::PaymentId::new(),
+                project_id: creator.project_id.clone().into(),
+                checkout_session_id: shared::ids::SessionId::new(),
                 mode: Mode::Sandbox,
                 amount: shared::money::Paisa::new(AMOUNT).unwrap_or_default(),
                 amount_refunded: shared::money::Paisa::ZERO,
@@ -1176,9 +1176,12 @@ async fn one_projects_flood_does_not_delay_anothers_settlement(which: Which) {
             panic!("seed: {e}");
         }
     }
-    if let Err(e) =
-        shared::domain::active::touch_now(&*state.store, &creator.project_id, Mode::Sandbox, now)
-            .await
+    if let Err(e) = shared::domain::active::touch_now(
+        &*state.store,
+        &shared::domain::Tenant::new(creator.project_id.clone(), Mode::Sandbox),
+        now,
+    )
+    .await
     {
         panic!("{e}");
     }

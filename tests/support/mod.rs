@@ -408,9 +408,9 @@ impl TestApp {
         let mut metadata = Map::new();
         metadata.insert("order".into(), Value::from("A-1"));
         let p = Payment {
-            id: new_id(IdKind::Payment),
-            project_id: tenant.project.id.clone(),
-            checkout_session_id: new_id(IdKind::CheckoutSession),
+            id: shared::ids::PaymentId::new(),
+            project_id: tenant.project.id.clone().into(),
+            checkout_session_id: shared::ids::SessionId::new(),
             mode,
             amount: Paisa::new(amount).unwrap_or_default(),
             amount_refunded: Paisa::ZERO,

@@ -96,7 +96,7 @@ impl Shop {
 
     /// The payment as stored (with the attempt's details).
     pub async fn stored(&self, id: &str) -> Payment {
-        match self.app.store.get(&Payment::key(id)).await {
+        match self.app.store.get(&Payment::key(&id.into())).await {
             Ok(Some(item)) => match from_item(item) {
                 Ok(p) => p,
                 Err(e) => panic!("payment {id}: {e}"),

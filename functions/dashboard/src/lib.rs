@@ -705,7 +705,7 @@ async fn payments_page(
         })?),
     };
     let (list, total) = payments::list_filtered(
-        &*state.store,
+        &state,
         &signed.tenant,
         payments::PaymentFilter { status, provider },
         page_window(page),
@@ -752,11 +752,13 @@ async fn payment_view(
     error: Option<&str>,
     status: StatusCode,
 ) -> Page {
-    let payment = payments::find(&*state.store, &signed.tenant, id)
+    let missing = || fail(shared::refusal::Refusal::not_found("payment", id));
+    let pid = shared::ids::PaymentId::parse(id).ok_or_else(missing)?;
+    let payment = payments::find(state, &signed.tenant, &pid)
         .await
         .map_err(fail)?
-        .ok_or_else(|| fail(shared::refusal::Refusal::not_found("payment", id)))?;
-    let (refunds, _) = refunds::of_payment(&*state.store, &payment.id, Window::first(100))
+        .ok_or_else(missing)?;
+    let (refunds, _) = refunds::of_payment(state, &payment.id, Window::first(100))
         .await
         .map_err(fail)?;
     let timeline = timeline(state, &payment.id).await?;
@@ -890,19 +892,24 @@ async fn refund(
             .map(|n| format!(": {}", n.as_str()))
             .unwrap_or_default()
     );
-    let request = refunds::RefundRequest {
-        project_id: &signed.session.project_id,
-        mode: signed.session.mode,
-        body: req,
-        channel: refunds::Channel::Dashboard,
-        now,
-        fence: Some(&fence),
+    let made = match req.payment() {
+        Ok(payment_id) => {
+            let request = refunds::RefundRequest {
+                tenant: &signed.tenant,
+                payment_id,
+                body: req,
+                channel: refunds::Channel::Dashboard,
+                now,
+                fence: Some(&fence),
+            };
+            refunds::create_via(&state, request, |r| {
+                let entry = dashboard::audit_entry(&actor, now, "refund.create", &r.id, &detail);
+                Ok(vec![dashboard::audit_op(&entry)?])
+            })
+            .await
+        }
+        Err(e) => Err(e),
     };
-    let made = refunds::create_via(&state, request, |r| {
-        let entry = dashboard::audit_entry(&actor, now, "refund.create", &r.id, &detail);
-        Ok(vec![dashboard::audit_op(&entry)?])
-    })
-    .await;
     match made {
         Ok(r) => Ok(see_other(&format!(
             "/dashboard/payments/{id}?refund={}",
@@ -942,7 +949,7 @@ async fn refunds_page(
     RawQuery(raw): RawQuery,
 ) -> Page {
     let page = page_number(&query(&raw))?;
-    let (list, total) = refunds::list(&*state.store, &signed.tenant, None, page_window(page))
+    let (list, total) = refunds::list(&state, &signed.tenant, None, page_window(page))
         .await
         .map_err(fail)?;
     let nav = nav(&state, &signed, "refunds").await?;

@@ -23,6 +23,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use edge::html::html;
+use edge::ids::{Id, Surface};
 use edge::with_edge;
 use http::{HeaderValue, StatusCode, header};
 use serde_json::json;
@@ -33,6 +34,7 @@ use shared::domain::attempts::{self, AttemptError, PayChoice, ReturnKind};
 use shared::domain::checkout::{self, CheckoutSession, Flow, SessionStatus, StoredAddress};
 use shared::domain::links;
 use shared::domain::payments::{Payment, PaymentStatus};
+use shared::ids::{PaymentId, SessionId};
 use shared::limits::public;
 use shared::providers::Handoff;
 use shared::refusal::Refusal;
@@ -198,6 +200,18 @@ fn see_other(location: &str) -> Response {
                 "The next page's address is not valid.",
             ),
         ),
+    }
+}
+
+/// The hosted pages: an id that cannot exist is answered with the
+/// checkout's not-found page, as a missing one is.
+struct Hosted;
+
+impl Surface for Hosted {
+    type Rejection = Response;
+
+    fn not_found(_noun: &'static str, _raw: &str) -> Response {
+        not_found()
     }
 }
 
@@ -368,7 +382,8 @@ async fn render(
         SessionStatus::Pending | SessionStatus::Initiated => {
             let current = match (&s.payment_id, s.status) {
                 (Some(pid), SessionStatus::Initiated) => {
-                    attempts::find_payment(&*state.store, &s.id, pid).await?
+                    let (sid, pid) = (SessionId::from(s.id.clone()), PaymentId::from(pid.clone()));
+                    attempts::find_payment(state, &sid, &pid).await?
                 }
                 _ => None,
             };
@@ -629,10 +644,9 @@ async fn scan_listener(
     if session.status != SessionStatus::Initiated {
         return None;
     }
-    let pid = session.payment_id.clone()?;
-    let payment = attempts::find_payment(&*state.store, &session.id, &pid)
-        .await
-        .ok()??;
+    let pid = PaymentId::from(session.payment_id.clone()?);
+    let sid = SessionId::from(session.id.clone());
+    let payment = attempts::find_payment(state, &sid, &pid).await.ok()??;
     if payment.status != PaymentStatus::Pending || payment.scanned_at.is_some() {
         return None;
     }
@@ -647,7 +661,7 @@ async fn scan_listener(
         while let Some(hint) = hints.next(deadline).await {
             if hint == Hint::Scanned {
                 let now = state.clock.now();
-                match shared::domain::qr::record_scan(&*state.store, &pid, now).await {
+                match shared::domain::qr::record_scan(&state, &pid, now).await {
                     Ok(_) => return,
                     Err(e) => tracing::warn!(error = %e, "scan not recorded"),
                 }
@@ -680,10 +694,14 @@ async fn events(
             // stop reconnecting.
             if s.status_at(now).is_final() && last_seen.is_some() {
                 let payment = match &s.payment_id {
-                    Some(p) => attempts::find_payment(&*state.store, &s.id, p)
-                        .await
-                        .ok()
-                        .flatten(),
+                    Some(p) => attempts::find_payment(
+                        &state,
+                        &SessionId::from(s.id.clone()),
+                        &PaymentId::from(p.clone()),
+                    )
+                    .await
+                    .ok()
+                    .flatten(),
                     None => None,
                 };
                 let finals = shared::domain::qr::stream_events(&s, payment.as_ref(), now);
@@ -886,8 +904,14 @@ async fn returned(
             pages::plain("Something went wrong", "The provider's answer is too long."),
         );
     }
+    // Ids that cannot exist: as for a payment of no such session.
+    let (Some(session_id), Some(payment_id)) =
+        (SessionId::parse(&id), PaymentId::parse(&payment_id))
+    else {
+        return not_found();
+    };
     let now = state.clock.now();
-    match attempts::on_return(&state, &id, &payment_id, kind, &params, now).await {
+    match attempts::on_return(&state, &session_id, &payment_id, kind, &params, now).await {
         Ok((session, payment)) => after_return(&session, &payment),
         Err(AttemptError::NotFound) => not_found(),
         Err(AttemptError::Store(e)) => trouble(&e),
@@ -1063,7 +1087,7 @@ fn link_not_found() -> Response {
 
 async fn qr(
     State(state): State<AppState>,
-    Path((id, payment_id)): Path<(String, String)>,
+    Id((id, payment_id), ..): Id<(SessionId, PaymentId), Hosted>,
 ) -> Response {
     let now = state.clock.now();
     let session = match checkout::find_any(&*state.store, &id, now).await {
@@ -1071,7 +1095,7 @@ async fn qr(
         Ok(None) => return not_found(),
         Err(e) => return trouble(&e),
     };
-    let payment = match attempts::find_payment(&*state.store, &id, &payment_id).await {
+    let payment = match attempts::find_payment(&state, &id, &payment_id).await {
         Ok(Some(p)) => p,
         Ok(None) => return not_found(),
         Err(e) => return trouble(&e),

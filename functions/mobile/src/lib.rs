@@ -9,6 +9,7 @@ use axum::extract::{Extension, Path, State};
 use edge::Json;
 use edge::auth::AppKey;
 use edge::idempotency::Fence;
+use edge::ids::{Id, Surface};
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::{ApiError, Auth, JsonBody, QueryParams, with_edge};
 use http::{HeaderMap, StatusCode};
@@ -18,8 +19,9 @@ use shared::domain::Provider;
 use shared::domain::account::Scope;
 use shared::domain::attempts;
 use shared::domain::checkout::{self, Address, CheckoutSession, SessionStatus};
-use shared::domain::mobile::{self, CreateMobileSession};
+use shared::domain::mobile::{self, CreateMobileSession, MobileError};
 use shared::domain::payments::{Payment, PaymentStatus};
+use shared::ids::{PaymentId, SessionId};
 use shared::money::{Currency, Paisa};
 use shared::providers::Handoff;
 use shared::time::Timestamp;
@@ -43,6 +45,18 @@ pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
 pub fn router(state: AppState) -> Router {
     let (router, _) = routes(&state).split_for_parts();
     with_edge(router.with_state(state))
+}
+
+/// The app's routes: an id that cannot be a session's is answered as a
+/// missing session is (`No such mobile session: '…'`).
+struct MobileApi;
+
+impl Surface for MobileApi {
+    type Rejection = ApiError;
+
+    fn not_found(_noun: &'static str, raw: &str) -> ApiError {
+        MobileError::NotFound(raw.to_owned()).into()
+    }
 }
 
 /// The answer of `POST /v1/mobile/sessions`: hand `id` and
@@ -192,7 +206,7 @@ async fn create_mobile_session(
     let valid = mobile::validate(body, who.mode(), &base)?;
     let fence = fence.as_ref().map(|Extension(f)| f);
     let now = state.clock.now();
-    let made = mobile::create(&*state.store, who, valid, now, fence).await?;
+    let made = mobile::create(&state, who, valid, now, fence).await?;
     let providers = checkout::offered(&*state.store, &made.session).await?;
     let s = made.session;
     Ok((
@@ -230,11 +244,11 @@ async fn get_mobile_session(
     AppKey(who): AppKey,
     headers: HeaderMap,
     query: QueryParams,
-    Path(id): Path<String>,
+    Id(id, ..): Id<SessionId, MobileApi>,
 ) -> Result<Json<View>, ApiError> {
     let now = state.clock.now();
     let secret = client_secret(&headers, query.get("client_secret"));
-    let session = mobile::open(&*state.store, &who, &id, secret, now).await?;
+    let session = mobile::open(&state, &who, &id, secret, now).await?;
     AppKey::session_budget(&state, &session.id).await?;
     // An open Fonepay QR is asked about (as its page and stream do); a
     // redirect provider's payment is only read (attempts::poll_qr_every).
@@ -244,8 +258,11 @@ async fn get_mobile_session(
         Err(e) => {
             // A courtesy: the stream and the sweep prove it anyway.
             tracing::warn!(error = %e, "mobile session: status check failed");
-            let payment = match &read.payment_id {
-                Some(p) => attempts::find_payment(&*state.store, &read.id, p).await?,
+            let payment = match read.payment_id.clone() {
+                Some(p) => {
+                    let sid = SessionId::from(read.id.clone());
+                    attempts::find_payment(&state, &sid, &PaymentId::from(p)).await?
+                }
                 None => None,
             };
             (read, payment)
@@ -266,7 +283,7 @@ fn view(
     let payment = payment
         .filter(|p| !matches!(p.status, PaymentStatus::Pending | PaymentStatus::Processing))
         .map(|p| PaymentSummary {
-            id: p.id,
+            id: p.id.to_string(),
             provider: p.provider,
             status: p.status,
             amount: p.amount,
@@ -312,15 +329,18 @@ async fn start_mobile_attempt(
     body: Result<JsonBody<StartAttempt>, ApiError>,
 ) -> Result<(StatusCode, Json<Attempt>), ApiError> {
     let JsonBody(body) = body?;
+    // Parsed after the body (as the session was looked up after it): a
+    // bad body is answered first, as it always was.
+    let id = SessionId::parse(&id).ok_or_else(|| MobileError::NotFound(id.clone()))?;
     let now = state.clock.now();
     let secret = client_secret(&headers, body.client_secret.as_deref());
-    let session = mobile::open(&*state.store, &who, &id, secret, now).await?;
+    let session = mobile::open(&state, &who, &id, secret, now).await?;
     AppKey::session_budget(&state, &session.id).await?;
     let base = edge::requests::public_base(&state, &headers);
     let address = body.address.map(Address::stored);
     let started = mobile::start(&state, session, body.provider, address, &base, now).await?;
     let mut answer = Attempt {
-        payment_id: started.payment.id,
+        payment_id: started.payment.id.to_string(),
         events_url: edge::requests::events_url(&state, &headers, &started.session.id),
         session_id: started.session.id,
         provider: started.payment.provider,

@@ -9,6 +9,7 @@ use edge::{ApiError, Auth, Page, Pagination, QueryParams, with_edge};
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::payments::{self, PaymentView};
+use shared::ids::PaymentId;
 
 /// The function's routes and their description, one value.
 pub fn routes(_state: &AppState) -> OpenApiRouter<AppState> {
@@ -37,7 +38,7 @@ async fn list_payments(
 ) -> Result<Json<Page<PaymentView>>, ApiError> {
     let who = auth.require(Scope::PaymentsRead)?;
     let page = Pagination::from_query(&query, payments::DEFAULT_PAGE)?;
-    let (found, total) = payments::list(&*state.store, who.tenant(), page.window()).await?;
+    let (found, total) = payments::list(&state, who.tenant(), page.window()).await?;
     let data = found.into_iter().map(PaymentView::from).collect();
     Ok(Json(Page::new(data, total, page)))
 }
@@ -55,8 +56,12 @@ async fn get_payment(
     Path(id): Path<String>,
 ) -> Result<Json<PaymentView>, ApiError> {
     let who = auth.require(Scope::PaymentsRead)?;
-    payments::find(&*state.store, who.tenant(), &id)
+    // Parsed after the scope check (a key without it gets 403, whatever
+    // the path): an id that cannot exist is a missing payment.
+    let missing = || ApiError::not_found("payment", &id);
+    let pid = PaymentId::parse(&id).ok_or_else(missing)?;
+    payments::find(&state, who.tenant(), &pid)
         .await?
         .map(|p| Json(p.into()))
-        .ok_or_else(|| ApiError::not_found("payment", &id))
+        .ok_or_else(missing)
 }

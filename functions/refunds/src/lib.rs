@@ -16,6 +16,7 @@ use http::StatusCode;
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::refunds::{self, CreateRefund, RefundView};
+use shared::ids::{PaymentId, RefundId};
 
 /// The function's routes and their description, one value.
 pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
@@ -53,7 +54,16 @@ async fn create_refund(
     let who = auth.require(Scope::RefundsWrite)?;
     let JsonBody(body) = body?;
     let fence = fence.as_ref().map(|Extension(f)| f);
-    let refund = refunds::create(&state, who.tenant(), body, state.clock.now(), fence).await?;
+    let payment_id = body.payment()?;
+    let refund = refunds::create(
+        &state,
+        who.tenant(),
+        payment_id,
+        body,
+        state.clock.now(),
+        fence,
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(refund.into())))
 }
 
@@ -70,9 +80,16 @@ async fn list_refunds(
 ) -> Result<Json<Page<RefundView>>, ApiError> {
     let who = auth.require(Scope::RefundsRead)?;
     let page = Pagination::from_query(&query, refunds::DEFAULT_PAGE)?;
-    let payment_id = query.get("paymentId").filter(|p| !p.is_empty());
+    let payment_id = match query.get("paymentId").filter(|p| !p.is_empty()) {
+        None => None,
+        Some(raw) => match PaymentId::parse(raw) {
+            Some(id) => Some(id),
+            // No payment has that id: none of its refunds either.
+            None => return Ok(Json(Page::new(Vec::new(), 0, page))),
+        },
+    };
     let (found, total) =
-        refunds::list(&*state.store, who.tenant(), payment_id, page.window()).await?;
+        refunds::list(&state, who.tenant(), payment_id.as_ref(), page.window()).await?;
     let data = found.into_iter().map(RefundView::from).collect();
     Ok(Json(Page::new(data, total, page)))
 }
@@ -89,8 +106,12 @@ async fn get_refund(
     Path(id): Path<String>,
 ) -> Result<Json<RefundView>, ApiError> {
     let who = auth.require(Scope::RefundsRead)?;
-    refunds::find(&*state.store, who.tenant(), &id)
+    // Parsed after the scope check (a key without it gets 403, whatever
+    // the path): an id that cannot exist is a missing refund.
+    let missing = || ApiError::not_found("refund", &id);
+    let rid = RefundId::parse(&id).ok_or_else(missing)?;
+    refunds::find(&state, who.tenant(), &rid)
         .await?
         .map(|r| Json(r.into()))
-        .ok_or_else(|| ApiError::not_found("refund", &id))
+        .ok_or_else(missing)
 }

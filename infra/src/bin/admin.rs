@@ -1031,8 +1031,8 @@ async fn payments_cmd(cmd: PaymentsCmd, now: Timestamp) -> Result<Output, Failur
                 .iter()
                 .map(|p| {
                     vec![
-                        p.id.clone(),
-                        p.project_id.clone(),
+                        p.id.to_string(),
+                        p.project_id.to_string(),
                         p.mode.as_str().to_owned(),
                         p.provider.as_str().to_owned(),
                         p.amount.get().to_string(),
@@ -1080,6 +1080,8 @@ async fn payments_cmd(cmd: PaymentsCmd, now: Timestamp) -> Result<Output, Failur
             fail,
         } => {
             check_id(&payment_id, IdKind::Payment, "payment")?;
+            let id = shared::ids::PaymentId::parse(&payment_id)
+                .ok_or_else(|| Failure::Failed(format!("payment {payment_id} not found")))?;
             let decision = match (recheck, succeed, fail) {
                 (true, false, None) => Release::Recheck,
                 (false, true, None) => Release::Succeed,
@@ -1094,7 +1096,7 @@ async fn payments_cmd(cmd: PaymentsCmd, now: Timestamp) -> Result<Output, Failur
             // the link's public page.
             let state =
                 shared::AppState::new(store, Arc::new(SystemClock), shared::Config::from_env());
-            let p = attempts::release(&state, &payment_id, decision, now)
+            let p = attempts::release(&state, &id, decision, now)
                 .await
                 .map_err(|e| match e {
                     ReleaseError::NotFound => {

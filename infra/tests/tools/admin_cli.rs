@@ -625,9 +625,9 @@ async fn held_payment(store: std::sync::Arc<dyn shared::store::Store>, project: 
     use shared::domain::payments::{self, Payment, PaymentStatus};
     let now = SystemClock.now();
     let p = Payment {
-        id: shared::ids::new_id(shared::ids::IdKind::Payment),
-        project_id: project.to_owned(),
-        checkout_session_id: shared::ids::new_id(shared::ids::IdKind::CheckoutSession),
+        id: shared::ids::PaymentId::new(),
+        project_id: project.into(),
+        checkout_session_id: shared::ids::SessionId::new(),
         mode: Mode::Sandbox,
         amount: shared::money::Paisa::new(100_000).unwrap_or_default(),
         amount_refunded: shared::money::Paisa::ZERO,
@@ -666,7 +666,7 @@ async fn held_payment(store: std::sync::Arc<dyn shared::store::Store>, project: 
         Ok(h) => assert_eq!(h.status, PaymentStatus::Processing),
         Err(e) => panic!("hold: {e}"),
     }
-    p.id
+    p.id.to_string()
 }
 
 #[tokio::test]
@@ -738,7 +738,7 @@ async fn held_payments_are_listed_and_released_as_a_person_decides() {
     );
     // The store agrees.
     let store = open(dir.path());
-    let p = shared::domain::payments::get(&store, &a)
+    let p = shared::domain::payments::get(&store, &a.as_str().into())
         .await
         .ok()
         .flatten();

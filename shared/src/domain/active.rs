@@ -22,8 +22,9 @@ use std::sync::{LazyLock, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use super::Mode;
 use super::record::{Changes, Record, from_item};
+use super::{Mode, Tenant};
+use crate::ids::ProjectId;
 use crate::keys;
 use crate::store::{Key, Query, Store, StoreError};
 use crate::time::Timestamp;
@@ -41,13 +42,13 @@ pub const MAX_PER_SWEEP: usize = 10_000;
 /// One project and mode with (possibly) open work.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Active {
-    pub project_id: String,
+    pub project_id: ProjectId,
     pub mode: Mode,
     pub touched_at: Timestamp,
 }
 
 crate::attrs! { Active {
-    PROJECT_ID: String = project_id,
+    PROJECT_ID: ProjectId = project_id,
     MODE: Mode = mode,
     TOUCHED_AT: Timestamp = touched_at,
 } }
@@ -67,18 +68,13 @@ fn key(project_id: &str, mode: Mode) -> Key {
 }
 
 /// When this process last wrote each entry, per store.
-type Touched = HashMap<(u64, String, Mode), Timestamp>;
+type Touched = HashMap<(u64, Tenant), Timestamp>;
 static TOUCHED: LazyLock<Mutex<Touched>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
-/// Records that `project_id` in `mode` is about to have open work (call
-/// before the write that creates it).
-pub async fn touch(
-    store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
-    now: Timestamp,
-) -> Result<(), StoreError> {
-    let cache_key = (store.instance(), project_id.to_owned(), mode);
+/// Records that `tenant` is about to have open work (call before the
+/// write that creates it).
+pub async fn touch(store: &dyn Store, tenant: &Tenant, now: Timestamp) -> Result<(), StoreError> {
+    let cache_key = (store.instance(), tenant.clone());
     let fresh = {
         let cache = match TOUCHED.lock() {
             Ok(c) => c,
@@ -91,7 +87,7 @@ pub async fn touch(
     if fresh {
         return Ok(());
     }
-    touch_now(store, project_id, mode, now).await?;
+    touch_now(store, tenant, now).await?;
     let mut cache = match TOUCHED.lock() {
         Ok(c) => c,
         Err(poisoned) => poisoned.into_inner(),
@@ -107,16 +103,15 @@ pub async fn touch(
 /// The write of [`touch`], without the cache.
 pub async fn touch_now(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     now: Timestamp,
 ) -> Result<(), StoreError> {
     let update = Changes::<Active>::new()
-        .set(Active::PROJECT_ID, project_id)
-        .set(Active::MODE, &mode)
+        .set(Active::PROJECT_ID, &tenant.project)
+        .set(Active::MODE, &tenant.mode)
         .set(Active::TOUCHED_AT, &now);
     store
-        .update(&key(project_id, mode), update.into(), None)
+        .update(&key(&tenant.project, tenant.mode), update.into(), None)
         .await
         .map(|_| ())
 }
@@ -170,8 +165,12 @@ mod tests {
     async fn touched_projects_are_listed_until_retired_when_idle() {
         let store = EmbeddedStore::in_memory().unwrap();
         let t0 = at("2026-11-25T10:00:00Z");
-        touch(&store, "proj_a", Mode::Sandbox, t0).await.unwrap();
-        touch(&store, "proj_b", Mode::Live, t0).await.unwrap();
+        touch(&store, &Tenant::new("proj_a", Mode::Sandbox), t0)
+            .await
+            .unwrap();
+        touch(&store, &Tenant::new("proj_b", Mode::Live), t0)
+            .await
+            .unwrap();
         let mut seen = all(&store).await.unwrap();
         seen.sort_by(|a, b| a.project_id.cmp(&b.project_id));
         assert_eq!(seen.len(), 2);
@@ -184,9 +183,13 @@ mod tests {
                 .unwrap()
         );
         // Idle, but touched again since the read: kept.
-        touch_now(&store, "proj_a", Mode::Sandbox, t0.plus(IDLE_AFTER))
-            .await
-            .unwrap();
+        touch_now(
+            &store,
+            &Tenant::new("proj_a", Mode::Sandbox),
+            t0.plus(IDLE_AFTER),
+        )
+        .await
+        .unwrap();
         assert!(
             !retire(&store, &seen[0], t0.plus(IDLE_AFTER * 2))
                 .await
@@ -206,19 +209,14 @@ mod tests {
         let counting = crate::store::counting::CountingStore::new(inner);
         let t0 = at("2026-11-25T11:00:00Z");
         // A project id no other test uses (the cache is per process).
-        let project = crate::ids::new_id(crate::ids::IdKind::Project);
+        let tenant = Tenant::new(ProjectId::new(), Mode::Sandbox);
         for s in 0..30 {
-            touch(
-                &counting,
-                &project,
-                Mode::Sandbox,
-                t0.plus(chrono::Duration::seconds(s)),
-            )
-            .await
-            .unwrap();
+            touch(&counting, &tenant, t0.plus(chrono::Duration::seconds(s)))
+                .await
+                .unwrap();
         }
         assert_eq!(counting.calls(), 1, "one write for 30 touches in 30 s");
-        touch(&counting, &project, Mode::Sandbox, t0.plus(TOUCH_EVERY))
+        touch(&counting, &tenant, t0.plus(TOUCH_EVERY))
             .await
             .unwrap();
         assert_eq!(counting.calls(), 2);

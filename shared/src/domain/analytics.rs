@@ -278,8 +278,8 @@ mod tests {
     fn payment(s: &CheckoutSession, provider: Provider, now: Timestamp) -> Payment {
         Payment {
             id: "pay_1".into(),
-            project_id: s.project_id.clone(),
-            checkout_session_id: s.id.clone(),
+            project_id: s.project_id.clone().into(),
+            checkout_session_id: s.id.clone().into(),
             mode: s.mode,
             amount: Paisa::new(100_000).unwrap(),
             amount_refunded: Paisa::ZERO,
@@ -608,7 +608,7 @@ mod tests {
         assert_eq!(ops[0].key(), Some(key));
         // Without a session id a payment shards on its own id.
         let mut orphan = payment(&s, Provider::Khalti, now);
-        orphan.checkout_session_id = String::new();
+        orphan.checkout_session_id = Default::default();
         let mut t = Tally::new();
         t.payment_created(&orphan);
         assert_eq!(

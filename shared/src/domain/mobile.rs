@@ -20,10 +20,11 @@ use super::{Mode, Provider};
 use crate::app::Deps;
 use crate::domain::record::Changes;
 use crate::fields::Description;
+use crate::ids::SessionId;
 use crate::money::Currency;
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
-use crate::store::{Cond, Store, StoreError};
+use crate::store::{Cond, StoreError};
 use crate::time::Timestamp;
 
 /// What a client secret starts with; random alphanumerics follow.
@@ -150,7 +151,7 @@ fn new_client_secret() -> String {
 /// session, whose secret was never answered: it gets a new one, and the
 /// first stops working.
 pub async fn create(
-    store: &dyn Store,
+    deps: &Deps,
     who: &Principal,
     mut valid: ValidCheckout,
     now: Timestamp,
@@ -159,6 +160,7 @@ pub async fn create(
     let client_secret = new_client_secret();
     let hash = hash_secret(&client_secret);
     valid.client_secret_sha256 = Some(hash.clone());
+    let store = &*deps.store;
     let mut session = checkout::create(store, &Creator::of(who), valid, now, fence).await?;
     if session.client_secret_sha256.as_deref() != Some(hash.as_str()) {
         let update = Changes::new().set_some(CheckoutSession::CLIENT_SECRET_SHA256, hash.as_str());
@@ -194,16 +196,16 @@ pub fn secret_matches(session: &CheckoutSession, given: Option<&str>) -> bool {
 /// `secret` is its client secret; otherwise [`MobileError::NotFound`],
 /// whichever part was wrong.
 pub async fn open(
-    store: &dyn Store,
+    deps: &Deps,
     who: &Principal,
-    id: &str,
+    id: &SessionId,
     secret: Option<&str>,
     now: Timestamp,
 ) -> Result<CheckoutSession, MobileError> {
-    checkout::find(store, who.tenant(), id, now)
+    checkout::find(&*deps.store, who.tenant(), id, now)
         .await?
         .filter(|s| secret_matches(s, secret))
-        .ok_or_else(|| MobileError::NotFound(id.to_owned()))
+        .ok_or_else(|| MobileError::NotFound(id.to_string()))
 }
 
 /// The app starts paying with `provider`: the hosted flow's attempt start

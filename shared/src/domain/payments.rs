@@ -9,9 +9,10 @@ use serde_json::{Map, Value};
 
 use super::record::{Entry, Record, from_item};
 use super::{Mode, Provider};
+use crate::app::Deps;
 use crate::domain::{Tenant, Window};
 use crate::fields::{Email, PersonName, Phone};
-use crate::ids::{self, IdKind};
+use crate::ids::{PaymentId, ProjectId, SessionId};
 use crate::keys;
 use crate::money::{Currency, Paisa};
 use crate::store::{Cond, Index, Key, Query, Store, StoreError};
@@ -31,9 +32,9 @@ pub enum PaymentStatus {
 /// A stored payment.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Payment {
-    pub id: String,
-    pub project_id: String,
-    pub checkout_session_id: String,
+    pub id: PaymentId,
+    pub project_id: ProjectId,
+    pub checkout_session_id: SessionId,
     pub mode: Mode,
     pub amount: Paisa,
     #[serde(default)]
@@ -63,7 +64,7 @@ pub struct Payment {
     /// Another payment of the same session succeeded first: this one is a
     /// double payment, kept and flagged for the merchant to refund.
     #[serde(default)]
-    pub double_payment_of: Option<String>,
+    pub double_payment_of: Option<PaymentId>,
     /// When Fonepay's websocket said the customer scanned the QR (a hint
     /// for the customer's screen, `qr.scanned`; never shown in the API).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -85,9 +86,9 @@ pub struct Payment {
 }
 
 crate::attrs! { Payment {
-    ID: String = id,
-    PROJECT_ID: String = project_id,
-    CHECKOUT_SESSION_ID: String = checkout_session_id,
+    ID: PaymentId = id,
+    PROJECT_ID: ProjectId = project_id,
+    CHECKOUT_SESSION_ID: SessionId = checkout_session_id,
     MODE: Mode = mode,
     AMOUNT: Paisa = amount,
     AMOUNT_REFUNDED: Paisa = amount_refunded,
@@ -103,7 +104,7 @@ crate::attrs! { Payment {
     CUSTOMER_PHONE: Option<String> = customer_phone,
     CREATED_AT: Timestamp = created_at,
     UPDATED_AT: Timestamp = updated_at,
-    DOUBLE_PAYMENT_OF: Option<String> = double_payment_of,
+    DOUBLE_PAYMENT_OF: Option<PaymentId> = double_payment_of,
     SCANNED_AT: Option<Timestamp> = scanned_at,
     ATTEMPT: AttemptInfo = attempt,
     CHECKED_AT: Option<Timestamp> = checks.checked_at,
@@ -153,7 +154,7 @@ pub struct AttemptInfo {
 }
 
 impl Payment {
-    pub fn key(id: &str) -> Key {
+    pub fn key(id: &PaymentId) -> Key {
         keys::record(keys::Record::Payment, id)
     }
 
@@ -182,7 +183,7 @@ impl Record for Payment {
     fn entries(&self) -> Vec<Entry> {
         vec![Entry::gsi1(
             Payment::list_partition(&self.project_id, self.mode),
-            self.id.clone(),
+            self.id.to_string(),
         )]
     }
 }
@@ -230,9 +231,9 @@ impl From<Payment> for PaymentView {
     fn from(p: Payment) -> Self {
         PaymentView {
             livemode: p.mode.is_live(),
-            id: p.id,
-            project_id: p.project_id,
-            checkout_session_id: p.checkout_session_id,
+            id: p.id.into(),
+            project_id: p.project_id.into(),
+            checkout_session_id: p.checkout_session_id.into(),
             mode: p.mode,
             amount: p.amount,
             amount_refunded: p.amount_refunded,
@@ -247,7 +248,7 @@ impl From<Payment> for PaymentView {
             customer_phone: p.customer_phone.map(Phone::stored),
             created_at: p.created_at,
             updated_at: p.updated_at,
-            double_payment_of: p.double_payment_of,
+            double_payment_of: p.double_payment_of.map(String::from),
         }
     }
 }
@@ -266,14 +267,13 @@ pub async fn insert(store: &dyn Store, payment: &Payment) -> Result<(), StoreErr
 }
 
 /// The payment `id` of `tenant`; `None` for any other project's or
-/// mode's payment, exactly as for a missing one. One store read, none for
-/// an id that cannot exist.
+/// mode's payment, exactly as for a missing one. One store read.
 pub async fn find(
-    store: &dyn Store,
+    deps: &Deps,
     tenant: &Tenant,
-    id: &str,
+    id: &PaymentId,
 ) -> Result<Option<Payment>, StoreError> {
-    let Some(payment) = get(store, id).await? else {
+    let Some(payment) = get(&*deps.store, id).await? else {
         return Ok(None);
     };
     Ok(tenant
@@ -282,20 +282,18 @@ pub async fn find(
 }
 
 /// The payment `id` of any project (provider returns know it by id
-/// alone); no store read for an id that cannot exist.
-pub async fn get(store: &dyn Store, id: &str) -> Result<Option<Payment>, StoreError> {
-    if !ids::is_valid(id, IdKind::Payment) {
-        return Ok(None);
-    }
+/// alone).
+pub async fn get(store: &dyn Store, id: &PaymentId) -> Result<Option<Payment>, StoreError> {
     crate::domain::record::get(store, &Payment::key(id)).await
 }
 
 /// A page of the tenant's payments, newest first, and the total.
 pub async fn list(
-    store: &dyn Store,
+    deps: &Deps,
     tenant: &Tenant,
     window: Window,
 ) -> Result<(Vec<Payment>, u64), StoreError> {
+    let store = &*deps.store;
     let query = Query::partition(Payment::list_partition(&tenant.project, tenant.mode))
         .on(Index::Gsi1)
         .backward();
@@ -327,11 +325,12 @@ pub struct PaymentFilter {
 /// [`list`] narrowed by `filter` (a filter on the same index read, so a
 /// page costs what it examines), and the total that matches.
 pub async fn list_filtered(
-    store: &dyn Store,
+    deps: &Deps,
     tenant: &Tenant,
     filter: PaymentFilter,
     window: Window,
 ) -> Result<(Vec<Payment>, u64), StoreError> {
+    let store = &*deps.store;
     let mut conds = Vec::new();
     if let Some(s) = filter.status {
         conds.push(Payment::STATUS.eq(&s));
@@ -353,13 +352,27 @@ mod tests {
     use super::*;
     use crate::testenv::memory_store as store;
     use crate::time::{Clock, SystemClock};
+    use crate::{AppState, Config};
+    use std::sync::Arc;
+
+    /// A state on `store` (its clock is not read here).
+    fn deps(store: Arc<dyn Store>) -> AppState {
+        AppState::new(
+            store,
+            Arc::new(SystemClock),
+            Config {
+                public_base_url: "https://pay.example".into(),
+                events_base_url: None,
+            },
+        )
+    }
 
     fn payment(project: &str, mode: Mode, amount: i64) -> Payment {
         let now = SystemClock.now();
         Payment {
-            id: ids::new_id(IdKind::Payment),
+            id: PaymentId::new(),
             project_id: project.into(),
-            checkout_session_id: ids::new_id(IdKind::CheckoutSession),
+            checkout_session_id: SessionId::new(),
             mode,
             amount: Paisa::new(amount).unwrap_or_default(),
             amount_refunded: Paisa::ZERO,
@@ -387,20 +400,26 @@ mod tests {
     #[tokio::test]
     async fn a_payment_is_visible_only_to_its_project_and_mode() {
         let store = store();
+        let st = deps(store.clone());
         let p = payment("proj_a", Mode::Sandbox, 1000);
         assert!(insert(&*store, &p).await.is_ok());
-        let found = find(&*store, &Tenant::new("proj_a", Mode::Sandbox), &p.id).await;
+        let found = find(&st, &Tenant::new("proj_a", Mode::Sandbox), &p.id).await;
         assert_eq!(found.ok().flatten().map(|x| x.id), Some(p.id.clone()));
         assert_eq!(
-            find(&*store, &Tenant::new("proj_a", Mode::Live), &p.id).await,
+            find(&st, &Tenant::new("proj_a", Mode::Live), &p.id).await,
             Ok(None)
         );
         assert_eq!(
-            find(&*store, &Tenant::new("proj_b", Mode::Sandbox), &p.id).await,
+            find(&st, &Tenant::new("proj_b", Mode::Sandbox), &p.id).await,
             Ok(None)
         );
         assert_eq!(
-            find(&*store, &Tenant::new("proj_a", Mode::Sandbox), "pay_nope").await,
+            find(
+                &st,
+                &Tenant::new("proj_a", Mode::Sandbox),
+                &"pay_nope".into()
+            )
+            .await,
             Ok(None)
         );
         // A second insert of the same id never overwrites.
@@ -427,8 +446,9 @@ mod tests {
                 .is_ok()
         );
         ids_in_order.reverse();
+        let st = deps(store.clone());
         let Ok((page, total)) = list(
-            &*store,
+            &st,
             &Tenant::new("proj_a", Mode::Live),
             Window {
                 offset: 2,
@@ -440,10 +460,10 @@ mod tests {
             panic!()
         };
         assert_eq!(total, 7);
-        let got: Vec<String> = page.into_iter().map(|p| p.id).collect();
+        let got: Vec<PaymentId> = page.into_iter().map(|p| p.id).collect();
         assert_eq!(got, ids_in_order[2..5].to_vec());
         let Ok((tail, _)) = list(
-            &*store,
+            &st,
             &Tenant::new("proj_a", Mode::Live),
             Window {
                 offset: 6,
@@ -482,9 +502,10 @@ mod tests {
         let around = payment(&project.id, Mode::Live, 1);
         let item = around.to_item().unwrap();
         assert!(inner.put(item, None).await.is_ok());
-        let counting = CountingStore::new(inner);
+        let counting = Arc::new(CountingStore::new(inner));
+        let st = deps(counting.clone());
         let Ok((page, total)) = list(
-            &counting,
+            &st,
             &Tenant::new(project.id.clone(), Mode::Live),
             Window::first(25),
         )
@@ -495,7 +516,7 @@ mod tests {
         assert_eq!((page.len(), total), (8, 7));
         assert_eq!(counting.calls(), 2, "the page and the counter");
         let Ok((_, sandbox)) = list(
-            &counting,
+            &st,
             &Tenant::new(project.id.clone(), Mode::Sandbox),
             Window::first(25),
         )
@@ -559,12 +580,13 @@ mod tests {
             assert!(insert(&*store, &p).await.is_ok());
         }
         failed_esewa.reverse();
+        let st = deps(store.clone());
         let both = PaymentFilter {
             status: Some(PaymentStatus::Failed),
             provider: Some(Provider::Esewa),
         };
         let (page, total) = list_filtered(
-            &*store,
+            &st,
             &Tenant::new("proj_a", Mode::Sandbox),
             both,
             Window {
@@ -575,14 +597,14 @@ mod tests {
         .await
         .unwrap_or_default();
         assert_eq!(total, 3);
-        let got: Vec<String> = page.into_iter().map(|p| p.id).collect();
+        let got: Vec<PaymentId> = page.into_iter().map(|p| p.id).collect();
         assert_eq!(got, failed_esewa[1..].to_vec());
         let failed = PaymentFilter {
             status: Some(PaymentStatus::Failed),
             provider: None,
         };
         let (_, total) = list_filtered(
-            &*store,
+            &st,
             &Tenant::new("proj_a", Mode::Sandbox),
             failed,
             Window::first(25),
@@ -591,7 +613,7 @@ mod tests {
         .unwrap_or_default();
         assert_eq!(total, 6);
         let (_, total) = list_filtered(
-            &*store,
+            &st,
             &Tenant::new("proj_a", Mode::Sandbox),
             PaymentFilter::default(),
             Window::first(25),

@@ -17,6 +17,7 @@ use super::checkout::{
 use super::{Mode, Provider};
 use crate::app::Deps;
 use crate::fields::Description;
+use crate::ids::{PaymentId, SessionId};
 use crate::money::Currency;
 use crate::providers::Handoff;
 use crate::refusal::{Kind, Refusal};
@@ -154,10 +155,11 @@ pub async fn refresh(
 
 /// The QR of the session's open payment, if it has one.
 async fn open_qr(state: &Deps, session: &CheckoutSession) -> Result<Option<ShownQr>, QrError> {
-    let Some(payment_id) = &session.payment_id else {
+    let Some(payment_id) = session.payment_id.clone().map(PaymentId::from) else {
         return Ok(None);
     };
-    let payment = attempts::find_payment(&*state.store, &session.id, payment_id).await?;
+    let sid = SessionId::from(session.id.clone());
+    let payment = attempts::find_payment(state, &sid, &payment_id).await?;
     Ok(payment
         .filter(|p| p.status == super::payments::PaymentStatus::Pending)
         .and_then(|p| p.attempt.qr_message)
@@ -276,10 +278,11 @@ pub fn stream_events(
 /// it). Once per payment; `false` when it was already recorded or the
 /// payment is no longer open.
 pub async fn record_scan(
-    store: &dyn crate::store::Store,
-    payment_id: &str,
+    deps: &Deps,
+    payment_id: &PaymentId,
     now: Timestamp,
 ) -> Result<bool, StoreError> {
+    let store = &*deps.store;
     use super::payments::{Payment, PaymentStatus};
     use super::record::Changes;
     use crate::store::Cond;
@@ -371,6 +374,14 @@ mod tests {
         use crate::domain::payments::{Payment, PaymentStatus};
         let now = crate::testenv::at("2026-11-26T10:01:00Z");
         let store = crate::testenv::memory_store();
+        let st = crate::AppState::new(
+            store.clone(),
+            std::sync::Arc::new(crate::time::ManualClock::new(now)),
+            crate::Config {
+                public_base_url: "https://pay.example".into(),
+                events_base_url: None,
+            },
+        );
         let mut p: Payment = serde_json::from_value(serde_json::json!({
             "id": "pay_1", "project_id": "prj_1", "checkout_session_id": "cs_01",
             "mode": "sandbox", "amount": 50000, "currency": "NPR", "provider": "fonepay",
@@ -382,12 +393,16 @@ mod tests {
             .put(item, None)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        assert!(record_scan(&*store, "pay_1", now).await.unwrap_or(false));
+        assert!(
+            record_scan(&st, &"pay_1".into(), now)
+                .await
+                .unwrap_or(false)
+        );
         // Once only; an unknown payment is no error.
-        assert!(!record_scan(&*store, "pay_1", now).await.unwrap_or(true));
-        assert!(!record_scan(&*store, "pay_x", now).await.unwrap_or(true));
+        assert!(!record_scan(&st, &"pay_1".into(), now).await.unwrap_or(true));
+        assert!(!record_scan(&st, &"pay_x".into(), now).await.unwrap_or(true));
         let stored = store
-            .get(&Payment::key("pay_1"))
+            .get(&Payment::key(&"pay_1".into()))
             .await
             .ok()
             .flatten()

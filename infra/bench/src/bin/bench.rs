@@ -36,7 +36,7 @@ use shared::domain::outbox::{Event, EventType};
 use shared::domain::payments::{self, Payment, PaymentStatus, PaymentView};
 use shared::domain::webhooks::WebhookSettings;
 use shared::domain::{Mode, Provider};
-use shared::ids::{IdKind, new_id};
+use shared::ids::IdKind;
 use shared::money::{Currency, Paisa};
 use shared::store::counting::CountingStore;
 use shared::store::embedded::EmbeddedStore;
@@ -119,9 +119,9 @@ async fn main() -> std::result::Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     let payment = Payment {
-        id: new_id(IdKind::Payment),
-        project_id: project.id.clone(),
-        checkout_session_id: new_id(IdKind::CheckoutSession),
+        id: shared::ids::PaymentId::new(),
+        project_id: project.id.clone().into(),
+        checkout_session_id: shared::ids::SessionId::new(),
         mode: Mode::Live,
         amount: Paisa::new(150_000).map_err(|e| e.to_string())?,
         amount_refunded: Paisa::ZERO,
@@ -197,7 +197,7 @@ async fn main() -> std::result::Result<(), String> {
         let status = res.status().as_u16();
         let bytes = res.bytes().await.map_err(|e| e.to_string())?;
         calls.push((format!("GET {path}"), status, counting.calls() - before));
-        if path.ends_with(&payment.id) {
+        if path.ends_with(payment.id.as_str()) {
             body = bytes;
         }
     }
@@ -744,9 +744,9 @@ async fn webhooks_bench(cfg: WebhookBench) -> std::result::Result<(), String> {
     for i in 0..cfg.latency_events {
         let now = SystemClock.now();
         let payment = Payment {
-            id: new_id(IdKind::Payment),
-            project_id: project_id.clone(),
-            checkout_session_id: new_id(IdKind::CheckoutSession),
+            id: shared::ids::PaymentId::new(),
+            project_id: project_id.clone().into(),
+            checkout_session_id: shared::ids::SessionId::new(),
             mode: Mode::Sandbox,
             amount: Paisa::new(150_000).map_err(|e| err(&e))?,
             amount_refunded: Paisa::ZERO,
@@ -1041,7 +1041,7 @@ async fn reconciler_bench(junk: usize, genuine: usize) -> std::result::Result<()
                     return Err(format!("{url}: {}", res.status()));
                 }
             }
-            Ok::<String, String>(started.payment.id)
+            Ok::<String, String>(started.payment.id.to_string())
         }
     };
     let mut sweep_at = now.plus(chrono::Duration::minutes(2));
@@ -1085,7 +1085,7 @@ async fn reconciler_bench(junk: usize, genuine: usize) -> std::result::Result<()
             let ms = started.elapsed().as_secs_f64() * 1000.0;
             let mut settled = 0;
             for id in &ids {
-                let p = payments::get(&*store, id)
+                let p = payments::get(&*store, &shared::ids::PaymentId::stored(id.as_str()))
                     .await
                     .map_err(|e| e.to_string())?;
                 if p.is_some_and(|p| p.status == PaymentStatus::Success) {

@@ -45,7 +45,6 @@ use shared::domain::Mode;
 use shared::domain::Provider;
 use shared::domain::account::{self, KeyKind, NewKey, Plan, Scope};
 use shared::domain::payments::{self, Payment, PaymentStatus};
-use shared::ids::{IdKind, new_id};
 use shared::money::{Currency, Paisa};
 use tokio::sync::{Mutex, mpsc};
 
@@ -311,9 +310,9 @@ async fn main() -> Result<(), String> {
         .await
         .map_err(err)?;
     let payment = Payment {
-        id: new_id(IdKind::Payment),
-        project_id: p.id.clone(),
-        checkout_session_id: new_id(IdKind::CheckoutSession),
+        id: shared::ids::PaymentId::new(),
+        project_id: p.id.clone().into(),
+        checkout_session_id: shared::ids::SessionId::new(),
         mode: Mode::Live,
         amount: Paisa::new(1000).map_err(|e| e.to_string())?,
         amount_refunded: Paisa::ZERO,

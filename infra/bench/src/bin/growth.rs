@@ -24,7 +24,6 @@ use shared::domain::checkout::stats::Tally;
 use shared::domain::payments::{Payment, PaymentStatus};
 use shared::domain::record::Record;
 use shared::domain::{Mode, Provider};
-use shared::ids::{IdKind, new_id};
 use shared::money::{Currency, Paisa};
 use shared::store::Store;
 use shared::store::embedded::EmbeddedStore;
@@ -175,7 +174,7 @@ async fn fill(
             }
             let end = (next + PER_TX).min(to);
             let batch: Vec<Payment> = (next..end).map(|n| payment(project_id, now, n)).collect();
-            ids.extend(batch.iter().map(|p| p.id.clone()));
+            ids.extend(batch.iter().map(|p| p.id.to_string()));
             next = end;
             let store = store.clone();
             tasks.push(tokio::spawn(async move { write(&*store, batch).await }));
@@ -196,9 +195,9 @@ fn payment(project_id: &str, now: Timestamp, n: usize) -> Payment {
     let created = now.plus(chrono::Duration::minutes(-minutes));
     let failed = n % 4 == 3;
     Payment {
-        id: new_id(IdKind::Payment),
-        project_id: project_id.to_owned(),
-        checkout_session_id: new_id(IdKind::CheckoutSession),
+        id: shared::ids::PaymentId::new(),
+        project_id: project_id.to_owned().into(),
+        checkout_session_id: shared::ids::SessionId::new(),
         mode: Mode::Live,
         amount: Paisa::new(10_000 + (n as i64 % 500) * 100).unwrap_or_default(),
         amount_refunded: Paisa::ZERO,

@@ -3,7 +3,7 @@
 
 use super::review::hold_for_review;
 use super::settle::check_and_apply;
-use super::start::find_payment;
+use super::start::payment_of;
 use super::sweep::claim_check;
 use super::{AttemptError, POLL_CHECK_EVERY, is_open};
 use crate::app::Deps;
@@ -11,6 +11,7 @@ use crate::domain::Provider;
 use crate::domain::checkout::{self, CheckoutSession};
 use crate::domain::payments::{Payment, PaymentStatus};
 use crate::domain::record::word;
+use crate::ids::{PaymentId, SessionId};
 use crate::providers::{self, esewa, fonepay, khalti};
 use crate::time::Timestamp;
 
@@ -148,14 +149,14 @@ fn providers_clip(s: &str) -> String {
 /// another amount) holds the payment for review.
 pub async fn on_return(
     state: &Deps,
-    session_id: &str,
-    payment_id: &str,
+    session_id: &SessionId,
+    payment_id: &PaymentId,
     kind: ReturnKind,
     params: &str,
     now: Timestamp,
 ) -> Result<(CheckoutSession, Payment), AttemptError> {
     let store = &*state.store;
-    let payment = find_payment(store, session_id, payment_id)
+    let payment = payment_of(store, session_id, payment_id)
         .await?
         .ok_or(AttemptError::NotFound)?;
     let mut payment = payment;

@@ -4,8 +4,10 @@
 use super::settle::{Decision, apply};
 use super::{due_sk, open_payments_partition, status_in};
 use crate::app::Deps;
+use crate::domain::Tenant;
 use crate::domain::payments::{Payment, PaymentStatus};
 use crate::domain::record::{Changes, Gsi2Entry, from_item};
+use crate::ids::PaymentId;
 use crate::keys;
 use crate::store::{Cond, Index, Query, Store, StoreError};
 use crate::time::Timestamp;
@@ -72,7 +74,7 @@ pub enum ReleaseError {
 /// provider's answer (its event, its session, counters). Logged.
 pub async fn release(
     state: &Deps,
-    id: &str,
+    id: &PaymentId,
     decision: Release,
     now: Timestamp,
 ) -> Result<Payment, ReleaseError> {
@@ -85,7 +87,8 @@ pub async fn release(
     };
     // The registry first: the partition the payment goes back to must be
     // one the sweep finds.
-    crate::domain::active::touch_now(store, &p.project_id, p.mode, now).await?;
+    crate::domain::active::touch_now(store, &Tenant::new(p.project_id.clone(), p.mode), now)
+        .await?;
     // Due now for a recheck; a few minutes on when the decision follows at
     // once, so a sweep running meanwhile does not judge it first.
     let due = match decision {

@@ -3,7 +3,7 @@
 
 use super::returns::ReturnKind;
 use super::review::{hold_update, holdable};
-use super::start::find_payment;
+use super::start::payment_of;
 use super::sweep::claim_check;
 use super::{
     ABANDONED_AFTER, AttemptError, POLL_CHECK_EVERY, RECHECK_CANCELLED, due_sk, is_open,
@@ -17,6 +17,7 @@ use crate::domain::links::PaymentLink;
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::payments::{Payment, PaymentStatus, PaymentView};
 use crate::domain::record::{Changes, Gsi2Entry, from_item};
+use crate::ids::{PaymentId, SessionId};
 use crate::providers::{ProviderState, ProviderStatus, StatusQuery};
 use crate::store::{Cond, Index, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
@@ -481,14 +482,14 @@ fn flag_double_payment(
     next: &mut Payment,
     update: Changes<Payment>,
 ) -> Changes<Payment> {
-    next.double_payment_of = s.payment_id.clone();
+    next.double_payment_of = s.payment_id.clone().map(Into::into);
     tracing::error!(
         payment = %p.id,
         first = ?s.payment_id,
         session = %s.id,
         "double payment: a second attempt of one session succeeded; flagged for refund"
     );
-    update.set(Payment::DOUBLE_PAYMENT_OF, &s.payment_id)
+    update.set(Payment::DOUBLE_PAYMENT_OF, &next.double_payment_of)
 }
 
 /// The session `s` becomes paid by `p` (success is final: a session
@@ -506,7 +507,7 @@ fn session_paid_ops(
         key: CheckoutSession::key(&s.id),
         update: Changes::new()
             .set(CheckoutSession::STATUS, &SessionStatus::Success)
-            .set_some(CheckoutSession::PAYMENT_ID, &p.id)
+            .set_some(CheckoutSession::PAYMENT_ID, p.id.as_str())
             .set_some(CheckoutSession::PROVIDER, &p.provider)
             .set(CheckoutSession::UPDATED_AT, &now)
             .unindex(Index::Gsi2)
@@ -661,7 +662,7 @@ fn session_after_attempt_ops(
         key: CheckoutSession::key(&s.id),
         update: session_update.into(),
         cond: Some(Cond::And(vec![
-            CheckoutSession::PAYMENT_ID.is(&p.id),
+            CheckoutSession::PAYMENT_ID.is(p.id.as_str()),
             CheckoutSession::STATUS.eq(&SessionStatus::Initiated),
         ])),
     }];
@@ -744,10 +745,11 @@ async fn poll_session(
     qr_only: bool,
 ) -> Result<(CheckoutSession, Option<Payment>), AttemptError> {
     let store = &*state.store;
-    let Some(pid) = session.payment_id.clone() else {
+    let Some(pid) = session.payment_id.clone().map(PaymentId::from) else {
         return Ok((session, None));
     };
-    let Some(payment) = find_payment(store, &session.id, &pid).await? else {
+    let sid = SessionId::from(session.id.clone());
+    let Some(payment) = payment_of(store, &sid, &pid).await? else {
         return Ok((session, None));
     };
     if !is_open(payment.status)

@@ -11,7 +11,7 @@ use crate::domain::fonepay_cap::{self, CapError};
 use crate::domain::payments::{AttemptInfo, Payment, PaymentStatus};
 use crate::domain::record::{Changes, Record};
 use crate::domain::{Provider, Tenant, account};
-use crate::ids::{self, IdKind};
+use crate::ids::{PaymentId, SessionId};
 use crate::money::Currency;
 use crate::providers::{self, Attempt, Channel, CustomerInfo, Handoff, ProviderError};
 use crate::store::{Cond, Store, StoreError, TxOp, TxReason};
@@ -306,9 +306,9 @@ fn pending_payment(
     now: Timestamp,
 ) -> Payment {
     Payment {
-        id: ids::new_id(IdKind::Payment),
-        project_id: session.project_id.clone(),
-        checkout_session_id: session.id.clone(),
+        id: PaymentId::new(),
+        project_id: session.project_id.clone().into(),
+        checkout_session_id: session.id.clone().into(),
         mode: session.mode,
         amount: session.amount,
         amount_refunded: Default::default(),
@@ -365,8 +365,9 @@ async fn record_start(
     // void a started attempt; its customer may still finish it, so it is
     // re-checked for a day like any cancel, and its Fonepay cap hold stays
     // until it lapses).
-    if let Some(prev) = &session.payment_id {
-        if let Some(prev) = find_payment(store, &session.id, prev).await? {
+    if let Some(prev) = session.payment_id.clone().map(PaymentId::from) {
+        let sid = SessionId::from(session.id.clone());
+        if let Some(prev) = payment_of(store, &sid, &prev).await? {
             ops.extend(supersede_ops(&prev, now)?);
         }
     }
@@ -375,7 +376,12 @@ async fn record_start(
         (link, ops.len() - 1)
     });
     start_tally(session, payment).apply_to(&mut ops)?;
-    crate::domain::active::touch(store, &session.project_id, session.mode, now).await?;
+    crate::domain::active::touch(
+        store,
+        &Tenant::new(session.project_id.clone(), session.mode),
+        now,
+    )
+    .await?;
     match transact_start(store, ops).await {
         Ok(()) => Ok(()),
         Err(e) => {
@@ -396,7 +402,7 @@ fn started_session_update(
     let mut update = Changes::new()
         .add(CheckoutSession::ATTEMPTS, 1)
         .set(CheckoutSession::STATUS, &SessionStatus::Initiated)
-        .set_some(CheckoutSession::PAYMENT_ID, &payment.id)
+        .set_some(CheckoutSession::PAYMENT_ID, payment.id.as_str())
         .set_some(CheckoutSession::PROVIDER, &payment.provider)
         .set(CheckoutSession::UPDATED_AT, &now);
     if claims_link {
@@ -512,7 +518,7 @@ async fn handed_off(
 ) -> Result<Started, AttemptError> {
     let payment = record_handoff(state, payment, &handoff).await?;
     session.status = SessionStatus::Initiated;
-    session.payment_id = Some(payment.id.clone());
+    session.payment_id = Some(payment.id.clone().into());
     session.provider = Some(payment.provider);
     session.attempts += 1;
     session.updated_at = now;
@@ -675,11 +681,20 @@ async fn release_hold(store: &dyn Store, project_id: &str, reference: &str, mont
 
 /// The payment `payment_id` of session `session_id`.
 pub async fn find_payment(
+    deps: &Deps,
+    session_id: &SessionId,
+    payment_id: &PaymentId,
+) -> Result<Option<Payment>, StoreError> {
+    payment_of(&*deps.store, session_id, payment_id).await
+}
+
+/// [`find_payment`] in `store`.
+pub(super) async fn payment_of(
     store: &dyn Store,
-    session_id: &str,
-    payment_id: &str,
+    session_id: &SessionId,
+    payment_id: &PaymentId,
 ) -> Result<Option<Payment>, StoreError> {
     Ok(crate::domain::payments::get(store, payment_id)
         .await?
-        .filter(|p| p.checkout_session_id == session_id))
+        .filter(|p| p.checkout_session_id == *session_id))
 }

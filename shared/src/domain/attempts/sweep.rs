@@ -306,8 +306,12 @@ pub async fn sweep(state: &Deps, now: Timestamp) -> Result<SweepReport, StoreErr
             // project's partitions (a cancel re-checked): the project must
             // be in the registry that finds them.
             if p.checks.recheck_until.is_none_or(|u| u > now) {
-                if let Err(e) =
-                    crate::domain::active::touch(store, &p.project_id, p.mode, now).await
+                if let Err(e) = crate::domain::active::touch(
+                    store,
+                    &Tenant::new(p.project_id.clone(), p.mode),
+                    now,
+                )
+                .await
                 {
                     return (p, Some(Err(e.into())));
                 }

@@ -11,7 +11,7 @@ use crate::domain::outbox;
 use crate::domain::outbox::EventType;
 use crate::domain::payments::{AttemptInfo, PaymentView};
 use crate::domain::{Tenant, checkout};
-use crate::ids::{self, IdKind};
+use crate::ids::PaymentId;
 use crate::money::Currency;
 use crate::money::Paisa;
 use crate::providers::ProviderCredentials;
@@ -149,9 +149,9 @@ async fn add_attempt(
     now: Timestamp,
 ) -> Payment {
     let p = Payment {
-        id: ids::new_id(IdKind::Payment),
-        project_id: session.project_id.clone(),
-        checkout_session_id: session.id.clone(),
+        id: PaymentId::new(),
+        project_id: session.project_id.clone().into(),
+        checkout_session_id: session.id.clone().into(),
         mode: session.mode,
         amount: session.amount,
         amount_refunded: Paisa::ZERO,
@@ -188,7 +188,7 @@ async fn add_attempt(
                 key: CheckoutSession::key(&session.id),
                 update: Update::new()
                     .set("status", "initiated")
-                    .set("payment_id", p.id.clone()),
+                    .set("payment_id", p.id.as_str()),
                 cond: None,
             },
         ])
@@ -206,7 +206,7 @@ async fn load(st: &Deps, p: &Payment) -> (CheckoutSession, Payment) {
     .await
     .unwrap()
     .unwrap();
-    let p = find_payment(&*st.store, &s.id, &p.id)
+    let p = find_payment(st, &s.id.clone().into(), &p.id)
         .await
         .unwrap()
         .unwrap();
@@ -589,7 +589,7 @@ async fn a_person_lists_and_releases_held_payments() {
         assert_eq!(h.status, PaymentStatus::Processing);
         ps.push(p);
     }
-    let listed: Vec<String> = held(&*st.store, 10)
+    let listed: Vec<PaymentId> = held(&*st.store, 10)
         .await
         .unwrap()
         .into_iter()
@@ -613,7 +613,7 @@ async fn a_person_lists_and_releases_held_payments() {
     assert!(
         events(&st)
             .await
-            .contains(&(EventType::PaymentSucceeded, ps[0].id.clone()))
+            .contains(&(EventType::PaymentSucceeded, ps[0].id.to_string()))
     );
     let no = release(
         &st,
@@ -631,7 +631,7 @@ async fn a_person_lists_and_releases_held_payments() {
         (back.status, back.checks.review),
         (PaymentStatus::Processing, None)
     );
-    let due: Vec<String> = due_now(&*st.store, later)
+    let due: Vec<PaymentId> = due_now(&*st.store, later)
         .await
         .into_iter()
         .map(|p| p.id)
@@ -643,7 +643,7 @@ async fn a_person_lists_and_releases_held_payments() {
         Err(ReleaseError::NotHeld)
     ));
     assert!(matches!(
-        release(&st, "pay_missing", Release::Recheck, later).await,
+        release(&st, &"pay_missing".into(), Release::Recheck, later).await,
         Err(ReleaseError::NotFound)
     ));
 }
@@ -820,7 +820,7 @@ async fn success_settles_payment_and_session_with_one_event() {
     assert_eq!(s.payment_id.as_deref(), Some(p.id.as_str()));
     assert_eq!(
         events(&st).await,
-        vec![(EventType::PaymentSucceeded, p.id.clone())]
+        vec![(EventType::PaymentSucceeded, p.id.to_string())]
     );
     // Settled payments leave the sweep's index; so does the session.
     assert!(
@@ -864,7 +864,7 @@ async fn racing_settlements_write_one_success_and_one_event() {
     }
     assert_eq!(
         events(&st).await,
-        vec![(EventType::PaymentSucceeded, p.id.clone())]
+        vec![(EventType::PaymentSucceeded, p.id.to_string())]
     );
 }
 
@@ -924,8 +924,8 @@ async fn cancel_returns_to_the_picker_and_decline_ends_the_session() {
     assert_eq!(
         events(&st).await,
         vec![
-            (EventType::PaymentFailed, p2.id.clone()),
-            (EventType::PaymentCancelled, p.id.clone()),
+            (EventType::PaymentFailed, p2.id.to_string()),
+            (EventType::PaymentCancelled, p.id.to_string()),
         ]
     );
 }
@@ -1071,7 +1071,7 @@ async fn an_attempt_the_provider_refused_fails_but_keeps_the_session_open() {
     assert_eq!(load(&st, &p).await.0.status, SessionStatus::Pending);
     assert_eq!(
         events(&st).await,
-        vec![(EventType::PaymentFailed, p.id.clone())]
+        vec![(EventType::PaymentFailed, p.id.to_string())]
     );
 }
 

@@ -781,7 +781,12 @@ pub async fn create(
         .provider
         .filter(|p| !is_enabled(*p, creator.mode, false));
     let spend = spend_op(creator, valid.amount.get(), now)?;
-    crate::domain::active::touch(store, &creator.project_id, creator.mode, now).await?;
+    crate::domain::active::touch(
+        store,
+        &Tenant::new(creator.project_id.clone(), creator.mode),
+        now,
+    )
+    .await?;
     let session = new_session(creator, valid, now);
     let mut ops = vec![session.put_new()?];
     let counter_at = spend.map(|op| {

@@ -42,7 +42,7 @@ pub async fn checkout(
 ) -> Result<(CheckoutSession, bool), InvoiceError> {
     let store = &*state.store;
     let tenant = Tenant::new(payer.project_id.clone(), payer.mode);
-    let (project_id, mode) = (payer.project_id.as_str(), payer.mode);
+    let mode = payer.mode;
     check_provider_offered(store, &tenant, body.provider).await?;
     for attempt in 0..8 {
         let inv = get(store, &tenant, id).await?;
@@ -96,7 +96,7 @@ pub async fn checkout(
         // index above is read on failure).
         tally.session_created(&session);
         tally.apply_to(&mut ops)?;
-        crate::domain::active::touch(store, project_id, mode, now).await?;
+        crate::domain::active::touch(store, &tenant, now).await?;
         match store.transact(ops).await {
             Ok(()) => return Ok((session, false)),
             Err(StoreError::TransactionCanceled { reasons })

@@ -35,8 +35,8 @@ pub(super) async fn current_checkout(
     else {
         return Ok(None);
     };
-    let payment = match &session.payment_id {
-        Some(pid) => payments::get(store, pid).await?,
+    let payment = match session.payment_id.clone() {
+        Some(pid) => payments::get(store, &pid.into()).await?,
         None => None,
     };
     Ok(Some(CurrentCheckout { session, payment }))

@@ -3,6 +3,7 @@
 
 use super::manage::{get, text};
 use super::{PaymentLink, below_max_uses, held_text};
+use crate::domain::Tenant;
 use crate::domain::checkout::{self, CheckoutError, MAX_AMOUNT_PAISA};
 use crate::domain::record::{Changes, Record};
 use crate::fields::{Email, PersonName, Phone, Rule};
@@ -195,7 +196,12 @@ pub async fn open_session(
     let mut tally = checkout::stats::Tally::new();
     tally.session_created(&session);
     tally.apply_to(&mut ops)?;
-    crate::domain::active::touch(store, &session.project_id, session.mode, now).await?;
+    crate::domain::active::touch(
+        store,
+        &Tenant::new(session.project_id.clone(), session.mode),
+        now,
+    )
+    .await?;
     for attempt in 0..6u64 {
         match store.transact(ops.clone()).await {
             Ok(()) => return Ok(session),

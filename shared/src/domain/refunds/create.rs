@@ -8,9 +8,9 @@ use super::{Refund, RefundReason, RefundStatus, TRIES};
 use crate::app::Deps;
 use crate::domain::payments::{Payment, PaymentStatus};
 use crate::domain::record::{self, Changes, Record};
-use crate::domain::{Mode, Provider, Tenant};
+use crate::domain::{Provider, Tenant};
 use crate::fields::{NepaliMobile, RefundNotes};
-use crate::ids::{self, IdKind};
+use crate::ids::{PaymentId, RefundId};
 use crate::money::{Currency, Paisa};
 use crate::providers::ProviderError;
 use crate::refusal::{Kind, Refusal};
@@ -74,6 +74,18 @@ impl From<RefundError> for Refusal {
     }
 }
 
+impl CreateRefund {
+    /// The payment the body names, parsed; a `payment_id` that cannot be
+    /// a payment's is refused as an unknown payment is (after the amount,
+    /// which is checked first).
+    pub fn payment(&self) -> Result<PaymentId, RefundError> {
+        match PaymentId::parse(&self.payment_id) {
+            Some(id) => Ok(id),
+            None => Err(validate(self).err().unwrap_or(RefundError::PaymentNotFound)),
+        }
+    }
+}
+
 fn invalid(field: &'static str, message: impl Into<String>) -> RefundError {
     RefundError::Invalid {
         field,
@@ -99,11 +111,8 @@ pub(super) fn validate(req: &CreateRefund) -> Result<(), RefundError> {
 /// The payment as stored and its reserved refund total.
 async fn payment_with_reserved(
     store: &dyn Store,
-    id: &str,
+    id: &PaymentId,
 ) -> Result<Option<(Payment, i64)>, StoreError> {
-    if !ids::is_valid(id, IdKind::Payment) {
-        return Ok(None);
-    }
     let payment: Option<Payment> = record::get(store, &Payment::key(id)).await?;
     Ok(payment.map(|p| {
         let reserved = p.amount_reserved.get();
@@ -126,19 +135,21 @@ fn not_refundable(p: &Payment) -> RefundError {
     }
 }
 
-/// Creates a refund of a payment of `project_id` in `mode` and, for
-/// Khalti, asks Khalti once. A request whose first run already committed
-/// (its fence is there) answers that run's refund.
+/// Creates a refund of payment `payment_id` (the body's, parsed: see
+/// [`CreateRefund::payment`]) of `tenant` and, for Khalti, asks Khalti
+/// once. A request whose first run already committed (its fence is there)
+/// answers that run's refund.
 pub async fn create(
     state: &Deps,
     tenant: &Tenant,
+    payment_id: PaymentId,
     req: CreateRefund,
     now: Timestamp,
     fence: Option<&Fence>,
 ) -> Result<Refund, RefundError> {
     let request = RefundRequest {
-        project_id: &tenant.project,
-        mode: tenant.mode,
+        tenant,
+        payment_id,
         body: req,
         channel: Channel::Api,
         now,
@@ -157,14 +168,14 @@ pub enum Channel {
     Dashboard,
 }
 
-/// A refund asked for: by the project and mode of the key (or dashboard
-/// session) that asks, what it sent, from where, when, and the request's
-/// idempotency fence (a retry whose first run committed answers that
-/// run's refund).
+/// A refund asked for: by the tenant of the key (or dashboard session)
+/// that asks, of which payment (the body's `payment_id`, parsed), what it
+/// sent, from where, when, and the request's idempotency fence (a retry
+/// whose first run committed answers that run's refund).
 #[derive(Clone, Debug)]
 pub struct RefundRequest<'a> {
-    pub project_id: &'a str,
-    pub mode: Mode,
+    pub tenant: &'a Tenant,
+    pub payment_id: PaymentId,
     pub body: CreateRefund,
     pub channel: Channel,
     pub now: Timestamp,
@@ -179,8 +190,8 @@ pub async fn create_via(
     extra: impl FnOnce(&Refund) -> Result<Vec<TxOp>, StoreError>,
 ) -> Result<Refund, RefundError> {
     let RefundRequest {
-        project_id,
-        mode,
+        tenant,
+        payment_id,
         body: req,
         channel,
         now,
@@ -188,10 +199,10 @@ pub async fn create_via(
     } = request;
     validate(&req)?;
     let store = &*state.store;
-    let Some((payment, reserved)) = payment_with_reserved(store, &req.payment_id).await? else {
+    let Some((payment, reserved)) = payment_with_reserved(store, &payment_id).await? else {
         return Err(RefundError::PaymentNotFound);
     };
-    if payment.project_id != project_id || payment.mode != mode {
+    if !tenant.owns(&payment.project_id, payment.mode) {
         return Err(RefundError::PaymentNotFound);
     }
     match refused(&payment, reserved, req.amount, channel) {
@@ -204,7 +215,7 @@ pub async fn create_via(
         }
     }
     let amount = Paisa::new(req.amount).map_err(|e| invalid("amount", e.to_string()))?;
-    let refund = new_refund(project_id, mode, &payment, amount, req, now);
+    let refund = new_refund(tenant, &payment, amount, req, now);
     let mut ops = reservation_ops(&payment, &refund)?;
     ops.extend(extra(&refund)?);
     let fence_at = fence.map(|f| {
@@ -309,8 +320,7 @@ fn provider_route(payment: &Payment, amount: Paisa) -> (RefundStatus, Option<Str
 
 /// The refund of `amount` of `payment` as it is created.
 fn new_refund(
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     payment: &Payment,
     amount: Paisa,
     req: CreateRefund,
@@ -318,10 +328,10 @@ fn new_refund(
 ) -> Refund {
     let (status, failure_reason) = provider_route(payment, amount);
     Refund {
-        id: ids::new_id(IdKind::Refund),
-        project_id: project_id.to_owned(),
+        id: RefundId::new(),
+        project_id: tenant.project.clone(),
         payment_id: payment.id.clone(),
-        mode,
+        mode: tenant.mode,
         provider: payment.provider,
         amount,
         currency: Currency::Npr,
@@ -376,7 +386,7 @@ async fn write_refund(
     store: &dyn Store,
     ops: Vec<TxOp>,
     fence_at: Option<(&Fence, usize)>,
-    payment_id: &str,
+    payment_id: &PaymentId,
     amount: i64,
 ) -> Result<Option<Refund>, RefundError> {
     let mut tries = 0;
@@ -413,13 +423,13 @@ async fn first_run(store: &dyn Store, fence: Option<&Fence>) -> Result<Option<Re
         return Ok(None);
     };
     match f.resource_id(store).await? {
-        Some(first) => get(store, &first).await,
+        Some(first) => get(store, &RefundId::stored(first)).await,
         None => Ok(None),
     }
 }
 
 /// Why the reservation did not fit, as the payment now stands.
-async fn balance_error(store: &dyn Store, payment_id: &str, amount: i64) -> RefundError {
+async fn balance_error(store: &dyn Store, payment_id: &PaymentId, amount: i64) -> RefundError {
     match payment_with_reserved(store, payment_id).await {
         Ok(Some((p, reserved))) if p.status == PaymentStatus::Success => {
             RefundError::ExceedsBalance {

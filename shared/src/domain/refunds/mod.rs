@@ -28,6 +28,7 @@ use super::Provider;
 use super::checkout::open_partition;
 use crate::domain::record::{Entry, Record};
 use crate::fields::{NepaliMobile, RefundNotes};
+use crate::ids::{PaymentId, ProjectId, RefundId};
 use crate::keys;
 use crate::money::{Currency, Paisa};
 use crate::store::Key;
@@ -89,9 +90,9 @@ pub enum RefundReason {
 /// A stored refund.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Refund {
-    pub id: String,
-    pub project_id: String,
-    pub payment_id: String,
+    pub id: RefundId,
+    pub project_id: ProjectId,
+    pub payment_id: PaymentId,
     pub mode: Mode,
     pub provider: Provider,
     pub amount: Paisa,
@@ -111,9 +112,9 @@ pub struct Refund {
 }
 
 crate::attrs! { Refund {
-    ID: String = id,
-    PROJECT_ID: String = project_id,
-    PAYMENT_ID: String = payment_id,
+    ID: RefundId = id,
+    PROJECT_ID: ProjectId = project_id,
+    PAYMENT_ID: PaymentId = payment_id,
     MODE: Mode = mode,
     PROVIDER: Provider = provider,
     AMOUNT: Paisa = amount,
@@ -129,7 +130,7 @@ crate::attrs! { Refund {
 } }
 
 impl Refund {
-    pub fn key(id: &str) -> Key {
+    pub fn key(id: &RefundId) -> Key {
         keys::record(keys::Record::Refund, id)
     }
 
@@ -164,9 +165,12 @@ impl Record for Refund {
         vec![
             Entry::gsi1(
                 Refund::list_partition(&self.project_id, self.mode),
-                self.id.clone(),
+                self.id.to_string(),
             ),
-            Entry::gsi2(Refund::payment_partition(&self.payment_id), self.id.clone()),
+            Entry::gsi2(
+                Refund::payment_partition(&self.payment_id),
+                self.id.to_string(),
+            ),
         ]
     }
 }
@@ -175,14 +179,14 @@ impl Record for Refund {
 /// the item holds its id.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct OpenRefund {
-    pub id: String,
+    pub id: RefundId,
     /// Its sort key in the queue: the item's `sk`, not an attribute.
     #[serde(skip)]
     queued_at: String,
 }
 
 crate::attrs! { OpenRefund {
-    ID: String = id,
+    ID: RefundId = id,
 } }
 
 impl Record for OpenRefund {
@@ -228,9 +232,9 @@ impl From<Refund> for RefundView {
     fn from(r: Refund) -> Self {
         RefundView {
             livemode: r.mode.is_live(),
-            id: r.id,
-            payment_id: r.payment_id,
-            project_id: r.project_id,
+            id: r.id.into(),
+            payment_id: r.payment_id.into(),
+            project_id: r.project_id.into(),
             mode: r.mode,
             amount: r.amount,
             currency: r.currency,

@@ -12,7 +12,7 @@ use crate::domain::outbox::{Event, EventType};
 use crate::domain::payments::{self, Payment, PaymentStatus, PaymentView};
 use crate::domain::record::{self, Changes, from_item};
 use crate::domain::{Tenant, Window};
-use crate::ids::{self, IdKind};
+use crate::ids::{PaymentId, RefundId};
 use crate::keys;
 use crate::money::Paisa;
 use crate::providers::{ProviderState, StatusQuery};
@@ -84,7 +84,7 @@ pub(super) async fn resolve(
 /// only the first caller to see the full amount can commit.
 async fn mark_refunded(
     store: &dyn Store,
-    payment_id: &str,
+    payment_id: &PaymentId,
     now: Timestamp,
 ) -> Result<(), StoreError> {
     let Some(p) = payments::get(store, payment_id).await? else {
@@ -202,20 +202,17 @@ pub(super) fn event(kind: EventType, r: &Refund, now: Timestamp) -> Result<Vec<T
 }
 
 /// The refund `id` of any project.
-pub(super) async fn get(store: &dyn Store, id: &str) -> Result<Option<Refund>, StoreError> {
-    if !ids::is_valid(id, IdKind::Refund) {
-        return Ok(None);
-    }
+pub(super) async fn get(store: &dyn Store, id: &RefundId) -> Result<Option<Refund>, StoreError> {
     crate::domain::record::get(store, &Refund::key(id)).await
 }
 
-/// The refund `id` of `project_id` in `mode` (else `None`, as if missing).
+/// The refund `id` of `tenant` (else `None`, as if missing).
 pub async fn find(
-    store: &dyn Store,
+    deps: &Deps,
     tenant: &Tenant,
-    id: &str,
+    id: &RefundId,
 ) -> Result<Option<Refund>, StoreError> {
-    Ok(get(store, id)
+    Ok(get(&*deps.store, id)
         .await?
         .filter(|r| tenant.owns(&r.project_id, r.mode)))
 }
@@ -223,38 +220,38 @@ pub async fn find(
 /// A page of the project's refunds in `mode`, newest first, optionally of
 /// one payment, and the total.
 pub async fn list(
-    store: &dyn Store,
+    deps: &Deps,
     tenant: &Tenant,
-    payment_id: Option<&str>,
+    payment_id: Option<&PaymentId>,
     window: Window,
 ) -> Result<(Vec<Refund>, u64), StoreError> {
     let query = match payment_id {
         Some(pid) => {
             // Another project's (or a missing) payment lists nothing.
-            if payments::find(store, tenant, pid).await?.is_none() {
+            if payments::find(deps, tenant, pid).await?.is_none() {
                 return Ok((Vec::new(), 0));
             }
-            return of_payment(store, pid, window).await;
+            return of_payment(deps, pid, window).await;
         }
         None => Query::partition(Refund::list_partition(&tenant.project, tenant.mode))
             .on(Index::Gsi1)
             .backward(),
     };
-    crate::domain::record::page_of(store, &query, window).await
+    crate::domain::record::page_of(&*deps.store, &query, window).await
 }
 
 /// A page of the refunds of `payment_id`, newest first, and the total,
 /// for a caller that has already found the payment in its project and
 /// mode (the dashboard's payment page); [`list`] checks that itself.
 pub async fn of_payment(
-    store: &dyn Store,
-    payment_id: &str,
+    deps: &Deps,
+    payment_id: &PaymentId,
     window: Window,
 ) -> Result<(Vec<Refund>, u64), StoreError> {
     let query = Query::partition(Refund::payment_partition(payment_id))
         .on(Index::Gsi2)
         .backward();
-    crate::domain::record::page_of(store, &query, window).await
+    crate::domain::record::page_of(&*deps.store, &query, window).await
 }
 
 /// What one refund sweep did.
@@ -283,9 +280,8 @@ pub async fn sweep(state: &Deps, now: Timestamp) -> Result<RefundSweep, StoreErr
             let Ok(OpenRefund { id, .. }) = from_item(item) else {
                 continue;
             };
-            let id = id.as_str();
             report.checked += 1;
-            match resolve_one(state, id, now).await {
+            match resolve_one(state, &id, now).await {
                 Ok(true) => report.resolved += 1,
                 Ok(false) => {}
                 Err(e) => {
@@ -298,7 +294,7 @@ pub async fn sweep(state: &Deps, now: Timestamp) -> Result<RefundSweep, StoreErr
     Ok(report)
 }
 
-async fn resolve_one(state: &Deps, id: &str, now: Timestamp) -> Result<bool, StoreError> {
+async fn resolve_one(state: &Deps, id: &RefundId, now: Timestamp) -> Result<bool, StoreError> {
     let store = &*state.store;
     let Some(refund) = get(store, id).await? else {
         return Ok(false);

@@ -7,7 +7,7 @@ use crate::domain::outbox::EventType;
 use crate::domain::payments::AttemptInfo;
 use crate::domain::payments::{self, Payment, PaymentStatus};
 use crate::domain::{Tenant, Window, outbox};
-use crate::ids::{self, IdKind};
+use crate::ids::{PaymentId, RefundId, SessionId};
 use crate::providers::ProviderState;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::{Store, TxOp, Update};
@@ -30,9 +30,9 @@ fn state(now: Timestamp) -> AppState {
 async fn paid(st: &Deps, provider: Provider, amount: i64) -> Payment {
     let now = at("2026-11-22T10:00:00Z");
     let p = Payment {
-        id: ids::new_id(IdKind::Payment),
+        id: PaymentId::new(),
         project_id: "proj_1".into(),
-        checkout_session_id: ids::new_id(IdKind::CheckoutSession),
+        checkout_session_id: SessionId::new(),
         mode: Mode::Sandbox,
         amount: Paisa::new(amount).unwrap(),
         amount_refunded: Paisa::ZERO,
@@ -61,7 +61,7 @@ async fn paid(st: &Deps, provider: Provider, amount: i64) -> Payment {
 
 fn ask(payment: &Payment, amount: i64) -> CreateRefund {
     CreateRefund {
-        payment_id: payment.id.clone(),
+        payment_id: payment.id.to_string(),
         amount,
         reason: RefundReason::CustomerRequest,
         notes: None,
@@ -99,7 +99,16 @@ async fn fifty_racing_refunds_of_thirty_percent_reserve_at_most_the_amount() {
         let st = st.clone();
         let req = ask(&p, 30_000);
         tasks.push(tokio::spawn(async move {
-            create(&st, &Tenant::new("proj_1", Mode::Sandbox), req, now, None).await
+            let pid = req.payment().unwrap();
+            create(
+                &st,
+                &Tenant::new("proj_1", Mode::Sandbox),
+                pid,
+                req,
+                now,
+                None,
+            )
+            .await
         }));
     }
     let (mut ok, mut over) = (0, 0);
@@ -116,7 +125,7 @@ async fn fifty_racing_refunds_of_thirty_percent_reserve_at_most_the_amount() {
     assert_eq!((ok, over), (3, 47));
     assert_eq!(reserved(&st, &p).await, 90_000);
     let (listed, total) = list(
-        &*st.store,
+        &st,
         &Tenant::new("proj_1", Mode::Sandbox),
         Some(&p.id),
         Window::first(100),
@@ -135,6 +144,7 @@ async fn refunds_are_refused_for_other_projects_fonepay_and_unpaid_payments() {
         create(
             &st,
             &Tenant::new("proj_2", Mode::Sandbox),
+            p.id.clone(),
             ask(&p, 100),
             now,
             None
@@ -146,6 +156,7 @@ async fn refunds_are_refused_for_other_projects_fonepay_and_unpaid_payments() {
         create(
             &st,
             &Tenant::new("proj_1", Mode::Live),
+            p.id.clone(),
             ask(&p, 100),
             now,
             None
@@ -157,6 +168,7 @@ async fn refunds_are_refused_for_other_projects_fonepay_and_unpaid_payments() {
         create(
             &st,
             &Tenant::new("proj_1", Mode::Sandbox),
+            p.id.clone(),
             ask(&p, 10_001),
             now,
             None
@@ -172,6 +184,7 @@ async fn refunds_are_refused_for_other_projects_fonepay_and_unpaid_payments() {
         create(
             &st,
             &Tenant::new("proj_1", Mode::Sandbox),
+            f.id.clone(),
             ask(&f, 100),
             now,
             None
@@ -181,13 +194,14 @@ async fn refunds_are_refused_for_other_projects_fonepay_and_unpaid_payments() {
     ));
     assert_eq!(reserved(&st, &f).await, 0);
     let mut pending = paid(&st, Provider::Esewa, 10_000).await;
-    pending.id = ids::new_id(IdKind::Payment);
+    pending.id = PaymentId::new();
     pending.status = PaymentStatus::Pending;
     payments::insert(&*st.store, &pending).await.unwrap();
     assert!(matches!(
         create(
             &st,
             &Tenant::new("proj_1", Mode::Sandbox),
+            pending.id.clone(),
             ask(&pending, 100),
             now,
             None
@@ -202,7 +216,7 @@ async fn refunds_are_refused_for_other_projects_fonepay_and_unpaid_payments() {
 async fn open_khalti_refund(st: &Deps, p: &Payment, amount: i64) -> Refund {
     let now = at("2026-11-22T10:00:00Z");
     let r = Refund {
-        id: ids::new_id(IdKind::Refund),
+        id: RefundId::new(),
         project_id: p.project_id.clone(),
         payment_id: p.id.clone(),
         mode: p.mode,
@@ -457,9 +471,10 @@ async fn the_dashboard_records_a_full_fonepay_refund_once_with_its_extra_ops() {
         let st = st.clone();
         let req = ask(&f, amount);
         async move {
+            let tenant = Tenant::new("proj_1", Mode::Sandbox);
             let request = RefundRequest {
-                project_id: "proj_1",
-                mode: Mode::Sandbox,
+                tenant: &tenant,
+                payment_id: req.payment().unwrap(),
                 body: req,
                 channel: Channel::Dashboard,
                 now,
@@ -512,6 +527,7 @@ async fn the_dashboard_records_a_full_fonepay_refund_once_with_its_extra_ops() {
         create(
             &st,
             &Tenant::new("proj_1", Mode::Sandbox),
+            f.id.clone(),
             ask(&f, 10_000),
             now,
             None
