@@ -33,6 +33,7 @@ use shared::domain::attempts::{self, AttemptError, PayChoice, ReturnKind};
 use shared::domain::checkout::{self, CheckoutSession, Flow, SessionStatus, StoredAddress};
 use shared::domain::links;
 use shared::domain::payments::{Payment, PaymentStatus};
+use shared::ids::{LinkId, SessionId};
 use shared::limits::public;
 use shared::providers::Handoff;
 use shared::refusal::Refusal;
@@ -294,7 +295,7 @@ async fn show(
     RawQuery(query): RawQuery,
 ) -> Response {
     let now = state.clock.now();
-    let session = match checkout::find_any(&*state.store, &id, now).await {
+    let session = match session_of(&state, &id, now).await {
         Ok(Some(s)) => s,
         Ok(None) => return not_found(),
         Err(e) => return trouble(&e),
@@ -396,7 +397,7 @@ async fn render(
                 ),
                 _ => {
                     let offered = if active {
-                        checkout::offered(&*state.store, s).await?
+                        checkout::offered(&state, s).await?
                     } else {
                         Vec::new()
                     };
@@ -496,7 +497,7 @@ async fn pay(
         Err(AttemptError::Store(e)) => return trouble(&e),
         Err(e) => picker_note(e),
     };
-    let session = match checkout::find_any(&*state.store, &id, now).await {
+    let session = match session_of(&state, &id, now).await {
         Ok(Some(s)) => s,
         Ok(None) => return not_found(),
         Err(e) => return trouble(&e),
@@ -674,7 +675,7 @@ async fn events(
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .map(|v| v.chars().take(200).collect());
-    let session = match checkout::find_any(&*state.store, &id, now).await {
+    let session = match session_of(&state, &id, now).await {
         Ok(Some(s)) if matches!(s.flow, Flow::Qr | Flow::Mobile) => {
             // The screen saw the final event: 204 tells an EventSource to
             // stop reconnecting.
@@ -929,12 +930,12 @@ async fn merchant_of(state: &AppState, project_id: &str) -> Result<(String, bool
 
 async fn link_page(State(state): State<AppState>, Path(id): Path<String>) -> Response {
     let now = state.clock.now();
-    let link = match links::get(&*state.store, &id).await {
+    let link = match link_of(&state, &id).await {
         Ok(Some(l)) => l,
         Ok(None) => return link_not_found(),
         Err(e) => return trouble(&e),
     };
-    if let Err(e) = links::count_view(&*state.store, &link.id).await {
+    if let Err(e) = links::count_view(&state, &link.id).await {
         tracing::warn!(error = %e, "link view not counted");
     }
     let (merchant, active) = match merchant_of(&state, &link.project_id).await {
@@ -979,7 +980,7 @@ async fn link_open(
     }
     let typed = customer.amount.clone();
     // A suspended shop's link opens nothing (its page says so too).
-    if let Ok(Some(link)) = links::get(&*state.store, &id).await {
+    if let Ok(Some(link)) = link_of(&state, &id).await {
         match merchant_of(&state, &link.project_id).await {
             Ok((merchant, false)) => {
                 return html(
@@ -996,12 +997,15 @@ async fn link_open(
         }
     }
     let base = edge::requests::public_base(&state, &headers);
-    match links::open_session(&*state.store, &id, customer, &base, now).await {
+    let Some(link_id) = LinkId::parse(&id) else {
+        return link_not_found();
+    };
+    match links::open_session(&state, &link_id, customer, &base, now).await {
         Ok(session) => see_other(&format!("/c/{}", session.id)),
         Err(links::OpenError::NotFound) => link_not_found(),
         Err(links::OpenError::Store(e)) => trouble(&e),
         Err(e) => {
-            let link = match links::get(&*state.store, &id).await {
+            let link = match link_of(&state, &id).await {
                 Ok(Some(l)) => l,
                 Ok(None) => return link_not_found(),
                 Err(e) => return trouble(&e),
@@ -1027,8 +1031,30 @@ async fn link_open(
     }
 }
 
+/// The session a page's path names (`None` for an id that cannot exist,
+/// answered as a missing one).
+async fn session_of(
+    state: &AppState,
+    raw: &str,
+    now: shared::time::Timestamp,
+) -> Result<Option<CheckoutSession>, StoreError> {
+    match SessionId::parse(raw) {
+        Some(id) => checkout::find_any(state, &id, now).await,
+        None => Ok(None),
+    }
+}
+
+/// The link a page's path names (`None` for an id that cannot exist,
+/// answered as a missing one).
+async fn link_of(state: &AppState, raw: &str) -> Result<Option<links::PaymentLink>, StoreError> {
+    match LinkId::parse(raw) {
+        Some(id) => links::get(state, &id).await,
+        None => Ok(None),
+    }
+}
+
 async fn link_thanks(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    let link = match links::get(&*state.store, &id).await {
+    let link = match link_of(&state, &id).await {
         Ok(Some(l)) => l,
         Ok(None) => return link_not_found(),
         Err(e) => return trouble(&e),
@@ -1066,7 +1092,7 @@ async fn qr(
     Path((id, payment_id)): Path<(String, String)>,
 ) -> Response {
     let now = state.clock.now();
-    let session = match checkout::find_any(&*state.store, &id, now).await {
+    let session = match session_of(&state, &id, now).await {
         Ok(Some(s)) => s,
         Ok(None) => return not_found(),
         Err(e) => return trouble(&e),

@@ -278,8 +278,8 @@ mod tests {
     fn payment(s: &CheckoutSession, provider: Provider, now: Timestamp) -> Payment {
         Payment {
             id: "pay_1".into(),
-            project_id: s.project_id.clone(),
-            checkout_session_id: s.id.clone(),
+            project_id: s.project_id.to_string(),
+            checkout_session_id: s.id.to_string(),
             mode: s.mode,
             amount: Paisa::new(100_000).unwrap(),
             amount_refunded: Paisa::ZERO,
@@ -778,7 +778,7 @@ mod tests {
         for d in [0, 1, 5, 6, 7] {
             for i in 0..40 {
                 let mut s = session(day(d));
-                s.id = format!("cs_{d}_{i}"); // fixed ids: every shard is hit
+                s.id = format!("cs_{d}_{i}").into(); // fixed ids: every shard is hit
                 let mut p = payment(&s, Provider::Esewa, day(d));
                 p.amount = Paisa::new(1_000 + i).unwrap();
                 let mut t = Tally::new();

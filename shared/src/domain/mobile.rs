@@ -20,6 +20,7 @@ use super::{Mode, Provider};
 use crate::app::Deps;
 use crate::domain::record::Changes;
 use crate::fields::Description;
+use crate::ids::SessionId;
 use crate::money::Currency;
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
@@ -159,7 +160,7 @@ pub async fn create(
     let client_secret = new_client_secret();
     let hash = hash_secret(&client_secret);
     valid.client_secret_sha256 = Some(hash.clone());
-    let mut session = checkout::create(store, &Creator::of(who), valid, now, fence).await?;
+    let mut session = checkout::create_in(store, &Creator::of(who), valid, now, fence).await?;
     if session.client_secret_sha256.as_deref() != Some(hash.as_str()) {
         let update = Changes::new().set_some(CheckoutSession::CLIENT_SECRET_SHA256, hash.as_str());
         store
@@ -200,7 +201,7 @@ pub async fn open(
     secret: Option<&str>,
     now: Timestamp,
 ) -> Result<CheckoutSession, MobileError> {
-    checkout::find(store, who.tenant(), id, now)
+    checkout::find_at(store, who.tenant(), &SessionId::from(id.to_owned()), now)
         .await?
         .filter(|s| secret_matches(s, secret))
         .ok_or_else(|| MobileError::NotFound(id.to_owned()))

@@ -17,6 +17,7 @@ use crate::domain::links::PaymentLink;
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::payments::{Payment, PaymentStatus, PaymentView};
 use crate::domain::record::{Changes, Gsi2Entry, from_item};
+use crate::ids::{PaymentId, SessionId};
 use crate::providers::{ProviderState, ProviderStatus, StatusQuery};
 use crate::store::{Cond, Index, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
@@ -190,7 +191,12 @@ pub(super) async fn check_and_apply(
         provider_ref: payment.attempt.provider_token.clone(),
     };
     let status = client.status(&creds, &query).await?;
-    let session = checkout::find_any(store, &payment.checkout_session_id, now).await?;
+    let session = checkout::find_any_at(
+        store,
+        &SessionId::from(payment.checkout_session_id.clone()),
+        now,
+    )
+    .await?;
     // Over: expired, or settled by another attempt, or gone.
     let over = session.as_ref().is_none_or(|s| s.status.is_final());
     let decision = decide_for(payment, &status, returned, over, now);
@@ -233,7 +239,7 @@ pub async fn apply(
             None => None,
         };
         let link = match session.as_ref().and_then(|s| s.link_id.clone()) {
-            Some(id) => crate::domain::links::get(store, &id).await?,
+            Some(id) => crate::domain::links::get_in(store, &id).await?,
             None => None,
         };
         let link = link.map(|l| (l, state.config.public_base_url.as_str()));
@@ -249,7 +255,7 @@ pub async fn apply(
         if let (Decision::Success { .. }, Some(inv)) = (&decision, &invoice) {
             ops.extend(crate::domain::invoices::allocation_ops(
                 inv,
-                &current.id,
+                &PaymentId::from(current.id.clone()),
                 current.amount.get(),
                 now,
             )?);
@@ -481,14 +487,17 @@ fn flag_double_payment(
     next: &mut Payment,
     update: Changes<Payment>,
 ) -> Changes<Payment> {
-    next.double_payment_of = s.payment_id.clone();
+    next.double_payment_of = s.payment_id.clone().map(String::from);
     tracing::error!(
         payment = %p.id,
         first = ?s.payment_id,
         session = %s.id,
         "double payment: a second attempt of one session succeeded; flagged for refund"
     );
-    update.set(Payment::DOUBLE_PAYMENT_OF, &s.payment_id)
+    update.set(
+        Payment::DOUBLE_PAYMENT_OF,
+        &s.payment_id.clone().map(String::from),
+    )
 }
 
 /// The session `s` becomes paid by `p` (success is final: a session
@@ -506,7 +515,7 @@ fn session_paid_ops(
         key: CheckoutSession::key(&s.id),
         update: Changes::new()
             .set(CheckoutSession::STATUS, &SessionStatus::Success)
-            .set_some(CheckoutSession::PAYMENT_ID, &p.id)
+            .set_some(CheckoutSession::PAYMENT_ID, &PaymentId::from(p.id.clone()))
             .set_some(CheckoutSession::PROVIDER, &p.provider)
             .set(CheckoutSession::UPDATED_AT, &now)
             .unindex(Index::Gsi2)
@@ -661,7 +670,7 @@ fn session_after_attempt_ops(
         key: CheckoutSession::key(&s.id),
         update: session_update.into(),
         cond: Some(Cond::And(vec![
-            CheckoutSession::PAYMENT_ID.is(&p.id),
+            CheckoutSession::PAYMENT_ID.is(&PaymentId::from(p.id.clone())),
             CheckoutSession::STATUS.eq(&SessionStatus::Initiated),
         ])),
     }];
@@ -717,7 +726,9 @@ async fn poll_when(
     every: chrono::Duration,
     qr_only: bool,
 ) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
-    let Some(session) = checkout::find_any(&*state.store, session_id, now).await? else {
+    let Some(session) =
+        checkout::find_any_at(&*state.store, &SessionId::from(session_id.to_owned()), now).await?
+    else {
         return Ok(None);
     };
     poll_session(state, session, now, every, qr_only)
@@ -767,7 +778,7 @@ async fn poll_session(
             payment
         }
     };
-    let session = checkout::find_any(store, &session.id, now)
+    let session = checkout::find_any_at(store, &session.id, now)
         .await?
         .unwrap_or(session);
     Ok((session, Some(payment)))

@@ -12,6 +12,7 @@ use crate::domain::payments::{AttemptInfo, Payment, PaymentStatus};
 use crate::domain::record::{Changes, Record};
 use crate::domain::{Provider, Tenant, account};
 use crate::ids::{self, IdKind};
+use crate::ids::{PaymentId, SessionId};
 use crate::money::Currency;
 use crate::providers::{self, Attempt, Channel, CustomerInfo, Handoff, ProviderError};
 use crate::store::{Cond, Store, StoreError, TxOp, TxReason};
@@ -68,9 +69,10 @@ pub async fn start(
     public_base: &str,
     now: Timestamp,
 ) -> Result<Started, AttemptError> {
-    let session = checkout::find_any(&*state.store, session_id, now)
-        .await?
-        .ok_or(AttemptError::NotFound)?;
+    let session =
+        checkout::find_any_at(&*state.store, &SessionId::from(session_id.to_owned()), now)
+            .await?
+            .ok_or(AttemptError::NotFound)?;
     start_for(state, session, choice, public_base, now).await
 }
 
@@ -178,7 +180,7 @@ async fn check_offered(
     session: &CheckoutSession,
     provider: Provider,
 ) -> Result<(), AttemptError> {
-    let offered = checkout::providers(
+    let offered = checkout::providers_in(
         store,
         &Tenant::new(session.project_id.clone(), session.mode),
     )
@@ -260,7 +262,7 @@ async fn link_use_to_claim(
     let (Some(link_id), false) = (&session.link_id, session.link_claimed) else {
         return Ok(None);
     };
-    let link = crate::domain::links::get(store, link_id)
+    let link = crate::domain::links::get_in(store, link_id)
         .await?
         .ok_or_else(|| AttemptError::NotOffered(LINK_GONE.into()))?;
     refuse_link(&link, now)?;
@@ -307,8 +309,8 @@ fn pending_payment(
 ) -> Payment {
     Payment {
         id: ids::new_id(IdKind::Payment),
-        project_id: session.project_id.clone(),
-        checkout_session_id: session.id.clone(),
+        project_id: session.project_id.to_string(),
+        checkout_session_id: session.id.to_string(),
         mode: session.mode,
         amount: session.amount,
         amount_refunded: Default::default(),
@@ -396,7 +398,10 @@ fn started_session_update(
     let mut update = Changes::new()
         .add(CheckoutSession::ATTEMPTS, 1)
         .set(CheckoutSession::STATUS, &SessionStatus::Initiated)
-        .set_some(CheckoutSession::PAYMENT_ID, &payment.id)
+        .set_some(
+            CheckoutSession::PAYMENT_ID,
+            &PaymentId::from(payment.id.clone()),
+        )
         .set_some(CheckoutSession::PROVIDER, &payment.provider)
         .set(CheckoutSession::UPDATED_AT, &now);
     if claims_link {
@@ -457,7 +462,7 @@ async fn link_taken(
     link: &crate::domain::links::PaymentLink,
     now: Timestamp,
 ) -> AttemptError {
-    let now_link = match crate::domain::links::get(store, &link.id).await {
+    let now_link = match crate::domain::links::get_in(store, &link.id).await {
         Ok(Some(l)) => l,
         Ok(None) => return AttemptError::NotOffered(LINK_GONE.into()),
         Err(e) => return e.into(),
@@ -512,7 +517,7 @@ async fn handed_off(
 ) -> Result<Started, AttemptError> {
     let payment = record_handoff(state, payment, &handoff).await?;
     session.status = SessionStatus::Initiated;
-    session.payment_id = Some(payment.id.clone());
+    session.payment_id = Some(payment.id.clone().into());
     session.provider = Some(payment.provider);
     session.attempts += 1;
     session.updated_at = now;
