@@ -487,7 +487,7 @@ pub async fn sms_page(
 ) -> Page {
     let page = page_number(&query(&raw))?;
     let (list, total): (Vec<SmsReminder>, u64) =
-        sms::list(&*state.store, &signed.tenant, page_window(page))
+        sms::list(&state, &signed.tenant, page_window(page))
             .await
             .map_err(fail)?;
     let nav = nav(&state, &signed, "sms").await?;

@@ -397,7 +397,7 @@ async fn render(
                 ),
                 _ => {
                     let offered = if active {
-                        checkout::offered(&state, s).await?
+                        checkout::offered(state, s).await?
                     } else {
                         Vec::new()
                     };

@@ -218,7 +218,7 @@ fn invoice_session(
 async fn first_run_session(
     store: &dyn Store,
     fence: Option<&Fence>,
-    id: &str,
+    id: &InvoiceId,
 ) -> Result<CheckoutSession, InvoiceError> {
     let sid = match fence {
         Some(f) => f.resource_id(store).await?.unwrap_or_default(),
@@ -226,8 +226,8 @@ async fn first_run_session(
     };
     crate::domain::record::get::<CheckoutSession>(store, &CheckoutSession::key(&sid))
         .await?
-        .filter(|s| s.invoice_id.as_deref() == Some(id))
-        .ok_or_else(|| InvoiceError::NotFound(id.to_owned()))
+        .filter(|s| s.invoice_id.as_ref() == Some(id))
+        .ok_or_else(|| InvoiceError::NotFound(id.to_string()))
 }
 
 // ------------------------------------------------------------ collection

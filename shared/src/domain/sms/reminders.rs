@@ -222,10 +222,11 @@ pub async fn requeue_stuck(
 /// A page of the project's reminders in `mode`, newest first, and the
 /// total (the dashboard's SMS log).
 pub async fn list(
-    store: &dyn Store,
+    deps: &Deps,
     tenant: &Tenant,
     window: Window,
 ) -> Result<(Vec<SmsReminder>, u64), StoreError> {
+    let store = &*deps.store;
     let query = Query::partition(SmsReminder::list_partition(&tenant.project, tenant.mode))
         .on(Index::Gsi1)
         .backward();
