@@ -1479,7 +1479,7 @@ async fn payment_links_are_made_once_and_cancelled(which: Which) {
     let again = dev.post("/dashboard/links", &make).await;
     assert_eq!(again.location, r.location, "a double submit makes one link");
     let (links, total) = shared::domain::links::list(
-        &*app.store,
+        app.state(),
         &shared::domain::Tenant::new(t.project.id.clone(), Mode::Sandbox),
         None,
         shared::domain::Window::first(10),
@@ -1515,7 +1515,7 @@ async fn payment_links_are_made_once_and_cancelled(which: Which) {
         )
         .await;
     assert_eq!(r.status, 303, "{}", r.show());
-    let edited = shared::domain::links::get(&*app.store, &link.id)
+    let edited = shared::domain::links::get(app.state(), &link.id)
         .await
         .ok()
         .flatten();
@@ -1563,7 +1563,7 @@ async fn payment_links_are_made_once_and_cancelled(which: Which) {
             .await;
         assert_eq!(r.status, 303, "{}", r.show());
     }
-    let after = shared::domain::links::get(&*app.store, &link.id)
+    let after = shared::domain::links::get(app.state(), &link.id)
         .await
         .ok()
         .flatten();

@@ -769,7 +769,7 @@ async fn concurrent_domain_finalizes_without_the_process_lock_stay_gapless(which
                 invoices::finalize(
                     &state,
                     &shared::domain::Tenant::new(project.as_str(), Mode::Sandbox),
-                    &id,
+                    &id.as_str().into(),
                     v,
                     None,
                 )
@@ -1673,19 +1673,21 @@ async fn part_payments_and_overdue_follow_the_balance(which: Which) {
     // A part payment (allocated as the settlement does) leaves it part
     // paid and still overdue.
     let store = &*c.app.store;
+    let state = c.app.state();
+    let deps = &state;
     let project = c.project();
     let idr = id.as_str();
     let allocate = |amount: i64, payment: &'static str| async move {
         let Ok(inv) = invoices::get(
-            store,
+            deps,
             &shared::domain::Tenant::new(project, Mode::Sandbox),
-            idr,
+            &idr.into(),
         )
         .await
         else {
             panic!("invoice {idr}")
         };
-        let ops = match invoices::allocation_ops(&inv, payment, amount, SystemClock.now()) {
+        let ops = match invoices::allocation_ops(&inv, &payment.into(), amount, SystemClock.now()) {
             Ok(o) => o,
             Err(e) => panic!("allocation: {e}"),
         };

@@ -184,7 +184,7 @@ async fn invoices_function_answers_the_pdf_as_binary(which: Which) {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(issued.invoice_number.as_deref(), Some("PI-000001"));
-    f.invoice_id = Some(draft.id.clone());
+    f.invoice_id = Some(draft.id.to_string());
     let res = invoke(::invoices::router(f.state.clone()), "invoice-pdf.json", &f).await;
     assert_eq!(res["statusCode"], 200, "{res}");
     assert_eq!(res["headers"]["content-type"], "application/pdf");

@@ -199,7 +199,10 @@ async fn a_live_reminder_is_queued_then_delivered_exactly_once(which: Which) {
 }
 
 /// The project's one reminder (the answer names none).
-async fn sent_reminder_id(app: &TestApp, tenant: &dhukuti_tests::Tenant) -> Option<String> {
+async fn sent_reminder_id(
+    app: &TestApp,
+    tenant: &dhukuti_tests::Tenant,
+) -> Option<shared::ids::SmsId> {
     let listed = sms::list_recent(
         &*app.store,
         &shared::domain::Tenant::new(tenant.project.id.clone(), Mode::Live),

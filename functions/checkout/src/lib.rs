@@ -6,9 +6,10 @@
 //! returns the first session instead of creating a second one.
 
 use axum::Router;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use edge::Json;
 use edge::idempotency::Fence;
+use edge::ids::Id;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::pagination::PageParams;
 use edge::{ApiError, Auth, JsonBody, Page, Pagination, QueryParams, with_edge};
@@ -21,6 +22,7 @@ use shared::domain::checkout::{
     self, CheckoutSession, CheckoutSessionView, CreateCheckout, Creator, Flow,
     ProviderAvailability, SessionStatus,
 };
+use shared::ids::SessionId;
 use shared::time::Timestamp;
 
 /// The function's routes and their description, one value.
@@ -100,11 +102,11 @@ async fn create_checkout(
     let creator = Creator::of(who);
     let now = state.clock.now();
     let fence = fence.as_ref().map(|Extension(f)| f);
-    let s = checkout::create(&*state.store, &creator, valid, now, fence).await?;
+    let s = checkout::create(&state, &creator, valid, now, fence).await?;
     let created = Created {
         checkout_url: format!("{base}/c/{}", s.id),
         livemode: s.mode.is_live(),
-        id: s.id,
+        id: s.id.into(),
         flow: s.flow,
         provider: s.provider,
         expires_at: s.expires_at,
@@ -125,14 +127,14 @@ async fn create_checkout(
 async fn expire_checkout(
     State(state): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
+    Id(id, ..): Id<SessionId>,
 ) -> Result<Json<Expired>, ApiError> {
     let who = auth.require(Scope::PaymentsWrite)?;
-    let s: CheckoutSession = checkout::expire(&*state.store, who.tenant(), &id, state.clock.now())
+    let s: CheckoutSession = checkout::expire(&state, who.tenant(), &id)
         .await?
         .ok_or_else(|| ApiError::not_found("checkout session", &id))?;
     Ok(Json(Expired {
-        id: s.id,
+        id: s.id.into(),
         status: s.status,
         flow: s.flow,
         provider: s.provider,
@@ -157,8 +159,7 @@ async fn list_sessions(
     // The spec: unrecognised status values are ignored.
     let status = query.get("status").and_then(SessionStatus::parse);
     let now = state.clock.now();
-    let (found, total) =
-        checkout::list(&*state.store, who.tenant(), status, now, page.window()).await?;
+    let (found, total) = checkout::list(&state, who.tenant(), status, now, page.window()).await?;
     let data = found
         .into_iter()
         .map(|s| CheckoutSessionView::at(s, now))
@@ -176,11 +177,11 @@ async fn list_sessions(
 async fn get_session(
     State(state): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
+    Id(id, ..): Id<SessionId>,
 ) -> Result<Json<CheckoutSessionView>, ApiError> {
     let who = auth.require(Scope::SessionsRead)?;
     let now = state.clock.now();
-    checkout::find(&*state.store, who.tenant(), &id, now)
+    checkout::find(&state, who.tenant(), &id, now)
         .await?
         .map(|s| Json(CheckoutSessionView::at(s, now)))
         .ok_or_else(|| ApiError::not_found("checkout session", &id))
@@ -198,7 +199,7 @@ async fn list_providers(
     auth: Auth,
 ) -> Result<Json<ProviderList>, ApiError> {
     let who = auth.require(Scope::PaymentsRead)?;
-    let data = checkout::providers(&*state.store, who.tenant()).await?;
+    let data = checkout::providers(&state, who.tenant()).await?;
     let providers = data
         .iter()
         .filter(|p| p.enabled)

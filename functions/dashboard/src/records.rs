@@ -16,6 +16,7 @@ use shared::domain::links::{self, PaymentLink};
 use shared::domain::outbox::EventType;
 use shared::domain::sms::{self, SmsReminder};
 use shared::domain::webhooks::{self, Delivery, Endpoint, WebhookError};
+use shared::ids::{InvoiceId, LinkId};
 
 use crate::page_window;
 use crate::pages::{Nav, label, layout, pager, pages_of, rupees, status_badge, when};
@@ -27,7 +28,7 @@ pub async fn links_page(
     RawQuery(raw): RawQuery,
 ) -> Page {
     let page = page_number(&query(&raw))?;
-    let (list, total) = links::list(&*state.store, &signed.tenant, None, page_window(page))
+    let (list, total) = links::list(&state, &signed.tenant, None, page_window(page))
         .await
         .map_err(fail)?;
     let nav = nav(&state, &signed, "links").await?;
@@ -108,7 +109,7 @@ pub async fn make_link(State(state): State<AppState>, signed: Signed, body: Byte
     let link = match made {
         Ok(l) => l,
         Err(why) => {
-            let (list, total) = links::list(&*state.store, &signed.tenant, None, page_window(1))
+            let (list, total) = links::list(&state, &signed.tenant, None, page_window(1))
                 .await
                 .map_err(fail)?;
             let nav = nav(&state, &signed, "links").await?;
@@ -127,7 +128,7 @@ pub async fn make_link(State(state): State<AppState>, signed: Signed, body: Byte
         }
     };
     // A double submit finds the first link (the fence is in its write).
-    let link = links::insert_once(&*state.store, &link, Some(&fence))
+    let link = links::insert_once(&state, &link, Some(&fence))
         .await
         .map_err(fail)?;
     crate::audit(&state, &signed, "link.create", &link.id, &link.title).await;
@@ -163,10 +164,13 @@ async fn link_view(
     error: Option<&str>,
     status: StatusCode,
 ) -> Page {
-    let l = links::find(&*state.store, &signed.tenant, id)
-        .await
-        .map_err(fail)?
-        .ok_or_else(|| fail(shared::refusal::Refusal::not_found("payment link", id)))?;
+    let found = match LinkId::parse(id) {
+        Some(lid) => links::find(state, &signed.tenant, &lid)
+            .await
+            .map_err(fail)?,
+        None => None,
+    };
+    let l = found.ok_or_else(|| fail(shared::refusal::Refusal::not_found("payment link", id)))?;
     let nav = nav(state, signed, "links").await?;
     let act = signed.user.role.may(Permission::Act);
     let conversion = if l.views > 0 {
@@ -248,12 +252,15 @@ pub async fn edit_link(
     })();
     let now = state.clock.now();
     let result = match patch {
-        Ok(p) => links::patch(&*state.store, &signed.tenant, &id, p, now)
-            .await
-            .map_err(|e| match e {
-                links::LinkError::NotFound(_) => Err(fail(e)),
-                other => Ok(shared::refusal::Refusal::from(other).message),
-            }),
+        Ok(p) => match LinkId::parse(&id) {
+            Some(lid) => links::patch(&state, &signed.tenant, &lid, p, now)
+                .await
+                .map_err(|e| match e {
+                    links::LinkError::NotFound(_) => Err(fail(e)),
+                    other => Ok(shared::refusal::Refusal::from(other).message),
+                }),
+            None => Err(Err(fail(links::LinkError::NotFound(id.clone())))),
+        },
         Err(why) => Err(Ok(why)),
     };
     match result {
@@ -287,7 +294,8 @@ pub async fn cancel_link(
 ) -> Page {
     signed.action_form(Permission::Act, &body)?;
     let now = state.clock.now();
-    match links::cancel(&*state.store, &signed.tenant, &id, now).await {
+    let lid = LinkId::parse(&id).ok_or_else(|| fail(links::LinkError::NotFound(id.clone())))?;
+    match links::cancel(&state, &signed.tenant, &lid, now).await {
         // Already inactive (a second click): the same outcome.
         Ok(_) | Err(links::LinkError::Inactive) => {}
         Err(e) => return Err(fail(e)),
@@ -380,10 +388,9 @@ pub async fn invoices_page(
     RawQuery(raw): RawQuery,
 ) -> Page {
     let page = page_number(&query(&raw))?;
-    let (list, total) =
-        invoices::list(&*state.store, &signed.tenant, None, None, page_window(page))
-            .await
-            .map_err(fail)?;
+    let (list, total) = invoices::list(&state, &signed.tenant, None, None, page_window(page))
+        .await
+        .map_err(fail)?;
     let nav = nav(&state, &signed, "invoices").await?;
     let body = markup! {
         p.muted { (total) " invoices. Page " (page) " of " (pages_of(total)) "." }
@@ -418,7 +425,9 @@ pub(crate) async fn invoice_of(
     signed: &Signed,
     id: &str,
 ) -> Result<Invoice, Stop> {
-    invoices::get(&*state.store, &signed.tenant, id)
+    let iid = InvoiceId::parse(id)
+        .ok_or_else(|| fail(invoices::InvoiceError::NotFound(id.to_owned())))?;
+    invoices::get(state, &signed.tenant, &iid)
         .await
         .map_err(fail)
 }
@@ -478,7 +487,7 @@ pub async fn sms_page(
 ) -> Page {
     let page = page_number(&query(&raw))?;
     let (list, total): (Vec<SmsReminder>, u64) =
-        sms::list(&*state.store, &signed.tenant, page_window(page))
+        sms::list(&state, &signed.tenant, page_window(page))
             .await
             .map_err(fail)?;
     let nav = nav(&state, &signed, "sms").await?;

@@ -34,7 +34,7 @@ use shared::domain::attempts::{self, AttemptError, PayChoice, ReturnKind};
 use shared::domain::checkout::{self, CheckoutSession, Flow, SessionStatus, StoredAddress};
 use shared::domain::links;
 use shared::domain::payments::{Payment, PaymentStatus};
-use shared::ids::{PaymentId, SessionId};
+use shared::ids::{LinkId, PaymentId, SessionId};
 use shared::limits::public;
 use shared::providers::Handoff;
 use shared::refusal::Refusal;
@@ -308,7 +308,7 @@ async fn show(
     RawQuery(query): RawQuery,
 ) -> Response {
     let now = state.clock.now();
-    let session = match checkout::find_any(&*state.store, &id, now).await {
+    let session = match session_of(&state, &id, now).await {
         Ok(Some(s)) => s,
         Ok(None) => return not_found(),
         Err(e) => return trouble(&e),
@@ -411,7 +411,7 @@ async fn render(
                 ),
                 _ => {
                     let offered = if active {
-                        checkout::offered(&*state.store, s).await?
+                        checkout::offered(state, s).await?
                     } else {
                         Vec::new()
                     };
@@ -511,7 +511,7 @@ async fn pay(
         Err(AttemptError::Store(e)) => return trouble(&e),
         Err(e) => picker_note(e),
     };
-    let session = match checkout::find_any(&*state.store, &id, now).await {
+    let session = match session_of(&state, &id, now).await {
         Ok(Some(s)) => s,
         Ok(None) => return not_found(),
         Err(e) => return trouble(&e),
@@ -688,7 +688,7 @@ async fn events(
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .map(|v| v.chars().take(200).collect());
-    let session = match checkout::find_any(&*state.store, &id, now).await {
+    let session = match session_of(&state, &id, now).await {
         Ok(Some(s)) if matches!(s.flow, Flow::Qr | Flow::Mobile) => {
             // The screen saw the final event: 204 tells an EventSource to
             // stop reconnecting.
@@ -953,12 +953,12 @@ async fn merchant_of(state: &AppState, project_id: &str) -> Result<(String, bool
 
 async fn link_page(State(state): State<AppState>, Path(id): Path<String>) -> Response {
     let now = state.clock.now();
-    let link = match links::get(&*state.store, &id).await {
+    let link = match link_of(&state, &id).await {
         Ok(Some(l)) => l,
         Ok(None) => return link_not_found(),
         Err(e) => return trouble(&e),
     };
-    if let Err(e) = links::count_view(&*state.store, &link.id).await {
+    if let Err(e) = links::count_view(&state, &link.id).await {
         tracing::warn!(error = %e, "link view not counted");
     }
     let (merchant, active) = match merchant_of(&state, &link.project_id).await {
@@ -1003,7 +1003,7 @@ async fn link_open(
     }
     let typed = customer.amount.clone();
     // A suspended shop's link opens nothing (its page says so too).
-    if let Ok(Some(link)) = links::get(&*state.store, &id).await {
+    if let Ok(Some(link)) = link_of(&state, &id).await {
         match merchant_of(&state, &link.project_id).await {
             Ok((merchant, false)) => {
                 return html(
@@ -1020,12 +1020,15 @@ async fn link_open(
         }
     }
     let base = edge::requests::public_base(&state, &headers);
-    match links::open_session(&*state.store, &id, customer, &base, now).await {
+    let Some(link_id) = LinkId::parse(&id) else {
+        return link_not_found();
+    };
+    match links::open_session(&state, &link_id, customer, &base, now).await {
         Ok(session) => see_other(&format!("/c/{}", session.id)),
         Err(links::OpenError::NotFound) => link_not_found(),
         Err(links::OpenError::Store(e)) => trouble(&e),
         Err(e) => {
-            let link = match links::get(&*state.store, &id).await {
+            let link = match link_of(&state, &id).await {
                 Ok(Some(l)) => l,
                 Ok(None) => return link_not_found(),
                 Err(e) => return trouble(&e),
@@ -1051,8 +1054,30 @@ async fn link_open(
     }
 }
 
+/// The session a page's path names (`None` for an id that cannot exist,
+/// answered as a missing one).
+async fn session_of(
+    state: &AppState,
+    raw: &str,
+    now: shared::time::Timestamp,
+) -> Result<Option<CheckoutSession>, StoreError> {
+    match SessionId::parse(raw) {
+        Some(id) => checkout::find_any(state, &id, now).await,
+        None => Ok(None),
+    }
+}
+
+/// The link a page's path names (`None` for an id that cannot exist,
+/// answered as a missing one).
+async fn link_of(state: &AppState, raw: &str) -> Result<Option<links::PaymentLink>, StoreError> {
+    match LinkId::parse(raw) {
+        Some(id) => links::get(state, &id).await,
+        None => Ok(None),
+    }
+}
+
 async fn link_thanks(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    let link = match links::get(&*state.store, &id).await {
+    let link = match link_of(&state, &id).await {
         Ok(Some(l)) => l,
         Ok(None) => return link_not_found(),
         Err(e) => return trouble(&e),
@@ -1090,7 +1115,7 @@ async fn qr(
     Id((id, payment_id), ..): Id<(SessionId, PaymentId), Hosted>,
 ) -> Response {
     let now = state.clock.now();
-    let session = match checkout::find_any(&*state.store, &id, now).await {
+    let session = match session_of(&state, &id, now).await {
         Ok(Some(s)) => s,
         Ok(None) => return not_found(),
         Err(e) => return trouble(&e),

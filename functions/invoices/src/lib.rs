@@ -7,11 +7,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::Router;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 use edge::Json;
 use edge::answers::Deleted;
 use edge::idempotency::Fence;
+use edge::ids::Id;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::pagination::PageParams;
 use edge::{ApiError, Auth, JsonBody, OptionalJsonBody, Page, Pagination, QueryParams, with_edge};
@@ -23,6 +24,7 @@ use shared::domain::invoices::{
     self, AdjustInvoice, CollectionStatus, CorrectInvoice, CreateInvoice, DocumentStatus,
     FinalizeInvoice, InvoiceCheckout, InvoiceCheckoutView, InvoiceError, InvoiceView, PatchInvoice,
 };
+use shared::ids::InvoiceId;
 
 /// The function's routes and their description, one value.
 pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
@@ -129,7 +131,7 @@ async fn list_invoices(
         })?),
     };
     let (found, total) = invoices::list(
-        &*state.store,
+        &state,
         who.tenant(),
         document_status,
         collection_status,
@@ -152,10 +154,10 @@ async fn list_invoices(
 async fn get_invoice(
     State(state): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
+    Id(id, ..): Id<InvoiceId>,
 ) -> Result<Json<InvoiceView>, ApiError> {
     let who = auth.require(Scope::InvoicesRead)?;
-    let inv = invoices::get(&*state.store, who.tenant(), &id).await?;
+    let inv = invoices::get(&state, who.tenant(), &id).await?;
     Ok(Json(view(&inv, &state)))
 }
 
@@ -173,7 +175,7 @@ async fn get_invoice(
 async fn patch_invoice(
     State(state): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
+    Id(id, ..): Id<InvoiceId>,
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
     body: Result<JsonBody<PatchInvoice>, ApiError>,
@@ -199,7 +201,7 @@ async fn finalize_invoice(
     State(state): State<AppState>,
     auth: Auth,
     fence: Option<Extension<Fence>>,
-    Path(id): Path<String>,
+    Id(id, ..): Id<InvoiceId>,
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
     body: Result<JsonBody<FinalizeInvoice>, ApiError>,
@@ -230,11 +232,11 @@ async fn discard_invoice(
     State(state): State<AppState>,
     auth: Auth,
     fence: Option<Extension<Fence>>,
-    Path(id): Path<String>,
+    Id(id, ..): Id<InvoiceId>,
 ) -> Result<Json<Deleted>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     match invoices::discard(&state, who.tenant(), &id, fence_of(&fence)).await {
-        Ok(_) | Err(InvoiceError::AlreadyDiscarded) => Ok(Json(Deleted::of(id, who.mode()))),
+        Ok(_) | Err(InvoiceError::AlreadyDiscarded) => Ok(Json(Deleted::of(id.into(), who.mode()))),
         Err(e) => Err(e.into()),
     }
 }
@@ -254,7 +256,7 @@ async fn discard_invoice(
 async fn correct_invoice(
     State(state): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
+    Id(id, ..): Id<InvoiceId>,
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
     body: Result<JsonBody<CorrectInvoice>, ApiError>,
@@ -292,7 +294,7 @@ struct Corrected {
 async fn adjust_invoice(
     State(state): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
+    Id(id, ..): Id<InvoiceId>,
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
     body: Result<JsonBody<AdjustInvoice>, ApiError>,
@@ -320,7 +322,7 @@ async fn invoice_checkout(
     auth: Auth,
     fence: Option<Extension<Fence>>,
     headers: HeaderMap,
-    Path(id): Path<String>,
+    Id(id, ..): Id<InvoiceId>,
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
     body: Result<OptionalJsonBody<InvoiceCheckout>, ApiError>,
@@ -336,7 +338,7 @@ async fn invoice_checkout(
         invoices::checkout(&state, &payer, &id, body, &base, fence_of(&fence)).await?;
     Ok(Json(InvoiceCheckoutView {
         checkout_url: format!("{base}/c/{}", session.id),
-        checkout_session_id: session.id,
+        checkout_session_id: session.id.into(),
         reused,
     }))
 }
@@ -354,12 +356,15 @@ async fn invoice_checkout(
 async fn invoice_pdf(
     State(state): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
+    Id(id, ..): Id<InvoiceId>,
 ) -> Result<Response, ApiError> {
     let who = auth.require(Scope::InvoicesRead)?;
-    let inv = invoices::get(&*state.store, who.tenant(), &id).await?;
+    let inv = invoices::get(&state, who.tenant(), &id).await?;
     let bytes = invoices::pdf(&state, &inv).await?;
-    let name = inv.invoice_number.clone().unwrap_or_else(|| inv.id.clone());
+    let name = inv
+        .invoice_number
+        .clone()
+        .unwrap_or_else(|| inv.id.to_string());
     let mut res = (StatusCode::OK, bytes).into_response();
     let h = res.headers_mut();
     h.insert(

@@ -207,7 +207,7 @@ async fn create_mobile_session(
     let fence = fence.as_ref().map(|Extension(f)| f);
     let now = state.clock.now();
     let made = mobile::create(&state, who, valid, now, fence).await?;
-    let providers = checkout::offered(&*state.store, &made.session).await?;
+    let providers = checkout::offered(&state, &made.session).await?;
     let s = made.session;
     Ok((
         StatusCode::CREATED,
@@ -217,7 +217,7 @@ async fn create_mobile_session(
             amount: s.amount,
             currency: s.currency,
             expires_at: s.expires_at,
-            id: s.id,
+            id: s.id.into(),
             providers,
         }),
     ))
@@ -269,7 +269,7 @@ async fn get_mobile_session(
         }
     };
     let events_url = edge::requests::events_url(&state, &headers, &session.id);
-    let providers = checkout::offered(&*state.store, &session).await?;
+    let providers = checkout::offered(&state, &session).await?;
     Ok(Json(view(session, payment, providers, events_url, now)))
 }
 
@@ -299,7 +299,7 @@ fn view(
         expires_at: s.expires_at,
         providers,
         payment,
-        id: s.id,
+        id: s.id.into(),
     }
 }
 
@@ -342,7 +342,7 @@ async fn start_mobile_attempt(
     let mut answer = Attempt {
         payment_id: started.payment.id.to_string(),
         events_url: edge::requests::events_url(&state, &headers, &started.session.id),
-        session_id: started.session.id,
+        session_id: started.session.id.into(),
         provider: started.payment.provider,
         expires_at: started.session.expires_at,
         handoff: HandoffKind::Redirect,

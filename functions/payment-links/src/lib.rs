@@ -4,10 +4,11 @@
 //! `functions/hosted`.
 
 use axum::Router;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use edge::Json;
 use edge::answers::Deleted;
 use edge::idempotency::Fence;
+use edge::ids::Id;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::pagination::PageParams;
 use edge::{ApiError, Auth, JsonBody, Page, Pagination, QueryParams, with_edge};
@@ -15,6 +16,7 @@ use http::{HeaderMap, StatusCode};
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::links::{self, CreateLink, PatchLink, PaymentLinkView};
+use shared::ids::LinkId;
 
 /// The function's routes and their description, one value.
 pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
@@ -57,7 +59,7 @@ async fn create_link(
     let link = links::new_link(who.tenant(), body, state.clock.now())?;
     links::check_spend_cap(&link, who.key.spend_cap_paisa)?;
     let fence = fence.as_ref().map(|Extension(f)| f);
-    let link = links::insert_once(&*state.store, &link, fence).await?;
+    let link = links::insert_once(&state, &link, fence).await?;
     let view = PaymentLinkView::of(link, &edge::requests::public_base(&state, &headers), false);
     Ok((StatusCode::CREATED, Json(view)))
 }
@@ -88,7 +90,7 @@ async fn list_links(
             ));
         }
     };
-    let (found, total) = links::list(&*state.store, who.tenant(), active, page.window()).await?;
+    let (found, total) = links::list(&state, who.tenant(), active, page.window()).await?;
     let base = edge::requests::public_base(&state, &headers);
     let data = found
         .into_iter()
@@ -108,10 +110,10 @@ async fn get_link(
     State(state): State<AppState>,
     auth: Auth,
     headers: HeaderMap,
-    Path(id): Path<String>,
+    Id(id, ..): Id<LinkId>,
 ) -> Result<Json<PaymentLinkView>, ApiError> {
     let who = auth.require(Scope::LinksRead)?;
-    links::find(&*state.store, who.tenant(), &id)
+    links::find(&state, who.tenant(), &id)
         .await?
         .map(|l| {
             Json(PaymentLinkView::of(
@@ -139,14 +141,14 @@ async fn patch_link(
     State(state): State<AppState>,
     auth: Auth,
     headers: HeaderMap,
-    Path(id): Path<String>,
+    Id(id, ..): Id<LinkId>,
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
     body: Result<JsonBody<PatchLink>, ApiError>,
 ) -> Result<Json<PaymentLinkView>, ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
     let JsonBody(body) = body?;
-    let link = links::patch(&*state.store, who.tenant(), &id, body, state.clock.now()).await?;
+    let link = links::patch(&state, who.tenant(), &id, body, state.clock.now()).await?;
     Ok(Json(PaymentLinkView::of(
         link,
         &edge::requests::public_base(&state, &headers),
@@ -168,10 +170,10 @@ async fn cancel_link(
     State(state): State<AppState>,
     auth: Auth,
     headers: HeaderMap,
-    Path(id): Path<String>,
+    Id(id, ..): Id<LinkId>,
 ) -> Result<Json<PaymentLinkView>, ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
-    let link = links::cancel(&*state.store, who.tenant(), &id, state.clock.now()).await?;
+    let link = links::cancel(&state, who.tenant(), &id, state.clock.now()).await?;
     Ok(Json(PaymentLinkView::of(
         link,
         &edge::requests::public_base(&state, &headers),
@@ -192,9 +194,9 @@ async fn cancel_link(
 async fn delete_link(
     State(state): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
+    Id(id, ..): Id<LinkId>,
 ) -> Result<Json<Deleted>, ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
-    let deleted = links::delete(&*state.store, who.tenant(), &id).await?;
-    Ok(Json(Deleted::of(deleted, who.mode())))
+    let deleted = links::delete(&state, who.tenant(), &id).await?;
+    Ok(Json(Deleted::of(deleted.into(), who.mode())))
 }

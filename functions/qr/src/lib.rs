@@ -57,7 +57,7 @@ fn shown(s: ShownQr, events_url: String) -> Result<Shown, ApiError> {
     let qr_image = png_data_url(&s.qr_message).ok_or_else(ApiError::internal)?;
     Ok(Shown {
         events_url,
-        id: s.session.id,
+        id: s.session.id.into(),
         qr_message: s.qr_message,
         qr_image,
         expires_at: s.session.expires_at,

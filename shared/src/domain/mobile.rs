@@ -161,7 +161,7 @@ pub async fn create(
     let hash = hash_secret(&client_secret);
     valid.client_secret_sha256 = Some(hash.clone());
     let store = &*deps.store;
-    let mut session = checkout::create(store, &Creator::of(who), valid, now, fence).await?;
+    let mut session = checkout::create_in(store, &Creator::of(who), valid, now, fence).await?;
     if session.client_secret_sha256.as_deref() != Some(hash.as_str()) {
         let update = Changes::new().set_some(CheckoutSession::CLIENT_SECRET_SHA256, hash.as_str());
         store
@@ -202,7 +202,7 @@ pub async fn open(
     secret: Option<&str>,
     now: Timestamp,
 ) -> Result<CheckoutSession, MobileError> {
-    checkout::find(&*deps.store, who.tenant(), id, now)
+    checkout::find_at(&*deps.store, who.tenant(), id, now)
         .await?
         .filter(|s| secret_matches(s, secret))
         .ok_or_else(|| MobileError::NotFound(id.to_string()))

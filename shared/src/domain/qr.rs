@@ -123,7 +123,7 @@ pub async fn create(
     if !who.merchant.plan.direct_qr() {
         return Err(QrError::NotEntitled(who.merchant.plan));
     }
-    let session = checkout::create(&*state.store, &Creator::of(who), valid, now, fence).await?;
+    let session = checkout::create(state, &Creator::of(who), valid, now, fence).await?;
     if let Some(shown) = open_qr(state, &session).await? {
         return Ok(shown);
     }
@@ -142,10 +142,15 @@ pub async fn refresh(
     if !who.merchant.plan.direct_qr() {
         return Err(QrError::NotEntitled(who.merchant.plan));
     }
-    let session = checkout::find(&*state.store, who.tenant(), id, now)
-        .await?
-        .filter(|s| s.flow == Flow::Qr)
-        .ok_or_else(|| QrError::NotFound(id.to_owned()))?;
+    let session = checkout::find_at(
+        &*state.store,
+        who.tenant(),
+        &SessionId::from(id.to_owned()),
+        now,
+    )
+    .await?
+    .filter(|s| s.flow == Flow::Qr)
+    .ok_or_else(|| QrError::NotFound(id.to_owned()))?;
     let status = session.status_at(now);
     if status.is_final() {
         return Err(QrError::Closed(status));

@@ -973,7 +973,8 @@ async fn reconciler_bench(junk: usize, genuine: usize) -> std::result::Result<()
             .await
             .map_err(|e| e.to_string())?;
         creators.push(Creator {
-            project_id: project.id,
+            // MIGRATION: the project's record is another area's, not yet typed.
+            project_id: project.id.into(),
             mode: Mode::Sandbox,
             api_key_id: "ak_bench".into(),
             spend_cap_paisa: None,
@@ -989,7 +990,7 @@ async fn reconciler_bench(junk: usize, genuine: usize) -> std::result::Result<()
             )
             .map_err(|e| e.to_string())?;
             let valid = checkout::validate_create(req, Mode::Sandbox).map_err(|e| e.to_string())?;
-            let s = checkout::create(&*state.store, &creator, valid, at, None)
+            let s = checkout::create(&state, &creator, valid, at, None)
                 .await
                 .map_err(|e| e.to_string())?;
             let choice = PayChoice {

@@ -191,7 +191,12 @@ pub(super) async fn check_and_apply(
         provider_ref: payment.attempt.provider_token.clone(),
     };
     let status = client.status(&creds, &query).await?;
-    let session = checkout::find_any(store, &payment.checkout_session_id, now).await?;
+    let session = checkout::find_any_at(
+        store,
+        &SessionId::from(payment.checkout_session_id.clone()),
+        now,
+    )
+    .await?;
     // Over: expired, or settled by another attempt, or gone.
     let over = session.as_ref().is_none_or(|s| s.status.is_final());
     let decision = decide_for(payment, &status, returned, over, now);
@@ -234,7 +239,7 @@ pub async fn apply(
             None => None,
         };
         let link = match session.as_ref().and_then(|s| s.link_id.clone()) {
-            Some(id) => crate::domain::links::get(store, &id).await?,
+            Some(id) => crate::domain::links::get_in(store, &id).await?,
             None => None,
         };
         let link = link.map(|l| (l, state.config.public_base_url.as_str()));
@@ -250,7 +255,7 @@ pub async fn apply(
         if let (Decision::Success { .. }, Some(inv)) = (&decision, &invoice) {
             ops.extend(crate::domain::invoices::allocation_ops(
                 inv,
-                &current.id,
+                &PaymentId::from(current.id.clone()),
                 current.amount.get(),
                 now,
             )?);
@@ -718,7 +723,9 @@ async fn poll_when(
     every: chrono::Duration,
     qr_only: bool,
 ) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
-    let Some(session) = checkout::find_any(&*state.store, session_id, now).await? else {
+    let Some(session) =
+        checkout::find_any_at(&*state.store, &SessionId::from(session_id.to_owned()), now).await?
+    else {
         return Ok(None);
     };
     poll_session(state, session, now, every, qr_only)
@@ -769,7 +776,7 @@ async fn poll_session(
             payment
         }
     };
-    let session = checkout::find_any(store, &session.id, now)
+    let session = checkout::find_any_at(store, &session.id, now)
         .await?
         .unwrap_or(session);
     Ok((session, Some(payment)))

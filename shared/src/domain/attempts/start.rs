@@ -68,9 +68,10 @@ pub async fn start(
     public_base: &str,
     now: Timestamp,
 ) -> Result<Started, AttemptError> {
-    let session = checkout::find_any(&*state.store, session_id, now)
-        .await?
-        .ok_or(AttemptError::NotFound)?;
+    let session =
+        checkout::find_any_at(&*state.store, &SessionId::from(session_id.to_owned()), now)
+            .await?
+            .ok_or(AttemptError::NotFound)?;
     start_for(state, session, choice, public_base, now).await
 }
 
@@ -178,7 +179,7 @@ async fn check_offered(
     session: &CheckoutSession,
     provider: Provider,
 ) -> Result<(), AttemptError> {
-    let offered = checkout::providers(
+    let offered = checkout::providers_in(
         store,
         &Tenant::new(session.project_id.clone(), session.mode),
     )
@@ -260,7 +261,7 @@ async fn link_use_to_claim(
     let (Some(link_id), false) = (&session.link_id, session.link_claimed) else {
         return Ok(None);
     };
-    let link = crate::domain::links::get(store, link_id)
+    let link = crate::domain::links::get_in(store, link_id)
         .await?
         .ok_or_else(|| AttemptError::NotOffered(LINK_GONE.into()))?;
     refuse_link(&link, now)?;
@@ -463,7 +464,7 @@ async fn link_taken(
     link: &crate::domain::links::PaymentLink,
     now: Timestamp,
 ) -> AttemptError {
-    let now_link = match crate::domain::links::get(store, &link.id).await {
+    let now_link = match crate::domain::links::get_in(store, &link.id).await {
         Ok(Some(l)) => l,
         Ok(None) => return AttemptError::NotOffered(LINK_GONE.into()),
         Err(e) => return e.into(),

@@ -15,6 +15,7 @@ use crate::domain::Tenant;
 use crate::domain::checkout::{self, open_partitions};
 use crate::domain::payments::{Payment, PaymentStatus};
 use crate::domain::record::{Changes, from_item};
+use crate::ids::SessionId;
 use crate::store::{Cond, Index, Query, SkCond, Store, StoreError};
 use crate::time::Timestamp;
 
@@ -270,7 +271,7 @@ pub async fn sweep(state: &Deps, now: Timestamp) -> Result<SweepReport, StoreErr
     let mut report = SweepReport::default();
     let active = crate::domain::active::all(store).await?;
     let due = checkout::due_for_expiry(store, &active, now, EXPIRE_BATCH).await?;
-    let expired: Vec<(String, Result<bool, StoreError>)> = futures::stream::iter(due)
+    let expired: Vec<(SessionId, Result<bool, StoreError>)> = futures::stream::iter(due)
         .map(|id| async move {
             let r = checkout::expire_due(store, &id, now).await;
             (id, r)

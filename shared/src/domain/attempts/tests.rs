@@ -11,7 +11,7 @@ use crate::domain::outbox;
 use crate::domain::outbox::EventType;
 use crate::domain::payments::{AttemptInfo, PaymentView};
 use crate::domain::{Tenant, checkout};
-use crate::ids::PaymentId;
+use crate::ids::{PaymentId, SessionId};
 use crate::money::Currency;
 use crate::money::Paisa;
 use crate::providers::ProviderCredentials;
@@ -31,7 +31,7 @@ async fn due_now(store: &dyn Store, now: Timestamp) -> Vec<Payment> {
 }
 
 /// What a sweep at `now` would expire.
-async fn expiring(store: &dyn Store, now: Timestamp, limit: usize) -> Vec<String> {
+async fn expiring(store: &dyn Store, now: Timestamp, limit: usize) -> Vec<SessionId> {
     let active = crate::domain::active::all(store).await.unwrap();
     checkout::due_for_expiry(store, &active, now, limit)
         .await
@@ -63,11 +63,11 @@ async fn attempt(st: &Deps, provider: Provider, now: Timestamp) -> (CheckoutSess
         api_key_id: "ak_1".into(),
         spend_cap_paisa: None,
     };
-    let session = checkout::create(&*st.store, &creator, valid, now, None)
+    let session = checkout::create(st, &creator, valid, now, None)
         .await
         .unwrap();
     let payment = add_attempt(st, &session, provider, "REF1", now).await;
-    let session = checkout::find_any(&*st.store, &session.id, now)
+    let session = checkout::find_any(st, &session.id, now)
         .await
         .unwrap()
         .unwrap();
@@ -87,7 +87,7 @@ async fn session_of(st: &Deps, project: &str, now: Timestamp) -> CheckoutSession
         api_key_id: "ak_1".into(),
         spend_cap_paisa: None,
     };
-    checkout::create(&*st.store, &creator, valid, now, None)
+    checkout::create(st, &creator, valid, now, None)
         .await
         .unwrap()
 }
@@ -199,8 +199,8 @@ async fn add_attempt(
 
 async fn load(st: &Deps, p: &Payment) -> (CheckoutSession, Payment) {
     let s = checkout::find_any(
-        &*st.store,
-        &p.checkout_session_id,
+        st,
+        &SessionId::from(p.checkout_session_id.clone()),
         at("2026-11-22T10:00:00Z"),
     )
     .await
@@ -561,7 +561,7 @@ async fn a_cancelled_payment_is_rechecked_for_a_day_and_can_still_succeed() {
     assert!(due_now(&*st.store, soon).await.is_empty());
 
     // Another cancelled one leaves the index after its day.
-    let s2 = checkout::find_any(&*st.store, &p.checkout_session_id, now)
+    let s2 = checkout::find_any(&st, &SessionId::from(p.checkout_session_id.clone()), now)
         .await
         .unwrap()
         .unwrap();

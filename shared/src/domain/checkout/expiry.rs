@@ -3,10 +3,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::sessions::{CheckoutSession, SessionStatus, failed_at, find};
+use super::sessions::{CheckoutSession, SessionStatus, failed_at, find_at};
 use super::stats;
+use crate::app::Deps;
 use crate::domain::record::{Changes, from_item};
 use crate::domain::{Mode, Tenant, Window};
+use crate::ids::{LinkId, SessionId};
 use crate::keys;
 use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
@@ -24,7 +26,7 @@ fn open_cond() -> Cond {
 /// A session that moved meanwhile is read again and tried again.
 pub(super) async fn mark_expired(
     store: &dyn Store,
-    id: &str,
+    id: &SessionId,
     known: Option<&CheckoutSession>,
     now: Timestamp,
     only_if_due: bool,
@@ -126,7 +128,7 @@ pub async fn due_for_expiry(
     active: &[crate::domain::active::Active],
     now: Timestamp,
     limit: usize,
-) -> Result<Vec<String>, StoreError> {
+) -> Result<Vec<SessionId>, StoreError> {
     let partitions = active
         .iter()
         .map(|a| open_sessions_partition(&a.project_id, a.mode))
@@ -158,7 +160,11 @@ pub async fn has_open_sessions(store: &dyn Store, tenant: &Tenant) -> Result<boo
 
 /// Stores a due session as expired (the scheduler's part of lazy expiry).
 /// Whether this call moved it.
-pub async fn expire_due(store: &dyn Store, id: &str, now: Timestamp) -> Result<bool, StoreError> {
+pub async fn expire_due(
+    store: &dyn Store,
+    id: &SessionId,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
     let s = mark_expired(store, id, None, now, true).await?;
     Ok(s.status == SessionStatus::Expired && s.updated_at == now)
 }
@@ -166,12 +172,21 @@ pub async fn expire_due(store: &dyn Store, id: &str, now: Timestamp) -> Result<b
 /// `POST /v1/checkout/{id}/expire`: `pending|initiated` -> `expired`; a
 /// final session is answered unchanged. `None` when not found.
 pub async fn expire(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &SessionId,
+) -> Result<Option<CheckoutSession>, StoreError> {
+    expire_in(&*deps.store, tenant, id, deps.clock.now()).await
+}
+
+/// [`expire`] on a store as of `now`.
+pub(crate) async fn expire_in(
     store: &dyn Store,
     tenant: &Tenant,
-    id: &str,
+    id: &SessionId,
     now: Timestamp,
 ) -> Result<Option<CheckoutSession>, StoreError> {
-    let Some(session) = find(store, tenant, id, now).await? else {
+    let Some(session) = find_at(store, tenant, id, now).await? else {
         return Ok(None);
     };
     if session.status.is_final() {
@@ -202,6 +217,17 @@ fn status_filter(status: SessionStatus, now: Timestamp) -> Cond {
 /// one status (as of `now`), and the total. Lists show lazy expiry without
 /// writing it (a read of the one session persists it).
 pub async fn list(
+    deps: &Deps,
+    tenant: &Tenant,
+    status: Option<SessionStatus>,
+    now: Timestamp,
+    window: Window,
+) -> Result<(Vec<CheckoutSession>, u64), StoreError> {
+    list_in(&*deps.store, tenant, status, now, window).await
+}
+
+/// [`list`] on a store.
+pub(crate) async fn list_in(
     store: &dyn Store,
     tenant: &Tenant,
     status: Option<SessionStatus>,
@@ -278,7 +304,7 @@ crate::attrs! { LinkUses {
 
 /// Gives back the use of its payment link that an unpaid session held (the
 /// session ended): the link record's claimed count ([`LinkUses`]).
-pub fn release_link_use(link_id: &str) -> TxOp {
+pub fn release_link_use(link_id: &LinkId) -> TxOp {
     TxOp::Update {
         key: keys::record(keys::Record::PaymentLink, link_id),
         update: Changes::<LinkUses>::new()

@@ -26,7 +26,10 @@ pub use expiry::{
     LinkUses, OPEN_SHARDS, due_for_expiry, expire, expire_due, has_open_sessions, list,
     release_link_use,
 };
+#[cfg(test)]
+use expiry::{expire_in, list_in};
 pub(crate) use expiry::{open_partition, open_partitions};
+pub(crate) use providers::providers_in;
 pub use providers::{ProviderAvailability, offered, providers};
 pub use sessions::{
     Address, CheckoutError, CheckoutSession, CheckoutSessionView, CreateCheckout, Creator,
@@ -34,6 +37,7 @@ pub use sessions::{
     check_metadata, check_url, create, failed_at, find, find_any, new_session, spend_op,
     validate_create,
 };
+pub(crate) use sessions::{create_in, find_any_at, find_at};
 
 /// How long a session can be paid.
 pub const SESSION_LIFETIME: chrono::Duration = chrono::Duration::minutes(30);

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use super::sessions::{CheckoutSession, Flow, amount_limits, check_amount};
+use crate::app::Deps;
 use crate::domain::credentials::list_configured_providers;
 use crate::domain::{Mode, Provider, Tenant};
 use crate::store::{Store, StoreError};
@@ -29,6 +30,14 @@ pub(super) fn is_enabled(provider: Provider, mode: Mode, has_credentials: bool) 
 
 /// Every provider, enabled or not, for the project in `mode`.
 pub async fn providers(
+    deps: &Deps,
+    tenant: &Tenant,
+) -> Result<Vec<ProviderAvailability>, StoreError> {
+    providers_in(&*deps.store, tenant).await
+}
+
+/// [`providers`] on a store (for the domain's own callers).
+pub(crate) async fn providers_in(
     store: &dyn Store,
     tenant: &Tenant,
 ) -> Result<Vec<ProviderAvailability>, StoreError> {
@@ -60,8 +69,8 @@ pub async fn providers(
 /// project and mode, taking its amount, and only the set one where the
 /// session names it (a redirect checkout, a Direct-QR or a mobile
 /// session with `provider`).
-pub async fn offered(store: &dyn Store, s: &CheckoutSession) -> Result<Vec<Provider>, StoreError> {
-    let all = providers(store, &Tenant::new(s.project_id.clone(), s.mode)).await?;
+pub async fn offered(deps: &Deps, s: &CheckoutSession) -> Result<Vec<Provider>, StoreError> {
+    let all = providers_in(&*deps.store, &Tenant::new(s.project_id.clone(), s.mode)).await?;
     Ok(all
         .into_iter()
         .filter(|p| p.enabled)

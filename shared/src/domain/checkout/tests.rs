@@ -49,14 +49,14 @@ async fn the_total_costs_the_same_reads_whatever_the_number_of_sessions() {
         while ids.len() < n {
             let valid = validate_create(req(base()), Mode::Sandbox).unwrap();
             ids.push(
-                create(&*inner, &creator, valid, now, None)
+                create_in(&*inner, &creator, valid, now, None)
                     .await
                     .unwrap()
                     .id,
             );
         }
         let before = counting.calls();
-        let (page, total) = list(
+        let (page, total) = list_in(
             &counting,
             &Tenant::new("proj_t", Mode::Sandbox),
             None,
@@ -72,7 +72,7 @@ async fn the_total_costs_the_same_reads_whatever_the_number_of_sessions() {
     let total = |status, at| {
         let counting = &counting;
         async move {
-            list(
+            list_in(
                 counting,
                 &Tenant::new("proj_t", Mode::Sandbox),
                 Some(status),
@@ -96,7 +96,7 @@ async fn the_total_costs_the_same_reads_whatever_the_number_of_sessions() {
     assert_eq!(total(SessionStatus::Expired, late).await, 40);
     assert_eq!(total(SessionStatus::Expired, now).await, 5);
     assert_eq!(total(SessionStatus::Pending, now).await, 35);
-    let (_, all) = list(
+    let (_, all) = list_in(
         &counting,
         &Tenant::new("proj_t", Mode::Sandbox),
         None,
@@ -413,7 +413,7 @@ async fn make(
     now: Timestamp,
 ) -> Result<CheckoutSession, CheckoutError> {
     let v = validate_create(req(with(base(), "amount", json!(amount))), c.mode)?;
-    create(store, c, v, now, None).await
+    create_in(store, c, v, now, None).await
 }
 
 #[tokio::test]
@@ -424,27 +424,27 @@ async fn reads_expire_lazily_and_persist_it() {
     let Ok(s) = make(&*store, &c, 500, now).await else {
         panic!()
     };
-    let found = find(&*store, &Tenant::new("proj_a", Mode::Sandbox), &s.id, now).await;
+    let found = find_at(&*store, &Tenant::new("proj_a", Mode::Sandbox), &s.id, now).await;
     assert_eq!(
         found.ok().flatten().map(|x| x.status),
         Some(SessionStatus::Pending)
     );
     assert_eq!(
-        find(&*store, &Tenant::new("proj_b", Mode::Sandbox), &s.id, now).await,
+        find_at(&*store, &Tenant::new("proj_b", Mode::Sandbox), &s.id, now).await,
         Ok(None)
     );
     assert_eq!(
-        find(&*store, &Tenant::new("proj_a", Mode::Live), &s.id, now).await,
+        find_at(&*store, &Tenant::new("proj_a", Mode::Live), &s.id, now).await,
         Ok(None)
     );
     let later = now.plus(SESSION_LIFETIME);
-    let found = find(&*store, &Tenant::new("proj_a", Mode::Sandbox), &s.id, later).await;
+    let found = find_at(&*store, &Tenant::new("proj_a", Mode::Sandbox), &s.id, later).await;
     assert_eq!(
         found.ok().flatten().map(|x| x.status),
         Some(SessionStatus::Expired)
     );
     // Persisted: visible even to a reader whose clock is earlier.
-    let found = find(&*store, &Tenant::new("proj_a", Mode::Sandbox), &s.id, now).await;
+    let found = find_at(&*store, &Tenant::new("proj_a", Mode::Sandbox), &s.id, now).await;
     assert_eq!(
         found.ok().flatten().map(|x| x.status),
         Some(SessionStatus::Expired)
@@ -458,7 +458,7 @@ async fn expire_moves_open_sessions_only() {
     let Ok(s) = make(&*store, &creator(None), 500, now).await else {
         panic!()
     };
-    let Ok(Some(e)) = expire(&*store, &Tenant::new("proj_a", Mode::Sandbox), &s.id, now).await
+    let Ok(Some(e)) = expire_in(&*store, &Tenant::new("proj_a", Mode::Sandbox), &s.id, now).await
     else {
         panic!()
     };
@@ -468,13 +468,14 @@ async fn expire_moves_open_sessions_only() {
     let _ = store
         .update(&key, Update::new().set("status", "success"), None)
         .await;
-    let Ok(Some(again)) = expire(&*store, &Tenant::new("proj_a", Mode::Sandbox), &s.id, now).await
+    let Ok(Some(again)) =
+        expire_in(&*store, &Tenant::new("proj_a", Mode::Sandbox), &s.id, now).await
     else {
         panic!()
     };
     assert_eq!(again.status, SessionStatus::Success);
     assert_eq!(
-        expire(&*store, &Tenant::new("proj_b", Mode::Sandbox), &s.id, now).await,
+        expire_in(&*store, &Tenant::new("proj_b", Mode::Sandbox), &s.id, now).await,
         Ok(None)
     );
 }
@@ -495,7 +496,7 @@ async fn the_spend_cap_counts_the_month_per_key() {
     let next = now.plus(chrono::Duration::days(32));
     assert!(make(&*store, &c, 1000, next).await.is_ok());
     // The failed attempts left no session behind.
-    let Ok((_, total)) = list(
+    let Ok((_, total)) = list_in(
         &*store,
         &Tenant::new("proj_a", Mode::Sandbox),
         None,
@@ -521,7 +522,7 @@ async fn lists_filter_by_status_as_of_now() {
         };
         made.push(s);
     }
-    let _ = expire(
+    let _ = expire_in(
         &*store,
         &Tenant::new("proj_a", Mode::Sandbox),
         &made[0].id,
@@ -531,7 +532,7 @@ async fn lists_filter_by_status_as_of_now() {
     let count = |s: Option<SessionStatus>, at: Timestamp| {
         let store = store.clone();
         async move {
-            list(
+            list_in(
                 &*store,
                 &Tenant::new("proj_a", Mode::Sandbox),
                 s,
@@ -548,7 +549,7 @@ async fn lists_filter_by_status_as_of_now() {
     let later = now.plus(SESSION_LIFETIME);
     assert_eq!(count(Some(SessionStatus::Pending), later).await, Ok((0, 0)));
     assert_eq!(count(Some(SessionStatus::Expired), later).await, Ok((3, 3)));
-    let Ok((page, _)) = list(
+    let Ok((page, _)) = list_in(
         &*store,
         &Tenant::new("proj_a", Mode::Sandbox),
         None,

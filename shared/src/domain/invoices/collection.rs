@@ -5,7 +5,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::corrections::{close_checkout_op, current_checkout};
-use super::drafts::{InvoiceCheckout, InvoiceError, get, require_state};
+use super::drafts::{InvoiceCheckout, InvoiceError, get_in, require_state};
 use super::records::{Allocation, DocumentStatus, Invoice, InvoiceView};
 use crate::Deps;
 use crate::domain::Tenant;
@@ -13,6 +13,7 @@ use crate::domain::checkout::{self, CheckoutSession, SessionStatus};
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::record::{Changes, Record};
 use crate::fields::{PersonName, Phone};
+use crate::ids::{InvoiceId, PaymentId};
 use crate::store::fence::Fence;
 use crate::store::{Cond, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
@@ -35,7 +36,7 @@ pub struct InvoiceCheckoutView {
 pub async fn checkout(
     state: &Deps,
     payer: &checkout::Creator,
-    id: &str,
+    id: &InvoiceId,
     body: InvoiceCheckout,
     base: &str,
     fence: Option<&Fence>,
@@ -45,7 +46,7 @@ pub async fn checkout(
     let mode = payer.mode;
     check_provider_offered(store, &tenant, body.provider).await?;
     for attempt in 0..8 {
-        let inv = get(store, &tenant, id).await?;
+        let inv = get_in(store, &tenant, id).await?;
         require_state(&inv, DocumentStatus::Issued, "a checkout")?;
         let remaining = inv.amount_remaining();
         if remaining <= 0 {
@@ -138,7 +139,7 @@ async fn check_provider_offered(
     let Some(p) = provider else {
         return Ok(());
     };
-    let enabled = checkout::providers(store, tenant).await?;
+    let enabled = checkout::providers_in(store, tenant).await?;
     if !enabled.iter().any(|x| x.provider == p && x.enabled) {
         return Err(InvoiceError::Checkout(
             checkout::CheckoutError::ProviderUnavailable(p),
@@ -217,7 +218,7 @@ fn invoice_session(
 async fn first_run_session(
     store: &dyn Store,
     fence: Option<&Fence>,
-    id: &str,
+    id: &InvoiceId,
 ) -> Result<CheckoutSession, InvoiceError> {
     let sid = match fence {
         Some(f) => f.resource_id(store).await?.unwrap_or_default(),
@@ -225,8 +226,8 @@ async fn first_run_session(
     };
     crate::domain::record::get::<CheckoutSession>(store, &CheckoutSession::key(&sid))
         .await?
-        .filter(|s| s.invoice_id.as_deref() == Some(id))
-        .ok_or_else(|| InvoiceError::NotFound(id.to_owned()))
+        .filter(|s| s.invoice_id.as_ref() == Some(id))
+        .ok_or_else(|| InvoiceError::NotFound(id.to_string()))
 }
 
 // ------------------------------------------------------------ collection
@@ -239,11 +240,11 @@ async fn first_run_session(
 /// re-reads and retries on conflict).
 pub fn allocation_ops(
     inv: &Invoice,
-    payment_id: &str,
+    payment_id: &PaymentId,
     amount: i64,
     now: Timestamp,
 ) -> Result<Vec<TxOp>, StoreError> {
-    if inv.allocations.iter().any(|a| a.payment_id == payment_id) {
+    if inv.allocations.iter().any(|a| &a.payment_id == payment_id) {
         return Ok(Vec::new());
     }
     let collectible = if inv.document_status == DocumentStatus::Issued {
@@ -258,7 +259,7 @@ pub fn allocation_ops(
     next.amount_excess += excess;
     next.needs_attention |= excess > 0;
     next.allocations.push(Allocation {
-        payment_id: payment_id.to_owned(),
+        payment_id: payment_id.clone(),
         amount,
         excess,
         at: now,

@@ -2,8 +2,8 @@
 //! (a checkout being paid).
 
 use super::drafts::{
-    AdjustInvoice, CorrectInvoice, InvoiceError, check_version, get, invalid, lost_race, replace,
-    require_state, text,
+    AdjustInvoice, CorrectInvoice, InvoiceError, check_version, get_in, invalid, lost_race,
+    replace, require_state, text,
 };
 use super::records::{Adjustment, CollectionStatus, DocumentStatus, Invoice};
 use crate::Deps;
@@ -12,7 +12,7 @@ use crate::domain::checkout::stats::Tally;
 use crate::domain::checkout::{CheckoutSession, SessionStatus};
 use crate::domain::payments::{self, Payment, PaymentStatus};
 use crate::domain::record::{Changes, Record};
-use crate::ids::{self, IdKind};
+use crate::ids::{InvoiceId, PaymentId};
 use crate::store::{Cond, Index, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
@@ -81,7 +81,7 @@ pub(super) fn close_checkout_op(s: &CheckoutSession, now: Timestamp, tally: &mut
         // Null or missing: "not a string" (not >= "") covers both on both
         // backends.
         None => Cond::Not(Box::new(
-            CheckoutSession::PAYMENT_ID.ge(&Some(String::new())),
+            CheckoutSession::PAYMENT_ID.ge(&Some(PaymentId::default())),
         )),
     };
     if s.status_at(now) == SessionStatus::Pending {
@@ -134,13 +134,13 @@ fn correction_blocker(
 pub async fn correct(
     state: &Deps,
     tenant: &Tenant,
-    id: &str,
+    id: &InvoiceId,
     body: CorrectInvoice,
 ) -> Result<(Invoice, Invoice), InvoiceError> {
     let reason =
         text(Some(body.reason)).ok_or_else(|| invalid("reason", "reason must not be empty"))?;
     let store = &*state.store;
-    let current = get(store, tenant, id).await?;
+    let current = get_in(store, tenant, id).await?;
     require_state(&current, DocumentStatus::Issued, "correct")?;
     let now = state.clock.now();
     let checkout = current_checkout(store, &current).await?;
@@ -150,7 +150,7 @@ pub async fn correct(
         )));
     }
     let mut replacement = current.clone();
-    replacement.id = ids::new_id(IdKind::Invoice);
+    replacement.id = InvoiceId::new();
     replacement.version = 1;
     replacement.invoice_number = None;
     replacement.document_status = DocumentStatus::Draft;
@@ -210,13 +210,13 @@ pub async fn correct(
 pub async fn adjust(
     state: &Deps,
     tenant: &Tenant,
-    id: &str,
+    id: &InvoiceId,
     body: AdjustInvoice,
 ) -> Result<Invoice, InvoiceError> {
     let reason =
         text(Some(body.reason)).ok_or_else(|| invalid("reason", "reason must not be empty"))?;
     let store = &*state.store;
-    let current = get(store, tenant, id).await?;
+    let current = get_in(store, tenant, id).await?;
     require_state(&current, DocumentStatus::Issued, "an adjustment")?;
     check_version(&current, body.version)?;
     let remaining = current.amount_remaining();

@@ -13,7 +13,7 @@ use crate::domain::record::{Record, page_of};
 use crate::domain::{Mode, Tenant, Window, account, checkout};
 use crate::fields::wire::{nullable, or_null, present};
 use crate::fields::{InvoiceLineText, InvoiceNote, InvoiceText};
-use crate::ids::{self, IdKind};
+use crate::ids::InvoiceId;
 use crate::money::Currency;
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
@@ -265,8 +265,8 @@ pub fn new_draft(
 ) -> Result<Invoice, InvoiceError> {
     let lines = valid_lines(body.lines)?;
     let mut inv = Invoice {
-        id: ids::new_id(IdKind::Invoice),
-        project_id: tenant.project.clone().into(),
+        id: InvoiceId::new(),
+        project_id: tenant.project.clone(),
         mode: tenant.mode,
         version: 1,
         invoice_number: None,
@@ -306,18 +306,24 @@ pub fn new_draft(
 // ------------------------------------------------------------ operations
 
 /// The invoice `id` of any project (payments settle by session).
-pub async fn get_any(store: &dyn Store, id: &str) -> Result<Option<Invoice>, StoreError> {
-    if !ids::is_valid(id, IdKind::Invoice) {
-        return Ok(None);
-    }
+pub async fn get_any(store: &dyn Store, id: &InvoiceId) -> Result<Option<Invoice>, StoreError> {
     crate::domain::record::get(store, &Invoice::key(id)).await
 }
 
-/// The invoice `id` of `project_id` in `mode`.
-pub async fn get(store: &dyn Store, tenant: &Tenant, id: &str) -> Result<Invoice, InvoiceError> {
+/// The tenant's invoice `id` (not found for any other's).
+pub async fn get(deps: &Deps, tenant: &Tenant, id: &InvoiceId) -> Result<Invoice, InvoiceError> {
+    get_in(&*deps.store, tenant, id).await
+}
+
+/// [`get`] on a store (for the capability's own steps).
+pub(super) async fn get_in(
+    store: &dyn Store,
+    tenant: &Tenant,
+    id: &InvoiceId,
+) -> Result<Invoice, InvoiceError> {
     match get_any(store, id).await? {
         Some(inv) if tenant.owns(&inv.project_id, inv.mode) => Ok(inv),
-        _ => Err(InvoiceError::NotFound(id.to_owned())),
+        _ => Err(InvoiceError::NotFound(id.to_string())),
     }
 }
 
@@ -352,17 +358,18 @@ pub async fn create(
 /// What the first run of a fenced request made.
 async fn first_of(state: &Deps, fence: &Fence, tenant: &Tenant) -> Result<Invoice, InvoiceError> {
     let first = fence.resource_id(&*state.store).await?.unwrap_or_default();
-    get(&*state.store, tenant, &first).await
+    get_in(&*state.store, tenant, &InvoiceId::stored(first)).await
 }
 
 /// One page of the project's invoices, newest first, with the total.
 pub async fn list(
-    store: &dyn Store,
+    deps: &Deps,
     tenant: &Tenant,
     document_status: Option<DocumentStatus>,
     collection_status: Option<CollectionStatus>,
     window: Window,
 ) -> Result<(Vec<Invoice>, u64), StoreError> {
+    let store = &*deps.store;
     let mut filters = Vec::new();
     if let Some(d) = document_status {
         filters.push(Invoice::DOCUMENT_STATUS.eq(&d));
@@ -442,7 +449,7 @@ pub(super) async fn lost_race(
     sent: i64,
     what: &str,
 ) -> InvoiceError {
-    match get(
+    match get_in(
         store,
         &Tenant::new(current.project_id.clone(), current.mode),
         &current.id,
@@ -471,10 +478,10 @@ pub(super) async fn lost_race(
 pub async fn patch(
     state: &Deps,
     tenant: &Tenant,
-    id: &str,
+    id: &InvoiceId,
     body: PatchInvoice,
 ) -> Result<Invoice, InvoiceError> {
-    let current = get(&*state.store, tenant, id).await?;
+    let current = get_in(&*state.store, tenant, id).await?;
     require_state(&current, DocumentStatus::Draft, "editing")?;
     check_version(&current, body.version)?;
     let mut next = current.clone();

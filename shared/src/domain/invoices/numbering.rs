@@ -3,12 +3,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::drafts::{InvoiceError, check_version, get, require_state};
+use super::drafts::{InvoiceError, check_version, get_in, require_state};
 use super::records::{DocumentStatus, Invoice};
 use super::{FINALIZE_BUDGET, FINALIZE_TRIES};
 use crate::domain::account::Seller;
 use crate::domain::record::{self, Changes, Record};
 use crate::domain::{Mode, Tenant, account};
+use crate::ids::InvoiceId;
 use crate::store::fence::Fence;
 use crate::store::{Cond, Key, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
@@ -56,7 +57,7 @@ pub(super) fn number_text(mode: Mode, n: u64) -> String {
 pub async fn finalize(
     state: &Deps,
     tenant: &Tenant,
-    id: &str,
+    id: &InvoiceId,
     version: i64,
     fence: Option<&Fence>,
 ) -> Result<Invoice, InvoiceError> {
@@ -70,7 +71,7 @@ pub async fn finalize(
         if started.elapsed() > FINALIZE_BUDGET {
             break;
         }
-        let current = get(store, tenant, id).await?;
+        let current = get_in(store, tenant, id).await?;
         if current.document_status != DocumentStatus::Draft {
             if let Some(f) = fence {
                 // A retry of a finalize whose answer was lost.
@@ -110,7 +111,7 @@ pub async fn finalize(
                     return first_run_finalized(store, tenant, id, fence).await;
                 }
                 if failed(0) {
-                    let now_current = get(store, tenant, id).await?;
+                    let now_current = get_in(store, tenant, id).await?;
                     require_state(&now_current, DocumentStatus::Draft, "finalize")?;
                     return Err(InvoiceError::VersionConflict {
                         sent: version,
@@ -181,15 +182,15 @@ fn counter_at(last: u64) -> Cond {
 async fn first_run_finalized(
     store: &dyn Store,
     tenant: &Tenant,
-    id: &str,
+    id: &InvoiceId,
     fence: Option<&Fence>,
 ) -> Result<Invoice, InvoiceError> {
     let first = match fence {
         Some(f) => f.resource_id(store).await?,
         None => None,
     };
-    if first.as_deref() == Some(id) {
-        return get(store, tenant, id).await;
+    if first.as_deref() == Some(id.as_str()) {
+        return get_in(store, tenant, id).await;
     }
     Err(InvoiceError::StateConflict(
         "this Idempotency-Key was used for another request".into(),
@@ -201,19 +202,19 @@ async fn first_run_finalized(
 pub async fn discard(
     state: &Deps,
     tenant: &Tenant,
-    id: &str,
+    id: &InvoiceId,
     fence: Option<&Fence>,
 ) -> Result<Invoice, InvoiceError> {
-    let current = match get(&*state.store, tenant, id).await {
+    let current = match get_in(&*state.store, tenant, id).await {
         Ok(c) => c,
         Err(InvoiceError::NotFound(_)) => {
             if let Some(f) = fence {
-                if f.resource_id(&*state.store).await?.as_deref() == Some(id) {
+                if f.resource_id(&*state.store).await?.as_deref() == Some(id.as_str()) {
                     // This very request discarded it (its answer was lost).
                     return Err(InvoiceError::AlreadyDiscarded);
                 }
             }
-            return Err(InvoiceError::NotFound(id.to_owned()));
+            return Err(InvoiceError::NotFound(id.to_string()));
         }
         Err(e) => return Err(e),
     };

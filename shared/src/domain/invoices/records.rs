@@ -8,6 +8,7 @@ use crate::domain::Mode;
 use crate::domain::account::Seller;
 use crate::domain::record::{Entry, Record};
 use crate::fields::{BuyerAddress, BuyerPhone, Email, InvoiceLineText, InvoiceNote, InvoiceText};
+use crate::ids::{InvoiceId, PaymentId, ProjectId, SessionId};
 use crate::keys;
 use crate::money::Currency;
 use crate::store::Key;
@@ -224,7 +225,7 @@ impl StoredBuyer {
 /// A payment allocated to the invoice.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
-    pub payment_id: String,
+    pub payment_id: PaymentId,
     pub amount: i64,
     /// The part beyond the collectible balance (in `amount_excess`).
     pub excess: i64,
@@ -242,8 +243,8 @@ pub struct Adjustment {
 /// A stored invoice.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Invoice {
-    pub id: String,
-    pub project_id: String,
+    pub id: InvoiceId,
+    pub project_id: ProjectId,
     pub mode: Mode,
     pub version: i64,
     pub invoice_number: Option<String>,
@@ -270,11 +271,11 @@ pub struct Invoice {
     pub needs_attention: bool,
     pub voided_at: Option<Timestamp>,
     pub void_reason: Option<String>,
-    pub corrected_by_invoice_id: Option<String>,
-    pub correction_of_invoice_id: Option<String>,
+    pub corrected_by_invoice_id: Option<InvoiceId>,
+    pub correction_of_invoice_id: Option<InvoiceId>,
     /// The last checkout session opened for the invoice.
     #[serde(default)]
-    pub checkout_session_id: Option<String>,
+    pub checkout_session_id: Option<SessionId>,
     #[serde(default)]
     pub allocations: Vec<Allocation>,
     #[serde(default)]
@@ -282,8 +283,8 @@ pub struct Invoice {
 }
 
 crate::attrs! { Invoice {
-    ID: String = id,
-    PROJECT_ID: String = project_id,
+    ID: InvoiceId = id,
+    PROJECT_ID: ProjectId = project_id,
     MODE: Mode = mode,
     VERSION: i64 = version,
     INVOICE_NUMBER: Option<String> = invoice_number,
@@ -310,9 +311,9 @@ crate::attrs! { Invoice {
     NEEDS_ATTENTION: bool = needs_attention,
     VOIDED_AT: Option<Timestamp> = voided_at,
     VOID_REASON: Option<String> = void_reason,
-    CORRECTED_BY_INVOICE_ID: Option<String> = corrected_by_invoice_id,
-    CORRECTION_OF_INVOICE_ID: Option<String> = correction_of_invoice_id,
-    CHECKOUT_SESSION_ID: Option<String> = checkout_session_id,
+    CORRECTED_BY_INVOICE_ID: Option<InvoiceId> = corrected_by_invoice_id,
+    CORRECTION_OF_INVOICE_ID: Option<InvoiceId> = correction_of_invoice_id,
+    CHECKOUT_SESSION_ID: Option<SessionId> = checkout_session_id,
     ALLOCATIONS: Vec<Allocation> = allocations,
     ADJUSTMENTS: Vec<Adjustment> = adjustments,
 } }
@@ -456,7 +457,7 @@ pub struct InvoiceView {
 impl InvoiceView {
     pub fn at(inv: &Invoice, now: Timestamp) -> Self {
         InvoiceView {
-            id: inv.id.clone(),
+            id: inv.id.to_string(),
             object: "standalone_invoice",
             livemode: inv.mode.is_live(),
             version: inv.version,
@@ -491,8 +492,8 @@ impl InvoiceView {
             needs_attention: inv.needs_attention,
             voided_at: inv.voided_at,
             void_reason: inv.void_reason.clone().map(InvoiceLineText::stored),
-            corrected_by_invoice_id: inv.corrected_by_invoice_id.clone(),
-            correction_of_invoice_id: inv.correction_of_invoice_id.clone(),
+            corrected_by_invoice_id: inv.corrected_by_invoice_id.clone().map(String::from),
+            correction_of_invoice_id: inv.correction_of_invoice_id.clone().map(String::from),
         }
     }
 }

@@ -248,7 +248,7 @@ fn allocation_fills_the_balance_then_the_excess() {
         excess: 0,
         at: now,
     });
-    let ops = allocation_ops(&inv, "pay_b", 5_000, now).unwrap();
+    let ops = allocation_ops(&inv, &"pay_b".into(), 5_000, now).unwrap();
     assert_eq!(
         ops.len(),
         3,
@@ -267,14 +267,14 @@ fn allocation_fills_the_balance_then_the_excess() {
     assert_eq!(next.collection(), CollectionStatus::Paid);
     // The same payment again: nothing.
     assert!(
-        allocation_ops(&next, "pay_b", 5_000, now)
+        allocation_ops(&next, &"pay_b".into(), 5_000, now)
             .unwrap()
             .is_empty()
     );
     // A payment for a void invoice is all excess.
     let mut void = inv.clone();
     void.document_status = DocumentStatus::Void;
-    let ops = allocation_ops(&void, "pay_c", 2_000, now).unwrap();
+    let ops = allocation_ops(&void, &"pay_c".into(), 2_000, now).unwrap();
     let TxOp::Put { item, .. } = &ops[0] else {
         panic!("{ops:?}")
     };
@@ -435,13 +435,9 @@ mod numbering {
         assert_eq!(counted.get("sessions_created"), Some(&2));
         assert_eq!(session(&state, &a.id).await.status, SessionStatus::Expired);
         // The invoice moved on: a write at the old version conflicts.
-        let now_inv = get(
-            &*state.store,
-            &Tenant::new("proj_1", Mode::Sandbox),
-            &inv.id,
-        )
-        .await
-        .unwrap();
+        let now_inv = get(&state, &Tenant::new("proj_1", Mode::Sandbox), &inv.id)
+            .await
+            .unwrap();
         assert_eq!(now_inv.version, inv.version + 2);
         // Correct an invoice with a fresh pending checkout: allowed, and
         // the checkout is expired with it.
@@ -478,13 +474,9 @@ mod numbering {
         )
         .await
         .unwrap();
-        let current = get(
-            &*state.store,
-            &Tenant::new("proj_1", Mode::Sandbox),
-            &inv.id,
-        )
-        .await
-        .unwrap();
+        let current = get(&state, &Tenant::new("proj_1", Mode::Sandbox), &inv.id)
+            .await
+            .unwrap();
         let adjusted = adjust(
             &state,
             &Tenant::new("proj_1", Mode::Sandbox),
@@ -545,7 +537,7 @@ mod numbering {
             ),
             "{err:?}"
         );
-        let still = get(&*state.store, &Tenant::new("proj_1", Mode::Sandbox), &a.id)
+        let still = get(&state, &Tenant::new("proj_1", Mode::Sandbox), &a.id)
             .await
             .unwrap();
         assert_eq!(still, a);
@@ -599,7 +591,7 @@ mod numbering {
         let third = issued(&state).await;
         assert_eq!(third.invoice_number.as_deref(), Some("TEST-PI-000003"));
         let listed = list(
-            &*state.store,
+            &state,
             &tenant,
             Some(DocumentStatus::Issued),
             None,

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::{DEFAULT_MIN_AMOUNT, PaymentLink};
+use crate::app::Deps;
 use crate::domain::checkout::{self, CheckoutError, MAX_AMOUNT_PAISA, StoredAddress, check_url};
 use crate::domain::record::{Changes, Record, from_item};
 use crate::domain::{Mode, Provider, Tenant, Window};
@@ -13,7 +14,7 @@ use crate::fields::{
     AddressPart, Description, Email, HttpUrl, InactiveMessage, LinkTitle, OrEmpty, PersonName,
     Phone, ReferenceId,
 };
-use crate::ids::{self, IdKind};
+use crate::ids::LinkId;
 use crate::money::{Currency, Paisa};
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
@@ -121,7 +122,7 @@ impl PaymentLinkView {
         PaymentLinkView {
             livemode: l.mode.is_live(),
             url: format!("{base}/l/{}", l.id),
-            id: l.id,
+            id: l.id.into(),
             mode: l.mode,
             title: LinkTitle::stored(l.title),
             description: l.description.map(Description::stored),
@@ -437,8 +438,8 @@ pub fn new_link(
         country: text(req.customer_country),
     };
     Ok(PaymentLink {
-        id: ids::new_id(IdKind::PaymentLink),
-        project_id: tenant.project.clone().into(),
+        id: LinkId::new(),
+        project_id: tenant.project.clone(),
         mode: tenant.mode,
         title,
         description: text(req.description),
@@ -475,10 +476,11 @@ pub fn new_link(
 /// fence in the same transaction, a retry whose first run committed gets
 /// that run's link instead of a second one.
 pub async fn insert_once(
-    store: &dyn Store,
+    deps: &Deps,
     link: &PaymentLink,
     fence: Option<&Fence>,
 ) -> Result<PaymentLink, StoreError> {
+    let store = &*deps.store;
     let mut ops = vec![link.put_new()?];
     if let Some(f) = fence {
         ops.push(f.op(&link.id));
@@ -488,7 +490,7 @@ pub async fn insert_once(
         Err(e) => match fence {
             Some(f) if Fence::tripped(&e, 1) => {
                 let first = f.resource_id(store).await?.unwrap_or_default();
-                get(store, &first)
+                get_in(store, &LinkId::stored(first.as_str()))
                     .await?
                     .ok_or_else(|| StoreError::Backend(format!("fenced link {first} is missing")))
             }
@@ -504,20 +506,33 @@ pub(super) async fn insert(store: &dyn Store, link: &PaymentLink) -> Result<(), 
 }
 
 /// The link `id` of any project (the public page knows it by id alone).
-pub async fn get(store: &dyn Store, id: &str) -> Result<Option<PaymentLink>, StoreError> {
-    if !ids::is_valid(id, IdKind::PaymentLink) {
-        return Ok(None);
-    }
+pub async fn get(deps: &Deps, id: &LinkId) -> Result<Option<PaymentLink>, StoreError> {
+    get_in(&*deps.store, id).await
+}
+
+/// [`get`] on a store (for the domain's own callers).
+pub(crate) async fn get_in(
+    store: &dyn Store,
+    id: &LinkId,
+) -> Result<Option<PaymentLink>, StoreError> {
     crate::domain::record::get(store, &PaymentLink::key(id)).await
 }
 
-/// The link `id` of `project_id` in `mode`, else `None`.
+/// The link `id` of the tenant, else `None`.
 pub async fn find(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &LinkId,
+) -> Result<Option<PaymentLink>, StoreError> {
+    find_in(&*deps.store, tenant, id).await
+}
+
+async fn find_in(
     store: &dyn Store,
     tenant: &Tenant,
-    id: &str,
+    id: &LinkId,
 ) -> Result<Option<PaymentLink>, StoreError> {
-    Ok(get(store, id)
+    Ok(get_in(store, id)
         .await?
         .filter(|l| tenant.owns(&l.project_id, l.mode)))
 }
@@ -525,11 +540,12 @@ pub async fn find(
 /// A page of the project's links in `mode`, newest first, optionally only
 /// active or inactive ones, and the total.
 pub async fn list(
-    store: &dyn Store,
+    deps: &Deps,
     tenant: &Tenant,
     active: Option<bool>,
     window: Window,
 ) -> Result<(Vec<PaymentLink>, u64), StoreError> {
+    let store = &*deps.store;
     let mut query = Query::partition(PaymentLink::list_partition(&tenant.project, tenant.mode))
         .on(Index::Gsi1)
         .backward();
@@ -542,12 +558,13 @@ pub async fn list(
 /// Applies `patch` to the link (only the keys sent), atomically: `maxUses`
 /// below the use count at the moment of the write is refused.
 pub async fn patch(
-    store: &dyn Store,
+    deps: &Deps,
     tenant: &Tenant,
-    id: &str,
+    id: &LinkId,
     patch: PatchLink,
     now: Timestamp,
 ) -> Result<PaymentLink, LinkError> {
+    let store = &*deps.store;
     // Address parts are written with the rest of the address as read: a
     // concurrent edit in between means read again.
     for _ in 0..4 {
@@ -564,13 +581,13 @@ pub async fn patch(
 async fn patch_once(
     store: &dyn Store,
     tenant: &Tenant,
-    id: &str,
+    id: &LinkId,
     mut patch: PatchLink,
     now: Timestamp,
 ) -> Result<Option<PaymentLink>, LinkError> {
-    let link = find(store, tenant, id)
+    let link = find_in(store, tenant, id)
         .await?
-        .ok_or_else(|| LinkError::NotFound(id.to_owned()))?;
+        .ok_or_else(|| LinkError::NotFound(id.to_string()))?;
     let mut cond = vec![Cond::Exists];
     let changes = Changes::<PaymentLink>::new().set(PaymentLink::UPDATED_AT, &now);
     let changes = patch_details(changes, &mut patch, now)?;
@@ -582,8 +599,8 @@ async fn patch_once(
         .await
     {
         Ok(item) => Ok(Some(from_item(item)?)),
-        Err(StoreError::ConditionFailed) => match get(store, &link.id).await? {
-            None => Err(LinkError::NotFound(id.to_owned())),
+        Err(StoreError::ConditionFailed) => match get_in(store, &link.id).await? {
+            None => Err(LinkError::NotFound(id.to_string())),
             Some(now_link) => match patch.max_uses {
                 Some(Some(m)) if now_link.used_count > m => {
                     Err(below_use_count(now_link.used_count))
@@ -753,14 +770,15 @@ fn below_use_count(used: i64) -> LinkError {
 /// `POST /v1/payment-links/{id}/cancel`: active -> inactive; an inactive
 /// link is refused (422 `link_inactive`).
 pub async fn cancel(
-    store: &dyn Store,
+    deps: &Deps,
     tenant: &Tenant,
-    id: &str,
+    id: &LinkId,
     now: Timestamp,
 ) -> Result<PaymentLink, LinkError> {
-    let link = find(store, tenant, id)
+    let store = &*deps.store;
+    let link = find_in(store, tenant, id)
         .await?
-        .ok_or_else(|| LinkError::NotFound(id.to_owned()))?;
+        .ok_or_else(|| LinkError::NotFound(id.to_string()))?;
     let changes = Changes::<PaymentLink>::new()
         .set(PaymentLink::ACTIVE, &false)
         .set(PaymentLink::UPDATED_AT, &now);
@@ -780,10 +798,11 @@ pub async fn cancel(
 
 /// `DELETE /v1/payment-links/{id}`: only a link never used (422
 /// `link_used` otherwise).
-pub async fn delete(store: &dyn Store, tenant: &Tenant, id: &str) -> Result<String, LinkError> {
-    let link = find(store, tenant, id)
+pub async fn delete(deps: &Deps, tenant: &Tenant, id: &LinkId) -> Result<LinkId, LinkError> {
+    let store = &*deps.store;
+    let link = find_in(store, tenant, id)
         .await?
-        .ok_or_else(|| LinkError::NotFound(id.to_owned()))?;
+        .ok_or_else(|| LinkError::NotFound(id.to_string()))?;
     let unused = Cond::And(vec![
         Cond::Or(vec![
             PaymentLink::USED_COUNT.missing(),
@@ -802,9 +821,9 @@ pub async fn delete(store: &dyn Store, tenant: &Tenant, id: &str) -> Result<Stri
         .await
     {
         Ok(_) => Ok(link.id),
-        Err(StoreError::ConditionFailed) => match get(store, &link.id).await? {
+        Err(StoreError::ConditionFailed) => match get_in(store, &link.id).await? {
             Some(_) => Err(LinkError::Used),
-            None => Err(LinkError::NotFound(id.to_owned())),
+            None => Err(LinkError::NotFound(id.to_string())),
         },
         Err(e) => Err(e.into()),
     }

@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 use super::checkout::{self, StoredAddress};
 use super::record::{Attr, Changes, Entry, Record};
 use super::{Mode, Provider};
+use crate::ids::{LinkId, ProjectId};
 use crate::keys;
 use crate::money::{Currency, Paisa};
 use crate::store::{Cond, Key, TxOp};
@@ -25,6 +26,7 @@ mod page;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use manage::get_in;
 pub use manage::{
     CreateLink, LinkError, LinkStats, PatchLink, PaymentLinkView, cancel, check_spend_cap, delete,
     find, get, insert_once, list, new_link, patch,
@@ -38,8 +40,8 @@ pub const DEFAULT_MIN_AMOUNT: i64 = 1000;
 /// A stored link.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PaymentLink {
-    pub id: String,
-    pub project_id: String,
+    pub id: LinkId,
+    pub project_id: ProjectId,
     pub mode: Mode,
     pub title: String,
     #[serde(default)]
@@ -94,8 +96,8 @@ pub struct PaymentLink {
 }
 
 crate::attrs! { PaymentLink {
-    ID: String = id,
-    PROJECT_ID: String = project_id,
+    ID: LinkId = id,
+    PROJECT_ID: ProjectId = project_id,
     MODE: Mode = mode,
     TITLE: String = title,
     DESCRIPTION: Option<String> = description,

@@ -1,14 +1,16 @@
 //! The public link page: the amount a customer may type, counting views, and
 //! opening a checkout session that holds one use of the link.
 
-use super::manage::{get, text};
+use super::manage::{get_in, text};
 use super::{PaymentLink, below_max_uses, held_text};
+use crate::app::Deps;
 use crate::domain::Tenant;
 use crate::domain::checkout::{self, CheckoutError, MAX_AMOUNT_PAISA};
 use crate::domain::record::{Changes, Record};
 use crate::fields::{Email, PersonName, Phone, Rule};
+use crate::ids::{ApiKeyId, LinkId};
 use crate::money::Paisa;
-use crate::store::{Cond, Store, StoreError, TxOp};
+use crate::store::{Cond, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// Why the public page could not open a checkout for a link.
@@ -69,8 +71,9 @@ pub fn inactive_text(link: &PaymentLink) -> String {
 }
 
 /// Counts one view of the public page (an atomic `ADD`).
-pub async fn count_view(store: &dyn Store, id: &str) -> Result<(), StoreError> {
-    match store
+pub async fn count_view(deps: &Deps, id: &LinkId) -> Result<(), StoreError> {
+    match deps
+        .store
         .update(
             &PaymentLink::key(id),
             Changes::<PaymentLink>::new()
@@ -132,13 +135,14 @@ fn amount_for(link: &PaymentLink, typed: Option<&str>) -> Result<Paisa, OpenErro
 /// session is refused while the link is used up (checked in the same
 /// transaction) or every use is held.
 pub async fn open_session(
-    store: &dyn Store,
-    link_id: &str,
+    deps: &Deps,
+    link_id: &LinkId,
     customer: LinkCustomer,
     base: &str,
     now: Timestamp,
 ) -> Result<checkout::CheckoutSession, OpenError> {
-    let link = get(store, link_id).await?.ok_or(OpenError::NotFound)?;
+    let store = &*deps.store;
+    let link = get_in(store, link_id).await?.ok_or(OpenError::NotFound)?;
     if link.unusable(now).is_some() {
         return Err(OpenError::Unusable(inactive_text(&link)));
     }
@@ -179,7 +183,8 @@ pub async fn open_session(
     let creator = checkout::Creator {
         project_id: link.project_id.clone(),
         mode: link.mode,
-        api_key_id: format!("link:{}", link.id),
+        // Not a key: the link stands for one, as stored since links began.
+        api_key_id: ApiKeyId::stored(format!("link:{}", link.id)),
         spend_cap_paisa: None,
     };
     let mut session = checkout::new_session(&creator, valid, now);
@@ -213,7 +218,7 @@ pub async fn open_session(
                 tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
             }
             Err(StoreError::TransactionCanceled { .. }) => {
-                let now_link = get(store, link_id).await?.ok_or(OpenError::NotFound)?;
+                let now_link = get_in(store, link_id).await?.ok_or(OpenError::NotFound)?;
                 return Err(OpenError::Unusable(inactive_text(&now_link)));
             }
             Err(e) => return Err(e.into()),

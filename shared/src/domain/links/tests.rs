@@ -3,9 +3,8 @@ use super::page::typed;
 use super::*;
 use crate::domain::{Tenant, Window};
 use crate::fields::Phone;
-use crate::store::embedded::EmbeddedStore;
+use crate::store::Update;
 use crate::store::fence::Fence;
-use crate::store::{Store, Update};
 use serde_json::json;
 
 fn now() -> Timestamp {
@@ -151,18 +150,18 @@ fn usability_and_stats() {
 
 #[tokio::test]
 async fn a_fenced_create_that_committed_answers_its_first_link() {
-    let store = EmbeddedStore::in_memory().unwrap();
+    let deps = crate::AppState::for_tests();
     let fence = Fence::new(Key::new("IDEMFENCE#test", "FENCE"), 0);
     let first = create(json!({"title": "Once", "amount": 1000})).unwrap();
-    let stored = insert_once(&store, &first, Some(&fence)).await.unwrap();
+    let stored = insert_once(&deps, &first, Some(&fence)).await.unwrap();
     assert_eq!(stored.id, first.id);
     // The retry built another link; the fence answers the first.
     let second = create(json!({"title": "Once", "amount": 1000})).unwrap();
-    let again = insert_once(&store, &second, Some(&fence)).await.unwrap();
+    let again = insert_once(&deps, &second, Some(&fence)).await.unwrap();
     assert_eq!(again.id, first.id);
-    assert!(get(&store, &second.id).await.unwrap().is_none());
+    assert!(get(&deps, &second.id).await.unwrap().is_none());
     let (_, total) = list(
-        &store,
+        &deps,
         &Tenant::new("proj_1", Mode::Sandbox),
         None,
         Window::first(10),
@@ -174,12 +173,13 @@ async fn a_fenced_create_that_committed_answers_its_first_link() {
 
 #[tokio::test]
 async fn an_opened_session_is_counted_on_its_day() {
-    let store = EmbeddedStore::in_memory().unwrap();
+    let deps = crate::AppState::for_tests();
+    let store = &*deps.store;
     let l = create(json!({"title": "Momo box", "amount": 50000})).unwrap();
-    insert(&store, &l).await.unwrap();
+    insert(store, &l).await.unwrap();
     for _ in 0..2 {
         open_session(
-            &store,
+            &deps,
             &l.id,
             LinkCustomer::default(),
             "https://pay.example",
@@ -188,7 +188,7 @@ async fn an_opened_session_is_counted_on_its_day() {
         .await
         .unwrap();
     }
-    let counted = crate::domain::analytics::day_totals(&store, "proj_1", Mode::Sandbox, now())
+    let counted = crate::domain::analytics::day_totals(store, "proj_1", Mode::Sandbox, now())
         .await
         .unwrap();
     assert_eq!(counted.get("sessions_created"), Some(&2));
@@ -196,14 +196,15 @@ async fn an_opened_session_is_counted_on_its_day() {
 
 #[tokio::test]
 async fn patch_cancel_and_delete_follow_the_rules() {
-    let store = EmbeddedStore::in_memory().unwrap();
+    let deps = crate::AppState::for_tests();
+    let store = &*deps.store;
     let l = create(json!({"title": "Box", "amount": 1000, "description": "d"})).unwrap();
-    insert(&store, &l).await.unwrap();
+    insert(store, &l).await.unwrap();
     let p: PatchLink =
         serde_json::from_value(json!({"title": "Big box", "description": "", "maxUses": 3}))
             .unwrap();
     let after = patch(
-        &store,
+        &deps,
         &Tenant::new("proj_1", Mode::Sandbox),
         &l.id,
         p,
@@ -223,7 +224,7 @@ async fn patch_cancel_and_delete_follow_the_rules() {
     // maxUses null: unlimited again.
     let p: PatchLink = serde_json::from_value(json!({"maxUses": null})).unwrap();
     let after = patch(
-        &store,
+        &deps,
         &Tenant::new("proj_1", Mode::Sandbox),
         &l.id,
         p,
@@ -239,7 +240,7 @@ async fn patch_cancel_and_delete_follow_the_rules() {
     }))
     .unwrap();
     let after = patch(
-        &store,
+        &deps,
         &Tenant::new("proj_1", Mode::Sandbox),
         &l.id,
         p,
@@ -258,7 +259,7 @@ async fn patch_cancel_and_delete_follow_the_rules() {
     let p: PatchLink =
         serde_json::from_value(json!({"customerCity": "", "customerEmail": ""})).unwrap();
     let after = patch(
-        &store,
+        &deps,
         &Tenant::new("proj_1", Mode::Sandbox),
         &l.id,
         p,
@@ -295,7 +296,7 @@ async fn patch_cancel_and_delete_follow_the_rules() {
     ] {
         let p: PatchLink = serde_json::from_value(json!({ key: null })).unwrap();
         assert!(
-            matches!(patch(&store, &Tenant::new("proj_1", Mode::Sandbox), &l.id, p, now()).await,
+            matches!(patch(&deps, &Tenant::new("proj_1", Mode::Sandbox), &l.id, p, now()).await,
                     Err(LinkError::Invalid { ref field, .. }) if field == key),
             "{key}"
         );
@@ -311,38 +312,38 @@ async fn patch_cancel_and_delete_follow_the_rules() {
         .unwrap();
     let p: PatchLink = serde_json::from_value(json!({"maxUses": 1})).unwrap();
     assert!(matches!(
-        patch(&store, &Tenant::new("proj_1", Mode::Sandbox), &l.id, p, now()).await,
+        patch(&deps, &Tenant::new("proj_1", Mode::Sandbox), &l.id, p, now()).await,
         Err(LinkError::Invalid { field, .. }) if field == "maxUses"
     ));
     assert!(matches!(
-        delete(&store, &Tenant::new("proj_1", Mode::Sandbox), &l.id).await,
+        delete(&deps, &Tenant::new("proj_1", Mode::Sandbox), &l.id).await,
         Err(LinkError::Used)
     ));
     assert!(
-        cancel(&store, &Tenant::new("proj_1", Mode::Sandbox), &l.id, now())
+        cancel(&deps, &Tenant::new("proj_1", Mode::Sandbox), &l.id, now())
             .await
             .is_ok()
     );
     assert!(matches!(
-        cancel(&store, &Tenant::new("proj_1", Mode::Sandbox), &l.id, now()).await,
+        cancel(&deps, &Tenant::new("proj_1", Mode::Sandbox), &l.id, now()).await,
         Err(LinkError::Inactive)
     ));
     // Another project sees nothing.
     assert!(matches!(
-        cancel(&store, &Tenant::new("proj_2", Mode::Sandbox), &l.id, now()).await,
+        cancel(&deps, &Tenant::new("proj_2", Mode::Sandbox), &l.id, now()).await,
         Err(LinkError::NotFound(_))
     ));
     let unused = create(json!({"title": "Unused"})).unwrap();
-    insert(&store, &unused).await.unwrap();
+    insert(store, &unused).await.unwrap();
     assert_eq!(
-        delete(&store, &Tenant::new("proj_1", Mode::Sandbox), &unused.id)
+        delete(&deps, &Tenant::new("proj_1", Mode::Sandbox), &unused.id)
             .await
             .unwrap(),
         unused.id
     );
-    assert!(get(&store, &unused.id).await.unwrap().is_none());
+    assert!(get(&deps, &unused.id).await.unwrap().is_none());
     let (active, total) = list(
-        &store,
+        &deps,
         &Tenant::new("proj_1", Mode::Sandbox),
         Some(true),
         Window::first(10),
@@ -351,7 +352,7 @@ async fn patch_cancel_and_delete_follow_the_rules() {
     .unwrap();
     assert_eq!((active.len(), total), (0, 0));
     let (all, total) = list(
-        &store,
+        &deps,
         &Tenant::new("proj_1", Mode::Sandbox),
         None,
         Window::first(10),

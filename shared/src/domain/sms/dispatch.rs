@@ -11,6 +11,7 @@ use crate::Deps;
 use crate::domain::Mode;
 use crate::domain::checkout::{CheckoutSession, SessionStatus};
 use crate::domain::record::{Changes, from_item, word};
+use crate::ids::SmsId;
 use crate::providers::sms::{SmsClient, SmsSendError};
 use crate::store::{Cond, Index, Store, StoreError, TxOp, TxReason, Update};
 use crate::time::Timestamp;
@@ -207,11 +208,12 @@ async fn unclaim(store: &dyn Store, id: &str, claim: &str) {
 pub(super) async fn dispatch(
     state: &Deps,
     client: &SmsClient,
-    sms_id: &str,
+    sms_id: &SmsId,
     lease: Duration,
 ) -> Result<DispatchOutcome, DispatchError> {
     let store = &*state.store;
     let Some(r) = get(store, sms_id).await? else {
+        let sms_id = sms_id.as_str();
         tracing::warn!(sms_id, "message for an unknown SMS reminder dropped");
         return Ok(DispatchOutcome::Skipped);
     };
@@ -227,7 +229,7 @@ pub(super) async fn dispatch(
                 // may have gone out. Not sent again; ended `unknown`.
                 return abandon(state, &r).await;
             };
-            tracing::debug!(sms_id, held, "SMS reminder claimed by another worker");
+            tracing::debug!(sms_id = %sms_id, held, "SMS reminder claimed by another worker");
             return Ok(DispatchOutcome::Skipped);
         }
         _ => return Ok(DispatchOutcome::Skipped),

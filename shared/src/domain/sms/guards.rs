@@ -5,10 +5,10 @@ use serde::{Deserialize, Serialize};
 
 use super::request::{first_id_at, normalize_phone};
 use super::{Limits, SESSION_PAGE, SESSION_PAGES, SESSION_WINDOW_HOURS, SmsError};
-use crate::domain::Mode;
 use crate::domain::checkout::{CheckoutSession, SessionStatus};
 use crate::domain::record::{self, Changes, Record, from_item};
-use crate::ids::IdKind;
+use crate::domain::{Mode, Tenant};
+use crate::ids::{IdKind, SessionId};
 use crate::keys;
 use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
@@ -57,7 +57,7 @@ fn is_pending_for(s: &CheckoutSession, phone: &str, now: Timestamp) -> bool {
 pub(super) enum SessionMatch {
     /// The recipient's pending session the reminder is about: the one the
     /// URL names, else the newest one found.
-    Found(String),
+    Found(SessionId),
     /// The URL names a session of another project, mode, or none at all
     /// (guard 2 refuses it when guard 1 passes).
     ForeignUrl(String),
@@ -72,8 +72,7 @@ pub(super) enum SessionMatch {
 /// `SESSION_PAGES` pages of `SESSION_PAGE`.
 pub(super) async fn pending_session(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     phone: &str,
     url_session: Option<&str>,
     now: Timestamp,
@@ -85,7 +84,7 @@ pub(super) async fn pending_session(
             None => None,
         };
         match named {
-            Some(s) if s.project_id == project_id && s.mode == mode => {
+            Some(s) if tenant.owns(&s.project_id, s.mode) => {
                 return Ok(if is_pending_for(&s, phone, now) {
                     SessionMatch::Found(s.id)
                 } else {
@@ -96,12 +95,16 @@ pub(super) async fn pending_session(
         }
     }
     let since = now.plus(chrono::Duration::hours(-SESSION_WINDOW_HOURS));
-    let mut query = Query::partition(keys::per_mode(project_id, mode, keys::PerMode::Sessions))
-        .on(Index::Gsi1)
-        .sk(SkCond::Ge(first_id_at(IdKind::CheckoutSession, since)))
-        .backward()
-        .limit(SESSION_PAGE)
-        .filter(CheckoutSession::CUSTOMER_PHONE.exists());
+    let mut query = Query::partition(keys::per_mode(
+        &tenant.project,
+        tenant.mode,
+        keys::PerMode::Sessions,
+    ))
+    .on(Index::Gsi1)
+    .sk(SkCond::Ge(first_id_at(IdKind::CheckoutSession, since)))
+    .backward()
+    .limit(SESSION_PAGE)
+    .filter(CheckoutSession::CUSTOMER_PHONE.exists());
     for _ in 0..SESSION_PAGES {
         let page = store.query(&query).await?;
         for item in page.items {

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::notify::enqueue;
 use crate::domain::record::{Changes, Entry, Gsi2Entry, Record, from_item};
 use crate::domain::{Mode, Tenant, Window};
+use crate::ids::{MerchantId, ProjectId, SessionId, SmsId};
 use crate::store::{Cond, Index, Key, Query, Store, StoreError};
 use crate::time::Timestamp;
 use crate::{Deps, keys};
@@ -43,16 +44,16 @@ impl SmsStatus {
 /// One reminder, stored at `SMS#<id>` / `SMS`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SmsReminder {
-    pub id: String,
-    pub project_id: String,
-    pub merchant_id: String,
+    pub id: SmsId,
+    pub project_id: ProjectId,
+    pub merchant_id: MerchantId,
     pub mode: Mode,
     pub to: String,
     pub text: String,
     /// The checkout session the reminder is about (guard 1's match): the
     /// dispatcher sends nothing once it is no longer payable.
     #[serde(default)]
-    pub session_id: Option<String>,
+    pub session_id: Option<SessionId>,
     pub status: SmsStatus,
     #[serde(default)]
     pub attempts: u32,
@@ -85,13 +86,13 @@ pub struct SmsReminder {
 pub(super) const KEPT_DAYS: i64 = 90;
 
 crate::attrs! { SmsReminder {
-    ID: String = id,
-    PROJECT_ID: String = project_id,
-    MERCHANT_ID: String = merchant_id,
+    ID: SmsId = id,
+    PROJECT_ID: ProjectId = project_id,
+    MERCHANT_ID: MerchantId = merchant_id,
     MODE: Mode = mode,
     TO: String = to,
     TEXT: String = text,
-    SESSION_ID: Option<String> = session_id,
+    SESSION_ID: Option<SessionId> = session_id,
     STATUS: SmsStatus = status,
     ATTEMPTS: u32 = attempts,
     LEASE_UNTIL_MS: Option<i64> = lease_until_ms,
@@ -221,10 +222,11 @@ pub async fn requeue_stuck(
 /// A page of the project's reminders in `mode`, newest first, and the
 /// total (the dashboard's SMS log).
 pub async fn list(
-    store: &dyn Store,
+    deps: &Deps,
     tenant: &Tenant,
     window: Window,
 ) -> Result<(Vec<SmsReminder>, u64), StoreError> {
+    let store = &*deps.store;
     let query = Query::partition(SmsReminder::list_partition(&tenant.project, tenant.mode))
         .on(Index::Gsi1)
         .backward();

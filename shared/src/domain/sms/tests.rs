@@ -17,7 +17,7 @@ use crate::domain::account::Principal;
 use crate::domain::checkout::CheckoutSession;
 use crate::domain::record::Record;
 use crate::domain::{Mode, Tenant};
-use crate::ids::{IdKind, new_id};
+use crate::ids::{IdKind, SessionId, SmsId, new_id};
 use crate::providers::sms::SmsClient;
 use crate::queue::QueueName;
 use crate::store::{Key, Store, TxReason, Update};
@@ -365,7 +365,7 @@ async fn a_reminder_whose_message_was_lost_is_queued_again_once_per_sweep() {
     let (state, _who, clock) = state_with_tenant(Plan::Growth, Mode::Live).await;
     let now = clock.now();
     let mut reminder = SmsReminder {
-        id: crate::ids::new_id(crate::ids::IdKind::Sms),
+        id: SmsId::new(),
         project_id: "proj_1".into(),
         merchant_id: "mer_1".into(),
         mode: Mode::Live,
@@ -405,7 +405,7 @@ async fn a_reminder_whose_message_was_lost_is_queued_again_once_per_sweep() {
         panic!("receive")
     };
     assert_eq!(got.len(), 1);
-    assert!(got[0].body.contains(&reminder.id));
+    assert!(got[0].body.contains(reminder.id.as_str()));
     // Once final it leaves the index and is never queued again.
     let Ok(_) = state
         .store
@@ -472,11 +472,11 @@ async fn state_on(
     (state, Principal::new(key, merchant), clock)
 }
 
-async fn session(state: &Deps, who: &Principal, phone: &str) -> String {
+async fn session(state: &Deps, who: &Principal, phone: &str) -> SessionId {
     // Ids sort by the wall clock's millisecond: keep them apart.
     tokio::time::sleep(Duration::from_millis(2)).await;
     let now = state.clock.now();
-    let id = new_id(IdKind::CheckoutSession);
+    let id = SessionId::new();
     let item = json!({
         "pk": format!("CS#{id}"), "sk": "CS",
         "gsi1pk": format!("PROJ#{}#{}#CS", who.project_id(), who.mode().as_str()),
@@ -642,9 +642,9 @@ async fn queued_reminder(state: &Deps, who: &Principal) -> SmsReminder {
         Ok(true)
     ));
     let mut r = SmsReminder {
-        id: new_id(IdKind::Sms),
-        project_id: who.project_id().to_owned(),
-        merchant_id: who.merchant.id.clone(),
+        id: SmsId::new(),
+        project_id: who.tenant().project.clone(),
+        merchant_id: who.merchant.id.clone().into(),
         mode: Mode::Live,
         to: "9841000001".into(),
         text: "hi".into(),
@@ -679,7 +679,7 @@ async fn quota_used(state: &Deps, who: &Principal) -> i64 {
         .unwrap_or(0)
 }
 
-async fn status_of(state: &Deps, id: &str) -> SmsReminder {
+async fn status_of(state: &Deps, id: &SmsId) -> SmsReminder {
     match get(&*state.store, id).await {
         Ok(Some(r)) => r,
         other => panic!("{other:?}"),
@@ -1134,7 +1134,7 @@ async fn a_reminder_the_queue_refused_is_answered_queued_and_swept_later() {
         .receive(QueueName::Sms, 10, Duration::ZERO, Duration::from_secs(30))
         .await;
     assert!(
-        matches!(got.as_deref(), Ok([m]) if m.body.contains(&list[0].id)),
+        matches!(got.as_deref(), Ok([m]) if m.body.contains(list[0].id.as_str())),
         "{got:?}"
     );
 }
@@ -1299,7 +1299,7 @@ async fn a_reminder_keeps_its_expiry_open_entry_and_claim_as_fields() {
         Some(open_partition(&stored.id).as_str())
     );
     assert!(stored.claim.is_none());
-    let raw = |id: String| {
+    let raw = |id: SmsId| {
         let store = state.store.clone();
         async move {
             match store.get(&SmsReminder::key(&id)).await {
