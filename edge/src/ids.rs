@@ -113,6 +113,36 @@ where
     }
 }
 
+/// A path id an API handler takes when its own checks come first (the
+/// key's scope, the body's validation): extracted and parsed like [`Id`],
+/// but an id that cannot exist is answered only where the handler asks
+/// for it with [`PathId::get`], so a key without the scope still gets 403
+/// and a bad body still its 400, whatever the path, as before ids were
+/// typed.
+pub struct PathId<T>(Result<T, (&'static str, String)>);
+
+impl<T> PathId<T> {
+    /// The id, or the API's not-found answer for the text the path held.
+    pub fn get(self) -> Result<T, ApiError> {
+        self.0.map_err(|(noun, raw)| Api::not_found(noun, &raw))
+    }
+}
+
+impl<T, St> FromRequestParts<St> for PathId<T>
+where
+    T: PathParts + Send,
+    St: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &St) -> Result<Self, Response> {
+        let Path(segments) = Path::<Vec<String>>::from_request_parts(parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        Ok(PathId(T::from_segments(&segments)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use axum::Router;
@@ -131,6 +161,53 @@ mod tests {
         Id((session, payment, outcome), ..): Id<(SessionId, PaymentId, String)>,
     ) -> String {
         format!("{session} {payment} {outcome}")
+    }
+
+    /// Stands in for a scope check that refuses before the lookup.
+    async fn guarded(id: PathId<PaymentId>) -> Result<String, ApiError> {
+        let allowed = false;
+        if !allowed {
+            return Err(ApiError::from(Refusal::forbidden(
+                "insufficient_scope",
+                "no",
+            )));
+        }
+        Ok(format!("payment {}", id.get()?))
+    }
+
+    async fn lookup(id: PathId<PaymentId>) -> Result<String, ApiError> {
+        Ok(format!("payment {}", id.get()?))
+    }
+
+    #[tokio::test]
+    async fn a_deferred_id_is_answered_where_the_handler_asks() {
+        let app = Router::new()
+            .route("/g/{id}", get(guarded))
+            .route("/l/{id}", get(lookup));
+        let call = |uri: String| {
+            let app = app.clone();
+            async move {
+                let res = app
+                    .oneshot(Request::get(uri).body(Body::empty()).unwrap())
+                    .await
+                    .unwrap();
+                let status = res.status();
+                let body = axum::body::to_bytes(res.into_body(), 1 << 16)
+                    .await
+                    .unwrap();
+                (status, String::from_utf8_lossy(&body).into_owned())
+            }
+        };
+        // The check before the lookup answers first, whatever the id.
+        assert_eq!(call("/g/pay_1".into()).await.0, StatusCode::FORBIDDEN);
+        let (status, body) = call("/l/pay_1".into()).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(body.contains("No such payment: 'pay_1'"), "{body}");
+        let id = PaymentId::new();
+        assert_eq!(
+            call(format!("/l/{id}")).await,
+            (StatusCode::OK, format!("payment {id}"))
+        );
     }
 
     async fn call(uri: &str) -> (StatusCode, String) {

@@ -20,7 +20,7 @@ pub mod requests;
 pub use answers::Json;
 pub use auth::Auth;
 pub use error::{ApiError, ErrorType};
-pub use ids::Id;
+pub use ids::{Id, PathId};
 pub use input::{JsonBody, OptionalJsonBody, QueryParams};
 pub use pagination::{Page, Pagination};
 pub use requests::{RequestId, with_edge};
