@@ -136,7 +136,7 @@ fn csrf(body: &str) -> String {
 
 async fn user(app: &TestApp, tenant: &Tenant, email: &str, role: Role) {
     let now = SystemClock.now();
-    dashboard::create_user(&*app.store, now, &tenant.merchant.id, email, role, PASSWORD)
+    dashboard::create_user(app.state(), now, &tenant.merchant.id, email, role, PASSWORD)
         .await
         .unwrap_or_else(|e| panic!("user: {e}"));
 }
@@ -775,7 +775,7 @@ async fn api_keys_are_issued_rotated_and_revoked(which: Which) {
     let theirs = app
         .key(&other, Mode::Sandbox, &shared::domain::account::Scope::ALL)
         .await;
-    let theirs_id = shared::domain::account::list_api_keys(&*app.store, &other.project.id)
+    let theirs_id = shared::domain::account::list_api_keys(app.state(), &other.project.id)
         .await
         .unwrap_or_default()
         .first()
@@ -843,7 +843,7 @@ async fn api_keys_are_issued_rotated_and_revoked(which: Which) {
     assert!(!again.body.contains(&secret));
     let list = dev.get("/dashboard/keys").await;
     assert!(!list.body.contains(&secret), "the list shows no secret");
-    let keys = shared::domain::account::list_api_keys(&*app.store, &t.project.id)
+    let keys = shared::domain::account::list_api_keys(app.state(), &t.project.id)
         .await
         .unwrap_or_default();
     assert_eq!(keys.len(), 1);
@@ -875,7 +875,7 @@ async fn api_keys_are_issued_rotated_and_revoked(which: Which) {
     assert_eq!(r.status, 404, "{}", r.show());
     assert_eq!(app.get("/v1/payments", Some(&theirs)).await.status, 200);
     // Revoking asks to confirm, then the key stops working.
-    let new_id = shared::domain::account::list_api_keys(&*app.store, &t.project.id)
+    let new_id = shared::domain::account::list_api_keys(app.state(), &t.project.id)
         .await
         .unwrap_or_default()
         .into_iter()
@@ -1333,7 +1333,7 @@ async fn an_owner_manages_people(which: Which) {
         .await;
     assert_eq!(r.status, 422, "{}", r.show());
     assert!(r.body.contains("cannot be added"), "{}", r.show());
-    let people = dashboard::list_users(&*app.store, &t.merchant.id)
+    let people = dashboard::list_users(app.state(), &t.merchant.id)
         .await
         .unwrap_or_default();
     assert_eq!(people.len(), 3);

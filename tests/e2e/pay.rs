@@ -1124,7 +1124,7 @@ async fn one_projects_flood_does_not_delay_anothers_settlement(which: Which) {
     let state = shop.app.state();
     let junk = shop.app.tenant("Junk", "junk@example.com").await;
     let creator = shared::domain::checkout::Creator {
-        project_id: junk.project.id.clone(),
+        project_id: junk.project.id.to_string(),
         mode: Mode::Sandbox,
         api_key_id: "ak_junk".into(),
         spend_cap_paisa: None,

@@ -391,7 +391,7 @@ impl TestApp {
             expires_at: None,
             spend_cap_paisa,
         };
-        match account::issue_api_key(&*self.store, SystemClock.now(), &tenant.project, new).await {
+        match account::issue_api_key(self.state(), SystemClock.now(), &tenant.project, new).await {
             Ok((secret, _)) => secret,
             Err(e) => panic!("key: {e}"),
         }
@@ -409,7 +409,7 @@ impl TestApp {
         metadata.insert("order".into(), Value::from("A-1"));
         let p = Payment {
             id: new_id(IdKind::Payment),
-            project_id: tenant.project.id.clone(),
+            project_id: tenant.project.id.to_string(),
             checkout_session_id: new_id(IdKind::CheckoutSession),
             mode,
             amount: Paisa::new(amount).unwrap_or_default(),

@@ -709,10 +709,7 @@ pub async fn resend(
     };
     // Claimed first; the domain call then finds the endpoint (another
     // project's is a 404, which only spends this form's token).
-    if let FormClaim::Done(_) = dashboard::claim_form(&*state.store, &fence)
-        .await
-        .map_err(fail)?
-    {
+    if let FormClaim::Done(_) = dashboard::claim_form(&state, &fence).await.map_err(fail)? {
         // A double click: the first one sent it again.
         return Ok(crate::see_other(&format!(
             "/dashboard/webhooks/{id}?resent={event}"
@@ -868,10 +865,7 @@ pub async fn send_test(
     };
     // Claimed first; the domain call then finds the endpoint (another
     // project's is a 404, which only spends this form's token).
-    if let FormClaim::Done(sent) = dashboard::claim_form(&*state.store, &fence)
-        .await
-        .map_err(fail)?
-    {
+    if let FormClaim::Done(sent) = dashboard::claim_form(&state, &fence).await.map_err(fail)? {
         let location = match sent {
             Some(evt) => format!("/dashboard/webhooks/{id}?sent={evt}"),
             None => format!("/dashboard/webhooks/{id}"),
@@ -881,7 +875,7 @@ pub async fn send_test(
     let event = webhooks::send_test_event(&state, &signed.tenant, &id, t)
         .await
         .map_err(fail)?;
-    if let Err(e) = dashboard::complete_form(&*state.store, &fence, &event.id).await {
+    if let Err(e) = dashboard::complete_form(&state, &fence, &event.id).await {
         tracing::warn!(error = %e, "form result not recorded");
     }
     crate::audit(&state, &signed, "webhook.test", &id, t.as_str()).await;

@@ -115,12 +115,12 @@ async fn main() -> std::result::Result<(), String> {
         expires_at: None,
         spend_cap_paisa: None,
     };
-    let (key, _) = account::issue_api_key(store, now, &project, new)
+    let (key, _) = account::issue_api_key(&running.state, now, &project, new)
         .await
         .map_err(|e| e.to_string())?;
     let payment = Payment {
         id: new_id(IdKind::Payment),
-        project_id: project.id.clone(),
+        project_id: project.id.to_string(),
         checkout_session_id: new_id(IdKind::CheckoutSession),
         mode: Mode::Live,
         amount: Paisa::new(150_000).map_err(|e| e.to_string())?,
@@ -973,7 +973,7 @@ async fn reconciler_bench(junk: usize, genuine: usize) -> std::result::Result<()
             .await
             .map_err(|e| e.to_string())?;
         creators.push(Creator {
-            project_id: project.id,
+            project_id: project.id.to_string(),
             mode: Mode::Sandbox,
             api_key_id: "ak_bench".into(),
             spend_cap_paisa: None,

@@ -307,12 +307,12 @@ async fn main() -> Result<(), String> {
         expires_at: None,
         spend_cap_paisa: None,
     };
-    let (key, _) = account::issue_api_key(store, now, &p, new)
+    let (key, _) = account::issue_api_key(&state, now, &p, new)
         .await
         .map_err(err)?;
     let payment = Payment {
         id: new_id(IdKind::Payment),
-        project_id: p.id.clone(),
+        project_id: p.id.to_string(),
         checkout_session_id: new_id(IdKind::CheckoutSession),
         mode: Mode::Live,
         amount: Paisa::new(1000).map_err(|e| e.to_string())?,

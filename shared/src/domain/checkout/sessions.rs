@@ -651,9 +651,9 @@ impl Creator {
     /// The authenticated key `who` creating a session.
     pub fn of(who: &crate::domain::account::Principal) -> Creator {
         Creator {
-            project_id: who.project_id().to_owned(),
+            project_id: who.project_id().to_string(),
             mode: who.mode(),
-            api_key_id: who.key.id.clone(),
+            api_key_id: who.key.id.to_string(),
             spend_cap_paisa: who.key.spend_cap_paisa,
         }
     }

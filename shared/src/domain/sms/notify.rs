@@ -50,7 +50,7 @@ pub async fn notify(
     let v = validate(req)?;
     let store = &*state.store;
     let now = state.clock.now();
-    let project_id = who.project_id();
+    let project_id: &str = who.project_id();
     let mode = who.mode();
     let session_id = recipient_session(store, who, &v, checkout_base, now).await?;
     check_checkout_host(&v, checkout_base)?;
@@ -155,8 +155,8 @@ fn new_reminder(
     let mode = who.mode();
     let mut reminder = SmsReminder {
         id: new_id(IdKind::Sms),
-        project_id: who.project_id().to_owned(),
-        merchant_id: who.merchant.id.clone(),
+        project_id: who.project_id().to_string(),
+        merchant_id: who.merchant.id.to_string(),
         mode,
         to: v.phone.clone(),
         text: message_text(v),
