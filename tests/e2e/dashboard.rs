@@ -1637,7 +1637,7 @@ async fn webhook_endpoints_are_managed_and_deliveries_resent(which: Which) {
     let again = dev.post("/dashboard/webhooks", &add).await;
     assert!(again.body.contains("already sent"), "{}", again.show());
     let endpoints = shared::domain::webhooks::list(
-        &*app.store,
+        app.state(),
         &shared::domain::Tenant::new(t.project.id.clone(), Mode::Sandbox),
     )
     .await
@@ -1723,7 +1723,7 @@ async fn webhook_endpoints_are_managed_and_deliveries_resent(which: Which) {
         .await;
     assert_eq!(r.status, 303, "{}", r.show());
     let left = shared::domain::webhooks::list(
-        &*app.store,
+        app.state(),
         &shared::domain::Tenant::new(t.project.id.clone(), Mode::Sandbox),
     )
     .await
@@ -1768,7 +1768,7 @@ async fn a_payments_events_are_shown_with_their_deliveries(which: Which) {
     let r = owner.post("/dashboard/webhooks", &add).await;
     assert_eq!(r.status, 200, "{}", r.show());
     let we = shared::domain::webhooks::list(
-        &*app.store,
+        app.state(),
         &shared::domain::Tenant::new(shop.tenant.project.id.clone(), Mode::Sandbox),
     )
     .await

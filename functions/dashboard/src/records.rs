@@ -538,9 +538,7 @@ async fn webhooks_view(
     error: Option<&str>,
     status: StatusCode,
 ) -> Page {
-    let list = webhooks::list(&*state.store, &signed.tenant)
-        .await
-        .map_err(fail)?;
+    let list = webhooks::list(state, &signed.tenant).await.map_err(fail)?;
     let nav = nav(state, signed, "webhooks").await?;
     let nonce = dashboard::new_form_nonce();
     let body = markup! {
@@ -664,7 +662,7 @@ pub async fn change_endpoint(
             Ok(crate::see_other(&format!("/dashboard/webhooks/{id}")))
         }
         Some("delete") if f.get("confirm").map(String::as_str) == Some("yes") => {
-            match webhooks::delete(&*state.store, &signed.tenant, &id).await {
+            match webhooks::delete(&state, &signed.tenant, &id).await {
                 Ok(()) => crate::audit(&state, &signed, "webhook.delete", &id, "").await,
                 // Gone already (a second click): the same outcome, and
                 // nothing to log.
@@ -734,11 +732,11 @@ async fn endpoint_view(
     notice: Option<&str>,
     status: StatusCode,
 ) -> Page {
-    let e = webhooks::get(&*state.store, &signed.tenant, id)
+    let e = webhooks::get(state, &signed.tenant, id)
         .await
         .map_err(fail)?;
     let (log, total): (Vec<Delivery>, u64) =
-        webhooks::deliveries_page(&*state.store, &signed.tenant, id, page_window(page))
+        webhooks::deliveries_page(state, &signed.tenant, id, page_window(page))
             .await
             .map_err(fail)?;
     let nav = nav(state, signed, "webhooks").await?;
