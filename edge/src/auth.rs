@@ -89,7 +89,7 @@ impl AppKey {
         let now = state.clock.now();
         state
             .public_limits()
-            .take(&*state.store, &request, now)
+            .take(state.store.as_ref(), &request, now)
             .await
             .map_err(|limited| ApiError::public_limited(&limited))
     }
@@ -101,11 +101,11 @@ impl FromRequestParts<AppState> for AppKey {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let secret = bearer(parts)?;
         let now = state.clock.now();
-        let key = account::authenticate_key(&*state.store, now, secret).await?;
+        let key = account::authenticate_key(state, now, secret).await?;
         if key.kind != account::KeyKind::Publishable {
             return Err(account::secret_key_in_app_refusal().into());
         }
-        let principal = account::principal_of(&*state.store, key).await?;
+        let principal = account::principal_of(state, key).await?;
         let address = super::requests::client_address_in(&parts.extensions);
         // The session's own budget is taken once its secret is checked
         // ([`AppKey::session_budget`]), so no one can spend it with the id
@@ -120,7 +120,7 @@ impl FromRequestParts<AppState> for AppKey {
         };
         if let Err(limited) = state
             .public_limits()
-            .take(&*state.store, &request, now)
+            .take(state.store.as_ref(), &request, now)
             .await
         {
             return Err(ApiError::public_limited(&limited));
@@ -149,13 +149,18 @@ pub async fn authenticate_request(parts: &Parts, state: &AppState) -> Result<Aut
             let principal = principal?;
             let quota = state
                 .limits()
-                .take(&*state.store, &principal.key.id, principal.mode(), now)
+                .take(
+                    state.store.as_ref(),
+                    &principal.key.id,
+                    principal.mode(),
+                    now,
+                )
                 .await;
             (principal, quota)
         }
         None => {
             let epoch = account::cache::epoch();
-            let key = account::authenticate_key(&*state.store, now, secret).await?;
+            let key = account::authenticate_key(state, now, secret).await?;
             // The key is real: its merchant is read while the limiter takes
             // its slot (one round trip less on DynamoDB). A refusal of the
             // merchant or the key (403 suspended, 423 paused) still comes
@@ -163,8 +168,10 @@ pub async fn authenticate_request(parts: &Parts, state: &AppState) -> Result<Aut
             // from a key that can do nothing anyway.
             let (key_id, mode) = (key.id.clone(), key.mode);
             let (principal, quota) = tokio::join!(
-                account::principal_of(&*state.store, key),
-                state.limits().take(&*state.store, &key_id, mode, now)
+                account::principal_of(state, key),
+                state
+                    .limits()
+                    .take(state.store.as_ref(), &key_id, mode, now)
             );
             let principal = std::sync::Arc::new(principal?);
             PRINCIPALS.remember(&principal, now, epoch);
@@ -179,7 +186,7 @@ pub async fn authenticate_request(parts: &Parts, state: &AppState) -> Result<Aut
     }
     let fresh_since = now.plus(-account::LAST_USED_EVERY);
     let stale = principal.key.last_used_at.is_none_or(|t| t < fresh_since);
-    match account::record_use(&*state.store, &principal.key, now).await {
+    match account::record_use(state, &principal.key, now).await {
         // Written now, or by another instance meanwhile (the write's
         // condition failed): the remembered copy is fresh either way.
         Ok(_) if stale => PRINCIPALS.used(&principal.key.key_hash, now),

@@ -39,6 +39,7 @@ use super::requests::current_request_id;
 use shared::app::AppState;
 use shared::domain::Tenant;
 use shared::domain::record::{from_item, item_at};
+use shared::ids::ApiKeyId;
 use shared::store::{Cond, Key, StoreError, TTL, Update};
 use shared::time::Timestamp;
 
@@ -78,7 +79,7 @@ struct Record {
     /// (which may lack the route's scope) is never answered its replay.
     /// Absent on records written before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    key_id: Option<String>,
+    key_id: Option<ApiKeyId>,
 }
 
 /// The record attribute of [`Record::key_id`].
@@ -180,7 +181,7 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
         .map_err(|_| ApiError::payload_too_large(MAX_BODY_BYTES))?;
     let print = fingerprint(&parts.method, parts.uri.path(), parts.uri.query(), &bytes);
 
-    let store = &*state.store;
+    let store = &state.store;
     let now = state.clock.now();
     let key = record_key(auth.tenant(), &idem_key);
     let owner = shared::ids::new_id(shared::ids::IdKind::Event);
@@ -208,7 +209,7 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
             Cond::lt("locked_until", now.to_rfc3339()),
             Cond::Or(vec![
                 Cond::AttrNotExists(KEY_ID.into()),
-                Cond::eq(KEY_ID, auth.0.key.id.clone()),
+                Cond::eq(KEY_ID, auth.0.key.id.as_str()),
             ]),
         ]),
     ]);
@@ -224,12 +225,10 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
                     "idempotency_key_reused",
                     "This Idempotency-Key was used with a different request (method, path, query or body)",
                 )),
-                Some(r) if r.key_id.as_deref().is_some_and(|k| k != auth.0.key.id) => {
-                    Err(conflict(
-                        "idempotency_key_reused",
-                        "This Idempotency-Key was used by another API key of this project",
-                    ))
-                }
+                Some(r) if r.key_id.as_ref().is_some_and(|k| *k != auth.0.key.id) => Err(conflict(
+                    "idempotency_key_reused",
+                    "This Idempotency-Key was used by another API key of this project",
+                )),
                 Some(r) if r.state == ClaimState::Completed && r.body.is_none() => Err(conflict(
                     "idempotency_conflict",
                     "The request with this Idempotency-Key was done, but its answer was too large (or not text) to keep for a replay: read the result with a GET",
@@ -420,7 +419,7 @@ mod tests {
         fence: Option<Extension<Fence>>,
         JsonBody(body): JsonBody<Value>,
     ) -> Result<(StatusCode, Json<Value>), ApiError> {
-        let store = &*state.store;
+        let store = &state.store;
         let id = shared::ids::new_id(shared::ids::IdKind::Event);
         let widget = json!({"id": id, "name": body["name"], "project": auth.project_id()});
         let mut item = Item::new();
@@ -447,7 +446,7 @@ mod tests {
                 let Some(Extension(f)) = fence else {
                     return Err(ApiError::internal());
                 };
-                let first = f.resource_id(store).await?.unwrap_or_default();
+                let first = f.resource_id(&**store).await?.unwrap_or_default();
                 let item = store.get(&Key::new(format!("W#{first}"), "W")).await?;
                 let json = item
                     .and_then(|i| i.get("json").cloned())
@@ -509,7 +508,15 @@ mod tests {
             expires_at: None,
             spend_cap_paisa: None,
         };
-        let Ok((key, _)) = account::issue_api_key(&*inner, now, &p, new).await else {
+        let keys = AppState::new(
+            inner.clone(),
+            Arc::new(SystemClock),
+            Config {
+                public_base_url: "https://pay.example".into(),
+                events_base_url: None,
+            },
+        );
+        let Ok((key, _)) = account::issue_api_key(&keys, now, &p, new).await else {
             panic!()
         };
         let read_only = NewKey {
@@ -520,7 +527,7 @@ mod tests {
             expires_at: None,
             spend_cap_paisa: None,
         };
-        let Ok((other_key, _)) = account::issue_api_key(&*inner, now, &p, read_only).await else {
+        let Ok((other_key, _)) = account::issue_api_key(&keys, now, &p, read_only).await else {
             panic!()
         };
         let state = AppState::new(
@@ -544,7 +551,7 @@ mod tests {
             faulty,
             key,
             other_key,
-            project_id: p.id.clone(),
+            project_id: p.id.to_string(),
         }
     }
 
@@ -708,7 +715,10 @@ mod tests {
             panic!()
         };
         let body = r#"{"name": "z"}"#;
-        let key = record_key(&Tenant::new(who.project_id(), Mode::Sandbox), "crashed");
+        let key = record_key(
+            &Tenant::new(who.project_id().clone(), Mode::Sandbox),
+            "crashed",
+        );
         // The first key's process died mid-request; its lease is over.
         let claim = Record {
             state: ClaimState::InProgress,
@@ -897,7 +907,10 @@ mod tests {
         };
         let body = r#"{"name": "z"}"#;
         let print = fingerprint(&Method::POST, "/v1/widgets", None, body.as_bytes());
-        let key = record_key(&Tenant::new(who.project_id(), Mode::Sandbox), "crashed");
+        let key = record_key(
+            &Tenant::new(who.project_id().clone(), Mode::Sandbox),
+            "crashed",
+        );
         let mut claim = Record {
             state: ClaimState::InProgress,
             fingerprint: print,
@@ -936,7 +949,7 @@ mod tests {
         let Ok(who) = account::authenticate(&*s.store, now, &s.key).await else {
             panic!()
         };
-        let key = record_key(&Tenant::new(who.project_id(), Mode::Sandbox), "old");
+        let key = record_key(&Tenant::new(who.project_id().clone(), Mode::Sandbox), "old");
         // A completed answer for another request, past its 24 h TTL but not
         // yet swept (DynamoDB deletes expired items lazily).
         let stale = Record {

@@ -122,7 +122,15 @@ mod tests {
             expires_at: None,
             spend_cap_paisa: None,
         };
-        let Ok((key, _)) = account::issue_api_key(&*store, now, &p, new).await else {
+        let keys = AppState::new(
+            store.clone(),
+            Arc::new(shared::time::SystemClock),
+            Config {
+                public_base_url: "https://pay.example".into(),
+                events_base_url: None,
+            },
+        );
+        let Ok((key, _)) = account::issue_api_key(&keys, now, &p, new).await else {
             panic!()
         };
         let clock = shared::time::ManualClock::new(now);

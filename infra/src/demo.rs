@@ -18,6 +18,7 @@ use shared::domain::dashboard;
 use shared::domain::payments::{self, Payment, PaymentStatus};
 use shared::domain::record::{Changes, Record, from_item};
 use shared::domain::{Mode, Provider};
+use shared::ids::{MerchantId, ProjectId};
 use shared::money::{Currency, Paisa};
 use shared::store::{Cond, Key, StoreError};
 
@@ -53,8 +54,8 @@ impl DemoKeys {
 /// What the store remembers about the demo merchant.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DemoAccount {
-    pub merchant_id: String,
-    pub project_id: String,
+    pub merchant_id: MerchantId,
+    pub project_id: ProjectId,
     #[serde(default)]
     pub payments_seeded: bool,
     #[serde(skip)]
@@ -62,8 +63,8 @@ pub struct DemoAccount {
 }
 
 shared::attrs! { DemoAccount {
-    MERCHANT_ID: String = merchant_id,
-    PROJECT_ID: String = project_id,
+    MERCHANT_ID: MerchantId = merchant_id,
+    PROJECT_ID: ProjectId = project_id,
     PAYMENTS_SEEDED: bool = payments_seeded,
 } }
 
@@ -166,7 +167,7 @@ pub async fn bootstrap(state: &AppState, keys_file: &Path) -> Result<DemoAccount
     }
     // The dashboard's demo owner: the remembered password if it still
     // signs in, else a new one (a reset, if the user exists).
-    let project = account::get_project(store, &demo.project_id)
+    let project = account::get_project(state, &demo.project_id)
         .await
         .map_err(err)?
         .ok_or_else(|| format!("demo project {} is missing", demo.project_id))?;
@@ -200,7 +201,7 @@ pub async fn bootstrap(state: &AppState, keys_file: &Path) -> Result<DemoAccount
                 }
                 None => {
                     dashboard::create_user(
-                        store,
+                        state,
                         now,
                         &demo.merchant_id,
                         DEMO_OWNER,
@@ -223,7 +224,7 @@ pub async fn bootstrap(state: &AppState, keys_file: &Path) -> Result<DemoAccount
 
 async fn issue_demo_key(
     state: &AppState,
-    project_id: &str,
+    project_id: &ProjectId,
     mode: Mode,
     kind: KeyKind,
 ) -> Result<String, StoreError> {
@@ -248,7 +249,7 @@ async fn issue_demo_key(
         expires_at: None,
         spend_cap_paisa: None,
     };
-    let (secret, _) = account::issue_api_key(store, state.clock.now(), &project, new).await?;
+    let (secret, _) = account::issue_api_key(state, state.clock.now(), &project, new).await?;
     Ok(secret)
 }
 

@@ -879,7 +879,7 @@ async fn the_sessions_total_costs_the_same_whatever_their_number(which: Which) {
     let t = app.tenant("Pokhara Crafts", "p@pokhara.example").await;
     let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
     if let Ok(mut p) = reads.project.lock() {
-        *p = t.project.id.clone();
+        *p = t.project.id.to_string();
     }
     let mut costs = Vec::new();
     let mut made = 0;

@@ -136,7 +136,7 @@ fn csrf(body: &str) -> String {
 
 async fn user(app: &TestApp, tenant: &Tenant, email: &str, role: Role) {
     let now = SystemClock.now();
-    dashboard::create_user(&*app.store, now, &tenant.merchant.id, email, role, PASSWORD)
+    dashboard::create_user(app.state(), now, &tenant.merchant.id, email, role, PASSWORD)
         .await
         .unwrap_or_else(|e| panic!("user: {e}"));
 }
@@ -786,7 +786,7 @@ async fn api_keys_are_issued_rotated_and_revoked(which: Which) {
     let theirs = app
         .key(&other, Mode::Sandbox, &shared::domain::account::Scope::ALL)
         .await;
-    let theirs_id = shared::domain::account::list_api_keys(&*app.store, &other.project.id)
+    let theirs_id = shared::domain::account::list_api_keys(app.state(), &other.project.id)
         .await
         .unwrap_or_default()
         .first()
@@ -854,7 +854,7 @@ async fn api_keys_are_issued_rotated_and_revoked(which: Which) {
     assert!(!again.body.contains(&secret));
     let list = dev.get("/dashboard/keys").await;
     assert!(!list.body.contains(&secret), "the list shows no secret");
-    let keys = shared::domain::account::list_api_keys(&*app.store, &t.project.id)
+    let keys = shared::domain::account::list_api_keys(app.state(), &t.project.id)
         .await
         .unwrap_or_default();
     assert_eq!(keys.len(), 1);
@@ -886,7 +886,7 @@ async fn api_keys_are_issued_rotated_and_revoked(which: Which) {
     assert_eq!(r.status, 404, "{}", r.show());
     assert_eq!(app.get("/v1/payments", Some(&theirs)).await.status, 200);
     // Revoking asks to confirm, then the key stops working.
-    let new_id = shared::domain::account::list_api_keys(&*app.store, &t.project.id)
+    let new_id = shared::domain::account::list_api_keys(app.state(), &t.project.id)
         .await
         .unwrap_or_default()
         .into_iter()
@@ -1344,7 +1344,7 @@ async fn an_owner_manages_people(which: Which) {
         .await;
     assert_eq!(r.status, 422, "{}", r.show());
     assert!(r.body.contains("cannot be added"), "{}", r.show());
-    let people = dashboard::list_users(&*app.store, &t.merchant.id)
+    let people = dashboard::list_users(app.state(), &t.merchant.id)
         .await
         .unwrap_or_default();
     assert_eq!(people.len(), 3);
@@ -1648,7 +1648,7 @@ async fn webhook_endpoints_are_managed_and_deliveries_resent(which: Which) {
     let again = dev.post("/dashboard/webhooks", &add).await;
     assert!(again.body.contains("already sent"), "{}", again.show());
     let endpoints = shared::domain::webhooks::list(
-        &*app.store,
+        app.state(),
         &shared::domain::Tenant::new(t.project.id.clone(), Mode::Sandbox),
     )
     .await
@@ -1734,7 +1734,7 @@ async fn webhook_endpoints_are_managed_and_deliveries_resent(which: Which) {
         .await;
     assert_eq!(r.status, 303, "{}", r.show());
     let left = shared::domain::webhooks::list(
-        &*app.store,
+        app.state(),
         &shared::domain::Tenant::new(t.project.id.clone(), Mode::Sandbox),
     )
     .await
@@ -1779,7 +1779,7 @@ async fn a_payments_events_are_shown_with_their_deliveries(which: Which) {
     let r = owner.post("/dashboard/webhooks", &add).await;
     assert_eq!(r.status, 200, "{}", r.show());
     let we = shared::domain::webhooks::list(
-        &*app.store,
+        app.state(),
         &shared::domain::Tenant::new(shop.tenant.project.id.clone(), Mode::Sandbox),
     )
     .await

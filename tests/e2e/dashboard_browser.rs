@@ -111,7 +111,7 @@ async fn an_owner_refunds_and_rotates_a_key_in_a_real_browser() {
     };
     let t = app.tenant("Himal Traders", "a@himal.np").await;
     dashboard::create_user(
-        &*app.store,
+        app.state(),
         SystemClock.now(),
         &t.merchant.id,
         "owner@himal.np",

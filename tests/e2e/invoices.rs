@@ -21,6 +21,7 @@ use shared::domain::Mode;
 use shared::domain::account::{self, Scope, Seller};
 use shared::domain::invoices;
 use shared::domain::outbox;
+use shared::ids::ProjectId;
 use shared::store::StoreError;
 use shared::store::faults::{Fault, FaultyStore, Op};
 use shared::time::{Clock, SystemClock, Timestamp};
@@ -62,7 +63,7 @@ impl Ctx {
         Ctx { app, tenant, key }
     }
 
-    fn project(&self) -> &str {
+    fn project(&self) -> &ProjectId {
         &self.tenant.project.id
     }
 
@@ -281,7 +282,7 @@ impl Ctx {
     async fn events_about(&self, kind: &str, id: &str) -> Vec<outbox::Event> {
         let events = match outbox::recent(
             &*self.app.store,
-            &shared::domain::Tenant::new(self.project(), Mode::Sandbox),
+            &shared::domain::Tenant::new(self.project().clone(), Mode::Sandbox),
             100,
         )
         .await
@@ -1680,7 +1681,7 @@ async fn part_payments_and_overdue_follow_the_balance(which: Which) {
     let allocate = |amount: i64, payment: &'static str| async move {
         let Ok(inv) = invoices::get(
             deps,
-            &shared::domain::Tenant::new(project, Mode::Sandbox),
+            &shared::domain::Tenant::new(project.clone(), Mode::Sandbox),
             &idr.into(),
         )
         .await

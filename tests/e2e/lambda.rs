@@ -55,7 +55,15 @@ async fn fixture(which: Which) -> Option<Fixture> {
         expires_at: None,
         spend_cap_paisa: Some(1_000_000),
     };
-    let Ok((key, _)) = shared::domain::account::issue_api_key(&*store, now, &p, new).await else {
+    let deps = AppState::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        Config {
+            public_base_url: "https://pay.dhukuti.example".into(),
+            events_base_url: None,
+        },
+    );
+    let Ok((key, _)) = shared::domain::account::issue_api_key(&deps, now, &p, new).await else {
         panic!()
     };
     let mut ids = Vec::new();
@@ -103,7 +111,7 @@ async fn fixture(which: Which) -> Option<Fixture> {
             .with_queue(queue)
             .with_blobs(blobs),
         key,
-        project_id: p.id.clone(),
+        project_id: p.id.to_string(),
         payment_id: ids.remove(0).into(),
         session_id: None,
         invoice_id: None,

@@ -34,7 +34,7 @@ async fn publishable(app: &TestApp, tenant: &dhukuti_tests::Tenant, mode: Mode) 
         expires_at: None,
         spend_cap_paisa: None,
     };
-    match account::issue_api_key(&*app.store, SystemClock.now(), &tenant.project, new).await {
+    match account::issue_api_key(app.state(), SystemClock.now(), &tenant.project, new).await {
         Ok((key, _)) => key,
         Err(e) => panic!("publishable key: {e}"),
     }

@@ -391,7 +391,7 @@ impl TestApp {
             expires_at: None,
             spend_cap_paisa,
         };
-        match account::issue_api_key(&*self.store, SystemClock.now(), &tenant.project, new).await {
+        match account::issue_api_key(self.state(), SystemClock.now(), &tenant.project, new).await {
             Ok((secret, _)) => secret,
             Err(e) => panic!("key: {e}"),
         }

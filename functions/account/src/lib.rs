@@ -34,7 +34,7 @@ async fn get_account(
     auth: Auth,
 ) -> Result<Json<AccountView>, ApiError> {
     let who = auth.require(Scope::AccountRead)?;
-    Ok(Json(account::account_view(&*state.store, who).await?))
+    Ok(Json(account::account_view(&state, who).await?))
 }
 
 /// Payments, conversion and providers over the last `days` UTC days,

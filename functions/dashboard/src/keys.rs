@@ -13,6 +13,7 @@ use http::StatusCode;
 use shared::AppState;
 use shared::domain::account::{self, ApiKey, KeyKind, NewKey, Scope};
 use shared::domain::dashboard::{self, FormClaim, Permission};
+use shared::ids::ApiKeyId;
 
 use crate::{Page, Signed, Stop, expired_form, fail, nav, pages, query, see_other};
 
@@ -21,14 +22,12 @@ const DESCRIPTION_MAX: usize = 100;
 
 /// The project's keys in the session's mode (`account::list_api_keys`).
 async fn listed(state: &AppState, signed: &Signed) -> Result<Vec<ApiKey>, Stop> {
-    Ok(
-        account::list_api_keys(&*state.store, &signed.session.project_id)
-            .await
-            .map_err(fail)?
-            .into_iter()
-            .filter(|k| k.mode == signed.session.mode)
-            .collect(),
-    )
+    Ok(account::list_api_keys(state, &signed.session.project_id)
+        .await
+        .map_err(fail)?
+        .into_iter()
+        .filter(|k| k.mode == signed.session.mode)
+        .collect())
 }
 
 async fn show(
@@ -174,10 +173,7 @@ async fn claim(
     else {
         return Err(expired_form());
     };
-    match dashboard::claim_form(&*state.store, &fence)
-        .await
-        .map_err(fail)?
-    {
+    match dashboard::claim_form(state, &fence).await.map_err(fail)? {
         FormClaim::First => Ok(Ok(fence)),
         FormClaim::Done(made) => {
             let text = match made {
@@ -213,7 +209,7 @@ pub async fn issue(State(state): State<AppState>, signed: Signed, body: Bytes) -
         Ok(fence) => fence,
         Err(page) => return page,
     };
-    let project = account::get_project(&*state.store, &signed.session.project_id)
+    let project = account::get_project(&state, &signed.session.project_id)
         .await
         .map_err(fail)?
         .ok_or_else(|| {
@@ -222,7 +218,7 @@ pub async fn issue(State(state): State<AppState>, signed: Signed, body: Bytes) -
                 &signed.session.project_id,
             ))
         })?;
-    let (secret, key) = account::issue_api_key(&*state.store, now, &project, new)
+    let (secret, key) = account::issue_api_key(&state, now, &project, new)
         .await
         .map_err(fail)?;
     finish(
@@ -247,7 +243,7 @@ async fn finish(
     secret: &str,
     title: &str,
 ) -> Page {
-    if let Err(e) = dashboard::complete_form(&*state.store, fence, &key.id).await {
+    if let Err(e) = dashboard::complete_form(state, fence, &key.id).await {
         tracing::warn!(error = %e, "form result not recorded");
     }
     crate::audit(
@@ -267,7 +263,10 @@ async fn finish(
 
 /// The key `id` of the session's project and mode, or a 404 page.
 async fn key_of(state: &AppState, signed: &Signed, id: &str) -> Result<ApiKey, Stop> {
-    account::find_api_key(&*state.store, &signed.session.project_id, id)
+    let Some(key_id) = ApiKeyId::parse(id) else {
+        return Err(fail(shared::refusal::Refusal::not_found("key", id)));
+    };
+    account::find_api_key(state, &signed.session.project_id, &key_id)
         .await
         .map_err(fail)?
         .filter(|k| k.mode == signed.session.mode)
@@ -304,7 +303,7 @@ pub async fn rotate(
     };
     let now = state.clock.now();
     let rotation = match account::rotate_api_key(
-        &*state.store,
+        &state,
         now,
         &old,
         grace,
@@ -360,10 +359,10 @@ pub async fn revoke(
         Err(page) => return page,
     };
     let key = key_of(&state, &signed, &id).await?;
-    if let Err(e) = dashboard::complete_form(&*state.store, &fence, &key.id).await {
+    if let Err(e) = dashboard::complete_form(&state, &fence, &key.id).await {
         tracing::warn!(error = %e, "form result not recorded");
     }
-    match account::revoke_api_key(&*state.store, &key).await {
+    match account::revoke_api_key(&state, &key).await {
         // Already revoked (a double submit): the same outcome.
         Ok(()) | Err(shared::store::StoreError::ConditionFailed) => {}
         Err(e) => return Err(fail(e)),

@@ -45,6 +45,7 @@ use shared::domain::refunds::{self, CreateRefund, RefundError, RefundReason};
 use shared::domain::webhooks;
 use shared::domain::{Tenant, Window};
 use shared::fields::{NepaliMobile, RefundNotes};
+use shared::ids::ProjectId;
 use shared::limits::public;
 
 pub use pages::Nav;
@@ -293,7 +294,7 @@ pub(crate) async fn audit(
     detail: &str,
 ) {
     let entry = dashboard::audit_entry(&signed.actor(), state.clock.now(), action, target, detail);
-    if let Err(e) = dashboard::record_audit(&*state.store, &entry).await {
+    if let Err(e) = dashboard::record_audit(state, &entry).await {
         tracing::warn!(error = %e, action, "audit entry not written");
     }
 }
@@ -423,9 +424,12 @@ impl Signed {
             email: self.user.email.clone(),
             role: self.user.role,
             csrf: self.session.csrf.clone(),
-            project_id: self.session.project_id.clone(),
+            project_id: self.session.project_id.to_string(),
             mode: self.session.mode,
-            projects: projects.into_iter().map(|p| (p.id, p.name)).collect(),
+            projects: projects
+                .into_iter()
+                .map(|p| (p.id.into_string(), p.name))
+                .collect(),
             current,
         }
     }
@@ -457,7 +461,7 @@ impl FromRequestParts<AppState> for Signed {
         let Some(cookie) = cookie(&parts.headers, SESSION_COOKIE) else {
             return Err(signed_out(parts));
         };
-        match dashboard::open_session(&*state.store, state.clock.now(), &cookie).await {
+        match dashboard::open_session(state, state.clock.now(), &cookie).await {
             Ok(Ok((session, user))) => Ok(Signed {
                 tenant: Tenant::new(session.project_id.clone(), session.mode),
                 session,
@@ -530,11 +534,11 @@ async fn sign_in(State(state): State<AppState>, req: axum::extract::Request) -> 
     }
     let password = f.get("password").cloned().unwrap_or_default();
     let now = state.clock.now();
-    match dashboard::sign_in(&*state.store, now, &email, &password, &address).await {
+    match dashboard::sign_in(&state, now, &email, &password, &address).await {
         Ok(signed) => {
             let actor = Actor::of(&signed.user, &signed.session, &address);
             let entry = dashboard::audit_entry(&actor, now, "sign_in", &signed.user.id, "");
-            if let Err(e) = dashboard::record_audit(&*state.store, &entry).await {
+            if let Err(e) = dashboard::record_audit(&state, &entry).await {
                 tracing::warn!(error = %e, "audit entry of a sign-in not written");
             }
             let mut res = see_other(&next);
@@ -583,7 +587,7 @@ async fn sign_in(State(state): State<AppState>, req: axum::extract::Request) -> 
 
 async fn sign_out(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
     signed.check_csrf(&form(&body))?;
-    dashboard::sign_out(&*state.store, &signed.cookie)
+    dashboard::sign_out(&state, &signed.cookie)
         .await
         .map_err(fail)?;
     Ok(signed_out_now(&state))
@@ -599,7 +603,7 @@ fn signed_out_now(state: &AppState) -> Response {
 
 async fn sign_out_everywhere(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
     signed.check_csrf(&form(&body))?;
-    dashboard::end_all_sessions(&*state.store, &signed.user.id)
+    dashboard::end_all_sessions(&state, &signed.user.id)
         .await
         .map_err(fail)?;
     audit(&state, &signed, "sign_out_everywhere", &signed.user.id, "").await;
@@ -619,19 +623,19 @@ async fn switch_view(State(state): State<AppState>, signed: Signed, body: Bytes)
             )));
         }
     };
-    let project = f
-        .get("project")
-        .cloned()
-        .unwrap_or_else(|| signed.session.project_id.clone());
-    dashboard::switch_view(
-        &*state.store,
-        &signed.cookie,
-        &signed.session,
-        &project,
-        mode,
-    )
-    .await
-    .map_err(fail)?;
+    // An id that cannot be a project's is refused as an unknown one.
+    let project = match f.get("project") {
+        Some(raw) => ProjectId::parse(raw).ok_or_else(|| {
+            fail(shared::refusal::Refusal::invalid(
+                "project",
+                "No such project",
+            ))
+        })?,
+        None => signed.session.project_id.clone(),
+    };
+    dashboard::switch_view(&state, &signed.cookie, &signed.session, &project, mode)
+        .await
+        .map_err(fail)?;
     Ok(see_other(&local_path(f.get("back"))))
 }
 
@@ -641,7 +645,7 @@ pub(crate) async fn nav(
     signed: &Signed,
     current: &'static str,
 ) -> Result<Nav, Stop> {
-    let projects = account::merchant_projects(&*state.store, &signed.user.merchant_id)
+    let projects = account::merchant_projects(state, &signed.user.merchant_id)
         .await
         .map_err(fail)?;
     Ok(signed.nav(projects, current))
@@ -970,7 +974,7 @@ async fn audit_page(
         .get("before")
         .filter(|b| b.len() <= 80 && b.bytes().all(|c| c.is_ascii_graphic()));
     let (entries, next) = dashboard::list_audit(
-        &*state.store,
+        &state,
         &signed.user.merchant_id,
         before.map(String::as_str),
         dashboard::AUDIT_PAGE,

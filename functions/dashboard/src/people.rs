@@ -11,6 +11,7 @@ use http::StatusCode;
 use maud::html as markup;
 use shared::AppState;
 use shared::domain::dashboard::{self, DashboardError, Permission, Role, UserChange};
+use shared::ids::UserId;
 
 use crate::pages::{layout, status_badge, when};
 use crate::{Page, Signed, fail, nav, query, see_other};
@@ -24,7 +25,7 @@ async fn show(
     error: Option<&str>,
     status: StatusCode,
 ) -> Page {
-    let users = dashboard::list_users(&*state.store, &signed.user.merchant_id)
+    let users = dashboard::list_users(state, &signed.user.merchant_id)
         .await
         .map_err(fail)?;
     let nav = nav(state, signed, "people").await?;
@@ -112,9 +113,8 @@ pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
         .await;
     };
     let email = f.get("email").cloned().unwrap_or_default();
-    if let dashboard::FormClaim::Done(_) = dashboard::claim_form(&*state.store, &fence)
-        .await
-        .map_err(fail)?
+    if let dashboard::FormClaim::Done(_) =
+        dashboard::claim_form(&state, &fence).await.map_err(fail)?
     {
         return show(
             &state,
@@ -129,7 +129,7 @@ pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
     }
     let password = dashboard::new_form_token();
     let made = dashboard::create_user(
-        &*state.store,
+        &state,
         state.clock.now(),
         &signed.user.merchant_id,
         &email,
@@ -198,10 +198,10 @@ pub async fn change(
     }
     if f.get("do").map(String::as_str) == Some("password") {
         let password = dashboard::new_form_token();
-        let u =
-            dashboard::reset_password_of(&*state.store, &signed.user.merchant_id, &id, &password)
-                .await
-                .map_err(fail)?;
+        let user_id = UserId::parse(&id).ok_or_else(|| fail(DashboardError::UnknownUser))?;
+        let u = dashboard::reset_password_of(&state, &signed.user.merchant_id, &user_id, &password)
+            .await
+            .map_err(fail)?;
         crate::audit(&state, &signed, "person.password", &u.id, &u.email).await;
         let nav = nav(&state, &signed, "people").await?;
         let body = markup! {
@@ -232,7 +232,8 @@ pub async fn change(
             .await;
         }
     };
-    let u = dashboard::change_user(&*state.store, &signed.user.merchant_id, &id, what)
+    let user_id = UserId::parse(&id).ok_or_else(|| fail(DashboardError::UnknownUser))?;
+    let u = dashboard::change_user(&state, &signed.user.merchant_id, &user_id, what)
         .await
         .map_err(fail)?;
     let detail = match what {

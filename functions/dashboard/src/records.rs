@@ -547,9 +547,7 @@ async fn webhooks_view(
     error: Option<&str>,
     status: StatusCode,
 ) -> Page {
-    let list = webhooks::list(&*state.store, &signed.tenant)
-        .await
-        .map_err(fail)?;
+    let list = webhooks::list(state, &signed.tenant).await.map_err(fail)?;
     let nav = nav(state, signed, "webhooks").await?;
     let nonce = dashboard::new_form_nonce();
     let body = markup! {
@@ -673,7 +671,7 @@ pub async fn change_endpoint(
             Ok(crate::see_other(&format!("/dashboard/webhooks/{id}")))
         }
         Some("delete") if f.get("confirm").map(String::as_str) == Some("yes") => {
-            match webhooks::delete(&*state.store, &signed.tenant, &id).await {
+            match webhooks::delete(&state, &signed.tenant, &id).await {
                 Ok(()) => crate::audit(&state, &signed, "webhook.delete", &id, "").await,
                 // Gone already (a second click): the same outcome, and
                 // nothing to log.
@@ -718,10 +716,7 @@ pub async fn resend(
     };
     // Claimed first; the domain call then finds the endpoint (another
     // project's is a 404, which only spends this form's token).
-    if let FormClaim::Done(_) = dashboard::claim_form(&*state.store, &fence)
-        .await
-        .map_err(fail)?
-    {
+    if let FormClaim::Done(_) = dashboard::claim_form(&state, &fence).await.map_err(fail)? {
         // A double click: the first one sent it again.
         return Ok(crate::see_other(&format!(
             "/dashboard/webhooks/{id}?resent={event}"
@@ -746,11 +741,11 @@ async fn endpoint_view(
     notice: Option<&str>,
     status: StatusCode,
 ) -> Page {
-    let e = webhooks::get(&*state.store, &signed.tenant, id)
+    let e = webhooks::get(state, &signed.tenant, id)
         .await
         .map_err(fail)?;
     let (log, total): (Vec<Delivery>, u64) =
-        webhooks::deliveries_page(&*state.store, &signed.tenant, id, page_window(page))
+        webhooks::deliveries_page(state, &signed.tenant, id, page_window(page))
             .await
             .map_err(fail)?;
     let nav = nav(state, signed, "webhooks").await?;
@@ -877,10 +872,7 @@ pub async fn send_test(
     };
     // Claimed first; the domain call then finds the endpoint (another
     // project's is a 404, which only spends this form's token).
-    if let FormClaim::Done(sent) = dashboard::claim_form(&*state.store, &fence)
-        .await
-        .map_err(fail)?
-    {
+    if let FormClaim::Done(sent) = dashboard::claim_form(&state, &fence).await.map_err(fail)? {
         let location = match sent {
             Some(evt) => format!("/dashboard/webhooks/{id}?sent={evt}"),
             None => format!("/dashboard/webhooks/{id}"),
@@ -890,7 +882,7 @@ pub async fn send_test(
     let event = webhooks::send_test_event(&state, &signed.tenant, &id, t)
         .await
         .map_err(fail)?;
-    if let Err(e) = dashboard::complete_form(&*state.store, &fence, &event.id).await {
+    if let Err(e) = dashboard::complete_form(&state, &fence, &event.id).await {
         tracing::warn!(error = %e, "form result not recorded");
     }
     crate::audit(&state, &signed, "webhook.test", &id, t.as_str()).await;

@@ -948,7 +948,7 @@ fn after_return(session: &CheckoutSession, payment: &Payment) -> Response {
 
 /// The shop's name and whether it may take payments.
 async fn merchant_of(state: &AppState, project_id: &str) -> Result<(String, bool), StoreError> {
-    account::storefront(&*state.store, project_id).await
+    account::storefront(&*state.store, &project_id.to_owned().into()).await
 }
 
 async fn link_page(State(state): State<AppState>, Path(id): Path<String>) -> Response {

@@ -86,7 +86,7 @@ async fn list_endpoints(
     auth: Auth,
 ) -> Result<Json<EndpointList>, ApiError> {
     let who = auth.require(Scope::WebhooksRead)?;
-    let found = webhooks::list(&*state.store, who.tenant()).await?;
+    let found = webhooks::list(&state, who.tenant()).await?;
     let data = found.iter().map(|e| EndpointView::of(e, None)).collect();
     Ok(Json(EndpointList { data }))
 }
@@ -104,7 +104,7 @@ async fn get_endpoint(
     Path(id): Path<String>,
 ) -> Result<Json<EndpointView>, ApiError> {
     let who = auth.require(Scope::WebhooksRead)?;
-    let endpoint = webhooks::get(&*state.store, who.tenant(), &id).await?;
+    let endpoint = webhooks::get(&state, who.tenant(), &id).await?;
     Ok(Json(EndpointView::of(&endpoint, None)))
 }
 
@@ -143,7 +143,7 @@ async fn delete_endpoint(
     Path(id): Path<String>,
 ) -> Result<Json<EndpointDeleted>, ApiError> {
     let who = auth.require(Scope::WebhooksWrite)?;
-    webhooks::delete(&*state.store, who.tenant(), &id).await?;
+    webhooks::delete(&state, who.tenant(), &id).await?;
     tracing::info!(endpoint_id = %id, "webhook endpoint deleted");
     Ok(Json(EndpointDeleted { deleted: true, id }))
 }
@@ -161,7 +161,7 @@ async fn list_deliveries(
     Path(id): Path<String>,
 ) -> Result<Json<DeliveryList>, ApiError> {
     let who = auth.require(Scope::WebhooksRead)?;
-    let found = webhooks::deliveries(&*state.store, who.tenant(), &id).await?;
+    let found = webhooks::deliveries(&state, who.tenant(), &id).await?;
     let data = found.iter().map(DeliveryView::from).collect();
     Ok(Json(DeliveryList { data }))
 }

@@ -41,10 +41,11 @@ use shared::domain::credentials::{
     ProviderCredentials,
 };
 use shared::domain::{Mode, Provider};
-use shared::ids::{self, IdKind};
+use shared::ids::{ApiKeyId, EndpointId, MerchantId, PaymentId, ProjectId, TypedId};
 use shared::store::embedded::EmbeddedStore;
 use shared::store::{Store, StoreError};
 use shared::time::{Clock, SystemClock, Timestamp};
+use shared::{AppState, Deps};
 
 #[path = "admin/users.rs"]
 mod users;
@@ -562,15 +563,14 @@ fn cred_failed(e: CredentialsError) -> Failure {
     }
 }
 
-fn check_id(id: &str, kind: IdKind, what: &str) -> Result<(), Failure> {
-    if ids::is_valid(id, kind) {
-        Ok(())
-    } else {
-        Err(Failure::Usage(format!(
-            "{id:?} is not a {what} id (expected {}…)",
-            kind.prefix()
-        )))
-    }
+/// `raw` as an id of `T`, or a usage failure saying it is not a `what` id.
+fn parse_id<T: TypedId>(raw: &str, what: &str) -> Result<T, Failure> {
+    T::parse(raw).ok_or_else(|| {
+        Failure::Usage(format!(
+            "{raw:?} is not a {what} id (expected {}…)",
+            T::KIND.prefix()
+        ))
+    })
 }
 
 fn non_empty(value: &str, flag: &str) -> Result<String, Failure> {
@@ -729,22 +729,36 @@ async fn store() -> Result<Arc<dyn Store>, Failure> {
     open_store().await.map_err(Failure::Failed)
 }
 
-async fn merchant(store: &dyn Store, id: &str) -> Result<Merchant, Failure> {
+/// The rules' dependencies over `store` (the domain functions the pages
+/// call take them).
+fn deps_of(store: &Arc<dyn Store>) -> AppState {
+    AppState::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        shared::Config::from_env(),
+    )
+}
+
+async fn merchant(store: &dyn Store, id: &MerchantId) -> Result<Merchant, Failure> {
     account::get_merchant(store, id)
         .await
         .map_err(failed("cannot read the merchant"))?
         .ok_or_else(|| Failure::Failed(format!("merchant {id} not found")))
 }
 
-async fn project(store: &dyn Store, id: &str) -> Result<Project, Failure> {
-    account::get_project(store, id)
+async fn project(deps: &Deps, id: &ProjectId) -> Result<Project, Failure> {
+    account::get_project(deps, id)
         .await
         .map_err(failed("cannot read the project"))?
         .ok_or_else(|| Failure::Failed(format!("project {id} not found")))
 }
 
-async fn api_key(store: &dyn Store, project_id: &str, key_id: &str) -> Result<ApiKey, Failure> {
-    account::find_api_key(store, project_id, key_id)
+async fn api_key(
+    deps: &Deps,
+    project_id: &ProjectId,
+    key_id: &ApiKeyId,
+) -> Result<ApiKey, Failure> {
+    account::find_api_key(deps, project_id, key_id)
         .await
         .map_err(failed("cannot read the key"))?
         .ok_or_else(|| {
@@ -865,8 +879,8 @@ fn summary(k: &ApiKey, now: Timestamp) -> KeySummary {
         "active"
     };
     KeySummary {
-        id: k.id.clone(),
-        project_id: k.project_id.clone(),
+        id: k.id.to_string(),
+        project_id: k.project_id.to_string(),
         prefix: k.prefix.clone(),
         hint: k.hint.clone(),
         mode: k.mode,
@@ -973,7 +987,7 @@ fn gateway_key(gateway: &GatewayArgs) -> Result<String, Failure> {
 async fn trigger_cmd(args: TriggerArgs) -> Result<Output, Failure> {
     listen::trigger_types(&args.what).map_err(Failure::Usage)?;
     if let Some(id) = &args.endpoint {
-        check_id(id, IdKind::WebhookEndpoint, "webhook endpoint")?;
+        parse_id::<EndpointId>(id, "webhook endpoint")?;
     }
     let key = gateway_key(&args.gateway)?;
     let api = listen::Api::new(&args.gateway.api, &key).map_err(Failure::Usage)?;
@@ -1079,9 +1093,7 @@ async fn payments_cmd(cmd: PaymentsCmd, now: Timestamp) -> Result<Output, Failur
             succeed,
             fail,
         } => {
-            check_id(&payment_id, IdKind::Payment, "payment")?;
-            let id = shared::ids::PaymentId::parse(&payment_id)
-                .ok_or_else(|| Failure::Failed(format!("payment {payment_id} not found")))?;
+            let payment_id = parse_id::<PaymentId>(&payment_id, "payment")?;
             let decision = match (recheck, succeed, fail) {
                 (true, false, None) => Release::Recheck,
                 (false, true, None) => Release::Succeed,
@@ -1096,7 +1108,7 @@ async fn payments_cmd(cmd: PaymentsCmd, now: Timestamp) -> Result<Output, Failur
             // the link's public page.
             let state =
                 shared::AppState::new(store, Arc::new(SystemClock), shared::Config::from_env());
-            let p = attempts::release(&state, &id, decision, now)
+            let p = attempts::release(&state, &payment_id, decision, now)
                 .await
                 .map_err(|e| match e {
                     ReleaseError::NotFound => {
@@ -1139,7 +1151,7 @@ async fn merchant_cmd(cmd: MerchantCmd, now: Timestamp) -> Result<Output, Failur
             Ok(Output::new(to_json(&m), merchant_lines(&m)))
         }
         MerchantCmd::Show { merchant_id } => {
-            check_id(&merchant_id, IdKind::Merchant, "merchant")?;
+            let merchant_id = parse_id::<MerchantId>(&merchant_id, "merchant")?;
             let store = store().await?;
             let m = merchant(&*store, &merchant_id).await?;
             Ok(Output::new(to_json(&m), merchant_lines(&m)))
@@ -1148,7 +1160,7 @@ async fn merchant_cmd(cmd: MerchantCmd, now: Timestamp) -> Result<Output, Failur
             merchant_id,
             reason,
         } => {
-            check_id(&merchant_id, IdKind::Merchant, "merchant")?;
+            let merchant_id = parse_id::<MerchantId>(&merchant_id, "merchant")?;
             let reason = non_empty(&reason, "--reason")?;
             let store = store().await?;
             merchant(&*store, &merchant_id).await?;
@@ -1167,7 +1179,7 @@ async fn merchant_cmd(cmd: MerchantCmd, now: Timestamp) -> Result<Output, Failur
             Ok(Output::new(to_json(&m), text))
         }
         MerchantCmd::Reinstate { merchant_id } => {
-            check_id(&merchant_id, IdKind::Merchant, "merchant")?;
+            let merchant_id = parse_id::<MerchantId>(&merchant_id, "merchant")?;
             let store = store().await?;
             merchant(&*store, &merchant_id).await?;
             let m = account::reinstate_merchant(&*store, &merchant_id)
@@ -1176,7 +1188,7 @@ async fn merchant_cmd(cmd: MerchantCmd, now: Timestamp) -> Result<Output, Failur
             Ok(Output::new(to_json(&m), merchant_lines(&m)))
         }
         MerchantCmd::SetPlan { merchant_id, plan } => {
-            check_id(&merchant_id, IdKind::Merchant, "merchant")?;
+            let merchant_id = parse_id::<MerchantId>(&merchant_id, "merchant")?;
             let store = store().await?;
             merchant(&*store, &merchant_id).await?;
             let m = account::set_plan(&*store, &merchant_id, plan.into())
@@ -1190,9 +1202,9 @@ async fn merchant_cmd(cmd: MerchantCmd, now: Timestamp) -> Result<Output, Failur
 async fn project_cmd(cmd: ProjectCmd, now: Timestamp) -> Result<Output, Failure> {
     match cmd {
         ProjectCmd::ListUnderMerchant { project_id } => {
-            check_id(&project_id, IdKind::Project, "project")?;
+            let project_id = parse_id::<ProjectId>(&project_id, "project")?;
             let store = store().await?;
-            let p = project(&*store, &project_id).await?;
+            let p = project(&deps_of(&store), &project_id).await?;
             account::list_under_merchant(&*store, &p)
                 .await
                 .map_err(failed("cannot list the project under its merchant"))?;
@@ -1203,7 +1215,7 @@ async fn project_cmd(cmd: ProjectCmd, now: Timestamp) -> Result<Output, Failure>
             name,
             live_invoicing,
         } => {
-            check_id(&merchant_id, IdKind::Merchant, "merchant")?;
+            let merchant_id = parse_id::<MerchantId>(&merchant_id, "merchant")?;
             let name = non_empty(&name, "--name")?;
             let store = store().await?;
             let m = merchant(&*store, &merchant_id).await?;
@@ -1223,7 +1235,7 @@ async fn project_cmd(cmd: ProjectCmd, now: Timestamp) -> Result<Output, Failure>
                     expires_at: None,
                     spend_cap_paisa: None,
                 };
-                let (secret, _) = account::issue_api_key(&*store, now, &p, new)
+                let (secret, _) = account::issue_api_key(&deps_of(&store), now, &p, new)
                     .await
                     .map_err(failed("cannot issue the publishable key"))?;
                 let field = format!("publishable_key_{}", mode.as_str());
@@ -1235,30 +1247,30 @@ async fn project_cmd(cmd: ProjectCmd, now: Timestamp) -> Result<Output, Failure>
             Ok(Output::new(json, text))
         }
         ProjectCmd::Show { project_id } => {
-            check_id(&project_id, IdKind::Project, "project")?;
+            let project_id = parse_id::<ProjectId>(&project_id, "project")?;
             let store = store().await?;
-            let p = project(&*store, &project_id).await?;
+            let p = project(&deps_of(&store), &project_id).await?;
             Ok(Output::new(to_json(&p), project_lines(&p)))
         }
         ProjectCmd::Set {
             project_id,
             live_invoicing,
         } => {
-            check_id(&project_id, IdKind::Project, "project")?;
+            let project_id = parse_id::<ProjectId>(&project_id, "project")?;
             let Some(enabled) = live_invoicing else {
                 return Err(Failure::Usage(
                     "nothing to change: give --live-invoicing true|false".into(),
                 ));
             };
             let store = store().await?;
-            project(&*store, &project_id).await?;
+            project(&deps_of(&store), &project_id).await?;
             let p = account::set_live_invoicing(&*store, &project_id, enabled)
                 .await
                 .map_err(failed("cannot change the project"))?;
             Ok(Output::new(to_json(&p), project_lines(&p)))
         }
         ProjectCmd::Seller(args) => {
-            check_id(&args.project_id, IdKind::Project, "project")?;
+            let project_id = parse_id::<ProjectId>(&args.project_id, "project")?;
             let nothing = !args.clear
                 && args.name.is_none()
                 && args.legal_name.is_none()
@@ -1275,9 +1287,9 @@ async fn project_cmd(cmd: ProjectCmd, now: Timestamp) -> Result<Output, Failure>
             // Every value is checked before the store is opened.
             edited_seller(None, &args)?;
             let store = store().await?;
-            let current = project(&*store, &args.project_id).await?;
+            let current = project(&deps_of(&store), &project_id).await?;
             let seller = edited_seller(current.seller.as_ref(), &args)?;
-            let p = account::set_seller(&*store, &args.project_id, seller.as_ref())
+            let p = account::set_seller(&*store, &project_id, seller.as_ref())
                 .await
                 .map_err(failed("cannot change the seller profile"))?;
             let note = match &p.seller {
@@ -1304,7 +1316,7 @@ async fn key_cmd(cmd: KeyCmd, now: Timestamp) -> Result<Output, Failure> {
             expires_in,
             spend_cap_paisa,
         } => {
-            check_id(&project_id, IdKind::Project, "project")?;
+            let project_id = parse_id::<ProjectId>(&project_id, "project")?;
             if description.chars().any(char::is_control) || description.len() > 500 {
                 return Err(Failure::Usage(
                     "--description must be at most 500 characters without control characters"
@@ -1326,7 +1338,7 @@ async fn key_cmd(cmd: KeyCmd, now: Timestamp) -> Result<Output, Failure> {
                 }
             };
             let store = store().await?;
-            let p = project(&*store, &project_id).await?;
+            let p = project(&deps_of(&store), &project_id).await?;
             let new = NewKey {
                 mode: mode.into(),
                 kind: kind.into(),
@@ -1335,7 +1347,7 @@ async fn key_cmd(cmd: KeyCmd, now: Timestamp) -> Result<Output, Failure> {
                 expires_at: expires_in.map(|s| now.plus(s.duration)),
                 spend_cap_paisa,
             };
-            let (secret, key) = account::issue_api_key(&*store, now, &p, new)
+            let (secret, key) = account::issue_api_key(&deps_of(&store), now, &p, new)
                 .await
                 .map_err(failed("cannot issue the key"))?;
             let json = json!({
@@ -1349,10 +1361,10 @@ async fn key_cmd(cmd: KeyCmd, now: Timestamp) -> Result<Output, Failure> {
             Ok(Output::new(json, text).note(SECRET_WARNING))
         }
         KeyCmd::List { project_id } => {
-            check_id(&project_id, IdKind::Project, "project")?;
+            let project_id = parse_id::<ProjectId>(&project_id, "project")?;
             let store = store().await?;
-            project(&*store, &project_id).await?;
-            let keys = account::list_api_keys(&*store, &project_id)
+            project(&deps_of(&store), &project_id).await?;
+            let keys = account::list_api_keys(&deps_of(&store), &project_id)
                 .await
                 .map_err(failed("cannot list the keys"))?;
             let summaries: Vec<KeySummary> = keys.iter().map(|k| summary(k, now)).collect();
@@ -1398,20 +1410,21 @@ async fn key_cmd(cmd: KeyCmd, now: Timestamp) -> Result<Output, Failure> {
             grace,
             expires_in,
         } => {
-            check_id(&key_id, IdKind::ApiKey, "key")?;
-            check_id(&project_id, IdKind::Project, "project")?;
+            let key_id = parse_id::<ApiKeyId>(&key_id, "key")?;
+            let project_id = parse_id::<ProjectId>(&project_id, "project")?;
             let store = store().await?;
-            let old = api_key(&*store, &project_id, &key_id).await?;
+            let old = api_key(&deps_of(&store), &project_id, &key_id).await?;
             let expires_at = expires_in.map(|s| now.plus(s.duration));
-            let r = account::rotate_api_key(&*store, now, &old, grace.duration, expires_at)
-                .await
-                .map_err(|e| match e {
-                    StoreError::Invalid(m) => Failure::Failed(m),
-                    e if e.is_condition_failure() => Failure::Failed(format!(
-                        "key {key_id} was revoked or changed meanwhile; nothing was rotated"
-                    )),
-                    e => Failure::Failed(format!("cannot rotate the key: {e}")),
-                })?;
+            let r =
+                account::rotate_api_key(&deps_of(&store), now, &old, grace.duration, expires_at)
+                    .await
+                    .map_err(|e| match e {
+                        StoreError::Invalid(m) => Failure::Failed(m),
+                        e if e.is_condition_failure() => Failure::Failed(format!(
+                            "key {key_id} was revoked or changed meanwhile; nothing was rotated"
+                        )),
+                        e => Failure::Failed(format!("cannot rotate the key: {e}")),
+                    })?;
             let json = json!({
                 "secret": r.secret,
                 "warning": SECRET_WARNING,
@@ -1430,11 +1443,11 @@ async fn key_cmd(cmd: KeyCmd, now: Timestamp) -> Result<Output, Failure> {
             Ok(Output::new(json, text).note(SECRET_WARNING))
         }
         KeyCmd::Revoke { key_id, project_id } => {
-            check_id(&key_id, IdKind::ApiKey, "key")?;
-            check_id(&project_id, IdKind::Project, "project")?;
+            let key_id = parse_id::<ApiKeyId>(&key_id, "key")?;
+            let project_id = parse_id::<ProjectId>(&project_id, "project")?;
             let store = store().await?;
-            let key = api_key(&*store, &project_id, &key_id).await?;
-            account::revoke_api_key(&*store, &key)
+            let key = api_key(&deps_of(&store), &project_id, &key_id).await?;
+            account::revoke_api_key(&deps_of(&store), &key)
                 .await
                 .map_err(|e| match e {
                     StoreError::ConditionFailed => {
@@ -1583,8 +1596,7 @@ fn configured_lines(c: &ConfiguredProvider) -> Vec<String> {
 async fn credentials_cmd(cmd: CredentialsCmd, now: Timestamp) -> Result<Output, Failure> {
     match cmd {
         CredentialsCmd::Set(args) => {
-            check_id(&args.project_id, IdKind::Project, "project")?;
-            let project_id = args.project_id.clone();
+            let project_id = parse_id::<ProjectId>(&args.project_id, "project")?;
             let mode: Mode = args.mode.into();
             // The master key first: no secret is read for nothing.
             let keys = CredentialsKeys::from_env().map_err(cred_failed)?;
@@ -1602,14 +1614,14 @@ async fn credentials_cmd(cmd: CredentialsCmd, now: Timestamp) -> Result<Output, 
             Ok(Output::new(to_json(&c), configured_lines(&c)))
         }
         CredentialsCmd::List { project_id, check } => {
-            check_id(&project_id, IdKind::Project, "project")?;
+            let project_id = parse_id::<ProjectId>(&project_id, "project")?;
             let keys = if check {
                 Some(CredentialsKeys::from_env().map_err(cred_failed)?)
             } else {
                 None
             };
             let store = store().await?;
-            project(&*store, &project_id).await?;
+            project(&deps_of(&store), &project_id).await?;
             let listed = credentials::list_configured_providers(&*store, &project_id)
                 .await
                 .map_err(cred_failed)?;
@@ -1676,7 +1688,7 @@ async fn credentials_cmd(cmd: CredentialsCmd, now: Timestamp) -> Result<Output, 
             mode,
             provider,
         } => {
-            check_id(&project_id, IdKind::Project, "project")?;
+            let project_id = parse_id::<ProjectId>(&project_id, "project")?;
             let (mode, provider): (Mode, Provider) = (mode.into(), provider.into());
             let store = store().await?;
             let removed = credentials::delete_credentials(

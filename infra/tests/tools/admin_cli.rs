@@ -380,7 +380,12 @@ async fn merchants_are_suspended_reinstated_and_replanned() {
         let Ok(who) = who else {
             panic!("reinstated key refused: {who:?}")
         };
-        let view = account::account_view(&store, &who).await;
+        let deps = shared::AppState::new(
+            std::sync::Arc::new(store),
+            std::sync::Arc::new(SystemClock),
+            shared::Config::from_env(),
+        );
+        let view = account::account_view(&deps, &who).await;
         let Ok(view) = view else { panic!("view") };
         assert_eq!(view.entitlements.sms_monthly_quota, 1000);
         assert!(view.entitlements.live_invoicing);
@@ -1202,7 +1207,7 @@ async fn the_admin_tool_onboards_a_merchant_on_dynamodb() {
 
     let store = DynamoStore::new(client, table.clone());
     let who = account::authenticate(&store, SystemClock.now(), &secret).await;
-    assert_eq!(who.map(|w| w.merchant.id), Ok(merchant.clone()));
+    assert_eq!(who.map(|w| w.merchant.id.to_string()), Ok(merchant.clone()));
     aws(&["merchant", "suspend", &merchant, "--reason", "review"]);
     let who = account::authenticate(&store, SystemClock.now(), &secret).await;
     assert!(matches!(who, Err(AuthError::Suspended(_))));

@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use super::record::{Record, from_item};
 use super::{Mode, Provider};
 use crate::domain::Tenant;
+use crate::ids::ProjectId;
 use crate::keys;
 use crate::providers::hub::{HubError, ProviderHub};
 use crate::providers::probe::{self, Verdict};
@@ -45,7 +46,7 @@ pub use crate::secrets::{
 /// Written whole each time (replaced, never updated).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StoredCredentials {
-    project_id: String,
+    project_id: ProjectId,
     mode: Mode,
     provider: Provider,
     key_id: String,
@@ -58,7 +59,7 @@ pub struct StoredCredentials {
 }
 
 crate::attrs! { StoredCredentials {
-    PROJECT_ID: String = project_id,
+    PROJECT_ID: ProjectId = project_id,
     MODE: Mode = mode,
     PROVIDER: Provider = provider,
     KEY_ID: String = key_id,
@@ -77,7 +78,7 @@ impl Record for StoredCredentials {
 /// One configured provider of a project, without any secret.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ConfiguredProvider {
-    pub project_id: String,
+    pub project_id: ProjectId,
     pub mode: Mode,
     pub provider: Provider,
     /// The master key that sealed the credentials.
@@ -126,7 +127,7 @@ fn describe(project_id: &str, mode: Mode, provider: Provider) -> String {
 
 fn seal(
     key: &CredentialsKey,
-    project_id: &str,
+    project_id: &ProjectId,
     mode: Mode,
     creds: &ProviderCredentials,
     now: Timestamp,
@@ -137,7 +138,7 @@ fn seal(
     let aad = associated_data(project_id, mode, provider, &key.id);
     let sealed = seal_bytes(key, &plaintext, &aad)?;
     Ok(StoredCredentials {
-        project_id: project_id.to_owned(),
+        project_id: project_id.clone(),
         mode,
         provider,
         key_id: sealed.key_id,
@@ -341,7 +342,7 @@ pub async fn get_credentials(
 /// secrets; no key needed). Ordered by mode, then provider.
 pub async fn list_configured_providers(
     store: &dyn Store,
-    project_id: &str,
+    project_id: &ProjectId,
 ) -> Result<Vec<ConfiguredProvider>, CredentialsError> {
     let mut query = Query::partition(project_partition(project_id))
         .sk(SkCond::BeginsWith(keys::CREDENTIALS_PREFIX.into()))
@@ -387,7 +388,7 @@ pub async fn reencrypt_credentials(
     store: &dyn Store,
     keys: &CredentialsKeys,
     now: Timestamp,
-    project_id: &str,
+    project_id: &ProjectId,
 ) -> Result<usize, CredentialsError> {
     let mut rewritten = 0;
     for configured in list_configured_providers(store, project_id).await? {
@@ -395,8 +396,13 @@ pub async fn reencrypt_credentials(
             continue;
         }
         let (mode, provider) = (configured.mode, configured.provider);
-        let Some(creds) =
-            get_credentials(store, keys, &Tenant::new(project_id, mode), provider).await?
+        let Some(creds) = get_credentials(
+            store,
+            keys,
+            &Tenant::new(project_id.clone(), mode),
+            provider,
+        )
+        .await?
         else {
             continue;
         };
@@ -417,14 +423,8 @@ pub async fn for_payment(
     deps: &crate::Deps,
     payment: &super::payments::Payment,
 ) -> Result<ProviderCredentials, HubError> {
-    for_provider(
-        &*deps.store,
-        &deps.providers,
-        &payment.project_id,
-        payment.mode,
-        payment.provider,
-    )
-    .await
+    let tenant = Tenant::new(payment.project_id.clone(), payment.mode);
+    for_provider(&*deps.store, &deps.providers, &tenant, payment.provider).await
 }
 
 /// The credentials a project uses at `provider` in `mode`: its own,
@@ -433,14 +433,12 @@ pub async fn for_payment(
 pub async fn for_provider(
     store: &dyn Store,
     hub: &ProviderHub,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     provider: Provider,
 ) -> Result<ProviderCredentials, HubError> {
+    let mode = tenant.mode;
     if let Some(keys) = hub.keys() {
-        if let Some(c) =
-            get_credentials(store, keys, &Tenant::new(project_id, mode), provider).await?
-        {
+        if let Some(c) = get_credentials(store, keys, tenant, provider).await? {
             return Ok(c);
         }
     }
@@ -541,7 +539,7 @@ mod tests {
         assert_ne!(again.ciphertext, sealed.ciphertext);
     }
 
-    async fn project(store: &dyn Store) -> String {
+    async fn project(store: &dyn Store) -> ProjectId {
         let now = SystemClock.now();
         let m = ok(
             create_merchant(store, now, "Himal", "r@himal.example", Plan::Free).await,
@@ -714,7 +712,13 @@ mod tests {
                 (Mode::Sandbox, Provider::Esewa),
             ]
         );
-        assert!(ok(list_configured_providers(&*store, "proj_none").await, "l").is_empty());
+        assert!(
+            ok(
+                list_configured_providers(&*store, &"proj_none".into()).await,
+                "l"
+            )
+            .is_empty()
+        );
 
         assert!(ok(
             delete_credentials(
@@ -1223,14 +1227,24 @@ mod tests {
         use crate::providers::hub::{HubError, ProviderHub, SandboxAccounts};
         let store = crate::store::embedded::EmbeddedStore::in_memory().unwrap();
         let hub = ProviderHub::unconfigured();
-        let esewa = for_provider(&store, &hub, "proj_1", Mode::Sandbox, Provider::Esewa)
-            .await
-            .unwrap();
+        let esewa = for_provider(
+            &store,
+            &hub,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            Provider::Esewa,
+        )
+        .await
+        .unwrap();
         assert_eq!(esewa.provider(), Provider::Esewa);
         assert!(
-            for_provider(&store, &hub, "proj_1", Mode::Sandbox, Provider::Khalti)
-                .await
-                .is_ok()
+            for_provider(
+                &store,
+                &hub,
+                &Tenant::new("proj_1", Mode::Sandbox),
+                Provider::Khalti
+            )
+            .await
+            .is_ok()
         );
         for (mode, provider) in [
             (Mode::Sandbox, Provider::Fonepay),
@@ -1238,7 +1252,7 @@ mod tests {
             (Mode::Live, Provider::Khalti),
             (Mode::Live, Provider::Fonepay),
         ] {
-            let got = for_provider(&store, &hub, "proj_1", mode, provider).await;
+            let got = for_provider(&store, &hub, &Tenant::new("proj_1", mode), provider).await;
             assert!(
                 matches!(got, Err(HubError::NotConfigured { .. })),
                 "{mode:?} {provider:?}"
@@ -1249,7 +1263,13 @@ mod tests {
             khalti: None,
             ..SandboxAccounts::default()
         });
-        let got = for_provider(&store, &hub, "proj_1", Mode::Sandbox, Provider::Khalti).await;
+        let got = for_provider(
+            &store,
+            &hub,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            Provider::Khalti,
+        )
+        .await;
         assert!(matches!(got, Err(HubError::NotConfigured { .. })));
     }
 }

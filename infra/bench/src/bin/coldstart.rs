@@ -306,7 +306,7 @@ async fn main() -> Result<(), String> {
         expires_at: None,
         spend_cap_paisa: None,
     };
-    let (key, _) = account::issue_api_key(store, now, &p, new)
+    let (key, _) = account::issue_api_key(&state, now, &p, new)
         .await
         .map_err(err)?;
     let payment = Payment {

@@ -73,7 +73,7 @@ async fn main() -> Result<(), String> {
         expires_at: None,
         spend_cap_paisa: None,
     };
-    let (key, _) = account::issue_api_key(&*store, now, &project, new)
+    let (key, _) = account::issue_api_key(&running.state, now, &project, new)
         .await
         .map_err(|e| e.to_string())?;
 

@@ -6,10 +6,10 @@
 use clap::{Subcommand, ValueEnum};
 use serde_json::json;
 use shared::domain::dashboard::{self, DashboardError, DashboardUser, Role};
-use shared::ids::IdKind;
+use shared::ids::MerchantId;
 use shared::time::Timestamp;
 
-use super::{Failure, Output, check_id, failed, store};
+use super::{Failure, Output, deps_of, failed, parse_id, store};
 
 #[derive(Subcommand, Debug)]
 pub enum UserCmd {
@@ -131,14 +131,20 @@ pub async fn user_cmd(cmd: UserCmd, now: Timestamp) -> Result<Output, Failure> {
             role,
             password_stdin,
         } => {
-            check_id(&merchant_id, IdKind::Merchant, "merchant")?;
+            let merchant_id = parse_id::<MerchantId>(&merchant_id, "merchant")?;
             dashboard::normalize_email(&email).map_err(user_failed)?;
             let (password, generated) = password(password_stdin)?;
             let store = store().await?;
-            let u =
-                dashboard::create_user(&*store, now, &merchant_id, &email, role.into(), &password)
-                    .await
-                    .map_err(user_failed)?;
+            let u = dashboard::create_user(
+                &deps_of(&store),
+                now,
+                &merchant_id,
+                &email,
+                role.into(),
+                &password,
+            )
+            .await
+            .map_err(user_failed)?;
             Ok(with_password(
                 Output::new(shown(&u), lines(&u)),
                 &password,
@@ -172,9 +178,9 @@ pub async fn user_cmd(cmd: UserCmd, now: Timestamp) -> Result<Output, Failure> {
             Ok(out)
         }
         UserCmd::List { merchant_id } => {
-            check_id(&merchant_id, IdKind::Merchant, "merchant")?;
+            let merchant_id = parse_id::<MerchantId>(&merchant_id, "merchant")?;
             let store = store().await?;
-            let users = dashboard::list_users(&*store, &merchant_id)
+            let users = dashboard::list_users(&deps_of(&store), &merchant_id)
                 .await
                 .map_err(failed("cannot list the users"))?;
             let text = users

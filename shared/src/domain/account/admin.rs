@@ -5,9 +5,10 @@ use rand::Rng;
 
 use super::auth::{SECRET_RANDOM_LEN, hash_secret};
 use super::{ApiKey, KeyKind, Merchant, Pause, Plan, Project, Scope, Seller, Suspension};
+use crate::app::Deps;
 use crate::domain::Mode;
 use crate::domain::record::{Changes, Record, from_item};
-use crate::ids::{IdKind, new_id};
+use crate::ids::{ApiKeyId, MerchantId, ProjectId};
 use crate::keys;
 use crate::store::{Cond, Index, Query, Store, StoreError, TxOp, Update};
 use crate::time::Timestamp;
@@ -21,7 +22,7 @@ pub async fn create_merchant(
     plan: Plan,
 ) -> Result<Merchant, StoreError> {
     let merchant = Merchant {
-        id: new_id(IdKind::Merchant),
+        id: MerchantId::new(),
         name: name.to_owned(),
         email: email.to_owned(),
         plan,
@@ -43,7 +44,7 @@ pub async fn create_project(
     live_invoicing: bool,
 ) -> Result<Project, StoreError> {
     let project = Project {
-        id: new_id(IdKind::Project),
+        id: ProjectId::new(),
         merchant_id: merchant.id.clone(),
         name: name.to_owned(),
         live_invoicing,
@@ -78,11 +79,12 @@ pub struct NewKey {
 /// Mints a key for `project`. Returns the secret (shown once, never
 /// stored) and the stored record.
 pub async fn issue_api_key(
-    store: &dyn Store,
+    deps: &Deps,
     now: Timestamp,
     project: &Project,
     new: NewKey,
 ) -> Result<(String, ApiKey), StoreError> {
+    let store = &*deps.store;
     let fields = KeyFields {
         merchant_id: project.merchant_id.clone(),
         project_id: project.id.clone(),
@@ -102,8 +104,8 @@ pub async fn issue_api_key(
 /// the key it replaces). Scopes stay strings so a rotation keeps scopes
 /// this build does not know.
 pub(super) struct KeyFields {
-    pub(super) merchant_id: String,
-    pub(super) project_id: String,
+    pub(super) merchant_id: MerchantId,
+    pub(super) project_id: ProjectId,
     pub(super) mode: Mode,
     pub(super) kind: KeyKind,
     pub(super) scopes: Vec<String>,
@@ -113,7 +115,7 @@ pub(super) struct KeyFields {
 }
 
 /// The gsi1 partition listing a project's keys (sort key: the key id).
-pub(super) fn keys_partition(project_id: &str) -> String {
+pub(super) fn keys_partition(project_id: &ProjectId) -> String {
     keys::project_keys(project_id)
 }
 
@@ -126,7 +128,7 @@ pub(super) fn mint_key(now: Timestamp, f: KeyFields) -> (String, ApiKey) {
         .collect();
     let secret = format!("{}{random}", f.kind.prefix(f.mode));
     let key = ApiKey {
-        id: new_id(IdKind::ApiKey),
+        id: ApiKeyId::new(),
         key_hash: hash_secret(&secret),
         merchant_id: f.merchant_id,
         project_id: f.project_id,
@@ -148,7 +150,7 @@ pub(super) fn mint_key(now: Timestamp, f: KeyFields) -> (String, ApiKey) {
 /// Suspends a merchant: every call of its keys answers 403 from now on.
 pub async fn suspend_merchant(
     store: &dyn Store,
-    merchant_id: &str,
+    merchant_id: &MerchantId,
     suspension: Suspension,
 ) -> Result<(), StoreError> {
     let update = Changes::new().set_some(Merchant::SUSPENSION, &suspension);
@@ -178,15 +180,23 @@ pub async fn pause_api_key(
 }
 
 /// The merchant `id`, if it exists.
-pub async fn get_merchant(store: &dyn Store, id: &str) -> Result<Option<Merchant>, StoreError> {
+pub async fn get_merchant(
+    store: &dyn Store,
+    id: &MerchantId,
+) -> Result<Option<Merchant>, StoreError> {
     crate::domain::record::get(store, &Merchant::key(id)).await
 }
 
 /// The name customers see for a project's shop (its merchant's, else the
 /// project's) and whether it may take payments (merchant present and not
 /// suspended): the public pages and payment attempts ask this.
-pub async fn storefront(store: &dyn Store, project_id: &str) -> Result<(String, bool), StoreError> {
-    let Some(project) = get_project(store, project_id).await? else {
+pub async fn storefront(
+    store: &dyn Store,
+    project_id: &ProjectId,
+) -> Result<(String, bool), StoreError> {
+    let Some(project) =
+        crate::domain::record::get::<Project>(store, &Project::key(project_id)).await?
+    else {
         return Ok(("Shop".into(), false));
     };
     match get_merchant(store, &project.merchant_id).await? {
@@ -196,7 +206,8 @@ pub async fn storefront(store: &dyn Store, project_id: &str) -> Result<(String, 
 }
 
 /// The project `id`, if it exists.
-pub async fn get_project(store: &dyn Store, id: &str) -> Result<Option<Project>, StoreError> {
+pub async fn get_project(deps: &Deps, id: &ProjectId) -> Result<Option<Project>, StoreError> {
+    let store = &*deps.store;
     crate::domain::record::get(store, &Project::key(id)).await
 }
 
@@ -204,7 +215,7 @@ pub async fn get_project(store: &dyn Store, id: &str) -> Result<Option<Project>,
 /// written; [`StoreError::ConditionFailed`] when it does not exist.
 pub async fn reinstate_merchant(
     store: &dyn Store,
-    merchant_id: &str,
+    merchant_id: &MerchantId,
 ) -> Result<Merchant, StoreError> {
     let update = Changes::new().remove(Merchant::SUSPENSION);
     let written = store
@@ -222,7 +233,7 @@ pub async fn reinstate_merchant(
 /// once). [`StoreError::ConditionFailed`] when the merchant does not exist.
 pub async fn set_plan(
     store: &dyn Store,
-    merchant_id: &str,
+    merchant_id: &MerchantId,
     plan: Plan,
 ) -> Result<Merchant, StoreError> {
     let update = Changes::new().set(Merchant::PLAN, &plan);
@@ -242,7 +253,7 @@ pub async fn set_plan(
 /// Sets (or with `None` removes) the project's seller profile.
 pub async fn set_seller(
     store: &dyn Store,
-    project_id: &str,
+    project_id: &ProjectId,
     seller: Option<&Seller>,
 ) -> Result<Project, StoreError> {
     let update = match seller {
@@ -257,7 +268,7 @@ pub async fn set_seller(
 
 pub async fn set_live_invoicing(
     store: &dyn Store,
-    project_id: &str,
+    project_id: &ProjectId,
     enabled: bool,
 ) -> Result<Project, StoreError> {
     let update = Changes::new().set(Project::LIVE_INVOICING, &enabled);
@@ -282,9 +293,10 @@ pub async fn list_under_merchant(store: &dyn Store, project: &Project) -> Result
 /// The projects of `merchant_id`, oldest first (at most 100: the
 /// dashboard's switch; an operator creates projects).
 pub async fn merchant_projects(
-    store: &dyn Store,
-    merchant_id: &str,
+    deps: &Deps,
+    merchant_id: &MerchantId,
 ) -> Result<Vec<Project>, StoreError> {
+    let store = &*deps.store;
     let q = Query::partition(keys::merchant_projects(merchant_id))
         .on(Index::Gsi1)
         .limit(100);

@@ -3,8 +3,10 @@
 
 use super::ApiKey;
 use super::admin::{KeyFields, keys_partition, mint_key};
+use crate::app::Deps;
 use crate::domain::record::{Changes, Record, from_item};
-use crate::store::{Cond, Index, Query, Store, StoreError, TxOp};
+use crate::ids::{ApiKeyId, ProjectId};
+use crate::store::{Cond, Index, Query, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// Every key of a project, newest first, revoked ones excluded.
@@ -12,7 +14,8 @@ use crate::time::Timestamp;
 /// Reads the project's gsi1 partition, which lags writes on DynamoDB: a key
 /// issued or revoked a moment ago may be missing or still listed. Use
 /// [`find_api_key`] for a consistent answer about one key.
-pub async fn list_api_keys(store: &dyn Store, project_id: &str) -> Result<Vec<ApiKey>, StoreError> {
+pub async fn list_api_keys(deps: &Deps, project_id: &ProjectId) -> Result<Vec<ApiKey>, StoreError> {
+    let store = &*deps.store;
     let mut query = Query::partition(keys_partition(project_id))
         .on(Index::Gsi1)
         .backward()
@@ -35,23 +38,25 @@ pub async fn list_api_keys(store: &dyn Store, project_id: &str) -> Result<Vec<Ap
 /// consistent) once the project's listing names it. `None` when the
 /// project has no such key (or it was revoked).
 pub async fn find_api_key(
-    store: &dyn Store,
-    project_id: &str,
-    key_id: &str,
+    deps: &Deps,
+    project_id: &ProjectId,
+    key_id: &ApiKeyId,
 ) -> Result<Option<ApiKey>, StoreError> {
-    let listed = list_api_keys(store, project_id).await?;
-    let Some(found) = listed.into_iter().find(|k| k.id == key_id) else {
+    let store = &*deps.store;
+    let listed = list_api_keys(deps, project_id).await?;
+    let Some(found) = listed.into_iter().find(|k| k.id == *key_id) else {
         return Ok(None);
     };
     let key: Option<ApiKey> = crate::domain::record::get(store, &found.item_key()).await?;
-    Ok(key.filter(|key| key.id == key_id && key.project_id == project_id))
+    Ok(key.filter(|key| key.id == *key_id && key.project_id == *project_id))
 }
 
 /// Revokes a key for good: its item is deleted, so [`authenticate`](super::authenticate) answers
 /// [`AuthError::Invalid`](super::AuthError::Invalid) from now on. [`StoreError::ConditionFailed`] when
 /// it was already revoked.
-pub async fn revoke_api_key(store: &dyn Store, key: &ApiKey) -> Result<(), StoreError> {
-    let cond = Cond::And(vec![Cond::Exists, ApiKey::ID.eq(key.id.as_str())]);
+pub async fn revoke_api_key(deps: &Deps, key: &ApiKey) -> Result<(), StoreError> {
+    let store = &*deps.store;
+    let cond = Cond::And(vec![Cond::Exists, ApiKey::ID.eq(&key.id)]);
     let deleted = store.delete(&key.item_key(), Some(cond)).await;
     super::cache::changed();
     deleted
@@ -93,12 +98,13 @@ impl std::fmt::Debug for Rotation {
 /// grace. The new key expires at `expires_at` (`None`: never) and starts
 /// unpaused. One transaction: either both changes happen or neither.
 pub async fn rotate_api_key(
-    store: &dyn Store,
+    deps: &Deps,
     now: Timestamp,
     old: &ApiKey,
     grace: chrono::Duration,
     expires_at: Option<Timestamp>,
 ) -> Result<Rotation, StoreError> {
+    let store = &*deps.store;
     if grace < chrono::Duration::zero() {
         return Err(StoreError::Invalid(
             "the grace period cannot be negative".into(),
@@ -139,10 +145,7 @@ pub async fn rotate_api_key(
                 update: Changes::new()
                     .set_some(ApiKey::EXPIRES_AT, &old_expiry)
                     .into(),
-                cond: Some(Cond::And(vec![
-                    Cond::Exists,
-                    ApiKey::ID.eq(old.id.as_str()),
-                ])),
+                cond: Some(Cond::And(vec![Cond::Exists, ApiKey::ID.eq(&old.id)])),
             },
         ])
         .await;

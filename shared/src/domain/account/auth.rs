@@ -6,8 +6,10 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::{ApiKey, KeyKind, Merchant, Pause, Suspension};
+use crate::app::Deps;
 use crate::domain::record::{Changes, Record};
 use crate::domain::{Mode, Tenant};
+use crate::ids::ProjectId;
 use crate::refusal::{Kind, Refusal};
 use crate::store::{Cond, Store, StoreError};
 use crate::time::Timestamp;
@@ -78,7 +80,7 @@ impl Principal {
     pub fn mode(&self) -> Mode {
         self.key.mode
     }
-    pub fn project_id(&self) -> &str {
+    pub fn project_id(&self) -> &ProjectId {
         &self.key.project_id
     }
 }
@@ -152,14 +154,22 @@ pub async fn authenticate(
     now: Timestamp,
     secret: &str,
 ) -> Result<Principal, AuthError> {
-    let key = authenticate_key(store, now, secret).await?;
-    principal_of(store, key).await
+    let key = key_of_secret(store, now, secret).await?;
+    principal_in(store, key).await
 }
 
 /// The first half of [`authenticate`]: the key of the bearer secret (one
 /// read), refused when unknown, of another mode than its prefix says, or
 /// expired.
 pub async fn authenticate_key(
+    deps: &Deps,
+    now: Timestamp,
+    secret: &str,
+) -> Result<ApiKey, AuthError> {
+    key_of_secret(&*deps.store, now, secret).await
+}
+
+async fn key_of_secret(
     store: &dyn Store,
     now: Timestamp,
     secret: &str,
@@ -187,7 +197,11 @@ pub async fn authenticate_key(
 
 /// The second half of [`authenticate`]: the key's merchant (one read),
 /// refused when suspended, then the key refused when paused.
-pub async fn principal_of(store: &dyn Store, key: ApiKey) -> Result<Principal, AuthError> {
+pub async fn principal_of(deps: &Deps, key: ApiKey) -> Result<Principal, AuthError> {
+    principal_in(&*deps.store, key).await
+}
+
+async fn principal_in(store: &dyn Store, key: ApiKey) -> Result<Principal, AuthError> {
     let merchant: Merchant =
         match crate::domain::record::get(store, &Merchant::key(&key.merchant_id)).await {
             Ok(Some(merchant)) => merchant,
@@ -211,11 +225,8 @@ pub const LAST_USED_EVERY: chrono::Duration = chrono::Duration::seconds(60);
 /// most once per [`LAST_USED_EVERY`]: no write while the value read is
 /// fresh, and a conditional write otherwise, so of concurrent requests
 /// that all saw a stale value only one writes. Returns whether it wrote.
-pub async fn record_use(
-    store: &dyn Store,
-    key: &ApiKey,
-    now: Timestamp,
-) -> Result<bool, StoreError> {
+pub async fn record_use(deps: &Deps, key: &ApiKey, now: Timestamp) -> Result<bool, StoreError> {
+    let store = &*deps.store;
     let cutoff = now.plus(-LAST_USED_EVERY);
     if key.last_used_at.is_some_and(|t| t >= cutoff) {
         return Ok(false);

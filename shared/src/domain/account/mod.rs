@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Mode;
 use super::record::{Entry, Record};
+use crate::ids::{ApiKeyId, MerchantId, ProjectId};
 use crate::keys;
 use crate::store::Key;
 use crate::time::Timestamp;
@@ -139,7 +140,7 @@ pub struct Pause {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Merchant {
-    pub id: String,
+    pub id: MerchantId,
     pub name: String,
     pub email: String,
     pub plan: Plan,
@@ -149,7 +150,7 @@ pub struct Merchant {
 }
 
 crate::attrs! { Merchant {
-    ID: String = id,
+    ID: MerchantId = id,
     NAME: String = name,
     EMAIL: String = email,
     PLAN: Plan = plan,
@@ -171,8 +172,8 @@ impl Record for Merchant {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Project {
-    pub id: String,
-    pub merchant_id: String,
+    pub id: ProjectId,
+    pub merchant_id: MerchantId,
     pub name: String,
     /// Whether live one-time invoices are enabled (sandbox always is).
     #[serde(default)]
@@ -184,8 +185,8 @@ pub struct Project {
 }
 
 crate::attrs! { Project {
-    ID: String = id,
-    MERCHANT_ID: String = merchant_id,
+    ID: ProjectId = id,
+    MERCHANT_ID: MerchantId = merchant_id,
     NAME: String = name,
     LIVE_INVOICING: bool = live_invoicing,
     SELLER: Option<Seller> = seller,
@@ -251,11 +252,11 @@ impl KeyKind {
 /// A stored API key. The secret itself is never stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApiKey {
-    pub id: String,
+    pub id: ApiKeyId,
     /// Hex SHA-256 of the secret.
     pub key_hash: String,
-    pub merchant_id: String,
-    pub project_id: String,
+    pub merchant_id: MerchantId,
+    pub project_id: ProjectId,
     pub mode: Mode,
     pub kind: KeyKind,
     pub scopes: Vec<String>,
@@ -277,10 +278,10 @@ pub struct ApiKey {
 }
 
 crate::attrs! { ApiKey {
-    ID: String = id,
+    ID: ApiKeyId = id,
     KEY_HASH: String = key_hash,
-    MERCHANT_ID: String = merchant_id,
-    PROJECT_ID: String = project_id,
+    MERCHANT_ID: MerchantId = merchant_id,
+    PROJECT_ID: ProjectId = project_id,
     MODE: Mode = mode,
     KIND: KeyKind = kind,
     SCOPES: Vec<String> = scopes,
@@ -313,7 +314,7 @@ impl Record for ApiKey {
     fn entries(&self) -> Vec<Entry> {
         vec![Entry::gsi1(
             keys::project_keys(&self.project_id),
-            self.id.clone(),
+            self.id.to_string(),
         )]
     }
 }

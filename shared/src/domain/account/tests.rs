@@ -7,6 +7,18 @@ use crate::testenv::memory_store as store;
 use crate::time::{Clock, SystemClock};
 use std::sync::Arc;
 
+/// The rules' dependencies over `store`.
+fn deps(store: &Arc<dyn Store>) -> crate::AppState {
+    crate::AppState::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        crate::Config {
+            public_base_url: "https://pay.example".into(),
+            events_base_url: None,
+        },
+    )
+}
+
 fn all_scopes(mode: Mode) -> NewKey {
     NewKey {
         mode,
@@ -23,7 +35,8 @@ async fn last_used_at_is_written_at_most_once_a_minute() {
     let store = store();
     let (_, project) = setup(&*store).await;
     let now = SystemClock.now();
-    let Ok((secret, key)) = issue_api_key(&*store, now, &project, all_scopes(Mode::Live)).await
+    let Ok((secret, key)) =
+        issue_api_key(&deps(&store), now, &project, all_scopes(Mode::Live)).await
     else {
         panic!("key")
     };
@@ -40,7 +53,8 @@ async fn last_used_at_is_written_at_most_once_a_minute() {
         }
     };
     // Never used: concurrent requests that all read null write once.
-    let writes = futures::future::join_all((0..8).map(|_| record_use(&*store, &key, now))).await;
+    let d = deps(&store);
+    let writes = futures::future::join_all((0..8).map(|_| record_use(&d, &key, now))).await;
     assert_eq!(writes.iter().filter(|w| matches!(w, Ok(true))).count(), 1);
     assert_eq!(read(secret.clone()).await, Some(now));
     // Fresh (read or stored): no write.
@@ -51,13 +65,13 @@ async fn last_used_at_is_written_at_most_once_a_minute() {
         panic!()
     };
     let soon = now.plus(chrono::Duration::seconds(59));
-    assert_eq!(record_use(&*store, &fresh, soon).await, Ok(false));
+    assert_eq!(record_use(&deps(&store), &fresh, soon).await, Ok(false));
     // A stale copy read before the write does not write either.
-    assert_eq!(record_use(&*store, &key, soon).await, Ok(false));
+    assert_eq!(record_use(&deps(&store), &key, soon).await, Ok(false));
     assert_eq!(read(secret.clone()).await, Some(now));
     // A minute later it does.
     let later = now.plus(chrono::Duration::seconds(61));
-    assert_eq!(record_use(&*store, &fresh, later).await, Ok(true));
+    assert_eq!(record_use(&deps(&store), &fresh, later).await, Ok(true));
     assert_eq!(read(secret.clone()).await, Some(later));
     // A key deleted meanwhile is not brought back.
     let Ok(()) = store
@@ -67,7 +81,10 @@ async fn last_used_at_is_written_at_most_once_a_minute() {
         panic!()
     };
     let much_later = later.plus(chrono::Duration::seconds(120));
-    assert_eq!(record_use(&*store, &fresh, much_later).await, Ok(false));
+    assert_eq!(
+        record_use(&deps(&store), &fresh, much_later).await,
+        Ok(false)
+    );
     assert!(matches!(
         store.get(&ApiKey::key_for_hash(&key.key_hash)).await,
         Ok(None)
@@ -137,8 +154,13 @@ fn scopes_round_trip() {
 async fn keys_are_stored_only_as_hashes() {
     let store = store();
     let (_, p) = setup(&*store).await;
-    let Ok((secret, key)) =
-        issue_api_key(&*store, SystemClock.now(), &p, all_scopes(Mode::Sandbox)).await
+    let Ok((secret, key)) = issue_api_key(
+        &deps(&store),
+        SystemClock.now(),
+        &p,
+        all_scopes(Mode::Sandbox),
+    )
+    .await
     else {
         panic!("issue")
     };
@@ -161,7 +183,8 @@ async fn authentication_checks_key_mode_expiry_suspension_and_pause() {
     let store = store();
     let now = SystemClock.now();
     let (m, p) = setup(&*store).await;
-    let Ok((secret, key)) = issue_api_key(&*store, now, &p, all_scopes(Mode::Live)).await else {
+    let Ok((secret, key)) = issue_api_key(&deps(&store), now, &p, all_scopes(Mode::Live)).await
+    else {
         panic!("issue")
     };
     let who = authenticate(&*store, now, &secret).await;
@@ -187,7 +210,7 @@ async fn authentication_checks_key_mode_expiry_suspension_and_pause() {
     // Expired.
     let mut expiring = all_scopes(Mode::Sandbox);
     expiring.expires_at = Some(now.plus(chrono::Duration::seconds(1)));
-    let Ok((exp_secret, _)) = issue_api_key(&*store, now, &p, expiring).await else {
+    let Ok((exp_secret, _)) = issue_api_key(&deps(&store), now, &p, expiring).await else {
         panic!()
     };
     assert!(authenticate(&*store, now, &exp_secret).await.is_ok());
@@ -228,10 +251,10 @@ async fn account_view_masks_email_without_pii_scope() {
     let mut narrow = all_scopes(Mode::Sandbox);
     narrow.scopes = vec![Scope::AccountRead];
     narrow.kind = KeyKind::Restricted;
-    let Ok((s1, _)) = issue_api_key(&*store, now, &p, narrow).await else {
+    let Ok((s1, _)) = issue_api_key(&deps(&store), now, &p, narrow).await else {
         panic!()
     };
-    let Ok((s2, _)) = issue_api_key(&*store, now, &p, all_scopes(Mode::Sandbox)).await else {
+    let Ok((s2, _)) = issue_api_key(&deps(&store), now, &p, all_scopes(Mode::Sandbox)).await else {
         panic!()
     };
     let Ok(w1) = authenticate(&*store, now, &s1).await else {
@@ -240,10 +263,10 @@ async fn account_view_masks_email_without_pii_scope() {
     let Ok(w2) = authenticate(&*store, now, &s2).await else {
         panic!()
     };
-    let Ok(v1) = account_view(&*store, &w1).await else {
+    let Ok(v1) = account_view(&deps(&store), &w1).await else {
         panic!()
     };
-    let Ok(v2) = account_view(&*store, &w2).await else {
+    let Ok(v2) = account_view(&deps(&store), &w2).await else {
         panic!()
     };
     assert_eq!(v1.merchant.email, "r***@himal.example");
@@ -269,27 +292,39 @@ async fn keys_are_listed_newest_first_and_found_by_id() {
     let mut ids = Vec::new();
     for mode in [Mode::Sandbox, Mode::Live, Mode::Sandbox] {
         let (_, k) = ok(
-            issue_api_key(&*store, now, &p, all_scopes(mode)).await,
+            issue_api_key(&deps(&store), now, &p, all_scopes(mode)).await,
             "issue",
         );
         ids.push(k.id);
     }
     let (_, other) = ok(
-        issue_api_key(&*store, now, &q, all_scopes(Mode::Sandbox)).await,
+        issue_api_key(&deps(&store), now, &q, all_scopes(Mode::Sandbox)).await,
         "issue q",
     );
-    let listed = ok(list_api_keys(&*store, &p.id).await, "list");
-    let listed_ids: Vec<String> = listed.iter().map(|k| k.id.clone()).collect();
+    let listed = ok(list_api_keys(&deps(&store), &p.id).await, "list");
+    let listed_ids: Vec<String> = listed.iter().map(|k| k.id.to_string()).collect();
     ids.reverse();
     assert_eq!(listed_ids, ids, "newest first, only this project's keys");
     assert!(listed.iter().all(|k| k.project_id == p.id));
 
-    let found = ok(find_api_key(&*store, &p.id, &ids[1]).await, "find");
+    let found = ok(find_api_key(&deps(&store), &p.id, &ids[1]).await, "find");
     assert_eq!(found.map(|k| k.mode), Some(Mode::Live));
     // Another project's key is not found through this project.
-    assert_eq!(ok(find_api_key(&*store, &p.id, &other.id).await, "f"), None);
-    assert_eq!(ok(find_api_key(&*store, &p.id, "ak_nope").await, "f"), None);
-    assert_eq!(ok(list_api_keys(&*store, "proj_none").await, "l"), vec![]);
+    assert_eq!(
+        ok(find_api_key(&deps(&store), &p.id, &other.id).await, "f"),
+        None
+    );
+    assert_eq!(
+        ok(
+            find_api_key(&deps(&store), &p.id, &"ak_nope".into()).await,
+            "f"
+        ),
+        None
+    );
+    assert_eq!(
+        ok(list_api_keys(&deps(&store), &"proj_none".into()).await, "l"),
+        vec![]
+    );
 }
 
 #[tokio::test]
@@ -299,11 +334,14 @@ async fn listing_follows_pages() {
     let (_, p) = setup(&*store).await;
     for _ in 0..230 {
         ok(
-            issue_api_key(&*store, now, &p, all_scopes(Mode::Sandbox)).await,
+            issue_api_key(&deps(&store), now, &p, all_scopes(Mode::Sandbox)).await,
             "issue",
         );
     }
-    assert_eq!(ok(list_api_keys(&*store, &p.id).await, "list").len(), 230);
+    assert_eq!(
+        ok(list_api_keys(&deps(&store), &p.id).await, "list").len(),
+        230
+    );
 }
 
 #[tokio::test]
@@ -312,22 +350,25 @@ async fn revoked_keys_stop_working_and_leave_the_list() {
     let now = SystemClock.now();
     let (_, p) = setup(&*store).await;
     let (secret, key) = ok(
-        issue_api_key(&*store, now, &p, all_scopes(Mode::Live)).await,
+        issue_api_key(&deps(&store), now, &p, all_scopes(Mode::Live)).await,
         "issue",
     );
     assert!(authenticate(&*store, now, &secret).await.is_ok());
-    ok(revoke_api_key(&*store, &key).await, "revoke");
+    ok(revoke_api_key(&deps(&store), &key).await, "revoke");
     assert_eq!(
         authenticate(&*store, now, &secret).await,
         Err(AuthError::Invalid)
     );
     assert_eq!(
-        revoke_api_key(&*store, &key).await,
+        revoke_api_key(&deps(&store), &key).await,
         Err(StoreError::ConditionFailed),
         "revoking twice says so"
     );
-    assert!(ok(list_api_keys(&*store, &p.id).await, "list").is_empty());
-    assert_eq!(ok(find_api_key(&*store, &p.id, &key.id).await, "f"), None);
+    assert!(ok(list_api_keys(&deps(&store), &p.id).await, "list").is_empty());
+    assert_eq!(
+        ok(find_api_key(&deps(&store), &p.id, &key.id).await, "f"),
+        None
+    );
 }
 
 #[tokio::test]
@@ -343,10 +384,10 @@ async fn rotation_keeps_both_keys_working_during_the_grace() {
         expires_at: None,
         spend_cap_paisa: Some(5_000_000),
     };
-    let (old_secret, old) = ok(issue_api_key(&*store, now, &p, new).await, "issue");
+    let (old_secret, old) = ok(issue_api_key(&deps(&store), now, &p, new).await, "issue");
     let grace = chrono::Duration::hours(1);
     let r = ok(
-        rotate_api_key(&*store, now, &old, grace, None).await,
+        rotate_api_key(&deps(&store), now, &old, grace, None).await,
         "rotate",
     );
     assert!(r.secret.starts_with("sk_live_"));
@@ -362,7 +403,7 @@ async fn rotation_keeps_both_keys_working_during_the_grace() {
     assert!(!format!("{r:?}").contains(&r.secret), "Debug redacts");
 
     // Stored, not only returned.
-    let stored = ok(find_api_key(&*store, &p.id, &old.id).await, "find");
+    let stored = ok(find_api_key(&deps(&store), &p.id, &old.id).await, "find");
     assert_eq!(stored.and_then(|k| k.expires_at), Some(now.plus(grace)));
 
     let during = now.plus(chrono::Duration::minutes(59));
@@ -374,7 +415,10 @@ async fn rotation_keeps_both_keys_working_during_the_grace() {
         Err(AuthError::Expired)
     );
     assert!(authenticate(&*store, after, &r.secret).await.is_ok());
-    assert_eq!(ok(list_api_keys(&*store, &p.id).await, "list").len(), 2);
+    assert_eq!(
+        ok(list_api_keys(&deps(&store), &p.id).await, "list").len(),
+        2
+    );
     assert_eq!(default_rotation_grace(), chrono::Duration::hours(24));
 }
 
@@ -385,10 +429,10 @@ async fn rotation_never_extends_an_expiry_and_refuses_bad_requests() {
     let (_, p) = setup(&*store).await;
     let mut soon = all_scopes(Mode::Sandbox);
     soon.expires_at = Some(now.plus(chrono::Duration::minutes(5)));
-    let (_, key) = ok(issue_api_key(&*store, now, &p, soon).await, "issue");
+    let (_, key) = ok(issue_api_key(&deps(&store), now, &p, soon).await, "issue");
     let later = Some(now.plus(chrono::Duration::days(30)));
     let r = ok(
-        rotate_api_key(&*store, now, &key, default_rotation_grace(), later).await,
+        rotate_api_key(&deps(&store), now, &key, default_rotation_grace(), later).await,
         "rotate",
     );
     assert_eq!(r.old_key.expires_at, key.expires_at, "never extended");
@@ -396,32 +440,39 @@ async fn rotation_never_extends_an_expiry_and_refuses_bad_requests() {
 
     let negative = chrono::Duration::seconds(-1);
     assert!(matches!(
-        rotate_api_key(&*store, now, &key, negative, None).await,
+        rotate_api_key(&deps(&store), now, &key, negative, None).await,
         Err(StoreError::Invalid(_))
     ));
     let past = Some(now.plus(chrono::Duration::seconds(-1)));
     assert!(matches!(
-        rotate_api_key(&*store, now, &key, negative.abs(), past).await,
+        rotate_api_key(&deps(&store), now, &key, negative.abs(), past).await,
         Err(StoreError::Invalid(_))
     ));
     let expired_at = now.plus(chrono::Duration::minutes(6));
     assert!(matches!(
-        rotate_api_key(&*store, expired_at, &key, default_rotation_grace(), None).await,
+        rotate_api_key(
+            &deps(&store),
+            expired_at,
+            &key,
+            default_rotation_grace(),
+            None
+        )
+        .await,
         Err(StoreError::Invalid(_))
     ));
 
     // A revoked key cannot be rotated, and the failed rotation leaves
     // no new key behind.
     let (_, gone) = ok(
-        issue_api_key(&*store, now, &p, all_scopes(Mode::Sandbox)).await,
+        issue_api_key(&deps(&store), now, &p, all_scopes(Mode::Sandbox)).await,
         "issue",
     );
-    ok(revoke_api_key(&*store, &gone).await, "revoke");
-    let before = ok(list_api_keys(&*store, &p.id).await, "list").len();
-    let failed = rotate_api_key(&*store, now, &gone, default_rotation_grace(), None).await;
+    ok(revoke_api_key(&deps(&store), &gone).await, "revoke");
+    let before = ok(list_api_keys(&deps(&store), &p.id).await, "list").len();
+    let failed = rotate_api_key(&deps(&store), now, &gone, default_rotation_grace(), None).await;
     assert!(failed.is_err_and(|e| e.is_condition_failure()));
     assert_eq!(
-        ok(list_api_keys(&*store, &p.id).await, "list").len(),
+        ok(list_api_keys(&deps(&store), &p.id).await, "list").len(),
         before
     );
 }
@@ -432,7 +483,7 @@ async fn reinstated_merchants_work_again() {
     let now = SystemClock.now();
     let (m, p) = setup(&*store).await;
     let (secret, _) = ok(
-        issue_api_key(&*store, now, &p, all_scopes(Mode::Sandbox)).await,
+        issue_api_key(&deps(&store), now, &p, all_scopes(Mode::Sandbox)).await,
         "issue",
     );
     let s = Suspension {
@@ -450,11 +501,11 @@ async fn reinstated_merchants_work_again() {
     // Reinstating twice is harmless; a missing merchant is an error.
     ok(reinstate_merchant(&*store, &m.id).await, "again");
     assert_eq!(
-        reinstate_merchant(&*store, "mer_missing").await,
+        reinstate_merchant(&*store, &"mer_missing".into()).await,
         Err(StoreError::ConditionFailed)
     );
     assert_eq!(
-        ok(get_merchant(&*store, "mer_missing").await, "g"),
+        ok(get_merchant(&*store, &"mer_missing".into()).await, "g"),
         None,
         "reinstating a missing merchant must not create one"
     );
@@ -466,12 +517,12 @@ async fn plan_and_live_invoicing_change_the_entitlements() {
     let now = SystemClock.now();
     let (m, p) = setup(&*store).await;
     let (secret, _) = ok(
-        issue_api_key(&*store, now, &p, all_scopes(Mode::Live)).await,
+        issue_api_key(&deps(&store), now, &p, all_scopes(Mode::Live)).await,
         "issue",
     );
     let view = |store: Arc<dyn Store>, secret: String| async move {
         let who = ok(authenticate(&*store, now, &secret).await, "auth");
-        ok(account_view(&*store, &who).await, "view")
+        ok(account_view(&deps(&store), &who).await, "view")
     };
     let before = view(store.clone(), secret.clone()).await;
     assert_eq!(before.plan, Plan::Growth);
@@ -483,7 +534,7 @@ async fn plan_and_live_invoicing_change_the_entitlements() {
     let p2 = ok(set_live_invoicing(&*store, &p.id, true).await, "inv");
     assert!(p2.live_invoicing);
     assert_eq!(
-        ok(get_project(&*store, &p.id).await, "get").map(|p| p.live_invoicing),
+        ok(get_project(&deps(&store), &p.id).await, "get").map(|p| p.live_invoicing),
         Some(true)
     );
 
@@ -493,14 +544,20 @@ async fn plan_and_live_invoicing_change_the_entitlements() {
     assert!(after.entitlements.live_invoicing);
 
     assert_eq!(
-        set_plan(&*store, "mer_missing", Plan::Free).await,
+        set_plan(&*store, &"mer_missing".into(), Plan::Free).await,
         Err(StoreError::ConditionFailed)
     );
     assert_eq!(
-        set_live_invoicing(&*store, "proj_missing", true).await,
+        set_live_invoicing(&*store, &"proj_missing".into(), true).await,
         Err(StoreError::ConditionFailed)
     );
-    assert_eq!(ok(get_project(&*store, "proj_missing").await, "g"), None);
+    assert_eq!(
+        ok(
+            get_project(&deps(&store), &"proj_missing".into()).await,
+            "g"
+        ),
+        None
+    );
 }
 
 #[test]
@@ -543,7 +600,7 @@ async fn a_publishable_key_authenticates_only_with_its_own_prefix() {
         expires_at: None,
         spend_cap_paisa: None,
     };
-    let (secret, key) = issue_api_key(&*store, now, &p, new)
+    let (secret, key) = issue_api_key(&deps(&store), now, &p, new)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(secret.starts_with("pk_test_"), "{secret}");
@@ -589,7 +646,7 @@ async fn an_authenticated_key_is_remembered_for_thirty_seconds() {
     let now = SystemClock.now();
     let mut expiring = all_scopes(Mode::Live);
     expiring.expires_at = Some(now.plus(chrono::Duration::seconds(10)));
-    let Ok((secret, key)) = issue_api_key(&*store, now, &project, expiring).await else {
+    let Ok((secret, key)) = issue_api_key(&deps(&store), now, &project, expiring).await else {
         panic!("key")
     };
     let mut checked = 0;
@@ -627,7 +684,8 @@ async fn a_change_in_this_process_is_seen_at_once() {
     let store = store();
     let (merchant, project) = setup(&*store).await;
     let now = SystemClock.now();
-    let Ok((secret, key)) = issue_api_key(&*store, now, &project, all_scopes(Mode::Live)).await
+    let Ok((secret, key)) =
+        issue_api_key(&deps(&store), now, &project, all_scopes(Mode::Live)).await
     else {
         panic!("key")
     };
@@ -649,14 +707,14 @@ async fn a_change_in_this_process_is_seen_at_once() {
     // Read before a change, remembered after it: not remembered.
     let epoch = cache::epoch();
     let Ok((other_secret, other)) =
-        issue_api_key(&*store, now, &project, all_scopes(Mode::Live)).await
+        issue_api_key(&deps(&store), now, &project, all_scopes(Mode::Live)).await
     else {
         panic!("key")
     };
     let Ok(p) = authenticate(&*store, now, &other_secret).await else {
         panic!("auth")
     };
-    assert!(revoke_api_key(&*store, &other).await.is_ok());
+    assert!(revoke_api_key(&deps(&store), &other).await.is_ok());
     cache.remember(&Arc::new(p), now, epoch);
     assert!(cache.recall(&other_secret, now).is_none(), "revoked");
 }
@@ -667,7 +725,8 @@ async fn keys_and_projects_are_stored_where_and_listed_as_before() {
     use crate::store::{Index, PK, SK};
     let store = store();
     let (m, p) = setup(&*store).await;
-    let Ok((_, key)) = issue_api_key(&*store, SystemClock.now(), &p, all_scopes(Mode::Live)).await
+    let Ok((_, key)) =
+        issue_api_key(&deps(&store), SystemClock.now(), &p, all_scopes(Mode::Live)).await
     else {
         panic!("key")
     };

@@ -5,8 +5,9 @@ use serde::Serialize;
 
 use super::auth::Principal;
 use super::{KeyKind, Plan, Project, Scope};
+use crate::app::Deps;
 use crate::domain::Mode;
-use crate::store::{Store, StoreError};
+use crate::store::StoreError;
 use crate::time::Timestamp;
 
 /// `r***@example.com`: the first character and the domain, so a merchant
@@ -87,7 +88,8 @@ const SANDBOX_FONEPAY_MAX_MONTH_PAISA: i64 = 500_000;
 
 /// The account context of the calling key: one more store read (the
 /// project) on top of authentication.
-pub async fn account_view(store: &dyn Store, who: &Principal) -> Result<AccountView, StoreError> {
+pub async fn account_view(deps: &Deps, who: &Principal) -> Result<AccountView, StoreError> {
+    let store = &*deps.store;
     let project: Project =
         match crate::domain::record::get(store, &Project::key(&who.key.project_id)).await? {
             Some(project) => project,
@@ -106,19 +108,19 @@ pub async fn account_view(store: &dyn Store, who: &Principal) -> Result<AccountV
     let key = &who.key;
     Ok(AccountView {
         merchant: MerchantView {
-            id: who.merchant.id.clone(),
+            id: who.merchant.id.to_string(),
             name: who.merchant.name.clone(),
             email,
             created_at: who.merchant.created_at,
         },
         project: ProjectView {
-            id: project.id.clone(),
+            id: project.id.to_string(),
             name: project.name.clone(),
             mode: key.mode,
             created_at: project.created_at,
         },
         api_key: ApiKeyView {
-            id: key.id.clone(),
+            id: key.id.to_string(),
             prefix: key.prefix.clone(),
             hint: key.hint.clone(),
             kind: key.kind,

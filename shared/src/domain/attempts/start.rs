@@ -92,8 +92,7 @@ pub async fn start_for(
     let creds = crate::domain::credentials::for_provider(
         store,
         &state.providers,
-        &session.project_id,
-        session.mode,
+        &Tenant::new(session.project_id.clone(), session.mode),
         provider,
     )
     .await?;
@@ -242,7 +241,10 @@ fn customer_address(
 
 /// Refuses a start while the merchant's shop cannot take payments.
 async fn check_storefront(store: &dyn Store, project_id: &str) -> Result<(), AttemptError> {
-    if !account::storefront(store, project_id).await?.1 {
+    if !account::storefront(store, &project_id.to_owned().into())
+        .await?
+        .1
+    {
         return Err(AttemptError::NotOffered(
             "this shop cannot take payments right now".into(),
         ));

@@ -654,8 +654,7 @@ impl Creator {
         Creator {
             project_id: who.tenant().project.clone(),
             mode: who.mode(),
-            // MIGRATION: the key's record is another area's, not yet typed.
-            api_key_id: ApiKeyId::from(who.key.id.clone()),
+            api_key_id: who.key.id.clone(),
             spend_cap_paisa: who.key.spend_cap_paisa,
         }
     }

@@ -5,11 +5,12 @@ use serde::{Deserialize, Serialize};
 
 use super::DashboardUser;
 use super::sessions::DashboardSession;
+use crate::app::Deps;
 use crate::domain::Mode;
 use crate::domain::record::{Record, from_item};
-use crate::ids::{IdKind, new_id};
+use crate::ids::{AuditId, MerchantId, ProjectId, UserId};
 use crate::keys;
-use crate::store::{Cond, Key, Query, SkCond, Store, StoreError, TxOp};
+use crate::store::{Cond, Key, Query, SkCond, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// Longest `detail` kept (a note, a URL).
@@ -20,9 +21,9 @@ pub const AUDIT_PAGE: usize = 25;
 /// One thing a person did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEntry {
-    pub id: String,
-    pub merchant_id: String,
-    pub user_id: String,
+    pub id: AuditId,
+    pub merchant_id: MerchantId,
+    pub user_id: UserId,
     pub email: String,
     /// What, e.g. `refund.create`, `key.rotate`, `sign_in`.
     pub action: String,
@@ -30,7 +31,7 @@ pub struct AuditEntry {
     pub target: String,
     /// The project and mode it happened in, or empty.
     #[serde(default)]
-    pub project_id: String,
+    pub project_id: ProjectId,
     #[serde(default)]
     pub mode: Option<Mode>,
     #[serde(default)]
@@ -40,13 +41,13 @@ pub struct AuditEntry {
 }
 
 crate::attrs! { AuditEntry {
-    ID: String = id,
-    MERCHANT_ID: String = merchant_id,
-    USER_ID: String = user_id,
+    ID: AuditId = id,
+    MERCHANT_ID: MerchantId = merchant_id,
+    USER_ID: UserId = user_id,
     EMAIL: String = email,
     ACTION: String = action,
     TARGET: String = target,
-    PROJECT_ID: String = project_id,
+    PROJECT_ID: ProjectId = project_id,
     MODE: Option<Mode> = mode,
     DETAIL: String = detail,
     ADDRESS: String = address,
@@ -56,10 +57,10 @@ crate::attrs! { AuditEntry {
 /// Who acts, as the audit log names them.
 #[derive(Clone, Debug)]
 pub struct Actor {
-    pub user_id: String,
+    pub user_id: UserId,
     pub email: String,
-    pub merchant_id: String,
-    pub project_id: String,
+    pub merchant_id: MerchantId,
+    pub project_id: ProjectId,
     pub mode: Mode,
     pub address: String,
 }
@@ -86,7 +87,7 @@ pub fn audit_entry(
     detail: &str,
 ) -> AuditEntry {
     AuditEntry {
-        id: new_id(IdKind::AuditEntry),
+        id: AuditId::new(),
         merchant_id: actor.merchant_id.clone(),
         user_id: actor.user_id.clone(),
         email: actor.email.clone(),
@@ -111,7 +112,8 @@ impl Record for AuditEntry {
 }
 
 /// Writes an audit entry.
-pub async fn record_audit(store: &dyn Store, entry: &AuditEntry) -> Result<(), StoreError> {
+pub async fn record_audit(deps: &Deps, entry: &AuditEntry) -> Result<(), StoreError> {
+    let store = &*deps.store;
     store.put(entry.to_item()?, Some(Cond::NotExists)).await
 }
 
@@ -123,11 +125,12 @@ pub fn audit_op(entry: &AuditEntry) -> Result<TxOp, StoreError> {
 /// A page of a merchant's audit log, newest first, from before the
 /// cursor `before` (an entry's sort key); and the cursor of the next page.
 pub async fn list_audit(
-    store: &dyn Store,
-    merchant_id: &str,
+    deps: &Deps,
+    merchant_id: &MerchantId,
     before: Option<&str>,
     limit: usize,
 ) -> Result<(Vec<AuditEntry>, Option<String>), StoreError> {
+    let store = &*deps.store;
     let mut q = Query::partition(keys::audit_partition(merchant_id))
         .backward()
         .limit(limit);

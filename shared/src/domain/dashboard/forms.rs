@@ -3,9 +3,11 @@
 //! makes a second submit find what the first did instead of doing it again.
 
 use super::random_alnum;
+use crate::app::Deps;
+use crate::ids::MerchantId;
 use crate::keys;
 use crate::store::fence::{Fence, RETENTION};
-use crate::store::{Cond, Store, StoreError, TxOp};
+use crate::store::{Cond, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// Characters of a form's one-time token.
@@ -18,7 +20,7 @@ pub fn new_form_nonce() -> String {
 
 /// The fence of the form `nonce` of `merchant_id`, kept a day; `None`
 /// when the token is not shaped like ours.
-pub fn form_fence(merchant_id: &str, nonce: &str, now: Timestamp) -> Option<Fence> {
+pub fn form_fence(merchant_id: &MerchantId, nonce: &str, now: Timestamp) -> Option<Fence> {
     let ok = nonce.len() == NONCE_LEN && nonce.bytes().all(|b| b.is_ascii_alphanumeric());
     ok.then(|| {
         Fence::new(
@@ -39,7 +41,8 @@ pub enum FormClaim {
 
 /// Claims a form for an action that cannot put the fence in its own
 /// transaction (issuing a key: its secret can be shown only once).
-pub async fn claim_form(store: &dyn Store, fence: &Fence) -> Result<FormClaim, StoreError> {
+pub async fn claim_form(deps: &Deps, fence: &Fence) -> Result<FormClaim, StoreError> {
+    let store = &*deps.store;
     match store.transact(vec![fence.op("")]).await {
         Ok(()) => Ok(FormClaim::First),
         Err(e) if Fence::tripped(&e, 0) || e.is_condition_failure() => Ok(FormClaim::Done(
@@ -51,10 +54,11 @@ pub async fn claim_form(store: &dyn Store, fence: &Fence) -> Result<FormClaim, S
 
 /// Records what a claimed form made.
 pub async fn complete_form(
-    store: &dyn Store,
+    deps: &Deps,
     fence: &Fence,
     resource_id: &str,
 ) -> Result<(), StoreError> {
+    let store = &*deps.store;
     // The claim's own item, its id filled in.
     let TxOp::Put { item, .. } = fence.op(resource_id) else {
         return Ok(());

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 
 use super::record::{Entry, Record};
+use crate::ids::{MerchantId, UserId};
 use crate::keys;
 use crate::refusal::{Kind, Refusal};
 use crate::store::{Key, StoreError};
@@ -102,8 +103,8 @@ impl Permission {
 /// only as an argon2id PHC string.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DashboardUser {
-    pub id: String,
-    pub merchant_id: String,
+    pub id: UserId,
+    pub merchant_id: MerchantId,
     /// Lowercased.
     pub email: String,
     pub role: Role,
@@ -118,8 +119,8 @@ pub struct DashboardUser {
 }
 
 crate::attrs! { DashboardUser {
-    ID: String = id,
-    MERCHANT_ID: String = merchant_id,
+    ID: UserId = id,
+    MERCHANT_ID: MerchantId = merchant_id,
     EMAIL: String = email,
     ROLE: Role = role,
     PASSWORD_HASH: String = password_hash,

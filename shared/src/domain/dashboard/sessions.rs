@@ -6,11 +6,13 @@ use serde::{Deserialize, Serialize};
 
 use super::users::{decoy_hash, find_user_by_email, get_user, normalize_email, verify_password};
 use super::{DashboardError, DashboardUser, random_alnum, same};
+use crate::app::Deps;
 use crate::domain::Mode;
 use crate::domain::record::{Changes, Record};
+use crate::ids::{MerchantId, ProjectId, UserId};
 use crate::keys;
 use crate::limits::public;
-use crate::store::{Cond, Key, Store, StoreError};
+use crate::store::{Cond, Key, StoreError};
 use crate::time::Timestamp;
 
 /// Random characters of a session cookie after its prefix.
@@ -40,14 +42,14 @@ pub const ATTEMPT_WINDOW: i64 = 15 * 60;
 /// A signed-in browser. Stored under the SHA-256 of its cookie.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DashboardSession {
-    pub user_id: String,
-    pub merchant_id: String,
+    pub user_id: UserId,
+    pub merchant_id: MerchantId,
     /// The user's `session_epoch` at sign-in.
     pub epoch: i64,
     /// The token every form carries back.
     pub csrf: String,
     /// The project and mode the pages show.
-    pub project_id: String,
+    pub project_id: ProjectId,
     pub mode: Mode,
     pub created_at: Timestamp,
     pub last_seen_at: Timestamp,
@@ -64,11 +66,11 @@ pub struct DashboardSession {
 }
 
 crate::attrs! { DashboardSession {
-    USER_ID: String = user_id,
-    MERCHANT_ID: String = merchant_id,
+    USER_ID: UserId = user_id,
+    MERCHANT_ID: MerchantId = merchant_id,
     EPOCH: i64 = epoch,
     CSRF: String = csrf,
-    PROJECT_ID: String = project_id,
+    PROJECT_ID: ProjectId = project_id,
     MODE: Mode = mode,
     CREATED_AT: Timestamp = created_at,
     LAST_SEEN_AT: Timestamp = last_seen_at,
@@ -139,12 +141,13 @@ fn well_formed(cookie: &str) -> bool {
 /// against a decoy so it takes as long), then a new session on the
 /// merchant's first project in sandbox.
 pub async fn sign_in(
-    store: &dyn Store,
+    deps: &Deps,
     now: Timestamp,
     email: &str,
     password: &str,
     address: &str,
 ) -> Result<SignedIn, DashboardError> {
+    let store = &*deps.store;
     let email = normalize_email(email).map_err(|_| DashboardError::WrongCredentials)?;
     let from = public::address_bucket(address);
     // This address's slots first, then the shared ones: a refusal for one's
@@ -185,7 +188,7 @@ pub async fn sign_in(
     if user.disabled {
         return Err(DashboardError::Disabled);
     }
-    let project = super::super::account::merchant_projects(store, &user.merchant_id)
+    let project = super::super::account::merchant_projects(deps, &user.merchant_id)
         .await?
         .into_iter()
         .next()
@@ -218,10 +221,11 @@ pub async fn sign_in(
 /// (the session, its user), and at most one write a minute to keep it
 /// from idling out.
 pub async fn open_session(
-    store: &dyn Store,
+    deps: &Deps,
     now: Timestamp,
     cookie: &str,
 ) -> Result<Result<(DashboardSession, DashboardUser), SessionEnd>, StoreError> {
+    let store = &*deps.store;
     if !well_formed(cookie) {
         return Ok(Err(SessionEnd::Unknown));
     }
@@ -261,7 +265,8 @@ pub async fn open_session(
 }
 
 /// Ends the session a cookie names (sign out here).
-pub async fn sign_out(store: &dyn Store, cookie: &str) -> Result<(), StoreError> {
+pub async fn sign_out(deps: &Deps, cookie: &str) -> Result<(), StoreError> {
+    let store = &*deps.store;
     if !well_formed(cookie) {
         return Ok(());
     }
@@ -270,14 +275,15 @@ pub async fn sign_out(store: &dyn Store, cookie: &str) -> Result<(), StoreError>
 
 /// Points a session at another project of its merchant, or mode.
 pub async fn switch_view(
-    store: &dyn Store,
+    deps: &Deps,
     cookie: &str,
     session: &DashboardSession,
-    project_id: &str,
+    project_id: &ProjectId,
     mode: Mode,
 ) -> Result<(), DashboardError> {
-    let projects = super::super::account::merchant_projects(store, &session.merchant_id).await?;
-    if !projects.iter().any(|p| p.id == project_id) {
+    let store = &*deps.store;
+    let projects = super::super::account::merchant_projects(deps, &session.merchant_id).await?;
+    if !projects.iter().any(|p| p.id == *project_id) {
         return Err(DashboardError::Invalid {
             field: "project",
             message: "No such project".into(),

@@ -1,21 +1,40 @@
 use super::sessions::{ATTEMPTS_PER_ACCOUNT, ATTEMPTS_PER_ADDRESS, IDLE};
 use super::users::PASSWORD_MAX_BYTES;
 use super::*;
+use crate::AppState;
 use crate::domain::Mode;
 use crate::domain::account::{Plan, create_merchant, create_project};
+use crate::ids::ProjectId;
 use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
 use crate::testenv::at;
+use crate::time::ManualClock;
+use std::sync::Arc;
 
 const PASSWORD: &str = "correct horse battery";
 
-async fn setup() -> (EmbeddedStore, DashboardUser, String) {
-    let store = EmbeddedStore::in_memory().unwrap_or_else(|e| panic!("{e}"));
+/// The rules' dependencies over an in-memory store; tests that read or
+/// write the store itself go through `deps.store`.
+fn deps() -> AppState {
+    let store: Arc<dyn Store> =
+        Arc::new(EmbeddedStore::in_memory().unwrap_or_else(|e| panic!("{e}")));
+    AppState::new(
+        store,
+        Arc::new(ManualClock::new(at("2026-11-26T10:00:00Z"))),
+        crate::Config {
+            public_base_url: "https://pay.example".into(),
+            events_base_url: None,
+        },
+    )
+}
+
+async fn setup() -> (AppState, DashboardUser, ProjectId) {
+    let store = deps();
     let now = at("2026-11-26T10:00:00Z");
-    let m = create_merchant(&store, now, "Himal", "a@himal.np", Plan::Growth)
+    let m = create_merchant(&*store.store, now, "Himal", "a@himal.np", Plan::Growth)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let p = create_project(&store, now, &m, "Shop", false)
+    let p = create_project(&*store.store, now, &m, "Shop", false)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let u = create_user(&store, now, &m.id, "Owner@Himal.np ", Role::Owner, PASSWORD)
@@ -81,7 +100,7 @@ async fn the_stored_hash_is_argon2id_and_verifies_only_the_password() {
     let nobody = create_user(
         &store,
         at("2026-11-26T10:00:00Z"),
-        "mer_missing",
+        &"mer_missing".into(),
         "x@y.np",
         Role::Viewer,
         PASSWORD,
@@ -103,6 +122,7 @@ async fn a_session_opens_idles_out_and_ends_absolutely() {
     // The cookie is not what is stored.
     assert!(
         store
+            .store
             .get(&keys::dashboard_session(&s.cookie))
             .await
             .ok()
@@ -169,7 +189,7 @@ async fn sign_out_everywhere_reset_and_disable_end_sessions() {
     assert_eq!(r.and_then(|r| r.err()), Some(SessionEnd::Revoked));
 
     let c = sign().await.unwrap_or_else(|e| panic!("{e}"));
-    reset_password(&store, "owner@himal.np", "a brand new password")
+    reset_password(&*store.store, "owner@himal.np", "a brand new password")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let r = open_session(&store, t0, &c.cookie).await.ok();
@@ -187,7 +207,7 @@ async fn sign_out_everywhere_reset_and_disable_end_sessions() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    set_disabled(&store, "owner@himal.np", true)
+    set_disabled(&*store.store, "owner@himal.np", true)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let r = open_session(&store, t0, &d.cookie).await.ok();
@@ -275,10 +295,10 @@ async fn switching_view_stays_within_the_merchant() {
     let s = sign_in(&store, t0, "owner@himal.np", PASSWORD, "10.0.0.1")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let other = create_merchant(&store, t0, "Other", "o@o.np", Plan::Free)
+    let other = create_merchant(&*store.store, t0, "Other", "o@o.np", Plan::Free)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let theirs = create_project(&store, t0, &other, "Theirs", false)
+    let theirs = create_project(&*store.store, t0, &other, "Theirs", false)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let r = switch_view(&store, &s.cookie, &s.session, &theirs.id, Mode::Live).await;
@@ -336,7 +356,7 @@ async fn the_audit_log_pages_newest_first() {
         .unwrap_or_else(|e| panic!("{e}"));
     let targets: Vec<_> = second.iter().map(|e| e.target.as_str()).collect();
     assert_eq!(targets, ["t3", "t2", "t1"]);
-    let (none, _) = list_audit(&store, "mer_other", None, 3)
+    let (none, _) = list_audit(&store, &"mer_other".into(), None, 3)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(none.is_empty());
@@ -374,12 +394,18 @@ async fn an_owner_changes_only_their_own_merchants_people() {
         .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|e| panic!("{e:?}"));
     assert_eq!(now_user.role, Role::Viewer);
-    let r = change_user(&store, "mer_other", &dev.id, UserChange::Disabled(true)).await;
+    let r = change_user(
+        &store,
+        &"mer_other".into(),
+        &dev.id,
+        UserChange::Disabled(true),
+    )
+    .await;
     assert!(matches!(r, Err(DashboardError::UnknownUser)), "{r:?}");
     let r = change_user(
         &store,
         &owner.merchant_id,
-        "usr_missing",
+        &"usr_missing".into(),
         UserChange::Disabled(true),
     )
     .await;
@@ -407,7 +433,11 @@ async fn people_claims_and_sessions_are_stored_as_before() {
     use crate::store::{Index, PK, SK};
     let (store, user, project) = setup().await;
     // The email claim: its key and the user's id, nothing else.
-    let Ok(Some(claim)) = store.get(&keys::dashboard_email("owner@himal.np")).await else {
+    let Ok(Some(claim)) = store
+        .store
+        .get(&keys::dashboard_email("owner@himal.np"))
+        .await
+    else {
         panic!("the email is claimed")
     };
     assert_eq!(claim.len(), 3, "{claim:?}");
@@ -415,7 +445,7 @@ async fn people_claims_and_sessions_are_stored_as_before() {
     assert_eq!(claim[SK], "DEMAIL");
     assert_eq!(claim["user_id"], user.id.as_str());
     // The user, listed among its merchant's people by creation.
-    let Ok(Some(stored)) = store.get(&DashboardUser::key(&user.id)).await else {
+    let Ok(Some(stored)) = store.store.get(&DashboardUser::key(&user.id)).await else {
         panic!("the user is stored")
     };
     assert_eq!(
@@ -434,7 +464,7 @@ async fn people_claims_and_sessions_are_stored_as_before() {
         .unwrap_or_else(|e| panic!("{e}"));
     let key = keys::dashboard_session(&hash_secret(&s.cookie));
     assert_eq!(s.session.item_key(), key);
-    let Ok(Some(item)) = store.get(&key).await else {
+    let Ok(Some(item)) = store.store.get(&key).await else {
         panic!("the session is stored under its cookie's hash")
     };
     let ttl = s.session.expires_at.unix_seconds() + 3600;
@@ -462,7 +492,7 @@ fn an_audit_entry_is_kept_in_its_merchants_log_by_time() {
         email: "a@b.np".into(),
         action: "sign_in".into(),
         target: String::new(),
-        project_id: String::new(),
+        project_id: ProjectId::default(),
         mode: None,
         detail: String::new(),
         address: "10.0.0.1".into(),

@@ -8,8 +8,9 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use super::{DashboardError, DashboardUser, Role};
+use crate::app::Deps;
 use crate::domain::record::{Changes, Record, from_item};
-use crate::ids::{IdKind, new_id};
+use crate::ids::{MerchantId, UserId};
 use crate::keys;
 use crate::store::{Cond, Index, Key, Query, Store, StoreError};
 use crate::time::Timestamp;
@@ -22,11 +23,11 @@ pub struct EmailClaim {
     /// it.
     #[serde(skip)]
     pub email: String,
-    pub user_id: String,
+    pub user_id: UserId,
 }
 
 crate::attrs! { EmailClaim {
-    USER_ID: String = user_id,
+    USER_ID: UserId = user_id,
 } }
 
 impl EmailClaim {
@@ -145,13 +146,14 @@ pub(super) async fn decoy_hash() -> &'static str {
 
 /// Creates a user of `merchant_id`. The email is one user's only.
 pub async fn create_user(
-    store: &dyn Store,
+    deps: &Deps,
     now: Timestamp,
-    merchant_id: &str,
+    merchant_id: &MerchantId,
     email: &str,
     role: Role,
     password: &str,
 ) -> Result<DashboardUser, DashboardError> {
+    let store = &*deps.store;
     let email = normalize_email(email)?;
     if super::super::account::get_merchant(store, merchant_id)
         .await?
@@ -160,8 +162,8 @@ pub async fn create_user(
         return Err(DashboardError::UnknownMerchant);
     }
     let user = DashboardUser {
-        id: new_id(IdKind::DashboardUser),
-        merchant_id: merchant_id.to_owned(),
+        id: UserId::new(),
+        merchant_id: merchant_id.clone(),
         email: email.clone(),
         role,
         password_hash: hash_password(password).await?,
@@ -184,7 +186,7 @@ pub async fn create_user(
 /// The user with this id.
 pub(super) async fn get_user(
     store: &dyn Store,
-    id: &str,
+    id: &UserId,
 ) -> Result<Option<DashboardUser>, StoreError> {
     crate::domain::record::get(store, &DashboardUser::key(id)).await
 }
@@ -200,7 +202,7 @@ pub async fn find_user_by_email(
     let Some(claim) = claim else {
         // As many reads as a known email, so timing tells nobody which
         // emails sign in here.
-        let _ = get_user(store, "usr_00000000000000000000000000").await;
+        let _ = get_user(store, &UserId::stored("usr_00000000000000000000000000")).await;
         return Ok(None);
     };
     Ok(get_user(store, &claim.user_id)
@@ -247,7 +249,8 @@ pub async fn set_disabled(
 }
 
 /// Ends every session of `user_id` (sign out everywhere).
-pub async fn end_all_sessions(store: &dyn Store, user_id: &str) -> Result<(), StoreError> {
+pub async fn end_all_sessions(deps: &Deps, user_id: &UserId) -> Result<(), StoreError> {
+    let store = &*deps.store;
     store
         .update(
             &DashboardUser::key(user_id),
@@ -260,9 +263,10 @@ pub async fn end_all_sessions(store: &dyn Store, user_id: &str) -> Result<(), St
 
 /// A merchant's users, oldest first (at most 100).
 pub async fn list_users(
-    store: &dyn Store,
-    merchant_id: &str,
+    deps: &Deps,
+    merchant_id: &MerchantId,
 ) -> Result<Vec<DashboardUser>, StoreError> {
+    let store = &*deps.store;
     let q = Query::partition(keys::merchant_users(merchant_id))
         .on(Index::Gsi1)
         .limit(100);
@@ -280,11 +284,12 @@ pub enum UserChange {
 /// Changes `user_id` of `merchant_id` (another merchant's user is
 /// [`DashboardError::UnknownUser`]).
 pub async fn change_user(
-    store: &dyn Store,
-    merchant_id: &str,
-    user_id: &str,
+    deps: &Deps,
+    merchant_id: &MerchantId,
+    user_id: &UserId,
     change: UserChange,
 ) -> Result<DashboardUser, DashboardError> {
+    let store = &*deps.store;
     let update = match change {
         UserChange::Role(role) => Changes::new().set(DashboardUser::ROLE, &role),
         UserChange::Disabled(true) => Changes::new()
@@ -309,14 +314,15 @@ pub async fn change_user(
 /// An owner gives `user_id` of `merchant_id` a new password (ending their
 /// sessions); another merchant's user is [`DashboardError::UnknownUser`].
 pub async fn reset_password_of(
-    store: &dyn Store,
-    merchant_id: &str,
-    user_id: &str,
+    deps: &Deps,
+    merchant_id: &MerchantId,
+    user_id: &UserId,
     password: &str,
 ) -> Result<DashboardUser, DashboardError> {
+    let store = &*deps.store;
     let user = get_user(store, user_id)
         .await?
-        .filter(|u| u.merchant_id == merchant_id)
+        .filter(|u| u.merchant_id == *merchant_id)
         .ok_or(DashboardError::UnknownUser)?;
     reset_password(store, &user.email, password).await
 }

@@ -336,7 +336,7 @@ pub async fn create(
     fence: Option<&Fence>,
 ) -> Result<Invoice, InvoiceError> {
     if tenant.mode == Mode::Live {
-        let project = account::get_project(&*state.store, &tenant.project).await?;
+        let project = account::get_project(state, &tenant.project).await?;
         if !project.is_some_and(|p| p.live_invoicing) {
             return Err(InvoiceError::LiveDisabled);
         }

@@ -62,7 +62,7 @@ pub async fn finalize(
     fence: Option<&Fence>,
 ) -> Result<Invoice, InvoiceError> {
     let store = &*state.store;
-    let seller = account::get_project(store, &tenant.project)
+    let seller = account::get_project(state, &tenant.project)
         .await?
         .and_then(|p| p.seller);
     let ckey = counter_key(&tenant.project, tenant.mode);

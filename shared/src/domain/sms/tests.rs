@@ -465,7 +465,7 @@ async fn state_on(
         expires_at: None,
         spend_cap_paisa: None,
     };
-    let Ok((_, key)) = super::super::account::issue_api_key(&*store, now, &project, new).await
+    let Ok((_, key)) = super::super::account::issue_api_key(&state, now, &project, new).await
     else {
         panic!("key")
     };
@@ -930,7 +930,7 @@ async fn a_url_naming_a_session_binds_the_reminder_to_it() {
     assert!(matches!(&r, Ok(o) if o.status == "logged"), "{r:?}");
     let Ok(list) = list_recent(
         &*state.store,
-        &Tenant::new(who.project_id(), Mode::Sandbox),
+        &Tenant::new(who.project_id().clone(), Mode::Sandbox),
         10,
     )
     .await
@@ -943,7 +943,7 @@ async fn a_url_naming_a_session_binds_the_reminder_to_it() {
     assert!(r.is_ok(), "{r:?}");
     let Ok(list) = list_recent(
         &*state.store,
-        &Tenant::new(who.project_id(), Mode::Sandbox),
+        &Tenant::new(who.project_id().clone(), Mode::Sandbox),
         10,
     )
     .await
@@ -1118,7 +1118,7 @@ async fn a_reminder_the_queue_refused_is_answered_queued_and_swept_later() {
     assert_eq!(quota_used(&state, &who).await, 1);
     let Ok(list) = list_recent(
         &*state.store,
-        &Tenant::new(who.project_id(), Mode::Live),
+        &Tenant::new(who.project_id().clone(), Mode::Live),
         10,
     )
     .await
@@ -1257,7 +1257,7 @@ async fn a_retry_whose_first_run_took_the_last_place_answers_as_the_first() {
     assert!(matches!(&r, Ok(o) if o.status == "logged"), "{r:?}");
     let Ok(list) = list_recent(
         &*state.store,
-        &Tenant::new(who.project_id(), Mode::Sandbox),
+        &Tenant::new(who.project_id().clone(), Mode::Sandbox),
         10,
     )
     .await

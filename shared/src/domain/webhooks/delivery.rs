@@ -45,7 +45,7 @@ pub(super) async fn dispatch(
         return Ok(later);
     }
     let endpoint = match get(
-        &*state.store,
+        state,
         &Tenant::new(d.project_id.clone(), d.mode),
         &d.endpoint_id,
     )
@@ -464,7 +464,7 @@ pub async fn resend(
     endpoint_id: &str,
 ) -> Result<Resent, WebhookError> {
     // The endpoint first: another project's or mode's is no endpoint.
-    get(&*state.store, tenant, endpoint_id).await?;
+    get(state, tenant, endpoint_id).await?;
     let d = delivery(&*state.store, event_id, endpoint_id)
         .await?
         .filter(|d| tenant.owns(&d.project_id, d.mode))

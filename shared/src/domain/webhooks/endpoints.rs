@@ -319,7 +319,7 @@ pub async fn create(
         if let Some(f) = fence {
             if Fence::tripped(&e, FENCE_AT) {
                 let first = f.resource_id(&*state.store).await?.unwrap_or_default();
-                let endpoint = get(&*state.store, tenant, &first).await?;
+                let endpoint = get(state, tenant, &first).await?;
                 return Ok((endpoint, None));
             }
         }
@@ -532,7 +532,8 @@ impl EndpointCounter {
 }
 
 /// The endpoint `id` of the project in `mode`.
-pub async fn get(store: &dyn Store, tenant: &Tenant, id: &str) -> Result<Endpoint, WebhookError> {
+pub async fn get(deps: &Deps, tenant: &Tenant, id: &str) -> Result<Endpoint, WebhookError> {
+    let store = &*deps.store;
     if !ids::is_valid(id, IdKind::WebhookEndpoint) {
         return Err(WebhookError::NotFound(id.to_owned()));
     }
@@ -545,7 +546,8 @@ pub async fn get(store: &dyn Store, tenant: &Tenant, id: &str) -> Result<Endpoin
 }
 
 /// Every endpoint of the project in `mode`, newest first.
-pub async fn list(store: &dyn Store, tenant: &Tenant) -> Result<Vec<Endpoint>, StoreError> {
+pub async fn list(deps: &Deps, tenant: &Tenant) -> Result<Vec<Endpoint>, StoreError> {
+    let store = &*deps.store;
     let query = Query::partition(Endpoint::partition(&tenant.project, tenant.mode))
         .backward()
         .limit(100);
@@ -565,7 +567,7 @@ pub async fn patch(
     id: &str,
     body: PatchEndpoint,
 ) -> Result<Endpoint, WebhookError> {
-    let current = get(&*state.store, tenant, id).await?;
+    let current = get(state, tenant, id).await?;
     let mut update = Changes::<Endpoint>::new();
     if let Some(url) = &body.url {
         let url = check_receiver(url, tenant.mode, &state.webhooks).await?;
@@ -592,8 +594,9 @@ pub async fn patch(
 
 /// Deletes the endpoint for good; pending deliveries to it are dropped
 /// when their turn comes.
-pub async fn delete(store: &dyn Store, tenant: &Tenant, id: &str) -> Result<(), WebhookError> {
-    let current = get(store, tenant, id).await?;
+pub async fn delete(deps: &Deps, tenant: &Tenant, id: &str) -> Result<(), WebhookError> {
+    let store = &*deps.store;
+    let current = get(deps, tenant, id).await?;
     let key = Endpoint::key(&tenant.project, tenant.mode, &current.id);
     let counter = EndpointCounter::key(&tenant.project, tenant.mode);
     // The endpoint goes only if it is still there, and the count goes down

@@ -74,11 +74,7 @@ pub(super) async fn enqueue(
 /// handler drops what is not due).
 pub(super) async fn fan_out(state: &Deps, event: &Event) -> Result<usize, DispatchError> {
     let now = state.clock.now();
-    let endpoints = list(
-        &*state.store,
-        &Tenant::new(event.project_id.clone(), event.mode),
-    )
-    .await?;
+    let endpoints = list(state, &Tenant::new(event.project_id.clone(), event.mode)).await?;
     let mut queued = 0;
     // A test event goes to its one endpoint, whatever that one's filter.
     let targets = endpoints.iter().filter(|e| match &event.endpoint_id {

@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use super::DELIVERY_LOG;
 use super::endpoints::{WebhookError, get};
+use crate::Deps;
 use crate::domain::outbox::{self, Event, EventType};
 use crate::domain::record::{Entry, Gsi2Entry, Record, from_item};
 use crate::domain::{Mode, Tenant, Window};
@@ -209,11 +210,12 @@ impl From<&Delivery> for DeliveryView {
 
 /// The last [`DELIVERY_LOG`] deliveries to endpoint `id`, newest first.
 pub async fn deliveries(
-    store: &dyn Store,
+    deps: &Deps,
     tenant: &Tenant,
     id: &str,
 ) -> Result<Vec<Delivery>, WebhookError> {
-    let endpoint = get(store, tenant, id).await?;
+    let store = &*deps.store;
+    let endpoint = get(deps, tenant, id).await?;
     let query = Query::partition(Delivery::log_partition(&endpoint.id))
         .on(Index::Gsi1)
         .backward()
@@ -229,12 +231,13 @@ pub async fn deliveries(
 /// A page of the deliveries to endpoint `id`, newest first, and their
 /// total (the dashboard's delivery log).
 pub async fn deliveries_page(
-    store: &dyn Store,
+    deps: &Deps,
     tenant: &Tenant,
     id: &str,
     window: Window,
 ) -> Result<(Vec<Delivery>, u64), WebhookError> {
-    let endpoint = get(store, tenant, id).await?;
+    let store = &*deps.store;
+    let endpoint = get(deps, tenant, id).await?;
     let query = Query::partition(Delivery::log_partition(&endpoint.id))
         .on(Index::Gsi1)
         .backward();

@@ -52,7 +52,7 @@ pub async fn send_test_event(
     id: &str,
     t: EventType,
 ) -> Result<Event, WebhookError> {
-    let endpoint = get(&*state.store, tenant, id).await?;
+    let endpoint = get(state, tenant, id).await?;
     if !endpoint.enabled {
         return Err(invalid(
             "id",

@@ -353,7 +353,7 @@ mod dispatching {
 
         // Deleted: a new event gets no delivery at all.
         delete(
-            &*f.state.store,
+            &f.state,
             &Tenant::new("proj_1", Mode::Sandbox),
             &f.endpoint.id,
         )
@@ -664,7 +664,7 @@ mod dispatching {
         assert_eq!(again.id, first.id);
         assert!(secret.is_none(), "the secret is shown once");
         assert_eq!(
-            list(&*f.state.store, &Tenant::new("proj_1", Mode::Sandbox))
+            list(&f.state, &Tenant::new("proj_1", Mode::Sandbox))
                 .await
                 .unwrap()
                 .len(),
@@ -779,7 +779,7 @@ mod dispatching {
             events.push(event);
         }
         let log = deliveries(
-            &*f.state.store,
+            &f.state,
             &Tenant::new("proj_1", Mode::Sandbox),
             &f.endpoint.id,
         )
@@ -1068,7 +1068,7 @@ mod dispatching {
             .filter(|r| matches!(r, Err(WebhookError::TooMany)))
             .count();
         assert_eq!((made, refused), (MAX_ENDPOINTS, 40 - MAX_ENDPOINTS));
-        let listed = list(&*f.state.store, &Tenant::new("proj_2", Mode::Sandbox))
+        let listed = list(&f.state, &Tenant::new("proj_2", Mode::Sandbox))
             .await
             .unwrap();
         assert_eq!(listed.len(), MAX_ENDPOINTS);
@@ -1088,10 +1088,10 @@ mod dispatching {
         // once) frees one place only.
         let gone = listed[3].id.clone();
         let deletes = (0..4).map(|_| {
-            let store = f.state.store.clone();
+            let deps = f.state.clone();
             let gone = gone.clone();
             tokio::spawn(async move {
-                delete(&*store, &Tenant::new("proj_2", Mode::Sandbox), &gone).await
+                delete(&deps, &Tenant::new("proj_2", Mode::Sandbox), &gone).await
             })
         });
         let deleted: Vec<Result<(), WebhookError>> = futures::future::join_all(deletes)
@@ -1106,12 +1106,7 @@ mod dispatching {
                 .all(|r| matches!(r, Ok(()) | Err(WebhookError::NotFound(_))))
         );
         assert!(matches!(
-            delete(
-                &*f.state.store,
-                &Tenant::new("proj_2", Mode::Sandbox),
-                &gone
-            )
-            .await,
+            delete(&f.state, &Tenant::new("proj_2", Mode::Sandbox), &gone).await,
             Err(WebhookError::NotFound(_))
         ));
         assert_eq!(count_of(&f, "proj_2").await, Some(15));
@@ -1134,7 +1129,7 @@ mod dispatching {
             Err(WebhookError::TooMany)
         ));
         assert_eq!(
-            list(&*f.state.store, &Tenant::new("proj_2", Mode::Sandbox))
+            list(&f.state, &Tenant::new("proj_2", Mode::Sandbox))
                 .await
                 .unwrap()
                 .len(),
@@ -1180,7 +1175,7 @@ mod dispatching {
         .await
         .unwrap();
         assert_eq!(count_of(&f, "proj_2").await, Some(4));
-        let listed = list(&*f.state.store, &Tenant::new("proj_2", Mode::Sandbox))
+        let listed = list(&f.state, &Tenant::new("proj_2", Mode::Sandbox))
             .await
             .unwrap();
         assert_eq!(listed.len(), 4);
@@ -1208,7 +1203,7 @@ mod dispatching {
             Err(WebhookError::TooMany)
         ));
         assert_eq!(
-            list(&*f.state.store, &Tenant::new("proj_2", Mode::Sandbox))
+            list(&f.state, &Tenant::new("proj_2", Mode::Sandbox))
                 .await
                 .unwrap()
                 .len(),
@@ -1239,12 +1234,16 @@ mod dispatching {
         assert_eq!(n, 2);
         // A delete then a registration: the count is back at 2, but it
         // moved in between (a repair from the first read is stale).
-        let listed = list(store, &Tenant::new("proj_2", Mode::Sandbox))
+        let listed = list(&f.state, &Tenant::new("proj_2", Mode::Sandbox))
             .await
             .unwrap();
-        delete(store, &Tenant::new("proj_2", Mode::Sandbox), &listed[0].id)
-            .await
-            .unwrap();
+        delete(
+            &f.state,
+            &Tenant::new("proj_2", Mode::Sandbox),
+            &listed[0].id,
+        )
+        .await
+        .unwrap();
         create(
             &f.state,
             &Tenant::new("proj_2", Mode::Sandbox),
@@ -1280,30 +1279,16 @@ mod dispatching {
         .await
         .unwrap();
         set_count(&f, "proj_2", 0).await;
-        delete(
-            &*f.state.store,
-            &Tenant::new("proj_2", Mode::Sandbox),
-            &only.id,
-        )
-        .await
-        .unwrap();
+        delete(&f.state, &Tenant::new("proj_2", Mode::Sandbox), &only.id)
+            .await
+            .unwrap();
         assert!(matches!(
-            get(
-                &*f.state.store,
-                &Tenant::new("proj_2", Mode::Sandbox),
-                &only.id
-            )
-            .await,
+            get(&f.state, &Tenant::new("proj_2", Mode::Sandbox), &only.id).await,
             Err(WebhookError::NotFound(_))
         ));
         assert_eq!(count_of(&f, "proj_2").await, Some(0));
         assert!(matches!(
-            delete(
-                &*f.state.store,
-                &Tenant::new("proj_2", Mode::Sandbox),
-                &only.id
-            )
-            .await,
+            delete(&f.state, &Tenant::new("proj_2", Mode::Sandbox), &only.id).await,
             Err(WebhookError::NotFound(_))
         ));
         assert_eq!(count_of(&f, "proj_2").await, Some(0));
@@ -1322,21 +1307,13 @@ mod dispatching {
             made.push(e.id);
         }
         set_count(&f, "proj_2", 0).await;
-        delete(
-            &*f.state.store,
-            &Tenant::new("proj_2", Mode::Sandbox),
-            &made[0],
-        )
-        .await
-        .unwrap();
+        delete(&f.state, &Tenant::new("proj_2", Mode::Sandbox), &made[0])
+            .await
+            .unwrap();
         assert_eq!(count_of(&f, "proj_2").await, Some(2));
-        delete(
-            &*f.state.store,
-            &Tenant::new("proj_2", Mode::Sandbox),
-            &made[1],
-        )
-        .await
-        .unwrap();
+        delete(&f.state, &Tenant::new("proj_2", Mode::Sandbox), &made[1])
+            .await
+            .unwrap();
         assert_eq!(count_of(&f, "proj_2").await, Some(1));
     }
 
@@ -1370,17 +1347,13 @@ mod dispatching {
 
         // A delete is the first write after the upgrade: counted too.
         f.state.store.delete(&counter, None).await.unwrap();
-        let some = list(&*f.state.store, &Tenant::new("proj_2", Mode::Sandbox))
+        let some = list(&f.state, &Tenant::new("proj_2", Mode::Sandbox))
             .await
             .unwrap()
             .remove(0);
-        delete(
-            &*f.state.store,
-            &Tenant::new("proj_2", Mode::Sandbox),
-            &some.id,
-        )
-        .await
-        .unwrap();
+        delete(&f.state, &Tenant::new("proj_2", Mode::Sandbox), &some.id)
+            .await
+            .unwrap();
         assert_eq!(count_of(&f, "proj_2").await, Some(15));
         create(
             &f.state,
