@@ -126,6 +126,12 @@ impl<T> PathId<T> {
     pub fn get(self) -> Result<T, ApiError> {
         self.0.map_err(|(noun, raw)| Api::not_found(noun, &raw))
     }
+
+    /// The id, or what a page answers for the text the path held (its
+    /// noun and the text).
+    pub fn get_or<E>(self, answer: impl FnOnce(&'static str, &str) -> E) -> Result<T, E> {
+        self.0.map_err(|(noun, raw)| answer(noun, &raw))
+    }
 }
 
 impl<T, St> FromRequestParts<St> for PathId<T>
