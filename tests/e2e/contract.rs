@@ -583,6 +583,29 @@ async fn every_endpoint_keeps_the_contract(which: Which) {
             }
         }
 
+        // 2c. So is the id: one that cannot exist is still a 403 with
+        // that key (ids are typed at the edge, but answered after the
+        // scope), and with the right key a 404 naming it.
+        if row.path.contains("{id}") {
+            let odd = row.path.replace("{id}", "x_1");
+            let a = call(&app, method, &odd, Some(key), body.as_ref()).await;
+            if let Some(f) = error_mismatch(&a, 403, "permission_error", "missing_scope") {
+                failures.push(format!(
+                    "{what} lacking {scope}, malformed id (scope not checked first): {f}"
+                ));
+            }
+            let a = call(&app, method, &odd, Some(&sandbox), body.as_ref()).await;
+            let named = a.body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("'x_1'"));
+            if a.status != 404 || a.body["error"]["code"] != "not_found" || !named {
+                failures.push(format!(
+                    "{what} with a malformed id: expected 404 not_found naming it, got {} {}",
+                    a.status, a.body
+                ));
+            }
+        }
+
         // 3. A sandbox record asked for with a live key.
         if row.path.contains("{id}") {
             let a = call(&app, method, &path, Some(&live), body.as_ref()).await;

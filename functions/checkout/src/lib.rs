@@ -8,8 +8,8 @@
 use axum::Router;
 use axum::extract::{Extension, State};
 use edge::Json;
+use edge::PathId;
 use edge::idempotency::Fence;
-use edge::ids::Id;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::pagination::PageParams;
 use edge::{ApiError, Auth, JsonBody, Page, Pagination, QueryParams, with_edge};
@@ -127,9 +127,10 @@ async fn create_checkout(
 async fn expire_checkout(
     State(state): State<AppState>,
     auth: Auth,
-    Id(id, ..): Id<SessionId>,
+    id: PathId<SessionId>,
 ) -> Result<Json<Expired>, ApiError> {
     let who = auth.require(Scope::PaymentsWrite)?;
+    let id = id.get()?;
     let s: CheckoutSession = checkout::expire(&state, who.tenant(), &id)
         .await?
         .ok_or_else(|| ApiError::not_found("checkout session", &id))?;
@@ -177,10 +178,11 @@ async fn list_sessions(
 async fn get_session(
     State(state): State<AppState>,
     auth: Auth,
-    Id(id, ..): Id<SessionId>,
+    id: PathId<SessionId>,
 ) -> Result<Json<CheckoutSessionView>, ApiError> {
     let who = auth.require(Scope::SessionsRead)?;
     let now = state.clock.now();
+    let id = id.get()?;
     checkout::find(&state, who.tenant(), &id, now)
         .await?
         .map(|s| Json(CheckoutSessionView::at(s, now)))

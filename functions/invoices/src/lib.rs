@@ -10,9 +10,9 @@ use axum::Router;
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 use edge::Json;
+use edge::PathId;
 use edge::answers::Deleted;
 use edge::idempotency::Fence;
-use edge::ids::Id;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::pagination::PageParams;
 use edge::{ApiError, Auth, JsonBody, OptionalJsonBody, Page, Pagination, QueryParams, with_edge};
@@ -154,9 +154,10 @@ async fn list_invoices(
 async fn get_invoice(
     State(state): State<AppState>,
     auth: Auth,
-    Id(id, ..): Id<InvoiceId>,
+    id: PathId<InvoiceId>,
 ) -> Result<Json<InvoiceView>, ApiError> {
     let who = auth.require(Scope::InvoicesRead)?;
+    let id = id.get()?;
     let inv = invoices::get(&state, who.tenant(), &id).await?;
     Ok(Json(view(&inv, &state)))
 }
@@ -175,13 +176,14 @@ async fn get_invoice(
 async fn patch_invoice(
     State(state): State<AppState>,
     auth: Auth,
-    Id(id, ..): Id<InvoiceId>,
+    id: PathId<InvoiceId>,
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
     body: Result<JsonBody<PatchInvoice>, ApiError>,
 ) -> Result<Json<InvoiceView>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     let JsonBody(body) = body?;
+    let id = id.get()?;
     let inv = invoices::patch(&state, who.tenant(), &id, body).await?;
     Ok(Json(view(&inv, &state)))
 }
@@ -201,13 +203,14 @@ async fn finalize_invoice(
     State(state): State<AppState>,
     auth: Auth,
     fence: Option<Extension<Fence>>,
-    Id(id, ..): Id<InvoiceId>,
+    id: PathId<InvoiceId>,
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
     body: Result<JsonBody<FinalizeInvoice>, ApiError>,
 ) -> Result<Json<InvoiceView>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     let JsonBody(body) = body?;
+    let id = id.get()?;
     let lock = numbering_lock(who.tenant());
     let inv = {
         let _turn = lock.lock().await;
@@ -232,9 +235,10 @@ async fn discard_invoice(
     State(state): State<AppState>,
     auth: Auth,
     fence: Option<Extension<Fence>>,
-    Id(id, ..): Id<InvoiceId>,
+    id: PathId<InvoiceId>,
 ) -> Result<Json<Deleted>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
+    let id = id.get()?;
     match invoices::discard(&state, who.tenant(), &id, fence_of(&fence)).await {
         Ok(_) | Err(InvoiceError::AlreadyDiscarded) => Ok(Json(Deleted::of(id.into(), who.mode()))),
         Err(e) => Err(e.into()),
@@ -256,13 +260,14 @@ async fn discard_invoice(
 async fn correct_invoice(
     State(state): State<AppState>,
     auth: Auth,
-    Id(id, ..): Id<InvoiceId>,
+    id: PathId<InvoiceId>,
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
     body: Result<JsonBody<CorrectInvoice>, ApiError>,
 ) -> Result<Json<Corrected>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     let JsonBody(body) = body?;
+    let id = id.get()?;
     let (voided, replacement) = invoices::correct(&state, who.tenant(), &id, body).await?;
     tracing::info!(invoice = %voided.id, replacement = %replacement.id, "invoice voided and replaced");
     invoices::store_pdf(&state, &voided).await;
@@ -294,13 +299,14 @@ struct Corrected {
 async fn adjust_invoice(
     State(state): State<AppState>,
     auth: Auth,
-    Id(id, ..): Id<InvoiceId>,
+    id: PathId<InvoiceId>,
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
     body: Result<JsonBody<AdjustInvoice>, ApiError>,
 ) -> Result<Json<InvoiceView>, ApiError> {
     let who = auth.require(Scope::InvoicesWrite)?;
     let JsonBody(body) = body?;
+    let id = id.get()?;
     let inv = invoices::adjust(&state, who.tenant(), &id, body).await?;
     Ok(Json(view(&inv, &state)))
 }
@@ -322,7 +328,7 @@ async fn invoice_checkout(
     auth: Auth,
     fence: Option<Extension<Fence>>,
     headers: HeaderMap,
-    Id(id, ..): Id<InvoiceId>,
+    id: PathId<InvoiceId>,
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
     body: Result<OptionalJsonBody<InvoiceCheckout>, ApiError>,
@@ -334,6 +340,7 @@ async fn invoice_checkout(
     let OptionalJsonBody(body) = body?;
     let payer = shared::domain::checkout::Creator::of(who);
     let base = edge::requests::public_base(&state, &headers);
+    let id = id.get()?;
     let (session, reused) =
         invoices::checkout(&state, &payer, &id, body, &base, fence_of(&fence)).await?;
     Ok(Json(InvoiceCheckoutView {
@@ -356,9 +363,10 @@ async fn invoice_checkout(
 async fn invoice_pdf(
     State(state): State<AppState>,
     auth: Auth,
-    Id(id, ..): Id<InvoiceId>,
+    id: PathId<InvoiceId>,
 ) -> Result<Response, ApiError> {
     let who = auth.require(Scope::InvoicesRead)?;
+    let id = id.get()?;
     let inv = invoices::get(&state, who.tenant(), &id).await?;
     let bytes = invoices::pdf(&state, &inv).await?;
     let name = inv

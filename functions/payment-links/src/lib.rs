@@ -6,9 +6,9 @@
 use axum::Router;
 use axum::extract::{Extension, State};
 use edge::Json;
+use edge::PathId;
 use edge::answers::Deleted;
 use edge::idempotency::Fence;
-use edge::ids::Id;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::pagination::PageParams;
 use edge::{ApiError, Auth, JsonBody, Page, Pagination, QueryParams, with_edge};
@@ -110,9 +110,10 @@ async fn get_link(
     State(state): State<AppState>,
     auth: Auth,
     headers: HeaderMap,
-    Id(id, ..): Id<LinkId>,
+    id: PathId<LinkId>,
 ) -> Result<Json<PaymentLinkView>, ApiError> {
     let who = auth.require(Scope::LinksRead)?;
+    let id = id.get()?;
     links::find(&state, who.tenant(), &id)
         .await?
         .map(|l| {
@@ -141,13 +142,14 @@ async fn patch_link(
     State(state): State<AppState>,
     auth: Auth,
     headers: HeaderMap,
-    Id(id, ..): Id<LinkId>,
+    id: PathId<LinkId>,
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
     body: Result<JsonBody<PatchLink>, ApiError>,
 ) -> Result<Json<PaymentLinkView>, ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
     let JsonBody(body) = body?;
+    let id = id.get()?;
     let link = links::patch(&state, who.tenant(), &id, body, state.clock.now()).await?;
     Ok(Json(PaymentLinkView::of(
         link,
@@ -170,9 +172,10 @@ async fn cancel_link(
     State(state): State<AppState>,
     auth: Auth,
     headers: HeaderMap,
-    Id(id, ..): Id<LinkId>,
+    id: PathId<LinkId>,
 ) -> Result<Json<PaymentLinkView>, ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
+    let id = id.get()?;
     let link = links::cancel(&state, who.tenant(), &id, state.clock.now()).await?;
     Ok(Json(PaymentLinkView::of(
         link,
@@ -194,9 +197,10 @@ async fn cancel_link(
 async fn delete_link(
     State(state): State<AppState>,
     auth: Auth,
-    Id(id, ..): Id<LinkId>,
+    id: PathId<LinkId>,
 ) -> Result<Json<Deleted>, ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
+    let id = id.get()?;
     let deleted = links::delete(&state, who.tenant(), &id).await?;
     Ok(Json(Deleted::of(deleted.into(), who.mode())))
 }
