@@ -409,7 +409,7 @@ async fn a_reminder_for_a_session_paid_meanwhile_is_not_sent(which: Which) {
     let paid = app
         .store
         .update(
-            &shared::domain::checkout::CheckoutSession::key(&session_id),
+            &shared::domain::checkout::CheckoutSession::key(&session_id.as_str().into()),
             Update::new().set("status", "success"),
             None,
         )

@@ -234,12 +234,9 @@ pub(crate) async fn list_in(
     now: Timestamp,
     window: Window,
 ) -> Result<(Vec<CheckoutSession>, u64), StoreError> {
-    let mut query = Query::partition(CheckoutSession::list_partition(
-        &tenant.project,
-        tenant.mode,
-    ))
-    .on(Index::Gsi1)
-    .backward();
+    let mut query = Query::partition(CheckoutSession::list_partition(tenant))
+        .on(Index::Gsi1)
+        .backward();
     if let Some(s) = status {
         query = query.filter(status_filter(s, now));
     }

@@ -79,8 +79,11 @@ pub(super) async fn pending_session(
 ) -> Result<SessionMatch, StoreError> {
     let mut foreign = None;
     if let Some(id) = url_session {
-        let named = match store.get(&CheckoutSession::key(id)).await? {
-            Some(item) => from_item::<CheckoutSession>(item).ok(),
+        let named = match SessionId::parse(id) {
+            Some(sid) => store
+                .get(&CheckoutSession::key(&sid))
+                .await?
+                .and_then(|item| from_item::<CheckoutSession>(item).ok()),
             None => None,
         };
         match named {

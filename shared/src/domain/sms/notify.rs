@@ -122,7 +122,7 @@ async fn recipient_session(
     match found {
         SessionMatch::Found(id) => Ok(id),
         SessionMatch::NotFound => Err(SmsError::PhoneNotOnSession),
-        SessionMatch::ForeignUrl(id) => Err(SmsError::ForeignCheckoutSession { session_id: id }),
+        SessionMatch::ForeignUrl(id) => Err(SmsError::ForeignCheckoutSession { given: id }),
     }
 }
 

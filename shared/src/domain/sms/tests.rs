@@ -17,7 +17,7 @@ use crate::domain::account::Principal;
 use crate::domain::checkout::CheckoutSession;
 use crate::domain::record::Record;
 use crate::domain::{Mode, Tenant};
-use crate::ids::{IdKind, SessionId, SmsId, new_id};
+use crate::ids::{SessionId, SmsId};
 use crate::providers::sms::SmsClient;
 use crate::queue::QueueName;
 use crate::store::{Key, Store, TxReason, Update};
@@ -973,7 +973,7 @@ async fn a_url_naming_a_session_binds_the_reminder_to_it() {
     )
     .await;
     assert!(
-        matches!(&r, Err(SmsError::ForeignCheckoutSession { session_id }) if *session_id == foreign),
+        matches!(&r, Err(SmsError::ForeignCheckoutSession { given }) if *given == foreign),
         "{r:?}"
     );
     let b = "https://pay.example";
@@ -1211,7 +1211,7 @@ async fn a_full_hour_under_endless_conflicts_is_still_a_429() {
 #[tokio::test]
 async fn an_unreadable_reminder_is_passed_over_then_taken_out_of_the_sweep() {
     let (state, _, clock) = state_with_tenant(Plan::Growth, Mode::Live).await;
-    let id = new_id(IdKind::Sms);
+    let id = SmsId::new();
     let item = json!({"pk": format!("SMS#{id}"), "sk": "SMS",
                           "gsi2pk": open_partition(&id), "gsi2sk": format!("{:015}#{id}", 1),
                           "status": "teleported"});
