@@ -1258,8 +1258,7 @@ async fn a_newer_attempt_closes_the_one_it_supersedes(which: Which) {
     let state = shop.app.state();
     let project = &shop.tenant.project.id;
     let open = shared::store::Query::partition(shared::domain::attempts::open_payments_partition(
-        project,
-        Mode::Sandbox,
+        &shared::domain::Tenant::new(project.as_str(), Mode::Sandbox),
     ))
     .on(shared::store::Index::Gsi2);
     let indexed = state.store.query(&open).await.map(|p| p.items.len());

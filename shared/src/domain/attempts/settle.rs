@@ -10,6 +10,7 @@ use super::{
     next_check_at, recheck_partition, status_in,
 };
 use crate::app::Deps;
+use crate::domain::Tenant;
 use crate::domain::checkout::stats::Tally;
 use crate::domain::checkout::{self, CheckoutSession, SessionStatus};
 use crate::domain::fonepay_cap;
@@ -327,7 +328,7 @@ pub(super) fn recheck(update: Changes<Payment>, p: &Payment, now: Timestamp) -> 
     update
         .set_some(Payment::RECHECK_UNTIL, &now.plus(RECHECK_CANCELLED))
         .index(&Gsi2Entry::new(
-            recheck_partition(&p.project_id, p.mode),
+            recheck_partition(&Tenant::new(p.project_id.clone(), p.mode)),
             due_after_check(p, now),
         ))
 }

@@ -263,7 +263,7 @@ impl Record for CheckoutSession {
         )];
         if !self.status.is_final() {
             out.push(Entry::gsi2(
-                open_sessions_partition(&self.project_id, self.mode),
+                open_sessions_partition(&Tenant::new(self.project_id.clone(), self.mode)),
                 format!("{}#{}", self.expires_at.to_rfc3339(), self.id),
             ));
         }

@@ -139,7 +139,7 @@ impl Refund {
         keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::Refunds)
     }
 
-    fn payment_partition(payment_id: &str) -> String {
+    fn payment_partition(payment_id: &PaymentId) -> String {
         keys::payment_refunds(payment_id)
     }
 

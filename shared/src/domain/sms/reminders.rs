@@ -139,12 +139,12 @@ impl Record for SmsReminder {
 /// Shards of the open-reminders index.
 const OPEN_SHARDS: u32 = 4;
 
-pub(super) fn open_partition(id: &str) -> String {
+pub(super) fn open_partition(id: &SmsId) -> String {
     keys::open(keys::Open::Sms, keys::shard_of(id, OPEN_SHARDS))
 }
 
 /// The open-reminders entry of reminder `id` from `at`.
-fn open_entry(id: &str, at: Timestamp) -> Gsi2Entry {
+fn open_entry(id: &SmsId, at: Timestamp) -> Gsi2Entry {
     Gsi2Entry::new(
         open_partition(id),
         format!("{:015}#{id}", at.unix_millis().max(0)),
