@@ -1385,7 +1385,7 @@ async fn a_sandbox_qr_paid_after_its_hold_is_held_for_review(which: Which) {
     );
     let used = shared::domain::fonepay_cap::used(
         &*shop.app.state().store,
-        &shop.tenant.project.id,
+        &shop.tenant.project.id.as_str().into(),
         clock.now(),
     )
     .await;

@@ -11,14 +11,19 @@ use crate::domain::fonepay_cap::{self, CapError};
 use crate::domain::payments::{AttemptInfo, Payment, PaymentStatus};
 use crate::domain::record::{Changes, Record};
 use crate::domain::{Provider, Tenant, account};
-use crate::ids::{PaymentId, SessionId};
+use crate::ids::{PaymentId, ProjectId, SessionId};
 use crate::money::Currency;
 use crate::providers::{self, Attempt, Channel, CustomerInfo, Handoff, ProviderError};
 use crate::store::{Cond, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 
 /// The URLs on our own server the provider sends the customer back to.
-pub(super) fn return_url(base: &str, session_id: &str, payment_id: &str, outcome: &str) -> String {
+pub(super) fn return_url(
+    base: &str,
+    session_id: &SessionId,
+    payment_id: &PaymentId,
+    outcome: &str,
+) -> String {
     format!("{base}/c/{session_id}/return/{payment_id}/{outcome}")
 }
 
@@ -241,7 +246,7 @@ fn customer_address(
 }
 
 /// Refuses a start while the merchant's shop cannot take payments.
-async fn check_storefront(store: &dyn Store, project_id: &str) -> Result<(), AttemptError> {
+async fn check_storefront(store: &dyn Store, project_id: &ProjectId) -> Result<(), AttemptError> {
     if !account::storefront(store, project_id).await?.1 {
         return Err(AttemptError::NotOffered(
             "this shop cannot take payments right now".into(),
@@ -673,7 +678,7 @@ async fn transact_start(store: &dyn Store, ops: Vec<TxOp>) -> Result<(), StoreEr
     }
 }
 
-async fn release_hold(store: &dyn Store, project_id: &str, reference: &str, month: &str) {
+async fn release_hold(store: &dyn Store, project_id: &ProjectId, reference: &str, month: &str) {
     if let Err(e) = fonepay_cap::release(store, project_id, reference, month).await {
         // The hold lapses by itself after 30 minutes.
         tracing::warn!(error = %e, "could not release a sandbox fonepay hold");

@@ -1078,7 +1078,7 @@ async fn an_attempt_the_provider_refused_fails_but_keeps_the_session_open() {
 #[test]
 fn return_urls_and_origins() {
     assert_eq!(
-        return_url("https://pay.example", "cs_1", "pay_1", "ok"),
+        return_url("https://pay.example", &"cs_1".into(), &"pay_1".into(), "ok"),
         "https://pay.example/c/cs_1/return/pay_1/ok"
     );
     assert_eq!(
