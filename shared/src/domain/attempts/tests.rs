@@ -1126,8 +1126,8 @@ fn a_start_counts_the_payment_and_the_first_attempt_of_its_session() {
     p.created_at = now;
     let first = start_tally(&session, &p);
     let (d0, d1) = (
-        day_key("proj_1", Mode::Sandbox, yesterday),
-        day_key("proj_1", Mode::Sandbox, now),
+        day_key(&Tenant::new("proj_1", Mode::Sandbox), yesterday),
+        day_key(&Tenant::new("proj_1", Mode::Sandbox), now),
     );
     assert_eq!(first.added(&d0, DayCounters::SESSIONS_INITIATED.name()), 1);
     assert_eq!(first.added(&d1, DayCounters::SESSIONS_INITIATED.name()), 0);

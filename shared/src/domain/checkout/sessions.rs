@@ -690,7 +690,7 @@ impl Record for SpendCounter {
 }
 
 /// The spend counter of a key for the calendar month (UTC) of `now`.
-pub(super) fn spend_counter_key(api_key_id: &str, now: Timestamp) -> Key {
+pub(super) fn spend_counter_key(api_key_id: &ApiKeyId, now: Timestamp) -> Key {
     let d = now.datetime();
     keys::spend_counter(api_key_id, d.year(), d.month())
 }
