@@ -1138,7 +1138,7 @@ async fn one_projects_flood_does_not_delay_anothers_settlement(which: Which) {
         .map(|i| {
             let p = shared::domain::payments::Payment {
                 id: shared::ids::PaymentId::new(),
-                project_id: creator.project_id.clone().into(),
+                project_id: creator.project_id.clone(),
                 checkout_session_id: shared::ids::SessionId::new(),
                 mode: Mode::Sandbox,
                 amount: shared::money::Paisa::new(AMOUNT).unwrap_or_default(),

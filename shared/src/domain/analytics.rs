@@ -278,8 +278,8 @@ mod tests {
     fn payment(s: &CheckoutSession, provider: Provider, now: Timestamp) -> Payment {
         Payment {
             id: "pay_1".into(),
-            project_id: s.project_id.clone().into(),
-            checkout_session_id: s.id.clone().into(),
+            project_id: s.project_id.clone(),
+            checkout_session_id: s.id.clone(),
             mode: s.mode,
             amount: Paisa::new(100_000).unwrap(),
             amount_refunded: Paisa::ZERO,

@@ -18,7 +18,7 @@ use crate::domain::links::PaymentLink;
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::payments::{Payment, PaymentStatus, PaymentView};
 use crate::domain::record::{Changes, Gsi2Entry, from_item};
-use crate::ids::{PaymentId, SessionId};
+use crate::ids::SessionId;
 use crate::providers::{ProviderState, ProviderStatus, StatusQuery};
 use crate::store::{Cond, Index, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
@@ -192,12 +192,7 @@ pub(super) async fn check_and_apply(
         provider_ref: payment.attempt.provider_token.clone(),
     };
     let status = client.status(&creds, &query).await?;
-    let session = checkout::find_any_at(
-        store,
-        &SessionId::from(payment.checkout_session_id.clone()),
-        now,
-    )
-    .await?;
+    let session = checkout::find_any_at(store, &payment.checkout_session_id.clone(), now).await?;
     // Over: expired, or settled by another attempt, or gone.
     let over = session.as_ref().is_none_or(|s| s.status.is_final());
     let decision = decide_for(payment, &status, returned, over, now);
@@ -256,7 +251,7 @@ pub async fn apply(
         if let (Decision::Success { .. }, Some(inv)) = (&decision, &invoice) {
             ops.extend(crate::domain::invoices::allocation_ops(
                 inv,
-                &PaymentId::from(current.id.clone()),
+                &current.id.clone(),
                 current.amount.get(),
                 now,
             )?);
@@ -488,7 +483,7 @@ fn flag_double_payment(
     next: &mut Payment,
     update: Changes<Payment>,
 ) -> Changes<Payment> {
-    next.double_payment_of = s.payment_id.clone().map(Into::into);
+    next.double_payment_of = s.payment_id.clone();
     tracing::error!(
         payment = %p.id,
         first = ?s.payment_id,
@@ -753,10 +748,10 @@ async fn poll_session(
     qr_only: bool,
 ) -> Result<(CheckoutSession, Option<Payment>), AttemptError> {
     let store = &*state.store;
-    let Some(pid) = session.payment_id.clone().map(PaymentId::from) else {
+    let Some(pid) = session.payment_id.clone() else {
         return Ok((session, None));
     };
-    let sid = SessionId::from(session.id.clone());
+    let sid = session.id.clone();
     let Some(payment) = payment_of(store, &sid, &pid).await? else {
         return Ok((session, None));
     };

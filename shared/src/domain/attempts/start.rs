@@ -313,8 +313,8 @@ fn pending_payment(
 ) -> Payment {
     Payment {
         id: PaymentId::new(),
-        project_id: session.project_id.clone().into(),
-        checkout_session_id: session.id.clone().into(),
+        project_id: session.project_id.clone(),
+        checkout_session_id: session.id.clone(),
         mode: session.mode,
         amount: session.amount,
         amount_refunded: Default::default(),
@@ -371,8 +371,8 @@ async fn record_start(
     // void a started attempt; its customer may still finish it, so it is
     // re-checked for a day like any cancel, and its Fonepay cap hold stays
     // until it lapses).
-    if let Some(prev) = session.payment_id.clone().map(PaymentId::from) {
-        let sid = SessionId::from(session.id.clone());
+    if let Some(prev) = session.payment_id.clone() {
+        let sid = session.id.clone();
         if let Some(prev) = payment_of(store, &sid, &prev).await? {
             ops.extend(supersede_ops(&prev, now)?);
         }
@@ -524,7 +524,7 @@ async fn handed_off(
 ) -> Result<Started, AttemptError> {
     let payment = record_handoff(state, payment, &handoff).await?;
     session.status = SessionStatus::Initiated;
-    session.payment_id = Some(payment.id.clone().into());
+    session.payment_id = Some(payment.id.clone());
     session.provider = Some(payment.provider);
     session.attempts += 1;
     session.updated_at = now;

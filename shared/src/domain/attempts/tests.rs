@@ -150,8 +150,8 @@ async fn add_attempt(
 ) -> Payment {
     let p = Payment {
         id: PaymentId::new(),
-        project_id: session.project_id.clone().into(),
-        checkout_session_id: session.id.clone().into(),
+        project_id: session.project_id.clone(),
+        checkout_session_id: session.id.clone(),
         mode: session.mode,
         amount: session.amount,
         amount_refunded: Paisa::ZERO,
@@ -200,13 +200,13 @@ async fn add_attempt(
 async fn load(st: &Deps, p: &Payment) -> (CheckoutSession, Payment) {
     let s = checkout::find_any(
         st,
-        &SessionId::from(p.checkout_session_id.clone()),
+        &p.checkout_session_id.clone(),
         at("2026-11-22T10:00:00Z"),
     )
     .await
     .unwrap()
     .unwrap();
-    let p = find_payment(st, &s.id.clone().into(), &p.id)
+    let p = find_payment(st, &s.id.clone(), &p.id)
         .await
         .unwrap()
         .unwrap();
@@ -561,7 +561,7 @@ async fn a_cancelled_payment_is_rechecked_for_a_day_and_can_still_succeed() {
     assert!(due_now(&*st.store, soon).await.is_empty());
 
     // Another cancelled one leaves the index after its day.
-    let s2 = checkout::find_any(&st, &SessionId::from(p.checkout_session_id.clone()), now)
+    let s2 = checkout::find_any(&st, &p.checkout_session_id.clone(), now)
         .await
         .unwrap()
         .unwrap();
