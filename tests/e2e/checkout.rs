@@ -223,7 +223,7 @@ async fn expire_moves_open_sessions_and_leaves_final_ones(which: Which) {
 
     // A paid session is final: expire answers it unchanged.
     let paid = created_id(&app, &key, &body(999)).await;
-    let k = CheckoutSession::key(&paid);
+    let k = CheckoutSession::key(&paid.as_str().into());
     let set = shared::store::Update::new().set("status", "success");
     assert!(app.store.update(&k, set, None).await.is_ok());
     let a = app
@@ -273,7 +273,10 @@ async fn sessions_expire_lazily_after_thirty_minutes(which: Which) {
     let a = app.get(&path, Some(&key)).await;
     assert_eq!(a.body["status"], "expired", "{}", a.body);
     // ...and the read persisted it.
-    let stored = app.store.get(&CheckoutSession::key(&id)).await;
+    let stored = app
+        .store
+        .get(&CheckoutSession::key(&id.as_str().into()))
+        .await;
     let status = stored.ok().flatten().and_then(|i| i.get("status").cloned());
     assert_eq!(status, Some(json!("expired")));
     let a = app

@@ -305,7 +305,7 @@ async fn cancel_delete_and_max_uses_follow_the_use_count(which: Which) {
     if let Err(e) = app
         .store
         .update(
-            &PaymentLink::key(&id),
+            &PaymentLink::key(&id.as_str().into()),
             Update::new().add("used_count", 2),
             None,
         )

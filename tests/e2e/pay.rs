@@ -1138,7 +1138,7 @@ async fn one_projects_flood_does_not_delay_anothers_settlement(which: Which) {
         .map(|i| {
             let p = shared::domain::payments::Payment {
                 id: shared::ids::PaymentId::new(),
-                project_id: creator.project_id.clone().into(),
+                project_id: creator.project_id.clone(),
                 checkout_session_id: shared::ids::SessionId::new(),
                 mode: Mode::Sandbox,
                 amount: shared::money::Paisa::new(AMOUNT).unwrap_or_default(),
@@ -1258,8 +1258,7 @@ async fn a_newer_attempt_closes_the_one_it_supersedes(which: Which) {
     let state = shop.app.state();
     let project = &shop.tenant.project.id;
     let open = shared::store::Query::partition(shared::domain::attempts::open_payments_partition(
-        project,
-        Mode::Sandbox,
+        &shared::domain::Tenant::new(project.as_str(), Mode::Sandbox),
     ))
     .on(shared::store::Index::Gsi2);
     let indexed = state.store.query(&open).await.map(|p| p.items.len());
@@ -1386,7 +1385,7 @@ async fn a_sandbox_qr_paid_after_its_hold_is_held_for_review(which: Which) {
     );
     let used = shared::domain::fonepay_cap::used(
         &*shop.app.state().store,
-        &shop.tenant.project.id,
+        &shop.tenant.project.id.as_str().into(),
         clock.now(),
     )
     .await;

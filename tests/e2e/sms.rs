@@ -262,7 +262,7 @@ async fn the_live_quota_holds_under_concurrency(which: Which) {
     let seeded = app
         .store
         .update(
-            &sms::quota_counter(&tenant.merchant.id, now),
+            &sms::quota_counter(&tenant.merchant.id.as_str().into(), now),
             Update::new().add("n", 197),
             None,
         )
@@ -324,7 +324,10 @@ async fn final_reminder(app: &TestApp, tenant: &dhukuti_tests::Tenant) -> sms::S
 async fn quota_used(app: &TestApp, tenant: &dhukuti_tests::Tenant) -> i64 {
     let got = app
         .store
-        .get(&sms::quota_counter(&tenant.merchant.id, SystemClock.now()))
+        .get(&sms::quota_counter(
+            &tenant.merchant.id.as_str().into(),
+            SystemClock.now(),
+        ))
         .await;
     match got {
         Ok(item) => item
@@ -409,7 +412,7 @@ async fn a_reminder_for_a_session_paid_meanwhile_is_not_sent(which: Which) {
     let paid = app
         .store
         .update(
-            &shared::domain::checkout::CheckoutSession::key(&session_id),
+            &shared::domain::checkout::CheckoutSession::key(&session_id.as_str().into()),
             Update::new().set("status", "success"),
             None,
         )
@@ -438,7 +441,7 @@ async fn the_pro_plan_has_a_thousand_a_month(which: Which) {
     let seeded = app
         .store
         .update(
-            &sms::quota_counter(&tenant.merchant.id, SystemClock.now()),
+            &sms::quota_counter(&tenant.merchant.id.as_str().into(), SystemClock.now()),
             Update::new().add("n", 998),
             None,
         )

@@ -382,7 +382,7 @@ async fn render(
         SessionStatus::Pending | SessionStatus::Initiated => {
             let current = match (&s.payment_id, s.status) {
                 (Some(pid), SessionStatus::Initiated) => {
-                    let (sid, pid) = (SessionId::from(s.id.clone()), PaymentId::from(pid.clone()));
+                    let (sid, pid) = (s.id.clone(), pid.clone());
                     attempts::find_payment(state, &sid, &pid).await?
                 }
                 _ => None,
@@ -644,8 +644,8 @@ async fn scan_listener(
     if session.status != SessionStatus::Initiated {
         return None;
     }
-    let pid = PaymentId::from(session.payment_id.clone()?);
-    let sid = SessionId::from(session.id.clone());
+    let pid = session.payment_id.clone()?;
+    let sid = session.id.clone();
     let payment = attempts::find_payment(state, &sid, &pid).await.ok()??;
     if payment.status != PaymentStatus::Pending || payment.scanned_at.is_some() {
         return None;
@@ -694,14 +694,10 @@ async fn events(
             // stop reconnecting.
             if s.status_at(now).is_final() && last_seen.is_some() {
                 let payment = match &s.payment_id {
-                    Some(p) => attempts::find_payment(
-                        &state,
-                        &SessionId::from(s.id.clone()),
-                        &PaymentId::from(p.clone()),
-                    )
-                    .await
-                    .ok()
-                    .flatten(),
+                    Some(p) => attempts::find_payment(&state, &s.id.clone(), &p.clone())
+                        .await
+                        .ok()
+                        .flatten(),
                     None => None,
                 };
                 let finals = shared::domain::qr::stream_events(&s, payment.as_ref(), now);

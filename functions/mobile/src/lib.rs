@@ -21,7 +21,7 @@ use shared::domain::attempts;
 use shared::domain::checkout::{self, Address, CheckoutSession, SessionStatus};
 use shared::domain::mobile::{self, CreateMobileSession, MobileError};
 use shared::domain::payments::{Payment, PaymentStatus};
-use shared::ids::{PaymentId, SessionId};
+use shared::ids::SessionId;
 use shared::money::{Currency, Paisa};
 use shared::providers::Handoff;
 use shared::time::Timestamp;
@@ -260,8 +260,8 @@ async fn get_mobile_session(
             tracing::warn!(error = %e, "mobile session: status check failed");
             let payment = match read.payment_id.clone() {
                 Some(p) => {
-                    let sid = SessionId::from(read.id.clone());
-                    attempts::find_payment(&state, &sid, &PaymentId::from(p)).await?
+                    let sid = read.id.clone();
+                    attempts::find_payment(&state, &sid, &p).await?
                 }
                 None => None,
             };

@@ -55,16 +55,16 @@ crate::attrs! { Active {
 
 impl Record for Active {
     fn item_key(&self) -> Key {
-        key(&self.project_id, self.mode)
+        key(&Tenant::new(self.project_id.clone(), self.mode))
     }
 }
 
-fn shard(project_id: &str) -> u32 {
-    keys::stats_shard(project_id) % SHARDS
+fn shard(project: &ProjectId) -> u32 {
+    keys::stats_shard(project) % SHARDS
 }
 
-fn key(project_id: &str, mode: Mode) -> Key {
-    keys::active(shard(project_id), project_id, mode)
+fn key(tenant: &Tenant) -> Key {
+    keys::active(shard(&tenant.project), &tenant.project, tenant.mode)
 }
 
 /// When this process last wrote each entry, per store.
@@ -111,7 +111,7 @@ pub async fn touch_now(
         .set(Active::MODE, &tenant.mode)
         .set(Active::TOUCHED_AT, &now);
     store
-        .update(&key(&tenant.project, tenant.mode), update.into(), None)
+        .update(&key(tenant), update.into(), None)
         .await
         .map(|_| ())
 }

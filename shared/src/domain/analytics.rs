@@ -278,8 +278,8 @@ mod tests {
     fn payment(s: &CheckoutSession, provider: Provider, now: Timestamp) -> Payment {
         Payment {
             id: "pay_1".into(),
-            project_id: s.project_id.clone().into(),
-            checkout_session_id: s.id.clone().into(),
+            project_id: s.project_id.clone(),
+            checkout_session_id: s.id.clone(),
             mode: s.mode,
             amount: Paisa::new(100_000).unwrap(),
             amount_refunded: Paisa::ZERO,
@@ -322,8 +322,8 @@ mod tests {
         let mut t = Tally::new();
         t.session_paid(&s);
         t.payment_succeeded(&p);
-        let day_s = day_key("proj_1", Mode::Sandbox, created);
-        let day_p = day_key("proj_1", Mode::Sandbox, p.created_at);
+        let day_s = day_key(&Tenant::new("proj_1", Mode::Sandbox), created);
+        let day_p = day_key(&Tenant::new("proj_1", Mode::Sandbox), p.created_at);
         assert_eq!(day_s.sk, "DAY#2026-11-20");
         assert_eq!(day_p.sk, "DAY#2026-11-21");
         assert_eq!(day_s.pk, "PROJ#proj_1#sandbox#STATS");
@@ -340,8 +340,8 @@ mod tests {
         assert_eq!(
             t.keys(),
             vec![
-                &counter_key("proj_1", Mode::Sandbox, created, &s.id),
-                &counter_key("proj_1", Mode::Sandbox, p.created_at, &s.id),
+                &counter_key(&Tenant::new("proj_1", Mode::Sandbox), created, &s.id),
+                &counter_key(&Tenant::new("proj_1", Mode::Sandbox), p.created_at, &s.id),
             ]
         );
         let shard = format!("#{:02}", shard_of(&s.id));
@@ -354,7 +354,7 @@ mod tests {
         let now = at("2026-11-22T10:00:00Z");
         let s = session(now);
         let p = payment(&s, Provider::Esewa, now);
-        let day = day_key("proj_1", Mode::Sandbox, now);
+        let day = day_key(&Tenant::new("proj_1", Mode::Sandbox), now);
         type Case = (&'static str, Tally, Vec<(&'static str, i64)>);
         let cases: Vec<Case> = vec![
             (
@@ -450,7 +450,7 @@ mod tests {
         t.session_initiated(&s);
         t.payment_created(&p);
         t.session_initiated(&s);
-        let day = counter_key("proj_1", Mode::Sandbox, now, &s.id);
+        let day = counter_key(&Tenant::new("proj_1", Mode::Sandbox), now, &s.id);
         // The transaction already updates the counter item: the adds join it.
         let mut ops = vec![TxOp::Update {
             key: day.clone(),
@@ -598,7 +598,7 @@ mod tests {
         t.payment_created(&p);
         t.session_paid(&s);
         t.payment_succeeded(&p);
-        let key = counter_key("proj_1", Mode::Sandbox, now, &s.id);
+        let key = counter_key(&Tenant::new("proj_1", Mode::Sandbox), now, &s.id);
         // The day's item, and the all-time item of the session's shard.
         let all_time = crate::domain::totals::item_key("proj_1", Mode::Sandbox, &s.id);
         assert_eq!(t.keys(), vec![&key, &all_time]);
@@ -614,7 +614,7 @@ mod tests {
         assert_eq!(
             t.keys(),
             vec![
-                &counter_key("proj_1", Mode::Sandbox, now, "pay_1"),
+                &counter_key(&Tenant::new("proj_1", Mode::Sandbox), now, "pay_1"),
                 &crate::domain::totals::item_key("proj_1", Mode::Sandbox, "pay_1")
             ]
         );
@@ -622,7 +622,7 @@ mod tests {
 
     /// Puts a counter item as the former layout wrote it (no shard).
     async fn put_unsharded(store: &dyn Store, at: Timestamp, counts: &[(&str, i64)]) {
-        let key = day_key("proj_1", Mode::Sandbox, at);
+        let key = day_key(&Tenant::new("proj_1", Mode::Sandbox), at);
         let mut item = Item::new();
         item.insert(PK.into(), key.pk.clone().into());
         item.insert(SK.into(), key.sk.clone().into());

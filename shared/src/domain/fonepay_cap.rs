@@ -18,6 +18,7 @@ use chrono::{Datelike, FixedOffset};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::domain::record::{self, Changes, Family};
+use crate::ids::ProjectId;
 use crate::keys;
 use crate::store::{Cond, Key, Store, StoreError, TxOp};
 use crate::time::Timestamp;
@@ -109,7 +110,7 @@ pub fn month_of(at: Timestamp) -> String {
     format!("{:04}-{:02}", local.year(), local.month())
 }
 
-pub fn cap_key(project_id: &str, month: &str) -> Key {
+pub fn cap_key(project_id: &ProjectId, month: &str) -> Key {
     keys::fonepay_cap(project_id, month)
 }
 
@@ -147,7 +148,11 @@ async fn read(store: &dyn Store, key: &Key) -> Result<Option<MonthCap>, StoreErr
 }
 
 /// What counts toward the month of `now` for the project.
-pub async fn used(store: &dyn Store, project_id: &str, now: Timestamp) -> Result<i64, StoreError> {
+pub async fn used(
+    store: &dyn Store,
+    project_id: &ProjectId,
+    now: Timestamp,
+) -> Result<i64, StoreError> {
     let month = month_of(now);
     let cur = read(store, &cap_key(project_id, &month)).await?;
     let mut total =
@@ -164,7 +169,7 @@ pub async fn used(store: &dyn Store, project_id: &str, now: Timestamp) -> Result
 /// answers the month that holds it.
 pub async fn reserve(
     store: &dyn Store,
-    project_id: &str,
+    project_id: &ProjectId,
     reference: &str,
     amount: i64,
     now: Timestamp,
@@ -243,7 +248,7 @@ pub async fn reserve(
 /// minted, so nothing counts).
 pub async fn release(
     store: &dyn Store,
-    project_id: &str,
+    project_id: &ProjectId,
     reference: &str,
     month: &str,
 ) -> Result<(), StoreError> {
@@ -264,7 +269,7 @@ pub async fn release(
 /// that succeeded at `now`: its amount joins the month's paid volume and
 /// its hold (in `hold_month`) stops counting.
 pub fn paid_ops(
-    project_id: &str,
+    project_id: &ProjectId,
     reference: &str,
     hold_month: Option<&str>,
     amount: i64,
@@ -321,24 +326,24 @@ mod tests {
         // as 0, a sandbox project could mint past its real-money cap).
         let store = EmbeddedStore::in_memory().unwrap();
         let t0 = at("2026-11-10T04:00:00Z");
-        let key = cap_key("proj_1", &month_of(t0));
+        let key = cap_key(&"proj_1".into(), &month_of(t0));
         let mut item = crate::store::Item::new();
         item.insert(crate::store::PK.into(), key.pk.clone().into());
         item.insert(crate::store::SK.into(), key.sk.clone().into());
         item.insert("paid".into(), serde_json::Value::from("lots"));
         store.put(item, None).await.unwrap();
         assert!(matches!(
-            used(&store, "proj_1", t0).await,
+            used(&store, &"proj_1".into(), t0).await,
             Err(StoreError::Backend(_))
         ));
         assert!(matches!(
-            reserve(&store, "proj_1", "R1", 100_000, t0).await,
+            reserve(&store, &"proj_1".into(), "R1", 100_000, t0).await,
             Err(CapError::Store(StoreError::Backend(_)))
         ));
         // An item without `paid` (holds only) still reads as none paid.
-        let ok = reserve(&store, "proj_2", "R1", 100_000, t0).await;
+        let ok = reserve(&store, &"proj_2".into(), "R1", 100_000, t0).await;
         assert!(ok.is_ok(), "{ok:?}");
-        assert_eq!(used(&store, "proj_2", t0).await.unwrap(), 100_000);
+        assert_eq!(used(&store, &"proj_2".into(), t0).await.unwrap(), 100_000);
     }
 
     #[tokio::test]
@@ -348,7 +353,7 @@ mod tests {
         for (i, r) in ["A1", "A2", "A3", "A4", "A5"].iter().enumerate() {
             let m = reserve(
                 &store,
-                "proj_1",
+                &"proj_1".into(),
                 r,
                 100_000,
                 t0.plus(chrono::Duration::seconds(i as i64)),
@@ -356,43 +361,67 @@ mod tests {
             .await;
             assert_eq!(m.unwrap(), "2026-11");
         }
-        let over = reserve(&store, "proj_1", "A6", 1, t0).await;
+        let over = reserve(&store, &"proj_1".into(), "A6", 1, t0).await;
         assert!(
             matches!(over, Err(CapError::MonthExceeded { used: 500_000, .. })),
             "{over:?}"
         );
         // Another project has its own cap.
-        assert!(reserve(&store, "proj_2", "B1", 100_000, t0).await.is_ok());
+        assert!(
+            reserve(&store, &"proj_2".into(), "B1", 100_000, t0)
+                .await
+                .is_ok()
+        );
         // A2 is paid: it moves from the holds to the paid volume.
         let t1 = t0.plus(chrono::Duration::minutes(5));
         store
-            .transact(paid_ops("proj_1", "A2", Some("2026-11"), 100_000, t1))
+            .transact(paid_ops(
+                &"proj_1".into(),
+                "A2",
+                Some("2026-11"),
+                100_000,
+                t1,
+            ))
             .await
             .unwrap();
-        assert_eq!(used(&store, "proj_1", t1).await.unwrap(), 500_000);
+        assert_eq!(used(&store, &"proj_1".into(), t1).await.unwrap(), 500_000);
         // 30 minutes on, the unpaid holds stop counting; the paid one stays.
         let t2 = t0.plus(chrono::Duration::minutes(31));
-        assert_eq!(used(&store, "proj_1", t2).await.unwrap(), 100_000);
-        assert!(reserve(&store, "proj_1", "A7", 400_000, t2).await.is_ok());
+        assert_eq!(used(&store, &"proj_1".into(), t2).await.unwrap(), 100_000);
+        assert!(
+            reserve(&store, &"proj_1".into(), "A7", 400_000, t2)
+                .await
+                .is_ok()
+        );
         assert!(matches!(
-            reserve(&store, "proj_1", "A8", 1, t2).await,
+            reserve(&store, &"proj_1".into(), "A8", 1, t2).await,
             Err(CapError::MonthExceeded { .. })
         ));
         // A released hold (nothing minted) frees its room at once.
-        release(&store, "proj_1", "A7", "2026-11").await.unwrap();
-        assert_eq!(used(&store, "proj_1", t2).await.unwrap(), 100_000);
+        release(&store, &"proj_1".into(), "A7", "2026-11")
+            .await
+            .unwrap();
+        assert_eq!(used(&store, &"proj_1".into(), t2).await.unwrap(), 100_000);
         // A new Kathmandu month starts from zero, apart from holds minted
         // in its first 30 minutes' look-back.
         let t3 = at("2026-11-30T18:05:00Z");
-        assert!(reserve(&store, "proj_1", "C1", 300_000, t3).await.is_ok());
+        assert!(
+            reserve(&store, &"proj_1".into(), "C1", 300_000, t3)
+                .await
+                .is_ok()
+        );
         let t4 = at("2026-11-30T18:20:00Z");
         assert_eq!(month_of(t4), "2026-12");
-        assert_eq!(used(&store, "proj_1", t4).await.unwrap(), 300_000);
+        assert_eq!(used(&store, &"proj_1".into(), t4).await.unwrap(), 300_000);
         assert!(matches!(
-            reserve(&store, "proj_1", "C2", 300_000, t4).await,
+            reserve(&store, &"proj_1".into(), "C2", 300_000, t4).await,
             Err(CapError::MonthExceeded { .. })
         ));
-        assert!(reserve(&store, "proj_1", "C3", 200_000, t4).await.is_ok());
+        assert!(
+            reserve(&store, &"proj_1".into(), "C3", 200_000, t4)
+                .await
+                .is_ok()
+        );
     }
 
     #[tokio::test]
@@ -400,7 +429,7 @@ mod tests {
         let store: Arc<dyn Store> = Arc::new(EmbeddedStore::in_memory().unwrap());
         // NPR 4,000 held at 23:50 on the 30th in Kathmandu (18:05 UTC).
         let held = at("2026-11-30T18:05:00Z");
-        reserve(&*store, "proj_1", "H", 400_000, held)
+        reserve(&*store, &"proj_1".into(), "H", 400_000, held)
             .await
             .unwrap();
         let before = at("2026-11-30T18:14:59Z");
@@ -410,7 +439,7 @@ mod tests {
             let store = store.clone();
             let t = if i % 2 == 0 { before } else { after };
             tasks.push(tokio::spawn(async move {
-                reserve(&*store, "proj_1", &format!("R{i}"), 100_000, t).await
+                reserve(&*store, &"proj_1".into(), &format!("R{i}"), 100_000, t).await
             }));
         }
         let mut ok = 0;
@@ -430,7 +459,7 @@ mod tests {
         for i in 0..12 {
             let store = store.clone();
             tasks.push(tokio::spawn(async move {
-                reserve(&*store, "proj_1", &format!("R{i}"), 100_000, now).await
+                reserve(&*store, &"proj_1".into(), &format!("R{i}"), 100_000, now).await
             }));
         }
         let mut ok = 0;
@@ -443,6 +472,6 @@ mod tests {
             }
         }
         assert_eq!((ok, over), (5, 7));
-        assert_eq!(used(&*store, "proj_1", now).await.unwrap(), 500_000);
+        assert_eq!(used(&*store, &"proj_1".into(), now).await.unwrap(), 500_000);
     }
 }

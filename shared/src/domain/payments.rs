@@ -158,8 +158,8 @@ impl Payment {
         keys::record(keys::Record::Payment, id)
     }
 
-    fn list_partition(project_id: &str, mode: Mode) -> String {
-        keys::per_mode(project_id, mode, keys::PerMode::Payments)
+    fn list_partition(tenant: &Tenant) -> String {
+        keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::Payments)
     }
 
     /// The id its counters shard on: its checkout session's (so it shares
@@ -182,7 +182,7 @@ impl Record for Payment {
     /// entry is its `gsi2` fields).
     fn entries(&self) -> Vec<Entry> {
         vec![Entry::gsi1(
-            Payment::list_partition(&self.project_id, self.mode),
+            Payment::list_partition(&Tenant::new(self.project_id.clone(), self.mode)),
             self.id.to_string(),
         )]
     }
@@ -294,7 +294,7 @@ pub async fn list(
     window: Window,
 ) -> Result<(Vec<Payment>, u64), StoreError> {
     let store = &*deps.store;
-    let query = Query::partition(Payment::list_partition(&tenant.project, tenant.mode))
+    let query = Query::partition(Payment::list_partition(tenant))
         .on(Index::Gsi1)
         .backward();
     // The total from the project's counter (one query of a few items),
@@ -338,7 +338,7 @@ pub async fn list_filtered(
     if let Some(p) = filter.provider {
         conds.push(Payment::PROVIDER.eq(&p));
     }
-    let mut query = Query::partition(Payment::list_partition(&tenant.project, tenant.mode))
+    let mut query = Query::partition(Payment::list_partition(tenant))
         .on(Index::Gsi1)
         .backward();
     if !conds.is_empty() {

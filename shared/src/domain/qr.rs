@@ -160,10 +160,10 @@ pub async fn refresh(
 
 /// The QR of the session's open payment, if it has one.
 async fn open_qr(state: &Deps, session: &CheckoutSession) -> Result<Option<ShownQr>, QrError> {
-    let Some(payment_id) = session.payment_id.clone().map(PaymentId::from) else {
+    let Some(payment_id) = session.payment_id.clone() else {
         return Ok(None);
     };
-    let sid = SessionId::from(session.id.clone());
+    let sid = session.id.clone();
     let payment = attempts::find_payment(state, &sid, &payment_id).await?;
     Ok(payment
         .filter(|p| p.status == super::payments::PaymentStatus::Pending)

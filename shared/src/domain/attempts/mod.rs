@@ -24,7 +24,7 @@ use super::checkout::{CheckoutSession, SessionStatus, StoredAddress};
 use super::fonepay_cap;
 use super::payments::{Payment, PaymentStatus};
 use super::record::{Gsi2Entry, Record};
-use super::{Mode, Provider};
+use super::{Mode, Provider, Tenant};
 use crate::keys;
 use crate::providers::hub::HubError;
 use crate::providers::{Handoff, ProviderError};
@@ -179,7 +179,7 @@ pub struct Started {
 /// next check.
 fn open_entry(p: &Payment) -> Gsi2Entry {
     Gsi2Entry::new(
-        open_payments_partition(&p.project_id, p.mode),
+        open_payments_partition(&Tenant::new(p.project_id.clone(), p.mode)),
         due_sk(p, next_check_at(p)),
     )
 }
@@ -201,13 +201,13 @@ pub fn stored_item(p: &Payment) -> Result<crate::store::Item, StoreError> {
 }
 
 /// The `gsi2` partition of a project's open payments, by next check.
-pub fn open_payments_partition(project_id: &str, mode: Mode) -> String {
-    keys::open_per_project(OPEN_PAYMENTS, project_id, mode)
+pub fn open_payments_partition(tenant: &Tenant) -> String {
+    keys::open_per_project(OPEN_PAYMENTS, &tenant.project, tenant.mode)
 }
 
 /// The `gsi2` partition of a project's cancelled payments still re-checked.
-pub fn recheck_partition(project_id: &str, mode: Mode) -> String {
-    keys::open_per_project(RECHECK_PAYMENTS, project_id, mode)
+pub fn recheck_partition(tenant: &Tenant) -> String {
+    keys::open_per_project(RECHECK_PAYMENTS, &tenant.project, tenant.mode)
 }
 
 /// The sort key of `p` in its partition when due at `at`.

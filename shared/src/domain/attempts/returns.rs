@@ -202,7 +202,7 @@ pub async fn on_return(
     } else {
         tracing::info!(payment = %payment.id, status = %word(&payment.status), "return for a settled payment (replay or reload): nothing to do");
     }
-    let session = checkout::find_any_at(store, &SessionId::from(session_id.to_owned()), now)
+    let session = checkout::find_any_at(store, &session_id.to_owned(), now)
         .await?
         .ok_or(AttemptError::NotFound)?;
     Ok((session, payment))

@@ -99,7 +99,7 @@ pub async fn release(
         .remove(Payment::REVIEW)
         .set(Payment::UPDATED_AT, &now)
         .index(&Gsi2Entry::new(
-            open_payments_partition(&p.project_id, p.mode),
+            open_payments_partition(&Tenant::new(p.project_id.clone(), p.mode)),
             due_sk(&p, due),
         ));
     let cond = Cond::And(vec![

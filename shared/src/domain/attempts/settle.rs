@@ -10,6 +10,7 @@ use super::{
     next_check_at, recheck_partition, status_in,
 };
 use crate::app::Deps;
+use crate::domain::Tenant;
 use crate::domain::checkout::stats::Tally;
 use crate::domain::checkout::{self, CheckoutSession, SessionStatus};
 use crate::domain::fonepay_cap;
@@ -17,7 +18,7 @@ use crate::domain::links::PaymentLink;
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::payments::{Payment, PaymentStatus, PaymentView};
 use crate::domain::record::{Changes, Gsi2Entry, from_item};
-use crate::ids::{PaymentId, SessionId};
+use crate::ids::SessionId;
 use crate::providers::{ProviderState, ProviderStatus, StatusQuery};
 use crate::store::{Cond, Index, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
@@ -191,12 +192,7 @@ pub(super) async fn check_and_apply(
         provider_ref: payment.attempt.provider_token.clone(),
     };
     let status = client.status(&creds, &query).await?;
-    let session = checkout::find_any_at(
-        store,
-        &SessionId::from(payment.checkout_session_id.clone()),
-        now,
-    )
-    .await?;
+    let session = checkout::find_any_at(store, &payment.checkout_session_id.clone(), now).await?;
     // Over: expired, or settled by another attempt, or gone.
     let over = session.as_ref().is_none_or(|s| s.status.is_final());
     let decision = decide_for(payment, &status, returned, over, now);
@@ -255,7 +251,7 @@ pub async fn apply(
         if let (Decision::Success { .. }, Some(inv)) = (&decision, &invoice) {
             ops.extend(crate::domain::invoices::allocation_ops(
                 inv,
-                &PaymentId::from(current.id.clone()),
+                &current.id.clone(),
                 current.amount.get(),
                 now,
             )?);
@@ -327,7 +323,7 @@ pub(super) fn recheck(update: Changes<Payment>, p: &Payment, now: Timestamp) -> 
     update
         .set_some(Payment::RECHECK_UNTIL, &now.plus(RECHECK_CANCELLED))
         .index(&Gsi2Entry::new(
-            recheck_partition(&p.project_id, p.mode),
+            recheck_partition(&Tenant::new(p.project_id.clone(), p.mode)),
             due_after_check(p, now),
         ))
 }
@@ -487,7 +483,7 @@ fn flag_double_payment(
     next: &mut Payment,
     update: Changes<Payment>,
 ) -> Changes<Payment> {
-    next.double_payment_of = s.payment_id.clone().map(Into::into);
+    next.double_payment_of = s.payment_id.clone();
     tracing::error!(
         payment = %p.id,
         first = ?s.payment_id,
@@ -752,10 +748,10 @@ async fn poll_session(
     qr_only: bool,
 ) -> Result<(CheckoutSession, Option<Payment>), AttemptError> {
     let store = &*state.store;
-    let Some(pid) = session.payment_id.clone().map(PaymentId::from) else {
+    let Some(pid) = session.payment_id.clone() else {
         return Ok((session, None));
     };
-    let sid = SessionId::from(session.id.clone());
+    let sid = session.id.clone();
     let Some(payment) = payment_of(store, &sid, &pid).await? else {
         return Ok((session, None));
     };

@@ -11,14 +11,19 @@ use crate::domain::fonepay_cap::{self, CapError};
 use crate::domain::payments::{AttemptInfo, Payment, PaymentStatus};
 use crate::domain::record::{Changes, Record};
 use crate::domain::{Provider, Tenant, account};
-use crate::ids::{PaymentId, SessionId};
+use crate::ids::{PaymentId, ProjectId, SessionId};
 use crate::money::Currency;
 use crate::providers::{self, Attempt, Channel, CustomerInfo, Handoff, ProviderError};
 use crate::store::{Cond, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 
 /// The URLs on our own server the provider sends the customer back to.
-pub(super) fn return_url(base: &str, session_id: &str, payment_id: &str, outcome: &str) -> String {
+pub(super) fn return_url(
+    base: &str,
+    session_id: &SessionId,
+    payment_id: &PaymentId,
+    outcome: &str,
+) -> String {
     format!("{base}/c/{session_id}/return/{payment_id}/{outcome}")
 }
 
@@ -240,11 +245,8 @@ fn customer_address(
 }
 
 /// Refuses a start while the merchant's shop cannot take payments.
-async fn check_storefront(store: &dyn Store, project_id: &str) -> Result<(), AttemptError> {
-    if !account::storefront(store, &project_id.to_owned().into())
-        .await?
-        .1
-    {
+async fn check_storefront(store: &dyn Store, project_id: &ProjectId) -> Result<(), AttemptError> {
+    if !account::storefront(store, project_id).await?.1 {
         return Err(AttemptError::NotOffered(
             "this shop cannot take payments right now".into(),
         ));
@@ -310,8 +312,8 @@ fn pending_payment(
 ) -> Payment {
     Payment {
         id: PaymentId::new(),
-        project_id: session.project_id.clone().into(),
-        checkout_session_id: session.id.clone().into(),
+        project_id: session.project_id.clone(),
+        checkout_session_id: session.id.clone(),
         mode: session.mode,
         amount: session.amount,
         amount_refunded: Default::default(),
@@ -368,8 +370,8 @@ async fn record_start(
     // void a started attempt; its customer may still finish it, so it is
     // re-checked for a day like any cancel, and its Fonepay cap hold stays
     // until it lapses).
-    if let Some(prev) = session.payment_id.clone().map(PaymentId::from) {
-        let sid = SessionId::from(session.id.clone());
+    if let Some(prev) = session.payment_id.clone() {
+        let sid = session.id.clone();
         if let Some(prev) = payment_of(store, &sid, &prev).await? {
             ops.extend(supersede_ops(&prev, now)?);
         }
@@ -521,7 +523,7 @@ async fn handed_off(
 ) -> Result<Started, AttemptError> {
     let payment = record_handoff(state, payment, &handoff).await?;
     session.status = SessionStatus::Initiated;
-    session.payment_id = Some(payment.id.clone().into());
+    session.payment_id = Some(payment.id.clone());
     session.provider = Some(payment.provider);
     session.attempts += 1;
     session.updated_at = now;
@@ -675,7 +677,7 @@ async fn transact_start(store: &dyn Store, ops: Vec<TxOp>) -> Result<(), StoreEr
     }
 }
 
-async fn release_hold(store: &dyn Store, project_id: &str, reference: &str, month: &str) {
+async fn release_hold(store: &dyn Store, project_id: &ProjectId, reference: &str, month: &str) {
     if let Err(e) = fonepay_cap::release(store, project_id, reference, month).await {
         // The hold lapses by itself after 30 minutes.
         tracing::warn!(error = %e, "could not release a sandbox fonepay hold");

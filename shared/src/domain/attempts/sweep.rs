@@ -194,9 +194,9 @@ pub(super) async fn open_payments(
 ) -> Result<(Vec<Payment>, Vec<crate::domain::active::Active>), StoreError> {
     let per_project: Vec<Result<ProjectDue, StoreError>> =
         futures::stream::iter(active.iter().cloned().map(|a| async move {
-            let open = open_payments_partition(&a.project_id, a.mode);
+            let open = open_payments_partition(&Tenant::new(a.project_id.clone(), a.mode));
             let mut payments = due_in(store, open, now, SWEEP_BATCH).await?;
-            let recheck = recheck_partition(&a.project_id, a.mode);
+            let recheck = recheck_partition(&Tenant::new(a.project_id.clone(), a.mode));
             payments.extend(due_in(store, recheck, now, RECHECK_BATCH).await?);
             payments.sort_by_key(next_check_at);
             Ok(ProjectDue {
@@ -381,8 +381,8 @@ async fn has_indexed_payments(
     a: &crate::domain::active::Active,
 ) -> Result<bool, StoreError> {
     for pk in [
-        open_payments_partition(&a.project_id, a.mode),
-        recheck_partition(&a.project_id, a.mode),
+        open_payments_partition(&Tenant::new(a.project_id.clone(), a.mode)),
+        recheck_partition(&Tenant::new(a.project_id.clone(), a.mode)),
     ] {
         let query = Query::partition(pk).on(Index::Gsi2).limit(1);
         if !store.query(&query).await?.items.is_empty() {

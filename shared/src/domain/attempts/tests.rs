@@ -150,8 +150,8 @@ async fn add_attempt(
 ) -> Payment {
     let p = Payment {
         id: PaymentId::new(),
-        project_id: session.project_id.clone().into(),
-        checkout_session_id: session.id.clone().into(),
+        project_id: session.project_id.clone(),
+        checkout_session_id: session.id.clone(),
         mode: session.mode,
         amount: session.amount,
         amount_refunded: Paisa::ZERO,
@@ -200,13 +200,13 @@ async fn add_attempt(
 async fn load(st: &Deps, p: &Payment) -> (CheckoutSession, Payment) {
     let s = checkout::find_any(
         st,
-        &SessionId::from(p.checkout_session_id.clone()),
+        &p.checkout_session_id.clone(),
         at("2026-11-22T10:00:00Z"),
     )
     .await
     .unwrap()
     .unwrap();
-    let p = find_payment(st, &s.id.clone().into(), &p.id)
+    let p = find_payment(st, &s.id.clone(), &p.id)
         .await
         .unwrap()
         .unwrap();
@@ -561,7 +561,7 @@ async fn a_cancelled_payment_is_rechecked_for_a_day_and_can_still_succeed() {
     assert!(due_now(&*st.store, soon).await.is_empty());
 
     // Another cancelled one leaves the index after its day.
-    let s2 = checkout::find_any(&st, &SessionId::from(p.checkout_session_id.clone()), now)
+    let s2 = checkout::find_any(&st, &p.checkout_session_id.clone(), now)
         .await
         .unwrap()
         .unwrap();
@@ -1078,7 +1078,7 @@ async fn an_attempt_the_provider_refused_fails_but_keeps_the_session_open() {
 #[test]
 fn return_urls_and_origins() {
     assert_eq!(
-        return_url("https://pay.example", "cs_1", "pay_1", "ok"),
+        return_url("https://pay.example", &"cs_1".into(), &"pay_1".into(), "ok"),
         "https://pay.example/c/cs_1/return/pay_1/ok"
     );
     assert_eq!(
@@ -1126,8 +1126,8 @@ fn a_start_counts_the_payment_and_the_first_attempt_of_its_session() {
     p.created_at = now;
     let first = start_tally(&session, &p);
     let (d0, d1) = (
-        day_key("proj_1", Mode::Sandbox, yesterday),
-        day_key("proj_1", Mode::Sandbox, now),
+        day_key(&Tenant::new("proj_1", Mode::Sandbox), yesterday),
+        day_key(&Tenant::new("proj_1", Mode::Sandbox), now),
     );
     assert_eq!(first.added(&d0, DayCounters::SESSIONS_INITIATED.name()), 1);
     assert_eq!(first.added(&d1, DayCounters::SESSIONS_INITIATED.name()), 0);

@@ -7,8 +7,8 @@ use super::sessions::{CheckoutSession, SessionStatus, failed_at, find_at};
 use super::stats;
 use crate::app::Deps;
 use crate::domain::record::{Changes, from_item};
-use crate::domain::{Mode, Tenant, Window};
-use crate::ids::{LinkId, SessionId};
+use crate::domain::{Tenant, Window};
+use crate::ids::{LinkId, SessionId, TypedId};
 use crate::keys;
 use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
@@ -103,8 +103,8 @@ pub const OPEN_SHARDS: u32 = 4;
 const OPEN_SESSIONS: keys::Open = keys::Open::Sessions;
 
 /// The open-records partition of `id` under `prefix`.
-pub(crate) fn open_partition(what: keys::Open, id: &str) -> String {
-    keys::open(what, keys::shard_of(id, OPEN_SHARDS))
+pub(crate) fn open_partition<T: TypedId>(what: keys::Open, id: &T) -> String {
+    keys::open(what, keys::shard_of(id.as_str(), OPEN_SHARDS))
 }
 
 /// Every open-records partition under `prefix`.
@@ -115,8 +115,8 @@ pub(crate) fn open_partitions(what: keys::Open) -> Vec<String> {
 /// The `gsi2` partition of a project's open sessions, by `expires_at`:
 /// the sweep finds it through [`crate::domain::active`], and `GET /v1/sessions`
 /// counts the ones past their time in it.
-pub(super) fn open_sessions_partition(project_id: &str, mode: Mode) -> String {
-    keys::open_per_project(OPEN_SESSIONS, project_id, mode)
+pub(super) fn open_sessions_partition(tenant: &Tenant) -> String {
+    keys::open_per_project(OPEN_SESSIONS, &tenant.project, tenant.mode)
 }
 
 /// Open sessions whose time has passed at `now`, oldest first: at most
@@ -131,7 +131,7 @@ pub async fn due_for_expiry(
 ) -> Result<Vec<SessionId>, StoreError> {
     let partitions = active
         .iter()
-        .map(|a| open_sessions_partition(&a.project_id, a.mode))
+        .map(|a| open_sessions_partition(&Tenant::new(a.project_id.clone(), a.mode)))
         .chain(open_partitions(OPEN_SESSIONS));
     let mut ids = Vec::new();
     for pk in partitions {
@@ -152,7 +152,7 @@ pub async fn due_for_expiry(
 /// Whether the project has any open session indexed (the sweep retires an
 /// idle registry entry only when it has none).
 pub async fn has_open_sessions(store: &dyn Store, tenant: &Tenant) -> Result<bool, StoreError> {
-    let query = Query::partition(open_sessions_partition(&tenant.project, tenant.mode))
+    let query = Query::partition(open_sessions_partition(tenant))
         .on(Index::Gsi2)
         .limit(1);
     Ok(!store.query(&query).await?.items.is_empty())
@@ -234,12 +234,9 @@ pub(crate) async fn list_in(
     now: Timestamp,
     window: Window,
 ) -> Result<(Vec<CheckoutSession>, u64), StoreError> {
-    let mut query = Query::partition(CheckoutSession::list_partition(
-        &tenant.project,
-        tenant.mode,
-    ))
-    .on(Index::Gsi1)
-    .backward();
+    let mut query = Query::partition(CheckoutSession::list_partition(tenant))
+        .on(Index::Gsi1)
+        .backward();
     if let Some(s) = status {
         query = query.filter(status_filter(s, now));
     }
@@ -279,7 +276,7 @@ async fn overdue(
     status: Option<SessionStatus>,
     now: Timestamp,
 ) -> Result<i64, StoreError> {
-    let mut query = Query::partition(open_sessions_partition(&tenant.project, tenant.mode))
+    let mut query = Query::partition(open_sessions_partition(tenant))
         .on(Index::Gsi2)
         .sk(SkCond::Lt(format!("{}#~", now.to_rfc3339())));
     if let Some(status) = status {

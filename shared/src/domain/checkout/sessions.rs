@@ -258,12 +258,12 @@ impl Record for CheckoutSession {
     /// ends the session takes it out).
     fn entries(&self) -> Vec<Entry> {
         let mut out = vec![Entry::gsi1(
-            CheckoutSession::list_partition(&self.project_id, self.mode),
+            CheckoutSession::list_partition(&Tenant::new(self.project_id.clone(), self.mode)),
             self.id.clone(),
         )];
         if !self.status.is_final() {
             out.push(Entry::gsi2(
-                open_sessions_partition(&self.project_id, self.mode),
+                open_sessions_partition(&Tenant::new(self.project_id.clone(), self.mode)),
                 format!("{}#{}", self.expires_at.to_rfc3339(), self.id),
             ));
         }
@@ -272,12 +272,12 @@ impl Record for CheckoutSession {
 }
 
 impl CheckoutSession {
-    pub fn key(id: &str) -> Key {
+    pub fn key(id: &SessionId) -> Key {
         keys::record(keys::Record::CheckoutSession, id)
     }
 
-    pub(super) fn list_partition(project_id: &str, mode: Mode) -> String {
-        keys::per_mode(project_id, mode, keys::PerMode::Sessions)
+    pub(super) fn list_partition(tenant: &Tenant) -> String {
+        keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::Sessions)
     }
 
     /// The status as of `now`: an open session past `expires_at` is expired.
@@ -689,7 +689,7 @@ impl Record for SpendCounter {
 }
 
 /// The spend counter of a key for the calendar month (UTC) of `now`.
-pub(super) fn spend_counter_key(api_key_id: &str, now: Timestamp) -> Key {
+pub(super) fn spend_counter_key(api_key_id: &ApiKeyId, now: Timestamp) -> Key {
     let d = now.datetime();
     keys::spend_counter(api_key_id, d.year(), d.month())
 }
@@ -874,8 +874,11 @@ async fn first_run_session(
     fence: &Fence,
 ) -> Result<CheckoutSession, CheckoutError> {
     let first = fence.resource_id(store).await?.unwrap_or_default();
-    let stored =
-        crate::domain::record::get::<CheckoutSession>(store, &CheckoutSession::key(&first)).await?;
+    let stored = crate::domain::record::get::<CheckoutSession>(
+        store,
+        &CheckoutSession::key(&SessionId::stored(first.as_str())),
+    )
+    .await?;
     match stored {
         Some(s) => {
             if s.project_id == creator.project_id && s.mode == creator.mode {

@@ -49,6 +49,7 @@ use crate::domain::payments::Payment;
 use crate::domain::record::{Attr, Changes, Record};
 use crate::domain::totals::{AllTimeCounts, Counter};
 use crate::domain::{Mode, Provider, Tenant};
+use crate::ids::ProjectId;
 use crate::keys;
 use crate::store::{Key, MAX_TX_OPS, Store, StoreError, TxOp, Update};
 use crate::time::Timestamp;
@@ -232,8 +233,8 @@ impl DayCounters {
 /// whatever the number of sessions. `ALL#INIT`, written with the project,
 /// says the counters cover every session of the project: a project from
 /// before them is counted the old way.
-fn totals_key(project_id: &str, mode: Mode, session_id: &str) -> Key {
-    crate::domain::totals::item_key(project_id, mode, session_id)
+fn totals_key(tenant: &Tenant, record: &str) -> Key {
+    crate::domain::totals::item_key(&tenant.project, tenant.mode, record)
 }
 
 /// The all-time counter of sessions stored with `s`.
@@ -305,8 +306,8 @@ pub fn day_of(at: Timestamp) -> String {
 pub const SHARDS: u32 = keys::STATS_SHARDS;
 
 /// The shard (`0..SHARDS`) of the record `id` ([`keys::stats_shard`]).
-pub fn shard_of(id: &str) -> u32 {
-    keys::stats_shard(id)
+pub fn shard_of(record: &str) -> u32 {
+    keys::stats_shard(record)
 }
 
 /// The sort key of the former, unsharded item of `day` (still read), and
@@ -328,21 +329,24 @@ pub(crate) fn day_end_sk(day: &str) -> String {
 
 /// The key of the UTC day of `at` without a shard: the item of the former
 /// layout, and what [`Tally::added`] takes for "all items of the day".
-pub fn day_key(project_id: &str, mode: Mode, at: Timestamp) -> Key {
-    Key::new(keys::stats_partition(project_id, mode), day_sk(&day_of(at)))
+pub fn day_key(tenant: &Tenant, at: Timestamp) -> Key {
+    Key::new(
+        keys::stats_partition(&tenant.project, tenant.mode),
+        day_sk(&day_of(at)),
+    )
 }
 
 /// The shard item `shard` of the UTC day of `at`.
-pub fn shard_key(project_id: &str, mode: Mode, at: Timestamp, shard: u32) -> Key {
+pub fn shard_key(tenant: &Tenant, at: Timestamp, shard: u32) -> Key {
     Key::new(
-        keys::stats_partition(project_id, mode),
+        keys::stats_partition(&tenant.project, tenant.mode),
         shard_sk(&day_of(at), shard),
     )
 }
 
 /// The counter item that the record `record_id` created at `at` adds to.
-pub fn counter_key(project_id: &str, mode: Mode, at: Timestamp, record_id: &str) -> Key {
-    shard_key(project_id, mode, at, shard_of(record_id))
+pub fn counter_key(tenant: &Tenant, at: Timestamp, record: &str) -> Key {
+    shard_key(tenant, at, shard_of(record))
 }
 
 /// Whether `key` is the item `want`, or `want` is a [`day_key`] and `key`
@@ -480,12 +484,12 @@ impl Tally {
     /// mode, creation time and shard id).
     fn add(
         &mut self,
-        record: (&str, Mode, Timestamp, &str),
+        record: (&ProjectId, Mode, Timestamp, &str),
         attr: Attr<DayCounters, Counter>,
         n: i64,
     ) {
         let (project_id, mode, created, shard_id) = record;
-        let key = counter_key(project_id, mode, created, shard_id);
+        let key = counter_key(&Tenant::new(project_id.clone(), mode), created, shard_id);
         let at = self.items.iter().position(|c| match c {
             Counted::Day { adds, .. } => adds.key == key,
             Counted::AllTime(_) => false,
@@ -525,19 +529,14 @@ impl Tally {
     }
 
     fn payment(&mut self, p: &Payment, attr: Attr<DayCounters, Counter>, n: i64) {
-        let record = (
-            p.project_id.as_str(),
-            p.mode,
-            p.created_at,
-            payment_shard_id(p),
-        );
+        let record = (&p.project_id, p.mode, p.created_at, payment_shard_id(p));
         self.add(record, attr, n);
     }
 
     /// A session was created (`pending`).
     pub fn session_created(&mut self, s: &CheckoutSession) {
         self.session(s, DayCounters::SESSIONS_CREATED);
-        let key = totals_key(&s.project_id, s.mode, &s.id);
+        let key = totals_key(&Tenant::new(s.project_id.clone(), s.mode), &s.id);
         self.add_all_time(key.clone(), AllTimeCounts::TOTAL, 1);
         self.add_all_time(key, status_attr(SessionStatus::Pending), 1);
     }
@@ -548,7 +547,7 @@ impl Tally {
         if from == to {
             return;
         }
-        let key = totals_key(&s.project_id, s.mode, &s.id);
+        let key = totals_key(&Tenant::new(s.project_id.clone(), s.mode), &s.id);
         self.add_all_time(key.clone(), status_attr(from), -1);
         self.add_all_time(key, status_attr(to), 1);
     }
@@ -567,7 +566,10 @@ impl Tally {
     pub fn payment_created(&mut self, p: &Payment) {
         self.payment(p, DayCounters::PAYMENTS_TOTAL, 1);
         self.payment(p, DayCounters::count_of(p.provider), 1);
-        let all_time = totals_key(&p.project_id, p.mode, payment_shard_id(p));
+        let all_time = totals_key(
+            &Tenant::new(p.project_id.clone(), p.mode),
+            payment_shard_id(p),
+        );
         self.add_all_time(all_time, AllTimeCounts::PAYMENTS, 1);
     }
 

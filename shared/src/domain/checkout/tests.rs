@@ -376,7 +376,7 @@ fn the_spend_cap_condition_leaves_room_for_the_amount() {
     item.insert("volume".into(), json!(901));
     assert!(!crate::store::cond::eval(&c, Some(&item)));
     let t = Timestamp::parse("2026-11-30T23:59:59Z").unwrap_or_else(|| SystemClock.now());
-    assert_eq!(spend_counter_key("ak_1", t).sk, "SPEND#2026-11");
+    assert_eq!(spend_counter_key(&"ak_1".into(), t).sk, "SPEND#2026-11");
 }
 
 #[test]

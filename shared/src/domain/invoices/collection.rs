@@ -13,7 +13,7 @@ use crate::domain::checkout::{self, CheckoutSession, SessionStatus};
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::record::{Changes, Record};
 use crate::fields::{PersonName, Phone};
-use crate::ids::{InvoiceId, PaymentId};
+use crate::ids::{InvoiceId, PaymentId, SessionId};
 use crate::store::fence::Fence;
 use crate::store::{Cond, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
@@ -224,10 +224,13 @@ async fn first_run_session(
         Some(f) => f.resource_id(store).await?.unwrap_or_default(),
         None => String::new(),
     };
-    crate::domain::record::get::<CheckoutSession>(store, &CheckoutSession::key(&sid))
-        .await?
-        .filter(|s| s.invoice_id.as_ref() == Some(id))
-        .ok_or_else(|| InvoiceError::NotFound(id.to_string()))
+    crate::domain::record::get::<CheckoutSession>(
+        store,
+        &CheckoutSession::key(&SessionId::stored(sid)),
+    )
+    .await?
+    .filter(|s| s.invoice_id.as_ref() == Some(id))
+    .ok_or_else(|| InvoiceError::NotFound(id.to_string()))
 }
 
 // ------------------------------------------------------------ collection

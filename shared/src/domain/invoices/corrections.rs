@@ -36,7 +36,7 @@ pub(super) async fn current_checkout(
         return Ok(None);
     };
     let payment = match session.payment_id.clone() {
-        Some(pid) => payments::get(store, &pid.into()).await?,
+        Some(pid) => payments::get(store, &pid).await?,
         None => None,
     };
     Ok(Some(CurrentCheckout { session, payment }))

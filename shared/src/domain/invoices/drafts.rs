@@ -377,7 +377,7 @@ pub async fn list(
     if let Some(c) = collection_status {
         filters.push(Invoice::COLLECTION_STATUS.eq(&c));
     }
-    let mut query = Query::partition(Invoice::list_partition(&tenant.project, tenant.mode))
+    let mut query = Query::partition(Invoice::list_partition(tenant))
         .on(Index::Gsi1)
         .backward();
     if !filters.is_empty() {

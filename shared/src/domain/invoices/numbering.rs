@@ -15,8 +15,8 @@ use crate::store::{Cond, Key, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 use crate::{Deps, keys};
 
-fn counter_key(project_id: &str, mode: Mode) -> Key {
-    keys::invoice_sequence(project_id, mode)
+fn counter_key(tenant: &Tenant) -> Key {
+    keys::invoice_sequence(&tenant.project, tenant.mode)
 }
 
 /// The number counter of a project and mode (stored kind "invoice number
@@ -65,7 +65,7 @@ pub async fn finalize(
     let seller = account::get_project(state, &tenant.project)
         .await?
         .and_then(|p| p.seller);
-    let ckey = counter_key(&tenant.project, tenant.mode);
+    let ckey = counter_key(tenant);
     let started = std::time::Instant::now();
     for attempt in 0..FINALIZE_TRIES {
         if started.elapsed() > FINALIZE_BUDGET {

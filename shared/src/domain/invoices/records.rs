@@ -10,6 +10,7 @@ use crate::domain::record::{Entry, Record};
 use crate::fields::{BuyerAddress, BuyerPhone, Email, InvoiceLineText, InvoiceNote, InvoiceText};
 use crate::ids::{InvoiceId, PaymentId, ProjectId, SessionId};
 use crate::keys;
+use crate::kinds::Tenant;
 use crate::money::Currency;
 use crate::store::Key;
 use crate::time::Timestamp;
@@ -319,12 +320,12 @@ crate::attrs! { Invoice {
 } }
 
 impl Invoice {
-    pub fn key(id: &str) -> Key {
+    pub fn key(id: &InvoiceId) -> Key {
         keys::record(keys::Record::Invoice, id)
     }
 
-    pub(super) fn list_partition(project_id: &str, mode: Mode) -> String {
-        keys::per_mode(project_id, mode, keys::PerMode::Invoices)
+    pub(super) fn list_partition(tenant: &Tenant) -> String {
+        keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::Invoices)
     }
 
     /// The current collectible balance.
@@ -376,7 +377,7 @@ impl Record for Invoice {
     /// Listed in its project's invoices, newest first.
     fn entries(&self) -> Vec<Entry> {
         vec![Entry::gsi1(
-            Invoice::list_partition(&self.project_id, self.mode),
+            Invoice::list_partition(&Tenant::new(self.project_id.clone(), self.mode)),
             self.id.clone(),
         )]
     }

@@ -384,7 +384,7 @@ mod numbering {
         from_item(
             state
                 .store
-                .get(&CheckoutSession::key(id))
+                .get(&CheckoutSession::key(&crate::ids::SessionId::stored(id)))
                 .await
                 .unwrap()
                 .unwrap(),

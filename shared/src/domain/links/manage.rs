@@ -546,7 +546,7 @@ pub async fn list(
     window: Window,
 ) -> Result<(Vec<PaymentLink>, u64), StoreError> {
     let store = &*deps.store;
-    let mut query = Query::partition(PaymentLink::list_partition(&tenant.project, tenant.mode))
+    let mut query = Query::partition(PaymentLink::list_partition(tenant))
         .on(Index::Gsi1)
         .backward();
     if let Some(a) = active {

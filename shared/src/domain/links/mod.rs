@@ -17,6 +17,7 @@ use super::record::{Attr, Changes, Entry, Record};
 use super::{Mode, Provider};
 use crate::ids::{LinkId, ProjectId};
 use crate::keys;
+use crate::kinds::Tenant;
 use crate::money::{Currency, Paisa};
 use crate::store::{Cond, Key, TxOp};
 use crate::time::Timestamp;
@@ -134,19 +135,19 @@ impl Record for PaymentLink {
     /// Listed in its project's links, newest first.
     fn entries(&self) -> Vec<Entry> {
         vec![Entry::gsi1(
-            PaymentLink::list_partition(&self.project_id, self.mode),
+            PaymentLink::list_partition(&Tenant::new(self.project_id.clone(), self.mode)),
             self.id.clone(),
         )]
     }
 }
 
 impl PaymentLink {
-    pub fn key(id: &str) -> Key {
+    pub fn key(id: &LinkId) -> Key {
         keys::record(keys::Record::PaymentLink, id)
     }
 
-    fn list_partition(project_id: &str, mode: Mode) -> String {
-        keys::per_mode(project_id, mode, keys::PerMode::Links)
+    fn list_partition(tenant: &Tenant) -> String {
+        keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::Links)
     }
 
     /// Why the link cannot take a payment at `now`, if it cannot.

@@ -30,6 +30,7 @@ use crate::domain::record::{Entry, Record};
 use crate::fields::{NepaliMobile, RefundNotes};
 use crate::ids::{PaymentId, ProjectId, RefundId};
 use crate::keys;
+use crate::kinds::Tenant;
 use crate::money::{Currency, Paisa};
 use crate::store::Key;
 use crate::time::Timestamp;
@@ -134,11 +135,11 @@ impl Refund {
         keys::record(keys::Record::Refund, id)
     }
 
-    fn list_partition(project_id: &str, mode: Mode) -> String {
-        keys::per_mode(project_id, mode, keys::PerMode::Refunds)
+    fn list_partition(tenant: &Tenant) -> String {
+        keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::Refunds)
     }
 
-    fn payment_partition(payment_id: &str) -> String {
+    fn payment_partition(payment_id: &PaymentId) -> String {
         keys::payment_refunds(payment_id)
     }
 
@@ -164,7 +165,7 @@ impl Record for Refund {
     fn entries(&self) -> Vec<Entry> {
         vec![
             Entry::gsi1(
-                Refund::list_partition(&self.project_id, self.mode),
+                Refund::list_partition(&Tenant::new(self.project_id.clone(), self.mode)),
                 self.id.to_string(),
             ),
             Entry::gsi2(

@@ -233,7 +233,7 @@ pub async fn list(
             }
             return of_payment(deps, pid, window).await;
         }
-        None => Query::partition(Refund::list_partition(&tenant.project, tenant.mode))
+        None => Query::partition(Refund::list_partition(tenant))
             .on(Index::Gsi1)
             .backward(),
     };

@@ -61,7 +61,7 @@ async fn still_payable(
     r: &SmsReminder,
     now: Timestamp,
 ) -> Result<Option<String>, StoreError> {
-    let Some(id) = r.session_id.as_deref() else {
+    let Some(id) = r.session_id.as_ref() else {
         return Ok(None);
     };
     let session = match store.get(&CheckoutSession::key(id)).await? {
@@ -183,7 +183,7 @@ const FINISH_TRIES: usize = 6;
 /// failure before anything was sent, so the queue's next delivery tries
 /// again instead of ending it `unknown`. Best effort: conditioned on our
 /// claim (a claim write that did not land changes nothing).
-async fn unclaim(store: &dyn Store, id: &str, claim: &str) {
+async fn unclaim(store: &dyn Store, id: &SmsId, claim: &str) {
     let released = store
         .update(
             &SmsReminder::key(id),
@@ -199,7 +199,7 @@ async fn unclaim(store: &dyn Store, id: &str, claim: &str) {
         Ok(_) => {}
         Err(e) if e.is_condition_failure() => {}
         Err(e) => {
-            tracing::warn!(sms_id = id, error = %e, "could not give an SMS claim back; it ends unknown after its lease")
+            tracing::warn!(sms_id = %id, error = %e, "could not give an SMS claim back; it ends unknown after its lease")
         }
     }
 }
@@ -234,13 +234,13 @@ pub(super) async fn dispatch(
         }
         _ => return Ok(DispatchOutcome::Skipped),
     }
-    let Some(claim_id) = claim(store, &r, lease, now_ms).await? else {
+    let Some(claim) = claim(store, &r, lease, now_ms).await? else {
         return Ok(DispatchOutcome::Skipped);
     };
-    if let Some(ended) = cancel_when_not_payable(state, &r, &claim_id).await? {
+    if let Some(ended) = cancel_when_not_payable(state, &r, &claim).await? {
         return Ok(ended);
     }
-    send_and_record(state, client, &r, &claim_id).await
+    send_and_record(state, client, &r, &claim).await
 }
 
 /// Claims the queued reminder `r` for `lease` from `now_ms` (`queued` →
@@ -255,14 +255,14 @@ pub(super) async fn claim(
     let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
     let lease_until = now_ms + lease_ms;
     // Names this claim alone: two workers may compute the same lease.
-    let claim_id = ulid::Ulid::new().to_string();
+    let claim = ulid::Ulid::new().to_string();
     let claimed = store
         .update(
             &SmsReminder::key(&r.id),
             Changes::<SmsReminder>::new()
                 .set(SmsReminder::STATUS, &SmsStatus::Sending)
                 .set_some(SmsReminder::LEASE_UNTIL_MS, &lease_until)
-                .set_some(SmsReminder::CLAIM, claim_id.as_str())
+                .set_some(SmsReminder::CLAIM, claim.as_str())
                 .into(),
             Some(Cond::And(vec![
                 SmsReminder::ATTEMPTS.eq(&r.attempts),
@@ -271,11 +271,11 @@ pub(super) async fn claim(
         )
         .await;
     match claimed {
-        Ok(_) => Ok(Some(claim_id)),
+        Ok(_) => Ok(Some(claim)),
         Err(e) if e.is_condition_failure() => Ok(None),
         Err(e) => {
             // The claim may have landed: give it back, nothing was sent.
-            unclaim(store, &r.id, &claim_id).await;
+            unclaim(store, &r.id, &claim).await;
             Err(e.into())
         }
     }
@@ -288,13 +288,13 @@ pub(super) async fn claim(
 pub(super) async fn cancel_when_not_payable(
     state: &Deps,
     r: &SmsReminder,
-    claim_id: &str,
+    claim: &str,
 ) -> Result<Option<DispatchOutcome>, DispatchError> {
     let store = &*state.store;
     let payable = match still_payable(store, r, state.clock.now()).await {
         Ok(p) => p,
         Err(e) => {
-            unclaim(store, &r.id, claim_id).await;
+            unclaim(store, &r.id, claim).await;
             return Err(e.into());
         }
     };
@@ -305,7 +305,7 @@ pub(super) async fn cancel_when_not_payable(
     let ended = finish(
         store,
         r,
-        claim_id,
+        claim,
         SmsStatus::Cancelled,
         r.attempts,
         Some(&why),
@@ -315,7 +315,7 @@ pub(super) async fn cancel_when_not_payable(
     let ended = match ended {
         Ok(ended) => ended,
         Err(e) => {
-            unclaim(store, &r.id, claim_id).await;
+            unclaim(store, &r.id, claim).await;
             return Err(e.into());
         }
     };
@@ -332,7 +332,7 @@ pub(super) async fn send_and_record(
     state: &Deps,
     client: &SmsClient,
     r: &SmsReminder,
-    claim_id: &str,
+    claim: &str,
 ) -> Result<DispatchOutcome, DispatchError> {
     let sms_id = r.id.as_str();
     let sent = client.send(&r.to, &r.text).await;
@@ -344,7 +344,7 @@ pub(super) async fn send_and_record(
     if !finish(
         &*state.store,
         r,
-        claim_id,
+        claim,
         status,
         attempts,
         error.as_deref(),

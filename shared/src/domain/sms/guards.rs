@@ -8,7 +8,7 @@ use super::{Limits, SESSION_PAGE, SESSION_PAGES, SESSION_WINDOW_HOURS, SmsError}
 use crate::domain::checkout::{CheckoutSession, SessionStatus};
 use crate::domain::record::{self, Changes, Record, from_item};
 use crate::domain::{Mode, Tenant};
-use crate::ids::{IdKind, SessionId};
+use crate::ids::{IdKind, MerchantId, SessionId};
 use crate::keys;
 use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
@@ -79,8 +79,11 @@ pub(super) async fn pending_session(
 ) -> Result<SessionMatch, StoreError> {
     let mut foreign = None;
     if let Some(id) = url_session {
-        let named = match store.get(&CheckoutSession::key(id)).await? {
-            Some(item) => from_item::<CheckoutSession>(item).ok(),
+        let named = match SessionId::parse(id) {
+            Some(sid) => store
+                .get(&CheckoutSession::key(&sid))
+                .await?
+                .and_then(|item| from_item::<CheckoutSession>(item).ok()),
             None => None,
         };
         match named {
@@ -128,7 +131,7 @@ pub(super) async fn pending_session(
 
 /// The recipient's window item: the times (ms) of the reminders sent to
 /// `phone` by the merchant in `mode` in the last 24 h, and a version.
-pub(super) fn recipient_window(merchant_id: &str, mode: Mode, phone: &str) -> Key {
+pub(super) fn recipient_window(merchant_id: &MerchantId, mode: Mode, phone: &str) -> Key {
     keys::sms_recipient(merchant_id, mode, phone)
 }
 
@@ -138,13 +141,13 @@ const RECIPIENT_WINDOW_MS: i64 = 24 * 3_600_000;
 pub(super) const WINDOW_TRIES: usize = 12;
 
 /// The merchant's fixed-hour counter.
-pub(super) fn merchant_counter(merchant_id: &str, mode: Mode, now: Timestamp) -> Key {
+pub(super) fn merchant_counter(merchant_id: &MerchantId, mode: Mode, now: Timestamp) -> Key {
     let hour = now.unix_seconds().div_euclid(3600);
     keys::sms_hour(merchant_id, mode, hour)
 }
 
 /// The merchant's live quota counter of the UTC month of `now`.
-pub fn quota_counter(merchant_id: &str, now: Timestamp) -> Key {
+pub fn quota_counter(merchant_id: &MerchantId, now: Timestamp) -> Key {
     keys::sms_quota(merchant_id, &now.datetime().format("%Y-%m").to_string())
 }
 
@@ -207,7 +210,7 @@ pub(super) enum Taken {
 /// quota.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Places<'a> {
-    pub merchant_id: &'a str,
+    pub merchant_id: &'a MerchantId,
     pub mode: Mode,
     /// The recipient, normalized.
     pub phone: &'a str,
@@ -300,7 +303,7 @@ fn hour_full(places: &Places<'_>) -> SmsError {
 /// The month's quota unit: a conditional `ADD`, or, for a quota of 0, a
 /// check that never passes (`n` is never < 0, and a missing `n` fails the
 /// comparison).
-fn quota_op(merchant_id: &str, quota: u32, now: Timestamp) -> TxOp {
+fn quota_op(merchant_id: &MerchantId, quota: u32, now: Timestamp) -> TxOp {
     let key = quota_counter(merchant_id, now);
     if quota == 0 {
         TxOp::Check {

@@ -152,9 +152,9 @@ pub enum SmsError {
     #[error("checkoutUrl must be on this project's checkout host ({allowed})")]
     InvalidCheckoutHost { allowed: String },
     #[error(
-        "checkoutUrl names checkout session {session_id}, which is not a session of this project in this mode"
+        "checkoutUrl names checkout session {given}, which is not a session of this project in this mode"
     )]
-    ForeignCheckoutSession { session_id: String },
+    ForeignCheckoutSession { given: String },
     #[error("too many SMS reminders: {which}; retry later")]
     RateLimited {
         which: String,

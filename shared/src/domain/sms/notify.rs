@@ -58,7 +58,7 @@ pub async fn notify(
     let reminder = new_reminder(who, &v, session_id, now);
     let live = mode == Mode::Live;
     let places = Places {
-        merchant_id: who.merchant.id.as_str(),
+        merchant_id: &reminder.merchant_id,
         mode,
         phone: &v.phone,
         now,
@@ -122,7 +122,7 @@ async fn recipient_session(
     match found {
         SessionMatch::Found(id) => Ok(id),
         SessionMatch::NotFound => Err(SmsError::PhoneNotOnSession),
-        SessionMatch::ForeignUrl(id) => Err(SmsError::ForeignCheckoutSession { session_id: id }),
+        SessionMatch::ForeignUrl(id) => Err(SmsError::ForeignCheckoutSession { given: id }),
     }
 }
 

@@ -104,12 +104,12 @@ crate::attrs! { SmsReminder {
 } }
 
 impl SmsReminder {
-    pub fn key(id: &str) -> Key {
+    pub fn key(id: &SmsId) -> Key {
         keys::record(keys::Record::Sms, id)
     }
 
-    fn list_partition(project_id: &str, mode: Mode) -> String {
-        keys::per_mode(project_id, mode, keys::PerMode::Sms)
+    fn list_partition(tenant: &Tenant) -> String {
+        keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::Sms)
     }
 
     /// Lists it among the open reminders from `at` (a new reminder: when
@@ -130,7 +130,7 @@ impl Record for SmsReminder {
     /// open-reminders entry is its `gsi2` fields).
     fn entries(&self) -> Vec<Entry> {
         vec![Entry::gsi1(
-            SmsReminder::list_partition(&self.project_id, self.mode),
+            SmsReminder::list_partition(&Tenant::new(self.project_id.clone(), self.mode)),
             self.id.clone(),
         )]
     }
@@ -139,12 +139,12 @@ impl Record for SmsReminder {
 /// Shards of the open-reminders index.
 const OPEN_SHARDS: u32 = 4;
 
-pub(super) fn open_partition(id: &str) -> String {
+pub(super) fn open_partition(id: &SmsId) -> String {
     keys::open(keys::Open::Sms, keys::shard_of(id, OPEN_SHARDS))
 }
 
 /// The open-reminders entry of reminder `id` from `at`.
-fn open_entry(id: &str, at: Timestamp) -> Gsi2Entry {
+fn open_entry(id: &SmsId, at: Timestamp) -> Gsi2Entry {
     Gsi2Entry::new(
         open_partition(id),
         format!("{:015}#{id}", at.unix_millis().max(0)),
@@ -227,7 +227,7 @@ pub async fn list(
     window: Window,
 ) -> Result<(Vec<SmsReminder>, u64), StoreError> {
     let store = &*deps.store;
-    let query = Query::partition(SmsReminder::list_partition(&tenant.project, tenant.mode))
+    let query = Query::partition(SmsReminder::list_partition(tenant))
         .on(Index::Gsi1)
         .backward();
     crate::domain::record::page_of(store, &query, window).await
@@ -240,7 +240,7 @@ pub async fn list_recent(
     tenant: &Tenant,
     limit: usize,
 ) -> Result<Vec<SmsReminder>, StoreError> {
-    let query = Query::partition(SmsReminder::list_partition(&tenant.project, tenant.mode))
+    let query = Query::partition(SmsReminder::list_partition(tenant))
         .on(Index::Gsi1)
         .backward()
         .limit(limit.clamp(1, 100));

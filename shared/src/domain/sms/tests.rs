@@ -17,7 +17,7 @@ use crate::domain::account::Principal;
 use crate::domain::checkout::CheckoutSession;
 use crate::domain::record::Record;
 use crate::domain::{Mode, Tenant};
-use crate::ids::{IdKind, SessionId, SmsId, new_id};
+use crate::ids::{MerchantId, SessionId, SmsId};
 use crate::providers::sms::SmsClient;
 use crate::queue::QueueName;
 use crate::store::{Key, Store, TxReason, Update};
@@ -29,7 +29,7 @@ use serde_json::json;
 async fn take_abuse_limits(
     store: &dyn Store,
     limits: Limits,
-    merchant_id: &str,
+    merchant_id: &MerchantId,
     mode: Mode,
     phone: &str,
     now: Timestamp,
@@ -54,7 +54,7 @@ async fn take_abuse_limits(
 /// One unit of the month's quota, as a request takes it.
 async fn reserve_quota(
     store: &dyn Store,
-    merchant_id: &str,
+    merchant_id: &MerchantId,
     quota: u32,
     now: Timestamp,
 ) -> Result<bool, StoreError> {
@@ -196,7 +196,7 @@ async fn abuse_counters_refuse_past_the_limits_and_take_nothing_then() {
     };
     let take = |phone: &'static str| {
         let store = store.clone();
-        async move { take_abuse_limits(&*store, limits, "mer_1", Mode::Live, phone, now).await }
+        async move { take_abuse_limits(&*store, limits, &"mer_1".into(), Mode::Live, phone, now).await }
     };
     assert!(take("9841000001").await.is_ok());
     assert!(take("9841000001").await.is_ok());
@@ -222,16 +222,26 @@ async fn abuse_counters_refuse_past_the_limits_and_take_nothing_then() {
                 .unwrap_or(0)
         }
     };
-    assert_eq!(n(merchant_counter("mer_1", Mode::Live, now)).await, 3);
+    assert_eq!(
+        n(merchant_counter(&"mer_1".into(), Mode::Live, now)).await,
+        3
+    );
     let window = store
-        .get(&recipient_window("mer_1", Mode::Live, "9841000003"))
+        .get(&recipient_window(&"mer_1".into(), Mode::Live, "9841000003"))
         .await;
     assert!(matches!(window, Ok(None)), "{window:?}");
     // Sandbox counts apart.
     assert!(
-        take_abuse_limits(&*store, limits, "mer_1", Mode::Sandbox, "9841000001", now)
-            .await
-            .is_ok()
+        take_abuse_limits(
+            &*store,
+            limits,
+            &"mer_1".into(),
+            Mode::Sandbox,
+            "9841000001",
+            now
+        )
+        .await
+        .is_ok()
     );
 }
 
@@ -247,9 +257,16 @@ async fn concurrent_abuse_counters_never_pass_the_limit() {
         .map(|_| {
             let store = store.clone();
             tokio::spawn(async move {
-                take_abuse_limits(&*store, limits, "mer_1", Mode::Live, "9841000001", now)
-                    .await
-                    .is_ok()
+                take_abuse_limits(
+                    &*store,
+                    limits,
+                    &"mer_1".into(),
+                    Mode::Live,
+                    "9841000001",
+                    now,
+                )
+                .await
+                .is_ok()
             })
         })
         .collect();
@@ -273,7 +290,7 @@ async fn concurrent_quota_reservations_stop_at_the_quota_and_refusals_take_nothi
             take_places(
                 &*store,
                 Places {
-                    merchant_id: "mer_1",
+                    merchant_id: &"mer_1".into(),
                     mode: Mode::Live,
                     phone: &phone,
                     now: at,
@@ -311,14 +328,20 @@ async fn concurrent_quota_reservations_stop_at_the_quota_and_refusals_take_nothi
                 .unwrap_or(0)
         }
     };
-    assert_eq!(n(merchant_counter("mer_1", Mode::Live, now)).await, 3);
-    assert_eq!(n(quota_counter("mer_1", now)).await, 3);
+    assert_eq!(
+        n(merchant_counter(&"mer_1".into(), Mode::Live, now)).await,
+        3
+    );
+    assert_eq!(n(quota_counter(&"mer_1".into(), now)).await, 3);
     // A plan without SMS: refused, nothing taken.
     let r = take("9841000099".into(), 0, now).await;
     assert!(matches!(r, Ok(Taken::QuotaExhausted)), "{r:?}");
-    assert_eq!(n(merchant_counter("mer_1", Mode::Live, now)).await, 3);
+    assert_eq!(
+        n(merchant_counter(&"mer_1".into(), Mode::Live, now)).await,
+        3
+    );
     let window = store
-        .get(&recipient_window("mer_1", Mode::Live, "9841000099"))
+        .get(&recipient_window(&"mer_1".into(), Mode::Live, "9841000099"))
         .await;
     assert!(matches!(window, Ok(None)), "{window:?}");
     // Another month starts afresh.
@@ -341,7 +364,7 @@ async fn a_full_hour_is_rate_limited_before_the_quota_is_looked_at() {
             take_places(
                 &*store,
                 Places {
-                    merchant_id: "mer_1",
+                    merchant_id: &"mer_1".into(),
                     mode: Mode::Live,
                     phone,
                     now,
@@ -638,7 +661,7 @@ async fn queued_reminder(state: &Deps, who: &Principal) -> SmsReminder {
     let now = state.clock.now();
     let session_id = session(state, who, "9841000001").await;
     assert!(matches!(
-        reserve_quota(&*state.store, &who.merchant.id, 200, now).await,
+        reserve_quota(&*state.store, &who.merchant.id.as_str().into(), 200, now).await,
         Ok(true)
     ));
     let mut r = SmsReminder {
@@ -671,7 +694,7 @@ async fn quota_used(state: &Deps, who: &Principal) -> i64 {
     let now = state.clock.now();
     state
         .store
-        .get(&quota_counter(&who.merchant.id, now))
+        .get(&quota_counter(&who.merchant.id.as_str().into(), now))
         .await
         .ok()
         .flatten()
@@ -778,7 +801,13 @@ async fn a_refused_reminder_fails_at_once_and_gives_its_unit_back() {
     let (client, sent) = provider(Some(400)).await;
     // Another reminder's unit stays taken.
     assert!(matches!(
-        reserve_quota(&*state.store, &who.merchant.id, 200, state.clock.now()).await,
+        reserve_quota(
+            &*state.store,
+            &who.merchant.id.as_str().into(),
+            200,
+            state.clock.now()
+        )
+        .await,
         Ok(true)
     ));
     let r = queued_reminder(&state, &who).await;
@@ -794,7 +823,7 @@ async fn a_reminder_ending_after_its_month_counter_expired_still_ends_and_makes_
     let (client, sent) = provider(Some(400)).await;
     let r = queued_reminder(&state, &who).await;
     // The month's counter is gone (its TTL ran out) before the end.
-    let counter = quota_counter(&who.merchant.id, r.created_at);
+    let counter = quota_counter(&who.merchant.id.as_str().into(), r.created_at);
     if let Err(e) = state.store.delete(&counter, None).await {
         panic!("{e}")
     }
@@ -886,7 +915,17 @@ async fn the_recipient_limit_is_a_rolling_24_hours() {
     let at = |mins: i64| t0.plus(chrono::Duration::minutes(mins));
     let take = |when: Timestamp| {
         let store = store.clone();
-        async move { take_abuse_limits(&*store, limits, "mer_1", Mode::Live, "9841000001", when).await }
+        async move {
+            take_abuse_limits(
+                &*store,
+                limits,
+                &"mer_1".into(),
+                Mode::Live,
+                "9841000001",
+                when,
+            )
+            .await
+        }
     };
     for m in [0, 60, 90] {
         assert!(take(at(m)).await.is_ok(), "{m}");
@@ -906,9 +945,16 @@ async fn the_recipient_limit_is_a_rolling_24_hours() {
     ));
     // Another recipient, another window.
     assert!(
-        take_abuse_limits(&*store, limits, "mer_1", Mode::Live, "9841000002", at(181))
-            .await
-            .is_ok()
+        take_abuse_limits(
+            &*store,
+            limits,
+            &"mer_1".into(),
+            Mode::Live,
+            "9841000002",
+            at(181)
+        )
+        .await
+        .is_ok()
     );
 }
 
@@ -973,7 +1019,7 @@ async fn a_url_naming_a_session_binds_the_reminder_to_it() {
     )
     .await;
     assert!(
-        matches!(&r, Err(SmsError::ForeignCheckoutSession { session_id }) if *session_id == foreign),
+        matches!(&r, Err(SmsError::ForeignCheckoutSession { given }) if *given == foreign),
         "{r:?}"
     );
     let b = "https://pay.example";
@@ -1148,7 +1194,7 @@ async fn a_full_hour_under_endless_conflicts_is_still_a_429() {
         per_recipient_per_day: 3,
         per_merchant_per_hour: 2,
     };
-    let hour = merchant_counter("mer_1", Mode::Live, now);
+    let hour = merchant_counter(&"mer_1".into(), Mode::Live, now);
     let Ok(_) = faulty.update(&hour, Update::new().add("n", 2), None).await else {
         panic!("seed")
     };
@@ -1164,7 +1210,7 @@ async fn a_full_hour_under_endless_conflicts_is_still_a_429() {
     let r = take_places(
         &*faulty,
         Places {
-            merchant_id: "mer_1",
+            merchant_id: &"mer_1".into(),
             mode: Mode::Live,
             phone: "9841000001",
             now,
@@ -1191,7 +1237,7 @@ async fn a_full_hour_under_endless_conflicts_is_still_a_429() {
     let r = take_places(
         &*faulty,
         Places {
-            merchant_id: "mer_1",
+            merchant_id: &"mer_1".into(),
             mode: Mode::Live,
             phone: "9841000001",
             now,
@@ -1211,7 +1257,7 @@ async fn a_full_hour_under_endless_conflicts_is_still_a_429() {
 #[tokio::test]
 async fn an_unreadable_reminder_is_passed_over_then_taken_out_of_the_sweep() {
     let (state, _, clock) = state_with_tenant(Plan::Growth, Mode::Live).await;
-    let id = new_id(IdKind::Sms);
+    let id = SmsId::new();
     let item = json!({"pk": format!("SMS#{id}"), "sk": "SMS",
                           "gsi2pk": open_partition(&id), "gsi2sk": format!("{:015}#{id}", 1),
                           "status": "teleported"});
@@ -1346,11 +1392,12 @@ async fn the_counters_and_the_recipient_window_read_as_records_of_unchanged_shap
     let now = SystemClock.now();
     let limits = Limits::default();
     for phone in ["9841000001", "9841000001", "9841000002"] {
-        let taken = take_abuse_limits(&*store, limits, "mer_1", Mode::Live, phone, now).await;
+        let taken =
+            take_abuse_limits(&*store, limits, &"mer_1".into(), Mode::Live, phone, now).await;
         assert!(taken.is_ok(), "{taken:?}");
     }
     assert!(matches!(
-        reserve_quota(&*store, "mer_1", 5, now).await,
+        reserve_quota(&*store, &"mer_1".into(), 5, now).await,
         Ok(true)
     ));
     let attrs = |item: crate::store::Item| {
@@ -1359,7 +1406,7 @@ async fn the_counters_and_the_recipient_window_read_as_records_of_unchanged_shap
         names
     };
 
-    let window_key = recipient_window("mer_1", Mode::Live, "9841000001");
+    let window_key = recipient_window(&"mer_1".into(), Mode::Live, "9841000001");
     let Ok(Some(window)) =
         crate::domain::record::get::<SmsRecipientWindow>(&*store, &window_key).await
     else {
@@ -1376,8 +1423,8 @@ async fn the_counters_and_the_recipient_window_read_as_records_of_unchanged_shap
     assert_eq!(window.to_item().ok(), Some(raw), "written back as stored");
 
     for (key, n) in [
-        (merchant_counter("mer_1", Mode::Live, now), 3),
-        (quota_counter("mer_1", now), 1),
+        (merchant_counter(&"mer_1".into(), Mode::Live, now), 3),
+        (quota_counter(&"mer_1".into(), now), 1),
     ] {
         let Ok(Some(count)) = crate::domain::record::get::<SmsCount>(&*store, &key).await else {
             panic!("{key:?} reads as a record")
