@@ -625,8 +625,8 @@ async fn dispatch(state: &AppState, messages: &[shared::queue::Message]) -> Valu
 
 async fn delivery_of(
     state: &AppState,
-    event_id: &str,
-    endpoint_id: &str,
+    event_id: &shared::ids::EventId,
+    endpoint_id: &shared::ids::EndpointId,
 ) -> Option<shared::domain::webhooks::Delivery> {
     shared::domain::webhooks::delivery(&*state.store, event_id, endpoint_id)
         .await

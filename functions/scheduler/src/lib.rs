@@ -240,8 +240,8 @@ mod tests {
                 }
             }
         };
-        assert!(dispatched(recorded[0].clone()).await, "the old event");
-        assert!(!dispatched(recorded[1].clone()).await, "the new event");
+        assert!(dispatched(recorded[0].to_string()).await, "the old event");
+        assert!(!dispatched(recorded[1].to_string()).await, "the new event");
         let queued = state
             .queue
             .receive(
