@@ -231,17 +231,17 @@ mod tests {
         assert_eq!(answer["events_fanned_out"], 1, "{answer}");
         assert_eq!(answer["deliveries_queued"], 1, "{answer}");
         assert_eq!(answer["fan_out_errors"], 0, "{answer}");
-        let dispatched = |id: String| {
-            let store = state.store.clone();
+        let dispatched = |id: shared::ids::EventId| {
+            let state = state.clone();
             async move {
-                match outbox::get(&*store, &id).await {
+                match outbox::get(&state, &id).await {
                     Ok(Some(e)) => e.dispatched,
                     other => panic!("{other:?}"),
                 }
             }
         };
-        assert!(dispatched(recorded[0].to_string()).await, "the old event");
-        assert!(!dispatched(recorded[1].to_string()).await, "the new event");
+        assert!(dispatched(recorded[0].clone()).await, "the old event");
+        assert!(!dispatched(recorded[1].clone()).await, "the new event");
         let queued = state
             .queue
             .receive(

@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use super::Mode;
 use super::record::{Changes, Entry, Record, from_item};
+use crate::Deps;
 use crate::domain::Tenant;
 use crate::ids::{EndpointId, EventId, PaymentId, ProjectId};
 use crate::keys;
@@ -140,7 +141,7 @@ impl Event {
         self
     }
 
-    pub fn key(id: &str) -> Key {
+    pub fn key(id: &EventId) -> Key {
         keys::record(keys::Record::Event, id)
     }
 
@@ -360,12 +361,12 @@ pub async fn recent(
 }
 
 /// The event `id`.
-pub async fn get(store: &dyn Store, id: &str) -> Result<Option<Event>, StoreError> {
-    crate::domain::record::get(store, &Event::key(id)).await
+pub async fn get(deps: &Deps, id: &EventId) -> Result<Option<Event>, StoreError> {
+    crate::domain::record::get(&*deps.store, &Event::key(id)).await
 }
 
 /// Takes event `id` out of the outbox (its deliveries exist).
-pub async fn mark_dispatched(store: &dyn Store, id: &str) -> Result<(), StoreError> {
+pub async fn mark_dispatched(store: &dyn Store, id: &EventId) -> Result<(), StoreError> {
     let update = Changes::<Event>::new()
         .set(Event::DISPATCHED, &true)
         .unindex(Index::Gsi2);
@@ -689,7 +690,7 @@ mod tests {
         assert_eq!(of_payment(&store, "pay_1", 2).await.unwrap().len(), 2);
         // The event itself remembers its payment (the delivery log's).
         assert_eq!(
-            get(&store, &link.id)
+            crate::domain::record::get::<Event>(&store, &Event::key(&link.id))
                 .await
                 .unwrap()
                 .unwrap()

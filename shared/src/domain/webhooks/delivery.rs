@@ -60,7 +60,7 @@ pub(super) async fn dispatch(
         Err(WebhookError::Store(e)) => return Err(e.into()),
         Err(e) => return Err(DispatchError::Secrets(e.to_string())),
     };
-    let Some(event) = outbox::get(&*state.store, &d.event_id).await? else {
+    let Some(event) = outbox::get(state, &d.event_id).await? else {
         return give_up(state, &d, "the event no longer exists").await;
     };
     let Some(lease_until) = claim_attempt(state, &d).await? else {

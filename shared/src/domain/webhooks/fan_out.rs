@@ -166,8 +166,8 @@ pub async fn fan_out_pending(
 
 /// Fans out the event `id` (the Streams function: the stream says which
 /// event was written; the record itself is read from the table).
-pub async fn fan_out_by_id(state: &Deps, id: &str) -> Result<usize, DispatchError> {
-    match outbox::get(&*state.store, id).await? {
+pub async fn fan_out_by_id(state: &Deps, id: &EventId) -> Result<usize, DispatchError> {
+    match outbox::get(state, id).await? {
         Some(event) if !event.dispatched => fan_out(state, &event).await,
         _ => Ok(0),
     }
