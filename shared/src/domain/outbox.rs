@@ -145,12 +145,12 @@ impl Event {
         keys::record(keys::Record::Event, id)
     }
 
-    fn list_partition(project_id: &str, mode: Mode) -> String {
-        keys::per_mode(project_id, mode, keys::PerMode::Events)
+    fn list_partition(tenant: &Tenant) -> String {
+        keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::Events)
     }
 
     /// The outbox partition of event `id`.
-    pub fn outbox_partition(id: &str) -> String {
+    pub fn outbox_partition(id: &EventId) -> String {
         keys::open(keys::Open::Outbox, keys::shard_of(id, SHARDS))
     }
 
@@ -277,7 +277,7 @@ impl Record for Event {
     /// delivery has taken it, in its outbox shard by id.
     fn entries(&self) -> Vec<Entry> {
         let mut entries = vec![Entry::gsi1(
-            Event::list_partition(&self.project_id, self.mode),
+            Event::list_partition(&Tenant::new(self.project_id.clone(), self.mode)),
             self.id.clone(),
         )];
         if !self.dispatched {
@@ -347,7 +347,7 @@ pub async fn recent(
     tenant: &Tenant,
     limit: usize,
 ) -> Result<Vec<Event>, StoreError> {
-    let query = Query::partition(Event::list_partition(&tenant.project, tenant.mode))
+    let query = Query::partition(Event::list_partition(tenant))
         .on(Index::Gsi1)
         .backward()
         .limit(limit);
