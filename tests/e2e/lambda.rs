@@ -625,8 +625,8 @@ async fn dispatch(state: &AppState, messages: &[shared::queue::Message]) -> Valu
 
 async fn delivery_of(
     state: &AppState,
-    event_id: &str,
-    endpoint_id: &str,
+    event_id: &shared::ids::EventId,
+    endpoint_id: &shared::ids::EndpointId,
 ) -> Option<shared::domain::webhooks::Delivery> {
     shared::domain::webhooks::delivery(&*state.store, event_id, endpoint_id)
         .await
@@ -654,7 +654,7 @@ async fn webhook_fanout_and_dispatcher_deliver_an_outbox_event(which: Which) {
     };
     assert_eq!((d.attempts, d.status.as_str()), (0, "pending"));
     assert!(delivery_of(&state, &event.id, &other.id).await.is_none());
-    let stored = shared::domain::outbox::get(&*state.store, &event.id).await;
+    let stored = shared::domain::outbox::get(&state, &event.id).await;
     assert!(
         matches!(stored, Ok(Some(ref e)) if e.dispatched),
         "{stored:?}"

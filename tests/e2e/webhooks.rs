@@ -776,7 +776,7 @@ async fn an_event_is_delivered_once_and_signed(which: Which) {
         sorted(&["id", "type", "created", "livemode", "data"]),
         "{body}"
     );
-    assert_eq!(body["id"], event.id);
+    assert_eq!(body["id"], event.id.as_str());
     assert_eq!(body["type"], "payment.succeeded");
     assert_eq!(body["created"], event.created_at.unix_seconds());
     assert_eq!(body["livemode"], false);
@@ -878,7 +878,7 @@ async fn a_failing_receiver_gets_retries_until_it_answers(which: Which) {
         answer_for(500)[..1024],
         "{retrying}"
     );
-    assert!(retrying["payload"]["id"] == event.id, "{retrying}");
+    assert!(retrying["payload"]["id"] == event.id.as_str(), "{retrying}");
     assert!(text(&retrying["lastError"]).contains("500"), "{retrying}");
     assert!(retrying["nextAttemptAt"].is_string(), "{retrying}");
 
@@ -1047,13 +1047,13 @@ async fn endpoints_get_the_events_they_subscribed_to(which: Which) {
     assert_eq!(b_hits.len(), EventType::ALL.len(), "{:?}", ids_of(&b_hits));
     let mut b_ids: Vec<String> = b_hits.iter().map(Hit::event_id).collect();
     b_ids.sort();
-    let mut want_ids: Vec<String> = events.iter().map(|e| e.id.clone()).collect();
+    let mut want_ids: Vec<String> = events.iter().map(|e| e.id.to_string()).collect();
     want_ids.sort();
     assert_eq!(b_ids, want_ids);
     let a_hits = a.hits();
     assert_eq!(
         ids_of(&a_hits),
-        vec![("payment.failed".to_owned(), events[1].id.clone())],
+        vec![("payment.failed".to_owned(), events[1].id.to_string())],
         "A wants payment.failed only"
     );
     assert_eq!(off.count(), 0, "{:?}", ids_of(&off.hits()));
@@ -1255,7 +1255,7 @@ async fn duplicate_messages_never_resend_a_success(which: Which) {
     for attempt in [0, 1] {
         let msg = DeliveryMessage {
             event_id: event.id.clone(),
-            endpoint_id: endpoint.clone(),
+            endpoint_id: endpoint.as_str().into(),
             attempt,
         };
         let body = match serde_json::to_string(&msg) {
@@ -1285,8 +1285,8 @@ async fn duplicate_messages_never_resend_a_success(which: Which) {
     assert_eq!(
         ids_of(&hits),
         vec![
-            ("payment.succeeded".to_owned(), event.id.clone()),
-            ("payment.refunded".to_owned(), later.id.clone()),
+            ("payment.succeeded".to_owned(), event.id.to_string()),
+            ("payment.refunded".to_owned(), later.id.to_string()),
         ]
     );
     let after = m.delivery(&endpoint, &event.id).await;
@@ -1425,7 +1425,7 @@ async fn the_delivery_log_lists_newest_first(which: Which) {
     assert_eq!(keys_of(&a.body), vec!["data"], "no meta: {}", a.body);
     let data = a.body["data"].as_array().cloned().unwrap_or_default();
     let listed: Vec<String> = data.iter().map(|d| text(&d["eventId"])).collect();
-    let newest_first: Vec<String> = events.iter().rev().map(|e| e.id.clone()).collect();
+    let newest_first: Vec<String> = events.iter().rev().map(|e| e.id.to_string()).collect();
     assert_eq!(listed, newest_first);
     for pair in data.windows(2) {
         assert!(

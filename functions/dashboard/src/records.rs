@@ -6,6 +6,7 @@
 
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
+use edge::PathId;
 use edge::html::html;
 use http::StatusCode;
 use maud::html as markup;
@@ -16,7 +17,7 @@ use shared::domain::links::{self, PaymentLink};
 use shared::domain::outbox::EventType;
 use shared::domain::sms::{self, SmsReminder};
 use shared::domain::webhooks::{self, Delivery, Endpoint, WebhookError};
-use shared::ids::{InvoiceId, LinkId};
+use shared::ids::{EndpointId, EventId, InvoiceId, LinkId};
 
 use crate::page_window;
 use crate::pages::{Nav, label, layout, pager, pages_of, rupees, status_badge, when};
@@ -654,7 +655,7 @@ pub async fn add_endpoint(State(state): State<AppState>, signed: Signed, body: B
 pub async fn change_endpoint(
     State(state): State<AppState>,
     signed: Signed,
-    Path(id): Path<String>,
+    id: PathId<EndpointId>,
     body: Bytes,
 ) -> Page {
     let f = signed.action_form(Permission::Secrets, &body)?;
@@ -664,6 +665,7 @@ pub async fn change_endpoint(
                 enabled: Some(on == "enable"),
                 ..Default::default()
             };
+            let id = id.get_or(no_endpoint)?;
             webhooks::patch(&state, &signed.tenant, &id, patch)
                 .await
                 .map_err(fail)?;
@@ -671,18 +673,26 @@ pub async fn change_endpoint(
             Ok(crate::see_other(&format!("/dashboard/webhooks/{id}")))
         }
         Some("delete") if f.get("confirm").map(String::as_str) == Some("yes") => {
-            match webhooks::delete(&state, &signed.tenant, &id).await {
-                Ok(()) => crate::audit(&state, &signed, "webhook.delete", &id, "").await,
-                // Gone already (a second click): the same outcome, and
-                // nothing to log.
-                Err(WebhookError::NotFound(_)) => {}
-                Err(e) => return Err(fail(e)),
-            }
+            // A malformed id is no endpoint: gone already, as below.
+            let id = match id.get_or(|_, raw| raw.to_owned()) {
+                Ok(id) => {
+                    match webhooks::delete(&state, &signed.tenant, &id).await {
+                        Ok(()) => crate::audit(&state, &signed, "webhook.delete", &id, "").await,
+                        // Gone already (a second click): the same outcome,
+                        // and nothing to log.
+                        Err(WebhookError::NotFound(_)) => {}
+                        Err(e) => return Err(fail(e)),
+                    }
+                    id.to_string()
+                }
+                Err(raw) => raw,
+            };
             Ok(crate::see_other(&format!(
                 "/dashboard/webhooks?deleted={id}"
             )))
         }
         Some("delete") => {
+            let id = id.get_or(no_endpoint)?;
             endpoint_view(
                 &state,
                 &signed,
@@ -704,10 +714,12 @@ pub async fn change_endpoint(
 pub async fn resend(
     State(state): State<AppState>,
     signed: Signed,
-    Path(id): Path<String>,
+    id: PathId<EndpointId>,
     body: Bytes,
 ) -> Page {
     let f = signed.action_form(Permission::Secrets, &body)?;
+    let id = id.get_or(|_, raw| raw.to_owned());
+    let shown = shown(&id);
     let event = f.get("event").cloned().unwrap_or_default();
     let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
     let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, state.clock.now())
@@ -719,12 +731,18 @@ pub async fn resend(
     if let FormClaim::Done(_) = dashboard::claim_form(&state, &fence).await.map_err(fail)? {
         // A double click: the first one sent it again.
         return Ok(crate::see_other(&format!(
-            "/dashboard/webhooks/{id}?resent={event}"
+            "/dashboard/webhooks/{shown}?resent={event}"
         )));
     }
-    let done = webhooks::resend(&state, &signed.tenant, &event, &id)
-        .await
-        .map_err(fail)?;
+    let id = id.map_err(|raw| no_endpoint("", &raw))?;
+    let done = match EventId::parse(&event) {
+        Some(event_id) => webhooks::resend(&state, &signed.tenant, &event_id, &id).await,
+        // No such delivery, once the endpoint is found (as `resend` answers).
+        None => webhooks::get(&state, &signed.tenant, &id)
+            .await
+            .and_then(|_| Err(WebhookError::NotFound(format!("{event} to {id}")))),
+    }
+    .map_err(fail)?;
     if done == webhooks::Resent::Queued {
         crate::audit(&state, &signed, "webhook.resend", &id, &event).await;
     }
@@ -736,7 +754,7 @@ pub async fn resend(
 async fn endpoint_view(
     state: &AppState,
     signed: &Signed,
-    id: &str,
+    id: &EndpointId,
     page: usize,
     notice: Option<&str>,
     status: StatusCode,
@@ -827,7 +845,7 @@ async fn endpoint_view(
 pub async fn endpoint_page(
     State(state): State<AppState>,
     signed: Signed,
-    Path(id): Path<String>,
+    id: PathId<EndpointId>,
     RawQuery(raw): RawQuery,
 ) -> Page {
     signed.require(Permission::Secrets)?;
@@ -839,6 +857,7 @@ pub async fn endpoint_page(
                 .map(|id| format!("Event {id} queued to be sent again."))
         });
     let page = page_number(&q)?;
+    let id = id.get_or(no_endpoint)?;
     endpoint_view(
         &state,
         &signed,
@@ -855,10 +874,12 @@ pub async fn endpoint_page(
 pub async fn send_test(
     State(state): State<AppState>,
     signed: Signed,
-    Path(id): Path<String>,
+    id: PathId<EndpointId>,
     body: Bytes,
 ) -> Page {
     let f = signed.action_form(Permission::Secrets, &body)?;
+    let id = id.get_or(|_, raw| raw.to_owned());
+    let shown = shown(&id);
     let Some(t) = f.get("type").and_then(|t| EventType::parse(t)) else {
         return Err(fail(shared::refusal::Refusal::invalid(
             "type",
@@ -874,11 +895,12 @@ pub async fn send_test(
     // project's is a 404, which only spends this form's token).
     if let FormClaim::Done(sent) = dashboard::claim_form(&state, &fence).await.map_err(fail)? {
         let location = match sent {
-            Some(evt) => format!("/dashboard/webhooks/{id}?sent={evt}"),
-            None => format!("/dashboard/webhooks/{id}"),
+            Some(evt) => format!("/dashboard/webhooks/{shown}?sent={evt}"),
+            None => format!("/dashboard/webhooks/{shown}"),
         };
         return Ok(crate::see_other(&location));
     }
+    let id = id.map_err(|raw| no_endpoint("", &raw))?;
     let event = webhooks::send_test_event(&state, &signed.tenant, &id, t)
         .await
         .map_err(fail)?;
@@ -890,6 +912,20 @@ pub async fn send_test(
         "/dashboard/webhooks/{id}?sent={}",
         event.id
     )))
+}
+
+/// What a page answers for a path that names no endpoint (as the lookup
+/// answered before ids were typed).
+fn no_endpoint(_noun: &'static str, raw: &str) -> Stop {
+    fail(WebhookError::NotFound(raw.to_owned()))
+}
+
+/// The endpoint id as the path held it.
+fn shown(id: &Result<EndpointId, String>) -> String {
+    match id {
+        Ok(id) => id.to_string(),
+        Err(raw) => raw.clone(),
+    }
 }
 
 #[cfg(test)]

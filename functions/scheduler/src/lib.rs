@@ -231,10 +231,10 @@ mod tests {
         assert_eq!(answer["events_fanned_out"], 1, "{answer}");
         assert_eq!(answer["deliveries_queued"], 1, "{answer}");
         assert_eq!(answer["fan_out_errors"], 0, "{answer}");
-        let dispatched = |id: String| {
-            let store = state.store.clone();
+        let dispatched = |id: shared::ids::EventId| {
+            let state = state.clone();
             async move {
-                match outbox::get(&*store, &id).await {
+                match outbox::get(&state, &id).await {
                     Ok(Some(e)) => e.dispatched,
                     other => panic!("{other:?}"),
                 }

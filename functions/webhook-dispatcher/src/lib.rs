@@ -188,7 +188,7 @@ mod tests {
         state.store = faulty.clone();
         let message = |n: u32| {
             let msg = DeliveryMessage {
-                event_id: format!("evt_01JZZZZZZZZZZZZZZZZZZZZZZ{n}"),
+                event_id: format!("evt_01JZZZZZZZZZZZZZZZZZZZZZZ{n}").as_str().into(),
                 endpoint_id: "we_01JZZZZZZZZZZZZZZZZZZZZZZZ".into(),
                 attempt: 0,
             };

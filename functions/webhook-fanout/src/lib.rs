@@ -17,11 +17,12 @@ use aws_lambda_events::streams::{DynamoDbBatchItemFailure, DynamoDbEventResponse
 use serde_dynamo::AttributeValue;
 use shared::AppState;
 use shared::domain::webhooks::fan_out_by_id;
+use shared::ids::EventId;
 
 /// The outbox event a stream record announces: its id, for an INSERT of
 /// an item at `EVT#<id>` / `EVT` (deliveries share that partition, under
 /// other sort keys; they are not events).
-pub fn outbox_event_id(record: &EventRecord) -> Option<String> {
+pub fn outbox_event_id(record: &EventRecord) -> Option<EventId> {
     if record.event_name != "INSERT" {
         return None;
     }
@@ -29,7 +30,9 @@ pub fn outbox_event_id(record: &EventRecord) -> Option<String> {
         Some(AttributeValue::S(s)) => Some(s.as_str()),
         _ => None,
     };
-    shared::keys::record_id(shared::keys::Record::Event, key("pk")?, key("sk")?).map(str::to_owned)
+    // The key of an event our own table holds.
+    shared::keys::record_id(shared::keys::Record::Event, key("pk")?, key("sk")?)
+        .map(EventId::stored)
 }
 
 fn failure(record: &EventRecord) -> DynamoDbBatchItemFailure {
@@ -175,7 +178,11 @@ mod tests {
             record("INSERT", "500", "PAY#pay_1", "EVT"),
             record("INSERT", "600", "EVT#", "EVT"),
         ]);
-        let ids: Vec<Option<String>> = ev.records.iter().map(outbox_event_id).collect();
+        let ids: Vec<Option<String>> = ev
+            .records
+            .iter()
+            .map(|r| outbox_event_id(r).map(String::from))
+            .collect();
         assert_eq!(
             ids,
             [Some("evt_1".to_owned()), None, None, None, None, None]
@@ -198,7 +205,7 @@ mod tests {
         .await;
         assert!(reported(&response).is_empty(), "{response:?}");
         // No endpoint: nothing queued, but the event left the outbox.
-        match outbox::get(&*state.store, &e.id).await {
+        match outbox::get(&state, &e.id).await {
             Ok(Some(stored)) => assert!(stored.dispatched),
             other => panic!("{other:?}"),
         }

@@ -6,12 +6,12 @@
 pub mod events;
 
 use axum::Router;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 use edge::Json;
 use edge::idempotency::{Fence, Redact};
 use edge::openapi::{OpenApiRouter, idempotent, routes};
-use edge::{ApiError, Auth, JsonBody, with_edge};
+use edge::{ApiError, Auth, JsonBody, PathId, with_edge};
 use http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -19,6 +19,7 @@ use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::outbox::EventType;
 use shared::domain::webhooks::{self, CreateEndpoint, DeliveryView, EndpointView, PatchEndpoint};
+use shared::ids::EndpointId;
 
 pub use events::events;
 
@@ -101,9 +102,10 @@ async fn list_endpoints(
 async fn get_endpoint(
     State(state): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
+    id: PathId<EndpointId>,
 ) -> Result<Json<EndpointView>, ApiError> {
     let who = auth.require(Scope::WebhooksRead)?;
+    let id = id.get()?;
     let endpoint = webhooks::get(&state, who.tenant(), &id).await?;
     Ok(Json(EndpointView::of(&endpoint, None)))
 }
@@ -119,13 +121,14 @@ async fn get_endpoint(
 async fn patch_endpoint(
     State(state): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
+    id: PathId<EndpointId>,
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
     body: Result<JsonBody<PatchEndpoint>, ApiError>,
 ) -> Result<Json<EndpointView>, ApiError> {
     let who = auth.require(Scope::WebhooksWrite)?;
     let JsonBody(body) = body?;
+    let id = id.get()?;
     let endpoint = webhooks::patch(&state, who.tenant(), &id, body).await?;
     Ok(Json(EndpointView::of(&endpoint, None)))
 }
@@ -140,12 +143,16 @@ async fn patch_endpoint(
 async fn delete_endpoint(
     State(state): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
+    id: PathId<EndpointId>,
 ) -> Result<Json<EndpointDeleted>, ApiError> {
     let who = auth.require(Scope::WebhooksWrite)?;
+    let id = id.get()?;
     webhooks::delete(&state, who.tenant(), &id).await?;
     tracing::info!(endpoint_id = %id, "webhook endpoint deleted");
-    Ok(Json(EndpointDeleted { deleted: true, id }))
+    Ok(Json(EndpointDeleted {
+        deleted: true,
+        id: id.into(),
+    }))
 }
 
 /// The endpoint's deliveries, newest first.
@@ -158,9 +165,10 @@ async fn delete_endpoint(
 async fn list_deliveries(
     State(state): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
+    id: PathId<EndpointId>,
 ) -> Result<Json<DeliveryList>, ApiError> {
     let who = auth.require(Scope::WebhooksRead)?;
+    let id = id.get()?;
     let found = webhooks::deliveries(&state, who.tenant(), &id).await?;
     let data = found.iter().map(DeliveryView::from).collect();
     Ok(Json(DeliveryList { data }))
@@ -212,7 +220,7 @@ struct EndpointDeleted {
 async fn send_test(
     State(state): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
+    id: PathId<EndpointId>,
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
     body: Result<JsonBody<TestEvent>, ApiError>,
@@ -229,6 +237,7 @@ async fn send_test(
             ),
         )
     })?;
+    let id = id.get()?;
     let event = webhooks::send_test_event(&state, who.tenant(), &id, t).await?;
     Ok((StatusCode::ACCEPTED, Json(event.body())))
 }

@@ -16,8 +16,9 @@ use serde_json::Value;
 
 use super::Mode;
 use super::record::{Changes, Entry, Record, from_item};
+use crate::Deps;
 use crate::domain::Tenant;
-use crate::ids::{self, IdKind};
+use crate::ids::{EndpointId, EventId, PaymentId, ProjectId};
 use crate::keys;
 use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp};
 use crate::time::Timestamp;
@@ -79,10 +80,10 @@ impl EventType {
 /// A stored event.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Event {
-    pub id: String,
+    pub id: EventId,
     #[serde(rename = "type")]
     pub event_type: EventType,
-    pub project_id: String,
+    pub project_id: ProjectId,
     pub mode: Mode,
     pub created_at: Timestamp,
     /// The resource as the API returns it.
@@ -92,22 +93,22 @@ pub struct Event {
     pub dispatched: bool,
     /// For a test event: the one endpoint it is for (others never get it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub endpoint_id: Option<String>,
+    pub endpoint_id: Option<EndpointId>,
     /// The payment the event is about, if any (its timeline lists it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub payment_id: Option<String>,
+    pub payment_id: Option<PaymentId>,
 }
 
 crate::attrs! { Event {
-    ID: String = id,
+    ID: EventId = id,
     EVENT_TYPE: EventType = event_type as "type",
-    PROJECT_ID: String = project_id,
+    PROJECT_ID: ProjectId = project_id,
     MODE: Mode = mode,
     CREATED_AT: Timestamp = created_at,
     OBJECT: Value = object,
     DISPATCHED: bool = dispatched,
-    ENDPOINT_ID: Option<String> = endpoint_id,
-    PAYMENT_ID: Option<String> = payment_id,
+    ENDPOINT_ID: Option<EndpointId> = endpoint_id,
+    PAYMENT_ID: Option<PaymentId> = payment_id,
 } }
 
 impl Event {
@@ -120,12 +121,13 @@ impl Event {
         now: Timestamp,
     ) -> Event {
         Event {
-            id: ids::new_id(IdKind::Event),
+            id: EventId::new(),
             event_type,
-            project_id: project_id.to_owned(),
+            // The project of a record the caller read from our storage.
+            project_id: ProjectId::stored(project_id),
             mode,
             created_at: now,
-            payment_id: payment_of(&object),
+            payment_id: payment_of(&object).map(|p| PaymentId::stored(&p)),
             object,
             dispatched: false,
             endpoint_id: None,
@@ -135,20 +137,20 @@ impl Event {
     /// The same event, about payment `id` (when its object does not name
     /// the payment, as a payment link's does not).
     pub fn about_payment(mut self, id: &str) -> Event {
-        self.payment_id = Some(id.to_owned());
+        self.payment_id = Some(PaymentId::stored(id));
         self
     }
 
-    pub fn key(id: &str) -> Key {
+    pub fn key(id: &EventId) -> Key {
         keys::record(keys::Record::Event, id)
     }
 
-    fn list_partition(project_id: &str, mode: Mode) -> String {
-        keys::per_mode(project_id, mode, keys::PerMode::Events)
+    fn list_partition(tenant: &Tenant) -> String {
+        keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::Events)
     }
 
     /// The outbox partition of event `id`.
-    pub fn outbox_partition(id: &str) -> String {
+    pub fn outbox_partition(id: &EventId) -> String {
         keys::open(keys::Open::Outbox, keys::shard_of(id, SHARDS))
     }
 
@@ -275,7 +277,7 @@ impl Record for Event {
     /// delivery has taken it, in its outbox shard by id.
     fn entries(&self) -> Vec<Entry> {
         let mut entries = vec![Entry::gsi1(
-            Event::list_partition(&self.project_id, self.mode),
+            Event::list_partition(&Tenant::new(self.project_id.clone(), self.mode)),
             self.id.clone(),
         )];
         if !self.dispatched {
@@ -310,21 +312,21 @@ pub struct TimelineEntry {
     /// and written as its key (no attribute of its own names the payment).
     #[serde(rename = "pk", skip_serializing)]
     timeline: String,
-    pub event_id: String,
+    pub event_id: EventId,
     #[serde(rename = "type")]
     pub event_type: EventType,
     pub created_at: Timestamp,
 }
 
 crate::attrs! { TimelineEntry {
-    EVENT_ID: String = event_id,
+    EVENT_ID: EventId = event_id,
     EVENT_TYPE: EventType = event_type as "type",
     CREATED_AT: Timestamp = created_at,
 } }
 
 impl Record for TimelineEntry {
     fn item_key(&self) -> Key {
-        Key::new(self.timeline.clone(), self.event_id.clone())
+        Key::new(self.timeline.clone(), self.event_id.as_str())
     }
 }
 
@@ -345,7 +347,7 @@ pub async fn recent(
     tenant: &Tenant,
     limit: usize,
 ) -> Result<Vec<Event>, StoreError> {
-    let query = Query::partition(Event::list_partition(&tenant.project, tenant.mode))
+    let query = Query::partition(Event::list_partition(tenant))
         .on(Index::Gsi1)
         .backward()
         .limit(limit);
@@ -359,12 +361,12 @@ pub async fn recent(
 }
 
 /// The event `id`.
-pub async fn get(store: &dyn Store, id: &str) -> Result<Option<Event>, StoreError> {
-    crate::domain::record::get(store, &Event::key(id)).await
+pub async fn get(deps: &Deps, id: &EventId) -> Result<Option<Event>, StoreError> {
+    crate::domain::record::get(&*deps.store, &Event::key(id)).await
 }
 
 /// Takes event `id` out of the outbox (its deliveries exist).
-pub async fn mark_dispatched(store: &dyn Store, id: &str) -> Result<(), StoreError> {
+pub async fn mark_dispatched(store: &dyn Store, id: &EventId) -> Result<(), StoreError> {
     let update = Changes::<Event>::new()
         .set(Event::DISPATCHED, &true)
         .unindex(Index::Gsi2);
@@ -688,7 +690,7 @@ mod tests {
         assert_eq!(of_payment(&store, "pay_1", 2).await.unwrap().len(), 2);
         // The event itself remembers its payment (the delivery log's).
         assert_eq!(
-            get(&store, &link.id)
+            crate::domain::record::get::<Event>(&store, &Event::key(&link.id))
                 .await
                 .unwrap()
                 .unwrap()
@@ -754,7 +756,7 @@ mod tests {
         use crate::time::{Clock, SystemClock};
         let store = EmbeddedStore::in_memory().unwrap();
         // Written a moment ago by newer code (a type this build lacks).
-        let id = crate::ids::new_id(IdKind::Event);
+        let id = EventId::new();
         let young = json!({"pk": format!("EVT#{id}"), "sk": "EVT", "gsi2pk": "OUTBOX#0",
                            "gsi2sk": id, "type": "payment.teleported"});
         store

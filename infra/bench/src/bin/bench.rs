@@ -717,7 +717,7 @@ async fn webhooks_bench(cfg: WebhookBench) -> std::result::Result<(), String> {
             )
         })
         .collect();
-    let ids: Vec<String> = events.iter().map(|e| e.id.clone()).collect();
+    let ids: Vec<String> = events.iter().map(|e| e.id.to_string()).collect();
     let writes_before = clock.writes.load(Ordering::Relaxed);
     let deliveries_before = receipts.deliveries.load(Ordering::Relaxed);
     let started = Instant::now();
@@ -801,7 +801,7 @@ async fn webhooks_bench(cfg: WebhookBench) -> std::result::Result<(), String> {
         store.transact(ops).await.map_err(|e| err(&e))?;
         let committed = clock.commits_since(from);
         let at = receipts
-            .wait(std::slice::from_ref(&event.id), Duration::from_secs(60))
+            .wait(&[event.id.to_string()], Duration::from_secs(60))
             .await?;
         for ((_, c), r) in committed.iter().zip(at) {
             settle_ms.push(millis(*c, r));

@@ -8,6 +8,7 @@ use super::fan_out::{DeliveryMessage, DispatchError, FanOutReport, enqueue, fan_
 use super::log::{Delivery, DeliveryStatus, delivery};
 use crate::domain::record::Changes;
 use crate::domain::{Mode, Tenant, credentials, outbox};
+use crate::ids::{EndpointId, EventId};
 use crate::store::{Cond, Index, Query, SkCond, StoreError};
 use crate::time::Timestamp;
 use crate::webhooks::client::{Sent, WebhookClient};
@@ -59,7 +60,7 @@ pub(super) async fn dispatch(
         Err(WebhookError::Store(e)) => return Err(e.into()),
         Err(e) => return Err(DispatchError::Secrets(e.to_string())),
     };
-    let Some(event) = outbox::get(&*state.store, &d.event_id).await? else {
+    let Some(event) = outbox::get(state, &d.event_id).await? else {
         return give_up(state, &d, "the event no longer exists").await;
     };
     let Some(lease_until) = claim_attempt(state, &d).await? else {
@@ -460,8 +461,8 @@ pub enum Resent {
 pub async fn resend(
     state: &Deps,
     tenant: &Tenant,
-    event_id: &str,
-    endpoint_id: &str,
+    event_id: &EventId,
+    endpoint_id: &EndpointId,
 ) -> Result<Resent, WebhookError> {
     // The endpoint first: another project's or mode's is no endpoint.
     get(state, tenant, endpoint_id).await?;

@@ -11,7 +11,7 @@ use crate::domain::outbox::EventType;
 use crate::domain::record::{Changes, Record, from_item};
 use crate::domain::{Mode, Tenant};
 use crate::fields::wire::present;
-use crate::ids::{self, IdKind};
+use crate::ids::{EndpointId, ProjectId};
 use crate::keys;
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
@@ -23,8 +23,8 @@ use crate::webhooks::ssrf::{self, UrlError};
 /// A stored endpoint.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Endpoint {
-    pub id: String,
-    pub project_id: String,
+    pub id: EndpointId,
+    pub project_id: ProjectId,
     pub mode: Mode,
     pub url: String,
     /// Empty = every event.
@@ -37,8 +37,8 @@ pub struct Endpoint {
 }
 
 crate::attrs! { Endpoint {
-    ID: String = id,
-    PROJECT_ID: String = project_id,
+    ID: EndpointId = id,
+    PROJECT_ID: ProjectId = project_id,
     MODE: Mode = mode,
     URL: String = url,
     EVENTS: Vec<EventType> = events,
@@ -49,12 +49,16 @@ crate::attrs! { Endpoint {
 } }
 
 impl Endpoint {
-    fn partition(project_id: &str, mode: Mode) -> String {
-        keys::per_mode(project_id, mode, keys::PerMode::WebhookEndpoints)
+    fn partition(tenant: &Tenant) -> String {
+        keys::per_mode(
+            &tenant.project,
+            tenant.mode,
+            keys::PerMode::WebhookEndpoints,
+        )
     }
 
-    pub fn key(project_id: &str, mode: Mode, id: &str) -> Key {
-        Key::new(Endpoint::partition(project_id, mode), id)
+    pub fn key(tenant: &Tenant, id: &EndpointId) -> Key {
+        Key::new(Endpoint::partition(tenant), id.as_str())
     }
 
     /// Whether this endpoint wants events of type `t`.
@@ -69,7 +73,7 @@ impl Endpoint {
 
 impl Record for Endpoint {
     fn item_key(&self) -> Key {
-        Endpoint::key(&self.project_id, self.mode, &self.id)
+        Endpoint::key(&Tenant::new(self.project_id.clone(), self.mode), &self.id)
     }
 }
 
@@ -98,7 +102,7 @@ pub struct EndpointView {
 impl EndpointView {
     pub fn of(e: &Endpoint, signing_secret: Option<String>) -> Self {
         EndpointView {
-            id: e.id.clone(),
+            id: e.id.to_string(),
             object: "webhook_endpoint",
             livemode: e.mode.is_live(),
             url: e.url.clone(),
@@ -276,12 +280,12 @@ pub async fn create(
     let url = check_receiver(&body.url, tenant.mode, &state.webhooks).await?;
     let now = state.clock.now();
     let secret = new_secret()?;
-    let id = ids::new_id(IdKind::WebhookEndpoint);
+    let id = EndpointId::new();
     let context = format!("webhook/{}/{id}", tenant.project);
     let sealed = credentials::seal_secret(keys(state)?, &context, &secret)?;
     let endpoint = Endpoint {
         id,
-        project_id: tenant.project.clone().into(),
+        project_id: tenant.project.clone(),
         mode: tenant.mode,
         url,
         events,
@@ -292,7 +296,7 @@ pub async fn create(
     };
     // The endpoint, the count (only while under the limit: the limit
     // holds however many registrations run at once), and the fence.
-    let counter = EndpointCounter::key(&tenant.project, tenant.mode);
+    let counter = EndpointCounter::key(tenant);
     let mut ops = vec![
         endpoint.put_new()?,
         TxOp::Update {
@@ -319,7 +323,7 @@ pub async fn create(
         if let Some(f) = fence {
             if Fence::tripped(&e, FENCE_AT) {
                 let first = f.resource_id(&*state.store).await?.unwrap_or_default();
-                let endpoint = get(state, tenant, &first).await?;
+                let endpoint = get(state, tenant, &EndpointId::stored(&first)).await?;
                 return Ok((endpoint, None));
             }
         }
@@ -332,11 +336,9 @@ pub async fn create(
             // during a rolling deploy, a manual delete), or be missing
             // (vanished under us, or data from before it): then it is made
             // from the endpoints, and the write tried again.
-            match EndpointCounter::read(&*state.store, &tenant.project, tenant.mode).await? {
+            match EndpointCounter::read(&*state.store, tenant).await? {
                 Some((n, v)) => {
-                    let real =
-                        EndpointCounter::recount(&*state.store, &tenant.project, tenant.mode)
-                            .await?;
+                    let real = EndpointCounter::recount(&*state.store, tenant).await?;
                     if real >= MAX_ENDPOINTS as i64 {
                         return Err(WebhookError::TooMany);
                     }
@@ -344,19 +346,10 @@ pub async fn create(
                         // Only over the version just read: a registration
                         // or a delete in between makes this fail, and we
                         // try again.
-                        EndpointCounter::repair(
-                            &*state.store,
-                            &tenant.project,
-                            tenant.mode,
-                            (n, v),
-                            real,
-                        )
-                        .await?;
+                        EndpointCounter::repair(&*state.store, tenant, (n, v), real).await?;
                     }
                 }
-                None => {
-                    EndpointCounter::ensure(&*state.store, &tenant.project, tenant.mode).await?
-                }
+                None => EndpointCounter::ensure(&*state.store, tenant).await?,
             }
             if tries >= TX_TRIES {
                 return Err(StoreError::Unavailable(
@@ -431,18 +424,17 @@ impl Record for EndpointCounter {
 }
 
 impl EndpointCounter {
-    pub(super) fn key(project_id: &str, mode: Mode) -> Key {
-        keys::webhook_count(project_id, mode)
+    pub(super) fn key(tenant: &Tenant) -> Key {
+        keys::webhook_count(&tenant.project, tenant.mode)
     }
 
     /// The count and its version, if the counter exists (0 for either
     /// attribute missing).
     pub(super) async fn read(
         store: &dyn Store,
-        project_id: &str,
-        mode: Mode,
+        tenant: &Tenant,
     ) -> Result<Option<(i64, i64)>, StoreError> {
-        let key = EndpointCounter::key(project_id, mode);
+        let key = EndpointCounter::key(tenant);
         let counter: Option<EndpointCounter> = crate::domain::record::get(store, &key).await?;
         Ok(counter.map(|c| (c.n, c.v)))
     }
@@ -464,15 +456,12 @@ impl EndpointCounter {
     /// only if there is still no counter: every write that changes the
     /// endpoints needs the counter (its condition is false on a missing
     /// one), so none can land between that count and that put.
-    async fn ensure(store: &dyn Store, project_id: &str, mode: Mode) -> Result<(), StoreError> {
-        if EndpointCounter::read(store, project_id, mode)
-            .await?
-            .is_some()
-        {
+    async fn ensure(store: &dyn Store, tenant: &Tenant) -> Result<(), StoreError> {
+        if EndpointCounter::read(store, tenant).await?.is_some() {
             return Ok(());
         }
-        let n = EndpointCounter::recount(store, project_id, mode).await?;
-        let Key { pk, sk } = EndpointCounter::key(project_id, mode);
+        let n = EndpointCounter::recount(store, tenant).await?;
+        let Key { pk, sk } = EndpointCounter::key(tenant);
         let counter = EndpointCounter { pk, sk, n, v: 0 };
         match store.put(counter.to_item()?, Some(Cond::NotExists)).await {
             // Another request made it first: from the same endpoints.
@@ -482,9 +471,9 @@ impl EndpointCounter {
     }
 
     /// The endpoints actually stored (strongly consistent).
-    async fn recount(store: &dyn Store, project_id: &str, mode: Mode) -> Result<i64, StoreError> {
+    async fn recount(store: &dyn Store, tenant: &Tenant) -> Result<i64, StoreError> {
         let n = store
-            .count(&Query::partition(Endpoint::partition(project_id, mode)))
+            .count(&Query::partition(Endpoint::partition(tenant)))
             .await?;
         Ok(i64::try_from(n).unwrap_or(i64::MAX))
     }
@@ -497,12 +486,11 @@ impl EndpointCounter {
     /// endpoints were changed without it.
     pub(super) async fn repair(
         store: &dyn Store,
-        project_id: &str,
-        mode: Mode,
+        tenant: &Tenant,
         seen: (i64, i64),
         real: i64,
     ) -> Result<(), StoreError> {
-        let key = EndpointCounter::key(project_id, mode);
+        let key = EndpointCounter::key(tenant);
         let (seen, version) = seen;
         let still = EndpointCounter::unchanged(version);
         let update = Changes::<EndpointCounter>::new()
@@ -532,23 +520,18 @@ impl EndpointCounter {
 }
 
 /// The endpoint `id` of the project in `mode`.
-pub async fn get(deps: &Deps, tenant: &Tenant, id: &str) -> Result<Endpoint, WebhookError> {
+pub async fn get(deps: &Deps, tenant: &Tenant, id: &EndpointId) -> Result<Endpoint, WebhookError> {
     let store = &*deps.store;
-    if !ids::is_valid(id, IdKind::WebhookEndpoint) {
-        return Err(WebhookError::NotFound(id.to_owned()));
-    }
-    match crate::domain::record::get(store, &Endpoint::key(&tenant.project, tenant.mode, id))
-        .await?
-    {
+    match crate::domain::record::get(store, &Endpoint::key(tenant, id)).await? {
         Some(endpoint) => Ok(endpoint),
-        None => Err(WebhookError::NotFound(id.to_owned())),
+        None => Err(WebhookError::NotFound(id.to_string())),
     }
 }
 
 /// Every endpoint of the project in `mode`, newest first.
 pub async fn list(deps: &Deps, tenant: &Tenant) -> Result<Vec<Endpoint>, StoreError> {
     let store = &*deps.store;
-    let query = Query::partition(Endpoint::partition(&tenant.project, tenant.mode))
+    let query = Query::partition(Endpoint::partition(tenant))
         .backward()
         .limit(100);
     store
@@ -564,7 +547,7 @@ pub async fn list(deps: &Deps, tenant: &Tenant) -> Result<Vec<Endpoint>, StoreEr
 pub async fn patch(
     state: &Deps,
     tenant: &Tenant,
-    id: &str,
+    id: &EndpointId,
     body: PatchEndpoint,
 ) -> Result<Endpoint, WebhookError> {
     let current = get(state, tenant, id).await?;
@@ -587,18 +570,18 @@ pub async fn patch(
         .await
     {
         Ok(item) => Ok(from_item(item)?),
-        Err(e) if e.is_condition_failure() => Err(WebhookError::NotFound(id.to_owned())),
+        Err(e) if e.is_condition_failure() => Err(WebhookError::NotFound(id.to_string())),
         Err(e) => Err(e.into()),
     }
 }
 
 /// Deletes the endpoint for good; pending deliveries to it are dropped
 /// when their turn comes.
-pub async fn delete(deps: &Deps, tenant: &Tenant, id: &str) -> Result<(), WebhookError> {
+pub async fn delete(deps: &Deps, tenant: &Tenant, id: &EndpointId) -> Result<(), WebhookError> {
     let store = &*deps.store;
     let current = get(deps, tenant, id).await?;
-    let key = Endpoint::key(&tenant.project, tenant.mode, &current.id);
-    let counter = EndpointCounter::key(&tenant.project, tenant.mode);
+    let key = Endpoint::key(tenant, &current.id);
+    let counter = EndpointCounter::key(tenant);
     // The endpoint goes only if it is still there, and the count goes down
     // with it: a second delete (a retry, a race) lowers nothing.
     const ENDPOINT_AT: usize = 0;
@@ -630,7 +613,7 @@ pub async fn delete(deps: &Deps, tenant: &Tenant, id: &str) -> Result<(), Webhoo
             return Err(e.into());
         };
         if matches!(reasons.get(ENDPOINT_AT), Some(TxReason::ConditionFailed)) {
-            return Err(WebhookError::NotFound(id.to_owned()));
+            return Err(WebhookError::NotFound(id.to_string()));
         }
         if matches!(reasons.get(COUNTER_AT), Some(TxReason::ConditionFailed)) {
             // The counter is missing (made here from the endpoints, then
@@ -638,12 +621,12 @@ pub async fn delete(deps: &Deps, tenant: &Tenant, id: &str) -> Result<(), Webhoo
             // 0 while the endpoint exists: it drifted low (endpoints
             // written without it). The endpoint still goes; the count is
             // set from the endpoints left, only over the 0 just read.
-            let counted = EndpointCounter::read(store, &tenant.project, tenant.mode).await?;
+            let counted = EndpointCounter::read(store, tenant).await?;
             if counted.is_none() {
-                EndpointCounter::ensure(store, &tenant.project, tenant.mode).await?;
+                EndpointCounter::ensure(store, tenant).await?;
             }
             if let Some((seen @ ..=0, version)) = counted {
-                let real = EndpointCounter::recount(store, &tenant.project, tenant.mode).await?;
+                let real = EndpointCounter::recount(store, tenant).await?;
                 let ops = vec![
                     TxOp::Delete {
                         key: key.clone(),
@@ -671,7 +654,7 @@ pub async fn delete(deps: &Deps, tenant: &Tenant, id: &str) -> Result<(), Webhoo
                     Err(StoreError::TransactionCanceled { reasons })
                         if matches!(reasons.get(ENDPOINT_AT), Some(TxReason::ConditionFailed)) =>
                     {
-                        return Err(WebhookError::NotFound(id.to_owned()));
+                        return Err(WebhookError::NotFound(id.to_string()));
                     }
                     // The count moved (a registration or a delete in
                     // between): read it again.

@@ -10,7 +10,7 @@ use crate::Deps;
 use crate::domain::Tenant;
 use crate::domain::outbox::{self, Event};
 use crate::domain::record::Record;
-use crate::ids::{self, IdKind};
+use crate::ids::{DeliveryId, EndpointId, EventId, PaymentId};
 use crate::queue::{MAX_DELAY, QueueError, QueueName};
 use crate::store::{Cond, StoreError};
 use crate::time::Timestamp;
@@ -19,8 +19,8 @@ use crate::time::Timestamp;
 /// of attempts already made) of one delivery.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeliveryMessage {
-    pub event_id: String,
-    pub endpoint_id: String,
+    pub event_id: EventId,
+    pub endpoint_id: EndpointId,
     pub attempt: u32,
 }
 
@@ -85,7 +85,7 @@ pub(super) async fn fan_out(state: &Deps, event: &Event) -> Result<usize, Dispat
         // In the open deliveries, due now.
         let open = Delivery::open_entry(now, &event.id, &endpoint.id);
         let delivery = Delivery {
-            id: ids::new_id(IdKind::WebhookDelivery),
+            id: DeliveryId::new(),
             event_id: event.id.clone(),
             event_type: event.event_type,
             endpoint_id: endpoint.id.clone(),
@@ -94,7 +94,7 @@ pub(super) async fn fan_out(state: &Deps, event: &Event) -> Result<usize, Dispat
             payment_id: event
                 .payment_id
                 .clone()
-                .or_else(|| outbox::payment_of(&event.object)),
+                .or_else(|| outbox::payment_of(&event.object).map(|p| PaymentId::stored(&p))),
             status: DeliveryStatus::Pending,
             attempts: 0,
             response_status: None,
@@ -166,8 +166,8 @@ pub async fn fan_out_pending(
 
 /// Fans out the event `id` (the Streams function: the stream says which
 /// event was written; the record itself is read from the table).
-pub async fn fan_out_by_id(state: &Deps, id: &str) -> Result<usize, DispatchError> {
-    match outbox::get(&*state.store, id).await? {
+pub async fn fan_out_by_id(state: &Deps, id: &EventId) -> Result<usize, DispatchError> {
+    match outbox::get(state, id).await? {
         Some(event) if !event.dispatched => fan_out(state, &event).await,
         _ => Ok(0),
     }

@@ -9,6 +9,7 @@ use crate::Deps;
 use crate::domain::outbox::{self, Event, EventType};
 use crate::domain::record::{Entry, Gsi2Entry, Record, from_item};
 use crate::domain::{Mode, Tenant, Window};
+use crate::ids::{DeliveryId, EndpointId, EventId, PaymentId, ProjectId};
 use crate::keys;
 use crate::store::{Index, Key, Query, SkCond, Store, StoreError};
 use crate::time::Timestamp;
@@ -40,13 +41,13 @@ impl DeliveryStatus {
 /// One event's delivery to one endpoint, with its attempts so far.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Delivery {
-    pub id: String,
-    pub event_id: String,
+    pub id: DeliveryId,
+    pub event_id: EventId,
     pub event_type: EventType,
-    pub endpoint_id: String,
-    pub project_id: String,
+    pub endpoint_id: EndpointId,
+    pub project_id: ProjectId,
     pub mode: Mode,
-    pub payment_id: Option<String>,
+    pub payment_id: Option<PaymentId>,
     pub status: DeliveryStatus,
     pub attempts: u32,
     pub response_status: Option<u16>,
@@ -73,13 +74,13 @@ pub struct Delivery {
 }
 
 crate::attrs! { Delivery {
-    ID: String = id,
-    EVENT_ID: String = event_id,
+    ID: DeliveryId = id,
+    EVENT_ID: EventId = event_id,
     EVENT_TYPE: EventType = event_type,
-    ENDPOINT_ID: String = endpoint_id,
-    PROJECT_ID: String = project_id,
+    ENDPOINT_ID: EndpointId = endpoint_id,
+    PROJECT_ID: ProjectId = project_id,
     MODE: Mode = mode,
-    PAYMENT_ID: Option<String> = payment_id,
+    PAYMENT_ID: Option<PaymentId> = payment_id,
     STATUS: DeliveryStatus = status,
     ATTEMPTS: u32 = attempts,
     RESPONSE_STATUS: Option<u16> = response_status,
@@ -96,13 +97,17 @@ crate::attrs! { Delivery {
 } }
 
 impl Delivery {
-    pub fn key(event_id: &str, endpoint_id: &str) -> Key {
+    pub fn key(event_id: &EventId, endpoint_id: &EndpointId) -> Key {
         keys::delivery(event_id, endpoint_id)
     }
 
     /// Its entry among the open deliveries (`gsi2`), due at `due`: in the
     /// partition of its event's shard, due time first.
-    pub(super) fn open_entry(due: Timestamp, event_id: &str, endpoint_id: &str) -> Gsi2Entry {
+    pub(super) fn open_entry(
+        due: Timestamp,
+        event_id: &EventId,
+        endpoint_id: &EndpointId,
+    ) -> Gsi2Entry {
         Gsi2Entry::new(
             keys::open(
                 keys::Open::Deliveries,
@@ -114,11 +119,11 @@ impl Delivery {
 
     /// The open-deliveries sort key of one due at `due`: due time first
     /// (a sweep reads those due before a time).
-    fn open_sort_key(due: Timestamp, event_id: &str, endpoint_id: &str) -> String {
+    fn open_sort_key(due: Timestamp, event_id: &EventId, endpoint_id: &EndpointId) -> String {
         format!("{:015}#{event_id}#{endpoint_id}", due.unix_millis().max(0))
     }
 
-    pub(super) fn log_partition(endpoint_id: &str) -> String {
+    pub(super) fn log_partition(endpoint_id: &EndpointId) -> String {
         keys::endpoint_deliveries(endpoint_id)
     }
 }
@@ -185,11 +190,11 @@ pub struct DeliveryView {
 impl From<&Delivery> for DeliveryView {
     fn from(d: &Delivery) -> Self {
         DeliveryView {
-            id: d.id.clone(),
+            id: d.id.to_string(),
             object: "webhook_delivery",
-            webhook_endpoint_id: d.endpoint_id.clone(),
-            event_id: d.event_id.clone(),
-            payment_id: d.payment_id.clone(),
+            webhook_endpoint_id: d.endpoint_id.to_string(),
+            event_id: d.event_id.to_string(),
+            payment_id: d.payment_id.as_ref().map(ToString::to_string),
             event_type: d.event_type.as_str(),
             status: d.status.as_str(),
             attempts: d.attempts,
@@ -212,7 +217,7 @@ impl From<&Delivery> for DeliveryView {
 pub async fn deliveries(
     deps: &Deps,
     tenant: &Tenant,
-    id: &str,
+    id: &EndpointId,
 ) -> Result<Vec<Delivery>, WebhookError> {
     let store = &*deps.store;
     let endpoint = get(deps, tenant, id).await?;
@@ -233,7 +238,7 @@ pub async fn deliveries(
 pub async fn deliveries_page(
     deps: &Deps,
     tenant: &Tenant,
-    id: &str,
+    id: &EndpointId,
     window: Window,
 ) -> Result<(Vec<Delivery>, u64), WebhookError> {
     let store = &*deps.store;
@@ -248,7 +253,7 @@ pub async fn deliveries_page(
 /// most `limit`). The caller has found the event's payment in its tenant.
 pub async fn deliveries_of_event(
     store: &dyn Store,
-    event_id: &str,
+    event_id: &EventId,
     limit: usize,
 ) -> Result<Vec<Delivery>, StoreError> {
     let query = Query::partition(Event::key(event_id).pk)
@@ -260,8 +265,8 @@ pub async fn deliveries_of_event(
 /// The delivery of `event_id` to `endpoint_id`, if any.
 pub async fn delivery(
     store: &dyn Store,
-    event_id: &str,
-    endpoint_id: &str,
+    event_id: &EventId,
+    endpoint_id: &EndpointId,
 ) -> Result<Option<Delivery>, StoreError> {
     crate::domain::record::get(store, &Delivery::key(event_id, endpoint_id)).await
 }

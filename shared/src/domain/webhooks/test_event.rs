@@ -6,7 +6,7 @@ use super::endpoints::{WebhookError, get, invalid};
 use crate::Deps;
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::{Mode, Tenant};
-use crate::ids::{self, IdKind};
+use crate::ids::{self, EndpointId, IdKind};
 use crate::time::Timestamp;
 
 /// A sample object for a test event of type `t`.
@@ -49,7 +49,7 @@ pub(super) fn sample_object(t: EventType, mode: Mode, now: Timestamp) -> Value {
 pub async fn send_test_event(
     state: &Deps,
     tenant: &Tenant,
-    id: &str,
+    id: &EndpointId,
     t: EventType,
 ) -> Result<Event, WebhookError> {
     let endpoint = get(state, tenant, id).await?;

@@ -1041,7 +1041,7 @@ mod dispatching {
     }
 
     async fn count_of(f: &Fixture, project: &str) -> Option<i64> {
-        EndpointCounter::read(&*f.state.store, project, Mode::Sandbox)
+        EndpointCounter::read(&*f.state.store, &Tenant::new(project, Mode::Sandbox))
             .await
             .unwrap()
             .map(|(n, _)| n)
@@ -1141,7 +1141,7 @@ mod dispatching {
         f.state
             .store
             .update(
-                &EndpointCounter::key(project, Mode::Sandbox),
+                &EndpointCounter::key(&Tenant::new(project, Mode::Sandbox)),
                 Changes::<EndpointCounter>::new()
                     .set(EndpointCounter::N, &n)
                     .into(),
@@ -1225,7 +1225,7 @@ mod dispatching {
             .unwrap();
         }
         let store = &*f.state.store;
-        let Some((n, v)) = EndpointCounter::read(store, "proj_2", Mode::Sandbox)
+        let Some((n, v)) = EndpointCounter::read(store, &Tenant::new("proj_2", Mode::Sandbox))
             .await
             .unwrap()
         else {
@@ -1252,16 +1252,16 @@ mod dispatching {
         )
         .await
         .unwrap();
-        EndpointCounter::repair(store, "proj_2", Mode::Sandbox, (n, v), 9)
+        EndpointCounter::repair(store, &Tenant::new("proj_2", Mode::Sandbox), (n, v), 9)
             .await
             .unwrap();
         assert_eq!(count_of(&f, "proj_2").await, Some(2), "stale: no change");
-        let fresh = EndpointCounter::read(store, "proj_2", Mode::Sandbox)
+        let fresh = EndpointCounter::read(store, &Tenant::new("proj_2", Mode::Sandbox))
             .await
             .unwrap()
             .unwrap();
         assert_eq!(fresh.1, v + 2);
-        EndpointCounter::repair(store, "proj_2", Mode::Sandbox, fresh, 2)
+        EndpointCounter::repair(store, &Tenant::new("proj_2", Mode::Sandbox), fresh, 2)
             .await
             .unwrap();
         assert_eq!(count_of(&f, "proj_2").await, Some(2));
@@ -1331,7 +1331,7 @@ mod dispatching {
             .unwrap();
         }
         // As stored before the counter existed.
-        let counter = EndpointCounter::key("proj_2", Mode::Sandbox);
+        let counter = EndpointCounter::key(&Tenant::new("proj_2", Mode::Sandbox));
         f.state.store.delete(&counter, None).await.unwrap();
         assert!(matches!(
             create(
