@@ -870,7 +870,7 @@ mod tests {
         call(&s, Some("gone"), r#"{"name": "first"}"#).await;
         assert_eq!(widgets_created(&s).await, 1);
         // Drop the claim record: only the fence remains.
-        let record = record_key(&Tenant::new(s.project_id.clone(), Mode::Sandbox), "gone");
+        let record = record_key(&Tenant::new(s.project_id.as_str(), Mode::Sandbox), "gone");
         s.store.delete(&record, None).await.unwrap();
         let other = call(&s, Some("gone"), r#"{"name": "second"}"#).await;
         assert_eq!(other.status, StatusCode::CREATED, "{:?}", other.body);

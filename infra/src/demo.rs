@@ -308,7 +308,7 @@ pub async fn seed_payments(state: &AppState, demo: &DemoAccount) -> Result<usize
             let paid = matches!(status, PaymentStatus::Success | PaymentStatus::Refunded);
             let payment = Payment {
                 id: shared::ids::PaymentId::new(),
-                project_id: demo.project_id.clone().into(),
+                project_id: demo.project_id.clone(),
                 checkout_session_id: shared::ids::SessionId::new(),
                 mode,
                 amount: Paisa::new(*amount).unwrap_or_default(),

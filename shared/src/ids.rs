@@ -268,14 +268,6 @@ macro_rules! typed_ids {
             }
         }
 
-        /// MIGRATION (issue 38): lets areas typed at different times meet
-        /// while their ids are being typed; removed when every area is.
-        impl From<String> for $name {
-            fn from(raw: String) -> Self {
-                $name(raw)
-            }
-        }
-
         /// Tests write ids as literals (`"pay_1".into()`); production code
         /// has no way from a bare string but [`TypedId::parse`] and serde.
         #[cfg(any(test, feature = "testkit"))]

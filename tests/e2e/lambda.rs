@@ -70,7 +70,7 @@ async fn fixture(which: Which) -> Option<Fixture> {
     for amount in [700, 900] {
         let payment = Payment {
             id: shared::ids::PaymentId::new(),
-            project_id: p.id.clone().into(),
+            project_id: p.id.clone(),
             checkout_session_id: shared::ids::SessionId::new(),
             mode: Mode::Live,
             amount: Paisa::new(amount).unwrap_or_default(),
@@ -169,7 +169,7 @@ async fn invoices_function_answers_the_pdf_as_binary(which: Which) {
         Err(e) => panic!("{e}"),
     };
     let draft = match invoices::new_draft(
-        &shared::domain::Tenant::new(f.project_id.clone(), Mode::Live),
+        &shared::domain::Tenant::new(f.project_id.as_str(), Mode::Live),
         body,
         SystemClock.now(),
     ) {
@@ -184,7 +184,7 @@ async fn invoices_function_answers_the_pdf_as_binary(which: Which) {
         .unwrap_or_else(|e| panic!("{e}"));
     let issued = invoices::finalize(
         &f.state,
-        &shared::domain::Tenant::new(f.project_id.clone(), Mode::Live),
+        &shared::domain::Tenant::new(f.project_id.as_str(), Mode::Live),
         &draft.id,
         1,
         None,
@@ -548,7 +548,7 @@ async fn endpoint(
     };
     match shared::domain::webhooks::create(
         state,
-        &shared::domain::Tenant::new(f.project_id.clone(), Mode::Sandbox),
+        &shared::domain::Tenant::new(f.project_id.as_str(), Mode::Sandbox),
         body,
         None,
     )

@@ -409,7 +409,7 @@ impl TestApp {
         metadata.insert("order".into(), Value::from("A-1"));
         let p = Payment {
             id: shared::ids::PaymentId::new(),
-            project_id: tenant.project.id.clone().into(),
+            project_id: tenant.project.id.clone(),
             checkout_session_id: shared::ids::SessionId::new(),
             mode,
             amount: Paisa::new(amount).unwrap_or_default(),

@@ -34,7 +34,7 @@ use shared::domain::attempts::{self, AttemptError, PayChoice, ReturnKind};
 use shared::domain::checkout::{self, CheckoutSession, Flow, SessionStatus, StoredAddress};
 use shared::domain::links;
 use shared::domain::payments::{Payment, PaymentStatus};
-use shared::ids::{LinkId, PaymentId, SessionId};
+use shared::ids::{LinkId, PaymentId, ProjectId, SessionId};
 use shared::limits::public;
 use shared::providers::Handoff;
 use shared::refusal::Refusal;
@@ -488,7 +488,10 @@ async fn pay(
     };
     let address = choice.address.clone();
     let base = edge::requests::public_base(&state, &headers);
-    let started = attempts::start(&state, &id, choice, &base, now).await;
+    let started = match SessionId::parse(&id) {
+        Some(id) => attempts::start(&state, &id, choice, &base, now).await,
+        None => Err(AttemptError::NotFound),
+    };
     let (status, message) = match started {
         Ok(s) => {
             let (merchant, _) = match merchant_of(&state, &s.session.project_id).await {
@@ -612,7 +615,7 @@ fn streams() -> &'static std::sync::Arc<tokio::sync::Semaphore> {
 /// its place among [`MAX_STREAMS`].
 struct Feed {
     state: AppState,
-    id: String,
+    id: SessionId,
     sent: std::collections::HashSet<String>,
     queue: std::collections::VecDeque<axum::response::sse::Event>,
     started: tokio::time::Instant,
@@ -748,8 +751,8 @@ async fn events(
     let mut queue = std::collections::VecDeque::new();
     queue.push_back(Event::default().comment("connected").retry(STREAM_POLL));
     let feed = Feed {
+        id: session.id.clone(),
         state,
-        id,
         sent,
         queue,
         started: tokio::time::Instant::now(),
@@ -808,7 +811,11 @@ async fn events(
 
 async fn status(State(state): State<AppState>, Path(id): Path<String>) -> Response {
     let now = state.clock.now();
-    let (session, payment) = match attempts::poll(&state, &id, now).await {
+    let polled = match SessionId::parse(&id) {
+        Some(id) => attempts::poll(&state, &id, now).await,
+        None => Ok(None),
+    };
+    let (session, payment) = match polled {
         Ok(Some(x)) => x,
         Ok(None) => {
             return (
@@ -943,8 +950,11 @@ fn after_return(session: &CheckoutSession, payment: &Payment) -> Response {
 }
 
 /// The shop's name and whether it may take payments.
-async fn merchant_of(state: &AppState, project_id: &str) -> Result<(String, bool), StoreError> {
-    account::storefront(&*state.store, &project_id.to_owned().into()).await
+async fn merchant_of(
+    state: &AppState,
+    project_id: &ProjectId,
+) -> Result<(String, bool), StoreError> {
+    account::storefront(state, project_id).await
 }
 
 async fn link_page(State(state): State<AppState>, Path(id): Path<String>) -> Response {

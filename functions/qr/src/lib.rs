@@ -4,17 +4,19 @@
 //! webhooks are the hosted flow's (`shared::domain::qr`).
 
 use axum::Router;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use base64::Engine;
 use edge::Json;
 use edge::idempotency::Fence;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
-use edge::{ApiError, Auth, JsonBody, with_edge};
+use edge::{ApiError, Auth, JsonBody, PathId, with_edge};
 use http::{HeaderMap, StatusCode};
 use serde::Serialize;
 use shared::AppState;
 use shared::domain::account::Scope;
-use shared::domain::qr::{self, CreateQr, ShownQr};
+use shared::domain::qr::{self, CreateQr, QrError, ShownQr};
+use shared::ids::SessionId;
+use shared::refusal::Refusal;
 use shared::time::Timestamp;
 
 /// The function's routes and their description, one value.
@@ -111,10 +113,13 @@ async fn refresh_qr(
     State(state): State<AppState>,
     auth: Auth,
     headers: HeaderMap,
-    Path(id): Path<String>,
+    id: PathId<SessionId>,
 ) -> Result<Json<Shown>, ApiError> {
     let who = auth.require(Scope::PaymentsWrite)?;
     let base = edge::requests::public_base(&state, &headers);
+    // The plan is checked before the session is looked for, as it was.
+    qr::entitled(who)?;
+    let id = id.get_or(|_, raw| ApiError::from(Refusal::from(QrError::NotFound(raw.into()))))?;
     let s = qr::refresh(&state, who, &id, &base, state.clock.now()).await?;
     let events = edge::requests::events_url(&state, &headers, &s.session.id);
     Ok(Json(shown(s, events)?))

@@ -565,7 +565,7 @@ async fn provider_credentials_are_stored_encrypted() {
         let got = credentials::get_credentials(
             &store,
             &keys,
-            &Tenant::new(project.clone(), Mode::Live),
+            &Tenant::new(project.as_str(), Mode::Live),
             Provider::Fonepay,
         )
         .await;

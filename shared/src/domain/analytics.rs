@@ -778,7 +778,7 @@ mod tests {
         for d in [0, 1, 5, 6, 7] {
             for i in 0..40 {
                 let mut s = session(day(d));
-                s.id = format!("cs_{d}_{i}").into(); // fixed ids: every shard is hit
+                s.id = crate::ids::SessionId::stored(format!("cs_{d}_{i}")); // fixed ids: every shard is hit
                 let mut p = payment(&s, Provider::Esewa, day(d));
                 p.amount = Paisa::new(1_000 + i).unwrap();
                 let mut t = Tally::new();

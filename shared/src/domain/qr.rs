@@ -130,27 +130,30 @@ pub async fn create(
     new_qr(state, session, base, now).await
 }
 
+/// Refuses a merchant whose plan has no Direct-QR (checked before any
+/// lookup, so the answer does not depend on the session asked for).
+pub fn entitled(who: &Principal) -> Result<(), QrError> {
+    if who.merchant.plan.direct_qr() {
+        Ok(())
+    } else {
+        Err(QrError::NotEntitled(who.merchant.plan))
+    }
+}
+
 /// A fresh QR for the same session (a Fonepay QR is shown for about three
 /// minutes): the open payment is superseded by a new one.
 pub async fn refresh(
     state: &Deps,
     who: &Principal,
-    id: &str,
+    id: &SessionId,
     base: &str,
     now: Timestamp,
 ) -> Result<ShownQr, QrError> {
-    if !who.merchant.plan.direct_qr() {
-        return Err(QrError::NotEntitled(who.merchant.plan));
-    }
-    let session = checkout::find_at(
-        &*state.store,
-        who.tenant(),
-        &SessionId::from(id.to_owned()),
-        now,
-    )
-    .await?
-    .filter(|s| s.flow == Flow::Qr)
-    .ok_or_else(|| QrError::NotFound(id.to_owned()))?;
+    entitled(who)?;
+    let session = checkout::find_at(&*state.store, who.tenant(), id, now)
+        .await?
+        .filter(|s| s.flow == Flow::Qr)
+        .ok_or_else(|| QrError::NotFound(id.to_string()))?;
     let status = session.status_at(now);
     if status.is_final() {
         return Err(QrError::Closed(status));

@@ -311,7 +311,7 @@ async fn main() -> Result<(), String> {
         .map_err(err)?;
     let payment = Payment {
         id: shared::ids::PaymentId::new(),
-        project_id: p.id.clone().into(),
+        project_id: p.id.clone(),
         checkout_session_id: shared::ids::SessionId::new(),
         mode: Mode::Live,
         amount: Paisa::new(1000).map_err(|e| e.to_string())?,

@@ -159,7 +159,7 @@ fn ms(d: Duration) -> f64 {
 /// [`WRITERS`] transactions at once, and keeps their ids.
 async fn fill(
     store: &Arc<dyn Store>,
-    project_id: &str,
+    project_id: &shared::ids::ProjectId,
     now: Timestamp,
     from: usize,
     to: usize,
@@ -190,13 +190,13 @@ async fn fill(
 /// scatters the first payments over all of them (so every checkpoint has
 /// 90 days of counters: analytics is measured at the same number of days),
 /// one in four failed.
-fn payment(project_id: &str, now: Timestamp, n: usize) -> Payment {
+fn payment(project_id: &shared::ids::ProjectId, now: Timestamp, n: usize) -> Payment {
     let minutes = ((n as i64) * 7919) % (90 * 24 * 60);
     let created = now.plus(chrono::Duration::minutes(-minutes));
     let failed = n % 4 == 3;
     Payment {
         id: shared::ids::PaymentId::new(),
-        project_id: project_id.to_owned().into(),
+        project_id: project_id.clone(),
         checkout_session_id: shared::ids::SessionId::new(),
         mode: Mode::Live,
         amount: Paisa::new(10_000 + (n as i64 % 500) * 100).unwrap_or_default(),

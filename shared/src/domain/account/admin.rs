@@ -190,10 +190,8 @@ pub async fn get_merchant(
 /// The name customers see for a project's shop (its merchant's, else the
 /// project's) and whether it may take payments (merchant present and not
 /// suspended): the public pages and payment attempts ask this.
-pub async fn storefront(
-    store: &dyn Store,
-    project_id: &ProjectId,
-) -> Result<(String, bool), StoreError> {
+pub async fn storefront(deps: &Deps, project_id: &ProjectId) -> Result<(String, bool), StoreError> {
+    let store = &*deps.store;
     let Some(project) =
         crate::domain::record::get::<Project>(store, &Project::key(project_id)).await?
     else {

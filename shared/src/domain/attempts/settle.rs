@@ -681,7 +681,7 @@ fn session_after_attempt_ops(
 /// poll carries nothing the payment is judged on.
 pub async fn poll(
     state: &Deps,
-    session_id: &str,
+    session_id: &SessionId,
     now: Timestamp,
 ) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
     poll_every(state, session_id, now, POLL_CHECK_EVERY).await
@@ -690,7 +690,7 @@ pub async fn poll(
 /// [`poll`], asking the provider at most once per `every` per payment.
 async fn poll_every(
     state: &Deps,
-    session_id: &str,
+    session_id: &SessionId,
     now: Timestamp,
     every: chrono::Duration,
 ) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
@@ -705,7 +705,7 @@ async fn poll_every(
 /// sweep.
 pub async fn poll_qr_every(
     state: &Deps,
-    session_id: &str,
+    session_id: &SessionId,
     now: Timestamp,
     every: chrono::Duration,
 ) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
@@ -714,14 +714,12 @@ pub async fn poll_qr_every(
 
 async fn poll_when(
     state: &Deps,
-    session_id: &str,
+    session_id: &SessionId,
     now: Timestamp,
     every: chrono::Duration,
     qr_only: bool,
 ) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
-    let Some(session) =
-        checkout::find_any_at(&*state.store, &SessionId::from(session_id.to_owned()), now).await?
-    else {
+    let Some(session) = checkout::find_any_at(&*state.store, session_id, now).await? else {
         return Ok(None);
     };
     poll_session(state, session, now, every, qr_only)

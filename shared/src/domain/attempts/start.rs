@@ -68,15 +68,14 @@ fn check_address(a: &StoredAddress) -> Result<StoredAddress, AttemptError> {
 /// `public_base`: our public base URL (the providers return there).
 pub async fn start(
     state: &Deps,
-    session_id: &str,
+    session_id: &SessionId,
     choice: PayChoice,
     public_base: &str,
     now: Timestamp,
 ) -> Result<Started, AttemptError> {
-    let session =
-        checkout::find_any_at(&*state.store, &SessionId::from(session_id.to_owned()), now)
-            .await?
-            .ok_or(AttemptError::NotFound)?;
+    let session = checkout::find_any_at(&*state.store, session_id, now)
+        .await?
+        .ok_or(AttemptError::NotFound)?;
     start_for(state, session, choice, public_base, now).await
 }
 
@@ -102,7 +101,7 @@ pub async fn start_for(
     )
     .await?;
     let client = state.providers.client(session.mode, provider)?;
-    check_storefront(store, &session.project_id).await?;
+    check_storefront(state, &session.project_id).await?;
     let claim = link_use_to_claim(store, &session, now).await?;
 
     let rules = super::provider_rules::of(provider, session.mode);
@@ -245,8 +244,8 @@ fn customer_address(
 }
 
 /// Refuses a start while the merchant's shop cannot take payments.
-async fn check_storefront(store: &dyn Store, project_id: &ProjectId) -> Result<(), AttemptError> {
-    if !account::storefront(store, project_id).await?.1 {
+async fn check_storefront(state: &Deps, project_id: &ProjectId) -> Result<(), AttemptError> {
+    if !account::storefront(state, project_id).await?.1 {
         return Err(AttemptError::NotOffered(
             "this shop cannot take payments right now".into(),
         ));

@@ -667,7 +667,7 @@ async fn queued_reminder(state: &Deps, who: &Principal) -> SmsReminder {
     let mut r = SmsReminder {
         id: SmsId::new(),
         project_id: who.tenant().project.clone(),
-        merchant_id: who.merchant.id.clone().into(),
+        merchant_id: who.merchant.id.clone(),
         mode: Mode::Live,
         to: "9841000001".into(),
         text: "hi".into(),
