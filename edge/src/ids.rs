@@ -190,28 +190,14 @@ mod tests {
         let app = Router::new()
             .route("/g/{id}", get(guarded))
             .route("/l/{id}", get(lookup));
-        let call = |uri: String| {
-            let app = app.clone();
-            async move {
-                let res = app
-                    .oneshot(Request::get(uri).body(Body::empty()).unwrap())
-                    .await
-                    .unwrap();
-                let status = res.status();
-                let body = axum::body::to_bytes(res.into_body(), 1 << 16)
-                    .await
-                    .unwrap();
-                (status, String::from_utf8_lossy(&body).into_owned())
-            }
-        };
         // The check before the lookup answers first, whatever the id.
-        assert_eq!(call("/g/pay_1".into()).await.0, StatusCode::FORBIDDEN);
-        let (status, body) = call("/l/pay_1".into()).await;
+        assert_eq!(call_on(&app, "/g/pay_1").await.0, StatusCode::FORBIDDEN);
+        let (status, body) = call_on(&app, "/l/pay_1").await;
         assert_eq!(status, StatusCode::NOT_FOUND);
         assert!(body.contains("No such payment: 'pay_1'"), "{body}");
         let id = PaymentId::new();
         assert_eq!(
-            call(format!("/l/{id}")).await,
+            call_on(&app, &format!("/l/{id}")).await,
             (StatusCode::OK, format!("payment {id}"))
         );
     }
@@ -220,7 +206,12 @@ mod tests {
         let app = Router::new()
             .route("/p/{id}", get(payment))
             .route("/c/{id}/{payment}/{outcome}", get(attempt));
+        call_on(&app, uri).await
+    }
+
+    async fn call_on(app: &Router, uri: &str) -> (StatusCode, String) {
         let res = app
+            .clone()
             .oneshot(Request::get(uri).body(Body::empty()).unwrap())
             .await
             .unwrap();

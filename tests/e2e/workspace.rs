@@ -462,29 +462,36 @@ fn untyped_storage(text: &str) -> Vec<(usize, String)> {
     found
 }
 
-#[test]
-fn the_domain_names_stored_attributes_only_through_its_records() {
+/// What `scan` finds in the domain's files outside its tests and `skip`,
+/// as `shared/src/domain/<file>:<line>: <code>`.
+fn domain_findings(skip: &[&str], scan: fn(&str) -> Vec<(usize, String)>) -> Vec<String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/src/domain");
     let mut files = Vec::new();
     rust_files(&root, &mut files);
     assert!(files.len() > 20, "too few files under {}", root.display());
     let mut found = Vec::new();
     for file in &files {
-        // The typed layer itself, and the tests (which write raw items on
-        // purpose, and the fixture test that reads them).
         let name = file
             .strip_prefix(&root)
             .unwrap_or(file)
             .display()
             .to_string();
-        if name == "record.rs" || name == "stored_shapes.rs" || name.ends_with("tests.rs") {
+        if skip.contains(&name.as_str()) || name.ends_with("tests.rs") {
             continue;
         }
         let text = std::fs::read_to_string(file).unwrap_or_default();
-        for (line, code) in untyped_storage(&text) {
+        for (line, code) in scan(&text) {
             found.push(format!("shared/src/domain/{name}:{line}: {code}"));
         }
     }
+    found
+}
+
+#[test]
+fn the_domain_names_stored_attributes_only_through_its_records() {
+    // The typed layer itself, and the tests (which write raw items on
+    // purpose, and the fixture test that reads them).
+    let found = domain_findings(&["record.rs", "stored_shapes.rs"], untyped_storage);
     assert!(
         found.is_empty(),
         "attribute names as strings in the domain; declare the attribute on \
@@ -707,31 +714,89 @@ fn untyped_ids(text: &str) -> Vec<(usize, String)> {
 
 #[test]
 fn the_domain_holds_and_takes_our_ids_typed() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/src/domain");
-    let mut files = Vec::new();
-    rust_files(&root, &mut files);
-    assert!(files.len() > 20, "too few files under {}", root.display());
-    let mut found = Vec::new();
-    for file in &files {
-        let name = file
-            .strip_prefix(&root)
-            .unwrap_or(file)
-            .display()
-            .to_string();
-        if name.ends_with("tests.rs") {
-            continue;
-        }
-        let text = std::fs::read_to_string(file).unwrap_or_default();
-        for (line, code) in untyped_ids(&text) {
-            found.push(format!("shared/src/domain/{name}:{line}: {code}"));
+    let found = domain_findings(&[], untyped_ids);
+    assert_within(
+        &found,
+        &NOT_YET_TYPED,
+        "ids of ours as strings in a stored record or a domain signature; use \
+         the kind's type from shared::ids (parsed at the edge)",
+    );
+}
+
+/// What issue 38 has not typed yet, per file: the counts may only fall
+/// (lower one when you type a line; a file at zero leaves the list).
+/// Credentials' `key_id` names a master key and `qr::StreamEvent::id`
+/// an event-stream tag, not our ids: rename them rather than type them.
+const NOT_YET_TYPED: [(&str, usize); 9] = [
+    ("shared/src/domain/account/mod.rs", 2),
+    ("shared/src/domain/analytics.rs", 2),
+    ("shared/src/domain/credentials.rs", 10),
+    ("shared/src/domain/dashboard/forms.rs", 1),
+    ("shared/src/domain/dashboard/mod.rs", 1),
+    ("shared/src/domain/outbox.rs", 3),
+    ("shared/src/domain/qr.rs", 1),
+    ("shared/src/domain/sms/notify.rs", 1),
+    ("shared/src/domain/totals.rs", 5),
+];
+
+/// Handlers that still hand the store to the domain (issue 38), per file;
+/// the counts may only fall. The rate limiters (`limits().take`) and the
+/// idempotency layer read the store themselves: they are edge parts, to
+/// be given the deps with the limiters' own tests.
+const NOT_YET_THROUGH_DEPS: [(&str, usize); 6] = [
+    ("edge/src/auth.rs", 4),
+    ("edge/src/idempotency.rs", 1),
+    ("functions/account/src/lib.rs", 1),
+    ("functions/dashboard/src/credentials.rs", 4),
+    ("functions/dashboard/src/lib.rs", 3),
+    ("functions/hosted/src/lib.rs", 1),
+];
+
+/// `found` (`path:line: code`) holds no more lines per file than `allowed`
+/// says, and no fewer: a file that got better lowers its number, so the
+/// list only shrinks.
+fn assert_within(found: &[String], allowed: &[(&str, usize)], what: &str) {
+    let mut per_file: std::collections::BTreeMap<&str, Vec<&String>> = Default::default();
+    for f in found {
+        let file = f.split(':').next().unwrap_or("");
+        per_file.entry(file).or_default().push(f);
+    }
+    let mut wrong = Vec::new();
+    for (file, lines) in &per_file {
+        let limit = allowed
+            .iter()
+            .find(|(f, _)| f == file)
+            .map_or(0, |(_, n)| *n);
+        if lines.len() > limit {
+            let shown: Vec<&str> = lines.iter().map(|l| l.as_str()).collect();
+            wrong.push(format!(
+                "{file}: {} found, {limit} allowed:\n{}",
+                lines.len(),
+                shown.join("\n")
+            ));
         }
     }
-    assert!(
-        found.is_empty(),
-        "ids of ours as strings in a stored record or a domain signature; use \
-         the kind's type from shared::ids (parsed at the edge):\n{}",
-        found.join("\n")
-    );
+    for (file, limit) in allowed {
+        let n = per_file.get(file).map_or(0, Vec::len);
+        if n < *limit {
+            wrong.push(format!(
+                "{file}: {n} left, lower its allowance from {limit}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{what}:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_allowance_check_catches_more_and_fewer() {
+    let found = vec!["a.rs:1: x".to_owned(), "a.rs:2: y".to_owned()];
+    assert_within(&found, &[("a.rs", 2)], "exact");
+    let more = std::panic::catch_unwind(|| assert_within(&found, &[("a.rs", 1)], "more"));
+    assert!(more.is_err(), "a file over its allowance passed");
+    let fewer = std::panic::catch_unwind(|| assert_within(&found, &[("a.rs", 3)], "fewer"));
+    assert!(fewer.is_err(), "an allowance above the count passed");
+    let new = std::panic::catch_unwind(|| assert_within(&found, &[], "new"));
+    assert!(new.is_err(), "a file not on the list passed");
 }
 
 #[test]
@@ -781,10 +846,10 @@ fn handlers_reach_the_store_only_through_the_domain() {
             i += 1;
         }
     }
-    assert!(
-        found.is_empty(),
+    assert_within(
+        &found,
+        &NOT_YET_THROUGH_DEPS,
         "handlers hand the store to the domain; give the domain the deps \
-         (`&state`) and let it take the store and the clock itself:\n{}",
-        found.join("\n")
+         (`&state`) and let it take the store and the clock itself",
     );
 }
