@@ -104,10 +104,9 @@ where
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &St) -> Result<Self, Response> {
-        let Path(segments) = Path::<Vec<String>>::from_request_parts(parts, state)
-            .await
-            .map_err(IntoResponse::into_response)?;
-        T::from_segments(&segments)
+        // Read and parsed as a PathId is; answered at once.
+        let PathId(parsed) = PathId::<T>::from_request_parts(parts, state).await?;
+        parsed
             .map(|t| Id(t, PhantomData))
             .map_err(|(noun, raw)| S::not_found(noun, &raw).into_response())
     }

@@ -445,6 +445,18 @@ const UNTYPED_STORAGE: [&str; 20] = [
 /// The lines of `text` outside `#[cfg(test)]` modules (comments left out)
 /// that hold one of [`UNTYPED_STORAGE`].
 fn untyped_storage(text: &str) -> Vec<(usize, String)> {
+    lines_outside_tests(text, |_, _, code| {
+        UNTYPED_STORAGE.iter().any(|p| code.contains(p))
+    })
+}
+
+/// The lines of `text` outside `#[cfg(test)]` modules for which `hit`
+/// holds, given all lines, the line's index and its code (comments left
+/// out), as their numbers and trimmed text.
+fn lines_outside_tests(
+    text: &str,
+    hit: impl Fn(&[&str], usize, &str) -> bool,
+) -> Vec<(usize, String)> {
     let lines: Vec<&str> = text.lines().collect();
     let mut found = Vec::new();
     let mut i = 0;
@@ -454,7 +466,7 @@ fn untyped_storage(text: &str) -> Vec<(usize, String)> {
             continue;
         }
         let code = lines[i].split("//").next().unwrap_or("");
-        if UNTYPED_STORAGE.iter().any(|p| code.contains(p)) {
+        if hit(&lines, i, code) {
             found.push((i + 1, lines[i].trim().to_owned()));
         }
         i += 1;
@@ -677,15 +689,7 @@ fn in_api_shape(lines: &[&str], i: usize) -> bool {
 /// where a field or parameter named as one of our ids (`id`, `…_id`,
 /// `ids`, `…_ids`) has a string type.
 fn untyped_ids(text: &str) -> Vec<(usize, String)> {
-    let lines: Vec<&str> = text.lines().collect();
-    let mut found = Vec::new();
-    let mut i = 0;
-    while i < lines.len() {
-        if let Some(after) = test_module_end(&lines, i) {
-            i = after;
-            continue;
-        }
-        let code = lines[i].split("//").next().unwrap_or("");
+    lines_outside_tests(text, |lines, i, code| {
         let bad = code.match_indices(": ").any(|(at, _)| {
             let name: String = code[..at]
                 .chars()
@@ -704,12 +708,8 @@ fn untyped_ids(text: &str) -> Vec<(usize, String)> {
             });
             ours && untyped && !EXTERNAL_IDS.contains(&name.as_str())
         });
-        if bad && !in_api_shape(&lines, i) {
-            found.push((i + 1, lines[i].trim().to_owned()));
-        }
-        i += 1;
-    }
-    found
+        bad && !in_api_shape(lines, i)
+    })
 }
 
 #[test]
@@ -831,19 +831,12 @@ fn handlers_reach_the_store_only_through_the_domain() {
     let mut found = Vec::new();
     for file in files.iter().filter(|f| !f.ends_with("tests.rs")) {
         let text = std::fs::read_to_string(file).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let mut i = 0;
-        while i < lines.len() {
-            if let Some(after) = test_module_end(&lines, i) {
-                i = after;
-                continue;
-            }
-            let code = lines[i].split("//").next().unwrap_or("");
-            if STORE_REACHES.iter().any(|p| code.contains(p)) {
-                let name = file.strip_prefix(&root).unwrap_or(file).display();
-                found.push(format!("{name}:{}: {}", i + 1, lines[i].trim()));
-            }
-            i += 1;
+        let name = file.strip_prefix(&root).unwrap_or(file).display();
+        let reaches = lines_outside_tests(&text, |_, _, code| {
+            STORE_REACHES.iter().any(|p| code.contains(p))
+        });
+        for (line, code) in reaches {
+            found.push(format!("{name}:{line}: {code}"));
         }
     }
     assert_within(
