@@ -86,10 +86,8 @@ impl AppKey {
             opens_session: false,
             opens_stream: false,
         };
-        let now = state.clock.now();
         state
-            .public_limits()
-            .take(state.store.as_ref(), &request, now)
+            .take_public(&request)
             .await
             .map_err(|limited| ApiError::public_limited(&limited))
     }
@@ -118,11 +116,7 @@ impl FromRequestParts<AppState> for AppKey {
             opens_session: false,
             opens_stream: false,
         };
-        if let Err(limited) = state
-            .public_limits()
-            .take(state.store.as_ref(), &request, now)
-            .await
-        {
+        if let Err(limited) = state.take_public(&request).await {
             return Err(ApiError::public_limited(&limited));
         }
         Ok(AppKey(principal))
@@ -148,13 +142,7 @@ pub async fn authenticate_request(parts: &Parts, state: &AppState) -> Result<Aut
         Some(principal) => {
             let principal = principal?;
             let quota = state
-                .limits()
-                .take(
-                    state.store.as_ref(),
-                    &principal.key.id,
-                    principal.mode(),
-                    now,
-                )
+                .take_key_request(&principal.key.id, principal.mode())
                 .await;
             (principal, quota)
         }
@@ -169,9 +157,7 @@ pub async fn authenticate_request(parts: &Parts, state: &AppState) -> Result<Aut
             let (key_id, mode) = (key.id.clone(), key.mode);
             let (principal, quota) = tokio::join!(
                 account::principal_of(state, key),
-                state
-                    .limits()
-                    .take(state.store.as_ref(), &key_id, mode, now)
+                state.take_key_request(&key_id, mode)
             );
             let principal = std::sync::Arc::new(principal?);
             PRINCIPALS.remember(&principal, now, epoch);

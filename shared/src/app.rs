@@ -21,8 +21,10 @@ use std::sync::Arc;
 
 use crate::blobs::Blobs;
 use crate::blobs::memory::MemoryBlobs;
-use crate::limits::public::PublicLimits;
-use crate::limits::rate::RateLimits;
+use crate::ids::ApiKeyId;
+use crate::kinds::Mode;
+use crate::limits::public::{Limited, PublicLimits, PublicRequest};
+use crate::limits::rate::{Quota, RateLimits};
 use crate::providers::ProviderHub;
 use crate::queue::memory::InProcessQueue;
 use crate::queue::{Queue, QueueName};
@@ -158,6 +160,19 @@ impl AppState {
     /// The public routes' limits (per client address, session, link).
     pub fn public_limits(&self) -> &PublicLimits {
         &self.0.public_limits
+    }
+
+    /// Takes one request of key `key`'s rate limit in `mode`, now.
+    pub async fn take_key_request(&self, key: &ApiKeyId, mode: Mode) -> Quota {
+        let now = self.clock.now();
+        self.limits().take(&*self.store, key, mode, now).await
+    }
+
+    /// Takes one request of every public budget `request` falls under,
+    /// now ([`PublicLimits::take`]).
+    pub async fn take_public(&self, request: &PublicRequest<'_>) -> Result<(), Limited> {
+        let now = self.clock.now();
+        self.public_limits().take(&*self.store, request, now).await
     }
 
     /// Tests: a state on a fresh in-memory embedded store, its clock a

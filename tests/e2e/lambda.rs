@@ -566,8 +566,7 @@ async fn outbox_event(state: &AppState, f: &Fixture) -> shared::domain::outbox::
     use shared::domain::outbox::{Event, EventType};
     let event = Event::new(
         EventType::PaymentSucceeded,
-        &f.project_id,
-        Mode::Sandbox,
+        &shared::domain::Tenant::new(shared::ids::ProjectId::stored(&f.project_id), Mode::Sandbox),
         serde_json::json!({"id": f.payment_id, "object": "payment", "status": "success"}),
         state.clock.now(),
     );

@@ -387,8 +387,7 @@ impl Merchant {
     async fn record(&self, t: EventType, object: Value) -> Event {
         let event = Event::new(
             t,
-            &self.tenant.project.id,
-            Mode::Sandbox,
+            &shared::domain::Tenant::new(self.tenant.project.id.clone(), Mode::Sandbox),
             object,
             SystemClock.now(),
         );

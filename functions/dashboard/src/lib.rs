@@ -170,11 +170,7 @@ async fn throttle(
         opens_session: false,
         opens_stream: false,
     };
-    match state
-        .public_limits()
-        .take(&*state.store, &request, state.clock.now())
-        .await
-    {
+    match state.take_public(&request).await {
         Ok(()) => next.run(req).await,
         Err(limited) => {
             let mut res = html(

@@ -126,12 +126,7 @@ async fn throttle(
         opens_session: post && link.is_some() && rest.is_none(),
         opens_stream: session.is_some() && rest == Some("events"),
     };
-    let now = state.clock.now();
-    match state
-        .public_limits()
-        .take(&*state.store, &request, now)
-        .await
-    {
+    match state.take_public(&request).await {
         Ok(()) => next.run(req).await,
         Err(limited) => {
             tracing::warn!(
@@ -706,7 +701,7 @@ async fn events(
                 let finals = shared::domain::qr::stream_events(&s, payment.as_ref(), now);
                 if finals
                     .iter()
-                    .any(|e| e.last && Some(&e.id) == last_seen.as_ref())
+                    .any(|e| e.last && Some(&e.tag) == last_seen.as_ref())
                 {
                     return StatusCode::NO_CONTENT.into_response();
                 }
@@ -787,13 +782,13 @@ async fn events(
                     }
                 };
             for ev in shared::domain::qr::stream_events(&session, payment.as_ref(), now) {
-                if !f.sent.insert(ev.id.clone()) {
+                if !f.sent.insert(ev.tag.clone()) {
                     continue;
                 }
                 f.done |= ev.last;
                 f.queue.push_back(
                     Event::default()
-                        .id(ev.id)
+                        .id(ev.tag)
                         .event(ev.kind)
                         .data(ev.data.to_string()),
                 );

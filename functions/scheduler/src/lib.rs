@@ -210,8 +210,7 @@ mod tests {
         for at in [old, now] {
             let e = outbox::Event::new(
                 EventType::PaymentSucceeded,
-                "proj_1",
-                Mode::Sandbox,
+                &Tenant::new("proj_1", Mode::Sandbox),
                 json!({"id": "pay_1", "status": "success"}),
                 at,
             );

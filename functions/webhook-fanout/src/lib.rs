@@ -153,8 +153,7 @@ mod tests {
     async fn recorded_event(state: &AppState) -> outbox::Event {
         let e = outbox::Event::new(
             EventType::PaymentSucceeded,
-            "proj_1",
-            Mode::Sandbox,
+            &shared::domain::Tenant::new("proj_1", Mode::Sandbox),
             json!({"id": "pay_1", "status": "success"}),
             state.clock.now(),
         );

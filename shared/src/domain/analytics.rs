@@ -460,7 +460,8 @@ mod tests {
         t.apply_to(&mut ops).unwrap();
         // And the payment's all-time count, on its session's item.
         assert_eq!(ops.len(), 2);
-        let all_time = crate::domain::totals::item_key("proj_1", Mode::Sandbox, &s.id);
+        let all_time =
+            crate::domain::totals::item_key(&Tenant::new("proj_1", Mode::Sandbox), &s.id);
         assert_eq!(ops[1].key(), Some(all_time));
         let TxOp::Update { update, .. } = &ops[0] else {
             panic!("not an update")
@@ -600,7 +601,8 @@ mod tests {
         t.payment_succeeded(&p);
         let key = counter_key(&Tenant::new("proj_1", Mode::Sandbox), now, &s.id);
         // The day's item, and the all-time item of the session's shard.
-        let all_time = crate::domain::totals::item_key("proj_1", Mode::Sandbox, &s.id);
+        let all_time =
+            crate::domain::totals::item_key(&Tenant::new("proj_1", Mode::Sandbox), &s.id);
         assert_eq!(t.keys(), vec![&key, &all_time]);
         let mut ops = Vec::new();
         t.apply_to(&mut ops).unwrap();
@@ -615,7 +617,7 @@ mod tests {
             t.keys(),
             vec![
                 &counter_key(&Tenant::new("proj_1", Mode::Sandbox), now, "pay_1"),
-                &crate::domain::totals::item_key("proj_1", Mode::Sandbox, "pay_1")
+                &crate::domain::totals::item_key(&Tenant::new("proj_1", Mode::Sandbox), "pay_1")
             ]
         );
     }

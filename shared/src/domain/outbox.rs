@@ -113,19 +113,12 @@ crate::attrs! { Event {
 
 impl Event {
     /// A new event about `object` (its API view), created at `now`.
-    pub fn new(
-        event_type: EventType,
-        project_id: &str,
-        mode: Mode,
-        object: Value,
-        now: Timestamp,
-    ) -> Event {
+    pub fn new(event_type: EventType, tenant: &Tenant, object: Value, now: Timestamp) -> Event {
         Event {
             id: EventId::new(),
             event_type,
-            // The project of a record the caller read from our storage.
-            project_id: ProjectId::stored(project_id),
-            mode,
+            project_id: tenant.project.clone(),
+            mode: tenant.mode,
             created_at: now,
             payment_id: payment_of(&object).map(|p| PaymentId::stored(&p)),
             object,
@@ -136,8 +129,8 @@ impl Event {
 
     /// The same event, about payment `id` (when its object does not name
     /// the payment, as a payment link's does not).
-    pub fn about_payment(mut self, id: &str) -> Event {
-        self.payment_id = Some(PaymentId::stored(id));
+    pub fn about_payment(mut self, id: &PaymentId) -> Event {
+        self.payment_id = Some(id.clone());
         self
     }
 
@@ -528,8 +521,7 @@ mod tests {
         let now = Timestamp::parse("2026-11-22T10:00:00Z").unwrap();
         let e = Event::new(
             EventType::PaymentSucceeded,
-            "proj_1",
-            Mode::Live,
+            &Tenant::new("proj_1", Mode::Live),
             json!({"id": "pay_1", "status": "success"}),
             now,
         );
@@ -546,8 +538,9 @@ mod tests {
     #[test]
     fn data_carries_the_main_fields_flat_beside_the_object() {
         let now = Timestamp::parse("2026-11-22T10:00:00Z").unwrap();
-        let body =
-            |kind, object: Value| Event::new(kind, "proj_1", Mode::Sandbox, object, now).body();
+        let body = |kind, object: Value| {
+            Event::new(kind, &Tenant::new("proj_1", Mode::Sandbox), object, now).body()
+        };
         let payment = json!({"id": "pay_1", "object": "payment", "amount": 150000, "currency": "NPR",
             "provider": "khalti", "providerRef": "KTX-1", "checkoutSessionId": "cs_1",
             "metadata": {"order": "42"}, "status": "success", "customerEmail": "a@b.example"});
@@ -623,8 +616,7 @@ mod tests {
         for i in 0..6 {
             let e = Event::new(
                 EventType::PaymentFailed,
-                "proj_1",
-                Mode::Sandbox,
+                &Tenant::new("proj_1", Mode::Sandbox),
                 json!({"n": i}),
                 now,
             );
@@ -657,12 +649,14 @@ mod tests {
         let store = EmbeddedStore::in_memory().unwrap();
         let now = Timestamp::parse("2026-11-22T10:00:00Z").unwrap();
         let record = |e: &Event| store.transact(e.put_ops().unwrap());
-        let event = |t, object: Value| Event::new(t, "proj_1", Mode::Sandbox, object, now);
+        let event =
+            |t, object: Value| Event::new(t, &Tenant::new("proj_1", Mode::Sandbox), object, now);
         let paid = event(
             EventType::PaymentSucceeded,
             json!({"id": "pay_1", "status": "success"}),
         );
-        let link = event(EventType::PaymentLinkPaid, json!({"id": "lnk_1"})).about_payment("pay_1");
+        let link = event(EventType::PaymentLinkPaid, json!({"id": "lnk_1"}))
+            .about_payment(&"pay_1".into());
         let refund = event(
             EventType::RefundSucceeded,
             json!({"id": "ref_1", "paymentId": "pay_1"}),
@@ -712,8 +706,7 @@ mod tests {
         let now = Timestamp::parse("2026-11-22T10:00:00Z").unwrap();
         let e = Event::new(
             EventType::PaymentSucceeded,
-            "proj_1",
-            Mode::Live,
+            &Tenant::new("proj_1", Mode::Live),
             json!({"id": "pay_1"}),
             now,
         );

@@ -162,6 +162,11 @@ impl Payment {
         keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::Payments)
     }
 
+    /// Whose payment it is.
+    pub fn tenant(&self) -> Tenant {
+        Tenant::new(self.project_id.clone(), self.mode)
+    }
+
     /// The id its counters shard on: its checkout session's (so it shares
     /// its session's counter items), else its own.
     pub fn counter_shard_id(&self) -> &str {
@@ -258,11 +263,7 @@ pub const DEFAULT_PAGE: usize = 25;
 
 /// Stores a new payment; refuses to overwrite one.
 pub async fn insert(store: &dyn Store, payment: &Payment) -> Result<(), StoreError> {
-    let counted = super::totals::count_payment(
-        &payment.project_id,
-        payment.mode,
-        payment.counter_shard_id(),
-    );
+    let counted = super::totals::count_payment(&payment.tenant(), payment.counter_shard_id());
     store.transact(vec![payment.put_new()?, counted]).await
 }
 
@@ -302,7 +303,7 @@ pub async fn list(
     // project from before the counter.
     let (page, counted) = tokio::join!(
         crate::store::query_window(store, &query, window.offset, window.limit),
-        super::totals::payments(store, &tenant.project, tenant.mode)
+        super::totals::payments(store, tenant)
     );
     let total = match counted? {
         Some(n) => n,

@@ -204,9 +204,9 @@ async fn new_qr(
 /// One event of a Direct-QR session's stream (`/c/{id}/events`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct StreamEvent {
-    /// Unique per session and outcome, so `Last-Event-ID` resumes without
-    /// loss or repeat.
-    pub id: String,
+    /// Its SSE `id:` line: unique per session and outcome, so
+    /// `Last-Event-ID` resumes without loss or repeat.
+    pub tag: String,
     /// `qr.scanned`, `qr.paid`, `qr.failed` or `qr.expired`.
     pub kind: &'static str,
     pub data: Value,
@@ -241,7 +241,7 @@ pub fn stream_events(
         .filter(|p| p.scanned_at.is_some())
         .filter(|p| !matches!(p.status, PaymentStatus::Failed | PaymentStatus::Cancelled))
         .map(|_| StreamEvent {
-            id: on_payment("scanned"),
+            tag: on_payment("scanned"),
             kind: "qr.scanned",
             data: data("scanned"),
             last: false,
@@ -250,26 +250,26 @@ pub fn stream_events(
         .collect();
     let outcome = match session.status_at(now) {
         SessionStatus::Success => vec![StreamEvent {
-            id: on_payment("paid"),
+            tag: on_payment("paid"),
             kind: "qr.paid",
             data: data("success"),
             last: true,
         }],
         SessionStatus::Failed => vec![StreamEvent {
-            id: on_payment("failed"),
+            tag: on_payment("failed"),
             kind: "qr.failed",
             data: data("failed"),
             last: true,
         }],
         SessionStatus::Expired => vec![StreamEvent {
-            id: format!("{}:expired", session.id),
+            tag: format!("{}:expired", session.id),
             kind: "qr.expired",
             data: data("expired"),
             last: true,
         }],
         SessionStatus::Pending | SessionStatus::Initiated => match payment {
             Some(p) if p.status == PaymentStatus::Failed => vec![StreamEvent {
-                id: on_payment("failed"),
+                tag: on_payment("failed"),
                 kind: "qr.failed",
                 data: data("failed"),
                 last: false,
@@ -374,7 +374,7 @@ mod tests {
         let later = now.plus(chrono::Duration::hours(1));
         let expired = stream_events(&open, None, later);
         assert_eq!(expired[0].kind, "qr.expired");
-        assert_eq!(expired[0].id, "cs_01:expired");
+        assert_eq!(expired[0].tag, "cs_01:expired");
     }
 
     #[tokio::test]
@@ -423,7 +423,7 @@ mod tests {
         let e = stream_events(&open, Some(&p), now);
         assert_eq!(e.len(), 1);
         assert_eq!(
-            (e[0].kind, e[0].id.as_str(), e[0].last),
+            (e[0].kind, e[0].tag.as_str(), e[0].last),
             ("qr.scanned", "pay_1:scanned", false)
         );
         p.status = PaymentStatus::Success;

@@ -11,9 +11,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Mode;
 use super::record::{Changes, Count, Record, from_item};
 use crate::keys;
+use crate::kinds::Tenant;
 use crate::store::{Key, Query, SkCond, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
@@ -124,8 +124,8 @@ impl Record for AllTimeMarker {
 
 impl AllTimeMarker {
     /// The marker of a project created at `since`: every counter covers it.
-    pub fn new(project_id: &str, mode: Mode, since: Timestamp) -> AllTimeMarker {
-        let key = keys::stats_totals_marker(project_id, mode);
+    pub fn new(tenant: &Tenant, since: Timestamp) -> AllTimeMarker {
+        let key = keys::stats_totals_marker(&tenant.project, tenant.mode);
         AllTimeMarker {
             pk: key.pk,
             sk: key.sk,
@@ -135,12 +135,13 @@ impl AllTimeMarker {
     }
 }
 
-/// The counter item of the record `shard_id` (a session's id, or the
-/// payment's session's).
-pub fn item_key(project_id: &str, mode: Mode, shard_id: &str) -> Key {
+/// The counter item of the record whose counters shard on `shard_of` (a
+/// session's id, or a payment's session's, else the payment's own: any
+/// kind, only its characters count).
+pub fn item_key(tenant: &Tenant, shard_of: &str) -> Key {
     Key::new(
-        keys::stats_partition(project_id, mode),
-        keys::stats_totals(keys::stats_shard(shard_id)),
+        keys::stats_partition(&tenant.project, tenant.mode),
+        keys::stats_totals(keys::stats_shard(shard_of)),
     )
 }
 
@@ -164,8 +165,8 @@ impl AllTime {
 }
 
 /// Reads the counter items and the marker (one query of a few items).
-pub async fn read(store: &dyn Store, project_id: &str, mode: Mode) -> Result<AllTime, StoreError> {
-    let mut query = Query::partition(keys::stats_partition(project_id, mode))
+pub async fn read(store: &dyn Store, tenant: &Tenant) -> Result<AllTime, StoreError> {
+    let mut query = Query::partition(keys::stats_partition(&tenant.project, tenant.mode))
         .sk(SkCond::BeginsWith(keys::STATS_TOTALS_PREFIX.into()));
     let mut all = AllTime::default();
     loop {
@@ -186,21 +187,17 @@ pub async fn read(store: &dyn Store, project_id: &str, mode: Mode) -> Result<All
 }
 
 /// The project's payments in `mode`, when counted since its start.
-pub async fn payments(
-    store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
-) -> Result<Option<u64>, StoreError> {
-    let all = read(store, project_id, mode).await?;
+pub async fn payments(store: &dyn Store, tenant: &Tenant) -> Result<Option<u64>, StoreError> {
+    let all = read(store, tenant).await?;
     Ok(all
         .payments_covered()
         .then(|| u64::try_from(all.sum(|c| c.payments)).unwrap_or(0)))
 }
 
-/// The write counting one new payment of the record `shard_id`.
-pub fn count_payment(project_id: &str, mode: Mode, shard_id: &str) -> TxOp {
+/// The write counting one new payment whose counters shard on `shard_of`.
+pub fn count_payment(tenant: &Tenant, shard_of: &str) -> TxOp {
     TxOp::Update {
-        key: item_key(project_id, mode, shard_id),
+        key: item_key(tenant, shard_of),
         update: Changes::<AllTimeCounts>::new()
             .add(AllTimeCounts::PAYMENTS, Counter::of(1))
             .into(),

@@ -710,8 +710,7 @@ async fn webhooks_bench(cfg: WebhookBench) -> std::result::Result<(), String> {
         .map(|i| {
             Event::new(
                 EventType::PaymentSucceeded,
-                &project_id,
-                Mode::Sandbox,
+                &shared::domain::Tenant::new(project_id.clone(), Mode::Sandbox),
                 json!({"id": format!("pay_bench{i}"), "object": "payment", "status": "success"}),
                 now,
             )
@@ -780,8 +779,7 @@ async fn webhooks_bench(cfg: WebhookBench) -> std::result::Result<(), String> {
         let view = serde_json::to_value(PaymentView::from(paid)).map_err(|e| err(&e))?;
         let event = Event::new(
             EventType::PaymentSucceeded,
-            &project_id,
-            Mode::Sandbox,
+            &shared::domain::Tenant::new(project_id.clone(), Mode::Sandbox),
             view,
             now,
         );

@@ -10,6 +10,7 @@ use crate::domain::Mode;
 use crate::domain::record::{Changes, Record, from_item};
 use crate::ids::{ApiKeyId, MerchantId, ProjectId};
 use crate::keys;
+use crate::kinds::Tenant;
 use crate::store::{Cond, Index, Query, Store, StoreError, TxOp, Update};
 use crate::time::Timestamp;
 
@@ -55,7 +56,8 @@ pub async fn create_project(
     // The project's session counters start with it: they cover every
     // session it will have (checkout::stats::session_totals).
     for mode in [Mode::Sandbox, Mode::Live] {
-        let marker = super::super::totals::AllTimeMarker::new(&project.id, mode, now);
+        let marker =
+            super::super::totals::AllTimeMarker::new(&Tenant::new(project.id.clone(), mode), now);
         ops.push(TxOp::Put {
             item: super::super::record::Record::to_item(&marker)?,
             cond: None,

@@ -295,7 +295,13 @@ const SETTLE_TRIES: usize = 8;
 fn event_op(kind: EventType, payment: &Payment, now: Timestamp) -> Result<Vec<TxOp>, StoreError> {
     let view = serde_json::to_value(PaymentView::from(payment.clone()))
         .map_err(|e| StoreError::Invalid(e.to_string()))?;
-    Event::new(kind, &payment.project_id, payment.mode, view, now).put_ops()
+    Event::new(
+        kind,
+        &Tenant::new(payment.project_id.clone(), payment.mode),
+        view,
+        now,
+    )
+    .put_ops()
 }
 
 /// `update` of `p` if its status is one of `from` and it is not held.
@@ -552,9 +558,14 @@ fn link_paid_ops(
     ))
     .map_err(|e| StoreError::Invalid(e.to_string()))?;
     ops.extend(
-        Event::new(EventType::PaymentLinkPaid, &p.project_id, p.mode, view, now)
-            .about_payment(&p.id)
-            .put_ops()?,
+        Event::new(
+            EventType::PaymentLinkPaid,
+            &Tenant::new(p.project_id.clone(), p.mode),
+            view,
+            now,
+        )
+        .about_payment(&p.id)
+        .put_ops()?,
     );
     Ok(ops)
 }

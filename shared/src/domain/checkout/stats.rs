@@ -234,7 +234,7 @@ impl DayCounters {
 /// says the counters cover every session of the project: a project from
 /// before them is counted the old way.
 fn totals_key(tenant: &Tenant, record: &str) -> Key {
-    crate::domain::totals::item_key(&tenant.project, tenant.mode, record)
+    crate::domain::totals::item_key(tenant, record)
 }
 
 /// The all-time counter of sessions stored with `s`.
@@ -283,7 +283,7 @@ pub async fn session_totals(
     store: &dyn Store,
     tenant: &Tenant,
 ) -> Result<Option<SessionTotals>, StoreError> {
-    let all = crate::domain::totals::read(store, &tenant.project, tenant.mode).await?;
+    let all = crate::domain::totals::read(store, tenant).await?;
     if all.marker.is_none() {
         return Ok(None);
     }

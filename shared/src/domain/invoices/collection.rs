@@ -291,7 +291,13 @@ pub fn allocation_ops(
             o.insert("payment_id".into(), json!(payment_id));
         }
         ops.extend(
-            Event::new(EventType::InvoicePaid, &inv.project_id, inv.mode, view, now).put_ops()?,
+            Event::new(
+                EventType::InvoicePaid,
+                &Tenant::new(inv.project_id.clone(), inv.mode),
+                view,
+                now,
+            )
+            .put_ops()?,
         );
     }
     Ok(ops)

@@ -109,7 +109,15 @@ async fn mark_refunded(
             Payment::AMOUNT_REFUNDED.ge(&p.amount),
         ])),
     }];
-    ops.extend(Event::new(EventType::PaymentRefunded, &p.project_id, p.mode, view, now).put_ops()?);
+    ops.extend(
+        Event::new(
+            EventType::PaymentRefunded,
+            &Tenant::new(p.project_id.clone(), p.mode),
+            view,
+            now,
+        )
+        .put_ops()?,
+    );
     for attempt in 0..TRIES {
         match store.transact(ops.clone()).await {
             Ok(()) => return Ok(()),
@@ -198,7 +206,7 @@ fn resolve_ops(
 pub(super) fn event(kind: EventType, r: &Refund, now: Timestamp) -> Result<Vec<TxOp>, StoreError> {
     let view = serde_json::to_value(RefundView::from(r.clone()))
         .map_err(|e| StoreError::Invalid(e.to_string()))?;
-    Event::new(kind, &r.project_id, r.mode, view, now).put_ops()
+    Event::new(kind, &Tenant::new(r.project_id.clone(), r.mode), view, now).put_ops()
 }
 
 /// The refund `id` of any project.

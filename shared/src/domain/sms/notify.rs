@@ -50,7 +50,6 @@ pub async fn notify(
     let v = validate(req)?;
     let store = &*state.store;
     let now = state.clock.now();
-    let project_id: &str = who.project_id();
     let mode = who.mode();
     let session_id = recipient_session(store, who, &v, checkout_base, now).await?;
     check_checkout_host(&v, checkout_base)?;
@@ -94,14 +93,14 @@ pub async fn notify(
         Taken::AlreadyStored => return Ok(answer_first_run(state, live, first_run, fence).await),
     }
     if !live {
-        tracing::info!(sms_id = %reminder.id, to = %masked(&reminder.to), project_id, "sandbox SMS reminder logged, not delivered");
+        tracing::info!(sms_id = %reminder.id, to = %masked(&reminder.to), project_id = %who.project_id(), "sandbox SMS reminder logged, not delivered");
         return Ok(NotifyOutcome {
             sent: false,
             status: "logged",
         });
     }
     enqueue(state, &reminder.id).await;
-    tracing::info!(sms_id = %reminder.id, to = %masked(&reminder.to), project_id, "SMS reminder stored");
+    tracing::info!(sms_id = %reminder.id, to = %masked(&reminder.to), project_id = %who.project_id(), "SMS reminder stored");
     Ok(NotifyOutcome {
         sent: true,
         status: "queued",

@@ -60,13 +60,7 @@ pub async fn send_test_event(
         ));
     }
     let now = state.clock.now();
-    let mut event = Event::new(
-        t,
-        &tenant.project,
-        tenant.mode,
-        sample_object(t, tenant.mode, now),
-        now,
-    );
+    let mut event = Event::new(t, tenant, sample_object(t, tenant.mode, now), now);
     event.endpoint_id = Some(endpoint.id.clone());
     state.store.transact(event.put_ops()?).await?;
     Ok(event)

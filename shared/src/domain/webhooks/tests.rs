@@ -173,8 +173,7 @@ mod dispatching {
         .unwrap();
         let event = Event::new(
             EventType::PaymentSucceeded,
-            "proj_1",
-            Mode::Sandbox,
+            &Tenant::new("proj_1", Mode::Sandbox),
             json!({"id": "pay_1"}),
             clock.now(),
         );
@@ -361,8 +360,7 @@ mod dispatching {
         .unwrap();
         let later = Event::new(
             EventType::PaymentFailed,
-            "proj_1",
-            Mode::Sandbox,
+            &Tenant::new("proj_1", Mode::Sandbox),
             json!({"id": "pay_2"}),
             f.clock.now(),
         );
@@ -765,8 +763,7 @@ mod dispatching {
             f.clock.advance(chrono::Duration::seconds(1));
             let event = Event::new(
                 EventType::PaymentSucceeded,
-                "proj_1",
-                Mode::Sandbox,
+                &Tenant::new("proj_1", Mode::Sandbox),
                 json!({ "id": format!("pay_{i}") }),
                 f.clock.now(),
             );
