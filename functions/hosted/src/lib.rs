@@ -19,9 +19,10 @@ use std::sync::Mutex;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use edge::PathId;
 use edge::html::html;
 use edge::ids::{Id, Surface};
 use edge::with_edge;
@@ -210,6 +211,18 @@ impl Surface for Hosted {
     }
 }
 
+/// The payment link pages: an id that cannot exist is answered with the
+/// link's not-found page, as a missing one is.
+struct LinkPages;
+
+impl Surface for LinkPages {
+    type Rejection = Response;
+
+    fn not_found(_noun: &'static str, _raw: &str) -> Response {
+        link_not_found()
+    }
+}
+
 fn not_found() -> Response {
     html(
         StatusCode::NOT_FOUND,
@@ -299,11 +312,11 @@ fn query_has(query: &Option<String>, name: &str, value: &str) -> bool {
 
 async fn show(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Id(id, ..): Id<SessionId, Hosted>,
     RawQuery(query): RawQuery,
 ) -> Response {
     let now = state.clock.now();
-    let session = match session_of(&state, &id, now).await {
+    let session = match checkout::find_any(&state, &id, now).await {
         Ok(Some(s)) => s,
         Ok(None) => return not_found(),
         Err(e) => return trouble(&e),
@@ -472,7 +485,7 @@ fn parse_choice(body: &[u8]) -> PayChoice {
 
 async fn pay(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Id(id, ..): Id<SessionId, Hosted>,
     headers: http::HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -483,10 +496,7 @@ async fn pay(
     };
     let address = choice.address.clone();
     let base = edge::requests::public_base(&state, &headers);
-    let started = match SessionId::parse(&id) {
-        Some(id) => attempts::start(&state, &id, choice, &base, now).await,
-        None => Err(AttemptError::NotFound),
-    };
+    let started = attempts::start(&state, &id, choice, &base, now).await;
     let (status, message) = match started {
         Ok(s) => {
             let (merchant, _) = match merchant_of(&state, &s.session.project_id).await {
@@ -509,7 +519,7 @@ async fn pay(
         Err(AttemptError::Store(e)) => return trouble(&e),
         Err(e) => picker_note(e),
     };
-    let session = match session_of(&state, &id, now).await {
+    let session = match checkout::find_any(&state, &id, now).await {
         Ok(Some(s)) => s,
         Ok(None) => return not_found(),
         Err(e) => return trouble(&e),
@@ -675,7 +685,7 @@ async fn scan_listener(
 async fn events(
     State(state): State<AppState>,
     axum::Extension(StreamFor(stream_for)): axum::Extension<StreamFor>,
-    Path(id): Path<String>,
+    id: PathId<SessionId>,
     req: axum::extract::Request,
 ) -> Response {
     use axum::response::sse::{Event, KeepAlive, Sse};
@@ -686,7 +696,7 @@ async fn events(
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .map(|v| v.chars().take(200).collect());
-    let session = match session_of(&state, &id, now).await {
+    let session = match session_of(&state, id, now).await {
         Ok(Some(s)) if matches!(s.flow, Flow::Qr | Flow::Mobile) => {
             // The screen saw the final event: 204 tells an EventSource to
             // stop reconnecting.
@@ -725,7 +735,7 @@ async fn events(
                 .into_response();
         }
     };
-    let Some(watcher) = WatcherSlot::take(&address, &id) else {
+    let Some(watcher) = WatcherSlot::take(&address, &session.id) else {
         return (
             StatusCode::TOO_MANY_REQUESTS,
             [(header::RETRY_AFTER, "2")],
@@ -804,11 +814,12 @@ async fn events(
     res
 }
 
-async fn status(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+async fn status(State(state): State<AppState>, id: PathId<SessionId>) -> Response {
     let now = state.clock.now();
-    let polled = match SessionId::parse(&id) {
-        Some(id) => attempts::poll(&state, &id, now).await,
-        None => Ok(None),
+    // An id that cannot exist: as a missing session.
+    let polled = match id.get_or(|_, _| ()) {
+        Ok(id) => attempts::poll(&state, &id, now).await,
+        Err(()) => Ok(None),
     };
     let (session, payment) = match polled {
         Ok(Some(x)) => x,
@@ -832,13 +843,13 @@ async fn status(State(state): State<AppState>, Path(id): Path<String>) -> Respon
         SessionStatus::Success if session.flow.has_shop() => {
             (Some(merchant_return(&session)), "Payment confirmed.")
         }
-        SessionStatus::Success => (Some(format!("/c/{id}")), "Payment confirmed."),
-        SessionStatus::Failed | SessionStatus::Expired => (Some(format!("/c/{id}")), ""),
+        SessionStatus::Success => (Some(format!("/c/{}", session.id)), "Payment confirmed."),
+        SessionStatus::Failed | SessionStatus::Expired => (Some(format!("/c/{}", session.id)), ""),
         SessionStatus::Pending => match &payment {
             Some(p) if p.status == PaymentStatus::Cancelled => {
-                (Some(format!("/c/{id}?notice=cancelled")), "")
+                (Some(format!("/c/{}?notice=cancelled", session.id)), "")
             }
-            _ => (Some(format!("/c/{id}")), ""),
+            _ => (Some(format!("/c/{}", session.id)), ""),
         },
         SessionStatus::Initiated => match &payment {
             Some(p) if p.status == PaymentStatus::Processing => {
@@ -858,17 +869,17 @@ async fn status(State(state): State<AppState>, Path(id): Path<String>) -> Respon
 
 async fn returned_get(
     State(state): State<AppState>,
-    Path((id, payment, outcome)): Path<(String, String, String)>,
+    path: PathId<(SessionId, PaymentId, String)>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    returned(state, id, payment, outcome, query.unwrap_or_default()).await
+    returned(state, path, query.unwrap_or_default()).await
 }
 
 /// A provider that posts its return (form-encoded): the body's parameters
 /// join the query's.
 async fn returned_post(
     State(state): State<AppState>,
-    Path((id, payment, outcome)): Path<(String, String, String)>,
+    path: PathId<(SessionId, PaymentId, String)>,
     RawQuery(query): RawQuery,
     body: Bytes,
 ) -> Response {
@@ -881,16 +892,18 @@ async fn returned_post(
             params.push_str(text);
         }
     }
-    returned(state, id, payment, outcome, params).await
+    returned(state, path, params).await
 }
 
 async fn returned(
     state: AppState,
-    id: String,
-    payment_id: String,
-    outcome: String,
+    path: PathId<(SessionId, PaymentId, String)>,
     params: String,
 ) -> Response {
+    // Ids that cannot exist: as for a payment of no such session.
+    let Ok((id, payment_id, outcome)) = path.get_or(|_, _| ()) else {
+        return not_found();
+    };
     let kind = match outcome.as_str() {
         "ok" => ReturnKind::Ok,
         "fail" => ReturnKind::Fail,
@@ -902,14 +915,8 @@ async fn returned(
             pages::plain("Something went wrong", "The provider's answer is too long."),
         );
     }
-    // Ids that cannot exist: as for a payment of no such session.
-    let (Some(session_id), Some(payment_id)) =
-        (SessionId::parse(&id), PaymentId::parse(&payment_id))
-    else {
-        return not_found();
-    };
     let now = state.clock.now();
-    match attempts::on_return(&state, &session_id, &payment_id, kind, &params, now).await {
+    match attempts::on_return(&state, &id, &payment_id, kind, &params, now).await {
         Ok((session, payment)) => after_return(&session, &payment),
         Err(AttemptError::NotFound) => not_found(),
         Err(AttemptError::Store(e)) => trouble(&e),
@@ -952,9 +959,9 @@ async fn merchant_of(
     account::storefront(state, project_id).await
 }
 
-async fn link_page(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+async fn link_page(State(state): State<AppState>, Id(id, ..): Id<LinkId, LinkPages>) -> Response {
     let now = state.clock.now();
-    let link = match link_of(&state, &id).await {
+    let link = match links::get(&state, &id).await {
         Ok(Some(l)) => l,
         Ok(None) => return link_not_found(),
         Err(e) => return trouble(&e),
@@ -986,7 +993,7 @@ async fn link_page(State(state): State<AppState>, Path(id): Path<String>) -> Res
 
 async fn link_open(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Id(id, ..): Id<LinkId, LinkPages>,
     headers: http::HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -1004,7 +1011,7 @@ async fn link_open(
     }
     let typed = customer.amount.clone();
     // A suspended shop's link opens nothing (its page says so too).
-    if let Ok(Some(link)) = link_of(&state, &id).await {
+    if let Ok(Some(link)) = links::get(&state, &id).await {
         match merchant_of(&state, &link.project_id).await {
             Ok((merchant, false)) => {
                 return html(
@@ -1021,15 +1028,12 @@ async fn link_open(
         }
     }
     let base = edge::requests::public_base(&state, &headers);
-    let Some(link_id) = LinkId::parse(&id) else {
-        return link_not_found();
-    };
-    match links::open_session(&state, &link_id, customer, &base, now).await {
+    match links::open_session(&state, &id, customer, &base, now).await {
         Ok(session) => see_other(&format!("/c/{}", session.id)),
         Err(links::OpenError::NotFound) => link_not_found(),
         Err(links::OpenError::Store(e)) => trouble(&e),
         Err(e) => {
-            let link = match link_of(&state, &id).await {
+            let link = match links::get(&state, &id).await {
                 Ok(Some(l)) => l,
                 Ok(None) => return link_not_found(),
                 Err(e) => return trouble(&e),
@@ -1059,26 +1063,17 @@ async fn link_open(
 /// answered as a missing one).
 async fn session_of(
     state: &AppState,
-    raw: &str,
+    id: PathId<SessionId>,
     now: shared::time::Timestamp,
 ) -> Result<Option<CheckoutSession>, StoreError> {
-    match SessionId::parse(raw) {
-        Some(id) => checkout::find_any(state, &id, now).await,
-        None => Ok(None),
+    match id.get_or(|_, _| ()) {
+        Ok(id) => checkout::find_any(state, &id, now).await,
+        Err(()) => Ok(None),
     }
 }
 
-/// The link a page's path names (`None` for an id that cannot exist,
-/// answered as a missing one).
-async fn link_of(state: &AppState, raw: &str) -> Result<Option<links::PaymentLink>, StoreError> {
-    match LinkId::parse(raw) {
-        Some(id) => links::get(state, &id).await,
-        None => Ok(None),
-    }
-}
-
-async fn link_thanks(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    let link = match link_of(&state, &id).await {
+async fn link_thanks(State(state): State<AppState>, Id(id, ..): Id<LinkId, LinkPages>) -> Response {
+    let link = match links::get(&state, &id).await {
         Ok(Some(l)) => l,
         Ok(None) => return link_not_found(),
         Err(e) => return trouble(&e),
@@ -1116,7 +1111,7 @@ async fn qr(
     Id((id, payment_id), ..): Id<(SessionId, PaymentId), Hosted>,
 ) -> Response {
     let now = state.clock.now();
-    let session = match session_of(&state, &id, now).await {
+    let session = match checkout::find_any(&state, &id, now).await {
         Ok(Some(s)) => s,
         Ok(None) => return not_found(),
         Err(e) => return trouble(&e),

@@ -5,13 +5,13 @@
 //! `shared::domain::mobile`; paying is the hosted flow's.
 
 use axum::Router;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use edge::Json;
 use edge::auth::AppKey;
 use edge::idempotency::Fence;
 use edge::ids::{Id, Surface};
 use edge::openapi::{OpenApiRouter, idempotent, routes};
-use edge::{ApiError, Auth, JsonBody, QueryParams, with_edge};
+use edge::{ApiError, Auth, JsonBody, PathId, QueryParams, with_edge};
 use http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use shared::AppState;
@@ -325,13 +325,13 @@ async fn start_mobile_attempt(
     State(state): State<AppState>,
     AppKey(who): AppKey,
     headers: HeaderMap,
-    Path(id): Path<String>,
+    id: PathId<SessionId>,
     body: Result<JsonBody<StartAttempt>, ApiError>,
 ) -> Result<(StatusCode, Json<Attempt>), ApiError> {
     let JsonBody(body) = body?;
     // Parsed after the body (as the session was looked up after it): a
     // bad body is answered first, as it always was.
-    let id = SessionId::parse(&id).ok_or_else(|| MobileError::NotFound(id.clone()))?;
+    let id = id.get_or(|_, raw| MobileError::NotFound(raw.to_owned()))?;
     let now = state.clock.now();
     let secret = client_secret(&headers, body.client_secret.as_deref());
     let session = mobile::open(&state, &who, &id, secret, now).await?;

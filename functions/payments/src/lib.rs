@@ -1,11 +1,11 @@
 //! The payments function: `GET /v1/payments`, `GET /v1/payments/{id}`.
 
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use edge::Json;
 use edge::openapi::{OpenApiRouter, routes};
 use edge::pagination::PageParams;
-use edge::{ApiError, Auth, Page, Pagination, QueryParams, with_edge};
+use edge::{ApiError, Auth, Page, Pagination, PathId, QueryParams, with_edge};
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::payments::{self, PaymentView};
@@ -53,15 +53,14 @@ async fn list_payments(
 async fn get_payment(
     State(state): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
+    id: PathId<PaymentId>,
 ) -> Result<Json<PaymentView>, ApiError> {
     let who = auth.require(Scope::PaymentsRead)?;
     // Parsed after the scope check (a key without it gets 403, whatever
     // the path): an id that cannot exist is a missing payment.
-    let missing = || ApiError::not_found("payment", &id);
-    let pid = PaymentId::parse(&id).ok_or_else(missing)?;
-    payments::find(&state, who.tenant(), &pid)
+    let id = id.get()?;
+    payments::find(&state, who.tenant(), &id)
         .await?
         .map(|p| Json(p.into()))
-        .ok_or_else(missing)
+        .ok_or_else(|| ApiError::not_found("payment", &id))
 }

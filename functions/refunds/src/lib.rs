@@ -6,12 +6,12 @@
 //! first refund, never a second one.
 
 use axum::Router;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use edge::Json;
 use edge::idempotency::Fence;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::pagination::PageParams;
-use edge::{ApiError, Auth, JsonBody, Page, Pagination, QueryParams, with_edge};
+use edge::{ApiError, Auth, JsonBody, Page, Pagination, PathId, QueryParams, with_edge};
 use http::StatusCode;
 use shared::AppState;
 use shared::domain::account::Scope;
@@ -103,15 +103,14 @@ async fn list_refunds(
 async fn get_refund(
     State(state): State<AppState>,
     auth: Auth,
-    Path(id): Path<String>,
+    id: PathId<RefundId>,
 ) -> Result<Json<RefundView>, ApiError> {
     let who = auth.require(Scope::RefundsRead)?;
     // Parsed after the scope check (a key without it gets 403, whatever
     // the path): an id that cannot exist is a missing refund.
-    let missing = || ApiError::not_found("refund", &id);
-    let rid = RefundId::parse(&id).ok_or_else(missing)?;
-    refunds::find(&state, who.tenant(), &rid)
+    let id = id.get()?;
+    refunds::find(&state, who.tenant(), &id)
         .await?
         .map(|r| Json(r.into()))
-        .ok_or_else(missing)
+        .ok_or_else(|| ApiError::not_found("refund", &id))
 }
