@@ -29,7 +29,6 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, Method, StatusCode, header};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::auth::authenticate_request;
@@ -37,59 +36,16 @@ use super::error::{ApiError, Enveloped, ErrorType};
 use super::input::{MAX_BODY_BYTES, QueryParams};
 use super::requests::current_request_id;
 use shared::app::AppState;
-use shared::domain::Tenant;
-use shared::domain::record::{from_item, item_at};
+use shared::domain::idempotency::{self, Claim, ClaimState, Claimed};
 use shared::ids::ApiKeyId;
-use shared::store::{Cond, Key, StoreError, TTL, Update};
-use shared::time::Timestamp;
 
 pub const HEADER: &str = "idempotency-key";
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 pub const MAX_KEY_LEN: usize = 255;
+pub use shared::domain::idempotency::LEASE;
 pub use shared::store::fence::{Fence, RETENTION};
-/// How long an in-flight claim blocks retries before another may take it.
-pub const LEASE: chrono::Duration = chrono::Duration::seconds(60);
 /// Answers larger than this are answered but not stored for replay.
 const MAX_STORED_BODY: usize = 256 * 1024;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum ClaimState {
-    InProgress,
-    Completed,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct Record {
-    state: ClaimState,
-    fingerprint: String,
-    /// Random id of the request holding the claim.
-    owner: String,
-    locked_until: Timestamp,
-    #[serde(default)]
-    status: Option<u16>,
-    #[serde(default)]
-    content_type: Option<String>,
-    #[serde(default)]
-    body: Option<String>,
-    created_at: Timestamp,
-    /// Epoch seconds after which the record is gone (DynamoDB TTL).
-    ttl: i64,
-    /// The API key that made the request: another key of the project
-    /// (which may lack the route's scope) is never answered its replay.
-    /// Absent on records written before it was kept.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    key_id: Option<ApiKeyId>,
-}
-
-/// The record attribute of [`Record::key_id`].
-const KEY_ID: &str = "key_id";
-
-fn record_key(tenant: &Tenant, idem_key: &str) -> Key {
-    // Hashed: any printable key fits, and the store never sees it raw.
-    let digest = hex::encode(Sha256::digest(idem_key.as_bytes()));
-    shared::keys::idempotency(&tenant.project, tenant.mode.as_str(), &digest)
-}
 
 /// What makes two requests "the same request".
 pub fn fingerprint(method: &Method, path: &str, query: Option<&str>, body: &[u8]) -> String {
@@ -181,82 +137,19 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
         .map_err(|_| ApiError::payload_too_large(MAX_BODY_BYTES))?;
     let print = fingerprint(&parts.method, parts.uri.path(), parts.uri.query(), &bytes);
 
-    let store = &state.store;
-    let now = state.clock.now();
-    let key = record_key(auth.tenant(), &idem_key);
-    let owner = shared::ids::new_id(shared::ids::IdKind::Event);
-    let claim = Record {
-        state: ClaimState::InProgress,
-        fingerprint: print.clone(),
-        owner: owner.clone(),
-        locked_until: now.plus(LEASE),
-        status: None,
-        content_type: None,
-        body: None,
-        created_at: now,
-        ttl: now.plus(RETENTION).unix_seconds(),
-        key_id: Some(auth.0.key.id.clone()),
+    let request = idempotency::Request {
+        tenant: auth.tenant(),
+        key: &idem_key,
+        fingerprint: &print,
+        api_key: &auth.0.key.id,
     };
-    let item = item_at(&claim, &key)?;
-    // Free to claim: no record, an expired one, or an abandoned claim of
-    // the same request by the same API key.
-    let free = Cond::Or(vec![
-        Cond::NotExists,
-        Cond::lt(TTL, now.unix_seconds()),
-        Cond::And(vec![
-            Cond::eq("state", "in_progress"),
-            Cond::eq("fingerprint", print.clone()),
-            Cond::lt("locked_until", now.to_rfc3339()),
-            Cond::Or(vec![
-                Cond::AttrNotExists(KEY_ID.into()),
-                Cond::eq(KEY_ID, auth.0.key.id.as_str()),
-            ]),
-        ]),
-    ]);
-    match store.put(item, Some(free)).await {
-        Ok(()) => {}
-        Err(StoreError::ConditionFailed) => {
-            let existing: Option<Record> = match store.get(&key).await? {
-                Some(item) => Some(from_item(item)?),
-                None => None,
-            };
-            return match existing {
-                Some(r) if r.fingerprint != print => Err(conflict(
-                    "idempotency_key_reused",
-                    "This Idempotency-Key was used with a different request (method, path, query or body)",
-                )),
-                Some(r) if r.key_id.as_ref().is_some_and(|k| *k != auth.0.key.id) => Err(conflict(
-                    "idempotency_key_reused",
-                    "This Idempotency-Key was used by another API key of this project",
-                )),
-                Some(r) if r.state == ClaimState::Completed && r.body.is_none() => Err(conflict(
-                    "idempotency_conflict",
-                    "The request with this Idempotency-Key was done, but its answer was too large (or not text) to keep for a replay: read the result with a GET",
-                )),
-                Some(r) if r.state == ClaimState::Completed => Ok(replay(&r)),
-                _ => Err(conflict(
-                    "idempotency_conflict",
-                    "A request with this Idempotency-Key is still in progress; retry later",
-                )),
-            };
-        }
-        Err(e) => return Err(e.into()),
-    }
-
-    // The fence names the request (its fingerprint) as well as the key:
-    // another request under the same key never finds this one's write as
-    // "already done" (and is answered `idempotency_key_reused` above, as
-    // the released claim keeps its fingerprint).
-    parts.extensions.insert(Fence::new(
-        shared::keys::idempotency_fence(&key, &print),
-        now.plus(RETENTION).unix_seconds(),
-    ));
+    let ticket = match idempotency::claim(&state, request).await? {
+        Claimed::Ours(ticket) => ticket,
+        Claimed::Taken(existing) => return taken(existing, &print, &auth.0.key.id),
+    };
+    parts.extensions.insert(ticket.fence());
     let req = Request::from_parts(parts, Body::from(bytes));
     let res = next.run(req).await;
-    let owned = Cond::And(vec![
-        Cond::eq("owner", owner),
-        Cond::eq("state", "in_progress"),
-    ]);
     // Not stored, the key released so the retry runs: a 5xx, and a 4xx
     // the router made before any handler ran (a 405, a bad path), which
     // the edge puts in the error envelope on the way out (a stored copy
@@ -265,19 +158,15 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
         res.status().is_client_error() && res.extensions().get::<Enveloped>().is_none();
     if unhandled_4xx {
         // No handler ran, nothing was written: the key is free again.
-        if let Err(e) = store.delete(&key, Some(owned)).await {
+        if let Err(e) = ticket.release(&state).await {
             tracing::warn!(error = %e, "could not release an idempotency claim");
         }
         return Ok(res);
     }
     if res.status().is_server_error() {
         // A handler ran and may have written (its fence knows): released,
-        // not deleted. The claim's lease ends now, so a retry of this
-        // request (same fingerprint, same API key) takes it over at once,
-        // while another request under the same key is still told the key
-        // is taken (`idempotency_key_reused`).
-        let lapsed = Update::new().set("locked_until", now.plus(-LEASE).to_rfc3339());
-        if let Err(e) = store.update(&key, lapsed, Some(owned)).await {
+        // not deleted, so only a retry of this very request takes it.
+        if let Err(e) = ticket.lapse(&state).await {
             tracing::warn!(error = %e, "could not release an idempotency claim");
         }
         return Ok(res);
@@ -291,6 +180,8 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    // Too large or binary to keep: marked done without it, so a retry
+    // neither runs the write again nor gets an empty answer.
     let stored_body = String::from_utf8(res_bytes.to_vec())
         .ok()
         .filter(|b| b.len() <= MAX_STORED_BODY)
@@ -298,32 +189,39 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
             Some(redact) => redact.apply(&b),
             None => b,
         });
-    match stored_body {
-        Some(body) => {
-            let complete = Update::new()
-                .set("state", "completed")
-                .set("status", res_parts.status.as_u16())
-                .set("body", body)
-                .set(
-                    "content_type",
-                    content_type.unwrap_or_else(|| "application/json".into()),
-                );
-            if let Err(e) = store.update(&key, complete, Some(owned)).await {
-                tracing::error!(error = %e, "could not record an idempotent answer");
-            }
-        }
-        // Too large or binary to keep: marked done without it, so a retry
-        // neither runs the write again nor gets an empty answer.
-        None => {
-            let done = Update::new()
-                .set("state", "completed")
-                .set("status", res_parts.status.as_u16());
-            if let Err(e) = store.update(&key, done, Some(owned)).await {
-                tracing::error!(error = %e, "could not record an idempotent answer");
-            }
-        }
+    let answer =
+        stored_body.map(|b| (b, content_type.unwrap_or_else(|| "application/json".into())));
+    if let Err(e) = ticket
+        .complete(&state, res_parts.status.as_u16(), answer)
+        .await
+    {
+        tracing::error!(error = %e, "could not record an idempotent answer");
     }
     Ok(Response::from_parts(res_parts, Body::from(res_bytes)))
+}
+
+/// What a request gets when its key is held: the replay of the same
+/// request's stored answer, or why it cannot be run.
+fn taken(existing: Option<Claim>, print: &str, api_key: &ApiKeyId) -> Result<Response, ApiError> {
+    match existing {
+        Some(r) if r.fingerprint != print => Err(conflict(
+            "idempotency_key_reused",
+            "This Idempotency-Key was used with a different request (method, path, query or body)",
+        )),
+        Some(r) if r.key_id.as_ref().is_some_and(|k| k != api_key) => Err(conflict(
+            "idempotency_key_reused",
+            "This Idempotency-Key was used by another API key of this project",
+        )),
+        Some(r) if r.state == ClaimState::Completed && r.body.is_none() => Err(conflict(
+            "idempotency_conflict",
+            "The request with this Idempotency-Key was done, but its answer was too large (or not text) to keep for a replay: read the result with a GET",
+        )),
+        Some(r) if r.state == ClaimState::Completed => Ok(replay(&r)),
+        _ => Err(conflict(
+            "idempotency_conflict",
+            "A request with this Idempotency-Key is still in progress; retry later",
+        )),
+    }
 }
 
 /// Put on a response whose body holds a secret shown once (a webhook
@@ -347,7 +245,7 @@ impl Redact {
     }
 }
 
-fn replay(r: &Record) -> Response {
+fn replay(r: &Claim) -> Response {
     let status = r
         .status
         .and_then(|s| StatusCode::from_u16(s).ok())
@@ -389,10 +287,14 @@ mod tests {
     use http_body_util::BodyExt;
     use serde_json::{Value, json};
     use shared::domain::Mode;
+    use shared::domain::Tenant;
     use shared::domain::account::{self, KeyKind, NewKey, Plan, Scope};
-    use shared::store::TxOp;
+    use shared::domain::idempotency::record_key;
+    use shared::domain::record::item_at;
     use shared::store::embedded::EmbeddedStore;
     use shared::store::faults::{Fault, FaultyStore, Op};
+    use shared::store::fence::RETENTION;
+    use shared::store::{Cond, TxOp, Update};
     use shared::store::{Item, Key, Store};
     use shared::time::{Clock, SystemClock};
     use shared::{AppState, Config};
@@ -720,7 +622,7 @@ mod tests {
             "crashed",
         );
         // The first key's process died mid-request; its lease is over.
-        let claim = Record {
+        let claim = Claim {
             state: ClaimState::InProgress,
             fingerprint: fingerprint(&Method::POST, "/v1/widgets", None, body.as_bytes()),
             owner: "a-process-that-died".into(),
@@ -911,7 +813,7 @@ mod tests {
             &Tenant::new(who.project_id().clone(), Mode::Sandbox),
             "crashed",
         );
-        let mut claim = Record {
+        let mut claim = Claim {
             state: ClaimState::InProgress,
             fingerprint: print,
             owner: "a-process-that-died".into(),
@@ -952,7 +854,7 @@ mod tests {
         let key = record_key(&Tenant::new(who.project_id().clone(), Mode::Sandbox), "old");
         // A completed answer for another request, past its 24 h TTL but not
         // yet swept (DynamoDB deletes expired items lazily).
-        let stale = Record {
+        let stale = Claim {
             state: ClaimState::Completed,
             fingerprint: "another request".into(),
             owner: "gone".into(),

@@ -9,6 +9,7 @@ pub mod checkout;
 pub mod credentials;
 pub mod dashboard;
 pub mod fonepay_cap;
+pub mod idempotency;
 pub mod invoices;
 pub mod links;
 pub mod mobile;

@@ -130,8 +130,8 @@ const FENCE: Check = Check::Attributes {
 /// The kind of the item at (`pk`, `sk`), and how to check it.
 fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
     use super::{
-        account, active, checkout, dashboard, invoices, links, outbox, payments, refunds, sms,
-        webhooks,
+        account, active, checkout, dashboard, idempotency, invoices, links, outbox, payments,
+        refunds, sms, webhooks,
     };
     let head = pk.split('#').next().unwrap_or("");
     let parts = pk.split('#').count();
@@ -160,13 +160,7 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
         ("DUSER", "DUSER") => ("dashboard user", record::<dashboard::DashboardUser>()),
         ("EVT", "EVT") => ("event", record::<outbox::Event>()),
         ("EVT", s) if s.starts_with("WHD#") => ("webhook delivery", record::<webhooks::Delivery>()),
-        ("IDEM", "IDEM") => (
-            "idempotency record",
-            Check::Attributes {
-                always: &["created_at", "fingerprint", "key_id", "state", "ttl"],
-                also: &["body", "content_type", "locked_until", "owner", "status"],
-            },
-        ),
+        ("IDEM", "IDEM") => ("idempotency record", shape::<idempotency::Claim>()),
         ("IDEMFENCE", "FENCE") => ("idempotency fence", FENCE),
         ("LNK", "LNK") => ("payment link", record::<links::PaymentLink>()),
         ("MER", "MER") => ("merchant", record::<account::Merchant>()),
