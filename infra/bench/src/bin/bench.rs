@@ -974,7 +974,7 @@ async fn reconciler_bench(junk: usize, genuine: usize) -> std::result::Result<()
             // MIGRATION: the project's record is another area's, not yet typed.
             project_id: project.id,
             mode: Mode::Sandbox,
-            api_key_id: "ak_bench".into(),
+            api_key_id: shared::ids::ApiKeyId::stored("ak_bench"),
             spend_cap_paisa: None,
         });
     }
