@@ -17,6 +17,8 @@ use super::ratelimit::{QuotaHttp, QuotaSlot};
 use shared::app::AppState;
 use shared::domain::account::{self, Principal, Scope};
 use shared::domain::{Mode, Tenant};
+use shared::ids::SessionId;
+use shared::limits::public::SessionUse;
 
 /// The authenticated caller of a request.
 #[derive(Clone, Debug)]
@@ -75,19 +77,12 @@ impl FromRequestParts<AppState> for Auth {
 pub struct AppKey(pub Principal);
 
 impl AppKey {
-    /// Takes one request of session `id`'s public budget (shared with its
-    /// hosted page): call it once the client secret proved the caller.
-    pub async fn session_budget(state: &AppState, id: &str) -> Result<(), ApiError> {
-        let request = shared::limits::public::PublicRequest {
-            address: None,
-            write: false,
-            session: Some(id),
-            link: None,
-            opens_session: false,
-            opens_stream: false,
-        };
+    /// Takes one request of session `id`'s app budget (apart from its
+    /// hosted pages', which anyone holding the id can spend): call it once
+    /// the client secret proved the caller.
+    pub async fn session_budget(state: &AppState, id: &SessionId) -> Result<(), ApiError> {
         state
-            .take_public(&request)
+            .take_session(id, SessionUse::App)
             .await
             .map_err(|limited| ApiError::public_limited(&limited))
     }
@@ -109,9 +104,9 @@ impl FromRequestParts<AppState> for AppKey {
         // ([`AppKey::session_budget`]), so no one can spend it with the id
         // alone.
         let request = shared::limits::public::PublicRequest {
-            address: Some(address.as_str()),
+            address: address.as_str(),
+            poll: false,
             write: parts.method == http::Method::POST,
-            session: None,
             link: None,
             opens_session: false,
             opens_stream: false,

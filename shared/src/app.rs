@@ -21,9 +21,9 @@ use std::sync::Arc;
 
 use crate::blobs::Blobs;
 use crate::blobs::memory::MemoryBlobs;
-use crate::ids::ApiKeyId;
+use crate::ids::{ApiKeyId, SessionId};
 use crate::kinds::Mode;
-use crate::limits::public::{Limited, PublicLimits, PublicRequest};
+use crate::limits::public::{Limited, PublicLimits, PublicRequest, SessionUse};
 use crate::limits::rate::{Quota, RateLimits};
 use crate::providers::ProviderHub;
 use crate::queue::memory::InProcessQueue;
@@ -173,6 +173,16 @@ impl AppState {
     pub async fn take_public(&self, request: &PublicRequest<'_>) -> Result<(), Limited> {
         let now = self.clock.now();
         self.public_limits().take(&*self.store, request, now).await
+    }
+
+    /// Takes one request of checkout session `id`'s budget for `by`, now
+    /// ([`PublicLimits::take_session`]): call it once the session is
+    /// known to exist.
+    pub async fn take_session(&self, id: &SessionId, by: SessionUse) -> Result<(), Limited> {
+        let now = self.clock.now();
+        self.public_limits()
+            .take_session(&*self.store, id, by, now)
+            .await
     }
 
     /// Tests: a state on a fresh in-memory embedded store, its clock a

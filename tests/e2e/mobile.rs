@@ -575,21 +575,34 @@ async fn start_early_in_a_minute() {
     }
 }
 
-/// A session's own budget (shared with its hosted page) is spent only by
-/// callers holding its secret: the id alone, public in `events_url`,
-/// cannot use it up for the app.
+/// A session's app budget is apart from its hosted pages' and spent only
+/// by callers holding its secret: the id alone, public in `events_url`,
+/// cannot use it up for the app, neither with a guessed secret nor by
+/// spending the pages' budget (issue 37, 2).
 async fn only_the_secret_spends_a_sessions_budget(which: Which) {
     let Some((shop, pk)) = open(which).await else {
         return;
     };
     let app = session_for_app(&shop, &pk, json!({"amount": AMOUNT})).await;
-    // Three requests a minute per session for this test.
+    // Three requests a minute per session for its pages, three for its
+    // app, for this test.
     start_early_in_a_minute().await;
     shop.app.state().public_limits().set(600, 60, 3, 600, 10);
+    shop.app.state().public_limits().set_more(3000, 3, 120, 300);
     for _ in 0..6 {
         let wrong = app.read_with(&shop, Some("cs_secret_guess")).await;
         wrong.assert_error(404, "invalid_request_error", "not_found");
     }
+    // A stranger polls the session's status page until it is refused.
+    let status = shop.app.url(&format!("/c/{}/status", app.id));
+    let mut codes = Vec::new();
+    for _ in 0..5 {
+        match shop.app.client.get(&status).send().await {
+            Ok(r) => codes.push(r.status().as_u16()),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(codes, [200, 200, 200, 429, 429]);
     for i in 0..3 {
         let a = app.read(&shop).await;
         assert_eq!(a.status, 200, "read {i}: {}", a.body);

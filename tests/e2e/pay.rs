@@ -415,6 +415,66 @@ async fn a_customer_pays_with_esewa(which: Which) {
     shop.stop().await;
 }
 
+/// Issue 37, 2: anyone who knows a session's id (it is in the page's
+/// address) can spend the session's page budget, but not the customer's
+/// way back from the provider: the return of the session's own attempt
+/// is checked by its signature and counted per address only.
+async fn a_stranger_spending_a_sessions_budget_stops_no_return(which: Which) {
+    // Ten seconds into a minute: every request below falls in one window
+    // of the limits.
+    let now = SystemClock.now().unix_seconds();
+    let start = Timestamp::from_unix_millis((now - now.rem_euclid(60) + 10) * 1000);
+    let clock = ManualClock::new(start.unwrap_or_else(|| SystemClock.now()));
+    let Some(shop) = Shop::open_with_clock(which, Arc::new(clock.clone())).await else {
+        return;
+    };
+    let s = shop.checkout(AMOUNT).await;
+    let at = shop.to_provider(&s, Via::Esewa).await;
+    let payment = shop.current_payment(&s).await;
+    // address, writes per address, per session, per link, link sessions:
+    // four a minute for the session, one spent by the customer's attempt.
+    shop.app.state().public_limits().set(1000, 100, 4, 100, 100);
+    let stranger = match reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 9]))
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(20))
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
+    let status = format!("{}/c/{s}/status", shop.app.base);
+    let mut answers = Vec::new();
+    for _ in 0..6 {
+        match stranger.get(&status).send().await {
+            Ok(r) => answers.push(r.status().as_u16()),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(
+        answers,
+        [200, 200, 200, 429, 429, 429],
+        "the stranger spent it"
+    );
+    // The stranger's polls asked eSewa (one check per payment every 3 s);
+    // the customer comes back a few seconds later.
+    clock.advance(chrono::Duration::seconds(4));
+    // The customer pays at eSewa and comes back: the return is handled.
+    let callback = shop.press(&at, "pay").await;
+    assert!(
+        callback.contains(&format!("/return/{payment}/ok")),
+        "{callback}"
+    );
+    let back = shop.arrive(&s, &callback).await;
+    assert!(
+        back.status == 303 && back.location.as_deref() == Some(merchant_landing(&s).as_str()),
+        "{}",
+        back.show()
+    );
+    shop.assert_paid(&s, &payment, "esewa", AMOUNT).await;
+    shop.stop().await;
+}
+
 async fn a_customer_pays_with_khalti(which: Which) {
     let Some(shop) = Shop::open(which).await else {
         return;
@@ -1471,6 +1531,7 @@ async fn a_retried_checkout_create_answers_the_same_session(which: Which) {
 
 on_both_backends!(
     the_address_is_frozen_once_an_attempt_started,
+    a_stranger_spending_a_sessions_budget_stops_no_return,
     a_customer_pays_with_esewa,
     a_customer_pays_with_khalti,
     a_customer_pays_with_a_fonepay_qr,

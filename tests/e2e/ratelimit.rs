@@ -373,6 +373,62 @@ async fn public_routes_are_throttled_per_session_and_address(which: Which) {
     app.stop().await;
 }
 
+/// Issue 37, 1: the status poll and the provider returns are counted per
+/// address (a generous budget), and a session's own budget is spent only
+/// once the session exists: one client sending made-up ids is bounded,
+/// costs no counter per id, and locks out neither the real session's
+/// customer nor anyone at another address.
+async fn made_up_session_ids_are_bounded_per_address_and_cost_no_counter(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Asan Bazaar", "owner@asan.example").await;
+    let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    let real = new_session(&app, &key).await;
+    // polls per address, the app's session budget, link opens per /56, /48
+    app.state().public_limits().set_more(12, 100, 100, 100);
+    steady_window().await;
+    let stranger = client_from([127, 0, 0, 9]);
+    let made_up: Vec<String> = (0..10)
+        .map(|_| shared::ids::SessionId::new().to_string())
+        .collect();
+    let mut codes = Vec::new();
+    for (n, id) in made_up.iter().cycle().take(20).enumerate() {
+        let path = if n % 2 == 0 {
+            format!("/c/{id}/status")
+        } else {
+            format!("/c/{id}/return/pay_01HZZZZZZZZZZZZZZZZZZZZZZZ/ok?data=x")
+        };
+        codes.push(
+            public(&stranger, reqwest::Method::GET, &app.url(&path), JSON, None)
+                .await
+                .0,
+        );
+    }
+    let refused = codes.iter().filter(|c| **c == 429).count();
+    assert_eq!(refused, 8, "{codes:?}");
+    assert!(codes[..12].iter().all(|c| *c == 404), "{codes:?}");
+    // No counter for any of the ids: only the address's.
+    let now = app.state().clock.now();
+    let limits = app.state().public_limits();
+    let store = app.state().store.clone();
+    for id in &made_up {
+        assert_eq!(
+            limits.spent(&*store, &format!("S#{id}"), now).await,
+            0,
+            "{id}"
+        );
+    }
+    assert_eq!(limits.spent(&*store, "AP#127.0.0.9", now).await, 12);
+    // The real session's customer, at another address, is answered.
+    let customer = client_from([127, 0, 0, 2]);
+    let status = app.url(&format!("/c/{real}/status"));
+    let (code, _, body) = public(&customer, reqwest::Method::GET, &status, JSON, None).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(limits.spent(&*store, &format!("S#{real}"), now).await, 1);
+    app.stop().await;
+}
+
 async fn views(app: &TestApp, key: &str, id: &str) -> u64 {
     let link = app.get(&format!("/v1/payment-links/{id}"), Some(key)).await;
     link.body["stats"]["views"].as_u64().unwrap_or(u64::MAX)
@@ -499,6 +555,7 @@ async fn a_link_is_bounded_per_address_and_in_all(which: Which) {
 
 on_both_backends!(
     public_routes_are_throttled_per_session_and_address,
+    made_up_session_ids_are_bounded_per_address_and_cost_no_counter,
     a_link_is_bounded_per_address_and_in_all,
     only_the_limit_passes_per_window,
     each_key_has_its_own_budget,

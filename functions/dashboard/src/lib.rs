@@ -163,9 +163,9 @@ async fn throttle(
 ) -> Response {
     let address = edge::requests::client_address(&req);
     let request = public::PublicRequest {
-        address: Some(address.as_str()),
+        address: address.as_str(),
+        poll: false,
         write: req.method() == http::Method::POST,
-        session: None,
         link: None,
         opens_session: false,
         opens_stream: false,

@@ -36,7 +36,7 @@ use shared::domain::checkout::{self, CheckoutSession, Flow, SessionStatus, Store
 use shared::domain::links;
 use shared::domain::payments::{Payment, PaymentStatus};
 use shared::ids::{LinkId, PaymentId, ProjectId, SessionId};
-use shared::limits::public;
+use shared::limits::public::{self, SessionUse};
 use shared::providers::Handoff;
 use shared::refusal::Refusal;
 use shared::store::StoreError;
@@ -112,20 +112,22 @@ async fn throttle(
     let id = decoded.as_deref().filter(|id| {
         (4..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
     });
-    let session = id.filter(|_| kind == Some("c"));
+    let session = kind == Some("c");
     let link = id.filter(|_| kind == Some("l"));
-    // A provider's return and the pages' status poll count per session
-    // only: customers behind one carrier NAT share an address, and a
-    // customer coming back from paying must get through.
-    let per_session_only = session.is_some() && matches!(rest, Some("return" | "status"));
+    // A provider's return and the pages' status poll count in the
+    // address's generous poll budget: customers behind one carrier NAT
+    // share an address, and a customer coming back from paying must get
+    // through. A session's own budget is taken by the handler once the
+    // session is found, so a made-up id costs no counter.
+    let poll = session && matches!(rest, Some("return" | "status"));
     let request = public::PublicRequest {
-        address: (!per_session_only).then_some(address.as_str()),
+        address: address.as_str(),
+        poll,
         // Starts an attempt or opens a session.
-        write: post,
-        session,
+        write: post && !poll,
         link,
         opens_session: post && link.is_some() && rest.is_none(),
-        opens_stream: session.is_some() && rest == Some("events"),
+        opens_stream: session && rest == Some("events"),
     };
     match state.take_public(&request).await {
         Ok(()) => next.run(req).await,
@@ -135,12 +137,38 @@ async fn throttle(
                 retry_after = limited.retry_after,
                 "public route limited"
             );
-            too_many(&req, &limited)
+            too_many(req.headers(), &limited)
         }
     }
 }
 
-fn too_many(req: &axum::extract::Request, limited: &public::Limited) -> Response {
+/// Takes one request of the open session's budget for `by`; over it, the
+/// 429 its caller gets. A final session costs nothing more to show than
+/// a read (no attempt, no provider check), so its pages are bounded per
+/// address only: a customer who paid sees it, whoever spent the budget.
+async fn session_budget(
+    state: &AppState,
+    session: &CheckoutSession,
+    by: SessionUse,
+    headers: &http::HeaderMap,
+) -> Result<(), Response> {
+    if session.status_at(state.clock.now()).is_final() {
+        return Ok(());
+    }
+    state
+        .take_session(&session.id, by)
+        .await
+        .map_err(|limited| {
+            tracing::warn!(
+                limit = limited.limit,
+                retry_after = limited.retry_after,
+                "session limited"
+            );
+            too_many(headers, &limited)
+        })
+}
+
+fn too_many(headers: &http::HeaderMap, limited: &public::Limited) -> Response {
     let secs = limited.retry_after;
     let wait = if secs >= 120 {
         format!("{} minutes", (secs + 59) / 60)
@@ -149,8 +177,7 @@ fn too_many(req: &axum::extract::Request, limited: &public::Limited) -> Response
     } else {
         format!("{secs} seconds")
     };
-    let browser = req
-        .headers()
+    let browser = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|a| a.contains("text/html"));
@@ -314,6 +341,7 @@ async fn show(
     State(state): State<AppState>,
     Id(id, ..): Id<SessionId, Hosted>,
     RawQuery(query): RawQuery,
+    headers: http::HeaderMap,
 ) -> Response {
     let now = state.clock.now();
     let session = match checkout::find_any(&state, &id, now).await {
@@ -321,6 +349,9 @@ async fn show(
         Ok(None) => return not_found(),
         Err(e) => return trouble(&e),
     };
+    if let Err(limited) = session_budget(&state, &session, SessionUse::Page, &headers).await {
+        return limited;
+    }
     let notice = query_has(&query, "notice", "cancelled")
         .then_some("Payment cancelled. You can choose another way to pay.");
     match render(
@@ -495,6 +526,16 @@ async fn pay(
         ..parse_choice(&body)
     };
     let address = choice.address.clone();
+    match checkout::find_any(&state, &id, now).await {
+        Ok(Some(session)) => {
+            if let Err(limited) = session_budget(&state, &session, SessionUse::Page, &headers).await
+            {
+                return limited;
+            }
+        }
+        Ok(None) => return not_found(),
+        Err(e) => return trouble(&e),
+    }
     let base = edge::requests::public_base(&state, &headers);
     let started = attempts::start(&state, &id, choice, &base, now).await;
     let (status, message) = match started {
@@ -735,6 +776,9 @@ async fn events(
                 .into_response();
         }
     };
+    if let Err(limited) = session_budget(&state, &session, SessionUse::Stream, headers).await {
+        return limited;
+    }
     let Some(watcher) = WatcherSlot::take(&address, &session.id) else {
         return (
             StatusCode::TOO_MANY_REQUESTS,
@@ -814,12 +858,27 @@ async fn events(
     res
 }
 
-async fn status(State(state): State<AppState>, id: PathId<SessionId>) -> Response {
+async fn status(
+    State(state): State<AppState>,
+    id: PathId<SessionId>,
+    headers: http::HeaderMap,
+) -> Response {
     let now = state.clock.now();
     // An id that cannot exist: as a missing session.
-    let polled = match id.get_or(|_, _| ()) {
-        Ok(id) => attempts::poll(&state, &id, now).await,
+    let found = match id.get_or(|_, _| ()) {
+        Ok(id) => checkout::find_any(&state, &id, now).await,
         Err(()) => Ok(None),
+    };
+    let polled = match found {
+        Ok(Some(session)) => {
+            if let Err(limited) = session_budget(&state, &session, SessionUse::Page, &headers).await
+            {
+                return limited;
+            }
+            attempts::poll_of(&state, session, now).await.map(Some)
+        }
+        Ok(None) => Ok(None),
+        Err(e) => Err(AttemptError::Store(e)),
     };
     let (session, payment) = match polled {
         Ok(Some(x)) => x,
@@ -1109,6 +1168,7 @@ fn link_not_found() -> Response {
 async fn qr(
     State(state): State<AppState>,
     Id((id, payment_id), ..): Id<(SessionId, PaymentId), Hosted>,
+    headers: http::HeaderMap,
 ) -> Response {
     let now = state.clock.now();
     let session = match checkout::find_any(&state, &id, now).await {
@@ -1116,6 +1176,9 @@ async fn qr(
         Ok(None) => return not_found(),
         Err(e) => return trouble(&e),
     };
+    if let Err(limited) = session_budget(&state, &session, SessionUse::Page, &headers).await {
+        return limited;
+    }
     let payment = match attempts::find_payment(&state, &id, &payment_id).await {
         Ok(Some(p)) => p,
         Ok(None) => return not_found(),

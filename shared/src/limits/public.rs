@@ -20,19 +20,23 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crate::store::{Cond, Store, StoreError, TTL, Update};
 use crate::time::Timestamp;
 
-/// What a public request is, for its limits.
+/// What a public request is, for its limits. A checkout session's own
+/// budget is not here: it is taken once the session is known to exist
+/// ([`PublicLimits::take_session`]), so an id that names nothing costs
+/// no counter.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PublicRequest<'a> {
     /// The client's address (API Gateway's `sourceIp`, else the socket's
-    /// peer), or `unknown`; `None`: the request is not counted per
-    /// address (a provider's return and the pages' status poll, bounded
-    /// per session: many customers share one address behind a carrier's
-    /// NAT, and a paying customer's return must not be refused).
-    pub address: Option<&'a str>,
-    /// Whether it may write (starts an attempt, opens a session, a return).
+    /// peer), or `unknown`.
+    pub address: &'a str,
+    /// A provider's return or the pages' status poll: counted in the
+    /// address's generous poll budget ([`POLLS_PER_ADDRESS`]) instead of
+    /// its page budget, and never as a write (many customers share one
+    /// address behind a carrier's NAT, and a paying customer's return
+    /// must not be refused).
+    pub poll: bool,
+    /// Whether it may write (starts an attempt, opens a session).
     pub write: bool,
-    /// The checkout session in its path.
-    pub session: Option<&'a str>,
     /// The payment link in its path.
     pub link: Option<&'a str>,
     /// Whether it opens a checkout session from the link (`POST /l/{id}`):
@@ -60,6 +64,31 @@ pub fn address_bucket(address: &str) -> String {
     }
 }
 
+/// The /56 and /48 an IPv6 client's address is in (`None` for IPv4).
+fn v6_allocations(address: &str) -> Option<(String, String)> {
+    match address.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_none() => {
+            let s = v6.segments();
+            Some((
+                format!("{:x}:{:x}:{:x}:{:x}::/56", s[0], s[1], s[2], s[3] & 0xff00),
+                format!("{:x}:{:x}:{:x}::/48", s[0], s[1], s[2]),
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// Who spends a checkout session's budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionUse {
+    /// Its hosted pages (the page, paying, the status poll).
+    Page,
+    /// Its pages opening an event stream.
+    Stream,
+    /// The app holding its client secret.
+    App,
+}
+
 /// One limit: at most `limit` requests per `window` seconds.
 #[derive(Debug)]
 struct Limit {
@@ -84,9 +113,21 @@ impl Limit {
 
 /// Requests a client address may make to the public routes per minute.
 pub const PER_ADDRESS: u32 = 600;
-/// Writes (attempts, session opens, returns) per client address and minute.
+/// Writes (attempts, session opens) per client address and minute.
 pub const WRITES_PER_ADDRESS: u32 = 60;
-/// Requests per checkout session and minute (the pages poll every 2 s).
+/// Status polls and provider returns per client address and minute: a
+/// carrier NAT's worth of customers (a page polls every 2 s, so about a
+/// hundred paying at once behind one address), and a bound on one
+/// client sending made-up session ids.
+pub const POLLS_PER_ADDRESS: u32 = 3000;
+/// Sessions opened from one payment link per minute by one IPv6 /56 (a
+/// site's allocation: up to 256 /64s, each counted apart as an address)
+/// and by one /48, so one allocation cannot take the whole [`PER_LINK`].
+pub const LINK_OPENS_PER_56: u32 = 120;
+pub const LINK_OPENS_PER_48: u32 = 300;
+/// Requests per checkout session and minute from its pages (they poll
+/// every 2 s); the app holding the session's client secret has as many
+/// of its own.
 pub const PER_SESSION: u32 = 120;
 /// Sessions opened per payment link and minute, all clients together.
 pub const PER_LINK: u32 = 600;
@@ -105,7 +146,11 @@ pub const STREAMS_PER_SESSION: u32 = 6;
 pub struct PublicLimits {
     per_address: Limit,
     writes_per_address: Limit,
+    polls_per_address: Limit,
     per_session: Limit,
+    app_session: Limit,
+    link_opens_56: Limit,
+    link_opens_48: Limit,
     per_link: Limit,
     link_sessions: Limit,
     address_streams: Limit,
@@ -117,7 +162,9 @@ pub struct PublicLimits {
 /// Which limit a 429 came from, and how long to wait.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limited {
-    /// `address`, `address writes`, `session`, `link` or `link sessions`.
+    /// `address`, `address writes`, `address polls`, `session`,
+    /// `app session`, `session streams`, `address streams`, `link`,
+    /// `link sessions`, `link opens /56` or `link opens /48`.
     pub limit: &'static str,
     /// Whole seconds until the window ends (at least 1).
     pub retry_after: i64,
@@ -128,7 +175,11 @@ impl Default for PublicLimits {
         PublicLimits {
             per_address: Limit::new("address", PER_ADDRESS, 60),
             writes_per_address: Limit::new("address writes", WRITES_PER_ADDRESS, 60),
+            polls_per_address: Limit::new("address polls", POLLS_PER_ADDRESS, 60),
             per_session: Limit::new("session", PER_SESSION, 60),
+            app_session: Limit::new("app session", PER_SESSION, 60),
+            link_opens_56: Limit::new("link opens /56", LINK_OPENS_PER_56, 60),
+            link_opens_48: Limit::new("link opens /48", LINK_OPENS_PER_48, 60),
             per_link: Limit::new("link", PER_LINK, 60),
             link_sessions: Limit::new("link sessions", SESSIONS_PER_LINK_AND_ADDRESS, 1800),
             address_streams: Limit::new("address streams", STREAMS_PER_ADDRESS, 60),
@@ -162,6 +213,43 @@ impl PublicLimits {
         }
     }
 
+    /// Replaces the budgets of polls per address, of a session's app and
+    /// of link opens per IPv6 /56 and /48 (tests), a minute.
+    pub fn set_more(&self, polls: u32, app_session: u32, per_56: u32, per_48: u32) {
+        for (l, n) in [
+            (&self.polls_per_address, polls),
+            (&self.app_session, app_session),
+            (&self.link_opens_56, per_56),
+            (&self.link_opens_48, per_48),
+        ] {
+            l.limit.store(n.max(1), Ordering::Relaxed);
+        }
+    }
+
+    /// How many requests bucket `bucket` (`S#<session id>`, `AP#<address>`,
+    /// ...) counted in its one-minute window at `now` (tests: a request
+    /// that names nothing must cost no counter).
+    #[cfg(any(test, feature = "testkit"))]
+    pub async fn spent(&self, store: &dyn Store, bucket: &str, now: Timestamp) -> u32 {
+        let start = now.unix_seconds().div_euclid(60) * 60;
+        if let Some(local) = &self.local {
+            let map = local.lock().unwrap_or_else(|p| p.into_inner());
+            return map
+                .get(bucket)
+                .filter(|(s, _)| *s == start)
+                .map_or(0, |(_, n)| *n);
+        }
+        let key = crate::keys::throttle(bucket, start);
+        match store.get(&key).await {
+            Ok(Some(item)) => item
+                .get("count")
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(0),
+            _ => 0,
+        }
+    }
+
     /// Replaces the event-stream limits (tests): opens per address and
     /// per session, a minute.
     pub fn set_streams(&self, address: u32, session: u32) {
@@ -174,34 +262,35 @@ impl PublicLimits {
     }
 
     /// Takes a slot of every limit `req` falls under at `now`: the
-    /// client's own (per address, its writes, its sessions of the link)
-    /// first, then the shared ones (the session's, the link's), so a
-    /// client refused for its own flood never uses up a slot others
-    /// need. The first limit full answers the request.
+    /// client's own (per address, its writes, its sessions of the link,
+    /// its IPv6 allocation's opens of the link) first, then the link's,
+    /// shared by all, so a client refused for its own flood never uses up
+    /// a slot others need. The first limit full answers the request.
     pub async fn take(
         &self,
         store: &dyn Store,
         req: &PublicRequest<'_>,
         now: Timestamp,
     ) -> Result<(), Limited> {
-        let mut buckets: Vec<(&Limit, String)> = Vec::with_capacity(5);
-        if let Some(address) = req.address.map(address_bucket) {
+        let address = address_bucket(req.address);
+        let mut buckets: Vec<(&Limit, String)> = Vec::with_capacity(6);
+        if req.poll {
+            buckets.push((&self.polls_per_address, format!("AP#{address}")));
+        } else {
             buckets.push((&self.per_address, format!("A#{address}")));
             if req.write {
                 buckets.push((&self.writes_per_address, format!("AW#{address}")));
             }
-            if let (true, Some(link)) = (req.opens_session, req.link) {
-                buckets.push((&self.link_sessions, format!("LS#{link}#{address}")));
-            }
-            if req.opens_stream {
-                buckets.push((&self.address_streams, format!("AS#{address}")));
+        }
+        if let (true, Some(link)) = (req.opens_session, req.link) {
+            buckets.push((&self.link_sessions, format!("LS#{link}#{address}")));
+            if let Some((p56, p48)) = v6_allocations(req.address) {
+                buckets.push((&self.link_opens_56, format!("LS56#{link}#{p56}")));
+                buckets.push((&self.link_opens_48, format!("LS48#{link}#{p48}")));
             }
         }
-        if let Some(s) = req.session {
-            buckets.push((&self.per_session, format!("S#{s}")));
-            if req.opens_stream {
-                buckets.push((&self.session_streams, format!("SS#{s}")));
-            }
+        if req.opens_stream {
+            buckets.push((&self.address_streams, format!("AS#{address}")));
         }
         if let (true, Some(l)) = (req.opens_session, req.link) {
             buckets.push((&self.per_link, format!("L#{l}")));
@@ -210,6 +299,35 @@ impl PublicLimits {
             self.take_one(store, limit, &bucket, now).await?;
         }
         Ok(())
+    }
+
+    /// Takes a slot of session `id`'s budget for `by`, once the session is
+    /// known to exist: its pages' (and, opening a stream, its streams'),
+    /// or the app's that proved its client secret, which no one holding
+    /// only the id can spend.
+    pub async fn take_session(
+        &self,
+        store: &dyn Store,
+        id: &str,
+        by: SessionUse,
+        now: Timestamp,
+    ) -> Result<(), Limited> {
+        match by {
+            SessionUse::Page => {
+                self.take_one(store, &self.per_session, &format!("S#{id}"), now)
+                    .await
+            }
+            SessionUse::Stream => {
+                self.take_one(store, &self.per_session, &format!("S#{id}"), now)
+                    .await?;
+                self.take_one(store, &self.session_streams, &format!("SS#{id}"), now)
+                    .await
+            }
+            SessionUse::App => {
+                self.take_one(store, &self.app_session, &format!("SA#{id}"), now)
+                    .await
+            }
+        }
     }
 
     async fn take_one(
@@ -296,18 +414,22 @@ mod tests {
     use crate::store::embedded::EmbeddedStore;
     use crate::testenv::at;
 
-    fn req<'a>(
-        address: &'a str,
-        session: Option<&'a str>,
-        link: Option<&'a str>,
-    ) -> PublicRequest<'a> {
+    fn req<'a>(address: &'a str, link: Option<&'a str>) -> PublicRequest<'a> {
         PublicRequest {
-            address: Some(address),
+            address,
+            poll: false,
             write: false,
-            session,
             link,
             opens_session: false,
             opens_stream: false,
+        }
+    }
+
+    fn open<'a>(address: &'a str, link: &'a str) -> PublicRequest<'a> {
+        PublicRequest {
+            write: true,
+            opens_session: true,
+            ..req(address, Some(link))
         }
     }
 
@@ -323,19 +445,14 @@ mod tests {
         both(async |limits: PublicLimits, store: &dyn Store| {
             limits.set(3, 100, 5, 4, 100);
             let t = at("2026-11-25T10:00:10Z");
-            let mut open = req("10.0.0.1", None, Some("lnk_1"));
-            open.write = true;
-            open.opens_session = true;
             for n in 0..20 {
-                let r = limits.take(store, &open, t).await;
+                let r = limits.take(store, &open("10.0.0.1", "lnk_1"), t).await;
                 assert_eq!(r.is_ok(), n < 3, "{n}: {r:?}");
             }
             // Its 17 refused opens took none of the link's 4: the fourth
             // is there for another client, then the link is full.
             for (a, ok) in [("10.0.0.2", true), ("10.0.0.3", false)] {
-                let mut other = open.clone();
-                other.address = Some(a);
-                let r = limits.take(store, &other, t).await;
+                let r = limits.take(store, &open(a, "lnk_1"), t).await;
                 assert_eq!(
                     r.map_err(|l| l.limit),
                     if ok { Ok(()) } else { Err("link") },
@@ -345,17 +462,22 @@ mod tests {
             // A page view of the link is not counted per link.
             assert!(
                 limits
-                    .take(store, &req("10.0.0.6", None, Some("lnk_1")), t)
+                    .take(store, &req("10.0.0.6", Some("lnk_1")), t)
                     .await
                     .is_ok()
             );
-            // Returns and status polls: per session only.
-            let mut back = req("10.0.0.1", Some("cs_1"), None);
-            back.address = None;
+            // Returns and status polls: in the address's poll budget, not
+            // its page budget (spent above).
+            let back = PublicRequest {
+                poll: true,
+                ..req("10.0.0.1", None)
+            };
+            limits.set_more(5, 100, 100, 100);
             for _ in 0..5 {
                 assert!(limits.take(store, &back, t).await.is_ok());
             }
-            assert!(limits.take(store, &back, t).await.is_err());
+            let over = limits.take(store, &back, t).await;
+            assert_eq!(over.map_err(|l| l.limit), Err("address polls"));
         })
         .await;
     }
@@ -365,62 +487,103 @@ mod tests {
         both(async |limits: PublicLimits, store: &dyn Store| {
             limits.set_streams(3, 2);
             let t = at("2026-11-25T10:00:10Z");
-            let stream = |address, session| PublicRequest {
+            let stream = |address| PublicRequest {
                 opens_stream: true,
-                ..req(address, Some(session), None)
+                ..req(address, None)
+            };
+            let session = async |id: &str| {
+                limits
+                    .take_session(store, id, SessionUse::Stream, t)
+                    .await
+                    .map_err(|l| l.limit)
             };
             // One session: two opens a minute, whoever asks.
-            assert!(
-                limits
-                    .take(store, &stream("10.0.0.1", "cs_1"), t)
-                    .await
-                    .is_ok()
-            );
-            assert!(
-                limits
-                    .take(store, &stream("10.0.0.2", "cs_1"), t)
-                    .await
-                    .is_ok()
-            );
-            let r = limits.take(store, &stream("10.0.0.3", "cs_1"), t).await;
-            assert_eq!(r.map_err(|l| l.limit), Err("session streams"));
-            // One address: three opens a minute over its sessions (the
-            // refused one above counted for 10.0.0.3, not 10.0.0.1).
-            assert!(
-                limits
-                    .take(store, &stream("10.0.0.1", "cs_2"), t)
-                    .await
-                    .is_ok()
-            );
-            assert!(
-                limits
-                    .take(store, &stream("10.0.0.1", "cs_3"), t)
-                    .await
-                    .is_ok()
-            );
-            let r = limits.take(store, &stream("10.0.0.1", "cs_4"), t).await;
+            assert_eq!(session("cs_1").await, Ok(()));
+            assert_eq!(session("cs_1").await, Ok(()));
+            assert_eq!(session("cs_1").await, Err("session streams"));
+            // One address: three opens a minute over its sessions.
+            for _ in 0..3 {
+                assert!(limits.take(store, &stream("10.0.0.1"), t).await.is_ok());
+            }
+            let r = limits.take(store, &stream("10.0.0.1"), t).await;
             assert_eq!(r.map_err(|l| l.limit), Err("address streams"));
             // Other requests of that address are not streams.
-            assert!(
-                limits
-                    .take(store, &req("10.0.0.1", Some("cs_4"), None), t)
-                    .await
-                    .is_ok()
-            );
+            assert!(limits.take(store, &req("10.0.0.1", None), t).await.is_ok());
             // The next minute opens again.
             let later = at("2026-11-25T10:01:10Z");
-            assert!(
+            assert!(limits.take(store, &stream("10.0.0.1"), later).await.is_ok());
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn the_app_holding_the_secret_has_its_own_session_budget() {
+        both(async |limits: PublicLimits, store: &dyn Store| {
+            limits.set(100, 100, 3, 100, 100);
+            limits.set_more(100, 2, 100, 100);
+            let t = at("2026-11-25T10:00:10Z");
+            let take = async |id: &str, by| {
                 limits
-                    .take(store, &stream("10.0.0.1", "cs_4"), later)
+                    .take_session(store, id, by, t)
                     .await
-                    .is_ok()
-            );
+                    .map_err(|l| l.limit)
+            };
+            // Anyone holding the id spends the pages' budget...
+            for _ in 0..3 {
+                assert_eq!(take("cs_1", SessionUse::Page).await, Ok(()));
+            }
+            assert_eq!(take("cs_1", SessionUse::Page).await, Err("session"));
+            // ...and not the app's.
+            assert_eq!(take("cs_1", SessionUse::App).await, Ok(()));
+            assert_eq!(take("cs_1", SessionUse::App).await, Ok(()));
+            assert_eq!(take("cs_1", SessionUse::App).await, Err("app session"));
+            // Another session is not touched by either.
+            assert_eq!(take("cs_2", SessionUse::Page).await, Ok(()));
+            assert_eq!(take("cs_2", SessionUse::App).await, Ok(()));
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn one_ipv6_allocation_cannot_take_every_open_of_a_link() {
+        both(async |limits: PublicLimits, store: &dyn Store| {
+            // Per link 10; per /56 3, per /48 5.
+            limits.set(1000, 1000, 1000, 10, 1000);
+            limits.set_more(1000, 1000, 3, 5);
+            let t = at("2026-11-25T10:00:10Z");
+            let addresses: Vec<String> = (0..8u32)
+                .flat_map(|site| {
+                    (0..4u32).map(move |net| format!("2400:1a00:b040:{:x}::1", site * 256 + net))
+                })
+                .collect();
+            let mut opened = 0;
+            let mut refusals = Vec::new();
+            // Each /64 new to the limits, 8 /56s of one /48.
+            for a in &addresses {
+                match limits.take(store, &open(a, "lnk_1"), t).await {
+                    Ok(()) => opened += 1,
+                    Err(l) => refusals.push(l.limit),
+                }
+            }
+            assert_eq!(opened, 5, "{refusals:?}");
+            assert!(refusals.contains(&"link opens /56"), "{refusals:?}");
+            assert!(refusals.contains(&"link opens /48"), "{refusals:?}");
+            // The link still opens for everyone else: IPv4 and another /48.
+            for a in ["203.0.113.7", "2400:1a00:b041::1"] {
+                let r = limits.take(store, &open(a, "lnk_1"), t).await;
+                assert_eq!(r, Ok(()), "{a}");
+            }
+            // Another link is not touched.
+            let r = limits
+                .take(store, &open("2400:1a00:b040:1::1", "lnk_2"), t)
+                .await;
+            assert_eq!(r, Ok(()));
         })
         .await;
     }
 
     #[test]
-    fn an_ipv6_client_is_its_64() {
+    fn an_ipv6_client_is_its_64_in_its_56_and_48() {
         assert_eq!(
             address_bucket("2400:1a00:b040:1234:aaaa:bbbb:cccc:dddd"),
             address_bucket("2400:1a00:b040:1234::1")
@@ -431,6 +594,15 @@ mod tests {
         );
         assert_eq!(address_bucket("::ffff:203.0.113.7"), "203.0.113.7");
         assert_eq!(address_bucket("203.0.113.7"), "203.0.113.7");
+        assert_eq!(
+            v6_allocations("2400:1a00:b040:12ff::1"),
+            Some((
+                "2400:1a00:b040:1200::/56".to_owned(),
+                "2400:1a00:b040::/48".to_owned()
+            ))
+        );
+        assert_eq!(v6_allocations("203.0.113.7"), None);
+        assert_eq!(v6_allocations("::ffff:203.0.113.7"), None);
     }
 
     #[tokio::test]
@@ -438,17 +610,17 @@ mod tests {
         both(async |limits: PublicLimits, store: &dyn Store| {
             limits.set(5, 2, 3, 4, 1);
             let t = at("2026-11-25T10:00:10.250Z");
-            // Per session: 3 a minute, whichever address asks.
-            for a in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
+            // Per session: 3 a minute.
+            for _ in 0..3 {
                 assert!(
                     limits
-                        .take(store, &req(a, Some("cs_1"), None), t)
+                        .take_session(store, "cs_1", SessionUse::Page, t)
                         .await
                         .is_ok()
                 );
             }
             let over = limits
-                .take(store, &req("10.0.0.4", Some("cs_1"), None), t)
+                .take_session(store, "cs_1", SessionUse::Page, t)
                 .await;
             assert_eq!(
                 over,
@@ -460,7 +632,7 @@ mod tests {
             // Another session is not touched by it.
             assert!(
                 limits
-                    .take(store, &req("10.0.0.4", Some("cs_2"), None), t)
+                    .take_session(store, "cs_2", SessionUse::Page, t)
                     .await
                     .is_ok()
             );
@@ -468,14 +640,16 @@ mod tests {
             let next = at("2026-11-25T10:01:00Z");
             assert!(
                 limits
-                    .take(store, &req("10.0.0.4", Some("cs_1"), None), next)
+                    .take_session(store, "cs_1", SessionUse::Page, next)
                     .await
                     .is_ok()
             );
             // Writes per address: 2, then the address is limited on writes
             // only.
-            let mut w = req("10.0.0.9", None, None);
-            w.write = true;
+            let w = PublicRequest {
+                write: true,
+                ..req("10.0.0.9", None)
+            };
             assert!(limits.take(store, &w, next).await.is_ok());
             assert!(limits.take(store, &w, next).await.is_ok());
             assert_eq!(
@@ -484,21 +658,26 @@ mod tests {
             );
             assert!(
                 limits
-                    .take(store, &req("10.0.0.9", None, None), next)
+                    .take(store, &req("10.0.0.9", None), next)
                     .await
                     .is_ok()
             );
             // Sessions per link and address: 1 per 30 minutes.
-            let mut open = req("10.0.0.7", None, Some("lnk_1"));
-            open.write = true;
-            open.opens_session = true;
-            assert!(limits.take(store, &open, next).await.is_ok());
-            let again = limits.take(store, &open, next).await;
+            assert!(
+                limits
+                    .take(store, &open("10.0.0.7", "lnk_1"), next)
+                    .await
+                    .is_ok()
+            );
+            let again = limits.take(store, &open("10.0.0.7", "lnk_1"), next).await;
             assert_eq!(again.as_ref().map_err(|l| l.limit), Err("link sessions"));
             assert_eq!(again.map_err(|l| l.retry_after), Err(29 * 60));
-            let mut other = open.clone();
-            other.address = Some("10.0.0.8");
-            assert!(limits.take(store, &other, next).await.is_ok());
+            assert!(
+                limits
+                    .take(store, &open("10.0.0.8", "lnk_1"), next)
+                    .await
+                    .is_ok()
+            );
         })
         .await;
     }

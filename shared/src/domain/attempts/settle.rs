@@ -738,6 +738,15 @@ async fn poll_when(
         .map(Some)
 }
 
+/// [`poll`] for a session the caller has read already (one read less).
+pub async fn poll_of(
+    state: &Deps,
+    session: CheckoutSession,
+    now: Timestamp,
+) -> Result<(CheckoutSession, Option<Payment>), AttemptError> {
+    poll_session(state, session, now, POLL_CHECK_EVERY, false).await
+}
+
 /// [`poll_qr_every`] for a session the caller has read already (one read
 /// less).
 pub async fn poll_qr_of(
