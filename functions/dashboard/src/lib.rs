@@ -652,14 +652,9 @@ pub(crate) async fn nav(
 }
 
 async fn overview(State(state): State<AppState>, signed: Signed) -> Page {
-    let (o, series) = analytics::overview_by_day(
-        &*state.store,
-        &signed.tenant,
-        analytics::DEFAULT_DAYS,
-        state.clock.now(),
-    )
-    .await
-    .map_err(fail)?;
+    let (o, series) = analytics::overview_by_day(&state, &signed.tenant, analytics::DEFAULT_DAYS)
+        .await
+        .map_err(fail)?;
     let nav = nav(&state, &signed, "overview").await?;
     Ok(html(StatusCode::OK, pages::overview(&nav, &o, &series)))
 }
