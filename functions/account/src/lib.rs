@@ -53,5 +53,7 @@ async fn get_overview(
     auth.require(Scope::AnalyticsRead)?;
     let days =
         analytics::parse_days(query.get("days")).map_err(|m| ApiError::validation("days", m))?;
-    Ok(Json(analytics::overview(&state, auth.tenant(), days).await?))
+    Ok(Json(
+        analytics::overview(&state, auth.tenant(), days).await?,
+    ))
 }

@@ -168,7 +168,7 @@ pub async fn check(State(state): State<AppState>, signed: Signed, body: Bytes) -
     }
     let asked = credentials::ask_provider(&state, &signed.tenant, provider)
         .await
-    .map_err(|e| fail(shared::refusal::Refusal::internal(&e)))?;
+        .map_err(|e| fail(shared::refusal::Refusal::internal(&e)))?;
     let name = provider.display_name();
     let verdict = match asked {
         Asked::NoneStored => {

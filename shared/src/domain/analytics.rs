@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::Provider;
 use super::checkout::stats::{DayCounters, day_end_sk, day_of, day_sk, start_of_day};
 use super::record::from_item;
 use super::totals::Counter;
-use super::Provider;
 use crate::Deps;
 use crate::domain::Tenant;
 use crate::store::{Query, SkCond, Store, StoreError};
@@ -691,7 +691,9 @@ mod tests {
             .unwrap();
         assert_eq!(before.get(DayCounters::SESSIONS_CREATED.name()), Some(&11));
         assert_eq!(before.len(), 1);
-        let empty = day_totals(&*store, &Tenant::new("proj_1", Mode::Live), now).await.unwrap();
+        let empty = day_totals(&*store, &Tenant::new("proj_1", Mode::Live), now)
+            .await
+            .unwrap();
         assert!(empty.is_empty());
 
         let one = overview(&deps, &Tenant::new("proj_1", Mode::Sandbox), 1)

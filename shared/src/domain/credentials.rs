@@ -74,7 +74,10 @@ crate::attrs! { StoredCredentials {
 
 impl Record for StoredCredentials {
     fn item_key(&self) -> Key {
-        credentials_key(&Tenant::new(self.project_id.clone(), self.mode), self.provider)
+        credentials_key(
+            &Tenant::new(self.project_id.clone(), self.mode),
+            self.provider,
+        )
     }
 }
 
@@ -335,17 +338,11 @@ pub async fn get_credentials(
     tenant: &Tenant,
     provider: Provider,
 ) -> Result<Option<ProviderCredentials>, CredentialsError> {
-    let Some(item) = store
-        .get(&credentials_key(tenant, provider))
-        .await?
-    else {
+    let Some(item) = store.get(&credentials_key(tenant, provider)).await? else {
         return Ok(None);
     };
     let stored: StoredCredentials = from_item(item).map_err(|_| {
-        CredentialsError::Corrupt(
-            describe(tenant, provider),
-            "record does not parse".into(),
-        )
+        CredentialsError::Corrupt(describe(tenant, provider), "record does not parse".into())
     })?;
     open(keys, &stored, tenant, provider).map(Some)
 }
@@ -382,10 +379,7 @@ pub async fn delete_credentials(
     provider: Provider,
 ) -> Result<bool, CredentialsError> {
     match store
-        .delete(
-            &credentials_key(tenant, provider),
-            Some(Cond::Exists),
-        )
+        .delete(&credentials_key(tenant, provider), Some(Cond::Exists))
         .await
     {
         Ok(()) => Ok(true),

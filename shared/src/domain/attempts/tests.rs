@@ -1096,8 +1096,8 @@ async fn counters(st: &Deps, now: Timestamp) -> std::collections::BTreeMap<Strin
         &crate::domain::Tenant::new("proj_1", Mode::Sandbox),
         now,
     )
-        .await
-        .unwrap()
+    .await
+    .unwrap()
 }
 
 fn count(c: &std::collections::BTreeMap<String, i64>, attr: &str) -> i64 {

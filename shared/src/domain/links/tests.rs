@@ -193,8 +193,8 @@ async fn an_opened_session_is_counted_on_its_day() {
         &crate::domain::Tenant::new("proj_1", Mode::Sandbox),
         now(),
     )
-        .await
-        .unwrap();
+    .await
+    .unwrap();
     assert_eq!(counted.get("sessions_created"), Some(&2));
 }
 
