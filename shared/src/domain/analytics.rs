@@ -839,7 +839,7 @@ mod tests {
         assert_eq!(o.by_provider[0].success_volume_paisa, volume);
 
         // Day by day: the same sums, each on its own day, zeros between.
-        let (same, series) = overview_by_day(&store, &Tenant::new("proj_1", Mode::Sandbox), 7, now)
+        let (same, series) = overview_by_day(&deps, &Tenant::new("proj_1", Mode::Sandbox), 7)
             .await
             .unwrap();
         assert_eq!(same, o);

@@ -679,7 +679,9 @@ mod tests {
 
     async fn raw_items(store: &dyn Store, project_id: &str) -> Vec<crate::store::Item> {
         let page = store
-            .query(&Query::partition(project_partition(project_id)))
+            .query(&Query::partition(project_partition(&ProjectId::from(
+                project_id,
+            ))))
             .await;
         ok(page, "query").items
     }
@@ -842,7 +844,7 @@ mod tests {
             .await,
             "put",
         );
-        let key = credentials_key(&p, Mode::Live, Provider::Khalti);
+        let key = credentials_key(&Tenant::new(p.clone(), Mode::Live), Provider::Khalti);
         let Some(original) = ok(store.get(&key).await, "get") else {
             panic!("stored")
         };
@@ -970,7 +972,10 @@ mod tests {
         );
         let Some(original) = ok(
             store
-                .get(&credentials_key(&p, Mode::Sandbox, Provider::Khalti))
+                .get(&credentials_key(
+                    &Tenant::new(p.clone(), Mode::Sandbox),
+                    Provider::Khalti,
+                ))
                 .await,
             "get",
         ) else {
@@ -983,7 +988,7 @@ mod tests {
         ];
         for (project_id, mode, provider) in targets {
             let mut item = original.clone();
-            let key = credentials_key(project_id, mode, provider);
+            let key = credentials_key(&Tenant::new(project_id, mode), provider);
             item.insert("pk".into(), Value::from(key.pk.clone()));
             item.insert("sk".into(), Value::from(key.sk.clone()));
             // Even with the record's own fields rewritten to match.
