@@ -53,8 +53,7 @@ async fn get_overview(
     auth.require(Scope::AnalyticsRead)?;
     let days =
         analytics::parse_days(query.get("days")).map_err(|m| ApiError::validation("days", m))?;
-    let now = state.clock.now();
     Ok(Json(
-        analytics::overview(&*state.store, auth.tenant(), days, now).await?,
+        analytics::overview(&state, auth.tenant(), days).await?,
     ))
 }

@@ -68,24 +68,19 @@ async fn show(
     status: StatusCode,
 ) -> Page {
     let tenant = &signed.tenant;
-    let configured: Vec<_> = credentials::list_configured_providers(&*state.store, &tenant.project)
+    let configured = credentials::configured_in(state, tenant)
         .await
-        .map_err(|e| fail(shared::refusal::Refusal::internal(&e)))?
-        .into_iter()
-        .filter(|c| c.mode == tenant.mode)
-        .collect();
+        .map_err(|e| fail(shared::refusal::Refusal::internal(&e)))?;
     // The check: each set opens with the master key (no value shown).
     let mut rows = Vec::new();
     for c in &configured {
         let verdict = match state.providers.keys() {
             None => "no master key configured here".to_owned(),
-            Some(keys) => {
-                match credentials::get_credentials(&*state.store, keys, tenant, c.provider).await {
-                    Ok(Some(_)) => "ok".to_owned(),
-                    Ok(None) => "removed meanwhile".to_owned(),
-                    Err(e) => e.to_string(),
-                }
-            }
+            Some(_) => match credentials::opened(state, tenant, c.provider).await {
+                Ok(Some(_)) => "ok".to_owned(),
+                Ok(None) => "removed meanwhile".to_owned(),
+                Err(e) => e.to_string(),
+            },
         };
         rows.push((c, verdict));
     }
@@ -106,7 +101,7 @@ async fn show(
                         tr {
                             td { (c.provider.as_str()) }
                             td { (status_badge(if verdict == "ok" { "success" } else { "failed" })) " " (verdict) }
-                            td { (c.key_id) }
+                            td { (c.master_key) }
                             td { (when(c.updated_at)) }
                             td {
                                 form method="post" action="/dashboard/credentials/check" {
@@ -171,15 +166,9 @@ pub async fn check(State(state): State<AppState>, signed: Signed, body: Bytes) -
     if state.providers.keys().is_none() {
         return no_master_key(&state, &signed).await;
     }
-    let asked = credentials::ask_provider(
-        &*state.store,
-        &state.providers,
-        &signed.tenant,
-        provider,
-        state.clock.now(),
-    )
-    .await
-    .map_err(|e| fail(shared::refusal::Refusal::internal(&e)))?;
+    let asked = credentials::ask_provider(&state, &signed.tenant, provider)
+        .await
+        .map_err(|e| fail(shared::refusal::Refusal::internal(&e)))?;
     let name = provider.display_name();
     let verdict = match asked {
         Asked::NoneStored => {
@@ -253,17 +242,10 @@ pub async fn set(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
         }
     };
     let provider = creds.provider();
-    let Some(keys) = state.providers.keys() else {
+    if state.providers.keys().is_none() {
         return no_master_key(&state, &signed).await;
-    };
-    let saved = credentials::put_credentials(
-        &*state.store,
-        keys,
-        state.clock.now(),
-        &signed.tenant,
-        &creds,
-    )
-    .await;
+    }
+    let saved = credentials::set(&state, &signed.tenant, &creds).await;
     match saved {
         Ok(_) => {
             // Which provider and mode, never a value.

@@ -3,11 +3,13 @@
 //! (`functions/dashboard-documents`).
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use edge::PathId;
 use http::{HeaderValue, header};
 use shared::AppState;
 use shared::domain::invoices;
+use shared::ids::InvoiceId;
 
 use crate::records::invoice_of;
 use crate::{Signed, Stop, fail};
@@ -17,9 +19,9 @@ use crate::{Signed, Stop, fail};
 pub async fn invoice_pdf(
     State(state): State<AppState>,
     signed: Signed,
-    Path(id): Path<String>,
+    id: PathId<InvoiceId>,
 ) -> Result<Response, Stop> {
-    let i = invoice_of(&state, &signed, &id).await?;
+    let i = invoice_of(&state, &signed, id).await?;
     let bytes = invoices::pdf(&state, &i).await.map_err(fail)?;
     let mut res = Body::from(bytes).into_response();
     let h = res.headers_mut();

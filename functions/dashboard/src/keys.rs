@@ -7,7 +7,8 @@
 use std::collections::HashMap;
 
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
+use edge::PathId;
 use edge::html::html;
 use http::StatusCode;
 use shared::AppState;
@@ -173,7 +174,10 @@ async fn claim(
     else {
         return Err(expired_form());
     };
-    match dashboard::claim_form(state, &fence).await.map_err(fail)? {
+    match dashboard::claim_form::<ApiKeyId>(state, &fence)
+        .await
+        .map_err(fail)?
+    {
         FormClaim::First => Ok(Ok(fence)),
         FormClaim::Done(made) => {
             let text = match made {
@@ -261,22 +265,22 @@ async fn finish(
     ))
 }
 
-/// The key `id` of the session's project and mode, or a 404 page.
-async fn key_of(state: &AppState, signed: &Signed, id: &str) -> Result<ApiKey, Stop> {
-    let Some(key_id) = ApiKeyId::parse(id) else {
-        return Err(fail(shared::refusal::Refusal::not_found("key", id)));
-    };
+/// The key of the path in the session's project and mode, or a 404 page
+/// (also for an id that cannot be one).
+async fn key_of(state: &AppState, signed: &Signed, id: PathId<ApiKeyId>) -> Result<ApiKey, Stop> {
+    let missing = |raw: &str| fail(shared::refusal::Refusal::not_found("key", raw));
+    let key_id = id.get_or(|_, raw| missing(raw))?;
     account::find_api_key(state, &signed.session.project_id, &key_id)
         .await
         .map_err(fail)?
         .filter(|k| k.mode == signed.session.mode)
-        .ok_or_else(|| fail(shared::refusal::Refusal::not_found("key", id)))
+        .ok_or_else(|| missing(&key_id))
 }
 
 pub async fn rotate(
     State(state): State<AppState>,
     signed: Signed,
-    Path(id): Path<String>,
+    id: PathId<ApiKeyId>,
     body: Bytes,
 ) -> Page {
     let f = signed.action_form(Permission::Secrets, &body)?;
@@ -296,7 +300,7 @@ pub async fn rotate(
             .await;
         }
     };
-    let old = key_of(&state, &signed, &id).await?;
+    let old = key_of(&state, &signed, id).await?;
     let fence = match claim(&state, &signed, &f).await? {
         Ok(fence) => fence,
         Err(page) => return page,
@@ -340,7 +344,7 @@ pub async fn rotate(
 pub async fn revoke(
     State(state): State<AppState>,
     signed: Signed,
-    Path(id): Path<String>,
+    id: PathId<ApiKeyId>,
     body: Bytes,
 ) -> Page {
     let f = signed.action_form(Permission::Secrets, &body)?;
@@ -358,7 +362,7 @@ pub async fn revoke(
         Ok(fence) => fence,
         Err(page) => return page,
     };
-    let key = key_of(&state, &signed, &id).await?;
+    let key = key_of(&state, &signed, id).await?;
     if let Err(e) = dashboard::complete_form(&state, &fence, &key.id).await {
         tracing::warn!(error = %e, "form result not recorded");
     }

@@ -25,9 +25,10 @@ mod records;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{FromRequestParts, Path, RawQuery, State};
+use axum::extract::{FromRequestParts, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use edge::PathId;
 use edge::html::html;
 use edge::with_edge;
 use http::request::Parts;
@@ -39,13 +40,11 @@ use shared::domain::analytics;
 use shared::domain::dashboard::{
     self, Actor, DashboardError, DashboardSession, DashboardUser, Permission,
 };
-use shared::domain::outbox;
 use shared::domain::payments::{self, PaymentView};
 use shared::domain::refunds::{self, CreateRefund, RefundError, RefundReason};
-use shared::domain::webhooks;
 use shared::domain::{Tenant, Window};
 use shared::fields::{NepaliMobile, RefundNotes};
-use shared::ids::ProjectId;
+use shared::ids::{PaymentId, ProjectId};
 use shared::limits::public;
 
 pub use pages::Nav;
@@ -648,14 +647,9 @@ pub(crate) async fn nav(
 }
 
 async fn overview(State(state): State<AppState>, signed: Signed) -> Page {
-    let (o, series) = analytics::overview_by_day(
-        &*state.store,
-        &signed.tenant,
-        analytics::DEFAULT_DAYS,
-        state.clock.now(),
-    )
-    .await
-    .map_err(fail)?;
+    let (o, series) = analytics::overview_by_day(&state, &signed.tenant, analytics::DEFAULT_DAYS)
+        .await
+        .map_err(fail)?;
     let nav = nav(&state, &signed, "overview").await?;
     Ok(html(StatusCode::OK, pages::overview(&nav, &o, &series)))
 }
@@ -727,9 +721,10 @@ async fn payments_page(
 async fn payment_page(
     State(state): State<AppState>,
     signed: Signed,
-    Path(id): Path<String>,
+    id: PathId<PaymentId>,
     RawQuery(raw): RawQuery,
 ) -> Page {
+    let id = id.get_or(no_payment)?;
     let q = query(&raw);
     let notice = crate::id_param(&q, "refund", "ref_").map(|r| format!("Refund {r} recorded."));
     payment_view(
@@ -743,21 +738,25 @@ async fn payment_page(
     .await
 }
 
+/// The 404 page of a payment the path names, also for an id that cannot
+/// be one.
+fn no_payment(_: &'static str, raw: &str) -> Stop {
+    fail(shared::refusal::Refusal::not_found("payment", raw))
+}
+
 /// The payment page, with a notice or an error above it.
 async fn payment_view(
     state: &AppState,
     signed: &Signed,
-    id: &str,
+    id: &PaymentId,
     notice: Option<&str>,
     error: Option<&str>,
     status: StatusCode,
 ) -> Page {
-    let missing = || fail(shared::refusal::Refusal::not_found("payment", id));
-    let pid = shared::ids::PaymentId::parse(id).ok_or_else(missing)?;
-    let payment = payments::find(state, &signed.tenant, &pid)
+    let payment = payments::find(state, &signed.tenant, id)
         .await
         .map_err(fail)?
-        .ok_or_else(missing)?;
+        .ok_or_else(|| no_payment("payment", id))?;
     let (refunds, _) = refunds::of_payment(state, &payment.id, Window::first(100))
         .await
         .map_err(fail)?;
@@ -793,23 +792,14 @@ async fn payment_view(
 pub(crate) const TIMELINE: usize = 20;
 const TIMELINE_DELIVERIES: usize = 10;
 
-/// Payment `id`'s events, oldest first, each with its deliveries (read
-/// side by side). The caller has found the payment in its tenant.
-async fn timeline(state: &AppState, id: &str) -> Result<Vec<pages::TimelineRow>, Stop> {
-    let store = &*state.store;
-    let events = outbox::of_payment(store, id, TIMELINE)
+/// Payment `id`'s events, oldest first, each with its deliveries. The
+/// caller has found the payment in its tenant.
+async fn timeline(state: &AppState, id: &PaymentId) -> Result<Vec<pages::TimelineRow>, Stop> {
+    let rows = dashboard::payment_timeline(state, id, TIMELINE, TIMELINE_DELIVERIES)
         .await
         .map_err(fail)?;
-    let deliveries = futures::future::try_join_all(
-        events
-            .iter()
-            .map(|e| webhooks::deliveries_of_event(store, &e.event_id, TIMELINE_DELIVERIES)),
-    )
-    .await
-    .map_err(fail)?;
-    Ok(events
+    Ok(rows
         .into_iter()
-        .zip(deliveries)
         .map(|(event, deliveries)| pages::TimelineRow { event, deliveries })
         .collect())
 }
@@ -817,7 +807,7 @@ async fn timeline(state: &AppState, id: &str) -> Result<Vec<pages::TimelineRow>,
 /// What a refund form asks for, read from its fields; an error names
 /// the field.
 fn refund_request(
-    payment_id: &str,
+    payment_id: &PaymentId,
     f: &std::collections::HashMap<String, String>,
 ) -> Result<CreateRefund, String> {
     let amount = shared::money::parse_rupees(f.get("amount").map(String::as_str).unwrap_or(""))
@@ -842,7 +832,7 @@ fn refund_request(
         .map(|m| NepaliMobile::parse(m).map_err(|e| format!("Mobile number: {e}")))
         .transpose()?;
     Ok(CreateRefund {
-        payment_id: payment_id.to_owned(),
+        payment_id: payment_id.to_string(),
         amount,
         reason,
         notes,
@@ -857,7 +847,7 @@ fn refund_request(
 async fn refund(
     State(state): State<AppState>,
     signed: Signed,
-    Path(id): Path<String>,
+    id: PathId<PaymentId>,
     body: Bytes,
 ) -> Page {
     let f = signed.action_form(Permission::Act, &body)?;
@@ -866,6 +856,9 @@ async fn refund(
     let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, now) else {
         return Err(expired_form());
     };
+    // An id that cannot be a payment's is the payment page's 404, as
+    // every path below ends for it.
+    let id = id.get_or(no_payment)?;
     let req = match refund_request(&id, &f) {
         Ok(r) => r,
         Err(e) => {

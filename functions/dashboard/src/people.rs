@@ -5,7 +5,8 @@
 //! Every change is in the audit log.
 
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
+use edge::PathId;
 use edge::html::html;
 use http::StatusCode;
 use maud::html as markup;
@@ -114,7 +115,9 @@ pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
     };
     let email = f.get("email").cloned().unwrap_or_default();
     if let dashboard::FormClaim::Done(_) =
-        dashboard::claim_form(&state, &fence).await.map_err(fail)?
+        dashboard::claim_form::<shared::ids::UserId>(&state, &fence)
+            .await
+            .map_err(fail)?
     {
         return show(
             &state,
@@ -182,11 +185,14 @@ pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
 pub async fn change(
     State(state): State<AppState>,
     signed: Signed,
-    Path(id): Path<String>,
+    id: PathId<UserId>,
     body: Bytes,
 ) -> Page {
     let f = signed.action_form(Permission::People, &body)?;
-    if id == signed.user.id {
+    // An id that cannot be a person's is answered where a person is
+    // looked up, as an unknown one.
+    let user_id = id.get_or(|_, _| fail(DashboardError::UnknownUser));
+    if user_id.as_ref().is_ok_and(|u| *u == signed.user.id) {
         return show(
             &state,
             &signed,
@@ -198,7 +204,7 @@ pub async fn change(
     }
     if f.get("do").map(String::as_str) == Some("password") {
         let password = dashboard::new_form_token();
-        let user_id = UserId::parse(&id).ok_or_else(|| fail(DashboardError::UnknownUser))?;
+        let user_id = user_id?;
         let u = dashboard::reset_password_of(&state, &signed.user.merchant_id, &user_id, &password)
             .await
             .map_err(fail)?;
@@ -232,7 +238,7 @@ pub async fn change(
             .await;
         }
     };
-    let user_id = UserId::parse(&id).ok_or_else(|| fail(DashboardError::UnknownUser))?;
+    let user_id = user_id?;
     let u = dashboard::change_user(&state, &signed.user.merchant_id, &user_id, what)
         .await
         .map_err(fail)?;

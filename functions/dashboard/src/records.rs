@@ -5,7 +5,7 @@
 //! event. Every list paginates.
 
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use edge::PathId;
 use edge::html::html;
 use http::StatusCode;
@@ -142,9 +142,10 @@ pub async fn make_link(State(state): State<AppState>, signed: Signed, body: Byte
 pub async fn link_page(
     State(state): State<AppState>,
     signed: Signed,
-    Path(id): Path<String>,
+    id: PathId<LinkId>,
     RawQuery(raw): RawQuery,
 ) -> Page {
+    let id = id.get_or(no_link)?;
     let saved = query(&raw).contains_key("saved");
     link_view(
         &state,
@@ -157,20 +158,21 @@ pub async fn link_page(
     .await
 }
 
+/// The 404 page of a link the path names, also for an id that cannot be
+/// one.
+fn no_link(_: &'static str, raw: &str) -> Stop {
+    fail(links::LinkError::NotFound(raw.to_owned()))
+}
+
 async fn link_view(
     state: &AppState,
     signed: &Signed,
-    id: &str,
+    id: &LinkId,
     notice: Option<&str>,
     error: Option<&str>,
     status: StatusCode,
 ) -> Page {
-    let found = match LinkId::parse(id) {
-        Some(lid) => links::find(state, &signed.tenant, &lid)
-            .await
-            .map_err(fail)?,
-        None => None,
-    };
+    let found = links::find(state, &signed.tenant, id).await.map_err(fail)?;
     let l = found.ok_or_else(|| fail(shared::refusal::Refusal::not_found("payment link", id)))?;
     let nav = nav(state, signed, "links").await?;
     let act = signed.user.role.may(Permission::Act);
@@ -220,10 +222,11 @@ async fn link_view(
 pub async fn edit_link(
     State(state): State<AppState>,
     signed: Signed,
-    Path(id): Path<String>,
+    id: PathId<LinkId>,
     body: Bytes,
 ) -> Page {
     let f = signed.action_form(Permission::Act, &body)?;
+    let id = id.get_or(no_link)?;
     let text = |name: &str| f.get(name).map(|v| v.trim().to_owned()).unwrap_or_default();
     let patch = (|| -> Result<links::PatchLink, String> {
         let title =
@@ -253,15 +256,12 @@ pub async fn edit_link(
     })();
     let now = state.clock.now();
     let result = match patch {
-        Ok(p) => match LinkId::parse(&id) {
-            Some(lid) => links::patch(&state, &signed.tenant, &lid, p, now)
-                .await
-                .map_err(|e| match e {
-                    links::LinkError::NotFound(_) => Err(fail(e)),
-                    other => Ok(shared::refusal::Refusal::from(other).message),
-                }),
-            None => Err(Err(fail(links::LinkError::NotFound(id.clone())))),
-        },
+        Ok(p) => links::patch(&state, &signed.tenant, &id, p, now)
+            .await
+            .map_err(|e| match e {
+                links::LinkError::NotFound(_) => Err(fail(e)),
+                other => Ok(shared::refusal::Refusal::from(other).message),
+            }),
         Err(why) => Err(Ok(why)),
     };
     match result {
@@ -290,13 +290,13 @@ pub async fn edit_link(
 pub async fn cancel_link(
     State(state): State<AppState>,
     signed: Signed,
-    Path(id): Path<String>,
+    id: PathId<LinkId>,
     body: Bytes,
 ) -> Page {
     signed.action_form(Permission::Act, &body)?;
     let now = state.clock.now();
-    let lid = LinkId::parse(&id).ok_or_else(|| fail(links::LinkError::NotFound(id.clone())))?;
-    match links::cancel(&state, &signed.tenant, &lid, now).await {
+    let id = id.get_or(no_link)?;
+    match links::cancel(&state, &signed.tenant, &id, now).await {
         // Already inactive (a second click): the same outcome.
         Ok(_) | Err(links::LinkError::Inactive) => {}
         Err(e) => return Err(fail(e)),
@@ -421,13 +421,14 @@ pub async fn invoices_page(
     Ok(html(StatusCode::OK, layout(&nav, "Invoices", body)))
 }
 
+/// The invoice of the path, or the invoice's 404 page (also for an id
+/// that cannot be one).
 pub(crate) async fn invoice_of(
     state: &AppState,
     signed: &Signed,
-    id: &str,
+    id: PathId<InvoiceId>,
 ) -> Result<Invoice, Stop> {
-    let iid = InvoiceId::parse(id)
-        .ok_or_else(|| fail(invoices::InvoiceError::NotFound(id.to_owned())))?;
+    let iid = id.get_or(|_, raw| fail(invoices::InvoiceError::NotFound(raw.to_owned())))?;
     invoices::get(state, &signed.tenant, &iid)
         .await
         .map_err(fail)
@@ -436,9 +437,9 @@ pub(crate) async fn invoice_of(
 pub async fn invoice_page(
     State(state): State<AppState>,
     signed: Signed,
-    Path(id): Path<String>,
+    id: PathId<InvoiceId>,
 ) -> Page {
-    let i = invoice_of(&state, &signed, &id).await?;
+    let i = invoice_of(&state, &signed, id).await?;
     let nav = nav(&state, &signed, "invoices").await?;
     let title = format!(
         "Invoice {}",
@@ -728,7 +729,10 @@ pub async fn resend(
     };
     // Claimed first; the domain call then finds the endpoint (another
     // project's is a 404, which only spends this form's token).
-    if let FormClaim::Done(_) = dashboard::claim_form(&state, &fence).await.map_err(fail)? {
+    if let FormClaim::Done(_) = dashboard::claim_form::<EventId>(&state, &fence)
+        .await
+        .map_err(fail)?
+    {
         // A double click: the first one sent it again.
         return Ok(crate::see_other(&format!(
             "/dashboard/webhooks/{shown}?resent={event}"
@@ -893,7 +897,10 @@ pub async fn send_test(
     };
     // Claimed first; the domain call then finds the endpoint (another
     // project's is a 404, which only spends this form's token).
-    if let FormClaim::Done(sent) = dashboard::claim_form(&state, &fence).await.map_err(fail)? {
+    if let FormClaim::Done(sent) = dashboard::claim_form::<EventId>(&state, &fence)
+        .await
+        .map_err(fail)?
+    {
         let location = match sent {
             Some(evt) => format!("/dashboard/webhooks/{shown}?sent={evt}"),
             None => format!("/dashboard/webhooks/{shown}"),

@@ -1588,7 +1588,7 @@ fn configured_lines(c: &ConfiguredProvider) -> Vec<String> {
         c.provider.as_str(),
         c.project_id,
         c.mode.as_str(),
-        c.key_id,
+        c.master_key,
         c.updated_at
     )]
 }
@@ -1633,7 +1633,7 @@ async fn credentials_cmd(cmd: CredentialsCmd, now: Timestamp) -> Result<Output, 
                 let mut cells = vec![
                     c.mode.as_str().to_owned(),
                     c.provider.as_str().to_owned(),
-                    c.key_id.clone(),
+                    c.master_key.clone(),
                     c.updated_at.to_rfc3339(),
                 ];
                 if let Some(keys) = &keys {

@@ -11,10 +11,11 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::Provider;
 use super::checkout::stats::{DayCounters, day_end_sk, day_of, day_sk, start_of_day};
 use super::record::from_item;
 use super::totals::Counter;
-use super::{Mode, Provider};
+use crate::Deps;
 use crate::domain::Tenant;
 use crate::store::{Query, SkCond, Store, StoreError};
 use crate::time::Timestamp;
@@ -91,14 +92,11 @@ fn ratio(part: i64, whole: i64) -> f64 {
 }
 
 /// The overview of the last `days` UTC days including today's (the window
-/// starts at midnight UTC `days - 1` days before `now` and ends `now`).
-pub async fn overview(
-    store: &dyn Store,
-    tenant: &Tenant,
-    days: u32,
-    now: Timestamp,
-) -> Result<Overview, StoreError> {
-    let (days, start, items) = window_items(store, tenant, days, now).await?;
+/// starts at midnight UTC `days - 1` days before now, by the deps' clock,
+/// and ends now).
+pub async fn overview(deps: &Deps, tenant: &Tenant, days: u32) -> Result<Overview, StoreError> {
+    let now = deps.clock.now();
+    let (days, start, items) = window_items(&*deps.store, tenant, days, now).await?;
     Ok(summarize(&items, days, start, now))
 }
 
@@ -112,14 +110,7 @@ async fn window_items(
 ) -> Result<(u32, Timestamp, Vec<DayCounters>), StoreError> {
     let days = days.clamp(1, MAX_DAYS);
     let start = start_of_day(now).plus(chrono::Duration::days(-(i64::from(days) - 1)));
-    let items = day_items(
-        store,
-        &tenant.project,
-        tenant.mode,
-        &day_of(start),
-        &day_of(now),
-    )
-    .await?;
+    let items = day_items(store, tenant, &day_of(start), &day_of(now)).await?;
     Ok((days, start, items))
 }
 
@@ -135,12 +126,12 @@ pub struct DayFigures {
 /// [`overview`] and the same window day by day (every day present, oldest
 /// first), from the same one read of the counters.
 pub async fn overview_by_day(
-    store: &dyn Store,
+    deps: &Deps,
     tenant: &Tenant,
     days: u32,
-    now: Timestamp,
 ) -> Result<(Overview, Vec<DayFigures>), StoreError> {
-    let (days, start, items) = window_items(store, tenant, days, now).await?;
+    let now = deps.clock.now();
+    let (days, start, items) = window_items(&*deps.store, tenant, days, now).await?;
     let mut series: Vec<DayFigures> = (0..i64::from(days))
         .map(|n| DayFigures {
             day: day_of(start.plus(chrono::Duration::days(n))),
@@ -164,12 +155,11 @@ pub async fn overview_by_day(
 /// former layout; all pages.
 async fn day_items(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     first: &str,
     last: &str,
 ) -> Result<Vec<DayCounters>, StoreError> {
-    let mut q = Query::partition(crate::keys::stats_partition(project_id, mode))
+    let mut q = Query::partition(crate::keys::stats_partition(&tenant.project, tenant.mode))
         .sk(SkCond::Between(day_sk(first), day_end_sk(last)));
     let mut items = Vec::new();
     loop {
@@ -190,13 +180,12 @@ async fn day_items(
 /// never added to are absent; a day without items gives an empty map.
 pub async fn day_totals(
     store: &dyn Store,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     at: Timestamp,
 ) -> Result<BTreeMap<String, i64>, StoreError> {
     let day = day_of(at);
     let mut totals = BTreeMap::new();
-    for item in day_items(store, project_id, mode, &day, &day).await? {
+    for item in day_items(store, tenant, &day, &day).await? {
         for (attr, count) in item.counters() {
             if let Some(n) = count.stored() {
                 *totals.entry(attr.name().to_owned()).or_insert(0) += n;
@@ -248,6 +237,7 @@ pub fn summarize(items: &[DayCounters], days: u32, start: Timestamp, end: Timest
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::Mode;
     use crate::domain::checkout::stats::{
         DayCounters, SHARDS, Tally, counter_key, day_key, shard_of, shard_sk,
     };
@@ -260,6 +250,18 @@ mod tests {
     use crate::store::{Item, Key, PK, SK, TTL, TxOp, Update};
     use crate::testenv::at;
     use serde_json::json;
+
+    /// The deps over `store`, their clock at `now`.
+    fn deps_at(store: std::sync::Arc<dyn Store>, now: Timestamp) -> crate::AppState {
+        crate::AppState::new(
+            store,
+            std::sync::Arc::new(crate::time::ManualClock::new(now)),
+            crate::Config {
+                public_base_url: "https://pay.example".into(),
+                events_base_url: None,
+            },
+        )
+    }
 
     fn session(now: Timestamp) -> CheckoutSession {
         let req: CreateCheckout = serde_json::from_value(json!({
@@ -484,7 +486,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_overview_reads_the_window_of_days() {
-        let store = EmbeddedStore::in_memory().unwrap();
+        let store = std::sync::Arc::new(EmbeddedStore::in_memory().unwrap());
         let now = at("2026-11-22T10:00:00Z");
         let day = |d: i64| now.plus(chrono::Duration::days(-d));
         let mut t = Tally::new();
@@ -508,8 +510,9 @@ mod tests {
         let mut ops = Vec::new();
         t.apply_to(&mut ops).unwrap();
         store.transact(ops).await.unwrap();
+        let deps = deps_at(store.clone(), now);
 
-        let o = overview(&store, &Tenant::new("proj_1", Mode::Sandbox), 7, now)
+        let o = overview(&deps, &Tenant::new("proj_1", Mode::Sandbox), 7)
             .await
             .unwrap();
         assert_eq!(o.window.start, at("2026-11-16T00:00:00Z"));
@@ -531,15 +534,15 @@ mod tests {
                 success_volume_paisa: 200_000,
             }]
         );
-        let all = overview(&store, &Tenant::new("proj_1", Mode::Sandbox), 90, now)
+        let all = overview(&deps, &Tenant::new("proj_1", Mode::Sandbox), 90)
             .await
             .unwrap();
         assert_eq!(all.funnel.sessions_created, 5);
-        let one = overview(&store, &Tenant::new("proj_1", Mode::Sandbox), 1, now)
+        let one = overview(&deps, &Tenant::new("proj_1", Mode::Sandbox), 1)
             .await
             .unwrap();
         assert_eq!(one.funnel.sessions_created, 1);
-        let live = overview(&store, &Tenant::new("proj_1", Mode::Live), 30, now)
+        let live = overview(&deps, &Tenant::new("proj_1", Mode::Live), 30)
             .await
             .unwrap();
         assert_eq!(live.funnel.sessions_created, 1);
@@ -636,12 +639,13 @@ mod tests {
 
     #[tokio::test]
     async fn old_unsharded_items_count_with_the_shards_of_their_day() {
-        let store = EmbeddedStore::in_memory().unwrap();
+        let store = std::sync::Arc::new(EmbeddedStore::in_memory().unwrap());
         let now = at("2026-11-22T10:00:00Z");
+        let deps = deps_at(store.clone(), now);
         let yesterday = now.plus(chrono::Duration::days(-1));
         // Written before the shards: today's and yesterday's item.
         put_unsharded(
-            &store,
+            &*store,
             now,
             &[
                 (DayCounters::SESSIONS_CREATED.name(), 4),
@@ -653,7 +657,7 @@ mod tests {
         )
         .await;
         put_unsharded(
-            &store,
+            &*store,
             yesterday,
             &[(DayCounters::SESSIONS_CREATED.name(), 10)],
         )
@@ -672,7 +676,7 @@ mod tests {
         t.apply_to(&mut ops).unwrap();
         store.transact(ops).await.unwrap();
 
-        let today = day_totals(&store, "proj_1", Mode::Sandbox, now)
+        let today = day_totals(&*store, &Tenant::new("proj_1", Mode::Sandbox), now)
             .await
             .unwrap();
         assert_eq!(today.get(DayCounters::SESSIONS_CREATED.name()), Some(&9));
@@ -684,15 +688,17 @@ mod tests {
         );
         assert_eq!(today.get("khalti_count"), Some(&8));
         assert!(!today.contains_key(TTL) && !today.contains_key(PK));
-        let before = day_totals(&store, "proj_1", Mode::Sandbox, yesterday)
+        let before = day_totals(&*store, &Tenant::new("proj_1", Mode::Sandbox), yesterday)
             .await
             .unwrap();
         assert_eq!(before.get(DayCounters::SESSIONS_CREATED.name()), Some(&11));
         assert_eq!(before.len(), 1);
-        let empty = day_totals(&store, "proj_1", Mode::Live, now).await.unwrap();
+        let empty = day_totals(&*store, &Tenant::new("proj_1", Mode::Live), now)
+            .await
+            .unwrap();
         assert!(empty.is_empty());
 
-        let one = overview(&store, &Tenant::new("proj_1", Mode::Sandbox), 1, now)
+        let one = overview(&deps, &Tenant::new("proj_1", Mode::Sandbox), 1)
             .await
             .unwrap();
         assert_eq!(one.funnel.sessions_created, 9);
@@ -708,7 +714,7 @@ mod tests {
                 success_volume_paisa: 500_000,
             }]
         );
-        let two = overview(&store, &Tenant::new("proj_1", Mode::Sandbox), 2, now)
+        let two = overview(&deps, &Tenant::new("proj_1", Mode::Sandbox), 2)
             .await
             .unwrap();
         assert_eq!(two.funnel.sessions_created, 20);
@@ -768,11 +774,12 @@ mod tests {
 
     #[tokio::test]
     async fn the_overview_sums_every_shard_of_every_day_across_pages() {
-        let store = SmallPages {
+        let store = std::sync::Arc::new(SmallPages {
             inner: EmbeddedStore::in_memory().unwrap(),
             queries: Default::default(),
-        };
+        });
         let now = at("2026-11-22T10:00:00Z");
+        let deps = deps_at(store.clone(), now);
         let day = |d: i64| now.plus(chrono::Duration::days(-d));
         // 40 sessions a day on the window's first and last day and the days
         // just outside it, enough to fill every shard.
@@ -815,13 +822,13 @@ mod tests {
             assert_eq!(shards, SHARDS as usize, "day -{d}");
         }
         // Today's figures also with the sums of day_totals.
-        let today = day_totals(&store, "proj_1", Mode::Sandbox, now)
+        let today = day_totals(&*store, &Tenant::new("proj_1", Mode::Sandbox), now)
             .await
             .unwrap();
         assert_eq!(today.get(DayCounters::SESSIONS_CREATED.name()), Some(&40));
 
         store.queries.store(0, std::sync::atomic::Ordering::Relaxed);
-        let o = overview(&store, &Tenant::new("proj_1", Mode::Sandbox), 7, now)
+        let o = overview(&deps, &Tenant::new("proj_1", Mode::Sandbox), 7)
             .await
             .unwrap();
         // 4 days of 8 shards, 2 a page: 16 or 17 pages, all followed.
@@ -834,7 +841,7 @@ mod tests {
         assert_eq!(o.by_provider[0].success_volume_paisa, volume);
 
         // Day by day: the same sums, each on its own day, zeros between.
-        let (same, series) = overview_by_day(&store, &Tenant::new("proj_1", Mode::Sandbox), 7, now)
+        let (same, series) = overview_by_day(&deps, &Tenant::new("proj_1", Mode::Sandbox), 7)
             .await
             .unwrap();
         assert_eq!(same, o);
@@ -872,6 +879,7 @@ mod tests {
         use std::sync::Arc;
         let store: Arc<dyn Store> = Arc::new(EmbeddedStore::in_memory().unwrap());
         let now = at("2026-11-22T10:00:00Z");
+        let deps = deps_at(store.clone(), now);
         const TASKS: i64 = 16;
         const ROUNDS: i64 = 5;
         let barrier = Arc::new(tokio::sync::Barrier::new(TASKS as usize));
@@ -907,7 +915,7 @@ mod tests {
             t.await.unwrap();
         }
         let want_volume: i64 = (0..TASKS).map(|n| (100 + n) * ROUNDS).sum();
-        let totals = day_totals(&*store, "proj_1", Mode::Sandbox, now)
+        let totals = day_totals(&*store, &Tenant::new("proj_1", Mode::Sandbox), now)
             .await
             .unwrap();
         assert_eq!(
@@ -923,7 +931,7 @@ mod tests {
             Some(&want_volume)
         );
         assert_eq!(totals.get("fonepay_success_volume"), Some(&want_volume));
-        let o = overview(&*store, &Tenant::new("proj_1", Mode::Sandbox), 1, now)
+        let o = overview(&deps, &Tenant::new("proj_1", Mode::Sandbox), 1)
             .await
             .unwrap();
         assert_eq!(o.funnel.sessions_paid, TASKS * ROUNDS);

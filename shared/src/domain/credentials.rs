@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::record::{Record, from_item};
 use super::{Mode, Provider};
+use crate::Deps;
 use crate::domain::Tenant;
 use crate::ids::ProjectId;
 use crate::keys;
@@ -49,7 +50,9 @@ pub struct StoredCredentials {
     project_id: ProjectId,
     mode: Mode,
     provider: Provider,
-    key_id: String,
+    /// The id of the master key that sealed it (not one of our ids).
+    #[serde(rename = "key_id")]
+    master_key: String,
     alg: String,
     /// Base64 of the 96-bit nonce.
     nonce: String,
@@ -62,7 +65,7 @@ crate::attrs! { StoredCredentials {
     PROJECT_ID: ProjectId = project_id,
     MODE: Mode = mode,
     PROVIDER: Provider = provider,
-    KEY_ID: String = key_id,
+    MASTER_KEY: String = master_key as "key_id",
     ALG: String = alg,
     NONCE: String = nonce,
     CIPHERTEXT: String = ciphertext,
@@ -71,7 +74,10 @@ crate::attrs! { StoredCredentials {
 
 impl Record for StoredCredentials {
     fn item_key(&self) -> Key {
-        credentials_key(&self.project_id, self.mode, self.provider)
+        credentials_key(
+            &Tenant::new(self.project_id.clone(), self.mode),
+            self.provider,
+        )
     }
 }
 
@@ -81,8 +87,9 @@ pub struct ConfiguredProvider {
     pub project_id: ProjectId,
     pub mode: Mode,
     pub provider: Provider,
-    /// The master key that sealed the credentials.
-    pub key_id: String,
+    /// The id of the master key that sealed the credentials.
+    #[serde(rename = "key_id")]
+    pub master_key: String,
     pub updated_at: Timestamp,
 }
 
@@ -92,56 +99,61 @@ impl From<&StoredCredentials> for ConfiguredProvider {
             project_id: s.project_id.clone(),
             mode: s.mode,
             provider: s.provider,
-            key_id: s.key_id.clone(),
+            master_key: s.master_key.clone(),
             updated_at: s.updated_at,
         }
     }
 }
 
-fn project_partition(project_id: &str) -> String {
-    keys::project_partition(project_id)
+fn project_partition(project: &ProjectId) -> String {
+    keys::project_partition(project)
 }
 
-fn project_key(project_id: &str) -> Key {
-    keys::record(keys::Record::Project, project_id)
+fn project_key(project: &ProjectId) -> Key {
+    keys::record(keys::Record::Project, project)
 }
 
-fn credentials_key(project_id: &str, mode: Mode, provider: Provider) -> Key {
-    keys::credentials(project_id, mode, provider)
+fn credentials_key(tenant: &Tenant, provider: Provider) -> Key {
+    keys::credentials(&tenant.project, tenant.mode, provider)
 }
 
 /// The associated data: what the ciphertext belongs to. NUL separators
 /// keep the fields apart (ids never contain NUL).
-fn associated_data(project_id: &str, mode: Mode, provider: Provider, key_id: &str) -> Vec<u8> {
+fn associated_data(tenant: &Tenant, provider: Provider, master_key: &str) -> Vec<u8> {
     format!(
-        "dhukuti/credentials/v1\0{project_id}\0{}\0{}\0{key_id}",
-        mode.as_str(),
+        "dhukuti/credentials/v1\0{}\0{}\0{}\0{master_key}",
+        tenant.project,
+        tenant.mode.as_str(),
         provider.as_str()
     )
     .into_bytes()
 }
 
-fn describe(project_id: &str, mode: Mode, provider: Provider) -> String {
-    format!("{project_id} {} {}", mode.as_str(), provider.as_str())
+fn describe(tenant: &Tenant, provider: Provider) -> String {
+    format!(
+        "{} {} {}",
+        tenant.project,
+        tenant.mode.as_str(),
+        provider.as_str()
+    )
 }
 
 fn seal(
     key: &CredentialsKey,
-    project_id: &ProjectId,
-    mode: Mode,
+    tenant: &Tenant,
     creds: &ProviderCredentials,
     now: Timestamp,
 ) -> Result<StoredCredentials, CredentialsError> {
     let provider = creds.provider();
     let plaintext = serde_json::to_vec(&Plaintext::from(creds))
         .map_err(|e| CredentialsError::Crypto(format!("cannot encode credentials: {e}")))?;
-    let aad = associated_data(project_id, mode, provider, &key.id);
+    let aad = associated_data(tenant, provider, &key.id);
     let sealed = seal_bytes(key, &plaintext, &aad)?;
     Ok(StoredCredentials {
-        project_id: project_id.clone(),
-        mode,
+        project_id: tenant.project.clone(),
+        mode: tenant.mode,
         provider,
-        key_id: sealed.key_id,
+        master_key: sealed.master_key,
         alg: sealed.alg,
         nonce: sealed.nonce,
         ciphertext: sealed.ciphertext,
@@ -170,7 +182,7 @@ fn seal_bytes(
         )
         .map_err(|_| CredentialsError::Crypto("encryption failed".into()))?;
     Ok(SealedSecret {
-        key_id: key.id.clone(),
+        master_key: key.id.clone(),
         alg: ALG.to_owned(),
         nonce: STANDARD.encode(nonce),
         ciphertext: STANDARD.encode(ciphertext),
@@ -190,9 +202,9 @@ fn open_bytes(
         return Err(corrupt("unknown algorithm"));
     }
     let key = keys
-        .by_id(&sealed.key_id)
+        .by_id(&sealed.master_key)
         .ok_or_else(|| CredentialsError::UnknownKey {
-            key_id: sealed.key_id.clone(),
+            key_id: sealed.master_key.clone(),
             what: what.to_owned(),
         })?;
     let nonce: [u8; NONCE_LEN] = STANDARD
@@ -214,25 +226,24 @@ fn open_bytes(
         .map_err(|_| CredentialsError::Decrypt(what.to_owned()))
 }
 
-/// Decrypts a stored record as found at `(project_id, mode, provider)`:
-/// the record's own claims are not trusted, the place it was read from is.
+/// Decrypts a stored record as found at `(tenant, provider)`: the
+/// record's own claims are not trusted, the place it was read from is.
 fn open(
     keys: &CredentialsKeys,
     stored: &StoredCredentials,
-    project_id: &str,
-    mode: Mode,
+    tenant: &Tenant,
     provider: Provider,
 ) -> Result<ProviderCredentials, CredentialsError> {
-    let what = describe(project_id, mode, provider);
+    let what = describe(tenant, provider);
     let corrupt = |why: &str| CredentialsError::Corrupt(what.clone(), why.to_owned());
     let sealed = SealedSecret {
-        key_id: stored.key_id.clone(),
+        master_key: stored.master_key.clone(),
         alg: stored.alg.clone(),
         nonce: stored.nonce.clone(),
         ciphertext: stored.ciphertext.clone(),
     };
-    let plaintext = open_bytes(keys, &sealed, &what, |key_id| {
-        associated_data(project_id, mode, provider, key_id)
+    let plaintext = open_bytes(keys, &sealed, &what, |master_key| {
+        associated_data(tenant, provider, master_key)
     })?;
     let creds: ProviderCredentials = serde_json::from_slice::<Plaintext>(&plaintext)
         .map_err(|_| corrupt("plaintext does not parse"))?
@@ -249,7 +260,9 @@ fn open(
 /// key id, so a sealed value copied elsewhere no longer opens.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SealedSecret {
-    pub key_id: String,
+    /// The id of the master key that sealed it (not one of our ids).
+    #[serde(rename = "key_id")]
+    pub master_key: String,
     pub alg: String,
     /// Base64 of the 96-bit nonce.
     pub nonce: String,
@@ -257,8 +270,8 @@ pub struct SealedSecret {
     pub ciphertext: String,
 }
 
-fn secret_aad(context: &str, key_id: &str) -> Vec<u8> {
-    format!("dhukuti/secret/v1\0{context}\0{key_id}").into_bytes()
+fn secret_aad(context: &str, master_key: &str) -> Vec<u8> {
+    format!("dhukuti/secret/v1\0{context}\0{master_key}").into_bytes()
 }
 
 /// Seals `secret` for `context` with the current master key.
@@ -277,7 +290,9 @@ pub fn open_secret(
     sealed: &SealedSecret,
     context: &str,
 ) -> Result<String, CredentialsError> {
-    let plaintext = open_bytes(keys, sealed, context, |key_id| secret_aad(context, key_id))?;
+    let plaintext = open_bytes(keys, sealed, context, |master_key| {
+        secret_aad(context, master_key)
+    })?;
     String::from_utf8(plaintext).map_err(|_| {
         CredentialsError::Corrupt(context.to_owned(), "plaintext is not text".to_owned())
     })
@@ -295,7 +310,7 @@ pub async fn put_credentials(
     creds: &ProviderCredentials,
 ) -> Result<ConfiguredProvider, CredentialsError> {
     creds.validate()?;
-    let stored = seal(keys.current(), &tenant.project, tenant.mode, creds, now)?;
+    let stored = seal(keys.current(), tenant, creds, now)?;
     let item = stored.to_item()?;
     let written = store
         .transact(vec![
@@ -323,19 +338,13 @@ pub async fn get_credentials(
     tenant: &Tenant,
     provider: Provider,
 ) -> Result<Option<ProviderCredentials>, CredentialsError> {
-    let Some(item) = store
-        .get(&credentials_key(&tenant.project, tenant.mode, provider))
-        .await?
-    else {
+    let Some(item) = store.get(&credentials_key(tenant, provider)).await? else {
         return Ok(None);
     };
     let stored: StoredCredentials = from_item(item).map_err(|_| {
-        CredentialsError::Corrupt(
-            describe(&tenant.project, tenant.mode, provider),
-            "record does not parse".into(),
-        )
+        CredentialsError::Corrupt(describe(tenant, provider), "record does not parse".into())
     })?;
-    open(keys, &stored, &tenant.project, tenant.mode, provider).map(Some)
+    open(keys, &stored, tenant, provider).map(Some)
 }
 
 /// Which providers a project has credentials for, in each mode (no
@@ -370,10 +379,7 @@ pub async fn delete_credentials(
     provider: Provider,
 ) -> Result<bool, CredentialsError> {
     match store
-        .delete(
-            &credentials_key(&tenant.project, tenant.mode, provider),
-            Some(Cond::Exists),
-        )
+        .delete(&credentials_key(tenant, provider), Some(Cond::Exists))
         .await
     {
         Ok(()) => Ok(true),
@@ -392,23 +398,16 @@ pub async fn reencrypt_credentials(
 ) -> Result<usize, CredentialsError> {
     let mut rewritten = 0;
     for configured in list_configured_providers(store, project_id).await? {
-        if configured.key_id == keys.current().id {
+        if configured.master_key == keys.current().id {
             continue;
         }
-        let (mode, provider) = (configured.mode, configured.provider);
-        let Some(creds) = get_credentials(
-            store,
-            keys,
-            &Tenant::new(project_id.clone(), mode),
-            provider,
-        )
-        .await?
-        else {
+        let tenant = Tenant::new(project_id.clone(), configured.mode);
+        let Some(creds) = get_credentials(store, keys, &tenant, configured.provider).await? else {
             continue;
         };
-        let stored = seal(keys.current(), project_id, mode, &creds, now)?;
+        let stored = seal(keys.current(), &tenant, &creds, now)?;
         // Only if nobody replaced it meanwhile.
-        let unchanged = StoredCredentials::KEY_ID.eq(configured.key_id.as_str());
+        let unchanged = StoredCredentials::MASTER_KEY.eq(configured.master_key.as_str());
         match store.put(stored.to_item()?, Some(unchanged)).await {
             Ok(()) => rewritten += 1,
             Err(StoreError::ConditionFailed) => {}
@@ -418,9 +417,44 @@ pub async fn reencrypt_credentials(
     Ok(rewritten)
 }
 
+/// The providers the tenant's project has credentials for in the
+/// tenant's mode (no secrets), ordered by provider.
+pub async fn configured_in(
+    deps: &Deps,
+    tenant: &Tenant,
+) -> Result<Vec<ConfiguredProvider>, CredentialsError> {
+    let mut all = list_configured_providers(&*deps.store, &tenant.project).await?;
+    all.retain(|c| c.mode == tenant.mode);
+    Ok(all)
+}
+
+/// The tenant's credentials at `provider`, opened with the deps' master
+/// key ([`CredentialsError::MissingKey`] without one), or `None` when
+/// none are configured.
+pub async fn opened(
+    deps: &Deps,
+    tenant: &Tenant,
+    provider: Provider,
+) -> Result<Option<ProviderCredentials>, CredentialsError> {
+    let keys = deps.providers.keys().ok_or(CredentialsError::MissingKey)?;
+    get_credentials(&*deps.store, keys, tenant, provider).await
+}
+
+/// Stores (or replaces) the tenant's credentials as [`put_credentials`]
+/// does, sealed with the deps' master key
+/// ([`CredentialsError::MissingKey`] without one), at the deps' time.
+pub async fn set(
+    deps: &Deps,
+    tenant: &Tenant,
+    creds: &ProviderCredentials,
+) -> Result<ConfiguredProvider, CredentialsError> {
+    let keys = deps.providers.keys().ok_or(CredentialsError::MissingKey)?;
+    put_credentials(&*deps.store, keys, deps.clock.now(), tenant, creds).await
+}
+
 /// The credentials of `payment`'s project at its provider in its mode.
 pub async fn for_payment(
-    deps: &crate::Deps,
+    deps: &Deps,
     payment: &super::payments::Payment,
 ) -> Result<ProviderCredentials, HubError> {
     let tenant = Tenant::new(payment.project_id.clone(), payment.mode);
@@ -471,12 +505,11 @@ pub enum Asked {
 /// within [`CHECKS_PER_WINDOW`]. The gateway's sandbox accounts are never
 /// asked about.
 pub async fn ask_provider(
-    store: &dyn Store,
-    hub: &ProviderHub,
+    deps: &Deps,
     tenant: &Tenant,
     provider: Provider,
-    now: Timestamp,
 ) -> Result<Asked, HubError> {
+    let (store, hub, now) = (&*deps.store, &*deps.providers, deps.clock.now());
     let keys = hub.keys().ok_or(CredentialsError::MissingKey)?;
     let Some(creds) = get_credentials(store, keys, tenant, provider).await? else {
         return Ok(Asked::NoneStored);
@@ -592,7 +625,16 @@ mod tests {
         );
         let now = SystemClock.now();
         let tenant = Tenant::new(p.as_str(), Mode::Sandbox);
-        let ask = |provider| ask_provider(&*store, &hub, &tenant, provider, now);
+        let deps = crate::AppState::new(
+            store.clone(),
+            std::sync::Arc::new(SystemClock),
+            crate::Config {
+                public_base_url: "https://pay.example".into(),
+                events_base_url: None,
+            },
+        )
+        .with_providers(hub);
+        let ask = |provider| ask_provider(&deps, &tenant, provider);
         assert_eq!(ok(ask(Provider::Khalti).await, "ask"), Asked::NoneStored);
         assert!(mock.requests().is_empty());
         ok(
@@ -637,7 +679,9 @@ mod tests {
 
     async fn raw_items(store: &dyn Store, project_id: &str) -> Vec<crate::store::Item> {
         let page = store
-            .query(&Query::partition(project_partition(project_id)))
+            .query(&Query::partition(project_partition(&ProjectId::from(
+                project_id,
+            ))))
             .await;
         ok(page, "query").items
     }
@@ -657,7 +701,7 @@ mod tests {
                 put_credentials(&*store, &keys, now, &Tenant::new(p.as_str(), mode), &creds).await,
                 "put",
             );
-            assert_eq!(c.key_id, "k1");
+            assert_eq!(c.master_key, "k1");
             let back = get_credentials(
                 &*store,
                 &keys,
@@ -800,7 +844,7 @@ mod tests {
             .await,
             "put",
         );
-        let key = credentials_key(&p, Mode::Live, Provider::Khalti);
+        let key = credentials_key(&Tenant::new(p.clone(), Mode::Live), Provider::Khalti);
         let Some(original) = ok(store.get(&key).await, "get") else {
             panic!("stored")
         };
@@ -928,7 +972,10 @@ mod tests {
         );
         let Some(original) = ok(
             store
-                .get(&credentials_key(&p, Mode::Sandbox, Provider::Khalti))
+                .get(&credentials_key(
+                    &Tenant::new(p.clone(), Mode::Sandbox),
+                    Provider::Khalti,
+                ))
                 .await,
             "get",
         ) else {
@@ -941,7 +988,7 @@ mod tests {
         ];
         for (project_id, mode, provider) in targets {
             let mut item = original.clone();
-            let key = credentials_key(project_id, mode, provider);
+            let key = credentials_key(&Tenant::new(project_id, mode), provider);
             item.insert("pk".into(), Value::from(key.pk.clone()));
             item.insert("sk".into(), Value::from(key.sk.clone()));
             // Even with the record's own fields rewritten to match.
@@ -1070,7 +1117,7 @@ mod tests {
             0
         );
         let listed = ok(list_configured_providers(&*store, &p).await, "list");
-        assert!(listed.iter().all(|c| c.key_id == "2026-06"));
+        assert!(listed.iter().all(|c| c.master_key == "2026-06"));
         // The old key can go now.
         let after = CredentialsKeys::single(new);
         let r = get_credentials(

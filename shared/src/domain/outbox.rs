@@ -327,7 +327,7 @@ impl Record for TimelineEntry {
 /// `limit`). The caller has found the payment in its tenant.
 pub async fn of_payment(
     store: &dyn Store,
-    payment_id: &str,
+    payment_id: &PaymentId,
     limit: usize,
 ) -> Result<Vec<TimelineEntry>, StoreError> {
     let query = Query::partition(keys::payment_events(payment_id)).limit(limit);
@@ -667,7 +667,7 @@ mod tests {
         for e in [&paid, &link, &refund, &other, &test] {
             record(e).await.unwrap();
         }
-        let timeline = of_payment(&store, "pay_1", 10).await.unwrap();
+        let timeline = of_payment(&store, &"pay_1".into(), 10).await.unwrap();
         let seen: Vec<(&str, EventType)> = timeline
             .iter()
             .map(|t| (t.event_id.as_str(), t.event_type))
@@ -681,7 +681,10 @@ mod tests {
             ]
         );
         assert_eq!(timeline[0].created_at, now);
-        assert_eq!(of_payment(&store, "pay_1", 2).await.unwrap().len(), 2);
+        assert_eq!(
+            of_payment(&store, &"pay_1".into(), 2).await.unwrap().len(),
+            2
+        );
         // The event itself remembers its payment (the delivery log's).
         assert_eq!(
             crate::domain::record::get::<Event>(&store, &Event::key(&link.id))
@@ -694,7 +697,10 @@ mod tests {
         );
         // Written once: recording the same event again is refused whole.
         assert!(record(&paid).await.is_err());
-        assert_eq!(of_payment(&store, "pay_1", 10).await.unwrap().len(), 3);
+        assert_eq!(
+            of_payment(&store, &"pay_1".into(), 10).await.unwrap().len(),
+            3
+        );
     }
 
     #[tokio::test]

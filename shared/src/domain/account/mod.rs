@@ -159,7 +159,7 @@ crate::attrs! { Merchant {
 } }
 
 impl Merchant {
-    pub fn key(id: &str) -> Key {
+    pub fn key(id: &MerchantId) -> Key {
         keys::record(keys::Record::Merchant, id)
     }
 }
@@ -206,7 +206,7 @@ pub struct Seller {
 }
 
 impl Project {
-    pub fn key(id: &str) -> Key {
+    pub fn key(id: &ProjectId) -> Key {
         keys::record(keys::Record::Project, id)
     }
 }

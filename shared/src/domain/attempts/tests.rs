@@ -1091,9 +1091,13 @@ fn return_urls_and_origins() {
 /// The day counters (all shards) of the session's and payments'
 /// creation day.
 async fn counters(st: &Deps, now: Timestamp) -> std::collections::BTreeMap<String, i64> {
-    crate::domain::analytics::day_totals(&*st.store, "proj_1", Mode::Sandbox, now)
-        .await
-        .unwrap()
+    crate::domain::analytics::day_totals(
+        &*st.store,
+        &crate::domain::Tenant::new("proj_1", Mode::Sandbox),
+        now,
+    )
+    .await
+    .unwrap()
 }
 
 fn count(c: &std::collections::BTreeMap<String, i64>, attr: &str) -> i64 {

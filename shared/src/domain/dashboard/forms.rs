@@ -2,9 +2,12 @@
 //! action's fence (or, for an action that cannot take one, a claim) on it
 //! makes a second submit find what the first did instead of doing it again.
 
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
 use super::random_alnum;
 use crate::app::Deps;
-use crate::ids::MerchantId;
+use crate::ids::{MerchantId, TypedId};
 use crate::keys;
 use crate::store::fence::{Fence, RETENTION};
 use crate::store::{Cond, StoreError, TxOp};
@@ -30,37 +33,44 @@ pub fn form_fence(merchant_id: &MerchantId, nonce: &str, now: Timestamp) -> Opti
     })
 }
 
-/// What claiming a form found.
+/// What claiming a form found: `T` is the kind of id the form makes.
 #[derive(Debug, PartialEq, Eq)]
-pub enum FormClaim {
+pub enum FormClaim<T> {
     /// This is the first submit: go ahead, then [`complete_form`].
     First,
     /// Submitted before; what it made, if it got that far.
-    Done(Option<String>),
+    Done(Option<T>),
 }
 
 /// Claims a form for an action that cannot put the fence in its own
 /// transaction (issuing a key: its secret can be shown only once).
-pub async fn claim_form(deps: &Deps, fence: &Fence) -> Result<FormClaim, StoreError> {
+pub async fn claim_form<T: TypedId + DeserializeOwned>(
+    deps: &Deps,
+    fence: &Fence,
+) -> Result<FormClaim<T>, StoreError> {
     let store = &*deps.store;
     match store.transact(vec![fence.op("")]).await {
         Ok(()) => Ok(FormClaim::First),
-        Err(e) if Fence::tripped(&e, 0) || e.is_condition_failure() => Ok(FormClaim::Done(
-            fence.resource_id(store).await?.filter(|id| !id.is_empty()),
-        )),
+        Err(e) if Fence::tripped(&e, 0) || e.is_condition_failure() => {
+            let made = fence.resource_id(store).await?.filter(|id| !id.is_empty());
+            // Our own id, stored by `complete_form`: taken as written.
+            Ok(FormClaim::Done(made.and_then(|m| {
+                serde_json::from_value(Value::String(m)).ok()
+            })))
+        }
         Err(e) => Err(e),
     }
 }
 
 /// Records what a claimed form made.
-pub async fn complete_form(
+pub async fn complete_form<T: TypedId>(
     deps: &Deps,
     fence: &Fence,
-    resource_id: &str,
+    made: &T,
 ) -> Result<(), StoreError> {
     let store = &*deps.store;
     // The claim's own item, its id filled in.
-    let TxOp::Put { item, .. } = fence.op(resource_id) else {
+    let TxOp::Put { item, .. } = fence.op(made.as_str()) else {
         return Ok(());
     };
     store.put(item, Some(Cond::Exists)).await

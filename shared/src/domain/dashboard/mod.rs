@@ -19,6 +19,7 @@ mod forms;
 mod sessions;
 #[cfg(test)]
 mod tests;
+mod timeline;
 mod users;
 
 pub use audit::{AUDIT_PAGE, Actor, AuditEntry, audit_entry, audit_op, list_audit, record_audit};
@@ -27,6 +28,7 @@ pub use sessions::{
     ABSOLUTE, ATTEMPT_WINDOW, ATTEMPTS_PER_ACCOUNT_AND_ADDRESS, DashboardSession, SessionEnd,
     SignedIn, new_form_token, open_session, same_token, sign_in, sign_out, switch_view,
 };
+pub use timeline::payment_timeline;
 pub use users::{
     EmailClaim, UserChange, change_user, check_password, create_user, end_all_sessions,
     find_user_by_email, list_users, normalize_email, reset_password, reset_password_of,
@@ -130,7 +132,7 @@ crate::attrs! { DashboardUser {
 } }
 
 impl DashboardUser {
-    pub fn key(id: &str) -> Key {
+    pub fn key(id: &UserId) -> Key {
         keys::dashboard_user(id)
     }
 }

@@ -426,8 +426,7 @@ mod numbering {
         // again).
         let counted = crate::domain::analytics::day_totals(
             &*state.store,
-            "proj_1",
-            Mode::Sandbox,
+            &crate::domain::Tenant::new("proj_1", Mode::Sandbox),
             a.created_at,
         )
         .await

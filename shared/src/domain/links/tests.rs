@@ -188,9 +188,13 @@ async fn an_opened_session_is_counted_on_its_day() {
         .await
         .unwrap();
     }
-    let counted = crate::domain::analytics::day_totals(store, "proj_1", Mode::Sandbox, now())
-        .await
-        .unwrap();
+    let counted = crate::domain::analytics::day_totals(
+        store,
+        &crate::domain::Tenant::new("proj_1", Mode::Sandbox),
+        now(),
+    )
+    .await
+    .unwrap();
     assert_eq!(counted.get("sessions_created"), Some(&2));
 }
 

@@ -70,7 +70,7 @@ fn endpoints_want_their_events_only_while_enabled() {
         created_at: now,
         updated_at: now,
         secret: SealedSecret {
-            key_id: "k1".into(),
+            master_key: "k1".into(),
             alg: "A256GCM".into(),
             nonce: String::new(),
             ciphertext: String::new(),
