@@ -96,13 +96,6 @@ done
 [ -x "$DHUKUTI_PDFTOTEXT" ] || { echo "pdf tests: '$DHUKUTI_PDFTOTEXT' is not an executable"; exit 1; }
 echo "== browser: $("$DHUKUTI_CHROMIUM" --version 2>/dev/null) with $("$DHUKUTI_CHROMEDRIVER" --version | cut -d' ' -f1-2)"
 
-# The binaries SAM runs, debug builds (tests/e2e/sam_local.rs runs each
-# against a local Lambda Runtime API). One invocation with the test
-# targets, so the features, and so the dependencies, are the ones
-# `cargo test --workspace` builds: only the binaries are new.
-echo "== function binaries (cargo build --workspace --bins --tests)"
-cargo build --workspace --locked --bins --tests
-
 status=0
 cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee target/test-output.log || status=$?
 

@@ -1,11 +1,14 @@
 //! SAM local without Docker (issue 42). SAM runs a function by starting its
 //! `bootstrap` against a Lambda Runtime API in a container; here each
-//! function's binary (the debug build of `cargo build --workspace --bins
-//! --tests`, which `infra/test.sh` runs first; `sam build` makes a release
-//! arm64 build of each crate alone) runs as a child process against a
-//! Runtime API served by this test on 127.0.0.1, with the environment of
+//! function's `main.rs` (the very file `sam build` compiles, included
+//! below) runs in a child process, this test binary started again with
+//! `DHUKUTI_SAM_FUNCTION` naming the function, against a Runtime API
+//! served by this test on 127.0.0.1, with the environment of
 //! `infra/sam-local/env.json` pointed at moto, and gets every event of
-//! `infra/sam-local/events/`. What is not proven here: the containers, their
+//! `infra/sam-local/events/`. Its own binary would be a second build of
+//! the workspace with other features (minutes of CI); `sam build` makes a
+//! release arm64 build of each crate alone, whose compile and lint
+//! `.ci/run` checks. What is not proven here: the containers, their
 //! networking (`host.docker.internal`), and `sam` itself routing requests.
 //!
 //! Also: `cargo run -- --init-only` and `dhukuti-admin seed` exit, twice
@@ -32,6 +35,104 @@ const PATIENCE: Duration = Duration::from_secs(60);
 /// Where SAM's containers find moto and the gateway in env.json.
 const MOTO_IN_ENV_FILE: &str = "http://host.docker.internal:5000";
 const GATEWAY_IN_ENV_FILE: &str = "http://host.docker.internal:8080";
+
+// Each function's `main.rs`, as `sam build` compiles it into `bootstrap`.
+#[path = "../../functions/account/src/main.rs"]
+mod account_main;
+#[path = "../../functions/checkout/src/main.rs"]
+mod checkout_main;
+#[path = "../../functions/dashboard-documents/src/main.rs"]
+mod dashboard_documents_main;
+#[path = "../../functions/dashboard/src/main.rs"]
+mod dashboard_main;
+#[path = "../../functions/docs/src/main.rs"]
+mod docs_main;
+#[path = "../../functions/events/src/main.rs"]
+mod events_main;
+#[path = "../../functions/hosted/src/main.rs"]
+mod hosted_main;
+#[path = "../../functions/invoices/src/main.rs"]
+mod invoices_main;
+#[path = "../../functions/mobile/src/main.rs"]
+mod mobile_main;
+#[path = "../../functions/payment-links/src/main.rs"]
+mod payment_links_main;
+#[path = "../../functions/payments/src/main.rs"]
+mod payments_main;
+#[path = "../../functions/qr/src/main.rs"]
+mod qr_main;
+#[path = "../../functions/refunds/src/main.rs"]
+mod refunds_main;
+#[path = "../../functions/scheduler/src/main.rs"]
+mod scheduler_main;
+#[path = "../../functions/sms-dispatcher/src/main.rs"]
+mod sms_dispatcher_main;
+#[path = "../../functions/sms/src/main.rs"]
+mod sms_main;
+#[path = "../../functions/webhook-dispatcher/src/main.rs"]
+mod webhook_dispatcher_main;
+#[path = "../../functions/webhook-fanout/src/main.rs"]
+mod webhook_fanout_main;
+#[path = "../../functions/webhooks/src/main.rs"]
+mod webhooks_main;
+
+/// The variable naming the function a child process runs.
+const FUNCTION_ENV: &str = "DHUKUTI_SAM_FUNCTION";
+
+/// A function's process: this binary started with [`FUNCTION_ENV`] set
+/// (by [`spawn_function`]) runs that function's `main` and exits as its
+/// bootstrap would (`main`'s error: non-zero).
+#[test]
+#[ignore = "a function's process, started by the tests below with DHUKUTI_SAM_FUNCTION"]
+fn function_process() {
+    let name = std::env::var(FUNCTION_ENV).unwrap_or_default();
+    let result = match name.as_str() {
+        "account" => account_main::main(),
+        "checkout" => checkout_main::main(),
+        "dashboard" => dashboard_main::main(),
+        "dashboard-documents" => dashboard_documents_main::main(),
+        "docs" => docs_main::main(),
+        "events" => events_main::main(),
+        "hosted" => hosted_main::main(),
+        "invoices" => invoices_main::main(),
+        "mobile" => mobile_main::main(),
+        "payment-links" => payment_links_main::main(),
+        "payments" => payments_main::main(),
+        "qr" => qr_main::main(),
+        "refunds" => refunds_main::main(),
+        "scheduler" => scheduler_main::main(),
+        "sms" => sms_main::main(),
+        "sms-dispatcher" => sms_dispatcher_main::main(),
+        "webhook-dispatcher" => webhook_dispatcher_main::main(),
+        "webhook-fanout" => webhook_fanout_main::main(),
+        "webhooks" => webhooks_main::main(),
+        other => panic!("{FUNCTION_ENV}={other:?} is no function"),
+    };
+    // As a `main` returning an error ends: its Debug, exit code 1.
+    match result {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            std::process::exit(1)
+        }
+    }
+}
+
+/// Starts `function`'s process (see [`function_process`]) with exactly
+/// `env`, as a container would.
+fn spawn_function(function: &str, env: &[(String, String)], log: &Path) -> tokio::process::Child {
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
+    let mut env = env.to_vec();
+    env.push((FUNCTION_ENV.to_owned(), function.to_owned()));
+    let args = [
+        "sam_local::function_process",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ];
+    spawn(&exe, &args, &env, log)
+}
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -323,7 +424,8 @@ async fn runtime_api(function: &str) -> Runtime {
 // ----------------------------------------------------------- processes
 
 /// The directory of the debug binaries (`target/debug`): this test's
-/// executable is `target/debug/deps/e2e-…`.
+/// executable is `target/debug/deps/e2e-…`. `cargo test --workspace`
+/// builds the gateway's binaries there (infra's own tests run them).
 fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("{e}"));
     exe.parent()
@@ -336,8 +438,8 @@ fn binary(name: &str) -> PathBuf {
     let path = bin_dir().join(name);
     assert!(
         path.is_file(),
-        "{path:?} is missing: build the binaries first with \
-         `cargo build --workspace --bins --tests` (infra/test.sh does)"
+        "{path:?} is missing: `cargo test --workspace` builds it, or \
+         `cargo build -p dhukuti --bins`"
     );
     path
 }
@@ -541,7 +643,7 @@ async fn a_function_missing_a_variable_reports_an_init_error() {
     env.retain(|(k, _)| k != "DHUKUTI_TABLE");
     env.extend(lambda_env("AccountFunction", &runtime));
     let log = tmp.path().join("account.log");
-    let mut child = spawn(&binary("account"), &[], &env, &log);
+    let mut child = spawn_function("account", &env, &log);
     let answer = tokio::time::timeout(PATIENCE, runtime.answers.recv()).await;
     let Ok(Some(Answer::InitError(headers, body))) = answer else {
         panic!("no init error: {answer:?}: {}", read_log(&log))
@@ -685,7 +787,7 @@ async fn run_function(names: &Names, tmp: &Path, run: FunctionRun<'_>) {
     }
     env.extend(lambda_env(name, &runtime));
     let log = tmp.join(format!("{name}.log"));
-    let mut child = spawn(&binary(binary_name), &[], &env, &log);
+    let mut child = spawn_function(binary_name, &env, &log);
     for (n, (id, kind, event)) in events.iter().enumerate() {
         let request = format!("{n:08}-0000-4000-8000-{:012}", n);
         let _ = runtime.events.send((request.clone(), event.clone()));

@@ -1,5 +1,5 @@
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), lambda_http::Error> {
+pub async fn main() -> Result<(), lambda_http::Error> {
     shared::logging::init_lambda();
     let state = shared::lambda::start(shared::AppState::from_env()).await?;
     lambda_http::run(account::router(state)).await

@@ -3,7 +3,7 @@ use lambda_runtime::{LambdaEvent, service_fn};
 use shared::providers::sms::{SmsClient, SmsConfig};
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), lambda_runtime::Error> {
+pub async fn main() -> Result<(), lambda_runtime::Error> {
     shared::logging::init_lambda();
     // One client per process (DHUKUTI_SMS_BASE_URL, DHUKUTI_SMS_TOKEN,
     // DHUKUTI_SMS_FROM): its connection pool outlives invocations.

@@ -2,7 +2,7 @@ use aws_lambda_events::sqs::SqsEvent;
 use lambda_runtime::{LambdaEvent, service_fn};
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), lambda_runtime::Error> {
+pub async fn main() -> Result<(), lambda_runtime::Error> {
     shared::logging::init_lambda();
     // One client per process: its connection pool outlives invocations.
     let (state, client) = shared::lambda::start(async {
