@@ -6,6 +6,7 @@ pub mod counter;
 pub mod demo;
 pub mod listen;
 pub mod queue_worker;
+pub mod sam_local;
 pub mod simulators;
 pub mod sms_worker;
 pub mod webhooks;
@@ -214,6 +215,7 @@ fn webhook_poll() -> Result<Option<Duration>, String> {
 
 pub const USAGE: &str = "\
 Usage: cargo run [-- [--demo-payments] [--init] [--allow-local-webhooks]]
+       cargo run -- --init-only
 
 Starts every Dhukuti function in one process, on the embedded store or
 (DHUKUTI_BACKEND=aws) on DynamoDB, SQS and S3.
@@ -221,6 +223,9 @@ Starts every Dhukuti function in one process, on the embedded store or
   --demo-payments         seed sample payments (once)
   --init                  with DHUKUTI_BACKEND=aws: create the table, queues
                           and bucket if they are missing
+  --init-only             the same, then exit (no gateway); with
+                          DHUKUTI_CREDENTIALS_KEY_SECRET also that secret,
+                          holding a new master key (SAM local: infra/README.md)
   --allow-local-webhooks  sandbox webhook endpoints may be http://127.0.0.1
                           or http://localhost (same as
                           DHUKUTI_WEBHOOKS_ALLOW_LOCAL_HTTP=1); never live

@@ -25,6 +25,37 @@ async fn main() -> ExitCode {
             }
         };
     }
+    if args.iter().any(|a| a == "--init-only") {
+        // Create what the functions need on an AWS(-compatible) server and
+        // stop: SAM local runs the functions (infra/README.md).
+        if args.len() > 1 {
+            eprintln!(
+                "dhukuti: --init-only takes no other argument\n\n{}",
+                dhukuti::USAGE
+            );
+            return ExitCode::from(2);
+        }
+        let backend = match shared::app::Backend::from_env() {
+            Ok(b) => b,
+            Err(msg) => {
+                eprintln!("dhukuti: {msg}");
+                return ExitCode::from(2);
+            }
+        };
+        return match dhukuti::sam_local::init_only(&backend).await {
+            Ok(lines) => {
+                println!("{}", backend.describe());
+                for line in lines {
+                    println!("  {line}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(msg) => {
+                eprintln!("dhukuti: {msg}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let settings = match dhukuti::Settings::from_env_and_args(&args) {
         Ok(s) => s,
         Err(msg) => {

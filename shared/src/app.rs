@@ -420,9 +420,21 @@ impl Backend {
                         queue_urls.insert(queue, url);
                     }
                 }
+                // A function is given its table (template.yaml): without
+                // it, it would read and write a table of the default name.
+                let on_lambda = std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some();
+                let table = match env("DHUKUTI_TABLE") {
+                    Some(table) => table,
+                    None if on_lambda => {
+                        return Err("DHUKUTI_TABLE is not set: a function needs the name of \
+                                    its DynamoDB table (template.yaml sets it)"
+                            .into());
+                    }
+                    None => "dhukuti".into(),
+                };
                 Ok(Backend::Aws(AwsSettings {
                     endpoint: env("AWS_ENDPOINT_URL"),
-                    table: env("DHUKUTI_TABLE").unwrap_or_else(|| "dhukuti".into()),
+                    table,
                     queue_urls,
                     queue_prefix: env("DHUKUTI_QUEUE_PREFIX").unwrap_or_else(|| "dhukuti".into()),
                     bucket: env("DHUKUTI_BUCKET").unwrap_or_else(|| "dhukuti-documents".into()),

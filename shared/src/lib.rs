@@ -20,6 +20,7 @@ pub mod fields;
 pub mod ids;
 pub mod keys;
 pub mod kinds;
+pub mod lambda;
 pub mod limits;
 pub mod logging;
 pub mod money;

@@ -26,6 +26,7 @@ mod pay;
 mod qr;
 mod ratelimit;
 mod refunds;
+mod sam_local;
 mod sms;
 mod template;
 mod webhooks;

@@ -3,8 +3,8 @@
 //! only it carries the S3 client and the PDF renderer.
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), lambda_http::Error> {
+pub async fn main() -> Result<(), lambda_http::Error> {
     shared::logging::init_lambda();
-    let state = shared::AppState::from_env().await?;
+    let state = shared::lambda::start(shared::AppState::from_env()).await?;
     lambda_http::run(dashboard::documents_router(state)).await
 }

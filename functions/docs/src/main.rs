@@ -6,7 +6,7 @@
 const OPENAPI_JSON: &str = include_str!("../../../docs/openapi.json");
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), lambda_http::Error> {
+pub async fn main() -> Result<(), lambda_http::Error> {
     shared::logging::init_lambda();
     lambda_http::run(docs::router(std::sync::Arc::from(OPENAPI_JSON))).await
 }

@@ -1,6 +1,6 @@
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), lambda_http::Error> {
+pub async fn main() -> Result<(), lambda_http::Error> {
     shared::logging::init_lambda();
-    let state = shared::AppState::from_env().await?;
+    let state = shared::lambda::start(shared::AppState::from_env()).await?;
     lambda_http::run(payments::router(state)).await
 }

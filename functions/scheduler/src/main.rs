@@ -2,9 +2,9 @@ use lambda_runtime::{LambdaEvent, service_fn};
 use serde_json::Value;
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), lambda_runtime::Error> {
+pub async fn main() -> Result<(), lambda_runtime::Error> {
     shared::logging::init_lambda();
-    let state = shared::AppState::from_env().await?;
+    let state = shared::lambda::start(shared::AppState::from_env()).await?;
     lambda_runtime::run(service_fn(|event: LambdaEvent<Value>| {
         let state = state.clone();
         async move { scheduler::handle(&state, event.payload).await }

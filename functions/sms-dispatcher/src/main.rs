@@ -3,12 +3,16 @@ use lambda_runtime::{LambdaEvent, service_fn};
 use shared::providers::sms::{SmsClient, SmsConfig};
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), lambda_runtime::Error> {
+pub async fn main() -> Result<(), lambda_runtime::Error> {
     shared::logging::init_lambda();
-    let state = shared::AppState::from_env().await?;
     // One client per process (DHUKUTI_SMS_BASE_URL, DHUKUTI_SMS_TOKEN,
     // DHUKUTI_SMS_FROM): its connection pool outlives invocations.
-    let client = SmsClient::new(SmsConfig::from_env()?)?;
+    let (state, client) = shared::lambda::start(async {
+        let state = shared::AppState::from_env().await?;
+        let client = SmsClient::new(SmsConfig::from_env()?)?;
+        Ok::<_, String>((state, client))
+    })
+    .await?;
     lambda_runtime::run(service_fn(|event: LambdaEvent<SqsEvent>| {
         let state = state.clone();
         let client = client.clone();

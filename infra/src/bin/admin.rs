@@ -103,6 +103,19 @@ enum Command {
     Listen(ListenArgs),
     /// Send test events (one type, or `all`) to a webhook endpoint of a running gateway.
     Trigger(TriggerArgs),
+    /// Create the demo merchant, project, keys, dashboard owner and the
+    /// simulators' sandbox Fonepay credentials in the configured backend
+    /// (once; later runs print the same), and print what a tester needs
+    /// (SAM local: infra/README.md).
+    Seed(SeedArgs),
+}
+
+#[derive(Args, Debug)]
+struct SeedArgs {
+    /// Where the API answers (for the example commands printed): `sam local
+    /// start-api`'s default.
+    #[arg(long, default_value = "http://127.0.0.1:3000")]
+    api: String,
 }
 
 /// Where the running gateway is and which sandbox key to use.
@@ -972,9 +985,65 @@ async fn run(command: Command) -> Result<Output, Failure> {
         Command::Payments(cmd) => payments_cmd(cmd, now).await,
         Command::User(cmd) => users::user_cmd(cmd, now).await,
         Command::Trigger(args) => trigger_cmd(args).await,
+        Command::Seed(args) => seed_cmd(args).await,
         // Runs until Ctrl-C, printing as it goes: see `main`.
         Command::Listen(_) => Err(Failure::Usage("listen runs on its own".into())),
     }
+}
+
+// ---------------------------------------------------------------- seed
+
+async fn seed_cmd(args: SeedArgs) -> Result<Output, Failure> {
+    let data_dir = listen::data_dir_from_env();
+    let seeded = dhukuti::sam_local::seed(&data_dir)
+        .await
+        .map_err(Failure::Failed)?;
+    let keys = &seeded.keys;
+    let api = args.api.trim_end_matches('/');
+    let keys_file = data_dir.join("demo-keys.json");
+    let json = json!({
+        "merchant": seeded.merchant_id,
+        "project": seeded.project_id,
+        "sandboxKey": keys.sandbox,
+        "liveKey": keys.live,
+        "sandboxPublishableKey": keys.sandbox_publishable,
+        "livePublishableKey": keys.live_publishable,
+        "dashboardEmail": keys.dashboard_email,
+        "dashboardPassword": keys.dashboard_password,
+        "fonepayCredentials": seeded.fonepay,
+        "keysFile": keys_file.display().to_string(),
+    });
+    let text = vec![
+        format!("merchant        {}", seeded.merchant_id),
+        format!("project         {}", seeded.project_id),
+        format!("sandbox key     {}", keys.sandbox),
+        format!("live key        {}", keys.live),
+        format!("publishable     {}", keys.sandbox_publishable),
+        format!(
+            "dashboard       {api}/dashboard  ({} / {})",
+            keys.dashboard_email, keys.dashboard_password
+        ),
+        format!("keys file       {}", keys_file.display()),
+        String::new(),
+        "Try:".to_owned(),
+        format!(
+            "  curl -s {api}/v1/account -H 'Authorization: Bearer {}'",
+            keys.sandbox
+        ),
+    ];
+    let mut notes = vec![format!(
+        "The keys are kept in {} (owner-only): the next seed prints the same ones.",
+        keys_file.display()
+    )];
+    if !seeded.fonepay {
+        notes.push(format!(
+            "No credentials master key ({} or {}): no Fonepay credentials were stored; \
+             eSewa and Khalti pay in sandbox without any.",
+            credentials::KEY_ENV,
+            credentials::KEY_SECRET_ENV
+        ));
+    }
+    Ok(Output { json, text, notes })
 }
 
 // ------------------------------------------------------ webhooks over HTTP
