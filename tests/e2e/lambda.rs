@@ -750,8 +750,102 @@ async fn webhook_dispatcher_retries_then_gives_up(which: Which) {
     assert!(queued(&state, std::time::Duration::ZERO).await.is_empty());
 }
 
+/// An HTTP API (v2) event for `method path` from `source_ip`, as API
+/// Gateway sends it (`hosted-page.json` with its method, path, address,
+/// headers and body replaced).
+fn http_event(
+    method: &str,
+    path: &str,
+    source_ip: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> LambdaRequest {
+    let file = format!("{}/events/hosted-page.json", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let mut event: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+    event["rawPath"] = path.into();
+    event["requestContext"]["http"]["method"] = method.into();
+    event["requestContext"]["http"]["path"] = path.into();
+    event["requestContext"]["http"]["sourceIp"] = source_ip.into();
+    event["headers"]["x-forwarded-for"] = source_ip.into();
+    for (k, v) in headers {
+        event["headers"][*k] = (*v).into();
+    }
+    if let Some(b) = body {
+        event["body"] = b.into();
+    }
+    serde_json::from_value(event).unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn call(router: axum::Router, request: LambdaRequest) -> Value {
+    let mut handler = Adapter::from(router);
+    match handler
+        .call(LambdaEvent::new(request, Context::default()))
+        .await
+    {
+        Ok(r) => serde_json::to_value(&r).unwrap_or(Value::Null),
+        Err(e) => panic!("handler failed: {e:?}"),
+    }
+}
+
+/// Issue 37, 5: sessions opened from one payment link count per IPv6 /56
+/// and /48 of the client API Gateway reports (`sourceIp`), so one
+/// allocation, each /64 of it counted apart as an address, cannot take
+/// all of a link's opens; everyone else still opens it.
+async fn hosted_function_bounds_link_opens_per_ipv6_allocation(which: Which) {
+    let Some(f) = fixture(which).await else {
+        return;
+    };
+    let bearer = format!("Bearer {}", f.key);
+    let create = http_event(
+        "POST",
+        "/v1/payment-links",
+        "203.0.113.7",
+        &[
+            ("authorization", bearer.as_str()),
+            ("content-type", "application/json"),
+            ("accept", "application/json"),
+        ],
+        Some(r#"{"title": "Tuition", "amount": 150000}"#),
+    );
+    let res = call(::payment_links::router(f.state.clone()), create).await;
+    assert_eq!(res["statusCode"], 201, "{res}");
+    let link = body_of(&res)["id"].as_str().unwrap_or_default().to_owned();
+    // Per link 10 a minute; per /56 3, per /48 5.
+    f.state.public_limits().set(1000, 1000, 1000, 10, 1000);
+    f.state.public_limits().set_more(1000, 1000, 3, 5);
+    let open = |ip: &str| {
+        http_event(
+            "POST",
+            &format!("/l/{link}"),
+            ip,
+            &[("content-type", "application/x-www-form-urlencoded")],
+            Some(""),
+        )
+    };
+    let mut codes = Vec::new();
+    // Eight /56s of one /48, four /64s each: every client new to the
+    // per-address limits.
+    for site in 0..8u32 {
+        for net in 0..4u32 {
+            let ip = format!("2400:1a00:b040:{:x}::1", site * 256 + net);
+            let res = call(::hosted::router(f.state.clone()), open(&ip)).await;
+            codes.push(res["statusCode"].as_u64().unwrap_or(0));
+        }
+    }
+    let opened = codes.iter().filter(|c| **c == 303).count();
+    let refused = codes.iter().filter(|c| **c == 429).count();
+    assert_eq!((opened, refused), (5, 27), "{codes:?}");
+    // An IPv4 customer and another allocation still open the link.
+    for ip in ["198.51.100.20", "2400:1a00:b041::1"] {
+        let res = call(::hosted::router(f.state.clone()), open(ip)).await;
+        assert_eq!(res["statusCode"], 303, "{ip}: {res}");
+    }
+}
+
 on_both_backends!(
     invoices_function_answers_the_pdf_as_binary,
+    hosted_function_bounds_link_opens_per_ipv6_allocation,
     webhook_fanout_and_dispatcher_deliver_an_outbox_event,
     webhook_dispatcher_retries_then_gives_up,
     hosted_function_serves_the_checkout_page_on_the_api_domain,
