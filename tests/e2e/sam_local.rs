@@ -144,19 +144,6 @@ fn template() -> serde_norway::Value {
     serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"))
 }
 
-/// Each function of the template: (logical id, its resource).
-fn functions(t: &serde_norway::Value) -> Vec<(String, serde_norway::Value)> {
-    t["Resources"]
-        .as_mapping()
-        .map(|m| {
-            m.iter()
-                .filter(|(_, r)| r["Type"].as_str() == Some("AWS::Serverless::Function"))
-                .map(|(k, r)| (k.as_str().unwrap_or("").to_owned(), r.clone()))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn names(v: &serde_norway::Value) -> BTreeSet<String> {
     v.as_mapping()
         .map(|m| {
@@ -187,7 +174,7 @@ fn the_env_file_gives_every_function_each_variable_it_declares() {
     let globals = names(&t["Globals"]["Function"]["Environment"]["Variables"]);
     assert!(globals.contains("AWS_ENDPOINT_URL"), "{globals:?}");
     let mut seen = BTreeSet::new();
-    for (name, f) in functions(&t) {
+    for (name, f) in crate::template::functions(&t) {
         let Some(vars) = file.get(&name) else {
             panic!("infra/sam-local/env.json has no {name}")
         };
@@ -207,7 +194,7 @@ fn the_env_file_gives_every_function_each_variable_it_declares() {
 /// What `infra/sam-local/make_events.py` writes for one trigger.
 fn expected_events() -> BTreeMap<String, serde_norway::Value> {
     let mut out = BTreeMap::new();
-    for (name, f) in functions(&template()) {
+    for (name, f) in crate::template::functions(&template()) {
         for (event, spec) in f["Properties"]["Events"]
             .as_mapping()
             .cloned()
@@ -837,7 +824,7 @@ async fn every_function_answers_its_events_through_the_runtime_api() {
     let specs = expected_events();
     let mut ran = 0;
     let mut partial = 0;
-    for (name, f) in functions(&t) {
+    for (name, f) in crate::template::functions(&t) {
         let binary_name = f["Metadata"]["BuildProperties"]["Binary"]
             .as_str()
             .unwrap_or_else(|| panic!("{name}: no Binary"));

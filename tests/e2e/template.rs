@@ -210,7 +210,7 @@ fn function<'a>(t: &'a Value, name: &str, binary: &str) -> &'a Value {
 }
 
 /// Every `AWS::Serverless::Function` as (logical id, resource).
-fn functions(t: &Value) -> Vec<(String, Value)> {
+pub(crate) fn functions(t: &Value) -> Vec<(String, Value)> {
     t["Resources"]
         .as_mapping()
         .map(|m| {
