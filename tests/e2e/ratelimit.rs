@@ -429,6 +429,116 @@ async fn made_up_session_ids_are_bounded_per_address_and_cost_no_counter(which: 
     app.stop().await;
 }
 
+/// Issue 37, 13: a wrong method, a form that is not UTF-8 and an outsized
+/// form on the keyless routes are answered plainly (a page for a browser,
+/// the envelope for a script) and store nothing.
+async fn the_keyless_routes_refuse_bad_input_plainly(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Asan Bazaar", "owner@asan.example").await;
+    let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    let s = new_session(&app, &key).await;
+    let link = app
+        .post(
+            "/v1/payment-links",
+            Some(&key),
+            None,
+            &serde_json::json!({"title": "Everest tee", "amount": 120000}),
+        )
+        .await;
+    assert_eq!(link.status, 201, "{}", link.body);
+    let link = link.body["id"].as_str().unwrap_or_default().to_owned();
+    let client = client_from([127, 0, 0, 1]);
+    let send = async |method: reqwest::Method, path: &str, accept: &str, body: Vec<u8>| {
+        let req = client
+            .request(method, app.url(path))
+            .header("accept", accept)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body);
+        match req.send().await {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let allow = r
+                    .headers()
+                    .get("allow")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                let ct = r
+                    .headers()
+                    .get("content-type")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                (status, allow, ct, r.text().await.unwrap_or_default())
+            }
+            Err(e) => panic!("{path}: {e}"),
+        }
+    };
+    // A wrong method: a page for a browser, the envelope for a script,
+    // both saying what the route takes.
+    let (code, allow, ct, page) =
+        send(reqwest::Method::PUT, &format!("/c/{s}"), HTML, vec![]).await;
+    assert_eq!(
+        (code, ct.as_str()),
+        (405, "text/html; charset=utf-8"),
+        "{page}"
+    );
+    assert!(allow.contains("GET"), "{allow}");
+    assert!(page.contains("cannot be used that way"), "{page}");
+    for path in [format!("/c/{s}"), format!("/l/{link}")] {
+        let (code, allow, _, body) = send(reqwest::Method::DELETE, &path, JSON, vec![]).await;
+        assert_eq!(code, 405, "{path}: {body}");
+        assert!(allow.contains("GET"), "{path}: {allow}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        assert_eq!(v["error"]["code"], "method_not_allowed", "{path}: {body}");
+    }
+    // A picker's form that is not UTF-8 starts nothing.
+    let mut form = b"provider=esewa&name=".to_vec();
+    form.extend_from_slice(&[0xff, 0xfe, 0x41]);
+    let (code, _, _, page) = send(
+        reqwest::Method::POST,
+        &format!("/c/{s}/pay"),
+        HTML,
+        form.clone(),
+    )
+    .await;
+    assert_eq!(code, 400, "{page}");
+    assert!(page.contains("could not be read"), "{page}");
+    assert_eq!(total(&app, &key, "/v1/payments").await, 0);
+    let (code, _, _, page) = send(reqwest::Method::POST, &format!("/l/{link}"), HTML, form).await;
+    assert_eq!(code, 400, "{page}");
+    // A 100 KB form opens no session: 413, a page or the envelope.
+    let mut big = b"name=".to_vec();
+    big.extend(std::iter::repeat_n(b'a', 100 * 1024));
+    let (code, _, _, page) = send(
+        reqwest::Method::POST,
+        &format!("/l/{link}"),
+        HTML,
+        big.clone(),
+    )
+    .await;
+    assert_eq!(code, 413, "{page}");
+    assert!(page.contains("too large"), "{page}");
+    let (code, _, _, body) = send(reqwest::Method::POST, &format!("/l/{link}"), JSON, big).await;
+    assert_eq!(code, 413, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{body}");
+    assert_eq!(total(&app, &key, "/v1/sessions").await, 1);
+    // The same link still opens for a real form.
+    let (code, _, _, page) = send(
+        reqwest::Method::POST,
+        &format!("/l/{link}"),
+        HTML,
+        b"name=Sita".to_vec(),
+    )
+    .await;
+    assert_eq!(code, 303, "{page}");
+    assert_eq!(total(&app, &key, "/v1/sessions").await, 2);
+    app.stop().await;
+}
+
 async fn views(app: &TestApp, key: &str, id: &str) -> u64 {
     let link = app.get(&format!("/v1/payment-links/{id}"), Some(key)).await;
     link.body["stats"]["views"].as_u64().unwrap_or(u64::MAX)
@@ -556,6 +666,7 @@ async fn a_link_is_bounded_per_address_and_in_all(which: Which) {
 on_both_backends!(
     public_routes_are_throttled_per_session_and_address,
     made_up_session_ids_are_bounded_per_address_and_cost_no_counter,
+    the_keyless_routes_refuse_bad_input_plainly,
     a_link_is_bounded_per_address_and_in_all,
     only_the_limit_passes_per_window,
     each_key_has_its_own_budget,

@@ -61,7 +61,8 @@ pub fn router(state: AppState) -> Router {
                 state.clone(),
                 throttle,
             ))
-            .route_layer(axum::middleware::map_response(secure))
+            .route_layer(axum::middleware::from_fn(secure))
+            .layer(axum::extract::DefaultBodyLimit::max(BODY_MAX))
             .layer(axum::Extension(StreamFor(STREAM_FOR)))
             .with_state(state),
     )
@@ -79,7 +80,8 @@ pub fn events_router(state: AppState, stream_for: std::time::Duration) -> Router
                 state.clone(),
                 throttle,
             ))
-            .route_layer(axum::middleware::map_response(secure))
+            .route_layer(axum::middleware::from_fn(secure))
+            .layer(axum::extract::DefaultBodyLimit::max(BODY_MAX))
             .layer(axum::Extension(StreamFor(stream_for)))
             .with_state(state),
     )
@@ -177,10 +179,7 @@ fn too_many(headers: &http::HeaderMap, limited: &public::Limited) -> Response {
     } else {
         format!("{secs} seconds")
     };
-    let browser = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|a| a.contains("text/html"));
+    let browser = wants_html(headers);
     let mut res = if browser {
         html(
             StatusCode::TOO_MANY_REQUESTS,
@@ -200,12 +199,86 @@ fn too_many(headers: &http::HeaderMap, limited: &public::Limited) -> Response {
     res
 }
 
+/// The most a hosted route reads of a body: a link's form, the picker's,
+/// a provider's posted return (whose parameters are bounded at 16 KB) are
+/// a few fields. A larger body is 413 before anything is read or stored.
+const BODY_MAX: usize = 16 * 1024;
+
 /// Pages answer in their own shapes (HTML), never framed, never cached.
-async fn secure(res: Response) -> Response {
+/// An error the router or an extractor made (a method the route does not
+/// take, a body over [`BODY_MAX`]) is put in the caller's words first: a
+/// short page for a browser, the error envelope for a script.
+async fn secure(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let browser = wants_html(req.headers());
+    let res = next.run(req).await;
+    let ours = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/html") || ct.starts_with("application/json"));
+    let res = match res.status().is_client_error() && !ours {
+        true => explained(&res, browser),
+        false => res,
+    };
     edge::html::page_answer(
         res,
         "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; \
          img-src data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'",
+    )
+}
+
+/// Whether the caller is a browser (it asks for HTML).
+fn wants_html(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("text/html"))
+}
+
+/// A router's or extractor's bare 4xx, as a page or the envelope; its
+/// `Allow` kept.
+fn explained(res: &Response, browser: bool) -> Response {
+    let status = res.status();
+    let mut answer = match (browser, status) {
+        (true, StatusCode::METHOD_NOT_ALLOWED) => html(
+            status,
+            pages::plain(
+                "Not available",
+                "This page cannot be used that way. Please go back to the shop.",
+            ),
+        ),
+        (true, StatusCode::PAYLOAD_TOO_LARGE) => html(
+            status,
+            pages::plain(
+                "Too much sent",
+                "The form sent was too large. Please go back and try again.",
+            ),
+        ),
+        (true, _) => unreadable_form_as(status),
+        (false, StatusCode::PAYLOAD_TOO_LARGE) => {
+            edge::ApiError::payload_too_large(BODY_MAX).into_response()
+        }
+        (false, _) => edge::error::ApiError::for_status(status).into_response(),
+    };
+    if let Some(allow) = res.headers().get(header::ALLOW) {
+        answer.headers_mut().insert(header::ALLOW, allow.clone());
+    }
+    answer
+}
+
+/// A form that is not what a browser sends (not UTF-8): refused, nothing
+/// read or stored.
+fn unreadable_form() -> Response {
+    unreadable_form_as(StatusCode::BAD_REQUEST)
+}
+
+fn unreadable_form_as(status: StatusCode) -> Response {
+    html(
+        status,
+        pages::plain(
+            "Something went wrong",
+            "The form sent could not be read. Please go back and try again.",
+        ),
     )
 }
 
@@ -520,6 +593,9 @@ async fn pay(
     headers: http::HeaderMap,
     body: Bytes,
 ) -> Response {
+    if std::str::from_utf8(&body).is_err() {
+        return unreadable_form();
+    }
     let now = state.clock.now();
     let choice = PayChoice {
         from_page: true,
@@ -1056,6 +1132,9 @@ async fn link_open(
     headers: http::HeaderMap,
     body: Bytes,
 ) -> Response {
+    if std::str::from_utf8(&body).is_err() {
+        return unreadable_form();
+    }
     let now = state.clock.now();
     let mut customer = links::LinkCustomer::default();
     for (k, v) in form_urlencoded::parse(&body) {
