@@ -686,29 +686,7 @@ fn session_after_attempt_ops(
     ops
 }
 
-/// For the QR page's polling: asks the provider about the session's
-/// current payment, at most once per [`POLL_CHECK_EVERY`] per payment
-/// (a conditional write claims the check). Proof: as [`reconcile`]; the
-/// poll carries nothing the payment is judged on.
-pub async fn poll(
-    state: &Deps,
-    session_id: &SessionId,
-    now: Timestamp,
-) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
-    poll_every(state, session_id, now, POLL_CHECK_EVERY).await
-}
-
-/// [`poll`], asking the provider at most once per `every` per payment.
-async fn poll_every(
-    state: &Deps,
-    session_id: &SessionId,
-    now: Timestamp,
-    every: chrono::Duration,
-) -> Result<Option<(CheckoutSession, Option<Payment>)>, AttemptError> {
-    poll_when(state, session_id, now, every, false).await
-}
-
-/// For an event stream: [`poll_every`] for a QR payment (a Direct-QR
+/// For an event stream: [`poll_of`]'s check, at most once per `every`, for a QR payment (a Direct-QR
 /// stream asks every second, so a paid QR shows within about two:
 /// decisions-refined, "Direct-QR"); any other payment is only read. A
 /// redirect provider's payment is proven on the customer's return, which
@@ -738,7 +716,11 @@ async fn poll_when(
         .map(Some)
 }
 
-/// [`poll`] for a session the caller has read already (one read less).
+/// For the pages' status poll, of a session the caller has read: asks
+/// the provider about the session's current payment, at most once per
+/// [`POLL_CHECK_EVERY`] per payment (a conditional write claims the
+/// check). Proof: as [`reconcile`]; the poll carries nothing the payment
+/// is judged on.
 pub async fn poll_of(
     state: &Deps,
     session: CheckoutSession,
