@@ -389,14 +389,15 @@ pub async fn start_with_clock(
     }
     let hub = ProviderHub::new(&sandbox, &live, Some(keys), accounts).map_err(|e| e.to_string())?;
     let rate_limits = RateLimits::from_env()?;
+    let public_limits = shared::limits::public::PublicLimits::from_env()?;
     // One process by construction: count in memory.
     let (rate_limits, public_limits) = if store.single_process() {
         (
             rate_limits.counted_in_process(),
-            shared::limits::public::PublicLimits::default().counted_in_process(),
+            public_limits.counted_in_process(),
         )
     } else {
-        (rate_limits, shared::limits::public::PublicLimits::default())
+        (rate_limits, public_limits)
     };
     let state = AppState::new(store.clone(), clock, config)
         .with_queue(queue)

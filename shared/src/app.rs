@@ -261,13 +261,15 @@ impl AppState {
         let providers = ProviderHub::from_env(keys)?;
         let webhooks = WebhookSettings::from_env()?;
         let limits = RateLimits::from_env()?;
+        let public_limits = PublicLimits::from_env()?;
         Ok(
             AppState::new(store, Arc::new(SystemClock), Config::from_env())
                 .with_queue(queue)
                 .with_blobs(blobs)
                 .with_providers(providers)
                 .with_webhooks(webhooks)
-                .with_rate_limits(limits),
+                .with_rate_limits(limits)
+                .with_public_limits(public_limits),
         )
     }
 }

@@ -84,6 +84,8 @@ pub enum PerMode {
     WebhookCount,
     /// The analytics counters.
     Stats,
+    /// The event-stream slots (`domain::streams`).
+    Streams,
 }
 
 impl PerMode {
@@ -99,6 +101,7 @@ impl PerMode {
             PerMode::WebhookEndpoints => "WE",
             PerMode::WebhookCount => "WECOUNT",
             PerMode::Stats => "STATS",
+            PerMode::Streams => "STREAMS",
         }
     }
 }

@@ -262,6 +262,7 @@ on_both_backends!(
     the_official_sdk_makes_and_refreshes_a_qr,
     the_event_stream_tells_the_screen_and_resumes_without_loss,
     the_events_function_streams_each_event_as_it_happens,
+    one_merchants_screens_cannot_take_every_stream,
 );
 
 async fn refresh(shop: &Shop, id: &str) -> dhukuti_tests::Answer {
@@ -395,5 +396,82 @@ async fn the_event_stream_tells_the_screen_and_resumes_without_loss(which: Which
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(res.status(), 404);
+    shop.stop().await;
+}
+
+/// A QR of NPR 100 for `key` (under the sandbox Fonepay caps).
+async fn small_qr(shop: &Shop, key: &str) -> (String, String) {
+    let body = json!({"amount": 10_000, "currency": "NPR"});
+    let a = shop
+        .app
+        .post("/v1/qr/fonepay", Some(key), None, &body)
+        .await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    (text(&a.body["id"]), text(&a.body["events_url"]))
+}
+
+/// Issue 37, item 4: one client holding every stream a merchant's
+/// project may (its sessions' ids are all it needs) is refused the next
+/// with 429 and where to poll instead; another merchant's screen still
+/// streams; a stream that ends (its QR paid) gives its slot back.
+async fn one_merchants_screens_cannot_take_every_stream(which: Which) {
+    let Some(shop) = open(which).await else {
+        return;
+    };
+    let secs = std::time::Duration::from_secs;
+    shop.app.state().public_limits().set_project_streams(2);
+    let other = shop.app.tenant("Bhat Bhateni", "owner@bhat.example").await;
+    shop.app.enable_fonepay(&other, Mode::Sandbox).await;
+    let other_key = shop.app.key(&other, Mode::Sandbox, &Scope::ALL).await;
+    let mut ours = Vec::new();
+    for _ in 0..3 {
+        ours.push(small_qr(&shop, &shop.key).await);
+    }
+    // The flood: the project's two streams, held from one client.
+    let mut held = Vec::new();
+    for (_, url) in &ours[..2] {
+        let res = stream(&shop, url, None).await;
+        assert_eq!(res.status(), 200);
+        held.push(res);
+    }
+    let tenant = shared::domain::Tenant::new(shop.tenant.project.id.clone(), Mode::Sandbox);
+    let count = async || {
+        shared::domain::streams::held(shop.app.state(), &tenant)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    assert_eq!(count().await, 2);
+    let (third, url) = &ours[2];
+    let refused = stream(&shop, url, None).await;
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: Value = refused.json().await.unwrap_or_else(|e| panic!("{e}"));
+    let poll = text(&body["status_url"]);
+    assert_eq!(poll, format!("/c/{third}/status"), "{body}");
+    // The refused screen polls instead, and is answered.
+    let polled = shop.app.get(&poll, None).await;
+    assert_eq!(polled.status, 200, "{}", polled.body);
+    // Another merchant's screen is not starved.
+    let (_, theirs) = small_qr(&shop, &other_key).await;
+    let mut res = stream(&shop, &theirs, None).await;
+    assert_eq!(res.status(), 200, "another merchant's screen");
+    let first = tokio::time::timeout(secs(5), res.chunk()).await;
+    assert!(matches!(first, Ok(Ok(Some(_)))), "{first:?}");
+    // The first QR is paid: its stream ends at once and its slot is free.
+    let payment = text(&shop.session(&ours[0].0).await["paymentId"]);
+    pay_at_fonepay(&shop, &payment, "pay").await;
+    let mut buf = String::new();
+    let got = read_events(&mut held[0], &mut buf, secs(10), |e| e.1 == "qr.paid").await;
+    assert_eq!(got.last().map(|e| e.1.as_str()), Some("qr.paid"), "{got:?}");
+    let end = tokio::time::timeout(secs(5), held[0].chunk()).await;
+    assert!(matches!(end, Ok(Ok(None))), "the stream ends: {end:?}");
+    let freed = std::time::Instant::now();
+    while count().await > 1 {
+        assert!(freed.elapsed() < secs(5), "the slot is given back");
+        tokio::task::yield_now().await;
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let res = stream(&shop, url, None).await;
+    assert_eq!(res.status(), 200, "the freed slot");
     shop.stop().await;
 }

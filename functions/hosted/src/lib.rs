@@ -746,7 +746,85 @@ struct Feed {
     done: bool,
     _permit: tokio::sync::OwnedSemaphorePermit,
     _watcher: WatcherSlot,
+    _lease: StreamLease,
     _scans: Option<Listener>,
+}
+
+/// The stream's slot among its project's (`domain::streams`),
+/// given back when the stream ends. `None` when the limiter's store
+/// failed: the stream goes on (the limits protect, they never block a
+/// customer because the limiter is down), bounded by the process's
+/// [`MAX_STREAMS`] and the function's concurrency.
+struct StreamLease(Option<(AppState, shared::domain::streams::Held)>);
+
+impl StreamLease {
+    /// A slot of `session`'s project for a stream of `lasting`, or the
+    /// answer refusing the stream: the screen polls `status` instead.
+    async fn take(
+        state: &AppState,
+        session: &CheckoutSession,
+        lasting: std::time::Duration,
+    ) -> Result<StreamLease, Response> {
+        let tenant = shared::domain::Tenant::new(session.project_id.clone(), session.mode);
+        let lasting = chrono::Duration::from_std(lasting).unwrap_or(chrono::Duration::MAX);
+        let cap = state.public_limits().project_streams();
+        match shared::domain::streams::take(state, &tenant, cap, lasting).await {
+            Ok(Some(held)) => Ok(StreamLease(Some((state.clone(), held)))),
+            Ok(None) => {
+                tracing::warn!(project = %tenant.project, "event stream refused: project at its cap");
+                Err((
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [(header::RETRY_AFTER, "30")],
+                    edge::Json(json!({
+                        "error": "this merchant's screens hold every event stream they may; poll status_url instead",
+                        "status_url": format!("/c/{}/status", session.id),
+                    })),
+                )
+                    .into_response())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "stream slots unavailable; stream let through");
+                Ok(StreamLease(None))
+            }
+        }
+    }
+}
+
+impl Drop for StreamLease {
+    fn drop(&mut self) {
+        let Some((state, held)) = self.0.take() else {
+            return;
+        };
+        // Not given back (no runtime, or the instance freezes first): the
+        // slot is free at its lease's end.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = shared::domain::streams::give_back(&state, &held).await {
+                    tracing::warn!(error = %e, "stream slot not given back; it expires");
+                }
+            });
+        }
+    }
+}
+
+/// Whether `seen` (a screen's `Last-Event-ID`) is the last event of
+/// `session`'s stream as it is now: the screen needs no stream.
+async fn saw_the_end(
+    state: &AppState,
+    session: &CheckoutSession,
+    seen: &str,
+    now: shared::time::Timestamp,
+) -> bool {
+    let payment = match &session.payment_id {
+        Some(p) => attempts::find_payment(state, &session.id, p)
+            .await
+            .ok()
+            .flatten(),
+        None => None,
+    };
+    shared::domain::qr::stream_events(session, payment.as_ref(), now)
+        .iter()
+        .any(|e| e.last && e.tag == seen)
 }
 
 /// A task listening on Fonepay's websocket for one stream, stopped with it.
@@ -815,23 +893,12 @@ async fn events(
         .map(|v| v.chars().take(200).collect());
     let session = match session_of(&state, id, now).await {
         Ok(Some(s)) if matches!(s.flow, Flow::Qr | Flow::Mobile) => {
-            // The screen saw the final event: 204 tells an EventSource to
+            // The screen saw the last event: 204 tells an EventSource to
             // stop reconnecting.
-            if s.status_at(now).is_final() && last_seen.is_some() {
-                let payment = match &s.payment_id {
-                    Some(p) => attempts::find_payment(&state, &s.id.clone(), &p.clone())
-                        .await
-                        .ok()
-                        .flatten(),
-                    None => None,
-                };
-                let finals = shared::domain::qr::stream_events(&s, payment.as_ref(), now);
-                if finals
-                    .iter()
-                    .any(|e| e.last && Some(&e.tag) == last_seen.as_ref())
-                {
-                    return StatusCode::NO_CONTENT.into_response();
-                }
+            if let Some(seen) = &last_seen
+                && saw_the_end(&state, &s, seen, now).await
+            {
+                return StatusCode::NO_CONTENT.into_response();
             }
             s
         }
@@ -863,6 +930,10 @@ async fn events(
         )
             .into_response();
     };
+    let lease = match StreamLease::take(&state, &session, stream_for).await {
+        Ok(lease) => lease,
+        Err(refused) => return refused,
+    };
     let Ok(permit) = streams().clone().try_acquire_owned() else {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -886,6 +957,7 @@ async fn events(
         done: false,
         _permit: permit,
         _watcher: watcher,
+        _lease: lease,
         _scans: scans,
     };
     let stream = futures::stream::unfold(feed, |mut f| async move {

@@ -23,6 +23,7 @@ mod roundtrip;
 pub mod sms;
 #[cfg(test)]
 mod stored_shapes;
+pub mod streams;
 pub mod totals;
 pub mod webhooks;
 

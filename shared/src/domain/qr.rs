@@ -210,7 +210,9 @@ pub struct StreamEvent {
     /// `qr.scanned`, `qr.paid`, `qr.failed` or `qr.expired`.
     pub kind: &'static str,
     pub data: Value,
-    /// After it the stream ends: the session is final.
+    /// After it the stream ends: the session is final, or its current
+    /// payment failed and nothing can be paid until another attempt (a
+    /// mobile app starts one and opens a new stream).
     pub last: bool,
 }
 
@@ -272,7 +274,7 @@ pub fn stream_events(
                 tag: on_payment("failed"),
                 kind: "qr.failed",
                 data: data("failed"),
-                last: false,
+                last: true,
             }],
             _ => Vec::new(),
         },
@@ -436,6 +438,8 @@ mod tests {
         let e = stream_events(&open, Some(&p), now);
         let kinds: Vec<&str> = e.iter().map(|e| e.kind).collect();
         assert_eq!(kinds, ["qr.failed"]);
+        // Nothing is payable until another attempt: the stream ends.
+        assert!(e[0].last);
     }
 
     #[test]

@@ -179,6 +179,9 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
         ("PROJ", s) if s.starts_with("FPCAP#") => {
             ("fonepay month cap", shape::<super::fonepay_cap::MonthCap>())
         }
+        ("PROJ", s) if s.starts_with("SLOT#") && pk.ends_with("#STREAMS") => {
+            ("event stream slot", record::<super::streams::Lease>())
+        }
         ("PROJ", "SEQ#PI") if parts == 3 => (
             "invoice number sequence",
             record::<invoices::InvoiceSequence>(),

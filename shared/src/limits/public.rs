@@ -140,6 +140,14 @@ pub const SESSIONS_PER_LINK_AND_ADDRESS: u32 = 10;
 pub const STREAMS_PER_ADDRESS: u32 = 12;
 /// Event streams per session and minute (a screen needs one at a time).
 pub const STREAMS_PER_SESSION: u32 = 6;
+/// Event streams one project holds open at once in one mode (the default
+/// of `DHUKUTI_STREAMS_PER_PROJECT`): a counter screen or an app waiting
+/// for its payment holds one; past it a screen polls `status`. Counted in
+/// the store as expiring leases (`domain::streams`), so every instance
+/// sees them and a crashed one leaks none.
+pub const STREAMS_PER_PROJECT: u32 = 10;
+/// The environment variable that replaces [`STREAMS_PER_PROJECT`].
+pub const STREAMS_PER_PROJECT_ENV: &str = "DHUKUTI_STREAMS_PER_PROJECT";
 
 /// The public routes' limits, adjustable while running (tests).
 #[derive(Debug)]
@@ -155,6 +163,8 @@ pub struct PublicLimits {
     link_sessions: Limit,
     address_streams: Limit,
     session_streams: Limit,
+    /// Event streams a project holds open at once ([`STREAMS_PER_PROJECT`]).
+    project_streams: AtomicU32,
     /// `Some`: windows counted in this process (the embedded store).
     local: Option<Mutex<HashMap<String, (i64, u32)>>>,
 }
@@ -184,6 +194,7 @@ impl Default for PublicLimits {
             link_sessions: Limit::new("link sessions", SESSIONS_PER_LINK_AND_ADDRESS, 1800),
             address_streams: Limit::new("address streams", STREAMS_PER_ADDRESS, 60),
             session_streams: Limit::new("session streams", STREAMS_PER_SESSION, 60),
+            project_streams: AtomicU32::new(STREAMS_PER_PROJECT),
             local: None,
         }
     }
@@ -193,6 +204,38 @@ impl Default for PublicLimits {
 const LOCAL_SWEEP_AT: usize = 50_000;
 
 impl PublicLimits {
+    /// The limits, with what the environment sets
+    /// ([`STREAMS_PER_PROJECT_ENV`]); a value that is not a whole number
+    /// from 1 to 10,000 is an error naming the variable.
+    pub fn from_env() -> Result<Self, String> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let limits = PublicLimits::default();
+        if let Some(v) = lookup(STREAMS_PER_PROJECT_ENV).filter(|v| !v.trim().is_empty()) {
+            match v.trim().parse::<u32>() {
+                Ok(n @ 1..=10_000) => limits.set_project_streams(n),
+                _ => {
+                    return Err(format!(
+                        "{STREAMS_PER_PROJECT_ENV}: expected a whole number from 1 to 10000, got {v:?}"
+                    ));
+                }
+            }
+        }
+        Ok(limits)
+    }
+
+    /// Event streams one project may hold open at once in one mode.
+    pub fn project_streams(&self) -> u32 {
+        self.project_streams.load(Ordering::Relaxed).max(1)
+    }
+
+    /// Replaces [`PublicLimits::project_streams`].
+    pub fn set_project_streams(&self, n: u32) {
+        self.project_streams.store(n.max(1), Ordering::Relaxed);
+    }
+
     /// Counts in this process instead of the store (the embedded store).
     pub fn counted_in_process(mut self) -> Self {
         self.local = Some(Mutex::new(HashMap::new()));
@@ -480,6 +523,31 @@ mod tests {
             assert_eq!(over.map_err(|l| l.limit), Err("address polls"));
         })
         .await;
+    }
+
+    #[test]
+    fn the_streams_of_a_project_are_set_by_the_environment_or_refused() {
+        let env = |v: &'static str| {
+            PublicLimits::from_lookup(move |name| {
+                (name == STREAMS_PER_PROJECT_ENV).then(|| v.to_owned())
+            })
+        };
+        assert_eq!(
+            PublicLimits::default().project_streams(),
+            STREAMS_PER_PROJECT
+        );
+        assert_eq!(
+            env("").map(|l| l.project_streams()),
+            Ok(STREAMS_PER_PROJECT)
+        );
+        assert_eq!(env(" 40 ").map(|l| l.project_streams()), Ok(40));
+        for bad in ["0", "-1", "ten", "10001", "2.5"] {
+            let e = env(bad).map(|l| l.project_streams());
+            assert!(
+                matches!(&e, Err(m) if m.starts_with(STREAMS_PER_PROJECT_ENV)),
+                "{bad}: {e:?}"
+            );
+        }
     }
 
     #[tokio::test]
