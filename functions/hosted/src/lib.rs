@@ -99,7 +99,7 @@ async fn throttle(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let address = edge::requests::client_address(&req);
+    let address = edge::requests::client_address(&state, &req);
     let post = req.method() == http::Method::POST;
     let mut parts = req.uri().path().trim_start_matches('/').split('/');
     let (kind, raw_id, rest) = (parts.next(), parts.next(), parts.next());
@@ -806,7 +806,7 @@ async fn events(
     req: axum::extract::Request,
 ) -> Response {
     use axum::response::sse::{Event, KeepAlive, Sse};
-    let address = edge::requests::client_address(&req);
+    let address = edge::requests::client_address(&state, &req);
     let headers = req.headers();
     let now = state.clock.now();
     let last_seen: Option<String> = headers
