@@ -142,14 +142,24 @@ pub fn client_address_in(
 /// and exactly one well-formed viewer address. Anything else: `None`, and
 /// the caller uses the connection's address as without the edge.
 pub fn trusted_viewer(secret: Option<&str>, headers: &http::HeaderMap) -> Option<std::net::IpAddr> {
-    use subtle::ConstantTimeEq;
-    let secret = secret.filter(|s| !s.is_empty())?;
-    let given = single(headers, ORIGIN_SECRET_HEADER)?;
-    if !bool::from(given.as_bytes().ct_eq(secret.as_bytes())) {
+    if !carries_origin_secret(secret, headers) {
         return None;
     }
     let viewer = single(headers, VIEWER_ADDRESS_HEADER)?.to_str().ok()?;
     parse_viewer_address(viewer)
+}
+
+/// Whether the request carries exactly one origin secret header equal to
+/// `secret` (compared in constant time). Never with no or an empty secret.
+pub fn carries_origin_secret(secret: Option<&str>, headers: &http::HeaderMap) -> bool {
+    use subtle::ConstantTimeEq;
+    let (Some(secret), Some(given)) = (
+        secret.filter(|s| !s.is_empty()),
+        single(headers, ORIGIN_SECRET_HEADER),
+    ) else {
+        return false;
+    };
+    given.as_bytes().ct_eq(secret.as_bytes()).into()
 }
 
 /// The header's value when it occurs exactly once.

@@ -843,6 +843,19 @@ async fn hosted_function_bounds_link_opens_per_ipv6_allocation(which: Which) {
     }
 }
 
+/// Waits, if the current minute ends within 10 s, for the next one: the
+/// public limits count in windows of a minute of the system clock.
+async fn within_one_minute_window() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let into = now.as_millis() % 60_000;
+    if into > 50_000 {
+        let left = u64::try_from(60_000 - into).unwrap_or(0);
+        tokio::time::sleep(std::time::Duration::from_millis(left + 200)).await;
+    }
+}
+
 /// Issue 37, 12: behind the edge stack (`infra/edge.yaml`) every request
 /// comes from one of CloudFront's addresses; the client's own is in
 /// `CloudFront-Viewer-Address`, trusted only beside the distribution's
@@ -871,8 +884,9 @@ async fn hosted_function_trusts_the_viewer_address_only_with_the_origin_secret(w
     let link = body_of(&res)["id"].as_str().unwrap_or_default().to_owned();
     let secret = "edge-origin-secret-0123456789";
     let state = f.state.clone().with_origin_secret(secret);
-    // Three requests a minute per client address.
+    // Three requests a minute per client address, all in one window.
     state.public_limits().set(3, 1000, 1000, 1000, 1000);
+    within_one_minute_window().await;
     let edge_ip = "130.176.10.1"; // one of CloudFront's
     let page = |from: &str, headers: &[(&str, &str)]| {
         http_event("GET", &format!("/l/{link}"), from, headers, None)
@@ -922,7 +936,63 @@ async fn hosted_function_trusts_the_viewer_address_only_with_the_origin_secret(w
     assert_eq!(res["statusCode"], 200, "{res}");
 }
 
+/// Issue 37, 12: the event stream function's URL is public. Behind the
+/// edge stack it serves only requests carrying the distribution's origin
+/// secret, so nobody holds one of its few reserved instances, or names
+/// a client address, around the WAF; without the edge, as before.
+async fn events_function_serves_only_the_edge_when_one_is_configured(which: Which) {
+    let Some(mut f) = fixture(which).await else {
+        return;
+    };
+    let res = invoke(
+        ::checkout::router(f.state.clone()),
+        "checkout-create.json",
+        &f,
+    )
+    .await;
+    assert_eq!(res["statusCode"], 201, "{res}");
+    let id = body_of(&res)["id"].as_str().unwrap_or_default().to_owned();
+    f.session_id = Some(id.clone());
+    let path = format!("/c/{id}/events");
+    let stream = |headers: &[(&str, &str)]| http_event("GET", &path, "192.0.2.80", headers, None);
+    let quick = std::time::Duration::from_millis(50);
+    let status = |res: &Value| res["statusCode"].as_u64().unwrap_or(0);
+    // No edge: every client is served, as before (a checkout session has
+    // no stream, only a Direct-QR or mobile one: the answer is 404).
+    let res = call(::hosted::events_router(f.state.clone(), quick), stream(&[])).await;
+    assert_eq!(status(&res), 404, "{res}");
+    let secret = "edge-origin-secret-0123456789";
+    let behind = f.state.clone().with_origin_secret(secret);
+    let spoof = ("cloudfront-viewer-address", "198.51.100.9:443");
+    for headers in [
+        &[][..],
+        &[spoof][..],
+        &[spoof, ("x-dhukuti-origin-secret", "edge-origin-secret")][..],
+    ] {
+        let res = call(
+            ::hosted::events_router(behind.clone(), quick),
+            stream(headers),
+        )
+        .await;
+        assert_eq!(status(&res), 403, "{headers:?}: {res}");
+        assert_eq!(body_of(&res)["error"]["code"], "forbidden", "{res}");
+    }
+    let through = [spoof, ("x-dhukuti-origin-secret", secret)];
+    let res = call(
+        ::hosted::events_router(behind.clone(), quick),
+        stream(&through),
+    )
+    .await;
+    assert_eq!(status(&res), 404, "{res}");
+    assert_eq!(
+        body_of(&res)["error"],
+        "no such Direct-QR or mobile session",
+        "{res}"
+    );
+}
+
 on_both_backends!(
+    events_function_serves_only_the_edge_when_one_is_configured,
     hosted_function_trusts_the_viewer_address_only_with_the_origin_secret,
     invoices_function_answers_the_pdf_as_binary,
     hosted_function_bounds_link_opens_per_ipv6_allocation,
