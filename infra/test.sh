@@ -4,7 +4,8 @@
 # against the local gateway on the embedded store and on DynamoDB/SQS/S3
 # (pinned moto servers on 127.0.0.1, one per core, started and stopped here).
 #
-# Before the tests it lints template.yaml with cfn-lint and `sam validate`.
+# Before the tests it lints template.yaml with cfn-lint and `sam validate`,
+# and the optional edge stack infra/edge.yaml with cfn-lint.
 #
 # Needs a Rust toolchain and python3 (with venv); installs the rest itself
 # into $DHUKUTI_VENV (default: target/test-venv). Extra arguments go to
@@ -24,8 +25,8 @@ if [ ! -x "$venv/bin/moto_server" ] || ! cmp -s infra/requirements-test.txt "$ve
   cp infra/requirements-test.txt "$venv/.requirements"
 fi
 
-echo "== template.yaml: cfn-lint and sam validate --lint (offline)"
-"$venv/bin/cfn-lint" template.yaml
+echo "== template.yaml and infra/edge.yaml: cfn-lint; template.yaml: sam validate --lint (offline)"
+"$venv/bin/cfn-lint" template.yaml infra/edge.yaml
 SAM_CLI_TELEMETRY=0 "$venv/bin/sam" validate --lint --region ap-south-1 --template-file template.yaml
 
 # One moto server per core (DHUKUTI_MOTO_SERVERS to choose): each serves

@@ -99,7 +99,7 @@ impl FromRequestParts<AppState> for AppKey {
             return Err(account::secret_key_in_app_refusal().into());
         }
         let principal = account::principal_of(state, key).await?;
-        let address = super::requests::client_address_in(&parts.extensions);
+        let address = super::requests::client_address_in(state, &parts.headers, &parts.extensions);
         // The session's own budget is taken once its secret is checked
         // ([`AppKey::session_budget`]), so no one can spend it with the id
         // alone.

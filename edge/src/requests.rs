@@ -92,16 +92,35 @@ fn is_error(status: StatusCode) -> bool {
     status.is_client_error() || status.is_server_error()
 }
 
-/// The client's address: API Gateway's `sourceIp` on Lambda (set by the
-/// gateway from the connection, not from a header a client can write),
-/// else the socket's peer (the local gateway), else `unknown`.
-pub fn client_address(req: &Request) -> String {
-    client_address_in(req.extensions())
+/// The header CloudFront adds with the viewer's address and source port
+/// (`198.51.100.10:46532`, IPv6 unbracketed: `2001:db8::1:46532`); the
+/// edge stack's origin request policy forwards it (`infra/edge.yaml`).
+pub const VIEWER_ADDRESS_HEADER: &str = "cloudfront-viewer-address";
+
+/// The header the edge stack's distribution adds to every request it
+/// forwards, its value the origin secret ([`shared::app::ORIGIN_SECRET_ENV`]).
+pub const ORIGIN_SECRET_HEADER: &str = "x-dhukuti-origin-secret";
+
+/// The client's address: CloudFront's viewer address when the request
+/// carries the configured origin secret (it came through our
+/// distribution, which overwrites both headers), else API Gateway's
+/// `sourceIp` on Lambda (set by the gateway from the connection, not from
+/// a header a client can write), else the socket's peer (the local
+/// gateway), else `unknown`.
+pub fn client_address(state: &shared::AppState, req: &Request) -> String {
+    client_address_in(state, req.headers(), req.extensions())
 }
 
-/// [`client_address`] from a request's extensions (an extractor's parts).
-pub fn client_address_in(extensions: &http::Extensions) -> String {
+/// [`client_address`] from a request's parts (an extractor's).
+pub fn client_address_in(
+    state: &shared::AppState,
+    headers: &http::HeaderMap,
+    extensions: &http::Extensions,
+) -> String {
     use lambda_http::request::RequestContext;
+    if let Some(viewer) = trusted_viewer(state.origin_secret(), headers) {
+        return viewer.to_string();
+    }
     let from_gateway = match extensions.get::<RequestContext>() {
         Some(RequestContext::ApiGatewayV2(ctx)) => ctx.http.source_ip.clone(),
         Some(RequestContext::ApiGatewayV1(ctx)) => ctx.identity.source_ip.clone(),
@@ -116,6 +135,61 @@ pub fn client_address_in(extensions: &http::Extensions) -> String {
         .filter(|ip| !ip.is_empty() && ip.len() <= 64)
         .or_else(peer)
         .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// The viewer's address CloudFront named, if the request carries exactly
+/// one origin secret header equal to `secret` (compared in constant time)
+/// and exactly one well-formed viewer address. Anything else: `None`, and
+/// the caller uses the connection's address as without the edge.
+pub fn trusted_viewer(secret: Option<&str>, headers: &http::HeaderMap) -> Option<std::net::IpAddr> {
+    if !carries_origin_secret(secret, headers) {
+        return None;
+    }
+    let viewer = single(headers, VIEWER_ADDRESS_HEADER)?.to_str().ok()?;
+    parse_viewer_address(viewer)
+}
+
+/// Whether the request carries exactly one origin secret header equal to
+/// `secret` (compared in constant time). Never with no or an empty secret.
+pub fn carries_origin_secret(secret: Option<&str>, headers: &http::HeaderMap) -> bool {
+    use subtle::ConstantTimeEq;
+    let (Some(secret), Some(given)) = (
+        secret.filter(|s| !s.is_empty()),
+        single(headers, ORIGIN_SECRET_HEADER),
+    ) else {
+        return false;
+    };
+    given.as_bytes().ct_eq(secret.as_bytes()).into()
+}
+
+/// The header's value when it occurs exactly once.
+fn single<'a>(headers: &'a http::HeaderMap, name: &str) -> Option<&'a HeaderValue> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next()?;
+    values.next().is_none().then_some(first)
+}
+
+/// The address of a `CloudFront-Viewer-Address` value, its port dropped:
+/// `198.51.100.10:46532`, `2001:db8::1:46532` (CloudFront's form), or
+/// `[2001:db8::1]:46532`. A value without a port, with a port that is not
+/// 0-65535 in digits, or with an address that is not one: `None`.
+pub fn parse_viewer_address(value: &str) -> Option<std::net::IpAddr> {
+    let value = value.trim();
+    if value.len() > 64 {
+        return None;
+    }
+    let (address, port) = match value.strip_prefix('[') {
+        Some(bracketed) => bracketed.split_once("]:")?,
+        None => value.rsplit_once(':')?,
+    };
+    let port_ok = !port.is_empty()
+        && port.len() <= 5
+        && port.bytes().all(|b| b.is_ascii_digit())
+        && port.parse::<u16>().is_ok();
+    if !port_ok {
+        return None;
+    }
+    address.parse().ok()
 }
 
 /// API Gateway's own request id, so our logs and theirs line up.
@@ -283,5 +357,109 @@ mod tests {
             body["error"]["request_id"],
             headers[REQUEST_ID_HEADER].to_str().unwrap_or("?")
         );
+    }
+
+    #[test]
+    fn a_viewer_address_loses_its_port() {
+        let cases = [
+            ("198.51.100.10:46532", Some("198.51.100.10")),
+            (" 198.51.100.10:0 ", Some("198.51.100.10")),
+            ("2001:db8::1:443", Some("2001:db8::1")),
+            (
+                "2001:0db8:85a3:0000:0000:8a2e:0370:7334:46532",
+                Some("2001:db8:85a3::8a2e:370:7334"),
+            ),
+            ("[2001:db8::1]:443", Some("2001:db8::1")),
+            ("198.51.100.10", None),
+            ("198.51.100.10:", None),
+            ("198.51.100.10:65536", None),
+            ("198.51.100.10:+80", None),
+            ("[2001:db8::1]", None),
+            ("2001:db8::1", None),
+            ("example.com:443", None),
+            ("", None),
+        ];
+        for (value, want) in cases {
+            let got = parse_viewer_address(value).map(|ip| ip.to_string());
+            assert_eq!(got.as_deref(), want, "{value:?}");
+        }
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
+        let mut map = http::HeaderMap::new();
+        for (name, value) in pairs {
+            let (Ok(name), Ok(value)) = (
+                http::HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) else {
+                panic!("{name}: {value}")
+            };
+            map.append(name, value);
+        }
+        map
+    }
+
+    #[test]
+    fn the_viewer_address_counts_only_with_the_origin_secret() {
+        let viewer = (VIEWER_ADDRESS_HEADER, "2001:db8::7:51000");
+        let secret = (ORIGIN_SECRET_HEADER, "s3cret-of-the-distribution");
+        let trusted = |cfg: Option<&str>, pairs: &[(&str, &str)]| {
+            trusted_viewer(cfg, &headers(pairs)).map(|ip| ip.to_string())
+        };
+        let cfg = Some("s3cret-of-the-distribution");
+        assert_eq!(
+            trusted(cfg, &[viewer, secret]).as_deref(),
+            Some("2001:db8::7")
+        );
+        // A spoofed address without the secret, or with a wrong one.
+        assert_eq!(trusted(cfg, &[viewer]), None);
+        assert_eq!(
+            trusted(cfg, &[viewer, (ORIGIN_SECRET_HEADER, "guess")]),
+            None
+        );
+        assert_eq!(
+            trusted(
+                cfg,
+                &[viewer, (ORIGIN_SECRET_HEADER, "s3cret-of-the-distributio")]
+            ),
+            None
+        );
+        // No secret configured: nothing is trusted, not even an empty one.
+        assert_eq!(trusted(None, &[viewer, secret]), None);
+        assert_eq!(
+            trusted(Some(""), &[viewer, (ORIGIN_SECRET_HEADER, "")]),
+            None
+        );
+        // Two secrets or two addresses: a client added its own beside ours.
+        assert_eq!(trusted(cfg, &[viewer, secret, secret]), None);
+        assert_eq!(
+            trusted(
+                cfg,
+                &[viewer, ("cloudfront-viewer-address", "192.0.2.1:1"), secret]
+            ),
+            None
+        );
+        // The secret with a malformed address: the connection's address.
+        assert_eq!(
+            trusted(cfg, &[(VIEWER_ADDRESS_HEADER, "nonsense"), secret]),
+            None
+        );
+    }
+
+    #[test]
+    fn client_address_prefers_the_trusted_viewer_then_the_socket() {
+        let peer = axum::extract::ConnectInfo(std::net::SocketAddr::from(([127, 0, 0, 9], 4000)));
+        let mut ext = http::Extensions::new();
+        ext.insert(peer);
+        let spoof = headers(&[
+            (VIEWER_ADDRESS_HEADER, "198.51.100.1:1"),
+            (ORIGIN_SECRET_HEADER, "x"),
+        ]);
+        let plain = shared::AppState::for_tests();
+        assert_eq!(client_address_in(&plain, &spoof, &ext), "127.0.0.9");
+        let behind = shared::AppState::for_tests().with_origin_secret("x");
+        assert_eq!(client_address_in(&behind, &spoof, &ext), "198.51.100.1");
+        let bare = headers(&[(VIEWER_ADDRESS_HEADER, "198.51.100.1:1")]);
+        assert_eq!(client_address_in(&behind, &bare, &ext), "127.0.0.9");
     }
 }

@@ -136,7 +136,15 @@ struct StateParts {
     limits: Arc<RateLimits>,
     /// The public routes' limits (per client address, session, link).
     public_limits: Arc<PublicLimits>,
+    /// The CDN's origin secret ([`ORIGIN_SECRET_ENV`]): only a request
+    /// carrying it may name its client's address (`infra/edge.yaml`).
+    origin_secret: Option<Arc<str>>,
 }
+
+/// The environment variable holding the edge stack's origin secret: the
+/// value CloudFront adds to every request it forwards (`infra/edge.yaml`).
+/// Unset or empty: no request may name its client's address.
+pub const ORIGIN_SECRET_ENV: &str = "DHUKUTI_EDGE_ORIGIN_SECRET";
 
 impl std::ops::Deref for AppState {
     type Target = Deps;
@@ -160,6 +168,19 @@ impl AppState {
     /// The public routes' limits (per client address, session, link).
     pub fn public_limits(&self) -> &PublicLimits {
         &self.0.public_limits
+    }
+
+    /// The CDN's origin secret, when one is configured (never empty).
+    pub fn origin_secret(&self) -> Option<&str> {
+        self.0.origin_secret.as_deref()
+    }
+
+    /// Trust the client address CloudFront names on requests carrying
+    /// `secret` (empty: trust none).
+    pub fn with_origin_secret(mut self, secret: &str) -> Self {
+        let secret = Some(secret.trim()).filter(|s| !s.is_empty());
+        Arc::make_mut(&mut self.0).origin_secret = secret.map(Arc::from);
+        self
     }
 
     /// Takes one request of key `key`'s rate limit in `mode`, now.
@@ -220,6 +241,7 @@ impl AppState {
             },
             limits: Arc::new(RateLimits::default()),
             public_limits: Arc::new(PublicLimits::default()),
+            origin_secret: None,
         }))
     }
 
@@ -262,6 +284,7 @@ impl AppState {
         let webhooks = WebhookSettings::from_env()?;
         let limits = RateLimits::from_env()?;
         let public_limits = PublicLimits::from_env()?;
+        let origin_secret = std::env::var(ORIGIN_SECRET_ENV).unwrap_or_default();
         Ok(
             AppState::new(store, Arc::new(SystemClock), Config::from_env())
                 .with_queue(queue)
@@ -269,7 +292,8 @@ impl AppState {
                 .with_providers(providers)
                 .with_webhooks(webhooks)
                 .with_rate_limits(limits)
-                .with_public_limits(public_limits),
+                .with_public_limits(public_limits)
+                .with_origin_secret(&origin_secret),
         )
     }
 }

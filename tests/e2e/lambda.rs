@@ -843,7 +843,157 @@ async fn hosted_function_bounds_link_opens_per_ipv6_allocation(which: Which) {
     }
 }
 
+/// Waits, if the current minute ends within 10 s, for the next one: the
+/// public limits count in windows of a minute of the system clock.
+async fn within_one_minute_window() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let into = now.as_millis() % 60_000;
+    if into > 50_000 {
+        let left = u64::try_from(60_000 - into).unwrap_or(0);
+        tokio::time::sleep(std::time::Duration::from_millis(left + 200)).await;
+    }
+}
+
+/// Issue 37, 12: behind the edge stack (`infra/edge.yaml`) every request
+/// comes from one of CloudFront's addresses; the client's own is in
+/// `CloudFront-Viewer-Address`, trusted only beside the distribution's
+/// origin secret. A client writing the header itself changes nothing: its
+/// requests count against the address it connects from. Through the
+/// distribution each customer counts apart, so one flooding client is
+/// refused while another customer still opens the link.
+async fn hosted_function_trusts_the_viewer_address_only_with_the_origin_secret(which: Which) {
+    let Some(f) = fixture(which).await else {
+        return;
+    };
+    let bearer = format!("Bearer {}", f.key);
+    let create = http_event(
+        "POST",
+        "/v1/payment-links",
+        "203.0.113.7",
+        &[
+            ("authorization", bearer.as_str()),
+            ("content-type", "application/json"),
+            ("accept", "application/json"),
+        ],
+        Some(r#"{"title": "Tuition", "amount": 150000}"#),
+    );
+    let res = call(::payment_links::router(f.state.clone()), create).await;
+    assert_eq!(res["statusCode"], 201, "{res}");
+    let link = body_of(&res)["id"].as_str().unwrap_or_default().to_owned();
+    let secret = "edge-origin-secret-0123456789";
+    let state = f.state.clone().with_origin_secret(secret);
+    // Three requests a minute per client address, all in one window.
+    state.public_limits().set(3, 1000, 1000, 1000, 1000);
+    within_one_minute_window().await;
+    let edge_ip = "130.176.10.1"; // one of CloudFront's
+    let page = |from: &str, headers: &[(&str, &str)]| {
+        http_event("GET", &format!("/l/{link}"), from, headers, None)
+    };
+    let status = |res: Value| res["statusCode"].as_u64().unwrap_or(0);
+    // A client at 192.0.2.66 claims a fresh address on every request,
+    // without the secret (or with a guess): all count against 192.0.2.66.
+    let mut codes = Vec::new();
+    for n in 0..6 {
+        let claimed = format!("198.51.100.{n}:4430");
+        let guess = [
+            ("cloudfront-viewer-address", claimed.as_str()),
+            ("x-dhukuti-origin-secret", "guess"),
+        ];
+        let headers = if n % 2 == 0 { &guess[..1] } else { &guess[..] };
+        let res = call(::hosted::router(state.clone()), page("192.0.2.66", headers)).await;
+        codes.push(status(res));
+    }
+    assert_eq!(codes, [200, 200, 200, 429, 429, 429]);
+    // Through the distribution: the flooding viewer is refused after its
+    // three, from the same CloudFront address an honest customer uses.
+    let through = |viewer: &'static str| {
+        page(
+            edge_ip,
+            &[
+                ("cloudfront-viewer-address", viewer),
+                ("x-dhukuti-origin-secret", secret),
+            ],
+        )
+    };
+    let mut codes = Vec::new();
+    for _ in 0..5 {
+        let res = call(
+            ::hosted::router(state.clone()),
+            through("2001:db8:1::66:51234"),
+        )
+        .await;
+        codes.push(status(res));
+    }
+    assert_eq!(codes, [200, 200, 200, 429, 429]);
+    for viewer in ["203.0.113.77:61000", "[2001:db8:2::1]:443"] {
+        let res = call(::hosted::router(state.clone()), through(viewer)).await;
+        assert_eq!(res["statusCode"], 200, "{viewer}: {res}");
+    }
+    // The flooding viewer's budget is its own, not CloudFront's address's.
+    let res = call(::hosted::router(state.clone()), page(edge_ip, &[])).await;
+    assert_eq!(res["statusCode"], 200, "{res}");
+}
+
+/// Issue 37, 12: the event stream function's URL is public. Behind the
+/// edge stack it serves only requests carrying the distribution's origin
+/// secret, so nobody holds one of its few reserved instances, or names
+/// a client address, around the WAF; without the edge, as before.
+async fn events_function_serves_only_the_edge_when_one_is_configured(which: Which) {
+    let Some(mut f) = fixture(which).await else {
+        return;
+    };
+    let res = invoke(
+        ::checkout::router(f.state.clone()),
+        "checkout-create.json",
+        &f,
+    )
+    .await;
+    assert_eq!(res["statusCode"], 201, "{res}");
+    let id = body_of(&res)["id"].as_str().unwrap_or_default().to_owned();
+    f.session_id = Some(id.clone());
+    let path = format!("/c/{id}/events");
+    let stream = |headers: &[(&str, &str)]| http_event("GET", &path, "192.0.2.80", headers, None);
+    let quick = std::time::Duration::from_millis(50);
+    let status = |res: &Value| res["statusCode"].as_u64().unwrap_or(0);
+    // No edge: every client is served, as before (a checkout session has
+    // no stream, only a Direct-QR or mobile one: the answer is 404).
+    let res = call(::hosted::events_router(f.state.clone(), quick), stream(&[])).await;
+    assert_eq!(status(&res), 404, "{res}");
+    let secret = "edge-origin-secret-0123456789";
+    let behind = f.state.clone().with_origin_secret(secret);
+    let spoof = ("cloudfront-viewer-address", "198.51.100.9:443");
+    for headers in [
+        &[][..],
+        &[spoof][..],
+        &[spoof, ("x-dhukuti-origin-secret", "edge-origin-secret")][..],
+    ] {
+        let res = call(
+            ::hosted::events_router(behind.clone(), quick),
+            stream(headers),
+        )
+        .await;
+        assert_eq!(status(&res), 403, "{headers:?}: {res}");
+        assert_eq!(body_of(&res)["error"]["code"], "forbidden", "{res}");
+    }
+    let through = [spoof, ("x-dhukuti-origin-secret", secret)];
+    let res = call(
+        ::hosted::events_router(behind.clone(), quick),
+        stream(&through),
+    )
+    .await;
+    assert_eq!(status(&res), 404, "{res}");
+    assert_eq!(
+        body_of(&res)["error"],
+        "no such Direct-QR or mobile session",
+        "{res}"
+    );
+}
+
 on_both_backends!(
+    events_function_serves_only_the_edge_when_one_is_configured,
+    hosted_function_trusts_the_viewer_address_only_with_the_origin_secret,
     invoices_function_answers_the_pdf_as_binary,
     hosted_function_bounds_link_opens_per_ipv6_allocation,
     webhook_fanout_and_dispatcher_deliver_an_outbox_event,

@@ -239,6 +239,18 @@ fn intrinsic(v: &Value) -> Option<(String, Value)> {
     }
 }
 
+/// `!If [condition, then, else]` as (condition, then, else).
+fn if_of(v: &Value) -> Option<(String, Value, Value)> {
+    let (f, arg) = intrinsic(v)?;
+    let parts = arg.as_sequence().filter(|_| f == "If")?;
+    match parts.as_slice() {
+        [cond, then, otherwise] => {
+            Some((cond.as_str()?.to_owned(), then.clone(), otherwise.clone()))
+        }
+        _ => None,
+    }
+}
+
 /// `!Ref name`?
 fn is_ref_to(v: &Value, name: &str) -> bool {
     matches!(intrinsic(v), Some((f, arg)) if f == "Ref" && arg.as_str() == Some(name))
@@ -1786,8 +1798,13 @@ fn the_event_streams_are_a_streaming_function_url() {
     for name in ["QrFunction", "MobileFunction"] {
         let var =
             &t["Resources"][name]["Properties"]["Environment"]["Variables"]["DHUKUTI_EVENTS_URL"];
+        // Without the edge stack the function URL; behind it the public
+        // base, whose /c/*/events behaviour forwards to the function URL.
+        let (cond, behind, alone) = if_of(var).unwrap_or_else(|| panic!("{name}: {var:?}"));
+        assert_eq!(cond, "BehindEdge", "{name}");
+        assert!(is_ref_to(&behind, "PublicBaseUrl"), "{name}: {behind:?}");
         assert_eq!(
-            get_att(var),
+            get_att(&alone),
             Some(("EventsFunctionUrl".into(), "FunctionUrl".into())),
             "{name}: {var:?}"
         );
@@ -1957,4 +1974,244 @@ fn every_function_is_built_from_its_own_crate_directory() {
             .unwrap_or_else(|e| panic!("{dir}/target is not a link: {e}"));
         assert_eq!(link, std::path::Path::new("../../target"), "{dir}/target");
     }
+}
+
+/// The (burst, rate) of a route settings entry.
+fn throttle_of(v: &Value) -> (u64, f64) {
+    (
+        v["ThrottlingBurstLimit"].as_u64().unwrap_or(0),
+        v["ThrottlingRateLimit"].as_f64().unwrap_or(0.0),
+    )
+}
+
+/// Issue 37, 12: every route family has its own throttle, sized for an
+/// honest peak (template.yaml's comment and infra/README.md "Route
+/// throttles" have the arithmetic), and names only routes that exist.
+#[test]
+fn every_route_family_has_a_throttle_sized_for_its_peak() {
+    let t = template();
+    let api = &t["Resources"]["HttpApi"]["Properties"];
+    let default = throttle_of(&api["DefaultRouteSettings"]);
+    let settings = api["RouteSettings"]
+        .as_mapping()
+        .unwrap_or_else(|| panic!("HttpApi has no RouteSettings"));
+    let mut routes = std::collections::BTreeSet::new();
+    for (_, f) in functions(&t) {
+        for (method, path, _) in http_routes(&f) {
+            routes.insert(format!("{method} {path}"));
+        }
+    }
+    let mut set = std::collections::BTreeMap::new();
+    for (key, v) in settings {
+        let key = key.as_str().unwrap_or("").to_owned();
+        assert!(routes.contains(&key), "RouteSettings names no route: {key}");
+        let (burst, rate) = throttle_of(v);
+        assert!(
+            burst as f64 >= rate && rate > 0.0,
+            "{key}: burst {burst}, rate {rate}"
+        );
+        set.insert(key, (burst, rate));
+    }
+    // Merchant API (the default): the 10 busiest merchants at a live
+    // key's full rate.
+    let live_key = f64::from(shared::limits::rate::DEFAULT_LIVE);
+    assert!(default.1 >= 10.0 * live_key, "API default {default:?}");
+    assert!(default.0 as f64 >= default.1, "API default {default:?}");
+    // Every route outside /v1, and the mobile apps' routes, has its own.
+    for route in &routes {
+        let path = route.split_once(' ').map_or("", |(_, p)| p);
+        if !path.starts_with("/v1/") || path.starts_with("/v1/mobile/") {
+            assert!(
+                set.contains_key(route),
+                "{route} has no throttle of its own"
+            );
+        }
+    }
+    let rate = |key: &str| set.get(key).map_or(0.0, |s| s.1);
+    // Status polls: 3,000 open screens, one poll each every 3 s.
+    assert!(rate("GET /c/{id}/status") >= 3000.0 / 3.0);
+    // Mobile apps: 3,000 app checkouts reading every 3 s.
+    assert!(rate("GET /v1/mobile/sessions/{id}") >= 3000.0 / 3.0);
+    // Hosted pages: 100 checkouts a second, about 4 requests each.
+    for page in [
+        "GET /c/{id}",
+        "POST /c/{id}/pay",
+        "GET /l/{id}",
+        "POST /l/{id}",
+    ] {
+        assert!(rate(page) >= 400.0, "{page}");
+    }
+    // Dashboard: 500 signed-in staff, about one request a second.
+    assert!(rate("ANY /dashboard/{proxy+}") >= 500.0);
+    // Below the account's 10,000 a second per region, route by route.
+    for (key, (burst, rate)) in &set {
+        assert!(*rate <= 10_000.0 && *burst <= 5_000, "{key}");
+    }
+}
+
+/// Issue 37, 12: with the edge stack's origin secret the API's default
+/// endpoint is off (only its custom domain, CloudFront's origin, answers),
+/// every function gets the secret to check CloudFront's viewer address
+/// against, and the stack refuses the secret without a domain. Without it
+/// (the default) nothing changes.
+#[test]
+fn the_edge_turns_the_execute_api_endpoint_off() {
+    let t = template();
+    let secret = &t["Parameters"]["EdgeOriginSecret"];
+    assert_eq!(secret["NoEcho"].as_bool(), Some(true));
+    assert_eq!(secret["Default"].as_str(), Some(""));
+    let (f, arg) =
+        intrinsic(&t["Conditions"]["BehindEdge"]).unwrap_or_else(|| panic!("BehindEdge"));
+    assert_eq!(f, "Not");
+    assert!(format!("{arg:?}").contains("EdgeOriginSecret"), "{arg:?}");
+    let disable = &t["Resources"]["HttpApi"]["Properties"]["DisableExecuteApiEndpoint"];
+    let (cond, on, off) = if_of(disable).unwrap_or_else(|| panic!("{disable:?}"));
+    assert_eq!(
+        (cond.as_str(), on.as_bool(), off.as_bool()),
+        ("BehindEdge", Some(true), Some(false))
+    );
+    let var = &t["Globals"]["Function"]["Environment"]["Variables"]["DHUKUTI_EDGE_ORIGIN_SECRET"];
+    assert!(is_ref_to(var, "EdgeOriginSecret"), "{var:?}");
+    assert_eq!(shared::app::ORIGIN_SECRET_ENV, "DHUKUTI_EDGE_ORIGIN_SECRET");
+    let domain = &t["Resources"]["EdgeApiDomain"];
+    assert_eq!(
+        domain["Type"].as_str(),
+        Some("AWS::ApiGatewayV2::DomainName")
+    );
+    assert_eq!(domain["Condition"].as_str(), Some("BehindEdge"));
+    let mapping = &t["Resources"]["EdgeApiMapping"];
+    assert_eq!(mapping["Condition"].as_str(), Some("BehindEdge"));
+    assert!(is_ref_to(&mapping["Properties"]["ApiId"], "HttpApi"));
+    let rule = format!("{:?}", t["Rules"]["EdgeNeedsAnApiDomain"]);
+    for name in [
+        "EdgeApiDomainName",
+        "EdgeApiCertificateArn",
+        "PublicBaseUrl",
+    ] {
+        assert!(
+            rule.contains(name),
+            "the rule does not check {name}: {rule}"
+        );
+    }
+}
+
+fn edge_stack() -> Value {
+    let path = format!("{}/../infra/edge.yaml", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Issue 37, 12: the edge stack (infra/edge.yaml; `cfn-lint` in
+/// infra/test.sh) is CloudFront with a CLOUDFRONT-scoped web ACL, refused
+/// outside us-east-1: rate-based rules per client address, AWS's common
+/// and known-bad-inputs groups; the origin secret on both origins (the
+/// API and the event streams' function URL) and CloudFront's viewer
+/// address forwarded to each.
+#[test]
+fn the_edge_stack_is_a_waf_in_front_of_the_api_and_the_streams() {
+    let e = edge_stack();
+    let description = e["Description"].as_str().unwrap_or("");
+    assert!(description.contains("us-east-1"), "{description}");
+    let region = format!("{:?}", e["Rules"]["OnlyInUsEast1"]["Assertions"]);
+    assert!(
+        region.contains("AWS::Region") && region.contains("us-east-1"),
+        "{region}"
+    );
+    let secret = &e["Parameters"]["OriginSecret"];
+    assert_eq!(secret["NoEcho"].as_bool(), Some(true));
+    assert!(secret["MinLength"].as_u64().unwrap_or(0) >= 32);
+
+    let acl = &e["Resources"]["WebAcl"];
+    assert_eq!(acl["Type"].as_str(), Some("AWS::WAFv2::WebACL"));
+    let acl = &acl["Properties"];
+    assert_eq!(acl["Scope"].as_str(), Some("CLOUDFRONT"));
+    let rules = acl["Rules"].as_sequence().cloned().unwrap_or_default();
+    let groups: Vec<&str> = rules
+        .iter()
+        .filter_map(|r| r["Statement"]["ManagedRuleGroupStatement"]["Name"].as_str())
+        .collect();
+    for group in [
+        "AWSManagedRulesCommonRuleSet",
+        "AWSManagedRulesKnownBadInputsRuleSet",
+    ] {
+        assert!(groups.contains(&group), "{group} missing: {groups:?}");
+    }
+    let rated: Vec<&Value> = rules
+        .iter()
+        .map(|r| &r["Statement"]["RateBasedStatement"])
+        .filter(|r| !r.is_null())
+        .collect();
+    assert!(!rated.is_empty(), "no rate-based rule");
+    for r in &rated {
+        assert_eq!(r["AggregateKeyType"].as_str(), Some("IP"), "{r:?}");
+    }
+    for r in &rules {
+        if !r["Statement"]["RateBasedStatement"].is_null() {
+            assert!(r["Action"]["Block"].is_mapping(), "{r:?}");
+        }
+    }
+
+    let dist = &e["Resources"]["Distribution"]["Properties"]["DistributionConfig"];
+    let (f, arg) = intrinsic(&dist["WebACLId"]).unwrap_or_else(|| panic!("no web ACL"));
+    assert_eq!((f.as_str(), arg.as_str()), ("GetAtt", Some("WebAcl.Arn")));
+    let origins = dist["Origins"].as_sequence().cloned().unwrap_or_default();
+    let origin = |id: &str| {
+        origins
+            .iter()
+            .find(|o| o["Id"].as_str() == Some(id))
+            .cloned()
+            .unwrap_or_else(|| panic!("no origin {id}"))
+    };
+    for (id, domain) in [("api", "ApiOriginDomain"), ("events", "EventsOriginDomain")] {
+        let o = origin(id);
+        assert!(is_ref_to(&o["DomainName"], domain), "{id}: {o:?}");
+        assert_eq!(
+            o["CustomOriginConfig"]["OriginProtocolPolicy"].as_str(),
+            Some("https-only")
+        );
+        let headers = o["OriginCustomHeaders"]
+            .as_sequence()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            headers.iter().any(|h| {
+                h["HeaderName"].as_str().map(str::to_lowercase).as_deref()
+                    == Some(edge::requests::ORIGIN_SECRET_HEADER)
+                    && is_ref_to(&h["HeaderValue"], "OriginSecret")
+            }),
+            "{id}: no origin secret header: {headers:?}"
+        );
+    }
+    let policy_of = |behaviour: &Value| {
+        let (f, arg) = intrinsic(&behaviour["OriginRequestPolicyId"])
+            .unwrap_or_else(|| panic!("{behaviour:?}"));
+        assert_eq!(f, "Ref");
+        let name = arg.as_str().unwrap_or("").to_owned();
+        e["Resources"][name.as_str()]["Properties"]["OriginRequestPolicyConfig"]["HeadersConfig"]
+            .clone()
+    };
+    let forwards_viewer = |headers: &Value| {
+        headers["Headers"].as_sequence().is_some_and(|h| {
+            h.iter().any(|n| {
+                n.as_str().map(str::to_lowercase).as_deref()
+                    == Some(edge::requests::VIEWER_ADDRESS_HEADER)
+            })
+        })
+    };
+    let default = &dist["DefaultCacheBehavior"];
+    assert_eq!(default["TargetOriginId"].as_str(), Some("api"));
+    assert!(forwards_viewer(&policy_of(default)), "{default:?}");
+    let behaviours = dist["CacheBehaviors"]
+        .as_sequence()
+        .cloned()
+        .unwrap_or_default();
+    let stream = behaviours
+        .iter()
+        .find(|b| b["TargetOriginId"].as_str() == Some("events"))
+        .unwrap_or_else(|| panic!("no behaviour for the event streams"));
+    assert_eq!(stream["PathPattern"].as_str(), Some("/c/*/events"));
+    let policy = policy_of(stream);
+    assert!(forwards_viewer(&policy), "{policy:?}");
+    // The function URL answers only its own Host: never forward the viewer's.
+    assert_eq!(policy["HeaderBehavior"].as_str(), Some("whitelist"));
 }

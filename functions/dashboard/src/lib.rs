@@ -160,7 +160,7 @@ async fn throttle(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let address = edge::requests::client_address(&req);
+    let address = edge::requests::client_address(&state, &req);
     let request = public::PublicRequest {
         address: address.as_str(),
         poll: false,
@@ -462,7 +462,11 @@ impl FromRequestParts<AppState> for Signed {
                 session,
                 user,
                 cookie,
-                address: edge::requests::client_address_in(&parts.extensions),
+                address: edge::requests::client_address_in(
+                    state,
+                    &parts.headers,
+                    &parts.extensions,
+                ),
             }),
             Ok(Err(_)) => {
                 let mut res = signed_out(parts);
@@ -494,7 +498,7 @@ async fn sign_in_page(
 }
 
 async fn sign_in(State(state): State<AppState>, req: axum::extract::Request) -> Response {
-    let address = edge::requests::client_address(&req);
+    let address = edge::requests::client_address(&state, &req);
     let headers = req.headers().clone();
     let body = match axum::body::to_bytes(req.into_body(), 16 * 1024).await {
         Ok(b) => b,

@@ -72,6 +72,10 @@ pub fn router(state: AppState) -> Router {
 /// `stream_for`, with the public limits and headers of every page: the
 /// events function, which streams its answer through a Lambda function
 /// URL instead of API Gateway.
+///
+/// With the edge stack's origin secret configured, only requests carrying
+/// it (from the distribution) are served; the function URL itself is
+/// public, and a stream holds one of the few reserved instances.
 pub fn events_router(state: AppState, stream_for: std::time::Duration) -> Router {
     with_edge(
         Router::new()
@@ -80,11 +84,36 @@ pub fn events_router(state: AppState, stream_for: std::time::Duration) -> Router
                 state.clone(),
                 throttle,
             ))
+            .route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                from_the_edge,
+            ))
             .route_layer(axum::middleware::from_fn(secure))
             .layer(axum::extract::DefaultBodyLimit::max(BODY_MAX))
             .layer(axum::Extension(StreamFor(stream_for)))
             .with_state(state),
     )
+}
+
+/// Behind the edge stack ([`AppState::origin_secret`] set), refuses with
+/// 403 a request that did not come through the distribution, before any
+/// counter or store read; without it, lets every request through.
+async fn from_the_edge(
+    State(state): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let secret = state.origin_secret();
+    if secret.is_some() && !edge::requests::carries_origin_secret(secret, req.headers()) {
+        return edge::ApiError::new(
+            StatusCode::FORBIDDEN,
+            edge::ErrorType::InvalidRequestError,
+            "forbidden",
+            "Event streams are served through the gateway's own domain",
+        )
+        .into_response();
+    }
+    next.run(req).await
 }
 
 /// How long the event streams of a router last.
@@ -99,7 +128,7 @@ async fn throttle(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let address = edge::requests::client_address(&req);
+    let address = edge::requests::client_address(&state, &req);
     let post = req.method() == http::Method::POST;
     let mut parts = req.uri().path().trim_start_matches('/').split('/');
     let (kind, raw_id, rest) = (parts.next(), parts.next(), parts.next());
@@ -884,7 +913,7 @@ async fn events(
     req: axum::extract::Request,
 ) -> Response {
     use axum::response::sse::{Event, KeepAlive, Sse};
-    let address = edge::requests::client_address(&req);
+    let address = edge::requests::client_address(&state, &req);
     let headers = req.headers();
     let now = state.clock.now();
     let last_seen: Option<String> = headers
