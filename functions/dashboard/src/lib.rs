@@ -3,7 +3,7 @@
 //!
 //! | Route | What |
 //! |---|---|
-//! | `GET, POST /dashboard/sign-in` | The sign-in form and its answer (throttled per email and address). |
+//! | `GET, POST /dashboard/sign-in` | The sign-in form and its answer (throttled per email and address; a known device on its own budget). |
 //! | `POST /dashboard/sign-out`, `/dashboard/sign-out-everywhere` | End this session, or every session of the user. |
 //! | `POST /dashboard/view` | Switch project or sandbox/live. |
 //! | `GET /dashboard` | The overview: the last 30 days and their chart. |
