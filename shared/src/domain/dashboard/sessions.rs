@@ -13,7 +13,7 @@ use crate::domain::record::{Changes, Record};
 use crate::ids::{MerchantId, ProjectId, UserId};
 use crate::keys;
 use crate::limits::public;
-use crate::store::{Cond, Key, Store, StoreError, TTL, TxOp, Update};
+use crate::store::{Cond, Key, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// Random characters of a session cookie after its prefix.
@@ -245,7 +245,7 @@ async fn take_slots(
     let mut taken = Vec::new();
     let mut filled = false;
     for (bucket, limit) in buckets {
-        match take_counted(store, bucket, *limit, now).await? {
+        match public::take_slot_counted(store, bucket, *limit, ATTEMPT_WINDOW, now).await? {
             Ok((key, count)) => {
                 filled |= bucket.starts_with("DSIGNE#") && count >= *limit;
                 taken.push(key);
@@ -259,35 +259,6 @@ async fn take_slots(
         }
     }
     Ok((taken, filled))
-}
-
-/// A slot of `bucket` in this window and the count with it, or the
-/// seconds until the window ends (as `public::take_slot`, which does not
-/// tell the count).
-async fn take_counted(
-    store: &dyn Store,
-    bucket: &str,
-    limit: i64,
-    now: Timestamp,
-) -> Result<Result<(Key, i64), i64>, StoreError> {
-    let start = now.unix_seconds().div_euclid(ATTEMPT_WINDOW) * ATTEMPT_WINDOW;
-    let end = start + ATTEMPT_WINDOW;
-    let key = crate::keys::throttle(bucket, start);
-    let update = Update::new().add("count", 1).set(TTL, end + 60);
-    let room = Cond::Or(vec![
-        Cond::AttrNotExists("count".into()),
-        Cond::lt("count", limit),
-    ]);
-    match store.update(&key, update, Some(room)).await {
-        Ok(item) => {
-            let count = item.get("count").and_then(|v| v.as_i64()).unwrap_or(limit);
-            Ok(Ok((key, count)))
-        }
-        Err(StoreError::ConditionFailed) => {
-            Ok(Err(((end * 1000 - now.unix_millis() + 999) / 1000).max(1)))
-        }
-        Err(e) => Err(e),
-    }
 }
 
 /// A wrong password for `user`: counted for their notice, audited from

@@ -7,11 +7,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 
 use super::sessions::ATTEMPTS_PER_ACCOUNT;
-use super::*;
+use super::{
+    ATTEMPT_WINDOW, ATTEMPTS_PER_DEVICE, Actor, DashboardError, DashboardUser, Role, SignInRequest,
+    audit_entry, create_user, end_all_sessions, find_user_by_email, network_of, open_session,
+    operator, reset_password, sign_in, sign_in_with, sign_out_audited, sign_out_everywhere,
+    verify_password,
+};
 use crate::AppState;
 use crate::domain::account::{Plan, create_merchant, create_project};
 use crate::store::embedded::EmbeddedStore;
-use crate::store::{Cond, Item, Query, QueryPage, Store, Stored, TxOp, Update};
+use crate::store::{Cond, Item, Key, Query, QueryPage, Store, StoreError, Stored, TxOp, Update};
 use crate::testenv::at;
 use crate::time::ManualClock;
 
