@@ -205,7 +205,7 @@ pub async fn check(State(state): State<AppState>, signed: Signed, body: Bytes) -
         provider.as_str(),
         verdict.word(),
     )
-    .await;
+    .await?;
     let said = verdict.message();
     match verdict {
         Verdict::Refused(_) => show(&state, &signed, None, Some(said), StatusCode::OK).await,
@@ -256,7 +256,7 @@ pub async fn set(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
                 provider.as_str(),
                 signed.session.mode.as_str(),
             )
-            .await;
+            .await?;
             Ok(see_other(&format!(
                 "/dashboard/credentials?saved={}",
                 provider.as_str()

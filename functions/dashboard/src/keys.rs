@@ -257,7 +257,7 @@ async fn finish(
         &key.id,
         &format!("{:?} {}", key.kind, key.scopes.join(",")),
     )
-    .await;
+    .await?;
     let nav = nav(state, signed, "keys").await?;
     Ok(html(
         StatusCode::OK,
@@ -366,11 +366,12 @@ pub async fn revoke(
     if let Err(e) = dashboard::complete_form(&state, &fence, &key.id).await {
         tracing::warn!(error = %e, "form result not recorded");
     }
+    // The intent is recorded before the effect (no transaction to share).
+    crate::audit(&state, &signed, "key.revoke", &key.id, &key.prefix).await?;
     match account::revoke_api_key(&state, &key).await {
         // Already revoked (a double submit): the same outcome.
         Ok(()) | Err(shared::store::StoreError::ConditionFailed) => {}
         Err(e) => return Err(fail(e)),
     }
-    crate::audit(&state, &signed, "key.revoke", &key.id, &key.prefix).await;
     Ok(see_other(&format!("/dashboard/keys?revoked={}", key.id)))
 }

@@ -3,7 +3,7 @@
 //!
 //! | Route | What |
 //! |---|---|
-//! | `GET, POST /dashboard/sign-in` | The sign-in form and its answer (throttled per email and address). |
+//! | `GET, POST /dashboard/sign-in` | The sign-in form and its answer (throttled per email and address; a known device on its own budget). |
 //! | `POST /dashboard/sign-out`, `/dashboard/sign-out-everywhere` | End this session, or every session of the user. |
 //! | `POST /dashboard/view` | Switch project or sandbox/live. |
 //! | `GET /dashboard` | The overview: the last 30 days and their chart. |
@@ -53,6 +53,11 @@ pub use pages::Nav;
 pub const SESSION_COOKIE: &str = "dhukuti_session";
 /// The sign-in form's CSRF cookie (before there is a session).
 pub const PRE_COOKIE: &str = "dhukuti_pre";
+/// The known-device cookie: a browser that signed in as a user before
+/// signs in as them on its own budget (`shared::domain::dashboard`'s
+/// `devices`). Sent only to the sign-in form's answer.
+pub const DEVICE_COOKIE: &str = "dhukuti_device";
+const DEVICE_PATH: &str = "/dashboard/sign-in";
 /// Rows a list page shows.
 pub const PAGE: usize = 25;
 
@@ -279,19 +284,20 @@ pub(crate) fn expired_form() -> Stop {
     ))
 }
 
-/// Writes an audit entry of `action` by the signed-in person; a failure
-/// to write it is logged (the action itself is done).
+/// Writes an audit entry of `action` by the signed-in person, for an
+/// action with no transaction of its own. Called before the action's
+/// effect where its target is known before (else right after it); a
+/// failure to write it fails the request with the failure page, never
+/// only a log line.
 pub(crate) async fn audit(
     state: &AppState,
     signed: &Signed,
     action: &str,
     target: &str,
     detail: &str,
-) {
-    let entry = dashboard::audit_entry(&signed.actor(), state.clock.now(), action, target, detail);
-    if let Err(e) = dashboard::record_audit(state, &entry).await {
-        tracing::warn!(error = %e, action, "audit entry not written");
-    }
+) -> Result<(), Stop> {
+    let entry = signed.entry(state, action, target, detail);
+    dashboard::record_audit(state, &entry).await.map_err(fail)
 }
 
 /// A cookie's value from the request's `Cookie` headers.
@@ -313,13 +319,31 @@ fn secure_cookies(state: &AppState) -> bool {
 }
 
 fn set_cookie(state: &AppState, name: &str, value: &str, max_age: i64) -> HeaderValue {
+    cookie_header(state, name, value, max_age, "/dashboard", "Lax")
+}
+
+/// The known-device cookie: as the session's, but SameSite=Strict and
+/// sent to the sign-in form only.
+fn device_cookie(state: &AppState, value: &str) -> HeaderValue {
+    let age = dashboard::DEVICE_LIFETIME.num_seconds();
+    cookie_header(state, DEVICE_COOKIE, value, age, DEVICE_PATH, "Strict")
+}
+
+fn cookie_header(
+    state: &AppState,
+    name: &str,
+    value: &str,
+    max_age: i64,
+    path: &str,
+    same_site: &str,
+) -> HeaderValue {
     let secure = if secure_cookies(state) {
         "; Secure"
     } else {
         ""
     };
     HeaderValue::from_str(&format!(
-        "{name}={value}; Path=/dashboard; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}"
+        "{name}={value}; Path={path}; Max-Age={max_age}; HttpOnly; SameSite={same_site}{secure}"
     ))
     .unwrap_or_else(|_| HeaderValue::from_static("invalid=; Max-Age=0"))
 }
@@ -382,6 +406,18 @@ impl Signed {
         Actor::of(&self.user, &self.session, &self.address)
     }
 
+    /// The audit entry of `action` by this person now, for an action's
+    /// own transaction.
+    pub(crate) fn entry(
+        &self,
+        state: &AppState,
+        action: &str,
+        target: &str,
+        detail: &str,
+    ) -> dashboard::AuditEntry {
+        dashboard::audit_entry(&self.actor(), state.clock.now(), action, target, detail)
+    }
+
     /// Refuses with a page unless the role allows `what`.
     fn require(&self, what: Permission) -> Result<(), Stop> {
         if self.user.role.may(what) {
@@ -426,6 +462,7 @@ impl Signed {
                 .map(|p| (p.id.into_string(), p.name))
                 .collect(),
             current,
+            alert: None,
         }
     }
 }
@@ -532,14 +569,15 @@ async fn sign_in(State(state): State<AppState>, req: axum::extract::Request) -> 
         return res;
     }
     let password = f.get("password").cloned().unwrap_or_default();
-    let now = state.clock.now();
-    match dashboard::sign_in(&state, now, &email, &password, &address).await {
+    let device = cookie(&headers, DEVICE_COOKIE);
+    let req = dashboard::SignInRequest {
+        email: &email,
+        password: &password,
+        address: &address,
+        device: device.as_deref(),
+    };
+    match dashboard::sign_in_with(&state, state.clock.now(), &req).await {
         Ok(signed) => {
-            let actor = Actor::of(&signed.user, &signed.session, &address);
-            let entry = dashboard::audit_entry(&actor, now, "sign_in", &signed.user.id, "");
-            if let Err(e) = dashboard::record_audit(&state, &entry).await {
-                tracing::warn!(error = %e, "audit entry of a sign-in not written");
-            }
             let mut res = see_other(&next);
             let age = dashboard::ABSOLUTE.num_seconds();
             let h = res.headers_mut();
@@ -548,6 +586,9 @@ async fn sign_in(State(state): State<AppState>, req: axum::extract::Request) -> 
                 set_cookie(&state, SESSION_COOKIE, &signed.cookie, age),
             );
             h.append(header::SET_COOKIE, set_cookie(&state, PRE_COOKIE, "", 0));
+            if let Some(device) = &signed.device {
+                h.append(header::SET_COOKIE, device_cookie(&state, device));
+            }
             res
         }
         Err(e) => {
@@ -586,7 +627,8 @@ async fn sign_in(State(state): State<AppState>, req: axum::extract::Request) -> 
 
 async fn sign_out(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
     signed.check_csrf(&form(&body))?;
-    dashboard::sign_out(&state, &signed.cookie)
+    let entry = signed.entry(&state, "sign_out", &signed.user.id, "");
+    dashboard::sign_out_audited(&state, &signed.cookie, &entry)
         .await
         .map_err(fail)?;
     Ok(signed_out_now(&state))
@@ -602,10 +644,10 @@ fn signed_out_now(state: &AppState) -> Response {
 
 async fn sign_out_everywhere(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
     signed.check_csrf(&form(&body))?;
-    dashboard::end_all_sessions(&state, &signed.user.id)
+    let entry = signed.entry(&state, "sign_out_everywhere", &signed.user.id, "");
+    dashboard::sign_out_everywhere(&state, &signed.user.id, &entry)
         .await
         .map_err(fail)?;
-    audit(&state, &signed, "sign_out_everywhere", &signed.user.id, "").await;
     Ok(signed_out_now(&state))
 }
 
@@ -647,7 +689,14 @@ pub(crate) async fn nav(
     let projects = account::merchant_projects(state, &signed.user.merchant_id)
         .await
         .map_err(fail)?;
-    Ok(signed.nav(projects, current))
+    let mut nav = signed.nav(projects, current);
+    if signed.session.notice.is_some() {
+        dashboard::clear_notice(state, &signed.cookie)
+            .await
+            .map_err(fail)?;
+        nav.alert = signed.session.notice.clone();
+    }
+    Ok(nav)
 }
 
 async fn overview(State(state): State<AppState>, signed: Signed) -> Page {

@@ -26,6 +26,9 @@ pub struct Nav {
     pub projects: Vec<(String, String)>,
     /// The page shown (`overview`, `payments`, `audit`).
     pub current: &'static str,
+    /// A notice shown once, above the page (failed sign-ins since the
+    /// last one).
+    pub alert: Option<String>,
 }
 
 /// The pages, their paths and who sees them in the navigation.
@@ -151,6 +154,9 @@ pub(crate) fn layout(nav: &Nav, title: &str, body: Markup) -> String {
                     }
                 }
                 main id="main" {
+                    @if let Some(alert) = &nav.alert {
+                        p.notice.alert role="alert" { (alert) }
+                    }
                     h1 { (title) }
                     (body)
                 }

@@ -149,7 +149,7 @@ pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
                 &u.id,
                 &format!("{} as {}", u.email, role.as_str()),
             )
-            .await;
+            .await?;
             let nav = nav(&state, &signed, "people").await?;
             let body = markup! {
                 p.notice role="status" { "Hand this first password to " (u.email) " yourself; it is shown only this once. An owner can give them a new one here." }
@@ -208,7 +208,7 @@ pub async fn change(
         let u = dashboard::reset_password_of(&state, &signed.user.merchant_id, &user_id, &password)
             .await
             .map_err(fail)?;
-        crate::audit(&state, &signed, "person.password", &u.id, &u.email).await;
+        crate::audit(&state, &signed, "person.password", &u.id, &u.email).await?;
         let nav = nav(&state, &signed, "people").await?;
         let body = markup! {
             p.notice role="status" { "Hand this new password to " (u.email) " yourself; it is shown only this once. Their sessions have ended." }
@@ -247,6 +247,6 @@ pub async fn change(
         UserChange::Disabled(true) => format!("{} disabled", u.email),
         UserChange::Disabled(false) => format!("{} enabled", u.email),
     };
-    crate::audit(&state, &signed, "person.change", &u.id, &detail).await;
+    crate::audit(&state, &signed, "person.change", &u.id, &detail).await?;
     Ok(see_other("/dashboard/people?changed=1"))
 }

@@ -132,7 +132,7 @@ pub async fn make_link(State(state): State<AppState>, signed: Signed, body: Byte
     let link = links::insert_once(&state, &link, Some(&fence))
         .await
         .map_err(fail)?;
-    crate::audit(&state, &signed, "link.create", &link.id, &link.title).await;
+    crate::audit(&state, &signed, "link.create", &link.id, &link.title).await?;
     Ok(crate::see_other(&format!(
         "/dashboard/links?made={}",
         link.id
@@ -266,7 +266,7 @@ pub async fn edit_link(
     };
     match result {
         Ok(l) => {
-            crate::audit(&state, &signed, "link.edit", &l.id, &l.title).await;
+            crate::audit(&state, &signed, "link.edit", &l.id, &l.title).await?;
             Ok(crate::see_other(&format!(
                 "/dashboard/links/{}?saved=1",
                 l.id
@@ -296,12 +296,13 @@ pub async fn cancel_link(
     signed.action_form(Permission::Act, &body)?;
     let now = state.clock.now();
     let id = id.get_or(no_link)?;
+    // The intent is recorded before the effect (no transaction to share).
+    crate::audit(&state, &signed, "link.cancel", &id, "").await?;
     match links::cancel(&state, &signed.tenant, &id, now).await {
         // Already inactive (a second click): the same outcome.
         Ok(_) | Err(links::LinkError::Inactive) => {}
         Err(e) => return Err(fail(e)),
     }
-    crate::audit(&state, &signed, "link.cancel", &id, "").await;
     Ok(crate::see_other(&format!(
         "/dashboard/links?cancelled={id}"
     )))
@@ -632,7 +633,7 @@ pub async fn add_endpoint(State(state): State<AppState>, signed: Signed, body: B
         }
         Err(e) => return Err(fail(e)),
     };
-    crate::audit(&state, &signed, "webhook.add", &endpoint.id, &endpoint.url).await;
+    crate::audit(&state, &signed, "webhook.add", &endpoint.id, &endpoint.url).await?;
     let nav = nav(&state, &signed, "webhooks").await?;
     let body = markup! {
         @match &secret {
@@ -667,10 +668,10 @@ pub async fn change_endpoint(
                 ..Default::default()
             };
             let id = id.get_or(no_endpoint)?;
+            crate::audit(&state, &signed, &format!("webhook.{on}"), &id, "").await?;
             webhooks::patch(&state, &signed.tenant, &id, patch)
                 .await
                 .map_err(fail)?;
-            crate::audit(&state, &signed, &format!("webhook.{on}"), &id, "").await;
             Ok(crate::see_other(&format!("/dashboard/webhooks/{id}")))
         }
         Some("delete") if f.get("confirm").map(String::as_str) == Some("yes") => {
@@ -678,7 +679,7 @@ pub async fn change_endpoint(
             let id = match id.get_or(|_, raw| raw.to_owned()) {
                 Ok(id) => {
                     match webhooks::delete(&state, &signed.tenant, &id).await {
-                        Ok(()) => crate::audit(&state, &signed, "webhook.delete", &id, "").await,
+                        Ok(()) => crate::audit(&state, &signed, "webhook.delete", &id, "").await?,
                         // Gone already (a second click): the same outcome,
                         // and nothing to log.
                         Err(WebhookError::NotFound(_)) => {}
@@ -748,7 +749,7 @@ pub async fn resend(
     }
     .map_err(fail)?;
     if done == webhooks::Resent::Queued {
-        crate::audit(&state, &signed, "webhook.resend", &id, &event).await;
+        crate::audit(&state, &signed, "webhook.resend", &id, &event).await?;
     }
     Ok(crate::see_other(&format!(
         "/dashboard/webhooks/{id}?resent={event}"
@@ -914,7 +915,7 @@ pub async fn send_test(
     if let Err(e) = dashboard::complete_form(&state, &fence, &event.id).await {
         tracing::warn!(error = %e, "form result not recorded");
     }
-    crate::audit(&state, &signed, "webhook.test", &id, t.as_str()).await;
+    crate::audit(&state, &signed, "webhook.test", &id, t.as_str()).await?;
     Ok(crate::see_other(&format!(
         "/dashboard/webhooks/{id}?sent={}",
         event.id

@@ -443,6 +443,38 @@ pub async fn take_slot(
     }
 }
 
+/// [`take_slot`] that also tells the bucket's count with this slot (so a
+/// caller sees the attempt that fills it).
+pub async fn take_slot_counted(
+    store: &dyn Store,
+    bucket: &str,
+    limit: i64,
+    window: i64,
+    now: Timestamp,
+) -> Result<Result<(crate::store::Key, i64), i64>, StoreError> {
+    let start = now.unix_seconds().div_euclid(window) * window;
+    let end = start + window;
+    let key = crate::keys::throttle(bucket, start);
+    let update = Update::new().add("count", 1).set(TTL, end + 60);
+    let room = Cond::Or(vec![
+        Cond::AttrNotExists("count".into()),
+        Cond::lt("count", limit),
+    ]);
+    match store.update(&key, update, Some(room)).await {
+        Ok(item) => {
+            let count = item
+                .get("count")
+                .and_then(serde_json::Value::as_i64)
+                .unwrap_or(limit);
+            Ok(Ok((key, count)))
+        }
+        Err(StoreError::ConditionFailed) => {
+            Ok(Err(((end * 1000 - now.unix_millis() + 999) / 1000).max(1)))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Gives back a slot [`take_slot`] took (best effort: a slot not given
 /// back only counts against its window).
 pub async fn give_back(store: &dyn Store, key: &crate::store::Key) {

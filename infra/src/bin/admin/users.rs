@@ -1,5 +1,6 @@
 //! `dhukuti-admin user …`: the dashboard's people (create, reset a
-//! password, disable or enable, list). Passwords come from stdin, never
+//! password, disable or enable, list). Each change is written to the
+//! merchant's audit log first (`dashboard::operator`). Passwords come from stdin, never
 //! the command line; without `--password-stdin` one is generated and shown
 //! once.
 
@@ -135,7 +136,7 @@ pub async fn user_cmd(cmd: UserCmd, now: Timestamp) -> Result<Output, Failure> {
             dashboard::normalize_email(&email).map_err(user_failed)?;
             let (password, generated) = password(password_stdin)?;
             let store = store().await?;
-            let u = dashboard::create_user(
+            let u = dashboard::operator::create(
                 &deps_of(&store),
                 now,
                 &merchant_id,
@@ -158,7 +159,7 @@ pub async fn user_cmd(cmd: UserCmd, now: Timestamp) -> Result<Output, Failure> {
             dashboard::normalize_email(&email).map_err(user_failed)?;
             let (password, generated) = password(password_stdin)?;
             let store = store().await?;
-            let u = dashboard::reset_password(&*store, &email, &password)
+            let u = dashboard::operator::reset_password(&deps_of(&store), now, &email, &password)
                 .await
                 .map_err(user_failed)?;
             let out =
@@ -168,7 +169,7 @@ pub async fn user_cmd(cmd: UserCmd, now: Timestamp) -> Result<Output, Failure> {
         UserCmd::Disable { email, enable } => {
             dashboard::normalize_email(&email).map_err(user_failed)?;
             let store = store().await?;
-            let u = dashboard::set_disabled(&*store, &email, !enable)
+            let u = dashboard::operator::set_disabled(&deps_of(&store), now, &email, !enable)
                 .await
                 .map_err(user_failed)?;
             let mut out = Output::new(shown(&u), lines(&u));

@@ -101,6 +101,31 @@ pub fn audit_entry(
     }
 }
 
+/// The audit entry of `action` about `user` with no session (a sign-in
+/// attempt): from `address` (a network, for a stranger's attempts), in no
+/// project.
+pub fn user_entry(
+    user: &DashboardUser,
+    now: Timestamp,
+    action: &str,
+    detail: &str,
+    address: &str,
+) -> AuditEntry {
+    AuditEntry {
+        id: AuditId::new(),
+        merchant_id: user.merchant_id.clone(),
+        user_id: user.id.clone(),
+        email: user.email.clone(),
+        action: action.to_owned(),
+        target: user.id.to_string(),
+        project_id: ProjectId::default(),
+        mode: None,
+        detail: detail.chars().take(DETAIL_MAX).collect(),
+        address: address.chars().take(64).collect(),
+        at: now,
+    }
+}
+
 impl Record for AuditEntry {
     /// In its merchant's log, by time.
     fn item_key(&self) -> Key {

@@ -15,18 +15,29 @@ use crate::store::{Key, StoreError};
 use crate::time::Timestamp;
 
 mod audit;
+mod devices;
 mod forms;
+pub mod operator;
 mod sessions;
+#[cfg(test)]
+mod signin_tests;
 #[cfg(test)]
 mod tests;
 mod timeline;
 mod users;
 
-pub use audit::{AUDIT_PAGE, Actor, AuditEntry, audit_entry, audit_op, list_audit, record_audit};
+pub use audit::{
+    AUDIT_PAGE, Actor, AuditEntry, audit_entry, audit_op, list_audit, record_audit, user_entry,
+};
+pub use devices::{
+    ATTEMPTS_PER_DEVICE, DEVICE_LIFETIME, FailedSignIns, KnownDevice, device_key, failures_key,
+    network_of,
+};
 pub use forms::{FormClaim, claim_form, complete_form, form_fence, new_form_nonce};
 pub use sessions::{
     ABSOLUTE, ATTEMPT_WINDOW, ATTEMPTS_PER_ACCOUNT_AND_ADDRESS, DashboardSession, SessionEnd,
-    SignedIn, new_form_token, open_session, same_token, sign_in, sign_out, switch_view,
+    SignInRequest, SignedIn, clear_notice, new_form_token, open_session, same_token, sign_in,
+    sign_in_with, sign_out, sign_out_audited, sign_out_everywhere, switch_view,
 };
 pub use timeline::payment_timeline;
 pub use users::{

@@ -4,15 +4,16 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::devices::{ATTEMPTS_PER_DEVICE, FailedSignIns};
 use super::users::{decoy_hash, find_user_by_email, get_user, normalize_email, verify_password};
-use super::{DashboardError, DashboardUser, random_alnum, same};
+use super::{DashboardError, DashboardUser, audit, devices, random_alnum, same};
 use crate::app::Deps;
 use crate::domain::Mode;
 use crate::domain::record::{Changes, Record};
 use crate::ids::{MerchantId, ProjectId, UserId};
 use crate::keys;
 use crate::limits::public;
-use crate::store::{Cond, Key, StoreError};
+use crate::store::{Cond, Key, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// Random characters of a session cookie after its prefix.
@@ -56,6 +57,10 @@ pub struct DashboardSession {
     pub expires_at: Timestamp,
     /// The address it signed in from (for the audit log).
     pub address: String,
+    /// Shown once, on the first page after sign-in: the failed sign-ins
+    /// since the user's last one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
     /// When the store may drop it (epoch seconds): an hour after its
     /// absolute expiry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -76,6 +81,7 @@ crate::attrs! { DashboardSession {
     LAST_SEEN_AT: Timestamp = last_seen_at,
     EXPIRES_AT: Timestamp = expires_at,
     ADDRESS: String = address,
+    NOTICE: Option<String> = notice,
     TTL: Option<i64> = ttl,
 } }
 
@@ -109,6 +115,11 @@ pub struct SignedIn {
     pub cookie: String,
     pub session: DashboardSession,
     pub user: DashboardUser,
+    /// A new known-device cookie for this browser (none when it already
+    /// carried a valid one).
+    pub device: Option<String>,
+    /// The failed sign-ins since the last one, shown once.
+    pub failures: Option<FailedSignIns>,
 }
 
 /// Why a cookie opens no session.
@@ -136,10 +147,19 @@ fn well_formed(cookie: &str) -> bool {
     })
 }
 
-/// Signs a person in from `address`: the throttle first (per email, then
-/// per address), then the password (argon2id, an unknown email checked
-/// against a decoy so it takes as long), then a new session on the
-/// merchant's first project in sandbox.
+/// What a sign-in form sent, and from where.
+#[derive(Clone, Copy, Debug)]
+pub struct SignInRequest<'a> {
+    pub email: &'a str,
+    pub password: &'a str,
+    /// The client's address.
+    pub address: &'a str,
+    /// The browser's known-device cookie, if it sent one.
+    pub device: Option<&'a str>,
+}
+
+/// Signs a person in from `address` with no known-device cookie: see
+/// [`sign_in_with`].
 pub async fn sign_in(
     deps: &Deps,
     now: Timestamp,
@@ -147,23 +167,89 @@ pub async fn sign_in(
     password: &str,
     address: &str,
 ) -> Result<SignedIn, DashboardError> {
+    let req = SignInRequest {
+        email,
+        password,
+        address,
+        device: None,
+    };
+    sign_in_with(deps, now, &req).await
+}
+
+/// Signs a person in: the throttle first (a known device of this email on
+/// its own budget; any other browser per email and address, per address,
+/// then per email), then the password (argon2id, an unknown email checked
+/// against a decoy so it takes as long), then a new session on the
+/// merchant's first project in sandbox, written with its audit entry and
+/// this browser's known-device record in one transaction. A failure for a
+/// known email is counted for the owner's notice and audited; the attempt
+/// that fills the per-email bucket is audited as a throttle with the
+/// networks the failures came from.
+pub async fn sign_in_with(
+    deps: &Deps,
+    now: Timestamp,
+    req: &SignInRequest<'_>,
+) -> Result<SignedIn, DashboardError> {
     let store = &*deps.store;
-    let email = normalize_email(email).map_err(|_| DashboardError::WrongCredentials)?;
+    let email = normalize_email(req.email).map_err(|_| DashboardError::WrongCredentials)?;
+    let device = devices::known_device(store, now, req.device, &email).await?;
+    let (taken, filled) = match &device {
+        Some(d) => take_slots(store, now, &[(d.bucket(), ATTEMPTS_PER_DEVICE)]).await?,
+        None => take_slots(store, now, &shared_buckets(&email, req.address)).await?,
+    };
+    let user = find_user_by_email(store, &email).await?;
+    let hash = match &user {
+        Some(u) => u.password_hash.as_str(),
+        None => decoy_hash().await,
+    };
+    let matches = verify_password(req.password, hash).await;
+    let user = match user {
+        Some(u) if matches => u,
+        Some(u) => {
+            failed(deps, now, &u, req.address, filled).await?;
+            return Err(DashboardError::WrongCredentials);
+        }
+        None => return Err(DashboardError::WrongCredentials),
+    };
+    for key in &taken {
+        public::give_back(store, key).await;
+    }
+    if user.disabled {
+        return Err(DashboardError::Disabled);
+    }
+    open_signed_in(deps, now, user, req.address, device.is_some()).await
+}
+
+/// The buckets a browser that is no known device of the email spends, in
+/// order: this address's slots first, then the shared ones, so a refusal
+/// for one's own guessing never uses a slot others need.
+fn shared_buckets(email: &str, address: &str) -> Vec<(String, i64)> {
     let from = public::address_bucket(address);
-    // This address's slots first, then the shared ones: a refusal for one's
-    // own guessing never uses a slot others need.
-    let buckets = [
+    vec![
         (
             format!("DSIGN#{email}#{from}"),
             ATTEMPTS_PER_ACCOUNT_AND_ADDRESS,
         ),
         (format!("DSIGNA#{from}"), ATTEMPTS_PER_ADDRESS),
         (format!("DSIGNE#{email}"), ATTEMPTS_PER_ACCOUNT),
-    ];
+    ]
+}
+
+/// Takes a slot in each bucket, or none (a refusal gives back what it
+/// took); and whether this attempt took the per-email bucket's last slot.
+async fn take_slots(
+    store: &dyn Store,
+    now: Timestamp,
+    buckets: &[(String, i64)],
+) -> Result<(Vec<Key>, bool), DashboardError> {
     let mut taken = Vec::new();
+    let mut filled = false;
     for (bucket, limit) in buckets {
-        match public::take_slot(store, &bucket, limit, ATTEMPT_WINDOW, now).await? {
-            Ok(key) => taken.push(key),
+        match public::take_slot_counted(store, bucket, *limit, ATTEMPT_WINDOW, now).await? {
+            Ok((key, count)) => {
+                filled |= bucket.starts_with("DSIGNE#") && count >= *limit;
+                taken.push(key);
+            }
             Err(retry_after) => {
                 for key in &taken {
                     public::give_back(store, key).await;
@@ -172,22 +258,48 @@ pub async fn sign_in(
             }
         }
     }
-    let user = find_user_by_email(store, &email).await?;
-    let hash = match &user {
-        Some(u) => u.password_hash.as_str(),
-        None => decoy_hash().await,
-    };
-    let matches = verify_password(password, hash).await;
-    let user = match user {
-        Some(u) if matches => u,
-        _ => return Err(DashboardError::WrongCredentials),
-    };
-    for key in &taken {
-        public::give_back(store, key).await;
+    Ok((taken, filled))
+}
+
+/// A wrong password for `user`: counted for their notice, audited from
+/// the network (never the full address of a stranger); and when this
+/// attempt filled the per-email bucket, the throttle audited with every
+/// network the failures came from.
+async fn failed(
+    deps: &Deps,
+    now: Timestamp,
+    user: &DashboardUser,
+    address: &str,
+    filled: bool,
+) -> Result<(), StoreError> {
+    let store = &*deps.store;
+    let network = devices::network_of(address);
+    let failures = devices::note_failure(store, now, &user.id, &network).await?;
+    let entry = audit::user_entry(user, now, "sign_in.failed", "", &network);
+    audit::record_audit(deps, &entry).await?;
+    if filled {
+        let detail = format!(
+            "{}; sign-in for this email refused for the rest of {} minutes except on known devices",
+            failures.describe(),
+            ATTEMPT_WINDOW / 60
+        );
+        let entry = audit::user_entry(user, now, "sign_in.throttled", &detail, &network);
+        audit::record_audit(deps, &entry).await?;
     }
-    if user.disabled {
-        return Err(DashboardError::Disabled);
-    }
+    Ok(())
+}
+
+/// The session of a user whose password matched: its audit entry, this
+/// browser remembered as a known device unless it is one, and the failure
+/// notice taken, all in one transaction.
+async fn open_signed_in(
+    deps: &Deps,
+    now: Timestamp,
+    user: DashboardUser,
+    address: &str,
+    known: bool,
+) -> Result<SignedIn, DashboardError> {
+    let store = &*deps.store;
     let project = super::super::account::merchant_projects(deps, &user.merchant_id)
         .await?
         .into_iter()
@@ -206,14 +318,43 @@ pub async fn sign_in(
         last_seen_at: now,
         expires_at,
         address: address.chars().take(64).collect(),
+        notice: None,
         ttl: Some(expires_at.unix_seconds() + 3600),
         token_hash: token_hash(&cookie),
     };
-    store.put(session.to_item()?, Some(Cond::NotExists)).await?;
+    let actor = audit::Actor::of(&user, &session, address);
+    let entry = audit::audit_entry(&actor, now, "sign_in", &user.id, "");
+    let mut ops = vec![audit::audit_op(&entry)?];
+    let device = if known {
+        None
+    } else {
+        let (cookie, op) = devices::new_device(now, &user)?;
+        ops.push(op);
+        Some(cookie)
+    };
+    let failures = devices::failures_of(store, &user.id).await?;
+    let mut session = session;
+    session.notice = failures.as_ref().map(|f| {
+        format!(
+            "Since you last signed in: {}. If that was not you, nothing is needed: \
+             this browser signs in on its own budget while the guesses are held.",
+            f.describe()
+        )
+    });
+    if failures.is_some() {
+        ops.push(TxOp::Delete {
+            key: devices::failures_key(&user.id),
+            cond: None,
+        });
+    }
+    ops.push(session.put_new()?);
+    store.transact(ops).await?;
     Ok(SignedIn {
         cookie,
         session,
         user,
+        device,
+        failures,
     })
 }
 
@@ -264,6 +405,19 @@ pub async fn open_session(
     Ok(Ok((session, user)))
 }
 
+/// Clears a session's notice once a page has shown it.
+pub async fn clear_notice(deps: &Deps, cookie: &str) -> Result<(), StoreError> {
+    let store = &*deps.store;
+    let update = Changes::new().remove(DashboardSession::NOTICE);
+    match store
+        .update(&session_key(cookie), update.into(), Some(Cond::Exists))
+        .await
+    {
+        Ok(_) | Err(StoreError::ConditionFailed) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Ends the session a cookie names (sign out here).
 pub async fn sign_out(deps: &Deps, cookie: &str) -> Result<(), StoreError> {
     let store = &*deps.store;
@@ -271,6 +425,40 @@ pub async fn sign_out(deps: &Deps, cookie: &str) -> Result<(), StoreError> {
         return Ok(());
     }
     store.delete(&session_key(cookie), None).await
+}
+
+/// Signs out here with the audit entry of it, in one transaction: a
+/// failed audit write signs nobody out.
+pub async fn sign_out_audited(
+    deps: &Deps,
+    cookie: &str,
+    entry: &audit::AuditEntry,
+) -> Result<(), StoreError> {
+    let store = &*deps.store;
+    if !well_formed(cookie) {
+        return Ok(());
+    }
+    let end = TxOp::Delete {
+        key: session_key(cookie),
+        cond: None,
+    };
+    store.transact(vec![end, audit::audit_op(entry)?]).await
+}
+
+/// Ends every session and known device of `user_id` (raises their epoch)
+/// with the audit entry of it, in one transaction.
+pub async fn sign_out_everywhere(
+    deps: &Deps,
+    user_id: &UserId,
+    entry: &audit::AuditEntry,
+) -> Result<(), StoreError> {
+    let store = &*deps.store;
+    let raise = TxOp::Update {
+        key: DashboardUser::key(user_id),
+        update: Changes::new().add(DashboardUser::SESSION_EPOCH, 1).into(),
+        cond: Some(Cond::Exists),
+    };
+    store.transact(vec![raise, audit::audit_op(entry)?]).await
 }
 
 /// Points a session at another project of its merchant, or mode.
