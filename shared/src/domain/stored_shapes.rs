@@ -464,5 +464,8 @@ fn a_session_written_with_one_provider_field_reads_as_before() {
     };
     let mut new = item.clone();
     new.insert("attempt_provider".into(), Value::from("esewa"));
-    assert!(problems(&new, &check).is_empty(), "the new field writes back");
+    assert!(
+        problems(&new, &check).is_empty(),
+        "the new field writes back"
+    );
 }
