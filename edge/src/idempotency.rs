@@ -36,8 +36,8 @@ use super::error::{ApiError, Enveloped, ErrorType};
 use super::input::{MAX_BODY_BYTES, QueryParams};
 use super::requests::current_request_id;
 use shared::app::AppState;
-use shared::domain::idempotency::{self, Claim, ClaimState, Claimed};
-use shared::ids::ApiKeyId;
+use shared::domain::credentials::{CredentialsError, SealedSecret};
+use shared::domain::idempotency::{self, Claim, ClaimState, Claimed, Ticket};
 
 pub const HEADER: &str = "idempotency-key";
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -145,7 +145,7 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
     };
     let ticket = match idempotency::claim(&state, request).await? {
         Claimed::Ours(ticket) => ticket,
-        Claimed::Taken(existing) => return taken(existing, &print, &auth.0.key.id),
+        Claimed::Taken(existing) => return taken(&state, &request, existing),
     };
     parts.extensions.insert(ticket.fence());
     let req = Request::from_parts(parts, Body::from(bytes));
@@ -175,34 +175,61 @@ async fn run(state: AppState, req: Request, next: Next) -> Result<Response, ApiE
     let res_bytes = axum::body::to_bytes(res_body, usize::MAX)
         .await
         .unwrap_or_default();
-    let content_type = res_parts
+    keep(&state, &ticket, &res_parts, &res_bytes).await;
+    Ok(Response::from_parts(res_parts, Body::from(res_bytes)))
+}
+
+/// Keeps the answer for replays: its body as text when it fits (without
+/// [`Redact`]'s fields, [`Seal`]'s sealed apart), else none. An answer
+/// whose secret cannot be sealed (no master key) is not kept at all: the
+/// claim lapses, so a retry of the request runs again (its fence finds
+/// what the first run made) rather than finding the secret in the clear
+/// or an answer without it.
+async fn keep(state: &AppState, ticket: &Ticket, res: &http::response::Parts, bytes: &[u8]) {
+    let content_type = res
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     // Too large or binary to keep: marked done without it, so a retry
     // neither runs the write again nor gets an empty answer.
-    let stored_body = String::from_utf8(res_bytes.to_vec())
+    let text = String::from_utf8(bytes.to_vec())
         .ok()
         .filter(|b| b.len() <= MAX_STORED_BODY)
-        .map(|b| match res_parts.extensions.get::<Redact>() {
+        .map(|b| match res.extensions.get::<Redact>() {
             Some(redact) => redact.apply(&b),
             None => b,
         });
-    let answer =
-        stored_body.map(|b| (b, content_type.unwrap_or_else(|| "application/json".into())));
+    let (text, sealed) = match (text, res.extensions.get::<Seal>()) {
+        (Some(text), Some(seal)) => match seal.apply(state, ticket, &text) {
+            Ok((rest, sealed)) => (Some(rest), Some(sealed)),
+            Err(e) => {
+                tracing::error!(error = %e, "an answer's secret could not be sealed: not kept");
+                if let Err(e) = ticket.lapse(state).await {
+                    tracing::warn!(error = %e, "could not release an idempotency claim");
+                }
+                return;
+            }
+        },
+        (text, _) => (text, None),
+    };
+    let answer = text.map(|b| (b, content_type.unwrap_or_else(|| "application/json".into())));
     if let Err(e) = ticket
-        .complete(&state, res_parts.status.as_u16(), answer)
+        .complete(state, res.status.as_u16(), answer, sealed)
         .await
     {
         tracing::error!(error = %e, "could not record an idempotent answer");
     }
-    Ok(Response::from_parts(res_parts, Body::from(res_bytes)))
 }
 
 /// What a request gets when its key is held: the replay of the same
 /// request's stored answer, or why it cannot be run.
-fn taken(existing: Option<Claim>, print: &str, api_key: &ApiKeyId) -> Result<Response, ApiError> {
+fn taken(
+    state: &AppState,
+    request: &idempotency::Request<'_>,
+    existing: Option<Claim>,
+) -> Result<Response, ApiError> {
+    let (print, api_key) = (request.fingerprint, request.api_key);
     match existing {
         Some(r) if r.fingerprint != print => Err(conflict(
             "idempotency_key_reused",
@@ -216,7 +243,7 @@ fn taken(existing: Option<Claim>, print: &str, api_key: &ApiKeyId) -> Result<Res
             "idempotency_conflict",
             "The request with this Idempotency-Key was done, but its answer was too large (or not text) to keep for a replay: read the result with a GET",
         )),
-        Some(r) if r.state == ClaimState::Completed => Ok(replay(&r)),
+        Some(r) if r.state == ClaimState::Completed => Ok(replay(&r, opened(state, request, &r)?)),
         _ => Err(conflict(
             "idempotency_conflict",
             "A request with this Idempotency-Key is still in progress; retry later",
@@ -245,12 +272,75 @@ impl Redact {
     }
 }
 
-fn replay(r: &Claim) -> Response {
+/// Put on a response whose body holds a secret a replay must show again
+/// (a mobile session's client secret): the stored copy holds these
+/// top-level fields sealed with the credentials master key
+/// (`shared::domain::idempotency`), apart from the rest of the body, and
+/// a replay opens them into the body again. Nothing readable in the table
+/// or a backup of it holds the secret.
+#[derive(Clone, Copy, Debug)]
+pub struct Seal(pub &'static [&'static str]);
+
+impl Seal {
+    /// `body` without the fields, and the fields sealed for `ticket`'s
+    /// record.
+    fn apply(
+        &self,
+        state: &AppState,
+        ticket: &Ticket,
+        body: &str,
+    ) -> Result<(String, SealedSecret), CredentialsError> {
+        let Ok(serde_json::Value::Object(mut rest)) = serde_json::from_str(body) else {
+            return Err(CredentialsError::Invalid(
+                "the answer is not a JSON object".into(),
+            ));
+        };
+        let fields: serde_json::Map<String, serde_json::Value> = self
+            .0
+            .iter()
+            .filter_map(|f| rest.remove(*f).map(|v| ((*f).to_owned(), v)))
+            .collect();
+        let sealed = ticket.seal(state, &fields)?;
+        Ok((serde_json::Value::Object(rest).to_string(), sealed))
+    }
+}
+
+/// The body a replay of completed claim `r` answers: as stored, with its
+/// sealed fields opened into it. Fields that cannot be opened (the master
+/// key that sealed them is no longer configured) are a 409: the answer is
+/// never replayed without them.
+fn opened(
+    state: &AppState,
+    request: &idempotency::Request<'_>,
+    r: &Claim,
+) -> Result<String, ApiError> {
+    let body = r.body.clone().unwrap_or_default();
+    let fields = match idempotency::open_sealed(state, request.tenant, request.key, r) {
+        Ok(None) => return Ok(body),
+        Ok(Some(fields)) => fields,
+        Err(e) => {
+            tracing::error!(error = %e, "a kept answer's sealed fields do not open");
+            return Err(conflict(
+                "idempotency_conflict",
+                "The request with this Idempotency-Key was done, but its answer can no longer be opened: make a new request",
+            ));
+        }
+    };
+    match serde_json::from_str::<serde_json::Value>(&body) {
+        Ok(serde_json::Value::Object(mut map)) => {
+            map.extend(fields);
+            Ok(serde_json::Value::Object(map).to_string())
+        }
+        _ => Err(ApiError::internal()),
+    }
+}
+
+fn replay(r: &Claim, body: String) -> Response {
     let status = r
         .status
         .and_then(|s| StatusCode::from_u16(s).ok())
         .unwrap_or(StatusCode::OK);
-    let mut body = r.body.clone().unwrap_or_default();
+    let mut body = body;
     if status.is_client_error() {
         // A stored error names the first request's id; the replay names its own.
         if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&body) {
@@ -289,8 +379,10 @@ mod tests {
     use shared::domain::Mode;
     use shared::domain::Tenant;
     use shared::domain::account::{self, KeyKind, NewKey, Plan, Scope};
+    use shared::domain::credentials::{CredentialsKey, CredentialsKeys};
     use shared::domain::idempotency::record_key;
     use shared::domain::record::item_at;
+    use shared::providers::ProviderHub;
     use shared::store::embedded::EmbeddedStore;
     use shared::store::faults::{Fault, FaultyStore, Op};
     use shared::store::fence::RETENTION;
@@ -382,6 +474,32 @@ mod tests {
         Ok((StatusCode::CREATED, Json(json!({"id": id, "pad": pad}))))
     }
 
+    /// An answer holding a secret shown once that a replay shows again
+    /// (as a mobile session's client secret), counted in `SEALED`.
+    async fn sealed_answer(
+        State(state): State<AppState>,
+    ) -> Result<(StatusCode, Extension<Seal>, Json<Value>), ApiError> {
+        let n = state
+            .store
+            .update(
+                &Key::new("SEALED", "SEALED"),
+                Update::new().add("n", 1),
+                None,
+            )
+            .await?;
+        let n = n.get("n").and_then(Value::as_i64);
+        let secret = format!(
+            "cs_secret_{}",
+            shared::ids::new_id(shared::ids::IdKind::Event)
+        );
+        let body = json!({"id": n, "client_secret": secret, "amount": 50000});
+        Ok((
+            StatusCode::CREATED,
+            Extension(Seal(&["client_secret"])),
+            Json(body),
+        ))
+    }
+
     async fn big_answers(s: &Setup) -> i64 {
         let item = s.store.get(&Key::new("BIG", "BIG")).await.ok().flatten();
         item.and_then(|i| i.get("n").and_then(Value::as_i64))
@@ -432,6 +550,9 @@ mod tests {
         let Ok((other_key, _)) = account::issue_api_key(&keys, now, &p, read_only).await else {
             panic!()
         };
+        let Ok(master) = CredentialsKey::generate("k1") else {
+            panic!()
+        };
         let state = AppState::new(
             faulty.clone(),
             Arc::new(SystemClock),
@@ -439,11 +560,13 @@ mod tests {
                 public_base_url: "http://x".into(),
                 events_base_url: None,
             },
-        );
+        )
+        .with_providers(ProviderHub::keys_only(CredentialsKeys::single(master)));
         let app = with_edge(
             Router::new()
                 .route("/v1/widgets", post(create_widget))
                 .route("/v1/big", post(big_answer))
+                .route("/v1/sealed", post(sealed_answer))
                 .layer(axum::middleware::from_fn_with_state(state.clone(), layer))
                 .with_state(state),
         );
@@ -633,6 +756,7 @@ mod tests {
             created_at: now,
             ttl: now.plus(RETENTION).unix_seconds(),
             key_id: Some(who.key.id.clone()),
+            sealed: None,
         };
         let Ok(item) = item_at(&claim, &key) else {
             panic!()
@@ -825,6 +949,7 @@ mod tests {
             ttl: now.plus(RETENTION).unix_seconds(),
             // Written before the key was kept: taken over all the same.
             key_id: None,
+            sealed: None,
         };
         let Ok(item) = item_at(&claim, &key) else {
             panic!()
@@ -865,6 +990,7 @@ mod tests {
             created_at: now.plus(chrono::Duration::hours(-25)),
             ttl: now.plus(chrono::Duration::hours(-1)).unix_seconds(),
             key_id: None,
+            sealed: None,
         };
         let Ok(item) = item_at(&stale, &key) else {
             panic!()
@@ -874,6 +1000,112 @@ mod tests {
         assert_eq!(fresh.status, StatusCode::CREATED, "{}", fresh.body);
         assert!(!fresh.replayed);
         assert_eq!(widgets_created(&s).await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_sealed_secret_is_kept_sealed_and_replayed_whole() {
+        let s = setup().await;
+        let first = send(
+            &s,
+            Method::POST,
+            "/v1/sealed",
+            &s.key,
+            Some("sealed-1"),
+            "{}",
+        )
+        .await;
+        assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+        let secret = first.body["client_secret"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(secret.starts_with("cs_secret_"), "{}", first.body);
+        let tenant = Tenant::new(s.project_id.as_str(), Mode::Sandbox);
+        let Ok(Some(item)) = s.store.get(&record_key(&tenant, "sealed-1")).await else {
+            panic!("no claim")
+        };
+        let raw = Value::Object(item.clone()).to_string();
+        assert!(
+            !raw.contains(&secret),
+            "the secret is stored in the clear: {raw}"
+        );
+        assert!(
+            raw.contains("50000"),
+            "the rest of the answer is kept: {raw}"
+        );
+        let Ok(claim) = shared::domain::record::from_item::<Claim>(item) else {
+            panic!()
+        };
+        assert!(claim.sealed.is_some(), "{raw}");
+        let again = send(
+            &s,
+            Method::POST,
+            "/v1/sealed",
+            &s.key,
+            Some("sealed-1"),
+            "{}",
+        )
+        .await;
+        assert_eq!(again.status, StatusCode::CREATED);
+        assert!(again.replayed);
+        assert_eq!(again.body, first.body, "the same answer, secret included");
+        let Ok(Some(n)) = s.store.get(&Key::new("SEALED", "SEALED")).await else {
+            panic!()
+        };
+        assert_eq!(n.get("n").and_then(Value::as_i64), Some(1), "ran once");
+    }
+
+    #[tokio::test]
+    async fn without_a_master_key_a_secret_answer_is_not_kept() {
+        let s = setup().await;
+        // The same routes on a state without a master key.
+        let state = AppState::new(
+            s.store.clone(),
+            Arc::new(SystemClock),
+            Config {
+                public_base_url: "http://x".into(),
+                events_base_url: None,
+            },
+        );
+        let app = with_edge(
+            Router::new()
+                .route("/v1/sealed", post(sealed_answer))
+                .layer(axum::middleware::from_fn_with_state(state.clone(), layer))
+                .with_state(state),
+        );
+        let s = Setup { app, ..s };
+        let first = send(
+            &s,
+            Method::POST,
+            "/v1/sealed",
+            &s.key,
+            Some("sealed-2"),
+            "{}",
+        )
+        .await;
+        assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+        let secret = first.body["client_secret"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let tenant = Tenant::new(s.project_id.as_str(), Mode::Sandbox);
+        let Ok(Some(item)) = s.store.get(&record_key(&tenant, "sealed-2")).await else {
+            panic!("no claim")
+        };
+        let raw = Value::Object(item).to_string();
+        assert!(!raw.contains(&secret), "{raw}");
+        // The retry runs again (a real handler's fence finds its write).
+        let again = send(
+            &s,
+            Method::POST,
+            "/v1/sealed",
+            &s.key,
+            Some("sealed-2"),
+            "{}",
+        )
+        .await;
+        assert_eq!(again.status, StatusCode::CREATED, "{}", again.body);
+        assert!(!again.replayed);
     }
 
     #[test]

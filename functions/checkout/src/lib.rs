@@ -135,10 +135,10 @@ async fn expire_checkout(
         .await?
         .ok_or_else(|| ApiError::not_found("checkout session", &id))?;
     Ok(Json(Expired {
+        provider: s.current_provider(),
         id: s.id.into(),
         status: s.status,
         flow: s.flow,
-        provider: s.provider,
         expires_at: s.expires_at,
     }))
 }

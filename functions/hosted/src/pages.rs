@@ -116,7 +116,7 @@ pub fn picker(
         body.push_str("<p>This shop cannot take payments right now.</p>");
     }
     let preselected = s
-        .provider
+        .current_provider()
         .filter(|p| offered.contains(p))
         .or(offered.first().copied());
     for p in offered {

@@ -6,17 +6,18 @@
 
 use axum::Router;
 use axum::extract::{Extension, State};
+use axum::response::{IntoResponse, Response};
 use edge::Json;
 use edge::auth::AppKey;
-use edge::idempotency::Fence;
+use edge::idempotency::{Fence, Seal};
 use edge::ids::{Id, Surface};
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::{ApiError, Auth, JsonBody, PathId, QueryParams, with_edge};
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode, header};
 use serde::{Deserialize, Serialize};
 use shared::AppState;
 use shared::domain::Provider;
-use shared::domain::account::Scope;
+use shared::domain::account::{Principal, Scope};
 use shared::domain::attempts;
 use shared::domain::checkout::{self, Address, CheckoutSession, SessionStatus};
 use shared::domain::mobile::{self, CreateMobileSession, MobileError};
@@ -30,8 +31,14 @@ use shared::time::Timestamp;
 const POLL: chrono::Duration = chrono::Duration::seconds(3);
 
 /// Where an app sends the session's client secret (or `client_secret` in
-/// a GET's query or a POST's body).
+/// a POST's body; in a GET's query it is deprecated).
 pub const CLIENT_SECRET_HEADER: &str = "x-client-secret";
+
+/// `client_secret` in a GET's query (it ends up in proxy and access logs)
+/// is deprecated since this instant, 2026-11-28T00:00:00Z (RFC 9745's
+/// `Deprecation: @<unix seconds>`); a later API version refuses it
+/// (docs/decisions-refined.md).
+pub const QUERY_SECRET_DEPRECATED_AT: i64 = 1_795_824_000;
 
 /// The function's routes and their description, one value.
 pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
@@ -199,7 +206,7 @@ async fn create_mobile_session(
     // Parsed after the scope check: a key without the scope gets 403,
     // whatever it sent.
     body: Result<JsonBody<CreateMobileSession>, ApiError>,
-) -> Result<(StatusCode, Json<Created>), ApiError> {
+) -> Result<(StatusCode, Extension<Seal>, Json<Created>), ApiError> {
     let who = auth.require(Scope::PaymentsWrite)?;
     let JsonBody(body) = body?;
     let base = edge::requests::public_base(&state, &headers);
@@ -211,6 +218,8 @@ async fn create_mobile_session(
     let s = made.session;
     Ok((
         StatusCode::CREATED,
+        // Kept for replays with the secret sealed, never in the clear.
+        Extension(Seal(&["client_secret"])),
         Json(Created {
             client_secret: made.client_secret,
             livemode: s.mode.is_live(),
@@ -230,8 +239,8 @@ async fn create_mobile_session(
     get, path = "/v1/mobile/sessions/{id}", tag = "Mobile", operation_id = "getMobileSession",
     params(
         ("id" = String, Path, description = "A mobile session id, `cs_…`."),
-        ("X-Client-Secret" = Option<String>, Header, description = "The session's client secret (or `client_secret` in the query)."),
-        ("client_secret" = Option<String>, Query, description = "The session's client secret, unless sent as `X-Client-Secret`."),
+        ("X-Client-Secret" = Option<String>, Header, description = "The session's client secret."),
+        ("client_secret" = Option<String>, Query, deprecated, description = "Deprecated (it ends up in logs): the session's client secret, unless sent as `X-Client-Secret`. Still taken in `/v1`, with a `Deprecation` header on the answer."),
     ),
     security(("publishable" = [])),
     responses(
@@ -245,15 +254,45 @@ async fn get_mobile_session(
     headers: HeaderMap,
     query: QueryParams,
     Id(id, ..): Id<SessionId, MobileApi>,
+) -> Response {
+    let in_query = query.get("client_secret").is_some();
+    let mut res = read_mobile_session(&state, &who, &headers, &query, id)
+        .await
+        .into_response();
+    if in_query {
+        deprecated(&mut res, &edge::requests::public_base(&state, &headers));
+    }
+    res
+}
+
+/// Marks the answer to a request that sent its client secret in the
+/// query: deprecated (RFC 9745), with a link to the API reference.
+fn deprecated(res: &mut Response, base: &str) {
+    let h = res.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&format!("@{QUERY_SECRET_DEPRECATED_AT}")) {
+        h.insert("deprecation", v);
+    }
+    let link = format!("<{base}/docs>; rel=\"deprecation\"; type=\"text/html\"");
+    if let Ok(v) = HeaderValue::from_str(&link) {
+        h.insert(header::LINK, v);
+    }
+}
+
+async fn read_mobile_session(
+    state: &AppState,
+    who: &Principal,
+    headers: &HeaderMap,
+    query: &QueryParams,
+    id: SessionId,
 ) -> Result<Json<View>, ApiError> {
     let now = state.clock.now();
-    let secret = client_secret(&headers, query.get("client_secret"));
-    let session = mobile::open(&state, &who, &id, secret, now).await?;
-    AppKey::session_budget(&state, &session.id).await?;
+    let secret = client_secret(headers, query.get("client_secret"));
+    let session = mobile::open(state, who, &id, secret, now).await?;
+    AppKey::session_budget(state, &session.id).await?;
     // An open Fonepay QR is asked about (as its page and stream do); a
     // redirect provider's payment is only read (attempts::poll_qr_every).
     let read = session.clone();
-    let (session, payment) = match attempts::poll_qr_of(&state, session, now, POLL).await {
+    let (session, payment) = match attempts::poll_qr_of(state, session, now, POLL).await {
         Ok(found) => found,
         Err(e) => {
             // A courtesy: the stream and the sweep prove it anyway.
@@ -261,15 +300,15 @@ async fn get_mobile_session(
             let payment = match read.payment_id.clone() {
                 Some(p) => {
                     let sid = read.id.clone();
-                    attempts::find_payment(&state, &sid, &p).await?
+                    attempts::find_payment(state, &sid, &p).await?
                 }
                 None => None,
             };
             (read, payment)
         }
     };
-    let events_url = edge::requests::events_url(&state, &headers, &session.id);
-    let providers = checkout::offered(&state, &session).await?;
+    let events_url = edge::requests::events_url(state, headers, &session.id);
+    let providers = checkout::offered(state, &session).await?;
     Ok(Json(view(session, payment, providers, events_url, now)))
 }
 

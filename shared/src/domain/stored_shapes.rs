@@ -429,3 +429,51 @@ fn a_changed_record_shape_is_caught() {
         "an index entry the record does not compute"
     );
 }
+
+/// Before issue 37 (14) a session kept one provider field, written by the
+/// merchant and again by every attempt. Such an item reads with no
+/// attempt provider: its `provider` (the merchant's, or its attempt's,
+/// which cannot be told apart) is the one it pays with and binds as it
+/// did. A session written since keeps the two apart, and an attempt's
+/// provider is written to `attempt_provider` only (an added field, so
+/// the old items above write back unchanged).
+#[test]
+fn a_session_written_with_one_provider_field_reads_as_before() {
+    use super::checkout::CheckoutSession;
+    let items = redb_items();
+    let sessions: Vec<CheckoutSession> = items
+        .iter()
+        .filter(|i| i.get(SK).and_then(Value::as_str) == Some("CS"))
+        .map(|i| match super::record::from_item(i.clone()) {
+            Ok(s) => s,
+            Err(e) => panic!("a session reads: {e}"),
+        })
+        .collect();
+    assert!(
+        sessions.iter().all(|s| s.attempt_provider.is_none()),
+        "no item of main holds the new field"
+    );
+    let attempted: Vec<&CheckoutSession> = sessions
+        .iter()
+        .filter(|s| s.payment_id.is_some() && s.provider.is_some())
+        .collect();
+    assert!(!attempted.is_empty(), "the fixture has attempted sessions");
+    for s in attempted {
+        assert_eq!(s.current_provider(), s.provider, "{}", s.id);
+    }
+    let Some(item) = items
+        .iter()
+        .find(|i| i.get(SK).and_then(Value::as_str) == Some("CS"))
+    else {
+        panic!("the fixture has a session")
+    };
+    let Some((_, check)) = kind_of("CS#x", "CS") else {
+        panic!("sessions have a kind")
+    };
+    let mut new = item.clone();
+    new.insert("attempt_provider".into(), Value::from("esewa"));
+    assert!(
+        problems(&new, &check).is_empty(),
+        "the new field writes back"
+    );
+}

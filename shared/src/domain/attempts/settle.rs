@@ -515,7 +515,7 @@ fn session_paid_ops(
         update: Changes::new()
             .set(CheckoutSession::STATUS, &SessionStatus::Success)
             .set_some(CheckoutSession::PAYMENT_ID, p.id.as_str())
-            .set_some(CheckoutSession::PROVIDER, &p.provider)
+            .set_some(CheckoutSession::ATTEMPT_PROVIDER, &p.provider)
             .set(CheckoutSession::UPDATED_AT, &now)
             .unindex(Index::Gsi2)
             .into(),

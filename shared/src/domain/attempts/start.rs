@@ -407,7 +407,7 @@ fn started_session_update(
         .add(CheckoutSession::ATTEMPTS, 1)
         .set(CheckoutSession::STATUS, &SessionStatus::Initiated)
         .set_some(CheckoutSession::PAYMENT_ID, payment.id.as_str())
-        .set_some(CheckoutSession::PROVIDER, &payment.provider)
+        .set_some(CheckoutSession::ATTEMPT_PROVIDER, &payment.provider)
         .set(CheckoutSession::UPDATED_AT, &now);
     if claims_link {
         update = update.set(CheckoutSession::LINK_CLAIMED, &true);
@@ -523,7 +523,7 @@ async fn handed_off(
     let payment = record_handoff(state, payment, &handoff).await?;
     session.status = SessionStatus::Initiated;
     session.payment_id = Some(payment.id.clone());
-    session.provider = Some(payment.provider);
+    session.attempt_provider = Some(payment.provider);
     session.attempts += 1;
     session.updated_at = now;
     if address.is_some() {

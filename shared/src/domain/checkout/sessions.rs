@@ -172,9 +172,19 @@ pub struct CheckoutSession {
     pub flow: Flow,
     pub amount: Paisa,
     pub currency: Currency,
-    /// `None` while the customer picks on the hosted page.
+    /// The provider the merchant named at creation (binding except on the
+    /// hosted page); `None` when the customer picks. Never the current
+    /// attempt's ([`attempt_provider`](Self::attempt_provider)); but an
+    /// item written before that field existed may hold its attempt's
+    /// provider here, which is then read as the merchant's (it cannot be
+    /// told apart; such sessions ended within their lifetime).
     #[serde(default)]
     pub provider: Option<Provider>,
+    /// The provider of the current attempt (`payment_id`), or of the
+    /// paying one once paid; absent before the first attempt and on
+    /// items written before it was kept apart from `provider`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_provider: Option<Provider>,
     pub status: SessionStatus,
     /// The current attempt's payment.
     #[serde(default)]
@@ -227,6 +237,7 @@ crate::attrs! { CheckoutSession {
     AMOUNT: Paisa = amount,
     CURRENCY: Currency = currency,
     PROVIDER: Option<Provider> = provider,
+    ATTEMPT_PROVIDER: Option<Provider> = attempt_provider,
     STATUS: SessionStatus = status,
     PAYMENT_ID: Option<PaymentId> = payment_id,
     DESCRIPTION: Option<String> = description,
@@ -278,6 +289,13 @@ impl CheckoutSession {
 
     pub(super) fn list_partition(tenant: &Tenant) -> String {
         keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::Sessions)
+    }
+
+    /// The provider the session pays with as it stands: the current
+    /// attempt's, else the merchant's choice (an old item's `provider`
+    /// after an attempt was that attempt's).
+    pub fn current_provider(&self) -> Option<Provider> {
+        self.attempt_provider.or(self.provider)
     }
 
     /// The status as of `now`: an open session past `expires_at` is expired.
@@ -337,12 +355,12 @@ impl CheckoutSessionView {
         CheckoutSessionView {
             livemode: s.mode.is_live(),
             status: s.status_at(now),
+            provider: s.current_provider(),
             id: s.id.into(),
             mode: s.mode,
             flow: s.flow,
             amount: s.amount,
             currency: s.currency,
-            provider: s.provider,
             payment_id: s.payment_id.map(String::from),
             description: s.description.map(Description::stored),
             metadata: s.metadata,
@@ -742,6 +760,7 @@ pub fn new_session(creator: &Creator, valid: ValidCheckout, now: Timestamp) -> C
         amount: valid.amount,
         currency: Currency::Npr,
         provider: valid.provider,
+        attempt_provider: None,
         status: SessionStatus::Pending,
         payment_id: None,
         description: valid.description,

@@ -159,7 +159,7 @@ fn reusable_checkout(
 ) -> Result<Option<CheckoutSession>, InvoiceError> {
     let status = s.status_at(now);
     let open = matches!(status, SessionStatus::Pending | SessionStatus::Initiated);
-    let same_provider = provider.is_none() || provider == s.provider;
+    let same_provider = provider.is_none() || provider == s.current_provider();
     if open && s.amount.get() == remaining && same_provider {
         return Ok(Some(s.clone()));
     }
