@@ -22,6 +22,7 @@ mod links;
 mod logs;
 mod mobile;
 mod openapi;
+mod page_policy;
 mod pay;
 mod qr;
 mod ratelimit;

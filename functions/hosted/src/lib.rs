@@ -220,11 +220,7 @@ async fn secure(req: axum::extract::Request, next: axum::middleware::Next) -> Re
         true => explained(&res, browser),
         false => res,
     };
-    edge::html::page_answer(
-        res,
-        "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; \
-         img-src data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'",
-    )
+    edge::html::page_answer(res, pages::csp())
 }
 
 /// Whether the caller is a browser (it asks for HTML).
@@ -537,7 +533,7 @@ async fn render(
                         // Straight to the provider: the page posts itself.
                         page = page.replace(
                             "</body>",
-                            "<script>document.getElementById('pay-form').submit();</script></body>",
+                            &format!("<script>{}</script></body>", pages::PAY_NOW),
                         );
                     }
                     page
