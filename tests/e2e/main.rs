@@ -15,6 +15,7 @@ mod contract;
 mod counter_page;
 mod dashboard;
 mod dashboard_browser;
+mod dashboard_host;
 mod docs_page;
 mod invoices;
 mod lambda;

@@ -61,6 +61,11 @@ pub fn router(state: AppState) -> Router {
                 state.clone(),
                 throttle,
             ))
+            // Never on the dashboard's own host, when it has one.
+            .route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                edge::html::public_site,
+            ))
             .route_layer(axum::middleware::from_fn(secure))
             .layer(axum::extract::DefaultBodyLimit::max(BODY_MAX))
             .layer(axum::Extension(StreamFor(STREAM_FOR)))
