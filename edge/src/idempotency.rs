@@ -534,6 +534,7 @@ mod tests {
             Config {
                 public_base_url: "https://pay.example".into(),
                 events_base_url: None,
+                dashboard_base_url: None,
             },
         );
         let Ok((key, _)) = account::issue_api_key(&keys, now, &p, new).await else {
@@ -559,6 +560,7 @@ mod tests {
             Config {
                 public_base_url: "http://x".into(),
                 events_base_url: None,
+                dashboard_base_url: None,
             },
         )
         .with_providers(ProviderHub::keys_only(CredentialsKeys::single(master)));

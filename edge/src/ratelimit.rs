@@ -128,6 +128,7 @@ mod tests {
             Config {
                 public_base_url: "https://pay.example".into(),
                 events_base_url: None,
+                dashboard_base_url: None,
             },
         );
         let Ok((key, _)) = account::issue_api_key(&keys, now, &p, new).await else {
@@ -140,6 +141,7 @@ mod tests {
             Config {
                 public_base_url: "http://x".into(),
                 events_base_url: None,
+                dashboard_base_url: None,
             },
         )
         .with_rate_limits(RateLimits::new(100, 1));

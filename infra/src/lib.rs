@@ -103,6 +103,7 @@ pub fn openapi_json() -> Result<String, String> {
         Config {
             public_base_url: "http://127.0.0.1:8080".into(),
             events_base_url: None,
+            dashboard_base_url: None,
         },
     );
     Ok(edge::openapi::to_json(&openapi(&state)))
@@ -135,6 +136,9 @@ pub struct Settings {
     pub demo_payments: bool,
     /// `DHUKUTI_PUBLIC_URL`, default `http://<addr>`.
     pub public_url: Option<String>,
+    /// `DHUKUTI_DASHBOARD_URL`: the dashboard's own base URL (its own
+    /// host); default none, the dashboard beside the hosted pages.
+    pub dashboard_url: Option<String>,
     /// `DHUKUTI_SWEEP_SECONDS` (default 30; 0 = off): how often the
     /// in-process scheduler expires sessions and reconciles payments.
     pub sweep_every: Option<Duration>,
@@ -179,6 +183,9 @@ impl Settings {
             init,
             demo_payments,
             public_url: std::env::var("DHUKUTI_PUBLIC_URL").ok(),
+            dashboard_url: std::env::var("DHUKUTI_DASHBOARD_URL")
+                .ok()
+                .filter(|v| !v.trim().is_empty()),
             sweep_every: sweep_every()?,
             provider_timeout: None,
             webhooks,
@@ -363,6 +370,10 @@ pub async fn start_with_clock(
     let config = Config {
         public_base_url: base_url.clone(),
         events_base_url: None,
+        dashboard_base_url: settings
+            .dashboard_url
+            .as_deref()
+            .map(|u| u.trim().trim_end_matches('/').to_owned()),
     };
     let sim_base = format!("{base_url}/sim");
     // Sandbox providers: the simulators, unless the environment names
@@ -509,8 +520,13 @@ pub fn banner(running: &Running, settings: &Settings) -> String {
             running.keys.sandbox_publishable
         ),
         format!(
-            "  dashboard       {url}/dashboard  ({} / {})",
-            running.keys.dashboard_email, running.keys.dashboard_password
+            "  dashboard       {}/dashboard  ({} / {})",
+            settings
+                .dashboard_url
+                .as_deref()
+                .map_or(url.as_str(), |d| d.trim_end_matches('/')),
+            running.keys.dashboard_email,
+            running.keys.dashboard_password
         ),
         format!("  keys file       {}", running.keys_file.display()),
         String::new(),

@@ -1027,6 +1027,7 @@ mod tests {
             init: false,
             demo_payments: false,
             public_url: None,
+            dashboard_url: None,
             sweep_every: None,
             provider_timeout: None,
             webhooks: shared::domain::webhooks::WebhookSettings {
@@ -1124,6 +1125,7 @@ mod tests {
             init: false,
             demo_payments: false,
             public_url: None,
+            dashboard_url: None,
             sweep_every: None,
             provider_timeout: None,
             webhooks: Default::default(),

@@ -46,6 +46,12 @@ pub struct Config {
     /// trailing /: deployed, the events function's URL (it streams the
     /// answer; API Gateway would buffer it). `None`: the public base.
     pub events_base_url: Option<String>,
+    /// The dashboard's own base URL when it has a host of its own
+    /// (`DHUKUTI_DASHBOARD_URL`, the template's `DashboardBaseUrl`), no
+    /// trailing /. Then the dashboard answers only on that host and the
+    /// hosted pages only elsewhere ([`Config::on_dashboard_host`]).
+    /// `None`: one domain serves both, as before.
+    pub dashboard_base_url: Option<String>,
 }
 
 impl Config {
@@ -63,10 +69,33 @@ impl Config {
             .ok()
             .map(|v| v.trim().trim_end_matches('/').to_owned())
             .filter(|v| !v.is_empty());
+        let dashboard = std::env::var("DHUKUTI_DASHBOARD_URL")
+            .ok()
+            .map(|v| v.trim().trim_end_matches('/').to_owned())
+            .filter(|v| !v.is_empty());
         Config {
             public_base_url: base.trim().trim_end_matches('/').to_owned(),
             events_base_url: events,
+            dashboard_base_url: dashboard,
         }
+    }
+
+    /// With a dashboard host configured, whether a request naming `host`
+    /// (its `Host` header) is for it: compared without case, a default
+    /// port (`:443`, `:80`) ignored. `None` when the dashboard has no
+    /// host of its own (every route is served on every host).
+    pub fn on_dashboard_host(&self, host: Option<&str>) -> Option<bool> {
+        let base = self.dashboard_base_url.as_deref()?;
+        let authority = |s: &str| {
+            let s = s.trim().to_ascii_lowercase();
+            s.strip_suffix(":443")
+                .or_else(|| s.strip_suffix(":80"))
+                .map(str::to_owned)
+                .unwrap_or(s)
+        };
+        let rest = base.split_once("://").map_or(base, |(_, r)| r);
+        let want = authority(rest.split('/').next().unwrap_or_default());
+        Some(host.is_some_and(|h| authority(h) == want))
     }
 
     /// Where a session's event stream is served: the events function's
@@ -221,6 +250,7 @@ impl AppState {
             Config {
                 public_base_url: "http://127.0.0.1:8080".into(),
                 events_base_url: None,
+                dashboard_base_url: None,
             },
         )
     }
@@ -709,11 +739,13 @@ mod tests {
         let set = super::Config {
             public_base_url: "https://pay.example".into(),
             events_base_url: None,
+            dashboard_base_url: None,
         };
         assert_eq!(set.base_for(Some("evil.example")), "https://pay.example");
         let unset = super::Config {
             public_base_url: String::new(),
             events_base_url: None,
+            dashboard_base_url: None,
         };
         assert_eq!(
             unset.base_for(Some("abc.execute-api.ap-south-1.amazonaws.com")),
@@ -731,6 +763,37 @@ mod tests {
             streaming.events_base_for(Some("pay.example")),
             "https://x7k.lambda-url.ap-south-1.on.aws"
         );
+    }
+
+    #[test]
+    fn the_dashboard_host_is_told_from_the_public_one() {
+        let single = super::Config {
+            public_base_url: "https://pay.example".into(),
+            events_base_url: None,
+            dashboard_base_url: None,
+        };
+        assert_eq!(single.on_dashboard_host(Some("pay.example")), None);
+        let split = super::Config {
+            dashboard_base_url: Some("https://Dash.example/".into()),
+            ..single
+        };
+        assert_eq!(split.on_dashboard_host(Some("dash.example")), Some(true));
+        assert_eq!(
+            split.on_dashboard_host(Some("DASH.example:443")),
+            Some(true)
+        );
+        assert_eq!(split.on_dashboard_host(Some("pay.example")), Some(false));
+        assert_eq!(
+            split.on_dashboard_host(Some("dash.example.evil")),
+            Some(false)
+        );
+        assert_eq!(split.on_dashboard_host(None), Some(false));
+        let local = super::Config {
+            dashboard_base_url: Some("http://localhost:8080".into()),
+            ..split
+        };
+        assert_eq!(local.on_dashboard_host(Some("localhost:8080")), Some(true));
+        assert_eq!(local.on_dashboard_host(Some("127.0.0.1:8080")), Some(false));
     }
 
     use super::*;

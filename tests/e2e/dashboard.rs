@@ -561,6 +561,7 @@ async fn refund_count(app: &TestApp, t: &Tenant, payment: &str) -> u64 {
         shared::Config {
             public_base_url: app.base.clone(),
             events_base_url: None,
+            dashboard_base_url: None,
         },
     );
     shared::domain::refunds::list(

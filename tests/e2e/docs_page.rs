@@ -273,7 +273,7 @@ fn on_loopback(u: &str) -> bool {
 /// chromedriver's `POST /session/{id}/se/log` for the `browser` log (the
 /// page's console, kept with `goog:loggingPrefs`); not in fantoccini.
 #[derive(Debug)]
-struct BrowserLog;
+pub(crate) struct BrowserLog;
 
 impl WebDriverCompatibleCommand for BrowserLog {
     fn endpoint(

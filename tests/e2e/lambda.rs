@@ -61,6 +61,7 @@ async fn fixture(which: Which) -> Option<Fixture> {
         Config {
             public_base_url: "https://pay.dhukuti.example".into(),
             events_base_url: None,
+            dashboard_base_url: None,
         },
     );
     let Ok((key, _)) = shared::domain::account::issue_api_key(&deps, now, &p, new).await else {
@@ -104,6 +105,7 @@ async fn fixture(which: Which) -> Option<Fixture> {
     let config = Config {
         public_base_url: "https://pay.dhukuti.example".into(),
         events_base_url: None,
+        dashboard_base_url: None,
     };
     Some(Fixture {
         _tmp: tmp,
@@ -308,6 +310,7 @@ async fn hosted_function_serves_the_checkout_page_on_the_api_domain(which: Which
     f.state.config = Arc::new(Config {
         public_base_url: String::new(),
         events_base_url: None,
+        dashboard_base_url: None,
     });
     let res = invoke(
         ::checkout::router(f.state.clone()),

@@ -16,6 +16,8 @@ mod counter_page;
 mod dashboard;
 mod dashboard_browser;
 mod dashboard_signin;
+
+mod dashboard_host;
 mod docs_page;
 mod invoices;
 mod lambda;
@@ -23,6 +25,7 @@ mod links;
 mod logs;
 mod mobile;
 mod openapi;
+mod page_policy;
 mod pay;
 mod qr;
 mod ratelimit;

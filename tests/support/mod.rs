@@ -182,6 +182,7 @@ async fn spawn_app_full(
         init: true,
         demo_payments: false,
         public_url: None,
+        dashboard_url: None,
         sweep_every: None,
         // Simulated provider timeouts then take 2 s (+2 s of slack).
         provider_timeout: Some(std::time::Duration::from_secs(2)),

@@ -152,6 +152,11 @@ fn in_edge(state: AppState, routes: Router<AppState>) -> Router {
                 state.clone(),
                 throttle,
             ))
+            // Only on the dashboard's own host, when it has one.
+            .route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                edge::html::dashboard_site,
+            ))
             .layer(axum::middleware::map_response(secure))
             .with_state(state),
     )
@@ -313,9 +318,16 @@ pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
         .filter(|v| !v.is_empty() && v.len() <= 128)
 }
 
-/// `Secure` on cookies everywhere but the local http gateway.
+/// `Secure` on cookies everywhere but the local http gateway (the
+/// dashboard's own base URL when it has one). Cookies carry no `Domain`:
+/// they stay on the host that set them.
 fn secure_cookies(state: &AppState) -> bool {
-    !state.config.public_base_url.starts_with("http://")
+    let config = &state.config;
+    let base = config
+        .dashboard_base_url
+        .as_deref()
+        .unwrap_or(&config.public_base_url);
+    !base.starts_with("http://")
 }
 
 fn set_cookie(state: &AppState, name: &str, value: &str, max_age: i64) -> HeaderValue {

@@ -61,6 +61,11 @@ pub fn router(state: AppState) -> Router {
                 state.clone(),
                 throttle,
             ))
+            // Never on the dashboard's own host, when it has one.
+            .route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                edge::html::public_site,
+            ))
             .route_layer(axum::middleware::from_fn(secure))
             .layer(axum::extract::DefaultBodyLimit::max(BODY_MAX))
             .layer(axum::Extension(StreamFor(STREAM_FOR)))
@@ -249,11 +254,7 @@ async fn secure(req: axum::extract::Request, next: axum::middleware::Next) -> Re
         true => explained(&res, browser),
         false => res,
     };
-    edge::html::page_answer(
-        res,
-        "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; \
-         img-src data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'",
-    )
+    edge::html::page_answer(res, pages::csp())
 }
 
 /// Whether the caller is a browser (it asks for HTML).
@@ -566,7 +567,7 @@ async fn render(
                         // Straight to the provider: the page posts itself.
                         page = page.replace(
                             "</body>",
-                            "<script>document.getElementById('pay-form').submit();</script></body>",
+                            &format!("<script>{}</script></body>", pages::PAY_NOW),
                         );
                     }
                     page

@@ -3,34 +3,18 @@
 //! (auto-submitting eSewa's form, polling while a QR waits). Every value
 //! shown is escaped; no secret is ever written into a page (eSewa's form
 //! carries a signature, never the key).
+//!
+//! The inline CSS and scripts are constant text (what varies, such as the
+//! address a page polls, is read from the page's own markup), so the
+//! Content-Security-Policy ([`csp`]) allows exactly them by their SHA-256
+//! hashes, computed once at start-up: no `'unsafe-inline'`, no inline
+//! event handler, and nothing injected into a page could run.
 
 use shared::domain::Provider;
 use shared::domain::checkout::{CheckoutSession, StoredAddress};
 use shared::money::Paisa;
 
 pub use edge::html::esc;
-
-/// Escapes text for a JavaScript string literal inside a `<script>`.
-fn js_str(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '<' => out.push_str("\\u003c"),
-            '>' => out.push_str("\\u003e"),
-            '&' => out.push_str("\\u0026"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x20 || c == '\u{2028}' || c == '\u{2029}' => {
-                out.push_str(&format!("\\u{:04x}", c as u32));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
 
 const CSS: &str = "\
 *{box-sizing:border-box}\
@@ -54,8 +38,55 @@ button,.button{display:block;width:100%;padding:.9rem;border:0;border-radius:.5r
 .qr{text-align:center}.qr svg{width:100%;max-width:16rem;height:auto}\
 a{color:#1f4e79}";
 
-/// A whole page. `sandbox` adds a visible test-mode marker.
-pub fn layout(title: &str, merchant: &str, sandbox: bool, body: &str, script: &str) -> String {
+/// eSewa's hand-off form posts itself.
+const HANDOFF: &str = "document.getElementById('handoff').submit();";
+/// The picker with one way to pay posts itself (straight to the provider).
+pub const PAY_NOW: &str = "document.getElementById('pay-form').submit();";
+/// A link's form disables its button once sent (no double sessions).
+const LINK_FORM: &str = "(function(){var f=document.getElementById('link-form');\
+if(f)f.addEventListener('submit',function(){var b=f.querySelector('button');if(b)b.disabled=true})})();";
+/// The polling script: asks the address in `#state`'s `data-status` (the
+/// session's `/c/{id}/status`) every 3 seconds, at most 400 times, and
+/// follows `next` once the payment is decided.
+const POLL: &str = "(function(){var s=document.getElementById('state');\
+var u=s&&s.getAttribute('data-status');if(!u)return;var n=0;function t(){n++;if(n>400)return;\
+fetch(u,{cache:'no-store'}).then(function(r){return r.json()}).then(function(j){\
+if(j.message)s.textContent=j.message;\
+if(j.next){window.location.href=j.next;return}setTimeout(t,3000)})\
+.catch(function(){setTimeout(t,5000)})}setTimeout(t,2000)})();";
+
+/// Every inline script a hosted page may carry.
+const SCRIPTS: [&str; 4] = [HANDOFF, PAY_NOW, LINK_FORM, POLL];
+
+/// `'sha256-…'` of `text`, as a CSP source.
+fn hash_source(text: &str) -> String {
+    use base64::Engine;
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    format!(
+        "'sha256-{}'",
+        base64::engine::general_purpose::STANDARD.encode(digest)
+    )
+}
+
+/// The hosted pages' Content-Security-Policy: their one stylesheet and
+/// their few scripts by hash, the status poll to ourselves, nothing else.
+pub fn csp() -> &'static str {
+    static CSP: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let scripts: Vec<String> = SCRIPTS.iter().map(|s| hash_source(s)).collect();
+        format!(
+            "default-src 'none'; style-src {}; script-src {}; \
+             img-src data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'",
+            hash_source(CSS),
+            scripts.join(" ")
+        )
+    });
+    &CSP
+}
+
+/// A whole page. `sandbox` adds a visible test-mode marker; `script` is
+/// one of the constant scripts above (or empty).
+fn layout(title: &str, merchant: &str, sandbox: bool, body: &str, script: &str) -> String {
     let mark = if sandbox {
         "<small>test mode · no real money (fonepay excepted)</small>"
     } else {
@@ -206,25 +237,14 @@ pub fn auto_post(
          <button type=submit>Continue to eSewa</button></form>",
         esc(action)
     );
-    layout(
-        "Redirecting",
-        merchant,
-        sandbox,
-        &body,
-        "document.getElementById('handoff').submit();",
-    )
+    layout("Redirecting", merchant, sandbox, &body, HANDOFF)
 }
 
-/// The polling script: asks `/c/{id}/status` every 3 seconds and follows
-/// `next` once the payment is decided.
-fn poll_script(session_id: &str) -> String {
+/// The status line the poll script updates, and where it asks.
+fn state_line(session_id: &str, text: &str) -> String {
     format!(
-        "(function(){{var u={url};var n=0;function t(){{n++;if(n>400)return;\
-         fetch(u,{{cache:'no-store'}}).then(function(r){{return r.json()}}).then(function(j){{\
-         var e=document.getElementById('state');if(e&&j.message)e.textContent=j.message;\
-         if(j.next){{window.location.href=j.next;return}}setTimeout(t,3000)}})\
-         .catch(function(){{setTimeout(t,5000)}})}}setTimeout(t,2000)}})();",
-        url = js_str(&format!("/c/{session_id}/status"))
+        "<p id=state data-status=\"/c/{}/status\">{text}</p>",
+        esc(session_id)
     )
 }
 
@@ -233,39 +253,34 @@ pub fn qr_page(s: &CheckoutSession, merchant: &str, svg: &str) -> String {
     let body = format!(
         "{}<div class=card qr><h1>Scan to pay with Fonepay</h1>\
          <div id=qr>{svg}</div><p class=muted>Open any Fonepay-enabled mobile banking or wallet app and scan.</p>\
-         <p id=state>Waiting for your payment…</p></div>\
+         {}</div>\
          <form method=post action=\"/c/{id}/pay\"><input type=hidden name=provider value=fonepay><input type=hidden name=fonepay value=web>\
          <button class=secondary type=submit>Pay on Fonepay's website instead</button></form>\
          <p class=muted><a href=\"/c/{id}?choose=1\">Choose another way to pay</a></p>",
         summary(s),
+        state_line(&s.id, "Waiting for your payment…"),
         id = esc(&s.id)
     );
-    layout(
-        "Scan to pay",
-        merchant,
-        !s.mode.is_live(),
-        &body,
-        &poll_script(&s.id),
-    )
+    layout("Scan to pay", merchant, !s.mode.is_live(), &body, POLL)
 }
 
 /// While the provider's answer is awaited: the page checks by itself.
 pub fn confirming(s: &CheckoutSession, merchant: &str, provider: Provider) -> String {
     let body = format!(
         "{}<div class=card><h1>Confirming your payment</h1>\
-         <p id=state>We are checking with {} that your payment went through. This page moves on by itself.</p></div>\
+         {}</div>\
          <p class=muted><a href=\"/c/{}?choose=1\">Choose another way to pay</a></p>",
         summary(s),
-        provider.display_name(),
+        state_line(
+            &s.id,
+            &format!(
+                "We are checking with {} that your payment went through. This page moves on by itself.",
+                provider.display_name()
+            )
+        ),
         esc(&s.id)
     );
-    layout(
-        "Confirming",
-        merchant,
-        !s.mode.is_live(),
-        &body,
-        &poll_script(&s.id),
-    )
+    layout("Confirming", merchant, !s.mode.is_live(), &body, POLL)
 }
 
 /// A final page: paid, failed or expired, with a way back to the shop.
@@ -333,7 +348,7 @@ pub fn link_page(
         body.push_str(&format!("<div class=error id=error>{}</div>", esc(e)));
     }
     body.push_str(&format!(
-        "<form id=link-form class=card method=post action=\"/l/{}\" onsubmit=\"this.querySelector('button').disabled=true\">",
+        "<form id=link-form class=card method=post action=\"/l/{}\">",
         esc(&link.id)
     ));
     if link.amount.is_none() {
@@ -359,7 +374,13 @@ pub fn link_page(
         ));
     }
     body.push_str("<button id=link-continue type=submit>Continue to payment</button></form>");
-    layout(&link.title, merchant, !link.mode.is_live(), &body, "")
+    layout(
+        &link.title,
+        merchant,
+        !link.mode.is_live(),
+        &body,
+        LINK_FORM,
+    )
 }
 
 /// A link that cannot take payments: its own message.
@@ -392,16 +413,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn text_is_escaped_for_html_and_js() {
+    fn text_is_escaped_for_html() {
         assert_eq!(
             esc("<a href=\"x\">&'"),
             "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
         );
+    }
+
+    #[test]
+    fn the_policy_allows_each_inline_script_and_style_by_hash_only() {
+        let csp = csp();
+        assert!(!csp.contains("unsafe-inline"), "{csp}");
+        for text in SCRIPTS.iter().chain([&CSS]) {
+            assert!(csp.contains(&hash_source(text)), "{text}");
+        }
+        // The known digest of an empty text, so the encoding is CSP's.
         assert_eq!(
-            js_str("</script><b>\"\\"),
-            "\"\\u003c/script\\u003e\\u003cb\\u003e\\\"\\\\\""
+            hash_source(""),
+            "'sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU='"
         );
-        assert_eq!(js_str("a\u{2028}b"), "\"a\\u2028b\"");
     }
 
     #[test]

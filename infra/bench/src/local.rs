@@ -14,6 +14,7 @@ pub fn local_settings(tmp: &std::path::Path) -> std::result::Result<Settings, St
         init: false,
         demo_payments: false,
         public_url: None,
+        dashboard_url: None,
         sweep_every: None,
         provider_timeout: None,
         webhooks: Default::default(),

@@ -664,6 +664,7 @@ async fn held_payment(store: std::sync::Arc<dyn shared::store::Store>, project: 
         shared::Config {
             public_base_url: String::new(),
             events_base_url: None,
+            dashboard_base_url: None,
         },
     );
     let reason = Decision::Review("provider says paid 40000 paisa, the payment is 100000".into());

@@ -259,6 +259,7 @@ mod tests {
             crate::Config {
                 public_base_url: "https://pay.example".into(),
                 events_base_url: None,
+                dashboard_base_url: None,
             },
         )
     }

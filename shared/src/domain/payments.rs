@@ -364,6 +364,7 @@ mod tests {
             Config {
                 public_base_url: "https://pay.example".into(),
                 events_base_url: None,
+                dashboard_base_url: None,
             },
         )
     }

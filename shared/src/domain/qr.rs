@@ -390,6 +390,7 @@ mod tests {
             crate::Config {
                 public_base_url: "https://pay.example".into(),
                 events_base_url: None,
+                dashboard_base_url: None,
             },
         );
         let mut p: Payment = serde_json::from_value(serde_json::json!({

@@ -15,6 +15,7 @@ fn deps(store: &Arc<dyn Store>) -> crate::AppState {
         crate::Config {
             public_base_url: "https://pay.example".into(),
             events_base_url: None,
+            dashboard_base_url: None,
         },
     )
 }

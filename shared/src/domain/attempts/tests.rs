@@ -46,6 +46,7 @@ fn state(now: Timestamp) -> AppState {
         crate::Config {
             public_base_url: "https://pay.example".into(),
             events_base_url: None,
+            dashboard_base_url: None,
         },
     )
 }

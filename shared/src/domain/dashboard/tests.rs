@@ -24,6 +24,7 @@ fn deps() -> AppState {
         crate::Config {
             public_base_url: "https://pay.example".into(),
             events_base_url: None,
+            dashboard_base_url: None,
         },
     )
 }

@@ -306,6 +306,7 @@ mod numbering {
             Config {
                 public_base_url: "http://127.0.0.1:8080".into(),
                 events_base_url: None,
+                dashboard_base_url: None,
             },
         )
     }

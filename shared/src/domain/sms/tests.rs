@@ -467,6 +467,7 @@ async fn state_on(
         Config {
             public_base_url: "https://pay.example".into(),
             events_base_url: None,
+            dashboard_base_url: None,
         },
     );
     let now = clock.now();

@@ -150,6 +150,7 @@ mod dispatching {
             Config {
                 public_base_url: "http://127.0.0.1:8080".into(),
                 events_base_url: None,
+                dashboard_base_url: None,
             },
         )
         .with_queue(queue.clone())
