@@ -1067,6 +1067,7 @@ mod tests {
             Config {
                 public_base_url: "http://x".into(),
                 events_base_url: None,
+                dashboard_base_url: None,
             },
         );
         let app = with_edge(

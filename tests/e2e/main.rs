@@ -15,9 +15,8 @@ mod contract;
 mod counter_page;
 mod dashboard;
 mod dashboard_browser;
-mod dashboard_signin;
-
 mod dashboard_host;
+mod dashboard_signin;
 mod docs_page;
 mod invoices;
 mod lambda;

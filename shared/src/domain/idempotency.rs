@@ -281,6 +281,7 @@ mod tests {
         let config = Config {
             public_base_url: "http://x".into(),
             events_base_url: None,
+            dashboard_base_url: None,
         };
         AppState::new(store, Arc::new(SystemClock), config)
             .with_providers(ProviderHub::keys_only(keys))

@@ -102,6 +102,7 @@ async fn setup() -> (AppState, Arc<AuditFails>, DashboardUser) {
         crate::Config {
             public_base_url: "https://pay.example".into(),
             events_base_url: None,
+            dashboard_base_url: None,
         },
     );
     let now = at("2026-11-26T10:00:00Z");

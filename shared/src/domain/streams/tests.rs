@@ -17,6 +17,7 @@ fn state() -> (AppState, Arc<ManualClock>) {
         crate::Config {
             public_base_url: "https://pay.example".into(),
             events_base_url: None,
+            dashboard_base_url: None,
         },
     );
     (state, clock)
