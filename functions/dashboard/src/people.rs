@@ -11,7 +11,7 @@ use edge::html::html;
 use http::StatusCode;
 use maud::html as markup;
 use shared::AppState;
-use shared::domain::dashboard::{self, DashboardError, Permission, Role, UserChange};
+use shared::domain::dashboard::{self, Action, DashboardError, Role, UserChange};
 use shared::ids::UserId;
 
 use crate::pages::{layout, status_badge, when};
@@ -90,14 +90,14 @@ async fn show(
 }
 
 pub async fn page(State(state): State<AppState>, signed: Signed, RawQuery(raw): RawQuery) -> Page {
-    signed.require(Permission::People)?;
+    signed.require(Action::People)?;
     let q = query(&raw);
     let notice = q.contains_key("changed").then_some("Saved.");
     show(&state, &signed, notice, None, StatusCode::OK).await
 }
 
 pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
-    let f = signed.action_form(Permission::People, &body)?;
+    let f = signed.action_form(Action::People, &body)?;
     let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
     let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, state.clock.now())
     else {
@@ -188,7 +188,7 @@ pub async fn change(
     id: PathId<UserId>,
     body: Bytes,
 ) -> Page {
-    let f = signed.action_form(Permission::People, &body)?;
+    let f = signed.action_form(Action::People, &body)?;
     // An id that cannot be a person's is answered where a person is
     // looked up, as an unknown one.
     let user_id = id.get_or(|_, _| fail(DashboardError::UnknownUser));

@@ -16,6 +16,7 @@ use crate::time::Timestamp;
 
 mod audit;
 mod forms;
+mod roles;
 mod sessions;
 #[cfg(test)]
 mod tests;
@@ -24,6 +25,7 @@ mod users;
 
 pub use audit::{AUDIT_PAGE, Actor, AuditEntry, audit_entry, audit_op, list_audit, record_audit};
 pub use forms::{FormClaim, claim_form, complete_form, form_fence, new_form_nonce};
+pub use roles::{Action, allows};
 pub use sessions::{
     ABSOLUTE, ATTEMPT_WINDOW, ATTEMPTS_PER_ACCOUNT_AND_ADDRESS, DashboardSession, SessionEnd,
     SignedIn, new_form_token, open_session, same_token, sign_in, sign_out, switch_view,
@@ -41,10 +43,12 @@ pub use users::{
 pub enum Role {
     /// Everything, people and the audit log included.
     Owner,
-    /// Everything but people and the audit log.
+    /// Everything but people and the audit log, and in live mode neither
+    /// provider credentials nor secret keys.
     Developer,
     /// Reads payments, refunds, links, invoices and the overview; changes
-    /// nothing and sees no keys, credentials or webhook endpoints.
+    /// nothing and sees no keys, credentials or webhook endpoints. What
+    /// each role may do is [`allows`]'s table.
     Viewer,
 }
 
@@ -61,43 +65,6 @@ impl Role {
         [Role::Owner, Role::Developer, Role::Viewer]
             .into_iter()
             .find(|r| r.as_str() == s)
-    }
-
-    /// Whether this role may do `what`.
-    pub fn may(self, what: Permission) -> bool {
-        match what {
-            Permission::Read => true,
-            Permission::Act | Permission::Secrets => self != Role::Viewer,
-            Permission::People => self == Role::Owner,
-        }
-    }
-}
-
-/// The kinds of things a page or action needs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Permission {
-    /// Payments, refunds, links, invoices, SMS log, the overview.
-    Read,
-    /// Refunds, links, invoices, webhook endpoints: changes to the
-    /// business's records.
-    Act,
-    /// API keys and provider credentials, and the webhook endpoints.
-    Secrets,
-    /// People and the audit log.
-    People,
-}
-
-impl Permission {
-    pub fn refusal(self) -> Refusal {
-        Refusal::forbidden(
-            "permission_denied",
-            match self {
-                Permission::Read => "Your role cannot see this",
-                Permission::Act => "Your role can look but not change anything",
-                Permission::Secrets => "Your role cannot see keys, credentials or webhooks",
-                Permission::People => "Only an owner can do this",
-            },
-        )
     }
 }
 

@@ -45,14 +45,24 @@ async fn setup() -> (AppState, DashboardUser, ProjectId) {
 
 #[test]
 fn roles_allow_what_the_issue_says() {
-    use Permission::*;
-    assert!(Role::Viewer.may(Read));
-    assert!(!Role::Viewer.may(Act));
-    assert!(!Role::Viewer.may(Secrets));
-    assert!(!Role::Viewer.may(People));
-    assert!(Role::Developer.may(Act) && Role::Developer.may(Secrets));
-    assert!(!Role::Developer.may(People));
-    assert!(Role::Owner.may(People));
+    use super::Action::{ChangeRecords, People, ReadCredentials, ReadKeys, ReadRecords, Webhooks};
+    let may = |r: Role, a: super::Action| {
+        super::allows(r, a, Mode::Sandbox) && super::allows(r, a, Mode::Live)
+    };
+    let secrets = [ReadKeys, ReadCredentials, Webhooks];
+    assert!(may(Role::Viewer, ReadRecords));
+    assert!(!super::allows(Role::Viewer, ChangeRecords, Mode::Sandbox));
+    assert!(
+        secrets
+            .iter()
+            .all(|a| !super::allows(Role::Viewer, *a, Mode::Sandbox))
+    );
+    assert!(!super::allows(Role::Viewer, People, Mode::Sandbox));
+    assert!(
+        may(Role::Developer, ChangeRecords) && secrets.iter().all(|a| may(Role::Developer, *a))
+    );
+    assert!(!super::allows(Role::Developer, People, Mode::Sandbox));
+    assert!(may(Role::Owner, People));
     for r in [Role::Owner, Role::Developer, Role::Viewer] {
         assert_eq!(Role::parse(r.as_str()), Some(r));
     }
