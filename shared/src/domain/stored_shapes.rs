@@ -155,6 +155,7 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
                 also: &[],
             },
         ),
+        ("DINVITE", "DINVITE") => ("dashboard invitation", record::<dashboard::Invitation>()),
         ("DFORM", "FENCE") => ("dashboard form fence", FENCE),
         ("DSESS", "DSESS") => ("dashboard session", keyed::<dashboard::DashboardSession>()),
         ("DUSER", "DUSER") => ("dashboard user", record::<dashboard::DashboardUser>()),

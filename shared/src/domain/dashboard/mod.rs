@@ -16,6 +16,7 @@ use crate::time::Timestamp;
 
 mod audit;
 mod forms;
+mod invitations;
 mod roles;
 mod sessions;
 #[cfg(test)]
@@ -25,6 +26,10 @@ mod users;
 
 pub use audit::{AUDIT_PAGE, Actor, AuditEntry, audit_entry, audit_op, list_audit, record_audit};
 pub use forms::{FormClaim, claim_form, complete_form, form_fence, new_form_nonce};
+pub use invitations::{
+    AcceptError, INVITATION_TTL, Invitation, InvitationState, accept_with_password,
+    invitation_hash_ok, invite, open_invitation, pending_invitations, revoke_invitation,
+};
 pub use roles::{Action, allows};
 pub use sessions::{
     ABSOLUTE, ATTEMPT_WINDOW, ATTEMPTS_PER_ACCOUNT_AND_ADDRESS, DashboardSession, SessionEnd,
