@@ -15,6 +15,7 @@ mod contract;
 mod counter_page;
 mod dashboard;
 mod dashboard_browser;
+mod dashboard_invites;
 mod dashboard_roles;
 mod docs_page;
 mod invoices;

@@ -18,6 +18,7 @@ mod chart;
 mod credentials;
 #[cfg(feature = "documents")]
 mod documents;
+mod join;
 mod keys;
 mod pages;
 mod people;
@@ -118,6 +119,14 @@ pub fn router(state: AppState) -> Router {
             .route("/dashboard/audit", get(audit_page))
             .route("/dashboard/people", get(people::page).post(people::add))
             .route("/dashboard/people/{id}", post(people::change))
+            .route(
+                "/dashboard/people/invitations/revoke",
+                post(people::revoke_invitation),
+            )
+            .route(
+                "/dashboard/join/{token}",
+                get(join::page).post(join::accept),
+            )
             .route("/dashboard/assets/dashboard.css", get(css))
             // Not a fallback: the local gateway merges every router into
             // one, where a fallback would answer the API's unknown paths.
@@ -251,7 +260,7 @@ pub(crate) fn fail(e: impl Into<shared::refusal::Refusal>) -> Stop {
 
 /// The failure page of a store or rule error: the words of the refusal,
 /// never its internals; its status the API's for the refusal's kind.
-fn failure(e: impl Into<shared::refusal::Refusal>) -> Response {
+pub(crate) fn failure(e: impl Into<shared::refusal::Refusal>) -> Response {
     let refusal = e.into();
     let status = edge::refusals::status_of(refusal.kind);
     if status.is_server_error() {

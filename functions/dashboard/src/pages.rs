@@ -183,6 +183,18 @@ pub fn message(title: &str, text: &str) -> String {
     .into_string()
 }
 
+/// A signed-out page with `body` (the invitation's form).
+pub fn bare(title: &str, body: Markup) -> String {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head { (head(title)) }
+            body { (body) }
+        }
+    }
+    .into_string()
+}
+
 /// The sign-in form.
 pub fn sign_in(csrf: &str, next: &str, error: Option<&str>, email: &str) -> String {
     html! {

@@ -266,3 +266,27 @@ pub async fn pending_invitations(
     let all: Vec<Invitation> = all_of(&*deps.store, &q).await?;
     Ok(all.into_iter().filter(|i| i.usable(now)).collect())
 }
+
+/// Requests to invitation links per client address (its /64 for IPv6)
+/// per [`super::ATTEMPT_WINDOW`]: the links are keyless, so a guesser is
+/// bounded as on the sign-in form (whose throttle this reuses).
+pub const JOIN_ATTEMPTS_PER_ADDRESS: i64 = 30;
+
+/// Takes a slot of `address`'s budget for invitation links; `Err` holds
+/// the seconds to wait.
+pub async fn join_attempt(
+    deps: &Deps,
+    now: Timestamp,
+    address: &str,
+) -> Result<Result<(), i64>, StoreError> {
+    let bucket = format!("DJOIN#{}", crate::limits::public::address_bucket(address));
+    let taken = crate::limits::public::take_slot(
+        &*deps.store,
+        &bucket,
+        JOIN_ATTEMPTS_PER_ADDRESS,
+        super::ATTEMPT_WINDOW,
+        now,
+    )
+    .await?;
+    Ok(taken.map(|_| ()))
+}

@@ -27,8 +27,9 @@ mod users;
 pub use audit::{AUDIT_PAGE, Actor, AuditEntry, audit_entry, audit_op, list_audit, record_audit};
 pub use forms::{FormClaim, claim_form, complete_form, form_fence, new_form_nonce};
 pub use invitations::{
-    AcceptError, INVITATION_TTL, Invitation, InvitationState, accept_with_password,
-    invitation_hash_ok, invite, open_invitation, pending_invitations, revoke_invitation,
+    AcceptError, INVITATION_TTL, Invitation, InvitationState, JOIN_ATTEMPTS_PER_ADDRESS,
+    accept_with_password, invitation_hash_ok, invite, join_attempt, open_invitation,
+    pending_invitations, revoke_invitation,
 };
 pub use roles::{Action, allows};
 pub use sessions::{
