@@ -9,6 +9,8 @@
 //! | `GET /dashboard` | The overview: the last 30 days and their chart. |
 //! | `GET /dashboard/payments`, `/dashboard/payments/{id}` | Payments, and one with its attempt and refunds. |
 //! | `GET /dashboard/audit` | Who did what (owners). |
+//! | `GET, POST /dashboard/people` | People and invitations (owners). |
+//! | `GET, POST /dashboard/join/{token}` | An invitation's link: set a password and join (keyless, throttled per address). |
 //!
 //! Handlers check the session (`Signed`), the role (`dashboard::allows`, the role table) and,
 //! on every form, the CSRF token; the rules live in
