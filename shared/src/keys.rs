@@ -370,6 +370,16 @@ pub fn merchant_users(merchant_id: &str) -> String {
     format!("MER#{merchant_id}#DUSER")
 }
 
+/// A dashboard invitation, by the SHA-256 of its link's token.
+pub fn dashboard_invitation(token_hash: &str) -> Key {
+    Key::new(format!("DINVITE#{token_hash}"), "DINVITE")
+}
+
+/// A merchant's dashboard invitations (`gsi1`).
+pub fn merchant_invitations(merchant_id: &str) -> String {
+    format!("MER#{merchant_id}#DINVITE")
+}
+
 /// A dashboard session, by the SHA-256 of its cookie.
 pub fn dashboard_session(token_hash: &str) -> Key {
     Key::new(format!("DSESS#{token_hash}"), "DSESS")

@@ -16,6 +16,8 @@ mod counter_page;
 mod dashboard;
 mod dashboard_browser;
 mod dashboard_host;
+mod dashboard_invites;
+mod dashboard_roles;
 mod dashboard_signin;
 mod docs_page;
 mod invoices;

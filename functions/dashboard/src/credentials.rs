@@ -3,7 +3,8 @@
 //! key, a button asking the provider whether they work
 //! (`credentials::ask_provider`), and a form per provider to set them.
 //! Values go in and are never shown back (the page has no field holding
-//! one). Owners and developers.
+//! one). Owners and developers; in live mode only owners set them
+//! (`dashboard::allows`).
 
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
@@ -13,7 +14,7 @@ use maud::html as markup;
 use shared::AppState;
 use shared::domain::Provider;
 use shared::domain::credentials::{self, Asked, CredentialsError, ProviderCredentials};
-use shared::domain::dashboard::Permission;
+use shared::domain::dashboard::Action;
 
 use crate::pages::{layout, status_badge, when};
 use shared::providers::probe::Verdict;
@@ -85,6 +86,7 @@ async fn show(
         rows.push((c, verdict));
     }
     let nav = nav(state, signed, "credentials").await?;
+    let may_set = signed.allows(Action::SetCredentials);
     let body = markup! {
         @if let Some(n) = notice { p.notice role="status" { (n) } }
         @if let Some(e) = error { p.error role="alert" { (e) } }
@@ -115,7 +117,10 @@ async fn show(
                 }
             }
         }
-        @for (provider, fields) in FIELDS {
+        @if !may_set {
+            p.panel.muted { "Only an owner can set or replace live credentials; developers can in sandbox." }
+        }
+        @for (provider, fields) in FIELDS.iter().filter(|_| may_set) {
             section.panel aria-labelledby={ "set-" (provider.as_str()) } {
                 h2 id={ "set-" (provider.as_str()) } { "Set " (provider.as_str()) " credentials" }
                 form.stack method="post" action="/dashboard/credentials" autocomplete="off" {
@@ -138,7 +143,7 @@ async fn show(
 }
 
 pub async fn page(State(state): State<AppState>, signed: Signed, RawQuery(raw): RawQuery) -> Page {
-    signed.require(Permission::Secrets)?;
+    signed.require(Action::ReadCredentials)?;
     let q = query(&raw);
     let notice = q.get("saved").and_then(|p| Provider::parse(p)).map(|p| {
         format!(
@@ -152,7 +157,7 @@ pub async fn page(State(state): State<AppState>, signed: Signed, RawQuery(raw): 
 /// Asks the provider whether the project's credentials there work, and
 /// shows its verdict (never a value).
 pub async fn check(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
-    let f = signed.action_form(Permission::Secrets, &body)?;
+    let f = signed.action_form(Action::ReadCredentials, &body)?;
     let Some(provider) = f.get("provider").and_then(|p| Provider::parse(p)) else {
         return show(
             &state,
@@ -214,7 +219,7 @@ pub async fn check(State(state): State<AppState>, signed: Signed, body: Bytes) -
 }
 
 pub async fn set(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
-    let f = signed.action_form(Permission::Secrets, &body)?;
+    let f = signed.action_form(Action::SetCredentials, &body)?;
     let value = |name: &str| f.get(name).map(|v| v.trim().to_owned()).unwrap_or_default();
     let creds = match f.get("provider").and_then(|p| Provider::parse(p)) {
         Some(Provider::Esewa) => ProviderCredentials::Esewa {

@@ -13,7 +13,7 @@ use edge::html::html;
 use http::StatusCode;
 use shared::AppState;
 use shared::domain::account::{self, ApiKey, KeyKind, NewKey, Scope};
-use shared::domain::dashboard::{self, FormClaim, Permission};
+use shared::domain::dashboard::{self, Action, FormClaim};
 use shared::ids::ApiKeyId;
 
 use crate::{Page, Signed, Stop, expired_form, fail, nav, pages, query, see_other};
@@ -77,7 +77,7 @@ pub async fn keys_page(
     signed: Signed,
     RawQuery(raw): RawQuery,
 ) -> Page {
-    signed.require(Permission::Secrets)?;
+    signed.require(Action::ReadKeys)?;
     let q = query(&raw);
     let notice = crate::id_param(&q, "revoked", "ak_")
         .map(|id| format!("Key {id} revoked: it no longer works."));
@@ -91,6 +91,15 @@ pub async fn keys_page(
         StatusCode::OK,
     )
     .await
+}
+
+/// What issuing (or rotating) a key of `kind` is in the role table: a
+/// secret or restricted key's secret acts for the project.
+fn issuing(kind: KeyKind) -> Action {
+    match kind {
+        KeyKind::Publishable => Action::IssuePublishableKey,
+        KeyKind::Secret | KeyKind::Restricted => Action::IssueSecretKey,
+    }
 }
 
 /// What the issue form asks for.
@@ -194,7 +203,7 @@ async fn claim(
 }
 
 pub async fn issue(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
-    let f = signed.action_form(Permission::Secrets, &body)?;
+    let f = signed.action_form(Action::IssuePublishableKey, &body)?;
     let now = state.clock.now();
     let new = match new_key(&signed, &f, now) {
         Ok(n) => n,
@@ -209,6 +218,7 @@ pub async fn issue(State(state): State<AppState>, signed: Signed, body: Bytes) -
             .await;
         }
     };
+    signed.require(issuing(new.kind))?;
     let fence = match claim(&state, &signed, &f).await? {
         Ok(fence) => fence,
         Err(page) => return page,
@@ -283,7 +293,7 @@ pub async fn rotate(
     id: PathId<ApiKeyId>,
     body: Bytes,
 ) -> Page {
-    let f = signed.action_form(Permission::Secrets, &body)?;
+    let f = signed.action_form(Action::IssuePublishableKey, &body)?;
     let grace = match f.get("grace").map(String::as_str) {
         Some("0") => chrono::Duration::zero(),
         Some("1h") => chrono::Duration::hours(1),
@@ -301,6 +311,7 @@ pub async fn rotate(
         }
     };
     let old = key_of(&state, &signed, id).await?;
+    signed.require(issuing(old.kind))?;
     let fence = match claim(&state, &signed, &f).await? {
         Ok(fence) => fence,
         Err(page) => return page,
@@ -347,7 +358,7 @@ pub async fn revoke(
     id: PathId<ApiKeyId>,
     body: Bytes,
 ) -> Page {
-    let f = signed.action_form(Permission::Secrets, &body)?;
+    let f = signed.action_form(Action::RevokeKey, &body)?;
     if f.get("confirm").map(String::as_str) != Some("yes") {
         return show(
             &state,

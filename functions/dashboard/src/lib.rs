@@ -9,8 +9,10 @@
 //! | `GET /dashboard` | The overview: the last 30 days and their chart. |
 //! | `GET /dashboard/payments`, `/dashboard/payments/{id}` | Payments, and one with its attempt and refunds. |
 //! | `GET /dashboard/audit` | Who did what (owners). |
+//! | `GET, POST /dashboard/people` | People and invitations (owners). |
+//! | `GET, POST /dashboard/join/{token}` | An invitation's link: set a password and join (keyless, throttled per address). |
 //!
-//! Handlers check the session (`Signed`), the role (`Permission`) and,
+//! Handlers check the session (`Signed`), the role (`dashboard::allows`, the role table) and,
 //! on every form, the CSRF token; the rules live in
 //! `shared::domain::dashboard` and the capability modules.
 
@@ -18,6 +20,7 @@ mod chart;
 mod credentials;
 #[cfg(feature = "documents")]
 mod documents;
+mod join;
 mod keys;
 mod pages;
 mod people;
@@ -38,7 +41,7 @@ use shared::domain::Mode;
 use shared::domain::account;
 use shared::domain::analytics;
 use shared::domain::dashboard::{
-    self, Actor, DashboardError, DashboardSession, DashboardUser, Permission,
+    self, Action, Actor, DashboardError, DashboardSession, DashboardUser,
 };
 use shared::domain::payments::{self, PaymentView};
 use shared::domain::refunds::{self, CreateRefund, RefundError, RefundReason};
@@ -123,6 +126,14 @@ pub fn router(state: AppState) -> Router {
             .route("/dashboard/audit", get(audit_page))
             .route("/dashboard/people", get(people::page).post(people::add))
             .route("/dashboard/people/{id}", post(people::change))
+            .route(
+                "/dashboard/people/invitations/revoke",
+                post(people::revoke_invitation),
+            )
+            .route(
+                "/dashboard/join/{token}",
+                get(join::page).post(join::accept),
+            )
             .route("/dashboard/assets/dashboard.css", get(css))
             // Not a fallback: the local gateway merges every router into
             // one, where a fallback would answer the API's unknown paths.
@@ -261,7 +272,7 @@ pub(crate) fn fail(e: impl Into<shared::refusal::Refusal>) -> Stop {
 
 /// The failure page of a store or rule error: the words of the refusal,
 /// never its internals; its status the API's for the refusal's kind.
-fn failure(e: impl Into<shared::refusal::Refusal>) -> Response {
+pub(crate) fn failure(e: impl Into<shared::refusal::Refusal>) -> Response {
     let refusal = e.into();
     let status = edge::refusals::status_of(refusal.kind);
     if status.is_server_error() {
@@ -430,12 +441,18 @@ impl Signed {
         dashboard::audit_entry(&self.actor(), state.clock.now(), action, target, detail)
     }
 
-    /// Refuses with a page unless the role allows `what`.
-    fn require(&self, what: Permission) -> Result<(), Stop> {
-        if self.user.role.may(what) {
+    /// Whether the role table ([`dashboard::allows`]) lets this person
+    /// take `what` in the session's mode.
+    pub(crate) fn allows(&self, what: Action) -> bool {
+        dashboard::allows(self.user.role, what, self.session.mode)
+    }
+
+    /// Refuses with a page unless the role table allows `what`.
+    fn require(&self, what: Action) -> Result<(), Stop> {
+        if self.allows(what) {
             Ok(())
         } else {
-            Err(fail(what.refusal()))
+            Err(fail(what.refusal(self.user.role, self.session.mode)))
         }
     }
 
@@ -443,7 +460,7 @@ impl Signed {
     /// checked first, then the form's CSRF token.
     pub(crate) fn action_form(
         &self,
-        what: Permission,
+        what: Action,
         body: &Bytes,
     ) -> Result<std::collections::HashMap<String, String>, Stop> {
         self.require(what)?;
@@ -825,14 +842,12 @@ async fn payment_view(
     let (refunds, _) = refunds::of_payment(state, &payment.id, Window::first(100))
         .await
         .map_err(fail)?;
-    let timeline = timeline(state, &payment.id).await?;
+    let timeline = timeline(state, signed, &payment.id).await?;
     let nav = nav(state, signed, "payments").await?;
     let attempt = payment.attempt.clone();
     let checks = payment.checks.clone();
     let form = signed
-        .user
-        .role
-        .may(Permission::Act)
+        .allows(Action::ChangeRecords)
         .then(dashboard::new_form_nonce);
     Ok(html(
         status,
@@ -857,10 +872,18 @@ async fn payment_view(
 pub(crate) const TIMELINE: usize = 20;
 const TIMELINE_DELIVERIES: usize = 10;
 
-/// Payment `id`'s events, oldest first, each with its deliveries. The
-/// caller has found the payment in its tenant.
-async fn timeline(state: &AppState, id: &PaymentId) -> Result<Vec<pages::TimelineRow>, Stop> {
-    let rows = dashboard::payment_timeline(state, id, TIMELINE, TIMELINE_DELIVERIES)
+/// Payment `id`'s events, oldest first, each with its deliveries when the
+/// role table lets the reader see webhook endpoints. The caller has found
+/// the payment in its tenant.
+async fn timeline(
+    state: &AppState,
+    signed: &Signed,
+    id: &PaymentId,
+) -> Result<Vec<pages::TimelineRow>, Stop> {
+    let deliveries = signed
+        .allows(Action::Webhooks)
+        .then_some(TIMELINE_DELIVERIES);
+    let rows = dashboard::payment_timeline(state, id, TIMELINE, deliveries)
         .await
         .map_err(fail)?;
     Ok(rows
@@ -915,7 +938,7 @@ async fn refund(
     id: PathId<PaymentId>,
     body: Bytes,
 ) -> Page {
-    let f = signed.action_form(Permission::Act, &body)?;
+    let f = signed.action_form(Action::ChangeRecords, &body)?;
     let now = state.clock.now();
     let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
     let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, now) else {
@@ -1022,7 +1045,7 @@ async fn audit_page(
     signed: Signed,
     RawQuery(raw): RawQuery,
 ) -> Page {
-    signed.require(Permission::People)?;
+    signed.require(Action::Audit)?;
     let q = query(&raw);
     let before = q
         .get("before")

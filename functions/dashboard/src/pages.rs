@@ -7,7 +7,7 @@ use serde::Serialize;
 use shared::domain::Mode;
 use shared::domain::account::{ApiKey, KeyKind, Scope};
 use shared::domain::analytics::{DayFigures, Overview};
-use shared::domain::dashboard::{AuditEntry, Permission, Role};
+use shared::domain::dashboard::{Action, AuditEntry, Role, allows};
 use shared::domain::outbox::TimelineEntry;
 use shared::domain::payments::{AttemptInfo, Checks, PaymentView};
 use shared::domain::refunds::Refund;
@@ -32,38 +32,43 @@ pub struct Nav {
 }
 
 /// The pages, their paths and who sees them in the navigation.
-const PAGES: [(&str, &str, &str, Permission); 11] = [
-    ("overview", "/dashboard", "Overview", Permission::Read),
+const PAGES: [(&str, &str, &str, Action); 11] = [
+    ("overview", "/dashboard", "Overview", Action::ReadRecords),
     (
         "payments",
         "/dashboard/payments",
         "Payments",
-        Permission::Read,
+        Action::ReadRecords,
     ),
-    ("refunds", "/dashboard/refunds", "Refunds", Permission::Read),
-    ("links", "/dashboard/links", "Links", Permission::Read),
+    (
+        "refunds",
+        "/dashboard/refunds",
+        "Refunds",
+        Action::ReadRecords,
+    ),
+    ("links", "/dashboard/links", "Links", Action::ReadRecords),
     (
         "invoices",
         "/dashboard/invoices",
         "Invoices",
-        Permission::Read,
+        Action::ReadRecords,
     ),
     (
         "webhooks",
         "/dashboard/webhooks",
         "Webhooks",
-        Permission::Secrets,
+        Action::Webhooks,
     ),
-    ("keys", "/dashboard/keys", "API keys", Permission::Secrets),
+    ("keys", "/dashboard/keys", "API keys", Action::ReadKeys),
     (
         "credentials",
         "/dashboard/credentials",
         "Credentials",
-        Permission::Secrets,
+        Action::ReadCredentials,
     ),
-    ("sms", "/dashboard/sms", "SMS", Permission::Read),
-    ("people", "/dashboard/people", "People", Permission::People),
-    ("audit", "/dashboard/audit", "Audit log", Permission::People),
+    ("sms", "/dashboard/sms", "SMS", Action::ReadRecords),
+    ("people", "/dashboard/people", "People", Action::People),
+    ("audit", "/dashboard/audit", "Audit log", Action::Audit),
 ];
 
 /// An amount in paisa as people read it (`NPR 1,234.50`).
@@ -144,7 +149,7 @@ pub(crate) fn layout(nav: &Nav, title: &str, body: Markup) -> String {
                 }
                 nav.main aria-label="Dashboard" {
                     @for (key, path, name, needs) in PAGES {
-                        @if nav.role.may(needs) {
+                        @if allows(nav.role, needs, nav.mode) {
                             @if key == nav.current {
                                 a href=(path) aria-current="page" { (name) }
                             } @else {
@@ -179,6 +184,18 @@ pub fn message(title: &str, text: &str) -> String {
                     p { a href="/dashboard" { "Back to the dashboard" } }
                 }
             }
+        }
+    }
+    .into_string()
+}
+
+/// A signed-out page with `body` (the invitation's form).
+pub fn bare(title: &str, body: Markup) -> String {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head { (head(title)) }
+            body { (body) }
         }
     }
     .into_string()
@@ -511,10 +528,11 @@ pub fn payment(
     layout(nav, &format!("Payment {}", p.id), body)
 }
 
-/// One event of a payment's timeline, with its deliveries.
+/// One event of a payment's timeline, with its deliveries (`None`: the
+/// reader may not see webhook endpoints nor their answers).
 pub struct TimelineRow {
     pub event: TimelineEntry,
-    pub deliveries: Vec<Delivery>,
+    pub deliveries: Option<Vec<Delivery>>,
 }
 
 /// A payment's events, oldest first, and where each was delivered.
@@ -525,29 +543,30 @@ fn events(timeline: &[TimelineRow]) -> Markup {
             @if timeline.is_empty() {
                 p.muted { "No events yet." }
             } @else {
+                @let shown = timeline.iter().all(|r| r.deliveries.is_some());
                 table {
                     thead { tr {
                         th scope="col" { "When" }
                         th scope="col" { "Event" }
-                        th scope="col" { "Deliveries" }
+                        @if shown { th scope="col" { "Deliveries" } }
                     } }
                     tbody {
                         @for row in timeline {
                             tr {
                                 td { (when(row.event.created_at)) }
                                 td { (row.event.event_type.as_str()) br; span.muted { (row.event.event_id) } }
-                                td {
-                                    @if row.deliveries.is_empty() {
+                                @if let Some(deliveries) = &row.deliveries { td {
+                                    @if deliveries.is_empty() {
                                         span.muted { "None: no endpoint took it (yet)." }
                                     }
-                                    @for d in &row.deliveries {
+                                    @for d in deliveries {
                                         a href={ "/dashboard/webhooks/" (d.endpoint_id) } { (d.endpoint_id) }
                                         " " (status_badge(&label(&d.status)))
                                         " " (d.attempts) @if d.attempts == 1 { " attempt" } @else { " attempts" }
                                         @if let Some(code) = d.response_status { ", answered " (code) }
                                         br;
                                     }
-                                }
+                                } }
                             }
                         }
                     }
@@ -688,9 +707,14 @@ pub fn keys(
                 input type="hidden" name="nonce" value=(nonce);
                 label for="kind" { "Kind" }
                 select id="kind" name="kind" {
-                    option value="secret" { "Secret: every scope, for your server" }
-                    option value="restricted" { "Restricted: only the scopes ticked below" }
+                    @if allows(nav.role, Action::IssueSecretKey, nav.mode) {
+                        option value="secret" { "Secret: every scope, for your server" }
+                        option value="restricted" { "Restricted: only the scopes ticked below" }
+                    }
                     option value="publishable" { "Publishable: for an app, mobile endpoints only" }
+                }
+                @if !allows(nav.role, Action::IssueSecretKey, nav.mode) {
+                    p.muted { "Only an owner can issue or rotate live secret and restricted keys; developers can in sandbox." }
                 }
                 label for="description" { "Description" }
                 input id="description" name="description" maxlength="100";

@@ -1,6 +1,7 @@
-//! People (owners only): the merchant's dashboard users, adding one with
-//! a role (a first password generated and shown once, to hand over),
-//! changing a role, disabling and enabling. An owner cannot change
+//! People (owners only): the merchant's dashboard users, inviting one
+//! with a role (a single-use link shown once, `dashboard::invite`; the
+//! invited person sets their password at `/dashboard/join/{token}`),
+//! revoking a pending invitation, changing a role, disabling and enabling. An owner cannot change
 //! themselves here, so no account is left without an owner by a slip.
 //! Every change is in the audit log.
 
@@ -11,7 +12,7 @@ use edge::html::html;
 use http::StatusCode;
 use maud::html as markup;
 use shared::AppState;
-use shared::domain::dashboard::{self, DashboardError, Permission, Role, UserChange};
+use shared::domain::dashboard::{self, Action, DashboardError, Role, UserChange};
 use shared::ids::UserId;
 
 use crate::pages::{layout, status_badge, when};
@@ -29,6 +30,10 @@ async fn show(
     let users = dashboard::list_users(state, &signed.user.merchant_id)
         .await
         .map_err(fail)?;
+    let invited =
+        dashboard::pending_invitations(state, state.clock.now(), &signed.user.merchant_id)
+            .await
+            .map_err(fail)?;
     let nav = nav(state, signed, "people").await?;
     let body = markup! {
         @if let Some(n) = notice { p.notice role="status" { (n) } }
@@ -69,8 +74,22 @@ async fn show(
                 } }
             }
         }
+        section.panel aria-labelledby="invited-title" {
+            h2 id="invited-title" { "Invited" }
+            @if invited.is_empty() {
+                p.muted { "No pending invitations." }
+            }
+            @for i in &invited {
+                form method="post" action="/dashboard/people/invitations/revoke" {
+                    (i.email) " as " (i.role.as_str()) ", until " (when(i.expires_at)) " "
+                    input type="hidden" name="csrf" value=(nav.csrf);
+                    input type="hidden" name="invitation" value=(i.hash);
+                    button type="submit" { "Revoke" }
+                }
+            }
+        }
         section.panel aria-labelledby="add-title" {
-            h2 id="add-title" { "Add a person" }
+            h2 id="add-title" { "Invite a person" }
             form.stack method="post" action="/dashboard/people" {
                 input type="hidden" name="csrf" value=(nav.csrf);
                 input type="hidden" name="nonce" value=(dashboard::new_form_nonce());
@@ -82,7 +101,7 @@ async fn show(
                     option value="developer" { "developer: keys, webhooks, refunds; not people" }
                     option value="owner" { "owner: everything" }
                 }
-                button.primary type="submit" { "Add" }
+                button.primary type="submit" { "Invite" }
             }
         }
     };
@@ -90,14 +109,14 @@ async fn show(
 }
 
 pub async fn page(State(state): State<AppState>, signed: Signed, RawQuery(raw): RawQuery) -> Page {
-    signed.require(Permission::People)?;
+    signed.require(Action::People)?;
     let q = query(&raw);
     let notice = q.contains_key("changed").then_some("Saved.");
     show(&state, &signed, notice, None, StatusCode::OK).await
 }
 
 pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
-    let f = signed.action_form(Permission::People, &body)?;
+    let f = signed.action_form(Action::People, &body)?;
     let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
     let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, state.clock.now())
     else {
@@ -114,6 +133,16 @@ pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
         .await;
     };
     let email = f.get("email").cloned().unwrap_or_default();
+    if let Err(e) = dashboard::normalize_email(&email) {
+        return show(
+            &state,
+            &signed,
+            None,
+            Some(&e.to_string()),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        )
+        .await;
+    }
     if let dashboard::FormClaim::Done(_) =
         dashboard::claim_form::<shared::ids::UserId>(&state, &fence)
             .await
@@ -122,64 +151,68 @@ pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
         return show(
             &state,
             &signed,
-            Some(
-                "This form was already sent. If the first password was lost, give a new one below.",
-            ),
+            Some("This form was already sent. If its link was lost, revoke it and invite again."),
             None,
             StatusCode::OK,
         )
         .await;
     }
-    let password = dashboard::new_form_token();
-    let made = dashboard::create_user(
+    // Reads nothing about the address: the same answer whether or not it
+    // has an account anywhere.
+    let now = state.clock.now();
+    let (token, inv) = dashboard::invite(
         &state,
-        state.clock.now(),
+        now,
         &signed.user.merchant_id,
+        &signed.user.id,
         &email,
         role,
-        &password,
     )
-    .await;
-    match made {
-        Ok(u) => {
-            crate::audit(
-                &state,
-                &signed,
-                "person.add",
-                &u.id,
-                &format!("{} as {}", u.email, role.as_str()),
-            )
-            .await?;
-            let nav = nav(&state, &signed, "people").await?;
-            let body = markup! {
-                p.notice role="status" { "Hand this first password to " (u.email) " yourself; it is shown only this once. An owner can give them a new one here." }
-                div.panel {
-                    label for="password" { "First password of " (u.email) }
-                    input id="password" name="password" readonly value=(password) size="40";
-                }
-                p { a href="/dashboard/people" { "← People" } }
-            };
-            Ok(html(StatusCode::OK, layout(&nav, "Person added", body)))
+    .await
+    .map_err(fail)?;
+    crate::audit(
+        &state,
+        &signed,
+        "person.invite",
+        &inv.email,
+        &format!("as {}", role.as_str()),
+    )
+    .await?;
+    let base =
+        (state.config.dashboard_base_url.as_deref()).unwrap_or(&state.config.public_base_url);
+    let link = format!("{base}/dashboard/join/{token}");
+    let nav = nav(&state, &signed, "people").await?;
+    let body = markup! {
+        p.notice role="status" { "Send this link to " (inv.email) " yourself; it is shown only this once, works once, and expires in 7 days. They join when they open it and set a password." }
+        div.panel {
+            label for="link" { "Invitation link for " (inv.email) }
+            input id="link" name="link" readonly value=(link) size="80";
         }
-        Err(e @ (DashboardError::Invalid { .. } | DashboardError::EmailTaken)) => {
-            let why = match e {
-                DashboardError::EmailTaken => {
-                    "Email: this address cannot be added; use another, or ask Dhukuti's operators."
-                        .to_owned()
-                }
-                other => other.to_string(),
-            };
-            show(
-                &state,
-                &signed,
-                None,
-                Some(&why),
-                StatusCode::UNPROCESSABLE_ENTITY,
-            )
-            .await
-        }
-        Err(e) => Err(fail(e)),
+        p { a href="/dashboard/people" { "← People" } }
+    };
+    Ok(html(StatusCode::OK, layout(&nav, "Invitation made", body)))
+}
+
+/// Revokes a pending invitation of the owner's merchant.
+pub async fn revoke_invitation(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
+    let f = signed.action_form(Action::People, &body)?;
+    let hash = f.get("invitation").map(String::as_str).unwrap_or("");
+    let now = state.clock.now();
+    let revoked = dashboard::revoke_invitation(&state, now, &signed.user.merchant_id, hash)
+        .await
+        .map_err(fail)?;
+    if !revoked {
+        return show(
+            &state,
+            &signed,
+            None,
+            Some("No such pending invitation"),
+            StatusCode::NOT_FOUND,
+        )
+        .await;
     }
+    crate::audit(&state, &signed, "person.invite.revoke", hash, "").await?;
+    Ok(see_other("/dashboard/people?changed=1"))
 }
 
 pub async fn change(
@@ -188,7 +221,7 @@ pub async fn change(
     id: PathId<UserId>,
     body: Bytes,
 ) -> Page {
-    let f = signed.action_form(Permission::People, &body)?;
+    let f = signed.action_form(Action::People, &body)?;
     // An id that cannot be a person's is answered where a person is
     // looked up, as an unknown one.
     let user_id = id.get_or(|_, _| fail(DashboardError::UnknownUser));

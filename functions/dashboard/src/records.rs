@@ -11,7 +11,7 @@ use edge::html::html;
 use http::StatusCode;
 use maud::html as markup;
 use shared::AppState;
-use shared::domain::dashboard::{self, FormClaim, Permission};
+use shared::domain::dashboard::{self, Action, FormClaim};
 use shared::domain::invoices::{self, Invoice};
 use shared::domain::links::{self, PaymentLink};
 use shared::domain::outbox::EventType;
@@ -40,7 +40,7 @@ pub async fn links_page(
             crate::id_param(&q, "cancelled", "lnk_")
                 .map(|id| format!("Payment link {id} cancelled."))
         });
-    let act = signed.user.role.may(Permission::Act);
+    let act = signed.allows(Action::ChangeRecords);
     Ok(html(
         StatusCode::OK,
         links_html(
@@ -97,7 +97,7 @@ fn link_request(
 }
 
 pub async fn make_link(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
-    let f = signed.action_form(Permission::Act, &body)?;
+    let f = signed.action_form(Action::ChangeRecords, &body)?;
     let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
     let now = state.clock.now();
     let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, now) else {
@@ -175,7 +175,7 @@ async fn link_view(
     let found = links::find(state, &signed.tenant, id).await.map_err(fail)?;
     let l = found.ok_or_else(|| fail(shared::refusal::Refusal::not_found("payment link", id)))?;
     let nav = nav(state, signed, "links").await?;
-    let act = signed.user.role.may(Permission::Act);
+    let act = signed.allows(Action::ChangeRecords);
     let conversion = if l.views > 0 {
         l.used_count as f64 * 100.0 / l.views as f64
     } else {
@@ -225,7 +225,7 @@ pub async fn edit_link(
     id: PathId<LinkId>,
     body: Bytes,
 ) -> Page {
-    let f = signed.action_form(Permission::Act, &body)?;
+    let f = signed.action_form(Action::ChangeRecords, &body)?;
     let id = id.get_or(no_link)?;
     let text = |name: &str| f.get(name).map(|v| v.trim().to_owned()).unwrap_or_default();
     let patch = (|| -> Result<links::PatchLink, String> {
@@ -293,7 +293,7 @@ pub async fn cancel_link(
     id: PathId<LinkId>,
     body: Bytes,
 ) -> Page {
-    signed.action_form(Permission::Act, &body)?;
+    signed.action_form(Action::ChangeRecords, &body)?;
     let now = state.clock.now();
     let id = id.get_or(no_link)?;
     // The intent is recorded before the effect (no transaction to share).
@@ -537,7 +537,7 @@ pub async fn webhooks_page(
     signed: Signed,
     RawQuery(raw): RawQuery,
 ) -> Page {
-    signed.require(Permission::Secrets)?;
+    signed.require(Action::Webhooks)?;
     let q = query(&raw);
     let notice = crate::id_param(&q, "deleted", "we_").map(|id| format!("Endpoint {id} deleted."));
     webhooks_view(&state, &signed, notice.as_deref(), None, StatusCode::OK).await
@@ -598,7 +598,7 @@ async fn webhooks_view(
 /// private address, at most 16); its signing secret is shown once. The
 /// form's fence makes a double submit find the first endpoint.
 pub async fn add_endpoint(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
-    let f = signed.action_form(Permission::Secrets, &body)?;
+    let f = signed.action_form(Action::Webhooks, &body)?;
     let nonce = f.get("nonce").map(String::as_str).unwrap_or("");
     let Some(fence) = dashboard::form_fence(&signed.user.merchant_id, nonce, state.clock.now())
     else {
@@ -660,7 +660,7 @@ pub async fn change_endpoint(
     id: PathId<EndpointId>,
     body: Bytes,
 ) -> Page {
-    let f = signed.action_form(Permission::Secrets, &body)?;
+    let f = signed.action_form(Action::Webhooks, &body)?;
     match f.get("do").map(String::as_str) {
         Some(on @ ("enable" | "disable")) => {
             let patch = webhooks::PatchEndpoint {
@@ -719,7 +719,7 @@ pub async fn resend(
     id: PathId<EndpointId>,
     body: Bytes,
 ) -> Page {
-    let f = signed.action_form(Permission::Secrets, &body)?;
+    let f = signed.action_form(Action::Webhooks, &body)?;
     let id = id.get_or(|_, raw| raw.to_owned());
     let shown = shown(&id);
     let event = f.get("event").cloned().unwrap_or_default();
@@ -853,7 +853,7 @@ pub async fn endpoint_page(
     id: PathId<EndpointId>,
     RawQuery(raw): RawQuery,
 ) -> Page {
-    signed.require(Permission::Secrets)?;
+    signed.require(Action::Webhooks)?;
     let q = query(&raw);
     let notice = crate::id_param(&q, "sent", "evt_")
         .map(|id| format!("Test event {id} queued for this endpoint."))
@@ -882,7 +882,7 @@ pub async fn send_test(
     id: PathId<EndpointId>,
     body: Bytes,
 ) -> Page {
-    let f = signed.action_form(Permission::Secrets, &body)?;
+    let f = signed.action_form(Action::Webhooks, &body)?;
     let id = id.get_or(|_, raw| raw.to_owned());
     let shown = shown(&id);
     let Some(t) = f.get("type").and_then(|t| EventType::parse(t)) else {

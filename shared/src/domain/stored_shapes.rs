@@ -156,6 +156,7 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
             },
         ),
         ("DDEV", "DDEV") => ("dashboard known device", keyed::<dashboard::KnownDevice>()),
+        ("DINVITE", "DINVITE") => ("dashboard invitation", record::<dashboard::Invitation>()),
         ("DFORM", "FENCE") => ("dashboard form fence", FENCE),
         ("DSESS", "DSESS") => ("dashboard session", keyed::<dashboard::DashboardSession>()),
         ("DUSER", "DUSER") => ("dashboard user", record::<dashboard::DashboardUser>()),

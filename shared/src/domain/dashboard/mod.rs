@@ -17,7 +17,9 @@ use crate::time::Timestamp;
 mod audit;
 mod devices;
 mod forms;
+mod invitations;
 pub mod operator;
+mod roles;
 mod sessions;
 #[cfg(test)]
 mod signin_tests;
@@ -34,6 +36,12 @@ pub use devices::{
     network_of,
 };
 pub use forms::{FormClaim, claim_form, complete_form, form_fence, new_form_nonce};
+pub use invitations::{
+    AcceptError, INVITATION_TTL, Invitation, InvitationState, JOIN_ATTEMPTS_PER_ADDRESS,
+    accept_with_password, invitation_hash_ok, invite, join_attempt, open_invitation,
+    pending_invitations, revoke_invitation,
+};
+pub use roles::{Action, allows};
 pub use sessions::{
     ABSOLUTE, ATTEMPT_WINDOW, ATTEMPTS_PER_ACCOUNT_AND_ADDRESS, DashboardSession, SessionEnd,
     SignInRequest, SignedIn, clear_notice, new_form_token, open_session, same_token, sign_in,
@@ -52,10 +60,12 @@ pub use users::{
 pub enum Role {
     /// Everything, people and the audit log included.
     Owner,
-    /// Everything but people and the audit log.
+    /// Everything but people and the audit log, and in live mode neither
+    /// provider credentials nor secret keys.
     Developer,
     /// Reads payments, refunds, links, invoices and the overview; changes
-    /// nothing and sees no keys, credentials or webhook endpoints.
+    /// nothing and sees no keys, credentials or webhook endpoints. What
+    /// each role may do is [`allows`]'s table.
     Viewer,
 }
 
@@ -72,43 +82,6 @@ impl Role {
         [Role::Owner, Role::Developer, Role::Viewer]
             .into_iter()
             .find(|r| r.as_str() == s)
-    }
-
-    /// Whether this role may do `what`.
-    pub fn may(self, what: Permission) -> bool {
-        match what {
-            Permission::Read => true,
-            Permission::Act | Permission::Secrets => self != Role::Viewer,
-            Permission::People => self == Role::Owner,
-        }
-    }
-}
-
-/// The kinds of things a page or action needs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Permission {
-    /// Payments, refunds, links, invoices, SMS log, the overview.
-    Read,
-    /// Refunds, links, invoices, webhook endpoints: changes to the
-    /// business's records.
-    Act,
-    /// API keys and provider credentials, and the webhook endpoints.
-    Secrets,
-    /// People and the audit log.
-    People,
-}
-
-impl Permission {
-    pub fn refusal(self) -> Refusal {
-        Refusal::forbidden(
-            "permission_denied",
-            match self {
-                Permission::Read => "Your role cannot see this",
-                Permission::Act => "Your role can look but not change anything",
-                Permission::Secrets => "Your role cannot see keys, credentials or webhooks",
-                Permission::People => "Only an owner can do this",
-            },
-        )
     }
 }
 

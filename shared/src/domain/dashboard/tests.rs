@@ -4,7 +4,7 @@ use super::*;
 use crate::AppState;
 use crate::domain::Mode;
 use crate::domain::account::{Plan, create_merchant, create_project};
-use crate::ids::ProjectId;
+use crate::ids::{MerchantId, ProjectId};
 use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
 use crate::testenv::at;
@@ -46,14 +46,24 @@ async fn setup() -> (AppState, DashboardUser, ProjectId) {
 
 #[test]
 fn roles_allow_what_the_issue_says() {
-    use Permission::*;
-    assert!(Role::Viewer.may(Read));
-    assert!(!Role::Viewer.may(Act));
-    assert!(!Role::Viewer.may(Secrets));
-    assert!(!Role::Viewer.may(People));
-    assert!(Role::Developer.may(Act) && Role::Developer.may(Secrets));
-    assert!(!Role::Developer.may(People));
-    assert!(Role::Owner.may(People));
+    use super::Action::{ChangeRecords, People, ReadCredentials, ReadKeys, ReadRecords, Webhooks};
+    let may = |r: Role, a: super::Action| {
+        super::allows(r, a, Mode::Sandbox) && super::allows(r, a, Mode::Live)
+    };
+    let secrets = [ReadKeys, ReadCredentials, Webhooks];
+    assert!(may(Role::Viewer, ReadRecords));
+    assert!(!super::allows(Role::Viewer, ChangeRecords, Mode::Sandbox));
+    assert!(
+        secrets
+            .iter()
+            .all(|a| !super::allows(Role::Viewer, *a, Mode::Sandbox))
+    );
+    assert!(!super::allows(Role::Viewer, People, Mode::Sandbox));
+    assert!(
+        may(Role::Developer, ChangeRecords) && secrets.iter().all(|a| may(Role::Developer, *a))
+    );
+    assert!(!super::allows(Role::Developer, People, Mode::Sandbox));
+    assert!(may(Role::Owner, People));
     for r in [Role::Owner, Role::Developer, Role::Viewer] {
         assert_eq!(Role::parse(r.as_str()), Some(r));
     }
@@ -506,4 +516,196 @@ fn an_audit_entry_is_kept_in_its_merchants_log_by_time() {
             format!("{}#aud_1", entry.at.to_rfc3339())
         )
     );
+}
+
+/// An invitation from the owner of `setup`'s merchant.
+async fn invited(deps: &AppState, owner: &DashboardUser, email: &str) -> (String, Invitation) {
+    invite(
+        deps,
+        at("2026-11-26T10:00:00Z"),
+        &owner.merchant_id,
+        &owner.id,
+        email,
+        Role::Developer,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test]
+async fn an_invitation_is_pending_then_accepted_once() {
+    let (deps, owner, _) = setup().await;
+    let now = at("2026-11-26T10:00:00Z");
+    let (token, inv) = invited(&deps, &owner, " New@Himal.np").await;
+    assert_eq!(
+        (inv.state, inv.email.as_str()),
+        (InvitationState::Pending, "new@himal.np")
+    );
+    assert_eq!(inv.expires_at, now.plus(INVITATION_TTL));
+    // Stored by the token's hash only: no item holds the token.
+    let stored = format!("{:?}", deps.store.get(&Invitation::key(&inv.hash)).await);
+    assert!(
+        !stored.contains(&token) && stored.contains(&inv.hash),
+        "{stored}"
+    );
+    assert!(
+        open_invitation(&deps, now, &token)
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    );
+    assert_eq!(
+        pending_invitations(&deps, now, &owner.merchant_id)
+            .await
+            .map(|v| v.len())
+            .ok(),
+        Some(1)
+    );
+    // A short password leaves it pending.
+    let short = accept_with_password(&deps, now, &token, "short").await;
+    assert!(matches!(
+        short,
+        Err(AcceptError::Dashboard(DashboardError::Invalid { .. }))
+    ));
+    let user = accept_with_password(&deps, now, &token, PASSWORD)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (user.role, user.merchant_id.clone()),
+        (Role::Developer, owner.merchant_id.clone())
+    );
+    assert!(
+        find_user_by_email(&*deps.store, "new@himal.np")
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    );
+    // Used: it opens nothing and accepts nothing more.
+    assert!(
+        open_invitation(&deps, now, &token)
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+    );
+    let again = accept_with_password(&deps, now, &token, PASSWORD).await;
+    assert!(matches!(again, Err(AcceptError::Unusable)), "{again:?}");
+    assert_eq!(
+        pending_invitations(&deps, now, &owner.merchant_id)
+            .await
+            .map(|v| v.len())
+            .ok(),
+        Some(0)
+    );
+}
+
+#[tokio::test]
+async fn expired_revoked_and_unknown_invitations_are_alike_unusable() {
+    let (deps, owner, _) = setup().await;
+    let now = at("2026-11-26T10:00:00Z");
+    let (token, _) = invited(&deps, &owner, "late@himal.np").await;
+    let later = now.plus(INVITATION_TTL);
+    assert!(
+        open_invitation(&deps, later, &token)
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+    );
+    let late = accept_with_password(&deps, later, &token, PASSWORD).await;
+    assert!(matches!(late, Err(AcceptError::Unusable)), "{late:?}");
+    assert_eq!(
+        pending_invitations(&deps, later, &owner.merchant_id)
+            .await
+            .map(|v| v.len())
+            .ok(),
+        Some(0)
+    );
+
+    let (token, inv) = invited(&deps, &owner, "gone@himal.np").await;
+    // Another merchant's owner cannot revoke it; its own can, once.
+    let other = MerchantId::stored("mer_00000000000000000000000001");
+    assert!(matches!(
+        revoke_invitation(&deps, now, &other, &inv.hash).await,
+        Ok(false)
+    ));
+    assert!(matches!(
+        revoke_invitation(&deps, now, &owner.merchant_id, &inv.hash).await,
+        Ok(true)
+    ));
+    assert!(matches!(
+        revoke_invitation(&deps, now, &owner.merchant_id, &inv.hash).await,
+        Ok(false)
+    ));
+    let revoked = accept_with_password(&deps, now, &token, PASSWORD).await;
+    assert!(matches!(revoked, Err(AcceptError::Unusable)), "{revoked:?}");
+    assert!(
+        find_user_by_email(&*deps.store, "gone@himal.np")
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+    );
+
+    for bad in [
+        "",
+        "di_x",
+        "ds_0000000000000000000000000000000000000000000",
+        "di_00000000000000000000000000000000000000000000",
+    ] {
+        assert!(
+            open_invitation(&deps, now, bad)
+                .await
+                .ok()
+                .flatten()
+                .is_none(),
+            "{bad}"
+        );
+        let r = accept_with_password(&deps, now, bad, PASSWORD).await;
+        assert!(matches!(r, Err(AcceptError::Unusable)), "{bad}: {r:?}");
+    }
+    assert!(!invitation_hash_ok("../x") && invitation_hash_ok(&inv.hash));
+}
+
+#[tokio::test]
+async fn inviting_an_address_with_an_account_answers_alike() {
+    let (deps, owner, _) = setup().await;
+    // The owner's own address has an account: the invitation is made the
+    // same way, and accepting it with a password is refused.
+    let (token, inv) = invited(&deps, &owner, "owner@himal.np").await;
+    assert_eq!(inv.state, InvitationState::Pending);
+    let now = at("2026-11-26T10:00:00Z");
+    let r = accept_with_password(&deps, now, &token, PASSWORD).await;
+    assert!(matches!(r, Err(AcceptError::HasAccount)), "{r:?}");
+    assert!(
+        open_invitation(&deps, now, &token)
+            .await
+            .ok()
+            .flatten()
+            .is_some(),
+        "still pending"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_concurrent_accepts_exactly_one_wins() {
+    let (deps, owner, _) = setup().await;
+    let now = at("2026-11-26T10:00:00Z");
+    for round in 0..4 {
+        let (token, _) = invited(&deps, &owner, &format!("race{round}@himal.np")).await;
+        let (a, b) = tokio::join!(
+            accept_with_password(&deps, now, &token, PASSWORD),
+            accept_with_password(&deps, now, &token, "another long password"),
+        );
+        let won = [a.is_ok(), b.is_ok()];
+        assert_eq!(won.iter().filter(|w| **w).count(), 1, "{a:?} {b:?}");
+        let lost = if a.is_ok() { b } else { a };
+        assert!(matches!(lost, Err(AcceptError::Unusable)), "{lost:?}");
+    }
+    let people = list_users(&deps, &owner.merchant_id)
+        .await
+        .unwrap_or_default();
+    assert_eq!(people.len(), 5, "the owner and one per invitation");
 }

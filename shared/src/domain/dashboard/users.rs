@@ -12,7 +12,7 @@ use crate::app::Deps;
 use crate::domain::record::{Changes, Record, from_item};
 use crate::ids::{MerchantId, UserId};
 use crate::keys;
-use crate::store::{Cond, Index, Key, Query, Store, StoreError};
+use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// The claim of an email by the one user who signs in with it: written
@@ -161,10 +161,27 @@ pub async fn create_user(
     {
         return Err(DashboardError::UnknownMerchant);
     }
+    let (user, ops) = new_user(now, merchant_id, &email, role, password).await?;
+    match store.transact(ops).await {
+        Ok(()) => Ok(user),
+        Err(e) if e.is_condition_failure() => Err(DashboardError::EmailTaken),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A new user of `merchant_id` and the writes that store it with the
+/// claim of its (normalized) email, where neither is yet.
+pub(super) async fn new_user(
+    now: Timestamp,
+    merchant_id: &MerchantId,
+    email: &str,
+    role: Role,
+    password: &str,
+) -> Result<(DashboardUser, Vec<TxOp>), DashboardError> {
     let user = DashboardUser {
         id: UserId::new(),
         merchant_id: merchant_id.clone(),
-        email: email.clone(),
+        email: email.to_owned(),
         role,
         password_hash: hash_password(password).await?,
         disabled: false,
@@ -172,15 +189,11 @@ pub async fn create_user(
         created_at: now,
     };
     let claim = EmailClaim {
-        email,
+        email: email.to_owned(),
         user_id: user.id.clone(),
     };
     let ops = vec![claim.put_new()?, user.put_new()?];
-    match store.transact(ops).await {
-        Ok(()) => Ok(user),
-        Err(e) if e.is_condition_failure() => Err(DashboardError::EmailTaken),
-        Err(e) => Err(e.into()),
-    }
+    Ok((user, ops))
 }
 
 /// The user with this id.
