@@ -2,3 +2,4 @@
 //! Bikram Sambat dates and billing periods; no store, no HTTP.
 
 pub mod calendar;
+pub mod period;
