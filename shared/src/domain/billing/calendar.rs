@@ -165,8 +165,11 @@ mod tests {
         BsDate::new(y, m, d).unwrap()
     }
 
+    type Bs = (u16, u8, u8);
+    type Ad = (i32, u32, u32);
+
     /// Published BS/AD pairs, each with where it was published.
-    const PUBLISHED: [((u16, u8, u8), (i32, u32, u32)); 9] = [
+    const PUBLISHED: [(Bs, Ad); 9] = [
         // Nepal's new year 2081 (orissadiary.com, "New Year 2081 Bikram
         // Sambat being celebrated across Nepal today", 2024-04-13).
         ((2081, 1, 1), (2024, 4, 13)),
