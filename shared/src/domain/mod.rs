@@ -5,6 +5,7 @@ pub mod account;
 pub mod active;
 pub mod analytics;
 pub mod attempts;
+pub mod billing;
 pub mod checkout;
 pub mod credentials;
 pub mod dashboard;
