@@ -4,10 +4,9 @@
 //! headers, roles, tenancy, the sandbox/live switch, sign-out (here and
 //! everywhere) and the audit log. Both backends.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use dhukuti_tests::browser::{form_encode, tags};
+use dhukuti_tests::dash::{Dash, Reply, field};
 use dhukuti_tests::{Tenant, TestApp, Which, on_both_backends, spawn_app};
 use shared::domain::dashboard::{self, Role};
 use shared::domain::{Mode, Provider};
@@ -15,123 +14,9 @@ use shared::time::{Clock, SystemClock};
 
 const PASSWORD: &str = "a long dashboard password";
 
-/// A browser with a cookie jar that follows no redirect by itself.
-struct Dash {
-    http: reqwest::Client,
-    base: String,
-    jar: HashMap<String, String>,
-    /// The `Set-Cookie` headers of the last answer.
-    set_cookies: Vec<String>,
-}
-
-struct Answer {
-    status: u16,
-    location: String,
-    headers: reqwest::header::HeaderMap,
-    body: String,
-}
-
-impl Answer {
-    fn show(&self) -> String {
-        let body: String = self.body.chars().take(600).collect();
-        format!("HTTP {} -> {:?}: {body}", self.status, self.location)
-    }
-}
-
-impl Dash {
-    fn new(base: &str) -> Dash {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(Duration::from_secs(30))
-            .build()
-            .unwrap_or_else(|e| panic!("client: {e}"));
-        Dash {
-            http,
-            base: base.to_owned(),
-            jar: HashMap::new(),
-            set_cookies: Vec::new(),
-        }
-    }
-
-    async fn send(&mut self, req: reqwest::RequestBuilder) -> Answer {
-        let cookies: Vec<String> = self.jar.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let req = if cookies.is_empty() {
-            req
-        } else {
-            req.header("cookie", cookies.join("; "))
-        };
-        let res = req
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("request failed: {e}"));
-        self.set_cookies.clear();
-        for v in res.headers().get_all("set-cookie") {
-            let line = v.to_str().unwrap_or("").to_owned();
-            if let Some((name, rest)) = line.split(';').next().and_then(|p| p.split_once('=')) {
-                if line.contains("Max-Age=0") || rest.is_empty() {
-                    self.jar.remove(name);
-                } else {
-                    self.jar.insert(name.to_owned(), rest.to_owned());
-                }
-            }
-            self.set_cookies.push(line);
-        }
-        Answer {
-            status: res.status().as_u16(),
-            location: res
-                .headers()
-                .get("location")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_owned(),
-            headers: res.headers().clone(),
-            body: res.text().await.unwrap_or_default(),
-        }
-    }
-
-    async fn get(&mut self, path: &str) -> Answer {
-        let req = self.http.get(format!("{}{path}", self.base));
-        self.send(req).await
-    }
-
-    async fn post(&mut self, path: &str, fields: &[(&str, &str)]) -> Answer {
-        let fields: Vec<(String, String)> = fields
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        let req = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(form_encode(&fields));
-        self.send(req).await
-    }
-
-    /// The sign-in form's token (fetching the form sets its cookie).
-    async fn form_token(&mut self) -> String {
-        let page = self.get("/dashboard/sign-in").await;
-        assert_eq!(page.status, 200, "{}", page.show());
-        csrf(&page.body)
-    }
-
-    /// Signs in; answers the redirect.
-    async fn sign_in(&mut self, email: &str, password: &str) -> Answer {
-        let token = self.form_token().await;
-        self.post(
-            "/dashboard/sign-in",
-            &[("email", email), ("password", password), ("csrf", &token)],
-        )
-        .await
-    }
-}
-
 /// The first form's CSRF token on a page.
 fn csrf(body: &str) -> String {
-    tags(body, "input")
-        .into_iter()
-        .find(|t| t.get("name") == Some("csrf"))
-        .and_then(|t| t.get("value").map(str::to_owned))
-        .unwrap_or_else(|| panic!("no csrf field in {body}"))
+    field(body, "csrf")
 }
 
 async fn user(app: &TestApp, tenant: &Tenant, email: &str, role: Role) {
@@ -543,15 +428,6 @@ async fn guessing_a_password_is_throttled(which: Which) {
     assert!(r.body.contains("Too many sign-in attempts"), "{}", r.show());
     assert!(!b.jar.contains_key("dhukuti_session"));
     app.stop().await;
-}
-
-/// A field's value in the first form on a page that has it.
-fn field(body: &str, name: &str) -> String {
-    tags(body, "input")
-        .into_iter()
-        .find(|t| t.get("name") == Some(name))
-        .and_then(|t| t.get("value").map(str::to_owned))
-        .unwrap_or_else(|| panic!("no {name} field in {body}"))
 }
 
 async fn refund_count(app: &TestApp, t: &Tenant, payment: &str) -> u64 {
@@ -1278,7 +1154,7 @@ async fn provider_credentials_are_set_and_never_shown(which: Which) {
 }
 
 /// Presses "Ask <provider>" on the credentials page.
-async fn ask(dev: &mut Dash, token: &str, provider: &str) -> Answer {
+async fn ask(dev: &mut Dash, token: &str, provider: &str) -> Reply {
     dev.post(
         "/dashboard/credentials/check",
         &[("csrf", token), ("provider", provider)],

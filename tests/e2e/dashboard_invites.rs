@@ -8,15 +8,15 @@ use dhukuti_tests::{Which, on_both_backends, spawn_app};
 use shared::domain::dashboard::Role;
 use shared::domain::{Mode, Provider};
 
-use crate::dashboard_roles::{Browser, PASSWORD, field, signed_in, user};
+use crate::dashboard_roles::{Dash, PASSWORD, field, signed_in, user};
 
 /// Invites `email` as `role` from the people page; the answer and the
 /// link's path (`/dashboard/join/…`).
 async fn invite(
-    owner: &mut Browser,
+    owner: &mut Dash,
     email: &str,
     role: &str,
-) -> (crate::dashboard_roles::Answer, String) {
+) -> (crate::dashboard_roles::Reply, String) {
     let page = owner.get("/dashboard/people").await;
     assert_eq!(page.status, 200, "{}", page.show());
     let at = page.body.find("action=\"/dashboard/people\"").unwrap_or(0);
@@ -77,7 +77,7 @@ async fn an_invited_person_joins_once_and_sees_only_this_merchant(which: Which) 
     assert!(!people.body.contains(token), "the link is shown once");
 
     // The person opens the link, sets a password, and signs in.
-    let mut person = Browser::new(&app.base);
+    let mut person = Dash::new(&app.base);
     let page = person.get(&join).await;
     assert_eq!(page.status, 200, "{}", page.show());
     assert!(page.body.contains("new@himal.np"), "{}", page.show());
@@ -97,9 +97,9 @@ async fn an_invited_person_joins_once_and_sees_only_this_merchant(which: Which) 
     );
 
     // Used, revoked and unknown links: one page for all.
-    let used = Browser::new(&app.base).get(&join).await;
+    let used = Dash::new(&app.base).get(&join).await;
     assert_eq!(used.status, 404, "{}", used.show());
-    let again = Browser::new(&app.base)
+    let again = Dash::new(&app.base)
         .post(&join, &[("password", "another long password")])
         .await;
     assert_eq!(
@@ -117,12 +117,12 @@ async fn an_invited_person_joins_once_and_sees_only_this_merchant(which: Which) 
         )
         .await;
     assert_eq!(r.status, 303, "{}", r.show());
-    let revoked = Browser::new(&app.base).get(&known_join).await;
+    let revoked = Dash::new(&app.base).get(&known_join).await;
     assert_eq!(
         (revoked.status, revoked.body.as_str()),
         (404, used.body.as_str())
     );
-    let unknown = Browser::new(&app.base)
+    let unknown = Dash::new(&app.base)
         .get("/dashboard/join/di_0000000000000000000000000000000000000000000")
         .await;
     assert_eq!(
@@ -133,7 +133,7 @@ async fn an_invited_person_joins_once_and_sees_only_this_merchant(which: Which) 
     assert!(audit.body.contains("person.invite"), "{}", audit.show());
 
     // The keyless route is bounded per address.
-    let mut guesser = Browser::new(&app.base);
+    let mut guesser = Dash::new(&app.base);
     let mut limited = false;
     for _ in 0..40 {
         let r = guesser

@@ -5,10 +5,9 @@
 //! a developer may in sandbox. Both backends. The small browser here is
 //! also the invitations' (`dashboard_invites.rs`).
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use dhukuti_tests::browser::{form_encode, tags};
+pub(crate) use dhukuti_tests::dash::{Dash, Reply, field};
 use dhukuti_tests::{TestApp, Which, on_both_backends, spawn_app};
 use shared::domain::account::{self, KeyKind};
 use shared::domain::credentials;
@@ -17,126 +16,6 @@ use shared::domain::{Mode, Provider};
 use shared::time::{Clock, SystemClock};
 
 pub(crate) const PASSWORD: &str = "a long dashboard password";
-
-/// A browser with a cookie jar that follows no redirect by itself.
-pub(crate) struct Browser {
-    http: reqwest::Client,
-    base: String,
-    jar: HashMap<String, String>,
-}
-
-pub(crate) struct Answer {
-    pub status: u16,
-    pub location: String,
-    pub body: String,
-}
-
-impl Answer {
-    pub fn show(&self) -> String {
-        let body: String = self.body.chars().take(800).collect();
-        format!("HTTP {} -> {:?}: {body}", self.status, self.location)
-    }
-}
-
-impl Browser {
-    pub fn new(base: &str) -> Browser {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(Duration::from_secs(30))
-            .build()
-            .unwrap_or_else(|e| panic!("client: {e}"));
-        Browser {
-            http,
-            base: base.to_owned(),
-            jar: HashMap::new(),
-        }
-    }
-
-    async fn send(&mut self, req: reqwest::RequestBuilder) -> Answer {
-        let cookies: Vec<String> = self.jar.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let req = if cookies.is_empty() {
-            req
-        } else {
-            req.header("cookie", cookies.join("; "))
-        };
-        let res = req
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("request failed: {e}"));
-        for v in res.headers().get_all("set-cookie") {
-            let line = v.to_str().unwrap_or("").to_owned();
-            if let Some((name, rest)) = line.split(';').next().and_then(|p| p.split_once('=')) {
-                if line.contains("Max-Age=0") || rest.is_empty() {
-                    self.jar.remove(name);
-                } else {
-                    self.jar.insert(name.to_owned(), rest.to_owned());
-                }
-            }
-        }
-        Answer {
-            status: res.status().as_u16(),
-            location: res
-                .headers()
-                .get("location")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_owned(),
-            body: res.text().await.unwrap_or_default(),
-        }
-    }
-
-    pub async fn get(&mut self, path: &str) -> Answer {
-        let req = self.http.get(format!("{}{path}", self.base));
-        self.send(req).await
-    }
-
-    pub async fn post(&mut self, path: &str, fields: &[(&str, &str)]) -> Answer {
-        let fields: Vec<(String, String)> = fields
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        let req = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(form_encode(&fields));
-        self.send(req).await
-    }
-
-    /// Signs in; answers the sign-in form's answer.
-    pub async fn sign_in(&mut self, email: &str, password: &str) -> Answer {
-        let page = self.get("/dashboard/sign-in").await;
-        assert_eq!(page.status, 200, "{}", page.show());
-        let token = field(&page.body, "csrf");
-        self.post(
-            "/dashboard/sign-in",
-            &[("email", email), ("password", password), ("csrf", &token)],
-        )
-        .await
-    }
-
-    /// Switches the session to `mode` of `project`.
-    pub async fn switch(&mut self, project: &str, mode: &str) {
-        let page = self.get("/dashboard").await;
-        let token = field(&page.body, "csrf");
-        let r = self
-            .post(
-                "/dashboard/view",
-                &[("csrf", &token), ("project", project), ("mode", mode)],
-            )
-            .await;
-        assert_eq!(r.status, 303, "{}", r.show());
-    }
-}
-
-/// The value of the first input named `name` on a page.
-pub(crate) fn field(body: &str, name: &str) -> String {
-    tags(body, "input")
-        .into_iter()
-        .find(|t| t.get("name") == Some(name))
-        .and_then(|t| t.get("value").map(str::to_owned))
-        .unwrap_or_else(|| panic!("no {name} field in {body}"))
-}
 
 pub(crate) async fn user(
     app: &TestApp,
@@ -156,8 +35,8 @@ pub(crate) async fn user(
     .unwrap_or_else(|e| panic!("user: {e}"));
 }
 
-pub(crate) async fn signed_in(app: &TestApp, email: &str) -> Browser {
-    let mut b = Browser::new(&app.base);
+pub(crate) async fn signed_in(app: &TestApp, email: &str) -> Dash {
+    let mut b = Dash::new(&app.base);
     let r = b.sign_in(email, PASSWORD).await;
     assert_eq!(r.status, 303, "{}", r.show());
     b
@@ -258,7 +137,7 @@ async fn a_viewer_sees_no_endpoint_or_delivery_answer(which: Which) {
 }
 
 /// Sets Khalti credentials from the credentials page; the answer.
-async fn set_khalti(b: &mut Browser, secret: &str) -> Answer {
+async fn set_khalti(b: &mut Dash, secret: &str) -> Reply {
     let page = b.get("/dashboard/credentials").await;
     assert_eq!(page.status, 200, "{}", page.show());
     let token = field(&page.body, "csrf");
@@ -274,7 +153,7 @@ async fn set_khalti(b: &mut Browser, secret: &str) -> Answer {
 }
 
 /// Issues a key of `kind` from the keys page; the answer.
-async fn issue(b: &mut Browser, kind: &str) -> Answer {
+async fn issue(b: &mut Dash, kind: &str) -> Reply {
     let page = b.get("/dashboard/keys").await;
     assert_eq!(page.status, 200, "{}", page.show());
     let (token, nonce) = (field(&page.body, "csrf"), field(&page.body, "nonce"));

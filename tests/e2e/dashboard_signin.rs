@@ -8,10 +8,9 @@
 //! audit page shows sign-in success, failure, throttling and sign-out, and
 //! what `dhukuti-admin user …` did.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use dhukuti_tests::browser::{form_encode, tags};
+use dhukuti_tests::dash::Dash;
 use dhukuti_tests::{TestApp, Which, on_both_backends, spawn_app};
 use shared::domain::dashboard::{self, Role};
 use shared::time::{Clock, SystemClock};
@@ -19,122 +18,6 @@ use shared::time::{Clock, SystemClock};
 const PASSWORD: &str = "a long dashboard password";
 const OWNER: &str = "owner@himal.np";
 const OTHER: &str = "clerk@himal.np";
-
-/// A browser at one loopback address, with a cookie jar, following no
-/// redirect.
-struct Browser {
-    http: reqwest::Client,
-    base: String,
-    jar: HashMap<String, String>,
-    set_cookies: Vec<String>,
-}
-
-struct Answer {
-    status: u16,
-    body: String,
-}
-
-impl Answer {
-    fn show(&self) -> String {
-        let body: String = self.body.chars().take(400).collect();
-        format!("HTTP {}: {body}", self.status)
-    }
-}
-
-impl Browser {
-    fn at(app: &TestApp, ip: [u8; 4]) -> Browser {
-        let http = reqwest::Client::builder()
-            .local_address(std::net::IpAddr::from(ip))
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(Duration::from_secs(30))
-            .build()
-            .unwrap_or_else(|e| panic!("client: {e}"));
-        Browser {
-            http,
-            base: app.base.clone(),
-            jar: HashMap::new(),
-            set_cookies: Vec::new(),
-        }
-    }
-
-    async fn send(&mut self, req: reqwest::RequestBuilder) -> Answer {
-        let cookies: Vec<String> = self.jar.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let req = if cookies.is_empty() {
-            req
-        } else {
-            req.header("cookie", cookies.join("; "))
-        };
-        let res = req
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("request failed: {e}"));
-        self.set_cookies.clear();
-        for v in res.headers().get_all("set-cookie") {
-            let line = v.to_str().unwrap_or("").to_owned();
-            if let Some((name, rest)) = line.split(';').next().and_then(|p| p.split_once('=')) {
-                if line.contains("Max-Age=0") || rest.is_empty() {
-                    self.jar.remove(name);
-                } else {
-                    self.jar.insert(name.to_owned(), rest.to_owned());
-                }
-            }
-            self.set_cookies.push(line);
-        }
-        Answer {
-            status: res.status().as_u16(),
-            body: res.text().await.unwrap_or_default(),
-        }
-    }
-
-    async fn get(&mut self, path: &str) -> Answer {
-        let req = self.http.get(format!("{}{path}", self.base));
-        self.send(req).await
-    }
-
-    async fn post(&mut self, path: &str, fields: &[(&str, &str)]) -> Answer {
-        let fields: Vec<(String, String)> = fields
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        let req = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(form_encode(&fields));
-        self.send(req).await
-    }
-
-    /// The sign-in form's token (fetching the form sets its cookie).
-    async fn form_token(&mut self) -> String {
-        let page = self.get("/dashboard/sign-in").await;
-        assert_eq!(page.status, 200, "{}", page.show());
-        field(&page.body, "csrf")
-    }
-
-    async fn sign_in(&mut self, email: &str, password: &str) -> Answer {
-        let token = self.form_token().await;
-        self.post(
-            "/dashboard/sign-in",
-            &[("email", email), ("password", password), ("csrf", &token)],
-        )
-        .await
-    }
-
-    /// This page's CSRF token (a signed-in page).
-    async fn csrf(&mut self) -> String {
-        let page = self.get("/dashboard/refunds").await;
-        assert_eq!(page.status, 200, "{}", page.show());
-        field(&page.body, "csrf")
-    }
-}
-
-fn field(body: &str, name: &str) -> String {
-    tags(body, "input")
-        .into_iter()
-        .find(|t| t.get("name") == Some(name))
-        .and_then(|t| t.get("value").map(str::to_owned))
-        .unwrap_or_else(|| panic!("no {name} field in {body}"))
-}
 
 async fn setup(which: Which) -> Option<TestApp> {
     let app = spawn_app(which).await?;
@@ -165,7 +48,7 @@ async fn steady_window() {
 /// one more try of each bucket.
 async fn attack(app: &TestApp, flooded: [u8; 4]) {
     for a in 0..10u8 {
-        let mut b = Browser::at(app, [127, 0, 0, 10 + a]);
+        let mut b = Dash::at(&app.base, [127, 0, 0, 10 + a]);
         let token = b.form_token().await;
         for n in 0..dashboard::ATTEMPTS_PER_ACCOUNT_AND_ADDRESS {
             let r = b
@@ -181,7 +64,7 @@ async fn attack(app: &TestApp, flooded: [u8; 4]) {
             assert_eq!(r.status, 401, "{a}/{n}: {}", r.show());
         }
     }
-    let mut b = Browser::at(app, flooded);
+    let mut b = Dash::at(&app.base, flooded);
     let token = b.form_token().await;
     for n in 0..30 {
         let email = format!("nobody{n}@himal.np");
@@ -206,7 +89,7 @@ async fn a_known_device_signs_in_through_a_guessing_attack(which: Which) {
     // before: it carries the known-device cookie, for the sign-in form
     // only, HttpOnly and SameSite=Strict.
     let home = [127, 0, 0, 2];
-    let mut owner = Browser::at(&app, home);
+    let mut owner = Dash::at(&app.base, home);
     let r = owner.sign_in(OWNER, PASSWORD).await;
     assert_eq!(r.status, 303, "{}", r.show());
     let device = owner
@@ -223,7 +106,7 @@ async fn a_known_device_signs_in_through_a_guessing_attack(which: Which) {
     ] {
         assert!(device.contains(attr), "{device}");
     }
-    let token = owner.csrf().await;
+    let token = owner.csrf_of("/dashboard/refunds").await;
     let r = owner.post("/dashboard/sign-out", &[("csrf", &token)]).await;
     assert_eq!(r.status, 303, "{}", r.show());
     assert!(owner.jar.contains_key("dhukuti_device"), "kept on sign-out");
@@ -233,14 +116,14 @@ async fn a_known_device_signs_in_through_a_guessing_attack(which: Which) {
 
     // Held: a cookieless browser for the owner anywhere (per email), and
     // for another user at the flooded address (per address).
-    let mut stranger = Browser::at(&app, [127, 0, 0, 3]);
+    let mut stranger = Dash::at(&app.base, [127, 0, 0, 3]);
     let r = stranger.sign_in(OWNER, PASSWORD).await;
     assert_eq!(r.status, 429, "{}", r.show());
-    let mut neighbour = Browser::at(&app, home);
+    let mut neighbour = Dash::at(&app.base, home);
     let r = neighbour.sign_in(OTHER, PASSWORD).await;
     assert_eq!(r.status, 429, "{}", r.show());
     // A tampered device cookie is no device, and no error.
-    let mut forger = Browser::at(&app, [127, 0, 0, 4]);
+    let mut forger = Dash::at(&app.base, [127, 0, 0, 4]);
     let mut forged = owner.jar["dhukuti_device"].clone();
     let last = if forged.ends_with('A') { "B" } else { "A" };
     forged.pop();
@@ -283,7 +166,7 @@ async fn a_known_device_signs_in_through_a_guessing_attack(which: Which) {
     assert!(!audit.body.contains("127.0.0.10<"), "{}", audit.show());
 
     // Sign out everywhere: the old device cookie no longer bypasses.
-    let token = owner.csrf().await;
+    let token = owner.csrf_of("/dashboard/refunds").await;
     let r = owner
         .post("/dashboard/sign-out-everywhere", &[("csrf", &token)])
         .await;
@@ -323,12 +206,12 @@ async fn operator_actions_and_sign_out_are_audited(which: Which) {
     dashboard::operator::set_disabled(state, now, "new@himal.np", true)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let mut owner = Browser::at(&app, [127, 0, 0, 2]);
+    let mut owner = Dash::at(&app.base, [127, 0, 0, 2]);
     let r = owner.sign_in(OWNER, PASSWORD).await;
     assert_eq!(r.status, 303, "{}", r.show());
     let r = owner.sign_in(OWNER, "wrong password!").await;
     assert_eq!(r.status, 401, "{}", r.show());
-    let token = owner.csrf().await;
+    let token = owner.csrf_of("/dashboard/refunds").await;
     let r = owner.post("/dashboard/sign-out", &[("csrf", &token)]).await;
     assert_eq!(r.status, 303, "{}", r.show());
     let r = owner.sign_in(OWNER, PASSWORD).await;

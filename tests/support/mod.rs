@@ -3,6 +3,7 @@
 //! payments directly through the domain.
 
 pub mod browser;
+pub mod dash;
 pub mod shop;
 pub mod sse;
 
