@@ -103,7 +103,7 @@ pub async fn accept(
     let body: Bytes = body;
     let password = form(&body).get("password").cloned().unwrap_or_default();
     let now = state.clock.now();
-    match dashboard::accept_with_password(&state, now, &token, &password).await {
+    match dashboard::accept_with_password(&state, now, &token, &password, &address).await {
         Ok(_) => see_other("/dashboard/sign-in?joined=1"),
         Err(AcceptError::Unusable) => unusable(),
         Err(AcceptError::HasAccount) => html(

@@ -14,11 +14,12 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::audit::{AuditEntry, audit_op};
 use super::users::{new_user, normalize_email};
 use super::{DashboardError, DashboardUser, Role, random_alnum};
 use crate::app::Deps;
 use crate::domain::record::{Changes, Entry, Record, all_of, get};
-use crate::ids::{MerchantId, UserId};
+use crate::ids::{AuditId, MerchantId, ProjectId, UserId};
 use crate::keys;
 use crate::store::{Cond, Index, Key, Query, StoreError};
 use crate::time::Timestamp;
@@ -193,6 +194,7 @@ pub async fn accept_with_password(
     now: Timestamp,
     token: &str,
     password: &str,
+    from: &str,
 ) -> Result<DashboardUser, AcceptError> {
     let invitation = open_invitation(deps, now, token)
         .await?
@@ -213,6 +215,8 @@ pub async fn accept_with_password(
         update: accepted.into(),
         cond: Some(Invitation::still_usable(now)),
     });
+    // The joining is audited in its own transaction: no entry, no person.
+    ops.push(audit_op(&joined(&user, now, from))?);
     match deps.store.transact(ops).await {
         Ok(()) => Ok(user),
         Err(e) if e.is_condition_failure() => {
@@ -223,6 +227,24 @@ pub async fn accept_with_password(
             }
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// The audit entry of `user` joining through an invitation from `from`
+/// (no session yet: no project).
+fn joined(user: &DashboardUser, now: Timestamp, from: &str) -> AuditEntry {
+    AuditEntry {
+        id: AuditId::new(),
+        merchant_id: user.merchant_id.clone(),
+        user_id: user.id.clone(),
+        email: user.email.clone(),
+        action: "person.join".to_owned(),
+        target: user.id.to_string(),
+        project_id: ProjectId::default(),
+        mode: None,
+        detail: format!("as {}", user.role.as_str()),
+        address: from.to_owned(),
+        at: now,
     }
 }
 

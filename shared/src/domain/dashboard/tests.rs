@@ -563,18 +563,28 @@ async fn an_invitation_is_pending_then_accepted_once() {
         Some(1)
     );
     // A short password leaves it pending.
-    let short = accept_with_password(&deps, now, &token, "short").await;
+    let short = accept_with_password(&deps, now, &token, "short", "127.0.0.1").await;
     assert!(matches!(
         short,
         Err(AcceptError::Dashboard(DashboardError::Invalid { .. }))
     ));
-    let user = accept_with_password(&deps, now, &token, PASSWORD)
+    let user = accept_with_password(&deps, now, &token, PASSWORD, "127.0.0.1")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         (user.role, user.merchant_id.clone()),
         (Role::Developer, owner.merchant_id.clone())
     );
+    // Joining is audited in the same transaction, as the person.
+    let (log, _) = list_audit(&deps, &owner.merchant_id, None, 10)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let joined: Vec<(&str, &str)> = log
+        .iter()
+        .filter(|e| e.action == "person.join")
+        .map(|e| (e.email.as_str(), e.address.as_str()))
+        .collect();
+    assert_eq!(joined, [("new@himal.np", "127.0.0.1")]);
     assert!(
         find_user_by_email(&*deps.store, "new@himal.np")
             .await
@@ -590,7 +600,7 @@ async fn an_invitation_is_pending_then_accepted_once() {
             .flatten()
             .is_none()
     );
-    let again = accept_with_password(&deps, now, &token, PASSWORD).await;
+    let again = accept_with_password(&deps, now, &token, PASSWORD, "127.0.0.1").await;
     assert!(matches!(again, Err(AcceptError::Unusable)), "{again:?}");
     assert_eq!(
         pending_invitations(&deps, now, &owner.merchant_id)
@@ -614,7 +624,7 @@ async fn expired_revoked_and_unknown_invitations_are_alike_unusable() {
             .flatten()
             .is_none()
     );
-    let late = accept_with_password(&deps, later, &token, PASSWORD).await;
+    let late = accept_with_password(&deps, later, &token, PASSWORD, "127.0.0.1").await;
     assert!(matches!(late, Err(AcceptError::Unusable)), "{late:?}");
     assert_eq!(
         pending_invitations(&deps, later, &owner.merchant_id)
@@ -639,7 +649,7 @@ async fn expired_revoked_and_unknown_invitations_are_alike_unusable() {
         revoke_invitation(&deps, now, &owner.merchant_id, &inv.hash).await,
         Ok(false)
     ));
-    let revoked = accept_with_password(&deps, now, &token, PASSWORD).await;
+    let revoked = accept_with_password(&deps, now, &token, PASSWORD, "127.0.0.1").await;
     assert!(matches!(revoked, Err(AcceptError::Unusable)), "{revoked:?}");
     assert!(
         find_user_by_email(&*deps.store, "gone@himal.np")
@@ -663,7 +673,7 @@ async fn expired_revoked_and_unknown_invitations_are_alike_unusable() {
                 .is_none(),
             "{bad}"
         );
-        let r = accept_with_password(&deps, now, bad, PASSWORD).await;
+        let r = accept_with_password(&deps, now, bad, PASSWORD, "127.0.0.1").await;
         assert!(matches!(r, Err(AcceptError::Unusable)), "{bad}: {r:?}");
     }
     assert!(!invitation_hash_ok("../x") && invitation_hash_ok(&inv.hash));
@@ -677,7 +687,7 @@ async fn inviting_an_address_with_an_account_answers_alike() {
     let (token, inv) = invited(&deps, &owner, "owner@himal.np").await;
     assert_eq!(inv.state, InvitationState::Pending);
     let now = at("2026-11-26T10:00:00Z");
-    let r = accept_with_password(&deps, now, &token, PASSWORD).await;
+    let r = accept_with_password(&deps, now, &token, PASSWORD, "127.0.0.1").await;
     assert!(matches!(r, Err(AcceptError::HasAccount)), "{r:?}");
     assert!(
         open_invitation(&deps, now, &token)
@@ -696,8 +706,8 @@ async fn of_two_concurrent_accepts_exactly_one_wins() {
     for round in 0..4 {
         let (token, _) = invited(&deps, &owner, &format!("race{round}@himal.np")).await;
         let (a, b) = tokio::join!(
-            accept_with_password(&deps, now, &token, PASSWORD),
-            accept_with_password(&deps, now, &token, "another long password"),
+            accept_with_password(&deps, now, &token, PASSWORD, "127.0.0.1"),
+            accept_with_password(&deps, now, &token, "another long password", "127.0.0.1"),
         );
         let won = [a.is_ok(), b.is_ok()];
         assert_eq!(won.iter().filter(|w| **w).count(), 1, "{a:?} {b:?}");
