@@ -978,7 +978,11 @@ async fn events_function_serves_only_the_edge_when_one_is_configured(which: Whic
         )
         .await;
         assert_eq!(status(&res), 403, "{headers:?}: {res}");
-        assert_eq!(body_of(&res)["error"]["code"], "forbidden", "{res}");
+        assert_eq!(
+            body_of(&res)["error"],
+            "event streams are served through the gateway's own domain",
+            "{res}"
+        );
     }
     let through = [spoof, ("x-dhukuti-origin-secret", secret)];
     let res = call(

@@ -110,13 +110,14 @@ async fn from_the_edge(
 ) -> Response {
     let secret = state.origin_secret();
     if secret.is_some() && !edge::requests::carries_origin_secret(secret, req.headers()) {
-        return edge::ApiError::new(
+        // As the stream's other refusals: not an API route, no error code.
+        return (
             StatusCode::FORBIDDEN,
-            edge::ErrorType::InvalidRequestError,
-            "forbidden",
-            "Event streams are served through the gateway's own domain",
+            edge::Json(json!({
+                "error": "event streams are served through the gateway's own domain"
+            })),
         )
-        .into_response();
+            .into_response();
     }
     next.run(req).await
 }
