@@ -21,6 +21,13 @@ pub enum IdKind {
     Sms,
     DashboardUser,
     AuditEntry,
+    BillingCustomer,
+    BillingPlan,
+    Subscription,
+    BillingInvoice,
+    DunningPolicy,
+    TestClock,
+    Mail,
 }
 
 impl IdKind {
@@ -40,6 +47,13 @@ impl IdKind {
             IdKind::Sms => "sms_",
             IdKind::DashboardUser => "usr_",
             IdKind::AuditEntry => "aud_",
+            IdKind::BillingCustomer => "cus_",
+            IdKind::BillingPlan => "bp_",
+            IdKind::Subscription => "sub_",
+            IdKind::BillingInvoice => "inv_",
+            IdKind::DunningPolicy => "dpol_",
+            IdKind::TestClock => "clock_",
+            IdKind::Mail => "mail_",
         }
     }
 }
@@ -308,6 +322,21 @@ typed_ids! {
     UserId => DashboardUser, "user";
     /// `aud_…`: an audit log entry.
     AuditId => AuditEntry, "audit entry";
+    /// `cus_…`: a billing customer (one-time invoices keep their opaque
+    /// `customerId` reference instead).
+    CustomerId => BillingCustomer, "customer";
+    /// `bp_…`: a billing plan (the prefix the SDK's guide shows).
+    PlanId => BillingPlan, "plan";
+    /// `sub_…`: a subscription.
+    SubscriptionId => Subscription, "subscription";
+    /// `inv_…`: a billing (subscription) invoice; one-time ones are `oinv_`.
+    BillingInvoiceId => BillingInvoice, "billing invoice";
+    /// `dpol_…`: a dunning policy.
+    DunningPolicyId => DunningPolicy, "dunning policy";
+    /// `clock_…`: a sandbox test clock.
+    TestClockId => TestClock, "test clock";
+    /// `mail_…`: an email message.
+    MailId => Mail, "mail";
 }
 
 #[cfg(test)]
