@@ -17,6 +17,7 @@ mod dashboard;
 mod dashboard_browser;
 mod dashboard_host;
 mod dashboard_invites;
+mod dashboard_members;
 mod dashboard_roles;
 mod dashboard_signin;
 mod docs_page;

@@ -1,6 +1,9 @@
 //! `/dashboard/join/{token}`: the keyless page an invitation's link opens,
 //! where the invited person sets their password and so joins the
-//! merchant (`dashboard::accept_with_password`). Every request takes a
+//! merchant, or, when their address signs in to another merchant
+//! already, enters that account's password (`dashboard::accept`: one form
+//! for both, so the page tells nothing of the address; the existing
+//! account's password is checked on the sign-in's throttle). Every request takes a
 //! slot of the client address's budget for these links before anything
 //! is read; a link that is malformed, unknown, used, revoked or expired
 //! gets one page, the same for all. The token in the path is the form's
@@ -58,7 +61,8 @@ fn join_form(token: &str, email: &str, error: Option<&str>, status: StatusCode) 
         main id="main" .signin {
             h1 { "Join the dashboard" }
             @if let Some(e) = error { p.error role="alert" { (e) } }
-            p { "You were invited as " strong { (email) } ". Choose a password (at least 12 characters) to join." }
+            p { "You were invited as " strong { (email) } "." }
+            p { "If this address signs in to a Dhukuti dashboard already, enter that password: you keep one sign-in for every merchant. Otherwise choose a password (at least 12 characters)." }
             form.stack method="post" action={ "/dashboard/join/" (token) } autocomplete="off" {
                 label for="password" { "Password" }
                 input id="password" name="password" type="password" required minlength="12" maxlength="256" autocomplete="new-password";
@@ -103,26 +107,38 @@ pub async fn accept(
     let body: Bytes = body;
     let password = form(&body).get("password").cloned().unwrap_or_default();
     let now = state.clock.now();
-    match dashboard::accept_with_password(&state, now, &token, &password, &address).await {
+    let again = |message: &str, status: StatusCode| {
+        let (state, token, message) = (state.clone(), token.clone(), message.to_owned());
+        async move {
+            match dashboard::open_invitation(&state, now, &token).await {
+                Ok(Some(inv)) => join_form(&token, &inv.email, Some(&message), status),
+                _ => unusable(),
+            }
+        }
+    };
+    match dashboard::accept(&state, now, &token, &password, &address).await {
         Ok(_) => see_other("/dashboard/sign-in?joined=1"),
         Err(AcceptError::Unusable) => unusable(),
         Err(AcceptError::HasAccount) => html(
             StatusCode::CONFLICT,
             pages::message(
-                "You have an account already",
-                "This address signs in to another merchant's dashboard already; joining a second merchant with it is not possible yet. Ask the person who invited you to use another address.",
+                "Try again",
+                "This address got an account while you were joining. Open the link again and enter that account's password.",
+            ),
+        ),
+        Err(AcceptError::AlreadyMember) => html(
+            StatusCode::CONFLICT,
+            pages::message(
+                "You are in this dashboard already",
+                "This address is a person of this merchant already: sign in, and switch to it in the header.",
             ),
         ),
         Err(AcceptError::Dashboard(dashboard::DashboardError::Invalid { message, .. })) => {
-            match dashboard::open_invitation(&state, now, &token).await {
-                Ok(Some(inv)) => join_form(
-                    &token,
-                    &inv.email,
-                    Some(&message),
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                ),
-                _ => unusable(),
-            }
+            again(&message, StatusCode::UNPROCESSABLE_ENTITY).await
+        }
+        Err(AcceptError::Dashboard(dashboard::DashboardError::WrongCredentials)) => {
+            let message = "That is not the password of this address's account.";
+            again(message, StatusCode::UNAUTHORIZED).await
         }
         Err(AcceptError::Dashboard(e)) => crate::failure(e),
     }

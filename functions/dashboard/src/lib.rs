@@ -6,6 +6,7 @@
 //! | `GET, POST /dashboard/sign-in` | The sign-in form and its answer (throttled per email and address; a known device on its own budget). |
 //! | `POST /dashboard/sign-out`, `/dashboard/sign-out-everywhere` | End this session, or every session of the user. |
 //! | `POST /dashboard/view` | Switch project or sandbox/live. |
+//! | `POST /dashboard/switch` | Switch to another merchant the person belongs to (checked on the server). |
 //! | `GET /dashboard` | The overview: the last 30 days and their chart. |
 //! | `GET /dashboard/payments`, `/dashboard/payments/{id}` | Payments, and one with its attempt and refunds. |
 //! | `GET /dashboard/audit` | Who did what (owners). |
@@ -89,6 +90,7 @@ pub fn router(state: AppState) -> Router {
             .route("/dashboard/sign-out", post(sign_out))
             .route("/dashboard/sign-out-everywhere", post(sign_out_everywhere))
             .route("/dashboard/view", post(switch_view))
+            .route("/dashboard/switch", post(switch_merchant))
             .route("/dashboard/payments", get(payments_page))
             .route("/dashboard/payments/{id}", get(payment_page))
             .route("/dashboard/payments/{id}/refund", post(refund))
@@ -492,6 +494,8 @@ impl Signed {
                 .collect(),
             current,
             alert: None,
+            merchant_id: self.session.merchant_id.to_string(),
+            merchants: Vec::new(),
         }
     }
 }
@@ -709,7 +713,37 @@ async fn switch_view(State(state): State<AppState>, signed: Signed, body: Bytes)
     Ok(see_other(&local_path(f.get("back"))))
 }
 
-/// The header of a signed-in page (reads the merchant's projects).
+/// Points the session at another merchant of the person's: the form
+/// names it, the server checks the membership (a forged one is the 403
+/// page and the session is unchanged).
+async fn switch_merchant(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
+    let f = form(&body);
+    signed.check_csrf(&f)?;
+    let not_member = || fail(dashboard::DashboardError::NotMember);
+    let merchant = f
+        .get("merchant")
+        .and_then(|raw| shared::ids::MerchantId::parse(raw))
+        .ok_or_else(not_member)?;
+    dashboard::switch_merchant(&state, &signed.cookie, &signed.session, &merchant)
+        .await
+        .map_err(fail)?;
+    Ok(see_other("/dashboard"))
+}
+
+/// The merchants the person may switch to, "name (role)" (none when only
+/// one: the header then shows no switcher).
+async fn switchable(state: &AppState, signed: &Signed) -> Result<Vec<(String, String)>, Stop> {
+    let merchants = dashboard::switchable_merchants(state, &signed.user.id)
+        .await
+        .map_err(fail)?;
+    Ok(merchants
+        .into_iter()
+        .map(|(id, name, role)| (id.into_string(), format!("{name} ({})", role.as_str())))
+        .collect())
+}
+
+/// The header of a signed-in page (reads the merchant's projects and the
+/// person's merchants).
 pub(crate) async fn nav(
     state: &AppState,
     signed: &Signed,
@@ -719,6 +753,7 @@ pub(crate) async fn nav(
         .await
         .map_err(fail)?;
     let mut nav = signed.nav(projects, current);
+    nav.merchants = switchable(state, signed).await?;
     if signed.session.notice.is_some() {
         dashboard::clear_notice(state, &signed.cookie)
             .await

@@ -1,5 +1,6 @@
 //! The dashboard's HTML (maud: every value escaped). One layout: a header
-//! with the project and sandbox/live switch and the person signed in, a
+//! with the merchant switcher (for a person of several), the project and
+//! sandbox/live switch and the person signed in, a
 //! navigation of the pages the role may see, a main landmark. No script.
 
 use maud::{DOCTYPE, Markup, html};
@@ -29,6 +30,11 @@ pub struct Nav {
     /// A notice shown once, above the page (failed sign-ins since the
     /// last one).
     pub alert: Option<String>,
+    /// The merchant the session looks at.
+    pub merchant_id: String,
+    /// (id, "name (role)") of the merchants the person may switch to;
+    /// empty when they belong to one only.
+    pub merchants: Vec<(String, String)>,
 }
 
 /// The pages, their paths and who sees them in the navigation.
@@ -120,6 +126,18 @@ pub(crate) fn layout(nav: &Nav, title: &str, body: Markup) -> String {
                 a.skip href="#main" { "Skip to content" }
                 header.top {
                     span.brand { "Dhukuti" }
+                    @if !nav.merchants.is_empty() {
+                        form method="post" action="/dashboard/switch" {
+                            input type="hidden" name="csrf" value=(nav.csrf);
+                            label for="merchant" { "Merchant" }
+                            select id="merchant" name="merchant" {
+                                @for (id, name) in &nav.merchants {
+                                    option value=(id) selected[*id == nav.merchant_id] { (name) }
+                                }
+                            }
+                            button type="submit" { "Switch merchant" }
+                        }
+                    }
                     form method="post" action="/dashboard/view" {
                         input type="hidden" name="csrf" value=(nav.csrf);
                         input type="hidden" name="back" value=(PAGES.iter().find(|p| p.0 == nav.current).map(|p| p.1).unwrap_or("/dashboard"));

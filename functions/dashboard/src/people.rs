@@ -1,7 +1,9 @@
 //! People (owners only): the merchant's dashboard users, inviting one
 //! with a role (a single-use link shown once, `dashboard::invite`; the
 //! invited person sets their password at `/dashboard/join/{token}`),
-//! revoking a pending invitation, changing a role, disabling and enabling. An owner cannot change
+//! revoking a pending invitation, changing a role, disabling and enabling,
+//! removing a person whose first merchant is another (only this
+//! merchant's membership goes: `dashboard::remove_member`). An owner cannot change
 //! themselves here, so no account is left without an owner by a slip.
 //! Every change is in the audit log.
 
@@ -30,6 +32,15 @@ async fn show(
     let users = dashboard::list_users(state, &signed.user.merchant_id)
         .await
         .map_err(fail)?;
+    // People whose first merchant is another: their password is not this
+    // merchant's to set; their membership is this merchant's to remove.
+    let members = dashboard::list_members(state, &signed.user.merchant_id)
+        .await
+        .map_err(fail)?;
+    let people = users
+        .iter()
+        .map(|u| (u, true))
+        .chain(members.iter().map(|u| (u, false)));
     let invited =
         dashboard::pending_invitations(state, state.clock.now(), &signed.user.merchant_id)
             .await
@@ -41,7 +52,7 @@ async fn show(
         div.panel {
             table {
                 thead { tr { th scope="col" { "Person" } th scope="col" { "Role" } th scope="col" { "State" } th scope="col" { "Since" } th scope="col" { "Change" } } }
-                tbody { @for u in &users {
+                tbody { @for (u, first) in people {
                     tr {
                         td { (u.email) }
                         td { (u.role.as_str()) }
@@ -60,7 +71,11 @@ async fn show(
                                     " "
                                     button type="submit" name="do" value="role" { "Change role" }
                                     " "
-                                    button type="submit" name="do" value="password" { "New password" }
+                                    @if first {
+                                        button type="submit" name="do" value="password" { "New password" }
+                                    } @else {
+                                        button type="submit" name="do" value="remove" { "Remove" }
+                                    }
                                     " "
                                     @if u.disabled {
                                         button type="submit" name="do" value="enable" { "Enable" }
@@ -252,6 +267,14 @@ pub async fn change(
             p { a href="/dashboard/people" { "← People" } }
         };
         return Ok(html(StatusCode::OK, layout(&nav, "New password", body)));
+    }
+    if f.get("do").map(String::as_str) == Some("remove") {
+        let user_id = user_id?;
+        let entry = signed.entry(&state, "person.remove", &user_id, "");
+        dashboard::remove_member(&state, &signed.user.merchant_id, &user_id, &entry)
+            .await
+            .map_err(fail)?;
+        return Ok(see_other("/dashboard/people?changed=1"));
     }
     let what = match (
         f.get("do").map(String::as_str),

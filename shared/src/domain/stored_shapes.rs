@@ -160,6 +160,9 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
         ("DFORM", "FENCE") => ("dashboard form fence", FENCE),
         ("DSESS", "DSESS") => ("dashboard session", keyed::<dashboard::DashboardSession>()),
         ("DUSER", "DUSER") => ("dashboard user", record::<dashboard::DashboardUser>()),
+        ("DUSER", s) if s.starts_with("DMEM#") => {
+            ("dashboard membership", record::<dashboard::Membership>())
+        }
         ("DUSER", "DFAIL") => (
             "dashboard failed sign-ins",
             keyed::<dashboard::FailedSignIns>(),

@@ -7,7 +7,10 @@
 //! becomes the person's only when they open the link and set a password:
 //! the user, the claim of the email and the invitation's acceptance are
 //! one transaction, conditional on the invitation still being pending and
-//! unexpired, so of two concurrent accepts exactly one wins.
+//! unexpired, so of two concurrent accepts exactly one wins. An address
+//! with an account already (at another merchant) accepts by signing in
+//! with its password instead: the membership of this merchant
+//! (`members.rs`) and the acceptance are one transaction alike.
 //!
 //! Inviting reads nothing about the address: its answer is the same
 //! whether or not the address has an account anywhere.
@@ -15,7 +18,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::audit::{AuditEntry, audit_op};
-use super::users::{new_user, normalize_email};
+use super::members::new_membership;
+use super::sessions::{SignInRequest, check_credentials};
+use super::users::{check_password, find_user_by_email, new_user, normalize_email};
 use super::{DashboardError, DashboardUser, Role, random_alnum};
 use crate::app::Deps;
 use crate::domain::record::{Changes, Entry, Record, all_of, get};
@@ -171,9 +176,12 @@ pub enum AcceptError {
     /// Malformed, unknown, used, revoked or expired: one answer for all.
     #[error("this invitation cannot be used")]
     Unusable,
-    /// The address has an account already: it signs in instead.
+    /// The address got an account while this accept ran: try again.
     #[error("this address has an account: sign in to accept")]
     HasAccount,
+    /// The person is of this merchant already.
+    #[error("this person is of this merchant already")]
+    AlreadyMember,
     #[error(transparent)]
     Dashboard(#[from] DashboardError),
 }
@@ -216,7 +224,7 @@ pub async fn accept_with_password(
         cond: Some(Invitation::still_usable(now)),
     });
     // The joining is audited in its own transaction: no entry, no person.
-    ops.push(audit_op(&joined(&user, now, from))?);
+    ops.push(audit_op(&joined(&user, &invitation, now, from))?);
     match deps.store.transact(ops).await {
         Ok(()) => Ok(user),
         Err(e) if e.is_condition_failure() => {
@@ -230,21 +238,99 @@ pub async fn accept_with_password(
     }
 }
 
-/// The audit entry of `user` joining through an invitation from `from`
+/// The audit entry of `user` joining `invitation`'s merchant from `from`
 /// (no session yet: no project).
-fn joined(user: &DashboardUser, now: Timestamp, from: &str) -> AuditEntry {
+fn joined(user: &DashboardUser, invitation: &Invitation, now: Timestamp, from: &str) -> AuditEntry {
     AuditEntry {
         id: AuditId::new(),
-        merchant_id: user.merchant_id.clone(),
+        merchant_id: invitation.merchant_id.clone(),
         user_id: user.id.clone(),
         email: user.email.clone(),
         action: "person.join".to_owned(),
         target: user.id.to_string(),
         project_id: ProjectId::default(),
         mode: None,
-        detail: format!("as {}", user.role.as_str()),
+        detail: format!("as {}", invitation.role.as_str()),
         address: from.to_owned(),
         at: now,
+    }
+}
+
+/// Accepts invitation `token` with `password`: for an address with an
+/// account, that account's password (signing in:
+/// [`accept_with_account`]); for one without, the new account's
+/// ([`accept_with_password`]). A password too short for any account is
+/// refused alike for both before anything else.
+pub async fn accept(
+    deps: &Deps,
+    now: Timestamp,
+    token: &str,
+    password: &str,
+    from: &str,
+) -> Result<DashboardUser, AcceptError> {
+    let invitation = open_invitation(deps, now, token)
+        .await?
+        .ok_or(AcceptError::Unusable)?;
+    check_password(password)?;
+    match find_user_by_email(&*deps.store, &invitation.email).await? {
+        Some(_) => accept_with_account(deps, now, token, password, from).await,
+        None => accept_with_password(deps, now, token, password, from).await,
+    }
+}
+
+/// Accepts invitation `token` for the address's existing account by
+/// signing in with its `password` (the sign-in's throttle and failure
+/// count: a link is no way round them): the membership of the
+/// invitation's merchant, the invitation's acceptance and the audit entry
+/// in one transaction that only a pending, unexpired invitation and no
+/// membership there yet let through (of two concurrent accepts exactly
+/// one wins). Answers the person as a member of the new merchant.
+pub async fn accept_with_account(
+    deps: &Deps,
+    now: Timestamp,
+    token: &str,
+    password: &str,
+    from: &str,
+) -> Result<DashboardUser, AcceptError> {
+    let invitation = open_invitation(deps, now, token)
+        .await?
+        .ok_or(AcceptError::Unusable)?;
+    let req = SignInRequest {
+        email: &invitation.email,
+        password,
+        address: from,
+        device: None,
+    };
+    let (user, _) = check_credentials(deps, now, &req).await?;
+    if user.disabled {
+        return Err(DashboardError::Disabled.into());
+    }
+    if user.merchant_id == invitation.merchant_id {
+        return Err(AcceptError::AlreadyMember);
+    }
+    let accepted = Changes::new()
+        .set(Invitation::STATE, &InvitationState::Accepted)
+        .set_some(Invitation::ACCEPTED_BY, &user.id);
+    let ops = vec![
+        new_membership(now, &user, &invitation.merchant_id, invitation.role)?,
+        crate::store::TxOp::Update {
+            key: invitation.item_key(),
+            update: accepted.into(),
+            cond: Some(Invitation::still_usable(now)),
+        },
+        audit_op(&joined(&user, &invitation, now, from))?,
+    ];
+    match deps.store.transact(ops).await {
+        Ok(()) => Ok(DashboardUser {
+            merchant_id: invitation.merchant_id,
+            role: invitation.role,
+            ..user
+        }),
+        Err(e) if e.is_condition_failure() => match open_invitation(deps, now, token).await? {
+            Some(_) => Err(AcceptError::AlreadyMember),
+            None => Err(AcceptError::Unusable),
+        },
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -18,6 +18,9 @@ mod audit;
 mod devices;
 mod forms;
 mod invitations;
+mod members;
+#[cfg(test)]
+mod members_tests;
 pub mod operator;
 mod roles;
 mod sessions;
@@ -37,15 +40,18 @@ pub use devices::{
 };
 pub use forms::{FormClaim, claim_form, complete_form, form_fence, new_form_nonce};
 pub use invitations::{
-    AcceptError, INVITATION_TTL, Invitation, InvitationState, JOIN_ATTEMPTS_PER_ADDRESS,
-    accept_with_password, invitation_hash_ok, invite, join_attempt, open_invitation,
-    pending_invitations, revoke_invitation,
+    AcceptError, INVITATION_TTL, Invitation, InvitationState, JOIN_ATTEMPTS_PER_ADDRESS, accept,
+    accept_with_account, accept_with_password, invitation_hash_ok, invite, join_attempt,
+    open_invitation, pending_invitations, revoke_invitation,
+};
+pub use members::{
+    Membership, list_members, member_merchants, member_view, remove_member, switchable_merchants,
 };
 pub use roles::{Action, allows};
 pub use sessions::{
     ABSOLUTE, ATTEMPT_WINDOW, ATTEMPTS_PER_ACCOUNT_AND_ADDRESS, DashboardSession, SessionEnd,
     SignInRequest, SignedIn, clear_notice, new_form_token, open_session, same_token, sign_in,
-    sign_in_with, sign_out, sign_out_audited, sign_out_everywhere, switch_view,
+    sign_in_with, sign_out, sign_out_audited, sign_out_everywhere, switch_merchant, switch_view,
 };
 pub use timeline::payment_timeline;
 pub use users::{
@@ -86,7 +92,11 @@ impl Role {
 }
 
 /// A person who signs in to a merchant's dashboard. The password is kept
-/// only as an argon2id PHC string.
+/// only as an argon2id PHC string. `merchant_id` and `role` as stored are
+/// the person's first merchant and their role there; further merchants
+/// are [`Membership`]s. A signed-in request's user is the person as a
+/// member of the session's merchant ([`member_view`]): there these two
+/// fields are that membership's.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DashboardUser {
     pub id: UserId,
@@ -171,6 +181,8 @@ pub enum DashboardError {
     UnknownUser,
     #[error("no such merchant")]
     UnknownMerchant,
+    #[error("not a person of this merchant")]
+    NotMember,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -210,6 +222,10 @@ impl From<DashboardError> for Refusal {
             DashboardError::UnknownMerchant => {
                 Refusal::new(Kind::NotFound, "not_found", "No such merchant")
             }
+            DashboardError::NotMember => Refusal::forbidden(
+                "permission_denied",
+                "You are not a person of this merchant's dashboard",
+            ),
             DashboardError::Store(e) => e.into(),
         }
     }

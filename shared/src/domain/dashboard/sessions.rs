@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::devices::{ATTEMPTS_PER_DEVICE, FailedSignIns};
+use super::members::{Membership, member_view};
 use super::users::{decoy_hash, find_user_by_email, get_user, normalize_email, verify_password};
 use super::{DashboardError, DashboardUser, audit, devices, random_alnum, same};
 use crate::app::Deps;
@@ -190,6 +191,21 @@ pub async fn sign_in_with(
     now: Timestamp,
     req: &SignInRequest<'_>,
 ) -> Result<SignedIn, DashboardError> {
+    let (user, known) = check_credentials(deps, now, req).await?;
+    if user.disabled {
+        return Err(DashboardError::Disabled);
+    }
+    open_signed_in(deps, now, user, req.address, known).await
+}
+
+/// The throttle and the password of a sign-in (or of accepting an
+/// invitation with an existing account): the user whose password matched,
+/// and whether the browser is a known device of theirs.
+pub(super) async fn check_credentials(
+    deps: &Deps,
+    now: Timestamp,
+    req: &SignInRequest<'_>,
+) -> Result<(DashboardUser, bool), DashboardError> {
     let store = &*deps.store;
     let email = normalize_email(req.email).map_err(|_| DashboardError::WrongCredentials)?;
     let device = devices::known_device(store, now, req.device, &email).await?;
@@ -214,10 +230,7 @@ pub async fn sign_in_with(
     for key in &taken {
         public::give_back(store, key).await;
     }
-    if user.disabled {
-        return Err(DashboardError::Disabled);
-    }
-    open_signed_in(deps, now, user, req.address, device.is_some()).await
+    Ok((user, device.is_some()))
 }
 
 /// The buckets a browser that is no known device of the email spends, in
@@ -358,9 +371,11 @@ async fn open_signed_in(
     })
 }
 
-/// The session and user a cookie names, if it is still open: two reads
-/// (the session, its user), and at most one write a minute to keep it
-/// from idling out.
+/// The session and user a cookie names, if it is still open: the user as
+/// a person of the session's merchant (its `merchant_id` and `role` are
+/// that membership's, [`member_view`]). Two reads (the session, its
+/// user), a third on a merchant not the user's first (the membership),
+/// and at most one write a minute to keep it from idling out.
 pub async fn open_session(
     deps: &Deps,
     now: Timestamp,
@@ -380,18 +395,18 @@ pub async fn open_session(
         let _ = store.delete(&key, None).await;
         return Ok(Err(SessionEnd::Expired));
     }
-    let user = match get_user(store, &session.user_id).await? {
-        Some(u)
-            if !u.disabled
-                && u.session_epoch == session.epoch
-                && u.merchant_id == session.merchant_id =>
-        {
-            u
-        }
-        _ => {
-            let _ = store.delete(&key, None).await;
-            return Ok(Err(SessionEnd::Revoked));
-        }
+    let stored = get_user(store, &session.user_id)
+        .await?
+        .filter(|u| !u.disabled && u.session_epoch == session.epoch);
+    // The person as a member of the session's merchant (removed or
+    // disabled there: this session is over; their other merchants not).
+    let user = match stored {
+        Some(u) => member_view(store, &u, &session.merchant_id).await?,
+        None => None,
+    };
+    let Some(user) = user else {
+        let _ = store.delete(&key, None).await;
+        return Ok(Err(SessionEnd::Revoked));
     };
     if session.last_seen_at.plus(TOUCH_EVERY) <= now {
         let stale = DashboardSession::LAST_SEEN_AT.lt(&now.plus(-TOUCH_EVERY));
@@ -484,6 +499,52 @@ pub async fn switch_view(
         .update(&session_key(cookie), update.into(), Some(Cond::Exists))
         .await?;
     Ok(())
+}
+
+/// Points a session at `merchant_id` (its first project, in sandbox),
+/// where the person is an enabled member: checked here on the stored
+/// records, never taken from the form, and again in the session's write
+/// (a membership removed meanwhile fails it). Anything else is
+/// [`DashboardError::NotMember`] and the session stays as it was.
+pub async fn switch_merchant(
+    deps: &Deps,
+    cookie: &str,
+    session: &DashboardSession,
+    merchant_id: &MerchantId,
+) -> Result<(), DashboardError> {
+    let store = &*deps.store;
+    let user = get_user(store, &session.user_id)
+        .await?
+        .filter(|u| u.session_epoch == session.epoch)
+        .ok_or(DashboardError::NotMember)?;
+    if member_view(store, &user, merchant_id).await?.is_none() {
+        return Err(DashboardError::NotMember);
+    }
+    let project = super::super::account::merchant_projects(deps, merchant_id)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or(DashboardError::NoProject)?;
+    let update = Changes::new()
+        .set(DashboardSession::MERCHANT_ID, merchant_id)
+        .set(DashboardSession::PROJECT_ID, &project.id)
+        .set(DashboardSession::MODE, &Mode::Sandbox);
+    let mut ops = vec![TxOp::Update {
+        key: session_key(cookie),
+        update: update.into(),
+        cond: Some(Cond::Exists),
+    }];
+    if user.merchant_id != *merchant_id {
+        ops.push(TxOp::Check {
+            key: Membership::key(&user.id, merchant_id),
+            cond: Cond::And(vec![Cond::Exists, Membership::DISABLED.ne(&true)]),
+        });
+    }
+    match store.transact(ops).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_condition_failure() => Err(DashboardError::NotMember),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A random token for the sign-in form, before there is a session (sent

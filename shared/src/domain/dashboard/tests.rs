@@ -11,7 +11,7 @@ use crate::testenv::at;
 use crate::time::ManualClock;
 use std::sync::Arc;
 
-const PASSWORD: &str = "correct horse battery";
+pub(super) const PASSWORD: &str = "correct horse battery";
 
 /// The rules' dependencies over an in-memory store; tests that read or
 /// write the store itself go through `deps.store`.
@@ -29,7 +29,7 @@ fn deps() -> AppState {
     )
 }
 
-async fn setup() -> (AppState, DashboardUser, ProjectId) {
+pub(super) async fn setup() -> (AppState, DashboardUser, ProjectId) {
     let store = deps();
     let now = at("2026-11-26T10:00:00Z");
     let m = create_merchant(&*store.store, now, "Himal", "a@himal.np", Plan::Growth)

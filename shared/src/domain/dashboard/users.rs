@@ -294,8 +294,10 @@ pub enum UserChange {
     Disabled(bool),
 }
 
-/// Changes `user_id` of `merchant_id` (another merchant's user is
-/// [`DashboardError::UnknownUser`]).
+/// Changes `user_id` of `merchant_id`: the user where it is their first
+/// merchant, else their membership of it (disabling a membership ends
+/// access to this merchant only); a person not of this merchant is
+/// [`DashboardError::UnknownUser`].
 pub async fn change_user(
     deps: &Deps,
     merchant_id: &MerchantId,
@@ -319,13 +321,24 @@ pub async fn change_user(
         .await
     {
         Ok(item) => Ok(from_item(item)?),
-        Err(StoreError::ConditionFailed) => Err(DashboardError::UnknownUser),
+        Err(StoreError::ConditionFailed) => {
+            // Not their first merchant: their membership of this one.
+            let (role, disabled) = match change {
+                UserChange::Role(role) => (Some(role), None),
+                UserChange::Disabled(d) => (None, Some(d)),
+            };
+            super::members::change_membership(store, merchant_id, user_id, role, disabled)
+                .await?
+                .ok_or(DashboardError::UnknownUser)
+        }
         Err(e) => Err(e.into()),
     }
 }
 
 /// An owner gives `user_id` of `merchant_id` a new password (ending their
-/// sessions); another merchant's user is [`DashboardError::UnknownUser`].
+/// sessions); another merchant's user is [`DashboardError::UnknownUser`],
+/// and so is a member whose first merchant is another: the password opens
+/// every merchant of theirs, so only their first merchant's owner sets it.
 pub async fn reset_password_of(
     deps: &Deps,
     merchant_id: &MerchantId,
