@@ -4,9 +4,9 @@
 use super::audit;
 use super::tests::{PASSWORD, setup};
 use super::{
-    AcceptError, DashboardError, DashboardUser, Role, SessionEnd, UserChange, accept, audit_entry,
-    change_user, create_user, invite, list_audit, list_members, member_merchants, open_session,
-    remove_member, reset_password_of, sign_in, sign_out_everywhere, switch_merchant,
+    AcceptError, DashboardError, DashboardUser, Membership, Role, SessionEnd, UserChange, accept,
+    audit_entry, change_user, create_user, invite, list_audit, list_members, member_merchants,
+    open_session, remove_member, reset_password_of, sign_in, sign_out_everywhere, switch_merchant,
 };
 use crate::AppState;
 use crate::domain::account::{Plan, create_merchant, create_project};
@@ -297,4 +297,26 @@ async fn of_two_concurrent_accepts_with_an_account_exactly_one_wins() {
         assert_eq!(merchants.len(), 3, "A, B and C once each");
         assert!(merchants.iter().any(|(m, _)| *m == b) && merchants.iter().any(|(m, _)| *m == c));
     }
+}
+
+#[test]
+fn a_membership_is_stored_beside_its_user_and_listed_by_its_merchant() {
+    use crate::domain::record::{Record, from_item};
+    use crate::ids::UserId;
+    let m = Membership {
+        user_id: UserId::stored("usr_1"),
+        merchant_id: MerchantId::stored("mer_1"),
+        role: Role::Viewer,
+        disabled: false,
+        created_at: at("2026-11-26T10:00:00Z"),
+    };
+    let item = m.to_item().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(item.get("pk").and_then(|v| v.as_str()), Some("DUSER#usr_1"));
+    assert_eq!(item.get("sk").and_then(|v| v.as_str()), Some("DMEM#mer_1"));
+    assert_eq!(
+        item.get("gsi1pk").and_then(|v| v.as_str()),
+        Some("MER#mer_1#DMEM")
+    );
+    let back: Membership = from_item(item).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(back, m);
 }
