@@ -3,9 +3,9 @@
 //! merchant, or, when their address signs in to another merchant
 //! already, enters that account's password (`dashboard::accept`: one form
 //! for both, so the page tells nothing of the address; the existing
-//! account's password is checked on the sign-in's throttle). Every request takes a
-//! slot of the client address's budget for these links before anything
-//! is read; a link that is malformed, unknown, used, revoked or expired
+//! account's password is checked on the sign-in's throttle). Every
+//! request takes a slot of the client address's budget for these links
+//! before anything is read; a link that is malformed, unknown, used, revoked or expired
 //! gets one page, the same for all. The token in the path is the form's
 //! only credential (unguessable, single use), so no CSRF cookie is
 //! needed: a forged post would have to know it.

@@ -3,8 +3,9 @@
 //! invited person sets their password at `/dashboard/join/{token}`),
 //! revoking a pending invitation, changing a role, disabling and enabling,
 //! removing a person whose first merchant is another (only this
-//! merchant's membership goes: `dashboard::remove_member`). An owner cannot change
-//! themselves here, so no account is left without an owner by a slip.
+//! merchant's membership goes: `dashboard::remove_member`). An owner
+//! cannot change themselves here, so no account is left without an owner
+//! by a slip.
 //! Every change is in the audit log.
 
 use axum::body::Bytes;
