@@ -3,7 +3,7 @@
 //! she accepts by signing in with her existing password on the join page;
 //! she switches between A and B in the header, each merchant's pages
 //! (payments, people, keys) show only its own data with her role there
-//! (owner of A, viewer of B); a forged switch to a merchant she does not
+//! (owner of A, viewer then developer of B); a forged switch to a merchant she does not
 //! belong to is refused with the session unchanged while an honest owner
 //! keeps working; removing her from B leaves A intact. Both backends.
 
@@ -58,6 +58,19 @@ async fn invite(owner: &mut Dash, email: &str, role: &str) -> (String, String) {
         .unwrap_or_else(|| panic!("no link: {}", r.show()));
     let token = path.trim_start_matches("/dashboard/join/");
     (r.body.replace(email, "EMAIL").replace(token, "TOKEN"), path)
+}
+
+/// The action of the people page's form changing `email`.
+fn person_form(body: &str, email: &str) -> String {
+    let at = body
+        .find(email)
+        .unwrap_or_else(|| panic!("{email} not listed: {body}"));
+    let form_at = body[at..].find("<form").map_or(at, |i| at + i);
+    body[form_at..]
+        .split_once("action=\"")
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map(|(a, _)| a.to_owned())
+        .unwrap_or_else(|| panic!("no form for {email}: {body}"))
 }
 
 /// Switches the session to `merchant` with the header's form.
@@ -158,6 +171,27 @@ async fn a_person_of_two_merchants_switches_between_them(which: Which) {
         .await;
     assert_eq!(no_csrf.status, 403, "{}", no_csrf.show());
 
+    // B's owner makes her a developer there: B's keys, never A's.
+    let people = owner.get("/dashboard/people").await;
+    let action = person_form(&people.body, "asha@other.np");
+    let csrf = field(&people.body, "csrf");
+    let r = owner
+        .post(
+            &action,
+            &[("csrf", &csrf), ("do", "role"), ("role", "developer")],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let keys = asha.get("/dashboard/keys").await;
+    assert_eq!(keys.status, 200, "{}", keys.show());
+    assert!(keys.body.contains(key_b.as_str()), "{}", keys.show());
+    assert!(!keys.body.contains(key_a.as_str()), "{}", keys.show());
+    assert_eq!(
+        asha.get("/dashboard/people").await.status,
+        403,
+        "a developer"
+    );
+
     // Back to A: an owner there again.
     let r = switch_to(&mut asha, a.merchant.id.as_str()).await;
     assert_eq!(r.status, 303, "{}", r.show());
@@ -167,16 +201,7 @@ async fn a_person_of_two_merchants_switches_between_them(which: Which) {
 
     // B's owner removes her from B: her session on B ends; A is intact.
     let people = owner.get("/dashboard/people").await;
-    let at = people
-        .body
-        .find("asha@other.np")
-        .unwrap_or_else(|| panic!("{}", people.show()));
-    let form_at = people.body[at..].find("<form").map_or(at, |i| at + i);
-    let action = people.body[form_at..]
-        .split_once("action=\"")
-        .and_then(|(_, rest)| rest.split_once('"'))
-        .map(|(a, _)| a.to_owned())
-        .unwrap_or_else(|| panic!("{}", people.show()));
+    let action = person_form(&people.body, "asha@other.np");
     let csrf = field(&people.body, "csrf");
     let r = owner
         .post(&action, &[("csrf", &csrf), ("do", "remove")])

@@ -6,7 +6,8 @@ use super::tests::{PASSWORD, setup};
 use super::{
     AcceptError, DashboardError, DashboardUser, Membership, Role, SessionEnd, UserChange, accept,
     audit_entry, change_user, create_user, invite, list_audit, list_members, member_merchants,
-    open_session, remove_member, reset_password_of, sign_in, sign_out_everywhere, switch_merchant,
+    open_session, remove_member, reset_password, reset_password_of, sign_in, sign_out_everywhere,
+    switch_merchant,
 };
 use crate::AppState;
 use crate::domain::account::{Plan, create_merchant, create_project};
@@ -208,7 +209,7 @@ async fn removing_a_membership_leaves_the_other_merchants() {
 }
 
 #[tokio::test]
-async fn disabling_a_membership_and_signing_out_everywhere() {
+async fn disabling_a_membership_signing_out_everywhere_and_a_new_password() {
     let (deps, asha, _) = setup().await;
     let (b, b_owner) = merchant(&deps, "Other", "owner@other.np").await;
     let now = at("2026-11-26T10:00:00Z");
@@ -245,6 +246,20 @@ async fn disabling_a_membership_and_signing_out_everywhere() {
     let actor = audit::Actor::of(&asha, &s.session, FROM);
     let entry = audit_entry(&actor, now, "sign_out_everywhere", &asha.id, "");
     sign_out_everywhere(&deps, &asha.id, &entry)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        seen(&deps, &s.cookie).await.err(),
+        Some(SessionEnd::Revoked)
+    );
+    // So does a new password.
+    let s = sign_in(&deps, now, "owner@himal.np", PASSWORD, FROM)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    switch_merchant(&deps, &s.cookie, &s.session, &b)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    reset_password(&*deps.store, "owner@himal.np", "a brand new password")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
