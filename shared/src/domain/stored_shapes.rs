@@ -130,14 +130,22 @@ const FENCE: Check = Check::Attributes {
 /// The kind of the item at (`pk`, `sk`), and how to check it.
 fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
     use super::{
-        account, active, checkout, dashboard, idempotency, invoices, links, outbox, payments,
-        refunds, sms, webhooks,
+        account, active, billing, checkout, dashboard, idempotency, invoices, links, outbox,
+        payments, refunds, sms, webhooks,
     };
     let head = pk.split('#').next().unwrap_or("");
     let parts = pk.split('#').count();
     Some(match (head, sk) {
         ("ACTIVE", _) => ("active project", record::<active::Active>()),
         ("AKEY", "AKEY") => ("api key", record::<account::ApiKey>()),
+        ("BINV", "BINV") => (
+            "billing invoice",
+            record::<billing::invoice::BillingInvoice>(),
+        ),
+        ("BINV", "DUNNING") => (
+            "invoice dunning state",
+            record::<billing::dunning::DunningState>(),
+        ),
         ("AKEY", s) if s.starts_with("SPEND#") => {
             ("api key spend", record::<checkout::SpendCounter>())
         }
@@ -154,6 +162,10 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
                 always: &["merchant_id", "project_id", "payments_seeded"],
                 also: &[],
             },
+        ),
+        ("DPOL", "DPOL") => (
+            "dunning policy",
+            record::<billing::dunning::DunningPolicy>(),
         ),
         ("DDEV", "DDEV") => ("dashboard known device", keyed::<dashboard::KnownDevice>()),
         ("DINVITE", "DINVITE") => ("dashboard invitation", record::<dashboard::Invitation>()),
@@ -195,6 +207,10 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
             "invoice number sequence",
             record::<invoices::InvoiceSequence>(),
         ),
+        ("PROJ", "DPOL#DEFAULT") if parts == 3 => (
+            "dunning default",
+            record::<billing::dunning::DefaultPolicy>(),
+        ),
         ("PROJ", "ALL#INIT") => (
             "session totals marker",
             record::<super::totals::AllTimeMarker>(),
@@ -212,6 +228,14 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
         ("PROJ", _) if pk.ends_with("#WE") => ("webhook endpoint", record::<webhooks::Endpoint>()),
         ("RATE", "RATE") => ("api key rate window", COUNT_TTL),
         ("REF", "REF") => ("refund", record::<refunds::Refund>()),
+        ("SUB", "SUB") => (
+            "subscription",
+            record::<billing::subscription::Subscription>(),
+        ),
+        ("SUB", s) if s.starts_with("PERIOD#") => (
+            "billing period claim",
+            record::<billing::invoice::PeriodClaim>(),
+        ),
         ("SMS", "SMS") => ("sms reminder", record::<sms::SmsReminder>()),
         ("SMSCNT", _) => ("sms hour count", record::<sms::SmsCount>()),
         ("SMSQUOTA", _) => ("sms month quota", record::<sms::SmsCount>()),
@@ -480,4 +504,107 @@ fn a_session_written_with_one_provider_field_reads_as_before() {
         problems(&new, &check).is_empty(),
         "the new field writes back"
     );
+}
+
+/// The billing records (issue 39) are newer than the fixture: every item a
+/// subscription's life writes (the subscription, its period claim, the
+/// invoice with a payment and an overpayment, the number counter, dunning
+/// policies, the default pointer, an invoice's dunning state) has its kind
+/// here and writes back as it was stored.
+#[tokio::test]
+async fn every_billing_item_has_a_kind_and_writes_back_the_same() {
+    use super::billing::dunning::{self, Attempt, AttemptKind, AttemptOutcome, Channel};
+    use super::billing::invoice::{self, PaymentSource};
+    use super::billing::subscription::{self, NewSubscription};
+    use super::{Mode, Provider, Tenant};
+    use crate::testenv::at;
+    use std::sync::Arc;
+
+    let store = match EmbeddedStore::in_memory() {
+        Ok(s) => Arc::new(s),
+        Err(e) => panic!("in-memory store: {e}"),
+    };
+    let deps = crate::AppState::new(
+        store.clone(),
+        Arc::new(crate::time::ManualClock::new(at("2026-01-10T06:00:00Z"))),
+        crate::Config {
+            public_base_url: "http://127.0.0.1:8080".into(),
+            events_base_url: None,
+            dashboard_base_url: None,
+        },
+    );
+    let tenant = Tenant::new("proj_shapes", Mode::Sandbox);
+    let now = at("2026-01-10T06:00:00Z");
+    let mut metadata = Map::new();
+    metadata.insert("seat".into(), Value::from("A-1"));
+    let input = NewSubscription {
+        customer_id: "cus_1".into(),
+        plan_id: "bp_1".into(),
+        terms: super::billing::terms::monthly(),
+        reference_id: Some("order-7".into()),
+        metadata,
+        start: now,
+        trial_ends_at: None,
+        billing_anchor_day: Some(5),
+        dunning_policy_id: None,
+        test_clock_id: None,
+    };
+    let sub = subscription::new_subscription(&tenant, input, now).unwrap();
+    subscription::create(&deps, &sub).await.unwrap();
+    let period = sub.current_period().unwrap();
+    let inv = invoice::issue_invoice(&deps, &sub, period, now)
+        .await
+        .unwrap()
+        .invoice;
+    for payment in ["pay_1", "pay_2"] {
+        let source = PaymentSource::Online {
+            payment_id: payment.into(),
+            provider: Provider::Khalti,
+        };
+        invoice::pay_invoice(&deps, &tenant, &inv.id, source, inv.amount_due, now)
+            .await
+            .unwrap();
+    }
+    let p = dunning::new_policy(
+        &tenant,
+        "Standard",
+        &[1, 3, 7],
+        dunning::FinalAction::Cancel,
+        now,
+    )
+    .unwrap();
+    dunning::create_policy(&deps, &p, true).await.unwrap();
+    let q = dunning::new_policy(&tenant, "Other", &[2], dunning::FinalAction::Pause, now).unwrap();
+    dunning::create_policy(&deps, &q, false).await.unwrap();
+    dunning::set_default(&deps, &tenant, &q.id).await.unwrap();
+    let state = dunning::start_dunning(&deps, &tenant, &inv.id, &p.id)
+        .await
+        .unwrap();
+    let attempt = Attempt {
+        at: now,
+        kind: AttemptKind::Reminder,
+        channel: Channel::Sms,
+        outcome: AttemptOutcome::Logged,
+        interval: Some(0),
+    };
+    dunning::append_attempt(&deps, &state, attempt)
+        .await
+        .unwrap();
+
+    let items = match store.scan_all() {
+        Ok(items) => items,
+        Err(e) => panic!("scan: {e}"),
+    };
+    let seen = check_all("billing", &items);
+    for kind in [
+        "subscription",
+        "billing period claim",
+        "billing invoice",
+        "invoice number sequence",
+        "dunning policy",
+        "dunning default",
+        "invoice dunning state",
+    ] {
+        assert!(seen.contains_key(kind), "{kind} written: {seen:?}");
+    }
 }

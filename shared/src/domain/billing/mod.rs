@@ -1,5 +1,11 @@
-//! Recurring billing (issue 39). For now its pure foundation: Nepal days,
-//! Bikram Sambat dates and billing periods; no store, no HTTP.
+//! Recurring billing (issue 39): Nepal days, Bikram Sambat dates and
+//! billing periods; the terms a subscription bills, the subscription and
+//! billing invoice state machines and records, exactly one invoice per
+//! period, payments taken exactly once, and dunning policies. No HTTP.
 
 pub mod calendar;
+pub mod dunning;
+pub mod invoice;
 pub mod period;
+pub mod subscription;
+pub mod terms;

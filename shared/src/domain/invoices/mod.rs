@@ -34,7 +34,7 @@ pub use drafts::{
     AdjustInvoice, CorrectInvoice, CreateInvoice, FinalizeInvoice, InvoiceCheckout, InvoiceError,
     LineInput, PatchInvoice, create, get, get_any, list, new_draft, patch,
 };
-pub use numbering::{InvoiceSequence, discard, finalize};
+pub use numbering::{InvoiceSequence, discard, finalize, last_number, take_number};
 #[cfg(feature = "pdf")]
 pub use pdf::{pdf, store_pdf};
 pub use records::{

@@ -42,6 +42,31 @@ impl Record for InvoiceSequence {
     }
 }
 
+/// The last number the project and mode gave (0: none yet), as read now:
+/// pass it to [`take_number`] in the transaction that uses the number.
+pub async fn last_number(store: &dyn Store, tenant: &Tenant) -> Result<u64, StoreError> {
+    Ok(record::get::<InvoiceSequence>(store, &counter_key(tenant))
+        .await?
+        .map_or(0, |s| s.value))
+}
+
+/// The number after `last` (read by [`last_number`]) and the write that
+/// takes it, conditioned on the counter still being at `last`: put it in
+/// the same transaction as the document that carries the number, so two
+/// writers never take one number and a failed write takes none. Billing
+/// invoices (issue 39) take their numbers from this series too.
+pub fn take_number(tenant: &Tenant, last: u64) -> (String, TxOp) {
+    let n = last + 1;
+    let op = TxOp::Update {
+        key: counter_key(tenant),
+        update: Changes::<InvoiceSequence>::new()
+            .set(InvoiceSequence::VALUE, &n)
+            .into(),
+        cond: Some(counter_at(last)),
+    };
+    (number_text(tenant.mode, n), op)
+}
+
 /// `PI-000042` live, `TEST-PI-000042` sandbox (6 digits, then as many as
 /// needed).
 pub(super) fn number_text(mode: Mode, n: u64) -> String {
@@ -65,7 +90,6 @@ pub async fn finalize(
     let seller = account::get_project(state, &tenant.project)
         .await?
         .and_then(|p| p.seller);
-    let ckey = counter_key(tenant);
     let started = std::time::Instant::now();
     for attempt in 0..FINALIZE_TRIES {
         if started.elapsed() > FINALIZE_BUDGET {
@@ -82,22 +106,11 @@ pub async fn finalize(
         }
         require_state(&current, DocumentStatus::Draft, "finalize")?;
         check_version(&current, version)?;
-        let last = record::get::<InvoiceSequence>(store, &ckey)
-            .await?
-            .map_or(0, |s| s.value);
-        let n = last + 1;
+        let last = last_number(store, tenant).await?;
+        let (number, take) = take_number(tenant, last);
         let now = state.clock.now();
-        let next = issued(&current, number_text(tenant.mode, n), seller.clone(), now);
-        let mut ops = vec![
-            issue_op(&current, &next),
-            TxOp::Update {
-                key: ckey.clone(),
-                update: Changes::<InvoiceSequence>::new()
-                    .set(InvoiceSequence::VALUE, &n)
-                    .into(),
-                cond: Some(counter_at(last)),
-            },
-        ];
+        let next = issued(&current, number, seller.clone(), now);
+        let mut ops = vec![issue_op(&current, &next), take];
         if let Some(f) = fence {
             ops.push(f.op(id));
         }

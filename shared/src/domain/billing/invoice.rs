@@ -1,0 +1,698 @@
+//! Billing invoices: their state machine ([`next_invoice`]), exactly one
+//! invoice per (subscription, period), numbered from the project's
+//! gapless `PI-` series, and paid exactly once.
+//!
+//! Storage:
+//! - an invoice at `BINV#<id>` / `BINV`, listed per project and mode on
+//!   `gsi1` (`PROJ#<project>#<mode>#BINV`, by id);
+//! - the claim of a period at `SUB#<subscription>` / `PERIOD#<start>`
+//!   (the period's first Nepal day), naming its invoice. [`issue_invoice`]
+//!   writes the claim (only where none is), the invoice and the number
+//!   counter in ONE transaction: two sweeps, a retried invocation and an
+//!   API call racing for one period make one invoice and take one number,
+//!   and a failed issue takes none (no gap in the series).
+//!
+//! A payment is decided by a write conditioned on the invoice's version
+//! and on its status being payable: of two payments racing, one pays the
+//! invoice; the other finds it paid and is recorded as an overpayment for
+//! the caller to refund.
+
+use chrono::NaiveDate;
+use serde::{Deserialize, Serialize};
+
+use super::period::Period;
+use super::subscription::{Subscription, is_conflict};
+use crate::Deps;
+use crate::domain::invoices::{last_number, take_number};
+use crate::domain::record::{self, Changes, Entry, Record};
+use crate::domain::{Mode, Provider, Tenant};
+use crate::ids::{
+    BillingInvoiceId, CustomerId, PaymentId, ProjectId, RefundId, SubscriptionId, UserId,
+};
+use crate::money::Currency;
+use crate::store::{Key, StoreError, TxOp, TxReason};
+use crate::time::Timestamp;
+
+/// The error code of a refused invoice transition (docs only until the
+/// routes come).
+pub const BILLING_INVOICE_STATE_CONFLICT: &str = "billing_invoice_state_conflict";
+
+/// How often an issue or a payment re-reads what another writer moved,
+/// and for how long at most (well within a Lambda's 15 s).
+const TRIES: usize = 64;
+const BUDGET: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// The SDK's `InvoiceStatus`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InvoiceStatus {
+    /// Not issued (one-off items before issue, issue 40); the engine
+    /// issues invoices open.
+    Draft,
+    Open,
+    Paid,
+    /// Its grace period ended unpaid.
+    Overdue,
+    Void,
+    Uncollectible,
+}
+
+impl InvoiceStatus {
+    pub const ALL: [InvoiceStatus; 6] = [
+        InvoiceStatus::Draft,
+        InvoiceStatus::Open,
+        InvoiceStatus::Paid,
+        InvoiceStatus::Overdue,
+        InvoiceStatus::Void,
+        InvoiceStatus::Uncollectible,
+    ];
+    /// The statuses a payment can pay.
+    pub const PAYABLE: [InvoiceStatus; 3] = [
+        InvoiceStatus::Open,
+        InvoiceStatus::Overdue,
+        InvoiceStatus::Uncollectible,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InvoiceStatus::Draft => "draft",
+            InvoiceStatus::Open => "open",
+            InvoiceStatus::Paid => "paid",
+            InvoiceStatus::Overdue => "overdue",
+            InvoiceStatus::Void => "void",
+            InvoiceStatus::Uncollectible => "uncollectible",
+        }
+    }
+}
+
+/// What happens to a billing invoice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InvoiceEvent {
+    Finalize,
+    GraceEnded,
+    Pay,
+    Void,
+    MarkUncollectible,
+}
+
+impl InvoiceEvent {
+    pub const ALL: [InvoiceEvent; 5] = [
+        InvoiceEvent::Finalize,
+        InvoiceEvent::GraceEnded,
+        InvoiceEvent::Pay,
+        InvoiceEvent::Void,
+        InvoiceEvent::MarkUncollectible,
+    ];
+
+    pub fn action(self) -> &'static str {
+        match self {
+            InvoiceEvent::Finalize => "be issued",
+            InvoiceEvent::GraceEnded => "become overdue",
+            InvoiceEvent::Pay => "be paid",
+            InvoiceEvent::Void => "be voided",
+            InvoiceEvent::MarkUncollectible => "be marked uncollectible",
+        }
+    }
+}
+
+/// A refused invoice transition ([`BILLING_INVOICE_STATE_CONFLICT`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("an invoice that is {} cannot {}", from.as_str(), event.action())]
+pub struct InvoiceRefusal {
+    pub from: InvoiceStatus,
+    pub event: InvoiceEvent,
+}
+
+/// The billing invoice state machine.
+pub fn next_invoice(
+    from: InvoiceStatus,
+    event: InvoiceEvent,
+) -> Result<InvoiceStatus, InvoiceRefusal> {
+    use InvoiceEvent as E;
+    use InvoiceStatus as S;
+    Ok(match (from, event) {
+        (S::Draft, E::Finalize) => S::Open,
+        (S::Open, E::GraceEnded) => S::Overdue,
+        (S::Open | S::Overdue | S::Uncollectible, E::Pay) => S::Paid,
+        (S::Draft | S::Open | S::Overdue, E::Void) => S::Void,
+        (S::Open | S::Overdue, E::MarkUncollectible) => S::Uncollectible,
+        _ => return Err(InvoiceRefusal { from, event }),
+    })
+}
+
+/// What a line bills. Issue 40 adds its kinds (proration, discount, tax,
+/// credit, usage, one-off items) beside this one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LineKind {
+    Subscription,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InvoiceLine {
+    pub kind: LineKind,
+    pub description: String,
+    pub quantity: u32,
+    /// Paisa, the line's total.
+    pub amount: i64,
+    pub period_start: NaiveDate,
+    /// Exclusive.
+    pub period_end: NaiveDate,
+}
+
+/// How money for an invoice was received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutOfBandMethod {
+    Cash,
+    BankDeposit,
+}
+
+/// Where a payment came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum PaymentSource {
+    /// A payment through a provider (the pay link or the QR).
+    Online {
+        payment_id: PaymentId,
+        provider: Provider,
+    },
+    /// Recorded in the dashboard (audited by the caller).
+    OutOfBand {
+        method: OutOfBandMethod,
+        /// The Nepal day the money was received.
+        received_on: NaiveDate,
+        reference: String,
+        recorded_by: UserId,
+    },
+}
+
+/// The payment that paid an invoice.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settlement {
+    pub source: PaymentSource,
+    pub amount: i64,
+    pub at: Timestamp,
+}
+
+/// Where the refund of an overpayment stands (refunds work as that
+/// provider's refunds do; out-of-band money is returned by hand).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverpaymentRefund {
+    /// Not yet asked of the provider.
+    Pending,
+    Processing,
+    Succeeded,
+    Failed,
+    /// eSewa: the merchant completes it.
+    RequiresAction,
+    /// Fonepay or out-of-band: recorded for a manual refund.
+    Manual,
+}
+
+/// A payment that arrived for an invoice already paid (or voided).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Overpayment {
+    pub source: PaymentSource,
+    pub amount: i64,
+    pub at: Timestamp,
+    pub refund_status: OverpaymentRefund,
+    pub refund_id: Option<RefundId>,
+}
+
+/// A stored billing invoice.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BillingInvoice {
+    pub id: BillingInvoiceId,
+    pub project_id: ProjectId,
+    pub mode: Mode,
+    pub subscription_id: SubscriptionId,
+    pub customer_id: CustomerId,
+    /// From the project's one-time invoice series (`PI-` / `TEST-PI-`).
+    pub number: String,
+    pub status: InvoiceStatus,
+    pub currency: Currency,
+    pub lines: Vec<InvoiceLine>,
+    pub subtotal: i64,
+    pub total: i64,
+    pub amount_due: i64,
+    pub amount_paid: i64,
+    pub period_start: NaiveDate,
+    /// Exclusive.
+    pub period_end: NaiveDate,
+    /// Due on the period's first day (billed in advance).
+    pub due_date: NaiveDate,
+    /// Overdue from this Nepal day if unpaid: due + `gracePeriodDays`.
+    pub overdue_on: NaiveDate,
+    pub payment: Option<Settlement>,
+    pub overpayments: Vec<Overpayment>,
+    pub issued_at: Timestamp,
+    pub paid_at: Option<Timestamp>,
+    pub voided_at: Option<Timestamp>,
+    pub uncollectible_at: Option<Timestamp>,
+    pub version: i64,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+crate::attrs! { BillingInvoice {
+    ID: BillingInvoiceId = id,
+    STATUS: InvoiceStatus = status,
+    PAYMENT: Option<Settlement> = payment,
+    OVERPAYMENTS: Vec<Overpayment> = overpayments,
+    AMOUNT_PAID: i64 = amount_paid,
+    PAID_AT: Option<Timestamp> = paid_at,
+    VOIDED_AT: Option<Timestamp> = voided_at,
+    UNCOLLECTIBLE_AT: Option<Timestamp> = uncollectible_at,
+    VERSION: i64 = version,
+    UPDATED_AT: Timestamp = updated_at,
+} }
+
+impl BillingInvoice {
+    pub fn key(id: &BillingInvoiceId) -> Key {
+        Key::new(format!("BINV#{id}"), "BINV")
+    }
+
+    pub fn list_partition(tenant: &Tenant) -> String {
+        format!("PROJ#{}#{}#BINV", tenant.project, tenant.mode.as_str())
+    }
+}
+
+impl Record for BillingInvoice {
+    fn item_key(&self) -> Key {
+        BillingInvoice::key(&self.id)
+    }
+
+    fn entries(&self) -> Vec<Entry> {
+        vec![Entry::gsi1(
+            BillingInvoice::list_partition(&Tenant::new(self.project_id.clone(), self.mode)),
+            self.id.to_string(),
+        )]
+    }
+}
+
+/// The claim of one period of one subscription (stored kind "billing
+/// period claim"): written once, with its invoice.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeriodClaim {
+    pub subscription_id: SubscriptionId,
+    pub period_start: NaiveDate,
+    pub invoice_id: BillingInvoiceId,
+}
+
+impl PeriodClaim {
+    pub fn key(subscription: &SubscriptionId, start: NaiveDate) -> Key {
+        Key::new(format!("SUB#{subscription}"), format!("PERIOD#{start}"))
+    }
+}
+
+impl Record for PeriodClaim {
+    fn item_key(&self) -> Key {
+        PeriodClaim::key(&self.subscription_id, self.period_start)
+    }
+}
+
+/// Why a billing invoice operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BillingInvoiceError {
+    #[error("billing invoice {0} not found")]
+    NotFound(BillingInvoiceId),
+    #[error(transparent)]
+    Refused(#[from] InvoiceRefusal),
+    #[error("a subscription that is {0} is not billed")]
+    NotBillable(&'static str),
+    #[error("amount must be the amount due, {expected} paisa; got {got}")]
+    AmountMismatch { expected: i64, got: i64 },
+    #[error("the amount of this subscription's invoice overflows")]
+    Overflow,
+    #[error("the invoice changed too often while being written; retry")]
+    Busy,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What [`issue_invoice`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Issued {
+    pub invoice: BillingInvoice,
+    /// False: the period had its invoice already (answered as it is).
+    pub created: bool,
+}
+
+/// The invoice of `sub` for `period` (one of its periods), numbered
+/// `number`, issued open at `now`.
+pub fn invoice_for(
+    sub: &Subscription,
+    period: Period,
+    number: String,
+    now: Timestamp,
+) -> Result<BillingInvoice, BillingInvoiceError> {
+    let t = &sub.terms;
+    let amount = t
+        .amount
+        .checked_mul(i64::from(sub.quantity))
+        .ok_or(BillingInvoiceError::Overflow)?;
+    let due_date = period.start;
+    Ok(BillingInvoice {
+        id: BillingInvoiceId::new(),
+        project_id: sub.project_id.clone(),
+        mode: sub.mode,
+        subscription_id: sub.id.clone(),
+        customer_id: sub.customer_id.clone(),
+        number,
+        status: InvoiceStatus::Open,
+        currency: t.currency,
+        lines: vec![InvoiceLine {
+            kind: LineKind::Subscription,
+            description: t.description.clone(),
+            quantity: sub.quantity,
+            amount,
+            period_start: period.start,
+            period_end: period.end_exclusive,
+        }],
+        subtotal: amount,
+        total: amount,
+        amount_due: amount,
+        amount_paid: 0,
+        period_start: period.start,
+        period_end: period.end_exclusive,
+        due_date,
+        overdue_on: t.overdue_on(due_date).unwrap_or(due_date),
+        payment: None,
+        overpayments: Vec::new(),
+        issued_at: now,
+        paid_at: None,
+        voided_at: None,
+        uncollectible_at: None,
+        version: 1,
+        created_at: now,
+        updated_at: now,
+    })
+}
+
+/// Issues the invoice of `sub` for `period`, exactly once: the period's
+/// claim, the invoice and the next number are one transaction. When the
+/// period has its invoice already (another sweep, a retry, an API call),
+/// answers that one with `created: false`.
+pub async fn issue_invoice(
+    deps: &Deps,
+    sub: &Subscription,
+    period: Period,
+    now: Timestamp,
+) -> Result<Issued, BillingInvoiceError> {
+    use super::subscription::SubscriptionStatus as S;
+    if sub.status.is_ended() || sub.status == S::Draft {
+        return Err(BillingInvoiceError::NotBillable(sub.status.as_str()));
+    }
+    let store = &*deps.store;
+    let tenant = sub.tenant();
+    let claim_key = PeriodClaim::key(&sub.id, period.start);
+    let started = std::time::Instant::now();
+    for attempt in 0..TRIES {
+        if started.elapsed() > BUDGET {
+            break;
+        }
+        if let Some(claim) = record::get::<PeriodClaim>(store, &claim_key).await? {
+            let invoice = get_invoice(deps, &tenant, &claim.invoice_id).await?;
+            return Ok(Issued {
+                invoice,
+                created: false,
+            });
+        }
+        let last = last_number(store, &tenant).await?;
+        let (number, take) = take_number(&tenant, last);
+        let invoice = invoice_for(sub, period, number, now)?;
+        let claim = PeriodClaim {
+            subscription_id: sub.id.clone(),
+            period_start: period.start,
+            invoice_id: invoice.id.clone(),
+        };
+        let ops = vec![claim.put_new()?, invoice.put_new()?, take];
+        match store.transact(ops).await {
+            Ok(()) => {
+                return Ok(Issued {
+                    invoice,
+                    created: true,
+                });
+            }
+            // The claim was taken: the next pass answers its invoice. The
+            // counter moved, or a conflicting write: read again.
+            Err(e) if e.is_condition_failure() || is_conflict(&e) => {
+                if !claim_taken(&e) {
+                    crate::store::contention_backoff(attempt).await;
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(BillingInvoiceError::Busy)
+}
+
+fn claim_taken(e: &StoreError) -> bool {
+    matches!(e, StoreError::TransactionCanceled { reasons }
+        if matches!(reasons.first(), Some(TxReason::ConditionFailed)))
+}
+
+/// The tenant's billing invoice `id`.
+pub async fn get_invoice(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &BillingInvoiceId,
+) -> Result<BillingInvoice, BillingInvoiceError> {
+    match record::get::<BillingInvoice>(&*deps.store, &BillingInvoice::key(id)).await? {
+        Some(i) if tenant.owns(i.project_id.as_str(), i.mode) => Ok(i),
+        _ => Err(BillingInvoiceError::NotFound(id.clone())),
+    }
+}
+
+/// What a payment did to an invoice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PayOutcome {
+    /// This payment paid the invoice.
+    Paid(BillingInvoice),
+    /// This very payment paid it before (a retried notification).
+    AlreadyPaid(BillingInvoice),
+    /// The invoice was paid (or voided) by something else: this payment is
+    /// recorded as an overpayment, for the caller to refund.
+    Overpayment(BillingInvoice),
+}
+
+/// Takes a payment of `amount` from `source` for the tenant's invoice
+/// `id`. Exactly one payment pays an invoice: the write is conditioned on
+/// the version read and a payable status; a payment that loses finds the
+/// invoice paid and is recorded as an overpayment. The same source twice
+/// answers as the first time.
+pub async fn pay_invoice(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &BillingInvoiceId,
+    source: PaymentSource,
+    amount: i64,
+    now: Timestamp,
+) -> Result<PayOutcome, BillingInvoiceError> {
+    for attempt in 0..TRIES {
+        let inv = get_invoice(deps, tenant, id).await?;
+        if inv.payment.as_ref().is_some_and(|p| p.source == source) {
+            return Ok(PayOutcome::AlreadyPaid(inv));
+        }
+        if inv.overpayments.iter().any(|o| o.source == source) {
+            return Ok(PayOutcome::Overpayment(inv));
+        }
+        let (changes, outcome) = match next_invoice(inv.status, InvoiceEvent::Pay) {
+            Ok(paid) => {
+                if amount != inv.amount_due {
+                    return Err(BillingInvoiceError::AmountMismatch {
+                        expected: inv.amount_due,
+                        got: amount,
+                    });
+                }
+                paying(&inv, paid, &source, amount, now)
+            }
+            Err(_) if matches!(inv.status, InvoiceStatus::Paid | InvoiceStatus::Void) => {
+                overpaying(&inv, &source, amount, now)
+            }
+            Err(refusal) => return Err(refusal.into()),
+        };
+        let op = TxOp::Update {
+            key: BillingInvoice::key(id),
+            update: changes.into(),
+            cond: Some(BillingInvoice::VERSION.eq(&inv.version)),
+        };
+        match deps.store.transact(vec![op]).await {
+            Ok(()) => return Ok(outcome),
+            Err(e) if e.is_condition_failure() || is_conflict(&e) => {
+                crate::store::contention_backoff(attempt).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(BillingInvoiceError::Busy)
+}
+
+/// The changes that pay `inv` with `source`, and the answer.
+fn paying(
+    inv: &BillingInvoice,
+    paid: InvoiceStatus,
+    source: &PaymentSource,
+    amount: i64,
+    now: Timestamp,
+) -> (Changes<BillingInvoice>, PayOutcome) {
+    let mut next = inv.clone();
+    next.status = paid;
+    next.payment = Some(Settlement {
+        source: source.clone(),
+        amount,
+        at: now,
+    });
+    next.amount_paid = amount;
+    next.paid_at = Some(now);
+    next.version += 1;
+    next.updated_at = now;
+    let changes = Changes::new()
+        .set(BillingInvoice::STATUS, &next.status)
+        .set(BillingInvoice::PAYMENT, &next.payment)
+        .set(BillingInvoice::AMOUNT_PAID, &next.amount_paid)
+        .set(BillingInvoice::PAID_AT, &next.paid_at)
+        .set(BillingInvoice::VERSION, &next.version)
+        .set(BillingInvoice::UPDATED_AT, &next.updated_at);
+    (changes, PayOutcome::Paid(next))
+}
+
+/// The changes that record `source` as an overpayment of `inv`.
+fn overpaying(
+    inv: &BillingInvoice,
+    source: &PaymentSource,
+    amount: i64,
+    now: Timestamp,
+) -> (Changes<BillingInvoice>, PayOutcome) {
+    let refund_status = match source {
+        PaymentSource::Online {
+            provider: Provider::Fonepay,
+            ..
+        }
+        | PaymentSource::OutOfBand { .. } => OverpaymentRefund::Manual,
+        PaymentSource::Online { .. } => OverpaymentRefund::Pending,
+    };
+    let mut next = inv.clone();
+    next.overpayments.push(Overpayment {
+        source: source.clone(),
+        amount,
+        at: now,
+        refund_status,
+        refund_id: None,
+    });
+    next.version += 1;
+    next.updated_at = now;
+    let changes = Changes::new()
+        .set(BillingInvoice::OVERPAYMENTS, &next.overpayments)
+        .set(BillingInvoice::VERSION, &next.version)
+        .set(BillingInvoice::UPDATED_AT, &next.updated_at);
+    (changes, PayOutcome::Overpayment(next))
+}
+
+/// An out-of-band payment (cash, a bank deposit) of the full amount due,
+/// recorded by a dashboard user. It races an online payment as any
+/// payment does: one pays the invoice, the other is an overpayment.
+#[derive(Clone, Debug)]
+pub struct OutOfBand {
+    pub method: OutOfBandMethod,
+    pub received_on: NaiveDate,
+    pub reference: String,
+    pub recorded_by: UserId,
+    pub amount: i64,
+}
+
+pub async fn record_out_of_band_payment(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &BillingInvoiceId,
+    payment: OutOfBand,
+    now: Timestamp,
+) -> Result<PayOutcome, BillingInvoiceError> {
+    let source = PaymentSource::OutOfBand {
+        method: payment.method,
+        received_on: payment.received_on,
+        reference: payment.reference,
+        recorded_by: payment.recorded_by,
+    };
+    pay_invoice(deps, tenant, id, source, payment.amount, now).await
+}
+
+/// Voids the tenant's invoice `id` (draft, open or overdue).
+pub async fn void(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &BillingInvoiceId,
+    now: Timestamp,
+) -> Result<BillingInvoice, BillingInvoiceError> {
+    transition(deps, tenant, id, InvoiceEvent::Void, now).await
+}
+
+/// Writes the tenant's invoice `id` off (open or overdue).
+pub async fn mark_uncollectible(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &BillingInvoiceId,
+    now: Timestamp,
+) -> Result<BillingInvoice, BillingInvoiceError> {
+    transition(deps, tenant, id, InvoiceEvent::MarkUncollectible, now).await
+}
+
+/// Marks the tenant's open invoice `id` overdue (its grace period ended).
+pub async fn mark_overdue(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &BillingInvoiceId,
+    now: Timestamp,
+) -> Result<BillingInvoice, BillingInvoiceError> {
+    transition(deps, tenant, id, InvoiceEvent::GraceEnded, now).await
+}
+
+/// Applies `event` (not a payment) with a version-conditioned write.
+async fn transition(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &BillingInvoiceId,
+    event: InvoiceEvent,
+    now: Timestamp,
+) -> Result<BillingInvoice, BillingInvoiceError> {
+    for attempt in 0..TRIES {
+        let mut inv = get_invoice(deps, tenant, id).await?;
+        let seen = inv.version;
+        inv.status = next_invoice(inv.status, event)?;
+        inv.version += 1;
+        inv.updated_at = now;
+        let mut changes = Changes::new()
+            .set(BillingInvoice::STATUS, &inv.status)
+            .set(BillingInvoice::VERSION, &inv.version)
+            .set(BillingInvoice::UPDATED_AT, &inv.updated_at);
+        match event {
+            InvoiceEvent::Void => {
+                inv.voided_at = Some(now);
+                changes = changes.set(BillingInvoice::VOIDED_AT, &inv.voided_at);
+            }
+            InvoiceEvent::MarkUncollectible => {
+                inv.uncollectible_at = Some(now);
+                changes = changes.set(BillingInvoice::UNCOLLECTIBLE_AT, &inv.uncollectible_at);
+            }
+            _ => {}
+        }
+        let op = TxOp::Update {
+            key: BillingInvoice::key(id),
+            update: changes.into(),
+            cond: Some(BillingInvoice::VERSION.eq(&seen)),
+        };
+        match deps.store.transact(vec![op]).await {
+            Ok(()) => return Ok(inv),
+            Err(e) if e.is_condition_failure() || is_conflict(&e) => {
+                crate::store::contention_backoff(attempt).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(BillingInvoiceError::Busy)
+}
+
+#[cfg(test)]
+mod tests;

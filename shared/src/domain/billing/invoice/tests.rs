@@ -1,0 +1,468 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::domain::billing::subscription::{NewSubscription, create, new_subscription};
+use crate::domain::billing::terms::monthly;
+use crate::domain::invoices::InvoiceSequence;
+use crate::store::{Index, Query, Store};
+use crate::testenv::at;
+use crate::time::ManualClock;
+use crate::{AppState, Config};
+use InvoiceEvent as E;
+use InvoiceStatus as S;
+
+fn allowed() -> Vec<(S, E, S)> {
+    vec![
+        (S::Draft, E::Finalize, S::Open),
+        (S::Open, E::GraceEnded, S::Overdue),
+        (S::Open, E::Pay, S::Paid),
+        (S::Overdue, E::Pay, S::Paid),
+        (S::Uncollectible, E::Pay, S::Paid),
+        (S::Draft, E::Void, S::Void),
+        (S::Open, E::Void, S::Void),
+        (S::Overdue, E::Void, S::Void),
+        (S::Open, E::MarkUncollectible, S::Uncollectible),
+        (S::Overdue, E::MarkUncollectible, S::Uncollectible),
+    ]
+}
+
+#[test]
+fn the_invoice_state_machine_allows_exactly_its_table() {
+    let table = allowed();
+    for from in S::ALL {
+        for event in E::ALL {
+            let want = table
+                .iter()
+                .find(|(f, e, _)| *f == from && *e == event)
+                .map(|(_, _, to)| *to);
+            match (next_invoice(from, event), want) {
+                (Ok(to), Some(w)) => assert_eq!(to, w, "{from:?} {event:?}"),
+                (Err(r), None) => {
+                    let msg = r.to_string();
+                    assert!(msg.contains(from.as_str()) && msg.contains(event.action()));
+                }
+                (got, want) => panic!("{from:?} {event:?}: got {got:?}, the table says {want:?}"),
+            }
+        }
+    }
+    let sdk = "draft open paid overdue void uncollectible";
+    let ours: Vec<String> = S::ALL
+        .iter()
+        .map(|s| {
+            serde_json::to_value(s)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(ours.join(" "), sdk);
+}
+
+/// Deps on `store`, the clock at `2026-01-10`.
+fn deps_on(store: Arc<dyn Store>) -> AppState {
+    AppState::new(
+        store,
+        Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z"))),
+        Config {
+            public_base_url: "http://127.0.0.1:8080".into(),
+            events_base_url: None,
+            dashboard_base_url: None,
+        },
+    )
+}
+
+/// The stores the concurrency tests run on: the embedded store, and moto
+/// when `DHUKUTI_TEST_AWS_ENDPOINT` is set (a fresh table).
+async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
+    let mut out: Vec<(&'static str, Arc<dyn Store>)> =
+        vec![("embedded", crate::testenv::memory_store())];
+    if let Some(endpoint) = crate::queue::testkit::aws_endpoint() {
+        let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "ap-south-1".into());
+        let client = crate::store::dynamo::client_for_endpoint(&endpoint, &region);
+        let table = format!("dhukuti-test-{}", ulid::Ulid::new());
+        crate::store::dynamo::create_table(&client, &table)
+            .await
+            .unwrap_or_else(|e| panic!("create table {table}: {e}"));
+        out.push((
+            "dynamodb",
+            Arc::new(crate::store::dynamo::DynamoStore::new(client, table)),
+        ));
+    }
+    out
+}
+
+async fn subscription(deps: &Deps, project: &str) -> Subscription {
+    let tenant = Tenant::new(project, Mode::Sandbox);
+    let now = at("2026-01-10T06:00:00Z");
+    let input = NewSubscription {
+        customer_id: "cus_1".into(),
+        plan_id: "bp_1".into(),
+        terms: monthly(),
+        reference_id: None,
+        metadata: serde_json::Map::new(),
+        start: now,
+        trial_ends_at: None,
+        billing_anchor_day: None,
+        dunning_policy_id: None,
+        test_clock_id: None,
+    };
+    let sub = new_subscription(&tenant, input, now).unwrap();
+    create(deps, &sub).await.unwrap();
+    sub
+}
+
+async fn counter(store: &dyn Store, tenant: &Tenant) -> u64 {
+    crate::domain::record::get::<InvoiceSequence>(
+        store,
+        &crate::keys::invoice_sequence(&tenant.project, tenant.mode),
+    )
+    .await
+    .unwrap()
+    .map_or(0, |s| s.value)
+}
+
+async fn invoices_of(store: &dyn Store, tenant: &Tenant) -> Vec<BillingInvoice> {
+    crate::domain::record::all_of(
+        store,
+        &Query::partition(BillingInvoice::list_partition(tenant)).on(Index::Gsi1),
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_invoice_bills_the_terms_due_on_the_period_start() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let sub = subscription(&deps, "proj_terms").await;
+    let period = sub.current_period().unwrap();
+    let now = at("2026-01-10T06:00:00Z");
+    let issued = issue_invoice(&deps, &sub, period, now).await.unwrap();
+    assert!(issued.created);
+    let inv = issued.invoice;
+    assert_eq!(inv.number, "TEST-PI-000001");
+    assert_eq!(inv.status, S::Open);
+    assert_eq!(
+        (inv.total, inv.amount_due, inv.amount_paid),
+        (99_900, 99_900, 0)
+    );
+    assert_eq!(inv.due_date.to_string(), "2026-01-10");
+    assert_eq!(inv.overdue_on.to_string(), "2026-01-13", "3 days' grace");
+    assert_eq!(inv.lines.len(), 1);
+    assert_eq!(inv.lines[0].period_end.to_string(), "2026-02-10");
+    assert_eq!(
+        inv,
+        get_invoice(&deps, &sub.tenant(), &inv.id).await.unwrap()
+    );
+    // The next period takes the next number of the same series.
+    let second = issue_invoice(&deps, &sub, sub.period(1).unwrap(), now)
+        .await
+        .unwrap();
+    assert_eq!(second.invoice.number, "TEST-PI-000002");
+    // Another project cannot read it.
+    let other = Tenant::new("proj_other", Mode::Sandbox);
+    assert!(matches!(
+        get_invoice(&deps, &other, &inv.id).await,
+        Err(BillingInvoiceError::NotFound(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forty_concurrent_issues_of_one_period_make_one_invoice_and_take_one_number() {
+    for (backend, store) in stores().await {
+        let deps = deps_on(store.clone());
+        let sub = subscription(&deps, "proj_race").await;
+        let tenant = sub.tenant();
+        // A one-time invoice number taken before: the series is shared.
+        let (_, take) = take_number(&tenant, 0);
+        store.transact(vec![take]).await.unwrap();
+        let period = sub.current_period().unwrap();
+        let now = at("2026-01-10T06:00:00Z");
+        let tasks: Vec<_> = (0..40)
+            .map(|_| {
+                let deps = deps.clone();
+                let sub = sub.clone();
+                tokio::spawn(async move { issue_invoice(&deps, &sub, period, now).await })
+            })
+            .collect();
+        let mut ids = std::collections::BTreeSet::new();
+        let mut created = 0;
+        for t in futures::future::join_all(tasks).await {
+            let issued = t.unwrap().unwrap_or_else(|e| panic!("{backend}: {e}"));
+            created += usize::from(issued.created);
+            ids.insert(issued.invoice.id.clone());
+        }
+        assert_eq!(created, 1, "{backend}: one issue created it");
+        assert_eq!(ids.len(), 1, "{backend}: every caller got the same invoice");
+        let all = invoices_of(&*store, &tenant).await;
+        assert_eq!(all.len(), 1, "{backend}");
+        assert_eq!(all[0].number, "TEST-PI-000002", "{backend}: no gap");
+        assert_eq!(counter(&*store, &tenant).await, 2, "{backend}: one number");
+    }
+}
+
+fn online(payment: &str, provider: Provider) -> PaymentSource {
+    PaymentSource::Online {
+        payment_id: payment.into(),
+        provider,
+    }
+}
+
+#[tokio::test]
+async fn a_payment_pays_once_and_a_second_one_is_an_overpayment() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let sub = subscription(&deps, "proj_pay").await;
+    let tenant = sub.tenant();
+    let now = at("2026-01-10T07:00:00Z");
+    let inv = issue_invoice(&deps, &sub, sub.current_period().unwrap(), now)
+        .await
+        .unwrap()
+        .invoice;
+    let wrong = pay_invoice(
+        &deps,
+        &tenant,
+        &inv.id,
+        online("pay_0", Provider::Khalti),
+        1,
+        now,
+    )
+    .await;
+    assert!(matches!(
+        wrong,
+        Err(BillingInvoiceError::AmountMismatch {
+            expected: 99_900,
+            got: 1
+        })
+    ));
+    let a = online("pay_a", Provider::Khalti);
+    let paid = pay_invoice(&deps, &tenant, &inv.id, a.clone(), 99_900, now)
+        .await
+        .unwrap();
+    let PayOutcome::Paid(paid) = paid else {
+        panic!("{paid:?}")
+    };
+    assert_eq!(paid.status, S::Paid);
+    assert_eq!(paid.amount_paid, 99_900);
+    // The same payment again (a retried notification): answered as paid.
+    assert!(matches!(
+        pay_invoice(&deps, &tenant, &inv.id, a, 99_900, now)
+            .await
+            .unwrap(),
+        PayOutcome::AlreadyPaid(_)
+    ));
+    let b = online("pay_b", Provider::Fonepay);
+    let PayOutcome::Overpayment(over) =
+        pay_invoice(&deps, &tenant, &inv.id, b.clone(), 99_900, now)
+            .await
+            .unwrap()
+    else {
+        panic!("an overpayment")
+    };
+    assert_eq!(over.overpayments.len(), 1);
+    assert_eq!(
+        over.overpayments[0].refund_status,
+        OverpaymentRefund::Manual
+    );
+    // Recorded once, however often it is told.
+    pay_invoice(&deps, &tenant, &inv.id, b, 99_900, now)
+        .await
+        .unwrap();
+    let read = get_invoice(&deps, &tenant, &inv.id).await.unwrap();
+    assert_eq!(read.overpayments.len(), 1);
+    assert_eq!(read.status, S::Paid);
+    // A paid invoice cannot be voided.
+    assert!(matches!(
+        void(&deps, &tenant, &inv.id, now).await,
+        Err(BillingInvoiceError::Refused(_))
+    ));
+}
+
+#[tokio::test]
+async fn void_uncollectible_and_overdue_follow_the_table() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let sub = subscription(&deps, "proj_void").await;
+    let tenant = sub.tenant();
+    let now = at("2026-01-14T07:00:00Z");
+    let first = issue_invoice(&deps, &sub, sub.period(0).unwrap(), now)
+        .await
+        .unwrap()
+        .invoice;
+    let overdue = mark_overdue(&deps, &tenant, &first.id, now).await.unwrap();
+    assert_eq!(overdue.status, S::Overdue);
+    let written_off = mark_uncollectible(&deps, &tenant, &first.id, now)
+        .await
+        .unwrap();
+    assert_eq!(written_off.status, S::Uncollectible);
+    assert_eq!(written_off.uncollectible_at, Some(now));
+    // Paid late after all.
+    let late = pay_invoice(
+        &deps,
+        &tenant,
+        &first.id,
+        online("pay_late", Provider::Esewa),
+        99_900,
+        now,
+    )
+    .await
+    .unwrap();
+    assert!(matches!(late, PayOutcome::Paid(_)));
+
+    let second = issue_invoice(&deps, &sub, sub.period(1).unwrap(), now)
+        .await
+        .unwrap()
+        .invoice;
+    let voided = void(&deps, &tenant, &second.id, now).await.unwrap();
+    assert_eq!(voided.status, S::Void);
+    // Money arriving for a voided invoice is returned.
+    assert!(matches!(
+        pay_invoice(
+            &deps,
+            &tenant,
+            &second.id,
+            online("pay_v", Provider::Khalti),
+            99_900,
+            now
+        )
+        .await
+        .unwrap(),
+        PayOutcome::Overpayment(_)
+    ));
+    assert!(mark_overdue(&deps, &tenant, &second.id, now).await.is_err());
+}
+
+/// Two payments of one invoice at once: `first` and `second` race `n`
+/// times, on fresh invoices; each time exactly one pays it and the other
+/// is recorded as an overpayment.
+async fn race_two(
+    backend: &str,
+    deps: &AppState,
+    sub: &Subscription,
+    make: fn(usize) -> (PaymentSource, PaymentSource),
+    n: u32,
+) {
+    let tenant = sub.tenant();
+    let now = at("2026-01-10T07:00:00Z");
+    for i in 0..n {
+        let period = sub.period(i).unwrap();
+        let inv = issue_invoice(deps, sub, period, now).await.unwrap().invoice;
+        let (a, b) = make(i as usize);
+        let tasks: Vec<_> = [a, b]
+            .into_iter()
+            .map(|source| {
+                let deps = deps.clone();
+                let tenant = tenant.clone();
+                let id = inv.id.clone();
+                tokio::spawn(
+                    async move { pay_invoice(&deps, &tenant, &id, source, 99_900, now).await },
+                )
+            })
+            .collect();
+        let mut paid = 0;
+        let mut over = 0;
+        for t in futures::future::join_all(tasks).await {
+            match t.unwrap().unwrap_or_else(|e| panic!("{backend}: {e}")) {
+                PayOutcome::Paid(_) => paid += 1,
+                PayOutcome::Overpayment(_) => over += 1,
+                other @ PayOutcome::AlreadyPaid(_) => panic!("{backend}: {other:?}"),
+            }
+        }
+        assert_eq!((paid, over), (1, 1), "{backend} round {i}");
+        let read = get_invoice(deps, &tenant, &inv.id).await.unwrap();
+        assert_eq!(read.status, S::Paid, "{backend}");
+        assert_eq!(read.amount_paid, 99_900, "{backend}");
+        assert_eq!(read.overpayments.len(), 1, "{backend}");
+        assert_ne!(
+            read.payment.as_ref().map(|p| &p.source),
+            Some(&read.overpayments[0].source),
+            "{backend}: the overpayment is the other payment"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_concurrent_payments_give_one_paid_invoice_and_one_overpayment() {
+    for (backend, store) in stores().await {
+        let deps = deps_on(store);
+        let sub = subscription(&deps, "proj_two").await;
+        race_two(
+            backend,
+            &deps,
+            &sub,
+            |i| {
+                (
+                    online(&format!("pay_a{i}"), Provider::Khalti),
+                    online(&format!("pay_b{i}"), Provider::Esewa),
+                )
+            },
+            5,
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_out_of_band_payment_racing_an_online_one_gives_one_overpayment() {
+    for (backend, store) in stores().await {
+        let deps = deps_on(store);
+        let sub = subscription(&deps, "proj_cash").await;
+        race_two(
+            backend,
+            &deps,
+            &sub,
+            |i| {
+                (
+                    online(&format!("pay_o{i}"), Provider::Khalti),
+                    PaymentSource::OutOfBand {
+                        method: OutOfBandMethod::Cash,
+                        received_on: NaiveDate::from_ymd_opt(2026, 1, 10).unwrap(),
+                        reference: format!("receipt {i}"),
+                        recorded_by: "usr_1".into(),
+                    },
+                )
+            },
+            5,
+        )
+        .await;
+        // Through its own entry point too.
+        let tenant = sub.tenant();
+        let now = at("2026-01-10T08:00:00Z");
+        let inv = issue_invoice(&deps, &sub, sub.period(7).unwrap(), now)
+            .await
+            .unwrap()
+            .invoice;
+        let cash = OutOfBand {
+            method: OutOfBandMethod::BankDeposit,
+            received_on: NaiveDate::from_ymd_opt(2026, 1, 10).unwrap(),
+            reference: "deposit 42".into(),
+            recorded_by: "usr_1".into(),
+            amount: 99_900,
+        };
+        let got = record_out_of_band_payment(&deps, &tenant, &inv.id, cash, now)
+            .await
+            .unwrap();
+        assert!(matches!(got, PayOutcome::Paid(_)), "{backend}");
+    }
+}
+
+#[tokio::test]
+async fn ended_and_draft_subscriptions_are_not_billed() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let mut sub = subscription(&deps, "proj_end").await;
+    let period = sub.current_period().unwrap();
+    let now = at("2026-01-10T06:00:00Z");
+    for status in [
+        crate::domain::billing::subscription::SubscriptionStatus::Cancelled,
+        crate::domain::billing::subscription::SubscriptionStatus::Draft,
+    ] {
+        sub.status = status;
+        assert!(matches!(
+            issue_invoice(&deps, &sub, period, now).await,
+            Err(BillingInvoiceError::NotBillable(_))
+        ));
+    }
+    assert_eq!(
+        counter(&*deps.store, &sub.tenant()).await,
+        0,
+        "no number taken"
+    );
+}

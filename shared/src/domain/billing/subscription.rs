@@ -1,0 +1,482 @@
+//! Subscriptions: the state machine (one pure function, [`next`]) and the
+//! stored record.
+//!
+//! Storage: a subscription at `SUB#<id>` / `SUB`, listed per project and
+//! mode on `gsi1` (`PROJ#<project>#<mode>#SUB`, by id). Every change is a
+//! whole-record write conditioned on the version read (optimistic
+//! locking): the state machine decides on the record as read, and a write
+//! that lost the race re-reads and decides again.
+
+use chrono::NaiveDate;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::calendar::nepal_day;
+use super::dunning::FinalAction;
+use super::period::{IntervalError, Period, Schedule, validate_interval};
+use super::terms::{OverdueAction, Terms, TermsError};
+use crate::Deps;
+use crate::domain::record::{self, Entry, Record};
+use crate::domain::{Mode, Tenant};
+use crate::ids::{CustomerId, DunningPolicyId, PlanId, ProjectId, SubscriptionId, TestClockId};
+use crate::store::{Key, StoreError, TxOp};
+use crate::time::Timestamp;
+
+/// The error code of a refused transition (documented in
+/// `docs/billing.md`; answered by the routes of a later session).
+pub const SUBSCRIPTION_STATE_CONFLICT: &str = "subscription_state_conflict";
+
+/// How often [`apply`] re-reads a subscription another writer changed.
+const APPLY_TRIES: usize = 16;
+
+/// The SDK's `SubscriptionStatus`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubscriptionStatus {
+    /// The first invoice is issued and unpaid (no trial).
+    Incomplete,
+    /// The first invoice's grace period ended unpaid.
+    IncompleteExpired,
+    /// Created with a start date still ahead: nothing billed yet.
+    Draft,
+    Trialing,
+    Active,
+    PastDue,
+    Paused,
+    Cancelled,
+    /// Reserved for fixed-term subscriptions (issue 40): nothing reaches
+    /// it yet.
+    Completed,
+}
+
+impl SubscriptionStatus {
+    pub const ALL: [SubscriptionStatus; 9] = [
+        SubscriptionStatus::Incomplete,
+        SubscriptionStatus::IncompleteExpired,
+        SubscriptionStatus::Draft,
+        SubscriptionStatus::Trialing,
+        SubscriptionStatus::Active,
+        SubscriptionStatus::PastDue,
+        SubscriptionStatus::Paused,
+        SubscriptionStatus::Cancelled,
+        SubscriptionStatus::Completed,
+    ];
+
+    /// The status as the API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SubscriptionStatus::Incomplete => "incomplete",
+            SubscriptionStatus::IncompleteExpired => "incomplete_expired",
+            SubscriptionStatus::Draft => "draft",
+            SubscriptionStatus::Trialing => "trialing",
+            SubscriptionStatus::Active => "active",
+            SubscriptionStatus::PastDue => "past_due",
+            SubscriptionStatus::Paused => "paused",
+            SubscriptionStatus::Cancelled => "cancelled",
+            SubscriptionStatus::Completed => "completed",
+        }
+    }
+
+    /// Whether the subscription has ended (nothing more is billed).
+    pub fn is_ended(self) -> bool {
+        matches!(
+            self,
+            SubscriptionStatus::IncompleteExpired
+                | SubscriptionStatus::Cancelled
+                | SubscriptionStatus::Completed
+        )
+    }
+}
+
+/// What happens to a subscription.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SubscriptionEvent {
+    /// Its start date is reached (at creation, or later for a draft):
+    /// with a trial it trials, without one its first invoice is issued.
+    Start {
+        trial: bool,
+    },
+    FirstInvoicePaid,
+    /// A later invoice is paid; `unpauses` when the subscription was
+    /// paused for not paying (an overdue or dunning pause), not by the
+    /// merchant.
+    InvoicePaid {
+        unpauses: bool,
+    },
+    /// An invoice's grace period ended unpaid: the plan's overdue action.
+    GraceEndedUnpaid(OverdueAction),
+    /// The dunning policy's last interval passed unpaid.
+    DunningExhausted(FinalAction),
+    Pause,
+    Resume,
+    CancelNow,
+    CancelAtPeriodEnd,
+    /// The current period ended with a cancel at period end pending.
+    PeriodEndedCancelPending,
+    TrialEnded,
+    TrialExtended,
+}
+
+impl SubscriptionEvent {
+    /// Every event, with every value of its parameters (the table test).
+    pub fn all() -> Vec<SubscriptionEvent> {
+        let mut all = vec![
+            SubscriptionEvent::Start { trial: true },
+            SubscriptionEvent::Start { trial: false },
+            SubscriptionEvent::FirstInvoicePaid,
+            SubscriptionEvent::InvoicePaid { unpauses: true },
+            SubscriptionEvent::InvoicePaid { unpauses: false },
+        ];
+        all.extend(OverdueAction::ALL.map(SubscriptionEvent::GraceEndedUnpaid));
+        all.extend(FinalAction::ALL.map(SubscriptionEvent::DunningExhausted));
+        all.extend([
+            SubscriptionEvent::Pause,
+            SubscriptionEvent::Resume,
+            SubscriptionEvent::CancelNow,
+            SubscriptionEvent::CancelAtPeriodEnd,
+            SubscriptionEvent::PeriodEndedCancelPending,
+            SubscriptionEvent::TrialEnded,
+            SubscriptionEvent::TrialExtended,
+        ]);
+        all
+    }
+
+    /// The action, as the refusal names it.
+    pub fn action(self) -> &'static str {
+        match self {
+            SubscriptionEvent::Start { .. } => "start",
+            SubscriptionEvent::FirstInvoicePaid => "take the payment of its first invoice",
+            SubscriptionEvent::InvoicePaid { .. } => "take the payment of an invoice",
+            SubscriptionEvent::GraceEndedUnpaid(_) => "take the plan's overdue action",
+            SubscriptionEvent::DunningExhausted(_) => "take the dunning policy's final action",
+            SubscriptionEvent::Pause => "be paused",
+            SubscriptionEvent::Resume => "be resumed",
+            SubscriptionEvent::CancelNow => "be cancelled",
+            SubscriptionEvent::CancelAtPeriodEnd => "be cancelled at period end",
+            SubscriptionEvent::PeriodEndedCancelPending => "end its period with a cancel pending",
+            SubscriptionEvent::TrialEnded => "end its trial",
+            SubscriptionEvent::TrialExtended => "have its trial extended",
+        }
+    }
+}
+
+/// A transition the state machine does not allow
+/// ([`SUBSCRIPTION_STATE_CONFLICT`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("a subscription that is {} cannot {}", from.as_str(), event.action())]
+pub struct Refusal {
+    pub from: SubscriptionStatus,
+    pub event: SubscriptionEvent,
+}
+
+impl Refusal {
+    pub fn code(&self) -> &'static str {
+        SUBSCRIPTION_STATE_CONFLICT
+    }
+}
+
+/// The subscription state machine: where `event` takes a subscription
+/// that is `from`, or why it cannot. `docs/billing.md` shows this table.
+pub fn next(
+    from: SubscriptionStatus,
+    event: SubscriptionEvent,
+) -> Result<SubscriptionStatus, Refusal> {
+    use SubscriptionEvent as E;
+    use SubscriptionStatus as S;
+    let refused = Err(Refusal { from, event });
+    let to = match (from, event) {
+        (S::Draft, E::Start { trial: true }) => S::Trialing,
+        (S::Draft, E::Start { trial: false }) => S::Incomplete,
+        (S::Incomplete, E::FirstInvoicePaid) => S::Active,
+        (S::Active | S::PastDue, E::InvoicePaid { .. }) => S::Active,
+        (S::Paused, E::InvoicePaid { unpauses }) => {
+            if unpauses {
+                S::Active
+            } else {
+                S::Paused
+            }
+        }
+        // A late payment of an ended subscription's last invoice.
+        (S::Cancelled | S::Completed, E::InvoicePaid { .. }) => from,
+        (S::Incomplete, E::GraceEndedUnpaid(_)) => S::IncompleteExpired,
+        (S::Active | S::PastDue | S::Paused, E::GraceEndedUnpaid(action)) => overdue(from, action),
+        (S::Active | S::PastDue | S::Paused, E::DunningExhausted(action)) => match action {
+            FinalAction::Cancel => S::Cancelled,
+            FinalAction::Pause => S::Paused,
+            FinalAction::MarkUncollectible => from,
+        },
+        (S::Active | S::PastDue, E::Pause) => S::Paused,
+        (S::Paused, E::Resume) => S::Active,
+        (
+            S::Draft | S::Incomplete | S::Trialing | S::Active | S::PastDue | S::Paused,
+            E::CancelNow,
+        ) => S::Cancelled,
+        (S::Trialing | S::Active | S::PastDue, E::CancelAtPeriodEnd) => from,
+        (S::Trialing | S::Active | S::PastDue | S::Paused, E::PeriodEndedCancelPending) => {
+            S::Cancelled
+        }
+        (S::Trialing, E::TrialEnded) => S::Active,
+        (S::Trialing, E::TrialExtended) => S::Trialing,
+        _ => return refused,
+    };
+    Ok(to)
+}
+
+/// The plan's overdue action on a subscription that is active, past due
+/// or paused: never back to active (only a payment does that).
+fn overdue(from: SubscriptionStatus, action: OverdueAction) -> SubscriptionStatus {
+    use SubscriptionStatus as S;
+    match (from, action) {
+        (_, OverdueAction::Cancel) => S::Cancelled,
+        (S::Paused, _) | (_, OverdueAction::Pause) => S::Paused,
+        (S::Active, OverdueAction::KeepActive) => S::Active,
+        _ => S::PastDue,
+    }
+}
+
+/// A stored subscription.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Subscription {
+    pub id: SubscriptionId,
+    pub project_id: ProjectId,
+    pub mode: Mode,
+    pub customer_id: CustomerId,
+    pub plan_id: PlanId,
+    pub status: SubscriptionStatus,
+    /// The plan's terms as they were when the subscription was created.
+    pub terms: Terms,
+    /// 1 until per-unit plans exist (issue 40).
+    pub quantity: u32,
+    pub reference_id: Option<String>,
+    pub metadata: Map<String, Value>,
+    /// The Nepal day it starts (a draft until then).
+    pub start_date: NaiveDate,
+    pub billing_anchor_day: Option<u8>,
+    pub trial_ends_at: Option<Timestamp>,
+    /// The first day billed: the start, or the day the trial ends; set
+    /// when billing begins. Periods count from it ([`Subscription::period`]).
+    pub billing_start: Option<NaiveDate>,
+    /// The index of the current period (0: the first).
+    pub period_index: u32,
+    pub cancel_at_period_end: bool,
+    pub cancel_reason: Option<String>,
+    pub cancelled_at: Option<Timestamp>,
+    pub pause_reason: Option<String>,
+    /// Paused by an overdue or dunning action (a payment resumes it),
+    /// not by the merchant.
+    pub paused_for_nonpayment: bool,
+    pub resume_at: Option<Timestamp>,
+    /// `None`: the project's default policy.
+    pub dunning_policy_id: Option<DunningPolicyId>,
+    pub test_clock_id: Option<TestClockId>,
+    pub version: i64,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+crate::attrs! { Subscription {
+    ID: SubscriptionId = id,
+    STATUS: SubscriptionStatus = status,
+    VERSION: i64 = version,
+} }
+
+impl Subscription {
+    pub fn key(id: &SubscriptionId) -> Key {
+        Key::new(format!("SUB#{id}"), "SUB")
+    }
+
+    pub fn list_partition(tenant: &Tenant) -> String {
+        format!("PROJ#{}#{}#SUB", tenant.project, tenant.mode.as_str())
+    }
+
+    pub fn tenant(&self) -> Tenant {
+        Tenant::new(self.project_id.clone(), self.mode)
+    }
+
+    /// Period `index` of its billing (`None` before billing begins or past
+    /// the calendar's covered years).
+    pub fn period(&self, index: u32) -> Option<Period> {
+        let t = &self.terms;
+        Schedule::new(
+            self.billing_start?,
+            t.interval_unit,
+            t.interval_count,
+            self.billing_anchor_day,
+            t.calendar,
+        )
+        .ok()??
+        .period(index)
+    }
+
+    /// The current period, once billing has begun.
+    pub fn current_period(&self) -> Option<Period> {
+        self.period(self.period_index)
+    }
+}
+
+impl Record for Subscription {
+    fn item_key(&self) -> Key {
+        Subscription::key(&self.id)
+    }
+
+    fn entries(&self) -> Vec<Entry> {
+        vec![Entry::gsi1(
+            Subscription::list_partition(&self.tenant()),
+            self.id.to_string(),
+        )]
+    }
+}
+
+/// Why a subscription operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SubscriptionError {
+    #[error("subscription {0} not found")]
+    NotFound(SubscriptionId),
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error(transparent)]
+    Terms(#[from] TermsError),
+    #[error(transparent)]
+    Interval(#[from] IntervalError),
+    #[error("the subscription changed too often while being written; retry")]
+    Busy,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What a new subscription is made of (checked by [`new_subscription`]).
+#[derive(Clone, Debug)]
+pub struct NewSubscription {
+    pub customer_id: CustomerId,
+    pub plan_id: PlanId,
+    pub terms: Terms,
+    pub reference_id: Option<String>,
+    pub metadata: Map<String, Value>,
+    /// When it starts (`startDate`; now when absent).
+    pub start: Timestamp,
+    /// The trial end as [`super::terms::trial_end`] chose it.
+    pub trial_ends_at: Option<Timestamp>,
+    pub billing_anchor_day: Option<u8>,
+    pub dunning_policy_id: Option<DunningPolicyId>,
+    pub test_clock_id: Option<TestClockId>,
+}
+
+/// The subscription `input` makes at `now`: a draft when it starts on a
+/// later Nepal day, else started ([`SubscriptionEvent::Start`]).
+pub fn new_subscription(
+    tenant: &Tenant,
+    input: NewSubscription,
+    now: Timestamp,
+) -> Result<Subscription, SubscriptionError> {
+    input.terms.check()?;
+    validate_interval(
+        input.terms.interval_unit,
+        input.terms.interval_count,
+        input.billing_anchor_day,
+    )?;
+    let start_date = nepal_day(input.start);
+    let mut sub = Subscription {
+        id: SubscriptionId::new(),
+        project_id: tenant.project.clone(),
+        mode: tenant.mode,
+        customer_id: input.customer_id,
+        plan_id: input.plan_id,
+        status: SubscriptionStatus::Draft,
+        terms: input.terms,
+        quantity: 1,
+        reference_id: input.reference_id,
+        metadata: input.metadata,
+        start_date,
+        billing_anchor_day: input.billing_anchor_day,
+        trial_ends_at: input.trial_ends_at,
+        billing_start: None,
+        period_index: 0,
+        cancel_at_period_end: false,
+        cancel_reason: None,
+        cancelled_at: None,
+        pause_reason: None,
+        paused_for_nonpayment: false,
+        resume_at: None,
+        dunning_policy_id: input.dunning_policy_id,
+        test_clock_id: input.test_clock_id,
+        version: 1,
+        created_at: now,
+        updated_at: now,
+    };
+    if start_date <= nepal_day(now) {
+        started(&mut sub)?;
+    }
+    Ok(sub)
+}
+
+/// Starts a draft: trialing until its trial end, else billing from its
+/// start day.
+pub fn started(sub: &mut Subscription) -> Result<(), Refusal> {
+    let trial = sub.trial_ends_at.is_some();
+    sub.status = next(sub.status, SubscriptionEvent::Start { trial })?;
+    if !trial {
+        sub.billing_start = Some(sub.start_date);
+    }
+    Ok(())
+}
+
+/// Stores a new subscription.
+pub async fn create(deps: &Deps, sub: &Subscription) -> Result<(), SubscriptionError> {
+    deps.store.transact(vec![sub.put_new()?]).await?;
+    Ok(())
+}
+
+/// The tenant's subscription `id`.
+pub async fn get(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &SubscriptionId,
+) -> Result<Subscription, SubscriptionError> {
+    match record::get::<Subscription>(&*deps.store, &Subscription::key(id)).await? {
+        Some(s) if tenant.owns(s.project_id.as_str(), s.mode) => Ok(s),
+        _ => Err(SubscriptionError::NotFound(id.clone())),
+    }
+}
+
+/// Applies `event` to the tenant's subscription `id` at `now`: the state
+/// machine decides on the record as read, `edit` sets the event's fields
+/// (a pause reason, a new trial end), and the write holds only if nobody
+/// changed the subscription since; otherwise it is read and decided again.
+pub async fn apply(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &SubscriptionId,
+    event: SubscriptionEvent,
+    edit: &(dyn Fn(&mut Subscription) + Sync),
+    now: Timestamp,
+) -> Result<Subscription, SubscriptionError> {
+    for attempt in 0..APPLY_TRIES {
+        let current = get(deps, tenant, id).await?;
+        let mut changed = current.clone();
+        changed.status = next(current.status, event)?;
+        edit(&mut changed);
+        changed.version = current.version + 1;
+        changed.updated_at = now;
+        let op = TxOp::Put {
+            item: changed.to_item()?,
+            cond: Some(Subscription::VERSION.eq(&current.version)),
+        };
+        match deps.store.transact(vec![op]).await {
+            Ok(()) => return Ok(changed),
+            Err(e) if e.is_condition_failure() || is_conflict(&e) => {
+                crate::store::contention_backoff(attempt).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(SubscriptionError::Busy)
+}
+
+/// Another transaction wrote the same item at once (retry).
+pub(super) fn is_conflict(e: &StoreError) -> bool {
+    matches!(e, StoreError::TransactionCanceled { reasons }
+        if reasons.iter().any(|r| matches!(r, crate::store::TxReason::Conflict)))
+}
+
+#[cfg(test)]
+mod tests;
