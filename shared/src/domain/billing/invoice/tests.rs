@@ -182,7 +182,17 @@ async fn forty_concurrent_issues_of_one_period_make_one_invoice_and_take_one_num
             .map(|_| {
                 let deps = deps.clone();
                 let sub = sub.clone();
-                tokio::spawn(async move { issue_invoice(&deps, &sub, period, now).await })
+                // A caller that gives up `Busy` (its time budget spent
+                // while a slow store serialises 40 writers) tries again,
+                // as the next sweep would.
+                tokio::spawn(async move {
+                    match issue_invoice(&deps, &sub, period, now).await {
+                        Err(BillingInvoiceError::Busy) => {
+                            issue_invoice(&deps, &sub, period, now).await
+                        }
+                        answer => answer,
+                    }
+                })
             })
             .collect();
         let mut ids = std::collections::BTreeSet::new();
