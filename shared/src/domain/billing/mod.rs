@@ -2,4 +2,6 @@
 //! Bikram Sambat dates and billing periods; no store, no HTTP.
 
 pub mod calendar;
+pub mod customers;
 pub mod period;
+pub mod plans;
