@@ -46,8 +46,8 @@ pub const ENTITLEMENT: &str = "billing.api";
 pub enum BillingError {
     #[error("{message}")]
     Invalid { field: String, message: String },
-    #[error("no such {what}: {id}")]
-    NotFound { what: &'static str, id: String },
+    #[error("no such {what}: {named}")]
+    NotFound { what: &'static str, named: String },
     #[error(
         "customer {0} has a subscription that has not ended: cancel it before deleting the customer"
     )]
@@ -64,7 +64,7 @@ impl From<BillingError> for Refusal {
     fn from(err: BillingError) -> Self {
         match err {
             BillingError::Invalid { field, message } => Refusal::invalid(field, message),
-            BillingError::NotFound { what, id } => Refusal::not_found(what, &id),
+            BillingError::NotFound { what, named } => Refusal::not_found(what, &named),
             e @ BillingError::HasSubscriptions(_) => {
                 Refusal::conflict("customer_has_subscriptions", e.to_string())
             }
@@ -400,7 +400,7 @@ pub async fn get(deps: &Deps, tenant: &Tenant, id: &CustomerId) -> Result<Custom
         Some(c) => Ok(c),
         None => Err(BillingError::NotFound {
             what: "customer",
-            id: id.to_string(),
+            named: id.to_string(),
         }),
     }
 }
@@ -502,7 +502,7 @@ pub async fn update(
         Ok(item) => Ok(from_item(item)?),
         Err(e) if e.is_condition_failure() => Err(BillingError::NotFound {
             what: "customer",
-            id: id.to_string(),
+            named: id.to_string(),
         }),
         Err(e) => Err(e.into()),
     }

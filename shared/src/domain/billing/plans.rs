@@ -418,7 +418,7 @@ pub async fn get(deps: &Deps, tenant: &Tenant, id: &PlanId) -> Result<Plan, Bill
         Some(p) => Ok(p),
         None => Err(BillingError::NotFound {
             what: "plan",
-            id: id.to_string(),
+            named: id.to_string(),
         }),
     }
 }
@@ -518,7 +518,7 @@ pub async fn update(
         Ok(item) => Ok(from_item(item)?),
         Err(e) if e.is_condition_failure() => Err(BillingError::NotFound {
             what: "plan",
-            id: id.to_string(),
+            named: id.to_string(),
         }),
         Err(e) => Err(e.into()),
     }
