@@ -10,8 +10,8 @@ use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use shared::ids::{
-    ApiKeyId, AuditId, DeliveryId, EndpointId, EventId, InvoiceId, LinkId, MerchantId, PaymentId,
-    ProjectId, RefundId, SessionId, SmsId, TypedId, UserId,
+    ApiKeyId, AuditId, CustomerId, DeliveryId, EndpointId, EventId, InvoiceId, LinkId, MerchantId,
+    PaymentId, PlanId, ProjectId, RefundId, SessionId, SmsId, TypedId, UserId,
 };
 use shared::refusal::Refusal;
 
@@ -60,7 +60,7 @@ macro_rules! id_parts {
 
 id_parts!(
     MerchantId, ProjectId, ApiKeyId, SessionId, PaymentId, RefundId, LinkId, InvoiceId, EndpointId,
-    DeliveryId, EventId, SmsId, UserId, AuditId
+    DeliveryId, EventId, SmsId, UserId, AuditId, CustomerId, PlanId
 );
 
 /// What a route's path holds, in order: one part or a tuple of them.

@@ -211,6 +211,10 @@ pub const ERROR_CODES: &[(&str, &str)] = &[
         "the invoice cannot be corrected in its state",
     ),
     (
+        "customer_has_subscriptions",
+        "the billing customer has a subscription that has not ended",
+    ),
+    (
         "webhook_endpoint_limit",
         "the project has its maximum of webhook endpoints",
     ),

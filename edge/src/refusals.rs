@@ -5,6 +5,7 @@
 
 use http::StatusCode;
 use shared::domain::account::AuthError;
+use shared::domain::billing::customers::BillingError;
 use shared::domain::checkout::CheckoutError;
 use shared::domain::invoices::InvoiceError;
 use shared::domain::links::LinkError;
@@ -80,6 +81,7 @@ macro_rules! answered_by_refusal {
 
 answered_by_refusal!(
     AuthError,
+    BillingError,
     CheckoutError,
     InvoiceError,
     LinkError,

@@ -58,6 +58,7 @@ pub fn app_with_simulators(state: AppState, sim: simulators::SimState, extra: Ro
             .merge(payment_links::router(state.clone()))
             .merge(webhooks_api::router(state.clone()))
             .merge(invoices::router(state.clone()))
+            .merge(billing::router(state.clone()))
             .merge(sms::router(state.clone()))
             .merge(qr::router(state.clone()))
             .merge(mobile::router(state.clone()))
@@ -81,6 +82,7 @@ pub fn openapi(state: &AppState) -> utoipa::openapi::OpenApi {
         payment_links::routes(state),
         webhooks_api::routes(state),
         invoices::routes(state),
+        billing::routes(state),
         sms::routes(state),
         qr::routes(state),
         mobile::routes(state),

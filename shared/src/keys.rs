@@ -86,6 +86,10 @@ pub enum PerMode {
     Stats,
     /// The event-stream slots (`domain::streams`).
     Streams,
+    /// Billing customers (their own partition, by id).
+    BillingCustomers,
+    /// Billing plans (their own partition, by id).
+    BillingPlans,
 }
 
 impl PerMode {
@@ -102,6 +106,8 @@ impl PerMode {
             PerMode::WebhookCount => "WECOUNT",
             PerMode::Stats => "STATS",
             PerMode::Streams => "STREAMS",
+            PerMode::BillingCustomers => "BCUS",
+            PerMode::BillingPlans => "BPLAN",
         }
     }
 }

@@ -9,6 +9,7 @@
 
 mod analytics;
 mod api;
+mod billing;
 mod browser;
 mod checkout;
 mod contract;

@@ -39,6 +39,8 @@ const GATEWAY_IN_ENV_FILE: &str = "http://host.docker.internal:8080";
 // Each function's `main.rs`, as `sam build` compiles it into `bootstrap`.
 #[path = "../../functions/account/src/main.rs"]
 mod account_main;
+#[path = "../../functions/billing/src/main.rs"]
+mod billing_main;
 #[path = "../../functions/checkout/src/main.rs"]
 mod checkout_main;
 #[path = "../../functions/dashboard-documents/src/main.rs"]
@@ -88,6 +90,7 @@ fn function_process() {
     let name = std::env::var(FUNCTION_ENV).unwrap_or_default();
     let result = match name.as_str() {
         "account" => account_main::main(),
+        "billing" => billing_main::main(),
         "checkout" => checkout_main::main(),
         "dashboard" => dashboard_main::main(),
         "dashboard-documents" => dashboard_documents_main::main(),

@@ -57,10 +57,14 @@ pub enum Scope {
     RefundsWrite,
     WebhooksRead,
     WebhooksWrite,
+    /// Recurring billing (`/v1/billing`): customers, plans and what
+    /// follows them.
+    BillingRead,
+    BillingWrite,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 14] = [
+    pub const ALL: [Scope; 16] = [
         Scope::AccountRead,
         Scope::PaymentsRead,
         Scope::PaymentsWrite,
@@ -75,6 +79,8 @@ impl Scope {
         Scope::RefundsWrite,
         Scope::WebhooksRead,
         Scope::WebhooksWrite,
+        Scope::BillingRead,
+        Scope::BillingWrite,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -93,6 +99,8 @@ impl Scope {
             Scope::RefundsWrite => "refunds:write",
             Scope::WebhooksRead => "webhooks:read",
             Scope::WebhooksWrite => "webhooks:write",
+            Scope::BillingRead => "billing:read",
+            Scope::BillingWrite => "billing:write",
         }
     }
 
@@ -113,6 +121,12 @@ pub enum Plan {
 impl Plan {
     /// Direct-QR (`POST /v1/qr/fonepay`): every paid plan.
     pub fn direct_qr(self) -> bool {
+        self != Plan::Free
+    }
+
+    /// The billing API (`/v1/billing`): every paid plan, in both modes
+    /// (the guide's "Premium"; `docs/decisions-refined.md`).
+    pub fn billing_api(self) -> bool {
         self != Plan::Free
     }
 
@@ -300,8 +314,10 @@ impl ApiKey {
         keys::api_key(hash_hex)
     }
 
+    /// A secret key has every scope, those added after it was issued
+    /// included; a restricted key only those it was granted.
     pub fn has_scope(&self, scope: Scope) -> bool {
-        self.scopes.iter().any(|s| s == scope.as_str())
+        self.kind == KeyKind::Secret || self.scopes.iter().any(|s| s == scope.as_str())
     }
 }
 

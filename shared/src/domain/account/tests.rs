@@ -771,3 +771,39 @@ async fn listing_a_project_again_writes_its_entry_and_nothing_else() {
     };
     assert_eq!(after, before);
 }
+
+/// Issue 39, 8: a secret key issued before the billing scopes existed
+/// (its stored list without them) has them; a restricted key only what it
+/// was granted; every paid plan has the billing API.
+#[tokio::test]
+async fn a_secret_key_has_the_billing_scopes_a_restricted_key_only_if_granted() {
+    let store = store();
+    let (_, project) = setup(&*store).await;
+    let now = SystemClock.now();
+    let old = NewKey {
+        scopes: Scope::ALL
+            .into_iter()
+            .filter(|s| !s.as_str().starts_with("billing:"))
+            .collect(),
+        ..all_scopes(Mode::Sandbox)
+    };
+    let Ok((_, secret)) = issue_api_key(&deps(&store), now, &project, old).await else {
+        panic!("key")
+    };
+    assert!(secret.has_scope(Scope::BillingRead));
+    assert!(secret.has_scope(Scope::BillingWrite));
+    let restricted = NewKey {
+        kind: KeyKind::Restricted,
+        scopes: vec![Scope::BillingRead],
+        ..all_scopes(Mode::Sandbox)
+    };
+    let Ok((_, restricted)) = issue_api_key(&deps(&store), now, &project, restricted).await else {
+        panic!("key")
+    };
+    assert!(restricted.has_scope(Scope::BillingRead));
+    assert!(!restricted.has_scope(Scope::BillingWrite));
+    assert_eq!(Scope::parse("billing:write"), Some(Scope::BillingWrite));
+    assert!(!Plan::Free.billing_api());
+    assert!(Plan::Growth.billing_api());
+    assert!(Plan::Pro.billing_api());
+}

@@ -1,11 +1,13 @@
 //! Recurring billing (issue 39): Nepal days, Bikram Sambat dates and
-//! billing periods; the terms a subscription bills, the subscription and
+//! billing periods; customers and plans; the terms a subscription bills, the subscription and
 //! billing invoice state machines and records, exactly one invoice per
 //! period, payments taken exactly once, and dunning policies. No HTTP.
 
 pub mod calendar;
+pub mod customers;
 pub mod dunning;
 pub mod invoice;
 pub mod period;
+pub mod plans;
 pub mod subscription;
 pub mod terms;

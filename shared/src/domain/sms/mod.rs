@@ -71,6 +71,7 @@ pub use dispatch::{DispatchError, DispatchOutcome, handle_message};
 pub use guards::{SmsCount, SmsRecipientWindow, quota_counter, session_in_url};
 pub use notify::{SmsMessage, get, notify};
 pub use reminders::{SmsReminder, SmsStatus, list, list_recent, requeue_stuck};
+pub use request::normalize_phone;
 
 /// The abuse limits (decisions: 3 per recipient per 24 h, 100 per merchant
 /// per hour).

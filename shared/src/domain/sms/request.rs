@@ -9,7 +9,7 @@ use crate::time::Timestamp;
 
 /// A Nepali mobile number as 10 digits (`97…`/`98…`), from the forms
 /// people write: optional `+977` (or `977`) prefix, spaces and dashes.
-pub(super) fn normalize_phone(raw: &str) -> Option<String> {
+pub fn normalize_phone(raw: &str) -> Option<String> {
     let compact: String = raw
         .trim()
         .chars()
