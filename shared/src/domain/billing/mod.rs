@@ -9,5 +9,6 @@ pub mod dunning;
 pub mod invoice;
 pub mod period;
 pub mod plans;
+pub mod reminders;
 pub mod subscription;
 pub mod terms;

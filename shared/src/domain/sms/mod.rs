@@ -58,7 +58,6 @@ use serde::{Deserialize, Serialize};
 use crate::queue::QueueError;
 use crate::store::StoreError;
 
-pub mod billing;
 mod dispatch;
 mod guards;
 mod notify;
