@@ -1,22 +1,30 @@
-//! Offset pagination: `limit` 1..=100 (default per list), `offset` >= 0;
+//! Offset pagination: `limit` 1..=100 (default per list), `offset` >= 0
+//! (any: every record stays reachable by offset, as the contract says);
 //! lists answer `{data, meta: {total, limit, offset}}`, newest first.
+//!
+//! An offset costs reading the records it skips (DynamoDB has no skip),
+//! so every list also takes `starting_after` (our extension, documented
+//! in `docs/api.md`): the id of a record of the list, the page then holds
+//! the records after it, at the cost of the page alone whatever its
+//! depth; `offset` then counts from there. See "Deep pages" in
+//! `docs/decisions-refined.md`.
 
 use serde::Serialize;
 
 use super::error::ApiError;
 use super::input::QueryParams;
 use shared::domain::Window;
+use shared::ids::IdKind;
+use shared::store::Seek;
 
 pub const MAX_LIMIT: usize = 100;
-/// Offsets are read through on DynamoDB (it has no skip), so a page past
-/// this many records is refused rather than letting one call scan a
-/// partition without bound. See `../shared/spec/decisions.md`.
-pub const MAX_OFFSET: usize = 10_000;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pagination {
     pub limit: usize,
     pub offset: usize,
+    /// Where the page starts: the list's start, or after `starting_after`.
+    pub seek: Seek,
 }
 
 impl Pagination {
@@ -25,10 +33,17 @@ impl Pagination {
         Window {
             offset: self.offset,
             limit: self.limit,
+            seek: self.seek.clone(),
         }
     }
 
-    pub fn from_query(q: &QueryParams, default_limit: usize) -> Result<Self, ApiError> {
+    /// `limit`, `offset` and `starting_after` (an id of `list`'s kind: the
+    /// sort key of every list is its records' id).
+    pub fn from_query(
+        q: &QueryParams,
+        default_limit: usize,
+        list: IdKind,
+    ) -> Result<Self, ApiError> {
         let limit = match q.get("limit") {
             None => default_limit,
             Some(raw) => match raw.trim().parse::<i64>() {
@@ -43,16 +58,9 @@ impl Pagination {
         };
         let offset = match q.get("offset") {
             None => 0,
-            Some(raw) => match raw.trim().parse::<i64>() {
-                Ok(n) if (0..=MAX_OFFSET as i64).contains(&n) => n as usize,
-                Ok(n) if n > MAX_OFFSET as i64 => {
-                    return Err(ApiError::validation(
-                        "offset",
-                        format!(
-                            "offset must be at most {MAX_OFFSET}; narrow the list with filters"
-                        ),
-                    ));
-                }
+            Some(raw) => match raw.trim().parse::<u64>() {
+                // Past the end of any list is an empty page.
+                Ok(n) => usize::try_from(n).unwrap_or(usize::MAX),
                 _ => {
                     return Err(ApiError::validation(
                         "offset",
@@ -61,7 +69,24 @@ impl Pagination {
                 }
             },
         };
-        Ok(Pagination { limit, offset })
+        let seek = match q.get("starting_after") {
+            None => Seek::Start,
+            Some(raw) if shared::ids::is_valid(raw, list) => Seek::After(raw.to_owned()),
+            Some(raw) => {
+                return Err(ApiError::validation(
+                    "starting_after",
+                    format!(
+                        "starting_after must be the id of a record of this list ({}…), got '{raw}'",
+                        list.prefix()
+                    ),
+                ));
+            }
+        };
+        Ok(Pagination {
+            limit,
+            offset,
+            seek,
+        })
     }
 }
 
@@ -74,9 +99,14 @@ pub struct PageParams {
     /// Records per page; each list names its default.
     #[param(minimum = 1, maximum = 100)]
     limit: Option<u32>,
-    /// Records to skip.
-    #[param(minimum = 0, maximum = 10_000)]
-    offset: Option<u32>,
+    /// Records to skip (from `starting_after` when given). Each skipped
+    /// record is read: walk deep lists with `starting_after`.
+    #[param(minimum = 0)]
+    offset: Option<u64>,
+    /// Extension: the id of a record of this list; the page holds the
+    /// records after it (older, lists being newest first). Pass the last
+    /// id of a page to read the next one at the cost of one page.
+    starting_after: Option<String>,
 }
 
 /// The page's place in the whole list.
@@ -113,7 +143,7 @@ mod tests {
     use super::*;
 
     fn parse(q: &str) -> Result<Pagination, ApiError> {
-        Pagination::from_query(&QueryParams::parse(Some(q)), 25)
+        Pagination::from_query(&QueryParams::parse(Some(q)), 25, IdKind::Payment)
     }
 
     #[test]
@@ -122,14 +152,16 @@ mod tests {
             parse(""),
             Ok(Pagination {
                 limit: 25,
-                offset: 0
+                offset: 0,
+                seek: Seek::Start,
             })
         );
         assert_eq!(
-            Pagination::from_query(&QueryParams::default(), 10),
+            Pagination::from_query(&QueryParams::default(), 10, IdKind::Payment),
             Ok(Pagination {
                 limit: 10,
-                offset: 0
+                offset: 0,
+                seek: Seek::Start,
             })
         );
     }
@@ -139,6 +171,45 @@ mod tests {
         assert_eq!(parse("limit=1&offset=0").map(|p| p.limit), Ok(1));
         assert_eq!(parse("limit=100").map(|p| p.limit), Ok(100));
         assert_eq!(parse("offset=10000").map(|p| p.offset), Ok(10000));
+    }
+
+    /// The contract allows any offset >= 0: a deep one is a page (empty
+    /// past the end), never a refusal (main refused past 10,000).
+    #[test]
+    fn any_offset_is_a_page() {
+        assert_eq!(parse("offset=10001").map(|p| p.offset), Ok(10001));
+        assert_eq!(parse("offset=5000000").map(|p| p.offset), Ok(5_000_000));
+        assert_eq!(
+            parse("offset=18446744073709551615").map(|p| p.offset > 10_000),
+            Ok(true)
+        );
+    }
+
+    #[test]
+    fn starting_after_seeks_past_a_record_of_the_list() {
+        let id = "pay_01jdq7v3kz8y2x6w5t4s3r2q1p";
+        assert_eq!(
+            parse(&format!("starting_after={id}&offset=3")).map(|p| p.window()),
+            Ok(Window {
+                offset: 3,
+                limit: 25,
+                seek: Seek::After(id.into()),
+            })
+        );
+        for bad in [
+            "",
+            "pay_",
+            "ref_01jdq7v3kz8y2x6w5t4s3r2q1p",
+            "pay_01JDQ7V3KZ8Y2X6W5T4S3R2Q1P",
+            "pay_01jdq7v3kz8y2x6w5t4s3r2q1p0",
+        ] {
+            let e = parse(&format!("starting_after={bad}")).err();
+            assert_eq!(
+                e.as_ref().and_then(|e| e.param.as_deref()),
+                Some("starting_after"),
+                "{bad}"
+            );
+        }
     }
 
     #[test]
@@ -153,7 +224,8 @@ mod tests {
             ("limit=99999999999999999999999", "limit"),
             ("offset=-1", "offset"),
             ("offset=x", "offset"),
-            ("offset=10001", "offset"),
+            ("offset=1.5", "offset"),
+            ("offset=99999999999999999999999", "offset"),
         ] {
             let e = parse(q).err();
             assert_eq!(
@@ -173,6 +245,7 @@ mod tests {
             Pagination {
                 limit: 2,
                 offset: 4,
+                seek: Seek::Start,
             },
         );
         assert_eq!(

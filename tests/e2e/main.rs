@@ -29,6 +29,7 @@ mod logs;
 mod mobile;
 mod openapi;
 mod page_policy;
+mod pages;
 mod pay;
 mod qr;
 mod ratelimit;

@@ -22,7 +22,7 @@ use shared::domain::checkout::{
     self, CheckoutSession, CheckoutSessionView, CreateCheckout, Creator, Flow,
     ProviderAvailability, SessionStatus,
 };
-use shared::ids::SessionId;
+use shared::ids::{IdKind, SessionId};
 use shared::time::Timestamp;
 
 /// The function's routes and their description, one value.
@@ -156,7 +156,7 @@ async fn list_sessions(
     query: QueryParams,
 ) -> Result<Json<Page<CheckoutSessionView>>, ApiError> {
     let who = auth.require(Scope::SessionsRead)?;
-    let page = Pagination::from_query(&query, checkout::DEFAULT_PAGE)?;
+    let page = Pagination::from_query(&query, checkout::DEFAULT_PAGE, IdKind::CheckoutSession)?;
     // The spec: unrecognised status values are ignored.
     let status = query.get("status").and_then(SessionStatus::parse);
     let now = state.clock.now();

@@ -48,8 +48,9 @@ use shared::domain::payments::{self, PaymentView};
 use shared::domain::refunds::{self, CreateRefund, RefundError, RefundReason};
 use shared::domain::{Tenant, Window};
 use shared::fields::{NepaliMobile, RefundNotes};
-use shared::ids::{PaymentId, ProjectId};
+use shared::ids::{IdKind, PaymentId, ProjectId};
 use shared::limits::public;
+use shared::store::Seek;
 
 pub use pages::Nav;
 
@@ -65,15 +66,18 @@ const DEVICE_PATH: &str = "/dashboard/sign-in";
 /// Rows a list page shows.
 pub const PAGE: usize = 25;
 
-/// The rows of list page `page` (1-based, already checked to be >= 1).
+/// The rows of list page `page` (1-based, already checked to be >= 1),
+/// by offset: the lists reached by page number only (keys).
 pub(crate) fn page_window(page: usize) -> Window {
-    Window {
-        offset: page.saturating_sub(1).saturating_mul(PAGE),
-        limit: PAGE,
-    }
+    Window::at(page.saturating_sub(1).saturating_mul(PAGE), PAGE)
 }
-/// The deepest page a list goes (offset pages read what they skip).
+/// The deepest page a list reached by page number goes (offset pages
+/// read what they skip).
 const MAX_PAGE: usize = 400;
+/// The deepest page a record list opens at by number alone, without one
+/// of its own links' places: 1,000 rows skipped at most (one store
+/// read). Its links go anywhere at the cost of one page ([`Place`]).
+const MAX_JUMP: usize = 40;
 
 const CSS: &str = include_str!("dashboard.css");
 
@@ -771,6 +775,86 @@ async fn overview(State(state): State<AppState>, signed: Signed) -> Page {
     Ok(html(StatusCode::OK, pages::overview(&nav, &o, &series)))
 }
 
+/// Where a page of a record list starts: its newest records, `page`
+/// pages down by number (at most [`MAX_JUMP`]), or next to a record the
+/// page before showed: `after` it (the Older link) or `before` it (the
+/// Newer link), one ranged read whatever the depth, so every record is
+/// reachable. `page` is then only the number shown.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub page: usize,
+    pub seek: Seek,
+}
+
+impl Place {
+    /// `page`, `after` and `before` of a list of `kind` records.
+    pub(crate) fn of(
+        q: &std::collections::HashMap<String, String>,
+        kind: IdKind,
+    ) -> Result<Place, Stop> {
+        let id = |name: &'static str| match q.get(name).filter(|v| !v.is_empty()) {
+            None => Ok(None),
+            Some(v) if shared::ids::is_valid(v, kind) => Ok(Some(v.clone())),
+            Some(_) => Err(fail(shared::refusal::Refusal::invalid(
+                name,
+                "Not a record of this list",
+            ))),
+        };
+        let seek = match (id("after")?, id("before")?) {
+            (None, None) => Seek::Start,
+            (Some(a), None) => Seek::After(a),
+            (None, Some(b)) => Seek::Before(b),
+            (Some(_), Some(_)) => {
+                return Err(fail(shared::refusal::Refusal::invalid(
+                    "before",
+                    "A page is after a record or before one, not both",
+                )));
+            }
+        };
+        let most = if seek == Seek::Start {
+            MAX_JUMP
+        } else {
+            usize::MAX
+        };
+        let page = match q.get("page") {
+            None => 1,
+            Some(raw) => match raw.parse::<usize>() {
+                Ok(n) if (1..=most).contains(&n) => n,
+                _ => {
+                    return Err(fail(shared::refusal::Refusal::invalid(
+                        "page",
+                        format!(
+                            "A page is a number from 1 to {MAX_JUMP}; older ones are \
+                             reached by the Older links"
+                        ),
+                    )));
+                }
+            },
+        };
+        Ok(Place { page, seek })
+    }
+
+    /// The newest page.
+    pub(crate) fn first() -> Place {
+        Place {
+            page: 1,
+            seek: Seek::Start,
+        }
+    }
+
+    /// The rows this page holds.
+    pub(crate) fn window(&self) -> Window {
+        match self.seek {
+            Seek::Start => page_window(self.page),
+            _ => Window {
+                offset: 0,
+                limit: PAGE,
+                seek: self.seek.clone(),
+            },
+        }
+    }
+}
+
 /// The page number of a list (`?page=`, from 1), bounded.
 pub(crate) fn page_number(q: &std::collections::HashMap<String, String>) -> Result<usize, Stop> {
     match q.get("page") {
@@ -791,7 +875,7 @@ async fn payments_page(
     RawQuery(raw): RawQuery,
 ) -> Page {
     let q = query(&raw);
-    let page = page_number(&q)?;
+    let place = Place::of(&q, IdKind::Payment)?;
     let named = |name: &str| q.get(name).map(String::as_str).unwrap_or("");
     let status = match named("status") {
         "" => None,
@@ -819,7 +903,7 @@ async fn payments_page(
         &state,
         &signed.tenant,
         payments::PaymentFilter { status, provider },
-        page_window(page),
+        place.window(),
     )
     .await
     .map_err(fail)?;
@@ -831,7 +915,7 @@ async fn payments_page(
     );
     Ok(html(
         StatusCode::OK,
-        pages::payments(&nav, &views, page, total, &status, provider),
+        pages::payments(&nav, &views, &place, total, &status, provider),
     ))
 }
 
@@ -1064,14 +1148,14 @@ async fn refunds_page(
     signed: Signed,
     RawQuery(raw): RawQuery,
 ) -> Page {
-    let page = page_number(&query(&raw))?;
-    let (list, total) = refunds::list(&state, &signed.tenant, None, page_window(page))
+    let place = Place::of(&query(&raw), IdKind::Refund)?;
+    let (list, total) = refunds::list(&state, &signed.tenant, None, place.window())
         .await
         .map_err(fail)?;
     let nav = nav(&state, &signed, "refunds").await?;
     Ok(html(
         StatusCode::OK,
-        pages::refunds(&nav, &list, page, total),
+        pages::refunds(&nav, &list, &place, total),
     ))
 }
 

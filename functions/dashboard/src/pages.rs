@@ -327,7 +327,7 @@ const PROVIDERS: [&str; 3] = ["esewa", "khalti", "fonepay"];
 pub fn payments(
     nav: &Nav,
     list: &[PaymentView],
-    page: usize,
+    place: &crate::Place,
     total: u64,
     status: &str,
     provider: &str,
@@ -358,7 +358,7 @@ pub fn payments(
             " "
             button type="submit" { "Show" }
         }
-        p.muted { (total) " payments. Page " (page) " of " (pages) "." }
+        p.muted { (total) " payments. Page " (place.page) " of " (pages.max(place.page)) "." }
         div.panel {
             @if list.is_empty() {
                 p { "No payments yet." }
@@ -385,7 +385,13 @@ pub fn payments(
                 }
             }
         }
-        (pager(&path, page, pages))
+        (places(
+            &path,
+            place,
+            list.first().map(|p| p.id.as_str()),
+            list.last().map(|p| p.id.as_str()),
+            list.len() >= crate::PAGE,
+        ))
     };
     layout(nav, "Payments", body)
 }
@@ -401,6 +407,39 @@ pub(crate) fn pager(path: &str, page: usize, pages: usize) -> Markup {
             } @else { span {} }
             @if page < pages {
                 a href={ (path) (join) "page=" (page + 1) } rel="next" { "Older →" }
+            }
+        }
+    }
+}
+
+/// Links to the newer and older page of a record list by the records
+/// this page shows (`first` and `last`): each is one ranged read however
+/// deep, so every record is reachable. `full`: the page may have more
+/// after it. `path` may carry the list's filters.
+pub(crate) fn places(
+    path: &str,
+    place: &crate::Place,
+    first: Option<&str>,
+    last: Option<&str>,
+    full: bool,
+) -> Markup {
+    let join = if path.contains('?') { '&' } else { '?' };
+    let newer = match (place.page, first) {
+        (1, _) => None,
+        // The newest page is the list itself.
+        (2, _) | (_, None) => Some(path.to_owned()),
+        (n, Some(id)) => Some(format!("{path}{join}before={id}&page={}", n - 1)),
+    };
+    let older = last
+        .filter(|_| full)
+        .map(|id| format!("{path}{join}after={id}&page={}", place.page + 1));
+    html! {
+        nav.pager aria-label="Pages" {
+            @if let Some(href) = newer {
+                a href=(href) rel="prev" { "← Newer" }
+            } @else { span {} }
+            @if let Some(href) = older {
+                a href=(href) rel="next" { "Older →" }
             }
         }
     }
@@ -598,10 +637,10 @@ fn events(timeline: &[TimelineRow]) -> Markup {
 }
 
 /// A page of refunds, newest first.
-pub fn refunds(nav: &Nav, list: &[Refund], page: usize, total: u64) -> String {
-    let pages = pages_of(total);
+pub fn refunds(nav: &Nav, list: &[Refund], place: &crate::Place, total: u64) -> String {
+    let pages = pages_of(total).max(place.page);
     let body = html! {
-        p.muted { (total) " refunds. Page " (page) " of " (pages) "." }
+        p.muted { (total) " refunds. Page " (place.page) " of " (pages) "." }
         div.panel {
             @if list.is_empty() {
                 p { "No refunds yet." }
@@ -630,7 +669,13 @@ pub fn refunds(nav: &Nav, list: &[Refund], page: usize, total: u64) -> String {
                 }
             }
         }
-        (pager("/dashboard/refunds", page, pages))
+        (places(
+            "/dashboard/refunds",
+            place,
+            list.first().map(|r| r.id.as_str()),
+            list.last().map(|r| r.id.as_str()),
+            list.len() >= crate::PAGE,
+        ))
     };
     layout(nav, "Refunds", body)
 }

@@ -17,19 +17,18 @@ use shared::domain::links::{self, PaymentLink};
 use shared::domain::outbox::EventType;
 use shared::domain::sms::{self, SmsReminder};
 use shared::domain::webhooks::{self, Delivery, Endpoint, WebhookError};
-use shared::ids::{EndpointId, EventId, InvoiceId, LinkId};
+use shared::ids::{EndpointId, EventId, IdKind, InvoiceId, LinkId};
 
-use crate::page_window;
-use crate::pages::{Nav, label, layout, pager, pages_of, rupees, status_badge, when};
-use crate::{Page, Signed, Stop, expired_form, fail, nav, page_number, query};
+use crate::pages::{Nav, label, layout, pages_of, places, rupees, status_badge, when};
+use crate::{Page, Place, Signed, Stop, expired_form, fail, nav, query};
 
 pub async fn links_page(
     State(state): State<AppState>,
     signed: Signed,
     RawQuery(raw): RawQuery,
 ) -> Page {
-    let page = page_number(&query(&raw))?;
-    let (list, total) = links::list(&state, &signed.tenant, None, page_window(page))
+    let place = Place::of(&query(&raw), IdKind::PaymentLink)?;
+    let (list, total) = links::list(&state, &signed.tenant, None, place.window())
         .await
         .map_err(fail)?;
     let nav = nav(&state, &signed, "links").await?;
@@ -46,7 +45,7 @@ pub async fn links_page(
         links_html(
             &nav,
             &list,
-            page,
+            &place,
             total,
             act.then(dashboard::new_form_nonce).as_deref(),
             notice.as_deref(),
@@ -110,7 +109,7 @@ pub async fn make_link(State(state): State<AppState>, signed: Signed, body: Byte
     let link = match made {
         Ok(l) => l,
         Err(why) => {
-            let (list, total) = links::list(&state, &signed.tenant, None, page_window(1))
+            let (list, total) = links::list(&state, &signed.tenant, None, Place::first().window())
                 .await
                 .map_err(fail)?;
             let nav = nav(&state, &signed, "links").await?;
@@ -119,7 +118,7 @@ pub async fn make_link(State(state): State<AppState>, signed: Signed, body: Byte
                 links_html(
                     &nav,
                     &list,
-                    1,
+                    &Place::first(),
                     total,
                     Some(nonce),
                     None,
@@ -322,7 +321,7 @@ fn link_amount(l: &PaymentLink) -> String {
 fn links_html(
     nav: &Nav,
     list: &[PaymentLink],
-    page: usize,
+    place: &Place,
     total: u64,
     nonce: Option<&str>,
     notice: Option<&str>,
@@ -331,7 +330,7 @@ fn links_html(
     let body = markup! {
         @if let Some(n) = notice { p.notice role="status" { (n) } }
         @if let Some(e) = error { p.error role="alert" { (e) } }
-        p.muted { (total) " payment links. Page " (page) " of " (pages_of(total)) "." }
+        p.muted { (total) " payment links. Page " (place.page) " of " (pages_of(total).max(place.page)) "." }
         div.panel {
             @if list.is_empty() { p { "No payment links yet." } } @else {
                 table {
@@ -361,7 +360,13 @@ fn links_html(
                 }
             }
         }
-        (pager("/dashboard/links", page, pages_of(total)))
+        (places(
+            "/dashboard/links",
+            place,
+            list.first().map(|l| l.id.as_str()),
+            list.last().map(|l| l.id.as_str()),
+            list.len() >= crate::PAGE,
+        ))
         @if let Some(nonce) = nonce {
             section.panel aria-labelledby="new-link-title" {
                 h2 id="new-link-title" { "New payment link" }
@@ -389,13 +394,13 @@ pub async fn invoices_page(
     signed: Signed,
     RawQuery(raw): RawQuery,
 ) -> Page {
-    let page = page_number(&query(&raw))?;
-    let (list, total) = invoices::list(&state, &signed.tenant, None, None, page_window(page))
+    let place = Place::of(&query(&raw), IdKind::Invoice)?;
+    let (list, total) = invoices::list(&state, &signed.tenant, None, None, place.window())
         .await
         .map_err(fail)?;
     let nav = nav(&state, &signed, "invoices").await?;
     let body = markup! {
-        p.muted { (total) " invoices. Page " (page) " of " (pages_of(total)) "." }
+        p.muted { (total) " invoices. Page " (place.page) " of " (pages_of(total).max(place.page)) "." }
         div.panel {
             @if list.is_empty() { p { "No invoices yet." } } @else {
                 table {
@@ -417,7 +422,13 @@ pub async fn invoices_page(
                 }
             }
         }
-        (pager("/dashboard/invoices", page, pages_of(total)))
+        (places(
+            "/dashboard/invoices",
+            &place,
+            list.first().map(|i| i.id.as_str()),
+            list.last().map(|i| i.id.as_str()),
+            list.len() >= crate::PAGE,
+        ))
     };
     Ok(html(StatusCode::OK, layout(&nav, "Invoices", body)))
 }
@@ -488,14 +499,13 @@ pub async fn sms_page(
     signed: Signed,
     RawQuery(raw): RawQuery,
 ) -> Page {
-    let page = page_number(&query(&raw))?;
-    let (list, total): (Vec<SmsReminder>, u64) =
-        sms::list(&state, &signed.tenant, page_window(page))
-            .await
-            .map_err(fail)?;
+    let place = Place::of(&query(&raw), IdKind::Sms)?;
+    let (list, total): (Vec<SmsReminder>, u64) = sms::list(&state, &signed.tenant, place.window())
+        .await
+        .map_err(fail)?;
     let nav = nav(&state, &signed, "sms").await?;
     let body = markup! {
-        p.muted { (total) " reminders. Page " (page) " of " (pages_of(total)) "." }
+        p.muted { (total) " reminders. Page " (place.page) " of " (pages_of(total).max(place.page)) "." }
         div.panel {
             @if list.is_empty() { p { "No SMS reminders yet." } } @else {
                 table {
@@ -515,7 +525,13 @@ pub async fn sms_page(
                 }
             }
         }
-        (pager("/dashboard/sms", page, pages_of(total)))
+        (places(
+            "/dashboard/sms",
+            &place,
+            list.first().map(|r| r.id.as_str()),
+            list.last().map(|r| r.id.as_str()),
+            list.len() >= crate::PAGE,
+        ))
     };
     Ok(html(StatusCode::OK, layout(&nav, "SMS reminders", body)))
 }
@@ -699,7 +715,7 @@ pub async fn change_endpoint(
                 &state,
                 &signed,
                 &id,
-                1,
+                &Place::first(),
                 Some("Tick the box to confirm the deletion."),
                 StatusCode::UNPROCESSABLE_ENTITY,
             )
@@ -760,15 +776,15 @@ async fn endpoint_view(
     state: &AppState,
     signed: &Signed,
     id: &EndpointId,
-    page: usize,
+    place: &Place,
     notice: Option<&str>,
     status: StatusCode,
 ) -> Page {
     let e = webhooks::get(state, &signed.tenant, id)
         .await
         .map_err(fail)?;
-    let (log, total): (Vec<Delivery>, u64) =
-        webhooks::deliveries_page(state, &signed.tenant, id, page_window(page))
+    let (log, _total): (Vec<Delivery>, u64) =
+        webhooks::deliveries_page(state, &signed.tenant, id, place.window())
             .await
             .map_err(fail)?;
     let nav = nav(state, signed, "webhooks").await?;
@@ -841,7 +857,13 @@ async fn endpoint_view(
                 button.primary type="submit" { "Send test event" }
             }
         }
-        (pager(&format!("/dashboard/webhooks/{}", e.id), page, pages_of(total)))
+        (places(
+            &format!("/dashboard/webhooks/{}", e.id),
+            place,
+            log.first().map(|d| d.id.as_str()),
+            log.last().map(|d| d.id.as_str()),
+            log.len() >= crate::PAGE,
+        ))
         p { a href="/dashboard/webhooks" { "← All endpoints" } }
     };
     Ok(html(status, layout(&nav, "Webhook endpoint", body)))
@@ -861,13 +883,13 @@ pub async fn endpoint_page(
             crate::id_param(&q, "resent", "evt_")
                 .map(|id| format!("Event {id} queued to be sent again."))
         });
-    let page = page_number(&q)?;
+    let place = Place::of(&q, IdKind::WebhookDelivery)?;
     let id = id.get_or(no_endpoint)?;
     endpoint_view(
         &state,
         &signed,
         &id,
-        page,
+        &place,
         notice.as_deref(),
         StatusCode::OK,
     )

@@ -24,7 +24,7 @@ use shared::domain::invoices::{
     self, AdjustInvoice, CollectionStatus, CorrectInvoice, CreateInvoice, DocumentStatus,
     FinalizeInvoice, InvoiceCheckout, InvoiceCheckoutView, InvoiceError, InvoiceView, PatchInvoice,
 };
-use shared::ids::InvoiceId;
+use shared::ids::{IdKind, InvoiceId};
 
 /// The function's routes and their description, one value.
 pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
@@ -109,7 +109,7 @@ async fn list_invoices(
     query: QueryParams,
 ) -> Result<Json<Page<InvoiceView>>, ApiError> {
     let who = auth.require(Scope::InvoicesRead)?;
-    let page = Pagination::from_query(&query, invoices::DEFAULT_PAGE)?;
+    let page = Pagination::from_query(&query, invoices::DEFAULT_PAGE, IdKind::Invoice)?;
     let document_status = match query.get("document_status") {
         None => None,
         Some(v) => Some(DocumentStatus::parse(v).ok_or_else(|| {

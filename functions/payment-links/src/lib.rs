@@ -16,7 +16,7 @@ use http::{HeaderMap, StatusCode};
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::links::{self, CreateLink, PatchLink, PaymentLinkView};
-use shared::ids::LinkId;
+use shared::ids::{IdKind, LinkId};
 
 /// The function's routes and their description, one value.
 pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
@@ -78,7 +78,7 @@ async fn list_links(
     query: QueryParams,
 ) -> Result<Json<Page<PaymentLinkView>>, ApiError> {
     let who = auth.require(Scope::LinksRead)?;
-    let page = Pagination::from_query(&query, links::DEFAULT_PAGE)?;
+    let page = Pagination::from_query(&query, links::DEFAULT_PAGE, IdKind::PaymentLink)?;
     let active = match query.get("active") {
         None => None,
         Some("true") => Some(true),

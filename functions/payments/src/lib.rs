@@ -9,7 +9,7 @@ use edge::{ApiError, Auth, Page, Pagination, PathId, QueryParams, with_edge};
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::payments::{self, PaymentView};
-use shared::ids::PaymentId;
+use shared::ids::{IdKind, PaymentId};
 
 /// The function's routes and their description, one value.
 pub fn routes(_state: &AppState) -> OpenApiRouter<AppState> {
@@ -37,7 +37,7 @@ async fn list_payments(
     query: QueryParams,
 ) -> Result<Json<Page<PaymentView>>, ApiError> {
     let who = auth.require(Scope::PaymentsRead)?;
-    let page = Pagination::from_query(&query, payments::DEFAULT_PAGE)?;
+    let page = Pagination::from_query(&query, payments::DEFAULT_PAGE, IdKind::Payment)?;
     let (found, total) = payments::list(&state, who.tenant(), page.window()).await?;
     let data = found.into_iter().map(PaymentView::from).collect();
     Ok(Json(Page::new(data, total, page)))

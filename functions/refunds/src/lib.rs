@@ -16,7 +16,7 @@ use http::StatusCode;
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::refunds::{self, CreateRefund, RefundView};
-use shared::ids::{PaymentId, RefundId};
+use shared::ids::{IdKind, PaymentId, RefundId};
 
 /// The function's routes and their description, one value.
 pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
@@ -79,7 +79,7 @@ async fn list_refunds(
     query: QueryParams,
 ) -> Result<Json<Page<RefundView>>, ApiError> {
     let who = auth.require(Scope::RefundsRead)?;
-    let page = Pagination::from_query(&query, refunds::DEFAULT_PAGE)?;
+    let page = Pagination::from_query(&query, refunds::DEFAULT_PAGE, IdKind::Refund)?;
     let payment_id = match query.get("paymentId").filter(|p| !p.is_empty()) {
         None => None,
         Some(raw) => match PaymentId::parse(raw) {

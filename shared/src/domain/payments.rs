@@ -302,7 +302,7 @@ pub async fn list(
     // side by side with the page; counted through the index only for a
     // project from before the counter.
     let (page, counted) = tokio::join!(
-        crate::store::query_window(store, &query, window.offset, window.limit),
+        window.read(store, &query),
         super::totals::payments(store, tenant)
     );
     let total = match counted? {
@@ -449,30 +449,15 @@ mod tests {
         );
         ids_in_order.reverse();
         let st = deps(store.clone());
-        let Ok((page, total)) = list(
-            &st,
-            &Tenant::new("proj_a", Mode::Live),
-            Window {
-                offset: 2,
-                limit: 3,
-            },
-        )
-        .await
+        let Ok((page, total)) =
+            list(&st, &Tenant::new("proj_a", Mode::Live), Window::at(2, 3)).await
         else {
             panic!()
         };
         assert_eq!(total, 7);
         let got: Vec<PaymentId> = page.into_iter().map(|p| p.id).collect();
         assert_eq!(got, ids_in_order[2..5].to_vec());
-        let Ok((tail, _)) = list(
-            &st,
-            &Tenant::new("proj_a", Mode::Live),
-            Window {
-                offset: 6,
-                limit: 10,
-            },
-        )
-        .await
+        let Ok((tail, _)) = list(&st, &Tenant::new("proj_a", Mode::Live), Window::at(6, 10)).await
         else {
             panic!()
         };
@@ -591,10 +576,7 @@ mod tests {
             &st,
             &Tenant::new("proj_a", Mode::Sandbox),
             both,
-            Window {
-                offset: 1,
-                limit: 5,
-            },
+            Window::at(1, 5),
         )
         .await
         .unwrap_or_default();

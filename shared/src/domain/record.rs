@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::store::{
-    Cond, Index, Item, Key, PK, Query, SK, Store, StoreError, TxOp, Update, query_window,
+    Cond, Index, Item, Key, PK, Query, SK, Seek, Store, StoreError, TxOp, Update, seek_window,
 };
 
 /// A kind of stored record: where one lives and which indexes list it
@@ -515,17 +515,37 @@ pub fn item_at<T: Serialize>(record: &T, key: &Key) -> Result<Item, StoreError> 
 }
 
 /// Which records of a list one page holds: `limit` of them after the
-/// first `offset`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// first `offset` counted from `seek` (the list's start, or a record's
+/// sort key: its id in every list).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Window {
     pub offset: usize,
     pub limit: usize,
+    pub seek: Seek,
 }
 
 impl Window {
     /// The first `limit` records.
     pub fn first(limit: usize) -> Self {
-        Window { offset: 0, limit }
+        Window {
+            offset: 0,
+            limit,
+            seek: Seek::Start,
+        }
+    }
+
+    /// `limit` records after `offset` from the start.
+    pub fn at(offset: usize, limit: usize) -> Self {
+        Window {
+            offset,
+            limit,
+            seek: Seek::Start,
+        }
+    }
+
+    /// The records of this window of `query`.
+    pub async fn read(&self, store: &dyn Store, query: &Query) -> Result<Vec<Item>, StoreError> {
+        seek_window(store, query, &self.seek, self.offset, self.limit).await
     }
 }
 
@@ -537,10 +557,7 @@ pub async fn page_of<T: DeserializeOwned>(
     window: Window,
 ) -> Result<(Vec<T>, u64), StoreError> {
     // Side by side: one round trip's wait, not two.
-    let (items, total) = tokio::join!(
-        query_window(store, query, window.offset, window.limit),
-        store.count(query)
-    );
+    let (items, total) = tokio::join!(window.read(store, query), store.count(query));
     let (items, total) = (items?, total?);
     let records = items
         .into_iter()

@@ -16,6 +16,7 @@ pub struct CountingStore {
     calls: AtomicU64,
     apart: Option<fn(&Key) -> bool>,
     apart_calls: AtomicU64,
+    items_read: AtomicU64,
 }
 
 impl CountingStore {
@@ -25,6 +26,7 @@ impl CountingStore {
             calls: AtomicU64::new(0),
             apart: None,
             apart_calls: AtomicU64::new(0),
+            items_read: AtomicU64::new(0),
         }
     }
 
@@ -47,6 +49,12 @@ impl CountingStore {
     /// Calls made so far, those set apart left out.
     pub fn other_calls(&self) -> u64 {
         self.calls() - self.apart_calls()
+    }
+
+    /// Items queries answered so far: what a list page read (a skipped
+    /// record is read too).
+    pub fn items_read(&self) -> u64 {
+        self.items_read.load(Ordering::Relaxed)
     }
 
     fn tick(&self) {
@@ -98,7 +106,10 @@ impl Store for CountingStore {
     }
     async fn query(&self, query: &Query) -> Result<QueryPage, StoreError> {
         self.tick();
-        self.inner.query(query).await
+        let page = self.inner.query(query).await?;
+        let n = u64::try_from(page.items.len()).unwrap_or(u64::MAX);
+        self.items_read.fetch_add(n, Ordering::Relaxed);
+        Ok(page)
     }
     async fn count(&self, query: &Query) -> Result<u64, StoreError> {
         self.tick();

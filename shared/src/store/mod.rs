@@ -437,34 +437,97 @@ pub fn new_instance() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Items a skip reads per round trip: the skipped items are dropped as
+/// they come, so a deep offset costs round trips, never memory.
+pub const SKIP_PAGE: usize = 1000;
+
 /// Skips `offset` matching items of `query` and returns up to `limit`,
-/// following pages as DynamoDB requires (it has no server-side skip).
+/// following pages as DynamoDB requires (it has no server-side skip): an
+/// offset costs reading the items it skips (`docs/decisions-refined.md`,
+/// "Deep pages"); a [`Seek`] reaches any place without them.
 pub async fn query_window(
     store: &dyn Store,
     query: &Query,
     offset: usize,
     limit: usize,
 ) -> Result<Vec<Item>, StoreError> {
-    let want = offset.saturating_add(limit);
     let mut q = query.clone();
-    let mut seen = Vec::new();
+    let mut to_skip = offset;
+    let mut kept = Vec::new();
+    if limit == 0 {
+        return Ok(kept);
+    }
     loop {
         // A filtered query may drop most of a page: read in larger pages.
-        let remaining = want.saturating_sub(seen.len());
+        let remaining = to_skip.saturating_add(limit - kept.len());
         let page = if q.filter.is_some() {
             remaining.max(100)
         } else {
             remaining
         };
-        q.limit = Some(page.clamp(1, 1000));
+        q.limit = Some(page.clamp(1, SKIP_PAGE));
         let page = store.query(&q).await?;
-        seen.extend(page.items);
+        let skipped = page.items.len().min(to_skip);
+        to_skip -= skipped;
+        kept.extend(page.items.into_iter().skip(skipped));
+        kept.truncate(limit);
         match page.last_key {
-            Some(last) if seen.len() < want => q.start_after = Some(last),
+            Some(last) if kept.len() < limit => q.start_after = Some(last),
             _ => break,
         }
     }
-    Ok(seen.into_iter().skip(offset).take(limit).collect())
+    Ok(kept)
+}
+
+/// Where a page of a list starts, by sort key: the records of a
+/// partition's index are in sort-key order, so a page after (or before)
+/// a known key is one ranged read whatever its depth.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Seek {
+    /// From the start of the list.
+    #[default]
+    Start,
+    /// The records after this sort key in the query's order (a list's
+    /// "older" page after its last record).
+    After(String),
+    /// The records just before this sort key in the query's order (the
+    /// "newer" page before a page's first record), still in that order.
+    Before(String),
+}
+
+/// [`query_window`] from `seek`: `offset` counts from there. A query with
+/// a sort-key condition of its own cannot seek (no list has one).
+pub async fn seek_window(
+    store: &dyn Store,
+    query: &Query,
+    seek: &Seek,
+    offset: usize,
+    limit: usize,
+) -> Result<Vec<Item>, StoreError> {
+    let (sk, reverse) = match seek {
+        Seek::Start => return query_window(store, query, offset, limit).await,
+        Seek::After(sk) => (sk, false),
+        Seek::Before(sk) => (sk, true),
+    };
+    if query.sk != SkCond::Any {
+        return Err(StoreError::Invalid(
+            "a seek needs a query without a sort-key condition".into(),
+        ));
+    }
+    let mut q = query.clone();
+    q.start_after = None;
+    // Past the key in the direction of reading.
+    q.forward = query.forward != reverse;
+    q.sk = if q.forward {
+        SkCond::Gt(sk.clone())
+    } else {
+        SkCond::Lt(sk.clone())
+    };
+    let mut items = query_window(store, &q, offset, limit).await?;
+    if reverse {
+        items.reverse();
+    }
+    Ok(items)
 }
 
 /// A short random pause before try `attempt` (0-based) of a write that

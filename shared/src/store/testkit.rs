@@ -32,8 +32,8 @@ use tokio::sync::Barrier;
 use ulid::Ulid;
 
 use super::{
-    CmpOp, Cond, Index, Item, Key, MAX_TX_OPS, PK, Query, QueryPage, SK, SkCond, Store, StoreError,
-    TxOp, TxReason, Update, query_window,
+    CmpOp, Cond, Index, Item, Key, MAX_TX_OPS, PK, Query, QueryPage, SK, Seek, SkCond, Store,
+    StoreError, TxOp, TxReason, Update, query_window, seek_window,
 };
 
 /// Expands to one `#[tokio::test]` per conformance case; `$make` is an async
@@ -80,6 +80,7 @@ macro_rules! store_conformance_tests {
             query_index_paging_with_ties,
             count_with_sort_key_and_filter,
             window_offset_and_limit,
+            window_seeks_by_sort_key,
             race_conditional_put,
             race_reservations,
             race_optimistic_transactions,
@@ -1505,6 +1506,85 @@ pub async fn window_offset_and_limit(store: Arc<dyn Store>) {
         ["s0", "s3", "s6", "s9"]
     );
     assert_eq!(window(only_a.backward(), 3, 10).await, ["s0"]);
+}
+
+/// A page that starts at a sort key (a cursor) reads from there, not
+/// through what lies before it: the same records as the offsets reach,
+/// in a bounded number of items examined.
+pub async fn window_seeks_by_sort_key(store: Arc<dyn Store>) {
+    let pk = unique("seek");
+    for i in 0..10 {
+        let kind = if i % 3 == 0 { "a" } else { "b" };
+        store
+            .put(item(&pk, &format!("s{i}"), json!({"kind": kind})), None)
+            .await
+            .expect("put");
+    }
+    let newest_first = Query::partition(&pk).backward();
+    let window = |q: Query, seek: Seek, offset: usize, limit: usize| {
+        let store = Arc::clone(&store);
+        async move {
+            let items = seek_window(&*store, &q, &seek, offset, limit)
+                .await
+                .expect("seek_window");
+            sks(&items)
+        }
+    };
+    let after = |sk: &str| Seek::After(sk.to_owned());
+    let before = |sk: &str| Seek::Before(sk.to_owned());
+    let q = newest_first.clone();
+    assert_eq!(
+        window(q.clone(), Seek::Start, 0, 3).await,
+        ["s9", "s8", "s7"]
+    );
+    assert_eq!(
+        window(q.clone(), after("s7"), 0, 3).await,
+        ["s6", "s5", "s4"]
+    );
+    assert_eq!(window(q.clone(), after("s7"), 2, 2).await, ["s4", "s3"]);
+    assert_eq!(window(q.clone(), after("s1"), 0, 3).await, ["s0"]);
+    assert_eq!(
+        window(q.clone(), after("s0"), 0, 3).await,
+        Vec::<String>::new()
+    );
+    // A cursor need not be a stored key: it is a place in the order.
+    assert_eq!(window(q.clone(), after("s55"), 0, 2).await, ["s5", "s4"]);
+    // The page before a cursor, in the list's order.
+    assert_eq!(
+        window(q.clone(), before("s4"), 0, 3).await,
+        ["s7", "s6", "s5"]
+    );
+    assert_eq!(window(q.clone(), before("s8"), 0, 3).await, ["s9"]);
+    assert_eq!(
+        window(q.clone(), before("s9"), 0, 3).await,
+        Vec::<String>::new()
+    );
+    // Ascending lists seek the other way.
+    let up = Query::partition(&pk);
+    assert_eq!(window(up.clone(), after("s7"), 0, 5).await, ["s8", "s9"]);
+    assert_eq!(window(up.clone(), before("s2"), 0, 5).await, ["s0", "s1"]);
+    // Filters apply after the seek.
+    let only_a = newest_first.filter(Cond::eq("kind", "a"));
+    assert_eq!(
+        window(only_a.clone(), after("s9"), 0, 5).await,
+        ["s6", "s3", "s0"]
+    );
+    assert_eq!(window(only_a, before("s3"), 0, 1).await, ["s6"]);
+    // Walking every page by its last key reaches every record once.
+    let mut seen = Vec::new();
+    let mut seek = Seek::Start;
+    loop {
+        let page = window(q.clone(), seek.clone(), 0, 3).await;
+        let Some(last) = page.last().cloned() else {
+            break;
+        };
+        seen.extend(page);
+        seek = after(&last);
+    }
+    assert_eq!(
+        seen,
+        ["s9", "s8", "s7", "s6", "s5", "s4", "s3", "s2", "s1", "s0"]
+    );
 }
 
 // ------------------------------------------------------------- concurrency

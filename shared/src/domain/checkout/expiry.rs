@@ -244,7 +244,7 @@ pub(crate) async fn list_in(
         // A project from before the counters: counted the old way.
         return crate::domain::record::page_of(store, &query, window).await;
     };
-    let items = crate::store::query_window(store, &query, window.offset, window.limit).await?;
+    let items = window.read(store, &query).await?;
     let sessions = items
         .into_iter()
         .map(from_item)
