@@ -58,9 +58,10 @@ impl Pagination {
         };
         let offset = match q.get("offset") {
             None => 0,
-            Some(raw) => match raw.trim().parse::<u64>() {
-                // Past the end of any list is an empty page.
-                Ok(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            // The document's `offset` is an int64: 0..=i64::MAX. Past the
+            // end of any list is an empty page; past int64 is a 400.
+            Some(raw) => match raw.trim().parse::<i64>() {
+                Ok(n) if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
                 _ => {
                     return Err(ApiError::validation(
                         "offset",
@@ -180,9 +181,16 @@ mod tests {
         assert_eq!(parse("offset=10001").map(|p| p.offset), Ok(10001));
         assert_eq!(parse("offset=5000000").map(|p| p.offset), Ok(5_000_000));
         assert_eq!(
-            parse("offset=18446744073709551615").map(|p| p.offset > 10_000),
+            parse("offset=9223372036854775807").map(|p| p.offset > 10_000),
             Ok(true)
         );
+    }
+
+    /// The document types `offset` as an int64: beyond it is bad input.
+    #[test]
+    fn an_offset_past_int64_is_refused() {
+        assert!(parse("offset=9223372036854775808").is_err());
+        assert!(parse("offset=18446744073709551615").is_err());
     }
 
     #[test]

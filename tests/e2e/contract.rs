@@ -102,6 +102,16 @@ const ROUTES: &[Route] = &[
     r("POST", "/v1/qr/{id}/refresh", Scope::PaymentsWrite),
     // mobile sessions, created by the merchant's server
     r("POST", "/v1/mobile/sessions", Scope::PaymentsWrite),
+    // billing: customers and plans
+    r("POST", "/v1/billing/customers", Scope::BillingWrite),
+    r("GET", "/v1/billing/customers", Scope::BillingRead),
+    r("GET", "/v1/billing/customers/{id}", Scope::BillingRead),
+    r("PATCH", "/v1/billing/customers/{id}", Scope::BillingWrite),
+    r("POST", "/v1/billing/plans", Scope::BillingWrite),
+    r("GET", "/v1/billing/plans", Scope::BillingRead),
+    r("GET", "/v1/billing/plans/{id}", Scope::BillingRead),
+    r("PATCH", "/v1/billing/plans/{id}", Scope::BillingWrite),
+    r("DELETE", "/v1/billing/customers/{id}", Scope::BillingWrite),
 ];
 
 /// The endpoints for apps: a publishable key and a session's client
@@ -300,6 +310,8 @@ struct Records {
     draft: String,
     issued: String,
     hook_url: String,
+    customer: String,
+    plan: String,
 }
 
 impl Records {
@@ -325,6 +337,10 @@ impl Records {
             } else {
                 &self.draft
             }
+        } else if p.starts_with("/v1/billing/customers/") {
+            &self.customer
+        } else if p.starts_with("/v1/billing/plans/") {
+            &self.plan
         } else {
             panic!("no record for {path}")
         }
@@ -366,9 +382,17 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
             "orderName": "Order A-17", "amountMinor": 10_000, "currency": "NPR",
             "checkoutUrl": app.url(&format!("/c/{}", rec.session)),
         }),
+        ("POST", "/v1/billing/customers") => json!({"name": "Sita Sharma"}),
+        ("PATCH", "/v1/billing/customers/{id}") => json!({"email": "sita@example.com"}),
+        ("POST", "/v1/billing/plans") => plan_body(),
+        ("PATCH", "/v1/billing/plans/{id}") => json!({"name": "Fibre 100"}),
         _ => panic!("no body for {method} {path}"),
     };
     Some(body)
+}
+
+fn plan_body() -> Value {
+    json!({"name": "Fibre 50", "amount": 150_000, "intervalUnit": "month"})
 }
 
 fn invoice_body() -> Value {
@@ -474,6 +498,14 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
     )
     .await;
     assert_eq!(issued["document_status"], "issued", "{issued}");
+    let customer = created(
+        app,
+        key,
+        "/v1/billing/customers",
+        json!({"name": "Ram Thapa"}),
+    )
+    .await;
+    let plan = created(app, key, "/v1/billing/plans", plan_body()).await;
     let rec = Records {
         session: text(&session["id"]),
         payment: payment.id.to_string(),
@@ -485,6 +517,8 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         draft: text(&draft["id"]),
         issued: issued_id,
         hook_url,
+        customer: text(&customer["id"]),
+        plan: text(&plan["id"]),
     };
     for (kind, id) in [
         ("cs_", &rec.session),
@@ -493,6 +527,8 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         ("we_", &rec.webhook),
         ("oinv_", &rec.draft),
         ("oinv_", &rec.issued),
+        ("cus_", &rec.customer),
+        ("bp_", &rec.plan),
     ] {
         assert!(id.starts_with(kind), "{kind}: {id}");
     }
@@ -958,6 +994,29 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
             f("amountMinor", Int),
             f("currency", Str),
             f("checkoutUrl", Str),
+        ],
+        ("POST", "/v1/billing/customers") | ("PATCH", "/v1/billing/customers/{id}") => vec![
+            f("name", Str),
+            n("email", Str),
+            n("phone", Str),
+            n("externalCustomerId", Str),
+            f("locale", Str),
+            n("metadata", Obj),
+        ],
+        ("POST", "/v1/billing/plans") => vec![
+            f("name", Str),
+            f("amount", Int),
+            f("intervalUnit", Str),
+            f("intervalCount", Int),
+            f("trialDays", Int),
+            f("gracePeriodDays", Int),
+            f("overdueAction", Str),
+        ],
+        ("PATCH", "/v1/billing/plans/{id}") => vec![
+            f("name", Str),
+            f("active", Bool),
+            f("gracePeriodDays", Int),
+            f("overdueAction", Str),
         ],
         _ => panic!("no body fields for {method} {path}"),
     }
