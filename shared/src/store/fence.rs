@@ -48,6 +48,32 @@ impl Fence {
             if matches!(reasons.get(index), Some(TxReason::ConditionFailed)))
     }
 
+    /// Writes `put`, a new record's conditional put, once per request:
+    /// with the request's fence (when it has one) in the same transaction.
+    /// `Ok(None)` when this call wrote it; `Ok(Some(first))` when an
+    /// earlier run of the same request created `first` (the caller answers
+    /// that one, as the first run did).
+    pub async fn put_once(
+        fence: Option<&Fence>,
+        store: &dyn Store,
+        put: TxOp,
+        resource_id: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let mut ops = vec![put];
+        if let Some(f) = fence {
+            ops.push(f.op(resource_id));
+        }
+        match store.transact(ops).await {
+            Ok(()) => Ok(None),
+            Err(e) => match fence {
+                Some(f) if Fence::tripped(&e, 1) => {
+                    Ok(Some(f.resource_id(store).await?.unwrap_or_default()))
+                }
+                _ => Err(e),
+            },
+        }
+    }
+
     /// The id of what the first run of this request created; none when
     /// the fence is past its retention (a key reused days later), as for
     /// [`Fence::op`], even where the store has not deleted it yet.
@@ -96,5 +122,32 @@ mod tests {
             later.resource_id(&store).await.unwrap().as_deref(),
             Some("oinv_b")
         );
+    }
+
+    fn put_of(id: &str) -> TxOp {
+        let mut item = Item::new();
+        item.insert(PK.into(), format!("REC#{id}").into());
+        item.insert(SK.into(), "R".into());
+        TxOp::Put {
+            item,
+            cond: Some(Cond::NotExists),
+        }
+    }
+
+    #[tokio::test]
+    async fn put_once_writes_once_and_names_the_first_record() {
+        let store = EmbeddedStore::in_memory().unwrap();
+        let fence = Fence::new(Key::new("IDEMFENCE#p#sandbox#k2", "FENCE"), 5_000_000);
+        let first = Fence::put_once(Some(&fence), &store, put_of("cus_a"), "cus_a").await;
+        assert_eq!(first.unwrap(), None, "this call wrote it");
+        // The same request again (its answer lost) with a fresh record:
+        // nothing is written, the first record is named.
+        let again = Fence::put_once(Some(&fence), &store, put_of("cus_b"), "cus_b").await;
+        assert_eq!(again.unwrap().as_deref(), Some("cus_a"));
+        let b = Key::new("REC#cus_b", "R");
+        assert_eq!(store.get(&b).await.unwrap(), None);
+        // Without a fence a failed condition is the caller's error.
+        let unfenced = Fence::put_once(None, &store, put_of("cus_a"), "cus_a").await;
+        assert!(unfenced.unwrap_err().is_condition_failure());
     }
 }

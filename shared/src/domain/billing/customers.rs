@@ -378,19 +378,10 @@ pub async fn create(
     fence: Option<&Fence>,
 ) -> Result<Customer, BillingError> {
     let customer = new_customer(tenant, body, deps.clock.now())?;
-    let mut ops = vec![customer.put_new()?];
-    if let Some(f) = fence {
-        ops.push(f.op(customer.id.as_str()));
-    }
-    match deps.store.transact(ops).await {
-        Ok(()) => Ok(customer),
-        Err(e) => match fence {
-            Some(f) if Fence::tripped(&e, 1) => {
-                let first = f.resource_id(&*deps.store).await?.unwrap_or_default();
-                get(deps, tenant, &CustomerId::stored(first)).await
-            }
-            _ => Err(e.into()),
-        },
+    let put = customer.put_new()?;
+    match Fence::put_once(fence, &*deps.store, put, customer.id.as_str()).await? {
+        None => Ok(customer),
+        Some(first) => get(deps, tenant, &CustomerId::stored(first)).await,
     }
 }
 

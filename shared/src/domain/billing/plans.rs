@@ -396,19 +396,10 @@ pub async fn create(
     fence: Option<&Fence>,
 ) -> Result<Plan, BillingError> {
     let plan = new_plan(tenant, body, deps.clock.now())?;
-    let mut ops = vec![plan.put_new()?];
-    if let Some(f) = fence {
-        ops.push(f.op(plan.id.as_str()));
-    }
-    match deps.store.transact(ops).await {
-        Ok(()) => Ok(plan),
-        Err(e) => match fence {
-            Some(f) if Fence::tripped(&e, 1) => {
-                let first = f.resource_id(&*deps.store).await?.unwrap_or_default();
-                get(deps, tenant, &PlanId::stored(first)).await
-            }
-            _ => Err(e.into()),
-        },
+    let put = plan.put_new()?;
+    match Fence::put_once(fence, &*deps.store, put, plan.id.as_str()).await? {
+        None => Ok(plan),
+        Some(first) => get(deps, tenant, &PlanId::stored(first)).await,
     }
 }
 

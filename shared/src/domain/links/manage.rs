@@ -481,21 +481,11 @@ pub async fn insert_once(
     fence: Option<&Fence>,
 ) -> Result<PaymentLink, StoreError> {
     let store = &*deps.store;
-    let mut ops = vec![link.put_new()?];
-    if let Some(f) = fence {
-        ops.push(f.op(&link.id));
-    }
-    match store.transact(ops).await {
-        Ok(()) => Ok(link.clone()),
-        Err(e) => match fence {
-            Some(f) if Fence::tripped(&e, 1) => {
-                let first = f.resource_id(store).await?.unwrap_or_default();
-                get_in(store, &LinkId::stored(first.as_str()))
-                    .await?
-                    .ok_or_else(|| StoreError::Backend(format!("fenced link {first} is missing")))
-            }
-            _ => Err(e),
-        },
+    match Fence::put_once(fence, store, link.put_new()?, &link.id).await? {
+        None => Ok(link.clone()),
+        Some(first) => get_in(store, &LinkId::stored(first.as_str()))
+            .await?
+            .ok_or_else(|| StoreError::Backend(format!("fenced link {first} is missing"))),
     }
 }
 
