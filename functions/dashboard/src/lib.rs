@@ -17,6 +17,7 @@
 //! on every form, the CSRF token; the rules live in
 //! `shared::domain::dashboard` and the capability modules.
 
+mod billing;
 mod chart;
 mod credentials;
 #[cfg(feature = "documents")]
@@ -241,6 +242,11 @@ pub(crate) fn see_other(location: &str) -> Response {
         res.headers_mut().insert(header::LOCATION, v);
     }
     res
+}
+
+/// `/dashboard/billing`: its first tab.
+async fn billing_home() -> Response {
+    see_other("/dashboard/billing/customers")
 }
 
 async fn css() -> Response {
