@@ -298,20 +298,16 @@ pub async fn change(
         }
     };
     let user_id = user_id?;
-    let detail = match what {
-        UserChange::Role(r) => format!("now {}", r.as_str()),
-        UserChange::Disabled(true) => "disabled".to_owned(),
-        UserChange::Disabled(false) => "enabled".to_owned(),
+    let entry = |u: &dashboard::DashboardUser| {
+        let detail = match what {
+            UserChange::Role(r) => format!("{} is now {}", u.email, r.as_str()),
+            UserChange::Disabled(true) => format!("{} disabled", u.email),
+            UserChange::Disabled(false) => format!("{} enabled", u.email),
+        };
+        Some(signed.entry(&state, "person.change", &u.id, &detail))
     };
-    let entry = signed.entry(&state, "person.change", &user_id, &detail);
-    dashboard::change_user(
-        &state,
-        &signed.user.merchant_id,
-        &user_id,
-        what,
-        Some(&entry),
-    )
-    .await
-    .map_err(fail)?;
+    dashboard::change_user(&state, &signed.user.merchant_id, &user_id, what, entry)
+        .await
+        .map_err(fail)?;
     Ok(see_other("/dashboard/people?changed=1"))
 }

@@ -395,7 +395,7 @@ async fn an_owner_changes_only_their_own_merchants_people() {
         &owner.merchant_id,
         &dev.id,
         UserChange::Role(Role::Viewer),
-        None,
+        |_| None,
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
@@ -411,7 +411,7 @@ async fn an_owner_changes_only_their_own_merchants_people() {
         &"mer_other".into(),
         &dev.id,
         UserChange::Disabled(true),
-        None,
+        |_| None,
     )
     .await;
     assert!(matches!(r, Err(DashboardError::UnknownUser)), "{r:?}");
@@ -420,7 +420,7 @@ async fn an_owner_changes_only_their_own_merchants_people() {
         &owner.merchant_id,
         &"usr_missing".into(),
         UserChange::Disabled(true),
-        None,
+        |_| None,
     )
     .await;
     assert!(matches!(r, Err(DashboardError::UnknownUser)), "{r:?}");
@@ -429,7 +429,7 @@ async fn an_owner_changes_only_their_own_merchants_people() {
         &owner.merchant_id,
         &dev.id,
         UserChange::Disabled(true),
-        None,
+        |_| None,
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
@@ -760,13 +760,12 @@ async fn an_audit_entry_commits_only_with_its_action() {
     };
 
     // Refused: another merchant's person, an unknown invitation.
-    let e = audit_entry(&actor, t0, "person.change", &dev.id, "disabled");
     let r = change_user(
         &store,
         &"mer_other".into(),
         &dev.id,
         UserChange::Disabled(true),
-        Some(&e),
+        |u| Some(audit_entry(&actor, t0, "person.change", &u.id, "disabled")),
     )
     .await;
     assert!(matches!(r, Err(DashboardError::UnknownUser)), "{r:?}");
@@ -778,13 +777,20 @@ async fn an_audit_entry_commits_only_with_its_action() {
     assert_eq!(entries(store.clone(), owner.merchant_id.clone()).await, []);
 
     // Done: the change and its one entry.
-    let e = audit_entry(&actor, t0, "person.change", &dev.id, "now viewer");
     let changed = change_user(
         &store,
         &owner.merchant_id,
         &dev.id,
         UserChange::Role(Role::Viewer),
-        Some(&e),
+        |u| {
+            Some(audit_entry(
+                &actor,
+                t0,
+                "person.change",
+                &u.id,
+                "now viewer",
+            ))
+        },
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));

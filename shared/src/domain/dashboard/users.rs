@@ -303,11 +303,16 @@ pub async fn change_user(
     merchant_id: &MerchantId,
     user_id: &UserId,
     change: UserChange,
-    audit: Option<&AuditEntry>,
+    audit: impl FnOnce(&DashboardUser) -> Option<AuditEntry>,
 ) -> Result<DashboardUser, DashboardError> {
     let store = &*deps.store;
-    let also = match audit {
-        Some(entry) => vec![super::audit_op(entry)?],
+    // The person as they are, for the entry's words (their address); the
+    // write below still decides whether they are of this merchant.
+    let before = get_user(store, user_id)
+        .await?
+        .ok_or(DashboardError::UnknownUser)?;
+    let also = match audit(&before) {
+        Some(entry) => vec![super::audit_op(&entry)?],
         None => Vec::new(),
     };
     let update = match change {
