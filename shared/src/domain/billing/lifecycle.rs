@@ -73,7 +73,7 @@ fn terms_field(e: &TermsError) -> &'static str {
     match e {
         TermsError::Amount => "amount",
         TermsError::Interval(i) => interval_field(i),
-        TermsError::Days { field, .. } => field,
+        TermsError::Days { field, .. } => *field,
         TermsError::TrialEndsBeforeStart
         | TermsError::TrialTooLong
         | TermsError::ExtensionNotLater { .. } => "trialEndsAt",
@@ -93,8 +93,9 @@ impl From<LifecycleError> for Refusal {
     fn from(err: LifecycleError) -> Self {
         match err {
             LifecycleError::Billing(e) => e.into(),
-            LifecycleError::Missing { field, .. } => {
-                Refusal::new(Kind::NotFound, "not_found", err.to_string()).at(field)
+            LifecycleError::Missing { what, field, id } => {
+                Refusal::new(Kind::NotFound, "not_found", format!("No such {what}: '{id}'"))
+                    .at(field)
             }
             LifecycleError::Subscription(e) => match e {
                 SubscriptionError::NotFound(id) => Refusal::not_found("subscription", id.as_str()),
