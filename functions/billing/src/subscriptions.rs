@@ -19,7 +19,6 @@ use shared::domain::billing::lifecycle::{
 };
 use shared::ids::SubscriptionId;
 use shared::refusal::Refusal;
-use shared::time::Clock;
 
 use crate::customers::allowed;
 use crate::{BillingPage, BillingPageParams};
