@@ -59,8 +59,23 @@ macro_rules! id_parts {
 }
 
 id_parts!(
-    MerchantId, ProjectId, ApiKeyId, SessionId, PaymentId, RefundId, LinkId, InvoiceId, EndpointId,
-    DeliveryId, EventId, SmsId, UserId, AuditId, CustomerId, PlanId, SubscriptionId
+    MerchantId,
+    ProjectId,
+    ApiKeyId,
+    SessionId,
+    PaymentId,
+    RefundId,
+    LinkId,
+    InvoiceId,
+    EndpointId,
+    DeliveryId,
+    EventId,
+    SmsId,
+    UserId,
+    AuditId,
+    CustomerId,
+    PlanId,
+    SubscriptionId
 );
 
 /// What a route's path holds, in order: one part or a tuple of them.

@@ -55,7 +55,13 @@ async fn subscriptions_over_http(which: Which) {
     };
     let t = app.tenant("Gym Kathmandu", "owner@gym.example").await;
     let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
-    let c = post(&app, "/v1/billing/customers", &key, json!({"name": "Sita Rai"})).await;
+    let c = post(
+        &app,
+        "/v1/billing/customers",
+        &key,
+        json!({"name": "Sita Rai"}),
+    )
+    .await;
     let customer = text(&c.body["id"]);
     let p = post(
         &app,
@@ -78,7 +84,12 @@ async fn subscriptions_over_http(which: Which) {
     // same Idempotency-Key again answers the first one.
     let body = json!({"customerId": customer, "planId": monthly, "referenceId": "m-7"});
     let a = app
-        .post("/v1/billing/subscriptions", Some(&key), Some("sub-once"), &body)
+        .post(
+            "/v1/billing/subscriptions",
+            Some(&key),
+            Some("sub-once"),
+            &body,
+        )
         .await;
     assert_eq!(a.status, 201, "{}", a.body);
     let sub = text(&a.body["id"]);
@@ -90,7 +101,12 @@ async fn subscriptions_over_http(which: Which) {
     assert_eq!(a.body["quantity"], 1);
     assert!(a.body["currentPeriodStart"].is_string(), "{}", a.body);
     let again = app
-        .post("/v1/billing/subscriptions", Some(&key), Some("sub-once"), &body)
+        .post(
+            "/v1/billing/subscriptions",
+            Some(&key),
+            Some("sub-once"),
+            &body,
+        )
         .await;
     assert_eq!(again.body["id"], sub.as_str(), "{}", again.body);
     let invoice = first_invoice(&app, &sub).await.expect("the first invoice");
@@ -124,7 +140,14 @@ async fn subscriptions_over_http(which: Which) {
     .await;
     r.assert_error(404, "invalid_request_error", "not_found");
     assert_eq!(r.body["error"]["param"], "customerId", "{}", r.body);
-    let r = call(&app, "GET", &format!("/v1/billing/subscriptions/{sub}"), &other_key, None).await;
+    let r = call(
+        &app,
+        "GET",
+        &format!("/v1/billing/subscriptions/{sub}"),
+        &other_key,
+        None,
+    )
+    .await;
     r.assert_error(404, "invalid_request_error", "not_found");
     let r = post(
         &app,
@@ -136,7 +159,14 @@ async fn subscriptions_over_http(which: Which) {
     r.assert_error(404, "invalid_request_error", "not_found");
 
     // The customer is kept while a subscription is open.
-    let del = call(&app, "DELETE", &format!("/v1/billing/customers/{customer}"), &key, None).await;
+    let del = call(
+        &app,
+        "DELETE",
+        &format!("/v1/billing/customers/{customer}"),
+        &key,
+        None,
+    )
+    .await;
     del.assert_error(409, "invalid_request_error", "customer_has_subscriptions");
 
     // A trial: trialing, nothing issued; extend only later; end it.
@@ -183,7 +213,9 @@ async fn subscriptions_over_http(which: Which) {
     assert_eq!(r.body["invoice"]["status"], "open");
     assert_eq!(r.body["invoice"]["amountDue"], 99_900);
     assert_eq!(r.body["invoice"]["subscriptionId"], trial.as_str());
-    let issued = first_invoice(&app, &trial).await.expect("issued at trial end");
+    let issued = first_invoice(&app, &trial)
+        .await
+        .expect("issued at trial end");
     assert_eq!(r.body["invoice"]["id"], issued.id.as_str());
     for action in ["end-trial", "resume"] {
         let r = post(
@@ -211,9 +243,21 @@ async fn subscriptions_over_http(which: Which) {
     .await;
     assert_eq!(r.body["status"], "paused", "{}", r.body);
     assert_eq!(r.body["pauseReason"], "travelling");
-    let r = post(&app, &format!("/v1/billing/subscriptions/{trial}/pause"), &key, json!({})).await;
+    let r = post(
+        &app,
+        &format!("/v1/billing/subscriptions/{trial}/pause"),
+        &key,
+        json!({}),
+    )
+    .await;
     r.assert_error(409, "invalid_request_error", "subscription_state_conflict");
-    let r = post(&app, &format!("/v1/billing/subscriptions/{trial}/resume"), &key, json!({})).await;
+    let r = post(
+        &app,
+        &format!("/v1/billing/subscriptions/{trial}/resume"),
+        &key,
+        json!({}),
+    )
+    .await;
     assert_eq!(r.body["status"], "active", "{}", r.body);
     let r = post(
         &app,
@@ -269,7 +313,14 @@ async fn subscriptions_over_http(which: Which) {
     )
     .await;
     assert_eq!(by_plan.body["total"], 1, "{}", by_plan.body);
-    let bad = call(&app, "GET", "/v1/billing/subscriptions?status=gone", &key, None).await;
+    let bad = call(
+        &app,
+        "GET",
+        "/v1/billing/subscriptions?status=gone",
+        &key,
+        None,
+    )
+    .await;
     bad.assert_error(400, "invalid_request_error", "validation_failed");
     assert_eq!(bad.body["error"]["param"], "status");
     let theirs = call(&app, "GET", "/v1/billing/subscriptions", &other_key, None).await;
@@ -278,13 +329,32 @@ async fn subscriptions_over_http(which: Which) {
     // Cancel both now: then the customer can go; a cancelled one is not
     // cancelled again.
     for id in [&sub, &trial] {
-        let r = post(&app, &format!("/v1/billing/subscriptions/{id}/cancel"), &key, json!({})).await;
+        let r = post(
+            &app,
+            &format!("/v1/billing/subscriptions/{id}/cancel"),
+            &key,
+            json!({}),
+        )
+        .await;
         assert_eq!(r.body["status"], "cancelled", "{}", r.body);
         assert!(r.body["cancelledAt"].is_string());
     }
-    let r = post(&app, &format!("/v1/billing/subscriptions/{sub}/cancel"), &key, json!({})).await;
+    let r = post(
+        &app,
+        &format!("/v1/billing/subscriptions/{sub}/cancel"),
+        &key,
+        json!({}),
+    )
+    .await;
     r.assert_error(409, "invalid_request_error", "subscription_state_conflict");
-    let del = call(&app, "DELETE", &format!("/v1/billing/customers/{customer}"), &key, None).await;
+    let del = call(
+        &app,
+        "DELETE",
+        &format!("/v1/billing/customers/{customer}"),
+        &key,
+        None,
+    )
+    .await;
     assert_eq!(del.status, 200, "{}", del.body);
     app.stop().await;
 }
@@ -319,7 +389,10 @@ async fn the_sdk_subscription_calls_work_unchanged(which: Which) {
         out.status.success(),
         "the SDK run failed on {which:?}:\n{stdout}\n{stderr}"
     );
-    assert!(stdout.contains("all SDK subscription calls behaved"), "{stdout}");
+    assert!(
+        stdout.contains("all SDK subscription calls behaved"),
+        "{stdout}"
+    );
 }
 
 on_both_backends!(

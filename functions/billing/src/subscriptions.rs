@@ -5,8 +5,8 @@
 
 use axum::extract::{Extension, State};
 use edge::idempotency::Fence;
-use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::input::OptionalJsonBody;
+use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::{ApiError, Auth, Json, JsonBody, PathId, QueryParams};
 use http::StatusCode;
 use serde::Serialize;

@@ -21,8 +21,8 @@ use super::invoice::{BillingInvoice, BillingInvoiceError, Issued, issue_invoice}
 use super::period::{Calendar, IntervalError, IntervalUnit};
 use super::plans::{self, Plan};
 use super::subscription::{
-    self, NewSubscription, SUBSCRIPTION_STATE_CONFLICT, Subscription, SubscriptionError,
-    SubscriptionEvent, SubscriptionStatus, new_subscription,
+    self, NewSubscription, Subscription, SubscriptionError, SubscriptionEvent, SubscriptionStatus,
+    new_subscription,
 };
 use super::terms::{OverdueAction, Terms, TermsError, extended_trial_end, trial_end};
 use crate::Deps;
@@ -54,11 +54,11 @@ pub enum LifecycleError {
     #[error(transparent)]
     Dunning(#[from] DunningError),
     /// A record the body names (its `field`) is not the tenant's.
-    #[error("No such {what}: '{id}'")]
+    #[error("No such {what}: '{named}'")]
     Missing {
         what: &'static str,
         field: &'static str,
-        id: String,
+        named: String,
     },
 }
 
@@ -73,7 +73,7 @@ fn terms_field(e: &TermsError) -> &'static str {
     match e {
         TermsError::Amount => "amount",
         TermsError::Interval(i) => interval_field(i),
-        TermsError::Days { field, .. } => *field,
+        TermsError::Days { field, .. } => field,
         TermsError::TrialEndsBeforeStart
         | TermsError::TrialTooLong
         | TermsError::ExtensionNotLater { .. } => "trialEndsAt",
@@ -83,9 +83,7 @@ fn terms_field(e: &TermsError) -> &'static str {
 fn interval_field(e: &IntervalError) -> &'static str {
     match e {
         IntervalError::ZeroCount | IntervalError::CountTooLarge { .. } => "intervalCount",
-        IntervalError::AnchorOutOfRange(_) | IntervalError::AnchorNeedsMonths => {
-            "billingAnchorDay"
-        }
+        IntervalError::AnchorOutOfRange(_) | IntervalError::AnchorNeedsMonths => "billingAnchorDay",
     }
 }
 
@@ -93,14 +91,16 @@ impl From<LifecycleError> for Refusal {
     fn from(err: LifecycleError) -> Self {
         match err {
             LifecycleError::Billing(e) => e.into(),
-            LifecycleError::Missing { what, field, id } => {
-                Refusal::new(Kind::NotFound, "not_found", format!("No such {what}: '{id}'"))
-                    .at(field)
-            }
+            LifecycleError::Missing { what, field, named } => Refusal::new(
+                Kind::NotFound,
+                "not_found",
+                format!("No such {what}: '{named}'"),
+            )
+            .at(field),
             LifecycleError::Subscription(e) => match e {
                 SubscriptionError::NotFound(id) => Refusal::not_found("subscription", id.as_str()),
                 SubscriptionError::Refused(r) => {
-                    Refusal::conflict(SUBSCRIPTION_STATE_CONFLICT, r.to_string())
+                    Refusal::conflict("subscription_state_conflict", r.to_string())
                 }
                 SubscriptionError::Terms(t) => Refusal::invalid(terms_field(&t), t.to_string()),
                 SubscriptionError::Interval(i) => {
@@ -111,17 +111,19 @@ impl From<LifecycleError> for Refusal {
             },
             LifecycleError::Invoice(e) => match e {
                 BillingInvoiceError::NotBillable(_) => {
-                    Refusal::conflict(SUBSCRIPTION_STATE_CONFLICT, e.to_string())
+                    Refusal::conflict("subscription_state_conflict", e.to_string())
                 }
                 BillingInvoiceError::Busy => Refusal::unavailable(&e),
                 BillingInvoiceError::Store(s) => s.into(),
                 other => Refusal::internal(&other),
             },
             LifecycleError::Dunning(e) => match e {
-                DunningError::NotFound(id) => {
-                    Refusal::new(Kind::NotFound, "not_found", format!("No such dunning policy: '{id}'"))
-                        .at("policyId")
-                }
+                DunningError::NotFound(id) => Refusal::new(
+                    Kind::NotFound,
+                    "not_found",
+                    format!("No such dunning policy: '{id}'"),
+                )
+                .at("policyId"),
                 DunningError::Invalid { field, message } => Refusal::invalid(field, message),
                 DunningError::Busy => Refusal::unavailable(&e),
                 DunningError::Store(s) => s.into(),
@@ -131,11 +133,12 @@ impl From<LifecycleError> for Refusal {
     }
 }
 
-fn missing(what: &'static str, field: &'static str, id: &str) -> LifecycleError {
+/// `raw`, sent in `field`, names no `what` of the tenant.
+fn missing(what: &'static str, field: &'static str, raw: &str) -> LifecycleError {
     LifecycleError::Missing {
         what,
         field,
-        id: id.to_owned(),
+        named: raw.to_owned(),
     }
 }
 
@@ -461,10 +464,11 @@ fn asked(body: &CreateSubscription, now: Timestamp) -> Result<Asked, LifecycleEr
         Some(d) => match u8::try_from(d) {
             Ok(d) if (1..=28).contains(&d) => Some(d),
             _ => {
-                return Err(
-                    invalid("billingAnchorDay", format!("billingAnchorDay must be 1 to 28, got {d}"))
-                        .into(),
-                );
+                return Err(invalid(
+                    "billingAnchorDay",
+                    format!("billingAnchorDay must be 1 to 28, got {d}"),
+                )
+                .into());
             }
         },
     };
@@ -525,8 +529,13 @@ pub async fn create_subscription(
         .into());
     }
     let terms = terms_of(&plan);
-    let trial_ends_at = trial_end(a.start, body.trial_ends_at, body.trial_days, terms.trial_days)
-        .map_err(SubscriptionError::from)?;
+    let trial_ends_at = trial_end(
+        a.start,
+        body.trial_ends_at,
+        body.trial_days,
+        terms.trial_days,
+    )
+    .map_err(SubscriptionError::from)?;
     let input = NewSubscription {
         customer_id: customer.id.clone(),
         plan_id: plan.id.clone(),
@@ -616,8 +625,8 @@ impl ListFilter {
     /// cannot match anything is a 400 naming it.
     pub fn parse(
         status: Option<&str>,
-        customer_id: Option<&str>,
-        plan_id: Option<&str>,
+        customer: Option<&str>,
+        plan: Option<&str>,
     ) -> Result<Self, BillingError> {
         let status = status
             .map(|raw| {
@@ -627,17 +636,20 @@ impl ListFilter {
                     .ok_or_else(|| {
                         let all: Vec<&str> =
                             SubscriptionStatus::ALL.iter().map(|s| s.as_str()).collect();
-                        invalid("status", format!("status must be one of {}", all.join(", ")))
+                        invalid(
+                            "status",
+                            format!("status must be one of {}", all.join(", ")),
+                        )
                     })
             })
             .transpose()?;
-        let customer_id = customer_id
+        let customer_id = customer
             .map(|raw| {
                 CustomerId::parse(raw.trim())
                     .ok_or_else(|| invalid("customerId", "customerId must be a customer id, cus_…"))
             })
             .transpose()?;
-        let plan_id = plan_id
+        let plan_id = plan
             .map(|raw| {
                 PlanId::parse(raw.trim())
                     .ok_or_else(|| invalid("planId", "planId must be a plan id, bp_…"))
@@ -820,18 +832,18 @@ pub async fn set_dunning_policy(
 ) -> Result<Subscription, LifecycleError> {
     let now = deps.clock.now();
     let policy = match body.policy_id {
-        None => return Err(invalid("policyId", "policyId is required (null for the default)").into()),
+        None => {
+            return Err(invalid("policyId", "policyId is required (null for the default)").into());
+        }
         Some(None) => None,
         Some(Some(raw)) => {
             let pid = DunningPolicyId::parse(raw.trim())
                 .ok_or_else(|| missing("dunning policy", "policyId", &raw))?;
             let policy = dunning::get_policy(deps, tenant, &pid).await?;
             if !policy.active {
-                return Err(invalid(
-                    "policyId",
-                    format!("dunning policy {pid} is inactive"),
-                )
-                .into());
+                return Err(
+                    invalid("policyId", format!("dunning policy {pid} is inactive")).into(),
+                );
             }
             Some(pid)
         }

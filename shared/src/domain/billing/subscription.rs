@@ -24,7 +24,7 @@ use crate::store::{Cond, Key, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// The error code of a refused transition (documented in
-/// `docs/billing.md`; answered by the routes of a later session).
+/// `docs/billing.md`; the subscription routes answer it, `billing::lifecycle`).
 pub const SUBSCRIPTION_STATE_CONFLICT: &str = "subscription_state_conflict";
 
 /// How often [`apply`] re-reads a subscription another writer changed.

@@ -8,10 +8,11 @@ use crate::domain::billing::customers::CreateCustomer;
 use crate::domain::billing::dunning::{FinalAction, create_policy, new_policy};
 use crate::domain::billing::invoice::{InvoiceStatus, PeriodClaim};
 use crate::domain::billing::plans::{CreatePlan, UpdatePlan};
+use crate::domain::billing::subscription::SUBSCRIPTION_STATE_CONFLICT;
 use crate::domain::record;
+use crate::store::Key;
 use crate::store::Store;
 use crate::store::fence::Fence;
-use crate::store::Key;
 use crate::testenv::at;
 use crate::time::ManualClock;
 use crate::{AppState, Config};
@@ -147,9 +148,18 @@ async fn a_trial_issues_nothing_until_it_ends_and_extends_only_later() {
     let sub = made.subscription;
     assert_eq!(sub.status, SubscriptionStatus::Trialing);
     assert!(made.first_invoice.is_none());
-    assert_eq!(sub.trial_ends_at, Some(at("2026-01-24T06:00:00Z")), "the plan's 14 days");
+    assert_eq!(
+        sub.trial_ends_at,
+        Some(at("2026-01-24T06:00:00Z")),
+        "the plan's 14 days"
+    );
     let claim = PeriodClaim::key(&sub.id, nepal_day(at(NOW)));
-    assert!(record::get::<PeriodClaim>(&*deps.store, &claim).await.unwrap().is_none());
+    assert!(
+        record::get::<PeriodClaim>(&*deps.store, &claim)
+            .await
+            .unwrap()
+            .is_none()
+    );
 
     // trialDays wins over the plan, trialEndsAt over both; 0 disables.
     let over = create_subscription(
@@ -160,7 +170,10 @@ async fn a_trial_issues_nothing_until_it_ends_and_extends_only_later() {
     )
     .await
     .unwrap();
-    assert_eq!(over.subscription.trial_ends_at, Some(at("2026-02-01T00:00:00Z")));
+    assert_eq!(
+        over.subscription.trial_ends_at,
+        Some(at("2026-02-01T00:00:00Z"))
+    );
     let none = create_subscription(
         &deps,
         &t,
@@ -191,7 +204,12 @@ async fn a_trial_issues_nothing_until_it_ends_and_extends_only_later() {
     assert_eq!(ended.subscription.billing_start, Some(nepal_day(at(NOW))));
     assert!(ended.invoice.created);
     assert_eq!(ended.invoice.invoice.subscription_id, sub.id);
-    assert!(record::get::<PeriodClaim>(&*deps.store, &claim).await.unwrap().is_some());
+    assert!(
+        record::get::<PeriodClaim>(&*deps.store, &claim)
+            .await
+            .unwrap()
+            .is_some()
+    );
     // Not trialing any more: both refused as conflicts.
     let (status, code, _) = field_of(end_trial(&deps, &t, &sub.id, at(NOW)).await.unwrap_err());
     assert_eq!((status, code.as_str()), (409, SUBSCRIPTION_STATE_CONFLICT));
@@ -216,22 +234,82 @@ async fn bad_input_names_its_field() {
     let theirs = customer(&deps, &other).await;
     let (cid, pid) = (c.id.to_string(), p.id.to_string());
     for (v, status, field) in [
-        (json!({"customerId": cid, "planId": pid, "trialDays": 366}), 400, "trialDays"),
-        (json!({"customerId": cid, "planId": pid, "trialDays": -1}), 400, "trialDays"),
-        (json!({"customerId": cid, "planId": pid, "billingAnchorDay": 29}), 400, "billingAnchorDay"),
-        (json!({"customerId": cid, "planId": pid, "billingAnchorDay": 0}), 400, "billingAnchorDay"),
-        (json!({"customerId": cid, "planId": weekly.id, "billingAnchorDay": 5}), 400, "billingAnchorDay"),
-        (json!({"customerId": cid, "planId": pid, "quantity": 2}), 400, "quantity"),
-        (json!({"customerId": cid, "planId": pid, "startDate": "2026-01-09"}), 400, "startDate"),
-        (json!({"customerId": cid, "planId": pid, "startDate": "2028-01-09"}), 400, "startDate"),
-        (json!({"customerId": cid, "planId": pid, "startDate": "soon"}), 400, "startDate"),
-        (json!({"customerId": cid, "planId": pid, "trialEndsAt": "2026-01-01T00:00:00Z"}), 400, "trialEndsAt"),
-        (json!({"customerId": cid, "planId": pid, "referenceId": ""}), 400, "referenceId"),
-        (json!({"customerId": cid, "planId": pid, "metadata": {"k": {"n": 1}}}), 400, "metadata.k"),
+        (
+            json!({"customerId": cid, "planId": pid, "trialDays": 366}),
+            400,
+            "trialDays",
+        ),
+        (
+            json!({"customerId": cid, "planId": pid, "trialDays": -1}),
+            400,
+            "trialDays",
+        ),
+        (
+            json!({"customerId": cid, "planId": pid, "billingAnchorDay": 29}),
+            400,
+            "billingAnchorDay",
+        ),
+        (
+            json!({"customerId": cid, "planId": pid, "billingAnchorDay": 0}),
+            400,
+            "billingAnchorDay",
+        ),
+        (
+            json!({"customerId": cid, "planId": weekly.id, "billingAnchorDay": 5}),
+            400,
+            "billingAnchorDay",
+        ),
+        (
+            json!({"customerId": cid, "planId": pid, "quantity": 2}),
+            400,
+            "quantity",
+        ),
+        (
+            json!({"customerId": cid, "planId": pid, "startDate": "2026-01-09"}),
+            400,
+            "startDate",
+        ),
+        (
+            json!({"customerId": cid, "planId": pid, "startDate": "2028-01-09"}),
+            400,
+            "startDate",
+        ),
+        (
+            json!({"customerId": cid, "planId": pid, "startDate": "soon"}),
+            400,
+            "startDate",
+        ),
+        (
+            json!({"customerId": cid, "planId": pid, "trialEndsAt": "2026-01-01T00:00:00Z"}),
+            400,
+            "trialEndsAt",
+        ),
+        (
+            json!({"customerId": cid, "planId": pid, "referenceId": ""}),
+            400,
+            "referenceId",
+        ),
+        (
+            json!({"customerId": cid, "planId": pid, "metadata": {"k": {"n": 1}}}),
+            400,
+            "metadata.k",
+        ),
         (json!({"customerId": cid, "planId": off.id}), 400, "planId"),
-        (json!({"customerId": theirs.id, "planId": pid}), 404, "customerId"),
-        (json!({"customerId": "cus_nope", "planId": pid}), 404, "customerId"),
-        (json!({"customerId": cid, "planId": "bp_01J0000000000000000000000"}), 404, "planId"),
+        (
+            json!({"customerId": theirs.id, "planId": pid}),
+            404,
+            "customerId",
+        ),
+        (
+            json!({"customerId": "cus_nope", "planId": pid}),
+            404,
+            "customerId",
+        ),
+        (
+            json!({"customerId": cid, "planId": "bp_01J0000000000000000000000"}),
+            404,
+            "planId",
+        ),
     ] {
         match create_subscription(&deps, &t, body(v.clone()), None).await {
             Err(e) => {
@@ -284,12 +362,21 @@ async fn pause_resume_cancel_at_period_end_and_the_dunning_policy() {
     let t = tenant("p1");
     let c = customer(&deps, &t).await;
     let p = plan(&deps, &t, json!({"trialDays": 7})).await;
-    let sub = create_subscription(&deps, &t, body(json!({"customerId": c.id, "planId": p.id})), None)
-        .await
-        .unwrap()
-        .subscription;
+    let sub = create_subscription(
+        &deps,
+        &t,
+        body(json!({"customerId": c.id, "planId": p.id})),
+        None,
+    )
+    .await
+    .unwrap()
+    .subscription;
     // A trialing subscription is not paused.
-    let (s, code, _) = field_of(pause(&deps, &t, &sub.id, PauseSubscription::default()).await.unwrap_err());
+    let (s, code, _) = field_of(
+        pause(&deps, &t, &sub.id, PauseSubscription::default())
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((s, code.as_str()), (409, SUBSCRIPTION_STATE_CONFLICT));
     end_trial(&deps, &t, &sub.id, at(NOW)).await.unwrap();
     let past = PauseSubscription {
@@ -331,7 +418,11 @@ async fn pause_resume_cancel_at_period_end_and_the_dunning_policy() {
     .unwrap();
     assert_eq!(later.status, SubscriptionStatus::Active);
     assert!(later.cancel_at_period_end);
-    assert_eq!(open_count(&deps, &t, &c.id).await, 1, "still open until the period ends");
+    assert_eq!(
+        open_count(&deps, &t, &c.id).await,
+        1,
+        "still open until the period ends"
+    );
 
     // The dunning policy: the tenant's, or null for the default.
     let policy = new_policy(&t, "Gentle", &[3, 7], FinalAction::Pause, at(NOW)).unwrap();
@@ -369,9 +460,14 @@ async fn lists_filter_by_status_customer_and_plan() {
     let monthly = plan(&deps, &t, json!({})).await;
     let trial = plan(&deps, &t, json!({"trialDays": 5})).await;
     for (c, p) in [(&a, &monthly), (&a, &trial), (&b, &monthly)] {
-        create_subscription(&deps, &t, body(json!({"customerId": c.id, "planId": p.id})), None)
-            .await
-            .unwrap();
+        create_subscription(
+            &deps,
+            &t,
+            body(json!({"customerId": c.id, "planId": p.id})),
+            None,
+        )
+        .await
+        .unwrap();
     }
     let page = PageRequest { page: 1, limit: 50 };
     let count = |f: ListFilter| {
@@ -382,16 +478,34 @@ async fn lists_filter_by_status_customer_and_plan() {
     let (all, n) = count(ListFilter::default()).await;
     assert_eq!((all.len(), n), (3, 3));
     assert_eq!(all[0].customer_id, b.id, "newest first");
-    let by = |s: Option<&str>, c: Option<&str>, p: Option<&str>| ListFilter::parse(s, c, p).unwrap();
+    let by =
+        |s: Option<&str>, c: Option<&str>, p: Option<&str>| ListFilter::parse(s, c, p).unwrap();
     assert_eq!(count(by(Some("trialing"), None, None)).await.1, 1);
-    assert_eq!(count(by(Some("incomplete"), Some(a.id.as_str()), None)).await.1, 1);
+    assert_eq!(
+        count(by(Some("incomplete"), Some(a.id.as_str()), None))
+            .await
+            .1,
+        1
+    );
     assert_eq!(count(by(None, None, Some(monthly.id.as_str()))).await.1, 2);
-    assert_eq!(count(by(None, Some(b.id.as_str()), Some(trial.id.as_str()))).await.1, 0);
-    let (one, n) = list(&deps, &t, PageRequest { page: 2, limit: 2 }, &ListFilter::default())
+    assert_eq!(
+        count(by(None, Some(b.id.as_str()), Some(trial.id.as_str())))
+            .await
+            .1,
+        0
+    );
+    let (one, n) = list(
+        &deps,
+        &t,
+        PageRequest { page: 2, limit: 2 },
+        &ListFilter::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!((one.len(), n), (1, 3));
+    let (none, n) = list(&deps, &tenant("p2"), page, &ListFilter::default())
         .await
         .unwrap();
-    assert_eq!((one.len(), n), (1, 3));
-    let (none, n) = list(&deps, &tenant("p2"), page, &ListFilter::default()).await.unwrap();
     assert!(none.is_empty() && n == 0);
     for (s, c, p, field) in [
         (Some("nope"), None, None, "status"),
@@ -434,9 +548,9 @@ async fn racing_creates_and_cancels_keep_the_count_exact() {
                 let deps = deps.clone();
                 let t = t.clone();
                 let id = target.clone();
-                tokio::spawn(async move {
-                    cancel(&deps, &t, &id, CancelSubscription::default()).await
-                })
+                tokio::spawn(
+                    async move { cancel(&deps, &t, &id, CancelSubscription::default()).await },
+                )
             })
             .collect();
         let mut won = 0;
@@ -448,11 +562,19 @@ async fn racing_creates_and_cancels_keep_the_count_exact() {
                 }
                 Err(e) => {
                     let (s, code, _) = field_of(e);
-                    assert_eq!((s, code.as_str()), (409, SUBSCRIPTION_STATE_CONFLICT), "{backend}");
+                    assert_eq!(
+                        (s, code.as_str()),
+                        (409, SUBSCRIPTION_STATE_CONFLICT),
+                        "{backend}"
+                    );
                 }
             }
         }
         assert_eq!(won, 1, "{backend}: one cancel ended it");
-        assert_eq!(open_count(&deps, &t, &c.id).await, 7, "{backend}: lowered once");
+        assert_eq!(
+            open_count(&deps, &t, &c.id).await,
+            7,
+            "{backend}: lowered once"
+        );
     }
 }
