@@ -578,3 +578,55 @@ async fn racing_creates_and_cancels_keep_the_count_exact() {
         );
     }
 }
+
+/// A customer's delete racing a subscription's create: either the
+/// subscription lands first and the delete is refused, or the delete
+/// lands first and the create finds no customer. Never a subscription
+/// of a deleted customer. On both backends, several rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delete_racing_a_create_leaves_no_orphan() {
+    for (backend, store) in stores().await {
+        let deps = deps_on(store);
+        let t = tenant("p_orphan");
+        let p = plan(&deps, &t, json!({})).await;
+        for round in 0..6 {
+            let c = customer(&deps, &t).await;
+            let create = {
+                let (deps, t) = (deps.clone(), t.clone());
+                let v = json!({"customerId": c.id, "planId": p.id});
+                tokio::spawn(async move { create_subscription(&deps, &t, body(v), None).await })
+            };
+            let delete = {
+                let (deps, t, id) = (deps.clone(), t.clone(), c.id.clone());
+                tokio::spawn(async move { customers::delete(&deps, &t, &id).await })
+            };
+            let (made, deleted) = (create.await.unwrap(), delete.await.unwrap());
+            match (made, deleted) {
+                (Ok(m), Err(BillingError::HasSubscriptions(_))) => {
+                    assert_eq!(m.subscription.customer_id, c.id);
+                    assert_eq!(open_count(&deps, &t, &c.id).await, 1, "{backend} {round}");
+                }
+                (Err(e), Ok(())) => {
+                    let (s, _, f) = field_of(e);
+                    assert_eq!((s, f.as_str()), (404, "customerId"), "{backend} {round}");
+                    let (subs, _) = list(
+                        &deps,
+                        &t,
+                        PageRequest { page: 1, limit: 50 },
+                        &ListFilter {
+                            customer_id: Some(c.id.clone()),
+                            ..ListFilter::default()
+                        },
+                    )
+                    .await
+                    .unwrap();
+                    assert!(subs.is_empty(), "{backend} {round}: an orphan");
+                }
+                (made, deleted) => panic!(
+                    "{backend} {round}: create {:?}, delete {deleted:?}",
+                    made.map(|m| m.subscription.status)
+                ),
+            }
+        }
+    }
+}
