@@ -7,6 +7,7 @@ pub mod calendar;
 pub mod customers;
 pub mod dunning;
 pub mod invoice;
+pub mod lifecycle;
 pub mod period;
 pub mod plans;
 pub mod reminders;
