@@ -55,6 +55,8 @@ mod events_main;
 mod hosted_main;
 #[path = "../../functions/invoices/src/main.rs"]
 mod invoices_main;
+#[path = "../../functions/mail-dispatcher/src/main.rs"]
+mod mail_dispatcher_main;
 #[path = "../../functions/mobile/src/main.rs"]
 mod mobile_main;
 #[path = "../../functions/payment-links/src/main.rs"]
@@ -98,6 +100,7 @@ fn function_process() {
         "events" => events_main::main(),
         "hosted" => hosted_main::main(),
         "invoices" => invoices_main::main(),
+        "mail-dispatcher" => mail_dispatcher_main::main(),
         "mobile" => mobile_main::main(),
         "payment-links" => payment_links_main::main(),
         "payments" => payments_main::main(),
@@ -547,6 +550,9 @@ impl Names {
                     }
                     "DHUKUTI_QUEUE_SMS_URL" => {
                         format!("{}/123456789012/{}-sms", self.endpoint, self.prefix)
+                    }
+                    "DHUKUTI_QUEUE_MAIL_URL" => {
+                        format!("{}/123456789012/{}-mail", self.endpoint, self.prefix)
                     }
                     _ => v
                         .replace(MOTO_IN_ENV_FILE, &self.endpoint)
