@@ -35,6 +35,34 @@ pub struct OutgoingMail<'a> {
     pub tags: Vec<(&'static str, &'a str)>,
 }
 
+/// The longest address accepted (RFC 5321's path limit).
+pub const MAX_ADDRESS: usize = 254;
+
+/// Whether `s` looks like one deliverable address: `local@domain.tld`, no
+/// spaces, controls, quotes or angle brackets, at most [`MAX_ADDRESS`].
+pub fn is_address(s: &str) -> bool {
+    if s.len() > MAX_ADDRESS || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return false;
+    }
+    let Some((local, domain)) = s.rsplit_once('@') else {
+        return false;
+    };
+    let labels_ok = domain.split('.').count() >= 2
+        && domain.split('.').all(|l| {
+            !l.is_empty()
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    !local.is_empty()
+        && local.len() <= 64
+        && !local.contains('@')
+        && !local
+            .chars()
+            .any(|c| matches!(c, '"' | '<' | '>' | '(' | ')' | ',' | ';' | '\\'))
+        && labels_ok
+}
+
 /// Why a send did not go through.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MailSendError {
@@ -81,7 +109,7 @@ impl MailConfig {
                 .filter(|v| !v.is_empty())
         };
         let from = get("DHUKUTI_MAIL_FROM").unwrap_or_else(|| DEFAULT_FROM.to_owned());
-        if !crate::domain::mail::is_address(&from) {
+        if !is_address(&from) {
             return Err(format!("DHUKUTI_MAIL_FROM={from:?} is not an email address"));
         }
         let base_url = get("DHUKUTI_MAIL_BASE_URL").map(|b| b.trim_end_matches('/').to_owned());
@@ -280,8 +308,7 @@ impl SesSender {
                     .html(content(mail.html)?)
                     .build(),
             )
-            .build()
-            .map_err(bad)?;
+            .build();
         let mut req = self
             .client
             .send_email()
@@ -322,7 +349,7 @@ fn ses_error<E>(e: &aws_sdk_sesv2::error::SdkError<E>) -> MailSendError
 where
     E: aws_sdk_sesv2::error::ProvideErrorMetadata + std::error::Error + 'static,
 {
-    use aws_sdk_sesv2::error::{DisplayErrorContext, SdkError};
+    use aws_sdk_sesv2::error::{DisplayErrorContext, ProvideErrorMetadata as _, SdkError};
     let why = DisplayErrorContext(e).to_string();
     match e {
         SdkError::ConstructionFailure(_) => MailSendError::Rejected(why),

@@ -23,8 +23,6 @@
 //!   does the same): a permanent bounce or a complaint suppresses the
 //!   address for the message's project ([`handle_feedback`]).
 
-use serde::{Deserialize, Serialize};
-
 use crate::queue::QueueError;
 use crate::store::StoreError;
 
@@ -51,8 +49,6 @@ pub const MAX_ATTEMPTS: u32 = 5;
 /// How long a claimed message stays claimed: past the sender's timeout,
 /// shorter than the queue's visibility timeout (90 s).
 pub const LEASE: std::time::Duration = std::time::Duration::from_secs(60);
-/// The longest address accepted (RFC 5321's path limit).
-pub const MAX_ADDRESS: usize = 254;
 /// The longest occurrence key a caller may give.
 pub const MAX_OCCURRENCE: usize = 200;
 
@@ -76,28 +72,7 @@ fn invalid(field: &'static str, message: impl Into<String>) -> MailError {
     }
 }
 
-/// Whether `s` looks like one deliverable address: `local@domain.tld`, no
-/// spaces, controls, quotes or angle brackets, at most [`MAX_ADDRESS`].
-pub fn is_address(s: &str) -> bool {
-    if s.len() > MAX_ADDRESS || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return false;
-    }
-    let Some((local, domain)) = s.rsplit_once('@') else {
-        return false;
-    };
-    let labels_ok = domain.split('.').count() >= 2
-        && domain.split('.').all(|l| {
-            !l.is_empty()
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        });
-    !local.is_empty()
-        && local.len() <= 64
-        && !local.contains('@')
-        && !local.chars().any(|c| matches!(c, '"' | '<' | '>' | '(' | ')' | ',' | ';' | '\\'))
-        && labels_ok
-}
+pub use crate::providers::mail::is_address;
 
 /// The address as stored and compared: trimmed, lowercase.
 pub fn normalize_address(raw: &str) -> Option<String> {

@@ -108,10 +108,7 @@ fn subject(t: &ReminderText<'_>) -> String {
 /// date is outside the Bikram Sambat years covered.
 pub fn render_billing_mail(t: &ReminderText<'_>) -> Option<RenderedMail> {
     let line = render(t)?;
-    let sign = match t.locale {
-        Locale::En => format!("— {}", t.merchant.trim()),
-        Locale::Ne => format!("— {}", t.merchant.trim()),
-    };
+    let sign = format!("— {}", t.merchant.trim());
     let text = format!("{line}\n\n{sign}\n");
     let url = escape_html(t.pay_url);
     let body = escape_html(&line).replace(&url, &format!("<a href=\"{url}\">{url}</a>"));
