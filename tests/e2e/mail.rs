@@ -326,7 +326,7 @@ async fn the_ses_sender_sends_through_moto_once_verified() {
     assert!(matches!(out, Ok(DispatchOutcome::Sent)), "{out:?}");
     let m = stored(id.clone()).await;
     assert_eq!(m.status, MailStatus::Sent);
-    assert!(m.provider_id.is_some_and(|p| !p.is_empty()));
+    assert!(m.provider_message_id.is_some_and(|p| !p.is_empty()));
     // Delivered again: nothing sent twice.
     let out = dispatch(&id).await;
     assert!(matches!(out, Ok(DispatchOutcome::Skipped)), "{out:?}");

@@ -875,5 +875,5 @@ async fn every_function_answers_its_events_through_the_runtime_api() {
         }
     }
     assert!(ran >= 60, "{ran} events");
-    assert_eq!(partial, 2, "the webhook and SMS dispatchers");
+    assert_eq!(partial, 3, "the webhook, SMS and mail dispatchers");
 }

@@ -221,7 +221,7 @@ async fn finish(
     status: MailStatus,
     attempts: u32,
     error: Option<&str>,
-    provider_id: Option<&str>,
+    provider_message_id: Option<&str>,
 ) -> Result<bool, StoreError> {
     let mut changes = Changes::<MailMessage>::new()
         .set(MailMessage::STATUS, &status)
@@ -233,8 +233,8 @@ async fn finish(
         Some(e) => changes.set_some(MailMessage::LAST_ERROR, e),
         None => changes.remove(MailMessage::LAST_ERROR),
     };
-    if let Some(p) = provider_id {
-        changes = changes.set_some(MailMessage::PROVIDER_ID, p);
+    if let Some(p) = provider_message_id {
+        changes = changes.set_some(MailMessage::PROVIDER_MESSAGE_ID, p);
     }
     let update: crate::store::Update = changes.into();
     let mut attempt = 0;
@@ -277,7 +277,7 @@ async fn send_and_record(
     };
     let sent = sender.send(&mail).await;
     let attempts = m.attempts + 1;
-    let provider_id = sent.as_ref().ok().cloned();
+    let provider_message_id = sent.as_ref().ok().cloned();
     let (status, error, outcome) = send_outcome(sent.map(|_| ()), attempts);
     // A store error here leaves it `sending`: after the lease it ends
     // `unknown`, never sent twice.
@@ -288,7 +288,7 @@ async fn send_and_record(
         status,
         attempts,
         error.as_deref(),
-        provider_id.as_deref().filter(|p| !p.is_empty()),
+        provider_message_id.as_deref().filter(|p| !p.is_empty()),
     )
     .await?
     {

@@ -70,7 +70,7 @@ pub struct MailMessage {
     pub last_error: Option<String>,
     /// The mail service's id of the sent message.
     #[serde(default)]
-    pub provider_id: Option<String>,
+    pub provider_message_id: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     /// The claim in flight while `sending`; set and removed by updates.
@@ -96,7 +96,7 @@ crate::attrs! { MailMessage {
     ATTEMPTS: u32 = attempts,
     LEASE_UNTIL_MS: Option<i64> = lease_until_ms,
     LAST_ERROR: Option<String> = last_error,
-    PROVIDER_ID: Option<String> = provider_id,
+    PROVIDER_MESSAGE_ID: Option<String> = provider_message_id,
     CREATED_AT: Timestamp = created_at,
     UPDATED_AT: Timestamp = updated_at,
     CLAIM: Option<String> = claim,

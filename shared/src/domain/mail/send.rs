@@ -184,7 +184,7 @@ pub async fn send_billing_mail(
         attempts: 0,
         lease_until_ms: None,
         last_error: suppressed.then(|| "the address is suppressed for this project".to_owned()),
-        provider_id: None,
+        provider_message_id: None,
         created_at: now,
         updated_at: now,
         claim: None,

@@ -274,7 +274,7 @@ async fn a_message_is_sent_once_however_often_it_is_dispatched() {
     let m = stored(&state, &id).await;
     assert_eq!(m.status, MailStatus::Sent);
     assert_eq!(m.attempts, 1);
-    assert_eq!(m.provider_id.as_deref(), Some("sim-1"));
+    assert_eq!(m.provider_message_id.as_deref(), Some("sim-1"));
     assert_eq!(m.claim, None);
 }
 
