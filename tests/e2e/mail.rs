@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use dhukuti_tests::{TestApp, Which, on_both_backends, spawn_app};
 use serde_json::{Value, json};
+use shared::domain::Mode;
 use shared::domain::Tenant;
 use shared::domain::billing::reminders::{Locale, ReminderKind, ReminderText};
 use shared::domain::mail::{self, DispatchOutcome, MailAbout, MailStatus};
-use shared::domain::Mode;
 use shared::ids::{BillingInvoiceId, MailId};
 use shared::providers::mail::{HttpSender, MailConfig, MailSender};
 
@@ -66,7 +66,11 @@ where
 }
 
 async fn status(app: &TestApp, id: &MailId) -> Option<MailStatus> {
-    mail::get(&*app.store, id).await.ok().flatten().map(|m| m.status)
+    mail::get(&*app.store, id)
+        .await
+        .ok()
+        .flatten()
+        .map(|m| m.status)
 }
 
 /// The sender the gateway's worker uses (the simulator).
@@ -105,7 +109,10 @@ async fn a_billing_mail_reaches_the_inbox_exactly_once(which: Which) {
     let t = tenant(&app).await;
     let id = send(&app, &t, "Ram@Example.com", "inv_1:due_today").await;
     // The sweep retried: the same occurrence, the same message.
-    assert_eq!(send(&app, &t, "ram@example.com", "inv_1:due_today").await, id);
+    assert_eq!(
+        send(&app, &t, "ram@example.com", "inv_1:due_today").await,
+        id
+    );
     until("the message sent", || async {
         status(&app, &id).await == Some(MailStatus::Sent)
     })
@@ -116,8 +123,16 @@ async fn a_billing_mail_reaches_the_inbox_exactly_once(which: Which) {
     assert_eq!(m["to"], "ram@example.com");
     assert_eq!(m["subject"], "Sita's Shop: invoice INV-0042 is due today");
     let text = m["text"].as_str().unwrap_or_default();
-    assert!(text.contains("2024-04-13") && text.contains("2081"), "{text}");
-    assert!(m["html"].as_str().unwrap_or_default().contains("Sita&#39;s Shop"));
+    assert!(
+        text.contains("2024-04-13") && text.contains("2081"),
+        "{text}"
+    );
+    assert!(
+        m["html"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Sita&#39;s Shop")
+    );
     assert_eq!(m["tags"]["dhukuti_mail"], id.as_str());
 
     // A retried batch (the same message three times, as SQS may deliver
@@ -159,8 +174,9 @@ async fn a_bounce_suppresses_the_address_for_the_project(which: Which) {
         )
         .await;
     assert_eq!(a.status, 200, "{}", a.body);
-    let inner: Value = serde_json::from_str(a.body["notification"]["Message"].as_str().unwrap_or(""))
-        .unwrap_or(Value::Null);
+    let inner: Value =
+        serde_json::from_str(a.body["notification"]["Message"].as_str().unwrap_or(""))
+            .unwrap_or(Value::Null);
     assert_eq!(inner["eventType"], "Bounce", "{}", a.body);
     until("the address suppressed", || async {
         mail::is_suppressed(&*app.store, &t.project, "gone@example.com")
@@ -195,7 +211,12 @@ async fn a_bounce_suppresses_the_address_for_the_project(which: Which) {
     assert_eq!((messages.len(), calls), (2, 2), "{messages:?}");
     // Bad control input is refused; an address never mailed is unknown.
     let a = app
-        .post("/sim/mail/_control/bounce", None, None, &json!({"address": "nobody@example.com"}))
+        .post(
+            "/sim/mail/_control/bounce",
+            None,
+            None,
+            &json!({"address": "nobody@example.com"}),
+        )
         .await;
     assert_eq!(a.status, 404, "{}", a.body);
     app.stop().await;
@@ -206,7 +227,12 @@ async fn an_uncertain_send_ends_unknown_and_is_never_resent(which: Which) {
         return;
     };
     let a = app
-        .post("/sim/mail/_control/fail", None, None, &json!({"times": 1, "status": 502}))
+        .post(
+            "/sim/mail/_control/fail",
+            None,
+            None,
+            &json!({"times": 1, "status": 502}),
+        )
         .await;
     assert_eq!(a.status, 200, "{}", a.body);
     let t = tenant(&app).await;
@@ -233,7 +259,12 @@ async fn a_503_is_retried_and_delivers_once(which: Which) {
         return;
     };
     let a = app
-        .post("/sim/mail/_control/fail", None, None, &json!({"times": 2, "status": 503}))
+        .post(
+            "/sim/mail/_control/fail",
+            None,
+            None,
+            &json!({"times": 2, "status": 503}),
+        )
         .await;
     assert_eq!(a.status, 200, "{}", a.body);
     let t = tenant(&app).await;

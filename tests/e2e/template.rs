@@ -1791,7 +1791,10 @@ fn the_mail_dispatcher_consumes_the_mail_queue_and_sends_through_ses() {
     assert!(timeout > shared::providers::mail::DEFAULT_TIMEOUT.as_secs());
     let queue = &t["Resources"]["MailQueue"]["Properties"];
     let visibility = queue["VisibilityTimeout"].as_u64().unwrap_or(0);
-    assert!(visibility >= 6 * timeout, "VisibilityTimeout {visibility} s");
+    assert!(
+        visibility >= 6 * timeout,
+        "VisibilityTimeout {visibility} s"
+    );
     assert!(visibility > shared::domain::mail::LEASE.as_secs());
     assert_eq!(
         queue["RedrivePolicy"]["maxReceiveCount"].as_u64(),
@@ -1803,15 +1806,28 @@ fn the_mail_dispatcher_consumes_the_mail_queue_and_sends_through_ses() {
     );
     assert_eq!(
         table_actions(dispatcher),
-        ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"]
+        [
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:UpdateItem"
+        ]
     );
     let vars = &props["Environment"]["Variables"];
     assert!(is_ref_to(&vars["DHUKUTI_MAIL_FROM"], "MailFrom"));
-    assert!(is_ref_to(&vars["DHUKUTI_SES_CONFIGURATION_SET"], "MailConfigurationSet"));
-    assert!(is_ref_to(&vars["DHUKUTI_MAIL_BASE_URL"], "LocalMailBaseUrl"));
+    assert!(is_ref_to(
+        &vars["DHUKUTI_SES_CONFIGURATION_SET"],
+        "MailConfigurationSet"
+    ));
+    assert!(is_ref_to(
+        &vars["DHUKUTI_MAIL_BASE_URL"],
+        "LocalMailBaseUrl"
+    ));
     // Bounces and complaints: configuration set -> topic -> the queue.
     let dest = &t["Resources"]["MailFeedbackDestination"]["Properties"];
-    assert!(is_ref_to(&dest["ConfigurationSetName"], "MailConfigurationSet"));
+    assert!(is_ref_to(
+        &dest["ConfigurationSetName"],
+        "MailConfigurationSet"
+    ));
     assert!(is_ref_to(
         &dest["EventDestination"]["SnsDestination"]["TopicARN"],
         "MailFeedbackTopic"

@@ -91,7 +91,10 @@ mod tests {
             sqs_event(&[
                 ("m1", "not json"),
                 ("m2", r#"{"mail_id": "mail_01jzzzzzzzzzzzzzzzzzzzzzzz"}"#),
-                ("m3", r#"{"Type": "Notification", "Message": "{\"eventType\": \"Delivery\"}"}"#),
+                (
+                    "m3",
+                    r#"{"Type": "Notification", "Message": "{\"eventType\": \"Delivery\"}"}"#,
+                ),
             ]),
         )
         .await;

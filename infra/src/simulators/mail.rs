@@ -94,7 +94,10 @@ async fn send(State(st): State<SimState>, body: axum::body::Bytes) -> Response {
         book.fail_left -= 1;
         let status =
             StatusCode::from_u16(book.fail_status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-        return answer(status, json!({"message": "Service temporarily unavailable"}));
+        return answer(
+            status,
+            json!({"message": "Service temporarily unavailable"}),
+        );
     }
     let b: SendBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
@@ -281,7 +284,10 @@ async fn control_bounce(State(st): State<SimState>, body: axum::body::Bytes) -> 
         .send(QueueName::Mail, &envelope.to_string(), Duration::ZERO)
         .await
     {
-        Ok(_) => answer(StatusCode::OK, json!({"queued": true, "notification": envelope})),
+        Ok(_) => answer(
+            StatusCode::OK,
+            json!({"queued": true, "notification": envelope}),
+        ),
         Err(e) => control_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
     }
 }

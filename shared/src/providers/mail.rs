@@ -110,13 +110,17 @@ impl MailConfig {
         };
         let from = get("DHUKUTI_MAIL_FROM").unwrap_or_else(|| DEFAULT_FROM.to_owned());
         if !is_address(&from) {
-            return Err(format!("DHUKUTI_MAIL_FROM={from:?} is not an email address"));
+            return Err(format!(
+                "DHUKUTI_MAIL_FROM={from:?} is not an email address"
+            ));
         }
         let base_url = get("DHUKUTI_MAIL_BASE_URL").map(|b| b.trim_end_matches('/').to_owned());
         if let Some(b) = &base_url
             && !(b.starts_with("http://") || b.starts_with("https://"))
         {
-            return Err(format!("DHUKUTI_MAIL_BASE_URL={b:?} must be an http(s) URL"));
+            return Err(format!(
+                "DHUKUTI_MAIL_BASE_URL={b:?} must be an http(s) URL"
+            ));
         }
         Ok(MailConfig {
             from,
@@ -256,7 +260,11 @@ impl HttpSender {
         }
         let id = serde_json::from_slice::<serde_json::Value>(&answer)
             .ok()
-            .and_then(|v| v.get("messageId").and_then(|m| m.as_str()).map(str::to_owned))
+            .and_then(|v| {
+                v.get("messageId")
+                    .and_then(|m| m.as_str())
+                    .map(str::to_owned)
+            })
             .unwrap_or_default();
         Ok(id)
     }
@@ -387,12 +395,21 @@ mod tests {
     fn only_answers_that_prove_nothing_was_taken_are_retried() {
         assert_eq!(answer_error(200, ""), None);
         for s in [408, 429, 503] {
-            assert!(matches!(answer_error(s, ""), Some(MailSendError::Transient(_))));
+            assert!(matches!(
+                answer_error(s, ""),
+                Some(MailSendError::Transient(_))
+            ));
         }
         for s in [500, 502, 504] {
-            assert!(matches!(answer_error(s, ""), Some(MailSendError::Unknown(_))));
+            assert!(matches!(
+                answer_error(s, ""),
+                Some(MailSendError::Unknown(_))
+            ));
         }
-        assert!(matches!(answer_error(400, "no"), Some(MailSendError::Rejected(_))));
+        assert!(matches!(
+            answer_error(400, "no"),
+            Some(MailSendError::Rejected(_))
+        ));
     }
 
     #[test]
@@ -407,7 +424,9 @@ mod tests {
         assert_eq!(c.from, DEFAULT_FROM);
         assert_eq!(c.base_url.as_deref(), Some("http://127.0.0.1:9/sim/mail"));
         assert_eq!(c.configuration_set.as_deref(), Some("dhukuti"));
-        assert!(MailConfig::from_lookup(|n| (n == "DHUKUTI_MAIL_FROM").then(|| "nope".into())).is_err());
+        assert!(
+            MailConfig::from_lookup(|n| (n == "DHUKUTI_MAIL_FROM").then(|| "nope".into())).is_err()
+        );
         assert!(
             MailConfig::from_lookup(|n| (n == "DHUKUTI_MAIL_BASE_URL").then(|| "ftp://x".into()))
                 .is_err()

@@ -53,7 +53,9 @@ pub async fn handle_message(
         return Ok(DispatchOutcome::Skipped);
     };
     if is_feedback(&value) {
-        return Ok(DispatchOutcome::Feedback(handle_feedback(deps, &value).await?));
+        return Ok(DispatchOutcome::Feedback(
+            handle_feedback(deps, &value).await?,
+        ));
     }
     match serde_json::from_value::<MailQueueMessage>(value) {
         Ok(msg) => dispatch(deps, sender, &msg.mail_id, LEASE).await,
@@ -273,7 +275,10 @@ async fn send_and_record(
         subject: &m.subject,
         text: &m.text,
         html: &m.html,
-        tags: vec![(TAG_MAIL_ID, m.id.as_str()), (TAG_PROJECT, m.project_id.as_str())],
+        tags: vec![
+            (TAG_MAIL_ID, m.id.as_str()),
+            (TAG_PROJECT, m.project_id.as_str()),
+        ],
     };
     let sent = sender.send(&mail).await;
     let attempts = m.attempts + 1;

@@ -9,9 +9,9 @@ use super::feedback::is_suppressed;
 use super::message::{KEPT_DAYS, MailAbout, MailMessage, MailStatus, get};
 use super::{MAX_OCCURRENCE, MailError, invalid, normalize_address};
 use crate::Deps;
-use crate::domain::{Mode, Tenant};
 use crate::domain::billing::reminders::{Locale, ReminderKind, ReminderText, render};
 use crate::domain::record::Record;
+use crate::domain::{Mode, Tenant};
 use crate::ids::{MailId, ProjectId};
 use crate::queue::QueueName;
 use crate::store::{Key, StoreError, TxReason};
@@ -62,12 +62,14 @@ impl MailOccurrence {
             "OCC",
         )
     }
-
 }
 
 impl Record for MailOccurrence {
     fn item_key(&self) -> Key {
-        MailOccurrence::key(&Tenant::new(self.project_id.clone(), self.mode), &self.occurrence)
+        MailOccurrence::key(
+            &Tenant::new(self.project_id.clone(), self.mode),
+            &self.occurrence,
+        )
     }
 }
 

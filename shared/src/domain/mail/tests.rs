@@ -172,7 +172,11 @@ fn the_billing_mail_escapes_its_html_and_shows_the_miti() {
     assert!(m.text.contains("2081"), "the BS year: {}", m.text);
     assert!(m.html.contains("Himal Tea &lt;Shop&gt;"), "{}", m.html);
     assert!(!m.html.contains("<Shop>"), "{}", m.html);
-    assert!(m.html.contains("<a href=\"https://pay.example/r/abc\">"), "{}", m.html);
+    assert!(
+        m.html.contains("<a href=\"https://pay.example/r/abc\">"),
+        "{}",
+        m.html
+    );
     let ne = ReminderText {
         locale: Locale::Ne,
         ..template()
@@ -206,7 +210,13 @@ async fn one_occurrence_stores_one_message_however_often_it_is_sent() {
     let bodies = drain(&state).await;
     assert_eq!(bodies.len(), 3, "{bodies:?}");
     // The same key in another project is another occurrence.
-    let elsewhere = send(&state, &tenant(Mode::Live), "ram@example.com", "inv_1:before_due").await;
+    let elsewhere = send(
+        &state,
+        &tenant(Mode::Live),
+        "ram@example.com",
+        "inv_1:before_due",
+    )
+    .await;
     assert_ne!(elsewhere, first);
 }
 
@@ -242,13 +252,25 @@ async fn bad_input_names_the_field() {
     let t = tenant(Mode::Live);
     let bad = send_billing_mail(&state, &t, "nope", &template(), invoice(), "k").await;
     assert!(
-        matches!(bad, Err(MailError::Invalid { field: "recipient", .. })),
+        matches!(
+            bad,
+            Err(MailError::Invalid {
+                field: "recipient",
+                ..
+            })
+        ),
         "{bad:?}"
     );
     let long = "k".repeat(MAX_OCCURRENCE + 1);
     let bad = send_billing_mail(&state, &t, "a@example.com", &template(), invoice(), &long).await;
     assert!(
-        matches!(bad, Err(MailError::Invalid { field: "occurrence", .. })),
+        matches!(
+            bad,
+            Err(MailError::Invalid {
+                field: "occurrence",
+                ..
+            })
+        ),
         "{bad:?}"
     );
 }
@@ -313,12 +335,18 @@ async fn an_uncertain_send_ends_unknown_and_is_never_resent() {
         let before = server.calls().len();
         let id = send(&state, &tenant(Mode::Live), "ram@example.com", why).await;
         let out = dispatch(&state, &s, &id, LEASE).await;
-        assert!(matches!(out, Ok(DispatchOutcome::Unknown)), "{why}: {out:?}");
+        assert!(
+            matches!(out, Ok(DispatchOutcome::Unknown)),
+            "{why}: {out:?}"
+        );
         let m = stored(&state, &id).await;
         assert_eq!(m.status, MailStatus::Unknown, "{why}");
         // A retried batch: nothing is sent again.
         let out = dispatch(&state, &s, &id, LEASE).await;
-        assert!(matches!(out, Ok(DispatchOutcome::Skipped)), "{why}: {out:?}");
+        assert!(
+            matches!(out, Ok(DispatchOutcome::Skipped)),
+            "{why}: {out:?}"
+        );
         assert_eq!(server.calls().len(), before + 1, "{why}");
     }
 }
@@ -434,15 +462,27 @@ async fn a_permanent_bounce_or_a_complaint_suppresses_the_address_for_its_projec
     };
     // A transient bounce (a full inbox) suppresses nothing.
     let out = handle_message(&state, &s, &bounce(&id, "ram@example.com", "Transient")).await;
-    assert!(matches!(out, Ok(DispatchOutcome::Feedback(FeedbackOutcome::Ignored(_)))), "{out:?}");
+    assert!(
+        matches!(
+            out,
+            Ok(DispatchOutcome::Feedback(FeedbackOutcome::Ignored(_)))
+        ),
+        "{out:?}"
+    );
     let out = handle_message(&state, &s, &bounce(&id, "Ram@Example.com", "Permanent")).await;
     assert!(
         matches!(&out, Ok(DispatchOutcome::Feedback(FeedbackOutcome::Suppressed(a))) if a == &["ram@example.com".to_owned()]),
         "{out:?}"
     );
-    assert!(matches!(is_suppressed(&*state.store, &t.project, "ram@example.com").await, Ok(true)));
+    assert!(matches!(
+        is_suppressed(&*state.store, &t.project, "ram@example.com").await,
+        Ok(true)
+    ));
     // Another project still mails the address.
-    assert!(matches!(is_suppressed(&*state.store, &ProjectId::new(), "ram@example.com").await, Ok(false)));
+    assert!(matches!(
+        is_suppressed(&*state.store, &ProjectId::new(), "ram@example.com").await,
+        Ok(false)
+    ));
     // A new message to it is stored suppressed and never queued.
     let next = send(&state, &t, "ram@example.com", "second").await;
     assert_eq!(stored(&state, &next).await.status, MailStatus::Suppressed);
@@ -455,13 +495,30 @@ async fn a_permanent_bounce_or_a_complaint_suppresses_the_address_for_its_projec
         "mail": {"messageId": "x", "tags": {"dhukuti_mail": [sita.as_str()]}}
     });
     let out = handle_message(&state, &s, &complaint.to_string()).await;
-    assert!(matches!(out, Ok(DispatchOutcome::Feedback(FeedbackOutcome::Suppressed(_)))), "{out:?}");
+    assert!(
+        matches!(
+            out,
+            Ok(DispatchOutcome::Feedback(FeedbackOutcome::Suppressed(_)))
+        ),
+        "{out:?}"
+    );
     let out = dispatch(&state, &s, &sita, LEASE).await;
     assert!(matches!(out, Ok(DispatchOutcome::Suppressed)), "{out:?}");
     assert_eq!(server.calls().len(), 1);
     // A notification about no message of ours does nothing.
-    let out = handle_message(&state, &s, &bounce(&MailId::new(), "x@example.com", "Permanent")).await;
-    assert!(matches!(out, Ok(DispatchOutcome::Feedback(FeedbackOutcome::Ignored(_)))), "{out:?}");
+    let out = handle_message(
+        &state,
+        &s,
+        &bounce(&MailId::new(), "x@example.com", "Permanent"),
+    )
+    .await;
+    assert!(
+        matches!(
+            out,
+            Ok(DispatchOutcome::Feedback(FeedbackOutcome::Ignored(_)))
+        ),
+        "{out:?}"
+    );
 }
 
 #[tokio::test]
@@ -481,10 +538,16 @@ async fn sandbox_mail_through_a_real_sender_goes_only_to_verified_addresses() {
     assert!(matches!(out, Ok(DispatchOutcome::Sent)), "{out:?}");
     // Live mail goes to anyone not suppressed; the simulator takes all.
     let live = send(&state, &tenant(Mode::Live), "customer@example.com", "c").await;
-    assert!(matches!(dispatch(&state, &real, &live, LEASE).await, Ok(DispatchOutcome::Sent)));
+    assert!(matches!(
+        dispatch(&state, &real, &live, LEASE).await,
+        Ok(DispatchOutcome::Sent)
+    ));
     let sim = sender(&base, false);
     let sandbox = send(&state, &t, "customer@example.com", "d").await;
-    assert!(matches!(dispatch(&state, &sim, &sandbox, LEASE).await, Ok(DispatchOutcome::Sent)));
+    assert!(matches!(
+        dispatch(&state, &sim, &sandbox, LEASE).await,
+        Ok(DispatchOutcome::Sent)
+    ));
     assert_eq!(server.calls().len(), 3);
 }
 
@@ -492,10 +555,18 @@ async fn sandbox_mail_through_a_real_sender_goes_only_to_verified_addresses() {
 async fn malformed_messages_are_dropped() {
     let state = AppState::for_tests();
     let s = sender("http://127.0.0.1:9", false);
-    for body in ["not json", "{}", r#"{"mail_id": "mail_01jzzzzzzzzzzzzzzzzzzzzzzz"}"#, r#"{"Type":"Notification","Message":"nope"}"#] {
+    for body in [
+        "not json",
+        "{}",
+        r#"{"mail_id": "mail_01jzzzzzzzzzzzzzzzzzzzzzzz"}"#,
+        r#"{"Type":"Notification","Message":"nope"}"#,
+    ] {
         let out = handle_message(&state, &s, body).await;
         assert!(
-            matches!(out, Ok(DispatchOutcome::Skipped | DispatchOutcome::Feedback(_))),
+            matches!(
+                out,
+                Ok(DispatchOutcome::Skipped | DispatchOutcome::Feedback(_))
+            ),
             "{body}: {out:?}"
         );
     }
@@ -513,5 +584,8 @@ fn stored_records_have_their_keys() {
     };
     assert_eq!(s.item_key().pk, "MAILSUP#proj_x");
     assert_eq!(s.item_key().sk, "A#a@example.com");
-    assert_eq!(MailMessage::key(&MailId::stored("mail_1")).pk, "MAIL#mail_1");
+    assert_eq!(
+        MailMessage::key(&MailId::stored("mail_1")).pk,
+        "MAIL#mail_1"
+    );
 }
