@@ -168,9 +168,12 @@ def events_for(name, fn):
         if kind == "HttpApi":
             out[ev_name] = http_event(props["Method"], props["Path"], (props["Method"],))
         elif kind == "SQS":
-            queue = "dhukuti-webhooks" if "Webhook" in name else "dhukuti-sms"
+            queue = ("dhukuti-webhooks" if "Webhook" in name
+                     else "dhukuti-mail" if "Mail" in name else "dhukuti-sms")
             if "Webhook" in name:
                 good = json.dumps({"event_id": "evt_" + ZERO, "endpoint_id": "we_" + ZERO, "attempt": 1})
+            elif "Mail" in name:
+                good = json.dumps({"mail_id": "mail_" + ZERO})
             else:
                 good = json.dumps({"sms_id": "sms_" + ZERO})
             out[ev_name] = sqs_event(queue, [good, "not a message"])

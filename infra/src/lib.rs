@@ -5,6 +5,7 @@
 pub mod counter;
 pub mod demo;
 pub mod listen;
+pub mod mail_worker;
 pub mod queue_worker;
 pub mod sam_local;
 pub mod simulators;
@@ -282,6 +283,7 @@ pub struct Running {
     ticker: Option<JoinHandle<()>>,
     webhook_loops: Vec<JoinHandle<()>>,
     sms_worker: Option<JoinHandle<()>>,
+    mail_worker: Option<JoinHandle<()>>,
 }
 
 impl Running {
@@ -293,6 +295,7 @@ impl Running {
         let mut background: Vec<JoinHandle<()>> = self.webhook_loops.drain(..).collect();
         background.extend(self.ticker.take());
         background.extend(self.sms_worker.take());
+        background.extend(self.mail_worker.take());
         for t in &background {
             t.abort();
         }
@@ -474,6 +477,13 @@ pub async fn start_with_clock(
     let sms_client = shared::providers::sms::SmsClient::new(sms_config)?;
     let sms_worker = Some(sms_worker::spawn(&state, sms_client));
 
+    // Billing mail: the simulator unless the environment names SES (no
+    // DHUKUTI_MAIL_BASE_URL and DHUKUTI_MAIL_SES=1). Its bounce and
+    // complaint control endpoint feeds the mail queue, as SNS does on AWS.
+    let mail_sender = mail_sender(&sim_base)?;
+    sim.wire_mail_feedback(state.queue.clone());
+    let mail_worker = Some(mail_worker::spawn(&state, mail_sender));
+
     let (tx, rx) = oneshot::channel::<()>();
     // The demo counter (`/demo/counter`) asks the API with the demo key,
     // server side.
@@ -502,7 +512,30 @@ pub async fn start_with_clock(
         ticker,
         webhook_loops,
         sms_worker,
+        mail_worker,
     })
+}
+
+/// The local gateway's mail sender: `DHUKUTI_MAIL_BASE_URL`, else the
+/// simulator at `<sim_base>/mail`; SES (`AWS_ENDPOINT_URL`, e.g. moto)
+/// when `DHUKUTI_MAIL_SES=1`.
+fn mail_sender(sim_base: &str) -> Result<shared::providers::mail::MailSender, String> {
+    use shared::providers::mail::{HttpSender, MailConfig, MailSender};
+    let ses = std::env::var("DHUKUTI_MAIL_SES").is_ok_and(|v| v.trim() == "1");
+    let config = MailConfig::from_lookup(|name| {
+        std::env::var(name).ok().or_else(|| match name {
+            "DHUKUTI_MAIL_BASE_URL" if !ses => Some(format!("{sim_base}/mail")),
+            _ => None,
+        })
+    })?;
+    if let Some(base) = config.base_url.clone() {
+        return HttpSender::new(config, base).map(MailSender::Http);
+    }
+    let endpoint = std::env::var("AWS_ENDPOINT_URL")
+        .ok()
+        .filter(|v| !v.trim().is_empty());
+    let sdk = shared::aws::sdk_config(endpoint.as_deref())?;
+    MailSender::new(config, &sdk)
 }
 
 /// What a newcomer sees after `cargo run`.

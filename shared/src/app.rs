@@ -478,6 +478,7 @@ impl Backend {
                 for (queue, var) in [
                     (QueueName::Webhooks, "DHUKUTI_QUEUE_WEBHOOKS_URL"),
                     (QueueName::Sms, "DHUKUTI_QUEUE_SMS_URL"),
+                    (QueueName::Mail, "DHUKUTI_QUEUE_MAIL_URL"),
                 ] {
                     if let Some(url) = env(var) {
                         queue_urls.insert(queue, url);

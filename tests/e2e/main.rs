@@ -27,6 +27,7 @@ mod invoices;
 mod lambda;
 mod links;
 mod logs;
+mod mail;
 mod mobile;
 mod openapi;
 mod page_policy;

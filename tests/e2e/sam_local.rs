@@ -55,6 +55,8 @@ mod events_main;
 mod hosted_main;
 #[path = "../../functions/invoices/src/main.rs"]
 mod invoices_main;
+#[path = "../../functions/mail-dispatcher/src/main.rs"]
+mod mail_dispatcher_main;
 #[path = "../../functions/mobile/src/main.rs"]
 mod mobile_main;
 #[path = "../../functions/payment-links/src/main.rs"]
@@ -98,6 +100,7 @@ fn function_process() {
         "events" => events_main::main(),
         "hosted" => hosted_main::main(),
         "invoices" => invoices_main::main(),
+        "mail-dispatcher" => mail_dispatcher_main::main(),
         "mobile" => mobile_main::main(),
         "payment-links" => payment_links_main::main(),
         "payments" => payments_main::main(),
@@ -548,6 +551,9 @@ impl Names {
                     "DHUKUTI_QUEUE_SMS_URL" => {
                         format!("{}/123456789012/{}-sms", self.endpoint, self.prefix)
                     }
+                    "DHUKUTI_QUEUE_MAIL_URL" => {
+                        format!("{}/123456789012/{}-mail", self.endpoint, self.prefix)
+                    }
                     _ => v
                         .replace(MOTO_IN_ENV_FILE, &self.endpoint)
                         .replace(GATEWAY_IN_ENV_FILE, "http://127.0.0.1:9"),
@@ -869,5 +875,5 @@ async fn every_function_answers_its_events_through_the_runtime_api() {
         }
     }
     assert!(ran >= 60, "{ran} events");
-    assert_eq!(partial, 2, "the webhook and SMS dispatchers");
+    assert_eq!(partial, 3, "the webhook, SMS and mail dispatchers");
 }

@@ -1265,6 +1265,7 @@ fn queue_and_stream_triggers_read_only_their_own_source() {
     assert_eq!(
         fenced,
         [
+            "MailDispatcherFunction",
             "SmsDispatcherFunction",
             "WebhookDispatcherFunction",
             "WebhookFanoutFunction"
@@ -1763,6 +1764,95 @@ fn the_sms_dispatcher_consumes_the_sms_queue() {
     assert!(t["Globals"]["Function"]["Environment"]["Variables"]["DHUKUTI_SMS_TOKEN"].is_null());
 }
 
+#[test]
+fn the_mail_dispatcher_consumes_the_mail_queue_and_sends_through_ses() {
+    let t = template();
+    let dispatcher = function(&t, "MailDispatcherFunction", "mail-dispatcher");
+    let props = &dispatcher["Properties"];
+    assert!(http_routes(dispatcher).is_empty(), "not public");
+    let sources = events_of(dispatcher, "SQS");
+    assert_eq!(sources.len(), 1, "one SQS event");
+    let source = &sources[0]["Properties"];
+    assert_eq!(
+        get_att(&source["Queue"]),
+        Some(("MailQueue".to_owned(), "Arn".to_owned()))
+    );
+    assert_eq!(
+        source["BatchSize"].as_u64(),
+        Some(mail_dispatcher::CONCURRENCY as u64)
+    );
+    assert_eq!(
+        source["FunctionResponseTypes"],
+        serde_norway::from_str::<Value>("[ReportBatchItemFailures]").unwrap_or(Value::Null)
+    );
+    let Some(timeout) = props["Timeout"].as_u64() else {
+        panic!("MailDispatcherFunction needs its own Timeout")
+    };
+    assert!(timeout > shared::providers::mail::DEFAULT_TIMEOUT.as_secs());
+    let queue = &t["Resources"]["MailQueue"]["Properties"];
+    let visibility = queue["VisibilityTimeout"].as_u64().unwrap_or(0);
+    assert!(
+        visibility >= 6 * timeout,
+        "VisibilityTimeout {visibility} s"
+    );
+    assert!(visibility > shared::domain::mail::LEASE.as_secs());
+    assert_eq!(
+        queue["RedrivePolicy"]["maxReceiveCount"].as_u64(),
+        Some(u64::from(shared::domain::mail::MAX_ATTEMPTS))
+    );
+    assert_eq!(
+        get_att(&queue["RedrivePolicy"]["deadLetterTargetArn"]),
+        Some(("MailDeadLetterQueue".to_owned(), "Arn".to_owned()))
+    );
+    assert_eq!(
+        table_actions(dispatcher),
+        [
+            "dynamodb:GetItem",
+            "dynamodb:PutItem",
+            "dynamodb:UpdateItem"
+        ]
+    );
+    let vars = &props["Environment"]["Variables"];
+    assert!(is_ref_to(&vars["DHUKUTI_MAIL_FROM"], "MailFrom"));
+    assert!(is_ref_to(
+        &vars["DHUKUTI_SES_CONFIGURATION_SET"],
+        "MailConfigurationSet"
+    ));
+    assert!(is_ref_to(
+        &vars["DHUKUTI_MAIL_BASE_URL"],
+        "LocalMailBaseUrl"
+    ));
+    // Bounces and complaints: configuration set -> topic -> the queue.
+    let dest = &t["Resources"]["MailFeedbackDestination"]["Properties"];
+    assert!(is_ref_to(
+        &dest["ConfigurationSetName"],
+        "MailConfigurationSet"
+    ));
+    assert!(is_ref_to(
+        &dest["EventDestination"]["SnsDestination"]["TopicARN"],
+        "MailFeedbackTopic"
+    ));
+    let subs = &t["Resources"]["MailFeedbackTopic"]["Properties"]["Subscription"][0];
+    assert_eq!(subs["Protocol"].as_str(), Some("sqs"));
+    assert_eq!(
+        get_att(&subs["Endpoint"]),
+        Some(("MailQueue".to_owned(), "Arn".to_owned()))
+    );
+    // Only the dispatcher may send mail.
+    let mut senders = Vec::new();
+    for (name, f) in functions(&t) {
+        let grants_ses = statements(&f)
+            .iter()
+            .filter(|st| st["Effect"].as_str() != Some("Deny"))
+            .flat_map(actions_of)
+            .any(|a| a.starts_with("ses:"));
+        if grants_ses {
+            senders.push(name);
+        }
+    }
+    assert_eq!(senders, ["MailDispatcherFunction"]);
+}
+
 /// The event streams are deployed as a function URL that streams its
 /// answer (API Gateway would buffer it): no authorizer (public like the
 /// checkout page), GET only from any origin, a timeout past the stream's
@@ -1877,6 +1967,7 @@ fn every_function_links_what_its_grants_use_and_nothing_denied() {
                 ("aws-sdk-sqs", "sqs:SendMessage"),
                 ("aws-sdk-s3", "s3:"),
                 ("aws-sdk-secretsmanager", "secretsmanager:GetSecretValue"),
+                ("aws-sdk-sesv2", "ses:SendEmail"),
             ] {
                 assert_eq!(
                     links(sdk),

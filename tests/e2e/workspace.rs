@@ -630,8 +630,10 @@ fn the_allow_scan_finds_what_it_looks_for() {
 /// Names of fields and parameters that hold someone else's id: a
 /// provider's reference, the merchant's own reference for a customer or an
 /// order, a request's or an idempotency key's. Only our ids are typed.
-const EXTERNAL_IDS: [&str; 9] = [
+const EXTERNAL_IDS: [&str; 10] = [
     "provider_refund_id",
+    // The mail service's id of a sent message (SES's MessageId).
+    "provider_message_id",
     "customer_id",
     "reference_id",
     "transaction_id",

@@ -22,6 +22,7 @@
 //! | Fonepay | QR API base (real: `https://merchantapi.fonepay.com/api`) | `{base}/fonepay/api` |
 //! | Fonepay | web redirect host (real: `https://clientapi.fonepay.com`) | `{base}/fonepay` |
 //! | SMS (Sparrow-style) | `DHUKUTI_SMS_BASE_URL` | `{base}/sms` (token [`sms::SMS_TEST_TOKEN`]) |
+//! | Mail (SES stand-in) | `DHUKUTI_MAIL_BASE_URL` | `{base}/mail` ([`mail`]) |
 //!
 //! Besides the providers' own routes, each provider has a control API for
 //! tests under `/{provider}/_control/` (see [`ControlNext`]) and small HTML
@@ -36,6 +37,7 @@
 pub mod esewa;
 pub mod fonepay;
 pub mod khalti;
+pub mod mail;
 mod page;
 pub mod sms;
 
@@ -163,6 +165,7 @@ struct Inner {
     khalti: Mutex<Book<khalti::KhaltiAttempt>>,
     fonepay: Mutex<Book<fonepay::FonepayAttempt>>,
     sms: Mutex<sms::SmsBook>,
+    mail: Mutex<mail::MailBook>,
     fonepay_frames: tokio::sync::broadcast::Sender<fonepay::Frame>,
 }
 
@@ -176,6 +179,7 @@ impl SimState {
                 khalti: Mutex::new(Book::default()),
                 fonepay: Mutex::new(Book::default()),
                 sms: Mutex::new(sms::SmsBook::default()),
+                mail: Mutex::new(mail::MailBook::default()),
                 fonepay_frames,
             }),
         }
@@ -223,6 +227,17 @@ impl SimState {
         self.inner.sms.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    pub(crate) fn mail(&self) -> MutexGuard<'_, mail::MailBook> {
+        self.inner.mail.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Where the mail simulator puts the bounce and complaint
+    /// notifications its control endpoint makes: the gateway's mail queue
+    /// (as SNS does on AWS).
+    pub fn wire_mail_feedback(&self, queue: Arc<dyn shared::queue::Queue>) {
+        self.mail().feedback = Some(queue);
+    }
+
     pub(crate) fn fonepay_frames(&self) -> &tokio::sync::broadcast::Sender<fonepay::Frame> {
         &self.inner.fonepay_frames
     }
@@ -238,6 +253,7 @@ pub fn router(state: SimState) -> Router {
         .nest("/khalti", khalti::routes())
         .nest("/fonepay", fonepay::routes())
         .nest("/sms", sms::routes())
+        .nest("/mail", mail::routes())
         .with_state(state)
 }
 
@@ -829,6 +845,7 @@ async fn index(State(st): State<SimState>) -> Response {
          <li>Fonepay API base <code>{b}/fonepay/api</code> (merchant/merchantDetailsForThirdParty/thirdPartyDynamicQrDownload, …GetStatus)</li>\
          <li>Fonepay web redirect <code>{b}/fonepay/api/merchantRequest</code></li>\
          <li>SMS (Sparrow-style) <code>POST {b}/sms/api/v2/sms/</code>; sent messages <code>GET {b}/sms/_control/messages</code></li>\
+         <li>Mail (SES stand-in) <code>POST {b}/mail/send</code>; inbox <code>GET {b}/mail/_control/messages</code>; bounce <code>POST {b}/mail/_control/bounce</code></li>\
          </ul>",
         b = page::esc(base)
     ));

@@ -13,6 +13,7 @@ pub mod fonepay_cap;
 pub mod idempotency;
 pub mod invoices;
 pub mod links;
+pub mod mail;
 pub mod mobile;
 pub mod outbox;
 pub mod payments;

@@ -130,7 +130,7 @@ const FENCE: Check = Check::Attributes {
 /// The kind of the item at (`pk`, `sk`), and how to check it.
 fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
     use super::{
-        account, active, billing, checkout, dashboard, idempotency, invoices, links, outbox,
+        account, active, billing, checkout, dashboard, idempotency, invoices, links, mail, outbox,
         payments, refunds, sms, webhooks,
     };
     let head = pk.split('#').next().unwrap_or("");
@@ -184,6 +184,14 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
         ("IDEM", "IDEM") => ("idempotency record", shape::<idempotency::Claim>()),
         ("IDEMFENCE", "FENCE") => ("idempotency fence", FENCE),
         ("LNK", "LNK") => ("payment link", record::<links::PaymentLink>()),
+        ("MAIL", "MAIL") => ("mail message", record::<mail::MailMessage>()),
+        ("MAILOCC", "OCC") => ("mail occurrence", record::<mail::MailOccurrence>()),
+        ("MAILSUP", s) if s.starts_with("A#") => {
+            ("mail suppression", record::<mail::MailSuppression>())
+        }
+        ("MAILVER", s) if s.starts_with("A#") => {
+            ("mail verified address", record::<mail::MailVerified>())
+        }
         ("MER", "MER") => ("merchant", record::<account::Merchant>()),
         ("MER", _) if pk.ends_with("#AUDIT") => ("audit entry", record::<dashboard::AuditEntry>()),
         ("OINV", "OINV") => ("invoice", record::<invoices::Invoice>()),

@@ -26,6 +26,7 @@ pub mod fonepay;
 pub mod fonepay_ws;
 pub mod hub;
 pub mod khalti;
+pub mod mail;
 pub mod probe;
 pub mod sign;
 pub mod sms;

@@ -107,6 +107,7 @@ pub struct InProcessQueue {
 struct Lanes {
     webhooks: Lane,
     sms: Lane,
+    mail: Lane,
     /// How far [`InProcessQueue::skip_ahead`] moved the queue's clock.
     skipped: Mutex<Duration>,
 }
@@ -163,6 +164,7 @@ impl InProcessQueue {
         }
         self.lanes.webhooks.wake.notify_waiters();
         self.lanes.sms.wake.notify_waiters();
+        self.lanes.mail.wake.notify_waiters();
     }
 
     fn skipped(&self) -> Duration {
@@ -182,6 +184,7 @@ impl InProcessQueue {
         match queue {
             QueueName::Webhooks => &self.lanes.webhooks,
             QueueName::Sms => &self.lanes.sms,
+            QueueName::Mail => &self.lanes.mail,
         }
     }
 

@@ -21,16 +21,20 @@ pub enum QueueName {
     Webhooks,
     /// SMS reminders to dispatch.
     Sms,
+    /// Email messages to dispatch, and (on AWS) SES bounce and complaint
+    /// notifications through SNS (`domain::mail`).
+    Mail,
 }
 
 impl QueueName {
-    pub const ALL: [QueueName; 2] = [QueueName::Webhooks, QueueName::Sms];
+    pub const ALL: [QueueName; 3] = [QueueName::Webhooks, QueueName::Sms, QueueName::Mail];
 
     /// The logical name, also the suffix of the SQS queue name.
     pub fn as_str(self) -> &'static str {
         match self {
             QueueName::Webhooks => "webhooks",
             QueueName::Sms => "sms",
+            QueueName::Mail => "mail",
         }
     }
 }

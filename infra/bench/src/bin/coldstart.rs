@@ -230,7 +230,12 @@ async fn measure(bin: &PathBuf, event: Value) -> Result<Sample, String> {
 
 /// The functions driven by SQS or a DynamoDB stream rather than HTTP: they
 /// get an empty batch.
-const QUEUE_DRIVEN: &[&str] = &["sms-dispatcher", "webhook-dispatcher", "webhook-fanout"];
+const QUEUE_DRIVEN: &[&str] = &[
+    "mail-dispatcher",
+    "sms-dispatcher",
+    "webhook-dispatcher",
+    "webhook-fanout",
+];
 
 /// The pause before each start, for the previous one's work (the
 /// harness's, moto's) to finish.
