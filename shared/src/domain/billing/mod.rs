@@ -6,9 +6,11 @@
 pub mod calendar;
 pub mod customers;
 pub mod dunning;
+pub mod events;
 pub mod invoice;
 pub mod period;
 pub mod plans;
 pub mod reminders;
 pub mod subscription;
 pub mod terms;
+pub mod views;

@@ -13,9 +13,11 @@ use serde_json::{Map, Value};
 
 use super::calendar::nepal_day;
 use super::dunning::FinalAction;
+use super::events::{subscription_event, subscription_webhook};
 use super::period::{IntervalError, Period, Schedule, validate_interval};
 use super::terms::{OverdueAction, Terms, TermsError};
 use crate::Deps;
+use crate::domain::outbox::EventType;
 use crate::domain::record::{self, Entry, Record};
 use crate::domain::{Mode, Tenant};
 use crate::ids::{CustomerId, DunningPolicyId, PlanId, ProjectId, SubscriptionId, TestClockId};
@@ -420,9 +422,12 @@ pub fn started(sub: &mut Subscription) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Stores a new subscription.
+/// Stores a new subscription, with its `subscription.created` event in
+/// the same transaction.
 pub async fn create(deps: &Deps, sub: &Subscription) -> Result<(), SubscriptionError> {
-    deps.store.transact(vec![sub.put_new()?]).await?;
+    let mut ops = vec![sub.put_new()?];
+    ops.extend(subscription_event(EventType::SubscriptionCreated, sub, sub.created_at).put_ops()?);
+    deps.store.transact(ops).await?;
     Ok(())
 }
 
@@ -442,6 +447,8 @@ pub async fn get(
 /// machine decides on the record as read, `edit` sets the event's fields
 /// (a pause reason, a new trial end), and the write holds only if nobody
 /// changed the subscription since; otherwise it is read and decided again.
+/// The transition's webhook ([`subscription_webhook`]) is written in the
+/// same transaction.
 pub async fn apply(
     deps: &Deps,
     tenant: &Tenant,
@@ -457,11 +464,14 @@ pub async fn apply(
         edit(&mut changed);
         changed.version = current.version + 1;
         changed.updated_at = now;
-        let op = TxOp::Put {
+        let mut ops = vec![TxOp::Put {
             item: changed.to_item()?,
             cond: Some(Subscription::VERSION.eq(&current.version)),
-        };
-        match deps.store.transact(vec![op]).await {
+        }];
+        if let Some(t) = subscription_webhook(current.status, event, changed.status) {
+            ops.extend(subscription_event(t, &changed, now).put_ops()?);
+        }
+        match deps.store.transact(ops).await {
             Ok(()) => return Ok(changed),
             Err(e) if e.is_condition_failure() || is_conflict(&e) => {
                 crate::store::contention_backoff(attempt).await;
