@@ -11,7 +11,8 @@ use utoipa::openapi::path::{
 use utoipa::openapi::request_body::RequestBodyBuilder;
 use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::{
-    ContentBuilder, Paths, PathsBuilder, Ref, RefOr, Required, ResponseBuilder, Schema,
+    ComponentsBuilder, ContentBuilder, OpenApiBuilder, Paths, PathsBuilder, Ref, RefOr, Required,
+    ResponseBuilder, Schema,
 };
 use utoipa::{PartialSchema, ToSchema};
 
@@ -37,11 +38,28 @@ pub struct Event {
 /// The resource schema each event carries, and its flat fields.
 fn resource(t: EventType) -> (RefOr<Schema>, &'static [(&'static str, Flat)]) {
     let (name, flat) = match t {
-        t if t.is_subscription() => return (SubscriptionView::schema(), SUBSCRIPTION_FLAT),
-        t if t.is_billing_invoice() => return (BillingInvoiceView::schema(), BILLING_INVOICE_FLAT),
-        t => named_resource(t),
+        t if t.is_subscription() => (SubscriptionView::name(), SUBSCRIPTION_FLAT),
+        t if t.is_billing_invoice() => (BillingInvoiceView::name(), BILLING_INVOICE_FLAT),
+        t => {
+            let (name, flat) = named_resource(t);
+            (name.into(), flat)
+        }
     };
     (Ref::from_schema_name(name).into(), flat)
+}
+
+/// The components the billing events' resources are (a subscription and
+/// a billing invoice as their GET answers them), for the document.
+pub fn resources() -> utoipa::openapi::OpenApi {
+    let mut nested = Vec::new();
+    <SubscriptionView as ToSchema>::schemas(&mut nested);
+    <BillingInvoiceView as ToSchema>::schemas(&mut nested);
+    let components = ComponentsBuilder::new()
+        .schema_from::<SubscriptionView>()
+        .schema_from::<BillingInvoiceView>()
+        .schemas_from_iter(nested)
+        .build();
+    OpenApiBuilder::new().components(Some(components)).build()
 }
 
 /// `subscription.*`'s flat fields.
@@ -121,7 +139,7 @@ fn named_resource(t: EventType) -> (&'static str, &'static [(&'static str, Flat)
                 ("status", Str),
             ],
         ),
-        // The billing events' resources are inlined by [`resource`].
+        // The billing events' resources are named by [`resource`].
         _ => ("Object", &[]),
     }
 }
