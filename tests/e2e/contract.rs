@@ -112,6 +112,34 @@ const ROUTES: &[Route] = &[
     r("GET", "/v1/billing/plans/{id}", Scope::BillingRead),
     r("PATCH", "/v1/billing/plans/{id}", Scope::BillingWrite),
     r("DELETE", "/v1/billing/customers/{id}", Scope::BillingWrite),
+    // billing: dunning
+    r("POST", "/v1/billing/dunning/policies", Scope::BillingWrite),
+    r("GET", "/v1/billing/dunning/policies", Scope::BillingRead),
+    r(
+        "GET",
+        "/v1/billing/dunning/policies/{id}",
+        Scope::BillingRead,
+    ),
+    r(
+        "PATCH",
+        "/v1/billing/dunning/policies/{id}",
+        Scope::BillingWrite,
+    ),
+    r(
+        "GET",
+        "/v1/billing/dunning/invoices/{id}/dunning",
+        Scope::BillingRead,
+    ),
+    r(
+        "POST",
+        "/v1/billing/dunning/invoices/{id}/dunning/stop",
+        Scope::BillingWrite,
+    ),
+    r(
+        "POST",
+        "/v1/billing/dunning/invoices/{id}/dunning/retry-now",
+        Scope::BillingWrite,
+    ),
 ];
 
 /// The endpoints for apps: a publishable key and a session's client
@@ -312,6 +340,8 @@ struct Records {
     hook_url: String,
     customer: String,
     plan: String,
+    dunning_policy: String,
+    billing_invoice: String,
 }
 
 impl Records {
@@ -341,6 +371,10 @@ impl Records {
             &self.customer
         } else if p.starts_with("/v1/billing/plans/") {
             &self.plan
+        } else if p.starts_with("/v1/billing/dunning/policies/") {
+            &self.dunning_policy
+        } else if p.starts_with("/v1/billing/dunning/invoices/") {
+            &self.billing_invoice
         } else {
             panic!("no record for {path}")
         }
@@ -386,9 +420,17 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
         ("PATCH", "/v1/billing/customers/{id}") => json!({"email": "sita@example.com"}),
         ("POST", "/v1/billing/plans") => plan_body(),
         ("PATCH", "/v1/billing/plans/{id}") => json!({"name": "Fibre 100"}),
+        ("POST", "/v1/billing/dunning/policies") => dunning_policy_body(),
+        ("PATCH", "/v1/billing/dunning/policies/{id}") => json!({"name": "Strict"}),
+        ("POST", "/v1/billing/dunning/invoices/{id}/dunning/stop")
+        | ("POST", "/v1/billing/dunning/invoices/{id}/dunning/retry-now") => json!({}),
         _ => panic!("no body for {method} {path}"),
     };
     Some(body)
+}
+
+fn dunning_policy_body() -> Value {
+    json!({"name": "Standard 3-strike", "retryIntervalsDays": [1, 3, 7]})
 }
 
 fn plan_body() -> Value {
@@ -506,6 +548,14 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
     )
     .await;
     let plan = created(app, key, "/v1/billing/plans", plan_body()).await;
+    let policy = created(
+        app,
+        key,
+        "/v1/billing/dunning/policies",
+        dunning_policy_body(),
+    )
+    .await;
+    let billing_invoice = crate::dunning::issued_invoice(app, tenant).await;
     let rec = Records {
         session: text(&session["id"]),
         payment: payment.id.to_string(),
@@ -519,6 +569,8 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         hook_url,
         customer: text(&customer["id"]),
         plan: text(&plan["id"]),
+        dunning_policy: text(&policy["id"]),
+        billing_invoice: billing_invoice.id.to_string(),
     };
     for (kind, id) in [
         ("cs_", &rec.session),
@@ -529,6 +581,8 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         ("oinv_", &rec.issued),
         ("cus_", &rec.customer),
         ("bp_", &rec.plan),
+        ("dpol_", &rec.dunning_policy),
+        ("inv_", &rec.billing_invoice),
     ] {
         assert!(id.starts_with(kind), "{kind}: {id}");
     }
@@ -1018,6 +1072,21 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
             f("gracePeriodDays", Int),
             f("overdueAction", Str),
         ],
+        ("POST", "/v1/billing/dunning/policies") => vec![
+            f("name", Str),
+            f("retryIntervalsDays", Arr),
+            f("finalAction", Str),
+            f("isDefault", Bool),
+        ],
+        ("PATCH", "/v1/billing/dunning/policies/{id}") => vec![
+            f("name", Str),
+            f("retryIntervalsDays", Arr),
+            f("finalAction", Str),
+            f("isDefault", Bool),
+            f("active", Bool),
+        ],
+        ("POST", "/v1/billing/dunning/invoices/{id}/dunning/stop")
+        | ("POST", "/v1/billing/dunning/invoices/{id}/dunning/retry-now") => vec![],
         _ => panic!("no body fields for {method} {path}"),
     }
 }

@@ -6,6 +6,7 @@
 pub mod calendar;
 pub mod customers;
 pub mod dunning;
+pub mod dunning_api;
 pub mod events;
 pub mod invoice;
 pub mod period;
