@@ -10,8 +10,9 @@ use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use shared::ids::{
-    ApiKeyId, AuditId, CustomerId, DeliveryId, EndpointId, EventId, InvoiceId, LinkId, MerchantId,
-    PaymentId, PlanId, ProjectId, RefundId, SessionId, SmsId, SubscriptionId, TypedId, UserId,
+    ApiKeyId, AuditId, BillingInvoiceId, CustomerId, DeliveryId, DunningPolicyId, EndpointId,
+    EventId, InvoiceId, LinkId, MerchantId, PaymentId, PlanId, ProjectId, RefundId, SessionId,
+    SmsId, SubscriptionId, TypedId, UserId,
 };
 use shared::refusal::Refusal;
 
@@ -75,7 +76,9 @@ id_parts!(
     AuditId,
     CustomerId,
     PlanId,
-    SubscriptionId
+    SubscriptionId,
+    DunningPolicyId,
+    BillingInvoiceId
 );
 
 /// What a route's path holds, in order: one part or a tuple of them.

@@ -6,6 +6,7 @@
 use http::StatusCode;
 use shared::domain::account::AuthError;
 use shared::domain::billing::customers::BillingError;
+use shared::domain::billing::dunning::DunningError;
 use shared::domain::checkout::CheckoutError;
 use shared::domain::invoices::InvoiceError;
 use shared::domain::links::LinkError;
@@ -83,6 +84,7 @@ answered_by_refusal!(
     AuthError,
     BillingError,
     CheckoutError,
+    DunningError,
     InvoiceError,
     LinkError,
     MobileError,

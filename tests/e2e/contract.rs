@@ -146,6 +146,34 @@ const ROUTES: &[Route] = &[
         "/v1/billing/dunning/subscriptions/{id}/policy",
         Scope::BillingWrite,
     ),
+    // billing: dunning
+    r("POST", "/v1/billing/dunning/policies", Scope::BillingWrite),
+    r("GET", "/v1/billing/dunning/policies", Scope::BillingRead),
+    r(
+        "GET",
+        "/v1/billing/dunning/policies/{id}",
+        Scope::BillingRead,
+    ),
+    r(
+        "PATCH",
+        "/v1/billing/dunning/policies/{id}",
+        Scope::BillingWrite,
+    ),
+    r(
+        "GET",
+        "/v1/billing/dunning/invoices/{id}/dunning",
+        Scope::BillingRead,
+    ),
+    r(
+        "POST",
+        "/v1/billing/dunning/invoices/{id}/dunning/stop",
+        Scope::BillingWrite,
+    ),
+    r(
+        "POST",
+        "/v1/billing/dunning/invoices/{id}/dunning/retry-now",
+        Scope::BillingWrite,
+    ),
 ];
 
 /// The endpoints for apps: a publishable key and a session's client
@@ -347,6 +375,8 @@ struct Records {
     customer: String,
     plan: String,
     subscription: String,
+    dunning_policy: String,
+    billing_invoice: String,
 }
 
 impl Records {
@@ -380,6 +410,10 @@ impl Records {
             || p.starts_with("/v1/billing/dunning/subscriptions/")
         {
             &self.subscription
+        } else if p.starts_with("/v1/billing/dunning/policies/") {
+            &self.dunning_policy
+        } else if p.starts_with("/v1/billing/dunning/invoices/") {
+            &self.billing_invoice
         } else {
             panic!("no record for {path}")
         }
@@ -436,9 +470,17 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
             json!({"trialEndsAt": "2031-01-01T00:00:00Z"})
         }
         ("POST", "/v1/billing/dunning/subscriptions/{id}/policy") => json!({"policyId": null}),
+        ("POST", "/v1/billing/dunning/policies") => dunning_policy_body(),
+        ("PATCH", "/v1/billing/dunning/policies/{id}") => json!({"name": "Strict"}),
+        ("POST", "/v1/billing/dunning/invoices/{id}/dunning/stop")
+        | ("POST", "/v1/billing/dunning/invoices/{id}/dunning/retry-now") => json!({}),
         _ => panic!("no body for {method} {path}"),
     };
     Some(body)
+}
+
+fn dunning_policy_body() -> Value {
+    json!({"name": "Standard 3-strike", "retryIntervalsDays": [1, 3, 7]})
 }
 
 fn plan_body() -> Value {
@@ -563,6 +605,14 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         json!({"customerId": customer["id"], "planId": plan["id"]}),
     )
     .await;
+    let policy = created(
+        app,
+        key,
+        "/v1/billing/dunning/policies",
+        dunning_policy_body(),
+    )
+    .await;
+    let billing_invoice = crate::dunning::issued_invoice(app, tenant).await;
     let rec = Records {
         session: text(&session["id"]),
         payment: payment.id.to_string(),
@@ -577,6 +627,8 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         customer: text(&customer["id"]),
         plan: text(&plan["id"]),
         subscription: text(&subscription["id"]),
+        dunning_policy: text(&policy["id"]),
+        billing_invoice: billing_invoice.id.to_string(),
     };
     for (kind, id) in [
         ("cs_", &rec.session),
@@ -588,6 +640,8 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         ("cus_", &rec.customer),
         ("bp_", &rec.plan),
         ("sub_", &rec.subscription),
+        ("dpol_", &rec.dunning_policy),
+        ("inv_", &rec.billing_invoice),
     ] {
         assert!(id.starts_with(kind), "{kind}: {id}");
     }
@@ -1100,6 +1154,21 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
             vec![f("trialEndsAt", Str)]
         }
         ("POST", "/v1/billing/dunning/subscriptions/{id}/policy") => vec![n("policyId", Str)],
+        ("POST", "/v1/billing/dunning/policies") => vec![
+            f("name", Str),
+            f("retryIntervalsDays", Arr),
+            f("finalAction", Str),
+            f("isDefault", Bool),
+        ],
+        ("PATCH", "/v1/billing/dunning/policies/{id}") => vec![
+            f("name", Str),
+            f("retryIntervalsDays", Arr),
+            f("finalAction", Str),
+            f("isDefault", Bool),
+            f("active", Bool),
+        ],
+        ("POST", "/v1/billing/dunning/invoices/{id}/dunning/stop")
+        | ("POST", "/v1/billing/dunning/invoices/{id}/dunning/retry-now") => vec![],
         _ => panic!("no body fields for {method} {path}"),
     }
 }

@@ -23,6 +23,7 @@ mod dashboard_members;
 mod dashboard_roles;
 mod dashboard_signin;
 mod docs_page;
+mod dunning;
 mod invoices;
 mod lambda;
 mod links;

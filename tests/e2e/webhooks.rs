@@ -1676,6 +1676,7 @@ on_both_backends!(
     the_delivery_log_answers_the_newest_fifty,
     the_endpoint_limit_holds_under_concurrent_registrations,
     a_paid_checkout_sends_a_signed_payment_succeeded,
+    an_issued_billing_invoice_sends_a_signed_billing_invoice_created,
 );
 
 /// The receivers `docs/webhooks.md` shows merchants (Python and Node) run
@@ -1833,4 +1834,44 @@ fn documented_block(doc: &str, heading: &str, lang: &str) -> String {
 #[tokio::test]
 async fn the_documented_receivers_verify_as_documented_on_the_embedded_store() {
     the_documented_receivers_verify_as_documented(Which::Embedded).await;
+}
+
+/// An endpoint subscribed to `billing_invoice.created` receives it, signed,
+/// when an invoice is issued (through the domain, as the scheduler issues
+/// it), with the invoice as `data.object`; the issue's other event
+/// (`subscription.created`) does not go to it, and an endpoint listening
+/// for the one-time `invoice.paid` receives nothing new.
+async fn an_issued_billing_invoice_sends_a_signed_billing_invoice_created(which: Which) {
+    let Some(m) = Merchant::open(which).await else {
+        return;
+    };
+    let rx = Receiver::ok().await;
+    let one_time = Receiver::ok().await;
+    let endpoint = text(&m.register(&rx, Some(&["billing_invoice.created"])).await["id"]);
+    m.register(&one_time, Some(&["invoice.paid"])).await;
+    let inv = crate::dunning::issued_invoice(&m.app, &m.tenant).await;
+
+    let hits = rx.wait_for(1).await;
+    let hit = &hits[0];
+    assert_eq!(hit.event_type(), "billing_invoice.created");
+    let body = &hit.json;
+    assert_eq!(body["livemode"], false);
+    let object = &body["data"]["object"];
+    assert_eq!(object["id"], inv.id.as_str(), "{body}");
+    assert_eq!(object["object"], "billing_invoice");
+    assert_eq!(object["status"], "open");
+    assert_eq!(object["number"], inv.number.as_str());
+    assert_eq!(object["amountDue"], 99_900);
+    assert_eq!(object["subscriptionId"], inv.subscription_id.as_str());
+    assert_eq!(body["data"]["invoice_number"], inv.number.as_str());
+    assert_eq!(body["data"]["amount"], 99_900);
+    let d = m
+        .delivery_with_status(&endpoint, &hit.event_id(), "success")
+        .await;
+    assert_eq!(d["eventType"], "billing_invoice.created", "{d}");
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(rx.count(), 1, "{:?}", ids_of(&rx.hits()));
+    assert_eq!(one_time.count(), 0, "{:?}", ids_of(&one_time.hits()));
+    rx.assert_all_signed();
+    m.stop().await;
 }

@@ -11,12 +11,17 @@ use serde::Serialize;
 use shared::AppState;
 
 mod customers;
+mod dunning;
 mod plans;
 mod subscriptions;
 
 /// Every resource group's route table.
-const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] =
-    &[customers::routes, plans::routes, subscriptions::routes];
+const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] = &[
+    customers::routes,
+    plans::routes,
+    subscriptions::routes,
+    dunning::routes,
+];
 
 /// The function's routes and their description, one value.
 pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {

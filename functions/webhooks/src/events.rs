@@ -2,6 +2,7 @@
 //! one entry per [`EventType`], each with the body a receiver gets
 //! ([`shared::domain::outbox::Event::body`]) and the signature headers.
 
+use shared::domain::billing::views::{BillingInvoiceView, SubscriptionView};
 use shared::domain::outbox::EventType;
 use shared::webhooks::signature::{SIGNATURE_HEADER, TIMESTAMP_HEADER, TOLERANCE_SECONDS};
 use utoipa::openapi::path::{
@@ -10,7 +11,8 @@ use utoipa::openapi::path::{
 use utoipa::openapi::request_body::RequestBodyBuilder;
 use utoipa::openapi::schema::{ObjectBuilder, Type};
 use utoipa::openapi::{
-    ContentBuilder, Paths, PathsBuilder, Ref, RefOr, Required, ResponseBuilder, Schema,
+    ComponentsBuilder, ContentBuilder, OpenApiBuilder, Paths, PathsBuilder, Ref, RefOr, Required,
+    ResponseBuilder, Schema,
 };
 use utoipa::{PartialSchema, ToSchema};
 
@@ -34,7 +36,57 @@ pub struct Event {
 }
 
 /// The resource schema each event carries, and its flat fields.
-fn resource(t: EventType) -> (&'static str, &'static [(&'static str, Flat)]) {
+fn resource(t: EventType) -> (RefOr<Schema>, &'static [(&'static str, Flat)]) {
+    let (name, flat) = match t {
+        t if t.is_subscription() => (SubscriptionView::name(), SUBSCRIPTION_FLAT),
+        t if t.is_billing_invoice() => (BillingInvoiceView::name(), BILLING_INVOICE_FLAT),
+        t => {
+            let (name, flat) = named_resource(t);
+            (name.into(), flat)
+        }
+    };
+    (Ref::from_schema_name(name).into(), flat)
+}
+
+/// The components the billing events' resources are (a subscription and
+/// a billing invoice as their GET answers them), for the document.
+pub fn resources() -> utoipa::openapi::OpenApi {
+    let mut nested = Vec::new();
+    <SubscriptionView as ToSchema>::schemas(&mut nested);
+    <BillingInvoiceView as ToSchema>::schemas(&mut nested);
+    let components = ComponentsBuilder::new()
+        .schema_from::<SubscriptionView>()
+        .schema_from::<BillingInvoiceView>()
+        .schemas_from_iter(nested)
+        .build();
+    OpenApiBuilder::new().components(Some(components)).build()
+}
+
+/// `subscription.*`'s flat fields.
+const SUBSCRIPTION_FLAT: &[(&str, Flat)] = &[
+    ("id", Flat::Str),
+    ("subscription_id", Flat::Str),
+    ("customer_id", Flat::Str),
+    ("plan_id", Flat::Str),
+    ("status", Flat::Str),
+    ("metadata", Flat::Object),
+];
+
+/// `billing_invoice.*`'s flat fields.
+const BILLING_INVOICE_FLAT: &[(&str, Flat)] = &[
+    ("id", Flat::Str),
+    ("invoice_id", Flat::Str),
+    ("invoice_number", Flat::Str),
+    ("amount", Flat::Amount),
+    ("amount_due", Flat::Amount),
+    ("currency", Flat::Currency),
+    ("status", Flat::Str),
+    ("subscription_id", Flat::Str),
+    ("customer_id", Flat::Str),
+];
+
+/// The component a payment-side event's resource is, and its flat fields.
+fn named_resource(t: EventType) -> (&'static str, &'static [(&'static str, Flat)]) {
     use Flat::*;
     match t {
         EventType::PaymentSucceeded
@@ -87,6 +139,8 @@ fn resource(t: EventType) -> (&'static str, &'static [(&'static str, Flat)]) {
                 ("status", Str),
             ],
         ),
+        // The billing events' resources are named by [`resource`].
+        _ => ("Object", &[]),
     }
 }
 
@@ -131,7 +185,7 @@ fn body_schema(t: EventType) -> Schema {
     let (object, flat) = resource(t);
     let mut data = ObjectBuilder::new()
         .schema_type(Type::Object)
-        .property("object", Ref::from_schema_name(object))
+        .property("object", object)
         .required("object");
     for (name, kind) in flat {
         // A field the resource lacks is left out (`Event::flat_fields`).

@@ -25,7 +25,8 @@ pub use events::events;
 
 /// The function's routes and their description, one value.
 pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
+    // The events' billing resources are components of the document.
+    OpenApiRouter::with_openapi(events::resources())
         .routes(idempotent(state, routes!(create_endpoint, list_endpoints)))
         .routes(idempotent(
             state,

@@ -45,10 +45,40 @@ pub enum EventType {
     RefundFailed,
     #[serde(rename = "invoice.paid")]
     InvoicePaid,
+    #[serde(rename = "subscription.created")]
+    SubscriptionCreated,
+    #[serde(rename = "subscription.activated")]
+    SubscriptionActivated,
+    #[serde(rename = "subscription.trial_will_end")]
+    SubscriptionTrialWillEnd,
+    #[serde(rename = "subscription.trial_ended")]
+    SubscriptionTrialEnded,
+    #[serde(rename = "subscription.trial_extended")]
+    SubscriptionTrialExtended,
+    #[serde(rename = "subscription.past_due")]
+    SubscriptionPastDue,
+    #[serde(rename = "subscription.paused")]
+    SubscriptionPaused,
+    #[serde(rename = "subscription.resumed")]
+    SubscriptionResumed,
+    #[serde(rename = "subscription.cancelled")]
+    SubscriptionCancelled,
+    #[serde(rename = "billing_invoice.created")]
+    BillingInvoiceCreated,
+    #[serde(rename = "billing_invoice.paid")]
+    BillingInvoicePaid,
+    #[serde(rename = "billing_invoice.overdue")]
+    BillingInvoiceOverdue,
+    #[serde(rename = "billing_invoice.voided")]
+    BillingInvoiceVoided,
+    #[serde(rename = "billing_invoice.uncollectible")]
+    BillingInvoiceUncollectible,
+    #[serde(rename = "billing_invoice.payment_refunded")]
+    BillingInvoicePaymentRefunded,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 8] = [
+    pub const ALL: [EventType; 23] = [
         EventType::PaymentSucceeded,
         EventType::PaymentFailed,
         EventType::PaymentCancelled,
@@ -57,6 +87,21 @@ impl EventType {
         EventType::RefundSucceeded,
         EventType::RefundFailed,
         EventType::InvoicePaid,
+        EventType::SubscriptionCreated,
+        EventType::SubscriptionActivated,
+        EventType::SubscriptionTrialWillEnd,
+        EventType::SubscriptionTrialEnded,
+        EventType::SubscriptionTrialExtended,
+        EventType::SubscriptionPastDue,
+        EventType::SubscriptionPaused,
+        EventType::SubscriptionResumed,
+        EventType::SubscriptionCancelled,
+        EventType::BillingInvoiceCreated,
+        EventType::BillingInvoicePaid,
+        EventType::BillingInvoiceOverdue,
+        EventType::BillingInvoiceVoided,
+        EventType::BillingInvoiceUncollectible,
+        EventType::BillingInvoicePaymentRefunded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -69,11 +114,38 @@ impl EventType {
             EventType::RefundSucceeded => "refund.succeeded",
             EventType::RefundFailed => "refund.failed",
             EventType::InvoicePaid => "invoice.paid",
+            EventType::SubscriptionCreated => "subscription.created",
+            EventType::SubscriptionActivated => "subscription.activated",
+            EventType::SubscriptionTrialWillEnd => "subscription.trial_will_end",
+            EventType::SubscriptionTrialEnded => "subscription.trial_ended",
+            EventType::SubscriptionTrialExtended => "subscription.trial_extended",
+            EventType::SubscriptionPastDue => "subscription.past_due",
+            EventType::SubscriptionPaused => "subscription.paused",
+            EventType::SubscriptionResumed => "subscription.resumed",
+            EventType::SubscriptionCancelled => "subscription.cancelled",
+            EventType::BillingInvoiceCreated => "billing_invoice.created",
+            EventType::BillingInvoicePaid => "billing_invoice.paid",
+            EventType::BillingInvoiceOverdue => "billing_invoice.overdue",
+            EventType::BillingInvoiceVoided => "billing_invoice.voided",
+            EventType::BillingInvoiceUncollectible => "billing_invoice.uncollectible",
+            EventType::BillingInvoicePaymentRefunded => "billing_invoice.payment_refunded",
         }
     }
 
     pub fn parse(s: &str) -> Option<EventType> {
         EventType::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    /// A subscription's event (`data.object`: the subscription as
+    /// `GET /v1/billing/subscriptions/{id}` answers it).
+    pub fn is_subscription(self) -> bool {
+        self.as_str().starts_with("subscription.")
+    }
+
+    /// A billing invoice's event (`data.object`: the invoice as
+    /// `GET /v1/billing/invoices/{id}` answers it).
+    pub fn is_billing_invoice(self) -> bool {
+        self.as_str().starts_with("billing_invoice.")
     }
 }
 
@@ -171,7 +243,11 @@ impl Event {
     /// `payment_link.paid`: `id`, `amount`, `currency`, `provider`,
     /// `metadata`, `url`, `status` (`active`/`inactive`);
     /// `invoice.paid`: `id` and `invoice_id`, `invoice_number`, `amount`
-    /// (the total), `currency`, `status` (the collection status). A field
+    /// (the total), `currency`, `status` (the collection status);
+    /// `subscription.*`: `id` and `subscription_id`, `customer_id`,
+    /// `plan_id`, `status`, `metadata`; `billing_invoice.*`: `id` and
+    /// `invoice_id`, `invoice_number`, `amount` (the total), `amount_due`,
+    /// `currency`, `status`, `subscription_id`, `customer_id`. A field
     /// the resource does not have is left out.
     pub fn flat_fields(&self) -> serde_json::Map<String, Value> {
         let o = &self.object;
@@ -235,6 +311,33 @@ impl Event {
                     ("amount", "total_amount"),
                     ("currency", "currency"),
                     ("status", "collection_status"),
+                ] {
+                    copy(to, from);
+                }
+            }
+            t if t.is_subscription() => {
+                for (to, from) in [
+                    ("id", "id"),
+                    ("subscription_id", "id"),
+                    ("customer_id", "customerId"),
+                    ("plan_id", "planId"),
+                    ("status", "status"),
+                    ("metadata", "metadata"),
+                ] {
+                    copy(to, from);
+                }
+            }
+            _ => {
+                for (to, from) in [
+                    ("id", "id"),
+                    ("invoice_id", "id"),
+                    ("invoice_number", "number"),
+                    ("amount", "total"),
+                    ("amount_due", "amountDue"),
+                    ("currency", "currency"),
+                    ("status", "status"),
+                    ("subscription_id", "subscriptionId"),
+                    ("customer_id", "customerId"),
                 ] {
                     copy(to, from);
                 }

@@ -69,6 +69,9 @@ pub struct DunningPolicy {
 
 crate::attrs! { DunningPolicy {
     ID: DunningPolicyId = id,
+    NAME: String = name,
+    RETRY_INTERVALS_DAYS: Vec<u16> = retry_intervals_days,
+    FINAL_ACTION: FinalAction = final_action,
     IS_DEFAULT: bool = is_default,
     ACTIVE: bool = active,
     UPDATED_AT: Timestamp = updated_at,
@@ -137,6 +140,8 @@ pub enum DunningError {
     },
     #[error("dunning policy {0} not found")]
     NotFound(DunningPolicyId),
+    #[error("billing invoice {0} not found")]
+    InvoiceNotFound(BillingInvoiceId),
     #[error("{0}")]
     Conflict(String),
     #[error("the default policy changed too often while being written; retry")]

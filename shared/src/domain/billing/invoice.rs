@@ -20,10 +20,12 @@
 use chrono::NaiveDate;
 use serde::{Deserialize, Serialize};
 
+use super::events::invoice_event;
 use super::period::Period;
 use super::subscription::{Subscription, is_conflict};
 use crate::Deps;
 use crate::domain::invoices::{last_number, take_number};
+use crate::domain::outbox::EventType;
 use crate::domain::record::{self, Changes, Entry, Record};
 use crate::domain::{Mode, Provider, Tenant};
 use crate::ids::{
@@ -428,7 +430,8 @@ pub async fn issue_invoice(
             period_start: period.start,
             invoice_id: invoice.id.clone(),
         };
-        let ops = vec![claim.put_new()?, invoice.put_new()?, take];
+        let mut ops = vec![claim.put_new()?, invoice.put_new()?, take];
+        ops.extend(invoice_event(EventType::BillingInvoiceCreated, &invoice, now).put_ops()?);
         match store.transact(ops).await {
             Ok(()) => {
                 return Ok(Issued {
@@ -482,7 +485,9 @@ pub enum PayOutcome {
 /// `id`. Exactly one payment pays an invoice: the write is conditioned on
 /// the version read and a payable status; a payment that loses finds the
 /// invoice paid and is recorded as an overpayment. The same source twice
-/// answers as the first time.
+/// answers as the first time. The write carries its webhook:
+/// `billing_invoice.paid`, or for an overpayment (refunded as that
+/// provider's refunds work) `billing_invoice.payment_refunded`.
 pub async fn pay_invoice(
     deps: &Deps,
     tenant: &Tenant,
@@ -514,12 +519,19 @@ pub async fn pay_invoice(
             }
             Err(refusal) => return Err(refusal.into()),
         };
-        let op = TxOp::Update {
+        let mut ops = vec![TxOp::Update {
             key: BillingInvoice::key(id),
             update: changes.into(),
             cond: Some(BillingInvoice::VERSION.eq(&inv.version)),
+        }];
+        let (t, changed) = match &outcome {
+            PayOutcome::Paid(i) => (EventType::BillingInvoicePaid, i),
+            PayOutcome::Overpayment(i) | PayOutcome::AlreadyPaid(i) => {
+                (EventType::BillingInvoicePaymentRefunded, i)
+            }
         };
-        match deps.store.transact(vec![op]).await {
+        ops.extend(invoice_event(t, changed, now).put_ops()?);
+        match deps.store.transact(ops).await {
             Ok(()) => return Ok(outcome),
             Err(e) if e.is_condition_failure() || is_conflict(&e) => {
                 crate::store::contention_backoff(attempt).await;
@@ -649,7 +661,9 @@ pub async fn mark_overdue(
     transition(deps, tenant, id, InvoiceEvent::GraceEnded, now).await
 }
 
-/// Applies `event` (not a payment) with a version-conditioned write.
+/// Applies `event` (not a payment) with a version-conditioned write and
+/// its webhook (`billing_invoice.voided`, `.uncollectible`, `.overdue`) in
+/// the same transaction.
 async fn transition(
     deps: &Deps,
     tenant: &Tenant,
@@ -678,12 +692,21 @@ async fn transition(
             }
             _ => {}
         }
-        let op = TxOp::Update {
+        let t = match event {
+            InvoiceEvent::Void => Some(EventType::BillingInvoiceVoided),
+            InvoiceEvent::MarkUncollectible => Some(EventType::BillingInvoiceUncollectible),
+            InvoiceEvent::GraceEnded => Some(EventType::BillingInvoiceOverdue),
+            InvoiceEvent::Finalize | InvoiceEvent::Pay => None,
+        };
+        let mut ops = vec![TxOp::Update {
             key: BillingInvoice::key(id),
             update: changes.into(),
             cond: Some(BillingInvoice::VERSION.eq(&seen)),
-        };
-        match deps.store.transact(vec![op]).await {
+        }];
+        if let Some(t) = t {
+            ops.extend(invoice_event(t, &inv, now).put_ops()?);
+        }
+        match deps.store.transact(ops).await {
             Ok(()) => return Ok(inv),
             Err(e) if e.is_condition_failure() || is_conflict(&e) => {
                 crate::store::contention_backoff(attempt).await;

@@ -127,7 +127,9 @@ impl From<LifecycleError> for Refusal {
                 DunningError::Invalid { field, message } => Refusal::invalid(field, message),
                 DunningError::Busy => Refusal::unavailable(&e),
                 DunningError::Store(s) => s.into(),
-                other @ DunningError::Conflict(_) => Refusal::internal(&other),
+                other @ (DunningError::Conflict(_) | DunningError::InvoiceNotFound(_)) => {
+                    Refusal::internal(&other)
+                }
             },
         }
     }
@@ -819,7 +821,15 @@ pub async fn extend_trial(
         changed.trial_ends_at = Some(extended_trial_end(current_end, body.trial_ends_at, now)?);
         Ok(changed)
     };
-    Ok(subscription::change(deps, tenant, id, &decide, now).await?)
+    Ok(subscription::change(
+        deps,
+        tenant,
+        id,
+        Some(SubscriptionEvent::TrialExtended),
+        &decide,
+        now,
+    )
+    .await?)
 }
 
 /// Sets the subscription's dunning policy (the tenant's, active), or with
@@ -853,7 +863,7 @@ pub async fn set_dunning_policy(
         changed.dunning_policy_id = policy.clone();
         Ok(changed)
     };
-    Ok(subscription::change(deps, tenant, id, &decide, now).await?)
+    Ok(subscription::change(deps, tenant, id, None, &decide, now).await?)
 }
 
 #[cfg(test)]

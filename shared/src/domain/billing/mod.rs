@@ -6,6 +6,8 @@
 pub mod calendar;
 pub mod customers;
 pub mod dunning;
+pub mod dunning_api;
+pub mod events;
 pub mod invoice;
 pub mod lifecycle;
 pub mod period;
@@ -13,3 +15,4 @@ pub mod plans;
 pub mod reminders;
 pub mod subscription;
 pub mod terms;
+pub mod views;

@@ -14,9 +14,11 @@ use serde_json::{Map, Value};
 use super::calendar::nepal_day;
 use super::customers::Customer;
 use super::dunning::FinalAction;
+use super::events::{subscription_event, subscription_webhook};
 use super::period::{IntervalError, Period, Schedule, validate_interval};
 use super::terms::{OverdueAction, Terms, TermsError};
 use crate::Deps;
+use crate::domain::outbox::EventType;
 use crate::domain::record::{self, Changes, Entry, Record};
 use crate::domain::{Mode, Tenant};
 use crate::ids::{CustomerId, DunningPolicyId, PlanId, ProjectId, SubscriptionId, TestClockId};
@@ -423,7 +425,8 @@ pub fn started(sub: &mut Subscription) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Stores a new subscription.
+/// Stores a new subscription, with its `subscription.created` event in
+/// the same transaction.
 pub async fn create(deps: &Deps, sub: &Subscription) -> Result<(), SubscriptionError> {
     create_with(deps, sub, Vec::new()).await?;
     Ok(())
@@ -440,6 +443,7 @@ pub async fn create_with(
     with: Vec<TxOp>,
 ) -> Result<(), StoreError> {
     let mut ops = vec![sub.put_new()?];
+    ops.extend(subscription_event(EventType::SubscriptionCreated, sub, sub.created_at).put_ops()?);
     ops.extend(with);
     deps.store.transact(ops).await
 }
@@ -460,6 +464,8 @@ pub async fn get(
 /// machine decides on the record as read, `edit` sets the event's fields
 /// (a pause reason, a new trial end), and the write holds only if nobody
 /// changed the subscription since; otherwise it is read and decided again.
+/// The transition's webhook ([`subscription_webhook`]) is written in the
+/// same transaction.
 pub async fn apply(
     deps: &Deps,
     tenant: &Tenant,
@@ -474,7 +480,7 @@ pub async fn apply(
         edit(&mut changed);
         Ok(changed)
     };
-    change(deps, tenant, id, &decide, now).await
+    change(deps, tenant, id, Some(event), &decide, now).await
 }
 
 /// Changes the tenant's subscription `id` at `now` as `decide` says on
@@ -486,6 +492,7 @@ pub async fn change(
     deps: &Deps,
     tenant: &Tenant,
     id: &SubscriptionId,
+    event: Option<SubscriptionEvent>,
     decide: &(dyn Fn(&Subscription) -> Result<Subscription, SubscriptionError> + Sync),
     now: Timestamp,
 ) -> Result<Subscription, SubscriptionError> {
@@ -500,6 +507,10 @@ pub async fn change(
         }];
         if changed.status.is_ended() && !current.status.is_ended() {
             ops.extend(release_customer(deps, &current).await?);
+        }
+        if let Some(t) = event.and_then(|e| subscription_webhook(current.status, e, changed.status))
+        {
+            ops.extend(subscription_event(t, &changed, now).put_ops()?);
         }
         match deps.store.transact(ops).await {
             Ok(()) => return Ok(changed),

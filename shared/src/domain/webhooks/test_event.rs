@@ -41,6 +41,43 @@ pub(super) fn sample_object(t: EventType, mode: Mode, now: Timestamp) -> Value {
             "amount_paid": 150000, "currency": "NPR", "collection_status": "paid",
             "livemode": mode.is_live(), "created_at": now, "test": true,
         }),
+        t if t.is_subscription() => json!({
+            "id": format!("sub_test{}", &ids::new_id(IdKind::Subscription)[4..]),
+            "object": "subscription", "customerId": "cus_test", "planId": "bp_test",
+            "status": subscription_status(t), "metadata": {},
+            "livemode": mode.is_live(), "createdAt": now, "test": true,
+        }),
+        _ => json!({
+            "id": format!("inv_test{}", &ids::new_id(IdKind::BillingInvoice)[4..]),
+            "object": "billing_invoice", "number": "TEST-PI-000001",
+            "subscriptionId": "sub_test", "customerId": "cus_test",
+            "status": invoice_status(t), "total": 150000, "amountDue": 150000,
+            "currency": "NPR", "livemode": mode.is_live(), "createdAt": now, "test": true,
+        }),
+    }
+}
+
+/// The subscription status a sample of `t` shows.
+fn subscription_status(t: EventType) -> &'static str {
+    match t {
+        EventType::SubscriptionCreated
+        | EventType::SubscriptionTrialWillEnd
+        | EventType::SubscriptionTrialExtended => "trialing",
+        EventType::SubscriptionPastDue => "past_due",
+        EventType::SubscriptionPaused => "paused",
+        EventType::SubscriptionCancelled => "cancelled",
+        _ => "active",
+    }
+}
+
+/// The billing invoice status a sample of `t` shows.
+fn invoice_status(t: EventType) -> &'static str {
+    match t {
+        EventType::BillingInvoiceCreated => "open",
+        EventType::BillingInvoiceOverdue => "overdue",
+        EventType::BillingInvoiceVoided => "void",
+        EventType::BillingInvoiceUncollectible => "uncollectible",
+        _ => "paid",
     }
 }
 

@@ -1,0 +1,215 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::domain::Mode;
+use crate::domain::Provider;
+use crate::domain::billing::invoice::{PaymentSource, issue_invoice, mark_overdue, pay_invoice};
+use crate::domain::billing::subscription::{
+    NewSubscription, create as create_sub, new_subscription,
+};
+use crate::domain::billing::terms::monthly;
+use crate::testenv::at;
+use crate::time::ManualClock;
+use crate::{AppState, Config};
+
+fn deps() -> AppState {
+    AppState::new(
+        crate::testenv::memory_store(),
+        Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z"))),
+        Config {
+            public_base_url: "http://127.0.0.1:8080".into(),
+            events_base_url: None,
+            dashboard_base_url: None,
+        },
+    )
+}
+
+fn body(name: &str, default: bool) -> CreatePolicy {
+    CreatePolicy {
+        name: name.into(),
+        retry_intervals_days: vec![1, 3, 7],
+        final_action: None,
+        is_default: Some(default),
+    }
+}
+
+fn field_of(e: DunningError) -> Option<String> {
+    Refusal::from(e).field
+}
+
+#[tokio::test]
+async fn a_policy_is_checked_and_defaults_to_cancel() {
+    let deps = deps();
+    let tenant = Tenant::new("proj_dpol", Mode::Sandbox);
+    let p = create(&deps, &tenant, body("Standard", false), None)
+        .await
+        .unwrap();
+    assert_eq!(p.final_action, FinalAction::Cancel);
+    assert!(!p.is_default && p.active);
+    let mut bad = body("Bad", false);
+    bad.final_action = Some("delete".into());
+    let e = create(&deps, &tenant, bad, None).await.unwrap_err();
+    assert_eq!(field_of(e).as_deref(), Some("finalAction"));
+    let mut bad = body("Bad", false);
+    bad.retry_intervals_days = vec![];
+    let e = create(&deps, &tenant, bad, None).await.unwrap_err();
+    assert_eq!(field_of(e).as_deref(), Some("retryIntervalsDays"));
+    let e = update(
+        &deps,
+        &tenant,
+        &p.id,
+        UpdatePolicy {
+            retry_intervals_days: Some(vec![1; 11]),
+            ..UpdatePolicy::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(field_of(e).as_deref(), Some("retryIntervalsDays"));
+    // Another project's id is not found.
+    let other = Tenant::new("proj_other", Mode::Sandbox);
+    let e = update(&deps, &other, &p.id, UpdatePolicy::default())
+        .await
+        .unwrap_err();
+    assert_eq!(Refusal::from(e).code, "not_found");
+}
+
+#[tokio::test]
+async fn the_default_moves_and_cannot_be_unset_or_deactivated() {
+    let deps = deps();
+    let tenant = Tenant::new("proj_ddef", Mode::Sandbox);
+    let a = create(&deps, &tenant, body("A", true), None).await.unwrap();
+    assert!(a.is_default);
+    let b = create(&deps, &tenant, body("B", false), None)
+        .await
+        .unwrap();
+    for refused in [
+        UpdatePolicy {
+            is_default: Some(false),
+            ..UpdatePolicy::default()
+        },
+        UpdatePolicy {
+            active: Some(false),
+            ..UpdatePolicy::default()
+        },
+    ] {
+        let e = update(&deps, &tenant, &a.id, refused).await.unwrap_err();
+        assert_eq!(Refusal::from(e).code, STATE_CONFLICT);
+    }
+    let b = update(
+        &deps,
+        &tenant,
+        &b.id,
+        UpdatePolicy {
+            is_default: Some(true),
+            name: Some("B2".into()),
+            final_action: Some("pause".into()),
+            ..UpdatePolicy::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(b.is_default);
+    assert_eq!(
+        (b.name.as_str(), b.final_action),
+        ("B2", FinalAction::Pause)
+    );
+    let a = dunning::get_policy(&deps, &tenant, &a.id).await.unwrap();
+    assert!(!a.is_default, "the old default's flag is cleared");
+    // Now A is not the default: it can be deactivated, and then not made
+    // the default.
+    let a = update(
+        &deps,
+        &tenant,
+        &a.id,
+        UpdatePolicy {
+            active: Some(false),
+            ..UpdatePolicy::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(!a.active);
+    let e = update(
+        &deps,
+        &tenant,
+        &a.id,
+        UpdatePolicy {
+            is_default: Some(true),
+            ..UpdatePolicy::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(Refusal::from(e).code, STATE_CONFLICT);
+    assert_eq!(
+        dunning::default_policy(&deps, &tenant).await.unwrap(),
+        Some(b.id)
+    );
+}
+
+#[tokio::test]
+async fn retry_now_and_stop_follow_the_dunning_state() {
+    let deps = deps();
+    let tenant = Tenant::new("proj_dinv", Mode::Sandbox);
+    let now = at("2026-01-10T06:00:00Z");
+    let input = NewSubscription {
+        customer_id: "cus_gone".into(),
+        plan_id: "bp_1".into(),
+        terms: monthly(),
+        reference_id: None,
+        metadata: serde_json::Map::new(),
+        start: now,
+        trial_ends_at: None,
+        billing_anchor_day: None,
+        dunning_policy_id: None,
+        test_clock_id: None,
+    };
+    let sub = new_subscription(&tenant, input, now).unwrap();
+    create_sub(&deps, &sub).await.unwrap();
+    let inv = issue_invoice(&deps, &sub, sub.period(0).unwrap(), now)
+        .await
+        .unwrap()
+        .invoice;
+    let view = invoice_dunning(&deps, &tenant, &inv.id).await.unwrap();
+    assert_eq!((view.status, view.attempts.len()), ("not_started", 0));
+    let e = retry_now(&deps, &tenant, &inv.id).await.unwrap_err();
+    assert_eq!(Refusal::from(e).code, STATE_CONFLICT);
+
+    let policy = create(&deps, &tenant, body("P", true), None).await.unwrap();
+    mark_overdue(&deps, &tenant, &inv.id, now).await.unwrap();
+    dunning::start_dunning(&deps, &tenant, &inv.id, &policy.id)
+        .await
+        .unwrap();
+    let view = retry_now(&deps, &tenant, &inv.id).await.unwrap();
+    assert_eq!(view.status, "active");
+    assert_eq!(view.attempts.len(), 1);
+    // The customer is gone: nobody to reach, so the attempt is skipped.
+    assert_eq!(view.attempts[0].outcome, AttemptOutcome::Skipped);
+    assert_eq!(view.attempts[0].interval, None);
+    assert_eq!(
+        view.next_attempt_on.map(|d| d.to_string()).as_deref(),
+        Some("2026-01-14")
+    );
+    let stopped = stop(&deps, &tenant, &inv.id).await.unwrap();
+    assert_eq!(stopped.status, "stopped");
+    assert_eq!(stopped.next_attempt_on, None);
+    // Stopping again answers as it is; a retry is refused.
+    assert_eq!(stop(&deps, &tenant, &inv.id).await.unwrap(), stopped);
+    let e = retry_now(&deps, &tenant, &inv.id).await.unwrap_err();
+    assert_eq!(Refusal::from(e).code, STATE_CONFLICT);
+    // A paid invoice has nothing to collect.
+    let source = PaymentSource::Online {
+        payment_id: "pay_1".into(),
+        provider: Provider::Khalti,
+    };
+    pay_invoice(&deps, &tenant, &inv.id, source, 99_900, now)
+        .await
+        .unwrap();
+    let e = retry_now(&deps, &tenant, &inv.id).await.unwrap_err();
+    assert_eq!(Refusal::from(e).code, STATE_CONFLICT);
+    // Another project's invoice is not found.
+    let other = Tenant::new("proj_other", Mode::Sandbox);
+    let e = invoice_dunning(&deps, &other, &inv.id).await.unwrap_err();
+    assert_eq!(Refusal::from(e).code, "not_found");
+}

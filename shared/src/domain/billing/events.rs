@@ -1,0 +1,60 @@
+//! Which webhook event a subscription or billing invoice change is, and
+//! the event itself (`data.object`: the resource as its GET answers it).
+//! The writers put it in the same transaction as the change (the outbox):
+//! a refused transition writes nothing, so it has no event.
+
+use super::invoice::BillingInvoice;
+use super::subscription::{Subscription, SubscriptionEvent, SubscriptionStatus};
+use super::views::{BillingInvoiceView, SubscriptionView};
+use crate::domain::outbox::{Event, EventType};
+use crate::time::Timestamp;
+
+/// The webhook a subscription transition `from` -`event`-> `to` sends,
+/// if any. Only a change merchants act on has one: a status change, or a
+/// trial extended. `subscription.created` is sent by the create and
+/// `subscription.trial_will_end` by the reminder sweep, not by a
+/// transition; `incomplete_expired`, a cancel scheduled at period end and
+/// a draft starting send none (the subscription is listed with its status).
+pub fn subscription_webhook(
+    from: SubscriptionStatus,
+    event: SubscriptionEvent,
+    to: SubscriptionStatus,
+) -> Option<EventType> {
+    use SubscriptionStatus as S;
+    if event == SubscriptionEvent::TrialExtended {
+        return Some(EventType::SubscriptionTrialExtended);
+    }
+    if from == to {
+        return None;
+    }
+    match (event, to) {
+        (SubscriptionEvent::TrialEnded, _) => Some(EventType::SubscriptionTrialEnded),
+        (SubscriptionEvent::Resume, _) => Some(EventType::SubscriptionResumed),
+        (_, S::Active) if from == S::Paused => Some(EventType::SubscriptionResumed),
+        (_, S::Active) => Some(EventType::SubscriptionActivated),
+        (_, S::PastDue) => Some(EventType::SubscriptionPastDue),
+        (_, S::Paused) => Some(EventType::SubscriptionPaused),
+        (_, S::Cancelled) => Some(EventType::SubscriptionCancelled),
+        _ => None,
+    }
+}
+
+/// The event `t` about subscription `sub` (as changed).
+pub fn subscription_event(t: EventType, sub: &Subscription, now: Timestamp) -> Event {
+    Event::new(t, &sub.tenant(), SubscriptionView::json(sub), now)
+}
+
+/// `subscription.trial_will_end` about `sub`: the reminder sweep writes
+/// it with the claim of its trial-end reminder (once per trial end).
+pub fn trial_will_end(sub: &Subscription, now: Timestamp) -> Event {
+    subscription_event(EventType::SubscriptionTrialWillEnd, sub, now)
+}
+
+/// The event `t` about billing invoice `inv` (as changed).
+pub fn invoice_event(t: EventType, inv: &BillingInvoice, now: Timestamp) -> Event {
+    let tenant = crate::domain::Tenant::new(inv.project_id.clone(), inv.mode);
+    Event::new(t, &tenant, BillingInvoiceView::json(inv), now)
+}
+
+#[cfg(test)]
+mod tests;
