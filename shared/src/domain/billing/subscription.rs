@@ -442,9 +442,11 @@ pub async fn create_with(
     sub: &Subscription,
     with: Vec<TxOp>,
 ) -> Result<(), StoreError> {
+    // The caller's ops keep their places after the subscription (a
+    // fence's failure is found by its index); the event comes last.
     let mut ops = vec![sub.put_new()?];
-    ops.extend(subscription_event(EventType::SubscriptionCreated, sub, sub.created_at).put_ops()?);
     ops.extend(with);
+    ops.extend(subscription_event(EventType::SubscriptionCreated, sub, sub.created_at).put_ops()?);
     deps.store.transact(ops).await
 }
 
