@@ -138,6 +138,7 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
     Some(match (head, sk) {
         ("ACTIVE", _) => ("active project", record::<active::Active>()),
         ("AKEY", "AKEY") => ("api key", record::<account::ApiKey>()),
+        ("BILLDUE", _) => ("billing sweep tenant", record::<billing::due::DueTenant>()),
         ("BINV", "BINV") => (
             "billing invoice",
             record::<billing::invoice::BillingInvoice>(),
@@ -648,6 +649,7 @@ async fn every_billing_item_has_a_kind_and_writes_back_the_same() {
         "dunning policy",
         "dunning default",
         "invoice dunning state",
+        "billing sweep tenant",
     ] {
         assert!(seen.contains_key(kind), "{kind} written: {seen:?}");
     }

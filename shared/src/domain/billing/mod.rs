@@ -5,10 +5,12 @@
 
 pub mod calendar;
 pub mod customers;
+pub mod due;
 pub mod dunning;
 pub mod invoice;
 pub mod period;
 pub mod plans;
 pub mod reminders;
 pub mod subscription;
+pub mod sweep;
 pub mod terms;

@@ -6,12 +6,17 @@
 //! whole-record write conditioned on the version read (optimistic
 //! locking): the state machine decides on the record as read, and a write
 //! that lost the race re-reads and decides again.
+//!
+//! Every write also sets `next_due_at` ([`Subscription::due_at`]) and the
+//! subscription's place in its tenant's due index (`billing::due`), so the
+//! sweep finds each subscription when something of it is due.
 
 use chrono::NaiveDate;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::calendar::nepal_day;
+use super::calendar::{nepal_day, nepal_day_start};
+use super::due;
 use super::dunning::FinalAction;
 use super::period::{IntervalError, Period, Schedule, validate_interval};
 use super::terms::{OverdueAction, Terms, TermsError};
@@ -269,10 +274,29 @@ pub struct Subscription {
     /// `None`: the project's default policy.
     pub dunning_policy_id: Option<DunningPolicyId>,
     pub test_clock_id: Option<TestClockId>,
+    /// When something of it is next due ([`Subscription::due_at`]); its
+    /// entry in the due index sorts by it. `None`: nothing ever will be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_due_at: Option<Timestamp>,
+    /// The trial end whose `trial_will_end` moment the sweep handled (a
+    /// new trial end makes it due again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trial_reminded_for: Option<Timestamp>,
+    /// The first period whose invoice's grace end the sweep has still to
+    /// check.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub overdue_next: u32,
     pub version: i64,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// How long before a trial ends its `trial_will_end` moment is.
+pub const TRIAL_WILL_END_BEFORE: chrono::Duration = chrono::Duration::days(3);
 
 crate::attrs! { Subscription {
     ID: SubscriptionId = id,
@@ -312,6 +336,56 @@ impl Subscription {
     pub fn current_period(&self) -> Option<Period> {
         self.period(self.period_index)
     }
+
+    /// The next moment anything of this subscription is due for the sweep
+    /// (`None`: nothing, ever, unless it changes): a draft's start day,
+    /// the trial's `trial_will_end` moment and its end, the current
+    /// period's end, a paused subscription's `resume_at`, and the grace end
+    /// (the `overdue_on` day) of the first period not yet checked.
+    pub fn due_at(&self) -> Option<Timestamp> {
+        use SubscriptionStatus as S;
+        let mut due: Vec<Option<Timestamp>> = Vec::new();
+        match self.status {
+            S::IncompleteExpired | S::Cancelled | S::Completed => return None,
+            S::Draft => due.push(nepal_day_start(self.start_date)),
+            S::Trialing => {
+                if let Some(end) = self.trial_ends_at {
+                    due.push(Some(end));
+                    if self.trial_reminded_for != Some(end) {
+                        due.push(Some(end.plus(-TRIAL_WILL_END_BEFORE)));
+                    }
+                }
+            }
+            S::Incomplete => {}
+            S::Active | S::PastDue | S::Paused => {
+                due.push(
+                    self.current_period()
+                        .and_then(|p| nepal_day_start(p.end_exclusive)),
+                );
+            }
+        }
+        if self.status == S::Paused {
+            due.push(self.resume_at);
+        }
+        if self.billing_start.is_some()
+            && !matches!(self.status, S::Draft | S::Trialing)
+            && self.overdue_next <= self.period_index
+        {
+            due.push(
+                self.period(self.overdue_next)
+                    .and_then(|p| self.terms.overdue_on(p.start))
+                    .and_then(nepal_day_start),
+            );
+        }
+        due.into_iter().flatten().min()
+    }
+
+    /// This subscription with `next_due_at` set from its fields.
+    pub fn stamped(&self) -> Subscription {
+        let mut sub = self.clone();
+        sub.next_due_at = sub.due_at();
+        sub
+    }
 }
 
 impl Record for Subscription {
@@ -320,10 +394,18 @@ impl Record for Subscription {
     }
 
     fn entries(&self) -> Vec<Entry> {
-        vec![Entry::gsi1(
+        let mut entries = vec![Entry::gsi1(
             Subscription::list_partition(&self.tenant()),
             self.id.to_string(),
-        )]
+        )];
+        if let Some(at) = self.next_due_at {
+            let partition = match &self.test_clock_id {
+                Some(clock) => due::clock_partition(clock),
+                None => due::due_partition(&self.tenant()),
+            };
+            entries.push(Entry::gsi2(partition, due::due_sort(at, self.id.as_str())));
+        }
+        entries
     }
 }
 
@@ -399,6 +481,9 @@ pub fn new_subscription(
         resume_at: None,
         dunning_policy_id: input.dunning_policy_id,
         test_clock_id: input.test_clock_id,
+        next_due_at: None,
+        trial_reminded_for: None,
+        overdue_next: 0,
         version: 1,
         created_at: now,
         updated_at: now,
@@ -406,7 +491,7 @@ pub fn new_subscription(
     if start_date <= nepal_day(now) {
         started(&mut sub)?;
     }
-    Ok(sub)
+    Ok(sub.stamped())
 }
 
 /// Starts a draft: trialing until its trial end, else billing from its
@@ -420,10 +505,34 @@ pub fn started(sub: &mut Subscription) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Stores a new subscription.
+/// Stores a new subscription (with `next_due_at` set from its fields),
+/// listing its tenant for the sweep.
 pub async fn create(deps: &Deps, sub: &Subscription) -> Result<(), SubscriptionError> {
-    deps.store.transact(vec![sub.put_new()?]).await?;
+    deps.store.transact(write_ops(sub, None)?).await?;
     Ok(())
+}
+
+/// The writes that store `sub` stamped ([`Subscription::stamped`]): a new
+/// record when `seen` is `None`, else the whole record conditioned on
+/// version `seen.version`; with the tenant's entry in the sweep's list when
+/// the subscription enters the due index.
+pub(crate) fn write_ops(
+    sub: &Subscription,
+    seen: Option<&Subscription>,
+) -> Result<Vec<TxOp>, StoreError> {
+    let sub = sub.stamped();
+    let mut ops = vec![match seen {
+        None => sub.put_new()?,
+        Some(current) => TxOp::Put {
+            item: sub.to_item()?,
+            cond: Some(Subscription::VERSION.eq(&current.version)),
+        },
+    }];
+    let enters = sub.next_due_at.is_some() && seen.is_none_or(|s| s.next_due_at.is_none());
+    if enters && sub.test_clock_id.is_none() {
+        ops.push(due::listed(&sub.tenant(), sub.updated_at)?);
+    }
+    Ok(ops)
 }
 
 /// The tenant's subscription `id`.
@@ -457,11 +566,8 @@ pub async fn apply(
         edit(&mut changed);
         changed.version = current.version + 1;
         changed.updated_at = now;
-        let op = TxOp::Put {
-            item: changed.to_item()?,
-            cond: Some(Subscription::VERSION.eq(&current.version)),
-        };
-        match deps.store.transact(vec![op]).await {
+        let changed = changed.stamped();
+        match deps.store.transact(write_ops(&changed, Some(&current))?).await {
             Ok(()) => return Ok(changed),
             Err(e) if e.is_condition_failure() || is_conflict(&e) => {
                 crate::store::contention_backoff(attempt).await;
