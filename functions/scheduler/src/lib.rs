@@ -61,7 +61,10 @@ fn with_billing(
     match billed {
         Ok(b) => {
             if let Value::Object(map) = answer {
-                map.insert("subscriptions_advanced".into(), b.subscriptions_advanced.into());
+                map.insert(
+                    "subscriptions_advanced".into(),
+                    b.subscriptions_advanced.into(),
+                );
                 map.insert("billing_invoices_issued".into(), b.invoices_issued.into());
                 map.insert("billing_errors".into(), b.errors.into());
             }

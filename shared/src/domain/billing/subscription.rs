@@ -567,7 +567,11 @@ pub async fn apply(
         changed.version = current.version + 1;
         changed.updated_at = now;
         let changed = changed.stamped();
-        match deps.store.transact(write_ops(&changed, Some(&current))?).await {
+        match deps
+            .store
+            .transact(write_ops(&changed, Some(&current))?)
+            .await
+        {
             Ok(()) => return Ok(changed),
             Err(e) if e.is_condition_failure() || is_conflict(&e) => {
                 crate::store::contention_backoff(attempt).await;

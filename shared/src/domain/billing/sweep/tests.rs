@@ -76,7 +76,12 @@ fn input(start: Timestamp, trial_ends_at: Option<Timestamp>, terms: Terms) -> Ne
 }
 
 /// A subscription created at `created` from `input`, stored.
-async fn stored(deps: &Deps, project: &str, input: NewSubscription, created: Timestamp) -> Subscription {
+async fn stored(
+    deps: &Deps,
+    project: &str,
+    input: NewSubscription,
+    created: Timestamp,
+) -> Subscription {
     let tenant = Tenant::new(project, Mode::Sandbox);
     let sub = new_subscription(&tenant, input, created).unwrap();
     create(deps, &sub).await.unwrap();
@@ -96,7 +101,10 @@ async fn active(deps: &Deps, project: &str, terms: Terms) -> Subscription {
     let start = at(START);
     let sub = stored(deps, project, input(start, None, terms), start).await;
     let period = sub.current_period().unwrap();
-    let inv = issue_invoice(deps, &sub, period, start).await.unwrap().invoice;
+    let inv = issue_invoice(deps, &sub, period, start)
+        .await
+        .unwrap()
+        .invoice;
     let source = PaymentSource::Online {
         payment_id: format!("pay_{}", sub.id).as_str().into(),
         provider: Provider::Khalti,
@@ -139,17 +147,27 @@ async fn per_period(deps: &Deps, sub: &Subscription) -> BTreeMap<NaiveDate, usiz
 /// The stored subscription, checking that `next_due_at` is its `due_at`
 /// and that the due index lists it exactly there.
 async fn reread(deps: &Deps, sub: &Subscription) -> Subscription {
-    let s = subscription::get(deps, &sub.tenant(), &sub.id).await.unwrap();
+    let s = subscription::get(deps, &sub.tenant(), &sub.id)
+        .await
+        .unwrap();
     assert_eq!(s.next_due_at, s.due_at(), "next_due_at is kept true");
     let far = at("2100-01-01T00:00:00Z");
     let listed = due_in(deps, &s.tenant(), far, 10_000).await.unwrap();
     let entry = listed.iter().find(|l| l.id == s.id);
     assert_eq!(entry.is_some(), s.next_due_at.is_some(), "indexed iff due");
     if let Some(at) = s.next_due_at {
-        let before = due_in(deps, &s.tenant(), at.plus(chrono::Duration::milliseconds(-1)), 10_000)
-            .await
-            .unwrap();
-        assert!(before.iter().all(|l| l.id != s.id), "not listed before its due time");
+        let before = due_in(
+            deps,
+            &s.tenant(),
+            at.plus(chrono::Duration::milliseconds(-1)),
+            10_000,
+        )
+        .await
+        .unwrap();
+        assert!(
+            before.iter().all(|l| l.id != s.id),
+            "not listed before its due time"
+        );
     }
     s
 }
@@ -210,12 +228,21 @@ fn next_step_takes_the_earliest_due_and_nothing_early() {
     sub.status = S::Active;
     assert_eq!(next_step(&sub, start), None);
     let grace = nepal_midnight(2026, 1, 13);
-    assert_eq!(next_step(&sub, grace.plus(chrono::Duration::milliseconds(-1))), None);
+    assert_eq!(
+        next_step(&sub, grace.plus(chrono::Duration::milliseconds(-1))),
+        None
+    );
     assert_eq!(next_step(&sub, grace), Some(Step::GraceEnd(0)));
     // Long past both: the grace end first (the earlier).
-    assert_eq!(next_step(&sub, at("2026-06-01T00:00:00Z")), Some(Step::GraceEnd(0)));
+    assert_eq!(
+        next_step(&sub, at("2026-06-01T00:00:00Z")),
+        Some(Step::GraceEnd(0))
+    );
     sub.overdue_next = 1;
-    assert_eq!(next_step(&sub, at("2026-06-01T00:00:00Z")), Some(Step::PeriodEnd));
+    assert_eq!(
+        next_step(&sub, at("2026-06-01T00:00:00Z")),
+        Some(Step::PeriodEnd)
+    );
     let end = at("2026-01-24T06:00:00Z");
     let trial = new_subscription(&tenant, input(start, Some(end), monthly()), start).unwrap();
     assert_eq!(next_step(&trial, end), Some(Step::TrialWillEnd));
@@ -242,9 +269,17 @@ fn an_old_record_without_the_new_fields_decodes() {
 async fn a_draft_starts_on_its_day_with_its_first_invoice() {
     let deps = deps();
     let start = at("2026-02-01T06:00:00Z");
-    let sub = stored(&deps, "proj_draft", input(start, None, monthly()), at(START)).await;
+    let sub = stored(
+        &deps,
+        "proj_draft",
+        input(start, None, monthly()),
+        at(START),
+    )
+    .await;
     assert_eq!(sub.status, S::Draft);
-    let early = advance(&deps, &sub, at("2026-01-31T12:00:00Z")).await.unwrap();
+    let early = advance(&deps, &sub, at("2026-01-31T12:00:00Z"))
+        .await
+        .unwrap();
     assert_eq!(early.steps, 0);
     let done = advance(&deps, &sub, start).await.unwrap();
     assert_eq!(done.subscription.status, S::Incomplete);
@@ -260,14 +295,18 @@ async fn a_draft_starts_on_its_day_with_its_first_invoice() {
 async fn a_trial_is_reminded_then_ends_with_the_first_invoice() {
     let deps = deps();
     let sub = trialing(&deps, "proj_trial").await;
-    let reminded = advance(&deps, &sub, at("2026-01-21T07:00:00Z")).await.unwrap();
+    let reminded = advance(&deps, &sub, at("2026-01-21T07:00:00Z"))
+        .await
+        .unwrap();
     assert_eq!(reminded.steps, 1);
     assert_eq!(reminded.subscription.status, S::Trialing);
     assert_eq!(reminded.subscription.trial_reminded_for, sub.trial_ends_at);
     assert!(per_period(&deps, &sub).await.is_empty());
     let s = reread(&deps, &sub).await;
     assert_eq!(s.next_due_at, sub.trial_ends_at);
-    let ended = advance(&deps, &sub, at("2026-01-24T06:00:00Z")).await.unwrap();
+    let ended = advance(&deps, &sub, at("2026-01-24T06:00:00Z"))
+        .await
+        .unwrap();
     let s = ended.subscription;
     assert_eq!(s.status, S::Active);
     assert_eq!(s.billing_start, Some(day(2026, 1, 24)));
@@ -293,7 +332,9 @@ async fn a_trial_with_a_cancel_pending_ends_cancelled_unbilled() {
     )
     .await
     .unwrap();
-    let done = advance(&deps, &sub, at("2026-02-01T00:00:00Z")).await.unwrap();
+    let done = advance(&deps, &sub, at("2026-02-01T00:00:00Z"))
+        .await
+        .unwrap();
     assert_eq!(done.subscription.status, S::Cancelled);
     assert!(per_period(&deps, &sub).await.is_empty());
     let s = reread(&deps, &sub).await;
@@ -346,7 +387,9 @@ async fn renewals_bill_each_period_once_and_unpaid_ones_go_overdue() {
 async fn a_paid_invoice_takes_no_overdue_action() {
     let deps = deps();
     let sub = active(&deps, "proj_paid", monthly()).await;
-    let done = advance(&deps, &sub, at("2026-01-20T00:00:00Z")).await.unwrap();
+    let done = advance(&deps, &sub, at("2026-01-20T00:00:00Z"))
+        .await
+        .unwrap();
     assert_eq!(done.subscription.status, S::Active);
     assert_eq!(done.subscription.overdue_next, 1);
     let s = reread(&deps, &sub).await;
@@ -365,7 +408,9 @@ async fn the_overdue_action_pauses_or_cancels() {
         terms.overdue_action = action;
         let sub = active(&deps, "proj_action", terms).await;
         // Period 1 begins Feb 10 and its grace ends Feb 13.
-        let done = advance(&deps, &sub, at("2026-02-14T00:00:00Z")).await.unwrap();
+        let done = advance(&deps, &sub, at("2026-02-14T00:00:00Z"))
+            .await
+            .unwrap();
         let s = done.subscription;
         assert_eq!(s.status, want, "{action:?}");
         assert_eq!(s.paused_for_nonpayment, want == S::Paused, "{action:?}");
@@ -389,7 +434,9 @@ async fn a_paused_period_is_not_billed_and_resume_at_resumes() {
     )
     .await
     .unwrap();
-    let paused = advance(&deps, &sub, at("2026-02-19T00:00:00Z")).await.unwrap();
+    let paused = advance(&deps, &sub, at("2026-02-19T00:00:00Z"))
+        .await
+        .unwrap();
     assert_eq!(paused.subscription.status, S::Paused);
     assert_eq!(paused.subscription.period_index, 1, "the period moved on");
     assert_eq!(paused.invoices_issued, 0, "a paused period is not billed");
@@ -397,7 +444,9 @@ async fn a_paused_period_is_not_billed_and_resume_at_resumes() {
     assert_eq!(resumed.subscription.status, S::Active);
     assert_eq!(resumed.subscription.resume_at, None);
     // The next period is billed.
-    let next = advance(&deps, &sub, at("2026-03-10T00:00:00Z")).await.unwrap();
+    let next = advance(&deps, &sub, at("2026-03-10T00:00:00Z"))
+        .await
+        .unwrap();
     assert_eq!(next.invoices_issued, 1);
     assert_eq!(
         per_period(&deps, &sub).await,
@@ -420,9 +469,13 @@ async fn a_cancel_at_period_end_cancels_at_the_period_end_unbilled() {
     )
     .await
     .unwrap();
-    let before = advance(&deps, &sub, at("2026-02-09T18:14:00Z")).await.unwrap();
+    let before = advance(&deps, &sub, at("2026-02-09T18:14:00Z"))
+        .await
+        .unwrap();
     assert_eq!(before.subscription.status, S::Active);
-    let done = advance(&deps, &sub, at("2026-02-09T18:15:00Z")).await.unwrap();
+    let done = advance(&deps, &sub, at("2026-02-09T18:15:00Z"))
+        .await
+        .unwrap();
     assert_eq!(done.subscription.status, S::Cancelled);
     assert_eq!(done.invoices_issued, 0);
     let s = reread(&deps, &sub).await;
@@ -435,10 +488,17 @@ async fn an_unpaid_first_invoice_expires_the_subscription_and_is_voided() {
     let start = at(START);
     let sub = stored(&deps, "proj_expire", input(start, None, monthly()), start).await;
     let period = sub.current_period().unwrap();
-    let inv = issue_invoice(&deps, &sub, period, start).await.unwrap().invoice;
-    let done = advance(&deps, &sub, at("2026-01-13T00:00:00Z")).await.unwrap();
+    let inv = issue_invoice(&deps, &sub, period, start)
+        .await
+        .unwrap()
+        .invoice;
+    let done = advance(&deps, &sub, at("2026-01-13T00:00:00Z"))
+        .await
+        .unwrap();
     assert_eq!(done.subscription.status, S::IncompleteExpired);
-    let inv = invoice::get_invoice(&deps, &sub.tenant(), &inv.id).await.unwrap();
+    let inv = invoice::get_invoice(&deps, &sub.tenant(), &inv.id)
+        .await
+        .unwrap();
     assert_eq!(inv.status, InvoiceStatus::Void);
     let s = reread(&deps, &sub).await;
     assert_eq!(s.next_due_at, None);
@@ -457,7 +517,9 @@ async fn a_run_that_died_after_issuing_is_finished_by_the_next() {
         .await
         .unwrap();
     assert!(first.created);
-    let done = advance(&deps, &sub, at("2026-02-11T00:00:00Z")).await.unwrap();
+    let done = advance(&deps, &sub, at("2026-02-11T00:00:00Z"))
+        .await
+        .unwrap();
     assert_eq!(done.subscription.period_index, 1);
     assert_eq!(done.invoices_issued, 0, "found, not issued again");
     assert_eq!(
@@ -474,9 +536,13 @@ async fn a_subscription_on_a_test_clock_is_not_swept() {
     on_clock.test_clock_id = Some(crate::ids::TestClockId::new());
     let sub = stored(&deps, "proj_clock", on_clock, start).await;
     assert!(sub.next_due_at.is_some());
-    let report = sweep(&deps, at("2026-03-01T00:00:00Z"), BUDGET).await.unwrap();
+    let report = sweep(&deps, at("2026-03-01T00:00:00Z"), BUDGET)
+        .await
+        .unwrap();
     assert_eq!(report.subscriptions_advanced, 0);
-    let s = subscription::get(&deps, &sub.tenant(), &sub.id).await.unwrap();
+    let s = subscription::get(&deps, &sub.tenant(), &sub.id)
+        .await
+        .unwrap();
     assert_eq!(s.status, S::Incomplete);
 }
 
@@ -498,7 +564,10 @@ async fn two_sweeps_and_api_issues_at_once_make_one_invoice_per_period() {
         for _ in 0..2 {
             let deps = deps.clone();
             tasks.push(tokio::spawn(async move {
-                sweep(&deps, now, BUDGET).await.map(|_| ()).map_err(|e| e.to_string())
+                sweep(&deps, now, BUDGET)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
             }));
         }
         for sub in &subs {
@@ -539,7 +608,10 @@ async fn two_sweeps_and_api_issues_at_once_make_one_invoice_per_period() {
         let mut numbers: Vec<String> = all.into_iter().map(|i| i.number).collect();
         numbers.sort();
         let gapless: Vec<String> = (1..=16).map(|n| format!("TEST-PI-{n:06}")).collect();
-        assert_eq!(numbers, gapless, "{backend}: one number per invoice, no gap");
+        assert_eq!(
+            numbers, gapless,
+            "{backend}: one number per invoice, no gap"
+        );
     }
 }
 
