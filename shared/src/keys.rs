@@ -93,6 +93,8 @@ pub enum PerMode {
     /// `gsi2`: subscriptions by when something is next due
     /// (`billing::sweep`).
     SubscriptionsDue,
+    /// `gsi1`: sandbox test clocks.
+    TestClocks,
 }
 
 impl PerMode {
@@ -112,6 +114,7 @@ impl PerMode {
             PerMode::BillingCustomers => "BCUS",
             PerMode::BillingPlans => "BPLAN",
             PerMode::SubscriptionsDue => "SUBDUE",
+            PerMode::TestClocks => "CLOCK",
         }
     }
 }
@@ -236,6 +239,11 @@ pub fn billing_due_partition(shard: u32) -> String {
 /// the clock, never by the sweep.
 pub fn test_clock_due_partition(clock_id: &str) -> String {
     format!("CLOCK#{clock_id}#SUBDUE")
+}
+
+/// A sandbox test clock (`billing::test_clock`).
+pub fn test_clock(clock_id: &str) -> Key {
+    Key::new(format!("CLOCK#{clock_id}"), "CLOCK")
 }
 
 /// One project and mode in the billing sweep's list.
@@ -507,6 +515,11 @@ mod tests {
         assert_eq!(k(billing_due(3, "p", sb)), kk("BILLDUE#3", "p#sandbox"));
         assert_eq!(billing_due_partition(1), "BILLDUE#1");
         assert_eq!(test_clock_due_partition("clock_1"), "CLOCK#clock_1#SUBDUE");
+        assert_eq!(k(test_clock("clock_1")), kk("CLOCK#clock_1", "CLOCK"));
+        assert_eq!(
+            per_mode("p", sb, PerMode::TestClocks),
+            "PROJ#p#sandbox#CLOCK"
+        );
         assert_eq!(
             per_mode("p", sb, PerMode::SubscriptionsDue),
             "PROJ#p#sandbox#SUBDUE"

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::record::{Record, from_item};
 use crate::domain::{Mode, Tenant};
-use crate::ids::{ProjectId, TestClockId};
+use crate::ids::{ProjectId, SubscriptionId, TestClockId};
 use crate::keys;
 use crate::store::{Key, Query, Store, StoreError, TxOp};
 use crate::time::Timestamp;
@@ -71,7 +71,7 @@ pub fn clock_partition(clock: &TestClockId) -> String {
 }
 
 /// The place of a subscription due at `at` in its partition.
-pub fn due_sort(at: Timestamp, id: &str) -> String {
+pub fn due_sort(at: Timestamp, id: &SubscriptionId) -> String {
     format!("{}#{id}", at.to_rfc3339())
 }
 

@@ -14,3 +14,4 @@ pub mod reminders;
 pub mod subscription;
 pub mod sweep;
 pub mod terms;
+pub mod test_clock;

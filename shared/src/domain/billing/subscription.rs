@@ -403,7 +403,7 @@ impl Record for Subscription {
                 Some(clock) => due::clock_partition(clock),
                 None => due::due_partition(&self.tenant()),
             };
-            entries.push(Entry::gsi2(partition, due::due_sort(at, self.id.as_str())));
+            entries.push(Entry::gsi2(partition, due::due_sort(at, &self.id)));
         }
         entries
     }
