@@ -11,7 +11,7 @@ use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use shared::ids::{
     ApiKeyId, AuditId, CustomerId, DeliveryId, EndpointId, EventId, InvoiceId, LinkId, MerchantId,
-    PaymentId, PlanId, ProjectId, RefundId, SessionId, SmsId, TypedId, UserId,
+    PaymentId, PlanId, ProjectId, RefundId, SessionId, SmsId, SubscriptionId, TypedId, UserId,
 };
 use shared::refusal::Refusal;
 
@@ -59,8 +59,23 @@ macro_rules! id_parts {
 }
 
 id_parts!(
-    MerchantId, ProjectId, ApiKeyId, SessionId, PaymentId, RefundId, LinkId, InvoiceId, EndpointId,
-    DeliveryId, EventId, SmsId, UserId, AuditId, CustomerId, PlanId
+    MerchantId,
+    ProjectId,
+    ApiKeyId,
+    SessionId,
+    PaymentId,
+    RefundId,
+    LinkId,
+    InvoiceId,
+    EndpointId,
+    DeliveryId,
+    EventId,
+    SmsId,
+    UserId,
+    AuditId,
+    CustomerId,
+    PlanId,
+    SubscriptionId
 );
 
 /// What a route's path holds, in order: one part or a tuple of them.

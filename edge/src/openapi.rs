@@ -215,6 +215,10 @@ pub const ERROR_CODES: &[(&str, &str)] = &[
         "the billing customer has a subscription that has not ended",
     ),
     (
+        "subscription_state_conflict",
+        "the subscription's status does not allow that change",
+    ),
+    (
         "webhook_endpoint_limit",
         "the project has its maximum of webhook endpoints",
     ),

@@ -295,6 +295,13 @@ impl AppState {
         self
     }
 
+    /// The same state on another clock (tests that must not see a minute
+    /// roll over while they count requests).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
     pub fn with_queue(mut self, queue: Arc<dyn Queue>) -> Self {
         self.queue = queue;
         self

@@ -3,6 +3,7 @@
 //! the scopes, the plan's entitlement, another project's ids and bad
 //! input, each refused with the envelope naming what is wrong.
 
+use dhukuti_tests::dash::Dash;
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
 use serde_json::{Value, json};
 use shared::domain::Mode;
@@ -19,6 +20,8 @@ async fn call(app: &TestApp, method: &str, path: &str, key: &str, body: Option<&
     }
     send(req).await
 }
+
+const PASSWORD: &str = "a long dashboard password";
 
 fn rand_suffix() -> u128 {
     std::time::SystemTime::now()
@@ -260,4 +263,124 @@ async fn customers_and_plans_over_http(which: Which) {
     app.stop().await;
 }
 
-on_both_backends!(customers_and_plans_over_http);
+/// The dashboard's billing pages list and show what the API made, with
+/// the search and filter the API has; another merchant's records are not
+/// found; a plan without billing is told so, not refused with an error.
+async fn billing_pages_in_the_dashboard(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Yoga Patan", "owner@yoga.example").await;
+    let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    let mut ids = Vec::new();
+    for (name, email) in [
+        ("Sita Rai", "sita@example.com"),
+        ("Hari Thapa", "hari@example.com"),
+    ] {
+        let c = call(
+            &app,
+            "POST",
+            "/v1/billing/customers",
+            &key,
+            Some(&json!({"name": name, "email": email})),
+        )
+        .await;
+        assert_eq!(c.status, 201, "{}", c.body);
+        ids.push(text(&c.body["id"]));
+    }
+    let plan = call(
+        &app,
+        "POST",
+        "/v1/billing/plans",
+        &key,
+        Some(&json!({"name": "Monthly yoga", "amount": 250000, "intervalUnit": "month"})),
+    )
+    .await;
+    assert_eq!(plan.status, 201, "{}", plan.body);
+    let plan_id = text(&plan.body["id"]);
+    let now = shared::time::Clock::now(&shared::time::SystemClock);
+    shared::domain::dashboard::create_user(
+        app.state(),
+        now,
+        &t.merchant.id,
+        "viewer@yoga.example",
+        shared::domain::dashboard::Role::Viewer,
+        PASSWORD,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("user: {e}"));
+    let mut viewer = Dash::new(&app.base);
+    let r = viewer.sign_in("viewer@yoga.example", PASSWORD).await;
+    assert_eq!(r.status, 303, "{}", r.show());
+
+    let list = viewer.get("/dashboard/billing/customers").await;
+    assert_eq!(list.status, 200, "{}", list.show());
+    assert!(list.body.contains("Sita Rai") && list.body.contains("Hari Thapa"));
+    assert!(list.body.contains("2 customers"), "{}", list.show());
+    let found = viewer.get("/dashboard/billing/customers?search=HARI").await;
+    assert!(found.body.contains("Hari Thapa") && !found.body.contains("Sita Rai"));
+    let one = viewer
+        .get(&format!("/dashboard/billing/customers/{}", ids[0]))
+        .await;
+    assert_eq!(one.status, 200, "{}", one.show());
+    assert!(one.body.contains("sita@example.com"), "{}", one.show());
+    let plans = viewer.get("/dashboard/billing/plans?active=true").await;
+    assert!(
+        plans.body.contains("Monthly yoga") && plans.body.contains("2,500"),
+        "{}",
+        plans.show()
+    );
+    let archived = viewer.get("/dashboard/billing/plans?active=false").await;
+    assert!(
+        !archived.body.contains("Monthly yoga"),
+        "{}",
+        archived.show()
+    );
+    let p = viewer
+        .get(&format!("/dashboard/billing/plans/{plan_id}"))
+        .await;
+    assert_eq!(p.status, 200, "{}", p.show());
+    assert!(p.body.contains("keep_active") || p.body.contains("When overdue"));
+
+    // Another merchant's owner finds none of it.
+    let other = app.tenant("Other Gym", "owner@other.example").await;
+    shared::domain::dashboard::create_user(
+        app.state(),
+        now,
+        &other.merchant.id,
+        "boss@other.example",
+        shared::domain::dashboard::Role::Owner,
+        PASSWORD,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("user: {e}"));
+    let mut boss = Dash::new(&app.base);
+    let r = boss.sign_in("boss@other.example", PASSWORD).await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let theirs = boss
+        .get(&format!("/dashboard/billing/customers/{}", ids[0]))
+        .await;
+    assert_eq!(theirs.status, 404, "{}", theirs.show());
+    let theirs = boss
+        .get(&format!("/dashboard/billing/plans/{plan_id}"))
+        .await;
+    assert_eq!(theirs.status, 404, "{}", theirs.show());
+    let mine = boss.get("/dashboard/billing/customers").await;
+    assert!(!mine.body.contains("Sita Rai"));
+    let bad = boss.get("/dashboard/billing/customers/cus_nope").await;
+    assert_eq!(bad.status, 404, "{}", bad.show());
+
+    // A merchant without billing in its plan is told so.
+    if let Err(e) = account::set_plan(&*app.store, &other.merchant.id, Plan::Free).await {
+        panic!("set_plan: {e}")
+    }
+    let free = boss.get("/dashboard/billing/customers").await;
+    assert_eq!(free.status, 200, "{}", free.show());
+    assert!(free.body.contains("Growth and Pro"), "{}", free.show());
+    app.stop().await;
+}
+
+on_both_backends!(
+    customers_and_plans_over_http,
+    billing_pages_in_the_dashboard
+);

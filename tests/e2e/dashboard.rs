@@ -1462,6 +1462,26 @@ async fn payment_links_are_made_once_and_cancelled(which: Which) {
         )
         .await;
     assert_eq!(r.status, 404, "{}", r.show());
+    // Each action's entry was written with it (issue 37 item 7): one per
+    // link made, saved and cancelled; the double submit, the refused
+    // edits and the second cancel changed nothing and left no entry.
+    let (entries, _) =
+        shared::domain::dashboard::list_audit(app.state(), &t.merchant.id, None, 100)
+            .await
+            .unwrap_or_default();
+    let mut actions: Vec<&str> = entries
+        .iter()
+        .map(|e| e.action.as_str())
+        .filter(|a| a.starts_with("link."))
+        .collect();
+    actions.sort_unstable();
+    assert_eq!(actions, ["link.cancel", "link.create", "link.edit"]);
+    assert!(
+        entries
+            .iter()
+            .filter(|e| e.action.starts_with("link."))
+            .all(|e| e.target == link.id.as_str())
+    );
     app.stop().await;
 }
 

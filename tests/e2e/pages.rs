@@ -137,6 +137,11 @@ async fn starting_after_reaches_every_record_at_the_cost_of_a_page(which: Which)
         if page.is_empty() {
             break;
         }
+        // A cursor that does not move would loop: fail instead of hanging.
+        assert!(
+            seen.len() + page.len() <= created.len() && !page.iter().any(|id| seen.contains(id)),
+            "the walk repeats records: {page:?} after {seen:?}"
+        );
         costs.push(cost);
         seen.extend(page);
     }

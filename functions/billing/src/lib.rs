@@ -12,9 +12,11 @@ use shared::AppState;
 
 mod customers;
 mod plans;
+mod subscriptions;
 
 /// Every resource group's route table.
-const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] = &[customers::routes, plans::routes];
+const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] =
+    &[customers::routes, plans::routes, subscriptions::routes];
 
 /// The function's routes and their description, one value.
 pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {

@@ -250,23 +250,19 @@ pub async fn set(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
     if state.providers.keys().is_none() {
         return no_master_key(&state, &signed).await;
     }
-    let saved = credentials::set(&state, &signed.tenant, &creds).await;
+    // Which provider and mode, never a value; written with the credentials.
+    let audit = signed.audit_op(
+        &state,
+        "credentials.set",
+        provider.as_str(),
+        signed.session.mode.as_str(),
+    )?;
+    let saved = credentials::set(&state, &signed.tenant, &creds, audit).await;
     match saved {
-        Ok(_) => {
-            // Which provider and mode, never a value.
-            crate::audit(
-                &state,
-                &signed,
-                "credentials.set",
-                provider.as_str(),
-                signed.session.mode.as_str(),
-            )
-            .await?;
-            Ok(see_other(&format!(
-                "/dashboard/credentials?saved={}",
-                provider.as_str()
-            )))
-        }
+        Ok(_) => Ok(see_other(&format!(
+            "/dashboard/credentials?saved={}",
+            provider.as_str()
+        ))),
         Err(CredentialsError::Invalid(why)) => {
             show(
                 &state,

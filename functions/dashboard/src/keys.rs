@@ -232,27 +232,31 @@ pub async fn issue(State(state): State<AppState>, signed: Signed, body: Bytes) -
                 &signed.session.project_id,
             ))
         })?;
-    let (secret, key) = account::issue_api_key(&state, now, &project, new)
+    let audit = |k: &ApiKey| key_entry(&state, &signed, "key.issue", k);
+    let (secret, key) = account::issue_api_key_with(&state, now, &project, new, audit)
         .await
         .map_err(fail)?;
-    finish(
-        &state,
-        &signed,
-        &fence,
-        "key.issue",
-        &key,
-        &secret,
-        "Your new key",
-    )
-    .await
+    finish(&state, &signed, &fence, &key, &secret, "Your new key").await
 }
 
-/// Records the form's result and the audit entry, then shows the secret.
+/// The audit entry of `action` on `key`, for the key's own transaction.
+fn key_entry(
+    state: &AppState,
+    signed: &Signed,
+    action: &str,
+    key: &ApiKey,
+) -> Result<Vec<shared::store::TxOp>, shared::store::StoreError> {
+    let detail = format!("{:?} {}", key.kind, key.scopes.join(","));
+    let entry = signed.entry(state, action, &key.id, &detail);
+    Ok(vec![dashboard::audit_op(&entry)?])
+}
+
+/// Records the form's result, then shows the secret (the audit entry was
+/// written with the key).
 async fn finish(
     state: &AppState,
     signed: &Signed,
     fence: &shared::store::fence::Fence,
-    action: &str,
     key: &ApiKey,
     secret: &str,
     title: &str,
@@ -260,14 +264,6 @@ async fn finish(
     if let Err(e) = dashboard::complete_form(state, fence, &key.id).await {
         tracing::warn!(error = %e, "form result not recorded");
     }
-    crate::audit(
-        state,
-        signed,
-        action,
-        &key.id,
-        &format!("{:?} {}", key.kind, key.scopes.join(",")),
-    )
-    .await?;
     let nav = nav(state, signed, "keys").await?;
     Ok(html(
         StatusCode::OK,
@@ -317,12 +313,13 @@ pub async fn rotate(
         Err(page) => return page,
     };
     let now = state.clock.now();
-    let rotation = match account::rotate_api_key(
+    let rotation = match account::rotate_api_key_with(
         &state,
         now,
         &old,
         grace,
         old.expires_at.filter(|t| *t > now),
+        |k: &ApiKey| key_entry(&state, &signed, "key.rotate", k),
     )
     .await
     {
@@ -344,7 +341,6 @@ pub async fn rotate(
         &state,
         &signed,
         &fence,
-        "key.rotate",
         &rotation.new_key,
         &rotation.secret,
         &title,
@@ -377,9 +373,8 @@ pub async fn revoke(
     if let Err(e) = dashboard::complete_form(&state, &fence, &key.id).await {
         tracing::warn!(error = %e, "form result not recorded");
     }
-    // The intent is recorded before the effect (no transaction to share).
-    crate::audit(&state, &signed, "key.revoke", &key.id, &key.prefix).await?;
-    match account::revoke_api_key(&state, &key).await {
+    let audit = signed.audit_op(&state, "key.revoke", &key.id, &key.prefix)?;
+    match account::revoke_api_key_with(&state, &key, audit).await {
         // Already revoked (a double submit): the same outcome.
         Ok(()) | Err(shared::store::StoreError::ConditionFailed) => {}
         Err(e) => return Err(fail(e)),

@@ -17,6 +17,7 @@
 //! on every form, the CSRF token; the rules live in
 //! `shared::domain::dashboard` and the capability modules.
 
+mod billing;
 mod chart;
 mod credentials;
 #[cfg(feature = "documents")]
@@ -110,6 +111,14 @@ pub fn router(state: AppState) -> Router {
             .route("/dashboard/links/{id}/cancel", post(records::cancel_link))
             .route("/dashboard/invoices", get(records::invoices_page))
             .route("/dashboard/invoices/{id}", get(records::invoice_page))
+            .route("/dashboard/billing", get(billing_home))
+            .route("/dashboard/billing/customers", get(billing::customers_page))
+            .route(
+                "/dashboard/billing/customers/{id}",
+                get(billing::customer_page),
+            )
+            .route("/dashboard/billing/plans", get(billing::plans_page))
+            .route("/dashboard/billing/plans/{id}", get(billing::plan_page))
             .route("/dashboard/sms", get(records::sms_page))
             .route(
                 "/dashboard/webhooks",
@@ -233,6 +242,11 @@ pub(crate) fn see_other(location: &str) -> Response {
         res.headers_mut().insert(header::LOCATION, v);
     }
     res
+}
+
+/// `/dashboard/billing`: its first tab.
+async fn billing_home() -> Response {
+    see_other("/dashboard/billing/customers")
 }
 
 async fn css() -> Response {
@@ -445,6 +459,20 @@ impl Signed {
         detail: &str,
     ) -> dashboard::AuditEntry {
         dashboard::audit_entry(&self.actor(), state.clock.now(), action, target, detail)
+    }
+
+    /// The audit entry of `action` as the one write to add to the
+    /// action's own transaction (so the action and its entry commit
+    /// together or not at all).
+    pub(crate) fn audit_op(
+        &self,
+        state: &AppState,
+        action: &str,
+        target: &str,
+        detail: &str,
+    ) -> Result<Vec<shared::store::TxOp>, Stop> {
+        let entry = self.entry(state, action, target, detail);
+        Ok(vec![dashboard::audit_op(&entry).map_err(fail)?])
     }
 
     /// Whether the role table ([`dashboard::allows`]) lets this person

@@ -38,7 +38,7 @@ pub struct Nav {
 }
 
 /// The pages, their paths and who sees them in the navigation.
-const PAGES: [(&str, &str, &str, Action); 11] = [
+const PAGES: [(&str, &str, &str, Action); 12] = [
     ("overview", "/dashboard", "Overview", Action::ReadRecords),
     (
         "payments",
@@ -71,6 +71,12 @@ const PAGES: [(&str, &str, &str, Action); 11] = [
         "/dashboard/credentials",
         "Credentials",
         Action::ReadCredentials,
+    ),
+    (
+        "billing",
+        "/dashboard/billing/customers",
+        "Billing",
+        Action::ReadRecords,
     ),
     ("sms", "/dashboard/sms", "SMS", Action::ReadRecords),
     ("people", "/dashboard/people", "People", Action::People),

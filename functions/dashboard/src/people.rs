@@ -176,6 +176,12 @@ pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
     // Reads nothing about the address: the same answer whether or not it
     // has an account anywhere.
     let now = state.clock.now();
+    let entry = signed.entry(
+        &state,
+        "person.invite",
+        email.trim(),
+        &format!("as {}", role.as_str()),
+    );
     let (token, inv) = dashboard::invite(
         &state,
         now,
@@ -183,17 +189,10 @@ pub async fn add(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
         &signed.user.id,
         &email,
         role,
+        Some(&entry),
     )
     .await
     .map_err(fail)?;
-    crate::audit(
-        &state,
-        &signed,
-        "person.invite",
-        &inv.email,
-        &format!("as {}", role.as_str()),
-    )
-    .await?;
     let base =
         (state.config.dashboard_base_url.as_deref()).unwrap_or(&state.config.public_base_url);
     let link = format!("{base}/dashboard/join/{token}");
@@ -214,9 +213,11 @@ pub async fn revoke_invitation(State(state): State<AppState>, signed: Signed, bo
     let f = signed.action_form(Action::People, &body)?;
     let hash = f.get("invitation").map(String::as_str).unwrap_or("");
     let now = state.clock.now();
-    let revoked = dashboard::revoke_invitation(&state, now, &signed.user.merchant_id, hash)
-        .await
-        .map_err(fail)?;
+    let entry = signed.entry(&state, "person.invite.revoke", hash, "");
+    let revoked =
+        dashboard::revoke_invitation(&state, now, &signed.user.merchant_id, hash, Some(&entry))
+            .await
+            .map_err(fail)?;
     if !revoked {
         return show(
             &state,
@@ -227,7 +228,6 @@ pub async fn revoke_invitation(State(state): State<AppState>, signed: Signed, bo
         )
         .await;
     }
-    crate::audit(&state, &signed, "person.invite.revoke", hash, "").await?;
     Ok(see_other("/dashboard/people?changed=1"))
 }
 
@@ -254,10 +254,12 @@ pub async fn change(
     if f.get("do").map(String::as_str) == Some("password") {
         let password = dashboard::new_form_token();
         let user_id = user_id?;
+        // The intent is recorded before the password changes (the reset
+        // is several writes, with no one transaction to share).
+        crate::audit(&state, &signed, "person.password", &user_id, "").await?;
         let u = dashboard::reset_password_of(&state, &signed.user.merchant_id, &user_id, &password)
             .await
             .map_err(fail)?;
-        crate::audit(&state, &signed, "person.password", &u.id, &u.email).await?;
         let nav = nav(&state, &signed, "people").await?;
         let body = markup! {
             p.notice role="status" { "Hand this new password to " (u.email) " yourself; it is shown only this once. Their sessions have ended." }
@@ -296,14 +298,16 @@ pub async fn change(
         }
     };
     let user_id = user_id?;
-    let u = dashboard::change_user(&state, &signed.user.merchant_id, &user_id, what)
+    let entry = |u: &dashboard::DashboardUser| {
+        let detail = match what {
+            UserChange::Role(r) => format!("{} is now {}", u.email, r.as_str()),
+            UserChange::Disabled(true) => format!("{} disabled", u.email),
+            UserChange::Disabled(false) => format!("{} enabled", u.email),
+        };
+        Some(signed.entry(&state, "person.change", &u.id, &detail))
+    };
+    dashboard::change_user(&state, &signed.user.merchant_id, &user_id, what, entry)
         .await
         .map_err(fail)?;
-    let detail = match what {
-        UserChange::Role(r) => format!("{} is now {}", u.email, r.as_str()),
-        UserChange::Disabled(true) => format!("{} disabled", u.email),
-        UserChange::Disabled(false) => format!("{} enabled", u.email),
-    };
-    crate::audit(&state, &signed, "person.change", &u.id, &detail).await?;
     Ok(see_other("/dashboard/people?changed=1"))
 }

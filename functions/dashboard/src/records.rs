@@ -128,10 +128,10 @@ pub async fn make_link(State(state): State<AppState>, signed: Signed, body: Byte
         }
     };
     // A double submit finds the first link (the fence is in its write).
-    let link = links::insert_once(&state, &link, Some(&fence))
+    let audit = signed.audit_op(&state, "link.create", &link.id, &link.title)?;
+    let link = links::insert_once(&state, &link, Some(&fence), audit)
         .await
         .map_err(fail)?;
-    crate::audit(&state, &signed, "link.create", &link.id, &link.title).await?;
     Ok(crate::see_other(&format!(
         "/dashboard/links?made={}",
         link.id
@@ -255,22 +255,22 @@ pub async fn edit_link(
     })();
     let now = state.clock.now();
     let result = match patch {
-        Ok(p) => links::patch(&state, &signed.tenant, &id, p, now)
-            .await
-            .map_err(|e| match e {
-                links::LinkError::NotFound(_) => Err(fail(e)),
-                other => Ok(shared::refusal::Refusal::from(other).message),
-            }),
+        Ok(p) => {
+            let audit = signed.audit_op(&state, "link.edit", &id, &text("title"))?;
+            links::patch(&state, &signed.tenant, &id, p, now, audit)
+                .await
+                .map_err(|e| match e {
+                    links::LinkError::NotFound(_) => Err(fail(e)),
+                    other => Ok(shared::refusal::Refusal::from(other).message),
+                })
+        }
         Err(why) => Err(Ok(why)),
     };
     match result {
-        Ok(l) => {
-            crate::audit(&state, &signed, "link.edit", &l.id, &l.title).await?;
-            Ok(crate::see_other(&format!(
-                "/dashboard/links/{}?saved=1",
-                l.id
-            )))
-        }
+        Ok(l) => Ok(crate::see_other(&format!(
+            "/dashboard/links/{}?saved=1",
+            l.id
+        ))),
         Err(Err(stop)) => Err(stop),
         Err(Ok(why)) => {
             link_view(
@@ -295,9 +295,8 @@ pub async fn cancel_link(
     signed.action_form(Action::ChangeRecords, &body)?;
     let now = state.clock.now();
     let id = id.get_or(no_link)?;
-    // The intent is recorded before the effect (no transaction to share).
-    crate::audit(&state, &signed, "link.cancel", &id, "").await?;
-    match links::cancel(&state, &signed.tenant, &id, now).await {
+    let audit = signed.audit_op(&state, "link.cancel", &id, "")?;
+    match links::cancel(&state, &signed.tenant, &id, now, audit).await {
         // Already inactive (a second click): the same outcome.
         Ok(_) | Err(links::LinkError::Inactive) => {}
         Err(e) => return Err(fail(e)),
@@ -633,7 +632,11 @@ pub async fn add_endpoint(State(state): State<AppState>, signed: Signed, body: B
         events: Some(events),
         enabled: Some(true),
     };
-    let made = webhooks::create(&state, &signed.tenant, req, Some(&fence)).await;
+    let audit = |e: &webhooks::Endpoint| {
+        let entry = signed.entry(&state, "webhook.add", &e.id, &e.url);
+        Ok(vec![dashboard::audit_op(&entry)?])
+    };
+    let made = webhooks::create_with(&state, &signed.tenant, req, Some(&fence), audit).await;
     let (endpoint, secret) = match made {
         Ok(v) => v,
         Err(e @ (WebhookError::Invalid { .. } | WebhookError::TooMany)) => {
@@ -649,7 +652,6 @@ pub async fn add_endpoint(State(state): State<AppState>, signed: Signed, body: B
         }
         Err(e) => return Err(fail(e)),
     };
-    crate::audit(&state, &signed, "webhook.add", &endpoint.id, &endpoint.url).await?;
     let nav = nav(&state, &signed, "webhooks").await?;
     let body = markup! {
         @match &secret {
@@ -684,8 +686,8 @@ pub async fn change_endpoint(
                 ..Default::default()
             };
             let id = id.get_or(no_endpoint)?;
-            crate::audit(&state, &signed, &format!("webhook.{on}"), &id, "").await?;
-            webhooks::patch(&state, &signed.tenant, &id, patch)
+            let audit = signed.audit_op(&state, &format!("webhook.{on}"), &id, "")?;
+            webhooks::patch_with(&state, &signed.tenant, &id, patch, audit)
                 .await
                 .map_err(fail)?;
             Ok(crate::see_other(&format!("/dashboard/webhooks/{id}")))
@@ -694,8 +696,9 @@ pub async fn change_endpoint(
             // A malformed id is no endpoint: gone already, as below.
             let id = match id.get_or(|_, raw| raw.to_owned()) {
                 Ok(id) => {
-                    match webhooks::delete(&state, &signed.tenant, &id).await {
-                        Ok(()) => crate::audit(&state, &signed, "webhook.delete", &id, "").await?,
+                    let audit = signed.audit_op(&state, "webhook.delete", &id, "")?;
+                    match webhooks::delete_with(&state, &signed.tenant, &id, audit).await {
+                        Ok(()) => {}
                         // Gone already (a second click): the same outcome,
                         // and nothing to log.
                         Err(WebhookError::NotFound(_)) => {}
@@ -756,7 +759,10 @@ pub async fn resend(
         )));
     }
     let id = id.map_err(|raw| no_endpoint("", &raw))?;
-    let done = match EventId::parse(&event) {
+    // The intent is recorded before the delivery is queued (a queue send
+    // shares no transaction with the store).
+    crate::audit(&state, &signed, "webhook.resend", &id, &event).await?;
+    match EventId::parse(&event) {
         Some(event_id) => webhooks::resend(&state, &signed.tenant, &event_id, &id).await,
         // No such delivery, once the endpoint is found (as `resend` answers).
         None => webhooks::get(&state, &signed.tenant, &id)
@@ -764,9 +770,6 @@ pub async fn resend(
             .and_then(|_| Err(WebhookError::NotFound(format!("{event} to {id}")))),
     }
     .map_err(fail)?;
-    if done == webhooks::Resent::Queued {
-        crate::audit(&state, &signed, "webhook.resend", &id, &event).await?;
-    }
     Ok(crate::see_other(&format!(
         "/dashboard/webhooks/{id}?resent={event}"
     )))
@@ -931,13 +934,14 @@ pub async fn send_test(
         return Ok(crate::see_other(&location));
     }
     let id = id.map_err(|raw| no_endpoint("", &raw))?;
+    // The intent is recorded before the test event is sent.
+    crate::audit(&state, &signed, "webhook.test", &id, t.as_str()).await?;
     let event = webhooks::send_test_event(&state, &signed.tenant, &id, t)
         .await
         .map_err(fail)?;
     if let Err(e) = dashboard::complete_form(&state, &fence, &event.id).await {
         tracing::warn!(error = %e, "form result not recorded");
     }
-    crate::audit(&state, &signed, "webhook.test", &id, t.as_str()).await?;
     Ok(crate::see_other(&format!(
         "/dashboard/webhooks/{id}?sent={}",
         event.id

@@ -59,7 +59,7 @@ async fn create_link(
     let link = links::new_link(who.tenant(), body, state.clock.now())?;
     links::check_spend_cap(&link, who.key.spend_cap_paisa)?;
     let fence = fence.as_ref().map(|Extension(f)| f);
-    let link = links::insert_once(&state, &link, fence).await?;
+    let link = links::insert_once(&state, &link, fence, Vec::new()).await?;
     let view = PaymentLinkView::of(link, &edge::requests::public_base(&state, &headers), false);
     Ok((StatusCode::CREATED, Json(view)))
 }
@@ -150,7 +150,15 @@ async fn patch_link(
     let who = auth.require(Scope::LinksWrite)?;
     let JsonBody(body) = body?;
     let id = id.get()?;
-    let link = links::patch(&state, who.tenant(), &id, body, state.clock.now()).await?;
+    let link = links::patch(
+        &state,
+        who.tenant(),
+        &id,
+        body,
+        state.clock.now(),
+        Vec::new(),
+    )
+    .await?;
     Ok(Json(PaymentLinkView::of(
         link,
         &edge::requests::public_base(&state, &headers),
@@ -176,7 +184,7 @@ async fn cancel_link(
 ) -> Result<Json<PaymentLinkView>, ApiError> {
     let who = auth.require(Scope::LinksWrite)?;
     let id = id.get()?;
-    let link = links::cancel(&state, who.tenant(), &id, state.clock.now()).await?;
+    let link = links::cancel(&state, who.tenant(), &id, state.clock.now(), Vec::new()).await?;
     Ok(Json(PaymentLinkView::of(
         link,
         &edge::requests::public_base(&state, &headers),

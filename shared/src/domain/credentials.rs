@@ -309,18 +309,31 @@ pub async fn put_credentials(
     tenant: &Tenant,
     creds: &ProviderCredentials,
 ) -> Result<ConfiguredProvider, CredentialsError> {
+    put_credentials_with(store, keys, now, tenant, creds, Vec::new()).await
+}
+
+/// [`put_credentials`] with `also` (the dashboard's audit entry) in the
+/// same transaction.
+pub async fn put_credentials_with(
+    store: &dyn Store,
+    keys: &CredentialsKeys,
+    now: Timestamp,
+    tenant: &Tenant,
+    creds: &ProviderCredentials,
+    also: Vec<TxOp>,
+) -> Result<ConfiguredProvider, CredentialsError> {
     creds.validate()?;
     let stored = seal(keys.current(), tenant, creds, now)?;
     let item = stored.to_item()?;
-    let written = store
-        .transact(vec![
-            TxOp::Check {
-                key: project_key(&tenant.project),
-                cond: Cond::Exists,
-            },
-            TxOp::Put { item, cond: None },
-        ])
-        .await;
+    let mut ops = vec![
+        TxOp::Check {
+            key: project_key(&tenant.project),
+            cond: Cond::Exists,
+        },
+        TxOp::Put { item, cond: None },
+    ];
+    ops.extend(also);
+    let written = store.transact(ops).await;
     match written {
         Ok(()) => Ok(ConfiguredProvider::from(&stored)),
         Err(e) if e.is_condition_failure() => Err(CredentialsError::ProjectNotFound(
@@ -447,9 +460,10 @@ pub async fn set(
     deps: &Deps,
     tenant: &Tenant,
     creds: &ProviderCredentials,
+    also: Vec<TxOp>,
 ) -> Result<ConfiguredProvider, CredentialsError> {
     let keys = deps.providers.keys().ok_or(CredentialsError::MissingKey)?;
-    put_credentials(&*deps.store, keys, deps.clock.now(), tenant, creds).await
+    put_credentials_with(&*deps.store, keys, deps.clock.now(), tenant, creds, also).await
 }
 
 /// The credentials of `payment`'s project at its provider in its mode.

@@ -59,10 +59,23 @@ impl Fence {
         put: TxOp,
         resource_id: &str,
     ) -> Result<Option<String>, StoreError> {
+        Fence::put_once_with(fence, store, put, resource_id, Vec::new()).await
+    }
+
+    /// [`Fence::put_once`] with `also` (an audit entry, say) in the same
+    /// transaction: written with the record, or not at all.
+    pub async fn put_once_with(
+        fence: Option<&Fence>,
+        store: &dyn Store,
+        put: TxOp,
+        resource_id: &str,
+        also: Vec<TxOp>,
+    ) -> Result<Option<String>, StoreError> {
         let mut ops = vec![put];
         if let Some(f) = fence {
             ops.push(f.op(resource_id));
         }
+        ops.extend(also);
         match store.transact(ops).await {
             Ok(()) => Ok(None),
             Err(e) => match fence {

@@ -540,3 +540,103 @@ pub async fn contention_backoff(attempt: usize) {
     let ms = rand::rng().random_range(0..=cap);
     tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
 }
+
+/// Writes `op` together with `also` (an audit entry, say) in one
+/// transaction, or alone when `also` is empty. A failed condition of `op`
+/// itself is [`StoreError::ConditionFailed`], as a single write answers it,
+/// so callers keep their one error path either way.
+pub async fn write_with(store: &dyn Store, op: TxOp, also: Vec<TxOp>) -> Result<(), StoreError> {
+    let mut ops = Vec::with_capacity(1 + also.len());
+    ops.push(op);
+    ops.extend(also);
+    match store.transact(ops).await {
+        Err(StoreError::TransactionCanceled { reasons })
+            if matches!(reasons.first(), Some(TxReason::ConditionFailed)) =>
+        {
+            Err(StoreError::ConditionFailed)
+        }
+        other => other,
+    }
+}
+
+/// [`Store::update`] of `key` with `also` in the same transaction; the
+/// item as written is read back after (a transaction returns no values).
+/// Without `also` it is the single update.
+pub async fn update_with(
+    store: &dyn Store,
+    key: &Key,
+    update: Update,
+    cond: Option<Cond>,
+    also: Vec<TxOp>,
+) -> Result<Item, StoreError> {
+    if also.is_empty() {
+        return store.update(key, update, cond).await;
+    }
+    let op = TxOp::Update {
+        key: key.clone(),
+        update,
+        cond,
+    };
+    write_with(store, op, also).await?;
+    store
+        .get(key)
+        .await?
+        .ok_or_else(|| StoreError::Backend(format!("{} vanished after its write", key.pk)))
+}
+
+#[cfg(test)]
+mod write_with_tests {
+    use super::embedded::EmbeddedStore;
+    use super::*;
+
+    fn item(pk: &str) -> Item {
+        let mut item = Item::new();
+        item.insert(PK.into(), pk.into());
+        item.insert(SK.into(), "X".into());
+        item
+    }
+
+    /// The extra write commits with the write it rides on, or not at all;
+    /// the write's own failed condition reads as a single write's.
+    #[tokio::test]
+    async fn what_rides_along_commits_only_with_the_write() {
+        let store = EmbeddedStore::in_memory().unwrap_or_else(|e| panic!("{e}"));
+        let put = |pk: &str| TxOp::Put {
+            item: item(pk),
+            cond: Some(Cond::NotExists),
+        };
+        write_with(&store, put("A"), vec![put("AUDIT1")])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let again = write_with(&store, put("A"), vec![put("AUDIT2")]).await;
+        assert!(
+            matches!(again, Err(StoreError::ConditionFailed)),
+            "{again:?}"
+        );
+        let got = |pk: &'static str| {
+            let store = &store;
+            async move {
+                store
+                    .get(&Key::new(pk, "X"))
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"))
+            }
+        };
+        assert!(got("AUDIT1").await.is_some());
+        assert!(
+            got("AUDIT2").await.is_none(),
+            "no entry for a refused write"
+        );
+        let updated = update_with(
+            &store,
+            &Key::new("A", "X"),
+            Update::new().set("n", 1),
+            Some(Cond::Exists),
+            vec![put("AUDIT3")],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(updated.get("n").and_then(|v| v.as_i64()), Some(1));
+        assert!(got("AUDIT3").await.is_some());
+    }
+}

@@ -86,6 +86,18 @@ pub async fn issue_api_key(
     project: &Project,
     new: NewKey,
 ) -> Result<(String, ApiKey), StoreError> {
+    issue_api_key_with(deps, now, project, new, |_| Ok(Vec::new())).await
+}
+
+/// [`issue_api_key`] with `also(key)` (the dashboard's audit entry)
+/// written in the same transaction as the key.
+pub async fn issue_api_key_with(
+    deps: &Deps,
+    now: Timestamp,
+    project: &Project,
+    new: NewKey,
+    also: impl FnOnce(&ApiKey) -> Result<Vec<crate::store::TxOp>, StoreError>,
+) -> Result<(String, ApiKey), StoreError> {
     let store = &*deps.store;
     let fields = KeyFields {
         merchant_id: project.merchant_id.clone(),
@@ -98,7 +110,12 @@ pub async fn issue_api_key(
         spend_cap_paisa: new.spend_cap_paisa,
     };
     let (secret, key) = mint_key(now, fields);
-    store.put(key.to_item()?, Some(Cond::NotExists)).await?;
+    let put = crate::store::TxOp::Put {
+        item: key.to_item()?,
+        cond: Some(Cond::NotExists),
+    };
+    let also = also(&key)?;
+    crate::store::write_with(store, put, also).await?;
     Ok((secret, key))
 }
 

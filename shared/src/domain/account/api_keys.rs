@@ -55,9 +55,27 @@ pub async fn find_api_key(
 /// [`AuthError::Invalid`](super::AuthError::Invalid) from now on. [`StoreError::ConditionFailed`] when
 /// it was already revoked.
 pub async fn revoke_api_key(deps: &Deps, key: &ApiKey) -> Result<(), StoreError> {
+    revoke_api_key_with(deps, key, Vec::new()).await
+}
+
+/// [`revoke_api_key`] with `also` (the dashboard's audit entry) in the
+/// same transaction: written only if the key goes.
+pub async fn revoke_api_key_with(
+    deps: &Deps,
+    key: &ApiKey,
+    also: Vec<crate::store::TxOp>,
+) -> Result<(), StoreError> {
     let store = &*deps.store;
     let cond = Cond::And(vec![Cond::Exists, ApiKey::ID.eq(&key.id)]);
-    let deleted = store.delete(&key.item_key(), Some(cond)).await;
+    let deleted = if also.is_empty() {
+        store.delete(&key.item_key(), Some(cond)).await
+    } else {
+        let op = crate::store::TxOp::Delete {
+            key: key.item_key(),
+            cond: Some(cond),
+        };
+        crate::store::write_with(store, op, also).await
+    };
     super::cache::changed();
     deleted
 }
@@ -104,6 +122,19 @@ pub async fn rotate_api_key(
     grace: chrono::Duration,
     expires_at: Option<Timestamp>,
 ) -> Result<Rotation, StoreError> {
+    rotate_api_key_with(deps, now, old, grace, expires_at, |_| Ok(Vec::new())).await
+}
+
+/// [`rotate_api_key`] with `also(new key)` (the dashboard's audit entry)
+/// in the rotation's transaction.
+pub async fn rotate_api_key_with(
+    deps: &Deps,
+    now: Timestamp,
+    old: &ApiKey,
+    grace: chrono::Duration,
+    expires_at: Option<Timestamp>,
+    also: impl FnOnce(&ApiKey) -> Result<Vec<TxOp>, StoreError>,
+) -> Result<Rotation, StoreError> {
     let store = &*deps.store;
     if grace < chrono::Duration::zero() {
         return Err(StoreError::Invalid(
@@ -137,18 +168,18 @@ pub async fn rotate_api_key(
         Some(t) if t < grace_end => t,
         _ => grace_end,
     };
-    let written = store
-        .transact(vec![
-            new_key.put_new()?,
-            TxOp::Update {
-                key: old.item_key(),
-                update: Changes::new()
-                    .set_some(ApiKey::EXPIRES_AT, &old_expiry)
-                    .into(),
-                cond: Some(Cond::And(vec![Cond::Exists, ApiKey::ID.eq(&old.id)])),
-            },
-        ])
-        .await;
+    let mut ops = vec![
+        new_key.put_new()?,
+        TxOp::Update {
+            key: old.item_key(),
+            update: Changes::new()
+                .set_some(ApiKey::EXPIRES_AT, &old_expiry)
+                .into(),
+            cond: Some(Cond::And(vec![Cond::Exists, ApiKey::ID.eq(&old.id)])),
+        },
+    ];
+    ops.extend(also(&new_key)?);
+    let written = store.transact(ops).await;
     super::cache::changed();
     written?;
     let mut old_key = old.clone();

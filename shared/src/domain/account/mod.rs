@@ -23,11 +23,12 @@ mod view;
 
 pub use admin::{
     NewKey, create_merchant, create_project, get_merchant, get_project, issue_api_key,
-    list_under_merchant, merchant_projects, pause_api_key, reinstate_merchant, set_live_invoicing,
-    set_plan, set_seller, storefront, suspend_merchant,
+    issue_api_key_with, list_under_merchant, merchant_projects, pause_api_key, reinstate_merchant,
+    set_live_invoicing, set_plan, set_seller, storefront, suspend_merchant,
 };
 pub use api_keys::{
-    Rotation, find_api_key, is_plausible_email, list_api_keys, revoke_api_key, rotate_api_key,
+    Rotation, find_api_key, is_plausible_email, list_api_keys, revoke_api_key, revoke_api_key_with,
+    rotate_api_key, rotate_api_key_with,
 };
 pub use auth::{
     AuthError, LAST_USED_EVERY, Principal, authenticate, authenticate_key, hash_secret,

@@ -110,6 +110,16 @@ pub fn entitled(who: &Principal) -> Result<(), BillingError> {
     }
 }
 
+/// Whether `merchant`'s plan includes billing (the dashboard's check; a
+/// key's is [`entitled`]).
+pub async fn merchant_entitled(
+    deps: &Deps,
+    merchant: &crate::ids::MerchantId,
+) -> Result<bool, StoreError> {
+    let found = crate::domain::account::get_merchant(&*deps.store, merchant).await?;
+    Ok(found.is_some_and(|m| m.plan.billing_api()))
+}
+
 /// A page of a page-based list: `page` from 1, `limit` 1..=[`MAX_LIMIT`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PageRequest {

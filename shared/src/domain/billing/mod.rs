@@ -8,6 +8,7 @@ pub mod customers;
 pub mod due;
 pub mod dunning;
 pub mod invoice;
+pub mod lifecycle;
 pub mod period;
 pub mod plans;
 pub mod reminders;

@@ -16,19 +16,20 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::calendar::{nepal_day, nepal_day_start};
+use super::customers::Customer;
 use super::due;
 use super::dunning::FinalAction;
 use super::period::{IntervalError, Period, Schedule, validate_interval};
 use super::terms::{OverdueAction, Terms, TermsError};
 use crate::Deps;
-use crate::domain::record::{self, Entry, Record};
+use crate::domain::record::{self, Changes, Entry, Record};
 use crate::domain::{Mode, Tenant};
 use crate::ids::{CustomerId, DunningPolicyId, PlanId, ProjectId, SubscriptionId, TestClockId};
-use crate::store::{Key, StoreError, TxOp};
+use crate::store::{Cond, Key, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// The error code of a refused transition (documented in
-/// `docs/billing.md`; answered by the routes of a later session).
+/// `docs/billing.md`; the subscription routes answer it, `billing::lifecycle`).
 pub const SUBSCRIPTION_STATE_CONFLICT: &str = "subscription_state_conflict";
 
 /// How often [`apply`] re-reads a subscription another writer changed.
@@ -300,6 +301,8 @@ pub const TRIAL_WILL_END_BEFORE: chrono::Duration = chrono::Duration::days(3);
 
 crate::attrs! { Subscription {
     ID: SubscriptionId = id,
+    CUSTOMER_ID: CustomerId = customer_id,
+    PLAN_ID: PlanId = plan_id,
     STATUS: SubscriptionStatus = status,
     VERSION: i64 = version,
 } }
@@ -508,8 +511,26 @@ pub fn started(sub: &mut Subscription) -> Result<(), Refusal> {
 /// Stores a new subscription (with `next_due_at` set from its fields),
 /// listing its tenant for the sweep.
 pub async fn create(deps: &Deps, sub: &Subscription) -> Result<(), SubscriptionError> {
-    deps.store.transact(write_ops(sub, None)?).await?;
+    create_with(deps, sub, Vec::new()).await?;
     Ok(())
+}
+
+/// Stores a new subscription with `with` in the same transaction (the
+/// API's create adds its customer's `open_subscriptions` count and the
+/// request's idempotency fence, in that order after the subscription's
+/// own put, at index 0; the sweep's list entry, when written, comes after
+/// them). The store's error is answered as it is, so the caller can tell
+/// which op's condition failed.
+pub async fn create_with(
+    deps: &Deps,
+    sub: &Subscription,
+    with: Vec<TxOp>,
+) -> Result<(), StoreError> {
+    let mut ops = write_ops(sub, None)?;
+    let listed = ops.split_off(1);
+    ops.extend(with);
+    ops.extend(listed);
+    deps.store.transact(ops).await
 }
 
 /// The writes that store `sub` stamped ([`Subscription::stamped`]): a new
@@ -531,6 +552,22 @@ pub(crate) fn write_ops(
     let enters = sub.next_due_at.is_some() && seen.is_none_or(|s| s.next_due_at.is_none());
     if enters && sub.test_clock_id.is_none() {
         ops.push(due::listed(&sub.tenant(), sub.updated_at)?);
+    }
+    Ok(ops)
+}
+
+/// The writes that change `current` into `changed` (stamped, see
+/// [`write_ops`]); one that ends the subscription also lowers its
+/// customer's `open_subscriptions`. Every change of a stored subscription
+/// ([`change`], the sweep's steps) is these ops.
+pub(crate) async fn change_ops(
+    deps: &Deps,
+    current: &Subscription,
+    changed: &Subscription,
+) -> Result<Vec<TxOp>, StoreError> {
+    let mut ops = write_ops(changed, Some(current))?;
+    if changed.status.is_ended() && !current.status.is_ended() {
+        ops.extend(release_customer(deps, current).await?);
     }
     Ok(ops)
 }
@@ -559,17 +596,36 @@ pub async fn apply(
     edit: &(dyn Fn(&mut Subscription) + Sync),
     now: Timestamp,
 ) -> Result<Subscription, SubscriptionError> {
-    for attempt in 0..APPLY_TRIES {
-        let current = get(deps, tenant, id).await?;
+    let decide = |current: &Subscription| -> Result<Subscription, SubscriptionError> {
         let mut changed = current.clone();
         changed.status = next(current.status, event)?;
         edit(&mut changed);
+        Ok(changed)
+    };
+    change(deps, tenant, id, &decide, now).await
+}
+
+/// Changes the tenant's subscription `id` at `now` as `decide` says on
+/// the record as read (an event through [`apply`], or a field that is no
+/// transition: the dunning policy), with the same version-conditioned
+/// write and re-read as [`apply`]. A change that ends the subscription
+/// lowers its customer's `open_subscriptions` in the same transaction.
+pub async fn change(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &SubscriptionId,
+    decide: &(dyn Fn(&Subscription) -> Result<Subscription, SubscriptionError> + Sync),
+    now: Timestamp,
+) -> Result<Subscription, SubscriptionError> {
+    for attempt in 0..APPLY_TRIES {
+        let current = get(deps, tenant, id).await?;
+        let mut changed = decide(&current)?;
         changed.version = current.version + 1;
         changed.updated_at = now;
         let changed = changed.stamped();
         match deps
             .store
-            .transact(write_ops(&changed, Some(&current))?)
+            .transact(change_ops(deps, &current, &changed).await?)
             .await
         {
             Ok(()) => return Ok(changed),
@@ -580,6 +636,24 @@ pub async fn apply(
         }
     }
     Err(SubscriptionError::Busy)
+}
+
+/// The op that lowers the customer's count of subscriptions not ended,
+/// for the transaction that ends `sub`. None when the customer record is
+/// not there (records made by tests and tools without one): a customer
+/// with a subscription not ended cannot be deleted, so one that exists
+/// now still exists when the transaction runs.
+async fn release_customer(deps: &Deps, sub: &Subscription) -> Result<Option<TxOp>, StoreError> {
+    let key = Customer::key(&sub.tenant(), &sub.customer_id);
+    if record::get::<Customer>(&*deps.store, &key).await?.is_none() {
+        return Ok(None);
+    }
+    let lower = Changes::<Customer>::new().subtract(Customer::OPEN_SUBSCRIPTIONS, 1);
+    Ok(Some(TxOp::Update {
+        key,
+        update: lower.into(),
+        cond: Some(Cond::Exists),
+    }))
 }
 
 /// Another transaction wrote the same item at once (retry).

@@ -32,7 +32,7 @@ use super::invoice::{
 };
 use super::subscription::{
     self, Subscription, SubscriptionError, SubscriptionEvent as E, SubscriptionStatus as S,
-    is_conflict, next, started, write_ops,
+    change_ops, is_conflict, next, started,
 };
 use crate::Deps;
 use crate::domain::Tenant;
@@ -176,7 +176,7 @@ pub async fn advance(
         let changed = changed.stamped();
         match deps
             .store
-            .transact(write_ops(&changed, Some(&current))?)
+            .transact(change_ops(deps, &current, &changed).await?)
             .await
         {
             Ok(()) => {

@@ -26,7 +26,7 @@ use crate::app::Deps;
 use crate::domain::record::{Changes, Entry, Record, all_of, get};
 use crate::ids::{AuditId, MerchantId, ProjectId, UserId};
 use crate::keys;
-use crate::store::{Cond, Index, Key, Query, StoreError};
+use crate::store::{Cond, Index, Key, Query, StoreError, update_with};
 use crate::time::Timestamp;
 
 /// How long an invitation's link works.
@@ -138,6 +138,7 @@ pub async fn invite(
     invited_by: &UserId,
     email: &str,
     role: Role,
+    audit: Option<&AuditEntry>,
 ) -> Result<(String, Invitation), DashboardError> {
     let email = normalize_email(email)?;
     let token = format!("{TOKEN_PREFIX}{}", random_alnum(TOKEN_RANDOM));
@@ -152,7 +153,11 @@ pub async fn invite(
         expires_at: now.plus(INVITATION_TTL),
         accepted_by: None,
     };
-    deps.store.transact(vec![invitation.put_new()?]).await?;
+    let mut ops = vec![invitation.put_new()?];
+    if let Some(entry) = audit {
+        ops.push(audit_op(entry)?);
+    }
+    deps.store.transact(ops).await?;
     Ok((token, invitation))
 }
 
@@ -342,6 +347,7 @@ pub async fn revoke_invitation(
     now: Timestamp,
     merchant_id: &MerchantId,
     hash: &str,
+    audit: Option<&AuditEntry>,
 ) -> Result<bool, StoreError> {
     if !invitation_hash_ok(hash) {
         return Ok(false);
@@ -351,10 +357,18 @@ pub async fn revoke_invitation(
         Invitation::MERCHANT_ID.eq(merchant_id),
     ]);
     let revoked = Changes::new().set(Invitation::STATE, &InvitationState::Revoked);
-    match deps
-        .store
-        .update(&Invitation::key(hash), revoked.into(), Some(cond))
-        .await
+    let also = match audit {
+        Some(entry) => vec![audit_op(entry)?],
+        None => Vec::new(),
+    };
+    match update_with(
+        &*deps.store,
+        &Invitation::key(hash),
+        revoked.into(),
+        Some(cond),
+        also,
+    )
+    .await
     {
         Ok(_) => Ok(true),
         Err(StoreError::ConditionFailed) => Ok(false),

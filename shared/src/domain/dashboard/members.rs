@@ -16,7 +16,7 @@ use super::{DashboardError, DashboardUser, Role};
 use crate::app::Deps;
 use crate::domain::record::{Changes, Entry, Record, all_of, from_item, get};
 use crate::ids::{MerchantId, UserId};
-use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp};
+use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp, update_with};
 use crate::time::Timestamp;
 
 /// The memberships of one merchant a people page lists at most (with its
@@ -188,6 +188,7 @@ pub(super) async fn change_membership(
     user_id: &UserId,
     role: Option<Role>,
     disabled: Option<bool>,
+    also: Vec<TxOp>,
 ) -> Result<Option<DashboardUser>, DashboardError> {
     let mut update = Changes::new();
     if let Some(role) = role {
@@ -197,11 +198,12 @@ pub(super) async fn change_membership(
         update = update.set(Membership::DISABLED, &disabled);
     }
     let key = Membership::key(user_id, merchant_id);
-    let m: Membership = match store.update(&key, update.into(), Some(Cond::Exists)).await {
-        Ok(item) => from_item(item)?,
-        Err(StoreError::ConditionFailed) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
+    let m: Membership =
+        match update_with(store, &key, update.into(), Some(Cond::Exists), also).await {
+            Ok(item) => from_item(item)?,
+            Err(StoreError::ConditionFailed) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
     Ok(get_user(store, user_id).await?.map(|u| as_member(&u, &m)))
 }
 

@@ -34,7 +34,7 @@ async fn merchant(deps: &AppState, name: &str, owner: &str) -> (MerchantId, Dash
 /// A token inviting `email` to `by`'s merchant as `role`.
 async fn invited(deps: &AppState, by: &DashboardUser, email: &str, role: Role) -> String {
     let now = at("2026-11-26T10:00:00Z");
-    invite(deps, now, &by.merchant_id, &by.id, email, role)
+    invite(deps, now, &by.merchant_id, &by.id, email, role, None)
         .await
         .unwrap_or_else(|e| panic!("{e}"))
         .0
@@ -161,9 +161,15 @@ async fn removing_a_membership_leaves_the_other_merchants() {
         .unwrap_or_else(|e| panic!("{e}"));
 
     // B's owner changes her role there: A's role stays.
-    let changed = change_user(&deps, &b, &asha.id, UserChange::Role(Role::Developer))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let changed = change_user(
+        &deps,
+        &b,
+        &asha.id,
+        UserChange::Role(Role::Developer),
+        |_| None,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         (changed.merchant_id.clone(), changed.role),
         (b.clone(), Role::Developer)
@@ -223,7 +229,7 @@ async fn disabling_a_membership_signing_out_everywhere_and_a_new_password() {
     switch_merchant(&deps, &s.cookie, &s.session, &b)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    change_user(&deps, &b, &asha.id, UserChange::Disabled(true))
+    change_user(&deps, &b, &asha.id, UserChange::Disabled(true), |_| None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
@@ -236,7 +242,7 @@ async fn disabling_a_membership_signing_out_everywhere_and_a_new_password() {
         .unwrap_or_else(|e| panic!("{e}"));
     let r = switch_merchant(&deps, &s.cookie, &s.session, &b).await;
     assert!(matches!(r, Err(DashboardError::NotMember)), "{r:?}");
-    change_user(&deps, &b, &asha.id, UserChange::Disabled(false))
+    change_user(&deps, &b, &asha.id, UserChange::Disabled(false), |_| None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     switch_merchant(&deps, &s.cookie, &s.session, &b)

@@ -395,6 +395,7 @@ async fn an_owner_changes_only_their_own_merchants_people() {
         &owner.merchant_id,
         &dev.id,
         UserChange::Role(Role::Viewer),
+        |_| None,
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
@@ -410,6 +411,7 @@ async fn an_owner_changes_only_their_own_merchants_people() {
         &"mer_other".into(),
         &dev.id,
         UserChange::Disabled(true),
+        |_| None,
     )
     .await;
     assert!(matches!(r, Err(DashboardError::UnknownUser)), "{r:?}");
@@ -418,6 +420,7 @@ async fn an_owner_changes_only_their_own_merchants_people() {
         &owner.merchant_id,
         &"usr_missing".into(),
         UserChange::Disabled(true),
+        |_| None,
     )
     .await;
     assert!(matches!(r, Err(DashboardError::UnknownUser)), "{r:?}");
@@ -426,6 +429,7 @@ async fn an_owner_changes_only_their_own_merchants_people() {
         &owner.merchant_id,
         &dev.id,
         UserChange::Disabled(true),
+        |_| None,
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
@@ -527,6 +531,7 @@ async fn invited(deps: &AppState, owner: &DashboardUser, email: &str) -> (String
         &owner.id,
         email,
         Role::Developer,
+        None,
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"))
@@ -638,15 +643,15 @@ async fn expired_revoked_and_unknown_invitations_are_alike_unusable() {
     // Another merchant's owner cannot revoke it; its own can, once.
     let other = MerchantId::stored("mer_00000000000000000000000001");
     assert!(matches!(
-        revoke_invitation(&deps, now, &other, &inv.hash).await,
+        revoke_invitation(&deps, now, &other, &inv.hash, None).await,
         Ok(false)
     ));
     assert!(matches!(
-        revoke_invitation(&deps, now, &owner.merchant_id, &inv.hash).await,
+        revoke_invitation(&deps, now, &owner.merchant_id, &inv.hash, None).await,
         Ok(true)
     ));
     assert!(matches!(
-        revoke_invitation(&deps, now, &owner.merchant_id, &inv.hash).await,
+        revoke_invitation(&deps, now, &owner.merchant_id, &inv.hash, None).await,
         Ok(false)
     ));
     let revoked = accept_with_password(&deps, now, &token, PASSWORD, "127.0.0.1").await;
@@ -718,4 +723,115 @@ async fn of_two_concurrent_accepts_exactly_one_wins() {
         .await
         .unwrap_or_default();
     assert_eq!(people.len(), 5, "the owner and one per invitation");
+}
+
+/// Item 7 of issue 37: an action's audit entry is written in the action's
+/// own transaction, so a refused action leaves no entry and a done one
+/// exactly one (no entry "logged and forgotten", none for nothing).
+#[tokio::test]
+async fn an_audit_entry_commits_only_with_its_action() {
+    let (store, owner, project) = setup().await;
+    let t0 = at("2026-11-26T10:00:00Z");
+    let dev = create_user(
+        &store,
+        t0,
+        &owner.merchant_id,
+        "dev@himal.np",
+        Role::Developer,
+        PASSWORD,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let actor = Actor {
+        user_id: owner.id.clone(),
+        email: owner.email.clone(),
+        merchant_id: owner.merchant_id.clone(),
+        project_id: project,
+        mode: Mode::Sandbox,
+        address: "10.0.0.1".into(),
+    };
+    let entries = |store: AppState, merchant: MerchantId| async move {
+        let (all, _) = list_audit(&store, &merchant, None, 50)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        all.into_iter()
+            .map(|e| (e.action, e.target))
+            .collect::<Vec<_>>()
+    };
+
+    // Refused: another merchant's person, an unknown invitation.
+    let r = change_user(
+        &store,
+        &"mer_other".into(),
+        &dev.id,
+        UserChange::Disabled(true),
+        |u| Some(audit_entry(&actor, t0, "person.change", &u.id, "disabled")),
+    )
+    .await;
+    assert!(matches!(r, Err(DashboardError::UnknownUser)), "{r:?}");
+    let e = audit_entry(&actor, t0, "person.invite.revoke", &"a".repeat(64), "");
+    let revoked = revoke_invitation(&store, t0, &owner.merchant_id, &"a".repeat(64), Some(&e))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!revoked);
+    assert_eq!(entries(store.clone(), owner.merchant_id.clone()).await, []);
+
+    // Done: the change and its one entry.
+    let changed = change_user(
+        &store,
+        &owner.merchant_id,
+        &dev.id,
+        UserChange::Role(Role::Viewer),
+        |u| {
+            Some(audit_entry(
+                &actor,
+                t0,
+                "person.change",
+                &u.id,
+                "now viewer",
+            ))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(changed.role, Role::Viewer);
+    let (_, inv) = invite(
+        &store,
+        t0,
+        &owner.merchant_id,
+        &owner.id,
+        "new@himal.np",
+        Role::Viewer,
+        Some(&audit_entry(
+            &actor,
+            t0,
+            "person.invite",
+            "new@himal.np",
+            "",
+        )),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let e = audit_entry(&actor, t0, "person.invite.revoke", &inv.hash, "");
+    assert!(
+        revoke_invitation(&store, t0, &owner.merchant_id, &inv.hash, Some(&e))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    );
+    // A second revoke is refused, and adds no entry.
+    let again = audit_entry(&actor, t0, "person.invite.revoke", &inv.hash, "");
+    assert!(
+        !revoke_invitation(&store, t0, &owner.merchant_id, &inv.hash, Some(&again))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    );
+    let mut got = entries(store.clone(), owner.merchant_id.clone()).await;
+    got.sort();
+    let mut want = vec![
+        ("person.change".to_owned(), dev.id.to_string()),
+        ("person.invite".to_owned(), "new@himal.np".to_owned()),
+        ("person.invite.revoke".to_owned(), inv.hash.clone()),
+    ];
+    want.sort();
+    assert_eq!(got, want);
 }

@@ -7,12 +7,12 @@ use argon2::{Algorithm, Argon2, Params, Version};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use super::{DashboardError, DashboardUser, Role};
+use super::{AuditEntry, DashboardError, DashboardUser, Role};
 use crate::app::Deps;
 use crate::domain::record::{Changes, Record, from_item};
 use crate::ids::{MerchantId, UserId};
 use crate::keys;
-use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp};
+use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp, update_with};
 use crate::time::Timestamp;
 
 /// The claim of an email by the one user who signs in with it: written
@@ -303,8 +303,18 @@ pub async fn change_user(
     merchant_id: &MerchantId,
     user_id: &UserId,
     change: UserChange,
+    audit: impl FnOnce(&DashboardUser) -> Option<AuditEntry>,
 ) -> Result<DashboardUser, DashboardError> {
     let store = &*deps.store;
+    // The person as they are, for the entry's words (their address); the
+    // write below still decides whether they are of this merchant.
+    let before = get_user(store, user_id)
+        .await?
+        .ok_or(DashboardError::UnknownUser)?;
+    let also = match audit(&before) {
+        Some(entry) => vec![super::audit_op(&entry)?],
+        None => Vec::new(),
+    };
     let update = match change {
         UserChange::Role(role) => Changes::new().set(DashboardUser::ROLE, &role),
         UserChange::Disabled(true) => Changes::new()
@@ -316,9 +326,14 @@ pub async fn change_user(
         Cond::Exists,
         DashboardUser::MERCHANT_ID.eq(merchant_id),
     ]);
-    match store
-        .update(&DashboardUser::key(user_id), update.into(), Some(ours))
-        .await
+    match update_with(
+        store,
+        &DashboardUser::key(user_id),
+        update.into(),
+        Some(ours),
+        also.clone(),
+    )
+    .await
     {
         Ok(item) => Ok(from_item(item)?),
         Err(StoreError::ConditionFailed) => {
@@ -327,7 +342,7 @@ pub async fn change_user(
                 UserChange::Role(role) => (Some(role), None),
                 UserChange::Disabled(d) => (None, Some(d)),
             };
-            super::members::change_membership(store, merchant_id, user_id, role, disabled)
+            super::members::change_membership(store, merchant_id, user_id, role, disabled, also)
                 .await?
                 .ok_or(DashboardError::UnknownUser)
         }

@@ -18,7 +18,7 @@ use crate::ids::LinkId;
 use crate::money::{Currency, Paisa};
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
-use crate::store::{Cond, Index, Query, Store, StoreError};
+use crate::store::{Cond, Index, Query, Store, StoreError, TxOp, update_with};
 use crate::time::Timestamp;
 
 /// `stats` of the single-link retrieve.
@@ -475,13 +475,15 @@ pub fn new_link(
 /// Stores a new link once per request: with the request's idempotency
 /// fence in the same transaction, a retry whose first run committed gets
 /// that run's link instead of a second one.
+/// `also` (the dashboard's audit entry) is written in the same transaction.
 pub async fn insert_once(
     deps: &Deps,
     link: &PaymentLink,
     fence: Option<&Fence>,
+    also: Vec<TxOp>,
 ) -> Result<PaymentLink, StoreError> {
     let store = &*deps.store;
-    match Fence::put_once(fence, store, link.put_new()?, &link.id).await? {
+    match Fence::put_once_with(fence, store, link.put_new()?, &link.id, also).await? {
         None => Ok(link.clone()),
         Some(first) => get_in(store, &LinkId::stored(first.as_str()))
             .await?
@@ -546,19 +548,21 @@ pub async fn list(
 }
 
 /// Applies `patch` to the link (only the keys sent), atomically: `maxUses`
-/// below the use count at the moment of the write is refused.
+/// below the use count at the moment of the write is refused. `also` (the
+/// dashboard's audit entry) is written in the same transaction.
 pub async fn patch(
     deps: &Deps,
     tenant: &Tenant,
     id: &LinkId,
     patch: PatchLink,
     now: Timestamp,
+    also: Vec<TxOp>,
 ) -> Result<PaymentLink, LinkError> {
     let store = &*deps.store;
     // Address parts are written with the rest of the address as read: a
     // concurrent edit in between means read again.
     for _ in 0..4 {
-        if let Some(link) = patch_once(store, tenant, id, patch.clone(), now).await? {
+        if let Some(link) = patch_once(store, tenant, id, patch.clone(), now, also.clone()).await? {
             return Ok(link);
         }
     }
@@ -574,6 +578,7 @@ async fn patch_once(
     id: &LinkId,
     mut patch: PatchLink,
     now: Timestamp,
+    also: Vec<TxOp>,
 ) -> Result<Option<PaymentLink>, LinkError> {
     let link = find_in(store, tenant, id)
         .await?
@@ -584,9 +589,14 @@ async fn patch_once(
     let changes = patch_max_uses(changes, &link, patch.max_uses, &mut cond)?;
     let changes = patch_checkout_fields(changes, &mut patch, tenant.mode)?;
     let changes = patch_address(changes, &link, &mut patch, &mut cond)?;
-    match store
-        .update(&link.item_key(), changes.into(), Some(Cond::And(cond)))
-        .await
+    match update_with(
+        store,
+        &link.item_key(),
+        changes.into(),
+        Some(Cond::And(cond)),
+        also,
+    )
+    .await
     {
         Ok(item) => Ok(Some(from_item(item)?)),
         Err(StoreError::ConditionFailed) => match get_in(store, &link.id).await? {
@@ -758,12 +768,14 @@ fn below_use_count(used: i64) -> LinkError {
 }
 
 /// `POST /v1/payment-links/{id}/cancel`: active -> inactive; an inactive
-/// link is refused (422 `link_inactive`).
+/// link is refused (422 `link_inactive`). `also` (the dashboard's audit
+/// entry) is written in the same transaction.
 pub async fn cancel(
     deps: &Deps,
     tenant: &Tenant,
     id: &LinkId,
     now: Timestamp,
+    also: Vec<TxOp>,
 ) -> Result<PaymentLink, LinkError> {
     let store = &*deps.store;
     let link = find_in(store, tenant, id)
@@ -772,13 +784,14 @@ pub async fn cancel(
     let changes = Changes::<PaymentLink>::new()
         .set(PaymentLink::ACTIVE, &false)
         .set(PaymentLink::UPDATED_AT, &now);
-    match store
-        .update(
-            &link.item_key(),
-            changes.into(),
-            Some(PaymentLink::ACTIVE.eq(&true)),
-        )
-        .await
+    match update_with(
+        store,
+        &link.item_key(),
+        changes.into(),
+        Some(PaymentLink::ACTIVE.eq(&true)),
+        also,
+    )
+    .await
     {
         Ok(item) => Ok(from_item(item)?),
         Err(StoreError::ConditionFailed) => Err(LinkError::Inactive),

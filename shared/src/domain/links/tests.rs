@@ -153,11 +153,15 @@ async fn a_fenced_create_that_committed_answers_its_first_link() {
     let deps = crate::AppState::for_tests();
     let fence = Fence::new(Key::new("IDEMFENCE#test", "FENCE"), 0);
     let first = create(json!({"title": "Once", "amount": 1000})).unwrap();
-    let stored = insert_once(&deps, &first, Some(&fence)).await.unwrap();
+    let stored = insert_once(&deps, &first, Some(&fence), Vec::new())
+        .await
+        .unwrap();
     assert_eq!(stored.id, first.id);
     // The retry built another link; the fence answers the first.
     let second = create(json!({"title": "Once", "amount": 1000})).unwrap();
-    let again = insert_once(&deps, &second, Some(&fence)).await.unwrap();
+    let again = insert_once(&deps, &second, Some(&fence), Vec::new())
+        .await
+        .unwrap();
     assert_eq!(again.id, first.id);
     assert!(get(&deps, &second.id).await.unwrap().is_none());
     let (_, total) = list(
@@ -213,6 +217,7 @@ async fn patch_cancel_and_delete_follow_the_rules() {
         &l.id,
         p,
         now(),
+        Vec::new(),
     )
     .await
     .unwrap();
@@ -233,6 +238,7 @@ async fn patch_cancel_and_delete_follow_the_rules() {
         &l.id,
         p,
         now(),
+        Vec::new(),
     )
     .await
     .unwrap();
@@ -249,6 +255,7 @@ async fn patch_cancel_and_delete_follow_the_rules() {
         &l.id,
         p,
         now(),
+        Vec::new(),
     )
     .await
     .unwrap();
@@ -268,6 +275,7 @@ async fn patch_cancel_and_delete_follow_the_rules() {
         &l.id,
         p,
         now(),
+        Vec::new(),
     )
     .await
     .unwrap();
@@ -300,7 +308,7 @@ async fn patch_cancel_and_delete_follow_the_rules() {
     ] {
         let p: PatchLink = serde_json::from_value(json!({ key: null })).unwrap();
         assert!(
-            matches!(patch(&deps, &Tenant::new("proj_1", Mode::Sandbox), &l.id, p, now()).await,
+            matches!(patch(&deps, &Tenant::new("proj_1", Mode::Sandbox), &l.id, p, now(), Vec::new()).await,
                     Err(LinkError::Invalid { ref field, .. }) if field == key),
             "{key}"
         );
@@ -316,7 +324,7 @@ async fn patch_cancel_and_delete_follow_the_rules() {
         .unwrap();
     let p: PatchLink = serde_json::from_value(json!({"maxUses": 1})).unwrap();
     assert!(matches!(
-        patch(&deps, &Tenant::new("proj_1", Mode::Sandbox), &l.id, p, now()).await,
+        patch(&deps, &Tenant::new("proj_1", Mode::Sandbox), &l.id, p, now(), Vec::new()).await,
         Err(LinkError::Invalid { field, .. }) if field == "maxUses"
     ));
     assert!(matches!(
@@ -324,17 +332,37 @@ async fn patch_cancel_and_delete_follow_the_rules() {
         Err(LinkError::Used)
     ));
     assert!(
-        cancel(&deps, &Tenant::new("proj_1", Mode::Sandbox), &l.id, now())
-            .await
-            .is_ok()
+        cancel(
+            &deps,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            &l.id,
+            now(),
+            Vec::new()
+        )
+        .await
+        .is_ok()
     );
     assert!(matches!(
-        cancel(&deps, &Tenant::new("proj_1", Mode::Sandbox), &l.id, now()).await,
+        cancel(
+            &deps,
+            &Tenant::new("proj_1", Mode::Sandbox),
+            &l.id,
+            now(),
+            Vec::new()
+        )
+        .await,
         Err(LinkError::Inactive)
     ));
     // Another project sees nothing.
     assert!(matches!(
-        cancel(&deps, &Tenant::new("proj_2", Mode::Sandbox), &l.id, now()).await,
+        cancel(
+            &deps,
+            &Tenant::new("proj_2", Mode::Sandbox),
+            &l.id,
+            now(),
+            Vec::new()
+        )
+        .await,
         Err(LinkError::NotFound(_))
     ));
     let unused = create(json!({"title": "Unused"})).unwrap();

@@ -60,6 +60,7 @@ use crate::store::StoreError;
 
 mod dispatch;
 mod guards;
+mod invoice;
 mod notify;
 mod reminders;
 mod request;
@@ -68,6 +69,7 @@ mod tests;
 
 pub use dispatch::{DispatchError, DispatchOutcome, handle_message};
 pub use guards::{SmsCount, SmsRecipientWindow, quota_counter, session_in_url};
+pub use invoice::{InvoiceSms, InvoiceSmsOutcome, notify_invoice};
 pub use notify::{SmsMessage, get, notify};
 pub use reminders::{SmsReminder, SmsStatus, list, list_recent, requeue_stuck};
 pub use request::normalize_phone;

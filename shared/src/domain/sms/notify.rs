@@ -152,6 +152,7 @@ fn new_reminder(
         to: v.phone.clone(),
         text: message_text(v),
         session_id: Some(session_id),
+        invoice_id: None,
         status: if mode == Mode::Live {
             SmsStatus::Queued
         } else {

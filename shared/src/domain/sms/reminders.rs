@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::notify::enqueue;
 use crate::domain::record::{Changes, Entry, Gsi2Entry, Record, from_item};
 use crate::domain::{Mode, Tenant, Window};
-use crate::ids::{MerchantId, ProjectId, SessionId, SmsId};
+use crate::ids::{BillingInvoiceId, MerchantId, ProjectId, SessionId, SmsId};
 use crate::store::{Cond, Index, Key, Query, Store, StoreError};
 use crate::time::Timestamp;
 use crate::{Deps, keys};
@@ -54,6 +54,10 @@ pub struct SmsReminder {
     /// dispatcher sends nothing once it is no longer payable.
     #[serde(default)]
     pub session_id: Option<SessionId>,
+    /// The billing invoice a billing reminder is about (none for a
+    /// checkout reminder).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invoice_id: Option<BillingInvoiceId>,
     pub status: SmsStatus,
     #[serde(default)]
     pub attempts: u32,
@@ -93,6 +97,7 @@ crate::attrs! { SmsReminder {
     TO: String = to,
     TEXT: String = text,
     SESSION_ID: Option<SessionId> = session_id,
+    INVOICE_ID: Option<BillingInvoiceId> = invoice_id,
     STATUS: SmsStatus = status,
     ATTEMPTS: u32 = attempts,
     LEASE_UNTIL_MS: Option<i64> = lease_until_ms,

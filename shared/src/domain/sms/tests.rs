@@ -395,6 +395,7 @@ async fn a_reminder_whose_message_was_lost_is_queued_again_once_per_sweep() {
         to: "9841000001".into(),
         text: "pay".into(),
         session_id: None,
+        invoice_id: None,
         status: SmsStatus::Queued,
         attempts: 0,
         lease_until_ms: None,
@@ -673,6 +674,7 @@ async fn queued_reminder(state: &Deps, who: &Principal) -> SmsReminder {
         to: "9841000001".into(),
         text: "hi".into(),
         session_id: Some(session_id),
+        invoice_id: None,
         status: SmsStatus::Queued,
         attempts: 0,
         lease_until_ms: None,
@@ -1439,4 +1441,84 @@ async fn the_counters_and_the_recipient_window_read_as_records_of_unchanged_shap
         assert_eq!(attrs(raw.clone()), ["n", "pk", "sk", "ttl"]);
         assert_eq!(count.to_item().ok(), Some(raw), "written back as stored");
     }
+}
+
+/// A once-only claim for a test occurrence (what the billing engine
+/// writes for each reminder it sends).
+fn occurrence_claim(name: &str) -> crate::store::TxOp {
+    let mut item = crate::store::Item::new();
+    item.insert(crate::store::PK.into(), format!("TESTCLAIM#{name}").into());
+    item.insert(crate::store::SK.into(), "CLAIM".into());
+    crate::store::TxOp::Put {
+        item,
+        cond: Some(crate::store::Cond::NotExists),
+    }
+}
+
+fn invoice_sms(who: &Principal, quota: u32, claim: &str) -> InvoiceSms {
+    InvoiceSms {
+        tenant: who.tenant().clone(),
+        merchant_id: who.merchant.id.clone(),
+        monthly_quota: quota,
+        to: "9841000009".into(),
+        text: "Gym KTM: NPR 2,500.00 due 2026-12-01. Pay: https://p.example/r/x".into(),
+        invoice_id: "inv_1".into(),
+        claim: occurrence_claim(claim),
+        limits: Limits::default(),
+    }
+}
+
+/// A billing reminder needs no checkout session; it is stored bound to
+/// its invoice, once per occurrence (a second call takes nothing), logged
+/// in sandbox, queued live against the plan's quota.
+#[tokio::test]
+async fn a_billing_reminder_is_bound_to_its_invoice_and_sent_once_per_occurrence() {
+    let (state, who, _) = state_with_tenant(Plan::Growth, Mode::Sandbox).await;
+    let first = notify_invoice(&state, invoice_sms(&who, 200, "a")).await;
+    let Ok(InvoiceSmsOutcome::Logged(id)) = first else {
+        panic!("{first:?}")
+    };
+    let again = notify_invoice(&state, invoice_sms(&who, 200, "a")).await;
+    assert!(
+        matches!(again, Ok(InvoiceSmsOutcome::AlreadyDone)),
+        "{again:?}"
+    );
+    let (all, total) = list(&state, who.tenant(), crate::domain::Window::first(10))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(total, 1);
+    assert_eq!(all[0].id, id);
+    assert_eq!(all[0].invoice_id, Some("inv_1".into()));
+    assert_eq!(all[0].session_id, None);
+    assert_eq!(all[0].status, SmsStatus::Logged);
+    let nothing = state
+        .queue
+        .receive(QueueName::Sms, 10, Duration::ZERO, Duration::from_secs(30))
+        .await;
+    assert!(matches!(nothing.as_deref(), Ok([])), "{nothing:?}");
+
+    let (state, who, _) = state_with_tenant(Plan::Growth, Mode::Live).await;
+    let none_left = notify_invoice(&state, invoice_sms(&who, 0, "b")).await;
+    assert!(
+        matches!(none_left, Ok(InvoiceSmsOutcome::QuotaExhausted)),
+        "{none_left:?}"
+    );
+    let live = notify_invoice(&state, invoice_sms(&who, 200, "b")).await;
+    assert!(matches!(live, Ok(InvoiceSmsOutcome::Queued(_))), "{live:?}");
+    let got = state
+        .queue
+        .receive(QueueName::Sms, 10, Duration::ZERO, Duration::from_secs(30))
+        .await;
+    assert!(matches!(got.as_deref(), Ok([_])), "{got:?}");
+    // The recipient's day counts billing reminders too: the fourth in a
+    // day waits.
+    for n in ["c", "d"] {
+        let r = notify_invoice(&state, invoice_sms(&who, 200, n)).await;
+        assert!(matches!(r, Ok(InvoiceSmsOutcome::Queued(_))), "{r:?}");
+    }
+    let full = notify_invoice(&state, invoice_sms(&who, 200, "e")).await;
+    assert!(
+        matches!(full, Err(SmsError::RateLimited { .. })),
+        "{full:?}"
+    );
 }

@@ -15,7 +15,7 @@ use crate::ids::{EndpointId, ProjectId};
 use crate::keys;
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
-use crate::store::{Cond, Key, Query, Store, StoreError, TxOp, TxReason};
+use crate::store::{Cond, Key, Query, Store, StoreError, TxOp, TxReason, update_with};
 use crate::time::Timestamp;
 use crate::webhooks::settings::WebhookSettings;
 use crate::webhooks::ssrf::{self, UrlError};
@@ -276,6 +276,18 @@ pub async fn create(
     body: CreateEndpoint,
     fence: Option<&Fence>,
 ) -> Result<(Endpoint, Option<String>), WebhookError> {
+    create_with(state, tenant, body, fence, |_| Ok(Vec::new())).await
+}
+
+/// [`create`] with `also(endpoint)` (the dashboard's audit entry) written
+/// in the same transaction.
+pub async fn create_with(
+    state: &Deps,
+    tenant: &Tenant,
+    body: CreateEndpoint,
+    fence: Option<&Fence>,
+    also: impl FnOnce(&Endpoint) -> Result<Vec<TxOp>, StoreError>,
+) -> Result<(Endpoint, Option<String>), WebhookError> {
     let events = parse_events(body.events.as_deref().unwrap_or_default())?;
     let url = check_receiver(&body.url, tenant.mode, &state.webhooks).await?;
     let now = state.clock.now();
@@ -313,6 +325,7 @@ pub async fn create(
     if let Some(f) = fence {
         ops.push(f.op(&endpoint.id));
     }
+    ops.extend(also(&endpoint)?);
     let mut tries = 0;
     loop {
         tries += 1;
@@ -550,6 +563,18 @@ pub async fn patch(
     id: &EndpointId,
     body: PatchEndpoint,
 ) -> Result<Endpoint, WebhookError> {
+    patch_with(state, tenant, id, body, Vec::new()).await
+}
+
+/// [`patch`] with `also` (the dashboard's audit entry) in the same
+/// transaction.
+pub async fn patch_with(
+    state: &Deps,
+    tenant: &Tenant,
+    id: &EndpointId,
+    body: PatchEndpoint,
+    also: Vec<TxOp>,
+) -> Result<Endpoint, WebhookError> {
     let current = get(state, tenant, id).await?;
     let mut update = Changes::<Endpoint>::new();
     if let Some(url) = &body.url {
@@ -564,10 +589,14 @@ pub async fn patch(
     }
     let now = state.clock.now();
     update = update.set(Endpoint::UPDATED_AT, &now);
-    match state
-        .store
-        .update(&current.item_key(), update.into(), Some(Cond::Exists))
-        .await
+    match update_with(
+        &*state.store,
+        &current.item_key(),
+        update.into(),
+        Some(Cond::Exists),
+        also,
+    )
+    .await
     {
         Ok(item) => Ok(from_item(item)?),
         Err(e) if e.is_condition_failure() => Err(WebhookError::NotFound(id.to_string())),
@@ -578,6 +607,17 @@ pub async fn patch(
 /// Deletes the endpoint for good; pending deliveries to it are dropped
 /// when their turn comes.
 pub async fn delete(deps: &Deps, tenant: &Tenant, id: &EndpointId) -> Result<(), WebhookError> {
+    delete_with(deps, tenant, id, Vec::new()).await
+}
+
+/// [`delete`] with `also` (the dashboard's audit entry) in the same
+/// transaction: written only if the endpoint goes.
+pub async fn delete_with(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &EndpointId,
+    also: Vec<TxOp>,
+) -> Result<(), WebhookError> {
     let store = &*deps.store;
     let current = get(deps, tenant, id).await?;
     let key = Endpoint::key(tenant, &current.id);
@@ -586,7 +626,7 @@ pub async fn delete(deps: &Deps, tenant: &Tenant, id: &EndpointId) -> Result<(),
     // with it: a second delete (a retry, a race) lowers nothing.
     const ENDPOINT_AT: usize = 0;
     const COUNTER_AT: usize = 1;
-    let ops = vec![
+    let mut ops = vec![
         TxOp::Delete {
             key: key.clone(),
             cond: Some(Cond::Exists),
@@ -602,6 +642,7 @@ pub async fn delete(deps: &Deps, tenant: &Tenant, id: &EndpointId) -> Result<(),
             cond: Some(EndpointCounter::N.gt(&0)),
         },
     ];
+    ops.extend(also.iter().cloned());
     let mut tries = 0;
     loop {
         tries += 1;
@@ -627,7 +668,7 @@ pub async fn delete(deps: &Deps, tenant: &Tenant, id: &EndpointId) -> Result<(),
             }
             if let Some((seen @ ..=0, version)) = counted {
                 let real = EndpointCounter::recount(store, tenant).await?;
-                let ops = vec![
+                let mut ops = vec![
                     TxOp::Delete {
                         key: key.clone(),
                         cond: Some(Cond::Exists),
@@ -641,6 +682,7 @@ pub async fn delete(deps: &Deps, tenant: &Tenant, id: &EndpointId) -> Result<(),
                         cond: Some(EndpointCounter::unchanged(version)),
                     },
                 ];
+                ops.extend(also.iter().cloned());
                 match store.transact(ops).await {
                     Ok(()) => {
                         tracing::warn!(
