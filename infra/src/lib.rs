@@ -457,6 +457,16 @@ pub async fn start_with_clock(
                 if let Err(e) = shared::domain::attempts::sweep(&state, state.clock.now()).await {
                     tracing::warn!(error = %e, "sweep failed; next tick retries");
                 }
+                // The billing engine, as the scheduler function runs it.
+                let billing = shared::domain::billing::sweep::sweep(
+                    &state,
+                    state.clock.now(),
+                    shared::domain::billing::sweep::BUDGET,
+                )
+                .await;
+                if let Err(e) = billing {
+                    tracing::warn!(error = %e, "billing sweep failed; next tick retries");
+                }
             }
         })
     });

@@ -90,6 +90,11 @@ pub enum PerMode {
     BillingCustomers,
     /// Billing plans (their own partition, by id).
     BillingPlans,
+    /// `gsi2`: subscriptions by when something is next due
+    /// (`billing::sweep`).
+    SubscriptionsDue,
+    /// `gsi1`: sandbox test clocks.
+    TestClocks,
 }
 
 impl PerMode {
@@ -108,6 +113,8 @@ impl PerMode {
             PerMode::Streams => "STREAMS",
             PerMode::BillingCustomers => "BCUS",
             PerMode::BillingPlans => "BPLAN",
+            PerMode::SubscriptionsDue => "SUBDUE",
+            PerMode::TestClocks => "CLOCK",
         }
     }
 }
@@ -220,6 +227,31 @@ pub fn fonepay_cap(project_id: &str, month: &str) -> Key {
 /// The sweep's list of projects with open work, in shard `shard`.
 pub fn active_partition(shard: u32) -> String {
     format!("ACTIVE#{shard}")
+}
+
+/// The billing sweep's list of projects with subscriptions, shard
+/// `shard` (`BILLDUE#<shard>`).
+pub fn billing_due_partition(shard: u32) -> String {
+    format!("BILLDUE#{shard}")
+}
+
+/// A test clock's subscriptions by next due time (`gsi2`): advanced by
+/// the clock, never by the sweep.
+pub fn test_clock_due_partition(clock_id: &str) -> String {
+    format!("CLOCK#{clock_id}#SUBDUE")
+}
+
+/// A sandbox test clock (`billing::test_clock`).
+pub fn test_clock(clock_id: &str) -> Key {
+    Key::new(format!("CLOCK#{clock_id}"), "CLOCK")
+}
+
+/// One project and mode in the billing sweep's list.
+pub fn billing_due(shard: u32, project_id: &str, mode: Mode) -> Key {
+    Key::new(
+        billing_due_partition(shard),
+        format!("{project_id}#{}", mode.as_str()),
+    )
 }
 
 /// One project and mode in the sweep's list.
@@ -480,6 +512,18 @@ mod tests {
             kk("PROJ#p", "FPCAP#2026-11")
         );
         assert_eq!(k(active(3, "p", sb)), kk("ACTIVE#3", "p#sandbox"));
+        assert_eq!(k(billing_due(3, "p", sb)), kk("BILLDUE#3", "p#sandbox"));
+        assert_eq!(billing_due_partition(1), "BILLDUE#1");
+        assert_eq!(test_clock_due_partition("clock_1"), "CLOCK#clock_1#SUBDUE");
+        assert_eq!(k(test_clock("clock_1")), kk("CLOCK#clock_1", "CLOCK"));
+        assert_eq!(
+            per_mode("p", sb, PerMode::TestClocks),
+            "PROJ#p#sandbox#CLOCK"
+        );
+        assert_eq!(
+            per_mode("p", sb, PerMode::SubscriptionsDue),
+            "PROJ#p#sandbox#SUBDUE"
+        );
         for (what, s) in [
             (Open::Payments, "OPEN#PAY#2"),
             (Open::Recheck, "RECHECK#PAY#2"),

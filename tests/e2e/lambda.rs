@@ -363,6 +363,9 @@ async fn scheduler_function_sweeps(which: Which) {
         "events_fanned_out",
         "deliveries_queued",
         "deliveries_requeued",
+        "subscriptions_advanced",
+        "billing_invoices_issued",
+        "billing_errors",
     ] {
         assert!(report[field].is_u64(), "{report}");
     }

@@ -4,7 +4,10 @@
 //! then fans out the outbox events the stream function has not taken and
 //! queues again webhook deliveries whose message was lost
 //! ([`shared::domain::webhooks::sweep`]): the backstop for events whose
-//! stream record was lost or whose retries ran out.
+//! stream record was lost or whose retries ran out. Beside them, the
+//! billing engine advances every subscription something is due for
+//! ([`shared::domain::billing::sweep`]: renewals, trial ends, grace ends,
+//! at most [`billing::sweep::BUDGET`] a run, fair across projects).
 //!
 //! The template allows one run at a time (reserved concurrency 1). A store
 //! error fails the invocation so Lambda records it; the next run tries
@@ -13,6 +16,7 @@
 use serde_json::Value;
 use shared::AppState;
 use shared::domain::attempts::SweepReport;
+use shared::domain::billing::{self, sweep::BillingSweepReport};
 use shared::domain::webhooks::{self, FanOutReport};
 use shared::store::StoreError;
 
@@ -29,10 +33,11 @@ pub async fn handle(state: &AppState, event: Value) -> Result<Value, lambda_runt
     let _ = event;
     let now = state.clock.now();
     // Side by side: a slow provider must not starve webhook delivery.
-    let (swept, fanned, sms) = tokio::join!(
+    let (swept, fanned, sms, billed) = tokio::join!(
         sweep(state, now),
         webhooks::sweep(state, now, FAN_OUT_LIMIT),
-        shared::domain::sms::requeue_stuck(state, now, FAN_OUT_LIMIT)
+        shared::domain::sms::requeue_stuck(state, now, FAN_OUT_LIMIT),
+        billing::sweep::sweep(state, now, billing::sweep::BUDGET)
     );
     // SMS reminders whose queue message was lost (logged; the next run
     // retries a failure).
@@ -41,7 +46,35 @@ pub async fn handle(state: &AppState, event: Value) -> Result<Value, lambda_runt
         Ok(_) => {}
         Err(e) => tracing::error!(error = %e, "SMS backstop sweep failed"),
     }
-    report(swept, fanned)
+    let mut answer = report(swept, fanned)?;
+    with_billing(&mut answer, billed)?;
+    Ok(answer)
+}
+
+/// Adds the billing sweep's counts to the answer (`subscriptions_advanced`,
+/// `billing_invoices_issued`, `billing_errors`); its store error fails the
+/// invocation like the others'.
+fn with_billing(
+    answer: &mut Value,
+    billed: Result<BillingSweepReport, StoreError>,
+) -> Result<(), lambda_runtime::Error> {
+    match billed {
+        Ok(b) => {
+            if let Value::Object(map) = answer {
+                map.insert(
+                    "subscriptions_advanced".into(),
+                    b.subscriptions_advanced.into(),
+                );
+                map.insert("billing_invoices_issued".into(), b.invoices_issued.into());
+                map.insert("billing_errors".into(), b.errors.into());
+            }
+            Ok(())
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "billing sweep failed");
+            Err(Box::new(e))
+        }
+    }
 }
 
 /// Logs the outcome of a run and turns it into the invocation's answer:
@@ -149,7 +182,7 @@ mod tests {
         })
     }
 
-    const KEYS: [&str; 10] = [
+    const KEYS: [&str; 13] = [
         "sessions_expired",
         "payments_checked",
         "payments_settled",
@@ -160,6 +193,9 @@ mod tests {
         "deliveries_queued",
         "fan_out_errors",
         "deliveries_requeued",
+        "subscriptions_advanced",
+        "billing_invoices_issued",
+        "billing_errors",
     ];
 
     #[tokio::test]
@@ -259,6 +295,73 @@ mod tests {
             body,
             json!({"event_id": recorded[0], "endpoint_id": endpoint.id, "attempt": 0})
         );
+    }
+
+    /// A subscription whose trial ended is advanced by the run: its
+    /// first invoice is issued.
+    #[tokio::test]
+    async fn the_run_advances_due_subscriptions() {
+        use shared::domain::billing::subscription::{self, NewSubscription};
+        let state = state();
+        let now = state.clock.now();
+        let tenant = Tenant::new("proj_sched", Mode::Sandbox);
+        let day = |days: i64| match Timestamp::from_unix_millis(
+            now.unix_millis() + days * 24 * 3600 * 1000,
+        ) {
+            Some(t) => t,
+            None => panic!("time"),
+        };
+        let start = day(-20);
+        let terms = billing::terms::Terms {
+            description: "Pro".into(),
+            amount: 99_900,
+            currency: shared::money::Currency::Npr,
+            interval_unit: billing::period::IntervalUnit::Month,
+            interval_count: 1,
+            calendar: billing::period::Calendar::Ad,
+            trial_days: 0,
+            grace_period_days: 3,
+            reminder_days_before_due: 3,
+            overdue_reminder_interval_days: 2,
+            overdue_action: billing::terms::OverdueAction::MarkPastDue,
+            default_provider: None,
+        };
+        let input = NewSubscription {
+            customer_id: "cus_1".into(),
+            plan_id: "bp_1".into(),
+            terms,
+            reference_id: None,
+            metadata: serde_json::Map::new(),
+            start,
+            trial_ends_at: Some(day(-1)),
+            billing_anchor_day: None,
+            dunning_policy_id: None,
+            test_clock_id: None,
+        };
+        let sub = match subscription::new_subscription(&tenant, input, start) {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        };
+        if let Err(e) = subscription::create(&state, &sub).await {
+            panic!("{e}")
+        }
+        let answer = match handle(&state, scheduled_event()).await {
+            Ok(a) => a,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(answer["subscriptions_advanced"], 1, "{answer}");
+        assert_eq!(answer["billing_invoices_issued"], 1, "{answer}");
+        let after = match subscription::get(&state, &tenant, &sub.id).await {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(after.status.as_str(), "active");
+        // Nothing more is due: a second run advances nothing.
+        let again = match handle(&state, scheduled_event()).await {
+            Ok(a) => a,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(again["subscriptions_advanced"], 0, "{again}");
     }
 
     #[test]

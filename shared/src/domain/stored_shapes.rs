@@ -138,6 +138,8 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
     Some(match (head, sk) {
         ("ACTIVE", _) => ("active project", record::<active::Active>()),
         ("AKEY", "AKEY") => ("api key", record::<account::ApiKey>()),
+        ("CLOCK", "CLOCK") => ("test clock", record::<billing::test_clock::TestClock>()),
+        ("BILLDUE", _) => ("billing sweep tenant", record::<billing::due::DueTenant>()),
         ("BINV", "BINV") => (
             "billing invoice",
             record::<billing::invoice::BillingInvoice>(),
@@ -642,6 +644,9 @@ async fn every_billing_item_has_a_kind_and_writes_back_the_same() {
     dunning::append_attempt(&deps, &state, attempt)
         .await
         .unwrap();
+    super::billing::test_clock::create(&deps, &tenant, "Year walk", now, now)
+        .await
+        .unwrap();
 
     let items = match store.scan_all() {
         Ok(items) => items,
@@ -656,6 +661,8 @@ async fn every_billing_item_has_a_kind_and_writes_back_the_same() {
         "dunning policy",
         "dunning default",
         "invoice dunning state",
+        "billing sweep tenant",
+        "test clock",
     ] {
         assert!(seen.contains_key(kind), "{kind} written: {seen:?}");
     }

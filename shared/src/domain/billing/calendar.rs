@@ -22,6 +22,13 @@ pub fn nepal_day(at: Timestamp) -> NaiveDate {
     at.datetime().with_timezone(&NEPAL_OFFSET).date_naive()
 }
 
+/// The moment Nepal day `day` begins (00:00 at UTC+05:45), `None` past
+/// the years a timestamp holds.
+pub fn nepal_day_start(day: NaiveDate) -> Option<Timestamp> {
+    let local = day.and_hms_opt(0, 0, 0)?.and_local_timezone(NEPAL_OFFSET);
+    Some(Timestamp::from_datetime(local.single()?.to_utc()))
+}
+
 /// A valid Bikram Sambat date: `month` 1..=12 (1 is Baisakh), `day` within
 /// that month's length in that year. Only [`BsDate::new`] and
 /// [`bs_from_ad`] make one.
@@ -286,6 +293,7 @@ mod tests {
         assert_eq!(nepal_day(before), ad(2024, 4, 12));
         assert_eq!(nepal_day(at), ad(2024, 4, 13));
         assert_eq!(bs_from_ad(nepal_day(at)), Some(bs(2081, 1, 1)));
+        assert_eq!(nepal_day_start(ad(2024, 4, 13)), Some(at));
     }
 
     #[test]

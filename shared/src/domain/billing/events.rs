@@ -39,6 +39,22 @@ pub fn subscription_webhook(
     }
 }
 
+/// The webhook of a change known only by the statuses it moved between
+/// (the sweep's steps): as [`subscription_webhook`] would name it.
+pub fn status_webhook(from: SubscriptionStatus, to: SubscriptionStatus) -> Option<EventType> {
+    use SubscriptionStatus as S;
+    match (from, to) {
+        _ if from == to => None,
+        (S::Trialing, S::Active) => Some(EventType::SubscriptionTrialEnded),
+        (S::Paused, S::Active) => Some(EventType::SubscriptionResumed),
+        (_, S::Active) => Some(EventType::SubscriptionActivated),
+        (_, S::PastDue) => Some(EventType::SubscriptionPastDue),
+        (_, S::Paused) => Some(EventType::SubscriptionPaused),
+        (_, S::Cancelled) => Some(EventType::SubscriptionCancelled),
+        _ => None,
+    }
+}
+
 /// The event `t` about subscription `sub` (as changed).
 pub fn subscription_event(t: EventType, sub: &Subscription, now: Timestamp) -> Event {
     Event::new(t, &sub.tenant(), SubscriptionView::json(sub), now)

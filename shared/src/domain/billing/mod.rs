@@ -5,6 +5,7 @@
 
 pub mod calendar;
 pub mod customers;
+pub mod due;
 pub mod dunning;
 pub mod dunning_api;
 pub mod events;
@@ -14,5 +15,7 @@ pub mod period;
 pub mod plans;
 pub mod reminders;
 pub mod subscription;
+pub mod sweep;
 pub mod terms;
+pub mod test_clock;
 pub mod views;

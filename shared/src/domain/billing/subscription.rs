@@ -6,15 +6,20 @@
 //! whole-record write conditioned on the version read (optimistic
 //! locking): the state machine decides on the record as read, and a write
 //! that lost the race re-reads and decides again.
+//!
+//! Every write also sets `next_due_at` ([`Subscription::due_at`]) and the
+//! subscription's place in its tenant's due index (`billing::due`), so the
+//! sweep finds each subscription when something of it is due.
 
 use chrono::NaiveDate;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::calendar::nepal_day;
+use super::calendar::{nepal_day, nepal_day_start};
 use super::customers::Customer;
+use super::due;
 use super::dunning::FinalAction;
-use super::events::{subscription_event, subscription_webhook};
+use super::events::{status_webhook, subscription_event, subscription_webhook};
 use super::period::{IntervalError, Period, Schedule, validate_interval};
 use super::terms::{OverdueAction, Terms, TermsError};
 use crate::Deps;
@@ -272,10 +277,29 @@ pub struct Subscription {
     /// `None`: the project's default policy.
     pub dunning_policy_id: Option<DunningPolicyId>,
     pub test_clock_id: Option<TestClockId>,
+    /// When something of it is next due ([`Subscription::due_at`]); its
+    /// entry in the due index sorts by it. `None`: nothing ever will be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_due_at: Option<Timestamp>,
+    /// The trial end whose `trial_will_end` moment the sweep handled (a
+    /// new trial end makes it due again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trial_reminded_for: Option<Timestamp>,
+    /// The first period whose invoice's grace end the sweep has still to
+    /// check.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub overdue_next: u32,
     pub version: i64,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// How long before a trial ends its `trial_will_end` moment is.
+pub const TRIAL_WILL_END_BEFORE: chrono::Duration = chrono::Duration::days(3);
 
 crate::attrs! { Subscription {
     ID: SubscriptionId = id,
@@ -317,6 +341,56 @@ impl Subscription {
     pub fn current_period(&self) -> Option<Period> {
         self.period(self.period_index)
     }
+
+    /// The next moment anything of this subscription is due for the sweep
+    /// (`None`: nothing, ever, unless it changes): a draft's start day,
+    /// the trial's `trial_will_end` moment and its end, the current
+    /// period's end, a paused subscription's `resume_at`, and the grace end
+    /// (the `overdue_on` day) of the first period not yet checked.
+    pub fn due_at(&self) -> Option<Timestamp> {
+        use SubscriptionStatus as S;
+        let mut due: Vec<Option<Timestamp>> = Vec::new();
+        match self.status {
+            S::IncompleteExpired | S::Cancelled | S::Completed => return None,
+            S::Draft => due.push(nepal_day_start(self.start_date)),
+            S::Trialing => {
+                if let Some(end) = self.trial_ends_at {
+                    due.push(Some(end));
+                    if self.trial_reminded_for != Some(end) {
+                        due.push(Some(end.plus(-TRIAL_WILL_END_BEFORE)));
+                    }
+                }
+            }
+            S::Incomplete => {}
+            S::Active | S::PastDue | S::Paused => {
+                due.push(
+                    self.current_period()
+                        .and_then(|p| nepal_day_start(p.end_exclusive)),
+                );
+            }
+        }
+        if self.status == S::Paused {
+            due.push(self.resume_at);
+        }
+        if self.billing_start.is_some()
+            && !matches!(self.status, S::Draft | S::Trialing)
+            && self.overdue_next <= self.period_index
+        {
+            due.push(
+                self.period(self.overdue_next)
+                    .and_then(|p| self.terms.overdue_on(p.start))
+                    .and_then(nepal_day_start),
+            );
+        }
+        due.into_iter().flatten().min()
+    }
+
+    /// This subscription with `next_due_at` set from its fields.
+    pub fn stamped(&self) -> Subscription {
+        let mut sub = self.clone();
+        sub.next_due_at = sub.due_at();
+        sub
+    }
 }
 
 impl Record for Subscription {
@@ -325,10 +399,18 @@ impl Record for Subscription {
     }
 
     fn entries(&self) -> Vec<Entry> {
-        vec![Entry::gsi1(
+        let mut entries = vec![Entry::gsi1(
             Subscription::list_partition(&self.tenant()),
             self.id.to_string(),
-        )]
+        )];
+        if let Some(at) = self.next_due_at {
+            let partition = match &self.test_clock_id {
+                Some(clock) => due::clock_partition(clock),
+                None => due::due_partition(&self.tenant()),
+            };
+            entries.push(Entry::gsi2(partition, due::due_sort(at, &self.id)));
+        }
+        entries
     }
 }
 
@@ -404,6 +486,9 @@ pub fn new_subscription(
         resume_at: None,
         dunning_policy_id: input.dunning_policy_id,
         test_clock_id: input.test_clock_id,
+        next_due_at: None,
+        trial_reminded_for: None,
+        overdue_next: 0,
         version: 1,
         created_at: now,
         updated_at: now,
@@ -411,7 +496,7 @@ pub fn new_subscription(
     if start_date <= nepal_day(now) {
         started(&mut sub)?;
     }
-    Ok(sub)
+    Ok(sub.stamped())
 }
 
 /// Starts a draft: trialing until its trial end, else billing from its
@@ -425,8 +510,9 @@ pub fn started(sub: &mut Subscription) -> Result<(), Refusal> {
     Ok(())
 }
 
-/// Stores a new subscription, with its `subscription.created` event in
-/// the same transaction.
+/// Stores a new subscription (with `next_due_at` set from its fields),
+/// listing its tenant for the sweep, with its `subscription.created`
+/// event in the same transaction.
 pub async fn create(deps: &Deps, sub: &Subscription) -> Result<(), SubscriptionError> {
     create_with(deps, sub, Vec::new()).await?;
     Ok(())
@@ -435,19 +521,73 @@ pub async fn create(deps: &Deps, sub: &Subscription) -> Result<(), SubscriptionE
 /// Stores a new subscription with `with` in the same transaction (the
 /// API's create adds its customer's `open_subscriptions` count and the
 /// request's idempotency fence, in that order after the subscription's
-/// own put, at index 0). The store's error is answered as it is, so the
-/// caller can tell which op's condition failed.
+/// own put, at index 0; the sweep's list entry, when written, comes after
+/// them). The store's error is answered as it is, so the caller can tell
+/// which op's condition failed.
 pub async fn create_with(
     deps: &Deps,
     sub: &Subscription,
     with: Vec<TxOp>,
 ) -> Result<(), StoreError> {
     // The caller's ops keep their places after the subscription (a
-    // fence's failure is found by its index); the event comes last.
-    let mut ops = vec![sub.put_new()?];
+    // fence's failure is found by its index); the listing and the event
+    // come after them.
+    let mut ops = write_ops(sub, None)?;
+    let listed = ops.split_off(1);
     ops.extend(with);
+    ops.extend(listed);
     ops.extend(subscription_event(EventType::SubscriptionCreated, sub, sub.created_at).put_ops()?);
     deps.store.transact(ops).await
+}
+
+/// The writes that store `sub` stamped ([`Subscription::stamped`]): a new
+/// record when `seen` is `None`, else the whole record conditioned on
+/// version `seen.version`; with the tenant's entry in the sweep's list when
+/// the subscription enters the due index.
+pub(crate) fn write_ops(
+    sub: &Subscription,
+    seen: Option<&Subscription>,
+) -> Result<Vec<TxOp>, StoreError> {
+    let sub = sub.stamped();
+    let mut ops = vec![match seen {
+        None => sub.put_new()?,
+        Some(current) => TxOp::Put {
+            item: sub.to_item()?,
+            cond: Some(Subscription::VERSION.eq(&current.version)),
+        },
+    }];
+    let enters = sub.next_due_at.is_some() && seen.is_none_or(|s| s.next_due_at.is_none());
+    if enters && sub.test_clock_id.is_none() {
+        ops.push(due::listed(&sub.tenant(), sub.updated_at)?);
+    }
+    Ok(ops)
+}
+
+/// The writes that change `current` into `changed` (stamped, see
+/// [`write_ops`]); one that ends the subscription also lowers its
+/// customer's `open_subscriptions`. Every change of a stored subscription
+/// ([`change`], the sweep's steps) is these ops.
+pub(crate) async fn change_ops(
+    deps: &Deps,
+    current: &Subscription,
+    changed: &Subscription,
+    event: Option<SubscriptionEvent>,
+    now: Timestamp,
+) -> Result<Vec<TxOp>, StoreError> {
+    let mut ops = write_ops(changed, Some(current))?;
+    if changed.status.is_ended() && !current.status.is_ended() {
+        ops.extend(release_customer(deps, current).await?);
+    }
+    // The change's webhook: by its event when the caller names one, else
+    // by the status it moved between (the sweep's steps).
+    let webhook = match event {
+        Some(e) => subscription_webhook(current.status, e, changed.status),
+        None => status_webhook(current.status, changed.status),
+    };
+    if let Some(t) = webhook {
+        ops.extend(subscription_event(t, changed, now).put_ops()?);
+    }
+    Ok(ops)
 }
 
 /// The tenant's subscription `id`.
@@ -503,18 +643,12 @@ pub async fn change(
         let mut changed = decide(&current)?;
         changed.version = current.version + 1;
         changed.updated_at = now;
-        let mut ops = vec![TxOp::Put {
-            item: changed.to_item()?,
-            cond: Some(Subscription::VERSION.eq(&current.version)),
-        }];
-        if changed.status.is_ended() && !current.status.is_ended() {
-            ops.extend(release_customer(deps, &current).await?);
-        }
-        if let Some(t) = event.and_then(|e| subscription_webhook(current.status, e, changed.status))
+        let changed = changed.stamped();
+        match deps
+            .store
+            .transact(change_ops(deps, &current, &changed, event, now).await?)
+            .await
         {
-            ops.extend(subscription_event(t, &changed, now).put_ops()?);
-        }
-        match deps.store.transact(ops).await {
             Ok(()) => return Ok(changed),
             Err(e) if e.is_condition_failure() || is_conflict(&e) => {
                 crate::store::contention_backoff(attempt).await;

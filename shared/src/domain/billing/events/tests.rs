@@ -132,6 +132,26 @@ fn every_allowed_transition_has_the_webhook_its_new_status_names() {
     );
 }
 
+/// A change known by its statuses alone (the sweep's steps) names the
+/// webhook the event-named change would, for every allowed transition
+/// (trial extension aside: it changes no status).
+#[test]
+fn a_status_change_names_the_webhook_its_event_would() {
+    for from in SubscriptionStatus::ALL {
+        for event in SubscriptionEvent::all() {
+            let Ok(to) = next(from, event) else { continue };
+            if event == E::TrialExtended {
+                continue;
+            }
+            assert_eq!(
+                status_webhook(from, to),
+                subscription_webhook(from, event, to),
+                "{from:?} {event:?} -> {to:?}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn each_subscription_transition_writes_its_event_and_a_refused_one_none() {
     let deps = deps_on(crate::testenv::memory_store());
