@@ -60,7 +60,7 @@ macro_rules! id_parts {
 
 id_parts!(
     MerchantId, ProjectId, ApiKeyId, SessionId, PaymentId, RefundId, LinkId, InvoiceId, EndpointId,
-    DeliveryId, EventId, SmsId, UserId, AuditId, CustomerId, PlanId
+    DeliveryId, EventId, SmsId, UserId, AuditId, CustomerId, PlanId, BillingInvoiceId
 );
 
 /// What a route's path holds, in order: one part or a tuple of them.
