@@ -112,6 +112,11 @@ const ROUTES: &[Route] = &[
     r("GET", "/v1/billing/plans/{id}", Scope::BillingRead),
     r("PATCH", "/v1/billing/plans/{id}", Scope::BillingWrite),
     r("DELETE", "/v1/billing/customers/{id}", Scope::BillingWrite),
+    // billing invoices
+    r("GET", "/v1/billing/invoices", Scope::BillingRead),
+    r("GET", "/v1/billing/invoices/{id}", Scope::BillingRead),
+    r("POST", "/v1/billing/invoices/{id}/qr", Scope::BillingWrite),
+    r("GET", "/v1/billing/invoices/{id}/pdf", Scope::BillingRead),
 ];
 
 /// The endpoints for apps: a publishable key and a session's client
@@ -128,6 +133,7 @@ fn outside_contract(path: &str) -> bool {
     [
         "/c/",
         "/l/",
+        "/b/",
         "/health",
         "/sim",
         "/docs",
@@ -312,6 +318,7 @@ struct Records {
     hook_url: String,
     customer: String,
     plan: String,
+    billing_invoice: String,
 }
 
 impl Records {
@@ -341,6 +348,8 @@ impl Records {
             &self.customer
         } else if p.starts_with("/v1/billing/plans/") {
             &self.plan
+        } else if p.starts_with("/v1/billing/invoices/") {
+            &self.billing_invoice
         } else {
             panic!("no record for {path}")
         }
@@ -359,6 +368,7 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
             json!({"amount": 10_000})
         }
         ("POST", "/v1/qr/{id}/refresh") => json!({}),
+        ("POST", "/v1/billing/invoices/{id}/qr") => json!({}),
         ("POST", "/v1/refunds") => {
             json!({"paymentId": rec.payment, "amount": 100, "reason": "customer_request"})
         }
@@ -466,6 +476,14 @@ async fn receiver() -> String {
     format!("http://127.0.0.1:{port}/hook")
 }
 
+/// A billing invoice of `customer`, issued through the domain as the
+/// engine issues it.
+async fn billing_invoice(app: &TestApp, tenant: &Tenant, customer: &str) -> String {
+    let project = tenant.project.id.to_string();
+    let (_, inv) = dhukuti_tests::billing::first_invoice(app, &project, customer, 10_000).await;
+    inv.id.to_string()
+}
+
 async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
     let hook_url = receiver().await;
     let session = created(
@@ -519,6 +537,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         hook_url,
         customer: text(&customer["id"]),
         plan: text(&plan["id"]),
+        billing_invoice: billing_invoice(app, tenant, &text(&customer["id"])).await,
     };
     for (kind, id) in [
         ("cs_", &rec.session),
@@ -529,6 +548,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         ("oinv_", &rec.issued),
         ("cus_", &rec.customer),
         ("bp_", &rec.plan),
+        ("inv_", &rec.billing_invoice),
     ] {
         assert!(id.starts_with(kind), "{kind}: {id}");
     }
@@ -901,6 +921,7 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
         ],
         ("POST", "/v1/checkout/{id}/expire")
         | ("POST", "/v1/qr/{id}/refresh")
+        | ("POST", "/v1/billing/invoices/{id}/qr")
         | ("POST", "/v1/payment-links/{id}/cancel")
         | ("POST", "/v1/invoices/{id}/discard") => vec![],
         ("POST", "/v1/refunds") => vec![

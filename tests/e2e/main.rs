@@ -10,6 +10,7 @@
 mod analytics;
 mod api;
 mod billing;
+mod billing_invoices;
 mod browser;
 mod checkout;
 mod contract;

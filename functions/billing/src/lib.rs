@@ -11,10 +11,12 @@ use serde::Serialize;
 use shared::AppState;
 
 mod customers;
+mod invoices;
 mod plans;
 
 /// Every resource group's route table.
-const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] = &[customers::routes, plans::routes];
+const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] =
+    &[customers::routes, plans::routes, invoices::routes];
 
 /// The function's routes and their description, one value.
 pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
