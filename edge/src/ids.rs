@@ -10,7 +10,7 @@ use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use shared::ids::{
-    ApiKeyId, AuditId, CustomerId, DeliveryId, EndpointId, EventId, InvoiceId, LinkId, MerchantId,
+    ApiKeyId, AuditId, BillingInvoiceId, CustomerId, DeliveryId, EndpointId, EventId, InvoiceId, LinkId, MerchantId,
     PaymentId, PlanId, ProjectId, RefundId, SessionId, SmsId, TypedId, UserId,
 };
 use shared::refusal::Refusal;

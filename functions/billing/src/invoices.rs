@@ -11,7 +11,8 @@ use shared::domain::account::Scope;
 use shared::domain::billing::customers::PageRequest;
 use shared::domain::billing::invoice::{self, view};
 use shared::domain::billing::invoice::view::InvoiceView;
-use shared::ids::BillingInvoiceId;
+use shared::ids::{BillingInvoiceId, CustomerId, SubscriptionId, TypedId};
+use shared::refusal::Refusal;
 
 use crate::customers::allowed;
 use crate::{BillingPage, BillingPageParams};
@@ -47,8 +48,8 @@ async fn list_invoices(
     let page = PageRequest::parse(query.get("page"), query.get("limit"))?;
     let filters = view::Filters::parse(
         query.get("status"),
-        query.get("customerId"),
-        query.get("subscriptionId"),
+        id_param::<CustomerId>(&query, "customerId", "cus_")?,
+        id_param::<SubscriptionId>(&query, "subscriptionId", "sub_")?,
         query.get("search"),
     )?;
     let (found, total) = view::list(&state, who.tenant(), page, &filters).await?;
@@ -83,4 +84,19 @@ async fn get_invoice(
     let inv = invoice::get_invoice(&state, who.tenant(), &id).await?;
     let base = edge::requests::public_base(&state, &headers);
     Ok(Json(InvoiceView::of(&inv, &base)))
+}
+
+/// The id the query's `name` holds, if any: one that cannot be a `prefix`
+/// id is a 400 naming the parameter.
+fn id_param<T: TypedId>(
+    query: &QueryParams,
+    name: &str,
+    prefix: &str,
+) -> Result<Option<T>, ApiError> {
+    match query.get(name) {
+        None => Ok(None),
+        Some(raw) => T::parse(raw).map(Some).ok_or_else(|| {
+            Refusal::invalid(name, format!("{name} must be a {prefix} id; got {raw:?}")).into()
+        }),
+    }
 }

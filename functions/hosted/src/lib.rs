@@ -1362,7 +1362,7 @@ async fn show_bill(
     status: StatusCode,
     error: Option<&str>,
 ) -> Response {
-    let inv = match collect::find(&*state.store, id).await {
+    let inv = match collect::find(state, id).await {
         Ok(Some(i)) => i,
         Ok(None) => return bill_not_found(),
         Err(e) => return trouble(&e),
@@ -1392,7 +1392,7 @@ async fn bill_pay(
 ) -> Response {
     let now = state.clock.now();
     // A suspended shop's bill opens nothing.
-    if let Ok(Some(inv)) = collect::find(&*state.store, &id).await {
+    if let Ok(Some(inv)) = collect::find(&state, &id).await {
         match merchant_of(&state, &inv.project_id).await {
             Ok((_, false)) => {
                 return show_bill(

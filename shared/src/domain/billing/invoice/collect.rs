@@ -91,6 +91,13 @@ impl From<CollectError> for Refusal {
 /// The invoice `id` whoever asks (the pay page has no key; its id is its
 /// secret, 80 random bits).
 pub async fn find(
+    deps: &Deps,
+    id: &BillingInvoiceId,
+) -> Result<Option<BillingInvoice>, StoreError> {
+    find_in(&*deps.store, id).await
+}
+
+async fn find_in(
     store: &dyn Store,
     id: &BillingInvoiceId,
 ) -> Result<Option<BillingInvoice>, StoreError> {
@@ -136,7 +143,7 @@ pub async fn open_checkout(
     now: Timestamp,
 ) -> Result<CheckoutSession, CollectError> {
     let store = &*deps.store;
-    let inv = find(store, id)
+    let inv = find_in(store, id)
         .await?
         .ok_or_else(|| BillingInvoiceError::NotFound(id.clone()))?;
     payable(&inv)?;
@@ -200,7 +207,7 @@ pub async fn settlement(
     let Some(id) = &session.billing_invoice_id else {
         return Ok(None);
     };
-    let Some(inv) = find(store, id).await? else {
+    let Some(inv) = find_in(store, id).await? else {
         tracing::error!(invoice = %id, payment = %payment.id, "paid session's billing invoice is gone");
         return Ok(None);
     };
@@ -286,8 +293,7 @@ pub async fn refund_overpayment(
     payment_id: &PaymentId,
     now: Timestamp,
 ) -> Result<Option<refunds::Refund>, CollectError> {
-    let store = &*deps.store;
-    let Some(inv) = find(store, id).await? else {
+    let Some(inv) = find(deps, id).await? else {
         return Ok(None);
     };
     let Some(over) = inv.overpayments.iter().find(|o| {

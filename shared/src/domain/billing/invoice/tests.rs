@@ -548,11 +548,6 @@ fn the_view_shows_days_with_their_miti_and_links_to_the_pay_page() {
         "https://pay.example/b/inv_1"
     );
     assert!(Filters::parse(Some("open"), None, None, Some("  ")).is_ok_and(|f| f.search.is_none()));
-    for (status, customer, sub) in [
-        (Some("past_due"), None, None),
-        (None, Some("sub_1"), None),
-        (None, None, Some("cus_1")),
-    ] {
-        assert!(Filters::parse(status, customer, sub, None).is_err());
-    }
+    assert!(Filters::parse(Some("past_due"), None, None, None).is_err());
+    assert!(Filters::parse(None, None, None, Some(&"x".repeat(101))).is_err());
 }

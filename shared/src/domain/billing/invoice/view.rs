@@ -88,7 +88,7 @@ pub struct OverpaymentView {
     /// (eSewa: the merchant completes it) or `manual` (Fonepay or out of
     /// band: refunded by hand).
     pub refund_status: OverpaymentRefund,
-    /// `re_…` once asked of the provider.
+    /// `ref_…` once asked of the provider.
     pub refund_id: Option<String>,
 }
 
@@ -256,12 +256,12 @@ pub struct Filters {
 }
 
 impl Filters {
-    /// From the query's raw values: an unknown status or a malformed id is
-    /// a 400 naming the parameter.
+    /// From the query's values (its ids parsed at the edge): an unknown
+    /// status or a long search is a 400 naming the parameter.
     pub fn parse(
         status: Option<&str>,
-        customer_id: Option<&str>,
-        subscription_id: Option<&str>,
+        customer_id: Option<CustomerId>,
+        subscription_id: Option<SubscriptionId>,
         search: Option<&str>,
     ) -> Result<Filters, BillingError> {
         let status = match status {
@@ -279,21 +279,6 @@ impl Filters {
                         )
                     })?,
             ),
-        };
-        let customer_id = match customer_id {
-            None => None,
-            Some(raw) => Some(CustomerId::parse(raw).ok_or_else(|| {
-                invalid("customerId", format!("customerId must be a cus_ id; got {raw:?}"))
-            })?),
-        };
-        let subscription_id = match subscription_id {
-            None => None,
-            Some(raw) => Some(SubscriptionId::parse(raw).ok_or_else(|| {
-                invalid(
-                    "subscriptionId",
-                    format!("subscriptionId must be a sub_ id; got {raw:?}"),
-                )
-            })?),
         };
         let search = search.map(str::trim).filter(|s| !s.is_empty());
         if search.is_some_and(|s| s.chars().count() > MAX_SEARCH) {
