@@ -10,8 +10,8 @@ use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use shared::ids::{
-    ApiKeyId, AuditId, BillingInvoiceId, CustomerId, DeliveryId, EndpointId, EventId, InvoiceId, LinkId, MerchantId,
-    PaymentId, PlanId, ProjectId, RefundId, SessionId, SmsId, TypedId, UserId,
+    ApiKeyId, AuditId, BillingInvoiceId, CustomerId, DeliveryId, EndpointId, EventId, InvoiceId,
+    LinkId, MerchantId, PaymentId, PlanId, ProjectId, RefundId, SessionId, SmsId, TypedId, UserId,
 };
 use shared::refusal::Refusal;
 
@@ -59,8 +59,23 @@ macro_rules! id_parts {
 }
 
 id_parts!(
-    MerchantId, ProjectId, ApiKeyId, SessionId, PaymentId, RefundId, LinkId, InvoiceId, EndpointId,
-    DeliveryId, EventId, SmsId, UserId, AuditId, CustomerId, PlanId, BillingInvoiceId
+    MerchantId,
+    ProjectId,
+    ApiKeyId,
+    SessionId,
+    PaymentId,
+    RefundId,
+    LinkId,
+    InvoiceId,
+    EndpointId,
+    DeliveryId,
+    EventId,
+    SmsId,
+    UserId,
+    AuditId,
+    CustomerId,
+    PlanId,
+    BillingInvoiceId
 );
 
 /// What a route's path holds, in order: one part or a tuple of them.

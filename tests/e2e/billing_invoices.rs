@@ -93,7 +93,10 @@ async fn pay_at_khalti(shop: &Shop, wallet: &dhukuti_tests::browser::Form) -> St
 /// Settled: a success, or already refunded (Khalti refunds at once).
 async fn settled(shop: &Shop, payment: &str) {
     let status = text(&shop.payment(payment).await["status"]);
-    assert!(["success", "refunded"].contains(&status.as_str()), "{payment}: {status}");
+    assert!(
+        ["success", "refunded"].contains(&status.as_str()),
+        "{payment}: {status}"
+    );
 }
 
 async fn pay_qr_at_fonepay(shop: &Shop, session: &str) -> String {
@@ -126,18 +129,35 @@ async fn invoices_are_listed_read_and_shown_on_their_pay_page(which: Which) {
 
     let list = get(&shop, "/v1/billing/invoices").await;
     assert_eq!(list["total"], 2, "{list}");
-    assert_eq!((list["page"].clone(), list["limit"].clone()), (json!(1), json!(50)));
+    assert_eq!(
+        (list["page"].clone(), list["limit"].clone()),
+        (json!(1), json!(50))
+    );
     assert_eq!(list["data"][0]["id"], other.id.to_string(), "newest first");
     let only = get(&shop, &format!("/v1/billing/invoices?customerId={sita}")).await;
     assert_eq!(only["total"], 1, "{only}");
     assert_eq!(only["data"][0]["id"], id.as_str());
-    let by_sub = get(&shop, &format!("/v1/billing/invoices?subscriptionId={}", sub.id)).await;
+    let by_sub = get(
+        &shop,
+        &format!("/v1/billing/invoices?subscriptionId={}", sub.id),
+    )
+    .await;
     assert_eq!(by_sub["total"], 1, "{by_sub}");
     let open_ones = get(&shop, "/v1/billing/invoices?status=open&limit=1").await;
-    assert_eq!((open_ones["total"].clone(), open_ones["data"].as_array().map(Vec::len)), (json!(2), Some(1)));
+    assert_eq!(
+        (
+            open_ones["total"].clone(),
+            open_ones["data"].as_array().map(Vec::len)
+        ),
+        (json!(2), Some(1))
+    );
     let paid = get(&shop, "/v1/billing/invoices?status=paid").await;
     assert_eq!(paid["total"], 0, "{paid}");
-    let found = get(&shop, &format!("/v1/billing/invoices?search={}", inv.number.to_lowercase())).await;
+    let found = get(
+        &shop,
+        &format!("/v1/billing/invoices?search={}", inv.number.to_lowercase()),
+    )
+    .await;
     assert_eq!(found["total"], 1, "{found}");
     for (query, param) in [
         ("status=past_due", "status"),
@@ -159,7 +179,14 @@ async fn invoices_are_listed_read_and_shown_on_their_pay_page(which: Which) {
     assert!(text(&got["number"]).starts_with("TEST-PI-"), "{got}");
     assert_eq!(got["subscriptionId"], sub.id.to_string());
     assert_eq!(got["customerId"], sita.as_str());
-    assert_eq!((got["amount"].clone(), got["amountDue"].clone(), got["amountPaid"].clone()), (json!(AMOUNT), json!(AMOUNT), json!(0)));
+    assert_eq!(
+        (
+            got["amount"].clone(),
+            got["amountDue"].clone(),
+            got["amountPaid"].clone()
+        ),
+        (json!(AMOUNT), json!(AMOUNT), json!(0))
+    );
     assert_eq!(got["currency"], "NPR");
     assert_eq!(got["lines"][0]["amount"], AMOUNT, "{got}");
     assert_eq!(got["lines"][0]["kind"], "subscription");
@@ -181,7 +208,9 @@ async fn invoices_are_listed_read_and_shown_on_their_pay_page(which: Which) {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(pdf.status(), 200);
     assert_eq!(
-        pdf.headers().get("content-type").and_then(|v| v.to_str().ok()),
+        pdf.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
         Some("application/pdf")
     );
     let bytes = pdf.bytes().await.unwrap_or_default();
@@ -194,7 +223,10 @@ async fn invoices_are_listed_read_and_shown_on_their_pay_page(which: Which) {
     let other_key = shop.app.key(&other_shop, Mode::Sandbox, &Scope::ALL).await;
     let live = shop.app.key(&shop.tenant, Mode::Live, &Scope::ALL).await;
     for (key, path) in [
-        (&shop.key, "/v1/billing/invoices/inv_00000000000000000000000000".to_owned()),
+        (
+            &shop.key,
+            "/v1/billing/invoices/inv_00000000000000000000000000".to_owned(),
+        ),
         (&shop.key, "/v1/billing/invoices/cus_123".to_owned()),
         (&other_key, format!("/v1/billing/invoices/{id}")),
         (&live, format!("/v1/billing/invoices/{id}")),
@@ -205,8 +237,14 @@ async fn invoices_are_listed_read_and_shown_on_their_pay_page(which: Which) {
     let theirs = shop.app.get("/v1/billing/invoices", Some(&other_key)).await;
     assert_eq!(theirs.body["total"], 0, "{}", theirs.body);
     // A key without billing:read.
-    let payments_only = shop.app.key(&shop.tenant, Mode::Sandbox, &[Scope::PaymentsRead]).await;
-    let a = shop.app.get("/v1/billing/invoices", Some(&payments_only)).await;
+    let payments_only = shop
+        .app
+        .key(&shop.tenant, Mode::Sandbox, &[Scope::PaymentsRead])
+        .await;
+    let a = shop
+        .app
+        .get("/v1/billing/invoices", Some(&payments_only))
+        .await;
     a.assert_error(403, "permission_error", "missing_scope");
 
     // The pay page: no key; merchant, number, amount, period and due date
@@ -218,7 +256,11 @@ async fn invoices_are_listed_read_and_shown_on_their_pay_page(which: Which) {
     assert!(page.has("NPR 500.00"), "{}", page.show());
     assert!(page.has(&inv.due_date.to_string()), "{}", page.show());
     assert!(page.has(" BS)"), "{}", page.show());
-    assert!(form(&page.body, Some("link-form")).is_some(), "{}", page.show());
+    assert!(
+        form(&page.body, Some("link-form")).is_some(),
+        "{}",
+        page.show()
+    );
     assert!(!page.has("?"), "no unprintable Miti: {}", page.show());
     let missing = shop.browser.get("/b/inv_00000000000000000000000000").await;
     assert_eq!(missing.status, 404, "{}", missing.show());
@@ -238,7 +280,10 @@ async fn a_qr_and_a_pay_page_give_one_payment_and_one_refund(which: Which) {
     let sita = customer(&shop, "Sita Rai").await;
     let (sub, inv) = billing::first_invoice(&shop.app, &project(&shop), &sita, AMOUNT).await;
     let id = inv.id.to_string();
-    assert_eq!(subscription_status(&shop, &sub).await, SubscriptionStatus::Incomplete);
+    assert_eq!(
+        subscription_status(&shop, &sub).await,
+        SubscriptionStatus::Incomplete
+    );
 
     // The other tab: the pay page's checkout, at Khalti, not yet paid.
     let tab = pay_page_checkout(&shop, &id).await;
@@ -247,7 +292,12 @@ async fn a_qr_and_a_pay_page_give_one_payment_and_one_refund(which: Which) {
     // The counter's QR.
     let q = shop
         .app
-        .post(&format!("/v1/billing/invoices/{id}/qr"), Some(&shop.key), None, &json!({}))
+        .post(
+            &format!("/v1/billing/invoices/{id}/qr"),
+            Some(&shop.key),
+            None,
+            &json!({}),
+        )
         .await;
     assert_eq!(q.status, 201, "{}", q.body);
     assert_eq!(q.body["invoice_id"], id.as_str());
@@ -255,9 +305,17 @@ async fn a_qr_and_a_pay_page_give_one_payment_and_one_refund(which: Which) {
     assert_eq!(q.body["currency"], "NPR");
     assert_eq!(q.body["provider"], "fonepay");
     assert_eq!(q.body["status"], "initiated", "{}", q.body);
-    assert!(text(&q.body["qr_message"]).starts_with("000201"), "{}", q.body);
+    assert!(
+        text(&q.body["qr_message"]).starts_with("000201"),
+        "{}",
+        q.body
+    );
     assert!(text(&q.body["qr_image"]).starts_with("data:image/png;base64,"));
-    assert!(text(&q.body["events_url"]).contains("/events"), "{}", q.body);
+    assert!(
+        text(&q.body["events_url"]).contains("/events"),
+        "{}",
+        q.body
+    );
     let qr_session = text(&q.body["id"]);
     let first = pay_qr_at_fonepay(&shop, &qr_session).await;
 
@@ -267,7 +325,10 @@ async fn a_qr_and_a_pay_page_give_one_payment_and_one_refund(which: Which) {
     assert_eq!(got["payment"]["paymentId"], first.as_str(), "{got}");
     assert_eq!(got["payment"]["method"], "fonepay");
     assert!(got["paidAt"].is_string());
-    assert_eq!(subscription_status(&shop, &sub).await, SubscriptionStatus::Active);
+    assert_eq!(
+        subscription_status(&shop, &sub).await,
+        SubscriptionStatus::Active
+    );
 
     // The tab pays too: an overpayment, refunded by Khalti's API. (The
     // sweep above checked its payment "later": its return leaves the
@@ -279,7 +340,11 @@ async fn a_qr_and_a_pay_page_give_one_payment_and_one_refund(which: Which) {
     settled(&shop, &late).await;
     let got = get(&shop, &format!("/v1/billing/invoices/{id}")).await;
     assert_eq!(got["status"], "paid", "{got}");
-    assert_eq!(got["payment"]["paymentId"], first.as_str(), "still the QR's: {got}");
+    assert_eq!(
+        got["payment"]["paymentId"],
+        first.as_str(),
+        "still the QR's: {got}"
+    );
     assert_eq!(got["amountPaid"], AMOUNT);
     let over = &got["overpayments"];
     assert_eq!(over.as_array().map(Vec::len), Some(1), "{got}");
@@ -294,14 +359,21 @@ async fn a_qr_and_a_pay_page_give_one_payment_and_one_refund(which: Which) {
     let refunds = get(&shop, &format!("/v1/refunds?paymentId={late}")).await;
     assert_eq!(refunds["meta"]["total"], 1, "{refunds}");
     assert_eq!(refunds["data"][0]["amount"], AMOUNT);
-    assert_eq!(subscription_status(&shop, &sub).await, SubscriptionStatus::Active);
+    assert_eq!(
+        subscription_status(&shop, &sub).await,
+        SubscriptionStatus::Active
+    );
 
     // Told again (a retried return, the sweep): nothing more.
     shop.app
         .sweep(SystemClock.now().plus(chrono::Duration::minutes(6)))
         .await;
     let again = get(&shop, &format!("/v1/billing/invoices/{id}")).await;
-    assert_eq!(again["overpayments"].as_array().map(Vec::len), Some(1), "{again}");
+    assert_eq!(
+        again["overpayments"].as_array().map(Vec::len),
+        Some(1),
+        "{again}"
+    );
     let refunds = get(&shop, &format!("/v1/refunds?paymentId={late}")).await;
     assert_eq!(refunds["meta"]["total"], 1, "{refunds}");
 
@@ -309,15 +381,31 @@ async fn a_qr_and_a_pay_page_give_one_payment_and_one_refund(which: Which) {
     // new QR are refused.
     let page = shop.browser.get(&format!("/b/{id}")).await;
     assert_eq!(page.status, 200, "{}", page.show());
-    assert!(page.has("id=bill-state data-status=paid"), "{}", page.show());
+    assert!(
+        page.has("id=bill-state data-status=paid"),
+        "{}",
+        page.show()
+    );
     assert!(!page.has("id=bill-pay"), "{}", page.show());
-    let pay = shop.browser.post_form(&format!("/b/{id}"), &fields(&[])).await;
+    let pay = shop
+        .browser
+        .post_form(&format!("/b/{id}"), &fields(&[]))
+        .await;
     assert_eq!(pay.status, 422, "{}", pay.show());
     let q = shop
         .app
-        .post(&format!("/v1/billing/invoices/{id}/qr"), Some(&shop.key), None, &json!({}))
+        .post(
+            &format!("/v1/billing/invoices/{id}/qr"),
+            Some(&shop.key),
+            None,
+            &json!({}),
+        )
         .await;
-    q.assert_error(409, "invalid_request_error", "billing_invoice_state_conflict");
+    q.assert_error(
+        409,
+        "invalid_request_error",
+        "billing_invoice_state_conflict",
+    );
     shop.stop().await;
 }
 
@@ -360,7 +448,10 @@ async fn two_tabs_paying_at_once_give_one_paid_invoice_and_one_refund(which: Whi
     assert!(text(&over[0]["refundId"]).starts_with("ref_"), "{got}");
     let refunds = get(&shop, &format!("/v1/refunds?paymentId={loser}")).await;
     assert_eq!(refunds["meta"]["total"], 1, "{refunds}");
-    assert_eq!(subscription_status(&shop, &sub).await, SubscriptionStatus::Active);
+    assert_eq!(
+        subscription_status(&shop, &sub).await,
+        SubscriptionStatus::Active
+    );
     shop.stop().await;
 }
 
@@ -374,18 +465,36 @@ async fn an_invoice_qr_refuses_what_it_cannot_do(which: Which) {
     let (_, big) = billing::first_invoice(&shop.app, &project(&shop), &sita, 150_000).await;
     let a = shop
         .app
-        .post(&format!("/v1/billing/invoices/{}/qr", big.id), Some(&shop.key), None, &json!({}))
+        .post(
+            &format!("/v1/billing/invoices/{}/qr", big.id),
+            Some(&shop.key),
+            None,
+            &json!({}),
+        )
         .await;
     a.assert_error(422, "invalid_request_error", "fonepay_sandbox_cap");
-    let reader = shop.app.key(&shop.tenant, Mode::Sandbox, &[Scope::BillingRead]).await;
+    let reader = shop
+        .app
+        .key(&shop.tenant, Mode::Sandbox, &[Scope::BillingRead])
+        .await;
     let a = shop
         .app
-        .post(&format!("/v1/billing/invoices/{}/qr", big.id), Some(&reader), None, &json!({}))
+        .post(
+            &format!("/v1/billing/invoices/{}/qr", big.id),
+            Some(&reader),
+            None,
+            &json!({}),
+        )
         .await;
     a.assert_error(403, "permission_error", "missing_scope");
     let a = shop
         .app
-        .post("/v1/billing/invoices/inv_00000000000000000000000000/qr", Some(&shop.key), None, &json!({}))
+        .post(
+            "/v1/billing/invoices/inv_00000000000000000000000000/qr",
+            Some(&shop.key),
+            None,
+            &json!({}),
+        )
         .await;
     a.assert_error(404, "invalid_request_error", "not_found");
     shop.stop().await;

@@ -9,8 +9,8 @@ use http::HeaderMap;
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::billing::customers::PageRequest;
-use shared::domain::billing::invoice::{self, view};
 use shared::domain::billing::invoice::view::InvoiceView;
+use shared::domain::billing::invoice::{self, view};
 use shared::ids::{BillingInvoiceId, CustomerId, SubscriptionId, TypedId};
 use shared::refusal::Refusal;
 

@@ -451,7 +451,10 @@ pub fn bill_page(bill: &Bill<'_>, merchant: &str, error: Option<&str>) -> String
     }
     let state = match inv.status {
         S::Paid => Some(("Paid", "This invoice is paid. Thank you.")),
-        S::Void => Some(("Void", "This invoice was cancelled: there is nothing to pay.")),
+        S::Void => Some((
+            "Void",
+            "This invoice was cancelled: there is nothing to pay.",
+        )),
         S::Draft => Some(("Not issued", "This invoice is not issued yet.")),
         S::Open | S::Overdue | S::Uncollectible => None,
     };

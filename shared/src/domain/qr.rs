@@ -10,12 +10,12 @@ use serde_json::{Map, Value};
 
 use super::account::{Plan, Principal};
 use super::attempts::{self, AttemptError, PayChoice};
+use super::billing::invoice::collect::{self, CollectError};
+use super::billing::invoice::{self, BillingInvoice};
 use super::checkout::{
     self, CheckoutError, CheckoutSession, Creator, CustomerInput, Flow, SessionStatus,
     ValidCheckout,
 };
-use super::billing::invoice::collect::{self, CollectError};
-use super::billing::invoice::{self, BillingInvoice};
 use super::{Mode, Provider};
 use crate::app::Deps;
 use crate::fields::Description;

@@ -296,9 +296,9 @@ pub async fn refund_overpayment(
     let Some(inv) = find(deps, id).await? else {
         return Ok(None);
     };
-    let Some(over) = inv.overpayments.iter().find(|o| {
-        matches!(&o.source, PaymentSource::Online { payment_id: p, .. } if p == payment_id)
-    }) else {
+    let Some(over) = inv.overpayments.iter().find(
+        |o| matches!(&o.source, PaymentSource::Online { payment_id: p, .. } if p == payment_id),
+    ) else {
         return Ok(None);
     };
     if over.refund_id.is_some() {
@@ -375,9 +375,9 @@ async fn record_refund(
     for attempt in 0..16 {
         let inv = get_invoice(deps, tenant, id).await?;
         let mut overpayments = inv.overpayments.clone();
-        let Some(o) = overpayments.iter_mut().find(|o| {
-            matches!(&o.source, PaymentSource::Online { payment_id: p, .. } if p == payment_id)
-        }) else {
+        let Some(o) = overpayments.iter_mut().find(
+            |o| matches!(&o.source, PaymentSource::Online { payment_id: p, .. } if p == payment_id),
+        ) else {
             return Ok(());
         };
         o.refund_id = Some(refund.id.clone());

@@ -501,7 +501,10 @@ async fn money_received_is_always_recorded_and_money_asked_must_be_the_amount_du
     };
     assert_eq!(over.status, S::Open);
     assert_eq!(over.overpayments[0].amount, 5);
-    assert_eq!(over.overpayments[0].refund_status, OverpaymentRefund::Pending);
+    assert_eq!(
+        over.overpayments[0].refund_status,
+        OverpaymentRefund::Pending
+    );
     // The amount due pays it, conditioned on the version read.
     let Ok(PayPlan::Write(op, PayOutcome::Paid(paid))) =
         plan_payment(&inv, &a, 99_900, Taken::Received, now)
