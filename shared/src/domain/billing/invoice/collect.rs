@@ -53,16 +53,17 @@ pub enum CollectError {
     Store(#[from] StoreError),
 }
 
+/// A refused invoice transition, or an invoice that takes no payment.
+fn state_conflict(message: String) -> Refusal {
+    Refusal::conflict("billing_invoice_state_conflict", message)
+}
+
 impl From<BillingInvoiceError> for Refusal {
     fn from(err: BillingInvoiceError) -> Self {
         match err {
             BillingInvoiceError::NotFound(id) => Refusal::not_found("billing invoice", id.as_str()),
-            e @ BillingInvoiceError::Refused(_) => {
-                Refusal::conflict(super::BILLING_INVOICE_STATE_CONFLICT, e.to_string())
-            }
-            e @ BillingInvoiceError::NotBillable(_) => {
-                Refusal::conflict(super::BILLING_INVOICE_STATE_CONFLICT, e.to_string())
-            }
+            e @ BillingInvoiceError::Refused(_) => state_conflict(e.to_string()),
+            e @ BillingInvoiceError::NotBillable(_) => state_conflict(e.to_string()),
             e @ BillingInvoiceError::AmountMismatch { .. } => {
                 Refusal::invalid("amount", e.to_string())
             }
@@ -79,9 +80,7 @@ impl From<CollectError> for Refusal {
     fn from(err: CollectError) -> Self {
         match err {
             CollectError::Invoice(e) => e.into(),
-            e @ CollectError::NotPayable(_) => {
-                Refusal::conflict(super::BILLING_INVOICE_STATE_CONFLICT, e.to_string())
-            }
+            e @ CollectError::NotPayable(_) => state_conflict(e.to_string()),
             CollectError::Checkout(e) => e.into(),
             CollectError::Store(e) => e.into(),
         }
