@@ -211,6 +211,10 @@ pub const ERROR_CODES: &[(&str, &str)] = &[
         "the invoice cannot be corrected in its state",
     ),
     (
+        "billing_invoice_state_conflict",
+        "the billing invoice's status does not allow this (paid, void, not issued)",
+    ),
+    (
         "customer_has_subscriptions",
         "the billing customer has a subscription that has not ended",
     ),

@@ -7,6 +7,8 @@ use http::StatusCode;
 use shared::domain::account::AuthError;
 use shared::domain::billing::customers::BillingError;
 use shared::domain::billing::dunning::DunningError;
+use shared::domain::billing::invoice::BillingInvoiceError;
+use shared::domain::billing::invoice::collect::CollectError;
 use shared::domain::checkout::CheckoutError;
 use shared::domain::invoices::InvoiceError;
 use shared::domain::links::LinkError;
@@ -83,6 +85,8 @@ macro_rules! answered_by_refusal {
 answered_by_refusal!(
     AuthError,
     BillingError,
+    BillingInvoiceError,
+    CollectError,
     CheckoutError,
     DunningError,
     InvoiceError,

@@ -174,6 +174,11 @@ const ROUTES: &[Route] = &[
         "/v1/billing/dunning/invoices/{id}/dunning/retry-now",
         Scope::BillingWrite,
     ),
+    // billing invoices
+    r("GET", "/v1/billing/invoices", Scope::BillingRead),
+    r("GET", "/v1/billing/invoices/{id}", Scope::BillingRead),
+    r("POST", "/v1/billing/invoices/{id}/qr", Scope::BillingWrite),
+    r("GET", "/v1/billing/invoices/{id}/pdf", Scope::BillingRead),
 ];
 
 /// The endpoints for apps: a publishable key and a session's client
@@ -190,6 +195,7 @@ fn outside_contract(path: &str) -> bool {
     [
         "/c/",
         "/l/",
+        "/b/",
         "/health",
         "/sim",
         "/docs",
@@ -412,7 +418,9 @@ impl Records {
             &self.subscription
         } else if p.starts_with("/v1/billing/dunning/policies/") {
             &self.dunning_policy
-        } else if p.starts_with("/v1/billing/dunning/invoices/") {
+        } else if p.starts_with("/v1/billing/dunning/invoices/")
+            || p.starts_with("/v1/billing/invoices/")
+        {
             &self.billing_invoice
         } else {
             panic!("no record for {path}")
@@ -432,6 +440,7 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
             json!({"amount": 10_000})
         }
         ("POST", "/v1/qr/{id}/refresh") => json!({}),
+        ("POST", "/v1/billing/invoices/{id}/qr") => json!({}),
         ("POST", "/v1/refunds") => {
             json!({"paymentId": rec.payment, "amount": 100, "reason": "customer_request"})
         }
@@ -558,6 +567,14 @@ async fn receiver() -> String {
     format!("http://127.0.0.1:{port}/hook")
 }
 
+/// A billing invoice of `customer`, issued through the domain as the
+/// engine issues it.
+async fn billing_invoice(app: &TestApp, tenant: &Tenant, customer: &str) -> String {
+    let project = tenant.project.id.to_string();
+    let (_, inv) = dhukuti_tests::billing::first_invoice(app, &project, customer, 10_000).await;
+    inv.id.to_string()
+}
+
 async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
     let hook_url = receiver().await;
     let session = created(
@@ -612,7 +629,6 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         dunning_policy_body(),
     )
     .await;
-    let billing_invoice = crate::dunning::issued_invoice(app, tenant).await;
     let rec = Records {
         session: text(&session["id"]),
         payment: payment.id.to_string(),
@@ -628,7 +644,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         plan: text(&plan["id"]),
         subscription: text(&subscription["id"]),
         dunning_policy: text(&policy["id"]),
-        billing_invoice: billing_invoice.id.to_string(),
+        billing_invoice: billing_invoice(app, tenant, &text(&customer["id"])).await,
     };
     for (kind, id) in [
         ("cs_", &rec.session),
@@ -1014,6 +1030,7 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
         ],
         ("POST", "/v1/checkout/{id}/expire")
         | ("POST", "/v1/qr/{id}/refresh")
+        | ("POST", "/v1/billing/invoices/{id}/qr")
         | ("POST", "/v1/payment-links/{id}/cancel")
         | ("POST", "/v1/invoices/{id}/discard") => vec![],
         ("POST", "/v1/refunds") => vec![

@@ -310,6 +310,8 @@ fn the_hosted_pages_are_served_by_hosted_without_an_authorizer() {
         ("GET", "/l/{id}"),
         ("POST", "/l/{id}"),
         ("GET", "/l/{id}/thanks"),
+        ("GET", "/b/{id}"),
+        ("POST", "/b/{id}"),
     ]
     .iter()
     .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
@@ -847,6 +849,7 @@ fn the_invoices_function_serves_the_invoice_routes() {
         ("POST", "/v1/invoices/{id}/adjustments"),
         ("POST", "/v1/invoices/{id}/checkout"),
         ("GET", "/v1/invoices/{id}/pdf"),
+        ("GET", "/v1/billing/invoices/{id}/pdf"),
     ]
     .iter()
     .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))

@@ -2,6 +2,7 @@
 //! per test, a typed client, and helpers that set up merchants, keys and
 //! payments directly through the domain.
 
+pub mod billing;
 pub mod browser;
 pub mod dash;
 pub mod shop;

@@ -12,6 +12,7 @@ use shared::AppState;
 
 mod customers;
 mod dunning;
+mod invoices;
 mod plans;
 mod subscriptions;
 
@@ -20,6 +21,7 @@ const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] = &[
     customers::routes,
     plans::routes,
     subscriptions::routes,
+    invoices::routes,
     dunning::routes,
 ];
 

@@ -9,6 +9,8 @@
 //! | `GET /c/{id}/status` | JSON for the pages' polling (no personal data): asks the provider at most every 3 s. |
 //! | `GET /c/{id}/events` | A Direct-QR or mobile session's server-sent events (`qr.scanned`, `qr.paid`, `qr.failed`, `qr.expired`). |
 //! | `GET /c/{id}/qr/{payment}` | The Fonepay QR again (reload-safe). |
+//! | `GET /b/{id}` | A billing invoice's pay page: merchant, number, period, amount, due date (AD and BS); paid or void: its state. |
+//! | `POST /b/{id}` | "Pay": a checkout of the amount due bound to the invoice (its success pays it), on to `/c/{session}`. |
 //!
 //! Handlers only translate between HTTP and [`shared::domain::attempts`].
 
@@ -32,10 +34,12 @@ use shared::AppState;
 use shared::domain::Provider;
 use shared::domain::account;
 use shared::domain::attempts::{self, AttemptError, PayChoice, ReturnKind};
+use shared::domain::billing::calendar;
+use shared::domain::billing::invoice::collect;
 use shared::domain::checkout::{self, CheckoutSession, Flow, SessionStatus, StoredAddress};
 use shared::domain::links;
 use shared::domain::payments::{Payment, PaymentStatus};
-use shared::ids::{LinkId, PaymentId, ProjectId, SessionId};
+use shared::ids::{BillingInvoiceId, LinkId, PaymentId, ProjectId, SessionId};
 use shared::limits::public::{self, SessionUse};
 use shared::providers::Handoff;
 use shared::refusal::Refusal;
@@ -57,6 +61,7 @@ pub fn router(state: AppState) -> Router {
             .route("/c/{id}/qr/{payment}", get(qr))
             .route("/l/{id}", get(link_page).post(link_open))
             .route("/l/{id}/thanks", get(link_thanks))
+            .route("/b/{id}", get(bill_page).post(bill_pay))
             .route_layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 throttle,
@@ -150,7 +155,9 @@ async fn throttle(
         (4..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
     });
     let session = kind == Some("c");
-    let link = id.filter(|_| kind == Some("l"));
+    // A bill page's "Pay" opens a session as a link's does: counted per
+    // invoice as per link.
+    let link = id.filter(|_| matches!(kind, Some("l" | "b")));
     // A provider's return and the pages' status poll count in the
     // address's generous poll budget: customers behind one carrier NAT
     // share an address, and a customer coming back from paying must get
@@ -1338,6 +1345,103 @@ fn held_page(merchant: &str, sandbox: bool, minutes: i64) -> Response {
     res.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(minutes * 60));
     res
+}
+
+/// A billing invoice's pay page: its bill (AD and BS dates), and a "Pay"
+/// button; a paid or void invoice shows its state.
+async fn bill_page(
+    State(state): State<AppState>,
+    Id(id, ..): Id<BillingInvoiceId, BillPages>,
+) -> Response {
+    show_bill(&state, &id, StatusCode::OK, None).await
+}
+
+async fn show_bill(
+    state: &AppState,
+    id: &BillingInvoiceId,
+    status: StatusCode,
+    error: Option<&str>,
+) -> Response {
+    let inv = match collect::find(state, id).await {
+        Ok(Some(i)) => i,
+        Ok(None) => return bill_not_found(),
+        Err(e) => return trouble(&e),
+    };
+    let (merchant, _) = match merchant_of(state, &inv.project_id).await {
+        Ok(x) => x,
+        Err(e) => return trouble(&e),
+    };
+    let bs = |d: chrono::NaiveDate| calendar::bs_from_ad(d).map(calendar::miti_latin);
+    let last_day = inv.period_end.pred_opt().unwrap_or(inv.period_end);
+    let bill = pages::Bill {
+        invoice: &inv,
+        what: inv.lines.first().map_or("", |l| l.description.as_str()),
+        due_bs: bs(inv.due_date),
+        period_start_bs: bs(inv.period_start),
+        period_end_bs: bs(last_day),
+    };
+    html(status, pages::bill_page(&bill, &merchant, error))
+}
+
+/// "Pay": a checkout of the amount due bound to the invoice, on to its
+/// provider picker.
+async fn bill_pay(
+    State(state): State<AppState>,
+    Id(id, ..): Id<BillingInvoiceId, BillPages>,
+    headers: http::HeaderMap,
+) -> Response {
+    let now = state.clock.now();
+    // A suspended shop's bill opens nothing.
+    if let Ok(Some(inv)) = collect::find(&state, &id).await {
+        match merchant_of(&state, &inv.project_id).await {
+            Ok((_, false)) => {
+                return show_bill(
+                    &state,
+                    &id,
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    Some("This shop cannot take payments just now."),
+                )
+                .await;
+            }
+            Ok(_) => {}
+            Err(e) => return trouble(&e),
+        }
+    }
+    let base = edge::requests::public_base(&state, &headers);
+    match collect::open_checkout(&state, &id, &base, now).await {
+        Ok(session) => see_other(&format!("/c/{}", session.id)),
+        Err(collect::CollectError::Invoice(
+            shared::domain::billing::invoice::BillingInvoiceError::NotFound(_),
+        )) => bill_not_found(),
+        Err(collect::CollectError::Store(e)) => trouble(&e),
+        Err(e) => {
+            show_bill(
+                &state,
+                &id,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some(&e.to_string()),
+            )
+            .await
+        }
+    }
+}
+
+/// The bill pages' answer to an id that is no invoice's.
+struct BillPages;
+
+impl Surface for BillPages {
+    type Rejection = Response;
+
+    fn not_found(_noun: &'static str, _raw: &str) -> Response {
+        bill_not_found()
+    }
+}
+
+fn bill_not_found() -> Response {
+    html(
+        StatusCode::NOT_FOUND,
+        pages::plain("Invoice not found", "This invoice does not exist."),
+    )
 }
 
 fn link_not_found() -> Response {

@@ -408,6 +408,84 @@ pub fn link_thanks(merchant: &str, sandbox: bool) -> String {
     )
 }
 
+/// What a bill page shows of a billing invoice (the handler reads it).
+pub struct Bill<'a> {
+    pub invoice: &'a shared::domain::billing::invoice::BillingInvoice,
+    /// Its first line's description (the plan), if any.
+    pub what: &'a str,
+    /// `2081 Shrawan 15`, when the calendar covers the day.
+    pub due_bs: Option<String>,
+    pub period_start_bs: Option<String>,
+    pub period_end_bs: Option<String>,
+}
+
+/// A billing invoice's pay page: the merchant, the number, the period,
+/// the amount and the due date (AD and BS), and one button opening the
+/// provider picker; a paid or void invoice shows its state instead.
+pub fn bill_page(bill: &Bill<'_>, merchant: &str, error: Option<&str>) -> String {
+    use shared::domain::billing::invoice::InvoiceStatus as S;
+    let inv = bill.invoice;
+    let with_bs = |ad: chrono::NaiveDate, bs: &Option<String>| match bs {
+        Some(bs) => format!("{ad} ({bs} BS)"),
+        None => ad.to_string(),
+    };
+    let last_day = inv.period_end.pred_opt().unwrap_or(inv.period_end);
+    let amount = Paisa::new(inv.amount_due)
+        .map(|a| a.display_npr())
+        .unwrap_or_else(|_| "NPR 0.00".into());
+    let mut body = format!(
+        "<div class=card><div class=muted>Invoice <span id=bill-number>{}</span></div>\
+         <h1 id=bill-what>{}</h1>\
+         <div class=amount id=amount>{}</div>\
+         <p class=muted id=bill-period>Period: {} to {}</p>\
+         <p id=bill-due>Due: {}</p></div>",
+        esc(&inv.number),
+        esc(bill.what),
+        esc(&amount),
+        esc(&with_bs(inv.period_start, &bill.period_start_bs)),
+        esc(&with_bs(last_day, &bill.period_end_bs)),
+        esc(&with_bs(inv.due_date, &bill.due_bs)),
+    );
+    if let Some(e) = error {
+        body.push_str(&format!("<div class=error id=error>{}</div>", esc(e)));
+    }
+    let state = match inv.status {
+        S::Paid => Some(("Paid", "This invoice is paid. Thank you.")),
+        S::Void => Some((
+            "Void",
+            "This invoice was cancelled: there is nothing to pay.",
+        )),
+        S::Draft => Some(("Not issued", "This invoice is not issued yet.")),
+        S::Open | S::Overdue | S::Uncollectible => None,
+    };
+    match state {
+        Some((title, message)) => body.push_str(&format!(
+            "<div class=card id=bill-state data-status={}><h1>{}</h1><p>{}</p></div>",
+            inv.status.as_str(),
+            esc(title),
+            esc(message)
+        )),
+        None => {
+            if inv.status == S::Overdue {
+                body.push_str("<div class=notice id=bill-overdue>This invoice is overdue.</div>");
+            }
+            body.push_str(&format!(
+                "<form id=link-form class=card method=post action=\"/b/{}\">\
+                 <button id=bill-pay type=submit>Pay {}</button></form>",
+                esc(&inv.id),
+                esc(&amount)
+            ));
+        }
+    }
+    layout(
+        &format!("Invoice {}", inv.number),
+        merchant,
+        !inv.mode.is_live(),
+        &body,
+        LINK_FORM,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,9 @@
 //! The one-time invoices function: `POST|GET /v1/invoices`,
 //! `GET|PATCH /v1/invoices/{id}`, and `POST /v1/invoices/{id}/finalize`,
 //! `.../discard`, `.../correct`, `.../adjustments`, `.../checkout`,
-//! `GET .../pdf`. The rules are in `shared::domain::invoices`.
+//! `GET .../pdf`. The rules are in `shared::domain::invoices`. Also a
+//! billing invoice's PDF, `GET /v1/billing/invoices/{id}/pdf` (this
+//! function holds the documents bucket and the PDF writer).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -37,6 +39,7 @@ pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
         .routes(idempotent(state, routes!(adjust_invoice)))
         .routes(idempotent(state, routes!(invoice_checkout)))
         .routes(routes!(invoice_pdf))
+        .routes(routes!(billing_invoice_pdf))
 }
 
 /// The function's routes, behind the idempotency layer, in the shared edge.
@@ -380,6 +383,43 @@ async fn invoice_pdf(
         HeaderValue::from_static("application/pdf"),
     );
     if let Ok(v) = HeaderValue::from_str(&format!("inline; filename=\"{name}.pdf\"")) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("private, no-store"),
+    );
+    Ok(res)
+}
+
+/// A billing invoice as a PDF (the Miti beside each date).
+#[utoipa::path(
+    get, path = "/v1/billing/invoices/{id}/pdf", tag = "Billing", operation_id = "getBillingInvoicePdf",
+    params(("id" = String, Path, description = "A billing invoice id, `inv_…`.")),
+    security(("bearer" = ["billing:read"])),
+    responses(
+        (status = 200, description = "The PDF.", content_type = "application/pdf", body = edge::openapi::Binary),
+    ),
+)]
+async fn billing_invoice_pdf(
+    State(state): State<AppState>,
+    auth: Auth,
+    id: PathId<shared::ids::BillingInvoiceId>,
+) -> Result<Response, ApiError> {
+    use shared::domain::billing::invoice;
+    let who = auth.require(Scope::BillingRead)?;
+    shared::domain::billing::customers::entitled(who)?;
+    let id = id.get()?;
+    let inv = invoice::get_invoice(&state, who.tenant(), &id).await?;
+    let (merchant, _) = shared::domain::account::storefront(&state, &inv.project_id).await?;
+    let bytes = invoice::pdf::pdf(&state, &inv, &merchant).await?;
+    let mut res = (StatusCode::OK, bytes).into_response();
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/pdf"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&format!("inline; filename=\"{}.pdf\"", inv.number)) {
         h.insert(header::CONTENT_DISPOSITION, v);
     }
     h.insert(

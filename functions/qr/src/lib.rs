@@ -1,5 +1,6 @@
-//! The Direct-QR function: `POST /v1/qr/fonepay` and
-//! `POST /v1/qr/{id}/refresh`. A shop counter shows the Fonepay QR on its
+//! The Direct-QR function: `POST /v1/qr/fonepay`,
+//! `POST /v1/qr/{id}/refresh` and a billing invoice's QR,
+//! `POST /v1/billing/invoices/{id}/qr`. A shop counter shows the Fonepay QR on its
 //! own screen; the session, its payment, the proof of payment and the
 //! webhooks are the hosted flow's (`shared::domain::qr`).
 
@@ -15,7 +16,7 @@ use serde::Serialize;
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::qr::{self, CreateQr, QrError, ShownQr};
-use shared::ids::SessionId;
+use shared::ids::{BillingInvoiceId, SessionId};
 use shared::refusal::Refusal;
 use shared::time::Timestamp;
 
@@ -24,6 +25,7 @@ pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(idempotent(state, routes!(create_fonepay_qr)))
         .routes(idempotent(state, routes!(refresh_qr)))
+        .routes(idempotent(state, routes!(billing_invoice_qr)))
 }
 
 /// The function's routes, behind the idempotency layer, in the shared edge.
@@ -123,6 +125,68 @@ async fn refresh_qr(
     let s = qr::refresh(&state, who, &id, &base, state.clock.now()).await?;
     let events = edge::requests::events_url(&state, &headers, &s.session.id);
     Ok(Json(shown(s, events)?))
+}
+
+/// A billing invoice's Direct-QR: the session's QR and what it pays.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = BillingInvoiceQr)]
+struct InvoiceQr {
+    #[serde(flatten)]
+    shown: Shown,
+    /// The billing invoice it pays, `inv_…`.
+    invoice_id: String,
+    /// Paisa: the invoice's amount due.
+    amount: i64,
+    currency: shared::money::Currency,
+    /// `fonepay`.
+    provider: shared::domain::Provider,
+    /// The session's status (`initiated` while its QR waits).
+    status: shared::domain::checkout::SessionStatus,
+}
+
+/// Mint a Fonepay Direct-QR paying a billing invoice: its amount due, and
+/// its success pays the invoice (and moves its subscription), as the pay
+/// page does. A paid, void or draft invoice is refused; so is an amount
+/// above the sandbox Fonepay cap.
+#[utoipa::path(
+    post, path = "/v1/billing/invoices/{id}/qr", tag = "Billing", operation_id = "createBillingInvoiceQr",
+    params(("id" = String, Path, description = "A billing invoice id, `inv_…`.")),
+    security(("bearer" = ["billing:write"])),
+    responses(
+        (status = 201, description = "The session and its QR.", body = InvoiceQr),
+        (status = 200, description = "A replay: the first answer to this `Idempotency-Key`.", body = InvoiceQr),
+        (status = 403, description = "The key lacks `billing:write` (`missing_scope`) or the plan the billing API (`permission_denied`).", body = edge::openapi::ErrorEnvelope),
+        (status = 409, description = "The invoice is paid, void or a draft (`billing_invoice_state_conflict`).", body = edge::openapi::ErrorEnvelope),
+        (status = 422, description = "Fonepay is not enabled, or the amount is over the sandbox cap (`provider_unavailable`, `fonepay_sandbox_cap`).", body = edge::openapi::ErrorEnvelope),
+    ),
+)]
+async fn billing_invoice_qr(
+    State(state): State<AppState>,
+    auth: Auth,
+    fence: Option<Extension<Fence>>,
+    headers: HeaderMap,
+    id: PathId<BillingInvoiceId>,
+) -> Result<(StatusCode, Json<InvoiceQr>), ApiError> {
+    let who = auth.require(Scope::BillingWrite)?;
+    shared::domain::billing::customers::entitled(who)?;
+    let id = id.get()?;
+    let base = edge::requests::public_base(&state, &headers);
+    let fence = fence.as_ref().map(|Extension(f)| f);
+    let now = state.clock.now();
+    let (s, inv) = qr::for_billing_invoice(&state, who, &id, &base, now, fence).await?;
+    let events = edge::requests::events_url(&state, &headers, &s.session.id);
+    let status = s.session.status_at(now);
+    Ok((
+        StatusCode::CREATED,
+        Json(InvoiceQr {
+            shown: shown(s, events)?,
+            invoice_id: inv.id.to_string(),
+            amount: inv.amount_due,
+            currency: inv.currency,
+            provider: shared::domain::Provider::Fonepay,
+            status,
+        }),
+    ))
 }
 
 /// `text` as a QR in a PNG, as a `data:` URL: black modules on white, 6

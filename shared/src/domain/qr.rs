@@ -10,6 +10,8 @@ use serde_json::{Map, Value};
 
 use super::account::{Plan, Principal};
 use super::attempts::{self, AttemptError, PayChoice};
+use super::billing::invoice::collect::{self, CollectError};
+use super::billing::invoice::{self, BillingInvoice};
 use super::checkout::{
     self, CheckoutError, CheckoutSession, Creator, CustomerInput, Flow, SessionStatus,
     ValidCheckout,
@@ -17,7 +19,7 @@ use super::checkout::{
 use super::{Mode, Provider};
 use crate::app::Deps;
 use crate::fields::Description;
-use crate::ids::{PaymentId, SessionId};
+use crate::ids::{BillingInvoiceId, PaymentId, SessionId};
 use crate::money::Currency;
 use crate::providers::Handoff;
 use crate::refusal::{Kind, Refusal};
@@ -64,6 +66,8 @@ pub enum QrError {
     #[error(transparent)]
     Attempt(#[from] AttemptError),
     #[error(transparent)]
+    BillingInvoice(#[from] CollectError),
+    #[error(transparent)]
     Store(#[from] StoreError),
 }
 
@@ -82,6 +86,7 @@ impl From<QrError> for Refusal {
                 format!("Fonepay did not give a QR ({e}); retry with the same Idempotency-Key"),
             ),
             QrError::Attempt(e) => e.into(),
+            QrError::BillingInvoice(e) => e.into(),
             QrError::Store(e) => e.into(),
         }
     }
@@ -120,14 +125,62 @@ pub async fn create(
     now: Timestamp,
     fence: Option<&Fence>,
 ) -> Result<ShownQr, QrError> {
+    create_bound(state, who, valid, None, base, now, fence).await
+}
+
+/// [`create`] of a session bound to a billing invoice (`billing`): its
+/// success pays the invoice ([`crate::domain::billing::invoice::collect`]).
+pub async fn create_bound(
+    state: &Deps,
+    who: &Principal,
+    valid: ValidCheckout,
+    billing: Option<BillingInvoiceId>,
+    base: &str,
+    now: Timestamp,
+    fence: Option<&Fence>,
+) -> Result<ShownQr, QrError> {
     if !who.merchant.plan.direct_qr() {
         return Err(QrError::NotEntitled(who.merchant.plan));
     }
-    let session = checkout::create(state, &Creator::of(who), valid, now, fence).await?;
+    let session =
+        checkout::create_bound_in(&*state.store, &Creator::of(who), valid, billing, now, fence)
+            .await?;
     if let Some(shown) = open_qr(state, &session).await? {
         return Ok(shown);
     }
     new_qr(state, session, base, now).await
+}
+
+/// A Direct-QR session of the amount due of the tenant's billing invoice
+/// `id` (`POST /v1/billing/invoices/{id}/qr`), through [`create_bound`]:
+/// the plan check, the sandbox Fonepay cap, Fonepay's QR API. Its success
+/// pays the invoice. A paid, void or draft invoice is refused
+/// (`billing_invoice_state_conflict`).
+pub async fn for_billing_invoice(
+    state: &Deps,
+    who: &Principal,
+    id: &BillingInvoiceId,
+    base: &str,
+    now: Timestamp,
+    fence: Option<&Fence>,
+) -> Result<(ShownQr, BillingInvoice), QrError> {
+    let inv = invoice::get_invoice(state, who.tenant(), id)
+        .await
+        .map_err(CollectError::from)?;
+    collect::payable(&inv)?;
+    let mut metadata = Map::new();
+    metadata.insert("billing_invoice_id".into(), Value::from(inv.id.to_string()));
+    metadata.insert("invoice_number".into(), Value::from(inv.number.clone()));
+    let request = CreateQr {
+        amount: inv.amount_due,
+        currency: Some(inv.currency),
+        description: Description::parse(collect::description(&inv)).ok(),
+        customer: None,
+        metadata: Some(metadata),
+    };
+    let valid = validate(request, inv.mode, base)?;
+    let shown = create_bound(state, who, valid, Some(inv.id.clone()), base, now, fence).await?;
+    Ok((shown, inv))
 }
 
 /// Refuses a merchant whose plan has no Direct-QR (checked before any

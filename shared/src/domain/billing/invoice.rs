@@ -45,8 +45,9 @@ const TRIES: usize = 64;
 const BUDGET: std::time::Duration = std::time::Duration::from_secs(8);
 
 /// The SDK's `InvoiceStatus`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
+#[schema(as = BillingInvoiceStatus)]
 pub enum InvoiceStatus {
     /// Not issued (one-off items before issue, issue 40); the engine
     /// issues invoices open.
@@ -199,8 +200,9 @@ pub struct Settlement {
 
 /// Where the refund of an overpayment stands (refunds work as that
 /// provider's refunds do; out-of-band money is returned by hand).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
+#[schema(as = BillingOverpaymentRefund)]
 pub enum OverpaymentRefund {
     /// Not yet asked of the provider.
     Pending,
@@ -260,6 +262,8 @@ pub struct BillingInvoice {
 
 crate::attrs! { BillingInvoice {
     ID: BillingInvoiceId = id,
+    SUBSCRIPTION_ID: SubscriptionId = subscription_id,
+    CUSTOMER_ID: CustomerId = customer_id,
     STATUS: InvoiceStatus = status,
     PAYMENT: Option<Settlement> = payment,
     OVERPAYMENTS: Vec<Overpayment> = overpayments,
@@ -498,39 +502,10 @@ pub async fn pay_invoice(
 ) -> Result<PayOutcome, BillingInvoiceError> {
     for attempt in 0..TRIES {
         let inv = get_invoice(deps, tenant, id).await?;
-        if inv.payment.as_ref().is_some_and(|p| p.source == source) {
-            return Ok(PayOutcome::AlreadyPaid(inv));
-        }
-        if inv.overpayments.iter().any(|o| o.source == source) {
-            return Ok(PayOutcome::Overpayment(inv));
-        }
-        let (changes, outcome) = match next_invoice(inv.status, InvoiceEvent::Pay) {
-            Ok(paid) => {
-                if amount != inv.amount_due {
-                    return Err(BillingInvoiceError::AmountMismatch {
-                        expected: inv.amount_due,
-                        got: amount,
-                    });
-                }
-                paying(&inv, paid, &source, amount, now)
-            }
-            Err(_) if matches!(inv.status, InvoiceStatus::Paid | InvoiceStatus::Void) => {
-                overpaying(&inv, &source, amount, now)
-            }
-            Err(refusal) => return Err(refusal.into()),
+        let (ops, outcome) = match plan_payment(&inv, &source, amount, Taken::Asked, now)? {
+            PayPlan::Told(outcome) => return Ok(outcome),
+            PayPlan::Write(ops, outcome) => (ops, outcome),
         };
-        let mut ops = vec![TxOp::Update {
-            key: BillingInvoice::key(id),
-            update: changes.into(),
-            cond: Some(BillingInvoice::VERSION.eq(&inv.version)),
-        }];
-        let (t, changed) = match &outcome {
-            PayOutcome::Paid(i) => (EventType::BillingInvoicePaid, i),
-            PayOutcome::Overpayment(i) | PayOutcome::AlreadyPaid(i) => {
-                (EventType::BillingInvoicePaymentRefunded, i)
-            }
-        };
-        ops.extend(invoice_event(t, changed, now).put_ops()?);
         match deps.store.transact(ops).await {
             Ok(()) => return Ok(outcome),
             Err(e) if e.is_condition_failure() || is_conflict(&e) => {
@@ -540,6 +515,78 @@ pub async fn pay_invoice(
         }
     }
     Err(BillingInvoiceError::Busy)
+}
+
+/// Whether the money of a payment has moved already.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Taken {
+    /// Asked of the invoice (the dashboard's out-of-band payment): an
+    /// amount other than the amount due, or an invoice that takes no
+    /// payment, is refused.
+    Asked,
+    /// Received (a provider's payment succeeded): it is recorded whatever
+    /// it is, paying the invoice when it can, else as an overpayment.
+    Received,
+}
+
+/// What a payment does to an invoice as read.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PayPlan {
+    /// Nothing to write: this payment was taken before.
+    Told(PayOutcome),
+    /// The invoice's write, conditioned on the version read, with its
+    /// webhook (`billing_invoice.paid`, or `.payment_refunded` for money
+    /// recorded to refund), and the answer.
+    Write(Vec<TxOp>, PayOutcome),
+}
+
+/// Decides a payment of `amount` from `source` for `inv` as read: pays it
+/// when it is payable (and, when [`Taken::Asked`], of exactly the amount
+/// due), else records an overpayment. The write holds only if nobody
+/// changed the invoice since it was read.
+pub fn plan_payment(
+    inv: &BillingInvoice,
+    source: &PaymentSource,
+    amount: i64,
+    taken: Taken,
+    now: Timestamp,
+) -> Result<PayPlan, BillingInvoiceError> {
+    if inv.payment.as_ref().is_some_and(|p| &p.source == source) {
+        return Ok(PayPlan::Told(PayOutcome::AlreadyPaid(inv.clone())));
+    }
+    if inv.overpayments.iter().any(|o| &o.source == source) {
+        return Ok(PayPlan::Told(PayOutcome::Overpayment(inv.clone())));
+    }
+    let (changes, outcome) = match next_invoice(inv.status, InvoiceEvent::Pay) {
+        Ok(paid) if amount == inv.amount_due => paying(inv, paid, source, amount, now),
+        Ok(_) if taken == Taken::Asked => {
+            return Err(BillingInvoiceError::AmountMismatch {
+                expected: inv.amount_due,
+                got: amount,
+            });
+        }
+        Err(refusal)
+            if taken == Taken::Asked
+                && !matches!(inv.status, InvoiceStatus::Paid | InvoiceStatus::Void) =>
+        {
+            return Err(refusal.into());
+        }
+        // Paid or void already, or money that cannot pay it as it is.
+        _ => overpaying(inv, source, amount, now),
+    };
+    let mut ops = vec![TxOp::Update {
+        key: BillingInvoice::key(&inv.id),
+        update: changes.into(),
+        cond: Some(BillingInvoice::VERSION.eq(&inv.version)),
+    }];
+    let (t, changed) = match &outcome {
+        PayOutcome::Paid(i) => (EventType::BillingInvoicePaid, i),
+        PayOutcome::Overpayment(i) | PayOutcome::AlreadyPaid(i) => {
+            (EventType::BillingInvoicePaymentRefunded, i)
+        }
+    };
+    ops.extend(invoice_event(t, changed, now).put_ops()?);
+    Ok(PayPlan::Write(ops, outcome))
 }
 
 /// The changes that pay `inv` with `source`, and the answer.
@@ -716,6 +763,11 @@ async fn transition(
     }
     Err(BillingInvoiceError::Busy)
 }
+
+pub mod collect;
+#[cfg(feature = "pdf")]
+pub mod pdf;
+pub mod view;
 
 #[cfg(test)]
 mod tests;

@@ -27,7 +27,7 @@ use crate::domain::outbox::EventType;
 use crate::domain::record::{self, Changes, Entry, Record};
 use crate::domain::{Mode, Tenant};
 use crate::ids::{CustomerId, DunningPolicyId, PlanId, ProjectId, SubscriptionId, TestClockId};
-use crate::store::{Cond, Key, StoreError, TxOp};
+use crate::store::{Cond, Key, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// The error code of a refused transition (documented in
@@ -568,7 +568,7 @@ pub(crate) fn write_ops(
 /// customer's `open_subscriptions`. Every change of a stored subscription
 /// ([`change`], the sweep's steps) is these ops.
 pub(crate) async fn change_ops(
-    deps: &Deps,
+    store: &dyn Store,
     current: &Subscription,
     changed: &Subscription,
     event: Option<SubscriptionEvent>,
@@ -576,7 +576,7 @@ pub(crate) async fn change_ops(
 ) -> Result<Vec<TxOp>, StoreError> {
     let mut ops = write_ops(changed, Some(current))?;
     if changed.status.is_ended() && !current.status.is_ended() {
-        ops.extend(release_customer(deps, current).await?);
+        ops.extend(release_customer(store, current).await?);
     }
     // The change's webhook: by its event when the caller names one, else
     // by the status it moved between (the sweep's steps).
@@ -646,7 +646,7 @@ pub async fn change(
         let changed = changed.stamped();
         match deps
             .store
-            .transact(change_ops(deps, &current, &changed, event, now).await?)
+            .transact(change_ops(&*deps.store, &current, &changed, event, now).await?)
             .await
         {
             Ok(()) => return Ok(changed),
@@ -664,9 +664,12 @@ pub async fn change(
 /// not there (records made by tests and tools without one): a customer
 /// with a subscription not ended cannot be deleted, so one that exists
 /// now still exists when the transaction runs.
-async fn release_customer(deps: &Deps, sub: &Subscription) -> Result<Option<TxOp>, StoreError> {
+async fn release_customer(
+    store: &dyn Store,
+    sub: &Subscription,
+) -> Result<Option<TxOp>, StoreError> {
     let key = Customer::key(&sub.tenant(), &sub.customer_id);
-    if record::get::<Customer>(&*deps.store, &key).await?.is_none() {
+    if record::get::<Customer>(store, &key).await?.is_none() {
         return Ok(None);
     }
     let lower = Changes::<Customer>::new().subtract(Customer::OPEN_SUBSCRIPTIONS, 1);

@@ -176,7 +176,7 @@ pub async fn advance(
         let changed = changed.stamped();
         match deps
             .store
-            .transact(change_ops(deps, &current, &changed, None, now).await?)
+            .transact(change_ops(&*deps.store, &current, &changed, None, now).await?)
             .await
         {
             Ok(()) => {

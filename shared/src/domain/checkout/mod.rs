@@ -37,7 +37,7 @@ pub use sessions::{
     check_metadata, check_url, create, failed_at, find, find_any, new_session, spend_op,
     validate_create,
 };
-pub(crate) use sessions::{create_in, find_any_at, find_at};
+pub(crate) use sessions::{create_bound_in, create_in, find_any_at, find_at};
 
 /// How long a session can be paid.
 pub const SESSION_LIFETIME: chrono::Duration = chrono::Duration::minutes(30);

@@ -16,7 +16,7 @@ use crate::app::Deps;
 use crate::domain::record::{Changes, Entry, Record};
 use crate::domain::{Mode, Provider, Tenant};
 use crate::fields::{AddressPart, Description, Email, HttpUrl, PersonName, Phone};
-use crate::ids::{ApiKeyId, InvoiceId, LinkId, PaymentId, ProjectId, SessionId};
+use crate::ids::{ApiKeyId, BillingInvoiceId, InvoiceId, LinkId, PaymentId, ProjectId, SessionId};
 use crate::keys;
 use crate::money::{Currency, Paisa};
 use crate::refusal::Refusal;
@@ -222,6 +222,10 @@ pub struct CheckoutSession {
     /// The one-time invoice the session collects for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub invoice_id: Option<InvoiceId>,
+    /// The billing invoice the session collects for (its pay page or its
+    /// QR): its success pays the invoice, exactly once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub billing_invoice_id: Option<BillingInvoiceId>,
     /// Hex SHA-256 of a mobile session's client secret (the secret itself
     /// is shown once, to the merchant's server).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -256,6 +260,7 @@ crate::attrs! { CheckoutSession {
     LINK_ID: Option<LinkId> = link_id,
     LINK_CLAIMED: bool = link_claimed,
     INVOICE_ID: Option<InvoiceId> = invoice_id,
+    BILLING_INVOICE_ID: Option<BillingInvoiceId> = billing_invoice_id,
     CLIENT_SECRET_SHA256: Option<String> = client_secret_sha256,
 } }
 
@@ -779,6 +784,7 @@ pub fn new_session(creator: &Creator, valid: ValidCheckout, now: Timestamp) -> C
         link_id: None,
         link_claimed: false,
         invoice_id: None,
+        billing_invoice_id: None,
         client_secret_sha256: valid.client_secret_sha256,
     }
 }
@@ -807,6 +813,19 @@ pub(crate) async fn create_in(
     now: Timestamp,
     fence: Option<&Fence>,
 ) -> Result<CheckoutSession, CheckoutError> {
+    create_bound_in(store, creator, valid, None, now, fence).await
+}
+
+/// [`create_in`] of a session bound to a billing invoice (`billing`), whose
+/// success pays it.
+pub(crate) async fn create_bound_in(
+    store: &dyn Store,
+    creator: &Creator,
+    valid: ValidCheckout,
+    billing: Option<BillingInvoiceId>,
+    now: Timestamp,
+    fence: Option<&Fence>,
+) -> Result<CheckoutSession, CheckoutError> {
     // Enabled without credentials (sandbox eSewa and Khalti), or with them.
     let needs_credentials = valid
         .provider
@@ -818,7 +837,8 @@ pub(crate) async fn create_in(
         now,
     )
     .await?;
-    let session = new_session(creator, valid, now);
+    let mut session = new_session(creator, valid, now);
+    session.billing_invoice_id = billing;
     let mut ops = vec![session.put_new()?];
     let counter_at = spend.map(|op| {
         ops.push(op);

@@ -476,3 +476,84 @@ async fn ended_and_draft_subscriptions_are_not_billed() {
         "no number taken"
     );
 }
+
+#[tokio::test]
+async fn money_received_is_always_recorded_and_money_asked_must_be_the_amount_due() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let sub = subscription(&deps, "proj_plan").await;
+    let now = at("2026-01-10T07:00:00Z");
+    let inv = issue_invoice(&deps, &sub, sub.current_period().unwrap(), now)
+        .await
+        .unwrap()
+        .invoice;
+    let a = online("pay_a", Provider::Khalti);
+    // Asked (the dashboard): another amount is refused.
+    assert!(matches!(
+        plan_payment(&inv, &a, 5, Taken::Asked, now),
+        Err(BillingInvoiceError::AmountMismatch { .. })
+    ));
+    // Received (a provider's success): another amount is money to give
+    // back, not a payment of the invoice.
+    let Ok(PayPlan::Write(_, PayOutcome::Overpayment(over))) =
+        plan_payment(&inv, &a, 5, Taken::Received, now)
+    else {
+        panic!("an overpayment")
+    };
+    assert_eq!(over.status, S::Open);
+    assert_eq!(over.overpayments[0].amount, 5);
+    assert_eq!(
+        over.overpayments[0].refund_status,
+        OverpaymentRefund::Pending
+    );
+    // The amount due pays it, conditioned on the version read.
+    let Ok(PayPlan::Write(ops, PayOutcome::Paid(paid))) =
+        plan_payment(&inv, &a, 99_900, Taken::Received, now)
+    else {
+        panic!("paid")
+    };
+    assert_eq!(paid.version, inv.version + 1);
+    assert!(matches!(
+        ops.first(),
+        Some(TxOp::Update { cond: Some(_), .. })
+    ));
+    // A draft takes no payment: asked, refused; received, recorded.
+    let mut draft = inv.clone();
+    draft.status = S::Draft;
+    assert!(matches!(
+        plan_payment(&draft, &a, 99_900, Taken::Asked, now),
+        Err(BillingInvoiceError::Refused(_))
+    ));
+    assert!(matches!(
+        plan_payment(&draft, &a, 99_900, Taken::Received, now),
+        Ok(PayPlan::Write(_, PayOutcome::Overpayment(_)))
+    ));
+    // Told again: nothing to write.
+    assert!(matches!(
+        plan_payment(&paid, &a, 99_900, Taken::Received, now),
+        Ok(PayPlan::Told(PayOutcome::AlreadyPaid(_)))
+    ));
+}
+
+#[test]
+fn the_view_shows_days_with_their_miti_and_links_to_the_pay_page() {
+    use super::view::{Day, Filters, start_of_nepal_day};
+    let d = NaiveDate::from_ymd_opt(2024, 7, 30).unwrap();
+    assert_eq!(
+        Day::of(d),
+        Day {
+            ad: "2024-07-30".into(),
+            bs: Some("2081 Shrawan 15".into())
+        }
+    );
+    assert_eq!(
+        start_of_nepal_day(NaiveDate::from_ymd_opt(2026, 1, 10).unwrap()),
+        at("2026-01-09T18:15:00Z")
+    );
+    assert_eq!(
+        super::collect::pay_url("https://pay.example", &"inv_1".into()),
+        "https://pay.example/b/inv_1"
+    );
+    assert!(Filters::parse(Some("open"), None, None, Some("  ")).is_ok_and(|f| f.search.is_none()));
+    assert!(Filters::parse(Some("past_due"), None, None, None).is_err());
+    assert!(Filters::parse(None, None, None, Some(&"x".repeat(101))).is_err());
+}

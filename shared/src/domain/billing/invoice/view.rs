@@ -1,0 +1,370 @@
+//! A billing invoice as the API answers it (camelCase, as the SDK reads
+//! it), and its lists (`status`, `customerId`, `subscriptionId`, `search`;
+//! page-based as the other billing lists).
+
+use chrono::NaiveDate;
+use serde::Serialize;
+
+use super::{
+    BillingInvoice, InvoiceLine, InvoiceStatus, Overpayment, OverpaymentRefund, PaymentSource,
+};
+use crate::Deps;
+use crate::domain::Tenant;
+use crate::domain::billing::calendar::{bs_from_ad, miti_latin};
+use crate::domain::billing::customers::{
+    BillingError, MAX_SEARCH, PageRequest, SEARCH_SCAN, invalid,
+};
+use crate::domain::record::from_item;
+use crate::ids::{CustomerId, SubscriptionId};
+use crate::money::Currency;
+use crate::store::{Cond, Index, Query};
+use crate::time::Timestamp;
+
+/// A day as the API writes it, with its Bikram Sambat date (Miti).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = BillingDay)]
+pub struct Day {
+    /// `YYYY-MM-DD`, a day in Nepal.
+    pub ad: String,
+    /// `2081 Shrawan 15`; `null` outside the calendar's years.
+    pub bs: Option<String>,
+}
+
+impl Day {
+    pub fn of(d: NaiveDate) -> Day {
+        Day {
+            ad: d.to_string(),
+            bs: bs_from_ad(d).map(miti_latin),
+        }
+    }
+}
+
+/// One line of an invoice.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = BillingInvoiceLine)]
+pub struct LineView {
+    /// `subscription`.
+    pub kind: String,
+    pub description: String,
+    pub quantity: u32,
+    /// Paisa.
+    pub amount: i64,
+    pub period_start: String,
+    /// Exclusive.
+    pub period_end: String,
+}
+
+/// The payment that paid an invoice, or one that came after (an
+/// overpayment).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = BillingInvoicePayment)]
+pub struct PaymentView {
+    /// `online` (the pay page, the QR) or `out_of_band` (cash, bank
+    /// deposit, recorded in the dashboard).
+    pub kind: String,
+    /// `pay_…` for an online payment.
+    pub payment_id: Option<String>,
+    /// `esewa`, `khalti`, `fonepay`; `cash` or `bank_deposit` out of band.
+    pub method: String,
+    pub amount: i64,
+    pub at: Timestamp,
+    /// Out of band: the day received and the reference.
+    pub received_on: Option<String>,
+    pub reference: Option<String>,
+}
+
+/// A payment that arrived for an invoice already paid (or void), and its
+/// refund.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = BillingInvoiceOverpayment)]
+pub struct OverpaymentView {
+    #[serde(flatten)]
+    pub payment: PaymentView,
+    /// `pending`, `processing`, `succeeded`, `failed`, `requires_action`
+    /// (eSewa: the merchant completes it) or `manual` (Fonepay or out of
+    /// band: refunded by hand).
+    pub refund_status: OverpaymentRefund,
+    /// `ref_…` once asked of the provider.
+    pub refund_id: Option<String>,
+}
+
+/// A billing invoice (`inv_…`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = BillingInvoice)]
+pub struct InvoiceView {
+    pub id: String,
+    pub livemode: bool,
+    /// From the project's one invoice series: `PI-…`, `TEST-PI-…`.
+    pub number: String,
+    pub subscription_id: String,
+    pub customer_id: String,
+    pub status: InvoiceStatus,
+    /// Paisa: the invoice's total.
+    pub amount: i64,
+    pub subtotal: i64,
+    pub amount_due: i64,
+    pub amount_paid: i64,
+    pub currency: Currency,
+    pub lines: Vec<LineView>,
+    /// The first Nepal day billed, `YYYY-MM-DD`.
+    pub period_start: String,
+    /// The day after the last billed (exclusive).
+    pub period_end: String,
+    /// The Nepal day it is due (the period's first: billed in advance).
+    pub due_date: String,
+    /// The start of the due day in Nepal (00:00 +05:45).
+    pub due_at: Timestamp,
+    /// The due day with its Miti.
+    pub due: Day,
+    /// Overdue from this Nepal day if unpaid.
+    pub overdue_on: String,
+    /// The hosted bill page: amount, period, due date, the provider
+    /// picker and the PDF. No key needed.
+    pub pay_url: String,
+    /// The invoice's PDF (`GET /v1/billing/invoices/{id}/pdf`, with a
+    /// key that may read billing).
+    pub pdf_url: String,
+    pub payment: Option<PaymentView>,
+    pub overpayments: Vec<OverpaymentView>,
+    pub issued_at: Timestamp,
+    pub paid_at: Option<Timestamp>,
+    pub voided_at: Option<Timestamp>,
+    pub uncollectible_at: Option<Timestamp>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+fn payment_view(source: &PaymentSource, amount: i64, at: Timestamp) -> PaymentView {
+    match source {
+        PaymentSource::Online {
+            payment_id,
+            provider,
+        } => PaymentView {
+            kind: "online".into(),
+            payment_id: Some(payment_id.to_string()),
+            method: provider.as_str().into(),
+            amount,
+            at,
+            received_on: None,
+            reference: None,
+        },
+        PaymentSource::OutOfBand {
+            method,
+            received_on,
+            reference,
+            ..
+        } => PaymentView {
+            kind: "out_of_band".into(),
+            payment_id: None,
+            method: serde_json::to_value(method)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            amount,
+            at,
+            received_on: Some(received_on.to_string()),
+            reference: Some(reference.clone()),
+        },
+    }
+}
+
+fn line_view(l: &InvoiceLine) -> LineView {
+    LineView {
+        kind: serde_json::to_value(l.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default(),
+        description: l.description.clone(),
+        quantity: l.quantity,
+        amount: l.amount,
+        period_start: l.period_start.to_string(),
+        period_end: l.period_end.to_string(),
+    }
+}
+
+fn overpayment_view(o: &Overpayment) -> OverpaymentView {
+    OverpaymentView {
+        payment: payment_view(&o.source, o.amount, o.at),
+        refund_status: o.refund_status,
+        refund_id: o.refund_id.as_ref().map(ToString::to_string),
+    }
+}
+
+/// The start of Nepal day `d` (00:00 at +05:45).
+pub fn start_of_nepal_day(d: NaiveDate) -> Timestamp {
+    let utc = d
+        .and_hms_opt(0, 0, 0)
+        .unwrap_or_default()
+        .and_utc()
+        .checked_sub_signed(chrono::Duration::minutes(5 * 60 + 45))
+        .unwrap_or_default();
+    Timestamp::from_datetime(utc)
+}
+
+impl InvoiceView {
+    /// `inv` as answered, its links under `base` (the public base URL).
+    pub fn of(inv: &BillingInvoice, base: &str) -> Self {
+        let pay_url = super::collect::pay_url(base, &inv.id);
+        InvoiceView {
+            id: inv.id.to_string(),
+            livemode: inv.mode.is_live(),
+            number: inv.number.clone(),
+            subscription_id: inv.subscription_id.to_string(),
+            customer_id: inv.customer_id.to_string(),
+            status: inv.status,
+            amount: inv.total,
+            subtotal: inv.subtotal,
+            amount_due: inv.amount_due,
+            amount_paid: inv.amount_paid,
+            currency: inv.currency,
+            lines: inv.lines.iter().map(line_view).collect(),
+            period_start: inv.period_start.to_string(),
+            period_end: inv.period_end.to_string(),
+            due_date: inv.due_date.to_string(),
+            due_at: start_of_nepal_day(inv.due_date),
+            due: Day::of(inv.due_date),
+            overdue_on: inv.overdue_on.to_string(),
+            pdf_url: format!("{base}/v1/billing/invoices/{}/pdf", inv.id),
+            pay_url,
+            payment: inv
+                .payment
+                .as_ref()
+                .map(|p| payment_view(&p.source, p.amount, p.at)),
+            overpayments: inv.overpayments.iter().map(overpayment_view).collect(),
+            issued_at: inv.issued_at,
+            paid_at: inv.paid_at,
+            voided_at: inv.voided_at,
+            uncollectible_at: inv.uncollectible_at,
+            created_at: inv.created_at,
+            updated_at: inv.updated_at,
+        }
+    }
+}
+
+/// What a list keeps (each `None`: any).
+#[derive(Clone, Debug, Default)]
+pub struct Filters {
+    pub status: Option<InvoiceStatus>,
+    pub customer_id: Option<CustomerId>,
+    pub subscription_id: Option<SubscriptionId>,
+    pub search: Option<String>,
+}
+
+impl Filters {
+    /// From the query's values (its ids parsed at the edge): an unknown
+    /// status or a long search is a 400 naming the parameter.
+    pub fn parse(
+        status: Option<&str>,
+        customer_id: Option<CustomerId>,
+        subscription_id: Option<SubscriptionId>,
+        search: Option<&str>,
+    ) -> Result<Filters, BillingError> {
+        let status = match status {
+            None => None,
+            Some(raw) => Some(
+                InvoiceStatus::ALL
+                    .into_iter()
+                    .find(|s| s.as_str() == raw)
+                    .ok_or_else(|| {
+                        invalid(
+                            "status",
+                            format!(
+                                "status must be one of draft, open, paid, overdue, void, uncollectible; got {raw:?}"
+                            ),
+                        )
+                    })?,
+            ),
+        };
+        let search = search.map(str::trim).filter(|s| !s.is_empty());
+        if search.is_some_and(|s| s.chars().count() > MAX_SEARCH) {
+            return Err(invalid(
+                "search",
+                format!("search must be at most {MAX_SEARCH} characters"),
+            ));
+        }
+        Ok(Filters {
+            status,
+            customer_id,
+            subscription_id,
+            search: search.map(str::to_lowercase),
+        })
+    }
+
+    fn cond(&self) -> Option<Cond> {
+        let mut all = Vec::new();
+        if let Some(s) = &self.status {
+            all.push(BillingInvoice::STATUS.eq(s));
+        }
+        if let Some(c) = &self.customer_id {
+            all.push(BillingInvoice::CUSTOMER_ID.eq(c));
+        }
+        if let Some(s) = &self.subscription_id {
+            all.push(BillingInvoice::SUBSCRIPTION_ID.eq(s));
+        }
+        match all.len() {
+            0 => None,
+            1 => all.pop(),
+            _ => Some(Cond::And(all)),
+        }
+    }
+}
+
+/// Whether `inv` matches a lowercased `needle`: its number, id, customer
+/// or subscription.
+fn matches(inv: &BillingInvoice, needle: &str) -> bool {
+    [
+        inv.number.as_str(),
+        inv.id.as_str(),
+        inv.customer_id.as_str(),
+        inv.subscription_id.as_str(),
+    ]
+    .iter()
+    .any(|h| h.to_lowercase().contains(needle))
+}
+
+/// A page of the tenant's invoices, newest first, and the total: of the
+/// filtered list without `search`; with it, of the matches among the
+/// newest [`SEARCH_SCAN`] filtered invoices.
+pub async fn list(
+    deps: &Deps,
+    tenant: &Tenant,
+    page: PageRequest,
+    filters: &Filters,
+) -> Result<(Vec<BillingInvoice>, u64), BillingError> {
+    let mut query = Query::partition(BillingInvoice::list_partition(tenant))
+        .on(Index::Gsi1)
+        .backward();
+    if let Some(c) = filters.cond() {
+        query = query.filter(c);
+    }
+    let Some(needle) = &filters.search else {
+        let items =
+            crate::store::query_window(&*deps.store, &query, page.offset(), page.limit).await?;
+        let found = items
+            .into_iter()
+            .map(from_item)
+            .collect::<Result<Vec<BillingInvoice>, _>>()?;
+        let total = deps.store.count(&query).await?;
+        return Ok((found, total));
+    };
+    let read = crate::store::query_window(&*deps.store, &query, 0, SEARCH_SCAN).await?;
+    let mut matched = Vec::new();
+    for item in read {
+        let inv: BillingInvoice = from_item(item)?;
+        if matches(&inv, needle) {
+            matched.push(inv);
+        }
+    }
+    let total = matched.len() as u64;
+    let found = matched
+        .into_iter()
+        .skip(page.offset())
+        .take(page.limit)
+        .collect();
+    Ok((found, total))
+}

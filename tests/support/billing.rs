@@ -1,0 +1,81 @@
+//! Billing records made through the domain, for tests of what comes after
+//! a subscription (its invoices), while the subscription routes are built
+//! apart: a subscription stored directly, and its first invoice issued as
+//! the engine issues it.
+
+use shared::domain::billing::invoice::{self, BillingInvoice};
+use shared::domain::billing::period::{Calendar, IntervalUnit};
+use shared::domain::billing::subscription::{self, NewSubscription, Subscription};
+use shared::domain::billing::terms::{OverdueAction, Terms};
+use shared::domain::{Mode, Tenant};
+use shared::money::Currency;
+use shared::time::{Clock, SystemClock};
+
+use crate::TestApp;
+
+/// Monthly terms of `amount` paisa, no trial (its first invoice is issued
+/// at once, the subscription `incomplete` until it is paid).
+pub fn monthly(amount: i64) -> Terms {
+    Terms {
+        description: "Fibre 100 Mbps, monthly".into(),
+        amount,
+        currency: Currency::Npr,
+        interval_unit: IntervalUnit::Month,
+        interval_count: 1,
+        calendar: Calendar::Ad,
+        trial_days: 0,
+        grace_period_days: 3,
+        reminder_days_before_due: 3,
+        overdue_reminder_interval_days: 2,
+        overdue_action: OverdueAction::MarkPastDue,
+        default_provider: None,
+    }
+}
+
+/// A sandbox subscription of `customer` (a `cus_` id) on `terms`, started
+/// now, stored directly.
+pub async fn subscription(
+    app: &TestApp,
+    project: &str,
+    customer: &str,
+    terms: Terms,
+) -> Subscription {
+    let tenant = Tenant::new(project, Mode::Sandbox);
+    let now = SystemClock.now();
+    let input = NewSubscription {
+        customer_id: customer.into(),
+        plan_id: "bp_00000000000000000000000000".into(),
+        terms,
+        reference_id: None,
+        metadata: serde_json::Map::new(),
+        start: now,
+        trial_ends_at: None,
+        billing_anchor_day: None,
+        dunning_policy_id: None,
+        test_clock_id: None,
+    };
+    let sub = subscription::new_subscription(&tenant, input, now)
+        .unwrap_or_else(|e| panic!("subscription: {e}"));
+    subscription::create(app.state(), &sub)
+        .await
+        .unwrap_or_else(|e| panic!("store subscription: {e}"));
+    sub
+}
+
+/// The first invoice of a new subscription of `customer` for `amount`
+/// paisa a month, issued as the engine issues it.
+pub async fn first_invoice(
+    app: &TestApp,
+    project: &str,
+    customer: &str,
+    amount: i64,
+) -> (Subscription, BillingInvoice) {
+    let sub = subscription(app, project, customer, monthly(amount)).await;
+    let Some(period) = sub.current_period() else {
+        panic!("subscription {} has no period", sub.id)
+    };
+    let issued = invoice::issue_invoice(app.state(), &sub, period, SystemClock.now())
+        .await
+        .unwrap_or_else(|e| panic!("issue: {e}"));
+    (sub, issued.invoice)
+}
