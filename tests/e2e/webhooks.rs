@@ -1858,7 +1858,12 @@ async fn an_issued_billing_invoice_sends_a_signed_billing_invoice_created(which:
     assert_eq!(body["livemode"], false);
     let object = &body["data"]["object"];
     assert_eq!(object["id"], inv.id.as_str(), "{body}");
-    assert_eq!(object["object"], "billing_invoice");
+    // The invoice exactly as its GET answers it.
+    let got = m
+        .get(&format!("/v1/billing/invoices/{}", inv.id), &m.key)
+        .await;
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert_eq!(object, &got.body, "data.object is the GET's answer");
     assert_eq!(object["status"], "open");
     assert_eq!(object["number"], inv.number.as_str());
     assert_eq!(object["amountDue"], 99_900);

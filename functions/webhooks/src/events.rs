@@ -2,7 +2,8 @@
 //! one entry per [`EventType`], each with the body a receiver gets
 //! ([`shared::domain::outbox::Event::body`]) and the signature headers.
 
-use shared::domain::billing::views::{BillingInvoiceView, SubscriptionView};
+use shared::domain::billing::invoice::view::InvoiceView as BillingInvoiceView;
+use shared::domain::billing::lifecycle::SubscriptionView;
 use shared::domain::outbox::EventType;
 use shared::webhooks::signature::{SIGNATURE_HEADER, TIMESTAMP_HEADER, TOLERANCE_SECONDS};
 use utoipa::openapi::path::{

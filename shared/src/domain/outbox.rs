@@ -332,7 +332,7 @@ impl Event {
                     ("id", "id"),
                     ("invoice_id", "id"),
                     ("invoice_number", "number"),
-                    ("amount", "total"),
+                    ("amount", "amount"),
                     ("amount_due", "amountDue"),
                     ("currency", "currency"),
                     ("status", "status"),

@@ -261,7 +261,10 @@ pub async fn apply(
         // an overpayment to refund after.
         let mut overpaid = None;
         if let (Decision::Success { .. }, Some(s)) = (&decision, &session) {
-            if let Some(settled) = billing_collect::settlement(store, s, &current, now).await? {
+            if let Some(settled) =
+                billing_collect::settlement(store, s, &current, &state.config.base_for(None), now)
+                    .await?
+            {
                 if let billing_invoice::PayOutcome::Overpayment(inv) = &settled.outcome {
                     overpaid = Some(inv.id.clone());
                 }

@@ -4,8 +4,9 @@
 //! a refused transition writes nothing, so it has no event.
 
 use super::invoice::BillingInvoice;
+use super::invoice::view::InvoiceView;
+use super::lifecycle::SubscriptionView;
 use super::subscription::{Subscription, SubscriptionEvent, SubscriptionStatus};
-use super::views::{BillingInvoiceView, SubscriptionView};
 use crate::domain::outbox::{Event, EventType};
 use crate::time::Timestamp;
 
@@ -66,10 +67,11 @@ pub fn trial_will_end(sub: &Subscription, now: Timestamp) -> Event {
     subscription_event(EventType::SubscriptionTrialWillEnd, sub, now)
 }
 
-/// The event `t` about billing invoice `inv` (as changed).
-pub fn invoice_event(t: EventType, inv: &BillingInvoice, now: Timestamp) -> Event {
+/// The event `t` about billing invoice `inv` (as changed), its links
+/// under `base` (the public base URL) as its GET answers them.
+pub fn invoice_event(t: EventType, inv: &BillingInvoice, base: &str, now: Timestamp) -> Event {
     let tenant = crate::domain::Tenant::new(inv.project_id.clone(), inv.mode);
-    Event::new(t, &tenant, BillingInvoiceView::json(inv), now)
+    Event::new(t, &tenant, InvoiceView::json(inv, base), now)
 }
 
 #[cfg(test)]

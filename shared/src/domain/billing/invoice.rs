@@ -435,7 +435,10 @@ pub async fn issue_invoice(
             invoice_id: invoice.id.clone(),
         };
         let mut ops = vec![claim.put_new()?, invoice.put_new()?, take];
-        ops.extend(invoice_event(EventType::BillingInvoiceCreated, &invoice, now).put_ops()?);
+        let base = deps.config.base_for(None);
+        ops.extend(
+            invoice_event(EventType::BillingInvoiceCreated, &invoice, &base, now).put_ops()?,
+        );
         match store.transact(ops).await {
             Ok(()) => {
                 return Ok(Issued {
@@ -502,7 +505,14 @@ pub async fn pay_invoice(
 ) -> Result<PayOutcome, BillingInvoiceError> {
     for attempt in 0..TRIES {
         let inv = get_invoice(deps, tenant, id).await?;
-        let (ops, outcome) = match plan_payment(&inv, &source, amount, Taken::Asked, now)? {
+        let (ops, outcome) = match plan_payment(
+            &inv,
+            &source,
+            amount,
+            Taken::Asked,
+            &deps.config.base_for(None),
+            now,
+        )? {
             PayPlan::Told(outcome) => return Ok(outcome),
             PayPlan::Write(ops, outcome) => (ops, outcome),
         };
@@ -549,6 +559,7 @@ pub fn plan_payment(
     source: &PaymentSource,
     amount: i64,
     taken: Taken,
+    base: &str,
     now: Timestamp,
 ) -> Result<PayPlan, BillingInvoiceError> {
     if inv.payment.as_ref().is_some_and(|p| &p.source == source) {
@@ -585,7 +596,7 @@ pub fn plan_payment(
             (EventType::BillingInvoicePaymentRefunded, i)
         }
     };
-    ops.extend(invoice_event(t, changed, now).put_ops()?);
+    ops.extend(invoice_event(t, changed, base, now).put_ops()?);
     Ok(PayPlan::Write(ops, outcome))
 }
 
@@ -751,7 +762,8 @@ async fn transition(
             cond: Some(BillingInvoice::VERSION.eq(&seen)),
         }];
         if let Some(t) = t {
-            ops.extend(invoice_event(t, &inv, now).put_ops()?);
+            let base = deps.config.base_for(None);
+            ops.extend(invoice_event(t, &inv, &base, now).put_ops()?);
         }
         match deps.store.transact(ops).await {
             Ok(()) => return Ok(inv),

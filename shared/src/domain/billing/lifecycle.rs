@@ -283,6 +283,11 @@ pub struct SubscriptionView {
 }
 
 impl SubscriptionView {
+    /// The view as JSON (a webhook event's `data.object`).
+    pub fn json(s: &Subscription) -> Value {
+        serde_json::to_value(SubscriptionView::of(s)).unwrap_or(Value::Null)
+    }
+
     pub fn of(s: &Subscription) -> Self {
         let period = s.current_period();
         SubscriptionView {

@@ -18,4 +18,3 @@ pub mod subscription;
 pub mod sweep;
 pub mod terms;
 pub mod test_clock;
-pub mod views;

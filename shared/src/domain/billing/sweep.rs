@@ -174,11 +174,12 @@ pub async fn advance(
         changed.version = current.version + 1;
         changed.updated_at = now;
         let changed = changed.stamped();
-        match deps
-            .store
-            .transact(change_ops(&*deps.store, &current, &changed, None, now).await?)
-            .await
-        {
+        let mut ops = change_ops(&*deps.store, &current, &changed, None, now).await?;
+        if step == Step::TrialWillEnd {
+            // Once per trial end: the write that records it carries it.
+            ops.extend(super::events::trial_will_end(&changed, now).put_ops()?);
+        }
+        match deps.store.transact(ops).await {
             Ok(()) => {
                 done.steps += 1;
                 done.invoices_issued += issued.as_ref().map_or(0, |(_, created)| *created);

@@ -201,6 +201,7 @@ pub async fn settlement(
     store: &dyn Store,
     session: &CheckoutSession,
     payment: &Payment,
+    base: &str,
     now: Timestamp,
 ) -> Result<Option<Settled>, StoreError> {
     let Some(id) = &session.billing_invoice_id else {
@@ -217,8 +218,15 @@ pub async fn settlement(
         payment_id: payment.id.clone(),
         provider: payment.provider,
     };
-    let plan = plan_payment(&inv, &source, payment.amount.get(), Taken::Received, now)
-        .map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let plan = plan_payment(
+        &inv,
+        &source,
+        payment.amount.get(),
+        Taken::Received,
+        base,
+        now,
+    )
+    .map_err(|e| StoreError::Invalid(e.to_string()))?;
     let (mut ops, outcome) = match plan {
         PayPlan::Told(_) => return Ok(None),
         PayPlan::Write(ops, outcome) => (ops, outcome),

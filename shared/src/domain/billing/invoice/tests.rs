@@ -489,13 +489,13 @@ async fn money_received_is_always_recorded_and_money_asked_must_be_the_amount_du
     let a = online("pay_a", Provider::Khalti);
     // Asked (the dashboard): another amount is refused.
     assert!(matches!(
-        plan_payment(&inv, &a, 5, Taken::Asked, now),
+        plan_payment(&inv, &a, 5, Taken::Asked, "http://127.0.0.1:8080", now),
         Err(BillingInvoiceError::AmountMismatch { .. })
     ));
     // Received (a provider's success): another amount is money to give
     // back, not a payment of the invoice.
     let Ok(PayPlan::Write(_, PayOutcome::Overpayment(over))) =
-        plan_payment(&inv, &a, 5, Taken::Received, now)
+        plan_payment(&inv, &a, 5, Taken::Received, "http://127.0.0.1:8080", now)
     else {
         panic!("an overpayment")
     };
@@ -506,9 +506,14 @@ async fn money_received_is_always_recorded_and_money_asked_must_be_the_amount_du
         OverpaymentRefund::Pending
     );
     // The amount due pays it, conditioned on the version read.
-    let Ok(PayPlan::Write(ops, PayOutcome::Paid(paid))) =
-        plan_payment(&inv, &a, 99_900, Taken::Received, now)
-    else {
+    let Ok(PayPlan::Write(ops, PayOutcome::Paid(paid))) = plan_payment(
+        &inv,
+        &a,
+        99_900,
+        Taken::Received,
+        "http://127.0.0.1:8080",
+        now,
+    ) else {
         panic!("paid")
     };
     assert_eq!(paid.version, inv.version + 1);
@@ -520,16 +525,37 @@ async fn money_received_is_always_recorded_and_money_asked_must_be_the_amount_du
     let mut draft = inv.clone();
     draft.status = S::Draft;
     assert!(matches!(
-        plan_payment(&draft, &a, 99_900, Taken::Asked, now),
+        plan_payment(
+            &draft,
+            &a,
+            99_900,
+            Taken::Asked,
+            "http://127.0.0.1:8080",
+            now
+        ),
         Err(BillingInvoiceError::Refused(_))
     ));
     assert!(matches!(
-        plan_payment(&draft, &a, 99_900, Taken::Received, now),
+        plan_payment(
+            &draft,
+            &a,
+            99_900,
+            Taken::Received,
+            "http://127.0.0.1:8080",
+            now
+        ),
         Ok(PayPlan::Write(_, PayOutcome::Overpayment(_)))
     ));
     // Told again: nothing to write.
     assert!(matches!(
-        plan_payment(&paid, &a, 99_900, Taken::Received, now),
+        plan_payment(
+            &paid,
+            &a,
+            99_900,
+            Taken::Received,
+            "http://127.0.0.1:8080",
+            now
+        ),
         Ok(PayPlan::Told(PayOutcome::AlreadyPaid(_)))
     ));
 }

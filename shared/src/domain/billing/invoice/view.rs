@@ -207,6 +207,11 @@ pub fn start_of_nepal_day(d: NaiveDate) -> Timestamp {
 }
 
 impl InvoiceView {
+    /// The view as JSON (a webhook event's `data.object`).
+    pub fn json(inv: &BillingInvoice, base: &str) -> serde_json::Value {
+        serde_json::to_value(InvoiceView::of(inv, base)).unwrap_or(serde_json::Value::Null)
+    }
+
     /// `inv` as answered, its links under `base` (the public base URL).
     pub fn of(inv: &BillingInvoice, base: &str) -> Self {
         let pay_url = super::collect::pay_url(base, &inv.id);

@@ -311,6 +311,15 @@ async fn a_trial_is_reminded_then_ends_with_the_first_invoice() {
     assert_eq!(s.status, S::Active);
     assert_eq!(s.billing_start, Some(day(2026, 1, 24)));
     assert_eq!(ended.invoices_issued, 1);
+    // The reminder moment wrote `subscription.trial_will_end` once; the
+    // end wrote `trial_ended` (and the invoice its `created`).
+    let events = crate::domain::outbox::recent(&*deps.store, &sub.tenant(), 50)
+        .await
+        .unwrap();
+    let count = |t: &str| events.iter().filter(|e| e.event_type.as_str() == t).count();
+    assert_eq!(count("subscription.trial_will_end"), 1);
+    assert_eq!(count("subscription.trial_ended"), 1);
+    assert_eq!(count("billing_invoice.created"), 1);
     assert_eq!(
         per_period(&deps, &sub).await,
         BTreeMap::from([(day(2026, 1, 24), 1)])
