@@ -186,6 +186,12 @@ impl Refusal {
     }
 }
 
+/// A 429's wait before the request is sent again.
+struct Retry(std::time::Duration);
+
+/// How many times a rate-limited request is sent again.
+const RATE_LIMITED_TRIES: usize = 3;
+
 impl Api {
     /// The API at `base` (e.g. `http://127.0.0.1:8080`) with `key`.
     pub fn new(base: &str, key: &str) -> Result<Api, String> {
@@ -217,6 +223,28 @@ impl Api {
         path: &str,
         body: Option<Value>,
     ) -> Result<Result<Value, Refusal>, String> {
+        // A 429 is refused before anything is done (the key's rate limit),
+        // so the same request is sent again after the wait it names (at
+        // most a few times): triggering every event type at once is more
+        // than a sandbox key's second allows.
+        for _ in 0..RATE_LIMITED_TRIES {
+            match self.call_once(method.clone(), path, body.clone()).await? {
+                Err(Retry(after)) => tokio::time::sleep(after).await,
+                Ok(answer) => return Ok(answer),
+            }
+        }
+        match self.call_once(method, path, body).await? {
+            Ok(answer) => Ok(answer),
+            Err(Retry(_)) => Err(format!("{} kept answering 429 (rate limited)", self.base)),
+        }
+    }
+
+    async fn call_once(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Result<Result<Value, Refusal>, Retry>, String> {
         let mut request = self
             .client
             .request(method, format!("{}{path}", self.base))
@@ -235,15 +263,25 @@ impl Api {
             }
         })?;
         let status = response.status().as_u16();
+        if status == 429 {
+            let secs = response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(1)
+                .clamp(1, 5);
+            return Ok(Err(Retry(std::time::Duration::from_secs(secs))));
+        }
         let text = response
             .text()
             .await
             .map_err(|e| format!("reading the answer of {} failed: {e}", self.base))?;
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         if (200..300).contains(&status) {
-            Ok(Ok(value))
+            Ok(Ok(Ok(value)))
         } else {
-            Ok(Err(Refusal::of(status, &value)))
+            Ok(Ok(Err(Refusal::of(status, &value))))
         }
     }
 
