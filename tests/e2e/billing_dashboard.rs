@@ -11,6 +11,7 @@ use dhukuti_tests::dash::{Dash, field};
 use dhukuti_tests::shop::Shop;
 use dhukuti_tests::{Which, billing, on_both_backends, spawn_app};
 use serde_json::json;
+use shared::domain::account::{self, Plan};
 use shared::domain::billing::invoice::{self, InvoiceStatus, PaymentSource};
 use shared::domain::billing::subscription::{Subscription, SubscriptionStatus};
 use shared::domain::dashboard::{self, Role};
@@ -332,6 +333,26 @@ async fn subscriptions_and_invoices_in_the_dashboard(which: Which) {
     assert_eq!(r.status, 404, "{}", r.show());
     let theirs = boss.get("/dashboard/billing/invoices").await;
     assert!(theirs.body.contains("0 invoices"), "{}", theirs.show());
+
+    // A merchant whose plan lost billing changes nothing through a form
+    // still open.
+    let csrf = dev.csrf_of("/dashboard/billing/invoices").await;
+    if let Err(e) = account::set_plan(&*shop.app.store, &shop.tenant.merchant.id, Plan::Free).await
+    {
+        panic!("set_plan: {e}")
+    }
+    let r = dev
+        .post(
+            &format!("/dashboard/billing/subscriptions/{}/cancel", other_sub.id),
+            &[("csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.show());
+    assert!(r.body.contains("Growth and Pro"), "{}", r.show());
+    assert_eq!(
+        status_of(&shop, other_sub.id.as_str()).await,
+        SubscriptionStatus::Incomplete
+    );
     shop.stop().await;
 }
 

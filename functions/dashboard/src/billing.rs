@@ -326,7 +326,8 @@ fn keep(name: &str, value: Option<&str>) -> String {
         .unwrap_or_default()
 }
 
-/// The page of a billing form whose entitlement lapsed: nothing done.
+/// Refuses a billing form (403, nothing done) when the merchant's plan
+/// no longer includes billing.
 async fn entitled_to_change(state: &AppState, signed: &Signed) -> Result<(), Stop> {
     let yes = billing_customers::merchant_entitled(state, &signed.session.merchant_id)
         .await
@@ -335,7 +336,7 @@ async fn entitled_to_change(state: &AppState, signed: &Signed) -> Result<(), Sto
         Ok(())
     } else {
         Err(fail(shared::refusal::Refusal::forbidden(
-            "billing_not_in_plan",
+            "permission_denied",
             "Recurring billing comes with the Growth and Pro plans",
         )))
     }
