@@ -119,6 +119,39 @@ pub fn router(state: AppState) -> Router {
             )
             .route("/dashboard/billing/plans", get(billing::plans_page))
             .route("/dashboard/billing/plans/{id}", get(billing::plan_page))
+            .route(
+                "/dashboard/billing/subscriptions",
+                get(billing::subscriptions_page),
+            )
+            .route(
+                "/dashboard/billing/subscriptions/{id}",
+                get(billing::subscription_page),
+            )
+            .route(
+                "/dashboard/billing/subscriptions/{id}/pause",
+                post(billing::pause_subscription),
+            )
+            .route(
+                "/dashboard/billing/subscriptions/{id}/resume",
+                post(billing::resume_subscription),
+            )
+            .route(
+                "/dashboard/billing/subscriptions/{id}/cancel",
+                post(billing::cancel_subscription),
+            )
+            .route("/dashboard/billing/invoices", get(billing::invoices_page))
+            .route(
+                "/dashboard/billing/invoices/{id}",
+                get(billing::invoice_page),
+            )
+            .route(
+                "/dashboard/billing/invoices/{id}/void",
+                post(billing::void_invoice),
+            )
+            .route(
+                "/dashboard/billing/invoices/{id}/record-payment",
+                post(billing::record_payment),
+            )
             .route("/dashboard/sms", get(records::sms_page))
             .route(
                 "/dashboard/webhooks",

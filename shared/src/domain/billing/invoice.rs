@@ -494,7 +494,8 @@ pub enum PayOutcome {
 /// invoice paid and is recorded as an overpayment. The same source twice
 /// answers as the first time. The write carries its webhook:
 /// `billing_invoice.paid`, or for an overpayment (refunded as that
-/// provider's refunds work) `billing_invoice.payment_refunded`.
+/// provider's refunds work) `billing_invoice.payment_refunded`. A payment
+/// that pays it moves its subscription in the same write.
 pub async fn pay_invoice(
     deps: &Deps,
     tenant: &Tenant,
@@ -505,7 +506,7 @@ pub async fn pay_invoice(
 ) -> Result<PayOutcome, BillingInvoiceError> {
     for attempt in 0..TRIES {
         let inv = get_invoice(deps, tenant, id).await?;
-        let (ops, outcome) = match plan_payment(
+        let (mut ops, outcome) = match plan_payment(
             &inv,
             &source,
             amount,
@@ -516,6 +517,11 @@ pub async fn pay_invoice(
             PayPlan::Told(outcome) => return Ok(outcome),
             PayPlan::Write(ops, outcome) => (ops, outcome),
         };
+        // Its subscription moves in the same write, as an online
+        // payment's settlement moves it (a first invoice: `active`).
+        if let PayOutcome::Paid(_) = &outcome {
+            ops.extend(collect::subscription_paid_ops(&*deps.store, &inv, now).await?);
+        }
         match deps.store.transact(ops).await {
             Ok(()) => return Ok(outcome),
             Err(e) if e.is_condition_failure() || is_conflict(&e) => {

@@ -13,7 +13,9 @@ pub enum Action {
     /// The overview, payments, refunds, links, invoices, the SMS log, and
     /// a payment's events (not where they were delivered).
     ReadRecords,
-    /// Issue a refund; make, edit or cancel a link.
+    /// Issue a refund; make, edit or cancel a link; pause, resume or
+    /// cancel a subscription; void a billing invoice or record a payment
+    /// of it received outside.
     ChangeRecords,
     /// Webhook endpoints: their ids, URLs, secrets, deliveries and the
     /// answers they gave (also on a payment's page); add, change, resend,
@@ -60,7 +62,9 @@ impl Action {
     pub fn describe(self) -> &'static str {
         match self {
             Action::ReadRecords => "Read payments, refunds, links, invoices, SMS, events",
-            Action::ChangeRecords => "Refund; make, edit, cancel links",
+            Action::ChangeRecords => {
+                "Refund; make, edit, cancel links; change subscriptions, billing invoices"
+            }
             Action::Webhooks => "Webhook endpoints, deliveries and their answers",
             Action::ReadKeys => "See API keys (prefixes)",
             Action::IssuePublishableKey => "Issue or rotate a publishable key",

@@ -248,7 +248,7 @@ pub async fn settlement(
 /// `active` (its first invoice), `past_due` and a subscription paused for
 /// not paying come back to `active`. Nothing when its state machine takes
 /// no payment (an ended subscription keeps its status).
-async fn subscription_paid_ops(
+pub(super) async fn subscription_paid_ops(
     store: &dyn Store,
     inv: &BillingInvoice,
     now: Timestamp,

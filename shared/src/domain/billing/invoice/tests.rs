@@ -455,6 +455,42 @@ async fn an_out_of_band_payment_racing_an_online_one_gives_one_overpayment() {
 }
 
 #[tokio::test]
+async fn an_out_of_band_payment_of_a_first_invoice_activates_its_subscription() {
+    use crate::domain::billing::subscription::SubscriptionStatus as Sub;
+    let deps = deps_on(crate::testenv::memory_store());
+    let sub = subscription(&deps, "proj_first").await;
+    let now = at("2026-01-10T08:00:00Z");
+    let inv = issue_invoice(&deps, &sub, sub.current_period().unwrap(), now)
+        .await
+        .unwrap()
+        .invoice;
+    let status = |deps: &Deps| {
+        let key = Subscription::key(&sub.id);
+        let store = deps.store.clone();
+        async move {
+            crate::domain::record::get::<Subscription>(&*store, &key)
+                .await
+                .unwrap()
+                .unwrap()
+                .status
+        }
+    };
+    assert_eq!(status(&deps).await, Sub::Incomplete);
+    let cash = OutOfBand {
+        method: OutOfBandMethod::Cash,
+        received_on: NaiveDate::from_ymd_opt(2026, 1, 10).unwrap(),
+        reference: "receipt 7".into(),
+        recorded_by: "usr_1".into(),
+        amount: inv.amount_due,
+    };
+    let got = record_out_of_band_payment(&deps, &sub.tenant(), &inv.id, cash, now)
+        .await
+        .unwrap();
+    assert!(matches!(got, PayOutcome::Paid(_)));
+    assert_eq!(status(&deps).await, Sub::Active);
+}
+
+#[tokio::test]
 async fn ended_and_draft_subscriptions_are_not_billed() {
     let deps = deps_on(crate::testenv::memory_store());
     let mut sub = subscription(&deps, "proj_end").await;
