@@ -108,7 +108,9 @@ impl TestClockError {
 impl From<TestClockError> for Refusal {
     fn from(err: TestClockError) -> Self {
         match err {
-            e @ TestClockError::LiveMode => Refusal::forbidden(TEST_CLOCK_LIVE_MODE, e.to_string()),
+            e @ TestClockError::LiveMode => {
+                Refusal::forbidden("test_clock_live_mode", e.to_string())
+            }
             e @ TestClockError::Name => Refusal::invalid("name", e.to_string()),
             TestClockError::NotFound(id) => Refusal::not_found("test clock", id.as_str()),
             e @ TestClockError::NotForward { .. } => Refusal::invalid("frozenTime", e.to_string()),
