@@ -4,7 +4,8 @@
 //! subscription active; a month on, the second invoice. A clock never
 //! goes backwards (400 naming `frozenTime`); a live key gets no clock
 //! (403 `test_clock_live_mode`) and cannot put a customer on one; another
-//! project's clock is not yours.
+//! project's clock is not yours. A deleted clock's customer gets no new
+//! subscription (400 naming `customerId`).
 
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
 use serde_json::{Value, json};
@@ -222,6 +223,21 @@ async fn a_trial_subscription_lives_by_its_clock(which: Which) {
     refused(&a, 404, "not_found", None, "advance a deleted clock");
     let s = get(&app, &format!("/v1/billing/subscriptions/{sub}"), &key).await;
     ok(&s, 200, "subscription after the clock");
+    // Its customer gets no new subscription: there is no clock to live by.
+    let a = post(
+        &app,
+        "/v1/billing/subscriptions",
+        &key,
+        json!({"customerId": customer, "planId": plan}),
+    )
+    .await;
+    refused(
+        &a,
+        400,
+        "validation_failed",
+        Some("customerId"),
+        "clock gone",
+    );
     app.stop().await;
 }
 
