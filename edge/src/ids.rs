@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use shared::ids::{
     ApiKeyId, AuditId, BillingInvoiceId, CustomerId, DeliveryId, DunningPolicyId, EndpointId,
     EventId, InvoiceId, LinkId, MerchantId, PaymentId, PlanId, ProjectId, RefundId, SessionId,
-    SmsId, SubscriptionId, TypedId, UserId,
+    SmsId, SubscriptionId, TestClockId, TypedId, UserId,
 };
 use shared::refusal::Refusal;
 
@@ -78,7 +78,8 @@ id_parts!(
     PlanId,
     SubscriptionId,
     DunningPolicyId,
-    BillingInvoiceId
+    BillingInvoiceId,
+    TestClockId
 );
 
 /// What a route's path holds, in order: one part or a tuple of them.

@@ -223,6 +223,10 @@ pub const ERROR_CODES: &[(&str, &str)] = &[
         "the subscription's status does not allow that change",
     ),
     (
+        "test_clock_live_mode",
+        "test clocks exist in sandbox only: use a sandbox key",
+    ),
+    (
         "webhook_endpoint_limit",
         "the project has its maximum of webhook endpoints",
     ),

@@ -9,6 +9,7 @@ use shared::domain::billing::customers::BillingError;
 use shared::domain::billing::dunning::DunningError;
 use shared::domain::billing::invoice::BillingInvoiceError;
 use shared::domain::billing::invoice::collect::CollectError;
+use shared::domain::billing::test_clock::TestClockError;
 use shared::domain::checkout::CheckoutError;
 use shared::domain::invoices::InvoiceError;
 use shared::domain::links::LinkError;
@@ -95,6 +96,7 @@ answered_by_refusal!(
     QrError,
     RefundError,
     SmsError,
+    TestClockError,
     WebhookError,
 );
 

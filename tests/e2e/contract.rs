@@ -174,6 +174,19 @@ const ROUTES: &[Route] = &[
         "/v1/billing/dunning/invoices/{id}/dunning/retry-now",
         Scope::BillingWrite,
     ),
+    // billing: sandbox test clocks
+    r("POST", "/v1/billing/test-clocks", Scope::BillingWrite),
+    r("GET", "/v1/billing/test-clocks/{id}", Scope::BillingRead),
+    r(
+        "POST",
+        "/v1/billing/test-clocks/{id}/advance",
+        Scope::BillingWrite,
+    ),
+    r(
+        "DELETE",
+        "/v1/billing/test-clocks/{id}",
+        Scope::BillingWrite,
+    ),
     // billing invoices
     r("GET", "/v1/billing/invoices", Scope::BillingRead),
     r("GET", "/v1/billing/invoices/{id}", Scope::BillingRead),
@@ -383,6 +396,7 @@ struct Records {
     subscription: String,
     dunning_policy: String,
     billing_invoice: String,
+    test_clock: String,
 }
 
 impl Records {
@@ -422,6 +436,8 @@ impl Records {
             || p.starts_with("/v1/billing/invoices/")
         {
             &self.billing_invoice
+        } else if p.starts_with("/v1/billing/test-clocks/") {
+            &self.test_clock
         } else {
             panic!("no record for {path}")
         }
@@ -483,9 +499,17 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
         ("PATCH", "/v1/billing/dunning/policies/{id}") => json!({"name": "Strict"}),
         ("POST", "/v1/billing/dunning/invoices/{id}/dunning/stop")
         | ("POST", "/v1/billing/dunning/invoices/{id}/dunning/retry-now") => json!({}),
+        ("POST", "/v1/billing/test-clocks") => test_clock_body(),
+        ("POST", "/v1/billing/test-clocks/{id}/advance") => {
+            json!({"frozenTime": "2031-01-01T00:00:00Z"})
+        }
         _ => panic!("no body for {method} {path}"),
     };
     Some(body)
+}
+
+fn test_clock_body() -> Value {
+    json!({"frozenTime": "2030-01-01T00:00:00Z", "name": "Year walk"})
 }
 
 fn dunning_policy_body() -> Value {
@@ -629,6 +653,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         dunning_policy_body(),
     )
     .await;
+    let clock = created(app, key, "/v1/billing/test-clocks", test_clock_body()).await;
     let rec = Records {
         session: text(&session["id"]),
         payment: payment.id.to_string(),
@@ -645,6 +670,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         subscription: text(&subscription["id"]),
         dunning_policy: text(&policy["id"]),
         billing_invoice: billing_invoice(app, tenant, &text(&customer["id"])).await,
+        test_clock: text(&clock["id"]),
     };
     for (kind, id) in [
         ("cs_", &rec.session),
@@ -658,6 +684,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         ("sub_", &rec.subscription),
         ("dpol_", &rec.dunning_policy),
         ("inv_", &rec.billing_invoice),
+        ("clock_", &rec.test_clock),
     ] {
         assert!(id.starts_with(kind), "{kind}: {id}");
     }
@@ -771,8 +798,14 @@ async fn every_endpoint_keeps_the_contract(which: Which) {
             }
         }
 
-        // 3. A sandbox record asked for with a live key.
-        if row.path.contains("{id}") {
+        // 3. A sandbox record asked for with a live key (test clocks
+        // refuse a live key whatever the id: they exist in sandbox only).
+        if row.path.starts_with("/v1/billing/test-clocks/") {
+            let a = call(&app, method, &path, Some(&live), body.as_ref()).await;
+            if let Some(f) = error_mismatch(&a, 403, "permission_error", "test_clock_live_mode") {
+                failures.push(format!("{what} with a live key: {f}"));
+            }
+        } else if row.path.contains("{id}") {
             let a = call(&app, method, &path, Some(&live), body.as_ref()).await;
             assert_request_id(&a, &format!("{what} with a live key"));
             if a.status != 404 || a.body["error"]["code"] != "not_found" {
@@ -1125,7 +1158,16 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
             f("currency", Str),
             f("checkoutUrl", Str),
         ],
-        ("POST", "/v1/billing/customers") | ("PATCH", "/v1/billing/customers/{id}") => vec![
+        ("POST", "/v1/billing/customers") => vec![
+            f("name", Str),
+            n("email", Str),
+            n("phone", Str),
+            n("externalCustomerId", Str),
+            f("locale", Str),
+            n("metadata", Obj),
+            n("testClockId", Str),
+        ],
+        ("PATCH", "/v1/billing/customers/{id}") => vec![
             f("name", Str),
             n("email", Str),
             n("phone", Str),
@@ -1186,6 +1228,8 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
         ],
         ("POST", "/v1/billing/dunning/invoices/{id}/dunning/stop")
         | ("POST", "/v1/billing/dunning/invoices/{id}/dunning/retry-now") => vec![],
+        ("POST", "/v1/billing/test-clocks") => vec![f("frozenTime", Str), f("name", Str)],
+        ("POST", "/v1/billing/test-clocks/{id}/advance") => vec![f("frozenTime", Str)],
         _ => panic!("no body fields for {method} {path}"),
     }
 }

@@ -12,6 +12,7 @@ use shared::domain::account::{Principal, Scope};
 use shared::domain::billing::customers::{
     self, CreateCustomer, CustomerView, PageRequest, UpdateCustomer,
 };
+use shared::domain::billing::test_clock;
 use shared::ids::CustomerId;
 
 use crate::{BillingPage, BillingPageParams};
@@ -54,7 +55,7 @@ async fn create_customer(
     let who = allowed(&auth, Scope::BillingWrite)?;
     let JsonBody(body) = body?;
     let fence = fence.as_ref().map(|Extension(f)| f);
-    let c = customers::create(&state, who.tenant(), body, fence).await?;
+    let c = test_clock::create_customer(&state, who.tenant(), body, fence).await?;
     Ok((StatusCode::CREATED, Json(CustomerView::of(&c))))
 }
 

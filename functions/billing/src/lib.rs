@@ -1,7 +1,7 @@
 //! The billing function: all of `/v1/billing` (issue 39). Each resource
 //! group is a module with its own route table; [`MODULES`] is the list
-//! the function serves and documents (subscriptions, invoices, dunning
-//! and test clocks join it as modules of their own). The rules are in
+//! the function serves and documents (customers, plans, subscriptions,
+//! invoices, dunning, test clocks). The rules are in
 //! `shared::domain::billing`.
 
 use axum::Router;
@@ -15,6 +15,7 @@ mod dunning;
 mod invoices;
 mod plans;
 mod subscriptions;
+mod test_clocks;
 
 /// Every resource group's route table.
 const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] = &[
@@ -23,6 +24,7 @@ const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] = &[
     subscriptions::routes,
     invoices::routes,
     dunning::routes,
+    test_clocks::routes,
 ];
 
 /// The function's routes and their description, one value.

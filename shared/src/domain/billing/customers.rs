@@ -17,7 +17,7 @@ use crate::domain::sms::normalize_phone;
 use crate::domain::{Mode, Tenant};
 use crate::fields::is_plausible_email;
 use crate::fields::wire::{nullable, or_null, present};
-use crate::ids::{CustomerId, ProjectId};
+use crate::ids::{CustomerId, ProjectId, TestClockId};
 use crate::keys::{self, PerMode};
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
@@ -189,6 +189,10 @@ pub struct Customer {
     /// that ends one; a delete is conditioned on it being 0 (or missing).
     #[serde(default)]
     pub open_subscriptions: i64,
+    /// The sandbox test clock the customer lives by, set at creation
+    /// (`billing::test_clock`): their subscriptions are on it.
+    #[serde(default)]
+    pub test_clock_id: Option<TestClockId>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -250,6 +254,8 @@ pub struct CustomerView {
     pub metadata: Map<String, Value>,
     /// Reminders in English (`en`) or Nepali (`ne`).
     pub locale: Locale,
+    /// The sandbox test clock the customer is on (`clock_…`), or null.
+    pub test_clock_id: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -265,6 +271,7 @@ impl CustomerView {
             external_customer_id: c.external_customer_id.clone(),
             metadata: c.metadata.clone(),
             locale: c.locale,
+            test_clock_id: c.test_clock_id.as_ref().map(ToString::to_string),
             created_at: c.created_at,
             updated_at: c.updated_at,
         }
@@ -290,6 +297,10 @@ pub struct CreateCustomer {
     #[serde(default, deserialize_with = "present")]
     #[schema(nullable = false)]
     pub locale: Option<Locale>,
+    /// Sandbox only: the tenant's test clock (`clock_…`) the customer, and
+    /// every subscription of theirs, lives by. Set at creation only.
+    #[serde(default, deserialize_with = "or_null")]
+    pub test_clock_id: Option<String>,
 }
 
 /// `PATCH /v1/billing/customers/{id}`: only the keys sent change; `null`
@@ -374,6 +385,14 @@ pub fn new_customer(
         metadata: metadata(body.metadata.unwrap_or_default())?,
         locale: body.locale.unwrap_or_default(),
         open_subscriptions: 0,
+        test_clock_id: body
+            .test_clock_id
+            .as_deref()
+            .map(|raw| {
+                TestClockId::parse(raw.trim())
+                    .ok_or_else(|| invalid("testClockId", format!("No such test clock: '{raw}'")))
+            })
+            .transpose()?,
         created_at: now,
         updated_at: now,
     })

@@ -25,6 +25,7 @@ use super::subscription::{
     new_subscription,
 };
 use super::terms::{OverdueAction, Terms, TermsError, extended_trial_end, trial_end};
+use super::test_clock;
 use crate::Deps;
 use crate::domain::Tenant;
 use crate::domain::record::{Changes, Window, page_of};
@@ -278,6 +279,8 @@ pub struct SubscriptionView {
     pub resume_at: Option<Timestamp>,
     /// `null`: the project's default policy.
     pub dunning_policy_id: Option<String>,
+    /// The sandbox test clock it lives by (its customer's), or null.
+    pub test_clock_id: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -319,6 +322,7 @@ impl SubscriptionView {
             pause_reason: s.pause_reason.clone(),
             resume_at: s.resume_at,
             dunning_policy_id: s.dunning_policy_id.as_ref().map(|p| p.to_string()),
+            test_clock_id: s.test_clock_id.as_ref().map(ToString::to_string),
             created_at: s.created_at,
             updated_at: s.updated_at,
         }
@@ -514,14 +518,20 @@ pub async fn create_subscription(
     body: CreateSubscription,
     fence: Option<&Fence>,
 ) -> Result<Created, LifecycleError> {
-    let now = deps.clock.now();
-    let a = asked(&body, now)?;
+    let mut now = deps.clock.now();
+    let mut a = asked(&body, now)?;
     let customer = match customers::get(deps, tenant, &a.customer_id).await {
         Err(BillingError::NotFound { .. }) => {
             return Err(missing("customer", "customerId", a.customer_id.as_str()));
         }
         other => other?,
     };
+    if customer.test_clock_id.is_some() {
+        // On a test clock the subscription lives by the clock's time: its
+        // start and trial are read at it.
+        now = test_clock::clock_time(deps, tenant, &customer, now).await?;
+        a = asked(&body, now)?;
+    }
     let plan = match plans::get(deps, tenant, &a.plan_id).await {
         Err(BillingError::NotFound { .. }) => {
             return Err(missing("plan", "planId", a.plan_id.as_str()));
@@ -553,7 +563,7 @@ pub async fn create_subscription(
         trial_ends_at,
         billing_anchor_day: a.billing_anchor_day,
         dunning_policy_id: None,
-        test_clock_id: None,
+        test_clock_id: customer.test_clock_id.clone(),
     };
     let sub = new_subscription(tenant, input, now)?;
     let raise = TxOp::Update {

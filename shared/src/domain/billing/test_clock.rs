@@ -1,7 +1,10 @@
 //! Sandbox test clocks: a frozen time that subscriptions on the clock
 //! live by. Advancing a clock runs everything due up to its new time
 //! through the same [`sweep::advance`] the scheduler runs, with nothing
-//! simulated apart. The routes are not built yet.
+//! simulated apart. The routes are `/v1/billing/test-clocks` (the billing
+//! function's `test_clocks` module); a customer is put on a clock at its
+//! creation ([`create_customer`]), and a subscription of that customer
+//! lives by the clock ([`clock_time`]).
 //!
 //! Storage: a clock at `CLOCK#<id>` / `CLOCK`, listed per project on
 //! `gsi1` (`PROJ#<project>#sandbox#CLOCK`, by id); its subscriptions are
@@ -10,6 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::customers::{self, BillingError, CreateCustomer, Customer};
 use super::due;
 use super::subscription::Subscription;
 use super::sweep::{self, SweepError};
@@ -18,6 +22,8 @@ use crate::domain::record::{self, Entry, Record, from_item};
 use crate::domain::{Mode, Tenant};
 use crate::ids::{ProjectId, TestClockId};
 use crate::keys;
+use crate::refusal::Refusal;
+use crate::store::fence::Fence;
 use crate::store::{Index, Key, Query, SkCond, StoreError, TxOp};
 use crate::time::Timestamp;
 
@@ -96,6 +102,135 @@ pub enum TestClockError {
 impl TestClockError {
     pub fn code(&self) -> Option<&'static str> {
         matches!(self, TestClockError::LiveMode).then_some(TEST_CLOCK_LIVE_MODE)
+    }
+}
+
+impl From<TestClockError> for Refusal {
+    fn from(err: TestClockError) -> Self {
+        match err {
+            e @ TestClockError::LiveMode => {
+                Refusal::forbidden("test_clock_live_mode", e.to_string())
+            }
+            e @ TestClockError::Name => Refusal::invalid("name", e.to_string()),
+            TestClockError::NotFound(id) => Refusal::not_found("test clock", id.as_str()),
+            e @ TestClockError::NotForward { .. } => Refusal::invalid("frozenTime", e.to_string()),
+            e @ TestClockError::Busy => Refusal::conflict("version_conflict", e.to_string()),
+            TestClockError::Sweep(SweepError::Store(e)) | TestClockError::Store(e) => e.into(),
+            // A failed pass leaves the clock `advancing`: advancing it again
+            // to the same time finishes it.
+            TestClockError::Sweep(e) => Refusal::unavailable(&e),
+        }
+    }
+}
+
+/// The clock as the API answers it.
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = BillingTestClock)]
+pub struct TestClockView {
+    /// `clock_…`.
+    pub id: String,
+    /// Always `test_clock`.
+    pub object: &'static str,
+    pub name: String,
+    /// The clock's time: what its subscriptions live by.
+    pub frozen_time: Timestamp,
+    /// `advancing` while an advance runs (a clock left so by a failure is
+    /// finished by advancing it again to the same time), else `ready`.
+    #[schema(value_type = String)]
+    pub status: ClockStatus,
+    /// Always `false`: clocks exist in sandbox only.
+    pub livemode: bool,
+    pub created_at: Timestamp,
+}
+
+impl TestClockView {
+    pub fn of(c: &TestClock) -> Self {
+        TestClockView {
+            id: c.id.to_string(),
+            object: "test_clock",
+            name: c.name.clone(),
+            frozen_time: c.frozen_time,
+            status: c.status,
+            livemode: c.mode.is_live(),
+            created_at: c.created_at,
+        }
+    }
+}
+
+/// `POST /v1/billing/test-clocks`.
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(as = CreateBillingTestClock)]
+pub struct CreateTestClock {
+    /// The clock's starting time (RFC 3339).
+    pub frozen_time: Timestamp,
+    /// 1 to 100 characters.
+    pub name: String,
+}
+
+/// `POST /v1/billing/test-clocks/{id}/advance`.
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(as = AdvanceBillingTestClock)]
+pub struct AdvanceTestClock {
+    /// Later than the clock's time (RFC 3339).
+    pub frozen_time: Timestamp,
+}
+
+/// Creates a customer, on the tenant's clock when the body names one
+/// (`testClockId`: sandbox only; another tenant's or unknown clock is a
+/// 404 naming the field).
+pub async fn create_customer(
+    deps: &Deps,
+    tenant: &Tenant,
+    body: CreateCustomer,
+    fence: Option<&Fence>,
+) -> Result<Customer, BillingError> {
+    if let Some(raw) = body.test_clock_id.as_deref() {
+        if tenant.mode != Mode::Sandbox {
+            return Err(customers::invalid(
+                "testClockId",
+                "test clocks exist in sandbox only: use a sandbox key, or leave testClockId out",
+            ));
+        }
+        let unknown = || {
+            customers::invalid(
+                "testClockId",
+                format!("No such test clock: '{raw}' (of this project, in sandbox)"),
+            )
+        };
+        let id = TestClockId::parse(raw.trim()).ok_or_else(unknown)?;
+        match get(deps, tenant, &id).await {
+            Ok(_) => {}
+            Err(TestClockError::Store(e)) => return Err(e.into()),
+            Err(_) => return Err(unknown()),
+        }
+    }
+    customers::create(deps, tenant, body, fence).await
+}
+
+/// The time `customer` lives by: its clock's, or `now` when it is on none.
+/// A customer whose clock was deleted is refused (`customerId`).
+pub async fn clock_time(
+    deps: &Deps,
+    tenant: &Tenant,
+    customer: &Customer,
+    now: Timestamp,
+) -> Result<Timestamp, BillingError> {
+    let Some(id) = &customer.test_clock_id else {
+        return Ok(now);
+    };
+    match get(deps, tenant, id).await {
+        Ok(clock) => Ok(clock.frozen_time),
+        Err(TestClockError::Store(e)) => Err(e.into()),
+        Err(_) => Err(customers::invalid(
+            "customerId",
+            format!(
+                "customer {} is on test clock {id}, which was deleted: use another customer",
+                customer.id
+            ),
+        )),
     }
 }
 

@@ -1,0 +1,244 @@
+//! Issue 39 "Test clocks", over HTTP: a customer put on a sandbox clock,
+//! a monthly plan with a 7-day trial subscribed on it, and the clock
+//! advanced: past the trial the first invoice is issued and the
+//! subscription active; a month on, the second invoice. A clock never
+//! goes backwards (400 naming `frozenTime`); a live key gets no clock
+//! (403 `test_clock_live_mode`) and cannot put a customer on one; another
+//! project's clock is not yours. A deleted clock's customer gets no new
+//! subscription (400 naming `customerId`).
+
+use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
+use serde_json::{Value, json};
+use shared::domain::Mode;
+use shared::domain::account::Scope;
+use shared::time::Timestamp;
+
+async fn call(app: &TestApp, method: &str, path: &str, key: &str, body: Option<&Value>) -> Answer {
+    let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::GET);
+    let mut req = app.client.request(m, app.url(path)).bearer_auth(key);
+    if let Some(b) = body {
+        req = req
+            .header("content-type", "application/json")
+            .header("idempotency-key", format!("k-{}", ulid::Ulid::new()))
+            .body(b.to_string());
+    }
+    send(req).await
+}
+
+async fn post(app: &TestApp, path: &str, key: &str, body: Value) -> Answer {
+    call(app, "POST", path, key, Some(&body)).await
+}
+
+async fn get(app: &TestApp, path: &str, key: &str) -> Answer {
+    call(app, "GET", path, key, None).await
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_owned()
+}
+
+fn time(v: &Value) -> Option<Timestamp> {
+    v.as_str().and_then(Timestamp::parse)
+}
+
+fn ok(a: &Answer, status: u16, what: &str) {
+    assert_eq!(a.status, status, "{what}: {}", a.body);
+}
+
+fn refused(a: &Answer, status: u16, code: &str, param: Option<&str>, what: &str) {
+    assert_eq!(a.status, status, "{what}: {}", a.body);
+    assert_eq!(a.body["error"]["code"], code, "{what}: {}", a.body);
+    if let Some(p) = param {
+        assert_eq!(a.body["error"]["param"], p, "{what}: {}", a.body);
+    }
+}
+
+/// How many invoices subscription `sub` has.
+async fn invoices_of(app: &TestApp, key: &str, sub: &str) -> Vec<Value> {
+    let a = get(
+        app,
+        &format!("/v1/billing/invoices?subscriptionId={sub}"),
+        key,
+    )
+    .await;
+    ok(&a, 200, "list invoices");
+    a.body["data"].as_array().cloned().unwrap_or_default()
+}
+
+async fn a_trial_subscription_lives_by_its_clock(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Clock Gym", "owner@clockgym.example").await;
+    let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    let live = app.key(&t, Mode::Live, &Scope::ALL).await;
+
+    // A live key gets no clock.
+    let body = json!({"frozenTime": "2026-01-10T06:00:00Z", "name": "Year walk"});
+    let a = post(&app, "/v1/billing/test-clocks", &live, body.clone()).await;
+    refused(&a, 403, "test_clock_live_mode", None, "live create");
+
+    let a = post(&app, "/v1/billing/test-clocks", &key, body.clone()).await;
+    ok(&a, 201, "create clock");
+    let clock = text(&a.body["id"]);
+    assert!(clock.starts_with("clock_"), "{}", a.body);
+    assert_eq!(a.body["object"], "test_clock");
+    assert_eq!(a.body["name"], "Year walk");
+    assert_eq!(a.body["status"], "ready");
+    assert_eq!(a.body["livemode"], false);
+    let t0 = Timestamp::parse("2026-01-10T06:00:00Z");
+    assert_eq!(time(&a.body["frozenTime"]), t0, "{}", a.body);
+    let a = get(&app, &format!("/v1/billing/test-clocks/{clock}"), &live).await;
+    refused(&a, 403, "test_clock_live_mode", None, "live get");
+    let a = post(
+        &app,
+        "/v1/billing/test-clocks",
+        &key,
+        json!({"frozenTime": "not a time", "name": "x"}),
+    )
+    .await;
+    refused(&a, 400, "validation_failed", Some("frozenTime"), "bad time");
+
+    // The customer is put on the clock (sandbox only, the tenant's own).
+    let on_clock = json!({"name": "Sita Rai", "testClockId": clock});
+    let a = post(&app, "/v1/billing/customers", &live, on_clock.clone()).await;
+    refused(
+        &a,
+        400,
+        "validation_failed",
+        Some("testClockId"),
+        "live customer",
+    );
+    let other = app.tenant("Other Gym", "owner@othergym.example").await;
+    let other_key = app.key(&other, Mode::Sandbox, &Scope::ALL).await;
+    let a = post(&app, "/v1/billing/customers", &other_key, on_clock.clone()).await;
+    refused(
+        &a,
+        400,
+        "validation_failed",
+        Some("testClockId"),
+        "another's clock",
+    );
+    let a = post(&app, "/v1/billing/customers", &key, on_clock).await;
+    ok(&a, 201, "customer on the clock");
+    assert_eq!(a.body["testClockId"], clock.as_str());
+    let customer = text(&a.body["id"]);
+
+    let a = post(
+        &app,
+        "/v1/billing/plans",
+        &key,
+        json!({
+            "name": "Monthly", "amount": 150_000, "intervalUnit": "month",
+            "trialDays": 7, "gracePeriodDays": 3,
+        }),
+    )
+    .await;
+    ok(&a, 201, "plan");
+    let plan = text(&a.body["id"]);
+    let a = post(
+        &app,
+        "/v1/billing/subscriptions",
+        &key,
+        json!({"customerId": customer, "planId": plan}),
+    )
+    .await;
+    ok(&a, 201, "subscription");
+    let sub = text(&a.body["id"]);
+    assert_eq!(a.body["status"], "trialing", "{}", a.body);
+    assert_eq!(a.body["testClockId"], clock.as_str(), "{}", a.body);
+    // Its trial is read at the clock's time, not today's.
+    assert_eq!(
+        time(&a.body["trialEndsAt"]),
+        Timestamp::parse("2026-01-17T06:00:00Z"),
+        "{}",
+        a.body
+    );
+    assert!(invoices_of(&app, &key, &sub).await.is_empty());
+
+    // Eight days on: the trial has ended, the first invoice is issued.
+    let advance = format!("/v1/billing/test-clocks/{clock}/advance");
+    let a = post(
+        &app,
+        &advance,
+        &key,
+        json!({"frozenTime": "2026-01-18T06:00:00Z"}),
+    )
+    .await;
+    ok(&a, 200, "advance 8 days");
+    assert_eq!(a.body["status"], "ready");
+    assert_eq!(
+        time(&a.body["frozenTime"]),
+        Timestamp::parse("2026-01-18T06:00:00Z")
+    );
+    let s = get(&app, &format!("/v1/billing/subscriptions/{sub}"), &key).await;
+    ok(&s, 200, "subscription after the trial");
+    assert_eq!(s.body["status"], "active", "{}", s.body);
+    let first = invoices_of(&app, &key, &sub).await;
+    assert_eq!(first.len(), 1, "{first:?}");
+
+    // Backwards, or standing still, is refused and changes nothing.
+    for to in ["2026-01-12T00:00:00Z", "2026-01-18T06:00:00Z"] {
+        let a = post(&app, &advance, &key, json!({"frozenTime": to})).await;
+        refused(&a, 400, "validation_failed", Some("frozenTime"), to);
+    }
+    let a = post(
+        &app,
+        &advance,
+        &live,
+        json!({"frozenTime": "2026-03-01T00:00:00Z"}),
+    )
+    .await;
+    refused(&a, 403, "test_clock_live_mode", None, "live advance");
+
+    // A month on: the second period's invoice.
+    let a = post(
+        &app,
+        &advance,
+        &key,
+        json!({"frozenTime": "2026-02-18T06:00:00Z"}),
+    )
+    .await;
+    ok(&a, 200, "advance a month");
+    let both = invoices_of(&app, &key, &sub).await;
+    assert_eq!(both.len(), 2, "{both:?}");
+
+    // The clock goes; its subscription stays, and another advance finds
+    // no clock.
+    let path = format!("/v1/billing/test-clocks/{clock}");
+    let a = call(&app, "DELETE", &path, &live, None).await;
+    refused(&a, 403, "test_clock_live_mode", None, "live delete");
+    let a = call(&app, "DELETE", &path, &key, None).await;
+    ok(&a, 200, "delete");
+    assert_eq!(a.body["deleted"], true);
+    let a = get(&app, &path, &key).await;
+    refused(&a, 404, "not_found", None, "deleted clock");
+    let a = post(
+        &app,
+        &advance,
+        &key,
+        json!({"frozenTime": "2026-04-01T00:00:00Z"}),
+    )
+    .await;
+    refused(&a, 404, "not_found", None, "advance a deleted clock");
+    let s = get(&app, &format!("/v1/billing/subscriptions/{sub}"), &key).await;
+    ok(&s, 200, "subscription after the clock");
+    // Its customer gets no new subscription: there is no clock to live by.
+    let a = post(
+        &app,
+        "/v1/billing/subscriptions",
+        &key,
+        json!({"customerId": customer, "planId": plan}),
+    )
+    .await;
+    refused(
+        &a,
+        400,
+        "validation_failed",
+        Some("customerId"),
+        "clock gone",
+    );
+    app.stop().await;
+}
+
+on_both_backends!(a_trial_subscription_lives_by_its_clock);
