@@ -265,6 +265,7 @@ async fn each_invoice_change_writes_its_event_and_a_refused_one_none() {
             "billing_invoice.overdue",
             "billing_invoice.uncollectible",
             "billing_invoice.paid",
+            "subscription.activated",
             "billing_invoice.payment_refunded",
             "billing_invoice.created",
             "billing_invoice.voided",

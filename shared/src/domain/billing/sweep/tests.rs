@@ -112,16 +112,12 @@ async fn active(deps: &Deps, project: &str, terms: Terms) -> Subscription {
     pay_invoice(deps, &sub.tenant(), &inv.id, source, inv.amount_due, start)
         .await
         .unwrap();
-    apply(
-        deps,
-        &sub.tenant(),
-        &sub.id,
-        E::FirstInvoicePaid,
-        &|_| {},
-        start,
-    )
-    .await
-    .unwrap()
+    // Paying the first invoice activated the subscription, in the same write.
+    let paid = subscription::get(deps, &sub.tenant(), &sub.id)
+        .await
+        .unwrap();
+    assert_eq!(paid.status, S::Active);
+    paid
 }
 
 async fn invoices_of(deps: &Deps, tenant: &Tenant) -> Vec<BillingInvoice> {
