@@ -217,6 +217,12 @@ async fn subscriptions_over_http(which: Which) {
         .await
         .expect("issued at trial end");
     assert_eq!(r.body["invoice"]["id"], issued.id.as_str());
+    // The invoice exactly as its own GET answers it.
+    let got = app
+        .get(&format!("/v1/billing/invoices/{}", issued.id), Some(&key))
+        .await;
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert_eq!(r.body["invoice"], got.body);
     for action in ["end-trial", "resume"] {
         let r = post(
             &app,

@@ -8,14 +8,15 @@ use edge::idempotency::Fence;
 use edge::input::OptionalJsonBody;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::{ApiError, Auth, Json, JsonBody, PathId, QueryParams};
-use http::StatusCode;
+use http::{HeaderMap, StatusCode};
 use serde::Serialize;
 use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::billing::customers::PageRequest;
+use shared::domain::billing::invoice::view::InvoiceView;
 use shared::domain::billing::lifecycle::{
-    self, CancelSubscription, CreateSubscription, ExtendTrial, InvoiceSummary, LifecycleError,
-    ListFilter, PauseSubscription, SetDunningPolicy, SubscriptionView,
+    self, CancelSubscription, CreateSubscription, ExtendTrial, LifecycleError, ListFilter,
+    PauseSubscription, SetDunningPolicy, SubscriptionView,
 };
 use shared::ids::SubscriptionId;
 use shared::refusal::Refusal;
@@ -216,8 +217,8 @@ async fn cancel_subscription(
 #[schema(as = BillingSubscriptionTrialEnded)]
 struct TrialEnded {
     subscription: SubscriptionView,
-    /// The first paid invoice, issued now.
-    invoice: InvoiceSummary,
+    /// The first paid invoice, issued now, as its GET answers it.
+    invoice: InvoiceView,
 }
 
 /// End a subscription's trial now: it becomes active and its first
@@ -233,6 +234,7 @@ struct TrialEnded {
 )]
 async fn end_trial(
     State(state): State<AppState>,
+    headers: HeaderMap,
     auth: Auth,
     id: PathId<SubscriptionId>,
 ) -> Result<Json<TrialEnded>, ApiError> {
@@ -244,7 +246,10 @@ async fn end_trial(
         .map_err(refused)?;
     Ok(Json(TrialEnded {
         subscription: SubscriptionView::of(&ended.subscription),
-        invoice: InvoiceSummary::of(&ended.invoice.invoice),
+        invoice: InvoiceView::of(
+            &ended.invoice.invoice,
+            &edge::requests::public_base(&state, &headers),
+        ),
     }))
 }
 

@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 use super::calendar::nepal_day;
 use super::customers::{self, BillingError, Customer, PageRequest, invalid, metadata, text};
 use super::dunning::{self, DunningError};
-use super::invoice::{BillingInvoice, BillingInvoiceError, Issued, issue_invoice};
+use super::invoice::{BillingInvoiceError, Issued, issue_invoice};
 use super::period::{Calendar, IntervalError, IntervalUnit};
 use super::plans::{self, Plan};
 use super::subscription::{
@@ -325,56 +325,6 @@ impl SubscriptionView {
             test_clock_id: s.test_clock_id.as_ref().map(ToString::to_string),
             created_at: s.created_at,
             updated_at: s.updated_at,
-        }
-    }
-}
-
-/// A billing invoice as the subscription routes answer it (the invoice
-/// routes answer the whole invoice).
-#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-#[schema(as = BillingInvoiceSummary)]
-pub struct InvoiceSummary {
-    /// `inv_…`.
-    pub id: String,
-    pub livemode: bool,
-    pub subscription_id: String,
-    pub customer_id: String,
-    /// `PI-…` / `TEST-PI-…`.
-    pub number: String,
-    #[schema(value_type = String, pattern = "^(draft|open|paid|overdue|void|uncollectible)$")]
-    pub status: super::invoice::InvoiceStatus,
-    pub currency: Currency,
-    pub total: i64,
-    pub amount_due: i64,
-    pub amount_paid: i64,
-    #[schema(value_type = String, format = Date)]
-    pub period_start: NaiveDate,
-    /// Exclusive.
-    #[schema(value_type = String, format = Date)]
-    pub period_end: NaiveDate,
-    #[schema(value_type = String, format = Date)]
-    pub due_date: NaiveDate,
-    pub created_at: Timestamp,
-}
-
-impl InvoiceSummary {
-    pub fn of(i: &BillingInvoice) -> Self {
-        InvoiceSummary {
-            id: i.id.to_string(),
-            livemode: i.mode.is_live(),
-            subscription_id: i.subscription_id.to_string(),
-            customer_id: i.customer_id.to_string(),
-            number: i.number.clone(),
-            status: i.status,
-            currency: i.currency,
-            total: i.total,
-            amount_due: i.amount_due,
-            amount_paid: i.amount_paid,
-            period_start: i.period_start,
-            period_end: i.period_end,
-            due_date: i.due_date,
-            created_at: i.created_at,
         }
     }
 }
