@@ -467,6 +467,14 @@ pub async fn start_with_clock(
                 if let Err(e) = billing {
                     tracing::warn!(error = %e, "billing sweep failed; next tick retries");
                 }
+                let refunds = shared::domain::billing::invoice::refund_due::sweep(
+                    &state,
+                    state.clock.now(),
+                )
+                .await;
+                if let Err(e) = refunds {
+                    tracing::warn!(error = %e, "overpayment refund sweep failed; next tick retries");
+                }
             }
         })
     });

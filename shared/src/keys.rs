@@ -235,6 +235,15 @@ pub fn billing_due_partition(shard: u32) -> String {
     format!("BILLDUE#{shard}")
 }
 
+/// Overpayments whose refund is still to be asked, by due time (`gsi2`;
+/// rare: one partition). See `billing::invoice::refund_due`.
+pub const OVERPAYMENT_REFUNDS_DUE: &str = "OVERPAYDUE";
+
+/// The refund-due item of an overpayment `payment_id`.
+pub fn overpayment_refund_due(payment_id: &str) -> Key {
+    Key::new(format!("OVERPAY#{payment_id}"), "OVERPAY")
+}
+
 /// A test clock's subscriptions by next due time (`gsi2`): advanced by
 /// the clock, never by the sweep.
 pub fn test_clock_due_partition(clock_id: &str) -> String {

@@ -39,6 +39,20 @@ pub async fn handle(state: &AppState, event: Value) -> Result<Value, lambda_runt
         shared::domain::sms::requeue_stuck(state, now, FAN_OUT_LIMIT),
         billing::sweep::sweep(state, now, billing::sweep::BUDGET)
     );
+    // Overpayments whose refund was never asked (a crash after their
+    // settlement) or failed: asked again, with a growing wait.
+    match billing::invoice::refund_due::sweep(state, now).await {
+        Ok(r) if r.asked + r.retried + r.failed > 0 => {
+            tracing::warn!(
+                asked = r.asked,
+                retried = r.retried,
+                failed = r.failed,
+                "overpayment refunds taken up by the sweep"
+            )
+        }
+        Ok(_) => {}
+        Err(e) => tracing::error!(error = %e, "overpayment refund sweep failed"),
+    }
     // SMS reminders whose queue message was lost (logged; the next run
     // retries a failure).
     match sms {

@@ -198,6 +198,10 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
         ("MER", _) if pk.ends_with("#AUDIT") => ("audit entry", record::<dashboard::AuditEntry>()),
         ("OINV", "OINV") => ("invoice", record::<invoices::Invoice>()),
         ("OPENREF", _) => ("open refund marker", keyed::<refunds::OpenRefund>()),
+        ("OVERPAY", "OVERPAY") => (
+            "overpayment refund due",
+            record::<billing::invoice::refund_due::RefundDue>(),
+        ),
         ("PAY", "PAY") => ("payment", record::<payments::Payment>()),
         ("PAY", _) if pk.ends_with("#EVT") => {
             ("payment timeline entry", record::<outbox::TimelineEntry>())

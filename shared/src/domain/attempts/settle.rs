@@ -274,10 +274,12 @@ pub async fn apply(
         match store.transact(ops).await {
             Ok(()) => {
                 if let Some(invoice) = overpaid {
+                    // A failure (or a crash before this line) is taken
+                    // up by the refund sweep (`billing_invoice::refund_due`).
                     if let Err(e) =
                         billing_collect::refund_overpayment(state, &invoice, &current.id, now).await
                     {
-                        tracing::error!(invoice = %invoice, payment = %current.id, error = %e, "overpayment refund not asked: needs a person");
+                        tracing::warn!(invoice = %invoice, payment = %current.id, error = %e, "overpayment refund not asked; the refund sweep tries again");
                     }
                 }
                 return match store.get(&key).await? {

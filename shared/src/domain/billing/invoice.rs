@@ -603,6 +603,19 @@ pub fn plan_payment(
         }
     };
     ops.extend(invoice_event(t, changed, base, now).put_ops()?);
+    // An overpayment to refund through the provider: the sweep asks it
+    // should the call after this transaction never happen.
+    if let (PayOutcome::Overpayment(i), PaymentSource::Online { payment_id, .. }) =
+        (&outcome, source)
+    {
+        let pending = i
+            .overpayments
+            .iter()
+            .any(|o| &o.source == source && o.refund_status == OverpaymentRefund::Pending);
+        if pending {
+            ops.push(refund_due::put_op(i, payment_id, now)?);
+        }
+    }
     Ok(PayPlan::Write(ops, outcome))
 }
 
@@ -785,6 +798,7 @@ async fn transition(
 pub mod collect;
 #[cfg(feature = "pdf")]
 pub mod pdf;
+pub mod refund_due;
 pub mod view;
 
 #[cfg(test)]

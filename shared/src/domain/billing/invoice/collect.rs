@@ -288,25 +288,26 @@ pub(super) async fn subscription_paid_ops(
 /// After the settlement: the refund of the overpayment `payment_id` made
 /// on the invoice `id`, as its provider's refunds work (Khalti by its API,
 /// eSewa `requires_action`, Fonepay recorded for the manual refund), its
-/// id and status kept on the invoice. A refund the payment has already
-/// (a retried call) is the one kept; nothing when the overpayment has its
-/// refund.
+/// id and status kept on the invoice (the write also takes away its
+/// [`super::refund_due`] item). A refund the payment has already (a
+/// retried call, the sweep) is the one kept; nothing when the overpayment
+/// has its refund.
 pub async fn refund_overpayment(
     deps: &Deps,
     id: &BillingInvoiceId,
     payment_id: &PaymentId,
     now: Timestamp,
-) -> Result<Option<refunds::Refund>, CollectError> {
+) -> Result<RefundAsked, CollectError> {
     let Some(inv) = find(deps, id).await? else {
-        return Ok(None);
+        return Ok(RefundAsked::Settled);
     };
     let Some(over) = inv.overpayments.iter().find(
         |o| matches!(&o.source, PaymentSource::Online { payment_id: p, .. } if p == payment_id),
     ) else {
-        return Ok(None);
+        return Ok(RefundAsked::Settled);
     };
-    if over.refund_id.is_some() {
-        return Ok(None);
+    if over.refund_id.is_some() || over.refund_status != OverpaymentRefund::Pending {
+        return Ok(RefundAsked::Settled);
     }
     let tenant = Tenant::new(inv.project_id.clone(), inv.mode);
     let (existing, _) =
@@ -338,14 +339,26 @@ pub async fn refund_overpayment(
             match refunds::create_via(deps, request, |_| Ok(Vec::new())).await {
                 Ok(r) => r,
                 Err(e) => {
-                    tracing::error!(invoice = %inv.id, payment = %payment_id, error = %e, "overpayment not refunded: needs a person");
-                    return Ok(None);
+                    tracing::warn!(invoice = %inv.id, payment = %payment_id, error = %e, "overpayment refund not asked; the refund sweep tries again");
+                    return Ok(RefundAsked::Failed(e.to_string()));
                 }
             }
         }
     };
     record_refund(deps, &tenant, id, payment_id, &refund, now).await?;
-    Ok(Some(refund))
+    Ok(RefundAsked::Asked(refund))
+}
+
+/// What [`refund_overpayment`] did.
+#[derive(Debug)]
+pub enum RefundAsked {
+    /// Asked now (or found asked) and kept on the invoice.
+    Asked(refunds::Refund),
+    /// Nothing to do: the refund was kept before, or the invoice or its
+    /// overpayment is not there (or is refunded by hand).
+    Settled,
+    /// The refund flow refused or failed; the refund sweep tries again.
+    Failed(String),
 }
 
 /// How an overpayment's refund stands, from its refund's status.
@@ -395,7 +408,11 @@ async fn record_refund(
                 .into(),
             cond: Some(BillingInvoice::VERSION.eq(&inv.version)),
         };
-        match deps.store.transact(vec![op]).await {
+        match deps
+            .store
+            .transact(vec![op, super::refund_due::delete_op(payment_id)])
+            .await
+        {
             Ok(()) => return Ok(()),
             Err(e) if e.is_condition_failure() || super::is_conflict(&e) => {
                 crate::store::contention_backoff(attempt).await;

@@ -619,3 +619,257 @@ fn the_view_shows_days_with_their_miti_and_links_to_the_pay_page() {
     assert!(Filters::parse(Some("past_due"), None, None, None).is_err());
     assert!(Filters::parse(None, None, None, Some(&"x".repeat(101))).is_err());
 }
+
+/// A stored eSewa payment of `project` (refunds of eSewa need the
+/// merchant: `requires_action`, no provider call).
+async fn esewa_payment(deps: &Deps, project: &str, amount: i64) -> crate::ids::PaymentId {
+    use crate::domain::payments::{self, AttemptInfo, Payment, PaymentStatus};
+    let now = at("2026-01-10T06:00:00Z");
+    let p = Payment {
+        id: crate::ids::PaymentId::new(),
+        project_id: project.into(),
+        checkout_session_id: crate::ids::SessionId::new(),
+        mode: Mode::Sandbox,
+        amount: crate::money::Paisa::new(amount).unwrap(),
+        amount_refunded: crate::money::Paisa::ZERO,
+        amount_reserved: crate::money::Paisa::ZERO,
+        gsi2pk: None,
+        gsi2sk: None,
+        currency: Currency::Npr,
+        provider: Provider::Esewa,
+        status: PaymentStatus::Success,
+        provider_ref: Some("0007ABC".into()),
+        failure_reason: None,
+        metadata: Default::default(),
+        customer_name: None,
+        customer_email: None,
+        customer_phone: None,
+        created_at: now,
+        updated_at: now,
+        double_payment_of: None,
+        scanned_at: None,
+        attempt: AttemptInfo::default(),
+        checks: Default::default(),
+    };
+    payments::insert(&*deps.store, &p).await.unwrap();
+    p.id
+}
+
+async fn refund_due_items(store: &dyn Store) -> Vec<refund_due::RefundDue> {
+    crate::domain::record::all_of(
+        store,
+        &Query::partition(crate::keys::OVERPAYMENT_REFUNDS_DUE).on(Index::Gsi2),
+    )
+    .await
+    .unwrap()
+}
+
+/// The process dies after the settlement recorded an overpayment and
+/// before it asked the refund: the refund sweep asks it once, when due,
+/// and a second sweep (or the late inline call) asks nothing more.
+#[tokio::test]
+async fn an_overpayment_whose_refund_was_never_asked_is_refunded_by_the_sweep() {
+    for (backend, store) in stores().await {
+        let deps = deps_on(store.clone());
+        let sub = subscription(&deps, "proj_refund_due").await;
+        let tenant = sub.tenant();
+        let now = at("2026-01-10T07:00:00Z");
+        let inv = issue_invoice(&deps, &sub, sub.current_period().unwrap(), now)
+            .await
+            .unwrap()
+            .invoice;
+        pay_invoice(
+            &deps,
+            &tenant,
+            &inv.id,
+            online("pay_first", Provider::Khalti),
+            99_900,
+            now,
+        )
+        .await
+        .unwrap();
+        let second = esewa_payment(&deps, "proj_refund_due", 99_900).await;
+        let source = PaymentSource::Online {
+            payment_id: second.clone(),
+            provider: Provider::Esewa,
+        };
+        let over = pay_invoice(&deps, &tenant, &inv.id, source, 99_900, now)
+            .await
+            .unwrap();
+        assert!(matches!(over, PayOutcome::Overpayment(_)), "{backend}");
+        // The crash: `refund_overpayment` never runs. The item waits.
+        let due = refund_due_items(&*store).await;
+        assert_eq!(due.len(), 1, "{backend}");
+        assert_eq!(due[0].payment_id, second, "{backend}");
+        let early = refund_due::sweep(&deps, now.plus(chrono::Duration::seconds(60)))
+            .await
+            .unwrap();
+        assert_eq!(
+            early,
+            refund_due::RefundSweep::default(),
+            "{backend}: not due yet"
+        );
+        let later = now.plus(chrono::Duration::seconds(refund_due::GRACE_SECONDS + 1));
+        let swept = refund_due::sweep(&deps, later).await.unwrap();
+        assert_eq!(swept.asked, 1, "{backend}");
+        let read = get_invoice(&deps, &tenant, &inv.id).await.unwrap();
+        assert_eq!(read.overpayments.len(), 1, "{backend}");
+        assert_eq!(
+            read.overpayments[0].refund_status,
+            OverpaymentRefund::RequiresAction,
+            "{backend}: eSewa's refund waits for the merchant"
+        );
+        let refund_id = read.overpayments[0].refund_id.clone();
+        assert!(refund_id.is_some(), "{backend}");
+        assert!(refund_due_items(&*store).await.is_empty(), "{backend}");
+        // Again, and the late inline call: one refund, kept.
+        assert_eq!(
+            refund_due::sweep(&deps, later).await.unwrap(),
+            refund_due::RefundSweep::default(),
+            "{backend}"
+        );
+        let again = collect::refund_overpayment(&deps, &inv.id, &second, later)
+            .await
+            .unwrap();
+        assert!(matches!(again, collect::RefundAsked::Settled), "{backend}");
+        let (refunds, total) = crate::domain::refunds::of_payment(
+            &deps,
+            &second,
+            crate::domain::record::Window::first(10),
+        )
+        .await
+        .unwrap();
+        assert_eq!((refunds.len(), total), (1, 1), "{backend}: refunded once");
+        assert_eq!(Some(refunds[0].id.clone()), refund_id, "{backend}");
+    }
+}
+
+/// The inline call that works takes the item away with its own write.
+#[tokio::test]
+async fn a_refund_asked_inline_leaves_nothing_for_the_sweep() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let sub = subscription(&deps, "proj_refund_inline").await;
+    let tenant = sub.tenant();
+    let now = at("2026-01-10T07:00:00Z");
+    let inv = issue_invoice(&deps, &sub, sub.current_period().unwrap(), now)
+        .await
+        .unwrap()
+        .invoice;
+    pay_invoice(
+        &deps,
+        &tenant,
+        &inv.id,
+        online("pay_first", Provider::Khalti),
+        99_900,
+        now,
+    )
+    .await
+    .unwrap();
+    let second = esewa_payment(&deps, "proj_refund_inline", 99_900).await;
+    let source = PaymentSource::Online {
+        payment_id: second.clone(),
+        provider: Provider::Esewa,
+    };
+    pay_invoice(&deps, &tenant, &inv.id, source, 99_900, now)
+        .await
+        .unwrap();
+    assert_eq!(refund_due_items(&*deps.store).await.len(), 1);
+    let asked = collect::refund_overpayment(&deps, &inv.id, &second, now)
+        .await
+        .unwrap();
+    assert!(matches!(asked, collect::RefundAsked::Asked(_)));
+    assert!(refund_due_items(&*deps.store).await.is_empty());
+    // Fonepay's and out-of-band overpayments are refunded by hand: no item.
+    let inv2 = issue_invoice(&deps, &sub, sub.period(1).unwrap(), now)
+        .await
+        .unwrap()
+        .invoice;
+    pay_invoice(
+        &deps,
+        &tenant,
+        &inv2.id,
+        online("pay_a", Provider::Khalti),
+        99_900,
+        now,
+    )
+    .await
+    .unwrap();
+    pay_invoice(
+        &deps,
+        &tenant,
+        &inv2.id,
+        online("pay_b", Provider::Fonepay),
+        99_900,
+        now,
+    )
+    .await
+    .unwrap();
+    assert!(refund_due_items(&*deps.store).await.is_empty());
+}
+
+/// A refund the flow keeps refusing (here: its payment is not found) is
+/// tried with growing waits and then marked `failed` for a person; the
+/// item goes and nothing is retried after.
+#[tokio::test]
+async fn a_refund_that_keeps_failing_is_marked_failed_after_the_last_try() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let sub = subscription(&deps, "proj_refund_fail").await;
+    let tenant = sub.tenant();
+    let now = at("2026-01-10T07:00:00Z");
+    let inv = issue_invoice(&deps, &sub, sub.current_period().unwrap(), now)
+        .await
+        .unwrap()
+        .invoice;
+    pay_invoice(
+        &deps,
+        &tenant,
+        &inv.id,
+        online("pay_first", Provider::Khalti),
+        99_900,
+        now,
+    )
+    .await
+    .unwrap();
+    // No such payment record: the refund flow refuses every time.
+    pay_invoice(
+        &deps,
+        &tenant,
+        &inv.id,
+        online("pay_ghost", Provider::Khalti),
+        99_900,
+        now,
+    )
+    .await
+    .unwrap();
+    let mut t = now.plus(chrono::Duration::seconds(refund_due::GRACE_SECONDS));
+    let mut retried = 0;
+    let mut failed = 0;
+    for _ in 0..refund_due::MAX_ATTEMPTS {
+        let due = refund_due_items(&*deps.store).await;
+        assert_eq!(due.len(), 1);
+        // Not before its time.
+        let before = refund_due::sweep(&deps, t.plus(chrono::Duration::seconds(-1)))
+            .await
+            .unwrap();
+        assert_eq!(before, refund_due::RefundSweep::default());
+        t = due[0].due_at;
+        let r = refund_due::sweep(&deps, t).await.unwrap();
+        retried += r.retried;
+        failed += r.failed;
+        assert_eq!(r.asked, 0);
+    }
+    assert_eq!(
+        (retried, failed),
+        (refund_due::MAX_ATTEMPTS as usize - 1, 1)
+    );
+    assert!(refund_due_items(&*deps.store).await.is_empty());
+    let read = get_invoice(&deps, &tenant, &inv.id).await.unwrap();
+    assert_eq!(
+        read.overpayments[0].refund_status,
+        OverpaymentRefund::Failed
+    );
+    assert_eq!(read.overpayments[0].refund_id, None);
+    assert_eq!(refund_due::backoff_seconds(1), 120);
+    assert_eq!(refund_due::backoff_seconds(6), 3_840);
+    assert_eq!(refund_due::backoff_seconds(60), 3_840, "capped");
+}
