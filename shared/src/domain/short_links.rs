@@ -129,6 +129,17 @@ pub fn url(base: &str, token: &str) -> String {
     format!("{}{PATH}{token}", base.trim_end_matches('/'))
 }
 
+/// How long a short link is on `base` ([`url`] of a whole token), when
+/// that is over [`MAX_PAY_URL_CHARS`] (a reminder's SMS would not fit its
+/// two segments): the deployer should serve the pages on a shorter host.
+/// `None` when it fits, or when no base is configured (each request's own
+/// host is used then).
+pub fn too_long_on(base: &str) -> Option<usize> {
+    use crate::domain::billing::reminders::MAX_PAY_URL_CHARS;
+    let n = url(base, &"x".repeat(TOKEN_LEN)).chars().count();
+    (!base.is_empty() && n > MAX_PAY_URL_CHARS).then_some(n)
+}
+
 /// Whether `token` could be one: exactly [`TOKEN_LEN`] ASCII letters and
 /// digits.
 pub fn is_token(token: &str) -> bool {

@@ -97,6 +97,16 @@ fn a_url_is_the_base_and_the_token() {
     );
     // A short host leaves room: 40 characters at most in a reminder.
     assert!(url("https://pay.dhukuti.np", "aB3dE6gH9j").chars().count() <= MAX_PAY_URL_CHARS);
+    assert_eq!(too_long_on("https://pay.dhukuti.np"), None);
+    assert_eq!(too_long_on("http://127.0.0.1:8080"), None);
+    assert_eq!(too_long_on(""), None, "no base: the request's host");
+    // 27 + 3 + 10 = 40 fits; one more does not.
+    assert_eq!(too_long_on("https://pay.dhukuti-shop.np"), None);
+    assert_eq!(too_long_on("https://pay.dhukuti-shops.np"), Some(41));
+    assert_eq!(
+        too_long_on("https://abc123def4.execute-api.ap-south-1.amazonaws.com"),
+        Some(68)
+    );
 }
 
 #[test]
