@@ -73,7 +73,7 @@ async fn issued_invoice(shop: &Shop) -> (String, String, BillingInvoiceId) {
     (
         text(&inv["payUrl"]),
         text(&inv["number"]),
-        BillingInvoiceId::stored(&text(&inv["id"])),
+        BillingInvoiceId::stored(text(&inv["id"])),
     )
 }
 
