@@ -262,6 +262,44 @@ async fn invoices_are_listed_read_and_shown_on_their_pay_page(which: Which) {
         page.show()
     );
     assert!(!page.has("?"), "no unprintable Miti: {}", page.show());
+    // Its PDF, keyless as the page: the same document the API serves.
+    let link = format!("/b/{id}/pdf");
+    assert!(page.has(&format!("href=\"{link}\"")), "{}", page.show());
+    let doc = shop
+        .app
+        .client
+        .get(format!("{}{link}", shop.app.base))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(doc.status(), 200);
+    assert_eq!(
+        doc.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/pdf")
+    );
+    assert_eq!(
+        doc.headers()
+            .get("cache-control")
+            .and_then(|v| v.to_str().ok()),
+        Some("private, no-store")
+    );
+    assert_eq!(doc.bytes().await.unwrap_or_default(), bytes, "the same PDF");
+    for path in [
+        "/b/inv_00000000000000000000000000/pdf",
+        "/b/not-an-id/pdf",
+        "/b/pay_00000000000000000000000000/pdf",
+    ] {
+        let r = shop
+            .app
+            .client
+            .get(format!("{}{path}", shop.app.base))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status(), 404, "{path}");
+    }
     let missing = shop.browser.get("/b/inv_00000000000000000000000000").await;
     assert_eq!(missing.status, 404, "{}", missing.show());
     let junk = shop.browser.get("/b/not-an-id").await;

@@ -852,6 +852,8 @@ fn the_invoices_function_serves_the_invoice_routes() {
         ("POST", "/v1/invoices/{id}/checkout"),
         ("GET", "/v1/invoices/{id}/pdf"),
         ("GET", "/v1/billing/invoices/{id}/pdf"),
+        // The bill page's PDF, keyless as the page.
+        ("GET", "/b/{id}/pdf"),
     ]
     .iter()
     .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))

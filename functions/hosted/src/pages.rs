@@ -449,6 +449,12 @@ pub fn bill_page(bill: &Bill<'_>, merchant: &str, error: Option<&str>) -> String
     if let Some(e) = error {
         body.push_str(&format!("<div class=error id=error>{}</div>", esc(e)));
     }
+    if inv.status != S::Draft {
+        body.push_str(&format!(
+            "<p class=muted><a id=bill-pdf href=\"/b/{}/pdf\">Download the invoice (PDF)</a></p>",
+            esc(&inv.id)
+        ));
+    }
     let state = match inv.status {
         S::Paid => Some(("Paid", "This invoice is paid. Thank you.")),
         S::Void => Some((

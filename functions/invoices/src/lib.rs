@@ -42,10 +42,107 @@ pub fn routes(state: &AppState) -> OpenApiRouter<AppState> {
         .routes(routes!(billing_invoice_pdf))
 }
 
-/// The function's routes, behind the idempotency layer, in the shared edge.
+/// The function's routes, behind the idempotency layer, in the shared edge,
+/// and the bill page's PDF (`GET /b/{id}/pdf`, keyless like the page).
 pub fn router(state: AppState) -> Router {
     let (router, _) = routes(&state).split_for_parts();
+    let router = router.route(
+        "/b/{id}/pdf",
+        axum::routing::get(bill_pdf).route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            edge::html::public_site,
+        )),
+    );
     with_edge(router.with_state(state))
+}
+
+/// A billing invoice's PDF for its customer, linked from the bill page
+/// (`/b/{id}`): no key, as the page, whose unguessable id it shares. The
+/// address's public page budget is taken first (a refused or made-up id
+/// costs no write); an unknown id, another kind of id or a draft is a 404.
+async fn bill_pdf(
+    State(state): State<AppState>,
+    axum::extract::Path(raw): axum::extract::Path<String>,
+    req: axum::extract::Request,
+) -> Response {
+    use shared::domain::billing::invoice::{self, InvoiceStatus, collect};
+    let address = edge::requests::client_address(&state, &req);
+    let request = shared::limits::public::PublicRequest {
+        address: address.as_str(),
+        poll: false,
+        write: false,
+        link: None,
+        opens_session: false,
+        opens_stream: false,
+    };
+    if let Err(limited) = state.take_public(&request).await {
+        let mut res = (
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many requests from this address; try again shortly.\n",
+        )
+            .into_response();
+        if let Ok(v) = HeaderValue::from_str(&limited.retry_after.to_string()) {
+            res.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        return res;
+    }
+    let not_found = || {
+        (
+            StatusCode::NOT_FOUND,
+            "No such invoice. Check the link you were sent.\n",
+        )
+            .into_response()
+    };
+    let Some(id) = <shared::ids::BillingInvoiceId as shared::ids::TypedId>::parse(&raw) else {
+        return not_found();
+    };
+    let inv = match collect::find(&state, &id).await {
+        Ok(Some(i)) if i.status != InvoiceStatus::Draft => i,
+        Ok(_) => return not_found(),
+        Err(e) => {
+            tracing::error!(invoice = %id, error = %e, "bill PDF: invoice unreadable");
+            return (StatusCode::SERVICE_UNAVAILABLE, "Try again shortly.\n").into_response();
+        }
+    };
+    let merchant = match shared::domain::account::storefront(&state, &inv.project_id).await {
+        Ok((m, _)) => m,
+        Err(e) => {
+            tracing::error!(invoice = %id, error = %e, "bill PDF: merchant unreadable");
+            return (StatusCode::SERVICE_UNAVAILABLE, "Try again shortly.\n").into_response();
+        }
+    };
+    match invoice::pdf::pdf(&state, &inv, &merchant).await {
+        Ok(bytes) => {
+            let mut res = (StatusCode::OK, bytes).into_response();
+            let h = res.headers_mut();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/pdf"),
+            );
+            if let Ok(v) =
+                HeaderValue::from_str(&format!("inline; filename=\"{}.pdf\"", inv.number))
+            {
+                h.insert(header::CONTENT_DISPOSITION, v);
+            }
+            h.insert(
+                header::CACHE_CONTROL,
+                HeaderValue::from_static("private, no-store"),
+            );
+            h.insert(
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            );
+            h.insert(
+                header::REFERRER_POLICY,
+                HeaderValue::from_static("no-referrer"),
+            );
+            res
+        }
+        Err(e) => {
+            tracing::error!(invoice = %id, error = %e, "bill PDF not rendered");
+            (StatusCode::SERVICE_UNAVAILABLE, "Try again shortly.\n").into_response()
+        }
+    }
 }
 
 fn view(inv: &invoices::Invoice, state: &AppState) -> InvoiceView {
