@@ -23,6 +23,7 @@ pub mod record;
 pub mod refunds;
 #[cfg(test)]
 mod roundtrip;
+pub mod short_links;
 pub mod sms;
 #[cfg(test)]
 mod stored_shapes;
