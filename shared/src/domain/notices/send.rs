@@ -15,9 +15,7 @@ use crate::domain::billing::dunning::{
     DunningStatus, FinalAction,
 };
 use crate::domain::billing::dunning_api::{self, InvoiceDunningView};
-use crate::domain::billing::invoice::{
-    self, BillingInvoice, BillingInvoiceError, InvoiceStatus, collect,
-};
+use crate::domain::billing::invoice::{self, BillingInvoice, BillingInvoiceError, InvoiceStatus};
 use crate::domain::billing::lifecycle::{
     self, CancelSubscription, LifecycleError, PauseSubscription,
 };
@@ -31,6 +29,7 @@ use crate::domain::billing::subscription::{
 };
 use crate::domain::mail::{self, MailAbout, MailError, MailStatus};
 use crate::domain::record::{self, Record};
+use crate::domain::short_links::{self, ShortTarget};
 use crate::domain::sms::{self, InvoiceSms, InvoiceSmsOutcome, Limits, SmsError};
 use crate::ids::{BillingInvoiceId, SubscriptionId};
 use crate::kinds::Mode;
@@ -293,16 +292,23 @@ fn skipped_entry(notice: &Notice, now: Timestamp) -> NoticeEntry {
     }
 }
 
-/// The short pay link of an invoice.
-fn invoice_link(deps: &Deps, inv: &BillingInvoice) -> String {
-    // TODO(short links): `short_links::url(base, &ensure(.., ShortTarget::Invoice))`.
-    collect::pay_url(&deps.config.base_for(None), &inv.id)
+/// The short pay link of an invoice (`<base>/r/<token>`: it opens the
+/// bill page, where the customer pays by link or QR).
+async fn invoice_link(deps: &Deps, inv: &BillingInvoice) -> Result<String, NoticeError> {
+    let tenant = Tenant::new(inv.project_id.clone(), inv.mode);
+    let link = short_links::ensure(deps, &tenant, &ShortTarget::Invoice(inv.id.clone())).await?;
+    Ok(link.url(&deps.config.base_for(None)))
 }
 
-/// The link a trial notice carries (the subscription's).
-fn subscription_link(deps: &Deps, _sub: &Subscription) -> String {
-    // TODO(short links): `short_links::url(base, &ensure(.., ShortTarget::Subscription))`.
-    deps.config.base_for(None)
+/// The short link of a subscription in its trial (what it will bill).
+async fn subscription_link(deps: &Deps, sub: &Subscription) -> Result<String, NoticeError> {
+    let link = short_links::ensure(
+        deps,
+        &sub.tenant(),
+        &ShortTarget::Subscription(sub.id.clone()),
+    )
+    .await?;
+    Ok(link.url(&deps.config.base_for(None)))
 }
 
 /// Writes `next` over the record read at `seen`; `false` when another run
@@ -378,7 +384,7 @@ async fn run_trial(
     }
     let notice: Notice = (nepal_day(cur.not_before), NoticeKind::TrialEnding, None);
     let who = audience(deps, &tenant, &sub.customer_id).await?;
-    let link = subscription_link(deps, &sub);
+    let link = subscription_link(deps, &sub).await?;
     let say = Say {
         kind: NoticeKind::TrialEnding,
         occurrence: occurrence(sub.id.as_str(), notice.1, notice.0),
@@ -757,7 +763,7 @@ async fn send_invoice_notice(
 ) -> Result<Sent, NoticeError> {
     let inv = &ctx.inv;
     let who = audience(deps, &ctx.tenant, &inv.customer_id).await?;
-    let link = invoice_link(deps, inv);
+    let link = invoice_link(deps, inv).await?;
     let shown = match n.1 {
         // The last day to pay.
         NoticeKind::BeforeDue => inv.overdue_on.pred_opt().unwrap_or(inv.due_date),
@@ -856,7 +862,7 @@ pub async fn retry_now(
     let who = audience(deps, tenant, &inv.customer_id)
         .await
         .map_err(to_dunning)?;
-    let link = invoice_link(deps, &inv);
+    let link = invoice_link(deps, &inv).await.map_err(to_dunning)?;
     let day = nepal_day(now);
     let say = Say {
         kind: NoticeKind::Dunning,
