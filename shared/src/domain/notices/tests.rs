@@ -10,7 +10,9 @@ use crate::domain::account::{self, Plan};
 use crate::domain::billing::customers::{self, CreateCustomer, Customer};
 use crate::domain::billing::dunning::{self, DunningStatus, FinalAction};
 use crate::domain::billing::invoice::{self, BillingInvoice, InvoiceStatus, PeriodClaim};
-use crate::domain::billing::notice_due::{NoticeChannel, NoticeKind, NoticeOutcome, NoticeSchedule};
+use crate::domain::billing::notice_due::{
+    NoticeChannel, NoticeKind, NoticeOutcome, NoticeSchedule,
+};
 use crate::domain::billing::subscription::{
     self, NewSubscription, Subscription, SubscriptionStatus as S, new_subscription,
 };
@@ -71,9 +73,10 @@ async fn world(store: Arc<dyn Store>, t0: Timestamp) -> World {
             dashboard_base_url: None,
         },
     );
-    let merchant = account::create_merchant(&*store, t0, "Himal Net", "m@example.com", Plan::Growth)
-        .await
-        .unwrap();
+    let merchant =
+        account::create_merchant(&*store, t0, "Himal Net", "m@example.com", Plan::Growth)
+            .await
+            .unwrap();
     let project = account::create_project(&*store, t0, &merchant, "Shop", false)
         .await
         .unwrap();
@@ -128,13 +131,16 @@ async fn subscribe(
 }
 
 async fn invoices(w: &World, sub: &Subscription) -> Vec<BillingInvoice> {
-    let sub = subscription::get(&w.deps, &w.tenant, &sub.id).await.unwrap();
+    let sub = subscription::get(&w.deps, &w.tenant, &sub.id)
+        .await
+        .unwrap();
     let mut out = Vec::new();
     for n in 0..=sub.period_index {
         let Some(p) = sub.period(n) else { continue };
-        if let Some(c) = rec::get::<PeriodClaim>(&*w.deps.store, &PeriodClaim::key(&sub.id, p.start))
-            .await
-            .unwrap()
+        if let Some(c) =
+            rec::get::<PeriodClaim>(&*w.deps.store, &PeriodClaim::key(&sub.id, p.start))
+                .await
+                .unwrap()
         {
             out.push(
                 invoice::get_invoice(&w.deps, &w.tenant, &c.invoice_id)
@@ -192,15 +198,30 @@ async fn the_due_today_notice_goes_by_sms_and_email_once() {
         let texts = sms_texts(&w).await;
         assert_eq!(texts.len(), 1, "{name}");
         assert!(texts[0].contains("due today"), "{name}: {}", texts[0]);
-        assert!(texts[0].contains("https://pay.example/r/"), "{name}: the short link");
+        assert!(
+            texts[0].contains("https://pay.example/r/"),
+            "{name}: the short link"
+        );
         assert_eq!(mail_kinds(&w).await, vec!["due_today"], "{name}");
         let s = schedule(&w, &inv).await;
-        let channels: Vec<_> = s.history.iter().map(|e| (e.kind, e.channel, e.outcome)).collect();
+        let channels: Vec<_> = s
+            .history
+            .iter()
+            .map(|e| (e.kind, e.channel, e.outcome))
+            .collect();
         assert_eq!(
             channels,
             vec![
-                (NoticeKind::DueToday, NoticeChannel::Email, NoticeOutcome::Queued),
-                (NoticeKind::DueToday, NoticeChannel::Sms, NoticeOutcome::Logged),
+                (
+                    NoticeKind::DueToday,
+                    NoticeChannel::Email,
+                    NoticeOutcome::Queued
+                ),
+                (
+                    NoticeKind::DueToday,
+                    NoticeChannel::Sms,
+                    NoticeOutcome::Logged
+                ),
             ],
             "{name}"
         );
@@ -241,7 +262,10 @@ async fn two_runs_at_once_send_once() {
         assert_eq!(mail_kinds(&w).await.len(), 1, "{name}");
         let s = schedule(&w, &inv).await;
         assert_eq!(
-            s.history.iter().filter(|e| e.kind == NoticeKind::DueToday).count(),
+            s.history
+                .iter()
+                .filter(|e| e.kind == NoticeKind::DueToday)
+                .count(),
             2,
             "{name}: one entry per channel"
         );
@@ -324,7 +348,11 @@ async fn a_rate_limited_sms_waits_and_is_sent_later() {
         w.set(crate::domain::billing::reminders::quiet_until(w.now()).unwrap());
     }
     pass(&w.deps, w.now(), 100).await.unwrap();
-    assert_eq!(sms_texts(&w).await.len(), 4, "sent after the wait, not lost");
+    assert_eq!(
+        sms_texts(&w).await.len(),
+        4,
+        "sent after the wait, not lost"
+    );
     assert_eq!(mail_kinds(&w).await.len(), 1);
 }
 
@@ -345,9 +373,27 @@ async fn after_an_outage_only_the_latest_due_notice_is_sent() {
     let report = pass(&w.deps, w.now(), 100).await.unwrap();
     assert_eq!((report.sent, report.skipped), (2, 2), "{report:?}");
     let s = schedule(&w, &inv).await;
-    let kinds: Vec<_> = s.history.iter().map(|e| (e.kind, e.day.to_string(), e.outcome)).collect();
-    assert_eq!(kinds[0], (NoticeKind::DueToday, "2026-01-17".into(), NoticeOutcome::Skipped));
-    assert_eq!(kinds[1], (NoticeKind::Overdue, "2026-01-20".into(), NoticeOutcome::Skipped));
+    let kinds: Vec<_> = s
+        .history
+        .iter()
+        .map(|e| (e.kind, e.day.to_string(), e.outcome))
+        .collect();
+    assert_eq!(
+        kinds[0],
+        (
+            NoticeKind::DueToday,
+            "2026-01-17".into(),
+            NoticeOutcome::Skipped
+        )
+    );
+    assert_eq!(
+        kinds[1],
+        (
+            NoticeKind::Overdue,
+            "2026-01-20".into(),
+            NoticeOutcome::Skipped
+        )
+    );
     assert_eq!(kinds[2].0, NoticeKind::Overdue);
     assert_eq!(kinds[2].1, "2026-01-22");
     assert_eq!(sms_texts(&w).await.len(), 1);
@@ -380,7 +426,9 @@ async fn on_a_clock_the_final_action_comes_before_the_next_invoice() {
             let sub = subscribe(&w, monthly(), at(TRIAL_END), Some(clock.id.clone()), None).await;
             run_clock(&w, &clock.id, at("2026-02-20T00:00:00Z")).await;
             let invs = invoices(&w, &sub).await;
-            let s = subscription::get(&w.deps, &w.tenant, &sub.id).await.unwrap();
+            let s = subscription::get(&w.deps, &w.tenant, &sub.id)
+                .await
+                .unwrap();
             let inv = &invs[0];
             let sched = schedule(&w, inv).await;
             let kinds: Vec<_> = sched
@@ -399,7 +447,10 @@ async fn on_a_clock_the_final_action_comes_before_the_next_invoice() {
                 ],
                 "{name} {action:?}"
             );
-            assert!(sched.next_at.is_none(), "{name} {action:?}: out of the index");
+            assert!(
+                sched.next_at.is_none(),
+                "{name} {action:?}: out of the index"
+            );
             let state = dunning::dunning_state(&w.deps, &w.tenant, &inv.id)
                 .await
                 .unwrap()
@@ -480,7 +531,10 @@ async fn on_a_clock_the_trial_ending_notice_goes_three_days_before() {
     let s = schedule(&w, &inv).await;
     assert!(s.next_at.is_none());
     assert_eq!(
-        s.history.iter().filter(|e| e.kind == NoticeKind::Overdue).count(),
+        s.history
+            .iter()
+            .filter(|e| e.kind == NoticeKind::Overdue)
+            .count(),
         0,
         "paid: no overdue notice"
     );
