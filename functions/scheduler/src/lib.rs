@@ -220,7 +220,7 @@ mod tests {
         })
     }
 
-    const KEYS: [&str; 13] = [
+    const KEYS: [&str; 19] = [
         "sessions_expired",
         "payments_checked",
         "payments_settled",
@@ -234,6 +234,12 @@ mod tests {
         "subscriptions_advanced",
         "billing_invoices_issued",
         "billing_errors",
+        "notices_run",
+        "notices_sent",
+        "notices_skipped",
+        "notices_deferred",
+        "dunning_final_actions",
+        "notices_errors",
     ];
 
     #[tokio::test]
