@@ -241,6 +241,12 @@ pub fn test_clock_due_partition(clock_id: &str) -> String {
     format!("CLOCK#{clock_id}#SUBDUE")
 }
 
+/// Sandbox test clocks while they advance (`gsi2`, by id): what the
+/// scheduler finishes (`domain::clocks`).
+pub fn advancing_test_clocks() -> String {
+    "CLOCKS#ADVANCING".to_owned()
+}
+
 /// A sandbox test clock (`billing::test_clock`).
 pub fn test_clock(clock_id: &str) -> Key {
     Key::new(format!("CLOCK#{clock_id}"), "CLOCK")
