@@ -16,6 +16,7 @@ pub mod invoices;
 pub mod links;
 pub mod mail;
 pub mod mobile;
+pub mod notices;
 pub mod outbox;
 pub mod payments;
 pub mod qr;
