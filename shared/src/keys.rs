@@ -253,6 +253,12 @@ pub fn test_clock_due_partition(clock_id: &str) -> String {
     format!("CLOCK#{clock_id}#SUBDUE")
 }
 
+/// Sandbox test clocks while they advance (`gsi2`, by id): what the
+/// scheduler finishes (`domain::clocks`).
+pub fn advancing_test_clocks() -> String {
+    "CLOCKS#ADVANCING".to_owned()
+}
+
 /// A test clock's billing notices by next due time (`gsi2`): sent by
 /// the clock's run, never by the notices pass.
 pub fn test_clock_notice_partition(clock_id: &str) -> String {

@@ -11,7 +11,8 @@
 //! right after it the billing notices pass
 //! ([`shared::domain::notices::pass`]: reminders by SMS and email, dunning
 //! reminders and final actions), so an invoice the sweep just issued gets
-//! its first notice in the same run.
+//! its first notice in the same run; and sandbox test clocks left advancing
+//! are finished ([`shared::domain::clocks::finish_advancing`]).
 //!
 //! The template allows one run at a time (reserved concurrency 1). A store
 //! error fails the invocation so Lambda records it; the next run tries
@@ -21,6 +22,7 @@ use serde_json::Value;
 use shared::AppState;
 use shared::domain::attempts::SweepReport;
 use shared::domain::billing::{self, sweep::BillingSweepReport};
+use shared::domain::clocks;
 use shared::domain::notices::{self, NoticeReport};
 use shared::domain::webhooks::{self, FanOutReport};
 use shared::store::StoreError;
@@ -38,7 +40,8 @@ pub async fn handle(state: &AppState, event: Value) -> Result<Value, lambda_runt
     let _ = event;
     let now = state.clock.now();
     // Side by side: a slow provider must not starve webhook delivery.
-    let (swept, fanned, sms, billed) = tokio::join!(
+    let clocks_deadline = std::time::Instant::now() + clocks::RUN_DEADLINE;
+    let (swept, fanned, sms, billed, clocked) = tokio::join!(
         sweep(state, now),
         webhooks::sweep(state, now, FAN_OUT_LIMIT),
         shared::domain::sms::requeue_stuck(state, now, FAN_OUT_LIMIT),
@@ -46,7 +49,8 @@ pub async fn handle(state: &AppState, event: Value) -> Result<Value, lambda_runt
             let billed = billing::sweep::sweep(state, now, billing::sweep::BUDGET).await;
             let noticed = notices::pass(state, now, billing::sweep::BUDGET).await;
             (billed, noticed)
-        }
+        },
+        clocks::finish_advancing(state, clocks_deadline)
     );
     let (billed, noticed) = billed;
     // Overpayments whose refund was never asked (a crash after their
@@ -73,6 +77,7 @@ pub async fn handle(state: &AppState, event: Value) -> Result<Value, lambda_runt
     let mut answer = report(swept, fanned)?;
     with_billing(&mut answer, billed)?;
     with_notices(&mut answer, noticed)?;
+    with_clocks(&mut answer, clocked)?;
     Ok(answer)
 }
 
@@ -124,6 +129,27 @@ fn with_notices(
         }
         Err(e) => {
             tracing::error!(error = %e, "billing notices pass failed");
+            Err(Box::new(e))
+        }
+    }
+}
+
+/// Adds `test_clocks_ready` (sandbox test clocks left advancing that the
+/// run finished: `domain::clocks`, at most `PER_RUN` a run, within
+/// `RUN_DEADLINE`); a store error fails the invocation like the others'.
+fn with_clocks(
+    answer: &mut Value,
+    clocked: Result<clocks::Finished, StoreError>,
+) -> Result<(), lambda_runtime::Error> {
+    match clocked {
+        Ok(done) => {
+            if let Value::Object(map) = answer {
+                map.insert("test_clocks_ready".into(), done.ready.into());
+            }
+            Ok(())
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "test clocks failed");
             Err(Box::new(e))
         }
     }
@@ -234,7 +260,7 @@ mod tests {
         })
     }
 
-    const KEYS: [&str; 19] = [
+    const KEYS: [&str; 20] = [
         "sessions_expired",
         "payments_checked",
         "payments_settled",
@@ -254,6 +280,7 @@ mod tests {
         "notices_deferred",
         "dunning_final_actions",
         "notices_errors",
+        "test_clocks_ready",
     ];
 
     #[tokio::test]

@@ -7,6 +7,7 @@ pub mod analytics;
 pub mod attempts;
 pub mod billing;
 pub mod checkout;
+pub mod clocks;
 pub mod credentials;
 pub mod dashboard;
 pub mod fonepay_cap;
