@@ -14,6 +14,7 @@ mod billing_clocks;
 mod billing_dashboard;
 mod billing_invoices;
 mod billing_subscriptions;
+mod billing_walk;
 mod browser;
 mod checkout;
 mod contract;

@@ -1,0 +1,109 @@
+//! Issue 39 "Done when": a year walked on a sandbox test clock by the
+//! official SDK, unchanged (tests/sdk/billing_walk.py), for a monthly AD
+//! plan and a monthly BS plan: trial, the first invoice paid through the
+//! Khalti simulator, pause and resume, an overdue invoice paid late, one
+//! dunned to its final action, a cancel at period end; every reminder,
+//! logged SMS, email and webhook asserted by count and content, month by
+//! month (the script's tables).
+//!
+//! The gateway runs as in every e2e test; the script reads the mail
+//! simulator's inbox and receives the webhooks itself. Sandbox SMS are
+//! logged and never delivered, and no API lists their text, so this test
+//! serves the project's SMS log to the script from the store, on a
+//! 127.0.0.1 port of its own (`SMS_LOG`).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::routing::get;
+use dhukuti_tests::{Which, on_both_backends, spawn_app};
+use serde_json::{Value, json};
+use shared::domain::account::Scope;
+use shared::domain::{Mode, Tenant, sms};
+use shared::store::Store;
+
+/// The merchant's name, as the reminders carry it.
+const MERCHANT: &str = "Thamel Fibre";
+
+struct Log {
+    store: Arc<dyn Store>,
+    tenant: Tenant,
+}
+
+/// The project's sandbox SMS log, newest first (at most 100: the script
+/// checks it read fewer).
+async fn sms_log(State(log): State<Arc<Log>>) -> Json<Value> {
+    let list = match sms::list_recent(&*log.store, &log.tenant, 100).await {
+        Ok(l) => l,
+        Err(e) => return Json(json!({"error": e.to_string()})),
+    };
+    let sms: Vec<Value> = list
+        .iter()
+        .rev()
+        .map(|r| {
+            json!({
+                "id": r.id.as_str(), "to": r.to, "text": r.text,
+                "invoiceId": r.invoice_id.as_ref().map(|i| i.as_str()),
+                "status": r.status, "createdAt": r.created_at.to_string(),
+            })
+        })
+        .collect();
+    Json(json!({ "sms": sms }))
+}
+
+async fn a_year_on_a_test_clock(which: Which) {
+    let Some(python) = shared::testenv::python() else {
+        return;
+    };
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    // The walk makes a few hundred calls in a minute.
+    app.set_rate_limits(10_000, 10_000);
+    let t = app.tenant(MERCHANT, "owner@thamelfibre.example").await;
+    let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    let log = Arc::new(Log {
+        store: app.store.clone(),
+        tenant: Tenant::new(t.project.id.clone(), Mode::Sandbox),
+    });
+    let router = axum::Router::new()
+        .route("/sms", get(sms_log))
+        .with_state(log);
+    let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
+        Ok(l) => l,
+        Err(e) => panic!("bind: {e}"),
+    };
+    let sms_url = match listener.local_addr() {
+        Ok(a) => format!("http://{a}"),
+        Err(e) => panic!("addr: {e}"),
+    };
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/sdk/billing_walk.py");
+    let run = tokio::process::Command::new(&python)
+        .arg(&script)
+        .env("BASE_URL", &app.base)
+        .env("API_KEY", &key)
+        .env("MERCHANT", MERCHANT)
+        .env("SMS_LOG", &sms_url)
+        .kill_on_drop(true)
+        .output();
+    let out = match tokio::time::timeout(std::time::Duration::from_secs(300), run).await {
+        Ok(Ok(out)) => out,
+        Ok(Err(e)) => panic!("{}: {e}", python.display()),
+        Err(_) => panic!("the walk took over 300 s"),
+    };
+    server.abort();
+    app.stop().await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the walk failed on {which:?}:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("the year walked as the tables say"), "{stdout}");
+}
+
+on_both_backends!(a_year_on_a_test_clock);
