@@ -421,7 +421,8 @@ pub async fn start_with_clock(
         .with_providers(hub)
         .with_webhooks(settings.webhooks.clone())
         .with_rate_limits(rate_limits)
-        .with_public_limits(public_limits);
+        .with_public_limits(public_limits)
+        .with_background_work(true);
     // A simulated "timeout" outlasts the client's own timeout.
     let mut sim_config = simulators::SimConfig::new(sim_base.clone());
     sim_config.timeout_delay = sandbox.timeout + Duration::from_secs(2);
@@ -466,6 +467,11 @@ pub async fn start_with_clock(
                 .await;
                 if let Err(e) = billing {
                     tracing::warn!(error = %e, "billing sweep failed; next tick retries");
+                }
+                // Sandbox test clocks left advancing, as the scheduler does.
+                let deadline = std::time::Instant::now() + shared::domain::clocks::RUN_DEADLINE;
+                if let Err(e) = shared::domain::clocks::finish_advancing(&state, deadline).await {
+                    tracing::warn!(error = %e, "test clocks failed; next tick retries");
                 }
             }
         })

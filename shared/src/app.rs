@@ -168,6 +168,10 @@ struct StateParts {
     /// The CDN's origin secret ([`ORIGIN_SECRET_ENV`]): only a request
     /// carrying it may name its client's address (`infra/edge.yaml`).
     origin_secret: Option<Arc<str>>,
+    /// Whether work may go on after a request's answer (a task the handler
+    /// spawns): the local gateway's long-lived process, never a Lambda,
+    /// which may be frozen once it has answered.
+    background_work: bool,
 }
 
 /// The environment variable holding the edge stack's origin secret: the
@@ -209,6 +213,19 @@ impl AppState {
     pub fn with_origin_secret(mut self, secret: &str) -> Self {
         let secret = Some(secret.trim()).filter(|s| !s.is_empty());
         Arc::make_mut(&mut self.0).origin_secret = secret.map(Arc::from);
+        self
+    }
+
+    /// Whether a handler may leave work to a task that outlives its
+    /// answer ([`AppState::with_background_work`]; false on Lambda).
+    pub fn runs_background_work(&self) -> bool {
+        self.0.background_work
+    }
+
+    /// A long-lived process (the local gateway): work may go on after an
+    /// answer.
+    pub fn with_background_work(mut self, yes: bool) -> Self {
+        Arc::make_mut(&mut self.0).background_work = yes;
         self
     }
 
@@ -272,6 +289,7 @@ impl AppState {
             limits: Arc::new(RateLimits::default()),
             public_limits: Arc::new(PublicLimits::default()),
             origin_secret: None,
+            background_work: false,
         }))
     }
 

@@ -1,11 +1,17 @@
 //! Issue 39 "Test clocks", over HTTP: a customer put on a sandbox clock,
 //! a monthly plan with a 7-day trial subscribed on it, and the clock
-//! advanced: past the trial the first invoice is issued and the
-//! subscription active; a month on, the second invoice. A clock never
-//! goes backwards (400 naming `frozenTime`); a live key gets no clock
-//! (403 `test_clock_live_mode`) and cannot put a customer on one; another
-//! project's clock is not yours. A deleted clock's customer gets no new
-//! subscription (400 naming `customerId`).
+//! advanced: the advance answers `advancing` at once, polling the clock
+//! reaches `ready`, and by then past the trial the first invoice is issued
+//! and the subscription active; a month on, the second invoice. The
+//! merchant's transitions on the clock's subscription read the clock's
+//! time. A clock never goes backwards (400 naming `frozenTime`); a live
+//! key gets no clock (403 `test_clock_live_mode`) and cannot put a
+//! customer on one; another project's clock is not yours. A deleted
+//! clock's customer gets no new subscription (400 naming `customerId`).
+//!
+//! And the concurrency the issue asks for: a clock advanced while
+//! scheduler runs, pollers and API calls race it issues exactly the
+//! invoices a twin clock advanced alone issues, one per period.
 
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
 use serde_json::{Value, json};
@@ -53,11 +59,37 @@ fn refused(a: &Answer, status: u16, code: &str, param: Option<&str>, what: &str)
     }
 }
 
+/// Polls the clock until it is `ready` (each GET runs part of its work,
+/// so this ends without waiting on time), answering it.
+async fn ready(app: &TestApp, key: &str, clock: &str) -> Value {
+    let path = format!("/v1/billing/test-clocks/{clock}");
+    for _ in 0..100 {
+        let a = get(app, &path, key).await;
+        ok(&a, 200, "poll the clock");
+        match a.body["status"].as_str() {
+            Some("ready") => return a.body,
+            Some("advancing") => {}
+            _ => panic!("status: {}", a.body),
+        }
+    }
+    panic!("clock {clock} never became ready")
+}
+
+/// Advances the clock: the answer is `advancing` at `to`, at once.
+async fn advance(app: &TestApp, key: &str, clock: &str, to: &str) -> Value {
+    let path = format!("/v1/billing/test-clocks/{clock}/advance");
+    let a = post(app, &path, key, json!({"frozenTime": to})).await;
+    ok(&a, 200, "advance");
+    assert_eq!(a.body["status"], "advancing", "{}", a.body);
+    assert_eq!(time(&a.body["frozenTime"]), Timestamp::parse(to), "{}", a.body);
+    a.body
+}
+
 /// How many invoices subscription `sub` has.
 async fn invoices_of(app: &TestApp, key: &str, sub: &str) -> Vec<Value> {
     let a = get(
         app,
-        &format!("/v1/billing/invoices?subscriptionId={sub}"),
+        &format!("/v1/billing/invoices?subscriptionId={sub}&limit=100"),
         key,
     )
     .await;
@@ -130,7 +162,7 @@ async fn a_trial_subscription_lives_by_its_clock(which: Which) {
         &key,
         json!({
             "name": "Monthly", "amount": 150_000, "intervalUnit": "month",
-            "trialDays": 7, "gracePeriodDays": 3,
+            "trialDays": 7, "gracePeriodDays": 3, "overdueAction": "keep_active",
         }),
     )
     .await;
@@ -157,18 +189,11 @@ async fn a_trial_subscription_lives_by_its_clock(which: Which) {
     assert!(invoices_of(&app, &key, &sub).await.is_empty());
 
     // Eight days on: the trial has ended, the first invoice is issued.
-    let advance = format!("/v1/billing/test-clocks/{clock}/advance");
-    let a = post(
-        &app,
-        &advance,
-        &key,
-        json!({"frozenTime": "2026-01-18T06:00:00Z"}),
-    )
-    .await;
-    ok(&a, 200, "advance 8 days");
-    assert_eq!(a.body["status"], "ready");
+    let advance_path = format!("/v1/billing/test-clocks/{clock}/advance");
+    advance(&app, &key, &clock, "2026-01-18T06:00:00Z").await;
+    let c = ready(&app, &key, &clock).await;
     assert_eq!(
-        time(&a.body["frozenTime"]),
+        time(&c["frozenTime"]),
         Timestamp::parse("2026-01-18T06:00:00Z")
     );
     let s = get(&app, &format!("/v1/billing/subscriptions/{sub}"), &key).await;
@@ -179,12 +204,12 @@ async fn a_trial_subscription_lives_by_its_clock(which: Which) {
 
     // Backwards, or standing still, is refused and changes nothing.
     for to in ["2026-01-12T00:00:00Z", "2026-01-18T06:00:00Z"] {
-        let a = post(&app, &advance, &key, json!({"frozenTime": to})).await;
+        let a = post(&app, &advance_path, &key, json!({"frozenTime": to})).await;
         refused(&a, 400, "validation_failed", Some("frozenTime"), to);
     }
     let a = post(
         &app,
-        &advance,
+        &advance_path,
         &live,
         json!({"frozenTime": "2026-03-01T00:00:00Z"}),
     )
@@ -192,16 +217,34 @@ async fn a_trial_subscription_lives_by_its_clock(which: Which) {
     refused(&a, 403, "test_clock_live_mode", None, "live advance");
 
     // A month on: the second period's invoice.
-    let a = post(
-        &app,
-        &advance,
-        &key,
-        json!({"frozenTime": "2026-02-18T06:00:00Z"}),
-    )
-    .await;
-    ok(&a, 200, "advance a month");
+    advance(&app, &key, &clock, "2026-02-18T06:00:00Z").await;
+    ready(&app, &key, &clock).await;
     let both = invoices_of(&app, &key, &sub).await;
     assert_eq!(both.len(), 2, "{both:?}");
+
+    // The merchant's transitions read the clock's time: a resume time
+    // in the real past but after the clock's is accepted, and the
+    // subscription's changes are stamped at the clock's time.
+    let clock_now = Timestamp::parse("2026-02-18T06:00:00Z");
+    let a = post(
+        &app,
+        &format!("/v1/billing/subscriptions/{sub}/pause"),
+        &key,
+        json!({"resumeAt": "2026-02-25T00:00:00Z"}),
+    )
+    .await;
+    ok(&a, 200, "pause on the clock");
+    assert_eq!(a.body["status"], "paused", "{}", a.body);
+    assert_eq!(time(&a.body["updatedAt"]), clock_now, "{}", a.body);
+    let a = post(
+        &app,
+        &format!("/v1/billing/subscriptions/{sub}/cancel"),
+        &key,
+        json!({}),
+    )
+    .await;
+    ok(&a, 200, "cancel on the clock");
+    assert_eq!(time(&a.body["cancelledAt"]), clock_now, "{}", a.body);
 
     // The clock goes; its subscription stays, and another advance finds
     // no clock.
@@ -215,7 +258,7 @@ async fn a_trial_subscription_lives_by_its_clock(which: Which) {
     refused(&a, 404, "not_found", None, "deleted clock");
     let a = post(
         &app,
-        &advance,
+        &advance_path,
         &key,
         json!({"frozenTime": "2026-04-01T00:00:00Z"}),
     )
@@ -241,4 +284,122 @@ async fn a_trial_subscription_lives_by_its_clock(which: Which) {
     app.stop().await;
 }
 
-on_both_backends!(a_trial_subscription_lives_by_its_clock);
+/// A new clock at 2026-01-10 with `n` subscriptions of `plan` on it (a
+/// customer each).
+async fn clock_with(app: &TestApp, key: &str, plan: &str, name: &str, n: usize) -> (String, Vec<String>) {
+    let body = json!({"frozenTime": "2026-01-10T06:00:00Z", "name": name});
+    let a = post(app, "/v1/billing/test-clocks", key, body).await;
+    ok(&a, 201, "create clock");
+    let clock = text(&a.body["id"]);
+    let mut subs = Vec::new();
+    for i in 0..n {
+        let body = json!({"name": format!("{name} {i}"), "testClockId": clock});
+        let a = post(app, "/v1/billing/customers", key, body).await;
+        ok(&a, 201, "customer");
+        let body = json!({"customerId": text(&a.body["id"]), "planId": plan});
+        let a = post(app, "/v1/billing/subscriptions", key, body).await;
+        ok(&a, 201, "subscription");
+        subs.push(text(&a.body["id"]));
+    }
+    (clock, subs)
+}
+
+/// Each subscription's invoiced periods (their first days), in order.
+async fn periods(app: &TestApp, key: &str, subs: &[String]) -> Vec<Vec<String>> {
+    let mut all = Vec::new();
+    for sub in subs {
+        let mut starts: Vec<String> = invoices_of(app, key, sub)
+            .await
+            .iter()
+            .map(|i| text(&i["periodStart"]))
+            .collect();
+        starts.sort();
+        all.push(starts);
+    }
+    all
+}
+
+async fn a_raced_clock_bills_each_period_once(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Race Gym", "owner@racegym.example").await;
+    let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    let a = post(
+        &app,
+        "/v1/billing/plans",
+        &key,
+        json!({
+            "name": "Monthly", "amount": 90_000, "intervalUnit": "month",
+            "trialDays": 7, "gracePeriodDays": 3, "overdueAction": "keep_active",
+        }),
+    )
+    .await;
+    ok(&a, 201, "plan");
+    let plan = text(&a.body["id"]);
+    let (calm, calm_subs) = clock_with(&app, &key, &plan, "calm", 3).await;
+    let (raced, raced_subs) = clock_with(&app, &key, &plan, "raced", 3).await;
+    let to = "2026-07-29T06:00:00Z";
+
+    // The twin advanced alone: the trial ends Jan 17, then a period a
+    // month, Jan 17 to Jul 17.
+    advance(&app, &key, &calm, to).await;
+    ready(&app, &key, &calm).await;
+    let want = periods(&app, &key, &calm_subs).await;
+    for starts in &want {
+        assert_eq!(starts.len(), 7, "{want:?}");
+        assert_eq!(starts.first().map(String::as_str), Some("2026-01-17"));
+    }
+
+    // The raced clock: once its advance has answered, three scheduler
+    // runs (the billing sweep and the clocks' part), two pollers, the
+    // same advance again, and API calls on its subscriptions, all at once
+    // with the gateway's own background task.
+    advance(&app, &key, &raced, to).await;
+    let runs = futures::future::join_all(
+        (0..3).map(|_| ::scheduler::handle(app.state(), json!({}))),
+    );
+    let polls = futures::future::join_all((0..2).map(|_| ready(&app, &key, &raced)));
+    let again_path = format!("/v1/billing/test-clocks/{raced}/advance");
+    let again = post(&app, &again_path, &key, json!({"frozenTime": to}));
+    let ends: Vec<String> = raced_subs
+        .iter()
+        .map(|s| format!("/v1/billing/subscriptions/{s}/end-trial"))
+        .collect();
+    let calls =
+        futures::future::join_all(ends.iter().map(|path| post(&app, path, &key, json!({}))));
+    let (runs, _, again, calls) = tokio::join!(runs, polls, again, calls);
+    for run in runs {
+        if let Err(e) = run {
+            panic!("scheduler run: {e}");
+        }
+    }
+    // The same advance again: answered as it is while it advances; once
+    // ready, standing still.
+    match again.status {
+        200 => assert_eq!(again.body["status"], "advancing", "{}", again.body),
+        400 => assert_eq!(again.body["error"]["param"], "frozenTime", "{}", again.body),
+        other => panic!("advance again: {other} {}", again.body),
+    }
+    // Ending a trial is refused either way: the clock is advancing
+    // (`state_conflict`), or the trial has ended
+    // (`subscription_state_conflict`); nothing is written.
+    for a in calls {
+        assert_eq!(a.status, 409, "{}", a.body);
+        let code = a.body["error"]["code"].as_str().unwrap_or_default();
+        assert!(
+            ["state_conflict", "subscription_state_conflict"].contains(&code),
+            "{}",
+            a.body
+        );
+    }
+    let c = ready(&app, &key, &raced).await;
+    assert_eq!(time(&c["frozenTime"]), Timestamp::parse(to));
+    assert_eq!(periods(&app, &key, &raced_subs).await, want);
+    app.stop().await;
+}
+
+on_both_backends!(
+    a_trial_subscription_lives_by_its_clock,
+    a_raced_clock_bills_each_period_once
+);

@@ -1,6 +1,9 @@
 //! `/v1/billing/test-clocks`: create, retrieve, advance (forward only),
 //! delete. Sandbox only: a live key is refused (`test_clock_live_mode`).
-//! The rules are `shared::domain::billing::test_clock`.
+//! The rules are `shared::domain::billing::test_clock`; advancing is
+//! `shared::domain::clocks`: the advance answers `advancing` at once, a GET
+//! of an advancing clock runs a bounded chunk of its work, and on the
+//! local gateway a background task finishes it.
 
 use axum::extract::State;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
@@ -9,7 +12,10 @@ use http::StatusCode;
 use serde::Serialize;
 use shared::AppState;
 use shared::domain::account::Scope;
-use shared::domain::billing::test_clock::{self, AdvanceTestClock, CreateTestClock, TestClockView};
+use shared::domain::billing::test_clock::{
+    self, AdvanceTestClock, ClockStatus, CreateTestClock, TestClockView,
+};
+use shared::domain::clocks;
 use shared::ids::TestClockId;
 
 use crate::customers::allowed;
@@ -47,13 +53,14 @@ async fn create_test_clock(
     Ok((StatusCode::CREATED, Json(TestClockView::of(&c))))
 }
 
-/// Retrieve a test clock.
+/// Retrieve a test clock. An `advancing` clock first runs part of what
+/// is due (at most a few seconds): poll this until it is `ready`.
 #[utoipa::path(
     get, path = "/v1/billing/test-clocks/{id}", tag = "Billing", operation_id = "getBillingTestClock",
     params(("id" = String, Path, description = "A test clock id, `clock_…`.")),
     security(("bearer" = ["billing:read"])),
     responses(
-        (status = 200, description = "The clock.", body = TestClockView),
+        (status = 200, description = "The clock: `advancing` while work is left, else `ready`.", body = TestClockView),
         (status = 403, description = "A live key (`test_clock_live_mode`).", body = edge::openapi::ErrorEnvelope),
     ),
 )]
@@ -64,22 +71,27 @@ async fn get_test_clock(
 ) -> Result<Json<TestClockView>, ApiError> {
     let who = allowed(&auth, Scope::BillingRead)?;
     let id = id.get()?;
-    let c = test_clock::get(&state, who.tenant(), &id).await?;
+    let c = clocks::get(&state, who.tenant(), &id, clocks::CHUNK).await?;
     Ok(Json(TestClockView::of(&c)))
 }
 
-/// Move a test clock forward to `frozenTime`, running everything due for
-/// its subscriptions up to then (invoices, trial ends, grace, dunning) as
-/// the scheduler would. Never backwards: a time not after the clock's is
-/// a 400 naming `frozenTime`.
+/// Move a test clock forward to `frozenTime`. Answers at once with the
+/// clock `advancing`; everything due for its subscriptions up to then
+/// (invoices, trial ends, grace, reminders, dunning) then runs as the
+/// scheduler runs it: poll `GET /v1/billing/test-clocks/{id}` (each GET
+/// runs part of the work) until it is `ready`. Never backwards: a time
+/// not after the clock's is a 400 naming `frozenTime`; the same time again
+/// while advancing answers the clock as it is; another time while
+/// advancing is a 409 `state_conflict`.
 #[utoipa::path(
     post, path = "/v1/billing/test-clocks/{id}/advance", tag = "Billing", operation_id = "advanceBillingTestClock",
     params(("id" = String, Path, description = "A test clock id, `clock_…`.")),
     request_body = AdvanceTestClock,
     security(("bearer" = ["billing:write"])),
     responses(
-        (status = 200, description = "The clock, `ready` at its new time.", body = TestClockView),
+        (status = 200, description = "The clock, `advancing` to its new time.", body = TestClockView),
         (status = 403, description = "A live key (`test_clock_live_mode`).", body = edge::openapi::ErrorEnvelope),
+        (status = 409, description = "It is advancing to another time (`state_conflict`).", body = edge::openapi::ErrorEnvelope),
     ),
 )]
 async fn advance_test_clock(
@@ -92,7 +104,11 @@ async fn advance_test_clock(
     let JsonBody(body) = body?;
     let id = id.get()?;
     let now = state.clock.now();
-    let c = test_clock::advance(&state, who.tenant(), &id, body.frozen_time, now).await?;
+    let c = clocks::advance(&state, who.tenant(), &id, body.frozen_time, now).await?;
+    if c.status == ClockStatus::Advancing && state.runs_background_work() {
+        // A long-lived process: finish it now rather than on the next GET.
+        clocks::spawn_finish((*state).clone(), c.clone());
+    }
     Ok(Json(TestClockView::of(&c)))
 }
 

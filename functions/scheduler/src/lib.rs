@@ -7,7 +7,9 @@
 //! stream record was lost or whose retries ran out. Beside them, the
 //! billing engine advances every subscription something is due for
 //! ([`shared::domain::billing::sweep`]: renewals, trial ends, grace ends,
-//! at most [`billing::sweep::BUDGET`] a run, fair across projects).
+//! at most [`billing::sweep::BUDGET`] a run, fair across projects), and
+//! sandbox test clocks left advancing are finished
+//! ([`shared::domain::clocks::finish_advancing`]).
 //!
 //! The template allows one run at a time (reserved concurrency 1). A store
 //! error fails the invocation so Lambda records it; the next run tries
@@ -17,6 +19,7 @@ use serde_json::Value;
 use shared::AppState;
 use shared::domain::attempts::SweepReport;
 use shared::domain::billing::{self, sweep::BillingSweepReport};
+use shared::domain::clocks;
 use shared::domain::webhooks::{self, FanOutReport};
 use shared::store::StoreError;
 
@@ -33,11 +36,13 @@ pub async fn handle(state: &AppState, event: Value) -> Result<Value, lambda_runt
     let _ = event;
     let now = state.clock.now();
     // Side by side: a slow provider must not starve webhook delivery.
-    let (swept, fanned, sms, billed) = tokio::join!(
+    let clocks_deadline = std::time::Instant::now() + clocks::RUN_DEADLINE;
+    let (swept, fanned, sms, billed, clocked) = tokio::join!(
         sweep(state, now),
         webhooks::sweep(state, now, FAN_OUT_LIMIT),
         shared::domain::sms::requeue_stuck(state, now, FAN_OUT_LIMIT),
-        billing::sweep::sweep(state, now, billing::sweep::BUDGET)
+        billing::sweep::sweep(state, now, billing::sweep::BUDGET),
+        clocks::finish_advancing(state, clocks_deadline)
     );
     // SMS reminders whose queue message was lost (logged; the next run
     // retries a failure).
@@ -48,6 +53,7 @@ pub async fn handle(state: &AppState, event: Value) -> Result<Value, lambda_runt
     }
     let mut answer = report(swept, fanned)?;
     with_billing(&mut answer, billed)?;
+    with_clocks(&mut answer, clocked)?;
     Ok(answer)
 }
 
@@ -72,6 +78,27 @@ fn with_billing(
         }
         Err(e) => {
             tracing::error!(error = %e, "billing sweep failed");
+            Err(Box::new(e))
+        }
+    }
+}
+
+/// Adds `test_clocks_ready` (sandbox test clocks left advancing that the
+/// run finished: `domain::clocks`, at most `PER_RUN` a run, within
+/// `RUN_DEADLINE`); a store error fails the invocation like the others'.
+fn with_clocks(
+    answer: &mut Value,
+    clocked: Result<clocks::Finished, StoreError>,
+) -> Result<(), lambda_runtime::Error> {
+    match clocked {
+        Ok(done) => {
+            if let Value::Object(map) = answer {
+                map.insert("test_clocks_ready".into(), done.ready.into());
+            }
+            Ok(())
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "test clocks failed");
             Err(Box::new(e))
         }
     }
@@ -182,7 +209,7 @@ mod tests {
         })
     }
 
-    const KEYS: [&str; 13] = [
+    const KEYS: [&str; 14] = [
         "sessions_expired",
         "payments_checked",
         "payments_settled",
@@ -196,6 +223,7 @@ mod tests {
         "subscriptions_advanced",
         "billing_invoices_issued",
         "billing_errors",
+        "test_clocks_ready",
     ];
 
     #[tokio::test]

@@ -25,7 +25,7 @@ use super::subscription::{
     new_subscription,
 };
 use super::terms::{OverdueAction, Terms, TermsError, extended_trial_end, trial_end};
-use super::test_clock;
+use super::test_clock::{self, ClockTimeError};
 use crate::Deps;
 use crate::domain::Tenant;
 use crate::domain::record::{Changes, Window, page_of};
@@ -54,6 +54,10 @@ pub enum LifecycleError {
     Invoice(#[from] BillingInvoiceError),
     #[error(transparent)]
     Dunning(#[from] DunningError),
+    /// The subscription lives on a test clock that is advancing, or was
+    /// deleted.
+    #[error(transparent)]
+    Clock(#[from] ClockTimeError),
     /// A record the body names (its `field`) is not the tenant's.
     #[error("No such {what}: '{named}'")]
     Missing {
@@ -92,6 +96,15 @@ impl From<LifecycleError> for Refusal {
     fn from(err: LifecycleError) -> Self {
         match err {
             LifecycleError::Billing(e) => e.into(),
+            LifecycleError::Clock(e) => match e {
+                e @ ClockTimeError::Advancing { .. } => {
+                    Refusal::conflict("state_conflict", e.to_string())
+                }
+                e @ ClockTimeError::Deleted(_) => {
+                    Refusal::conflict("subscription_state_conflict", e.to_string())
+                }
+                ClockTimeError::Store(s) => s.into(),
+            },
             LifecycleError::Missing { what, field, named } => Refusal::new(
                 Kind::NotFound,
                 "not_found",
@@ -476,10 +489,23 @@ pub async fn create_subscription(
         }
         other => other?,
     };
-    if customer.test_clock_id.is_some() {
+    if let Some(clock) = &customer.test_clock_id {
         // On a test clock the subscription lives by the clock's time: its
         // start and trial are read at it.
-        now = test_clock::clock_time(deps, tenant, &customer, now).await?;
+        now = match test_clock::time_of(deps, tenant, clock).await {
+            Ok(t) => t,
+            Err(ClockTimeError::Deleted(_)) => {
+                return Err(invalid(
+                    "customerId",
+                    format!(
+                        "customer {} is on test clock {clock}, which was deleted: use another customer",
+                        customer.id
+                    ),
+                )
+                .into());
+            }
+            Err(e) => return Err(e.into()),
+        };
         a = asked(&body, now)?;
     }
     let plan = match plans::get(deps, tenant, &a.plan_id).await {
@@ -666,6 +692,31 @@ pub async fn list(
     Ok(page_of(&*deps.store, &query, window).await?)
 }
 
+/// The time the tenant's subscription `id` lives by: its test clock's
+/// (sandbox, the clock `ready`; see [`test_clock::time_of`]), else `now`.
+/// Every transition's decisions and timestamps are read at it.
+pub async fn time_for(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &SubscriptionId,
+    now: Timestamp,
+) -> Result<Timestamp, LifecycleError> {
+    if tenant.mode.is_live() {
+        // Clocks are sandbox only.
+        return Ok(now);
+    }
+    let sub = match subscription::get(deps, tenant, id).await {
+        Ok(s) => s,
+        // Refused by the transition itself, after its body is checked.
+        Err(SubscriptionError::NotFound(_)) => return Ok(now),
+        Err(e) => return Err(e.into()),
+    };
+    match &sub.test_clock_id {
+        None => Ok(now),
+        Some(clock) => Ok(test_clock::time_of(deps, tenant, clock).await?),
+    }
+}
+
 fn reason(field: &str, raw: Option<&str>) -> Result<Option<String>, BillingError> {
     raw.map(|r| text(field, r, MAX_REASON)).transpose()
 }
@@ -678,7 +729,7 @@ pub async fn pause(
     id: &SubscriptionId,
     body: PauseSubscription,
 ) -> Result<Subscription, LifecycleError> {
-    let now = deps.clock.now();
+    let now = time_for(deps, tenant, id, deps.clock.now()).await?;
     let pause_reason = reason("pauseReason", body.pause_reason.as_deref())?;
     if let Some(at) = body.resume_at
         && (at <= now || at > now.plus(Duration::days(MAX_AHEAD_DAYS)))
@@ -703,7 +754,7 @@ pub async fn resume(
     tenant: &Tenant,
     id: &SubscriptionId,
 ) -> Result<Subscription, LifecycleError> {
-    let now = deps.clock.now();
+    let now = time_for(deps, tenant, id, deps.clock.now()).await?;
     let edit = |s: &mut Subscription| {
         s.pause_reason = None;
         s.resume_at = None;
@@ -721,7 +772,7 @@ pub async fn cancel(
     id: &SubscriptionId,
     body: CancelSubscription,
 ) -> Result<Subscription, LifecycleError> {
-    let now = deps.clock.now();
+    let now = time_for(deps, tenant, id, deps.clock.now()).await?;
     let cancel_reason = reason("cancelReason", body.cancel_reason.as_deref())?;
     let at_period_end = body.at_period_end.unwrap_or(false);
     let event = if at_period_end {
@@ -757,6 +808,7 @@ pub async fn end_trial(
     id: &SubscriptionId,
     now: Timestamp,
 ) -> Result<TrialEnded, LifecycleError> {
+    let now = time_for(deps, tenant, id, now).await?;
     let edit = |s: &mut Subscription| {
         s.trial_ends_at = Some(now);
         s.billing_start = Some(nepal_day(now));
@@ -778,7 +830,7 @@ pub async fn extend_trial(
     id: &SubscriptionId,
     body: ExtendTrial,
 ) -> Result<Subscription, LifecycleError> {
-    let now = deps.clock.now();
+    let now = time_for(deps, tenant, id, deps.clock.now()).await?;
     let decide = |current: &Subscription| -> Result<Subscription, SubscriptionError> {
         let mut changed = current.clone();
         changed.status = subscription::next(current.status, SubscriptionEvent::TrialExtended)?;
@@ -805,7 +857,7 @@ pub async fn set_dunning_policy(
     id: &SubscriptionId,
     body: SetDunningPolicy,
 ) -> Result<Subscription, LifecycleError> {
-    let now = deps.clock.now();
+    let now = time_for(deps, tenant, id, deps.clock.now()).await?;
     let policy = match body.policy_id {
         None => {
             return Err(invalid("policyId", "policyId is required (null for the default)").into());

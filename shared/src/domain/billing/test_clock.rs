@@ -1,15 +1,19 @@
 //! Sandbox test clocks: a frozen time that subscriptions on the clock
-//! live by. Advancing a clock runs everything due up to its new time
-//! through the same [`sweep::advance`] the scheduler runs, with nothing
-//! simulated apart. The routes are `/v1/billing/test-clocks` (the billing
-//! function's `test_clocks` module); a customer is put on a clock at its
-//! creation ([`create_customer`]), and a subscription of that customer
-//! lives by the clock ([`clock_time`]).
+//! live by. This module is the clock record and its rules; advancing one
+//! (answering `advancing` at once, running what is due in bounded chunks
+//! through the same [`sweep::advance`] the scheduler runs, marking it
+//! `ready`) is driven by `domain::clocks`. The routes are
+//! `/v1/billing/test-clocks` (the billing function's `test_clocks`
+//! module); a customer is put on a clock at its creation
+//! ([`create_customer`]), and a subscription of that customer lives by the
+//! clock ([`time_of`]).
 //!
 //! Storage: a clock at `CLOCK#<id>` / `CLOCK`, listed per project on
-//! `gsi1` (`PROJ#<project>#sandbox#CLOCK`, by id); its subscriptions are
-//! indexed in their own due partition (`CLOCK#<id>#SUBDUE`, see
-//! `billing::due`), which the real-time sweep never reads.
+//! `gsi1` (`PROJ#<project>#sandbox#CLOCK`, by id) and, while advancing,
+//! on `gsi2` (`CLOCKS#ADVANCING`, by id: what the scheduler finishes);
+//! its subscriptions are indexed in their own due partition
+//! (`CLOCK#<id>#SUBDUE`, see `billing::due`), which the real-time sweep
+//! never reads.
 
 use serde::{Deserialize, Serialize};
 
@@ -31,8 +35,6 @@ use crate::time::Timestamp;
 pub const TEST_CLOCK_LIVE_MODE: &str = "test_clock_live_mode";
 /// How many due subscriptions of a clock one pass reads.
 const PAGE: usize = 100;
-/// Most passes of one advance (each advances a page).
-const MAX_PASSES: usize = 100;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -49,6 +51,10 @@ pub struct TestClock {
     pub name: String,
     pub frozen_time: Timestamp,
     pub status: ClockStatus,
+    /// The clock's time before its last advance (none before the first):
+    /// what ran is what fell due between it and `frozen_time`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advanced_from: Option<Timestamp>,
     pub version: i64,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
@@ -74,10 +80,17 @@ impl Record for TestClock {
     }
 
     fn entries(&self) -> Vec<Entry> {
-        vec![Entry::gsi1(
+        let mut entries = vec![Entry::gsi1(
             keys::per_mode(&self.project_id, self.mode, keys::PerMode::TestClocks),
             self.id.to_string(),
-        )]
+        )];
+        if self.status == ClockStatus::Advancing {
+            entries.push(Entry::gsi2(
+                keys::advancing_test_clocks(),
+                self.id.to_string(),
+            ));
+        }
+        entries
     }
 }
 
@@ -91,6 +104,10 @@ pub enum TestClockError {
     NotFound(TestClockId),
     #[error("frozenTime must be after the clock's time {current}")]
     NotForward { current: Timestamp },
+    #[error(
+        "the clock is advancing to {to}: poll GET /v1/billing/test-clocks/{{id}} until it is ready, then advance it again"
+    )]
+    Advancing { to: Timestamp },
     #[error("the clock changed while being written; retry")]
     Busy,
     #[error(transparent)]
@@ -115,9 +132,12 @@ impl From<TestClockError> for Refusal {
             TestClockError::NotFound(id) => Refusal::not_found("test clock", id.as_str()),
             e @ TestClockError::NotForward { .. } => Refusal::invalid("frozenTime", e.to_string()),
             e @ TestClockError::Busy => Refusal::conflict("version_conflict", e.to_string()),
+            e @ TestClockError::Advancing { .. } => {
+                Refusal::conflict("state_conflict", e.to_string())
+            }
             TestClockError::Sweep(SweepError::Store(e)) | TestClockError::Store(e) => e.into(),
-            // A failed pass leaves the clock `advancing`: advancing it again
-            // to the same time finishes it.
+            // A failed chunk leaves the clock `advancing`: the next GET,
+            // the scheduler or the same advance again finishes it.
             TestClockError::Sweep(e) => Refusal::unavailable(&e),
         }
     }
@@ -135,8 +155,9 @@ pub struct TestClockView {
     pub name: String,
     /// The clock's time: what its subscriptions live by.
     pub frozen_time: Timestamp,
-    /// `advancing` while an advance runs (a clock left so by a failure is
-    /// finished by advancing it again to the same time), else `ready`.
+    /// `advancing` from an advance until everything due up to
+    /// `frozenTime` has run (each GET of the clock runs part of it, and
+    /// the scheduler finishes it), then `ready`.
     #[schema(value_type = String)]
     pub status: ClockStatus,
     /// Always `false`: clocks exist in sandbox only.
@@ -178,6 +199,38 @@ pub struct AdvanceTestClock {
     pub frozen_time: Timestamp,
 }
 
+/// Why a record on a clock cannot take the clock's time now.
+#[derive(Debug, thiserror::Error)]
+pub enum ClockTimeError {
+    #[error(
+        "test clock {clock} is advancing to {to}: poll GET /v1/billing/test-clocks/{clock} until it is ready, then retry"
+    )]
+    Advancing { clock: TestClockId, to: Timestamp },
+    #[error("test clock {0} was deleted: what lives on it no longer changes")]
+    Deleted(TestClockId),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The time a record on the tenant's clock `id` lives by: the clock's
+/// `frozenTime` while it is `ready`. While it advances, nothing on it may
+/// change (its time is moving); a deleted clock's records stay as they are.
+pub async fn time_of(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &TestClockId,
+) -> Result<Timestamp, ClockTimeError> {
+    match get(deps, tenant, id).await {
+        Ok(c) if c.status == ClockStatus::Ready => Ok(c.frozen_time),
+        Ok(c) => Err(ClockTimeError::Advancing {
+            clock: c.id,
+            to: c.frozen_time,
+        }),
+        Err(TestClockError::Store(e)) => Err(e.into()),
+        Err(_) => Err(ClockTimeError::Deleted(id.clone())),
+    }
+}
+
 /// Creates a customer, on the tenant's clock when the body names one
 /// (`testClockId`: sandbox only; another tenant's or unknown clock is a
 /// 404 naming the field).
@@ -210,30 +263,6 @@ pub async fn create_customer(
     customers::create(deps, tenant, body, fence).await
 }
 
-/// The time `customer` lives by: its clock's, or `now` when it is on none.
-/// A customer whose clock was deleted is refused (`customerId`).
-pub async fn clock_time(
-    deps: &Deps,
-    tenant: &Tenant,
-    customer: &Customer,
-    now: Timestamp,
-) -> Result<Timestamp, BillingError> {
-    let Some(id) = &customer.test_clock_id else {
-        return Ok(now);
-    };
-    match get(deps, tenant, id).await {
-        Ok(clock) => Ok(clock.frozen_time),
-        Err(TestClockError::Store(e)) => Err(e.into()),
-        Err(_) => Err(customers::invalid(
-            "customerId",
-            format!(
-                "customer {} is on test clock {id}, which was deleted: use another customer",
-                customer.id
-            ),
-        )),
-    }
-}
-
 /// Makes a clock at `frozen_time` (sandbox only).
 pub async fn create(
     deps: &Deps,
@@ -256,6 +285,7 @@ pub async fn create(
         name: name.to_owned(),
         frozen_time,
         status: ClockStatus::Ready,
+        advanced_from: None,
         version: 1,
         created_at: now,
         updated_at: now,
@@ -295,8 +325,9 @@ pub async fn delete(deps: &Deps, tenant: &Tenant, id: &TestClockId) -> Result<()
         })
 }
 
-/// Writes `clock` changed, conditioned on the version it was read at.
-async fn save(
+/// Writes `clock` changed, conditioned on the version it was read at
+/// (a deleted clock is not written again: [`TestClockError::Busy`]).
+pub async fn save(
     deps: &Deps,
     seen: &TestClock,
     mut clock: TestClock,
@@ -313,70 +344,85 @@ async fn save(
     }
 }
 
-/// Moves the tenant's clock `id` forward to `to` (`advancing`), runs
-/// everything due for its subscriptions up to `to` through
-/// [`sweep::advance`], and marks it `ready`. A clock left `advancing` (a
-/// crash) is finished by advancing it again to the same time.
-pub async fn advance(
-    deps: &Deps,
-    tenant: &Tenant,
-    id: &TestClockId,
+/// What advancing `clock` to `to` at `now` writes: the clock `advancing`
+/// to `to`, or `None` when it is already advancing to `to` (a retried
+/// advance: answered as it is). Forward only; a clock advancing elsewhere
+/// takes no other target until it is ready.
+pub fn advanced(
+    clock: &TestClock,
     to: Timestamp,
     now: Timestamp,
-) -> Result<TestClock, TestClockError> {
-    let clock = get(deps, tenant, id).await?;
-    let again = clock.status == ClockStatus::Advancing && to == clock.frozen_time;
-    if to <= clock.frozen_time && !again {
+) -> Result<Option<TestClock>, TestClockError> {
+    if clock.status == ClockStatus::Advancing {
+        return if to == clock.frozen_time {
+            Ok(None)
+        } else {
+            Err(TestClockError::Advancing {
+                to: clock.frozen_time,
+            })
+        };
+    }
+    if to <= clock.frozen_time {
         return Err(TestClockError::NotForward {
             current: clock.frozen_time,
         });
     }
     let mut moving = clock.clone();
+    moving.advanced_from = Some(clock.frozen_time);
     moving.frozen_time = to;
     moving.status = ClockStatus::Advancing;
     moving.updated_at = now;
-    let moving = save(deps, &clock, moving).await?;
-    run_due(deps, id, to).await?;
-    let mut ready = moving.clone();
-    ready.status = ClockStatus::Ready;
-    ready.updated_at = now;
-    save(deps, &moving, ready).await
+    Ok(Some(moving))
 }
 
-/// Advances every subscription on clock `id` due at or before `to`.
-async fn run_due(deps: &Deps, id: &TestClockId, to: Timestamp) -> Result<(), TestClockError> {
-    for _ in 0..MAX_PASSES {
+/// `clock` once everything due up to its time has run: `ready`.
+pub fn finished(clock: &TestClock, now: Timestamp) -> TestClock {
+    let mut ready = clock.clone();
+    ready.status = ClockStatus::Ready;
+    ready.updated_at = now;
+    ready
+}
+
+/// Advances subscriptions on clock `id` due at or before `to`, a page at
+/// a time, until none is due (`true`) or `deadline` passes (`false`: call
+/// again). Each subscription's steps are exactly-once by their claims and
+/// version conditions, so two callers at once do each step once.
+pub async fn run_due(
+    deps: &Deps,
+    id: &TestClockId,
+    to: Timestamp,
+    deadline: std::time::Instant,
+) -> Result<bool, TestClockError> {
+    loop {
         let query = Query::partition(due::clock_partition(id))
             .on(Index::Gsi2)
             .sk(SkCond::Lt(due::due_before(to)))
             .limit(PAGE);
         let page = deps.store.query(&query).await?;
         if page.items.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         let mut moved = false;
         for item in page.items {
+            if std::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
             let sub: Subscription = from_item(item)?;
             let done = sweep::advance(deps, &sub, to).await?;
             moved |= done.steps > 0;
         }
         if !moved {
             // Listed as due but nothing to do: the index lags (DynamoDB's
-            // eventually consistent index); the next advance finishes.
-            return Ok(());
+            // eventually consistent index) or another driver took the
+            // steps; what is left is theirs or the next chunk's.
+            return Ok(true);
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::billing::invoice::{BillingInvoice, InvoiceStatus};
-    use crate::domain::billing::subscription::{
-        NewSubscription, SubscriptionStatus as S, create as create_sub, new_subscription,
-    };
-    use crate::domain::billing::terms::monthly;
     use crate::testenv::at;
 
     fn deps() -> crate::AppState {
@@ -408,61 +454,104 @@ mod tests {
         ));
     }
 
-    /// A trialing subscription on a clock walks three months in one
-    /// advance: the same steps the sweep takes, at the clock's time.
-    #[tokio::test]
-    async fn advancing_runs_the_sweep_steps_at_the_clock_time() {
-        let deps = deps();
-        let tenant = Tenant::new("proj_tc_walk", Mode::Sandbox);
+    fn clock_at(t: Timestamp) -> TestClock {
+        TestClock {
+            id: TestClockId::new(),
+            project_id: ProjectId::stored("proj_sm"),
+            mode: Mode::Sandbox,
+            name: "sm".into(),
+            frozen_time: t,
+            status: ClockStatus::Ready,
+            advanced_from: None,
+            version: 1,
+            created_at: t,
+            updated_at: t,
+        }
+    }
+
+    /// ready --advance(later)--> advancing(to) --finished--> ready; the
+    /// same target again while advancing is answered as it is; another
+    /// target while advancing, or a time not after the clock's, is refused.
+    #[test]
+    fn the_clock_state_machine() {
         let t0 = at("2026-01-10T06:00:00Z");
-        let clock = create(&deps, &tenant, "walk", t0, t0).await.unwrap();
-        let input = NewSubscription {
-            customer_id: "cus_1".into(),
-            plan_id: "bp_1".into(),
-            terms: monthly(),
-            reference_id: None,
-            metadata: serde_json::Map::new(),
-            start: t0,
-            trial_ends_at: Some(at("2026-01-24T06:00:00Z")),
-            billing_anchor_day: None,
-            dunning_policy_id: None,
-            test_clock_id: Some(clock.id.clone()),
+        let to = at("2026-02-10T06:00:00Z");
+        let now = at("2026-11-29T08:00:00Z");
+        let ready = clock_at(t0);
+        for back in [t0, at("2026-01-01T00:00:00Z")] {
+            assert!(matches!(
+                advanced(&ready, back, now),
+                Err(TestClockError::NotForward { current }) if current == t0
+            ));
+        }
+        let moving = advanced(&ready, to, now).unwrap().unwrap();
+        assert_eq!(moving.status, ClockStatus::Advancing);
+        assert_eq!(moving.frozen_time, to);
+        assert_eq!(moving.advanced_from, Some(t0));
+        assert_eq!(moving.updated_at, now);
+        // Listed for the scheduler while advancing, not when ready.
+        let listed = |c: &TestClock| {
+            c.entries()
+                .iter()
+                .any(|e| e.index == Index::Gsi2 && e.partition == keys::advancing_test_clocks())
         };
-        let sub = new_subscription(&tenant, input, t0).unwrap();
-        create_sub(&deps, &sub).await.unwrap();
-        // Backwards (or standing still) is refused.
+        assert!(listed(&moving));
+        assert!(!listed(&ready));
+        assert!(advanced(&moving, to, now).unwrap().is_none());
+        let err = advanced(&moving, at("2026-03-10T06:00:00Z"), now).unwrap_err();
+        assert!(matches!(err, TestClockError::Advancing { to: t } if t == to));
+        assert_eq!(Refusal::from(err).code, "state_conflict");
+        let done = finished(&moving, now);
+        assert_eq!(done.status, ClockStatus::Ready);
+        assert_eq!(done.frozen_time, to);
+        assert!(!listed(&done));
+        // Ready at the target: the same time again is standing still.
         assert!(matches!(
-            advance(&deps, &tenant, &clock.id, t0, t0).await,
+            advanced(&done, to, now),
             Err(TestClockError::NotForward { .. })
         ));
-        let to = at("2026-04-01T00:00:00Z");
-        let after = advance(&deps, &tenant, &clock.id, to, t0).await.unwrap();
-        assert_eq!(after.status, ClockStatus::Ready);
-        assert_eq!(after.frozen_time, to);
-        let s = crate::domain::billing::subscription::get(&deps, &tenant, &sub.id)
-            .await
-            .unwrap();
-        // Trial ended Jan 24; periods Jan 24, Feb 24, Mar 24, each unpaid
-        // past its grace: past due.
-        assert_eq!(s.status, S::PastDue);
-        assert_eq!(s.period_index, 2);
-        let invoices: Vec<BillingInvoice> = record::all_of(
-            &*deps.store,
-            &Query::partition(BillingInvoice::list_partition(&tenant)).on(Index::Gsi1),
-        )
-        .await
-        .unwrap();
-        assert_eq!(invoices.len(), 3);
-        assert!(invoices.iter().all(|i| i.status == InvoiceStatus::Overdue));
-        // The real-time sweep leaves it alone, however late it is.
-        let swept = sweep::sweep(&deps, at("2027-01-01T00:00:00Z"), sweep::BUDGET)
-            .await
-            .unwrap();
-        assert_eq!(swept.subscriptions_advanced, 0);
-        delete(&deps, &tenant, &clock.id).await.unwrap();
+    }
+
+    /// Writes are conditioned on the version read: of two writers from
+    /// the same read, one wins; a deleted clock is never written again.
+    #[tokio::test]
+    async fn a_clock_write_holds_only_on_the_version_read() {
+        let deps = deps();
+        let tenant = Tenant::new("proj_tc_v", Mode::Sandbox);
+        let t0 = at("2026-01-10T06:00:00Z");
+        let c = create(&deps, &tenant, "v", t0, t0).await.unwrap();
+        let a = advanced(&c, at("2026-02-01T00:00:00Z"), t0).unwrap().unwrap();
+        let b = advanced(&c, at("2026-03-01T00:00:00Z"), t0).unwrap().unwrap();
+        let (x, y) = tokio::join!(save(&deps, &c, a), save(&deps, &c, b));
+        assert!(x.is_ok() != y.is_ok(), "{x:?} {y:?}");
+        assert!(matches!(x.or(y), Ok(w) if w.version == 2));
+        let moving = get(&deps, &tenant, &c.id).await.unwrap();
         assert!(matches!(
-            get(&deps, &tenant, &clock.id).await,
+            time_of(&deps, &tenant, &c.id).await,
+            Err(ClockTimeError::Advancing { .. })
+        ));
+        let ready = save(&deps, &moving, finished(&moving, t0)).await.unwrap();
+        assert_eq!(
+            time_of(&deps, &tenant, &c.id).await.unwrap(),
+            ready.frozen_time
+        );
+        // A stale ready write (version 2 again) is refused.
+        assert!(matches!(
+            save(&deps, &moving, finished(&moving, t0)).await,
+            Err(TestClockError::Busy)
+        ));
+        delete(&deps, &tenant, &c.id).await.unwrap();
+        assert!(matches!(
+            save(&deps, &ready, finished(&ready, t0)).await,
+            Err(TestClockError::Busy)
+        ));
+        assert!(matches!(
+            get(&deps, &tenant, &c.id).await,
             Err(TestClockError::NotFound(_))
+        ));
+        assert!(matches!(
+            time_of(&deps, &tenant, &c.id).await,
+            Err(ClockTimeError::Deleted(_))
         ));
     }
 }

@@ -630,3 +630,118 @@ async fn a_delete_racing_a_create_leaves_no_orphan() {
         }
     }
 }
+
+/// On a test clock every transition is decided and stamped at the
+/// clock's time, never the real one; while the clock advances nothing
+/// on it changes (409 `state_conflict`), and once it is deleted its
+/// subscriptions stay as they are (409 `subscription_state_conflict`).
+#[tokio::test]
+async fn every_transition_on_a_clock_reads_the_clock_time() {
+    use crate::domain::billing::test_clock::{self, TestClock};
+    let deps = deps_on(crate::testenv::memory_store());
+    let t = tenant("p_clock");
+    // The clock is behind the real time (NOW, 2026-01-10): a time valid
+    // on the clock is in the real past.
+    let c0 = at("2025-06-01T00:00:00Z");
+    let day = |n: i64| c0.plus(Duration::days(n));
+    let clock = test_clock::create(&deps, &t, "walk", c0, at(NOW))
+        .await
+        .unwrap();
+    let on_clock: CreateCustomer =
+        serde_json::from_value(json!({"name": "Sita Rai", "testClockId": clock.id})).unwrap();
+    let c = test_clock::create_customer(&deps, &t, on_clock, None)
+        .await
+        .unwrap();
+    let p = plan(&deps, &t, json!({"trialDays": 14})).await;
+    let sub = create_subscription(
+        &deps,
+        &t,
+        body(json!({"customerId": c.id, "planId": p.id})),
+        None,
+    )
+    .await
+    .unwrap()
+    .subscription;
+    assert_eq!(sub.created_at, c0);
+    assert_eq!(sub.trial_ends_at, Some(day(14)));
+
+    let extended = extend_trial(
+        &deps,
+        &t,
+        &sub.id,
+        ExtendTrial {
+            trial_ends_at: day(20),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!((extended.trial_ends_at, extended.updated_at), (Some(day(20)), c0));
+
+    let ended = end_trial(&deps, &t, &sub.id, at(NOW)).await.unwrap();
+    assert_eq!(ended.subscription.trial_ends_at, Some(c0));
+    assert_eq!(ended.subscription.billing_start, Some(nepal_day(c0)));
+    assert_eq!(ended.invoice.invoice.issued_at, c0);
+    assert_eq!(ended.invoice.invoice.period_start, nepal_day(c0));
+
+    // Five days on the clock is in the real past: accepted.
+    let paused = pause(
+        &deps,
+        &t,
+        &sub.id,
+        PauseSubscription {
+            pause_reason: None,
+            resume_at: Some(day(5)),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!((paused.resume_at, paused.updated_at), (Some(day(5)), c0));
+
+    // The clock advancing: nothing on it changes.
+    let seen = test_clock::get(&deps, &t, &clock.id).await.unwrap();
+    let moving = test_clock::advanced(&seen, day(1), at(NOW)).unwrap().unwrap();
+    let moving = test_clock::save(&deps, &seen, moving).await.unwrap();
+    let (s, code, _) = field_of(resume(&deps, &t, &sub.id).await.unwrap_err());
+    assert_eq!((s, code.as_str()), (409, "state_conflict"));
+    let more = create_subscription(
+        &deps,
+        &t,
+        body(json!({"customerId": c.id, "planId": p.id})),
+        None,
+    )
+    .await
+    .unwrap_err();
+    let (s, code, _) = field_of(more);
+    assert_eq!((s, code.as_str()), (409, "state_conflict"));
+    let ready: TestClock = test_clock::save(&deps, &moving, test_clock::finished(&moving, at(NOW)))
+        .await
+        .unwrap();
+
+    let resumed = resume(&deps, &t, &sub.id).await.unwrap();
+    assert_eq!(resumed.updated_at, ready.frozen_time);
+    let set: SetDunningPolicy = serde_json::from_value(json!({"policyId": null})).unwrap();
+    let with = set_dunning_policy(&deps, &t, &sub.id, set).await.unwrap();
+    assert_eq!(with.updated_at, day(1));
+    let cancelled = cancel(&deps, &t, &sub.id, CancelSubscription::default())
+        .await
+        .unwrap();
+    assert_eq!(cancelled.cancelled_at, Some(day(1)));
+
+    // A deleted clock's subscription no longer changes.
+    let other = create_subscription(
+        &deps,
+        &t,
+        body(json!({"customerId": c.id, "planId": p.id})),
+        None,
+    )
+    .await
+    .unwrap()
+    .subscription;
+    test_clock::delete(&deps, &t, &clock.id).await.unwrap();
+    let (s, code, _) = field_of(
+        cancel(&deps, &t, &other.id, CancelSubscription::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((s, code.as_str()), (409, SUBSCRIPTION_STATE_CONFLICT));
+}
