@@ -24,6 +24,7 @@ pub mod record;
 pub mod refunds;
 #[cfg(test)]
 mod roundtrip;
+pub mod short_links;
 pub mod sms;
 #[cfg(test)]
 mod stored_shapes;
