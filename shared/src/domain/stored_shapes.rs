@@ -153,6 +153,18 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
             "invoice dunning state",
             record::<billing::dunning::DunningState>(),
         ),
+        ("BINV", "NOTICES") => (
+            "invoice notice schedule",
+            record::<billing::notice_due::NoticeSchedule>(),
+        ),
+        ("BINV" | "SUB", s) if s.starts_with("NOTICE#SMS#") => (
+            "notice sms claim",
+            record::<billing::notice_due::NoticeSmsClaim>(),
+        ),
+        ("SUB", s) if s.starts_with("NOTICE#TRIAL#") => (
+            "trial notice schedule",
+            record::<billing::notice_due::NoticeSchedule>(),
+        ),
         ("AKEY", s) if s.starts_with("SPEND#") => {
             ("api key spend", record::<checkout::SpendCounter>())
         }
@@ -652,6 +664,22 @@ async fn every_billing_item_has_a_kind_and_writes_back_the_same() {
     super::billing::test_clock::create(&deps, &tenant, "Year walk", now, now)
         .await
         .unwrap();
+    // The notices' records: a trial's schedule and SMS claims of both.
+    use super::billing::notice_due::{NoticeSchedule, NoticeSmsClaim};
+    let trial = NoticeSchedule::for_trial(&sub, now.plus(chrono::Duration::days(3)), now, now);
+    let mut ops = vec![trial.write(None).unwrap()];
+    for invoice_id in [Some(inv.id.clone()), None] {
+        let claim = NoticeSmsClaim {
+            project_id: tenant.project.clone(),
+            mode: tenant.mode,
+            subscription_id: sub.id.clone(),
+            invoice_id,
+            occurrence: format!("{}#due_today#2026-01-10", inv.id),
+            created_at: now,
+        };
+        ops.push(claim.put_new().unwrap());
+    }
+    deps.store.transact(ops).await.unwrap();
 
     let items = match store.scan_all() {
         Ok(items) => items,
@@ -668,6 +696,9 @@ async fn every_billing_item_has_a_kind_and_writes_back_the_same() {
         "invoice dunning state",
         "billing sweep tenant",
         "test clock",
+        "invoice notice schedule",
+        "trial notice schedule",
+        "notice sms claim",
     ] {
         assert!(seen.contains_key(kind), "{kind} written: {seen:?}");
     }

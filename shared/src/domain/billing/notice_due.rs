@@ -18,7 +18,9 @@ use serde::{Deserialize, Serialize};
 
 use super::calendar::nepal_day_start;
 use super::dunning::DunningStatus;
+use super::invoice::BillingInvoice;
 use super::reminders::ReminderKind;
+use super::subscription::Subscription;
 use super::terms::Terms;
 use crate::domain::record::{Entry, Record};
 use crate::domain::{Mode, Tenant};
@@ -156,6 +158,58 @@ impl NoticeSchedule {
         match &self.invoice_id {
             Some(inv) => inv.to_string(),
             None => self.subscription_id.to_string(),
+        }
+    }
+
+    /// The schedule of `inv`, issued for `sub` at `now` (its first notice
+    /// due: `due_today`, or `overdue` with no grace).
+    pub fn for_invoice(inv: &BillingInvoice, sub: &Subscription, now: Timestamp) -> Self {
+        let days = InvoiceDays {
+            due_date: inv.due_date,
+            overdue_on: inv.overdue_on,
+        };
+        let first = next_notice(&days, &sub.terms, None, None);
+        NoticeSchedule {
+            project_id: inv.project_id.clone(),
+            mode: inv.mode,
+            subscription_id: sub.id.clone(),
+            invoice_id: Some(inv.id.clone()),
+            trial_end: None,
+            test_clock_id: sub.test_clock_id.clone(),
+            not_before: inv.issued_at,
+            next_at: first.and_then(|n| due_time(n.0, inv.issued_at)),
+            through: None,
+            history: Vec::new(),
+            version: 1,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
+    /// The schedule of `sub`'s trial-ending notice, written when the sweep
+    /// records the trial-will-end moment `moment` (never before 07:00
+    /// Nepal time of its day).
+    pub fn for_trial(
+        sub: &Subscription,
+        trial_end: Timestamp,
+        moment: Timestamp,
+        now: Timestamp,
+    ) -> Self {
+        let at = send_time(super::calendar::nepal_day(moment)).map_or(moment, |t| t.max(moment));
+        NoticeSchedule {
+            project_id: sub.project_id.clone(),
+            mode: sub.mode,
+            subscription_id: sub.id.clone(),
+            invoice_id: None,
+            trial_end: Some(trial_end),
+            test_clock_id: sub.test_clock_id.clone(),
+            not_before: at,
+            next_at: Some(at),
+            through: None,
+            history: Vec::new(),
+            version: 1,
+            created_at: now,
+            updated_at: now,
         }
     }
 

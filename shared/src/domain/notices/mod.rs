@@ -60,3 +60,6 @@ pub enum NoticeError {
     #[error("a notice day is outside the calendar")]
     NoDay,
 }
+
+#[cfg(test)]
+mod tests;

@@ -15,9 +15,7 @@ use crate::domain::billing::dunning::{
     DunningStatus, FinalAction,
 };
 use crate::domain::billing::dunning_api::{self, InvoiceDunningView};
-use crate::domain::billing::invoice::{
-    self, BillingInvoice, BillingInvoiceError, InvoiceStatus, collect,
-};
+use crate::domain::billing::invoice::{self, BillingInvoice, BillingInvoiceError, InvoiceStatus};
 use crate::domain::billing::lifecycle::{
     self, CancelSubscription, LifecycleError, PauseSubscription,
 };
@@ -31,6 +29,7 @@ use crate::domain::billing::subscription::{
 };
 use crate::domain::mail::{self, MailAbout, MailError, MailStatus};
 use crate::domain::record::{self, Record};
+use crate::domain::short_links::{self, ShortTarget};
 use crate::domain::sms::{self, InvoiceSms, InvoiceSmsOutcome, Limits, SmsError};
 use crate::ids::{BillingInvoiceId, SubscriptionId};
 use crate::kinds::Mode;
@@ -151,87 +150,116 @@ async fn send(
     };
     let mut out = Vec::new();
     if let Some(email) = &customer.email {
-        let sent = mail::send_billing_mail(
-            deps,
-            &who.tenant,
-            email,
-            &text,
-            say.about.clone(),
-            &say.occurrence,
-        )
-        .await;
-        out.push(match sent {
-            Ok(id) => {
-                let suppressed = mail::get(&*deps.store, &id)
-                    .await?
-                    .is_some_and(|m| m.status == MailStatus::Suppressed);
-                let outcome = if suppressed {
-                    NoticeOutcome::Suppressed
-                } else {
-                    NoticeOutcome::Queued
-                };
-                (NoticeChannel::Email, outcome, Some(id.to_string()))
-            }
-            Err(MailError::Invalid { field, message }) => {
-                tracing::warn!(field, message, "billing notice email refused");
-                (NoticeChannel::Email, NoticeOutcome::Failed, None)
-            }
-            Err(e) => return Err(e.into()),
-        });
+        out.push(send_mail(deps, who, say, &text, email).await?);
     }
     if let (Some(phone), Some(merchant_id)) = (&customer.phone, &who.merchant_id) {
-        if let Some(until) = quiet_until(now) {
-            return Ok(Sent::Wait(until));
-        }
-        let Some(body) = render(&text) else {
-            out.push((NoticeChannel::Sms, NoticeOutcome::Failed, None));
-            return Ok(Sent::Done(out));
-        };
-        let claim = NoticeSmsClaim {
-            project_id: who.tenant.project.clone(),
-            mode: who.tenant.mode,
-            subscription_id: say.subscription_id.clone(),
-            invoice_id: say.invoice_id.cloned(),
-            occurrence: say.occurrence.clone(),
-            created_at: now,
-        };
-        let sms = InvoiceSms {
-            tenant: who.tenant.clone(),
-            merchant_id: merchant_id.clone(),
-            monthly_quota: who.quota,
-            to: phone.clone(),
-            text: body,
-            invoice_id: say.invoice_id.cloned(),
-            claim: claim.put_new()?,
-            limits: Limits::default(),
-        };
-        let logged = if who.tenant.mode == Mode::Live {
-            NoticeOutcome::Queued
-        } else {
-            NoticeOutcome::Logged
-        };
-        match sms::notify_invoice(deps, sms).await {
-            Ok(InvoiceSmsOutcome::Queued(id) | InvoiceSmsOutcome::Logged(id)) => {
-                out.push((NoticeChannel::Sms, logged, Some(id.to_string())));
-            }
-            Ok(InvoiceSmsOutcome::AlreadyDone) => out.push((NoticeChannel::Sms, logged, None)),
-            Ok(InvoiceSmsOutcome::QuotaExhausted) => {
-                out.push((NoticeChannel::Sms, NoticeOutcome::QuotaExhausted, None));
-            }
-            Err(SmsError::RateLimited {
-                retry_after_secs, ..
-            }) => {
-                return Ok(Sent::Wait(
-                    now.plus(chrono::Duration::seconds(retry_after_secs.max(1))),
-                ));
-            }
-            Err(e) => return Err(e.into()),
+        match send_sms(deps, who, say, &text, phone, merchant_id, now).await? {
+            Ok(entry) => out.push(entry),
+            Err(until) => return Ok(Sent::Wait(until)),
         }
     }
     if out.is_empty() {
         out.push((NoticeChannel::None, NoticeOutcome::Skipped, None));
     }
     Ok(Sent::Done(out))
+}
+
+type SentEntry = (NoticeChannel, NoticeOutcome, Option<String>);
+
+/// The email of `say`, once per occurrence.
+async fn send_mail(
+    deps: &Deps,
+    who: &Audience,
+    say: &Say<'_>,
+    text: &ReminderText<'_>,
+    email: &str,
+) -> Result<SentEntry, NoticeError> {
+    let sent = mail::send_billing_mail(
+        deps,
+        &who.tenant,
+        email,
+        text,
+        say.about.clone(),
+        &say.occurrence,
+    )
+    .await;
+    Ok(match sent {
+        Ok(id) => {
+            let suppressed = mail::get(&*deps.store, &id)
+                .await?
+                .is_some_and(|m| m.status == MailStatus::Suppressed);
+            let outcome = if suppressed {
+                NoticeOutcome::Suppressed
+            } else {
+                NoticeOutcome::Queued
+            };
+            (NoticeChannel::Email, outcome, Some(id.to_string()))
+        }
+        Err(MailError::Invalid { field, message }) => {
+            tracing::warn!(field, message, "billing notice email refused");
+            (NoticeChannel::Email, NoticeOutcome::Failed, None)
+        }
+        Err(e) => return Err(e.into()),
+    })
+}
+
+/// The SMS of `say`, once per occurrence; `Err(until)` when it waits
+/// (quiet hours, a rate limit).
+async fn send_sms(
+    deps: &Deps,
+    who: &Audience,
+    say: &Say<'_>,
+    text: &ReminderText<'_>,
+    phone: &str,
+    merchant_id: &crate::ids::MerchantId,
+    now: Timestamp,
+) -> Result<Result<SentEntry, Timestamp>, NoticeError> {
+    if let Some(until) = quiet_until(now) {
+        return Ok(Err(until));
+    }
+    let Some(body) = render(text) else {
+        return Ok(Ok((NoticeChannel::Sms, NoticeOutcome::Failed, None)));
+    };
+    let claim = NoticeSmsClaim {
+        project_id: who.tenant.project.clone(),
+        mode: who.tenant.mode,
+        subscription_id: say.subscription_id.clone(),
+        invoice_id: say.invoice_id.cloned(),
+        occurrence: say.occurrence.clone(),
+        created_at: now,
+    };
+    let sms = InvoiceSms {
+        tenant: who.tenant.clone(),
+        merchant_id: merchant_id.clone(),
+        monthly_quota: who.quota,
+        to: phone.to_owned(),
+        text: body,
+        invoice_id: say.invoice_id.cloned(),
+        claim: claim.put_new()?,
+        limits: Limits::default(),
+    };
+    let logged = if who.tenant.mode == Mode::Live {
+        NoticeOutcome::Queued
+    } else {
+        NoticeOutcome::Logged
+    };
+    Ok(Ok(match sms::notify_invoice(deps, sms).await {
+        Ok(InvoiceSmsOutcome::Queued(id) | InvoiceSmsOutcome::Logged(id)) => {
+            (NoticeChannel::Sms, logged, Some(id.to_string()))
+        }
+        Ok(InvoiceSmsOutcome::AlreadyDone) => (NoticeChannel::Sms, logged, None),
+        Ok(InvoiceSmsOutcome::QuotaExhausted) => {
+            (NoticeChannel::Sms, NoticeOutcome::QuotaExhausted, None)
+        }
+        Err(SmsError::RateLimited {
+            retry_after_secs, ..
+        }) => {
+            return Ok(Err(
+                now.plus(chrono::Duration::seconds(retry_after_secs.max(1)))
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    }))
 }
 
 fn entries(
@@ -264,16 +292,23 @@ fn skipped_entry(notice: &Notice, now: Timestamp) -> NoticeEntry {
     }
 }
 
-/// The short pay link of an invoice.
-fn invoice_link(deps: &Deps, inv: &BillingInvoice) -> String {
-    // TODO(short links): `short_links::url(base, &ensure(.., ShortTarget::Invoice))`.
-    collect::pay_url(&deps.config.base_for(None), &inv.id)
+/// The short pay link of an invoice (`<base>/r/<token>`: it opens the
+/// bill page, where the customer pays by link or QR).
+async fn invoice_link(deps: &Deps, inv: &BillingInvoice) -> Result<String, NoticeError> {
+    let tenant = Tenant::new(inv.project_id.clone(), inv.mode);
+    let link = short_links::ensure(deps, &tenant, &ShortTarget::Invoice(inv.id.clone())).await?;
+    Ok(link.url(&deps.config.base_for(None)))
 }
 
-/// The link a trial notice carries (the subscription's).
-fn subscription_link(deps: &Deps, _sub: &Subscription) -> String {
-    // TODO(short links): `short_links::url(base, &ensure(.., ShortTarget::Subscription))`.
-    deps.config.base_for(None)
+/// The short link of a subscription in its trial (what it will bill).
+async fn subscription_link(deps: &Deps, sub: &Subscription) -> Result<String, NoticeError> {
+    let link = short_links::ensure(
+        deps,
+        &sub.tenant(),
+        &ShortTarget::Subscription(sub.id.clone()),
+    )
+    .await?;
+    Ok(link.url(&deps.config.base_for(None)))
 }
 
 /// Writes `next` over the record read at `seen`; `false` when another run
@@ -349,7 +384,7 @@ async fn run_trial(
     }
     let notice: Notice = (nepal_day(cur.not_before), NoticeKind::TrialEnding, None);
     let who = audience(deps, &tenant, &sub.customer_id).await?;
-    let link = subscription_link(deps, &sub);
+    let link = subscription_link(deps, &sub).await?;
     let say = Say {
         kind: NoticeKind::TrialEnding,
         occurrence: occurrence(sub.id.as_str(), notice.1, notice.0),
@@ -535,6 +570,23 @@ async fn final_action(
     Err(dunning::DunningError::Busy.into())
 }
 
+/// What an invoice's run reads.
+struct InvoiceCtx {
+    tenant: Tenant,
+    inv: BillingInvoice,
+    sub: Subscription,
+    policy: Option<DunningPolicy>,
+    days: InvoiceDays,
+}
+
+impl InvoiceCtx {
+    fn intervals(&self, status: DunningStatus) -> Option<(&[u16], DunningStatus)> {
+        self.policy
+            .as_ref()
+            .map(|p| (p.retry_intervals_days.as_slice(), status))
+    }
+}
+
 async fn run_invoice(
     deps: &Deps,
     cur: NoticeSchedule,
@@ -554,14 +606,8 @@ async fn run_invoice(
     };
     let (policy, state) = policy_of(deps, &tenant, &sub, inv_id).await?;
     let collectable = matches!(inv.status, InvoiceStatus::Open | InvoiceStatus::Overdue);
-    if !collectable
-        || matches!(
-            sub.status,
-            S::Cancelled | S::IncompleteExpired | S::Completed
-        )
-    {
-        if !collectable
-            && let Some(s) = state.filter(|s| s.status == DunningStatus::Active)
+    if !collectable || sub.status.is_ended() {
+        if let Some(s) = state.filter(|s| s.status == DunningStatus::Active)
             && matches!(inv.status, InvoiceStatus::Paid | InvoiceStatus::Void)
         {
             match dunning::set_dunning_status(deps, &s, DunningStatus::Resolved).await {
@@ -571,20 +617,27 @@ async fn run_invoice(
         }
         return close(deps, &cur, now).await;
     }
-    let days = InvoiceDays {
-        due_date: inv.due_date,
-        overdue_on: inv.overdue_on,
+    let ctx = InvoiceCtx {
+        days: InvoiceDays {
+            due_date: inv.due_date,
+            overdue_on: inv.overdue_on,
+        },
+        tenant,
+        inv,
+        sub,
+        policy,
     };
     let status = state.as_ref().map_or(DunningStatus::Active, |s| s.status);
-    let dunning_arg = policy
-        .as_ref()
-        .map(|p| (p.retry_intervals_days.as_slice(), status));
-    let on_clock = cur.test_clock_id.is_some();
-    // The notices due now, after the last handled.
+    // The notices due now, after the last handled (on a clock, the first).
     let mut due: Vec<Notice> = Vec::new();
     let mut through = cur.through;
-    while let Some(n) = next_notice(&days, &sub.terms, dunning_arg, through.as_ref()) {
-        let at = due_time(n.0, cur.not_before).ok_or(super::NoticeError::NoDay)?;
+    while let Some(n) = next_notice(
+        &ctx.days,
+        &ctx.sub.terms,
+        ctx.intervals(status),
+        through.as_ref(),
+    ) {
+        let at = due_time(n.0, cur.not_before).ok_or(NoticeError::NoDay)?;
         if at > now {
             break;
         }
@@ -593,63 +646,66 @@ async fn run_invoice(
             day: n.0,
             kind: n.1,
         });
-        if on_clock {
+        if cur.test_clock_id.is_some() {
             break;
         }
     }
+    if ctx.policy.is_some()
+        && state.is_none()
+        && due
+            .iter()
+            .any(|n| matches!(n.1, NoticeKind::Overdue | NoticeKind::Dunning))
+        && let Some(p) = &ctx.policy
+    {
+        dunning::start_dunning(deps, &ctx.tenant, &ctx.inv.id, &p.id).await?;
+    }
+    handle(deps, &ctx, cur, due, now).await
+}
+
+/// Sends the latest of `due` (the earlier recorded `skipped`), then the
+/// final action when its dunning's last interval is through, and writes
+/// the record with its next notice.
+async fn handle(
+    deps: &Deps,
+    ctx: &InvoiceCtx,
+    cur: NoticeSchedule,
+    mut due: Vec<Notice>,
+    now: Timestamp,
+) -> Result<RunOne, NoticeError> {
     let mut next = cur.clone();
     next.updated_at = now;
     let mut run = RunOne {
         progressed: true,
         ..RunOne::default()
     };
-    // The latest due is sent; the earlier (real time: an outage) skipped.
     let send_this = due.pop();
-    let overdue_started = nepal_day_start(inv.overdue_on).is_some_and(|t| now >= t);
     for n in &due {
         next.history.push(skipped_entry(n, now));
         run.skipped += 1;
-    }
-    if let Some(policy) = &policy
-        && state.is_none()
-        && due
-            .iter()
-            .chain(send_this.iter())
-            .any(|n| matches!(n.1, NoticeKind::Overdue | NoticeKind::Dunning))
-    {
-        dunning::start_dunning(deps, &tenant, inv_id, &policy.id).await?;
-    }
-    for n in due.iter().filter(|n| n.1 == NoticeKind::Dunning) {
-        record_attempts(deps, &tenant, inv_id, &[skipped_entry(n, now)], n.2).await?;
+        if n.1 == NoticeKind::Dunning {
+            record_attempts(
+                deps,
+                &ctx.tenant,
+                &ctx.inv.id,
+                &[skipped_entry(n, now)],
+                n.2,
+            )
+            .await?;
+        }
     }
     let mut last_handled = due.last().copied();
+    let overdue_started = nepal_day_start(ctx.inv.overdue_on).is_some_and(|t| now >= t);
     if let Some(n) = send_this {
+        last_handled = Some(n);
         if n.1 == NoticeKind::BeforeDue && overdue_started {
             next.history.push(skipped_entry(&n, now));
             run.skipped += 1;
-            last_handled = Some(n);
         } else {
-            let who = audience(deps, &tenant, &inv.customer_id).await?;
-            let link = invoice_link(deps, &inv);
-            let shown = match n.1 {
-                NoticeKind::BeforeDue => inv.overdue_on.pred_opt().unwrap_or(inv.due_date),
-                _ => inv.due_date,
-            };
-            let say = Say {
-                kind: n.1,
-                occurrence: occurrence(inv.id.as_str(), n.1, n.0),
-                shown,
-                amount: inv.amount_due,
-                pay_url: &link,
-                number: &inv.number,
-                about: MailAbout::BillingInvoice(inv.id.clone()),
-                subscription_id: &sub.id,
-                invoice_id: Some(&inv.id),
-            };
-            match send(deps, &who, &say, now).await? {
+            match send_invoice_notice(deps, ctx, &n, now).await? {
                 Sent::Wait(until) => {
                     run.deferred = true;
-                    next.through = last_handled
+                    next.through = due
+                        .last()
                         .map(|l| Through {
                             day: l.0,
                             kind: l.1,
@@ -663,10 +719,9 @@ async fn run_invoice(
                     let new = entries(&sent, &n, now);
                     run.sent += count_sent(&sent);
                     if n.1 == NoticeKind::Dunning {
-                        record_attempts(deps, &tenant, inv_id, &new, n.2).await?;
+                        record_attempts(deps, &ctx.tenant, &ctx.inv.id, &new, n.2).await?;
                     }
                     next.history.extend(new);
-                    last_handled = Some(n);
                 }
             }
         }
@@ -677,33 +732,20 @@ async fn run_invoice(
             kind: l.1,
         });
     }
-    // After the last interval's reminder: the final action.
-    let mut exhausted = false;
-    if let (Some(policy), Some(t)) = (&policy, next.through) {
-        let at_last = t.kind == NoticeKind::Dunning
-            && policy.retry_intervals_days.last().and_then(|d| {
-                inv.overdue_on
-                    .checked_add_days(chrono::Days::new(u64::from(*d)))
-            }) == Some(t.day);
-        let active = dunning::dunning_state(deps, &tenant, inv_id)
-            .await?
-            .is_some_and(|s| s.status == DunningStatus::Active);
-        if at_last && active {
-            final_action(deps, &tenant, &sub, &inv, policy.final_action, now).await?;
-            run.final_action = true;
-            exhausted = true;
-        }
-    }
+    let exhausted = finish_dunning(deps, ctx, next.through, now).await?;
+    run.final_action = exhausted;
     let after = if exhausted {
         None
     } else {
-        let status = dunning::dunning_state(deps, &tenant, inv_id)
+        let status = dunning::dunning_state(deps, &ctx.tenant, &ctx.inv.id)
             .await?
             .map_or(DunningStatus::Active, |s| s.status);
-        let arg = policy
-            .as_ref()
-            .map(|p| (p.retry_intervals_days.as_slice(), status));
-        next_notice(&days, &sub.terms, arg, next.through.as_ref())
+        next_notice(
+            &ctx.days,
+            &ctx.sub.terms,
+            ctx.intervals(status),
+            next.through.as_ref(),
+        )
     };
     next.next_at = match after {
         Some(n) => Some(due_time(n.0, cur.not_before).ok_or(NoticeError::NoDay)?),
@@ -711,6 +753,71 @@ async fn run_invoice(
     };
     save(deps, &cur, next).await?;
     Ok(run)
+}
+
+async fn send_invoice_notice(
+    deps: &Deps,
+    ctx: &InvoiceCtx,
+    n: &Notice,
+    now: Timestamp,
+) -> Result<Sent, NoticeError> {
+    let inv = &ctx.inv;
+    let who = audience(deps, &ctx.tenant, &inv.customer_id).await?;
+    let link = invoice_link(deps, inv).await?;
+    let shown = match n.1 {
+        // The last day to pay.
+        NoticeKind::BeforeDue => inv.overdue_on.pred_opt().unwrap_or(inv.due_date),
+        _ => inv.due_date,
+    };
+    let say = Say {
+        kind: n.1,
+        occurrence: occurrence(inv.id.as_str(), n.1, n.0),
+        shown,
+        amount: inv.amount_due,
+        pay_url: &link,
+        number: &inv.number,
+        about: MailAbout::BillingInvoice(inv.id.clone()),
+        subscription_id: &ctx.sub.id,
+        invoice_id: Some(&inv.id),
+    };
+    send(deps, &who, &say, now).await
+}
+
+/// When `through` is the policy's last interval and the dunning is still
+/// active: the final action, and `true`.
+async fn finish_dunning(
+    deps: &Deps,
+    ctx: &InvoiceCtx,
+    through: Option<Through>,
+    now: Timestamp,
+) -> Result<bool, NoticeError> {
+    let (Some(policy), Some(t)) = (&ctx.policy, through) else {
+        return Ok(false);
+    };
+    let last_day = policy.retry_intervals_days.last().and_then(|d| {
+        ctx.inv
+            .overdue_on
+            .checked_add_days(chrono::Days::new(u64::from(*d)))
+    });
+    if t.kind != NoticeKind::Dunning || last_day != Some(t.day) {
+        return Ok(false);
+    }
+    let active = dunning::dunning_state(deps, &ctx.tenant, &ctx.inv.id)
+        .await?
+        .is_some_and(|s| s.status == DunningStatus::Active);
+    if !active {
+        return Ok(false);
+    }
+    final_action(
+        deps,
+        &ctx.tenant,
+        &ctx.sub,
+        &ctx.inv,
+        policy.final_action,
+        now,
+    )
+    .await?;
+    Ok(true)
 }
 
 /// `POST …/dunning/retry-now`: a dunning reminder now, sent as the
@@ -755,7 +862,7 @@ pub async fn retry_now(
     let who = audience(deps, tenant, &inv.customer_id)
         .await
         .map_err(to_dunning)?;
-    let link = invoice_link(deps, &inv);
+    let link = invoice_link(deps, &inv).await.map_err(to_dunning)?;
     let day = nepal_day(now);
     let say = Say {
         kind: NoticeKind::Dunning,
