@@ -16,14 +16,17 @@
 //! Two drivers at once are safe: each step is exactly-once by its claims
 //! and version conditions, and `ready` is written conditioned on the
 //! version the driver read (so on the target it ran to). The clock record
-//! and its pure rules are `billing::test_clock`; this module sits above
-//! `billing` so that it may also run the notices the clock's time makes due.
+//! and its pure rules are `billing::test_clock`; the run itself (the
+//! subscriptions' steps and the reminder and dunning notices, interleaved
+//! by time) is [`notices::clock::run`], which is why this module sits
+//! above both `billing` and `notices`.
 
 use std::time::{Duration, Instant};
 
 use crate::Deps;
 use crate::domain::Tenant;
 use crate::domain::billing::test_clock::{self, ClockStatus, TestClock, TestClockError};
+use crate::domain::notices::{self, NoticeError};
 use crate::domain::record::{self, from_item};
 use crate::ids::TestClockId;
 use crate::keys;
@@ -42,6 +45,21 @@ pub const RUN_DEADLINE: Duration = Duration::from_secs(20);
 const MAX_CHUNKS: usize = 100;
 /// How often an advance whose clock changed under it reads it again.
 const TRIES: usize = 4;
+
+/// Why a chunk of an advance stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ClockError {
+    #[error(transparent)]
+    Clock(#[from] TestClockError),
+    #[error(transparent)]
+    Run(#[from] NoticeError),
+}
+
+impl From<StoreError> for ClockError {
+    fn from(e: StoreError) -> Self {
+        ClockError::Clock(e.into())
+    }
+}
 
 /// Starts advancing the tenant's clock `id` to `to`: writes it
 /// `advancing` (conditioned on the version read) and answers it; nothing
@@ -77,7 +95,7 @@ pub async fn drive(
     deps: &Deps,
     clock: TestClock,
     deadline: Instant,
-) -> Result<TestClock, TestClockError> {
+) -> Result<TestClock, ClockError> {
     if clock.status != ClockStatus::Advancing {
         return Ok(clock);
     }
@@ -89,17 +107,18 @@ pub async fn drive(
         Err(TestClockError::Busy) => {
             match record::get::<TestClock>(&*deps.store, &TestClock::key(&clock.id)).await? {
                 Some(now) => Ok(now),
-                None => Err(TestClockError::NotFound(clock.id)),
+                None => Err(TestClockError::NotFound(clock.id).into()),
             }
         }
-        other => other,
+        other => Ok(other?),
     }
 }
 
-/// One chunk of the work: the subscriptions' steps due up to the clock's
-/// time. `true` when nothing is left.
-async fn run(deps: &Deps, clock: &TestClock, deadline: Instant) -> Result<bool, TestClockError> {
-    test_clock::run_due(deps, &clock.id, clock.frozen_time, deadline).await
+/// One chunk of the work: the subscriptions' steps and notices due up to
+/// the clock's time, in time order. `true` when nothing is left.
+async fn run(deps: &Deps, clock: &TestClock, deadline: Instant) -> Result<bool, ClockError> {
+    let ran = notices::clock::run(deps, &clock.id, clock.frozen_time, deadline).await?;
+    Ok(ran.done)
 }
 
 /// The tenant's clock `id`, an advancing one first driven for at most
@@ -117,7 +136,7 @@ pub async fn get(
     }
     match drive(deps, clock.clone(), Instant::now() + budget).await {
         Ok(c) => Ok(c),
-        Err(TestClockError::NotFound(id)) => Err(TestClockError::NotFound(id)),
+        Err(ClockError::Clock(e @ TestClockError::NotFound(_))) => Err(e),
         Err(e) => {
             tracing::warn!(error = %e, clock = %clock.id, "test clock chunk failed; the next driver retries");
             Ok(clock)
@@ -190,7 +209,7 @@ pub async fn finish_advancing(deps: &Deps, deadline: Instant) -> Result<Finished
         done.clocks += 1;
         match drive(deps, clock, now + share).await {
             Ok(c) if c.status == ClockStatus::Ready => done.ready += 1,
-            Ok(_) | Err(TestClockError::NotFound(_)) => {}
+            Ok(_) | Err(ClockError::Clock(TestClockError::NotFound(_))) => {}
             Err(e) => {
                 tracing::warn!(error = %e, clock = %listed.id, "test clock chunk failed; the next run retries");
                 done.errors += 1;

@@ -1,8 +1,8 @@
 //! Sandbox test clocks: a frozen time that subscriptions on the clock
 //! live by. This module is the clock record and its rules; advancing one
 //! (answering `advancing` at once, running what is due in bounded chunks
-//! through the same [`sweep::advance`] the scheduler runs, marking it
-//! `ready`) is driven by `domain::clocks`. The routes are
+//! through the same `sweep::advance` and notices the scheduler runs,
+//! marking it `ready`) is driven by `domain::clocks`. The routes are
 //! `/v1/billing/test-clocks` (the billing function's `test_clocks`
 //! module); a customer is put on a clock at its creation
 //! ([`create_customer`]), and a subscription of that customer lives by the
@@ -18,23 +18,18 @@
 use serde::{Deserialize, Serialize};
 
 use super::customers::{self, BillingError, CreateCustomer, Customer};
-use super::due;
-use super::subscription::Subscription;
-use super::sweep::{self, SweepError};
 use crate::Deps;
-use crate::domain::record::{self, Entry, Record, from_item};
+use crate::domain::record::{self, Entry, Record};
 use crate::domain::{Mode, Tenant};
 use crate::ids::{ProjectId, TestClockId};
 use crate::keys;
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
-use crate::store::{Index, Key, Query, SkCond, StoreError, TxOp};
+use crate::store::{Key, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// The error code of a clock asked of a live key.
 pub const TEST_CLOCK_LIVE_MODE: &str = "test_clock_live_mode";
-/// How many due subscriptions of a clock one pass reads.
-const PAGE: usize = 100;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -111,8 +106,6 @@ pub enum TestClockError {
     #[error("the clock changed while being written; retry")]
     Busy,
     #[error(transparent)]
-    Sweep(#[from] SweepError),
-    #[error(transparent)]
     Store(#[from] StoreError),
 }
 
@@ -135,10 +128,7 @@ impl From<TestClockError> for Refusal {
             e @ TestClockError::Advancing { .. } => {
                 Refusal::conflict("state_conflict", e.to_string())
             }
-            TestClockError::Sweep(SweepError::Store(e)) | TestClockError::Store(e) => e.into(),
-            // A failed chunk leaves the clock `advancing`: the next GET,
-            // the scheduler or the same advance again finishes it.
-            TestClockError::Sweep(e) => Refusal::unavailable(&e),
+            TestClockError::Store(e) => e.into(),
         }
     }
 }
@@ -383,46 +373,10 @@ pub fn finished(clock: &TestClock, now: Timestamp) -> TestClock {
     ready
 }
 
-/// Advances subscriptions on clock `id` due at or before `to`, a page at
-/// a time, until none is due (`true`) or `deadline` passes (`false`: call
-/// again). Each subscription's steps are exactly-once by their claims and
-/// version conditions, so two callers at once do each step once.
-pub async fn run_due(
-    deps: &Deps,
-    id: &TestClockId,
-    to: Timestamp,
-    deadline: std::time::Instant,
-) -> Result<bool, TestClockError> {
-    loop {
-        let query = Query::partition(due::clock_partition(id))
-            .on(Index::Gsi2)
-            .sk(SkCond::Lt(due::due_before(to)))
-            .limit(PAGE);
-        let page = deps.store.query(&query).await?;
-        if page.items.is_empty() {
-            return Ok(true);
-        }
-        let mut moved = false;
-        for item in page.items {
-            if std::time::Instant::now() >= deadline {
-                return Ok(false);
-            }
-            let sub: Subscription = from_item(item)?;
-            let done = sweep::advance(deps, &sub, to).await?;
-            moved |= done.steps > 0;
-        }
-        if !moved {
-            // Listed as due but nothing to do: the index lags (DynamoDB's
-            // eventually consistent index) or another driver took the
-            // steps; what is left is theirs or the next chunk's.
-            return Ok(true);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Index;
     use crate::testenv::at;
 
     fn deps() -> crate::AppState {
