@@ -90,10 +90,10 @@ async fn a_year_on_a_test_clock(which: Which) {
         .env("SMS_LOG", &sms_url)
         .kill_on_drop(true)
         .output();
-    let out = match tokio::time::timeout(std::time::Duration::from_secs(300), run).await {
+    let out = match tokio::time::timeout(std::time::Duration::from_secs(600), run).await {
         Ok(Ok(out)) => out,
         Ok(Err(e)) => panic!("{}: {e}", python.display()),
-        Err(_) => panic!("the walk took over 300 s"),
+        Err(_) => panic!("the walk took over 600 s"),
     };
     server.abort();
     app.stop().await;
@@ -103,7 +103,10 @@ async fn a_year_on_a_test_clock(which: Which) {
         out.status.success(),
         "the walk failed on {which:?}:\n{stdout}\n{stderr}"
     );
-    assert!(stdout.contains("the year walked as the tables say"), "{stdout}");
+    assert!(
+        stdout.contains("the year walked as the tables say"),
+        "{stdout}"
+    );
 }
 
 on_both_backends!(a_year_on_a_test_clock);
