@@ -11,13 +11,17 @@
 //!
 //! And the concurrency the issue asks for: a clock advanced while
 //! scheduler runs, pollers and API calls race it issues exactly the
-//! invoices a twin clock advanced alone issues, one per period.
+//! invoices a twin clock advanced alone issues, one per period. And the
+//! dashboard's test clocks (sandbox only): create, advance, see what ran.
 
+use dhukuti_tests::dash::{Dash, field};
+use dhukuti_tests::shop::Shop;
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
 use serde_json::{Value, json};
 use shared::domain::Mode;
 use shared::domain::account::Scope;
-use shared::time::Timestamp;
+use shared::domain::dashboard::{self, Role};
+use shared::time::{Clock, SystemClock, Timestamp};
 
 async fn call(app: &TestApp, method: &str, path: &str, key: &str, body: Option<&Value>) -> Answer {
     let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::GET);
@@ -81,7 +85,12 @@ async fn advance(app: &TestApp, key: &str, clock: &str, to: &str) -> Value {
     let a = post(app, &path, key, json!({"frozenTime": to})).await;
     ok(&a, 200, "advance");
     assert_eq!(a.body["status"], "advancing", "{}", a.body);
-    assert_eq!(time(&a.body["frozenTime"]), Timestamp::parse(to), "{}", a.body);
+    assert_eq!(
+        time(&a.body["frozenTime"]),
+        Timestamp::parse(to),
+        "{}",
+        a.body
+    );
     a.body
 }
 
@@ -286,7 +295,13 @@ async fn a_trial_subscription_lives_by_its_clock(which: Which) {
 
 /// A new clock at 2026-01-10 with `n` subscriptions of `plan` on it (a
 /// customer each).
-async fn clock_with(app: &TestApp, key: &str, plan: &str, name: &str, n: usize) -> (String, Vec<String>) {
+async fn clock_with(
+    app: &TestApp,
+    key: &str,
+    plan: &str,
+    name: &str,
+    n: usize,
+) -> (String, Vec<String>) {
     let body = json!({"frozenTime": "2026-01-10T06:00:00Z", "name": name});
     let a = post(app, "/v1/billing/test-clocks", key, body).await;
     ok(&a, 201, "create clock");
@@ -356,9 +371,8 @@ async fn a_raced_clock_bills_each_period_once(which: Which) {
     // same advance again, and API calls on its subscriptions, all at once
     // with the gateway's own background task.
     advance(&app, &key, &raced, to).await;
-    let runs = futures::future::join_all(
-        (0..3).map(|_| ::scheduler::handle(app.state(), json!({}))),
-    );
+    let runs =
+        futures::future::join_all((0..3).map(|_| ::scheduler::handle(app.state(), json!({}))));
     let polls = futures::future::join_all((0..2).map(|_| ready(&app, &key, &raced)));
     let again_path = format!("/v1/billing/test-clocks/{raced}/advance");
     let again = post(&app, &again_path, &key, json!({"frozenTime": to}));
@@ -399,7 +413,192 @@ async fn a_raced_clock_bills_each_period_once(which: Which) {
     app.stop().await;
 }
 
+/// A signed-in browser of a new `role` user of the shop's merchant, on
+/// the project's sandbox.
+async fn person(shop: &Shop, email: &str, role: Role) -> Dash {
+    dashboard::create_user(
+        shop.app.state(),
+        SystemClock.now(),
+        &shop.tenant.merchant.id,
+        email,
+        role,
+        "a long dashboard password",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("user: {e}"));
+    let mut d = Dash::new(&shop.app.base);
+    let r = d.sign_in(email, "a long dashboard password").await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    d.switch(shop.tenant.project.id.as_str(), "sandbox").await;
+    d
+}
+
+async fn test_clocks_in_the_dashboard(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let shop = Shop::on(app).await;
+    let list = "/dashboard/billing/test-clocks";
+    let mut dev = person(&shop, "dev@asan.example", Role::Developer).await;
+    let mut viewer = person(&shop, "viewer@asan.example", Role::Viewer).await;
+
+    // Made on the page; a bad time is named.
+    let page = dev.get(list).await;
+    assert_eq!(page.status, 200, "{}", page.show());
+    assert!(page.body.contains("No test clocks yet"), "{}", page.show());
+    let csrf = field(&page.body, "csrf");
+    let r = dev
+        .post(
+            list,
+            &[
+                ("csrf", &csrf),
+                ("name", "Year walk"),
+                ("frozen_time", "soon"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.show());
+    assert!(r.body.contains("Frozen time"), "{}", r.show());
+    let r = dev
+        .post(
+            list,
+            &[
+                ("csrf", &csrf),
+                ("name", "Year <walk>"),
+                ("frozen_time", "2026-01-10T06:00"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let clock = r.location.rsplit('/').next().unwrap_or_default().to_owned();
+    assert!(clock.starts_with("clock_"), "{}", r.location);
+    let a = get(
+        &shop.app,
+        &format!("/v1/billing/test-clocks/{clock}"),
+        &shop.key,
+    )
+    .await;
+    ok(&a, 200, "the clock over the API");
+    assert_eq!(
+        time(&a.body["frozenTime"]),
+        Timestamp::parse("2026-01-10T06:00:00Z")
+    );
+    let page = viewer.get(list).await;
+    assert!(page.body.contains(&clock), "{}", page.show());
+    // Escaped, never markup.
+    assert!(page.body.contains("Year &lt;walk&gt;"), "{}", page.show());
+    assert!(!page.body.contains("Create test clock"), "{}", page.show());
+
+    // A subscription on it, through the API.
+    let a = post(
+        &shop.app,
+        "/v1/billing/customers",
+        &shop.key,
+        json!({"name": "Sita Rai", "testClockId": clock}),
+    )
+    .await;
+    ok(&a, 201, "customer");
+    let customer = text(&a.body["id"]);
+    let a = post(
+        &shop.app,
+        "/v1/billing/plans",
+        &shop.key,
+        json!({"name": "Gym monthly", "amount": 150_000, "intervalUnit": "month", "trialDays": 7}),
+    )
+    .await;
+    ok(&a, 201, "plan");
+    let a = post(
+        &shop.app,
+        "/v1/billing/subscriptions",
+        &shop.key,
+        json!({"customerId": customer, "planId": text(&a.body["id"])}),
+    )
+    .await;
+    ok(&a, 201, "subscription");
+    let sub = text(&a.body["id"]);
+
+    let clock_path = format!("{list}/{clock}");
+    let advance_path = format!("{clock_path}/advance");
+    let page = dev.get(&clock_path).await;
+    assert_eq!(page.status, 200, "{}", page.show());
+    assert!(
+        page.body.contains(&sub) && page.body.contains("No invoices yet"),
+        "{}",
+        page.show()
+    );
+    assert!(page.body.contains(&advance_path), "{}", page.show());
+    // A viewer has no form, and a forged post is refused; a developer's
+    // post without its token too.
+    let page = viewer.get(&clock_path).await;
+    assert!(!page.body.contains(&advance_path), "{}", page.show());
+    let r = viewer
+        .post(
+            &advance_path,
+            &[("csrf", &csrf), ("frozen_time", "2026-03-01T00:00")],
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.show());
+    let r = dev
+        .post(&advance_path, &[("frozen_time", "2026-03-01T00:00")])
+        .await;
+    assert_eq!(r.status, 403, "{}", r.show());
+    // Backwards is named.
+    let r = dev
+        .post(
+            &advance_path,
+            &[("csrf", &csrf), ("frozen_time", "2026-01-01T00:00")],
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.show());
+    assert!(r.body.contains("Advance to"), "{}", r.show());
+
+    // Forty days on: the page drives the clock to ready and shows what
+    // ran: the trial's end on Jan 17 and the invoices of Jan 17 and Feb
+    // 17, both new.
+    let r = dev
+        .post(
+            &advance_path,
+            &[("csrf", &csrf), ("frozen_time", "2026-02-19T06:00")],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    assert!(r.location.ends_with("?done=advance"), "{}", r.location);
+    let mut page = dev.get(&r.location).await;
+    for _ in 0..50 {
+        if page.body.contains("status ready") {
+            break;
+        }
+        page = dev.get(&clock_path).await;
+    }
+    assert!(page.body.contains("status ready"), "{}", page.show());
+    assert!(
+        page.body.contains("2026-02-19 06:00 UTC"),
+        "{}",
+        page.show()
+    );
+    assert!(page.body.contains("Last advanced from"), "{}", page.show());
+    assert_eq!(
+        page.body.matches("<strong>new</strong>").count(),
+        2,
+        "{}",
+        page.show()
+    );
+    for day in ["2026-01-17", "2026-02-17"] {
+        assert!(page.body.contains(day), "{day}: {}", page.show());
+    }
+    assert_eq!(invoices_of(&shop.app, &shop.key, &sub).await.len(), 2);
+
+    // Live mode has no clocks.
+    dev.switch(shop.tenant.project.id.as_str(), "live").await;
+    let page = dev.get(list).await;
+    assert_eq!(page.status, 200, "{}", page.show());
+    assert!(page.body.contains("sandbox only"), "{}", page.show());
+    assert!(!page.body.contains(&clock), "{}", page.show());
+    shop.app.stop().await;
+}
+
 on_both_backends!(
     a_trial_subscription_lives_by_its_clock,
-    a_raced_clock_bills_each_period_once
+    a_raced_clock_bills_each_period_once,
+    test_clocks_in_the_dashboard
 );

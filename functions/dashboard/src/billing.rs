@@ -36,14 +36,15 @@ use crate::pages::{Nav, label, layout, rupees, status_badge, when};
 use crate::{Page, Signed, Stop, audit, fail, nav, query, see_other};
 
 /// The tabs of the billing pages.
-const TABS: [(&str, &str); 4] = [
+const TABS: [(&str, &str); 5] = [
     ("customers", "/dashboard/billing/customers"),
     ("plans", "/dashboard/billing/plans"),
     ("subscriptions", "/dashboard/billing/subscriptions"),
     ("invoices", "/dashboard/billing/invoices"),
+    ("test clocks", "/dashboard/billing/test-clocks"),
 ];
 
-fn tabs(current: &str) -> Markup {
+pub(crate) fn tabs(current: &str) -> Markup {
     markup! {
         p.tabs {
             @for (name, href) in TABS {
@@ -75,7 +76,7 @@ fn pager(path: &str, extra: &str, page: &PageRequest, shown: usize, total: u64) 
 }
 
 /// Whether the merchant's plan includes billing; else the page saying so.
-async fn entitled(
+pub(crate) async fn entitled(
     state: &AppState,
     nav: &Nav,
     signed: &Signed,
@@ -328,7 +329,7 @@ fn keep(name: &str, value: Option<&str>) -> String {
 
 /// Refuses a billing form (403, nothing done) when the merchant's plan
 /// no longer includes billing.
-async fn entitled_to_change(state: &AppState, signed: &Signed) -> Result<(), Stop> {
+pub(crate) async fn entitled_to_change(state: &AppState, signed: &Signed) -> Result<(), Stop> {
     let yes = billing_customers::merchant_entitled(state, &signed.session.merchant_id)
         .await
         .map_err(fail)?;

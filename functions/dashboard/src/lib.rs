@@ -19,6 +19,7 @@
 
 mod billing;
 mod chart;
+mod clocks;
 mod credentials;
 #[cfg(feature = "documents")]
 mod documents;
@@ -151,6 +152,18 @@ pub fn router(state: AppState) -> Router {
             .route(
                 "/dashboard/billing/invoices/{id}/record-payment",
                 post(billing::record_payment),
+            )
+            .route(
+                "/dashboard/billing/test-clocks",
+                get(clocks::clocks_page).post(clocks::create_clock),
+            )
+            .route(
+                "/dashboard/billing/test-clocks/{id}",
+                get(clocks::clock_page),
+            )
+            .route(
+                "/dashboard/billing/test-clocks/{id}/advance",
+                post(clocks::advance_clock),
             )
             .route("/dashboard/sms", get(records::sms_page))
             .route(

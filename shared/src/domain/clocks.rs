@@ -238,7 +238,12 @@ mod tests {
 
     /// A trialing subscription on `clock`, its trial ending 14 days after
     /// `t0`.
-    async fn on_clock(deps: &Deps, tenant: &Tenant, clock: &TestClock, t0: Timestamp) -> Subscription {
+    async fn on_clock(
+        deps: &Deps,
+        tenant: &Tenant,
+        clock: &TestClock,
+        t0: Timestamp,
+    ) -> Subscription {
         let input = NewSubscription {
             customer_id: "cus_1".into(),
             plan_id: "bp_1".into(),
@@ -272,8 +277,22 @@ mod tests {
         let deps = deps();
         let tenant = Tenant::new("proj_tc_walk", Mode::Sandbox);
         let t0 = at("2026-01-10T06:00:00Z");
-        let clock = test_clock::create(&deps, &tenant, "walk", t0, t0).await.unwrap();
+        let clock = test_clock::create(&deps, &tenant, "walk", t0, t0)
+            .await
+            .unwrap();
         let sub = on_clock(&deps, &tenant, &clock, t0).await;
+        // Listed for the tenant, with its subscription (not another
+        // clock's).
+        let other = test_clock::create(&deps, &tenant, "other", t0, t0)
+            .await
+            .unwrap();
+        on_clock(&deps, &tenant, &other, t0).await;
+        assert_eq!(test_clock::list(&deps, &tenant, 10).await.unwrap().len(), 2);
+        let (on, total) = test_clock::subscriptions(&deps, &tenant, &clock.id, 10)
+            .await
+            .unwrap();
+        assert_eq!((on.len(), total), (1, 1));
+        assert_eq!(on[0].id, sub.id);
         assert!(matches!(
             advance(&deps, &tenant, &clock.id, t0, t0).await,
             Err(TestClockError::NotForward { .. })
@@ -308,7 +327,10 @@ mod tests {
         assert_eq!(ready.frozen_time, to);
         assert_eq!(ready.advanced_from, Some(t0));
         // Nothing is listed any more.
-        assert_eq!(finish_advancing(&deps, far).await.unwrap(), Finished::default());
+        assert_eq!(
+            finish_advancing(&deps, far).await.unwrap(),
+            Finished::default()
+        );
         let s = subscription::get(&deps, &tenant, &sub.id).await.unwrap();
         // Trial ended Jan 24; periods Jan 24, Feb 24, Mar 24, each unpaid
         // past its grace: past due.
@@ -331,21 +353,22 @@ mod tests {
         let deps = deps();
         let tenant = Tenant::new("proj_tc_get", Mode::Sandbox);
         let t0 = at("2026-01-10T06:00:00Z");
-        let clock = test_clock::create(&deps, &tenant, "get", t0, t0).await.unwrap();
+        let clock = test_clock::create(&deps, &tenant, "get", t0, t0)
+            .await
+            .unwrap();
         on_clock(&deps, &tenant, &clock, t0).await;
         let to = at("2026-03-01T00:00:00Z");
         advance(&deps, &tenant, &clock.id, to, t0).await.unwrap();
-        let still = get(&deps, &tenant, &clock.id, Duration::ZERO).await.unwrap();
+        let still = get(&deps, &tenant, &clock.id, Duration::ZERO)
+            .await
+            .unwrap();
         assert_eq!(still.status, ClockStatus::Advancing);
         assert!(invoices(&deps, &tenant).await.is_empty());
         let ready = get(&deps, &tenant, &clock.id, CHUNK).await.unwrap();
         assert_eq!(ready.status, ClockStatus::Ready);
         assert_eq!(invoices(&deps, &tenant).await.len(), 2);
         // A ready clock is answered as it is.
-        assert_eq!(
-            get(&deps, &tenant, &clock.id, CHUNK).await.unwrap(),
-            ready
-        );
+        assert_eq!(get(&deps, &tenant, &clock.id, CHUNK).await.unwrap(), ready);
     }
 
     /// Four drivers at once (background, two GETs, the scheduler) issue
@@ -355,7 +378,9 @@ mod tests {
         let deps = deps();
         let tenant = Tenant::new("proj_tc_race", Mode::Sandbox);
         let t0 = at("2026-01-10T06:00:00Z");
-        let clock = test_clock::create(&deps, &tenant, "race", t0, t0).await.unwrap();
+        let clock = test_clock::create(&deps, &tenant, "race", t0, t0)
+            .await
+            .unwrap();
         for _ in 0..5 {
             on_clock(&deps, &tenant, &clock, t0).await;
         }

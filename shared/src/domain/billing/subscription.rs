@@ -307,6 +307,7 @@ crate::attrs! { Subscription {
     PLAN_ID: PlanId = plan_id,
     STATUS: SubscriptionStatus = status,
     VERSION: i64 = version,
+    TEST_CLOCK_ID: Option<TestClockId> = test_clock_id,
 } }
 
 impl Subscription {

@@ -18,6 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::customers::{self, BillingError, CreateCustomer, Customer};
+use super::subscription::Subscription;
 use crate::Deps;
 use crate::domain::record::{self, Entry, Record};
 use crate::domain::{Mode, Tenant};
@@ -25,7 +26,7 @@ use crate::ids::{ProjectId, TestClockId};
 use crate::keys;
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
-use crate::store::{Key, StoreError, TxOp};
+use crate::store::{Index, Key, Query, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// The error code of a clock asked of a live key.
@@ -299,6 +300,41 @@ pub async fn get(
     }
 }
 
+/// The tenant's clocks, newest first (at most `limit`).
+pub async fn list(
+    deps: &Deps,
+    tenant: &Tenant,
+    limit: usize,
+) -> Result<Vec<TestClock>, TestClockError> {
+    if tenant.mode != Mode::Sandbox {
+        return Err(TestClockError::LiveMode);
+    }
+    let query = Query::partition(keys::per_mode(
+        &tenant.project,
+        tenant.mode,
+        keys::PerMode::TestClocks,
+    ))
+    .on(Index::Gsi1)
+    .backward()
+    .limit(limit);
+    Ok(record::all_of(&*deps.store, &query).await?)
+}
+
+/// The first `limit` of the subscriptions on the tenant's clock `id`,
+/// newest first, and how many there are.
+pub async fn subscriptions(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &TestClockId,
+    limit: usize,
+) -> Result<(Vec<Subscription>, u64), TestClockError> {
+    let query = Query::partition(Subscription::list_partition(tenant))
+        .on(Index::Gsi1)
+        .backward()
+        .filter(Subscription::TEST_CLOCK_ID.eq(&Some(id.clone())));
+    Ok(record::page_of(&*deps.store, &query, record::Window::at(0, limit)).await?)
+}
+
 /// Deletes the tenant's clock `id` (its subscriptions stay, never
 /// advanced again).
 pub async fn delete(deps: &Deps, tenant: &Tenant, id: &TestClockId) -> Result<(), TestClockError> {
@@ -376,7 +412,6 @@ pub fn finished(clock: &TestClock, now: Timestamp) -> TestClock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Index;
     use crate::testenv::at;
 
     fn deps() -> crate::AppState {
@@ -474,8 +509,12 @@ mod tests {
         let tenant = Tenant::new("proj_tc_v", Mode::Sandbox);
         let t0 = at("2026-01-10T06:00:00Z");
         let c = create(&deps, &tenant, "v", t0, t0).await.unwrap();
-        let a = advanced(&c, at("2026-02-01T00:00:00Z"), t0).unwrap().unwrap();
-        let b = advanced(&c, at("2026-03-01T00:00:00Z"), t0).unwrap().unwrap();
+        let a = advanced(&c, at("2026-02-01T00:00:00Z"), t0)
+            .unwrap()
+            .unwrap();
+        let b = advanced(&c, at("2026-03-01T00:00:00Z"), t0)
+            .unwrap()
+            .unwrap();
         let (x, y) = tokio::join!(save(&deps, &c, a), save(&deps, &c, b));
         assert!(x.is_ok() != y.is_ok(), "{x:?} {y:?}");
         assert!(matches!(x.or(y), Ok(w) if w.version == 2));

@@ -675,7 +675,10 @@ async fn every_transition_on_a_clock_reads_the_clock_time() {
     )
     .await
     .unwrap();
-    assert_eq!((extended.trial_ends_at, extended.updated_at), (Some(day(20)), c0));
+    assert_eq!(
+        (extended.trial_ends_at, extended.updated_at),
+        (Some(day(20)), c0)
+    );
 
     let ended = end_trial(&deps, &t, &sub.id, at(NOW)).await.unwrap();
     assert_eq!(ended.subscription.trial_ends_at, Some(c0));
@@ -699,7 +702,9 @@ async fn every_transition_on_a_clock_reads_the_clock_time() {
 
     // The clock advancing: nothing on it changes.
     let seen = test_clock::get(&deps, &t, &clock.id).await.unwrap();
-    let moving = test_clock::advanced(&seen, day(1), at(NOW)).unwrap().unwrap();
+    let moving = test_clock::advanced(&seen, day(1), at(NOW))
+        .unwrap()
+        .unwrap();
     let moving = test_clock::save(&deps, &seen, moving).await.unwrap();
     let (s, code, _) = field_of(resume(&deps, &t, &sub.id).await.unwrap_err());
     assert_eq!((s, code.as_str()), (409, "state_conflict"));
