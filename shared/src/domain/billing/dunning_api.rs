@@ -197,7 +197,11 @@ impl ReminderView {
             kind: e.kind,
             channel: e.channel,
             outcome: e.outcome,
-            message_id: e.message_id.clone(),
+            message_id: e
+                .sms_id
+                .as_ref()
+                .map(ToString::to_string)
+                .or_else(|| e.mail_id.as_ref().map(ToString::to_string)),
             interval: e.interval,
         }
     }
