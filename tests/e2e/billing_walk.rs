@@ -130,7 +130,7 @@ impl Run {
     }
 }
 
-/// Runs `tests/sdk/<name>` with `env` (a hang guard of ten minutes: on
+/// Runs `tests/sdk/<name>` with `env` (a hang guard of twenty minutes: on
 /// moto beside the suite the walk takes a few).
 async fn run_script(python: &std::path::Path, name: &str, env: &[(&str, &str)]) -> Run {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -141,10 +141,10 @@ async fn run_script(python: &std::path::Path, name: &str, env: &[(&str, &str)]) 
     for (k, v) in env {
         cmd.env(k, v);
     }
-    match tokio::time::timeout(std::time::Duration::from_secs(600), cmd.output()).await {
+    match tokio::time::timeout(std::time::Duration::from_secs(1200), cmd.output()).await {
         Ok(Ok(out)) => Run(out),
         Ok(Err(e)) => panic!("{}: {e}", python.display()),
-        Err(_) => panic!("{name} took over 600 s"),
+        Err(_) => panic!("{name} took over 1200 s"),
     }
 }
 
