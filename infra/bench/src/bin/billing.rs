@@ -109,7 +109,8 @@ async fn main() -> Res<()> {
 
 // ------------------------------------------------------------ the counter
 
-type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = std::result::Result<T, StoreError>> + Send + 'a>>;
+type StoreFuture<'a, T> =
+    Pin<Box<dyn Future<Output = std::result::Result<T, StoreError>> + Send + 'a>>;
 
 /// Forwards to the store and counts its calls, the writes among them
 /// (put, update, delete, transaction: each one round trip on DynamoDB),
@@ -301,9 +302,10 @@ fn open_store(name: &str) -> Res<(std::path::PathBuf, Arc<EmbeddedStore>)> {
 
 /// `n` sandbox projects of one merchant, as tenants.
 async fn tenants(store: &dyn Store, n: usize, now: Timestamp) -> Res<Vec<Tenant>> {
-    let merchant = account::create_merchant(store, now, "Bench ISP", "isp@bench.example", Plan::Pro)
-        .await
-        .map_err(err)?;
+    let merchant =
+        account::create_merchant(store, now, "Bench ISP", "isp@bench.example", Plan::Pro)
+            .await
+            .map_err(err)?;
     let mut out = Vec::new();
     for i in 0..n {
         let project = account::create_project(store, now, &merchant, &format!("Branch {i}"), false)
@@ -824,16 +826,8 @@ async fn one_payment(g: &Gateway, http: &reqwest::Client) -> Res<([u64; 3], [u64
         return Err(format!("the payment did not succeed: {landed}"));
     }
     let ms = t.elapsed().as_secs_f64() * 1000.0;
-    let calls = [
-        (c1 - c0).calls,
-        (c2 - c1).calls,
-        (c4 - c3).calls,
-    ];
-    let writes = [
-        (c1 - c0).writes,
-        (c2 - c1).writes,
-        (c4 - c3).writes,
-    ];
+    let calls = [(c1 - c0).calls, (c2 - c1).calls, (c4 - c3).calls];
+    let writes = [(c1 - c0).writes, (c2 - c1).writes, (c4 - c3).writes];
     Ok((calls, writes, ms))
 }
 
@@ -1081,7 +1075,9 @@ async fn payments_bench(cfg: PaymentsBench) -> Res<()> {
         cfg.rounds,
         per_round.as_secs_f64()
     );
-    println!("| phase | requests | errors | req/s | p50 (ms) | p99 (ms) | req/s per round | vs A per round |");
+    println!(
+        "| phase | requests | errors | req/s | p50 (ms) | p99 (ms) | req/s per round | vs A per round |"
+    );
     println!("|---|---:|---:|---:|---:|---:|---|---|");
     let base_rates = phases[0].rates.clone();
     for (name, p) in names.iter().zip(phases.iter_mut()) {
