@@ -38,6 +38,7 @@ PARAMS = {
     "{outcome}": "success",
     "{file}": "swagger-ui.css",
     "{proxy+}": "login",
+    "{token}": "0000000000",
 }
 # A request body for the routes that take one (the smallest valid shape
 # where it is short; else an empty object, which the route refuses as 4xx).
@@ -46,7 +47,7 @@ BODIES = {
                                "cancelUrl": "https://shop.example/cart",
                                "description": "Order 1001"},
 }
-PUBLIC = ("/c/", "/l/", "/docs", "/openapi.json", "/dashboard")
+PUBLIC = ("/c/", "/l/", "/r/", "/docs", "/openapi.json", "/dashboard")
 
 
 class Loader(yaml.SafeLoader):

@@ -95,6 +95,8 @@ pub enum PerMode {
     SubscriptionsDue,
     /// `gsi1`: sandbox test clocks.
     TestClocks,
+    /// `gsi2`: billing notices by when the next is due (`notices`).
+    NoticesDue,
 }
 
 impl PerMode {
@@ -115,6 +117,7 @@ impl PerMode {
             PerMode::BillingPlans => "BPLAN",
             PerMode::SubscriptionsDue => "SUBDUE",
             PerMode::TestClocks => "CLOCK",
+            PerMode::NoticesDue => "NOTICEDUE",
         }
     }
 }
@@ -239,6 +242,12 @@ pub fn billing_due_partition(shard: u32) -> String {
 /// the clock, never by the sweep.
 pub fn test_clock_due_partition(clock_id: &str) -> String {
     format!("CLOCK#{clock_id}#SUBDUE")
+}
+
+/// A test clock's billing notices by next due time (`gsi2`): sent by
+/// the clock's run, never by the notices pass.
+pub fn test_clock_notice_partition(clock_id: &str) -> String {
+    format!("CLOCK#{clock_id}#NOTICEDUE")
 }
 
 /// A sandbox test clock (`billing::test_clock`).

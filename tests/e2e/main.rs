@@ -41,6 +41,7 @@ mod qr;
 mod ratelimit;
 mod refunds;
 mod sam_local;
+mod short_links;
 mod sms;
 mod template;
 mod webhooks;

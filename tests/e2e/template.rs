@@ -312,6 +312,7 @@ fn the_hosted_pages_are_served_by_hosted_without_an_authorizer() {
         ("GET", "/l/{id}/thanks"),
         ("GET", "/b/{id}"),
         ("POST", "/b/{id}"),
+        ("GET", "/r/{token}"),
     ]
     .iter()
     .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))

@@ -11,6 +11,7 @@
 //! | `GET /c/{id}/qr/{payment}` | The Fonepay QR again (reload-safe). |
 //! | `GET /b/{id}` | A billing invoice's pay page: merchant, number, period, amount, due date (AD and BS); paid or void: its state. |
 //! | `POST /b/{id}` | "Pay": a checkout of the amount due bound to the invoice (its success pays it), on to `/c/{session}`. |
+//! | `GET /r/{token}` | A short pay link (a reminder SMS's): an invoice's is a 303 to its bill page `/b/{id}`; a subscription's shows its trial (plan, amount, the trial's end in AD and BS). Unknown: 404. |
 //!
 //! Handlers only translate between HTTP and [`shared::domain::attempts`].
 
@@ -39,6 +40,7 @@ use shared::domain::billing::invoice::collect;
 use shared::domain::checkout::{self, CheckoutSession, Flow, SessionStatus, StoredAddress};
 use shared::domain::links;
 use shared::domain::payments::{Payment, PaymentStatus};
+use shared::domain::short_links::{self, Landing};
 use shared::ids::{BillingInvoiceId, LinkId, PaymentId, ProjectId, SessionId};
 use shared::limits::public::{self, SessionUse};
 use shared::providers::Handoff;
@@ -48,6 +50,14 @@ use shared::store::StoreError;
 /// The public routes, in the shared edge (request id, one log line, no
 /// panics), with the pages' security headers.
 pub fn router(state: AppState) -> Router {
+    if let Some(n) = short_links::too_long_on(&state.config.public_base_url) {
+        tracing::warn!(
+            base = %state.config.public_base_url,
+            length = n,
+            max = shared::domain::billing::reminders::MAX_PAY_URL_CHARS,
+            "short pay links on this public base URL are too long for a two-segment SMS reminder; serve the pages on a shorter host"
+        );
+    }
     with_edge(
         Router::new()
             .route("/c/{id}", get(show))
@@ -62,6 +72,7 @@ pub fn router(state: AppState) -> Router {
             .route("/l/{id}", get(link_page).post(link_open))
             .route("/l/{id}/thanks", get(link_thanks))
             .route("/b/{id}", get(bill_page).post(bill_pay))
+            .route("/r/{token}", get(short_page))
             .route_layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 throttle,
@@ -1424,6 +1435,40 @@ async fn bill_pay(
             .await
         }
     }
+}
+
+/// A short pay link (`/r/<token>`, a reminder's): an invoice's goes on to
+/// its bill page (the invoice's `payUrl`), a subscription's shows its
+/// trial. A token that is none (or cannot be one) is a 404 that read at
+/// most one item and wrote nothing; the public routes' address budget
+/// bounds how many a client may try.
+async fn short_page(
+    State(state): State<AppState>,
+    token: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
+    headers: http::HeaderMap,
+) -> Response {
+    let Ok(axum::extract::Path(token)) = token else {
+        return short_not_found();
+    };
+    match short_links::landing(&state, &token).await {
+        Ok(Some(Landing::Invoice(id))) => {
+            let base = edge::requests::public_base(&state, &headers);
+            see_other(&collect::pay_url(&base, &id))
+        }
+        Ok(Some(Landing::Trial(view))) => html(StatusCode::OK, pages::trial_page(&view)),
+        Ok(None) => short_not_found(),
+        Err(e) => trouble(&e),
+    }
+}
+
+fn short_not_found() -> Response {
+    html(
+        StatusCode::NOT_FOUND,
+        pages::plain(
+            "Link not found",
+            "This pay link is not valid. Please check the message you received, or ask the shop for a new link.",
+        ),
+    )
 }
 
 /// The bill pages' answer to an id that is no invoice's.

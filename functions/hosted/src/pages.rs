@@ -486,6 +486,49 @@ pub fn bill_page(bill: &Bill<'_>, merchant: &str, error: Option<&str>) -> String
     )
 }
 
+/// A subscription's short link: the merchant, the plan, the amount each
+/// period, and when its trial ends (AD and BS); the bill comes then.
+pub fn trial_page(view: &shared::domain::short_links::TrialView) -> String {
+    let amount = Paisa::new(view.amount)
+        .map(|a| a.display_npr())
+        .unwrap_or_else(|_| "NPR 0.00".into());
+    let ends = match (view.trial_ends_on, &view.trial_ends_bs) {
+        (Some(ad), Some(bs)) => Some(format!("{ad} ({bs} BS)")),
+        (Some(ad), None) => Some(ad.to_string()),
+        _ => None,
+    };
+    let mut body = format!(
+        "<div class=card><div class=muted>Subscription</div>\
+         <h1 id=trial-plan>{}</h1>\
+         <div class=amount id=amount>{}</div>\
+         <p class=muted>each billing period</p></div>",
+        esc(&view.plan),
+        esc(&amount),
+    );
+    let (title, message) = match (&ends, view.ended) {
+        (_, true) => (
+            "Subscription ended",
+            "This subscription has ended: nothing more will be billed.".to_owned(),
+        ),
+        (Some(ends), false) => (
+            "Free trial",
+            format!(
+                "Your trial ends on {ends}. You will receive a bill with a pay link when the trial ends."
+            ),
+        ),
+        (None, false) => (
+            "Subscription",
+            "You will receive a bill with a pay link for each billing period.".to_owned(),
+        ),
+    };
+    body.push_str(&format!(
+        "<div class=card id=trial-state><h1>{}</h1><p id=trial-ends>{}</p></div>",
+        esc(title),
+        esc(&message)
+    ));
+    layout(title, &view.merchant, view.sandbox, &body, "")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -510,6 +553,34 @@ mod tests {
             hash_source(""),
             "'sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU='"
         );
+    }
+
+    #[test]
+    fn a_trial_page_shows_the_plan_the_amount_and_the_end_in_ad_and_bs() {
+        use shared::domain::short_links::TrialView;
+        let view = TrialView {
+            merchant: "Asan <Bazaar>".into(),
+            sandbox: true,
+            plan: "Fibre & TV".into(),
+            amount: 150_000,
+            currency: shared::money::Currency::Npr,
+            trial_ends_on: chrono::NaiveDate::from_ymd_opt(2024, 7, 30),
+            trial_ends_bs: Some("2081 Shrawan 15".into()),
+            ended: false,
+        };
+        let page = trial_page(&view);
+        assert!(page.contains("Asan &lt;Bazaar&gt;"), "{page}");
+        assert!(page.contains("Fibre &amp; TV"), "{page}");
+        assert!(page.contains("1,500.00"), "{page}");
+        assert!(page.contains("2024-07-30 (2081 Shrawan 15 BS)"), "{page}");
+        assert!(page.contains("receive a bill with a pay link when the trial ends"));
+        assert!(!page.contains("<script"), "no script");
+        let ended = trial_page(&TrialView {
+            ended: true,
+            ..view
+        });
+        assert!(ended.contains("has ended"), "{ended}");
+        assert!(!ended.contains("trial ends on"), "{ended}");
     }
 
     #[test]

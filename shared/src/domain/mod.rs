@@ -15,6 +15,7 @@ pub mod invoices;
 pub mod links;
 pub mod mail;
 pub mod mobile;
+pub mod notices;
 pub mod outbox;
 pub mod payments;
 pub mod qr;
@@ -22,6 +23,7 @@ pub mod record;
 pub mod refunds;
 #[cfg(test)]
 mod roundtrip;
+pub mod short_links;
 pub mod sms;
 #[cfg(test)]
 mod stored_shapes;

@@ -144,9 +144,26 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
             "billing invoice",
             record::<billing::invoice::BillingInvoice>(),
         ),
+        ("BINV", "SHORT") | ("SUB", "SHORT") => (
+            "short link pointer",
+            record::<super::short_links::ShortBack>(),
+        ),
+        ("SHORT", "SHORT") => ("short link", record::<super::short_links::ShortLink>()),
         ("BINV", "DUNNING") => (
             "invoice dunning state",
             record::<billing::dunning::DunningState>(),
+        ),
+        ("BINV", "NOTICES") => (
+            "invoice notice schedule",
+            record::<billing::notice_due::NoticeSchedule>(),
+        ),
+        ("BINV" | "SUB", s) if s.starts_with("NOTICE#SMS#") => (
+            "notice sms claim",
+            record::<billing::notice_due::NoticeSmsClaim>(),
+        ),
+        ("SUB", s) if s.starts_with("NOTICE#TRIAL#") => (
+            "trial notice schedule",
+            record::<billing::notice_due::NoticeSchedule>(),
         ),
         ("AKEY", s) if s.starts_with("SPEND#") => {
             ("api key spend", record::<checkout::SpendCounter>())
@@ -647,6 +664,22 @@ async fn every_billing_item_has_a_kind_and_writes_back_the_same() {
     super::billing::test_clock::create(&deps, &tenant, "Year walk", now, now)
         .await
         .unwrap();
+    // The notices' records: a trial's schedule and SMS claims of both.
+    use super::billing::notice_due::{NoticeSchedule, NoticeSmsClaim};
+    let trial = NoticeSchedule::for_trial(&sub, now.plus(chrono::Duration::days(3)), now, now);
+    let mut ops = vec![trial.write(None).unwrap()];
+    for invoice_id in [Some(inv.id.clone()), None] {
+        let claim = NoticeSmsClaim {
+            project_id: tenant.project.clone(),
+            mode: tenant.mode,
+            subscription_id: sub.id.clone(),
+            invoice_id,
+            occurrence: format!("{}#due_today#2026-01-10", inv.id),
+            created_at: now,
+        };
+        ops.push(claim.put_new().unwrap());
+    }
+    deps.store.transact(ops).await.unwrap();
 
     let items = match store.scan_all() {
         Ok(items) => items,
@@ -663,7 +696,77 @@ async fn every_billing_item_has_a_kind_and_writes_back_the_same() {
         "invoice dunning state",
         "billing sweep tenant",
         "test clock",
+        "invoice notice schedule",
+        "trial notice schedule",
+        "notice sms claim",
     ] {
         assert!(seen.contains_key(kind), "{kind} written: {seen:?}");
     }
+}
+
+/// Short pay links (issue 39 part 6) are newer than the fixture: the token
+/// item and both kinds of back-pointer have their kinds and write back as
+/// they were stored.
+#[tokio::test]
+async fn short_links_have_their_kinds() {
+    use super::billing::invoice;
+    use super::billing::subscription::{self, NewSubscription};
+    use super::short_links::{self, ShortTarget};
+    use super::{Mode, Tenant};
+    use crate::testenv::at;
+    use std::sync::Arc;
+
+    let store = match EmbeddedStore::in_memory() {
+        Ok(s) => Arc::new(s),
+        Err(e) => panic!("in-memory store: {e}"),
+    };
+    let now = at("2026-01-10T06:00:00Z");
+    let deps = crate::AppState::new(
+        store.clone(),
+        Arc::new(crate::time::ManualClock::new(now)),
+        crate::Config {
+            public_base_url: "http://127.0.0.1:8080".into(),
+            events_base_url: None,
+            dashboard_base_url: None,
+        },
+    );
+    let tenant = Tenant::new("proj_short", Mode::Sandbox);
+    let input = NewSubscription {
+        customer_id: "cus_1".into(),
+        plan_id: "bp_1".into(),
+        terms: super::billing::terms::monthly(),
+        reference_id: None,
+        metadata: Map::new(),
+        start: now,
+        trial_ends_at: None,
+        billing_anchor_day: None,
+        dunning_policy_id: None,
+        test_clock_id: None,
+    };
+    let sub = subscription::new_subscription(&tenant, input, now).unwrap_or_else(|e| panic!("{e}"));
+    subscription::create(&deps, &sub)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let Some(period) = sub.current_period() else {
+        panic!("a period")
+    };
+    let inv = invoice::issue_invoice(&deps, &sub, period, now)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .invoice;
+    for target in [
+        ShortTarget::Invoice(inv.id.clone()),
+        ShortTarget::Subscription(sub.id.clone()),
+    ] {
+        short_links::ensure(&deps, &tenant, &target)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let items = match store.scan_all() {
+        Ok(items) => items,
+        Err(e) => panic!("scan: {e}"),
+    };
+    let seen = check_all("short links", &items);
+    assert_eq!(seen.get("short link"), Some(&2), "{seen:?}");
+    assert_eq!(seen.get("short link pointer"), Some(&2), "{seen:?}");
 }

@@ -500,6 +500,26 @@ pub async fn append_attempt(
     write_state(deps, seen, &next).await
 }
 
+/// Appends several `attempts` at once (one reminder's channels), as
+/// [`append_attempt`] does one.
+pub async fn append_attempts(
+    deps: &Deps,
+    seen: &DunningState,
+    attempts: Vec<Attempt>,
+) -> Result<DunningState, DunningError> {
+    if seen.status != DunningStatus::Active {
+        return Err(DunningError::Conflict(format!(
+            "dunning of {} is {:?}: no more attempts",
+            seen.invoice_id, seen.status
+        )));
+    }
+    let mut next = seen.clone();
+    next.attempts.extend(attempts);
+    next.version += 1;
+    next.updated_at = deps.clock.now();
+    write_state(deps, seen, &next).await
+}
+
 /// Moves an invoice's dunning to `status` (stop, exhausted, resolved).
 pub async fn set_dunning_status(
     deps: &Deps,

@@ -185,7 +185,7 @@ pub struct InvoiceDunningView {
     pub updated_at: Option<Timestamp>,
 }
 
-fn status_word(s: DunningStatus) -> &'static str {
+pub fn status_word(s: DunningStatus) -> &'static str {
     match s {
         DunningStatus::Active => "active",
         DunningStatus::Stopped => "stopped",

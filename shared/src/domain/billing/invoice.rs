@@ -434,7 +434,13 @@ pub async fn issue_invoice(
             period_start: period.start,
             invoice_id: invoice.id.clone(),
         };
-        let mut ops = vec![claim.put_new()?, invoice.put_new()?, take];
+        let notices = super::notice_due::NoticeSchedule::for_invoice(&invoice, sub, now);
+        let mut ops = vec![
+            claim.put_new()?,
+            invoice.put_new()?,
+            take,
+            notices.put_new()?,
+        ];
         let base = deps.config.base_for(None);
         ops.extend(
             invoice_event(EventType::BillingInvoiceCreated, &invoice, &base, now).put_ops()?,

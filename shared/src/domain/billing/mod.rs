@@ -11,6 +11,7 @@ pub mod dunning_api;
 pub mod events;
 pub mod invoice;
 pub mod lifecycle;
+pub mod notice_due;
 pub mod period;
 pub mod plans;
 pub mod reminders;

@@ -178,6 +178,13 @@ pub async fn advance(
         if step == Step::TrialWillEnd {
             // Once per trial end: the write that records it carries it.
             ops.extend(super::events::trial_will_end(&changed, now).put_ops()?);
+            // Its notice's schedule, in the same write.
+            if let Some(end) = changed.trial_ends_at {
+                let moment = end.plus(-subscription::TRIAL_WILL_END_BEFORE);
+                let notice =
+                    super::notice_due::NoticeSchedule::for_trial(&changed, end, moment, now);
+                ops.push(notice.write(None)?);
+            }
         }
         match deps.store.transact(ops).await {
             Ok(()) => {

@@ -29,7 +29,9 @@ pub struct InvoiceSms {
     /// The recipient, normalized (`normalize_phone`).
     pub to: String,
     pub text: String,
-    pub invoice_id: BillingInvoiceId,
+    /// The invoice it is about (`None`: a trial's notice, about its
+    /// subscription).
+    pub invoice_id: Option<BillingInvoiceId>,
     /// The occurrence's once-only marker (a conditional put).
     pub claim: TxOp,
     pub limits: Limits,
@@ -63,7 +65,7 @@ pub async fn notify_invoice(deps: &Deps, sms: InvoiceSms) -> Result<InvoiceSmsOu
         to: sms.to.clone(),
         text: sms.text,
         session_id: None,
-        invoice_id: Some(sms.invoice_id),
+        invoice_id: sms.invoice_id,
         status: if live {
             SmsStatus::Queued
         } else {

@@ -1462,7 +1462,7 @@ fn invoice_sms(who: &Principal, quota: u32, claim: &str) -> InvoiceSms {
         monthly_quota: quota,
         to: "9841000009".into(),
         text: "Gym KTM: NPR 2,500.00 due 2026-12-01. Pay: https://p.example/r/x".into(),
-        invoice_id: "inv_1".into(),
+        invoice_id: Some("inv_1".into()),
         claim: occurrence_claim(claim),
         limits: Limits::default(),
     }
