@@ -359,7 +359,11 @@ async fn fill(deps: &AppState, tenant: &Tenant, n: usize) -> Res<Filled> {
         let customer = customers::create(
             deps,
             tenant,
-            body!(json!({"name": format!("Customer {i}"), "email": format!("c{i}@example.com")})),
+            body!(json!({
+                "name": format!("Customer {i}"),
+                "email": format!("c{i}@example.com"),
+                "phone": (i % 2 == 0).then(|| format!("9841{:06}", i % 1_000_000)),
+            })),
             None,
         )
         .await
@@ -601,7 +605,57 @@ async fn sweep_bench(projects: usize, per_project: usize) -> Res<()> {
         "invoices issued in the period-end pass: {issued} of {subs} subscriptions (exactly one each: {})",
         issued == subs
     );
+    notices_after(&deps, &tally, period).await?;
     let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
+}
+
+/// The notices pass (`notices::pass`, the scheduler's budget) at `now`,
+/// pass after pass until one runs nothing: what the invoices and trials
+/// the sweeps made have due (each customer has an email, every other one
+/// a mobile number too).
+async fn notices_after(deps: &AppState, tally: &Tally, now: Timestamp) -> Res<()> {
+    use shared::domain::notices;
+    println!("\n## the notices pass (at {now})\n");
+    println!(
+        "| pass | notices run | sent | skipped | deferred | errors | store calls | writes | items written | writes refused | time (ms) |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut total = (0usize, 0usize, Counts::default(), 0.0f64);
+    for n in 1..=10_000 {
+        let before = tally.counts();
+        let t = Instant::now();
+        let r = notices::pass(deps, now, BUDGET).await.map_err(err)?;
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        let c = tally.counts() - before;
+        if r.notices_run == 0 && r.errors == 0 {
+            break;
+        }
+        println!(
+            "| {n} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {ms:.0} |",
+            r.notices_run, r.sent, r.skipped, r.deferred, r.errors, c.calls, c.writes, c.items, c.refused
+        );
+        total.0 += r.notices_run;
+        total.1 += r.sent;
+        total.2 = Counts {
+            calls: total.2.calls + c.calls,
+            writes: total.2.writes + c.writes,
+            items: total.2.items + c.items,
+            refused: total.2.refused + c.refused,
+        };
+        total.3 += ms;
+    }
+    let (run, sent, c, ms) = total;
+    println!(
+        "\nnotices: {run} run, {sent} messages sent; per message sent: {:.2} store calls, {:.2} writes, \
+         {:.2} items; per notice run: {:.2} store calls, {:.2} writes; {:.1} s in all",
+        c.calls as f64 / sent.max(1) as f64,
+        c.writes as f64 / sent.max(1) as f64,
+        c.items as f64 / sent.max(1) as f64,
+        c.calls as f64 / run.max(1) as f64,
+        c.writes as f64 / run.max(1) as f64,
+        ms / 1000.0
+    );
     Ok(())
 }
 
