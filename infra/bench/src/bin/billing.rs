@@ -300,15 +300,21 @@ fn open_store(name: &str) -> Res<(std::path::PathBuf, Arc<EmbeddedStore>)> {
     Ok((tmp, store))
 }
 
-/// `n` sandbox projects of one merchant, as tenants.
+/// `n` sandbox projects, each of its own merchant (on the Pro plan: each
+/// has its own monthly SMS quota, 1,000), as tenants.
 async fn tenants(store: &dyn Store, n: usize, now: Timestamp) -> Res<Vec<Tenant>> {
-    let merchant =
-        account::create_merchant(store, now, "Bench ISP", "isp@bench.example", Plan::Pro)
-            .await
-            .map_err(err)?;
     let mut out = Vec::new();
     for i in 0..n {
-        let project = account::create_project(store, now, &merchant, &format!("Branch {i}"), false)
+        let merchant = account::create_merchant(
+            store,
+            now,
+            &format!("Bench ISP {i}"),
+            &format!("isp{i}@bench.example"),
+            Plan::Pro,
+        )
+        .await
+        .map_err(err)?;
+        let project = account::create_project(store, now, &merchant, "Subscribers", false)
             .await
             .map_err(err)?;
         out.push(Tenant::new(project.id, Mode::Sandbox));
@@ -633,7 +639,15 @@ async fn notices_after(deps: &AppState, tally: &Tally, now: Timestamp) -> Res<()
         }
         println!(
             "| {n} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {ms:.0} |",
-            r.notices_run, r.sent, r.skipped, r.deferred, r.errors, c.calls, c.writes, c.items, c.refused
+            r.notices_run,
+            r.sent,
+            r.skipped,
+            r.deferred,
+            r.errors,
+            c.calls,
+            c.writes,
+            c.items,
+            c.refused
         );
         total.0 += r.notices_run;
         total.1 += r.sent;
