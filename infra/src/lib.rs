@@ -467,6 +467,16 @@ pub async fn start_with_clock(
                 if let Err(e) = billing {
                     tracing::warn!(error = %e, "billing sweep failed; next tick retries");
                 }
+                // Then its notices (reminders, dunning), as the scheduler.
+                let noticed = shared::domain::notices::pass(
+                    &state,
+                    state.clock.now(),
+                    shared::domain::billing::sweep::BUDGET,
+                )
+                .await;
+                if let Err(e) = noticed {
+                    tracing::warn!(error = %e, "billing notices pass failed; next tick retries");
+                }
             }
         })
     });

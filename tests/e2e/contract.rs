@@ -209,6 +209,7 @@ fn outside_contract(path: &str) -> bool {
         "/c/",
         "/l/",
         "/b/",
+        "/r/",
         "/health",
         "/sim",
         "/docs",

@@ -13,6 +13,7 @@ mod billing;
 mod billing_clocks;
 mod billing_dashboard;
 mod billing_invoices;
+mod billing_notices;
 mod billing_subscriptions;
 mod browser;
 mod checkout;

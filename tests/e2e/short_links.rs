@@ -73,7 +73,7 @@ async fn issued_invoice(shop: &Shop) -> (String, String, BillingInvoiceId) {
     (
         text(&inv["payUrl"]),
         text(&inv["number"]),
-        BillingInvoiceId::stored(&text(&inv["id"])),
+        BillingInvoiceId::stored(text(&inv["id"])),
     )
 }
 
@@ -158,6 +158,23 @@ async fn a_subscriptions_short_link_shows_its_trial(which: Which) {
     }
     for private in ["Sita Rai", "9800000001", "sita@example.np", sub.as_str()] {
         assert!(!page.has(private), "{private}: {}", page.show());
+    }
+    // The hosted pages' policy: its own style by hash, no script.
+    for url in [l.url(&shop.app.base), shop.app.url("/r/zZ9yY8xX7w")] {
+        let res = shop
+            .browser
+            .http
+            .get(&url)
+            .header("accept", HTML)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        let csp = res
+            .headers()
+            .get("content-security-policy")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        assert_eq!(csp, hosted::pages::csp(), "{url}");
     }
     let head = shop
         .browser

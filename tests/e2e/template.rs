@@ -313,6 +313,7 @@ fn the_hosted_pages_are_served_by_hosted_without_an_authorizer() {
         ("GET", "/b/{id}"),
         ("POST", "/b/{id}"),
         ("GET", "/r/{token}"),
+        ("HEAD", "/r/{token}"),
     ]
     .iter()
     .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))

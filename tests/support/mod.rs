@@ -160,6 +160,23 @@ pub async fn spawn_app_tweaked(
     Some(app)
 }
 
+/// [`spawn_app_tweaked`] with the gateway reading the time from `clock`
+/// (e.g. the sweep tick on, at a fixed Nepal daytime).
+pub async fn spawn_app_tweaked_with_clock(
+    which: Which,
+    clock: Arc<dyn Clock>,
+    tweak: impl FnOnce(&mut Settings),
+) -> Option<TestApp> {
+    let tmp = match tempfile::tempdir() {
+        Ok(t) => t,
+        Err(e) => panic!("tempdir: {e}"),
+    };
+    let backend = fresh_backend(which, tmp.path())?;
+    let mut app = spawn_app_full(backend, tmp.path().to_path_buf(), |s| s, clock, tweak).await;
+    app._tmp = Some(tmp);
+    Some(app)
+}
+
 /// [`spawn_app_on`] with the gateway reading the time from `clock`.
 pub async fn spawn_app_on_with_clock(
     backend: Backend,

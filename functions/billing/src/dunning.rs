@@ -184,6 +184,6 @@ async fn retry_invoice_dunning_now(
 ) -> Result<Json<InvoiceDunningView>, ApiError> {
     let who = allowed(&auth, Scope::BillingWrite)?;
     let id = id.get()?;
-    let view = dunning_api::retry_now(&state, who.tenant(), &id).await?;
+    let view = shared::domain::notices::retry_now(&state, who.tenant(), &id).await?;
     Ok(Json(view))
 }

@@ -7,7 +7,11 @@
 //! stream record was lost or whose retries ran out. Beside them, the
 //! billing engine advances every subscription something is due for
 //! ([`shared::domain::billing::sweep`]: renewals, trial ends, grace ends,
-//! at most [`billing::sweep::BUDGET`] a run, fair across projects).
+//! at most [`billing::sweep::BUDGET`] a run, fair across projects), and
+//! right after it the billing notices pass
+//! ([`shared::domain::notices::pass`]: reminders by SMS and email, dunning
+//! reminders and final actions), so an invoice the sweep just issued gets
+//! its first notice in the same run.
 //!
 //! The template allows one run at a time (reserved concurrency 1). A store
 //! error fails the invocation so Lambda records it; the next run tries
@@ -17,6 +21,7 @@ use serde_json::Value;
 use shared::AppState;
 use shared::domain::attempts::SweepReport;
 use shared::domain::billing::{self, sweep::BillingSweepReport};
+use shared::domain::notices::{self, NoticeReport};
 use shared::domain::webhooks::{self, FanOutReport};
 use shared::store::StoreError;
 
@@ -37,8 +42,13 @@ pub async fn handle(state: &AppState, event: Value) -> Result<Value, lambda_runt
         sweep(state, now),
         webhooks::sweep(state, now, FAN_OUT_LIMIT),
         shared::domain::sms::requeue_stuck(state, now, FAN_OUT_LIMIT),
-        billing::sweep::sweep(state, now, billing::sweep::BUDGET)
+        async {
+            let billed = billing::sweep::sweep(state, now, billing::sweep::BUDGET).await;
+            let noticed = notices::pass(state, now, billing::sweep::BUDGET).await;
+            (billed, noticed)
+        }
     );
+    let (billed, noticed) = billed;
     // SMS reminders whose queue message was lost (logged; the next run
     // retries a failure).
     match sms {
@@ -48,6 +58,7 @@ pub async fn handle(state: &AppState, event: Value) -> Result<Value, lambda_runt
     }
     let mut answer = report(swept, fanned)?;
     with_billing(&mut answer, billed)?;
+    with_notices(&mut answer, noticed)?;
     Ok(answer)
 }
 
@@ -72,6 +83,33 @@ fn with_billing(
         }
         Err(e) => {
             tracing::error!(error = %e, "billing sweep failed");
+            Err(Box::new(e))
+        }
+    }
+}
+
+/// Adds the notices pass's counts to the answer (`notices_run`,
+/// `notices_sent`, `notices_skipped`, `notices_deferred`,
+/// `dunning_final_actions`, `notices_errors`); its store error fails the
+/// invocation like the others'.
+fn with_notices(
+    answer: &mut Value,
+    noticed: Result<NoticeReport, StoreError>,
+) -> Result<(), lambda_runtime::Error> {
+    match noticed {
+        Ok(n) => {
+            if let Value::Object(map) = answer {
+                map.insert("notices_run".into(), n.notices_run.into());
+                map.insert("notices_sent".into(), n.sent.into());
+                map.insert("notices_skipped".into(), n.skipped.into());
+                map.insert("notices_deferred".into(), n.deferred.into());
+                map.insert("dunning_final_actions".into(), n.final_actions.into());
+                map.insert("notices_errors".into(), n.errors.into());
+            }
+            Ok(())
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "billing notices pass failed");
             Err(Box::new(e))
         }
     }

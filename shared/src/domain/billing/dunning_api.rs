@@ -4,16 +4,16 @@
 //! The rules (one default per project, attempt history) are in
 //! [`super::dunning`].
 
+use super::notice_due::{NoticeChannel, NoticeEntry, NoticeKind, NoticeOutcome, NoticeSchedule};
 use chrono::{Days, NaiveDate};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::customers::{self, Customer};
 use super::dunning::{
-    self, Attempt, AttemptKind, AttemptOutcome, Channel, DunningError, DunningPolicy, DunningState,
+    self, AttemptKind, AttemptOutcome, Channel, DunningError, DunningPolicy, DunningState,
     DunningStatus, FinalAction,
 };
-use super::invoice::{BillingInvoice, InvoiceStatus};
+use super::invoice::BillingInvoice;
 use crate::Deps;
 use crate::domain::Tenant;
 use crate::domain::record::{self, Changes, Record};
@@ -164,6 +164,49 @@ pub struct AttemptView {
     pub interval: Option<u16>,
 }
 
+/// One notice of an invoice (all kinds, each channel), from its schedule.
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = InvoiceReminder)]
+pub struct ReminderView {
+    pub at: Timestamp,
+    /// The notice's Nepal day.
+    #[schema(value_type = String, format = Date)]
+    pub day: NaiveDate,
+    /// `due_today`, `before_due`, `overdue` or `dunning`.
+    #[schema(value_type = String)]
+    pub kind: NoticeKind,
+    /// `sms`, `email` or `none`.
+    #[schema(value_type = String)]
+    pub channel: NoticeChannel,
+    /// `queued`, `logged` (sandbox SMS), `suppressed`, `quota_exhausted`,
+    /// `skipped` or `failed`.
+    #[schema(value_type = String)]
+    pub outcome: NoticeOutcome,
+    /// The SMS or email id.
+    pub message_id: Option<String>,
+    /// The dunning policy interval (from 0) a `dunning` reminder answers.
+    pub interval: Option<u16>,
+}
+
+impl ReminderView {
+    pub fn of(e: &NoticeEntry) -> Self {
+        ReminderView {
+            at: e.at,
+            day: e.day,
+            kind: e.kind,
+            channel: e.channel,
+            outcome: e.outcome,
+            message_id: e
+                .sms_id
+                .as_ref()
+                .map(ToString::to_string)
+                .or_else(|| e.mail_id.as_ref().map(ToString::to_string)),
+            interval: e.interval,
+        }
+    }
+}
+
 /// An invoice's dunning as the API answers it.
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -183,6 +226,9 @@ pub struct InvoiceDunningView {
     #[schema(value_type = Option<String>, format = Date)]
     pub next_attempt_on: Option<NaiveDate>,
     pub updated_at: Option<Timestamp>,
+    /// Every notice of the invoice (due today, before due, overdue,
+    /// dunning), each channel with its outcome, oldest first.
+    pub reminders: Vec<ReminderView>,
 }
 
 pub fn status_word(s: DunningStatus) -> &'static str {
@@ -232,6 +278,7 @@ pub fn dunning_view(
         attempts,
         next_attempt_on,
         updated_at: state.map(|s| s.updated_at),
+        reminders: Vec::new(),
     }
 }
 
@@ -359,7 +406,13 @@ pub async fn invoice_dunning(
         }
         None => None,
     };
-    Ok(dunning_view(&inv, state.as_ref(), policy.as_ref()))
+    let mut view = dunning_view(&inv, state.as_ref(), policy.as_ref());
+    if let Some(notices) =
+        record::get::<NoticeSchedule>(&*deps.store, &NoticeSchedule::invoice_key(id)).await?
+    {
+        view.reminders = notices.history.iter().map(ReminderView::of).collect();
+    }
+    Ok(view)
 }
 
 fn not_started(id: &BillingInvoiceId) -> DunningError {
@@ -400,66 +453,8 @@ pub async fn stop(
     Err(DunningError::Busy)
 }
 
-/// The channel a reminder to `customer` goes by: SMS when there is a
-/// phone, else email; `None` when the customer has neither (or is gone).
-fn channel_of(customer: Option<&Customer>) -> Option<Channel> {
-    let c = customer?;
-    if c.phone.is_some() {
-        Some(Channel::Sms)
-    } else if c.email.is_some() {
-        Some(Channel::Email)
-    } else {
-        None
-    }
-}
-
-/// Records a dunning attempt of the tenant's unpaid invoice `id` now (not
-/// one of the policy's intervals): a reminder with the invoice's pay
-/// link, `queued` for the customer's channel (`skipped` when the customer
-/// can be reached by none). Sending it is the reminder pipeline's, not
-/// wired yet (`docs/billing.md`).
-pub async fn retry_now(
-    deps: &Deps,
-    tenant: &Tenant,
-    id: &BillingInvoiceId,
-) -> Result<InvoiceDunningView, DunningError> {
-    let inv = invoice(deps, tenant, id).await?;
-    if !matches!(inv.status, InvoiceStatus::Open | InvoiceStatus::Overdue) {
-        return Err(DunningError::Conflict(format!(
-            "invoice {id} is {}: there is nothing to collect",
-            inv.status.as_str()
-        )));
-    }
-    let customer = customers::get(deps, tenant, &inv.customer_id).await.ok();
-    let (channel, outcome) = match channel_of(customer.as_ref()) {
-        Some(c) => (c, AttemptOutcome::Queued),
-        None => (Channel::Sms, AttemptOutcome::Skipped),
-    };
-    for _ in 0..TRIES {
-        let state = dunning::dunning_state(deps, tenant, id)
-            .await?
-            .ok_or_else(|| not_started(id))?;
-        if state.status != DunningStatus::Active {
-            return Err(DunningError::Conflict(format!(
-                "dunning of {id} is {}: no more attempts",
-                status_word(state.status)
-            )));
-        }
-        let attempt = Attempt {
-            at: deps.clock.now(),
-            kind: AttemptKind::Reminder,
-            channel,
-            outcome,
-            interval: None,
-        };
-        match dunning::append_attempt(deps, &state, attempt).await {
-            Ok(_) => return invoice_dunning(deps, tenant, id).await,
-            Err(DunningError::Conflict(_)) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(DunningError::Busy)
-}
+// Retry-now sends a real reminder: `notices::retry_now` (billing never
+// imports the notices).
 
 #[cfg(test)]
 mod tests;

@@ -24,7 +24,7 @@ use super::subscription::Subscription;
 use super::terms::Terms;
 use crate::domain::record::{Entry, Record};
 use crate::domain::{Mode, Tenant};
-use crate::ids::{BillingInvoiceId, ProjectId, SubscriptionId, TestClockId};
+use crate::ids::{BillingInvoiceId, MailId, ProjectId, SmsId, SubscriptionId, TestClockId};
 use crate::keys;
 use crate::store::{Key, TxOp};
 use crate::time::Timestamp;
@@ -104,8 +104,10 @@ pub struct NoticeEntry {
     pub kind: NoticeKind,
     pub channel: NoticeChannel,
     pub outcome: NoticeOutcome,
-    /// The SMS or mail id.
-    pub message_id: Option<String>,
+    /// The SMS stored (channel `sms`).
+    pub sms_id: Option<SmsId>,
+    /// The email stored (channel `email`).
+    pub mail_id: Option<MailId>,
     /// The dunning policy interval (from 0) a `dunning` notice answers.
     pub interval: Option<u16>,
 }
@@ -153,11 +155,12 @@ impl NoticeSchedule {
         Tenant::new(self.project_id.clone(), self.mode)
     }
 
-    /// The id its index entry sorts by.
-    fn sort_id(&self) -> String {
+    /// What its index entry sorts by after the time: its invoice, or its
+    /// subscription.
+    fn target(&self) -> &dyn std::fmt::Display {
         match &self.invoice_id {
-            Some(inv) => inv.to_string(),
-            None => self.subscription_id.to_string(),
+            Some(inv) => inv,
+            None => &self.subscription_id,
         }
     }
 
@@ -242,7 +245,7 @@ impl Record for NoticeSchedule {
                     Some(clock) => clock_partition(clock),
                     None => due_partition(&self.tenant()),
                 };
-                vec![Entry::gsi2(partition, due_sort(at, &self.sort_id()))]
+                vec![Entry::gsi2(partition, due_sort(at, self.target()))]
             }
             None => Vec::new(),
         }
@@ -284,8 +287,9 @@ pub fn clock_partition(clock: &TestClockId) -> String {
     keys::test_clock_notice_partition(clock)
 }
 
-pub fn due_sort(at: Timestamp, id: &str) -> String {
-    format!("{}#{id}", at.to_rfc3339())
+/// The place of a record due at `at` in its partition.
+pub fn due_sort(at: Timestamp, target: &dyn std::fmt::Display) -> String {
+    format!("{}#{target}", at.to_rfc3339())
 }
 
 /// The upper bound of the entries due at or before `now`.

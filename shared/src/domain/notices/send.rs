@@ -31,7 +31,7 @@ use crate::domain::mail::{self, MailAbout, MailError, MailStatus};
 use crate::domain::record::{self, Record};
 use crate::domain::short_links::{self, ShortTarget};
 use crate::domain::sms::{self, InvoiceSms, InvoiceSmsOutcome, Limits, SmsError};
-use crate::ids::{BillingInvoiceId, SubscriptionId};
+use crate::ids::{BillingInvoiceId, MailId, SmsId, SubscriptionId};
 use crate::kinds::Mode;
 use crate::store::StoreError;
 use crate::time::Timestamp;
@@ -116,8 +116,8 @@ enum Sent {
 }
 
 /// The occurrence key of a notice.
-pub fn occurrence(id: &str, kind: NoticeKind, day: NaiveDate) -> String {
-    format!("{id}#{}#{}", kind.as_str(), day.format("%Y-%m-%d"))
+pub fn occurrence(target: &dyn std::fmt::Display, kind: NoticeKind, day: NaiveDate) -> String {
+    format!("{target}#{}#{}", kind.as_str(), day.format("%Y-%m-%d"))
 }
 
 /// Sends `say` to the audience: email when the customer has one, SMS
@@ -274,7 +274,14 @@ fn entries(
             kind: notice.1,
             channel: *channel,
             outcome: *outcome,
-            message_id: id.clone(),
+            sms_id: id
+                .as_ref()
+                .filter(|_| *channel == NoticeChannel::Sms)
+                .map(SmsId::stored),
+            mail_id: id
+                .as_ref()
+                .filter(|_| *channel == NoticeChannel::Email)
+                .map(MailId::stored),
             interval: notice.2,
         })
         .collect()
@@ -287,7 +294,8 @@ fn skipped_entry(notice: &Notice, now: Timestamp) -> NoticeEntry {
         kind: notice.1,
         channel: NoticeChannel::None,
         outcome: NoticeOutcome::Skipped,
-        message_id: None,
+        sms_id: None,
+        mail_id: None,
         interval: notice.2,
     }
 }
@@ -387,7 +395,7 @@ async fn run_trial(
     let link = subscription_link(deps, &sub).await?;
     let say = Say {
         kind: NoticeKind::TrialEnding,
-        occurrence: occurrence(sub.id.as_str(), notice.1, notice.0),
+        occurrence: occurrence(&sub.id, notice.1, notice.0),
         shown: nepal_day(end),
         amount: sub.terms.amount,
         pay_url: &link,
@@ -771,7 +779,7 @@ async fn send_invoice_notice(
     };
     let say = Say {
         kind: n.1,
-        occurrence: occurrence(inv.id.as_str(), n.1, n.0),
+        occurrence: occurrence(&inv.id, n.1, n.0),
         shown,
         amount: inv.amount_due,
         pay_url: &link,
@@ -868,7 +876,7 @@ pub async fn retry_now(
         kind: NoticeKind::Dunning,
         occurrence: format!(
             "{}#now{manual}",
-            occurrence(inv.id.as_str(), NoticeKind::Dunning, day)
+            occurrence(&inv.id, NoticeKind::Dunning, day)
         ),
         shown: inv.due_date,
         amount: inv.amount_due,

@@ -540,3 +540,61 @@ async fn on_a_clock_the_trial_ending_notice_goes_three_days_before() {
     );
     let _ = rec.item_key();
 }
+
+#[tokio::test]
+async fn retry_now_sends_a_real_reminder_and_shows_in_the_dunning_view() {
+    use crate::domain::billing::dunning_api::{invoice_dunning, stop};
+    use crate::refusal::Refusal;
+    let (_, store) = stores().await.remove(0);
+    let w = world(store, at(T0)).await;
+    let sub = subscribe(&w, monthly(), at(TRIAL_END), None, None).await;
+    w.set(at(TRIAL_END));
+    sweep::sweep(&w.deps, w.now(), 100).await.unwrap();
+    let inv = invoices(&w, &sub).await.remove(0);
+    pass(&w.deps, w.now(), 100).await.unwrap();
+    // Not dunned yet (no policy, not overdue): refused.
+    let e = retry_now(&w.deps, &w.tenant, &inv.id).await.unwrap_err();
+    assert_eq!(Refusal::from(e).code, "state_conflict");
+    policy(&w, &[3], FinalAction::Cancel).await;
+    // The grace end (Jan 20): overdue, dunning starts with the notice.
+    w.set(at("2026-01-20T02:00:00Z"));
+    sweep::sweep(&w.deps, w.now(), 100).await.unwrap();
+    pass(&w.deps, w.now(), 100).await.unwrap();
+    let view = invoice_dunning(&w.deps, &w.tenant, &inv.id).await.unwrap();
+    assert_eq!(view.status, "active");
+    assert!(
+        view.attempts.is_empty(),
+        "the overdue notice is not an attempt"
+    );
+    let kinds: Vec<_> = view.reminders.iter().map(|r| r.kind.as_str()).collect();
+    assert_eq!(kinds, vec!["due_today", "due_today", "overdue", "overdue"]);
+    let texts_before = sms_texts(&w).await.len();
+    let view = retry_now(&w.deps, &w.tenant, &inv.id).await.unwrap();
+    assert_eq!(view.attempts.len(), 2, "email and SMS");
+    assert!(view.attempts.iter().all(|a| a.interval.is_none()));
+    assert_eq!(sms_texts(&w).await.len(), texts_before + 1, "a real SMS");
+    assert_eq!(
+        mail_kinds(&w)
+            .await
+            .iter()
+            .filter(|k| *k == "dunning")
+            .count(),
+        1
+    );
+    assert_eq!(view.reminders.len(), 6);
+    // The scheduled dunning reminder (Jan 23) still goes.
+    assert_eq!(
+        view.next_attempt_on.map(|d| d.to_string()).as_deref(),
+        Some("2026-01-23")
+    );
+    let stopped = stop(&w.deps, &w.tenant, &inv.id).await.unwrap();
+    assert_eq!(stopped.status, "stopped");
+    let e = retry_now(&w.deps, &w.tenant, &inv.id).await.unwrap_err();
+    assert_eq!(Refusal::from(e).code, "state_conflict");
+    // Stopped: the record leaves the index at its next run, nothing sent.
+    w.set(at("2026-01-23T02:00:00Z"));
+    let before = sms_texts(&w).await.len();
+    pass(&w.deps, w.now(), 100).await.unwrap();
+    assert_eq!(sms_texts(&w).await.len(), before);
+    assert!(schedule(&w, &inv).await.next_at.is_none());
+}

@@ -2,12 +2,6 @@ use std::sync::Arc;
 
 use super::*;
 use crate::domain::Mode;
-use crate::domain::Provider;
-use crate::domain::billing::invoice::{PaymentSource, issue_invoice, mark_overdue, pay_invoice};
-use crate::domain::billing::subscription::{
-    NewSubscription, create as create_sub, new_subscription,
-};
-use crate::domain::billing::terms::monthly;
 use crate::testenv::at;
 use crate::time::ManualClock;
 use crate::{AppState, Config};
@@ -146,70 +140,4 @@ async fn the_default_moves_and_cannot_be_unset_or_deactivated() {
         dunning::default_policy(&deps, &tenant).await.unwrap(),
         Some(b.id)
     );
-}
-
-#[tokio::test]
-async fn retry_now_and_stop_follow_the_dunning_state() {
-    let deps = deps();
-    let tenant = Tenant::new("proj_dinv", Mode::Sandbox);
-    let now = at("2026-01-10T06:00:00Z");
-    let input = NewSubscription {
-        customer_id: "cus_gone".into(),
-        plan_id: "bp_1".into(),
-        terms: monthly(),
-        reference_id: None,
-        metadata: serde_json::Map::new(),
-        start: now,
-        trial_ends_at: None,
-        billing_anchor_day: None,
-        dunning_policy_id: None,
-        test_clock_id: None,
-    };
-    let sub = new_subscription(&tenant, input, now).unwrap();
-    create_sub(&deps, &sub).await.unwrap();
-    let inv = issue_invoice(&deps, &sub, sub.period(0).unwrap(), now)
-        .await
-        .unwrap()
-        .invoice;
-    let view = invoice_dunning(&deps, &tenant, &inv.id).await.unwrap();
-    assert_eq!((view.status, view.attempts.len()), ("not_started", 0));
-    let e = retry_now(&deps, &tenant, &inv.id).await.unwrap_err();
-    assert_eq!(Refusal::from(e).code, STATE_CONFLICT);
-
-    let policy = create(&deps, &tenant, body("P", true), None).await.unwrap();
-    mark_overdue(&deps, &tenant, &inv.id, now).await.unwrap();
-    dunning::start_dunning(&deps, &tenant, &inv.id, &policy.id)
-        .await
-        .unwrap();
-    let view = retry_now(&deps, &tenant, &inv.id).await.unwrap();
-    assert_eq!(view.status, "active");
-    assert_eq!(view.attempts.len(), 1);
-    // The customer is gone: nobody to reach, so the attempt is skipped.
-    assert_eq!(view.attempts[0].outcome, AttemptOutcome::Skipped);
-    assert_eq!(view.attempts[0].interval, None);
-    assert_eq!(
-        view.next_attempt_on.map(|d| d.to_string()).as_deref(),
-        Some("2026-01-14")
-    );
-    let stopped = stop(&deps, &tenant, &inv.id).await.unwrap();
-    assert_eq!(stopped.status, "stopped");
-    assert_eq!(stopped.next_attempt_on, None);
-    // Stopping again answers as it is; a retry is refused.
-    assert_eq!(stop(&deps, &tenant, &inv.id).await.unwrap(), stopped);
-    let e = retry_now(&deps, &tenant, &inv.id).await.unwrap_err();
-    assert_eq!(Refusal::from(e).code, STATE_CONFLICT);
-    // A paid invoice has nothing to collect.
-    let source = PaymentSource::Online {
-        payment_id: "pay_1".into(),
-        provider: Provider::Khalti,
-    };
-    pay_invoice(&deps, &tenant, &inv.id, source, 99_900, now)
-        .await
-        .unwrap();
-    let e = retry_now(&deps, &tenant, &inv.id).await.unwrap_err();
-    assert_eq!(Refusal::from(e).code, STATE_CONFLICT);
-    // Another project's invoice is not found.
-    let other = Tenant::new("proj_other", Mode::Sandbox);
-    let e = invoice_dunning(&deps, &other, &inv.id).await.unwrap_err();
-    assert_eq!(Refusal::from(e).code, "not_found");
 }
