@@ -679,6 +679,7 @@ async fn every_billing_item_has_a_kind_and_writes_back_the_same() {
             subscription_id: sub.id.clone(),
             invoice_id,
             occurrence: format!("{}#due_today#2026-01-10", inv.id),
+            sms_id: Some(crate::ids::SmsId::new()),
             created_at: now,
         };
         ops.push(claim.put_new().unwrap());

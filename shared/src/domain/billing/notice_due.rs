@@ -264,6 +264,10 @@ pub struct NoticeSmsClaim {
     pub invoice_id: Option<BillingInvoiceId>,
     /// `<invoice or subscription>#<kind>#<day>`.
     pub occurrence: String,
+    /// The SMS this occurrence stored (written with it): what a retried
+    /// run records when it finds the occurrence done.
+    #[serde(default)]
+    pub sms_id: Option<SmsId>,
     pub created_at: Timestamp,
 }
 

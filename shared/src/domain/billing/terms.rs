@@ -102,9 +102,14 @@ impl Terms {
         Ok(())
     }
 
-    /// The day an invoice due on `due` becomes overdue unpaid.
+    /// The day an invoice due on `due` becomes overdue unpaid: the grace
+    /// is the days it can be paid, counting the due day, and never less
+    /// than the due day itself (a grace of 0 would make an invoice overdue
+    /// the moment it is issued, and expire a new subscription's first
+    /// invoice before its customer could open it).
     pub fn overdue_on(&self, due: NaiveDate) -> Option<NaiveDate> {
-        due.checked_add_days(chrono::Days::new(u64::from(self.grace_period_days)))
+        let days = self.grace_period_days.max(1);
+        due.checked_add_days(chrono::Days::new(u64::from(days)))
     }
 }
 
@@ -182,6 +187,21 @@ pub(crate) fn monthly() -> Terms {
 mod tests {
     use super::*;
     use crate::testenv::at;
+
+    #[test]
+    fn the_due_day_is_always_payable_even_with_no_grace() {
+        let due = NaiveDate::from_ymd_opt(2026, 12, 1).unwrap();
+        let mut t = monthly();
+        assert_eq!(t.overdue_on(due).unwrap().to_string(), "2026-12-04");
+        t.grace_period_days = 1;
+        assert_eq!(t.overdue_on(due).unwrap().to_string(), "2026-12-02");
+        t.grace_period_days = 0;
+        assert_eq!(
+            t.overdue_on(due).unwrap().to_string(),
+            "2026-12-02",
+            "a grace of 0 leaves the due day to pay, not an invoice overdue at issue"
+        );
+    }
 
     #[test]
     fn trial_ends_at_wins_over_trial_days_which_wins_over_the_plan() {

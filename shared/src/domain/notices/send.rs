@@ -220,15 +220,19 @@ async fn send_sms(
     let Some(body) = render(text) else {
         return Ok(Ok((NoticeChannel::Sms, NoticeOutcome::Failed, None)));
     };
+    let sms_id = crate::ids::SmsId::new();
     let claim = NoticeSmsClaim {
         project_id: who.tenant.project.clone(),
         mode: who.tenant.mode,
         subscription_id: say.subscription_id.clone(),
         invoice_id: say.invoice_id.cloned(),
         occurrence: say.occurrence.clone(),
+        sms_id: Some(sms_id.clone()),
         created_at: now,
     };
+    let claim_key = claim.item_key();
     let sms = InvoiceSms {
+        id: sms_id,
         tenant: who.tenant.clone(),
         merchant_id: merchant_id.clone(),
         monthly_quota: who.quota,
@@ -247,7 +251,14 @@ async fn send_sms(
         Ok(InvoiceSmsOutcome::Queued(id) | InvoiceSmsOutcome::Logged(id)) => {
             (NoticeChannel::Sms, logged, Some(id.to_string()))
         }
-        Ok(InvoiceSmsOutcome::AlreadyDone) => (NoticeChannel::Sms, logged, None),
+        // Sent by an earlier run (a crash before its record was written,
+        // or two drivers of one clock): the id its claim keeps.
+        Ok(InvoiceSmsOutcome::AlreadyDone) => {
+            let first = record::get::<NoticeSmsClaim>(&*deps.store, &claim_key)
+                .await?
+                .and_then(|c| c.sms_id);
+            (NoticeChannel::Sms, logged, first.map(|id| id.to_string()))
+        }
         Ok(InvoiceSmsOutcome::QuotaExhausted) => {
             (NoticeChannel::Sms, NoticeOutcome::QuotaExhausted, None)
         }

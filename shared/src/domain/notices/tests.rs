@@ -243,6 +243,22 @@ async fn the_due_today_notice_goes_by_sms_and_email_once() {
         run_one(&w.deps, &stale, w.now()).await.unwrap();
         assert_eq!(sms_texts(&w).await.len(), 1, "{name}: no SMS twice");
         assert_eq!(mail_kinds(&w).await.len(), 1, "{name}: no email twice");
+        // The run again records the messages the first run stored.
+        let ids = |history: &[crate::domain::billing::notice_due::NoticeEntry]| {
+            history
+                .iter()
+                .map(|e| (e.channel, e.sms_id.clone(), e.mail_id.clone()))
+                .collect::<Vec<_>>()
+        };
+        let first = ids(&s.history);
+        assert!(
+            first
+                .iter()
+                .all(|(_, sms, mail)| sms.is_some() || mail.is_some())
+        );
+        let after = schedule(&w, &inv).await;
+        let rerun = ids(&after.history[after.history.len() - first.len()..]);
+        assert_eq!(rerun, first, "{name}: the same message ids");
     }
 }
 
@@ -315,6 +331,7 @@ async fn a_rate_limited_sms_waits_and_is_sent_later() {
             subscription_id: sub.id.clone(),
             invoice_id: Some(inv.id.clone()),
             occurrence: format!("other#{i}"),
+            sms_id: None,
             created_at: w.now(),
         };
         let project = account::get_project(&w.deps, &w.tenant.project)
@@ -324,6 +341,7 @@ async fn a_rate_limited_sms_waits_and_is_sent_later() {
         crate::domain::sms::notify_invoice(
             &w.deps,
             crate::domain::sms::InvoiceSms {
+                id: crate::ids::SmsId::new(),
                 tenant: w.tenant.clone(),
                 merchant_id: project.merchant_id.clone(),
                 monthly_quota: 100,

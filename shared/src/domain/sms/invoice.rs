@@ -22,6 +22,9 @@ use crate::store::TxOp;
 /// One billing reminder to store and send.
 #[derive(Clone, Debug)]
 pub struct InvoiceSms {
+    /// The reminder's id, chosen by the caller so that its claim can name
+    /// it (a retried run then finds the message it sent).
+    pub id: SmsId,
     pub tenant: Tenant,
     pub merchant_id: MerchantId,
     /// The plan's monthly quota (live mode counts against it).
@@ -58,7 +61,7 @@ pub async fn notify_invoice(deps: &Deps, sms: InvoiceSms) -> Result<InvoiceSmsOu
     let now = deps.clock.now();
     let live = sms.tenant.mode == Mode::Live;
     let mut reminder = SmsReminder {
-        id: SmsId::new(),
+        id: sms.id.clone(),
         project_id: sms.tenant.project.clone(),
         merchant_id: sms.merchant_id.clone(),
         mode: sms.tenant.mode,

@@ -1457,6 +1457,7 @@ fn occurrence_claim(name: &str) -> crate::store::TxOp {
 
 fn invoice_sms(who: &Principal, quota: u32, claim: &str) -> InvoiceSms {
     InvoiceSms {
+        id: crate::ids::SmsId::new(),
         tenant: who.tenant().clone(),
         merchant_id: who.merchant.id.clone(),
         monthly_quota: quota,

@@ -509,6 +509,36 @@ async fn an_unpaid_first_invoice_expires_the_subscription_and_is_voided() {
     assert_eq!(s.next_due_at, None);
 }
 
+/// A plan without grace (the API's default) still gives the customer the
+/// due day: the sweep right after the subscription starts leaves its first
+/// invoice open; it expires at the next Nepal midnight.
+#[tokio::test]
+async fn with_no_grace_the_first_invoice_is_payable_on_its_due_day() {
+    let deps = deps();
+    let start = at(START);
+    let mut terms = monthly();
+    terms.grace_period_days = 0;
+    let sub = stored(&deps, "proj_nograce", input(start, None, terms), start).await;
+    let period = sub.current_period().unwrap();
+    let inv = issue_invoice(&deps, &sub, period, start)
+        .await
+        .unwrap()
+        .invoice;
+    let soon = advance(&deps, &sub, start.plus(chrono::Duration::minutes(1)))
+        .await
+        .unwrap();
+    assert_eq!(soon.subscription.status, S::Incomplete);
+    let read = invoice::get_invoice(&deps, &sub.tenant(), &inv.id)
+        .await
+        .unwrap();
+    assert_eq!(read.status, InvoiceStatus::Open);
+    assert_eq!(read.overdue_on, inv.due_date.succ_opt().unwrap());
+    let next_midnight = advance(&deps, &sub, nepal_midnight(2026, 1, 11))
+        .await
+        .unwrap();
+    assert_eq!(next_midnight.subscription.status, S::IncompleteExpired);
+}
+
 #[tokio::test]
 async fn a_run_that_died_after_issuing_is_finished_by_the_next() {
     let deps = deps();
