@@ -192,6 +192,33 @@ async fn a_new_invoice_gets_its_due_today_sms_and_email(which: Which) {
         a.body
     );
     assert_eq!(a.body["status"], "not_started");
+    // The dashboard's invoice page shows the same reminders.
+    let password = "a long dashboard password";
+    shared::domain::dashboard::create_user(
+        app.state(),
+        app.state().clock.now(),
+        &owner.merchant.id,
+        "viewer@himalfibre.example",
+        shared::domain::dashboard::Role::Viewer,
+        password,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("user: {e}"));
+    let mut viewer = dhukuti_tests::dash::Dash::new(&app.base);
+    let r = viewer.sign_in("viewer@himalfibre.example", password).await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let page = viewer
+        .get(&format!("/dashboard/billing/invoices/{inv}"))
+        .await;
+    assert_eq!(page.status, 200, "{}", page.show());
+    let at = page
+        .body
+        .find("id=\"reminders\"")
+        .unwrap_or_else(|| panic!("{}", page.show()));
+    let panel = &page.body[at..];
+    for word in ["due_today", "email", "queued", "sms", "logged"] {
+        assert!(panel.contains(word), "{word}: {}", page.show());
+    }
     app.stop().await;
 }
 

@@ -742,6 +742,10 @@ async fn invoice_view_page(
         .await
         .map_err(fail)?;
     let v = InvoiceView::of(&inv, &state.config.public_base_url);
+    // Its reminders (SMS and email, each with its outcome) and dunning.
+    let dunning = shared::domain::billing::dunning_api::invoice_dunning(state, &signed.tenant, id)
+        .await
+        .map_err(fail)?;
     let act = signed.allows(Action::ChangeRecords) && collectible(inv.status);
     let today = calendar::nepal_day(state.clock.now());
     let path = format!("/dashboard/billing/invoices/{}", v.id);
@@ -775,6 +779,27 @@ async fn invoice_view_page(
                 tbody {
                     @for l in &v.lines {
                         tr { td { (l.description) } td.num { (l.quantity) } td { (l.period_start) " to " (l.period_end) } td.num { (rupees(l.amount)) } }
+                    }
+                }
+            }
+        }
+        h2 { "Reminders" }
+        div.panel #reminders {
+            p.muted { "Dunning: " (dunning.status) }
+            @if dunning.reminders.is_empty() {
+                p.muted { "None sent yet." }
+            } @else {
+                table {
+                    thead { tr { th scope="col" { "When" } th scope="col" { "Reminder" } th scope="col" { "Channel" } th scope="col" { "Outcome" } } }
+                    tbody {
+                        @for r in &dunning.reminders {
+                            tr {
+                                td { (when(r.at)) }
+                                td { (label(&r.kind)) }
+                                td { (label(&r.channel)) }
+                                td { (status_badge(&label(&r.outcome))) }
+                            }
+                        }
                     }
                 }
             }
