@@ -18,7 +18,9 @@
 //! [`sweep`] finds the work through the due index (`billing::due`): per
 //! tenant, at most [`PER_TENANT`] due subscriptions, earliest first; the
 //! tenants take turns one subscription at a time, from a tenant that
-//! rotates every minute, up to the budget. Nothing is removed from the
+//! rotates every minute, up to the budget; budget left after every
+//! tenant's turn goes to further turns of the tenants with more due.
+//! Nothing is removed from the
 //! index but by the write that does the work, so a crashed run loses
 //! nothing: the next run finds the same entries.
 
@@ -384,9 +386,27 @@ pub async fn due_in(
     now: Timestamp,
     limit: usize,
 ) -> Result<Vec<Subscription>, StoreError> {
+    due_after(deps, tenant, None, now, limit).await
+}
+
+/// [`due_in`], after `after` (a subscription read before) when given.
+async fn due_after(
+    deps: &Deps,
+    tenant: &Tenant,
+    after: Option<&Subscription>,
+    now: Timestamp,
+    limit: usize,
+) -> Result<Vec<Subscription>, StoreError> {
+    let before = due::due_before(now);
+    let sk = match after.and_then(|s| s.next_due_at.map(|at| due::due_sort(at, &s.id))) {
+        // Just past the last one read ("\0" sorts before any other
+        // character that could follow it).
+        Some(last) => SkCond::Between(format!("{last}\u{0}"), before),
+        None => SkCond::Lt(before),
+    };
     let query = Query::partition(due::due_partition(tenant))
         .on(Index::Gsi2)
-        .sk(SkCond::Lt(due::due_before(now)))
+        .sk(sk)
         .limit(limit);
     let page = deps.store.query(&query).await?;
     let mut out = Vec::with_capacity(page.items.len());
@@ -401,45 +421,70 @@ pub async fn due_in(
 
 /// The subscriptions this run advances, in order: each tenant's due ones
 /// (at most `per_tenant`, earliest first), the tenants taking turns one
-/// at a time from one that moves every minute, up to `budget`; and the
-/// number of tenants whose index could not be read.
+/// at a time from one that moves every minute, up to `budget`; then, while
+/// budget is left that no other tenant needs, the next `per_tenant` of
+/// each tenant that had more, taking turns again; and the number of
+/// tenants whose index could not be read.
 pub async fn pick(
     deps: &Deps,
     now: Timestamp,
     budget: usize,
     per_tenant: usize,
 ) -> Result<(Vec<Subscription>, usize), StoreError> {
-    let tenants = due::tenants(&*deps.store).await?;
-    let found: Vec<Result<Vec<Subscription>, StoreError>> = futures::stream::iter(tenants)
-        .map(|t| async move { due_in(deps, &t.tenant(), now, per_tenant).await })
-        .buffered(PARALLEL)
-        .collect()
-        .await;
+    let per_tenant = per_tenant.max(1);
+    let tenants: Vec<Tenant> = due::tenants(&*deps.store)
+        .await?
+        .iter()
+        .map(due::DueTenant::tenant)
+        .collect();
     let mut errors = 0;
-    let mut queues = Vec::new();
-    for f in found {
-        match f {
-            Ok(subs) if !subs.is_empty() => queues.push(subs.into_iter()),
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "a tenant's due index could not be read");
-                errors += 1;
+    // (tenant, its last subscription read) of the tenants that may have
+    // more due than was read.
+    let mut pending: Vec<(Tenant, Option<Subscription>)> =
+        tenants.into_iter().map(|t| (t, None)).collect();
+    let mut out = Vec::new();
+    let mut first = true;
+    while out.len() < budget && !pending.is_empty() {
+        let found: Vec<(Tenant, Result<Vec<Subscription>, StoreError>)> =
+            futures::stream::iter(pending)
+                .map(|(t, after)| async move {
+                    let r = due_after(deps, &t, after.as_ref(), now, per_tenant).await;
+                    (t, r)
+                })
+                .buffered(PARALLEL)
+                .collect()
+                .await;
+        let mut queues = Vec::new();
+        pending = Vec::new();
+        for (t, f) in found {
+            match f {
+                Ok(subs) if !subs.is_empty() => {
+                    if subs.len() == per_tenant {
+                        pending.push((t, subs.last().cloned()));
+                    }
+                    queues.push(subs.into_iter());
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "a tenant's due index could not be read");
+                    errors += usize::from(first);
+                }
             }
         }
-    }
-    if !queues.is_empty() {
-        let turn = usize::try_from(now.unix_seconds() / 60).unwrap_or(0) % queues.len();
-        queues.rotate_left(turn);
-    }
-    let mut out = Vec::new();
-    while out.len() < budget && !queues.is_empty() {
-        queues.retain_mut(|q| match q.next() {
-            Some(s) if out.len() < budget => {
-                out.push(s);
-                true
-            }
-            _ => false,
-        });
+        first = false;
+        if !queues.is_empty() {
+            let turn = usize::try_from(now.unix_seconds() / 60).unwrap_or(0) % queues.len();
+            queues.rotate_left(turn);
+        }
+        while out.len() < budget && !queues.is_empty() {
+            queues.retain_mut(|q| match q.next() {
+                Some(s) if out.len() < budget => {
+                    out.push(s);
+                    true
+                }
+                _ => false,
+            });
+        }
     }
     Ok((out, errors))
 }

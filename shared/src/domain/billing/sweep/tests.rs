@@ -682,3 +682,40 @@ async fn a_small_project_is_finished_in_one_run_beside_a_big_one() {
     let report = sweep(&deps, now, 40).await.unwrap();
     assert_eq!(report.subscriptions_advanced, 0);
 }
+
+/// A tenant with more due than its turn takes the budget no other tenant
+/// needs (further turns), after every tenant's first turn: here 3 due
+/// beside 25, at most 10 a turn, budget 20: the 3 first in turn order,
+/// then 17 of the 25, none twice; the next run takes the other 8.
+#[tokio::test]
+async fn budget_no_other_tenant_needs_goes_to_the_tenant_with_more() {
+    let deps = deps();
+    let mut big = std::collections::BTreeSet::new();
+    for _ in 0..25 {
+        big.insert(trialing(&deps, "proj_more").await.id);
+    }
+    let mut small = std::collections::BTreeSet::new();
+    for _ in 0..3 {
+        small.insert(trialing(&deps, "proj_few").await.id);
+    }
+    let now = at("2026-01-25T00:00:00Z");
+    let (picked, errors) = pick(&deps, now, 20, 10).await.unwrap();
+    assert_eq!(errors, 0);
+    assert_eq!(picked.len(), 20);
+    let ids: std::collections::BTreeSet<_> = picked.iter().map(|s| s.id.clone()).collect();
+    assert_eq!(ids.len(), 20, "none twice");
+    assert!(
+        small.iter().all(|id| ids.contains(id)),
+        "the few are all taken"
+    );
+    // Within the first two turns (10 + 3), every small one.
+    let first: std::collections::BTreeSet<_> =
+        picked.iter().take(13).map(|s| s.id.clone()).collect();
+    assert!(small.iter().all(|id| first.contains(id)));
+    let report = sweep(&deps, now, 20).await.unwrap();
+    assert_eq!(report.subscriptions_advanced, 20);
+    let report = sweep(&deps, now, 20).await.unwrap();
+    assert_eq!(report.subscriptions_advanced, 8, "the rest of the 25");
+    let report = sweep(&deps, now, 20).await.unwrap();
+    assert_eq!(report.subscriptions_advanced, 0);
+}
