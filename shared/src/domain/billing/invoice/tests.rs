@@ -655,6 +655,28 @@ async fn esewa_payment(deps: &Deps, project: &str, amount: i64) -> crate::ids::P
     p.id
 }
 
+/// A subscription of `project` whose first invoice Khalti paid (at
+/// `2026-01-10T07:00Z`); answers it with the invoice.
+async fn paid_once(deps: &Deps, project: &str) -> (Subscription, BillingInvoice) {
+    let sub = subscription(deps, project).await;
+    let now = at("2026-01-10T07:00:00Z");
+    let inv = issue_invoice(deps, &sub, sub.current_period().unwrap(), now)
+        .await
+        .unwrap()
+        .invoice;
+    pay_invoice(
+        deps,
+        &sub.tenant(),
+        &inv.id,
+        online("pay_first", Provider::Khalti),
+        99_900,
+        now,
+    )
+    .await
+    .unwrap();
+    (sub, inv)
+}
+
 async fn refund_due_items(store: &dyn Store) -> Vec<refund_due::RefundDue> {
     crate::domain::record::all_of(
         store,
@@ -671,23 +693,9 @@ async fn refund_due_items(store: &dyn Store) -> Vec<refund_due::RefundDue> {
 async fn an_overpayment_whose_refund_was_never_asked_is_refunded_by_the_sweep() {
     for (backend, store) in stores().await {
         let deps = deps_on(store.clone());
-        let sub = subscription(&deps, "proj_refund_due").await;
+        let (sub, inv) = paid_once(&deps, "proj_refund_due").await;
         let tenant = sub.tenant();
         let now = at("2026-01-10T07:00:00Z");
-        let inv = issue_invoice(&deps, &sub, sub.current_period().unwrap(), now)
-            .await
-            .unwrap()
-            .invoice;
-        pay_invoice(
-            &deps,
-            &tenant,
-            &inv.id,
-            online("pay_first", Provider::Khalti),
-            99_900,
-            now,
-        )
-        .await
-        .unwrap();
         let second = esewa_payment(&deps, "proj_refund_due", 99_900).await;
         let source = PaymentSource::Online {
             payment_id: second.clone(),
@@ -748,23 +756,9 @@ async fn an_overpayment_whose_refund_was_never_asked_is_refunded_by_the_sweep() 
 #[tokio::test]
 async fn a_refund_asked_inline_leaves_nothing_for_the_sweep() {
     let deps = deps_on(crate::testenv::memory_store());
-    let sub = subscription(&deps, "proj_refund_inline").await;
+    let (sub, inv) = paid_once(&deps, "proj_refund_inline").await;
     let tenant = sub.tenant();
     let now = at("2026-01-10T07:00:00Z");
-    let inv = issue_invoice(&deps, &sub, sub.current_period().unwrap(), now)
-        .await
-        .unwrap()
-        .invoice;
-    pay_invoice(
-        &deps,
-        &tenant,
-        &inv.id,
-        online("pay_first", Provider::Khalti),
-        99_900,
-        now,
-    )
-    .await
-    .unwrap();
     let second = esewa_payment(&deps, "proj_refund_inline", 99_900).await;
     let source = PaymentSource::Online {
         payment_id: second.clone(),
@@ -813,23 +807,9 @@ async fn a_refund_asked_inline_leaves_nothing_for_the_sweep() {
 #[tokio::test]
 async fn a_refund_that_keeps_failing_is_marked_failed_after_the_last_try() {
     let deps = deps_on(crate::testenv::memory_store());
-    let sub = subscription(&deps, "proj_refund_fail").await;
+    let (sub, inv) = paid_once(&deps, "proj_refund_fail").await;
     let tenant = sub.tenant();
     let now = at("2026-01-10T07:00:00Z");
-    let inv = issue_invoice(&deps, &sub, sub.current_period().unwrap(), now)
-        .await
-        .unwrap()
-        .invoice;
-    pay_invoice(
-        &deps,
-        &tenant,
-        &inv.id,
-        online("pay_first", Provider::Khalti),
-        99_900,
-        now,
-    )
-    .await
-    .unwrap();
     // No such payment record: the refund flow refuses every time.
     pay_invoice(
         &deps,
