@@ -1492,8 +1492,11 @@ async fn a_contract_fuzzer_finds_nothing(which: Which) {
         // A request's own limit: moto (the AWS backend here) is one Python
         // process shared by the whole suite, and under a cold CI build a
         // write through it took over 10 s (a "network error", not a
-        // contract failure). A hang is still caught by the deadline below.
-        .args(["--request-timeout", "30", "--no-color"])
+        // contract failure), and a plan's create 17 s (past the response
+        // time check's default 10 s). A hang is still caught by the
+        // deadline below.
+        .args(["--request-timeout", "30", "--max-response-time", "30"])
+        .arg("--no-color")
         .arg("--report-dir")
         .arg(report.path())
         // Its cache (.schemathesis/) goes beside the report, not the tree.
