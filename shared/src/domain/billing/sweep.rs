@@ -462,7 +462,7 @@ pub async fn pick(
                     if subs.len() == per_tenant {
                         pending.push((t, subs.last().cloned()));
                     }
-                    queues.push(subs.into_iter());
+                    queues.push(subs);
                 }
                 Ok(_) => {}
                 Err(e) => {
@@ -472,19 +472,8 @@ pub async fn pick(
             }
         }
         first = false;
-        if !queues.is_empty() {
-            let turn = usize::try_from(now.unix_seconds() / 60).unwrap_or(0) % queues.len();
-            queues.rotate_left(turn);
-        }
-        while out.len() < budget && !queues.is_empty() {
-            queues.retain_mut(|q| match q.next() {
-                Some(s) if out.len() < budget => {
-                    out.push(s);
-                    true
-                }
-                _ => false,
-            });
-        }
+        let room = budget - out.len();
+        out.extend(due::take_turns(queues, now.unix_seconds() / 60, room));
     }
     Ok((out, errors))
 }

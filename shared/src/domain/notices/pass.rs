@@ -68,28 +68,14 @@ pub async fn pass(deps: &Deps, now: Timestamp, budget: usize) -> Result<NoticeRe
     let mut queues = Vec::new();
     for f in found {
         match f {
-            Ok(recs) if !recs.is_empty() => queues.push(recs.into_iter()),
-            Ok(_) => {}
+            Ok(recs) => queues.push(recs),
             Err(e) => {
                 tracing::warn!(error = %e, "a tenant's notice index could not be read");
                 report.errors += 1;
             }
         }
     }
-    if !queues.is_empty() {
-        let turn = usize::try_from(now.unix_seconds() / 60).unwrap_or(0) % queues.len();
-        queues.rotate_left(turn);
-    }
-    let mut picked = Vec::new();
-    while picked.len() < budget && !queues.is_empty() {
-        queues.retain_mut(|q| match q.next() {
-            Some(s) if picked.len() < budget => {
-                picked.push(s);
-                true
-            }
-            _ => false,
-        });
-    }
+    let picked = due::take_turns(queues, now.unix_seconds() / 60, budget);
     let began = std::time::Instant::now();
     let results: Vec<Option<Result<RunOne, NoticeError>>> = futures::stream::iter(picked)
         .map(|rec| async move {
