@@ -47,7 +47,9 @@ impl Day {
 pub struct LineView {
     /// `subscription`, `usage`, `item`, `proration_credit` (negative),
     /// `proration_debit`, `discount` (negative) or `tax`.
-    #[schema(pattern = "^(subscription|usage|item|proration_credit|proration_debit|discount|tax)$")]
+    #[schema(
+        pattern = "^(subscription|usage|item|proration_credit|proration_debit|discount|tax)$"
+    )]
     pub kind: String,
     pub description: String,
     pub quantity: u32,
