@@ -661,6 +661,7 @@ async fn every_billing_item_has_a_kind_and_writes_back_the_same() {
         channel: Channel::Sms,
         outcome: AttemptOutcome::Logged,
         interval: Some(0),
+        occurrence: None,
     };
     dunning::append_attempt(&deps, &state, attempt)
         .await

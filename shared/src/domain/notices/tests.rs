@@ -616,3 +616,148 @@ async fn retry_now_sends_a_real_reminder_and_shows_in_the_dunning_view() {
     assert_eq!(sms_texts(&w).await.len(), before);
     assert!(schedule(&w, &inv).await.next_at.is_none());
 }
+
+/// An invoice overdue since 2026-01-20 under a one-interval policy (3
+/// days: the scheduled dunning reminder on Jan 23), its dunning active.
+async fn dunned(w: &World) -> BillingInvoice {
+    let sub = subscribe(w, monthly(), at(TRIAL_END), None, None).await;
+    w.set(at(TRIAL_END));
+    sweep::sweep(&w.deps, w.now(), 100).await.unwrap();
+    let inv = invoices(w, &sub).await.remove(0);
+    pass(&w.deps, w.now(), 100).await.unwrap();
+    policy(w, &[3], FinalAction::Cancel).await;
+    w.set(at("2026-01-20T02:00:00Z"));
+    sweep::sweep(&w.deps, w.now(), 100).await.unwrap();
+    pass(&w.deps, w.now(), 100).await.unwrap();
+    inv
+}
+
+fn reminders_of(view: &crate::domain::billing::dunning_api::InvoiceDunningView) -> Vec<String> {
+    view.reminders
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {} {}",
+                r.kind.as_str(),
+                serde_json::to_value(r.channel).unwrap().as_str().unwrap(),
+                serde_json::to_value(r.outcome).unwrap().as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn retry_now_in_quiet_hours_defers_the_sms_and_sends_it_once_at_seven() {
+    use crate::domain::billing::dunning_api::invoice_dunning;
+    for (name, store) in stores().await {
+        let w = world(store, at(T0)).await;
+        let inv = dunned(&w).await;
+        let sms_before = sms_texts(&w).await.len();
+        // 21:45 Nepal time: quiet hours.
+        w.set(at("2026-01-20T16:00:00Z"));
+        let view = retry_now(&w.deps, &w.tenant, &inv.id).await.unwrap();
+        assert_eq!(view.attempts.len(), 1, "{name}: the email only, for now");
+        assert_eq!(view.attempts[0].channel, dunning::Channel::Email, "{name}");
+        let shown = reminders_of(&view);
+        assert_eq!(
+            shown[shown.len() - 2..],
+            ["dunning email queued", "dunning sms deferred"],
+            "{name}"
+        );
+        assert_eq!(sms_texts(&w).await.len(), sms_before, "{name}: no SMS at night");
+        let s = schedule(&w, &inv).await;
+        assert_eq!(s.deferred.len(), 1, "{name}");
+        assert_eq!(s.next_at, Some(at("2026-01-21T01:15:00Z")), "{name}: 07:00");
+        // Still night: nothing goes.
+        w.set(at("2026-01-21T01:00:00Z"));
+        let r = pass(&w.deps, w.now(), 100).await.unwrap();
+        assert_eq!((r.sent, r.notices_run), (0, 0), "{name}: {r:?}");
+        // 07:00: the SMS goes, once, however many runs race for it.
+        w.set(at("2026-01-21T01:15:00Z"));
+        let now = w.now();
+        let runs = futures::future::join_all((0..4).map(|_| run_one(&w.deps, &s, now))).await;
+        assert!(runs.iter().all(Result::is_ok), "{name}: {runs:?}");
+        pass(&w.deps, now, 100).await.unwrap();
+        let texts = sms_texts(&w).await;
+        assert_eq!(texts.len(), sms_before + 1, "{name}: {texts:?}");
+        assert!(texts.iter().any(|t| t.contains("failed. Please pay")), "{name}: {texts:?}");
+        let view = invoice_dunning(&w.deps, &w.tenant, &inv.id).await.unwrap();
+        let attempts: Vec<_> = view
+            .attempts
+            .iter()
+            .map(|a| (a.channel, a.outcome, a.interval))
+            .collect();
+        assert_eq!(
+            attempts,
+            vec![
+                (dunning::Channel::Email, dunning::AttemptOutcome::Queued, None),
+                (dunning::Channel::Sms, dunning::AttemptOutcome::Logged, None),
+            ],
+            "{name}"
+        );
+        let shown = reminders_of(&view);
+        assert_eq!(shown.last().map(String::as_str), Some("dunning sms logged"), "{name}");
+        assert_eq!(
+            shown.iter().filter(|r| *r == "dunning sms logged").count(),
+            1,
+            "{name}: {shown:?}"
+        );
+        let s = schedule(&w, &inv).await;
+        assert!(s.deferred.is_empty(), "{name}");
+        // The scheduled reminder (Jan 23) is still the next.
+        assert_eq!(s.next_at, Some(at("2026-01-23T01:15:00Z")), "{name}");
+        let again = pass(&w.deps, now, 100).await.unwrap();
+        assert_eq!(again.sent, 0, "{name}");
+        assert_eq!(sms_texts(&w).await.len(), sms_before + 1, "{name}");
+        // A second retry-now is its own reminder (not the first's again).
+        w.set(at("2026-01-21T03:00:00Z"));
+        let view = retry_now(&w.deps, &w.tenant, &inv.id).await.unwrap();
+        assert_eq!(view.attempts.len(), 4, "{name}");
+        assert_eq!(sms_texts(&w).await.len(), sms_before + 2, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_deferred_retry_now_sms_is_dropped_when_dunning_stops_or_the_invoice_is_paid() {
+    use crate::domain::billing::dunning_api::{invoice_dunning, stop};
+    let (_, store) = stores().await.remove(0);
+    for paid in [false, true] {
+        let w = world(store.clone(), at(T0)).await;
+        let inv = dunned(&w).await;
+        let sms_before = sms_texts(&w).await.len();
+        w.set(at("2026-01-20T16:00:00Z"));
+        retry_now(&w.deps, &w.tenant, &inv.id).await.unwrap();
+        if paid {
+            invoice::pay_invoice(
+                &w.deps,
+                &w.tenant,
+                &inv.id,
+                invoice::PaymentSource::OutOfBand {
+                    method: invoice::OutOfBandMethod::Cash,
+                    received_on: chrono::NaiveDate::from_ymd_opt(2026, 1, 20).unwrap(),
+                    reference: "r-1".into(),
+                    recorded_by: "test".into(),
+                },
+                inv.amount_due,
+                w.now(),
+            )
+            .await
+            .unwrap();
+        } else {
+            stop(&w.deps, &w.tenant, &inv.id).await.unwrap();
+        }
+        w.set(at("2026-01-21T01:15:00Z"));
+        pass(&w.deps, w.now(), 100).await.unwrap();
+        assert_eq!(sms_texts(&w).await.len(), sms_before, "paid {paid}: not sent");
+        let s = schedule(&w, &inv).await;
+        assert!(s.deferred.is_empty() && s.next_at.is_none(), "paid {paid}: {s:?}");
+        let last = s.history.last().unwrap();
+        assert_eq!(
+            (last.channel, last.outcome),
+            (NoticeChannel::Sms, NoticeOutcome::Skipped),
+            "paid {paid}"
+        );
+        let view = invoice_dunning(&w.deps, &w.tenant, &inv.id).await.unwrap();
+        assert_eq!(view.attempts.len(), 1, "paid {paid}: the email only");
+    }
+}
