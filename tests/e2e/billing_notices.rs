@@ -340,7 +340,156 @@ async fn a_dunned_invoice_on_a_clock_ends_in_its_final_action(which: Which) {
     app.stop().await;
 }
 
+/// Moves `clock` to `to` (forward).
+fn set(clock: &ManualClock, to: &str) {
+    let d = t(to).unix_millis() - shared::time::Clock::now(clock).unix_millis();
+    clock.advance(chrono::Duration::milliseconds(d));
+}
+
+/// The sandbox SMS log's dunning reminders.
+async fn dunning_sms(app: &TestApp, tenant: &Tenant) -> usize {
+    sms_log(app, tenant)
+        .await
+        .iter()
+        .filter(|s| s.contains("failed. Please pay"))
+        .count()
+}
+
+/// A retry-now at 21:45 Nepal time: the email goes at once, the SMS is
+/// deferred (shown `deferred` in the invoice's reminders) and goes once
+/// at 07:00, by the notices pass, however often it runs.
+async fn a_retry_now_at_night_defers_its_sms_to_seven(which: Which) {
+    let clock = Arc::new(ManualClock::new(t(T0)));
+    let Some(app) = spawn_app_tweaked_with_clock(which, clock.clone(), |_| {}).await else {
+        return;
+    };
+    let owner = app.tenant("Night Fibre", "owner@nightfibre.example").await;
+    let key = app.key(&owner, Mode::Sandbox, &Scope::ALL).await;
+    let tenant = Tenant::new(owner.project.id.clone(), Mode::Sandbox);
+    let a = post(
+        &app,
+        "/v1/billing/dunning/policies",
+        &key,
+        json!({"name": "Two tries", "retryIntervalsDays": [2, 5], "finalAction": "cancel", "isDefault": true}),
+    )
+    .await;
+    ok(&a, 201, "policy");
+    let a = post(
+        &app,
+        "/v1/billing/customers",
+        &key,
+        json!({"name": "Hari", "email": "hari@night.example", "phone": "9841000002"}),
+    )
+    .await;
+    ok(&a, 201, "customer");
+    let customer = text(&a.body["id"]);
+    let a = post(
+        &app,
+        "/v1/billing/plans",
+        &key,
+        json!({"name": "Fibre 50", "amount": 150_000, "intervalUnit": "month", "gracePeriodDays": 3}),
+    )
+    .await;
+    ok(&a, 201, "plan");
+    let plan = text(&a.body["id"]);
+    let a = post(
+        &app,
+        "/v1/billing/subscriptions",
+        &key,
+        json!({"customerId": customer, "planId": plan, "trialDays": 3}),
+    )
+    .await;
+    ok(&a, 201, "subscription");
+    let sub = text(&a.body["id"]);
+    let run = |at: &'static str| {
+        set(&clock, at);
+        let state = app.state().clone();
+        async move {
+            let now = state.clock.now();
+            let swept = shared::domain::billing::sweep::sweep(&state, now, 100).await;
+            assert!(swept.is_ok(), "{swept:?}");
+            let ran = shared::domain::notices::pass(&state, now, 100).await;
+            assert!(matches!(&ran, Ok(r) if r.errors == 0), "{ran:?}");
+            ran.map(|r| r.sent).unwrap_or_default()
+        }
+    };
+    // The trial ends Jan 15 (the invoice, due that day); the grace ends
+    // Jan 18: overdue, dunning starts.
+    run("2026-01-15T06:00:00Z").await;
+    let inv = text(&invoices_of(&app, &key, &sub).await[0]["id"]);
+    run("2026-01-18T02:00:00Z").await;
+    let base = format!("/v1/billing/dunning/invoices/{inv}/dunning");
+    let a = get(&app, &base, &key).await;
+    assert_eq!(a.body["status"], "active", "{}", a.body);
+    set(&clock, "2026-01-18T16:00:00Z");
+    let a = post(&app, &format!("{base}/retry-now"), &key, json!({})).await;
+    ok(&a, 200, "retry-now");
+    let attempts = a.body["attempts"].as_array().cloned().unwrap_or_default();
+    assert_eq!(attempts.len(), 1, "the email: {}", a.body);
+    assert_eq!(attempts[0]["channel"], "email");
+    let reminders = a.body["reminders"].as_array().cloned().unwrap_or_default();
+    let last: Vec<(String, String)> = reminders[reminders.len().saturating_sub(2)..]
+        .iter()
+        .map(|r| (text(&r["channel"]), text(&r["outcome"])))
+        .collect();
+    assert_eq!(
+        last,
+        vec![
+            ("email".into(), "queued".into()),
+            ("sms".into(), "deferred".into())
+        ],
+        "{}",
+        a.body
+    );
+    assert_eq!(dunning_sms(&app, &tenant).await, 0, "no SMS at night");
+    let mut mails = Vec::new();
+    for _ in 0..150 {
+        mails = inbox_to(&app, "hari@night.example").await;
+        if mails.iter().any(|m| text(&m["text"]).contains("failed")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let night_mails = mails.len();
+    assert!(
+        mails.iter().any(|m| text(&m["text"]).contains("failed")),
+        "the dunning email went: {mails:?}"
+    );
+    // Still night at 06:45: nothing.
+    assert_eq!(run("2026-01-19T01:00:00Z").await, 0);
+    // 07:00: the SMS goes once, over two passes.
+    assert_eq!(run("2026-01-19T01:15:00Z").await, 1);
+    assert_eq!(run("2026-01-19T01:16:00Z").await, 0);
+    assert_eq!(dunning_sms(&app, &tenant).await, 1);
+    let a = get(&app, &base, &key).await;
+    ok(&a, 200, "dunning");
+    let attempts: Vec<(String, String)> = a.body["attempts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|r| (text(&r["channel"]), text(&r["outcome"])))
+        .collect();
+    assert_eq!(
+        attempts,
+        vec![
+            ("email".into(), "queued".into()),
+            ("sms".into(), "logged".into())
+        ],
+        "{}",
+        a.body
+    );
+    assert_eq!(a.body["nextAttemptOn"], "2026-01-20", "{}", a.body);
+    assert_eq!(
+        inbox_to(&app, "hari@night.example").await.len(),
+        night_mails,
+        "the email is not resent"
+    );
+    app.stop().await;
+}
+
 on_both_backends!(
     a_new_invoice_gets_its_due_today_sms_and_email,
-    a_dunned_invoice_on_a_clock_ends_in_its_final_action
+    a_dunned_invoice_on_a_clock_ends_in_its_final_action,
+    a_retry_now_at_night_defers_its_sms_to_seven,
 );
