@@ -141,11 +141,22 @@ async fn send(
     };
     let text = text_of(who, customer, say);
     let mut out = Vec::new();
+    // The mail queue down (or a store error) fails the run after the SMS
+    // is tried: one channel's outage does not hold the other back, and
+    // the next run finds both by their occurrence.
+    let mut mail_failed = None;
     if let Some(email) = &customer.email {
-        out.push(send_mail(deps, who, say, &text, email).await?);
+        match send_mail(deps, who, say, &text, email).await {
+            Ok(entry) => out.push(entry),
+            Err(e) => mail_failed = Some(e),
+        }
     }
     if let (Some(phone), Some(merchant_id)) = (&customer.phone, &who.merchant_id) {
-        match send_sms(deps, who, say, &text, phone, merchant_id, now).await? {
+        let sms = send_sms(deps, who, say, &text, phone, merchant_id, now).await;
+        if let Some(e) = mail_failed {
+            return Err(e);
+        }
+        match sms? {
             Ok(entry) => out.push(entry),
             Err(until) => {
                 return Ok(Sent::Wait {
@@ -154,6 +165,9 @@ async fn send(
                 });
             }
         }
+    }
+    if let Some(e) = mail_failed {
+        return Err(e);
     }
     if out.is_empty() {
         out.push((NoticeChannel::None, NoticeOutcome::Skipped, None));

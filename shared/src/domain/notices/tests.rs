@@ -761,3 +761,258 @@ async fn a_deferred_retry_now_sms_is_dropped_when_dunning_stops_or_the_invoice_i
         assert_eq!(view.attempts.len(), 1, "paid {paid}: the email only");
     }
 }
+
+/// A queue that refuses sends to one queue (down), the rest as `inner`.
+struct DownFor(crate::queue::QueueName, Arc<dyn crate::queue::Queue>);
+
+#[async_trait::async_trait]
+impl crate::queue::Queue for DownFor {
+    async fn send(
+        &self,
+        queue: crate::queue::QueueName,
+        body: &str,
+        delay: std::time::Duration,
+    ) -> Result<String, crate::queue::QueueError> {
+        if queue == self.0 {
+            return Err(crate::queue::QueueError::Unavailable("injected".into()));
+        }
+        self.1.send(queue, body, delay).await
+    }
+    async fn receive(
+        &self,
+        queue: crate::queue::QueueName,
+        max: usize,
+        wait: std::time::Duration,
+        visibility: std::time::Duration,
+    ) -> Result<Vec<crate::queue::Message>, crate::queue::QueueError> {
+        self.1.receive(queue, max, wait, visibility).await
+    }
+    async fn delete(
+        &self,
+        queue: crate::queue::QueueName,
+        receipt: &str,
+    ) -> Result<(), crate::queue::QueueError> {
+        self.1.delete(queue, receipt).await
+    }
+}
+
+fn with_down(w: &World, queue: crate::queue::QueueName) -> AppState {
+    w.deps
+        .clone()
+        .with_queue(Arc::new(DownFor(queue, w.deps.queue.clone())))
+}
+
+/// Every message on `queue` now (taken off it).
+async fn drain(w: &World, queue: crate::queue::QueueName) -> Vec<String> {
+    let mut out = Vec::new();
+    loop {
+        let got = w
+            .deps
+            .queue
+            .receive(
+                queue,
+                10,
+                std::time::Duration::ZERO,
+                std::time::Duration::from_secs(300),
+            )
+            .await
+            .unwrap();
+        if got.is_empty() {
+            return out;
+        }
+        for m in got {
+            w.deps.queue.delete(queue, &m.receipt).await.unwrap();
+            out.push(m.body);
+        }
+    }
+}
+
+/// Another merchant's project in `mode`, with a customer (email and/or
+/// phone).
+async fn another_tenant(
+    w: &World,
+    mode: Mode,
+    email: Option<&str>,
+    phone: Option<&str>,
+) -> (Tenant, Customer) {
+    let t0 = w.now();
+    let store = &*w.deps.store;
+    let merchant = account::create_merchant(store, t0, "Valley Gym", "v@example.com", Plan::Growth)
+        .await
+        .unwrap();
+    let project = account::create_project(store, t0, &merchant, "Gym", false)
+        .await
+        .unwrap();
+    let tenant = Tenant::new(project.id.clone(), mode);
+    let customer = customers::create(
+        &w.deps,
+        &tenant,
+        CreateCustomer {
+            name: "Hari".into(),
+            email: email.map(str::to_owned),
+            phone: phone.map(str::to_owned),
+            external_customer_id: None,
+            metadata: None,
+            locale: None,
+            test_clock_id: None,
+        },
+        None,
+    )
+    .await
+    .unwrap();
+    (tenant, customer)
+}
+
+/// A subscription of `customer` (of `tenant`) whose trial ends at
+/// `TRIAL_END`.
+async fn subscribe_as(w: &World, tenant: &Tenant, customer: &Customer) -> Subscription {
+    let input = NewSubscription {
+        customer_id: customer.id.clone(),
+        plan_id: "bp_1".into(),
+        terms: monthly(),
+        reference_id: None,
+        metadata: serde_json::Map::new(),
+        start: w.now(),
+        trial_ends_at: Some(at(TRIAL_END)),
+        billing_anchor_day: None,
+        dunning_policy_id: None,
+        test_clock_id: None,
+    };
+    let sub = new_subscription(tenant, input, w.now()).unwrap();
+    subscription::create(&w.deps, &sub).await.unwrap();
+    sub
+}
+
+#[tokio::test]
+async fn with_the_mail_queue_down_the_notice_waits_and_each_message_goes_once() {
+    use crate::queue::QueueName;
+    for (name, store) in stores().await {
+        let w = world(store, at(T0)).await;
+        let sub = subscribe(&w, monthly(), at(TRIAL_END), None, None).await;
+        w.set(at(TRIAL_END));
+        sweep::sweep(&w.deps, w.now(), 100).await.unwrap();
+        let inv = invoices(&w, &sub).await.remove(0);
+        let down = with_down(&w, QueueName::Mail);
+        // Two passes while the queue is down: each fails the record, which
+        // stays due; the SMS (no queue in sandbox) goes in the first, once.
+        for minute in 0..2 {
+            w.set(at(TRIAL_END).plus(Duration::minutes(minute)));
+            let r = pass(&down, w.now(), 100).await.unwrap();
+            assert_eq!(r.errors, 1, "{name}: {r:?}");
+            let s = schedule(&w, &inv).await;
+            assert!(s.history.is_empty(), "{name}: nothing recorded");
+            assert_eq!(s.next_at, Some(inv.issued_at), "{name}: still due");
+            assert_eq!(sms_texts(&w).await.len(), 1, "{name}: the SMS, once");
+            assert_eq!(mail_kinds(&w).await.len(), 1, "{name}: stored once");
+        }
+        assert!(drain(&w, QueueName::Mail).await.is_empty(), "{name}");
+        // The queue is back: the next pass queues the stored email (once)
+        // and records both channels with the first run's messages.
+        w.set(at(TRIAL_END).plus(Duration::minutes(2)));
+        let r = pass(&w.deps, w.now(), 100).await.unwrap();
+        assert_eq!((r.errors, r.notices_run), (0, 1), "{name}: {r:?}");
+        let queued = drain(&w, QueueName::Mail).await;
+        assert_eq!(queued.len(), 1, "{name}: {queued:?}");
+        let s = schedule(&w, &inv).await;
+        let got: Vec<_> = s.history.iter().map(|e| (e.channel, e.outcome)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (NoticeChannel::Email, NoticeOutcome::Queued),
+                (NoticeChannel::Sms, NoticeOutcome::Logged),
+            ],
+            "{name}"
+        );
+        assert!(s.history.iter().all(|e| e.sms_id.is_some() || e.mail_id.is_some()));
+        let again = pass(&w.deps, w.now(), 100).await.unwrap();
+        assert_eq!(again.notices_run, 0, "{name}");
+        assert!(drain(&w, QueueName::Mail).await.is_empty(), "{name}");
+        assert_eq!(sms_texts(&w).await.len(), 1, "{name}");
+        assert_eq!(mail_kinds(&w).await.len(), 1, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn with_the_sms_queue_down_a_live_notice_is_kept_and_queued_once_later() {
+    use crate::queue::QueueName;
+    for (name, store) in stores().await {
+        let w = world(store, at(T0)).await;
+        let (tenant, customer) =
+            another_tenant(&w, Mode::Live, Some("hari@example.com"), Some("9841000002")).await;
+        let sub = subscribe_as(&w, &tenant, &customer).await;
+        w.set(at(TRIAL_END));
+        sweep::sweep(&w.deps, w.now(), 100).await.unwrap();
+        let down = with_down(&w, QueueName::Sms);
+        let r = pass(&down, w.now(), 100).await.unwrap();
+        // Stored and counted: the SMS will go, so the notice is recorded.
+        assert_eq!((r.errors, r.sent), (0, 2), "{name}: {r:?}");
+        assert!(drain(&w, QueueName::Sms).await.is_empty(), "{name}");
+        let sms = crate::domain::sms::list_recent(&*w.deps.store, &tenant, 10)
+            .await
+            .unwrap();
+        assert_eq!(sms.len(), 1, "{name}");
+        assert_eq!(sms[0].status, crate::domain::sms::SmsStatus::Queued);
+        assert_eq!(drain(&w, QueueName::Mail).await.len(), 1, "{name}: the email");
+        // Passes go on (the queue still down): nothing is stored again.
+        w.set(at(TRIAL_END).plus(Duration::minutes(1)));
+        let r = pass(&down, w.now(), 100).await.unwrap();
+        assert_eq!(r.notices_run, 0, "{name}: {r:?}");
+        // The queue is back: the SMS backstop queues the stored SMS once.
+        w.set(at(TRIAL_END).plus(Duration::minutes(6)));
+        let n = crate::domain::sms::requeue_stuck(&w.deps, w.now(), 10)
+            .await
+            .unwrap();
+        assert_eq!(n, 1, "{name}");
+        let queued = drain(&w, QueueName::Sms).await;
+        assert_eq!(queued.len(), 1, "{name}: {queued:?}");
+        assert!(queued[0].contains(sms[0].id.as_str()), "{name}");
+        let r = pass(&w.deps, w.now(), 100).await.unwrap();
+        assert_eq!(r.notices_run, 0, "{name}");
+        assert_eq!(
+            crate::domain::sms::list_recent(&*w.deps.store, &tenant, 10)
+                .await
+                .unwrap()
+                .len(),
+            1,
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_whose_notice_fails_does_not_hold_up_another() {
+    use crate::queue::QueueName;
+    for (name, store) in stores().await {
+        // The world's customer has an email (the mail queue is down); the
+        // other tenant's customer only a phone.
+        let w = world(store, at(T0)).await;
+        let sub = subscribe(&w, monthly(), at(TRIAL_END), None, None).await;
+        let (other, customer) = another_tenant(&w, Mode::Sandbox, None, Some("9841000003")).await;
+        subscribe_as(&w, &other, &customer).await;
+        w.set(at(TRIAL_END));
+        sweep::sweep(&w.deps, w.now(), 100).await.unwrap();
+        let inv = invoices(&w, &sub).await.remove(0);
+        let down = with_down(&w, QueueName::Mail);
+        let r = pass(&down, w.now(), 100).await.unwrap();
+        // The other's SMS counted; the failed run counts nothing (the
+        // trials' ending notices, past, are closed beside).
+        assert_eq!((r.errors, r.sent), (1, 1), "{name}: {r:?}");
+        let theirs = crate::domain::sms::list_recent(&*w.deps.store, &other, 10)
+            .await
+            .unwrap();
+        assert_eq!(theirs.len(), 1, "{name}: the other tenant's SMS went");
+        assert!(schedule(&w, &inv).await.history.is_empty(), "{name}");
+        // Back up: the failed tenant's notice goes; the other's not again.
+        let r = pass(&w.deps, w.now(), 100).await.unwrap();
+        assert_eq!((r.errors, r.notices_run), (0, 1), "{name}: {r:?}");
+        assert_eq!(schedule(&w, &inv).await.history.len(), 2, "{name}");
+        assert_eq!(
+            crate::domain::sms::list_recent(&*w.deps.store, &other, 10)
+                .await
+                .unwrap()
+                .len(),
+            1,
+            "{name}"
+        );
+    }
+}
