@@ -168,10 +168,14 @@ impl NoticeSchedule {
     }
 
     pub fn trial_key(sub: &SubscriptionId, trial_end: Timestamp) -> Key {
-        Key::new(
-            format!("SUB#{sub}"),
-            format!("NOTICE#TRIAL#{}", trial_end.to_rfc3339()),
-        )
+        let (pk, prefix) = NoticeSchedule::trials_of(sub);
+        Key::new(pk, format!("{prefix}{}", trial_end.to_rfc3339()))
+    }
+
+    /// Where a subscription's trial schedules are: its partition and
+    /// their sort key prefix.
+    pub fn trials_of(sub: &SubscriptionId) -> (String, &'static str) {
+        (format!("SUB#{sub}"), "NOTICE#TRIAL#")
     }
 
     pub fn tenant(&self) -> Tenant {

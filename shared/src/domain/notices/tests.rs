@@ -1016,3 +1016,78 @@ async fn a_tenant_whose_notice_fails_does_not_hold_up_another() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_subscriptions_timeline_holds_its_events_and_notices_newest_first() {
+    use crate::domain::dashboard::{BillingRow, billing_timeline};
+    use crate::domain::outbox::BillingTimeline;
+    for (name, store) in stores().await {
+        let w = world(store, at(T0)).await;
+        let sub = subscribe(&w, monthly(), at(TRIAL_END), None, None).await;
+        w.set(at(TRIAL_END));
+        sweep::sweep(&w.deps, w.now(), 100).await.unwrap();
+        let inv = invoices(&w, &sub).await.remove(0);
+        pass(&w.deps, w.now(), 100).await.unwrap();
+        let show = |rows: &[BillingRow]| -> Vec<String> {
+            rows.iter()
+                .map(|r| match r {
+                    BillingRow::Event(e) => format!(
+                        "{} {}",
+                        e.event_type.as_str(),
+                        e.about.as_deref().unwrap_or("-")
+                    ),
+                    BillingRow::Notice { invoice, entry } => format!(
+                        "{} {:?} {:?} {}",
+                        entry.kind.as_str(),
+                        entry.channel,
+                        entry.outcome,
+                        invoice.as_ref().map_or("-", |i| i.as_str())
+                    ),
+                })
+                .collect()
+        };
+        let rows = billing_timeline(
+            &w.deps,
+            BillingTimeline::Subscription(&sub.id),
+            std::slice::from_ref(&inv.id),
+            std::slice::from_ref(&sub.id),
+            50,
+        )
+        .await
+        .unwrap();
+        let mut seen = show(&rows);
+        let i = inv.id.as_str();
+        // The sweep's three events share its time (their order is the
+        // timeline's, by event id); the notices, at that time too, first.
+        seen[2..5].sort();
+        assert_eq!(
+            seen,
+            vec![
+                format!("due_today Email Queued {i}"),
+                format!("due_today Sms Logged {i}"),
+                format!("billing_invoice.created {i}"),
+                "subscription.trial_ended -".to_owned(),
+                "subscription.trial_will_end -".to_owned(),
+                "subscription.created -".to_owned(),
+            ],
+            "{name}"
+        );
+        assert!(rows.windows(2).all(|p| p[0].at() >= p[1].at()), "{name}");
+        // The customer's timeline has the same events; bounded by `limit`.
+        let rows = billing_timeline(
+            &w.deps,
+            BillingTimeline::Customer(&w.customer.id),
+            &[],
+            &[],
+            2,
+        )
+        .await
+        .unwrap();
+        assert_eq!(rows.len(), 2, "{name}");
+        assert!(
+            rows.iter()
+                .all(|r| matches!(r, BillingRow::Event(e) if e.created_at == at(TRIAL_END))),
+            "{name}: the newest two"
+        );
+    }
+}
