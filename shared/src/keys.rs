@@ -352,6 +352,19 @@ pub fn payment_events(payment_id: &str) -> String {
     format!("PAY#{payment_id}#EVT")
 }
 
+/// The billing events about a subscription (its own partition, by event
+/// id), written with each `subscription.*` and `billing_invoice.*` event:
+/// the subscription's timeline.
+pub fn subscription_events(subscription_id: &str) -> String {
+    format!("SUB#{subscription_id}#EVT")
+}
+
+/// The billing events about a billing customer (as
+/// [`subscription_events`]): the customer's timeline.
+pub fn customer_events(customer_id: &str) -> String {
+    format!("CUS#{customer_id}#EVT")
+}
+
 /// One delivery of an event to an endpoint.
 pub fn delivery(event_id: &str, endpoint_id: &str) -> Key {
     Key::new(format!("EVT#{event_id}"), format!("WHD#{endpoint_id}"))

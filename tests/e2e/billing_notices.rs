@@ -340,7 +340,274 @@ async fn a_dunned_invoice_on_a_clock_ends_in_its_final_action(which: Which) {
     app.stop().await;
 }
 
+/// Moves `clock` to `to` (forward).
+fn set(clock: &ManualClock, to: &str) {
+    let d = t(to).unix_millis() - shared::time::Clock::now(clock).unix_millis();
+    clock.advance(chrono::Duration::milliseconds(d));
+}
+
+/// The sandbox SMS log's dunning reminders.
+async fn dunning_sms(app: &TestApp, tenant: &Tenant) -> usize {
+    sms_log(app, tenant)
+        .await
+        .iter()
+        .filter(|s| s.contains("failed. Please pay"))
+        .count()
+}
+
+/// A retry-now at 21:45 Nepal time: the email goes at once, the SMS is
+/// deferred (shown `deferred` in the invoice's reminders) and goes once
+/// at 07:00, by the notices pass, however often it runs.
+async fn a_retry_now_at_night_defers_its_sms_to_seven(which: Which) {
+    let clock = Arc::new(ManualClock::new(t(T0)));
+    let Some(app) = spawn_app_tweaked_with_clock(which, clock.clone(), |_| {}).await else {
+        return;
+    };
+    let owner = app.tenant("Night Fibre", "owner@nightfibre.example").await;
+    let key = app.key(&owner, Mode::Sandbox, &Scope::ALL).await;
+    let tenant = Tenant::new(owner.project.id.clone(), Mode::Sandbox);
+    let a = post(
+        &app,
+        "/v1/billing/dunning/policies",
+        &key,
+        json!({"name": "Two tries", "retryIntervalsDays": [2, 5], "finalAction": "cancel", "isDefault": true}),
+    )
+    .await;
+    ok(&a, 201, "policy");
+    let a = post(
+        &app,
+        "/v1/billing/customers",
+        &key,
+        json!({"name": "Hari", "email": "hari@night.example", "phone": "9841000002"}),
+    )
+    .await;
+    ok(&a, 201, "customer");
+    let customer = text(&a.body["id"]);
+    let a = post(
+        &app,
+        "/v1/billing/plans",
+        &key,
+        json!({"name": "Fibre 50", "amount": 150_000, "intervalUnit": "month", "gracePeriodDays": 3}),
+    )
+    .await;
+    ok(&a, 201, "plan");
+    let plan = text(&a.body["id"]);
+    let a = post(
+        &app,
+        "/v1/billing/subscriptions",
+        &key,
+        json!({"customerId": customer, "planId": plan, "trialDays": 3}),
+    )
+    .await;
+    ok(&a, 201, "subscription");
+    let sub = text(&a.body["id"]);
+    let run = |at: &'static str| {
+        set(&clock, at);
+        let state = app.state().clone();
+        async move {
+            let now = state.clock.now();
+            let swept = shared::domain::billing::sweep::sweep(&state, now, 100).await;
+            assert!(swept.is_ok(), "{swept:?}");
+            let ran = shared::domain::notices::pass(&state, now, 100).await;
+            assert!(matches!(&ran, Ok(r) if r.errors == 0), "{ran:?}");
+            ran.map(|r| r.sent).unwrap_or_default()
+        }
+    };
+    // The trial ends Jan 15 (the invoice, due that day); the grace ends
+    // Jan 18: overdue, dunning starts.
+    run("2026-01-15T06:00:00Z").await;
+    let inv = text(&invoices_of(&app, &key, &sub).await[0]["id"]);
+    run("2026-01-18T02:00:00Z").await;
+    let base = format!("/v1/billing/dunning/invoices/{inv}/dunning");
+    let a = get(&app, &base, &key).await;
+    assert_eq!(a.body["status"], "active", "{}", a.body);
+    set(&clock, "2026-01-18T16:00:00Z");
+    let a = post(&app, &format!("{base}/retry-now"), &key, json!({})).await;
+    ok(&a, 200, "retry-now");
+    let attempts = a.body["attempts"].as_array().cloned().unwrap_or_default();
+    assert_eq!(attempts.len(), 1, "the email: {}", a.body);
+    assert_eq!(attempts[0]["channel"], "email");
+    let reminders = a.body["reminders"].as_array().cloned().unwrap_or_default();
+    let last: Vec<(String, String)> = reminders[reminders.len().saturating_sub(2)..]
+        .iter()
+        .map(|r| (text(&r["channel"]), text(&r["outcome"])))
+        .collect();
+    assert_eq!(
+        last,
+        vec![
+            ("email".into(), "queued".into()),
+            ("sms".into(), "deferred".into())
+        ],
+        "{}",
+        a.body
+    );
+    assert_eq!(dunning_sms(&app, &tenant).await, 0, "no SMS at night");
+    let mut mails = Vec::new();
+    for _ in 0..150 {
+        mails = inbox_to(&app, "hari@night.example").await;
+        if mails.iter().any(|m| text(&m["text"]).contains("failed")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let night_mails = mails.len();
+    assert!(
+        mails.iter().any(|m| text(&m["text"]).contains("failed")),
+        "the dunning email went: {mails:?}"
+    );
+    // Still night at 06:45: nothing.
+    assert_eq!(run("2026-01-19T01:00:00Z").await, 0);
+    // 07:00: the SMS goes once, over two passes.
+    assert_eq!(run("2026-01-19T01:15:00Z").await, 1);
+    assert_eq!(run("2026-01-19T01:16:00Z").await, 0);
+    assert_eq!(dunning_sms(&app, &tenant).await, 1);
+    let a = get(&app, &base, &key).await;
+    ok(&a, 200, "dunning");
+    let attempts: Vec<(String, String)> = a.body["attempts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|r| (text(&r["channel"]), text(&r["outcome"])))
+        .collect();
+    assert_eq!(
+        attempts,
+        vec![
+            ("email".into(), "queued".into()),
+            ("sms".into(), "logged".into())
+        ],
+        "{}",
+        a.body
+    );
+    assert_eq!(a.body["nextAttemptOn"], "2026-01-20", "{}", a.body);
+    assert_eq!(
+        inbox_to(&app, "hari@night.example").await.len(),
+        night_mails,
+        "the email is not resent"
+    );
+    app.stop().await;
+}
+
+/// A queue that refuses sends to one queue, the rest as `inner`.
+struct DownFor(
+    shared::queue::QueueName,
+    Arc<dyn shared::queue::Queue>,
+);
+
+#[async_trait::async_trait]
+impl shared::queue::Queue for DownFor {
+    async fn send(
+        &self,
+        queue: shared::queue::QueueName,
+        body: &str,
+        delay: Duration,
+    ) -> Result<String, shared::queue::QueueError> {
+        if queue == self.0 {
+            return Err(shared::queue::QueueError::Unavailable("injected".into()));
+        }
+        self.1.send(queue, body, delay).await
+    }
+    async fn receive(
+        &self,
+        queue: shared::queue::QueueName,
+        max: usize,
+        wait: Duration,
+        visibility: Duration,
+    ) -> Result<Vec<shared::queue::Message>, shared::queue::QueueError> {
+        self.1.receive(queue, max, wait, visibility).await
+    }
+    async fn delete(
+        &self,
+        queue: shared::queue::QueueName,
+        receipt: &str,
+    ) -> Result<(), shared::queue::QueueError> {
+        self.1.delete(queue, receipt).await
+    }
+}
+
+/// The notices pass with the mail queue down, then SES answering 503
+/// twice: the notice stays due (each pass fails it and tries again), its
+/// SMS goes once, and once the queue is back the email is queued once and
+/// SES's retries deliver it once; further passes send nothing.
+async fn a_notice_outlives_the_mail_queue_and_ses_down(which: Which) {
+    let Some(app) = app_at(which, false).await else {
+        return;
+    };
+    let owner = app.tenant("Down Fibre", "owner@downfibre.example").await;
+    let key = app.key(&owner, Mode::Sandbox, &Scope::ALL).await;
+    let tenant = Tenant::new(owner.project.id.clone(), Mode::Sandbox);
+    let (_, sub) = subscribe(&app, &key, None, "gita@down.example").await;
+    let inv = text(&invoices_of(&app, &key, &sub).await[0]["id"]);
+    let state = app.state().clone();
+    let down = state.clone().with_queue(Arc::new(DownFor(
+        shared::queue::QueueName::Mail,
+        state.queue.clone(),
+    )));
+    let now = state.clock.now();
+    for _ in 0..2 {
+        let ran = shared::domain::notices::pass(&down, now, 100).await;
+        assert!(matches!(&ran, Ok(r) if r.errors == 1), "{ran:?}");
+    }
+    assert_eq!(sms_log(&app, &tenant).await.len(), 1, "the SMS went, once");
+    let base = format!("/v1/billing/dunning/invoices/{inv}/dunning");
+    let a = get(&app, &base, &key).await;
+    assert_eq!(a.body["reminders"], json!([]), "nothing recorded yet");
+    // SES down for the next two sends.
+    let a = app
+        .post(
+            "/sim/mail/_control/fail",
+            None,
+            None,
+            &json!({"times": 2, "status": 503}),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let ran = shared::domain::notices::pass(&state, now, 100).await;
+    assert!(matches!(&ran, Ok(r) if r.errors == 0), "{ran:?}");
+    let mut mails = Vec::new();
+    for _ in 0..150 {
+        mails = inbox_to(&app, "gita@down.example").await;
+        if !mails.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(mails.len(), 1, "{mails:?}");
+    let stored = shared::domain::mail::list_recent(&*app.store, &tenant, 10).await;
+    let stored = stored.unwrap_or_else(|e| panic!("mail: {e}"));
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].status, shared::domain::mail::MailStatus::Sent);
+    assert_eq!(stored[0].attempts, 3, "two 503s, then sent");
+    let ran = shared::domain::notices::pass(&state, now, 100).await;
+    assert!(
+        matches!(&ran, Ok(r) if r.notices_run == 0 && r.errors == 0),
+        "{ran:?}"
+    );
+    let a = get(&app, &base, &key).await;
+    let seen: Vec<(String, String)> = a.body["reminders"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|r| (text(&r["channel"]), text(&r["outcome"])))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("email".into(), "queued".into()),
+            ("sms".into(), "logged".into())
+        ],
+        "{}",
+        a.body
+    );
+    assert_eq!(inbox_to(&app, "gita@down.example").await.len(), 1);
+    assert_eq!(sms_log(&app, &tenant).await.len(), 1);
+    app.stop().await;
+}
+
 on_both_backends!(
     a_new_invoice_gets_its_due_today_sms_and_email,
-    a_dunned_invoice_on_a_clock_ends_in_its_final_action
+    a_dunned_invoice_on_a_clock_ends_in_its_final_action,
+    a_retry_now_at_night_defers_its_sms_to_seven,
+    a_notice_outlives_the_mail_queue_and_ses_down,
 );

@@ -351,16 +351,26 @@ impl Event {
     /// event, whose payment is made up).
     pub fn put_ops(&self) -> Result<Vec<TxOp>, StoreError> {
         let mut ops = vec![self.put_new()?];
-        if let (Some(payment), None) = (&self.payment_id, &self.endpoint_id) {
-            let entry = TimelineEntry {
-                timeline: keys::payment_events(payment),
-                event_id: self.id.clone(),
-                event_type: self.event_type,
-                created_at: self.created_at,
-            };
-            ops.push(entry.put_new()?);
+        if self.endpoint_id.is_some() {
+            return Ok(ops);
+        }
+        if let Some(payment) = &self.payment_id {
+            ops.push(self.timeline_entry(keys::payment_events(payment), None).put_new()?);
+        }
+        for (timeline, about) in billing_timelines(self.event_type, &self.object) {
+            ops.push(self.timeline_entry(timeline, about).put_new()?);
         }
         Ok(ops)
+    }
+
+    fn timeline_entry(&self, timeline: String, about: Option<String>) -> TimelineEntry {
+        TimelineEntry {
+            timeline,
+            event_id: self.id.clone(),
+            event_type: self.event_type,
+            created_at: self.created_at,
+            about,
+        }
     }
 }
 
@@ -401,17 +411,45 @@ pub fn payment_of(object: &Value) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// One event in a payment's timeline.
+/// The billing timelines an event is in, each with the billing invoice
+/// it is about (if it is one): a `subscription.*` event in its
+/// subscription's and customer's, a `billing_invoice.*` event in its
+/// invoice's subscription's and customer's.
+fn billing_timelines(t: EventType, object: &Value) -> Vec<(String, Option<String>)> {
+    let field = |name: &str| object.get(name).and_then(Value::as_str).map(str::to_owned);
+    let (subscription, invoice) = if t.is_subscription() {
+        (field("id"), None)
+    } else if t.is_billing_invoice() {
+        (field("subscriptionId"), field("id"))
+    } else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if let Some(sub) = subscription.filter(|s| s.starts_with("sub_")) {
+        out.push((keys::subscription_events(&sub), invoice.clone()));
+    }
+    if let Some(cus) = field("customerId").filter(|c| c.starts_with("cus_")) {
+        out.push((keys::customer_events(&cus), invoice));
+    }
+    out
+}
+
+/// One event in a payment's, a subscription's or a billing customer's
+/// timeline.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TimelineEntry {
-    /// The timeline it is in (`PAY#<payment>#EVT`): its `pk`, read with it
-    /// and written as its key (no attribute of its own names the payment).
+    /// The timeline it is in (`PAY#<payment>#EVT`, `SUB#<sub>#EVT`,
+    /// `CUS#<customer>#EVT`): its `pk`, read with it and written as its
+    /// key (no attribute of its own names the payment).
     #[serde(rename = "pk", skip_serializing)]
     timeline: String,
     pub event_id: EventId,
     #[serde(rename = "type")]
     pub event_type: EventType,
     pub created_at: Timestamp,
+    /// In a billing timeline, the billing invoice the event is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub about: Option<String>,
 }
 
 crate::attrs! { TimelineEntry {
@@ -434,6 +472,28 @@ pub async fn of_payment(
     limit: usize,
 ) -> Result<Vec<TimelineEntry>, StoreError> {
     let query = Query::partition(keys::payment_events(payment_id)).limit(limit);
+    super::record::all_of(store, &query).await
+}
+
+/// Which billing timeline to read.
+#[derive(Clone, Copy, Debug)]
+pub enum BillingTimeline<'a> {
+    Subscription(&'a crate::ids::SubscriptionId),
+    Customer(&'a crate::ids::CustomerId),
+}
+
+/// The events in a billing timeline, newest first (at most `limit`).
+/// The caller has found the subscription or customer in its tenant.
+pub async fn of_billing(
+    store: &dyn Store,
+    timeline: BillingTimeline<'_>,
+    limit: usize,
+) -> Result<Vec<TimelineEntry>, StoreError> {
+    let pk = match timeline {
+        BillingTimeline::Subscription(id) => keys::subscription_events(id.as_str()),
+        BillingTimeline::Customer(id) => keys::customer_events(id.as_str()),
+    };
+    let query = Query::partition(pk).backward().limit(limit);
     super::record::all_of(store, &query).await
 }
 

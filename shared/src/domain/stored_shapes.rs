@@ -223,6 +223,14 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
         ("PAY", _) if pk.ends_with("#EVT") => {
             ("payment timeline entry", record::<outbox::TimelineEntry>())
         }
+        ("SUB", _) if pk.ends_with("#EVT") => (
+            "subscription timeline entry",
+            record::<outbox::TimelineEntry>(),
+        ),
+        ("CUS", _) if pk.ends_with("#EVT") => (
+            "billing customer timeline entry",
+            record::<outbox::TimelineEntry>(),
+        ),
         ("PROJ", "PROJ") => ("project", record::<account::Project>()),
         ("PROJ", s) if s.starts_with("CRED#") => (
             "provider credentials",
@@ -661,6 +669,7 @@ async fn every_billing_item_has_a_kind_and_writes_back_the_same() {
         channel: Channel::Sms,
         outcome: AttemptOutcome::Logged,
         interval: Some(0),
+        occurrence: None,
     };
     dunning::append_attempt(&deps, &state, attempt)
         .await
@@ -704,6 +713,8 @@ async fn every_billing_item_has_a_kind_and_writes_back_the_same() {
         "invoice notice schedule",
         "trial notice schedule",
         "notice sms claim",
+        "subscription timeline entry",
+        "billing customer timeline entry",
     ] {
         assert!(seen.contains_key(kind), "{kind} written: {seen:?}");
     }

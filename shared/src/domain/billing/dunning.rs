@@ -405,6 +405,10 @@ pub struct Attempt {
     pub outcome: AttemptOutcome,
     /// The index of the policy interval it answers (`None`: retry-now).
     pub interval: Option<u16>,
+    /// A retry-now's occurrence: its SMS, deferred and sent by a later
+    /// run, is recorded once per (occurrence, channel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub occurrence: Option<String>,
 }
 
 /// An invoice's dunning state (stored kind "invoice dunning state").

@@ -180,7 +180,8 @@ pub struct ReminderView {
     #[schema(value_type = String)]
     pub channel: NoticeChannel,
     /// `queued`, `logged` (sandbox SMS), `suppressed`, `quota_exhausted`,
-    /// `skipped` or `failed`.
+    /// `skipped`, `failed`, or `deferred` (a retry-now's SMS in quiet
+    /// hours: a later entry says how it went).
     #[schema(value_type = String)]
     pub outcome: NoticeOutcome,
     /// The SMS or email id.

@@ -93,6 +93,10 @@ pub enum NoticeOutcome {
     Skipped,
     /// Could not be stored (bad address, template): recorded, not retried.
     Failed,
+    /// A retry-now's SMS in quiet hours (or a rate limit): it waits in
+    /// the record's `deferred` and goes when its time comes (a second
+    /// entry then records how it went).
+    Deferred,
 }
 
 /// One notice in the record's history.
@@ -130,9 +134,28 @@ pub struct NoticeSchedule {
     pub next_at: Option<Timestamp>,
     pub through: Option<Through>,
     pub history: Vec<NoticeEntry>,
+    /// SMS that wait for their time outside the schedule (a retry-now in
+    /// quiet hours); `next_at` is never after the earliest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deferred: Vec<DeferredSms>,
     pub version: i64,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+}
+
+/// An SMS of a retry-now that waits (quiet hours, a rate limit); the
+/// notices pass sends it once `at` comes, once (its occurrence's claim),
+/// unless the invoice is no longer collectable or its dunning ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeferredSms {
+    /// When it may go.
+    pub at: Timestamp,
+    /// The Nepal day of the retry-now (its occurrence's day).
+    pub day: NaiveDate,
+    pub kind: NoticeKind,
+    /// The occurrence (`<invoice>#dunning#<day>#now<n>`).
+    pub occurrence: String,
+    pub interval: Option<u16>,
 }
 
 crate::attrs! { NoticeSchedule {
@@ -145,10 +168,14 @@ impl NoticeSchedule {
     }
 
     pub fn trial_key(sub: &SubscriptionId, trial_end: Timestamp) -> Key {
-        Key::new(
-            format!("SUB#{sub}"),
-            format!("NOTICE#TRIAL#{}", trial_end.to_rfc3339()),
-        )
+        let (pk, prefix) = NoticeSchedule::trials_of(sub);
+        Key::new(pk, format!("{prefix}{}", trial_end.to_rfc3339()))
+    }
+
+    /// Where a subscription's trial schedules are: its partition and
+    /// their sort key prefix.
+    pub fn trials_of(sub: &SubscriptionId) -> (String, &'static str) {
+        (format!("SUB#{sub}"), "NOTICE#TRIAL#")
     }
 
     pub fn tenant(&self) -> Tenant {
@@ -183,6 +210,7 @@ impl NoticeSchedule {
             next_at: first.and_then(|n| due_time(n.0, inv.issued_at)),
             through: None,
             history: Vec::new(),
+            deferred: Vec::new(),
             version: 1,
             created_at: now,
             updated_at: now,
@@ -210,6 +238,7 @@ impl NoticeSchedule {
             next_at: Some(at),
             through: None,
             history: Vec::new(),
+            deferred: Vec::new(),
             version: 1,
             created_at: now,
             updated_at: now,

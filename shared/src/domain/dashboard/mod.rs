@@ -53,7 +53,7 @@ pub use sessions::{
     SignInRequest, SignedIn, clear_notice, new_form_token, open_session, same_token, sign_in,
     sign_in_with, sign_out, sign_out_audited, sign_out_everywhere, switch_merchant, switch_view,
 };
-pub use timeline::payment_timeline;
+pub use timeline::{BillingRow, billing_timeline, payment_timeline};
 pub use users::{
     EmailClaim, UserChange, change_user, check_password, create_user, end_all_sessions,
     find_user_by_email, list_users, normalize_email, reset_password, reset_password_of,

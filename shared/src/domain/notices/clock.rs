@@ -41,7 +41,7 @@ pub struct ClockRun {
 
 /// The deps whose clock reads `t` (the SMS and mail records, and their
 /// per-day limits, are in the test clock's time).
-fn at_time(deps: &Deps, t: Timestamp) -> Deps {
+pub(super) fn at_time(deps: &Deps, t: Timestamp) -> Deps {
     let mut d = deps.clone();
     d.clock = Arc::new(ManualClock::new(t));
     d

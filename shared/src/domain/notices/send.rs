@@ -20,9 +20,10 @@ use crate::domain::billing::lifecycle::{
     self, CancelSubscription, LifecycleError, PauseSubscription,
 };
 use crate::domain::billing::notice_due::{
-    InvoiceDays, Notice, NoticeChannel, NoticeEntry, NoticeKind, NoticeOutcome, NoticeSchedule,
-    NoticeSmsClaim, Through, due_time, next_notice,
+    DeferredSms, InvoiceDays, Notice, NoticeChannel, NoticeEntry, NoticeKind, NoticeOutcome,
+    NoticeSchedule, NoticeSmsClaim, Through, due_time, next_notice,
 };
+use crate::domain::billing::test_clock::{self, ClockTimeError};
 use crate::domain::billing::reminders::{Locale, ReminderText, quiet_until, render};
 use crate::domain::billing::subscription::{
     self, Subscription, SubscriptionError, SubscriptionStatus as S,
@@ -109,10 +110,13 @@ struct Say<'a> {
 }
 
 /// How sending went: each channel's entry, or the time the SMS waits for
-/// (the email, if any, is stored already).
+/// (the email, if any, is stored already: its entry).
 enum Sent {
     Done(Vec<(NoticeChannel, NoticeOutcome, Option<String>)>),
-    Wait(Timestamp),
+    Wait {
+        until: Timestamp,
+        mail: Option<SentEntry>,
+    },
 }
 
 /// The occurrence key of a notice.
@@ -135,28 +139,35 @@ async fn send(
             None,
         )]));
     };
-    let locale = match customer.locale {
-        CustomerLocale::En => Locale::En,
-        CustomerLocale::Ne => Locale::Ne,
-    };
-    let text = ReminderText {
-        kind: say.kind.reminder(),
-        locale,
-        merchant: &who.merchant_name,
-        amount_paisa: say.amount,
-        due: say.shown,
-        pay_url: say.pay_url,
-        invoice_number: say.number,
-    };
+    let text = text_of(who, customer, say);
     let mut out = Vec::new();
+    // The mail queue down (or a store error) fails the run after the SMS
+    // is tried: one channel's outage does not hold the other back, and
+    // the next run finds both by their occurrence.
+    let mut mail_failed = None;
     if let Some(email) = &customer.email {
-        out.push(send_mail(deps, who, say, &text, email).await?);
+        match send_mail(deps, who, say, &text, email).await {
+            Ok(entry) => out.push(entry),
+            Err(e) => mail_failed = Some(e),
+        }
     }
     if let (Some(phone), Some(merchant_id)) = (&customer.phone, &who.merchant_id) {
-        match send_sms(deps, who, say, &text, phone, merchant_id, now).await? {
-            Ok(entry) => out.push(entry),
-            Err(until) => return Ok(Sent::Wait(until)),
+        let sms = send_sms(deps, who, say, &text, phone, merchant_id, now).await;
+        if let Some(e) = mail_failed {
+            return Err(e);
         }
+        match sms? {
+            Ok(entry) => out.push(entry),
+            Err(until) => {
+                return Ok(Sent::Wait {
+                    until,
+                    mail: out.pop(),
+                });
+            }
+        }
+    }
+    if let Some(e) = mail_failed {
+        return Err(e);
     }
     if out.is_empty() {
         out.push((NoticeChannel::None, NoticeOutcome::Skipped, None));
@@ -165,6 +176,41 @@ async fn send(
 }
 
 type SentEntry = (NoticeChannel, NoticeOutcome, Option<String>);
+
+/// The reminder `say` in the customer's language.
+fn text_of<'a>(who: &'a Audience, customer: &Customer, say: &'a Say<'_>) -> ReminderText<'a> {
+    let locale = match customer.locale {
+        CustomerLocale::En => Locale::En,
+        CustomerLocale::Ne => Locale::Ne,
+    };
+    ReminderText {
+        kind: say.kind.reminder(),
+        locale,
+        merchant: &who.merchant_name,
+        amount_paisa: say.amount,
+        due: say.shown,
+        pay_url: say.pay_url,
+        invoice_number: say.number,
+    }
+}
+
+/// Only the SMS of `say` (a deferred retry-now's): its entry, or the time
+/// it waits for; a customer no longer reachable by SMS: `skipped`.
+async fn send_sms_only(
+    deps: &Deps,
+    who: &Audience,
+    say: &Say<'_>,
+    now: Timestamp,
+) -> Result<Result<SentEntry, Timestamp>, NoticeError> {
+    let (Some(customer), Some(merchant_id)) = (&who.customer, &who.merchant_id) else {
+        return Ok(Ok((NoticeChannel::Sms, NoticeOutcome::Skipped, None)));
+    };
+    let Some(phone) = &customer.phone else {
+        return Ok(Ok((NoticeChannel::Sms, NoticeOutcome::Skipped, None)));
+    };
+    let text = text_of(who, customer, say);
+    send_sms(deps, who, say, &text, phone, merchant_id, now).await
+}
 
 /// The email of `say`, once per occurrence.
 async fn send_mail(
@@ -338,6 +384,10 @@ async fn save(
     mut next: NoticeSchedule,
 ) -> Result<bool, NoticeError> {
     next.version = seen.version + 1;
+    // A deferred SMS keeps the record in the index until its time.
+    if let Some(first) = next.deferred.iter().map(|d| d.at).min() {
+        next.next_at = Some(next.next_at.map_or(first, |at| at.min(first)));
+    }
     match deps
         .store
         .transact(vec![next.write(Some(seen.version))?])
@@ -377,11 +427,26 @@ async fn close(deps: &Deps, cur: &NoticeSchedule, now: Timestamp) -> Result<RunO
     let mut next = cur.clone();
     next.next_at = None;
     next.updated_at = now;
+    // Nothing to collect any more: a deferred SMS is not sent.
+    let dropped = drop_deferred(&mut next, now);
     save(deps, cur, next).await?;
     Ok(RunOne {
         progressed: true,
+        skipped: dropped,
         ..RunOne::default()
     })
+}
+
+/// Records every deferred SMS of `next` `skipped` and forgets them.
+fn drop_deferred(next: &mut NoticeSchedule, now: Timestamp) -> usize {
+    let dropped = std::mem::take(&mut next.deferred);
+    for d in &dropped {
+        next.history.push(NoticeEntry {
+            channel: NoticeChannel::Sms,
+            ..skipped_entry(&(d.day, d.kind, d.interval), now)
+        });
+    }
+    dropped.len()
 }
 
 async fn run_trial(
@@ -422,7 +487,7 @@ async fn run_trial(
         ..RunOne::default()
     };
     match send(deps, &who, &say, now).await? {
-        Sent::Wait(until) => {
+        Sent::Wait { until, .. } => {
             next.next_at = Some(until);
             run.deferred = true;
         }
@@ -478,20 +543,23 @@ fn attempt_outcome(o: NoticeOutcome) -> AttemptOutcome {
         NoticeOutcome::Queued => AttemptOutcome::Queued,
         NoticeOutcome::Logged => AttemptOutcome::Logged,
         NoticeOutcome::Failed => AttemptOutcome::Failed,
-        NoticeOutcome::Suppressed | NoticeOutcome::QuotaExhausted | NoticeOutcome::Skipped => {
-            AttemptOutcome::Skipped
-        }
+        NoticeOutcome::Suppressed
+        | NoticeOutcome::QuotaExhausted
+        | NoticeOutcome::Skipped
+        | NoticeOutcome::Deferred => AttemptOutcome::Skipped,
     }
 }
 
 /// Appends the attempts of `notice` (one per channel) to the invoice's
-/// dunning, unless it holds that interval's already (a retried run).
+/// dunning, unless it holds that interval's already (a retried run), or,
+/// for a retry-now's `occurrence`, that occurrence's on the channel.
 async fn record_attempts(
     deps: &Deps,
     tenant: &Tenant,
     inv: &BillingInvoiceId,
     notice_entries: &[NoticeEntry],
     interval: Option<u16>,
+    occurrence: Option<&str>,
 ) -> Result<(), NoticeError> {
     for _ in 0..TRIES {
         let Some(state) = dunning::dunning_state(deps, tenant, inv).await? else {
@@ -502,7 +570,7 @@ async fn record_attempts(
         {
             return Ok(());
         }
-        let attempts = notice_entries
+        let attempts: Vec<Attempt> = notice_entries
             .iter()
             .map(|e| Attempt {
                 at: e.at,
@@ -513,8 +581,19 @@ async fn record_attempts(
                 },
                 outcome: attempt_outcome(e.outcome),
                 interval,
+                occurrence: occurrence.map(str::to_owned),
+            })
+            .filter(|a| {
+                a.occurrence.is_none()
+                    || !state
+                        .attempts
+                        .iter()
+                        .any(|b| b.occurrence == a.occurrence && b.channel == a.channel)
             })
             .collect();
+        if attempts.is_empty() {
+            return Ok(());
+        }
         // One conditioned write for every channel: a crash between two
         // appends would leave the interval half recorded.
         let written = dunning::append_attempts(deps, &state, attempts).await;
@@ -636,6 +715,24 @@ async fn run_invoice(
         }
         return close(deps, &cur, now).await;
     }
+    // A retry-now's SMS whose time came goes first.
+    let mut early = 0;
+    let cur = if cur.deferred.iter().any(|d| d.at <= now) {
+        match send_deferred(deps, &tenant, &inv, &sub, cur, now).await? {
+            Some((saved, sent)) => {
+                early = sent;
+                saved
+            }
+            None => {
+                return Ok(RunOne {
+                    progressed: true,
+                    ..RunOne::default()
+                });
+            }
+        }
+    } else {
+        cur
+    };
     let ctx = InvoiceCtx {
         days: InvoiceDays {
             due_date: inv.due_date,
@@ -678,7 +775,76 @@ async fn run_invoice(
     {
         dunning::start_dunning(deps, &ctx.tenant, &ctx.inv.id, &p.id).await?;
     }
-    handle(deps, &ctx, cur, due, now).await
+    let mut run = handle(deps, &ctx, cur, due, now).await?;
+    run.sent += early;
+    Ok(run)
+}
+
+/// Sends the deferred SMS of `cur` whose time came (each once: its
+/// occurrence's claim; its attempt once per occurrence), unless the
+/// invoice's dunning is no longer active (then they are recorded
+/// `skipped`); one still waiting (a rate limit) moves to its new time.
+/// Answers the record written and the messages sent, or `None` when
+/// another run moved the record first.
+async fn send_deferred(
+    deps: &Deps,
+    tenant: &Tenant,
+    inv: &BillingInvoice,
+    sub: &Subscription,
+    cur: NoticeSchedule,
+    now: Timestamp,
+) -> Result<Option<(NoticeSchedule, usize)>, NoticeError> {
+    let mut next = cur.clone();
+    next.updated_at = now;
+    let active = dunning::dunning_state(deps, tenant, &inv.id)
+        .await?
+        .is_some_and(|s| s.status == DunningStatus::Active);
+    let mut sent = 0;
+    if active {
+        let who = audience(deps, tenant, &inv.customer_id).await?;
+        let link = invoice_link(deps, inv).await?;
+        let mut keep = Vec::new();
+        for d in std::mem::take(&mut next.deferred) {
+            if d.at > now {
+                keep.push(d);
+                continue;
+            }
+            let say = Say {
+                kind: d.kind,
+                occurrence: d.occurrence.clone(),
+                shown: inv.due_date,
+                amount: inv.amount_due,
+                pay_url: &link,
+                number: &inv.number,
+                about: MailAbout::BillingInvoice(inv.id.clone()),
+                subscription_id: &sub.id,
+                invoice_id: Some(&inv.id),
+            };
+            match send_sms_only(deps, &who, &say, now).await? {
+                Err(until) => keep.push(DeferredSms { at: until, ..d }),
+                Ok(entry) => {
+                    let sent_now = [entry];
+                    sent += count_sent(&sent_now);
+                    let new = entries(&sent_now, &(d.day, d.kind, d.interval), now);
+                    record_attempts(deps, tenant, &inv.id, &new, d.interval, Some(&d.occurrence))
+                        .await?;
+                    next.history.extend(new);
+                }
+            }
+        }
+        next.deferred = keep;
+    } else {
+        drop_deferred(&mut next, now);
+    }
+    // Due at once: `handle` (next) writes the schedule's own `next_at`; a
+    // crash before it leaves the record due for the next run.
+    next.next_at = Some(now);
+    let mut written = next.clone();
+    if !save(deps, &cur, next).await? {
+        return Ok(None);
+    }
+    written.version = cur.version + 1;
+    Ok(Some((written, sent)))
 }
 
 /// Sends the latest of `due` (the earlier recorded `skipped`), then the
@@ -708,6 +874,7 @@ async fn handle(
                 &ctx.inv.id,
                 &[skipped_entry(n, now)],
                 n.2,
+                None,
             )
             .await?;
         }
@@ -721,7 +888,7 @@ async fn handle(
             run.skipped += 1;
         } else {
             match send_invoice_notice(deps, ctx, &n, now).await? {
-                Sent::Wait(until) => {
+                Sent::Wait { until, .. } => {
                     run.deferred = true;
                     next.through = due
                         .last()
@@ -738,7 +905,7 @@ async fn handle(
                     let new = entries(&sent, &n, now);
                     run.sent += count_sent(&sent);
                     if n.1 == NoticeKind::Dunning {
-                        record_attempts(deps, &ctx.tenant, &ctx.inv.id, &new, n.2).await?;
+                        record_attempts(deps, &ctx.tenant, &ctx.inv.id, &new, n.2, None).await?;
                     }
                     next.history.extend(new);
                 }
@@ -841,13 +1008,16 @@ async fn finish_dunning(
 
 /// `POST …/dunning/retry-now`: a dunning reminder now, sent as the
 /// scheduled ones are (SMS and/or email, a fresh link), recorded as an
-/// attempt with no interval; answers the invoice's dunning.
+/// attempt with no interval; answers the invoice's dunning. In quiet hours
+/// (or under a rate limit) the email goes and the SMS is deferred: the
+/// invoice's schedule keeps it (`deferred`, a `deferred` entry in its
+/// history) and the notices pass sends it when its time comes, once. On a
+/// test clock, the clock's time is now.
 pub async fn retry_now(
     deps: &Deps,
     tenant: &Tenant,
     id: &BillingInvoiceId,
 ) -> Result<InvoiceDunningView, dunning::DunningError> {
-    let now = deps.clock.now();
     let inv = match invoice::get_invoice(deps, tenant, id).await {
         Ok(i) => i,
         Err(BillingInvoiceError::NotFound(_)) => {
@@ -856,6 +1026,18 @@ pub async fn retry_now(
         Err(BillingInvoiceError::Store(e)) => return Err(e.into()),
         Err(e) => return Err(dunning::DunningError::Conflict(e.to_string())),
     };
+    let schedule =
+        record::get::<NoticeSchedule>(&*deps.store, &NoticeSchedule::invoice_key(&inv.id)).await?;
+    let on_clock = match schedule.as_ref().and_then(|s| s.test_clock_id.as_ref()) {
+        Some(clock) => match test_clock::time_of(deps, tenant, clock).await {
+            Ok(t) => Some(super::clock::at_time(deps, t)),
+            Err(ClockTimeError::Store(e)) => return Err(e.into()),
+            Err(e) => return Err(dunning::DunningError::Conflict(e.to_string())),
+        },
+        None => None,
+    };
+    let deps = on_clock.as_ref().unwrap_or(deps);
+    let now = deps.clock.now();
     if !matches!(inv.status, InvoiceStatus::Open | InvoiceStatus::Overdue) {
         return Err(dunning::DunningError::Conflict(format!(
             "invoice {id} is {}: there is nothing to collect",
@@ -873,22 +1055,26 @@ pub async fn retry_now(
             dunning_api::status_word(state.status)
         )));
     }
+    // Each retry-now its own occurrence: the attempts (one a channel) and
+    // the SMS still deferred so far.
     let manual = state
         .attempts
         .iter()
         .filter(|a| a.interval.is_none())
-        .count();
+        .count()
+        + schedule.as_ref().map_or(0, |s| s.deferred.len());
     let who = audience(deps, tenant, &inv.customer_id)
         .await
         .map_err(to_dunning)?;
     let link = invoice_link(deps, &inv).await.map_err(to_dunning)?;
     let day = nepal_day(now);
+    let occurrence = format!(
+        "{}#now{manual}",
+        occurrence(&inv.id, NoticeKind::Dunning, day)
+    );
     let say = Say {
         kind: NoticeKind::Dunning,
-        occurrence: format!(
-            "{}#now{manual}",
-            occurrence(&inv.id, NoticeKind::Dunning, day)
-        ),
+        occurrence: occurrence.clone(),
         shown: inv.due_date,
         amount: inv.amount_due,
         pay_url: &link,
@@ -898,33 +1084,44 @@ pub async fn retry_now(
         invoice_id: Some(&inv.id),
     };
     let notice: Notice = (day, NoticeKind::Dunning, None);
-    let sent = match send(deps, &who, &say, now).await.map_err(to_dunning)? {
-        Sent::Done(sent) => sent,
-        // Quiet hours or a rate limit: the email went; the SMS is skipped.
-        Sent::Wait(_) => {
-            let mut only_mail = Vec::new();
-            if who.customer.as_ref().is_some_and(|c| c.email.is_some()) {
-                only_mail.push((NoticeChannel::Email, NoticeOutcome::Queued, None));
-            }
-            only_mail.push((NoticeChannel::Sms, NoticeOutcome::Skipped, None));
-            only_mail
+    let (sent, deferred) = match send(deps, &who, &say, now).await.map_err(to_dunning)? {
+        Sent::Done(sent) => (sent, None),
+        // Quiet hours or a rate limit: the email went; the SMS waits.
+        Sent::Wait { until, mail } => {
+            let mut sent: Vec<SentEntry> = mail.into_iter().collect();
+            sent.push((NoticeChannel::Sms, NoticeOutcome::Deferred, None));
+            let wait = DeferredSms {
+                at: until,
+                day,
+                kind: NoticeKind::Dunning,
+                occurrence: occurrence.clone(),
+                interval: None,
+            };
+            (sent, Some(wait))
         }
     };
     let new = entries(&sent, &notice, now);
-    record_attempts(deps, tenant, id, &new, None)
+    let attempted: Vec<NoticeEntry> = new
+        .iter()
+        .filter(|e| e.outcome != NoticeOutcome::Deferred)
+        .cloned()
+        .collect();
+    record_attempts(deps, tenant, id, &attempted, None, Some(&occurrence))
         .await
         .map_err(to_dunning)?;
-    append_history(deps, &inv, &new, now)
+    append_history(deps, &inv, &new, deferred, now)
         .await
         .map_err(to_dunning)?;
     dunning_api::invoice_dunning(deps, tenant, id).await
 }
 
-/// Adds entries to the invoice's schedule history (retry-now's).
+/// Adds entries to the invoice's schedule history (retry-now's), and the
+/// SMS it defers.
 async fn append_history(
     deps: &Deps,
     inv: &BillingInvoice,
     new: &[NoticeEntry],
+    deferred: Option<DeferredSms>,
     now: Timestamp,
 ) -> Result<(), NoticeError> {
     for _ in 0..TRIES {
@@ -932,10 +1129,14 @@ async fn append_history(
             record::get::<NoticeSchedule>(&*deps.store, &NoticeSchedule::invoice_key(&inv.id))
                 .await?
         else {
+            if deferred.is_some() {
+                tracing::warn!(invoice = %inv.id, "no notice schedule: a deferred retry-now SMS is not kept");
+            }
             return Ok(());
         };
         let mut next = cur.clone();
         next.history.extend(new.iter().cloned());
+        next.deferred.extend(deferred.iter().cloned());
         next.updated_at = now;
         if save(deps, &cur, next).await? {
             return Ok(());

@@ -616,3 +616,478 @@ async fn retry_now_sends_a_real_reminder_and_shows_in_the_dunning_view() {
     assert_eq!(sms_texts(&w).await.len(), before);
     assert!(schedule(&w, &inv).await.next_at.is_none());
 }
+
+/// An invoice overdue since 2026-01-20 under a one-interval policy (3
+/// days: the scheduled dunning reminder on Jan 23), its dunning active.
+async fn dunned(w: &World) -> BillingInvoice {
+    let sub = subscribe(w, monthly(), at(TRIAL_END), None, None).await;
+    w.set(at(TRIAL_END));
+    sweep::sweep(&w.deps, w.now(), 100).await.unwrap();
+    let inv = invoices(w, &sub).await.remove(0);
+    pass(&w.deps, w.now(), 100).await.unwrap();
+    policy(w, &[3], FinalAction::Cancel).await;
+    w.set(at("2026-01-20T02:00:00Z"));
+    sweep::sweep(&w.deps, w.now(), 100).await.unwrap();
+    pass(&w.deps, w.now(), 100).await.unwrap();
+    inv
+}
+
+fn reminders_of(view: &crate::domain::billing::dunning_api::InvoiceDunningView) -> Vec<String> {
+    view.reminders
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {} {}",
+                r.kind.as_str(),
+                serde_json::to_value(r.channel).unwrap().as_str().unwrap(),
+                serde_json::to_value(r.outcome).unwrap().as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn retry_now_in_quiet_hours_defers_the_sms_and_sends_it_once_at_seven() {
+    use crate::domain::billing::dunning_api::invoice_dunning;
+    for (name, store) in stores().await {
+        let w = world(store, at(T0)).await;
+        let inv = dunned(&w).await;
+        let sms_before = sms_texts(&w).await.len();
+        // 21:45 Nepal time: quiet hours.
+        w.set(at("2026-01-20T16:00:00Z"));
+        let view = retry_now(&w.deps, &w.tenant, &inv.id).await.unwrap();
+        assert_eq!(view.attempts.len(), 1, "{name}: the email only, for now");
+        assert_eq!(view.attempts[0].channel, dunning::Channel::Email, "{name}");
+        let shown = reminders_of(&view);
+        assert_eq!(
+            shown[shown.len() - 2..],
+            ["dunning email queued", "dunning sms deferred"],
+            "{name}"
+        );
+        assert_eq!(sms_texts(&w).await.len(), sms_before, "{name}: no SMS at night");
+        let s = schedule(&w, &inv).await;
+        assert_eq!(s.deferred.len(), 1, "{name}");
+        assert_eq!(s.next_at, Some(at("2026-01-21T01:15:00Z")), "{name}: 07:00");
+        // Still night: nothing goes.
+        w.set(at("2026-01-21T01:00:00Z"));
+        let r = pass(&w.deps, w.now(), 100).await.unwrap();
+        assert_eq!((r.sent, r.notices_run), (0, 0), "{name}: {r:?}");
+        // 07:00: the SMS goes, once, however many runs race for it.
+        w.set(at("2026-01-21T01:15:00Z"));
+        let now = w.now();
+        let runs = futures::future::join_all((0..4).map(|_| run_one(&w.deps, &s, now))).await;
+        assert!(runs.iter().all(Result::is_ok), "{name}: {runs:?}");
+        pass(&w.deps, now, 100).await.unwrap();
+        let texts = sms_texts(&w).await;
+        assert_eq!(texts.len(), sms_before + 1, "{name}: {texts:?}");
+        assert!(texts.iter().any(|t| t.contains("failed. Please pay")), "{name}: {texts:?}");
+        let view = invoice_dunning(&w.deps, &w.tenant, &inv.id).await.unwrap();
+        let attempts: Vec<_> = view
+            .attempts
+            .iter()
+            .map(|a| (a.channel, a.outcome, a.interval))
+            .collect();
+        assert_eq!(
+            attempts,
+            vec![
+                (dunning::Channel::Email, dunning::AttemptOutcome::Queued, None),
+                (dunning::Channel::Sms, dunning::AttemptOutcome::Logged, None),
+            ],
+            "{name}"
+        );
+        let shown = reminders_of(&view);
+        assert_eq!(shown.last().map(String::as_str), Some("dunning sms logged"), "{name}");
+        assert_eq!(
+            shown.iter().filter(|r| *r == "dunning sms logged").count(),
+            1,
+            "{name}: {shown:?}"
+        );
+        let s = schedule(&w, &inv).await;
+        assert!(s.deferred.is_empty(), "{name}");
+        // The scheduled reminder (Jan 23) is still the next.
+        assert_eq!(s.next_at, Some(at("2026-01-23T01:15:00Z")), "{name}");
+        let again = pass(&w.deps, now, 100).await.unwrap();
+        assert_eq!(again.sent, 0, "{name}");
+        assert_eq!(sms_texts(&w).await.len(), sms_before + 1, "{name}");
+        // A second retry-now is its own reminder (not the first's again).
+        w.set(at("2026-01-21T03:00:00Z"));
+        let view = retry_now(&w.deps, &w.tenant, &inv.id).await.unwrap();
+        assert_eq!(view.attempts.len(), 4, "{name}");
+        assert_eq!(sms_texts(&w).await.len(), sms_before + 2, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_deferred_retry_now_sms_is_dropped_when_dunning_stops_or_the_invoice_is_paid() {
+    use crate::domain::billing::dunning_api::{invoice_dunning, stop};
+    let (_, store) = stores().await.remove(0);
+    for paid in [false, true] {
+        let w = world(store.clone(), at(T0)).await;
+        let inv = dunned(&w).await;
+        let sms_before = sms_texts(&w).await.len();
+        w.set(at("2026-01-20T16:00:00Z"));
+        retry_now(&w.deps, &w.tenant, &inv.id).await.unwrap();
+        if paid {
+            invoice::pay_invoice(
+                &w.deps,
+                &w.tenant,
+                &inv.id,
+                invoice::PaymentSource::OutOfBand {
+                    method: invoice::OutOfBandMethod::Cash,
+                    received_on: chrono::NaiveDate::from_ymd_opt(2026, 1, 20).unwrap(),
+                    reference: "r-1".into(),
+                    recorded_by: "test".into(),
+                },
+                inv.amount_due,
+                w.now(),
+            )
+            .await
+            .unwrap();
+        } else {
+            stop(&w.deps, &w.tenant, &inv.id).await.unwrap();
+        }
+        w.set(at("2026-01-21T01:15:00Z"));
+        pass(&w.deps, w.now(), 100).await.unwrap();
+        assert_eq!(sms_texts(&w).await.len(), sms_before, "paid {paid}: not sent");
+        let s = schedule(&w, &inv).await;
+        assert!(s.deferred.is_empty() && s.next_at.is_none(), "paid {paid}: {s:?}");
+        let last = s.history.last().unwrap();
+        assert_eq!(
+            (last.channel, last.outcome),
+            (NoticeChannel::Sms, NoticeOutcome::Skipped),
+            "paid {paid}"
+        );
+        let view = invoice_dunning(&w.deps, &w.tenant, &inv.id).await.unwrap();
+        assert_eq!(view.attempts.len(), 1, "paid {paid}: the email only");
+    }
+}
+
+/// A queue that refuses sends to one queue (down), the rest as `inner`.
+struct DownFor(crate::queue::QueueName, Arc<dyn crate::queue::Queue>);
+
+#[async_trait::async_trait]
+impl crate::queue::Queue for DownFor {
+    async fn send(
+        &self,
+        queue: crate::queue::QueueName,
+        body: &str,
+        delay: std::time::Duration,
+    ) -> Result<String, crate::queue::QueueError> {
+        if queue == self.0 {
+            return Err(crate::queue::QueueError::Unavailable("injected".into()));
+        }
+        self.1.send(queue, body, delay).await
+    }
+    async fn receive(
+        &self,
+        queue: crate::queue::QueueName,
+        max: usize,
+        wait: std::time::Duration,
+        visibility: std::time::Duration,
+    ) -> Result<Vec<crate::queue::Message>, crate::queue::QueueError> {
+        self.1.receive(queue, max, wait, visibility).await
+    }
+    async fn delete(
+        &self,
+        queue: crate::queue::QueueName,
+        receipt: &str,
+    ) -> Result<(), crate::queue::QueueError> {
+        self.1.delete(queue, receipt).await
+    }
+}
+
+fn with_down(w: &World, queue: crate::queue::QueueName) -> AppState {
+    w.deps
+        .clone()
+        .with_queue(Arc::new(DownFor(queue, w.deps.queue.clone())))
+}
+
+/// Every message on `queue` now (taken off it).
+async fn drain(w: &World, queue: crate::queue::QueueName) -> Vec<String> {
+    let mut out = Vec::new();
+    loop {
+        let got = w
+            .deps
+            .queue
+            .receive(
+                queue,
+                10,
+                std::time::Duration::ZERO,
+                std::time::Duration::from_secs(300),
+            )
+            .await
+            .unwrap();
+        if got.is_empty() {
+            return out;
+        }
+        for m in got {
+            w.deps.queue.delete(queue, &m.receipt).await.unwrap();
+            out.push(m.body);
+        }
+    }
+}
+
+/// Another merchant's project in `mode`, with a customer (email and/or
+/// phone).
+async fn another_tenant(
+    w: &World,
+    mode: Mode,
+    email: Option<&str>,
+    phone: Option<&str>,
+) -> (Tenant, Customer) {
+    let t0 = w.now();
+    let store = &*w.deps.store;
+    let merchant = account::create_merchant(store, t0, "Valley Gym", "v@example.com", Plan::Growth)
+        .await
+        .unwrap();
+    let project = account::create_project(store, t0, &merchant, "Gym", false)
+        .await
+        .unwrap();
+    let tenant = Tenant::new(project.id.clone(), mode);
+    let customer = customers::create(
+        &w.deps,
+        &tenant,
+        CreateCustomer {
+            name: "Hari".into(),
+            email: email.map(str::to_owned),
+            phone: phone.map(str::to_owned),
+            external_customer_id: None,
+            metadata: None,
+            locale: None,
+            test_clock_id: None,
+        },
+        None,
+    )
+    .await
+    .unwrap();
+    (tenant, customer)
+}
+
+/// A subscription of `customer` (of `tenant`) whose trial ends at
+/// `TRIAL_END`.
+async fn subscribe_as(w: &World, tenant: &Tenant, customer: &Customer) -> Subscription {
+    let input = NewSubscription {
+        customer_id: customer.id.clone(),
+        plan_id: "bp_1".into(),
+        terms: monthly(),
+        reference_id: None,
+        metadata: serde_json::Map::new(),
+        start: w.now(),
+        trial_ends_at: Some(at(TRIAL_END)),
+        billing_anchor_day: None,
+        dunning_policy_id: None,
+        test_clock_id: None,
+    };
+    let sub = new_subscription(tenant, input, w.now()).unwrap();
+    subscription::create(&w.deps, &sub).await.unwrap();
+    sub
+}
+
+#[tokio::test]
+async fn with_the_mail_queue_down_the_notice_waits_and_each_message_goes_once() {
+    use crate::queue::QueueName;
+    for (name, store) in stores().await {
+        let w = world(store, at(T0)).await;
+        let sub = subscribe(&w, monthly(), at(TRIAL_END), None, None).await;
+        w.set(at(TRIAL_END));
+        sweep::sweep(&w.deps, w.now(), 100).await.unwrap();
+        let inv = invoices(&w, &sub).await.remove(0);
+        let down = with_down(&w, QueueName::Mail);
+        // Two passes while the queue is down: each fails the record, which
+        // stays due; the SMS (no queue in sandbox) goes in the first, once.
+        for minute in 0..2 {
+            w.set(at(TRIAL_END).plus(Duration::minutes(minute)));
+            let r = pass(&down, w.now(), 100).await.unwrap();
+            assert_eq!(r.errors, 1, "{name}: {r:?}");
+            let s = schedule(&w, &inv).await;
+            assert!(s.history.is_empty(), "{name}: nothing recorded");
+            assert_eq!(s.next_at, Some(inv.issued_at), "{name}: still due");
+            assert_eq!(sms_texts(&w).await.len(), 1, "{name}: the SMS, once");
+            assert_eq!(mail_kinds(&w).await.len(), 1, "{name}: stored once");
+        }
+        assert!(drain(&w, QueueName::Mail).await.is_empty(), "{name}");
+        // The queue is back: the next pass queues the stored email (once)
+        // and records both channels with the first run's messages.
+        w.set(at(TRIAL_END).plus(Duration::minutes(2)));
+        let r = pass(&w.deps, w.now(), 100).await.unwrap();
+        assert_eq!((r.errors, r.notices_run), (0, 1), "{name}: {r:?}");
+        let queued = drain(&w, QueueName::Mail).await;
+        assert_eq!(queued.len(), 1, "{name}: {queued:?}");
+        let s = schedule(&w, &inv).await;
+        let got: Vec<_> = s.history.iter().map(|e| (e.channel, e.outcome)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (NoticeChannel::Email, NoticeOutcome::Queued),
+                (NoticeChannel::Sms, NoticeOutcome::Logged),
+            ],
+            "{name}"
+        );
+        assert!(s.history.iter().all(|e| e.sms_id.is_some() || e.mail_id.is_some()));
+        let again = pass(&w.deps, w.now(), 100).await.unwrap();
+        assert_eq!(again.notices_run, 0, "{name}");
+        assert!(drain(&w, QueueName::Mail).await.is_empty(), "{name}");
+        assert_eq!(sms_texts(&w).await.len(), 1, "{name}");
+        assert_eq!(mail_kinds(&w).await.len(), 1, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn with_the_sms_queue_down_a_live_notice_is_kept_and_queued_once_later() {
+    use crate::queue::QueueName;
+    for (name, store) in stores().await {
+        let w = world(store, at(T0)).await;
+        let (tenant, customer) =
+            another_tenant(&w, Mode::Live, Some("hari@example.com"), Some("9841000002")).await;
+        let sub = subscribe_as(&w, &tenant, &customer).await;
+        w.set(at(TRIAL_END));
+        sweep::sweep(&w.deps, w.now(), 100).await.unwrap();
+        let down = with_down(&w, QueueName::Sms);
+        let r = pass(&down, w.now(), 100).await.unwrap();
+        // Stored and counted: the SMS will go, so the notice is recorded.
+        assert_eq!((r.errors, r.sent), (0, 2), "{name}: {r:?}");
+        assert!(drain(&w, QueueName::Sms).await.is_empty(), "{name}");
+        let sms = crate::domain::sms::list_recent(&*w.deps.store, &tenant, 10)
+            .await
+            .unwrap();
+        assert_eq!(sms.len(), 1, "{name}");
+        assert_eq!(sms[0].status, crate::domain::sms::SmsStatus::Queued);
+        assert_eq!(drain(&w, QueueName::Mail).await.len(), 1, "{name}: the email");
+        // Passes go on (the queue still down): nothing is stored again.
+        w.set(at(TRIAL_END).plus(Duration::minutes(1)));
+        let r = pass(&down, w.now(), 100).await.unwrap();
+        assert_eq!(r.notices_run, 0, "{name}: {r:?}");
+        // The queue is back: the SMS backstop queues the stored SMS once.
+        w.set(at(TRIAL_END).plus(Duration::minutes(6)));
+        let n = crate::domain::sms::requeue_stuck(&w.deps, w.now(), 10)
+            .await
+            .unwrap();
+        assert_eq!(n, 1, "{name}");
+        let queued = drain(&w, QueueName::Sms).await;
+        assert_eq!(queued.len(), 1, "{name}: {queued:?}");
+        assert!(queued[0].contains(sms[0].id.as_str()), "{name}");
+        let r = pass(&w.deps, w.now(), 100).await.unwrap();
+        assert_eq!(r.notices_run, 0, "{name}");
+        assert_eq!(
+            crate::domain::sms::list_recent(&*w.deps.store, &tenant, 10)
+                .await
+                .unwrap()
+                .len(),
+            1,
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_whose_notice_fails_does_not_hold_up_another() {
+    use crate::queue::QueueName;
+    for (name, store) in stores().await {
+        // The world's customer has an email (the mail queue is down); the
+        // other tenant's customer only a phone.
+        let w = world(store, at(T0)).await;
+        let sub = subscribe(&w, monthly(), at(TRIAL_END), None, None).await;
+        let (other, customer) = another_tenant(&w, Mode::Sandbox, None, Some("9841000003")).await;
+        subscribe_as(&w, &other, &customer).await;
+        w.set(at(TRIAL_END));
+        sweep::sweep(&w.deps, w.now(), 100).await.unwrap();
+        let inv = invoices(&w, &sub).await.remove(0);
+        let down = with_down(&w, QueueName::Mail);
+        let r = pass(&down, w.now(), 100).await.unwrap();
+        // The other's SMS counted; the failed run counts nothing (the
+        // trials' ending notices, past, are closed beside).
+        assert_eq!((r.errors, r.sent), (1, 1), "{name}: {r:?}");
+        let theirs = crate::domain::sms::list_recent(&*w.deps.store, &other, 10)
+            .await
+            .unwrap();
+        assert_eq!(theirs.len(), 1, "{name}: the other tenant's SMS went");
+        assert!(schedule(&w, &inv).await.history.is_empty(), "{name}");
+        // Back up: the failed tenant's notice goes; the other's not again.
+        let r = pass(&w.deps, w.now(), 100).await.unwrap();
+        assert_eq!((r.errors, r.notices_run), (0, 1), "{name}: {r:?}");
+        assert_eq!(schedule(&w, &inv).await.history.len(), 2, "{name}");
+        assert_eq!(
+            crate::domain::sms::list_recent(&*w.deps.store, &other, 10)
+                .await
+                .unwrap()
+                .len(),
+            1,
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_subscriptions_timeline_holds_its_events_and_notices_newest_first() {
+    use crate::domain::dashboard::{BillingRow, billing_timeline};
+    use crate::domain::outbox::BillingTimeline;
+    for (name, store) in stores().await {
+        let w = world(store, at(T0)).await;
+        let sub = subscribe(&w, monthly(), at(TRIAL_END), None, None).await;
+        w.set(at(TRIAL_END));
+        sweep::sweep(&w.deps, w.now(), 100).await.unwrap();
+        let inv = invoices(&w, &sub).await.remove(0);
+        pass(&w.deps, w.now(), 100).await.unwrap();
+        let show = |rows: &[BillingRow]| -> Vec<String> {
+            rows.iter()
+                .map(|r| match r {
+                    BillingRow::Event(e) => format!(
+                        "{} {}",
+                        e.event_type.as_str(),
+                        e.about.as_deref().unwrap_or("-")
+                    ),
+                    BillingRow::Notice { invoice, entry } => format!(
+                        "{} {:?} {:?} {}",
+                        entry.kind.as_str(),
+                        entry.channel,
+                        entry.outcome,
+                        invoice.as_ref().map_or("-", |i| i.as_str())
+                    ),
+                })
+                .collect()
+        };
+        let rows = billing_timeline(
+            &w.deps,
+            BillingTimeline::Subscription(&sub.id),
+            std::slice::from_ref(&inv.id),
+            std::slice::from_ref(&sub.id),
+            50,
+        )
+        .await
+        .unwrap();
+        let mut seen = show(&rows);
+        let i = inv.id.as_str();
+        // The sweep's three events share its time (their order is the
+        // timeline's, by event id); the notices, at that time too, first.
+        seen[2..5].sort();
+        assert_eq!(
+            seen,
+            vec![
+                format!("due_today Email Queued {i}"),
+                format!("due_today Sms Logged {i}"),
+                format!("billing_invoice.created {i}"),
+                "subscription.trial_ended -".to_owned(),
+                "subscription.trial_will_end -".to_owned(),
+                "subscription.created -".to_owned(),
+            ],
+            "{name}"
+        );
+        assert!(rows.windows(2).all(|p| p[0].at() >= p[1].at()), "{name}");
+        // The customer's timeline has the same events; bounded by `limit`.
+        let rows = billing_timeline(
+            &w.deps,
+            BillingTimeline::Customer(&w.customer.id),
+            &[],
+            &[],
+            2,
+        )
+        .await
+        .unwrap();
+        assert_eq!(rows.len(), 2, "{name}");
+        assert!(
+            rows.iter()
+                .all(|r| matches!(r, BillingRow::Event(e) if e.created_at == at(TRIAL_END))),
+            "{name}: the newest two"
+        );
+    }
+}

@@ -228,6 +228,7 @@ async fn an_invoices_dunning_history_is_appended_without_losing_a_writer() {
         channel,
         outcome: AttemptOutcome::Logged,
         interval: Some(0),
+        occurrence: None,
     };
     let one = append_attempt(&deps, &state, attempt(Channel::Sms))
         .await
