@@ -4,7 +4,9 @@
 //! period, payments taken exactly once, and dunning policies. No HTTP.
 
 pub mod calendar;
+pub mod coupons;
 pub mod customers;
+pub mod discounts;
 pub mod due;
 pub mod dunning;
 pub mod dunning_api;
