@@ -10,9 +10,9 @@ use axum::extract::{FromRequestParts, Path};
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use shared::ids::{
-    ApiKeyId, AuditId, BillingInvoiceId, CustomerId, DeliveryId, DunningPolicyId, EndpointId,
-    EventId, InvoiceId, LinkId, MerchantId, PaymentId, PlanId, ProjectId, RefundId, SessionId,
-    SmsId, SubscriptionId, TestClockId, TypedId, UserId,
+    ApiKeyId, AuditId, BillingInvoiceId, CouponId, CustomerId, DeliveryId, DunningPolicyId,
+    EndpointId, EventId, InvoiceId, LinkId, MerchantId, PaymentId, PlanId, ProjectId,
+    PromotionCodeId, RefundId, SessionId, SmsId, SubscriptionId, TestClockId, TypedId, UserId,
 };
 use shared::refusal::Refusal;
 
@@ -79,7 +79,9 @@ id_parts!(
     SubscriptionId,
     DunningPolicyId,
     BillingInvoiceId,
-    TestClockId
+    TestClockId,
+    CouponId,
+    PromotionCodeId
 );
 
 /// What a route's path holds, in order: one part or a tuple of them.

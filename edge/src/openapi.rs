@@ -223,6 +223,14 @@ pub const ERROR_CODES: &[(&str, &str)] = &[
         "the subscription's status does not allow that change",
     ),
     (
+        "coupon_code_taken",
+        "a coupon of the project and mode already has this code (any case)",
+    ),
+    (
+        "promotion_code_taken",
+        "a promotion code of the project and mode already has this code (any case)",
+    ),
+    (
         "test_clock_live_mode",
         "test clocks exist in sandbox only: use a sandbox key",
     ),

@@ -28,6 +28,8 @@ pub enum IdKind {
     DunningPolicy,
     TestClock,
     Mail,
+    Coupon,
+    PromotionCode,
 }
 
 impl IdKind {
@@ -54,6 +56,8 @@ impl IdKind {
             IdKind::DunningPolicy => "dpol_",
             IdKind::TestClock => "clock_",
             IdKind::Mail => "mail_",
+            IdKind::Coupon => "cpn_",
+            IdKind::PromotionCode => "promo_",
         }
     }
 }
@@ -337,6 +341,10 @@ typed_ids! {
     TestClockId => TestClock, "test clock";
     /// `mail_…`: an email message.
     MailId => Mail, "mail";
+    /// `cpn_…`: a coupon.
+    CouponId => Coupon, "coupon";
+    /// `promo_…`: a promotion code.
+    PromotionCodeId => PromotionCode, "promotion code";
 }
 
 #[cfg(test)]

@@ -97,6 +97,14 @@ pub enum PerMode {
     TestClocks,
     /// `gsi2`: billing notices by when the next is due (`notices`).
     NoticesDue,
+    /// Coupons (their own partition, by id).
+    Coupons,
+    /// Coupon code claims (by the upper-cased code: one coupon per code).
+    CouponCodes,
+    /// Promotion codes (their own partition, by id).
+    PromotionCodes,
+    /// Promotion code claims (by the upper-cased code).
+    PromotionCodeNames,
 }
 
 impl PerMode {
@@ -118,6 +126,10 @@ impl PerMode {
             PerMode::SubscriptionsDue => "SUBDUE",
             PerMode::TestClocks => "CLOCK",
             PerMode::NoticesDue => "NOTICEDUE",
+            PerMode::Coupons => "COUPON",
+            PerMode::CouponCodes => "COUPONCODE",
+            PerMode::PromotionCodes => "PROMO",
+            PerMode::PromotionCodeNames => "PROMOCODE",
         }
     }
 }
@@ -187,6 +199,12 @@ pub fn stats_day_end(day: &str) -> String {
 /// The invoice number sequence of a project and mode.
 pub fn invoice_sequence(project_id: &str, mode: Mode) -> Key {
     Key::new(format!("PROJ#{project_id}#{}", mode.as_str()), "SEQ#PI")
+}
+
+/// A subscription's discount (`billing::discounts`): beside the
+/// subscription, in its partition.
+pub fn subscription_discount(subscription_id: &str) -> Key {
+    Key::new(format!("SUB#{subscription_id}"), "DISCOUNT")
 }
 
 /// The API key record, found by the hash of its secret.
@@ -560,6 +578,18 @@ mod tests {
         assert_eq!(
             per_mode("p", sb, PerMode::SubscriptionsDue),
             "PROJ#p#sandbox#SUBDUE"
+        );
+        for (what, s) in [
+            (PerMode::Coupons, "COUPON"),
+            (PerMode::CouponCodes, "COUPONCODE"),
+            (PerMode::PromotionCodes, "PROMO"),
+            (PerMode::PromotionCodeNames, "PROMOCODE"),
+        ] {
+            assert_eq!(per_mode("p", sb, what), format!("PROJ#p#sandbox#{s}"));
+        }
+        assert_eq!(
+            k(subscription_discount("sub_1")),
+            kk("SUB#sub_1", "DISCOUNT")
         );
         for (what, s) in [
             (Open::Payments, "OPEN#PAY#2"),

@@ -146,6 +146,38 @@ const ROUTES: &[Route] = &[
         "/v1/billing/dunning/subscriptions/{id}/policy",
         Scope::BillingWrite,
     ),
+    // billing: coupons, promotion codes, discounts
+    r("POST", "/v1/billing/coupons", Scope::BillingWrite),
+    r("GET", "/v1/billing/coupons", Scope::BillingRead),
+    r("GET", "/v1/billing/coupons/{id}", Scope::BillingRead),
+    r("DELETE", "/v1/billing/coupons/{id}", Scope::BillingWrite),
+    r("POST", "/v1/billing/promotion-codes", Scope::BillingWrite),
+    r("GET", "/v1/billing/promotion-codes", Scope::BillingRead),
+    r(
+        "GET",
+        "/v1/billing/promotion-codes/{id}",
+        Scope::BillingRead,
+    ),
+    r(
+        "PATCH",
+        "/v1/billing/promotion-codes/{id}",
+        Scope::BillingWrite,
+    ),
+    r(
+        "POST",
+        "/v1/billing/promotion-codes/validate",
+        Scope::BillingRead,
+    ),
+    r(
+        "POST",
+        "/v1/billing/subscriptions/{id}/apply-coupon",
+        Scope::BillingWrite,
+    ),
+    r(
+        "DELETE",
+        "/v1/billing/subscriptions/{id}/discount",
+        Scope::BillingWrite,
+    ),
     // billing: dunning
     r("POST", "/v1/billing/dunning/policies", Scope::BillingWrite),
     r("GET", "/v1/billing/dunning/policies", Scope::BillingRead),
@@ -398,6 +430,8 @@ struct Records {
     dunning_policy: String,
     billing_invoice: String,
     test_clock: String,
+    coupon: String,
+    promotion_code: String,
 }
 
 impl Records {
@@ -439,6 +473,10 @@ impl Records {
             &self.billing_invoice
         } else if p.starts_with("/v1/billing/test-clocks/") {
             &self.test_clock
+        } else if p.starts_with("/v1/billing/coupons/") {
+            &self.coupon
+        } else if p.starts_with("/v1/billing/promotion-codes/") {
+            &self.promotion_code
         } else {
             panic!("no record for {path}")
         }
@@ -504,6 +542,17 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
         ("POST", "/v1/billing/test-clocks/{id}/advance") => {
             json!({"frozenTime": "2031-01-01T00:00:00Z"})
         }
+        ("POST", "/v1/billing/coupons") => coupon_body("CONTRACT2"),
+        ("POST", "/v1/billing/promotion-codes") => {
+            json!({"couponId": rec.coupon, "code": "CONTRACT2OFF"})
+        }
+        ("PATCH", "/v1/billing/promotion-codes/{id}") => json!({"active": false}),
+        ("POST", "/v1/billing/promotion-codes/validate") => {
+            json!({"code": "CONTRACTOFF", "customerId": rec.customer, "planId": rec.plan, "amount": 10_000})
+        }
+        ("POST", "/v1/billing/subscriptions/{id}/apply-coupon") => {
+            json!({"couponId": rec.coupon})
+        }
         _ => panic!("no body for {method} {path}"),
     };
     Some(body)
@@ -515,6 +564,10 @@ fn test_clock_body() -> Value {
 
 fn dunning_policy_body() -> Value {
     json!({"name": "Standard 3-strike", "retryIntervalsDays": [1, 3, 7]})
+}
+
+fn coupon_body(code: &str) -> Value {
+    json!({"code": code, "name": "Launch", "discountType": "percent", "percentOff": 10, "duration": "once"})
 }
 
 fn plan_body() -> Value {
@@ -655,6 +708,14 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
     )
     .await;
     let clock = created(app, key, "/v1/billing/test-clocks", test_clock_body()).await;
+    let coupon = created(app, key, "/v1/billing/coupons", coupon_body("CONTRACT")).await;
+    let promotion_code = created(
+        app,
+        key,
+        "/v1/billing/promotion-codes",
+        json!({"couponId": coupon["id"], "code": "contractoff"}),
+    )
+    .await;
     let rec = Records {
         session: text(&session["id"]),
         payment: payment.id.to_string(),
@@ -672,6 +733,8 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         dunning_policy: text(&policy["id"]),
         billing_invoice: billing_invoice(app, tenant, &text(&customer["id"])).await,
         test_clock: text(&clock["id"]),
+        coupon: text(&coupon["id"]),
+        promotion_code: text(&promotion_code["id"]),
     };
     for (kind, id) in [
         ("cs_", &rec.session),
@@ -686,6 +749,8 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         ("dpol_", &rec.dunning_policy),
         ("inv_", &rec.billing_invoice),
         ("clock_", &rec.test_clock),
+        ("cpn_", &rec.coupon),
+        ("promo_", &rec.promotion_code),
     ] {
         assert!(id.starts_with(kind), "{kind}: {id}");
     }
@@ -1230,6 +1295,42 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
         ("POST", "/v1/billing/dunning/invoices/{id}/dunning/stop")
         | ("POST", "/v1/billing/dunning/invoices/{id}/dunning/retry-now") => vec![],
         ("POST", "/v1/billing/test-clocks") => vec![f("frozenTime", Str), f("name", Str)],
+        ("POST", "/v1/billing/coupons") => vec![
+            f("code", Str),
+            f("name", Str),
+            f("discountType", Str),
+            f("duration", Str),
+            n("percentOff", Int),
+            n("amountOff", Int),
+            n("currency", Str),
+            n("durationInCycles", Int),
+            n("maxRedemptions", Int),
+            n("redeemBy", Str),
+            n("appliesToPlanIds", Arr),
+            n("metadata", Obj),
+        ],
+        ("POST", "/v1/billing/promotion-codes") => vec![
+            f("couponId", Str),
+            f("code", Str),
+            n("maxRedemptions", Int),
+            n("expiresAt", Str),
+            n("firstTimeTransaction", Bool),
+            n("minimumAmount", Int),
+            n("customerIds", Arr),
+            n("metadata", Obj),
+        ],
+        ("PATCH", "/v1/billing/promotion-codes/{id}") => {
+            vec![f("active", Bool), n("metadata", Obj)]
+        }
+        ("POST", "/v1/billing/promotion-codes/validate") => vec![
+            f("code", Str),
+            n("customerId", Str),
+            n("planId", Str),
+            n("amount", Int),
+        ],
+        ("POST", "/v1/billing/subscriptions/{id}/apply-coupon") => {
+            vec![n("couponId", Str), n("promotionCode", Str)]
+        }
         ("POST", "/v1/billing/test-clocks/{id}/advance") => vec![f("frozenTime", Str)],
         _ => panic!("no body fields for {method} {path}"),
     }

@@ -11,6 +11,7 @@ mod analytics;
 mod api;
 mod billing;
 mod billing_clocks;
+mod billing_coupons;
 mod billing_dashboard;
 mod billing_invoices;
 mod billing_notices;

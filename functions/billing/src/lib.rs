@@ -1,7 +1,7 @@
 //! The billing function: all of `/v1/billing` (issue 39). Each resource
 //! group is a module with its own route table; [`MODULES`] is the list
 //! the function serves and documents (customers, plans, subscriptions,
-//! invoices, dunning, test clocks). The rules are in
+//! invoices, dunning, test clocks, coupons, promotion codes, discounts). The rules are in
 //! `shared::domain::billing`.
 
 use axum::Router;
@@ -10,10 +10,13 @@ use edge::with_edge;
 use serde::Serialize;
 use shared::AppState;
 
+mod coupons;
 mod customers;
+mod discounts;
 mod dunning;
 mod invoices;
 mod plans;
+mod promotion_codes;
 mod subscriptions;
 mod test_clocks;
 
@@ -25,6 +28,9 @@ const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] = &[
     invoices::routes,
     dunning::routes,
     test_clocks::routes,
+    coupons::routes,
+    promotion_codes::routes,
+    discounts::routes,
 ];
 
 /// The function's routes and their description, one value.

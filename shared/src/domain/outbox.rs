@@ -75,10 +75,20 @@ pub enum EventType {
     BillingInvoiceUncollectible,
     #[serde(rename = "billing_invoice.payment_refunded")]
     BillingInvoicePaymentRefunded,
+    #[serde(rename = "subscription.updated")]
+    SubscriptionUpdated,
+    #[serde(rename = "coupon.created")]
+    CouponCreated,
+    #[serde(rename = "coupon.deactivated")]
+    CouponDeactivated,
+    #[serde(rename = "promotion_code.created")]
+    PromotionCodeCreated,
+    #[serde(rename = "promotion_code.deactivated")]
+    PromotionCodeDeactivated,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 23] = [
+    pub const ALL: [EventType; 28] = [
         EventType::PaymentSucceeded,
         EventType::PaymentFailed,
         EventType::PaymentCancelled,
@@ -102,6 +112,11 @@ impl EventType {
         EventType::BillingInvoiceVoided,
         EventType::BillingInvoiceUncollectible,
         EventType::BillingInvoicePaymentRefunded,
+        EventType::SubscriptionUpdated,
+        EventType::CouponCreated,
+        EventType::CouponDeactivated,
+        EventType::PromotionCodeCreated,
+        EventType::PromotionCodeDeactivated,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -129,6 +144,11 @@ impl EventType {
             EventType::BillingInvoiceVoided => "billing_invoice.voided",
             EventType::BillingInvoiceUncollectible => "billing_invoice.uncollectible",
             EventType::BillingInvoicePaymentRefunded => "billing_invoice.payment_refunded",
+            EventType::SubscriptionUpdated => "subscription.updated",
+            EventType::CouponCreated => "coupon.created",
+            EventType::CouponDeactivated => "coupon.deactivated",
+            EventType::PromotionCodeCreated => "promotion_code.created",
+            EventType::PromotionCodeDeactivated => "promotion_code.deactivated",
         }
     }
 
@@ -140,6 +160,13 @@ impl EventType {
     /// `GET /v1/billing/subscriptions/{id}` answers it).
     pub fn is_subscription(self) -> bool {
         self.as_str().starts_with("subscription.")
+    }
+
+    /// A coupon's or promotion code's event (`data.object`: the record
+    /// as its GET answers it).
+    pub fn is_coupon(self) -> bool {
+        let s = self.as_str();
+        s.starts_with("coupon.") || s.starts_with("promotion_code.")
     }
 
     /// A billing invoice's event (`data.object`: the invoice as
@@ -322,6 +349,17 @@ impl Event {
                     ("customer_id", "customerId"),
                     ("plan_id", "planId"),
                     ("status", "status"),
+                    ("metadata", "metadata"),
+                ] {
+                    copy(to, from);
+                }
+            }
+            t if t.is_coupon() => {
+                for (to, from) in [
+                    ("id", "id"),
+                    ("code", "code"),
+                    ("coupon_id", "couponId"),
+                    ("active", "active"),
                     ("metadata", "metadata"),
                 ] {
                     copy(to, from);

@@ -272,6 +272,20 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
         ("PROJ", s) if pk.ends_with("#BPLAN") && s.starts_with("bp_") => {
             ("billing plan", record::<super::billing::plans::Plan>())
         }
+        ("PROJ", s) if pk.ends_with("#COUPON") && s.starts_with("cpn_") => {
+            ("coupon", record::<billing::coupons::Coupon>())
+        }
+        ("PROJ", s) if pk.ends_with("#PROMO") && s.starts_with("promo_") => (
+            "promotion code",
+            record::<billing::coupons::PromotionCode>(),
+        ),
+        ("PROJ", _) if pk.ends_with("#COUPONCODE") || pk.ends_with("#PROMOCODE") => {
+            ("coupon code claim", record::<billing::coupons::CodeClaim>())
+        }
+        ("SUB", "DISCOUNT") => (
+            "subscription discount",
+            record::<billing::discounts::Discount>(),
+        ),
         ("RATE", "RATE") => ("api key rate window", COUNT_TTL),
         ("REF", "REF") => ("refund", record::<refunds::Refund>()),
         ("SUB", "SUB") => (

@@ -6,7 +6,9 @@
 pub mod adjust;
 pub mod calendar;
 pub mod compose;
+pub mod coupons;
 pub mod customers;
+pub mod discounts;
 pub mod due;
 pub mod dunning;
 pub mod dunning_api;

@@ -1,0 +1,368 @@
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::*;
+use crate::domain::billing::coupons::{
+    CreateCoupon, CreatePromotionCode, create_coupon, create_promotion_code, get_coupon,
+    get_promotion_code,
+};
+use crate::domain::billing::customers::{self, CreateCustomer};
+use crate::domain::billing::lifecycle::{CancelSubscription, CreateSubscription};
+use crate::domain::billing::plans::{self, CreatePlan};
+use crate::ids::PlanId;
+use crate::store::Store;
+use crate::testenv::at;
+use crate::time::ManualClock;
+use crate::{AppState, Config};
+
+const NOW: &str = "2026-01-10T06:00:00Z";
+
+fn deps_on(store: Arc<dyn Store>) -> AppState {
+    AppState::new(
+        store,
+        Arc::new(ManualClock::new(at(NOW))),
+        Config {
+            public_base_url: "http://127.0.0.1:8080".into(),
+            events_base_url: None,
+            dashboard_base_url: None,
+        },
+    )
+}
+
+fn tenant() -> Tenant {
+    Tenant::new("p1", Mode::Sandbox)
+}
+
+fn ok<T, E: std::fmt::Display>(r: Result<T, E>) -> T {
+    r.unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn plan(deps: &Deps, name: &str) -> PlanId {
+    let body: CreatePlan = ok(serde_json::from_value(
+        json!({"name": name, "amount": 150_000, "intervalUnit": "month", "trialDays": 14}),
+    ));
+    ok(plans::create(deps, &tenant(), body, None).await).id
+}
+
+/// A trialing subscription of a new customer on `plan`.
+async fn subscription(deps: &Deps, plan: &PlanId) -> Subscription {
+    let body: CreateCustomer = ok(serde_json::from_value(json!({"name": "Sita"})));
+    let c = ok(customers::create(deps, &tenant(), body, None).await);
+    let body: CreateSubscription = ok(serde_json::from_value(
+        json!({"customerId": c.id, "planId": plan}),
+    ));
+    ok(lifecycle::create_subscription(deps, &tenant(), body, None).await).subscription
+}
+
+async fn coupon(deps: &Deps, v: serde_json::Value) -> Coupon {
+    let mut b = json!({"code": "C", "name": "Launch", "discountType": "percent", "percentOff": 50, "duration": "once"});
+    if let (Some(o), Some(e)) = (b.as_object_mut(), v.as_object()) {
+        o.extend(e.clone());
+    }
+    let body: CreateCoupon = ok(serde_json::from_value(b));
+    ok(create_coupon(deps, &tenant(), body, None).await)
+}
+
+async fn promo(deps: &Deps, coupon: &CouponId, v: serde_json::Value) -> PromotionCode {
+    let mut b = json!({"couponId": coupon, "code": "LAUNCH50"});
+    if let (Some(o), Some(e)) = (b.as_object_mut(), v.as_object()) {
+        o.extend(e.clone());
+    }
+    let body: CreatePromotionCode = ok(serde_json::from_value(b));
+    ok(create_promotion_code(deps, &tenant(), body, None).await)
+}
+
+fn by_code(code: &str) -> ApplyCoupon {
+    ApplyCoupon {
+        coupon_id: None,
+        promotion_code: Some(code.into()),
+    }
+}
+
+fn by_coupon(id: &CouponId) -> ApplyCoupon {
+    ApplyCoupon {
+        coupon_id: Some(id.to_string()),
+        promotion_code: None,
+    }
+}
+
+fn refusal(e: DiscountError) -> (String, String, String) {
+    let r = Refusal::from(e);
+    let reason = r
+        .extra
+        .as_ref()
+        .and_then(|(_, v)| v.as_str())
+        .unwrap_or_default()
+        .to_owned();
+    (r.code.to_owned(), r.field.unwrap_or_default(), reason)
+}
+
+#[test]
+fn each_duration_consumes_as_the_guide_says() {
+    let now = at(NOW);
+    let d = |cycles: Option<u32>| Discount {
+        subscription_id: SubscriptionId::new(),
+        project_id: "p1".into(),
+        mode: Mode::Sandbox,
+        coupon_id: CouponId::new(),
+        coupon_code: "C".into(),
+        name: "Launch".into(),
+        promotion_code_id: None,
+        promotion_code: None,
+        terms: CouponTerms {
+            discount_type: DiscountType::Percent,
+            percent_off: Some(50),
+            amount_off: None,
+            duration: match cycles {
+                None => CouponDuration::Forever,
+                Some(1) => CouponDuration::Once,
+                Some(_) => CouponDuration::Repeating,
+            },
+            duration_in_cycles: cycles.filter(|n| *n > 1),
+            applies_to_plan_ids: None,
+        },
+        cycles_left: cycles,
+        status: DiscountStatus::Active,
+        version: 3,
+        applied_at: now,
+        ended_at: None,
+        updated_at: now,
+    };
+    let once = d(Some(1)).consumed(now);
+    assert_eq!(once.status, DiscountStatus::Ended);
+    assert_eq!((once.cycles_left, once.version), (Some(0), 4));
+    let two = d(Some(2)).consumed(now);
+    assert_eq!(
+        (two.status, two.cycles_left),
+        (DiscountStatus::Active, Some(1))
+    );
+    let two = two.consumed(now);
+    assert_eq!(
+        (two.status, two.cycles_left),
+        (DiscountStatus::Ended, Some(0))
+    );
+    let forever = d(None);
+    assert_eq!(forever.consumed(now), forever, "forever: nothing changes");
+    // Every op is conditioned on the version read.
+    for disc in [d(Some(1)), d(Some(2)), d(None)] {
+        for op in disc.consume_ops(now) {
+            let cond = match op {
+                TxOp::Update { cond, .. } => cond,
+                TxOp::Check { cond, .. } => Some(cond),
+                _ => None,
+            };
+            assert_eq!(cond, Some(Discount::VERSION.eq(&3i64)));
+        }
+    }
+}
+
+#[tokio::test]
+async fn apply_replace_and_remove() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let t = tenant();
+    let fibre = plan(&deps, "Fibre").await;
+    let tv = plan(&deps, "TV").await;
+    let sub = subscription(&deps, &fibre).await;
+    let half = coupon(&deps, json!({"code": "HALF", "maxRedemptions": 10})).await;
+    let code = promo(&deps, &half.id, json!({"maxRedemptions": 5})).await;
+
+    let a = ok(apply(&deps, &t, &sub.id, by_code("launch50"), None).await);
+    let d = a.discount.clone().unwrap_or_else(|| panic!("a discount"));
+    assert_eq!(d.coupon_id, half.id.to_string());
+    assert_eq!(d.promotion_code.as_deref(), Some("LAUNCH50"));
+    assert_eq!(d.cycles_remaining, Some(1));
+    let json = serde_json::to_value(&a).unwrap_or_default();
+    assert_eq!(
+        json["id"],
+        sub.id.as_str(),
+        "the subscription, flat: {json}"
+    );
+    assert_eq!(json["discount"]["percentOff"], 50);
+    assert_eq!(ok(get_coupon(&deps, &t, &half.id).await).redeemed_count, 1);
+    assert_eq!(
+        ok(get_promotion_code(&deps, &t, &code.id).await).redeemed_count,
+        1
+    );
+
+    // Another replaces it (the version moves on); the counters of the
+    // first stay.
+    let ten = coupon(
+        &deps,
+        json!({"code": "TEN", "discountType": "amount", "percentOff": null, "amountOff": 10_000, "duration": "repeating", "durationInCycles": 3}),
+    )
+    .await;
+    let b = ok(apply(&deps, &t, &sub.id, by_coupon(&ten.id), None).await);
+    let d = b.discount.unwrap_or_else(|| panic!("a discount"));
+    assert_eq!((d.amount_off, d.cycles_remaining), (Some(10_000), Some(3)));
+    let stored = ok(get(&deps, &sub.id).await).unwrap_or_else(|| panic!("stored"));
+    assert_eq!(stored.version, 2);
+    assert_eq!(ok(get_coupon(&deps, &t, &half.id).await).redeemed_count, 1);
+
+    // A coupon for another plan, an unknown code, both or neither: 400
+    // naming the field, nothing changed.
+    let tv_only = coupon(&deps, json!({"code": "TVONLY", "appliesToPlanIds": [tv]})).await;
+    let (code_, field, why) = refusal(
+        apply(&deps, &t, &sub.id, by_coupon(&tv_only.id), None)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("applied")),
+    );
+    assert_eq!(
+        (code_.as_str(), field.as_str(), why.as_str()),
+        ("validation_failed", "couponId", "plan_not_eligible")
+    );
+    let (_, field, why) = refusal(
+        apply(&deps, &t, &sub.id, by_code("NOPE"), None)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("applied")),
+    );
+    assert_eq!(
+        (field.as_str(), why.as_str()),
+        ("promotionCode", "no_such_code")
+    );
+    let both = ApplyCoupon {
+        coupon_id: Some(ten.id.to_string()),
+        promotion_code: Some("LAUNCH50".into()),
+    };
+    let (_, field, _) = refusal(
+        apply(&deps, &t, &sub.id, both, None)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("applied")),
+    );
+    assert_eq!(field, "promotionCode");
+    let (_, field, _) = refusal(
+        apply(&deps, &t, &sub.id, ApplyCoupon::default(), None)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("applied")),
+    );
+    assert_eq!(field, "couponId");
+    assert_eq!(ok(get(&deps, &sub.id).await).map(|d| d.version), Some(2));
+
+    let r = ok(remove(&deps, &t, &sub.id).await);
+    assert!(r.discount.is_none());
+    let (code_, _, _) = refusal(
+        remove(&deps, &t, &sub.id)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("removed twice")),
+    );
+    assert_eq!(code_, "not_found");
+    let events = ok(crate::domain::outbox::recent(&*deps.store, &t, 50).await);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.event_type == EventType::SubscriptionUpdated)
+            .count(),
+        3,
+        "two applies and a removal"
+    );
+
+    // An ended subscription takes none.
+    let cancel: CancelSubscription = ok(serde_json::from_value(json!({})));
+    ok(lifecycle::cancel(&deps, &t, &sub.id, cancel).await);
+    let (code_, _, _) = refusal(
+        apply(&deps, &t, &sub.id, by_coupon(&ten.id), None)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("applied")),
+    );
+    assert_eq!(code_, "subscription_state_conflict");
+    // Another tenant's subscription: not found.
+    let other = Tenant::new("p2", Mode::Sandbox);
+    let (code_, _, _) = refusal(
+        apply(&deps, &other, &sub.id, by_coupon(&ten.id), None)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("applied")),
+    );
+    assert_eq!(code_, "not_found");
+}
+
+#[tokio::test]
+async fn a_forever_discount_ends_with_its_coupon_others_stay() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let t = tenant();
+    let fibre = plan(&deps, "Fibre").await;
+    let a = subscription(&deps, &fibre).await;
+    let b = subscription(&deps, &fibre).await;
+    let forever = coupon(&deps, json!({"code": "F", "duration": "forever"})).await;
+    let once = coupon(&deps, json!({"code": "O"})).await;
+    ok(apply(&deps, &t, &a.id, by_coupon(&forever.id), None).await);
+    ok(apply(&deps, &t, &b.id, by_coupon(&once.id), None).await);
+    assert!(matches!(
+        ok(for_invoice(&deps, &a).await),
+        ForInvoice::Applies(_)
+    ));
+    ok(crate::domain::billing::coupons::deactivate_coupon(&deps, &t, &forever.id).await);
+    ok(crate::domain::billing::coupons::deactivate_coupon(&deps, &t, &once.id).await);
+    assert!(matches!(
+        ok(for_invoice(&deps, &a).await),
+        ForInvoice::Ends(_)
+    ));
+    assert!(matches!(
+        ok(for_invoice(&deps, &b).await),
+        ForInvoice::Applies(_)
+    ));
+}
+
+/// The race of the issue: 50 subscriptions apply a code with one
+/// redemption left, at once. Exactly one wins; the others are told the
+/// limit is reached; the counters stop at the cap.
+async fn race_for_the_last_redemption(store: Arc<dyn Store>) {
+    let deps = deps_on(store);
+    let t = tenant();
+    let fibre = plan(&deps, "Fibre").await;
+    let c = coupon(&deps, json!({"code": "RACE", "maxRedemptions": 100})).await;
+    let p = promo(&deps, &c.id, json!({"code": "LAST", "maxRedemptions": 2})).await;
+    // One of the two is taken before the race.
+    let first = subscription(&deps, &fibre).await;
+    ok(apply(&deps, &t, &first.id, by_code("LAST"), None).await);
+    let mut subs = Vec::new();
+    for _ in 0..50 {
+        subs.push(subscription(&deps, &fibre).await);
+    }
+    let tasks: Vec<_> = subs
+        .iter()
+        .map(|s| {
+            let deps = deps.clone();
+            let t = t.clone();
+            let id = s.id.clone();
+            tokio::spawn(async move { apply(&deps, &t, &id, by_code("last"), None).await })
+        })
+        .collect();
+    let mut won = 0;
+    for task in tasks {
+        match task.await.unwrap_or_else(|e| panic!("{e}")) {
+            Ok(_) => won += 1,
+            Err(e) => {
+                let (_, field, why) = refusal(e);
+                assert_eq!(
+                    (field.as_str(), why.as_str()),
+                    ("promotionCode", "promotion_code_redemption_limit_reached")
+                );
+            }
+        }
+    }
+    assert_eq!(won, 1, "exactly one winner");
+    assert_eq!(
+        ok(get_promotion_code(&deps, &t, &p.id).await).redeemed_count,
+        2
+    );
+    assert_eq!(ok(get_coupon(&deps, &t, &c.id).await).redeemed_count, 2);
+    let mut discounted = 0;
+    for s in &subs {
+        if ok(active(&deps, &s.id).await).is_some() {
+            discounted += 1;
+        }
+    }
+    assert_eq!(discounted, 1, "one discount written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_racing_for_the_last_redemption_make_one_winner() {
+    race_for_the_last_redemption(crate::testenv::memory_store()).await;
+}
