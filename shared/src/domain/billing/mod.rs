@@ -4,6 +4,7 @@
 //! period, payments taken exactly once, and dunning policies. No HTTP.
 
 pub mod calendar;
+pub mod credit;
 pub mod customers;
 pub mod due;
 pub mod dunning;
@@ -17,5 +18,6 @@ pub mod plans;
 pub mod reminders;
 pub mod subscription;
 pub mod sweep;
+pub mod tax;
 pub mod terms;
 pub mod test_clock;
