@@ -10,11 +10,13 @@ use edge::with_edge;
 use serde::Serialize;
 use shared::AppState;
 
+mod credit;
 mod customers;
 mod dunning;
 mod invoices;
 mod plans;
 mod subscriptions;
+mod tax;
 mod test_clocks;
 
 /// Every resource group's route table.
@@ -25,6 +27,8 @@ const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] = &[
     invoices::routes,
     dunning::routes,
     test_clocks::routes,
+    tax::routes,
+    credit::routes,
 ];
 
 /// The function's routes and their description, one value.

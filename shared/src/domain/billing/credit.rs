@@ -19,11 +19,11 @@
 use serde::{Deserialize, Serialize};
 
 use crate::Deps;
+use crate::domain::Mode;
 use crate::domain::Tenant;
 use crate::domain::billing::customers::{BillingError, Customer, CustomerView, get, invalid};
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::record::{Changes, Record, from_item};
-use crate::domain::Mode;
 use crate::fields::wire::or_null;
 use crate::ids::{ApiKeyId, BillingInvoiceId, CreditEntryId, CustomerId, ProjectId, UserId};
 use crate::store::fence::Fence;
@@ -56,8 +56,12 @@ pub enum CreditReason {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum CreditActor {
-    ApiKey { key_id: ApiKeyId },
-    DashboardUser { user_id: UserId },
+    ApiKey {
+        key_id: ApiKeyId,
+    },
+    DashboardUser {
+        user_id: UserId,
+    },
     /// The billing engine (an invoice, a plan change, an overpayment).
     System,
 }
@@ -223,7 +227,11 @@ pub struct Granted {
 /// The writes that apply `grant` to `customer` as read (checked: never
 /// below 0, no overflow, not 0). Any write that changed the balance since
 /// makes the transaction fail, for the caller to read again.
-pub fn grant_ops(customer: &Customer, grant: Grant, now: Timestamp) -> Result<Granted, BillingError> {
+pub fn grant_ops(
+    customer: &Customer,
+    grant: Grant,
+    now: Timestamp,
+) -> Result<Granted, BillingError> {
     let balance = next_balance(customer.credit_balance, grant.amount)?;
     let entries = customer.credit_entries + 1;
     let tenant = Tenant::new(customer.project_id.clone(), customer.mode);

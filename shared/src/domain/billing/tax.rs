@@ -185,10 +185,7 @@ pub fn rate(raw: i64) -> Result<u32, BillingError> {
 
 /// A PAN/VAT number: 9 digits once spaces and hyphens are dropped.
 pub fn registration_number(raw: &str) -> Result<String, BillingError> {
-    let digits: String = raw
-        .chars()
-        .filter(|c| !matches!(c, ' ' | '-'))
-        .collect();
+    let digits: String = raw.chars().filter(|c| !matches!(c, ' ' | '-')).collect();
     if digits.len() == PAN_DIGITS && digits.bytes().all(|b| b.is_ascii_digit()) {
         Ok(digits)
     } else {
@@ -326,10 +323,22 @@ mod tests {
             (json!({"rateBps": 10_001}), "rateBps"),
             (json!({"rateBps": -1}), "rateBps"),
             (json!({"rateBps": i64::MAX}), "rateBps"),
-            (json!({"registrationNumber": "12345678"}), "registrationNumber"),
-            (json!({"registrationNumber": "1234567890"}), "registrationNumber"),
-            (json!({"registrationNumber": "30123456X"}), "registrationNumber"),
-            (json!({"registrationNumber": "３０１２３４５６７"}), "registrationNumber"),
+            (
+                json!({"registrationNumber": "12345678"}),
+                "registrationNumber",
+            ),
+            (
+                json!({"registrationNumber": "1234567890"}),
+                "registrationNumber",
+            ),
+            (
+                json!({"registrationNumber": "30123456X"}),
+                "registrationNumber",
+            ),
+            (
+                json!({"registrationNumber": "３０１２３４５６７"}),
+                "registrationNumber",
+            ),
             (json!({"label": "  "}), "label"),
             (json!({"label": "x".repeat(31)}), "label"),
         ] {

@@ -81,9 +81,16 @@ async fn a_ledger_keeps_every_change_with_its_balance() {
     let store = memory_store();
     let d = deps(&store);
     let c = customer(&d).await;
-    let (after, entry) = add(&d, &tenant(), &c.id, body(50_000, Some("advance")), actor(), None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let (after, entry) = add(
+        &d,
+        &tenant(),
+        &c.id,
+        body(50_000, Some("advance")),
+        actor(),
+        None,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(after.credit_balance, 50_000);
     let entry = entry.unwrap_or_else(|| panic!("an entry"));
     assert!(entry.id.as_str().starts_with("cbt_"));
@@ -108,8 +115,15 @@ async fn a_ledger_keeps_every_change_with_its_balance() {
     let entries = ledger(&d, &tenant(), &c.id, 10)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let seen: Vec<(i64, i64)> = entries.iter().map(|e| (e.amount, e.balance_after)).collect();
-    assert_eq!(seen, vec![(-20_000, 30_000), (50_000, 50_000)], "newest first");
+    let seen: Vec<(i64, i64)> = entries
+        .iter()
+        .map(|e| (e.amount, e.balance_after))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![(-20_000, 30_000), (50_000, 50_000)],
+        "newest first"
+    );
     assert_eq!(entries[1].note.as_deref(), Some("advance"));
     // One webhook per change, the customer with its balance.
     let events = crate::domain::outbox::recent(&*store, &tenant(), 50)
