@@ -30,6 +30,7 @@ pub enum IdKind {
     Mail,
     Coupon,
     PromotionCode,
+    CreditEntry,
 }
 
 impl IdKind {
@@ -58,6 +59,7 @@ impl IdKind {
             IdKind::Mail => "mail_",
             IdKind::Coupon => "cpn_",
             IdKind::PromotionCode => "promo_",
+            IdKind::CreditEntry => "cbt_",
         }
     }
 }
@@ -345,6 +347,8 @@ typed_ids! {
     CouponId => Coupon, "coupon";
     /// `promo_…`: a promotion code.
     PromotionCodeId => PromotionCode, "promotion code";
+    /// `cbt_…`: an entry of a billing customer's credit ledger.
+    CreditEntryId => CreditEntry, "credit entry";
 }
 
 #[cfg(test)]

@@ -112,6 +112,19 @@ const ROUTES: &[Route] = &[
     r("GET", "/v1/billing/plans/{id}", Scope::BillingRead),
     r("PATCH", "/v1/billing/plans/{id}", Scope::BillingWrite),
     r("DELETE", "/v1/billing/customers/{id}", Scope::BillingWrite),
+    // billing: customer credit and tax settings (issue 40)
+    r(
+        "POST",
+        "/v1/billing/customers/{id}/credit",
+        Scope::BillingWrite,
+    ),
+    r(
+        "GET",
+        "/v1/billing/customers/{id}/credit",
+        Scope::BillingRead,
+    ),
+    r("GET", "/v1/billing/settings/tax", Scope::BillingRead),
+    r("PATCH", "/v1/billing/settings/tax", Scope::BillingWrite),
     // billing: subscriptions
     r("POST", "/v1/billing/subscriptions", Scope::BillingWrite),
     r("GET", "/v1/billing/subscriptions", Scope::BillingRead),
@@ -521,6 +534,8 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
         }),
         ("POST", "/v1/billing/customers") => json!({"name": "Sita Sharma"}),
         ("PATCH", "/v1/billing/customers/{id}") => json!({"email": "sita@example.com"}),
+        ("POST", "/v1/billing/customers/{id}/credit") => json!({"amount": 500, "note": "advance"}),
+        ("PATCH", "/v1/billing/settings/tax") => json!({"enabled": false}),
         ("POST", "/v1/billing/plans") => plan_body(),
         ("PATCH", "/v1/billing/plans/{id}") => json!({"name": "Fibre 100"}),
         ("POST", "/v1/billing/subscriptions") => {
@@ -1240,6 +1255,14 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
             n("externalCustomerId", Str),
             f("locale", Str),
             n("metadata", Obj),
+        ],
+        ("POST", "/v1/billing/customers/{id}/credit") => vec![f("amount", Int), n("note", Str)],
+        ("PATCH", "/v1/billing/settings/tax") => vec![
+            f("enabled", Bool),
+            f("rateBps", Int),
+            n("registrationNumber", Str),
+            n("label", Str),
+            f("overpaymentHandling", Str),
         ],
         ("POST", "/v1/billing/plans") => vec![
             f("name", Str),

@@ -16,6 +16,7 @@ mod billing_dashboard;
 mod billing_invoices;
 mod billing_notices;
 mod billing_subscriptions;
+mod billing_taxcredit;
 mod billing_walk;
 mod browser;
 mod checkout;

@@ -11,6 +11,7 @@ use serde::Serialize;
 use shared::AppState;
 
 mod coupons;
+mod credit;
 mod customers;
 mod discounts;
 mod dunning;
@@ -18,6 +19,7 @@ mod invoices;
 mod plans;
 mod promotion_codes;
 mod subscriptions;
+mod tax;
 mod test_clocks;
 
 /// Every resource group's route table.
@@ -31,6 +33,8 @@ const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] = &[
     coupons::routes,
     promotion_codes::routes,
     discounts::routes,
+    tax::routes,
+    credit::routes,
 ];
 
 /// The function's routes and their description, one value.

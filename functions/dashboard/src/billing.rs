@@ -36,12 +36,13 @@ use crate::pages::{Nav, label, layout, rupees, status_badge, when};
 use crate::{Page, Signed, Stop, audit, fail, nav, query, see_other};
 
 /// The tabs of the billing pages.
-const TABS: [(&str, &str); 5] = [
+const TABS: [(&str, &str); 6] = [
     ("customers", "/dashboard/billing/customers"),
     ("plans", "/dashboard/billing/plans"),
     ("subscriptions", "/dashboard/billing/subscriptions"),
     ("invoices", "/dashboard/billing/invoices"),
     ("test clocks", "/dashboard/billing/test-clocks"),
+    ("tax", "/dashboard/billing/settings/tax"),
 ];
 
 pub(crate) fn tabs(current: &str) -> Markup {
@@ -174,6 +175,7 @@ pub async fn customer_page(
     State(state): State<AppState>,
     signed: Signed,
     id: PathId<CustomerId>,
+    RawQuery(raw): RawQuery,
 ) -> Page {
     let nav = nav(&state, &signed, "billing").await?;
     if let Some(page) = entitled(&state, &nav, &signed, "Customer").await? {
@@ -188,8 +190,12 @@ pub async fn customer_page(
     let c = billing_customers::get(&state, &signed.tenant, &id)
         .await
         .map_err(fail)?;
+    let credit = crate::taxcredit::credit_section(&state, &signed, &nav, &c).await?;
+    let q = query(&raw);
     let body = markup! {
         (tabs("customers"))
+        @if q.get("done").is_some_and(|d| d == "credit") { p.notice role="status" { "The credit is recorded." } }
+        @if let Some(e) = q.get("credit_error") { p.error role="alert" { (e) } }
         div.panel {
             dl.facts {
                 dt { "Customer" } dd { (c.id) }
@@ -202,6 +208,7 @@ pub async fn customer_page(
                 dt { "Created" } dd { (when(c.created_at)) }
             }
         }
+        (credit)
         p { a href="/dashboard/billing/customers" { "← Customers" } }
     };
     Ok(html(StatusCode::OK, layout(&nav, &c.name, body)))

@@ -28,6 +28,7 @@ mod keys;
 mod pages;
 mod people;
 mod records;
+mod taxcredit;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -117,6 +118,14 @@ pub fn router(state: AppState) -> Router {
             .route(
                 "/dashboard/billing/customers/{id}",
                 get(billing::customer_page),
+            )
+            .route(
+                "/dashboard/billing/customers/{id}/credit",
+                post(taxcredit::add_credit),
+            )
+            .route(
+                "/dashboard/billing/settings/tax",
+                get(taxcredit::tax_page).post(taxcredit::save_tax),
             )
             .route("/dashboard/billing/plans", get(billing::plans_page))
             .route("/dashboard/billing/plans/{id}", get(billing::plan_page))

@@ -85,10 +85,12 @@ pub enum EventType {
     PromotionCodeCreated,
     #[serde(rename = "promotion_code.deactivated")]
     PromotionCodeDeactivated,
+    #[serde(rename = "customer.credit_updated")]
+    CustomerCreditUpdated,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 28] = [
+    pub const ALL: [EventType; 29] = [
         EventType::PaymentSucceeded,
         EventType::PaymentFailed,
         EventType::PaymentCancelled,
@@ -117,6 +119,7 @@ impl EventType {
         EventType::CouponDeactivated,
         EventType::PromotionCodeCreated,
         EventType::PromotionCodeDeactivated,
+        EventType::CustomerCreditUpdated,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -149,6 +152,7 @@ impl EventType {
             EventType::CouponDeactivated => "coupon.deactivated",
             EventType::PromotionCodeCreated => "promotion_code.created",
             EventType::PromotionCodeDeactivated => "promotion_code.deactivated",
+            EventType::CustomerCreditUpdated => "customer.credit_updated",
         }
     }
 
@@ -272,7 +276,8 @@ impl Event {
     /// `invoice.paid`: `id` and `invoice_id`, `invoice_number`, `amount`
     /// (the total), `currency`, `status` (the collection status);
     /// `subscription.*`: `id` and `subscription_id`, `customer_id`,
-    /// `plan_id`, `status`, `metadata`; `billing_invoice.*`: `id` and
+    /// `plan_id`, `status`, `metadata`; `customer.credit_updated`: `id`
+    /// and `customer_id`, `credit_balance`, `metadata`; `billing_invoice.*`: `id` and
     /// `invoice_id`, `invoice_number`, `amount` (the total), `amount_due`,
     /// `currency`, `status`, `subscription_id`, `customer_id`. A field
     /// the resource does not have is left out.
@@ -338,6 +343,16 @@ impl Event {
                     ("amount", "total_amount"),
                     ("currency", "currency"),
                     ("status", "collection_status"),
+                ] {
+                    copy(to, from);
+                }
+            }
+            EventType::CustomerCreditUpdated => {
+                for (to, from) in [
+                    ("id", "id"),
+                    ("customer_id", "id"),
+                    ("credit_balance", "creditBalance"),
+                    ("metadata", "metadata"),
                 ] {
                     copy(to, from);
                 }
