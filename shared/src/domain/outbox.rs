@@ -63,6 +63,8 @@ pub enum EventType {
     SubscriptionResumed,
     #[serde(rename = "subscription.cancelled")]
     SubscriptionCancelled,
+    #[serde(rename = "subscription.updated")]
+    SubscriptionUpdated,
     #[serde(rename = "billing_invoice.created")]
     BillingInvoiceCreated,
     #[serde(rename = "billing_invoice.paid")]
@@ -78,7 +80,7 @@ pub enum EventType {
 }
 
 impl EventType {
-    pub const ALL: [EventType; 23] = [
+    pub const ALL: [EventType; 24] = [
         EventType::PaymentSucceeded,
         EventType::PaymentFailed,
         EventType::PaymentCancelled,
@@ -96,6 +98,7 @@ impl EventType {
         EventType::SubscriptionPaused,
         EventType::SubscriptionResumed,
         EventType::SubscriptionCancelled,
+        EventType::SubscriptionUpdated,
         EventType::BillingInvoiceCreated,
         EventType::BillingInvoicePaid,
         EventType::BillingInvoiceOverdue,
@@ -123,6 +126,7 @@ impl EventType {
             EventType::SubscriptionPaused => "subscription.paused",
             EventType::SubscriptionResumed => "subscription.resumed",
             EventType::SubscriptionCancelled => "subscription.cancelled",
+            EventType::SubscriptionUpdated => "subscription.updated",
             EventType::BillingInvoiceCreated => "billing_invoice.created",
             EventType::BillingInvoicePaid => "billing_invoice.paid",
             EventType::BillingInvoiceOverdue => "billing_invoice.overdue",
@@ -169,6 +173,10 @@ pub struct Event {
     /// The payment the event is about, if any (its timeline lists it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payment_id: Option<PaymentId>,
+    /// What changed fields were before (`subscription.updated`): sent as
+    /// `data.previous_attributes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_attributes: Option<Value>,
 }
 
 crate::attrs! { Event {
@@ -196,6 +204,7 @@ impl Event {
             object,
             dispatched: false,
             endpoint_id: None,
+            previous_attributes: None,
         }
     }
 
@@ -225,6 +234,9 @@ impl Event {
     pub fn body(&self) -> Value {
         let mut data = self.flat_fields();
         data.insert("object".into(), self.object.clone());
+        if let Some(previous) = &self.previous_attributes {
+            data.insert("previous_attributes".into(), previous.clone());
+        }
         serde_json::json!({
             "id": self.id,
             "type": self.event_type.as_str(),

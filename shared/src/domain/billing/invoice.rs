@@ -149,6 +149,8 @@ pub fn next_invoice(
 #[serde(rename_all = "snake_case")]
 pub enum LineKind {
     Subscription,
+    ProrationCredit,
+    ProrationDebit,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -183,7 +183,8 @@ pub struct CreateSubscription {
     pub trial_days: Option<i64>,
     #[serde(default, deserialize_with = "or_null")]
     pub trial_ends_at: Option<Timestamp>,
-    /// 1 (the default) until per-unit plans exist.
+    /// Seats: 1 (the default) to 10,000; more than 1 on a `per_unit`
+    /// plan only.
     #[serde(default, deserialize_with = "present")]
     #[schema(nullable = false)]
     pub quantity: Option<i64>,
@@ -417,6 +418,8 @@ struct Asked {
     metadata: Map<String, Value>,
     start: Timestamp,
     billing_anchor_day: Option<u8>,
+    /// 1 to `changes::MAX_QUANTITY`; more than 1 on a per-unit plan only.
+    quantity: u32,
 }
 
 fn asked(body: &CreateSubscription, now: Timestamp) -> Result<Asked, LifecycleError> {
@@ -424,15 +427,7 @@ fn asked(body: &CreateSubscription, now: Timestamp) -> Result<Asked, LifecycleEr
         .ok_or_else(|| missing("customer", "customerId", &body.customer_id))?;
     let plan_id = PlanId::parse(body.plan_id.trim())
         .ok_or_else(|| missing("plan", "planId", &body.plan_id))?;
-    if let Some(q) = body.quantity
-        && q != 1
-    {
-        return Err(invalid(
-            "quantity",
-            format!("quantity must be 1 (per-unit plans are not offered yet), got {q}"),
-        )
-        .into());
-    }
+    let quantity = super::changes::check_quantity(body.quantity.unwrap_or(1))?;
     let billing_anchor_day = match body.billing_anchor_day {
         None => None,
         Some(d) => match u8::try_from(d) {
@@ -457,6 +452,7 @@ fn asked(body: &CreateSubscription, now: Timestamp) -> Result<Asked, LifecycleEr
         metadata: metadata(body.metadata.clone().unwrap_or_default())?,
         start: start_of(body.start_date.as_deref(), now)?,
         billing_anchor_day,
+        quantity,
     })
 }
 
@@ -522,6 +518,7 @@ pub async fn create_subscription(
         .into());
     }
     let terms = terms_of(&plan);
+    super::changes::check_create_quantity(&terms, a.quantity)?;
     let trial_ends_at = trial_end(
         a.start,
         body.trial_ends_at,
@@ -541,7 +538,8 @@ pub async fn create_subscription(
         dunning_policy_id: None,
         test_clock_id: customer.test_clock_id.clone(),
     };
-    let sub = new_subscription(tenant, input, now)?;
+    let mut sub = new_subscription(tenant, input, now)?;
+    sub.quantity = a.quantity;
     let raise = TxOp::Update {
         key: Customer::key(tenant, &customer.id),
         update: Changes::<Customer>::new()
@@ -813,6 +811,9 @@ pub async fn end_trial(
         s.trial_ends_at = Some(now);
         s.billing_start = Some(nepal_day(now));
         s.period_index = 0;
+        if let Some(first) = s.period(0) {
+            super::changes::apply_pending(s, first.start);
+        }
     };
     let sub =
         subscription::apply(deps, tenant, id, SubscriptionEvent::TrialEnded, &edit, now).await?;

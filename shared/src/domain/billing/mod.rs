@@ -4,6 +4,7 @@
 //! period, payments taken exactly once, and dunning policies. No HTTP.
 
 pub mod calendar;
+pub mod changes;
 pub mod customers;
 pub mod due;
 pub mod dunning;
