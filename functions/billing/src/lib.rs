@@ -10,6 +10,7 @@ use edge::with_edge;
 use serde::Serialize;
 use shared::AppState;
 
+mod changes;
 mod customers;
 mod dunning;
 mod invoices;
@@ -22,6 +23,7 @@ const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] = &[
     customers::routes,
     plans::routes,
     subscriptions::routes,
+    changes::routes,
     invoices::routes,
     dunning::routes,
     test_clocks::routes,

@@ -191,15 +191,7 @@ pub fn updated_event(current: &Subscription, changed: &Subscription, now: Timest
 }
 
 fn summary(plan_id: &PlanId, t: &Terms) -> PlanSummary {
-    PlanSummary {
-        id: plan_id.to_string(),
-        name: t.description.clone(),
-        amount: t.amount,
-        currency: t.currency,
-        interval_unit: t.interval_unit,
-        interval_count: t.interval_count,
-        calendar: t.calendar,
-    }
+    PlanSummary::of(plan_id, t)
 }
 
 // ---------------------------------------------------------------------------
@@ -456,11 +448,11 @@ pub async fn preview(
     id: &SubscriptionId,
     new_plan_id: Option<&str>,
 ) -> Result<ProrationPreview, ChangeError> {
+    let now = lifecycle::time_for(deps, tenant, id, deps.clock.now()).await?;
+    let sub = subscription::get(deps, tenant, id).await?;
     let Some(raw) = new_plan_id else {
         return Err(invalid("newPlanId", "newPlanId is required").into());
     };
-    let now = lifecycle::time_for(deps, tenant, id, deps.clock.now()).await?;
-    let sub = subscription::get(deps, tenant, id).await?;
     check_status(&sub, "have a plan change previewed")?;
     let plan = new_plan(deps, tenant, raw).await?;
     let terms = terms_of(&plan);

@@ -257,6 +257,33 @@ pub struct PlanSummary {
     pub calendar: Calendar,
 }
 
+impl PlanSummary {
+    /// The summary of plan `id` as `t` bills it.
+    pub fn of(id: &PlanId, t: &Terms) -> Self {
+        PlanSummary {
+            id: id.to_string(),
+            name: t.description.clone(),
+            amount: t.amount,
+            currency: t.currency,
+            interval_unit: t.interval_unit,
+            interval_count: t.interval_count,
+            calendar: t.calendar,
+        }
+    }
+}
+
+/// A scheduled plan change, as the subscription shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = BillingPendingPlanChange)]
+pub struct PendingPlanChange {
+    /// The plan it moves to, as it was when the change was asked.
+    pub plan: PlanSummary,
+    /// The first day of the period that bills it.
+    #[schema(value_type = String, format = Date)]
+    pub effective_on: NaiveDate,
+}
+
 /// The subscription as the API answers it.
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -295,6 +322,9 @@ pub struct SubscriptionView {
     pub dunning_policy_id: Option<String>,
     /// The sandbox test clock it lives by (its customer's), or null.
     pub test_clock_id: Option<String>,
+    /// A plan change scheduled for a later period (`change-plan` with
+    /// `prorationBehavior: none`), or null.
+    pub pending_plan_change: Option<PendingPlanChange>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -337,6 +367,10 @@ impl SubscriptionView {
             resume_at: s.resume_at,
             dunning_policy_id: s.dunning_policy_id.as_ref().map(|p| p.to_string()),
             test_clock_id: s.test_clock_id.as_ref().map(ToString::to_string),
+            pending_plan_change: s.pending_change.as_ref().map(|p| PendingPlanChange {
+                plan: PlanSummary::of(&p.plan_id, &p.terms),
+                effective_on: p.effective_on,
+            }),
             created_at: s.created_at,
             updated_at: s.updated_at,
         }
