@@ -440,17 +440,18 @@ fn proration_of(
     }
 }
 
-/// Previews moving the tenant's subscription `id` to plan `new_plan_id`
+/// Previews moving the tenant's subscription `id` to the plan the query
+/// names (`newPlanId`, as sent: parsed here, 404 when not the tenant's)
 /// now, as `create_prorations` would bill it (no write).
 pub async fn preview(
     deps: &Deps,
     tenant: &Tenant,
     id: &SubscriptionId,
-    new_plan_id: Option<&str>,
+    new_plan_raw: Option<&str>,
 ) -> Result<ProrationPreview, ChangeError> {
     let now = lifecycle::time_for(deps, tenant, id, deps.clock.now()).await?;
     let sub = subscription::get(deps, tenant, id).await?;
-    let Some(raw) = new_plan_id else {
+    let Some(raw) = new_plan_raw else {
         return Err(invalid("newPlanId", "newPlanId is required").into());
     };
     check_status(&sub, "have a plan change previewed")?;
