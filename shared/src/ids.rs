@@ -28,6 +28,7 @@ pub enum IdKind {
     DunningPolicy,
     TestClock,
     Mail,
+    CreditEntry,
 }
 
 impl IdKind {
@@ -54,6 +55,7 @@ impl IdKind {
             IdKind::DunningPolicy => "dpol_",
             IdKind::TestClock => "clock_",
             IdKind::Mail => "mail_",
+            IdKind::CreditEntry => "cbt_",
         }
     }
 }
@@ -337,6 +339,8 @@ typed_ids! {
     TestClockId => TestClock, "test clock";
     /// `mail_…`: an email message.
     MailId => Mail, "mail";
+    /// `cbt_…`: an entry of a billing customer's credit ledger.
+    CreditEntryId => CreditEntry, "credit entry";
 }
 
 #[cfg(test)]

@@ -140,6 +140,15 @@ fn named_resource(t: EventType) -> (&'static str, &'static [(&'static str, Flat)
                 ("status", Str),
             ],
         ),
+        EventType::CustomerCreditUpdated => (
+            "BillingCustomer",
+            &[
+                ("id", Str),
+                ("customer_id", Str),
+                ("credit_balance", Amount),
+                ("metadata", Object),
+            ],
+        ),
         // The billing events' resources are named by [`resource`].
         _ => ("Object", &[]),
     }

@@ -77,10 +77,12 @@ pub enum EventType {
     BillingInvoiceUncollectible,
     #[serde(rename = "billing_invoice.payment_refunded")]
     BillingInvoicePaymentRefunded,
+    #[serde(rename = "customer.credit_updated")]
+    CustomerCreditUpdated,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 24] = [
+    pub const ALL: [EventType; 25] = [
         EventType::PaymentSucceeded,
         EventType::PaymentFailed,
         EventType::PaymentCancelled,
@@ -105,6 +107,7 @@ impl EventType {
         EventType::BillingInvoiceVoided,
         EventType::BillingInvoiceUncollectible,
         EventType::BillingInvoicePaymentRefunded,
+        EventType::CustomerCreditUpdated,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -133,6 +136,7 @@ impl EventType {
             EventType::BillingInvoiceVoided => "billing_invoice.voided",
             EventType::BillingInvoiceUncollectible => "billing_invoice.uncollectible",
             EventType::BillingInvoicePaymentRefunded => "billing_invoice.payment_refunded",
+            EventType::CustomerCreditUpdated => "customer.credit_updated",
         }
     }
 
@@ -257,7 +261,8 @@ impl Event {
     /// `invoice.paid`: `id` and `invoice_id`, `invoice_number`, `amount`
     /// (the total), `currency`, `status` (the collection status);
     /// `subscription.*`: `id` and `subscription_id`, `customer_id`,
-    /// `plan_id`, `status`, `metadata`; `billing_invoice.*`: `id` and
+    /// `plan_id`, `status`, `metadata`; `customer.credit_updated`: `id`
+    /// and `customer_id`, `credit_balance`, `metadata`; `billing_invoice.*`: `id` and
     /// `invoice_id`, `invoice_number`, `amount` (the total), `amount_due`,
     /// `currency`, `status`, `subscription_id`, `customer_id`. A field
     /// the resource does not have is left out.
@@ -323,6 +328,16 @@ impl Event {
                     ("amount", "total_amount"),
                     ("currency", "currency"),
                     ("status", "collection_status"),
+                ] {
+                    copy(to, from);
+                }
+            }
+            EventType::CustomerCreditUpdated => {
+                for (to, from) in [
+                    ("id", "id"),
+                    ("customer_id", "id"),
+                    ("credit_balance", "creditBalance"),
+                    ("metadata", "metadata"),
                 ] {
                     copy(to, from);
                 }

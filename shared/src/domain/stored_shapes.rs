@@ -261,6 +261,14 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
             "billing customer",
             record::<super::billing::customers::Customer>(),
         ),
+        ("PROJ", s) if pk.ends_with("#CREDIT") && s.starts_with("cbt_") => (
+            "credit entry",
+            record::<super::billing::credit::CreditEntry>(),
+        ),
+        ("PROJ", "BILLING#SETTINGS") if parts == 3 => (
+            "billing settings",
+            record::<super::billing::tax::TaxSettings>(),
+        ),
         ("PROJ", s) if pk.ends_with("#BPLAN") && s.starts_with("bp_") => {
             ("billing plan", record::<super::billing::plans::Plan>())
         }

@@ -18,13 +18,15 @@
 //!   `subscription.updated` event and, when the net is more than 0, the
 //!   proration invoice (open, due today, numbered from the `PI-` series,
 //!   no period claim) are ONE transaction. A net of 0 or less issues no
-//!   invoice; a net below 0 becomes customer credit ([`credit_ops`]).
+//!   invoice; a net below 0 becomes customer credit in the same
+//!   transaction ([`credit_ops`], `billing::credit`).
 
 use chrono::{Duration, NaiveDate};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::calendar::nepal_day;
+use super::credit::{CreditActor, CreditReason, Grant, grant_ops};
 use super::customers::{BillingError, invalid};
 use super::events::{invoice_event, subscription_event};
 use super::invoice::{BillingInvoice, InvoiceLine, InvoiceStatus, LineKind};
@@ -724,7 +726,7 @@ async fn write_change(
                 invoice = Some(inv);
             } else if p.net() < 0 {
                 credit_granted = -p.net();
-                ops.extend(credit_ops(deps, &changed, credit_granted, now).await?);
+                ops.extend(credit_ops(deps, &current, &changed, credit_granted, now).await?);
             }
         }
         match store.transact(ops).await {
@@ -747,18 +749,38 @@ async fn write_change(
 }
 
 /// The writes that grant `amount` paisa of customer credit to `sub`'s
-/// customer for a downgrade's net credit, in the change's transaction.
-///
-/// The hook for the customer credit ledger (`billing::credit`, issue 40
-/// part 3): until it is merged, no write (the amount is answered as
-/// `creditGranted`).
+/// customer for a downgrade's net credit (`billing::credit`, reason
+/// `proration_credit`, by the engine), for the change's transaction:
+/// conditioned on the balance as read, so a racing credit change makes
+/// the change read again.
 async fn credit_ops(
-    _deps: &Deps,
-    _sub: &Subscription,
-    _amount: i64,
-    _now: Timestamp,
-) -> Result<Vec<TxOp>, StoreError> {
-    Ok(Vec::new())
+    deps: &Deps,
+    current: &Subscription,
+    changed: &Subscription,
+    amount: i64,
+    now: Timestamp,
+) -> Result<Vec<TxOp>, ChangeError> {
+    let tenant = changed.tenant();
+    let customer = super::customers::get(deps, &tenant, &changed.customer_id).await?;
+    let note = if current.plan_id == changed.plan_id {
+        format!(
+            "Quantity {} to {} on {}",
+            current.quantity, changed.quantity, changed.terms.description
+        )
+    } else {
+        format!(
+            "Plan change from {} to {}",
+            current.terms.description, changed.terms.description
+        )
+    };
+    let grant = Grant {
+        amount,
+        reason: CreditReason::ProrationCredit,
+        note: Some(note),
+        actor: CreditActor::System,
+        invoice_id: None,
+    };
+    Ok(grant_ops(&customer, grant, now)?.ops)
 }
 
 /// The proration invoice of moving `current` to `changed` as `p` bills

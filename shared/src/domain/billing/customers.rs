@@ -193,8 +193,20 @@ pub struct Customer {
     /// (`billing::test_clock`): their subscriptions are on it.
     #[serde(default)]
     pub test_clock_id: Option<TestClockId>,
+    /// Paisa of credit applied to their next invoices (never below 0;
+    /// `billing::credit`), changed only with a ledger entry.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub credit_balance: i64,
+    /// Ledger entries written: the balance's version, the condition of
+    /// every change of it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub credit_entries: i64,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 crate::attrs! { Customer {
@@ -208,6 +220,8 @@ crate::attrs! { Customer {
     METADATA: Map<String, Value> = metadata,
     LOCALE: Locale = locale,
     OPEN_SUBSCRIPTIONS: i64 = open_subscriptions,
+    CREDIT_BALANCE: i64 = credit_balance,
+    CREDIT_ENTRIES: i64 = credit_entries,
     CREATED_AT: Timestamp = created_at,
     UPDATED_AT: Timestamp = updated_at,
 } }
@@ -256,6 +270,9 @@ pub struct CustomerView {
     pub locale: Locale,
     /// The sandbox test clock the customer is on (`clock_…`), or null.
     pub test_clock_id: Option<String>,
+    /// Paisa of credit applied to the customer's next invoices before
+    /// payment (`POST /v1/billing/customers/{id}/credit`).
+    pub credit_balance: i64,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -272,6 +289,7 @@ impl CustomerView {
             metadata: c.metadata.clone(),
             locale: c.locale,
             test_clock_id: c.test_clock_id.as_ref().map(ToString::to_string),
+            credit_balance: c.credit_balance,
             created_at: c.created_at,
             updated_at: c.updated_at,
         }
@@ -385,6 +403,8 @@ pub fn new_customer(
         metadata: metadata(body.metadata.unwrap_or_default())?,
         locale: body.locale.unwrap_or_default(),
         open_subscriptions: 0,
+        credit_balance: 0,
+        credit_entries: 0,
         test_clock_id: body
             .test_clock_id
             .as_deref()

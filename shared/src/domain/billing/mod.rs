@@ -5,6 +5,7 @@
 
 pub mod calendar;
 pub mod changes;
+pub mod credit;
 pub mod customers;
 pub mod due;
 pub mod dunning;
@@ -18,5 +19,6 @@ pub mod plans;
 pub mod reminders;
 pub mod subscription;
 pub mod sweep;
+pub mod tax;
 pub mod terms;
 pub mod test_clock;

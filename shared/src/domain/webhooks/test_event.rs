@@ -47,6 +47,11 @@ pub(super) fn sample_object(t: EventType, mode: Mode, now: Timestamp) -> Value {
             "status": subscription_status(t), "metadata": {},
             "livemode": mode.is_live(), "createdAt": now, "test": true,
         }),
+        EventType::CustomerCreditUpdated => json!({
+            "id": format!("cus_test{}", &ids::new_id(IdKind::BillingCustomer)[4..]),
+            "object": "billing_customer", "name": "Test customer", "creditBalance": 50000,
+            "metadata": {}, "livemode": mode.is_live(), "createdAt": now, "test": true,
+        }),
         _ => json!({
             "id": format!("inv_test{}", &ids::new_id(IdKind::BillingInvoice)[4..]),
             "object": "billing_invoice", "number": "TEST-PI-000001",

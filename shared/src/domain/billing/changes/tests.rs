@@ -346,6 +346,13 @@ async fn a_downgrade_now_issues_no_invoice_and_its_net_is_credit() {
     assert_eq!(changed.credit_granted, 67_742);
     assert_eq!(changed.subscription.terms.amount, 99_900);
     assert_eq!(e.invoices(&sub).await.len(), 1);
+    // The net credit is the customer's, with its ledger entry and event,
+    // in the change's transaction.
+    let c = customers::get(&e.deps, &e.t, &sub.customer_id)
+        .await
+        .unwrap();
+    assert_eq!(c.credit_balance, 67_742);
+    assert_eq!(e.events(EventType::CustomerCreditUpdated).await.len(), 1);
 }
 
 #[tokio::test]
