@@ -191,6 +191,22 @@ const ROUTES: &[Route] = &[
         "/v1/billing/subscriptions/{id}/discount",
         Scope::BillingWrite,
     ),
+    // billing: plan changes and seats
+    r(
+        "POST",
+        "/v1/billing/subscriptions/{id}/change-plan",
+        Scope::BillingWrite,
+    ),
+    r(
+        "GET",
+        "/v1/billing/subscriptions/{id}/preview-proration",
+        Scope::BillingRead,
+    ),
+    r(
+        "PATCH",
+        "/v1/billing/subscriptions/{id}/quantity",
+        Scope::BillingWrite,
+    ),
     // billing: dunning
     r("POST", "/v1/billing/dunning/policies", Scope::BillingWrite),
     r("GET", "/v1/billing/dunning/policies", Scope::BillingRead),
@@ -549,6 +565,10 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
             json!({"trialEndsAt": "2031-01-01T00:00:00Z"})
         }
         ("POST", "/v1/billing/dunning/subscriptions/{id}/policy") => json!({"policyId": null}),
+        ("POST", "/v1/billing/subscriptions/{id}/change-plan") => {
+            json!({"newPlanId": rec.plan, "prorationBehavior": "none"})
+        }
+        ("PATCH", "/v1/billing/subscriptions/{id}/quantity") => json!({"quantity": 2}),
         ("POST", "/v1/billing/dunning/policies") => dunning_policy_body(),
         ("PATCH", "/v1/billing/dunning/policies/{id}") => json!({"name": "Strict"}),
         ("POST", "/v1/billing/dunning/invoices/{id}/dunning/stop")
@@ -901,11 +921,12 @@ async fn every_endpoint_keeps_the_contract(which: Which) {
         if method == "GET" {
             let a = call(&app, method, &path, Some(&sandbox), None).await;
             assert_request_id(&a, &format!("{what} with a full key"));
-            // The refund does not exist: 404, in the right mode too.
-            let expected = if row.path == "/v1/refunds/{id}" {
-                404
-            } else {
-                200
+            // The refund does not exist: 404 (in the right mode too); a
+            // proration preview needs its `newPlanId`: 400.
+            let expected = match row.path {
+                "/v1/refunds/{id}" => 404,
+                "/v1/billing/subscriptions/{id}/preview-proration" => 400,
+                _ => 200,
             };
             if a.status != expected {
                 failures.push(format!(
@@ -1302,6 +1323,12 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
             vec![f("trialEndsAt", Str)]
         }
         ("POST", "/v1/billing/dunning/subscriptions/{id}/policy") => vec![n("policyId", Str)],
+        ("POST", "/v1/billing/subscriptions/{id}/change-plan") => vec![
+            f("newPlanId", Str),
+            n("effectiveAt", Str),
+            f("prorationBehavior", Str),
+        ],
+        ("PATCH", "/v1/billing/subscriptions/{id}/quantity") => vec![f("quantity", Int)],
         ("POST", "/v1/billing/dunning/policies") => vec![
             f("name", Str),
             f("retryIntervalsDays", Arr),

@@ -10,6 +10,7 @@
 mod analytics;
 mod api;
 mod billing;
+mod billing_changes;
 mod billing_clocks;
 mod billing_coupons;
 mod billing_dashboard;

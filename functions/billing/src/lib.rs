@@ -12,6 +12,7 @@ use shared::AppState;
 
 mod coupons;
 mod credit;
+mod changes;
 mod customers;
 mod discounts;
 mod dunning;
@@ -27,6 +28,7 @@ const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] = &[
     customers::routes,
     plans::routes,
     subscriptions::routes,
+    changes::routes,
     invoices::routes,
     dunning::routes,
     test_clocks::routes,

@@ -63,6 +63,8 @@ pub enum EventType {
     SubscriptionResumed,
     #[serde(rename = "subscription.cancelled")]
     SubscriptionCancelled,
+    #[serde(rename = "subscription.updated")]
+    SubscriptionUpdated,
     #[serde(rename = "billing_invoice.created")]
     BillingInvoiceCreated,
     #[serde(rename = "billing_invoice.paid")]
@@ -75,8 +77,6 @@ pub enum EventType {
     BillingInvoiceUncollectible,
     #[serde(rename = "billing_invoice.payment_refunded")]
     BillingInvoicePaymentRefunded,
-    #[serde(rename = "subscription.updated")]
-    SubscriptionUpdated,
     #[serde(rename = "coupon.created")]
     CouponCreated,
     #[serde(rename = "coupon.deactivated")]
@@ -108,13 +108,13 @@ impl EventType {
         EventType::SubscriptionPaused,
         EventType::SubscriptionResumed,
         EventType::SubscriptionCancelled,
+        EventType::SubscriptionUpdated,
         EventType::BillingInvoiceCreated,
         EventType::BillingInvoicePaid,
         EventType::BillingInvoiceOverdue,
         EventType::BillingInvoiceVoided,
         EventType::BillingInvoiceUncollectible,
         EventType::BillingInvoicePaymentRefunded,
-        EventType::SubscriptionUpdated,
         EventType::CouponCreated,
         EventType::CouponDeactivated,
         EventType::PromotionCodeCreated,
@@ -141,13 +141,13 @@ impl EventType {
             EventType::SubscriptionPaused => "subscription.paused",
             EventType::SubscriptionResumed => "subscription.resumed",
             EventType::SubscriptionCancelled => "subscription.cancelled",
+            EventType::SubscriptionUpdated => "subscription.updated",
             EventType::BillingInvoiceCreated => "billing_invoice.created",
             EventType::BillingInvoicePaid => "billing_invoice.paid",
             EventType::BillingInvoiceOverdue => "billing_invoice.overdue",
             EventType::BillingInvoiceVoided => "billing_invoice.voided",
             EventType::BillingInvoiceUncollectible => "billing_invoice.uncollectible",
             EventType::BillingInvoicePaymentRefunded => "billing_invoice.payment_refunded",
-            EventType::SubscriptionUpdated => "subscription.updated",
             EventType::CouponCreated => "coupon.created",
             EventType::CouponDeactivated => "coupon.deactivated",
             EventType::PromotionCodeCreated => "promotion_code.created",
@@ -200,6 +200,10 @@ pub struct Event {
     /// The payment the event is about, if any (its timeline lists it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payment_id: Option<PaymentId>,
+    /// What changed fields were before (`subscription.updated`): sent as
+    /// `data.previous_attributes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_attributes: Option<Value>,
 }
 
 crate::attrs! { Event {
@@ -227,6 +231,7 @@ impl Event {
             object,
             dispatched: false,
             endpoint_id: None,
+            previous_attributes: None,
         }
     }
 
@@ -256,6 +261,9 @@ impl Event {
     pub fn body(&self) -> Value {
         let mut data = self.flat_fields();
         data.insert("object".into(), self.object.clone());
+        if let Some(previous) = &self.previous_attributes {
+            data.insert("previous_attributes".into(), previous.clone());
+        }
         serde_json::json!({
             "id": self.id,
             "type": self.event_type.as_str(),

@@ -183,7 +183,8 @@ pub struct CreateSubscription {
     pub trial_days: Option<i64>,
     #[serde(default, deserialize_with = "or_null")]
     pub trial_ends_at: Option<Timestamp>,
-    /// 1 (the default) until per-unit plans exist.
+    /// Seats: 1 (the default) to 10,000; more than 1 on a `per_unit`
+    /// plan only.
     #[serde(default, deserialize_with = "present")]
     #[schema(nullable = false)]
     pub quantity: Option<i64>,
@@ -256,6 +257,33 @@ pub struct PlanSummary {
     pub calendar: Calendar,
 }
 
+impl PlanSummary {
+    /// The summary of plan `id` as `t` bills it.
+    pub fn of(id: &PlanId, t: &Terms) -> Self {
+        PlanSummary {
+            id: id.to_string(),
+            name: t.description.clone(),
+            amount: t.amount,
+            currency: t.currency,
+            interval_unit: t.interval_unit,
+            interval_count: t.interval_count,
+            calendar: t.calendar,
+        }
+    }
+}
+
+/// A scheduled plan change, as the subscription shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = BillingPendingPlanChange)]
+pub struct PendingPlanChange {
+    /// The plan it moves to, as it was when the change was asked.
+    pub plan: PlanSummary,
+    /// The first day of the period that bills it.
+    #[schema(value_type = String, format = Date)]
+    pub effective_on: NaiveDate,
+}
+
 /// The subscription as the API answers it.
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -294,6 +322,9 @@ pub struct SubscriptionView {
     pub dunning_policy_id: Option<String>,
     /// The sandbox test clock it lives by (its customer's), or null.
     pub test_clock_id: Option<String>,
+    /// A plan change scheduled for a later period (`change-plan` with
+    /// `prorationBehavior: none`), or null.
+    pub pending_plan_change: Option<PendingPlanChange>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -336,6 +367,10 @@ impl SubscriptionView {
             resume_at: s.resume_at,
             dunning_policy_id: s.dunning_policy_id.as_ref().map(|p| p.to_string()),
             test_clock_id: s.test_clock_id.as_ref().map(ToString::to_string),
+            pending_plan_change: s.pending_change.as_ref().map(|p| PendingPlanChange {
+                plan: PlanSummary::of(&p.plan_id, &p.terms),
+                effective_on: p.effective_on,
+            }),
             created_at: s.created_at,
             updated_at: s.updated_at,
         }
@@ -418,6 +453,8 @@ struct Asked {
     metadata: Map<String, Value>,
     start: Timestamp,
     billing_anchor_day: Option<u8>,
+    /// 1 to `changes::MAX_QUANTITY`; more than 1 on a per-unit plan only.
+    quantity: u32,
 }
 
 fn asked(body: &CreateSubscription, now: Timestamp) -> Result<Asked, LifecycleError> {
@@ -425,15 +462,7 @@ fn asked(body: &CreateSubscription, now: Timestamp) -> Result<Asked, LifecycleEr
         .ok_or_else(|| missing("customer", "customerId", &body.customer_id))?;
     let plan_id = PlanId::parse(body.plan_id.trim())
         .ok_or_else(|| missing("plan", "planId", &body.plan_id))?;
-    if let Some(q) = body.quantity
-        && q != 1
-    {
-        return Err(invalid(
-            "quantity",
-            format!("quantity must be 1 (per-unit plans are not offered yet), got {q}"),
-        )
-        .into());
-    }
+    let quantity = super::changes::check_quantity(body.quantity.unwrap_or(1))?;
     let billing_anchor_day = match body.billing_anchor_day {
         None => None,
         Some(d) => match u8::try_from(d) {
@@ -458,6 +487,7 @@ fn asked(body: &CreateSubscription, now: Timestamp) -> Result<Asked, LifecycleEr
         metadata: metadata(body.metadata.clone().unwrap_or_default())?,
         start: start_of(body.start_date.as_deref(), now)?,
         billing_anchor_day,
+        quantity,
     })
 }
 
@@ -523,6 +553,7 @@ pub async fn create_subscription(
         .into());
     }
     let terms = terms_of(&plan);
+    super::changes::check_create_quantity(&terms, a.quantity)?;
     let trial_ends_at = trial_end(
         a.start,
         body.trial_ends_at,
@@ -542,7 +573,8 @@ pub async fn create_subscription(
         dunning_policy_id: None,
         test_clock_id: customer.test_clock_id.clone(),
     };
-    let sub = new_subscription(tenant, input, now)?;
+    let mut sub = new_subscription(tenant, input, now)?;
+    sub.quantity = a.quantity;
     let raise = TxOp::Update {
         key: Customer::key(tenant, &customer.id),
         update: Changes::<Customer>::new()
@@ -828,6 +860,9 @@ pub async fn end_trial(
         s.trial_ends_at = Some(now);
         s.billing_start = Some(nepal_day(now));
         s.period_index = 0;
+        if let Some(first) = s.period(0) {
+            super::changes::apply_pending(s, first.start);
+        }
     };
     let sub =
         subscription::apply(deps, tenant, id, SubscriptionEvent::TrialEnded, &edit, now).await?;

@@ -7,6 +7,7 @@ pub mod adjust;
 pub mod calendar;
 pub mod compose;
 pub mod coupons;
+pub mod changes;
 pub mod credit;
 pub mod customers;
 pub mod discounts;

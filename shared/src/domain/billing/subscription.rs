@@ -253,7 +253,8 @@ pub struct Subscription {
     pub status: SubscriptionStatus,
     /// The plan's terms as they were when the subscription was created.
     pub terms: Terms,
-    /// 1 until per-unit plans exist (issue 40).
+    /// Units billed (seats): more than 1 on per-unit plans only
+    /// (`billing::changes`).
     pub quantity: u32,
     pub reference_id: Option<String>,
     pub metadata: Map<String, Value>,
@@ -289,6 +290,10 @@ pub struct Subscription {
     /// check.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub overdue_next: u32,
+    /// A plan change scheduled for a later period (`prorationBehavior:
+    /// none`); the sweep applies it (`billing::changes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_change: Option<super::changes::PendingChange>,
     pub version: i64,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
@@ -490,6 +495,7 @@ pub fn new_subscription(
         next_due_at: None,
         trial_reminded_for: None,
         overdue_next: 0,
+        pending_change: None,
         version: 1,
         created_at: now,
         updated_at: now,

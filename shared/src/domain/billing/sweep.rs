@@ -177,6 +177,10 @@ pub async fn advance(
         changed.updated_at = now;
         let changed = changed.stamped();
         let mut ops = change_ops(&*deps.store, &current, &changed, None, now).await?;
+        if current.pending_change.is_some() && changed.pending_change.is_none() {
+            // A scheduled plan change applied by this step.
+            ops.extend(super::changes::updated_event(&current, &changed, now).put_ops()?);
+        }
         if step == Step::TrialWillEnd {
             // Once per trial end: the write that records it carries it.
             ops.extend(super::events::trial_will_end(&changed, now).put_ops()?);
@@ -256,6 +260,9 @@ async fn decide(
                 changed.billing_start = changed.trial_ends_at.map(super::calendar::nepal_day);
                 changed.period_index = 0;
                 changed.overdue_next = 0;
+                if let Some(first) = changed.period(0) {
+                    super::changes::apply_pending(&mut changed, first.start);
+                }
                 issue = Some(0);
             }
         }
@@ -265,6 +272,11 @@ async fn decide(
                 changed.cancelled_at = Some(now);
             } else {
                 changed.period_index += 1;
+                // A plan change scheduled from this period applies before
+                // its invoice is issued (`billing::changes`).
+                if let Some(p) = changed.current_period() {
+                    super::changes::apply_pending(&mut changed, p.start);
+                }
                 // A period that begins while paused is not billed.
                 if matches!(changed.status, S::Active | S::PastDue) {
                     issue = Some(changed.period_index);

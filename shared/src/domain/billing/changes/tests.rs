@@ -1,0 +1,560 @@
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::*;
+use crate::domain::Mode;
+use crate::domain::billing::calendar::{BsDate, ad_from_bs, days_in_bs_month};
+use crate::domain::billing::customers::{self, CreateCustomer};
+use crate::domain::billing::invoice::{self, OutOfBand, OutOfBandMethod, PeriodClaim};
+use crate::domain::billing::lifecycle::{CancelSubscription, CreateSubscription};
+use crate::domain::billing::period::{Calendar, IntervalUnit, Schedule};
+use crate::domain::billing::plans::{CreatePlan, UpdatePlan};
+use crate::domain::billing::sweep;
+use crate::domain::outbox::Event;
+use crate::domain::record;
+use crate::ids::UserId;
+use crate::refusal::Kind;
+use crate::store::{Index, Query, Store};
+use crate::testenv::at;
+use crate::time::ManualClock;
+use crate::{AppState, Config};
+
+const NOW: &str = "2026-01-10T06:00:00Z";
+
+fn day(y: i32, m: u32, d: u32) -> NaiveDate {
+    NaiveDate::from_ymd_opt(y, m, d).unwrap()
+}
+
+fn period(start: NaiveDate, end: NaiveDate) -> Period {
+    Period {
+        start,
+        end_exclusive: end,
+    }
+}
+
+fn price(amount: i64, quantity: u32) -> Price {
+    Price { amount, quantity }
+}
+
+// ---------------------------------------------------------------------------
+// The rule.
+
+#[test]
+fn the_change_day_counts_as_remaining_and_each_side_rounds_half_up() {
+    // January 10 to February 10: 31 days. A change on January 20 leaves
+    // 21 days (the 20th to the 9th of February, both counted).
+    let p = period(day(2026, 1, 10), day(2026, 2, 10));
+    let r = prorate(p, day(2026, 1, 20), price(99_900, 1), price(199_900, 1)).unwrap();
+    assert_eq!((r.remaining_days, r.total_days), (21, 31));
+    // 21/31 x 99,900 = 67,674.19 -> 67,674; 21/31 x 199,900 = 135,416.13 -> 135,416.
+    assert_eq!((r.credit, r.debit, r.net()), (67_674, 135_416, 67_742));
+    // On the first day everything remains; on the last day one day does.
+    let first = prorate(p, day(2026, 1, 10), price(99_900, 1), price(199_900, 1)).unwrap();
+    assert_eq!((first.credit, first.debit), (99_900, 199_900));
+    let last = prorate(p, day(2026, 2, 9), price(3_100, 2), price(6_200, 1)).unwrap();
+    assert_eq!(
+        (last.remaining_days, last.credit, last.debit),
+        (1, 200, 200)
+    );
+    // Half a paisa rounds up: 1/2 x 1 paisa.
+    let two = period(day(2026, 1, 1), day(2026, 1, 3));
+    let half = prorate(two, day(2026, 1, 2), price(1, 1), price(3, 1)).unwrap();
+    assert_eq!((half.credit, half.debit), (1, 2));
+    // Just under a half rounds down: 1/3 x 100 = 33.33; 2/3 x 100 = 66.67.
+    let three = period(day(2026, 1, 1), day(2026, 1, 4));
+    let third = prorate(three, day(2026, 1, 3), price(100, 1), price(100, 2)).unwrap();
+    assert_eq!((third.credit, third.debit), (33, 67));
+}
+
+#[test]
+fn a_day_outside_the_period_is_not_prorated() {
+    let p = period(day(2026, 1, 10), day(2026, 2, 10));
+    assert!(prorate(p, day(2026, 1, 9), price(1, 1), price(2, 1)).is_none());
+    assert!(prorate(p, day(2026, 2, 10), price(1, 1), price(2, 1)).is_none());
+    assert!(prorate(p, day(2026, 1, 11), price(i64::MAX, u32::MAX), price(1, 1)).is_none());
+}
+
+#[test]
+fn a_bs_month_counts_its_own_days() {
+    // A BS monthly plan from Shrawan 1, 2082: the period is Shrawan, its
+    // own length in that year.
+    let shrawan = ad_from_bs(BsDate::new(2082, 4, 1).unwrap()).unwrap();
+    let days = i64::from(days_in_bs_month(2082, 4).unwrap());
+    let schedule = Schedule::new(shrawan, IntervalUnit::Month, 1, None, Calendar::Bs)
+        .unwrap()
+        .unwrap();
+    let p = schedule.period(0).unwrap();
+    assert_eq!((p.end_exclusive - p.start).num_days(), days);
+    let change = shrawan + Duration::days(10);
+    let r = prorate(p, change, price(100_000, 1), price(200_000, 1)).unwrap();
+    assert_eq!(r.total_days, days);
+    assert_eq!(r.remaining_days, days - 10);
+    let exact = |amount: i64| (2 * amount * (days - 10) + days) / (2 * days);
+    assert_eq!((r.credit, r.debit), (exact(100_000), exact(200_000)));
+}
+
+// ---------------------------------------------------------------------------
+// The operations.
+
+struct Env {
+    deps: AppState,
+    clock: ManualClock,
+    t: Tenant,
+}
+
+fn env_on(store: Arc<dyn Store>) -> Env {
+    let clock = ManualClock::new(at(NOW));
+    let deps = AppState::new(
+        store,
+        Arc::new(clock.clone()),
+        Config {
+            public_base_url: "http://127.0.0.1:8080".into(),
+            events_base_url: None,
+            dashboard_base_url: None,
+        },
+    );
+    Env {
+        deps,
+        clock,
+        t: Tenant::new("p1", Mode::Sandbox),
+    }
+}
+
+fn env() -> Env {
+    env_on(crate::testenv::memory_store())
+}
+
+/// The embedded store, and moto when `DHUKUTI_TEST_AWS_ENDPOINT` is set.
+async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
+    let mut out: Vec<(&'static str, Arc<dyn Store>)> =
+        vec![("embedded", crate::testenv::memory_store())];
+    if let Some(endpoint) = crate::queue::testkit::aws_endpoint() {
+        let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "ap-south-1".into());
+        let client = crate::store::dynamo::client_for_endpoint(&endpoint, &region);
+        let table = format!("dhukuti-test-{}", ulid::Ulid::new());
+        crate::store::dynamo::create_table(&client, &table)
+            .await
+            .unwrap_or_else(|e| panic!("create table {table}: {e}"));
+        out.push((
+            "dynamodb",
+            Arc::new(crate::store::dynamo::DynamoStore::new(client, table)),
+        ));
+    }
+    out
+}
+
+impl Env {
+    async fn plan(&self, name: &str, amount: i64, extra: serde_json::Value) -> Plan {
+        let mut v = json!({"name": name, "amount": amount, "intervalUnit": "month"});
+        if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
+        let body: CreatePlan = serde_json::from_value(v).unwrap();
+        plans::create(&self.deps, &self.t, body, None)
+            .await
+            .unwrap()
+    }
+
+    /// Active on `plan` from NOW with `quantity`, its first invoice paid.
+    async fn active(&self, plan: &Plan, quantity: u32) -> Subscription {
+        let body: CreateCustomer = serde_json::from_value(json!({"name": "Sita Rai"})).unwrap();
+        let c = customers::create(&self.deps, &self.t, body, None)
+            .await
+            .unwrap();
+        let body: CreateSubscription = serde_json::from_value(
+            json!({"customerId": c.id, "planId": plan.id, "quantity": quantity}),
+        )
+        .unwrap();
+        let made = lifecycle::create_subscription(&self.deps, &self.t, body, None)
+            .await
+            .unwrap();
+        let inv = made.first_invoice.unwrap().invoice;
+        self.pay(&inv).await;
+        subscription::get(&self.deps, &self.t, &made.subscription.id)
+            .await
+            .unwrap()
+    }
+
+    async fn pay(&self, inv: &BillingInvoice) {
+        let now = self.deps.clock.now();
+        let payment = OutOfBand {
+            method: OutOfBandMethod::Cash,
+            received_on: nepal_day(now),
+            reference: format!("cash-{}", inv.number),
+            recorded_by: UserId::new(),
+            amount: inv.amount_due,
+        };
+        invoice::record_out_of_band_payment(&self.deps, &self.t, &inv.id, payment, now)
+            .await
+            .unwrap();
+    }
+
+    async fn change(
+        &self,
+        sub: &Subscription,
+        plan: &Plan,
+        behavior: &str,
+    ) -> Result<Changed, ChangeError> {
+        let body: ChangePlan =
+            serde_json::from_value(json!({"newPlanId": plan.id, "prorationBehavior": behavior}))
+                .unwrap();
+        change_plan(&self.deps, &self.t, &sub.id, body).await
+    }
+
+    async fn invoices(&self, sub: &Subscription) -> Vec<BillingInvoice> {
+        let all: Vec<BillingInvoice> = record::all_of(
+            &*self.deps.store,
+            &Query::partition(BillingInvoice::list_partition(&self.t)).on(Index::Gsi1),
+        )
+        .await
+        .unwrap();
+        let mut mine: Vec<BillingInvoice> = all
+            .into_iter()
+            .filter(|i| i.subscription_id == sub.id)
+            .collect();
+        mine.sort_by(|a, b| a.number.cmp(&b.number));
+        mine
+    }
+
+    async fn events(&self, t: EventType) -> Vec<Event> {
+        let all: Vec<Event> = record::all_of(
+            &*self.deps.store,
+            &Query::partition(crate::keys::per_mode(
+                &self.t.project,
+                self.t.mode,
+                crate::keys::PerMode::Events,
+            ))
+            .on(Index::Gsi1),
+        )
+        .await
+        .unwrap();
+        all.into_iter().filter(|e| e.event_type == t).collect()
+    }
+}
+
+fn refusal(e: ChangeError) -> (Kind, String, Option<String>) {
+    let r = Refusal::from(e);
+    (r.kind, r.code.to_owned(), r.field)
+}
+
+#[tokio::test]
+async fn an_upgrade_now_issues_a_proration_invoice_equal_to_its_preview() {
+    for (name, store) in stores().await {
+        let e = env_on(store);
+        let basic = e.plan("Basic", 99_900, json!({})).await;
+        let pro = e.plan("Pro", 199_900, json!({})).await;
+        let sub = e.active(&basic, 1).await;
+        // Ten days in: January 20 of the period January 10 to February 10.
+        e.clock.advance(Duration::days(10));
+        let preview = preview(&e.deps, &e.t, &sub.id, Some(pro.id.as_str()))
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                preview.credit_amount,
+                preview.debit_amount,
+                preview.net_amount
+            ),
+            (67_674, 135_416, 67_742),
+            "{name}"
+        );
+        assert_eq!(preview.period_start, Some(day(2026, 1, 10)));
+        assert_eq!(preview.period_end, Some(day(2026, 2, 10)));
+        assert_eq!(preview.current_plan.id, basic.id.to_string());
+        assert_eq!(preview.new_plan.amount, 199_900);
+        // The preview wrote nothing.
+        let unchanged = subscription::get(&e.deps, &e.t, &sub.id).await.unwrap();
+        assert_eq!(unchanged.version, sub.version, "{name}");
+        assert_eq!(e.invoices(&sub).await.len(), 1, "{name}");
+
+        let changed = e.change(&sub, &pro, "create_prorations").await.unwrap();
+        assert!(changed.applied);
+        assert_eq!(changed.subscription.plan_id, pro.id);
+        assert_eq!(changed.subscription.terms.amount, 199_900);
+        let inv = changed.invoice.expect("a proration invoice");
+        assert_eq!(
+            inv.amount_due, preview.net_amount,
+            "{name}: the preview is what is billed"
+        );
+        assert_eq!(inv.status, InvoiceStatus::Open);
+        assert_eq!(inv.due_date, day(2026, 1, 20));
+        let lines: Vec<(LineKind, i64)> = inv.lines.iter().map(|l| (l.kind, l.amount)).collect();
+        assert_eq!(
+            lines,
+            [
+                (LineKind::ProrationCredit, -67_674),
+                (LineKind::ProrationDebit, 135_416)
+            ]
+        );
+        // Numbered next in the series, and claims no period: the next
+        // period's invoice is still issued by the sweep.
+        let all = e.invoices(&sub).await;
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1].id, inv.id);
+        assert!(all[1].number.ends_with("000002"), "{}", all[1].number);
+        let claim = record::get::<PeriodClaim>(
+            &*e.deps.store,
+            &PeriodClaim::key(&sub.id, day(2026, 1, 20)),
+        )
+        .await
+        .unwrap();
+        assert!(claim.is_none());
+        // subscription.updated with what the plan was.
+        let updated = e.events(EventType::SubscriptionUpdated).await;
+        assert_eq!(updated.len(), 1, "{name}");
+        let body = updated[0].body();
+        assert_eq!(body["data"]["object"]["planId"], json!(pro.id.to_string()));
+        assert_eq!(
+            body["data"]["previous_attributes"]["planId"],
+            json!(basic.id.to_string())
+        );
+        assert_eq!(
+            body["data"]["previous_attributes"]["plan"]["amount"],
+            99_900
+        );
+        assert!(
+            body["data"]["previous_attributes"]
+                .get("quantity")
+                .is_none()
+        );
+        // The next period bills the new plan in full.
+        e.clock.advance(Duration::days(22));
+        let advanced = sweep::advance(&e.deps, &changed.subscription, e.deps.clock.now())
+            .await
+            .unwrap();
+        assert_eq!(advanced.invoices_issued, 1);
+        let all = e.invoices(&sub).await;
+        assert_eq!(all[2].amount_due, 199_900, "{name}");
+        assert_eq!(all[2].period_start, day(2026, 2, 10));
+    }
+}
+
+#[tokio::test]
+async fn a_downgrade_now_issues_no_invoice_and_its_net_is_credit() {
+    let e = env();
+    let basic = e.plan("Basic", 99_900, json!({})).await;
+    let pro = e.plan("Pro", 199_900, json!({})).await;
+    let sub = e.active(&pro, 1).await;
+    e.clock.advance(Duration::days(10));
+    let preview = preview(&e.deps, &e.t, &sub.id, Some(basic.id.as_str()))
+        .await
+        .unwrap();
+    assert_eq!(preview.net_amount, -67_742);
+    let changed = e.change(&sub, &basic, "create_prorations").await.unwrap();
+    assert!(changed.invoice.is_none());
+    assert_eq!(changed.credit_granted, 67_742);
+    assert_eq!(changed.subscription.terms.amount, 99_900);
+    assert_eq!(e.invoices(&sub).await.len(), 1);
+    // The net credit is the customer's, with its ledger entry and event,
+    // in the change's transaction.
+    let c = customers::get(&e.deps, &e.t, &sub.customer_id)
+        .await
+        .unwrap();
+    assert_eq!(c.credit_balance, 67_742);
+    assert_eq!(e.events(EventType::CustomerCreditUpdated).await.len(), 1);
+}
+
+#[tokio::test]
+async fn the_default_schedules_the_change_for_the_next_period() {
+    let e = env();
+    let basic = e.plan("Basic", 99_900, json!({})).await;
+    let pro = e.plan("Pro", 199_900, json!({})).await;
+    let sub = e.active(&basic, 1).await;
+    e.clock.advance(Duration::days(10));
+    let body: ChangePlan = serde_json::from_value(json!({"newPlanId": pro.id})).unwrap();
+    let changed = change_plan(&e.deps, &e.t, &sub.id, body).await.unwrap();
+    assert!(!changed.applied);
+    assert!(changed.invoice.is_none());
+    let s = changed.subscription;
+    assert_eq!(
+        s.plan_id, basic.id,
+        "the current period stays on the old plan"
+    );
+    let pending = s.pending_change.clone().expect("a pending change");
+    assert_eq!(pending.plan_id, pro.id);
+    assert_eq!(pending.effective_on, day(2026, 2, 10));
+    assert!(e.events(EventType::SubscriptionUpdated).await.is_empty());
+    // A day before the period ends nothing moves.
+    e.clock.advance(Duration::days(20));
+    let a = sweep::advance(&e.deps, &s, e.deps.clock.now())
+        .await
+        .unwrap();
+    assert_eq!(a.subscription.plan_id, basic.id);
+    // The sweep's renewal applies it, and the new period bills the new plan.
+    e.clock.advance(Duration::days(2));
+    let a = sweep::advance(&e.deps, &s, e.deps.clock.now())
+        .await
+        .unwrap();
+    assert_eq!(a.invoices_issued, 1);
+    assert_eq!(a.subscription.plan_id, pro.id);
+    assert!(a.subscription.pending_change.is_none());
+    let all = e.invoices(&sub).await;
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[1].amount_due, 199_900);
+    assert_eq!(all[1].lines[0].description, "Pro");
+    let updated = e.events(EventType::SubscriptionUpdated).await;
+    assert_eq!(updated.len(), 1);
+    assert_eq!(
+        updated[0].body()["data"]["previous_attributes"]["planId"],
+        json!(basic.id.to_string())
+    );
+}
+
+#[tokio::test]
+async fn an_effective_day_schedules_the_change_for_the_period_starting_then() {
+    let e = env();
+    let basic = e.plan("Basic", 99_900, json!({})).await;
+    let pro = e.plan("Pro", 199_900, json!({})).await;
+    let sub = e.active(&basic, 1).await;
+    let body: ChangePlan = serde_json::from_value(
+        json!({"newPlanId": pro.id, "effectiveAt": "2026-02-15", "prorationBehavior": "none"}),
+    )
+    .unwrap();
+    let s = change_plan(&e.deps, &e.t, &sub.id, body)
+        .await
+        .unwrap()
+        .subscription;
+    assert_eq!(
+        s.pending_change.unwrap().effective_on,
+        day(2026, 3, 10),
+        "the first period starting on or after February 15"
+    );
+    // create_prorations applies now: another day is refused.
+    let body: ChangePlan = serde_json::from_value(json!({"newPlanId": pro.id,
+        "effectiveAt": "2026-02-15", "prorationBehavior": "create_prorations"}))
+    .unwrap();
+    let err = change_plan(&e.deps, &e.t, &sub.id, body).await.unwrap_err();
+    assert_eq!(refusal(err).2.as_deref(), Some("effectiveAt"));
+    // A day past is refused.
+    let body: ChangePlan =
+        serde_json::from_value(json!({"newPlanId": pro.id, "effectiveAt": "2026-01-01"})).unwrap();
+    let err = change_plan(&e.deps, &e.t, &sub.id, body).await.unwrap_err();
+    assert_eq!(refusal(err).2.as_deref(), Some("effectiveAt"));
+}
+
+#[tokio::test]
+async fn changes_that_cannot_be_made_are_refused_and_write_nothing() {
+    let e = env();
+    let basic = e.plan("Basic", 99_900, json!({})).await;
+    let yearly = e
+        .plan("Yearly", 999_000, json!({"intervalUnit": "year"}))
+        .await;
+    let old = e.plan("Old", 50_000, json!({})).await;
+    let body: UpdatePlan = serde_json::from_value(json!({"active": false})).unwrap();
+    plans::update(&e.deps, &e.t, &old.id, body).await.unwrap();
+    let sub = e.active(&basic, 1).await;
+    for (plan, behavior) in [(&basic, "none"), (&basic, "create_prorations")] {
+        let err = e.change(&sub, plan, behavior).await.unwrap_err();
+        assert_eq!(
+            refusal(err),
+            (
+                Kind::Invalid,
+                "validation_failed".into(),
+                Some("newPlanId".into())
+            ),
+            "the current plan"
+        );
+    }
+    let err = e.change(&sub, &yearly, "none").await.unwrap_err();
+    assert_eq!(
+        refusal(err).2.as_deref(),
+        Some("newPlanId"),
+        "another interval"
+    );
+    let err = e.change(&sub, &old, "none").await.unwrap_err();
+    assert_eq!(
+        refusal(err).2.as_deref(),
+        Some("newPlanId"),
+        "an inactive plan"
+    );
+    let err = preview(&e.deps, &e.t, &sub.id, None).await.unwrap_err();
+    assert_eq!(
+        refusal(err).2.as_deref(),
+        Some("newPlanId"),
+        "no plan named"
+    );
+    let err = preview(&e.deps, &e.t, &sub.id, Some("bp_nope"))
+        .await
+        .unwrap_err();
+    assert_eq!(refusal(err).0, Kind::NotFound);
+    // A cancelled subscription changes nothing.
+    let pro = e.plan("Pro", 199_900, json!({})).await;
+    lifecycle::cancel(&e.deps, &e.t, &sub.id, CancelSubscription::default())
+        .await
+        .unwrap();
+    let err = e.change(&sub, &pro, "create_prorations").await.unwrap_err();
+    assert_eq!(
+        refusal(err).1,
+        subscription::SUBSCRIPTION_STATE_CONFLICT,
+        "a cancelled subscription"
+    );
+    let s = subscription::get(&e.deps, &e.t, &sub.id).await.unwrap();
+    assert_eq!(s.plan_id, basic.id);
+    assert!(s.pending_change.is_none());
+    assert_eq!(e.invoices(&sub).await.len(), 1);
+    assert!(e.events(EventType::SubscriptionUpdated).await.is_empty());
+}
+
+#[tokio::test]
+async fn racing_upgrades_bill_one_proration() {
+    for (name, store) in stores().await {
+        let e = env_on(store);
+        let basic = e.plan("Basic", 99_900, json!({})).await;
+        let pro = e.plan("Pro", 199_900, json!({})).await;
+        let sub = e.active(&basic, 1).await;
+        e.clock.advance(Duration::days(5));
+        let results =
+            futures::future::join_all((0..8).map(|_| e.change(&sub, &pro, "create_prorations")))
+                .await;
+        let applied = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(applied, 1, "{name}: exactly one change applies");
+        for r in results.into_iter().filter_map(Result::err) {
+            assert_eq!(
+                refusal(r).2.as_deref(),
+                Some("newPlanId"),
+                "{name}: the others find it on the plan"
+            );
+        }
+        assert_eq!(
+            e.invoices(&sub).await.len(),
+            2,
+            "{name}: one proration invoice"
+        );
+        assert_eq!(
+            e.events(EventType::SubscriptionUpdated).await.len(),
+            1,
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn quantities_are_checked() {
+    for bad in [0, -1, i64::from(MAX_QUANTITY) + 1, i64::MAX] {
+        let err = check_quantity(bad).unwrap_err();
+        assert!(matches!(err, BillingError::Invalid { ref field, .. } if field == "quantity"));
+    }
+    assert_eq!(check_quantity(1).unwrap(), 1);
+    assert_eq!(check_quantity(10_000).unwrap(), 10_000);
+}
+
+#[tokio::test]
+async fn a_quantity_above_one_needs_a_per_unit_plan() {
+    let e = env();
+    let basic = e.plan("Basic", 99_900, json!({})).await;
+    let body: CreateCustomer = serde_json::from_value(json!({"name": "Sita Rai"})).unwrap();
+    let c = customers::create(&e.deps, &e.t, body, None).await.unwrap();
+    let body: CreateSubscription =
+        serde_json::from_value(json!({"customerId": c.id, "planId": basic.id, "quantity": 2}))
+            .unwrap();
+    let err = lifecycle::create_subscription(&e.deps, &e.t, body, None)
+        .await
+        .unwrap_err();
+    assert_eq!(Refusal::from(err).field.as_deref(), Some("quantity"));
+    let sub = e.active(&basic, 1).await;
+    let err = update_quantity(&e.deps, &e.t, &sub.id, UpdateQuantity { quantity: 3 })
+        .await
+        .unwrap_err();
+    assert_eq!(refusal(err).2.as_deref(), Some("quantity"));
+}
