@@ -28,6 +28,8 @@ pub enum IdKind {
     DunningPolicy,
     TestClock,
     Mail,
+    InvoiceItem,
+    UsageRecord,
 }
 
 impl IdKind {
@@ -54,6 +56,8 @@ impl IdKind {
             IdKind::DunningPolicy => "dpol_",
             IdKind::TestClock => "clock_",
             IdKind::Mail => "mail_",
+            IdKind::InvoiceItem => "ii_",
+            IdKind::UsageRecord => "ur_",
         }
     }
 }
@@ -337,6 +341,10 @@ typed_ids! {
     TestClockId => TestClock, "test clock";
     /// `mail_…`: an email message.
     MailId => Mail, "mail";
+    /// `ii_…`: a pending one-off charge of a subscription.
+    InvoiceItemId => InvoiceItem, "invoice item";
+    /// `ur_…`: one metered usage event of a subscription.
+    UsageRecordId => UsageRecord, "usage record";
 }
 
 #[cfg(test)]
