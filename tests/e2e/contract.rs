@@ -146,6 +146,37 @@ const ROUTES: &[Route] = &[
         "/v1/billing/dunning/subscriptions/{id}/policy",
         Scope::BillingWrite,
     ),
+    // billing: usage and invoice items (issue 40)
+    r(
+        "POST",
+        "/v1/billing/subscriptions/{id}/usage",
+        Scope::BillingWrite,
+    ),
+    r(
+        "GET",
+        "/v1/billing/subscriptions/{id}/usage",
+        Scope::BillingRead,
+    ),
+    r(
+        "GET",
+        "/v1/billing/subscriptions/{id}/usage/records",
+        Scope::BillingRead,
+    ),
+    r(
+        "GET",
+        "/v1/billing/subscriptions/{id}/invoice-items",
+        Scope::BillingRead,
+    ),
+    r(
+        "POST",
+        "/v1/billing/subscriptions/{id}/invoice-items",
+        Scope::BillingWrite,
+    ),
+    r(
+        "DELETE",
+        "/v1/billing/subscriptions/{id}/invoice-items/{itemId}",
+        Scope::BillingWrite,
+    ),
     // billing: dunning
     r("POST", "/v1/billing/dunning/policies", Scope::BillingWrite),
     r("GET", "/v1/billing/dunning/policies", Scope::BillingRead),
@@ -398,6 +429,8 @@ struct Records {
     dunning_policy: String,
     billing_invoice: String,
     test_clock: String,
+    /// A well-formed invoice item id that does not exist.
+    invoice_item: String,
 }
 
 impl Records {
@@ -496,6 +529,10 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
             json!({"trialEndsAt": "2031-01-01T00:00:00Z"})
         }
         ("POST", "/v1/billing/dunning/subscriptions/{id}/policy") => json!({"policyId": null}),
+        ("POST", "/v1/billing/subscriptions/{id}/usage") => json!({"quantity": 1}),
+        ("POST", "/v1/billing/subscriptions/{id}/invoice-items") => {
+            json!({"amount": 100, "description": "Installation"})
+        }
         ("POST", "/v1/billing/dunning/policies") => dunning_policy_body(),
         ("PATCH", "/v1/billing/dunning/policies/{id}") => json!({"name": "Strict"}),
         ("POST", "/v1/billing/dunning/invoices/{id}/dunning/stop")
@@ -672,6 +709,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         dunning_policy: text(&policy["id"]),
         billing_invoice: billing_invoice(app, tenant, &text(&customer["id"])).await,
         test_clock: text(&clock["id"]),
+        invoice_item: new_id(IdKind::InvoiceItem),
     };
     for (kind, id) in [
         ("cs_", &rec.session),
@@ -732,7 +770,9 @@ async fn every_endpoint_keeps_the_contract(which: Which) {
     for row in ROUTES {
         let (method, scope) = (row.method, row.scope.as_str());
         let path = if row.path.contains("{id}") {
-            row.path.replace("{id}", rec.id_for(row.path))
+            row.path
+                .replace("{id}", rec.id_for(row.path))
+                .replace("{itemId}", &rec.invoice_item)
         } else {
             row.path.to_owned()
         };
@@ -1214,6 +1254,16 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
             vec![f("trialEndsAt", Str)]
         }
         ("POST", "/v1/billing/dunning/subscriptions/{id}/policy") => vec![n("policyId", Str)],
+        ("POST", "/v1/billing/subscriptions/{id}/usage") => vec![
+            f("quantity", Int),
+            n("action", Str),
+            n("timestamp", Str),
+            n("idempotency_key", Str),
+            n("events", Arr),
+        ],
+        ("POST", "/v1/billing/subscriptions/{id}/invoice-items") => {
+            vec![f("amount", Int), f("description", Str), n("quantity", Int)]
+        }
         ("POST", "/v1/billing/dunning/policies") => vec![
             f("name", Str),
             f("retryIntervalsDays", Arr),
@@ -1324,7 +1374,9 @@ async fn every_body_field_refuses_a_wrong_type(which: Which) {
         .filter(|r| r.method != "GET" && r.method != "DELETE")
     {
         let path = if row.path.contains("{id}") {
-            row.path.replace("{id}", rec.id_for(row.path))
+            row.path
+                .replace("{id}", rec.id_for(row.path))
+                .replace("{itemId}", &rec.invoice_item)
         } else {
             row.path.to_owned()
         };

@@ -13,9 +13,11 @@ use shared::AppState;
 mod customers;
 mod dunning;
 mod invoices;
+mod items;
 mod plans;
 mod subscriptions;
 mod test_clocks;
+mod usage;
 
 /// Every resource group's route table.
 const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] = &[
@@ -25,6 +27,8 @@ const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] = &[
     invoices::routes,
     dunning::routes,
     test_clocks::routes,
+    usage::routes,
+    items::routes,
 ];
 
 /// The function's routes and their description, one value.
