@@ -11,7 +11,7 @@ use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use shared::ids::{
     ApiKeyId, AuditId, BillingInvoiceId, CouponId, CustomerId, DeliveryId, DunningPolicyId,
-    EndpointId, EventId, InvoiceId, LinkId, MerchantId, PaymentId, PlanId, ProjectId,
+    EndpointId, EventId, InvoiceId, InvoiceItemId, LinkId, MerchantId, PaymentId, PlanId, ProjectId,
     PromotionCodeId, RefundId, SessionId, SmsId, SubscriptionId, TestClockId, TypedId, UserId,
 };
 use shared::refusal::Refusal;
@@ -81,7 +81,8 @@ id_parts!(
     BillingInvoiceId,
     TestClockId,
     CouponId,
-    PromotionCodeId
+    PromotionCodeId,
+    InvoiceItemId
 );
 
 /// What a route's path holds, in order: one part or a tuple of them.

@@ -231,6 +231,22 @@ pub const ERROR_CODES: &[(&str, &str)] = &[
         "a promotion code of the project and mode already has this code (any case)",
     ),
     (
+        "usage_period_closed",
+        "the usage event's period has been invoiced; `period` names it",
+    ),
+    (
+        "subscription_not_metered",
+        "usage is reported only for a subscription on a metered plan",
+    ),
+    (
+        "invoice_item_invoiced",
+        "an invoice has taken the invoice item: it cannot be deleted",
+    ),
+    (
+        "invoice_item_limit",
+        "the subscription holds the most pending invoice items (40)",
+    ),
+    (
         "test_clock_live_mode",
         "test clocks exist in sandbox only: use a sandbox key",
     ),

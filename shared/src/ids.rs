@@ -31,6 +31,8 @@ pub enum IdKind {
     Coupon,
     PromotionCode,
     CreditEntry,
+    InvoiceItem,
+    UsageRecord,
 }
 
 impl IdKind {
@@ -60,6 +62,8 @@ impl IdKind {
             IdKind::Coupon => "cpn_",
             IdKind::PromotionCode => "promo_",
             IdKind::CreditEntry => "cbt_",
+            IdKind::InvoiceItem => "ii_",
+            IdKind::UsageRecord => "ur_",
         }
     }
 }
@@ -349,6 +353,10 @@ typed_ids! {
     PromotionCodeId => PromotionCode, "promotion code";
     /// `cbt_…`: an entry of a billing customer's credit ledger.
     CreditEntryId => CreditEntry, "credit entry";
+    /// `ii_…`: a pending one-off charge of a subscription.
+    InvoiceItemId => InvoiceItem, "invoice item";
+    /// `ur_…`: one metered usage event of a subscription.
+    UsageRecordId => UsageRecord, "usage record";
 }
 
 #[cfg(test)]

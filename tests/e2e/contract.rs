@@ -207,6 +207,37 @@ const ROUTES: &[Route] = &[
         "/v1/billing/subscriptions/{id}/quantity",
         Scope::BillingWrite,
     ),
+    // billing: usage and invoice items (issue 40)
+    r(
+        "POST",
+        "/v1/billing/subscriptions/{id}/usage",
+        Scope::BillingWrite,
+    ),
+    r(
+        "GET",
+        "/v1/billing/subscriptions/{id}/usage",
+        Scope::BillingRead,
+    ),
+    r(
+        "GET",
+        "/v1/billing/subscriptions/{id}/usage/records",
+        Scope::BillingRead,
+    ),
+    r(
+        "GET",
+        "/v1/billing/subscriptions/{id}/invoice-items",
+        Scope::BillingRead,
+    ),
+    r(
+        "POST",
+        "/v1/billing/subscriptions/{id}/invoice-items",
+        Scope::BillingWrite,
+    ),
+    r(
+        "DELETE",
+        "/v1/billing/subscriptions/{id}/invoice-items/{itemId}",
+        Scope::BillingWrite,
+    ),
     // billing: dunning
     r("POST", "/v1/billing/dunning/policies", Scope::BillingWrite),
     r("GET", "/v1/billing/dunning/policies", Scope::BillingRead),
@@ -461,6 +492,8 @@ struct Records {
     test_clock: String,
     coupon: String,
     promotion_code: String,
+    /// A well-formed invoice item id that does not exist.
+    invoice_item: String,
 }
 
 impl Records {
@@ -569,6 +602,10 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
             json!({"newPlanId": rec.plan, "prorationBehavior": "none"})
         }
         ("PATCH", "/v1/billing/subscriptions/{id}/quantity") => json!({"quantity": 2}),
+        ("POST", "/v1/billing/subscriptions/{id}/usage") => json!({"quantity": 1}),
+        ("POST", "/v1/billing/subscriptions/{id}/invoice-items") => {
+            json!({"amount": 100, "description": "Installation"})
+        }
         ("POST", "/v1/billing/dunning/policies") => dunning_policy_body(),
         ("PATCH", "/v1/billing/dunning/policies/{id}") => json!({"name": "Strict"}),
         ("POST", "/v1/billing/dunning/invoices/{id}/dunning/stop")
@@ -770,6 +807,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         test_clock: text(&clock["id"]),
         coupon: text(&coupon["id"]),
         promotion_code: text(&promotion_code["id"]),
+        invoice_item: new_id(IdKind::InvoiceItem),
     };
     for (kind, id) in [
         ("cs_", &rec.session),
@@ -832,7 +870,9 @@ async fn every_endpoint_keeps_the_contract(which: Which) {
     for row in ROUTES {
         let (method, scope) = (row.method, row.scope.as_str());
         let path = if row.path.contains("{id}") {
-            row.path.replace("{id}", rec.id_for(row.path))
+            row.path
+                .replace("{id}", rec.id_for(row.path))
+                .replace("{itemId}", &rec.invoice_item)
         } else {
             row.path.to_owned()
         };
@@ -1329,6 +1369,16 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
             f("prorationBehavior", Str),
         ],
         ("PATCH", "/v1/billing/subscriptions/{id}/quantity") => vec![f("quantity", Int)],
+        ("POST", "/v1/billing/subscriptions/{id}/usage") => vec![
+            f("quantity", Int),
+            n("action", Str),
+            n("timestamp", Str),
+            n("idempotency_key", Str),
+            n("events", Arr),
+        ],
+        ("POST", "/v1/billing/subscriptions/{id}/invoice-items") => {
+            vec![f("amount", Int), f("description", Str), n("quantity", Int)]
+        }
         ("POST", "/v1/billing/dunning/policies") => vec![
             f("name", Str),
             f("retryIntervalsDays", Arr),
@@ -1475,7 +1525,9 @@ async fn every_body_field_refuses_a_wrong_type(which: Which) {
         .filter(|r| r.method != "GET" && r.method != "DELETE")
     {
         let path = if row.path.contains("{id}") {
-            row.path.replace("{id}", rec.id_for(row.path))
+            row.path
+                .replace("{id}", rec.id_for(row.path))
+                .replace("{itemId}", &rec.invoice_item)
         } else {
             row.path.to_owned()
         };

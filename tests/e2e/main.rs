@@ -18,6 +18,7 @@ mod billing_invoices;
 mod billing_notices;
 mod billing_subscriptions;
 mod billing_taxcredit;
+mod billing_usage;
 mod billing_walk;
 mod browser;
 mod checkout;

@@ -17,11 +17,13 @@ mod customers;
 mod discounts;
 mod dunning;
 mod invoices;
+mod items;
 mod plans;
 mod promotion_codes;
 mod subscriptions;
 mod tax;
 mod test_clocks;
+mod usage;
 
 /// Every resource group's route table.
 const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] = &[
@@ -37,6 +39,8 @@ const MODULES: &[fn(&AppState) -> OpenApiRouter<AppState>] = &[
     discounts::routes,
     tax::routes,
     credit::routes,
+    usage::routes,
+    items::routes,
 ];
 
 /// The function's routes and their description, one value.

@@ -304,6 +304,19 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
             "billing period claim",
             record::<billing::invoice::PeriodClaim>(),
         ),
+        ("SUB", s) if pk.ends_with("#USAGE") && s.starts_with("R#") => {
+            ("usage record", record::<billing::usage::UsageRecord>())
+        }
+        ("SUB", s) if pk.ends_with("#USAGE") && s.starts_with("K#") => (
+            "usage idempotency key",
+            record::<billing::usage::UsageKeyClaim>(),
+        ),
+        ("SUB", "SEAL") if pk.ends_with("#USAGE") => {
+            ("usage seal", record::<billing::usage::UsageSeal>())
+        }
+        ("SUB", s) if pk.ends_with("#ITEMS") && s.starts_with("ii_") => {
+            ("invoice item", record::<billing::items::InvoiceItem>())
+        }
         ("SMS", "SMS") => ("sms reminder", record::<sms::SmsReminder>()),
         ("SMSCNT", _) => ("sms hour count", record::<sms::SmsCount>()),
         ("SMSQUOTA", _) => ("sms month quota", record::<sms::SmsCount>()),

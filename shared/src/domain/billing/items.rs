@@ -1,0 +1,373 @@
+//! Pending invoice items (issue 40 part 7): one-off charges a merchant
+//! adds to a subscription, consumed by its next invoice exactly once.
+//! No HTTP.
+//!
+//! Stored in the subscription's items partition (`SUB#<sub>#ITEMS`, sort
+//! key the id: oldest first). An item is `pending` until an invoice takes
+//! it: the issuing transaction sets it `invoiced` conditioned on its
+//! being `pending` (the hook [`consume_ops`]), and a delete is
+//! conditioned the same way, so of an issue and a delete racing exactly
+//! one wins: a deleted item is on no invoice, an invoiced one is not
+//! deleted (409 `invoice_item_invoiced`).
+
+use serde::{Deserialize, Serialize};
+
+use super::customers::{BillingError, invalid, text};
+use super::lifecycle::LifecycleError;
+use super::subscription::{self, SubscriptionError};
+use crate::Deps;
+use crate::domain::record::{self, Changes, Record, from_item};
+use crate::domain::{Mode, Tenant};
+use crate::ids::{BillingInvoiceId, InvoiceItemId, ProjectId, SubscriptionId};
+use crate::money::Currency;
+use crate::refusal::Refusal;
+use crate::store::fence::Fence;
+use crate::store::{Cond, Key, Query, StoreError, TxOp};
+use crate::time::Timestamp;
+
+/// Longest `description`.
+pub const MAX_DESCRIPTION: usize = 500;
+/// Largest `amount` per unit: Rs 10 crore.
+pub const MAX_AMOUNT: i64 = 10_000_000_000;
+/// Largest `quantity`.
+pub const MAX_QUANTITY: u32 = 10_000;
+/// Most pending items a subscription holds, and the most one invoice
+/// takes (the oldest first; the issuing transaction has room for them).
+pub const MAX_PENDING: usize = 40;
+
+/// Whether an item still waits for an invoice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemStatus {
+    Pending,
+    Invoiced,
+}
+
+/// A one-off charge of a subscription.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InvoiceItem {
+    pub id: InvoiceItemId,
+    pub subscription_id: SubscriptionId,
+    pub project_id: ProjectId,
+    pub mode: Mode,
+    pub description: String,
+    /// Paisa per unit, more than 0.
+    pub unit_amount: i64,
+    pub quantity: u32,
+    pub currency: Currency,
+    pub status: ItemStatus,
+    /// The invoice that took it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invoice_id: Option<BillingInvoiceId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invoiced_at: Option<Timestamp>,
+    pub created_at: Timestamp,
+}
+
+crate::attrs! { InvoiceItem {
+    STATUS: ItemStatus = status,
+    INVOICE_ID: Option<BillingInvoiceId> = invoice_id,
+    INVOICED_AT: Option<Timestamp> = invoiced_at,
+} }
+
+impl InvoiceItem {
+    pub fn partition(sub: &SubscriptionId) -> String {
+        format!("SUB#{sub}#ITEMS")
+    }
+
+    pub fn key(sub: &SubscriptionId, id: &InvoiceItemId) -> Key {
+        Key::new(InvoiceItem::partition(sub), id.as_str())
+    }
+
+    /// `unit_amount * quantity`, paisa.
+    pub fn total(&self) -> i64 {
+        self.unit_amount.saturating_mul(i64::from(self.quantity))
+    }
+}
+
+impl Record for InvoiceItem {
+    fn item_key(&self) -> Key {
+        InvoiceItem::key(&self.subscription_id, &self.id)
+    }
+}
+
+/// Why an invoice item request is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ItemError {
+    #[error(transparent)]
+    Billing(#[from] BillingError),
+    #[error(transparent)]
+    Lifecycle(#[from] LifecycleError),
+    #[error("subscription {0} has ended: it has no next invoice to add an item to")]
+    Ended(SubscriptionId),
+    #[error(
+        "invoice item {item} is on invoice {invoice}: an invoiced item cannot be deleted (credit the customer instead)"
+    )]
+    Invoiced {
+        item: InvoiceItemId,
+        invoice: String,
+    },
+    #[error(
+        "subscription {0} has {MAX_PENDING} pending invoice items, the most it holds: delete one or wait for the next invoice"
+    )]
+    TooMany(SubscriptionId),
+}
+
+impl From<StoreError> for ItemError {
+    fn from(e: StoreError) -> Self {
+        ItemError::Billing(BillingError::Store(e))
+    }
+}
+
+impl From<SubscriptionError> for ItemError {
+    fn from(e: SubscriptionError) -> Self {
+        ItemError::Lifecycle(e.into())
+    }
+}
+
+impl From<ItemError> for Refusal {
+    fn from(err: ItemError) -> Self {
+        match err {
+            ItemError::Billing(e) => e.into(),
+            ItemError::Lifecycle(e) => e.into(),
+            e @ ItemError::Ended(_) => {
+                Refusal::conflict("subscription_state_conflict", e.to_string())
+            }
+            e @ ItemError::Invoiced { .. } => {
+                Refusal::conflict("invoice_item_invoiced", e.to_string())
+            }
+            e @ ItemError::TooMany(_) => Refusal::conflict("invoice_item_limit", e.to_string()),
+        }
+    }
+}
+
+/// `POST /v1/billing/subscriptions/{id}/invoice-items`.
+#[derive(Clone, Debug, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(as = CreateInvoiceItem)]
+pub struct CreateItem {
+    /// Paisa per unit: 1 to 10,000,000,000.
+    pub amount: i64,
+    /// What the invoice line says: 1 to 500 characters.
+    pub description: String,
+    /// 1 to 10,000; default 1. The line is `amount * quantity`.
+    #[serde(default)]
+    pub quantity: Option<i64>,
+}
+
+/// An invoice item as the API answers it.
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = InvoiceItem)]
+pub struct ItemView {
+    /// `ii_…`.
+    pub id: String,
+    pub object: &'static str,
+    pub livemode: bool,
+    pub subscription_id: String,
+    /// Paisa per unit.
+    pub amount: i64,
+    pub quantity: u32,
+    /// `amount * quantity`.
+    pub total: i64,
+    pub currency: Currency,
+    pub description: String,
+    pub status: ItemStatus,
+    /// The invoice that took it (`inv_…`), null while pending.
+    pub invoice_id: Option<String>,
+    pub invoiced_at: Option<Timestamp>,
+    pub created_at: Timestamp,
+}
+
+impl ItemView {
+    pub fn of(i: &InvoiceItem) -> Self {
+        ItemView {
+            id: i.id.to_string(),
+            object: "invoice_item",
+            livemode: i.mode.is_live(),
+            subscription_id: i.subscription_id.to_string(),
+            amount: i.unit_amount,
+            quantity: i.quantity,
+            total: i.total(),
+            currency: i.currency,
+            description: i.description.clone(),
+            status: i.status,
+            invoice_id: i.invoice_id.as_ref().map(ToString::to_string),
+            invoiced_at: i.invoiced_at,
+            created_at: i.created_at,
+        }
+    }
+}
+
+/// The answer to a delete.
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeletedItem {
+    pub id: String,
+    pub object: &'static str,
+    pub deleted: bool,
+}
+
+/// The checked (unit amount, description, quantity) of a create.
+pub fn checked(body: &CreateItem) -> Result<(i64, String, u32), BillingError> {
+    if !(1..=MAX_AMOUNT).contains(&body.amount) {
+        return Err(invalid(
+            "amount",
+            format!("amount must be paisa per unit, from 1 to {MAX_AMOUNT}"),
+        ));
+    }
+    let description = text("description", &body.description, MAX_DESCRIPTION)?;
+    let quantity = match body.quantity {
+        None => 1,
+        Some(q) => u32::try_from(q)
+            .ok()
+            .filter(|q| (1..=MAX_QUANTITY).contains(q))
+            .ok_or_else(|| {
+                invalid(
+                    "quantity",
+                    format!("quantity must be an integer from 1 to {MAX_QUANTITY}"),
+                )
+            })?,
+    };
+    Ok((body.amount, description, quantity))
+}
+
+/// Adds a pending item to the tenant's subscription `id` (not ended).
+/// With the request's idempotency `fence`, a retry finds the first.
+pub async fn create(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &SubscriptionId,
+    body: CreateItem,
+    fence: Option<&Fence>,
+) -> Result<InvoiceItem, ItemError> {
+    let (unit_amount, description, quantity) = checked(&body)?;
+    let sub = subscription::get(deps, tenant, id).await?;
+    if sub.status.is_ended() {
+        return Err(ItemError::Ended(sub.id));
+    }
+    if pending(deps, &sub.id).await?.len() >= MAX_PENDING {
+        return Err(ItemError::TooMany(sub.id));
+    }
+    let item = InvoiceItem {
+        id: InvoiceItemId::new(),
+        subscription_id: sub.id.clone(),
+        project_id: sub.project_id.clone(),
+        mode: sub.mode,
+        description,
+        unit_amount,
+        quantity,
+        currency: sub.terms.currency,
+        status: ItemStatus::Pending,
+        invoice_id: None,
+        invoiced_at: None,
+        created_at: deps.clock.now(),
+    };
+    match Fence::put_once(fence, &*deps.store, item.put_new()?, item.id.as_str()).await? {
+        None => Ok(item),
+        Some(first) => get(deps, &sub.id, &InvoiceItemId::stored(first)).await,
+    }
+}
+
+async fn get(
+    deps: &Deps,
+    sub: &SubscriptionId,
+    id: &InvoiceItemId,
+) -> Result<InvoiceItem, ItemError> {
+    record::get::<InvoiceItem>(&*deps.store, &InvoiceItem::key(sub, id))
+        .await?
+        .ok_or_else(|| {
+            BillingError::NotFound {
+                what: "invoice item",
+                named: id.to_string(),
+            }
+            .into()
+        })
+}
+
+/// The subscription's pending items, oldest first (at most
+/// [`MAX_PENDING`]: the oldest).
+pub async fn pending(deps: &Deps, sub: &SubscriptionId) -> Result<Vec<InvoiceItem>, StoreError> {
+    let query = Query::partition(InvoiceItem::partition(sub))
+        .filter(InvoiceItem::STATUS.eq(&ItemStatus::Pending));
+    crate::store::query_window(&*deps.store, &query, 0, MAX_PENDING)
+        .await?
+        .into_iter()
+        .map(from_item)
+        .collect()
+}
+
+/// The pending items of the tenant's subscription `id` (the SDK's
+/// `list_invoice_items`: a bare array).
+pub async fn list_pending(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &SubscriptionId,
+) -> Result<Vec<InvoiceItem>, ItemError> {
+    let sub = subscription::get(deps, tenant, id).await?;
+    Ok(pending(deps, &sub.id).await?)
+}
+
+/// Every item of the subscription, newest first (the dashboard's), at
+/// most `limit`.
+pub async fn all(
+    deps: &Deps,
+    sub: &SubscriptionId,
+    limit: usize,
+) -> Result<Vec<InvoiceItem>, StoreError> {
+    let query = Query::partition(InvoiceItem::partition(sub)).backward();
+    crate::store::query_window(&*deps.store, &query, 0, limit)
+        .await?
+        .into_iter()
+        .map(from_item)
+        .collect()
+}
+
+/// Deletes a pending item: conditioned on its being pending, so an
+/// invoice taking it at the same moment either takes it (the delete is
+/// refused, 409) or finds it gone.
+pub async fn delete(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &SubscriptionId,
+    item: &InvoiceItemId,
+) -> Result<(), ItemError> {
+    let sub = subscription::get(deps, tenant, id).await?;
+    let key = InvoiceItem::key(&sub.id, item);
+    let cond = Cond::And(vec![
+        Cond::Exists,
+        InvoiceItem::STATUS.eq(&ItemStatus::Pending),
+    ]);
+    match deps.store.delete(&key, Some(cond)).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_condition_failure() => {
+            let found = get(deps, &sub.id, item).await?;
+            Err(ItemError::Invoiced {
+                item: found.id,
+                invoice: found.invoice_id.map(|i| i.to_string()).unwrap_or_default(),
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The writes that mark `items` taken by `invoice`, each conditioned on
+/// the item still being pending: an item deleted (or taken) meanwhile
+/// fails the issuing transaction, which gathers again.
+pub fn consume_ops(items: &[InvoiceItem], invoice: &BillingInvoiceId, now: Timestamp) -> Vec<TxOp> {
+    items
+        .iter()
+        .map(|i| TxOp::Update {
+            key: i.item_key(),
+            update: Changes::<InvoiceItem>::new()
+                .set(InvoiceItem::STATUS, &ItemStatus::Invoiced)
+                .set_some(InvoiceItem::INVOICE_ID, invoice)
+                .set_some(InvoiceItem::INVOICED_AT, &now)
+                .into(),
+            cond: Some(InvoiceItem::STATUS.eq(&ItemStatus::Pending)),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

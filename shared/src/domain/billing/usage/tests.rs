@@ -1,0 +1,536 @@
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::*;
+use crate::domain::billing::subscription::{NewSubscription, create, new_subscription};
+use crate::domain::billing::terms::monthly;
+use crate::store::Store;
+use crate::testenv::at;
+use crate::time::ManualClock;
+use crate::{AppState, Config};
+
+fn deps_on(store: Arc<dyn Store>) -> AppState {
+    AppState::new(
+        store,
+        Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z"))),
+        Config {
+            public_base_url: "http://127.0.0.1:8080".into(),
+            events_base_url: None,
+            dashboard_base_url: None,
+        },
+    )
+}
+
+/// The embedded store, and moto when `DHUKUTI_TEST_AWS_ENDPOINT` is set.
+pub(crate) async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
+    let mut out: Vec<(&'static str, Arc<dyn Store>)> =
+        vec![("embedded", crate::testenv::memory_store())];
+    if let Some(endpoint) = crate::queue::testkit::aws_endpoint() {
+        let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "ap-south-1".into());
+        let client = crate::store::dynamo::client_for_endpoint(&endpoint, &region);
+        let table = format!("dhukuti-test-{}", ulid::Ulid::new());
+        crate::store::dynamo::create_table(&client, &table)
+            .await
+            .unwrap_or_else(|e| panic!("create table {table}: {e}"));
+        out.push((
+            "dynamodb",
+            Arc::new(crate::store::dynamo::DynamoStore::new(client, table)),
+        ));
+    }
+    out
+}
+
+/// A subscription billing from 2026-01-10 (period 0: to 2026-02-10).
+pub(crate) async fn subscription(deps: &Deps, project: &str) -> Subscription {
+    let tenant = Tenant::new(project, Mode::Sandbox);
+    let now = at("2026-01-10T06:00:00Z");
+    let input = NewSubscription {
+        customer_id: "cus_1".into(),
+        plan_id: "bp_1".into(),
+        terms: monthly(),
+        reference_id: None,
+        metadata: serde_json::Map::new(),
+        start: now,
+        trial_ends_at: None,
+        billing_anchor_day: None,
+        dunning_policy_id: None,
+        test_clock_id: None,
+    };
+    let sub = new_subscription(&tenant, input, now).unwrap();
+    create(deps, &sub).await.unwrap();
+    sub
+}
+
+fn body(v: serde_json::Value) -> ReportUsage {
+    serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn field_of(e: BillingError) -> String {
+    Refusal::from(e).field.unwrap_or_default()
+}
+
+fn event(q: u64, action: UsageAction, ts: &str, key: Option<&str>) -> UsageEvent {
+    UsageEvent {
+        quantity: q,
+        action,
+        timestamp: Some(at(ts)),
+        idempotency_key: key.map(str::to_owned),
+    }
+}
+
+#[test]
+fn bad_events_name_their_field_and_refuse_the_batch() {
+    for (v, field) in [
+        (json!({"quantity": -1}), "quantity"),
+        (json!({"quantity": 1.5}), "quantity"),
+        (json!({"quantity": "3"}), "quantity"),
+        (json!({}), "quantity"),
+        (json!({"quantity": 1_000_000_001u64}), "quantity"),
+        (json!({"quantity": 1, "action": "decrement"}), "action"),
+        (json!({"quantity": 1, "action": 1}), "action"),
+        (
+            json!({"quantity": 1, "timestamp": "yesterday"}),
+            "timestamp",
+        ),
+        (json!({"quantity": 1, "timestamp": true}), "timestamp"),
+        (
+            json!({"quantity": 1, "idempotency_key": ""}),
+            "idempotency_key",
+        ),
+        (json!({"quantity": 1, "events": []}), "events"),
+        (json!({"events": []}), "events"),
+        (
+            json!({"events": [{"quantity": 1}, {"quantity": 2}, {"quantity": -2}]}),
+            "events[2].quantity",
+        ),
+        (
+            json!({"events": [{"quantity": 1, "action": "x"}]}),
+            "events[0].action",
+        ),
+        (json!({"events": [5]}), "events[0]"),
+        (
+            json!({"events": [{"quantity": 1, "bogus": 1}]}),
+            "events[0]",
+        ),
+    ] {
+        match events_of(body(v.clone())) {
+            Err(e) => assert_eq!(field_of(e), field, "{v}"),
+            Ok(got) => panic!("accepted {v}: {got:?}"),
+        }
+    }
+    let too_many: Vec<serde_json::Value> =
+        (0..=MAX_BATCH).map(|_| json!({"quantity": 1})).collect();
+    assert!(events_of(body(json!({ "events": too_many }))).is_err());
+    let (one, batch) = events_of(body(json!({
+        "quantity": 0, "action": "set", "timestamp": 1_767_000_000, "idempotencyKey": " k1 "
+    })))
+    .unwrap();
+    assert!(!batch);
+    assert_eq!(one[0].quantity, 0);
+    assert_eq!(one[0].action, UsageAction::Set);
+    assert_eq!(one[0].idempotency_key.as_deref(), Some("k1"));
+    assert_eq!(
+        one[0].timestamp,
+        Timestamp::from_unix_millis(1_767_000_000_000)
+    );
+    let (default, _) = events_of(body(json!({"quantity": 7, "idempotency_key": "a"}))).unwrap();
+    assert_eq!(default[0].action, UsageAction::Increment);
+    assert_eq!(default[0].timestamp, None);
+}
+
+fn rec(id: &str, q: u64, action: UsageAction, ts: &str) -> UsageRecord {
+    let t = at(ts);
+    UsageRecord {
+        id: UsageRecordId::stored(id.to_owned()),
+        subscription_id: "sub_1".into(),
+        project_id: ProjectId::stored("p1"),
+        mode: Mode::Sandbox,
+        quantity: q,
+        action,
+        timestamp: t,
+        day: nepal_day(t),
+        idempotency_key: None,
+        created_at: t,
+    }
+}
+
+#[test]
+fn set_makes_the_total_as_of_its_timestamp_and_later_increments_add() {
+    use UsageAction::{Increment as I, Set as S};
+    // Listed out of time order: the rule follows timestamps.
+    let records = vec![
+        rec("ur_4", 3, I, "2026-01-10T10:00:00Z"),
+        rec("ur_2", 10, S, "2026-01-10T08:00:00Z"),
+        rec("ur_1", 5, I, "2026-01-10T07:00:00Z"),
+        rec("ur_3", 2, I, "2026-01-10T07:30:00Z"),
+    ];
+    // 5 + 2, then set 10, then + 3.
+    assert_eq!(period_total(&records), 13);
+    let later_set = [
+        records.clone(),
+        vec![rec("ur_5", 4, S, "2026-01-10T11:00:00Z")],
+    ]
+    .concat();
+    assert_eq!(
+        period_total(&later_set),
+        4,
+        "the last set by timestamp wins"
+    );
+    let earlier_set = [
+        records.clone(),
+        vec![rec("ur_0", 100, S, "2026-01-10T06:00:00Z")],
+    ]
+    .concat();
+    assert_eq!(
+        period_total(&earlier_set),
+        13,
+        "a set before others is replaced"
+    );
+    // Same timestamp: ties by id.
+    let tie = vec![
+        rec("ur_b", 1, I, "2026-01-10T07:00:00Z"),
+        rec("ur_a", 50, S, "2026-01-10T07:00:00Z"),
+    ];
+    assert_eq!(period_total(&tie), 51);
+    assert_eq!(period_total(&[]), 0);
+    assert_eq!(
+        period_total(&[rec("ur_z", 0, S, "2026-01-10T07:00:00Z")]),
+        0
+    );
+}
+
+#[tokio::test]
+async fn a_set_resets_only_its_own_period() {
+    use UsageAction::{Increment as I, Set as S};
+    let deps = deps_on(crate::testenv::memory_store());
+    let sub = subscription(&deps, "p1").await;
+    let records = vec![
+        rec("ur_1", 5, I, "2026-01-20T07:00:00Z"),
+        rec("ur_2", 7, S, "2026-02-11T07:00:00Z"),
+        rec("ur_3", 1, I, "2026-02-12T07:00:00Z"),
+    ];
+    assert_eq!(total_by_period(&sub, &records), 5 + 7 + 1);
+}
+
+#[tokio::test]
+async fn events_are_recorded_and_a_key_counts_once() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let sub = subscription(&deps, "p1").await;
+    let tenant = sub.tenant();
+    let first = report(
+        &deps,
+        &tenant,
+        &sub.id,
+        vec![event(
+            3,
+            UsageAction::Increment,
+            "2026-01-10T06:00:00Z",
+            Some("e1"),
+        )],
+    )
+    .await
+    .unwrap();
+    let Outcome::Created(r1) = &first[0] else {
+        panic!("{first:?}")
+    };
+    let again = report(
+        &deps,
+        &tenant,
+        &sub.id,
+        vec![event(
+            9,
+            UsageAction::Increment,
+            "2026-01-10T06:00:00Z",
+            Some("e1"),
+        )],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        again,
+        vec![Outcome::Duplicate(r1.clone())],
+        "the first record answers"
+    );
+    // A batch: a new key twice, a seen key, and no key.
+    let batch = report(
+        &deps,
+        &tenant,
+        &sub.id,
+        vec![
+            event(
+                1,
+                UsageAction::Increment,
+                "2026-01-10T05:00:00Z",
+                Some("e2"),
+            ),
+            event(
+                1,
+                UsageAction::Increment,
+                "2026-01-10T05:00:00Z",
+                Some("e2"),
+            ),
+            event(
+                4,
+                UsageAction::Increment,
+                "2026-01-10T05:00:00Z",
+                Some("e1"),
+            ),
+            event(2, UsageAction::Increment, "2026-01-10T05:30:00Z", None),
+        ],
+    )
+    .await
+    .unwrap();
+    assert!(matches!(batch[0], Outcome::Created(_)));
+    assert!(
+        matches!(&batch[1], Outcome::Duplicate(r) if Some(r) == match &batch[0] { Outcome::Created(r) => Some(r), _ => None })
+    );
+    assert_eq!(batch[2], Outcome::Duplicate(r1.clone()));
+    assert!(matches!(batch[3], Outcome::Created(_)));
+    let summary = summary(&deps, &tenant, &sub.id).await.unwrap();
+    assert_eq!(summary.quantity, 3 + 1 + 2);
+    assert_eq!(summary.record_count, 3);
+    assert_eq!(
+        summary.period_start,
+        Some(NaiveDate::from_ymd_opt(2026, 1, 10).unwrap())
+    );
+    assert_eq!(summary.amount, 6 * sub.terms.amount);
+    let (listed, more) = list_records(&deps, &tenant, &sub.id, 2).await.unwrap();
+    assert!(more);
+    assert_eq!(listed[0].id, r1.id, "newest by timestamp first");
+    // Another tenant sees nothing.
+    let other = Tenant::new("p2", Mode::Sandbox);
+    assert!(
+        report(
+            &deps,
+            &other,
+            &sub.id,
+            vec![event(
+                1,
+                UsageAction::Increment,
+                "2026-01-10T06:00:00Z",
+                None
+            )]
+        )
+        .await
+        .is_err()
+    );
+}
+
+#[tokio::test]
+async fn a_timestamp_must_be_in_an_open_period() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let sub = subscription(&deps, "p1").await;
+    let tenant = sub.tenant();
+    for ts in ["2026-01-10T06:06:00Z", "2026-01-09T12:00:00Z"] {
+        let got = report(
+            &deps,
+            &tenant,
+            &sub.id,
+            vec![event(1, UsageAction::Increment, ts, None)],
+        )
+        .await;
+        let Err(e) = got else { panic!("{ts} accepted") };
+        let r = Refusal::from(e);
+        assert_eq!(
+            (r.code, r.field.as_deref()),
+            ("validation_failed", Some("timestamp")),
+            "{ts}"
+        );
+    }
+    // Within the skew, and with no timestamp (now).
+    let ok = report(
+        &deps,
+        &tenant,
+        &sub.id,
+        vec![
+            event(1, UsageAction::Increment, "2026-01-10T06:04:00Z", None),
+            UsageEvent {
+                quantity: 1,
+                action: UsageAction::Increment,
+                timestamp: None,
+                idempotency_key: None,
+            },
+        ],
+    )
+    .await
+    .unwrap();
+    assert!(ok.iter().all(|o| matches!(o, Outcome::Created(_))));
+    // Sealed through the 11th: the 10th is closed, named by its period.
+    let sealed = seal(
+        &deps,
+        &sub.id,
+        NaiveDate::from_ymd_opt(2026, 1, 11).unwrap(),
+        at("2026-01-10T07:00:00Z"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        sealed,
+        Some(Sealed {
+            from: None,
+            to: NaiveDate::from_ymd_opt(2026, 1, 11).unwrap()
+        })
+    );
+    let refused = report(
+        &deps,
+        &tenant,
+        &sub.id,
+        vec![event(
+            1,
+            UsageAction::Increment,
+            "2026-01-10T06:00:00Z",
+            None,
+        )],
+    )
+    .await
+    .unwrap();
+    let jan10 = NaiveDate::from_ymd_opt(2026, 1, 10).unwrap();
+    let feb10 = NaiveDate::from_ymd_opt(2026, 2, 10).unwrap();
+    assert_eq!(
+        refused,
+        vec![Outcome::Closed {
+            start: jan10,
+            end: feb10
+        }]
+    );
+    let r = Refusal::from(UsageError::PeriodClosed {
+        start: jan10,
+        end: feb10,
+    });
+    assert_eq!(r.code, "usage_period_closed");
+    assert!(
+        r.message.contains("2026-01-10 to 2026-02-10"),
+        "{}",
+        r.message
+    );
+}
+
+#[tokio::test]
+async fn a_seal_closes_once_and_answers_the_same_days_again() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let sub = subscription(&deps, "p1").await;
+    let d = |m, day| NaiveDate::from_ymd_opt(2026, m, day).unwrap();
+    let now = at("2026-02-10T00:00:00Z");
+    let first = Sealed {
+        from: None,
+        to: d(2, 10),
+    };
+    assert_eq!(
+        seal(&deps, &sub.id, d(2, 10), now).await.unwrap(),
+        Some(first)
+    );
+    assert_eq!(
+        seal(&deps, &sub.id, d(2, 10), now).await.unwrap(),
+        Some(first),
+        "a retried issue"
+    );
+    let second = Sealed {
+        from: Some(d(2, 10)),
+        to: d(3, 10),
+    };
+    assert_eq!(
+        seal(&deps, &sub.id, d(3, 10), now).await.unwrap(),
+        Some(second)
+    );
+    assert_eq!(
+        seal(&deps, &sub.id, d(3, 10), now).await.unwrap(),
+        Some(second)
+    );
+    assert_eq!(
+        seal(&deps, &sub.id, d(2, 10), now).await.unwrap(),
+        None,
+        "billed already"
+    );
+}
+
+/// Events race the seal on both backends: every event is either recorded
+/// before the seal, and in the issuer's read after it, or refused; none
+/// is lost or counted later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn events_racing_the_seal_are_counted_once_or_refused() {
+    for (name, store) in stores().await {
+        let deps = deps_on(store);
+        let sub = subscription(&deps, "p1").await;
+        let tenant = sub.tenant();
+        let through = NaiveDate::from_ymd_opt(2026, 1, 11).unwrap();
+        // Each writer reports batches of 5 until its events are refused.
+        let writers: Vec<_> = (0..8)
+            .map(|w| {
+                let (deps, tenant, id) = (deps.clone(), tenant.clone(), sub.id.clone());
+                tokio::spawn(async move {
+                    let mut outcomes = Vec::new();
+                    for i in 0..400 {
+                        let events = (0..5)
+                            .map(|j| {
+                                let key = format!("w{w}-{i}-{j}");
+                                event(
+                                    1,
+                                    UsageAction::Increment,
+                                    "2026-01-10T06:00:00Z",
+                                    Some(&key),
+                                )
+                            })
+                            .collect();
+                        let got = report(&deps, &tenant, &id, events)
+                            .await
+                            .unwrap_or_else(|e| panic!("{e}"));
+                        let refused = got.iter().any(|o| matches!(o, Outcome::Closed { .. }));
+                        outcomes.extend(got);
+                        if refused {
+                            break;
+                        }
+                    }
+                    outcomes
+                })
+            })
+            .collect();
+        // Seal once some events are in, while the writers go on.
+        while records_between(&deps, &sub.id, None, through)
+            .await
+            .unwrap()
+            .len()
+            < 40
+        {
+            tokio::task::yield_now().await;
+        }
+        let sealed = seal(&deps, &sub.id, through, at("2026-01-10T06:00:00Z"))
+            .await
+            .unwrap()
+            .unwrap();
+        let read = records_between(&deps, &sub.id, sealed.from, sealed.to)
+            .await
+            .unwrap();
+        let mut created = Vec::new();
+        let mut closed = 0;
+        for w in writers {
+            for o in w.await.unwrap() {
+                match o {
+                    Outcome::Created(r) => created.push(r.id),
+                    Outcome::Closed { .. } => closed += 1,
+                    Outcome::Duplicate(r) => panic!("{name}: no key repeats: {r:?}"),
+                }
+            }
+        }
+        let mut read_ids: Vec<_> = read.iter().map(|r| r.id.clone()).collect();
+        read_ids.sort();
+        created.sort();
+        assert!(
+            created.len() >= 40 && closed >= 8,
+            "{name}: {} created, {closed} refused",
+            created.len()
+        );
+        assert_eq!(
+            read_ids, created,
+            "{name}: the issuer reads exactly what was recorded"
+        );
+        let after = records_between(&deps, &sub.id, None, through)
+            .await
+            .unwrap();
+        assert_eq!(
+            after.len(),
+            read.len(),
+            "{name}: nothing lands after the seal"
+        );
+    }
+}
