@@ -15,6 +15,7 @@ mod billing_dashboard;
 mod billing_invoices;
 mod billing_notices;
 mod billing_subscriptions;
+mod billing_timelines;
 mod billing_walk;
 mod browser;
 mod checkout;
