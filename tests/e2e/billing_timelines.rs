@@ -197,13 +197,19 @@ async fn timelines_show_events_and_reminders(which: Which) {
             "subscription.created",
         ];
         let at: Vec<usize> = order.iter().map(|w| position(panel, w)).collect();
-        assert!(at.windows(2).all(|p| p[0] < p[1]), "{order:?} at {at:?}: {panel}");
+        assert!(
+            at.windows(2).all(|p| p[0] < p[1]),
+            "{order:?} at {at:?}: {panel}"
+        );
     }
     for word in ["email", "queued", "sms", "logged"] {
         assert!(panel.contains(word), "{word}: {panel}");
     }
     assert!(
-        panel.contains(&format!("href=\"/dashboard/billing/invoices/{}\"", b.invoice)),
+        panel.contains(&format!(
+            "href=\"/dashboard/billing/invoices/{}\"",
+            b.invoice
+        )),
         "{panel}"
     );
 
@@ -214,9 +220,17 @@ async fn timelines_show_events_and_reminders(which: Which) {
         .await;
     assert_eq!(page.status, 200, "{}", page.show());
     assert!(!page.body.contains("<script>alert"), "{}", page.show());
-    assert!(page.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{}", page.show());
+    assert!(
+        page.body.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{}",
+        page.show()
+    );
     let panel = timeline(&page.body);
-    for word in ["reminder due_today", "billing_invoice.created", "subscription.created"] {
+    for word in [
+        "reminder due_today",
+        "billing_invoice.created",
+        "subscription.created",
+    ] {
         assert!(panel.contains(word), "{word}: {panel}");
     }
 
@@ -261,14 +275,22 @@ async fn timelines_show_events_and_reminders(which: Which) {
         .await;
     assert_eq!(page.status, 200, "{}", page.show());
     let panel = timeline(&page.body);
-    assert_eq!(panel.matches("<tr>").count(), 51, "a head and 50 rows: {panel}");
+    assert_eq!(
+        panel.matches("<tr>").count(),
+        51,
+        "a head and 50 rows: {panel}"
+    );
     assert!(
         page.body.contains("The latest 50 are shown."),
         "{}",
         page.show()
     );
     assert!(!page.body.contains("<b>trip"), "{}", page.show());
-    assert!(page.body.contains("&lt;b&gt;trip 29&lt;/b&gt;"), "{}", page.show());
+    assert!(
+        page.body.contains("&lt;b&gt;trip 29&lt;/b&gt;"),
+        "{}",
+        page.show()
+    );
     assert!(
         position(panel, "subscription.paused") < position(panel, "subscription.resumed"),
         "newest first: {panel}"
@@ -358,11 +380,15 @@ async fn walk(c: &fantoccini::Client, app: &TestApp, b: &Billed) -> Result<(), S
         }
         let shown = rows(c).await?;
         let first = shown.first().cloned().unwrap_or_default();
-        if !first.contains("due_today") || !shown.iter().any(|r| r.contains("billing_invoice.created")) {
+        if !first.contains("due_today")
+            || !shown.iter().any(|r| r.contains("billing_invoice.created"))
+        {
             return Err(format!("{name}'s timeline: {shown:?}"));
         }
         if !first.contains("email") && !first.contains("sms") {
-            return Err(format!("{name}: a reminder row names its channel: {first:?}"));
+            return Err(format!(
+                "{name}: a reminder row names its channel: {first:?}"
+            ));
         }
     }
     // The customer's hostile name shows as text.
