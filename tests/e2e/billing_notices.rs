@@ -489,10 +489,7 @@ async fn a_retry_now_at_night_defers_its_sms_to_seven(which: Which) {
 }
 
 /// A queue that refuses sends to one queue, the rest as `inner`.
-struct DownFor(
-    shared::queue::QueueName,
-    Arc<dyn shared::queue::Queue>,
-);
+struct DownFor(shared::queue::QueueName, Arc<dyn shared::queue::Queue>);
 
 #[async_trait::async_trait]
 impl shared::queue::Queue for DownFor {

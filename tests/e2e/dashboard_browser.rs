@@ -23,7 +23,7 @@ const WHOLE: Duration = Duration::from_secs(150);
 const PASSWORD: &str = "an owner's long password";
 
 /// The audit, run in the page: a list of problems (empty when none).
-const AUDIT: &str = r#"
+pub(crate) const AUDIT: &str = r#"
 const problems = [];
 const visible = (el) => {
   const s = getComputedStyle(el);

@@ -29,11 +29,64 @@ use shared::domain::billing::plans::{self as billing_plans, Plan};
 use shared::domain::billing::subscription::{
     self as billing_subscription, Subscription, SubscriptionEvent, SubscriptionStatus,
 };
-use shared::domain::dashboard::Action;
+use shared::domain::dashboard::{Action, BillingRow, billing_timeline};
+use shared::domain::outbox::BillingTimeline;
 use shared::ids::{BillingInvoiceId, CustomerId, PlanId, SubscriptionId};
+use shared::time::Timestamp;
 
 use crate::pages::{Nav, label, layout, rupees, status_badge, when};
 use crate::{Page, Signed, Stop, audit, fail, nav, query, see_other};
+
+/// The rows a billing timeline shows at most (newest first).
+pub(crate) const TIMELINE: usize = 50;
+
+/// A link to billing invoice `raw` (a stored id), or the text alone when
+/// it is not one.
+fn invoice_link(raw: &str) -> Markup {
+    match BillingInvoiceId::parse(raw) {
+        Some(id) => markup! { a href={ "/dashboard/billing/invoices/" (id) } { (id) } },
+        None => markup! { (raw) },
+    }
+}
+
+/// A billing timeline (webhook events, and each channel of each notice
+/// with its outcome), newest first; rows after `since` marked new.
+pub(crate) fn timeline_panel(rows: &[BillingRow], since: Option<Timestamp>) -> Markup {
+    markup! {
+        div.panel.timeline {
+            @if rows.is_empty() { p.muted { "Nothing yet." } } @else {
+                table {
+                    thead { tr {
+                        th scope="col" { "When" } th scope="col" { "What" } th scope="col" { "Details" }
+                        @if since.is_some() { th scope="col" { "" } }
+                    } }
+                    tbody {
+                        @for r in rows {
+                            tr {
+                                td { (when(r.at())) }
+                                @match r {
+                                    BillingRow::Event(e) => {
+                                        td { code { (e.event_type.as_str()) } }
+                                        td { @if let Some(inv) = &e.about { "invoice " (invoice_link(inv)) } }
+                                    }
+                                    BillingRow::Notice { invoice, entry } => {
+                                        td { "reminder " (label(&entry.kind)) }
+                                        td {
+                                            (label(&entry.channel)) " " (status_badge(&label(&entry.outcome)))
+                                            @if let Some(inv) = invoice { " invoice " (invoice_link(inv.as_str())) }
+                                        }
+                                    }
+                                }
+                                @if let Some(t) = since { td { @if r.at() > t { strong { "new" } } } }
+                            }
+                        }
+                    }
+                }
+                @if rows.len() >= TIMELINE { p.muted { "The latest " (TIMELINE) " are shown." } }
+            }
+        }
+    }
+}
 
 /// The tabs of the billing pages.
 const TABS: [(&str, &str); 6] = [
@@ -192,6 +245,21 @@ pub async fn customer_page(
         .map_err(fail)?;
     let credit = crate::taxcredit::credit_section(&state, &signed, &nav, &c).await?;
     let q = query(&raw);
+    let filters = invoice_view::Filters {
+        customer_id: Some(id.clone()),
+        ..invoice_view::Filters::default()
+    };
+    let first = PageRequest {
+        page: 1,
+        limit: crate::PAGE,
+    };
+    let (invoices, _) = invoice_view::list(&state, &signed.tenant, first, &filters)
+        .await
+        .map_err(fail)?;
+    let ids: Vec<BillingInvoiceId> = invoices.iter().map(|i| i.id.clone()).collect();
+    let rows = billing_timeline(&state, BillingTimeline::Customer(&id), &ids, &[], TIMELINE)
+        .await
+        .map_err(fail)?;
     let body = markup! {
         (tabs("customers"))
         @if q.get("done").is_some_and(|d| d == "credit") { p.notice role="status" { "The credit is recorded." } }
@@ -209,6 +277,9 @@ pub async fn customer_page(
             }
         }
         (credit)
+        h2 #timeline { "Timeline" }
+        p.muted { "Its subscriptions' and invoices' events, and the reminders of its latest " (crate::PAGE) " invoices, newest first." }
+        (timeline_panel(&rows, None))
         p { a href="/dashboard/billing/customers" { "← Customers" } }
     };
     Ok(html(StatusCode::OK, layout(&nav, &c.name, body)))
@@ -454,6 +525,16 @@ pub async fn subscription_page(
     let (invoices, total) = invoice_view::list(&state, &signed.tenant, first, &filters)
         .await
         .map_err(fail)?;
+    let ids: Vec<BillingInvoiceId> = invoices.iter().map(|i| i.id.clone()).collect();
+    let rows = billing_timeline(
+        &state,
+        BillingTimeline::Subscription(&id),
+        &ids,
+        std::slice::from_ref(&id),
+        TIMELINE,
+    )
+    .await
+    .map_err(fail)?;
     let q = query(&raw);
     let notice = match q.get("done").map(String::as_str) {
         Some("pause") => Some("The subscription is paused."),
@@ -528,6 +609,9 @@ pub async fn subscription_page(
                 table { (invoice_head()) tbody { @for i in &invoices { (invoice_row(i)) } } }
             }
         }
+        h2 #timeline { "Timeline" }
+        p.muted { "Its events (webhooks) and its invoices' reminders and dunning, each channel with its outcome, newest first." }
+        (timeline_panel(&rows, None))
         p { a href="/dashboard/billing/subscriptions" { "← Subscriptions" } }
     };
     Ok(html(StatusCode::OK, layout(&nav, &v.id, body)))

@@ -1,7 +1,8 @@
 //! Sandbox test clocks in the dashboard (issue 39): the project's clocks,
 //! a form to make one, and a clock's page: its time and status, a form
 //! to advance it, and what ran (the subscriptions on the clock and their
-//! invoices, those issued by the last advance marked). Through the same
+//! invoices, those issued by the last advance marked, and the events and
+//! notices the last advance made). Through the same
 //! domain calls as `/v1/billing/test-clocks`: an advance answers
 //! `advancing` at once, and each view of an advancing clock runs part of
 //! its work (`domain::clocks`). Live mode has no clocks: the page says so.
@@ -23,11 +24,12 @@ use shared::domain::billing::invoice::BillingInvoice;
 use shared::domain::billing::invoice::view as invoice_view;
 use shared::domain::billing::test_clock::{self, ClockStatus, TestClock, TestClockError};
 use shared::domain::clocks;
-use shared::domain::dashboard::Action;
-use shared::ids::TestClockId;
+use shared::domain::dashboard::{Action, billing_timeline};
+use shared::domain::outbox::BillingTimeline;
+use shared::ids::{BillingInvoiceId, TestClockId};
 use shared::time::Timestamp;
 
-use crate::billing::{entitled, entitled_to_change, tabs};
+use crate::billing::{TIMELINE, entitled, entitled_to_change, tabs, timeline_panel};
 use crate::pages::{Nav, rupees, status_badge, when};
 use crate::{Page, Signed, Stop, audit, fail, nav, query, see_other};
 
@@ -207,7 +209,21 @@ async fn clock_view(
         let (invoices, _) = invoice_view::list(state, &signed.tenant, first, &filters)
             .await
             .map_err(fail)?;
-        ran.push((s, invoices));
+        // Its events and notices; after an advance, those it made.
+        let ids: Vec<BillingInvoiceId> = invoices.iter().map(|i| i.id.clone()).collect();
+        let mut rows = billing_timeline(
+            state,
+            BillingTimeline::Subscription(&s.id),
+            &ids,
+            std::slice::from_ref(&s.id),
+            TIMELINE,
+        )
+        .await
+        .map_err(fail)?;
+        if let Some(t) = since {
+            rows.retain(|r| r.at() > t);
+        }
+        ran.push((s, invoices, rows));
     }
     let act = signed.allows(Action::ChangeRecords) && clock.status == ClockStatus::Ready;
     let path = format!("{LIST}/{}", clock.id);
@@ -244,7 +260,7 @@ async fn clock_view(
             @if let Some(t) = since { "; invoices marked new were issued since " (when(t)) }
             "."
         }
-        @for (s, invoices) in &ran {
+        @for (s, invoices, rows) in &ran {
             div.panel {
                 p {
                     a href={ "/dashboard/billing/subscriptions/" (s.id) } { (s.id) } " "
@@ -261,6 +277,8 @@ async fn clock_view(
                         }
                     }
                 }
+                h3 { @if since.is_some() { "Events and notices of the last advance" } @else { "Events and notices" } }
+                (timeline_panel(rows, None))
             }
         }
         p { a href=(LIST) { "← Test clocks" } }

@@ -416,7 +416,10 @@ impl Event {
             return Ok(ops);
         }
         if let Some(payment) = &self.payment_id {
-            ops.push(self.timeline_entry(keys::payment_events(payment), None).put_new()?);
+            ops.push(
+                self.timeline_entry(keys::payment_events(payment), None)
+                    .put_new()?,
+            );
         }
         for (timeline, about) in billing_timelines(self.event_type, &self.object) {
             ops.push(self.timeline_entry(timeline, about).put_new()?);

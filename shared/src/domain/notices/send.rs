@@ -23,11 +23,11 @@ use crate::domain::billing::notice_due::{
     DeferredSms, InvoiceDays, Notice, NoticeChannel, NoticeEntry, NoticeKind, NoticeOutcome,
     NoticeSchedule, NoticeSmsClaim, Through, due_time, next_notice,
 };
-use crate::domain::billing::test_clock::{self, ClockTimeError};
 use crate::domain::billing::reminders::{Locale, ReminderText, quiet_until, render};
 use crate::domain::billing::subscription::{
     self, Subscription, SubscriptionError, SubscriptionStatus as S,
 };
+use crate::domain::billing::test_clock::{self, ClockTimeError};
 use crate::domain::mail::{self, MailAbout, MailError, MailStatus};
 use crate::domain::record::{self, Record};
 use crate::domain::short_links::{self, ShortTarget};

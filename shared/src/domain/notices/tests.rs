@@ -664,7 +664,11 @@ async fn retry_now_in_quiet_hours_defers_the_sms_and_sends_it_once_at_seven() {
             ["dunning email queued", "dunning sms deferred"],
             "{name}"
         );
-        assert_eq!(sms_texts(&w).await.len(), sms_before, "{name}: no SMS at night");
+        assert_eq!(
+            sms_texts(&w).await.len(),
+            sms_before,
+            "{name}: no SMS at night"
+        );
         let s = schedule(&w, &inv).await;
         assert_eq!(s.deferred.len(), 1, "{name}");
         assert_eq!(s.next_at, Some(at("2026-01-21T01:15:00Z")), "{name}: 07:00");
@@ -680,7 +684,10 @@ async fn retry_now_in_quiet_hours_defers_the_sms_and_sends_it_once_at_seven() {
         pass(&w.deps, now, 100).await.unwrap();
         let texts = sms_texts(&w).await;
         assert_eq!(texts.len(), sms_before + 1, "{name}: {texts:?}");
-        assert!(texts.iter().any(|t| t.contains("failed. Please pay")), "{name}: {texts:?}");
+        assert!(
+            texts.iter().any(|t| t.contains("failed. Please pay")),
+            "{name}: {texts:?}"
+        );
         let view = invoice_dunning(&w.deps, &w.tenant, &inv.id).await.unwrap();
         let attempts: Vec<_> = view
             .attempts
@@ -690,13 +697,21 @@ async fn retry_now_in_quiet_hours_defers_the_sms_and_sends_it_once_at_seven() {
         assert_eq!(
             attempts,
             vec![
-                (dunning::Channel::Email, dunning::AttemptOutcome::Queued, None),
+                (
+                    dunning::Channel::Email,
+                    dunning::AttemptOutcome::Queued,
+                    None
+                ),
                 (dunning::Channel::Sms, dunning::AttemptOutcome::Logged, None),
             ],
             "{name}"
         );
         let shown = reminders_of(&view);
-        assert_eq!(shown.last().map(String::as_str), Some("dunning sms logged"), "{name}");
+        assert_eq!(
+            shown.last().map(String::as_str),
+            Some("dunning sms logged"),
+            "{name}"
+        );
         assert_eq!(
             shown.iter().filter(|r| *r == "dunning sms logged").count(),
             1,
@@ -748,9 +763,16 @@ async fn a_deferred_retry_now_sms_is_dropped_when_dunning_stops_or_the_invoice_i
         }
         w.set(at("2026-01-21T01:15:00Z"));
         pass(&w.deps, w.now(), 100).await.unwrap();
-        assert_eq!(sms_texts(&w).await.len(), sms_before, "paid {paid}: not sent");
+        assert_eq!(
+            sms_texts(&w).await.len(),
+            sms_before,
+            "paid {paid}: not sent"
+        );
         let s = schedule(&w, &inv).await;
-        assert!(s.deferred.is_empty() && s.next_at.is_none(), "paid {paid}: {s:?}");
+        assert!(
+            s.deferred.is_empty() && s.next_at.is_none(),
+            "paid {paid}: {s:?}"
+        );
         let last = s.history.last().unwrap();
         assert_eq!(
             (last.channel, last.outcome),
@@ -923,7 +945,11 @@ async fn with_the_mail_queue_down_the_notice_waits_and_each_message_goes_once() 
             ],
             "{name}"
         );
-        assert!(s.history.iter().all(|e| e.sms_id.is_some() || e.mail_id.is_some()));
+        assert!(
+            s.history
+                .iter()
+                .all(|e| e.sms_id.is_some() || e.mail_id.is_some())
+        );
         let again = pass(&w.deps, w.now(), 100).await.unwrap();
         assert_eq!(again.notices_run, 0, "{name}");
         assert!(drain(&w, QueueName::Mail).await.is_empty(), "{name}");
@@ -939,7 +965,7 @@ async fn with_the_sms_queue_down_a_live_notice_is_kept_and_queued_once_later() {
         let w = world(store, at(T0)).await;
         let (tenant, customer) =
             another_tenant(&w, Mode::Live, Some("hari@example.com"), Some("9841000002")).await;
-        let sub = subscribe_as(&w, &tenant, &customer).await;
+        subscribe_as(&w, &tenant, &customer).await;
         w.set(at(TRIAL_END));
         sweep::sweep(&w.deps, w.now(), 100).await.unwrap();
         let down = with_down(&w, QueueName::Sms);
@@ -952,7 +978,11 @@ async fn with_the_sms_queue_down_a_live_notice_is_kept_and_queued_once_later() {
             .unwrap();
         assert_eq!(sms.len(), 1, "{name}");
         assert_eq!(sms[0].status, crate::domain::sms::SmsStatus::Queued);
-        assert_eq!(drain(&w, QueueName::Mail).await.len(), 1, "{name}: the email");
+        assert_eq!(
+            drain(&w, QueueName::Mail).await.len(),
+            1,
+            "{name}: the email"
+        );
         // Passes go on (the queue still down): nothing is stored again.
         w.set(at(TRIAL_END).plus(Duration::minutes(1)));
         let r = pass(&down, w.now(), 100).await.unwrap();
