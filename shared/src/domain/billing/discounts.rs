@@ -51,9 +51,12 @@ pub enum DiscountError {
     #[error(transparent)]
     Lifecycle(#[from] LifecycleError),
     #[error("subscription {id} has ended ({status}): it takes no discount")]
-    Ended { id: String, status: &'static str },
+    Ended {
+        id: SubscriptionId,
+        status: &'static str,
+    },
     #[error("subscription {0} has no active discount")]
-    NoDiscount(String),
+    NoDiscount(SubscriptionId),
     #[error("the discount changed too often while being written; retry")]
     Busy,
 }
@@ -465,7 +468,7 @@ pub async fn apply(
         let sub = lifecycle::get(deps, tenant, id).await?;
         if sub.status.is_ended() {
             return Err(DiscountError::Ended {
-                id: id.to_string(),
+                id: id.clone(),
                 status: sub.status.as_str(),
             });
         }
@@ -523,7 +526,7 @@ pub async fn remove(
     for attempt in 0..TRIES {
         let sub = lifecycle::get(deps, tenant, id).await?;
         let Some(current) = active(deps, id).await? else {
-            return Err(DiscountError::NoDiscount(id.to_string()));
+            return Err(DiscountError::NoDiscount(id.clone()));
         };
         let mut removed = current.clone();
         removed.status = DiscountStatus::Removed;
