@@ -366,6 +366,7 @@ pub fn terms_of(plan: &Plan) -> Terms {
             plans::OverdueAction::Cancel => OverdueAction::Cancel,
         },
         default_provider: plan.default_provider,
+        pricing_model: plan.pricing_model,
     }
 }
 
@@ -573,9 +574,23 @@ pub async fn create_subscription(
         None
     };
     Ok(Created {
-        subscription: sub,
+        subscription: as_after(deps, tenant, sub, first_invoice.as_ref()).await?,
         first_invoice,
     })
+}
+
+/// `sub` as its first invoice left it: one with nothing to pay (credit, a
+/// discount) was paid at issue, and that write made it active.
+async fn as_after(
+    deps: &Deps,
+    tenant: &Tenant,
+    sub: Subscription,
+    first: Option<&Issued>,
+) -> Result<Subscription, LifecycleError> {
+    if first.is_some_and(|i| i.invoice.status == super::invoice::InvoiceStatus::Paid) {
+        return Ok(subscription::get(deps, tenant, &sub.id).await?);
+    }
+    Ok(sub)
 }
 
 /// Issues the invoice of `sub`'s first period (exactly once: a second

@@ -3,7 +3,9 @@
 //! billing invoice state machines and records, exactly one invoice per
 //! period, payments taken exactly once, and dunning policies. No HTTP.
 
+pub mod adjust;
 pub mod calendar;
+pub mod compose;
 pub mod coupons;
 pub mod customers;
 pub mod discounts;

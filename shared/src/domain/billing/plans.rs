@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 
 use super::customers::{BillingError, MAX_NAME, PageRequest, invalid, metadata, text};
 use super::period::{Calendar, IntervalUnit, validate_interval};
+use super::terms::PricingModel;
 use crate::Deps;
 use crate::domain::checkout::MAX_AMOUNT_PAISA;
 use crate::domain::record::{Changes, Record, from_item};
@@ -61,6 +62,9 @@ pub struct Plan {
     pub overdue_reminder_interval_days: u32,
     pub overdue_action: OverdueAction,
     pub default_provider: Option<Provider>,
+    /// Stored before issue 40 without it: flat.
+    #[serde(default)]
+    pub pricing_model: PricingModel,
     pub active: bool,
     pub metadata: Map<String, Value>,
     pub created_at: Timestamp,
@@ -141,6 +145,13 @@ pub struct PlanView {
     pub overdue_action: OverdueAction,
     pub dunning_settings: DunningSettings,
     pub default_provider: Option<Provider>,
+    /// `flat` (the amount), `per_unit` (times the subscription's
+    /// `quantity`) or `metered` (per unit of usage reported in a period).
+    pub pricing_model: PricingModel,
+    /// The guide's name of the same choice: `per_unit` (flat and per-unit
+    /// plans: the amount times the quantity) or `metered`.
+    #[schema(pattern = "^(per_unit|metered)$")]
+    pub billing_scheme: String,
     pub active: bool,
     #[schema(value_type = Object)]
     pub metadata: Map<String, Value>,
@@ -171,6 +182,12 @@ impl PlanView {
                 overdue_action: p.overdue_action,
             },
             default_provider: p.default_provider,
+            pricing_model: p.pricing_model,
+            billing_scheme: match p.pricing_model {
+                PricingModel::Metered => "metered",
+                PricingModel::Flat | PricingModel::PerUnit => "per_unit",
+            }
+            .into(),
             active: p.active,
             metadata: p.metadata.clone(),
             created_at: p.created_at,
@@ -222,6 +239,15 @@ pub struct CreatePlan {
     #[serde(default, deserialize_with = "or_null")]
     #[schema(value_type = Option<String>)]
     pub default_provider: Option<String>,
+    /// `flat` (default), `per_unit` or `metered`.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false, value_type = Option<String>, pattern = "^(flat|per_unit|metered)$")]
+    pub pricing_model: Option<String>,
+    /// The guide's name: `per_unit` (taken as `per_unit`) or `metered`.
+    /// With `pricingModel` too, they must agree.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false, value_type = Option<String>, pattern = "^(per_unit|metered)$")]
+    pub billing_scheme: Option<String>,
     #[serde(default, deserialize_with = "or_null")]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Map<String, Value>>,
@@ -320,6 +346,46 @@ fn provider(raw: &str) -> Result<Provider, BillingError> {
     })
 }
 
+fn pricing_model(raw: &str) -> Result<PricingModel, BillingError> {
+    PricingModel::parse(raw).ok_or_else(|| {
+        invalid(
+            "pricingModel",
+            format!("pricingModel must be flat, per_unit or metered, got {raw:?}"),
+        )
+    })
+}
+
+/// `pricingModel`, or the guide's `billingScheme`; both: the same.
+fn model_of(model: Option<&str>, scheme: Option<&str>) -> Result<PricingModel, BillingError> {
+    let scheme = scheme
+        .map(|raw| match raw {
+            "per_unit" => Ok(PricingModel::PerUnit),
+            "metered" => Ok(PricingModel::Metered),
+            _ => Err(invalid(
+                "billingScheme",
+                format!("billingScheme must be per_unit or metered, got {raw:?}"),
+            )),
+        })
+        .transpose()?;
+    match (model.map(pricing_model).transpose()?, scheme) {
+        (Some(m), Some(s))
+            if m != s && !(m == PricingModel::Flat && s == PricingModel::PerUnit) =>
+        {
+            Err(invalid(
+                "billingScheme",
+                format!(
+                    "billingScheme {:?} contradicts pricingModel {:?}",
+                    s.as_str(),
+                    m.as_str()
+                ),
+            ))
+        }
+        (Some(m), _) => Ok(m),
+        (None, Some(s)) => Ok(s),
+        (None, None) => Ok(PricingModel::Flat),
+    }
+}
+
 fn description(raw: &str) -> Result<String, BillingError> {
     text("description", raw, MAX_DESCRIPTION)
 }
@@ -380,6 +446,10 @@ pub fn new_plan(tenant: &Tenant, body: CreatePlan, now: Timestamp) -> Result<Pla
         )?,
         overdue_action: body.overdue_action.unwrap_or(OverdueAction::MarkPastDue),
         default_provider: body.default_provider.as_deref().map(provider).transpose()?,
+        pricing_model: model_of(
+            body.pricing_model.as_deref(),
+            body.billing_scheme.as_deref(),
+        )?,
         active: true,
         metadata: metadata(body.metadata.unwrap_or_default())?,
         created_at: now,
