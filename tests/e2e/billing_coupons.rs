@@ -7,9 +7,14 @@
 //! the webhooks; and the official SDK's calls, unchanged
 //! (tests/sdk/billing_coupons.py).
 
+use dhukuti_tests::dash::{Dash, field};
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
 use serde_json::{Value, json};
 use shared::domain::account::Scope;
+use shared::domain::dashboard::{self, Role};
+use shared::time::{Clock, SystemClock};
+
+const PASSWORD: &str = "a long dashboard password";
 use shared::domain::outbox::{self, EventType};
 use shared::domain::{Mode, Tenant};
 
@@ -515,7 +520,167 @@ async fn the_sdk_coupon_calls_work_unchanged(which: Which) {
     );
 }
 
+/// The dashboard's coupons and promotion codes pages: a developer makes
+/// and deactivates them through their forms (a bad value named, nothing
+/// stored), a viewer sees no form and a forged post is refused; a
+/// subscription's page shows its discount.
+async fn coupons_in_the_dashboard(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let shop = dhukuti_tests::shop::Shop::on(app).await;
+    let key = shop.key.clone();
+    let person = |email: &'static str, role: Role| {
+        let shop = &shop;
+        async move {
+            dashboard::create_user(
+                shop.app.state(),
+                SystemClock.now(),
+                &shop.tenant.merchant.id,
+                email,
+                role,
+                PASSWORD,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("user: {e}"));
+            let mut d = Dash::new(&shop.app.base);
+            let r = d.sign_in(email, PASSWORD).await;
+            assert_eq!(r.status, 303, "{}", r.show());
+            d
+        }
+    };
+    let mut dev = person("dev@coupons.example", Role::Developer).await;
+    let mut viewer = person("viewer@coupons.example", Role::Viewer).await;
+
+    let page = dev.get("/dashboard/billing/coupons").await;
+    assert_eq!(page.status, 200, "{}", page.show());
+    assert!(
+        page.body.contains("promotion codes"),
+        "the tab: {}",
+        page.show()
+    );
+    let csrf = field(&page.body, "csrf");
+    let bad = dev
+        .post(
+            "/dashboard/billing/coupons",
+            &[
+                ("csrf", &csrf),
+                ("code", "DASHAIN"),
+                ("name", "Dashain"),
+                ("discount_type", "percent"),
+                ("value", "0"),
+                ("duration", "once"),
+            ],
+        )
+        .await;
+    assert_eq!(bad.status, 400, "{}", bad.show());
+    assert!(bad.body.contains("percentOff"), "{}", bad.show());
+    let made = dev
+        .post(
+            "/dashboard/billing/coupons",
+            &[
+                ("csrf", &csrf),
+                ("code", "DASHAIN"),
+                ("name", "Dashain"),
+                ("discount_type", "amount"),
+                ("value", "250"),
+                ("duration", "repeating"),
+                ("duration_in_cycles", "2"),
+            ],
+        )
+        .await;
+    assert_eq!(made.status, 303, "{}", made.show());
+    let list = app_get(&shop, &key, "/v1/billing/coupons").await;
+    assert_eq!(list["total"], 1, "{list}");
+    let coupon = text(&list["data"][0]["id"]);
+    assert_eq!(list["data"][0]["amountOff"], 25_000);
+    let page = dev.get("/dashboard/billing/coupons").await;
+    assert!(
+        page.body.contains("DASHAIN") && page.body.contains("for 2 invoices"),
+        "{}",
+        page.show()
+    );
+
+    let page = dev.get("/dashboard/billing/promotion-codes").await;
+    assert_eq!(page.status, 200, "{}", page.show());
+    let made = dev
+        .post(
+            "/dashboard/billing/promotion-codes",
+            &[
+                ("csrf", &csrf),
+                ("coupon_id", &coupon),
+                ("code", "dashain25"),
+                ("max_redemptions", "10"),
+            ],
+        )
+        .await;
+    assert_eq!(made.status, 303, "{}", made.show());
+    let codes = app_get(&shop, &key, "/v1/billing/promotion-codes").await;
+    let promo = text(&codes["data"][0]["id"]);
+    assert_eq!(codes["data"][0]["code"], "DASHAIN25", "{codes}");
+
+    // The subscription's page shows the discount applied through the API.
+    let plan = plan(&shop.app, &key, "Fibre").await;
+    let (_, sub) = subscription(&shop.app, &key, &plan, "Sita").await;
+    let a = post(
+        &shop.app,
+        &format!("/v1/billing/subscriptions/{sub}/apply-coupon"),
+        &key,
+        json!({"promotionCode": "DASHAIN25"}),
+    )
+    .await;
+    ok(&a, 200);
+    let page = viewer
+        .get(&format!("/dashboard/billing/subscriptions/{sub}"))
+        .await;
+    assert!(
+        page.body.contains("DASHAIN (Dashain)") && page.body.contains("2 more invoices"),
+        "{}",
+        page.show()
+    );
+
+    // A viewer: no forms, and a forged post changes nothing.
+    let page = viewer.get("/dashboard/billing/promotion-codes").await;
+    assert!(
+        page.body.contains("DASHAIN25") && !page.body.contains("/deactivate"),
+        "{}",
+        page.show()
+    );
+    let r = viewer
+        .post(
+            &format!("/dashboard/billing/promotion-codes/{promo}/deactivate"),
+            &[("csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.show());
+    let r = dev
+        .post(
+            &format!("/dashboard/billing/promotion-codes/{promo}/deactivate"),
+            &[("csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let r = dev
+        .post(
+            &format!("/dashboard/billing/coupons/{coupon}/deactivate"),
+            &[("csrf", &csrf)],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let got = app_get(&shop, &key, &format!("/v1/billing/promotion-codes/{promo}")).await;
+    assert_eq!(got["active"], false);
+    let got = app_get(&shop, &key, &format!("/v1/billing/coupons/{coupon}")).await;
+    assert_eq!(got["active"], false);
+    shop.stop().await;
+}
+
+async fn app_get(shop: &dhukuti_tests::shop::Shop, key: &str, path: &str) -> Value {
+    let a = shop.app.get(path, Some(key)).await;
+    ok(&a, 200).clone()
+}
+
 on_both_backends!(
+    coupons_in_the_dashboard,
     coupons_and_codes_over_http,
     fifty_race_for_the_last_redemption,
     the_sdk_coupon_calls_work_unchanged

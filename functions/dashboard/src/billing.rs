@@ -89,11 +89,13 @@ pub(crate) fn timeline_panel(rows: &[BillingRow], since: Option<Timestamp>) -> M
 }
 
 /// The tabs of the billing pages.
-const TABS: [(&str, &str); 6] = [
+const TABS: [(&str, &str); 8] = [
     ("customers", "/dashboard/billing/customers"),
     ("plans", "/dashboard/billing/plans"),
     ("subscriptions", "/dashboard/billing/subscriptions"),
     ("invoices", "/dashboard/billing/invoices"),
+    ("coupons", "/dashboard/billing/coupons"),
+    ("promotion codes", "/dashboard/billing/promotion-codes"),
     ("test clocks", "/dashboard/billing/test-clocks"),
     ("tax", "/dashboard/billing/settings/tax"),
 ];
@@ -542,6 +544,9 @@ pub async fn subscription_page(
         Some("cancel") => Some("The subscription is cancelled."),
         _ => None,
     };
+    let discount = shared::domain::billing::discounts::active(&state, &id)
+        .await
+        .map_err(fail)?;
     let act = signed.allows(Action::ChangeRecords);
     let v = SubscriptionView::of(&s);
     let path = format!("/dashboard/billing/subscriptions/{}", v.id);
@@ -572,6 +577,24 @@ pub async fn subscription_page(
                 @if let Some(t) = v.cancelled_at { dt { "Cancelled" } dd { (when(t)) } }
                 @if let Some(r) = &v.pause_reason { dt { "Pause reason" } dd { (r) } }
                 @if let Some(t) = v.resume_at { dt { "Resumes" } dd { (when(t)) } }
+                dt { "Discount" } dd {
+                    @match &discount {
+                        Some(d) => {
+                            (d.coupon_code) " (" (d.name) "): "
+                            @match (d.terms.percent_off, d.terms.amount_off) {
+                                (Some(p), _) => { (p) "% off" }
+                                (_, Some(a)) => { (rupees(a)) " off" }
+                                _ => { "—" }
+                            }
+                            @match d.cycles_left {
+                                Some(n) => { ", " (n) " more invoice" @if n != 1 { "s" } }
+                                None => { ", every invoice" }
+                            }
+                            @if let Some(code) = &d.promotion_code { ", code " (code) }
+                        }
+                        None => { "none" }
+                    }
+                }
                 dt { "Created" } dd { (when(v.created_at)) }
             }
         }

@@ -20,6 +20,7 @@
 mod billing;
 mod chart;
 mod clocks;
+mod coupons;
 mod credentials;
 #[cfg(feature = "documents")]
 mod documents;
@@ -173,6 +174,22 @@ pub fn router(state: AppState) -> Router {
             .route(
                 "/dashboard/billing/test-clocks/{id}/advance",
                 post(clocks::advance_clock),
+            )
+            .route(
+                "/dashboard/billing/coupons",
+                get(coupons::coupons_page).post(coupons::create_coupon),
+            )
+            .route(
+                "/dashboard/billing/coupons/{id}/deactivate",
+                post(coupons::deactivate_coupon),
+            )
+            .route(
+                "/dashboard/billing/promotion-codes",
+                get(coupons::codes_page).post(coupons::create_code),
+            )
+            .route(
+                "/dashboard/billing/promotion-codes/{id}/deactivate",
+                post(coupons::deactivate_code),
             )
             .route("/dashboard/sms", get(records::sms_page))
             .route(

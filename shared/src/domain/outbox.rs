@@ -287,8 +287,10 @@ impl Event {
     /// `plan_id`, `status`, `metadata`; `customer.credit_updated`: `id`
     /// and `customer_id`, `credit_balance`, `metadata`; `billing_invoice.*`: `id` and
     /// `invoice_id`, `invoice_number`, `amount` (the total), `amount_due`,
-    /// `currency`, `status`, `subscription_id`, `customer_id`. A field
-    /// the resource does not have is left out.
+    /// `currency`, `status`, `subscription_id`, `customer_id`;
+    /// `coupon.*` and `promotion_code.*`: `id`, `code`, `coupon_id`,
+    /// `active`, `metadata`. A field the resource does not have is left
+    /// out.
     pub fn flat_fields(&self) -> serde_json::Map<String, Value> {
         let o = &self.object;
         let mut out = serde_json::Map::new();

@@ -63,14 +63,18 @@ impl std::fmt::Debug for Adjustments {
 /// Reads what the invoice of `sub` for `period` takes into account, as of
 /// `now`. Each capability adds its part here.
 pub async fn gather(
-    _deps: &Deps,
+    deps: &Deps,
     sub: &Subscription,
     _period: Period,
-    _now: Timestamp,
+    now: Timestamp,
 ) -> Result<Adjustments, BillingInvoiceError> {
-    let adj = Adjustments {
+    let mut adj = Adjustments {
         flat_line: sub.terms.pricing_model != super::terms::PricingModel::Metered,
         ..Adjustments::default()
     };
+    // Coupons: the active discount, one cycle consumed with the invoice.
+    let (discount, hook) = super::discounts::for_issue(deps, sub, now).await?;
+    adj.discount = discount;
+    adj.hooks.extend(hook);
     Ok(adj)
 }

@@ -42,9 +42,12 @@ pub const MAX_CYCLES: i64 = 120;
 pub enum CouponError {
     #[error(transparent)]
     Billing(#[from] BillingError),
-    /// The tenant already has a coupon (promotion code) with this code.
-    #[error("a {what} with code {code:?} already exists in this project and mode")]
-    CodeTaken { what: &'static str, code: String },
+    /// The tenant already has a coupon with this code (any case).
+    #[error("a coupon with code {0:?} already exists in this project and mode")]
+    CouponCodeTaken(String),
+    /// The tenant already has a promotion code with this code.
+    #[error("a promotion code with code {0:?} already exists in this project and mode")]
+    PromotionCodeTaken(String),
     /// The coupon or code cannot be redeemed now: `field` is what the
     /// caller sent, `reason` why.
     #[error("{}", reason.message())]
@@ -64,13 +67,11 @@ impl From<CouponError> for Refusal {
     fn from(err: CouponError) -> Self {
         match err {
             CouponError::Billing(e) => e.into(),
-            e @ CouponError::CodeTaken { what, .. } => {
-                let code = if what == "coupon" {
-                    "coupon_code_taken"
-                } else {
-                    "promotion_code_taken"
-                };
-                Refusal::conflict(code, e.to_string()).at("code")
+            e @ CouponError::CouponCodeTaken(_) => {
+                Refusal::conflict("coupon_code_taken", e.to_string()).at("code")
+            }
+            e @ CouponError::PromotionCodeTaken(_) => {
+                Refusal::conflict("promotion_code_taken", e.to_string()).at("code")
             }
             CouponError::Unusable { field, reason } => Refusal::invalid(field, reason.message())
                 .with_extra("reason", Value::from(reason.code())),
@@ -297,8 +298,10 @@ pub struct CodeClaim {
     pub mode: Mode,
     /// Upper-cased.
     pub code: String,
-    /// The coupon's or the promotion code's id.
-    pub owner_id: String,
+    /// The coupon's id, for a coupon's code.
+    pub coupon_id: Option<CouponId>,
+    /// The promotion code's id, for a promotion code's.
+    pub promotion_code_id: Option<PromotionCodeId>,
 }
 
 impl CodeClaim {
@@ -315,16 +318,12 @@ impl CodeClaim {
             code,
         )
     }
-
-    fn is_coupon(&self) -> bool {
-        self.owner_id.starts_with("cpn_")
-    }
 }
 
 impl Record for CodeClaim {
     fn item_key(&self) -> Key {
         let t = Tenant::new(self.project_id.clone(), self.mode);
-        if self.is_coupon() {
+        if self.coupon_id.is_some() {
             CodeClaim::coupon_key(&t, &self.code)
         } else {
             CodeClaim::promotion_key(&t, &self.code)
@@ -900,7 +899,8 @@ pub async fn create_coupon(
         project_id: tenant.project.clone(),
         mode: tenant.mode,
         code: coupon.code.to_uppercase(),
-        owner_id: coupon.id.to_string(),
+        coupon_id: Some(coupon.id.clone()),
+        promotion_code_id: None,
     };
     let event = Event::new(
         EventType::CouponCreated,
@@ -922,10 +922,7 @@ pub async fn create_coupon(
     {
         Ok(None) => Ok(coupon),
         Ok(Some(first)) => get_coupon(deps, tenant, &CouponId::stored(first)).await,
-        Err(e) if failed_at(&e, claim_at) => Err(CouponError::CodeTaken {
-            what: "coupon",
-            code: coupon.code,
-        }),
+        Err(e) if failed_at(&e, claim_at) => Err(CouponError::CouponCodeTaken(coupon.code)),
         Err(e) => Err(e.into()),
     }
 }
@@ -1113,7 +1110,8 @@ pub async fn create_promotion_code(
         project_id: tenant.project.clone(),
         mode: tenant.mode,
         code: promo.code.clone(),
-        owner_id: promo.id.to_string(),
+        coupon_id: None,
+        promotion_code_id: Some(promo.id.clone()),
     };
     let event = Event::new(
         EventType::PromotionCodeCreated,
@@ -1135,10 +1133,7 @@ pub async fn create_promotion_code(
     {
         Ok(None) => Ok(promo),
         Ok(Some(first)) => get_promotion_code(deps, tenant, &PromotionCodeId::stored(first)).await,
-        Err(e) if failed_at(&e, claim_at) => Err(CouponError::CodeTaken {
-            what: "promotion code",
-            code: promo.code,
-        }),
+        Err(e) if failed_at(&e, claim_at) => Err(CouponError::PromotionCodeTaken(promo.code)),
         Err(e) => Err(e.into()),
     }
 }
@@ -1166,7 +1161,7 @@ pub async fn find_promotion_code(
     }
     let claim: Option<CodeClaim> =
         crate::domain::record::get(&*deps.store, &CodeClaim::promotion_key(tenant, &upper)).await?;
-    let Some(id) = claim.and_then(|c| PromotionCodeId::parse(&c.owner_id)) else {
+    let Some(id) = claim.and_then(|c| c.promotion_code_id) else {
         return Ok(None);
     };
     Ok(crate::domain::record::get(&*deps.store, &PromotionCode::key(tenant, &id)).await?)

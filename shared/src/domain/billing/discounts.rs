@@ -20,6 +20,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::adjust::Hook;
+use super::compose::{DiscountTerms, DiscountValue};
 use super::coupons::{
     self, Coupon, CouponDuration, CouponError, CouponTerms, DiscountType, PromotionCode, Redeemer,
     Unusable,
@@ -51,9 +53,12 @@ pub enum DiscountError {
     #[error(transparent)]
     Lifecycle(#[from] LifecycleError),
     #[error("subscription {id} has ended ({status}): it takes no discount")]
-    Ended { id: String, status: &'static str },
+    Ended {
+        id: SubscriptionId,
+        status: &'static str,
+    },
     #[error("subscription {0} has no active discount")]
-    NoDiscount(String),
+    NoDiscount(SubscriptionId),
     #[error("the discount changed too often while being written; retry")]
     Busy,
 }
@@ -465,7 +470,7 @@ pub async fn apply(
         let sub = lifecycle::get(deps, tenant, id).await?;
         if sub.status.is_ended() {
             return Err(DiscountError::Ended {
-                id: id.to_string(),
+                id: id.clone(),
                 status: sub.status.as_str(),
             });
         }
@@ -523,7 +528,7 @@ pub async fn remove(
     for attempt in 0..TRIES {
         let sub = lifecycle::get(deps, tenant, id).await?;
         let Some(current) = active(deps, id).await? else {
-            return Err(DiscountError::NoDiscount(id.to_string()));
+            return Err(DiscountError::NoDiscount(id.clone()));
         };
         let mut removed = current.clone();
         removed.status = DiscountStatus::Removed;
@@ -593,6 +598,52 @@ pub async fn for_invoice(deps: &Deps, sub: &Subscription) -> Result<ForInvoice, 
         return Ok(ForInvoice::Skipped(d));
     }
     Ok(ForInvoice::Applies(d))
+}
+
+/// The discount an invoice of `sub` issued at `now` takes, and the hook
+/// whose ops (conditioned on the discount's version) consume its cycle in
+/// the issuing transaction (`adjust::gather`'s part of coupons).
+pub async fn for_issue(
+    deps: &Deps,
+    sub: &Subscription,
+    now: Timestamp,
+) -> Result<(Option<DiscountTerms>, Option<Hook>), StoreError> {
+    let (terms, ops) = match for_invoice(deps, sub).await? {
+        ForInvoice::None => return Ok((None, None)),
+        ForInvoice::Applies(d) => (Some(d.invoice_terms()), d.consume_ops(now)),
+        ForInvoice::Skipped(d) => (
+            None,
+            vec![TxOp::Check {
+                key: Discount::key(&d.subscription_id),
+                cond: Discount::VERSION.eq(&d.version),
+            }],
+        ),
+        ForInvoice::Ends(d) => (None, vec![d.end_op(now)]),
+    };
+    let hook: Hook = Box::new(move |_| Ok(ops));
+    Ok((terms, Some(hook)))
+}
+
+impl Discount {
+    /// What the invoice's composition takes of it.
+    pub fn invoice_terms(&self) -> DiscountTerms {
+        let value = match (
+            self.terms.discount_type,
+            self.terms.percent_off,
+            self.terms.amount_off,
+        ) {
+            (DiscountType::Percent, Some(p), _) => DiscountValue::Percent(p),
+            (_, _, Some(a)) => DiscountValue::Amount(a),
+            // A percent coupon always has its percent; read as nothing off.
+            _ => DiscountValue::Amount(0),
+        };
+        DiscountTerms {
+            coupon_id: self.coupon_id.to_string(),
+            promotion_code_id: self.promotion_code_id.as_ref().map(ToString::to_string),
+            description: self.name.clone(),
+            value,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -366,3 +366,114 @@ async fn race_for_the_last_redemption(store: Arc<dyn Store>) {
 async fn fifty_racing_for_the_last_redemption_make_one_winner() {
     race_for_the_last_redemption(crate::testenv::memory_store()).await;
 }
+
+/// A subscription billing at once (no trial), with its first invoice.
+async fn billing_subscription(
+    deps: &Deps,
+) -> (
+    Subscription,
+    crate::domain::billing::invoice::BillingInvoice,
+) {
+    let body: CreatePlan = ok(serde_json::from_value(
+        json!({"name": "Now", "amount": 150_000, "intervalUnit": "month"}),
+    ));
+    let plan = ok(plans::create(deps, &tenant(), body, None).await).id;
+    let body: CreateCustomer = ok(serde_json::from_value(json!({"name": "Ram"})));
+    let c = ok(customers::create(deps, &tenant(), body, None).await);
+    let body: CreateSubscription = ok(serde_json::from_value(
+        json!({"customerId": c.id, "planId": plan}),
+    ));
+    let made = ok(lifecycle::create_subscription(deps, &tenant(), body, None).await);
+    let first = made
+        .first_invoice
+        .unwrap_or_else(|| panic!("a first invoice"));
+    (made.subscription, first.invoice)
+}
+
+async fn issue(
+    deps: &Deps,
+    sub: &Subscription,
+    index: u32,
+) -> crate::domain::billing::invoice::BillingInvoice {
+    let period = sub
+        .period(index)
+        .unwrap_or_else(|| panic!("period {index}"));
+    let issued =
+        ok(crate::domain::billing::invoice::issue_invoice(deps, sub, period, at(NOW)).await);
+    assert!(issued.created);
+    issued.invoice
+}
+
+#[tokio::test]
+async fn invoices_take_the_discount_for_its_cycles_then_not() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let t = tenant();
+    let (sub, first) = billing_subscription(&deps).await;
+    assert_eq!(first.discount_total, 0, "applied after the first invoice");
+    let c = coupon(
+        &deps,
+        json!({"code": "TWO", "percentOff": 15, "duration": "repeating", "durationInCycles": 2}),
+    )
+    .await;
+    ok(apply(&deps, &t, &sub.id, by_coupon(&c.id), None).await);
+    let second = issue(&deps, &sub, 1).await;
+    assert_eq!(second.discount_total, 22_500, "15% of 1,500");
+    assert_eq!(second.amount_due, 127_500);
+    assert_eq!(
+        second.discount.as_ref().map(|d| d.coupon_id.clone()),
+        Some(c.id.to_string())
+    );
+    let d = ok(get(&deps, &sub.id).await).unwrap_or_else(|| panic!("stored"));
+    assert_eq!((d.cycles_left, d.status), (Some(1), DiscountStatus::Active));
+    let third = issue(&deps, &sub, 2).await;
+    assert_eq!(third.discount_total, 22_500);
+    let d = ok(get(&deps, &sub.id).await).unwrap_or_else(|| panic!("stored"));
+    assert_eq!((d.cycles_left, d.status), (Some(0), DiscountStatus::Ended));
+    let fourth = issue(&deps, &sub, 3).await;
+    assert_eq!(fourth.discount_total, 0, "two cycles only");
+    assert_eq!(fourth.amount_due, 150_000);
+
+    // An amount larger than the invoice makes it zero, never negative;
+    // a coupon deactivated after it was applied still applies (once).
+    let big = coupon(
+        &deps,
+        json!({"code": "BIG", "discountType": "amount", "percentOff": null, "amountOff": 500_000}),
+    )
+    .await;
+    ok(apply(&deps, &t, &sub.id, by_coupon(&big.id), None).await);
+    ok(crate::domain::billing::coupons::deactivate_coupon(&deps, &t, &big.id).await);
+    let fifth = issue(&deps, &sub, 4).await;
+    assert_eq!((fifth.discount_total, fifth.amount_due), (150_000, 0));
+}
+
+/// The hook's ops hold only if the discount is as `gather` read it: one
+/// applied or removed meanwhile fails the issue's transaction (which then
+/// reads again), so a cycle is never consumed from the wrong discount.
+#[tokio::test]
+async fn a_discount_changed_meanwhile_fails_the_issue_hook() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let t = tenant();
+    let (sub, first) = billing_subscription(&deps).await;
+    for duration in [
+        json!({"code": "A"}),
+        json!({"code": "B", "duration": "forever"}),
+    ] {
+        let c = coupon(&deps, duration).await;
+        ok(apply(&deps, &t, &sub.id, by_coupon(&c.id), None).await);
+        let (terms, hook) = ok(for_issue(&deps, &sub, at(NOW)).await);
+        assert!(terms.is_some());
+        let hook = hook.unwrap_or_else(|| panic!("a hook"));
+        ok(remove(&deps, &t, &sub.id).await);
+        let ops = ok(hook(&first));
+        let e = deps
+            .store
+            .transact(ops)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("held"));
+        assert!(e.is_condition_failure(), "{e:?}");
+    }
+    // Nothing active: no terms, no hook.
+    let (terms, hook) = ok(for_issue(&deps, &sub, at(NOW)).await);
+    assert!(terms.is_none() && hook.is_none());
+}
