@@ -63,14 +63,21 @@ impl std::fmt::Debug for Adjustments {
 /// Reads what the invoice of `sub` for `period` takes into account, as of
 /// `now`. Each capability adds its part here.
 pub async fn gather(
-    _deps: &Deps,
+    deps: &Deps,
     sub: &Subscription,
     _period: Period,
-    _now: Timestamp,
+    now: Timestamp,
 ) -> Result<Adjustments, BillingInvoiceError> {
-    let adj = Adjustments {
+    let mut adj = Adjustments {
         flat_line: sub.terms.pricing_model != super::terms::PricingModel::Metered,
         ..Adjustments::default()
     };
+    // VAT (`tax`) and the customer's credit (`credit`).
+    let tenant = sub.tenant();
+    adj.tax = super::tax::invoice_terms(deps, &tenant).await?;
+    let (credit, hook) =
+        super::credit::invoice_credit(deps, &tenant, &sub.customer_id, now).await?;
+    adj.credit_available = credit;
+    adj.hooks.extend(hook);
     Ok(adj)
 }

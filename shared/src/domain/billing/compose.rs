@@ -286,13 +286,19 @@ mod tests {
     #[test]
     fn credit_comes_last_against_the_total_and_at_most_it() {
         let c = compose_(&[10_000], None, Some(vat()), 4_000);
-        assert_eq!((c.total, c.credit_applied, c.amount_due), (11_300, 4_000, 7_300));
+        assert_eq!(
+            (c.total, c.credit_applied, c.amount_due),
+            (11_300, 4_000, 7_300)
+        );
         let c = compose_(&[10_000], None, Some(vat()), 50_000);
         assert_eq!((c.credit_applied, c.amount_due), (11_300, 0));
         let c = compose_(&[10_000], None, None, -5);
         assert_eq!((c.credit_applied, c.amount_due), (0, 10_000));
         // Credit does not lower the VAT: it is a payment, not a discount.
-        assert_eq!(compose_(&[10_000], None, Some(vat()), 4_000).tax_total, 1_300);
+        assert_eq!(
+            compose_(&[10_000], None, Some(vat()), 4_000).tax_total,
+            1_300
+        );
     }
 
     #[test]
@@ -305,7 +311,13 @@ mod tests {
         );
         assert_eq!(c.subtotal, -4_000);
         assert_eq!(
-            (c.discount_total, c.tax_total, c.total, c.credit_applied, c.amount_due),
+            (
+                c.discount_total,
+                c.tax_total,
+                c.total,
+                c.credit_applied,
+                c.amount_due
+            ),
             (0, 0, 0, 0, 0)
         );
     }
@@ -316,16 +328,7 @@ mod tests {
             compose(base(&[i64::MAX, 1]), (day(1), day(31)), None, None, 0),
             Err(Overflow)
         );
-        assert!(
-            compose(
-                base(&[i64::MAX]),
-                (day(1), day(31)),
-                None,
-                Some(&vat()),
-                0
-            )
-            .is_err()
-        );
+        assert!(compose(base(&[i64::MAX]), (day(1), day(31)), None, Some(&vat()), 0).is_err());
     }
 
     #[test]

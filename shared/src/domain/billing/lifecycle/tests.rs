@@ -8,8 +8,8 @@ use crate::domain::billing::customers::CreateCustomer;
 use crate::domain::billing::dunning::{FinalAction, create_policy, new_policy};
 use crate::domain::billing::invoice::{InvoiceStatus, PeriodClaim};
 use crate::domain::billing::plans::{CreatePlan, UpdatePlan};
-use crate::domain::billing::terms::PricingModel;
 use crate::domain::billing::subscription::SUBSCRIPTION_STATE_CONFLICT;
+use crate::domain::billing::terms::PricingModel;
 use crate::domain::record;
 use crate::store::Key;
 use crate::store::Store;
@@ -771,10 +771,19 @@ async fn a_first_invoice_with_nothing_to_pay_is_paid_at_issue_and_the_subscripti
         let inv = made.first_invoice.expect("first invoice").invoice;
         assert_eq!(inv.status, InvoiceStatus::Paid, "{name}");
         assert_eq!((inv.total, inv.amount_due, inv.amount_paid), (0, 0, 0));
-        assert!(inv.lines.is_empty(), "{name}: no flat line on a metered plan");
+        assert!(
+            inv.lines.is_empty(),
+            "{name}: no flat line on a metered plan"
+        );
         assert_eq!(inv.paid_at, Some(at(NOW)));
-        assert_eq!(made.subscription.status, SubscriptionStatus::Active, "{name}");
-        let stored = subscription::get(&deps, &t, &made.subscription.id).await.unwrap();
+        assert_eq!(
+            made.subscription.status,
+            SubscriptionStatus::Active,
+            "{name}"
+        );
+        let stored = subscription::get(&deps, &t, &made.subscription.id)
+            .await
+            .unwrap();
         assert_eq!(stored.status, SubscriptionStatus::Active, "{name}");
         // Nothing to remind of: no notice schedule was written.
         let notices = store
@@ -789,7 +798,10 @@ async fn a_first_invoice_with_nothing_to_pay_is_paid_at_issue_and_the_subscripti
             .iter()
             .map(|e| e.event_type.as_str())
             .collect();
-        assert!(types.contains(&"billing_invoice.created"), "{name}: {types:?}");
+        assert!(
+            types.contains(&"billing_invoice.created"),
+            "{name}: {types:?}"
+        );
         assert!(types.contains(&"billing_invoice.paid"), "{name}: {types:?}");
     }
 }
@@ -804,8 +816,14 @@ fn a_plan_names_its_pricing_model_and_refuses_another() {
         .unwrap();
         plans::new_plan(&t, body, at(NOW))
     };
-    assert_eq!(mk(json!("per_unit")).unwrap().pricing_model, PricingModel::PerUnit);
-    assert_eq!(mk(json!("metered")).unwrap().pricing_model, PricingModel::Metered);
+    assert_eq!(
+        mk(json!("per_unit")).unwrap().pricing_model,
+        PricingModel::PerUnit
+    );
+    assert_eq!(
+        mk(json!("metered")).unwrap().pricing_model,
+        PricingModel::Metered
+    );
     let e = mk(json!("tiered")).unwrap_err();
     assert_eq!(Refusal::from(e).field.as_deref(), Some("pricingModel"));
 }
