@@ -1100,6 +1100,8 @@ impl<'a> Doc<'a> {
         let mut rows: Vec<(String, i64)> = vec![("Subtotal".into(), inv.subtotal)];
         if inv.discount_total > 0 {
             rows.push(("Discount".into(), -inv.discount_total));
+        }
+        if inv.discount_total > 0 || inv.tax_label.is_some() {
             rows.push((
                 "Taxable amount".into(),
                 inv.subtotal.saturating_sub(inv.discount_total),
