@@ -468,7 +468,9 @@ fn pdf_text(bytes: &[u8]) -> String {
         .arg(&path)
         .arg("-")
         .output()
-        .unwrap_or_else(|e| panic!("{tool} did not run ({e}): install poppler-utils or set DHUKUTI_PDFTOTEXT"));
+        .unwrap_or_else(|e| {
+            panic!("{tool} did not run ({e}): install poppler-utils or set DHUKUTI_PDFTOTEXT")
+        });
     assert!(out.status.success(), "{tool} failed");
     String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
@@ -502,7 +504,10 @@ async fn first_invoice(app: &TestApp, key: &str, customer: &str) -> Value {
     let list = call(
         app,
         "GET",
-        &format!("/v1/billing/invoices?subscriptionId={}", text(&sub.body["id"])),
+        &format!(
+            "/v1/billing/invoices?subscriptionId={}",
+            text(&sub.body["id"])
+        ),
         key,
         None,
         None,
@@ -643,7 +648,15 @@ async fn a_tax_invoice_with_credit(which: Which) {
         None,
     )
     .await;
-    let again = call(&app, "GET", &format!("/v1/billing/invoices/{id}"), &key, None, None).await;
+    let again = call(
+        &app,
+        "GET",
+        &format!("/v1/billing/invoices/{id}"),
+        &key,
+        None,
+        None,
+    )
+    .await;
     assert_eq!(again.body["taxRateBps"], 1300, "{}", again.body);
     assert_eq!(again.body["taxTotal"], 6_500);
 
@@ -663,7 +676,10 @@ async fn a_tax_invoice_with_credit(which: Which) {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let doc = pdf_text(&pdf.bytes().await.unwrap_or_default());
-    assert!(doc.contains("INVOICE") && !doc.contains("TAX INVOICE"), "{doc}");
+    assert!(
+        doc.contains("INVOICE") && !doc.contains("TAX INVOICE"),
+        "{doc}"
+    );
     assert!(doc.contains(&format!("Fiscal year FY {fy}")), "{doc}");
     app.stop().await;
 }
