@@ -113,6 +113,22 @@ pub struct PdfInvoice {
     pub note: Option<String>,
     pub external_reference: Option<String>,
     pub void_reason: Option<String>,
+    /// The title, top right; "INVOICE" when none (a billing invoice with
+    /// VAT: "TAX INVOICE").
+    pub title: Option<String>,
+    /// The seller's PAN/VAT number, under the seller.
+    pub seller_tax_id: Option<String>,
+    /// The buyer's PAN, under "Bill to".
+    pub buyer_tax_id: Option<String>,
+    /// Rows after the dates in the details (a BS date, the fiscal year).
+    pub extra_details: Vec<(String, String)>,
+    /// What a discount took off (positive): a row under the subtotal, then
+    /// the taxable amount.
+    pub discount_total: i64,
+    /// The tax row's words ("VAT (13.00%)"); "Tax (<rate>)" when none.
+    pub tax_label: Option<String>,
+    /// Customer credit applied (positive): a row after the total.
+    pub credit_applied: i64,
 }
 
 /// Why no PDF was made.
@@ -679,6 +695,14 @@ fn bill_to(c: &mut Content, inv: &PdfInvoice, top: f32) -> f32 {
             }
         }
     }
+    if let Some(pan) = field(inv.buyer_tax_id.as_ref()) {
+        let mut t = b"PAN ".to_vec();
+        t.extend_from_slice(&pan);
+        let t = ellipsize(&t, Font::Regular, 9.0, col_w);
+        text(c, &t, Font::Regular, 9.0, INK, LEFT, y);
+        y -= 12.5;
+        any = true;
+    }
     if !any {
         text(c, b"-", Font::Regular, 9.0, MUTED, LEFT, y);
         y -= 12.5;
@@ -868,6 +892,13 @@ impl<'a> Doc<'a> {
             text(c, &email, Font::Regular, 9.0, MUTED, LEFT, y);
             y -= 12.0;
         }
+        if let Some(pan) = field(self.inv.seller_tax_id.as_ref()) {
+            let mut t = b"PAN/VAT No. ".to_vec();
+            t.extend_from_slice(&pan);
+            let t = ellipsize(&t, Font::Bold, 9.0, HEADER_COL_W);
+            text(c, &t, Font::Bold, 9.0, INK, LEFT, y);
+            y -= 12.0;
+        }
         if let Some(url) = field(s.logo_url.as_ref()) {
             let url = ellipsize(&url, Font::Regular, 7.0, HEADER_COL_W);
             text(c, &url, Font::Regular, 7.0, FAINT, LEFT, y);
@@ -880,10 +911,11 @@ impl<'a> Doc<'a> {
     /// from `top`; answers where they end.
     fn title_block(&mut self, top: f32) -> f32 {
         let void = self.is_void();
+        let title = field(self.inv.title.as_ref()).unwrap_or_else(|| b"INVOICE".to_vec());
         let c = &mut self.page;
         text_right(
             c,
-            b"INVOICE",
+            &title,
             Font::Bold,
             24.0,
             self.theme.accent,
@@ -932,11 +964,18 @@ impl<'a> Doc<'a> {
         if let Some(r) = field(inv.external_reference.as_ref()) {
             rows.push((b"Reference", r));
         }
+        let extra: Vec<(Vec<u8>, Vec<u8>)> = inv
+            .extra_details
+            .iter()
+            .map(|(k, v)| (encode(k), encode(v)))
+            .collect();
         let c = &mut self.page;
         let label_x = RIGHT - 220.0;
         let mut y = top;
+        let rows = rows.into_iter().map(|(k, v)| (k.to_vec(), v)).chain(extra);
         for (name, value) in rows {
-            text(c, name, Font::Regular, 9.0, MUTED, label_x, y);
+            let name = ellipsize(&name, Font::Regular, 9.0, 78.0);
+            text(c, &name, Font::Regular, 9.0, MUTED, label_x, y);
             let (value, size) = fit(&value, Font::Bold, 9.0, 6.0, 140.0);
             text_right(c, &value, Font::Bold, size, INK, RIGHT, y);
             y -= 15.0;
@@ -1054,12 +1093,26 @@ impl<'a> Doc<'a> {
 
     fn totals(&mut self) -> Result<(), PdfError> {
         let inv = self.inv;
-        let tax_label = format!("Tax ({})", percent(inv.tax_rate_bps));
-        let rows: Vec<(String, i64)> = vec![
-            ("Subtotal".into(), inv.subtotal),
-            (tax_label, inv.tax_total),
-        ];
-        let mut after: Vec<(String, i64)> = vec![("Paid".into(), inv.amount_paid)];
+        let tax_label = inv
+            .tax_label
+            .clone()
+            .unwrap_or_else(|| format!("Tax ({})", percent(inv.tax_rate_bps)));
+        let mut rows: Vec<(String, i64)> = vec![("Subtotal".into(), inv.subtotal)];
+        if inv.discount_total > 0 {
+            rows.push(("Discount".into(), -inv.discount_total));
+        }
+        if inv.discount_total > 0 || inv.tax_label.is_some() {
+            rows.push((
+                "Taxable amount".into(),
+                inv.subtotal.saturating_sub(inv.discount_total),
+            ));
+        }
+        rows.push((tax_label, inv.tax_total));
+        let mut after: Vec<(String, i64)> = Vec::new();
+        if inv.credit_applied > 0 {
+            after.push(("Credit applied".into(), -inv.credit_applied));
+        }
+        after.push(("Paid".into(), inv.amount_paid));
         if inv.amount_adjusted > 0 {
             after.push(("Adjusted".into(), inv.amount_adjusted));
         }
@@ -1445,6 +1498,7 @@ mod tests {
             ),
             external_reference: Some("PO-7781".into()),
             void_reason: None,
+            ..PdfInvoice::default()
         }
     }
 
@@ -1709,6 +1763,7 @@ mod tests {
             note: Some("\u{202e}rtl override\r\nline two ((( )))".into()),
             external_reference: Some("  ".into()),
             void_reason: Some("ignored while not void".into()),
+            ..PdfInvoice::default()
         };
         let (_, text, pages) = render_and_read(&inv, "odd");
         assert!(pages >= 1);

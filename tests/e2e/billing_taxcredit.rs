@@ -456,10 +456,239 @@ async fn the_sdk_tax_and_credit_calls_work_unchanged(which: Which) {
     );
 }
 
+/// The text of a PDF, through `pdftotext` (`DHUKUTI_PDFTOTEXT` or PATH),
+/// with runs of whitespace made single spaces.
+fn pdf_text(bytes: &[u8]) -> String {
+    let tool = std::env::var("DHUKUTI_PDFTOTEXT").unwrap_or_else(|_| "pdftotext".into());
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let path = dir.path().join("invoice.pdf");
+    std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("write pdf: {e}"));
+    let out = std::process::Command::new(&tool)
+        .arg("-layout")
+        .arg(&path)
+        .arg("-")
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("{tool} did not run ({e}): install poppler-utils or set DHUKUTI_PDFTOTEXT")
+        });
+    assert!(out.status.success(), "{tool} failed");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The first invoice of a new subscription of `customer` to a plan of
+/// NPR 500 a month, as the API answers it.
+async fn first_invoice(app: &TestApp, key: &str, customer: &str) -> Value {
+    let plan = call(
+        app,
+        "POST",
+        "/v1/billing/plans",
+        key,
+        Some(&json!({"name": "Fibre 100", "amount": 50_000, "intervalUnit": "month"})),
+        None,
+    )
+    .await;
+    assert_eq!(plan.status, 201, "{}", plan.body);
+    let sub = call(
+        app,
+        "POST",
+        "/v1/billing/subscriptions",
+        key,
+        Some(&json!({"customerId": customer, "planId": plan.body["id"]})),
+        None,
+    )
+    .await;
+    assert_eq!(sub.status, 201, "{}", sub.body);
+    let list = call(
+        app,
+        "GET",
+        &format!(
+            "/v1/billing/invoices?subscriptionId={}",
+            text(&sub.body["id"])
+        ),
+        key,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(list.body["total"], 1, "{}", list.body);
+    list.body["data"][0].clone()
+}
+
+/// VAT and credit on a billing invoice: its amounts to the paisa, the
+/// snapshot of the rate and the seller's number, the fiscal year, the
+/// PDF (a tax invoice, read back with pdftotext) and the bill page; an
+/// invoice without VAT stays an invoice.
+async fn a_tax_invoice_with_credit(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Himal Fibre", "owner@himal.example").await;
+    let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    let on = call(
+        &app,
+        "PATCH",
+        "/v1/billing/settings/tax",
+        &key,
+        Some(&json!({"enabled": true, "rateBps": 1300, "registrationNumber": "301234567"})),
+        None,
+    )
+    .await;
+    assert_eq!(on.status, 200, "{}", on.body);
+    let c = call(
+        &app,
+        "POST",
+        "/v1/billing/customers",
+        &key,
+        Some(&json!({"name": "Sita Rai", "metadata": {"pan": "600-123-456"}})),
+        None,
+    )
+    .await;
+    let sita = text(&c.body["id"]);
+    let r = call(
+        &app,
+        "POST",
+        &format!("/v1/billing/customers/{sita}/credit"),
+        &key,
+        Some(&json!({"amount": 10_000})),
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let inv = first_invoice(&app, &key, &sita).await;
+    let id = text(&inv["id"]);
+    // NPR 500 + 13% VAT = 565; NPR 100 of credit; 465 due.
+    for (field, want) in [
+        ("subtotal", 50_000),
+        ("taxableAmount", 50_000),
+        ("taxTotal", 6_500),
+        ("total", 56_500),
+        ("amount", 56_500),
+        ("creditApplied", 10_000),
+        ("amountDue", 46_500),
+        ("taxRateBps", 1_300),
+    ] {
+        assert_eq!(inv[field], want, "{field}: {inv}");
+    }
+    assert_eq!(inv["taxRegistrationNumber"], "301234567", "{inv}");
+    let today = shared::domain::billing::calendar::nepal_day(SystemClock.now());
+    let fy = shared::domain::billing::tax::fiscal_year(today).unwrap_or_default();
+    assert_eq!(inv["fiscalYear"], fy.as_str(), "{inv}");
+    let ledger = call(
+        &app,
+        "GET",
+        &format!("/v1/billing/customers/{sita}/credit"),
+        &key,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(ledger.body["creditBalance"], 0, "{}", ledger.body);
+    assert_eq!(ledger.body["data"][0]["reason"], "invoice_applied");
+    assert_eq!(ledger.body["data"][0]["invoiceId"], id.as_str());
+
+    // The PDF is a tax invoice.
+    let pdf = app
+        .client
+        .get(app.url(&format!("/v1/billing/invoices/{id}/pdf")))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(pdf.status(), 200);
+    let doc = pdf_text(&pdf.bytes().await.unwrap_or_default());
+    for want in [
+        "TAX INVOICE",
+        "PAN/VAT No. 301234567",
+        "PAN 600123456",
+        "Subtotal NPR 500.00",
+        "Taxable amount NPR 500.00",
+        "VAT (13.00%) NPR 65.00",
+        "Total NPR 565.00",
+        "Credit applied -NPR 100.00",
+        "Amount due NPR 465.00",
+        &format!("Fiscal year FY {fy}"),
+        "Date (BS) 208",
+    ] {
+        assert!(doc.contains(want), "{want:?} not in: {doc}");
+    }
+    assert!(doc.contains(&today.to_string()), "the AD date: {doc}");
+
+    // The bill page says the same.
+    let page = app
+        .client
+        .get(app.url(&format!("/b/{id}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let page = page.text().await.unwrap_or_default();
+    for want in [
+        "Tax Invoice",
+        "Seller PAN/VAT No. 301234567",
+        "Buyer PAN 600123456",
+        &format!("FY {fy}"),
+        "VAT (13.00%)",
+        "NPR 65.00",
+        "Taxable amount",
+        "NPR 465.00",
+        " BS)",
+    ] {
+        assert!(page.contains(want), "{want:?} not in: {page}");
+    }
+
+    // A rate changed later does not rewrite it.
+    call(
+        &app,
+        "PATCH",
+        "/v1/billing/settings/tax",
+        &key,
+        Some(&json!({"rateBps": 1500})),
+        None,
+    )
+    .await;
+    let again = call(
+        &app,
+        "GET",
+        &format!("/v1/billing/invoices/{id}"),
+        &key,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(again.body["taxRateBps"], 1300, "{}", again.body);
+    assert_eq!(again.body["taxTotal"], 6_500);
+
+    // Without VAT: an invoice, with its fiscal year.
+    let other = app.tenant("Plain Shop", "owner@plain.example").await;
+    let plain_key = app.key(&other, Mode::Sandbox, &Scope::ALL).await;
+    let ram = customer(&app, &plain_key, "Ram Thapa").await;
+    let plain = first_invoice(&app, &plain_key, &ram).await;
+    assert_eq!(plain["taxRateBps"], 0, "{plain}");
+    assert_eq!(plain["taxTotal"], 0);
+    assert_eq!(plain["fiscalYear"], fy.as_str());
+    let pdf = app
+        .client
+        .get(app.url(&format!("/v1/billing/invoices/{}/pdf", text(&plain["id"]))))
+        .bearer_auth(&plain_key)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let doc = pdf_text(&pdf.bytes().await.unwrap_or_default());
+    assert!(
+        doc.contains("INVOICE") && !doc.contains("TAX INVOICE"),
+        "{doc}"
+    );
+    assert!(doc.contains(&format!("Fiscal year FY {fy}")), "{doc}");
+    app.stop().await;
+}
+
 on_both_backends!(
     tax_settings_over_http,
     customer_credit_over_http,
     racing_deductions_take_exactly_the_balance,
     tax_and_credit_in_the_dashboard,
-    the_sdk_tax_and_credit_calls_work_unchanged
+    the_sdk_tax_and_credit_calls_work_unchanged,
+    a_tax_invoice_with_credit
 );

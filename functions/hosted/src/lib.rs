@@ -37,6 +37,7 @@ use shared::domain::account;
 use shared::domain::attempts::{self, AttemptError, PayChoice, ReturnKind};
 use shared::domain::billing::calendar;
 use shared::domain::billing::invoice::collect;
+use shared::domain::billing::{customers, tax};
 use shared::domain::checkout::{self, CheckoutSession, Flow, SessionStatus, StoredAddress};
 use shared::domain::links;
 use shared::domain::payments::{Payment, PaymentStatus};
@@ -1384,12 +1385,23 @@ async fn show_bill(
     };
     let bs = |d: chrono::NaiveDate| calendar::bs_from_ad(d).map(calendar::miti_latin);
     let last_day = inv.period_end.pred_opt().unwrap_or(inv.period_end);
+    let issued_on = calendar::nepal_day(inv.issued_at);
+    let tenant = shared::domain::Tenant::new(inv.project_id.clone(), inv.mode);
+    let buyer_pan = match customers::get(state, &tenant, &inv.customer_id).await {
+        Ok(c) => tax::buyer_pan(&c),
+        Err(customers::BillingError::Store(e)) => return trouble(&e),
+        Err(_) => None,
+    };
     let bill = pages::Bill {
         invoice: &inv,
         what: inv.lines.first().map_or("", |l| l.description.as_str()),
         due_bs: bs(inv.due_date),
         period_start_bs: bs(inv.period_start),
         period_end_bs: bs(last_day),
+        issued_on,
+        issued_bs: bs(issued_on),
+        fiscal_year: shared::domain::billing::tax::fiscal_year(issued_on),
+        buyer_pan,
     };
     html(status, pages::bill_page(&bill, &merchant, error))
 }

@@ -417,6 +417,55 @@ pub struct Bill<'a> {
     pub due_bs: Option<String>,
     pub period_start_bs: Option<String>,
     pub period_end_bs: Option<String>,
+    /// The issue date in Nepal, and its Miti.
+    pub issued_on: chrono::NaiveDate,
+    pub issued_bs: Option<String>,
+    /// `2082/83`.
+    pub fiscal_year: Option<String>,
+    /// The buyer's PAN (the customer's metadata `pan`).
+    pub buyer_pan: Option<String>,
+}
+
+/// The bill's amounts: subtotal, discount, taxable amount and VAT (a tax
+/// invoice), total, credit applied, amount due.
+fn breakdown(inv: &shared::domain::billing::invoice::BillingInvoice) -> String {
+    let npr = |p: i64| {
+        let s = Paisa::new(p.unsigned_abs().try_into().unwrap_or(i64::MAX))
+            .map(|a| a.display_npr())
+            .unwrap_or_else(|_| "NPR 0.00".into());
+        if p < 0 { format!("-{s}") } else { s }
+    };
+    let mut rows = vec![("bill-subtotal", "Subtotal".to_owned(), inv.subtotal)];
+    if inv.discount_total > 0 {
+        rows.push(("bill-discount", "Discount".to_owned(), -inv.discount_total));
+    }
+    if let Some(t) = &inv.tax {
+        rows.push((
+            "bill-taxable",
+            "Taxable amount".to_owned(),
+            inv.taxable_amount(),
+        ));
+        rows.push(("bill-tax", t.line_label(), inv.tax_total));
+    }
+    rows.push(("bill-total", "Total".to_owned(), inv.total));
+    if inv.credit_applied > 0 {
+        rows.push((
+            "bill-credit",
+            "Credit applied".to_owned(),
+            -inv.credit_applied,
+        ));
+    }
+    rows.push(("bill-due", "Amount due".to_owned(), inv.amount_due));
+    let mut out = String::from("<table id=bill-breakdown>");
+    for (id, name, amount) in rows {
+        out.push_str(&format!(
+            "<tr id={id}><th scope=row>{}</th><td class=num>{}</td></tr>",
+            esc(&name),
+            esc(&npr(amount))
+        ));
+    }
+    out.push_str("</table>");
+    out
 }
 
 /// A billing invoice's pay page: the merchant, the number, the period,
@@ -433,18 +482,45 @@ pub fn bill_page(bill: &Bill<'_>, merchant: &str, error: Option<&str>) -> String
     let amount = Paisa::new(inv.amount_due)
         .map(|a| a.display_npr())
         .unwrap_or_else(|_| "NPR 0.00".into());
+    let kind = if inv.tax.is_some() {
+        "Tax Invoice"
+    } else {
+        "Invoice"
+    };
+    let mut tax_ids = String::new();
+    if let Some(pan) = inv
+        .tax
+        .as_ref()
+        .and_then(|t| t.registration_number.as_deref())
+    {
+        tax_ids.push_str(&format!(
+            "<p id=bill-seller-pan>Seller PAN/VAT No. {}</p>",
+            esc(pan)
+        ));
+    }
+    if let Some(pan) = &bill.buyer_pan {
+        tax_ids.push_str(&format!("<p id=bill-buyer-pan>Buyer PAN {}</p>", esc(pan)));
+    }
+    let fiscal = bill
+        .fiscal_year
+        .as_deref()
+        .map(|fy| format!(" <span id=bill-fy>FY {}</span>", esc(fy)))
+        .unwrap_or_default();
     let mut body = format!(
-        "<div class=card><div class=muted>Invoice <span id=bill-number>{}</span></div>\
+        "<div class=card><div class=muted><span id=bill-kind>{kind}</span> <span id=bill-number>{}</span>{fiscal}</div>\
          <h1 id=bill-what>{}</h1>\
          <div class=amount id=amount>{}</div>\
+         <p class=muted id=bill-issued>Date: {}</p>\
          <p class=muted id=bill-period>Period: {} to {}</p>\
-         <p id=bill-due>Due: {}</p></div>",
+         <p id=bill-due>Due: {}</p>{tax_ids}{}</div>",
         esc(&inv.number),
         esc(bill.what),
         esc(&amount),
+        esc(&with_bs(bill.issued_on, &bill.issued_bs)),
         esc(&with_bs(inv.period_start, &bill.period_start_bs)),
         esc(&with_bs(last_day, &bill.period_end_bs)),
         esc(&with_bs(inv.due_date, &bill.due_bs)),
+        breakdown(inv),
     );
     if let Some(e) = error {
         body.push_str(&format!("<div class=error id=error>{}</div>", esc(e)));

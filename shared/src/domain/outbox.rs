@@ -89,6 +89,14 @@ pub enum EventType {
     CustomerCreditUpdated,
 }
 
+/// `customer.credit_updated`'s flat fields: (flat, the view's).
+const CUSTOMER_FLAT: [(&str, &str); 4] = [
+    ("id", "id"),
+    ("customer_id", "id"),
+    ("credit_balance", "creditBalance"),
+    ("metadata", "metadata"),
+];
+
 impl EventType {
     pub const ALL: [EventType; 29] = [
         EventType::PaymentSucceeded,
@@ -357,16 +365,7 @@ impl Event {
                     copy(to, from);
                 }
             }
-            EventType::CustomerCreditUpdated => {
-                for (to, from) in [
-                    ("id", "id"),
-                    ("customer_id", "id"),
-                    ("credit_balance", "creditBalance"),
-                    ("metadata", "metadata"),
-                ] {
-                    copy(to, from);
-                }
-            }
+            EventType::CustomerCreditUpdated => CUSTOMER_FLAT.iter().for_each(|(t, f)| copy(t, f)),
             t if t.is_subscription() => {
                 for (to, from) in [
                     ("id", "id"),

@@ -76,5 +76,12 @@ pub async fn gather(
     let (discount, hook) = super::discounts::for_issue(deps, sub, now).await?;
     adj.discount = discount;
     adj.hooks.extend(hook);
+    // VAT (`tax`) and the customer's credit (`credit`).
+    let tenant = sub.tenant();
+    adj.tax = super::tax::invoice_terms(deps, &tenant).await?;
+    let (credit, hook) =
+        super::credit::invoice_credit(deps, &tenant, &sub.customer_id, now).await?;
+    adj.credit_available = credit;
+    adj.hooks.extend(hook);
     Ok(adj)
 }

@@ -21,7 +21,10 @@ use serde::{Deserialize, Serialize};
 use crate::Deps;
 use crate::domain::Mode;
 use crate::domain::Tenant;
+use crate::domain::billing::adjust::Hook;
 use crate::domain::billing::customers::{BillingError, Customer, CustomerView, get, invalid};
+use crate::domain::billing::invoice::BillingInvoice;
+use crate::domain::billing::tax::{OverpaymentHandling, TaxSettings};
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::record::{Changes, Record, from_item};
 use crate::fields::wire::or_null;
@@ -278,6 +281,83 @@ pub fn grant_ops(
         customer: changed,
         entry,
     })
+}
+
+/// A rule's refusal as the store error a transaction's builder answers.
+fn as_store(e: BillingError) -> StoreError {
+    match e {
+        BillingError::Store(e) => e,
+        other => StoreError::Invalid(other.to_string()),
+    }
+}
+
+/// The writes of `grant` for the tenant's customer `id` as read now
+/// (conditioned on its balance's version: a transaction holding them
+/// fails when the balance moved, for the caller to read again). For a
+/// plan change's net credit (`CreditReason::ProrationCredit`), written in
+/// the change's own transaction.
+pub async fn grant_for(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &CustomerId,
+    grant: Grant,
+    now: Timestamp,
+) -> Result<Granted, BillingError> {
+    let customer = get(deps, tenant, id).await?;
+    grant_ops(&customer, grant, now)
+}
+
+/// `gather`'s part: the credit the tenant's customer `id` has for an
+/// invoice issued now, and the hook that records what the invoice took
+/// (a ledger entry `invoice_applied`, conditioned on the balance read).
+/// No credit (or no customer): 0 and no hook.
+pub async fn invoice_credit(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &CustomerId,
+    now: Timestamp,
+) -> Result<(i64, Option<Hook>), StoreError> {
+    let customer = match get(deps, tenant, id).await {
+        Ok(c) => c,
+        Err(BillingError::NotFound { .. }) => return Ok((0, None)),
+        Err(e) => return Err(as_store(e)),
+    };
+    if customer.credit_balance <= 0 {
+        return Ok((0, None));
+    }
+    let available = customer.credit_balance;
+    let hook: Hook = Box::new(move |inv: &BillingInvoice| {
+        if inv.credit_applied <= 0 {
+            return Ok(Vec::new());
+        }
+        let grant = Grant {
+            amount: -inv.credit_applied,
+            reason: CreditReason::InvoiceApplied,
+            note: Some(format!("Applied to invoice {}", inv.number)),
+            actor: CreditActor::System,
+            invoice_id: Some(inv.id.clone()),
+        };
+        grant_ops(&customer, grant, now)
+            .map(|g| g.ops)
+            .map_err(as_store)
+    });
+    Ok((available, Some(hook)))
+}
+
+/// The customer an overpayment of `inv` is kept for as credit: when the
+/// tenant's `overpaymentHandling` is `credit` and the customer is there
+/// (else it is refunded, as the core does).
+pub async fn overpayment_keeper(
+    store: &dyn crate::store::Store,
+    inv: &BillingInvoice,
+) -> Result<Option<Customer>, StoreError> {
+    let tenant = Tenant::new(inv.project_id.clone(), inv.mode);
+    let settings =
+        crate::domain::record::get::<TaxSettings>(store, &TaxSettings::key(&tenant)).await?;
+    if settings.map(|s| s.overpayment_handling) != Some(OverpaymentHandling::Credit) {
+        return Ok(None);
+    }
+    crate::domain::record::get::<Customer>(store, &Customer::key(&tenant, &inv.customer_id)).await
 }
 
 /// Adds (or deducts) credit for the tenant's customer `id` by `actor`,

@@ -263,6 +263,9 @@ pub enum OverpaymentRefund {
     RequiresAction,
     /// Fonepay or out-of-band: recorded for a manual refund.
     Manual,
+    /// Not refunded: kept as the customer's credit (the tenant's
+    /// `overpaymentHandling` is `credit`), applied to their next invoices.
+    Credited,
 }
 
 /// A payment that arrived for an invoice already paid (or voided).
@@ -626,11 +629,13 @@ pub async fn pay_invoice(
 ) -> Result<PayOutcome, BillingInvoiceError> {
     for attempt in 0..TRIES {
         let inv = get_invoice(deps, tenant, id).await?;
-        let (mut ops, outcome) = match plan_payment(
+        let keeper = super::credit::overpayment_keeper(&*deps.store, &inv).await?;
+        let (mut ops, outcome) = match plan_payment_with(
             &inv,
             &source,
             amount,
             Taken::Asked,
+            keeper.as_ref(),
             &deps.config.base_for(None),
             now,
         )? {
@@ -688,6 +693,24 @@ pub fn plan_payment(
     base: &str,
     now: Timestamp,
 ) -> Result<PayPlan, BillingInvoiceError> {
+    plan_payment_with(inv, source, amount, taken, None, base, now)
+}
+
+/// [`plan_payment`], with `keeper`: the customer (as read) an overpayment
+/// is kept for as credit (the tenant's `overpaymentHandling` is
+/// `credit`; `super::credit::overpayment_keeper`). Then an overpayment
+/// is `credited`, not refunded, and the same write adds it to their
+/// balance (a ledger entry `overpayment`, conditioned on the balance
+/// read): exactly once, as the invoice records its source.
+pub fn plan_payment_with(
+    inv: &BillingInvoice,
+    source: &PaymentSource,
+    amount: i64,
+    taken: Taken,
+    keeper: Option<&super::customers::Customer>,
+    base: &str,
+    now: Timestamp,
+) -> Result<PayPlan, BillingInvoiceError> {
     if inv.payment.as_ref().is_some_and(|p| &p.source == source) {
         return Ok(PayPlan::Told(PayOutcome::AlreadyPaid(inv.clone())));
     }
@@ -709,7 +732,7 @@ pub fn plan_payment(
             return Err(refusal.into());
         }
         // Paid or void already, or money that cannot pay it as it is.
-        _ => overpaying(inv, source, amount, now),
+        _ => overpaying(inv, source, amount, keeper.is_some(), now),
     };
     let mut ops = vec![TxOp::Update {
         key: BillingInvoice::key(&inv.id),
@@ -725,6 +748,22 @@ pub fn plan_payment(
     ops.extend(invoice_event(t, changed, base, now).put_ops()?);
     // An overpayment to refund through the provider: the sweep asks it
     // should the call after this transaction never happen.
+    if let (PayOutcome::Overpayment(i), Some(customer)) = (&outcome, keeper) {
+        if amount > 0 {
+            let grant = super::credit::Grant {
+                amount,
+                reason: super::credit::CreditReason::Overpayment,
+                note: Some(format!("Overpayment of invoice {}", i.number)),
+                actor: super::credit::CreditActor::System,
+                invoice_id: Some(i.id.clone()),
+            };
+            let granted = super::credit::grant_ops(customer, grant, now).map_err(|e| match e {
+                super::customers::BillingError::Store(e) => BillingInvoiceError::Store(e),
+                _ => BillingInvoiceError::Overflow,
+            })?;
+            ops.extend(granted.ops);
+        }
+    }
     if let (PayOutcome::Overpayment(i), PaymentSource::Online { payment_id, .. }) =
         (&outcome, source)
     {
@@ -773,9 +812,11 @@ fn overpaying(
     inv: &BillingInvoice,
     source: &PaymentSource,
     amount: i64,
+    kept: bool,
     now: Timestamp,
 ) -> (Changes<BillingInvoice>, PayOutcome) {
     let refund_status = match source {
+        _ if kept && amount > 0 => OverpaymentRefund::Credited,
         PaymentSource::Online {
             provider: Provider::Fonepay,
             ..

@@ -19,12 +19,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::Deps;
 use crate::domain::billing::calendar::bs_from_ad;
+use crate::domain::billing::compose::TaxTerms;
 use crate::domain::billing::customers::{BillingError, invalid};
 use crate::domain::record::{self, Record};
 use crate::domain::{Mode, Tenant};
 use crate::fields::wire::{nullable, present};
 use crate::ids::ProjectId;
-use crate::store::{Cond, Key, TxOp};
+use crate::store::{Cond, Key, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// The highest rate: 100.00% (above it is refused).
@@ -95,13 +96,11 @@ impl TaxSettings {
 
     /// The rate, label and seller's number an invoice issued now
     /// snapshots; `None` when tax is off.
-    pub fn terms(&self) -> Option<(u32, String, Option<String>)> {
-        self.tax_enabled.then(|| {
-            (
-                self.tax_rate_bps,
-                self.tax_label.clone(),
-                self.tax_registration_number.clone(),
-            )
+    pub fn terms(&self) -> Option<TaxTerms> {
+        self.tax_enabled.then(|| TaxTerms {
+            rate_bps: self.tax_rate_bps,
+            label: self.tax_label.clone(),
+            registration_number: self.tax_registration_number.clone(),
         })
     }
 }
@@ -241,6 +240,16 @@ pub async fn get(deps: &Deps, tenant: &Tenant) -> Result<TaxSettings, BillingErr
     )
 }
 
+/// The VAT an invoice of the tenant issued now carries (`gather`'s
+/// part): `None` when tax is off.
+pub async fn invoice_terms(deps: &Deps, tenant: &Tenant) -> Result<Option<TaxTerms>, StoreError> {
+    Ok(
+        record::get::<TaxSettings>(&*deps.store, &TaxSettings::key(tenant))
+            .await?
+            .and_then(|s| s.terms()),
+    )
+}
+
 /// Changes the keys sent, conditioned on the version read (a racing
 /// change is read again and applied on top).
 pub async fn update(
@@ -266,7 +275,7 @@ pub async fn update(
             Err(e) => return Err(e.into()),
         }
     }
-    Err(BillingError::Store(crate::store::StoreError::Backend(
+    Err(BillingError::Store(StoreError::Backend(
         "the billing settings changed too often while being written; retry".into(),
     )))
 }
@@ -281,6 +290,14 @@ pub fn fiscal_year(day: NaiveDate) -> Option<String> {
             .label(nepdate::Lang::En)
             .to_string(),
     )
+}
+
+/// The buyer's PAN a tax invoice prints: the customer's metadata `pan`,
+/// when it is a PAN (9 digits; spaces and hyphens dropped). The SDK's
+/// customer has no field for it.
+pub fn buyer_pan(customer: &crate::domain::billing::customers::Customer) -> Option<String> {
+    let raw = customer.metadata.get("pan")?.as_str()?;
+    registration_number(raw).ok()
 }
 
 /// `13.00%` for 1300 basis points.
@@ -367,7 +384,11 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             on.terms(),
-            Some((1300, "VAT".to_owned(), Some("301234567".to_owned())))
+            Some(TaxTerms {
+                rate_bps: 1300,
+                label: "VAT".to_owned(),
+                registration_number: Some("301234567".to_owned()),
+            })
         );
         assert_eq!(on.version, 1);
         let relabelled = apply(

@@ -90,6 +90,7 @@ fn render_pdf(inv: &Invoice) -> Result<Vec<u8>, InvoiceError> {
         note: inv.note.clone(),
         external_reference: inv.external_reference.clone(),
         void_reason: inv.void_reason.clone(),
+        ..PdfInvoice::default()
     };
     render(&doc).map_err(|e| {
         InvoiceError::Store(StoreError::Backend(format!("invoice {} PDF: {e}", inv.id)))

@@ -186,3 +186,220 @@ async fn racing_deductions_never_take_the_balance_below_zero() {
     after.sort_unstable();
     assert_eq!(after, (0..=10).map(|n| n * 1_000).collect::<Vec<_>>());
 }
+
+mod invoices {
+    use super::*;
+    use crate::domain::Provider;
+    use crate::domain::billing::customers::Customer;
+    use crate::domain::billing::invoice::{
+        InvoiceStatus, OverpaymentRefund, PayOutcome, PaymentSource, issue_invoice, pay_invoice,
+    };
+    use crate::domain::billing::subscription::{
+        NewSubscription, Subscription, create, new_subscription,
+    };
+    use crate::domain::billing::tax::{self, UpdateTaxSettings};
+    use crate::domain::billing::terms::monthly;
+    use crate::testenv::at;
+
+    async fn subscription(d: &crate::AppState, c: &Customer) -> Subscription {
+        let now = at("2026-01-10T06:00:00Z");
+        let input = NewSubscription {
+            customer_id: c.id.clone(),
+            plan_id: "bp_1".into(),
+            terms: monthly(),
+            reference_id: None,
+            metadata: serde_json::Map::new(),
+            start: now,
+            trial_ends_at: None,
+            billing_anchor_day: None,
+            dunning_policy_id: None,
+            test_clock_id: None,
+        };
+        let sub = new_subscription(&tenant(), input, now).unwrap_or_else(|e| panic!("{e}"));
+        create(d, &sub).await.unwrap_or_else(|e| panic!("{e}"));
+        sub
+    }
+
+    async fn settings(d: &crate::AppState, v: serde_json::Value) {
+        let body: UpdateTaxSettings = serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"));
+        tax::update(d, &tenant(), body)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// VAT on the plan price (rounded half up), then the credit against
+    /// the total; the ledger says which invoice took it.
+    #[tokio::test]
+    async fn an_invoice_takes_the_vat_and_the_credit_and_the_ledger_says_so() {
+        let store = memory_store();
+        let d = deps(&store);
+        settings(
+            &d,
+            json!({"enabled": true, "rateBps": 1300, "registrationNumber": "301234567"}),
+        )
+        .await;
+        let c = customer(&d).await;
+        add(&d, &tenant(), &c.id, body(50_000, None), actor(), None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let sub = subscription(&d, &c).await;
+        let now = at("2026-01-10T07:00:00Z");
+        let period = sub.current_period().unwrap_or_else(|| panic!("a period"));
+        let inv = issue_invoice(&d, &sub, period, now)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .invoice;
+        // 99,900 x 13% = 12,987 paisa.
+        assert_eq!(
+            (
+                inv.subtotal,
+                inv.tax_total,
+                inv.total,
+                inv.credit_applied,
+                inv.amount_due
+            ),
+            (99_900, 12_987, 112_887, 50_000, 62_887)
+        );
+        let t = inv.tax.clone().unwrap_or_else(|| panic!("a tax snapshot"));
+        assert_eq!(
+            (t.rate_bps, t.registration_number.as_deref()),
+            (1300, Some("301234567"))
+        );
+        assert_eq!(inv.status, InvoiceStatus::Open);
+        let entries = ledger(&d, &tenant(), &c.id, 10)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(entries[0].reason, CreditReason::InvoiceApplied);
+        assert_eq!((entries[0].amount, entries[0].balance_after), (-50_000, 0));
+        assert_eq!(entries[0].invoice_id.as_ref(), Some(&inv.id));
+        assert_eq!(entries[0].actor, CreditActor::System);
+        // A later rate does not rewrite the invoice.
+        settings(&d, json!({"rateBps": 1500})).await;
+        let read = crate::domain::billing::invoice::get_invoice(&d, &tenant(), &inv.id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(read.tax.as_ref().map(|t| t.rate_bps), Some(1300));
+        let view = crate::domain::billing::invoice::view::InvoiceView::of(&read, "http://x");
+        assert_eq!(view.fiscal_year.as_deref(), Some("2082/83"));
+    }
+
+    /// Credit that covers the invoice: it is issued paid, the rest kept.
+    #[tokio::test]
+    async fn credit_covering_the_invoice_issues_it_paid() {
+        let store = memory_store();
+        let d = deps(&store);
+        let c = customer(&d).await;
+        add(&d, &tenant(), &c.id, body(150_000, None), actor(), None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let sub = subscription(&d, &c).await;
+        let now = at("2026-01-10T07:00:00Z");
+        let period = sub.current_period().unwrap_or_else(|| panic!("a period"));
+        let inv = issue_invoice(&d, &sub, period, now)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .invoice;
+        assert_eq!((inv.credit_applied, inv.amount_due), (99_900, 0));
+        assert_eq!(inv.status, InvoiceStatus::Paid);
+        assert_eq!(inv.tax, None, "tax is off by default");
+        let stored = customers::get(&d, &tenant(), &c.id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(stored.credit_balance, 50_100);
+    }
+
+    /// Credit that moved between what the issue read and its write makes
+    /// the write fail (the issue reads again): nothing taken twice.
+    #[tokio::test]
+    async fn a_balance_that_moved_fails_the_invoices_write() {
+        let store = memory_store();
+        let d = deps(&store);
+        let c = customer(&d).await;
+        add(&d, &tenant(), &c.id, body(10_000, None), actor(), None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let now = at("2026-01-10T07:00:00Z");
+        let (available, hook) = super::super::invoice_credit(&d, &tenant(), &c.id, now)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(available, 10_000);
+        let hook = hook.unwrap_or_else(|| panic!("a hook"));
+        // Spent elsewhere meanwhile.
+        add(&d, &tenant(), &c.id, body(-10_000, None), actor(), None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let sub = subscription(&d, &c).await;
+        let period = sub.current_period().unwrap_or_else(|| panic!("a period"));
+        let mut inv = crate::domain::billing::invoice::invoice_for(
+            &sub,
+            period,
+            "PI-1".into(),
+            now,
+            &crate::domain::billing::adjust::Adjustments::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        inv.credit_applied = 10_000;
+        let ops = hook(&inv).unwrap_or_else(|e| panic!("{e}"));
+        let Err(e) = store.transact(ops).await else {
+            panic!("written on a moved balance")
+        };
+        assert!(e.is_condition_failure(), "{e}");
+        let stored = customers::get(&d, &tenant(), &c.id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(stored.credit_balance, 0);
+    }
+
+    /// `overpaymentHandling: credit`: a second payment of a paid invoice
+    /// becomes the customer's credit, once, with no refund to ask.
+    #[tokio::test]
+    async fn an_overpayment_is_kept_as_credit_once_when_the_merchant_says_so() {
+        let store = memory_store();
+        let d = deps(&store);
+        settings(&d, json!({"overpaymentHandling": "credit"})).await;
+        let c = customer(&d).await;
+        let sub = subscription(&d, &c).await;
+        let now = at("2026-01-10T07:00:00Z");
+        let period = sub.current_period().unwrap_or_else(|| panic!("a period"));
+        let inv = issue_invoice(&d, &sub, period, now)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .invoice;
+        let online = |p: &str| PaymentSource::Online {
+            payment_id: p.into(),
+            provider: Provider::Khalti,
+        };
+        let paid = pay_invoice(&d, &tenant(), &inv.id, online("pay_a"), 99_900, now)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(paid, PayOutcome::Paid(_)));
+        for _ in 0..2 {
+            let over = pay_invoice(&d, &tenant(), &inv.id, online("pay_b"), 99_900, now)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let PayOutcome::Overpayment(over) = over else {
+                panic!("{over:?}")
+            };
+            assert_eq!(over.overpayments.len(), 1);
+            assert_eq!(
+                over.overpayments[0].refund_status,
+                OverpaymentRefund::Credited
+            );
+        }
+        let stored = customers::get(&d, &tenant(), &c.id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(stored.credit_balance, 99_900, "credited once");
+        let entries = ledger(&d, &tenant(), &c.id, 10)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].reason, CreditReason::Overpayment);
+        // No refund for the sweep to ask.
+        let due = store
+            .get(&crate::domain::billing::invoice::refund_due::RefundDue::key(&"pay_b".into()))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(due.is_none());
+    }
+}

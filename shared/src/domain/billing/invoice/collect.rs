@@ -23,7 +23,7 @@ use serde_json::json;
 
 use super::{
     BillingInvoice, BillingInvoiceError, InvoiceStatus, OverpaymentRefund, PayOutcome, PayPlan,
-    PaymentSource, Taken, get_invoice, plan_payment,
+    PaymentSource, Taken, get_invoice, plan_payment_with,
 };
 use crate::Deps;
 use crate::domain::Tenant;
@@ -218,11 +218,13 @@ pub async fn settlement(
         payment_id: payment.id.clone(),
         provider: payment.provider,
     };
-    let plan = plan_payment(
+    let keeper = crate::domain::billing::credit::overpayment_keeper(store, &inv).await?;
+    let plan = plan_payment_with(
         &inv,
         &source,
         payment.amount.get(),
         Taken::Received,
+        keeper.as_ref(),
         base,
         now,
     )

@@ -3,11 +3,18 @@
 //! `invoices/billing/<id>/v<version>.pdf` (a payment or a void is a new
 //! version, so a stale PDF is never served). The writer prints Latin
 //! text only: the Miti is written in Latin letters (`2081 Shrawan 15`).
+//!
+//! Every invoice shows its Nepali fiscal year (`FY 2082/83`) and its issue
+//! date in BS beside AD. An invoice issued with VAT is a tax invoice, as
+//! Nepal's VAT rules ask: titled "TAX INVOICE", with the seller's PAN/VAT
+//! number, the buyer's PAN when the customer has one (their metadata
+//! `pan`, 9 digits: the SDK's customer has no field for it), the taxable
+//! amount, the VAT and the total.
 
-use super::{BillingInvoice, BillingInvoiceError, InvoiceStatus};
+use super::{BillingInvoice, BillingInvoiceError, InvoiceStatus, LineKind};
 use crate::Deps;
 use crate::domain::Tenant;
-use crate::domain::billing::calendar::{bs_from_ad, miti_latin};
+use crate::domain::billing::calendar::{bs_from_ad, miti_latin, nepal_day};
 use crate::domain::billing::customers::Customer;
 use crate::domain::record;
 use crate::store::StoreError;
@@ -73,6 +80,14 @@ pub fn render(
             _ => "",
         }
     );
+    let issued = nepal_day(inv.issued_at);
+    let mut extra_details = Vec::new();
+    if let Some(bs) = bs_from_ad(issued) {
+        extra_details.push(("Date (BS)".to_owned(), miti_latin(bs)));
+    }
+    if let Some(fy) = crate::domain::billing::tax::fiscal_year(issued) {
+        extra_details.push(("Fiscal year".to_owned(), format!("FY {fy}")));
+    }
     let doc = PdfInvoice {
         invoice_number: Some(inv.number.clone()),
         document_status: if inv.status == InvoiceStatus::Void {
@@ -95,9 +110,11 @@ pub fn render(
         issued_at: Some(inv.issued_at.to_rfc3339()),
         due_at: super::view::start_of_nepal_day(inv.due_date).to_rfc3339(),
         created_at: inv.created_at.to_rfc3339(),
+        // The discount and the VAT are in the totals.
         lines: inv
             .lines
             .iter()
+            .filter(|l| !matches!(l.kind, LineKind::Discount | LineKind::Tax))
             .map(|l| PdfLine {
                 description: format!(
                     "{} ({} to {})",
@@ -115,8 +132,8 @@ pub fn render(
             })
             .collect(),
         subtotal: inv.subtotal,
-        tax_rate_bps: 0,
-        tax_total: 0,
+        tax_rate_bps: inv.tax.as_ref().map_or(0, |t| i64::from(t.rate_bps)),
+        tax_total: inv.tax_total,
         total_amount: inv.total,
         amount_paid: inv.amount_paid,
         amount_adjusted: 0,
@@ -124,6 +141,13 @@ pub fn render(
         note: Some(note),
         external_reference: Some(inv.subscription_id.to_string()),
         void_reason: None,
+        title: inv.tax.as_ref().map(|_| "TAX INVOICE".to_owned()),
+        seller_tax_id: inv.tax.as_ref().and_then(|t| t.registration_number.clone()),
+        buyer_tax_id: customer.and_then(crate::domain::billing::tax::buyer_pan),
+        extra_details,
+        discount_total: inv.discount_total,
+        tax_label: inv.tax.as_ref().map(|t| t.line_label()),
+        credit_applied: inv.credit_applied,
     };
     render(&doc).map_err(|e| {
         BillingInvoiceError::Store(StoreError::Backend(format!(

@@ -134,6 +134,9 @@ pub struct InvoiceView {
     pub tax_registration_number: Option<String>,
     /// The coupon whose discount it carries.
     pub coupon_id: Option<String>,
+    /// The Nepali fiscal year of its issue date in Nepal (from 1
+    /// Shrawan): `2082/83`; `null` outside the calendar's years.
+    pub fiscal_year: Option<String>,
     pub currency: Currency,
     pub lines: Vec<LineView>,
     /// The first Nepal day billed, `YYYY-MM-DD`.
@@ -255,6 +258,9 @@ impl InvoiceView {
             tax_rate_bps: inv.tax.as_ref().map_or(0, |t| t.rate_bps),
             tax_registration_number: inv.tax.as_ref().and_then(|t| t.registration_number.clone()),
             coupon_id: inv.discount.as_ref().map(|d| d.coupon_id.clone()),
+            fiscal_year: crate::domain::billing::tax::fiscal_year(
+                crate::domain::billing::calendar::nepal_day(inv.issued_at),
+            ),
             amount_due: inv.amount_due,
             amount_paid: inv.amount_paid,
             currency: inv.currency,
