@@ -56,6 +56,7 @@ pub(crate) async fn issued_invoice(app: &TestApp, tenant: &Tenant) -> BillingInv
             overdue_reminder_interval_days: 2,
             overdue_action: OverdueAction::MarkPastDue,
             default_provider: None,
+            pricing_model: Default::default(),
         },
         reference_id: None,
         metadata: serde_json::Map::new(),

@@ -29,6 +29,7 @@ pub fn monthly(amount: i64) -> Terms {
         overdue_reminder_interval_days: 2,
         overdue_action: OverdueAction::MarkPastDue,
         default_provider: None,
+        pricing_model: Default::default(),
     }
 }
 

@@ -410,6 +410,7 @@ mod tests {
             overdue_reminder_interval_days: 2,
             overdue_action: billing::terms::OverdueAction::MarkPastDue,
             default_provider: None,
+            pricing_model: Default::default(),
         };
         let input = NewSubscription {
             customer_id: "cus_1".into(),

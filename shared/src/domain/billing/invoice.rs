@@ -20,9 +20,12 @@
 use chrono::NaiveDate;
 use serde::{Deserialize, Serialize};
 
+use super::adjust::{self, Adjustments};
+use super::compose::{self, DiscountTerms, TaxTerms};
 use super::events::invoice_event;
 use super::period::Period;
 use super::subscription::{Subscription, is_conflict};
+use super::terms::PricingModel;
 use crate::Deps;
 use crate::domain::invoices::{last_number, take_number};
 use crate::domain::outbox::EventType;
@@ -143,14 +146,59 @@ pub fn next_invoice(
     })
 }
 
-/// What a line bills. Issue 40 adds its kinds (proration, discount, tax,
-/// credit, usage, one-off items) beside this one.
+/// What a line bills. A discount line and a proration credit are
+/// negative; every other line is positive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LineKind {
+    /// The plan's price (times the quantity of a per-unit plan).
     Subscription,
+    /// A metered plan's usage in the line's period.
+    Usage,
+    /// A one-off charge (a pending invoice item).
+    Item,
+    /// The unused time of the plan changed from (negative).
     ProrationCredit,
+    /// The remaining time of the plan changed to.
     ProrationDebit,
+    /// A coupon's discount (negative).
+    Discount,
+    /// VAT on the discounted amount.
+    Tax,
+}
+
+impl LineKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LineKind::Subscription => "subscription",
+            LineKind::Usage => "usage",
+            LineKind::Item => "item",
+            LineKind::ProrationCredit => "proration_credit",
+            LineKind::ProrationDebit => "proration_debit",
+            LineKind::Discount => "discount",
+            LineKind::Tax => "tax",
+        }
+    }
+}
+
+/// Why an invoice was issued.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InvoiceKind {
+    /// A period's invoice (exactly one per period, with its claim).
+    #[default]
+    Cycle,
+    /// A plan or quantity change's net difference, due at once.
+    Proration,
+}
+
+impl InvoiceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InvoiceKind::Cycle => "cycle",
+            InvoiceKind::Proration => "proration",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -240,10 +288,29 @@ pub struct BillingInvoice {
     pub status: InvoiceStatus,
     pub currency: Currency,
     pub lines: Vec<InvoiceLine>,
+    /// The sum of the base lines (before discount and VAT).
     pub subtotal: i64,
+    /// What the discount took off (positive).
+    #[serde(default)]
+    pub discount_total: i64,
+    #[serde(default)]
+    pub tax_total: i64,
+    /// Taxable amount plus VAT.
     pub total: i64,
+    /// The customer's credit this invoice took (positive).
+    #[serde(default)]
+    pub credit_applied: i64,
+    /// Total less credit applied: what a payment must bring.
     pub amount_due: i64,
     pub amount_paid: i64,
+    /// The discount it was issued with (a snapshot).
+    #[serde(default)]
+    pub discount: Option<DiscountTerms>,
+    /// The VAT it was issued with (a snapshot: the legal record).
+    #[serde(default)]
+    pub tax: Option<TaxTerms>,
+    #[serde(default)]
+    pub kind: InvoiceKind,
     pub period_start: NaiveDate,
     /// Exclusive.
     pub period_end: NaiveDate,
@@ -278,6 +345,11 @@ crate::attrs! { BillingInvoice {
 } }
 
 impl BillingInvoice {
+    /// Subtotal less discount: what VAT is charged on (`total - tax`).
+    pub fn taxable_amount(&self) -> i64 {
+        self.total - self.tax_total
+    }
+
     pub fn key(id: &BillingInvoiceId) -> Key {
         Key::new(format!("BINV#{id}"), "BINV")
     }
@@ -349,19 +421,47 @@ pub struct Issued {
 }
 
 /// The invoice of `sub` for `period` (one of its periods), numbered
-/// `number`, issued open at `now`.
+/// `number`, issued at `now` with the adjustments `adj`: open, or paid
+/// when credit or a discount leaves nothing to pay (no provider asked).
 pub fn invoice_for(
     sub: &Subscription,
     period: Period,
     number: String,
     now: Timestamp,
+    adj: &Adjustments,
 ) -> Result<BillingInvoice, BillingInvoiceError> {
     let t = &sub.terms;
-    let amount = t
-        .amount
-        .checked_mul(i64::from(sub.quantity))
-        .ok_or(BillingInvoiceError::Overflow)?;
+    let mut base = Vec::with_capacity(adj.lines.len() + 1);
+    if adj.flat_line {
+        // A flat plan bills its amount whatever the quantity says.
+        let quantity = match t.pricing_model {
+            PricingModel::Flat => 1,
+            PricingModel::PerUnit | PricingModel::Metered => sub.quantity,
+        };
+        let amount = t
+            .amount
+            .checked_mul(i64::from(quantity))
+            .ok_or(BillingInvoiceError::Overflow)?;
+        base.push(InvoiceLine {
+            kind: LineKind::Subscription,
+            description: t.description.clone(),
+            quantity,
+            amount,
+            period_start: period.start,
+            period_end: period.end_exclusive,
+        });
+    }
+    base.extend(adj.lines.iter().cloned());
+    let c = compose::compose(
+        base,
+        (period.start, period.end_exclusive),
+        adj.discount.as_ref(),
+        adj.tax.as_ref(),
+        adj.credit_available,
+    )
+    .map_err(|_| BillingInvoiceError::Overflow)?;
     let due_date = period.start;
+    let settled = c.amount_due == 0;
     Ok(BillingInvoice {
         id: BillingInvoiceId::new(),
         project_id: sub.project_id.clone(),
@@ -369,20 +469,23 @@ pub fn invoice_for(
         subscription_id: sub.id.clone(),
         customer_id: sub.customer_id.clone(),
         number,
-        status: InvoiceStatus::Open,
+        status: if settled {
+            InvoiceStatus::Paid
+        } else {
+            InvoiceStatus::Open
+        },
         currency: t.currency,
-        lines: vec![InvoiceLine {
-            kind: LineKind::Subscription,
-            description: t.description.clone(),
-            quantity: sub.quantity,
-            amount,
-            period_start: period.start,
-            period_end: period.end_exclusive,
-        }],
-        subtotal: amount,
-        total: amount,
-        amount_due: amount,
+        lines: c.lines,
+        subtotal: c.subtotal,
+        discount_total: c.discount_total,
+        tax_total: c.tax_total,
+        total: c.total,
+        credit_applied: c.credit_applied,
+        amount_due: c.amount_due,
         amount_paid: 0,
+        discount: adj.discount.clone().filter(|_| c.discount_total > 0),
+        tax: adj.tax.clone(),
+        kind: InvoiceKind::Cycle,
         period_start: period.start,
         period_end: period.end_exclusive,
         due_date,
@@ -390,7 +493,7 @@ pub fn invoice_for(
         payment: None,
         overpayments: Vec::new(),
         issued_at: now,
-        paid_at: None,
+        paid_at: settled.then_some(now),
         voided_at: None,
         uncollectible_at: None,
         version: 1,
@@ -428,25 +531,34 @@ pub async fn issue_invoice(
                 created: false,
             });
         }
+        let adj = adjust::gather(deps, sub, period, now).await?;
         let last = last_number(store, &tenant).await?;
         let (number, take) = take_number(&tenant, last);
-        let invoice = invoice_for(sub, period, number, now)?;
+        let invoice = invoice_for(sub, period, number, now, &adj)?;
         let claim = PeriodClaim {
             subscription_id: sub.id.clone(),
             period_start: period.start,
             invoice_id: invoice.id.clone(),
         };
-        let notices = super::notice_due::NoticeSchedule::for_invoice(&invoice, sub, now);
-        let mut ops = vec![
-            claim.put_new()?,
-            invoice.put_new()?,
-            take,
-            notices.put_new()?,
-        ];
+        let mut ops = vec![claim.put_new()?, invoice.put_new()?, take];
+        for hook in adj.hooks {
+            ops.extend(hook(&invoice)?);
+        }
         let base = deps.config.base_for(None);
         ops.extend(
             invoice_event(EventType::BillingInvoiceCreated, &invoice, &base, now).put_ops()?,
         );
+        if invoice.status == InvoiceStatus::Paid {
+            // Nothing to pay: paid at issue, no reminders; its subscription
+            // moves as a payment moves it (a first invoice: `active`).
+            ops.extend(
+                invoice_event(EventType::BillingInvoicePaid, &invoice, &base, now).put_ops()?,
+            );
+            ops.extend(collect::subscription_paid_ops(store, &invoice, now).await?);
+        } else {
+            let notices = super::notice_due::NoticeSchedule::for_invoice(&invoice, sub, now);
+            ops.push(notices.put_new()?);
+        }
         match store.transact(ops).await {
             Ok(()) => {
                 return Ok(Issued {

@@ -401,6 +401,7 @@ pub fn terms_of(plan: &Plan) -> Terms {
             plans::OverdueAction::Cancel => OverdueAction::Cancel,
         },
         default_provider: plan.default_provider,
+        pricing_model: plan.pricing_model,
     }
 }
 
@@ -603,6 +604,16 @@ pub async fn create_subscription(
         Some(issue_first_invoice(deps, &sub, now).await?)
     } else {
         None
+    };
+    // A first invoice with nothing to pay (credit, a discount) was paid at
+    // issue, and its write made the subscription active: answer it so.
+    let paid_at_issue = first_invoice
+        .as_ref()
+        .is_some_and(|i| i.invoice.status == super::invoice::InvoiceStatus::Paid);
+    let sub = if paid_at_issue {
+        subscription::get(deps, tenant, &sub.id).await?
+    } else {
+        sub
     };
     Ok(Created {
         subscription: sub,

@@ -3,8 +3,10 @@
 //! billing invoice state machines and records, exactly one invoice per
 //! period, payments taken exactly once, and dunning policies. No HTTP.
 
+pub mod adjust;
 pub mod calendar;
 pub mod changes;
+pub mod compose;
 pub mod credit;
 pub mod customers;
 pub mod due;

@@ -8,6 +8,7 @@ use serde_json::{Map, Value};
 
 use super::customers::{BillingError, MAX_NAME, PageRequest, invalid, metadata, text};
 use super::period::{Calendar, IntervalUnit, validate_interval};
+use super::terms::PricingModel;
 use crate::Deps;
 use crate::domain::checkout::MAX_AMOUNT_PAISA;
 use crate::domain::record::{Changes, Record, from_item};
@@ -61,6 +62,9 @@ pub struct Plan {
     pub overdue_reminder_interval_days: u32,
     pub overdue_action: OverdueAction,
     pub default_provider: Option<Provider>,
+    /// Stored before issue 40 without it: flat.
+    #[serde(default)]
+    pub pricing_model: PricingModel,
     pub active: bool,
     pub metadata: Map<String, Value>,
     pub created_at: Timestamp,
@@ -141,6 +145,9 @@ pub struct PlanView {
     pub overdue_action: OverdueAction,
     pub dunning_settings: DunningSettings,
     pub default_provider: Option<Provider>,
+    /// `flat` (the amount), `per_unit` (times the subscription's
+    /// `quantity`) or `metered` (per unit of usage reported in a period).
+    pub pricing_model: PricingModel,
     pub active: bool,
     #[schema(value_type = Object)]
     pub metadata: Map<String, Value>,
@@ -171,6 +178,7 @@ impl PlanView {
                 overdue_action: p.overdue_action,
             },
             default_provider: p.default_provider,
+            pricing_model: p.pricing_model,
             active: p.active,
             metadata: p.metadata.clone(),
             created_at: p.created_at,
@@ -222,6 +230,10 @@ pub struct CreatePlan {
     #[serde(default, deserialize_with = "or_null")]
     #[schema(value_type = Option<String>)]
     pub default_provider: Option<String>,
+    /// `flat` (default), `per_unit` or `metered`.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false, value_type = Option<String>, pattern = "^(flat|per_unit|metered)$")]
+    pub pricing_model: Option<String>,
     #[serde(default, deserialize_with = "or_null")]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Map<String, Value>>,
@@ -320,6 +332,15 @@ fn provider(raw: &str) -> Result<Provider, BillingError> {
     })
 }
 
+fn pricing_model(raw: &str) -> Result<PricingModel, BillingError> {
+    PricingModel::parse(raw).ok_or_else(|| {
+        invalid(
+            "pricingModel",
+            format!("pricingModel must be flat, per_unit or metered, got {raw:?}"),
+        )
+    })
+}
+
 fn description(raw: &str) -> Result<String, BillingError> {
     text("description", raw, MAX_DESCRIPTION)
 }
@@ -380,6 +401,12 @@ pub fn new_plan(tenant: &Tenant, body: CreatePlan, now: Timestamp) -> Result<Pla
         )?,
         overdue_action: body.overdue_action.unwrap_or(OverdueAction::MarkPastDue),
         default_provider: body.default_provider.as_deref().map(provider).transpose()?,
+        pricing_model: body
+            .pricing_model
+            .as_deref()
+            .map(pricing_model)
+            .transpose()?
+            .unwrap_or_default(),
         active: true,
         metadata: metadata(body.metadata.unwrap_or_default())?,
         created_at: now,

@@ -38,6 +38,41 @@ impl OverdueAction {
     ];
 }
 
+/// How a plan's `amount` makes a period's price (`pricingModel`): `flat`
+/// (the amount, whatever the quantity is: always 1), `per_unit` (the amount
+/// per seat, times the subscription's `quantity`), `metered` (the amount per
+/// unit of usage reported in the period).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum PricingModel {
+    #[default]
+    Flat,
+    PerUnit,
+    Metered,
+}
+
+impl PricingModel {
+    pub const ALL: [PricingModel; 3] = [
+        PricingModel::Flat,
+        PricingModel::PerUnit,
+        PricingModel::Metered,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PricingModel::Flat => "flat",
+            PricingModel::PerUnit => "per_unit",
+            PricingModel::Metered => "metered",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<PricingModel> {
+        PricingModel::ALL.into_iter().find(|m| m.as_str() == raw)
+    }
+}
+
 /// What one subscription bills, period after period.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Terms {
@@ -57,6 +92,9 @@ pub struct Terms {
     pub overdue_reminder_interval_days: u16,
     pub overdue_action: OverdueAction,
     pub default_provider: Option<Provider>,
+    /// Stored before issue 40 without it: flat.
+    #[serde(default)]
+    pub pricing_model: PricingModel,
 }
 
 /// Why terms or a trial are refused; the message names the field.
@@ -180,6 +218,7 @@ pub(crate) fn monthly() -> Terms {
         overdue_reminder_interval_days: 2,
         overdue_action: OverdueAction::MarkPastDue,
         default_provider: None,
+        pricing_model: PricingModel::Flat,
     }
 }
 

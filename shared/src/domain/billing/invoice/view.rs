@@ -45,7 +45,11 @@ impl Day {
 #[serde(rename_all = "camelCase")]
 #[schema(as = BillingInvoiceLine)]
 pub struct LineView {
-    /// `subscription`.
+    /// `subscription`, `usage`, `item`, `proration_credit` (negative),
+    /// `proration_debit`, `discount` (negative) or `tax`.
+    #[schema(
+        pattern = "^(subscription|usage|item|proration_credit|proration_debit|discount|tax)$"
+    )]
     pub kind: String,
     pub description: String,
     pub quantity: u32,
@@ -104,11 +108,32 @@ pub struct InvoiceView {
     pub subscription_id: String,
     pub customer_id: String,
     pub status: InvoiceStatus,
-    /// Paisa: the invoice's total.
+    /// `cycle` (a period's invoice) or `proration` (a plan or quantity
+    /// change's net difference, due at once).
+    #[schema(pattern = "^(cycle|proration)$")]
+    pub kind: String,
+    /// Paisa: the invoice's total (`taxableAmount + taxTotal`).
     pub amount: i64,
+    /// The sum of the lines before discount and VAT.
     pub subtotal: i64,
+    /// What the discount took off (positive).
+    pub discount_total: i64,
+    /// Subtotal less discount: what VAT is charged on.
+    pub taxable_amount: i64,
+    pub tax_total: i64,
+    pub total: i64,
+    /// The customer's credit this invoice took (positive).
+    pub credit_applied: i64,
+    /// `total - creditApplied`: what a payment brings.
     pub amount_due: i64,
     pub amount_paid: i64,
+    /// The VAT rate it was issued with (basis points; 0 without VAT): a
+    /// snapshot, whatever the tax settings say now.
+    pub tax_rate_bps: u32,
+    /// The seller's PAN/VAT number it was issued with.
+    pub tax_registration_number: Option<String>,
+    /// The coupon whose discount it carries.
+    pub coupon_id: Option<String>,
     pub currency: Currency,
     pub lines: Vec<LineView>,
     /// The first Nepal day billed, `YYYY-MM-DD`.
@@ -175,10 +200,7 @@ fn payment_view(source: &PaymentSource, amount: i64, at: Timestamp) -> PaymentVi
 
 fn line_view(l: &InvoiceLine) -> LineView {
     LineView {
-        kind: serde_json::to_value(l.kind)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default(),
+        kind: l.kind.as_str().to_owned(),
         description: l.description.clone(),
         quantity: l.quantity,
         amount: l.amount,
@@ -222,8 +244,17 @@ impl InvoiceView {
             subscription_id: inv.subscription_id.to_string(),
             customer_id: inv.customer_id.to_string(),
             status: inv.status,
+            kind: inv.kind.as_str().to_owned(),
             amount: inv.total,
             subtotal: inv.subtotal,
+            discount_total: inv.discount_total,
+            taxable_amount: inv.taxable_amount(),
+            tax_total: inv.tax_total,
+            total: inv.total,
+            credit_applied: inv.credit_applied,
+            tax_rate_bps: inv.tax.as_ref().map_or(0, |t| t.rate_bps),
+            tax_registration_number: inv.tax.as_ref().and_then(|t| t.registration_number.clone()),
+            coupon_id: inv.discount.as_ref().map(|d| d.coupon_id.clone()),
             amount_due: inv.amount_due,
             amount_paid: inv.amount_paid,
             currency: inv.currency,

@@ -9,6 +9,7 @@ use crate::domain::billing::dunning::{FinalAction, create_policy, new_policy};
 use crate::domain::billing::invoice::{InvoiceStatus, PeriodClaim};
 use crate::domain::billing::plans::{CreatePlan, UpdatePlan};
 use crate::domain::billing::subscription::SUBSCRIPTION_STATE_CONFLICT;
+use crate::domain::billing::terms::PricingModel;
 use crate::domain::record;
 use crate::store::Key;
 use crate::store::Store;
@@ -749,4 +750,80 @@ async fn every_transition_on_a_clock_reads_the_clock_time() {
             .unwrap_err(),
     );
     assert_eq!((s, code.as_str()), (409, SUBSCRIPTION_STATE_CONFLICT));
+}
+
+#[tokio::test]
+async fn a_first_invoice_with_nothing_to_pay_is_paid_at_issue_and_the_subscription_active() {
+    // A metered plan bills usage in arrears: its first invoice is zero.
+    for (name, store) in stores().await {
+        let deps = deps_on(store.clone());
+        let t = tenant("p-zero");
+        let c = customer(&deps, &t).await;
+        let p = plan(&deps, &t, json!({"pricingModel": "metered", "amount": 500})).await;
+        let made = create_subscription(
+            &deps,
+            &t,
+            body(json!({"customerId": c.id, "planId": p.id})),
+            None,
+        )
+        .await
+        .unwrap();
+        let inv = made.first_invoice.expect("first invoice").invoice;
+        assert_eq!(inv.status, InvoiceStatus::Paid, "{name}");
+        assert_eq!((inv.total, inv.amount_due, inv.amount_paid), (0, 0, 0));
+        assert!(
+            inv.lines.is_empty(),
+            "{name}: no flat line on a metered plan"
+        );
+        assert_eq!(inv.paid_at, Some(at(NOW)));
+        assert_eq!(
+            made.subscription.status,
+            SubscriptionStatus::Active,
+            "{name}"
+        );
+        let stored = subscription::get(&deps, &t, &made.subscription.id)
+            .await
+            .unwrap();
+        assert_eq!(stored.status, SubscriptionStatus::Active, "{name}");
+        // Nothing to remind of: no notice schedule was written.
+        let notices = store
+            .get(&crate::domain::billing::notice_due::NoticeSchedule::invoice_key(&inv.id))
+            .await
+            .unwrap();
+        assert!(notices.is_none(), "{name}");
+        // Both webhooks, created then paid.
+        let types: Vec<&str> = crate::domain::outbox::recent(&*store, &t, 50)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.event_type.as_str())
+            .collect();
+        assert!(
+            types.contains(&"billing_invoice.created"),
+            "{name}: {types:?}"
+        );
+        assert!(types.contains(&"billing_invoice.paid"), "{name}: {types:?}");
+    }
+}
+
+#[test]
+fn a_plan_names_its_pricing_model_and_refuses_another() {
+    let t = tenant("p-pm");
+    let mk = |pm: serde_json::Value| {
+        let body: CreatePlan = serde_json::from_value(
+            json!({"name": "Seats", "amount": 10_000, "intervalUnit": "month", "pricingModel": pm}),
+        )
+        .unwrap();
+        plans::new_plan(&t, body, at(NOW))
+    };
+    assert_eq!(
+        mk(json!("per_unit")).unwrap().pricing_model,
+        PricingModel::PerUnit
+    );
+    assert_eq!(
+        mk(json!("metered")).unwrap().pricing_model,
+        PricingModel::Metered
+    );
+    let e = mk(json!("tiered")).unwrap_err();
+    assert_eq!(Refusal::from(e).field.as_deref(), Some("pricingModel"));
 }
