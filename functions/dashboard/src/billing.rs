@@ -452,9 +452,16 @@ pub async fn subscription_page(
         Some("pause") => Some("The subscription is paused."),
         Some("resume") => Some("The subscription is resumed."),
         Some("cancel") => Some("The subscription is cancelled."),
+        Some("change-plan") => Some("The plan change is made."),
+        Some("quantity") => Some("The seats are changed."),
         _ => None,
     };
     let act = signed.allows(Action::ChangeRecords);
+    let targets = if act {
+        crate::billing_changes::targets(&state, &s).await?
+    } else {
+        Vec::new()
+    };
     let v = SubscriptionView::of(&s);
     let path = format!("/dashboard/billing/subscriptions/{}", v.id);
     let body = markup! {
@@ -484,6 +491,8 @@ pub async fn subscription_page(
                 @if let Some(t) = v.cancelled_at { dt { "Cancelled" } dd { (when(t)) } }
                 @if let Some(r) = &v.pause_reason { dt { "Pause reason" } dd { (r) } }
                 @if let Some(t) = v.resume_at { dt { "Resumes" } dd { (when(t)) } }
+                dt { "Seats" } dd { (v.quantity) }
+                (crate::billing_changes::pending(&s))
                 dt { "Created" } dd { (when(v.created_at)) }
             }
         }
@@ -514,6 +523,7 @@ pub async fn subscription_page(
                 }
             }
         }
+        @if act { (crate::billing_changes::forms(&s, &targets, &nav.csrf)) }
         h2 { "Invoices" }
         p.muted { (total) " invoices, newest first." }
         div.panel {
