@@ -148,6 +148,10 @@ pub struct PlanView {
     /// `flat` (the amount), `per_unit` (times the subscription's
     /// `quantity`) or `metered` (per unit of usage reported in a period).
     pub pricing_model: PricingModel,
+    /// The guide's name of the same choice: `per_unit` (flat and per-unit
+    /// plans: the amount times the quantity) or `metered`.
+    #[schema(pattern = "^(per_unit|metered)$")]
+    pub billing_scheme: String,
     pub active: bool,
     #[schema(value_type = Object)]
     pub metadata: Map<String, Value>,
@@ -179,6 +183,11 @@ impl PlanView {
             },
             default_provider: p.default_provider,
             pricing_model: p.pricing_model,
+            billing_scheme: match p.pricing_model {
+                PricingModel::Metered => "metered",
+                PricingModel::Flat | PricingModel::PerUnit => "per_unit",
+            }
+            .into(),
             active: p.active,
             metadata: p.metadata.clone(),
             created_at: p.created_at,
@@ -234,6 +243,11 @@ pub struct CreatePlan {
     #[serde(default, deserialize_with = "present")]
     #[schema(nullable = false, value_type = Option<String>, pattern = "^(flat|per_unit|metered)$")]
     pub pricing_model: Option<String>,
+    /// The guide's name: `per_unit` (taken as `per_unit`) or `metered`.
+    /// With `pricingModel` too, they must agree.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false, value_type = Option<String>, pattern = "^(per_unit|metered)$")]
+    pub billing_scheme: Option<String>,
     #[serde(default, deserialize_with = "or_null")]
     #[schema(value_type = Option<Object>)]
     pub metadata: Option<Map<String, Value>>,
@@ -341,6 +355,37 @@ fn pricing_model(raw: &str) -> Result<PricingModel, BillingError> {
     })
 }
 
+/// `pricingModel`, or the guide's `billingScheme`; both: the same.
+fn model_of(model: Option<&str>, scheme: Option<&str>) -> Result<PricingModel, BillingError> {
+    let scheme = scheme
+        .map(|raw| match raw {
+            "per_unit" => Ok(PricingModel::PerUnit),
+            "metered" => Ok(PricingModel::Metered),
+            _ => Err(invalid(
+                "billingScheme",
+                format!("billingScheme must be per_unit or metered, got {raw:?}"),
+            )),
+        })
+        .transpose()?;
+    match (model.map(pricing_model).transpose()?, scheme) {
+        (Some(m), Some(s))
+            if m != s && !(m == PricingModel::Flat && s == PricingModel::PerUnit) =>
+        {
+            Err(invalid(
+                "billingScheme",
+                format!(
+                    "billingScheme {:?} contradicts pricingModel {:?}",
+                    s.as_str(),
+                    m.as_str()
+                ),
+            ))
+        }
+        (Some(m), _) => Ok(m),
+        (None, Some(s)) => Ok(s),
+        (None, None) => Ok(PricingModel::Flat),
+    }
+}
+
 fn description(raw: &str) -> Result<String, BillingError> {
     text("description", raw, MAX_DESCRIPTION)
 }
@@ -401,12 +446,10 @@ pub fn new_plan(tenant: &Tenant, body: CreatePlan, now: Timestamp) -> Result<Pla
         )?,
         overdue_action: body.overdue_action.unwrap_or(OverdueAction::MarkPastDue),
         default_provider: body.default_provider.as_deref().map(provider).transpose()?,
-        pricing_model: body
-            .pricing_model
-            .as_deref()
-            .map(pricing_model)
-            .transpose()?
-            .unwrap_or_default(),
+        pricing_model: model_of(
+            body.pricing_model.as_deref(),
+            body.billing_scheme.as_deref(),
+        )?,
         active: true,
         metadata: metadata(body.metadata.unwrap_or_default())?,
         created_at: now,

@@ -826,4 +826,27 @@ fn a_plan_names_its_pricing_model_and_refuses_another() {
     );
     let e = mk(json!("tiered")).unwrap_err();
     assert_eq!(Refusal::from(e).field.as_deref(), Some("pricingModel"));
+    // The guide's `billingScheme` says the same; contradicting is refused.
+    let scheme = |v: serde_json::Value| {
+        let mut b = json!({"name": "Calls", "amount": 10, "intervalUnit": "month"});
+        if let (Some(o), Some(e)) = (b.as_object_mut(), v.as_object()) {
+            o.extend(e.clone());
+        }
+        let body: CreatePlan = serde_json::from_value(b).unwrap();
+        plans::new_plan(&t, body, at(NOW))
+    };
+    let m = scheme(json!({"billingScheme": "metered"})).unwrap();
+    assert_eq!(m.pricing_model, PricingModel::Metered);
+    assert_eq!(plans::PlanView::of(&m).billing_scheme, "metered");
+    assert_eq!(
+        scheme(json!({"billingScheme": "per_unit"}))
+            .unwrap()
+            .pricing_model,
+        PricingModel::PerUnit
+    );
+    assert_eq!(scheme(json!({})).unwrap().pricing_model, PricingModel::Flat);
+    let e = scheme(json!({"billingScheme": "metered", "pricingModel": "per_unit"})).unwrap_err();
+    assert_eq!(Refusal::from(e).field.as_deref(), Some("billingScheme"));
+    let e = scheme(json!({"billingScheme": "tiered"})).unwrap_err();
+    assert_eq!(Refusal::from(e).field.as_deref(), Some("billingScheme"));
 }
