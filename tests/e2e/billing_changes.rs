@@ -1,8 +1,9 @@
 //! Issue 40 parts 4 and 5 over HTTP: a mid-period upgrade on a test
 //! clock, previewed then applied with its proration invoice, the refused
 //! changes, a change scheduled for the next period that the clock's sweep
-//! applies before it bills that period; and the official SDK's plan
-//! change calls, unchanged (tests/sdk/billing_changes.py).
+//! applies before it bills that period; the official SDK's plan change
+//! calls, unchanged (tests/sdk/billing_changes.py); and the dashboard's
+//! plan change (preview, then confirm) and seats forms.
 
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
 use serde_json::{Value, json};
@@ -334,7 +335,194 @@ async fn the_sdk_plan_change_calls_work_unchanged(which: Which) {
     );
 }
 
+/// The dashboard: change plan through its preview, and seats.
+async fn plan_changes_in_the_dashboard(which: Which) {
+    use dhukuti_tests::dash::{Dash, field};
+    use dhukuti_tests::shop::Shop;
+    use shared::domain::dashboard::{self, Role};
+    use shared::time::{Clock, SystemClock};
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let shop = Shop::on(app).await;
+    let (app, key) = (&shop.app, shop.key.clone());
+    let a = post(
+        app,
+        "/v1/billing/customers",
+        &key,
+        json!({"name": "Sita Rai"}),
+    )
+    .await;
+    let customer = text(&a.body["id"]);
+    let basic = plan(
+        app,
+        &key,
+        json!({"name": "Basic", "amount": 99_900, "intervalUnit": "month", "trialDays": 7}),
+    )
+    .await;
+    let pro = plan(
+        app,
+        &key,
+        json!({"name": "Pro", "amount": 199_900, "intervalUnit": "month"}),
+    )
+    .await;
+    let team = plan(
+        app,
+        &key,
+        json!({"name": "Team", "amount": 50_000, "intervalUnit": "month", "trialDays": 7,
+               "pricingModel": "per_unit"}),
+    )
+    .await;
+    let mut subs = Vec::new();
+    for (p, q) in [(&basic, 1), (&team, 2)] {
+        let a = post(
+            app,
+            "/v1/billing/subscriptions",
+            &key,
+            json!({"customerId": customer, "planId": p, "quantity": q}),
+        )
+        .await;
+        ok(&a, 201, "subscribe");
+        let id = text(&a.body["id"]);
+        let a = post(
+            app,
+            &format!("/v1/billing/subscriptions/{id}/end-trial"),
+            &key,
+            json!({}),
+        )
+        .await;
+        ok(&a, 200, "end trial");
+        subs.push(id);
+    }
+    let (sub, seats) = (&subs[0], &subs[1]);
+    let mut people = Vec::new();
+    for (email, role) in [
+        ("viewer@fibre.example", Role::Viewer),
+        ("dev@fibre.example", Role::Developer),
+    ] {
+        dashboard::create_user(
+            app.state(),
+            SystemClock.now(),
+            &shop.tenant.merchant.id,
+            email,
+            role,
+            "a long dashboard password",
+        )
+        .await
+        .unwrap_or_else(|e| panic!("user: {e}"));
+        let mut d = Dash::new(&app.base);
+        let r = d.sign_in(email, "a long dashboard password").await;
+        assert_eq!(r.status, 303, "{}", r.show());
+        people.push(d);
+    }
+    let mut dev = people.pop().unwrap_or_else(|| panic!("dev"));
+    let mut viewer = people.pop().unwrap_or_else(|| panic!("viewer"));
+    let page_path = format!("/dashboard/billing/subscriptions/{sub}");
+
+    // A viewer sees the plan and no form; a forged post is refused.
+    let page = viewer.get(&page_path).await;
+    assert_eq!(page.status, 200, "{}", page.show());
+    assert!(!page.body.contains("change-plan"), "{}", page.show());
+    let csrf = field(&page.body, "csrf");
+    let r = viewer
+        .post(
+            &format!("{page_path}/change-plan"),
+            &[
+                ("csrf", &csrf),
+                ("plan", &pro),
+                ("behavior", "create_prorations"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 403, "{}", r.show());
+
+    // A developer: the form offers Pro; a flat plan has no seats form.
+    let page = dev.get(&page_path).await;
+    assert!(page.body.contains("Change plan to"), "{}", page.show());
+    assert!(
+        page.body.contains(&format!("value=\"{pro}\"")),
+        "{}",
+        page.show()
+    );
+    assert!(!page.body.contains("/quantity\""), "{}", page.show());
+    // The preview writes nothing and shows the amounts.
+    let preview = dev
+        .get(&format!(
+            "{page_path}/change-plan?plan={pro}&behavior=create_prorations"
+        ))
+        .await;
+    assert_eq!(preview.status, 200, "{}", preview.show());
+    assert!(
+        preview.body.contains("Confirm the change"),
+        "{}",
+        preview.show()
+    );
+    assert!(
+        preview.body.contains("A proration invoice of"),
+        "{}",
+        preview.show()
+    );
+    let a = get(app, &format!("/v1/billing/subscriptions/{sub}"), &key).await;
+    assert_eq!(
+        a.body["planId"],
+        basic.as_str(),
+        "the preview changed nothing"
+    );
+    let bad = dev
+        .get(&format!(
+            "{page_path}/change-plan?plan={basic}&behavior=create_prorations"
+        ))
+        .await;
+    assert_eq!(bad.status, 400, "{}", bad.show());
+    // Confirmed: changed, with its proration invoice.
+    let csrf = field(&preview.body, "csrf");
+    let r = dev
+        .post(
+            &format!("{page_path}/change-plan"),
+            &[
+                ("csrf", &csrf),
+                ("plan", &pro),
+                ("behavior", "create_prorations"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let a = get(app, &format!("/v1/billing/subscriptions/{sub}"), &key).await;
+    assert_eq!(a.body["planId"], pro.as_str(), "{}", a.body);
+    assert_eq!(invoices_of(app, &key, sub).await.len(), 2);
+
+    // Seats on the per-unit subscription.
+    let seats_path = format!("/dashboard/billing/subscriptions/{seats}");
+    let page = dev.get(&seats_path).await;
+    assert!(page.body.contains("/quantity\""), "{}", page.show());
+    let csrf = field(&page.body, "csrf");
+    let r = dev
+        .post(
+            &format!("{seats_path}/quantity"),
+            &[("csrf", &csrf), ("quantity", "many")],
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.show());
+    let r = dev
+        .post(
+            &format!("{seats_path}/quantity"),
+            &[("csrf", &csrf), ("quantity", "4")],
+        )
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let a = get(app, &format!("/v1/billing/subscriptions/{seats}"), &key).await;
+    assert_eq!(a.body["quantity"], 4, "{}", a.body);
+    let page = dev.get(&format!("{seats_path}?done=quantity")).await;
+    assert!(
+        page.body.contains("The seats are changed."),
+        "{}",
+        page.show()
+    );
+    shop.stop().await;
+}
+
 on_both_backends!(
     a_mid_period_change_bills_its_proration,
-    the_sdk_plan_change_calls_work_unchanged
+    the_sdk_plan_change_calls_work_unchanged,
+    plan_changes_in_the_dashboard
 );

@@ -2,7 +2,7 @@
 gateway: plan changes, the proration preview and seats (issue 40 parts 4
 and 5): subscriptions.preview_proration, change_plan and update_quantity.
 Driven by tests/e2e/billing_changes.rs, which starts the gateway and
-passes BASE_URL and API_KEY (and PER_UNIT=1 once per-unit plans exist).
+passes BASE_URL and API_KEY.
 Exits non-zero on the first broken expectation.
 """
 
@@ -14,7 +14,6 @@ from paybridge_np import InvalidRequestError, NotFoundError, PayBridgeNP
 
 BASE = os.environ["BASE_URL"]
 KEY = os.environ["API_KEY"]
-PER_UNIT = os.environ.get("PER_UNIT") == "1"
 
 
 def check(cond, what, got=None):
@@ -124,28 +123,28 @@ refused(
     400, "validation_failed", "quantity", "quantity 0 is refused",
 )
 
-if PER_UNIT:
-    seats = client.plans.create(
-        {"name": "Team", "amount": 50000, "intervalUnit": "month", "pricingModel": "per_unit", "trialDays": 7}
-    )
-    team = subs.create({"customerId": customer["id"], "planId": seats["id"], "quantity": 3})
-    check(team["quantity"] == 3, "a per-unit subscription takes a quantity", team)
-    team = subs.end_trial(team["id"])["subscription"]
-    more = subs.update_quantity(team["id"], 5)
-    check(
-        more["quantity"] == 5
-        and more["prorationApplied"]
-        and more["prorationInvoice"]["amountDue"] == 100000,
-        "update_quantity prorates the new seats",
-        more,
-    )
-    same = subs.update_quantity(team["id"], 5)
-    check(same["quantity"] == 5 and same["prorationInvoice"] is None, "the same quantity bills nothing", same)
-    fewer = subs.update_quantity(team["id"], 2)
-    check(
-        fewer["quantity"] == 2 and fewer["prorationInvoice"] is None and fewer["creditGranted"] == 150000,
-        "fewer seats become credit",
-        fewer,
-    )
+# Seats: a per-unit plan bills amount x quantity; a change is prorated.
+seats = client.plans.create(
+    {"name": "Team", "amount": 50000, "intervalUnit": "month", "pricingModel": "per_unit", "trialDays": 7}
+)
+team = subs.create({"customerId": customer["id"], "planId": seats["id"], "quantity": 3})
+check(team["quantity"] == 3, "a per-unit subscription takes a quantity", team)
+team = subs.end_trial(team["id"])["subscription"]
+more = subs.update_quantity(team["id"], 5)
+check(
+    more["quantity"] == 5
+    and more["prorationApplied"]
+    and more["prorationInvoice"]["amountDue"] == 100000,
+    "update_quantity prorates the new seats",
+    more,
+)
+same = subs.update_quantity(team["id"], 5)
+check(same["quantity"] == 5 and same["prorationInvoice"] is None, "the same quantity bills nothing", same)
+fewer = subs.update_quantity(team["id"], 2)
+check(
+    fewer["quantity"] == 2 and fewer["prorationInvoice"] is None and fewer["creditGranted"] == 150000,
+    "fewer seats become credit",
+    fewer,
+)
 
 print("all SDK plan change calls behaved")

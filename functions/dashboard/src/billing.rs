@@ -542,12 +542,19 @@ pub async fn subscription_page(
         Some("pause") => Some("The subscription is paused."),
         Some("resume") => Some("The subscription is resumed."),
         Some("cancel") => Some("The subscription is cancelled."),
+        Some("change-plan") => Some("The plan change is made."),
+        Some("quantity") => Some("The seats are changed."),
         _ => None,
     };
     let discount = shared::domain::billing::discounts::active(&state, &id)
         .await
         .map_err(fail)?;
     let act = signed.allows(Action::ChangeRecords);
+    let targets = if act {
+        crate::billing_changes::targets(&state, &s).await?
+    } else {
+        Vec::new()
+    };
     let v = SubscriptionView::of(&s);
     let path = format!("/dashboard/billing/subscriptions/{}", v.id);
     let body = markup! {
@@ -595,6 +602,8 @@ pub async fn subscription_page(
                         None => { "none" }
                     }
                 }
+                dt { "Seats" } dd { (v.quantity) }
+                (crate::billing_changes::pending(&s))
                 dt { "Created" } dd { (when(v.created_at)) }
             }
         }
@@ -625,6 +634,7 @@ pub async fn subscription_page(
                 }
             }
         }
+        @if act { (crate::billing_changes::forms(&s, &targets, &nav.csrf)) }
         h2 { "Invoices" }
         p.muted { (total) " invoices, newest first." }
         div.panel {

@@ -18,6 +18,7 @@
 //! `shared::domain::dashboard` and the capability modules.
 
 mod billing;
+mod billing_changes;
 mod chart;
 mod clocks;
 mod coupons;
@@ -149,6 +150,14 @@ pub fn router(state: AppState) -> Router {
             .route(
                 "/dashboard/billing/subscriptions/{id}/cancel",
                 post(billing::cancel_subscription),
+            )
+            .route(
+                "/dashboard/billing/subscriptions/{id}/change-plan",
+                get(billing_changes::change_plan_preview).post(billing_changes::change_plan),
+            )
+            .route(
+                "/dashboard/billing/subscriptions/{id}/quantity",
+                post(billing_changes::update_quantity),
             )
             .route("/dashboard/billing/invoices", get(billing::invoices_page))
             .route(

@@ -188,6 +188,20 @@ impl EventType {
     }
 }
 
+/// A billing invoice event's flat fields in `data` (`Event::flat_fields`):
+/// (name in `data`, field of the invoice view).
+const BILLING_INVOICE_FLAT: [(&str, &str); 9] = [
+    ("id", "id"),
+    ("invoice_id", "id"),
+    ("invoice_number", "number"),
+    ("amount", "amount"),
+    ("amount_due", "amountDue"),
+    ("currency", "currency"),
+    ("status", "status"),
+    ("subscription_id", "subscriptionId"),
+    ("customer_id", "customerId"),
+];
+
 /// A stored event.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Event {
@@ -390,17 +404,7 @@ impl Event {
                 }
             }
             _ => {
-                for (to, from) in [
-                    ("id", "id"),
-                    ("invoice_id", "id"),
-                    ("invoice_number", "number"),
-                    ("amount", "amount"),
-                    ("amount_due", "amountDue"),
-                    ("currency", "currency"),
-                    ("status", "status"),
-                    ("subscription_id", "subscriptionId"),
-                    ("customer_id", "customerId"),
-                ] {
+                for (to, from) in BILLING_INVOICE_FLAT {
                     copy(to, from);
                 }
             }

@@ -26,10 +26,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::calendar::nepal_day;
+use super::compose::{self, TaxTerms};
 use super::credit::{CreditActor, CreditReason, Grant, grant_ops};
 use super::customers::{BillingError, invalid};
 use super::events::{invoice_event, subscription_event};
-use super::invoice::{BillingInvoice, InvoiceLine, InvoiceStatus, LineKind};
+use super::invoice::{BillingInvoice, InvoiceKind, InvoiceLine, InvoiceStatus, LineKind};
 use super::lifecycle::{self, LifecycleError, PlanSummary, start_of, terms_of};
 use super::notice_due::NoticeSchedule;
 use super::period::Period;
@@ -37,7 +38,7 @@ use super::plans::{self, Plan};
 use super::subscription::{
     self, Subscription, SubscriptionError, SubscriptionStatus, change_ops, is_conflict,
 };
-use super::terms::Terms;
+use super::terms::{PricingModel, Terms};
 use crate::Deps;
 use crate::domain::Tenant;
 use crate::domain::invoices::{last_number, take_number};
@@ -132,21 +133,9 @@ pub struct PendingChange {
     pub requested_at: Timestamp,
 }
 
-/// How a plan prices a period (until the plan's `pricingModel` lands).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PricingModel {
-    Flat,
-    PerUnit,
-    Metered,
-}
-
-fn pricing_model(_terms: &Terms) -> PricingModel {
-    PricingModel::Flat
-}
-
 /// Whether `terms` bill per unit (a quantity above 1 is allowed).
 fn per_unit(terms: &Terms) -> bool {
-    pricing_model(terms) == PricingModel::PerUnit
+    terms.pricing_model == PricingModel::PerUnit
 }
 
 /// The quantity a subscription keeps on new terms: its own on a per-unit
@@ -304,6 +293,11 @@ pub struct ProrationPreview {
     pub debit_amount: i64,
     /// debit - credit: more than 0 is invoiced, less becomes credit.
     pub net_amount: i64,
+    /// VAT on a positive net when tax is enabled (else 0).
+    pub tax_amount: i64,
+    /// What the proration invoice will ask: net plus VAT (0 when the net
+    /// is 0 or less: no invoice).
+    pub amount_due: i64,
     pub currency: Currency,
     /// The current period's first Nepal day (null while trialing: nothing
     /// is billed yet, so nothing is prorated).
@@ -402,7 +396,7 @@ fn check_target(
         .into());
     }
     let metered = PricingModel::Metered;
-    if now_applied && (pricing_model(from) == metered || pricing_model(to) == metered) {
+    if now_applied && (from.pricing_model == metered || to.pricing_model == metered) {
         return Err(invalid(
             "prorationBehavior",
             "a metered plan bills its usage: change it with prorationBehavior none",
@@ -466,10 +460,21 @@ pub async fn preview(
         quantity: new_quantity,
     };
     let p = proration_of(&sub, to, now)?;
+    let net = p.map_or(0, |p| p.net());
+    let tax_amount = match proration_tax(deps, tenant).await? {
+        Some(t) if net > 0 => compose::tax_of(net, t.rate_bps).map_err(|_| {
+            ChangeError::Lifecycle(LifecycleError::Invoice(
+                super::invoice::BillingInvoiceError::Overflow,
+            ))
+        })?,
+        _ => 0,
+    };
     Ok(ProrationPreview {
         credit_amount: p.map_or(0, |p| p.credit),
         debit_amount: p.map_or(0, |p| p.debit),
-        net_amount: p.map_or(0, |p| p.net()),
+        net_amount: net,
+        tax_amount,
+        amount_due: if net > 0 { net + tax_amount } else { 0 },
         currency: sub.terms.currency,
         period_start: p.map(|p| p.period.start),
         period_end: p.map(|p| p.period.end_exclusive),
@@ -701,10 +706,13 @@ async fn write_change(
         };
         let proration = proration_of(&current, price, now)?;
         let mut changed = current.clone();
+        if to.plan_id != current.plan_id {
+            // A plan change now replaces one scheduled; a quantity keeps it.
+            changed.pending_change = None;
+        }
         changed.plan_id = to.plan_id;
         changed.terms = to.terms;
         changed.quantity = to.quantity;
-        changed.pending_change = None;
         changed.version = current.version + 1;
         changed.updated_at = now;
         let changed = changed.stamped();
@@ -716,7 +724,8 @@ async fn write_change(
             if p.net() > 0 {
                 let last = last_number(store, tenant).await?;
                 let (number, take) = take_number(tenant, last);
-                let inv = proration_invoice(&current, &changed, &p, number, now);
+                let tax = proration_tax(deps, tenant).await?;
+                let inv = proration_invoice(&current, &changed, &p, tax.as_ref(), number, now)?;
                 let notices = NoticeSchedule::for_invoice(&inv, &changed, now);
                 ops.extend([inv.put_new()?, take, notices.put_new()?]);
                 let base = deps.config.base_for(None);
@@ -783,15 +792,31 @@ async fn credit_ops(
     Ok(grant_ops(&customer, grant, now)?.ops)
 }
 
+/// The tax a proration invoice is issued with: the tenant's VAT when
+/// enabled (`billing::tax`), as period invoices add it. No discount: a
+/// coupon discounts period invoices only.
+async fn proration_tax(deps: &Deps, tenant: &Tenant) -> Result<Option<TaxTerms>, ChangeError> {
+    let settings = super::tax::get(deps, tenant).await?;
+    Ok(settings
+        .terms()
+        .map(|(rate_bps, label, registration_number)| TaxTerms {
+            rate_bps,
+            label,
+            registration_number,
+        }))
+}
+
 /// The proration invoice of moving `current` to `changed` as `p` bills
-/// it, numbered `number`: open, due today, no period claim.
+/// it, numbered `number`, with `tax`: open, due today, no period claim,
+/// kind `proration`.
 fn proration_invoice(
     current: &Subscription,
     changed: &Subscription,
     p: &Proration,
+    tax: Option<&TaxTerms>,
     number: String,
     now: Timestamp,
-) -> BillingInvoice {
+) -> Result<BillingInvoice, ChangeError> {
     let today = nepal_day(now);
     let last = p.period.end_exclusive - Duration::days(1);
     let lines = vec![
@@ -818,8 +843,13 @@ fn proration_invoice(
             period_end: p.period.end_exclusive,
         },
     ];
-    let net = p.net();
-    BillingInvoice {
+    let c =
+        compose::compose(lines, (p.day, p.period.end_exclusive), None, tax, 0).map_err(|_| {
+            ChangeError::Lifecycle(LifecycleError::Invoice(
+                super::invoice::BillingInvoiceError::Overflow,
+            ))
+        })?;
+    Ok(BillingInvoice {
         id: BillingInvoiceId::new(),
         project_id: changed.project_id.clone(),
         mode: changed.mode,
@@ -828,11 +858,17 @@ fn proration_invoice(
         number,
         status: InvoiceStatus::Open,
         currency: changed.terms.currency,
-        lines,
-        subtotal: net,
-        total: net,
-        amount_due: net,
+        lines: c.lines,
+        subtotal: c.subtotal,
+        discount_total: 0,
+        tax_total: c.tax_total,
+        total: c.total,
+        credit_applied: 0,
+        amount_due: c.amount_due,
         amount_paid: 0,
+        discount: None,
+        tax: tax.cloned(),
+        kind: InvoiceKind::Proration,
         period_start: p.day,
         period_end: p.period.end_exclusive,
         due_date: today,
@@ -846,7 +882,7 @@ fn proration_invoice(
         version: 1,
         created_at: now,
         updated_at: now,
-    }
+    })
 }
 
 #[cfg(test)]

@@ -539,19 +539,7 @@ pub async fn create_subscription(
         };
         a = asked(&body, now)?;
     }
-    let plan = match plans::get(deps, tenant, &a.plan_id).await {
-        Err(BillingError::NotFound { .. }) => {
-            return Err(missing("plan", "planId", a.plan_id.as_str()));
-        }
-        other => other?,
-    };
-    if !plan.active {
-        return Err(invalid(
-            "planId",
-            format!("plan {} is inactive: subscribe to an active plan", plan.id),
-        )
-        .into());
-    }
+    let plan = active_plan(deps, tenant, &a.plan_id).await?;
     let terms = terms_of(&plan);
     super::changes::check_create_quantity(&terms, a.quantity)?;
     let trial_ends_at = trial_end(
@@ -609,6 +597,25 @@ pub async fn create_subscription(
         subscription: as_after(deps, tenant, sub, first_invoice.as_ref()).await?,
         first_invoice,
     })
+}
+
+/// The tenant's plan `id` a subscription is created on: 404 naming
+/// `planId` when not the tenant's, 400 when inactive.
+async fn active_plan(deps: &Deps, tenant: &Tenant, id: &PlanId) -> Result<Plan, LifecycleError> {
+    let plan = match plans::get(deps, tenant, id).await {
+        Err(BillingError::NotFound { .. }) => {
+            return Err(missing("plan", "planId", id.as_str()));
+        }
+        other => other?,
+    };
+    if !plan.active {
+        return Err(invalid(
+            "planId",
+            format!("plan {} is inactive: subscribe to an active plan", plan.id),
+        )
+        .into());
+    }
+    Ok(plan)
 }
 
 /// `sub` as its first invoice left it: one with nothing to pay (credit, a

@@ -5,9 +5,9 @@
 
 pub mod adjust;
 pub mod calendar;
+pub mod changes;
 pub mod compose;
 pub mod coupons;
-pub mod changes;
 pub mod credit;
 pub mod customers;
 pub mod discounts;

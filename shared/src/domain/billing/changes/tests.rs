@@ -558,3 +558,263 @@ async fn a_quantity_above_one_needs_a_per_unit_plan() {
         .unwrap_err();
     assert_eq!(refusal(err).2.as_deref(), Some("quantity"));
 }
+
+#[tokio::test]
+async fn a_proration_invoice_adds_vat_when_tax_is_enabled_and_the_preview_says_so() {
+    let e = env();
+    let body: super::super::tax::UpdateTaxSettings =
+        serde_json::from_value(json!({"enabled": true, "rateBps": 1300})).unwrap();
+    super::super::tax::update(&e.deps, &e.t, body)
+        .await
+        .unwrap();
+    let basic = e.plan("Basic", 99_900, json!({})).await;
+    let pro = e.plan("Pro", 199_900, json!({})).await;
+    let sub = e.active(&basic, 1).await;
+    e.clock.advance(Duration::days(10));
+    let preview = preview(&e.deps, &e.t, &sub.id, Some(pro.id.as_str()))
+        .await
+        .unwrap();
+    // 13% of 67,742 = 8,806.46 -> 8,806.
+    assert_eq!(
+        (preview.net_amount, preview.tax_amount, preview.amount_due),
+        (67_742, 8_806, 76_548)
+    );
+    let inv = e
+        .change(&sub, &pro, "create_prorations")
+        .await
+        .unwrap()
+        .invoice
+        .unwrap();
+    assert_eq!(inv.kind, InvoiceKind::Proration);
+    assert_eq!(
+        (inv.subtotal, inv.tax_total, inv.discount_total),
+        (67_742, 8_806, 0)
+    );
+    assert_eq!(inv.amount_due, preview.amount_due);
+    assert_eq!(inv.lines.last().map(|l| l.kind), Some(LineKind::Tax));
+}
+
+#[tokio::test]
+async fn seats_change_now_prorated_and_the_same_quantity_changes_nothing() {
+    for (name, store) in stores().await {
+        let e = env_on(store);
+        let team = e
+            .plan("Team", 50_000, json!({"pricingModel": "per_unit"}))
+            .await;
+        let sub = e.active(&team, 3).await;
+        assert_eq!(sub.quantity, 3);
+        let first = &e.invoices(&sub).await[0];
+        assert_eq!(first.amount_due, 150_000, "{name}: 3 seats");
+        // January 20: 21 of 31 days remain. 3 -> 5 seats.
+        e.clock.advance(Duration::days(10));
+        let more = update_quantity(&e.deps, &e.t, &sub.id, UpdateQuantity { quantity: 5 })
+            .await
+            .unwrap();
+        let p = more.proration.unwrap();
+        // 21/31 x 150,000 = 101,612.90 -> 101,613; x 250,000 = 169,354.84 -> 169,355.
+        assert_eq!((p.credit, p.debit), (101_613, 169_355), "{name}");
+        assert_eq!(more.invoice.as_ref().unwrap().amount_due, 67_742);
+        assert_eq!(more.subscription.quantity, 5);
+        let updated = e.events(EventType::SubscriptionUpdated).await;
+        assert_eq!(updated.len(), 1);
+        assert_eq!(
+            updated[0].body()["data"]["previous_attributes"],
+            json!({"quantity": 3})
+        );
+        // The same again: nothing written, nothing billed.
+        let same = update_quantity(&e.deps, &e.t, &sub.id, UpdateQuantity { quantity: 5 })
+            .await
+            .unwrap();
+        assert!(!same.applied && same.invoice.is_none());
+        assert_eq!(same.subscription.version, more.subscription.version);
+        // Fewer seats: credit.
+        let fewer = update_quantity(&e.deps, &e.t, &sub.id, UpdateQuantity { quantity: 2 })
+            .await
+            .unwrap();
+        assert!(fewer.invoice.is_none());
+        assert_eq!(fewer.credit_granted, 169_355 - 67_742, "{name}");
+        assert_eq!(e.invoices(&sub).await.len(), 2, "{name}");
+        // The next period bills 2 seats.
+        e.clock.advance(Duration::days(22));
+        sweep::advance(&e.deps, &fewer.subscription, e.deps.clock.now())
+            .await
+            .unwrap();
+        assert_eq!(e.invoices(&sub).await[2].amount_due, 100_000, "{name}");
+        // A quantity change to a flat plan resets the quantity to 1.
+        let flat = e.plan("Flat", 80_000, json!({})).await;
+        let moved = e.change(&sub, &flat, "create_prorations").await.unwrap();
+        assert_eq!(moved.subscription.quantity, 1, "{name}");
+    }
+}
+
+/// One thing a merchant does to a subscription in the property test.
+#[derive(Clone, Debug)]
+enum Op {
+    /// Change plan now (`create_prorations`) to plan `n` of the list.
+    ChangeNow(usize),
+    /// Schedule a change (`none`) to plan `n`.
+    Schedule(usize),
+    Quantity(u32),
+}
+
+/// For any sequence of upgrades, downgrades, scheduled changes and
+/// quantity changes on random days across periods, what was billed
+/// (period invoices' subtotals, proration invoices' nets, minus the net
+/// credits granted) equals the plan time used, day by day, to within half
+/// a paisa per proration line.
+#[tokio::test]
+async fn billed_equals_time_used() {
+    use rand::{Rng, SeedableRng};
+    const AMOUNTS: [(i64, bool); 4] = [
+        (99_900, true),
+        (149_900, true),
+        (33_333, true),
+        (120_000, false),
+    ];
+    for seed in 0..64u64 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let e = env();
+        let mut plans = Vec::new();
+        for (i, (amount, per_unit)) in AMOUNTS.iter().enumerate() {
+            let extra = if *per_unit {
+                json!({"pricingModel": "per_unit"})
+            } else {
+                json!({})
+            };
+            plans.push(e.plan(&format!("Plan {i}"), *amount, extra).await);
+        }
+        let q0 = rng.random_range(1..=4u32);
+        let sub = e.active(&plans[0], q0).await;
+        let start = nepal_day(e.deps.clock.now());
+        // The model: the plan and quantity billed, and from when.
+        let price = |plan: usize, q: u32| {
+            let (amount, per_unit) = AMOUNTS[plan];
+            amount * if per_unit { i64::from(q) } else { 1 }
+        };
+        let (mut plan, mut qty) = (0usize, q0);
+        let mut pending: Option<(NaiveDate, usize)> = None;
+        let mut timeline: Vec<(NaiveDate, i64)> = vec![(start, price(plan, qty))];
+        // The proration days, and the net credits granted.
+        let mut prorations: Vec<NaiveDate> = Vec::new();
+        let mut credits: Vec<(NaiveDate, i64)> = Vec::new();
+        let mut offsets: Vec<i64> = (0..rng.random_range(1..=7))
+            .map(|_| rng.random_range(0..95 * 24))
+            .collect();
+        offsets.sort_unstable();
+        let mut elapsed = 0;
+        let end_hours = 96 * 24;
+        for hours in offsets.into_iter().chain([end_hours]) {
+            e.clock.advance(Duration::hours(hours - elapsed));
+            elapsed = hours;
+            let now = e.deps.clock.now();
+            let today = nepal_day(now);
+            let s = sweep::advance(&e.deps, &sub, now)
+                .await
+                .unwrap()
+                .subscription;
+            // A scheduled change the sweep has applied by now.
+            if let Some((from, to)) = pending
+                && from <= today
+            {
+                plan = to;
+                if !AMOUNTS[plan].1 {
+                    qty = 1;
+                }
+                timeline.push((from, price(plan, qty)));
+                pending = None;
+            }
+            assert_eq!(s.plan_id, plans[plan].id, "seed {seed}: the model's plan");
+            assert_eq!(s.quantity, qty, "seed {seed}: the model's quantity");
+            if hours == end_hours {
+                break;
+            }
+            let op = match rng.random_range(0..3) {
+                0 => Op::ChangeNow(rng.random_range(0..plans.len())),
+                1 => Op::Schedule(rng.random_range(0..plans.len())),
+                _ => Op::Quantity(rng.random_range(1..=5)),
+            };
+            let done = match &op {
+                Op::ChangeNow(n) => e.change(&s, &plans[*n], "create_prorations").await,
+                Op::Schedule(n) => e.change(&s, &plans[*n], "none").await,
+                Op::Quantity(q) => {
+                    let body = UpdateQuantity {
+                        quantity: i64::from(*q),
+                    };
+                    update_quantity(&e.deps, &e.t, &s.id, body).await
+                }
+            };
+            let Ok(done) = done else { continue };
+            match op {
+                Op::ChangeNow(n) => {
+                    plan = n;
+                    if !AMOUNTS[plan].1 {
+                        qty = 1;
+                    }
+                    pending = None;
+                }
+                Op::Schedule(n) => {
+                    let on = done
+                        .subscription
+                        .pending_change
+                        .as_ref()
+                        .unwrap()
+                        .effective_on;
+                    pending = Some((on, n));
+                }
+                Op::Quantity(q) => qty = q,
+            }
+            if let Some(p) = done.proration {
+                assert_eq!(p.day, today);
+                prorations.push(today);
+                timeline.push((today, price(plan, qty)));
+                if done.credit_granted > 0 {
+                    credits.push((today, done.credit_granted));
+                }
+            }
+        }
+        let last = subscription::get(&e.deps, &e.t, &sub.id).await.unwrap();
+        let invoices = e.invoices(&sub).await;
+        for index in 0..=last.period_index {
+            let p = last.period(index).unwrap();
+            let total = (p.end_exclusive - p.start).num_days();
+            let inside = |d: &NaiveDate| *d >= p.start && *d < p.end_exclusive;
+            let billed: i64 = invoices
+                .iter()
+                .filter(|i| match i.kind {
+                    InvoiceKind::Cycle => i.period_start == p.start,
+                    InvoiceKind::Proration => inside(&i.period_start),
+                })
+                .map(|i| i.subtotal)
+                .sum::<i64>()
+                - credits
+                    .iter()
+                    .filter(|(d, _)| inside(d))
+                    .map(|(_, c)| c)
+                    .sum::<i64>();
+            // Price x days, per day: the price in effect that day.
+            let used_x_total: i128 = p
+                .start
+                .iter_days()
+                .take_while(|d| *d < p.end_exclusive)
+                .map(|d| {
+                    let price = timeline
+                        .iter()
+                        .rev()
+                        .find(|(from, _)| *from <= d)
+                        .map_or(0, |(_, price)| *price);
+                    i128::from(price)
+                })
+                .sum();
+            let lines = 2 * prorations.iter().filter(|d| inside(d)).count() as i128;
+            let error = 2 * (i128::from(billed) * i128::from(total) - used_x_total);
+            assert!(
+                error.abs() <= lines * i128::from(total),
+                "seed {seed}, period {index} ({} to {}): billed {billed}, used {} x {total} days, \
+                 {lines} proration lines; timeline {timeline:?}",
+                p.start,
+                p.end_exclusive,
+                used_x_total as f64 / total as f64,
+            );
+        }
+    }
+}
