@@ -63,14 +63,20 @@ impl std::fmt::Debug for Adjustments {
 /// Reads what the invoice of `sub` for `period` takes into account, as of
 /// `now`. Each capability adds its part here.
 pub async fn gather(
-    _deps: &Deps,
+    deps: &Deps,
     sub: &Subscription,
-    _period: Period,
-    _now: Timestamp,
+    period: Period,
+    now: Timestamp,
 ) -> Result<Adjustments, BillingInvoiceError> {
-    let adj = Adjustments {
+    let mut adj = Adjustments {
         flat_line: sub.terms.pricing_model != super::terms::PricingModel::Metered,
         ..Adjustments::default()
     };
+    // Usage (in arrears: sealed, then read) and pending one-off items.
+    adj.lines
+        .extend(super::usage::usage_line(deps, sub, period, now).await?);
+    let (items, consume) = super::items::item_lines(deps, &sub.id, period, now).await?;
+    adj.lines.extend(items);
+    adj.hooks.extend(consume);
     Ok(adj)
 }

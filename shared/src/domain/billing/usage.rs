@@ -29,9 +29,11 @@ use serde_json::Value;
 
 use super::calendar::nepal_day;
 use super::customers::{BillingError, invalid};
+use super::invoice::{BillingInvoiceError, InvoiceLine, LineKind};
 use super::lifecycle::LifecycleError;
 use super::period::Period;
 use super::subscription::{self, Subscription, SubscriptionError, SubscriptionStatus};
+use super::terms::PricingModel;
 use super::test_clock;
 use crate::Deps;
 use crate::domain::record::{self, Record, from_item};
@@ -384,10 +386,7 @@ fn accepting(status: SubscriptionStatus) -> bool {
 
 /// Whether the subscription bills usage.
 pub fn metered(sub: &Subscription) -> bool {
-    // Until plans carry a pricing model (issue 40's framework), every
-    // plan takes usage.
-    let _ = sub;
-    true
+    sub.terms.pricing_model == PricingModel::Metered
 }
 
 /// The billing period of `sub` holding `day` (searched from the current
@@ -736,6 +735,51 @@ pub async fn seal(
     Err(StoreError::Unavailable(
         "the usage seal changed too often".into(),
     ))
+}
+
+/// The usage line of the invoice of `sub` for `period` (the invoice
+/// hook, `adjust::gather`): usage is billed in arrears, so the invoice of
+/// a period seals the usage before the period's start and bills what the
+/// previous seal left open (the previous period, and any not billed
+/// since: a paused one). The records are read after the seal: an event
+/// either landed before it and is counted here, or is refused. `None`: not
+/// metered, or nothing to bill (no records, or billed already).
+pub async fn usage_line(
+    deps: &Deps,
+    sub: &Subscription,
+    period: Period,
+    now: Timestamp,
+) -> Result<Option<InvoiceLine>, BillingInvoiceError> {
+    if !metered(sub) {
+        return Ok(None);
+    }
+    let Some(sealed) = seal(deps, &sub.id, period.start, now).await? else {
+        return Ok(None);
+    };
+    let records = records_between(deps, &sub.id, sealed.from, sealed.to).await?;
+    let Some(first) = records.iter().map(|r| r.day).min() else {
+        return Ok(None);
+    };
+    let total = total_by_period(sub, &records);
+    let quantity = u32::try_from(total).map_err(|_| BillingInvoiceError::Overflow)?;
+    let amount = sub
+        .terms
+        .amount
+        .checked_mul(i64::from(quantity))
+        .ok_or(BillingInvoiceError::Overflow)?;
+    let start = sealed
+        .from
+        .or(sub.billing_start)
+        .unwrap_or(first)
+        .min(first);
+    Ok(Some(InvoiceLine {
+        kind: LineKind::Usage,
+        description: format!("{} (usage)", sub.terms.description),
+        quantity,
+        amount,
+        period_start: start,
+        period_end: sealed.to,
+    }))
 }
 
 /// The current period's usage (the SDK's `get_usage_summary`).
