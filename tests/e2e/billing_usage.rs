@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 use shared::domain::Mode;
 use shared::domain::account::Scope;
 use shared::domain::billing::calendar::nepal_day;
-use shared::domain::billing::usage;
+use shared::domain::billing::invoice::{LineKind, issue_invoice};
+use shared::domain::billing::{subscription, usage};
 use shared::ids::SubscriptionId;
 use shared::time::{Clock, SystemClock};
 
@@ -352,6 +353,57 @@ async fn usage_racing_the_seal(which: Which) {
     app.stop().await;
 }
 
+/// An item deleted over HTTP while the next invoice is issued: on the
+/// invoice and refused 409, or deleted and not on it; never both, never
+/// neither.
+async fn an_item_deleted_while_the_invoice_is_issued(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Race Items", "owner@items.example").await;
+    let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    let state = app.state();
+    for round in 0..6 {
+        let sub = metered_subscription(&app, &key).await;
+        let items = format!("/v1/billing/subscriptions/{sub}/invoice-items");
+        let a = post(
+            &app,
+            &items,
+            &key,
+            json!({"amount": 700, "description": "Visit"}),
+        )
+        .await;
+        let item = text(&a.body["id"]);
+        let id = SubscriptionId::stored(sub.clone());
+        let tenant = shared::domain::Tenant::new(t.project.id.clone(), Mode::Sandbox);
+        let s = subscription::get(state, &tenant, &id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let next = s.period(1).unwrap_or_else(|| panic!("no period 1"));
+        let (client, url, k) = (
+            app.client.clone(),
+            app.url(&format!("{items}/{item}")),
+            key.clone(),
+        );
+        let deleting = tokio::spawn(async move { send(client.delete(url).bearer_auth(k)).await });
+        let issued = issue_invoice(state, &s, next, SystemClock.now())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .invoice;
+        let del = deleting.await.unwrap_or_else(|e| panic!("{e}"));
+        let on_invoice = issued.lines.iter().any(|l| l.kind == LineKind::Item);
+        match (on_invoice, del.status) {
+            (true, 409) => assert_eq!(del.body["error"]["code"], "invoice_item_invoiced"),
+            (false, 200) => assert_eq!(issued.amount_due, 0),
+            (on, status) => panic!(
+                "round {round}: on the invoice {on}, delete {status} {}",
+                del.body
+            ),
+        }
+    }
+    app.stop().await;
+}
+
 /// The official SDK's usage and invoice item calls, unchanged.
 async fn the_sdk_usage_calls_work_unchanged(which: Which) {
     let Some(python) = shared::testenv::python() else {
@@ -389,5 +441,6 @@ on_both_backends!(
     usage_over_http,
     invoice_items_over_http,
     usage_racing_the_seal,
+    an_item_deleted_while_the_invoice_is_issued,
     the_sdk_usage_calls_work_unchanged
 );
