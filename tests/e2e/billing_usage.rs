@@ -6,6 +6,8 @@
 //! and a delete racing the invoice. And the official SDK's usage and
 //! invoice item calls, unchanged (tests/sdk/billing_usage.py).
 
+use dhukuti_tests::dash::Dash;
+use dhukuti_tests::shop::Shop;
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
 use serde_json::{Value, json};
 use shared::domain::Mode;
@@ -13,6 +15,7 @@ use shared::domain::account::Scope;
 use shared::domain::billing::calendar::nepal_day;
 use shared::domain::billing::invoice::{LineKind, issue_invoice};
 use shared::domain::billing::{subscription, usage};
+use shared::domain::dashboard::{self, Role};
 use shared::ids::SubscriptionId;
 use shared::time::{Clock, SystemClock};
 
@@ -404,6 +407,56 @@ async fn an_item_deleted_while_the_invoice_is_issued(which: Which) {
     app.stop().await;
 }
 
+/// The subscription page charts each period's usage and lists the items.
+async fn usage_and_items_on_the_dashboard(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let shop = Shop::on(app).await;
+    let sub = metered_subscription(&shop.app, &shop.key).await;
+    let usage_path = format!("/v1/billing/subscriptions/{sub}/usage");
+    let a = post(&shop.app, &usage_path, &shop.key, json!({"quantity": 1234})).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    let items = format!("/v1/billing/subscriptions/{sub}/invoice-items");
+    let a = post(
+        &shop.app,
+        &items,
+        &shop.key,
+        json!({"amount": 150_000, "description": "Installation visit"}),
+    )
+    .await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    dashboard::create_user(
+        shop.app.state(),
+        SystemClock.now(),
+        &shop.tenant.merchant.id,
+        "viewer@cloud.example",
+        Role::Viewer,
+        "a long dashboard password",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("user: {e}"));
+    let mut d = Dash::new(&shop.app.base);
+    let r = d
+        .sign_in("viewer@cloud.example", "a long dashboard password")
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let page = d
+        .get(&format!("/dashboard/billing/subscriptions/{sub}"))
+        .await;
+    assert_eq!(page.status, 200, "{}", page.show());
+    for want in [
+        "<svg",
+        "1234 units, 1 records",
+        "Installation visit",
+        "pending",
+        "NPR 1,500.00",
+    ] {
+        assert!(page.body.contains(want), "{want}: {}", page.show());
+    }
+    shop.app.stop().await;
+}
+
 /// The official SDK's usage and invoice item calls, unchanged.
 async fn the_sdk_usage_calls_work_unchanged(which: Which) {
     let Some(python) = shared::testenv::python() else {
@@ -442,5 +495,6 @@ on_both_backends!(
     invoice_items_over_http,
     usage_racing_the_seal,
     an_item_deleted_while_the_invoice_is_issued,
+    usage_and_items_on_the_dashboard,
     the_sdk_usage_calls_work_unchanged
 );

@@ -455,6 +455,7 @@ pub async fn subscription_page(
         _ => None,
     };
     let act = signed.allows(Action::ChangeRecords);
+    let usage_panels = crate::usage::panels(&state, &s).await.map_err(fail)?;
     let v = SubscriptionView::of(&s);
     let path = format!("/dashboard/billing/subscriptions/{}", v.id);
     let body = markup! {
@@ -514,6 +515,7 @@ pub async fn subscription_page(
                 }
             }
         }
+        (usage_panels)
         h2 { "Invoices" }
         p.muted { (total) " invoices, newest first." }
         div.panel {

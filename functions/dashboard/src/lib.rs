@@ -28,6 +28,7 @@ mod keys;
 mod pages;
 mod people;
 mod records;
+mod usage;
 
 use axum::Router;
 use axum::body::Bytes;

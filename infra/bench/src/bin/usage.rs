@@ -115,7 +115,12 @@ fn cpu_seconds() -> f64 {
         return 0.0;
     };
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     (ticks(11) + ticks(12)) / 100.0
 }
 
@@ -172,9 +177,8 @@ async fn events_per_second(
 /// Issues the next period's invoice of a subscription with `records`
 /// usage records, through a counting store.
 async fn issue_cost(dir: &std::path::Path, records: usize) -> Res<()> {
-    let store: Arc<dyn Store> = Arc::new(
-        EmbeddedStore::open(&dir.join(format!("issue-{records}.redb"))).map_err(err)?,
-    );
+    let store: Arc<dyn Store> =
+        Arc::new(EmbeddedStore::open(&dir.join(format!("issue-{records}.redb"))).map_err(err)?);
     let counting = Arc::new(CountingStore::new(store));
     let clock = Arc::new(ManualClock::new(Timestamp::parse(T0).ok_or("T0")?));
     let deps = deps_on(counting.clone(), clock.clone());
@@ -234,7 +238,9 @@ async fn main() -> Res<()> {
         Arc::new(EmbeddedStore::open(&dir.join("events.redb")).map_err(err)?);
     let clock = Arc::new(ManualClock::new(Timestamp::parse(T0).ok_or("T0")?));
     let deps = deps_on(store, clock);
-    println!("usage events, one subscription, batches of 1,000 ({batches} batches, {concurrency} at once):");
+    println!(
+        "usage events, one subscription, batches of 1,000 ({batches} batches, {concurrency} at once):"
+    );
     events_per_second(&deps, "unkeyed", batches, concurrency, false).await?;
     events_per_second(&deps, "keyed", batches, concurrency, true).await?;
     events_per_second(&deps, "unkeyed-serial", batches / 2, 1, false).await?;

@@ -782,6 +782,52 @@ pub async fn usage_line(
     }))
 }
 
+/// Most records the dashboard reads of one period.
+pub const PERIOD_READ_CAP: usize = 20_000;
+
+/// One period's usage, as the dashboard charts it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PeriodUsage {
+    pub period: Period,
+    /// The period's total ([`period_total`]) of the records read.
+    pub quantity: u64,
+    pub records: usize,
+    /// More than [`PERIOD_READ_CAP`] records: the total is of the first.
+    pub partial: bool,
+}
+
+/// The usage of the subscription's last `count` periods up to the
+/// current one, oldest first (none before billing begins).
+pub async fn recent_periods(
+    deps: &Deps,
+    sub: &Subscription,
+    count: u32,
+) -> Result<Vec<PeriodUsage>, StoreError> {
+    let first = sub.period_index.saturating_sub(count.saturating_sub(1));
+    let mut out = Vec::new();
+    for p in (first..=sub.period_index).filter_map(|i| sub.period(i)) {
+        let query = Query::partition(partition(&sub.id)).sk(SkCond::Between(
+            format!("{RECORD_PREFIX}{}", p.start),
+            format!("{RECORD_PREFIX}{}", p.end_exclusive),
+        ));
+        let records: Vec<UsageRecord> =
+            crate::store::query_window(&*deps.store, &query, 0, PERIOD_READ_CAP + 1)
+                .await?
+                .into_iter()
+                .map(from_item)
+                .collect::<Result<_, _>>()?;
+        let partial = records.len() > PERIOD_READ_CAP;
+        let kept = &records[..records.len().min(PERIOD_READ_CAP)];
+        out.push(PeriodUsage {
+            period: p,
+            quantity: period_total(kept),
+            records: kept.len(),
+            partial,
+        });
+    }
+    Ok(out)
+}
+
 /// The current period's usage (the SDK's `get_usage_summary`).
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
