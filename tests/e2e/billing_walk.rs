@@ -117,6 +117,37 @@ async fn the_sdk_billing_resources_work_unchanged(which: Which) {
     out.passed(which, "all SDK customer, plan and invoice calls behaved");
 }
 
+/// Issue 40 "Done when": three months of seats, a coupon, VAT, an
+/// upgrade and more seats with prorations, usage, an installation fee and
+/// credit, each invoice asserted to the paisa with its PDF's text
+/// (tests/sdk/billing_adjustments_walk.py).
+async fn three_months_of_a_real_price_list(which: Which) {
+    let Some(python) = shared::testenv::python() else {
+        return;
+    };
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    app.set_rate_limits(10_000, 10_000);
+    let t = app
+        .tenant("Himal Software", "owner@himalsoftware.example")
+        .await;
+    let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    let pdftotext = std::env::var("DHUKUTI_PDFTOTEXT").unwrap_or_else(|_| "pdftotext".into());
+    let out = run_script(
+        &python,
+        "billing_adjustments_walk.py",
+        &[
+            ("BASE_URL", &app.base),
+            ("API_KEY", &key),
+            ("PDFTOTEXT", &pdftotext),
+        ],
+    )
+    .await;
+    app.stop().await;
+    out.passed(which, "the three months billed as the table says");
+}
+
 struct Run(std::process::Output);
 
 impl Run {
@@ -150,5 +181,6 @@ async fn run_script(python: &std::path::Path, name: &str, env: &[(&str, &str)]) 
 
 on_both_backends!(
     a_year_on_a_test_clock,
-    the_sdk_billing_resources_work_unchanged
+    the_sdk_billing_resources_work_unchanged,
+    three_months_of_a_real_price_list
 );

@@ -573,20 +573,24 @@ pub async fn create_subscription(
     } else {
         None
     };
-    // A first invoice with nothing to pay (credit, a discount) was paid at
-    // issue, and its write made the subscription active: answer it so.
-    let paid_at_issue = first_invoice
-        .as_ref()
-        .is_some_and(|i| i.invoice.status == super::invoice::InvoiceStatus::Paid);
-    let sub = if paid_at_issue {
-        subscription::get(deps, tenant, &sub.id).await?
-    } else {
-        sub
-    };
     Ok(Created {
-        subscription: sub,
+        subscription: as_after(deps, tenant, sub, first_invoice.as_ref()).await?,
         first_invoice,
     })
+}
+
+/// `sub` as its first invoice left it: one with nothing to pay (credit, a
+/// discount) was paid at issue, and that write made it active.
+async fn as_after(
+    deps: &Deps,
+    tenant: &Tenant,
+    sub: Subscription,
+    first: Option<&Issued>,
+) -> Result<Subscription, LifecycleError> {
+    if first.is_some_and(|i| i.invoice.status == super::invoice::InvoiceStatus::Paid) {
+        return Ok(subscription::get(deps, tenant, &sub.id).await?);
+    }
+    Ok(sub)
 }
 
 /// Issues the invoice of `sub`'s first period (exactly once: a second
