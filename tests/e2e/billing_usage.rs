@@ -6,12 +6,16 @@
 //! and a delete racing the invoice. And the official SDK's usage and
 //! invoice item calls, unchanged (tests/sdk/billing_usage.py).
 
+use dhukuti_tests::dash::Dash;
+use dhukuti_tests::shop::Shop;
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
 use serde_json::{Value, json};
 use shared::domain::Mode;
 use shared::domain::account::Scope;
 use shared::domain::billing::calendar::nepal_day;
-use shared::domain::billing::usage;
+use shared::domain::billing::invoice::{LineKind, issue_invoice};
+use shared::domain::billing::{subscription, usage};
+use shared::domain::dashboard::{self, Role};
 use shared::ids::SubscriptionId;
 use shared::time::{Clock, SystemClock};
 
@@ -352,6 +356,107 @@ async fn usage_racing_the_seal(which: Which) {
     app.stop().await;
 }
 
+/// An item deleted over HTTP while the next invoice is issued: on the
+/// invoice and refused 409, or deleted and not on it; never both, never
+/// neither.
+async fn an_item_deleted_while_the_invoice_is_issued(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Race Items", "owner@items.example").await;
+    let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    let state = app.state();
+    for round in 0..6 {
+        let sub = metered_subscription(&app, &key).await;
+        let items = format!("/v1/billing/subscriptions/{sub}/invoice-items");
+        let a = post(
+            &app,
+            &items,
+            &key,
+            json!({"amount": 700, "description": "Visit"}),
+        )
+        .await;
+        let item = text(&a.body["id"]);
+        let id = SubscriptionId::stored(sub.clone());
+        let tenant = shared::domain::Tenant::new(t.project.id.clone(), Mode::Sandbox);
+        let s = subscription::get(state, &tenant, &id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let next = s.period(1).unwrap_or_else(|| panic!("no period 1"));
+        let (client, url, k) = (
+            app.client.clone(),
+            app.url(&format!("{items}/{item}")),
+            key.clone(),
+        );
+        let deleting = tokio::spawn(async move { send(client.delete(url).bearer_auth(k)).await });
+        let issued = issue_invoice(state, &s, next, SystemClock.now())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .invoice;
+        let del = deleting.await.unwrap_or_else(|e| panic!("{e}"));
+        let on_invoice = issued.lines.iter().any(|l| l.kind == LineKind::Item);
+        match (on_invoice, del.status) {
+            (true, 409) => assert_eq!(del.body["error"]["code"], "invoice_item_invoiced"),
+            (false, 200) => assert_eq!(issued.amount_due, 0),
+            (on, status) => panic!(
+                "round {round}: on the invoice {on}, delete {status} {}",
+                del.body
+            ),
+        }
+    }
+    app.stop().await;
+}
+
+/// The subscription page charts each period's usage and lists the items.
+async fn usage_and_items_on_the_dashboard(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let shop = Shop::on(app).await;
+    let sub = metered_subscription(&shop.app, &shop.key).await;
+    let usage_path = format!("/v1/billing/subscriptions/{sub}/usage");
+    let a = post(&shop.app, &usage_path, &shop.key, json!({"quantity": 1234})).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    let items = format!("/v1/billing/subscriptions/{sub}/invoice-items");
+    let a = post(
+        &shop.app,
+        &items,
+        &shop.key,
+        json!({"amount": 150_000, "description": "Installation visit"}),
+    )
+    .await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    dashboard::create_user(
+        shop.app.state(),
+        SystemClock.now(),
+        &shop.tenant.merchant.id,
+        "viewer@cloud.example",
+        Role::Viewer,
+        "a long dashboard password",
+    )
+    .await
+    .unwrap_or_else(|e| panic!("user: {e}"));
+    let mut d = Dash::new(&shop.app.base);
+    let r = d
+        .sign_in("viewer@cloud.example", "a long dashboard password")
+        .await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    let page = d
+        .get(&format!("/dashboard/billing/subscriptions/{sub}"))
+        .await;
+    assert_eq!(page.status, 200, "{}", page.show());
+    for want in [
+        "<svg",
+        "1234 units, 1 records",
+        "Installation visit",
+        "pending",
+        "NPR 1,500.00",
+    ] {
+        assert!(page.body.contains(want), "{want}: {}", page.show());
+    }
+    shop.app.stop().await;
+}
+
 /// The official SDK's usage and invoice item calls, unchanged.
 async fn the_sdk_usage_calls_work_unchanged(which: Which) {
     let Some(python) = shared::testenv::python() else {
@@ -389,5 +494,7 @@ on_both_backends!(
     usage_over_http,
     invoice_items_over_http,
     usage_racing_the_seal,
+    an_item_deleted_while_the_invoice_is_issued,
+    usage_and_items_on_the_dashboard,
     the_sdk_usage_calls_work_unchanged
 );

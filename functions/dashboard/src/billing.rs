@@ -555,6 +555,7 @@ pub async fn subscription_page(
     } else {
         Vec::new()
     };
+    let usage_panels = crate::usage::panels(&state, &s).await.map_err(fail)?;
     let v = SubscriptionView::of(&s);
     let path = format!("/dashboard/billing/subscriptions/{}", v.id);
     let body = markup! {
@@ -635,6 +636,7 @@ pub async fn subscription_page(
             }
         }
         @if act { (crate::billing_changes::forms(&s, &targets, &nav.csrf)) }
+        (usage_panels)
         h2 { "Invoices" }
         p.muted { (total) " invoices, newest first." }
         div.panel {

@@ -31,6 +31,7 @@ mod pages;
 mod people;
 mod records;
 mod taxcredit;
+mod usage;
 
 use axum::Router;
 use axum::body::Bytes;

@@ -65,7 +65,7 @@ impl std::fmt::Debug for Adjustments {
 pub async fn gather(
     deps: &Deps,
     sub: &Subscription,
-    _period: Period,
+    period: Period,
     now: Timestamp,
 ) -> Result<Adjustments, BillingInvoiceError> {
     let mut adj = Adjustments {
@@ -83,5 +83,11 @@ pub async fn gather(
         super::credit::invoice_credit(deps, &tenant, &sub.customer_id, now).await?;
     adj.credit_available = credit;
     adj.hooks.extend(hook);
+    // Usage (in arrears: sealed, then read) and pending one-off items.
+    adj.lines
+        .extend(super::usage::usage_line(deps, sub, period, now).await?);
+    let (items, consume) = super::items::item_lines(deps, &sub.id, period, now).await?;
+    adj.lines.extend(items);
+    adj.hooks.extend(consume);
     Ok(adj)
 }

@@ -12,8 +12,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::adjust::Hook;
 use super::customers::{BillingError, invalid, text};
+use super::invoice::{InvoiceLine, LineKind};
 use super::lifecycle::LifecycleError;
+use super::period::Period;
 use super::subscription::{self, SubscriptionError};
 use crate::Deps;
 use crate::domain::record::{self, Changes, Record, from_item};
@@ -82,6 +85,20 @@ impl InvoiceItem {
     /// `unit_amount * quantity`, paisa.
     pub fn total(&self) -> i64 {
         self.unit_amount.saturating_mul(i64::from(self.quantity))
+    }
+}
+
+impl InvoiceItem {
+    /// Its line on the invoice of `period`.
+    pub fn line(&self, period: Period) -> InvoiceLine {
+        InvoiceLine {
+            kind: LineKind::Item,
+            description: self.description.clone(),
+            quantity: self.quantity,
+            amount: self.total(),
+            period_start: period.start,
+            period_end: period.end_exclusive,
+        }
     }
 }
 
@@ -367,6 +384,24 @@ pub fn consume_ops(items: &[InvoiceItem], invoice: &BillingInvoiceId, now: Times
             cond: Some(InvoiceItem::STATUS.eq(&ItemStatus::Pending)),
         })
         .collect()
+}
+
+/// The pending items' lines for the invoice of `period`, and the hook
+/// that marks them taken by it, each conditioned on its still being
+/// pending (the invoice hook, `adjust::gather`).
+pub async fn item_lines(
+    deps: &Deps,
+    sub: &SubscriptionId,
+    period: Period,
+    now: Timestamp,
+) -> Result<(Vec<InvoiceLine>, Option<Hook>), StoreError> {
+    let items = pending(deps, sub).await?;
+    if items.is_empty() {
+        return Ok((Vec::new(), None));
+    }
+    let lines = items.iter().map(|i| i.line(period)).collect();
+    let hook: Hook = Box::new(move |invoice| Ok(consume_ops(&items, &invoice.id, now)));
+    Ok((lines, Some(hook)))
 }
 
 #[cfg(test)]

@@ -29,9 +29,11 @@ use serde_json::Value;
 
 use super::calendar::nepal_day;
 use super::customers::{BillingError, invalid};
+use super::invoice::{BillingInvoiceError, InvoiceLine, LineKind};
 use super::lifecycle::LifecycleError;
 use super::period::Period;
 use super::subscription::{self, Subscription, SubscriptionError, SubscriptionStatus};
+use super::terms::PricingModel;
 use super::test_clock;
 use crate::Deps;
 use crate::domain::record::{self, Record, from_item};
@@ -384,10 +386,7 @@ fn accepting(status: SubscriptionStatus) -> bool {
 
 /// Whether the subscription bills usage.
 pub fn metered(sub: &Subscription) -> bool {
-    // Until plans carry a pricing model (issue 40's framework), every
-    // plan takes usage.
-    let _ = sub;
-    true
+    sub.terms.pricing_model == PricingModel::Metered
 }
 
 /// The billing period of `sub` holding `day` (searched from the current
@@ -736,6 +735,97 @@ pub async fn seal(
     Err(StoreError::Unavailable(
         "the usage seal changed too often".into(),
     ))
+}
+
+/// The usage line of the invoice of `sub` for `period` (the invoice
+/// hook, `adjust::gather`): usage is billed in arrears, so the invoice of
+/// a period seals the usage before the period's start and bills what the
+/// previous seal left open (the previous period, and any not billed
+/// since: a paused one). The records are read after the seal: an event
+/// either landed before it and is counted here, or is refused. `None`: not
+/// metered, or nothing to bill (no records, or billed already).
+pub async fn usage_line(
+    deps: &Deps,
+    sub: &Subscription,
+    period: Period,
+    now: Timestamp,
+) -> Result<Option<InvoiceLine>, BillingInvoiceError> {
+    if !metered(sub) {
+        return Ok(None);
+    }
+    let Some(sealed) = seal(deps, &sub.id, period.start, now).await? else {
+        return Ok(None);
+    };
+    let records = records_between(deps, &sub.id, sealed.from, sealed.to).await?;
+    let Some(first) = records.iter().map(|r| r.day).min() else {
+        return Ok(None);
+    };
+    let total = total_by_period(sub, &records);
+    let quantity = u32::try_from(total).map_err(|_| BillingInvoiceError::Overflow)?;
+    let amount = sub
+        .terms
+        .amount
+        .checked_mul(i64::from(quantity))
+        .ok_or(BillingInvoiceError::Overflow)?;
+    let start = sealed
+        .from
+        .or(sub.billing_start)
+        .unwrap_or(first)
+        .min(first);
+    Ok(Some(InvoiceLine {
+        kind: LineKind::Usage,
+        description: format!("{} (usage)", sub.terms.description),
+        quantity,
+        amount,
+        period_start: start,
+        period_end: sealed.to,
+    }))
+}
+
+/// Most records the dashboard reads of one period.
+pub const PERIOD_READ_CAP: usize = 20_000;
+
+/// One period's usage, as the dashboard charts it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PeriodUsage {
+    pub period: Period,
+    /// The period's total ([`period_total`]) of the records read.
+    pub quantity: u64,
+    pub records: usize,
+    /// More than [`PERIOD_READ_CAP`] records: the total is of the first.
+    pub partial: bool,
+}
+
+/// The usage of the subscription's last `count` periods up to the
+/// current one, oldest first (none before billing begins).
+pub async fn recent_periods(
+    deps: &Deps,
+    sub: &Subscription,
+    count: u32,
+) -> Result<Vec<PeriodUsage>, StoreError> {
+    let first = sub.period_index.saturating_sub(count.saturating_sub(1));
+    let mut out = Vec::new();
+    for p in (first..=sub.period_index).filter_map(|i| sub.period(i)) {
+        let query = Query::partition(partition(&sub.id)).sk(SkCond::Between(
+            format!("{RECORD_PREFIX}{}", p.start),
+            format!("{RECORD_PREFIX}{}", p.end_exclusive),
+        ));
+        let records: Vec<UsageRecord> =
+            crate::store::query_window(&*deps.store, &query, 0, PERIOD_READ_CAP + 1)
+                .await?
+                .into_iter()
+                .map(from_item)
+                .collect::<Result<_, _>>()?;
+        let partial = records.len() > PERIOD_READ_CAP;
+        let kept = &records[..records.len().min(PERIOD_READ_CAP)];
+        out.push(PeriodUsage {
+            period: p,
+            quantity: period_total(kept),
+            records: kept.len(),
+            partial,
+        });
+    }
+    Ok(out)
 }
 
 /// The current period's usage (the SDK's `get_usage_summary`).

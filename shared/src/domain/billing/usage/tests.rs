@@ -3,17 +3,26 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::*;
+use crate::domain::billing::invoice::{InvoiceStatus, LineKind, issue_invoice};
+use crate::domain::billing::items::{self, CreateItem, ItemStatus};
 use crate::domain::billing::subscription::{NewSubscription, create, new_subscription};
-use crate::domain::billing::terms::monthly;
+use crate::domain::billing::terms::{PricingModel, Terms, monthly};
 use crate::store::Store;
 use crate::testenv::at;
-use crate::time::ManualClock;
+use crate::time::{Clock, ManualClock};
 use crate::{AppState, Config};
 
 fn deps_on(store: Arc<dyn Store>) -> AppState {
-    AppState::new(
+    deps_with(
         store,
         Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z"))),
+    )
+}
+
+fn deps_with(store: Arc<dyn Store>, clock: Arc<ManualClock>) -> AppState {
+    AppState::new(
+        store,
+        clock,
         Config {
             public_base_url: "http://127.0.0.1:8080".into(),
             events_base_url: None,
@@ -48,7 +57,7 @@ pub(crate) async fn subscription(deps: &Deps, project: &str) -> Subscription {
     let input = NewSubscription {
         customer_id: "cus_1".into(),
         plan_id: "bp_1".into(),
-        terms: monthly(),
+        terms: metered(),
         reference_id: None,
         metadata: serde_json::Map::new(),
         start: now,
@@ -60,6 +69,16 @@ pub(crate) async fn subscription(deps: &Deps, project: &str) -> Subscription {
     let sub = new_subscription(&tenant, input, now).unwrap();
     create(deps, &sub).await.unwrap();
     sub
+}
+
+/// A monthly plan at Rs 0.10 a unit of usage.
+pub(crate) fn metered() -> Terms {
+    Terms {
+        amount: 10,
+        description: "API calls".into(),
+        pricing_model: PricingModel::Metered,
+        ..monthly()
+    }
 }
 
 fn body(v: serde_json::Value) -> ReportUsage {
@@ -532,5 +551,161 @@ async fn events_racing_the_seal_are_counted_once_or_refused() {
             read.len(),
             "{name}: nothing lands after the seal"
         );
+    }
+}
+
+fn item_body(amount: i64, description: &str) -> CreateItem {
+    serde_json::from_value(json!({"amount": amount, "description": description}))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Usage is billed in arrears on the next period's invoice, with a line
+/// naming its own period; pending items go on the next invoice once.
+#[tokio::test]
+async fn an_invoice_bills_the_last_periods_usage_and_the_pending_items_once() {
+    use UsageAction::{Increment as I, Set as S};
+    let clock = Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z")));
+    let deps = deps_with(crate::testenv::memory_store(), clock.clone());
+    let sub = subscription(&deps, "p1").await;
+    let t = sub.tenant();
+    let setup = items::create(&deps, &t, &sub.id, item_body(150_000, "Installation"), None)
+        .await
+        .unwrap();
+    let p0 = sub.period(0).unwrap();
+    let first = issue_invoice(&deps, &sub, p0, clock.now())
+        .await
+        .unwrap()
+        .invoice;
+    let kinds: Vec<LineKind> = first.lines.iter().map(|l| l.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![LineKind::Item],
+        "no usage yet, no flat line: {:?}",
+        first.lines
+    );
+    assert_eq!(first.amount_due, 150_000);
+    assert_eq!(first.status, InvoiceStatus::Open);
+    let taken = items::all(&deps, &sub.id, 10).await.unwrap();
+    assert_eq!(taken[0].status, ItemStatus::Invoiced);
+    assert_eq!(taken[0].invoice_id.as_ref(), Some(&first.id));
+    assert!(
+        items::list_pending(&deps, &t, &sub.id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Period 0's usage: 100, then set to 40, then 2 more.
+    clock.advance(chrono::Duration::days(20));
+    let got = report(
+        &deps,
+        &t,
+        &sub.id,
+        vec![
+            event(100, I, "2026-01-12T06:00:00Z", None),
+            event(40, S, "2026-01-20T06:00:00Z", None),
+            event(2, I, "2026-01-25T06:00:00Z", None),
+        ],
+    )
+    .await
+    .unwrap();
+    assert!(got.iter().all(|o| matches!(o, Outcome::Created(_))));
+    let cable = items::create(&deps, &t, &sub.id, item_body(2_500, "Cable"), None)
+        .await
+        .unwrap();
+    clock.advance(chrono::Duration::days(12));
+    let p1 = sub.period(1).unwrap();
+    let second = issue_invoice(&deps, &sub, p1, clock.now())
+        .await
+        .unwrap()
+        .invoice;
+    let usage = second
+        .lines
+        .iter()
+        .find(|l| l.kind == LineKind::Usage)
+        .unwrap_or_else(|| panic!("{:?}", second.lines));
+    assert_eq!((usage.quantity, usage.amount), (42, 420));
+    assert_eq!(
+        (usage.period_start, usage.period_end),
+        (p0.start, p0.end_exclusive),
+        "the usage line names its own period"
+    );
+    let item_lines: Vec<_> = second
+        .lines
+        .iter()
+        .filter(|l| l.kind == LineKind::Item)
+        .collect();
+    assert_eq!(item_lines.len(), 1, "the installation is not billed again");
+    assert_eq!(item_lines[0].description, cable.description);
+    assert_eq!(second.subtotal, 420 + 2_500);
+    assert_ne!(setup.id, cable.id);
+    // Period 0 is closed now; period 1 is open.
+    let late = report(
+        &deps,
+        &t,
+        &sub.id,
+        vec![event(1, I, "2026-02-01T06:00:00Z", None)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        late,
+        vec![Outcome::Closed {
+            start: p0.start,
+            end: p0.end_exclusive
+        }]
+    );
+    let ok = report(
+        &deps,
+        &t,
+        &sub.id,
+        vec![event(1, I, "2026-02-10T06:00:00Z", None)],
+    )
+    .await
+    .unwrap();
+    assert!(matches!(ok[0], Outcome::Created(_)));
+    // Issued again (a retried sweep): the same invoice.
+    let again = issue_invoice(&deps, &sub, p1, clock.now()).await.unwrap();
+    assert!(!again.created);
+    assert_eq!(again.invoice.id, second.id);
+}
+
+/// An invoice issued while its item is deleted, on both backends: the
+/// item is on the invoice and not deleted, or deleted and not on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_item_deleted_while_the_invoice_is_issued_is_on_exactly_one_side() {
+    for (name, store) in stores().await {
+        let deps = deps_on(store);
+        let mut outcomes = (0, 0);
+        for round in 0..12 {
+            let sub = subscription(&deps, &format!("p{round}")).await;
+            let t = sub.tenant();
+            let item = items::create(&deps, &t, &sub.id, item_body(900, "Visit"), None)
+                .await
+                .unwrap();
+            let (d2, t2, s2, i2) = (deps.clone(), t.clone(), sub.id.clone(), item.id.clone());
+            let deleting = tokio::spawn(async move { items::delete(&d2, &t2, &s2, &i2).await });
+            let p0 = sub.period(0).unwrap();
+            let invoice = issue_invoice(&deps, &sub, p0, deps.clock.now())
+                .await
+                .unwrap()
+                .invoice;
+            let deleted = deleting.await.unwrap();
+            let on_invoice = invoice.lines.iter().any(|l| l.kind == LineKind::Item);
+            let left = items::all(&deps, &sub.id, 10).await.unwrap();
+            match (on_invoice, deleted) {
+                (true, Err(e)) => {
+                    assert_eq!(Refusal::from(e).code, "invoice_item_invoiced", "{name}");
+                    assert_eq!(left[0].invoice_id.as_ref(), Some(&invoice.id), "{name}");
+                    outcomes.0 += 1;
+                }
+                (false, Ok(())) => {
+                    assert!(left.is_empty(), "{name}");
+                    assert_eq!(invoice.amount_due, 0, "{name}");
+                    outcomes.1 += 1;
+                }
+                (on, d) => panic!("{name}: round {round}: on the invoice {on}, delete {d:?}"),
+            }
+        }
+        assert_eq!(outcomes.0 + outcomes.1, 12, "{name}");
     }
 }
