@@ -796,14 +796,7 @@ async fn credit_ops(
 /// enabled (`billing::tax`), as period invoices add it. No discount: a
 /// coupon discounts period invoices only.
 async fn proration_tax(deps: &Deps, tenant: &Tenant) -> Result<Option<TaxTerms>, ChangeError> {
-    let settings = super::tax::get(deps, tenant).await?;
-    Ok(settings
-        .terms()
-        .map(|(rate_bps, label, registration_number)| TaxTerms {
-            rate_bps,
-            label,
-            registration_number,
-        }))
+    Ok(super::tax::invoice_terms(deps, tenant).await?)
 }
 
 /// The proration invoice of moving `current` to `changed` as `p` bills

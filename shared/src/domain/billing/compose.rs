@@ -19,6 +19,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::invoice::{InvoiceLine, LineKind};
+use crate::ids::{CouponId, PromotionCodeId};
 
 /// What a coupon takes off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,8 +35,8 @@ pub enum DiscountValue {
 /// changed or deactivated later never rewrites it).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiscountTerms {
-    pub coupon_id: String,
-    pub promotion_code_id: Option<String>,
+    pub coupon_id: CouponId,
+    pub promotion_code_id: Option<PromotionCodeId>,
     /// What the discount line says (the coupon's name).
     pub description: String,
     pub value: DiscountValue,
@@ -205,7 +206,7 @@ mod tests {
 
     fn coupon(value: DiscountValue) -> DiscountTerms {
         DiscountTerms {
-            coupon_id: "cpn_x".into(),
+            coupon_id: CouponId::new(),
             promotion_code_id: None,
             description: "Launch".into(),
             value,
