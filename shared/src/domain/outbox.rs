@@ -176,6 +176,15 @@ impl EventType {
     }
 }
 
+/// The flat fields of `coupon.*` and `promotion_code.*` events.
+const COUPON_FLAT: [(&str, &str); 5] = [
+    ("id", "id"),
+    ("code", "code"),
+    ("coupon_id", "couponId"),
+    ("active", "active"),
+    ("metadata", "metadata"),
+];
+
 /// A stored event.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Event {
@@ -356,17 +365,7 @@ impl Event {
                     copy(to, from);
                 }
             }
-            t if t.is_coupon() => {
-                for (to, from) in [
-                    ("id", "id"),
-                    ("code", "code"),
-                    ("coupon_id", "couponId"),
-                    ("active", "active"),
-                    ("metadata", "metadata"),
-                ] {
-                    copy(to, from);
-                }
-            }
+            t if t.is_coupon() => COUPON_FLAT.iter().for_each(|(to, from)| copy(to, from)),
             _ => {
                 for (to, from) in [
                     ("id", "id"),
