@@ -18,6 +18,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::{CouponId, PromotionCodeId};
+
 use super::invoice::{InvoiceLine, LineKind};
 
 /// What a coupon takes off.
@@ -34,8 +36,8 @@ pub enum DiscountValue {
 /// changed or deactivated later never rewrites it).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiscountTerms {
-    pub coupon_id: String,
-    pub promotion_code_id: Option<String>,
+    pub coupon_id: CouponId,
+    pub promotion_code_id: Option<PromotionCodeId>,
     /// What the discount line says (the coupon's name).
     pub description: String,
     pub value: DiscountValue,
@@ -205,7 +207,7 @@ mod tests {
 
     fn coupon(value: DiscountValue) -> DiscountTerms {
         DiscountTerms {
-            coupon_id: "cpn_x".into(),
+            coupon_id: CouponId::stored("cpn_x"),
             promotion_code_id: None,
             description: "Launch".into(),
             value,

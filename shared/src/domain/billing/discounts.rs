@@ -638,8 +638,8 @@ impl Discount {
             _ => DiscountValue::Amount(0),
         };
         DiscountTerms {
-            coupon_id: self.coupon_id.to_string(),
-            promotion_code_id: self.promotion_code_id.as_ref().map(ToString::to_string),
+            coupon_id: self.coupon_id.clone(),
+            promotion_code_id: self.promotion_code_id.clone(),
             description: self.name.clone(),
             value,
         }

@@ -421,7 +421,7 @@ async fn invoices_take_the_discount_for_its_cycles_then_not() {
     assert_eq!(second.amount_due, 127_500);
     assert_eq!(
         second.discount.as_ref().map(|d| d.coupon_id.clone()),
-        Some(c.id.to_string())
+        Some(c.id.clone())
     );
     let d = ok(get(&deps, &sub.id).await).unwrap_or_else(|| panic!("stored"));
     assert_eq!((d.cycles_left, d.status), (Some(1), DiscountStatus::Active));

@@ -254,7 +254,7 @@ impl InvoiceView {
             credit_applied: inv.credit_applied,
             tax_rate_bps: inv.tax.as_ref().map_or(0, |t| t.rate_bps),
             tax_registration_number: inv.tax.as_ref().and_then(|t| t.registration_number.clone()),
-            coupon_id: inv.discount.as_ref().map(|d| d.coupon_id.clone()),
+            coupon_id: inv.discount.as_ref().map(|d| d.coupon_id.to_string()),
             amount_due: inv.amount_due,
             amount_paid: inv.amount_paid,
             currency: inv.currency,
