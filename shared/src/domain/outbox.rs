@@ -202,6 +202,15 @@ const BILLING_INVOICE_FLAT: [(&str, &str); 9] = [
     ("customer_id", "customerId"),
 ];
 
+/// The flat fields of `coupon.*` and `promotion_code.*` events.
+const COUPON_FLAT: [(&str, &str); 5] = [
+    ("id", "id"),
+    ("code", "code"),
+    ("coupon_id", "couponId"),
+    ("active", "active"),
+    ("metadata", "metadata"),
+];
+
 /// A stored event.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Event {
@@ -392,17 +401,7 @@ impl Event {
                     copy(to, from);
                 }
             }
-            t if t.is_coupon() => {
-                for (to, from) in [
-                    ("id", "id"),
-                    ("code", "code"),
-                    ("coupon_id", "couponId"),
-                    ("active", "active"),
-                    ("metadata", "metadata"),
-                ] {
-                    copy(to, from);
-                }
-            }
+            t if t.is_coupon() => COUPON_FLAT.iter().for_each(|(to, from)| copy(to, from)),
             _ => {
                 for (to, from) in BILLING_INVOICE_FLAT {
                     copy(to, from);

@@ -18,6 +18,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::{CouponId, PromotionCodeId};
+
 use super::invoice::{InvoiceLine, LineKind};
 use crate::ids::{CouponId, PromotionCodeId};
 

@@ -726,32 +726,12 @@ fn id_list<T>(
         .collect()
 }
 
-/// The coupon a create makes (checked, but for its plans' existence; not
-/// stored yet).
-pub fn new_coupon(
-    tenant: &Tenant,
-    body: CreateCoupon,
-    now: Timestamp,
-) -> Result<Coupon, BillingError> {
-    if body.project_ids.is_some() {
-        return Err(invalid(
-            "projectIds",
-            "projectIds is not supported: a coupon belongs to the project of the key that creates it",
-        ));
-    }
-    let code = code("code", &body.code)?;
-    let name = text("name", &body.name, MAX_NAME)?;
-    let discount_type = match body.discount_type.trim() {
-        "percent" => DiscountType::Percent,
-        "amount" => DiscountType::Amount,
-        other => {
-            return Err(invalid(
-                "discountType",
-                format!("discountType must be percent or amount, got {other:?}"),
-            ));
-        }
-    };
-    let (percent_off, amount_off) = match discount_type {
+/// `percentOff` or `amountOff`, as `discount_type` asks (the other refused).
+fn discount_value(
+    discount_type: DiscountType,
+    body: &CreateCoupon,
+) -> Result<(Option<u8>, Option<i64>), BillingError> {
+    Ok(match discount_type {
         DiscountType::Percent => {
             if body.amount_off.is_some() {
                 return Err(invalid(
@@ -790,16 +770,11 @@ pub fn new_coupon(
             }
             (None, Some(a))
         }
-    };
-    match body.currency.as_deref().map(str::trim) {
-        None | Some("NPR") => {}
-        Some(other) => {
-            return Err(invalid(
-                "currency",
-                format!("currency must be NPR, got {other:?}"),
-            ));
-        }
-    }
+    })
+}
+
+/// `duration` and its `durationInCycles` (required for `repeating` only).
+fn duration_of(body: &CreateCoupon) -> Result<(CouponDuration, Option<u32>), BillingError> {
     let duration = match body.duration.trim() {
         "once" => CouponDuration::Once,
         "repeating" => CouponDuration::Repeating,
@@ -829,6 +804,45 @@ pub fn new_coupon(
         }
         (_, None) => None,
     };
+    Ok((duration, duration_in_cycles))
+}
+
+/// The coupon a create makes (checked, but for its plans' existence; not
+/// stored yet).
+pub fn new_coupon(
+    tenant: &Tenant,
+    body: CreateCoupon,
+    now: Timestamp,
+) -> Result<Coupon, BillingError> {
+    if body.project_ids.is_some() {
+        return Err(invalid(
+            "projectIds",
+            "projectIds is not supported: a coupon belongs to the project of the key that creates it",
+        ));
+    }
+    let code = code("code", &body.code)?;
+    let name = text("name", &body.name, MAX_NAME)?;
+    let discount_type = match body.discount_type.trim() {
+        "percent" => DiscountType::Percent,
+        "amount" => DiscountType::Amount,
+        other => {
+            return Err(invalid(
+                "discountType",
+                format!("discountType must be percent or amount, got {other:?}"),
+            ));
+        }
+    };
+    let (percent_off, amount_off) = discount_value(discount_type, &body)?;
+    match body.currency.as_deref().map(str::trim) {
+        None | Some("NPR") => {}
+        Some(other) => {
+            return Err(invalid(
+                "currency",
+                format!("currency must be NPR, got {other:?}"),
+            ));
+        }
+    }
+    let (duration, duration_in_cycles) = duration_of(&body)?;
     let max_redemptions = body
         .max_redemptions
         .map(|m| positive_count("maxRedemptions", m, i64::from(u32::MAX)))

@@ -52,6 +52,19 @@ pub(super) fn sample_object(t: EventType, mode: Mode, now: Timestamp) -> Value {
             "object": "billing_customer", "name": "Test customer", "creditBalance": 50000,
             "metadata": {}, "livemode": mode.is_live(), "createdAt": now, "test": true,
         }),
+        EventType::CouponCreated | EventType::CouponDeactivated => json!({
+            "id": format!("cpn_test{}", &ids::new_id(IdKind::Coupon)[4..]),
+            "code": "LAUNCH", "name": "Launch discount", "discountType": "percent",
+            "percentOff": 50, "duration": "once", "redeemedCount": 0,
+            "active": t == EventType::CouponCreated, "metadata": {},
+            "livemode": mode.is_live(), "createdAt": now, "test": true,
+        }),
+        EventType::PromotionCodeCreated | EventType::PromotionCodeDeactivated => json!({
+            "id": format!("promo_test{}", &ids::new_id(IdKind::PromotionCode)[4..]),
+            "code": "LAUNCH50", "couponId": "cpn_test", "redeemedCount": 0,
+            "active": t == EventType::PromotionCodeCreated, "metadata": {},
+            "livemode": mode.is_live(), "createdAt": now, "test": true,
+        }),
         _ => json!({
             "id": format!("inv_test{}", &ids::new_id(IdKind::BillingInvoice)[4..]),
             "object": "billing_invoice", "number": "TEST-PI-000001",

@@ -121,13 +121,17 @@ fn test_events_have_a_plausible_object() {
             assert_eq!(outbox::payment_of(&o), None);
             continue;
         }
-        if t.is_subscription() || t.is_billing_invoice() {
-            // About a subscription or billing invoice: no payment's
-            // timeline lists it.
+        if t.is_subscription() || t.is_billing_invoice() || t.is_coupon() {
+            // About a subscription, billing invoice, coupon or promotion
+            // code: no payment's timeline lists it.
             let prefix = if t.is_subscription() {
                 "sub_test"
-            } else {
+            } else if t.is_billing_invoice() {
                 "inv_test"
+            } else if t.as_str().starts_with("coupon.") {
+                "cpn_test"
+            } else {
+                "promo_test"
             };
             assert!(
                 o["id"].as_str().is_some_and(|id| id.starts_with(prefix)),
