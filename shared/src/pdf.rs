@@ -114,7 +114,7 @@ pub struct PdfInvoice {
     pub external_reference: Option<String>,
     pub void_reason: Option<String>,
     /// The title, top right; "INVOICE" when none (a billing invoice with
-    /// VAT: "TAX INVOICE").
+    /// VAT: "Tax Invoice").
     pub title: Option<String>,
     /// The seller's PAN/VAT number, under the seller.
     pub seller_tax_id: Option<String>,

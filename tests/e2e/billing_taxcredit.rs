@@ -519,7 +519,7 @@ async fn first_invoice(app: &TestApp, key: &str, customer: &str) -> Value {
 
 /// VAT and credit on a billing invoice: its amounts to the paisa, the
 /// snapshot of the rate and the seller's number, the fiscal year, the
-/// PDF (a tax invoice, read back with pdftotext) and the bill page; an
+/// PDF (a "Tax Invoice", read back with pdftotext) and the bill page; an
 /// invoice without VAT stays an invoice.
 async fn a_tax_invoice_with_credit(which: Which) {
     let Some(app) = spawn_app(which).await else {
@@ -600,7 +600,7 @@ async fn a_tax_invoice_with_credit(which: Which) {
     assert_eq!(pdf.status(), 200);
     let doc = pdf_text(&pdf.bytes().await.unwrap_or_default());
     for want in [
-        "TAX INVOICE",
+        "Tax Invoice",
         "PAN/VAT No. 301234567",
         "PAN 600123456",
         "Subtotal NPR 500.00",
@@ -677,7 +677,7 @@ async fn a_tax_invoice_with_credit(which: Which) {
         .unwrap_or_else(|e| panic!("{e}"));
     let doc = pdf_text(&pdf.bytes().await.unwrap_or_default());
     assert!(
-        doc.contains("INVOICE") && !doc.contains("TAX INVOICE"),
+        doc.contains("INVOICE") && !doc.contains("Tax Invoice"),
         "{doc}"
     );
     assert!(doc.contains(&format!("Fiscal year FY {fy}")), "{doc}");

@@ -6,7 +6,7 @@
 //!
 //! Every invoice shows its Nepali fiscal year (`FY 2082/83`) and its issue
 //! date in BS beside AD. An invoice issued with VAT is a tax invoice, as
-//! Nepal's VAT rules ask: titled "TAX INVOICE", with the seller's PAN/VAT
+//! Nepal's VAT rules ask: titled "Tax Invoice", with the seller's PAN/VAT
 //! number, the buyer's PAN when the customer has one (their metadata
 //! `pan`, 9 digits: the SDK's customer has no field for it), the taxable
 //! amount, the VAT and the total.
@@ -141,7 +141,7 @@ pub fn render(
         note: Some(note),
         external_reference: Some(inv.subscription_id.to_string()),
         void_reason: None,
-        title: inv.tax.as_ref().map(|_| "TAX INVOICE".to_owned()),
+        title: inv.tax.as_ref().map(|_| "Tax Invoice".to_owned()),
         seller_tax_id: inv.tax.as_ref().and_then(|t| t.registration_number.clone()),
         buyer_tax_id: customer.and_then(crate::domain::billing::tax::buyer_pan),
         extra_details,
