@@ -505,9 +505,9 @@ pub struct Changed {
 /// day); `None` past the calendar.
 fn first_period_from(sub: &Subscription, day: NaiveDate) -> Option<NaiveDate> {
     if sub.billing_start.is_none() {
-        // Trialing: periods start at the trial end.
-        let trial_day = sub.trial_ends_at.map(nepal_day)?;
-        return Some(day.max(trial_day));
+        // Trialing: the first period starts when the trial ends, early or
+        // not, and any period starting on or after `day` takes it.
+        return Some(day);
     }
     (sub.period_index + 1..sub.period_index + 400)
         .filter_map(|i| sub.period(i))
@@ -563,7 +563,13 @@ pub async fn change_plan(
             }
             ProrationBehavior::None => {
                 check_target(current, &plan.id, &terms, false)?;
-                let from = effective.unwrap_or_else(|| nepal_day(now) + Duration::days(1));
+                // Absent: the next period (while trialing, the first).
+                let next = if current.billing_start.is_none() {
+                    0
+                } else {
+                    1
+                };
+                let from = effective.unwrap_or_else(|| nepal_day(now) + Duration::days(next));
                 let effective_on = first_period_from(current, from).ok_or_else(|| {
                     ChangeError::from(invalid(
                         "effectiveAt",

@@ -21,7 +21,6 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{CouponId, PromotionCodeId};
 
 use super::invoice::{InvoiceLine, LineKind};
-use crate::ids::{CouponId, PromotionCodeId};
 
 /// What a coupon takes off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -818,3 +818,33 @@ async fn billed_equals_time_used() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_change_scheduled_in_a_trial_bills_the_first_period_even_when_the_trial_ends_early() {
+    let e = env();
+    let basic = e.plan("Basic", 99_900, json!({"trialDays": 14})).await;
+    let pro = e.plan("Pro", 199_900, json!({})).await;
+    let body: CreateCustomer = serde_json::from_value(json!({"name": "Sita Rai"})).unwrap();
+    let c = customers::create(&e.deps, &e.t, body, None).await.unwrap();
+    let body: CreateSubscription =
+        serde_json::from_value(json!({"customerId": c.id, "planId": basic.id})).unwrap();
+    let sub = lifecycle::create_subscription(&e.deps, &e.t, body, None)
+        .await
+        .unwrap()
+        .subscription;
+    assert_eq!(sub.status, SubscriptionStatus::Trialing);
+    // Nothing billed yet: the preview prorates nothing.
+    let p = preview(&e.deps, &e.t, &sub.id, Some(pro.id.as_str()))
+        .await
+        .unwrap();
+    assert_eq!((p.net_amount, p.period_start), (0, None));
+    let s = e.change(&sub, &pro, "none").await.unwrap().subscription;
+    assert!(s.pending_change.is_some());
+    e.clock.advance(Duration::days(3));
+    let ended = lifecycle::end_trial(&e.deps, &e.t, &sub.id, e.deps.clock.now())
+        .await
+        .unwrap();
+    assert_eq!(ended.subscription.plan_id, pro.id);
+    assert!(ended.subscription.pending_change.is_none());
+    assert_eq!(ended.invoice.invoice.amount_due, 199_900);
+}
