@@ -28,6 +28,7 @@ pub enum IdKind {
     DunningPolicy,
     TestClock,
     Mail,
+    Report,
 }
 
 impl IdKind {
@@ -54,6 +55,7 @@ impl IdKind {
             IdKind::DunningPolicy => "dpol_",
             IdKind::TestClock => "clock_",
             IdKind::Mail => "mail_",
+            IdKind::Report => "rpt_",
         }
     }
 }
@@ -337,6 +339,8 @@ typed_ids! {
     TestClockId => TestClock, "test clock";
     /// `mail_…`: an email message.
     MailId => Mail, "mail";
+    /// `rpt_…`: an export (`domain::reports`).
+    ReportId => Report, "report";
 }
 
 #[cfg(test)]
