@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use shared::ids::{
     ApiKeyId, AuditId, BillingInvoiceId, CustomerId, DeliveryId, DunningPolicyId, EndpointId,
     EventId, InvoiceId, LinkId, MerchantId, PaymentId, PlanId, ProjectId, RefundId, SessionId,
-    SmsId, SubscriptionId, TestClockId, TypedId, UserId,
+    ReportId, SmsId, SubscriptionId, TestClockId, TypedId, UserId,
 };
 use shared::refusal::Refusal;
 
@@ -79,7 +79,8 @@ id_parts!(
     SubscriptionId,
     DunningPolicyId,
     BillingInvoiceId,
-    TestClockId
+    TestClockId,
+    ReportId
 );
 
 /// What a route's path holds, in order: one part or a tuple of them.

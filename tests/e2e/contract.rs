@@ -57,6 +57,10 @@ const ROUTES: &[Route] = &[
     r("GET", "/v1/sessions", Scope::SessionsRead),
     r("GET", "/v1/sessions/{id}", Scope::SessionsRead),
     r("GET", "/v1/providers", Scope::PaymentsRead),
+    // exports
+    r("POST", "/v1/reports", Scope::PaymentsRead),
+    r("GET", "/v1/reports", Scope::PaymentsRead),
+    r("GET", "/v1/reports/{id}", Scope::PaymentsRead),
     // refunds
     r("POST", "/v1/refunds", Scope::RefundsWrite),
     r("GET", "/v1/refunds", Scope::RefundsRead),
@@ -215,6 +219,9 @@ fn outside_contract(path: &str) -> bool {
         "/docs",
         "/openapi.json",
         "/dashboard",
+        // A ready report's signed local download link (the link is the
+        // bearer; not deployed on AWS, where S3 presigns it).
+        "/exports/",
     ]
     .iter()
     .any(|p| path.starts_with(p))
@@ -398,6 +405,7 @@ struct Records {
     dunning_policy: String,
     billing_invoice: String,
     test_clock: String,
+    report: String,
 }
 
 impl Records {
@@ -439,6 +447,8 @@ impl Records {
             &self.billing_invoice
         } else if p.starts_with("/v1/billing/test-clocks/") {
             &self.test_clock
+        } else if p.starts_with("/v1/reports/") {
+            &self.report
         } else {
             panic!("no record for {path}")
         }
@@ -504,9 +514,14 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
         ("POST", "/v1/billing/test-clocks/{id}/advance") => {
             json!({"frozenTime": "2031-01-01T00:00:00Z"})
         }
+        ("POST", "/v1/reports") => report_body(),
         _ => panic!("no body for {method} {path}"),
     };
     Some(body)
+}
+
+fn report_body() -> Value {
+    json!({"type": "payments", "from": "2026-11-01T00:00:00Z", "to": "2026-11-02T00:00:00Z"})
 }
 
 fn test_clock_body() -> Value {
@@ -655,6 +670,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
     )
     .await;
     let clock = created(app, key, "/v1/billing/test-clocks", test_clock_body()).await;
+    let report = created(app, key, "/v1/reports", report_body()).await;
     let rec = Records {
         session: text(&session["id"]),
         payment: payment.id.to_string(),
@@ -672,6 +688,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         dunning_policy: text(&policy["id"]),
         billing_invoice: billing_invoice(app, tenant, &text(&customer["id"])).await,
         test_clock: text(&clock["id"]),
+        report: text(&report["id"]),
     };
     for (kind, id) in [
         ("cs_", &rec.session),
@@ -686,6 +703,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         ("dpol_", &rec.dunning_policy),
         ("inv_", &rec.billing_invoice),
         ("clock_", &rec.test_clock),
+        ("rpt_", &rec.report),
     ] {
         assert!(id.starts_with(kind), "{kind}: {id}");
     }
@@ -1231,6 +1249,7 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
         | ("POST", "/v1/billing/dunning/invoices/{id}/dunning/retry-now") => vec![],
         ("POST", "/v1/billing/test-clocks") => vec![f("frozenTime", Str), f("name", Str)],
         ("POST", "/v1/billing/test-clocks/{id}/advance") => vec![f("frozenTime", Str)],
+        ("POST", "/v1/reports") => vec![f("type", Str), f("from", Str), f("to", Str)],
         _ => panic!("no body fields for {method} {path}"),
     }
 }
