@@ -11,8 +11,8 @@ use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use shared::ids::{
     ApiKeyId, AuditId, BillingInvoiceId, CustomerId, DeliveryId, DunningPolicyId, EndpointId,
-    EventId, InvoiceId, LinkId, MerchantId, PaymentId, PlanId, ProjectId, RefundId, SessionId,
-    ReportId, SmsId, SubscriptionId, TestClockId, TypedId, UserId,
+    EventId, InvoiceId, LinkId, MerchantId, PaymentId, PlanId, ProjectId, RefundId, ReportId,
+    SessionId, SmsId, SubscriptionId, TestClockId, TypedId, UserId,
 };
 use shared::refusal::Refusal;
 

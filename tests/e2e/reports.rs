@@ -61,11 +61,19 @@ async fn a_payments_export_runs_and_downloads(which: Which) {
     };
     let tenant = app.tenant("Sita's Shop", "sita@example.com").await;
     let key = app
-        .key(&tenant, Mode::Sandbox, &[Scope::PaymentsRead, Scope::RefundsRead])
+        .key(
+            &tenant,
+            Mode::Sandbox,
+            &[Scope::PaymentsRead, Scope::RefundsRead],
+        )
         .await;
     let mut ids = Vec::new();
     for amount in [150_050, 10_000, 99] {
-        ids.push(app.payment(&tenant, Mode::Sandbox, amount, Provider::Khalti).await.id);
+        ids.push(
+            app.payment(&tenant, Mode::Sandbox, amount, Provider::Khalti)
+                .await
+                .id,
+        );
     }
     let now = SystemClock.now();
     let from = now.plus(chrono::Duration::hours(-1)).to_rfc3339();
@@ -74,8 +82,14 @@ async fn a_payments_export_runs_and_downloads(which: Which) {
     // Bad input: 400 naming the field.
     for (body, param) in [
         (json!({"type": "payouts", "from": from, "to": to}), "type"),
-        (json!({"type": "reconciliation", "from": from, "to": to}), "type"),
-        (json!({"type": "payments", "from": "last week", "to": to}), "from"),
+        (
+            json!({"type": "reconciliation", "from": from, "to": to}),
+            "type",
+        ),
+        (
+            json!({"type": "payments", "from": "last week", "to": to}),
+            "from",
+        ),
         (json!({"type": "payments", "from": to, "to": from}), "to"),
         (
             json!({"type": "payments", "from": "2024-01-01T00:00:00Z", "to": "2025-06-01T00:00:00Z"}),
@@ -88,7 +102,12 @@ async fn a_payments_export_runs_and_downloads(which: Which) {
         assert_eq!(a.body["error"]["param"], param, "{body}: {}", a.body);
     }
 
-    let a = post(&app, &key, json!({"type": "payments", "from": from, "to": to})).await;
+    let a = post(
+        &app,
+        &key,
+        json!({"type": "payments", "from": from, "to": to}),
+    )
+    .await;
     assert_eq!(a.status, 201, "{}", a.body);
     assert_eq!(a.body["status"], "pending", "{}", a.body);
     assert_eq!(a.body["downloadUrl"], Value::Null);
@@ -96,7 +115,10 @@ async fn a_payments_export_runs_and_downloads(which: Which) {
     assert!(id.starts_with("rpt_"), "{id}");
     let report = ready(&app, &key, &id).await;
     assert_eq!(report["rows"], 3, "{report}");
-    let url = report["downloadUrl"].as_str().unwrap_or_default().to_owned();
+    let url = report["downloadUrl"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     assert!(!url.is_empty(), "{report}");
     let (status, csv) = download(&app, &url).await;
     assert_eq!(status, 200, "{csv}");
@@ -128,7 +150,12 @@ async fn a_payments_export_runs_and_downloads(which: Which) {
     let a = app.get("/v1/reports", Some(&theirs)).await;
     assert_eq!(a.body["data"], json!([]), "{}", a.body);
     // Refunds need refunds:read as well.
-    let a = post(&app, &theirs, json!({"type": "refunds", "from": from, "to": to})).await;
+    let a = post(
+        &app,
+        &theirs,
+        json!({"type": "refunds", "from": from, "to": to}),
+    )
+    .await;
     assert_eq!(a.status, 403, "{}", a.body);
 
     if which == Which::Embedded {

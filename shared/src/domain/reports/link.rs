@@ -1,6 +1,6 @@
 //! A ready report's download link. On S3 it is a presigned GET
 //! ([`crate::blobs::Blobs::download_url`]); where the blob store has none
-//! (the local directory), it is `GET /v1/reports/{id}/download?expires=
+//! (the local directory), it is `GET /exports/{id}?expires=
 //! <unix seconds>&signature=<hex>`, the signature an HMAC-SHA256 of
 //! `<id>\n<expires>` under a key derived from the credentials master key
 //! (`CredentialsKey::derive("report-links")`): the link is the bearer, so
@@ -27,7 +27,7 @@ fn mac(deps: &Deps) -> Result<Hmac<Sha256>, ReportError> {
     <Hmac<Sha256> as Mac>::new_from_slice(&key).map_err(|_| ReportError::Unsigned)
 }
 
-fn signed(deps: &Deps, id: &str, expires: i64) -> Result<Hmac<Sha256>, ReportError> {
+fn signed(deps: &Deps, id: &ReportId, expires: i64) -> Result<Hmac<Sha256>, ReportError> {
     let mut mac = mac(deps)?;
     mac.update(id.as_bytes());
     mac.update(b"\n");
@@ -53,7 +53,7 @@ pub async fn download_link(
     let base = deps.config.base_for(None);
     Ok((
         format!(
-            "{base}/v1/reports/{}/download?expires={at}&signature={signature}",
+            "{base}/exports/{}?expires={at}&signature={signature}",
             report.id
         ),
         expires,

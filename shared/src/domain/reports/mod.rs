@@ -2,7 +2,7 @@
 //! tenant's payments or refunds created in `[from, to)`; it is written as
 //! CSV to the blob store by a run ([`run`]) and then downloaded through a
 //! link that expires (S3: a presigned GET; the local blob directory: a
-//! link to `GET /v1/reports/{id}/download` signed with a key derived from
+//! link to `GET /exports/{id}` signed with a key derived from
 //! the credentials master key, [`link`]).
 //!
 //! Who runs it: on the local gateway a task the POST spawns
