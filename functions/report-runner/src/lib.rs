@@ -34,7 +34,10 @@ mod tests {
     #[tokio::test]
     async fn a_run_finishes_the_pending_reports() {
         let state = AppState::for_tests();
-        let tenant = Tenant::new("proj_1".to_owned().into(), shared::domain::Mode::Sandbox);
+        let tenant = Tenant::new(
+            shared::ids::ProjectId::stored("proj_1"),
+            shared::domain::Mode::Sandbox,
+        );
         let req = ReportRequest {
             report_type: "payments",
             from: "2026-11-01T00:00:00Z",
