@@ -12,7 +12,8 @@ use axum::response::{IntoResponse, Response};
 use shared::ids::{
     ApiKeyId, AuditId, BillingInvoiceId, CouponId, CustomerId, DeliveryId, DunningPolicyId,
     EndpointId, EventId, InvoiceId, InvoiceItemId, LinkId, MerchantId, PaymentId, PlanId, ProjectId,
-    PromotionCodeId, RefundId, SessionId, SmsId, SubscriptionId, TestClockId, TypedId, UserId,
+    PromotionCodeId, RefundId, ReportId, SessionId, SmsId, SubscriptionId, TestClockId, TypedId,
+    UserId,
 };
 use shared::refusal::Refusal;
 
@@ -82,7 +83,8 @@ id_parts!(
     TestClockId,
     CouponId,
     PromotionCodeId,
-    InvoiceItemId
+    InvoiceItemId,
+    ReportId
 );
 
 /// What a route's path holds, in order: one part or a tuple of them.

@@ -251,6 +251,14 @@ pub const ERROR_CODES: &[(&str, &str)] = &[
         "test clocks exist in sandbox only: use a sandbox key",
     ),
     (
+        "download_link_invalid",
+        "the report's download link is not one we signed",
+    ),
+    (
+        "download_link_expired",
+        "the report's download link has expired: get the report again for a fresh one",
+    ),
+    (
         "webhook_endpoint_limit",
         "the project has its maximum of webhook endpoints",
     ),

@@ -16,6 +16,7 @@ use shared::domain::links::LinkError;
 use shared::domain::mobile::MobileError;
 use shared::domain::qr::QrError;
 use shared::domain::refunds::RefundError;
+use shared::domain::reports::ReportError;
 use shared::domain::sms::SmsError;
 use shared::domain::webhooks::WebhookError;
 use shared::refusal::{Kind, Refusal};
@@ -95,6 +96,7 @@ answered_by_refusal!(
     MobileError,
     QrError,
     RefundError,
+    ReportError,
     SmsError,
     TestClockError,
     WebhookError,

@@ -32,6 +32,7 @@ ID_OF = {
     "/v1/refunds/": "ref_", "/v1/payment-links/": "lnk_", "/c/": "cs_",
     "/l/": "lnk_", "/v1/qr/": "cs_", "/v1/mobile/sessions/": "cs_",
     "/v1/webhooks/": "we_", "/v1/invoices/": "oinv_", "/dashboard/invoices/": "oinv_",
+    "/v1/reports/": "rpt_",
 }
 PARAMS = {
     "{payment}": "pay_" + ZERO,

@@ -33,6 +33,7 @@ pub enum IdKind {
     CreditEntry,
     InvoiceItem,
     UsageRecord,
+    Report,
 }
 
 impl IdKind {
@@ -64,6 +65,7 @@ impl IdKind {
             IdKind::CreditEntry => "cbt_",
             IdKind::InvoiceItem => "ii_",
             IdKind::UsageRecord => "ur_",
+            IdKind::Report => "rpt_",
         }
     }
 }
@@ -357,6 +359,8 @@ typed_ids! {
     InvoiceItemId => InvoiceItem, "invoice item";
     /// `ur_…`: one metered usage event of a subscription.
     UsageRecordId => UsageRecord, "usage record";
+    /// `rpt_…`: an export (`domain::reports`).
+    ReportId => Report, "report";
 }
 
 #[cfg(test)]

@@ -105,6 +105,8 @@ pub enum PerMode {
     PromotionCodes,
     /// Promotion code claims (by the upper-cased code).
     PromotionCodeNames,
+    /// `gsi1`: exports (`domain::reports`), newest first.
+    Reports,
 }
 
 impl PerMode {
@@ -130,6 +132,7 @@ impl PerMode {
             PerMode::CouponCodes => "COUPONCODE",
             PerMode::PromotionCodes => "PROMO",
             PerMode::PromotionCodeNames => "PROMOCODE",
+            PerMode::Reports => "RPT",
         }
     }
 }
@@ -286,6 +289,17 @@ pub fn test_clock_notice_partition(clock_id: &str) -> String {
 /// A sandbox test clock (`billing::test_clock`).
 pub fn test_clock(clock_id: &str) -> Key {
     Key::new(format!("CLOCK#{clock_id}"), "CLOCK")
+}
+
+/// An export (`domain::reports`).
+pub fn report(report_id: &str) -> Key {
+    Key::new(format!("RPT#{report_id}"), "RPT")
+}
+
+/// Exports not yet finished (`gsi2`, by id): what the scheduler runs
+/// (`domain::reports`).
+pub fn unfinished_reports() -> String {
+    "RPTS#UNFINISHED".to_owned()
 }
 
 /// One project and mode in the billing sweep's list.
@@ -571,6 +585,9 @@ mod tests {
         assert_eq!(billing_due_partition(1), "BILLDUE#1");
         assert_eq!(test_clock_due_partition("clock_1"), "CLOCK#clock_1#SUBDUE");
         assert_eq!(k(test_clock("clock_1")), kk("CLOCK#clock_1", "CLOCK"));
+        assert_eq!(k(report("rpt_1")), kk("RPT#rpt_1", "RPT"));
+        assert_eq!(unfinished_reports(), "RPTS#UNFINISHED");
+        assert_eq!(per_mode("p", sb, PerMode::Reports), "PROJ#p#sandbox#RPT");
         assert_eq!(
             per_mode("p", sb, PerMode::TestClocks),
             "PROJ#p#sandbox#CLOCK"

@@ -322,6 +322,18 @@ impl CredentialsKey {
         format!("{}:{}", self.id, STANDARD.encode(self.bytes))
     }
 
+    /// A key for `purpose` derived from this one (HMAC-SHA256 of the
+    /// purpose under the master key): signing with it never exposes the
+    /// master key, and each purpose signs apart.
+    pub fn derive(&self, purpose: &str) -> [u8; 32] {
+        use hmac::{Hmac, Mac};
+        let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(&self.bytes)
+            .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+        mac.update(b"dhukuti/derive/");
+        mac.update(purpose.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+
     pub(crate) fn cipher(&self) -> Aes256Gcm {
         Aes256Gcm::new(&self.bytes.into())
     }

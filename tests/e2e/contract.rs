@@ -57,6 +57,10 @@ const ROUTES: &[Route] = &[
     r("GET", "/v1/sessions", Scope::SessionsRead),
     r("GET", "/v1/sessions/{id}", Scope::SessionsRead),
     r("GET", "/v1/providers", Scope::PaymentsRead),
+    // exports
+    r("POST", "/v1/reports", Scope::PaymentsRead),
+    r("GET", "/v1/reports", Scope::PaymentsRead),
+    r("GET", "/v1/reports/{id}", Scope::PaymentsRead),
     // refunds
     r("POST", "/v1/refunds", Scope::RefundsWrite),
     r("GET", "/v1/refunds", Scope::RefundsRead),
@@ -307,6 +311,9 @@ fn outside_contract(path: &str) -> bool {
         "/docs",
         "/openapi.json",
         "/dashboard",
+        // A ready report's signed local download link (the link is the
+        // bearer; not deployed on AWS, where S3 presigns it).
+        "/exports/",
     ]
     .iter()
     .any(|p| path.starts_with(p))
@@ -494,6 +501,7 @@ struct Records {
     promotion_code: String,
     /// A well-formed invoice item id that does not exist.
     invoice_item: String,
+    report: String,
 }
 
 impl Records {
@@ -539,6 +547,8 @@ impl Records {
             &self.coupon
         } else if p.starts_with("/v1/billing/promotion-codes/") {
             &self.promotion_code
+        } else if p.starts_with("/v1/reports/") {
+            &self.report
         } else {
             panic!("no record for {path}")
         }
@@ -625,9 +635,14 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
         ("POST", "/v1/billing/subscriptions/{id}/apply-coupon") => {
             json!({"couponId": rec.coupon})
         }
+        ("POST", "/v1/reports") => report_body(),
         _ => panic!("no body for {method} {path}"),
     };
     Some(body)
+}
+
+fn report_body() -> Value {
+    json!({"type": "payments", "from": "2026-11-01T00:00:00Z", "to": "2026-11-02T00:00:00Z"})
 }
 
 fn test_clock_body() -> Value {
@@ -788,6 +803,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         json!({"couponId": coupon["id"], "code": "contractoff"}),
     )
     .await;
+    let report = created(app, key, "/v1/reports", report_body()).await;
     let rec = Records {
         session: text(&session["id"]),
         payment: payment.id.to_string(),
@@ -808,6 +824,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         coupon: text(&coupon["id"]),
         promotion_code: text(&promotion_code["id"]),
         invoice_item: new_id(IdKind::InvoiceItem),
+        report: text(&report["id"]),
     };
     for (kind, id) in [
         ("cs_", &rec.session),
@@ -824,6 +841,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         ("clock_", &rec.test_clock),
         ("cpn_", &rec.coupon),
         ("promo_", &rec.promotion_code),
+        ("rpt_", &rec.report),
     ] {
         assert!(id.starts_with(kind), "{kind}: {id}");
     }
@@ -1432,6 +1450,7 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
             vec![n("couponId", Str), n("promotionCode", Str)]
         }
         ("POST", "/v1/billing/test-clocks/{id}/advance") => vec![f("frozenTime", Str)],
+        ("POST", "/v1/reports") => vec![f("type", Str), f("from", Str), f("to", Str)],
         _ => panic!("no body fields for {method} {path}"),
     }
 }

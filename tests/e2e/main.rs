@@ -47,6 +47,7 @@ mod pay;
 mod qr;
 mod ratelimit;
 mod refunds;
+mod reports;
 mod sam_local;
 mod short_links;
 mod sms;

@@ -67,6 +67,10 @@ mod payments_main;
 mod qr_main;
 #[path = "../../functions/refunds/src/main.rs"]
 mod refunds_main;
+#[path = "../../functions/report-runner/src/main.rs"]
+mod report_runner_main;
+#[path = "../../functions/reports/src/main.rs"]
+mod reports_main;
 #[path = "../../functions/scheduler/src/main.rs"]
 mod scheduler_main;
 #[path = "../../functions/sms-dispatcher/src/main.rs"]
@@ -106,6 +110,8 @@ fn function_process() {
         "payments" => payments_main::main(),
         "qr" => qr_main::main(),
         "refunds" => refunds_main::main(),
+        "report-runner" => report_runner_main::main(),
+        "reports" => reports_main::main(),
         "scheduler" => scheduler_main::main(),
         "sms" => sms_main::main(),
         "sms-dispatcher" => sms_dispatcher_main::main(),

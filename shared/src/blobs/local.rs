@@ -28,6 +28,8 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures::TryStreamExt;
+use futures::stream::BoxStream;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 use ulid::Ulid;
@@ -145,6 +147,58 @@ impl Blobs for LocalDirBlobs {
             Err(err) => Err(backend("cannot read", &path, err)),
         }
     }
+
+    /// Appends each chunk to a temporary file next to the target, then
+    /// syncs and renames it over the target, as [`Blobs::put`] does.
+    async fn put_stream(
+        &self,
+        key: &str,
+        content_type: &str,
+        mut chunks: BoxStream<'_, Result<Bytes, BlobError>>,
+    ) -> Result<u64, BlobError> {
+        let path = self.path(key)?;
+        validate_content_type(content_type)?;
+        let dir = path.parent().unwrap_or(&self.root).to_path_buf();
+        tokio::fs::create_dir_all(&dir)
+            .await
+            .map_err(|e| backend("cannot create directory", &dir, e))?;
+        let tmp = dir.join(format!(".~tmp-{}", Ulid::new()));
+        let written = async {
+            let mut file = tokio::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+                .await
+                .map_err(|e| backend("cannot write", &tmp, e))?;
+            file.write_all(&encode(content_type, &[]))
+                .await
+                .map_err(|e| backend("cannot write", &tmp, e))?;
+            let mut len = 0u64;
+            while let Some(chunk) = chunks.try_next().await? {
+                file.write_all(&chunk)
+                    .await
+                    .map_err(|e| backend("cannot write", &tmp, e))?;
+                len += chunk.len() as u64;
+            }
+            file.sync_all()
+                .await
+                .map_err(|e| backend("cannot write", &tmp, e))?;
+            Ok::<u64, BlobError>(len)
+        }
+        .await;
+        let len = match written {
+            Ok(len) => len,
+            Err(err) => {
+                let _ = tokio::fs::remove_file(&tmp).await;
+                return Err(err);
+            }
+        };
+        if let Err(err) = tokio::fs::rename(&tmp, &path).await {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Err(backend("cannot replace", &path, err));
+        }
+        Ok(len)
+    }
 }
 
 #[cfg(test)]
@@ -238,6 +292,40 @@ mod tests {
             .collect();
         assert_eq!(names.len(), 3);
         assert!(names.iter().all(|n| n.len() <= MAX_SEGMENT), "{names:?}");
+    }
+
+    #[tokio::test]
+    async fn a_streamed_put_is_all_or_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let blobs = LocalDirBlobs::new(dir.path());
+        let chunks = futures::stream::iter(vec![
+            Ok(Bytes::from_static(b"a,b\n")),
+            Ok(Bytes::from_static(b"1,2\n")),
+        ]);
+        let n = blobs
+            .put_stream("r/x.csv", "text/csv", Box::pin(chunks))
+            .await
+            .unwrap();
+        assert_eq!(n, 8);
+        let got = blobs.get("r/x.csv").await.unwrap().unwrap();
+        assert_eq!(got.bytes.as_ref(), b"a,b\n1,2\n");
+        assert_eq!(got.content_type, "text/csv");
+        // A failed chunk leaves nothing, not even a temporary file.
+        let chunks = futures::stream::iter(vec![
+            Ok(Bytes::from_static(b"a,b\n")),
+            Err(BlobError::Unavailable("gone".into())),
+        ]);
+        let err = blobs
+            .put_stream("r/y.csv", "text/csv", Box::pin(chunks))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BlobError::Unavailable(_)), "{err:?}");
+        assert_eq!(blobs.get("r/y.csv").await.unwrap(), None);
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("r"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["x.csv"]);
     }
 
     #[tokio::test]

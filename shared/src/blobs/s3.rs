@@ -13,6 +13,7 @@ use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 #[cfg(feature = "tools")]
 use aws_sdk_s3::operation::create_bucket::CreateBucketError;
 use aws_sdk_s3::operation::get_object::GetObjectError;
+use aws_sdk_s3::presigning::PresigningConfig;
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::ServerSideEncryption;
 #[cfg(feature = "tools")]
@@ -20,10 +21,17 @@ use aws_sdk_s3::types::{
     BucketLocationConstraint, CreateBucketConfiguration, PublicAccessBlockConfiguration,
     ServerSideEncryptionByDefault, ServerSideEncryptionConfiguration, ServerSideEncryptionRule,
 };
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use bytes::Bytes;
+use futures::TryStreamExt;
+use futures::stream::BoxStream;
 
 use super::memory::validate_content_type;
-use super::{Blob, BlobError, Blobs, validate_key};
+use super::{Blob, BlobError, Blobs, rechunk, validate_key};
+
+/// The size of a multipart upload's parts (S3 takes 5 MiB at least, the
+/// last part excepted): what a streamed put holds in memory at once.
+pub const PART_SIZE: usize = 8 * 1024 * 1024;
 use crate::aws::is_transient;
 
 /// The blob port on one S3 bucket.
@@ -214,6 +222,139 @@ impl Blobs for S3Blobs {
             bytes,
             content_type,
         }))
+    }
+
+    /// A multipart upload of [`PART_SIZE`] parts, aborted on any failure
+    /// (nothing is visible under `key` until it completes).
+    async fn put_stream(
+        &self,
+        key: &str,
+        content_type: &str,
+        chunks: BoxStream<'_, Result<Bytes, BlobError>>,
+    ) -> Result<u64, BlobError> {
+        validate_key(key)?;
+        validate_content_type(content_type)?;
+        let started = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .content_type(content_type)
+            .server_side_encryption(ServerSideEncryption::Aes256)
+            .send()
+            .await
+            .map_err(|e| sdk_error(&format!("CreateMultipartUpload {key}"), e))?;
+        let upload_id = started
+            .upload_id
+            .ok_or_else(|| BlobError::Backend(format!("CreateMultipartUpload {key}: no id")))?;
+        match self.upload_parts(key, &upload_id, chunks).await {
+            Ok(len) => Ok(len),
+            Err(err) => {
+                let aborted = self
+                    .client
+                    .abort_multipart_upload()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .upload_id(&upload_id)
+                    .send()
+                    .await;
+                if let Err(e) = aborted {
+                    tracing::warn!(key, error = %DisplayErrorContext(&e), "multipart upload not aborted");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// A presigned GET of `key`.
+    async fn download_url(
+        &self,
+        key: &str,
+        expires_in: std::time::Duration,
+    ) -> Result<Option<String>, BlobError> {
+        validate_key(key)?;
+        let config = PresigningConfig::expires_in(expires_in)
+            .map_err(|e| BlobError::Backend(format!("presigning {key}: {e}")))?;
+        let request = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .presigned(config)
+            .await
+            .map_err(|e| sdk_error(&format!("presigning GetObject {key}"), e))?;
+        Ok(Some(request.uri().to_owned()))
+    }
+}
+
+impl S3Blobs {
+    /// The parts of a multipart upload already begun (`upload_id`), then
+    /// its completion.
+    async fn upload_parts(
+        &self,
+        key: &str,
+        upload_id: &str,
+        chunks: BoxStream<'_, Result<Bytes, BlobError>>,
+    ) -> Result<u64, BlobError> {
+        let mut parts = rechunk(chunks, PART_SIZE);
+        let mut done = Vec::new();
+        let mut len = 0u64;
+        while let Some(part) = parts.try_next().await? {
+            let number = i32::try_from(done.len() + 1)
+                .map_err(|_| BlobError::Backend(format!("{key}: too many parts")))?;
+            len += part.len() as u64;
+            let out = self
+                .client
+                .upload_part()
+                .bucket(&self.bucket)
+                .key(key)
+                .upload_id(upload_id)
+                .part_number(number)
+                .body(ByteStream::from(part))
+                .send()
+                .await
+                .map_err(|e| sdk_error(&format!("UploadPart {key} #{number}"), e))?;
+            done.push(
+                CompletedPart::builder()
+                    .part_number(number)
+                    .set_e_tag(out.e_tag)
+                    .build(),
+            );
+        }
+        if done.is_empty() {
+            // S3 completes no upload of zero parts: one empty part.
+            let out = self
+                .client
+                .upload_part()
+                .bucket(&self.bucket)
+                .key(key)
+                .upload_id(upload_id)
+                .part_number(1)
+                .body(ByteStream::from(Bytes::new()))
+                .send()
+                .await
+                .map_err(|e| sdk_error(&format!("UploadPart {key} #1"), e))?;
+            done.push(
+                CompletedPart::builder()
+                    .part_number(1)
+                    .set_e_tag(out.e_tag)
+                    .build(),
+            );
+        }
+        self.client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(done))
+                    .build(),
+            )
+            .send()
+            .await
+            .map_err(|e| sdk_error(&format!("CompleteMultipartUpload {key}"), e))?;
+        Ok(len)
     }
 }
 

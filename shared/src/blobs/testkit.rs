@@ -37,6 +37,7 @@ macro_rules! blob_conformance_tests {
             invalid_keys_are_rejected,
             invalid_content_type_is_rejected,
             concurrent_puts,
+            streamed_puts,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -355,4 +356,37 @@ pub async fn concurrent_puts(blobs: Arc<dyn Blobs>) {
         winner.bytes.as_ref() == vec![b'a' + i as u8; 64 * 1024 + i].as_slice(),
         "contended: bytes are not those of the put with content type text/x-{i}"
     );
+}
+
+/// A streamed put stores every chunk in order (more than one multipart
+/// part on S3), answers its length, and an empty stream is an empty object.
+pub async fn streamed_puts(blobs: Arc<dyn Blobs>) {
+    // 9 MiB in 1 MiB chunks: two parts of an S3 multipart upload.
+    let chunk: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
+    let chunks: Vec<Result<Bytes, BlobError>> =
+        (0..9).map(|_| Ok(Bytes::from(chunk.clone()))).collect();
+    let n = blobs
+        .put_stream(
+            "streams/big.csv",
+            "text/csv",
+            Box::pin(futures::stream::iter(chunks)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 9 * 1024 * 1024);
+    let got = blobs.get("streams/big.csv").await.unwrap().unwrap();
+    assert_eq!(got.bytes.len(), 9 * 1024 * 1024);
+    assert_eq!(got.content_type, "text/csv");
+    assert!(got.bytes.chunks(chunk.len()).all(|c| c == chunk.as_slice()));
+    let n = blobs
+        .put_stream(
+            "streams/empty.csv",
+            "text/csv",
+            Box::pin(futures::stream::empty()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
+    let got = blobs.get("streams/empty.csv").await.unwrap().unwrap();
+    assert!(got.bytes.is_empty());
 }

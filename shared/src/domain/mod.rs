@@ -22,6 +22,7 @@ pub mod payments;
 pub mod qr;
 pub mod record;
 pub mod refunds;
+pub mod reports;
 #[cfg(test)]
 mod roundtrip;
 pub mod short_links;

@@ -139,6 +139,7 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
         ("ACTIVE", _) => ("active project", record::<active::Active>()),
         ("AKEY", "AKEY") => ("api key", record::<account::ApiKey>()),
         ("CLOCK", "CLOCK") => ("test clock", record::<billing::test_clock::TestClock>()),
+        ("RPT", "RPT") => ("report", record::<super::reports::Report>()),
         ("BILLDUE", _) => ("billing sweep tenant", record::<billing::due::DueTenant>()),
         ("BINV", "BINV") => (
             "billing invoice",

@@ -1,0 +1,237 @@
+//! The CSV of an export: the columns of each type (`docs/reports.md`),
+//! one row per record, text cells a spreadsheet would run as a formula
+//! neutralised, amounts plain numbers.
+
+use chrono::FixedOffset;
+
+use super::ReportType;
+use crate::domain::billing::calendar::{bs_from_ad, nepal_day};
+use crate::domain::payments::Payment;
+use crate::domain::record::word;
+use crate::domain::refunds::Refund;
+use crate::money::Paisa;
+use crate::time::Timestamp;
+
+/// The columns of a payments export, in order.
+pub const PAYMENT_COLUMNS: [&str; 20] = [
+    "id",
+    "status",
+    "provider",
+    "amount_paisa",
+    "amount_npr",
+    "amount_refunded_paisa",
+    "amount_refunded_npr",
+    "currency",
+    "provider_ref",
+    "checkout_session_id",
+    "customer_name",
+    "customer_email",
+    "customer_phone",
+    "failure_reason",
+    "created_at_utc",
+    "created_at_nepal",
+    "created_date_ad",
+    "created_date_bs",
+    "updated_at_utc",
+    "double_payment_of",
+];
+
+/// The columns of a refunds export, in order.
+pub const REFUND_COLUMNS: [&str; 16] = [
+    "id",
+    "payment_id",
+    "status",
+    "provider",
+    "amount_paisa",
+    "amount_npr",
+    "currency",
+    "reason",
+    "provider_refund_id",
+    "failure_reason",
+    "notes",
+    "created_at_utc",
+    "created_at_nepal",
+    "created_date_ad",
+    "created_date_bs",
+    "updated_at_utc",
+];
+
+/// The header row of `kind`.
+pub fn columns(kind: ReportType) -> &'static [&'static str] {
+    match kind {
+        ReportType::Payments => &PAYMENT_COLUMNS,
+        ReportType::Refunds => &REFUND_COLUMNS,
+    }
+}
+
+/// A text cell as written: one a spreadsheet would read as a formula (its
+/// first character `=`, `+`, `-`, `@`, a tab or a carriage return) gets a
+/// leading `'`, so it shows as the text it is.
+pub fn text(value: &str) -> String {
+    match value.chars().next() {
+        Some('=' | '+' | '-' | '@' | '\t' | '\r') => format!("'{value}"),
+        _ => value.to_owned(),
+    }
+}
+
+fn opt_text(value: Option<&str>) -> String {
+    value.map(text).unwrap_or_default()
+}
+
+/// An amount in rupees as a plain number: `1500.50` (never grouped, never
+/// through a float).
+pub fn rupees(amount: Paisa) -> String {
+    let p = amount.get();
+    let sign = if p < 0 { "-" } else { "" };
+    let abs = p.unsigned_abs();
+    format!("{sign}{}.{:02}", abs / 100, abs % 100)
+}
+
+const NEPAL: FixedOffset = match FixedOffset::east_opt(5 * 3600 + 45 * 60) {
+    Some(offset) => offset,
+    None => panic!("+05:45 is a valid offset"),
+};
+
+/// `at` in Nepal time, `2026-11-29T17:30:00.000+05:45`.
+pub fn nepal_time(at: Timestamp) -> String {
+    at.datetime()
+        .with_timezone(&NEPAL)
+        .format("%Y-%m-%dT%H:%M:%S%.3f+05:45")
+        .to_string()
+}
+
+/// The Nepal calendar day of `at`, in AD (`2026-11-29`) and in Bikram
+/// Sambat (`2083-08-14`; empty outside the years the table covers).
+pub fn days(at: Timestamp) -> (String, String) {
+    let day = nepal_day(at);
+    let bs = bs_from_ad(day)
+        .map(|bs| format!("{:04}-{:02}-{:02}", bs.year(), bs.month(), bs.day()))
+        .unwrap_or_default();
+    (day.format("%Y-%m-%d").to_string(), bs)
+}
+
+/// The cells of one payment, in [`PAYMENT_COLUMNS`]' order.
+pub fn payment_row(p: &Payment) -> Vec<String> {
+    let (ad, bs) = days(p.created_at);
+    vec![
+        p.id.to_string(),
+        word(&p.status),
+        word(&p.provider),
+        p.amount.get().to_string(),
+        rupees(p.amount),
+        p.amount_refunded.get().to_string(),
+        rupees(p.amount_refunded),
+        word(&p.currency),
+        opt_text(p.provider_ref.as_deref()),
+        text(&p.checkout_session_id),
+        opt_text(p.customer_name.as_deref()),
+        opt_text(p.customer_email.as_deref()),
+        opt_text(p.customer_phone.as_deref()),
+        opt_text(p.failure_reason.as_deref()),
+        p.created_at.to_rfc3339(),
+        nepal_time(p.created_at),
+        ad,
+        bs,
+        p.updated_at.to_rfc3339(),
+        p.double_payment_of
+            .as_ref()
+            .map(|id| id.to_string())
+            .unwrap_or_default(),
+    ]
+}
+
+/// The cells of one refund, in [`REFUND_COLUMNS`]' order.
+pub fn refund_row(r: &Refund) -> Vec<String> {
+    let (ad, bs) = days(r.created_at);
+    vec![
+        r.id.to_string(),
+        r.payment_id.to_string(),
+        word(&r.status),
+        word(&r.provider),
+        r.amount.get().to_string(),
+        rupees(r.amount),
+        word(&r.currency),
+        text(&word(&r.reason)),
+        opt_text(r.provider_refund_id.as_deref()),
+        opt_text(r.failure_reason.as_deref()),
+        opt_text(r.notes.as_deref()),
+        r.created_at.to_rfc3339(),
+        nepal_time(r.created_at),
+        ad,
+        bs,
+        r.updated_at.to_rfc3339(),
+    ]
+}
+
+/// CSV lines of `rows` (RFC 4180: a cell with a comma, quote or line
+/// break is quoted).
+pub fn lines(rows: &[Vec<String>]) -> Result<Vec<u8>, String> {
+    let mut out = csv::WriterBuilder::new()
+        .terminator(csv::Terminator::CRLF)
+        .from_writer(Vec::new());
+    for row in rows {
+        out.write_record(row).map_err(|e| e.to_string())?;
+    }
+    out.into_inner().map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formulas_are_neutralised_and_plain_text_is_not() {
+        for (raw, shown) in [
+            ("=HYPERLINK(\"x\")", "'=HYPERLINK(\"x\")"),
+            ("+977", "'+977"),
+            ("-2+3", "'-2+3"),
+            ("@SUM(A1)", "'@SUM(A1)"),
+            ("\tcmd", "'\tcmd"),
+            ("\rcmd", "'\rcmd"),
+            ("Ram Bahadur", "Ram Bahadur"),
+            ("a=b", "a=b"),
+            ("", ""),
+        ] {
+            assert_eq!(text(raw), shown, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn rupees_are_plain_numbers_with_two_places() {
+        for (p, r) in [
+            (150050, "1500.50"),
+            (5, "0.05"),
+            (100, "1.00"),
+            (0, "0.00"),
+            (123456789, "1234567.89"),
+        ] {
+            assert_eq!(rupees(Paisa::new(p).unwrap()), r);
+        }
+    }
+
+    #[test]
+    fn times_in_nepal_and_days_in_both_calendars() {
+        // 18:20 UTC is 00:05 the next day in Nepal.
+        let at = Timestamp::parse("2026-11-28T18:20:00Z").unwrap();
+        assert_eq!(nepal_time(at), "2026-11-29T00:05:00.000+05:45");
+        let (ad, bs) = days(at);
+        assert_eq!(ad, "2026-11-29");
+        assert_eq!(bs, "2083-08-13");
+    }
+
+    #[test]
+    fn cells_are_quoted_only_when_they_must_be() {
+        let rows = vec![
+            vec!["a".to_owned(), "1500.50".to_owned()],
+            vec!["x, \"y\"".to_owned(), "line\nbreak".to_owned()],
+        ];
+        let out = String::from_utf8(lines(&rows).unwrap()).unwrap();
+        assert_eq!(out, "a,1500.50\r\n\"x, \"\"y\"\"\",\"line\nbreak\"\r\n");
+    }
+
+    #[test]
+    fn every_row_has_its_columns() {
+        assert_eq!(columns(ReportType::Payments).len(), PAYMENT_COLUMNS.len());
+        assert_eq!(columns(ReportType::Refunds).len(), REFUND_COLUMNS.len());
+    }
+}

@@ -1,0 +1,284 @@
+//! Running a report: claim it, read its records page by page (one ranged
+//! query of the tenant's list index per page, [`PAGE`] records), write
+//! each page's CSV lines to the blob store as they come
+//! ([`crate::blobs::Blobs::put_stream`]: a streamed file, an S3 multipart
+//! upload), so memory holds one page and one upload part whatever the
+//! row count; the progress (`rows`) is saved every [`PROGRESS_EVERY`]
+//! rows, which also extends the lease.
+//!
+//! The records of `[from, to)` are found by id: ids begin with their
+//! creation time (a ULID), so the range of ids minted from `from - MARGIN`
+//! to `to + MARGIN` holds them all, and each one read is kept only if its
+//! `createdAt` is in the range.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::de::DeserializeOwned;
+
+use super::csv::{columns, lines, payment_row, refund_row};
+use super::{Report, ReportError, ReportStatus, ReportType, save};
+use crate::Deps;
+use crate::blobs::BlobError;
+use crate::domain::payments::Payment;
+use crate::domain::record::{self, from_item};
+use crate::domain::refunds::Refund;
+use crate::ids::{IdKind, ReportId};
+use crate::keys;
+use crate::store::{Index, Item, Query, SkCond, StoreError};
+use crate::time::Timestamp;
+
+/// How long a claim holds a report without news from its runner.
+pub const LEASE: chrono::Duration = chrono::Duration::minutes(10);
+/// Records read per query.
+pub const PAGE: usize = 1000;
+/// Rows between two saves of the progress.
+pub const PROGRESS_EVERY: u64 = 10_000;
+/// How far an id's time may stray from its record's `createdAt`.
+const MARGIN: chrono::Duration = chrono::Duration::hours(1);
+/// Most unfinished reports one scheduler run takes up.
+pub const PER_RUN: usize = 5;
+
+/// `report` taken for a run at `now` (`running`, leased), or `None` when
+/// it is finished, held by a live lease, or another driver took it first.
+pub async fn claim(
+    deps: &Deps,
+    report: Report,
+    now: Timestamp,
+) -> Result<Option<Report>, ReportError> {
+    let held =
+        report.status == ReportStatus::Running && report.lease_until.is_some_and(|t| t > now);
+    if report.status.finished() || held {
+        return Ok(None);
+    }
+    let mut next = report.clone();
+    next.status = ReportStatus::Running;
+    next.rows = 0;
+    next.lease_until = Some(now.plus(LEASE));
+    next.updated_at = now;
+    match save(deps, &report, next).await {
+        Ok(r) => Ok(Some(r)),
+        Err(ReportError::Busy) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Runs the report `id` to its end if nobody holds it; answers it as it
+/// then is (`ready` or `failed`, or as another driver left it).
+pub async fn run(deps: &Deps, id: &ReportId) -> Result<Report, ReportError> {
+    let report = record::get::<Report>(&*deps.store, &Report::key(id))
+        .await?
+        .ok_or_else(|| ReportError::NotFound(id.clone()))?;
+    let Some(held) = claim(deps, report.clone(), deps.clock.now()).await? else {
+        return Ok(report);
+    };
+    let shared = Arc::new(Mutex::new(held));
+    let written = write(deps, shared.clone()).await;
+    let held = shared
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let now = deps.clock.now();
+    let mut next = held.clone();
+    next.lease_until = None;
+    next.updated_at = now;
+    next.finished_at = Some(now);
+    match written {
+        Ok((rows, bytes)) => {
+            next.status = ReportStatus::Ready;
+            next.rows = rows;
+            next.bytes = bytes;
+        }
+        // Another driver took it over (a lapsed lease): it finishes it.
+        Err(ReportError::Busy) => {
+            return record::get::<Report>(&*deps.store, &Report::key(id))
+                .await?
+                .ok_or_else(|| ReportError::NotFound(id.clone()));
+        }
+        Err(e) => {
+            tracing::error!(report = %id, error = %e, "report failed");
+            next.status = ReportStatus::Failed;
+            next.failure = Some("the export could not be written; start a new one".into());
+        }
+    }
+    save(deps, &held, next).await
+}
+
+/// Runs `id` in a task of its own (the local gateway, where the process
+/// outlives the answer); a failure is logged, the scheduler retries.
+pub fn spawn_run(deps: Deps, id: ReportId) {
+    tokio::spawn(async move {
+        if let Err(e) = run(&deps, &id).await {
+            tracing::warn!(report = %id, error = %e, "report run stopped; the scheduler retries");
+        }
+    });
+}
+
+/// The scheduler's part: runs up to [`PER_RUN`] unfinished reports (the
+/// oldest first) while `deadline` has not passed. Answers how many it
+/// finished.
+pub async fn run_unfinished(deps: &Deps, deadline: Instant) -> Result<usize, StoreError> {
+    let query = Query::partition(keys::unfinished_reports())
+        .on(Index::Gsi2)
+        .limit(PER_RUN);
+    let listed = deps.store.query(&query).await?.items;
+    let mut done = 0;
+    for item in listed {
+        if Instant::now() >= deadline {
+            break;
+        }
+        let listed: Report = from_item(item)?;
+        match run(deps, &listed.id).await {
+            Ok(r) if r.status.finished() => done += 1,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(report = %listed.id, error = %e, "report run failed; the next run retries")
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// The id bound of kind `kind` at `at` (lowest or highest of that ms).
+fn id_bound(kind: IdKind, at: Timestamp, high: bool) -> String {
+    let ms = u64::try_from(at.unix_millis()).unwrap_or(0);
+    let random = if high { (1u128 << 80) - 1 } else { 0 };
+    let ulid = ulid::Ulid::from_parts(ms, random);
+    format!("{}{}", kind.prefix(), ulid.to_string().to_ascii_lowercase())
+}
+
+/// The query of `report`'s records, oldest first.
+fn query_of(report: &Report) -> Query {
+    let (what, kind) = match report.report_type {
+        ReportType::Payments => (keys::PerMode::Payments, IdKind::Payment),
+        ReportType::Refunds => (keys::PerMode::Refunds, IdKind::Refund),
+    };
+    let low = id_bound(kind, report.from.plus(-MARGIN), false);
+    let high = id_bound(kind, report.to.plus(MARGIN), true);
+    Query::partition(keys::per_mode(&report.project_id, report.mode, what))
+        .on(Index::Gsi1)
+        .sk(SkCond::Between(low, high))
+        .limit(PAGE)
+}
+
+/// The rows of one page's items that fall in `[from, to)`.
+fn rows_of<T: DeserializeOwned>(
+    items: Vec<Item>,
+    from: Timestamp,
+    to: Timestamp,
+    created: fn(&T) -> Timestamp,
+    row: fn(&T) -> Vec<String>,
+) -> Result<Vec<Vec<String>>, StoreError> {
+    let mut rows = Vec::with_capacity(items.len());
+    for item in items {
+        let record: T = from_item(item)?;
+        let at = created(&record);
+        if at >= from && at < to {
+            rows.push(row(&record));
+        }
+    }
+    Ok(rows)
+}
+
+/// Where a run is: the next page's start, rows so far, rows since the
+/// last progress save.
+struct Cursor {
+    next: Option<Item>,
+    started: bool,
+    rows: u64,
+    unsaved: u64,
+}
+
+fn blob_error(e: impl std::fmt::Display) -> BlobError {
+    BlobError::Backend(e.to_string())
+}
+
+/// Streams the report's CSV into the blob store. Answers rows and bytes.
+async fn write(deps: &Deps, held: Arc<Mutex<Report>>) -> Result<(u64, u64), ReportError> {
+    let report = held.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    let query = query_of(&report);
+    let kind = report.report_type;
+    let (from, to) = (report.from, report.to);
+    let header = lines(&[columns(kind).iter().map(|c| (*c).to_owned()).collect()])
+        .map_err(|e| ReportError::Blobs(blob_error(e)))?;
+    let busy = Arc::new(Mutex::new(false));
+    let cursor = Cursor {
+        next: None,
+        started: false,
+        rows: 0,
+        unsaved: 0,
+    };
+    let progress = held.clone();
+    let lost = busy.clone();
+    let total = Arc::new(AtomicU64::new(0));
+    let counter = total.clone();
+    let chunks =
+        futures::stream::try_unfold((cursor, Some(header)), move |(mut cursor, header)| {
+            let query = query.clone();
+            let progress = progress.clone();
+            let lost = lost.clone();
+            let counter = counter.clone();
+            async move {
+                if let Some(h) = header {
+                    return Ok(Some((Bytes::from(h), (cursor, None))));
+                }
+                if cursor.started && cursor.next.is_none() {
+                    return Ok(None);
+                }
+                let mut q = query;
+                q.start_after = cursor.next.take();
+                let page = deps.store.query(&q).await.map_err(blob_error)?;
+                cursor.started = true;
+                cursor.next = page.last_key;
+                let rows = match kind {
+                    ReportType::Payments => {
+                        rows_of::<Payment>(page.items, from, to, |p| p.created_at, payment_row)
+                    }
+                    ReportType::Refunds => {
+                        rows_of::<Refund>(page.items, from, to, |r| r.created_at, refund_row)
+                    }
+                }
+                .map_err(blob_error)?;
+                cursor.rows += rows.len() as u64;
+                cursor.unsaved += rows.len() as u64;
+                counter.store(cursor.rows, Ordering::Relaxed);
+                if cursor.unsaved >= PROGRESS_EVERY {
+                    cursor.unsaved = 0;
+                    let seen = progress
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clone();
+                    let now = deps.clock.now();
+                    let mut next = seen.clone();
+                    next.rows = cursor.rows;
+                    next.lease_until = Some(now.plus(LEASE));
+                    next.updated_at = now;
+                    match save(deps, &seen, next).await {
+                        Ok(saved) => {
+                            *progress.lock().unwrap_or_else(PoisonError::into_inner) = saved;
+                        }
+                        Err(ReportError::Busy) => {
+                            *lost.lock().unwrap_or_else(PoisonError::into_inner) = true;
+                            return Err(BlobError::Backend("report taken over".into()));
+                        }
+                        Err(e) => return Err(blob_error(e)),
+                    }
+                }
+                let bytes = lines(&rows).map_err(blob_error)?;
+                Ok(Some((Bytes::from(bytes), (cursor, None))))
+            }
+        });
+    let chunks = chunks.boxed();
+    let written = deps
+        .blobs
+        .put_stream(&report.blob_key(), "text/csv; charset=utf-8", chunks)
+        .await;
+    if *busy.lock().unwrap_or_else(PoisonError::into_inner) {
+        return Err(ReportError::Busy);
+    }
+    let bytes = written?;
+    Ok((total.load(Ordering::Relaxed), bytes))
+}
