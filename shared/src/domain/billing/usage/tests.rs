@@ -709,3 +709,48 @@ async fn an_item_deleted_while_the_invoice_is_issued_is_on_exactly_one_side() {
         assert_eq!(outcomes.0 + outcomes.1, 12, "{name}");
     }
 }
+
+/// On a test clock, whose time moves in jumps, a timestamp anywhere in
+/// the current period is taken; past its end it is still refused.
+#[tokio::test]
+async fn on_a_test_clock_the_whole_current_period_is_open() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let tenant = Tenant::new("p1", Mode::Sandbox);
+    let now = at("2026-01-10T06:00:00Z");
+    let clock = test_clock::create(&deps, &tenant, "walk", now, now)
+        .await
+        .unwrap();
+    let mut sub = subscription(&deps, "p1").await;
+    sub.test_clock_id = Some(clock.id);
+    deps.store.put(sub.to_item().unwrap(), None).await.unwrap();
+    let ahead = report(
+        &deps,
+        &tenant,
+        &sub.id,
+        vec![event(
+            5,
+            UsageAction::Increment,
+            "2026-01-20T06:00:00Z",
+            None,
+        )],
+    )
+    .await
+    .unwrap();
+    assert!(matches!(ahead[0], Outcome::Created(_)), "{ahead:?}");
+    let past_period = report(
+        &deps,
+        &tenant,
+        &sub.id,
+        vec![event(
+            5,
+            UsageAction::Increment,
+            "2026-02-11T06:00:00Z",
+            None,
+        )],
+    )
+    .await;
+    let Err(e) = past_period else {
+        panic!("took the next period's usage")
+    };
+    assert_eq!(Refusal::from(e).field.as_deref(), Some("timestamp"));
+}
