@@ -219,7 +219,7 @@ pub struct ReportUsage {
     #[serde(default)]
     #[schema(value_type = Option<String>)]
     pub action: Option<Value>,
-    /// When it was used: RFC 3339, or unix seconds; default now. It must
+    /// When it was used: RFC 3339; default now. It must
     /// fall in an open period: not before billing began, at most 5
     /// minutes ahead, not in an invoiced period.
     #[serde(default)]
@@ -309,27 +309,14 @@ fn event_of(prefix: &str, body: &ReportUsage) -> Result<UsageEvent, BillingError
     };
     let timestamp = match &body.timestamp {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(Timestamp::parse(s.trim()).ok_or_else(|| {
-            invalid(
-                field("timestamp"),
-                "timestamp must be an RFC 3339 time or unix seconds",
-            )
-        })?),
-        Some(Value::Number(n)) => Some(
-            n.as_i64()
-                .and_then(|s| s.checked_mul(1000))
-                .and_then(Timestamp::from_unix_millis)
-                .ok_or_else(|| {
-                    invalid(
-                        field("timestamp"),
-                        "timestamp must be an RFC 3339 time or unix seconds",
-                    )
-                })?,
+        Some(Value::String(s)) => Some(
+            Timestamp::parse(s.trim())
+                .ok_or_else(|| invalid(field("timestamp"), "timestamp must be an RFC 3339 time"))?,
         ),
         Some(_) => {
             return Err(invalid(
                 field("timestamp"),
-                "timestamp must be an RFC 3339 time or unix seconds",
+                "timestamp must be an RFC 3339 time",
             ));
         }
     };
