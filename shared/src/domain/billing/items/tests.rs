@@ -122,7 +122,11 @@ async fn items_are_listed_until_invoiced_and_only_pending_ones_deleted() {
     // Taken twice: the condition refuses it.
     assert!(
         deps.store
-            .transact(consume_ops(&[a.clone()], &invoice, deps.clock.now()))
+            .transact(consume_ops(
+                std::slice::from_ref(&a),
+                &invoice,
+                deps.clock.now()
+            ))
             .await
             .is_err()
     );

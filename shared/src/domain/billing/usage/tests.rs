@@ -114,6 +114,10 @@ fn bad_events_name_their_field_and_refuse_the_batch() {
         ),
         (json!({"quantity": 1, "timestamp": true}), "timestamp"),
         (
+            json!({"quantity": 1, "timestamp": 1_767_000_000}),
+            "timestamp",
+        ),
+        (
             json!({"quantity": 1, "idempotency_key": ""}),
             "idempotency_key",
         ),
@@ -142,7 +146,7 @@ fn bad_events_name_their_field_and_refuse_the_batch() {
         (0..=MAX_BATCH).map(|_| json!({"quantity": 1})).collect();
     assert!(events_of(body(json!({ "events": too_many }))).is_err());
     let (one, batch) = events_of(body(json!({
-        "quantity": 0, "action": "set", "timestamp": 1_767_000_000, "idempotencyKey": " k1 "
+        "quantity": 0, "action": "set", "timestamp": "2025-12-29T09:20:00Z", "idempotencyKey": " k1 "
     })))
     .unwrap();
     assert!(!batch);
@@ -708,4 +712,49 @@ async fn an_item_deleted_while_the_invoice_is_issued_is_on_exactly_one_side() {
         }
         assert_eq!(outcomes.0 + outcomes.1, 12, "{name}");
     }
+}
+
+/// On a test clock, whose time moves in jumps, a timestamp anywhere in
+/// the current period is taken; past its end it is still refused.
+#[tokio::test]
+async fn on_a_test_clock_the_whole_current_period_is_open() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let tenant = Tenant::new("p1", Mode::Sandbox);
+    let now = at("2026-01-10T06:00:00Z");
+    let clock = test_clock::create(&deps, &tenant, "walk", now, now)
+        .await
+        .unwrap();
+    let mut sub = subscription(&deps, "p1").await;
+    sub.test_clock_id = Some(clock.id);
+    deps.store.put(sub.to_item().unwrap(), None).await.unwrap();
+    let ahead = report(
+        &deps,
+        &tenant,
+        &sub.id,
+        vec![event(
+            5,
+            UsageAction::Increment,
+            "2026-01-20T06:00:00Z",
+            None,
+        )],
+    )
+    .await
+    .unwrap();
+    assert!(matches!(ahead[0], Outcome::Created(_)), "{ahead:?}");
+    let past_period = report(
+        &deps,
+        &tenant,
+        &sub.id,
+        vec![event(
+            5,
+            UsageAction::Increment,
+            "2026-02-11T06:00:00Z",
+            None,
+        )],
+    )
+    .await;
+    let Err(e) = past_period else {
+        panic!("took the next period's usage")
+    };
+    assert_eq!(Refusal::from(e).field.as_deref(), Some("timestamp"));
 }
