@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::record::{Record, from_item};
 use super::{Mode, Provider, Tenant};
+use crate::Deps;
 use crate::ids::ProjectId;
 use crate::keys;
 use crate::money::Paisa;
@@ -136,6 +137,36 @@ pub async fn clear(
     }];
     ops.extend(also);
     store.transact(ops).await
+}
+
+/// The tenant's rates, by provider (the dashboard's settings page).
+pub async fn configured(deps: &Deps, tenant: &Tenant) -> Result<Vec<FeeRate>, StoreError> {
+    all(&*deps.store, tenant).await
+}
+
+/// Sets the tenant's rate at `provider` at the deps' time (checked: see
+/// [`FeeRate::new`]), with `also` (the audit entry) in the transaction.
+pub async fn configure(
+    deps: &Deps,
+    tenant: &Tenant,
+    provider: Provider,
+    basis_points: i64,
+    fixed: i64,
+    also: Vec<TxOp>,
+) -> Result<FeeRate, FeeRateError> {
+    let rate = FeeRate::new(tenant, provider, basis_points, fixed, deps.clock.now())?;
+    set(&*deps.store, &rate, also).await?;
+    Ok(rate)
+}
+
+/// Removes the tenant's rate at `provider`, with `also`.
+pub async fn unconfigure(
+    deps: &Deps,
+    tenant: &Tenant,
+    provider: Provider,
+    also: Vec<TxOp>,
+) -> Result<(), StoreError> {
+    clear(&*deps.store, tenant, provider, also).await
 }
 
 /// Every configured rate of the tenant, by provider.
