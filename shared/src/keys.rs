@@ -243,6 +243,15 @@ pub fn credentials(project_id: &str, mode: Mode, provider: Provider) -> Key {
     )
 }
 
+/// A project's configured fee rate at `provider` in `mode` (beside its
+/// credentials there: `domain::fees`).
+pub fn fee_rate(project_id: &str, mode: Mode, provider: Provider) -> Key {
+    Key::new(
+        project_partition(project_id),
+        format!("FEE#{}#{}", mode.as_str(), provider.as_str()),
+    )
+}
+
 /// A project's sandbox Fonepay volume in `month` (`YYYY-MM`).
 pub fn fonepay_cap(project_id: &str, month: &str) -> Key {
     Key::new(project_partition(project_id), format!("FPCAP#{month}"))
@@ -575,6 +584,10 @@ mod tests {
         assert_eq!(
             k(credentials("p", Mode::Live, Provider::Khalti)),
             kk("PROJ#p", "CRED#live#khalti")
+        );
+        assert_eq!(
+            k(fee_rate("p", Mode::Live, Provider::Fonepay)),
+            kk("PROJ#p", "FEE#live#fonepay")
         );
         assert_eq!(
             k(fonepay_cap("p", "2026-11")),

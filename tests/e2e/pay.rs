@@ -415,6 +415,122 @@ async fn a_customer_pays_with_esewa(which: Which) {
     shop.stop().await;
 }
 
+/// Issue 41, 1: a payment's fee is the provider's where it states one
+/// (Khalti's lookup, 3 % in the simulator), else the merchant's configured
+/// rate snapshotted at success (eSewa), else none (null); the API's GET,
+/// its list and the webhook's payment object agree; a refund shows the
+/// fee the provider keeps.
+async fn payments_show_the_providers_or_the_configured_fee(which: Which) {
+    let Some(shop) = Shop::open(which).await else {
+        return;
+    };
+    let fee_of = |p: &Value| (p["fee"].clone(), p["net"].clone(), p["feeSource"].clone());
+    // No rate, and eSewa states no fee: null, null, null.
+    let s = shop.checkout(AMOUNT).await;
+    let (plain, _) = shop.pay(&s, Via::Esewa).await;
+    let p = shop.payment(&plain).await;
+    assert_eq!(fee_of(&p), (Value::Null, Value::Null, Value::Null), "{p}");
+
+    // 2.5 % + NPR 1 configured for eSewa: 3,750 + 100 paisa.
+    let tenant = shared::domain::Tenant::new(shop.tenant.project.id.clone(), Mode::Sandbox);
+    let configured = shared::domain::fees::configure(
+        shop.app.state(),
+        &tenant,
+        shared::domain::Provider::Esewa,
+        250,
+        100,
+        Vec::new(),
+    )
+    .await;
+    assert!(configured.is_ok(), "{configured:?}");
+    let s = shop.checkout(AMOUNT).await;
+    let (esewa, _) = shop.pay(&s, Via::Esewa).await;
+    let p = shop.payment(&esewa).await;
+    assert_eq!(
+        fee_of(&p),
+        (json!(3_850), json!(146_150), json!("configured")),
+        "{p}"
+    );
+
+    // Khalti states its fee (the simulator's 3 %): the provider's.
+    let s = shop.checkout(AMOUNT).await;
+    let (khalti, _) = shop.pay(&s, Via::Khalti).await;
+    let p = shop.payment(&khalti).await;
+    assert_eq!(
+        fee_of(&p),
+        (json!(4_500), json!(145_500), json!("provider")),
+        "{p}"
+    );
+
+    // The list shows the same, and the webhook's payment object too.
+    let list = shop.app.get("/v1/payments", Some(&shop.key)).await;
+    assert_eq!(list.status, 200, "{}", list.body);
+    let listed: Vec<(String, (Value, Value, Value))> = list.body["data"]
+        .as_array()
+        .map(|d| d.iter().map(|p| (text(&p["id"]), fee_of(p))).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        listed,
+        vec![
+            (
+                khalti.clone(),
+                (json!(4_500), json!(145_500), json!("provider"))
+            ),
+            (
+                esewa.clone(),
+                (json!(3_850), json!(146_150), json!("configured"))
+            ),
+            (plain.clone(), (Value::Null, Value::Null, Value::Null)),
+        ]
+    );
+    let events = shop.events().await;
+    let object = events
+        .iter()
+        .find(|e| e.object["id"] == khalti.as_str())
+        .map(|e| e.object.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        fee_of(&object),
+        (json!(4_500), json!(145_500), json!("provider")),
+        "{object}"
+    );
+
+    // A refund of the eSewa payment: eSewa keeps its fee (assumed).
+    let r = shop
+        .app
+        .post(
+            "/v1/refunds",
+            Some(&shop.key),
+            None,
+            &json!({"paymentId": esewa, "amount": 50_000, "reason": "customer_request"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(
+        fee_of(&r.body),
+        (json!(0), json!(50_000), json!("configured")),
+        "{}",
+        r.body
+    );
+    let r = shop
+        .app
+        .post(
+            "/v1/refunds",
+            Some(&shop.key),
+            None,
+            &json!({"paymentId": plain, "amount": 50_000, "reason": "customer_request"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(
+        fee_of(&r.body),
+        (Value::Null, Value::Null, Value::Null),
+        "{}",
+        r.body
+    );
+    shop.stop().await;
+}
+
 /// Issue 37, 2: anyone who knows a session's id (it is in the page's
 /// address) can spend the session's page budget, but not the customer's
 /// way back from the provider: the return of the session's own attempt
@@ -1530,6 +1646,7 @@ async fn a_retried_checkout_create_answers_the_same_session(which: Which) {
 }
 
 on_both_backends!(
+    payments_show_the_providers_or_the_configured_fee,
     the_address_is_frozen_once_an_attempt_started,
     a_stranger_spending_a_sessions_budget_stops_no_return,
     a_customer_pays_with_esewa,

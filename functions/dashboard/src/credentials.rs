@@ -15,6 +15,7 @@ use shared::AppState;
 use shared::domain::Provider;
 use shared::domain::credentials::{self, Asked, CredentialsError, ProviderCredentials};
 use shared::domain::dashboard::Action;
+use shared::domain::fees::{self, FeeRateError};
 
 use crate::pages::{layout, status_badge, when};
 use shared::providers::probe::Verdict;
@@ -85,6 +86,10 @@ async fn show(
         };
         rows.push((c, verdict));
     }
+    let rates = fees::configured(state, tenant)
+        .await
+        .map_err(|e| fail(shared::refusal::Refusal::internal(&e)))?;
+    let rate_of = |p: Provider| rates.iter().find(|r| r.provider == p);
     let nav = nav(state, signed, "credentials").await?;
     let may_set = signed.allows(Action::SetCredentials);
     let body = markup! {
@@ -120,6 +125,36 @@ async fn show(
         @if !may_set {
             p.panel.muted { "Only an owner can set or replace live credentials; developers can in sandbox." }
         }
+        section.panel aria-labelledby="fees-title" {
+            h2 id="fees-title" { "Provider fees" }
+            p.muted { "What each provider charges you under your contract, used for a payment's fee and net where the provider does not state its fee (eSewa always; Fonepay without its QR notification). Snapshotted on each payment when it succeeds." }
+            table {
+                thead { tr { th scope="col" { "Provider" } th scope="col" { "Rate (basis points)" } th scope="col" { "Fixed (paisa)" } th scope="col" { "Set" } } }
+                tbody { @for provider in Provider::ALL {
+                    tr {
+                        td { (provider.as_str()) }
+                        @if let Some(r) = rate_of(provider) {
+                            td { (r.basis_points) } td { (r.fixed.get()) } td { (when(r.updated_at)) }
+                        } @else {
+                            td { "—" } td { "—" } td { "not configured" }
+                        }
+                    }
+                } }
+            }
+            @if may_set {
+                @for provider in Provider::ALL {
+                    form.stack method="post" action="/dashboard/credentials/fees" {
+                        input type="hidden" name="csrf" value=(nav.csrf);
+                        input type="hidden" name="provider" value=(provider.as_str());
+                        label for={ "fee-bps-" (provider.as_str()) } { (provider.as_str()) " rate in basis points (250 = 2.5 %; both empty removes it)" }
+                        input id={ "fee-bps-" (provider.as_str()) } name="basis_points" inputmode="numeric" maxlength="5" value=(rate_of(provider).map(|r| r.basis_points.to_string()).unwrap_or_default());
+                        label for={ "fee-fixed-" (provider.as_str()) } { (provider.as_str()) " fixed part in paisa" }
+                        input id={ "fee-fixed-" (provider.as_str()) } name="fixed" inputmode="numeric" maxlength="7" value=(rate_of(provider).map(|r| r.fixed.get().to_string()).unwrap_or_default());
+                        button type="submit" { "Save " (provider.as_str()) " fee" }
+                    }
+                }
+            }
+        }
         @for (provider, fields) in FIELDS.iter().filter(|_| may_set) {
             section.panel aria-labelledby={ "set-" (provider.as_str()) } {
                 h2 id={ "set-" (provider.as_str()) } { "Set " (provider.as_str()) " credentials" }
@@ -145,12 +180,20 @@ async fn show(
 pub async fn page(State(state): State<AppState>, signed: Signed, RawQuery(raw): RawQuery) -> Page {
     signed.require(Action::ReadCredentials)?;
     let q = query(&raw);
-    let notice = q.get("saved").and_then(|p| Provider::parse(p)).map(|p| {
-        format!(
-            "{} credentials saved and sealed; they are never shown again.",
-            p.as_str()
-        )
-    });
+    let notice = q
+        .get("saved")
+        .and_then(|p| Provider::parse(p))
+        .map(|p| {
+            format!(
+                "{} credentials saved and sealed; they are never shown again.",
+                p.as_str()
+            )
+        })
+        .or_else(|| {
+            q.get("fee")
+                .and_then(|p| Provider::parse(p))
+                .map(|p| format!("{} fee saved.", p.as_str()))
+        });
     show(&state, &signed, notice.as_deref(), None, StatusCode::OK).await
 }
 
@@ -274,5 +317,70 @@ pub async fn set(State(state): State<AppState>, signed: Signed, body: Bytes) -> 
             .await
         }
         Err(e) => Err(fail(shared::refusal::Refusal::internal(&e))),
+    }
+}
+
+/// Sets (or, both fields empty, removes) the project's fee rate at one
+/// provider in this mode (`domain::fees`): whole basis points and paisa.
+pub async fn set_fee(State(state): State<AppState>, signed: Signed, body: Bytes) -> Page {
+    let f = signed.action_form(Action::SetCredentials, &body)?;
+    let refuse = |why: String| {
+        let state = state.clone();
+        let signed = &signed;
+        async move {
+            show(
+                &state,
+                signed,
+                None,
+                Some(&why),
+                StatusCode::UNPROCESSABLE_ENTITY,
+            )
+            .await
+        }
+    };
+    let Some(provider) = f.get("provider").and_then(|p| Provider::parse(p)) else {
+        return refuse("Choose a provider".into()).await;
+    };
+    let field = |name: &str| f.get(name).map(|v| v.trim().to_owned()).unwrap_or_default();
+    let (bps, fixed) = (field("basis_points"), field("fixed"));
+    if bps.is_empty() && fixed.is_empty() {
+        let audit = signed.audit_op(
+            &state,
+            "fees.clear",
+            provider.as_str(),
+            signed.session.mode.as_str(),
+        )?;
+        fees::unconfigure(&state, &signed.tenant, provider, audit)
+            .await
+            .map_err(|e| fail(shared::refusal::Refusal::internal(&e)))?;
+        return Ok(see_other(&format!(
+            "/dashboard/credentials?fee={}",
+            provider.as_str()
+        )));
+    }
+    let whole = |v: &str| {
+        if v.is_empty() {
+            Some(0)
+        } else if v.bytes().all(|b| b.is_ascii_digit()) && v.len() <= 9 {
+            v.parse::<i64>().ok()
+        } else {
+            None
+        }
+    };
+    let (Some(bps), Some(fixed)) = (whole(&bps), whole(&fixed)) else {
+        return refuse(
+            "Not saved: the rate and the fixed part are whole numbers (basis points, paisa)".into(),
+        )
+        .await;
+    };
+    let detail = format!("{} {bps} bps + {fixed} paisa", signed.session.mode.as_str());
+    let audit = signed.audit_op(&state, "fees.set", provider.as_str(), &detail)?;
+    match fees::configure(&state, &signed.tenant, provider, bps, fixed, audit).await {
+        Ok(_) => Ok(see_other(&format!(
+            "/dashboard/credentials?fee={}",
+            provider.as_str()
+        ))),
+        Err(FeeRateError::Store(e)) => Err(fail(shared::refusal::Refusal::internal(&e))),
+        Err(e) => refuse(format!("Not saved: {e}")).await,
     }
 }

@@ -218,6 +218,7 @@ pub fn router(state: AppState) -> Router {
                 get(credentials::page).post(credentials::set),
             )
             .route("/dashboard/credentials/check", post(credentials::check))
+            .route("/dashboard/credentials/fees", post(credentials::set_fee))
             .route("/dashboard/keys/{id}/rotate", post(keys::rotate))
             .route("/dashboard/keys/{id}/revoke", post(keys::revoke))
             .route("/dashboard/audit", get(audit_page))

@@ -539,6 +539,16 @@ pub fn payment(
                 dt { "Status" } dd { (status_badge(&label(&p.status))) }
                 dt { "Amount" } dd { (p.amount.display_npr()) }
                 dt { "Refunded" } dd { (p.amount_refunded.display_npr()) }
+                dt { "Fee" } dd {
+                    @match (p.fee, &p.fee_source) {
+                        (Some(fee), Some(source)) => {
+                            (fee.display_npr()) " "
+                            span.muted { @if label(source) == "provider" { "(stated by the provider)" } @else { "(from your configured rate)" } }
+                        }
+                        _ => "—",
+                    }
+                }
+                dt { "Net" } dd { (p.net.map(|n| n.display_npr()).unwrap_or_else(|| "—".into())) }
                 dt { "Provider" } dd { (label(&p.provider)) }
                 dt { "Provider's reference" } dd { (p.provider_ref.as_deref().unwrap_or("—")) }
                 dt { "Our reference" } dd { (attempt.reference.as_deref().unwrap_or("—")) }

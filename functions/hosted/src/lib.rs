@@ -887,8 +887,10 @@ impl Drop for Listener {
 }
 
 /// Listens on the session's open Fonepay QR's websocket while the stream
-/// lasts and records a scan (`qr.scanned`; a hint, never proof). `None`
-/// when there is no open QR with a websocket.
+/// lasts: records a scan (`qr.scanned`; a hint, never proof) and the
+/// commission Fonepay states with the payment's result (its fee; the
+/// result itself is only a hint: the status API decides). `None` when
+/// there is no open QR with a websocket, or its fee is already known.
 async fn scan_listener(
     state: &AppState,
     session: &CheckoutSession,
@@ -900,9 +902,11 @@ async fn scan_listener(
     let pid = session.payment_id.clone()?;
     let sid = session.id.clone();
     let payment = attempts::find_payment(state, &sid, &pid).await.ok()??;
-    if payment.status != PaymentStatus::Pending || payment.scanned_at.is_some() {
+    if payment.status != PaymentStatus::Pending || payment.checks.fee_provider.is_some() {
         return None;
     }
+    let mut scanned = payment.scanned_at.is_some();
+    let provider = payment.provider;
     let url = payment.attempt.websocket_url?;
     let state = state.clone();
     Some(Listener(tokio::spawn(async move {
@@ -912,11 +916,26 @@ async fn scan_listener(
             return;
         };
         while let Some(hint) = hints.next(deadline).await {
-            if hint == Hint::Scanned {
-                let now = state.clock.now();
-                match shared::domain::qr::record_scan(&state, &pid, now).await {
-                    Ok(_) => return,
-                    Err(e) => tracing::warn!(error = %e, "scan not recorded"),
+            match hint {
+                Hint::Scanned if !scanned => {
+                    let now = state.clock.now();
+                    match shared::domain::qr::record_scan(&state, &pid, now).await {
+                        Ok(_) => scanned = true,
+                        Err(e) => tracing::warn!(error = %e, "scan not recorded"),
+                    }
+                }
+                Hint::Scanned => {}
+                Hint::Result { commission, .. } => {
+                    if let Some(fee) = commission {
+                        let recorded = shared::domain::payments::record_provider_fee(
+                            &state, &pid, provider, fee,
+                        )
+                        .await;
+                        if let Err(e) = recorded {
+                            tracing::warn!(error = %e, "fonepay commission not recorded");
+                        }
+                    }
+                    return;
                 }
             }
         }

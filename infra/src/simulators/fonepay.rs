@@ -571,7 +571,12 @@ fn payment_frame(st: &SimState, a: &FonepayAttempt, paid: bool, amount_paisa: i6
         },
         success: true,
         commission_type: "CHARGE",
-        commission_amount: 0.0,
+        // Rupees with at most two decimals, as Fonepay sends it.
+        commission_amount: if paid {
+            super::fee_of(amount_paisa, st.config().fonepay_commission_bps) as f64 / 100.0
+        } else {
+            0.0
+        },
         total_calculated_amount: amount_paisa as f64 / 100.0,
         payment_success: paid,
     })

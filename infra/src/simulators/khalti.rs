@@ -33,7 +33,8 @@
 //! `purchase_order_id` reach the newest); `merchant_*` extras come back as
 //! extra callback parameters; a customer "fail" ends as `Expired` and the
 //! browser gets the callback with `status=Expired` and empty ids; pending
-//! callbacks carry empty ids until lookup says `Completed`; `fee` is 0;
+//! callbacks carry empty ids until lookup says `Completed`; `fee` is 0
+//! until then, and `SimConfig::khalti_fee_bps` of the amount once paid;
 //! refund errors are DRF-style `{"detail": ..., "error_key":
 //! "validation_error"}` with HTTP 400 (404 for an unknown transaction);
 //! a 5xx is Django's plain `<h1>Server Error (500)</h1>` page.
@@ -663,7 +664,12 @@ async fn lookup(State(st): State<SimState>, headers: HeaderMap, body: Bytes) -> 
         } else {
             None
         },
-        fee: a.fee,
+        // Khalti's fee once paid: the configured stand-in rate.
+        fee: if shows_txn {
+            super::fee_of(a.amount, st.config().khalti_fee_bps)
+        } else {
+            a.fee
+        },
         refunded: a.refunded_paisa > 0,
     };
     let code = if matches!(a.status.as_str(), EXPIRED | USER_CANCELED) {

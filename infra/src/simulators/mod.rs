@@ -115,6 +115,20 @@ pub struct SimConfig {
     pub khalti_min_amount_paisa: i64,
     /// A pending Fonepay QR turns `failed` after this (default none).
     pub fonepay_qr_expiry: Option<Duration>,
+    /// Khalti's fee on a completed payment, in basis points of its amount
+    /// (rounded half up to the paisa), answered as the lookup's `fee`
+    /// (default 300, a stand-in: real rates are per contract).
+    pub khalti_fee_bps: i64,
+    /// Fonepay's commission on a QR payment, in basis points (rounded
+    /// half up to the paisa), sent as the result frame's
+    /// `commissionAmount` in rupees (default 150, a stand-in).
+    pub fonepay_commission_bps: i64,
+}
+
+/// `bps` basis points of `paisa`, rounded half up.
+pub fn fee_of(paisa: i64, bps: i64) -> i64 {
+    let v = (i128::from(paisa) * i128::from(bps) + 5_000) / 10_000;
+    i64::try_from(v).unwrap_or(0)
 }
 
 impl SimConfig {
@@ -148,6 +162,8 @@ impl SimConfig {
             khalti_expires_in: Duration::from_secs(1800),
             khalti_min_amount_paisa: 1000,
             fonepay_qr_expiry: None,
+            khalti_fee_bps: 300,
+            fonepay_commission_bps: 150,
         }
     }
 }

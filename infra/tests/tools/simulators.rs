@@ -769,7 +769,7 @@ async fn khalti_initiate_pay_callback_lookup() {
     assert_eq!(
         l,
         json!({"pidx": pidx, "total_amount": 1000, "status": "Completed",
-               "transaction_id": txn, "fee": 0, "refunded": false})
+               "transaction_id": txn, "fee": 30, "refunded": false})
     );
 }
 

@@ -10,6 +10,7 @@ pub mod checkout;
 pub mod clocks;
 pub mod credentials;
 pub mod dashboard;
+pub mod fees;
 pub mod fonepay_cap;
 pub mod idempotency;
 pub mod invoices;

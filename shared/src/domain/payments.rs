@@ -110,7 +110,21 @@ crate::attrs! { Payment {
     CHECKED_AT: Option<Timestamp> = checks.checked_at,
     RECHECK_UNTIL: Option<Timestamp> = checks.recheck_until,
     REVIEW: Option<String> = checks.review,
+    FEE_PROVIDER: Option<Paisa> = checks.fee_provider,
+    FEE_CONFIGURED: Option<Paisa> = checks.fee_configured,
 } }
+
+/// Where a payment's fee comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum FeeSource {
+    /// Stated by the provider (Khalti's lookup `fee`, Fonepay's
+    /// `commissionAmount`).
+    Provider,
+    /// Computed from the rate the merchant configured for the provider,
+    /// as it was when the payment succeeded.
+    Configured,
+}
 
 /// When the provider was last asked about a payment, and why it waits.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -125,6 +139,16 @@ pub struct Checks {
     /// Why the payment waits for a person (e.g. paid another amount).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub review: Option<String>,
+    /// The fee the provider stated for the payment (Khalti's lookup
+    /// `fee` at success; Fonepay's websocket `commissionAmount`, whenever
+    /// it arrives), paisa.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fee_provider: Option<Paisa>,
+    /// The fee computed at success from the merchant's configured rate
+    /// for the provider (`domain::fees`), kept whatever the rate later
+    /// becomes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fee_configured: Option<Paisa>,
 }
 
 /// The attempt behind a payment, as the provider knows it.
@@ -165,6 +189,24 @@ impl Payment {
     /// Whose payment it is.
     pub fn tenant(&self) -> Tenant {
         Tenant::new(self.project_id.clone(), self.mode)
+    }
+
+    /// Its fee and where it comes from: the provider's when stated, else
+    /// the configured snapshot; `None` for a payment with neither (one
+    /// from before fees were recorded, or of a provider with no rate).
+    pub fn fee(&self) -> Option<(Paisa, FeeSource)> {
+        match (self.checks.fee_provider, self.checks.fee_configured) {
+            (Some(f), _) => Some((f, FeeSource::Provider)),
+            (None, Some(f)) => Some((f, FeeSource::Configured)),
+            (None, None) => None,
+        }
+    }
+
+    /// What the merchant keeps of the amount: the amount less its fee
+    /// (never below zero); `None` without a fee.
+    pub fn net(&self) -> Option<Paisa> {
+        self.fee()
+            .map(|(fee, _)| self.amount.checked_sub(fee).unwrap_or(Paisa::ZERO))
     }
 
     /// The id its counters shard on: its checkout session's (so it shares
@@ -230,11 +272,28 @@ pub struct PaymentView {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub double_payment_of: Option<String>,
+    /// The provider's fee in paisa (`feeSource` says whose figure); null
+    /// when none is known (a payment from before fees were recorded, or
+    /// of a provider that states none and has no configured rate).
+    #[schema(required)]
+    pub fee: Option<Paisa>,
+    /// `amount` less `fee`, paisa; null with `fee`.
+    #[schema(required)]
+    pub net: Option<Paisa>,
+    /// `provider` (stated by the provider) or `configured` (computed from
+    /// the merchant's rate at success); null with `fee`.
+    #[schema(required)]
+    pub fee_source: Option<FeeSource>,
 }
 
 impl From<Payment> for PaymentView {
     fn from(p: Payment) -> Self {
+        let fee = p.fee();
+        let net = p.net();
         PaymentView {
+            fee: fee.map(|(f, _)| f),
+            net,
+            fee_source: fee.map(|(_, s)| s),
             livemode: p.mode.is_live(),
             id: p.id.into(),
             project_id: p.project_id.into(),
@@ -286,6 +345,35 @@ pub async fn find(
 /// alone).
 pub async fn get(store: &dyn Store, id: &PaymentId) -> Result<Option<Payment>, StoreError> {
     crate::domain::record::get(store, &Payment::key(id)).await
+}
+
+/// Records the fee `provider` stated for payment `id` outside its status
+/// answer (Fonepay's websocket `commissionAmount`), whenever it arrives:
+/// before or after the success. The first stated fee stays; a payment of
+/// another provider, or a missing one, is left alone. Whether it was
+/// recorded.
+pub async fn record_provider_fee(
+    deps: &Deps,
+    id: &PaymentId,
+    provider: Provider,
+    fee: Paisa,
+) -> Result<bool, StoreError> {
+    use super::record::Changes;
+    let cond = Cond::And(vec![
+        Cond::Exists,
+        Payment::PROVIDER.eq(&provider),
+        Payment::FEE_PROVIDER.missing(),
+    ]);
+    let update = Changes::<Payment>::new().set_some(Payment::FEE_PROVIDER, &fee);
+    match deps
+        .store
+        .update(&Payment::key(id), update.into(), Some(cond))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(StoreError::ConditionFailed) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// A page of the tenant's payments, newest first, and the total.
@@ -549,6 +637,67 @@ mod tests {
         assert_eq!(v["mode"], "live");
         assert_eq!(v["currency"], "NPR");
         assert_eq!(v["status"], "success");
+    }
+
+    #[tokio::test]
+    async fn a_stated_fee_is_recorded_once_for_its_provider_only() {
+        let store = store();
+        let mut p = payment("proj_a", Mode::Live, 10_000);
+        p.provider = Provider::Fonepay;
+        assert!(insert(&*store, &p).await.is_ok());
+        let st = deps(store.clone());
+        let fee = |v| Paisa::new(v).unwrap_or_default();
+        assert_eq!(
+            record_provider_fee(&st, &p.id, Provider::Khalti, fee(9)).await,
+            Ok(false)
+        );
+        assert_eq!(
+            record_provider_fee(&st, &p.id, Provider::Fonepay, fee(29)).await,
+            Ok(true)
+        );
+        assert_eq!(
+            record_provider_fee(&st, &p.id, Provider::Fonepay, fee(31)).await,
+            Ok(false)
+        );
+        assert_eq!(
+            record_provider_fee(&st, &"pay_nope".into(), Provider::Fonepay, fee(1)).await,
+            Ok(false)
+        );
+        let got = get(&*store, &p.id).await.ok().flatten().map(|p| p.fee());
+        assert_eq!(got, Some(Some((fee(29), FeeSource::Provider))));
+    }
+
+    #[test]
+    fn fee_net_and_source() {
+        let mut p = payment("proj_a", Mode::Live, 10_000);
+        let v = serde_json::to_value(PaymentView::from(p.clone())).unwrap_or_default();
+        for f in ["fee", "net", "feeSource"] {
+            assert_eq!(v.get(f), Some(&serde_json::Value::Null), "{f}");
+        }
+        p.checks.fee_configured = Paisa::new(250).ok();
+        let v = serde_json::to_value(PaymentView::from(p.clone())).unwrap_or_default();
+        assert_eq!(
+            (&v["fee"], &v["net"], &v["feeSource"]),
+            (
+                &serde_json::json!(250),
+                &serde_json::json!(9750),
+                &serde_json::json!("configured")
+            )
+        );
+        // The provider's figure wins over the configured one.
+        p.checks.fee_provider = Paisa::new(300).ok();
+        let v = serde_json::to_value(PaymentView::from(p.clone())).unwrap_or_default();
+        assert_eq!(
+            (&v["fee"], &v["net"], &v["feeSource"]),
+            (
+                &serde_json::json!(300),
+                &serde_json::json!(9700),
+                &serde_json::json!("provider")
+            )
+        );
+        // A fee above the amount leaves a net of zero, never negative.
+        p.checks.fee_provider = Paisa::new(20_000).ok();
+        assert_eq!(p.net(), Some(Paisa::ZERO));
     }
 
     #[tokio::test]

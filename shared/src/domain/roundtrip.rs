@@ -221,6 +221,8 @@ fn a_refund_is_taken_back_as_it_is_answered() {
     });
     let req = api::<CreateRefund>(&sent);
     let refund = Refund {
+        fee: None,
+        fee_source: None,
         id: "re_1".into(),
         project_id: "proj_1".into(),
         payment_id: req.payment_id.as_str().into(),

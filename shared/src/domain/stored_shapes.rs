@@ -237,6 +237,9 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
             "provider credentials",
             record::<super::credentials::StoredCredentials>(),
         ),
+        ("PROJ", s) if s.starts_with("FEE#") => {
+            ("provider fee rate", record::<super::fees::FeeRate>())
+        }
         ("PROJ", s) if s.starts_with("FPCAP#") => {
             ("fonepay month cap", shape::<super::fonepay_cap::MonthCap>())
         }

@@ -141,6 +141,146 @@ pub fn paisa_from_json(value: &serde_json::Value) -> Result<Paisa, AmountError> 
     Paisa::new(v).map_err(|_| AmountError::Negative)
 }
 
+/// A fee the provider states in rupees as a JSON number or string
+/// (Fonepay's `commissionAmount`, e.g. `0.0` or `12.35`), read strictly
+/// from its JSON text: digits, then at most two decimals; no sign, no
+/// exponent, no separators. A negative value or a third decimal is refused
+/// (a provider error for the caller to log), never rounded.
+pub fn parse_commission(raw: &str) -> Result<Paisa, AmountError> {
+    let mut s = raw.trim();
+    if let Some(inner) = s.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
+        s = inner.trim();
+    }
+    if s.is_empty() || s == "null" {
+        return Err(AmountError::Empty);
+    }
+    if s.starts_with('-') {
+        return Err(AmountError::Negative);
+    }
+    let (int_part, frac) = match s.split_once('.') {
+        Some((i, f)) => (i, f),
+        None => (s, "00"),
+    };
+    if int_part.is_empty()
+        || frac.is_empty()
+        || !int_part.bytes().all(|b| b.is_ascii_digit())
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(AmountError::Invalid);
+    }
+    if frac.len() > 2 {
+        return Err(AmountError::SubPaisa);
+    }
+    let mut paisa: i64 = 0;
+    for b in int_part.bytes() {
+        paisa = paisa
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(i64::from(b - b'0')))
+            .ok_or(AmountError::Overflow)?;
+    }
+    let digits = frac.as_bytes();
+    let tens = digits.first().map_or(0, |b| i64::from(b - b'0'));
+    let ones = digits.get(1).map_or(0, |b| i64::from(b - b'0'));
+    paisa = paisa
+        .checked_mul(100)
+        .and_then(|v| v.checked_add(tens * 10 + ones))
+        .ok_or(AmountError::Overflow)?;
+    Paisa::new(paisa).map_err(|_| AmountError::Negative)
+}
+
+/// The raw JSON text of the value of `key` (matched case-insensitively)
+/// in the top-level object `json`, untouched by any number parsing (so a
+/// decimal is read exactly by [`parse_commission`]). `None` when the text
+/// is not an object or has no such key.
+pub fn raw_field<'a>(json: &'a str, key: &str) -> Option<&'a str> {
+    let b = json.as_bytes();
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i += 1;
+    loop {
+        i = skip_ws(b, i);
+        match b.get(i)? {
+            b'}' => return None,
+            b'"' => {}
+            _ => return None,
+        }
+        let key_end = skip_string(b, i)?;
+        let name = json.get(i + 1..key_end - 1)?;
+        i = skip_ws(b, key_end);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        let start = i;
+        i = skip_value(b, i)?;
+        if name.eq_ignore_ascii_case(key) {
+            return json.get(start..i).map(str::trim);
+        }
+        i = skip_ws(b, i);
+        match b.get(i)? {
+            b',' => i += 1,
+            _ => return None,
+        }
+    }
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while b.get(i).is_some_and(u8::is_ascii_whitespace) {
+        i += 1;
+    }
+    i
+}
+
+/// The index just past the string starting at `i` (a `"`).
+fn skip_string(b: &[u8], mut i: usize) -> Option<usize> {
+    i += 1;
+    loop {
+        match b.get(i)? {
+            b'\\' => i += 2,
+            b'"' => return Some(i + 1),
+            _ => i += 1,
+        }
+    }
+}
+
+/// The index just past the JSON value starting at `i`.
+fn skip_value(b: &[u8], mut i: usize) -> Option<usize> {
+    match b.get(i)? {
+        b'"' => skip_string(b, i),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            loop {
+                match b.get(i)? {
+                    b'"' => {
+                        i = skip_string(b, i)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(i + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+        }
+        _ => {
+            while b
+                .get(i)
+                .is_some_and(|c| !matches!(c, b',' | b'}' | b']') && !c.is_ascii_whitespace())
+            {
+                i += 1;
+            }
+            Some(i)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,5 +385,54 @@ mod tests {
             paisa_from_json(&json!("99999999999999999999")),
             Err(AmountError::Overflow)
         );
+    }
+
+    #[test]
+    fn commissions_convert_exactly_and_strictly() {
+        let ok = [
+            ("0.0", 0),
+            ("0", 0),
+            ("12.35", 1235),
+            ("12.3", 1230),
+            ("\"4.50\"", 450),
+            ("0.01", 1),
+            ("1234567.89", 123_456_789),
+            ("92233720368547758.07", i64::MAX),
+        ];
+        for (raw, paisa) in ok {
+            assert_eq!(parse_commission(raw), Ok(p(paisa)), "{raw}");
+        }
+        use AmountError::*;
+        let bad = [
+            ("-0.5", Negative),
+            ("\"-1\"", Negative),
+            ("0.001", SubPaisa),
+            ("1.500", SubPaisa),
+            ("1e2", Invalid),
+            ("1.", Invalid),
+            (".5", Invalid),
+            ("1,000.00", Invalid),
+            ("true", Invalid),
+            ("null", Empty),
+            ("", Empty),
+            ("92233720368547758.08", Overflow),
+        ];
+        for (raw, err) in bad {
+            assert_eq!(parse_commission(raw), Err(err), "{raw}");
+        }
+    }
+
+    #[test]
+    fn raw_fields_are_the_json_text() {
+        let j = r#"{"traceId":17015,"remarks1":"a,}b\"","nested":{"x":[1,{"y":2}]},"commissionAmount" : 0.10 ,"last":true}"#;
+        assert_eq!(raw_field(j, "commissionamount"), Some("0.10"));
+        assert_eq!(raw_field(j, "traceId"), Some("17015"));
+        assert_eq!(raw_field(j, "remarks1"), Some(r#""a,}b\"""#));
+        assert_eq!(raw_field(j, "last"), Some("true"));
+        assert_eq!(raw_field(j, "missing"), None);
+        assert_eq!(raw_field("[1]", "a"), None);
+        assert_eq!(raw_field(r#"{"a":"#, "a"), None);
+        assert_eq!(raw_field(r#"{"a":"unterminated"#, "a"), None);
+        assert_eq!(raw_field("", "a"), None);
     }
 }

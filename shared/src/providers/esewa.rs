@@ -213,6 +213,7 @@ fn parse_status_reply(
         state: map_status(status),
         amount,
         provider_ref,
+        fee: None,
         raw_status: clip(status, 40),
     })
 }
@@ -779,6 +780,7 @@ mod tests {
                 state,
                 amount: Some(paisa(10_000)),
                 provider_ref: (ref_id != "null").then(|| "0007G36".to_owned()),
+                fee: None,
                 raw_status: word.into(),
             };
             assert_eq!(s, Ok(want), "{word}");

@@ -355,6 +355,7 @@ fn parse_status_reply(
             .get("fonepayTraceId")
             .and_then(text_of)
             .filter(|s| !s.is_empty()),
+        fee: None,
         raw_status: clip(status, 40),
     })
 }
@@ -1120,6 +1121,7 @@ mod tests {
                     state,
                     amount: None,
                     provider_ref: Some("17404".into()),
+                    fee: None,
                     raw_status: word.into(),
                 }),
                 "{word}"

@@ -13,23 +13,35 @@ use futures::StreamExt;
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message;
 
+use crate::money::Paisa;
+
 /// What one frame says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Hint {
     /// The customer's app read the QR.
     Scanned,
-    /// Fonepay says the payment went through (`true`) or not: ask the
-    /// status API, which alone decides.
-    Result(bool),
+    /// Fonepay says the payment went through (`paid`) or not: ask the
+    /// status API, which alone decides. `commission`: the fee Fonepay
+    /// states with it (`commissionAmount`, rupees, read exactly into
+    /// paisa); `None` when absent or unreadable (logged).
+    Result {
+        paid: bool,
+        commission: Option<Paisa>,
+    },
 }
 
 /// The hint in one text frame, if it holds one.
 pub fn parse_frame(text: &str) -> Option<Hint> {
     let outer: Value = serde_json::from_str(text).ok()?;
-    let inner = match outer.get("transactionStatus")? {
-        Value::String(s) => serde_json::from_str::<Value>(s).ok()?,
+    // The inner object's text too: `commissionAmount` is read from its
+    // JSON text, never through a float.
+    let (inner, inner_text) = match outer.get("transactionStatus")? {
+        Value::String(s) => (serde_json::from_str::<Value>(s).ok()?, s.clone()),
         // Some senders skip the double encoding.
-        v @ Value::Object(_) => v.clone(),
+        v @ Value::Object(_) => (
+            v.clone(),
+            crate::providers::amount::raw_field(text, "transactionStatus")?.to_owned(),
+        ),
         _ => return None,
     };
     let inner = inner.as_object()?;
@@ -40,11 +52,30 @@ pub fn parse_frame(text: &str) -> Option<Hint> {
             .map(|(_, v)| v)
     };
     if let Some(paid) = field("paymentSuccess").and_then(Value::as_bool) {
-        return Some(Hint::Result(paid));
+        return Some(Hint::Result {
+            paid,
+            commission: commission(&inner_text),
+        });
     }
     match field("qrVerified").and_then(Value::as_bool) {
         Some(true) => Some(Hint::Scanned),
         _ => None,
+    }
+}
+
+/// `commissionAmount` of a result's JSON text, exactly in paisa. A value
+/// Fonepay cannot mean (negative, a third decimal, not a number) is a
+/// provider error: logged, and no fee is taken from it.
+fn commission(inner: &str) -> Option<Paisa> {
+    let raw = crate::providers::amount::raw_field(inner, "commissionAmount")?;
+    match crate::providers::amount::parse_commission(raw) {
+        Ok(fee) => Some(fee),
+        Err(crate::providers::amount::AmountError::Empty) => None,
+        Err(e) => {
+            let shown: String = raw.chars().take(40).collect();
+            tracing::warn!(commission = %shown, error = %e, "fonepay websocket: unreadable commissionAmount ignored");
+            None
+        }
     }
 }
 
@@ -144,10 +175,22 @@ mod tests {
         let scan_2024 = r#"{"transactionStatus":"{\"success\":true,\"QRVerified\":true}"}"#;
         assert_eq!(parse_frame(scan_2024), Some(Hint::Scanned));
         let paid = r#"{"transactionStatus":"{\"traceId\":17015,\"productNumber\":\"P1\",\"amount\":\"14\",\"message\":\"Request Complete\",\"success\":true,\"paymentSuccess\":true}"}"#;
-        assert_eq!(parse_frame(paid), Some(Hint::Result(true)));
+        assert_eq!(
+            parse_frame(paid),
+            Some(Hint::Result {
+                paid: true,
+                commission: None
+            })
+        );
         // `success` is true on a failure too: `paymentSuccess` decides.
         let failed = r#"{"transactionStatus":"{\"message\":\"Request Failed\",\"success\":true,\"paymentSuccess\":false}"}"#;
-        assert_eq!(parse_frame(failed), Some(Hint::Result(false)));
+        assert_eq!(
+            parse_frame(failed),
+            Some(Hint::Result {
+                paid: false,
+                commission: None
+            })
+        );
         for junk in [
             "",
             "not json",
@@ -158,6 +201,41 @@ mod tests {
         ] {
             assert_eq!(parse_frame(junk), None, "{junk}");
         }
+    }
+
+    /// The docs' result frame carries `commissionAmount` as a JSON number
+    /// in rupees: read exactly into paisa; a negative one or one with a
+    /// third decimal is refused (no fee), never rounded, never a panic.
+    #[test]
+    fn a_results_commission_is_read_exactly() {
+        let frame = |c: &str| {
+            format!(
+                r#"{{"merchantId":70,"transactionStatus":"{{\"traceId\":17015,\"amount\":\"14\",\"success\":true,\"commissionType\":\"CHARGE\",\"commissionAmount\":{c},\"totalCalculatedAmount\":14.0,\"paymentSuccess\":true}}"}}"#
+            )
+        };
+        let fee = |c: &str| match parse_frame(&frame(c)) {
+            Some(Hint::Result {
+                paid: true,
+                commission,
+            }) => commission,
+            other => panic!("{c}: {other:?}"),
+        };
+        assert_eq!(fee("0.0"), Paisa::new(0).ok());
+        assert_eq!(fee("0.29"), Paisa::new(29).ok());
+        assert_eq!(fee("12.3"), Paisa::new(1230).ok());
+        assert_eq!(fee("\\\"4.05\\\""), Paisa::new(405).ok());
+        for bad in ["-0.5", "0.001", "1e1", "null", "true"] {
+            assert_eq!(fee(bad), None, "{bad}");
+        }
+        // Not double-encoded: the object's own text.
+        let plain = r#"{"transactionStatus":{"commissionAmount":1.25,"paymentSuccess":true}}"#;
+        assert_eq!(
+            parse_frame(plain),
+            Some(Hint::Result {
+                paid: true,
+                commission: Paisa::new(125).ok()
+            })
+        );
     }
 
     #[test]

@@ -174,6 +174,22 @@ fn non_empty_string(obj: &Map<String, Value>, key: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The lookup's `fee` (paisa). One Khalti cannot state (negative, a
+/// fraction, not a number) is a provider error, logged, and read as no
+/// fee (the payment's status does not depend on it).
+fn lookup_fee(obj: &Map<String, Value>, pidx: &str) -> Option<Paisa> {
+    match obj.get("fee") {
+        None | Some(Value::Null) => None,
+        Some(v) => match paisa_from_json(v) {
+            Ok(fee) => Some(fee),
+            Err(e) => {
+                tracing::warn!(pidx = %clip(pidx, 40), fee = %clip(&v.to_string(), 40), error = %e, "Khalti lookup: unreadable fee ignored");
+                None
+            }
+        },
+    }
+}
+
 fn parse_lookup(reply: &Reply, pidx: &str) -> Result<ProviderStatus, ProviderError> {
     if let Some(e) = reply.unavailable() {
         return Err(e);
@@ -204,6 +220,7 @@ fn parse_lookup(reply: &Reply, pidx: &str) -> Result<ProviderStatus, ProviderErr
                 state: map_status(&status),
                 amount,
                 provider_ref: non_empty_string(obj, "transaction_id"),
+                fee: lookup_fee(obj, pidx),
                 raw_status: clip(&status, 40),
             });
         }
@@ -221,6 +238,7 @@ fn parse_lookup(reply: &Reply, pidx: &str) -> Result<ProviderStatus, ProviderErr
             state: ProviderState::NotFound,
             amount: None,
             provider_ref: None,
+            fee: None,
             raw_status: "Not found".into(),
         });
     }
@@ -672,6 +690,7 @@ mod tests {
                     state,
                     amount: Some(paisa(1000)),
                     provider_ref: (txn != "null").then(|| "GFq9PFS7b2iYvL8Lir9oXe".to_owned()),
+                    fee: Some(paisa(0)),
                     raw_status: word.into(),
                 }),
                 "{word}"
@@ -694,6 +713,34 @@ mod tests {
         );
         let s = c.khalti.status(&creds(), &lookup_query(pidx)).await;
         assert_eq!(s.map(|s| s.state), Ok(ProviderState::NotFound));
+    }
+
+    /// The lookup's `fee` is recorded in paisa; one Khalti cannot state
+    /// (negative, a fraction, text) is logged and read as none, never a
+    /// failed lookup.
+    #[tokio::test]
+    async fn lookup_reads_the_fee() {
+        let mock = Mock::start().await;
+        let c = clients(&mock, 2000);
+        let pidx = "HT6o6PEZRWFJ5ygavzHWd5";
+        for (fee, want) in [
+            ("300", Some(paisa(300))),
+            ("\"45\"", Some(paisa(45))),
+            ("null", None),
+            ("-3", None),
+            ("2.5", None),
+            ("\"x\"", None),
+        ] {
+            mock.reply(
+                200,
+                format!(
+                    r#"{{"pidx":"{pidx}","total_amount":10000,"status":"Completed","transaction_id":"T1","fee":{fee},"refunded":false}}"#
+                ),
+            );
+            let s = c.khalti.status(&creds(), &lookup_query(pidx)).await;
+            assert_eq!(s.as_ref().map(|s| s.fee), Ok(want), "{fee}");
+            assert_eq!(s.map(|s| s.state), Ok(ProviderState::Paid), "{fee}");
+        }
     }
 
     #[tokio::test]

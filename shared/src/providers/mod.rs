@@ -210,6 +210,10 @@ pub struct ProviderStatus {
     /// The provider's reference of the payment: eSewa `ref_id`, Khalti
     /// `transaction_id` (what refunds need), Fonepay `fonepayTraceId`.
     pub provider_ref: Option<String>,
+    /// The provider's fee for the payment, when its answer states one
+    /// (Khalti's lookup `fee`, paisa); `None` for eSewa and Fonepay, whose
+    /// status answers carry none.
+    pub fee: Option<Paisa>,
     /// The provider's status word as received, for logs and reviews.
     pub raw_status: String,
 }

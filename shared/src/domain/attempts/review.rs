@@ -120,7 +120,13 @@ pub async fn release(
         Release::Recheck => unheld,
         Release::Succeed => {
             let provider_ref = unheld.provider_ref.clone();
-            apply(state, &unheld, Decision::Success { provider_ref }, now).await?
+            // A person's word states no fee: the configured rate's applies.
+            let success = Decision::Success {
+                provider_ref,
+                fee: None,
+                configured_fee: None,
+            };
+            apply(state, &unheld, success, now).await?
         }
         Release::Fail(why) => apply(state, &unheld, Decision::Failed(why), now).await?,
     };

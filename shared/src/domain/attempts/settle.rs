@@ -20,6 +20,7 @@ use crate::domain::outbox::{Event, EventType};
 use crate::domain::payments::{Payment, PaymentStatus, PaymentView};
 use crate::domain::record::{Changes, Gsi2Entry, from_item};
 use crate::ids::SessionId;
+use crate::money::Paisa;
 use crate::providers::{ProviderState, ProviderStatus, StatusQuery};
 use crate::store::{Cond, Index, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
@@ -29,6 +30,11 @@ use crate::time::Timestamp;
 pub enum Decision {
     Success {
         provider_ref: Option<String>,
+        /// The fee the provider's answer states (Khalti's lookup `fee`).
+        fee: Option<Paisa>,
+        /// The fee computed from the merchant's configured rate for the
+        /// provider, filled in by [`apply`] as it settles.
+        configured_fee: Option<Paisa>,
     },
     Failed(String),
     Cancelled(String),
@@ -86,6 +92,8 @@ pub(super) fn decide(payment: &Payment, status: &ProviderStatus, session_over: b
             }
             _ => Decision::Success {
                 provider_ref: status.provider_ref.clone(),
+                fee: status.fee,
+                configured_fee: None,
             },
         },
         ProviderState::Pending | ProviderState::Ambiguous => Decision::Processing,
@@ -220,6 +228,21 @@ pub async fn apply(
 ) -> Result<Payment, StoreError> {
     let store = &*state.store;
     let key = Payment::key(&payment.id);
+    // A success snapshots the fee of the merchant's configured rate, as
+    // the rate is now (`domain::fees`).
+    let decision = match decision {
+        Decision::Success {
+            provider_ref, fee, ..
+        } => {
+            let rate = crate::domain::fees::get(store, &payment.tenant(), payment.provider).await?;
+            Decision::Success {
+                provider_ref,
+                fee,
+                configured_fee: rate.map(|r| r.fee_for(payment.amount)),
+            }
+        }
+        d => d,
+    };
     for attempt in 0..SETTLE_TRIES {
         let Some(item) = store.get(&key).await? else {
             return Err(StoreError::Backend(format!(
@@ -388,9 +411,19 @@ pub(super) fn plan(
         Decision::Hold(_) => None,
         Decision::Review(reason) => plan_review(p, reason, now),
         Decision::Processing => plan_processing(p, now),
-        Decision::Success { provider_ref } => {
-            plan_success(p, session, link, provider_ref.as_deref(), &mut tally, now)?
-        }
+        Decision::Success {
+            provider_ref,
+            fee,
+            configured_fee,
+        } => plan_success(
+            p,
+            session,
+            link,
+            provider_ref.as_deref(),
+            (*fee, *configured_fee),
+            &mut tally,
+            now,
+        )?,
         Decision::Failed(reason) | Decision::Cancelled(reason) | Decision::NotStarted(reason) => {
             plan_closing(p, session, decision, reason, &mut tally, now)?
         }
@@ -439,6 +472,7 @@ fn plan_success(
     session: Option<&CheckoutSession>,
     link: Option<&(crate::domain::links::PaymentLink, &str)>,
     provider_ref: Option<&str>,
+    (fee, configured_fee): (Option<Paisa>, Option<Paisa>),
     tally: &mut Tally,
     now: Timestamp,
 ) -> Result<Option<Vec<TxOp>>, StoreError> {
@@ -466,6 +500,16 @@ fn plan_success(
     );
     if let Some(r) = &next.provider_ref {
         update = update.set_some(Payment::PROVIDER_REF, r);
+    }
+    // The fee: the provider's when its answer states one, and the
+    // configured rate's snapshot (shown when the provider states none).
+    if let Some(f) = fee {
+        next.checks.fee_provider = Some(f);
+        update = update.set_some(Payment::FEE_PROVIDER, &f);
+    }
+    if let Some(f) = configured_fee {
+        next.checks.fee_configured = Some(f);
+        update = update.set_some(Payment::FEE_CONFIGURED, &f);
     }
     let ours = |s: &CheckoutSession| s.payment_id.as_deref() == Some(p.id.as_str());
     let session_ops = match session {

@@ -233,6 +233,7 @@ fn paid(amount: i64) -> ProviderStatus {
         state: ProviderState::Paid,
         amount: Some(Paisa::new(amount).unwrap()),
         provider_ref: Some("TXN-9".into()),
+        fee: None,
         raw_status: "COMPLETE".into(),
     }
 }
@@ -242,6 +243,7 @@ fn with_state(state: ProviderState, raw: &str) -> ProviderStatus {
         state,
         amount: None,
         provider_ref: None,
+        fee: None,
         raw_status: raw.into(),
     }
 }
@@ -283,7 +285,7 @@ fn payment_of(amount: i64) -> Payment {
 fn only_a_paid_status_of_the_right_amount_is_success() {
     let p = payment_of(100_000);
     assert!(
-        matches!(decide(&p, &paid(100_000), false), Decision::Success { provider_ref: Some(r) } if r == "TXN-9")
+        matches!(decide(&p, &paid(100_000), false), Decision::Success { provider_ref: Some(r), .. } if r == "TXN-9")
     );
     // No amount named: fine for Fonepay (its status has none; the
     // amount is the one we minted or signed), held for eSewa and
@@ -724,7 +726,11 @@ async fn a_paid_answer_for_another_amount_holds_the_payment_for_good() {
 async fn the_settling_write_itself_refuses_a_payment_held_for_review() {
     let now = at("2026-11-22T10:00:00Z");
     for decision in [
-        Decision::Success { provider_ref: None },
+        Decision::Success {
+            provider_ref: None,
+            fee: None,
+            configured_fee: None,
+        },
         Decision::Failed("declined".into()),
         Decision::Cancelled("left".into()),
         Decision::NotStarted("refused".into()),
@@ -845,6 +851,60 @@ async fn success_settles_payment_and_session_with_one_event() {
         .await
         .unwrap();
     assert_eq!(after.status, PaymentStatus::Success);
+}
+
+/// A success records the fee the provider states and snapshots the
+/// configured rate's (the view prefers the provider's); a later change of
+/// rate leaves a settled payment's fee as it was; the webhook's payment
+/// object carries the fee.
+#[tokio::test]
+async fn a_success_records_the_stated_fee_and_snapshots_the_configured_one() {
+    use crate::domain::fees::{self, FeeRate};
+    use crate::domain::payments::FeeSource;
+    let now = at("2026-11-22T10:00:00Z");
+    let st = state(now);
+    let tenant = Tenant::new("proj_1", Mode::Sandbox);
+    let rate = FeeRate::new(&tenant, Provider::Esewa, 250, 100, now).unwrap();
+    fees::set(&*st.store, &rate, Vec::new()).await.unwrap();
+    let (_, p) = attempt(&st, Provider::Esewa, now).await;
+    let settled = apply(&st, &p, decide(&p, &paid(100_000), false), now)
+        .await
+        .unwrap();
+    // 2.5 % of NPR 1,000 + 100 paisa.
+    let fee = Paisa::new(2_600).unwrap();
+    assert_eq!(settled.fee(), Some((fee, FeeSource::Configured)));
+    assert_eq!(settled.net(), Paisa::new(97_400).ok());
+    let rate = FeeRate::new(&tenant, Provider::Esewa, 0, 0, now).unwrap();
+    fees::set(&*st.store, &rate, Vec::new()).await.unwrap();
+    let (_, again) = load(&st, &p).await;
+    assert_eq!(again.fee(), Some((fee, FeeSource::Configured)));
+    let object = outbox::recent(&*st.store, &tenant, 5).await.unwrap()[0]
+        .object
+        .clone();
+    assert_eq!(
+        (&object["fee"], &object["net"], &object["feeSource"]),
+        (&json!(2_600), &json!(97_400), &json!("configured"))
+    );
+
+    // Khalti's lookup states its fee: the provider's figure is shown.
+    let st = state(now);
+    let (_, p) = attempt(&st, Provider::Khalti, now).await;
+    let mut status = paid(100_000);
+    status.fee = Paisa::new(3_000).ok();
+    let settled = apply(&st, &p, decide(&p, &status, false), now)
+        .await
+        .unwrap();
+    assert_eq!(
+        settled.fee(),
+        Some((Paisa::new(3_000).unwrap(), FeeSource::Provider))
+    );
+    // With neither, none.
+    let st = state(now);
+    let (_, p) = attempt(&st, Provider::Esewa, now).await;
+    let settled = apply(&st, &p, decide(&p, &paid(100_000), false), now)
+        .await
+        .unwrap();
+    assert_eq!((settled.fee(), settled.net()), (None, None));
 }
 
 #[tokio::test]

@@ -327,7 +327,10 @@ fn new_refund(
     now: Timestamp,
 ) -> Refund {
     let (status, failure_reason) = provider_route(payment, amount);
+    let fee = super::fee_returned(payment, amount);
     Refund {
+        fee: fee.map(|(f, _)| f),
+        fee_source: fee.map(|(_, s)| s),
         id: RefundId::new(),
         project_id: tenant.project.clone(),
         payment_id: payment.id.clone(),

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use super::Mode;
 use super::Provider;
 use super::checkout::open_partition;
+use crate::domain::payments::{FeeSource, Payment};
 use crate::domain::record::{Entry, Record};
 use crate::fields::{NepaliMobile, RefundNotes};
 use crate::ids::{PaymentId, ProjectId, RefundId};
@@ -110,6 +111,37 @@ pub struct Refund {
     pub mobile_number: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// The part of its payment's fee the provider gives back with it
+    /// ([`fee_returned`]), fixed at creation; `None` when the payment had
+    /// no fee (or for a refund from before fees were recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fee: Option<Paisa>,
+    /// Whose figure the payment's fee was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fee_source: Option<FeeSource>,
+}
+
+/// Whether `provider` gives the merchant back its fee (in proportion)
+/// when a payment is refunded. No provider documents it publicly:
+/// assumed not, for each (UNCONFIRMED; `docs/reconciliation.md`).
+pub fn returns_fee(provider: Provider) -> bool {
+    match provider {
+        Provider::Esewa | Provider::Khalti | Provider::Fonepay => false,
+    }
+}
+
+/// The fee returned with a refund of `amount` of `payment`, and whose
+/// figure the fee was: the fee's share of the amount (rounded down) where
+/// the provider returns fees ([`returns_fee`]), else zero; `None` for a
+/// payment without a fee.
+pub fn fee_returned(payment: &Payment, amount: Paisa) -> Option<(Paisa, FeeSource)> {
+    let (fee, source) = payment.fee()?;
+    if !returns_fee(payment.provider) || payment.amount.is_zero() {
+        return Some((Paisa::ZERO, source));
+    }
+    let share = i128::from(fee.get()) * i128::from(amount.get()) / i128::from(payment.amount.get());
+    let share = Paisa::new(i64::try_from(share).unwrap_or(0)).unwrap_or(Paisa::ZERO);
+    Some((share, source))
 }
 
 crate::attrs! { Refund {
@@ -227,11 +259,28 @@ pub struct RefundView {
     pub mobile_number: Option<NepaliMobile>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// The part of the payment's fee the provider returns with this
+    /// refund, paisa (0 where it keeps it); null when the payment has no
+    /// fee.
+    #[schema(required)]
+    pub fee: Option<Paisa>,
+    /// What the refund takes from the merchant: `amount` less `fee`;
+    /// null with `fee`.
+    #[schema(required)]
+    pub net: Option<Paisa>,
+    /// The payment's `feeSource`; null with `fee`.
+    #[schema(required)]
+    pub fee_source: Option<FeeSource>,
 }
 
 impl From<Refund> for RefundView {
     fn from(r: Refund) -> Self {
         RefundView {
+            fee: r.fee,
+            net: r
+                .fee
+                .map(|f| r.amount.checked_sub(f).unwrap_or(Paisa::ZERO)),
+            fee_source: r.fee.and(r.fee_source),
             livemode: r.mode.is_live(),
             id: r.id.into(),
             payment_id: r.payment_id.into(),

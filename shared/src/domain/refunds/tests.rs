@@ -13,6 +13,7 @@ use crate::store::embedded::EmbeddedStore;
 use crate::store::{Store, TxOp, Update};
 use crate::testenv::at;
 use crate::time::ManualClock;
+use serde_json::json;
 use std::sync::Arc;
 
 fn state(now: Timestamp) -> AppState {
@@ -217,6 +218,8 @@ async fn refunds_are_refused_for_other_projects_fonepay_and_unpaid_payments() {
 async fn open_khalti_refund(st: &Deps, p: &Payment, amount: i64) -> Refund {
     let now = at("2026-11-22T10:00:00Z");
     let r = Refund {
+        fee: None,
+        fee_source: None,
         id: RefundId::new(),
         project_id: p.project_id.clone(),
         payment_id: p.id.clone(),
@@ -307,6 +310,67 @@ async fn resolving_moves_money_counters_and_events_once() {
     assert_eq!(sweep(&st, later).await.unwrap(), RefundSweep::default());
 }
 
+/// A refund shows the fee the provider returns with it (none, by every
+/// provider's assumed rule) and what it takes from the merchant; none for
+/// a payment without a fee.
+#[test]
+fn a_refunds_fee_follows_its_providers_rule() {
+    use crate::domain::payments::FeeSource;
+    use crate::domain::refunds::{RefundView, returns_fee};
+    for provider in Provider::ALL {
+        assert!(
+            !returns_fee(provider),
+            "{provider:?}: UNCONFIRMED, assumed kept"
+        );
+    }
+    let mut r = refund();
+    let v = serde_json::to_value(RefundView::from(r.clone())).unwrap();
+    assert_eq!(
+        (&v["fee"], &v["net"], &v["feeSource"]),
+        (&json!(null), &json!(null), &json!(null))
+    );
+    r.fee = Some(Paisa::ZERO);
+    r.fee_source = Some(FeeSource::Provider);
+    let v = serde_json::to_value(RefundView::from(r)).unwrap();
+    assert_eq!(
+        (&v["fee"], &v["net"], &v["feeSource"]),
+        (&json!(0), &json!(3000), &json!("provider"))
+    );
+}
+
+/// A refund created of a payment with a fee records the fee returned
+/// (none kept back: zero) and the payment's source; of one without, none.
+#[tokio::test]
+async fn a_created_refund_carries_its_payments_fee_rule() {
+    use crate::domain::payments::FeeSource;
+    let now = at("2026-11-22T10:00:00Z");
+    let st = state(now);
+    let p = paid(&st, Provider::Esewa, 10_000).await;
+    st.store
+        .update(
+            &Payment::key(&p.id),
+            crate::domain::record::Changes::<Payment>::new()
+                .set_some(Payment::FEE_PROVIDER, &Paisa::new(300).unwrap())
+                .into(),
+            None,
+        )
+        .await
+        .unwrap();
+    let tenant = Tenant::new("proj_1", Mode::Sandbox);
+    let r = create(&st, &tenant, p.id.clone(), ask(&p, 4_000), now, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.fee, r.fee_source),
+        (Some(Paisa::ZERO), Some(FeeSource::Provider))
+    );
+    let q = paid(&st, Provider::Esewa, 10_000).await;
+    let r = create(&st, &tenant, q.id.clone(), ask(&q, 4_000), now, None)
+        .await
+        .unwrap();
+    assert_eq!((r.fee, r.fee_source), (None, None));
+}
+
 fn kinds_sorted(mut k: Vec<EventType>) -> Vec<EventType> {
     k.sort_by_key(|t| t.as_str());
     k
@@ -315,6 +379,8 @@ fn kinds_sorted(mut k: Vec<EventType>) -> Vec<EventType> {
 fn refund() -> Refund {
     let now = Timestamp::parse("2026-11-22T10:00:00Z").unwrap();
     Refund {
+        fee: None,
+        fee_source: None,
         id: "ref_1".into(),
         project_id: "proj_1".into(),
         payment_id: "pay_1".into(),
