@@ -11,9 +11,9 @@ use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use shared::ids::{
     ApiKeyId, AuditId, BillingInvoiceId, CouponId, CustomerId, DeliveryId, DunningPolicyId,
-    EndpointId, EventId, InvoiceId, InvoiceItemId, LinkId, MerchantId, PaymentId, PlanId, ProjectId,
-    PromotionCodeId, RefundId, ReportId, SessionId, SmsId, SubscriptionId, TestClockId, TypedId,
-    UserId,
+    EndpointId, EventId, InvoiceId, InvoiceItemId, LinkId, MerchantId, PaymentId, PlanId,
+    ProjectId, PromotionCodeId, RefundId, ReportId, SessionId, SmsId, SubscriptionId, TestClockId,
+    TypedId, UserId,
 };
 use shared::refusal::Refusal;
 

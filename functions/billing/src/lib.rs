@@ -10,9 +10,9 @@ use edge::with_edge;
 use serde::Serialize;
 use shared::AppState;
 
+mod changes;
 mod coupons;
 mod credit;
-mod changes;
 mod customers;
 mod discounts;
 mod dunning;
