@@ -6,7 +6,9 @@ use super::*;
 use crate::domain::Mode;
 use crate::domain::billing::calendar::{BsDate, ad_from_bs, days_in_bs_month};
 use crate::domain::billing::customers::{self, CreateCustomer};
-use crate::domain::billing::invoice::{self, OutOfBand, OutOfBandMethod, PeriodClaim};
+use crate::domain::billing::invoice::{
+    self, InvoiceStatus, OutOfBand, OutOfBandMethod, PeriodClaim,
+};
 use crate::domain::billing::lifecycle::{CancelSubscription, CreateSubscription};
 use crate::domain::billing::period::{Calendar, IntervalUnit, Schedule};
 use crate::domain::billing::plans::{CreatePlan, UpdatePlan};
@@ -639,7 +641,14 @@ async fn seats_change_now_prorated_and_the_same_quantity_changes_nothing() {
         sweep::advance(&e.deps, &fewer.subscription, e.deps.clock.now())
             .await
             .unwrap();
-        assert_eq!(e.invoices(&sub).await[2].amount_due, 100_000, "{name}");
+        // It bills 2 seats, and the downgrade's credit (1,016.13) pays it.
+        let next = &e.invoices(&sub).await[2];
+        assert_eq!(
+            (next.total, next.credit_applied, next.amount_due),
+            (100_000, 100_000, 0),
+            "{name}"
+        );
+        assert_eq!(next.status, InvoiceStatus::Paid, "{name}");
         // A quantity change to a flat plan resets the quantity to 1.
         let flat = e.plan("Flat", 80_000, json!({})).await;
         let moved = e.change(&sub, &flat, "create_prorations").await.unwrap();
