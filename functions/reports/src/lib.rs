@@ -139,8 +139,23 @@ async fn get_report(
 async fn download(
     State(state): State<AppState>,
     axum::extract::Path(id): axum::extract::Path<String>,
+    parts: http::request::Parts,
     query: QueryParams,
 ) -> Result<Response, ApiError> {
+    // Keyless: bounded per address as every public route is, before the
+    // link is checked or the file read.
+    let address = edge::requests::client_address_in(&state, &parts.headers, &parts.extensions);
+    let request = shared::limits::public::PublicRequest {
+        address: address.as_str(),
+        poll: false,
+        write: false,
+        link: None,
+        opens_session: false,
+        opens_stream: false,
+    };
+    if let Err(limited) = state.take_public(&request).await {
+        return Err(ApiError::public_limited(&limited));
+    }
     let Some(id) = ReportId::parse(&id) else {
         return Err(ApiError::not_found("report", &id));
     };
