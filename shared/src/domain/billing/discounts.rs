@@ -608,20 +608,38 @@ pub async fn for_issue(
     sub: &Subscription,
     now: Timestamp,
 ) -> Result<(Option<DiscountTerms>, Option<Hook>), StoreError> {
-    let (terms, ops) = match for_invoice(deps, sub).await? {
-        ForInvoice::None => return Ok((None, None)),
-        ForInvoice::Applies(d) => (Some(d.invoice_terms()), d.consume_ops(now)),
-        ForInvoice::Skipped(d) => (
-            None,
-            vec![TxOp::Check {
-                key: Discount::key(&d.subscription_id),
-                cond: Discount::VERSION.eq(&d.version),
-            }],
-        ),
-        ForInvoice::Ends(d) => (None, vec![d.end_op(now)]),
+    let unchanged = |d: &Discount| {
+        vec![TxOp::Check {
+            key: Discount::key(&d.subscription_id),
+            cond: Discount::VERSION.eq(&d.version),
+        }]
     };
-    let hook: Hook = Box::new(move |_| Ok(ops));
-    Ok((terms, Some(hook)))
+    let hook: Hook = match for_invoice(deps, sub).await? {
+        ForInvoice::None => return Ok((None, None)),
+        ForInvoice::Applies(d) => {
+            let terms = d.invoice_terms();
+            let (consume, kept) = (d.consume_ops(now), unchanged(&d));
+            // A cycle is spent only on an invoice it took something off
+            // (a metered period with no usage leaves it for the next).
+            let hook: Hook = Box::new(move |inv| {
+                Ok(if inv.discount_total > 0 {
+                    consume
+                } else {
+                    kept
+                })
+            });
+            return Ok((Some(terms), Some(hook)));
+        }
+        ForInvoice::Skipped(d) => {
+            let ops = unchanged(&d);
+            Box::new(move |_| Ok(ops))
+        }
+        ForInvoice::Ends(d) => {
+            let ops = vec![d.end_op(now)];
+            Box::new(move |_| Ok(ops))
+        }
+    };
+    Ok((None, Some(hook)))
 }
 
 impl Discount {

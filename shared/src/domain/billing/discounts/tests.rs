@@ -477,3 +477,37 @@ async fn a_discount_changed_meanwhile_fails_the_issue_hook() {
     let (terms, hook) = ok(for_issue(&deps, &sub, at(NOW)).await);
     assert!(terms.is_none() && hook.is_none());
 }
+
+/// A cycle is spent only on an invoice the discount took something off: a
+/// metered period with no usage bills nothing and leaves a `once` coupon
+/// for the next invoice.
+#[tokio::test]
+async fn an_invoice_with_nothing_to_discount_spends_no_cycle() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let t = tenant();
+    let body: CreatePlan = ok(serde_json::from_value(
+        json!({"name": "Calls", "amount": 50, "intervalUnit": "month", "pricingModel": "metered"}),
+    ));
+    let plan = ok(plans::create(&deps, &t, body, None).await).id;
+    let body: CreateCustomer = ok(serde_json::from_value(json!({"name": "Sita"})));
+    let c = ok(customers::create(&deps, &t, body, None).await);
+    let body: CreateSubscription = ok(serde_json::from_value(
+        json!({"customerId": c.id, "planId": plan}),
+    ));
+    let sub = ok(lifecycle::create_subscription(&deps, &t, body, None).await).subscription;
+    let once = coupon(
+        &deps,
+        json!({"code": "ONCE", "percentOff": 10, "duration": "once"}),
+    )
+    .await;
+    ok(apply(&deps, &t, &sub.id, by_coupon(&once.id), None).await);
+    let empty = issue(&deps, &sub, 1).await;
+    assert_eq!((empty.total, empty.discount_total), (0, 0));
+    assert!(empty.discount.is_none());
+    let d = ok(get(&deps, &sub.id).await).unwrap_or_else(|| panic!("stored"));
+    assert_eq!(
+        d.status,
+        DiscountStatus::Active,
+        "kept for the next invoice"
+    );
+}
