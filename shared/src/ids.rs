@@ -34,6 +34,9 @@ pub enum IdKind {
     InvoiceItem,
     UsageRecord,
     Report,
+    ReconRun,
+    StatementUpload,
+    BankCredit,
 }
 
 impl IdKind {
@@ -66,6 +69,9 @@ impl IdKind {
             IdKind::InvoiceItem => "ii_",
             IdKind::UsageRecord => "ur_",
             IdKind::Report => "rpt_",
+            IdKind::ReconRun => "rrun_",
+            IdKind::StatementUpload => "stu_",
+            IdKind::BankCredit => "bcr_",
         }
     }
 }
@@ -361,6 +367,12 @@ typed_ids! {
     UsageRecordId => UsageRecord, "usage record";
     /// `rpt_…`: an export (`domain::reports`).
     ReportId => Report, "report";
+    /// `rrun_…`: a reconciliation run (`domain::reconciliation`).
+    ReconRunId => ReconRun, "reconciliation run";
+    /// `stu_…`: an uploaded provider statement file.
+    StatementUploadId => StatementUpload, "statement upload";
+    /// `bcr_…`: a bank credit the merchant recorded (settlements).
+    BankCreditId => BankCredit, "bank credit";
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ pub mod notices;
 pub mod outbox;
 pub mod payments;
 pub mod qr;
+pub mod reconciliation;
 pub mod record;
 pub mod refunds;
 pub mod reports;
