@@ -463,6 +463,14 @@ impl TestApp {
         if let Some(r) = self.running.take() {
             let _ = r.stop().await;
         }
+        // moto holds every table of the run in memory (a full run once
+        // grew one server to 11 GB): the table of a backend this app made
+        // for itself (`_tmp` set: not a restart test's) goes with it.
+        if let (Backend::Aws(s), Some(_)) = (&self.backend, &self._tmp)
+            && let Err(e) = shared::store::dynamo::drop_table(s.endpoint.as_deref(), &s.table).await
+        {
+            eprintln!("could not drop the test table {}: {e}", s.table);
+        }
     }
 }
 

@@ -350,10 +350,30 @@ mod provision {
             .map_err(|e| sdk_error("update time to live", e))?;
         Ok(())
     }
+
+    /// Deletes `table` on the service at `endpoint` (a test's own table
+    /// once the test is over: moto keeps every table in memory for its
+    /// whole run). A table already gone is not an error.
+    pub async fn drop_table(endpoint: Option<&str>, table: &str) -> Result<(), String> {
+        let shared = crate::aws::sdk_config(endpoint)?;
+        let client = Client::new(&shared);
+        match client.delete_table().table_name(table).send().await {
+            Ok(_) => Ok(()),
+            Err(SdkError::ServiceError(e))
+                if matches!(
+                    e.err(),
+                    aws_sdk_dynamodb::operation::delete_table::DeleteTableError::ResourceNotFoundException(_)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(sdk_error("delete table", e).to_string()),
+        }
+    }
 }
 
 #[cfg(feature = "tools")]
-pub use provision::create_table;
+pub use provision::{create_table, drop_table};
 
 // ------------------------------------------------------------------ errors
 
