@@ -88,9 +88,7 @@ async fn upcoming_on_a_test_clock(which: Which) {
     let Some(app) = spawn_app(which).await else {
         return;
     };
-    let t = app
-        .tenant("Meter Works", "owner@meterworks.example")
-        .await;
+    let t = app.tenant("Meter Works", "owner@meterworks.example").await;
     let project = t.project.id.to_string();
     let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
     let a = post(
@@ -129,7 +127,11 @@ async fn upcoming_on_a_test_clock(which: Which) {
     .await;
     ok(&a, 201, "subscription");
     let sub = text(&a.body["id"]);
-    assert_eq!(a.body["status"], "active", "a zero first invoice: {}", a.body);
+    assert_eq!(
+        a.body["status"], "active",
+        "a zero first invoice: {}",
+        a.body
+    );
     let a = post(
         &app,
         &format!("/v1/billing/subscriptions/{sub}/usage"),
