@@ -19,6 +19,7 @@ mod billing_notices;
 mod billing_subscriptions;
 mod billing_taxcredit;
 mod billing_timelines;
+mod billing_upcoming;
 mod billing_usage;
 mod billing_walk;
 mod browser;

@@ -87,6 +87,8 @@ pub enum EventType {
     PromotionCodeDeactivated,
     #[serde(rename = "customer.credit_updated")]
     CustomerCreditUpdated,
+    #[serde(rename = "invoice.upcoming")]
+    InvoiceUpcoming,
 }
 
 /// `customer.credit_updated`'s flat fields: (flat, the view's).
@@ -98,7 +100,7 @@ const CUSTOMER_FLAT: [(&str, &str); 4] = [
 ];
 
 impl EventType {
-    pub const ALL: [EventType; 29] = [
+    pub const ALL: [EventType; 30] = [
         EventType::PaymentSucceeded,
         EventType::PaymentFailed,
         EventType::PaymentCancelled,
@@ -128,6 +130,7 @@ impl EventType {
         EventType::PromotionCodeCreated,
         EventType::PromotionCodeDeactivated,
         EventType::CustomerCreditUpdated,
+        EventType::InvoiceUpcoming,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -161,6 +164,7 @@ impl EventType {
             EventType::PromotionCodeCreated => "promotion_code.created",
             EventType::PromotionCodeDeactivated => "promotion_code.deactivated",
             EventType::CustomerCreditUpdated => "customer.credit_updated",
+            EventType::InvoiceUpcoming => "invoice.upcoming",
         }
     }
 
@@ -182,9 +186,10 @@ impl EventType {
     }
 
     /// A billing invoice's event (`data.object`: the invoice as
-    /// `GET /v1/billing/invoices/{id}` answers it).
+    /// `GET /v1/billing/invoices/{id}` answers it; `invoice.upcoming`'s is
+    /// a draft of that shape, never stored: no `id`, `number` or links).
     pub fn is_billing_invoice(self) -> bool {
-        self.as_str().starts_with("billing_invoice.")
+        self.as_str().starts_with("billing_invoice.") || self == EventType::InvoiceUpcoming
     }
 }
 

@@ -91,3 +91,30 @@ pub async fn gather(
     adj.hooks.extend(consume);
     Ok(adj)
 }
+
+/// What the invoice of `sub` for `period` would take into account if it
+/// were issued at `now`, reading only: [`gather`] without its hooks and
+/// without moving the usage seal (`invoice.upcoming`'s draft,
+/// `billing::upcoming`).
+pub async fn draft(
+    deps: &Deps,
+    sub: &Subscription,
+    period: Period,
+    now: Timestamp,
+) -> Result<Adjustments, BillingInvoiceError> {
+    let mut adj = Adjustments {
+        flat_line: sub.terms.pricing_model != super::terms::PricingModel::Metered,
+        ..Adjustments::default()
+    };
+    let (discount, _) = super::discounts::for_issue(deps, sub, now).await?;
+    adj.discount = discount;
+    let tenant = sub.tenant();
+    adj.tax = super::tax::invoice_terms(deps, &tenant).await?;
+    let (credit, _) = super::credit::invoice_credit(deps, &tenant, &sub.customer_id, now).await?;
+    adj.credit_available = credit;
+    adj.lines
+        .extend(super::usage::draft_line(deps, sub, period).await?);
+    let (items, _) = super::items::item_lines(deps, &sub.id, period, now).await?;
+    adj.lines.extend(items);
+    Ok(adj)
+}

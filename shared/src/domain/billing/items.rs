@@ -17,7 +17,7 @@ use super::customers::{BillingError, invalid, text};
 use super::invoice::{InvoiceLine, LineKind};
 use super::lifecycle::LifecycleError;
 use super::period::Period;
-use super::subscription::{self, SubscriptionError};
+use super::subscription::{self, Subscription, SubscriptionError};
 use crate::Deps;
 use crate::domain::record::{self, Changes, Record, from_item};
 use crate::domain::{Mode, Tenant};
@@ -266,6 +266,7 @@ pub async fn create(
     if pending(deps, &sub.id).await?.len() >= MAX_PENDING {
         return Err(ItemError::TooMany(sub.id));
     }
+    mark_has_items(deps, &sub).await?;
     let item = InvoiceItem {
         id: InvoiceItemId::new(),
         subscription_id: sub.id.clone(),
@@ -284,6 +285,37 @@ pub async fn create(
         None => Ok(item),
         Some(first) => get(deps, &sub.id, &InvoiceItemId::stored(first)).await,
     }
+}
+
+/// Marks `sub` as one that has items (`has_items`: the sweep looks for
+/// pending items before each of its invoices, `invoice.upcoming`), once:
+/// a write conditioned on the version read, read again on a race. Before
+/// the item is written, so an item never waits on a subscription that
+/// does not look for it.
+async fn mark_has_items(deps: &Deps, sub: &Subscription) -> Result<(), ItemError> {
+    let mut current = sub.clone();
+    for attempt in 0..8 {
+        if current.has_items || current.status.is_ended() {
+            return Ok(());
+        }
+        let mut changed = current.clone();
+        changed.has_items = true;
+        changed.version = current.version + 1;
+        changed.updated_at = deps.clock.now();
+        match deps
+            .store
+            .transact(subscription::write_ops(&changed, Some(&current))?)
+            .await
+        {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_condition_failure() || subscription::is_conflict(&e) => {
+                crate::store::contention_backoff(attempt).await;
+                current = subscription::get(deps, &sub.tenant(), &sub.id).await?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(StoreError::Unavailable("the subscription changed too often".into()).into())
 }
 
 async fn get(

@@ -27,4 +27,5 @@ pub mod sweep;
 pub mod tax;
 pub mod terms;
 pub mod test_clock;
+pub mod upcoming;
 pub mod usage;

@@ -294,6 +294,15 @@ pub struct Subscription {
     /// none`); the sweep applies it (`billing::changes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending_change: Option<super::changes::PendingChange>,
+    /// The start of the period whose invoice's `invoice.upcoming` moment
+    /// the sweep handled (`billing::upcoming`): once per period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upcoming_for: Option<NaiveDate>,
+    /// It had a one-off invoice item once (`billing::items`): its next
+    /// invoices may carry items, so the sweep looks for them before each
+    /// (a metered plan always does).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub has_items: bool,
     pub version: i64,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
@@ -305,6 +314,10 @@ fn is_zero(n: &u32) -> bool {
 
 /// How long before a trial ends its `trial_will_end` moment is.
 pub const TRIAL_WILL_END_BEFORE: chrono::Duration = chrono::Duration::days(3);
+
+/// How long before a period ends (its next invoice is issued) its
+/// `invoice.upcoming` moment is (`billing::upcoming`).
+pub const UPCOMING_BEFORE: chrono::Duration = chrono::Duration::days(3);
 
 crate::attrs! { Subscription {
     ID: SubscriptionId = id,
@@ -378,6 +391,7 @@ impl Subscription {
         if self.status == S::Paused {
             due.push(self.resume_at);
         }
+        due.push(self.upcoming_at().map(|(at, _)| at));
         if self.billing_start.is_some()
             && !matches!(self.status, S::Draft | S::Trialing)
             && self.overdue_next <= self.period_index
@@ -389,6 +403,29 @@ impl Subscription {
             );
         }
         due.into_iter().flatten().min()
+    }
+
+    /// The `invoice.upcoming` moment still to handle, and the start of the
+    /// period whose invoice it announces: [`UPCOMING_BEFORE`] before the
+    /// current period ends, for an `active` or `past_due` subscription
+    /// whose next invoice may carry usage or items (a metered plan, or one
+    /// that had an item) and is not cancelled at period end. `None` when
+    /// handled for that period, or when the period is too short to have
+    /// the moment inside it.
+    pub fn upcoming_at(&self) -> Option<(Timestamp, NaiveDate)> {
+        use SubscriptionStatus as S;
+        if !matches!(self.status, S::Active | S::PastDue) || self.cancel_at_period_end {
+            return None;
+        }
+        if !(self.has_items || self.terms.pricing_model == super::terms::PricingModel::Metered) {
+            return None;
+        }
+        let p = self.current_period()?;
+        if self.upcoming_for == Some(p.end_exclusive) {
+            return None;
+        }
+        let at = nepal_day_start(p.end_exclusive)?.plus(-UPCOMING_BEFORE);
+        (at > nepal_day_start(p.start)?).then_some((at, p.end_exclusive))
     }
 
     /// This subscription with `next_due_at` set from its fields.
@@ -496,6 +533,8 @@ pub fn new_subscription(
         trial_reminded_for: None,
         overdue_next: 0,
         pending_change: None,
+        upcoming_for: None,
+        has_items: false,
         version: 1,
         created_at: now,
         updated_at: now,

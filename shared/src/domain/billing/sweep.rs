@@ -65,6 +65,8 @@ pub enum Step {
     /// The grace end of period `n`'s invoice.
     GraceEnd(u32),
     Resume,
+    /// The next invoice's `invoice.upcoming` moment (`billing::upcoming`).
+    Upcoming,
     /// The current period ended.
     PeriodEnd,
 }
@@ -103,6 +105,9 @@ pub fn next_step(sub: &Subscription, now: Timestamp) -> Option<Step> {
         if let Some(at) = sub.resume_at {
             due.push((at, Step::Resume));
         }
+    }
+    if let Some((at, _)) = sub.upcoming_at() {
+        due.push((at, Step::Upcoming));
     }
     if sub.billing_start.is_some()
         && !matches!(sub.status, S::Draft | S::Trialing)
@@ -181,6 +186,21 @@ pub async fn advance(
             // A scheduled plan change applied by this step.
             ops.extend(super::changes::updated_event(&current, &changed, now).put_ops()?);
         }
+        if step == Step::Upcoming {
+            // Once per period: the write that records it carries it. A
+            // sweep that comes after the period's end (the invoice is
+            // issued next) sends none.
+            let ended = current
+                .current_period()
+                .and_then(|p| nepal_day_start(p.end_exclusive))
+                .is_none_or(|end| now >= end);
+            if !ended {
+                if let Some(draft) = super::upcoming::draft(deps, &current, now).await? {
+                    let base = deps.config.base_for(None);
+                    ops.extend(super::upcoming::event(&draft, &base, now).put_ops()?);
+                }
+            }
+        }
         if step == Step::TrialWillEnd {
             // Once per trial end: the write that records it carries it.
             ops.extend(super::events::trial_will_end(&changed, now).put_ops()?);
@@ -251,6 +271,9 @@ async fn decide(
             }
         }
         Step::TrialWillEnd => changed.trial_reminded_for = changed.trial_ends_at,
+        Step::Upcoming => {
+            changed.upcoming_for = sub.upcoming_at().map(|(_, start)| start);
+        }
         Step::TrialEnd => {
             if changed.cancel_at_period_end {
                 changed.status = next(changed.status, E::PeriodEndedCancelPending)?;

@@ -749,6 +749,40 @@ pub async fn usage_line(
     let Some(sealed) = seal(deps, &sub.id, period.start, now).await? else {
         return Ok(None);
     };
+    line_of(deps, sub, sealed).await
+}
+
+/// The usage line the invoice of `sub` for `period` would have if it were
+/// issued now, reading only (`invoice.upcoming`'s draft): the records
+/// from the seal to the period's start, the seal left where it is.
+pub async fn draft_line(
+    deps: &Deps,
+    sub: &Subscription,
+    period: Period,
+) -> Result<Option<InvoiceLine>, BillingInvoiceError> {
+    if !metered(sub) {
+        return Ok(None);
+    }
+    let sealed = match record::get::<UsageSeal>(&*deps.store, &UsageSeal::key(&sub.id)).await? {
+        Some(s) if s.through > period.start => return Ok(None),
+        Some(s) if s.through == period.start => Sealed {
+            from: s.from,
+            to: period.start,
+        },
+        current => Sealed {
+            from: current.map(|s| s.through),
+            to: period.start,
+        },
+    };
+    line_of(deps, sub, sealed).await
+}
+
+/// The usage line of the days `sealed` closed (`None`: no records).
+async fn line_of(
+    deps: &Deps,
+    sub: &Subscription,
+    sealed: Sealed,
+) -> Result<Option<InvoiceLine>, BillingInvoiceError> {
     let records = records_between(deps, &sub.id, sealed.from, sealed.to).await?;
     let Some(first) = records.iter().map(|r| r.day).min() else {
         return Ok(None);

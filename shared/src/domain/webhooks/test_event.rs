@@ -92,6 +92,7 @@ fn subscription_status(t: EventType) -> &'static str {
 fn invoice_status(t: EventType) -> &'static str {
     match t {
         EventType::BillingInvoiceCreated => "open",
+        EventType::InvoiceUpcoming => "draft",
         EventType::BillingInvoiceOverdue => "overdue",
         EventType::BillingInvoiceVoided => "void",
         EventType::BillingInvoiceUncollectible => "uncollectible",
