@@ -500,10 +500,10 @@ fn rank(p: Provider) -> usize {
     Provider::ALL.iter().position(|x| *x == p).unwrap_or(0)
 }
 
-/// The Nepal day a record of ours was created: its id's time (how the
-/// index is read), else `created_at`.
-pub fn day_of(id: &str, created_at: Timestamp) -> NaiveDate {
-    let at = ids::minted_at_ms(id)
+/// The Nepal day a record of ours was created: when its id was minted
+/// (`ids::minted_at_ms`, how the index is read), else `created_at`.
+pub fn day_of(minted_ms: Option<i64>, created_at: Timestamp) -> NaiveDate {
+    let at = minted_ms
         .and_then(Timestamp::from_unix_millis)
         .unwrap_or(created_at);
     nepal_day(at)
@@ -520,7 +520,7 @@ impl Tally {
             return;
         }
         let net = p.net().unwrap_or(p.amount).get();
-        let s = self.at(day_of(&p.id, p.created_at), p.provider);
+        let s = self.at(day_of(ids::minted_at_ms(&p.id), p.created_at), p.provider);
         s.payments += 1;
         s.payments_net = s.payments_net.saturating_add(net);
         if p.fee().is_none() {
@@ -538,7 +538,7 @@ impl Tally {
         }
         let returned = r.fee.unwrap_or(Paisa::ZERO);
         let net = r.amount.checked_sub(returned).unwrap_or(Paisa::ZERO).get();
-        let s = self.at(day_of(&r.id, r.created_at), r.provider);
+        let s = self.at(day_of(ids::minted_at_ms(&r.id), r.created_at), r.provider);
         s.refunds += 1;
         s.refunds_net = s.refunds_net.saturating_add(net);
     }

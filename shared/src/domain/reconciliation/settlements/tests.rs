@@ -11,7 +11,7 @@ use crate::domain::payments::{self, AttemptInfo, Checks, FeeSource, Payment, Pay
 use crate::domain::record::Record;
 use crate::domain::refunds::{Refund, RefundReason, RefundStatus};
 use crate::domain::{Mode, Provider, Tenant};
-use crate::ids::{PaymentId, RefundId, SessionId};
+use crate::ids::{PaymentId, RefundId, SessionId, minted_at_ms};
 use crate::money::{Currency, Paisa};
 use crate::refusal::Refusal;
 use crate::store::Store;
@@ -223,11 +223,11 @@ fn days_are_nepal_days_at_the_0545_boundary() {
     let last = id_at("pay_", "2026-11-20T18:14:59.999Z", 1);
     let first = id_at("pay_", "2026-11-20T18:15:00.000Z", 1);
     let never = at("2000-01-01T00:00:00Z");
-    assert_eq!(day_of(&last, never), day("2026-11-20"));
-    assert_eq!(day_of(&first, never), day("2026-11-21"));
+    assert_eq!(day_of(minted_at_ms(&last), never), day("2026-11-20"));
+    assert_eq!(day_of(minted_at_ms(&first), never), day("2026-11-21"));
     // Not one of our ids: its creation time.
     assert_eq!(
-        day_of("legacy", at("2026-11-20T18:15:00Z")),
+        day_of(minted_at_ms("legacy"), at("2026-11-20T18:15:00Z")),
         day("2026-11-21")
     );
     let mut t = Tally::default();
