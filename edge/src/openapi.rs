@@ -259,6 +259,10 @@ pub const ERROR_CODES: &[(&str, &str)] = &[
         "the report's download link has expired: get the report again for a fresh one",
     ),
     (
+        "duplicate_reference",
+        "a bank credit with this reference is recorded for the provider (any case)",
+    ),
+    (
         "webhook_endpoint_limit",
         "the project has its maximum of webhook endpoints",
     ),

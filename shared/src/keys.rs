@@ -107,6 +107,11 @@ pub enum PerMode {
     PromotionCodeNames,
     /// `gsi1`: exports (`domain::reports`), newest first.
     Reports,
+    /// `gsi1`: bank credits the merchant recorded, by Nepal day
+    /// (`reconciliation::settlements`).
+    BankCredits,
+    /// Bank reference claims (one credit per provider and reference).
+    BankCreditRefs,
 }
 
 impl PerMode {
@@ -133,6 +138,8 @@ impl PerMode {
             PerMode::PromotionCodes => "PROMO",
             PerMode::PromotionCodeNames => "PROMOCODE",
             PerMode::Reports => "RPT",
+            PerMode::BankCredits => "BCR",
+            PerMode::BankCreditRefs => "BCREF",
         }
     }
 }
@@ -303,6 +310,11 @@ pub fn test_clock(clock_id: &str) -> Key {
 /// An export (`domain::reports`).
 pub fn report(report_id: &str) -> Key {
     Key::new(format!("RPT#{report_id}"), "RPT")
+}
+
+/// A bank credit the merchant recorded (`reconciliation::settlements`).
+pub fn bank_credit(credit_id: &str) -> Key {
+    Key::new(format!("BCR#{credit_id}"), "BCR")
 }
 
 /// Exports not yet finished (`gsi2`, by id): what the scheduler runs
@@ -601,6 +613,15 @@ mod tests {
         assert_eq!(k(report("rpt_1")), kk("RPT#rpt_1", "RPT"));
         assert_eq!(unfinished_reports(), "RPTS#UNFINISHED");
         assert_eq!(per_mode("p", sb, PerMode::Reports), "PROJ#p#sandbox#RPT");
+        assert_eq!(k(bank_credit("bcr_1")), kk("BCR#bcr_1", "BCR"));
+        assert_eq!(
+            per_mode("p", sb, PerMode::BankCredits),
+            "PROJ#p#sandbox#BCR"
+        );
+        assert_eq!(
+            per_mode("p", sb, PerMode::BankCreditRefs),
+            "PROJ#p#sandbox#BCREF"
+        );
         assert_eq!(
             per_mode("p", sb, PerMode::TestClocks),
             "PROJ#p#sandbox#CLOCK"

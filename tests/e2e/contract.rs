@@ -61,6 +61,18 @@ const ROUTES: &[Route] = &[
     r("POST", "/v1/reports", Scope::PaymentsRead),
     r("GET", "/v1/reports", Scope::PaymentsRead),
     r("GET", "/v1/reports/{id}", Scope::PaymentsRead),
+    // settlements
+    r("GET", "/v1/reconciliation/settlements", Scope::PaymentsRead),
+    r(
+        "POST",
+        "/v1/reconciliation/settlements/credits",
+        Scope::PaymentsWrite,
+    ),
+    r(
+        "DELETE",
+        "/v1/reconciliation/settlements/credits/{id}",
+        Scope::PaymentsWrite,
+    ),
     // refunds
     r("POST", "/v1/refunds", Scope::RefundsWrite),
     r("GET", "/v1/refunds", Scope::RefundsRead),
@@ -502,6 +514,7 @@ struct Records {
     /// A well-formed invoice item id that does not exist.
     invoice_item: String,
     report: String,
+    bank_credit: String,
 }
 
 impl Records {
@@ -549,6 +562,8 @@ impl Records {
             &self.promotion_code
         } else if p.starts_with("/v1/reports/") {
             &self.report
+        } else if p.starts_with("/v1/reconciliation/settlements/credits/") {
+            &self.bank_credit
         } else {
             panic!("no record for {path}")
         }
@@ -636,6 +651,7 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
             json!({"couponId": rec.coupon})
         }
         ("POST", "/v1/reports") => report_body(),
+        ("POST", "/v1/reconciliation/settlements/credits") => bank_credit_body(),
         _ => panic!("no body for {method} {path}"),
     };
     Some(body)
@@ -643,6 +659,10 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
 
 fn report_body() -> Value {
     json!({"type": "payments", "from": "2026-11-01T00:00:00Z", "to": "2026-11-02T00:00:00Z"})
+}
+
+fn bank_credit_body() -> Value {
+    json!({"provider": "khalti", "date": "2026-11-01", "amount": 10_000, "reference": "NIC-CONTRACT"})
 }
 
 fn test_clock_body() -> Value {
@@ -804,6 +824,13 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
     )
     .await;
     let report = created(app, key, "/v1/reports", report_body()).await;
+    let bank_credit = created(
+        app,
+        key,
+        "/v1/reconciliation/settlements/credits",
+        json!({"provider": "esewa", "date": "2026-11-01", "amount": 10_000, "reference": "NIC-RECORD"}),
+    )
+    .await;
     let rec = Records {
         session: text(&session["id"]),
         payment: payment.id.to_string(),
@@ -825,6 +852,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         promotion_code: text(&promotion_code["id"]),
         invoice_item: new_id(IdKind::InvoiceItem),
         report: text(&report["id"]),
+        bank_credit: text(&bank_credit["id"]),
     };
     for (kind, id) in [
         ("cs_", &rec.session),
@@ -842,6 +870,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         ("cpn_", &rec.coupon),
         ("promo_", &rec.promotion_code),
         ("rpt_", &rec.report),
+        ("bcr_", &rec.bank_credit),
     ] {
         assert!(id.starts_with(kind), "{kind}: {id}");
     }
@@ -1451,6 +1480,12 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
         }
         ("POST", "/v1/billing/test-clocks/{id}/advance") => vec![f("frozenTime", Str)],
         ("POST", "/v1/reports") => vec![f("type", Str), f("from", Str), f("to", Str)],
+        ("POST", "/v1/reconciliation/settlements/credits") => vec![
+            f("provider", Str),
+            f("date", Str),
+            f("amount", Int),
+            f("reference", Str),
+        ],
         _ => panic!("no body fields for {method} {path}"),
     }
 }

@@ -50,6 +50,7 @@ mod ratelimit;
 mod refunds;
 mod reports;
 mod sam_local;
+mod settlements;
 mod short_links;
 mod sms;
 mod template;

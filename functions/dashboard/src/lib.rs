@@ -30,6 +30,7 @@ mod keys;
 mod pages;
 mod people;
 mod records;
+mod settlements;
 mod taxcredit;
 mod usage;
 
@@ -219,6 +220,18 @@ pub fn router(state: AppState) -> Router {
             )
             .route("/dashboard/credentials/check", post(credentials::check))
             .route("/dashboard/credentials/fees", post(credentials::set_fee))
+            .route(
+                "/dashboard/reconciliation/settlements",
+                get(settlements::page),
+            )
+            .route(
+                "/dashboard/reconciliation/settlements/credits",
+                post(settlements::record),
+            )
+            .route(
+                "/dashboard/reconciliation/settlements/credits/{id}/delete",
+                post(settlements::delete),
+            )
             .route("/dashboard/keys/{id}/rotate", post(keys::rotate))
             .route("/dashboard/keys/{id}/revoke", post(keys::revoke))
             .route("/dashboard/audit", get(audit_page))

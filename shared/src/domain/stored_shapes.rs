@@ -140,6 +140,14 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
         ("AKEY", "AKEY") => ("api key", record::<account::ApiKey>()),
         ("CLOCK", "CLOCK") => ("test clock", record::<billing::test_clock::TestClock>()),
         ("RPT", "RPT") => ("report", record::<super::reports::Report>()),
+        ("BCR", "BCR") => (
+            "bank credit",
+            record::<super::reconciliation::settlements::BankCredit>(),
+        ),
+        ("PROJ", _) if pk.ends_with("#BCREF") => (
+            "bank reference claim",
+            record::<super::reconciliation::settlements::ReferenceClaim>(),
+        ),
         ("BILLDUE", _) => ("billing sweep tenant", record::<billing::due::DueTenant>()),
         ("BINV", "BINV") => (
             "billing invoice",

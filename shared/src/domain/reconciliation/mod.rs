@@ -5,4 +5,5 @@
 //! The types every part shares live here and in [`statements`]; each
 //! part adds its module.
 
+pub mod settlements;
 pub mod statements;
