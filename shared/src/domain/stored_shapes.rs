@@ -140,6 +140,7 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
         ("AKEY", "AKEY") => ("api key", record::<account::ApiKey>()),
         ("CLOCK", "CLOCK") => ("test clock", record::<billing::test_clock::TestClock>()),
         ("RPT", "RPT") => ("report", record::<super::reports::Report>()),
+        ("RPTQ", "RPTQ") => ("report quota", shape::<super::reports::ReportQuota>()),
         ("BILLDUE", _) => ("billing sweep tenant", record::<billing::due::DueTenant>()),
         ("BINV", "BINV") => (
             "billing invoice",
