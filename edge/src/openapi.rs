@@ -259,6 +259,10 @@ pub const ERROR_CODES: &[(&str, &str)] = &[
         "the report's download link has expired: get the report again for a fresh one",
     ),
     (
+        "too_many_reports",
+        "the project has 5 reports pending or running: wait for one to end",
+    ),
+    (
         "webhook_endpoint_limit",
         "the project has its maximum of webhook endpoints",
     ),

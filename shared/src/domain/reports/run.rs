@@ -158,9 +158,17 @@ pub fn spawn_run(deps: Deps, id: ReportId) {
         if let Err(e) = run(&deps, &id).await {
             tracing::warn!(report = %id, error = %e, "report run stopped; the tick retries");
         }
-        let deadline = Instant::now() + std::time::Duration::from_secs(60);
-        if let Err(e) = run_unfinished(&deps, deadline).await {
-            tracing::warn!(error = %e, "report runs failed; the tick retries");
+        // Until nothing more can start (each pass finishes what it took).
+        let deadline = Instant::now() + std::time::Duration::from_secs(300);
+        loop {
+            match run_unfinished(&deps, deadline).await {
+                Ok(n) if n > 0 && Instant::now() < deadline => {}
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "report runs failed; the tick retries");
+                    break;
+                }
+            }
         }
     });
 }
