@@ -263,6 +263,10 @@ pub const ERROR_CODES: &[(&str, &str)] = &[
         "a bank credit with this reference is recorded for the provider (any case)",
     ),
     (
+        "too_many_reports",
+        "the project has 5 reports pending or running: wait for one to end",
+    ),
+    (
         "webhook_endpoint_limit",
         "the project has its maximum of webhook endpoints",
     ),

@@ -317,6 +317,12 @@ pub fn bank_credit(credit_id: &str) -> Key {
     Key::new(format!("BCR#{credit_id}"), "BCR")
 }
 
+/// One tenant's exports in flight: how many are unfinished and which one
+/// runs (`domain::reports::ReportQuota`).
+pub fn report_quota(project_id: &str, mode: Mode) -> Key {
+    Key::new(format!("RPTQ#{project_id}#{}", mode.as_str()), "RPTQ")
+}
+
 /// Exports not yet finished (`gsi2`, by id): what the scheduler runs
 /// (`domain::reports`).
 pub fn unfinished_reports() -> String {
@@ -612,6 +618,7 @@ mod tests {
         assert_eq!(k(test_clock("clock_1")), kk("CLOCK#clock_1", "CLOCK"));
         assert_eq!(k(report("rpt_1")), kk("RPT#rpt_1", "RPT"));
         assert_eq!(unfinished_reports(), "RPTS#UNFINISHED");
+        assert_eq!(k(report_quota("p", sb)), kk("RPTQ#p#sandbox", "RPTQ"));
         assert_eq!(per_mode("p", sb, PerMode::Reports), "PROJ#p#sandbox#RPT");
         assert_eq!(k(bank_credit("bcr_1")), kk("BCR#bcr_1", "BCR"));
         assert_eq!(

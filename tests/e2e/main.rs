@@ -28,6 +28,7 @@ mod contract;
 mod counter_page;
 mod dashboard;
 mod dashboard_browser;
+mod dashboard_exports;
 mod dashboard_host;
 mod dashboard_invites;
 mod dashboard_members;

@@ -12,7 +12,11 @@ use std::time::{Duration, Instant};
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app_with_clock};
 use serde_json::{Value, json};
 use shared::domain::account::Scope;
+use shared::domain::payments::Payment;
+use shared::domain::record::Changes;
 use shared::domain::{Mode, Provider};
+use shared::money::Paisa;
+use shared::store::{Cond, Item, Key, Query, QueryPage, SkCond, Store, StoreError, TxOp, Update};
 use shared::time::{Clock, ManualClock, SystemClock};
 
 async fn post(app: &TestApp, key: &str, body: Value) -> Answer {
@@ -178,3 +182,180 @@ async fn a_payments_export_runs_and_downloads(which: Which) {
 }
 
 on_both_backends!(a_payments_export_runs_and_downloads);
+
+/// The store as the gateway uses it, with every export's read of the
+/// payments index held until `gate` is closed (opened).
+struct HeldExports {
+    inner: Arc<dyn Store>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+#[async_trait::async_trait]
+impl Store for HeldExports {
+    fn instance(&self) -> u64 {
+        self.inner.instance()
+    }
+
+    fn single_process(&self) -> bool {
+        self.inner.single_process()
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Item>, StoreError> {
+        self.inner.get(key).await
+    }
+
+    async fn put(&self, item: Item, cond: Option<Cond>) -> Result<(), StoreError> {
+        self.inner.put(item, cond).await
+    }
+
+    async fn update(
+        &self,
+        key: &Key,
+        update: Update,
+        cond: Option<Cond>,
+    ) -> Result<Item, StoreError> {
+        self.inner.update(key, update, cond).await
+    }
+
+    async fn delete(&self, key: &Key, cond: Option<Cond>) -> Result<(), StoreError> {
+        self.inner.delete(key, cond).await
+    }
+
+    async fn transact(&self, ops: Vec<TxOp>) -> Result<(), StoreError> {
+        self.inner.transact(ops).await
+    }
+
+    async fn query(&self, query: &Query) -> Result<QueryPage, StoreError> {
+        if query.pk.ends_with("#PAY") && matches!(query.sk, SkCond::Between(..)) {
+            // Closed: open for good.
+            let _ = self.gate.acquire().await;
+        }
+        self.inner.query(query).await
+    }
+
+    async fn count(&self, query: &Query) -> Result<u64, StoreError> {
+        self.inner.count(query).await
+    }
+}
+
+/// A project's unfinished reports are bounded: the sixth while five wait
+/// is a 409 `too_many_reports`; once they end, the next starts. Every
+/// one of them ends (one at a time for the project). The payments CSV
+/// carries a payment's fee and net; a billing invoices export has its
+/// columns and needs `billing:read`.
+async fn exports_are_bounded_and_carry_fees_and_invoices(which: Which) {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = gate.clone();
+    let wrap = move |inner: Arc<dyn Store>| -> Arc<dyn Store> {
+        Arc::new(HeldExports { inner, gate: held })
+    };
+    let Some(app) = spawn_app_with_clock(which, wrap, Arc::new(SystemClock)).await else {
+        return;
+    };
+    let tenant = app.tenant("Sita's Shop", "sita@example.com").await;
+    let key = app
+        .key(
+            &tenant,
+            Mode::Sandbox,
+            &[Scope::PaymentsRead, Scope::RefundsRead, Scope::BillingRead],
+        )
+        .await;
+    let paid = app
+        .payment(&tenant, Mode::Sandbox, 100_000, Provider::Khalti)
+        .await;
+    let fee = Changes::<Payment>::new().set_some(
+        Payment::FEE_PROVIDER,
+        &Paisa::new(2_950).unwrap_or(Paisa::ZERO),
+    );
+    let op = TxOp::Update {
+        key: Payment::key(&paid.id),
+        update: fee.into(),
+        cond: None,
+    };
+    if let Err(e) = app.store.transact(vec![op]).await {
+        panic!("fee: {e}");
+    }
+    let now = SystemClock.now();
+    let from = now.plus(chrono::Duration::hours(-1)).to_rfc3339();
+    let to = now.plus(chrono::Duration::hours(1)).to_rfc3339();
+    let body = json!({"type": "payments", "from": from, "to": to});
+
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let a = post(&app, &key, body.clone()).await;
+        assert_eq!(a.status, 201, "{}", a.body);
+        ids.push(a.body["id"].as_str().unwrap_or_default().to_owned());
+    }
+    let a = post(&app, &key, body.clone()).await;
+    assert_eq!(a.status, 409, "{}", a.body);
+    assert_eq!(a.body["error"]["code"], "too_many_reports", "{}", a.body);
+    let message = a.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("5 reports pending or running"),
+        "{message}"
+    );
+    // Another project is not held back by this one's.
+    let other = app.tenant("Ram's Shop", "ram@example.com").await;
+    let theirs = app.key(&other, Mode::Sandbox, &[Scope::PaymentsRead]).await;
+    let a = post(&app, &theirs, body.clone()).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+
+    gate.close();
+    let mut last = Value::Null;
+    for id in &ids {
+        last = ready(&app, &key, id).await;
+        assert_eq!(last["rows"], 1, "{last}");
+    }
+    let url = last["downloadUrl"].as_str().unwrap_or_default().to_owned();
+    let (status, csv) = download(&app, &url).await;
+    assert_eq!(status, 200, "{csv}");
+    let mut reader = csv::Reader::from_reader(csv.as_bytes());
+    let header: Vec<String> = reader
+        .headers()
+        .map(|h| h.iter().map(str::to_owned).collect())
+        .unwrap_or_default();
+    let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap_or_default()).collect();
+    let at = |column: &str| {
+        header
+            .iter()
+            .position(|h| h == column)
+            .unwrap_or(usize::MAX)
+    };
+    let got: Vec<&str> = ["fee_paisa", "fee_npr", "net_paisa", "net_npr", "fee_source"]
+        .iter()
+        .map(|c| rows[0].get(at(c)).unwrap_or("?"))
+        .collect();
+    assert_eq!(
+        got,
+        ["2950", "29.50", "97050", "970.50", "provider"],
+        "{csv}"
+    );
+    // Room again.
+    let a = post(&app, &key, body).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+
+    // Billing invoices: its columns; billing:read needed.
+    let invoices = json!({"type": "billing_invoices", "from": from, "to": to});
+    let a = post(&app, &theirs, invoices.clone()).await;
+    assert_eq!(a.status, 403, "{}", a.body);
+    let a = post(&app, &key, invoices).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    assert_eq!(a.body["type"], "billing_invoices", "{}", a.body);
+    let id = a.body["id"].as_str().unwrap_or_default().to_owned();
+    let report = ready(&app, &key, &id).await;
+    assert_eq!(report["rows"], 0, "{report}");
+    let url = report["downloadUrl"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let (status, csv) = download(&app, &url).await;
+    assert_eq!(status, 200, "{csv}");
+    let header = csv.lines().next().unwrap_or_default();
+    assert_eq!(
+        header,
+        shared::domain::reports::csv::INVOICE_COLUMNS.join(",")
+    );
+    app.stop().await;
+}
+
+on_both_backends!(exports_are_bounded_and_carry_fees_and_invoices);

@@ -10,6 +10,7 @@
 //! | `GET /dashboard` | The overview: the last 30 days and their chart. |
 //! | `GET /dashboard/payments`, `/dashboard/payments/{id}` | Payments, and one with its attempt and refunds. |
 //! | `GET /dashboard/audit` | Who did what (owners). |
+//! | `GET, POST /dashboard/exports` | Exports: start one (owners, developers), progress, downloads. |
 //! | `GET, POST /dashboard/people` | People and invitations (owners). |
 //! | `GET, POST /dashboard/join/{token}` | An invitation's link: set a password and join (keyless, throttled per address). |
 //!
@@ -25,6 +26,7 @@ mod coupons;
 mod credentials;
 #[cfg(feature = "documents")]
 mod documents;
+mod exports;
 mod join;
 mod keys;
 mod pages;
@@ -203,6 +205,10 @@ pub fn router(state: AppState) -> Router {
                 post(coupons::deactivate_code),
             )
             .route("/dashboard/sms", get(records::sms_page))
+            .route(
+                exports::PATH,
+                get(exports::exports_page).post(exports::start),
+            )
             .route(
                 "/dashboard/webhooks",
                 get(records::webhooks_page).post(records::add_endpoint),

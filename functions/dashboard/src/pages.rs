@@ -38,7 +38,7 @@ pub struct Nav {
 }
 
 /// The pages, their paths and who sees them in the navigation.
-const PAGES: [(&str, &str, &str, Action); 12] = [
+const PAGES: [(&str, &str, &str, Action); 13] = [
     ("overview", "/dashboard", "Overview", Action::ReadRecords),
     (
         "payments",
@@ -79,6 +79,12 @@ const PAGES: [(&str, &str, &str, Action); 12] = [
         Action::ReadRecords,
     ),
     ("sms", "/dashboard/sms", "SMS", Action::ReadRecords),
+    (
+        "exports",
+        crate::exports::PATH,
+        "Exports",
+        Action::ReadRecords,
+    ),
     ("people", "/dashboard/people", "People", Action::People),
     ("audit", "/dashboard/audit", "Audit log", Action::Audit),
 ];
@@ -365,6 +371,7 @@ pub fn payments(
             button type="submit" { "Show" }
         }
         p.muted { (total) " payments. Page " (place.page) " of " (pages.max(place.page)) "." }
+        (crate::exports::button("payments", None))
         div.panel {
             @if list.is_empty() {
                 p { "No payments yet." }
@@ -657,6 +664,7 @@ pub fn refunds(nav: &Nav, list: &[Refund], place: &crate::Place, total: u64) -> 
     let pages = pages_of(total).max(place.page);
     let body = html! {
         p.muted { (total) " refunds. Page " (place.page) " of " (pages) "." }
+        (crate::exports::button("refunds", None))
         div.panel {
             @if list.is_empty() {
                 p { "No refunds yet." }

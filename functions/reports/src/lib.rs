@@ -12,7 +12,8 @@
 //! S3's presigned GET and this route is not deployed.
 //!
 //! Scopes: `payments:read` for every route (an export is a read of the
-//! records), and `refunds:read` as well to export refunds.
+//! records), and `refunds:read` as well to export refunds,
+//! `billing:read` (and a plan with billing) to export billing invoices.
 
 use axum::Router;
 use axum::extract::State;
@@ -56,8 +57,8 @@ pub fn download_router(state: AppState) -> Router {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[schema(as = CreateReport)]
 pub struct CreateReport {
-    /// `payments` or `refunds` (`billing_invoices` and `reconciliation`
-    /// are not available yet: 400).
+    /// `payments`, `refunds` or `billing_invoices` (`reconciliation` is
+    /// not available yet: 400).
     #[serde(rename = "type")]
     pub report_type: String,
     /// Records created at or after this time (ISO 8601 / RFC 3339).
@@ -74,6 +75,7 @@ pub struct CreateReport {
         (status = 201, description = "The report, `pending`: poll `GET /v1/reports/{id}`.", body = ReportView),
         (status = 200, description = "A replay: the first answer to this `Idempotency-Key`.", body = ReportView),
         (status = 400, description = "An unknown `type`, a `from` or `to` that is not ISO 8601, `from` not before `to`, a range over 366 days.", body = edge::openapi::ErrorEnvelope),
+        (status = 409, description = "`too_many_reports`: the project has 5 reports pending or running; wait for one to end.", body = edge::openapi::ErrorEnvelope),
     ),
 )]
 async fn create_report(
@@ -83,8 +85,15 @@ async fn create_report(
 ) -> Result<(StatusCode, Json<ReportView>), ApiError> {
     let who = auth.require(Scope::PaymentsRead)?;
     let JsonBody(body) = body?;
-    if body.report_type == "refunds" {
-        auth.require(Scope::RefundsRead)?;
+    match body.report_type.as_str() {
+        "refunds" => {
+            auth.require(Scope::RefundsRead)?;
+        }
+        "billing_invoices" => {
+            // As the billing routes: the scope, then the plan's billing.
+            shared::domain::billing::customers::entitled(auth.require(Scope::BillingRead)?)?;
+        }
+        _ => {}
     }
     let req = ReportRequest {
         report_type: &body.report_type,

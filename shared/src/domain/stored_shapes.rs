@@ -148,6 +148,7 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
             "bank reference claim",
             record::<super::reconciliation::settlements::ReferenceClaim>(),
         ),
+        ("RPTQ", "RPTQ") => ("report quota", shape::<super::reports::ReportQuota>()),
         ("BILLDUE", _) => ("billing sweep tenant", record::<billing::due::DueTenant>()),
         ("BINV", "BINV") => (
             "billing invoice",

@@ -40,11 +40,16 @@ pub enum Action {
     People,
     /// The audit log.
     Audit,
+    /// Start an export (a CSV of payments, refunds or billing invoices);
+    /// reading the Exports page and downloading a finished one is
+    /// `ReadRecords`. Not viewers: a start takes one of the project's
+    /// few unfinished places (`domain::reports::MAX_UNFINISHED`).
+    Export,
 }
 
 impl Action {
     /// Every action, in the order `docs/dashboard.md` lists them.
-    pub const ALL: [Action; 11] = [
+    pub const ALL: [Action; 12] = [
         Action::ReadRecords,
         Action::ChangeRecords,
         Action::Webhooks,
@@ -56,6 +61,7 @@ impl Action {
         Action::SetCredentials,
         Action::People,
         Action::Audit,
+        Action::Export,
     ];
 
     /// How `docs/dashboard.md` names the action.
@@ -74,6 +80,7 @@ impl Action {
             Action::SetCredentials => "Set or replace provider credentials",
             Action::People => "Invite people, change roles, disable",
             Action::Audit => "Read the audit log",
+            Action::Export => "Start an export (CSV); anyone who reads records downloads",
         }
     }
 
@@ -114,7 +121,7 @@ mod tests {
 
     /// The whole table, written out: (owner, developer, viewer) in
     /// sandbox, then in live.
-    const TABLE: [(Action, [bool; 3], [bool; 3]); 11] = [
+    const TABLE: [(Action, [bool; 3], [bool; 3]); 12] = [
         (Action::ReadRecords, [true, true, true], [true, true, true]),
         (
             Action::ChangeRecords,
@@ -146,6 +153,7 @@ mod tests {
         ),
         (Action::People, [true, false, false], [true, false, false]),
         (Action::Audit, [true, false, false], [true, false, false]),
+        (Action::Export, [true, true, false], [true, true, false]),
     ];
     const ROLES: [Role; 3] = [Role::Owner, Role::Developer, Role::Viewer];
 

@@ -2,18 +2,19 @@
 //! one row per record, text cells a spreadsheet would run as a formula
 //! neutralised, amounts plain numbers.
 
-use chrono::FixedOffset;
+use chrono::{FixedOffset, NaiveDate};
 
 use super::ReportType;
 use crate::domain::billing::calendar::{bs_from_ad, nepal_day};
-use crate::domain::payments::Payment;
+use crate::domain::billing::invoice::BillingInvoice;
+use crate::domain::payments::{FeeSource, Payment};
 use crate::domain::record::word;
 use crate::domain::refunds::Refund;
 use crate::money::Paisa;
 use crate::time::Timestamp;
 
 /// The columns of a payments export, in order.
-pub const PAYMENT_COLUMNS: [&str; 20] = [
+pub const PAYMENT_COLUMNS: [&str; 25] = [
     "id",
     "status",
     "provider",
@@ -34,10 +35,15 @@ pub const PAYMENT_COLUMNS: [&str; 20] = [
     "created_date_bs",
     "updated_at_utc",
     "double_payment_of",
+    "fee_paisa",
+    "fee_npr",
+    "net_paisa",
+    "net_npr",
+    "fee_source",
 ];
 
 /// The columns of a refunds export, in order.
-pub const REFUND_COLUMNS: [&str; 16] = [
+pub const REFUND_COLUMNS: [&str; 21] = [
     "id",
     "payment_id",
     "status",
@@ -54,6 +60,55 @@ pub const REFUND_COLUMNS: [&str; 16] = [
     "created_date_ad",
     "created_date_bs",
     "updated_at_utc",
+    "fee_paisa",
+    "fee_npr",
+    "net_paisa",
+    "net_npr",
+    "fee_source",
+];
+
+/// The columns of a billing invoices export, in order.
+pub const INVOICE_COLUMNS: [&str; 40] = [
+    "id",
+    "number",
+    "customer_id",
+    "subscription_id",
+    "status",
+    "currency",
+    "subtotal_paisa",
+    "subtotal_npr",
+    "discount_paisa",
+    "discount_npr",
+    "tax_paisa",
+    "tax_npr",
+    "total_paisa",
+    "total_npr",
+    "credit_applied_paisa",
+    "credit_applied_npr",
+    "amount_due_paisa",
+    "amount_due_npr",
+    "amount_paid_paisa",
+    "amount_paid_npr",
+    "period_start_ad",
+    "period_start_bs",
+    "period_end_ad",
+    "period_end_bs",
+    "due_date_ad",
+    "due_date_bs",
+    "issued_at_utc",
+    "issued_at_nepal",
+    "issued_date_ad",
+    "issued_date_bs",
+    "paid_at_utc",
+    "paid_at_nepal",
+    "paid_date_ad",
+    "paid_date_bs",
+    "created_at_utc",
+    "created_at_nepal",
+    "created_date_ad",
+    "created_date_bs",
+    "updated_at_utc",
+    "voided_at_utc",
 ];
 
 /// The header row of `kind`.
@@ -61,6 +116,7 @@ pub fn columns(kind: ReportType) -> &'static [&'static str] {
     match kind {
         ReportType::Payments => &PAYMENT_COLUMNS,
         ReportType::Refunds => &REFUND_COLUMNS,
+        ReportType::BillingInvoices => &INVOICE_COLUMNS,
     }
 }
 
@@ -81,7 +137,11 @@ fn opt_text(value: Option<&str>) -> String {
 /// An amount in rupees as a plain number: `1500.50` (never grouped, never
 /// through a float).
 pub fn rupees(amount: Paisa) -> String {
-    let p = amount.get();
+    rupees_of(amount.get())
+}
+
+/// [`rupees`] of a signed paisa amount (billing records keep `i64`s).
+pub fn rupees_of(p: i64) -> String {
     let sign = if p < 0 { "-" } else { "" };
     let abs = p.unsigned_abs();
     format!("{sign}{}.{:02}", abs / 100, abs % 100)
@@ -100,20 +160,61 @@ pub fn nepal_time(at: Timestamp) -> String {
         .to_string()
 }
 
-/// The Nepal calendar day of `at`, in AD (`2026-11-29`) and in Bikram
-/// Sambat (`2083-08-14`; empty outside the years the table covers).
-pub fn days(at: Timestamp) -> (String, String) {
-    let day = nepal_day(at);
+/// A day in AD (`2026-11-29`) and in Bikram Sambat (`2083-08-13`; empty
+/// outside the years the table covers).
+pub fn ad_bs(day: NaiveDate) -> (String, String) {
     let bs = bs_from_ad(day)
         .map(|bs| format!("{:04}-{:02}-{:02}", bs.year(), bs.month(), bs.day()))
         .unwrap_or_default();
     (day.format("%Y-%m-%d").to_string(), bs)
 }
 
+/// The Nepal calendar day of `at`, in AD (`2026-11-29`) and in Bikram
+/// Sambat (`2083-08-14`; empty outside the years the table covers).
+pub fn days(at: Timestamp) -> (String, String) {
+    ad_bs(nepal_day(at))
+}
+
+/// `at` as four cells: UTC, Nepal time, its Nepal day in AD and BS (all
+/// empty for `None`).
+fn moment(at: Option<Timestamp>) -> [String; 4] {
+    match at {
+        Some(at) => {
+            let (ad, bs) = days(at);
+            [at.to_rfc3339(), nepal_time(at), ad, bs]
+        }
+        None => Default::default(),
+    }
+}
+
+/// An amount as two cells, paisa and rupees (both empty for `None`).
+fn amount_cells(amount: Option<Paisa>) -> [String; 2] {
+    match amount {
+        Some(a) => [a.get().to_string(), rupees(a)],
+        None => Default::default(),
+    }
+}
+
+/// An amount in paisa as stored on billing records (an `i64`), as two
+/// cells.
+fn paisa_cells(paisa: i64) -> [String; 2] {
+    [paisa.to_string(), rupees_of(paisa)]
+}
+
+/// The fee cells: fee and net in paisa and rupees, and whose figure the
+/// fee is (all empty without a fee).
+fn fee_cells(fee: Option<Paisa>, net: Option<Paisa>, source: Option<FeeSource>) -> Vec<String> {
+    let mut cells = Vec::with_capacity(5);
+    cells.extend(amount_cells(fee));
+    cells.extend(amount_cells(net));
+    cells.push(source.map(|s| word(&s)).unwrap_or_default());
+    cells
+}
+
 /// The cells of one payment, in [`PAYMENT_COLUMNS`]' order.
 pub fn payment_row(p: &Payment) -> Vec<String> {
     let (ad, bs) = days(p.created_at);
-    vec![
+    let mut row = vec![
         p.id.to_string(),
         word(&p.status),
         word(&p.provider),
@@ -137,13 +238,16 @@ pub fn payment_row(p: &Payment) -> Vec<String> {
             .as_ref()
             .map(|id| id.to_string())
             .unwrap_or_default(),
-    ]
+    ];
+    let fee = p.fee();
+    row.extend(fee_cells(fee.map(|(f, _)| f), p.net(), fee.map(|(_, s)| s)));
+    row
 }
 
 /// The cells of one refund, in [`REFUND_COLUMNS`]' order.
 pub fn refund_row(r: &Refund) -> Vec<String> {
     let (ad, bs) = days(r.created_at);
-    vec![
+    let mut row = vec![
         r.id.to_string(),
         r.payment_id.to_string(),
         word(&r.status),
@@ -160,7 +264,46 @@ pub fn refund_row(r: &Refund) -> Vec<String> {
         ad,
         bs,
         r.updated_at.to_rfc3339(),
-    ]
+    ];
+    let net = r
+        .fee
+        .map(|f| r.amount.checked_sub(f).unwrap_or(Paisa::ZERO));
+    row.extend(fee_cells(r.fee, net, r.fee.and(r.fee_source)));
+    row
+}
+
+/// The cells of one billing invoice, in [`INVOICE_COLUMNS`]' order.
+pub fn invoice_row(i: &BillingInvoice) -> Vec<String> {
+    let mut row = vec![
+        i.id.to_string(),
+        text(&i.number),
+        i.customer_id.to_string(),
+        i.subscription_id.to_string(),
+        word(&i.status),
+        word(&i.currency),
+    ];
+    for paisa in [
+        i.subtotal,
+        i.discount_total,
+        i.tax_total,
+        i.total,
+        i.credit_applied,
+        i.amount_due,
+        i.amount_paid,
+    ] {
+        row.extend(paisa_cells(paisa));
+    }
+    for day in [i.period_start, i.period_end, i.due_date] {
+        let (ad, bs) = ad_bs(day);
+        row.push(ad);
+        row.push(bs);
+    }
+    row.extend(moment(Some(i.issued_at)));
+    row.extend(moment(i.paid_at));
+    row.extend(moment(Some(i.created_at)));
+    row.push(i.updated_at.to_rfc3339());
+    row.push(i.voided_at.map(|t| t.to_rfc3339()).unwrap_or_default());
+    row
 }
 
 /// CSV lines of `rows` (RFC 4180: a cell with a comma, quote or line
@@ -233,5 +376,9 @@ mod tests {
     fn every_row_has_its_columns() {
         assert_eq!(columns(ReportType::Payments).len(), PAYMENT_COLUMNS.len());
         assert_eq!(columns(ReportType::Refunds).len(), REFUND_COLUMNS.len());
+        assert_eq!(
+            columns(ReportType::BillingInvoices).len(),
+            INVOICE_COLUMNS.len()
+        );
     }
 }

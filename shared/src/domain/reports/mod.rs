@@ -24,21 +24,30 @@ pub mod run;
 use serde::{Deserialize, Serialize};
 
 pub use link::{download, download_link};
-pub use run::{LEASE, claim, run, run_unfinished, spawn_run};
+pub use run::{LEASE, claim, kick, run, run_unfinished, spawn_run};
 
 use crate::Deps;
-use crate::domain::record::{self, Entry, Record, Window};
+use crate::domain::record::{self, Changes, Entry, Record, Window};
 use crate::domain::{Mode, Tenant};
 use crate::ids::{ProjectId, ReportId};
 use crate::keys;
 use crate::refusal::Refusal;
-use crate::store::{Index, Key, Query, StoreError, TxOp};
+use crate::store::{Cond, Index, Key, Query, StoreError, TxOp};
 use crate::time::Timestamp;
+
+/// The error code of a `POST` refused at [`MAX_UNFINISHED`] (409).
+pub const TOO_MANY_REPORTS: &str = "too_many_reports";
 
 /// The longest range one report covers.
 pub const MAX_DAYS: i64 = 366;
 /// A list's page size when the caller names none.
 pub const DEFAULT_PAGE: usize = 20;
+/// Most unfinished (`pending` or `running`) reports one tenant may have:
+/// the next `POST` is refused (`409 too_many_reports`) until one ends.
+pub const MAX_UNFINISHED: i64 = 5;
+/// Runs a report gets: one cut short (a timeout, a crash) or failed by
+/// the store or the blob store is retried until then, then `failed`.
+pub const MAX_ATTEMPTS: u32 = 3;
 
 /// What a report exports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
@@ -46,6 +55,7 @@ pub const DEFAULT_PAGE: usize = 20;
 pub enum ReportType {
     Payments,
     Refunds,
+    BillingInvoices,
 }
 
 impl ReportType {
@@ -53,6 +63,7 @@ impl ReportType {
         match self {
             ReportType::Payments => "payments",
             ReportType::Refunds => "refunds",
+            ReportType::BillingInvoices => "billing_invoices",
         }
     }
 }
@@ -101,6 +112,122 @@ pub struct Report {
     pub updated_at: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Timestamp>,
+    /// Runs started so far (each claim counts one): at
+    /// [`MAX_ATTEMPTS`] the report is `failed`, not retried.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempts: u32,
+    /// Counted in its tenant's [`ReportQuota`] while unfinished (false for
+    /// a report from before the quota).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counted: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_zero_i64(n: &i64) -> bool {
+    *n == 0
+}
+
+/// One tenant's exports in flight (`RPTQ#<project>#<mode>` / `RPTQ`),
+/// changed by updates only: how many of its reports are unfinished
+/// (bounded by [`MAX_UNFINISHED`] at creation, one less when one ends,
+/// in the transaction that ends it) and the one report it may have
+/// running at a time (its runner's lease; a lapsed one frees the slot),
+/// so one tenant never holds more than one of the runner's slots.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportQuota {
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub unfinished: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<ReportId>,
+    /// Unix milliseconds until which `running` holds the slot.
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub running_until: i64,
+}
+
+crate::attrs! { ReportQuota {
+    UNFINISHED: i64 = unfinished,
+    RUNNING: Option<ReportId> = running,
+    RUNNING_UNTIL: i64 = running_until,
+} }
+
+impl ReportQuota {
+    pub fn key(tenant: &Tenant) -> Key {
+        keys::report_quota(tenant.project.as_str(), tenant.mode)
+    }
+
+    /// Counts one more unfinished report, refused at the bound.
+    fn take(tenant: &Tenant) -> TxOp {
+        TxOp::Update {
+            key: ReportQuota::key(tenant),
+            update: Changes::<ReportQuota>::new()
+                .add(ReportQuota::UNFINISHED, 1)
+                .into(),
+            cond: Some(Cond::Or(vec![
+                ReportQuota::UNFINISHED.missing(),
+                ReportQuota::UNFINISHED.lt(&MAX_UNFINISHED),
+            ])),
+        }
+    }
+
+    /// Counts one unfinished report less (`report` ends).
+    fn give_back(report: &Report) -> Option<TxOp> {
+        report.counted.then(|| TxOp::Update {
+            key: ReportQuota::key(&report.tenant()),
+            update: Changes::<ReportQuota>::new()
+                .subtract(ReportQuota::UNFINISHED, 1)
+                .into(),
+            cond: None,
+        })
+    }
+
+    /// Holds the tenant's running slot for `report` until `until`: free,
+    /// lapsed before `now`, or already its own.
+    fn hold(report: &Report, now: Timestamp, until: Timestamp) -> TxOp {
+        TxOp::Update {
+            key: ReportQuota::key(&report.tenant()),
+            update: Changes::<ReportQuota>::new()
+                .set_some(ReportQuota::RUNNING, &report.id)
+                .set(ReportQuota::RUNNING_UNTIL, &until.unix_millis())
+                .into(),
+            cond: Some(Cond::Or(vec![
+                ReportQuota::RUNNING.missing(),
+                ReportQuota::RUNNING_UNTIL.lt(&now.unix_millis()),
+                ReportQuota::RUNNING.is(&report.id),
+            ])),
+        }
+    }
+
+    /// Extends `report`'s hold of the slot (only while it is its own).
+    fn extend(report: &Report, until: Timestamp) -> TxOp {
+        TxOp::Update {
+            key: ReportQuota::key(&report.tenant()),
+            update: Changes::<ReportQuota>::new()
+                .set(ReportQuota::RUNNING_UNTIL, &until.unix_millis())
+                .into(),
+            cond: Some(ReportQuota::RUNNING.is(&report.id)),
+        }
+    }
+
+    /// Frees the slot if `report` holds it (best effort: a lapsed hold
+    /// frees itself).
+    async fn release(deps: &Deps, report: &Report) {
+        let op = TxOp::Update {
+            key: ReportQuota::key(&report.tenant()),
+            update: Changes::<ReportQuota>::new()
+                .remove(ReportQuota::RUNNING)
+                .set(ReportQuota::RUNNING_UNTIL, &0i64)
+                .into(),
+            cond: Some(ReportQuota::RUNNING.is(&report.id)),
+        };
+        if let Err(e) = deps.store.transact(vec![op]).await
+            && !e.is_condition_failure()
+        {
+            tracing::warn!(report = %report.id, error = %e, "report slot not released; its lease lapses");
+        }
+    }
 }
 
 crate::attrs! { Report {
@@ -142,9 +269,9 @@ impl Record for Report {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    #[error("type must be one of 'payments', 'refunds'")]
+    #[error("type must be one of 'payments', 'refunds', 'billing_invoices'")]
     Type,
-    #[error("type '{0}' is not available yet; use 'payments' or 'refunds'")]
+    #[error("type '{0}' is not available yet; use 'payments', 'refunds' or 'billing_invoices'")]
     NotYet(&'static str),
     #[error("{0} must be an ISO 8601 date-time, e.g. 2026-11-01T00:00:00Z")]
     Time(&'static str),
@@ -160,6 +287,11 @@ pub enum ReportError {
     Expired,
     #[error("the report changed meanwhile")]
     Busy,
+    #[error(
+        "this project already has {MAX_UNFINISHED} reports pending or running; \
+         wait for one to be ready or failed (GET /v1/reports), then start another"
+    )]
+    TooMany,
     #[error("no key to sign download links with (the credentials master key)")]
     Unsigned,
     #[error(transparent)]
@@ -182,6 +314,7 @@ impl From<ReportError> for Refusal {
             e @ ReportError::BadLink => Refusal::forbidden("download_link_invalid", e.to_string()),
             e @ ReportError::Expired => Refusal::forbidden("download_link_expired", e.to_string()),
             e @ ReportError::Busy => Refusal::conflict("version_conflict", e.to_string()),
+            e @ ReportError::TooMany => Refusal::conflict(TOO_MANY_REPORTS, e.to_string()),
             e @ ReportError::Unsigned => Refusal::internal(&e),
             ReportError::Store(e) => e.into(),
             ReportError::Blobs(e) => Refusal::unavailable(&e),
@@ -202,7 +335,7 @@ pub fn parse(req: &ReportRequest<'_>) -> Result<(ReportType, Timestamp, Timestam
     let kind = match req.report_type {
         "payments" => ReportType::Payments,
         "refunds" => ReportType::Refunds,
-        "billing_invoices" => return Err(ReportError::NotYet("billing_invoices")),
+        "billing_invoices" => ReportType::BillingInvoices,
         "reconciliation" => return Err(ReportError::NotYet("reconciliation")),
         _ => return Err(ReportError::Type),
     };
@@ -241,9 +374,16 @@ pub async fn create(
         created_at: now,
         updated_at: now,
         finished_at: None,
+        attempts: 0,
+        counted: true,
     };
-    deps.store.transact(vec![report.put_new()?]).await?;
-    Ok(report)
+    let ops = vec![report.put_new()?, ReportQuota::take(tenant)];
+    match deps.store.transact(ops).await {
+        Ok(()) => Ok(report),
+        // The id is new: only the bound can refuse it.
+        Err(e) if e.is_condition_failure() => Err(ReportError::TooMany),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The tenant's report `id` (another tenant's is not found).
@@ -272,17 +412,28 @@ pub async fn list(
 
 /// Writes `next` over `seen` (conditioned on the version read): `Busy`
 /// when another writer came first.
-pub(crate) async fn save(
+pub(crate) async fn save(deps: &Deps, seen: &Report, next: Report) -> Result<Report, ReportError> {
+    save_with(deps, seen, next, Vec::new()).await
+}
+
+/// [`save`] with `also` in the same transaction; an end (`ready` or
+/// `failed`) gives back the tenant's count of unfinished reports in it.
+pub(crate) async fn save_with(
     deps: &Deps,
     seen: &Report,
     mut next: Report,
+    mut also: Vec<TxOp>,
 ) -> Result<Report, ReportError> {
     next.version = seen.version + 1;
-    let op = TxOp::Put {
+    if next.status.finished() && !seen.status.finished() {
+        also.extend(ReportQuota::give_back(seen));
+    }
+    let mut ops = vec![TxOp::Put {
         item: next.to_item()?,
         cond: Some(Report::VERSION.eq(&seen.version)),
-    };
-    match deps.store.transact(vec![op]).await {
+    }];
+    ops.extend(also);
+    match deps.store.transact(ops).await {
         Ok(()) => Ok(next),
         Err(e) if e.is_condition_failure() => Err(ReportError::Busy),
         Err(e) => Err(e.into()),

@@ -19,10 +19,13 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
 
-use super::csv::{columns, lines, payment_row, refund_row};
-use super::{Report, ReportError, ReportStatus, ReportType, save};
+use super::csv::{columns, invoice_row, lines, payment_row, refund_row};
+use super::{
+    MAX_ATTEMPTS, Report, ReportError, ReportQuota, ReportStatus, ReportType, save, save_with,
+};
 use crate::Deps;
 use crate::blobs::BlobError;
+use crate::domain::billing::invoice::BillingInvoice;
 use crate::domain::payments::Payment;
 use crate::domain::record::{self, from_item};
 use crate::domain::refunds::Refund;
@@ -42,8 +45,11 @@ const MARGIN: chrono::Duration = chrono::Duration::hours(1);
 /// Most unfinished reports one scheduler run takes up.
 pub const PER_RUN: usize = 5;
 
-/// `report` taken for a run at `now` (`running`, leased), or `None` when
-/// it is finished, held by a live lease, or another driver took it first.
+/// `report` taken for a run at `now` (`running`, leased, holding its
+/// tenant's one running slot), or `None` when it is finished, held by a
+/// live lease, its tenant's slot is taken, or another driver took it
+/// first. A report already tried [`MAX_ATTEMPTS`] times is `failed`
+/// instead (and `None`).
 pub async fn claim(
     deps: &Deps,
     report: Report,
@@ -54,16 +60,34 @@ pub async fn claim(
     if report.status.finished() || held {
         return Ok(None);
     }
+    if report.attempts >= MAX_ATTEMPTS {
+        let mut next = report.clone();
+        next.status = ReportStatus::Failed;
+        next.failure = Some(gave_up());
+        next.lease_until = None;
+        next.updated_at = now;
+        next.finished_at = Some(now);
+        return match save(deps, &report, next).await {
+            Ok(_) | Err(ReportError::Busy) => Ok(None),
+            Err(e) => Err(e),
+        };
+    }
     let mut next = report.clone();
     next.status = ReportStatus::Running;
     next.rows = 0;
+    next.attempts = report.attempts + 1;
     next.lease_until = Some(now.plus(LEASE));
     next.updated_at = now;
-    match save(deps, &report, next).await {
+    let slot = ReportQuota::hold(&report, now, now.plus(LEASE));
+    match save_with(deps, &report, next, vec![slot]).await {
         Ok(r) => Ok(Some(r)),
         Err(ReportError::Busy) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+fn gave_up() -> String {
+    format!("the export did not finish in {MAX_ATTEMPTS} attempts; start a new one")
 }
 
 /// Runs the report `id` to its end if nobody holds it; answers it as it
@@ -73,8 +97,18 @@ pub async fn run(deps: &Deps, id: &ReportId) -> Result<Report, ReportError> {
         .await?
         .ok_or_else(|| ReportError::NotFound(id.clone()))?;
     let Some(held) = claim(deps, report.clone(), deps.clock.now()).await? else {
-        return Ok(report);
+        return record::get::<Report>(&*deps.store, &Report::key(id))
+            .await?
+            .ok_or_else(|| ReportError::NotFound(id.clone()));
     };
+    run_claimed(deps, held).await
+}
+
+/// Writes the claimed report `held` and ends it: `ready`; on a failure
+/// `pending` again for the next run, or `failed` after [`MAX_ATTEMPTS`];
+/// frees its tenant's running slot either way.
+async fn run_claimed(deps: &Deps, held: Report) -> Result<Report, ReportError> {
+    let id = held.id.clone();
     let shared = Arc::new(Mutex::new(held));
     let written = write(deps, shared.clone()).await;
     let held = shared
@@ -85,58 +119,126 @@ pub async fn run(deps: &Deps, id: &ReportId) -> Result<Report, ReportError> {
     let mut next = held.clone();
     next.lease_until = None;
     next.updated_at = now;
-    next.finished_at = Some(now);
     match written {
         Ok((rows, bytes)) => {
             next.status = ReportStatus::Ready;
             next.rows = rows;
             next.bytes = bytes;
+            next.finished_at = Some(now);
         }
         // Another driver took it over (a lapsed lease): it finishes it.
         Err(ReportError::Busy) => {
-            return record::get::<Report>(&*deps.store, &Report::key(id))
+            return record::get::<Report>(&*deps.store, &Report::key(&id))
                 .await?
                 .ok_or_else(|| ReportError::NotFound(id.clone()));
+        }
+        Err(e) if held.attempts < MAX_ATTEMPTS => {
+            tracing::warn!(report = %id, error = %e, attempt = held.attempts, "report run failed; the next run retries");
+            next.status = ReportStatus::Pending;
+            next.rows = 0;
         }
         Err(e) => {
             tracing::error!(report = %id, error = %e, "report failed");
             next.status = ReportStatus::Failed;
-            next.failure = Some("the export could not be written; start a new one".into());
+            next.failure = Some(gave_up());
+            next.finished_at = Some(now);
         }
     }
-    save(deps, &held, next).await
+    let saved = save(deps, &held, next).await;
+    ReportQuota::release(deps, &held).await;
+    saved
 }
 
 /// Runs `id` in a task of its own (the local gateway, where the process
-/// outlives the answer); a failure is logged, the scheduler retries.
+/// outlives the answer), then what else is waiting (its tenant's next
+/// report, held back while this one ran); a failure is logged, the tick
+/// retries.
 pub fn spawn_run(deps: Deps, id: ReportId) {
     tokio::spawn(async move {
         if let Err(e) = run(&deps, &id).await {
-            tracing::warn!(report = %id, error = %e, "report run stopped; the scheduler retries");
+            tracing::warn!(report = %id, error = %e, "report run stopped; the tick retries");
+        }
+        // Until nothing more can start (each pass finishes what it took).
+        let deadline = Instant::now() + std::time::Duration::from_secs(300);
+        loop {
+            match run_unfinished(&deps, deadline).await {
+                Ok(n) if n > 0 && Instant::now() < deadline => {}
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "report runs failed; the tick retries");
+                    break;
+                }
+            }
         }
     });
 }
 
-/// The scheduler's part: runs up to [`PER_RUN`] unfinished reports (the
-/// oldest first) while `deadline` has not passed. Answers how many it
-/// finished.
-pub async fn run_unfinished(deps: &Deps, deadline: Instant) -> Result<usize, StoreError> {
-    let query = Query::partition(keys::unfinished_reports())
-        .on(Index::Gsi2)
-        .limit(PER_RUN);
-    let listed = deps.store.query(&query).await?.items;
-    let mut done = 0;
-    for item in listed {
-        if Instant::now() >= deadline {
-            break;
+/// The local tick's part: [`run_unfinished`] in a task of its own, so the
+/// tick (and whatever waits on it) never waits for an export; `None`
+/// while the previous one still runs (`busy`: one at a time).
+pub fn kick(
+    deps: Deps,
+    busy: Arc<std::sync::atomic::AtomicBool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if busy.swap(true, Ordering::AcqRel) {
+        return None;
+    }
+    Some(tokio::spawn(async move {
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        if let Err(e) = run_unfinished(&deps, deadline).await {
+            tracing::warn!(error = %e, "report runs failed; the next tick retries");
         }
-        let listed: Report = from_item(item)?;
-        match run(deps, &listed.id).await {
+        busy.store(false, Ordering::Release);
+    }))
+}
+
+/// Unfinished reports one run looks through for ones it may take.
+const SCAN: usize = 2000;
+
+/// The runner's part: takes up to [`PER_RUN`] unfinished reports (the
+/// oldest first, at most one per tenant: a tenant's running slot) while
+/// `deadline` has not passed, and runs them side by side. Answers how
+/// many it finished.
+pub async fn run_unfinished(deps: &Deps, deadline: Instant) -> Result<usize, StoreError> {
+    let mut query = Query::partition(keys::unfinished_reports())
+        .on(Index::Gsi2)
+        .limit(PAGE);
+    let mut claimed: Vec<Report> = Vec::new();
+    let mut tried = std::collections::HashSet::new();
+    let mut seen = 0;
+    'pages: loop {
+        let page = deps.store.query(&query).await?;
+        for item in page.items {
+            seen += 1;
+            let listed: Report = from_item(item)?;
+            // One try per tenant and run: a tenant whose slot is taken
+            // waits, the others go on.
+            if !tried.insert(listed.tenant()) {
+                continue;
+            }
+            if claimed.len() >= PER_RUN || Instant::now() >= deadline {
+                break 'pages;
+            }
+            match claim(deps, listed.clone(), deps.clock.now()).await {
+                Ok(Some(held)) => claimed.push(held),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(report = %listed.id, error = %e, "report claim failed; the next run retries")
+                }
+            }
+        }
+        match page.last_key {
+            Some(last) if seen < SCAN => query.start_after = Some(last),
+            _ => break,
+        }
+    }
+    let runs = claimed.into_iter().map(|held| run_claimed(deps, held));
+    let mut done = 0;
+    for ran in futures::future::join_all(runs).await {
+        match ran {
             Ok(r) if r.status.finished() => done += 1,
             Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(report = %listed.id, error = %e, "report run failed; the next run retries")
-            }
+            Err(e) => tracing::warn!(error = %e, "report run failed; the next run retries"),
         }
     }
     Ok(done)
@@ -151,17 +253,48 @@ fn id_bound(kind: IdKind, at: Timestamp, high: bool) -> String {
 }
 
 /// The query of `report`'s records, oldest first.
+///
+/// Billing invoices of a sandbox project are read whole (their
+/// `createdAt` follows a test clock, which strays from the id's time by
+/// months); in live mode, as payments and refunds, by the id range.
 fn query_of(report: &Report) -> Query {
-    let (what, kind) = match report.report_type {
-        ReportType::Payments => (keys::PerMode::Payments, IdKind::Payment),
-        ReportType::Refunds => (keys::PerMode::Refunds, IdKind::Refund),
+    let (partition, kind) = match report.report_type {
+        ReportType::Payments => (
+            keys::per_mode(&report.project_id, report.mode, keys::PerMode::Payments),
+            IdKind::Payment,
+        ),
+        ReportType::Refunds => (
+            keys::per_mode(&report.project_id, report.mode, keys::PerMode::Refunds),
+            IdKind::Refund,
+        ),
+        ReportType::BillingInvoices => (
+            BillingInvoice::list_partition(&report.tenant()),
+            IdKind::BillingInvoice,
+        ),
     };
+    let query = Query::partition(partition).on(Index::Gsi1).limit(PAGE);
+    if report.report_type == ReportType::BillingInvoices && !report.mode.is_live() {
+        return query;
+    }
     let low = id_bound(kind, report.from.plus(-MARGIN), false);
     let high = id_bound(kind, report.to.plus(MARGIN), true);
-    Query::partition(keys::per_mode(&report.project_id, report.mode, what))
-        .on(Index::Gsi1)
-        .sk(SkCond::Between(low, high))
-        .limit(PAGE)
+    query.sk(SkCond::Between(low, high))
+}
+
+/// The CSV rows of one page of `kind`'s records that fall in `[from, to)`.
+fn page_rows(
+    kind: ReportType,
+    items: Vec<Item>,
+    from: Timestamp,
+    to: Timestamp,
+) -> Result<Vec<Vec<String>>, StoreError> {
+    match kind {
+        ReportType::Payments => rows_of::<Payment>(items, from, to, |p| p.created_at, payment_row),
+        ReportType::Refunds => rows_of::<Refund>(items, from, to, |r| r.created_at, refund_row),
+        ReportType::BillingInvoices => {
+            rows_of::<BillingInvoice>(items, from, to, |i| i.created_at, invoice_row)
+        }
+    }
 }
 
 /// The rows of one page's items that fall in `[from, to)`.
@@ -233,15 +366,7 @@ async fn write(deps: &Deps, held: Arc<Mutex<Report>>) -> Result<(u64, u64), Repo
                 let page = deps.store.query(&q).await.map_err(blob_error)?;
                 cursor.started = true;
                 cursor.next = page.last_key;
-                let rows = match kind {
-                    ReportType::Payments => {
-                        rows_of::<Payment>(page.items, from, to, |p| p.created_at, payment_row)
-                    }
-                    ReportType::Refunds => {
-                        rows_of::<Refund>(page.items, from, to, |r| r.created_at, refund_row)
-                    }
-                }
-                .map_err(blob_error)?;
+                let rows = page_rows(kind, page.items, from, to).map_err(blob_error)?;
                 cursor.rows += rows.len() as u64;
                 cursor.unsaved += rows.len() as u64;
                 counter.store(cursor.rows, Ordering::Relaxed);
@@ -256,7 +381,8 @@ async fn write(deps: &Deps, held: Arc<Mutex<Report>>) -> Result<(u64, u64), Repo
                     next.rows = cursor.rows;
                     next.lease_until = Some(now.plus(LEASE));
                     next.updated_at = now;
-                    match save(deps, &seen, next).await {
+                    let slot = ReportQuota::extend(&seen, now.plus(LEASE));
+                    match save_with(deps, &seen, next, vec![slot]).await {
                         Ok(saved) => {
                             *progress.lock().unwrap_or_else(PoisonError::into_inner) = saved;
                         }
