@@ -12,11 +12,15 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 mod columns;
+pub mod khalti;
 mod sheet;
 mod table;
 #[cfg(test)]
 mod tests;
 mod text;
+
+pub use self::khalti::{PullError, from_khalti_records, pull as pull_khalti};
+pub use crate::providers::khalti::KhaltiTransaction;
 
 use crate::kinds::Provider;
 use crate::money::Paisa;
