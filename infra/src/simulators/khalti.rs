@@ -188,7 +188,7 @@ fn server_error() -> Response {
 }
 
 /// `Authorization: Key <secret>` (keyword in any case). Returns the key.
-fn authenticate(st: &SimState, headers: &HeaderMap) -> Result<String, Response> {
+pub(crate) fn authenticate(st: &SimState, headers: &HeaderMap) -> Result<String, Response> {
     let unauthorized = |detail: &str| {
         json_status(
             StatusCode::UNAUTHORIZED,

@@ -40,6 +40,7 @@ pub mod khalti;
 pub mod mail;
 mod page;
 pub mod sms;
+pub mod statements;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -182,6 +183,7 @@ struct Inner {
     fonepay: Mutex<Book<fonepay::FonepayAttempt>>,
     sms: Mutex<sms::SmsBook>,
     mail: Mutex<mail::MailBook>,
+    statements: Mutex<statements::StatementBook>,
     fonepay_frames: tokio::sync::broadcast::Sender<fonepay::Frame>,
 }
 
@@ -196,6 +198,7 @@ impl SimState {
                 fonepay: Mutex::new(Book::default()),
                 sms: Mutex::new(sms::SmsBook::default()),
                 mail: Mutex::new(mail::MailBook::default()),
+                statements: Mutex::new(statements::StatementBook::default()),
                 fonepay_frames,
             }),
         }
@@ -247,6 +250,13 @@ impl SimState {
         self.inner.mail.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    pub(crate) fn statements(&self) -> MutexGuard<'_, statements::StatementBook> {
+        self.inner
+            .statements
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Where the mail simulator puts the bounce and complaint
     /// notifications its control endpoint makes: the gateway's mail queue
     /// (as SNS does on AWS).
@@ -265,9 +275,15 @@ impl SimState {
 pub fn router(state: SimState) -> Router {
     Router::new()
         .route("/", get(index))
-        .nest("/esewa", esewa::routes())
-        .nest("/khalti", khalti::routes())
-        .nest("/fonepay", fonepay::routes())
+        .nest("/esewa", esewa::routes().merge(statements::esewa_routes()))
+        .nest(
+            "/khalti",
+            khalti::routes().merge(statements::khalti_routes()),
+        )
+        .nest(
+            "/fonepay",
+            fonepay::routes().merge(statements::fonepay_routes()),
+        )
         .nest("/sms", sms::routes())
         .nest("/mail", mail::routes())
         .with_state(state)

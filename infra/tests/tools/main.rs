@@ -5,3 +5,4 @@
 
 mod admin_cli;
 mod simulators;
+mod statements;

@@ -47,6 +47,8 @@ pub mod paths {
     pub const ESEWA_STATUS: &str = "/api/epay/transaction/status/";
     pub const KHALTI_INITIATE: &str = "/api/v2/epayment/initiate/";
     pub const KHALTI_LOOKUP: &str = "/api/v2/epayment/lookup/";
+    /// The merchant transaction list (statements: reconciliation).
+    pub const KHALTI_TRANSACTIONS: &str = "/api/v2/merchant-transaction/";
     /// Followed by `{transaction_id}/refund/`.
     pub const KHALTI_REFUND_PREFIX: &str = "/api/merchant-transaction/";
     /// Under the Fonepay API base (which ends in `/api`).
@@ -236,6 +238,15 @@ impl ProviderConfig {
             "{}{}",
             khalti_root(&self.khalti_base_url),
             paths::KHALTI_LOOKUP
+        )
+    }
+
+    /// Khalti's merchant transaction list.
+    pub fn khalti_transactions_url(&self) -> String {
+        format!(
+            "{}{}",
+            khalti_root(&self.khalti_base_url),
+            paths::KHALTI_TRANSACTIONS
         )
     }
 

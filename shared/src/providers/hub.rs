@@ -170,6 +170,20 @@ impl ProviderHub {
         }
     }
 
+    /// The Khalti client of `mode` itself (its transaction list is no
+    /// part of [`ProviderClient`]).
+    pub fn khalti(&self, mode: Mode) -> Result<&super::khalti::KhaltiClient, ProviderError> {
+        match &self.clients {
+            Some((sandbox, live)) => Ok(match mode {
+                Mode::Sandbox => &sandbox.khalti,
+                Mode::Live => &live.khalti,
+            }),
+            None => Err(ProviderError::Unavailable(
+                "provider clients are not configured".into(),
+            )),
+        }
+    }
+
     /// The gateway's own test account at `provider` in `mode`, for a
     /// project without credentials of its own: sandbox eSewa and Khalti
     /// only (Fonepay has no sandbox; live never falls back).

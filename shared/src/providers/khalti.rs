@@ -14,6 +14,11 @@
 //! - [`ProviderClient::refund`]: `POST /api/merchant-transaction/{transaction_id}/refund/`
 //!   with `{}` (full), `{"amount": paisa}` (partial), plus `"mobile"` for
 //!   payments made from a bank.
+//! - [`KhaltiClient::transactions`]: `GET /api/v2/merchant-transaction/`,
+//!   the merchant transaction list, every page of a range of Nepal days
+//!   (statements for reconciliation). Query parameters `page`,
+//!   `page_size`, `start_date`, `end_date` (UNCONFIRMED: the public docs
+//!   show the answer, not the filters).
 //! - The return to our `return_url` is unsigned: [`parse_return`] reads it as
 //!   an untrusted hint; only the lookup decides.
 //! - Errors: `{field: [messages], "error_key": ...}` and `{"detail": ...}`
@@ -21,6 +26,7 @@
 //!   `http_<status>`).
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::amount::paisa_from_json;
@@ -69,6 +75,116 @@ impl KhaltiClient {
             .header(reqwest::header::AUTHORIZATION, auth)
             .header(reqwest::header::ACCEPT, "application/json")
             .json(body))
+    }
+}
+
+/// The most pages [`KhaltiClient::transactions`] reads for one range.
+pub const MAX_TRANSACTION_PAGES: u32 = 200;
+/// Records asked for per page.
+pub const TRANSACTIONS_PAGE_SIZE: u32 = 100;
+
+/// A record of Khalti's merchant transaction list, as documented
+/// (`amount` and `fee_amount` in paisa, `created_on` in +05:45). Amounts
+/// stay JSON values here: the statement reads them exactly and names the
+/// record that has a bad one.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KhaltiTransaction {
+    pub idx: String,
+    #[serde(rename = "type")]
+    pub kind: KhaltiNamed,
+    pub state: KhaltiNamed,
+    pub amount: Value,
+    #[serde(default)]
+    pub fee_amount: Value,
+    #[serde(default)]
+    pub refunded: bool,
+    pub created_on: String,
+    #[serde(default)]
+    pub user: Option<Value>,
+    #[serde(default)]
+    pub merchant: Option<KhaltiNamed>,
+}
+
+/// `{idx, name}` (a record's type, state or merchant).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KhaltiNamed {
+    #[serde(default)]
+    pub idx: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+impl KhaltiClient {
+    /// Every record of the merchant transaction list from `from` to `to`
+    /// (Nepal days, inclusive), page after page, at most
+    /// [`MAX_TRANSACTION_PAGES`] (more is an error, never a silent cut).
+    /// Each call has the client's timeout.
+    pub async fn transactions(
+        &self,
+        creds: &ProviderCredentials,
+        from: chrono::NaiveDate,
+        to: chrono::NaiveDate,
+    ) -> Result<Vec<KhaltiTransaction>, ProviderError> {
+        let secret_key = secret(creds)?;
+        let mut out = Vec::new();
+        for page in 1..=MAX_TRANSACTION_PAGES {
+            let mut auth = reqwest::header::HeaderValue::from_str(&format!("Key {secret_key}"))
+                .unwrap_or_else(|_| reqwest::header::HeaderValue::from_static("Key"));
+            auth.set_sensitive(true);
+            let request = self
+                .transport
+                .client()?
+                .get(format!(
+                    "{}?page={page}&page_size={TRANSACTIONS_PAGE_SIZE}&start_date={}&end_date={}",
+                    self.config.khalti_transactions_url(),
+                    from.format("%Y-%m-%d"),
+                    to.format("%Y-%m-%d"),
+                ))
+                .header(reqwest::header::AUTHORIZATION, auth)
+                .header(reqwest::header::ACCEPT, "application/json");
+            let reply = self
+                .transport
+                .send(Provider::Khalti, "transactions", request)
+                .await?;
+            if !reply.is_success() {
+                return Err(rejected(&reply));
+            }
+            let Some(Value::Object(body)) = reply.json() else {
+                return Err(ProviderError::Protocol(format!(
+                    "Khalti transaction list answer: {}",
+                    reply.snippet()
+                )));
+            };
+            let Some(Value::Array(records)) = body.get("records") else {
+                return Err(ProviderError::Protocol(
+                    "Khalti transaction list answer without records".into(),
+                ));
+            };
+            for (i, record) in records.iter().enumerate() {
+                let parsed: KhaltiTransaction =
+                    serde_json::from_value(record.clone()).map_err(|e| {
+                        ProviderError::Protocol(format!(
+                            "Khalti transaction list page {page}, record {}: {}",
+                            i + 1,
+                            clip(&e.to_string(), 200)
+                        ))
+                    })?;
+                out.push(parsed);
+            }
+            let total_pages = body.get("total_pages").and_then(Value::as_u64).unwrap_or(0);
+            let has_next = body.get("next").is_some_and(|n| !n.is_null());
+            if !has_next && u64::from(page) >= total_pages {
+                return Ok(out);
+            }
+            if records.is_empty() {
+                return Err(ProviderError::Protocol(format!(
+                    "Khalti transaction list page {page} is empty but more are announced"
+                )));
+            }
+        }
+        Err(ProviderError::Protocol(format!(
+            "Khalti transaction list has more than {MAX_TRANSACTION_PAGES} pages"
+        )))
     }
 }
 
