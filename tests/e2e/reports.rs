@@ -181,7 +181,10 @@ async fn a_payments_export_runs_and_downloads(which: Which) {
     app.stop().await;
 }
 
-on_both_backends!(a_payments_export_runs_and_downloads);
+on_both_backends!(
+    a_payments_export_runs_and_downloads,
+    exports_are_bounded_and_carry_fees_and_invoices
+);
 
 /// The store as the gateway uses it, with every export's read of the
 /// payments index held until `gate` is closed (opened).
@@ -358,4 +361,3 @@ async fn exports_are_bounded_and_carry_fees_and_invoices(which: Which) {
     app.stop().await;
 }
 
-on_both_backends!(exports_are_bounded_and_carry_fees_and_invoices);
