@@ -107,6 +107,9 @@ pub enum PerMode {
     PromotionCodeNames,
     /// `gsi1`: exports (`domain::reports`), newest first.
     Reports,
+    /// `gsi1`: reconciliation runs (`domain::reconciliation::runs`),
+    /// newest first.
+    ReconRuns,
 }
 
 impl PerMode {
@@ -133,6 +136,7 @@ impl PerMode {
             PerMode::PromotionCodes => "PROMO",
             PerMode::PromotionCodeNames => "PROMOCODE",
             PerMode::Reports => "RPT",
+            PerMode::ReconRuns => "RRUN",
         }
     }
 }
@@ -303,6 +307,40 @@ pub fn test_clock(clock_id: &str) -> Key {
 /// An export (`domain::reports`).
 pub fn report(report_id: &str) -> Key {
     Key::new(format!("RPT#{report_id}"), "RPT")
+}
+
+/// A reconciliation run (`domain::reconciliation::runs`); its findings
+/// live in the same partition ([`recon_finding`]).
+pub fn recon_run(run_id: &str) -> Key {
+    Key::new(format!("RRUN#{run_id}"), "RRUN")
+}
+
+/// The sort-key prefix of a run's findings.
+pub const RECON_FINDING_PREFIX: &str = "F#";
+
+/// Finding `n` of run `run_id` (`n` zero-padded: they sort in order).
+pub fn recon_finding(run_id: &str, n: u32) -> Key {
+    Key::new(format!("RRUN#{run_id}"), format!("F#{n:06}"))
+}
+
+/// The claim of a statement already run for a tenant, provider and day
+/// (by the digest of its bytes): the same file twice is one run.
+pub fn recon_digest(
+    project_id: &str,
+    mode: Mode,
+    provider: Provider,
+    day: &str,
+    digest: &str,
+) -> Key {
+    Key::new(
+        format!("PROJ#{project_id}#{}#RDIG", mode.as_str()),
+        format!("{}#{day}#{digest}", provider.as_str()),
+    )
+}
+
+/// An uploaded statement file's record (`domain::reconciliation::runs`).
+pub fn statement_upload(upload_id: &str) -> Key {
+    Key::new(format!("STU#{upload_id}"), "STU")
 }
 
 /// Exports not yet finished (`gsi2`, by id): what the scheduler runs
@@ -600,6 +638,14 @@ mod tests {
         assert_eq!(k(test_clock("clock_1")), kk("CLOCK#clock_1", "CLOCK"));
         assert_eq!(k(report("rpt_1")), kk("RPT#rpt_1", "RPT"));
         assert_eq!(unfinished_reports(), "RPTS#UNFINISHED");
+        assert_eq!(k(recon_run("rrun_1")), kk("RRUN#rrun_1", "RRUN"));
+        assert_eq!(k(recon_finding("rrun_1", 7)), kk("RRUN#rrun_1", "F#000007"));
+        assert_eq!(
+            k(recon_digest("p", sb, Provider::Esewa, "2026-11-20", "ab")),
+            kk("PROJ#p#sandbox#RDIG", "esewa#2026-11-20#ab")
+        );
+        assert_eq!(k(statement_upload("stu_1")), kk("STU#stu_1", "STU"));
+        assert_eq!(per_mode("p", sb, PerMode::ReconRuns), "PROJ#p#sandbox#RRUN");
         assert_eq!(per_mode("p", sb, PerMode::Reports), "PROJ#p#sandbox#RPT");
         assert_eq!(
             per_mode("p", sb, PerMode::TestClocks),

@@ -87,6 +87,8 @@ pub enum EventType {
     PromotionCodeDeactivated,
     #[serde(rename = "customer.credit_updated")]
     CustomerCreditUpdated,
+    #[serde(rename = "reconciliation.completed")]
+    ReconciliationCompleted,
 }
 
 /// `customer.credit_updated`'s flat fields: (flat, the view's).
@@ -97,8 +99,17 @@ const CUSTOMER_FLAT: [(&str, &str); 4] = [
     ("metadata", "metadata"),
 ];
 
+/// `reconciliation.completed`'s flat fields: (flat, the view's).
+const RECON_FLAT: [(&str, &str); 5] = [
+    ("id", "id"),
+    ("provider", "provider"),
+    ("date", "date"),
+    ("status", "status"),
+    ("discrepancies", "discrepancies"),
+];
+
 impl EventType {
-    pub const ALL: [EventType; 29] = [
+    pub const ALL: [EventType; 30] = [
         EventType::PaymentSucceeded,
         EventType::PaymentFailed,
         EventType::PaymentCancelled,
@@ -128,6 +139,7 @@ impl EventType {
         EventType::PromotionCodeCreated,
         EventType::PromotionCodeDeactivated,
         EventType::CustomerCreditUpdated,
+        EventType::ReconciliationCompleted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -161,6 +173,7 @@ impl EventType {
             EventType::PromotionCodeCreated => "promotion_code.created",
             EventType::PromotionCodeDeactivated => "promotion_code.deactivated",
             EventType::CustomerCreditUpdated => "customer.credit_updated",
+            EventType::ReconciliationCompleted => "reconciliation.completed",
         }
     }
 
@@ -389,6 +402,7 @@ impl Event {
                 }
             }
             EventType::CustomerCreditUpdated => CUSTOMER_FLAT.iter().for_each(|(t, f)| copy(t, f)),
+            EventType::ReconciliationCompleted => RECON_FLAT.iter().for_each(|(t, f)| copy(t, f)),
             t if t.is_subscription() => {
                 for (to, from) in [
                     ("id", "id"),

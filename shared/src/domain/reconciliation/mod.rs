@@ -5,4 +5,7 @@
 //! The types every part shares live here and in [`statements`]; each
 //! part adds its module.
 
+pub mod matching;
+pub mod runs;
 pub mod statements;
+pub mod uploads;
