@@ -46,6 +46,7 @@ mod pages;
 mod pay;
 mod qr;
 mod ratelimit;
+mod reconciliation;
 mod refunds;
 mod reports;
 mod sam_local;

@@ -27,7 +27,7 @@ use crate::domain::outbox::{Event, EventType};
 use crate::domain::payments::{Payment, PaymentStatus};
 use crate::domain::record::{self, Entry, Record, Window, from_item};
 use crate::domain::{Mode, Provider, Tenant};
-use crate::ids::{IdKind, PaymentId, ProjectId, ReconRunId};
+use crate::ids::{IdKind, PaymentId, ProjectId, ReconRunId, StatementUploadId};
 use crate::keys;
 use crate::money::Paisa;
 use crate::refusal::Refusal;
@@ -237,6 +237,64 @@ pub async fn configured_account(
         Ok(ProviderCredentials::Fonepay { merchant_code, .. }) => Some(merchant_code),
         Ok(ProviderCredentials::Khalti { .. }) | Err(_) => None,
     })
+}
+
+/// What `POST /v1/reconciliation/runs` asks, as sent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunRequest<'a> {
+    pub provider: &'a str,
+    pub date: &'a str,
+    pub upload_id: Option<&'a str>,
+}
+
+/// Runs the statement `req` names: Khalti's list pulled from Khalti for
+/// the day, or the eSewa or Fonepay file uploaded to `uploadId`.
+pub async fn start(
+    deps: &Deps,
+    tenant: &Tenant,
+    req: &RunRequest<'_>,
+    now: Timestamp,
+) -> Result<Run, RunError> {
+    let provider = parse_provider(req.provider)?;
+    let day = parse_day(req.date)?;
+    let (statement, source) = match (provider, req.upload_id) {
+        (Provider::Khalti, Some(_)) => {
+            return Err(RunError::Field(
+                "uploadId",
+                "Khalti's statement is pulled from Khalti: send no uploadId".into(),
+            ));
+        }
+        (Provider::Khalti, None) => (pull_khalti(deps, tenant, day).await?, RunSource::Pull),
+        (_, None) => {
+            return Err(RunError::Field(
+                "uploadId",
+                format!(
+                    "uploadId is required: upload the {} statement file first \
+                     (POST /v1/reconciliation/uploads)",
+                    provider.as_str()
+                ),
+            ));
+        }
+        (_, Some(id)) => {
+            let id = StatementUploadId::parse(id)
+                .ok_or_else(|| RunError::Field("uploadId", "no such upload".into()))?;
+            let bytes = super::uploads::file_of(deps, tenant, &id, provider, day).await?;
+            (parse_file(provider, &bytes)?, RunSource::Upload)
+        }
+    };
+    execute(deps, tenant, day, &statement, source, now).await
+}
+
+/// An uploaded file read as `provider`'s statement.
+fn parse_file(provider: Provider, bytes: &[u8]) -> Result<Statement, RunError> {
+    let _ = (provider, bytes);
+    Err(RunError::File("statement files cannot be read yet".into()))
+}
+
+/// Khalti's transaction list of `day`, pulled with the project's key.
+async fn pull_khalti(deps: &Deps, tenant: &Tenant, day: NaiveDate) -> Result<Statement, RunError> {
+    let _ = (deps, tenant, day);
+    Err(RunError::Provider2("Khalti's list cannot be pulled yet".into()))
 }
 
 /// Runs `statement` for `tenant`'s `provider` on Nepal day `day`: the
