@@ -1,8 +1,22 @@
 //! A provider's statement of what it processed: the lines of an uploaded
 //! eSewa or Fonepay portal file, or of Khalti's merchant transaction list,
 //! in one shape whatever the source.
+//!
+//! [`parse`] reads an eSewa or Fonepay statement file (XLSX, XLS or CSV,
+//! sniffed from its bytes) through the provider's column table
+//! (`columns.rs`: one line per accepted header spelling). It never
+//! returns part of a file: any bad line is a [`ParseError`] naming the
+//! line and the column.
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+mod columns;
+mod sheet;
+mod table;
+#[cfg(test)]
+mod tests;
+mod text;
 
 use crate::kinds::Provider;
 use crate::money::Paisa;
@@ -83,3 +97,68 @@ impl std::fmt::Display for ParseError {
 }
 
 impl std::error::Error for ParseError {}
+
+/// The largest statement file accepted (bytes).
+pub const MAX_BYTES: usize = 10 * 1024 * 1024;
+/// The most rows a statement file may have (CSV lines or sheet rows,
+/// title and header rows included).
+pub const MAX_LINES: usize = 50_000;
+
+/// A statement file's format, as its bytes say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    Csv,
+    Xlsx,
+    Xls,
+}
+
+impl Format {
+    /// A zip container (`PK\x03\x04`) is XLSX, an OLE compound file
+    /// (`D0 CF 11 E0 A1 B1 1A E1`) is XLS, anything else is read as CSV.
+    pub fn sniff(bytes: &[u8]) -> Format {
+        if bytes.starts_with(b"PK\x03\x04") {
+            Format::Xlsx
+        } else if bytes.starts_with(&[0xD0, 0xCF, 0x11, 0xE0, 0xA1, 0xB1, 0x1A, 0xE1]) {
+            Format::Xls
+        } else {
+            Format::Csv
+        }
+    }
+}
+
+/// The statement in `bytes`, an eSewa or Fonepay portal export; all of
+/// it, or an error naming the first bad line.
+pub fn parse(provider: Provider, bytes: &[u8]) -> Result<Statement, ParseError> {
+    if bytes.len() > MAX_BYTES {
+        return Err(ParseError {
+            line: None,
+            column: None,
+            message: format!("the file is larger than {} MB", MAX_BYTES / 1024 / 1024),
+        });
+    }
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ParseError {
+            line: None,
+            column: None,
+            message: "the file is empty".into(),
+        });
+    }
+    let rows = match Format::sniff(bytes) {
+        Format::Xlsx => sheet::xlsx_rows(bytes)?,
+        Format::Xls => sheet::xls_rows(bytes)?,
+        Format::Csv => text::rows(bytes)?,
+    };
+    let (account, lines) = table::read(provider, &rows)?;
+    Ok(Statement {
+        provider,
+        account,
+        lines,
+        digest: digest(bytes),
+    })
+}
+
+/// Hex SHA-256 of a statement's source bytes.
+pub fn digest(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
