@@ -61,6 +61,21 @@ const ROUTES: &[Route] = &[
     r("POST", "/v1/reports", Scope::PaymentsRead),
     r("GET", "/v1/reports", Scope::PaymentsRead),
     r("GET", "/v1/reports/{id}", Scope::PaymentsRead),
+    // reconciliation
+    r("POST", "/v1/reconciliation/uploads", Scope::PaymentsWrite),
+    r("POST", "/v1/reconciliation/runs", Scope::PaymentsWrite),
+    r("GET", "/v1/reconciliation/runs", Scope::PaymentsRead),
+    r("GET", "/v1/reconciliation/runs/{id}", Scope::PaymentsRead),
+    r(
+        "GET",
+        "/v1/reconciliation/runs/{id}/findings",
+        Scope::PaymentsRead,
+    ),
+    r(
+        "POST",
+        "/v1/reconciliation/runs/{id}/findings/{n}/settle",
+        Scope::PaymentsWrite,
+    ),
     // refunds
     r("POST", "/v1/refunds", Scope::RefundsWrite),
     r("GET", "/v1/refunds", Scope::RefundsRead),
@@ -314,6 +329,9 @@ fn outside_contract(path: &str) -> bool {
         // A ready report's signed local download link (the link is the
         // bearer; not deployed on AWS, where S3 presigns it).
         "/exports/",
+        // A statement file's signed local upload link (likewise; S3
+        // presigns it on AWS).
+        "/statement-uploads/",
     ]
     .iter()
     .any(|p| path.starts_with(p))
@@ -502,6 +520,9 @@ struct Records {
     /// A well-formed invoice item id that does not exist.
     invoice_item: String,
     report: String,
+    recon_run: String,
+    /// An eSewa statement upload holding a file of one line.
+    statement_upload: String,
 }
 
 impl Records {
@@ -549,6 +570,8 @@ impl Records {
             &self.promotion_code
         } else if p.starts_with("/v1/reports/") {
             &self.report
+        } else if p.starts_with("/v1/reconciliation/runs/") {
+            &self.recon_run
         } else {
             panic!("no record for {path}")
         }
@@ -636,9 +659,51 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
             json!({"couponId": rec.coupon})
         }
         ("POST", "/v1/reports") => report_body(),
+        ("POST", "/v1/reconciliation/uploads") => {
+            json!({"provider": "esewa", "date": RECON_DATE})
+        }
+        ("POST", "/v1/reconciliation/runs") => {
+            json!({"provider": "esewa", "date": RECON_DATE, "uploadId": rec.statement_upload})
+        }
+        ("POST", "/v1/reconciliation/runs/{id}/findings/{n}/settle") => json!({}),
         _ => panic!("no body for {method} {path}"),
     };
     Some(body)
+}
+
+/// The Nepal day of the contract's statement.
+const RECON_DATE: &str = "2026-11-20";
+
+/// An eSewa statement upload for [`RECON_DATE`] holding one line that is
+/// no payment of ours, and the run of it.
+async fn recon_records(app: &TestApp, key: &str) -> (String, String) {
+    let up = created(
+        app,
+        key,
+        "/v1/reconciliation/uploads",
+        json!({"provider": "esewa", "date": RECON_DATE}),
+    )
+    .await;
+    let url = text(&up["uploadUrl"]);
+    let file = "Transaction UUID,Reference ID,Amount,Transaction Date,Status\n\
+                NOT-OURS-1,R1,100.00,2026-11-20 10:00:00,Success\n";
+    let put = app
+        .client
+        .put(&url)
+        .body(file)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("PUT {url}: {e}"));
+    assert!(put.status().is_success(), "PUT {url}: {}", put.status());
+    let upload = text(&up["id"]);
+    let run = created(
+        app,
+        key,
+        "/v1/reconciliation/runs",
+        json!({"provider": "esewa", "date": RECON_DATE, "uploadId": upload}),
+    )
+    .await;
+    (text(&run["id"]), upload)
 }
 
 fn report_body() -> Value {
@@ -804,6 +869,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
     )
     .await;
     let report = created(app, key, "/v1/reports", report_body()).await;
+    let (recon_run, statement_upload) = recon_records(app, key).await;
     let rec = Records {
         session: text(&session["id"]),
         payment: payment.id.to_string(),
@@ -825,6 +891,8 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         promotion_code: text(&promotion_code["id"]),
         invoice_item: new_id(IdKind::InvoiceItem),
         report: text(&report["id"]),
+        recon_run,
+        statement_upload,
     };
     for (kind, id) in [
         ("cs_", &rec.session),
@@ -842,6 +910,8 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         ("cpn_", &rec.coupon),
         ("promo_", &rec.promotion_code),
         ("rpt_", &rec.report),
+        ("rrun_", &rec.recon_run),
+        ("stu_", &rec.statement_upload),
     ] {
         assert!(id.starts_with(kind), "{kind}: {id}");
     }
@@ -891,6 +961,7 @@ async fn every_endpoint_keeps_the_contract(which: Which) {
             row.path
                 .replace("{id}", rec.id_for(row.path))
                 .replace("{itemId}", &rec.invoice_item)
+                .replace("{n}", "1")
         } else {
             row.path.to_owned()
         };
@@ -1451,6 +1522,11 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
         }
         ("POST", "/v1/billing/test-clocks/{id}/advance") => vec![f("frozenTime", Str)],
         ("POST", "/v1/reports") => vec![f("type", Str), f("from", Str), f("to", Str)],
+        ("POST", "/v1/reconciliation/uploads") => vec![f("provider", Str), f("date", Str)],
+        ("POST", "/v1/reconciliation/runs") => {
+            vec![f("provider", Str), f("date", Str), n("uploadId", Str)]
+        }
+        ("POST", "/v1/reconciliation/runs/{id}/findings/{n}/settle") => vec![],
         _ => panic!("no body fields for {method} {path}"),
     }
 }
@@ -1547,6 +1623,7 @@ async fn every_body_field_refuses_a_wrong_type(which: Which) {
             row.path
                 .replace("{id}", rec.id_for(row.path))
                 .replace("{itemId}", &rec.invoice_item)
+                .replace("{n}", "1")
         } else {
             row.path.to_owned()
         };

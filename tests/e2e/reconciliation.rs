@@ -48,7 +48,9 @@ fn nepal(at: Timestamp) -> String {
 /// `statements::columns`), for merchant `account`.
 fn statement_csv(provider: Provider, account: &str, lines: &[Line]) -> String {
     let header = match provider {
-        Provider::Esewa => "Transaction UUID,Reference ID,Amount,Service Charge,Transaction Date,Status",
+        Provider::Esewa => {
+            "Transaction UUID,Reference ID,Amount,Service Charge,Transaction Date,Status"
+        }
         _ => "PRN,Trace ID,Amount,Commission,Transaction Date,Status",
     };
     let mut out = format!("Merchant Code: {account}\n{header}\n");
@@ -77,7 +79,11 @@ async fn upload(app: &TestApp, key: &str, provider: Provider, date: &str, file: 
         )
         .await;
     assert_eq!(a.status, 201, "{}", a.body);
-    assert!(a.body["maxBytes"].as_u64().is_some_and(|n| n > 0), "{}", a.body);
+    assert!(
+        a.body["maxBytes"].as_u64().is_some_and(|n| n > 0),
+        "{}",
+        a.body
+    );
     let url = a.body["uploadUrl"].as_str().unwrap_or_default().to_owned();
     let put = app
         .client
@@ -167,7 +173,11 @@ async fn a_thousand_payments_reconcile_to_exactly_the_injected_discrepancies(whi
     };
     let tenant = app.tenant("Sita's Shop", "sita@example.com").await;
     let key = app
-        .key(&tenant, Mode::Sandbox, &[Scope::PaymentsRead, Scope::PaymentsWrite])
+        .key(
+            &tenant,
+            Mode::Sandbox,
+            &[Scope::PaymentsRead, Scope::PaymentsWrite],
+        )
         .await;
     let now = SystemClock.now();
     let date = nepal_day_of(now).format("%Y-%m-%d").to_string();
@@ -229,7 +239,11 @@ async fn a_thousand_payments_reconcile_to_exactly_the_injected_discrepancies(whi
         }
     }
     for n in 0..5 {
-        let provider = if n % 2 == 0 { Provider::Esewa } else { Provider::Fonepay };
+        let provider = if n % 2 == 0 {
+            Provider::Esewa
+        } else {
+            Provider::Fonepay
+        };
         let reference = format!("OUTSIDE-{n}");
         lines.entry(provider).or_default().push(Line {
             reference: reference.clone(),
@@ -328,7 +342,11 @@ async fn a_thousand_payments_reconcile_to_exactly_the_injected_discrepancies(whi
             )
             .await;
         assert_eq!(only.status, 200, "{}", only.body);
-        assert_eq!(only.body["meta"]["total"], counts["notOurs"], "{}", only.body);
+        assert_eq!(
+            only.body["meta"]["total"], counts["notOurs"],
+            "{}",
+            only.body
+        );
 
         // The same file again: the same run, nothing new.
         let again_up = upload(&app, &key, provider, &date, &file).await;
@@ -385,8 +403,14 @@ async fn a_thousand_payments_reconcile_to_exactly_the_injected_discrepancies(whi
         let message = a.body["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains("line"), "{}", a.body);
     }
-    assert_eq!(flagged, expected, "flagged exactly the injected discrepancies");
-    let uploaded_payments = made.iter().filter(|p| p.provider != Provider::Khalti).count();
+    assert_eq!(
+        flagged, expected,
+        "flagged exactly the injected discrepancies"
+    );
+    let uploaded_payments = made
+        .iter()
+        .filter(|p| p.provider != Provider::Khalti)
+        .count();
     assert_eq!(matched, uploaded_payments - 20);
 
     // Bad input: a 400 naming the parameter.
@@ -420,7 +444,9 @@ async fn an_uncompleted_run_shows_no_findings(which: Which) {
         return;
     };
     let tenant = app.tenant("Ram's Shop", "ram@example.com").await;
-    let key = app.key(&tenant, Mode::Sandbox, &[Scope::PaymentsRead]).await;
+    let key = app
+        .key(&tenant, Mode::Sandbox, &[Scope::PaymentsRead])
+        .await;
     let now = SystemClock.now();
     let mut run = Run {
         id: shared::ids::ReconRunId::new(),
@@ -473,7 +499,10 @@ async fn an_uncompleted_run_shows_no_findings(which: Which) {
     assert_eq!(a.body["status"], "running", "{}", a.body);
     assert_eq!(a.body["counts"]["notOurs"], 0, "{}", a.body);
     let a = app
-        .get(&format!("/v1/reconciliation/runs/{id}/findings"), Some(&key))
+        .get(
+            &format!("/v1/reconciliation/runs/{id}/findings"),
+            Some(&key),
+        )
         .await;
     assert_eq!(a.status, 200, "{}", a.body);
     assert_eq!(a.body["data"], json!([]), "{}", a.body);
@@ -580,7 +609,11 @@ async fn settle_from_provider_pays_only_what_the_provider_confirms(which: Which)
     let (unpaid, _, _) = &started[1];
     let a = settle(n_of(unpaid)).await;
     assert_eq!(a.status, 409, "{}", a.body);
-    assert_eq!(a.body["error"]["code"], "provider_not_confirmed", "{}", a.body);
+    assert_eq!(
+        a.body["error"]["code"], "provider_not_confirmed",
+        "{}",
+        a.body
+    );
     assert_ne!(shop.payment(unpaid).await["status"], "success");
     // A finding that is not missing_in_dhukuti cannot be settled.
     let a = settle(999).await;

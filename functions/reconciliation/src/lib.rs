@@ -263,8 +263,7 @@ async fn list_findings(
         })?),
     };
     let window = shared::domain::record::Window::at(page.window().offset, page.window().limit);
-    let (found, total) =
-        runs::findings(&state, who.tenant(), &id, classification, window).await?;
+    let (found, total) = runs::findings(&state, who.tenant(), &id, classification, window).await?;
     let data = found.iter().map(FindingView::of).collect();
     Ok(Json(Page::new(data, total, page)))
 }
@@ -288,11 +287,10 @@ async fn settle_finding(
 ) -> Result<Json<PaymentView>, ApiError> {
     let who = auth.require(Scope::PaymentsWrite)?;
     let (id, n) = path.get()?;
-    let n: u32 = n
-        .parse()
-        .ok()
-        .filter(|n| *n > 0)
-        .ok_or_else(|| ApiError::from(shared::refusal::Refusal::from(RunError::NoFinding(0))))?;
+    let n: u32 =
+        n.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+            ApiError::from(shared::refusal::Refusal::from(RunError::NoFinding(0)))
+        })?;
     let payment = runs::settle(&state, who.tenant(), &id, n, state.clock.now()).await?;
     Ok(Json(PaymentView::from(payment)))
 }

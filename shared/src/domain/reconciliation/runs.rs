@@ -287,14 +287,15 @@ pub async fn start(
 
 /// An uploaded file read as `provider`'s statement.
 fn parse_file(provider: Provider, bytes: &[u8]) -> Result<Statement, RunError> {
-    let _ = (provider, bytes);
-    Err(RunError::File("statement files cannot be read yet".into()))
+    super::statements::parse(provider, bytes).map_err(|e| RunError::File(e.to_string()))
 }
 
 /// Khalti's transaction list of `day`, pulled with the project's key.
 async fn pull_khalti(deps: &Deps, tenant: &Tenant, day: NaiveDate) -> Result<Statement, RunError> {
     let _ = (deps, tenant, day);
-    Err(RunError::Provider2("Khalti's list cannot be pulled yet".into()))
+    Err(RunError::Provider2(
+        "Khalti's list cannot be pulled yet".into(),
+    ))
 }
 
 /// Runs `statement` for `tenant`'s `provider` on Nepal day `day`: the

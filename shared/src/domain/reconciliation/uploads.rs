@@ -24,8 +24,7 @@ use crate::refusal::Refusal;
 use crate::store::{Key, StoreError};
 use crate::time::Timestamp;
 
-/// The largest statement file taken.
-pub const MAX_BYTES: usize = 10 * 1024 * 1024;
+pub use super::statements::MAX_BYTES;
 /// How long an upload URL works.
 pub const UPLOAD_TTL: chrono::Duration = chrono::Duration::minutes(15);
 const PURPOSE: &str = "statement-uploads";
