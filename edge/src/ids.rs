@@ -12,8 +12,8 @@ use axum::response::{IntoResponse, Response};
 use shared::ids::{
     ApiKeyId, AuditId, BillingInvoiceId, CouponId, CustomerId, DeliveryId, DunningPolicyId,
     EndpointId, EventId, InvoiceId, InvoiceItemId, LinkId, MerchantId, PaymentId, PlanId,
-    ProjectId, PromotionCodeId, RefundId, ReportId, SessionId, SmsId, SubscriptionId, TestClockId,
-    TypedId, UserId,
+    ProjectId, PromotionCodeId, ReconRunId, RefundId, ReportId, SessionId, SmsId, SubscriptionId,
+    TestClockId, TypedId, UserId,
 };
 use shared::refusal::Refusal;
 
@@ -84,7 +84,8 @@ id_parts!(
     CouponId,
     PromotionCodeId,
     InvoiceItemId,
-    ReportId
+    ReportId,
+    ReconRunId
 );
 
 /// What a route's path holds, in order: one part or a tuple of them.

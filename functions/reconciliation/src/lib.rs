@@ -117,9 +117,8 @@ async fn create_upload(
         ));
     }
     let day = runs::parse_day(&body.date)?;
-    let (upload, url) = uploads::create(&state, who.tenant(), provider, day, state.clock.now())
-        .await
-        .map_err(shared::refusal::Refusal::from)?;
+    let (upload, url) =
+        uploads::create(&state, who.tenant(), provider, day, state.clock.now()).await?;
     Ok((
         StatusCode::CREATED,
         Json(UploadView {
@@ -322,8 +321,6 @@ async fn receive(
     let query = QueryParams::parse(parts.uri.query());
     let expires = query.get("expires").unwrap_or_default();
     let signature = query.get("signature").unwrap_or_default();
-    uploads::receive(&state, &id, expires, signature, body, state.clock.now())
-        .await
-        .map_err(shared::refusal::Refusal::from)?;
+    uploads::receive(&state, &id, expires, signature, body, state.clock.now()).await?;
     Ok(StatusCode::OK)
 }
