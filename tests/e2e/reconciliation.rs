@@ -7,7 +7,7 @@
 //! from provider" pays a payment whose return never arrived (the provider
 //! confirms it) and refuses one the provider does not confirm.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, HashMap};
 
 use dhukuti_tests::shop::{Shop, Via};
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
@@ -106,6 +106,16 @@ async fn run(app: &TestApp, key: &str, body: Value) -> Answer {
     .await
 }
 
+async fn settle(app: &TestApp, key: &str, id: &str, n: u64) -> Answer {
+    app.post(
+        &format!("/v1/reconciliation/runs/{id}/findings/{n}/settle"),
+        Some(key),
+        Some(&format!("s-{}", ulid::Ulid::new())),
+        &json!({}),
+    )
+    .await
+}
+
 /// Every finding of run `id` (all pages).
 async fn findings(app: &TestApp, key: &str, id: &str) -> Vec<Value> {
     let mut out = Vec::new();
@@ -190,7 +200,7 @@ async fn a_thousand_payments_reconcile_to_exactly_the_injected_discrepancies(whi
     // providers' payments (Khalti's list is pulled: its payments are
     // seeded and stay out of these runs).
     let mut expected: Expected = BTreeSet::new();
-    let mut lines: BTreeMap<Provider, Vec<Line>> = BTreeMap::new();
+    let mut lines: HashMap<Provider, Vec<Line>> = HashMap::new();
     let uploaded: Vec<usize> = (0..made.len())
         .filter(|&i| made[i].provider != Provider::Khalti)
         .collect();
@@ -588,26 +598,18 @@ async fn settle_from_provider_pays_only_what_the_provider_confirms(which: Which)
             .and_then(|f| f["n"].as_u64())
             .unwrap_or_else(|| panic!("no finding of {payment}: {all:?}"))
     };
-    let settle = |n: u64| {
-        app.post(
-            &format!("/v1/reconciliation/runs/{id}/findings/{n}/settle"),
-            Some(&shop.key),
-            Some(&format!("s-{}", ulid::Ulid::new())),
-            &json!({}),
-        )
-    };
-    let a = settle(n_of(paid)).await;
+    let a = settle(app, &shop.key, &id, n_of(paid)).await;
     assert_eq!(a.status, 200, "{}", a.body);
     assert_eq!(a.body["status"], "success", "{}", a.body);
     assert_eq!(shop.payment(paid).await["status"], "success");
     assert_eq!(shop.events_about("payment.succeeded", paid).await, 1);
     // Settled already: answered again, nothing new.
-    let a = settle(n_of(paid)).await;
+    let a = settle(app, &shop.key, &id, n_of(paid)).await;
     assert_eq!(a.status, 200, "{}", a.body);
     assert_eq!(shop.events_about("payment.succeeded", paid).await, 1);
 
     let (unpaid, _, _) = &started[1];
-    let a = settle(n_of(unpaid)).await;
+    let a = settle(app, &shop.key, &id, n_of(unpaid)).await;
     assert_eq!(a.status, 409, "{}", a.body);
     assert_eq!(
         a.body["error"]["code"], "provider_not_confirmed",
@@ -616,7 +618,7 @@ async fn settle_from_provider_pays_only_what_the_provider_confirms(which: Which)
     );
     assert_ne!(shop.payment(unpaid).await["status"], "success");
     // A finding that is not missing_in_dhukuti cannot be settled.
-    let a = settle(999).await;
+    let a = settle(app, &shop.key, &id, 999).await;
     assert_eq!(a.status, 404, "{}", a.body);
     shop.stop().await;
 }
