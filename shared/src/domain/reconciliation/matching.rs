@@ -206,13 +206,8 @@ fn payment_line(line: &StatementLine, ours: Option<&Ours>) -> Option<Classificat
     Some(match ours {
         None if paid => Classification::NotOurs,
         None => return None,
-        Some(o) if !paid => {
-            if o.paid() {
-                Classification::MissingInProvider
-            } else {
-                return None;
-            }
-        }
+        Some(o) if !paid && o.paid() => Classification::MissingInProvider,
+        Some(_) if !paid => return None,
         Some(o) if !o.paid() => Classification::MissingInDhukuti,
         Some(o) if o.amount != line.amount => Classification::AmountMismatch,
         Some(o) => match (o.fee, line.fee) {
