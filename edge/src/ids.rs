@@ -12,8 +12,8 @@ use axum::response::{IntoResponse, Response};
 use shared::ids::{
     ApiKeyId, AuditId, BankCreditId, BillingInvoiceId, CouponId, CustomerId, DeliveryId,
     DunningPolicyId, EndpointId, EventId, InvoiceId, InvoiceItemId, LinkId, MerchantId, PaymentId,
-    PlanId, ProjectId, PromotionCodeId, RefundId, ReportId, SessionId, SmsId, SubscriptionId,
-    TestClockId, TypedId, UserId,
+    PlanId, ProjectId, PromotionCodeId, ReconRunId, RefundId, ReportId, SessionId, SmsId,
+    SubscriptionId, TestClockId, TypedId, UserId,
 };
 use shared::refusal::Refusal;
 
@@ -85,7 +85,8 @@ id_parts!(
     PromotionCodeId,
     InvoiceItemId,
     ReportId,
-    BankCreditId
+    BankCreditId,
+    ReconRunId
 );
 
 /// What a route's path holds, in order: one part or a tuple of them.

@@ -267,6 +267,18 @@ pub const ERROR_CODES: &[(&str, &str)] = &[
         "the project has 5 reports pending or running: wait for one to end",
     ),
     (
+        "upload_link_invalid",
+        "the statement upload link is not one we signed",
+    ),
+    (
+        "upload_link_expired",
+        "the statement upload link has expired: ask for another upload",
+    ),
+    (
+        "provider_not_confirmed",
+        "the provider does not confirm the payment as paid: nothing changed",
+    ),
+    (
         "webhook_endpoint_limit",
         "the project has its maximum of webhook endpoints",
     ),

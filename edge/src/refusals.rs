@@ -15,6 +15,8 @@ use shared::domain::invoices::InvoiceError;
 use shared::domain::links::LinkError;
 use shared::domain::mobile::MobileError;
 use shared::domain::qr::QrError;
+use shared::domain::reconciliation::runs::RunError;
+use shared::domain::reconciliation::uploads::UploadError;
 use shared::domain::refunds::RefundError;
 use shared::domain::reports::ReportError;
 use shared::domain::sms::SmsError;
@@ -97,8 +99,10 @@ answered_by_refusal!(
     QrError,
     RefundError,
     ReportError,
+    RunError,
     SmsError,
     TestClockError,
+    UploadError,
     WebhookError,
 );
 

@@ -32,7 +32,7 @@ ID_OF = {
     "/v1/refunds/": "ref_", "/v1/payment-links/": "lnk_", "/c/": "cs_",
     "/l/": "lnk_", "/v1/qr/": "cs_", "/v1/mobile/sessions/": "cs_",
     "/v1/webhooks/": "we_", "/v1/invoices/": "oinv_", "/dashboard/invoices/": "oinv_",
-    "/v1/reports/": "rpt_",
+    "/v1/reports/": "rpt_", "/v1/reconciliation/runs/": "rrun_",
 }
 PARAMS = {
     "{payment}": "pay_" + ZERO,
@@ -40,6 +40,7 @@ PARAMS = {
     "{file}": "swagger-ui.css",
     "{proxy+}": "login",
     "{token}": "0000000000",
+    "{n}": "1",
 }
 # A request body for the routes that take one (the smallest valid shape
 # where it is short; else an empty object, which the route refuses as 4xx).

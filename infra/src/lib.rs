@@ -59,6 +59,8 @@ pub fn app_with_simulators(state: AppState, sim: simulators::SimState, extra: Ro
             .merge(reports::router(state.clone()))
             .merge(reports::download_router(state.clone()))
             .merge(settlements::router(state.clone()))
+            .merge(reconciliation::router(state.clone()))
+            .merge(reconciliation::upload_router(state.clone()))
             .merge(payment_links::router(state.clone()))
             .merge(webhooks_api::router(state.clone()))
             .merge(invoices::router(state.clone()))
@@ -85,6 +87,7 @@ pub fn openapi(state: &AppState) -> utoipa::openapi::OpenApi {
         refunds::routes(state),
         reports::routes(state),
         settlements::routes(state),
+        reconciliation::routes(state),
         payment_links::routes(state),
         webhooks_api::routes(state),
         invoices::routes(state),

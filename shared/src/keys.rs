@@ -112,6 +112,9 @@ pub enum PerMode {
     BankCredits,
     /// Bank reference claims (one credit per provider and reference).
     BankCreditRefs,
+    /// `gsi1`: reconciliation runs (`domain::reconciliation::runs`),
+    /// newest first.
+    ReconRuns,
 }
 
 impl PerMode {
@@ -140,6 +143,7 @@ impl PerMode {
             PerMode::Reports => "RPT",
             PerMode::BankCredits => "BCR",
             PerMode::BankCreditRefs => "BCREF",
+            PerMode::ReconRuns => "RRUN",
         }
     }
 }
@@ -321,6 +325,40 @@ pub fn bank_credit(credit_id: &str) -> Key {
 /// runs (`domain::reports::ReportQuota`).
 pub fn report_quota(project_id: &str, mode: Mode) -> Key {
     Key::new(format!("RPTQ#{project_id}#{}", mode.as_str()), "RPTQ")
+}
+
+/// A reconciliation run (`domain::reconciliation::runs`); its findings
+/// live in the same partition ([`recon_finding`]).
+pub fn recon_run(run_id: &str) -> Key {
+    Key::new(format!("RRUN#{run_id}"), "RRUN")
+}
+
+/// The sort-key prefix of a run's findings.
+pub const RECON_FINDING_PREFIX: &str = "F#";
+
+/// Finding `n` of run `run_id` (`n` zero-padded: they sort in order).
+pub fn recon_finding(run_id: &str, n: u32) -> Key {
+    Key::new(format!("RRUN#{run_id}"), format!("F#{n:06}"))
+}
+
+/// The claim of a statement already run for a tenant, provider and day
+/// (by the digest of its bytes): the same file twice is one run.
+pub fn recon_digest(
+    project_id: &str,
+    mode: Mode,
+    provider: Provider,
+    day: &str,
+    digest: &str,
+) -> Key {
+    Key::new(
+        format!("PROJ#{project_id}#{}#RDIG", mode.as_str()),
+        format!("{}#{day}#{digest}", provider.as_str()),
+    )
+}
+
+/// An uploaded statement file's record (`domain::reconciliation::runs`).
+pub fn statement_upload(upload_id: &str) -> Key {
+    Key::new(format!("STU#{upload_id}"), "STU")
 }
 
 /// Exports not yet finished (`gsi2`, by id): what the scheduler runs
@@ -619,6 +657,14 @@ mod tests {
         assert_eq!(k(report("rpt_1")), kk("RPT#rpt_1", "RPT"));
         assert_eq!(unfinished_reports(), "RPTS#UNFINISHED");
         assert_eq!(k(report_quota("p", sb)), kk("RPTQ#p#sandbox", "RPTQ"));
+        assert_eq!(k(recon_run("rrun_1")), kk("RRUN#rrun_1", "RRUN"));
+        assert_eq!(k(recon_finding("rrun_1", 7)), kk("RRUN#rrun_1", "F#000007"));
+        assert_eq!(
+            k(recon_digest("p", sb, Provider::Esewa, "2026-11-20", "ab")),
+            kk("PROJ#p#sandbox#RDIG", "esewa#2026-11-20#ab")
+        );
+        assert_eq!(k(statement_upload("stu_1")), kk("STU#stu_1", "STU"));
+        assert_eq!(per_mode("p", sb, PerMode::ReconRuns), "PROJ#p#sandbox#RRUN");
         assert_eq!(per_mode("p", sb, PerMode::Reports), "PROJ#p#sandbox#RPT");
         assert_eq!(k(bank_credit("bcr_1")), kk("BCR#bcr_1", "BCR"));
         assert_eq!(

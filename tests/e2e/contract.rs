@@ -73,6 +73,21 @@ const ROUTES: &[Route] = &[
         "/v1/reconciliation/settlements/credits/{id}",
         Scope::PaymentsWrite,
     ),
+    // reconciliation
+    r("POST", "/v1/reconciliation/uploads", Scope::PaymentsWrite),
+    r("POST", "/v1/reconciliation/runs", Scope::PaymentsWrite),
+    r("GET", "/v1/reconciliation/runs", Scope::PaymentsRead),
+    r("GET", "/v1/reconciliation/runs/{id}", Scope::PaymentsRead),
+    r(
+        "GET",
+        "/v1/reconciliation/runs/{id}/findings",
+        Scope::PaymentsRead,
+    ),
+    r(
+        "POST",
+        "/v1/reconciliation/runs/{id}/findings/{n}/settle",
+        Scope::PaymentsWrite,
+    ),
     // refunds
     r("POST", "/v1/refunds", Scope::RefundsWrite),
     r("GET", "/v1/refunds", Scope::RefundsRead),
@@ -326,6 +341,9 @@ fn outside_contract(path: &str) -> bool {
         // A ready report's signed local download link (the link is the
         // bearer; not deployed on AWS, where S3 presigns it).
         "/exports/",
+        // A statement file's signed local upload link (likewise; S3
+        // presigns it on AWS).
+        "/statement-uploads/",
     ]
     .iter()
     .any(|p| path.starts_with(p))
@@ -515,6 +533,9 @@ struct Records {
     invoice_item: String,
     report: String,
     bank_credit: String,
+    recon_run: String,
+    /// An eSewa statement upload holding a file of one line.
+    statement_upload: String,
 }
 
 impl Records {
@@ -564,6 +585,8 @@ impl Records {
             &self.report
         } else if p.starts_with("/v1/reconciliation/settlements/credits/") {
             &self.bank_credit
+        } else if p.starts_with("/v1/reconciliation/runs/") {
+            &self.recon_run
         } else {
             panic!("no record for {path}")
         }
@@ -652,9 +675,51 @@ fn body_for(app: &TestApp, rec: &Records, method: &str, path: &str) -> Option<Va
         }
         ("POST", "/v1/reports") => report_body(),
         ("POST", "/v1/reconciliation/settlements/credits") => bank_credit_body(),
+        ("POST", "/v1/reconciliation/uploads") => {
+            json!({"provider": "esewa", "date": RECON_DATE})
+        }
+        ("POST", "/v1/reconciliation/runs") => {
+            json!({"provider": "esewa", "date": RECON_DATE, "uploadId": rec.statement_upload})
+        }
+        ("POST", "/v1/reconciliation/runs/{id}/findings/{n}/settle") => json!({}),
         _ => panic!("no body for {method} {path}"),
     };
     Some(body)
+}
+
+/// The Nepal day of the contract's statement.
+const RECON_DATE: &str = "2026-11-20";
+
+/// An eSewa statement upload for [`RECON_DATE`] holding one line that is
+/// no payment of ours, and the run of it.
+async fn recon_records(app: &TestApp, key: &str) -> (String, String) {
+    let up = created(
+        app,
+        key,
+        "/v1/reconciliation/uploads",
+        json!({"provider": "esewa", "date": RECON_DATE}),
+    )
+    .await;
+    let url = text(&up["uploadUrl"]);
+    let file = "Transaction UUID,Reference ID,Amount,Transaction Date,Status\n\
+                NOT-OURS-1,R1,100.00,2026-11-20 10:00:00,Success\n";
+    let put = app
+        .client
+        .put(&url)
+        .body(file)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("PUT {url}: {e}"));
+    assert!(put.status().is_success(), "PUT {url}: {}", put.status());
+    let upload = text(&up["id"]);
+    let run = created(
+        app,
+        key,
+        "/v1/reconciliation/runs",
+        json!({"provider": "esewa", "date": RECON_DATE, "uploadId": upload}),
+    )
+    .await;
+    (text(&run["id"]), upload)
 }
 
 fn report_body() -> Value {
@@ -831,6 +896,7 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         json!({"provider": "esewa", "date": "2026-11-01", "amount": 10_000, "reference": "NIC-RECORD"}),
     )
     .await;
+    let (recon_run, statement_upload) = recon_records(app, key).await;
     let rec = Records {
         session: text(&session["id"]),
         payment: payment.id.to_string(),
@@ -853,6 +919,8 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         invoice_item: new_id(IdKind::InvoiceItem),
         report: text(&report["id"]),
         bank_credit: text(&bank_credit["id"]),
+        recon_run,
+        statement_upload,
     };
     for (kind, id) in [
         ("cs_", &rec.session),
@@ -871,6 +939,8 @@ async fn records(app: &TestApp, tenant: &Tenant, key: &str) -> Records {
         ("promo_", &rec.promotion_code),
         ("rpt_", &rec.report),
         ("bcr_", &rec.bank_credit),
+        ("rrun_", &rec.recon_run),
+        ("stu_", &rec.statement_upload),
     ] {
         assert!(id.starts_with(kind), "{kind}: {id}");
     }
@@ -920,6 +990,7 @@ async fn every_endpoint_keeps_the_contract(which: Which) {
             row.path
                 .replace("{id}", rec.id_for(row.path))
                 .replace("{itemId}", &rec.invoice_item)
+                .replace("{n}", "1")
         } else {
             row.path.to_owned()
         };
@@ -1486,6 +1557,11 @@ fn body_fields(method: &str, path: &str) -> Vec<BodyField> {
             f("amount", Int),
             f("reference", Str),
         ],
+        ("POST", "/v1/reconciliation/uploads") => vec![f("provider", Str), f("date", Str)],
+        ("POST", "/v1/reconciliation/runs") => {
+            vec![f("provider", Str), f("date", Str), n("uploadId", Str)]
+        }
+        ("POST", "/v1/reconciliation/runs/{id}/findings/{n}/settle") => vec![],
         _ => panic!("no body fields for {method} {path}"),
     }
 }
@@ -1582,6 +1658,7 @@ async fn every_body_field_refuses_a_wrong_type(which: Which) {
             row.path
                 .replace("{id}", rec.id_for(row.path))
                 .replace("{itemId}", &rec.invoice_item)
+                .replace("{n}", "1")
         } else {
             row.path.to_owned()
         };

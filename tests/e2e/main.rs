@@ -48,6 +48,7 @@ mod pages;
 mod pay;
 mod qr;
 mod ratelimit;
+mod reconciliation;
 mod refunds;
 mod reports;
 mod sam_local;

@@ -360,4 +360,3 @@ async fn exports_are_bounded_and_carry_fees_and_invoices(which: Which) {
     );
     app.stop().await;
 }
-

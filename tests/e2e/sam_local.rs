@@ -65,6 +65,8 @@ mod payment_links_main;
 mod payments_main;
 #[path = "../../functions/qr/src/main.rs"]
 mod qr_main;
+#[path = "../../functions/reconciliation/src/main.rs"]
+mod reconciliation_main;
 #[path = "../../functions/refunds/src/main.rs"]
 mod refunds_main;
 #[path = "../../functions/report-runner/src/main.rs"]
@@ -109,6 +111,7 @@ fn function_process() {
         "payment-links" => payment_links_main::main(),
         "payments" => payments_main::main(),
         "qr" => qr_main::main(),
+        "reconciliation" => reconciliation_main::main(),
         "refunds" => refunds_main::main(),
         "report-runner" => report_runner_main::main(),
         "reports" => reports_main::main(),

@@ -971,6 +971,9 @@ fn only_the_invoices_and_dashboard_functions_touch_the_documents_bucket() {
             assert!(
                 if reports {
                     resource == "${DocumentsBucket.Arn}/reports/*"
+                } else if name == "ReconciliationFunction" {
+                    // Statement files (issue 41) have theirs.
+                    resource == "${DocumentsBucket.Arn}/statements/*"
                 } else {
                     resource == "DocumentsBucket.Arn"
                         || resource.starts_with("${DocumentsBucket.Arn}/invoices/")
@@ -992,6 +995,7 @@ fn only_the_invoices_and_dashboard_functions_touch_the_documents_bucket() {
         [
             "DashboardDocumentsFunction",
             "InvoicesFunction",
+            "ReconciliationFunction",
             "ReportRunnerFunction",
             "ReportsFunction"
         ]

@@ -149,6 +149,16 @@ fn named_resource(t: EventType) -> (&'static str, &'static [(&'static str, Flat)
                 ("metadata", Object),
             ],
         ),
+        EventType::ReconciliationCompleted => (
+            "ReconciliationRun",
+            &[
+                ("id", Str),
+                ("provider", Provider),
+                ("date", Str),
+                ("status", Str),
+                ("discrepancies", Amount),
+            ],
+        ),
         // The billing events' resources are named by [`resource`].
         _ => ("Object", &[]),
     }

@@ -71,6 +71,19 @@ pub trait Blobs: Send + Sync + 'static {
         let _ = (key, expires_in);
         Ok(None)
     }
+
+    /// A URL that stores a body under `key` with a plain `PUT`, without
+    /// credentials, until `expires_in` has passed (S3: a presigned PUT),
+    /// or `None` where the backend has none (the caller then takes the
+    /// body itself, behind a link it signs: `domain::reconciliation`).
+    async fn upload_url(
+        &self,
+        key: &str,
+        expires_in: Duration,
+    ) -> Result<Option<String>, BlobError> {
+        let _ = (key, expires_in);
+        Ok(None)
+    }
 }
 
 /// Chunks of at least `min` bytes (the last one may be shorter) out of

@@ -285,6 +285,25 @@ impl Blobs for S3Blobs {
             .map_err(|e| sdk_error(&format!("presigning GetObject {key}"), e))?;
         Ok(Some(request.uri().to_owned()))
     }
+
+    async fn upload_url(
+        &self,
+        key: &str,
+        expires_in: std::time::Duration,
+    ) -> Result<Option<String>, BlobError> {
+        validate_key(key)?;
+        let config = PresigningConfig::expires_in(expires_in)
+            .map_err(|e| BlobError::Backend(format!("presigning {key}: {e}")))?;
+        let request = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .presigned(config)
+            .await
+            .map_err(|e| sdk_error(&format!("presigning PutObject {key}"), e))?;
+        Ok(Some(request.uri().to_owned()))
+    }
 }
 
 impl S3Blobs {

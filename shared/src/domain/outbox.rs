@@ -89,6 +89,8 @@ pub enum EventType {
     CustomerCreditUpdated,
     #[serde(rename = "invoice.upcoming")]
     InvoiceUpcoming,
+    #[serde(rename = "reconciliation.completed")]
+    ReconciliationCompleted,
 }
 
 /// `customer.credit_updated`'s flat fields: (flat, the view's).
@@ -99,8 +101,17 @@ const CUSTOMER_FLAT: [(&str, &str); 4] = [
     ("metadata", "metadata"),
 ];
 
+/// `reconciliation.completed`'s flat fields: (flat, the view's).
+const RECON_FLAT: [(&str, &str); 5] = [
+    ("id", "id"),
+    ("provider", "provider"),
+    ("date", "date"),
+    ("status", "status"),
+    ("discrepancies", "discrepancies"),
+];
+
 impl EventType {
-    pub const ALL: [EventType; 30] = [
+    pub const ALL: [EventType; 31] = [
         EventType::PaymentSucceeded,
         EventType::PaymentFailed,
         EventType::PaymentCancelled,
@@ -131,6 +142,7 @@ impl EventType {
         EventType::PromotionCodeDeactivated,
         EventType::CustomerCreditUpdated,
         EventType::InvoiceUpcoming,
+        EventType::ReconciliationCompleted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -165,6 +177,7 @@ impl EventType {
             EventType::PromotionCodeDeactivated => "promotion_code.deactivated",
             EventType::CustomerCreditUpdated => "customer.credit_updated",
             EventType::InvoiceUpcoming => "invoice.upcoming",
+            EventType::ReconciliationCompleted => "reconciliation.completed",
         }
     }
 
@@ -394,6 +407,7 @@ impl Event {
                 }
             }
             EventType::CustomerCreditUpdated => CUSTOMER_FLAT.iter().for_each(|(t, f)| copy(t, f)),
+            EventType::ReconciliationCompleted => RECON_FLAT.iter().for_each(|(t, f)| copy(t, f)),
             t if t.is_subscription() => {
                 for (to, from) in [
                     ("id", "id"),

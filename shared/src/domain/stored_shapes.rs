@@ -308,6 +308,22 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
             record::<billing::discounts::Discount>(),
         ),
         ("RATE", "RATE") => ("api key rate window", COUNT_TTL),
+        ("RRUN", "RRUN") => (
+            "reconciliation run",
+            record::<super::reconciliation::runs::Run>(),
+        ),
+        ("RRUN", s) if s.starts_with("F#") => (
+            "reconciliation finding",
+            record::<super::reconciliation::runs::StoredFinding>(),
+        ),
+        ("PROJ", _) if pk.ends_with("#RDIG") => (
+            "statement digest claim",
+            keyed::<super::reconciliation::runs::DigestClaim>(),
+        ),
+        ("STU", "STU") => (
+            "statement upload",
+            record::<super::reconciliation::uploads::StatementUpload>(),
+        ),
         ("REF", "REF") => ("refund", record::<refunds::Refund>()),
         ("SUB", "SUB") => (
             "subscription",

@@ -42,7 +42,7 @@ mod tests;
 
 pub use returns::{ReturnKind, on_return};
 pub use review::{Release, ReleaseError, held, release};
-pub use settle::{Decision, apply, poll_of, poll_qr_every, poll_qr_of};
+pub use settle::{Decision, apply, poll_of, poll_qr_every, poll_qr_of, verify_now};
 pub use start::{find_payment, start, start_for};
 pub use sweep::{SweepReport, sweep};
 

@@ -186,6 +186,18 @@ pub(super) async fn reconcile(
     check_and_apply(state, payment, None, now).await
 }
 
+/// Asks the provider about `payment` now and applies its answer, as the
+/// reconciler does (reconciliation's "settle from provider": a payment
+/// already cancelled by expiry included, which a paid answer makes a late
+/// success). Answers the payment as stored afterwards.
+pub async fn verify_now(
+    state: &Deps,
+    payment: &Payment,
+    now: Timestamp,
+) -> Result<Payment, AttemptError> {
+    check_and_apply(state, payment, None, now).await
+}
+
 pub(super) async fn check_and_apply(
     state: &Deps,
     payment: &Payment,

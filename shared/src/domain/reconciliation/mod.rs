@@ -5,5 +5,8 @@
 //! The types every part shares live here and in [`statements`]; each
 //! part adds its module.
 
+pub mod matching;
+pub mod runs;
 pub mod settlements;
 pub mod statements;
+pub mod uploads;

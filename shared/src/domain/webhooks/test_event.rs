@@ -59,6 +59,14 @@ pub(super) fn sample_object(t: EventType, mode: Mode, now: Timestamp) -> Value {
             "active": t == EventType::CouponCreated, "metadata": {},
             "livemode": mode.is_live(), "createdAt": now, "test": true,
         }),
+        EventType::ReconciliationCompleted => json!({
+            "id": format!("rrun_test{}", &ids::new_id(IdKind::ReconRun)[5..]),
+            "object": "reconciliation_run", "provider": "khalti", "date": "2026-11-20",
+            "source": "pull", "status": "completed", "discrepancies": 1,
+            "counts": {"matched": 9, "amountMismatch": 1, "feeMismatch": 0,
+                "missingInProvider": 0, "missingInDhukuti": 0, "notOurs": 0},
+            "livemode": mode.is_live(), "createdAt": now, "test": true,
+        }),
         EventType::PromotionCodeCreated | EventType::PromotionCodeDeactivated => json!({
             "id": format!("promo_test{}", &ids::new_id(IdKind::PromotionCode)[4..]),
             "code": "LAUNCH50", "couponId": "cpn_test", "redeemedCount": 0,

@@ -112,6 +112,15 @@ fn test_events_have_a_plausible_object() {
     for t in EventType::ALL {
         let o = sample_object(t, Mode::Sandbox, now);
         assert_eq!(o["test"], true, "{t:?}");
+        if t == EventType::ReconciliationCompleted {
+            assert!(
+                o["id"]
+                    .as_str()
+                    .is_some_and(|id| id.starts_with("rrun_test"))
+            );
+            assert_eq!(outbox::payment_of(&o), None);
+            continue;
+        }
         if t == EventType::CustomerCreditUpdated {
             assert!(
                 o["id"]
