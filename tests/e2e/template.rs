@@ -389,14 +389,16 @@ fn the_scheduler_sweeps_every_minute_one_run_at_a_time() {
 /// The functions that talk to a provider: Hosted (payments), Qr (Fonepay's
 /// QR API for Direct-QR), Mobile (an app's attempts and status checks),
 /// Events (the event streams' status checks),
-/// Refunds (Khalti's refund API) and Scheduler (reconciliation of
-/// payments and refunds).
-const PROVIDER_CALLERS: [&str; 7] = [
+/// Refunds (Khalti's refund API), Reconciliation (settle from provider
+/// verifies with it; Khalti's transaction list) and Scheduler
+/// (reconciliation of payments and refunds).
+const PROVIDER_CALLERS: [&str; 8] = [
     "DashboardFunction",
     "EventsFunction",
     "HostedFunction",
     "MobileFunction",
     "QrFunction",
+    "ReconciliationFunction",
     "RefundsFunction",
     "SchedulerFunction",
 ];
@@ -2003,9 +2005,11 @@ fn every_function_links_what_its_grants_use_and_nothing_denied() {
                 );
             }
         }
-        // PDFs go to S3; the exports (reports, report-runner) use S3
-        // without the PDF writer.
-        if links("pdf-writer") || !["reports", "report-runner"].contains(&binary) {
+        // PDFs go to S3; the exports (reports, report-runner) and the
+        // uploaded statements (reconciliation) use S3 without the PDF
+        // writer.
+        if links("pdf-writer") || !["reports", "report-runner", "reconciliation"].contains(&binary)
+        {
             assert_eq!(
                 links("pdf-writer"),
                 links("aws-sdk-s3"),

@@ -292,10 +292,12 @@ fn parse_file(provider: Provider, bytes: &[u8]) -> Result<Statement, RunError> {
 
 /// Khalti's transaction list of `day`, pulled with the project's key.
 async fn pull_khalti(deps: &Deps, tenant: &Tenant, day: NaiveDate) -> Result<Statement, RunError> {
-    let _ = (deps, tenant, day);
-    Err(RunError::Provider2(
-        "Khalti's list cannot be pulled yet".into(),
-    ))
+    use super::statements::khalti::{PullError, pull};
+    pull(deps, tenant, day).await.map_err(|e| match e {
+        PullError::Credentials(e) => RunError::Field("provider", e.to_string()),
+        PullError::Provider(e) => RunError::Provider2(e.to_string()),
+        PullError::Records(e) => RunError::File(e.to_string()),
+    })
 }
 
 /// Runs `statement` for `tenant`'s `provider` on Nepal day `day`: the

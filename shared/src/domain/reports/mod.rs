@@ -35,7 +35,9 @@ use crate::refusal::Refusal;
 use crate::store::{Cond, Index, Key, Query, StoreError, TxOp};
 use crate::time::Timestamp;
 
-/// The error code of a `POST` refused at [`MAX_UNFINISHED`] (409).
+/// The error code of a `POST` refused at [`MAX_UNFINISHED`] (409). The
+/// refusal writes it as a literal: the documentation guard
+/// (`openapi::every_error_code_is_documented`) reads the calls' text.
 pub const TOO_MANY_REPORTS: &str = "too_many_reports";
 
 /// The longest range one report covers.
@@ -314,7 +316,7 @@ impl From<ReportError> for Refusal {
             e @ ReportError::BadLink => Refusal::forbidden("download_link_invalid", e.to_string()),
             e @ ReportError::Expired => Refusal::forbidden("download_link_expired", e.to_string()),
             e @ ReportError::Busy => Refusal::conflict("version_conflict", e.to_string()),
-            e @ ReportError::TooMany => Refusal::conflict(TOO_MANY_REPORTS, e.to_string()),
+            e @ ReportError::TooMany => Refusal::conflict("too_many_reports", e.to_string()),
             e @ ReportError::Unsigned => Refusal::internal(&e),
             ReportError::Store(e) => e.into(),
             ReportError::Blobs(e) => Refusal::unavailable(&e),
