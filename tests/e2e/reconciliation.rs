@@ -140,8 +140,10 @@ async fn findings(app: &TestApp, key: &str, id: &str) -> Vec<Value> {
 
 fn payment(tenant: &dhukuti_tests::Tenant, provider: Provider, i: i64, now: Timestamp) -> Payment {
     let amount = 10_000 + i * 7;
-    let mut checks = shared::domain::payments::Checks::default();
-    checks.fee_provider = Paisa::new(amount / 50).ok();
+    let checks = shared::domain::payments::Checks {
+        fee_provider: Paisa::new(amount / 50).ok(),
+        ..Default::default()
+    };
     Payment {
         id: shared::ids::PaymentId::new(),
         project_id: tenant.project.id.clone(),
