@@ -223,6 +223,11 @@ async fn two_drivers_run_a_report_once() {
     assert!(claim(&deps, held, later).await.unwrap().is_some());
 }
 
+/// The permits of [`TestBlobs`]' gate: a test holding them all shuts the
+/// store (`Semaphore::MAX_PERMITS` does not fit `acquire_many`'s `u32`, so
+/// taking "all" of those left most of them open).
+const GATE: u32 = 1 << 20;
+
 /// A blob store that fails every write while `fail` is set, and holds
 /// every write until `gate` gives a permit.
 struct TestBlobs {
@@ -236,7 +241,7 @@ impl TestBlobs {
         Arc::new(TestBlobs {
             inner: MemoryBlobs::new(),
             fail: false.into(),
-            gate: tokio::sync::Semaphore::new(tokio::sync::Semaphore::MAX_PERMITS),
+            gate: tokio::sync::Semaphore::new(GATE as usize),
         })
     }
 }
@@ -621,11 +626,7 @@ async fn one_tenant_cannot_take_every_runner_slot() {
 #[tokio::test]
 async fn the_tick_does_not_wait_for_an_export() {
     let blobs = TestBlobs::open();
-    let held = blobs
-        .gate
-        .acquire_many(tokio::sync::Semaphore::MAX_PERMITS as u32)
-        .await
-        .unwrap();
+    let held = blobs.gate.acquire_many(GATE).await.unwrap();
     let deps = state_with(blobs.clone());
     let t = tenant();
     let now = deps.clock.now();
@@ -636,8 +637,12 @@ async fn the_tick_does_not_wait_for_an_export() {
     let busy = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let task = kick((*deps).clone(), busy.clone()).unwrap();
     // Let the task reach the shut store.
-    while get(&deps, &t, &r.id).await.unwrap().status != ReportStatus::Running {
-        tokio::task::yield_now().await;
+    loop {
+        match get(&deps, &t, &r.id).await.unwrap().status {
+            ReportStatus::Running => break,
+            ReportStatus::Pending => tokio::task::yield_now().await,
+            other => panic!("the export ended ({other:?}) with its store shut"),
+        }
     }
     assert!(kick((*deps).clone(), busy.clone()).is_none());
     drop(held);
