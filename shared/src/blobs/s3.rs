@@ -272,9 +272,7 @@ impl Blobs for S3Blobs {
         key: &str,
         expires_in: std::time::Duration,
     ) -> Result<Option<String>, BlobError> {
-        validate_key(key)?;
-        let config = PresigningConfig::expires_in(expires_in)
-            .map_err(|e| BlobError::Backend(format!("presigning {key}: {e}")))?;
+        let config = presigning(key, expires_in)?;
         let request = self
             .client
             .get_object()
@@ -286,14 +284,13 @@ impl Blobs for S3Blobs {
         Ok(Some(request.uri().to_owned()))
     }
 
+    /// A presigned PUT of `key` (a statement upload).
     async fn upload_url(
         &self,
         key: &str,
         expires_in: std::time::Duration,
     ) -> Result<Option<String>, BlobError> {
-        validate_key(key)?;
-        let config = PresigningConfig::expires_in(expires_in)
-            .map_err(|e| BlobError::Backend(format!("presigning {key}: {e}")))?;
+        let config = presigning(key, expires_in)?;
         let request = self
             .client
             .put_object()
@@ -304,6 +301,14 @@ impl Blobs for S3Blobs {
             .map_err(|e| sdk_error(&format!("presigning PutObject {key}"), e))?;
         Ok(Some(request.uri().to_owned()))
     }
+}
+
+/// The presigning of `key` for `expires_in`, the key checked first (both
+/// presigned GET and PUT).
+fn presigning(key: &str, expires_in: std::time::Duration) -> Result<PresigningConfig, BlobError> {
+    validate_key(key)?;
+    PresigningConfig::expires_in(expires_in)
+        .map_err(|e| BlobError::Backend(format!("presigning {key}: {e}")))
 }
 
 impl S3Blobs {
