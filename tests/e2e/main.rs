@@ -37,6 +37,7 @@ mod dunning;
 mod invoices;
 mod lambda;
 mod links;
+mod lists;
 mod logs;
 mod mail;
 mod mobile;

@@ -29,8 +29,8 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
-use serde::{Deserialize, Serialize};
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::record::{Attr, Changes, Entry, Family, Record, Window, from_item};
@@ -304,9 +304,12 @@ impl ListsMarker {
 }
 
 /// Whether `tenant`'s counters of `kind` cover its whole history.
-pub async fn covered(store: &dyn Store, tenant: &Tenant, kind: ListKind) -> Result<bool, StoreError> {
-    let marker: Option<ListsMarker> =
-        super::record::get(store, &ListsMarker::key(tenant)).await?;
+pub async fn covered(
+    store: &dyn Store,
+    tenant: &Tenant,
+    kind: ListKind,
+) -> Result<bool, StoreError> {
+    let marker: Option<ListsMarker> = super::record::get(store, &ListsMarker::key(tenant)).await?;
     Ok(marker.is_some_and(|m| m.covers(kind)))
 }
 
@@ -357,10 +360,7 @@ impl Unit {
             }
             Unit::Day => (Some(d), d.succ_opt()),
         };
-        (
-            start.map_or(ms, day_ms),
-            next.map_or(MAX_MS, day_ms),
-        )
+        (start.map_or(ms, day_ms), next.map_or(MAX_MS, day_ms))
     }
 }
 
@@ -680,7 +680,12 @@ impl Reader<'_> {
     /// Where the entry `offset` (newest first) of `[lo, hi)` is: the end
     /// of the day holding it and how many newer entries of that day to
     /// skip; `None` past the end. Walks years, then months, then days.
-    async fn locate(&self, lo: i64, hi: i64, offset: u64) -> Result<Option<(i64, u64)>, StoreError> {
+    async fn locate(
+        &self,
+        lo: i64,
+        hi: i64,
+        offset: u64,
+    ) -> Result<Option<(i64, u64)>, StoreError> {
         let mut segs = segments(lo, hi);
         let mut rem = offset;
         loop {
@@ -712,7 +717,7 @@ pub struct Cost {
 
 /// Offsets served by reading the items they skip (bounded by this):
 /// cheaper than a walk of the counters.
-const DIRECT_OFFSET: usize = 100;
+pub const DIRECT_OFFSET: usize = 100;
 
 /// A page of `tenant`'s list of `R`, narrowed by `filter`, newest first,
 /// and its total. With a `window.seek`, `seek_from` is the record it
@@ -809,7 +814,13 @@ pub async fn page<R: Listed>(
             None => Ok(Vec::new()),
             Some((day_end, skip)) => {
                 let q = reader.query(lo, day_end);
-                query_window(store, &q, usize::try_from(skip).unwrap_or(usize::MAX), limit).await
+                query_window(
+                    store,
+                    &q,
+                    usize::try_from(skip).unwrap_or(usize::MAX),
+                    limit,
+                )
+                .await
             }
         };
         (items, total)
@@ -825,7 +836,10 @@ pub async fn page<R: Listed>(
 fn seek_window_at(seek: &Seek, at: usize, own: usize, window: &Window) -> (usize, usize) {
     match seek {
         Seek::Start => (window.offset, window.limit),
-        Seek::After(_) => (at.saturating_add(own).saturating_add(window.offset), window.limit),
+        Seek::After(_) => (
+            at.saturating_add(own).saturating_add(window.offset),
+            window.limit,
+        ),
         Seek::Before(_) => {
             let end = at.saturating_sub(window.offset);
             let start = end.saturating_sub(window.limit);
@@ -890,7 +904,11 @@ pub async fn migrate<R: Listed>(
                         done.listed += 1;
                         break;
                     }
-                    Err(e) if (e.is_condition_failure() || matches!(&e, StoreError::TransactionCanceled { .. })) && tries < 20 => {
+                    Err(e)
+                        if (e.is_condition_failure()
+                            || matches!(&e, StoreError::TransactionCanceled { .. }))
+                            && tries < 20 =>
+                    {
                         tries += 1;
                         done.retried += 1;
                         crate::store::contention_backoff(tries).await;
@@ -908,7 +926,9 @@ pub async fn migrate<R: Listed>(
             None => break,
         }
     }
-    store.transact(vec![ListsMarker::mark(tenant, R::KIND)]).await?;
+    store
+        .transact(vec![ListsMarker::mark(tenant, R::KIND)])
+        .await?;
     Ok(done)
 }
 

@@ -16,6 +16,7 @@ pub mod idempotency;
 pub mod invoices;
 pub mod links;
 pub mod listing;
+pub mod lists_migration;
 pub mod mail;
 pub mod mobile;
 pub mod notices;

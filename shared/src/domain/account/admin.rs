@@ -63,8 +63,7 @@ pub async fn create_project(
             cond: None,
         });
         // So do its filtered lists' counters (`domain::listing`).
-        let lists =
-            super::super::listing::ListsMarker::new(&Tenant::new(project.id.clone(), mode));
+        let lists = super::super::listing::ListsMarker::new(&Tenant::new(project.id.clone(), mode));
         ops.push(TxOp::Put {
             item: super::super::record::Record::to_item(&lists)?,
             cond: None,
