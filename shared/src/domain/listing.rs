@@ -750,53 +750,13 @@ pub async fn page<R: Listed>(
     let whole = reader.query(lo, hi);
     if !counted {
         // Not yet migrated: count and skip through the index.
-        let (offset, limit) = match (&window.seek, seek_from) {
-            (Seek::Start, _) | (_, None) => (window.offset, window.limit),
-            (seek, Some(r)) => {
-                let newer = store
-                    .count(&Query {
-                        sk: SkCond::Between(
-                            format!("{}#", sort_key(r.list_created(), r.list_id())),
-                            hi_key(hi),
-                        ),
-                        ..whole.clone()
-                    })
-                    .await?;
-                let at = usize::try_from(newer).unwrap_or(usize::MAX);
-                let own = usize::from(filter.selects(r));
-                seek_window_at(seek, at, own, window)
-            }
-        };
-        let (items, total) = tokio::join!(
-            query_window(store, &whole, offset, limit),
-            store.count(&whole)
-        );
-        return Ok((decode(items?)?, total?, Cost::default()));
+        return page_uncounted(store, &whole, filter, window, seek_from, hi).await;
     }
     // Where the page starts, from the list's start.
     let (offset, limit) = match (&window.seek, seek_from) {
         (Seek::Start, _) | (_, None) => (window.offset, window.limit),
         (seek, Some(r)) => {
-            let ms = r.list_created().unix_millis();
-            // Entries newer than `r`: those after its millisecond, and
-            // those of its millisecond with a greater id.
-            let later = if ms + 1 < hi {
-                reader.total(ms + 1, hi).await?
-            } else {
-                0
-            };
-            reader.tick();
-            let same_ms = store
-                .count(&Query {
-                    sk: SkCond::Between(
-                        format!("{}#", sort_key(r.list_created(), r.list_id())),
-                        hi_key(ms + 1),
-                    ),
-                    ..whole.clone()
-                })
-                .await?;
-            let at = usize::try_from(later + same_ms).unwrap_or(usize::MAX);
-            let own = usize::from(filter.selects(r) && ms >= lo && ms < hi);
+            let (at, own) = reader.position(r, filter, (lo, hi), &whole).await?;
             seek_window_at(seek, at, own, window)
         }
     };
@@ -829,6 +789,74 @@ pub async fn page<R: Listed>(
         counter_calls: reader.calls.load(std::sync::atomic::Ordering::Relaxed),
     };
     Ok((decode(items?)?, total?, cost))
+}
+
+/// [`page`] of a tenant not yet counted: counted and skipped through the
+/// index.
+async fn page_uncounted<R: Listed>(
+    store: &dyn Store,
+    whole: &Query,
+    filter: &ListFilter,
+    window: &Window,
+    seek_from: Option<&R>,
+    hi: i64,
+) -> Result<(Vec<R>, u64, Cost), StoreError> {
+    let (offset, limit) = match (&window.seek, seek_from) {
+        (Seek::Start, _) | (_, None) => (window.offset, window.limit),
+        (seek, Some(r)) => {
+            let newer = store
+                .count(&Query {
+                    sk: SkCond::Between(
+                        format!("{}#", sort_key(r.list_created(), r.list_id())),
+                        hi_key(hi),
+                    ),
+                    ..whole.clone()
+                })
+                .await?;
+            let at = usize::try_from(newer).unwrap_or(usize::MAX);
+            let own = usize::from(filter.selects(r));
+            seek_window_at(seek, at, own, window)
+        }
+    };
+    let (items, total) = tokio::join!(
+        query_window(store, whole, offset, limit),
+        store.count(whole)
+    );
+    Ok((decode(items?)?, total?, Cost::default()))
+}
+
+impl Reader<'_> {
+    /// How many entries of `[lo, hi)` are newer than `r` (those after its
+    /// millisecond, and those of it with a greater id), and whether `r`
+    /// itself is one of them (1) or not (0).
+    async fn position<R: Listed>(
+        &self,
+        r: &R,
+        filter: &ListFilter,
+        (lo, hi): (i64, i64),
+        whole: &Query,
+    ) -> Result<(usize, usize), StoreError> {
+        let ms = r.list_created().unix_millis();
+        let later = if ms + 1 < hi {
+            self.total(ms + 1, hi).await?
+        } else {
+            0
+        };
+        self.tick();
+        let same_ms = self
+            .store
+            .count(&Query {
+                sk: SkCond::Between(
+                    format!("{}#", sort_key(r.list_created(), r.list_id())),
+                    hi_key(ms + 1),
+                ),
+                ..whole.clone()
+            })
+            .await?;
+        let at = usize::try_from(later + same_ms).unwrap_or(usize::MAX);
+        let own = usize::from(filter.selects(r) && ms >= lo && ms < hi);
+        Ok((at, own))
+    }
 }
 
 /// The offset and limit of a page after or before a record at position
