@@ -384,7 +384,9 @@ async fn a_deep_offset_is_the_walked_page(which: Which) {
     // The whole list past the first hundred, in creation order (every
     // payment was created after 1 August).
     assert_eq!(everything.len(), 150);
-    let a = app.get("/v1/payments?limit=10&offset=140", Some(&key)).await;
+    let a = app
+        .get("/v1/payments?limit=10&offset=140", Some(&key))
+        .await;
     assert_eq!(ids(&a), everything[140..150].to_vec());
     assert_eq!(a.body["meta"]["total"], 150);
     app.stop().await;
