@@ -97,7 +97,7 @@ async fn refund_of(app: &TestApp, p: &Payment, created: Timestamp, status: Refun
         updated_at: created,
         fee: None,
         fee_source: None,
-        listed: None,
+        listed: false,
     };
     let mut ops = vec![r.put_new().unwrap_or_else(|e| panic!("{e}"))];
     ops.extend(listing::count_new(&r));

@@ -77,8 +77,8 @@ impl ListKind {
 pub trait Listed: Record + DeserializeOwned {
     const KIND: ListKind;
     /// The attribute its `gsi3` partition is stored in: present once the
-    /// record is listed (and counted).
-    const LISTED: Attr<Self, Option<String>>;
+    /// record is listed (and counted); read as whether it is there.
+    const LISTED: Attr<Self, bool>;
     fn list_tenant(&self) -> Tenant;
     /// Its status as stored.
     fn list_status(&self) -> String;
@@ -92,6 +92,12 @@ pub trait Listed: Record + DeserializeOwned {
     fn is_listed(&self) -> bool;
     /// Its status is still the one read.
     fn status_unchanged(&self) -> Cond;
+}
+
+/// Whether an attribute is there (any value): a record reads its list
+/// entry's partition as this.
+pub fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(d).map(|_| true)
 }
 
 /// The stored name of a status (its serde name).

@@ -113,7 +113,7 @@ crate::attrs! { Payment {
     REVIEW: Option<String> = checks.review,
     FEE_PROVIDER: Option<Paisa> = checks.fee_provider,
     FEE_CONFIGURED: Option<Paisa> = checks.fee_configured,
-    LISTED: Option<String> = checks.listed as "gsi3pk",
+    LISTED: bool = checks.listed as "gsi3pk",
 } }
 
 /// Where a payment's fee comes from.
@@ -151,11 +151,16 @@ pub struct Checks {
     /// becomes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fee_configured: Option<Paisa>,
-    /// Its `gsi3` partition, read back: present once it is in the
-    /// filtered lists (`domain::listing`; written by its entries, never
-    /// from here).
-    #[serde(default, rename = "gsi3pk", skip_serializing)]
-    pub listed: Option<String>,
+    /// Whether it is in the filtered lists (`domain::listing`): its
+    /// `gsi3` partition is there (written by its entries, never from
+    /// here).
+    #[serde(
+        default,
+        rename = "gsi3pk",
+        skip_serializing,
+        deserialize_with = "listing::present"
+    )]
+    pub listed: bool,
 }
 
 /// The attempt behind a payment, as the provider knows it.
@@ -246,7 +251,7 @@ impl Record for Payment {
 
 impl Listed for Payment {
     const KIND: ListKind = ListKind::Payments;
-    const LISTED: Attr<Payment, Option<String>> = Payment::LISTED;
+    const LISTED: Attr<Payment, bool> = Payment::LISTED;
     fn list_tenant(&self) -> Tenant {
         self.tenant()
     }
@@ -266,7 +271,7 @@ impl Listed for Payment {
         self.counter_shard_id()
     }
     fn is_listed(&self) -> bool {
-        self.checks.listed.is_some()
+        self.checks.listed
     }
     fn status_unchanged(&self) -> Cond {
         Payment::STATUS.eq(&self.status)

@@ -216,7 +216,7 @@ fn counts_fold_into_a_write_of_the_same_item() {
     let mut ops = count_new(&p);
     assert_eq!(ops.len(), 3, "year, month and day");
     let mut moved = p.clone();
-    moved.checks.listed = Some("x".into());
+    moved.checks.listed = true;
     let change = moved.status_change(PaymentStatus::Cancelled);
     merge_counts(&mut ops, change.also);
     assert_eq!(ops.len(), 3, "the same three items");
@@ -343,7 +343,7 @@ async fn a_status_change_moves_a_payment_between_lists() {
             .ok()
             .flatten()
             .unwrap_or_else(|| panic!("stored"));
-        assert!(stored.checks.listed.is_some(), "listed at insert");
+        assert!(stored.checks.listed, "listed at insert");
         let change = stored.status_change(PaymentStatus::Success);
         let mut ops = vec![TxOp::Update {
             key: Payment::key(&stored.id),
@@ -487,7 +487,7 @@ async fn a_status_change_before_the_migration_is_counted_once() {
         .ok()
         .flatten()
         .unwrap_or_else(|| panic!("stored"));
-    assert!(stored.checks.listed.is_none());
+    assert!(!stored.checks.listed);
     let change = stored.status_change(PaymentStatus::Failed);
     assert!(
         change.also.is_empty(),

@@ -331,7 +331,7 @@ fn new_refund(
     Refund {
         fee: fee.map(|(f, _)| f),
         fee_source: fee.map(|(_, s)| s),
-        listed: None,
+        listed: false,
         id: RefundId::new(),
         project_id: tenant.project.clone(),
         payment_id: payment.id.clone(),

@@ -120,10 +120,16 @@ pub struct Refund {
     /// Whose figure the payment's fee was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fee_source: Option<FeeSource>,
-    /// Its `gsi3` partition, read back: present once it is in the
-    /// filtered lists (`domain::listing`; written by its entries).
-    #[serde(default, rename = "gsi3pk", skip_serializing)]
-    pub listed: Option<String>,
+    /// Whether it is in the filtered lists (`domain::listing`): its
+    /// `gsi3` partition is there (written by its entries, never from
+    /// here). A `bool`, so a refund stays the size it was.
+    #[serde(
+        default,
+        rename = "gsi3pk",
+        skip_serializing,
+        deserialize_with = "listing::present"
+    )]
+    pub listed: bool,
 }
 
 /// Whether `provider` gives the merchant back its fee (in proportion)
@@ -165,7 +171,7 @@ crate::attrs! { Refund {
     MOBILE_NUMBER: Option<String> = mobile_number,
     CREATED_AT: Timestamp = created_at,
     UPDATED_AT: Timestamp = updated_at,
-    LISTED: Option<String> = listed as "gsi3pk",
+    LISTED: bool = listed as "gsi3pk",
 } }
 
 impl Refund {
@@ -219,7 +225,7 @@ impl Record for Refund {
 
 impl Listed for Refund {
     const KIND: ListKind = ListKind::Refunds;
-    const LISTED: Attr<Refund, Option<String>> = Refund::LISTED;
+    const LISTED: Attr<Refund, bool> = Refund::LISTED;
     fn list_tenant(&self) -> Tenant {
         Tenant::new(self.project_id.clone(), self.mode)
     }
@@ -240,7 +246,7 @@ impl Listed for Refund {
         &self.id
     }
     fn is_listed(&self) -> bool {
-        self.listed.is_some()
+        self.listed
     }
     fn status_unchanged(&self) -> Cond {
         Refund::STATUS.eq(&self.status)
