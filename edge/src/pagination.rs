@@ -13,9 +13,11 @@ use serde::Serialize;
 
 use super::error::ApiError;
 use super::input::QueryParams;
-use shared::domain::Window;
+use shared::domain::listing::{self, ListFilter};
+use shared::domain::{Provider, Window};
 use shared::ids::IdKind;
 use shared::store::Seek;
+use shared::time::Timestamp;
 
 pub const MAX_LIMIT: usize = 100;
 
@@ -108,6 +110,143 @@ pub struct PageParams {
     /// records after it (older, lists being newest first). Pass the last
     /// id of a page to read the next one at the cost of one page.
     starting_after: Option<String>,
+}
+
+/// The filters of `GET /v1/payments` and `GET /v1/refunds` (our
+/// extension, `docs/api.md`): `createdFrom` (inclusive) and `createdTo`
+/// (exclusive), each an RFC 3339 instant (any offset) or a date
+/// `YYYY-MM-DD` (its 00:00 UTC); `status`, one of `S`'s names;
+/// `provider`, `esewa`, `khalti` or `fonepay`. Anything else is a 400
+/// naming the parameter. Served by the lists' indexes
+/// (`shared::domain::listing`).
+pub fn list_filter<S>(q: &QueryParams) -> Result<ListFilter, ApiError>
+where
+    S: serde::Serialize + serde::de::DeserializeOwned + AllStatuses,
+{
+    let instant = |name: &str| -> Result<Option<Timestamp>, ApiError> {
+        let Some(raw) = q.get(name) else {
+            return Ok(None);
+        };
+        parse_instant(raw.trim()).map(Some).ok_or_else(|| {
+            ApiError::validation(
+                name,
+                format!(
+                    "{name} must be an ISO 8601 instant (2026-11-01T00:00:00Z, \
+                     2026-11-01T05:45:00+05:45) or a date (2026-11-01, its 00:00 UTC), got '{raw}'"
+                ),
+            )
+        })
+    };
+    let from = instant("createdFrom")?;
+    let to = instant("createdTo")?;
+    if let (Some(f), Some(t)) = (from, to) {
+        if t <= f {
+            return Err(ApiError::validation(
+                "createdTo",
+                "createdTo must be after createdFrom (the range is [createdFrom, createdTo))",
+            ));
+        }
+    }
+    let status = match q.get("status") {
+        None => None,
+        Some(raw) => {
+            let parsed: Option<S> =
+                serde_json::from_value(serde_json::Value::String(raw.trim().to_owned())).ok();
+            match parsed {
+                Some(s) => Some(listing::status_name(&s)),
+                None => {
+                    return Err(ApiError::validation(
+                        "status",
+                        format!(
+                            "status must be one of {}, got '{raw}'",
+                            S::all_names().join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+    };
+    let provider = match q.get("provider") {
+        None => None,
+        Some(raw) => match Provider::parse(raw.trim()) {
+            Some(p) => Some(p),
+            None => {
+                return Err(ApiError::validation(
+                    "provider",
+                    format!("provider must be one of esewa, khalti, fonepay, got '{raw}'"),
+                ));
+            }
+        },
+    };
+    Ok(ListFilter {
+        status,
+        provider,
+        from,
+        to,
+    })
+}
+
+/// Every status a list's records may have, by name (for messages).
+pub trait AllStatuses {
+    fn all_names() -> Vec<String>;
+}
+
+impl AllStatuses for shared::domain::payments::PaymentStatus {
+    fn all_names() -> Vec<String> {
+        use shared::domain::payments::PaymentStatus as S;
+        [
+            S::Pending,
+            S::Processing,
+            S::Success,
+            S::Failed,
+            S::Refunded,
+            S::Cancelled,
+        ]
+        .iter()
+        .map(listing::status_name)
+        .collect()
+    }
+}
+
+impl AllStatuses for shared::domain::refunds::RefundStatus {
+    fn all_names() -> Vec<String> {
+        use shared::domain::refunds::RefundStatus as S;
+        [S::Processing, S::Succeeded, S::Failed, S::RequiresAction]
+            .iter()
+            .map(|s| s.as_str().to_owned())
+            .collect()
+    }
+}
+
+/// An RFC 3339 instant, or a date (its 00:00 UTC).
+fn parse_instant(raw: &str) -> Option<Timestamp> {
+    if let Some(t) = Timestamp::parse(raw) {
+        return Some(t);
+    }
+    let date = chrono::NaiveDate::parse_from_str(raw, "%Y-%m-%d").ok()?;
+    // Exactly the ten characters of a date (chrono accepts `2026-1-1`).
+    if raw.len() != 10 {
+        return None;
+    }
+    let midnight = date.and_hms_opt(0, 0, 0)?.and_utc();
+    Some(Timestamp::from_datetime(midnight))
+}
+
+/// The filters as the document shows them ([`list_filter`] reads them).
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query, rename_all = "camelCase")]
+#[allow(dead_code)]
+pub struct FilterParams {
+    /// Extension: created at or after this instant (RFC 3339, any
+    /// offset; or a date `YYYY-MM-DD`, its 00:00 UTC).
+    created_from: Option<String>,
+    /// Extension: created before this instant (exclusive; same forms).
+    created_to: Option<String>,
+    /// Extension: only records with this status.
+    status: Option<String>,
+    /// Extension: only records of this provider (a refund's is its
+    /// payment's): `esewa`, `khalti` or `fonepay`.
+    provider: Option<String>,
 }
 
 /// The page's place in the whole list.

@@ -39,6 +39,7 @@ mod dunning;
 mod invoices;
 mod lambda;
 mod links;
+mod lists;
 mod logs;
 mod mail;
 mod mobile;

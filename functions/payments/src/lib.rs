@@ -4,11 +4,11 @@ use axum::Router;
 use axum::extract::State;
 use edge::Json;
 use edge::openapi::{OpenApiRouter, routes};
-use edge::pagination::PageParams;
+use edge::pagination::{FilterParams, PageParams, list_filter};
 use edge::{ApiError, Auth, Page, Pagination, PathId, QueryParams, with_edge};
 use shared::AppState;
 use shared::domain::account::Scope;
-use shared::domain::payments::{self, PaymentView};
+use shared::domain::payments::{self, PaymentStatus, PaymentView};
 use shared::ids::{IdKind, PaymentId};
 
 /// The function's routes and their description, one value.
@@ -27,7 +27,7 @@ pub fn router(state: AppState) -> Router {
 /// List payments, newest first.
 #[utoipa::path(
     get, path = "/v1/payments", tag = "Payments", operation_id = "listPayments",
-    params(PageParams),
+    params(PageParams, FilterParams),
     security(("bearer" = ["payments:read"])),
     responses((status = 200, description = "A page of payments (25 by default).", body = Page<PaymentView>)),
 )]
@@ -38,7 +38,8 @@ async fn list_payments(
 ) -> Result<Json<Page<PaymentView>>, ApiError> {
     let who = auth.require(Scope::PaymentsRead)?;
     let page = Pagination::from_query(&query, payments::DEFAULT_PAGE, IdKind::Payment)?;
-    let (found, total) = payments::list(&state, who.tenant(), page.window()).await?;
+    let filter = list_filter::<PaymentStatus>(&query)?;
+    let (found, total) = payments::list_where(&state, who.tenant(), &filter, page.window()).await?;
     let data = found.into_iter().map(PaymentView::from).collect();
     Ok(Json(Page::new(data, total, page)))
 }

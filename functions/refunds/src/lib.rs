@@ -10,12 +10,12 @@ use axum::extract::{Extension, State};
 use edge::Json;
 use edge::idempotency::Fence;
 use edge::openapi::{OpenApiRouter, idempotent, routes};
-use edge::pagination::PageParams;
+use edge::pagination::{FilterParams, PageParams, list_filter};
 use edge::{ApiError, Auth, JsonBody, Page, Pagination, PathId, QueryParams, with_edge};
 use http::StatusCode;
 use shared::AppState;
 use shared::domain::account::Scope;
-use shared::domain::refunds::{self, CreateRefund, RefundView};
+use shared::domain::refunds::{self, CreateRefund, RefundStatus, RefundView};
 use shared::ids::{IdKind, PaymentId, RefundId};
 
 /// The function's routes and their description, one value.
@@ -69,7 +69,7 @@ async fn create_refund(
 
 #[utoipa::path(
     get, path = "/v1/refunds", tag = "Refunds", operation_id = "listRefunds",
-    params(PageParams, ("paymentId" = Option<String>, Query, description = "Only this payment's refunds.")),
+    params(PageParams, FilterParams, ("paymentId" = Option<String>, Query, description = "Only this payment's refunds.")),
     security(("bearer" = ["refunds:read"])),
     responses((status = 200, description = "A page of refunds, newest first.", body = Page<RefundView>)),
 )]
@@ -80,6 +80,7 @@ async fn list_refunds(
 ) -> Result<Json<Page<RefundView>>, ApiError> {
     let who = auth.require(Scope::RefundsRead)?;
     let page = Pagination::from_query(&query, refunds::DEFAULT_PAGE, IdKind::Refund)?;
+    let filter = list_filter::<RefundStatus>(&query)?;
     let payment_id = match query.get("paymentId").filter(|p| !p.is_empty()) {
         None => None,
         Some(raw) => match PaymentId::parse(raw) {
@@ -88,8 +89,14 @@ async fn list_refunds(
             None => return Ok(Json(Page::new(Vec::new(), 0, page))),
         },
     };
-    let (found, total) =
-        refunds::list(&state, who.tenant(), payment_id.as_ref(), page.window()).await?;
+    let (found, total) = refunds::list_where(
+        &state,
+        who.tenant(),
+        payment_id.as_ref(),
+        &filter,
+        page.window(),
+    )
+    .await?;
     let data = found.into_iter().map(RefundView::from).collect();
     Ok(Json(Page::new(data, total, page)))
 }

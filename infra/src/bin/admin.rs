@@ -98,6 +98,10 @@ enum Command {
     /// Payments held for review: list them, release one as decided.
     #[command(subcommand)]
     Payments(PaymentsCmd),
+    /// The filtered payment and refund lists: list and count a project's
+    /// older records (once after upgrading; rerunning changes nothing).
+    #[command(subcommand)]
+    Lists(ListsCmd),
     /// Receive sandbox webhooks here: register a local receiver with a running
     /// gateway, verify and print each delivery; Ctrl-C deletes the endpoint.
     Listen(ListenArgs),
@@ -269,6 +273,14 @@ enum PaymentsCmd {
         #[arg(long, value_name = "REASON")]
         fail: Option<String>,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum ListsCmd {
+    /// List and count the project's payments and refunds from before the
+    /// filtered lists, in both modes, then mark it covered (its totals
+    /// then come from counters). Idempotent, safe while traffic runs.
+    Migrate { project_id: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -983,6 +995,7 @@ async fn run(command: Command) -> Result<Output, Failure> {
         Command::Key(cmd) => key_cmd(cmd, now).await,
         Command::Credentials(cmd) => credentials_cmd(cmd, now).await,
         Command::Payments(cmd) => payments_cmd(cmd, now).await,
+        Command::Lists(cmd) => lists_cmd(cmd).await,
         Command::User(cmd) => users::user_cmd(cmd, now).await,
         Command::Trigger(args) => trigger_cmd(args).await,
         Command::Seed(args) => seed_cmd(args).await,
@@ -1100,6 +1113,37 @@ async fn listen_cmd(args: ListenArgs, json: bool) -> Result<(), Failure> {
     // Every sender is gone once `listen` returns: the printer drains and ends.
     let _ = printer.await;
     result.map(|_| ()).map_err(Failure::Failed)
+}
+
+async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
+    use shared::domain::{Tenant, lists_migration};
+    let store = store().await?;
+    let ListsCmd::Migrate { project_id } = cmd;
+    let id: ProjectId = parse_id(&project_id, "project id")?;
+    let deps = deps_of(&store);
+    project(&deps, &id).await?;
+    let mut json = serde_json::Map::new();
+    let mut text = Vec::new();
+    for mode in [Mode::Sandbox, Mode::Live] {
+        let done = lists_migration::migrate(&*store, &Tenant::new(id.clone(), mode))
+            .await
+            .map_err(failed("cannot migrate the lists"))?;
+        let side = |m: &shared::domain::listing::Migrated| json!({"listed": m.listed, "already": m.already, "retried": m.retried});
+        json.insert(
+            mode.as_str().to_owned(),
+            json!({"payments": side(&done.payments), "refunds": side(&done.refunds)}),
+        );
+        text.push(format!(
+            "{:<8} payments listed {} (already {}), refunds listed {} (already {})",
+            mode.as_str(),
+            done.payments.listed,
+            done.payments.already,
+            done.refunds.listed,
+            done.refunds.already
+        ));
+    }
+    text.push(format!("project {id}: covered"));
+    Ok(Output::new(Value::Object(json), text))
 }
 
 async fn payments_cmd(cmd: PaymentsCmd, now: Timestamp) -> Result<Output, Failure> {

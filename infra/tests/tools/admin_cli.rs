@@ -1217,3 +1217,108 @@ async fn the_admin_tool_onboards_a_merchant_on_dynamodb() {
     let who = account::authenticate(&store, SystemClock.now(), &secret).await;
     assert!(matches!(who, Err(AuthError::Suspended(_))));
 }
+
+/// `lists migrate` lists and counts a project's payments from before the
+/// filtered lists once (a rerun counts nothing twice), then the project's
+/// filtered totals come from its counters.
+#[tokio::test]
+async fn lists_migrate_counts_older_payments_once() {
+    use shared::domain::listing::{self, ListFilter, ListKind, ListsMarker};
+    use shared::domain::payments::{Payment, PaymentStatus};
+    use shared::domain::record::{Record, Window};
+    use shared::store::{Index, Store};
+    let dir = temp_dir();
+    let (_, project) = onboard(dir.path());
+    let tenant = Tenant::new(project.as_str(), Mode::Sandbox);
+    let now = SystemClock.now();
+    {
+        let store = open(dir.path());
+        // A project from before the lists: no marker, payments unlisted.
+        for mode in [Mode::Sandbox, Mode::Live] {
+            let key = ListsMarker::key(&Tenant::new(project.as_str(), mode));
+            if let Err(e) = store.delete(&key, None).await {
+                panic!("{e}");
+            }
+        }
+        for i in 0..9i64 {
+            let p = Payment {
+                id: shared::ids::PaymentId::new(),
+                project_id: project.as_str().into(),
+                checkout_session_id: shared::ids::SessionId::new(),
+                mode: Mode::Sandbox,
+                amount: shared::money::Paisa::new(1000 + i).unwrap_or_default(),
+                amount_refunded: shared::money::Paisa::ZERO,
+                currency: shared::money::Currency::Npr,
+                amount_reserved: Default::default(),
+                gsi2pk: None,
+                gsi2sk: None,
+                provider: if i % 3 == 0 {
+                    Provider::Khalti
+                } else {
+                    Provider::Esewa
+                },
+                status: if i % 2 == 0 {
+                    PaymentStatus::Success
+                } else {
+                    PaymentStatus::Failed
+                },
+                provider_ref: None,
+                failure_reason: None,
+                metadata: Default::default(),
+                customer_name: None,
+                customer_email: None,
+                customer_phone: None,
+                created_at: now,
+                updated_at: now,
+                double_payment_of: None,
+                scanned_at: None,
+                attempt: Default::default(),
+                checks: Default::default(),
+            };
+            let mut item = p.to_item().unwrap_or_else(|e| panic!("{e}"));
+            for index in [Index::Gsi3, Index::Gsi4, Index::Gsi5, Index::Gsi6] {
+                item.remove(index.pk_attr());
+                item.remove(index.sk_attr());
+            }
+            if let Err(e) = store.put(item, None).await {
+                panic!("{e}");
+            }
+        }
+        let covered = listing::covered(&store, &tenant, ListKind::Payments).await;
+        assert_eq!(covered, Ok(false));
+    }
+    let first = must(dir.path(), &["--json", "lists", "migrate", &project]).json();
+    assert_eq!(first["sandbox"]["payments"]["listed"], 9, "{first}");
+    assert_eq!(first["live"]["payments"]["listed"], 0, "{first}");
+    let again = must(dir.path(), &["--json", "lists", "migrate", &project]).json();
+    assert_eq!(again["sandbox"]["payments"]["listed"], 0, "{again}");
+    assert_eq!(again["sandbox"]["payments"]["already"], 9, "{again}");
+    let store = open(dir.path());
+    assert_eq!(
+        listing::covered(&store, &tenant, ListKind::Payments).await,
+        Ok(true)
+    );
+    let count = |status: Option<&str>, provider: Option<Provider>| {
+        let store = &store;
+        let tenant = &tenant;
+        let filter = ListFilter {
+            status: status.map(str::to_owned),
+            provider,
+            ..Default::default()
+        };
+        async move {
+            match listing::page::<Payment>(store, tenant, &filter, &Window::first(1), None, true)
+                .await
+            {
+                Ok((_, total, _)) => total,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    };
+    assert_eq!(count(None, None).await, 9);
+    assert_eq!(count(Some("success"), None).await, 5);
+    assert_eq!(count(Some("failed"), Some(Provider::Khalti)).await, 1);
+    assert_eq!(count(None, Some(Provider::Esewa)).await, 6);
+    let r = run(dir.path(), &["lists", "migrate", "prj_nope"]);
+    assert!(!r.ok, "{}", r.stdout);
+}

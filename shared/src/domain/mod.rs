@@ -15,6 +15,8 @@ pub mod fonepay_cap;
 pub mod idempotency;
 pub mod invoices;
 pub mod links;
+pub mod listing;
+pub mod lists_migration;
 pub mod mail;
 pub mod mobile;
 pub mod notices;

@@ -7,7 +7,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::record::{Entry, Record, from_item};
+use super::listing::{self, ListFilter, ListKind, Listed, StatusChange};
+use super::record::{Attr, Changes, Entry, Record, from_item};
 use super::{Mode, Provider};
 use crate::app::Deps;
 use crate::domain::{Tenant, Window};
@@ -15,7 +16,7 @@ use crate::fields::{Email, PersonName, Phone};
 use crate::ids::{PaymentId, ProjectId, SessionId};
 use crate::keys;
 use crate::money::{Currency, Paisa};
-use crate::store::{Cond, Index, Key, Query, Store, StoreError};
+use crate::store::{Cond, Index, Key, Query, Seek, Store, StoreError};
 use crate::time::Timestamp;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
@@ -112,6 +113,7 @@ crate::attrs! { Payment {
     REVIEW: Option<String> = checks.review,
     FEE_PROVIDER: Option<Paisa> = checks.fee_provider,
     FEE_CONFIGURED: Option<Paisa> = checks.fee_configured,
+    LISTED: bool = checks.listed as "gsi3pk",
 } }
 
 /// Where a payment's fee comes from.
@@ -149,6 +151,16 @@ pub struct Checks {
     /// becomes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fee_configured: Option<Paisa>,
+    /// Whether it is in the filtered lists (`domain::listing`): its
+    /// `gsi3` partition is there (written by its entries, never from
+    /// here).
+    #[serde(
+        default,
+        rename = "gsi3pk",
+        skip_serializing,
+        deserialize_with = "listing::present"
+    )]
+    pub listed: bool,
 }
 
 /// The attempt behind a payment, as the provider knows it.
@@ -228,10 +240,53 @@ impl Record for Payment {
     /// Listed in its project's payments, newest first (its open-payments
     /// entry is its `gsi2` fields).
     fn entries(&self) -> Vec<Entry> {
-        vec![Entry::gsi1(
+        let mut entries = vec![Entry::gsi1(
             Payment::list_partition(&Tenant::new(self.project_id.clone(), self.mode)),
             self.id.to_string(),
-        )]
+        )];
+        entries.extend(listing::entries(self));
+        entries
+    }
+}
+
+impl Listed for Payment {
+    const KIND: ListKind = ListKind::Payments;
+    const LISTED: Attr<Payment, bool> = Payment::LISTED;
+    fn list_tenant(&self) -> Tenant {
+        self.tenant()
+    }
+    fn list_status(&self) -> String {
+        listing::status_name(&self.status)
+    }
+    fn list_provider(&self) -> Provider {
+        self.provider
+    }
+    fn list_created(&self) -> Timestamp {
+        self.created_at
+    }
+    fn list_id(&self) -> &str {
+        &self.id
+    }
+    fn list_shard(&self) -> &str {
+        self.counter_shard_id()
+    }
+    fn is_listed(&self) -> bool {
+        self.checks.listed
+    }
+    fn status_unchanged(&self) -> Cond {
+        Payment::STATUS.eq(&self.status)
+    }
+}
+
+impl Payment {
+    /// Moving this payment (as read) to `to`: the status, its filtered
+    /// lists' entries and their counters, to write with `.changes` under
+    /// `.cond` (the status still as read) with `.also` in the same
+    /// transaction. Every status change goes through here (a test fails
+    /// on a `set` of the status anywhere else).
+    pub fn status_change(&self, to: PaymentStatus) -> StatusChange<Payment> {
+        let changes = Changes::new().set(Payment::STATUS, &to);
+        listing::status_change(self, &listing::status_name(&to), changes)
     }
 }
 
@@ -323,7 +378,9 @@ pub const DEFAULT_PAGE: usize = 25;
 /// Stores a new payment; refuses to overwrite one.
 pub async fn insert(store: &dyn Store, payment: &Payment) -> Result<(), StoreError> {
     let counted = super::totals::count_payment(&payment.tenant(), payment.counter_shard_id());
-    store.transact(vec![payment.put_new()?, counted]).await
+    let mut ops = vec![payment.put_new()?, counted];
+    ops.extend(listing::count_new(payment));
+    store.transact(ops).await
 }
 
 /// The payment `id` of `tenant`; `None` for any other project's or
@@ -358,7 +415,6 @@ pub async fn record_provider_fee(
     provider: Provider,
     fee: Paisa,
 ) -> Result<bool, StoreError> {
-    use super::record::Changes;
     let cond = Cond::And(vec![
         Cond::Exists,
         Payment::PROVIDER.eq(&provider),
@@ -378,6 +434,59 @@ pub async fn record_provider_fee(
 
 /// A page of the tenant's payments, newest first, and the total.
 pub async fn list(
+    deps: &Deps,
+    tenant: &Tenant,
+    window: Window,
+) -> Result<(Vec<Payment>, u64), StoreError> {
+    list_where(deps, tenant, &ListFilter::default(), window).await
+}
+
+/// A page of the tenant's payments narrowed by `filter` (created in a
+/// range, a status, a provider, any combination), newest first, and the
+/// total that matches: through the filtered lists' indexes and counters
+/// (`domain::listing`), at a cost that does not grow with the history,
+/// whatever the offset.
+pub async fn list_where(
+    deps: &Deps,
+    tenant: &Tenant,
+    filter: &ListFilter,
+    window: Window,
+) -> Result<(Vec<Payment>, u64), StoreError> {
+    let store = &*deps.store;
+    // The whole list by id (`gsi1`) costs its page for a first page or a
+    // page after a record: only a deep offset walks the counters.
+    let by_id = window.seek != Seek::Start || window.offset <= listing::DIRECT_OFFSET;
+    if filter.is_empty() && by_id {
+        return list_by_id(deps, tenant, window).await;
+    }
+    let counted = listing::covered(store, tenant, ListKind::Payments).await?;
+    if filter.is_empty() && !counted {
+        // Records from before the lists are not in them until the
+        // migration: the whole list as it was kept.
+        return list_by_id(deps, tenant, window).await;
+    }
+    let seek_from = match &window.seek {
+        Seek::Start => None,
+        Seek::After(id) | Seek::Before(id) => {
+            let found = match PaymentId::parse(id) {
+                Some(id) => find(deps, tenant, &id).await?,
+                None => None,
+            };
+            match found {
+                Some(p) => Some(p),
+                // No such payment of the tenant: nothing after it.
+                None => return Ok((Vec::new(), 0)),
+            }
+        }
+    };
+    let (records, total, _) =
+        listing::page(store, tenant, filter, &window, seek_from.as_ref(), counted).await?;
+    Ok((records, total))
+}
+
+/// The tenant's whole list by id (`gsi1`, with every payment, listed by
+/// the migration or not yet), its total from the all-time counter.
+async fn list_by_id(
     deps: &Deps,
     tenant: &Tenant,
     window: Window,
@@ -411,29 +520,26 @@ pub struct PaymentFilter {
     pub provider: Option<Provider>,
 }
 
-/// [`list`] narrowed by `filter` (a filter on the same index read, so a
-/// page costs what it examines), and the total that matches.
+impl From<PaymentFilter> for ListFilter {
+    fn from(f: PaymentFilter) -> ListFilter {
+        ListFilter {
+            status: f.status.map(|s| listing::status_name(&s)),
+            provider: f.provider,
+            from: None,
+            to: None,
+        }
+    }
+}
+
+/// [`list`] narrowed by `filter`: [`list_where`] (the same indexes as the
+/// API's filters).
 pub async fn list_filtered(
     deps: &Deps,
     tenant: &Tenant,
     filter: PaymentFilter,
     window: Window,
 ) -> Result<(Vec<Payment>, u64), StoreError> {
-    let store = &*deps.store;
-    let mut conds = Vec::new();
-    if let Some(s) = filter.status {
-        conds.push(Payment::STATUS.eq(&s));
-    }
-    if let Some(p) = filter.provider {
-        conds.push(Payment::PROVIDER.eq(&p));
-    }
-    let mut query = Query::partition(Payment::list_partition(tenant))
-        .on(Index::Gsi1)
-        .backward();
-    if !conds.is_empty() {
-        query = query.filter(Cond::And(conds));
-    }
-    super::record::page_of(store, &query, window).await
+    list_where(deps, tenant, &filter.into(), window).await
 }
 
 #[cfg(test)]

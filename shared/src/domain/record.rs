@@ -372,6 +372,12 @@ impl<R> Changes<R> {
         self
     }
 
+    /// `ADD` `n` to the attribute of `member` in `family`.
+    pub fn add_member<V: Count>(mut self, family: Family<R, V>, member: &str, n: V) -> Self {
+        self.update = self.update.add(family.name(member), V::delta(n));
+        self
+    }
+
     /// `REMOVE` the attribute of `member` in `family`.
     pub fn remove_member<V>(mut self, family: Family<R, V>, member: &str) -> Self {
         self.update = self.update.remove(family.name(member));

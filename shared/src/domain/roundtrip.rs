@@ -223,6 +223,7 @@ fn a_refund_is_taken_back_as_it_is_answered() {
     let refund = Refund {
         fee: None,
         fee_source: None,
+        listed: false,
         id: "re_1".into(),
         project_id: "proj_1".into(),
         payment_id: req.payment_id.as_str().into(),

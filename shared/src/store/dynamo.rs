@@ -1423,7 +1423,7 @@ mod tests {
             .filter_map(|g| g.index_name())
             .collect();
         names.sort_unstable();
-        assert_eq!(names, ["gsi1", "gsi2"]);
+        assert_eq!(names, ["gsi1", "gsi2", "gsi3", "gsi4", "gsi5", "gsi6"]);
         assert_eq!(
             t.billing_mode_summary().and_then(|b| b.billing_mode()),
             Some(&BillingMode::PayPerRequest)

@@ -59,11 +59,19 @@ type IndexKey = (&'static str, &'static str, &'static str, &'static str);
 const ITEMS: TableDefinition<MainKey, &[u8]> = TableDefinition::new("items");
 const GSI1: TableDefinition<IndexKey, ()> = TableDefinition::new("gsi1");
 const GSI2: TableDefinition<IndexKey, ()> = TableDefinition::new("gsi2");
+const GSI3: TableDefinition<IndexKey, ()> = TableDefinition::new("gsi3");
+const GSI4: TableDefinition<IndexKey, ()> = TableDefinition::new("gsi4");
+const GSI5: TableDefinition<IndexKey, ()> = TableDefinition::new("gsi5");
+const GSI6: TableDefinition<IndexKey, ()> = TableDefinition::new("gsi6");
 
 fn index_table(index: Index) -> TableDefinition<'static, IndexKey, ()> {
     match index {
         Index::Gsi1 => GSI1,
         Index::Gsi2 => GSI2,
+        Index::Gsi3 => GSI3,
+        Index::Gsi4 => GSI4,
+        Index::Gsi5 => GSI5,
+        Index::Gsi6 => GSI6,
     }
 }
 
@@ -468,6 +476,10 @@ struct Tables<'t> {
     items: Table<'t, MainKey, &'static [u8]>,
     gsi1: Table<'t, IndexKey, ()>,
     gsi2: Table<'t, IndexKey, ()>,
+    gsi3: Table<'t, IndexKey, ()>,
+    gsi4: Table<'t, IndexKey, ()>,
+    gsi5: Table<'t, IndexKey, ()>,
+    gsi6: Table<'t, IndexKey, ()>,
 }
 
 impl<'t> Tables<'t> {
@@ -476,6 +488,10 @@ impl<'t> Tables<'t> {
             items: txn.open_table(ITEMS).map_err(backend("open items"))?,
             gsi1: txn.open_table(GSI1).map_err(backend("open gsi1"))?,
             gsi2: txn.open_table(GSI2).map_err(backend("open gsi2"))?,
+            gsi3: txn.open_table(GSI3).map_err(backend("open gsi3"))?,
+            gsi4: txn.open_table(GSI4).map_err(backend("open gsi4"))?,
+            gsi5: txn.open_table(GSI5).map_err(backend("open gsi5"))?,
+            gsi6: txn.open_table(GSI6).map_err(backend("open gsi6"))?,
         })
     }
 
@@ -483,6 +499,10 @@ impl<'t> Tables<'t> {
         match index {
             Index::Gsi1 => &mut self.gsi1,
             Index::Gsi2 => &mut self.gsi2,
+            Index::Gsi3 => &mut self.gsi3,
+            Index::Gsi4 => &mut self.gsi4,
+            Index::Gsi5 => &mut self.gsi5,
+            Index::Gsi6 => &mut self.gsi6,
         }
     }
 

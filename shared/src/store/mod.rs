@@ -2,8 +2,9 @@
 //! embedded backend (redb) and the DynamoDB backend are both honest.
 //!
 //! Items are JSON objects (`serde_json::Map`) with string attributes `pk` and
-//! `sk` as the table key. Two sparse global secondary indexes exist:
-//! `gsi1` (attributes `gsi1pk`/`gsi1sk`) and `gsi2` (`gsi2pk`/`gsi2sk`); an
+//! `sk` as the table key. Sparse global secondary indexes exist:
+//! `gsi1` (attributes `gsi1pk`/`gsi1sk`) and `gsi2` (`gsi2pk`/`gsi2sk`),
+//! and `gsi3`..`gsi6` for the filtered lists (`domain::listing`); an
 //! item without both attributes of an index is not in that index.
 //!
 //! Semantics every backend follows (the conformance suite in [`testkit`]
@@ -115,15 +116,35 @@ impl Key {
 pub enum Index {
     Gsi1,
     Gsi2,
+    /// Filtered lists by creation time (`domain::listing`): all records
+    /// of a list.
+    Gsi3,
+    /// ... by status.
+    Gsi4,
+    /// ... by provider.
+    Gsi5,
+    /// ... by status and provider.
+    Gsi6,
 }
 
 impl Index {
-    pub const ALL: [Index; 2] = [Index::Gsi1, Index::Gsi2];
+    pub const ALL: [Index; 6] = [
+        Index::Gsi1,
+        Index::Gsi2,
+        Index::Gsi3,
+        Index::Gsi4,
+        Index::Gsi5,
+        Index::Gsi6,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Index::Gsi1 => "gsi1",
             Index::Gsi2 => "gsi2",
+            Index::Gsi3 => "gsi3",
+            Index::Gsi4 => "gsi4",
+            Index::Gsi5 => "gsi5",
+            Index::Gsi6 => "gsi6",
         }
     }
 
@@ -132,6 +153,10 @@ impl Index {
         match self {
             Index::Gsi1 => "gsi1pk",
             Index::Gsi2 => "gsi2pk",
+            Index::Gsi3 => "gsi3pk",
+            Index::Gsi4 => "gsi4pk",
+            Index::Gsi5 => "gsi5pk",
+            Index::Gsi6 => "gsi6pk",
         }
     }
 
@@ -140,6 +165,10 @@ impl Index {
         match self {
             Index::Gsi1 => "gsi1sk",
             Index::Gsi2 => "gsi2sk",
+            Index::Gsi3 => "gsi3sk",
+            Index::Gsi4 => "gsi4sk",
+            Index::Gsi5 => "gsi5sk",
+            Index::Gsi6 => "gsi6sk",
         }
     }
 }

@@ -77,6 +77,7 @@ macro_rules! store_conformance_tests {
             query_rejects_invalid_requests,
             query_gsi1,
             query_gsi2_and_index_maintenance,
+            query_list_indexes,
             query_index_paging_with_ties,
             count_with_sort_key_and_filter,
             window_offset_and_limit,
@@ -1293,6 +1294,75 @@ pub async fn query_gsi1(store: Arc<dyn Store>) {
         .await
         .expect("count");
     assert!(count <= 1, "gsi2 holds only the gsi2 item");
+}
+
+/// The filtered lists' indexes (`gsi3`..`gsi6`): each is its own sparse
+/// index, ranged by sort key (a creation time), and an update that moves
+/// an item's partition (a status change) moves its entry.
+pub async fn query_list_indexes(store: Arc<dyn Store>) {
+    let pk = unique("gsi-list");
+    let lists = [Index::Gsi3, Index::Gsi4, Index::Gsi5, Index::Gsi6];
+    let g = unique("gsi-list-g");
+    let moved = unique("gsi-list-moved");
+    let mut items = Vec::new();
+    for (i, index) in lists.iter().enumerate() {
+        for (n, sk) in ["0001#a", "0002#b", "0003#c"].iter().enumerate() {
+            let mut it = item(&pk, &format!("{i}-{n}"), json!({"n": n}));
+            it.insert(index.pk_attr().into(), json!(format!("{g}#{i}")));
+            it.insert(index.sk_attr().into(), json!(sk));
+            items.push(it);
+        }
+    }
+    put_all(&*store, &items).await;
+    for (i, index) in lists.iter().enumerate() {
+        let q = Query::partition(format!("{g}#{i}"))
+            .on(*index)
+            .backward()
+            .sk(SkCond::Between("0002".into(), "0003".into()));
+        eventually("list index range", || async {
+            let page = query(&*store, &q).await;
+            let got: Vec<Value> = page.items.iter().map(|x| x["n"].clone()).collect();
+            if got == vec![json!(1)] {
+                Ok(())
+            } else {
+                Err(format!("{} got {got:?}", index.name()))
+            }
+        })
+        .await;
+        for other in lists.iter().filter(|o| *o != index) {
+            let count = store
+                .count(&Query::partition(format!("{g}#{i}")).on(*other))
+                .await
+                .expect("count");
+            assert_eq!(count, 0, "{} holds no {} entry", other.name(), index.name());
+        }
+    }
+    // A status change moves the entry from one partition to another.
+    let key = Key::new(pk.as_str(), "1-0");
+    store
+        .update(
+            &key,
+            Update::new().set(Index::Gsi4.pk_attr(), moved.clone()),
+            Some(Cond::Exists),
+        )
+        .await
+        .expect("move");
+    eventually("moved entry", || async {
+        let there = store
+            .count(&Query::partition(&moved).on(Index::Gsi4))
+            .await
+            .map_err(|e| e.to_string())?;
+        let left = store
+            .count(&Query::partition(format!("{g}#1")).on(Index::Gsi4))
+            .await
+            .map_err(|e| e.to_string())?;
+        if (there, left) == (1, 2) {
+            Ok(())
+        } else {
+            Err(format!("moved {there}, left {left}"))
+        }
+    })
+    .await;
 }
 
 pub async fn query_gsi2_and_index_maintenance(store: Arc<dyn Store>) {

@@ -62,6 +62,12 @@ pub async fn create_project(
             item: super::super::record::Record::to_item(&marker)?,
             cond: None,
         });
+        // So do its filtered lists' counters (`domain::listing`).
+        let lists = super::super::listing::ListsMarker::new(&Tenant::new(project.id.clone(), mode));
+        ops.push(TxOp::Put {
+            item: super::super::record::Record::to_item(&lists)?,
+            cond: None,
+        });
     }
     store.transact(ops).await?;
     Ok(project)

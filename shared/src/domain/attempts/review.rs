@@ -5,6 +5,7 @@ use super::settle::{Decision, apply};
 use super::{due_sk, open_payments_partition, status_in};
 use crate::app::Deps;
 use crate::domain::Tenant;
+use crate::domain::listing::StatusChange;
 use crate::domain::payments::{Payment, PaymentStatus};
 use crate::domain::record::{Changes, Gsi2Entry, from_item};
 use crate::ids::PaymentId;
@@ -17,13 +18,15 @@ use crate::time::Timestamp;
 /// held ones must not crowd its turns) into the held payments' partition
 /// ([`held`], for the admin tool); the error log written with it is what
 /// calls a person.
-pub(super) fn hold_update(p: &Payment, reason: &str, now: Timestamp) -> Changes<Payment> {
-    Changes::new()
-        .set(Payment::STATUS, &PaymentStatus::Processing)
+pub(super) fn hold_update(p: &Payment, reason: &str, now: Timestamp) -> StatusChange<Payment> {
+    let mut change = p.status_change(PaymentStatus::Processing);
+    change.changes = change
+        .changes
         .set_some(Payment::REVIEW, reason)
         .set(Payment::UPDATED_AT, &now)
         .remove(Payment::RECHECK_UNTIL)
-        .index(&Gsi2Entry::new(HELD_PAYMENTS, due_sk(p, now)))
+        .index(&Gsi2Entry::new(HELD_PAYMENTS, due_sk(p, now)));
+    change
 }
 
 /// The `gsi2` partition of payments held for review, oldest hold first
@@ -160,18 +163,47 @@ pub(super) async fn hold_for_review(
     reason: &str,
     now: Timestamp,
 ) -> Result<Payment, StoreError> {
-    match store
-        .update(
+    let mut current = payment.clone();
+    for attempt in 0..HOLD_TRIES {
+        let hold = hold_update(&current, reason, now);
+        let written = crate::store::update_with(
+            store,
             &Payment::key(&payment.id),
-            hold_update(payment, reason, now).into(),
-            Some(holdable()),
+            hold.changes.into(),
+            Some(Cond::And(vec![holdable(), hold.cond])),
+            hold.also,
         )
-        .await
-    {
-        Ok(item) => from_item(item),
-        Err(StoreError::ConditionFailed) => Ok(crate::domain::payments::get(store, &payment.id)
-            .await?
-            .unwrap_or_else(|| payment.clone())),
-        Err(e) => Err(e),
+        .await;
+        match written {
+            Ok(item) => return from_item(item),
+            Err(e) if e.is_condition_failure() || is_conflict(&e) => {
+                let Some(fresh) = crate::domain::payments::get(store, &payment.id).await? else {
+                    return Ok(current);
+                };
+                // Moved on (closed, or held already): as it is now.
+                let open = matches!(
+                    fresh.status,
+                    PaymentStatus::Pending | PaymentStatus::Processing | PaymentStatus::Cancelled
+                );
+                if !open || fresh.checks.review.is_some() {
+                    return Ok(fresh);
+                }
+                current = fresh;
+                crate::store::contention_backoff(attempt).await;
+            }
+            Err(e) => return Err(e),
+        }
     }
+    Err(StoreError::Unavailable(format!(
+        "payment {} kept changing while being held",
+        payment.id
+    )))
+}
+
+/// How often a hold re-reads a payment that moved under it.
+const HOLD_TRIES: usize = 8;
+
+fn is_conflict(e: &StoreError) -> bool {
+    matches!(e, StoreError::TransactionCanceled { reasons }
+        if reasons.contains(&crate::store::TxReason::Conflict))
 }

@@ -363,12 +363,18 @@ fn event_op(kind: EventType, payment: &Payment, now: Timestamp) -> Result<Vec<Tx
     .put_ops()
 }
 
-/// `update` of `p` if its status is one of `from` and it is not held.
-fn unheld_payment_update(p: &Payment, update: Changes<Payment>, from: &[PaymentStatus]) -> TxOp {
+/// `update` of `p` if its status is one of `from` (and `also` holds: its
+/// status change's condition) and it is not held.
+fn unheld_payment_update(
+    p: &Payment,
+    update: Changes<Payment>,
+    from: &[PaymentStatus],
+    also: Cond,
+) -> TxOp {
     TxOp::Update {
         key: Payment::key(&p.id),
         update: update.into(),
-        cond: Some(not_held(status_in(from))),
+        cond: Some(not_held(Cond::And(vec![status_in(from), also]))),
     }
 }
 
@@ -453,11 +459,14 @@ fn plan_review(p: &Payment, reason: &str, now: Timestamp) -> Option<Vec<TxOp>> {
     if !(is_open(p.status) || p.status == PaymentStatus::Cancelled) {
         return None;
     }
-    Some(vec![TxOp::Update {
+    let hold = hold_update(p, reason, now);
+    let mut ops = vec![TxOp::Update {
         key: Payment::key(&p.id),
-        update: hold_update(p, reason, now).into(),
-        cond: Some(not_held(holdable())),
-    }])
+        update: hold.changes.into(),
+        cond: Some(not_held(Cond::And(vec![holdable(), hold.cond]))),
+    }];
+    ops.extend(hold.also);
+    Some(ops)
 }
 
 /// Still open at the provider: a `pending` payment becomes `processing`.
@@ -465,14 +474,17 @@ fn plan_processing(p: &Payment, now: Timestamp) -> Option<Vec<TxOp>> {
     if p.status != PaymentStatus::Pending {
         return None;
     }
-    Some(vec![TxOp::Update {
+    let change = p.status_change(PaymentStatus::Processing);
+    let mut ops = vec![TxOp::Update {
         key: Payment::key(&p.id),
-        update: Changes::new()
-            .set(Payment::STATUS, &PaymentStatus::Processing)
-            .set(Payment::UPDATED_AT, &now)
-            .into(),
-        cond: Some(Payment::STATUS.eq(&PaymentStatus::Pending)),
-    }])
+        update: change.changes.set(Payment::UPDATED_AT, &now).into(),
+        cond: Some(Cond::And(vec![
+            Payment::STATUS.eq(&PaymentStatus::Pending),
+            change.cond,
+        ])),
+    }];
+    ops.extend(change.also);
+    Some(ops)
 }
 
 /// Paid: the payment becomes a success once (from pending, processing or
@@ -503,10 +515,11 @@ fn plan_success(
         .map(str::to_owned)
         .or_else(|| p.provider_ref.clone());
     next.updated_at = now;
+    let change = p.status_change(PaymentStatus::Success);
     let mut update = close_payment(
-        Changes::new()
+        change
+            .changes
             .remove(Payment::RECHECK_UNTIL)
-            .set(Payment::STATUS, &PaymentStatus::Success)
             .set(Payment::UPDATED_AT, &now)
             .set(Payment::FAILURE_REASON, &None),
     );
@@ -543,7 +556,9 @@ fn plan_success(
             PaymentStatus::Processing,
             PaymentStatus::Cancelled,
         ],
+        change.cond,
     )];
+    ops.extend(change.also);
     ops.extend(session_ops);
     if super::provider_rules::of(p.provider, p.mode).month_cap {
         ops.extend(fonepay_cap::paid_ops(
@@ -677,8 +692,9 @@ fn plan_closing(
     };
     next.failure_reason = Some(reason.to_owned());
     next.updated_at = now;
-    let update = Changes::new()
-        .set(Payment::STATUS, &next.status)
+    let change = p.status_change(next.status);
+    let update = change
+        .changes
         .set_some(Payment::FAILURE_REASON, reason)
         .set(Payment::UPDATED_AT, &now);
     let update = if failed {
@@ -693,7 +709,9 @@ fn plan_closing(
         p,
         update,
         &[PaymentStatus::Pending, PaymentStatus::Processing],
+        change.cond,
     )];
+    ops.extend(change.also);
     let ours = |s: &&CheckoutSession| {
         s.payment_id.as_deref() == Some(p.id.as_str()) && s.status == SessionStatus::Initiated
     };

@@ -375,6 +375,10 @@ async fn record_start(
             ops.extend(supersede_ops(&prev, now)?);
         }
     }
+    // Its filtered lists' counters (`domain::listing`), merged with the
+    // superseded attempt's move (the same counter items when both are of
+    // one day).
+    crate::domain::listing::merge_counts(&mut ops, crate::domain::listing::count_new(payment));
     let claim_at = claim.map(|link| {
         ops.push(crate::domain::links::claim_op(link, session.expires_at));
         (link, ops.len() - 1)

@@ -331,6 +331,7 @@ fn new_refund(
     Refund {
         fee: fee.map(|(f, _)| f),
         fee_source: fee.map(|(_, s)| s),
+        listed: false,
         id: RefundId::new(),
         project_id: tenant.project.clone(),
         payment_id: payment.id.clone(),
@@ -373,6 +374,7 @@ fn reservation_ops(payment: &Payment, refund: &Refund) -> Result<Vec<TxOp>, Stor
         },
         refund.put_new()?,
     ];
+    ops.extend(crate::domain::listing::count_new(refund));
     if refund.status == RefundStatus::Processing {
         ops.push(TxOp::Put {
             item: marker_item(refund)?,

@@ -26,14 +26,15 @@ use serde::{Deserialize, Serialize};
 use super::Mode;
 use super::Provider;
 use super::checkout::open_partition;
+use crate::domain::listing::{self, ListKind, Listed, StatusChange};
 use crate::domain::payments::{FeeSource, Payment};
-use crate::domain::record::{Entry, Record};
+use crate::domain::record::{Attr, Changes, Entry, Record};
 use crate::fields::{NepaliMobile, RefundNotes};
 use crate::ids::{PaymentId, ProjectId, RefundId};
 use crate::keys;
 use crate::kinds::Tenant;
 use crate::money::{Currency, Paisa};
-use crate::store::Key;
+use crate::store::{Cond, Key};
 use crate::time::Timestamp;
 
 mod create;
@@ -42,7 +43,7 @@ mod resolve;
 mod tests;
 
 pub use create::{Channel, CreateRefund, RefundError, RefundRequest, create, create_via};
-pub use resolve::{RefundSweep, find, list, of_payment, sweep};
+pub use resolve::{RefundSweep, find, list, list_where, of_payment, sweep};
 
 /// Default page size of `GET /v1/refunds` (spec).
 pub const DEFAULT_PAGE: usize = 10;
@@ -119,6 +120,16 @@ pub struct Refund {
     /// Whose figure the payment's fee was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fee_source: Option<FeeSource>,
+    /// Whether it is in the filtered lists (`domain::listing`): its
+    /// `gsi3` partition is there (written by its entries, never from
+    /// here). A `bool`, so a refund stays the size it was.
+    #[serde(
+        default,
+        rename = "gsi3pk",
+        skip_serializing,
+        deserialize_with = "listing::present"
+    )]
+    pub listed: bool,
 }
 
 /// Whether `provider` gives the merchant back its fee (in proportion)
@@ -160,6 +171,7 @@ crate::attrs! { Refund {
     MOBILE_NUMBER: Option<String> = mobile_number,
     CREATED_AT: Timestamp = created_at,
     UPDATED_AT: Timestamp = updated_at,
+    LISTED: bool = listed as "gsi3pk",
 } }
 
 impl Refund {
@@ -205,6 +217,48 @@ impl Record for Refund {
                 self.id.to_string(),
             ),
         ]
+        .into_iter()
+        .chain(listing::entries(self))
+        .collect()
+    }
+}
+
+impl Listed for Refund {
+    const KIND: ListKind = ListKind::Refunds;
+    const LISTED: Attr<Refund, bool> = Refund::LISTED;
+    fn list_tenant(&self) -> Tenant {
+        Tenant::new(self.project_id.clone(), self.mode)
+    }
+    fn list_status(&self) -> String {
+        self.status.as_str().to_owned()
+    }
+    /// Its payment's.
+    fn list_provider(&self) -> Provider {
+        self.provider
+    }
+    fn list_created(&self) -> Timestamp {
+        self.created_at
+    }
+    fn list_id(&self) -> &str {
+        &self.id
+    }
+    fn list_shard(&self) -> &str {
+        &self.id
+    }
+    fn is_listed(&self) -> bool {
+        self.listed
+    }
+    fn status_unchanged(&self) -> Cond {
+        Refund::STATUS.eq(&self.status)
+    }
+}
+
+impl Refund {
+    /// Moving this refund (as read) to `to`, with its filtered lists'
+    /// entries and counters: the one place a refund's status is set.
+    pub fn status_change(&self, to: RefundStatus) -> StatusChange<Refund> {
+        let changes = Changes::new().set(Refund::STATUS, &to);
+        listing::status_change(self, to.as_str(), changes)
     }
 }
 

@@ -8,6 +8,7 @@ use super::{
     RefundStatus, RefundView, TRIES,
 };
 use crate::app::Deps;
+use crate::domain::listing::{self, ListFilter, ListKind};
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::payments::{self, Payment, PaymentStatus, PaymentView};
 use crate::domain::record::{self, Changes, from_item};
@@ -16,7 +17,7 @@ use crate::ids::{PaymentId, RefundId};
 use crate::keys;
 use crate::money::Paisa;
 use crate::providers::{ProviderState, StatusQuery};
-use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason};
+use crate::store::{Cond, Index, Query, Seek, SkCond, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// How an open refund ends.
@@ -87,48 +88,47 @@ async fn mark_refunded(
     payment_id: &PaymentId,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    let Some(p) = payments::get(store, payment_id).await? else {
-        return Ok(());
-    };
-    if p.status != PaymentStatus::Success || p.amount_refunded < p.amount {
-        return Ok(());
-    }
-    let mut after = p.clone();
-    after.status = PaymentStatus::Refunded;
-    after.updated_at = now;
-    let view = serde_json::to_value(PaymentView::from(after))
-        .map_err(|e| StoreError::Invalid(e.to_string()))?;
-    let mut ops = vec![TxOp::Update {
-        key: Payment::key(&p.id),
-        update: Changes::new()
-            .set(Payment::STATUS, &PaymentStatus::Refunded)
-            .set(Payment::UPDATED_AT, &now)
-            .into(),
-        cond: Some(Cond::And(vec![
-            Payment::STATUS.eq(&PaymentStatus::Success),
-            Payment::AMOUNT_REFUNDED.ge(&p.amount),
-        ])),
-    }];
-    ops.extend(
-        Event::new(
-            EventType::PaymentRefunded,
-            &Tenant::new(p.project_id.clone(), p.mode),
-            view,
-            now,
-        )
-        .put_ops()?,
-    );
     for attempt in 0..TRIES {
-        match store.transact(ops.clone()).await {
+        let Some(p) = payments::get(store, payment_id).await? else {
+            return Ok(());
+        };
+        if p.status != PaymentStatus::Success || p.amount_refunded < p.amount {
+            // Another caller marked it first: exactly one event.
+            return Ok(());
+        }
+        let mut after = p.clone();
+        after.status = PaymentStatus::Refunded;
+        after.updated_at = now;
+        let view = serde_json::to_value(PaymentView::from(after))
+            .map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let change = p.status_change(PaymentStatus::Refunded);
+        let mut ops = vec![TxOp::Update {
+            key: Payment::key(&p.id),
+            update: change.changes.set(Payment::UPDATED_AT, &now).into(),
+            cond: Some(Cond::And(vec![
+                Payment::STATUS.eq(&PaymentStatus::Success),
+                Payment::AMOUNT_REFUNDED.ge(&p.amount),
+                change.cond,
+            ])),
+        }];
+        ops.extend(change.also);
+        ops.extend(
+            Event::new(
+                EventType::PaymentRefunded,
+                &Tenant::new(p.project_id.clone(), p.mode),
+                view,
+                now,
+            )
+            .put_ops()?,
+        );
+        match store.transact(ops).await {
             Ok(()) => return Ok(()),
-            Err(StoreError::TransactionCanceled { reasons })
-                if reasons.contains(&TxReason::Conflict) =>
-            {
+            // Read again: a conflict, a caller that marked it first, or a
+            // payment the list migration listed meanwhile.
+            Err(StoreError::TransactionCanceled { .. }) => {
                 let pause = 5 + 10 * attempt as u64 + rand::random::<u64>() % 20;
                 tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
             }
-            // Another caller marked it first: exactly one event.
-            Err(StoreError::TransactionCanceled { .. }) => return Ok(()),
             Err(e) => return Err(e),
         }
     }
@@ -145,13 +145,18 @@ fn resolve_ops(
 ) -> Result<Vec<TxOp>, StoreError> {
     let mut next = r.clone();
     next.updated_at = now;
-    let mut refund_update = Changes::new().set(Refund::UPDATED_AT, &now);
+    let to = match outcome {
+        Outcome::Succeeded(_) => RefundStatus::Succeeded,
+        Outcome::Failed(_) => RefundStatus::Failed,
+        Outcome::RequiresAction(_) => RefundStatus::RequiresAction,
+    };
+    let change = r.status_change(to);
+    let mut refund_update = change.changes.set(Refund::UPDATED_AT, &now);
     let mut ops = Vec::new();
     match outcome {
         Outcome::Succeeded(provider_ref) => {
             next.status = RefundStatus::Succeeded;
             next.provider_refund_id = provider_ref.clone();
-            refund_update = refund_update.set(Refund::STATUS, &RefundStatus::Succeeded);
             if let Some(id) = provider_ref {
                 refund_update = refund_update.set_some(Refund::PROVIDER_REFUND_ID, id);
             }
@@ -170,9 +175,7 @@ fn resolve_ops(
         Outcome::Failed(why) => {
             next.status = RefundStatus::Failed;
             next.failure_reason = Some(why.clone());
-            refund_update = refund_update
-                .set(Refund::STATUS, &RefundStatus::Failed)
-                .set_some(Refund::FAILURE_REASON, why);
+            refund_update = refund_update.set_some(Refund::FAILURE_REASON, why);
             ops.push(TxOp::Update {
                 key: Payment::key(&p.id),
                 update: Changes::new()
@@ -183,9 +186,7 @@ fn resolve_ops(
             ops.extend(event(EventType::RefundFailed, &next, now)?);
         }
         Outcome::RequiresAction(why) => {
-            refund_update = refund_update
-                .set(Refund::STATUS, &RefundStatus::RequiresAction)
-                .set_some(Refund::FAILURE_REASON, why);
+            refund_update = refund_update.set_some(Refund::FAILURE_REASON, why);
         }
     }
     ops.insert(
@@ -193,9 +194,13 @@ fn resolve_ops(
         TxOp::Update {
             key: Refund::key(&r.id),
             update: refund_update.into(),
-            cond: Some(Refund::STATUS.eq(&RefundStatus::Processing)),
+            cond: Some(Cond::And(vec![
+                Refund::STATUS.eq(&RefundStatus::Processing),
+                change.cond,
+            ])),
         },
     );
+    ops.extend(change.also);
     ops.push(TxOp::Delete {
         key: r.marker_key(),
         cond: None,
@@ -233,19 +238,89 @@ pub async fn list(
     payment_id: Option<&PaymentId>,
     window: Window,
 ) -> Result<(Vec<Refund>, u64), StoreError> {
-    let query = match payment_id {
-        Some(pid) => {
-            // Another project's (or a missing) payment lists nothing.
-            if payments::find(deps, tenant, pid).await?.is_none() {
-                return Ok((Vec::new(), 0));
-            }
-            return of_payment(deps, pid, window).await;
+    list_where(deps, tenant, payment_id, &ListFilter::default(), window).await
+}
+
+/// [`list`] narrowed by `filter` (created in a range, a status, its
+/// payment's provider, any combination): through the filtered lists'
+/// indexes and counters (`domain::listing`). The refunds of one payment
+/// (a few) are narrowed as they are read.
+pub async fn list_where(
+    deps: &Deps,
+    tenant: &Tenant,
+    payment_id: Option<&PaymentId>,
+    filter: &ListFilter,
+    window: Window,
+) -> Result<(Vec<Refund>, u64), StoreError> {
+    let store = &*deps.store;
+    if let Some(pid) = payment_id {
+        // Another project's (or a missing) payment lists nothing.
+        if payments::find(deps, tenant, pid).await?.is_none() {
+            return Ok((Vec::new(), 0));
         }
-        None => Query::partition(Refund::list_partition(tenant))
+        let mut query = Query::partition(Refund::payment_partition(pid))
+            .on(Index::Gsi2)
+            .backward();
+        if let Some(cond) = narrowing(filter) {
+            query = query.filter(cond);
+        }
+        return record::page_of(store, &query, window).await;
+    }
+    // The whole list by id (`gsi1`) costs its page for a first page or a
+    // page after a record: only a deep offset walks the counters.
+    let by_id = window.seek != Seek::Start || window.offset <= listing::DIRECT_OFFSET;
+    let by_id_query = || {
+        Query::partition(Refund::list_partition(tenant))
             .on(Index::Gsi1)
-            .backward(),
+            .backward()
     };
-    crate::domain::record::page_of(&*deps.store, &query, window).await
+    if filter.is_empty() && by_id {
+        return record::page_of(store, &by_id_query(), window).await;
+    }
+    let counted = listing::covered(store, tenant, ListKind::Refunds).await?;
+    if filter.is_empty() && !counted {
+        // Refunds from before the lists are not in them until the
+        // migration: the whole list as it was kept.
+        return record::page_of(store, &by_id_query(), window).await;
+    }
+    let seek_from = match &window.seek {
+        Seek::Start => None,
+        Seek::After(id) | Seek::Before(id) => {
+            let found = match RefundId::parse(id) {
+                Some(id) => find(deps, tenant, &id).await?,
+                None => None,
+            };
+            match found {
+                Some(r) => Some(r),
+                None => return Ok((Vec::new(), 0)),
+            }
+        }
+    };
+    let (records, total, _) =
+        listing::page(store, tenant, filter, &window, seek_from.as_ref(), counted).await?;
+    Ok((records, total))
+}
+
+/// `filter` as a condition on refunds as read (one payment's few).
+fn narrowing(filter: &ListFilter) -> Option<Cond> {
+    let mut conds = Vec::new();
+    if let Some(name) = &filter.status {
+        match serde_json::from_value::<RefundStatus>(serde_json::Value::String(name.clone())) {
+            Ok(s) => conds.push(Refund::STATUS.eq(&s)),
+            // No refund has a status of another name.
+            Err(_) => conds.push(Cond::Not(Box::new(Cond::Exists))),
+        }
+    }
+    if let Some(p) = filter.provider {
+        conds.push(Refund::PROVIDER.eq(&p));
+    }
+    if let Some(from) = filter.from {
+        conds.push(Refund::CREATED_AT.ge(&from));
+    }
+    if let Some(to) = filter.to {
+        conds.push(Refund::CREATED_AT.lt(&to));
+    }
+    (!conds.is_empty()).then_some(Cond::And(conds))
 }
 
 /// A page of the refunds of `payment_id`, newest first, and the total,

@@ -220,6 +220,7 @@ async fn open_khalti_refund(st: &Deps, p: &Payment, amount: i64) -> Refund {
     let r = Refund {
         fee: None,
         fee_source: None,
+        listed: false,
         id: RefundId::new(),
         project_id: p.project_id.clone(),
         payment_id: p.id.clone(),
@@ -381,6 +382,7 @@ fn refund() -> Refund {
     Refund {
         fee: None,
         fee_source: None,
+        listed: false,
         id: "ref_1".into(),
         project_id: "proj_1".into(),
         payment_id: "pay_1".into(),
