@@ -117,7 +117,7 @@ async fn report_usage(
     let JsonBody(body) = body?;
     let id = id.get()?;
     let (events, batch) = usage::events_of(body).map_err(Refusal::from)?;
-    let outcomes = usage::report(&state, who.tenant(), &id, events)
+    let outcomes = usage::report_as(&state, who.tenant(), &id, events, batch)
         .await
         .map_err(refused)?;
     if !batch {

@@ -36,7 +36,8 @@ use super::notice_due::NoticeSchedule;
 use super::period::Period;
 use super::plans::{self, Plan};
 use super::subscription::{
-    self, Subscription, SubscriptionError, SubscriptionStatus, change_ops, is_conflict,
+    self, GracePending, Subscription, SubscriptionError, SubscriptionStatus, change_ops,
+    is_conflict,
 };
 use super::terms::{PricingModel, Terms};
 use crate::Deps;
@@ -721,17 +722,28 @@ async fn write_change(
         changed.quantity = to.quantity;
         changed.version = current.version + 1;
         changed.updated_at = now;
+        // The proration invoice, made before the write so the subscription
+        // records its grace end: the sweep marks it overdue as it marks a
+        // cycle invoice (`sweep::Step::ProrationGrace`).
+        let mut due = None;
+        if let Some(p) = proration.as_ref().filter(|p| p.net() > 0) {
+            let last = last_number(store, tenant).await?;
+            let (number, take) = take_number(tenant, last);
+            let tax = proration_tax(deps, tenant).await?;
+            let inv = proration_invoice(&current, &changed, p, tax.as_ref(), number, now)?;
+            changed.grace_pending.push(GracePending {
+                invoice_id: inv.id.clone(),
+                overdue_on: inv.overdue_on,
+            });
+            due = Some((inv, take));
+        }
         let changed = changed.stamped();
         let mut ops = change_ops(store, &current, &changed, None, now).await?;
         ops.extend(updated_event(&current, &changed, now).put_ops()?);
         let mut invoice = None;
         let mut credit_granted = 0;
         if let Some(p) = proration {
-            if p.net() > 0 {
-                let last = last_number(store, tenant).await?;
-                let (number, take) = take_number(tenant, last);
-                let tax = proration_tax(deps, tenant).await?;
-                let inv = proration_invoice(&current, &changed, &p, tax.as_ref(), number, now)?;
+            if let Some((inv, take)) = due {
                 let notices = NoticeSchedule::for_invoice(&inv, &changed, now);
                 ops.extend([inv.put_new()?, take, notices.put_new()?]);
                 let base = deps.config.base_for(None);

@@ -775,7 +775,7 @@ fn discount_value(
 
 /// `duration` and its `durationInCycles` (required for `repeating` only).
 fn duration_of(body: &CreateCoupon) -> Result<(CouponDuration, Option<u32>), BillingError> {
-    let duration = match body.duration.trim() {
+    let duration = match body.duration.as_str() {
         "once" => CouponDuration::Once,
         "repeating" => CouponDuration::Repeating,
         "forever" => CouponDuration::Forever,
@@ -822,7 +822,7 @@ pub fn new_coupon(
     }
     let code = code("code", &body.code)?;
     let name = text("name", &body.name, MAX_NAME)?;
-    let discount_type = match body.discount_type.trim() {
+    let discount_type = match body.discount_type.as_str() {
         "percent" => DiscountType::Percent,
         "amount" => DiscountType::Amount,
         other => {

@@ -26,7 +26,9 @@ use crate::Deps;
 use crate::domain::outbox::EventType;
 use crate::domain::record::{self, Changes, Entry, Record};
 use crate::domain::{Mode, Tenant};
-use crate::ids::{CustomerId, DunningPolicyId, PlanId, ProjectId, SubscriptionId, TestClockId};
+use crate::ids::{
+    BillingInvoiceId, CustomerId, DunningPolicyId, PlanId, ProjectId, SubscriptionId, TestClockId,
+};
 use crate::store::{Cond, Key, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
@@ -242,6 +244,14 @@ fn overdue(from: SubscriptionStatus, action: OverdueAction) -> SubscriptionStatu
     }
 }
 
+/// A proration invoice the sweep checks at its grace end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GracePending {
+    pub invoice_id: BillingInvoiceId,
+    /// Its `overdue_on` day: due at 00:00 Nepal time.
+    pub overdue_on: NaiveDate,
+}
+
 /// A stored subscription.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Subscription {
@@ -303,6 +313,10 @@ pub struct Subscription {
     /// (a metered plan always does).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub has_items: bool,
+    /// Proration invoices whose grace end the sweep has still to check
+    /// (`billing::changes`), as a cycle invoice's is (`overdue_next`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grace_pending: Vec<GracePending>,
     pub version: i64,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
@@ -392,6 +406,9 @@ impl Subscription {
             due.push(self.resume_at);
         }
         due.push(self.upcoming_at().map(|(at, _)| at));
+        if !self.status.is_ended() {
+            due.push(self.proration_grace_at().map(|(at, _)| at));
+        }
         if self.billing_start.is_some()
             && !matches!(self.status, S::Draft | S::Trialing)
             && self.overdue_next <= self.period_index
@@ -426,6 +443,15 @@ impl Subscription {
         }
         let at = nepal_day_start(p.end_exclusive)?.plus(-UPCOMING_BEFORE);
         (at > nepal_day_start(p.start)?).then_some((at, p.end_exclusive))
+    }
+
+    /// The earliest grace end of its proration invoices still to check,
+    /// and which ([`GracePending`]).
+    pub fn proration_grace_at(&self) -> Option<(Timestamp, &GracePending)> {
+        self.grace_pending
+            .iter()
+            .filter_map(|g| nepal_day_start(g.overdue_on).map(|at| (at, g)))
+            .min_by_key(|(at, _)| *at)
     }
 
     /// This subscription with `next_due_at` set from its fields.
@@ -535,6 +561,7 @@ pub fn new_subscription(
         pending_change: None,
         upcoming_for: None,
         has_items: false,
+        grace_pending: Vec::new(),
         version: 1,
         created_at: now,
         updated_at: now,
@@ -690,11 +717,13 @@ pub async fn change(
         changed.version = current.version + 1;
         changed.updated_at = now;
         let changed = changed.stamped();
-        match deps
-            .store
-            .transact(change_ops(&*deps.store, &current, &changed, event, now).await?)
-            .await
-        {
+        let mut ops = change_ops(&*deps.store, &current, &changed, event, now).await?;
+        if applied_pending(&current, &changed) {
+            // A scheduled plan change the edit applied (a trial ended
+            // now): `subscription.updated`, as the sweep sends it.
+            ops.extend(super::changes::updated_event(&current, &changed, now).put_ops()?);
+        }
+        match deps.store.transact(ops).await {
             Ok(()) => return Ok(changed),
             Err(e) if e.is_condition_failure() || is_conflict(&e) => {
                 crate::store::contention_backoff(attempt).await;
@@ -703,6 +732,16 @@ pub async fn change(
         }
     }
     Err(SubscriptionError::Busy)
+}
+
+/// Whether `changed` is `current` with its scheduled plan change applied
+/// (`changes::apply_pending`).
+pub(crate) fn applied_pending(current: &Subscription, changed: &Subscription) -> bool {
+    changed.pending_change.is_none()
+        && current
+            .pending_change
+            .as_ref()
+            .is_some_and(|p| changed.plan_id == p.plan_id && changed.terms == p.terms)
 }
 
 /// The op that lowers the customer's count of subscriptions not ended,

@@ -64,6 +64,8 @@ pub enum Step {
     TrialEnd,
     /// The grace end of period `n`'s invoice.
     GraceEnd(u32),
+    /// The grace end of a proration invoice (`Subscription::grace_pending`).
+    ProrationGrace,
     Resume,
     /// The next invoice's `invoice.upcoming` moment (`billing::upcoming`).
     Upcoming,
@@ -108,6 +110,9 @@ pub fn next_step(sub: &Subscription, now: Timestamp) -> Option<Step> {
     }
     if let Some((at, _)) = sub.upcoming_at() {
         due.push((at, Step::Upcoming));
+    }
+    if let Some((at, _)) = sub.proration_grace_at() {
+        due.push((at, Step::ProrationGrace));
     }
     if sub.billing_start.is_some()
         && !matches!(sub.status, S::Draft | S::Trialing)
@@ -182,7 +187,7 @@ pub async fn advance(
         changed.updated_at = now;
         let changed = changed.stamped();
         let mut ops = change_ops(&*deps.store, &current, &changed, None, now).await?;
-        if current.pending_change.is_some() && changed.pending_change.is_none() {
+        if subscription::applied_pending(&current, &changed) {
             // A scheduled plan change applied by this step.
             ops.extend(super::changes::updated_event(&current, &changed, now).put_ops()?);
         }
@@ -315,12 +320,33 @@ async fn decide(
         Step::GraceEnd(n) => {
             changed.overdue_next = n + 1;
             if grace_ended_unpaid(deps, sub, n, now).await? {
-                let action = sub.terms.overdue_action;
-                changed.status = next(sub.status, E::GraceEndedUnpaid(action))?;
-                match changed.status {
-                    S::Paused if sub.status != S::Paused => changed.paused_for_nonpayment = true,
-                    S::Cancelled => changed.cancelled_at = Some(now),
-                    _ => {}
+                overdue_action(sub, &mut changed, now)?;
+            }
+        }
+        Step::ProrationGrace => {
+            // The same rule as a cycle invoice's grace end: still open, it
+            // is marked overdue and the plan's overdue action taken.
+            if let Some((_, g)) = sub.proration_grace_at() {
+                let g = g.clone();
+                changed.grace_pending.retain(|p| p != &g);
+                let tenant = sub.tenant();
+                let inv = invoice::get_invoice(deps, &tenant, &g.invoice_id).await?;
+                let after = match inv.status {
+                    InvoiceStatus::Open => {
+                        transition_or_reread(
+                            invoice::mark_overdue(deps, &tenant, &inv.id, now).await,
+                            deps,
+                            &tenant,
+                            &inv,
+                        )
+                        .await?
+                    }
+                    _ => inv,
+                };
+                if after.status == InvoiceStatus::Overdue
+                    && matches!(sub.status, S::Active | S::PastDue | S::Paused)
+                {
+                    overdue_action(sub, &mut changed, now)?;
                 }
             }
         }
@@ -334,6 +360,23 @@ async fn decide(
         None => None,
     };
     Ok((changed, issued))
+}
+
+/// The plan's overdue action on `changed` (`sub` as read): its status,
+/// and what the status records.
+fn overdue_action(
+    sub: &Subscription,
+    changed: &mut Subscription,
+    now: Timestamp,
+) -> Result<(), SweepError> {
+    let action = sub.terms.overdue_action;
+    changed.status = next(sub.status, E::GraceEndedUnpaid(action))?;
+    match changed.status {
+        S::Paused if sub.status != S::Paused => changed.paused_for_nonpayment = true,
+        S::Cancelled => changed.cancelled_at = Some(now),
+        _ => {}
+    }
+    Ok(())
 }
 
 /// Whether period `n`'s invoice was still unpaid when its grace ended:

@@ -323,16 +323,19 @@ fn event_of(prefix: &str, body: &ReportUsage) -> Result<UsageEvent, BillingError
     let idempotency_key = match &body.idempotency_key {
         None | Some(Value::Null) => None,
         Some(Value::String(s))
-            if !s.trim().is_empty()
+            if !s.is_empty()
+                && s.trim() == s
                 && s.chars().count() <= MAX_KEY
                 && !s.chars().any(char::is_control) =>
         {
-            Some(s.trim().to_owned())
+            Some(s.clone())
         }
         Some(_) => {
             return Err(invalid(
                 field("idempotency_key"),
-                format!("idempotency_key must be 1 to {MAX_KEY} characters"),
+                format!(
+                    "idempotency_key must be 1 to {MAX_KEY} characters, without surrounding whitespace"
+                ),
             ));
         }
     };
@@ -409,6 +412,19 @@ pub async fn report(
     id: &SubscriptionId,
     events: Vec<UsageEvent>,
 ) -> Result<Vec<Outcome>, UsageError> {
+    let batch = events.len() > 1;
+    report_as(deps, tenant, id, events, batch).await
+}
+
+/// [`report`], the events sent as a batch (`events`, refusals naming
+/// `events[i].field`, even for a batch of one) or as one event.
+pub async fn report_as(
+    deps: &Deps,
+    tenant: &Tenant,
+    id: &SubscriptionId,
+    events: Vec<UsageEvent>,
+    batch: bool,
+) -> Result<Vec<Outcome>, UsageError> {
     let sub = subscription::get(deps, tenant, id).await?;
     if !metered(&sub) {
         return Err(UsageError::NotMetered(sub.id));
@@ -417,7 +433,7 @@ pub async fn report(
         return Err(UsageError::NotAccepting(sub.status.as_str()));
     }
     let now = time_of(deps, &sub).await?;
-    let records = records_of(&sub, &events, now, deps.clock.now())?;
+    let records = records_of(&sub, &events, batch, now, deps.clock.now())?;
     write_all(deps, &sub, records).await
 }
 
@@ -425,10 +441,10 @@ pub async fn report(
 fn records_of(
     sub: &Subscription,
     events: &[UsageEvent],
+    batch: bool,
     now: Timestamp,
     created_at: Timestamp,
 ) -> Result<Vec<UsageRecord>, UsageError> {
-    let batch = events.len() > 1;
     let Some(start) = sub.billing_start else {
         return Err(UsageError::NotAccepting(sub.status.as_str()));
     };

@@ -856,4 +856,54 @@ async fn a_change_scheduled_in_a_trial_bills_the_first_period_even_when_the_tria
     assert_eq!(ended.subscription.plan_id, pro.id);
     assert!(ended.subscription.pending_change.is_none());
     assert_eq!(ended.invoice.invoice.amount_due, 199_900);
+    // The plan changed: `subscription.updated`, as when the sweep applies it.
+    let updated = e.events(EventType::SubscriptionUpdated).await;
+    assert_eq!(updated.len(), 1, "{updated:?}");
+    assert_eq!(updated[0].object["planId"], pro.id.as_str());
+    assert_eq!(
+        updated[0].previous_attributes.as_ref().map(|p| p["planId"].clone()),
+        Some(json!(basic.id.as_str()))
+    );
+}
+
+/// A proration invoice left unpaid past its grace end is marked overdue
+/// by the sweep, and the plan's overdue action taken, as a cycle
+/// invoice's; one paid in time is left alone.
+#[tokio::test]
+async fn an_unpaid_proration_invoice_goes_overdue_like_a_cycle_invoice() {
+    let e = env();
+    let basic = e
+        .plan("Basic", 99_900, json!({"gracePeriodDays": 3}))
+        .await;
+    let pro = e.plan("Pro", 199_900, json!({"gracePeriodDays": 3})).await;
+    let sub = e.active(&basic, 1).await;
+    // Past period 0's own grace end: only the proration's is left.
+    let sub = sweep::advance(&e.deps, &sub, at("2026-01-15T00:00:00Z"))
+        .await
+        .unwrap()
+        .subscription;
+    e.clock.advance(Duration::days(10));
+    let changed = e.change(&sub, &pro, "create_prorations").await.unwrap();
+    let inv = changed.invoice.expect("a proration invoice");
+    assert_eq!(inv.overdue_on, day(2026, 1, 23));
+    let s = changed.subscription;
+    assert_eq!(s.grace_pending.len(), 1);
+    assert_eq!(
+        s.next_due_at,
+        crate::domain::billing::calendar::nepal_day_start(day(2026, 1, 23))
+    );
+    assert_eq!(
+        sweep::next_step(&s, at("2026-01-23T00:00:00Z")),
+        Some(sweep::Step::ProrationGrace)
+    );
+    let after = sweep::advance(&e.deps, &s, at("2026-01-23T00:00:00Z"))
+        .await
+        .unwrap()
+        .subscription;
+    assert!(after.grace_pending.is_empty());
+    assert_eq!(after.status, SubscriptionStatus::PastDue);
+    let stored = invoice::get_invoice(&e.deps, &e.t, &inv.id).await.unwrap();
+    assert_eq!(stored.status, InvoiceStatus::Overdue);
+    let overdue = e.events(EventType::BillingInvoiceOverdue).await;
+    assert_eq!(overdue.len(), 1, "{overdue:?}");
 }

@@ -67,7 +67,11 @@ fn the_coupon_validation_table() {
         ),
         (json!({"discountType": "amount"}), "percentOff"),
         (json!({"discountType": "fixed"}), "discountType"),
+        // Refused, not trimmed.
+        (json!({"discountType": " percent"}), "discountType"),
+        (json!({"discountType": "Percent"}), "discountType"),
         (json!({"duration": "weekly"}), "duration"),
+        (json!({"duration": "once "}), "duration"),
         (json!({"duration": "repeating"}), "durationInCycles"),
         (
             json!({"duration": "repeating", "durationInCycles": 0}),

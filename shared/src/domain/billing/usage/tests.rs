@@ -121,6 +121,15 @@ fn bad_events_name_their_field_and_refuse_the_batch() {
             json!({"quantity": 1, "idempotency_key": ""}),
             "idempotency_key",
         ),
+        // Refused, not trimmed: " k1 " and "k1" would be one key.
+        (
+            json!({"quantity": 1, "idempotency_key": " k1 "}),
+            "idempotency_key",
+        ),
+        (
+            json!({"events": [{"quantity": 1, "idempotencyKey": "k1\t"}]}),
+            "events[0].idempotency_key",
+        ),
         (json!({"quantity": 1, "events": []}), "events"),
         (json!({"events": []}), "events"),
         (
@@ -146,7 +155,7 @@ fn bad_events_name_their_field_and_refuse_the_batch() {
         (0..=MAX_BATCH).map(|_| json!({"quantity": 1})).collect();
     assert!(events_of(body(json!({ "events": too_many }))).is_err());
     let (one, batch) = events_of(body(json!({
-        "quantity": 0, "action": "set", "timestamp": "2025-12-29T09:20:00Z", "idempotencyKey": " k1 "
+        "quantity": 0, "action": "set", "timestamp": "2025-12-29T09:20:00Z", "idempotencyKey": "k1"
     })))
     .unwrap();
     assert!(!batch);
@@ -361,6 +370,15 @@ async fn a_timestamp_must_be_in_an_open_period() {
             "{ts}"
         );
     }
+    // A batch of one names its event, as a longer batch does.
+    let one = vec![event(1, UsageAction::Increment, "2026-01-10T06:06:00Z", None)];
+    let Err(e) = report_as(&deps, &tenant, &sub.id, one, true).await else {
+        panic!("a batch of one in the future accepted")
+    };
+    assert_eq!(
+        Refusal::from(e).field.as_deref(),
+        Some("events[0].timestamp")
+    );
     // Within the skew, and with no timestamp (now).
     let ok = report(
         &deps,
@@ -758,3 +776,4 @@ async fn on_a_test_clock_the_whole_current_period_is_open() {
     };
     assert_eq!(Refusal::from(e).field.as_deref(), Some("timestamp"));
 }
+
