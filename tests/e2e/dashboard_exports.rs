@@ -1,12 +1,16 @@
 //! Issue 41, part 3: the dashboard's Exports page, both backends. The
 //! payments list links to it; an owner starts an export of a range of
 //! Nepal days (audited), sees it reach `ready` and downloads the file
-//! through the link the page gives (made fresh on each view); a viewer
-//! sees the page and downloads, but has no start form and is refused a
-//! start (the role table's `Export`). A range backwards is a 400 page.
+//! through the page's link, which answers a fresh link to the file (a
+//! 303 from the documents function: the pages' function has no S3 client
+//! to sign with on AWS); a viewer sees the page and downloads, but has no
+//! start form and is refused a start (the role table's `Export`). A range
+//! backwards is a 400 page; a stranger, another merchant or a bad id gets
+//! no file.
 
 use std::time::{Duration, Instant};
 
+use dhukuti_tests::dash::Dash;
 use dhukuti_tests::{Which, on_both_backends, spawn_app};
 use shared::domain::billing::calendar::nepal_day;
 use shared::domain::dashboard::Role;
@@ -86,9 +90,19 @@ async fn the_exports_page_starts_shows_and_downloads(which: Which) {
         assert!(Instant::now() < deadline, "{}", page.show());
         tokio::task::yield_now().await;
     };
-    let file = reqwest::get(&url)
+    // The page links to the documents function, which answers a fresh
+    // link to the file (the pages' function cannot sign one on AWS).
+    assert!(url.starts_with("/dashboard/exports/rpt_"), "{url}");
+    assert!(url.ends_with("/download"), "{url}");
+    let signed = owner.get(&url).await;
+    assert_eq!(signed.status, 303, "{}", signed.show());
+    assert_eq!(
+        signed.headers.get("cache-control").and_then(|v| v.to_str().ok()),
+        Some("no-store")
+    );
+    let file = reqwest::get(&signed.location)
         .await
-        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+        .unwrap_or_else(|e| panic!("GET {}: {e}", signed.location));
     assert_eq!(file.status().as_u16(), 200);
     let csv = file.text().await.unwrap_or_default();
     assert!(csv.starts_with("id,status,provider"), "{csv}");
@@ -101,7 +115,9 @@ async fn the_exports_page_starts_shows_and_downloads(which: Which) {
     let mut viewer = signed_in(app, "viewer@exports.example").await;
     let page = viewer.get("/dashboard/exports").await;
     assert_eq!(page.status, 200, "{}", page.show());
-    assert!(download_link(&page.body).is_some(), "{}", page.show());
+    assert_eq!(download_link(&page.body).as_deref(), Some(url.as_str()));
+    let r = viewer.get(&url).await;
+    assert_eq!(r.status, 303, "{}", r.show());
     assert!(!page.body.contains("Start export"), "{}", page.show());
     let csrf = dhukuti_tests::dash::field(&page.body, "csrf");
     let start = [
@@ -112,6 +128,25 @@ async fn the_exports_page_starts_shows_and_downloads(which: Which) {
     ];
     let r = viewer.post("/dashboard/exports", &start).await;
     assert_eq!(r.status, 403, "{}", r.show());
+
+    // A browser not signed in is sent to sign in; an unknown or malformed
+    // id, or another merchant's export, is not found.
+    let mut stranger = Dash::new(&app.base);
+    let r = stranger.get(&url).await;
+    assert_eq!(r.status, 303, "{}", r.show());
+    assert!(r.location.starts_with("/dashboard/sign-in"), "{}", r.show());
+    for path in [
+        "/dashboard/exports/rpt_0000000000000000000000000/download",
+        "/dashboard/exports/nonsense/download",
+    ] {
+        let r = owner.get(path).await;
+        assert_eq!(r.status, 404, "{path}: {}", r.show());
+    }
+    let other = app.tenant("Other Shop", "other@exports.example").await;
+    user(app, &other.merchant.id, "owner@other.example", Role::Owner).await;
+    let mut elsewhere = signed_in(app, "owner@other.example").await;
+    let r = elsewhere.get(&url).await;
+    assert_eq!(r.status, 404, "{}", r.show());
     shop.app.stop().await;
 }
 

@@ -3,9 +3,10 @@
 //! days, see each one's progress (status, rows so far; the page asks the
 //! browser to reload itself every few seconds while one is unfinished,
 //! with a `Refresh` header: no script), and download the finished ones
-//! through a link made fresh on each view (S3's presigned GET on AWS, the
-//! signed local link on the embedded backend). Through the same domain
-//! calls as `/v1/reports`.
+//! through `/dashboard/exports/{id}/download` (`documents`), which answers
+//! a link made fresh on each click (S3's presigned GET on AWS, the signed
+//! local link on the embedded backend). Through the same domain calls as
+//! `/v1/reports`.
 //!
 //! Everyone who reads records sees the page and downloads
 //! (`Action::ReadRecords`: an export holds nothing the lists do not);
@@ -125,15 +126,12 @@ async fn page(
     status: StatusCode,
 ) -> Page {
     let nav = nav(state, signed, "exports").await?;
-    let now = state.clock.now();
     let (found, _) = reports::list(state, &signed.tenant, Window::first(SHOWN))
         .await
         .map_err(fail)?;
-    let mut views = Vec::with_capacity(found.len());
-    for r in &found {
-        // A fresh link on each view.
-        views.push(ReportView::with_link(state, r, now).await.map_err(fail)?);
-    }
+    // A finished file is linked through `/dashboard/exports/{id}/download`,
+    // which signs a fresh link on each click (`documents::export_download`).
+    let views: Vec<ReportView> = found.iter().map(ReportView::of).collect();
     let unfinished = views.iter().any(|v| !v.status.finished());
     let body = markup! {
         @if let Some(e) = error { p.error role="alert" { (e) } }
@@ -166,9 +164,8 @@ async fn page(
                                 td.num { (v.rows) }
                                 td { (when(v.created_at)) }
                                 td {
-                                    @if let Some(url) = &v.download_url {
-                                        a href=(url) download { "Download CSV" }
-                                        @if let Some(until) = v.download_expires_at { br; span.muted { "link works until " (when(until)) } }
+                                    @if v.status == ReportStatus::Ready {
+                                        a href=(format!("{PATH}/{}/download", v.id)) download { "Download CSV" }
                                     }
                                 }
                             }

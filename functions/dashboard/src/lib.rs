@@ -258,8 +258,9 @@ pub fn router(state: AppState) -> Router {
     )
 }
 
-/// `GET /dashboard/invoices/{id}/pdf`, behind the same sign-in, limits and
-/// headers as the pages. Deployed as its own function
+/// `GET /dashboard/invoices/{id}/pdf` and
+/// `GET /dashboard/exports/{id}/download`, behind the same sign-in, limits
+/// and headers as the pages. Deployed as its own function
 /// (`functions/dashboard-documents`, feature `documents`): only it carries
 /// the S3 client and the PDF renderer, which would take the pages'
 /// function over its size (issue 21).
@@ -267,7 +268,12 @@ pub fn router(state: AppState) -> Router {
 pub fn documents_router(state: AppState) -> Router {
     in_edge(
         state,
-        Router::new().route("/dashboard/invoices/{id}/pdf", get(documents::invoice_pdf)),
+        Router::new()
+            .route("/dashboard/invoices/{id}/pdf", get(documents::invoice_pdf))
+            .route(
+                "/dashboard/exports/{id}/download",
+                get(documents::export_download),
+            ),
     )
 }
 
