@@ -75,6 +75,8 @@ mod report_runner_main;
 mod reports_main;
 #[path = "../../functions/scheduler/src/main.rs"]
 mod scheduler_main;
+#[path = "../../functions/settlements/src/main.rs"]
+mod settlements_main;
 #[path = "../../functions/sms-dispatcher/src/main.rs"]
 mod sms_dispatcher_main;
 #[path = "../../functions/sms/src/main.rs"]
@@ -116,6 +118,7 @@ fn function_process() {
         "report-runner" => report_runner_main::main(),
         "reports" => reports_main::main(),
         "scheduler" => scheduler_main::main(),
+        "settlements" => settlements_main::main(),
         "sms" => sms_main::main(),
         "sms-dispatcher" => sms_dispatcher_main::main(),
         "webhook-dispatcher" => webhook_dispatcher_main::main(),
