@@ -97,7 +97,10 @@ async fn the_exports_page_starts_shows_and_downloads(which: Which) {
     let signed = owner.get(&url).await;
     assert_eq!(signed.status, 303, "{}", signed.show());
     assert_eq!(
-        signed.headers.get("cache-control").and_then(|v| v.to_str().ok()),
+        signed
+            .headers
+            .get("cache-control")
+            .and_then(|v| v.to_str().ok()),
         Some("no-store")
     );
     let file = reqwest::get(&signed.location)

@@ -959,8 +959,9 @@ fn the_functions_that_settle_payments_may_write_the_invoice() {
 }
 
 /// Only the invoices function and the dashboard's documents function (an
-/// invoice's PDF) may touch the documents bucket, and no function gets S3
-/// rights anywhere else.
+/// invoice's PDF; an export's file, read only) may touch the documents
+/// bucket, the exports and statements functions their own prefixes, and
+/// no function gets S3 rights anywhere else.
 #[test]
 fn only_the_invoices_and_dashboard_functions_touch_the_documents_bucket() {
     let t = template();
@@ -976,6 +977,12 @@ fn only_the_invoices_and_dashboard_functions_touch_the_documents_bucket() {
                 } else if name == "ReconciliationFunction" {
                     // Statement files (issue 41) have theirs.
                     resource == "${DocumentsBucket.Arn}/statements/*"
+                } else if name == "DashboardDocumentsFunction"
+                    && resource == "${DocumentsBucket.Arn}/reports/*"
+                {
+                    // The dashboard's export download signs a GET with
+                    // its role: reading the files, nothing else.
+                    action == "s3:GetObject"
                 } else {
                     resource == "DocumentsBucket.Arn"
                         || resource.starts_with("${DocumentsBucket.Arn}/invoices/")

@@ -59,7 +59,7 @@ pub async fn export_download(
     let missing = || {
         Stop::from(edge::html::html(
             StatusCode::NOT_FOUND,
-            maud::html! { p { "No such export." } },
+            crate::pages::message("Not found", "There is no such export."),
         ))
     };
     let rid = id.get_or(|_, _| missing())?;
@@ -71,7 +71,7 @@ pub async fn export_download(
     if report.status != ReportStatus::Ready {
         return Err(Stop::from(edge::html::html(
             StatusCode::CONFLICT,
-            maud::html! { p { "This export has no file: it is not ready." } },
+            crate::pages::message("Not ready", "This export has no file yet."),
         )));
     }
     let (url, _) = reports::download_link(&state, &report, state.clock.now())

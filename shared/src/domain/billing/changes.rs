@@ -727,10 +727,7 @@ async fn write_change(
         // cycle invoice (`sweep::Step::ProrationGrace`).
         let mut due = None;
         if let Some(p) = proration.as_ref().filter(|p| p.net() > 0) {
-            let last = last_number(store, tenant).await?;
-            let (number, take) = take_number(tenant, last);
-            let tax = proration_tax(deps, tenant).await?;
-            let inv = proration_invoice(&current, &changed, p, tax.as_ref(), number, now)?;
+            let (inv, take) = numbered_proration(deps, tenant, &current, &changed, p, now).await?;
             changed.grace_pending.push(GracePending {
                 invoice_id: inv.id.clone(),
                 overdue_on: inv.overdue_on,
@@ -773,6 +770,23 @@ async fn write_change(
         }
     }
     Err(ChangeError::Busy)
+}
+
+/// The proration invoice of a change to `changed`, with the next number
+/// of the tenant's series and the write that takes it.
+async fn numbered_proration(
+    deps: &Deps,
+    tenant: &Tenant,
+    current: &Subscription,
+    changed: &Subscription,
+    p: &Proration,
+    now: Timestamp,
+) -> Result<(BillingInvoice, TxOp), ChangeError> {
+    let last = last_number(&*deps.store, tenant).await?;
+    let (number, take) = take_number(tenant, last);
+    let tax = proration_tax(deps, tenant).await?;
+    let inv = proration_invoice(current, changed, p, tax.as_ref(), number, now)?;
+    Ok((inv, take))
 }
 
 /// The writes that grant `amount` paisa of customer credit to `sub`'s

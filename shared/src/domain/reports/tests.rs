@@ -316,6 +316,7 @@ async fn payments_and_refunds_carry_their_fee_and_net() {
         mobile_number: None,
         created_at: now,
         updated_at: now,
+        listed: false,
     };
     deps.store
         .transact(vec![

@@ -861,7 +861,10 @@ async fn a_change_scheduled_in_a_trial_bills_the_first_period_even_when_the_tria
     assert_eq!(updated.len(), 1, "{updated:?}");
     assert_eq!(updated[0].object["planId"], pro.id.as_str());
     assert_eq!(
-        updated[0].previous_attributes.as_ref().map(|p| p["planId"].clone()),
+        updated[0]
+            .previous_attributes
+            .as_ref()
+            .map(|p| p["planId"].clone()),
         Some(json!(basic.id.as_str()))
     );
 }
@@ -872,9 +875,7 @@ async fn a_change_scheduled_in_a_trial_bills_the_first_period_even_when_the_tria
 #[tokio::test]
 async fn an_unpaid_proration_invoice_goes_overdue_like_a_cycle_invoice() {
     let e = env();
-    let basic = e
-        .plan("Basic", 99_900, json!({"gracePeriodDays": 3}))
-        .await;
+    let basic = e.plan("Basic", 99_900, json!({"gracePeriodDays": 3})).await;
     let pro = e.plan("Pro", 199_900, json!({"gracePeriodDays": 3})).await;
     let sub = e.active(&basic, 1).await;
     // Past period 0's own grace end: only the proration's is left.

@@ -371,7 +371,12 @@ async fn a_timestamp_must_be_in_an_open_period() {
         );
     }
     // A batch of one names its event, as a longer batch does.
-    let one = vec![event(1, UsageAction::Increment, "2026-01-10T06:06:00Z", None)];
+    let one = vec![event(
+        1,
+        UsageAction::Increment,
+        "2026-01-10T06:06:00Z",
+        None,
+    )];
     let Err(e) = report_as(&deps, &tenant, &sub.id, one, true).await else {
         panic!("a batch of one in the future accepted")
     };
@@ -776,4 +781,3 @@ async fn on_a_test_clock_the_whole_current_period_is_open() {
     };
     assert_eq!(Refusal::from(e).field.as_deref(), Some("timestamp"));
 }
-

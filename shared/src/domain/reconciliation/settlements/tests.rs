@@ -87,6 +87,7 @@ fn refund(time: &str, n: u128, provider: Provider, amount: i64, fee: Option<i64>
         updated_at: created,
         fee: fee.map(paisa),
         fee_source: fee.map(|_| FeeSource::Provider),
+        listed: false,
     }
 }
 
