@@ -216,7 +216,11 @@ async fn the_page_runs_an_uploaded_statement_and_settles_from_the_provider(which
         .get(&format!("{PAGE}/runs/{id}?classification=matched"))
         .await;
     assert_eq!(only.status, 200, "{}", only.show());
-    assert!(!only.body.contains("Settle from provider"), "{}", only.show());
+    assert!(
+        !only.body.contains("Settle from provider"),
+        "{}",
+        only.show()
+    );
 
     // The viewer reads, but neither runs nor settles.
     let mut viewer = signed_in(app, "viewer@recon.example").await;
@@ -226,7 +230,11 @@ async fn the_page_runs_an_uploaded_statement_and_settles_from_the_provider(which
     assert!(!seen.body.contains("Upload and run"), "{}", seen.show());
     let vcsrf = field(&seen.body, "csrf");
     let seen = viewer.get(&format!("{PAGE}/runs/{id}")).await;
-    assert!(!seen.body.contains("Settle from provider"), "{}", seen.show());
+    assert!(
+        !seen.body.contains("Settle from provider"),
+        "{}",
+        seen.show()
+    );
     let settle_path = |n: u64| format!("{PAGE}/runs/{id}/findings/{n}/settle");
     let refused = viewer
         .post(&settle_path(n_of(paid)), &[("csrf", vcsrf.as_str())])
@@ -273,7 +281,11 @@ async fn the_page_runs_an_uploaded_statement_and_settles_from_the_provider(which
     // The same file again: the same run, nothing new.
     let again = upload(&mut dev, &app.base, &fields, file.as_bytes()).await;
     assert_eq!(again.status, 303, "{}", again.show());
-    assert!(again.location.ends_with("?done=again"), "{}", again.location);
+    assert!(
+        again.location.ends_with("?done=again"),
+        "{}",
+        again.location
+    );
     assert_eq!(run_of(&again.location), id);
     let list = app
         .get("/v1/reconciliation/runs?provider=esewa", Some(&shop.key))
@@ -324,7 +336,8 @@ async fn run_khalti_now_pulls_the_day(which: Which) {
     assert!(run.body.contains("Khalti reconciliation"), "{}", run.show());
     assert!(run.body.contains("pulled"), "{}", run.show());
     assert!(
-        run.body.contains(&format!("href=\"/dashboard/payments/{paid}\"")),
+        run.body
+            .contains(&format!("href=\"/dashboard/payments/{paid}\"")),
         "{}",
         run.show()
     );
@@ -363,13 +376,49 @@ async fn bad_input_names_its_field_and_runs_nothing(which: Which) {
     let unknown_columns = b"Who,What\nx,y\n".to_vec();
     let negative = good.replace("1.00", "-1.00").into_bytes();
     let cases: [(&str, &str, Vec<u8>, u16, &str); 8] = [
-        ("paypal", date.as_str(), good.clone().into_bytes(), 400, "Not run: provider:"),
-        ("khalti", date.as_str(), good.clone().into_bytes(), 400, "Not run: provider:"),
-        ("esewa", "2026-13-45", good.clone().into_bytes(), 400, "Not run: date:"),
-        ("esewa", date.as_str(), Vec::new(), 400, "Not run: file: choose a statement file"),
-        ("esewa", date.as_str(), huge, 413, "Not run: file: the file is over the 4 MB"),
+        (
+            "paypal",
+            date.as_str(),
+            good.clone().into_bytes(),
+            400,
+            "Not run: provider:",
+        ),
+        (
+            "khalti",
+            date.as_str(),
+            good.clone().into_bytes(),
+            400,
+            "Not run: provider:",
+        ),
+        (
+            "esewa",
+            "2026-13-45",
+            good.clone().into_bytes(),
+            400,
+            "Not run: date:",
+        ),
+        (
+            "esewa",
+            date.as_str(),
+            Vec::new(),
+            400,
+            "Not run: file: choose a statement file",
+        ),
+        (
+            "esewa",
+            date.as_str(),
+            huge,
+            413,
+            "Not run: file: the file is over the 4 MB",
+        ),
         ("esewa", date.as_str(), broken_xlsx, 400, "Not run: file:"),
-        ("esewa", date.as_str(), unknown_columns, 400, "Not run: file:"),
+        (
+            "esewa",
+            date.as_str(),
+            unknown_columns,
+            400,
+            "Not run: file:",
+        ),
         ("esewa", date.as_str(), negative, 400, "Not run: file: line"),
     ];
     for (provider, day, file, status, says) in cases {

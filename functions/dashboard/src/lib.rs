@@ -234,7 +234,10 @@ pub fn router(state: AppState) -> Router {
                 "/dashboard/reconciliation/uploads",
                 post(reconciliation::upload),
             )
-            .route("/dashboard/reconciliation/khalti", post(reconciliation::pull))
+            .route(
+                "/dashboard/reconciliation/khalti",
+                post(reconciliation::pull),
+            )
             .route(
                 "/dashboard/reconciliation/runs/{id}",
                 get(reconciliation::run_page),

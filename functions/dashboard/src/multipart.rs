@@ -181,9 +181,8 @@ mod tests {
             assert!(parse(&part, "XyZ").is_err(), "cut at {cut}");
         }
         assert!(parse(&whole, "other").is_err());
-        let no_name = Bytes::from_static(
-            b"--XyZ\r\nContent-Disposition: form-data\r\n\r\nx\r\n--XyZ--",
-        );
+        let no_name =
+            Bytes::from_static(b"--XyZ\r\nContent-Disposition: form-data\r\n\r\nx\r\n--XyZ--");
         assert_eq!(parse(&no_name, "XyZ"), Err(MALFORMED));
     }
 }

@@ -39,7 +39,9 @@ use shared::refusal::Refusal;
 use shared::time::Timestamp;
 
 use crate::pages::{layout, pager, pages_of, rupees, status_badge, when};
-use crate::{Page, Signed, Stop, audit, fail, multipart, nav, page_number, page_window, query, see_other};
+use crate::{
+    Page, Signed, Stop, audit, fail, multipart, nav, page_number, page_window, query, see_other,
+};
 
 pub const PATH: &str = "/dashboard/reconciliation";
 /// The largest statement file the upload form carries: a Lambda request
@@ -208,7 +210,14 @@ async fn ran(
             );
             let fresh = run.created_at == now;
             if fresh {
-                audit(state, signed, "reconciliation.run", run.id.as_str(), &detail).await?;
+                audit(
+                    state,
+                    signed,
+                    "reconciliation.run",
+                    run.id.as_str(),
+                    &detail,
+                )
+                .await?;
             }
             let done = if fresh { "ran" } else { "again" };
             Ok(see_other(&format!("{PATH}/runs/{}?done={done}", run.id)))
@@ -284,7 +293,14 @@ pub async fn upload(
         Ok(p) => p,
         Err(why) => {
             let why = format!("Not run: {why}");
-            return show(&state, &signed, 1, Some(why.as_str()), StatusCode::BAD_REQUEST).await;
+            return show(
+                &state,
+                &signed,
+                1,
+                Some(why.as_str()),
+                StatusCode::BAD_REQUEST,
+            )
+            .await;
         }
     };
     let mut fields = std::collections::HashMap::new();
@@ -385,9 +401,15 @@ async fn show_run(
     status: StatusCode,
 ) -> Page {
     let run = runs::get(state, &signed.tenant, id).await.map_err(fail)?;
-    let (found, total) = runs::findings(state, &signed.tenant, id, shown.class, page_window(shown.page))
-        .await
-        .map_err(fail)?;
+    let (found, total) = runs::findings(
+        state,
+        &signed.tenant,
+        id,
+        shown.class,
+        page_window(shown.page),
+    )
+    .await
+    .map_err(fail)?;
     let nav = nav(state, signed, "reconciliation").await?;
     let csrf = signed
         .allows(Action::ChangeRecords)
@@ -454,7 +476,11 @@ async fn show_run(
             (pager(&paged, shown.page, pages_of(total)))
         }
     };
-    let title = format!("{} reconciliation, {}", run.provider.display_name(), run.day);
+    let title = format!(
+        "{} reconciliation, {}",
+        run.provider.display_name(),
+        run.day
+    );
     Ok(html(status, layout(&nav, &title, body)))
 }
 
@@ -521,7 +547,10 @@ pub async fn settle(
                 &detail,
             )
             .await?;
-            Ok(see_other(&format!("{PATH}/runs/{id}?settled={}", payment.id)))
+            Ok(see_other(&format!(
+                "{PATH}/runs/{id}?settled={}",
+                payment.id
+            )))
         }
         Err(
             e @ (RunError::NotSettleable(_) | RunError::NotConfirmed(_) | RunError::Provider2(_)),

@@ -57,13 +57,7 @@ fn admin(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Ran {
 
 fn ok(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Ran {
     let r = admin(dir, args, env);
-    assert_eq!(
-        r.code,
-        Some(0),
-        "{args:?}:\n{}\n{}",
-        r.stdout,
-        r.stderr
-    );
+    assert_eq!(r.code, Some(0), "{args:?}:\n{}\n{}", r.stdout, r.stderr);
     r
 }
 
@@ -72,8 +66,15 @@ fn project(dir: &Path) -> String {
     let m = ok(
         dir,
         &[
-            "--json", "merchant", "create", "--name", "Sagarmatha Tea", "--email",
-            "owner@tea.example", "--plan", "growth",
+            "--json",
+            "merchant",
+            "create",
+            "--name",
+            "Sagarmatha Tea",
+            "--email",
+            "owner@tea.example",
+            "--plan",
+            "growth",
         ],
         &[],
     )
@@ -82,7 +83,13 @@ fn project(dir: &Path) -> String {
     let p = ok(
         dir,
         &[
-            "--json", "project", "create", "--merchant", &merchant, "--name", "Shop",
+            "--json",
+            "project",
+            "create",
+            "--merchant",
+            &merchant,
+            "--name",
+            "Shop",
         ],
         &[],
     )
@@ -131,7 +138,15 @@ async fn reconcile_runs_a_file_or_pulls_khalti_and_prints_the_run() {
     // A statement file: the run, completed, its counts.
     let run = ok(
         dir,
-        &["reconcile", &project, "esewa", &date, "--file", &file, "--json"],
+        &[
+            "reconcile",
+            &project,
+            "esewa",
+            &date,
+            "--file",
+            &file,
+            "--json",
+        ],
         &[],
     )
     .json();
@@ -147,8 +162,16 @@ async fn reconcile_runs_a_file_or_pulls_khalti_and_prints_the_run() {
         &["reconcile", &project, "esewa", &date, "--file", &file],
         &[],
     );
-    assert!(again.stdout.contains(&format!("run        {id}")), "{}", again.stdout);
-    assert!(again.stdout.contains("status     completed"), "{}", again.stdout);
+    assert!(
+        again.stdout.contains(&format!("run        {id}")),
+        "{}",
+        again.stdout
+    );
+    assert!(
+        again.stdout.contains("status     completed"),
+        "{}",
+        again.stdout
+    );
     assert!(again.stdout.contains("not_ours"), "{}", again.stdout);
     assert!(again.stderr.contains("run before"), "{}", again.stderr);
 
@@ -174,13 +197,23 @@ async fn reconcile_runs_a_file_or_pulls_khalti_and_prints_the_run() {
     let bad_csv = bad_csv.to_string_lossy().into_owned();
     let missing = dir.join("nope.csv").to_string_lossy().into_owned();
     for (args, says) in [
-        (vec!["reconcile", &project, "esewa", &date], "--file is required"),
+        (
+            vec!["reconcile", &project, "esewa", &date],
+            "--file is required",
+        ),
         (
             vec!["reconcile", &project, "khalti", &date, "--file", &file],
             "--file: Khalti",
         ),
         (
-            vec!["reconcile", &project, "esewa", "2026-02-30", "--file", &file],
+            vec![
+                "reconcile",
+                &project,
+                "esewa",
+                "2026-02-30",
+                "--file",
+                &file,
+            ],
             "date:",
         ),
         (
@@ -192,8 +225,14 @@ async fn reconcile_runs_a_file_or_pulls_khalti_and_prints_the_run() {
             "file: line 4",
         ),
         (vec!["reconcile", &project, "paypal", &date], "paypal"),
-        (vec!["reconcile", "proj", "esewa", &date, "--file", &file], "not a project id"),
-        (vec!["reconcile", &project, "khalti", &date], "provider: no khalti credentials"),
+        (
+            vec!["reconcile", "proj", "esewa", &date, "--file", &file],
+            "not a project id",
+        ),
+        (
+            vec!["reconcile", &project, "khalti", &date],
+            "provider: no khalti credentials",
+        ),
     ] {
         let r = admin(dir, &args, &[]);
         assert_eq!(r.code, Some(2), "{args:?}: {}\n{}", r.stdout, r.stderr);
