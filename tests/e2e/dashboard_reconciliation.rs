@@ -469,8 +469,111 @@ async fn bad_input_names_its_field_and_runs_nothing(which: Which) {
     shop.stop().await;
 }
 
+/// A run of `project` as a run stores it, `status` as given.
+fn seeded_run(
+    project: &shared::ids::ProjectId,
+    day: u32,
+    status: shared::domain::reconciliation::runs::RunStatus,
+) -> shared::domain::reconciliation::runs::Run {
+    use shared::domain::reconciliation::runs::{Run, RunSource};
+    let now = SystemClock.now();
+    let mut counts = shared::domain::reconciliation::matching::Counts::default();
+    counts.matched = day;
+    counts.not_ours = 1;
+    Run {
+        id: shared::ids::ReconRunId::new(),
+        project_id: project.clone(),
+        mode: Mode::Sandbox,
+        provider: Provider::Fonepay,
+        day: format!("2026-10-{day:02}"),
+        source: RunSource::Upload,
+        digest: format!("{day:064x}"),
+        status,
+        counts,
+        ours_total: shared::money::Paisa::ZERO,
+        theirs_total: shared::money::Paisa::ZERO,
+        lines: day + 1,
+        findings: 0,
+        failure: None,
+        created_at: now,
+        completed_at: Some(now),
+    }
+}
+
+async fn runs_are_paged_newest_first_and_only_the_projects_own(which: Which) {
+    use shared::domain::reconciliation::runs::RunStatus;
+    use shared::domain::record::Record;
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let shop = Shop::on(app).await;
+    let app = &shop.app;
+    let other = app.tenant("Hari's Shop", "hari@example.com").await;
+    let mut ids = Vec::new();
+    let mut seeded = Vec::new();
+    for day in 1..=26 {
+        let run = seeded_run(&shop.tenant.project.id, day, RunStatus::Completed);
+        ids.push(run.id.to_string());
+        seeded.push(run);
+    }
+    let running = seeded_run(&shop.tenant.project.id, 27, RunStatus::Running);
+    let theirs = seeded_run(&other.project.id, 28, RunStatus::Completed);
+    for run in seeded.iter().chain([&running, &theirs]) {
+        let item = run.to_item().unwrap_or_else(|e| panic!("{e}"));
+        if let Err(e) = app.store.put(item, None).await {
+            panic!("{e}");
+        }
+    }
+    ids.push(running.id.to_string());
+    // Newest first: by id (ids sort by creation).
+    ids.sort();
+    ids.reverse();
+    user(
+        app,
+        &shop.tenant.merchant.id,
+        "v@pages.example",
+        Role::Viewer,
+    )
+    .await;
+    let mut viewer = signed_in(app, "v@pages.example").await;
+    let first = viewer.get(PAGE).await;
+    assert_eq!(first.status, 200, "{}", first.show());
+    let shown = |body: &str| -> Vec<String> {
+        body.match_indices(&format!("href=\"{PAGE}/runs/"))
+            .map(|(at, m)| {
+                body[at + m.len()..]
+                    .split('"')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(shown(&first.body), ids[..25].to_vec(), "{}", first.show());
+    assert!(first.body.contains("?page=2"), "{}", first.show());
+    let second = viewer.get(&format!("{PAGE}?page=2")).await;
+    assert_eq!(shown(&second.body), ids[25..].to_vec(), "{}", second.show());
+    assert!(!first.body.contains(theirs.id.as_str()), "{}", first.show());
+    // Another project's run is not found; a run not completed shows no
+    // findings and no counts.
+    let r = viewer.get(&format!("{PAGE}/runs/{}", theirs.id)).await;
+    assert_eq!(r.status, 404, "{}", r.show());
+    let r = viewer.get(&format!("{PAGE}/runs/{}", running.id)).await;
+    assert_eq!(r.status, 200, "{}", r.show());
+    assert!(r.body.contains("did not complete"), "{}", r.show());
+    assert!(
+        !r.body.contains("<td class=\"num\">27</td>"),
+        "{}",
+        r.show()
+    );
+    let r = viewer.get(&format!("{PAGE}?page=0")).await;
+    assert_eq!(r.status, 400, "{}", r.show());
+    shop.stop().await;
+}
+
 on_both_backends!(
     the_page_runs_an_uploaded_statement_and_settles_from_the_provider,
     run_khalti_now_pulls_the_day,
     bad_input_names_its_field_and_runs_nothing,
+    runs_are_paged_newest_first_and_only_the_projects_own,
 );
