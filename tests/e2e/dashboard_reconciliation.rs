@@ -477,9 +477,11 @@ fn seeded_run(
 ) -> shared::domain::reconciliation::runs::Run {
     use shared::domain::reconciliation::runs::{Run, RunSource};
     let now = SystemClock.now();
-    let mut counts = shared::domain::reconciliation::matching::Counts::default();
-    counts.matched = day;
-    counts.not_ours = 1;
+    let counts = shared::domain::reconciliation::matching::Counts {
+        matched: day,
+        not_ours: 1,
+        ..Default::default()
+    };
     Run {
         id: shared::ids::ReconRunId::new(),
         project_id: project.clone(),
