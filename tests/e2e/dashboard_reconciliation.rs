@@ -70,6 +70,11 @@ fn form_data(fields: &[(&str, &str)], file: &[u8]) -> Vec<u8> {
 }
 
 async fn upload(dash: &mut Dash, base: &str, fields: &[(&str, &str)], file: &[u8]) -> Reply {
+    upload_body(dash, base, form_data(fields, file)).await
+}
+
+/// `body` posted to the upload form as `multipart/form-data`.
+async fn upload_body(dash: &mut Dash, base: &str, body: Vec<u8>) -> Reply {
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -80,7 +85,7 @@ async fn upload(dash: &mut Dash, base: &str, fields: &[(&str, &str)], file: &[u8
             "content-type",
             format!("multipart/form-data; boundary={BOUNDARY}"),
         )
-        .body(form_data(fields, file));
+        .body(body);
     dash.send(req).await
 }
 
@@ -431,6 +436,30 @@ async fn bad_input_names_its_field_and_runs_nothing(which: Which) {
         assert_eq!(r.status, status, "{provider} {day}: {}", r.show());
         assert!(r.body.contains(says), "{says}: {}", r.show());
     }
+    // A form cut short; a field the form does not have.
+    let fields = [
+        ("csrf", csrf.as_str()),
+        ("provider", "esewa"),
+        ("date", date.as_str()),
+    ];
+    let whole = form_data(&fields, good.as_bytes());
+    for cut in [0, 40, whole.len() / 2, whole.len() - 5] {
+        let r = upload_body(&mut dev, &app.base, whole[..cut].to_vec()).await;
+        assert_eq!(r.status, 400, "cut at {cut}: {}", r.show());
+        assert!(
+            r.body.contains("Not run: the form did not arrive whole"),
+            "cut at {cut}: {}",
+            r.show()
+        );
+    }
+    let extra = [fields.as_slice(), &[("note", "hi")]].concat();
+    let r = upload(&mut dev, &app.base, &extra, good.as_bytes()).await;
+    assert_eq!(r.status, 400, "{}", r.show());
+    assert!(
+        r.body.contains("Not run: note: not a field of this form"),
+        "{}",
+        r.show()
+    );
     // Not a file upload at all; a Khalti day that is not one.
     let r = dev
         .post(

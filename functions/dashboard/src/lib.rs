@@ -30,7 +30,6 @@ mod documents;
 mod exports;
 mod join;
 mod keys;
-mod multipart;
 mod pages;
 mod people;
 mod reconciliation;

@@ -39,9 +39,7 @@ use shared::refusal::Refusal;
 use shared::time::Timestamp;
 
 use crate::pages::{layout, pager, pages_of, rupees, status_badge, when};
-use crate::{
-    Page, Signed, Stop, audit, fail, multipart, nav, page_number, page_window, query, see_other,
-};
+use crate::{Page, Signed, Stop, audit, fail, nav, page_number, page_window, query, see_other};
 
 pub const PATH: &str = "/dashboard/reconciliation";
 /// The largest statement file the upload form carries: a Lambda request
@@ -255,6 +253,114 @@ pub async fn pull(State(state): State<AppState>, signed: Signed, body: Bytes) ->
     ran(&state, &signed, result, now).await
 }
 
+/// The upload form's fields: what [`read_form`] accepts, no other.
+const FORM_FIELDS: [&str; 4] = ["csrf", "provider", "date", "file"];
+/// The most one of the form's text fields carries (the CSRF token, a
+/// provider, a day).
+const TEXT_MAX_BYTES: u64 = 1024;
+/// The most parts a form may have: a few of each field, no more.
+const FORM_MAX_PARTS: usize = 16;
+
+/// The upload form as read from its body.
+#[derive(Debug, Default)]
+struct UploadForm {
+    /// Its text fields, the first of each name.
+    fields: std::collections::HashMap<String, String>,
+    /// The chosen file: the first `file` part with a file name.
+    file: Option<Bytes>,
+}
+
+/// Why a body is not the upload form: the page's message and status.
+#[derive(Debug, PartialEq, Eq)]
+struct BadForm {
+    why: String,
+    status: StatusCode,
+}
+
+fn too_large() -> BadForm {
+    BadForm {
+        why: format!(
+            "Not run: file: the file is over the {} MB this form carries; send a larger one \
+             (up to 10 MB) through the API's upload URL",
+            FORM_MAX_BYTES / 1024 / 1024
+        ),
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+    }
+}
+
+fn malformed(what: impl std::fmt::Display) -> BadForm {
+    BadForm {
+        why: format!("Not run: the form did not arrive whole (malformed multipart body: {what})"),
+        status: StatusCode::BAD_REQUEST,
+    }
+}
+
+/// The boundary of a `multipart/form-data` request's `Content-Type`.
+fn boundary_of(content_type: &str) -> Option<String> {
+    multer::parse_boundary(content_type)
+        .ok()
+        .filter(|b| !b.is_empty())
+}
+
+/// The upload form's fields in `body` (already read whole), sent with
+/// `boundary`: only [`FORM_FIELDS`], a text field at most
+/// [`TEXT_MAX_BYTES`], the file at most [`FORM_MAX_BYTES`].
+async fn read_form(boundary: &str, body: Bytes) -> Result<UploadForm, BadForm> {
+    let limits = multer::SizeLimit::new()
+        .whole_stream((FORM_MAX_BYTES + FORM_SLACK) as u64)
+        .per_field(TEXT_MAX_BYTES)
+        .for_field("file", FORM_MAX_BYTES as u64);
+    let constraints = multer::Constraints::new()
+        .allowed_fields(FORM_FIELDS.to_vec())
+        .size_limit(limits);
+    let stream = futures::stream::once(async move { Ok::<_, std::convert::Infallible>(body) });
+    let mut parts = multer::Multipart::with_constraints(stream, boundary, constraints);
+    let mut form = UploadForm::default();
+    let mut seen = 0;
+    while let Some(part) = parts.next_field().await.map_err(bad_form)? {
+        seen += 1;
+        if seen > FORM_MAX_PARTS {
+            return Err(malformed(format!("more than {FORM_MAX_PARTS} parts")));
+        }
+        let name = part.name().unwrap_or_default().to_owned();
+        let is_file = part.file_name().is_some();
+        let bytes = part.bytes().await.map_err(bad_form)?;
+        if is_file {
+            if name == "file" && form.file.is_none() {
+                form.file = Some(bytes);
+            }
+        } else if let Ok(text) = String::from_utf8(bytes.to_vec()) {
+            form.fields.entry(name).or_insert(text);
+        }
+    }
+    Ok(form)
+}
+
+/// The page for what multer found wrong with the body.
+fn bad_form(e: multer::Error) -> BadForm {
+    match e {
+        multer::Error::StreamSizeExceeded { .. } => too_large(),
+        multer::Error::FieldSizeExceeded { field_name, limit } => match field_name.as_deref() {
+            Some("file") => too_large(),
+            name => BadForm {
+                why: format!(
+                    "Not run: {}: over the {limit} bytes this field carries",
+                    name.unwrap_or("(a part without a name)")
+                ),
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+            },
+        },
+        multer::Error::UnknownField {
+            field_name: Some(name),
+        } => BadForm {
+            why: format!("Not run: {name}: not a field of this form"),
+            status: StatusCode::BAD_REQUEST,
+        },
+        multer::Error::UnknownField { field_name: None } => malformed("a part without a name"),
+        other => malformed(other),
+    }
+}
+
 /// A statement file from the form (`multipart/form-data`), run at once.
 pub async fn upload(
     State(state): State<AppState>,
@@ -262,74 +368,30 @@ pub async fn upload(
     req: axum::extract::Request,
 ) -> Page {
     signed.require(Action::ChangeRecords)?;
-    let too_large = format!(
-        "Not run: file: the file is over the {} MB this form carries; send a larger one \
-         (up to 10 MB) through the API's upload URL",
-        FORM_MAX_BYTES / 1024 / 1024
-    );
     let boundary = req
         .headers()
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .and_then(multipart::boundary);
+        .and_then(boundary_of);
     let Some(boundary) = boundary else {
         let why = "Not run: file: choose a statement file (the form was not sent as a file upload)";
         return show(&state, &signed, 1, Some(why), StatusCode::BAD_REQUEST).await;
     };
-    let body = match axum::body::to_bytes(req.into_body(), FORM_MAX_BYTES + FORM_SLACK).await {
-        Ok(b) => b,
-        Err(_) => {
-            return show(
-                &state,
-                &signed,
-                1,
-                Some(too_large.as_str()),
-                StatusCode::PAYLOAD_TOO_LARGE,
-            )
-            .await;
-        }
+    let read = match axum::body::to_bytes(req.into_body(), FORM_MAX_BYTES + FORM_SLACK).await {
+        Ok(body) => read_form(&boundary, body).await,
+        Err(_) => Err(too_large()),
     };
-    let parts = match multipart::parse(&body, &boundary) {
-        Ok(p) => p,
-        Err(why) => {
-            let why = format!("Not run: {why}");
-            return show(
-                &state,
-                &signed,
-                1,
-                Some(why.as_str()),
-                StatusCode::BAD_REQUEST,
-            )
-            .await;
-        }
+    let form = match read {
+        Ok(form) => form,
+        Err(bad) => return show(&state, &signed, 1, Some(bad.why.as_str()), bad.status).await,
     };
-    let mut fields = std::collections::HashMap::new();
-    let mut file = None;
-    for p in parts {
-        if p.filename.is_some() {
-            if p.name == "file" && file.is_none() {
-                file = Some(p.bytes);
-            }
-        } else if let Ok(text) = String::from_utf8(p.bytes.to_vec()) {
-            fields.entry(p.name).or_insert(text);
-        }
-    }
+    let UploadForm { fields, file } = form;
     signed.check_csrf(&fields)?;
     let field = |k: &str| fields.get(k).map(|v| v.trim()).unwrap_or_default();
     let file = file.unwrap_or_default();
     if file.is_empty() {
         let why = "Not run: file: choose a statement file (the one sent is empty)";
         return show(&state, &signed, 1, Some(why), StatusCode::BAD_REQUEST).await;
-    }
-    if file.len() > FORM_MAX_BYTES {
-        return show(
-            &state,
-            &signed,
-            1,
-            Some(too_large.as_str()),
-            StatusCode::PAYLOAD_TOO_LARGE,
-        )
-        .await;
     }
     let now = state.clock.now();
     let result = runs::start_file(
@@ -570,5 +632,147 @@ pub async fn settle(
             show_run(&state, &signed, &id, shown, status).await
         }
         Err(e) => Err(fail(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A form as a browser posts it: (name, file name, bytes) per part,
+    /// boundary `XyZ`, after a preamble.
+    fn body(parts: &[(&str, Option<&str>, &[u8])]) -> Bytes {
+        let mut out = b"preamble\r\n".to_vec();
+        for (name, file, bytes) in parts {
+            out.extend_from_slice(b"--XyZ\r\nContent-Disposition: form-data; name=\"");
+            out.extend_from_slice(name.as_bytes());
+            out.push(b'"');
+            if let Some(f) = file {
+                out.extend_from_slice(format!("; filename=\"{f}\"").as_bytes());
+                out.extend_from_slice(b"\r\nContent-Type: text/csv");
+            }
+            out.extend_from_slice(b"\r\n\r\n");
+            out.extend_from_slice(bytes);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"--XyZ--\r\n");
+        Bytes::from(out)
+    }
+
+    async fn read(body: Bytes) -> Result<UploadForm, BadForm> {
+        read_form("XyZ", body).await
+    }
+
+    #[tokio::test]
+    async fn a_browser_form_with_a_file_reads_back_exactly() {
+        let file: &[u8] = b"a,b\r\n--X,y\r\n\r\n\x00\xff end";
+        let b = body(&[
+            ("csrf", None, b"tok"),
+            ("provider", None, b"esewa"),
+            ("provider", None, b"fonepay"),
+            ("date", None, b"\xff"),
+            ("file", Some("day.csv"), file),
+            ("file", Some("other.csv"), b"second"),
+        ]);
+        let form = read(b).await.unwrap_or_default();
+        assert_eq!(form.fields.get("csrf").map(String::as_str), Some("tok"));
+        // The first of each name; a text that is not UTF-8 is no value.
+        assert_eq!(
+            form.fields.get("provider").map(String::as_str),
+            Some("esewa")
+        );
+        assert_eq!(form.fields.get("date"), None);
+        assert_eq!(form.file.as_deref(), Some(file));
+        // A file field without a file name is no file; an empty file is
+        // an empty one.
+        let text = read(body(&[("file", None, b"x")]))
+            .await
+            .unwrap_or_default();
+        assert_eq!(text.file, None);
+        let empty = read(body(&[("file", Some(""), b"")])).await;
+        assert_eq!(
+            empty.map(|f| f.file).ok().flatten().as_deref(),
+            Some(&b""[..])
+        );
+    }
+
+    #[test]
+    fn the_boundary_comes_from_the_content_type() {
+        assert_eq!(
+            boundary_of("multipart/form-data; boundary=----abc").as_deref(),
+            Some("----abc")
+        );
+        assert_eq!(
+            boundary_of("Multipart/Form-Data;charset=utf-8; boundary=\"q r\"").as_deref(),
+            Some("q r")
+        );
+        for bad in [
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+            "multipart/form-data; boundary=",
+            "multipart/form-data; boundary=\"\"",
+            "multipart/mixed; boundary=a",
+            "",
+        ] {
+            assert_eq!(boundary_of(bad), None, "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_broken_body_is_a_400_at_every_cut() {
+        let whole = body(&[("csrf", None, b"tok"), ("file", Some("f.csv"), b"x,y\r\n")]);
+        assert!(read(whole.clone()).await.is_ok());
+        // Up to the closing boundary's `--`: never a form, never a panic.
+        for cut in 0..whole.len() - 4 {
+            let bad = read(whole.slice(..cut)).await.err();
+            assert_eq!(
+                bad.map(|b| b.status),
+                Some(StatusCode::BAD_REQUEST),
+                "cut at {cut}"
+            );
+        }
+        let other = read_form("other", whole).await.err();
+        assert_eq!(other.map(|b| b.status), Some(StatusCode::BAD_REQUEST));
+        let no_name =
+            Bytes::from_static(b"--XyZ\r\nContent-Disposition: form-data\r\n\r\nx\r\n--XyZ--");
+        let bad = read(no_name).await.err();
+        assert_eq!(bad.map(|b| b.status), Some(StatusCode::BAD_REQUEST));
+    }
+
+    #[tokio::test]
+    async fn only_the_forms_fields_and_at_most_their_sizes() {
+        let bad = read(body(&[("csrf", None, b"t"), ("note", None, b"hi")]))
+            .await
+            .err();
+        assert_eq!(
+            bad,
+            Some(BadForm {
+                why: "Not run: note: not a field of this form".into(),
+                status: StatusCode::BAD_REQUEST,
+            })
+        );
+        let at_most = vec![b'a'; FORM_MAX_BYTES];
+        let form = read(body(&[("file", Some("f.csv"), &at_most)])).await;
+        assert_eq!(
+            form.map(|f| f.file.map(|b| b.len())).ok().flatten(),
+            Some(FORM_MAX_BYTES)
+        );
+        let over = vec![b'a'; FORM_MAX_BYTES + 1];
+        let bad = read(body(&[("file", Some("f.csv"), &over)])).await.err();
+        assert_eq!(bad, Some(too_large()));
+        let long = vec![b'a'; TEXT_MAX_BYTES as usize + 1];
+        let bad = read(body(&[("csrf", None, &long)])).await.err();
+        assert_eq!(
+            bad,
+            Some(BadForm {
+                why: format!("Not run: csrf: over the {TEXT_MAX_BYTES} bytes this field carries"),
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+            })
+        );
+        let many: Vec<(&str, Option<&str>, &[u8])> = (0..=FORM_MAX_PARTS)
+            .map(|_| ("date", None, &b"d"[..]))
+            .collect();
+        let bad = read(body(&many)).await.err();
+        assert_eq!(bad.map(|b| b.status), Some(StatusCode::BAD_REQUEST));
     }
 }
