@@ -32,6 +32,7 @@ mod dashboard_exports;
 mod dashboard_host;
 mod dashboard_invites;
 mod dashboard_members;
+mod dashboard_reconciliation;
 mod dashboard_roles;
 mod dashboard_signin;
 mod docs_page;

@@ -11,6 +11,7 @@
 //! | `GET /dashboard/payments`, `/dashboard/payments/{id}` | Payments, and one with its attempt and refunds. |
 //! | `GET /dashboard/audit` | Who did what (owners). |
 //! | `GET, POST /dashboard/exports` | Exports: start one (owners, developers), progress, downloads. |
+//! | `GET /dashboard/reconciliation`, `/dashboard/reconciliation/runs/{id}` | Reconciliation runs and a run's findings; `POST …/uploads` (a statement file), `…/khalti` (the pull), `…/runs/{id}/findings/{n}/settle`. |
 //! | `GET, POST /dashboard/people` | People and invitations (owners). |
 //! | `GET, POST /dashboard/join/{token}` | An invitation's link: set a password and join (keyless, throttled per address). |
 //!
@@ -31,6 +32,7 @@ mod join;
 mod keys;
 mod pages;
 mod people;
+mod reconciliation;
 mod records;
 mod settlements;
 mod taxcredit;
@@ -226,6 +228,23 @@ pub fn router(state: AppState) -> Router {
             )
             .route("/dashboard/credentials/check", post(credentials::check))
             .route("/dashboard/credentials/fees", post(credentials::set_fee))
+            .route(reconciliation::PATH, get(reconciliation::page))
+            .route(
+                "/dashboard/reconciliation/uploads",
+                post(reconciliation::upload),
+            )
+            .route(
+                "/dashboard/reconciliation/khalti",
+                post(reconciliation::pull),
+            )
+            .route(
+                "/dashboard/reconciliation/runs/{id}",
+                get(reconciliation::run_page),
+            )
+            .route(
+                "/dashboard/reconciliation/runs/{id}/findings/{n}/settle",
+                post(reconciliation::settle),
+            )
             .route(
                 "/dashboard/reconciliation/settlements",
                 get(settlements::page),

@@ -38,7 +38,7 @@ pub struct Nav {
 }
 
 /// The pages, their paths and who sees them in the navigation.
-const PAGES: [(&str, &str, &str, Action); 13] = [
+const PAGES: [(&str, &str, &str, Action); 14] = [
     ("overview", "/dashboard", "Overview", Action::ReadRecords),
     (
         "payments",
@@ -79,6 +79,12 @@ const PAGES: [(&str, &str, &str, Action); 13] = [
         Action::ReadRecords,
     ),
     ("sms", "/dashboard/sms", "SMS", Action::ReadRecords),
+    (
+        "reconciliation",
+        crate::reconciliation::PATH,
+        "Reconciliation",
+        Action::ReadRecords,
+    ),
     (
         "exports",
         crate::exports::PATH,

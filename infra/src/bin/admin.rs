@@ -13,6 +13,8 @@
 //!     dhukuti-admin payments release pay_… --recheck|--succeed|--fail "why"
 //!     dhukuti-admin listen [--events payment.succeeded] [--forward-to URL]
 //!     dhukuti-admin trigger payment.succeeded|all [--endpoint we_…]
+//!     dhukuti-admin reconcile proj_… khalti 2026-11-28 [--mode live]
+//!     dhukuti-admin reconcile proj_… esewa 2026-11-28 --file statement.xlsx
 //!
 //! Every command takes `--json` for scripts (data on stdout, messages on
 //! stderr). Bad input exits 2, a failed operation 1.
@@ -112,6 +114,29 @@ enum Command {
     /// (once; later runs print the same), and print what a tester needs
     /// (SAM local: infra/README.md).
     Seed(SeedArgs),
+    /// Reconcile one provider's Nepal day for a project: Khalti's
+    /// transaction list is pulled; eSewa and Fonepay take the statement
+    /// file from their merchant portal (--file). Prints the run and its
+    /// counts; the same statement again answers the run it made.
+    Reconcile(ReconcileArgs),
+}
+
+#[derive(Args, Debug)]
+struct ReconcileArgs {
+    /// The project (`proj_…`).
+    #[arg(value_name = "PROJECT_ID")]
+    project_id: String,
+    #[arg(value_enum)]
+    provider: ProviderArg,
+    /// The Nepal calendar day, YYYY-MM-DD.
+    #[arg(value_name = "YYYY-MM-DD")]
+    date: String,
+    /// The statement file (eSewa, Fonepay): CSV, XLSX or XLS as the
+    /// portal exports it.
+    #[arg(long, value_name = "PATH")]
+    file: Option<std::path::PathBuf>,
+    #[arg(long, value_enum, default_value = "sandbox")]
+    mode: ModeArg,
 }
 
 #[derive(Args, Debug)]
@@ -999,9 +1024,120 @@ async fn run(command: Command) -> Result<Output, Failure> {
         Command::User(cmd) => users::user_cmd(cmd, now).await,
         Command::Trigger(args) => trigger_cmd(args).await,
         Command::Seed(args) => seed_cmd(args).await,
+        Command::Reconcile(args) => reconcile_cmd(args, now).await,
         // Runs until Ctrl-C, printing as it goes: see `main`.
         Command::Listen(_) => Err(Failure::Usage("listen runs on its own".into())),
     }
+}
+
+// ----------------------------------------------------------- reconcile
+
+/// A run's refusal: bad input (the provider, the day, the file) exits 2,
+/// anything else (Khalti unreachable, the store) 1.
+fn run_failed(e: shared::domain::reconciliation::runs::RunError) -> Failure {
+    use shared::domain::reconciliation::runs::RunError;
+    match e {
+        RunError::Provider
+        | RunError::Day
+        | RunError::File(_)
+        | RunError::Field(..)
+        | RunError::Account { .. } => {
+            let refusal = shared::refusal::Refusal::from(e);
+            let field = refusal.field.as_deref().unwrap_or("input");
+            Failure::Usage(format!("{field}: {}", refusal.message))
+        }
+        other => Failure::Failed(format!("the run failed: {other}")),
+    }
+}
+
+async fn reconcile_cmd(args: ReconcileArgs, now: Timestamp) -> Result<Output, Failure> {
+    use shared::domain::reconciliation::runs::{self, RunRequest, RunView};
+    use shared::domain::reconciliation::statements::MAX_BYTES;
+    let project_id = parse_id::<ProjectId>(&args.project_id, "project")?;
+    let provider = Provider::from(args.provider);
+    runs::parse_day(&args.date).map_err(run_failed)?;
+    let file = match (provider, &args.file) {
+        (Provider::Khalti, Some(_)) => {
+            return Err(Failure::Usage(
+                "--file: Khalti's statement is pulled from Khalti: give no file".into(),
+            ));
+        }
+        (Provider::Khalti, None) => None,
+        (_, None) => {
+            return Err(Failure::Usage(format!(
+                "--file is required: the {} statement file from the merchant portal \
+                 (CSV, XLSX or XLS)",
+                provider.display_name()
+            )));
+        }
+        (_, Some(path)) => {
+            let shown = path.display();
+            let len = std::fs::metadata(path)
+                .map_err(|e| Failure::Usage(format!("--file {shown}: {e}")))?
+                .len();
+            if len > MAX_BYTES as u64 {
+                return Err(Failure::Usage(format!(
+                    "--file {shown}: the file is over the limit of {MAX_BYTES} bytes"
+                )));
+            }
+            Some(std::fs::read(path).map_err(|e| Failure::Usage(format!("--file {shown}: {e}")))?)
+        }
+    };
+    // The master key opens the project's sealed credentials (its
+    // merchant account, Khalti's key); without one only the sandbox
+    // accounts of the environment work.
+    let keys = match CredentialsKeys::from_env() {
+        Ok(k) => Some(k),
+        Err(CredentialsError::MissingKey) => None,
+        Err(e) => return Err(cred_failed(e)),
+    };
+    let providers = shared::providers::hub::ProviderHub::from_env(keys).map_err(Failure::Usage)?;
+    let store = store().await?;
+    let state = deps_of(&store).with_providers(providers);
+    project(&state, &project_id).await?;
+    let tenant = Tenant::new(project_id, args.mode.into());
+    let run = match &file {
+        Some(bytes) => {
+            runs::start_file(&state, &tenant, provider.as_str(), &args.date, bytes, now).await
+        }
+        None => {
+            let req = RunRequest {
+                provider: provider.as_str(),
+                date: &args.date,
+                upload_id: None,
+            };
+            runs::start(&state, &tenant, &req, now).await
+        }
+    }
+    .map_err(run_failed)?;
+    let view = RunView::of(&run);
+    let mut text = vec![
+        format!("run        {}", run.id),
+        format!("provider   {}", provider.as_str()),
+        format!("date       {}", run.day),
+        format!("source     {}", to_json(&run.source).as_str().unwrap_or("")),
+        format!("status     {}", to_json(&run.status).as_str().unwrap_or("")),
+        format!("lines      {}", run.lines),
+        format!("ours       {} paisa", run.ours_total.get()),
+        format!("theirs     {} paisa", run.theirs_total.get()),
+    ];
+    let counts = table(
+        &["CLASSIFICATION", "FINDINGS"],
+        shared::domain::reconciliation::matching::Classification::ALL
+            .iter()
+            .map(|c| vec![c.as_str().to_owned(), view.counts.of(*c).to_string()])
+            .collect(),
+    );
+    text.extend(counts);
+    let out = Output::new(to_json(&view), text);
+    Ok(if run.created_at == now {
+        out
+    } else {
+        out.note(format!(
+            "this statement was run before: that run, unchanged (created {})",
+            run.created_at.to_rfc3339()
+        ))
+    })
 }
 
 // ---------------------------------------------------------------- seed

@@ -4,5 +4,6 @@
 //! libraries in `infra/tests/clients`).
 
 mod admin_cli;
+mod admin_reconcile;
 mod simulators;
 mod statements;

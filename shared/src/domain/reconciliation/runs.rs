@@ -285,6 +285,29 @@ pub async fn start(
     execute(deps, tenant, day, &statement, source, now).await
 }
 
+/// Runs an eSewa or Fonepay statement file the request carried itself
+/// (the dashboard's form, `dhukuti-admin reconcile --file`): the checks
+/// and the run of [`start`] with an upload, without the upload slot.
+pub async fn start_file(
+    deps: &Deps,
+    tenant: &Tenant,
+    provider: &str,
+    date: &str,
+    bytes: &[u8],
+    now: Timestamp,
+) -> Result<Run, RunError> {
+    let provider = parse_provider(provider)?;
+    let day = parse_day(date)?;
+    if provider == Provider::Khalti {
+        return Err(RunError::Field(
+            "provider",
+            "Khalti's statement is pulled from Khalti: run it without a file".into(),
+        ));
+    }
+    let statement = parse_file(provider, bytes)?;
+    execute(deps, tenant, day, &statement, RunSource::Upload, now).await
+}
+
 /// An uploaded file read as `provider`'s statement.
 fn parse_file(provider: Provider, bytes: &[u8]) -> Result<Statement, RunError> {
     super::statements::parse(provider, bytes).map_err(|e| RunError::File(e.to_string()))
