@@ -210,8 +210,12 @@ pub async fn pull_day(
     }
     let (page, more) =
         credentials::pulled_after(&*deps.store, PROVIDER, cursor.after.as_deref(), PAGE).await?;
-    let turns: Vec<(usize, Turn)> = futures::stream::iter(page.iter().enumerate())
-        .map(|(i, (_, t))| async move { (i, turn(deps, t, day, now, deadline).await) })
+    // Owned items: a stream of borrowed ones is not `Send` for every
+    // lifetime, which the tick's spawned task needs.
+    let tenants: Vec<(usize, PulledTenant)> =
+        page.iter().map(|(_, t)| t.clone()).enumerate().collect();
+    let turns: Vec<(usize, Turn)> = futures::stream::iter(tenants)
+        .map(move |(i, t)| async move { (i, turn(deps, &t, day, now, deadline).await) })
         .buffer_unordered(PARALLEL)
         .collect()
         .await;
