@@ -54,6 +54,9 @@ pub const RETRY_AFTER: chrono::Duration = chrono::Duration::minutes(30);
 pub const LEASE: chrono::Duration = chrono::Duration::minutes(5);
 /// How long a claim is kept (TTL).
 pub const KEEP_DAYS: i64 = 35;
+/// How long after Nepal's midnight the previous day is first pulled (a
+/// transaction of the day's last minutes may reach the list late).
+pub const PULL_AFTER: chrono::Duration = chrono::Duration::hours(1);
 /// No tenant's pull starts after this long in one call (the scheduler's
 /// invocation lasts 60 s at most).
 pub const RUN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(40);
@@ -179,14 +182,19 @@ enum Turn {
 }
 
 /// The scheduler's part: the previous Nepal day's pulls, as far as one
-/// page of tenants and `deadline` allow.
+/// page of tenants and `deadline` allow; nothing in the first
+/// [`PULL_AFTER`] of the Nepal day.
 pub async fn daily(
     deps: &Deps,
     now: Timestamp,
     deadline: Instant,
 ) -> Result<PullReport, StoreError> {
-    let yesterday = nepal_day_of(now) - chrono::Duration::days(1);
-    pull_day(deps, yesterday, now, deadline).await
+    let today = nepal_day_of(now);
+    let (midnight, _) = super::matching::day_bounds(today);
+    if now < midnight.plus(PULL_AFTER) {
+        return Ok(PullReport::default());
+    }
+    pull_day(deps, today - chrono::Duration::days(1), now, deadline).await
 }
 
 /// One call's share of `day`'s pulls (see the module).
@@ -651,8 +659,15 @@ mod tests {
     async fn the_scheduler_pulls_the_previous_nepal_day() {
         let state = state();
         let tenants = khalti_tenants(&state, 1).await;
-        // 2026-11-29 00:30 in Nepal.
+        // 2026-11-29 00:30 in Nepal: not yet.
         let now = Timestamp::parse("2026-11-28T18:45:00Z").unwrap_or_else(|| panic!("time"));
+        let r = daily(&state, now, later())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r, PullReport::default());
+        assert!(claim_of(&state, &tenants[0]).await.is_none());
+        // 01:00: the 28th is pulled.
+        let now = now.plus(chrono::Duration::minutes(30));
         let r = daily(&state, now, later())
             .await
             .unwrap_or_else(|e| panic!("{e}"));
