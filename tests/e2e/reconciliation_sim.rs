@@ -5,7 +5,8 @@
 //! `/{provider}/_sim/statement` (CSV and XLSX) and uploaded; Khalti's list
 //! is pulled by the daily pull as the scheduler runs it (two calls racing:
 //! one run). Each run flags exactly what was injected, and the day's
-//! reconciliation export has a row per finding. A completed run
+//! reconciliation export has a row per finding; the local tick pulls the
+//! previous day by itself. A completed run
 //! reaches a real webhook receiver as `reconciliation.completed`, signed,
 //! with its counts.
 
@@ -18,12 +19,14 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use dhukuti_tests::browser::text;
 use dhukuti_tests::shop::{Shop, Via};
-use dhukuti_tests::{Answer, Which, on_both_backends, send, spawn_app};
+use dhukuti_tests::{
+    Answer, Which, on_both_backends, send, spawn_app, spawn_app_tweaked_with_clock,
+};
 use serde_json::{Value, json};
 use shared::domain::reconciliation::daily::{self, PullReport};
 use shared::domain::reconciliation::matching::nepal_day_of;
 use shared::domain::{Mode, Tenant};
-use shared::time::{Clock, SystemClock};
+use shared::time::{Clock, ManualClock, SystemClock};
 use shared::webhooks::signature::{self, SIGNATURE_HEADER};
 
 /// (classification, what names it: our payment's id, else the line's
@@ -500,7 +503,75 @@ async fn a_completed_run_reaches_a_webhook_with_its_counts(which: Which) {
     shop.stop().await;
 }
 
+/// The local gateway's tick drives the daily pull as the scheduler does:
+/// with the clock at 02:00 Nepal time the next day, a tenant with Khalti
+/// credentials gets its run of the day before (Khalti's list, today's
+/// line not ours in it), its claim done.
+async fn the_local_tick_pulls_the_previous_day(which: Which) {
+    let today = nepal_day_of(SystemClock.now());
+    let (_, midnight) = shared::domain::reconciliation::matching::day_bounds(today);
+    let clock = Arc::new(ManualClock::new(midnight.plus(chrono::Duration::hours(2))));
+    let Some(app) = spawn_app_tweaked_with_clock(which, clock.clone(), |s| {
+        s.sweep_every = Some(Duration::from_millis(100));
+    })
+    .await
+    else {
+        return;
+    };
+    let shop = Shop::on(app).await;
+    let foreign = inject(&shop, "khalti", json!({"kind": "foreign", "amount": 6_000})).await;
+    enable_khalti(&shop).await;
+    // A pass that ran before the credentials came is followed by another
+    // RETRY_AFTER later: past it, whenever the first tick ran.
+    clock.advance(daily::RETRY_AFTER + chrono::Duration::seconds(1));
+    let date = today.format("%Y-%m-%d").to_string();
+    let path = format!("/v1/reconciliation/runs?provider=khalti&date={date}");
+    let until = Instant::now() + Duration::from_secs(20);
+    let run = loop {
+        let a = shop.app.get(&path, Some(&shop.key)).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        // Listed `running` first, then `completed` by one write.
+        if a.body["meta"]["total"] == 1 && a.body["data"][0]["status"] == "completed" {
+            break a.body["data"][0].clone();
+        }
+        assert!(Instant::now() < until, "no run by the tick: {}", a.body);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(run["source"], "pull", "{run}");
+    assert_eq!(run["lines"], 1, "{run}");
+    assert_eq!(run["counts"]["notOurs"], 1, "{run}");
+    let (got, _) = flagged(&shop, &text(&run["id"])).await;
+    assert_eq!(
+        got,
+        [class("not_ours", &text(&foreign["provider_ref"]))]
+            .into_iter()
+            .collect::<Flagged>()
+    );
+    // Its claim is done, naming the run: later passes leave the day alone.
+    let claim_key = shared::domain::reconciliation::daily::PullClaim::key(
+        &tenant(&shop),
+        shared::domain::Provider::Khalti,
+        &date,
+    );
+    let claim: Option<shared::domain::reconciliation::daily::PullClaim> =
+        match shared::domain::record::get(&*shop.app.store, &claim_key).await {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+    let Some(claim) = claim else {
+        panic!("no claim")
+    };
+    assert_eq!(
+        claim.status,
+        shared::domain::reconciliation::daily::PullStatus::Done
+    );
+    assert_eq!(claim.attempts, 1);
+    assert_eq!(claim.run_id.map(|r| r.to_string()), Some(text(&run["id"])));
+    shop.stop().await;
+}
+
 on_both_backends!(
     simulator_statements_reconcile_to_exactly_the_injected_discrepancies,
     a_completed_run_reaches_a_webhook_with_its_counts,
+    the_local_tick_pulls_the_previous_day,
 );

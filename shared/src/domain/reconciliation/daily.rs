@@ -7,9 +7,10 @@
 //! (`credentials::pulled_after`), [`PARALLEL`] at a time, and saves where
 //! it stopped in the cursor ([`PullCursor`], one per provider, written
 //! conditioned on the version read), so a day's pulls spread over as many
-//! ticks as the list needs. When the list is done and some tenants failed
-//! (Khalti down, credentials refused), another pass over the list begins
-//! [`RETRY_AFTER`] later, up to [`MAX_PASSES`] passes a day.
+//! ticks as the list needs. When the list ends, another pass over it
+//! begins [`RETRY_AFTER`] later, all day: it retries the tenants that
+//! failed (Khalti down, credentials refused) and takes those whose
+//! credentials came since; a tenant already done costs one read.
 //!
 //! Exactly once per tenant and day, however ticks race: a tenant's pull is
 //! claimed first ([`PullClaim`], `PULLDAY#<project>#<mode>#khalti` /
@@ -46,9 +47,8 @@ pub const PAGE: usize = 20;
 pub const PARALLEL: usize = 4;
 /// Tries of one tenant's day before it is left failed.
 pub const MAX_ATTEMPTS: u32 = 3;
-/// Passes over the list per day (the later ones retry the failures).
-pub const MAX_PASSES: u32 = 3;
-/// How long after a pass with failures the next one begins.
+/// How long after a pass the next one begins (and after a failure a
+/// tenant is tried again).
 pub const RETRY_AFTER: chrono::Duration = chrono::Duration::minutes(30);
 /// How long a claim holds a tenant's pull without news (a crashed tick).
 pub const LEASE: chrono::Duration = chrono::Duration::minutes(5);
@@ -125,10 +125,6 @@ pub struct PullCursor {
     pub after: Option<String>,
     /// 1-based.
     pub pass: u32,
-    /// Tenants that failed in this pass.
-    pub failed: u32,
-    /// Nothing more to do for the day.
-    pub done: bool,
     /// The next pass does not begin before this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before: Option<Timestamp>,
@@ -152,8 +148,6 @@ impl PullCursor {
             day: day.to_owned(),
             after: None,
             pass: 1,
-            failed: 0,
-            done: false,
             not_before: None,
             version,
         }
@@ -213,7 +207,7 @@ pub async fn pull_day(
         None => PullCursor::fresh(&day_text, 0),
     };
     let mut report = PullReport::default();
-    if cursor.done || cursor.not_before.is_some_and(|t| t > now) {
+    if cursor.not_before.is_some_and(|t| t > now) {
         return Ok(report);
     }
     let (page, more) =
@@ -242,19 +236,13 @@ pub async fn pull_day(
             taken += 1;
         }
     }
-    cursor.failed += u32::try_from(report.failed).unwrap_or(u32::MAX);
     if taken > 0 {
         cursor.after = Some(page[taken - 1].0.clone());
     }
     if taken == page.len() && !more {
-        if cursor.failed > 0 && cursor.pass < MAX_PASSES {
-            cursor.pass += 1;
-            cursor.after = None;
-            cursor.failed = 0;
-            cursor.not_before = Some(now.plus(RETRY_AFTER));
-        } else {
-            cursor.done = true;
-        }
+        cursor.pass += 1;
+        cursor.after = None;
+        cursor.not_before = Some(now.plus(RETRY_AFTER));
     }
     let read = seen.as_ref().map(|c| c.version);
     cursor.version = read.unwrap_or(0) + 1;
@@ -596,11 +584,12 @@ mod tests {
         }
     }
 
-    /// A page of tenants per call; a pass that ends with failures is
-    /// followed by another RETRY_AFTER later, up to MAX_PASSES; then the
-    /// day is done. A new day starts again from the top.
+    /// A page of tenants per call; when the list ends, the next pass
+    /// begins RETRY_AFTER later: it retries the failures (up to
+    /// MAX_ATTEMPTS, then skips them) and takes tenants added since. A
+    /// new day starts again from the top; a passed deadline takes nobody.
     #[tokio::test]
-    async fn the_day_goes_a_page_at_a_time_and_retries_failures_in_later_passes() {
+    async fn the_day_goes_a_page_at_a_time_in_passes_that_retry_and_take_newcomers() {
         let state = state();
         let n = PAGE * 2 + 3;
         let tenants = khalti_tenants(&state, n).await;
@@ -618,26 +607,38 @@ mod tests {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r, PullReport::default());
-        for pass in 2..=MAX_PASSES {
-            now = now.plus(RETRY_AFTER + chrono::Duration::seconds(1));
-            let mut failed = 0;
-            for _ in 0..3 {
-                let r = pull_day(&state, day(), now, later())
-                    .await
-                    .unwrap_or_else(|e| panic!("{e}"));
-                failed += r.failed;
+        let pass = |now: Timestamp| {
+            let state = state.clone();
+            async move {
+                let mut sum = PullReport::default();
+                for _ in 0..3 {
+                    let r = pull_day(&state, day(), now, later())
+                        .await
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    sum.pulled += r.pulled;
+                    sum.skipped += r.skipped;
+                    sum.failed += r.failed;
+                }
+                sum
             }
-            assert_eq!(failed, n, "pass {pass}");
+        };
+        for attempt in 2..=MAX_ATTEMPTS {
+            now = now.plus(RETRY_AFTER + chrono::Duration::seconds(1));
+            assert_eq!(pass(now).await.failed, n, "attempt {attempt}");
         }
+        // Given up on, and a newcomer: tried once.
+        let newcomer = khalti_tenants(&state, 1).await;
         now = now.plus(RETRY_AFTER + chrono::Duration::seconds(1));
-        let r = pull_day(&state, day(), now, later())
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(r, PullReport::default(), "done for the day");
+        let r = pass(now).await;
+        assert_eq!((r.failed, r.skipped), (1, n), "{r:?}");
         for t in &tenants {
             let c = claim_of(&state, t).await.unwrap_or_else(|| panic!("claim"));
             assert_eq!(c.attempts, MAX_ATTEMPTS);
         }
+        let c = claim_of(&state, &newcomer[0])
+            .await
+            .unwrap_or_else(|| panic!("claim"));
+        assert_eq!(c.attempts, 1);
         // The next day begins again from the top.
         let next = day() + chrono::Duration::days(1);
         let r = pull_day(&state, next, now, later())
