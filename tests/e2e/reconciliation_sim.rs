@@ -6,7 +6,8 @@
 //! is pulled by the daily pull as the scheduler runs it (two calls racing:
 //! one run). Each run flags exactly what was injected, and the day's
 //! reconciliation export has a row per finding; the local tick pulls the
-//! previous day by itself. A completed run
+//! previous day by itself; a tenant whose pull fails stops no other. A
+//! completed run
 //! reaches a real webhook receiver as `reconciliation.completed`, signed,
 //! with its counts.
 
@@ -445,7 +446,27 @@ async fn a_completed_run_reaches_a_webhook_with_its_counts(which: Which) {
         shop.paid(Via::Khalti, 30_000 + i * 100).await;
     }
     let foreign = inject(&shop, "khalti", json!({"kind": "foreign", "amount": 7_500})).await;
-    assert_eq!(pull_today(&shop).await.pulled, 1);
+    // Another project whose Khalti key Khalti refuses: its pull fails,
+    // ours goes on.
+    let other = shop.app.tenant("Hari's Shop", "hari@example.com").await;
+    let Some(keys) = shop.app.state().providers.keys() else {
+        panic!("the gateway has no credentials key")
+    };
+    if let Err(e) = shared::domain::credentials::put_credentials(
+        &*shop.app.store,
+        keys,
+        SystemClock.now(),
+        &Tenant::new(other.project.id.clone(), Mode::Sandbox),
+        &shared::providers::ProviderCredentials::Khalti {
+            secret_key: "not-a-key-khalti-knows".into(),
+        },
+    )
+    .await
+    {
+        panic!("khalti credentials: {e}")
+    }
+    let pulled = pull_today(&shop).await;
+    assert_eq!((pulled.pulled, pulled.failed), (1, 1), "{pulled:?}");
     let date = nepal_day_of(SystemClock.now())
         .format("%Y-%m-%d")
         .to_string();
