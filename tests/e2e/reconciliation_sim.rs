@@ -7,9 +7,8 @@
 //! one run). Each run flags exactly what was injected, and the day's
 //! reconciliation export has a row per finding; the local tick pulls the
 //! previous day by itself; a tenant whose pull fails stops no other. A
-//! completed run
-//! reaches a real webhook receiver as `reconciliation.completed`, signed,
-//! with its counts.
+//! completed run reaches a real webhook receiver as
+//! `reconciliation.completed`, signed, with its counts.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
