@@ -506,6 +506,17 @@ pub async fn start_with_clock(
                 if let Err(e) = shared::domain::clocks::finish_advancing(&state, deadline).await {
                     tracing::warn!(error = %e, "test clocks failed; next tick retries");
                 }
+                // The daily Khalti pull (yesterday's run per tenant with
+                // Khalti credentials), as the scheduler does.
+                let daily = shared::domain::reconciliation::daily::daily(
+                    &state,
+                    state.clock.now(),
+                    std::time::Instant::now() + shared::domain::reconciliation::daily::RUN_DEADLINE,
+                )
+                .await;
+                if let Err(e) = daily {
+                    tracing::warn!(error = %e, "daily Khalti pull failed; next tick resumes");
+                }
             }
         })
     });

@@ -356,6 +356,39 @@ pub fn recon_digest(
     )
 }
 
+/// The tenants whose statement at `provider` is pulled daily
+/// (`PULL#<provider>`, by `<project>#<mode>`): those with their own
+/// credentials there (`domain::credentials::PulledTenant`).
+pub fn pulled_partition(provider: Provider) -> String {
+    format!("PULL#{}", provider.as_str())
+}
+
+/// A tenant's entry in [`pulled_partition`].
+pub fn pulled_tenant(provider: Provider, project_id: &str, mode: Mode) -> Key {
+    Key::new(
+        pulled_partition(provider),
+        format!("{project_id}#{}", mode.as_str()),
+    )
+}
+
+/// The claim of a tenant's daily pull of `provider` for Nepal day `day`
+/// (`domain::reconciliation::daily`).
+pub fn pull_claim(project_id: &str, mode: Mode, provider: Provider, day: &str) -> Key {
+    Key::new(
+        format!(
+            "PULLDAY#{project_id}#{}#{}",
+            mode.as_str(),
+            provider.as_str()
+        ),
+        day.to_owned(),
+    )
+}
+
+/// Where the daily pull of `provider` has got to in its list of tenants.
+pub fn pull_cursor(provider: Provider) -> Key {
+    Key::new(format!("PULLCUR#{}", provider.as_str()), "CURSOR")
+}
+
 /// An uploaded statement file's record (`domain::reconciliation::runs`).
 pub fn statement_upload(upload_id: &str) -> Key {
     Key::new(format!("STU#{upload_id}"), "STU")

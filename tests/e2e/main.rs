@@ -51,6 +51,7 @@ mod pay;
 mod qr;
 mod ratelimit;
 mod reconciliation;
+mod reconciliation_sim;
 mod refunds;
 mod reports;
 mod sam_local;

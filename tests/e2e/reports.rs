@@ -87,7 +87,7 @@ async fn a_payments_export_runs_and_downloads(which: Which) {
     for (body, param) in [
         (json!({"type": "payouts", "from": from, "to": to}), "type"),
         (
-            json!({"type": "reconciliation", "from": from, "to": to}),
+            json!({"type": "settlements", "from": from, "to": to}),
             "type",
         ),
         (

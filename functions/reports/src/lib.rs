@@ -57,11 +57,14 @@ pub fn download_router(state: AppState) -> Router {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[schema(as = CreateReport)]
 pub struct CreateReport {
-    /// `payments`, `refunds` or `billing_invoices` (`reconciliation` is
-    /// not available yet: 400).
+    /// `payments`, `refunds`, `billing_invoices` or `reconciliation` (the
+    /// findings of the completed reconciliation runs whose Nepal day
+    /// begins in the range).
     #[serde(rename = "type")]
     pub report_type: String,
-    /// Records created at or after this time (ISO 8601 / RFC 3339).
+    /// Records created at or after this time (ISO 8601 / RFC 3339; for
+    /// `reconciliation`, runs of the Nepal days beginning at or after it,
+    /// e.g. `2026-11-01T00:00:00+05:45`).
     pub from: String,
     /// ...and before this one; at most 366 days after `from`.
     pub to: String,

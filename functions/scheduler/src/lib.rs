@@ -12,7 +12,10 @@
 //! ([`shared::domain::notices::pass`]: reminders by SMS and email, dunning
 //! reminders and final actions), so an invoice the sweep just issued gets
 //! its first notice in the same run; and sandbox test clocks left advancing
-//! are finished ([`shared::domain::clocks::finish_advancing`]).
+//! are finished ([`shared::domain::clocks::finish_advancing`]). And the
+//! daily Khalti pull: every tenant with its own Khalti credentials gets a
+//! reconciliation run of the previous Nepal day, once, a page of tenants
+//! per run ([`shared::domain::reconciliation::daily`]).
 //!
 //! The template allows one run at a time (reserved concurrency 1). A store
 //! error fails the invocation so Lambda records it; the next run tries
@@ -24,6 +27,7 @@ use shared::domain::attempts::SweepReport;
 use shared::domain::billing::{self, sweep::BillingSweepReport};
 use shared::domain::clocks;
 use shared::domain::notices::{self, NoticeReport};
+use shared::domain::reconciliation::daily::{self, PullReport};
 use shared::domain::webhooks::{self, FanOutReport};
 use shared::store::StoreError;
 
@@ -41,7 +45,8 @@ pub async fn handle(state: &AppState, event: Value) -> Result<Value, lambda_runt
     let now = state.clock.now();
     // Side by side: a slow provider must not starve webhook delivery.
     let clocks_deadline = std::time::Instant::now() + clocks::RUN_DEADLINE;
-    let (swept, fanned, sms, billed, clocked) = tokio::join!(
+    let pull_deadline = std::time::Instant::now() + daily::RUN_DEADLINE;
+    let (swept, fanned, sms, billed, clocked, pulled) = tokio::join!(
         sweep(state, now),
         webhooks::sweep(state, now, FAN_OUT_LIMIT),
         shared::domain::sms::requeue_stuck(state, now, FAN_OUT_LIMIT),
@@ -50,7 +55,8 @@ pub async fn handle(state: &AppState, event: Value) -> Result<Value, lambda_runt
             let noticed = notices::pass(state, now, billing::sweep::BUDGET).await;
             (billed, noticed)
         },
-        clocks::finish_advancing(state, clocks_deadline)
+        clocks::finish_advancing(state, clocks_deadline),
+        daily::daily(state, now, pull_deadline)
     );
     let (billed, noticed) = billed;
     // Overpayments whose refund was never asked (a crash after their
@@ -78,7 +84,34 @@ pub async fn handle(state: &AppState, event: Value) -> Result<Value, lambda_runt
     with_billing(&mut answer, billed)?;
     with_notices(&mut answer, noticed)?;
     with_clocks(&mut answer, clocked)?;
+    with_pulls(&mut answer, pulled);
     Ok(answer)
+}
+
+/// Adds the daily pull's counts (`khalti_pulled`, `khalti_pull_skipped`,
+/// `khalti_pull_failed`); a store error is logged and the next run
+/// resumes from the cursor (the pull never fails the others' run).
+fn with_pulls(answer: &mut Value, pulled: Result<PullReport, StoreError>) {
+    let report = match pulled {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "daily Khalti pull failed; the next run resumes");
+            PullReport::default()
+        }
+    };
+    if report.pulled + report.failed > 0 {
+        tracing::info!(
+            pulled = report.pulled,
+            skipped = report.skipped,
+            failed = report.failed,
+            "daily Khalti pull"
+        );
+    }
+    if let Value::Object(map) = answer {
+        map.insert("khalti_pulled".into(), report.pulled.into());
+        map.insert("khalti_pull_skipped".into(), report.skipped.into());
+        map.insert("khalti_pull_failed".into(), report.failed.into());
+    }
 }
 
 /// Adds the billing sweep's counts to the answer (`subscriptions_advanced`,
@@ -260,7 +293,7 @@ mod tests {
         })
     }
 
-    const KEYS: [&str; 20] = [
+    const KEYS: [&str; 23] = [
         "sessions_expired",
         "payments_checked",
         "payments_settled",
@@ -281,6 +314,9 @@ mod tests {
         "dunning_final_actions",
         "notices_errors",
         "test_clocks_ready",
+        "khalti_pulled",
+        "khalti_pull_skipped",
+        "khalti_pull_failed",
     ];
 
     #[tokio::test]

@@ -105,6 +105,59 @@ impl From<&StoredCredentials> for ConfiguredProvider {
     }
 }
 
+/// The providers whose statement is pulled daily from their API
+/// (`domain::reconciliation::daily`): a tenant with its own credentials
+/// there is listed ([`PulledTenant`]) while they are stored.
+pub const PULLED: [Provider; 1] = [Provider::Khalti];
+
+/// A tenant whose statement at `provider` is pulled daily: written with
+/// its credentials there (same transaction), deleted with them.
+/// Credentials stored before this list existed are listed once saved
+/// again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PulledTenant {
+    pub project_id: ProjectId,
+    pub mode: Mode,
+    pub provider: Provider,
+    pub since: Timestamp,
+}
+
+impl PulledTenant {
+    pub fn tenant(&self) -> Tenant {
+        Tenant::new(self.project_id.clone(), self.mode)
+    }
+}
+
+impl Record for PulledTenant {
+    fn item_key(&self) -> Key {
+        keys::pulled_tenant(self.provider, &self.project_id, self.mode)
+    }
+}
+
+/// Up to `limit` tenants pulled at `provider`, in order, after the sort
+/// key `after` (each with its sort key, to resume after it); and whether
+/// more follow.
+pub async fn pulled_after(
+    store: &dyn Store,
+    provider: Provider,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<(Vec<(String, PulledTenant)>, bool), StoreError> {
+    let mut query = Query::partition(keys::pulled_partition(provider)).limit(limit);
+    if let Some(after) = after {
+        query = query.sk(SkCond::Gt(after.to_owned()));
+    }
+    let page = store.query(&query).await?;
+    let more = page.last_key.is_some();
+    let mut out = Vec::with_capacity(page.items.len());
+    for item in page.items {
+        let t: PulledTenant = from_item(item)?;
+        let sort = t.item_key().sk;
+        out.push((sort, t));
+    }
+    Ok((out, more))
+}
+
 fn project_partition(project: &ProjectId) -> String {
     keys::project_partition(project)
 }
@@ -332,6 +385,18 @@ pub async fn put_credentials_with(
         },
         TxOp::Put { item, cond: None },
     ];
+    if PULLED.contains(&creds.provider()) {
+        let pulled = PulledTenant {
+            project_id: tenant.project.clone(),
+            mode: tenant.mode,
+            provider: creds.provider(),
+            since: now,
+        };
+        ops.push(TxOp::Put {
+            item: pulled.to_item()?,
+            cond: None,
+        });
+    }
     ops.extend(also);
     let written = store.transact(ops).await;
     match written {
@@ -391,12 +456,19 @@ pub async fn delete_credentials(
     tenant: &Tenant,
     provider: Provider,
 ) -> Result<bool, CredentialsError> {
-    match store
-        .delete(&credentials_key(tenant, provider), Some(Cond::Exists))
-        .await
-    {
+    let ops = vec![
+        TxOp::Delete {
+            key: credentials_key(tenant, provider),
+            cond: Some(Cond::Exists),
+        },
+        TxOp::Delete {
+            key: keys::pulled_tenant(provider, &tenant.project, tenant.mode),
+            cond: None,
+        },
+    ];
+    match store.transact(ops).await {
         Ok(()) => Ok(true),
-        Err(StoreError::ConditionFailed) => Ok(false),
+        Err(e) if e.is_condition_failure() => Ok(false),
         Err(e) => Err(e.into()),
     }
 }

@@ -353,6 +353,18 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
             "statement digest claim",
             keyed::<super::reconciliation::runs::DigestClaim>(),
         ),
+        ("PULL", _) if parts == 2 => (
+            "pulled tenant",
+            record::<super::credentials::PulledTenant>(),
+        ),
+        ("PULLDAY", _) => (
+            "daily pull claim",
+            record::<super::reconciliation::daily::PullClaim>(),
+        ),
+        ("PULLCUR", "CURSOR") => (
+            "daily pull cursor",
+            record::<super::reconciliation::daily::PullCursor>(),
+        ),
         ("STU", "STU") => (
             "statement upload",
             record::<super::reconciliation::uploads::StatementUpload>(),

@@ -5,6 +5,7 @@
 //! The types every part shares live here and in [`statements`]; each
 //! part adds its module.
 
+pub mod daily;
 pub mod matching;
 pub mod runs;
 pub mod settlements;

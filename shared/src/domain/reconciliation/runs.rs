@@ -573,6 +573,57 @@ pub async fn list(
     record::page_of(&*deps.store, &query, window).await
 }
 
+/// The tenant's completed runs whose Nepal day begins in `[from, to)`,
+/// by day, provider and completion (the reconciliation export). Reads
+/// the tenant's runs list (a few runs a day), filtered to `completed`.
+pub async fn completed_between(
+    deps: &Deps,
+    tenant: &Tenant,
+    from: Timestamp,
+    to: Timestamp,
+) -> Result<Vec<Run>, StoreError> {
+    let mut query = Query::partition(keys::per_mode(
+        &tenant.project,
+        tenant.mode,
+        keys::PerMode::ReconRuns,
+    ))
+    .on(Index::Gsi1)
+    .filter(Run::STATUS.eq(&RunStatus::Completed));
+    let mut out = Vec::new();
+    loop {
+        let page = deps.store.query(&query).await?;
+        for item in page.items {
+            let run: Run = from_item(item)?;
+            let Ok(day) = NaiveDate::parse_from_str(&run.day, "%Y-%m-%d") else {
+                continue;
+            };
+            let (start, _) = matching::day_bounds(day);
+            if start >= from && start < to {
+                out.push(run);
+            }
+        }
+        match page.last_key {
+            Some(k) => query.start_after = Some(k),
+            None => break,
+        }
+    }
+    out.sort_by(|a, b| {
+        (&a.day, a.provider.as_str(), a.completed_at, &a.id).cmp(&(
+            &b.day,
+            b.provider.as_str(),
+            b.completed_at,
+            &b.id,
+        ))
+    });
+    Ok(out)
+}
+
+/// The query of run `id`'s findings, in order (all of them: read only
+/// through a completed run).
+pub fn findings_query(id: &ReconRunId) -> Query {
+    Query::partition(Run::key(id).pk).sk(SkCond::BeginsWith(keys::RECON_FINDING_PREFIX.to_owned()))
+}
+
 /// A page of a completed run's findings (of one classification, when
 /// named), in order, and the total. A run not completed shows none.
 pub async fn findings(

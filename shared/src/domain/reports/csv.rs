@@ -8,6 +8,7 @@ use super::ReportType;
 use crate::domain::billing::calendar::{bs_from_ad, nepal_day};
 use crate::domain::billing::invoice::BillingInvoice;
 use crate::domain::payments::{FeeSource, Payment};
+use crate::domain::reconciliation::runs::{Run, StoredFinding};
 use crate::domain::record::word;
 use crate::domain::refunds::Refund;
 use crate::money::Paisa;
@@ -111,12 +112,43 @@ pub const INVOICE_COLUMNS: [&str; 40] = [
     "voided_at_utc",
 ];
 
+/// The columns of a reconciliation export, in order: one row per finding
+/// of a completed run.
+pub const RECONCILIATION_COLUMNS: [&str; 25] = [
+    "run_id",
+    "provider",
+    "source",
+    "date_ad",
+    "date_bs",
+    "finding",
+    "classification",
+    "kind",
+    "line",
+    "payment_id",
+    "reference",
+    "provider_ref",
+    "ours_amount_paisa",
+    "ours_amount_npr",
+    "theirs_amount_paisa",
+    "theirs_amount_npr",
+    "ours_fee_paisa",
+    "ours_fee_npr",
+    "theirs_fee_paisa",
+    "theirs_fee_npr",
+    "at_utc",
+    "at_nepal",
+    "settled_at_utc",
+    "run_completed_at_utc",
+    "statement_digest",
+];
+
 /// The header row of `kind`.
 pub fn columns(kind: ReportType) -> &'static [&'static str] {
     match kind {
         ReportType::Payments => &PAYMENT_COLUMNS,
         ReportType::Refunds => &REFUND_COLUMNS,
         ReportType::BillingInvoices => &INVOICE_COLUMNS,
+        ReportType::Reconciliation => &RECONCILIATION_COLUMNS,
     }
 }
 
@@ -306,6 +338,44 @@ pub fn invoice_row(i: &BillingInvoice) -> Vec<String> {
     row
 }
 
+/// The cells of finding `f` of `run`, in [`RECONCILIATION_COLUMNS`]'
+/// order. The references come from the provider's file: text, neutralised.
+pub fn finding_row(run: &Run, f: &StoredFinding) -> Vec<String> {
+    let x = &f.finding;
+    let (ad, bs) = match NaiveDate::parse_from_str(&run.day, "%Y-%m-%d") {
+        Ok(day) => ad_bs(day),
+        Err(_) => (text(&run.day), String::new()),
+    };
+    let mut row = vec![
+        run.id.to_string(),
+        word(&run.provider),
+        word(&run.source),
+        ad,
+        bs,
+        f.n.to_string(),
+        word(&x.classification),
+        word(&x.kind),
+        x.line.map(|l| l.to_string()).unwrap_or_default(),
+        x.payment_id
+            .as_ref()
+            .map(|id| id.to_string())
+            .unwrap_or_default(),
+        opt_text(x.reference.as_deref()),
+        opt_text(x.provider_ref.as_deref()),
+    ];
+    for amount in [x.ours_amount, x.theirs_amount, x.ours_fee, x.theirs_fee] {
+        row.extend(amount_cells(amount));
+    }
+    match x.at {
+        Some(at) => row.extend([at.to_rfc3339(), nepal_time(at)]),
+        None => row.extend([String::new(), String::new()]),
+    }
+    row.push(f.settled_at.map(|t| t.to_rfc3339()).unwrap_or_default());
+    row.push(run.completed_at.map(|t| t.to_rfc3339()).unwrap_or_default());
+    row.push(text(&run.digest));
+    row
+}
+
 /// CSV lines of `rows` (RFC 4180: a cell with a comma, quote or line
 /// break is quoted).
 pub fn lines(rows: &[Vec<String>]) -> Result<Vec<u8>, String> {
@@ -379,6 +449,10 @@ mod tests {
         assert_eq!(
             columns(ReportType::BillingInvoices).len(),
             INVOICE_COLUMNS.len()
+        );
+        assert_eq!(
+            columns(ReportType::Reconciliation).len(),
+            RECONCILIATION_COLUMNS.len()
         );
     }
 }

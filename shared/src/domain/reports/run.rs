@@ -9,7 +9,9 @@
 //! The records of `[from, to)` are found by id: ids begin with their
 //! creation time (a ULID), so the range of ids minted from `from - MARGIN`
 //! to `to + MARGIN` holds them all, and each one read is kept only if its
-//! `createdAt` is in the range.
+//! `createdAt` is in the range. A reconciliation export reads the
+//! tenant's completed runs of the range first (a few a day), then each
+//! run's findings page by page, one part after the other.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,7 +21,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
 
-use super::csv::{columns, invoice_row, lines, payment_row, refund_row};
+use super::csv::{columns, finding_row, invoice_row, lines, payment_row, refund_row};
 use super::{
     MAX_ATTEMPTS, Report, ReportError, ReportQuota, ReportStatus, ReportType, save, save_with,
 };
@@ -27,6 +29,7 @@ use crate::Deps;
 use crate::blobs::BlobError;
 use crate::domain::billing::invoice::BillingInvoice;
 use crate::domain::payments::Payment;
+use crate::domain::reconciliation::runs::{self as recon_runs, Run, StoredFinding};
 use crate::domain::record::{self, from_item};
 use crate::domain::refunds::Refund;
 use crate::ids::{IdKind, ReportId};
@@ -252,6 +255,33 @@ fn id_bound(kind: IdKind, at: Timestamp, high: bool) -> String {
     format!("{}{}", kind.prefix(), ulid.to_string().to_ascii_lowercase())
 }
 
+/// One query of a report's records, and the run whose findings it reads
+/// (a reconciliation export).
+#[derive(Clone)]
+struct Part {
+    query: Query,
+    run: Option<Arc<Run>>,
+}
+
+/// The queries of `report`'s records, in the order they are written.
+async fn parts_of(deps: &Deps, report: &Report) -> Result<Vec<Part>, StoreError> {
+    if report.report_type != ReportType::Reconciliation {
+        return Ok(vec![Part {
+            query: query_of(report),
+            run: None,
+        }]);
+    }
+    let runs =
+        recon_runs::completed_between(deps, &report.tenant(), report.from, report.to).await?;
+    Ok(runs
+        .into_iter()
+        .map(|run| Part {
+            query: recon_runs::findings_query(&run.id).limit(PAGE),
+            run: Some(Arc::new(run)),
+        })
+        .collect())
+}
+
 /// The query of `report`'s records, oldest first.
 ///
 /// Billing invoices of a sandbox project are read whole (their
@@ -267,7 +297,9 @@ fn query_of(report: &Report) -> Query {
             keys::per_mode(&report.project_id, report.mode, keys::PerMode::Refunds),
             IdKind::Refund,
         ),
-        ReportType::BillingInvoices => (
+        // A reconciliation export reads its runs' findings instead
+        // ([`parts_of`]); never asked here.
+        ReportType::BillingInvoices | ReportType::Reconciliation => (
             BillingInvoice::list_partition(&report.tenant()),
             IdKind::BillingInvoice,
         ),
@@ -281,14 +313,25 @@ fn query_of(report: &Report) -> Query {
     query.sk(SkCond::Between(low, high))
 }
 
-/// The CSV rows of one page of `kind`'s records that fall in `[from, to)`.
+/// The CSV rows of one page of `kind`'s records that fall in `[from, to)`
+/// (a reconciliation page: every finding of `run`).
 fn page_rows(
     kind: ReportType,
     items: Vec<Item>,
     from: Timestamp,
     to: Timestamp,
+    run: Option<&Run>,
 ) -> Result<Vec<Vec<String>>, StoreError> {
     match kind {
+        ReportType::Reconciliation => {
+            let Some(run) = run else {
+                return Ok(Vec::new());
+            };
+            items
+                .into_iter()
+                .map(|item| from_item::<StoredFinding>(item).map(|f| finding_row(run, &f)))
+                .collect()
+        }
         ReportType::Payments => rows_of::<Payment>(items, from, to, |p| p.created_at, payment_row),
         ReportType::Refunds => rows_of::<Refund>(items, from, to, |r| r.created_at, refund_row),
         ReportType::BillingInvoices => {
@@ -316,11 +359,11 @@ fn rows_of<T: DeserializeOwned>(
     Ok(rows)
 }
 
-/// Where a run is: the next page's start, rows so far, rows since the
-/// last progress save.
+/// Where a run is: the part being read and its next page's start, rows
+/// so far, rows since the last progress save.
 struct Cursor {
+    part: usize,
     next: Option<Item>,
-    started: bool,
     rows: u64,
     unsaved: u64,
 }
@@ -332,15 +375,15 @@ fn blob_error(e: impl std::fmt::Display) -> BlobError {
 /// Streams the report's CSV into the blob store. Answers rows and bytes.
 async fn write(deps: &Deps, held: Arc<Mutex<Report>>) -> Result<(u64, u64), ReportError> {
     let report = held.lock().unwrap_or_else(PoisonError::into_inner).clone();
-    let query = query_of(&report);
+    let parts = Arc::new(parts_of(deps, &report).await?);
     let kind = report.report_type;
     let (from, to) = (report.from, report.to);
     let header = lines(&[columns(kind).iter().map(|c| (*c).to_owned()).collect()])
         .map_err(|e| ReportError::Blobs(blob_error(e)))?;
     let busy = Arc::new(Mutex::new(false));
     let cursor = Cursor {
+        part: 0,
         next: None,
-        started: false,
         rows: 0,
         unsaved: 0,
     };
@@ -350,7 +393,7 @@ async fn write(deps: &Deps, held: Arc<Mutex<Report>>) -> Result<(u64, u64), Repo
     let counter = total.clone();
     let chunks =
         futures::stream::try_unfold((cursor, Some(header)), move |(mut cursor, header)| {
-            let query = query.clone();
+            let parts = parts.clone();
             let progress = progress.clone();
             let lost = lost.clone();
             let counter = counter.clone();
@@ -358,15 +401,18 @@ async fn write(deps: &Deps, held: Arc<Mutex<Report>>) -> Result<(u64, u64), Repo
                 if let Some(h) = header {
                     return Ok(Some((Bytes::from(h), (cursor, None))));
                 }
-                if cursor.started && cursor.next.is_none() {
+                let Some(part) = parts.get(cursor.part) else {
                     return Ok(None);
-                }
-                let mut q = query;
+                };
+                let mut q = part.query.clone();
                 q.start_after = cursor.next.take();
                 let page = deps.store.query(&q).await.map_err(blob_error)?;
-                cursor.started = true;
                 cursor.next = page.last_key;
-                let rows = page_rows(kind, page.items, from, to).map_err(blob_error)?;
+                if cursor.next.is_none() {
+                    cursor.part += 1;
+                }
+                let rows = page_rows(kind, page.items, from, to, part.run.as_deref())
+                    .map_err(blob_error)?;
                 cursor.rows += rows.len() as u64;
                 cursor.unsaved += rows.len() as u64;
                 counter.store(cursor.rows, Ordering::Relaxed);

@@ -71,7 +71,7 @@ fn bad_requests_name_their_field() {
     let later = "2026-11-02T00:00:00Z";
     for (r, field) in [
         (req("payouts", ok, later), "type"),
-        (req("reconciliation", ok, later), "type"),
+        (req("Payments", ok, later), "type"),
         (req("payments", "yesterday", later), "from"),
         (req("payments", ok, "2026-13-01"), "to"),
         (req("payments", later, ok), "to"),
@@ -85,8 +85,8 @@ fn bad_requests_name_their_field() {
         assert_eq!(refusal.field.as_deref(), Some(field), "{r:?}");
         assert_eq!(refusal.code, "validation_failed");
     }
-    let err = parse(&req("reconciliation", ok, later)).unwrap_err();
-    assert!(err.to_string().contains("not available yet"), "{err}");
+    let (kind, _, _) = parse(&req("reconciliation", ok, later)).unwrap();
+    assert_eq!(kind, ReportType::Reconciliation);
     // 366 days exactly is allowed.
     assert!(
         parse(&req(
@@ -653,4 +653,132 @@ async fn the_tick_does_not_wait_for_an_export() {
         ReportStatus::Ready
     );
     assert!(kick((*deps).clone(), busy).is_some());
+}
+
+/// A reconciliation export: one row per finding of the completed runs
+/// whose Nepal day begins in the range (a run of another day, or one not
+/// completed, is left out), references from the file neutralised, amounts
+/// plain numbers in paisa and rupees.
+#[tokio::test]
+async fn a_reconciliation_report_has_one_row_per_finding_of_the_days_runs() {
+    use crate::domain::reconciliation::matching::{day_bounds, nepal_day_of};
+    use crate::domain::reconciliation::runs::{self, RunSource};
+    use crate::domain::reconciliation::statements::{
+        LineKind, LineStatus, Statement, StatementLine,
+    };
+    let blobs = Arc::new(MemoryBlobs::new());
+    let deps = state(blobs.clone());
+    let t = tenant();
+    let now = SystemClock.now();
+    let day = nepal_day_of(now);
+    let mut ours = payment(&t, 150_050, "Sita", now);
+    ours.provider = Provider::Esewa;
+    ours.attempt.reference = Some("REF-1".into());
+    payments::insert(&*deps.store, &ours).await.unwrap();
+    let line = |n: u32, reference: &str, amount: i64, at: Timestamp| StatementLine {
+        line: n,
+        provider: Provider::Esewa,
+        reference: Some(reference.into()),
+        provider_ref: None,
+        kind: LineKind::Payment,
+        status: LineStatus::Success,
+        amount: Paisa::new(amount).unwrap(),
+        fee: None,
+        at,
+    };
+    let statement = |lines: Vec<StatementLine>, digest: &str| Statement {
+        provider: Provider::Esewa,
+        account: None,
+        lines,
+        digest: digest.into(),
+    };
+    // The day's run: ours with another amount, and a line not ours whose
+    // reference a spreadsheet would run.
+    let today = statement(
+        vec![
+            line(1, "REF-1", 150_100, now),
+            line(2, "=HYPERLINK(\"x\")", 5_000, now),
+        ],
+        "d1",
+    );
+    let made = runs::execute(&deps, &t, day, &today, RunSource::Upload, now)
+        .await
+        .unwrap();
+    assert_eq!(made.findings, 2);
+    // Another day's run: not in the range.
+    let before = day - chrono::Duration::days(2);
+    let (start, _) = day_bounds(before);
+    let old = statement(vec![line(1, "OTHER", 100, start)], "d0");
+    runs::execute(&deps, &t, before, &old, RunSource::Upload, now)
+        .await
+        .unwrap();
+
+    let (from, to) = day_bounds(day);
+    let report = create(
+        &deps,
+        &t,
+        &req(
+            "reconciliation",
+            &from
+                .datetime()
+                .with_timezone(&chrono::FixedOffset::east_opt(20_700).unwrap())
+                .to_rfc3339(),
+            &to.to_rfc3339(),
+        ),
+        now,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.report_type, ReportType::Reconciliation);
+    let done = run(&deps, &report.id).await.unwrap();
+    assert_eq!(done.status, ReportStatus::Ready, "{done:?}");
+    assert_eq!(done.rows, 2);
+    let blob = blobs.get(&done.blob_key()).await.unwrap().unwrap();
+    let mut csv = ::csv::Reader::from_reader(blob.bytes.as_ref());
+    let header: Vec<String> = csv.headers().unwrap().iter().map(str::to_owned).collect();
+    assert_eq!(header, csv::RECONCILIATION_COLUMNS);
+    let rows: Vec<Vec<String>> = csv
+        .records()
+        .map(|r| r.unwrap().iter().map(str::to_owned).collect())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    let cell = |row: &Vec<String>, name: &str| {
+        let i = header.iter().position(|h| h == name).unwrap();
+        row[i].clone()
+    };
+    let (ad, bs) = csv::ad_bs(day);
+    for row in &rows {
+        assert_eq!(cell(row, "run_id"), made.id.to_string());
+        assert_eq!(cell(row, "provider"), "esewa");
+        assert_eq!(cell(row, "source"), "upload");
+        assert_eq!(cell(row, "date_ad"), ad);
+        assert_eq!(cell(row, "date_bs"), bs);
+    }
+    assert_eq!(cell(&rows[0], "classification"), "amount_mismatch");
+    assert_eq!(cell(&rows[0], "payment_id"), ours.id.to_string());
+    assert_eq!(cell(&rows[0], "ours_amount_paisa"), "150050");
+    assert_eq!(cell(&rows[0], "ours_amount_npr"), "1500.50");
+    assert_eq!(cell(&rows[0], "theirs_amount_paisa"), "150100");
+    assert_eq!(cell(&rows[0], "theirs_amount_npr"), "1501.00");
+    assert_eq!(cell(&rows[1], "classification"), "not_ours");
+    assert_eq!(cell(&rows[1], "reference"), "'=HYPERLINK(\"x\")");
+    assert_eq!(cell(&rows[1], "payment_id"), "");
+    assert_eq!(cell(&rows[1], "kind"), "payment");
+    assert_eq!(cell(&rows[1], "line"), "2");
+
+    // A range without runs: the header alone.
+    let empty = create(
+        &deps,
+        &t,
+        &req(
+            "reconciliation",
+            &to.plus(chrono::Duration::days(3)).to_rfc3339(),
+            &to.plus(chrono::Duration::days(4)).to_rfc3339(),
+        ),
+        now,
+    )
+    .await
+    .unwrap();
+    let done = run(&deps, &empty.id).await.unwrap();
+    assert_eq!((done.status, done.rows), (ReportStatus::Ready, 0));
 }
