@@ -36,10 +36,11 @@ pub const PATH: &str = "/dashboard/exports";
 const SHOWN: usize = 25;
 /// Seconds between reloads while a report is unfinished.
 const RELOAD_SECS: u32 = 5;
-const TYPES: [(&str, &str); 3] = [
+const TYPES: [(&str, &str); 4] = [
     ("payments", "Payments"),
     ("refunds", "Refunds"),
     ("billing_invoices", "Billing invoices"),
+    ("reconciliation", "Reconciliation findings"),
 ];
 
 /// The link to this page from a list (`payments`, `refunds`): its type,
@@ -251,7 +252,6 @@ pub async fn start(State(state): State<AppState>, signed: Signed, body: Bytes) -
         }
         Err(
             e @ (ReportError::Type
-            | ReportError::NotYet(_)
             | ReportError::Time(_)
             | ReportError::Order
             | ReportError::TooLong),

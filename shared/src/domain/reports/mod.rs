@@ -279,10 +279,6 @@ impl Record for Report {
 pub enum ReportError {
     #[error("type must be one of 'payments', 'refunds', 'billing_invoices', 'reconciliation'")]
     Type,
-    /// No longer returned (every type is available); kept while the
-    /// dashboard's exports page still names it in a match.
-    #[error("type '{0}' is not available yet")]
-    NotYet(&'static str),
     #[error("{0} must be an ISO 8601 date-time, e.g. 2026-11-01T00:00:00Z")]
     Time(&'static str),
     #[error("to must be after from")]
@@ -313,9 +309,7 @@ pub enum ReportError {
 impl From<ReportError> for Refusal {
     fn from(err: ReportError) -> Self {
         match err {
-            e @ (ReportError::Type | ReportError::NotYet(_)) => {
-                Refusal::invalid("type", e.to_string())
-            }
+            e @ ReportError::Type => Refusal::invalid("type", e.to_string()),
             e @ ReportError::Time(field) => Refusal::invalid(field, e.to_string()),
             e @ (ReportError::Order | ReportError::TooLong) => {
                 Refusal::invalid("to", e.to_string())
