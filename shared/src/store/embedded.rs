@@ -94,16 +94,34 @@ impl fmt::Debug for EmbeddedStore {
     }
 }
 
+/// Creates `path`'s parent directories when missing.
+fn make_parent(path: &Path) -> Result<(), StoreError> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| {
+            StoreError::Backend(format!("create directory {}: {e}", parent.display()))
+        })?;
+    }
+    Ok(())
+}
+
 impl EmbeddedStore {
     /// Opens the database file at `path`, creating it (and its parent
     /// directories) when missing.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| {
-                StoreError::Backend(format!("create directory {}: {e}", parent.display()))
-            })?;
-        }
+        make_parent(path)?;
         let db = Database::create(path)
+            .map_err(|e| StoreError::Backend(format!("open {}: {e}", path.display())))?;
+        Self::init(db)
+    }
+
+    /// [`open`](Self::open) with redb's page cache bounded to
+    /// `cache_bytes` (redb's default lets it grow to 1 GiB): a benchmark
+    /// separates what it measures from the cache this way.
+    pub fn open_with_cache(path: &Path, cache_bytes: usize) -> Result<Self, StoreError> {
+        make_parent(path)?;
+        let db = Database::builder()
+            .set_cache_size(cache_bytes)
+            .create(path)
             .map_err(|e| StoreError::Backend(format!("open {}: {e}", path.display())))?;
         Self::init(db)
     }

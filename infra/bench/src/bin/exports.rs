@@ -4,7 +4,7 @@
 //! runner calls it) into the local blob store on disk, with the rows a
 //! second and the process's peak memory before and after the export.
 //!
-//!     cargo run -p dhukuti-bench --bin exports -- [--rows 1000000]
+//!     cargo run -p dhukuti-bench --bin exports -- [--rows 1000000] [--cache-mib 64]
 //!
 //! Writes the payments straight into a file-backed embedded store in big
 //! transactions (as `lists` does), one every 30 s from 2025-06-01 (a
@@ -18,6 +18,8 @@
 //! then reset to the current size (`/proc/self/clear_refs`, Linux 4.0+)
 //! so the export's own peak is measured from there. Run it at 100,000 and
 //! at 1,000,000 rows: the export's peak must not grow with the count.
+//! `--cache-mib` bounds redb's page cache (its default grows to 1 GiB as
+//! the export reads a big store, which is the cache, not the export).
 
 use std::io::BufRead;
 use std::sync::Arc;
@@ -63,14 +65,26 @@ async fn main() -> Res<()> {
     let tmp = std::env::temp_dir().join(format!("dhukuti-exports-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(err)?;
-    let result = run(&tmp, rows).await;
+    let cache = args
+        .iter()
+        .position(|a| a == "--cache-mib")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse::<usize>().ok())
+        .map(|mib| mib.max(1) * 1024 * 1024);
+    let result = run(&tmp, rows, cache).await;
     let _ = std::fs::remove_dir_all(&tmp);
     result
 }
 
-async fn run(tmp: &std::path::Path, rows: usize) -> Res<()> {
-    let store: Arc<dyn Store> =
-        Arc::new(EmbeddedStore::open(&tmp.join("dhukuti.redb")).map_err(err)?);
+async fn run(tmp: &std::path::Path, rows: usize, cache: Option<usize>) -> Res<()> {
+    let file = tmp.join("dhukuti.redb");
+    let store: Arc<dyn Store> = Arc::new(
+        match cache {
+            Some(bytes) => EmbeddedStore::open_with_cache(&file, bytes),
+            None => EmbeddedStore::open(&file),
+        }
+        .map_err(err)?,
+    );
     let now = SystemClock.now();
     let merchant = account::create_merchant(&*store, now, "Exports", "x@shop.example", Plan::Pro)
         .await
