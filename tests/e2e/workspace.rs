@@ -168,6 +168,42 @@ fn targets_built_without_tests_have_none() {
     assert!(checked >= 20, "only {checked} switches checked");
 }
 
+/// Binaries of the workspace's packages with the same name.
+fn shared_bin_names(targets: &[(String, Value)]) -> Vec<String> {
+    let mut owners: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for (package, target) in targets {
+        if target["kind"][0] == "bin" {
+            let name = target["name"].as_str().unwrap_or("");
+            owners.entry(name).or_default().push(package);
+        }
+    }
+    owners
+        .into_iter()
+        .filter(|(_, packages)| packages.len() > 1)
+        .map(|(name, packages)| format!("{name}: {}", packages.join(", ")))
+        .collect()
+}
+
+/// Every binary lands in the one shared target directory under its own
+/// name (`target/debug/<bin>`, and `target/lambda/<bin>/bootstrap` where
+/// `sam build` looks for a function): two packages' binaries of one name
+/// overwrite each other, so a deploy could ship the wrong one.
+#[test]
+fn no_two_packages_build_a_binary_of_the_same_name() {
+    let shared = shared_bin_names(&workspace_targets());
+    assert!(shared.is_empty(), "binaries of the same name: {shared:?}");
+}
+
+#[test]
+fn the_bin_name_scan_finds_a_shared_name() {
+    let bin = |package: &str, name: &str| {
+        (package.to_owned(), serde_json::json!({"kind": ["bin"], "name": name}))
+    };
+    let lib = ("c".to_owned(), serde_json::json!({"kind": ["lib"], "name": "billing"}));
+    let targets = [bin("a", "billing"), bin("b", "billing"), bin("a", "usage"), lib];
+    assert_eq!(shared_bin_names(&targets), ["billing: a, b"]);
+}
+
 #[test]
 fn the_marker_scans_find_what_they_look_for() {
     let unit = "fn a() {}\n#[cfg(test)]\nmod tests {\n    #[test]\n    fn b() {}\n}\n";

@@ -1,6 +1,6 @@
 //! Benchmark: the billing engine's sweep (issue 39), on the embedded store.
 //!
-//!     cargo run -p dhukuti-bench --bin billing -- [--projects 10] [--subscriptions 1000]
+//!     cargo run -p dhukuti-bench --bin billing-bench -- [--projects 10] [--subscriptions 1000]
 //!
 //! creates `projects` sandbox projects with `subscriptions` monthly
 //! subscriptions each through the same domain calls the API makes (a
@@ -17,13 +17,13 @@
 //! beside `--small-projects` (9) with `--small` (10) each (see
 //! [`fairness_bench`]):
 //!
-//!     cargo run -p dhukuti-bench --bin billing -- --fairness [--big 100000] [--sweeps 3]
+//!     cargo run -p dhukuti-bench --bin billing-bench -- --fairness [--big 100000] [--sweeps 3]
 //!
 //! With `--payments`, the payment path on a gateway whose store holds
 //! 10,000 due subscriptions, against one without, and with the sweep
 //! running beside it (see [`payments_bench`]):
 //!
-//!     cargo run -p dhukuti-bench --bin billing -- --payments [--seconds 12] [--rounds 4]
+//!     cargo run -p dhukuti-bench --bin billing-bench -- --payments [--seconds 12] [--rounds 4]
 
 use std::future::Future;
 use std::pin::Pin;
