@@ -224,54 +224,53 @@ async fn a_thousand_payments_reconcile_to_exactly_the_injected_discrepancies(whi
         panic!("khalti credentials: {e}")
     }
     let sim = format!("{}/sim/khalti", app.base);
-    let khalti_paid: Vec<(usize, String, String)> = futures::stream::iter(
-        (0..made.len()).filter(|&i| made[i].provider == Provider::Khalti),
-    )
-    .map(|i| {
-        let (client, sim, key) = (app.client.clone(), sim.clone(), khalti_key.clone());
-        let (reference, amount) = (
-            made[i].attempt.reference.clone().unwrap_or_default(),
-            made[i].amount.get(),
-        );
-        async move {
-            let a = send(
-                client
-                    .post(format!("{sim}/api/v2/epayment/initiate/"))
-                    .header("authorization", format!("Key {key}"))
-                    .header("content-type", "application/json")
-                    .body(
-                        json!({
-                            "return_url": "https://shop.example/return",
-                            "website_url": "https://shop.example",
-                            "amount": amount,
-                            "purchase_order_id": reference,
-                            "purchase_order_name": "Order",
-                        })
-                        .to_string(),
-                    ),
-            )
+    let khalti_paid: Vec<(usize, String, String)> =
+        futures::stream::iter((0..made.len()).filter(|&i| made[i].provider == Provider::Khalti))
+            .map(|i| {
+                let (client, sim, key) = (app.client.clone(), sim.clone(), khalti_key.clone());
+                let (reference, amount) = (
+                    made[i].attempt.reference.clone().unwrap_or_default(),
+                    made[i].amount.get(),
+                );
+                async move {
+                    let a = send(
+                        client
+                            .post(format!("{sim}/api/v2/epayment/initiate/"))
+                            .header("authorization", format!("Key {key}"))
+                            .header("content-type", "application/json")
+                            .body(
+                                json!({
+                                    "return_url": "https://shop.example/return",
+                                    "website_url": "https://shop.example",
+                                    "amount": amount,
+                                    "purchase_order_id": reference,
+                                    "purchase_order_name": "Order",
+                                })
+                                .to_string(),
+                            ),
+                    )
+                    .await;
+                    assert_eq!(a.status, 200, "initiate: {}", a.body);
+                    let pidx = a.body["pidx"].as_str().unwrap_or_default().to_owned();
+                    let a = send(
+                        client
+                            .post(format!("{sim}/_control/attempts/{pidx}/pay"))
+                            .header("content-type", "application/json")
+                            .body("{}"),
+                    )
+                    .await;
+                    assert!(a.status < 300, "pay: {}", a.body);
+                    let txn = a.body["attempt"]["transaction_id"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    assert!(!txn.is_empty(), "{}", a.body);
+                    (i, pidx, txn)
+                }
+            })
+            .buffer_unordered(16)
+            .collect()
             .await;
-            assert_eq!(a.status, 200, "initiate: {}", a.body);
-            let pidx = a.body["pidx"].as_str().unwrap_or_default().to_owned();
-            let a = send(
-                client
-                    .post(format!("{sim}/_control/attempts/{pidx}/pay"))
-                    .header("content-type", "application/json")
-                    .body("{}"),
-            )
-            .await;
-            assert!(a.status < 300, "pay: {}", a.body);
-            let txn = a.body["attempt"]["transaction_id"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            assert!(!txn.is_empty(), "{}", a.body);
-            (i, pidx, txn)
-        }
-    })
-    .buffer_unordered(16)
-    .collect()
-    .await;
     let khalti_bps = dhukuti::simulators::SimConfig::new("").khalti_fee_bps;
     let mut pidx_of: HashMap<usize, String> = HashMap::new();
     for (i, pidx, txn) in khalti_paid {
@@ -325,8 +324,10 @@ async fn a_thousand_payments_reconcile_to_exactly_the_injected_discrepancies(whi
         if p.provider == Provider::Khalti {
             let pidx = pidx_of.get(&i).cloned().unwrap_or_default();
             if amount_off.contains(&i) {
-                inject(json!({"kind": "amount", "reference": pidx, "amount": p.amount.get() + 100}))
-                    .await;
+                inject(
+                    json!({"kind": "amount", "reference": pidx, "amount": p.amount.get() + 100}),
+                )
+                .await;
             }
             if fee_off.contains(&i) {
                 let fee = p.checks.fee_provider.map(Paisa::get).unwrap_or_default();

@@ -1137,9 +1137,7 @@ async fn reconcile_cmd(args: ReconcileArgs, now: Timestamp) -> Result<Output, Fa
     project(&state, &project_id).await?;
     let tenant = Tenant::new(project_id, args.mode.into());
     let run = match &file {
-        Some(bytes) => {
-            runs::start_file(&state, &tenant, provider.as_str(), date, bytes, now).await
-        }
+        Some(bytes) => runs::start_file(&state, &tenant, provider.as_str(), date, bytes, now).await,
         None => {
             let req = RunRequest {
                 provider: provider.as_str(),

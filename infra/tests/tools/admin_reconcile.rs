@@ -298,7 +298,7 @@ async fn reconcile_enroll_lists_old_khalti_credentials_once() {
     let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
     let dir = tmp.path();
     let project = project(dir);
-    let tenant = Tenant::new(project.as_str().into(), Mode::Live);
+    let tenant = Tenant::new(shared::ids::ProjectId::from(project.as_str()), Mode::Live);
     let open = || match EmbeddedStore::open(&dir.join("dhukuti.redb")) {
         Ok(s) => s,
         Err(e) => panic!("open store: {e}"),
@@ -347,11 +347,7 @@ async fn reconcile_enroll_lists_old_khalti_credentials_once() {
     assert_eq!(bad.code, Some(2), "{}", bad.stderr);
     let unknown = admin(
         dir,
-        &[
-            "reconcile",
-            "enroll",
-            "proj_01jz0000000000000000000000",
-        ],
+        &["reconcile", "enroll", "proj_01jz0000000000000000000000"],
         &[],
     );
     assert_eq!(unknown.code, Some(1), "{}", unknown.stderr);

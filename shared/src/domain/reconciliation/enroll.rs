@@ -126,13 +126,13 @@ mod tests {
         let keys = CredentialsKeys::single(
             CredentialsKey::new("k1", [7u8; 32]).unwrap_or_else(|e| panic!("{e}")),
         );
-        let state =
-            AppState::for_tests().with_providers(ProviderHub::keys_only(keys.clone()));
+        let state = AppState::for_tests().with_providers(ProviderHub::keys_only(keys.clone()));
         let store = &*state.store;
         let now = SystemClock.now();
-        let merchant = account::create_merchant(store, now, "Sita", "sita@example.com", Plan::Growth)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let merchant =
+            account::create_merchant(store, now, "Sita", "sita@example.com", Plan::Growth)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
         let project = account::create_project(store, now, &merchant, "Shop", false)
             .await
             .unwrap_or_else(|e| panic!("{e}"));

@@ -374,8 +374,10 @@ pub async fn execute(
     if let Some(done) = claimed_run(deps, &claim_key).await? {
         return Ok(done);
     }
-    let (mut ours, tokens): (Vec<Ours>, Vec<Option<String>>) =
-        ours_of(deps, tenant, provider, day).await?.into_iter().unzip();
+    let (mut ours, tokens): (Vec<Ours>, Vec<Option<String>>) = ours_of(deps, tenant, provider, day)
+        .await?
+        .into_iter()
+        .unzip();
     if provider == Provider::Khalti {
         learn_transaction_ids(deps, tenant, &mut ours, &tokens, &statement.lines).await;
     }
@@ -579,8 +581,10 @@ pub fn lookup_candidates(
     tokens: &[Option<String>],
     lines: &[StatementLine],
 ) -> Lookups {
-    let amounts: std::collections::HashSet<Paisa> =
-        unmatched_paid(ours, lines).iter().map(|l| l.amount).collect();
+    let amounts: std::collections::HashSet<Paisa> = unmatched_paid(ours, lines)
+        .iter()
+        .map(|l| l.amount)
+        .collect();
     if amounts.is_empty() {
         return Lookups::default();
     }
