@@ -392,7 +392,7 @@ async fn a_thousand_payments_reconcile_to_exactly_the_injected_discrepancies(whi
             .iter()
             .filter(|(_, name)| {
                 made.iter()
-                    .any(|p| p.provider == kind && p.id.to_string() == *name)
+                    .any(|p| p.provider == kind && p.id.as_str() == name.as_str())
             })
             .count();
         assert!(n >= 4, "{kind:?} carries {n} discrepancies of ours");
