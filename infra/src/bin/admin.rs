@@ -118,19 +118,24 @@ enum Command {
     /// transaction list is pulled; eSewa and Fonepay take the statement
     /// file from their merchant portal (--file). Prints the run and its
     /// counts; the same statement again answers the run it made.
+    /// `reconcile enroll <project>` lists the project for the daily
+    /// Khalti pull.
     Reconcile(ReconcileArgs),
 }
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 struct ReconcileArgs {
+    #[command(subcommand)]
+    cmd: Option<ReconcileCmd>,
     /// The project (`proj_…`).
-    #[arg(value_name = "PROJECT_ID")]
-    project_id: String,
-    #[arg(value_enum)]
-    provider: ProviderArg,
+    #[arg(value_name = "PROJECT_ID", required = true)]
+    project_id: Option<String>,
+    #[arg(value_enum, required = true)]
+    provider: Option<ProviderArg>,
     /// The Nepal calendar day, YYYY-MM-DD.
-    #[arg(value_name = "YYYY-MM-DD")]
-    date: String,
+    #[arg(value_name = "YYYY-MM-DD", required = true)]
+    date: Option<String>,
     /// The statement file (eSewa, Fonepay): CSV, XLSX or XLS as the
     /// portal exports it.
     #[arg(long, value_name = "PATH")]
@@ -298,6 +303,14 @@ enum PaymentsCmd {
         #[arg(long, value_name = "REASON")]
         fail: Option<String>,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum ReconcileCmd {
+    /// List the project's tenants (both modes) whose own Khalti
+    /// credentials were stored before the daily pull existed, so the
+    /// daily pull takes them. Idempotent: rerunning changes nothing.
+    Enroll { project_id: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -1050,12 +1063,39 @@ fn run_failed(e: shared::domain::reconciliation::runs::RunError) -> Failure {
     }
 }
 
+/// `reconcile enroll <project>`: the daily pull's list back-filled.
+async fn enroll_cmd(project_id: &str, now: Timestamp) -> Result<Output, Failure> {
+    use shared::domain::reconciliation::enroll;
+    let id = parse_id::<ProjectId>(project_id, "project")?;
+    let store = store().await?;
+    let deps = deps_of(&store);
+    project(&deps, &id).await?;
+    let done = enroll::project(&*store, &id, now)
+        .await
+        .map_err(cred_failed)?;
+    let text = vec![format!(
+        "project {id}: listed {} for the daily Khalti pull (already {})",
+        done.listed, done.already
+    )];
+    Ok(Output::new(to_json(&done), text))
+}
+
 async fn reconcile_cmd(args: ReconcileArgs, now: Timestamp) -> Result<Output, Failure> {
     use shared::domain::reconciliation::runs::{self, RunRequest, RunView};
     use shared::domain::reconciliation::statements::MAX_BYTES;
-    let project_id = parse_id::<ProjectId>(&args.project_id, "project")?;
-    let provider = Provider::from(args.provider);
-    runs::parse_day(&args.date).map_err(run_failed)?;
+    if let Some(ReconcileCmd::Enroll { project_id }) = &args.cmd {
+        return enroll_cmd(project_id, now).await;
+    }
+    let (Some(project_arg), Some(provider_arg), Some(date)) =
+        (&args.project_id, args.provider, &args.date)
+    else {
+        return Err(Failure::Usage(
+            "give PROJECT_ID PROVIDER YYYY-MM-DD, or `enroll PROJECT_ID`".into(),
+        ));
+    };
+    let project_id = parse_id::<ProjectId>(project_arg, "project")?;
+    let provider = Provider::from(provider_arg);
+    runs::parse_day(date).map_err(run_failed)?;
     let file = match (provider, &args.file) {
         (Provider::Khalti, Some(_)) => {
             return Err(Failure::Usage(
@@ -1097,13 +1137,11 @@ async fn reconcile_cmd(args: ReconcileArgs, now: Timestamp) -> Result<Output, Fa
     project(&state, &project_id).await?;
     let tenant = Tenant::new(project_id, args.mode.into());
     let run = match &file {
-        Some(bytes) => {
-            runs::start_file(&state, &tenant, provider.as_str(), &args.date, bytes, now).await
-        }
+        Some(bytes) => runs::start_file(&state, &tenant, provider.as_str(), date, bytes, now).await,
         None => {
             let req = RunRequest {
                 provider: provider.as_str(),
-                date: &args.date,
+                date,
                 upload_id: None,
             };
             runs::start(&state, &tenant, &req, now).await

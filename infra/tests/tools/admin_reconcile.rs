@@ -285,3 +285,70 @@ async fn reconcile_runs_a_file_or_pulls_khalti_and_prints_the_run() {
     .unwrap_or_else(|e| panic!("list: {e}"));
     assert_eq!(total, 2, "{runs:?}");
 }
+
+/// `reconcile enroll`: Khalti credentials stored before the daily pull's
+/// list existed (no entry) are listed by it, once; a second run changes
+/// nothing; a bad or unknown project is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_enroll_lists_old_khalti_credentials_once() {
+    use shared::domain::credentials::{self, CredentialsKey, CredentialsKeys, PulledTenant};
+    use shared::domain::{Mode, Provider, Tenant};
+    use shared::store::embedded::EmbeddedStore;
+
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let dir = tmp.path();
+    let project = project(dir);
+    let tenant = Tenant::new(shared::ids::ProjectId::from(project.as_str()), Mode::Live);
+    let open = || match EmbeddedStore::open(&dir.join("dhukuti.redb")) {
+        Ok(s) => s,
+        Err(e) => panic!("open store: {e}"),
+    };
+    async fn listed(store: &EmbeddedStore) -> Vec<Tenant> {
+        credentials::pulled_after(store, Provider::Khalti, None, 10)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .0
+            .into_iter()
+            .map(|(_, t): (String, PulledTenant)| t.tenant())
+            .collect()
+    }
+    {
+        // Stored the old way: the credentials without the list's entry.
+        let store = open();
+        let keys = CredentialsKeys::single(
+            CredentialsKey::new("k1", [9u8; 32]).unwrap_or_else(|e| panic!("{e}")),
+        );
+        credentials::put_credentials(
+            &store,
+            &keys,
+            SystemClock.now(),
+            &tenant,
+            &shared::providers::ProviderCredentials::Khalti {
+                secret_key: "live_secret_key_0123456789abcdef".into(),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        let entry = shared::keys::pulled_tenant(Provider::Khalti, &tenant.project, tenant.mode);
+        shared::store::Store::delete(&store, &entry, None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(listed(&store).await.is_empty());
+    }
+    let first = ok(dir, &["--json", "reconcile", "enroll", &project], &[]).json();
+    assert_eq!(first["listed"], 1, "{first}");
+    assert_eq!(first["already"], 0, "{first}");
+    let again = ok(dir, &["reconcile", "enroll", &project], &[]);
+    assert!(again.stdout.contains("listed 0"), "{}", again.stdout);
+    assert!(again.stdout.contains("already 1"), "{}", again.stdout);
+    assert_eq!(listed(&open()).await, vec![tenant.clone()]);
+
+    let bad = admin(dir, &["reconcile", "enroll", "nope"], &[]);
+    assert_eq!(bad.code, Some(2), "{}", bad.stderr);
+    let unknown = admin(
+        dir,
+        &["reconcile", "enroll", "proj_01jz0000000000000000000000"],
+        &[],
+    );
+    assert_eq!(unknown.code, Some(1), "{}", unknown.stderr);
+}

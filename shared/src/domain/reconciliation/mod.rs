@@ -6,6 +6,7 @@
 //! part adds its module.
 
 pub mod daily;
+pub mod enroll;
 pub mod matching;
 pub mod runs;
 pub mod settlements;

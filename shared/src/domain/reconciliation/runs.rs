@@ -21,7 +21,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::matching::{self, Classification, Counts, Finding, Ours};
-use super::statements::{LineKind, Statement};
+use super::statements::{LineKind, LineStatus, Statement, StatementLine};
 use crate::Deps;
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::payments::{Payment, PaymentStatus};
@@ -264,7 +264,15 @@ pub async fn start(
                 "Khalti's statement is pulled from Khalti: send no uploadId".into(),
             ));
         }
-        (Provider::Khalti, None) => (pull_khalti(deps, tenant, day).await?, RunSource::Pull),
+        (Provider::Khalti, None) => {
+            let statement = pull_khalti(deps, tenant, day).await?;
+            // A tenant whose own Khalti credentials predate the daily
+            // pull's list is listed now (`enroll`: one read when it is).
+            if let Err(e) = super::enroll::tenant(&*deps.store, tenant, provider, now).await {
+                tracing::warn!(project = %tenant.project, error = %e, "could not list the tenant for the daily Khalti pull");
+            }
+            (statement, RunSource::Pull)
+        }
         (_, None) => {
             return Err(RunError::Field(
                 "uploadId",
@@ -366,7 +374,13 @@ pub async fn execute(
     if let Some(done) = claimed_run(deps, &claim_key).await? {
         return Ok(done);
     }
-    let ours = ours_of(deps, tenant, provider, day).await?;
+    let (mut ours, tokens): (Vec<Ours>, Vec<Option<String>>) = ours_of(deps, tenant, provider, day)
+        .await?
+        .into_iter()
+        .unzip();
+    if provider == Provider::Khalti {
+        learn_transaction_ids(deps, tenant, &mut ours, &tokens, &statement.lines).await;
+    }
     let findings = matching::classify(&ours, &statement.lines);
     let (ours_total, theirs_total) = matching::totals(&ours, &statement.lines);
     let mut run = Run {
@@ -476,13 +490,13 @@ async fn write_findings(
 
 /// The tenant's payments of `provider` created from the day before
 /// `day` to its end (Nepal time), each marked whether it was created on
-/// `day`.
+/// `day`, with the provider's token of its attempt (Khalti's `pidx`).
 async fn ours_of(
     deps: &Deps,
     tenant: &Tenant,
     provider: Provider,
     day: NaiveDate,
-) -> Result<Vec<Ours>, StoreError> {
+) -> Result<Vec<(Ours, Option<String>)>, StoreError> {
     let (start, end) = matching::day_bounds(day);
     let from = start.plus(chrono::Duration::days(-1));
     let id_at = |at: Timestamp, random: u128| {
@@ -508,7 +522,7 @@ async fn ours_of(
         let page = deps.store.query(&query).await?;
         for item in page.items {
             let p: Payment = from_item(item)?;
-            out.push(ours_view(&p, start, end));
+            out.push((ours_view(&p, start, end), p.attempt.provider_token.clone()));
         }
         match page.last_key {
             Some(k) => query.start_after = Some(k),
@@ -516,6 +530,161 @@ async fn ours_of(
         }
     }
     Ok(out)
+}
+
+/// Khalti lookups one run makes at most to learn transaction ids
+/// ([`learn_transaction_ids`]).
+pub const MAX_LOOKUPS: usize = 25;
+/// Of those, how many at once.
+const LOOKUPS_IN_FLIGHT: usize = 5;
+/// No lookup starts after this long (a run answers an API request).
+const LOOKUP_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Which of our payments a Khalti run looks up ([`learn_transaction_ids`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Lookups {
+    /// Indices into `ours`, in the order to ask: those created on the
+    /// run's day first, at most [`MAX_LOOKUPS`].
+    pub picked: Vec<usize>,
+    /// Candidates left out by the bound.
+    pub over: usize,
+}
+
+/// The paid payment lines that name none of `ours`.
+fn unmatched_paid<'a>(ours: &[Ours], lines: &'a [StatementLine]) -> Vec<&'a StatementLine> {
+    let refs: std::collections::HashSet<&str> = ours
+        .iter()
+        .flat_map(|o| [o.reference.as_deref(), o.provider_ref.as_deref()])
+        .flatten()
+        .collect();
+    lines
+        .iter()
+        .filter(|l| {
+            l.kind == LineKind::Payment
+                && matches!(l.status, LineStatus::Success | LineStatus::Refunded)
+        })
+        .filter(|l| {
+            ![l.reference.as_deref(), l.provider_ref.as_deref()]
+                .into_iter()
+                .flatten()
+                .any(|r| refs.contains(r))
+        })
+        .collect()
+}
+
+/// The payments of ours a Khalti line that matches nothing may be: not
+/// paid here, their transaction id unknown (`providerRef` unset), with the
+/// `pidx` to look them up by (`tokens`, by index), of the amount of such a
+/// line. None when every paid line found its payment.
+pub fn lookup_candidates(
+    ours: &[Ours],
+    tokens: &[Option<String>],
+    lines: &[StatementLine],
+) -> Lookups {
+    let amounts: std::collections::HashSet<Paisa> = unmatched_paid(ours, lines)
+        .iter()
+        .map(|l| l.amount)
+        .collect();
+    if amounts.is_empty() {
+        return Lookups::default();
+    }
+    let mut all: Vec<usize> = (0..ours.len())
+        .filter(|&i| {
+            let o = &ours[i];
+            o.provider_ref.is_none()
+                && !matches!(o.status, PaymentStatus::Success | PaymentStatus::Refunded)
+                && tokens.get(i).is_some_and(Option::is_some)
+                && amounts.contains(&o.amount)
+        })
+        .collect();
+    all.sort_by_key(|&i| !ours[i].on_day);
+    let over = all.len().saturating_sub(MAX_LOOKUPS);
+    all.truncate(MAX_LOOKUPS);
+    Lookups { picked: all, over }
+}
+
+/// Khalti's list names only its transaction id (`idx`), which a payment
+/// of ours learns when it settles: one paid whose return never reached us
+/// would match no line. For the lines that match nothing, look up (by
+/// `pidx`, the verification client's status check) the candidates of
+/// [`lookup_candidates`], a few at a time, until every such line is
+/// explained, [`MAX_LOOKUPS`] were asked, or [`LOOKUP_BUDGET`] passed; a
+/// transaction id learned that a line names is set on the payment's view
+/// for matching only (`missing_in_dhukuti`). Nothing is stored and no
+/// payment is settled here: "settle from provider" asks again. A lookup
+/// that fails is logged and its line stays `not_ours`.
+async fn learn_transaction_ids(
+    deps: &Deps,
+    tenant: &Tenant,
+    ours: &mut [Ours],
+    tokens: &[Option<String>],
+    lines: &[StatementLine],
+) {
+    let lookups = lookup_candidates(ours, tokens, lines);
+    if lookups.picked.is_empty() {
+        return;
+    }
+    let mut wanted: std::collections::HashSet<String> = unmatched_paid(ours, lines)
+        .iter()
+        .filter_map(|l| l.provider_ref.clone())
+        .collect();
+    if lookups.over > 0 {
+        tracing::warn!(project = %tenant.project, mode = tenant.mode.as_str(), asked = lookups.picked.len(), left = lookups.over, "Khalti run: more payments to look up than the bound; their lines may show as not_ours");
+    }
+    let provider = Provider::Khalti;
+    let creds = match crate::domain::credentials::for_provider(
+        &*deps.store,
+        &deps.providers,
+        tenant,
+        provider,
+    )
+    .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(project = %tenant.project, error = %e, "Khalti run: no credentials to look payments up");
+            return;
+        }
+    };
+    let client = match deps.providers.client(tenant.mode, provider) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(project = %tenant.project, error = %e, "Khalti run: no client to look payments up");
+            return;
+        }
+    };
+    let started = std::time::Instant::now();
+    let mut learned: Vec<(usize, String)> = Vec::new();
+    for chunk in lookups.picked.chunks(LOOKUPS_IN_FLIGHT) {
+        if wanted.is_empty() || started.elapsed() >= LOOKUP_BUDGET {
+            break;
+        }
+        let view: &[Ours] = ours;
+        let asks = chunk.iter().map(|&i| {
+            let query = crate::providers::StatusQuery {
+                reference: view[i].reference.clone().unwrap_or_default(),
+                amount: view[i].amount,
+                provider_ref: tokens.get(i).cloned().flatten(),
+            };
+            let creds = &creds;
+            async move { (i, client.status(creds, &query).await) }
+        });
+        for (i, answer) in futures::future::join_all(asks).await {
+            match answer {
+                Ok(status) => {
+                    if let Some(txn) = status.provider_ref.filter(|t| wanted.remove(t)) {
+                        learned.push((i, txn));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(project = %tenant.project, payment = %view[i].payment_id, error = %e, "Khalti run: lookup failed; its line, if any, stays not_ours");
+                }
+            }
+        }
+    }
+    for (i, txn) in learned {
+        ours[i].provider_ref = Some(txn);
+    }
 }
 
 fn ours_view(p: &Payment, start: Timestamp, end: Timestamp) -> Ours {
@@ -837,5 +1006,95 @@ impl FindingView {
             at: x.at,
             settled_at: f.settled_at,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(n: i64) -> Paisa {
+        Paisa::new(n).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn ours(n: usize, status: PaymentStatus, amount: i64, on_day: bool) -> Ours {
+        Ours {
+            payment_id: PaymentId::from(format!("pay_{n}").as_str()),
+            reference: Some(format!("order-{n}")),
+            provider_ref: None,
+            status,
+            amount: p(amount),
+            amount_refunded: Paisa::ZERO,
+            fee: None,
+            on_day,
+        }
+    }
+
+    fn line(n: u32, idx: &str, status: LineStatus, amount: i64) -> StatementLine {
+        StatementLine {
+            line: n,
+            provider: Provider::Khalti,
+            reference: None,
+            provider_ref: Some(idx.to_owned()),
+            kind: LineKind::Payment,
+            status,
+            amount: p(amount),
+            fee: None,
+            at: Timestamp::parse("2026-11-20T06:00:00Z").unwrap_or_else(|| panic!("time")),
+        }
+    }
+
+    /// Only payments not paid here, with a pidx and no transaction id, of
+    /// the amount of a paid line that matches nothing; the day's first;
+    /// at most MAX_LOOKUPS.
+    #[test]
+    fn a_khalti_run_looks_up_only_what_an_unmatched_line_may_be() {
+        let mut paid = ours(0, PaymentStatus::Success, 1000, true);
+        paid.provider_ref = Some("TXN-0".into());
+        let list = vec![
+            paid,
+            ours(1, PaymentStatus::Pending, 1000, false),
+            ours(2, PaymentStatus::Cancelled, 1000, true),
+            // Another amount than any unmatched line.
+            ours(3, PaymentStatus::Pending, 2000, true),
+            // No pidx.
+            ours(4, PaymentStatus::Pending, 1000, true),
+            // Its transaction id known already.
+            {
+                let mut o = ours(5, PaymentStatus::Failed, 1000, true);
+                o.provider_ref = Some("TXN-5".into());
+                o
+            },
+        ];
+        let tokens: Vec<Option<String>> = (0..list.len())
+            .map(|i| (i != 4).then(|| format!("pidx-{i}")))
+            .collect();
+        let lines = vec![
+            line(1, "TXN-0", LineStatus::Success, 1000),
+            line(2, "TXN-X", LineStatus::Success, 1000),
+            // Not paid, or matching ours: no lookup for them.
+            line(3, "TXN-Y", LineStatus::Failed, 2000),
+            line(4, "TXN-5", LineStatus::Success, 2000),
+        ];
+        let got = lookup_candidates(&list, &tokens, &lines);
+        assert_eq!(
+            got,
+            Lookups {
+                picked: vec![2, 1],
+                over: 0
+            }
+        );
+        // Every line explained: nothing to look up.
+        assert_eq!(
+            lookup_candidates(&list, &tokens, &lines[..1]),
+            Lookups::default()
+        );
+        // The bound.
+        let many: Vec<Ours> = (0..MAX_LOOKUPS + 7)
+            .map(|i| ours(i, PaymentStatus::Pending, 1000, true))
+            .collect();
+        let tokens: Vec<Option<String>> = (0..many.len()).map(|i| Some(format!("p{i}"))).collect();
+        let got = lookup_candidates(&many, &tokens, &lines);
+        assert_eq!((got.picked.len(), got.over), (MAX_LOOKUPS, 7));
     }
 }
