@@ -1059,9 +1059,7 @@ mod tests {
         let settings = crate::Settings {
             addr: "127.0.0.1:0".parse().unwrap(),
             data_dir: dir.path().to_path_buf(),
-            backend: shared::app::Backend::Embedded {
-                data_dir: dir.path().to_path_buf(),
-            },
+            backend: shared::app::Backend::embedded(dir.path()),
             init: false,
             demo_payments: false,
             public_url: None,
@@ -1157,9 +1155,7 @@ mod tests {
         let settings = crate::Settings {
             addr: "127.0.0.1:0".parse().unwrap(),
             data_dir: dir.path().to_path_buf(),
-            backend: shared::app::Backend::Embedded {
-                data_dir: dir.path().to_path_buf(),
-            },
+            backend: shared::app::Backend::embedded(dir.path()),
             init: false,
             demo_payments: false,
             public_url: None,

@@ -461,7 +461,12 @@ async fn keys_from_secret(endpoint: Option<&str>, secret: &str) -> Result<Creden
 /// Where the data lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Backend {
-    Embedded { data_dir: PathBuf },
+    Embedded {
+        data_dir: PathBuf,
+        /// The most memory redb's page cache takes, in MiB
+        /// (`DHUKUTI_STORE_CACHE_MIB`).
+        cache_mib: usize,
+    },
     Aws(AwsSettings),
 }
 
@@ -482,7 +487,38 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
+/// redb's page cache of the embedded store, in MiB, unless
+/// `DHUKUTI_STORE_CACHE_MIB` says otherwise. redb's own default lets it
+/// grow to 1 GiB, so a local gateway on a big store would take that
+/// whatever it does; the exports benchmark runs a million rows in a
+/// 64 MiB cache (BENCHMARKS.md §12).
+pub const DEFAULT_CACHE_MIB: usize = 128;
+/// The largest `DHUKUTI_STORE_CACHE_MIB` taken (64 GiB).
+pub const MAX_CACHE_MIB: usize = 64 * 1024;
+
+/// `DHUKUTI_STORE_CACHE_MIB`: a whole number of MiB, 1 to
+/// [`MAX_CACHE_MIB`]; unset, [`DEFAULT_CACHE_MIB`].
+fn cache_mib(raw: Option<&str>) -> Result<usize, String> {
+    let Some(raw) = raw else {
+        return Ok(DEFAULT_CACHE_MIB);
+    };
+    match raw.parse::<usize>() {
+        Ok(mib) if (1..=MAX_CACHE_MIB).contains(&mib) => Ok(mib),
+        _ => Err(format!(
+            "DHUKUTI_STORE_CACHE_MIB={raw:?} is not a whole number of MiB from 1 to {MAX_CACHE_MIB}"
+        )),
+    }
+}
+
 impl Backend {
+    /// The embedded store in `data_dir`, with the default cache.
+    pub fn embedded(data_dir: impl Into<PathBuf>) -> Backend {
+        Backend::Embedded {
+            data_dir: data_dir.into(),
+            cache_mib: DEFAULT_CACHE_MIB,
+        }
+    }
+
     /// Reads `DHUKUTI_BACKEND` and the variables of that backend.
     pub fn from_env() -> Result<Backend, String> {
         match env("DHUKUTI_BACKEND").as_deref().unwrap_or("embedded") {
@@ -490,6 +526,7 @@ impl Backend {
                 data_dir: env("DHUKUTI_DATA_DIR")
                     .map(PathBuf::from)
                     .unwrap_or_else(|| PathBuf::from(".dhukuti")),
+                cache_mib: cache_mib(env("DHUKUTI_STORE_CACHE_MIB").as_deref())?,
             }),
             "aws" => {
                 let mut queue_urls = HashMap::new();
@@ -535,7 +572,10 @@ impl Backend {
         init: bool,
     ) -> Result<(Arc<dyn Store>, Arc<dyn Queue>, Arc<dyn Blobs>), String> {
         match self {
-            Backend::Embedded { data_dir } => open_embedded(data_dir),
+            Backend::Embedded {
+                data_dir,
+                cache_mib,
+            } => open_embedded(data_dir, *cache_mib),
             Backend::Aws(settings) => open_aws(settings, init).await,
         }
     }
@@ -545,7 +585,7 @@ impl Backend {
     /// One line for people: where the data is.
     pub fn describe(&self) -> String {
         match self {
-            Backend::Embedded { data_dir } => {
+            Backend::Embedded { data_dir, .. } => {
                 format!("embedded ({})", data_dir.join("dhukuti.redb").display())
             }
             Backend::Aws(s) => format!(
@@ -580,13 +620,14 @@ impl Backend {
 type Backends = (Arc<dyn Store>, Arc<dyn Queue>, Arc<dyn Blobs>);
 
 #[cfg(feature = "embedded")]
-fn open_embedded(data_dir: &std::path::Path) -> Result<Backends, String> {
+fn open_embedded(data_dir: &std::path::Path, cache_mib: usize) -> Result<Backends, String> {
     use crate::blobs::local::LocalDirBlobs;
     use crate::store::embedded::EmbeddedStore;
     std::fs::create_dir_all(data_dir)
         .map_err(|e| format!("cannot create data directory {}: {e}", data_dir.display()))?;
     let db = data_dir.join("dhukuti.redb");
-    let store = EmbeddedStore::open(&db).map_err(|e| {
+    let cache = cache_mib.saturating_mul(1024 * 1024);
+    let store = EmbeddedStore::open_with_cache(&db, cache).map_err(|e| {
         format!(
             "cannot open {} (is another process using it?): {e}",
             db.display()
@@ -601,7 +642,7 @@ fn open_embedded(data_dir: &std::path::Path) -> Result<Backends, String> {
 
 /// A deployed function carries no embedded store (issue 21).
 #[cfg(not(feature = "embedded"))]
-fn open_embedded(_: &std::path::Path) -> Result<Backends, String> {
+fn open_embedded(_: &std::path::Path, _: usize) -> Result<Backends, String> {
     Err(
         "DHUKUTI_BACKEND=embedded: this build has no embedded store (feature embedded); \
          set DHUKUTI_BACKEND=aws"
@@ -920,14 +961,25 @@ mod tests {
         assert!(e.contains(&missing), "{e}");
     }
 
+    #[test]
+    fn the_store_cache_is_bounded_and_its_variable_checked() {
+        assert_eq!(cache_mib(None), Ok(DEFAULT_CACHE_MIB));
+        assert_eq!(cache_mib(Some("64")), Ok(64));
+        assert_eq!(cache_mib(Some("65536")), Ok(MAX_CACHE_MIB));
+        for bad in ["0", "-1", "65537", "1.5", "64MiB", " 64", "lots"] {
+            let Err(e) = cache_mib(Some(bad)) else {
+                panic!("{bad:?} accepted")
+            };
+            assert!(e.contains("DHUKUTI_STORE_CACHE_MIB"), "{e}");
+        }
+    }
+
     #[tokio::test]
     async fn the_embedded_backend_opens_in_a_fresh_directory() {
         let Ok(dir) = tempfile::tempdir() else {
             panic!()
         };
-        let backend = Backend::Embedded {
-            data_dir: dir.path().join("nested"),
-        };
+        let backend = Backend::embedded(dir.path().join("nested"));
         assert!(backend.open(false).await.is_ok());
         assert!(dir.path().join("nested/dhukuti.redb").exists());
     }

@@ -197,10 +197,21 @@ fn no_two_packages_build_a_binary_of_the_same_name() {
 #[test]
 fn the_bin_name_scan_finds_a_shared_name() {
     let bin = |package: &str, name: &str| {
-        (package.to_owned(), serde_json::json!({"kind": ["bin"], "name": name}))
+        (
+            package.to_owned(),
+            serde_json::json!({"kind": ["bin"], "name": name}),
+        )
     };
-    let lib = ("c".to_owned(), serde_json::json!({"kind": ["lib"], "name": "billing"}));
-    let targets = [bin("a", "billing"), bin("b", "billing"), bin("a", "usage"), lib];
+    let lib = (
+        "c".to_owned(),
+        serde_json::json!({"kind": ["lib"], "name": "billing"}),
+    );
+    let targets = [
+        bin("a", "billing"),
+        bin("b", "billing"),
+        bin("a", "usage"),
+        lib,
+    ];
     assert_eq!(shared_bin_names(&targets), ["billing: a, b"]);
 }
 

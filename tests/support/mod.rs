@@ -72,9 +72,7 @@ pub struct TestApp {
 /// `DHUKUTI_REQUIRE_AWS=1`, which makes it fail).
 pub fn fresh_backend(which: Which, data_dir: &std::path::Path) -> Option<Backend> {
     match which {
-        Which::Embedded => Some(Backend::Embedded {
-            data_dir: data_dir.to_path_buf(),
-        }),
+        Which::Embedded => Some(Backend::embedded(data_dir)),
         Which::Aws => {
             let endpoint = shared::queue::testkit::aws_endpoint()?;
             let id = new_id(IdKind::Event)[4..].to_owned();

@@ -8,9 +8,7 @@ pub fn local_settings(tmp: &std::path::Path) -> std::result::Result<Settings, St
     Ok(Settings {
         addr: "127.0.0.1:0".parse().map_err(|_| "addr")?,
         data_dir: tmp.to_path_buf(),
-        backend: shared::app::Backend::Embedded {
-            data_dir: tmp.to_path_buf(),
-        },
+        backend: shared::app::Backend::embedded(tmp),
         init: false,
         demo_payments: false,
         public_url: None,

@@ -763,9 +763,13 @@ fn edited_seller(current: Option<&Seller>, args: &SellerArgs) -> Result<Option<S
 /// standard AWS environment), exactly as the gateway and the functions do.
 async fn open_store() -> Result<Arc<dyn Store>, String> {
     let backend = Backend::from_env()?;
-    if let Backend::Embedded { data_dir } = &backend {
+    if let Backend::Embedded {
+        data_dir,
+        cache_mib,
+    } = &backend
+    {
         let path = data_dir.join("dhukuti.redb");
-        return match EmbeddedStore::open(&path) {
+        return match EmbeddedStore::open_with_cache(&path, cache_mib.saturating_mul(1024 * 1024)) {
             Ok(store) => Ok(Arc::new(store)),
             Err(e) => {
                 let text = e.to_string();
