@@ -112,8 +112,9 @@ pub const PULLED: [Provider; 1] = [Provider::Khalti];
 
 /// A tenant whose statement at `provider` is pulled daily: written with
 /// its credentials there (same transaction), deleted with them.
-/// Credentials stored before this list existed are listed once saved
-/// again.
+/// Credentials stored before this list existed are listed by
+/// `reconciliation::enroll` (`dhukuti-admin reconcile enroll <project>`,
+/// or the tenant's first Khalti run).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PulledTenant {
     pub project_id: ProjectId,

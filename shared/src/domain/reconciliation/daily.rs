@@ -57,9 +57,12 @@ pub const KEEP_DAYS: i64 = 35;
 /// How long after Nepal's midnight the previous day is first pulled (a
 /// transaction of the day's last minutes may reach the list late).
 pub const PULL_AFTER: chrono::Duration = chrono::Duration::hours(1);
-/// No tenant's pull starts after this long in one call (the scheduler's
-/// invocation lasts 60 s at most).
-pub const RUN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(40);
+/// No tenant's pull starts after this long in one call. The scheduler's
+/// invocation lasts 60 s at most, and a pull started just before this
+/// may still read the list (a page a call, 10 s each at most), then
+/// look unmatched lines up for up to 10 s (`runs::MAX_LOOKUPS`), each
+/// lookup with its own 10 s: 25 s leaves the rest for them.
+pub const RUN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(25);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
