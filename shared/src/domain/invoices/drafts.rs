@@ -16,6 +16,7 @@ use crate::fields::{InvoiceLineText, InvoiceNote, InvoiceText};
 use crate::ids::InvoiceId;
 use crate::money::Currency;
 use crate::refusal::Refusal;
+use crate::domain::listing::counted;
 use crate::store::fence::Fence;
 use crate::store::{Cond, Index, Query, Store, StoreError, TxOp};
 use crate::time::Timestamp;
@@ -298,6 +299,7 @@ pub fn new_draft(
         checkout_session_id: None,
         allocations: Vec::new(),
         adjustments: Vec::new(),
+        counted: true,
     };
     price(&mut inv)?;
     Ok(inv)
@@ -343,6 +345,7 @@ pub async fn create(
     }
     let inv = new_draft(tenant, body, state.clock.now())?;
     let mut ops = vec![inv.put_new()?];
+    ops.extend(inv.count_new());
     if let Some(f) = fence {
         ops.push(f.op(&inv.id));
     }
@@ -370,6 +373,13 @@ pub async fn list(
     window: Window,
 ) -> Result<(Vec<Invoice>, u64), StoreError> {
     let store = &*deps.store;
+    if document_status.is_none() && collection_status.is_none() {
+        // Unfiltered: counted (once covered), any offset at a bounded cost.
+        let covered = counted::covered(store, tenant, counted::CountedKind::Invoices).await?;
+        let list = Invoice::counted_list_of(tenant);
+        let (invoices, total, _) = counted::page(store, &list, &window, covered).await?;
+        return Ok((invoices, total));
+    }
     let mut filters = Vec::new();
     if let Some(d) = document_status {
         filters.push(Invoice::DOCUMENT_STATUS.eq(&d));
@@ -391,7 +401,10 @@ pub async fn list(
 fn replace_op(current: &Invoice, next: &Invoice) -> Result<TxOp, StoreError> {
     Ok(TxOp::Put {
         item: next.to_item()?,
-        cond: Some(Invoice::VERSION.eq(&current.version)),
+        cond: Some(Cond::And(vec![
+            Invoice::VERSION.eq(&current.version),
+            current.counted_unchanged(),
+        ])),
     })
 }
 

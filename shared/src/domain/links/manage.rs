@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 use super::{DEFAULT_MIN_AMOUNT, PaymentLink};
 use crate::app::Deps;
 use crate::domain::checkout::{self, CheckoutError, MAX_AMOUNT_PAISA, StoredAddress, check_url};
+use crate::domain::listing::counted;
 use crate::domain::record::{Changes, Record, from_item};
 use crate::domain::{Mode, Provider, Tenant, Window};
 use crate::fields::wire::{nullable, or_null};
@@ -469,6 +470,7 @@ pub fn new_link(
         metadata,
         created_at: now,
         updated_at: now,
+        counted: true,
     })
 }
 
@@ -483,6 +485,8 @@ pub async fn insert_once(
     also: Vec<TxOp>,
 ) -> Result<PaymentLink, StoreError> {
     let store = &*deps.store;
+    let mut also = also;
+    also.extend(link.count_new());
     match Fence::put_once_with(fence, store, link.put_new()?, &link.id, also).await? {
         None => Ok(link.clone()),
         Some(first) => get_in(store, &LinkId::stored(first.as_str()))
@@ -494,7 +498,12 @@ pub async fn insert_once(
 /// Stores a new link.
 #[cfg(test)]
 pub(super) async fn insert(store: &dyn Store, link: &PaymentLink) -> Result<(), StoreError> {
-    store.put(link.to_item()?, Some(Cond::NotExists)).await
+    let counts = if link.counted {
+        link.count_new()
+    } else {
+        Vec::new()
+    };
+    crate::store::write_with(store, link.put_new()?, counts).await
 }
 
 /// The link `id` of any project (the public page knows it by id alone).
@@ -538,6 +547,13 @@ pub async fn list(
     window: Window,
 ) -> Result<(Vec<PaymentLink>, u64), StoreError> {
     let store = &*deps.store;
+    if active.is_none() {
+        // Unfiltered: counted (once covered), any offset at a bounded cost.
+        let covered = counted::covered(store, tenant, counted::CountedKind::Links).await?;
+        let list = PaymentLink::counted_list_of(tenant);
+        let (links, total, _) = counted::page(store, &list, &window, covered).await?;
+        return Ok((links, total));
+    }
     let mut query = Query::partition(PaymentLink::list_partition(tenant))
         .on(Index::Gsi1)
         .backward();

@@ -64,11 +64,12 @@ pub async fn notify(
         quota: live.then(|| who.merchant.plan.sms_monthly_quota()),
         limits,
     };
-    let record = reminder.put_new()?;
+    let mut record = vec![reminder.put_new()?];
+    record.extend(reminder.count_new());
     let taken = take_places(
         store,
         places,
-        Some(record),
+        record,
         fence.map(|f| f.op(&reminder.id)),
     )
     .await;
@@ -167,6 +168,7 @@ fn new_reminder(
         ttl: Some(now.unix_seconds() + KEPT_DAYS * 86_400),
         gsi2pk: None,
         gsi2sk: None,
+        counted: true,
     };
     if mode == Mode::Live {
         // Waits for the dispatcher: the backstop sweep watches it.

@@ -12,7 +12,7 @@ use crate::domain::outbox::{self, Event};
 use crate::domain::record::Record;
 use crate::ids::{DeliveryId, EndpointId, EventId, PaymentId};
 use crate::queue::{MAX_DELAY, QueueError, QueueName};
-use crate::store::{Cond, StoreError};
+use crate::store::{Cond, StoreError, TxOp, write_with};
 use crate::time::Timestamp;
 
 /// What a queue message asks: make attempt `attempt` (0-based: the number
@@ -108,12 +108,14 @@ pub(super) async fn fan_out(state: &Deps, event: &Event) -> Result<usize, Dispat
             lease_until_ms: None,
             gsi2pk: Some(open.partition),
             gsi2sk: Some(open.sort),
+            counted: true,
         };
-        let first_time = match state
-            .store
-            .put(delivery.to_item()?, Some(Cond::NotExists))
-            .await
-        {
+        // Counted with its insert: a rerun's put fails, counting nothing.
+        let put = TxOp::Put {
+            item: delivery.to_item()?,
+            cond: Some(Cond::NotExists),
+        };
+        let first_time = match write_with(&*state.store, put, delivery.count_new()).await {
             Ok(()) => true,
             Err(e) if e.is_condition_failure() => false,
             Err(e) => return Err(e.into()),
