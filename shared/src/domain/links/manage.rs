@@ -819,7 +819,7 @@ pub async fn cancel(
 /// `link_used` otherwise).
 pub async fn delete(deps: &Deps, tenant: &Tenant, id: &LinkId) -> Result<LinkId, LinkError> {
     let store = &*deps.store;
-    let link = find_in(store, tenant, id)
+    let mut link = find_in(store, tenant, id)
         .await?
         .ok_or_else(|| LinkError::NotFound(id.to_string()))?;
     let unused = Cond::And(vec![
@@ -832,18 +832,33 @@ pub async fn delete(deps: &Deps, tenant: &Tenant, id: &LinkId) -> Result<LinkId,
             PaymentLink::CLAIMED.le(&0),
         ]),
     ]);
-    match store
-        .delete(
-            &link.item_key(),
-            Some(Cond::And(vec![Cond::Exists, unused])),
-        )
-        .await
-    {
-        Ok(_) => Ok(link.id),
-        Err(StoreError::ConditionFailed) => match get_in(store, &link.id).await? {
-            Some(_) => Err(LinkError::Used),
-            None => Err(LinkError::NotFound(id.to_string())),
-        },
-        Err(e) => Err(e.into()),
+    // Out of its list, out of its counters: counted as read (the lists
+    // migration may count it meanwhile: then read again).
+    for _ in 0..3 {
+        let (counted, counts) = if link.counted {
+            (
+                PaymentLink::COUNTED.eq(&true),
+                link.counted_list_of_self()
+                    .count_gone(&link.id, link.created_at),
+            )
+        } else {
+            (PaymentLink::COUNTED.missing(), Vec::new())
+        };
+        let op = TxOp::Delete {
+            key: link.item_key(),
+            cond: Some(Cond::And(vec![Cond::Exists, unused.clone(), counted])),
+        };
+        match crate::store::write_with(store, op, counts).await {
+            Ok(()) => return Ok(link.id),
+            Err(StoreError::ConditionFailed) => match get_in(store, &link.id).await? {
+                Some(fresh) if fresh.counted != link.counted => link = fresh,
+                Some(_) => return Err(LinkError::Used),
+                None => return Err(LinkError::NotFound(id.to_string())),
+            },
+            Err(e) => return Err(e.into()),
+        }
     }
+    Err(LinkError::Store(StoreError::Unavailable(
+        "the payment link kept changing; retry".into(),
+    )))
 }
