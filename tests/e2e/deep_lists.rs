@@ -151,7 +151,10 @@ async fn deep_offsets_on_sessions_links_and_invoices(which: Which) {
     let a = app
         .get("/v1/payment-links?limit=3&offset=109", Some(&key))
         .await;
-    assert_eq!(ids(&a), vec![links[109].clone(), links[111].clone(), links[112].clone()]);
+    assert_eq!(
+        ids(&a),
+        vec![links[109].clone(), links[111].clone(), links[112].clone()]
+    );
     assert_eq!(a.body["meta"]["total"], n - 1);
     // Invoices: fewer, still past the hundred read through.
     let body = json!({
@@ -209,9 +212,24 @@ async fn deep_offsets_on_an_endpoints_deliveries(which: Which) {
         return;
     };
     let (t, key) = shop(&app, "deepdeliveries").await;
-    let a = create(&app, &key, "/v1/webhooks", json!({"url": "https://shop.example/hook"})).await;
-    let b = create(&app, &key, "/v1/webhooks", json!({"url": "https://shop.example/other"})).await;
-    let (ea, eb) = (EndpointId::stored(a.as_str()), EndpointId::stored(b.as_str()));
+    let a = create(
+        &app,
+        &key,
+        "/v1/webhooks",
+        json!({"url": "https://shop.example/hook"}),
+    )
+    .await;
+    let b = create(
+        &app,
+        &key,
+        "/v1/webhooks",
+        json!({"url": "https://shop.example/other"}),
+    )
+    .await;
+    let (ea, eb) = (
+        EndpointId::stored(a.as_str()),
+        EndpointId::stored(b.as_str()),
+    );
     for i in 0..130 {
         delivery(&app, &t, &ea).await;
         if i % 10 == 0 {
@@ -228,7 +246,10 @@ async fn deep_offsets_on_an_endpoints_deliveries(which: Which) {
     assert!(a.body.get("meta").is_none(), "{}", a.body);
     // The other endpoint's log holds its own.
     let a = app
-        .get(&format!("/v1/webhooks/{b}/deliveries?offset=10"), Some(&key))
+        .get(
+            &format!("/v1/webhooks/{b}/deliveries?offset=10"),
+            Some(&key),
+        )
         .await;
     assert_eq!(ids(&a).len(), 3, "{}", a.body);
     app.stop().await;
@@ -255,8 +276,13 @@ async fn an_older_project_is_served_then_migrated_once(which: Which) {
     // no link counted.
     let tenant = Scoped::new(t.project.id.clone(), Mode::Sandbox);
     let mut old = ListsMarker::new(&tenant);
-    (old.sessions, old.links, old.invoices, old.deliveries, old.sms) =
-        (false, false, false, false, false);
+    (
+        old.sessions,
+        old.links,
+        old.invoices,
+        old.deliveries,
+        old.sms,
+    ) = (false, false, false, false, false);
     let store = &*app.store;
     store
         .put(old.to_item().unwrap_or_else(|e| panic!("{e}")), None)
@@ -273,7 +299,10 @@ async fn an_older_project_is_served_then_migrated_once(which: Which) {
         // Written whole without its mark, as the old code wrote it.
         link.counted = false;
         store
-            .put(link.to_item().unwrap_or_else(|e| panic!("{e}")), Some(Cond::Exists))
+            .put(
+                link.to_item().unwrap_or_else(|e| panic!("{e}")),
+                Some(Cond::Exists),
+            )
             .await
             .unwrap_or_else(|e| panic!("{e}"));
     }

@@ -12,7 +12,7 @@ use edge::Json;
 use edge::idempotency::{Fence, Redact};
 use edge::openapi::{OpenApiRouter, idempotent, routes};
 use edge::pagination::PageParams;
-use edge::{ApiError, Auth, JsonBody, PathId, Pagination, QueryParams, with_edge};
+use edge::{ApiError, Auth, JsonBody, Pagination, PathId, QueryParams, with_edge};
 use http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

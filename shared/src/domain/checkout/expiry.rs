@@ -5,8 +5,8 @@ use serde::{Deserialize, Serialize};
 
 use super::sessions::{CheckoutSession, SessionStatus, failed_at, find_at};
 use super::stats;
-use crate::domain::listing::counted;
 use crate::app::Deps;
+use crate::domain::listing::counted;
 use crate::domain::record::{Changes, from_item};
 use crate::domain::{Tenant, Window};
 use crate::ids::{LinkId, SessionId, TypedId};

@@ -9,6 +9,7 @@ use super::records::{
 };
 use super::{MAX_LINES, MAX_TAX_BPS, MAX_UNIT_AMOUNT};
 use crate::Deps;
+use crate::domain::listing::counted;
 use crate::domain::record::{Record, page_of};
 use crate::domain::{Mode, Tenant, Window, account, checkout};
 use crate::fields::wire::{nullable, or_null, present};
@@ -16,7 +17,6 @@ use crate::fields::{InvoiceLineText, InvoiceNote, InvoiceText};
 use crate::ids::InvoiceId;
 use crate::money::Currency;
 use crate::refusal::Refusal;
-use crate::domain::listing::counted;
 use crate::store::fence::Fence;
 use crate::store::{Cond, Index, Query, Store, StoreError, TxOp};
 use crate::time::Timestamp;
@@ -345,16 +345,25 @@ pub async fn create(
     }
     let inv = new_draft(tenant, body, state.clock.now())?;
     let mut ops = vec![inv.put_new()?];
-    ops.extend(inv.count_new());
     if let Some(f) = fence {
         ops.push(f.op(&inv.id));
     }
-    match state.store.transact(ops).await {
-        Ok(()) => Ok(inv),
-        Err(e) => match fence {
-            Some(f) if Fence::tripped(&e, 1) => first_of(state, f, tenant).await,
-            _ => Err(e.into()),
-        },
+    // The counters last: the fence's index (1) is read on failure.
+    ops.extend(inv.count_new());
+    let mut tries = 0;
+    loop {
+        match state.store.transact(ops.clone()).await {
+            Ok(()) => return Ok(inv),
+            Err(e) => match fence {
+                Some(f) if Fence::tripped(&e, 1) => return first_of(state, f, tenant).await,
+                // A concurrent insert on the same counter shard.
+                _ if counted::is_conflict(&e) && tries < 8 => {
+                    tries += 1;
+                    crate::store::contention_backoff(tries).await;
+                }
+                _ => return Err(e.into()),
+            },
+        }
     }
 }
 

@@ -487,7 +487,18 @@ pub async fn insert_once(
     let store = &*deps.store;
     let mut also = also;
     also.extend(link.count_new());
-    match Fence::put_once_with(fence, store, link.put_new()?, &link.id, also).await? {
+    let mut tries = 0;
+    let first = loop {
+        match Fence::put_once_with(fence, store, link.put_new()?, &link.id, also.clone()).await {
+            // A concurrent insert on the same counter shard.
+            Err(e) if counted::is_conflict(&e) && tries < 8 => {
+                tries += 1;
+                crate::store::contention_backoff(tries).await;
+            }
+            other => break other?,
+        }
+    };
+    match first {
         None => Ok(link.clone()),
         Some(first) => get_in(store, &LinkId::stored(first.as_str()))
             .await?

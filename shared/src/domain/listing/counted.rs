@@ -115,23 +115,23 @@ impl CountedList {
         }
     }
 
-    /// The counter writes for a new record `id` (created at `created`),
-    /// for its insert's transaction.
-    pub fn count_new(&self, id: &str, created: Timestamp) -> Vec<TxOp> {
-        self.count(id, created, 1)
+    /// The counter writes for a new record (its id, the list's sort key,
+    /// `sort`; created at `created`), for its insert's transaction.
+    pub fn count_new(&self, sort: &str, created: Timestamp) -> Vec<TxOp> {
+        self.count(sort, created, 1)
     }
 
     /// The counter writes for a deleted record, for its delete's
     /// transaction (conditioned on the record being there).
-    pub fn count_gone(&self, id: &str, created: Timestamp) -> Vec<TxOp> {
-        self.count(id, created, -1)
+    pub fn count_gone(&self, sort: &str, created: Timestamp) -> Vec<TxOp> {
+        self.count(sort, created, -1)
     }
 
-    fn count(&self, id: &str, created: Timestamp, n: i64) -> Vec<TxOp> {
+    fn count(&self, sort: &str, created: Timestamp, n: i64) -> Vec<TxOp> {
         // The day of the id's key range (an id's time runs at most a
         // little ahead of `created`); `created` for an id not a ULID.
-        let ms = crate::ids::minted_at_ms(id).unwrap_or_else(|| created.unix_millis());
-        period_ops(&self.base(), &self.tenant, ms, id, &[("all".into(), n)])
+        let ms = crate::ids::minted_at_ms(sort).unwrap_or_else(|| created.unix_millis());
+        period_ops(&self.base(), &self.tenant, ms, sort, &[("all".into(), n)])
     }
 
     fn reader<'a>(&self, store: &'a dyn Store, tenant: &'a Tenant) -> Reader<'a> {
@@ -156,6 +156,13 @@ pub trait Counted: Record + DeserializeOwned {
     fn counted_id(&self) -> &str;
     fn counted_created(&self) -> Timestamp;
     fn is_counted(&self) -> bool;
+}
+
+/// Whether `e` is a transaction that lost a race on an item (a counter
+/// shard a concurrent insert wrote): a retry may succeed.
+pub fn is_conflict(e: &StoreError) -> bool {
+    matches!(e, StoreError::TransactionCanceled { reasons }
+        if reasons.contains(&crate::store::TxReason::Conflict))
 }
 
 /// Whether `tenant`'s counters of `kind` cover its whole history.
@@ -232,8 +239,8 @@ pub async fn page<T: DeserializeOwned>(
             };
             return Ok((decode(items?)?, total?, cost));
         }
-        seek @ (Seek::After(id) | Seek::Before(id)) => {
-            let (at, own) = position(&reader, list, id, (lo, hi)).await?;
+        seek @ (Seek::After(sort) | Seek::Before(sort)) => {
+            let (at, own) = position(&reader, list, sort, (lo, hi)).await?;
             seek_window_at(seek, at, own, window)
         }
     };
@@ -244,15 +251,15 @@ pub async fn page<T: DeserializeOwned>(
     Ok((decode(items?)?, total?, cost))
 }
 
-/// How many entries of `[lo, hi)` are newer than the record `id` (of its
-/// list), and whether it is one of them (1) or not (0).
+/// How many entries of `[lo, hi)` are newer than the record whose id is
+/// `sort` (of its list), and whether it is one of them (1) or not (0).
 async fn position(
     reader: &Reader<'_>,
     list: &CountedList,
-    id: &str,
+    sort: &str,
     (lo, hi): (i64, i64),
 ) -> Result<(usize, usize), StoreError> {
-    let ms = crate::ids::minted_at_ms(id).unwrap_or(0);
+    let ms = crate::ids::minted_at_ms(sort).unwrap_or(0);
     let later = if ms + 1 < hi {
         reader.total((ms + 1).max(lo), hi).await?
     } else {
@@ -268,7 +275,10 @@ async fn position(
         };
         reader.tick();
         reader.tick();
-        let (from_q, it_q) = (in_ms(id.to_owned(), top), in_ms(id.to_owned(), id.to_owned()));
+        let (from_q, it_q) = (
+            in_ms(sort.to_owned(), top),
+            in_ms(sort.to_owned(), sort.to_owned()),
+        );
         let (from_it, it) = tokio::join!(reader.store.count(&from_q), reader.store.count(&it_q));
         let (from_it, it) = (from_it?, it?);
         (from_it.saturating_sub(it), it.min(1))
@@ -382,7 +392,9 @@ macro_rules! counted_per_tenant {
                     .count_new(&self.id, self.created_at)
             }
 
-            pub(crate) fn counted_list_of_self(&self) -> $crate::domain::listing::counted::CountedList {
+            pub(crate) fn counted_list_of_self(
+                &self,
+            ) -> $crate::domain::listing::counted::CountedList {
                 <$ty>::counted_list_of(&$crate::kinds::Tenant::new(
                     self.project_id.clone(),
                     self.mode,

@@ -66,13 +66,7 @@ pub async fn notify(
     };
     let mut record = vec![reminder.put_new()?];
     record.extend(reminder.count_new());
-    let taken = take_places(
-        store,
-        places,
-        record,
-        fence.map(|f| f.op(&reminder.id)),
-    )
-    .await;
+    let taken = take_places(store, places, record, fence.map(|f| f.op(&reminder.id))).await;
     // The first run's reminder, when already read.
     let (taken, first_run) = match (taken, fence) {
         // The recipient's window is full, perhaps with this request's own

@@ -8,6 +8,7 @@ use super::endpoints::list;
 use super::log::{Delivery, DeliveryStatus, delivery};
 use crate::Deps;
 use crate::domain::Tenant;
+use crate::domain::listing::counted;
 use crate::domain::outbox::{self, Event};
 use crate::domain::record::Record;
 use crate::ids::{DeliveryId, EndpointId, EventId, PaymentId};
@@ -115,10 +116,18 @@ pub(super) async fn fan_out(state: &Deps, event: &Event) -> Result<usize, Dispat
             item: delivery.to_item()?,
             cond: Some(Cond::NotExists),
         };
-        let first_time = match write_with(&*state.store, put, delivery.count_new()).await {
-            Ok(()) => true,
-            Err(e) if e.is_condition_failure() => false,
-            Err(e) => return Err(e.into()),
+        let mut tries = 0;
+        let first_time = loop {
+            match write_with(&*state.store, put.clone(), delivery.count_new()).await {
+                Ok(()) => break true,
+                Err(e) if e.is_condition_failure() => break false,
+                // A concurrent insert on the same counter shard.
+                Err(e) if counted::is_conflict(&e) && tries < 8 => {
+                    tries += 1;
+                    crate::store::contention_backoff(tries).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
         };
         if !first_time {
             // Written by an earlier run: queue again only an attempt that

@@ -92,7 +92,10 @@ async fn insert(store: &dyn Store, t: &Thing) -> Result<(), StoreError> {
 
 async fn mark_covered(store: &dyn Store) {
     store
-        .transact(vec![ListsMarker::mark_counted(&tenant(), CountedKind::Links)])
+        .transact(vec![ListsMarker::mark_counted(
+            &tenant(),
+            CountedKind::Links,
+        )])
         .await
         .unwrap_or_else(|e| panic!("{e}"));
 }
@@ -150,7 +153,11 @@ async fn every_offset_pages_and_counts_exactly() {
             assert_eq!(total, 300);
             let end = (offset + limit).min(want.len());
             let expect = want.get(offset..end).map(<[String]>::to_vec);
-            assert_eq!(got, expect.unwrap_or_default(), "offset {offset} limit {limit}");
+            assert_eq!(
+                got,
+                expect.unwrap_or_default(),
+                "offset {offset} limit {limit}"
+            );
         }
     }
 }
@@ -202,7 +209,11 @@ async fn a_page_after_or_before_a_record_at_any_depth() {
             let (got, total) = read(&*store, &list(), after).await;
             assert_eq!(total, 300);
             let from = (at + 1 + offset).min(300);
-            assert_eq!(got, want[from..(from + 10).min(300)].to_vec(), "after {at} +{offset}");
+            assert_eq!(
+                got,
+                want[from..(from + 10).min(300)].to_vec(),
+                "after {at} +{offset}"
+            );
             let before = Window {
                 offset,
                 limit: 10,
@@ -210,7 +221,11 @@ async fn a_page_after_or_before_a_record_at_any_depth() {
             };
             let (got, _) = read(&*store, &list(), before).await;
             let end = at.saturating_sub(offset);
-            assert_eq!(got, want[end.saturating_sub(10)..end].to_vec(), "before {at} +{offset}");
+            assert_eq!(
+                got,
+                want[end.saturating_sub(10)..end].to_vec(),
+                "before {at} +{offset}"
+            );
         }
     }
 }
@@ -317,7 +332,10 @@ async fn the_migration_counts_every_older_record_once() {
         want[110..120].to_vec()
     );
     let q = || Query::partition(PARTITION).on(Index::Gsi1);
-    let (a, b) = tokio::join!(migrate::<Thing>(&*store, q()), migrate::<Thing>(&*store, q()));
+    let (a, b) = tokio::join!(
+        migrate::<Thing>(&*store, q()),
+        migrate::<Thing>(&*store, q())
+    );
     let (a, b) = (
         a.unwrap_or_else(|e| panic!("{e}")),
         b.unwrap_or_else(|e| panic!("{e}")),
@@ -347,8 +365,16 @@ fn a_counted_list_of_an_endpoint_keeps_its_own_counters() {
             })
             .collect::<Vec<_>>()
     };
-    assert!(keys(&a).iter().all(|k| k.starts_with("LIST#LNK#we_a#")), "{:?}", keys(&a));
-    assert!(keys(&b).iter().all(|k| k.starts_with("LIST#LNK#") && !k.contains("we_a")));
+    assert!(
+        keys(&a).iter().all(|k| k.starts_with("LIST#LNK#we_a#")),
+        "{:?}",
+        keys(&a)
+    );
+    assert!(
+        keys(&b)
+            .iter()
+            .all(|k| k.starts_with("LIST#LNK#") && !k.contains("we_a"))
+    );
 }
 
 fn epoch() -> Timestamp {
