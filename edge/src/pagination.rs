@@ -2,12 +2,13 @@
 //! (any: every record stays reachable by offset, as the contract says);
 //! lists answer `{data, meta: {total, limit, offset}}`, newest first.
 //!
-//! An offset costs reading the records it skips (DynamoDB has no skip),
-//! so every list also takes `starting_after` (our extension, documented
-//! in `docs/api.md`): the id of a record of the list, the page then holds
-//! the records after it, at the cost of the page alone whatever its
-//! depth; `offset` then counts from there. See "Deep pages" in
-//! `docs/decisions-refined.md`.
+//! A deep offset is located from the lists' per-day counters (DynamoDB
+//! has no skip) on the unfiltered lists and the filtered payments and
+//! refunds; every list also takes `starting_after` (our extension,
+//! documented in `docs/api.md`): the id of a record of the list, the page
+//! then holds the records after it, at the cost of the page alone
+//! whatever its depth; `offset` then counts from there. See "Deep pages"
+//! in `docs/decisions-refined.md`.
 
 use serde::Serialize;
 
@@ -102,8 +103,10 @@ pub struct PageParams {
     /// Records per page; each list names its default.
     #[param(minimum = 1, maximum = 100)]
     limit: Option<u32>,
-    /// Records to skip (from `starting_after` when given). Each skipped
-    /// record is read: walk deep lists with `starting_after`.
+    /// Records to skip (from `starting_after` when given). Past 100 the
+    /// page is located from per-day counters; a list filtered by status
+    /// (sessions, links, invoices) reads what it skips: walk it with
+    /// `starting_after`.
     #[param(minimum = 0)]
     offset: Option<u64>,
     /// Extension: the id of a record of this list; the page holds the

@@ -35,6 +35,7 @@ mod dashboard_members;
 mod dashboard_reconciliation;
 mod dashboard_roles;
 mod dashboard_signin;
+mod deep_lists;
 mod docs_page;
 mod dunning;
 mod invoices;

@@ -11,7 +11,8 @@ use axum::response::{IntoResponse, Response};
 use edge::Json;
 use edge::idempotency::{Fence, Redact};
 use edge::openapi::{OpenApiRouter, idempotent, routes};
-use edge::{ApiError, Auth, JsonBody, PathId, with_edge};
+use edge::pagination::PageParams;
+use edge::{ApiError, Auth, JsonBody, Pagination, PathId, QueryParams, with_edge};
 use http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -19,7 +20,7 @@ use shared::AppState;
 use shared::domain::account::Scope;
 use shared::domain::outbox::EventType;
 use shared::domain::webhooks::{self, CreateEndpoint, DeliveryView, EndpointView, PatchEndpoint};
-use shared::ids::EndpointId;
+use shared::ids::{EndpointId, IdKind};
 
 pub use events::events;
 
@@ -156,10 +157,12 @@ async fn delete_endpoint(
     }))
 }
 
-/// The endpoint's deliveries, newest first.
+/// The endpoint's deliveries, newest first: the last 50 (the contract),
+/// older ones by `starting_after` (the last id of a page) or `offset`, at
+/// the cost of one page whatever the depth (`listing::counted`).
 #[utoipa::path(
     get, path = "/v1/webhooks/{id}/deliveries", tag = "Webhooks", operation_id = "listWebhookDeliveries",
-    params(("id" = String, Path, description = "A webhook endpoint id, `we_…`.")),
+    params(("id" = String, Path, description = "A webhook endpoint id, `we_…`."), PageParams),
     security(("bearer" = ["webhooks:read"])),
     responses((status = 200, description = "The deliveries.", body = DeliveryList)),
 )]
@@ -167,10 +170,12 @@ async fn list_deliveries(
     State(state): State<AppState>,
     auth: Auth,
     id: PathId<EndpointId>,
+    query: QueryParams,
 ) -> Result<Json<DeliveryList>, ApiError> {
     let who = auth.require(Scope::WebhooksRead)?;
     let id = id.get()?;
-    let found = webhooks::deliveries(&state, who.tenant(), &id).await?;
+    let page = Pagination::from_query(&query, webhooks::DELIVERY_LOG, IdKind::WebhookDelivery)?;
+    let (found, _) = webhooks::deliveries_page(&state, who.tenant(), &id, page.window()).await?;
     let data = found.iter().map(DeliveryView::from).collect();
     Ok(Json(DeliveryList { data }))
 }

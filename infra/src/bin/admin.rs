@@ -1309,16 +1309,30 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
         let side = |m: &shared::domain::listing::Migrated| json!({"listed": m.listed, "already": m.already, "retried": m.retried});
         json.insert(
             mode.as_str().to_owned(),
-            json!({"payments": side(&done.payments), "refunds": side(&done.refunds)}),
+            json!({
+                "payments": side(&done.payments),
+                "refunds": side(&done.refunds),
+                "sessions": side(&done.sessions),
+                "links": side(&done.links),
+                "invoices": side(&done.invoices),
+                "deliveries": side(&done.deliveries),
+                "sms": side(&done.sms),
+            }),
         );
-        text.push(format!(
-            "{:<8} payments listed {} (already {}), refunds listed {} (already {})",
-            mode.as_str(),
-            done.payments.listed,
-            done.payments.already,
-            done.refunds.listed,
-            done.refunds.already
-        ));
+        let lists = [
+            ("payments", &done.payments),
+            ("refunds", &done.refunds),
+            ("sessions", &done.sessions),
+            ("links", &done.links),
+            ("invoices", &done.invoices),
+            ("deliveries", &done.deliveries),
+            ("sms", &done.sms),
+        ];
+        let parts: Vec<String> = lists
+            .iter()
+            .map(|(name, m)| format!("{name} listed {} (already {})", m.listed, m.already))
+            .collect();
+        text.push(format!("{:<8} {}", mode.as_str(), parts.join(", ")));
     }
     text.push(format!("project {id}: covered"));
     Ok(Output::new(Value::Object(json), text))

@@ -165,6 +165,20 @@ fn lo_key(ms: i64) -> String {
     format!("{:013}", ms.max(0))
 }
 
+/// The id (after `prefix`) minted at `ms` with the random part `random`
+/// (its low 80 bits): 0 for the lowest of the millisecond, all ones for
+/// the highest.
+fn id_key(prefix: &str, ms: i64, random: u128) -> String {
+    let ms = u64::try_from(ms.max(0)).unwrap_or(0);
+    let random = random & ((1u128 << 80) - 1);
+    format!(
+        "{prefix}{}",
+        ulid::Ulid::from_parts(ms, random)
+            .to_string()
+            .to_ascii_lowercase()
+    )
+}
+
 /// The highest sort key before `ms` (ids are ASCII letters, digits and
 /// `_`, all below `~`).
 fn hi_key(ms: i64) -> String {
@@ -256,11 +270,27 @@ pub struct ListsMarker {
     pub payments: bool,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub refunds: bool,
+    /// The counted lists ([`counted`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sessions: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub links: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub invoices: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deliveries: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sms: bool,
 }
 
 crate::attrs! { ListsMarker {
     PAYMENTS: bool = payments,
     REFUNDS: bool = refunds,
+    SESSIONS: bool = sessions,
+    LINKS: bool = links,
+    INVOICES: bool = invoices,
+    DELIVERIES: bool = deliveries,
+    SMS: bool = sms,
 } }
 
 impl Record for ListsMarker {
@@ -285,6 +315,11 @@ impl ListsMarker {
             sk: key.sk,
             payments: true,
             refunds: true,
+            sessions: true,
+            links: true,
+            invoices: true,
+            deliveries: true,
+            sms: true,
         }
     }
 
@@ -385,22 +420,44 @@ fn day_ms(d: NaiveDate) -> i64 {
         .unwrap_or(0)
 }
 
-fn counter_key(kind: ListKind, tenant: &Tenant, unit: Unit, period: &str, shard: u32) -> Key {
+/// The base of a list's counter keys (`LIST#PAY`).
+fn counter_base(kind: ListKind) -> String {
+    format!("LIST#{}", kind.code())
+}
+
+fn counter_key(base: &str, tenant: &Tenant, unit: Unit, period: &str, shard: u32) -> Key {
     Key::new(
         keys::stats_partition(&tenant.project, tenant.mode),
-        format!("LIST#{}#{}#{period}#{shard:02}", kind.code(), unit.code()),
+        format!("{base}#{}#{period}#{shard:02}", unit.code()),
     )
 }
 
-fn counter_prefix(kind: ListKind, unit: Unit) -> String {
-    format!("LIST#{}#{}#", kind.code(), unit.code())
+fn counter_prefix(base: &str, unit: Unit) -> String {
+    format!("{base}#{}#", unit.code())
 }
 
 /// `deltas` (member, n) added to the year, month and day counters of `r`.
 fn counter_ops<R: Listed>(r: &R, deltas: &[(String, i64)]) -> Vec<TxOp> {
-    let tenant = r.list_tenant();
-    let ms = r.list_created().unix_millis();
-    let shard = keys::stats_shard(r.list_shard());
+    let base = counter_base(R::KIND);
+    period_ops(
+        &base,
+        &r.list_tenant(),
+        r.list_created().unix_millis(),
+        r.list_shard(),
+        deltas,
+    )
+}
+
+/// `deltas` added to the year, month and day counters (under `base`) of
+/// the period holding `ms`, in the shard of `shard_of`.
+fn period_ops(
+    base: &str,
+    tenant: &Tenant,
+    ms: i64,
+    shard_of: &str,
+    deltas: &[(String, i64)],
+) -> Vec<TxOp> {
+    let shard = keys::stats_shard(shard_of);
     [Unit::Year, Unit::Month, Unit::Day]
         .into_iter()
         .map(|unit| {
@@ -409,7 +466,7 @@ fn counter_ops<R: Listed>(r: &R, deltas: &[(String, i64)]) -> Vec<TxOp> {
                 changes = changes.add_member(ListCounts::COUNT, member, Counter::of(*n));
             }
             TxOp::Update {
-                key: counter_key(R::KIND, &tenant, unit, &unit.period(ms), shard),
+                key: counter_key(base, tenant, unit, &unit.period(ms), shard),
                 update: changes.into(),
                 cond: None,
             }
@@ -580,7 +637,10 @@ fn children(seg: Seg) -> Vec<Seg> {
 /// One list read: where its entries are and which counter counts them.
 struct Reader<'a> {
     store: &'a dyn Store,
-    kind: ListKind,
+    /// The base of its counter keys ([`counter_base`]).
+    counters: String,
+    /// How its index's sort keys place a time.
+    sorted: Sorted,
     tenant: &'a Tenant,
     index: Index,
     partition: String,
@@ -589,12 +649,25 @@ struct Reader<'a> {
     calls: std::sync::atomic::AtomicU64,
 }
 
+/// How a list's sort keys place a time.
+#[derive(Clone, Debug)]
+enum Sorted {
+    /// `<13-digit millis>#<id>` (the filtered lists).
+    Millis,
+    /// The record's id, a ULID of its creation after this prefix.
+    Id(&'static str),
+}
+
 impl Reader<'_> {
     fn query(&self, lo: i64, hi: i64) -> Query {
+        let (from, to) = match &self.sorted {
+            Sorted::Millis => (lo_key(lo), hi_key(hi)),
+            Sorted::Id(prefix) => (id_key(prefix, lo, 0), id_key(prefix, hi - 1, u128::MAX)),
+        };
         Query::partition(self.partition.clone())
             .on(self.index)
             .backward()
-            .sk(SkCond::Between(lo_key(lo), hi_key(hi)))
+            .sk(SkCond::Between(from, to))
     }
 
     /// The counts of `segs` (oldest first, consecutive): one counter query
@@ -613,7 +686,7 @@ impl Reader<'_> {
         let run_reads = runs.iter().map(|&(unit, start, end)| async move {
             let first = unit.period(segs[start].lo);
             let last = unit.period(segs[end - 1].lo);
-            let prefix = counter_prefix(self.kind, unit);
+            let prefix = counter_prefix(&self.counters, unit);
             let mut q = Query::partition(keys::stats_partition(
                 &self.tenant.project,
                 self.tenant.mode,
@@ -713,6 +786,45 @@ impl Reader<'_> {
     }
 }
 
+impl Reader<'_> {
+    /// Entries `offset..offset + limit` of `[lo, hi)` (`whole` reads it)
+    /// and its total, side by side: a small offset read through, a deep
+    /// one located by the counters and skipped inside its day only.
+    async fn read_at(
+        &self,
+        whole: &Query,
+        (lo, hi): (i64, i64),
+        offset: usize,
+        limit: usize,
+    ) -> (Result<Vec<Item>, StoreError>, Result<u64, StoreError>) {
+        if offset <= DIRECT_OFFSET {
+            return tokio::join!(
+                query_window(self.store, whole, offset, limit),
+                self.total(lo, hi)
+            );
+        }
+        let (located, total) = tokio::join!(
+            self.locate(lo, hi, u64::try_from(offset).unwrap_or(u64::MAX)),
+            self.total(lo, hi)
+        );
+        let items = match located {
+            Err(e) => Err(e),
+            Ok(None) => Ok(Vec::new()),
+            Ok(Some((day_end, skip))) => {
+                let q = self.query(lo, day_end);
+                query_window(
+                    self.store,
+                    &q,
+                    usize::try_from(skip).unwrap_or(usize::MAX),
+                    limit,
+                )
+                .await
+            }
+        };
+        (items, total)
+    }
+}
+
 /// What one list read cost, for benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Cost {
@@ -741,7 +853,8 @@ pub async fn page<R: Listed>(
     let (index, partition) = filter.partition(R::KIND, tenant);
     let reader = Reader {
         store,
-        kind: R::KIND,
+        counters: counter_base(R::KIND),
+        sorted: Sorted::Millis,
         tenant,
         index,
         partition,
@@ -766,31 +879,7 @@ pub async fn page<R: Listed>(
             seek_window_at(seek, at, own, window)
         }
     };
-    let (items, total) = if offset <= DIRECT_OFFSET {
-        tokio::join!(
-            query_window(store, &whole, offset, limit),
-            reader.total(lo, hi)
-        )
-    } else {
-        let (located, total) = tokio::join!(
-            reader.locate(lo, hi, u64::try_from(offset).unwrap_or(u64::MAX)),
-            reader.total(lo, hi)
-        );
-        let items = match located? {
-            None => Ok(Vec::new()),
-            Some((day_end, skip)) => {
-                let q = reader.query(lo, day_end);
-                query_window(
-                    store,
-                    &q,
-                    usize::try_from(skip).unwrap_or(usize::MAX),
-                    limit,
-                )
-                .await
-            }
-        };
-        (items, total)
-    };
+    let (items, total) = reader.read_at(&whole, (lo, hi), offset, limit).await;
     let cost = Cost {
         counter_calls: reader.calls.load(std::sync::atomic::Ordering::Relaxed),
     };
@@ -965,6 +1054,8 @@ pub async fn migrate<R: Listed>(
         .await?;
     Ok(done)
 }
+
+pub mod counted;
 
 #[cfg(test)]
 mod tests;

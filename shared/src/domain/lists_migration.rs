@@ -1,12 +1,20 @@
-//! Lists a tenant's payments and refunds from before the filtered lists
-//! (`domain::listing`) and counts them, then marks the tenant covered:
-//! `dhukuti-admin lists migrate`. Idempotent and safe while traffic runs
-//! (`listing::migrate`): one conditional transaction per record.
+//! Lists and counts a tenant's records from before the lists' counters,
+//! then marks the tenant covered: `dhukuti-admin lists migrate`.
+//! Idempotent and safe while traffic runs: one conditional transaction
+//! per record (`listing::migrate` for payments and refunds,
+//! `listing::counted::migrate` for the counted lists: sessions, links,
+//! one-time invoices, webhook deliveries per endpoint, SMS reminders).
 
 use super::Tenant;
-use super::listing::{self, Migrated};
+use super::checkout::CheckoutSession;
+use super::invoices::Invoice;
+use super::links::PaymentLink;
+use super::listing::counted::{self, Counted, CountedKind};
+use super::listing::{self, ListsMarker, Migrated};
 use super::payments::Payment;
 use super::refunds::Refund;
+use super::sms::SmsReminder;
+use super::webhooks::{self, Delivery};
 use crate::keys;
 use crate::store::{Index, Query, Store, StoreError};
 
@@ -15,14 +23,87 @@ use crate::store::{Index, Query, Store, StoreError};
 pub struct TenantMigrated {
     pub payments: Migrated,
     pub refunds: Migrated,
+    pub sessions: Migrated,
+    pub links: Migrated,
+    pub invoices: Migrated,
+    pub deliveries: Migrated,
+    pub sms: Migrated,
 }
 
-/// Migrates `tenant`'s payments, then its refunds.
+/// Migrates `tenant`'s payments, refunds, then the counted lists.
 pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrated, StoreError> {
     let by_id =
         |what| Query::partition(keys::per_mode(&tenant.project, tenant.mode, what)).on(Index::Gsi1);
     let payments =
         listing::migrate::<Payment>(store, tenant, by_id(keys::PerMode::Payments)).await?;
     let refunds = listing::migrate::<Refund>(store, tenant, by_id(keys::PerMode::Refunds)).await?;
-    Ok(TenantMigrated { payments, refunds })
+    let sessions = counted_list::<CheckoutSession>(
+        store,
+        tenant,
+        CountedKind::Sessions,
+        vec![CheckoutSession::counted_list_of(tenant).partition],
+    )
+    .await?;
+    let links = counted_list::<PaymentLink>(
+        store,
+        tenant,
+        CountedKind::Links,
+        vec![PaymentLink::counted_list_of(tenant).partition],
+    )
+    .await?;
+    let invoices = counted_list::<Invoice>(
+        store,
+        tenant,
+        CountedKind::Invoices,
+        vec![Invoice::counted_list_of(tenant).partition],
+    )
+    .await?;
+    let endpoints = webhooks::list_in(store, tenant).await?;
+    let deliveries = counted_list::<Delivery>(
+        store,
+        tenant,
+        CountedKind::Deliveries,
+        endpoints
+            .iter()
+            .map(|e| Delivery::counted_list_of(tenant, &e.id).partition)
+            .collect(),
+    )
+    .await?;
+    let sms = counted_list::<SmsReminder>(
+        store,
+        tenant,
+        CountedKind::Sms,
+        vec![SmsReminder::counted_list_of(tenant).partition],
+    )
+    .await?;
+    Ok(TenantMigrated {
+        payments,
+        refunds,
+        sessions,
+        links,
+        invoices,
+        deliveries,
+        sms,
+    })
+}
+
+/// Counts the records of `partitions` (on `gsi1`), then marks `kind`
+/// covered for `tenant`.
+async fn counted_list<R: Counted>(
+    store: &dyn Store,
+    tenant: &Tenant,
+    kind: CountedKind,
+    partitions: Vec<String>,
+) -> Result<Migrated, StoreError> {
+    let mut done = Migrated::default();
+    for partition in partitions {
+        let m = counted::migrate::<R>(store, Query::partition(partition).on(Index::Gsi1)).await?;
+        done.listed += m.listed;
+        done.already += m.already;
+        done.retried += m.retried;
+    }
+    store
+        .transact(vec![ListsMarker::mark_counted(tenant, kind)])
+        .await?;
+    Ok(done)
 }

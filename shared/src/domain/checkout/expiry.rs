@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::sessions::{CheckoutSession, SessionStatus, failed_at, find_at};
 use super::stats;
 use crate::app::Deps;
+use crate::domain::listing::counted;
 use crate::domain::record::{Changes, from_item};
 use crate::domain::{Tenant, Window};
 use crate::ids::{LinkId, SessionId, TypedId};
@@ -239,6 +240,12 @@ pub(crate) async fn list_in(
         .backward();
     if let Some(s) = status {
         query = query.filter(status_filter(s, now));
+    }
+    // Unfiltered and counted: any offset at a bounded cost.
+    if status.is_none() && counted::covered(store, tenant, counted::CountedKind::Sessions).await? {
+        let list = CheckoutSession::counted_list_of(tenant);
+        let (sessions, total, _) = counted::page(store, &list, &window, true).await?;
+        return Ok((sessions, total));
     }
     let Some(totals) = stats::session_totals(store, tenant).await? else {
         // A project from before the counters: counted the old way.

@@ -230,6 +230,10 @@ pub struct CheckoutSession {
     /// is shown once, to the merchant's server).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_secret_sha256: Option<String>,
+    /// Counted in its project's list counters (`listing::counted`): set
+    /// at creation, or by `dhukuti-admin lists migrate`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counted: bool,
 }
 
 crate::attrs! { CheckoutSession {
@@ -262,7 +266,14 @@ crate::attrs! { CheckoutSession {
     INVOICE_ID: Option<InvoiceId> = invoice_id,
     BILLING_INVOICE_ID: Option<BillingInvoiceId> = billing_invoice_id,
     CLIENT_SECRET_SHA256: Option<String> = client_secret_sha256,
+    COUNTED: bool = counted,
 } }
+
+crate::domain::listing::counted::counted_per_tenant!(
+    CheckoutSession,
+    crate::domain::listing::counted::CountedKind::Sessions,
+    CheckoutSession::list_partition
+);
 
 impl Record for CheckoutSession {
     fn item_key(&self) -> Key {
@@ -786,6 +797,7 @@ pub fn new_session(creator: &Creator, valid: ValidCheckout, now: Timestamp) -> C
         invoice_id: None,
         billing_invoice_id: None,
         client_secret_sha256: valid.client_secret_sha256,
+        counted: true,
     }
 }
 
@@ -860,6 +872,7 @@ pub(crate) async fn create_bound_in(
     let mut tally = stats::Tally::new();
     tally.session_created(&session);
     tally.apply_to(&mut ops)?;
+    ops.extend(session.count_new());
     let mut tries = 0;
     loop {
         tries += 1;

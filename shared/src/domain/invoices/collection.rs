@@ -97,6 +97,7 @@ pub async fn checkout(
         // index above is read on failure).
         tally.session_created(&session);
         tally.apply_to(&mut ops)?;
+        ops.extend(session.count_new());
         crate::domain::active::touch(store, &tenant, now).await?;
         match store.transact(ops).await {
             Ok(()) => return Ok((session, false)),
@@ -280,7 +281,10 @@ pub fn allocation_ops(
     }
     let mut ops = vec![TxOp::Put {
         item: next.to_item()?,
-        cond: Some(Invoice::VERSION.eq(&inv.version)),
+        cond: Some(Cond::And(vec![
+            Invoice::VERSION.eq(&inv.version),
+            inv.counted_unchanged(),
+        ])),
     }];
     // Paid: the payment took the balance to zero (also after adjustments).
     if inv.document_status == DocumentStatus::Issued && collectible > 0 && paid == collectible {

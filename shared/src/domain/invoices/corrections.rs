@@ -166,6 +166,7 @@ pub async fn correct(
     replacement.corrected_by_invoice_id = None;
     replacement.voided_at = None;
     replacement.void_reason = None;
+    replacement.counted = true;
 
     let mut voided = current.clone();
     voided.document_status = DocumentStatus::Void;
@@ -184,10 +185,12 @@ pub async fn correct(
             cond: Some(Cond::And(vec![
                 Invoice::VERSION.eq(&current.version),
                 Invoice::DOCUMENT_STATUS.eq(&DocumentStatus::Issued),
+                current.counted_unchanged(),
             ])),
         },
         replacement.put_new()?,
     ];
+    ops.extend(replacement.count_new());
     if let Some(c) = &checkout {
         let mut tally = Tally::new();
         ops.push(close_checkout_op(&c.session, now, &mut tally));

@@ -9,6 +9,7 @@ use super::records::{
 };
 use super::{MAX_LINES, MAX_TAX_BPS, MAX_UNIT_AMOUNT};
 use crate::Deps;
+use crate::domain::listing::counted;
 use crate::domain::record::{Record, page_of};
 use crate::domain::{Mode, Tenant, Window, account, checkout};
 use crate::fields::wire::{nullable, or_null, present};
@@ -298,6 +299,7 @@ pub fn new_draft(
         checkout_session_id: None,
         allocations: Vec::new(),
         adjustments: Vec::new(),
+        counted: true,
     };
     price(&mut inv)?;
     Ok(inv)
@@ -346,12 +348,22 @@ pub async fn create(
     if let Some(f) = fence {
         ops.push(f.op(&inv.id));
     }
-    match state.store.transact(ops).await {
-        Ok(()) => Ok(inv),
-        Err(e) => match fence {
-            Some(f) if Fence::tripped(&e, 1) => first_of(state, f, tenant).await,
-            _ => Err(e.into()),
-        },
+    // The counters last: the fence's index (1) is read on failure.
+    ops.extend(inv.count_new());
+    let mut tries = 0;
+    loop {
+        match state.store.transact(ops.clone()).await {
+            Ok(()) => return Ok(inv),
+            Err(e) => match fence {
+                Some(f) if Fence::tripped(&e, 1) => return first_of(state, f, tenant).await,
+                // A concurrent insert on the same counter shard.
+                _ if counted::is_conflict(&e) && tries < 8 => {
+                    tries += 1;
+                    crate::store::contention_backoff(tries).await;
+                }
+                _ => return Err(e.into()),
+            },
+        }
     }
 }
 
@@ -370,6 +382,13 @@ pub async fn list(
     window: Window,
 ) -> Result<(Vec<Invoice>, u64), StoreError> {
     let store = &*deps.store;
+    if document_status.is_none() && collection_status.is_none() {
+        // Unfiltered: counted (once covered), any offset at a bounded cost.
+        let covered = counted::covered(store, tenant, counted::CountedKind::Invoices).await?;
+        let list = Invoice::counted_list_of(tenant);
+        let (invoices, total, _) = counted::page(store, &list, &window, covered).await?;
+        return Ok((invoices, total));
+    }
     let mut filters = Vec::new();
     if let Some(d) = document_status {
         filters.push(Invoice::DOCUMENT_STATUS.eq(&d));
@@ -391,7 +410,10 @@ pub async fn list(
 fn replace_op(current: &Invoice, next: &Invoice) -> Result<TxOp, StoreError> {
     Ok(TxOp::Put {
         item: next.to_item()?,
-        cond: Some(Invoice::VERSION.eq(&current.version)),
+        cond: Some(Cond::And(vec![
+            Invoice::VERSION.eq(&current.version),
+            current.counted_unchanged(),
+        ])),
     })
 }
 

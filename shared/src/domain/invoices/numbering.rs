@@ -237,8 +237,17 @@ pub async fn discard(
         cond: Some(Cond::And(vec![
             Invoice::DOCUMENT_STATUS.eq(&DocumentStatus::Draft),
             Invoice::VERSION.eq(&current.version),
+            current.counted_unchanged(),
         ])),
     }];
+    if current.counted {
+        // Out of its list: out of its counters.
+        ops.extend(
+            current
+                .counted_list_of_self()
+                .count_gone(&current.id, current.created_at),
+        );
+    }
     if let Some(f) = fence {
         ops.push(f.op(id));
     }

@@ -12,7 +12,7 @@ use crate::ids::{InvoiceId, PaymentId, ProjectId, SessionId};
 use crate::keys;
 use crate::kinds::Tenant;
 use crate::money::Currency;
-use crate::store::Key;
+use crate::store::{Cond, Key};
 use crate::time::Timestamp;
 
 /// A quantity: decimal text with at most 3 decimals, greater than zero,
@@ -281,6 +281,10 @@ pub struct Invoice {
     pub allocations: Vec<Allocation>,
     #[serde(default)]
     pub adjustments: Vec<Adjustment>,
+    /// Counted in its project's list counters (`listing::counted`): set
+    /// at creation, or by `dhukuti-admin lists migrate`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counted: bool,
 }
 
 crate::attrs! { Invoice {
@@ -317,7 +321,14 @@ crate::attrs! { Invoice {
     CHECKOUT_SESSION_ID: Option<SessionId> = checkout_session_id,
     ALLOCATIONS: Vec<Allocation> = allocations,
     ADJUSTMENTS: Vec<Adjustment> = adjustments,
+    COUNTED: bool = counted,
 } }
+
+crate::domain::listing::counted::counted_per_tenant!(
+    Invoice,
+    crate::domain::listing::counted::CountedKind::Invoices,
+    Invoice::list_partition
+);
 
 impl Invoice {
     pub fn key(id: &InvoiceId) -> Key {
@@ -326,6 +337,17 @@ impl Invoice {
 
     pub(super) fn list_partition(tenant: &Tenant) -> String {
         keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::Invoices)
+    }
+
+    /// Its `counted` still as read: a whole-record write from an older
+    /// read must not undo the lists migration's mark (a rerun would count
+    /// it twice).
+    pub(super) fn counted_unchanged(&self) -> Cond {
+        if self.counted {
+            Invoice::COUNTED.eq(&true)
+        } else {
+            Invoice::COUNTED.missing()
+        }
     }
 
     /// The current collectible balance.

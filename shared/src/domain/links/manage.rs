@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 use super::{DEFAULT_MIN_AMOUNT, PaymentLink};
 use crate::app::Deps;
 use crate::domain::checkout::{self, CheckoutError, MAX_AMOUNT_PAISA, StoredAddress, check_url};
+use crate::domain::listing::counted;
 use crate::domain::record::{Changes, Record, from_item};
 use crate::domain::{Mode, Provider, Tenant, Window};
 use crate::fields::wire::{nullable, or_null};
@@ -469,6 +470,7 @@ pub fn new_link(
         metadata,
         created_at: now,
         updated_at: now,
+        counted: true,
     })
 }
 
@@ -483,7 +485,20 @@ pub async fn insert_once(
     also: Vec<TxOp>,
 ) -> Result<PaymentLink, StoreError> {
     let store = &*deps.store;
-    match Fence::put_once_with(fence, store, link.put_new()?, &link.id, also).await? {
+    let mut also = also;
+    also.extend(link.count_new());
+    let mut tries = 0;
+    let first = loop {
+        match Fence::put_once_with(fence, store, link.put_new()?, &link.id, also.clone()).await {
+            // A concurrent insert on the same counter shard.
+            Err(e) if counted::is_conflict(&e) && tries < 8 => {
+                tries += 1;
+                crate::store::contention_backoff(tries).await;
+            }
+            other => break other?,
+        }
+    };
+    match first {
         None => Ok(link.clone()),
         Some(first) => get_in(store, &LinkId::stored(first.as_str()))
             .await?
@@ -494,7 +509,12 @@ pub async fn insert_once(
 /// Stores a new link.
 #[cfg(test)]
 pub(super) async fn insert(store: &dyn Store, link: &PaymentLink) -> Result<(), StoreError> {
-    store.put(link.to_item()?, Some(Cond::NotExists)).await
+    let counts = if link.counted {
+        link.count_new()
+    } else {
+        Vec::new()
+    };
+    crate::store::write_with(store, link.put_new()?, counts).await
 }
 
 /// The link `id` of any project (the public page knows it by id alone).
@@ -538,6 +558,13 @@ pub async fn list(
     window: Window,
 ) -> Result<(Vec<PaymentLink>, u64), StoreError> {
     let store = &*deps.store;
+    if active.is_none() {
+        // Unfiltered: counted (once covered), any offset at a bounded cost.
+        let covered = counted::covered(store, tenant, counted::CountedKind::Links).await?;
+        let list = PaymentLink::counted_list_of(tenant);
+        let (links, total, _) = counted::page(store, &list, &window, covered).await?;
+        return Ok((links, total));
+    }
     let mut query = Query::partition(PaymentLink::list_partition(tenant))
         .on(Index::Gsi1)
         .backward();
@@ -803,7 +830,7 @@ pub async fn cancel(
 /// `link_used` otherwise).
 pub async fn delete(deps: &Deps, tenant: &Tenant, id: &LinkId) -> Result<LinkId, LinkError> {
     let store = &*deps.store;
-    let link = find_in(store, tenant, id)
+    let mut link = find_in(store, tenant, id)
         .await?
         .ok_or_else(|| LinkError::NotFound(id.to_string()))?;
     let unused = Cond::And(vec![
@@ -816,18 +843,33 @@ pub async fn delete(deps: &Deps, tenant: &Tenant, id: &LinkId) -> Result<LinkId,
             PaymentLink::CLAIMED.le(&0),
         ]),
     ]);
-    match store
-        .delete(
-            &link.item_key(),
-            Some(Cond::And(vec![Cond::Exists, unused])),
-        )
-        .await
-    {
-        Ok(_) => Ok(link.id),
-        Err(StoreError::ConditionFailed) => match get_in(store, &link.id).await? {
-            Some(_) => Err(LinkError::Used),
-            None => Err(LinkError::NotFound(id.to_string())),
-        },
-        Err(e) => Err(e.into()),
+    // Out of its list, out of its counters: counted as read (the lists
+    // migration may count it meanwhile: then read again).
+    for _ in 0..3 {
+        let (counted, counts) = if link.counted {
+            (
+                PaymentLink::COUNTED.eq(&true),
+                link.counted_list_of_self()
+                    .count_gone(&link.id, link.created_at),
+            )
+        } else {
+            (PaymentLink::COUNTED.missing(), Vec::new())
+        };
+        let op = TxOp::Delete {
+            key: link.item_key(),
+            cond: Some(Cond::And(vec![Cond::Exists, unused.clone(), counted])),
+        };
+        match crate::store::write_with(store, op, counts).await {
+            Ok(()) => return Ok(link.id),
+            Err(StoreError::ConditionFailed) => match get_in(store, &link.id).await? {
+                Some(fresh) if fresh.counted != link.counted => link = fresh,
+                Some(_) => return Err(LinkError::Used),
+                None => return Err(LinkError::NotFound(id.to_string())),
+            },
+            Err(e) => return Err(e.into()),
+        }
     }
+    Err(LinkError::Store(StoreError::Unavailable(
+        "the payment link kept changing; retry".into(),
+    )))
 }

@@ -94,6 +94,10 @@ pub struct PaymentLink {
     pub metadata: Map<String, Value>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// Counted in its project's list counters (`listing::counted`): set
+    /// at creation, or by `dhukuti-admin lists migrate`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counted: bool,
 }
 
 crate::attrs! { PaymentLink {
@@ -125,7 +129,14 @@ crate::attrs! { PaymentLink {
     METADATA: Map<String, Value> = metadata,
     CREATED_AT: Timestamp = created_at,
     UPDATED_AT: Timestamp = updated_at,
+    COUNTED: bool = counted,
 } }
+
+crate::domain::listing::counted::counted_per_tenant!(
+    PaymentLink,
+    crate::domain::listing::counted::CountedKind::Links,
+    PaymentLink::list_partition
+);
 
 impl Record for PaymentLink {
     fn item_key(&self) -> Key {

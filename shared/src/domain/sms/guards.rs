@@ -238,9 +238,11 @@ pub struct Places<'a> {
 pub(super) async fn take_places(
     store: &dyn Store,
     places: Places<'_>,
-    record: Option<TxOp>,
+    record: impl IntoIterator<Item = TxOp>,
     fence: Option<TxOp>,
 ) -> Result<Taken, SmsError> {
+    // The record and its counters.
+    let record: Vec<TxOp> = record.into_iter().collect();
     let key = recipient_window(places.merchant_id, places.mode, places.phone);
     for attempt in 0..WINDOW_TRIES {
         let current = record::get::<SmsRecipientWindow>(store, &key).await?;
@@ -257,9 +259,7 @@ pub(super) async fn take_places(
         if let Some(quota) = places.quota {
             ops.push(quota_op(places.merchant_id, quota, places.now));
         }
-        if let Some(op) = &record {
-            ops.push(op.clone());
-        }
+        ops.extend(record.iter().cloned());
         let fence_at = fence.as_ref().map(|op| {
             ops.push(op.clone());
             ops.len() - 1

@@ -83,6 +83,7 @@ pub async fn notify_invoice(deps: &Deps, sms: InvoiceSms) -> Result<InvoiceSmsOu
         ttl: Some(now.unix_seconds() + KEPT_DAYS * 86_400),
         gsi2pk: None,
         gsi2sk: None,
+        counted: true,
     };
     if live {
         reminder.list_open(now);
@@ -98,7 +99,7 @@ pub async fn notify_invoice(deps: &Deps, sms: InvoiceSms) -> Result<InvoiceSmsOu
     let taken = take_places(
         &*deps.store,
         places,
-        Some(reminder.put_new()?),
+        std::iter::once(reminder.put_new()?).chain(reminder.count_new()),
         Some(sms.claim),
     )
     .await?;

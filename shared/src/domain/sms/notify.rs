@@ -64,14 +64,9 @@ pub async fn notify(
         quota: live.then(|| who.merchant.plan.sms_monthly_quota()),
         limits,
     };
-    let record = reminder.put_new()?;
-    let taken = take_places(
-        store,
-        places,
-        Some(record),
-        fence.map(|f| f.op(&reminder.id)),
-    )
-    .await;
+    let mut record = vec![reminder.put_new()?];
+    record.extend(reminder.count_new());
+    let taken = take_places(store, places, record, fence.map(|f| f.op(&reminder.id))).await;
     // The first run's reminder, when already read.
     let (taken, first_run) = match (taken, fence) {
         // The recipient's window is full, perhaps with this request's own
@@ -167,6 +162,7 @@ fn new_reminder(
         ttl: Some(now.unix_seconds() + KEPT_DAYS * 86_400),
         gsi2pk: None,
         gsi2sk: None,
+        counted: true,
     };
     if mode == Mode::Live {
         // Waits for the dispatcher: the backstop sweep watches it.

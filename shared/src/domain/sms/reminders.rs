@@ -83,6 +83,10 @@ pub struct SmsReminder {
     pub gsi2pk: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gsi2sk: Option<String>,
+    /// Counted in its project's list counters (`listing::counted`): set
+    /// at creation, or by `dhukuti-admin lists migrate`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counted: bool,
 }
 
 /// How long a reminder is kept for support before the table's TTL
@@ -106,7 +110,14 @@ crate::attrs! { SmsReminder {
     UPDATED_AT: Timestamp = updated_at,
     CLAIM: Option<String> = claim,
     TTL: Option<i64> = ttl,
+    COUNTED: bool = counted,
 } }
+
+crate::domain::listing::counted::counted_per_tenant!(
+    SmsReminder,
+    crate::domain::listing::counted::CountedKind::Sms,
+    SmsReminder::list_partition
+);
 
 impl SmsReminder {
     pub fn key(id: &SmsId) -> Key {
@@ -232,10 +243,24 @@ pub async fn list(
     window: Window,
 ) -> Result<(Vec<SmsReminder>, u64), StoreError> {
     let store = &*deps.store;
-    let query = Query::partition(SmsReminder::list_partition(tenant))
-        .on(Index::Gsi1)
-        .backward();
-    crate::domain::record::page_of(store, &query, window).await
+    let covered = crate::domain::listing::counted::covered(
+        store,
+        tenant,
+        crate::domain::listing::counted::CountedKind::Sms,
+    )
+    .await?;
+    // Reminders expire by TTL after KEPT_DAYS: the list keeps to them (a
+    // counter never counts what the TTL deleted). Ids are minted on the
+    // wall clock, `created_at` on the service's: the earlier of the two.
+    let now = deps
+        .clock
+        .now()
+        .unix_millis()
+        .min(crate::time::Clock::now(&crate::time::SystemClock).unix_millis());
+    let list = SmsReminder::counted_list_of(tenant).since(now - KEPT_DAYS * 86_400_000);
+    let (reminders, total, _) =
+        crate::domain::listing::counted::page(store, &list, &window, covered).await?;
+    Ok((reminders, total))
 }
 
 /// The project's latest reminders in `mode`, newest first (support and

@@ -406,6 +406,7 @@ async fn a_reminder_whose_message_was_lost_is_queued_again_once_per_sweep() {
         ttl: None,
         gsi2pk: None,
         gsi2sk: None,
+        counted: false,
     };
     reminder.list_open(now);
     // Recorded, but its queue message never went out (a crash).
@@ -685,6 +686,7 @@ async fn queued_reminder(state: &Deps, who: &Principal) -> SmsReminder {
         ttl: None,
         gsi2pk: None,
         gsi2sk: None,
+        counted: false,
     };
     r.list_open(now);
     if let Err(e) = put_new(&*state.store, &r).await {

@@ -543,7 +543,11 @@ pub async fn get(deps: &Deps, tenant: &Tenant, id: &EndpointId) -> Result<Endpoi
 
 /// Every endpoint of the project in `mode`, newest first.
 pub async fn list(deps: &Deps, tenant: &Tenant) -> Result<Vec<Endpoint>, StoreError> {
-    let store = &*deps.store;
+    list_in(&*deps.store, tenant).await
+}
+
+/// [`list`] on a store.
+pub async fn list_in(store: &dyn Store, tenant: &Tenant) -> Result<Vec<Endpoint>, StoreError> {
     let query = Query::partition(Endpoint::partition(tenant))
         .backward()
         .limit(100);

@@ -8,11 +8,12 @@ use super::endpoints::list;
 use super::log::{Delivery, DeliveryStatus, delivery};
 use crate::Deps;
 use crate::domain::Tenant;
+use crate::domain::listing::counted;
 use crate::domain::outbox::{self, Event};
 use crate::domain::record::Record;
 use crate::ids::{DeliveryId, EndpointId, EventId, PaymentId};
 use crate::queue::{MAX_DELAY, QueueError, QueueName};
-use crate::store::{Cond, StoreError};
+use crate::store::{Cond, StoreError, TxOp, write_with};
 use crate::time::Timestamp;
 
 /// What a queue message asks: make attempt `attempt` (0-based: the number
@@ -108,15 +109,25 @@ pub(super) async fn fan_out(state: &Deps, event: &Event) -> Result<usize, Dispat
             lease_until_ms: None,
             gsi2pk: Some(open.partition),
             gsi2sk: Some(open.sort),
+            counted: true,
         };
-        let first_time = match state
-            .store
-            .put(delivery.to_item()?, Some(Cond::NotExists))
-            .await
-        {
-            Ok(()) => true,
-            Err(e) if e.is_condition_failure() => false,
-            Err(e) => return Err(e.into()),
+        // Counted with its insert: a rerun's put fails, counting nothing.
+        let put = TxOp::Put {
+            item: delivery.to_item()?,
+            cond: Some(Cond::NotExists),
+        };
+        let mut tries = 0;
+        let first_time = loop {
+            match write_with(&*state.store, put.clone(), delivery.count_new()).await {
+                Ok(()) => break true,
+                Err(e) if e.is_condition_failure() => break false,
+                // A concurrent insert on the same counter shard.
+                Err(e) if counted::is_conflict(&e) && tries < 8 => {
+                    tries += 1;
+                    crate::store::contention_backoff(tries).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
         };
         if !first_time {
             // Written by an earlier run: queue again only an attempt that

@@ -6,6 +6,7 @@ use serde_json::Value;
 use super::DELIVERY_LOG;
 use super::endpoints::{WebhookError, get};
 use crate::Deps;
+use crate::domain::listing::counted;
 use crate::domain::outbox::{self, Event, EventType};
 use crate::domain::record::{Entry, Gsi2Entry, Record, from_item};
 use crate::domain::{Mode, Tenant, Window};
@@ -71,6 +72,10 @@ pub struct Delivery {
     pub gsi2pk: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gsi2sk: Option<String>,
+    /// Counted in its endpoint's list counters (`listing::counted`): set
+    /// at creation, or by `dhukuti-admin lists migrate`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counted: bool,
 }
 
 crate::attrs! { Delivery {
@@ -94,7 +99,27 @@ crate::attrs! { Delivery {
     LEASE_UNTIL_MS: Option<i64> = lease_until_ms,
     GSI2PK: Option<String> = gsi2pk,
     GSI2SK: Option<String> = gsi2sk,
+    COUNTED: bool = counted,
 } }
+
+impl crate::domain::listing::counted::Counted for Delivery {
+    const COUNTED: crate::domain::record::Attr<Self, bool> = Delivery::COUNTED;
+    fn counted_list(&self) -> counted::CountedList {
+        Delivery::counted_list_of(
+            &Tenant::new(self.project_id.clone(), self.mode),
+            &self.endpoint_id,
+        )
+    }
+    fn counted_id(&self) -> &str {
+        &self.id
+    }
+    fn counted_created(&self) -> Timestamp {
+        self.created_at
+    }
+    fn is_counted(&self) -> bool {
+        self.counted
+    }
+}
 
 impl Delivery {
     pub fn key(event_id: &EventId, endpoint_id: &EndpointId) -> Key {
@@ -123,8 +148,26 @@ impl Delivery {
         format!("{:015}#{event_id}#{endpoint_id}", due.unix_millis().max(0))
     }
 
-    pub(super) fn log_partition(endpoint_id: &EndpointId) -> String {
+    pub(crate) fn log_partition(endpoint_id: &EndpointId) -> String {
         keys::endpoint_deliveries(endpoint_id)
+    }
+
+    /// The counted delivery log of `endpoint` (of `tenant`): its own
+    /// counters.
+    pub fn counted_list_of(tenant: &Tenant, endpoint: &EndpointId) -> counted::CountedList {
+        counted::CountedList::new(
+            counted::CountedKind::Deliveries,
+            tenant.clone(),
+            Delivery::log_partition(endpoint),
+        )
+        .scoped(endpoint)
+    }
+
+    /// The writes counting it in its endpoint's log (its insert's
+    /// transaction).
+    pub fn count_new(&self) -> Vec<crate::store::TxOp> {
+        use counted::Counted;
+        self.counted_list().count_new(&self.id, self.created_at)
     }
 }
 
@@ -243,10 +286,10 @@ pub async fn deliveries_page(
 ) -> Result<(Vec<Delivery>, u64), WebhookError> {
     let store = &*deps.store;
     let endpoint = get(deps, tenant, id).await?;
-    let query = Query::partition(Delivery::log_partition(&endpoint.id))
-        .on(Index::Gsi1)
-        .backward();
-    Ok(crate::domain::record::page_of(store, &query, window).await?)
+    let covered = counted::covered(store, tenant, counted::CountedKind::Deliveries).await?;
+    let list = Delivery::counted_list_of(tenant, &endpoint.id);
+    let (deliveries, total, _) = counted::page(store, &list, &window, covered).await?;
+    Ok((deliveries, total))
 }
 
 /// The deliveries of event `event_id` (one per endpoint it went to, at

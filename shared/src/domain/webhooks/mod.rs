@@ -36,7 +36,7 @@ mod tests;
 pub use delivery::{Outcome, Resent, handle_message, requeue_overdue, resend, sweep};
 pub use endpoints::{
     CreateEndpoint, Endpoint, EndpointCounter, EndpointView, PatchEndpoint, WebhookError, create,
-    create_with, delete, delete_with, get, list, parse_events, patch, patch_with,
+    create_with, delete, delete_with, get, list, list_in, parse_events, patch, patch_with,
 };
 pub use fan_out::{DeliveryMessage, DispatchError, FanOutReport, fan_out_by_id, fan_out_pending};
 pub use log::{

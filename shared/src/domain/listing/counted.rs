@@ -1,0 +1,409 @@
+//! Counted lists (issue 37 item 11): the unfiltered lists sorted by id
+//! (checkout sessions, payment links, one-time invoices, an endpoint's
+//! webhook deliveries, SMS reminders) served at any offset at a cost that
+//! does not grow with the history, like the filtered payments and refunds.
+//!
+//! - **No new index.** Each list is its `gsi1` partition, sorted by the
+//!   records' ids: a ULID minted at creation, so a UTC day is a key range
+//!   from the day's lowest ULID to its highest.
+//! - **Counters.** `c_all` per list, per UTC year, month and day of the
+//!   id's time (`LIST#<code>[#<endpoint>]#D#2026-11-29#NN` in the stats
+//!   partition, 8 shards by id), added in the insert's transaction
+//!   ([`CountedList::count_new`]) and taken back in a delete's
+//!   ([`CountedList::count_gone`]); a record carries `counted` once
+//!   counted.
+//! - **Pages** ([`page`]): an offset up to [`super::DIRECT_OFFSET`] is read
+//!   through; a deeper one walks the counters newest first to its day and
+//!   skips inside that day only. The total is the counters' sum. A seek
+//!   (`starting_after`, the dashboard's Older/Newer) with a small offset is
+//!   one ranged read; with a deep one it becomes an offset (the counters of
+//!   the periods after its record, a count of its millisecond).
+//! - **Retention.** SMS reminders expire by TTL after
+//!   `sms::KEPT_DAYS`: their list is bounded by it ([`CountedList::since`]),
+//!   so a counter never counts what the TTL deleted (older counters are
+//!   never read).
+//! - **Older records.** Until [`super::ListsMarker`] covers a list, it is
+//!   counted and skipped through the index as before; [`migrate`] counts
+//!   the older records (one conditional transaction each: `counted`
+//!   missing, so a rerun or a concurrent run counts nothing twice).
+
+use serde::de::DeserializeOwned;
+
+use super::{
+    DIRECT_OFFSET, ListsMarker, MAX_MS, Migrated, Reader, Sorted, decode, period_ops,
+    seek_window_at,
+};
+use crate::domain::record::{self, Attr, Changes, Record, Window, from_item};
+use crate::ids::IdKind;
+use crate::kinds::Tenant;
+use crate::store::{Cond, Index, Key, Query, Seek, SkCond, Store, StoreError, TxOp, seek_window};
+use crate::time::Timestamp;
+
+/// Which counted list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CountedKind {
+    Sessions,
+    Links,
+    Invoices,
+    Deliveries,
+    Sms,
+}
+
+impl CountedKind {
+    fn code(self) -> &'static str {
+        match self {
+            CountedKind::Sessions => "CS",
+            CountedKind::Links => "LNK",
+            CountedKind::Invoices => "OINV",
+            CountedKind::Deliveries => "WHD",
+            CountedKind::Sms => "SMS",
+        }
+    }
+
+    fn id_kind(self) -> IdKind {
+        match self {
+            CountedKind::Sessions => IdKind::CheckoutSession,
+            CountedKind::Links => IdKind::PaymentLink,
+            CountedKind::Invoices => IdKind::Invoice,
+            CountedKind::Deliveries => IdKind::WebhookDelivery,
+            CountedKind::Sms => IdKind::Sms,
+        }
+    }
+}
+
+/// One counted list: its kind, tenant and `gsi1` partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CountedList {
+    pub kind: CountedKind,
+    pub tenant: Tenant,
+    pub partition: String,
+    /// The records it is narrowed to (an endpoint's deliveries): part of
+    /// its counter keys.
+    pub scope: Option<String>,
+    /// The earliest creation (unix millis) it lists: records older are
+    /// gone by TTL (SMS), their counters never read.
+    pub since: Option<i64>,
+}
+
+impl CountedList {
+    pub fn new(kind: CountedKind, tenant: Tenant, partition: String) -> Self {
+        CountedList {
+            kind,
+            tenant,
+            partition,
+            scope: None,
+            since: None,
+        }
+    }
+
+    /// The list narrowed to `scope` (its own counters).
+    pub fn scoped(mut self, scope: &str) -> Self {
+        self.scope = Some(scope.to_owned());
+        self
+    }
+
+    /// The list bounded to records created at or after `ms`.
+    pub fn since(mut self, ms: i64) -> Self {
+        self.since = Some(ms.max(0));
+        self
+    }
+
+    fn base(&self) -> String {
+        match &self.scope {
+            Some(scope) => format!("LIST#{}#{scope}", self.kind.code()),
+            None => format!("LIST#{}", self.kind.code()),
+        }
+    }
+
+    /// The counter writes for a new record (its id, the list's sort key,
+    /// `sort`; created at `created`), for its insert's transaction.
+    pub fn count_new(&self, sort: &str, created: Timestamp) -> Vec<TxOp> {
+        self.count(sort, created, 1)
+    }
+
+    /// The counter writes for a deleted record, for its delete's
+    /// transaction (conditioned on the record being there).
+    pub fn count_gone(&self, sort: &str, created: Timestamp) -> Vec<TxOp> {
+        self.count(sort, created, -1)
+    }
+
+    fn count(&self, sort: &str, created: Timestamp, n: i64) -> Vec<TxOp> {
+        // The day of the id's key range (an id's time runs at most a
+        // little ahead of `created`); `created` for an id not a ULID.
+        let ms = crate::ids::minted_at_ms(sort).unwrap_or_else(|| created.unix_millis());
+        period_ops(&self.base(), &self.tenant, ms, sort, &[("all".into(), n)])
+    }
+
+    fn reader<'a>(&self, store: &'a dyn Store, tenant: &'a Tenant) -> Reader<'a> {
+        Reader {
+            store,
+            counters: self.base(),
+            sorted: Sorted::Id(self.kind.id_kind().prefix()),
+            tenant,
+            index: Index::Gsi1,
+            partition: self.partition.clone(),
+            member: "all".into(),
+            calls: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
+/// A record in a counted list.
+pub trait Counted: Record + DeserializeOwned {
+    /// Present (true) once the record is counted.
+    const COUNTED: Attr<Self, bool>;
+    fn counted_list(&self) -> CountedList;
+    fn counted_id(&self) -> &str;
+    fn counted_created(&self) -> Timestamp;
+    fn is_counted(&self) -> bool;
+}
+
+/// Whether `e` is a transaction that lost a race on an item (a counter
+/// shard a concurrent insert wrote): a retry may succeed.
+pub fn is_conflict(e: &StoreError) -> bool {
+    matches!(e, StoreError::TransactionCanceled { reasons }
+        if reasons.contains(&crate::store::TxReason::Conflict))
+}
+
+/// Whether `tenant`'s counters of `kind` cover its whole history.
+pub async fn covered(
+    store: &dyn Store,
+    tenant: &Tenant,
+    kind: CountedKind,
+) -> Result<bool, StoreError> {
+    let marker: Option<ListsMarker> = record::get(store, &ListsMarker::key(tenant)).await?;
+    Ok(marker.is_some_and(|m| m.covers_counted(kind)))
+}
+
+impl ListsMarker {
+    fn covers_counted(&self, kind: CountedKind) -> bool {
+        match kind {
+            CountedKind::Sessions => self.sessions,
+            CountedKind::Links => self.links,
+            CountedKind::Invoices => self.invoices,
+            CountedKind::Deliveries => self.deliveries,
+            CountedKind::Sms => self.sms,
+        }
+    }
+
+    /// The write marking the counted list `kind` covered.
+    pub fn mark_counted(tenant: &Tenant, kind: CountedKind) -> TxOp {
+        let attr = match kind {
+            CountedKind::Sessions => ListsMarker::SESSIONS,
+            CountedKind::Links => ListsMarker::LINKS,
+            CountedKind::Invoices => ListsMarker::INVOICES,
+            CountedKind::Deliveries => ListsMarker::DELIVERIES,
+            CountedKind::Sms => ListsMarker::SMS,
+        };
+        TxOp::Update {
+            key: ListsMarker::key(tenant),
+            update: Changes::<ListsMarker>::new().set(attr, &true).into(),
+            cond: None,
+        }
+    }
+}
+
+/// A page of `list` (newest first) and its total, with what it cost.
+/// `covered`: the tenant's counters cover the list ([`covered`]), else it
+/// is counted and skipped through the index.
+pub async fn page<T: DeserializeOwned>(
+    store: &dyn Store,
+    list: &CountedList,
+    window: &Window,
+    covered: bool,
+) -> Result<(Vec<T>, u64, super::Cost), StoreError> {
+    let all = Query::partition(list.partition.clone())
+        .on(Index::Gsi1)
+        .backward();
+    if !covered {
+        let (items, total) = record::page_of(store, &all, window.clone()).await?;
+        return Ok((items, total, super::Cost::default()));
+    }
+    if window.limit == 0 {
+        return Ok((Vec::new(), 0, super::Cost::default()));
+    }
+    let reader = list.reader(store, &list.tenant);
+    let (lo, hi) = (list.since.unwrap_or(0), MAX_MS);
+    // The whole partition when unbounded (every record, whatever its id).
+    let whole = if lo > 0 { reader.query(lo, hi) } else { all };
+    let (offset, limit) = match &window.seek {
+        Seek::Start => (window.offset, window.limit),
+        seek if lo == 0 && window.offset <= DIRECT_OFFSET => {
+            // One ranged read from the record.
+            let (items, total) = tokio::join!(
+                seek_window(store, &whole, seek, window.offset, window.limit),
+                reader.total(lo, hi)
+            );
+            let cost = super::Cost {
+                counter_calls: reader.calls.load(std::sync::atomic::Ordering::Relaxed),
+            };
+            return Ok((decode(items?)?, total?, cost));
+        }
+        seek @ (Seek::After(sort) | Seek::Before(sort)) => {
+            let (at, own) = position(&reader, list, sort, (lo, hi)).await?;
+            seek_window_at(seek, at, own, window)
+        }
+    };
+    let (items, total) = reader.read_at(&whole, (lo, hi), offset, limit).await;
+    let cost = super::Cost {
+        counter_calls: reader.calls.load(std::sync::atomic::Ordering::Relaxed),
+    };
+    Ok((decode(items?)?, total?, cost))
+}
+
+/// How many entries of `[lo, hi)` are newer than the record whose id is
+/// `sort` (of its list), and whether it is one of them (1) or not (0).
+async fn position(
+    reader: &Reader<'_>,
+    list: &CountedList,
+    sort: &str,
+    (lo, hi): (i64, i64),
+) -> Result<(usize, usize), StoreError> {
+    let ms = crate::ids::minted_at_ms(sort).unwrap_or(0);
+    let later = if ms + 1 < hi {
+        reader.total((ms + 1).max(lo), hi).await?
+    } else {
+        0
+    };
+    let (newer_same_ms, own) = if ms < lo {
+        (0, 0)
+    } else {
+        let top = super::id_key(list.kind.id_kind().prefix(), ms, u128::MAX);
+        let in_ms = |from: String, to: String| Query {
+            sk: SkCond::Between(from, to),
+            ..reader.query(lo, hi)
+        };
+        reader.tick();
+        reader.tick();
+        let (from_q, it_q) = (
+            in_ms(sort.to_owned(), top),
+            in_ms(sort.to_owned(), sort.to_owned()),
+        );
+        let (from_it, it) = tokio::join!(reader.store.count(&from_q), reader.store.count(&it_q));
+        let (from_it, it) = (from_it?, it?);
+        (from_it.saturating_sub(it), it.min(1))
+    };
+    let at = usize::try_from(later + newer_same_ms).unwrap_or(usize::MAX);
+    Ok((at, usize::try_from(own).unwrap_or(0)))
+}
+
+/// Counts `R`'s records of the query `all` (a `gsi1` list partition, or
+/// several: the caller runs it once per partition) not yet counted, one
+/// conditional transaction each (`counted` missing: a rerun or a
+/// concurrent run counts nothing twice). The caller marks the tenant
+/// covered ([`ListsMarker::mark_counted`]) once every partition is done.
+pub async fn migrate<R: Counted>(store: &dyn Store, all: Query) -> Result<Migrated, StoreError> {
+    let mut done = Migrated::default();
+    let mut q = all;
+    q.limit = Some(200);
+    loop {
+        let page = store.query(&q).await?;
+        for item in page.items {
+            let Some(key) = Key::of(&item) else { continue };
+            let mut record: R = from_item(item)?;
+            let mut tries = 0;
+            loop {
+                if record.is_counted() {
+                    done.already += 1;
+                    break;
+                }
+                let mut ops = vec![TxOp::Update {
+                    key: key.clone(),
+                    update: Changes::<R>::new().set(R::COUNTED, &true).into(),
+                    cond: Some(Cond::And(vec![Cond::Exists, R::COUNTED.missing()])),
+                }];
+                ops.extend(
+                    record
+                        .counted_list()
+                        .count_new(record.counted_id(), record.counted_created()),
+                );
+                match store.transact(ops).await {
+                    Ok(()) => {
+                        done.listed += 1;
+                        break;
+                    }
+                    // Counted meanwhile (a concurrent run), gone, or a
+                    // conflict on a counter: read it again.
+                    Err(e)
+                        if (e.is_condition_failure()
+                            || matches!(&e, StoreError::TransactionCanceled { .. }))
+                            && tries < 20 =>
+                    {
+                        tries += 1;
+                        done.retried += 1;
+                        crate::store::contention_backoff(tries).await;
+                        match record::get::<R>(store, &key).await? {
+                            Some(fresh) => record = fresh,
+                            None => break,
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        match page.last_key {
+            Some(last) => q.start_after = Some(last),
+            None => break,
+        }
+    }
+    Ok(done)
+}
+
+/// [`Counted`] for a record listed per tenant (`project_id`, `mode`, `id`,
+/// `created_at`, `counted`), its list partition given by `$partition`,
+/// and `<Type>::counted_list_of(tenant)` / `<Type>::count_new(&self)`.
+macro_rules! counted_per_tenant {
+    ($ty:ty, $kind:expr, $partition:expr) => {
+        impl $crate::domain::listing::counted::Counted for $ty {
+            const COUNTED: $crate::domain::record::Attr<Self, bool> = <$ty>::COUNTED;
+            fn counted_list(&self) -> $crate::domain::listing::counted::CountedList {
+                <$ty>::counted_list_of(&$crate::kinds::Tenant::new(
+                    self.project_id.clone(),
+                    self.mode,
+                ))
+            }
+            fn counted_id(&self) -> &str {
+                &self.id
+            }
+            fn counted_created(&self) -> $crate::time::Timestamp {
+                self.created_at
+            }
+            fn is_counted(&self) -> bool {
+                self.counted
+            }
+        }
+
+        impl $ty {
+            /// `tenant`'s counted list of these records.
+            pub fn counted_list_of(
+                tenant: &$crate::kinds::Tenant,
+            ) -> $crate::domain::listing::counted::CountedList {
+                $crate::domain::listing::counted::CountedList::new(
+                    $kind,
+                    tenant.clone(),
+                    $partition(tenant),
+                )
+            }
+
+            /// The writes counting it in its list (its insert's
+            /// transaction).
+            pub fn count_new(&self) -> Vec<$crate::store::TxOp> {
+                self.counted_list_of_self()
+                    .count_new(&self.id, self.created_at)
+            }
+
+            pub(crate) fn counted_list_of_self(
+                &self,
+            ) -> $crate::domain::listing::counted::CountedList {
+                <$ty>::counted_list_of(&$crate::kinds::Tenant::new(
+                    self.project_id.clone(),
+                    self.mode,
+                ))
+            }
+        }
+    };
+}
+pub(crate) use counted_per_tenant;
+
+#[cfg(test)]
+mod tests;
