@@ -157,10 +157,11 @@ async fn events_per_second(
     let secs = started.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu;
     let today = shared::domain::billing::calendar::nepal_day(deps.clock.now());
-    let stored = usage::records_between(deps, &sub.id, None, today.succ_opt().unwrap_or(today))
-        .await
-        .map_err(err)?
-        .len();
+    let (tally, _) =
+        usage::tally_between(deps, &sub, None, today.succ_opt().unwrap_or(today), None)
+            .await
+            .map_err(err)?;
+    let stored = usize::try_from(tally.records).map_err(err)?;
     let summary = usage::summary(deps, &tenant, &sub.id).await.map_err(err)?;
     println!(
         "  {name}: {created} events in {secs:.2} s = {:.0} events/s ({cpu:.2} CPU s: {:.0} events per CPU second); stored {stored}, summary quantity {}",
