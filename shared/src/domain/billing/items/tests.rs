@@ -3,22 +3,13 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::*;
-use crate::domain::billing::usage::tests::{stores, subscription};
+use crate::AppState;
+use crate::domain::billing::testenv::{deps_at, stores};
+use crate::domain::billing::usage::tests::subscription;
 use crate::store::Store;
-use crate::testenv::at;
-use crate::time::ManualClock;
-use crate::{AppState, Config};
 
 fn deps_on(store: Arc<dyn Store>) -> AppState {
-    AppState::new(
-        store,
-        Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z"))),
-        Config {
-            public_base_url: "http://127.0.0.1:8080".into(),
-            events_base_url: None,
-            dashboard_base_url: None,
-        },
-    )
+    deps_at(store, "2026-01-10T06:00:00Z")
 }
 
 fn body(v: serde_json::Value) -> CreateItem {

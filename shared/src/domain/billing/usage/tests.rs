@@ -3,72 +3,29 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::*;
+use crate::AppState;
 use crate::domain::billing::invoice::{InvoiceStatus, LineKind, issue_invoice};
 use crate::domain::billing::items::{self, CreateItem, ItemStatus};
-use crate::domain::billing::subscription::{NewSubscription, create, new_subscription};
 use crate::domain::billing::terms::{PricingModel, Terms, monthly};
+use crate::domain::billing::testenv::{deps_at, deps_with, stores};
+use crate::domain::billing::testenv::{stored_sub, sub_input};
 use crate::store::Store;
 use crate::testenv::at;
 use crate::time::{Clock, ManualClock};
-use crate::{AppState, Config};
 
 fn deps_on(store: Arc<dyn Store>) -> AppState {
-    deps_with(
-        store,
-        Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z"))),
-    )
-}
-
-fn deps_with(store: Arc<dyn Store>, clock: Arc<ManualClock>) -> AppState {
-    AppState::new(
-        store,
-        clock,
-        Config {
-            public_base_url: "http://127.0.0.1:8080".into(),
-            events_base_url: None,
-            dashboard_base_url: None,
-        },
-    )
-}
-
-/// The embedded store, and moto when `DHUKUTI_TEST_AWS_ENDPOINT` is set.
-pub(crate) async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
-    let mut out: Vec<(&'static str, Arc<dyn Store>)> =
-        vec![("embedded", crate::testenv::memory_store())];
-    if let Some(endpoint) = crate::queue::testkit::aws_endpoint() {
-        let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "ap-south-1".into());
-        let client = crate::store::dynamo::client_for_endpoint(&endpoint, &region);
-        let table = format!("dhukuti-test-{}", ulid::Ulid::new());
-        crate::store::dynamo::create_table(&client, &table)
-            .await
-            .unwrap_or_else(|e| panic!("create table {table}: {e}"));
-        out.push((
-            "dynamodb",
-            Arc::new(crate::store::dynamo::DynamoStore::new(client, table)),
-        ));
-    }
-    out
+    deps_at(store, "2026-01-10T06:00:00Z")
 }
 
 /// A subscription billing from 2026-01-10 (period 0: to 2026-02-10).
 pub(crate) async fn subscription(deps: &Deps, project: &str) -> Subscription {
     let tenant = Tenant::new(project, Mode::Sandbox);
-    let now = at("2026-01-10T06:00:00Z");
-    let input = NewSubscription {
-        customer_id: "cus_1".into(),
-        plan_id: "bp_1".into(),
-        terms: metered(),
-        reference_id: None,
-        metadata: serde_json::Map::new(),
-        start: now,
-        trial_ends_at: None,
-        billing_anchor_day: None,
-        dunning_policy_id: None,
-        test_clock_id: None,
-    };
-    let sub = new_subscription(&tenant, input, now).unwrap();
-    create(deps, &sub).await.unwrap();
-    sub
+    stored_sub(
+        deps,
+        &tenant,
+        sub_input(at("2026-01-10T06:00:00Z"), metered()),
+    )
+    .await
 }
 
 /// A monthly plan at Rs 0.10 a unit of usage.
@@ -866,24 +823,11 @@ fn priced_usage_is_checked_at_the_edges() {
 async fn a_summary_whose_amount_overflows_is_refused_not_clamped() {
     let deps = deps_on(crate::testenv::memory_store());
     let tenant = Tenant::new("p1", Mode::Sandbox);
-    let now = at("2026-01-10T06:00:00Z");
-    let input = NewSubscription {
-        customer_id: "cus_1".into(),
-        plan_id: "bp_1".into(),
-        terms: Terms {
-            amount: 10_000_000_000,
-            ..metered()
-        },
-        reference_id: None,
-        metadata: serde_json::Map::new(),
-        start: now,
-        trial_ends_at: None,
-        billing_anchor_day: None,
-        dunning_policy_id: None,
-        test_clock_id: None,
+    let terms = Terms {
+        amount: 10_000_000_000,
+        ..metered()
     };
-    let sub = new_subscription(&tenant, input, now).unwrap();
-    create(&deps, &sub).await.unwrap();
+    let sub = stored_sub(&deps, &tenant, sub_input(at("2026-01-10T06:00:00Z"), terms)).await;
     let ev = |q| {
         vec![event(
             q,
