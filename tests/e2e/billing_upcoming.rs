@@ -6,8 +6,9 @@
 //! shows it, and the invoice issued at the period's end bills what the
 //! draft showed.
 
+use dhukuti_tests::billing::{get, ok, post, text};
 use dhukuti_tests::dash::Dash;
-use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
+use dhukuti_tests::{TestApp, Which, on_both_backends, spawn_app};
 use serde_json::{Value, json};
 use shared::domain::account::Scope;
 use shared::domain::dashboard::{self, Role};
@@ -16,34 +17,6 @@ use shared::domain::{Mode, Tenant};
 use shared::time::{Clock, SystemClock};
 
 const PASSWORD: &str = "a long dashboard password";
-
-async fn call(app: &TestApp, method: &str, path: &str, key: &str, body: Option<&Value>) -> Answer {
-    let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::GET);
-    let mut req = app.client.request(m, app.url(path)).bearer_auth(key);
-    if let Some(b) = body {
-        req = req
-            .header("content-type", "application/json")
-            .header("idempotency-key", format!("k-{}", ulid::Ulid::new()))
-            .body(b.to_string());
-    }
-    send(req).await
-}
-
-async fn post(app: &TestApp, path: &str, key: &str, body: Value) -> Answer {
-    call(app, "POST", path, key, Some(&body)).await
-}
-
-async fn get(app: &TestApp, path: &str, key: &str) -> Answer {
-    call(app, "GET", path, key, None).await
-}
-
-fn ok(a: &Answer, status: u16, what: &str) {
-    assert_eq!(a.status, status, "{what}: {}", a.body);
-}
-
-fn text(v: &Value) -> String {
-    v.as_str().unwrap_or_default().to_owned()
-}
 
 /// Advances the clock to `to` and polls it until it is `ready` (each GET
 /// runs part of its work).

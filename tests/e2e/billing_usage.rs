@@ -6,6 +6,7 @@
 //! and a delete racing the invoice. And the official SDK's usage and
 //! invoice item calls, unchanged (tests/sdk/billing_usage.py).
 
+use dhukuti_tests::billing::{call, post, text};
 use dhukuti_tests::dash::Dash;
 use dhukuti_tests::shop::Shop;
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
@@ -18,26 +19,6 @@ use shared::domain::billing::{items, subscription, usage};
 use shared::domain::dashboard::{self, Role};
 use shared::ids::SubscriptionId;
 use shared::time::{Clock, SystemClock};
-
-async fn call(app: &TestApp, method: &str, path: &str, key: &str, body: Option<&Value>) -> Answer {
-    let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::GET);
-    let mut req = app.client.request(m, app.url(path)).bearer_auth(key);
-    if let Some(b) = body {
-        req = req
-            .header("content-type", "application/json")
-            .header("idempotency-key", format!("k-{}", ulid::Ulid::new()))
-            .body(b.to_string());
-    }
-    send(req).await
-}
-
-async fn post(app: &TestApp, path: &str, key: &str, body: Value) -> Answer {
-    call(app, "POST", path, key, Some(&body)).await
-}
-
-fn text(v: &Value) -> String {
-    v.as_str().unwrap_or_default().to_owned()
-}
 
 /// A customer and a subscription of a metered plan at Rs 0.10 a unit,
 /// billing from today.
