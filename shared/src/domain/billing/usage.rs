@@ -713,12 +713,15 @@ fn key_order(records: &[UsageRecord]) -> Vec<&UsageRecord> {
 /// timestamp order (ties by id), `set` replaces the total, `increment`
 /// adds to it. `None`: past `u64::MAX`.
 pub fn period_total(records: &[UsageRecord]) -> Option<u64> {
-    key_order(records)
-        .into_iter()
-        .fold(Some(0u64), |total, r| match r.action {
+    // Not `try_fold`: a later `set` replaces an overflowed total.
+    let mut total = Some(0u64);
+    for r in key_order(records) {
+        total = match r.action {
             UsageAction::Increment => total.and_then(|t| t.checked_add(r.quantity)),
             UsageAction::Set => Some(r.quantity),
-        })
+        };
+    }
+    total
 }
 
 /// The total of records over several periods: each period's
