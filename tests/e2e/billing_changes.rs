@@ -5,7 +5,7 @@
 //! calls, unchanged (tests/sdk/billing_changes.py); and the dashboard's
 //! plan change (preview, then confirm) and seats forms.
 
-use dhukuti_tests::billing::{get, ok, post, text};
+use dhukuti_tests::billing::{clock_and_customer, get, ok, post, text};
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, spawn_app};
 use serde_json::{Value, json};
 use shared::domain::Mode;
@@ -63,24 +63,7 @@ async fn a_mid_period_change_bills_its_proration(which: Which) {
     };
     let t = app.tenant("Fibre Pokhara", "owner@fibre.example").await;
     let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
-    let a = post(
-        &app,
-        "/v1/billing/test-clocks",
-        &key,
-        json!({"frozenTime": "2026-01-10T06:00:00Z", "name": "Upgrade"}),
-    )
-    .await;
-    ok(&a, 201, "clock");
-    let clock = text(&a.body["id"]);
-    let a = post(
-        &app,
-        "/v1/billing/customers",
-        &key,
-        json!({"name": "Sita Rai", "testClockId": clock}),
-    )
-    .await;
-    ok(&a, 201, "customer");
-    let customer = text(&a.body["id"]);
+    let (clock, customer) = clock_and_customer(&app, &key, "2026-01-10T06:00:00Z", "Upgrade").await;
     let basic = plan(
         &app,
         &key,

@@ -14,7 +14,7 @@
 //! invoices a twin clock advanced alone issues, one per period. And the
 //! dashboard's test clocks (sandbox only): create, advance, see what ran.
 
-use dhukuti_tests::billing::{call, get, ok, post, text};
+use dhukuti_tests::billing::{call, get, invoices_of, ok, post, text};
 use dhukuti_tests::dash::{Dash, field};
 use dhukuti_tests::shop::Shop;
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, spawn_app};
@@ -65,18 +65,6 @@ async fn advance(app: &TestApp, key: &str, clock: &str, to: &str) -> Value {
         a.body
     );
     a.body
-}
-
-/// How many invoices subscription `sub` has.
-async fn invoices_of(app: &TestApp, key: &str, sub: &str) -> Vec<Value> {
-    let a = get(
-        app,
-        &format!("/v1/billing/invoices?subscriptionId={sub}&limit=100"),
-        key,
-    )
-    .await;
-    ok(&a, 200, "list invoices");
-    a.body["data"].as_array().cloned().unwrap_or_default()
 }
 
 async fn a_trial_subscription_lives_by_its_clock(which: Which) {

@@ -122,3 +122,43 @@ pub fn text(v: &Value) -> String {
 pub fn ok(a: &Answer, status: u16, what: &str) {
     assert_eq!(a.status, status, "{what}: {}", a.body);
 }
+
+/// The invoices of subscription `sub` (up to 100), as the list answers them.
+pub async fn invoices_of(app: &TestApp, key: &str, sub: &str) -> Vec<Value> {
+    let a = get(
+        app,
+        &format!("/v1/billing/invoices?subscriptionId={sub}&limit=100"),
+        key,
+    )
+    .await;
+    ok(&a, 200, "list invoices");
+    a.body["data"].as_array().cloned().unwrap_or_default()
+}
+
+/// A test clock named `name` frozen at `frozen`, and a customer (Sita
+/// Rai) on it: their ids.
+pub async fn clock_and_customer(
+    app: &TestApp,
+    key: &str,
+    frozen: &str,
+    name: &str,
+) -> (String, String) {
+    let a = post(
+        app,
+        "/v1/billing/test-clocks",
+        key,
+        serde_json::json!({"frozenTime": frozen, "name": name}),
+    )
+    .await;
+    ok(&a, 201, "clock");
+    let clock = text(&a.body["id"]);
+    let a = post(
+        app,
+        "/v1/billing/customers",
+        key,
+        serde_json::json!({"name": "Sita Rai", "testClockId": clock}),
+    )
+    .await;
+    ok(&a, 201, "customer");
+    (clock, text(&a.body["id"]))
+}
