@@ -235,6 +235,10 @@ pub const ERROR_CODES: &[(&str, &str)] = &[
         "the usage event's period has been invoiced; `period` names it",
     ),
     (
+        "usage_overflow",
+        "the period's usage total or amount is more than one invoice bills",
+    ),
+    (
         "subscription_not_metered",
         "usage is reported only for a subscription on a metered plan",
     ),

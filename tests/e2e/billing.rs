@@ -3,6 +3,7 @@
 //! the scopes, the plan's entitlement, another project's ids and bad
 //! input, each refused with the envelope naming what is wrong.
 
+use dhukuti_tests::billing::text;
 use dhukuti_tests::dash::Dash;
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
 use serde_json::{Value, json};
@@ -28,10 +29,6 @@ fn rand_suffix() -> u128 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0)
-}
-
-fn text(v: &Value) -> String {
-    v.as_str().unwrap_or_default().to_owned()
 }
 
 async fn customers_and_plans_over_http(which: Which) {

@@ -5,38 +5,11 @@
 //! calls, unchanged (tests/sdk/billing_changes.py); and the dashboard's
 //! plan change (preview, then confirm) and seats forms.
 
-use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
+use dhukuti_tests::billing::{clock_and_customer, get, ok, post, text};
+use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, spawn_app};
 use serde_json::{Value, json};
 use shared::domain::Mode;
 use shared::domain::account::Scope;
-
-async fn call(app: &TestApp, method: &str, path: &str, key: &str, body: Option<&Value>) -> Answer {
-    let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::GET);
-    let mut req = app.client.request(m, app.url(path)).bearer_auth(key);
-    if let Some(b) = body {
-        req = req
-            .header("content-type", "application/json")
-            .header("idempotency-key", format!("k-{}", ulid::Ulid::new()))
-            .body(b.to_string());
-    }
-    send(req).await
-}
-
-async fn post(app: &TestApp, path: &str, key: &str, body: Value) -> Answer {
-    call(app, "POST", path, key, Some(&body)).await
-}
-
-async fn get(app: &TestApp, path: &str, key: &str) -> Answer {
-    call(app, "GET", path, key, None).await
-}
-
-fn text(v: &Value) -> String {
-    v.as_str().unwrap_or_default().to_owned()
-}
-
-fn ok(a: &Answer, status: u16, what: &str) {
-    assert_eq!(a.status, status, "{what}: {}", a.body);
-}
 
 fn refused(a: &Answer, status: u16, code: &str, param: &str, what: &str) {
     assert_eq!(a.status, status, "{what}: {}", a.body);
@@ -90,24 +63,7 @@ async fn a_mid_period_change_bills_its_proration(which: Which) {
     };
     let t = app.tenant("Fibre Pokhara", "owner@fibre.example").await;
     let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
-    let a = post(
-        &app,
-        "/v1/billing/test-clocks",
-        &key,
-        json!({"frozenTime": "2026-01-10T06:00:00Z", "name": "Upgrade"}),
-    )
-    .await;
-    ok(&a, 201, "clock");
-    let clock = text(&a.body["id"]);
-    let a = post(
-        &app,
-        "/v1/billing/customers",
-        &key,
-        json!({"name": "Sita Rai", "testClockId": clock}),
-    )
-    .await;
-    ok(&a, 201, "customer");
-    let customer = text(&a.body["id"]);
+    let (clock, customer) = clock_and_customer(&app, &key, "2026-01-10T06:00:00Z", "Upgrade").await;
     let basic = plan(
         &app,
         &key,

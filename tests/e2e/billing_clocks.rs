@@ -14,45 +14,18 @@
 //! invoices a twin clock advanced alone issues, one per period. And the
 //! dashboard's test clocks (sandbox only): create, advance, see what ran.
 
+use dhukuti_tests::billing::{call, get, invoices_of, ok, post, text};
 use dhukuti_tests::dash::{Dash, field};
 use dhukuti_tests::shop::Shop;
-use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
+use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, spawn_app};
 use serde_json::{Value, json};
 use shared::domain::Mode;
 use shared::domain::account::Scope;
 use shared::domain::dashboard::{self, Role};
 use shared::time::{Clock, SystemClock, Timestamp};
 
-async fn call(app: &TestApp, method: &str, path: &str, key: &str, body: Option<&Value>) -> Answer {
-    let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::GET);
-    let mut req = app.client.request(m, app.url(path)).bearer_auth(key);
-    if let Some(b) = body {
-        req = req
-            .header("content-type", "application/json")
-            .header("idempotency-key", format!("k-{}", ulid::Ulid::new()))
-            .body(b.to_string());
-    }
-    send(req).await
-}
-
-async fn post(app: &TestApp, path: &str, key: &str, body: Value) -> Answer {
-    call(app, "POST", path, key, Some(&body)).await
-}
-
-async fn get(app: &TestApp, path: &str, key: &str) -> Answer {
-    call(app, "GET", path, key, None).await
-}
-
-fn text(v: &Value) -> String {
-    v.as_str().unwrap_or_default().to_owned()
-}
-
 fn time(v: &Value) -> Option<Timestamp> {
     v.as_str().and_then(Timestamp::parse)
-}
-
-fn ok(a: &Answer, status: u16, what: &str) {
-    assert_eq!(a.status, status, "{what}: {}", a.body);
 }
 
 fn refused(a: &Answer, status: u16, code: &str, param: Option<&str>, what: &str) {
@@ -92,18 +65,6 @@ async fn advance(app: &TestApp, key: &str, clock: &str, to: &str) -> Value {
         a.body
     );
     a.body
-}
-
-/// How many invoices subscription `sub` has.
-async fn invoices_of(app: &TestApp, key: &str, sub: &str) -> Vec<Value> {
-    let a = get(
-        app,
-        &format!("/v1/billing/invoices?subscriptionId={sub}&limit=100"),
-        key,
-    )
-    .await;
-    ok(&a, 200, "list invoices");
-    a.body["data"].as_array().cloned().unwrap_or_default()
 }
 
 async fn a_trial_subscription_lives_by_its_clock(which: Which) {

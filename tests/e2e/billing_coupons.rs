@@ -7,6 +7,7 @@
 //! the webhooks; and the official SDK's calls, unchanged
 //! (tests/sdk/billing_coupons.py).
 
+use dhukuti_tests::billing::{call, post, text};
 use dhukuti_tests::dash::{Dash, field};
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
 use serde_json::{Value, json};
@@ -17,26 +18,6 @@ use shared::time::{Clock, SystemClock};
 const PASSWORD: &str = "a long dashboard password";
 use shared::domain::outbox::{self, EventType};
 use shared::domain::{Mode, Tenant};
-
-async fn call(app: &TestApp, method: &str, path: &str, key: &str, body: Option<&Value>) -> Answer {
-    let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::GET);
-    let mut req = app.client.request(m, app.url(path)).bearer_auth(key);
-    if let Some(b) = body {
-        req = req
-            .header("content-type", "application/json")
-            .header("idempotency-key", format!("k-{}", ulid::Ulid::new()))
-            .body(b.to_string());
-    }
-    send(req).await
-}
-
-async fn post(app: &TestApp, path: &str, key: &str, body: Value) -> Answer {
-    call(app, "POST", path, key, Some(&body)).await
-}
-
-fn text(v: &Value) -> String {
-    v.as_str().unwrap_or_default().to_owned()
-}
 
 fn ok(a: &Answer, status: u16) -> &Value {
     assert_eq!(a.status, status, "{}", a.body);

@@ -10,43 +10,16 @@
 //!   subscription is cancelled, the dunning exhausted, and no second
 //!   invoice is issued.
 
+use dhukuti_tests::billing::{get, ok, post, text};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app_tweaked_with_clock};
+use dhukuti_tests::{TestApp, Which, on_both_backends, spawn_app_tweaked_with_clock};
 use serde_json::{Value, json};
 use shared::domain::account::Scope;
 use shared::domain::{Mode, Tenant};
 use shared::ids::TestClockId;
 use shared::time::{ManualClock, Timestamp};
-
-async fn call(app: &TestApp, method: &str, path: &str, key: &str, body: Option<&Value>) -> Answer {
-    let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::GET);
-    let mut req = app.client.request(m, app.url(path)).bearer_auth(key);
-    if let Some(b) = body {
-        req = req
-            .header("content-type", "application/json")
-            .header("idempotency-key", format!("k-{}", ulid::Ulid::new()))
-            .body(b.to_string());
-    }
-    send(req).await
-}
-
-async fn post(app: &TestApp, path: &str, key: &str, body: Value) -> Answer {
-    call(app, "POST", path, key, Some(&body)).await
-}
-
-async fn get(app: &TestApp, path: &str, key: &str) -> Answer {
-    call(app, "GET", path, key, None).await
-}
-
-fn ok(a: &Answer, status: u16, what: &str) {
-    assert_eq!(a.status, status, "{what}: {}", a.body);
-}
-
-fn text(v: &Value) -> String {
-    v.as_str().unwrap_or_default().to_owned()
-}
 
 /// 10:45 Nepal time: no quiet hours.
 const T0: &str = "2026-01-12T05:00:00Z";

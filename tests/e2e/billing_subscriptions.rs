@@ -7,7 +7,8 @@
 //! while a subscription of theirs is open. And the official SDK's
 //! subscription calls, unchanged (tests/sdk/billing_subscriptions.py).
 
-use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
+use dhukuti_tests::billing::{call, post, text};
+use dhukuti_tests::{TestApp, Which, on_both_backends, spawn_app};
 use serde_json::{Value, json};
 use shared::domain::Mode;
 use shared::domain::account::Scope;
@@ -16,26 +17,6 @@ use shared::domain::billing::invoice::{BillingInvoice, PeriodClaim};
 use shared::domain::record;
 use shared::ids::SubscriptionId;
 use shared::time::{Clock, SystemClock, Timestamp};
-
-async fn call(app: &TestApp, method: &str, path: &str, key: &str, body: Option<&Value>) -> Answer {
-    let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::GET);
-    let mut req = app.client.request(m, app.url(path)).bearer_auth(key);
-    if let Some(b) = body {
-        req = req
-            .header("content-type", "application/json")
-            .header("idempotency-key", format!("k-{}", ulid::Ulid::new()))
-            .body(b.to_string());
-    }
-    send(req).await
-}
-
-async fn post(app: &TestApp, path: &str, key: &str, body: Value) -> Answer {
-    call(app, "POST", path, key, Some(&body)).await
-}
-
-fn text(v: &Value) -> String {
-    v.as_str().unwrap_or_default().to_owned()
-}
 
 /// The first invoice of subscription `id`, issued today (Nepal), if any.
 async fn first_invoice(app: &TestApp, id: &str) -> Option<BillingInvoice> {

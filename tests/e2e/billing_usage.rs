@@ -6,6 +6,7 @@
 //! and a delete racing the invoice. And the official SDK's usage and
 //! invoice item calls, unchanged (tests/sdk/billing_usage.py).
 
+use dhukuti_tests::billing::{call, post, text};
 use dhukuti_tests::dash::Dash;
 use dhukuti_tests::shop::Shop;
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
@@ -14,30 +15,10 @@ use shared::domain::Mode;
 use shared::domain::account::Scope;
 use shared::domain::billing::calendar::nepal_day;
 use shared::domain::billing::invoice::{LineKind, issue_invoice};
-use shared::domain::billing::{subscription, usage};
+use shared::domain::billing::{items, subscription, usage};
 use shared::domain::dashboard::{self, Role};
 use shared::ids::SubscriptionId;
 use shared::time::{Clock, SystemClock};
-
-async fn call(app: &TestApp, method: &str, path: &str, key: &str, body: Option<&Value>) -> Answer {
-    let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::GET);
-    let mut req = app.client.request(m, app.url(path)).bearer_auth(key);
-    if let Some(b) = body {
-        req = req
-            .header("content-type", "application/json")
-            .header("idempotency-key", format!("k-{}", ulid::Ulid::new()))
-            .body(b.to_string());
-    }
-    send(req).await
-}
-
-async fn post(app: &TestApp, path: &str, key: &str, body: Value) -> Answer {
-    call(app, "POST", path, key, Some(&body)).await
-}
-
-fn text(v: &Value) -> String {
-    v.as_str().unwrap_or_default().to_owned()
-}
 
 /// A customer and a subscription of a metered plan at Rs 0.10 a unit,
 /// billing from today.
@@ -403,7 +384,59 @@ async fn an_item_deleted_while_the_invoice_is_issued(which: Which) {
                 del.body
             ),
         }
+        let count = items::pending_count(state, &id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(count, 0, "round {round}: the item left the count once");
     }
+    app.stop().await;
+}
+
+/// Creates racing over HTTP at one below the cap: exactly one is made,
+/// the others are refused 409 `invoice_item_limit`, and the list holds
+/// exactly the cap.
+async fn item_creates_racing_at_the_cap(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    let t = app.tenant("Cap Items", "owner@cap.example").await;
+    let key = app.key(&t, Mode::Sandbox, &Scope::ALL).await;
+    let sub = metered_subscription(&app, &key).await;
+    let path = format!("/v1/billing/subscriptions/{sub}/invoice-items");
+    let one = json!({"amount": 100, "description": "Visit"});
+    for _ in 0..items::MAX_PENDING - 1 {
+        let a = post(&app, &path, &key, one.clone()).await;
+        assert_eq!(a.status, 201, "{}", a.body);
+    }
+    let racers: Vec<_> = (0..8)
+        .map(|_| {
+            let req = app
+                .client
+                .post(app.url(&path))
+                .bearer_auth(&key)
+                .header("content-type", "application/json")
+                .header("idempotency-key", format!("k-{}", ulid::Ulid::new()))
+                .body(one.to_string());
+            tokio::spawn(send(req))
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for r in racers {
+        let a = r.await.unwrap_or_else(|e| panic!("{e}"));
+        if a.status == 409 {
+            assert_eq!(a.body["error"]["code"], "invoice_item_limit", "{}", a.body);
+        }
+        statuses.push(a.status);
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, vec![201, 409, 409, 409, 409, 409, 409, 409]);
+    let listed = app.get(&path, Some(&key)).await;
+    assert_eq!(
+        listed.body.as_array().map(Vec::len),
+        Some(items::MAX_PENDING),
+        "{}",
+        listed.body
+    );
     app.stop().await;
 }
 
@@ -495,6 +528,7 @@ on_both_backends!(
     invoice_items_over_http,
     usage_racing_the_seal,
     an_item_deleted_while_the_invoice_is_issued,
+    item_creates_racing_at_the_cap,
     usage_and_items_on_the_dashboard,
     the_sdk_usage_calls_work_unchanged
 );

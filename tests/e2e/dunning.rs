@@ -6,6 +6,7 @@
 //! (tests/sdk/paybridge_dunning.py). Billing invoices are issued through
 //! the domain (the scheduler that issues them is not part of this test).
 
+use dhukuti_tests::billing::text;
 use dhukuti_tests::{Answer, Tenant, TestApp, Which, on_both_backends, send, spawn_app};
 use serde_json::{Value, json};
 use shared::domain::Mode;
@@ -28,10 +29,6 @@ async fn call(app: &TestApp, method: &str, path: &str, key: &str, body: Option<&
             .body(b.to_string());
     }
     send(req).await
-}
-
-fn text(v: &Value) -> String {
-    v.as_str().unwrap_or_default().to_owned()
 }
 
 /// A subscription of `tenant`'s sandbox (NPR 999 a month, billed from

@@ -391,6 +391,10 @@ fn kind_of(pk: &str, sk: &str) -> Option<(&'static str, Check)> {
         ("SUB", s) if pk.ends_with("#ITEMS") && s.starts_with("ii_") => {
             ("invoice item", record::<billing::items::InvoiceItem>())
         }
+        ("SUB", "COUNT") if pk.ends_with("#ITEMS") => (
+            "pending invoice item count",
+            record::<billing::items::PendingCount>(),
+        ),
         ("SMS", "SMS") => ("sms reminder", record::<sms::SmsReminder>()),
         ("SMSCNT", _) => ("sms hour count", record::<sms::SmsCount>()),
         ("SMSQUOTA", _) => ("sms month quota", record::<sms::SmsCount>()),

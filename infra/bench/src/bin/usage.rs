@@ -8,6 +8,8 @@
 //!    event keys, then with an `idempotency_key` on every event (two items
 //!    each), `--concurrency` batches in flight at once; every event is
 //!    then counted back from the store (none lost, none twice).
+//!    Baseline from the same run: the same records put straight into the
+//!    store, 100 a transaction (the store's ceiling for such items).
 //! 2. The cost of issuing an invoice that bills 1,000 usage records (and
 //!    10,000): `issue_invoice` of the next period through a counting
 //!    wrapper: store calls, items read, time.
@@ -17,13 +19,16 @@ use std::time::Instant;
 
 use serde_json::json;
 use shared::domain::account::{self, Plan};
+use shared::domain::billing::calendar::nepal_day;
 use shared::domain::billing::invoice::{LineKind, issue_invoice};
-use shared::domain::billing::usage::{self, Outcome, UsageAction, UsageEvent};
+use shared::domain::billing::usage::{self, Outcome, UsageAction, UsageEvent, UsageRecord};
 use shared::domain::billing::{customers, lifecycle, plans, subscription};
+use shared::domain::record::Record;
 use shared::domain::{Mode, Tenant};
-use shared::store::Store;
+use shared::ids::UsageRecordId;
 use shared::store::counting::CountingStore;
 use shared::store::embedded::EmbeddedStore;
+use shared::store::{Store, TxOp};
 use shared::time::{Clock, ManualClock, Timestamp};
 use shared::{AppState, Config};
 
@@ -157,10 +162,11 @@ async fn events_per_second(
     let secs = started.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu;
     let today = shared::domain::billing::calendar::nepal_day(deps.clock.now());
-    let stored = usage::records_between(deps, &sub.id, None, today.succ_opt().unwrap_or(today))
-        .await
-        .map_err(err)?
-        .len();
+    let (tally, _) =
+        usage::tally_between(deps, &sub, None, today.succ_opt().unwrap_or(today), None)
+            .await
+            .map_err(err)?;
+    let stored = usize::try_from(tally.records).map_err(err)?;
     let summary = usage::summary(deps, &tenant, &sub.id).await.map_err(err)?;
     println!(
         "  {name}: {created} events in {secs:.2} s = {:.0} events/s ({cpu:.2} CPU s: {:.0} events per CPU second); stored {stored}, summary quantity {}",
@@ -171,6 +177,70 @@ async fn events_per_second(
     if stored != created || summary.quantity != created as u64 {
         return Err(format!("{name}: lost or doubled events"));
     }
+    Ok(())
+}
+
+/// The baseline of the same run: the same records (1,000 a batch,
+/// `concurrency` batches at once) put straight into the store, 100 a
+/// transaction, with no parsing, seal check or key claim: the store's own
+/// rate for such items, the ceiling of `usage::report`.
+async fn store_baseline(
+    deps: &AppState,
+    name: &str,
+    batches: usize,
+    concurrency: usize,
+) -> Res<()> {
+    let (_, sub) = metered(deps, name).await?;
+    let started = Instant::now();
+    let cpu = cpu_seconds();
+    let mut next = 0usize;
+    while next < batches {
+        let round: Vec<_> = (next..(next + concurrency).min(batches))
+            .map(|_| {
+                let (store, sub, now) = (deps.store.clone(), sub.clone(), deps.clock.now());
+                tokio::spawn(async move {
+                    let mut txs = Vec::new();
+                    for _ in 0..10 {
+                        let ops = (0..100)
+                            .map(|_| {
+                                UsageRecord {
+                                    id: UsageRecordId::new(),
+                                    subscription_id: sub.id.clone(),
+                                    project_id: sub.project_id.clone(),
+                                    mode: sub.mode,
+                                    quantity: 1,
+                                    action: UsageAction::Increment,
+                                    timestamp: now,
+                                    day: nepal_day(now),
+                                    idempotency_key: None,
+                                    created_at: now,
+                                }
+                                .put_new()
+                            })
+                            .collect::<Result<Vec<TxOp>, _>>()
+                            .map_err(err)?;
+                        txs.push(ops);
+                    }
+                    let done =
+                        futures::future::join_all(txs.into_iter().map(|ops| store.transact(ops)))
+                            .await;
+                    done.into_iter().collect::<Result<(), _>>().map_err(err)
+                })
+            })
+            .collect();
+        next += round.len();
+        for r in round {
+            r.await.map_err(err)??;
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu;
+    let n = batches * 1000;
+    println!(
+        "  {name}: {n} records in {secs:.2} s = {:.0} records/s ({cpu:.2} CPU s: {:.0} records per CPU second)",
+        n as f64 / secs,
+        n as f64 / cpu.max(0.01),
+    );
     Ok(())
 }
 
@@ -244,6 +314,8 @@ async fn main() -> Res<()> {
     events_per_second(&deps, "unkeyed", batches, concurrency, false).await?;
     events_per_second(&deps, "keyed", batches, concurrency, true).await?;
     events_per_second(&deps, "unkeyed-serial", batches / 2, 1, false).await?;
+    println!("baseline, the same run: records put straight into the store, 100 a transaction:");
+    store_baseline(&deps, "store-puts", batches, concurrency).await?;
     println!("issuing an invoice that bills usage records:");
     issue_cost(&dir, 1000).await?;
     issue_cost(&dir, 10_000).await?;

@@ -9,6 +9,14 @@
 //! conditioned the same way, so of an issue and a delete racing exactly
 //! one wins: a deleted item is on no invoice, an invoiced one is not
 //! deleted (409 `invoice_item_invoiced`).
+//!
+//! **The cap.** [`PendingCount`] (sort key `COUNT` in the same partition)
+//! counts the pending items. A create adds 1 in the item's own
+//! transaction, conditioned on the count being below [`MAX_PENDING`]; a
+//! delete subtracts 1 in the delete's transaction, and the invoice that
+//! takes items subtracts them in its own: each item leaves `pending`
+//! once, by exactly one of them, so racing creates never pass the cap and
+//! an invoice (which takes up to [`MAX_PENDING`]) takes every one.
 
 use serde::{Deserialize, Serialize};
 
@@ -17,7 +25,7 @@ use super::customers::{BillingError, invalid, text};
 use super::invoice::{InvoiceLine, LineKind};
 use super::lifecycle::LifecycleError;
 use super::period::Period;
-use super::subscription::{self, Subscription, SubscriptionError};
+use super::subscription::{self, Subscription, SubscriptionError, is_conflict};
 use crate::Deps;
 use crate::domain::record::{self, Changes, Record, from_item};
 use crate::domain::{Mode, Tenant};
@@ -25,7 +33,7 @@ use crate::ids::{BillingInvoiceId, InvoiceItemId, ProjectId, SubscriptionId};
 use crate::money::Currency;
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
-use crate::store::{Cond, Key, Query, StoreError, TxOp};
+use crate::store::{Cond, Key, Query, SkCond, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 
 /// Longest `description`.
@@ -37,6 +45,13 @@ pub const MAX_QUANTITY: u32 = 10_000;
 /// Most pending items a subscription holds, and the most one invoice
 /// takes (the oldest first; the issuing transaction has room for them).
 pub const MAX_PENDING: usize = 40;
+
+/// [`MAX_PENDING`] as the count is stored.
+const CAP: i64 = MAX_PENDING as i64;
+/// Tries of a create or delete against conflicting writes of the count.
+const TRIES: usize = 12;
+/// Sort keys of items (their ids), apart from the count.
+const ITEM_PREFIX: &str = "ii_";
 
 /// Whether an item still waits for an invoice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -106,6 +121,60 @@ impl Record for InvoiceItem {
     fn item_key(&self) -> Key {
         InvoiceItem::key(&self.subscription_id, &self.id)
     }
+}
+
+/// How many items of a subscription are pending (the cap's counter):
+/// changed only by `ADD`, in the transaction that makes, deletes or
+/// invoices its items. None stored is 0.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PendingCount {
+    pub subscription_id: SubscriptionId,
+    #[serde(default)]
+    pub pending: i64,
+}
+
+crate::attrs! { PendingCount {
+    SUBSCRIPTION_ID: SubscriptionId = subscription_id,
+    PENDING: i64 = pending,
+} }
+
+impl PendingCount {
+    pub fn key(sub: &SubscriptionId) -> Key {
+        Key::new(InvoiceItem::partition(sub), "COUNT")
+    }
+
+    /// The write that moves the count by `delta`, on `cond`.
+    fn op(sub: &SubscriptionId, delta: i64, cond: Option<Cond>) -> TxOp {
+        TxOp::Update {
+            key: PendingCount::key(sub),
+            update: Changes::<PendingCount>::new()
+                .set(PendingCount::SUBSCRIPTION_ID, sub)
+                .add(PendingCount::PENDING, delta)
+                .into(),
+            cond,
+        }
+    }
+}
+
+impl Record for PendingCount {
+    fn item_key(&self) -> Key {
+        PendingCount::key(&self.subscription_id)
+    }
+}
+
+/// The stored count of pending items of `sub` (0 when none is stored).
+pub async fn pending_count(deps: &Deps, sub: &SubscriptionId) -> Result<i64, StoreError> {
+    Ok(
+        record::get::<PendingCount>(&*deps.store, &PendingCount::key(sub))
+            .await?
+            .map_or(0, |c| c.pending),
+    )
+}
+
+/// Whether the transaction failed on its op at `index`.
+fn failed_at(e: &StoreError, index: usize) -> bool {
+    matches!(e, StoreError::TransactionCanceled { reasons }
+        if matches!(reasons.get(index), Some(TxReason::ConditionFailed)))
 }
 
 /// Why an invoice item request is refused.
@@ -263,9 +332,6 @@ pub async fn create(
     if sub.status.is_ended() {
         return Err(ItemError::Ended(sub.id));
     }
-    if pending(deps, &sub.id).await?.len() >= MAX_PENDING {
-        return Err(ItemError::TooMany(sub.id));
-    }
     mark_has_items(deps, &sub).await?;
     let item = InvoiceItem {
         id: InvoiceItemId::new(),
@@ -281,10 +347,32 @@ pub async fn create(
         invoiced_at: None,
         created_at: deps.clock.now(),
     };
-    match Fence::put_once(fence, &*deps.store, item.put_new()?, item.id.as_str()).await? {
-        None => Ok(item),
-        Some(first) => get(deps, &sub.id, &InvoiceItemId::stored(first)).await,
+    // The count, below the cap, moves with the item (after the put and
+    // the fence, which `put_once_with` places first).
+    let below = Cond::Or(vec![
+        PendingCount::PENDING.missing(),
+        PendingCount::PENDING.lt(&CAP),
+    ]);
+    let at = if fence.is_some() { 2 } else { 1 };
+    for attempt in 0..TRIES {
+        let count = PendingCount::op(&sub.id, 1, Some(below.clone()));
+        let written = Fence::put_once_with(
+            fence,
+            &*deps.store,
+            item.put_new()?,
+            item.id.as_str(),
+            vec![count],
+        )
+        .await;
+        match written {
+            Ok(None) => return Ok(item),
+            Ok(Some(first)) => return get(deps, &sub.id, &InvoiceItemId::stored(first)).await,
+            Err(e) if failed_at(&e, at) => return Err(ItemError::TooMany(sub.id)),
+            Err(e) if is_conflict(&e) => crate::store::contention_backoff(attempt).await,
+            Err(e) => return Err(e.into()),
+        }
     }
+    Err(StoreError::Unavailable("the pending items changed too often".into()).into())
 }
 
 /// Marks `sub` as one that has items (`has_items`: the sweep looks for
@@ -338,6 +426,7 @@ async fn get(
 /// [`MAX_PENDING`]: the oldest).
 pub async fn pending(deps: &Deps, sub: &SubscriptionId) -> Result<Vec<InvoiceItem>, StoreError> {
     let query = Query::partition(InvoiceItem::partition(sub))
+        .sk(SkCond::BeginsWith(ITEM_PREFIX.to_owned()))
         .filter(InvoiceItem::STATUS.eq(&ItemStatus::Pending));
     crate::store::query_window(&*deps.store, &query, 0, MAX_PENDING)
         .await?
@@ -364,7 +453,9 @@ pub async fn all(
     sub: &SubscriptionId,
     limit: usize,
 ) -> Result<Vec<InvoiceItem>, StoreError> {
-    let query = Query::partition(InvoiceItem::partition(sub)).backward();
+    let query = Query::partition(InvoiceItem::partition(sub))
+        .sk(SkCond::BeginsWith(ITEM_PREFIX.to_owned()))
+        .backward();
     crate::store::query_window(&*deps.store, &query, 0, limit)
         .await?
         .into_iter()
@@ -374,7 +465,7 @@ pub async fn all(
 
 /// Deletes a pending item: conditioned on its being pending, so an
 /// invoice taking it at the same moment either takes it (the delete is
-/// refused, 409) or finds it gone.
+/// refused, 409) or finds it gone; the count moves with it.
 pub async fn delete(
     deps: &Deps,
     tenant: &Tenant,
@@ -387,23 +478,39 @@ pub async fn delete(
         Cond::Exists,
         InvoiceItem::STATUS.eq(&ItemStatus::Pending),
     ]);
-    match deps.store.delete(&key, Some(cond)).await {
-        Ok(()) => Ok(()),
-        Err(e) if e.is_condition_failure() => {
-            let found = get(deps, &sub.id, item).await?;
-            Err(ItemError::Invoiced {
-                item: found.id,
-                invoice: found.invoice_id.map(|i| i.to_string()).unwrap_or_default(),
-            })
+    for attempt in 0..TRIES {
+        let ops = vec![
+            TxOp::Delete {
+                key: key.clone(),
+                cond: Some(cond.clone()),
+            },
+            PendingCount::op(&sub.id, -1, None),
+        ];
+        match deps.store.transact(ops).await {
+            Ok(()) => return Ok(()),
+            Err(e) if failed_at(&e, 0) => {
+                let found = get(deps, &sub.id, item).await?;
+                return Err(ItemError::Invoiced {
+                    item: found.id,
+                    invoice: found.invoice_id.map(|i| i.to_string()).unwrap_or_default(),
+                });
+            }
+            Err(e) if is_conflict(&e) => crate::store::contention_backoff(attempt).await,
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => Err(e.into()),
     }
+    Err(StoreError::Unavailable("the pending items changed too often".into()).into())
 }
 
 /// The writes that mark `items` taken by `invoice`, each conditioned on
-/// the item still being pending: an item deleted (or taken) meanwhile
-/// fails the issuing transaction, which gathers again.
+/// the item still being pending (an item deleted or taken meanwhile
+/// fails the issuing transaction, which gathers again), and the count
+/// less as many.
 pub fn consume_ops(items: &[InvoiceItem], invoice: &BillingInvoiceId, now: Timestamp) -> Vec<TxOp> {
+    let count = items.first().map(|i| {
+        let n = i64::try_from(items.len()).unwrap_or(i64::MAX);
+        PendingCount::op(&i.subscription_id, -n, None)
+    });
     items
         .iter()
         .map(|i| TxOp::Update {
@@ -415,6 +522,7 @@ pub fn consume_ops(items: &[InvoiceItem], invoice: &BillingInvoiceId, now: Times
                 .into(),
             cond: Some(InvoiceItem::STATUS.eq(&ItemStatus::Pending)),
         })
+        .chain(count)
         .collect()
 }
 

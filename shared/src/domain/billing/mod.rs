@@ -27,5 +27,7 @@ pub mod sweep;
 pub mod tax;
 pub mod terms;
 pub mod test_clock;
+#[cfg(test)]
+pub(crate) mod testenv;
 pub mod upcoming;
 pub mod usage;

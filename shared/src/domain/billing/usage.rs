@@ -168,6 +168,8 @@ pub enum UsageError {
     PeriodClosed { start: NaiveDate, end: NaiveDate },
     #[error("the usage was being written by too many requests at once; retry")]
     Busy,
+    #[error(transparent)]
+    Overflow(#[from] UsageOverflow),
 }
 
 impl From<StoreError> for UsageError {
@@ -201,6 +203,7 @@ impl From<UsageError> for Refusal {
                 )
             }
             e @ UsageError::Busy => Refusal::unavailable(&e),
+            e @ UsageError::Overflow(_) => Refusal::conflict("usage_overflow", e.to_string()),
         }
     }
 }
@@ -634,61 +637,162 @@ async fn write_chunk(
     }
 }
 
+/// A running total of usage records, fed in the order of their keys
+/// (`R#<day>#<timestamp>#<id>`: by timestamp, ties by id, since a day is
+/// its timestamp's Nepal day and timestamps have one fixed width): each
+/// billing period's total by [`UsageAction`]'s rule, summed over the
+/// periods, with no record kept. Checked: a total past `u64::MAX` is
+/// [`Tally::total`] `None`, never a clamped number.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tally {
+    /// Records counted.
+    pub records: u64,
+    /// The day of the first record counted.
+    pub first_day: Option<NaiveDate>,
+    /// The total of the periods before the open one (`None`: overflowed).
+    done: Option<u64>,
+    /// The period being summed (start, end exclusive) and its total so
+    /// far (`None`: overflowed; a later `set` replaces it).
+    open: Option<(NaiveDate, NaiveDate, Option<u64>)>,
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Tally {
+            records: 0,
+            first_day: None,
+            done: Some(0),
+            open: None,
+        }
+    }
+}
+
+impl Tally {
+    /// Counts `r`, the next record in key order, in its period of `sub`
+    /// (a day before billing began is a period of its own).
+    pub fn add(&mut self, sub: &Subscription, r: &UsageRecord) {
+        let open = match self.open {
+            Some((start, end, total)) if start <= r.day && r.day < end => (start, end, total),
+            previous => {
+                if let Some((_, _, total)) = previous {
+                    self.done = self.done.zip(total).and_then(|(d, t)| d.checked_add(t));
+                }
+                match period_of(sub, r.day) {
+                    Some(p) => (p.start, p.end_exclusive, Some(0)),
+                    None => (r.day, r.day.succ_opt().unwrap_or(r.day), Some(0)),
+                }
+            }
+        };
+        let (start, end, total) = open;
+        let total = match r.action {
+            UsageAction::Increment => total.and_then(|t| t.checked_add(r.quantity)),
+            UsageAction::Set => Some(r.quantity),
+        };
+        self.open = Some((start, end, total));
+        self.records += 1;
+        self.first_day.get_or_insert(r.day);
+    }
+
+    /// The sum of the periods' totals; `None` when it passes `u64::MAX`.
+    pub fn total(&self) -> Option<u64> {
+        match self.open {
+            Some((_, _, open)) => self.done.zip(open).and_then(|(d, t)| d.checked_add(t)),
+            None => self.done,
+        }
+    }
+}
+
+/// The records in key order: by day, timestamp, then id.
+fn key_order(records: &[UsageRecord]) -> Vec<&UsageRecord> {
+    let mut sorted: Vec<&UsageRecord> = records.iter().collect();
+    sorted.sort_by(|a, b| (a.day, a.timestamp, &a.id).cmp(&(b.day, b.timestamp, &b.id)));
+    sorted
+}
+
 /// The total of one period's records ([`UsageAction`]'s rule): in
 /// timestamp order (ties by id), `set` replaces the total, `increment`
-/// adds to it.
-pub fn period_total(records: &[UsageRecord]) -> u64 {
-    let mut sorted: Vec<&UsageRecord> = records.iter().collect();
-    sorted.sort_by(|a, b| (a.timestamp, &a.id).cmp(&(b.timestamp, &b.id)));
-    sorted.iter().fold(0u64, |total, r| match r.action {
-        UsageAction::Increment => total.saturating_add(r.quantity),
-        UsageAction::Set => r.quantity,
-    })
+/// adds to it. `None`: past `u64::MAX`.
+pub fn period_total(records: &[UsageRecord]) -> Option<u64> {
+    // Not `try_fold`: a later `set` replaces an overflowed total.
+    let mut total = Some(0u64);
+    for r in key_order(records) {
+        total = match r.action {
+            UsageAction::Increment => total.and_then(|t| t.checked_add(r.quantity)),
+            UsageAction::Set => Some(r.quantity),
+        };
+    }
+    total
 }
 
 /// The total of records over several periods: each period's
 /// [`period_total`], summed (a `set` resets only its own period).
-pub fn total_by_period(sub: &Subscription, records: &[UsageRecord]) -> u64 {
-    let mut by_period: HashMap<NaiveDate, Vec<UsageRecord>> = HashMap::new();
-    let mut periods: Vec<Period> = Vec::new();
-    for r in records {
-        let start = match periods
-            .iter()
-            .find(|p| p.start <= r.day && r.day < p.end_exclusive)
-        {
-            Some(p) => p.start,
-            None => match period_of(sub, r.day) {
-                Some(p) => {
-                    periods.push(p);
-                    p.start
-                }
-                None => r.day,
-            },
-        };
-        by_period.entry(start).or_default().push(r.clone());
+pub fn total_by_period(sub: &Subscription, records: &[UsageRecord]) -> Option<u64> {
+    let mut tally = Tally::default();
+    for r in key_order(records) {
+        tally.add(sub, r);
     }
-    by_period
-        .values()
-        .map(|rs| period_total(rs))
-        .fold(0u64, u64::saturating_add)
+    tally.total()
 }
 
-/// The records of the Nepal days `from <= d < to` (`from` `None`: from
-/// the first), oldest first.
+/// Records one read of [`tally_between`] asks the store for.
+pub const READ_PAGE: usize = 1000;
+
+/// The query of the records of the Nepal days `from <= d < to` (`from`
+/// `None`: from the first), in key order.
+fn days_query(sub: &SubscriptionId, from: Option<NaiveDate>, to: NaiveDate) -> Query {
+    let low = from.map_or_else(
+        || RECORD_PREFIX.to_owned(),
+        |d| format!("{RECORD_PREFIX}{d}"),
+    );
+    // Every record key of day `to` is longer than `R#<to>`: excluded.
+    Query::partition(partition(sub)).sk(SkCond::Between(low, format!("{RECORD_PREFIX}{to}")))
+}
+
+/// The [`Tally`] of the records of the Nepal days `from <= d < to`,
+/// read [`READ_PAGE`] at a time and counted as they come: memory is one
+/// page whatever the count, store calls one a page. With `cap`, at most
+/// that many records are counted, and `true` says more were left.
+pub async fn tally_between(
+    deps: &Deps,
+    sub: &Subscription,
+    from: Option<NaiveDate>,
+    to: NaiveDate,
+    cap: Option<u64>,
+) -> Result<(Tally, bool), StoreError> {
+    let mut query = days_query(&sub.id, from, to);
+    let mut tally = Tally::default();
+    loop {
+        let room = cap.map_or(READ_PAGE as u64, |c| {
+            c.saturating_sub(tally.records)
+                .saturating_add(1)
+                .min(READ_PAGE as u64)
+        });
+        query.limit = Some(usize::try_from(room).unwrap_or(READ_PAGE));
+        let page = deps.store.query(&query).await?;
+        for item in page.items {
+            if cap.is_some_and(|c| tally.records >= c) {
+                return Ok((tally, true));
+            }
+            tally.add(sub, &from_item(item)?);
+        }
+        match page.last_key {
+            Some(last) => query.start_after = Some(last),
+            None => return Ok((tally, false)),
+        }
+    }
+}
+
+/// Every record of the Nepal days `from <= d < to`, oldest first,
+/// collected: for tests that check which records a read saw (requests
+/// and invoices count with [`tally_between`]).
+#[cfg(any(test, feature = "testkit"))]
 pub async fn records_between(
     deps: &Deps,
     sub: &SubscriptionId,
     from: Option<NaiveDate>,
     to: NaiveDate,
 ) -> Result<Vec<UsageRecord>, StoreError> {
-    let low = from.map_or_else(
-        || RECORD_PREFIX.to_owned(),
-        |d| format!("{RECORD_PREFIX}{d}"),
-    );
-    // Every record key of day `to` is longer than `R#<to>`: excluded.
-    let query =
-        Query::partition(partition(sub)).sk(SkCond::Between(low, format!("{RECORD_PREFIX}{to}")));
-    crate::store::query_window(&*deps.store, &query, 0, usize::MAX)
+    crate::store::query_window(&*deps.store, &days_query(sub, from, to), 0, usize::MAX)
         .await?
         .into_iter()
         .map(from_item)
@@ -793,23 +897,39 @@ pub async fn draft_line(
     line_of(deps, sub, sealed).await
 }
 
-/// The usage line of the days `sealed` closed (`None`: no records).
+/// The usage line of the days `sealed` closed (`None`: no records): the
+/// records counted page by page ([`tally_between`]), exact for any
+/// count. A total or amount that overflows fails the invoice (logged as
+/// an error for the on-call, nothing issued), never billed clamped.
 async fn line_of(
     deps: &Deps,
     sub: &Subscription,
     sealed: Sealed,
 ) -> Result<Option<InvoiceLine>, BillingInvoiceError> {
-    let records = records_between(deps, &sub.id, sealed.from, sealed.to).await?;
-    let Some(first) = records.iter().map(|r| r.day).min() else {
+    let (tally, _) = tally_between(deps, sub, sealed.from, sealed.to, None).await?;
+    let Some(first) = tally.first_day else {
         return Ok(None);
     };
-    let total = total_by_period(sub, &records);
-    let quantity = u32::try_from(total).map_err(|_| BillingInvoiceError::Overflow)?;
-    let amount = sub
-        .terms
-        .amount
-        .checked_mul(i64::from(quantity))
-        .ok_or(BillingInvoiceError::Overflow)?;
+    let unit = sub.terms.amount;
+    let priced = tally
+        .total()
+        .ok_or(UsageOverflow {
+            quantity: None,
+            unit,
+        })
+        .and_then(|total| priced(total, unit));
+    let (quantity, amount) = match priced {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(
+                subscription = %sub.id,
+                records = tally.records,
+                error = %e,
+                "usage overflows its invoice: the invoice is not issued"
+            );
+            return Err(BillingInvoiceError::Overflow);
+        }
+    };
     let start = sealed
         .from
         .or(sub.billing_start)
@@ -825,8 +945,34 @@ async fn line_of(
     }))
 }
 
-/// Most records the dashboard reads of one period.
+/// Usage that one invoice line cannot bill: its total passes `u64::MAX`
+/// (`quantity` `None`), more units than a line holds (`u32::MAX`), or an
+/// amount past `i64::MAX` paisa.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the period's usage, {} at {unit} paisa a unit, is more than one invoice bills (at most 4294967295 units and 9223372036854775807 paisa): its invoice is not issued",
+    match quantity { Some(q) => format!("{q} units"), None => "more than 18446744073709551615 units".to_owned() }
+)]
+pub struct UsageOverflow {
+    pub quantity: Option<u64>,
+    pub unit: i64,
+}
+
+/// The line quantity and amount (paisa) of `total` units at `unit`
+/// paisa each, checked: never a clamped number.
+pub fn priced(total: u64, unit: i64) -> Result<(u32, i64), UsageOverflow> {
+    let overflow = UsageOverflow {
+        quantity: Some(total),
+        unit,
+    };
+    let quantity = u32::try_from(total).map_err(|_| overflow)?;
+    let amount = unit.checked_mul(i64::from(quantity)).ok_or(overflow)?;
+    Ok((quantity, amount))
+}
+
+/// Most records the dashboard reads of one period (a page's bound).
 pub const PERIOD_READ_CAP: usize = 20_000;
+const _: () = assert!((PERIOD_READ_CAP as u128) * (MAX_QUANTITY as u128) < u64::MAX as u128);
 
 /// One period's usage, as the dashboard charts it.
 #[derive(Clone, Debug, PartialEq)]
@@ -849,22 +995,20 @@ pub async fn recent_periods(
     let first = sub.period_index.saturating_sub(count.saturating_sub(1));
     let mut out = Vec::new();
     for p in (first..=sub.period_index).filter_map(|i| sub.period(i)) {
-        let query = Query::partition(partition(&sub.id)).sk(SkCond::Between(
-            format!("{RECORD_PREFIX}{}", p.start),
-            format!("{RECORD_PREFIX}{}", p.end_exclusive),
-        ));
-        let records: Vec<UsageRecord> =
-            crate::store::query_window(&*deps.store, &query, 0, PERIOD_READ_CAP + 1)
-                .await?
-                .into_iter()
-                .map(from_item)
-                .collect::<Result<_, _>>()?;
-        let partial = records.len() > PERIOD_READ_CAP;
-        let kept = &records[..records.len().min(PERIOD_READ_CAP)];
+        let (tally, partial) = tally_between(
+            deps,
+            sub,
+            Some(p.start),
+            p.end_exclusive,
+            Some(PERIOD_READ_CAP as u64),
+        )
+        .await?;
         out.push(PeriodUsage {
             period: p,
-            quantity: period_total(kept),
-            records: kept.len(),
+            // Below the cap a total cannot overflow (asserted above): a
+            // chart, never a bill.
+            quantity: tally.total().unwrap_or(u64::MAX),
+            records: usize::try_from(tally.records).unwrap_or(PERIOD_READ_CAP),
             partial,
         });
     }
@@ -879,7 +1023,7 @@ pub struct UsageSummary {
     pub subscription_id: String,
     /// The period's total ([`period_total`]).
     pub quantity: u64,
-    pub record_count: usize,
+    pub record_count: u64,
     /// Always `sum` (with `set` as described in docs/billing.md).
     pub aggregation_method: &'static str,
     /// The current period (Nepal days, end exclusive); null before
@@ -890,7 +1034,8 @@ pub struct UsageSummary {
     pub period_end: Option<NaiveDate>,
     /// The plan's price per unit, paisa.
     pub unit_amount: i64,
-    /// `quantity * unitAmount`: what the next invoice will bill for it.
+    /// `quantity * unitAmount`: what the next invoice will bill for it
+    /// (a total one invoice cannot bill is refused, 409 `usage_overflow`).
     pub amount: i64,
     pub currency: crate::money::Currency,
 }
@@ -903,31 +1048,32 @@ pub async fn summary(
 ) -> Result<UsageSummary, UsageError> {
     let sub = subscription::get(deps, tenant, id).await?;
     let period = sub.current_period();
-    let records = match period {
-        Some(p) => records_between(deps, &sub.id, Some(p.start), p.end_exclusive).await?,
-        None => Vec::new(),
+    let tally = match period {
+        Some(p) => {
+            tally_between(deps, &sub, Some(p.start), p.end_exclusive, None)
+                .await?
+                .0
+        }
+        None => Tally::default(),
     };
-    let quantity = period_total(&records);
     let unit = sub.terms.amount;
+    let quantity = tally.total().ok_or(UsageOverflow {
+        quantity: None,
+        unit,
+    })?;
+    let (_, amount) = priced(quantity, unit)?;
     Ok(UsageSummary {
         object: "usage_summary",
         subscription_id: sub.id.to_string(),
         quantity,
-        record_count: records.len(),
+        record_count: tally.records,
         aggregation_method: "sum",
         period_start: period.map(|p| p.start),
         period_end: period.map(|p| p.end_exclusive),
         unit_amount: unit,
-        amount: amount_of(quantity, unit),
+        amount,
         currency: sub.terms.currency,
     })
-}
-
-/// `quantity * unit` paisa, saturating.
-pub fn amount_of(quantity: u64, unit: i64) -> i64 {
-    i64::try_from(quantity)
-        .unwrap_or(i64::MAX)
-        .saturating_mul(unit)
 }
 
 /// A usage record as the API answers it.

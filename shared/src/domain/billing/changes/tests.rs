@@ -3,6 +3,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::*;
+use crate::AppState;
 use crate::domain::Mode;
 use crate::domain::billing::calendar::{BsDate, ad_from_bs, days_in_bs_month};
 use crate::domain::billing::customers::{self, CreateCustomer};
@@ -13,6 +14,7 @@ use crate::domain::billing::lifecycle::{CancelSubscription, CreateSubscription};
 use crate::domain::billing::period::{Calendar, IntervalUnit, Schedule};
 use crate::domain::billing::plans::{CreatePlan, UpdatePlan};
 use crate::domain::billing::sweep;
+use crate::domain::billing::testenv::{deps_with, stores};
 use crate::domain::outbox::Event;
 use crate::domain::record;
 use crate::ids::UserId;
@@ -20,7 +22,6 @@ use crate::refusal::Kind;
 use crate::store::{Index, Query, Store};
 use crate::testenv::at;
 use crate::time::ManualClock;
-use crate::{AppState, Config};
 
 const NOW: &str = "2026-01-10T06:00:00Z";
 
@@ -107,15 +108,7 @@ struct Env {
 
 fn env_on(store: Arc<dyn Store>) -> Env {
     let clock = ManualClock::new(at(NOW));
-    let deps = AppState::new(
-        store,
-        Arc::new(clock.clone()),
-        Config {
-            public_base_url: "http://127.0.0.1:8080".into(),
-            events_base_url: None,
-            dashboard_base_url: None,
-        },
-    );
+    let deps = deps_with(store, Arc::new(clock.clone()));
     Env {
         deps,
         clock,
@@ -125,25 +118,6 @@ fn env_on(store: Arc<dyn Store>) -> Env {
 
 fn env() -> Env {
     env_on(crate::testenv::memory_store())
-}
-
-/// The embedded store, and moto when `DHUKUTI_TEST_AWS_ENDPOINT` is set.
-async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
-    let mut out: Vec<(&'static str, Arc<dyn Store>)> =
-        vec![("embedded", crate::testenv::memory_store())];
-    if let Some(endpoint) = crate::queue::testkit::aws_endpoint() {
-        let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "ap-south-1".into());
-        let client = crate::store::dynamo::client_for_endpoint(&endpoint, &region);
-        let table = format!("dhukuti-test-{}", ulid::Ulid::new());
-        crate::store::dynamo::create_table(&client, &table)
-            .await
-            .unwrap_or_else(|e| panic!("create table {table}: {e}"));
-        out.push((
-            "dynamodb",
-            Arc::new(crate::store::dynamo::DynamoStore::new(client, table)),
-        ));
-    }
-    out
 }
 
 impl Env {

@@ -3,27 +3,20 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::*;
+use crate::AppState;
 use crate::domain::billing::customers::{self, CreateCustomer};
 use crate::domain::billing::plans::CreatePlan;
+use crate::domain::billing::testenv::deps_with;
 use crate::refusal::Refusal;
 use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
 use crate::testenv::at;
 use crate::time::ManualClock;
-use crate::{AppState, Config};
 
 const NOW: &str = "2026-01-10T06:00:00Z";
 
 fn deps_on(store: Arc<dyn Store>, clock: ManualClock) -> AppState {
-    AppState::new(
-        store,
-        Arc::new(clock),
-        Config {
-            public_base_url: "http://127.0.0.1:8080".into(),
-            events_base_url: None,
-            dashboard_base_url: None,
-        },
-    )
+    deps_with(store, Arc::new(clock))
 }
 
 fn tenant() -> Tenant {

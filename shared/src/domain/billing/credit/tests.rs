@@ -194,9 +194,7 @@ mod invoices {
     use crate::domain::billing::invoice::{
         InvoiceStatus, OverpaymentRefund, PayOutcome, PaymentSource, issue_invoice, pay_invoice,
     };
-    use crate::domain::billing::subscription::{
-        NewSubscription, Subscription, create, new_subscription,
-    };
+    use crate::domain::billing::subscription::{NewSubscription, Subscription};
     use crate::domain::billing::tax::{self, UpdateTaxSettings};
     use crate::domain::billing::terms::monthly;
     use crate::testenv::at;
@@ -205,19 +203,9 @@ mod invoices {
         let now = at("2026-01-10T06:00:00Z");
         let input = NewSubscription {
             customer_id: c.id.clone(),
-            plan_id: "bp_1".into(),
-            terms: monthly(),
-            reference_id: None,
-            metadata: serde_json::Map::new(),
-            start: now,
-            trial_ends_at: None,
-            billing_anchor_day: None,
-            dunning_policy_id: None,
-            test_clock_id: None,
+            ..crate::domain::billing::testenv::sub_input(now, monthly())
         };
-        let sub = new_subscription(&tenant(), input, now).unwrap_or_else(|e| panic!("{e}"));
-        create(d, &sub).await.unwrap_or_else(|e| panic!("{e}"));
-        sub
+        crate::domain::billing::testenv::stored_sub(d, &tenant(), input).await
     }
 
     async fn settings(d: &crate::AppState, v: serde_json::Value) {

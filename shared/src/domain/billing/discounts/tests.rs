@@ -3,6 +3,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::*;
+use crate::AppState;
 use crate::domain::billing::coupons::{
     CreateCoupon, CreatePromotionCode, create_coupon, create_promotion_code, get_coupon,
     get_promotion_code,
@@ -10,24 +11,15 @@ use crate::domain::billing::coupons::{
 use crate::domain::billing::customers::{self, CreateCustomer};
 use crate::domain::billing::lifecycle::{CancelSubscription, CreateSubscription};
 use crate::domain::billing::plans::{self, CreatePlan};
+use crate::domain::billing::testenv::deps_at;
 use crate::ids::PlanId;
 use crate::store::Store;
 use crate::testenv::at;
-use crate::time::ManualClock;
-use crate::{AppState, Config};
 
 const NOW: &str = "2026-01-10T06:00:00Z";
 
 fn deps_on(store: Arc<dyn Store>) -> AppState {
-    AppState::new(
-        store,
-        Arc::new(ManualClock::new(at(NOW))),
-        Config {
-            public_base_url: "http://127.0.0.1:8080".into(),
-            events_base_url: None,
-            dashboard_base_url: None,
-        },
-    )
+    deps_at(store, NOW)
 }
 
 fn tenant() -> Tenant {

@@ -1,39 +1,13 @@
 use std::sync::Arc;
 
 use super::*;
+use crate::AppState;
+use crate::domain::billing::testenv::{deps_at, stores};
 use crate::store::{Index, Store};
 use crate::testenv::at;
-use crate::time::ManualClock;
-use crate::{AppState, Config};
 
 fn deps_on(store: Arc<dyn Store>) -> AppState {
-    AppState::new(
-        store,
-        Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z"))),
-        Config {
-            public_base_url: "http://127.0.0.1:8080".into(),
-            events_base_url: None,
-            dashboard_base_url: None,
-        },
-    )
-}
-
-async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
-    let mut out: Vec<(&'static str, Arc<dyn Store>)> =
-        vec![("embedded", crate::testenv::memory_store())];
-    if let Some(endpoint) = crate::queue::testkit::aws_endpoint() {
-        let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "ap-south-1".into());
-        let client = crate::store::dynamo::client_for_endpoint(&endpoint, &region);
-        let table = format!("dhukuti-test-{}", ulid::Ulid::new());
-        crate::store::dynamo::create_table(&client, &table)
-            .await
-            .unwrap_or_else(|e| panic!("create table {table}: {e}"));
-        out.push((
-            "dynamodb",
-            Arc::new(crate::store::dynamo::DynamoStore::new(client, table)),
-        ));
-    }
-    out
+    deps_at(store, "2026-01-10T06:00:00Z")
 }
 
 #[test]

@@ -1,21 +1,10 @@
-use std::sync::Arc;
-
 use super::*;
+use crate::AppState;
 use crate::domain::Mode;
-use crate::testenv::at;
-use crate::time::ManualClock;
-use crate::{AppState, Config};
+use crate::domain::billing::testenv::deps_at;
 
 fn deps() -> AppState {
-    AppState::new(
-        crate::testenv::memory_store(),
-        Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z"))),
-        Config {
-            public_base_url: "http://127.0.0.1:8080".into(),
-            events_base_url: None,
-            dashboard_base_url: None,
-        },
-    )
+    deps_at(crate::testenv::memory_store(), "2026-01-10T06:00:00Z")
 }
 
 fn body(name: &str, default: bool) -> CreatePolicy {

@@ -1,13 +1,13 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::domain::billing::subscription::{NewSubscription, create, new_subscription};
+use crate::AppState;
 use crate::domain::billing::terms::monthly;
+use crate::domain::billing::testenv::{deps_at, stores};
+use crate::domain::billing::testenv::{stored_sub, sub_input};
 use crate::domain::invoices::InvoiceSequence;
 use crate::store::{Index, Query, Store};
 use crate::testenv::at;
-use crate::time::ManualClock;
-use crate::{AppState, Config};
 use InvoiceEvent as E;
 use InvoiceStatus as S;
 
@@ -59,57 +59,18 @@ fn the_invoice_state_machine_allows_exactly_its_table() {
     assert_eq!(ours.join(" "), sdk);
 }
 
-/// Deps on `store`, the clock at `2026-01-10`.
 fn deps_on(store: Arc<dyn Store>) -> AppState {
-    AppState::new(
-        store,
-        Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z"))),
-        Config {
-            public_base_url: "http://127.0.0.1:8080".into(),
-            events_base_url: None,
-            dashboard_base_url: None,
-        },
-    )
-}
-
-/// The stores the concurrency tests run on: the embedded store, and moto
-/// when `DHUKUTI_TEST_AWS_ENDPOINT` is set (a fresh table).
-async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
-    let mut out: Vec<(&'static str, Arc<dyn Store>)> =
-        vec![("embedded", crate::testenv::memory_store())];
-    if let Some(endpoint) = crate::queue::testkit::aws_endpoint() {
-        let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "ap-south-1".into());
-        let client = crate::store::dynamo::client_for_endpoint(&endpoint, &region);
-        let table = format!("dhukuti-test-{}", ulid::Ulid::new());
-        crate::store::dynamo::create_table(&client, &table)
-            .await
-            .unwrap_or_else(|e| panic!("create table {table}: {e}"));
-        out.push((
-            "dynamodb",
-            Arc::new(crate::store::dynamo::DynamoStore::new(client, table)),
-        ));
-    }
-    out
+    deps_at(store, "2026-01-10T06:00:00Z")
 }
 
 async fn subscription(deps: &Deps, project: &str) -> Subscription {
     let tenant = Tenant::new(project, Mode::Sandbox);
-    let now = at("2026-01-10T06:00:00Z");
-    let input = NewSubscription {
-        customer_id: "cus_1".into(),
-        plan_id: "bp_1".into(),
-        terms: monthly(),
-        reference_id: None,
-        metadata: serde_json::Map::new(),
-        start: now,
-        trial_ends_at: None,
-        billing_anchor_day: None,
-        dunning_policy_id: None,
-        test_clock_id: None,
-    };
-    let sub = new_subscription(&tenant, input, now).unwrap();
-    create(deps, &sub).await.unwrap();
-    sub
+    stored_sub(
+        deps,
+        &tenant,
+        sub_input(at("2026-01-10T06:00:00Z"), monthly()),
+    )
+    .await
 }
 
 async fn counter(store: &dyn Store, tenant: &Tenant) -> u64 {

@@ -3,22 +3,13 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::*;
-use crate::domain::billing::usage::tests::{stores, subscription};
+use crate::AppState;
+use crate::domain::billing::testenv::{deps_at, stores};
+use crate::domain::billing::usage::tests::subscription;
 use crate::store::Store;
-use crate::testenv::at;
-use crate::time::ManualClock;
-use crate::{AppState, Config};
 
 fn deps_on(store: Arc<dyn Store>) -> AppState {
-    AppState::new(
-        store,
-        Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z"))),
-        Config {
-            public_base_url: "http://127.0.0.1:8080".into(),
-            events_base_url: None,
-            dashboard_base_url: None,
-        },
-    )
+    deps_at(store, "2026-01-10T06:00:00Z")
 }
 
 fn body(v: serde_json::Value) -> CreateItem {
@@ -219,6 +210,75 @@ async fn a_delete_racing_the_invoice_leaves_the_item_on_exactly_one_side() {
                 (false, true) => assert!(stored.is_none(), "{name}"),
                 other => panic!("{name}: round {round}: issue and delete both {other:?}"),
             }
+            assert_eq!(
+                pending_count(&deps, &sub.id).await.unwrap(),
+                0,
+                "{name}: round {round}: counted out once"
+            );
         }
+    }
+}
+
+/// Creates racing at one below the cap, on both backends: exactly one
+/// wins, the others are refused `invoice_item_limit`; a delete and an
+/// invoice taking the items give their places back, once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_creates_at_the_cap_have_exactly_one_winner() {
+    for (name, store) in stores().await {
+        let deps = deps_on(store);
+        let sub = subscription(&deps, "p1").await;
+        let t = sub.tenant();
+        let one = || body(json!({"amount": 100, "description": "x"}));
+        for _ in 0..MAX_PENDING - 1 {
+            create(&deps, &t, &sub.id, one(), None).await.unwrap();
+        }
+        for round in 0..3 {
+            let racers: Vec<_> = (0..8)
+                .map(|_| {
+                    let (d, t, s, b) = (deps.clone(), t.clone(), sub.id.clone(), one());
+                    tokio::spawn(async move { create(&d, &t, &s, b, None).await })
+                })
+                .collect();
+            let (mut won, mut refused) = (Vec::new(), 0);
+            for r in racers {
+                match r.await.unwrap() {
+                    Ok(item) => won.push(item),
+                    Err(ItemError::TooMany(_)) => refused += 1,
+                    Err(e) => panic!("{name}: {e}"),
+                }
+            }
+            assert_eq!((won.len(), refused), (1, 7), "{name}: round {round}");
+            let waiting = pending(&deps, &sub.id).await.unwrap();
+            assert_eq!(waiting.len(), MAX_PENDING, "{name}");
+            assert_eq!(pending_count(&deps, &sub.id).await.unwrap(), CAP, "{name}");
+            // The winner deleted: one place again for the next round.
+            delete(&deps, &t, &sub.id, &won[0].id).await.unwrap();
+            assert_eq!(pending_count(&deps, &sub.id).await.unwrap(), CAP - 1);
+            assert!(delete(&deps, &t, &sub.id, &won[0].id).await.is_err());
+            assert_eq!(
+                pending_count(&deps, &sub.id).await.unwrap(),
+                CAP - 1,
+                "{name}: a second delete counts nothing"
+            );
+        }
+        // An invoice takes them all: the count is back to 0, and a retry
+        // of the same writes takes (and counts) nothing.
+        let waiting = pending(&deps, &sub.id).await.unwrap();
+        let ops = consume_ops(&waiting, &"inv_1".into(), deps.clock.now());
+        deps.store.transact(ops.clone()).await.unwrap();
+        assert_eq!(pending_count(&deps, &sub.id).await.unwrap(), 0, "{name}");
+        assert!(deps.store.transact(ops).await.is_err());
+        assert_eq!(pending_count(&deps, &sub.id).await.unwrap(), 0, "{name}");
+        assert_eq!(
+            all(&deps, &sub.id, 100).await.unwrap().len(),
+            MAX_PENDING - 1
+        );
+        for _ in 0..MAX_PENDING {
+            create(&deps, &t, &sub.id, one(), None).await.unwrap();
+        }
+        assert!(matches!(
+            create(&deps, &t, &sub.id, one(), None).await,
+            Err(ItemError::TooMany(_))
+        ));
     }
 }

@@ -3,6 +3,7 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::*;
+use crate::AppState;
 use crate::domain::Mode;
 use crate::domain::billing::customers::CreateCustomer;
 use crate::domain::billing::dunning::{FinalAction, create_policy, new_policy};
@@ -10,45 +11,17 @@ use crate::domain::billing::invoice::{InvoiceStatus, PeriodClaim};
 use crate::domain::billing::plans::{CreatePlan, UpdatePlan};
 use crate::domain::billing::subscription::SUBSCRIPTION_STATE_CONFLICT;
 use crate::domain::billing::terms::PricingModel;
+use crate::domain::billing::testenv::{deps_at, stores};
 use crate::domain::record;
 use crate::store::Key;
 use crate::store::Store;
 use crate::store::fence::Fence;
 use crate::testenv::at;
-use crate::time::ManualClock;
-use crate::{AppState, Config};
 
 const NOW: &str = "2026-01-10T06:00:00Z";
 
 fn deps_on(store: Arc<dyn Store>) -> AppState {
-    AppState::new(
-        store,
-        Arc::new(ManualClock::new(at(NOW))),
-        Config {
-            public_base_url: "http://127.0.0.1:8080".into(),
-            events_base_url: None,
-            dashboard_base_url: None,
-        },
-    )
-}
-
-/// The embedded store, and moto when `DHUKUTI_TEST_AWS_ENDPOINT` is set.
-async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
-    let mut out: Vec<(&'static str, Arc<dyn Store>)> =
-        vec![("embedded", crate::testenv::memory_store())];
-    if let Some(endpoint) = crate::queue::testkit::aws_endpoint() {
-        let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "ap-south-1".into());
-        let client = crate::store::dynamo::client_for_endpoint(&endpoint, &region);
-        let table = format!("dhukuti-test-{}", ulid::Ulid::new());
-        crate::store::dynamo::create_table(&client, &table)
-            .await
-            .unwrap_or_else(|e| panic!("create table {table}: {e}"));
-        out.push((
-            "dynamodb",
-            Arc::new(crate::store::dynamo::DynamoStore::new(client, table)),
-        ));
-    }
-    out
+    deps_at(store, NOW)
 }
 
 fn tenant(p: &str) -> Tenant {

@@ -203,16 +203,8 @@ fn a_trial_notice_waits_for_seven_nepal_time() {
     let t0 = at("2026-01-28T06:00:00Z");
     let tenant = Tenant::new(ProjectId::stored("proj_1"), Mode::Sandbox);
     let input = NewSubscription {
-        customer_id: "cus_1".into(),
-        plan_id: "bp_1".into(),
-        terms: monthly(),
-        reference_id: None,
-        metadata: serde_json::Map::new(),
-        start: t0,
         trial_ends_at: Some(at("2026-02-10T18:15:00Z")),
-        billing_anchor_day: None,
-        dunning_policy_id: None,
-        test_clock_id: None,
+        ..crate::domain::billing::testenv::sub_input(t0, monthly())
     };
     let mut sub = new_subscription(&tenant, input, t0).unwrap();
     let end = at("2026-02-10T18:15:00Z"); // 00:00 Nepal, Feb 11

@@ -1,6 +1,7 @@
 use super::*;
 use crate::domain::billing::dunning::FinalAction;
 use crate::domain::billing::terms::{OverdueAction, monthly};
+use crate::domain::billing::testenv::sub_input;
 use crate::testenv::at;
 use SubscriptionEvent as E;
 use SubscriptionStatus as S;
@@ -200,16 +201,8 @@ fn statuses_are_spelled_as_the_sdk_spells_them() {
 
 fn input(start: &str, trial_ends_at: Option<&str>) -> NewSubscription {
     NewSubscription {
-        customer_id: "cus_1".into(),
-        plan_id: "bp_1".into(),
-        terms: monthly(),
-        reference_id: None,
-        metadata: Map::new(),
-        start: at(start),
         trial_ends_at: trial_ends_at.map(at),
-        billing_anchor_day: None,
-        dunning_policy_id: None,
-        test_clock_id: None,
+        ..sub_input(at(start), monthly())
     }
 }
 

@@ -4,49 +4,22 @@ use std::sync::Arc;
 use chrono::NaiveDate;
 
 use super::*;
+use crate::AppState;
 use crate::domain::billing::invoice::{PaymentSource, pay_invoice};
 use crate::domain::billing::subscription::{NewSubscription, apply, create, new_subscription};
 use crate::domain::billing::terms::{OverdueAction, Terms, monthly};
+use crate::domain::billing::testenv::sub_input;
+use crate::domain::billing::testenv::{deps_at, stores};
 use crate::domain::{Mode, Provider};
 use crate::store::Store;
 use crate::testenv::at;
-use crate::time::ManualClock;
-use crate::{AppState, Config};
 
 fn deps_on(store: Arc<dyn Store>) -> AppState {
-    AppState::new(
-        store,
-        Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z"))),
-        Config {
-            public_base_url: "http://127.0.0.1:8080".into(),
-            events_base_url: None,
-            dashboard_base_url: None,
-        },
-    )
+    deps_at(store, "2026-01-10T06:00:00Z")
 }
 
 fn deps() -> AppState {
     deps_on(crate::testenv::memory_store())
-}
-
-/// The embedded store, and moto when `DHUKUTI_TEST_AWS_ENDPOINT` is set
-/// (a fresh table).
-async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
-    let mut out: Vec<(&'static str, Arc<dyn Store>)> =
-        vec![("embedded", crate::testenv::memory_store())];
-    if let Some(endpoint) = crate::queue::testkit::aws_endpoint() {
-        let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "ap-south-1".into());
-        let client = crate::store::dynamo::client_for_endpoint(&endpoint, &region);
-        let table = format!("dhukuti-test-{}", ulid::Ulid::new());
-        crate::store::dynamo::create_table(&client, &table)
-            .await
-            .unwrap_or_else(|e| panic!("create table {table}: {e}"));
-        out.push((
-            "dynamodb",
-            Arc::new(crate::store::dynamo::DynamoStore::new(client, table)),
-        ));
-    }
-    out
 }
 
 fn day(y: i32, m: u32, d: u32) -> NaiveDate {
@@ -62,16 +35,8 @@ const START: &str = "2026-01-10T06:00:00Z";
 
 fn input(start: Timestamp, trial_ends_at: Option<Timestamp>, terms: Terms) -> NewSubscription {
     NewSubscription {
-        customer_id: "cus_1".into(),
-        plan_id: "bp_1".into(),
-        terms,
-        reference_id: None,
-        metadata: serde_json::Map::new(),
-        start,
         trial_ends_at,
-        billing_anchor_day: None,
-        dunning_policy_id: None,
-        test_clock_id: None,
+        ..sub_input(start, terms)
     }
 }
 

@@ -1,52 +1,24 @@
 use std::sync::Arc;
 
 use super::*;
+use crate::AppState;
 use crate::domain::billing::calendar::nepal_day_start;
 use crate::domain::billing::invoice::{InvoiceStatus, issue_invoice};
 use crate::domain::billing::items::{self, CreateItem};
-use crate::domain::billing::subscription::{
-    self, NewSubscription, SubscriptionStatus as S, create, new_subscription,
-};
+use crate::domain::billing::subscription::{self, SubscriptionStatus as S};
 use crate::domain::billing::sweep::{self, Step, next_step};
 use crate::domain::billing::terms::{PricingModel, Terms, monthly};
+use crate::domain::billing::testenv::{deps_at, stores};
+use crate::domain::billing::testenv::{stored_sub, sub_input};
 use crate::domain::billing::usage::{self, UsageAction, UsageEvent};
 use crate::domain::outbox;
 use crate::domain::{Mode, Tenant};
 use crate::store::Store;
 use crate::testenv::at;
-use crate::time::ManualClock;
-use crate::{AppState, Config};
 
 /// The deps, their clock at 2026-01-25 (period 0 open for usage).
 fn deps_with(store: Arc<dyn Store>, _now: &str) -> AppState {
-    AppState::new(
-        store,
-        Arc::new(ManualClock::new(at("2026-01-25T06:00:00Z"))),
-        Config {
-            public_base_url: "http://127.0.0.1:8080".into(),
-            events_base_url: None,
-            dashboard_base_url: None,
-        },
-    )
-}
-
-/// The embedded store, and moto when `DHUKUTI_TEST_AWS_ENDPOINT` is set.
-async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
-    let mut out: Vec<(&'static str, Arc<dyn Store>)> =
-        vec![("embedded", crate::testenv::memory_store())];
-    if let Some(endpoint) = crate::queue::testkit::aws_endpoint() {
-        let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "ap-south-1".into());
-        let client = crate::store::dynamo::client_for_endpoint(&endpoint, &region);
-        let table = format!("dhukuti-test-{}", ulid::Ulid::new());
-        crate::store::dynamo::create_table(&client, &table)
-            .await
-            .unwrap_or_else(|e| panic!("create table {table}: {e}"));
-        out.push((
-            "dynamodb",
-            Arc::new(crate::store::dynamo::DynamoStore::new(client, table)),
-        ));
-    }
-    out
+    deps_at(store, "2026-01-25T06:00:00Z")
 }
 
 const START: &str = "2026-01-10T06:00:00Z";
@@ -67,20 +39,7 @@ fn metered() -> Terms {
 /// invoice paid.
 async fn active(deps: &AppState, project: &str, terms: Terms) -> Subscription {
     let tenant = Tenant::new(project, Mode::Sandbox);
-    let input = NewSubscription {
-        customer_id: "cus_1".into(),
-        plan_id: "bp_1".into(),
-        terms,
-        reference_id: None,
-        metadata: serde_json::Map::new(),
-        start: at(START),
-        trial_ends_at: None,
-        billing_anchor_day: None,
-        dunning_policy_id: None,
-        test_clock_id: None,
-    };
-    let sub = new_subscription(&tenant, input, at(START)).unwrap();
-    create(deps, &sub).await.unwrap();
+    let sub = stored_sub(deps, &tenant, sub_input(at(START), terms)).await;
     let inv = issue_invoice(deps, &sub, sub.period(0).unwrap(), at(START))
         .await
         .unwrap()

@@ -3,72 +3,29 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::*;
+use crate::AppState;
 use crate::domain::billing::invoice::{InvoiceStatus, LineKind, issue_invoice};
 use crate::domain::billing::items::{self, CreateItem, ItemStatus};
-use crate::domain::billing::subscription::{NewSubscription, create, new_subscription};
 use crate::domain::billing::terms::{PricingModel, Terms, monthly};
+use crate::domain::billing::testenv::{deps_at, deps_with, stores};
+use crate::domain::billing::testenv::{stored_sub, sub_input};
 use crate::store::Store;
 use crate::testenv::at;
 use crate::time::{Clock, ManualClock};
-use crate::{AppState, Config};
 
 fn deps_on(store: Arc<dyn Store>) -> AppState {
-    deps_with(
-        store,
-        Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z"))),
-    )
-}
-
-fn deps_with(store: Arc<dyn Store>, clock: Arc<ManualClock>) -> AppState {
-    AppState::new(
-        store,
-        clock,
-        Config {
-            public_base_url: "http://127.0.0.1:8080".into(),
-            events_base_url: None,
-            dashboard_base_url: None,
-        },
-    )
-}
-
-/// The embedded store, and moto when `DHUKUTI_TEST_AWS_ENDPOINT` is set.
-pub(crate) async fn stores() -> Vec<(&'static str, Arc<dyn Store>)> {
-    let mut out: Vec<(&'static str, Arc<dyn Store>)> =
-        vec![("embedded", crate::testenv::memory_store())];
-    if let Some(endpoint) = crate::queue::testkit::aws_endpoint() {
-        let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "ap-south-1".into());
-        let client = crate::store::dynamo::client_for_endpoint(&endpoint, &region);
-        let table = format!("dhukuti-test-{}", ulid::Ulid::new());
-        crate::store::dynamo::create_table(&client, &table)
-            .await
-            .unwrap_or_else(|e| panic!("create table {table}: {e}"));
-        out.push((
-            "dynamodb",
-            Arc::new(crate::store::dynamo::DynamoStore::new(client, table)),
-        ));
-    }
-    out
+    deps_at(store, "2026-01-10T06:00:00Z")
 }
 
 /// A subscription billing from 2026-01-10 (period 0: to 2026-02-10).
 pub(crate) async fn subscription(deps: &Deps, project: &str) -> Subscription {
     let tenant = Tenant::new(project, Mode::Sandbox);
-    let now = at("2026-01-10T06:00:00Z");
-    let input = NewSubscription {
-        customer_id: "cus_1".into(),
-        plan_id: "bp_1".into(),
-        terms: metered(),
-        reference_id: None,
-        metadata: serde_json::Map::new(),
-        start: now,
-        trial_ends_at: None,
-        billing_anchor_day: None,
-        dunning_policy_id: None,
-        test_clock_id: None,
-    };
-    let sub = new_subscription(&tenant, input, now).unwrap();
-    create(deps, &sub).await.unwrap();
-    sub
+    stored_sub(
+        deps,
+        &tenant,
+        sub_input(at("2026-01-10T06:00:00Z"), metered()),
+    )
+    .await
 }
 
 /// A monthly plan at Rs 0.10 a unit of usage.
@@ -198,7 +155,7 @@ fn set_makes_the_total_as_of_its_timestamp_and_later_increments_add() {
         rec("ur_3", 2, I, "2026-01-10T07:30:00Z"),
     ];
     // 5 + 2, then set 10, then + 3.
-    assert_eq!(period_total(&records), 13);
+    assert_eq!(period_total(&records), Some(13));
     let later_set = [
         records.clone(),
         vec![rec("ur_5", 4, S, "2026-01-10T11:00:00Z")],
@@ -206,7 +163,7 @@ fn set_makes_the_total_as_of_its_timestamp_and_later_increments_add() {
     .concat();
     assert_eq!(
         period_total(&later_set),
-        4,
+        Some(4),
         "the last set by timestamp wins"
     );
     let earlier_set = [
@@ -216,7 +173,7 @@ fn set_makes_the_total_as_of_its_timestamp_and_later_increments_add() {
     .concat();
     assert_eq!(
         period_total(&earlier_set),
-        13,
+        Some(13),
         "a set before others is replaced"
     );
     // Same timestamp: ties by id.
@@ -224,11 +181,11 @@ fn set_makes_the_total_as_of_its_timestamp_and_later_increments_add() {
         rec("ur_b", 1, I, "2026-01-10T07:00:00Z"),
         rec("ur_a", 50, S, "2026-01-10T07:00:00Z"),
     ];
-    assert_eq!(period_total(&tie), 51);
-    assert_eq!(period_total(&[]), 0);
+    assert_eq!(period_total(&tie), Some(51));
+    assert_eq!(period_total(&[]), Some(0));
     assert_eq!(
         period_total(&[rec("ur_z", 0, S, "2026-01-10T07:00:00Z")]),
-        0
+        Some(0)
     );
 }
 
@@ -242,7 +199,7 @@ async fn a_set_resets_only_its_own_period() {
         rec("ur_2", 7, S, "2026-02-11T07:00:00Z"),
         rec("ur_3", 1, I, "2026-02-12T07:00:00Z"),
     ];
-    assert_eq!(total_by_period(&sub, &records), 5 + 7 + 1);
+    assert_eq!(total_by_period(&sub, &records), Some(5 + 7 + 1));
 }
 
 #[tokio::test]
@@ -732,6 +689,11 @@ async fn an_item_deleted_while_the_invoice_is_issued_is_on_exactly_one_side() {
                 }
                 (on, d) => panic!("{name}: round {round}: on the invoice {on}, delete {d:?}"),
             }
+            assert_eq!(
+                items::pending_count(&deps, &sub.id).await.unwrap(),
+                0,
+                "{name}: round {round}: the item left the count once"
+            );
         }
         assert_eq!(outcomes.0 + outcomes.1, 12, "{name}");
     }
@@ -780,4 +742,217 @@ async fn on_a_test_clock_the_whole_current_period_is_open() {
         panic!("took the next period's usage")
     };
     assert_eq!(Refusal::from(e).field.as_deref(), Some("timestamp"));
+}
+
+/// Totals near `u64::MAX` are checked, never clamped: an overflow is
+/// `None`, and a later `set` in the same period makes it exact again.
+#[tokio::test]
+async fn a_total_past_u64_max_is_no_number_not_a_clamped_one() {
+    use UsageAction::{Increment as I, Set as S};
+    let deps = deps_on(crate::testenv::memory_store());
+    let sub = subscription(&deps, "p1").await;
+    let half = u64::MAX / 2 + 1;
+    let over = vec![
+        rec("ur_1", half, I, "2026-01-20T07:00:00Z"),
+        rec("ur_2", half, I, "2026-01-20T08:00:00Z"),
+    ];
+    assert_eq!(period_total(&over), None);
+    assert_eq!(total_by_period(&sub, &over), None);
+    let edge = vec![
+        rec("ur_1", half, I, "2026-01-20T07:00:00Z"),
+        rec("ur_2", half - 1, I, "2026-01-20T08:00:00Z"),
+    ];
+    assert_eq!(period_total(&edge), Some(u64::MAX));
+    let reset = [
+        over.clone(),
+        vec![rec("ur_3", 7, S, "2026-01-20T09:00:00Z")],
+    ]
+    .concat();
+    assert_eq!(period_total(&reset), Some(7), "a set replaces the overflow");
+    // Two periods each at the edge: their sum overflows.
+    let two = vec![
+        rec("ur_1", u64::MAX, S, "2026-01-20T07:00:00Z"),
+        rec("ur_2", 1, I, "2026-02-11T07:00:00Z"),
+    ];
+    assert_eq!(total_by_period(&sub, &two), None);
+    // MAX_QUANTITY events up to the largest u64 multiple.
+    let n = u64::MAX / MAX_QUANTITY;
+    let mut tally = Tally::default();
+    for i in 0..3 {
+        tally.add(
+            &sub,
+            &rec(&format!("ur_{i}"), MAX_QUANTITY, I, "2026-01-20T07:00:00Z"),
+        );
+    }
+    assert_eq!(tally.total(), Some(3 * MAX_QUANTITY));
+    let mut big = rec("ur_x", (n - 3) * MAX_QUANTITY, I, "2026-01-20T08:00:00Z");
+    tally.add(&sub, &big);
+    assert_eq!(tally.total(), Some(n * MAX_QUANTITY));
+    big.id = UsageRecordId::stored("ur_y".to_owned());
+    big.quantity = MAX_QUANTITY;
+    tally.add(&sub, &big);
+    assert_eq!(tally.total(), None, "one more MAX_QUANTITY event overflows");
+}
+
+/// A line holds a u32 quantity and an i64 amount: one past either is an
+/// overflow, never a clamped number.
+#[test]
+fn priced_usage_is_checked_at_the_edges() {
+    let lim = u64::from(u32::MAX);
+    assert_eq!(priced(lim, 1), Ok((u32::MAX, i64::from(u32::MAX))));
+    assert!(priced(lim + 1, 1).is_err());
+    assert!(priced(u64::MAX, 1).is_err());
+    let unit = i64::MAX / 1_000_000_000;
+    assert_eq!(
+        priced(MAX_QUANTITY, unit),
+        Ok((1_000_000_000, unit * 1_000_000_000))
+    );
+    let e = priced(MAX_QUANTITY, unit + 1).unwrap_err();
+    assert_eq!(e.quantity, Some(MAX_QUANTITY));
+    assert!(e.to_string().contains("1000000000 units"), "{e}");
+    assert_eq!(priced(0, i64::MAX), Ok((0, 0)));
+    let (q, a) = priced(lim, i64::MAX / lim as i64).unwrap();
+    assert_eq!((q, a), (u32::MAX, (i64::MAX / lim as i64) * lim as i64));
+    assert!(priced(lim, i64::MAX / lim as i64 + 1).is_err());
+}
+
+/// A metered plan at Rs 10 crore a unit and one event of MAX_QUANTITY:
+/// the amount passes i64::MAX; the summary says so (409), it does not
+/// show a clamped amount.
+#[tokio::test]
+async fn a_summary_whose_amount_overflows_is_refused_not_clamped() {
+    let deps = deps_on(crate::testenv::memory_store());
+    let tenant = Tenant::new("p1", Mode::Sandbox);
+    let terms = Terms {
+        amount: 10_000_000_000,
+        ..metered()
+    };
+    let sub = stored_sub(&deps, &tenant, sub_input(at("2026-01-10T06:00:00Z"), terms)).await;
+    let ev = |q| {
+        vec![event(
+            q,
+            UsageAction::Increment,
+            "2026-01-10T06:00:00Z",
+            None,
+        )]
+    };
+    report(&deps, &tenant, &sub.id, ev(922)).await.unwrap();
+    let fits = summary(&deps, &tenant, &sub.id).await.unwrap();
+    assert_eq!(fits.amount, 922 * 10_000_000_000);
+    report(&deps, &tenant, &sub.id, ev(MAX_QUANTITY))
+        .await
+        .unwrap();
+    let Err(e) = summary(&deps, &tenant, &sub.id).await else {
+        panic!("an amount past i64::MAX answered")
+    };
+    let r = Refusal::from(e);
+    assert_eq!(r.code, "usage_overflow", "{}", r.message);
+    assert!(r.message.contains("1000000922 units"), "{}", r.message);
+}
+
+/// Usage of more units than an invoice line holds (five MAX_QUANTITY
+/// events: past u32::MAX) fails the invoice: nothing is issued, the
+/// period is not claimed, and a retry fails the same way.
+#[tokio::test]
+async fn an_invoice_whose_usage_overflows_fails_and_issues_nothing() {
+    let clock = Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z")));
+    let deps = deps_with(crate::testenv::memory_store(), clock.clone());
+    let sub = subscription(&deps, "p1").await;
+    let t = sub.tenant();
+    let p0 = sub.period(0).unwrap();
+    issue_invoice(&deps, &sub, p0, clock.now()).await.unwrap();
+    clock.advance(chrono::Duration::days(5));
+    let events = (0..5)
+        .map(|_| {
+            event(
+                MAX_QUANTITY,
+                UsageAction::Increment,
+                "2026-01-15T06:00:00Z",
+                None,
+            )
+        })
+        .collect();
+    report(&deps, &t, &sub.id, events).await.unwrap();
+    clock.advance(chrono::Duration::days(27));
+    let p1 = sub.period(1).unwrap();
+    for _ in 0..2 {
+        let got = issue_invoice(&deps, &sub, p1, clock.now()).await;
+        assert!(matches!(got, Err(BillingInvoiceError::Overflow)), "{got:?}");
+        let claim = record::get::<crate::domain::billing::invoice::PeriodClaim>(
+            &*deps.store,
+            &crate::domain::billing::invoice::PeriodClaim::key(&sub.id, p1.start),
+        )
+        .await
+        .unwrap();
+        assert!(claim.is_none(), "no invoice for the period");
+    }
+}
+
+/// A period of more records than one page (with sets across page
+/// boundaries) is counted exactly by the paged tally, every query asking
+/// for at most a page; a cap stops the count and says so.
+#[tokio::test]
+async fn a_period_is_counted_page_by_page_exactly() {
+    use UsageAction::{Increment as I, Set as S};
+    let counting = Arc::new(crate::store::counting::CountingStore::new(
+        crate::testenv::memory_store(),
+    ));
+    let clock = Arc::new(ManualClock::new(at("2026-01-25T06:00:00Z")));
+    let deps = deps_with(counting.clone(), clock);
+    let sub = subscription(&deps, "p1").await;
+    let t = sub.tenant();
+    let n = 2 * READ_PAGE + 345;
+    let mut events = Vec::with_capacity(n);
+    for i in 0..n {
+        let ts = Timestamp::parse("2026-01-10T06:00:00Z")
+            .unwrap()
+            .plus(Duration::seconds(i as i64 * 60));
+        let action = if i % 997 == 500 { S } else { I };
+        events.push(UsageEvent {
+            quantity: (i % 13) as u64 + 1,
+            action,
+            timestamp: Some(ts),
+            idempotency_key: None,
+        });
+    }
+    for chunk in events.chunks(MAX_BATCH) {
+        report(&deps, &t, &sub.id, chunk.to_vec()).await.unwrap();
+    }
+    let p0 = sub.period(0).unwrap();
+    let all = records_between(&deps, &sub.id, Some(p0.start), p0.end_exclusive)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), n);
+    let expected = period_total(&all).unwrap();
+    let before = (counting.calls(), counting.items_read());
+    let (tally, more) = tally_between(&deps, &sub, Some(p0.start), p0.end_exclusive, None)
+        .await
+        .unwrap();
+    let (calls, read) = (
+        counting.calls() - before.0,
+        counting.items_read() - before.1,
+    );
+    assert_eq!(
+        (tally.total(), tally.records, more),
+        (Some(expected), n as u64, false)
+    );
+    assert_eq!(read, n as u64, "each record read once");
+    assert!(calls <= (n / READ_PAGE) as u64 + 2, "{calls} calls");
+    let s = summary(&deps, &t, &sub.id).await.unwrap();
+    assert_eq!((s.quantity, s.record_count), (expected, n as u64));
+    let (capped, more) = tally_between(&deps, &sub, Some(p0.start), p0.end_exclusive, Some(1500))
+        .await
+        .unwrap();
+    assert_eq!((capped.records, more), (1500, true));
+    assert_eq!(capped.total(), period_total(&all[..1500]));
+    let (exact, more) = tally_between(
+        &deps,
+        &sub,
+        Some(p0.start),
+        p0.end_exclusive,
+        Some(n as u64),
+    )
+    .await
+    .unwrap();
+    assert_eq!((exact.records, more), (n as u64, false));
 }
