@@ -1275,6 +1275,7 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
                 "invoices": side(&done.invoices),
                 "deliveries": side(&done.deliveries),
                 "sms": side(&done.sms),
+                "customers": side(&done.customers),
             }),
         );
         let lists = [
@@ -1285,6 +1286,7 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
             ("invoices", &done.invoices),
             ("deliveries", &done.deliveries),
             ("sms", &done.sms),
+            ("customers", &done.customers),
         ];
         let parts: Vec<String> = lists
             .iter()

@@ -47,6 +47,8 @@ pub enum CountedKind {
     Invoices,
     Deliveries,
     Sms,
+    /// Billing customers: their own table partition, not an index's.
+    Customers,
 }
 
 impl CountedKind {
@@ -57,6 +59,7 @@ impl CountedKind {
             CountedKind::Invoices => "OINV",
             CountedKind::Deliveries => "WHD",
             CountedKind::Sms => "SMS",
+            CountedKind::Customers => "BCUS",
         }
     }
 
@@ -67,11 +70,22 @@ impl CountedKind {
             CountedKind::Invoices => IdKind::Invoice,
             CountedKind::Deliveries => IdKind::WebhookDelivery,
             CountedKind::Sms => IdKind::Sms,
+            CountedKind::Customers => IdKind::BillingCustomer,
+        }
+    }
+
+    /// The index its list partition is on; `None`: the table's own
+    /// partition (the records' keys).
+    fn index(self) -> Option<Index> {
+        match self {
+            CountedKind::Customers => None,
+            _ => Some(Index::Gsi1),
         }
     }
 }
 
-/// One counted list: its kind, tenant and `gsi1` partition.
+/// One counted list: its kind, tenant and list partition (on `gsi1`, or
+/// the table's own for billing customers).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CountedList {
     pub kind: CountedKind,
@@ -134,13 +148,20 @@ impl CountedList {
         period_ops(&self.base(), &self.tenant, ms, sort, &[("all".into(), n)])
     }
 
+    /// Every record of the list, newest first.
+    pub fn all(&self) -> Query {
+        let mut q = Query::partition(self.partition.clone()).backward();
+        q.index = self.kind.index();
+        q
+    }
+
     fn reader<'a>(&self, store: &'a dyn Store, tenant: &'a Tenant) -> Reader<'a> {
         Reader {
             store,
             counters: self.base(),
             sorted: Sorted::Id(self.kind.id_kind().prefix()),
             tenant,
-            index: Index::Gsi1,
+            index: self.kind.index(),
             partition: self.partition.clone(),
             member: "all".into(),
             calls: std::sync::atomic::AtomicU64::new(0),
@@ -183,6 +204,7 @@ impl ListsMarker {
             CountedKind::Invoices => self.invoices,
             CountedKind::Deliveries => self.deliveries,
             CountedKind::Sms => self.sms,
+            CountedKind::Customers => self.customers,
         }
     }
 
@@ -194,6 +216,7 @@ impl ListsMarker {
             CountedKind::Invoices => ListsMarker::INVOICES,
             CountedKind::Deliveries => ListsMarker::DELIVERIES,
             CountedKind::Sms => ListsMarker::SMS,
+            CountedKind::Customers => ListsMarker::CUSTOMERS,
         };
         TxOp::Update {
             key: ListsMarker::key(tenant),
@@ -212,9 +235,7 @@ pub async fn page<T: DeserializeOwned>(
     window: &Window,
     covered: bool,
 ) -> Result<(Vec<T>, u64, super::Cost), StoreError> {
-    let all = Query::partition(list.partition.clone())
-        .on(Index::Gsi1)
-        .backward();
+    let all = list.all();
     if !covered {
         let (items, total) = record::page_of(store, &all, window.clone()).await?;
         return Ok((items, total, super::Cost::default()));
