@@ -1,0 +1,122 @@
+//! Deep pages of the billing lists (issue 37 item 11):
+//! `GET /v1/billing/customers` is a counted list
+//! (`shared::domain::listing::counted`): any page reaches its customers
+//! (no `page * limit` cap; past the end an empty page), the total comes
+//! from the counters and stays exact through a retried create and a
+//! delete; a search keeps its bounded window. Both backends.
+
+use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
+use serde_json::json;
+use shared::domain::Mode;
+use shared::domain::account::Scope;
+
+fn ids(a: &Answer) -> Vec<String> {
+    assert_eq!(a.status, 200, "{}", a.body);
+    a.body["data"]
+        .as_array()
+        .map(|d| {
+            d.iter()
+                .filter_map(|c| c["id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn create(app: &TestApp, key: &str, name: &str, idem: &str) -> Answer {
+    app.post(
+        "/v1/billing/customers",
+        Some(key),
+        Some(idem),
+        &json!({ "name": name }),
+    )
+    .await
+}
+
+async fn page(app: &TestApp, key: &str, query: &str) -> Answer {
+    app.get(&format!("/v1/billing/customers?{query}"), Some(key))
+        .await
+}
+
+async fn customers_page_deep_with_exact_totals(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    app.set_rate_limits(10_000, 10_000);
+    let t = app.tenant("Deep Gym", "owner@deepgym.np").await;
+    let key = app
+        .key(
+            &t,
+            Mode::Sandbox,
+            &[Scope::BillingRead, Scope::BillingWrite],
+        )
+        .await;
+    const N: usize = 160;
+    for i in 0..N {
+        let a = create(&app, &key, &format!("Member {i}"), &format!("deep-{i}")).await;
+        assert_eq!(a.status, 201, "{}", a.body);
+    }
+    // A retried create (its idempotency key again) is counted once.
+    let again = create(&app, &key, "Member 0", "deep-0").await;
+    assert!(again.status == 200 || again.status == 201, "{}", again.body);
+
+    // The whole list by shallow pages, newest first.
+    let mut walked = Vec::new();
+    for p in 1..=4 {
+        let a = page(&app, &key, &format!("page={p}&limit=50")).await;
+        assert_eq!(a.body["total"], N, "{}", a.body);
+        walked.extend(ids(&a));
+    }
+    assert_eq!(walked.len(), N);
+    let mut sorted = walked.clone();
+    sorted.sort();
+    sorted.reverse();
+    assert_eq!(walked, sorted, "newest first");
+
+    // Deep pages of one (past the 100 read through): each its customer.
+    for p in [101, 120, 150, 160] {
+        let a = page(&app, &key, &format!("page={p}&limit=1")).await;
+        assert_eq!(ids(&a), vec![walked[p - 1].clone()], "page {p}");
+        assert_eq!(a.body["total"], N);
+        assert_eq!(a.body["page"], p);
+        assert_eq!(a.body["limit"], 1);
+    }
+    let a = page(&app, &key, "page=23&limit=7").await;
+    assert_eq!(ids(&a), walked[154..160].to_vec());
+    // Past the end, and past 10,000 records: an empty page, not a 400.
+    for q in [
+        "page=161&limit=1",
+        "page=101&limit=100",
+        "page=5000&limit=100",
+    ] {
+        let a = page(&app, &key, q).await;
+        assert!(ids(&a).is_empty(), "{q}: {}", a.body);
+        assert_eq!(a.body["total"], N, "{q}");
+    }
+    // A page that is no number is still refused, naming `page`.
+    let a = page(&app, &key, "page=0&limit=1").await;
+    a.assert_error(400, "invalid_request_error", "validation_failed");
+    assert_eq!(a.body["error"]["param"], "page", "{}", a.body);
+    // A search reads through from the start: its window stays.
+    let a = page(&app, &key, "search=member&page=101&limit=100").await;
+    a.assert_error(400, "invalid_request_error", "validation_failed");
+    assert_eq!(a.body["error"]["param"], "page", "{}", a.body);
+    let a = page(&app, &key, "search=Member%2015&limit=100").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.body["total"], 11, "Member 15, 150..159: {}", a.body);
+
+    // A delete takes its count back; the deep page moves up by one.
+    let gone = &walked[10];
+    let d = send(
+        app.client
+            .delete(app.url(&format!("/v1/billing/customers/{gone}")))
+            .bearer_auth(&key),
+    )
+    .await;
+    assert!(d.status == 200 || d.status == 204, "{}", d.body);
+    let a = page(&app, &key, "page=150&limit=1").await;
+    assert_eq!(ids(&a), vec![walked[150].clone()]);
+    assert_eq!(a.body["total"], N - 1);
+    app.stop().await;
+}
+
+on_both_backends!(customers_page_deep_with_exact_totals);
