@@ -1276,6 +1276,7 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
                 "deliveries": side(&done.deliveries),
                 "sms": side(&done.sms),
                 "customers": side(&done.customers),
+                "subscriptions": side(&done.subscriptions),
             }),
         );
         let lists = [
@@ -1287,6 +1288,7 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
             ("deliveries", &done.deliveries),
             ("sms", &done.sms),
             ("customers", &done.customers),
+            ("subscriptions", &done.subscriptions),
         ];
         let parts: Vec<String> = lists
             .iter()

@@ -284,6 +284,8 @@ pub struct ListsMarker {
     /// Billing customers (`billing::customers`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub customers: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub subscriptions: bool,
 }
 
 crate::attrs! { ListsMarker {
@@ -295,6 +297,7 @@ crate::attrs! { ListsMarker {
     DELIVERIES: bool = deliveries,
     SMS: bool = sms,
     CUSTOMERS: bool = customers,
+    SUBSCRIPTIONS: bool = subscriptions,
 } }
 
 impl Record for ListsMarker {
@@ -325,6 +328,7 @@ impl ListsMarker {
             deliveries: true,
             sms: true,
             customers: true,
+            subscriptions: true,
         }
     }
 

@@ -4,10 +4,11 @@
 //! per record (`listing::migrate` for payments and refunds,
 //! `listing::counted::migrate` for the counted lists: sessions, links,
 //! one-time invoices, webhook deliveries per endpoint, SMS reminders,
-//! billing customers).
+//! billing customers and subscriptions).
 
 use super::Tenant;
 use super::billing::customers::Customer;
+use super::billing::subscription::Subscription;
 use super::checkout::CheckoutSession;
 use super::invoices::Invoice;
 use super::links::PaymentLink;
@@ -31,6 +32,7 @@ pub struct TenantMigrated {
     pub deliveries: Migrated,
     pub sms: Migrated,
     pub customers: Migrated,
+    pub subscriptions: Migrated,
 }
 
 /// Migrates `tenant`'s payments, refunds, then the counted lists.
@@ -86,6 +88,13 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         vec![Customer::counted_list_of(tenant)],
     )
     .await?;
+    let subscriptions = counted_list::<Subscription>(
+        store,
+        tenant,
+        CountedKind::Subscriptions,
+        vec![Subscription::counted_list_of(tenant)],
+    )
+    .await?;
     Ok(TenantMigrated {
         payments,
         refunds,
@@ -95,6 +104,7 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         deliveries,
         sms,
         customers,
+        subscriptions,
     })
 }
 

@@ -49,6 +49,7 @@ pub enum CountedKind {
     Sms,
     /// Billing customers: their own table partition, not an index's.
     Customers,
+    Subscriptions,
 }
 
 impl CountedKind {
@@ -60,6 +61,7 @@ impl CountedKind {
             CountedKind::Deliveries => "WHD",
             CountedKind::Sms => "SMS",
             CountedKind::Customers => "BCUS",
+            CountedKind::Subscriptions => "SUB",
         }
     }
 
@@ -71,6 +73,7 @@ impl CountedKind {
             CountedKind::Deliveries => IdKind::WebhookDelivery,
             CountedKind::Sms => IdKind::Sms,
             CountedKind::Customers => IdKind::BillingCustomer,
+            CountedKind::Subscriptions => IdKind::Subscription,
         }
     }
 
@@ -205,6 +208,7 @@ impl ListsMarker {
             CountedKind::Deliveries => self.deliveries,
             CountedKind::Sms => self.sms,
             CountedKind::Customers => self.customers,
+            CountedKind::Subscriptions => self.subscriptions,
         }
     }
 
@@ -217,6 +221,7 @@ impl ListsMarker {
             CountedKind::Deliveries => ListsMarker::DELIVERIES,
             CountedKind::Sms => ListsMarker::SMS,
             CountedKind::Customers => ListsMarker::CUSTOMERS,
+            CountedKind::Subscriptions => ListsMarker::SUBSCRIPTIONS,
         };
         TxOp::Update {
             key: ListsMarker::key(tenant),
