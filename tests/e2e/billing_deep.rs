@@ -3,7 +3,9 @@
 //! (`shared::domain::listing::counted`): any page reaches its customers
 //! (no `page * limit` cap; past the end an empty page), the total comes
 //! from the counters and stays exact through a retried create and a
-//! delete; a search keeps its bounded window. Both backends.
+//! delete; a search keeps its bounded window. `GET
+//! /v1/billing/subscriptions` likewise (a retried create counted once; a
+//! filter keeps its window). Both backends.
 
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
 use serde_json::json;
@@ -119,4 +121,89 @@ async fn customers_page_deep_with_exact_totals(which: Which) {
     app.stop().await;
 }
 
-on_both_backends!(customers_page_deep_with_exact_totals);
+async fn subscriptions_page_deep_with_exact_totals(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    app.set_rate_limits(10_000, 10_000);
+    let t = app.tenant("Deep Fibre", "owner@deepfibre.np").await;
+    let key = app
+        .key(
+            &t,
+            Mode::Sandbox,
+            &[Scope::BillingRead, Scope::BillingWrite],
+        )
+        .await;
+    let c = create(&app, &key, "Sita Rai", "deep-customer").await;
+    assert_eq!(c.status, 201, "{}", c.body);
+    let plan = app
+        .post(
+            "/v1/billing/plans",
+            Some(&key),
+            Some("deep-plan"),
+            &json!({"name": "Trial", "amount": 99_900, "intervalUnit": "month", "trialDays": 14}),
+        )
+        .await;
+    assert_eq!(plan.status, 201, "{}", plan.body);
+    let body = json!({"customerId": c.body["id"], "planId": plan.body["id"]});
+    const N: usize = 125;
+    for i in 0..N {
+        let a = app
+            .post(
+                "/v1/billing/subscriptions",
+                Some(&key),
+                Some(&format!("deep-sub-{i}")),
+                &body,
+            )
+            .await;
+        assert_eq!(a.status, 201, "{}", a.body);
+    }
+    // A retried create (its idempotency key again) is counted once.
+    let again = app
+        .post(
+            "/v1/billing/subscriptions",
+            Some(&key),
+            Some("deep-sub-0"),
+            &body,
+        )
+        .await;
+    assert!(again.status == 200 || again.status == 201, "{}", again.body);
+
+    let list = |q: String| {
+        let (app, key) = (&app, &key);
+        async move {
+            app.get(&format!("/v1/billing/subscriptions?{q}"), Some(key))
+                .await
+        }
+    };
+    let mut walked = Vec::new();
+    for p in 1..=3 {
+        let a = list(format!("page={p}&limit=50")).await;
+        assert_eq!(a.body["total"], N, "{}", a.body);
+        walked.extend(ids(&a));
+    }
+    assert_eq!(walked.len(), N);
+    for p in [101, 118, 125] {
+        let a = list(format!("page={p}&limit=1")).await;
+        assert_eq!(ids(&a), vec![walked[p - 1].clone()], "page {p}");
+        assert_eq!(a.body["total"], N);
+    }
+    for q in ["page=126&limit=1", "page=101&limit=100"] {
+        let a = list(q.to_owned()).await;
+        assert!(ids(&a).is_empty(), "{q}: {}", a.body);
+        assert_eq!(a.body["total"], N, "{q}");
+    }
+    // A filter reads through from the start: its window stays.
+    let a = list("status=trialing&page=101&limit=100".to_owned()).await;
+    a.assert_error(400, "invalid_request_error", "validation_failed");
+    assert_eq!(a.body["error"]["param"], "page", "{}", a.body);
+    let a = list("status=trialing&page=3&limit=50".to_owned()).await;
+    assert_eq!(ids(&a), walked[100..].to_vec());
+    assert_eq!(a.body["total"], N);
+    app.stop().await;
+}
+
+on_both_backends!(
+    customers_page_deep_with_exact_totals,
+    subscriptions_page_deep_with_exact_totals,
+);
