@@ -245,7 +245,7 @@ async fn an_older_project_is_counted_by_the_migration() {
     assert_eq!((again.customers.listed, again.customers.already), (0, 59));
     let want: Vec<String> = want
         .into_iter()
-        .filter(|id| *id != older[0].id.to_string())
+        .filter(|id| id.as_str() != older[0].id.as_str())
         .collect();
     for (page, limit) in [(1, 10), (3, 7), (59, 1), (12, 5)] {
         let (got, total) = page_of(&d, page, limit).await;
