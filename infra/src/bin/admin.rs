@@ -1277,6 +1277,7 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
                 "sms": side(&done.sms),
                 "customers": side(&done.customers),
                 "subscriptions": side(&done.subscriptions),
+                "billingInvoices": side(&done.billing_invoices),
             }),
         );
         let lists = [
@@ -1289,6 +1290,7 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
             ("sms", &done.sms),
             ("customers", &done.customers),
             ("subscriptions", &done.subscriptions),
+            ("billing invoices", &done.billing_invoices),
         ];
         let parts: Vec<String> = lists
             .iter()

@@ -286,6 +286,8 @@ pub struct ListsMarker {
     pub customers: bool,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub subscriptions: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub billing_invoices: bool,
 }
 
 crate::attrs! { ListsMarker {
@@ -298,6 +300,7 @@ crate::attrs! { ListsMarker {
     SMS: bool = sms,
     CUSTOMERS: bool = customers,
     SUBSCRIPTIONS: bool = subscriptions,
+    BILLING_INVOICES: bool = billing_invoices,
 } }
 
 impl Record for ListsMarker {
@@ -329,6 +332,7 @@ impl ListsMarker {
             sms: true,
             customers: true,
             subscriptions: true,
+            billing_invoices: true,
         }
     }
 

@@ -4,10 +4,11 @@
 //! per record (`listing::migrate` for payments and refunds,
 //! `listing::counted::migrate` for the counted lists: sessions, links,
 //! one-time invoices, webhook deliveries per endpoint, SMS reminders,
-//! billing customers and subscriptions).
+//! billing customers, subscriptions and invoices).
 
 use super::Tenant;
 use super::billing::customers::Customer;
+use super::billing::invoice::BillingInvoice;
 use super::billing::subscription::Subscription;
 use super::checkout::CheckoutSession;
 use super::invoices::Invoice;
@@ -33,6 +34,7 @@ pub struct TenantMigrated {
     pub sms: Migrated,
     pub customers: Migrated,
     pub subscriptions: Migrated,
+    pub billing_invoices: Migrated,
 }
 
 /// Migrates `tenant`'s payments, refunds, then the counted lists.
@@ -95,6 +97,13 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         vec![Subscription::counted_list_of(tenant)],
     )
     .await?;
+    let billing_invoices = counted_list::<BillingInvoice>(
+        store,
+        tenant,
+        CountedKind::BillingInvoices,
+        vec![BillingInvoice::counted_list_of(tenant)],
+    )
+    .await?;
     Ok(TenantMigrated {
         payments,
         refunds,
@@ -105,6 +114,7 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         sms,
         customers,
         subscriptions,
+        billing_invoices,
     })
 }
 

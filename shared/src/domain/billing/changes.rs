@@ -747,6 +747,8 @@ async fn write_change(
                 ops.extend(
                     invoice_event(EventType::BillingInvoiceCreated, &inv, &base, now).put_ops()?,
                 );
+                // Counted in its list.
+                ops.extend(inv.count_new());
                 invoice = Some(inv);
             } else if p.net() < 0 {
                 credit_granted = -p.net();
@@ -907,6 +909,7 @@ fn proration_invoice(
         version: 1,
         created_at: now,
         updated_at: now,
+        counted: true,
     })
 }
 

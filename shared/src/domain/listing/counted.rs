@@ -50,6 +50,7 @@ pub enum CountedKind {
     /// Billing customers: their own table partition, not an index's.
     Customers,
     Subscriptions,
+    BillingInvoices,
 }
 
 impl CountedKind {
@@ -62,6 +63,7 @@ impl CountedKind {
             CountedKind::Sms => "SMS",
             CountedKind::Customers => "BCUS",
             CountedKind::Subscriptions => "SUB",
+            CountedKind::BillingInvoices => "BINV",
         }
     }
 
@@ -74,6 +76,7 @@ impl CountedKind {
             CountedKind::Sms => IdKind::Sms,
             CountedKind::Customers => IdKind::BillingCustomer,
             CountedKind::Subscriptions => IdKind::Subscription,
+            CountedKind::BillingInvoices => IdKind::BillingInvoice,
         }
     }
 
@@ -209,6 +212,7 @@ impl ListsMarker {
             CountedKind::Sms => self.sms,
             CountedKind::Customers => self.customers,
             CountedKind::Subscriptions => self.subscriptions,
+            CountedKind::BillingInvoices => self.billing_invoices,
         }
     }
 
@@ -222,6 +226,7 @@ impl ListsMarker {
             CountedKind::Sms => ListsMarker::SMS,
             CountedKind::Customers => ListsMarker::CUSTOMERS,
             CountedKind::Subscriptions => ListsMarker::SUBSCRIPTIONS,
+            CountedKind::BillingInvoices => ListsMarker::BILLING_INVOICES,
         };
         TxOp::Update {
             key: ListsMarker::key(tenant),
