@@ -5,7 +5,9 @@
 //! from the counters and stays exact through a retried create and a
 //! delete; a search keeps its bounded window. `GET
 //! /v1/billing/subscriptions` likewise (a retried create counted once; a
-//! filter keeps its window). Both backends.
+//! filter keeps its window), and `GET /v1/billing/invoices` (each
+//! subscription's first invoice; a filter or search keeps its window).
+//! Both backends.
 
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
 use serde_json::json;
@@ -203,7 +205,83 @@ async fn subscriptions_page_deep_with_exact_totals(which: Which) {
     app.stop().await;
 }
 
+async fn billing_invoices_page_deep_with_exact_totals(which: Which) {
+    let Some(app) = spawn_app(which).await else {
+        return;
+    };
+    app.set_rate_limits(10_000, 10_000);
+    let t = app.tenant("Deep Bills", "owner@deepbills.np").await;
+    let key = app
+        .key(
+            &t,
+            Mode::Sandbox,
+            &[Scope::BillingRead, Scope::BillingWrite],
+        )
+        .await;
+    let c = create(&app, &key, "Ram Thapa", "deep-inv-customer").await;
+    assert_eq!(c.status, 201, "{}", c.body);
+    let plan = app
+        .post(
+            "/v1/billing/plans",
+            Some(&key),
+            Some("deep-inv-plan"),
+            &json!({"name": "Monthly", "amount": 150_000, "intervalUnit": "month"}),
+        )
+        .await;
+    assert_eq!(plan.status, 201, "{}", plan.body);
+    // Without a trial: each subscription issues its first invoice.
+    let body = json!({"customerId": c.body["id"], "planId": plan.body["id"]});
+    const N: usize = 110;
+    for i in 0..N {
+        let a = app
+            .post(
+                "/v1/billing/subscriptions",
+                Some(&key),
+                Some(&format!("deep-inv-sub-{i}")),
+                &body,
+            )
+            .await;
+        assert_eq!(a.status, 201, "{}", a.body);
+    }
+    let list = |q: String| {
+        let (app, key) = (&app, &key);
+        async move {
+            app.get(&format!("/v1/billing/invoices?{q}"), Some(key))
+                .await
+        }
+    };
+    let mut walked = Vec::new();
+    for p in 1..=3 {
+        let a = list(format!("page={p}&limit=50")).await;
+        assert_eq!(a.body["total"], N, "{}", a.body);
+        walked.extend(ids(&a));
+    }
+    assert_eq!(walked.len(), N);
+    for p in [101, 105, 110] {
+        let a = list(format!("page={p}&limit=1")).await;
+        assert_eq!(ids(&a), vec![walked[p - 1].clone()], "page {p}");
+        assert_eq!(a.body["total"], N);
+    }
+    for q in ["page=111&limit=1", "page=101&limit=100"] {
+        let a = list(q.to_owned()).await;
+        assert!(ids(&a).is_empty(), "{q}: {}", a.body);
+        assert_eq!(a.body["total"], N, "{q}");
+    }
+    for q in [
+        "status=open&page=101&limit=100",
+        "search=inv_&page=101&limit=100",
+    ] {
+        let a = list(q.to_owned()).await;
+        a.assert_error(400, "invalid_request_error", "validation_failed");
+        assert_eq!(a.body["error"]["param"], "page", "{q}: {}", a.body);
+    }
+    let a = list("status=open&page=3&limit=50".to_owned()).await;
+    assert_eq!(ids(&a), walked[100..].to_vec());
+    app.stop().await;
+}
+
 on_both_backends!(
     customers_page_deep_with_exact_totals,
     subscriptions_page_deep_with_exact_totals,
+    billing_invoices_page_deep_with_exact_totals,
 );
