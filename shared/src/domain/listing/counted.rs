@@ -1,9 +1,11 @@
 //! Counted lists (issue 37 item 11): the unfiltered lists sorted by id
 //! (checkout sessions, payment links, one-time invoices, an endpoint's
-//! webhook deliveries, SMS reminders) served at any offset at a cost that
-//! does not grow with the history, like the filtered payments and refunds.
+//! webhook deliveries, SMS reminders, billing customers, subscriptions and
+//! invoices) served at any offset at a cost that does not grow with the
+//! history, like the filtered payments and refunds.
 //!
-//! - **No new index.** Each list is its `gsi1` partition, sorted by the
+//! - **No new index.** Each list is its `gsi1` partition (billing
+//!   customers: their table partition, [`CountedKind::index`]), sorted by the
 //!   records' ids: a ULID minted at creation, so a UTC day is a key range
 //!   from the day's lowest ULID to its highest.
 //! - **Counters.** `c_all` per list, per UTC year, month and day of the
