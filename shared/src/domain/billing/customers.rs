@@ -659,8 +659,11 @@ pub async fn delete(deps: &Deps, tenant: &Tenant, id: &CustomerId) -> Result<(),
     )))
 }
 
+/// The deep pages of its counted list (a `tests.rs` of its own).
 #[cfg(test)]
-mod deep_tests;
+mod deep {
+    mod tests;
+}
 
 #[cfg(test)]
 mod tests {

@@ -977,8 +977,11 @@ pub mod pdf;
 pub mod refund_due;
 pub mod view;
 
+/// The deep pages of its counted list (a `tests.rs` of its own).
 #[cfg(test)]
-mod deep_tests;
+mod deep {
+    mod tests;
+}
 
 #[cfg(test)]
 mod tests;

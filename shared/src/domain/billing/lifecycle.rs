@@ -955,5 +955,8 @@ pub async fn set_dunning_policy(
 #[cfg(test)]
 mod tests;
 
+/// The deep pages of its counted list (a `tests.rs` of its own).
 #[cfg(test)]
-mod deep_tests;
+mod deep {
+    mod tests;
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::{BillingError, CreateCustomer, Customer, PageRequest, create, delete, list};
+use super::super::{BillingError, CreateCustomer, Customer, PageRequest, create, delete, list};
 use crate::domain::listing::ListsMarker;
 use crate::domain::listing::counted::CountedKind;
 use crate::domain::record::Record;
@@ -54,7 +54,7 @@ fn customer(ms: i64, counted: bool) -> Customer {
         rand::random::<u128>() & ((1u128 << 80) - 1),
     );
     let id = CustomerId::stored(format!("cus_{}", ulid.to_string().to_ascii_lowercase()));
-    let mut c = super::new_customer(&tenant(), body(&format!("c{ms}")), at)
+    let mut c = super::super::new_customer(&tenant(), body(&format!("c{ms}")), at)
         .unwrap_or_else(|e| panic!("{e}"));
     c.id = id;
     c.counted = counted;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::*;
+use super::super::*;
 use crate::domain::Mode;
 use crate::domain::billing::customers::CreateCustomer;
 use crate::domain::billing::plans::CreatePlan;

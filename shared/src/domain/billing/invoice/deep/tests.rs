@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::view::{Filters, list};
-use super::*;
+use super::super::view::{Filters, list};
+use super::super::*;
 use crate::domain::Mode;
 use crate::domain::billing::customers::{self, CreateCustomer, PageRequest};
 use crate::domain::billing::lifecycle::{self, CreateSubscription};
