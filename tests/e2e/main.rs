@@ -14,6 +14,7 @@ mod billing_changes;
 mod billing_clocks;
 mod billing_coupons;
 mod billing_dashboard;
+mod billing_deep;
 mod billing_invoices;
 mod billing_notices;
 mod billing_subscriptions;

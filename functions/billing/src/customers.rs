@@ -74,7 +74,8 @@ async fn list_customers(
     query: QueryParams,
 ) -> Result<Json<BillingPage<CustomerView>>, ApiError> {
     let who = allowed(&auth, Scope::BillingRead)?;
-    let page = PageRequest::parse(query.get("page"), query.get("limit"))?;
+    // Any page of the counted list; a search's within its window.
+    let page = PageRequest::parse_deep(query.get("page"), query.get("limit"))?;
     let search = query.get("search").filter(|s| !s.trim().is_empty());
     let (found, total) = customers::list(&state, who.tenant(), page, search).await?;
     Ok(Json(BillingPage {

@@ -45,7 +45,9 @@ async fn list_invoices(
     query: QueryParams,
 ) -> Result<Json<BillingPage<InvoiceView>>, ApiError> {
     let who = allowed(&auth, Scope::BillingRead)?;
-    let page = PageRequest::parse(query.get("page"), query.get("limit"))?;
+    // Any page of the counted list; a filter's or search's within its
+    // window.
+    let page = PageRequest::parse_deep(query.get("page"), query.get("limit"))?;
     let filters = view::Filters::parse(
         query.get("status"),
         id_param::<CustomerId>(&query, "customerId", "cus_")?,

@@ -98,7 +98,8 @@ async fn list_subscriptions(
     query: QueryParams,
 ) -> Result<Json<BillingPage<SubscriptionView>>, ApiError> {
     let who = allowed(&auth, Scope::BillingRead)?;
-    let page = PageRequest::parse(query.get("page"), query.get("limit"))?;
+    // Any page of the counted list; a filter's within its window.
+    let page = PageRequest::parse_deep(query.get("page"), query.get("limit"))?;
     let filter = ListFilter::parse(
         query.get("status"),
         query.get("customerId"),

@@ -1317,6 +1317,9 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
                 "invoices": side(&done.invoices),
                 "deliveries": side(&done.deliveries),
                 "sms": side(&done.sms),
+                "customers": side(&done.customers),
+                "subscriptions": side(&done.subscriptions),
+                "billingInvoices": side(&done.billing_invoices),
             }),
         );
         let lists = [
@@ -1327,6 +1330,9 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
             ("invoices", &done.invoices),
             ("deliveries", &done.deliveries),
             ("sms", &done.sms),
+            ("customers", &done.customers),
+            ("subscriptions", &done.subscriptions),
+            ("billing invoices", &done.billing_invoices),
         ];
         let parts: Vec<String> = lists
             .iter()

@@ -281,6 +281,13 @@ pub struct ListsMarker {
     pub deliveries: bool,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub sms: bool,
+    /// Billing customers (`billing::customers`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub customers: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub subscriptions: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub billing_invoices: bool,
 }
 
 crate::attrs! { ListsMarker {
@@ -291,6 +298,9 @@ crate::attrs! { ListsMarker {
     INVOICES: bool = invoices,
     DELIVERIES: bool = deliveries,
     SMS: bool = sms,
+    CUSTOMERS: bool = customers,
+    SUBSCRIPTIONS: bool = subscriptions,
+    BILLING_INVOICES: bool = billing_invoices,
 } }
 
 impl Record for ListsMarker {
@@ -320,6 +330,9 @@ impl ListsMarker {
             invoices: true,
             deliveries: true,
             sms: true,
+            customers: true,
+            subscriptions: true,
+            billing_invoices: true,
         }
     }
 
@@ -642,7 +655,8 @@ struct Reader<'a> {
     /// How its index's sort keys place a time.
     sorted: Sorted,
     tenant: &'a Tenant,
-    index: Index,
+    /// Its index; `None`: the table's own partition.
+    index: Option<Index>,
     partition: String,
     member: String,
     /// Store round trips made (benchmarks).
@@ -664,10 +678,11 @@ impl Reader<'_> {
             Sorted::Millis => (lo_key(lo), hi_key(hi)),
             Sorted::Id(prefix) => (id_key(prefix, lo, 0), id_key(prefix, hi - 1, u128::MAX)),
         };
-        Query::partition(self.partition.clone())
-            .on(self.index)
+        let mut q = Query::partition(self.partition.clone())
             .backward()
-            .sk(SkCond::Between(from, to))
+            .sk(SkCond::Between(from, to));
+        q.index = self.index;
+        q
     }
 
     /// The counts of `segs` (oldest first, consecutive): one counter query
@@ -856,7 +871,7 @@ pub async fn page<R: Listed>(
         counters: counter_base(R::KIND),
         sorted: Sorted::Millis,
         tenant,
-        index,
+        index: Some(index),
         partition,
         member: filter.member(),
         calls: std::sync::atomic::AtomicU64::new(0),

@@ -3,13 +3,17 @@
 //! Idempotent and safe while traffic runs: one conditional transaction
 //! per record (`listing::migrate` for payments and refunds,
 //! `listing::counted::migrate` for the counted lists: sessions, links,
-//! one-time invoices, webhook deliveries per endpoint, SMS reminders).
+//! one-time invoices, webhook deliveries per endpoint, SMS reminders,
+//! billing customers, subscriptions and invoices).
 
 use super::Tenant;
+use super::billing::customers::Customer;
+use super::billing::invoice::BillingInvoice;
+use super::billing::subscription::Subscription;
 use super::checkout::CheckoutSession;
 use super::invoices::Invoice;
 use super::links::PaymentLink;
-use super::listing::counted::{self, Counted, CountedKind};
+use super::listing::counted::{self, Counted, CountedKind, CountedList};
 use super::listing::{self, ListsMarker, Migrated};
 use super::payments::Payment;
 use super::refunds::Refund;
@@ -28,6 +32,9 @@ pub struct TenantMigrated {
     pub invoices: Migrated,
     pub deliveries: Migrated,
     pub sms: Migrated,
+    pub customers: Migrated,
+    pub subscriptions: Migrated,
+    pub billing_invoices: Migrated,
 }
 
 /// Migrates `tenant`'s payments, refunds, then the counted lists.
@@ -41,21 +48,21 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         store,
         tenant,
         CountedKind::Sessions,
-        vec![CheckoutSession::counted_list_of(tenant).partition],
+        vec![CheckoutSession::counted_list_of(tenant)],
     )
     .await?;
     let links = counted_list::<PaymentLink>(
         store,
         tenant,
         CountedKind::Links,
-        vec![PaymentLink::counted_list_of(tenant).partition],
+        vec![PaymentLink::counted_list_of(tenant)],
     )
     .await?;
     let invoices = counted_list::<Invoice>(
         store,
         tenant,
         CountedKind::Invoices,
-        vec![Invoice::counted_list_of(tenant).partition],
+        vec![Invoice::counted_list_of(tenant)],
     )
     .await?;
     let endpoints = webhooks::list_in(store, tenant).await?;
@@ -65,7 +72,7 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         CountedKind::Deliveries,
         endpoints
             .iter()
-            .map(|e| Delivery::counted_list_of(tenant, &e.id).partition)
+            .map(|e| Delivery::counted_list_of(tenant, &e.id))
             .collect(),
     )
     .await?;
@@ -73,7 +80,28 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         store,
         tenant,
         CountedKind::Sms,
-        vec![SmsReminder::counted_list_of(tenant).partition],
+        vec![SmsReminder::counted_list_of(tenant)],
+    )
+    .await?;
+    let customers = counted_list::<Customer>(
+        store,
+        tenant,
+        CountedKind::Customers,
+        vec![Customer::counted_list_of(tenant)],
+    )
+    .await?;
+    let subscriptions = counted_list::<Subscription>(
+        store,
+        tenant,
+        CountedKind::Subscriptions,
+        vec![Subscription::counted_list_of(tenant)],
+    )
+    .await?;
+    let billing_invoices = counted_list::<BillingInvoice>(
+        store,
+        tenant,
+        CountedKind::BillingInvoices,
+        vec![BillingInvoice::counted_list_of(tenant)],
     )
     .await?;
     Ok(TenantMigrated {
@@ -84,20 +112,22 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         invoices,
         deliveries,
         sms,
+        customers,
+        subscriptions,
+        billing_invoices,
     })
 }
 
-/// Counts the records of `partitions` (on `gsi1`), then marks `kind`
-/// covered for `tenant`.
+/// Counts the records of `lists`, then marks `kind` covered for `tenant`.
 async fn counted_list<R: Counted>(
     store: &dyn Store,
     tenant: &Tenant,
     kind: CountedKind,
-    partitions: Vec<String>,
+    lists: Vec<CountedList>,
 ) -> Result<Migrated, StoreError> {
     let mut done = Migrated::default();
-    for partition in partitions {
-        let m = counted::migrate::<R>(store, Query::partition(partition).on(Index::Gsi1)).await?;
+    for list in lists {
+        let m = counted::migrate::<R>(store, list.all()).await?;
         done.listed += m.listed;
         done.already += m.already;
         done.retried += m.retried;

@@ -741,8 +741,7 @@ async fn write_change(
         let mut credit_granted = 0;
         if let Some(p) = proration {
             if let Some((inv, take)) = due {
-                let notices = NoticeSchedule::for_invoice(&inv, &changed, now);
-                ops.extend([inv.put_new()?, take, notices.put_new()?]);
+                ops.extend(proration_ops(&inv, take, &changed, now)?);
                 let base = deps.config.base_for(None);
                 ops.extend(
                     invoice_event(EventType::BillingInvoiceCreated, &inv, &base, now).put_ops()?,
@@ -770,6 +769,20 @@ async fn write_change(
         }
     }
     Err(ChangeError::Busy)
+}
+
+/// A proration invoice's writes: it, the number it takes, its notices
+/// and its count in the invoices list.
+fn proration_ops(
+    inv: &BillingInvoice,
+    take: TxOp,
+    changed: &Subscription,
+    now: Timestamp,
+) -> Result<Vec<TxOp>, StoreError> {
+    let notices = NoticeSchedule::for_invoice(inv, changed, now);
+    let mut ops = vec![inv.put_new()?, take, notices.put_new()?];
+    ops.extend(inv.count_new());
+    Ok(ops)
 }
 
 /// The proration invoice of a change to `changed`, with the next number
@@ -907,6 +920,7 @@ fn proration_invoice(
         version: 1,
         created_at: now,
         updated_at: now,
+        counted: true,
     })
 }
 

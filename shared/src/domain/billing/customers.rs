@@ -1,7 +1,10 @@
 //! Billing customers (`/v1/billing/customers`, issue 39 item 1): the
 //! people a merchant bills every period. Stored in their own partition per
 //! project and mode (`PROJ#<p>#<mode>#BCUS`, sort key the id: newest last),
-//! read in sort-key order for lists and searches, with bounded work.
+//! read in sort-key order for lists and searches, with bounded work: the
+//! unfiltered list is counted (`listing::counted`, any page at a cost
+//! that does not grow with the history); a `search` scans the newest
+//! [`SEARCH_SCAN`] and pages within [`MAX_WINDOW`].
 //!
 //! Also what the billing API shares: its error, its page request and the
 //! merchant plan's entitlement.
@@ -12,7 +15,8 @@ use serde_json::{Map, Value};
 use crate::Deps;
 use crate::domain::account::{Plan, Principal};
 use crate::domain::checkout::{CheckoutError, check_metadata};
-use crate::domain::record::{Changes, Record, from_item};
+use crate::domain::listing::counted::{self, CountedKind};
+use crate::domain::record::{Changes, Record, Window, from_item};
 use crate::domain::sms::normalize_phone;
 use crate::domain::{Mode, Tenant};
 use crate::fields::is_plausible_email;
@@ -21,7 +25,7 @@ use crate::ids::{CustomerId, ProjectId, TestClockId};
 use crate::keys::{self, PerMode};
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
-use crate::store::{Cond, Key, Query, StoreError};
+use crate::store::{Cond, Key, Query, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// `limit` when none is sent, and the most a page holds.
@@ -30,7 +34,11 @@ pub const MAX_LIMIT: usize = 100;
 /// The deepest a page list reads: `page * limit` at most this many
 /// records (a page list is read through from its start, as DynamoDB has
 /// no skip). Past it: a 400 naming `page`; narrow with `search`/filters.
+/// Counted lists ([`PageRequest::parse_deep`]) have no such bound.
 pub const MAX_WINDOW: usize = 10_000;
+/// The largest `page` of a counted list (any record of it is on a page
+/// below this at any `limit`).
+pub const MAX_PAGE: usize = 1_000_000_000;
 /// A `search` reads at most this many customers, newest first, and
 /// matches among them: its `total` counts matches within them.
 pub const SEARCH_SCAN: usize = 5_000;
@@ -155,9 +163,37 @@ impl PageRequest {
         Ok(PageRequest { page, limit })
     }
 
+    /// For a counted list (every page served at a bounded cost): `page`
+    /// up to [`MAX_PAGE`], no bound on `page * limit`; a page past the
+    /// end is empty. A filtered read of it checks [`PageRequest::windowed`].
+    pub fn parse_deep(page: Option<&str>, limit: Option<&str>) -> Result<Self, BillingError> {
+        let limit = PageRequest::parse(Some("1"), limit)?.limit;
+        let page = match page {
+            None => 1,
+            Some(raw) => match raw.trim().parse::<usize>() {
+                Ok(n) if (1..=MAX_PAGE).contains(&n) => n,
+                _ => {
+                    return Err(invalid(
+                        "page",
+                        format!("page must be an integer from 1 to {MAX_PAGE}, got {raw:?}"),
+                    ));
+                }
+            },
+        };
+        Ok(PageRequest { page, limit })
+    }
+
+    /// Refuses a page past [`MAX_WINDOW`] (a read through from the list's
+    /// start: a search or a filter), as [`PageRequest::parse`] does.
+    pub fn windowed(self) -> Result<Self, BillingError> {
+        let page = self.page.to_string();
+        let limit = self.limit.to_string();
+        PageRequest::parse(Some(&page), Some(&limit))
+    }
+
     /// Records before this page.
     pub fn offset(&self) -> usize {
-        (self.page - 1) * self.limit
+        self.page.saturating_sub(1).saturating_mul(self.limit)
     }
 }
 
@@ -203,6 +239,10 @@ pub struct Customer {
     pub credit_entries: i64,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// Counted in its tenant's list counters (`listing::counted`): set at
+    /// creation, or by `dhukuti-admin lists migrate`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counted: bool,
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -224,7 +264,14 @@ crate::attrs! { Customer {
     CREDIT_ENTRIES: i64 = credit_entries,
     CREATED_AT: Timestamp = created_at,
     UPDATED_AT: Timestamp = updated_at,
+    COUNTED: bool = counted,
 } }
+
+crate::domain::listing::counted::counted_per_tenant!(
+    Customer,
+    crate::domain::listing::counted::CountedKind::Customers,
+    Customer::partition
+);
 
 impl Customer {
     pub fn partition(tenant: &Tenant) -> String {
@@ -415,6 +462,7 @@ pub fn new_customer(
             .transpose()?,
         created_at: now,
         updated_at: now,
+        counted: true,
     })
 }
 
@@ -427,10 +475,22 @@ pub async fn create(
     fence: Option<&Fence>,
 ) -> Result<Customer, BillingError> {
     let customer = new_customer(tenant, body, deps.clock.now())?;
-    let put = customer.put_new()?;
-    match Fence::put_once(fence, &*deps.store, put, customer.id.as_str()).await? {
-        None => Ok(customer),
-        Some(first) => get(deps, tenant, &CustomerId::stored(first)).await,
+    // Counted in its list in the same transaction (after the fence: a
+    // retry of the request trips the fence, not a counter).
+    let mut tries = 0;
+    loop {
+        let put = customer.put_new()?;
+        let counts = customer.count_new();
+        match Fence::put_once_with(fence, &*deps.store, put, customer.id.as_str(), counts).await {
+            Ok(None) => return Ok(customer),
+            Ok(Some(first)) => return get(deps, tenant, &CustomerId::stored(first)).await,
+            // A concurrent insert wrote a counter shard: try again.
+            Err(e) if counted::is_conflict(&e) && tries < 10 => {
+                tries += 1;
+                crate::store::contention_backoff(tries).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 
@@ -446,25 +506,26 @@ pub async fn get(deps: &Deps, tenant: &Tenant, id: &CustomerId) -> Result<Custom
 }
 
 /// A page of customers, newest first, and the total: of the partition
-/// without `search`; with it, of the matches among the newest
-/// [`SEARCH_SCAN`] customers (name, email, phone, external id; any case).
+/// without `search` (counted: any page at a bounded cost, the total from
+/// the counters); with it, of the matches among the newest
+/// [`SEARCH_SCAN`] customers (name, email, phone, external id; any case),
+/// `page * limit` at most [`MAX_WINDOW`].
 pub async fn list(
     deps: &Deps,
     tenant: &Tenant,
     page: PageRequest,
     search: Option<&str>,
 ) -> Result<(Vec<Customer>, u64), BillingError> {
-    let query = Query::partition(Customer::partition(tenant)).backward();
+    let store = &*deps.store;
     let Some(search) = search else {
-        let items =
-            crate::store::query_window(&*deps.store, &query, page.offset(), page.limit).await?;
-        let found = items
-            .into_iter()
-            .map(from_item)
-            .collect::<Result<Vec<Customer>, _>>()?;
-        let total = deps.store.count(&query).await?;
+        let covered = counted::covered(store, tenant, CountedKind::Customers).await?;
+        let list = Customer::counted_list_of(tenant);
+        let window = Window::at(page.offset(), page.limit);
+        let (found, total, _) = counted::page(store, &list, &window, covered).await?;
         return Ok((found, total));
     };
+    let page = page.windowed()?;
+    let query = Query::partition(Customer::partition(tenant)).backward();
     if search.chars().count() > MAX_SEARCH {
         return Err(invalid(
             "search",
@@ -472,7 +533,7 @@ pub async fn list(
         ));
     }
     let needle = search.trim().to_lowercase();
-    let read = crate::store::query_window(&*deps.store, &query, 0, SEARCH_SCAN).await?;
+    let read = crate::store::query_window(store, &query, 0, SEARCH_SCAN).await?;
     let mut matched = Vec::new();
     for item in read {
         let c: Customer = from_item(item)?;
@@ -553,21 +614,55 @@ pub async fn update(
 /// subscription created at the same moment either lands first and stops
 /// the delete, or finds no customer).
 pub async fn delete(deps: &Deps, tenant: &Tenant, id: &CustomerId) -> Result<(), BillingError> {
+    let store = &*deps.store;
     let key = Customer::key(tenant, id);
     let none_open = Cond::Or(vec![
         Customer::OPEN_SUBSCRIPTIONS.missing(),
         Customer::OPEN_SUBSCRIPTIONS.eq(&0),
     ]);
-    let cond = Cond::And(vec![Cond::Exists, none_open]);
-    match deps.store.delete(&key, Some(cond)).await {
-        Ok(()) => Ok(()),
-        Err(e) if e.is_condition_failure() => {
-            // Which condition: gone, or still subscribed.
-            get(deps, tenant, id).await?;
-            Err(BillingError::HasSubscriptions(id.to_string()))
+    let mut customer = get(deps, tenant, id).await?;
+    // Out of its list, out of its counters: counted as read (the lists
+    // migration may count it meanwhile, or a counter shard race: read
+    // again).
+    for tries in 1..=10 {
+        let (is_counted, counts) = if customer.counted {
+            (
+                Customer::COUNTED.eq(&true),
+                customer
+                    .counted_list_of_self()
+                    .count_gone(customer.id.as_str(), customer.created_at),
+            )
+        } else {
+            (Customer::COUNTED.missing(), Vec::new())
+        };
+        let op = TxOp::Delete {
+            key: key.clone(),
+            cond: Some(Cond::And(vec![Cond::Exists, none_open.clone(), is_counted])),
+        };
+        match crate::store::write_with(store, op, counts).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_condition_failure() || counted::is_conflict(&e) => {
+                // Which condition: gone, still subscribed, or counted
+                // meanwhile.
+                let fresh = get(deps, tenant, id).await?;
+                if fresh.counted == customer.counted && !counted::is_conflict(&e) {
+                    return Err(BillingError::HasSubscriptions(id.to_string()));
+                }
+                customer = fresh;
+                crate::store::contention_backoff(tries).await;
+            }
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => Err(e.into()),
     }
+    Err(BillingError::Store(StoreError::Unavailable(
+        "the customer kept changing; retry".into(),
+    )))
+}
+
+/// The deep pages of its counted list (a `tests.rs` of its own).
+#[cfg(test)]
+mod deep {
+    mod tests;
 }
 
 #[cfg(test)]

@@ -330,6 +330,11 @@ pub struct BillingInvoice {
     pub version: i64,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// Counted in its tenant's list counters (`listing::counted`): set at
+    /// issue, or by `dhukuti-admin lists migrate`. Only ever updated by
+    /// attribute after, so no write can undo the mark.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counted: bool,
 }
 
 crate::attrs! { BillingInvoice {
@@ -345,7 +350,14 @@ crate::attrs! { BillingInvoice {
     UNCOLLECTIBLE_AT: Option<Timestamp> = uncollectible_at,
     VERSION: i64 = version,
     UPDATED_AT: Timestamp = updated_at,
+    COUNTED: bool = counted,
 } }
+
+crate::domain::listing::counted::counted_per_tenant!(
+    BillingInvoice,
+    crate::domain::listing::counted::CountedKind::BillingInvoices,
+    BillingInvoice::list_partition
+);
 
 impl BillingInvoice {
     /// Subtotal less discount: what VAT is charged on (`total - tax`).
@@ -502,6 +514,7 @@ pub fn invoice_for(
         version: 1,
         created_at: now,
         updated_at: now,
+        counted: true,
     })
 }
 
@@ -562,6 +575,8 @@ pub async fn issue_invoice(
             let notices = super::notice_due::NoticeSchedule::for_invoice(&invoice, sub, now);
             ops.push(notices.put_new()?);
         }
+        // Counted in its list (last: the claim's index stays 0).
+        ops.extend(invoice.count_new());
         match store.transact(ops).await {
             Ok(()) => {
                 return Ok(Issued {
@@ -961,6 +976,12 @@ pub mod collect;
 pub mod pdf;
 pub mod refund_due;
 pub mod view;
+
+/// The deep pages of its counted list (a `tests.rs` of its own).
+#[cfg(test)]
+mod deep {
+    mod tests;
+}
 
 #[cfg(test)]
 mod tests;

@@ -320,6 +320,10 @@ pub struct Subscription {
     pub version: i64,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+    /// Counted in its tenant's list counters (`listing::counted`): set at
+    /// creation, or by `dhukuti-admin lists migrate`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counted: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -340,7 +344,14 @@ crate::attrs! { Subscription {
     STATUS: SubscriptionStatus = status,
     VERSION: i64 = version,
     TEST_CLOCK_ID: Option<TestClockId> = test_clock_id,
+    COUNTED: bool = counted,
 } }
+
+crate::domain::listing::counted::counted_per_tenant!(
+    Subscription,
+    crate::domain::listing::counted::CountedKind::Subscriptions,
+    Subscription::list_partition
+);
 
 impl Subscription {
     pub fn key(id: &SubscriptionId) -> Key {
@@ -565,6 +576,7 @@ pub fn new_subscription(
         version: 1,
         created_at: now,
         updated_at: now,
+        counted: true,
     };
     if start_date <= nepal_day(now) {
         started(&mut sub)?;
@@ -603,14 +615,28 @@ pub async fn create_with(
     with: Vec<TxOp>,
 ) -> Result<(), StoreError> {
     // The caller's ops keep their places after the subscription (a
-    // fence's failure is found by its index); the listing and the event
-    // come after them.
+    // fence's failure is found by its index); the listing, the event and
+    // the list's counters come after them.
     let mut ops = write_ops(sub, None)?;
     let listed = ops.split_off(1);
     ops.extend(with);
     ops.extend(listed);
     ops.extend(subscription_event(EventType::SubscriptionCreated, sub, sub.created_at).put_ops()?);
-    deps.store.transact(ops).await
+    if sub.counted {
+        ops.extend(sub.count_new());
+    }
+    let mut tries = 0;
+    loop {
+        match deps.store.transact(ops.clone()).await {
+            // A concurrent insert wrote a counter shard: nothing was
+            // written, try again.
+            Err(e) if crate::domain::listing::counted::is_conflict(&e) && tries < 10 => {
+                tries += 1;
+                crate::store::contention_backoff(tries).await;
+            }
+            done => return done,
+        }
+    }
 }
 
 /// The writes that store `sub` stamped ([`Subscription::stamped`]): a new
@@ -624,9 +650,18 @@ pub(crate) fn write_ops(
     let sub = sub.stamped();
     let mut ops = vec![match seen {
         None => sub.put_new()?,
+        // Its `counted` still as read: a whole-record write from an older
+        // read must not undo the lists migration's mark.
         Some(current) => TxOp::Put {
             item: sub.to_item()?,
-            cond: Some(Subscription::VERSION.eq(&current.version)),
+            cond: Some(Cond::And(vec![
+                Subscription::VERSION.eq(&current.version),
+                if current.counted {
+                    Subscription::COUNTED.eq(&true)
+                } else {
+                    Subscription::COUNTED.missing()
+                },
+            ])),
         },
     }];
     let enters = sub.next_due_at.is_some() && seen.is_none_or(|s| s.next_due_at.is_none());

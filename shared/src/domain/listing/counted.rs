@@ -1,9 +1,11 @@
 //! Counted lists (issue 37 item 11): the unfiltered lists sorted by id
 //! (checkout sessions, payment links, one-time invoices, an endpoint's
-//! webhook deliveries, SMS reminders) served at any offset at a cost that
-//! does not grow with the history, like the filtered payments and refunds.
+//! webhook deliveries, SMS reminders, billing customers, subscriptions and
+//! invoices) served at any offset at a cost that does not grow with the
+//! history, like the filtered payments and refunds.
 //!
-//! - **No new index.** Each list is its `gsi1` partition, sorted by the
+//! - **No new index.** Each list is its `gsi1` partition (billing
+//!   customers: their table partition, [`CountedKind::index`]), sorted by the
 //!   records' ids: a ULID minted at creation, so a UTC day is a key range
 //!   from the day's lowest ULID to its highest.
 //! - **Counters.** `c_all` per list, per UTC year, month and day of the
@@ -47,6 +49,10 @@ pub enum CountedKind {
     Invoices,
     Deliveries,
     Sms,
+    /// Billing customers: their own table partition, not an index's.
+    Customers,
+    Subscriptions,
+    BillingInvoices,
 }
 
 impl CountedKind {
@@ -57,6 +63,9 @@ impl CountedKind {
             CountedKind::Invoices => "OINV",
             CountedKind::Deliveries => "WHD",
             CountedKind::Sms => "SMS",
+            CountedKind::Customers => "BCUS",
+            CountedKind::Subscriptions => "SUB",
+            CountedKind::BillingInvoices => "BINV",
         }
     }
 
@@ -67,11 +76,24 @@ impl CountedKind {
             CountedKind::Invoices => IdKind::Invoice,
             CountedKind::Deliveries => IdKind::WebhookDelivery,
             CountedKind::Sms => IdKind::Sms,
+            CountedKind::Customers => IdKind::BillingCustomer,
+            CountedKind::Subscriptions => IdKind::Subscription,
+            CountedKind::BillingInvoices => IdKind::BillingInvoice,
+        }
+    }
+
+    /// The index its list partition is on; `None`: the table's own
+    /// partition (the records' keys).
+    fn index(self) -> Option<Index> {
+        match self {
+            CountedKind::Customers => None,
+            _ => Some(Index::Gsi1),
         }
     }
 }
 
-/// One counted list: its kind, tenant and `gsi1` partition.
+/// One counted list: its kind, tenant and list partition (on `gsi1`, or
+/// the table's own for billing customers).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CountedList {
     pub kind: CountedKind,
@@ -134,13 +156,20 @@ impl CountedList {
         period_ops(&self.base(), &self.tenant, ms, sort, &[("all".into(), n)])
     }
 
+    /// Every record of the list, newest first.
+    pub fn all(&self) -> Query {
+        let mut q = Query::partition(self.partition.clone()).backward();
+        q.index = self.kind.index();
+        q
+    }
+
     fn reader<'a>(&self, store: &'a dyn Store, tenant: &'a Tenant) -> Reader<'a> {
         Reader {
             store,
             counters: self.base(),
             sorted: Sorted::Id(self.kind.id_kind().prefix()),
             tenant,
-            index: Index::Gsi1,
+            index: self.kind.index(),
             partition: self.partition.clone(),
             member: "all".into(),
             calls: std::sync::atomic::AtomicU64::new(0),
@@ -183,6 +212,9 @@ impl ListsMarker {
             CountedKind::Invoices => self.invoices,
             CountedKind::Deliveries => self.deliveries,
             CountedKind::Sms => self.sms,
+            CountedKind::Customers => self.customers,
+            CountedKind::Subscriptions => self.subscriptions,
+            CountedKind::BillingInvoices => self.billing_invoices,
         }
     }
 
@@ -194,6 +226,9 @@ impl ListsMarker {
             CountedKind::Invoices => ListsMarker::INVOICES,
             CountedKind::Deliveries => ListsMarker::DELIVERIES,
             CountedKind::Sms => ListsMarker::SMS,
+            CountedKind::Customers => ListsMarker::CUSTOMERS,
+            CountedKind::Subscriptions => ListsMarker::SUBSCRIPTIONS,
+            CountedKind::BillingInvoices => ListsMarker::BILLING_INVOICES,
         };
         TxOp::Update {
             key: ListsMarker::key(tenant),
@@ -212,9 +247,7 @@ pub async fn page<T: DeserializeOwned>(
     window: &Window,
     covered: bool,
 ) -> Result<(Vec<T>, u64, super::Cost), StoreError> {
-    let all = Query::partition(list.partition.clone())
-        .on(Index::Gsi1)
-        .backward();
+    let all = list.all();
     if !covered {
         let (items, total) = record::page_of(store, &all, window.clone()).await?;
         return Ok((items, total, super::Cost::default()));

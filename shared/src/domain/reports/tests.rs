@@ -395,6 +395,7 @@ fn invoice(tenant: &Tenant, number: &str, at: Timestamp) -> BillingInvoice {
         version: 1,
         created_at: at,
         updated_at: at,
+        counted: true,
     }
 }
 

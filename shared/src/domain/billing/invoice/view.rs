@@ -14,7 +14,8 @@ use crate::domain::billing::calendar::{bs_from_ad, miti_latin};
 use crate::domain::billing::customers::{
     BillingError, MAX_SEARCH, PageRequest, SEARCH_SCAN, invalid,
 };
-use crate::domain::record::from_item;
+use crate::domain::listing::counted::{self, CountedKind};
+use crate::domain::record::{Window, from_item};
 use crate::ids::{CustomerId, SubscriptionId};
 use crate::money::Currency;
 use crate::store::{Cond, Index, Query};
@@ -378,6 +379,17 @@ pub async fn list(
     page: PageRequest,
     filters: &Filters,
 ) -> Result<(Vec<BillingInvoice>, u64), BillingError> {
+    let store = &*deps.store;
+    if filters.cond().is_none() && filters.search.is_none() {
+        // Unfiltered: counted, any page at a bounded cost.
+        let covered = counted::covered(store, tenant, CountedKind::BillingInvoices).await?;
+        let list = BillingInvoice::counted_list_of(tenant);
+        let window = Window::at(page.offset(), page.limit);
+        let (found, total, _) = counted::page(store, &list, &window, covered).await?;
+        return Ok((found, total));
+    }
+    // Filtered or searched: read through from the start, in its window.
+    let page = page.windowed()?;
     let mut query = Query::partition(BillingInvoice::list_partition(tenant))
         .on(Index::Gsi1)
         .backward();
