@@ -120,6 +120,16 @@ fn page_of(q: &std::collections::HashMap<String, String>) -> PageRequest {
     })
 }
 
+/// [`page_of`] for the counted lists (customers, subscriptions, billing
+/// invoices): any page number reaches its records unfiltered; a filtered
+/// or searched one past the window is refused by the list.
+fn deep_page_of(q: &std::collections::HashMap<String, String>) -> PageRequest {
+    PageRequest::parse_deep(q.get("page").map(String::as_str), Some("25")).unwrap_or(PageRequest {
+        page: 1,
+        limit: crate::PAGE,
+    })
+}
+
 /// Older/newer links of a page-numbered billing list.
 fn pager(path: &str, extra: &str, page: &PageRequest, shown: usize, total: u64) -> Markup {
     let more = (page.offset() + shown) < usize::try_from(total).unwrap_or(usize::MAX);
@@ -162,7 +172,7 @@ pub async fn customers_page(
         return Ok(html(StatusCode::OK, page));
     }
     let q = query(&raw);
-    let page = page_of(&q);
+    let page = deep_page_of(&q);
     let search = q
         .get("search")
         .map(|s| s.trim().to_owned())
@@ -436,7 +446,7 @@ pub async fn subscriptions_page(
         return Ok(html(StatusCode::OK, page));
     }
     let q = query(&raw);
-    let page = page_of(&q);
+    let page = deep_page_of(&q);
     let status = param(&q, "status");
     let customer = param(&q, "customer");
     let filter = lifecycle::ListFilter::parse(status, customer, None).map_err(fail)?;
@@ -793,7 +803,7 @@ pub async fn invoices_page(
         return Ok(html(StatusCode::OK, page));
     }
     let q = query(&raw);
-    let page = page_of(&q);
+    let page = deep_page_of(&q);
     let status = param(&q, "status");
     let filters = invoice_view::Filters::parse(status, None, None, None).map_err(fail)?;
     let (list, total) = invoice_view::list(&state, &signed.tenant, page, &filters)
