@@ -864,7 +864,7 @@ fn proration_invoice(
                 "Unused time on {} ({} of {} days, {} to {})",
                 current.terms.description, p.remaining_days, p.total_days, p.day, last
             ),
-            quantity: current.quantity,
+            quantity: u64::from(current.quantity),
             amount: -p.credit,
             period_start: p.day,
             period_end: p.period.end_exclusive,
@@ -875,7 +875,7 @@ fn proration_invoice(
                 "Remaining time on {} ({} of {} days, {} to {})",
                 changed.terms.description, p.remaining_days, p.total_days, p.day, last
             ),
-            quantity: changed.quantity,
+            quantity: u64::from(changed.quantity),
             amount: p.debit,
             period_start: p.day,
             period_end: p.period.end_exclusive,

@@ -205,7 +205,8 @@ impl InvoiceKind {
 pub struct InvoiceLine {
     pub kind: LineKind,
     pub description: String,
-    pub quantity: u32,
+    /// Units (a usage line's total may pass `u32`: read as before).
+    pub quantity: u64,
     /// Paisa, the line's total.
     pub amount: i64,
     pub period_start: NaiveDate,
@@ -460,7 +461,7 @@ pub fn invoice_for(
         base.push(InvoiceLine {
             kind: LineKind::Subscription,
             description: t.description.clone(),
-            quantity,
+            quantity: u64::from(quantity),
             amount,
             period_start: period.start,
             period_end: period.end_exclusive,

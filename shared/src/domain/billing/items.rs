@@ -109,7 +109,7 @@ impl InvoiceItem {
         InvoiceLine {
             kind: LineKind::Item,
             description: self.description.clone(),
-            quantity: self.quantity,
+            quantity: u64::from(self.quantity),
             amount: self.total(),
             period_start: period.start,
             period_end: period.end_exclusive,

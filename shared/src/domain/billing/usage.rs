@@ -946,11 +946,10 @@ async fn line_of(
 }
 
 /// Usage that one invoice line cannot bill: its total passes `u64::MAX`
-/// (`quantity` `None`), more units than a line holds (`u32::MAX`), or an
-/// amount past `i64::MAX` paisa.
+/// (`quantity` `None`), or its amount passes `i64::MAX` paisa.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the period's usage, {} at {unit} paisa a unit, is more than one invoice bills (at most 4294967295 units and 9223372036854775807 paisa): its invoice is not issued",
+    "the period's usage, {} at {unit} paisa a unit, is more than one invoice bills (at most 18446744073709551615 units and 9223372036854775807 paisa): its invoice is not issued",
     match quantity { Some(q) => format!("{q} units"), None => "more than 18446744073709551615 units".to_owned() }
 )]
 pub struct UsageOverflow {
@@ -960,14 +959,14 @@ pub struct UsageOverflow {
 
 /// The line quantity and amount (paisa) of `total` units at `unit`
 /// paisa each, checked: never a clamped number.
-pub fn priced(total: u64, unit: i64) -> Result<(u32, i64), UsageOverflow> {
+pub fn priced(total: u64, unit: i64) -> Result<(u64, i64), UsageOverflow> {
     let overflow = UsageOverflow {
         quantity: Some(total),
         unit,
     };
-    let quantity = u32::try_from(total).map_err(|_| overflow)?;
-    let amount = unit.checked_mul(i64::from(quantity)).ok_or(overflow)?;
-    Ok((quantity, amount))
+    // i64 × u64 always fits i128.
+    let amount = i64::try_from(i128::from(unit) * i128::from(total)).map_err(|_| overflow)?;
+    Ok((total, amount))
 }
 
 /// Most records the dashboard reads of one period (a page's bound).

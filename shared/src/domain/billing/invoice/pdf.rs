@@ -126,7 +126,7 @@ pub fn render(
                 unit_amount: if l.quantity == 0 {
                     l.amount
                 } else {
-                    l.amount / i64::from(l.quantity)
+                    i64::try_from(i128::from(l.amount) / i128::from(l.quantity)).unwrap_or(0)
                 },
                 line_total: l.amount,
             })

@@ -53,7 +53,7 @@ pub struct LineView {
     )]
     pub kind: String,
     pub description: String,
-    pub quantity: u32,
+    pub quantity: u64,
     /// Paisa.
     pub amount: i64,
     pub period_start: String,

@@ -794,14 +794,19 @@ async fn a_total_past_u64_max_is_no_number_not_a_clamped_one() {
     assert_eq!(tally.total(), None, "one more MAX_QUANTITY event overflows");
 }
 
-/// A line holds a u32 quantity and an i64 amount: one past either is an
-/// overflow, never a clamped number.
+/// A line holds a u64 quantity and an i64 amount: an amount past i64 is
+/// an overflow, never a clamped number; free units never overflow.
 #[test]
 fn priced_usage_is_checked_at_the_edges() {
     let lim = u64::from(u32::MAX);
-    assert_eq!(priced(lim, 1), Ok((u32::MAX, i64::from(u32::MAX))));
-    assert!(priced(lim + 1, 1).is_err());
+    assert_eq!(priced(lim, 1), Ok((lim, i64::from(u32::MAX))));
+    assert_eq!(priced(lim + 1, 1), Ok((lim + 1, i64::from(u32::MAX) + 1)));
+    assert_eq!(priced(u64::MAX, 0), Ok((u64::MAX, 0)));
+    let big = i64::MAX as u64;
+    assert_eq!(priced(big, 1), Ok((big, i64::MAX)));
+    assert!(priced(big + 1, 1).is_err());
     assert!(priced(u64::MAX, 1).is_err());
+    assert!(priced(2, i64::MIN).is_err());
     let unit = i64::MAX / 1_000_000_000;
     assert_eq!(
         priced(MAX_QUANTITY, unit),
@@ -812,7 +817,7 @@ fn priced_usage_is_checked_at_the_edges() {
     assert!(e.to_string().contains("1000000000 units"), "{e}");
     assert_eq!(priced(0, i64::MAX), Ok((0, 0)));
     let (q, a) = priced(lim, i64::MAX / lim as i64).unwrap();
-    assert_eq!((q, a), (u32::MAX, (i64::MAX / lim as i64) * lim as i64));
+    assert_eq!((q, a), (lim, (i64::MAX / lim as i64) * lim as i64));
     assert!(priced(lim, i64::MAX / lim as i64 + 1).is_err());
 }
 
@@ -850,19 +855,25 @@ async fn a_summary_whose_amount_overflows_is_refused_not_clamped() {
     assert!(r.message.contains("1000000922 units"), "{}", r.message);
 }
 
-/// Usage of more units than an invoice line holds (five MAX_QUANTITY
-/// events: past u32::MAX) fails the invoice: nothing is issued, the
-/// period is not claimed, and a retry fails the same way.
+/// Usage whose amount passes what an invoice line holds (one
+/// MAX_QUANTITY event at Rs 10 crore a unit: past i64::MAX paisa) fails
+/// the invoice: nothing is issued, the period is not claimed, and a
+/// retry fails the same way.
 #[tokio::test]
 async fn an_invoice_whose_usage_overflows_fails_and_issues_nothing() {
     let clock = Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z")));
     let deps = deps_with(crate::testenv::memory_store(), clock.clone());
-    let sub = subscription(&deps, "p1").await;
+    let terms = Terms {
+        amount: 10_000_000_000,
+        ..metered()
+    };
+    let tenant = Tenant::new("p1", Mode::Sandbox);
+    let sub = stored_sub(&deps, &tenant, sub_input(at("2026-01-10T06:00:00Z"), terms)).await;
     let t = sub.tenant();
     let p0 = sub.period(0).unwrap();
     issue_invoice(&deps, &sub, p0, clock.now()).await.unwrap();
     clock.advance(chrono::Duration::days(5));
-    let events = (0..5)
+    let events = (0..1)
         .map(|_| {
             event(
                 MAX_QUANTITY,
@@ -886,6 +897,50 @@ async fn an_invoice_whose_usage_overflows_fails_and_issues_nothing() {
         .unwrap();
         assert!(claim.is_none(), "no invoice for the period");
     }
+}
+
+/// A period's usage past u32::MAX units (five MAX_QUANTITY events at
+/// Rs 0.10) is billed whole: the line holds a u64 quantity, the amount
+/// is exact.
+#[tokio::test]
+async fn an_invoice_bills_more_units_than_u32_holds() {
+    let clock = Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z")));
+    let deps = deps_with(crate::testenv::memory_store(), clock.clone());
+    let sub = subscription(&deps, "p1").await;
+    let t = sub.tenant();
+    let p0 = sub.period(0).unwrap();
+    issue_invoice(&deps, &sub, p0, clock.now()).await.unwrap();
+    clock.advance(chrono::Duration::days(5));
+    let events = (0..5)
+        .map(|_| {
+            event(
+                MAX_QUANTITY,
+                UsageAction::Increment,
+                "2026-01-15T06:00:00Z",
+                None,
+            )
+        })
+        .collect();
+    report(&deps, &t, &sub.id, events).await.unwrap();
+    clock.advance(chrono::Duration::days(27));
+    let p1 = sub.period(1).unwrap();
+    let second = issue_invoice(&deps, &sub, p1, clock.now())
+        .await
+        .unwrap()
+        .invoice;
+    let usage = second
+        .lines
+        .iter()
+        .find(|l| l.kind == LineKind::Usage)
+        .unwrap_or_else(|| panic!("{:?}", second.lines));
+    assert_eq!(
+        (usage.quantity, usage.amount),
+        (
+            5 * MAX_QUANTITY,
+            10 * 5 * i64::try_from(MAX_QUANTITY).unwrap()
+        )
+    );
+    assert!(usage.quantity > u64::from(u32::MAX));
 }
 
 /// A period of more records than one page (with sets across page
