@@ -855,25 +855,23 @@ async fn a_summary_whose_amount_overflows_is_refused_not_clamped() {
     assert!(r.message.contains("1000000922 units"), "{}", r.message);
 }
 
-/// Usage whose amount passes what an invoice line holds (one
-/// MAX_QUANTITY event at Rs 10 crore a unit: past i64::MAX paisa) fails
-/// the invoice: nothing is issued, the period is not claimed, and a
-/// retry fails the same way.
-#[tokio::test]
-async fn an_invoice_whose_usage_overflows_fails_and_issues_nothing() {
+/// A metered subscription at `unit` paisa a unit, its first invoice
+/// issued, `n` events of MAX_QUANTITY reported in its first period, and
+/// the clock moved to its second period: the deps, the subscription and
+/// that period.
+async fn max_usage_at(unit: i64, n: usize) -> (AppState, Arc<ManualClock>, Subscription, Period) {
     let clock = Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z")));
     let deps = deps_with(crate::testenv::memory_store(), clock.clone());
     let terms = Terms {
-        amount: 10_000_000_000,
+        amount: unit,
         ..metered()
     };
     let tenant = Tenant::new("p1", Mode::Sandbox);
     let sub = stored_sub(&deps, &tenant, sub_input(at("2026-01-10T06:00:00Z"), terms)).await;
-    let t = sub.tenant();
     let p0 = sub.period(0).unwrap();
     issue_invoice(&deps, &sub, p0, clock.now()).await.unwrap();
     clock.advance(chrono::Duration::days(5));
-    let events = (0..1)
+    let events = (0..n)
         .map(|_| {
             event(
                 MAX_QUANTITY,
@@ -883,9 +881,19 @@ async fn an_invoice_whose_usage_overflows_fails_and_issues_nothing() {
             )
         })
         .collect();
-    report(&deps, &t, &sub.id, events).await.unwrap();
+    report(&deps, &sub.tenant(), &sub.id, events).await.unwrap();
     clock.advance(chrono::Duration::days(27));
     let p1 = sub.period(1).unwrap();
+    (deps, clock, sub, p1)
+}
+
+/// Usage whose amount passes what an invoice line holds (one
+/// MAX_QUANTITY event at Rs 10 crore a unit: past i64::MAX paisa) fails
+/// the invoice: nothing is issued, the period is not claimed, and a
+/// retry fails the same way.
+#[tokio::test]
+async fn an_invoice_whose_usage_overflows_fails_and_issues_nothing() {
+    let (deps, clock, sub, p1) = max_usage_at(10_000_000_000, 1).await;
     for _ in 0..2 {
         let got = issue_invoice(&deps, &sub, p1, clock.now()).await;
         assert!(matches!(got, Err(BillingInvoiceError::Overflow)), "{got:?}");
@@ -904,26 +912,7 @@ async fn an_invoice_whose_usage_overflows_fails_and_issues_nothing() {
 /// is exact.
 #[tokio::test]
 async fn an_invoice_bills_more_units_than_u32_holds() {
-    let clock = Arc::new(ManualClock::new(at("2026-01-10T06:00:00Z")));
-    let deps = deps_with(crate::testenv::memory_store(), clock.clone());
-    let sub = subscription(&deps, "p1").await;
-    let t = sub.tenant();
-    let p0 = sub.period(0).unwrap();
-    issue_invoice(&deps, &sub, p0, clock.now()).await.unwrap();
-    clock.advance(chrono::Duration::days(5));
-    let events = (0..5)
-        .map(|_| {
-            event(
-                MAX_QUANTITY,
-                UsageAction::Increment,
-                "2026-01-15T06:00:00Z",
-                None,
-            )
-        })
-        .collect();
-    report(&deps, &t, &sub.id, events).await.unwrap();
-    clock.advance(chrono::Duration::days(27));
-    let p1 = sub.period(1).unwrap();
+    let (deps, clock, sub, p1) = max_usage_at(metered().amount, 5).await;
     let second = issue_invoice(&deps, &sub, p1, clock.now())
         .await
         .unwrap()
