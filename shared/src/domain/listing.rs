@@ -288,6 +288,17 @@ pub struct ListsMarker {
     pub subscriptions: bool,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub billing_invoices: bool,
+    /// The narrowed counted lists ([`counted::Narrowing`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sessions_by_status: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub links_by_active: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub invoices_by_status: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub subscriptions_by_filter: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub billing_invoices_by_filter: bool,
 }
 
 crate::attrs! { ListsMarker {
@@ -301,6 +312,11 @@ crate::attrs! { ListsMarker {
     CUSTOMERS: bool = customers,
     SUBSCRIPTIONS: bool = subscriptions,
     BILLING_INVOICES: bool = billing_invoices,
+    SESSIONS_BY_STATUS: bool = sessions_by_status,
+    LINKS_BY_ACTIVE: bool = links_by_active,
+    INVOICES_BY_STATUS: bool = invoices_by_status,
+    SUBSCRIPTIONS_BY_FILTER: bool = subscriptions_by_filter,
+    BILLING_INVOICES_BY_FILTER: bool = billing_invoices_by_filter,
 } }
 
 impl Record for ListsMarker {
@@ -333,6 +349,11 @@ impl ListsMarker {
             customers: true,
             subscriptions: true,
             billing_invoices: true,
+            sessions_by_status: true,
+            links_by_active: true,
+            invoices_by_status: true,
+            subscriptions_by_filter: true,
+            billing_invoices_by_filter: true,
         }
     }
 

@@ -105,6 +105,11 @@ pub struct CountedList {
     /// The earliest creation (unix millis) it lists: records older are
     /// gone by TTL (SMS), their counters never read.
     pub since: Option<i64>,
+    /// The counter member counting it: `all`, or a narrowing's
+    /// ([`CountedList::narrowed`]).
+    pub member: String,
+    /// The index its partition is on; `None`: the table's own.
+    pub index: Option<Index>,
 }
 
 impl CountedList {
@@ -115,10 +120,32 @@ impl CountedList {
             partition,
             scope: None,
             since: None,
+            member: "all".into(),
+            index: kind.index(),
         }
     }
 
-    /// The list narrowed to `scope` (its own counters).
+    /// The list narrowed to one value of a filter (a status, a plan):
+    /// its records' entries in `partition` of `index`, sorted by id like
+    /// the list's, counted as `member` of the list's counters (the same
+    /// counter items: `c_<member>` beside `c_all`). A record in it has its
+    /// entry written and its member counted in its insert's transaction
+    /// (fold the counter writes into the list's with
+    /// [`super::merge_counts`]: a transaction touches a counter item once),
+    /// and moved by [`CountedList::count_moved`] when the value changes.
+    /// A narrowing of a list whose records are too many per value to be
+    /// members (a customer's) is a [`CountedList::scoped`] list instead.
+    ///
+    /// Page it ([`page`]) only once its [`Narrowing`] is covered: records
+    /// from before it have no entry there until [`migrate_narrowed`].
+    pub fn narrowed(mut self, member: &str, index: Index, partition: String) -> Self {
+        self.member = member.to_owned();
+        self.index = Some(index);
+        self.partition = partition;
+        self
+    }
+
+    /// The list narrowed to `scope` (its own counters: `LIST#<code>#<scope>`).
     pub fn scoped(mut self, scope: &str) -> Self {
         self.scope = Some(scope.to_owned());
         self
@@ -149,17 +176,49 @@ impl CountedList {
         self.count(sort, created, -1)
     }
 
+    /// The counter writes moving a record (`sort`, created at `created`)
+    /// from this list to `to` (another narrowing of the same list: its
+    /// status changed), for the change's transaction. Nothing when both
+    /// are the same list.
+    pub fn count_moved(&self, to: &CountedList, sort: &str, created: Timestamp) -> Vec<TxOp> {
+        if self.base() == to.base() {
+            if self.member == to.member {
+                return Vec::new();
+            }
+            return period_ops(
+                &self.base(),
+                &self.tenant,
+                Self::day_of(sort, created),
+                sort,
+                &[(self.member.clone(), -1), (to.member.clone(), 1)],
+            );
+        }
+        let mut ops = self.count_gone(sort, created);
+        super::merge_counts(&mut ops, to.count_new(sort, created));
+        ops
+    }
+
+    /// The time whose day counts a record: its id's (an id's time runs
+    /// at most a little ahead of `created`), `created` for an id not a
+    /// ULID.
+    fn day_of(sort: &str, created: Timestamp) -> i64 {
+        crate::ids::minted_at_ms(sort).unwrap_or_else(|| created.unix_millis())
+    }
+
     fn count(&self, sort: &str, created: Timestamp, n: i64) -> Vec<TxOp> {
-        // The day of the id's key range (an id's time runs at most a
-        // little ahead of `created`); `created` for an id not a ULID.
-        let ms = crate::ids::minted_at_ms(sort).unwrap_or_else(|| created.unix_millis());
-        period_ops(&self.base(), &self.tenant, ms, sort, &[("all".into(), n)])
+        period_ops(
+            &self.base(),
+            &self.tenant,
+            Self::day_of(sort, created),
+            sort,
+            &[(self.member.clone(), n)],
+        )
     }
 
     /// Every record of the list, newest first.
     pub fn all(&self) -> Query {
         let mut q = Query::partition(self.partition.clone()).backward();
-        q.index = self.kind.index();
+        q.index = self.index;
         q
     }
 
@@ -169,9 +228,9 @@ impl CountedList {
             counters: self.base(),
             sorted: Sorted::Id(self.kind.id_kind().prefix()),
             tenant,
-            index: self.kind.index(),
+            index: self.index,
             partition: self.partition.clone(),
-            member: "all".into(),
+            member: self.member.clone(),
             calls: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -236,6 +295,147 @@ impl ListsMarker {
             cond: None,
         }
     }
+}
+
+/// The narrowings of the counted lists ([`CountedList::narrowed`],
+/// [`CountedList::scoped`]): each covered once the tenant's marker says
+/// every record has its entries there ([`migrate_narrowed`]); a new
+/// project's marker covers them all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Narrowing {
+    /// Checkout sessions by stored status.
+    SessionsByStatus,
+    /// Payment links by `active`.
+    LinksByActive,
+    /// One-time invoices by document and collection status.
+    InvoicesByStatus,
+    /// Billing subscriptions by their list filters.
+    SubscriptionsByFilter,
+    /// Billing invoices by their list filters.
+    BillingInvoicesByFilter,
+}
+
+impl Narrowing {
+    fn attr(self) -> Attr<ListsMarker, bool> {
+        match self {
+            Narrowing::SessionsByStatus => ListsMarker::SESSIONS_BY_STATUS,
+            Narrowing::LinksByActive => ListsMarker::LINKS_BY_ACTIVE,
+            Narrowing::InvoicesByStatus => ListsMarker::INVOICES_BY_STATUS,
+            Narrowing::SubscriptionsByFilter => ListsMarker::SUBSCRIPTIONS_BY_FILTER,
+            Narrowing::BillingInvoicesByFilter => ListsMarker::BILLING_INVOICES_BY_FILTER,
+        }
+    }
+}
+
+impl ListsMarker {
+    fn covers_narrowing(&self, n: Narrowing) -> bool {
+        match n {
+            Narrowing::SessionsByStatus => self.sessions_by_status,
+            Narrowing::LinksByActive => self.links_by_active,
+            Narrowing::InvoicesByStatus => self.invoices_by_status,
+            Narrowing::SubscriptionsByFilter => self.subscriptions_by_filter,
+            Narrowing::BillingInvoicesByFilter => self.billing_invoices_by_filter,
+        }
+    }
+
+    /// The write marking the narrowing `n` covered.
+    pub fn mark_narrowing(tenant: &Tenant, n: Narrowing) -> TxOp {
+        TxOp::Update {
+            key: ListsMarker::key(tenant),
+            update: Changes::<ListsMarker>::new().set(n.attr(), &true).into(),
+            cond: None,
+        }
+    }
+}
+
+/// Whether `tenant`'s records all have their entries and counts in the
+/// narrowing `n`.
+pub async fn covered_narrowing(
+    store: &dyn Store,
+    tenant: &Tenant,
+    n: Narrowing,
+) -> Result<bool, StoreError> {
+    let marker: Option<ListsMarker> = record::get(store, &ListsMarker::key(tenant)).await?;
+    Ok(marker.is_some_and(|m| m.covers_narrowing(n)))
+}
+
+/// A record of a counted list that is also in narrowings of it.
+pub trait Narrowed: Record + DeserializeOwned {
+    /// Present once its narrowed entries are written and counted (an
+    /// index attribute read with [`super::present`], or a flag its
+    /// [`Narrowed::narrowings`] sets).
+    const NARROWED: Attr<Self, bool>;
+    fn is_narrowed(&self) -> bool;
+    /// The changes writing its entries in its narrowings (making
+    /// `NARROWED` present), and the counter writes counting it there.
+    fn narrowings(&self) -> (Changes<Self>, Vec<TxOp>);
+    /// The fields its narrowings derive from (its status) are still the
+    /// ones read.
+    fn narrowed_as_read(&self) -> Cond;
+}
+
+/// Enters and counts `R`'s records of the query `all` (its whole list)
+/// in their narrowings, one conditional transaction each (`NARROWED`
+/// missing and the fields as read: a rerun or a concurrent run counts
+/// nothing twice, a change meanwhile makes it re-read). The caller marks
+/// the narrowing covered ([`ListsMarker::mark_narrowing`]) once done.
+pub async fn migrate_narrowed<R: Narrowed>(
+    store: &dyn Store,
+    all: Query,
+) -> Result<Migrated, StoreError> {
+    let mut done = Migrated::default();
+    let mut q = all;
+    q.limit = Some(200);
+    loop {
+        let page = store.query(&q).await?;
+        for item in page.items {
+            let Some(key) = Key::of(&item) else { continue };
+            let mut record: R = from_item(item)?;
+            let mut tries = 0;
+            loop {
+                if record.is_narrowed() {
+                    done.already += 1;
+                    break;
+                }
+                let (changes, counts) = record.narrowings();
+                let mut ops = vec![TxOp::Update {
+                    key: key.clone(),
+                    update: changes.into(),
+                    cond: Some(Cond::And(vec![
+                        Cond::Exists,
+                        R::NARROWED.missing(),
+                        record.narrowed_as_read(),
+                    ])),
+                }];
+                super::merge_counts(&mut ops, counts);
+                match store.transact(ops).await {
+                    Ok(()) => {
+                        done.listed += 1;
+                        break;
+                    }
+                    Err(e)
+                        if (e.is_condition_failure()
+                            || matches!(&e, StoreError::TransactionCanceled { .. }))
+                            && tries < 20 =>
+                    {
+                        tries += 1;
+                        done.retried += 1;
+                        crate::store::contention_backoff(tries).await;
+                        match record::get::<R>(store, &key).await? {
+                            Some(fresh) => record = fresh,
+                            None => break,
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        match page.last_key {
+            Some(last) => q.start_after = Some(last),
+            None => break,
+        }
+    }
+    Ok(done)
 }
 
 /// A page of `list` (newest first) and its total, with what it cost.
@@ -440,3 +640,6 @@ pub(crate) use counted_per_tenant;
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod narrowed_tests;
