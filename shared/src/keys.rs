@@ -341,6 +341,12 @@ pub fn recon_finding(run_id: &str, n: u32) -> Key {
     Key::new(format!("RRUN#{run_id}"), format!("F#{n:06}"))
 }
 
+/// The `gsi1` partition of run `run_id`'s findings classified
+/// `classification`, sorted by their rank in it.
+pub fn recon_findings_by(run_id: &str, classification: &str) -> String {
+    format!("RRUN#{run_id}#C#{classification}")
+}
+
 /// The claim of a statement already run for a tenant, provider and day
 /// (by the digest of its bytes): the same file twice is one run.
 pub fn recon_digest(

@@ -286,6 +286,13 @@ impl Counts {
         }
     }
 
+    /// Counts one more of `c`; its new count.
+    pub fn bump(&mut self, c: Classification) -> u32 {
+        let slot = self.slot(c);
+        *slot = slot.saturating_add(1);
+        *slot
+    }
+
     pub fn of(&self, c: Classification) -> u32 {
         let mut copy = *self;
         *copy.slot(c)

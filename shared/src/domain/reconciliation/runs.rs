@@ -88,6 +88,11 @@ pub struct Run {
     pub created_at: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Timestamp>,
+    /// Its findings carry their rank within their classification (runs
+    /// from before the ranks: false): a page of one classification is then
+    /// a ranged read at any offset ([`findings`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ranked: bool,
 }
 
 crate::attrs! { Run {
@@ -130,6 +135,11 @@ pub struct StoredFinding {
     /// When "settle from provider" paid its payment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settled_at: Option<Timestamp>,
+    /// Its number among its run's findings of its classification
+    /// (1-based; none on a run from before the ranks): its place in the
+    /// classification's `gsi1` partition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
 }
 
 crate::attrs! { StoredFinding {
@@ -147,6 +157,26 @@ impl Record for StoredFinding {
     fn item_key(&self) -> Key {
         StoredFinding::key(&self.run_id, self.n)
     }
+
+    fn entries(&self) -> Vec<Entry> {
+        self.rank
+            .map(|rank| {
+                Entry::gsi1(
+                    keys::recon_findings_by(
+                        self.run_id.as_str(),
+                        self.finding.classification.as_str(),
+                    ),
+                    rank_sort(rank),
+                )
+            })
+            .into_iter()
+            .collect()
+    }
+}
+
+/// The sort key of rank `rank` (zero-padded: ranks sort in order).
+fn rank_sort(rank: u32) -> String {
+    format!("{rank:06}")
 }
 
 /// The claim of a statement already run: which run it made.
@@ -400,6 +430,7 @@ pub async fn execute(
         failure: None,
         created_at: now,
         completed_at: None,
+        ranked: true,
     };
     deps.store.transact(vec![run.put_new()?]).await?;
     write_findings(deps, &run.id, findings.clone()).await?;
@@ -461,14 +492,19 @@ async fn write_findings(
     run: &ReconRunId,
     findings: Vec<Finding>,
 ) -> Result<(), StoreError> {
+    let mut ranks = Counts::default();
     let stored: Vec<StoredFinding> = findings
         .into_iter()
         .enumerate()
-        .map(|(i, finding)| StoredFinding {
-            run_id: run.clone(),
-            n: u32::try_from(i + 1).unwrap_or(u32::MAX),
-            finding,
-            settled_at: None,
+        .map(|(i, finding)| {
+            let rank = ranks.bump(finding.classification);
+            StoredFinding {
+                run_id: run.clone(),
+                n: u32::try_from(i + 1).unwrap_or(u32::MAX),
+                finding,
+                settled_at: None,
+                rank: Some(rank),
+            }
         })
         .collect();
     let mut batches = Vec::new();
@@ -795,6 +831,13 @@ pub fn findings_query(id: &ReconRunId) -> Query {
 
 /// A page of a completed run's findings (of one classification, when
 /// named), in order, and the total. A run not completed shows none.
+///
+/// At any offset one ranged read of the page: finding `n` is the run's
+/// `n`th (its key), and finding of rank `r` the `r`th of its
+/// classification (its `gsi1` entry); the totals are the run's counts. A
+/// run from before the ranks (`ranked` false) is filtered and skipped
+/// through its findings (at most a statement's lines and a day's
+/// payments).
 pub async fn findings(
     deps: &Deps,
     tenant: &Tenant,
@@ -806,12 +849,45 @@ pub async fn findings(
     if run.status != RunStatus::Completed {
         return Ok((Vec::new(), 0));
     }
-    let mut query = Query::partition(Run::key(id).pk)
-        .sk(SkCond::BeginsWith(keys::RECON_FINDING_PREFIX.to_owned()));
-    if let Some(c) = classification {
-        query = query.filter(StoredFinding::CLASSIFICATION.eq(&c));
+    let store = &*deps.store;
+    let (query, total) = match classification {
+        None => (
+            Query::partition(Run::key(id).pk).sk(SkCond::Between(
+                keys::recon_finding(id.as_str(), first_of(&window)).sk,
+                format!("{}~", keys::RECON_FINDING_PREFIX),
+            )),
+            run.findings,
+        ),
+        Some(c) if run.ranked => (
+            Query::partition(keys::recon_findings_by(id.as_str(), c.as_str()))
+                .on(Index::Gsi1)
+                .sk(SkCond::Between(rank_sort(first_of(&window)), "~".into())),
+            run.counts.of(c),
+        ),
+        Some(c) => {
+            let query = Query::partition(Run::key(id).pk)
+                .sk(SkCond::BeginsWith(keys::RECON_FINDING_PREFIX.to_owned()))
+                .filter(StoredFinding::CLASSIFICATION.eq(&c));
+            return Ok(record::page_of(store, &query, window).await?);
+        }
+    };
+    if window.offset >= usize::try_from(total).unwrap_or(usize::MAX) {
+        return Ok((Vec::new(), u64::from(total)));
     }
-    Ok(record::page_of(&*deps.store, &query, window).await?)
+    let items = crate::store::query_window(store, &query, 0, window.limit).await?;
+    let found = items
+        .into_iter()
+        .map(record::from_item)
+        .collect::<Result<Vec<StoredFinding>, _>>()?;
+    Ok((found, u64::from(total)))
+}
+
+/// The number (or rank) of the first finding `window` shows: its offset
+/// plus one.
+fn first_of(window: &Window) -> u32 {
+    u32::try_from(window.offset)
+        .unwrap_or(u32::MAX)
+        .saturating_add(1)
 }
 
 /// "Settle from provider" for finding `n` of run `id`, a
@@ -1012,6 +1088,7 @@ impl FindingView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn p(n: i64) -> Paisa {
         Paisa::new(n).unwrap_or_else(|e| panic!("{e}"))
@@ -1096,5 +1173,146 @@ mod tests {
         let tokens: Vec<Option<String>> = (0..many.len()).map(|i| Some(format!("p{i}"))).collect();
         let got = lookup_candidates(&many, &tokens, &lines);
         assert_eq!((got.picked.len(), got.over), (MAX_LOOKUPS, 7));
+    }
+
+    fn finding(c: Classification, i: usize) -> Finding {
+        Finding {
+            classification: c,
+            kind: LineKind::Payment,
+            line: u32::try_from(i).ok(),
+            payment_id: None,
+            reference: Some(format!("r-{i}")),
+            provider_ref: None,
+            ours_amount: None,
+            theirs_amount: None,
+            ours_fee: None,
+            theirs_fee: None,
+            at: None,
+        }
+    }
+
+    /// A completed run of `n` findings (classes cycling unevenly), ranked
+    /// or as before the ranks.
+    async fn seeded_run(
+        deps: &crate::AppState,
+        tenant: &Tenant,
+        n: usize,
+        ranked: bool,
+    ) -> (Run, Vec<Finding>) {
+        let classes = [
+            Classification::Matched,
+            Classification::Matched,
+            Classification::NotOurs,
+            Classification::Matched,
+            Classification::AmountMismatch,
+        ];
+        let all: Vec<Finding> = (0..n).map(|i| finding(classes[i % 5], i)).collect();
+        let run = Run {
+            id: ReconRunId::new(),
+            project_id: tenant.project.clone(),
+            mode: tenant.mode,
+            provider: Provider::Esewa,
+            day: "2026-11-20".into(),
+            source: RunSource::Upload,
+            digest: "d".into(),
+            status: RunStatus::Completed,
+            counts: matching::counts(&all),
+            ours_total: Paisa::ZERO,
+            theirs_total: Paisa::ZERO,
+            lines: 0,
+            findings: u32::try_from(n).unwrap_or(0),
+            failure: None,
+            created_at: crate::testenv::at("2026-11-21T00:00:00Z"),
+            completed_at: None,
+            ranked,
+        };
+        deps.store
+            .transact(vec![run.put_new().unwrap_or_else(|e| panic!("{e}"))])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        write_findings(deps, &run.id, all.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        if !ranked {
+            // As written before the ranks: no rank, no entry.
+            for i in 0..n {
+                let key = StoredFinding::key(&run.id, u32::try_from(i + 1).unwrap_or(0));
+                let mut f: StoredFinding = record::get(&*deps.store, &key)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .unwrap_or_else(|| panic!("finding {i}"));
+                f.rank = None;
+                deps.store
+                    .transact(vec![TxOp::Put {
+                        item: f.to_item().unwrap_or_else(|e| panic!("{e}")),
+                        cond: None,
+                    }])
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+        (run, all)
+    }
+
+    /// Every offset of every classification (and of all) pages exactly;
+    /// a ranked run reads only the page, whatever the offset.
+    #[tokio::test]
+    async fn findings_page_exactly_at_any_offset_reading_only_the_page() {
+        let inner = crate::testenv::memory_store();
+        let store = Arc::new(crate::store::counting::CountingStore::new(Arc::clone(
+            &inner,
+        )));
+        let deps = crate::domain::billing::testenv::deps_at(store.clone(), "2026-11-21T00:00:00Z");
+        let tenant = Tenant::new("proj_findings", Mode::Sandbox);
+        for ranked in [true, false] {
+            let (run, all) = seeded_run(&deps, &tenant, 1_203, ranked).await;
+            for class in [
+                None,
+                Some(Classification::Matched),
+                Some(Classification::NotOurs),
+                Some(Classification::AmountMismatch),
+                Some(Classification::FeeMismatch),
+            ] {
+                let want: Vec<String> = all
+                    .iter()
+                    .filter(|f| class.is_none_or(|c| f.classification == c))
+                    .filter_map(|f| f.reference.clone())
+                    .collect();
+                for offset in [
+                    0,
+                    1,
+                    99,
+                    100,
+                    101,
+                    240,
+                    700,
+                    want.len().saturating_sub(1),
+                    want.len(),
+                    10_000_000,
+                ] {
+                    let before = store.items_read();
+                    let (got, total) =
+                        findings(&deps, &tenant, &run.id, class, Window::at(offset, 7))
+                            .await
+                            .unwrap_or_else(|e| panic!("{e}"));
+                    assert_eq!(total, want.len() as u64, "{class:?}");
+                    let end = (offset + 7).min(want.len());
+                    let expect = want
+                        .get(offset..end)
+                        .map(<[String]>::to_vec)
+                        .unwrap_or_default();
+                    let got: Vec<String> = got
+                        .into_iter()
+                        .filter_map(|f| f.finding.reference)
+                        .collect();
+                    assert_eq!(got, expect, "ranked {ranked} {class:?} offset {offset}");
+                    if ranked {
+                        // The page alone (the run is one get).
+                        let read = store.items_read() - before;
+                        assert!(read <= 7, "read {read}");
+                    }
+                }
+            }
+        }
     }
 }
