@@ -528,12 +528,13 @@ fn seeded_run(
         failure: None,
         created_at: now,
         completed_at: Some(now),
+        ranked: true,
+        listed: true,
     }
 }
 
 async fn runs_are_paged_newest_first_and_only_the_projects_own(which: Which) {
     use shared::domain::reconciliation::runs::RunStatus;
-    use shared::domain::record::Record;
     let Some(app) = spawn_app(which).await else {
         return;
     };
@@ -550,10 +551,9 @@ async fn runs_are_paged_newest_first_and_only_the_projects_own(which: Which) {
     let running = seeded_run(&shop.tenant.project.id, 27, RunStatus::Running);
     let theirs = seeded_run(&other.project.id, 28, RunStatus::Completed);
     for run in seeded.iter().chain([&running, &theirs]) {
-        let item = run.to_item().unwrap_or_else(|e| panic!("{e}"));
-        if let Err(e) = app.store.put(item, None).await {
-            panic!("{e}");
-        }
+        shared::domain::reconciliation::runs::store_new(&*app.store, run)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
     }
     ids.push(running.id.to_string());
     // Newest first: by id (ids sort by creation).

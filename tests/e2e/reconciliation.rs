@@ -642,6 +642,8 @@ async fn an_uncompleted_run_shows_no_findings(which: Which) {
         failure: None,
         created_at: now,
         completed_at: None,
+        ranked: true,
+        listed: true,
     };
     run.counts.not_ours = 1;
     let finding = StoredFinding {
@@ -661,12 +663,14 @@ async fn an_uncompleted_run_shows_no_findings(which: Which) {
             at: Some(now),
         },
         settled_at: None,
+        rank: Some(1),
     };
-    for item in [run.to_item(), finding.to_item()] {
-        let item = item.unwrap_or_else(|e| panic!("{e}"));
-        if let Err(e) = app.store.put(item, None).await {
-            panic!("{e}");
-        }
+    shared::domain::reconciliation::runs::store_new(&*app.store, &run)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let item = finding.to_item().unwrap_or_else(|e| panic!("{e}"));
+    if let Err(e) = app.store.put(item, None).await {
+        panic!("{e}");
     }
     let id = run.id.to_string();
     let a = app

@@ -1320,6 +1320,8 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
                 "customers": side(&done.customers),
                 "subscriptions": side(&done.subscriptions),
                 "billingInvoices": side(&done.billing_invoices),
+                "reports": side(&done.reports),
+                "reconRuns": side(&done.recon_runs),
             }),
         );
         let lists = [
@@ -1333,6 +1335,8 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
             ("customers", &done.customers),
             ("subscriptions", &done.subscriptions),
             ("billing invoices", &done.billing_invoices),
+            ("reports", &done.reports),
+            ("reconciliation runs", &done.recon_runs),
         ];
         let parts: Vec<String> = lists
             .iter()

@@ -299,6 +299,12 @@ pub struct ListsMarker {
     pub subscriptions_by_filter: bool,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub billing_invoices_by_filter: bool,
+    /// Reports and reconciliation runs (runs with their narrowings by
+    /// provider and day).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reports: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recon_runs: bool,
 }
 
 crate::attrs! { ListsMarker {
@@ -317,6 +323,8 @@ crate::attrs! { ListsMarker {
     INVOICES_BY_STATUS: bool = invoices_by_status,
     SUBSCRIPTIONS_BY_FILTER: bool = subscriptions_by_filter,
     BILLING_INVOICES_BY_FILTER: bool = billing_invoices_by_filter,
+    REPORTS: bool = reports,
+    RECON_RUNS: bool = recon_runs,
 } }
 
 impl Record for ListsMarker {
@@ -354,6 +362,8 @@ impl ListsMarker {
             invoices_by_status: true,
             subscriptions_by_filter: true,
             billing_invoices_by_filter: true,
+            reports: true,
+            recon_runs: true,
         }
     }
 

@@ -4,7 +4,8 @@
 //! per record (`listing::migrate` for payments and refunds,
 //! `listing::counted::migrate` for the counted lists: sessions, links,
 //! one-time invoices, webhook deliveries per endpoint, SMS reminders,
-//! billing customers, subscriptions and invoices).
+//! billing customers, subscriptions and invoices, reports and
+//! reconciliation runs).
 
 use super::Tenant;
 use super::billing::customers::Customer;
@@ -16,7 +17,9 @@ use super::links::PaymentLink;
 use super::listing::counted::{self, Counted, CountedKind, CountedList};
 use super::listing::{self, ListsMarker, Migrated};
 use super::payments::Payment;
+use super::reconciliation::runs::{Run, RunFilter};
 use super::refunds::Refund;
+use super::reports::Report;
 use super::sms::SmsReminder;
 use super::webhooks::{self, Delivery};
 use crate::keys;
@@ -35,6 +38,8 @@ pub struct TenantMigrated {
     pub customers: Migrated,
     pub subscriptions: Migrated,
     pub billing_invoices: Migrated,
+    pub reports: Migrated,
+    pub recon_runs: Migrated,
 }
 
 /// Migrates `tenant`'s payments, refunds, then the counted lists.
@@ -104,6 +109,20 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         vec![BillingInvoice::counted_list_of(tenant)],
     )
     .await?;
+    let reports = counted_list::<Report>(
+        store,
+        tenant,
+        CountedKind::Reports,
+        vec![Report::counted_list_of(tenant)],
+    )
+    .await?;
+    let recon_runs = counted_list::<Run>(
+        store,
+        tenant,
+        CountedKind::ReconRuns,
+        vec![Run::counted_list_of(tenant, &RunFilter::default())],
+    )
+    .await?;
     Ok(TenantMigrated {
         payments,
         refunds,
@@ -115,6 +134,8 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         customers,
         subscriptions,
         billing_invoices,
+        reports,
+        recon_runs,
     })
 }
 

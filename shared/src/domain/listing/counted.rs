@@ -53,6 +53,10 @@ pub enum CountedKind {
     Customers,
     Subscriptions,
     BillingInvoices,
+    /// Reports (exports) of a tenant.
+    Reports,
+    /// Reconciliation runs of a tenant.
+    ReconRuns,
 }
 
 impl CountedKind {
@@ -66,6 +70,8 @@ impl CountedKind {
             CountedKind::Customers => "BCUS",
             CountedKind::Subscriptions => "SUB",
             CountedKind::BillingInvoices => "BINV",
+            CountedKind::Reports => "RPT",
+            CountedKind::ReconRuns => "RRUN",
         }
     }
 
@@ -79,6 +85,8 @@ impl CountedKind {
             CountedKind::Customers => IdKind::BillingCustomer,
             CountedKind::Subscriptions => IdKind::Subscription,
             CountedKind::BillingInvoices => IdKind::BillingInvoice,
+            CountedKind::Reports => IdKind::Report,
+            CountedKind::ReconRuns => IdKind::ReconRun,
         }
     }
 
@@ -146,7 +154,14 @@ impl CountedList {
     }
 
     /// The list narrowed to `scope` (its own counters: `LIST#<code>#<scope>`).
+    /// A scope starts with a lowercase letter (an id, `day_...`): the
+    /// list's own counter keys go on with `Y#`, `M#` or `D#`, and a scope
+    /// that did too would fall in their ranges.
     pub fn scoped(mut self, scope: &str) -> Self {
+        debug_assert!(
+            scope.starts_with(|c: char| c.is_ascii_lowercase()),
+            "scope {scope:?} must start with a lowercase letter"
+        );
         self.scope = Some(scope.to_owned());
         self
     }
@@ -244,6 +259,25 @@ pub trait Counted: Record + DeserializeOwned {
     fn counted_id(&self) -> &str;
     fn counted_created(&self) -> Timestamp;
     fn is_counted(&self) -> bool;
+
+    /// The counter writes counting it: in its list, and in any narrowing
+    /// it is in (a record whose narrowings came with its list).
+    fn count_ops(&self) -> Vec<TxOp> {
+        self.counted_list()
+            .count_new(self.counted_id(), self.counted_created())
+    }
+
+    /// The changes marking it counted (a record written whole under a
+    /// version bumps it too, so a write from an older read fails).
+    fn mark_counted(&self) -> Changes<Self> {
+        Changes::new().set(Self::COUNTED, &true)
+    }
+
+    /// What else must hold when the migration counts it (a record written
+    /// whole without a version: that no such write is under way).
+    fn countable(&self) -> Option<Cond> {
+        None
+    }
 }
 
 /// Whether `e` is a transaction that lost a race on an item (a counter
@@ -274,6 +308,8 @@ impl ListsMarker {
             CountedKind::Customers => self.customers,
             CountedKind::Subscriptions => self.subscriptions,
             CountedKind::BillingInvoices => self.billing_invoices,
+            CountedKind::Reports => self.reports,
+            CountedKind::ReconRuns => self.recon_runs,
         }
     }
 
@@ -288,6 +324,8 @@ impl ListsMarker {
             CountedKind::Customers => ListsMarker::CUSTOMERS,
             CountedKind::Subscriptions => ListsMarker::SUBSCRIPTIONS,
             CountedKind::BillingInvoices => ListsMarker::BILLING_INVOICES,
+            CountedKind::Reports => ListsMarker::REPORTS,
+            CountedKind::ReconRuns => ListsMarker::RECON_RUNS,
         };
         TxOp::Update {
             key: ListsMarker::key(tenant),
@@ -540,16 +578,14 @@ pub async fn migrate<R: Counted>(store: &dyn Store, all: Query) -> Result<Migrat
                     done.already += 1;
                     break;
                 }
+                let mut cond = vec![Cond::Exists, R::COUNTED.missing()];
+                cond.extend(record.countable());
                 let mut ops = vec![TxOp::Update {
                     key: key.clone(),
-                    update: Changes::<R>::new().set(R::COUNTED, &true).into(),
-                    cond: Some(Cond::And(vec![Cond::Exists, R::COUNTED.missing()])),
+                    update: record.mark_counted().into(),
+                    cond: Some(Cond::And(cond)),
                 }];
-                ops.extend(
-                    record
-                        .counted_list()
-                        .count_new(record.counted_id(), record.counted_created()),
-                );
+                super::merge_counts(&mut ops, record.count_ops());
                 match store.transact(ops).await {
                     Ok(()) => {
                         done.listed += 1;

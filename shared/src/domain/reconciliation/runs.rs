@@ -23,16 +23,17 @@ use serde::{Deserialize, Serialize};
 use super::matching::{self, Classification, Counts, Finding, Ours};
 use super::statements::{LineKind, LineStatus, Statement, StatementLine};
 use crate::Deps;
+use crate::domain::listing::counted;
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::payments::{Payment, PaymentStatus};
-use crate::domain::record::{self, Entry, Record, Window, from_item};
+use crate::domain::record::{self, Attr, Entry, Record, Window, from_item};
 use crate::domain::{Mode, Provider, Tenant};
 use crate::ids::{IdKind, PaymentId, ProjectId, ReconRunId, StatementUploadId};
 use crate::keys;
 use crate::money::Paisa;
 use crate::refusal::Refusal;
 use crate::secrets::ProviderCredentials;
-use crate::store::{Cond, Index, Key, Query, SkCond, StoreError, TxOp};
+use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// A list's page size when the caller names none.
@@ -93,13 +94,51 @@ pub struct Run {
     /// a ranged read at any offset ([`findings`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ranked: bool,
+    /// Counted in its tenant's list counters and their narrowings by
+    /// provider and day ([`Run::counted_lists`]): set at creation, or by
+    /// `dhukuti-admin lists migrate` for a run from before them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub listed: bool,
 }
 
 crate::attrs! { Run {
     STATUS: RunStatus = status,
     PROVIDER: Provider = provider,
     DAY: String = day,
+    LISTED: bool = listed,
 } }
+
+impl counted::Counted for Run {
+    const COUNTED: Attr<Self, bool> = Run::LISTED;
+    fn counted_list(&self) -> counted::CountedList {
+        Run::counted_list_of(&self.tenant(), &RunFilter::default())
+    }
+    fn counted_id(&self) -> &str {
+        self.id.as_str()
+    }
+    fn counted_created(&self) -> Timestamp {
+        self.created_at
+    }
+    fn is_counted(&self) -> bool {
+        self.listed
+    }
+    /// In the list and the lists of its provider, its day, and both.
+    fn count_ops(&self) -> Vec<TxOp> {
+        let mut ops = Vec::new();
+        for list in self.counted_lists() {
+            crate::domain::listing::merge_counts(
+                &mut ops,
+                list.count_new(self.id.as_str(), self.created_at),
+            );
+        }
+        ops
+    }
+    /// A running run is written whole when it ends: counted only once it
+    /// has (the migration retries meanwhile).
+    fn countable(&self) -> Option<Cond> {
+        Some(Run::STATUS.ne(&RunStatus::Running))
+    }
+}
 
 impl Run {
     pub fn key(id: &ReconRunId) -> Key {
@@ -109,6 +148,63 @@ impl Run {
     pub fn tenant(&self) -> Tenant {
         Tenant::new(self.project_id.clone(), self.mode)
     }
+
+    /// The lists it is in: all runs, its provider's, its day's and both's.
+    pub fn counted_lists(&self) -> Vec<counted::CountedList> {
+        let tenant = self.tenant();
+        let provider = Some(self.provider);
+        let mut filters = vec![
+            RunFilter::default(),
+            RunFilter {
+                provider,
+                day: None,
+            },
+        ];
+        // A day is always stored `YYYY-MM-DD`.
+        if let Ok(d) = NaiveDate::parse_from_str(&self.day, "%Y-%m-%d") {
+            filters.push(RunFilter {
+                provider: None,
+                day: Some(d),
+            });
+            filters.push(RunFilter {
+                provider,
+                day: Some(d),
+            });
+        }
+        filters
+            .iter()
+            .map(|f| Run::counted_list_of(&tenant, f))
+            .collect()
+    }
+
+    /// `tenant`'s counted list of the runs `filter` shows: all of them
+    /// (`gsi1`), of a provider (`gsi4`, a member of the list's
+    /// counters), of a Nepal day (`gsi5`, its own counters: days are
+    /// unbounded), of both (`gsi6`, likewise).
+    pub fn counted_list_of(tenant: &Tenant, filter: &RunFilter) -> counted::CountedList {
+        let all = keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::ReconRuns);
+        let list =
+            counted::CountedList::new(counted::CountedKind::ReconRuns, tenant.clone(), all.clone());
+        let day = filter.day.map(|d| d.format("%Y-%m-%d").to_string());
+        match (filter.provider, day) {
+            (None, None) => list,
+            (Some(p), None) => list.narrowed(
+                &format!("p_{}", p.as_str()),
+                Index::Gsi4,
+                format!("{all}#P#{}", p.as_str()),
+            ),
+            (None, Some(d)) => list.scoped(&format!("day_{d}")).narrowed(
+                "all",
+                Index::Gsi5,
+                format!("{all}#D#{d}"),
+            ),
+            (Some(p), Some(d)) => list.scoped(&format!("day_{d}_{}", p.as_str())).narrowed(
+                "all",
+                Index::Gsi6,
+                format!("{all}#DP#{d}#{}", p.as_str()),
+            ),
+        }
+    }
 }
 
 impl Record for Run {
@@ -116,11 +212,16 @@ impl Record for Run {
         Run::key(&self.id)
     }
 
+    /// Its place in each of [`Run::counted_lists`], by id.
     fn entries(&self) -> Vec<Entry> {
-        vec![Entry::gsi1(
-            keys::per_mode(&self.project_id, self.mode, keys::PerMode::ReconRuns),
-            self.id.to_string(),
-        )]
+        self.counted_lists()
+            .into_iter()
+            .map(|list| Entry {
+                index: list.index.unwrap_or(Index::Gsi1),
+                partition: list.partition,
+                sort: self.id.to_string(),
+            })
+            .collect()
     }
 }
 
@@ -431,8 +532,9 @@ pub async fn execute(
         created_at: now,
         completed_at: None,
         ranked: true,
+        listed: true,
     };
-    deps.store.transact(vec![run.put_new()?]).await?;
+    insert(deps, &run).await?;
     write_findings(deps, &run.id, findings.clone()).await?;
     run.status = RunStatus::Completed;
     run.counts = matching::counts(&findings);
@@ -751,13 +853,44 @@ pub struct RunFilter {
     pub day: Option<NaiveDate>,
 }
 
-/// A page of the tenant's runs, newest first, and the total.
+/// Stores a new run, counted in its lists (a counter-shard conflict with
+/// a concurrent insert is retried).
+async fn insert(deps: &Deps, run: &Run) -> Result<(), StoreError> {
+    store_new(&*deps.store, run).await
+}
+
+/// [`insert`] on a store (tests seed runs with it).
+pub async fn store_new(store: &dyn Store, run: &Run) -> Result<(), StoreError> {
+    let mut tries = 0;
+    loop {
+        let mut ops = vec![run.put_new()?];
+        ops.extend(counted::Counted::count_ops(run));
+        match store.transact(ops).await {
+            Err(e) if counted::is_conflict(&e) && tries < 10 => {
+                tries += 1;
+                crate::store::contention_backoff(tries).await;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// A page of the tenant's runs, newest first, and the total. Counted
+/// (`listing::counted`): each filter is its own list, any offset at a
+/// bounded cost once the tenant is covered; until then filtered and
+/// skipped through the list.
 pub async fn list(
     deps: &Deps,
     tenant: &Tenant,
     filter: &RunFilter,
     window: Window,
 ) -> Result<(Vec<Run>, u64), StoreError> {
+    let store = &*deps.store;
+    if counted::covered(store, tenant, counted::CountedKind::ReconRuns).await? {
+        let list = Run::counted_list_of(tenant, filter);
+        let (found, total, _) = counted::page(store, &list, &window, true).await?;
+        return Ok((found, total));
+    }
     let mut query = Query::partition(keys::per_mode(
         &tenant.project,
         tenant.mode,
@@ -1225,6 +1358,7 @@ mod tests {
             created_at: crate::testenv::at("2026-11-21T00:00:00Z"),
             completed_at: None,
             ranked,
+            listed: true,
         };
         deps.store
             .transact(vec![run.put_new().unwrap_or_else(|e| panic!("{e}"))])
@@ -1314,5 +1448,162 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn run_of(tenant: &Tenant, provider: Provider, day: &str, listed: bool) -> Run {
+        Run {
+            id: ReconRunId::new(),
+            project_id: tenant.project.clone(),
+            mode: tenant.mode,
+            provider,
+            day: day.into(),
+            source: RunSource::Upload,
+            digest: "d".into(),
+            status: RunStatus::Completed,
+            counts: Counts::default(),
+            ours_total: Paisa::ZERO,
+            theirs_total: Paisa::ZERO,
+            lines: 0,
+            findings: 0,
+            failure: None,
+            created_at: crate::testenv::at("2026-11-21T00:00:00Z"),
+            completed_at: None,
+            ranked: true,
+            listed,
+        }
+    }
+
+    /// Each filter's list against the runs filtered by hand.
+    async fn assert_lists(deps: &crate::AppState, tenant: &Tenant, all: &[Run]) {
+        let days = ["2026-11-18", "2026-11-19", "2026-11-20"];
+        let mut filters = vec![RunFilter::default()];
+        for p in [Provider::Esewa, Provider::Khalti, Provider::Fonepay] {
+            filters.push(RunFilter {
+                provider: Some(p),
+                day: None,
+            });
+        }
+        for d in days {
+            let day = NaiveDate::parse_from_str(d, "%Y-%m-%d").ok();
+            filters.push(RunFilter {
+                provider: None,
+                day,
+            });
+            filters.push(RunFilter {
+                provider: Some(Provider::Khalti),
+                day,
+            });
+        }
+        for f in &filters {
+            let mut want: Vec<String> = all
+                .iter()
+                .filter(|r| f.provider.is_none_or(|p| p == r.provider))
+                .filter(|r| {
+                    f.day
+                        .is_none_or(|d| d.format("%Y-%m-%d").to_string() == r.day)
+                })
+                .map(|r| r.id.to_string())
+                .collect();
+            want.sort_by(|a, b| b.cmp(a));
+            for offset in [
+                0,
+                3,
+                100,
+                101,
+                130,
+                want.len().saturating_sub(1),
+                want.len() + 2,
+            ] {
+                let (got, total) = list(deps, tenant, f, Window::at(offset, 6))
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(total, want.len() as u64, "{f:?}");
+                let end = (offset + 6).min(want.len());
+                let got: Vec<String> = got.into_iter().map(|r| r.id.to_string()).collect();
+                assert_eq!(
+                    got,
+                    want.get(offset..end)
+                        .map(<[String]>::to_vec)
+                        .unwrap_or_default(),
+                    "{f:?} offset {offset}"
+                );
+            }
+        }
+    }
+
+    fn spread(tenant: &Tenant, n: usize, listed: bool) -> Vec<Run> {
+        let providers = [
+            Provider::Esewa,
+            Provider::Khalti,
+            Provider::Khalti,
+            Provider::Fonepay,
+        ];
+        let days = ["2026-11-18", "2026-11-19", "2026-11-20"];
+        (0..n)
+            .map(|i| run_of(tenant, providers[i % 4], days[i % 3], listed))
+            .collect()
+    }
+
+    /// Runs are counted lists per provider, day and both: every filter
+    /// pages and counts exactly at any offset, inserted concurrently.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn runs_list_by_provider_and_day_exactly_at_any_offset() {
+        let store = crate::testenv::memory_store();
+        let deps = crate::domain::billing::testenv::deps_at(store.clone(), "2026-11-21T00:00:00Z");
+        let tenant = Tenant::new("proj_runs", Mode::Live);
+        store
+            .transact(vec![crate::domain::listing::ListsMarker::mark_counted(
+                &tenant,
+                counted::CountedKind::ReconRuns,
+            )])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let all = spread(&tenant, 280, true);
+        let inserts = all.iter().map(|r| insert(&deps, r));
+        for done in futures::future::join_all(inserts).await {
+            done.unwrap_or_else(|e| panic!("{e}"));
+        }
+        assert_lists(&deps, &tenant, &all).await;
+    }
+
+    /// Runs from before the counters: listed the old way until the
+    /// migration, which waits for a running run to end and counts each
+    /// once.
+    #[tokio::test]
+    async fn older_runs_are_counted_once_by_the_migration() {
+        let store = crate::testenv::memory_store();
+        let deps = crate::domain::billing::testenv::deps_at(store.clone(), "2026-11-21T00:00:00Z");
+        let tenant = Tenant::new("proj_old_runs", Mode::Live);
+        let mut all = spread(&tenant, 40, false);
+        all[7].status = RunStatus::Running;
+        for r in &all {
+            store
+                .transact(vec![r.put_new().unwrap_or_else(|e| panic!("{e}"))])
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        // Uncovered: right through the old filtered read.
+        assert_lists(&deps, &tenant, &all).await;
+        let migrate = || crate::domain::lists_migration::migrate(&*store, &tenant);
+        // A run still running is not counted: the migration fails, to be
+        // run again.
+        assert!(migrate().await.is_err());
+        let mut ended = all[7].clone();
+        ended.status = RunStatus::Completed;
+        store
+            .put(ended.to_item().unwrap_or_else(|e| panic!("{e}")), None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let done = migrate().await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(done.recon_runs.listed + done.recon_runs.already, 40);
+        assert_eq!(done.recon_runs.already, 40 - done.recon_runs.listed);
+        let again = migrate().await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((again.recon_runs.listed, again.recon_runs.already), (0, 40));
+        assert!(
+            counted::covered(&*store, &tenant, counted::CountedKind::ReconRuns)
+                .await
+                .unwrap_or(false)
+        );
+        assert_lists(&deps, &tenant, &all).await;
     }
 }

@@ -29,12 +29,13 @@ pub use link::{download, download_link};
 pub use run::{LEASE, claim, kick, run, run_unfinished, spawn_run};
 
 use crate::Deps;
-use crate::domain::record::{self, Changes, Entry, Record, Window};
+use crate::domain::listing::counted;
+use crate::domain::record::{self, Attr, Changes, Entry, Record, Window};
 use crate::domain::{Mode, Tenant};
 use crate::ids::{ProjectId, ReportId};
 use crate::keys;
 use crate::refusal::Refusal;
-use crate::store::{Cond, Index, Key, Query, StoreError, TxOp};
+use crate::store::{Cond, Key, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// The error code of a `POST` refused at [`MAX_UNFINISHED`] (409). The
@@ -128,6 +129,11 @@ pub struct Report {
     /// a report from before the quota).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub counted: bool,
+    /// Counted in its tenant's list counters (`listing::counted`): set
+    /// at creation, or by `dhukuti-admin lists migrate` for a report
+    /// from before them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub listed: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -241,7 +247,31 @@ impl ReportQuota {
 crate::attrs! { Report {
     VERSION: i64 = version,
     STATUS: ReportStatus = status,
+    LISTED: bool = listed,
 } }
+
+impl counted::Counted for Report {
+    const COUNTED: Attr<Self, bool> = Report::LISTED;
+    fn counted_list(&self) -> counted::CountedList {
+        Report::counted_list_of(&self.tenant())
+    }
+    fn counted_id(&self) -> &str {
+        self.id.as_str()
+    }
+    fn counted_created(&self) -> Timestamp {
+        self.created_at
+    }
+    fn is_counted(&self) -> bool {
+        self.listed
+    }
+    /// Written whole under its version: the mark bumps it, so a save
+    /// from a read before the mark fails (`Busy`) rather than undo it.
+    fn mark_counted(&self) -> Changes<Self> {
+        Changes::new()
+            .set(Report::LISTED, &true)
+            .add(Report::VERSION, 1)
+    }
+}
 
 impl Report {
     pub fn key(id: &ReportId) -> Key {
@@ -255,6 +285,15 @@ impl Report {
 
     pub fn tenant(&self) -> Tenant {
         Tenant::new(self.project_id.clone(), self.mode)
+    }
+
+    /// `tenant`'s counted list of reports (its `gsi1` partition).
+    pub fn counted_list_of(tenant: &Tenant) -> counted::CountedList {
+        counted::CountedList::new(
+            counted::CountedKind::Reports,
+            tenant.clone(),
+            keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::Reports),
+        )
     }
 }
 
@@ -380,13 +419,23 @@ pub async fn create(
         finished_at: None,
         attempts: 0,
         counted: true,
+        listed: true,
     };
-    let ops = vec![report.put_new()?, ReportQuota::take(tenant)];
-    match deps.store.transact(ops).await {
-        Ok(()) => Ok(report),
-        // The id is new: only the bound can refuse it.
-        Err(e) if e.is_condition_failure() => Err(ReportError::TooMany),
-        Err(e) => Err(e.into()),
+    let mut tries = 0;
+    loop {
+        let mut ops = vec![report.put_new()?, ReportQuota::take(tenant)];
+        ops.extend(counted::Counted::count_ops(&report));
+        match deps.store.transact(ops).await {
+            Ok(()) => return Ok(report),
+            // A concurrent insert wrote a counter shard: try again.
+            Err(e) if counted::is_conflict(&e) && tries < 10 => {
+                tries += 1;
+                crate::store::contention_backoff(tries).await;
+            }
+            // The id is new: only the bound can refuse it.
+            Err(e) if e.is_condition_failure() => return Err(ReportError::TooMany),
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 
@@ -398,20 +447,19 @@ pub async fn get(deps: &Deps, tenant: &Tenant, id: &ReportId) -> Result<Report, 
     }
 }
 
-/// A page of the tenant's reports, newest first, and the total.
+/// A page of the tenant's reports, newest first, and the total: counted
+/// (`listing::counted`), any offset at a bounded cost once the tenant is
+/// covered.
 pub async fn list(
     deps: &Deps,
     tenant: &Tenant,
     window: Window,
 ) -> Result<(Vec<Report>, u64), StoreError> {
-    let query = Query::partition(keys::per_mode(
-        &tenant.project,
-        tenant.mode,
-        keys::PerMode::Reports,
-    ))
-    .on(Index::Gsi1)
-    .backward();
-    record::page_of(&*deps.store, &query, window).await
+    let store = &*deps.store;
+    let covered = counted::covered(store, tenant, counted::CountedKind::Reports).await?;
+    let (found, total, _) =
+        counted::page(store, &Report::counted_list_of(tenant), &window, covered).await?;
+    Ok((found, total))
 }
 
 /// Writes `next` over `seen` (conditioned on the version read): `Busy`
