@@ -6,12 +6,20 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::*;
+use super::{
+    CountedKind, CountedList, Narrowed, Narrowing, covered_narrowing, is_conflict,
+    migrate_narrowed, page,
+};
 use crate::domain::Mode;
+use crate::domain::listing::ListsMarker;
 use crate::domain::record::Entry;
+use crate::domain::record::{Attr, Changes, Record, Window};
 use crate::ids::ProjectId;
+use crate::kinds::Tenant;
 use crate::store::counting::CountingStore;
+use crate::store::{Cond, Index, Key, Query, Store, StoreError, TxOp};
 use crate::testenv::memory_store;
+use crate::time::Timestamp;
 
 /// A record of a counted list narrowed by its `color`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
