@@ -1320,6 +1320,8 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
                 "customers": side(&done.customers),
                 "subscriptions": side(&done.subscriptions),
                 "billingInvoices": side(&done.billing_invoices),
+                "sessionsByStatus": side(&done.sessions_by_status),
+                "linksByActive": side(&done.links_by_active),
             }),
         );
         let lists = [
@@ -1333,6 +1335,8 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
             ("customers", &done.customers),
             ("subscriptions", &done.subscriptions),
             ("billing invoices", &done.billing_invoices),
+            ("sessions by status", &done.sessions_by_status),
+            ("links by active", &done.links_by_active),
         ];
         let parts: Vec<String> = lists
             .iter()

@@ -4,7 +4,8 @@
 //! per record (`listing::migrate` for payments and refunds,
 //! `listing::counted::migrate` for the counted lists: sessions, links,
 //! one-time invoices, webhook deliveries per endpoint, SMS reminders,
-//! billing customers, subscriptions and invoices).
+//! billing customers, subscriptions and invoices; `migrate_narrowed` for
+//! their narrowings: sessions by status, links by `active`).
 
 use super::Tenant;
 use super::billing::customers::Customer;
@@ -13,7 +14,7 @@ use super::billing::subscription::Subscription;
 use super::checkout::CheckoutSession;
 use super::invoices::Invoice;
 use super::links::PaymentLink;
-use super::listing::counted::{self, Counted, CountedKind, CountedList};
+use super::listing::counted::{self, Counted, CountedKind, CountedList, Narrowed, Narrowing};
 use super::listing::{self, ListsMarker, Migrated};
 use super::payments::Payment;
 use super::refunds::Refund;
@@ -35,6 +36,10 @@ pub struct TenantMigrated {
     pub customers: Migrated,
     pub subscriptions: Migrated,
     pub billing_invoices: Migrated,
+    /// Sessions entered in their narrowing by stored status.
+    pub sessions_by_status: Migrated,
+    /// Links entered in their narrowing by `active`.
+    pub links_by_active: Migrated,
 }
 
 /// Migrates `tenant`'s payments, refunds, then the counted lists.
@@ -104,6 +109,20 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         vec![BillingInvoice::counted_list_of(tenant)],
     )
     .await?;
+    let sessions_by_status = narrowed::<CheckoutSession>(
+        store,
+        tenant,
+        Narrowing::SessionsByStatus,
+        CheckoutSession::counted_list_of(tenant),
+    )
+    .await?;
+    let links_by_active = narrowed::<PaymentLink>(
+        store,
+        tenant,
+        Narrowing::LinksByActive,
+        PaymentLink::counted_list_of(tenant),
+    )
+    .await?;
     Ok(TenantMigrated {
         payments,
         refunds,
@@ -115,7 +134,24 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         customers,
         subscriptions,
         billing_invoices,
+        sessions_by_status,
+        links_by_active,
     })
+}
+
+/// Enters the records of `list` in their narrowings, then marks `n`
+/// covered for `tenant`.
+async fn narrowed<R: Narrowed>(
+    store: &dyn Store,
+    tenant: &Tenant,
+    n: Narrowing,
+    list: CountedList,
+) -> Result<Migrated, StoreError> {
+    let done = counted::migrate_narrowed::<R>(store, list.all()).await?;
+    store
+        .transact(vec![ListsMarker::mark_narrowing(tenant, n)])
+        .await?;
+    Ok(done)
 }
 
 /// Counts the records of `lists`, then marks `kind` covered for `tenant`.

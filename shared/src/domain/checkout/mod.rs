@@ -20,6 +20,8 @@ mod providers;
 mod sessions;
 pub mod stats;
 #[cfg(test)]
+mod narrowed_tests;
+#[cfg(test)]
 mod tests;
 
 pub use expiry::{
