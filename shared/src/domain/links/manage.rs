@@ -512,7 +512,7 @@ pub async fn insert_once(
 pub(super) async fn insert(store: &dyn Store, link: &PaymentLink) -> Result<(), StoreError> {
     let counts = match (link.counted, link.narrowed) {
         (_, true) => link.insert_counts(),
-        (true, false) => link.count_new(),
+        (true, false) => PaymentLink::count_new(link),
         (false, false) => Vec::new(),
     };
     crate::store::write_with(store, link.put_new()?, counts).await

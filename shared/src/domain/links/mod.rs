@@ -27,6 +27,8 @@ use crate::time::Timestamp;
 mod manage;
 mod page;
 #[cfg(test)]
+mod narrowed_tests;
+#[cfg(test)]
 mod tests;
 
 pub(crate) use manage::get_in;
