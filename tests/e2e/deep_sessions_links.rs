@@ -8,11 +8,11 @@
 use dhukuti_tests::{Answer, TestApp, Which, on_both_backends, send, spawn_app};
 use serde_json::{Value, json};
 use shared::domain::Mode;
+use shared::domain::Tenant as Scoped;
 use shared::domain::account::Scope;
 use shared::domain::checkout::{self, Creator, SessionStatus};
 use shared::domain::links::{self, PaymentLink};
 use shared::domain::record::Record;
-use shared::domain::Tenant as Scoped;
 use shared::ids::{LinkId, SessionId};
 use shared::time::{Clock, SystemClock, Timestamp};
 
@@ -193,7 +193,13 @@ async fn sessions_by_status_at_any_offset(which: Which) {
     app.stop().await;
 }
 
-async fn send_json(app: &TestApp, method: reqwest::Method, path: &str, key: &str, body: Value) -> Answer {
+async fn send_json(
+    app: &TestApp,
+    method: reqwest::Method,
+    path: &str,
+    key: &str,
+    body: Value,
+) -> Answer {
     send(
         app.client
             .request(method, app.url(path))
@@ -229,7 +235,13 @@ async fn links_by_active_at_any_offset(which: Which) {
     assert_eq!(all.len(), 190);
     for active in [true, false] {
         let want = with(&all, "active", &json!(active));
-        assert_filtered(&app, &key, &format!("/v1/payment-links?active={active}"), &want).await;
+        assert_filtered(
+            &app,
+            &key,
+            &format!("/v1/payment-links?active={active}"),
+            &want,
+        )
+        .await;
     }
     // A PATCH and a cancel move a link each; a DELETE takes one out.
     let active = with(&all, "active", &json!(true));

@@ -364,7 +364,10 @@ async fn record_start(
         TxOp::Update {
             key: CheckoutSession::key(&session.id),
             update: change.changes.into(),
-            cond: Some(Cond::And(vec![startable_as_read(session, now), change.cond])),
+            cond: Some(Cond::And(vec![
+                startable_as_read(session, now),
+                change.cond,
+            ])),
         },
     ];
     // One open payment per session: the attempt this one supersedes is

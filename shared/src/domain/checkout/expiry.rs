@@ -409,7 +409,10 @@ pub(crate) fn merge_union(
             return Vec::new();
         };
         let first = first.id.as_str().to_owned();
-        let newer = overdue.iter().filter(|o| o.id.as_str() > first.as_str()).count();
+        let newer = overdue
+            .iter()
+            .filter(|o| o.id.as_str() > first.as_str())
+            .count();
         (
             from + newer,
             overdue

@@ -16,11 +16,11 @@
 //!   the session insert, so concurrent creations cannot pass it.
 
 mod expiry;
+#[cfg(test)]
+mod narrowed_tests;
 mod providers;
 mod sessions;
 pub mod stats;
-#[cfg(test)]
-mod narrowed_tests;
 #[cfg(test)]
 mod tests;
 

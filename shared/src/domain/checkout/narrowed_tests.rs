@@ -83,10 +83,7 @@ async fn covered_store() -> Arc<dyn Store> {
     let store = memory_store();
     let marker = ListsMarker::new(&tenant());
     store
-        .put(
-            marker.to_item().unwrap_or_else(|e| panic!("{e}")),
-            None,
-        )
+        .put(marker.to_item().unwrap_or_else(|e| panic!("{e}")), None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     store
@@ -96,12 +93,7 @@ const NOW: &str = "2026-11-29T12:00:00.000Z";
 
 /// `n` sessions over the 60 days before now, of every status; about one
 /// open session in three past its time (overdue), wherever in the list.
-async fn seeded(
-    store: &dyn Store,
-    seed: u64,
-    n: usize,
-    narrowed: bool,
-) -> Vec<CheckoutSession> {
+async fn seeded(store: &dyn Store, seed: u64, n: usize, narrowed: bool) -> Vec<CheckoutSession> {
     let mut rng = StdRng::seed_from_u64(seed);
     let now = ms(NOW);
     let mut all = Vec::new();
@@ -164,29 +156,44 @@ fn brute_window(want: &[String], window: &Window) -> Vec<String> {
     }
 }
 
-async fn read(
-    store: &dyn Store,
-    status: SessionStatus,
-    window: &Window,
-) -> (Vec<String>, u64) {
+async fn read(store: &dyn Store, status: SessionStatus, window: &Window) -> (Vec<String>, u64) {
     let (page, total) = list_in(store, &tenant(), Some(status), ts(ms(NOW)), window.clone())
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    (page.into_iter().map(|s| s.id.as_str().to_owned()).collect(), total)
+    (
+        page.into_iter().map(|s| s.id.as_str().to_owned()).collect(),
+        total,
+    )
 }
 
 async fn assert_exact(store: &dyn Store, all: &[CheckoutSession], rng: &mut StdRng) {
     for status in SessionStatus::ALL {
         let want = brute(all, status);
         let n = want.len();
-        let mut offsets = vec![0, 1, 7, 99, 100, 101, 150, n / 2, n.saturating_sub(1), n, n + 5];
+        let mut offsets = vec![
+            0,
+            1,
+            7,
+            99,
+            100,
+            101,
+            150,
+            n / 2,
+            n.saturating_sub(1),
+            n,
+            n + 5,
+        ];
         offsets.extend((0..4).map(|_| rng.random_range(0..n + 2)));
         for offset in offsets {
             for limit in [1, 10, 25] {
                 let w = Window::at(offset, limit);
                 let (got, total) = read(store, status, &w).await;
                 assert_eq!(total, n as u64, "{status:?} total");
-                assert_eq!(got, brute_window(&want, &w), "{status:?} offset {offset} limit {limit}");
+                assert_eq!(
+                    got,
+                    brute_window(&want, &w),
+                    "{status:?} offset {offset} limit {limit}"
+                );
             }
         }
         // Seeks from any session's id (in the list or not).
@@ -243,7 +250,11 @@ async fn a_deep_offset_of_a_status_reads_a_bounded_number_of_items() {
         all.push(s);
     }
     let store = CountingStore::new(Arc::clone(&inner));
-    for status in [SessionStatus::Expired, SessionStatus::Pending, SessionStatus::Success] {
+    for status in [
+        SessionStatus::Expired,
+        SessionStatus::Pending,
+        SessionStatus::Success,
+    ] {
         let want = brute(&all, status);
         let offset = want.len().saturating_sub(30).min(150);
         let before = store.items_read();
@@ -265,7 +276,13 @@ async fn more_overdue_sessions_than_merged_is_refused_not_answered_wrong() {
     let mut rng = StdRng::seed_from_u64(9);
     let now = ms(NOW);
     for i in 0..=super::expiry::MAX_OVERDUE as i64 {
-        let s = session(&mut rng, now - 7_200_000 + i, SessionStatus::Pending, now - 1, true);
+        let s = session(
+            &mut rng,
+            now - 7_200_000 + i,
+            SessionStatus::Pending,
+            now - 1,
+            true,
+        );
         insert(&*store, &s).await.unwrap_or_else(|e| panic!("{e}"));
     }
     for status in [SessionStatus::Expired, SessionStatus::Pending] {
@@ -273,7 +290,14 @@ async fn more_overdue_sessions_than_merged_is_refused_not_answered_wrong() {
         assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
     }
     // Stored statuses alone are unaffected.
-    let r = list_in(&*store, &tenant(), Some(SessionStatus::Success), ts(now), Window::first(5)).await;
+    let r = list_in(
+        &*store,
+        &tenant(),
+        Some(SessionStatus::Success),
+        ts(now),
+        Window::first(5),
+    )
+    .await;
     assert_eq!(r.map(|(p, t)| (p.len(), t)), Ok((0, 0)));
 }
 
@@ -363,7 +387,10 @@ async fn the_migration_narrows_older_sessions_once_and_the_old_way_answers_until
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
-        (again.sessions_by_status.listed, again.sessions_by_status.already),
+        (
+            again.sessions_by_status.listed,
+            again.sessions_by_status.already
+        ),
         (0, 150)
     );
     assert!(

@@ -25,9 +25,9 @@ use crate::store::{Cond, Index, Key, TxOp};
 use crate::time::Timestamp;
 
 mod manage;
-mod page;
 #[cfg(test)]
 mod narrowed_tests;
+mod page;
 #[cfg(test)]
 mod tests;
 
@@ -264,7 +264,11 @@ impl PaymentLink {
     /// (`active` as read, narrowed or not as read) and the counter writes
     /// for the same transaction. Every write of `active` goes through here
     /// (a unit test fails on a `set` of it anywhere else).
-    pub fn active_change(&self, to: bool, changes: Changes<PaymentLink>) -> StatusChange<PaymentLink> {
+    pub fn active_change(
+        &self,
+        to: bool,
+        changes: Changes<PaymentLink>,
+    ) -> StatusChange<PaymentLink> {
         let changes = changes.set(PaymentLink::ACTIVE, &to);
         if !self.narrowed {
             return StatusChange {

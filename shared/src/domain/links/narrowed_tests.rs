@@ -29,8 +29,9 @@ fn ms(s: &str) -> i64 {
 /// A link created at `created` (its id minted then), stored `active`;
 /// `narrowed`: entered in its narrowing (else one from before it).
 fn link(rng: &mut StdRng, created: i64, active: bool, narrowed: bool) -> PaymentLink {
-    let req: CreateLink = serde_json::from_value(serde_json::json!({"title": "Box", "amount": 1000}))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let req: CreateLink =
+        serde_json::from_value(serde_json::json!({"title": "Box", "amount": 1000}))
+            .unwrap_or_else(|e| panic!("{e}"));
     let at = Timestamp::from_unix_millis(created).unwrap_or_else(|| panic!("ms"));
     let mut l = new_link(&tenant(), req, at).unwrap_or_else(|e| panic!("{e:?}"));
     let random: u128 = rng.random::<u128>() & ((1u128 << 80) - 1);
@@ -103,11 +104,26 @@ async fn assert_exact(state: &AppState, all: &[PaymentLink], rng: &mut StdRng) {
     for active in [true, false] {
         let want = brute(all, active);
         let n = want.len();
-        for offset in [0, 1, 99, 100, 101, 140, n / 2, n.saturating_sub(1), n, n + 3] {
+        for offset in [
+            0,
+            1,
+            99,
+            100,
+            101,
+            140,
+            n / 2,
+            n.saturating_sub(1),
+            n,
+            n + 3,
+        ] {
             let w = Window::at(offset, 10);
             let (got, total) = read(state, active, &w).await;
             assert_eq!(total, n as u64, "active {active}");
-            assert_eq!(got, brute_window(&want, &w), "active {active} offset {offset}");
+            assert_eq!(
+                got,
+                brute_window(&want, &w),
+                "active {active} offset {offset}"
+            );
         }
         for _ in 0..4 {
             let from = all[rng.random_range(0..all.len())].id.as_str().to_owned();
@@ -141,7 +157,9 @@ async fn a_deep_offset_of_inactive_links_reads_a_bounded_number_of_items() {
     let mut all = Vec::new();
     for i in 0..2000i64 {
         let l = link(&mut rng, start + i * 600_000, i % 10 != 0, true);
-        insert(&*state.store, &l).await.unwrap_or_else(|e| panic!("{e}"));
+        insert(&*state.store, &l)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         all.push(l);
     }
     let counting = Arc::new(CountingStore::new(Arc::clone(&state.store)));
@@ -152,7 +170,11 @@ async fn a_deep_offset_of_inactive_links_reads_a_bounded_number_of_items() {
     assert_eq!(total, 200);
     assert_eq!(got, brute_window(&want, &w));
     let bound = 8 * (2 + 2 + 31) + 15 + 10 + 1;
-    assert!(counting.items_read() <= bound, "read {}", counting.items_read());
+    assert!(
+        counting.items_read() <= bound,
+        "read {}",
+        counting.items_read()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
