@@ -173,3 +173,106 @@ async fn counted_list<R: Counted>(
         .await?;
     Ok(done)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Mode;
+    use crate::domain::checkout::{self, Creator, SessionStatus};
+    use crate::domain::links;
+    use crate::domain::record::{Record, Window};
+    use crate::time::{Clock, SystemClock};
+
+    /// The narrowings of sessions and links: entered and counted once,
+    /// a rerun nothing, both marked covered.
+    #[tokio::test]
+    async fn the_narrowings_are_migrated_once_and_marked() {
+        let store = crate::testenv::memory_store();
+        let tenant = Tenant::new("proj_mig", Mode::Sandbox);
+        let mut marker = ListsMarker::new(&tenant);
+        marker.sessions_by_status = false;
+        marker.links_by_active = false;
+        let put = marker.to_item().unwrap_or_else(|e| panic!("{e}"));
+        store.put(put, None).await.unwrap_or_else(|e| panic!("{e}"));
+        let now = SystemClock.now();
+        let creator = Creator {
+            project_id: tenant.project.clone(),
+            mode: Mode::Sandbox,
+            api_key_id: "ak_mig".into(),
+            spend_cap_paisa: None,
+        };
+        for status in [
+            SessionStatus::Success,
+            SessionStatus::Failed,
+            SessionStatus::Success,
+        ] {
+            let valid = checkout::validate_create(
+                serde_json::from_value(
+                    serde_json::json!({"amount": 5000, "returnUrl": "https://shop.example/done"}),
+                )
+                .unwrap_or_else(|e| panic!("{e}")),
+                Mode::Sandbox,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let mut s = checkout::new_session(&creator, valid, now);
+            s.status = status;
+            s.narrowed = false;
+            let mut ops = vec![s.put_new().unwrap_or_else(|e| panic!("{e}"))];
+            ops.extend(s.count_new());
+            store.transact(ops).await.unwrap_or_else(|e| panic!("{e}"));
+        }
+        for active in [true, false] {
+            let req: links::CreateLink =
+                serde_json::from_value(serde_json::json!({"title": "Tea", "amount": 1000}))
+                    .unwrap_or_else(|e| panic!("{e}"));
+            let mut l = links::new_link(&tenant, req, now).unwrap_or_else(|e| panic!("{e:?}"));
+            l.active = active;
+            l.narrowed = false;
+            let mut ops = vec![l.put_new().unwrap_or_else(|e| panic!("{e}"))];
+            ops.extend(l.count_new());
+            store.transact(ops).await.unwrap_or_else(|e| panic!("{e}"));
+        }
+        let first = migrate(&*store, &tenant)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (
+                first.sessions_by_status.listed,
+                first.links_by_active.listed
+            ),
+            (3, 2)
+        );
+        let again = migrate(&*store, &tenant)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (
+                again.sessions_by_status.listed,
+                again.sessions_by_status.already,
+                again.links_by_active.listed,
+                again.links_by_active.already
+            ),
+            (0, 3, 0, 2)
+        );
+        for n in [Narrowing::SessionsByStatus, Narrowing::LinksByActive] {
+            assert_eq!(
+                counted::covered_narrowing(&*store, &tenant, n).await,
+                Ok(true)
+            );
+        }
+        let total = |list: CountedList| {
+            let store = store.clone();
+            async move {
+                counted::page::<serde_json::Value>(&*store, &list, &Window::first(1), true)
+                    .await
+                    .map(|(_, total, _)| total)
+                    .unwrap_or_else(|e| panic!("{e}"))
+            }
+        };
+        assert_eq!(
+            total(CheckoutSession::by_status(&tenant, SessionStatus::Success)).await,
+            2
+        );
+        assert_eq!(total(PaymentLink::by_active(&tenant, false)).await, 1);
+    }
+}

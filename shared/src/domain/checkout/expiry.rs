@@ -346,7 +346,7 @@ async fn by_status(
         overdue.retain(|s| s.status == status);
     }
     let m = overdue.len();
-    let newer = |id: &str| overdue.iter().filter(|o| o.id.as_str() > id).count();
+    let newer = |sort: &str| overdue.iter().filter(|o| o.id.as_str() > sort).count();
     // Where the page starts in the merged list.
     let (k, limit) = match &window.seek {
         Seek::Start => (window.offset, window.limit),
