@@ -37,6 +37,7 @@ mod dashboard_reconciliation;
 mod dashboard_roles;
 mod dashboard_signin;
 mod deep_lists;
+mod deep_sessions_links;
 mod docs_page;
 mod dunning;
 mod invoices;

@@ -1322,6 +1322,8 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
                 "billingInvoices": side(&done.billing_invoices),
                 "reports": side(&done.reports),
                 "reconRuns": side(&done.recon_runs),
+                "sessionsByStatus": side(&done.sessions_by_status),
+                "linksByActive": side(&done.links_by_active),
             }),
         );
         let lists = [
@@ -1337,6 +1339,8 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
             ("billing invoices", &done.billing_invoices),
             ("reports", &done.reports),
             ("reconciliation runs", &done.recon_runs),
+            ("sessions by status", &done.sessions_by_status),
+            ("links by active", &done.links_by_active),
         ];
         let parts: Vec<String> = lists
             .iter()

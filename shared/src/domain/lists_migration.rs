@@ -5,7 +5,8 @@
 //! `listing::counted::migrate` for the counted lists: sessions, links,
 //! one-time invoices, webhook deliveries per endpoint, SMS reminders,
 //! billing customers, subscriptions and invoices, reports and
-//! reconciliation runs).
+//! reconciliation runs; `migrate_narrowed` for their narrowings: sessions
+//! by status, links by `active`).
 
 use super::Tenant;
 use super::billing::customers::Customer;
@@ -14,7 +15,7 @@ use super::billing::subscription::Subscription;
 use super::checkout::CheckoutSession;
 use super::invoices::Invoice;
 use super::links::PaymentLink;
-use super::listing::counted::{self, Counted, CountedKind, CountedList};
+use super::listing::counted::{self, Counted, CountedKind, CountedList, Narrowed, Narrowing};
 use super::listing::{self, ListsMarker, Migrated};
 use super::payments::Payment;
 use super::reconciliation::runs::{Run, RunFilter};
@@ -40,6 +41,10 @@ pub struct TenantMigrated {
     pub billing_invoices: Migrated,
     pub reports: Migrated,
     pub recon_runs: Migrated,
+    /// Sessions entered in their narrowing by stored status.
+    pub sessions_by_status: Migrated,
+    /// Links entered in their narrowing by `active`.
+    pub links_by_active: Migrated,
 }
 
 /// Migrates `tenant`'s payments, refunds, then the counted lists.
@@ -123,6 +128,20 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         vec![Run::counted_list_of(tenant, &RunFilter::default())],
     )
     .await?;
+    let sessions_by_status = narrowed::<CheckoutSession>(
+        store,
+        tenant,
+        Narrowing::SessionsByStatus,
+        CheckoutSession::counted_list_of(tenant),
+    )
+    .await?;
+    let links_by_active = narrowed::<PaymentLink>(
+        store,
+        tenant,
+        Narrowing::LinksByActive,
+        PaymentLink::counted_list_of(tenant),
+    )
+    .await?;
     Ok(TenantMigrated {
         payments,
         refunds,
@@ -136,7 +155,24 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         billing_invoices,
         reports,
         recon_runs,
+        sessions_by_status,
+        links_by_active,
     })
+}
+
+/// Enters the records of `list` in their narrowings, then marks `n`
+/// covered for `tenant`.
+async fn narrowed<R: Narrowed>(
+    store: &dyn Store,
+    tenant: &Tenant,
+    n: Narrowing,
+    list: CountedList,
+) -> Result<Migrated, StoreError> {
+    let done = counted::migrate_narrowed::<R>(store, list.all()).await?;
+    store
+        .transact(vec![ListsMarker::mark_narrowing(tenant, n)])
+        .await?;
+    Ok(done)
 }
 
 /// Counts the records of `lists`, then marks `kind` covered for `tenant`.
@@ -157,4 +193,107 @@ async fn counted_list<R: Counted>(
         .transact(vec![ListsMarker::mark_counted(tenant, kind)])
         .await?;
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Mode;
+    use crate::domain::checkout::{self, Creator, SessionStatus};
+    use crate::domain::links;
+    use crate::domain::record::{Record, Window};
+    use crate::time::{Clock, SystemClock};
+
+    /// The narrowings of sessions and links: entered and counted once,
+    /// a rerun nothing, both marked covered.
+    #[tokio::test]
+    async fn the_narrowings_are_migrated_once_and_marked() {
+        let store = crate::testenv::memory_store();
+        let tenant = Tenant::new("proj_mig", Mode::Sandbox);
+        let mut marker = ListsMarker::new(&tenant);
+        marker.sessions_by_status = false;
+        marker.links_by_active = false;
+        let put = marker.to_item().unwrap_or_else(|e| panic!("{e}"));
+        store.put(put, None).await.unwrap_or_else(|e| panic!("{e}"));
+        let now = SystemClock.now();
+        let creator = Creator {
+            project_id: tenant.project.clone(),
+            mode: Mode::Sandbox,
+            api_key_id: "ak_mig".into(),
+            spend_cap_paisa: None,
+        };
+        for status in [
+            SessionStatus::Success,
+            SessionStatus::Failed,
+            SessionStatus::Success,
+        ] {
+            let valid = checkout::validate_create(
+                serde_json::from_value(
+                    serde_json::json!({"amount": 5000, "returnUrl": "https://shop.example/done"}),
+                )
+                .unwrap_or_else(|e| panic!("{e}")),
+                Mode::Sandbox,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let mut s = checkout::new_session(&creator, valid, now);
+            s.status = status;
+            s.narrowed = false;
+            let mut ops = vec![s.put_new().unwrap_or_else(|e| panic!("{e}"))];
+            ops.extend(s.count_new());
+            store.transact(ops).await.unwrap_or_else(|e| panic!("{e}"));
+        }
+        for active in [true, false] {
+            let req: links::CreateLink =
+                serde_json::from_value(serde_json::json!({"title": "Tea", "amount": 1000}))
+                    .unwrap_or_else(|e| panic!("{e}"));
+            let mut l = links::new_link(&tenant, req, now).unwrap_or_else(|e| panic!("{e:?}"));
+            l.active = active;
+            l.narrowed = false;
+            let mut ops = vec![l.put_new().unwrap_or_else(|e| panic!("{e}"))];
+            ops.extend(l.count_new());
+            store.transact(ops).await.unwrap_or_else(|e| panic!("{e}"));
+        }
+        let first = migrate(&*store, &tenant)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (
+                first.sessions_by_status.listed,
+                first.links_by_active.listed
+            ),
+            (3, 2)
+        );
+        let again = migrate(&*store, &tenant)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (
+                again.sessions_by_status.listed,
+                again.sessions_by_status.already,
+                again.links_by_active.listed,
+                again.links_by_active.already
+            ),
+            (0, 3, 0, 2)
+        );
+        for n in [Narrowing::SessionsByStatus, Narrowing::LinksByActive] {
+            assert_eq!(
+                counted::covered_narrowing(&*store, &tenant, n).await,
+                Ok(true)
+            );
+        }
+        let total = |list: CountedList| {
+            let store = store.clone();
+            async move {
+                counted::page::<serde_json::Value>(&*store, &list, &Window::first(1), true)
+                    .await
+                    .map(|(_, total, _)| total)
+                    .unwrap_or_else(|e| panic!("{e}"))
+            }
+        };
+        assert_eq!(
+            total(CheckoutSession::by_status(&tenant, SessionStatus::Success)).await,
+            2
+        );
+        assert_eq!(total(PaymentLink::by_active(&tenant, false)).await, 1);
+    }
 }

@@ -605,19 +605,22 @@ fn session_paid_ops(
 ) -> Result<Vec<TxOp>, StoreError> {
     tally.session_paid(s);
     tally.session_moved(s, s.status, SessionStatus::Success);
-    let mut ops = vec![TxOp::Update {
-        key: CheckoutSession::key(&s.id),
-        update: Changes::new()
-            .set(CheckoutSession::STATUS, &SessionStatus::Success)
+    let change = s.status_change(
+        SessionStatus::Success,
+        Changes::new()
             .set_some(CheckoutSession::PAYMENT_ID, p.id.as_str())
             .set_some(CheckoutSession::ATTEMPT_PROVIDER, &p.provider)
             .set(CheckoutSession::UPDATED_AT, &now)
-            .unindex(Index::Gsi2)
-            .into(),
+            .unindex(Index::Gsi2),
+    );
+    let mut ops = vec![TxOp::Update {
+        key: CheckoutSession::key(&s.id),
+        update: change.changes.into(),
         // As read: a session that moved meanwhile (expired, failed: its
         // link use given back) is re-read.
-        cond: Some(CheckoutSession::STATUS.eq(&s.status)),
+        cond: Some(change.cond),
     }];
+    crate::domain::listing::merge_counts(&mut ops, change.also);
     if let Some((l, base)) = link {
         ops.extend(link_paid_ops(p, s, l, base, now)?);
     }
@@ -741,17 +744,24 @@ fn session_after_attempt_ops(
     now: Timestamp,
 ) -> Vec<TxOp> {
     let back_to_picker = !ends_session && s.expires_at > now;
-    let mut session_update = if ends_session {
-        Changes::new()
-            .set(CheckoutSession::STATUS, &SessionStatus::Failed)
-            .set(CheckoutSession::UPDATED_AT, &now)
-            .unindex(Index::Gsi2)
-    } else if back_to_picker {
-        Changes::new()
-            .set(CheckoutSession::STATUS, &SessionStatus::Pending)
-            .set(CheckoutSession::UPDATED_AT, &now)
+    let to = if ends_session {
+        SessionStatus::Failed
     } else {
-        Changes::new()
+        SessionStatus::Pending
+    };
+    // The status's move (none when the session stays as it is).
+    let change = (ends_session || back_to_picker).then(|| {
+        let changes = Changes::new().set(CheckoutSession::UPDATED_AT, &now);
+        let changes = if ends_session {
+            changes.unindex(Index::Gsi2)
+        } else {
+            changes
+        };
+        s.status_change(to, changes)
+    });
+    let (mut session_update, moved_cond, counts) = match change {
+        Some(c) => (c.changes, Some(c.cond), c.also),
+        None => (Changes::new(), None, Vec::new()),
     };
     // The attempt held one of its link's uses: given back as it fails or
     // is cancelled (the next attempt takes one again).
@@ -762,20 +772,18 @@ fn session_after_attempt_ops(
     if session_update.sets_nothing() {
         return Vec::new();
     }
-    let to = if ends_session {
-        SessionStatus::Failed
-    } else {
-        SessionStatus::Pending
-    };
     tally.session_moved(s, SessionStatus::Initiated, to);
+    let mut conds = vec![
+        CheckoutSession::PAYMENT_ID.is(p.id.as_str()),
+        CheckoutSession::STATUS.eq(&SessionStatus::Initiated),
+    ];
+    conds.extend(moved_cond);
     let mut ops = vec![TxOp::Update {
         key: CheckoutSession::key(&s.id),
         update: session_update.into(),
-        cond: Some(Cond::And(vec![
-            CheckoutSession::PAYMENT_ID.is(p.id.as_str()),
-            CheckoutSession::STATUS.eq(&SessionStatus::Initiated),
-        ])),
+        cond: Some(Cond::And(conds)),
     }];
+    crate::domain::listing::merge_counts(&mut ops, counts);
     if release {
         if let Some(id) = &s.link_id {
             ops.push(crate::domain::checkout::release_link_use(id));

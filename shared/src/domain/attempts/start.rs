@@ -355,13 +355,19 @@ async fn record_start(
     claim: Option<&crate::domain::links::PaymentLink>,
     now: Timestamp,
 ) -> Result<(), AttemptError> {
-    let session_update = started_session_update(payment, address, claim.is_some(), now);
+    let change = session.status_change(
+        SessionStatus::Initiated,
+        started_session_update(payment, address, claim.is_some(), now),
+    );
     let mut ops = vec![
         as_started(payment).put_new()?,
         TxOp::Update {
             key: CheckoutSession::key(&session.id),
-            update: session_update.into(),
-            cond: Some(startable_as_read(session, now)),
+            update: change.changes.into(),
+            cond: Some(Cond::And(vec![
+                startable_as_read(session, now),
+                change.cond,
+            ])),
         },
     ];
     // One open payment per session: the attempt this one supersedes is
@@ -379,6 +385,8 @@ async fn record_start(
     // superseded attempt's move (the same counter items when both are of
     // one day).
     crate::domain::listing::merge_counts(&mut ops, crate::domain::listing::count_new(payment));
+    // The session's move between its status narrowings.
+    crate::domain::listing::merge_counts(&mut ops, change.also);
     let claim_at = claim.map(|link| {
         ops.push(crate::domain::links::claim_op(link, session.expires_at));
         (link, ops.len() - 1)
@@ -400,7 +408,8 @@ async fn record_start(
 }
 
 /// The session's move to `initiated` with `payment` (its link's use taken
-/// when `claims_link`, the address kept when one goes with the attempt).
+/// when `claims_link`, the address kept when one goes with the attempt),
+/// but for the status ([`CheckoutSession::status_change`] sets it).
 fn started_session_update(
     payment: &Payment,
     address: Option<&StoredAddress>,
@@ -409,7 +418,6 @@ fn started_session_update(
 ) -> Changes<CheckoutSession> {
     let mut update = Changes::new()
         .add(CheckoutSession::ATTEMPTS, 1)
-        .set(CheckoutSession::STATUS, &SessionStatus::Initiated)
         .set_some(CheckoutSession::PAYMENT_ID, payment.id.as_str())
         .set_some(CheckoutSession::ATTEMPT_PROVIDER, &payment.provider)
         .set(CheckoutSession::UPDATED_AT, &now);

@@ -11,7 +11,7 @@ use crate::domain::record::{Changes, from_item};
 use crate::domain::{Tenant, Window};
 use crate::ids::{LinkId, SessionId, TypedId};
 use crate::keys;
-use crate::store::{Cond, Index, Query, SkCond, Store, StoreError, TxOp, TxReason};
+use crate::store::{Cond, Index, Query, Seek, SkCond, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 
 fn open_cond() -> Cond {
@@ -48,17 +48,19 @@ pub(super) async fn mark_expired(
         if current.status.is_final() || (only_if_due && now < current.expires_at) {
             return Ok(current);
         }
-        let mut conds = vec![Cond::Exists, CheckoutSession::STATUS.eq(&current.status)];
+        let change = current.status_change(
+            SessionStatus::Expired,
+            Changes::<CheckoutSession>::new()
+                .set(CheckoutSession::UPDATED_AT, &now)
+                .unindex(Index::Gsi2),
+        );
+        let mut conds = vec![Cond::Exists, change.cond];
         if only_if_due {
             conds.push(CheckoutSession::EXPIRES_AT.le(&now));
         }
-        let update = Changes::<CheckoutSession>::new()
-            .set(CheckoutSession::STATUS, &SessionStatus::Expired)
-            .set(CheckoutSession::UPDATED_AT, &now)
-            .unindex(Index::Gsi2);
         let mut ops = vec![TxOp::Update {
             key: key.clone(),
-            update: update.into(),
+            update: change.changes.into(),
             cond: Some(Cond::And(conds)),
         }];
         // A session holding one of its link's uses gives it back as it ends.
@@ -71,6 +73,7 @@ pub(super) async fn mark_expired(
         let mut tally = stats::Tally::new();
         tally.session_moved(&current, current.status, SessionStatus::Expired);
         tally.apply_to(&mut ops)?;
+        crate::domain::listing::merge_counts(&mut ops, change.also);
         match store.transact(ops).await {
             Ok(()) => {
                 let mut done = current;
@@ -235,17 +238,23 @@ pub(crate) async fn list_in(
     now: Timestamp,
     window: Window,
 ) -> Result<(Vec<CheckoutSession>, u64), StoreError> {
-    let mut query = Query::partition(CheckoutSession::list_partition(tenant))
-        .on(Index::Gsi1)
-        .backward();
-    if let Some(s) = status {
-        query = query.filter(status_filter(s, now));
-    }
     // Unfiltered and counted: any offset at a bounded cost.
     if status.is_none() && counted::covered(store, tenant, counted::CountedKind::Sessions).await? {
         let list = CheckoutSession::counted_list_of(tenant);
         let (sessions, total, _) = counted::page(store, &list, &window, true).await?;
         return Ok((sessions, total));
+    }
+    // By status and narrowed: any offset at a bounded cost.
+    if let Some(s) = status {
+        if counted::covered_narrowing(store, tenant, counted::Narrowing::SessionsByStatus).await? {
+            return by_status(store, tenant, s, now, &window).await;
+        }
+    }
+    let mut query = Query::partition(CheckoutSession::list_partition(tenant))
+        .on(Index::Gsi1)
+        .backward();
+    if let Some(s) = status {
+        query = query.filter(status_filter(s, now));
     }
     let Some(totals) = stats::session_totals(store, tenant).await? else {
         // A project from before the counters: counted the old way.
@@ -273,6 +282,210 @@ pub(crate) async fn list_in(
         }
     };
     Ok((sessions, u64::try_from(total.max(0)).unwrap_or(0)))
+}
+
+/// The most overdue sessions (open, past their time, not yet stored as
+/// expired) a status list merges; the sweep stores them within a minute
+/// or so, so there are a few. Past it (the sweep far behind) a list of
+/// an open or expired status is refused as unavailable for the moment
+/// rather than answered wrong.
+pub(crate) const MAX_OVERDUE: usize = 1_000;
+
+/// The project's open sessions past their time at `now` (the open index,
+/// `expires_at <= now`), newest id first: at most [`MAX_OVERDUE`].
+async fn overdue_sessions(
+    store: &dyn Store,
+    tenant: &Tenant,
+    now: Timestamp,
+) -> Result<Vec<CheckoutSession>, StoreError> {
+    let query = Query::partition(open_sessions_partition(tenant))
+        .on(Index::Gsi2)
+        .sk(SkCond::Lt(format!("{}#~", now.to_rfc3339())));
+    let items = crate::store::query_window(store, &query, 0, MAX_OVERDUE + 1).await?;
+    if items.len() > MAX_OVERDUE {
+        return Err(StoreError::Unavailable(format!(
+            "more than {MAX_OVERDUE} sessions wait to be stored as expired; retry in a minute"
+        )));
+    }
+    let mut found = items
+        .into_iter()
+        .map(from_item)
+        .collect::<Result<Vec<CheckoutSession>, _>>()?;
+    // An entry left on a final session (never by the service) is no
+    // overdue one.
+    found.retain(|s| !s.status.is_final() && s.status_at(now) == SessionStatus::Expired);
+    found.sort_by(|a, b| b.id.as_str().cmp(a.id.as_str()));
+    found.dedup_by(|a, b| a.id == b.id);
+    Ok(found)
+}
+
+/// A page of the sessions whose status as of `now` is `status`, and their
+/// total, from the narrowings by stored status (exact at any offset):
+/// `success`/`failed` are the stored ones; `expired` the stored ones and
+/// the overdue ones (O: open, past their time); `pending`/`initiated` the
+/// stored ones but the overdue of them. O is read whole (at most
+/// [`MAX_OVERDUE`]) and merged with a page of the stored narrowing read
+/// `|O|` items wider: see [`merge_union`] and [`merge_difference`].
+async fn by_status(
+    store: &dyn Store,
+    tenant: &Tenant,
+    status: SessionStatus,
+    now: Timestamp,
+    window: &Window,
+) -> Result<(Vec<CheckoutSession>, u64), StoreError> {
+    let stored = CheckoutSession::by_status(tenant, status);
+    if status.is_final() && status != SessionStatus::Expired {
+        let (sessions, total, _) = counted::page(store, &stored, window, true).await?;
+        return Ok((sessions, total));
+    }
+    // O first: a session the sweep stores as expired meanwhile is then
+    // in both reads (counted once), never in neither.
+    let mut overdue = overdue_sessions(store, tenant, now).await?;
+    let union = status == SessionStatus::Expired;
+    if !union {
+        overdue.retain(|s| s.status == status);
+    }
+    let m = overdue.len();
+    let newer = |sort: &str| overdue.iter().filter(|o| o.id.as_str() > sort).count();
+    // Where the page starts in the merged list.
+    let (k, limit) = match &window.seek {
+        Seek::Start => (window.offset, window.limit),
+        seek @ (Seek::After(id) | Seek::Before(id)) => {
+            let (at, own) = counted::position_of(store, &stored, id).await?;
+            let in_o = usize::from(overdue.iter().any(|o| o.id.as_str() == id));
+            let (at, own) = if union {
+                (at + newer(id), own.max(in_o))
+            } else {
+                (at.saturating_sub(newer(id)), own.saturating_sub(in_o))
+            };
+            seek_window_at(seek, at, own, window)
+        }
+    };
+    if limit == 0 {
+        // A page before the list's first record: empty, the total still.
+        let (_, total) = Box::pin(by_status(store, tenant, status, now, &Window::at(0, 1))).await?;
+        return Ok((Vec::new(), total));
+    }
+    let from = if union { k.saturating_sub(m) } else { k };
+    let (read, total, _) = counted::page::<CheckoutSession>(
+        store,
+        &stored,
+        &Window::at(from, limit.saturating_add(m)),
+        true,
+    )
+    .await?;
+    let m = u64::try_from(m).unwrap_or(u64::MAX);
+    if union {
+        Ok((
+            merge_union(read, from, overdue, k, limit),
+            total.saturating_add(m),
+        ))
+    } else {
+        Ok((
+            merge_difference(read, &overdue, limit),
+            total.saturating_sub(m),
+        ))
+    }
+}
+
+/// The page at `k` (`limit` long) of the union of a stored list S and O
+/// (disjoint, both newest id first), given `read` = S[s0 ..] with s0 =
+/// `from` >= k - |O| and at least `limit + |O|` long where S has them.
+/// S[s0] stands at p = s0 + |O newer than it| <= k in the union; merged
+/// from there with the O older than it (all of O when s0 = 0, p = 0),
+/// the page is merged[k - p ..].
+pub(crate) fn merge_union(
+    read: Vec<CheckoutSession>,
+    from: usize,
+    overdue: Vec<CheckoutSession>,
+    k: usize,
+    limit: usize,
+) -> Vec<CheckoutSession> {
+    let (p, rest): (usize, Vec<CheckoutSession>) = if from == 0 {
+        (0, overdue)
+    } else {
+        let Some(first) = read.first() else {
+            // Past the stored list: k >= |S| + |O|.
+            return Vec::new();
+        };
+        let first = first.id.as_str().to_owned();
+        let newer = overdue
+            .iter()
+            .filter(|o| o.id.as_str() > first.as_str())
+            .count();
+        (
+            from + newer,
+            overdue
+                .into_iter()
+                .filter(|o| o.id.as_str() < first.as_str())
+                .collect(),
+        )
+    };
+    let mut merged: Vec<CheckoutSession> = Vec::with_capacity(read.len() + rest.len());
+    let (mut a, mut b) = (read.into_iter().peekable(), rest.into_iter().peekable());
+    loop {
+        let take_a = match (a.peek(), b.peek()) {
+            (None, None) => break,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(x), Some(y)) => x.id.as_str() >= y.id.as_str(),
+        };
+        let next = if take_a { a.next() } else { b.next() };
+        if let Some(s) = next {
+            // A session in both (stored as expired between the reads):
+            // once.
+            if merged.last().is_none_or(|l| l.id != s.id) {
+                merged.push(s);
+            }
+        }
+    }
+    merged
+        .into_iter()
+        .skip(k.saturating_sub(p))
+        .take(limit)
+        .collect()
+}
+
+/// The page at `k` (`limit` long) of a stored list S but its members in
+/// O (O a part of S, both newest id first), given `read` = S[k ..], at
+/// least `limit + |O|` long where S has them: S[k] stands at k - d in
+/// the difference (d = |O newer than it|), so the page is the read
+/// without O, from its item d.
+pub(crate) fn merge_difference(
+    read: Vec<CheckoutSession>,
+    overdue: &[CheckoutSession],
+    limit: usize,
+) -> Vec<CheckoutSession> {
+    let Some(first) = read.first() else {
+        return Vec::new();
+    };
+    let d = overdue
+        .iter()
+        .filter(|o| o.id.as_str() > first.id.as_str())
+        .count();
+    let gone: std::collections::HashSet<&str> = overdue.iter().map(|o| o.id.as_str()).collect();
+    read.into_iter()
+        .filter(|s| !gone.contains(s.id.as_str()))
+        .skip(d)
+        .take(limit)
+        .collect()
+}
+
+/// The offset and limit of a page after or before a record at position
+/// `at` (entries newer than it; `own`: 1 when it is in the list itself).
+fn seek_window_at(seek: &Seek, at: usize, own: usize, window: &Window) -> (usize, usize) {
+    match seek {
+        Seek::Start => (window.offset, window.limit),
+        Seek::After(_) => (
+            at.saturating_add(own).saturating_add(window.offset),
+            window.limit,
+        ),
+        Seek::Before(_) => {
+            let end = at.saturating_sub(window.offset);
+            let start = end.saturating_sub(window.limit);
+            (start, end - start)
+        }
+    }
 }
 
 /// Open sessions of the project whose time passed, stored as `status`

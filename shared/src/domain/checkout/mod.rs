@@ -16,6 +16,8 @@
 //!   the session insert, so concurrent creations cannot pass it.
 
 mod expiry;
+#[cfg(test)]
+mod narrowed_tests;
 mod providers;
 mod sessions;
 pub mod stats;

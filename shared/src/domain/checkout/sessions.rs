@@ -13,7 +13,9 @@ use super::{
     MAX_METADATA_KEY_LEN, MAX_METADATA_KEYS, MAX_METADATA_VALUE_LEN, SESSION_LIFETIME, stats,
 };
 use crate::app::Deps;
-use crate::domain::record::{Changes, Entry, Record};
+use crate::domain::listing::counted::{CountedList, Narrowed};
+use crate::domain::listing::{StatusChange, merge_counts};
+use crate::domain::record::{Attr, Changes, Entry, Record};
 use crate::domain::{Mode, Provider, Tenant};
 use crate::fields::{AddressPart, Description, Email, HttpUrl, PersonName, Phone};
 use crate::ids::{ApiKeyId, BillingInvoiceId, InvoiceId, LinkId, PaymentId, ProjectId, SessionId};
@@ -21,7 +23,7 @@ use crate::keys;
 use crate::money::{Currency, Paisa};
 use crate::refusal::Refusal;
 use crate::store::fence::Fence;
-use crate::store::{Cond, Key, Store, StoreError, TxOp, TxReason};
+use crate::store::{Cond, Index, Key, Store, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 
 /// How the customer pays.
@@ -234,6 +236,17 @@ pub struct CheckoutSession {
     /// at creation, or by `dhukuti-admin lists migrate`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub counted: bool,
+    /// In its list's narrowing by stored status
+    /// ([`CheckoutSession::by_status`]): its `gsi4` partition is there
+    /// (written by its entries, never from here). Set at creation, or by
+    /// `dhukuti-admin lists migrate`.
+    #[serde(
+        default,
+        rename = "gsi4pk",
+        skip_serializing,
+        deserialize_with = "crate::domain::listing::present"
+    )]
+    pub narrowed: bool,
 }
 
 crate::attrs! { CheckoutSession {
@@ -267,6 +280,7 @@ crate::attrs! { CheckoutSession {
     BILLING_INVOICE_ID: Option<BillingInvoiceId> = billing_invoice_id,
     CLIENT_SECRET_SHA256: Option<String> = client_secret_sha256,
     COUNTED: bool = counted,
+    NARROWED: bool = narrowed as "gsi4pk",
 } }
 
 crate::domain::listing::counted::counted_per_tenant!(
@@ -275,19 +289,40 @@ crate::domain::listing::counted::counted_per_tenant!(
     CheckoutSession::list_partition
 );
 
+impl Narrowed for CheckoutSession {
+    const NARROWED: Attr<Self, bool> = CheckoutSession::NARROWED;
+    fn is_narrowed(&self) -> bool {
+        self.narrowed
+    }
+    fn narrowings(&self) -> (Changes<Self>, Vec<TxOp>) {
+        (
+            Changes::new().enter([self.status_entry(self.status)]),
+            CheckoutSession::by_status(&self.tenant(), self.status)
+                .count_new(&self.id, self.created_at),
+        )
+    }
+    fn narrowed_as_read(&self) -> Cond {
+        CheckoutSession::STATUS.eq(&self.status)
+    }
+}
+
 impl Record for CheckoutSession {
     fn item_key(&self) -> Key {
         CheckoutSession::key(&self.id)
     }
 
-    /// `gsi1`: the project's list; `gsi2` (sparse, while open): the
-    /// sessions the scheduler expires, by `expires_at` (an update that
-    /// ends the session takes it out).
+    /// `gsi1`: the project's list; `gsi4` (once narrowed): its narrowing
+    /// by stored status; `gsi2` (sparse, while open): the sessions the
+    /// scheduler expires, by `expires_at` (an update that ends the session
+    /// takes it out).
     fn entries(&self) -> Vec<Entry> {
         let mut out = vec![Entry::gsi1(
             CheckoutSession::list_partition(&Tenant::new(self.project_id.clone(), self.mode)),
             self.id.clone(),
         )];
+        if self.narrowed {
+            out.push(self.status_entry(self.status));
+        }
         if !self.status.is_final() {
             out.push(Entry::gsi2(
                 open_sessions_partition(&Tenant::new(self.project_id.clone(), self.mode)),
@@ -305,6 +340,87 @@ impl CheckoutSession {
 
     pub(super) fn list_partition(tenant: &Tenant) -> String {
         keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::Sessions)
+    }
+
+    /// `tenant`'s sessions stored as `status`: the list narrowed on
+    /// `gsi4` (`<list>#S#<status>`, member `s_<status>`).
+    pub fn by_status(tenant: &Tenant, status: SessionStatus) -> CountedList {
+        CheckoutSession::counted_list_of(tenant).narrowed(
+            &format!("s_{}", status.as_str()),
+            Index::Gsi4,
+            format!(
+                "{}#S#{}",
+                CheckoutSession::list_partition(tenant),
+                status.as_str()
+            ),
+        )
+    }
+
+    fn tenant(&self) -> Tenant {
+        Tenant::new(self.project_id.clone(), self.mode)
+    }
+
+    /// Its entry in the narrowing of `status`.
+    fn status_entry(&self, status: SessionStatus) -> Entry {
+        Entry {
+            index: Index::Gsi4,
+            partition: CheckoutSession::by_status(&self.tenant(), status).partition,
+            sort: self.id.as_str().to_owned(),
+        }
+    }
+
+    /// The counter writes of a new session, for its insert's transaction:
+    /// its list's and (narrowed) its status's, folded per counter item.
+    /// Every insert counts through here (not the list's `count_new`
+    /// alone: a unit test fails on that).
+    pub fn insert_counts(&self) -> Vec<TxOp> {
+        let mut ops = self.count_new();
+        if self.narrowed {
+            merge_counts(
+                &mut ops,
+                CheckoutSession::by_status(&self.tenant(), self.status)
+                    .count_new(&self.id, self.created_at),
+            );
+        }
+        ops
+    }
+
+    /// Moving this session (as read) to `to`: `changes` with the status
+    /// set and its narrowed entry moved, the condition to write them under
+    /// (the status as read, narrowed or not as read) and the counter
+    /// writes for the same transaction (fold them in with
+    /// [`merge_counts`]). Every write of a session's status goes through
+    /// here (a unit test fails on a `set` of it anywhere else).
+    pub fn status_change(
+        &self,
+        to: SessionStatus,
+        changes: Changes<CheckoutSession>,
+    ) -> StatusChange<CheckoutSession> {
+        let changes = changes.set(CheckoutSession::STATUS, &to);
+        if !self.narrowed {
+            // The migration narrows it as it is then.
+            return StatusChange {
+                changes,
+                cond: Cond::And(vec![
+                    CheckoutSession::STATUS.eq(&self.status),
+                    CheckoutSession::NARROWED.missing(),
+                ]),
+                also: Vec::new(),
+            };
+        }
+        let tenant = self.tenant();
+        StatusChange {
+            changes: changes.enter([self.status_entry(to)]),
+            cond: Cond::And(vec![
+                CheckoutSession::STATUS.eq(&self.status),
+                CheckoutSession::NARROWED.exists(),
+            ]),
+            also: CheckoutSession::by_status(&tenant, self.status).count_moved(
+                &CheckoutSession::by_status(&tenant, to),
+                &self.id,
+                self.created_at,
+            ),
+        }
     }
 
     /// The provider the session pays with as it stands: the current
@@ -798,6 +914,7 @@ pub fn new_session(creator: &Creator, valid: ValidCheckout, now: Timestamp) -> C
         billing_invoice_id: None,
         client_secret_sha256: valid.client_secret_sha256,
         counted: true,
+        narrowed: true,
     }
 }
 
@@ -872,7 +989,7 @@ pub(crate) async fn create_bound_in(
     let mut tally = stats::Tally::new();
     tally.session_created(&session);
     tally.apply_to(&mut ops)?;
-    ops.extend(session.count_new());
+    ops.extend(session.insert_counts());
     let mut tries = 0;
     loop {
         tries += 1;

@@ -86,8 +86,12 @@ pub async fn checkout(
             ops.push(f.op(&session.id));
         }
         let mut tally = checkout::stats::Tally::new();
+        let mut counts = session.insert_counts();
         if let Some(c) = &previous {
-            ops.push(close_checkout_op(&c.session, now, &mut tally));
+            let (close, moved) = close_checkout_op(&c.session, now, &mut tally);
+            ops.push(close);
+            // The same counter items when both are of one day and shard.
+            crate::domain::listing::merge_counts(&mut counts, moved);
         }
         let spend_at = spend.map(|op| {
             ops.push(op);
@@ -97,7 +101,7 @@ pub async fn checkout(
         // index above is read on failure).
         tally.session_created(&session);
         tally.apply_to(&mut ops)?;
-        ops.extend(session.count_new());
+        ops.extend(counts);
         crate::domain::active::touch(store, &tenant, now).await?;
         match store.transact(ops).await {
             Ok(()) => return Ok((session, false)),

@@ -74,8 +74,13 @@ fn checkout_activity(c: &CurrentCheckout, now: Timestamp) -> Option<String> {
 
 /// The write that closes the checkout as read: a pending session is
 /// expired (only if nobody started an attempt meanwhile); any other is
-/// checked to still be what it was.
-pub(super) fn close_checkout_op(s: &CheckoutSession, now: Timestamp, tally: &mut Tally) -> TxOp {
+/// checked to still be what it was. With the counter writes of its
+/// status's move (fold them in with `listing::merge_counts`).
+pub(super) fn close_checkout_op(
+    s: &CheckoutSession,
+    now: Timestamp,
+    tally: &mut Tally,
+) -> (TxOp, Vec<TxOp>) {
     let attempt_as_read = match &s.payment_id {
         Some(p) => CheckoutSession::PAYMENT_ID.is(p),
         // Null or missing: "not a string" (not >= "") covers both on both
@@ -86,23 +91,24 @@ pub(super) fn close_checkout_op(s: &CheckoutSession, now: Timestamp, tally: &mut
     };
     if s.status_at(now) == SessionStatus::Pending {
         tally.session_moved(s, SessionStatus::Pending, SessionStatus::Expired);
-        TxOp::Update {
-            key: CheckoutSession::key(&s.id),
-            update: Changes::<CheckoutSession>::new()
-                .set(CheckoutSession::STATUS, &SessionStatus::Expired)
+        let change = s.status_change(
+            SessionStatus::Expired,
+            Changes::<CheckoutSession>::new()
                 .set(CheckoutSession::UPDATED_AT, &now)
-                .unindex(Index::Gsi2)
-                .into(),
-            cond: Some(Cond::And(vec![
-                CheckoutSession::STATUS.eq(&SessionStatus::Pending),
-                attempt_as_read,
-            ])),
-        }
+                .unindex(Index::Gsi2),
+        );
+        let op = TxOp::Update {
+            key: CheckoutSession::key(&s.id),
+            update: change.changes.into(),
+            cond: Some(Cond::And(vec![change.cond, attempt_as_read])),
+        };
+        (op, change.also)
     } else {
-        TxOp::Check {
+        let op = TxOp::Check {
             key: CheckoutSession::key(&s.id),
             cond: Cond::And(vec![CheckoutSession::STATUS.eq(&s.status), attempt_as_read]),
-        }
+        };
+        (op, Vec::new())
     }
 }
 
@@ -193,8 +199,10 @@ pub async fn correct(
     ops.extend(replacement.count_new());
     if let Some(c) = &checkout {
         let mut tally = Tally::new();
-        ops.push(close_checkout_op(&c.session, now, &mut tally));
+        let (close, counts) = close_checkout_op(&c.session, now, &mut tally);
+        ops.push(close);
         tally.apply_to(&mut ops)?;
+        crate::domain::listing::merge_counts(&mut ops, counts);
     }
     match store.transact(ops).await {
         Ok(()) => Ok((voided, replacement)),
@@ -240,8 +248,10 @@ pub async fn adjust(
             )));
         }
         let mut tally = Tally::new();
-        extra.push(close_checkout_op(&c.session, now, &mut tally));
+        let (close, counts) = close_checkout_op(&c.session, now, &mut tally);
+        extra.push(close);
         tally.apply_to(&mut extra)?;
+        crate::domain::listing::merge_counts(&mut extra, counts);
     }
     let mut next = current.clone();
     next.amount_adjusted += body.amount;

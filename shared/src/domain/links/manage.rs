@@ -471,6 +471,7 @@ pub fn new_link(
         created_at: now,
         updated_at: now,
         counted: true,
+        narrowed: true,
     })
 }
 
@@ -486,7 +487,7 @@ pub async fn insert_once(
 ) -> Result<PaymentLink, StoreError> {
     let store = &*deps.store;
     let mut also = also;
-    also.extend(link.count_new());
+    also.extend(link.insert_counts());
     let mut tries = 0;
     let first = loop {
         match Fence::put_once_with(fence, store, link.put_new()?, &link.id, also.clone()).await {
@@ -509,10 +510,10 @@ pub async fn insert_once(
 /// Stores a new link.
 #[cfg(test)]
 pub(super) async fn insert(store: &dyn Store, link: &PaymentLink) -> Result<(), StoreError> {
-    let counts = if link.counted {
-        link.count_new()
-    } else {
-        Vec::new()
+    let counts = match (link.counted, link.narrowed) {
+        (_, true) => link.insert_counts(),
+        (true, false) => PaymentLink::count_new(link),
+        (false, false) => Vec::new(),
     };
     crate::store::write_with(store, link.put_new()?, counts).await
 }
@@ -550,7 +551,8 @@ async fn find_in(
 }
 
 /// A page of the project's links in `mode`, newest first, optionally only
-/// active or inactive ones, and the total.
+/// active or inactive ones (the stored `active`: only a PATCH or a cancel
+/// changes it; an expired or used-up link keeps it), and the total.
 pub async fn list(
     deps: &Deps,
     tenant: &Tenant,
@@ -564,6 +566,14 @@ pub async fn list(
         let list = PaymentLink::counted_list_of(tenant);
         let (links, total, _) = counted::page(store, &list, &window, covered).await?;
         return Ok((links, total));
+    }
+    if let Some(a) = active {
+        // Narrowed (once covered): any offset at a bounded cost.
+        if counted::covered_narrowing(store, tenant, counted::Narrowing::LinksByActive).await? {
+            let list = PaymentLink::by_active(tenant, a);
+            let (links, total, _) = counted::page(store, &list, &window, true).await?;
+            return Ok((links, total));
+        }
     }
     let mut query = Query::partition(PaymentLink::list_partition(tenant))
         .on(Index::Gsi1)
@@ -611,7 +621,18 @@ async fn patch_once(
         .await?
         .ok_or_else(|| LinkError::NotFound(id.to_string()))?;
     let mut cond = vec![Cond::Exists];
+    let mut also = also;
     let changes = Changes::<PaymentLink>::new().set(PaymentLink::UPDATED_AT, &now);
+    let changes = match not_null("active", patch.active.take())? {
+        // Its narrowed entry and counts move with it.
+        Some(a) => {
+            let change = link.active_change(a, changes);
+            cond.push(change.cond);
+            crate::domain::listing::merge_counts(&mut also, change.also);
+            change.changes
+        }
+        None => changes,
+    };
     let changes = patch_details(changes, &mut patch, now)?;
     let changes = patch_max_uses(changes, &link, patch.max_uses, &mut cond)?;
     let changes = patch_checkout_fields(changes, &mut patch, tenant.mode)?;
@@ -626,6 +647,8 @@ async fn patch_once(
     .await
     {
         Ok(item) => Ok(Some(from_item(item)?)),
+        // A counter item another write holds: try again.
+        Err(e) if counted::is_conflict(&e) => Ok(None),
         Err(StoreError::ConditionFailed) => match get_in(store, &link.id).await? {
             None => Err(LinkError::NotFound(id.to_string())),
             Some(now_link) => match patch.max_uses {
@@ -639,8 +662,8 @@ async fn patch_once(
     }
 }
 
-/// The link's own details sent: title, description, active, inactive
-/// message and expiry (a cleared one is stored as null).
+/// The link's own details sent: title, description, inactive message and
+/// expiry (`active` is [`PaymentLink::active_change`]'s) (a cleared one is stored as null).
 fn patch_details(
     mut changes: Changes<PaymentLink>,
     patch: &mut PatchLink,
@@ -652,9 +675,6 @@ fn patch_details(
     }
     if let Some(d) = not_null("description", patch.description.take())? {
         changes = changes.set(PaymentLink::DESCRIPTION, &text(Some(d)));
-    }
-    if let Some(a) = not_null("active", patch.active.take())? {
-        changes = changes.set(PaymentLink::ACTIVE, &a);
     }
     if let Some(m) = not_null("inactiveMessage", patch.inactive_message.take())? {
         changes = changes.set(PaymentLink::INACTIVE_MESSAGE, &text(Some(m)));
@@ -805,25 +825,45 @@ pub async fn cancel(
     also: Vec<TxOp>,
 ) -> Result<PaymentLink, LinkError> {
     let store = &*deps.store;
-    let link = find_in(store, tenant, id)
+    let mut link = find_in(store, tenant, id)
         .await?
         .ok_or_else(|| LinkError::NotFound(id.to_string()))?;
-    let changes = Changes::<PaymentLink>::new()
-        .set(PaymentLink::ACTIVE, &false)
-        .set(PaymentLink::UPDATED_AT, &now);
-    match update_with(
-        store,
-        &link.item_key(),
-        changes.into(),
-        Some(PaymentLink::ACTIVE.eq(&true)),
-        also,
-    )
-    .await
-    {
-        Ok(item) => Ok(from_item(item)?),
-        Err(StoreError::ConditionFailed) => Err(LinkError::Inactive),
-        Err(e) => Err(e.into()),
+    for attempt in 0..6 {
+        if !link.active {
+            return Err(LinkError::Inactive);
+        }
+        let change = link.active_change(
+            false,
+            Changes::<PaymentLink>::new().set(PaymentLink::UPDATED_AT, &now),
+        );
+        let mut with = also.clone();
+        crate::domain::listing::merge_counts(&mut with, change.also);
+        match update_with(
+            store,
+            &link.item_key(),
+            change.changes.into(),
+            Some(change.cond),
+            with,
+        )
+        .await
+        {
+            Ok(item) => return Ok(from_item(item)?),
+            // Cancelled, or narrowed by the migration, meanwhile: as it
+            // is now.
+            Err(StoreError::ConditionFailed) => {
+                link = get_in(store, &link.id)
+                    .await?
+                    .ok_or_else(|| LinkError::NotFound(id.to_string()))?;
+            }
+            Err(e) if counted::is_conflict(&e) => {
+                crate::store::contention_backoff(attempt).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
+    Err(LinkError::Store(StoreError::Unavailable(
+        "the payment link kept changing; retry".into(),
+    )))
 }
 
 /// `DELETE /v1/payment-links/{id}`: only a link never used (422
@@ -846,23 +886,38 @@ pub async fn delete(deps: &Deps, tenant: &Tenant, id: &LinkId) -> Result<LinkId,
     // Out of its list, out of its counters: counted as read (the lists
     // migration may count it meanwhile: then read again).
     for _ in 0..3 {
-        let (counted, counts) = if link.counted {
-            (
-                PaymentLink::COUNTED.eq(&true),
-                link.counted_list_of_self()
-                    .count_gone(&link.id, link.created_at),
-            )
+        let counted = if link.counted {
+            PaymentLink::COUNTED.eq(&true)
         } else {
-            (PaymentLink::COUNTED.missing(), Vec::new())
+            PaymentLink::COUNTED.missing()
+        };
+        // Out of its narrowing too, as read (`active` and narrowed).
+        let narrowed = if link.narrowed {
+            Cond::And(vec![
+                PaymentLink::NARROWED.exists(),
+                PaymentLink::ACTIVE.eq(&link.active),
+            ])
+        } else {
+            PaymentLink::NARROWED.missing()
         };
         let op = TxOp::Delete {
             key: link.item_key(),
-            cond: Some(Cond::And(vec![Cond::Exists, unused.clone(), counted])),
+            cond: Some(Cond::And(vec![
+                Cond::Exists,
+                unused.clone(),
+                counted,
+                narrowed,
+            ])),
         };
-        match crate::store::write_with(store, op, counts).await {
+        match crate::store::write_with(store, op, link.gone_counts()).await {
             Ok(()) => return Ok(link.id),
             Err(StoreError::ConditionFailed) => match get_in(store, &link.id).await? {
-                Some(fresh) if fresh.counted != link.counted => link = fresh,
+                Some(fresh)
+                    if (fresh.counted, fresh.narrowed, fresh.active)
+                        != (link.counted, link.narrowed, link.active) =>
+                {
+                    link = fresh
+                }
                 Some(_) => return Err(LinkError::Used),
                 None => return Err(LinkError::NotFound(id.to_string())),
             },

@@ -13,16 +13,20 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::checkout::{self, StoredAddress};
+use super::listing::counted::{CountedKind, CountedList, Narrowed};
+use super::listing::{StatusChange, merge_counts};
 use super::record::{Attr, Changes, Entry, Record};
 use super::{Mode, Provider};
 use crate::ids::{LinkId, ProjectId};
 use crate::keys;
 use crate::kinds::Tenant;
 use crate::money::{Currency, Paisa};
-use crate::store::{Cond, Key, TxOp};
+use crate::store::{Cond, Index, Key, TxOp};
 use crate::time::Timestamp;
 
 mod manage;
+#[cfg(test)]
+mod narrowed_tests;
 mod page;
 #[cfg(test)]
 mod tests;
@@ -98,6 +102,16 @@ pub struct PaymentLink {
     /// at creation, or by `dhukuti-admin lists migrate`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub counted: bool,
+    /// In its list's narrowing by `active` ([`PaymentLink::by_active`]):
+    /// its `gsi4` partition is there (written by its entries, never from
+    /// here). Set at creation, or by `dhukuti-admin lists migrate`.
+    #[serde(
+        default,
+        rename = "gsi4pk",
+        skip_serializing,
+        deserialize_with = "crate::domain::listing::present"
+    )]
+    pub narrowed: bool,
 }
 
 crate::attrs! { PaymentLink {
@@ -130,6 +144,7 @@ crate::attrs! { PaymentLink {
     CREATED_AT: Timestamp = created_at,
     UPDATED_AT: Timestamp = updated_at,
     COUNTED: bool = counted,
+    NARROWED: bool = narrowed as "gsi4pk",
 } }
 
 crate::domain::listing::counted::counted_per_tenant!(
@@ -138,17 +153,39 @@ crate::domain::listing::counted::counted_per_tenant!(
     PaymentLink::list_partition
 );
 
+impl Narrowed for PaymentLink {
+    const NARROWED: Attr<Self, bool> = PaymentLink::NARROWED;
+    fn is_narrowed(&self) -> bool {
+        self.narrowed
+    }
+    fn narrowings(&self) -> (Changes<Self>, Vec<TxOp>) {
+        (
+            Changes::new().enter([self.active_entry(self.active)]),
+            PaymentLink::by_active(&self.tenant(), self.active)
+                .count_new(&self.id, self.created_at),
+        )
+    }
+    fn narrowed_as_read(&self) -> Cond {
+        PaymentLink::ACTIVE.eq(&self.active)
+    }
+}
+
 impl Record for PaymentLink {
     fn item_key(&self) -> Key {
         PaymentLink::key(&self.id)
     }
 
-    /// Listed in its project's links, newest first.
+    /// Listed in its project's links, newest first; once narrowed, in
+    /// the ones of its `active` (`gsi4`).
     fn entries(&self) -> Vec<Entry> {
-        vec![Entry::gsi1(
+        let mut out = vec![Entry::gsi1(
             PaymentLink::list_partition(&Tenant::new(self.project_id.clone(), self.mode)),
             self.id.clone(),
-        )]
+        )];
+        if self.narrowed {
+            out.push(self.active_entry(self.active));
+        }
+        out
     }
 }
 
@@ -159,6 +196,103 @@ impl PaymentLink {
 
     fn list_partition(tenant: &Tenant) -> String {
         keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::Links)
+    }
+
+    /// `tenant`'s links whose stored `active` is `active`: the list
+    /// narrowed on `gsi4` (`<list>#A#<true|false>`, member
+    /// `a_<true|false>`).
+    pub fn by_active(tenant: &Tenant, active: bool) -> CountedList {
+        CountedList::new(
+            CountedKind::Links,
+            tenant.clone(),
+            PaymentLink::list_partition(tenant),
+        )
+        .narrowed(
+            &format!("a_{active}"),
+            Index::Gsi4,
+            format!("{}#A#{active}", PaymentLink::list_partition(tenant)),
+        )
+    }
+
+    fn tenant(&self) -> Tenant {
+        Tenant::new(self.project_id.clone(), self.mode)
+    }
+
+    fn active_entry(&self, active: bool) -> Entry {
+        Entry {
+            index: Index::Gsi4,
+            partition: PaymentLink::by_active(&self.tenant(), active).partition,
+            sort: self.id.as_str().to_owned(),
+        }
+    }
+
+    /// The counter writes of a new link, for its insert's transaction: its
+    /// list's and (narrowed) its `active`'s, folded per counter item.
+    pub fn insert_counts(&self) -> Vec<TxOp> {
+        let mut ops = self.count_new();
+        if self.narrowed {
+            merge_counts(
+                &mut ops,
+                PaymentLink::by_active(&self.tenant(), self.active)
+                    .count_new(&self.id, self.created_at),
+            );
+        }
+        ops
+    }
+
+    /// The counter writes taking a deleted link (as read) out of its list
+    /// and (narrowed) its `active`'s, for the delete's transaction.
+    pub fn gone_counts(&self) -> Vec<TxOp> {
+        let mut ops = if self.counted {
+            self.counted_list_of_self()
+                .count_gone(&self.id, self.created_at)
+        } else {
+            Vec::new()
+        };
+        if self.narrowed {
+            merge_counts(
+                &mut ops,
+                PaymentLink::by_active(&self.tenant(), self.active)
+                    .count_gone(&self.id, self.created_at),
+            );
+        }
+        ops
+    }
+
+    /// Setting this link's (as read) `active` to `to`: `changes` with it
+    /// set and its narrowed entry moved, the condition to write them under
+    /// (`active` as read, narrowed or not as read) and the counter writes
+    /// for the same transaction. Every write of `active` goes through here
+    /// (a unit test fails on a `set` of it anywhere else).
+    pub fn active_change(
+        &self,
+        to: bool,
+        changes: Changes<PaymentLink>,
+    ) -> StatusChange<PaymentLink> {
+        let changes = changes.set(PaymentLink::ACTIVE, &to);
+        if !self.narrowed {
+            return StatusChange {
+                changes,
+                cond: Cond::And(vec![
+                    PaymentLink::ACTIVE.eq(&self.active),
+                    PaymentLink::NARROWED.missing(),
+                ]),
+                also: Vec::new(),
+            };
+        }
+        let tenant = self.tenant();
+        StatusChange {
+            changes: changes.enter([self.active_entry(to)]),
+            cond: Cond::And(vec![
+                PaymentLink::ACTIVE.eq(&self.active),
+                PaymentLink::NARROWED.exists(),
+            ]),
+            also: PaymentLink::by_active(&tenant, self.active).count_moved(
+                &PaymentLink::by_active(&tenant, to),
+                &self.id,
+                self.created_at,
+            ),
+        }
     }
 
     /// Why the link cannot take a payment at `now`, if it cannot.

@@ -201,7 +201,7 @@ pub async fn open_session(
     let mut tally = checkout::stats::Tally::new();
     tally.session_created(&session);
     tally.apply_to(&mut ops)?;
-    ops.extend(session.count_new());
+    ops.extend(session.insert_counts());
     crate::domain::active::touch(
         store,
         &Tenant::new(session.project_id.clone(), session.mode),

@@ -558,6 +558,19 @@ async fn position(
     Ok((at, usize::try_from(own).unwrap_or(0)))
 }
 
+/// Where the record whose id is `sort` stands in `list` (covered): how
+/// many of its entries are newer, and whether it is one of them (1) or
+/// not (0), at the cost of a deep offset's walk. For a list merged from
+/// this one and others (a seek turned into an offset).
+pub async fn position_of(
+    store: &dyn Store,
+    list: &CountedList,
+    sort: &str,
+) -> Result<(usize, usize), StoreError> {
+    let reader = list.reader(store, &list.tenant);
+    position(&reader, list, sort, (list.since.unwrap_or(0), MAX_MS)).await
+}
+
 /// Counts `R`'s records of the query `all` (a `gsi1` list partition, or
 /// several: the caller runs it once per partition) not yet counted, one
 /// conditional transaction each (`counted` missing: a rerun or a
