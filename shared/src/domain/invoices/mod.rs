@@ -21,6 +21,8 @@
 mod collection;
 mod corrections;
 mod drafts;
+#[cfg(test)]
+mod narrowed_tests;
 mod numbering;
 #[cfg(feature = "pdf")]
 mod pdf;
