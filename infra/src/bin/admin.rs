@@ -1320,6 +1320,8 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
                 "customers": side(&done.customers),
                 "subscriptions": side(&done.subscriptions),
                 "billingInvoices": side(&done.billing_invoices),
+                "invoicesByStatus": side(&done.invoices_by_status),
+                "subscriptionsByFilter": side(&done.subscriptions_by_filter),
             }),
         );
         let lists = [
@@ -1333,6 +1335,8 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
             ("customers", &done.customers),
             ("subscriptions", &done.subscriptions),
             ("billing invoices", &done.billing_invoices),
+            ("invoices by status", &done.invoices_by_status),
+            ("subscriptions by filter", &done.subscriptions_by_filter),
         ];
         let parts: Vec<String> = lists
             .iter()

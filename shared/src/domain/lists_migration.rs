@@ -4,7 +4,9 @@
 //! per record (`listing::migrate` for payments and refunds,
 //! `listing::counted::migrate` for the counted lists: sessions, links,
 //! one-time invoices, webhook deliveries per endpoint, SMS reminders,
-//! billing customers, subscriptions and invoices).
+//! billing customers, subscriptions and invoices;
+//! `listing::counted::migrate_narrowed` for their narrowings: one-time
+//! invoices by status, subscriptions by status, plan and customer).
 
 use super::Tenant;
 use super::billing::customers::Customer;
@@ -13,7 +15,7 @@ use super::billing::subscription::Subscription;
 use super::checkout::CheckoutSession;
 use super::invoices::Invoice;
 use super::links::PaymentLink;
-use super::listing::counted::{self, Counted, CountedKind, CountedList};
+use super::listing::counted::{self, Counted, CountedKind, CountedList, Narrowed, Narrowing};
 use super::listing::{self, ListsMarker, Migrated};
 use super::payments::Payment;
 use super::refunds::Refund;
@@ -35,6 +37,11 @@ pub struct TenantMigrated {
     pub customers: Migrated,
     pub subscriptions: Migrated,
     pub billing_invoices: Migrated,
+    /// One-time invoices entered in their narrowings by status.
+    pub invoices_by_status: Migrated,
+    /// Subscriptions entered in their narrowings by status, plan and
+    /// customer.
+    pub subscriptions_by_filter: Migrated,
 }
 
 /// Migrates `tenant`'s payments, refunds, then the counted lists.
@@ -104,6 +111,20 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         vec![BillingInvoice::counted_list_of(tenant)],
     )
     .await?;
+    let invoices_by_status = narrowed_list::<Invoice>(
+        store,
+        tenant,
+        Narrowing::InvoicesByStatus,
+        Invoice::counted_list_of(tenant),
+    )
+    .await?;
+    let subscriptions_by_filter = narrowed_list::<Subscription>(
+        store,
+        tenant,
+        Narrowing::SubscriptionsByFilter,
+        Subscription::counted_list_of(tenant),
+    )
+    .await?;
     Ok(TenantMigrated {
         payments,
         refunds,
@@ -115,7 +136,24 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         customers,
         subscriptions,
         billing_invoices,
+        invoices_by_status,
+        subscriptions_by_filter,
     })
+}
+
+/// Enters and counts the records of `list` in their narrowings, then
+/// marks `narrowing` covered for `tenant`.
+async fn narrowed_list<R: Narrowed>(
+    store: &dyn Store,
+    tenant: &Tenant,
+    narrowing: Narrowing,
+    list: CountedList,
+) -> Result<Migrated, StoreError> {
+    let done = counted::migrate_narrowed::<R>(store, list.all()).await?;
+    store
+        .transact(vec![ListsMarker::mark_narrowing(tenant, narrowing)])
+        .await?;
+    Ok(done)
 }
 
 /// Counts the records of `lists`, then marks `kind` covered for `tenant`.
