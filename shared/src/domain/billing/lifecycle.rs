@@ -999,6 +999,11 @@ mod tests;
 /// The deep pages of its counted list (a `tests.rs` of its own).
 #[cfg(test)]
 mod deep {
-    mod narrowed_tests;
+    mod tests;
+}
+
+/// The lists by status, plan and customer (a `tests.rs` of their own).
+#[cfg(test)]
+mod narrowed {
     mod tests;
 }

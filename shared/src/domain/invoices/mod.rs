@@ -24,8 +24,11 @@
 mod collection;
 mod corrections;
 mod drafts;
+/// The lists by status (a `tests.rs` of their own).
 #[cfg(test)]
-mod narrowed_tests;
+mod narrowed {
+    mod tests;
+}
 mod numbering;
 #[cfg(feature = "pdf")]
 mod pdf;

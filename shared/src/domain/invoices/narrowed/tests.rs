@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use super::drafts::price;
-use super::*;
+use super::super::drafts::price;
+use super::super::*;
 use crate::domain::listing::ListsMarker;
 use crate::domain::listing::counted::{self, CountedKind, Narrowing};
 use crate::domain::record::{Record, Window};
@@ -293,7 +293,7 @@ async fn racing_status_changes_keep_every_total_exact() {
     for r in futures::future::join_all(runs).await {
         r.unwrap_or_else(|e| panic!("{e}"));
     }
-    let q = Query::partition(super::records::Invoice::list_partition(&tenant())).on(Index::Gsi1);
+    let q = Query::partition(Invoice::list_partition(&tenant())).on(Index::Gsi1);
     let mut all = Vec::new();
     for item in store
         .query(&q)
@@ -323,8 +323,7 @@ async fn older_invoices_are_read_the_older_way_until_migrated_once() {
     let mut next = older.clone();
     next.document_status = DocumentStatus::Void;
     next.version += 1;
-    let ops = super::records::Invoice::write_over(&older, &next, Vec::new())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let ops = Invoice::write_over(&older, &next, Vec::new()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(ops.len(), 1);
     store.transact(ops).await.unwrap_or_else(|e| panic!("{e}"));
     all[1] = stored(&*store, &older.id).await;
@@ -340,7 +339,7 @@ async fn older_invoices_are_read_the_older_way_until_migrated_once() {
         insert(&*store, &inv).await;
         all.push(inv);
     }
-    let q = || Query::partition(super::records::Invoice::list_partition(&tenant())).on(Index::Gsi1);
+    let q = || Query::partition(Invoice::list_partition(&tenant())).on(Index::Gsi1);
     let (a, b) = tokio::join!(
         counted::migrate_narrowed::<Invoice>(&*store, q()),
         counted::migrate_narrowed::<Invoice>(&*store, q())
@@ -363,8 +362,7 @@ async fn older_invoices_are_read_the_older_way_until_migrated_once() {
     let mut next = migrated.clone();
     next.document_status = DocumentStatus::Void;
     next.version += 1;
-    let ops = super::records::Invoice::write_over(&migrated, &next, Vec::new())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let ops = Invoice::write_over(&migrated, &next, Vec::new()).unwrap_or_else(|e| panic!("{e}"));
     store.transact(ops).await.unwrap_or_else(|e| panic!("{e}"));
     all[6] = stored(&*store, &migrated.id).await;
     assert_exact(&state, &all).await;
@@ -374,15 +372,14 @@ async fn older_invoices_are_read_the_older_way_until_migrated_once() {
 async fn a_whole_write_from_before_the_migration_does_not_undo_it() {
     let (store, all) = seeded(3, false).await;
     let read = all[0].clone();
-    let q = Query::partition(super::records::Invoice::list_partition(&tenant())).on(Index::Gsi1);
+    let q = Query::partition(Invoice::list_partition(&tenant())).on(Index::Gsi1);
     counted::migrate_narrowed::<Invoice>(&*store, q)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let mut next = read.clone();
     next.document_status = DocumentStatus::Void;
     next.version += 1;
-    let ops = super::records::Invoice::write_over(&read, &next, Vec::new())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let ops = Invoice::write_over(&read, &next, Vec::new()).unwrap_or_else(|e| panic!("{e}"));
     let e = store.transact(ops).await.err();
     assert!(e.is_some_and(|e| e.is_condition_failure()));
 }
@@ -453,15 +450,14 @@ fn a_status_change_moves_every_narrowing_and_nothing_else() {
     let mut next = inv.clone();
     next.collection_status = CollectionStatus::Paid;
     next.version += 1;
-    let ops = super::records::Invoice::write_over(&inv, &next, Vec::new())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let ops = Invoice::write_over(&inv, &next, Vec::new()).unwrap_or_else(|e| panic!("{e}"));
     // The put, then year, month and day counters (one item each: the
     // three narrowings folded).
     assert_eq!(ops.len(), 4, "{ops:?}");
     let TxOp::Put { item, .. } = &ops[0] else {
         panic!("{ops:?}")
     };
-    let partition = super::records::Invoice::list_partition(&tenant());
+    let partition = Invoice::list_partition(&tenant());
     assert_eq!(
         item.get("gsi5pk"),
         Some(&json!(format!("{partition}#C#paid")))
@@ -478,7 +474,6 @@ fn a_status_change_moves_every_narrowing_and_nothing_else() {
     let mut same = inv.clone();
     same.note = Some("n".into());
     same.version += 1;
-    let ops = super::records::Invoice::write_over(&inv, &same, Vec::new())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let ops = Invoice::write_over(&inv, &same, Vec::new()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(ops.len(), 1);
 }
