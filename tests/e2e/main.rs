@@ -47,6 +47,7 @@ mod lists;
 mod logs;
 mod mail;
 mod mobile;
+mod narrowed_invoices_subscriptions;
 mod openapi;
 mod page_policy;
 mod pages;

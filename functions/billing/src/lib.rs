@@ -69,9 +69,10 @@ pub struct BillingPage<T> {
 
 /// `page` (from 1) and `limit` (1 to 100, default 50), as the document
 /// shows them. Customers, subscriptions and billing invoices reach any
-/// page unfiltered (counted lists); the other lists, and those three
-/// filtered or searched, read at most 10,000 records: `page * limit` at
-/// most 10,000 (docs/billing.md, "List pages").
+/// page unfiltered (counted lists), subscriptions also by `status`,
+/// `planId`, both, or `customerId` alone (narrowings); the other lists,
+/// and those filtered or searched otherwise, read at most 10,000 records:
+/// `page * limit` at most 10,000 (docs/billing.md, "List pages").
 #[derive(utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[allow(dead_code)]

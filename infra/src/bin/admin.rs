@@ -1324,6 +1324,8 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
                 "reconRuns": side(&done.recon_runs),
                 "sessionsByStatus": side(&done.sessions_by_status),
                 "linksByActive": side(&done.links_by_active),
+                "invoicesByStatus": side(&done.invoices_by_status),
+                "subscriptionsByFilter": side(&done.subscriptions_by_filter),
             }),
         );
         let lists = [
@@ -1341,6 +1343,8 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
             ("reconciliation runs", &done.recon_runs),
             ("sessions by status", &done.sessions_by_status),
             ("links by active", &done.links_by_active),
+            ("invoices by status", &done.invoices_by_status),
+            ("subscriptions by filter", &done.subscriptions_by_filter),
         ];
         let parts: Vec<String> = lists
             .iter()

@@ -5,8 +5,9 @@
 //! `listing::counted::migrate` for the counted lists: sessions, links,
 //! one-time invoices, webhook deliveries per endpoint, SMS reminders,
 //! billing customers, subscriptions and invoices, reports and
-//! reconciliation runs; `migrate_narrowed` for their narrowings: sessions
-//! by status, links by `active`).
+//! reconciliation runs; `listing::counted::migrate_narrowed` for their
+//! narrowings: sessions by status, links by `active`, one-time invoices
+//! by status, subscriptions by status, plan and customer).
 
 use super::Tenant;
 use super::billing::customers::Customer;
@@ -45,6 +46,11 @@ pub struct TenantMigrated {
     pub sessions_by_status: Migrated,
     /// Links entered in their narrowing by `active`.
     pub links_by_active: Migrated,
+    /// One-time invoices entered in their narrowings by status.
+    pub invoices_by_status: Migrated,
+    /// Subscriptions entered in their narrowings by status, plan and
+    /// customer.
+    pub subscriptions_by_filter: Migrated,
 }
 
 /// Migrates `tenant`'s payments, refunds, then the counted lists.
@@ -142,6 +148,20 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         PaymentLink::counted_list_of(tenant),
     )
     .await?;
+    let invoices_by_status = narrowed::<Invoice>(
+        store,
+        tenant,
+        Narrowing::InvoicesByStatus,
+        Invoice::counted_list_of(tenant),
+    )
+    .await?;
+    let subscriptions_by_filter = narrowed::<Subscription>(
+        store,
+        tenant,
+        Narrowing::SubscriptionsByFilter,
+        Subscription::counted_list_of(tenant),
+    )
+    .await?;
     Ok(TenantMigrated {
         payments,
         refunds,
@@ -157,20 +177,22 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         recon_runs,
         sessions_by_status,
         links_by_active,
+        invoices_by_status,
+        subscriptions_by_filter,
     })
 }
 
-/// Enters the records of `list` in their narrowings, then marks `n`
-/// covered for `tenant`.
+/// Enters and counts the records of `list` in their narrowings, then
+/// marks `narrowing` covered for `tenant`.
 async fn narrowed<R: Narrowed>(
     store: &dyn Store,
     tenant: &Tenant,
-    n: Narrowing,
+    narrowing: Narrowing,
     list: CountedList,
 ) -> Result<Migrated, StoreError> {
     let done = counted::migrate_narrowed::<R>(store, list.all()).await?;
     store
-        .transact(vec![ListsMarker::mark_narrowing(tenant, n)])
+        .transact(vec![ListsMarker::mark_narrowing(tenant, narrowing)])
         .await?;
     Ok(done)
 }

@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::calendar::nepal_day;
-use super::customers::{self, BillingError, Customer, PageRequest, invalid, metadata, text};
+use super::customers::{
+    self, BillingError, Customer, MAX_WINDOW, PageRequest, invalid, metadata, text,
+};
 use super::dunning::{self, DunningError};
 use super::invoice::{BillingInvoiceError, Issued, issue_invoice};
 use super::period::{Calendar, IntervalError, IntervalUnit};
@@ -28,7 +30,7 @@ use super::terms::{OverdueAction, Terms, TermsError, extended_trial_end, trial_e
 use super::test_clock::{self, ClockTimeError};
 use crate::Deps;
 use crate::domain::Tenant;
-use crate::domain::listing::counted::{self, CountedKind};
+use crate::domain::listing::counted::{self, CountedKind, Narrowing};
 use crate::domain::record::{Changes, Window, page_of};
 use crate::fields::wire::{nullable, or_null, present};
 use crate::ids::{CustomerId, DunningPolicyId, PlanId, SubscriptionId};
@@ -731,8 +733,14 @@ impl ListFilter {
 
 /// A page of the tenant's subscriptions, newest first, and the total
 /// matching `filter`. Unfiltered: counted (any page at a bounded cost,
-/// the total from the counters); filtered: read through from the start,
-/// `page * limit` at most `MAX_WINDOW`.
+/// the total from the counters). Once the tenant's
+/// [`Narrowing::SubscriptionsByFilter`] is covered: by status, plan, both,
+/// or customer alone, its narrowing (any page, the same way); a customer
+/// with a status or plan reads the customer's own list through, filtered,
+/// only when the customer's counters say it holds at most `MAX_WINDOW`
+/// subscriptions (else a 400 naming `customerId`), `page * limit` at most
+/// `MAX_WINDOW`. A tenant not yet migrated: read through from the start,
+/// filtered, `page * limit` at most `MAX_WINDOW`.
 pub async fn list(
     deps: &Deps,
     tenant: &Tenant,
@@ -747,15 +755,48 @@ pub async fn list(
         let (found, total, _) = counted::page(store, &list, &window, covered).await?;
         return Ok((found, total));
     }
-    let page = page.windowed()?;
-    let mut query = Query::partition(Subscription::list_partition(tenant))
-        .on(Index::Gsi1)
-        .backward();
-    if let Some(cond) = filter.cond() {
-        query = query.filter(cond);
+    let covered =
+        counted::covered_narrowing(store, tenant, Narrowing::SubscriptionsByFilter).await?;
+    if covered {
+        let narrowed = match (&filter.customer_id, filter.status, &filter.plan_id) {
+            (None, status, plan) => Some(Subscription::by_filter(tenant, status, plan.as_ref())),
+            (Some(customer), None, None) => Some(Subscription::of_customer(tenant, customer)),
+            (Some(_), _, _) => None,
+        };
+        if let Some(list) = narrowed {
+            let window = Window::at(page.offset(), page.limit);
+            let (found, total, _) = counted::page(store, &list, &window, true).await?;
+            return Ok((found, total));
+        }
     }
+    let page = page.windowed()?;
     let window = Window::at(page.offset(), page.limit);
-    Ok(page_of(&*deps.store, &query, window).await?)
+    let query = match &filter.customer_id {
+        Some(customer) if covered => {
+            // The customer's list, filtered: bounded by its count.
+            let of_customer = Subscription::of_customer(tenant, customer);
+            let (_, held, _) =
+                counted::page::<Subscription>(store, &of_customer, &Window::at(0, 1), true).await?;
+            if held > MAX_WINDOW as u64 {
+                return Err(invalid(
+                    "customerId",
+                    format!(
+                        "this customer has {held} subscriptions, more than the {MAX_WINDOW} a list filters through: list them by customerId alone, or by status and planId without it"
+                    ),
+                )
+                .into());
+            }
+            of_customer.all()
+        }
+        _ => Query::partition(Subscription::list_partition(tenant))
+            .on(Index::Gsi1)
+            .backward(),
+    };
+    let query = match filter.cond() {
+        Some(cond) => query.filter(cond),
+        None => query,
+    };
+    Ok(page_of(store, &query, window).await?)
 }
 
 /// The time the tenant's subscription `id` lives by: its test clock's
@@ -958,5 +999,11 @@ mod tests;
 /// The deep pages of its counted list (a `tests.rs` of its own).
 #[cfg(test)]
 mod deep {
+    mod tests;
+}
+
+/// The lists by status, plan and customer (a `tests.rs` of their own).
+#[cfg(test)]
+mod narrowed {
     mod tests;
 }

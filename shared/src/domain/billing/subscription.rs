@@ -23,13 +23,15 @@ use super::events::{status_webhook, subscription_event, subscription_webhook};
 use super::period::{IntervalError, Period, Schedule, validate_interval};
 use super::terms::{OverdueAction, Terms, TermsError};
 use crate::Deps;
+use crate::domain::listing::counted::{CountedList, Narrowed};
+use crate::domain::listing::merge_counts;
 use crate::domain::outbox::EventType;
-use crate::domain::record::{self, Changes, Entry, Record};
+use crate::domain::record::{self, Attr, Changes, Entry, Record};
 use crate::domain::{Mode, Tenant};
 use crate::ids::{
     BillingInvoiceId, CustomerId, DunningPolicyId, PlanId, ProjectId, SubscriptionId, TestClockId,
 };
-use crate::store::{Cond, Key, Store, StoreError, TxOp};
+use crate::store::{Cond, Index, Key, Store, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// The error code of a refused transition (documented in
@@ -324,6 +326,17 @@ pub struct Subscription {
     /// creation, or by `dhukuti-admin lists migrate`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub counted: bool,
+    /// Entered and counted in its tenant's narrowings (by status, plan,
+    /// both, and its customer's list: [`Subscription::by_filter`],
+    /// [`Subscription::of_customer`]): its `gsi4` partition, present from
+    /// creation, or from `dhukuti-admin lists migrate`.
+    #[serde(
+        default,
+        rename = "gsi4pk",
+        deserialize_with = "crate::domain::listing::present",
+        skip_serializing
+    )]
+    pub narrowed: bool,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -345,6 +358,7 @@ crate::attrs! { Subscription {
     VERSION: i64 = version,
     TEST_CLOCK_ID: Option<TestClockId> = test_clock_id,
     COUNTED: bool = counted,
+    NARROWED: bool = narrowed as "gsi4pk",
 } }
 
 crate::domain::listing::counted::counted_per_tenant!(
@@ -364,6 +378,102 @@ impl Subscription {
 
     pub fn tenant(&self) -> Tenant {
         Tenant::new(self.project_id.clone(), self.mode)
+    }
+
+    /// `tenant`'s subscriptions narrowed to a status, a plan, or both
+    /// (neither: the whole list). Status: `gsi4`, member `s_<status>`;
+    /// plan: `gsi5`, `p_<plan>`; both: `gsi6`, `sp_<status>_<plan>`; each
+    /// partition the list's with `#S#<status>`, `#P#<plan>`,
+    /// `#SP#<status>#<plan>`, sorted by id.
+    pub fn by_filter(
+        tenant: &Tenant,
+        status: Option<SubscriptionStatus>,
+        plan: Option<&PlanId>,
+    ) -> CountedList {
+        let list = Subscription::counted_list_of(tenant);
+        let base = Subscription::list_partition(tenant);
+        match (status, plan) {
+            (None, None) => list,
+            (Some(s), None) => list.narrowed(
+                &format!("s_{}", s.as_str()),
+                Index::Gsi4,
+                format!("{base}#S#{}", s.as_str()),
+            ),
+            (None, Some(p)) => {
+                list.narrowed(&format!("p_{p}"), Index::Gsi5, format!("{base}#P#{p}"))
+            }
+            (Some(s), Some(p)) => list.narrowed(
+                &format!("sp_{}_{p}", s.as_str()),
+                Index::Gsi6,
+                format!("{base}#SP#{}#{p}", s.as_str()),
+            ),
+        }
+    }
+
+    /// The subscriptions of `tenant`'s customer `customer`: a scoped list
+    /// (its own counters, `LIST#SUB#<customer>#...`: a project may have
+    /// millions of customers), `gsi3` partition `<list>#CUS#<customer>`.
+    pub fn of_customer(tenant: &Tenant, customer: &CustomerId) -> CountedList {
+        let base = Subscription::list_partition(tenant);
+        Subscription::counted_list_of(tenant)
+            .scoped(customer.as_str())
+            .narrowed("all", Index::Gsi3, format!("{base}#CUS#{customer}"))
+    }
+
+    /// Its four narrowings at its status, plan and customer.
+    fn narrowings_now(&self) -> [CountedList; 4] {
+        let tenant = self.tenant();
+        [
+            Subscription::by_filter(&tenant, Some(self.status), None),
+            Subscription::by_filter(&tenant, None, Some(&self.plan_id)),
+            Subscription::by_filter(&tenant, Some(self.status), Some(&self.plan_id)),
+            Subscription::of_customer(&tenant, &self.customer_id),
+        ]
+    }
+
+    fn narrowed_entries(&self) -> Vec<Entry> {
+        self.narrowings_now()
+            .into_iter()
+            .filter_map(|l| {
+                Some(Entry {
+                    index: l.index?,
+                    partition: l.partition,
+                    sort: self.id.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// The counter writes of a new subscription: its list (counted) and
+    /// its narrowings (narrowed), folded per counter item.
+    pub(crate) fn counts_new(&self) -> Vec<TxOp> {
+        let mut ops = Vec::new();
+        if self.counted {
+            ops = self.count_new();
+        }
+        if self.narrowed {
+            for l in self.narrowings_now() {
+                merge_counts(&mut ops, l.count_new(&self.id, self.created_at));
+            }
+        }
+        ops
+    }
+
+    /// Its `counted` and `narrowed` still as read: a whole-record write
+    /// from an older read must not undo the lists migration's marks.
+    fn listed_as_read(&self) -> Cond {
+        Cond::And(vec![
+            if self.counted {
+                Subscription::COUNTED.eq(&true)
+            } else {
+                Subscription::COUNTED.missing()
+            },
+            if self.narrowed {
+                Subscription::NARROWED.exists()
+            } else {
+                Subscription::NARROWED.missing()
+            },
+        ])
     }
 
     /// Period `index` of its billing (`None` before billing begins or past
@@ -490,7 +600,31 @@ impl Record for Subscription {
             };
             entries.push(Entry::gsi2(partition, due::due_sort(at, &self.id)));
         }
+        if self.narrowed {
+            entries.extend(self.narrowed_entries());
+        }
         entries
+    }
+}
+
+impl Narrowed for Subscription {
+    const NARROWED: Attr<Self, bool> = Subscription::NARROWED;
+    fn is_narrowed(&self) -> bool {
+        self.narrowed
+    }
+    fn narrowings(&self) -> (Changes<Self>, Vec<TxOp>) {
+        let mut counts = Vec::new();
+        for l in self.narrowings_now() {
+            merge_counts(&mut counts, l.count_new(&self.id, self.created_at));
+        }
+        (Changes::new().enter(self.narrowed_entries()), counts)
+    }
+    fn narrowed_as_read(&self) -> Cond {
+        Cond::And(vec![
+            Subscription::STATUS.eq(&self.status),
+            Subscription::PLAN_ID.eq(&self.plan_id),
+            Subscription::CUSTOMER_ID.eq(&self.customer_id),
+        ])
     }
 }
 
@@ -577,6 +711,7 @@ pub fn new_subscription(
         created_at: now,
         updated_at: now,
         counted: true,
+        narrowed: true,
     };
     if start_date <= nepal_day(now) {
         started(&mut sub)?;
@@ -622,9 +757,7 @@ pub async fn create_with(
     ops.extend(with);
     ops.extend(listed);
     ops.extend(subscription_event(EventType::SubscriptionCreated, sub, sub.created_at).put_ops()?);
-    if sub.counted {
-        ops.extend(sub.count_new());
-    }
+    ops.extend(sub.counts_new());
     let mut tries = 0;
     loop {
         match deps.store.transact(ops.clone()).await {
@@ -640,33 +773,46 @@ pub async fn create_with(
 }
 
 /// The writes that store `sub` stamped ([`Subscription::stamped`]): a new
-/// record when `seen` is `None`, else the whole record conditioned on
-/// version `seen.version`; with the tenant's entry in the sweep's list when
-/// the subscription enters the due index.
+/// record when `seen` is `None` (its counts are [`Subscription::counts_new`]),
+/// else the whole record conditioned on version `seen.version` and its list
+/// marks as read; with the tenant's entry in the sweep's list when the
+/// subscription enters the due index. THE write of every change of a
+/// stored subscription: a status or plan change (its narrowed entries
+/// from [`Record::entries`]) moves its narrowings' counts in the same
+/// transaction (the counter writes come last).
 pub(crate) fn write_ops(
     sub: &Subscription,
     seen: Option<&Subscription>,
 ) -> Result<Vec<TxOp>, StoreError> {
-    let sub = sub.stamped();
+    let mut sub = sub.stamped();
+    if let Some(current) = seen {
+        sub.narrowed = current.narrowed;
+    }
     let mut ops = vec![match seen {
         None => sub.put_new()?,
-        // Its `counted` still as read: a whole-record write from an older
-        // read must not undo the lists migration's mark.
+        // Its `counted` and `narrowed` still as read: a whole-record write
+        // from an older read must not undo the lists migration's marks.
         Some(current) => TxOp::Put {
             item: sub.to_item()?,
             cond: Some(Cond::And(vec![
                 Subscription::VERSION.eq(&current.version),
-                if current.counted {
-                    Subscription::COUNTED.eq(&true)
-                } else {
-                    Subscription::COUNTED.missing()
-                },
+                current.listed_as_read(),
             ])),
         },
     }];
     let enters = sub.next_due_at.is_some() && seen.is_none_or(|s| s.next_due_at.is_none());
     if enters && sub.test_clock_id.is_none() {
         ops.push(due::listed(&sub.tenant(), sub.updated_at)?);
+    }
+    if let Some(current) = seen.filter(|c| c.narrowed) {
+        let mut counts = Vec::new();
+        for (from, to) in current.narrowings_now().iter().zip(sub.narrowings_now()) {
+            merge_counts(
+                &mut counts,
+                from.count_moved(&to, &current.id, current.created_at),
+            );
+        }
+        ops.extend(counts);
     }
     Ok(ops)
 }

@@ -283,13 +283,9 @@ pub fn allocation_ops(
             "payment beyond the invoice's balance: recorded as excess, needs attention"
         );
     }
-    let mut ops = vec![TxOp::Put {
-        item: next.to_item()?,
-        cond: Some(Cond::And(vec![
-            Invoice::VERSION.eq(&inv.version),
-            inv.counted_unchanged(),
-        ])),
-    }];
+    // The invoice first, its narrowings' counter moves last.
+    let mut ops = Invoice::write_over(inv, &next, Vec::new())?;
+    let counts = ops.split_off(1);
     // Paid: the payment took the balance to zero (also after adjustments).
     if inv.document_status == DocumentStatus::Issued && collectible > 0 && paid == collectible {
         let mut view = serde_json::to_value(InvoiceView::at(&next, now))
@@ -308,6 +304,7 @@ pub fn allocation_ops(
             .put_ops()?,
         );
     }
+    ops.extend(counts);
     Ok(ops)
 }
 

@@ -173,6 +173,7 @@ pub async fn correct(
     replacement.voided_at = None;
     replacement.void_reason = None;
     replacement.counted = true;
+    replacement.narrowed = true;
 
     let mut voided = current.clone();
     voided.document_status = DocumentStatus::Void;
@@ -183,20 +184,15 @@ pub async fn correct(
     voided.updated_at = now;
     voided.collection_status = voided.collection();
 
-    let mut ops = vec![
-        TxOp::Put {
-            item: voided.to_item()?,
-            // The version covers everything the blocker read (payments
-            // and checkouts bump it).
-            cond: Some(Cond::And(vec![
-                Invoice::VERSION.eq(&current.version),
-                Invoice::DOCUMENT_STATUS.eq(&DocumentStatus::Issued),
-                current.counted_unchanged(),
-            ])),
-        },
-        replacement.put_new()?,
-    ];
-    ops.extend(replacement.count_new());
+    // The version covers everything the blocker read (payments and
+    // checkouts bump it).
+    let mut ops = Invoice::write_over(
+        &current,
+        &voided,
+        vec![Invoice::DOCUMENT_STATUS.eq(&DocumentStatus::Issued)],
+    )?;
+    ops.push(replacement.put_new()?);
+    crate::domain::listing::merge_counts(&mut ops, replacement.counts_new());
     if let Some(c) = &checkout {
         let mut tally = Tally::new();
         let (close, counts) = close_checkout_op(&c.session, now, &mut tally);
@@ -204,7 +200,7 @@ pub async fn correct(
         tally.apply_to(&mut ops)?;
         crate::domain::listing::merge_counts(&mut ops, counts);
     }
-    match store.transact(ops).await {
+    match super::drafts::transact(store, ops).await {
         Ok(()) => Ok((voided, replacement)),
         Err(e) if e.is_condition_failure() => {
             Err(lost_race(store, &current, current.version, "correct").await)

@@ -300,6 +300,7 @@ pub fn new_draft(
         allocations: Vec::new(),
         adjustments: Vec::new(),
         counted: true,
+        narrowed: true,
     };
     price(&mut inv)?;
     Ok(inv)
@@ -349,7 +350,7 @@ pub async fn create(
         ops.push(f.op(&inv.id));
     }
     // The counters last: the fence's index (1) is read on failure.
-    ops.extend(inv.count_new());
+    ops.extend(inv.counts_new());
     let mut tries = 0;
     loop {
         match state.store.transact(ops.clone()).await {
@@ -374,6 +375,10 @@ async fn first_of(state: &Deps, fence: &Fence, tenant: &Tenant) -> Result<Invoic
 }
 
 /// One page of the project's invoices, newest first, with the total.
+/// Unfiltered: the counted list; by status: its narrowing (once the
+/// tenant's [`counted::Narrowing::InvoicesByStatus`] is covered), any
+/// offset at a bounded cost either way. A tenant not yet migrated is read
+/// the older way (a filter over the list).
 pub async fn list(
     deps: &Deps,
     tenant: &Tenant,
@@ -389,6 +394,12 @@ pub async fn list(
         let (invoices, total, _) = counted::page(store, &list, &window, covered).await?;
         return Ok((invoices, total));
     }
+    let narrowing = counted::Narrowing::InvoicesByStatus;
+    if counted::covered_narrowing(store, tenant, narrowing).await? {
+        let list = Invoice::by_status(tenant, document_status, collection_status);
+        let (invoices, total, _) = counted::page(store, &list, &window, true).await?;
+        return Ok((invoices, total));
+    }
     let mut filters = Vec::new();
     if let Some(d) = document_status {
         filters.push(Invoice::DOCUMENT_STATUS.eq(&d));
@@ -396,25 +407,26 @@ pub async fn list(
     if let Some(c) = collection_status {
         filters.push(Invoice::COLLECTION_STATUS.eq(&c));
     }
-    let mut query = Query::partition(Invoice::list_partition(tenant))
+    let query = Query::partition(Invoice::list_partition(tenant))
         .on(Index::Gsi1)
-        .backward();
-    if !filters.is_empty() {
-        query = query.filter(Cond::And(filters));
-    }
+        .backward()
+        .filter(Cond::And(filters));
     page_of(store, &query, window).await
 }
 
-/// The write of `next` over `current`: the whole record, conditioned on
-/// the version that was read (every change bumps it).
-fn replace_op(current: &Invoice, next: &Invoice) -> Result<TxOp, StoreError> {
-    Ok(TxOp::Put {
-        item: next.to_item()?,
-        cond: Some(Cond::And(vec![
-            Invoice::VERSION.eq(&current.version),
-            current.counted_unchanged(),
-        ])),
-    })
+/// Runs `ops`, again while a concurrent writer holds one of its counter
+/// shards (nothing was written).
+pub(super) async fn transact(store: &dyn Store, ops: Vec<TxOp>) -> Result<(), StoreError> {
+    let mut tries = 0;
+    loop {
+        match store.transact(ops.clone()).await {
+            Err(e) if counted::is_conflict(&e) && tries < 8 => {
+                tries += 1;
+                crate::store::contention_backoff(tries).await;
+            }
+            done => return done,
+        }
+    }
 }
 
 /// `current` with `version` checked against what the caller sent.
@@ -451,9 +463,9 @@ pub(super) async fn replace(
     extra: Vec<TxOp>,
     what: &str,
 ) -> Result<Invoice, InvoiceError> {
-    let mut ops = vec![replace_op(current, &next)?];
+    let mut ops = Invoice::write_over(current, &next, Vec::new())?;
     ops.extend(extra);
-    match store.transact(ops).await {
+    match transact(store, ops).await {
         Ok(()) => Ok(next),
         Err(e) if e.is_condition_failure() => {
             Err(lost_race(store, current, current.version, what).await)

@@ -4,7 +4,10 @@
 //!
 //! Storage:
 //! - an invoice at `OINV#<id>` / `OINV`, listed per project and mode on
-//!   `gsi1` (`PROJ#<project>#<mode>#OINV`, by id: newest first);
+//!   `gsi1` (`PROJ#<project>#<mode>#OINV`, by id: newest first), and in
+//!   its narrowings by status (`Invoice::by_status`: `gsi4` by document
+//!   status, `gsi5` by collection status, `gsi6` by both), every change
+//!   one whole write (`Invoice::write_over`) moving their counts;
 //! - the number counter at `PROJ#<project>#<mode>` / `SEQ#PI`, attribute
 //!   `value` = the last number given. A finalize reads it and writes
 //!   `value + 1` with the condition `value = <read>` in the same
@@ -21,6 +24,11 @@
 mod collection;
 mod corrections;
 mod drafts;
+/// The lists by status (a `tests.rs` of their own).
+#[cfg(test)]
+mod narrowed {
+    mod tests;
+}
 mod numbering;
 #[cfg(feature = "pdf")]
 mod pdf;

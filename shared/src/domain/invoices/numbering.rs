@@ -110,10 +110,19 @@ pub async fn finalize(
         let (number, take) = take_number(tenant, last);
         let now = state.clock.now();
         let next = issued(&current, number, seller.clone(), now);
-        let mut ops = vec![issue_op(&current, &next), take];
+        // The invoice at 0, the number at 1, the fence at 2: the
+        // narrowings' counter moves last.
+        let mut ops = Invoice::write_over(
+            &current,
+            &next,
+            vec![Invoice::DOCUMENT_STATUS.eq(&DocumentStatus::Draft)],
+        )?;
+        let counts = ops.split_off(1);
+        ops.push(take);
         if let Some(f) = fence {
             ops.push(f.op(id));
         }
+        ops.extend(counts);
         match store.transact(ops).await {
             Ok(()) => return Ok(next),
             Err(StoreError::TransactionCanceled { reasons }) => {
@@ -126,10 +135,14 @@ pub async fn finalize(
                 if failed(0) {
                     let now_current = get_in(store, tenant, id).await?;
                     require_state(&now_current, DocumentStatus::Draft, "finalize")?;
-                    return Err(InvoiceError::VersionConflict {
-                        sent: version,
-                        current: now_current.version,
-                    });
+                    if now_current.version != version {
+                        return Err(InvoiceError::VersionConflict {
+                            sent: version,
+                            current: now_current.version,
+                        });
+                    }
+                    // Only its list marks moved (the lists migration):
+                    // read it again.
                 }
                 // The counter moved (or a write conflict): read it again,
                 // after a pause that grows with the contention.
@@ -155,27 +168,6 @@ fn issued(current: &Invoice, number: String, seller: Option<Seller>, now: Timest
     next.updated_at = now;
     next.collection_status = next.collection();
     next
-}
-
-/// The write that issues the draft `current` as `next`, if it is still
-/// the draft at the version read.
-fn issue_op(current: &Invoice, next: &Invoice) -> TxOp {
-    TxOp::Update {
-        key: Invoice::key(&current.id),
-        update: Changes::<Invoice>::new()
-            .set(Invoice::DOCUMENT_STATUS, &next.document_status)
-            .set(Invoice::INVOICE_NUMBER, &next.invoice_number)
-            .set(Invoice::ISSUED_AT, &next.issued_at)
-            .set(Invoice::SELLER, &next.seller)
-            .set(Invoice::VERSION, &next.version)
-            .set(Invoice::UPDATED_AT, &next.updated_at)
-            .set(Invoice::COLLECTION_STATUS, &next.collection_status)
-            .into(),
-        cond: Some(Cond::And(vec![
-            Invoice::VERSION.eq(&current.version),
-            Invoice::DOCUMENT_STATUS.eq(&DocumentStatus::Draft),
-        ])),
-    }
 }
 
 /// The number counter still at `last` as read (0: never written).
@@ -237,21 +229,15 @@ pub async fn discard(
         cond: Some(Cond::And(vec![
             Invoice::DOCUMENT_STATUS.eq(&DocumentStatus::Draft),
             Invoice::VERSION.eq(&current.version),
-            current.counted_unchanged(),
+            current.listed_as_read(),
         ])),
     }];
-    if current.counted {
-        // Out of its list: out of its counters.
-        ops.extend(
-            current
-                .counted_list_of_self()
-                .count_gone(&current.id, current.created_at),
-        );
-    }
     if let Some(f) = fence {
         ops.push(f.op(id));
     }
-    match state.store.transact(ops).await {
+    // Out of its list and narrowings: out of their counters.
+    ops.extend(current.counts_gone());
+    match super::drafts::transact(&*state.store, ops).await {
         Ok(()) => Ok(current),
         Err(e) if e.is_condition_failure() => Err(InvoiceError::StateConflict(
             "the draft changed while being discarded; read it again".into(),

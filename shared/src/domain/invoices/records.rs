@@ -6,13 +6,15 @@ use serde::{Deserialize, Serialize};
 use super::MAX_QUANTITY_UNITS;
 use crate::domain::Mode;
 use crate::domain::account::Seller;
-use crate::domain::record::{Entry, Record};
+use crate::domain::listing::counted::{CountedList, Narrowed};
+use crate::domain::listing::merge_counts;
+use crate::domain::record::{Attr, Changes, Entry, Record};
 use crate::fields::{BuyerAddress, BuyerPhone, Email, InvoiceLineText, InvoiceNote, InvoiceText};
 use crate::ids::{InvoiceId, PaymentId, ProjectId, SessionId};
 use crate::keys;
 use crate::kinds::Tenant;
 use crate::money::Currency;
-use crate::store::{Cond, Key};
+use crate::store::{Cond, Index, Key, StoreError, TxOp};
 use crate::time::Timestamp;
 
 /// A quantity: decimal text with at most 3 decimals, greater than zero,
@@ -285,6 +287,16 @@ pub struct Invoice {
     /// at creation, or by `dhukuti-admin lists migrate`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub counted: bool,
+    /// Entered and counted in its project's narrowings by status
+    /// ([`Invoice::by_status`]): its `gsi4` partition, present from
+    /// creation, or from `dhukuti-admin lists migrate`.
+    #[serde(
+        default,
+        rename = "gsi4pk",
+        deserialize_with = "crate::domain::listing::present",
+        skip_serializing
+    )]
+    pub narrowed: bool,
 }
 
 crate::attrs! { Invoice {
@@ -322,6 +334,7 @@ crate::attrs! { Invoice {
     ALLOCATIONS: Vec<Allocation> = allocations,
     ADJUSTMENTS: Vec<Adjustment> = adjustments,
     COUNTED: bool = counted,
+    NARROWED: bool = narrowed as "gsi4pk",
 } }
 
 crate::domain::listing::counted::counted_per_tenant!(
@@ -339,15 +352,129 @@ impl Invoice {
         keys::per_mode(&tenant.project, tenant.mode, keys::PerMode::Invoices)
     }
 
-    /// Its `counted` still as read: a whole-record write from an older
-    /// read must not undo the lists migration's mark (a rerun would count
-    /// it twice).
-    pub(super) fn counted_unchanged(&self) -> Cond {
-        if self.counted {
-            Invoice::COUNTED.eq(&true)
-        } else {
-            Invoice::COUNTED.missing()
+    /// Its `counted` and `narrowed` still as read: a whole-record write
+    /// from an older read must not undo the lists migration's marks (a
+    /// rerun would count it twice).
+    pub(super) fn listed_as_read(&self) -> Cond {
+        Cond::And(vec![
+            if self.counted {
+                Invoice::COUNTED.eq(&true)
+            } else {
+                Invoice::COUNTED.missing()
+            },
+            if self.narrowed {
+                Invoice::NARROWED.exists()
+            } else {
+                Invoice::NARROWED.missing()
+            },
+        ])
+    }
+
+    /// `tenant`'s invoices narrowed to a document status, a collection
+    /// status, or both (`None` for neither: the whole list). Document:
+    /// `gsi4`, member `d_<s>`; collection: `gsi5`, `c_<s>`; both: `gsi6`,
+    /// `dc_<d>_<c>`; each partition the list's with `#D#<d>`, `#C#<c>`,
+    /// `#DC#<d>#<c>`, sorted by id.
+    pub fn by_status(
+        tenant: &Tenant,
+        document: Option<DocumentStatus>,
+        collection: Option<CollectionStatus>,
+    ) -> CountedList {
+        let list = Invoice::counted_list_of(tenant);
+        let base = Invoice::list_partition(tenant);
+        match (document, collection) {
+            (None, None) => list,
+            (Some(d), None) => list.narrowed(
+                &format!("d_{}", d.as_str()),
+                Index::Gsi4,
+                format!("{base}#D#{}", d.as_str()),
+            ),
+            (None, Some(c)) => list.narrowed(
+                &format!("c_{}", c.as_str()),
+                Index::Gsi5,
+                format!("{base}#C#{}", c.as_str()),
+            ),
+            (Some(d), Some(c)) => list.narrowed(
+                &format!("dc_{}_{}", d.as_str(), c.as_str()),
+                Index::Gsi6,
+                format!("{base}#DC#{}#{}", d.as_str(), c.as_str()),
+            ),
         }
+    }
+
+    /// Its three narrowings (by document, collection, both) at its
+    /// statuses.
+    fn narrowings_now(&self) -> [CountedList; 3] {
+        let tenant = Tenant::new(self.project_id.clone(), self.mode);
+        let (d, c) = (self.document_status, self.collection_status);
+        [
+            Invoice::by_status(&tenant, Some(d), None),
+            Invoice::by_status(&tenant, None, Some(c)),
+            Invoice::by_status(&tenant, Some(d), Some(c)),
+        ]
+    }
+
+    /// The counter writes of a new invoice: its list and (narrowed) its
+    /// narrowings, folded per counter item.
+    pub(super) fn counts_new(&self) -> Vec<TxOp> {
+        let mut ops = self.count_new();
+        if self.narrowed {
+            for l in self.narrowings_now() {
+                merge_counts(&mut ops, l.count_new(&self.id, self.created_at));
+            }
+        }
+        ops
+    }
+
+    /// The counter writes of a deleted invoice (a discarded draft).
+    pub(super) fn counts_gone(&self) -> Vec<TxOp> {
+        let mut ops = Vec::new();
+        if self.counted {
+            ops = self
+                .counted_list_of_self()
+                .count_gone(&self.id, self.created_at);
+        }
+        if self.narrowed {
+            for l in self.narrowings_now() {
+                merge_counts(&mut ops, l.count_gone(&self.id, self.created_at));
+            }
+        }
+        ops
+    }
+
+    /// THE write of a change of a stored invoice (every status change is
+    /// one): `next`, the whole record (its narrowed entries from
+    /// [`Record::entries`]), over `current` as read (its version, its
+    /// list marks, and `also`), with its narrowings' counts moved in the
+    /// same transaction when a status changed. The put is op 0; the
+    /// counter writes come last.
+    pub(super) fn write_over(
+        current: &Invoice,
+        next: &Invoice,
+        also: Vec<Cond>,
+    ) -> Result<Vec<TxOp>, StoreError> {
+        let mut cond = vec![
+            Invoice::VERSION.eq(&current.version),
+            current.listed_as_read(),
+        ];
+        cond.extend(also);
+        let mut next = next.clone();
+        next.narrowed = current.narrowed;
+        let mut ops = vec![TxOp::Put {
+            item: next.to_item()?,
+            cond: Some(Cond::And(cond)),
+        }];
+        if current.narrowed {
+            let mut counts = Vec::new();
+            for (from, to) in current.narrowings_now().iter().zip(next.narrowings_now()) {
+                merge_counts(
+                    &mut counts,
+                    from.count_moved(&to, &current.id, current.created_at),
+                );
+            }
+            ops.extend(counts);
+        }
+        Ok(ops)
     }
 
     /// The current collectible balance.
@@ -396,12 +523,52 @@ impl Record for Invoice {
         Invoice::key(&self.id)
     }
 
-    /// Listed in its project's invoices, newest first.
+    /// Listed in its project's invoices, newest first; narrowed, in its
+    /// narrowings by status too.
     fn entries(&self) -> Vec<Entry> {
-        vec![Entry::gsi1(
+        let mut out = vec![Entry::gsi1(
             Invoice::list_partition(&Tenant::new(self.project_id.clone(), self.mode)),
             self.id.clone(),
-        )]
+        )];
+        if self.narrowed {
+            out.extend(self.narrowed_entries());
+        }
+        out
+    }
+}
+
+impl Invoice {
+    fn narrowed_entries(&self) -> Vec<Entry> {
+        self.narrowings_now()
+            .into_iter()
+            .filter_map(|l| {
+                Some(Entry {
+                    index: l.index?,
+                    partition: l.partition,
+                    sort: self.id.to_string(),
+                })
+            })
+            .collect()
+    }
+}
+
+impl Narrowed for Invoice {
+    const NARROWED: Attr<Self, bool> = Invoice::NARROWED;
+    fn is_narrowed(&self) -> bool {
+        self.narrowed
+    }
+    fn narrowings(&self) -> (Changes<Self>, Vec<TxOp>) {
+        let mut counts = Vec::new();
+        for l in self.narrowings_now() {
+            merge_counts(&mut counts, l.count_new(&self.id, self.created_at));
+        }
+        (Changes::new().enter(self.narrowed_entries()), counts)
+    }
+    fn narrowed_as_read(&self) -> Cond {
+        Cond::And(vec![
+            Invoice::DOCUMENT_STATUS.eq(&self.document_status),
+            Invoice::COLLECTION_STATUS.eq(&self.collection_status),
+        ])
     }
 }
 

@@ -248,10 +248,12 @@ fn allocation_fills_the_balance_then_the_excess() {
         excess: 0,
         at: now,
     });
+    inv.collection_status = inv.collection();
     let ops = allocation_ops(&inv, &"pay_b".into(), 5_000, now).unwrap();
+    // Then its narrowings' counters (part paid -> paid): year, month, day.
     assert_eq!(
         ops.len(),
-        3,
+        3 + 3,
         "the invoice, invoice.paid and its entry in the paying payment's timeline"
     );
     let TxOp::Put { item: entry, .. } = &ops[2] else {
