@@ -3,8 +3,8 @@
 //! lists answer `{data, meta: {total, limit, offset}}`, newest first.
 //!
 //! A deep offset is located from the lists' per-day counters (DynamoDB
-//! has no skip) on the unfiltered lists and the filtered payments and
-//! refunds; every list also takes `starting_after` (our extension,
+//! has no skip), kept per list and per filter value; every list also
+//! takes `starting_after` (our extension,
 //! documented in `docs/api.md`): the id of a record of the list, the page
 //! then holds the records after it, at the cost of the page alone
 //! whatever its depth; `offset` then counts from there. See "Deep pages"
@@ -103,10 +103,10 @@ pub struct PageParams {
     /// Records per page; each list names its default.
     #[param(minimum = 1, maximum = 100)]
     limit: Option<u32>,
-    /// Records to skip (from `starting_after` when given). Past 100 the
-    /// page is located from per-day counters; a list filtered by status
-    /// (sessions, links, invoices) reads what it skips: walk it with
-    /// `starting_after`.
+    /// Records to skip (from `starting_after` when given). Any offset
+    /// costs about the same: past 100 the page is located from the list's
+    /// per-day counters (each filter value has its own), then read from
+    /// that day.
     #[param(minimum = 0)]
     offset: Option<u64>,
     /// Extension: the id of a record of this list; the page holds the

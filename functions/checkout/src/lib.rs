@@ -146,7 +146,7 @@ async fn expire_checkout(
 /// List checkout sessions, newest first.
 #[utoipa::path(
     get, path = "/v1/sessions", tag = "Checkout", operation_id = "listSessions",
-    params(PageParams, ("status" = Option<String>, Query, description = "Only sessions in this status (`open`, `completed`, `expired`, …); an unknown value is ignored.")),
+    params(PageParams, ("status" = Option<String>, Query, description = "Only sessions in this status: `pending`, `initiated`, `success`, `failed` or `expired` (an open session past its time is `expired`); an unknown value is ignored, as the contract says.")),
     security(("bearer" = ["sessions:read"])),
     responses((status = 200, description = "A page of sessions.", body = Page<CheckoutSessionView>)),
 )]
