@@ -1320,6 +1320,7 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
                 "customers": side(&done.customers),
                 "subscriptions": side(&done.subscriptions),
                 "billingInvoices": side(&done.billing_invoices),
+                "billingInvoicesByFilter": side(&done.billing_invoices_by_filter),
             }),
         );
         let lists = [
@@ -1333,6 +1334,10 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
             ("customers", &done.customers),
             ("subscriptions", &done.subscriptions),
             ("billing invoices", &done.billing_invoices),
+            (
+                "billing invoices by filter",
+                &done.billing_invoices_by_filter,
+            ),
         ];
         let parts: Vec<String> = lists
             .iter()

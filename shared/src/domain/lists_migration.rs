@@ -4,7 +4,9 @@
 //! per record (`listing::migrate` for payments and refunds,
 //! `listing::counted::migrate` for the counted lists: sessions, links,
 //! one-time invoices, webhook deliveries per endpoint, SMS reminders,
-//! billing customers, subscriptions and invoices).
+//! billing customers, subscriptions and invoices;
+//! `listing::counted::migrate_narrowed` for their narrowings: billing
+//! invoices by status, customer and subscription).
 
 use super::Tenant;
 use super::billing::customers::Customer;
@@ -13,7 +15,7 @@ use super::billing::subscription::Subscription;
 use super::checkout::CheckoutSession;
 use super::invoices::Invoice;
 use super::links::PaymentLink;
-use super::listing::counted::{self, Counted, CountedKind, CountedList};
+use super::listing::counted::{self, Counted, CountedKind, CountedList, Narrowing};
 use super::listing::{self, ListsMarker, Migrated};
 use super::payments::Payment;
 use super::refunds::Refund;
@@ -35,6 +37,9 @@ pub struct TenantMigrated {
     pub customers: Migrated,
     pub subscriptions: Migrated,
     pub billing_invoices: Migrated,
+    /// Billing invoices entered and counted by status, customer and
+    /// subscription.
+    pub billing_invoices_by_filter: Migrated,
 }
 
 /// Migrates `tenant`'s payments, refunds, then the counted lists.
@@ -104,6 +109,17 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         vec![BillingInvoice::counted_list_of(tenant)],
     )
     .await?;
+    let billing_invoices_by_filter = counted::migrate_narrowed::<BillingInvoice>(
+        store,
+        BillingInvoice::counted_list_of(tenant).all(),
+    )
+    .await?;
+    store
+        .transact(vec![ListsMarker::mark_narrowing(
+            tenant,
+            Narrowing::BillingInvoicesByFilter,
+        )])
+        .await?;
     Ok(TenantMigrated {
         payments,
         refunds,
@@ -115,6 +131,7 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         customers,
         subscriptions,
         billing_invoices,
+        billing_invoices_by_filter,
     })
 }
 

@@ -159,3 +159,6 @@ impl Narrowed for BillingInvoice {
         BillingInvoice::STATUS.eq(&self.status)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -352,7 +352,10 @@ impl Filters {
     /// Whether `inv` passes the status, customer and subscription filters.
     fn keeps(&self, inv: &BillingInvoice) -> bool {
         self.status.is_none_or(|s| s == inv.status)
-            && self.customer_id.as_ref().is_none_or(|c| *c == inv.customer_id)
+            && self
+                .customer_id
+                .as_ref()
+                .is_none_or(|c| *c == inv.customer_id)
             && self
                 .subscription_id
                 .as_ref()
@@ -454,7 +457,8 @@ pub async fn list(
     };
     // More: the narrowest read through, filtered by the others, while its
     // counters say it is within the window.
-    let (_, size, _) = counted::page::<BillingInvoice>(store, &list, &Window::at(0, 1), true).await?;
+    let (_, size, _) =
+        counted::page::<BillingInvoice>(store, &list, &Window::at(0, 1), true).await?;
     if size > MAX_WINDOW as u64 {
         let (param, what) = match (rest.status, &filters.subscription_id) {
             (Some(_), Some(_)) => ("status", "subscription"),
