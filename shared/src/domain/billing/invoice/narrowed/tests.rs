@@ -530,11 +530,41 @@ async fn older_invoices_answer_the_old_way_until_the_migration_narrows_them_once
             Ok(_) => panic!("an uncovered filter past its window"),
         }
     }
+    // Two migrations, and older open invoices voided meanwhile (a void
+    // that finds its invoice narrowed since it read it re-reads it and
+    // moves its count).
+    let racing: Vec<usize> = (20..120)
+        .filter(|&i| all[i].status == InvoiceStatus::Open)
+        .collect();
+    assert!(racing.len() > 20);
+    let voids = racing.iter().map(|&i| {
+        let (d, id) = (d.clone(), all[i].id.clone());
+        tokio::spawn(async move { void(&d, &tenant(), &id, now).await })
+    });
+    let voids: Vec<_> = voids.collect();
+    // One read before the migration, written after it.
+    let k = (121..180)
+        .find(|&i| all[i].status == InvoiceStatus::Open)
+        .unwrap_or_else(|| panic!("an open invoice"));
+    let stale: BillingInvoice =
+        crate::domain::record::get(&*store, &BillingInvoice::key(&all[k].id))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("invoice"));
+    assert!(!stale.narrowed);
     let t = tenant();
     let (a, b) = tokio::join!(
         lists_migration::migrate(&*store, &t),
         lists_migration::migrate(&*store, &t)
     );
+    for v in voids {
+        v.await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    for &i in &racing {
+        all[i].status = InvoiceStatus::Void;
+    }
     let (a, b) = (
         a.unwrap_or_else(|e| panic!("{e}")),
         b.unwrap_or_else(|e| panic!("{e}")),
@@ -559,6 +589,25 @@ async fn older_invoices_answer_the_old_way_until_the_migration_narrows_them_once
             .await
             .unwrap_or(false)
     );
+    // The change read before the migration no longer holds: the
+    // migration counted it open, so it must not move it unnarrowed.
+    let change = stale.status_change(InvoiceStatus::Void);
+    let write = crate::store::TxOp::Update {
+        key: stale.item_key(),
+        update: change.changes.into(),
+        cond: Some(change.cond),
+    };
+    let refused = store.transact(vec![write]).await;
+    assert!(
+        refused.as_ref().is_err_and(|e| e.is_condition_failure()),
+        "{refused:?}"
+    );
+    assert_exact(&d, &all).await;
+    // Re-read, it moves.
+    void(&d, &tenant(), &stale.id, now)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    all[k].status = InvoiceStatus::Void;
     assert_exact(&d, &all).await;
     // Narrowed now, a status change moves it.
     let moved = all[6].clone();
