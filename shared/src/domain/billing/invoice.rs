@@ -821,8 +821,8 @@ pub fn plan_payment_with(
     Ok(PayPlan::Write(ops, outcome))
 }
 
-/// The changes, condition and counter writes of a status change (beside
-/// the version's condition).
+/// A status change's condition (beside the version's) and counter
+/// writes ([`BillingInvoice::status_change`]).
 type Moved = Option<(Cond, Vec<TxOp>)>;
 
 /// The changes that pay `inv` with `source`, the answer, and the status
