@@ -16,6 +16,7 @@ mod billing_coupons;
 mod billing_dashboard;
 mod billing_deep;
 mod billing_invoices;
+mod billing_invoices_narrowed;
 mod billing_notices;
 mod billing_subscriptions;
 mod billing_taxcredit;

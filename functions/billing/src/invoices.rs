@@ -45,8 +45,8 @@ async fn list_invoices(
     query: QueryParams,
 ) -> Result<Json<BillingPage<InvoiceView>>, ApiError> {
     let who = allowed(&auth, Scope::BillingRead)?;
-    // Any page of the counted list; a filter's or search's within its
-    // window.
+    // Any page of the counted list or a filter's narrowing; a search's
+    // within its window.
     let page = PageRequest::parse_deep(query.get("page"), query.get("limit"))?;
     let filters = view::Filters::parse(
         query.get("status"),

@@ -121,8 +121,9 @@ fn page_of(q: &std::collections::HashMap<String, String>) -> PageRequest {
 }
 
 /// [`page_of`] for the counted lists (customers, subscriptions, billing
-/// invoices): any page number reaches its records unfiltered; a filtered
-/// or searched one past the window is refused by the list.
+/// invoices): any page number reaches its records unfiltered (and an
+/// invoices status filter); another filter or a search past the window is
+/// refused by the list.
 fn deep_page_of(q: &std::collections::HashMap<String, String>) -> PageRequest {
     PageRequest::parse_deep(q.get("page").map(String::as_str), Some("25")).unwrap_or(PageRequest {
         page: 1,

@@ -1326,6 +1326,7 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
                 "linksByActive": side(&done.links_by_active),
                 "invoicesByStatus": side(&done.invoices_by_status),
                 "subscriptionsByFilter": side(&done.subscriptions_by_filter),
+                "billingInvoicesByFilter": side(&done.billing_invoices_by_filter),
             }),
         );
         let lists = [
@@ -1345,6 +1346,10 @@ async fn lists_cmd(cmd: ListsCmd) -> Result<Output, Failure> {
             ("links by active", &done.links_by_active),
             ("invoices by status", &done.invoices_by_status),
             ("subscriptions by filter", &done.subscriptions_by_filter),
+            (
+                "billing invoices by filter",
+                &done.billing_invoices_by_filter,
+            ),
         ];
         let parts: Vec<String> = lists
             .iter()

@@ -7,7 +7,8 @@
 //! billing customers, subscriptions and invoices, reports and
 //! reconciliation runs; `listing::counted::migrate_narrowed` for their
 //! narrowings: sessions by status, links by `active`, one-time invoices
-//! by status, subscriptions by status, plan and customer).
+//! by status, subscriptions by status, plan and customer, billing
+//! invoices by status, customer and subscription).
 
 use super::Tenant;
 use super::billing::customers::Customer;
@@ -51,6 +52,9 @@ pub struct TenantMigrated {
     /// Subscriptions entered in their narrowings by status, plan and
     /// customer.
     pub subscriptions_by_filter: Migrated,
+    /// Billing invoices entered and counted by status, customer and
+    /// subscription.
+    pub billing_invoices_by_filter: Migrated,
 }
 
 /// Migrates `tenant`'s payments, refunds, then the counted lists.
@@ -162,6 +166,13 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         Subscription::counted_list_of(tenant),
     )
     .await?;
+    let billing_invoices_by_filter = narrowed::<BillingInvoice>(
+        store,
+        tenant,
+        Narrowing::BillingInvoicesByFilter,
+        BillingInvoice::counted_list_of(tenant),
+    )
+    .await?;
     Ok(TenantMigrated {
         payments,
         refunds,
@@ -179,6 +190,7 @@ pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrate
         links_by_active,
         invoices_by_status,
         subscriptions_by_filter,
+        billing_invoices_by_filter,
     })
 }
 

@@ -781,7 +781,7 @@ fn proration_ops(
 ) -> Result<Vec<TxOp>, StoreError> {
     let notices = NoticeSchedule::for_invoice(inv, changed, now);
     let mut ops = vec![inv.put_new()?, take, notices.put_new()?];
-    ops.extend(inv.count_new());
+    ops.extend(inv.insert_counts());
     Ok(ops)
 }
 
@@ -921,6 +921,7 @@ fn proration_invoice(
         created_at: now,
         updated_at: now,
         counted: true,
+        narrowed: true,
     })
 }
 

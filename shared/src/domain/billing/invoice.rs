@@ -4,7 +4,10 @@
 //!
 //! Storage:
 //! - an invoice at `BINV#<id>` / `BINV`, listed per project and mode on
-//!   `gsi1` (`PROJ#<project>#<mode>#BINV`, by id);
+//!   `gsi1` (`PROJ#<project>#<mode>#BINV`, by id), and narrowed by
+//!   status (`gsi4`), customer (`gsi3`) and subscription (`gsi5`)
+//!   ([`narrowed`]: [`BillingInvoice::status_change`] is the one write of
+//!   its status);
 //! - the claim of a period at `SUB#<subscription>` / `PERIOD#<start>`
 //!   (the period's first Nepal day), naming its invoice. [`issue_invoice`]
 //!   writes the claim (only where none is), the invoice and the number
@@ -35,7 +38,7 @@ use crate::ids::{
     BillingInvoiceId, CustomerId, PaymentId, ProjectId, RefundId, SubscriptionId, UserId,
 };
 use crate::money::Currency;
-use crate::store::{Key, StoreError, TxOp, TxReason};
+use crate::store::{Cond, Key, StoreError, TxOp, TxReason};
 use crate::time::Timestamp;
 
 /// The error code of a refused invoice transition (docs only until the
@@ -336,6 +339,17 @@ pub struct BillingInvoice {
     /// attribute after, so no write can undo the mark.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub counted: bool,
+    /// In its narrowed lists (by status, customer and subscription:
+    /// [`narrowed`]), entered and counted: set at issue, or by
+    /// `dhukuti-admin lists migrate`. Its `gsi4` partition, read as
+    /// whether it is there.
+    #[serde(
+        default,
+        rename = "gsi4pk",
+        deserialize_with = "crate::domain::listing::present",
+        skip_serializing
+    )]
+    pub narrowed: bool,
 }
 
 crate::attrs! { BillingInvoice {
@@ -352,6 +366,7 @@ crate::attrs! { BillingInvoice {
     VERSION: i64 = version,
     UPDATED_AT: Timestamp = updated_at,
     COUNTED: bool = counted,
+    NARROWED: bool = narrowed as "gsi4pk",
 } }
 
 crate::domain::listing::counted::counted_per_tenant!(
@@ -381,10 +396,14 @@ impl Record for BillingInvoice {
     }
 
     fn entries(&self) -> Vec<Entry> {
-        vec![Entry::gsi1(
-            BillingInvoice::list_partition(&Tenant::new(self.project_id.clone(), self.mode)),
+        let mut out = vec![Entry::gsi1(
+            BillingInvoice::list_partition(&self.tenant()),
             self.id.to_string(),
-        )]
+        )];
+        if self.narrowed {
+            out.extend(self.narrowed_entries());
+        }
+        out
     }
 }
 
@@ -516,6 +535,7 @@ pub fn invoice_for(
         created_at: now,
         updated_at: now,
         counted: true,
+        narrowed: true,
     })
 }
 
@@ -576,8 +596,9 @@ pub async fn issue_invoice(
             let notices = super::notice_due::NoticeSchedule::for_invoice(&invoice, sub, now);
             ops.push(notices.put_new()?);
         }
-        // Counted in its list (last: the claim's index stays 0).
-        ops.extend(invoice.count_new());
+        // Counted in its list and narrowings (last: the claim's index
+        // stays 0).
+        ops.extend(invoice.insert_counts());
         match store.transact(ops).await {
             Ok(()) => {
                 return Ok(Issued {
@@ -733,7 +754,7 @@ pub fn plan_payment_with(
     if inv.overpayments.iter().any(|o| &o.source == source) {
         return Ok(PayPlan::Told(PayOutcome::Overpayment(inv.clone())));
     }
-    let (changes, outcome) = match next_invoice(inv.status, InvoiceEvent::Pay) {
+    let (changes, outcome, moved) = match next_invoice(inv.status, InvoiceEvent::Pay) {
         Ok(paid) if amount == inv.amount_due => paying(inv, paid, source, amount, now),
         Ok(_) if taken == Taken::Asked => {
             return Err(BillingInvoiceError::AmountMismatch {
@@ -750,11 +771,17 @@ pub fn plan_payment_with(
         // Paid or void already, or money that cannot pay it as it is.
         _ => overpaying(inv, source, amount, keeper.is_some(), now),
     };
+    let version = BillingInvoice::VERSION.eq(&inv.version);
+    let (cond, moved) = match moved {
+        Some((cond, also)) => (Cond::And(vec![version, cond]), also),
+        None => (version, Vec::new()),
+    };
     let mut ops = vec![TxOp::Update {
         key: BillingInvoice::key(&inv.id),
         update: changes.into(),
-        cond: Some(BillingInvoice::VERSION.eq(&inv.version)),
+        cond: Some(cond),
     }];
+    crate::domain::listing::merge_counts(&mut ops, moved);
     let (t, changed) = match &outcome {
         PayOutcome::Paid(i) => (EventType::BillingInvoicePaid, i),
         PayOutcome::Overpayment(i) | PayOutcome::AlreadyPaid(i) => {
@@ -794,14 +821,19 @@ pub fn plan_payment_with(
     Ok(PayPlan::Write(ops, outcome))
 }
 
-/// The changes that pay `inv` with `source`, and the answer.
+/// A status change's condition (beside the version's) and counter
+/// writes ([`BillingInvoice::status_change`]).
+type Moved = Option<(Cond, Vec<TxOp>)>;
+
+/// The changes that pay `inv` with `source`, the answer, and the status
+/// change's condition and counter writes.
 fn paying(
     inv: &BillingInvoice,
     paid: InvoiceStatus,
     source: &PaymentSource,
     amount: i64,
     now: Timestamp,
-) -> (Changes<BillingInvoice>, PayOutcome) {
+) -> (Changes<BillingInvoice>, PayOutcome, Moved) {
     let mut next = inv.clone();
     next.status = paid;
     next.payment = Some(Settlement {
@@ -813,14 +845,19 @@ fn paying(
     next.paid_at = Some(now);
     next.version += 1;
     next.updated_at = now;
-    let changes = Changes::new()
-        .set(BillingInvoice::STATUS, &next.status)
+    let change = inv.status_change(next.status);
+    let changes = change
+        .changes
         .set(BillingInvoice::PAYMENT, &next.payment)
         .set(BillingInvoice::AMOUNT_PAID, &next.amount_paid)
         .set(BillingInvoice::PAID_AT, &next.paid_at)
         .set(BillingInvoice::VERSION, &next.version)
         .set(BillingInvoice::UPDATED_AT, &next.updated_at);
-    (changes, PayOutcome::Paid(next))
+    (
+        changes,
+        PayOutcome::Paid(next),
+        Some((change.cond, change.also)),
+    )
 }
 
 /// The changes that record `source` as an overpayment of `inv`.
@@ -830,7 +867,7 @@ fn overpaying(
     amount: i64,
     kept: bool,
     now: Timestamp,
-) -> (Changes<BillingInvoice>, PayOutcome) {
+) -> (Changes<BillingInvoice>, PayOutcome, Moved) {
     let refund_status = match source {
         _ if kept && amount > 0 => OverpaymentRefund::Credited,
         PaymentSource::Online {
@@ -854,7 +891,7 @@ fn overpaying(
         .set(BillingInvoice::OVERPAYMENTS, &next.overpayments)
         .set(BillingInvoice::VERSION, &next.version)
         .set(BillingInvoice::UPDATED_AT, &next.updated_at);
-    (changes, PayOutcome::Overpayment(next))
+    (changes, PayOutcome::Overpayment(next), None)
 }
 
 /// An out-of-band payment (cash, a bank deposit) of the full amount due,
@@ -928,11 +965,13 @@ async fn transition(
     for attempt in 0..TRIES {
         let mut inv = get_invoice(deps, tenant, id).await?;
         let seen = inv.version;
-        inv.status = next_invoice(inv.status, event)?;
+        let to = next_invoice(inv.status, event)?;
+        let change = inv.status_change(to);
+        inv.status = to;
         inv.version += 1;
         inv.updated_at = now;
-        let mut changes = Changes::new()
-            .set(BillingInvoice::STATUS, &inv.status)
+        let mut changes = change
+            .changes
             .set(BillingInvoice::VERSION, &inv.version)
             .set(BillingInvoice::UPDATED_AT, &inv.updated_at);
         match event {
@@ -955,8 +994,12 @@ async fn transition(
         let mut ops = vec![TxOp::Update {
             key: BillingInvoice::key(id),
             update: changes.into(),
-            cond: Some(BillingInvoice::VERSION.eq(&seen)),
+            cond: Some(Cond::And(vec![
+                BillingInvoice::VERSION.eq(&seen),
+                change.cond,
+            ])),
         }];
+        crate::domain::listing::merge_counts(&mut ops, change.also);
         if let Some(t) = t {
             let base = deps.config.base_for(None);
             ops.extend(invoice_event(t, &inv, &base, now).put_ops()?);
@@ -973,6 +1016,7 @@ async fn transition(
 }
 
 pub mod collect;
+pub mod narrowed;
 #[cfg(feature = "pdf")]
 pub mod pdf;
 pub mod refund_due;

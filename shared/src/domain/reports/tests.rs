@@ -396,6 +396,7 @@ fn invoice(tenant: &Tenant, number: &str, at: Timestamp) -> BillingInvoice {
         created_at: at,
         updated_at: at,
         counted: true,
+        narrowed: false,
     }
 }
 

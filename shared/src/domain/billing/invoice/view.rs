@@ -1,6 +1,17 @@
 //! A billing invoice as the API answers it (camelCase, as the SDK reads
 //! it), and its lists (`status`, `customerId`, `subscriptionId`, `search`;
 //! page-based as the other billing lists).
+//!
+//! A list reads the narrowest of its counted lists ([`super::narrowed`]):
+//! a subscription's, else a customer's, else a status's, else the whole
+//! list. One filter: any page at a bounded cost, the total from the
+//! counters. Two or three: the narrowest read through with a filter
+//! expression for the others, while it holds at most [`MAX_WINDOW`]
+//! invoices (its counters say); past that a 400 naming the other filter.
+//! A search: the matches among the newest [`SEARCH_SCAN`] of the
+//! narrowest, the other filters applied to them. A tenant whose older
+//! invoices are not narrowed yet (`dhukuti-admin lists migrate`) is read
+//! as before: the whole list filtered, within `page * limit` <= 10,000.
 
 use chrono::NaiveDate;
 use serde::Serialize;
@@ -12,13 +23,13 @@ use crate::Deps;
 use crate::domain::Tenant;
 use crate::domain::billing::calendar::{bs_from_ad, miti_latin};
 use crate::domain::billing::customers::{
-    BillingError, MAX_SEARCH, PageRequest, SEARCH_SCAN, invalid,
+    BillingError, MAX_SEARCH, MAX_WINDOW, PageRequest, SEARCH_SCAN, invalid,
 };
-use crate::domain::listing::counted::{self, CountedKind};
+use crate::domain::listing::counted::{self, CountedKind, CountedList, Narrowing};
 use crate::domain::record::{Window, from_item};
 use crate::ids::{CustomerId, SubscriptionId};
 use crate::money::Currency;
-use crate::store::{Cond, Index, Query};
+use crate::store::{Cond, Index, Query, Store};
 use crate::time::Timestamp;
 
 /// A day as the API writes it, with its Bikram Sambat date (Miti).
@@ -338,6 +349,47 @@ impl Filters {
         })
     }
 
+    /// Whether `inv` passes the status, customer and subscription filters.
+    fn keeps(&self, inv: &BillingInvoice) -> bool {
+        self.status.is_none_or(|s| s == inv.status)
+            && self
+                .customer_id
+                .as_ref()
+                .is_none_or(|c| *c == inv.customer_id)
+            && self
+                .subscription_id
+                .as_ref()
+                .is_none_or(|s| *s == inv.subscription_id)
+    }
+
+    /// The narrowest counted list holding every invoice these filters
+    /// keep (a subscription's, a customer's, a status's, or the whole
+    /// list), and the filters left to apply to it (no search).
+    fn narrowest(&self, tenant: &Tenant) -> (CountedList, Filters) {
+        let rest = |status, customer_id| Filters {
+            status,
+            customer_id,
+            subscription_id: None,
+            search: None,
+        };
+        if let Some(s) = &self.subscription_id {
+            return (
+                BillingInvoice::by_subscription(tenant, s),
+                rest(self.status, self.customer_id.clone()),
+            );
+        }
+        if let Some(c) = &self.customer_id {
+            return (
+                BillingInvoice::by_customer(tenant, c),
+                rest(self.status, None),
+            );
+        }
+        match self.status {
+            Some(s) => (BillingInvoice::by_status(tenant, s), rest(None, None)),
+            None => (BillingInvoice::counted_list_of(tenant), rest(None, None)),
+        }
+    }
+
     fn cond(&self) -> Option<Cond> {
         let mut all = Vec::new();
         if let Some(s) = &self.status {
@@ -372,7 +424,7 @@ fn matches(inv: &BillingInvoice, needle: &str) -> bool {
 
 /// A page of the tenant's invoices, newest first, and the total: of the
 /// filtered list without `search`; with it, of the matches among the
-/// newest [`SEARCH_SCAN`] filtered invoices.
+/// newest [`SEARCH_SCAN`] of the narrowest list (see the module doc).
 pub async fn list(
     deps: &Deps,
     tenant: &Tenant,
@@ -388,29 +440,62 @@ pub async fn list(
         let (found, total, _) = counted::page(store, &list, &window, covered).await?;
         return Ok((found, total));
     }
-    // Filtered or searched: read through from the start, in its window.
-    let page = page.windowed()?;
-    let mut query = Query::partition(BillingInvoice::list_partition(tenant))
-        .on(Index::Gsi1)
-        .backward();
-    if let Some(c) = filters.cond() {
-        query = query.filter(c);
+    if !counted::covered_narrowing(store, tenant, Narrowing::BillingInvoicesByFilter).await? {
+        return list_through(store, tenant, page, filters).await;
     }
-    let Some(needle) = &filters.search else {
-        let items =
-            crate::store::query_window(&*deps.store, &query, page.offset(), page.limit).await?;
-        let found = items
-            .into_iter()
-            .map(from_item)
-            .collect::<Result<Vec<BillingInvoice>, _>>()?;
-        let total = deps.store.count(&query).await?;
+    let (list, rest) = filters.narrowest(tenant);
+    if let Some(needle) = &filters.search {
+        let page = page.windowed()?;
+        let read = crate::store::query_window(store, &list.all(), 0, SEARCH_SCAN).await?;
+        return searched(read, &rest, needle, page);
+    }
+    let window = Window::at(page.offset(), page.limit);
+    let Some(cond) = rest.cond() else {
+        // One filter: its narrowing, any page.
+        let (found, total, _) = counted::page(store, &list, &window, true).await?;
         return Ok((found, total));
     };
-    let read = crate::store::query_window(&*deps.store, &query, 0, SEARCH_SCAN).await?;
+    // More: the narrowest read through, filtered by the others, while its
+    // counters say it is within the window.
+    let (_, size, _) =
+        counted::page::<BillingInvoice>(store, &list, &Window::at(0, 1), true).await?;
+    if size > MAX_WINDOW as u64 {
+        let (param, what) = match (rest.status, &filters.subscription_id) {
+            (Some(_), Some(_)) => ("status", "subscription"),
+            (Some(_), None) => ("status", "customer"),
+            (None, _) => ("customerId", "subscription"),
+        };
+        return Err(invalid(
+            param,
+            format!(
+                "this {what} has more than {MAX_WINDOW} invoices: a list of them reads at most {MAX_WINDOW} to filter by {param}; list them without {param}, or by {param} alone"
+            ),
+        ));
+    }
+    let query = list.all().filter(cond);
+    let (items, total) = tokio::join!(
+        crate::store::query_window(store, &query, page.offset(), page.limit),
+        store.count(&query)
+    );
+    let found = items?
+        .into_iter()
+        .map(from_item)
+        .collect::<Result<Vec<BillingInvoice>, _>>()?;
+    Ok((found, total?))
+}
+
+/// The page of the matches of `needle` among `read` kept by `rest`, and
+/// their number.
+fn searched(
+    read: Vec<crate::store::Item>,
+    rest: &Filters,
+    needle: &str,
+    page: PageRequest,
+) -> Result<(Vec<BillingInvoice>, u64), BillingError> {
     let mut matched = Vec::new();
     for item in read {
         let inv: BillingInvoice = from_item(item)?;
-        if matches(&inv, needle) {
+        if rest.keeps(&inv) && matches(&inv, needle) {
             matched.push(inv);
         }
     }
@@ -421,4 +506,32 @@ pub async fn list(
         .take(page.limit)
         .collect();
     Ok((found, total))
+}
+
+/// A tenant whose older invoices are not narrowed yet: the whole list
+/// filtered, read through from the start within its window.
+async fn list_through(
+    store: &dyn Store,
+    tenant: &Tenant,
+    page: PageRequest,
+    filters: &Filters,
+) -> Result<(Vec<BillingInvoice>, u64), BillingError> {
+    let page = page.windowed()?;
+    let mut query = Query::partition(BillingInvoice::list_partition(tenant))
+        .on(Index::Gsi1)
+        .backward();
+    if let Some(c) = filters.cond() {
+        query = query.filter(c);
+    }
+    let Some(needle) = &filters.search else {
+        let items = crate::store::query_window(store, &query, page.offset(), page.limit).await?;
+        let found = items
+            .into_iter()
+            .map(from_item)
+            .collect::<Result<Vec<BillingInvoice>, _>>()?;
+        let total = store.count(&query).await?;
+        return Ok((found, total));
+    };
+    let read = crate::store::query_window(store, &query, 0, SEARCH_SCAN).await?;
+    searched(read, &Filters::default(), needle, page)
 }
