@@ -57,141 +57,86 @@ pub struct TenantMigrated {
     pub billing_invoices_by_filter: Migrated,
 }
 
-/// Migrates `tenant`'s payments, refunds, then the counted lists.
+/// Migrates `tenant`'s payments, refunds, then the counted lists and
+/// their narrowings.
 pub async fn migrate(store: &dyn Store, tenant: &Tenant) -> Result<TenantMigrated, StoreError> {
     let by_id =
         |what| Query::partition(keys::per_mode(&tenant.project, tenant.mode, what)).on(Index::Gsi1);
-    let payments =
-        listing::migrate::<Payment>(store, tenant, by_id(keys::PerMode::Payments)).await?;
-    let refunds = listing::migrate::<Refund>(store, tenant, by_id(keys::PerMode::Refunds)).await?;
-    let sessions = counted_list::<CheckoutSession>(
+    let mut done = TenantMigrated {
+        payments: listing::migrate::<Payment>(store, tenant, by_id(keys::PerMode::Payments))
+            .await?,
+        refunds: listing::migrate::<Refund>(store, tenant, by_id(keys::PerMode::Refunds)).await?,
+        ..TenantMigrated::default()
+    };
+    counted_lists(store, tenant, &mut done).await?;
+    narrowings(store, tenant, &mut done).await?;
+    Ok(done)
+}
+
+/// The counted lists of [`migrate`].
+async fn counted_lists(
+    store: &dyn Store,
+    tenant: &Tenant,
+    done: &mut TenantMigrated,
+) -> Result<(), StoreError> {
+    use CountedKind as K;
+    done.sessions = counted_list::<CheckoutSession>(
         store,
         tenant,
-        CountedKind::Sessions,
+        K::Sessions,
         vec![CheckoutSession::counted_list_of(tenant)],
     )
     .await?;
-    let links = counted_list::<PaymentLink>(
-        store,
-        tenant,
-        CountedKind::Links,
-        vec![PaymentLink::counted_list_of(tenant)],
-    )
-    .await?;
-    let invoices = counted_list::<Invoice>(
-        store,
-        tenant,
-        CountedKind::Invoices,
-        vec![Invoice::counted_list_of(tenant)],
-    )
-    .await?;
-    let endpoints = webhooks::list_in(store, tenant).await?;
-    let deliveries = counted_list::<Delivery>(
-        store,
-        tenant,
-        CountedKind::Deliveries,
-        endpoints
-            .iter()
-            .map(|e| Delivery::counted_list_of(tenant, &e.id))
-            .collect(),
-    )
-    .await?;
-    let sms = counted_list::<SmsReminder>(
-        store,
-        tenant,
-        CountedKind::Sms,
-        vec![SmsReminder::counted_list_of(tenant)],
-    )
-    .await?;
-    let customers = counted_list::<Customer>(
-        store,
-        tenant,
-        CountedKind::Customers,
-        vec![Customer::counted_list_of(tenant)],
-    )
-    .await?;
-    let subscriptions = counted_list::<Subscription>(
-        store,
-        tenant,
-        CountedKind::Subscriptions,
-        vec![Subscription::counted_list_of(tenant)],
-    )
-    .await?;
-    let billing_invoices = counted_list::<BillingInvoice>(
-        store,
-        tenant,
-        CountedKind::BillingInvoices,
-        vec![BillingInvoice::counted_list_of(tenant)],
-    )
-    .await?;
-    let reports = counted_list::<Report>(
-        store,
-        tenant,
-        CountedKind::Reports,
-        vec![Report::counted_list_of(tenant)],
-    )
-    .await?;
-    let recon_runs = counted_list::<Run>(
-        store,
-        tenant,
-        CountedKind::ReconRuns,
-        vec![Run::counted_list_of(tenant, &RunFilter::default())],
-    )
-    .await?;
-    let sessions_by_status = narrowed::<CheckoutSession>(
-        store,
-        tenant,
-        Narrowing::SessionsByStatus,
-        CheckoutSession::counted_list_of(tenant),
-    )
-    .await?;
-    let links_by_active = narrowed::<PaymentLink>(
-        store,
-        tenant,
-        Narrowing::LinksByActive,
-        PaymentLink::counted_list_of(tenant),
-    )
-    .await?;
-    let invoices_by_status = narrowed::<Invoice>(
-        store,
-        tenant,
-        Narrowing::InvoicesByStatus,
-        Invoice::counted_list_of(tenant),
-    )
-    .await?;
-    let subscriptions_by_filter = narrowed::<Subscription>(
-        store,
-        tenant,
-        Narrowing::SubscriptionsByFilter,
-        Subscription::counted_list_of(tenant),
-    )
-    .await?;
-    let billing_invoices_by_filter = narrowed::<BillingInvoice>(
-        store,
-        tenant,
-        Narrowing::BillingInvoicesByFilter,
-        BillingInvoice::counted_list_of(tenant),
-    )
-    .await?;
-    Ok(TenantMigrated {
-        payments,
-        refunds,
-        sessions,
-        links,
-        invoices,
-        deliveries,
-        sms,
-        customers,
-        subscriptions,
-        billing_invoices,
-        reports,
-        recon_runs,
-        sessions_by_status,
-        links_by_active,
-        invoices_by_status,
-        subscriptions_by_filter,
-        billing_invoices_by_filter,
-    })
+    let links = vec![PaymentLink::counted_list_of(tenant)];
+    done.links = counted_list::<PaymentLink>(store, tenant, K::Links, links).await?;
+    let invoices = vec![Invoice::counted_list_of(tenant)];
+    done.invoices = counted_list::<Invoice>(store, tenant, K::Invoices, invoices).await?;
+    let deliveries = webhooks::list_in(store, tenant)
+        .await?
+        .iter()
+        .map(|e| Delivery::counted_list_of(tenant, &e.id))
+        .collect();
+    done.deliveries = counted_list::<Delivery>(store, tenant, K::Deliveries, deliveries).await?;
+    let sms = vec![SmsReminder::counted_list_of(tenant)];
+    done.sms = counted_list::<SmsReminder>(store, tenant, K::Sms, sms).await?;
+    let customers = vec![Customer::counted_list_of(tenant)];
+    done.customers = counted_list::<Customer>(store, tenant, K::Customers, customers).await?;
+    let subscriptions = vec![Subscription::counted_list_of(tenant)];
+    done.subscriptions =
+        counted_list::<Subscription>(store, tenant, K::Subscriptions, subscriptions).await?;
+    let billing_invoices = vec![BillingInvoice::counted_list_of(tenant)];
+    done.billing_invoices =
+        counted_list::<BillingInvoice>(store, tenant, K::BillingInvoices, billing_invoices).await?;
+    let reports = vec![Report::counted_list_of(tenant)];
+    done.reports = counted_list::<Report>(store, tenant, K::Reports, reports).await?;
+    let runs = vec![Run::counted_list_of(tenant, &RunFilter::default())];
+    done.recon_runs = counted_list::<Run>(store, tenant, K::ReconRuns, runs).await?;
+    Ok(())
+}
+
+/// The narrowings of [`migrate`].
+async fn narrowings(
+    store: &dyn Store,
+    tenant: &Tenant,
+    done: &mut TenantMigrated,
+) -> Result<(), StoreError> {
+    use Narrowing as N;
+    let sessions = CheckoutSession::counted_list_of(tenant);
+    done.sessions_by_status =
+        narrowed::<CheckoutSession>(store, tenant, N::SessionsByStatus, sessions).await?;
+    let links = PaymentLink::counted_list_of(tenant);
+    done.links_by_active = narrowed::<PaymentLink>(store, tenant, N::LinksByActive, links).await?;
+    let invoices = Invoice::counted_list_of(tenant);
+    done.invoices_by_status =
+        narrowed::<Invoice>(store, tenant, N::InvoicesByStatus, invoices).await?;
+    let subscriptions = Subscription::counted_list_of(tenant);
+    done.subscriptions_by_filter =
+        narrowed::<Subscription>(store, tenant, N::SubscriptionsByFilter, subscriptions).await?;
+    let billing_invoices = BillingInvoice::counted_list_of(tenant);
+    done.billing_invoices_by_filter =
+        narrowed::<BillingInvoice>(store, tenant, N::BillingInvoicesByFilter, billing_invoices)
+            .await?;
+    Ok(())
 }
 
 /// Enters and counts the records of `list` in their narrowings, then
