@@ -26,7 +26,7 @@ use crate::Deps;
 use crate::domain::listing::counted;
 use crate::domain::outbox::{Event, EventType};
 use crate::domain::payments::{Payment, PaymentStatus};
-use crate::domain::record::{self, Attr, Entry, Record, Window, from_item};
+use crate::domain::record::{self, Attr, Changes, Entry, Record, Window, from_item};
 use crate::domain::{Mode, Provider, Tenant};
 use crate::ids::{IdKind, PaymentId, ProjectId, ReconRunId, StatementUploadId};
 use crate::keys;
@@ -34,7 +34,7 @@ use crate::money::Paisa;
 use crate::refusal::Refusal;
 use crate::secrets::ProviderCredentials;
 use crate::store::{Cond, Index, Key, Query, SkCond, Store, StoreError, TxOp};
-use crate::time::Timestamp;
+use crate::time::{Clock, SystemClock, Timestamp};
 
 /// A list's page size when the caller names none.
 pub const DEFAULT_PAGE: usize = 20;
@@ -133,12 +133,26 @@ impl counted::Counted for Run {
         }
         ops
     }
+    /// Its entries in the provider and day lists come with the count: a
+    /// run from before them has its `gsi1` entry only.
+    fn mark_counted(&self) -> Changes<Self> {
+        Changes::new()
+            .set(Run::LISTED, &true)
+            .enter(self.entries())
+    }
     /// A running run is written whole when it ends: counted only once it
-    /// has (the migration retries meanwhile).
+    /// has (the migration retries meanwhile), or once it is older than
+    /// any run's process lives ([`STALE_RUN`]: it never ends).
     fn countable(&self) -> Option<Cond> {
-        Some(Run::STATUS.ne(&RunStatus::Running))
+        let stale = self.created_at.plus(STALE_RUN) < SystemClock.now();
+        (!stale).then(|| Run::STATUS.ne(&RunStatus::Running))
     }
 }
+
+/// How long after its start a run still `running` can still end: a run is
+/// made within one Lambda invocation (15 minutes at most); past this its
+/// process is gone and nothing writes it again.
+const STALE_RUN: chrono::Duration = chrono::Duration::hours(1);
 
 impl Run {
     pub fn key(id: &ReconRunId) -> Key {
@@ -1567,20 +1581,36 @@ mod tests {
     }
 
     /// Runs from before the counters: listed the old way until the
-    /// migration, which waits for a running run to end and counts each
-    /// once.
+    /// migration, which enters each in the provider and day lists, waits
+    /// for a running run to end (not for one whose process is long gone)
+    /// and counts each once.
     #[tokio::test]
     async fn older_runs_are_counted_once_by_the_migration() {
         let store = crate::testenv::memory_store();
         let deps = crate::domain::billing::testenv::deps_at(store.clone(), "2026-11-21T00:00:00Z");
         let tenant = Tenant::new("proj_old_runs", Mode::Live);
         let mut all = spread(&tenant, 40, false);
+        // Running now, and running since long ago (its process died).
         all[7].status = RunStatus::Running;
+        all[7].created_at = SystemClock.now();
+        all[9].status = RunStatus::Running;
         for r in &all {
-            store
-                .transact(vec![r.put_new().unwrap_or_else(|e| panic!("{e}"))])
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            // As the code before the counters stored it: `gsi1` only.
+            let only_gsi1 = TxOp::Update {
+                key: r.item_key(),
+                update: Changes::<Run>::new()
+                    .unindex(Index::Gsi4)
+                    .unindex(Index::Gsi5)
+                    .unindex(Index::Gsi6)
+                    .into(),
+                cond: None,
+            };
+            for op in [r.put_new().unwrap_or_else(|e| panic!("{e}")), only_gsi1] {
+                store
+                    .transact(vec![op])
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
         }
         // Uncovered: right through the old filtered read.
         assert_lists(&deps, &tenant, &all).await;
