@@ -11,6 +11,7 @@
 //! subscription's place in its tenant's due index (`billing::due`), so the
 //! sweep finds each subscription when something of it is due.
 
+use crate::domain::listing::counted;
 use chrono::NaiveDate;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -432,16 +433,7 @@ impl Subscription {
     }
 
     fn narrowed_entries(&self) -> Vec<Entry> {
-        self.narrowings_now()
-            .into_iter()
-            .filter_map(|l| {
-                Some(Entry {
-                    index: l.index?,
-                    partition: l.partition,
-                    sort: self.id.to_string(),
-                })
-            })
-            .collect()
+        counted::entries_in(&self.narrowings_now(), self.id.as_str())
     }
 
     /// The counter writes of a new subscription: its list (counted) and
@@ -613,10 +605,7 @@ impl Narrowed for Subscription {
         self.narrowed
     }
     fn narrowings(&self) -> (Changes<Self>, Vec<TxOp>) {
-        let mut counts = Vec::new();
-        for l in self.narrowings_now() {
-            merge_counts(&mut counts, l.count_new(&self.id, self.created_at));
-        }
+        let counts = counted::counts_in(&self.narrowings_now(), self.id.as_str(), self.created_at);
         (Changes::new().enter(self.narrowed_entries()), counts)
     }
     fn narrowed_as_read(&self) -> Cond {

@@ -2,6 +2,7 @@
 //! rules (amount ranges per provider and mode, URLs, metadata), and the
 //! spend cap taken with the session.
 
+use crate::domain::listing::counted;
 use chrono::Datelike;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -396,31 +397,17 @@ impl CheckoutSession {
         to: SessionStatus,
         changes: Changes<CheckoutSession>,
     ) -> StatusChange<CheckoutSession> {
-        let changes = changes.set(CheckoutSession::STATUS, &to);
-        if !self.narrowed {
-            // The migration narrows it as it is then.
-            return StatusChange {
-                changes,
-                cond: Cond::And(vec![
-                    CheckoutSession::STATUS.eq(&self.status),
-                    CheckoutSession::NARROWED.missing(),
-                ]),
-                also: Vec::new(),
-            };
-        }
         let tenant = self.tenant();
-        StatusChange {
-            changes: changes.enter([self.status_entry(to)]),
-            cond: Cond::And(vec![
-                CheckoutSession::STATUS.eq(&self.status),
-                CheckoutSession::NARROWED.exists(),
-            ]),
-            also: CheckoutSession::by_status(&tenant, self.status).count_moved(
+        counted::value_change(
+            self,
+            CheckoutSession::STATUS.eq(&self.status),
+            changes.set(CheckoutSession::STATUS, &to),
+            (
+                &CheckoutSession::by_status(&tenant, self.status),
                 &CheckoutSession::by_status(&tenant, to),
-                &self.id,
-                self.created_at,
             ),
-        }
+            (self.id.as_str(), self.created_at),
+        )
     }
 
     /// The provider the session pays with as it stands: the current

@@ -1,6 +1,7 @@
 //! The invoice, its lines, buyer, allocations and adjustments as stored and
 //! as answered, and the money arithmetic of a line (quantity, tax).
 
+use crate::domain::listing::counted;
 use serde::{Deserialize, Serialize};
 
 use super::MAX_QUANTITY_UNITS;
@@ -539,16 +540,7 @@ impl Record for Invoice {
 
 impl Invoice {
     fn narrowed_entries(&self) -> Vec<Entry> {
-        self.narrowings_now()
-            .into_iter()
-            .filter_map(|l| {
-                Some(Entry {
-                    index: l.index?,
-                    partition: l.partition,
-                    sort: self.id.to_string(),
-                })
-            })
-            .collect()
+        counted::entries_in(&self.narrowings_now(), self.id.as_str())
     }
 }
 
@@ -558,10 +550,7 @@ impl Narrowed for Invoice {
         self.narrowed
     }
     fn narrowings(&self) -> (Changes<Self>, Vec<TxOp>) {
-        let mut counts = Vec::new();
-        for l in self.narrowings_now() {
-            merge_counts(&mut counts, l.count_new(&self.id, self.created_at));
-        }
+        let counts = counted::counts_in(&self.narrowings_now(), self.id.as_str(), self.created_at);
         (Changes::new().enter(self.narrowed_entries()), counts)
     }
     fn narrowed_as_read(&self) -> Cond {

@@ -9,6 +9,7 @@
 //! deleted (a condition on the delete), and a cancel of an inactive link
 //! changes nothing (a condition on `active`).
 
+use crate::domain::listing::counted;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -269,30 +270,17 @@ impl PaymentLink {
         to: bool,
         changes: Changes<PaymentLink>,
     ) -> StatusChange<PaymentLink> {
-        let changes = changes.set(PaymentLink::ACTIVE, &to);
-        if !self.narrowed {
-            return StatusChange {
-                changes,
-                cond: Cond::And(vec![
-                    PaymentLink::ACTIVE.eq(&self.active),
-                    PaymentLink::NARROWED.missing(),
-                ]),
-                also: Vec::new(),
-            };
-        }
         let tenant = self.tenant();
-        StatusChange {
-            changes: changes.enter([self.active_entry(to)]),
-            cond: Cond::And(vec![
-                PaymentLink::ACTIVE.eq(&self.active),
-                PaymentLink::NARROWED.exists(),
-            ]),
-            also: PaymentLink::by_active(&tenant, self.active).count_moved(
+        counted::value_change(
+            self,
+            PaymentLink::ACTIVE.eq(&self.active),
+            changes.set(PaymentLink::ACTIVE, &to),
+            (
+                &PaymentLink::by_active(&tenant, self.active),
                 &PaymentLink::by_active(&tenant, to),
-                &self.id,
-                self.created_at,
             ),
-        }
+            (self.id.as_str(), self.created_at),
+        )
     }
 
     /// Why the link cannot take a payment at `now`, if it cannot.

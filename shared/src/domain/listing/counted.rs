@@ -35,7 +35,7 @@ use super::{
     DIRECT_OFFSET, ListsMarker, MAX_MS, Migrated, Reader, Sorted, decode, period_ops,
     seek_window_at,
 };
-use crate::domain::record::{self, Attr, Changes, Record, Window, from_item};
+use crate::domain::record::{self, Attr, Changes, Entry, Record, Window, from_item};
 use crate::ids::IdKind;
 use crate::kinds::Tenant;
 use crate::store::{Cond, Index, Key, Query, Seek, SkCond, Store, StoreError, TxOp, seek_window};
@@ -151,6 +151,17 @@ impl CountedList {
         self.index = Some(index);
         self.partition = partition;
         self
+    }
+
+    /// The entry of the record `id` in this list (its index and
+    /// partition, sorted by id); none for a list on the table's own
+    /// partition (its records' keys).
+    pub fn entry(&self, id: &str) -> Option<Entry> {
+        Some(Entry {
+            index: self.index?,
+            partition: self.partition.clone(),
+            sort: id.to_owned(),
+        })
     }
 
     /// The list narrowed to `scope` (its own counters: `LIST#<code>#<scope>`).
@@ -277,6 +288,48 @@ pub trait Counted: Record + DeserializeOwned {
     /// whole without a version: that no such write is under way).
     fn countable(&self) -> Option<Cond> {
         None
+    }
+}
+
+/// The entries of the record `id` in `lists` (a record's narrowings).
+pub fn entries_in(lists: &[CountedList], id: &str) -> Vec<Entry> {
+    lists.iter().filter_map(|l| l.entry(id)).collect()
+}
+
+/// The counter writes counting the record `id` (created at `created`) in
+/// every one of `lists`, folded per counter item.
+pub fn counts_in(lists: &[CountedList], id: &str, created: Timestamp) -> Vec<TxOp> {
+    let mut ops = Vec::new();
+    for list in lists {
+        super::merge_counts(&mut ops, list.count_new(id, created));
+    }
+    ops
+}
+
+/// A change of the value `r` is narrowed by (a status, `active`) that
+/// moves it from the list `from` to `to`: `changes` (which set the value)
+/// with its entry moved, the condition to write them under (`as_read`:
+/// the value as read; and `r` narrowed or not as read) and the counts
+/// moved, for the same transaction. A record not narrowed yet moves
+/// nothing: the migration narrows it as it then is.
+pub fn value_change<R: Narrowed>(
+    r: &R,
+    as_read: Cond,
+    changes: Changes<R>,
+    (from, to): (&CountedList, &CountedList),
+    (id, created): (&str, Timestamp),
+) -> super::StatusChange<R> {
+    if !r.is_narrowed() {
+        return super::StatusChange {
+            changes,
+            cond: Cond::And(vec![as_read, R::NARROWED.missing()]),
+            also: Vec::new(),
+        };
+    }
+    super::StatusChange {
+        changes: changes.enter(to.entry(id)),
+        cond: Cond::And(vec![as_read, R::NARROWED.exists()]),
+        also: from.count_moved(to, id, created),
     }
 }
 

@@ -124,21 +124,12 @@ impl counted::Counted for Run {
     }
     /// In the list and the lists of its provider, its day, and both.
     fn count_ops(&self) -> Vec<TxOp> {
-        let mut ops = Vec::new();
-        for list in self.counted_lists() {
-            crate::domain::listing::merge_counts(
-                &mut ops,
-                list.count_new(self.id.as_str(), self.created_at),
-            );
-        }
-        ops
+        counted::counts_in(&self.counted_lists(), self.id.as_str(), self.created_at)
     }
     /// Its entries in the provider and day lists come with the count: a
     /// run from before them has its `gsi1` entry only.
     fn mark_counted(&self) -> Changes<Self> {
-        Changes::new()
-            .set(Run::LISTED, &true)
-            .enter(self.entries())
+        Changes::new().set(Run::LISTED, &true).enter(self.entries())
     }
     /// A running run is written whole when it ends: counted only once it
     /// has (the migration retries meanwhile), or once it is older than
@@ -228,14 +219,7 @@ impl Record for Run {
 
     /// Its place in each of [`Run::counted_lists`], by id.
     fn entries(&self) -> Vec<Entry> {
-        self.counted_lists()
-            .into_iter()
-            .map(|list| Entry {
-                index: list.index.unwrap_or(Index::Gsi1),
-                partition: list.partition,
-                sort: self.id.to_string(),
-            })
-            .collect()
+        counted::entries_in(&self.counted_lists(), self.id.as_str())
     }
 }
 

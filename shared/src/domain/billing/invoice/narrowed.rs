@@ -22,6 +22,7 @@
 
 use super::{BillingInvoice, InvoiceStatus};
 use crate::domain::Tenant;
+use crate::domain::listing::counted;
 use crate::domain::listing::counted::{CountedList, Narrowed};
 use crate::domain::listing::{StatusChange, merge_counts};
 use crate::domain::record::{Attr, Changes, Entry};
@@ -57,41 +58,24 @@ impl BillingInvoice {
             .narrowed("all", Index::Gsi5, partition)
     }
 
-    /// The narrowings it is in (as it is now), with their indexes.
-    fn narrowings_now(&self) -> [(Index, CountedList); 3] {
+    /// The narrowings it is in (as it is now).
+    fn narrowings_now(&self) -> [CountedList; 3] {
         let t = self.tenant();
         [
-            (Index::Gsi4, BillingInvoice::by_status(&t, self.status)),
-            (
-                Index::Gsi3,
-                BillingInvoice::by_customer(&t, &self.customer_id),
-            ),
-            (
-                Index::Gsi5,
-                BillingInvoice::by_subscription(&t, &self.subscription_id),
-            ),
+            BillingInvoice::by_status(&t, self.status),
+            BillingInvoice::by_customer(&t, &self.customer_id),
+            BillingInvoice::by_subscription(&t, &self.subscription_id),
         ]
     }
 
     /// Its entries in its narrowings.
     pub(super) fn narrowed_entries(&self) -> Vec<Entry> {
-        self.narrowings_now()
-            .into_iter()
-            .map(|(index, list)| Entry {
-                index,
-                partition: list.partition,
-                sort: self.id.to_string(),
-            })
-            .collect()
+        counted::entries_in(&self.narrowings_now(), self.id.as_str())
     }
 
     /// Its counts in its narrowings.
     fn narrowed_counts(&self) -> Vec<TxOp> {
-        let mut ops = Vec::new();
-        for (_, list) in self.narrowings_now() {
-            merge_counts(&mut ops, list.count_new(self.id.as_str(), self.created_at));
-        }
-        ops
+        counted::counts_in(&self.narrowings_now(), self.id.as_str(), self.created_at)
     }
 
     /// The counter writes of a new invoice, for its insert's transaction
@@ -113,31 +97,17 @@ impl BillingInvoice {
     /// change goes through here (a test fails on a `set` of the status
     /// anywhere else).
     pub fn status_change(&self, to: InvoiceStatus) -> StatusChange<BillingInvoice> {
-        let changes = Changes::new().set(BillingInvoice::STATUS, &to);
-        let as_read = BillingInvoice::STATUS.eq(&self.status);
-        if !self.narrowed {
-            // The migration enters and counts it as it is then.
-            return StatusChange {
-                changes,
-                cond: Cond::And(vec![as_read, BillingInvoice::NARROWED.missing()]),
-                also: Vec::new(),
-            };
-        }
         let t = self.tenant();
-        let (from, into) = (
-            BillingInvoice::by_status(&t, self.status),
-            BillingInvoice::by_status(&t, to),
-        );
-        let entry = Entry {
-            index: Index::Gsi4,
-            partition: into.partition.clone(),
-            sort: self.id.to_string(),
-        };
-        StatusChange {
-            changes: changes.enter([entry]),
-            cond: Cond::And(vec![as_read, BillingInvoice::NARROWED.exists()]),
-            also: from.count_moved(&into, self.id.as_str(), self.created_at),
-        }
+        counted::value_change(
+            self,
+            BillingInvoice::STATUS.eq(&self.status),
+            Changes::new().set(BillingInvoice::STATUS, &to),
+            (
+                &BillingInvoice::by_status(&t, self.status),
+                &BillingInvoice::by_status(&t, to),
+            ),
+            (self.id.as_str(), self.created_at),
+        )
     }
 }
 
