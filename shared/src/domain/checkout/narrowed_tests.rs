@@ -413,37 +413,12 @@ async fn the_migration_narrows_older_sessions_once_and_the_old_way_answers_until
 /// of the crate sets the status or counts a new session in its list alone.
 #[test]
 fn session_statuses_are_set_only_through_status_change() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    let mut dirs = vec![root.clone()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                files.push(path);
-            }
-        }
-    }
-    assert!(files.len() > 50);
     let mut found = Vec::new();
-    for file in files {
-        let name = file
-            .strip_prefix(&root)
-            .unwrap_or(&file)
-            .display()
-            .to_string();
-        if name.ends_with("tests.rs") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&file).unwrap_or_default();
-        let code = before_test_module(&text);
-        let flat: String = code.split_whitespace().collect();
+    for (name, flat) in crate::testenv::flat_sources(&["shared/src"]) {
         for (needle, allowed) in [
             (
                 "set(CheckoutSession::STATUS",
-                usize::from(name == "domain/checkout/sessions.rs"),
+                usize::from(name == "shared/src/domain/checkout/sessions.rs"),
             ),
             ("session.count_new()", 0),
         ] {
@@ -454,21 +429,4 @@ fn session_statuses_are_set_only_through_status_change() {
         }
     }
     assert!(found.is_empty(), "outside status_change: {found:?}");
-}
-
-/// `text` up to its inline test module (`#[cfg(test)] mod x {`), if any:
-/// a test-only item elsewhere stays in (it may not set the value either).
-fn before_test_module(text: &str) -> &str {
-    let mut at = 0;
-    while let Some(i) = text[at..].find("#[cfg(test)]\nmod ") {
-        let start = at + i;
-        let line_end = text[start + 13..]
-            .find('\n')
-            .map_or(text.len(), |e| start + 13 + e);
-        if text[start..line_end].trim_end().ends_with('{') {
-            return &text[..start];
-        }
-        at = line_end;
-    }
-    text
 }

@@ -390,33 +390,8 @@ async fn a_whole_write_from_before_the_migration_does_not_undo_it() {
 /// code outside `records.rs` writes an invoice whole but a new one.
 #[test]
 fn statuses_are_written_only_through_write_over() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    let mut dirs = vec![root.clone()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                files.push(path);
-            }
-        }
-    }
-    assert!(files.len() > 50);
     let mut found = Vec::new();
-    for file in files {
-        let name = file
-            .strip_prefix(&root)
-            .unwrap_or(&file)
-            .display()
-            .to_string();
-        if name.ends_with("tests.rs") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&file).unwrap_or_default();
-        let code = text.split("#[cfg(test)]").next().unwrap_or("");
-        let flat: String = code.split_whitespace().collect();
+    for (name, flat) in crate::testenv::flat_sources(&["shared/src"]) {
         for needle in [
             "set(Invoice::DOCUMENT_STATUS",
             "set(Invoice::COLLECTION_STATUS",
@@ -426,7 +401,9 @@ fn statuses_are_written_only_through_write_over() {
                 found.push(format!("{name}: {n} × {needle}"));
             }
         }
-        if name.starts_with("domain/invoices/") && name != "domain/invoices/records.rs" {
+        if name.starts_with("shared/src/domain/invoices/")
+            && name != "shared/src/domain/invoices/records.rs"
+        {
             let n = flat.matches(".to_item()").count();
             if n != 0 {
                 found.push(format!("{name}: {n} × .to_item()"));

@@ -703,39 +703,10 @@ async fn a_combination_past_the_window_is_refused_naming_its_filter() {
 
 #[test]
 fn only_status_change_sets_an_invoices_status_and_nothing_its_owners() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut dirs: Vec<std::path::PathBuf> = ["shared/src", "functions", "infra", "edge/src"]
-        .iter()
-        .map(|d| root.join(d))
-        .collect();
-    let mut files = Vec::new();
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                if !path.ends_with("target") {
-                    dirs.push(path);
-                }
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                files.push(path);
-            }
-        }
-    }
-    assert!(files.len() > 100);
     let mut found = Vec::new();
-    for file in files {
-        let name = file
-            .strip_prefix(&root)
-            .unwrap_or(&file)
-            .display()
-            .to_string();
-        if name.ends_with("tests.rs") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&file).unwrap_or_default();
-        // Code before the file's test module.
-        let code = text.split("#[cfg(test)]").next().unwrap_or("");
-        let flat: String = code.split_whitespace().collect();
+    for (name, flat) in
+        crate::testenv::flat_sources(&["shared/src", "functions", "infra", "edge/src"])
+    {
         let n = flat.matches("BillingInvoice::STATUS,").count();
         let allowed = usize::from(name == "shared/src/domain/billing/invoice/narrowed.rs");
         if n != allowed {

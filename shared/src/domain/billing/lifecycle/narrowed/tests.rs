@@ -491,33 +491,8 @@ async fn older_subscriptions_are_read_the_older_way_until_migrated_once() {
 /// counts): no code of the crate sets those attributes.
 #[test]
 fn status_and_plan_are_written_only_through_write_ops() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    let mut dirs = vec![root.clone()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                files.push(path);
-            }
-        }
-    }
-    assert!(files.len() > 50);
     let mut found = Vec::new();
-    for file in files {
-        let name = file
-            .strip_prefix(&root)
-            .unwrap_or(&file)
-            .display()
-            .to_string();
-        if name.ends_with("tests.rs") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&file).unwrap_or_default();
-        let code = text.split("#[cfg(test)]").next().unwrap_or("");
-        let flat: String = code.split_whitespace().collect();
+    for (name, flat) in crate::testenv::flat_sources(&["shared/src"]) {
         for needle in [
             "set(Subscription::STATUS",
             "set(Subscription::PLAN_ID",
@@ -529,7 +504,7 @@ fn status_and_plan_are_written_only_through_write_ops() {
             }
         }
         // The one whole write of a stored subscription.
-        if name == "domain/billing/subscription.rs" {
+        if name == "shared/src/domain/billing/subscription.rs" {
             let n = flat.matches(".to_item()").count();
             if n != 1 {
                 found.push(format!("{name}: {n} × .to_item()"));
