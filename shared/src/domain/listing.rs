@@ -1044,7 +1044,38 @@ pub async fn migrate<R: Listed>(
     tenant: &Tenant,
     all: Query,
 ) -> Result<Migrated, StoreError> {
-    let mut done = Migrated::default();
+    let done = migrate_each(store, all, R::is_listed, |record: &R, key| {
+        let mut ops = vec![TxOp::Update {
+            key: key.clone(),
+            update: Changes::<R>::new().enter(entries(record)).into(),
+            cond: Some(Cond::And(vec![
+                Cond::Exists,
+                R::LISTED.missing(),
+                record.status_unchanged(),
+            ])),
+        }];
+        ops.extend(count_new(record));
+        ops
+    })
+    .await?;
+    store
+        .transact(vec![ListsMarker::mark(tenant, R::KIND)])
+        .await?;
+    Ok(done)
+}
+
+/// The walk of every migration: each record of `all` (200 a page) not
+/// `done` yet gets the transaction `ops` builds for it (conditioned on
+/// the record as read). A lost race (a concurrent write or run, a
+/// counter conflict) re-reads the record and tries again, up to 20
+/// times; a record gone meanwhile is skipped.
+pub(crate) async fn migrate_each<R: DeserializeOwned>(
+    store: &dyn Store,
+    all: Query,
+    done: impl Fn(&R) -> bool,
+    ops: impl Fn(&R, &Key) -> Vec<TxOp>,
+) -> Result<Migrated, StoreError> {
+    let mut out = Migrated::default();
     let mut q = all;
     q.limit = Some(200);
     loop {
@@ -1054,23 +1085,13 @@ pub async fn migrate<R: Listed>(
             let mut record: R = from_item(item)?;
             let mut tries = 0;
             loop {
-                if record.is_listed() {
-                    done.already += 1;
+                if done(&record) {
+                    out.already += 1;
                     break;
                 }
-                let mut ops = vec![TxOp::Update {
-                    key: key.clone(),
-                    update: Changes::<R>::new().enter(entries(&record)).into(),
-                    cond: Some(Cond::And(vec![
-                        Cond::Exists,
-                        R::LISTED.missing(),
-                        record.status_unchanged(),
-                    ])),
-                }];
-                ops.extend(count_new(&record));
-                match store.transact(ops).await {
+                match store.transact(ops(&record, &key)).await {
                     Ok(()) => {
-                        done.listed += 1;
+                        out.listed += 1;
                         break;
                     }
                     Err(e)
@@ -1079,7 +1100,7 @@ pub async fn migrate<R: Listed>(
                             && tries < 20 =>
                     {
                         tries += 1;
-                        done.retried += 1;
+                        out.retried += 1;
                         crate::store::contention_backoff(tries).await;
                         match super::record::get::<R>(store, &key).await? {
                             Some(fresh) => record = fresh,
@@ -1095,10 +1116,7 @@ pub async fn migrate<R: Listed>(
             None => break,
         }
     }
-    store
-        .transact(vec![ListsMarker::mark(tenant, R::KIND)])
-        .await?;
-    Ok(done)
+    Ok(out)
 }
 
 pub mod counted;

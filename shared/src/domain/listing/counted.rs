@@ -35,10 +35,10 @@ use super::{
     DIRECT_OFFSET, ListsMarker, MAX_MS, Migrated, Reader, Sorted, decode, period_ops,
     seek_window_at,
 };
-use crate::domain::record::{self, Attr, Changes, Entry, Record, Window, from_item};
+use crate::domain::record::{self, Attr, Changes, Entry, Record, Window};
 use crate::ids::IdKind;
 use crate::kinds::Tenant;
-use crate::store::{Cond, Index, Key, Query, Seek, SkCond, Store, StoreError, TxOp, seek_window};
+use crate::store::{Cond, Index, Query, Seek, SkCond, Store, StoreError, TxOp, seek_window};
 use crate::time::Timestamp;
 
 /// Which counted list.
@@ -474,59 +474,21 @@ pub async fn migrate_narrowed<R: Narrowed>(
     store: &dyn Store,
     all: Query,
 ) -> Result<Migrated, StoreError> {
-    let mut done = Migrated::default();
-    let mut q = all;
-    q.limit = Some(200);
-    loop {
-        let page = store.query(&q).await?;
-        for item in page.items {
-            let Some(key) = Key::of(&item) else { continue };
-            let mut record: R = from_item(item)?;
-            let mut tries = 0;
-            loop {
-                if record.is_narrowed() {
-                    done.already += 1;
-                    break;
-                }
-                let (changes, counts) = record.narrowings();
-                let mut ops = vec![TxOp::Update {
-                    key: key.clone(),
-                    update: changes.into(),
-                    cond: Some(Cond::And(vec![
-                        Cond::Exists,
-                        R::NARROWED.missing(),
-                        record.narrowed_as_read(),
-                    ])),
-                }];
-                super::merge_counts(&mut ops, counts);
-                match store.transact(ops).await {
-                    Ok(()) => {
-                        done.listed += 1;
-                        break;
-                    }
-                    Err(e)
-                        if (e.is_condition_failure()
-                            || matches!(&e, StoreError::TransactionCanceled { .. }))
-                            && tries < 20 =>
-                    {
-                        tries += 1;
-                        done.retried += 1;
-                        crate::store::contention_backoff(tries).await;
-                        match record::get::<R>(store, &key).await? {
-                            Some(fresh) => record = fresh,
-                            None => break,
-                        }
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        match page.last_key {
-            Some(last) => q.start_after = Some(last),
-            None => break,
-        }
-    }
-    Ok(done)
+    super::migrate_each(store, all, R::is_narrowed, |record: &R, key| {
+        let (changes, counts) = record.narrowings();
+        let mut ops = vec![TxOp::Update {
+            key: key.clone(),
+            update: changes.into(),
+            cond: Some(Cond::And(vec![
+                Cond::Exists,
+                R::NARROWED.missing(),
+                record.narrowed_as_read(),
+            ])),
+        }];
+        super::merge_counts(&mut ops, counts);
+        ops
+    })
+    .await
 }
 
 /// A page of `list` (newest first) and its total, with what it cost.
@@ -630,58 +592,18 @@ pub async fn position_of(
 /// concurrent run counts nothing twice). The caller marks the tenant
 /// covered ([`ListsMarker::mark_counted`]) once every partition is done.
 pub async fn migrate<R: Counted>(store: &dyn Store, all: Query) -> Result<Migrated, StoreError> {
-    let mut done = Migrated::default();
-    let mut q = all;
-    q.limit = Some(200);
-    loop {
-        let page = store.query(&q).await?;
-        for item in page.items {
-            let Some(key) = Key::of(&item) else { continue };
-            let mut record: R = from_item(item)?;
-            let mut tries = 0;
-            loop {
-                if record.is_counted() {
-                    done.already += 1;
-                    break;
-                }
-                let mut cond = vec![Cond::Exists, R::COUNTED.missing()];
-                cond.extend(record.countable());
-                let mut ops = vec![TxOp::Update {
-                    key: key.clone(),
-                    update: record.mark_counted().into(),
-                    cond: Some(Cond::And(cond)),
-                }];
-                super::merge_counts(&mut ops, record.count_ops());
-                match store.transact(ops).await {
-                    Ok(()) => {
-                        done.listed += 1;
-                        break;
-                    }
-                    // Counted meanwhile (a concurrent run), gone, or a
-                    // conflict on a counter: read it again.
-                    Err(e)
-                        if (e.is_condition_failure()
-                            || matches!(&e, StoreError::TransactionCanceled { .. }))
-                            && tries < 20 =>
-                    {
-                        tries += 1;
-                        done.retried += 1;
-                        crate::store::contention_backoff(tries).await;
-                        match record::get::<R>(store, &key).await? {
-                            Some(fresh) => record = fresh,
-                            None => break,
-                        }
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        match page.last_key {
-            Some(last) => q.start_after = Some(last),
-            None => break,
-        }
-    }
-    Ok(done)
+    super::migrate_each(store, all, R::is_counted, |record: &R, key| {
+        let mut cond = vec![Cond::Exists, R::COUNTED.missing()];
+        cond.extend(record.countable());
+        let mut ops = vec![TxOp::Update {
+            key: key.clone(),
+            update: record.mark_counted().into(),
+            cond: Some(Cond::And(cond)),
+        }];
+        super::merge_counts(&mut ops, record.count_ops());
+        ops
+    })
+    .await
 }
 
 /// [`Counted`] for a record listed per tenant (`project_id`, `mode`, `id`,
