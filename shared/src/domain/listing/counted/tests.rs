@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use super::*;
 use crate::domain::Mode;
 use crate::domain::record::Entry;
-use crate::store::Key;
 use crate::ids::ProjectId;
+use crate::store::Key;
 use crate::store::counting::CountingStore;
 use crate::testenv::memory_store;
 
