@@ -192,7 +192,7 @@ async fn clock_view(
     let clock = clocks::get(state, &signed.tenant, id, clocks::CHUNK)
         .await
         .map_err(fail)?;
-    let (subs, total) = test_clock::subscriptions(state, &signed.tenant, id, SHOWN)
+    let (subs, total, whole) = test_clock::subscriptions(state, &signed.tenant, id, SHOWN)
         .await
         .map_err(fail)?;
     let since = clock.advanced_from;
@@ -257,6 +257,7 @@ async fn clock_view(
         h2 { "What ran" }
         p.muted {
             (total) " subscriptions on this clock"
+            @if !whole { " among the sandbox's newest " (test_clock::CLOCK_SCAN) }
             @if let Some(t) = since { "; invoices marked new were issued since " (when(t)) }
             "."
         }

@@ -288,10 +288,10 @@ mod tests {
             .unwrap();
         on_clock(&deps, &tenant, &other, t0).await;
         assert_eq!(test_clock::list(&deps, &tenant, 10).await.unwrap().len(), 2);
-        let (on, total) = test_clock::subscriptions(&deps, &tenant, &clock.id, 10)
+        let (on, total, whole) = test_clock::subscriptions(&deps, &tenant, &clock.id, 10)
             .await
             .unwrap();
-        assert_eq!((on.len(), total), (1, 1));
+        assert_eq!((on.len(), total, whole), (1, 1, true));
         assert_eq!(on[0].id, sub.id);
         assert!(matches!(
             advance(&deps, &tenant, &clock.id, t0, t0).await,

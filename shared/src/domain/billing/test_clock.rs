@@ -320,19 +320,37 @@ pub async fn list(
     Ok(record::all_of(&*deps.store, &query).await?)
 }
 
-/// The first `limit` of the subscriptions on the tenant's clock `id`,
-/// newest first, and how many there are.
+/// The sandbox subscriptions a look for those on a clock reads, newest
+/// first: a page of a clock reads at most these, whatever the sandbox
+/// holds (a test clock drives a handful of subscriptions; its own
+/// advance finds them through its due index, not this).
+pub const CLOCK_SCAN: usize = 1_000;
+
+/// The subscriptions on the tenant's clock `id` among its newest
+/// [`CLOCK_SCAN`] subscriptions: the first `limit` of them, newest first,
+/// how many there are, and whether that is all of them (the sandbox
+/// holds no more than were read).
 pub async fn subscriptions(
     deps: &Deps,
     tenant: &Tenant,
     id: &TestClockId,
     limit: usize,
-) -> Result<(Vec<Subscription>, u64), TestClockError> {
+) -> Result<(Vec<Subscription>, u64, bool), TestClockError> {
     let query = Query::partition(Subscription::list_partition(tenant))
         .on(Index::Gsi1)
-        .backward()
-        .filter(Subscription::TEST_CLOCK_ID.eq(&Some(id.clone())));
-    Ok(record::page_of(&*deps.store, &query, record::Window::at(0, limit)).await?)
+        .backward();
+    let read = crate::store::query_window(&*deps.store, &query, 0, CLOCK_SCAN).await?;
+    let whole = read.len() < CLOCK_SCAN;
+    let mut on = Vec::new();
+    for item in read {
+        let sub: Subscription = record::from_item(item)?;
+        if sub.test_clock_id.as_ref() == Some(id) {
+            on.push(sub);
+        }
+    }
+    let total = on.len() as u64;
+    on.truncate(limit);
+    Ok((on, total, whole))
 }
 
 /// Deletes the tenant's clock `id` (its subscriptions stay, never
@@ -441,6 +459,40 @@ mod tests {
             create(&deps, &sandbox, " ", t, t).await,
             Err(TestClockError::Name)
         ));
+    }
+
+    /// A clock's page reads at most CLOCK_SCAN subscriptions however many
+    /// the sandbox holds, and says when those on the clock may be more.
+    #[tokio::test]
+    async fn a_clocks_subscriptions_are_looked_for_among_a_bounded_few() {
+        use crate::store::counting::CountingStore;
+        let store = std::sync::Arc::new(CountingStore::new(crate::testenv::memory_store()));
+        let deps = crate::domain::billing::testenv::deps_at(store.clone(), "2026-01-10T06:00:00Z");
+        let tenant = Tenant::new("proj_tc_scan", Mode::Sandbox);
+        let t = at("2026-01-10T06:00:00Z");
+        let clock = create(&deps, &tenant, "scan", t, t).await.unwrap();
+        let on_clock = |clock: Option<&TestClock>| {
+            let mut input = crate::domain::billing::testenv::sub_input(
+                t,
+                crate::domain::billing::terms::monthly(),
+            );
+            input.test_clock_id = clock.map(|c| c.id.clone());
+            input
+        };
+        // Three on the clock, then more of the sandbox's than a look reads.
+        for _ in 0..3 {
+            crate::domain::billing::testenv::stored_sub(&deps, &tenant, on_clock(Some(&clock)))
+                .await;
+        }
+        let (on, total, whole) = subscriptions(&deps, &tenant, &clock.id, 2).await.unwrap();
+        assert_eq!((on.len(), total, whole), (2, 3, true));
+        for _ in 0..CLOCK_SCAN {
+            crate::domain::billing::testenv::stored_sub(&deps, &tenant, on_clock(None)).await;
+        }
+        let before = store.items_read();
+        let (on, total, whole) = subscriptions(&deps, &tenant, &clock.id, 2).await.unwrap();
+        assert!(store.items_read() - before <= CLOCK_SCAN as u64);
+        assert_eq!((on.len(), total, whole), (0, 0, false));
     }
 
     fn clock_at(t: Timestamp) -> TestClock {
