@@ -153,14 +153,14 @@ impl CountedList {
         self
     }
 
-    /// The entry of the record `id` in this list (its index and
-    /// partition, sorted by id); none for a list on the table's own
+    /// The entry of a record in this list (its index and partition, at
+    /// `sort`: the record's id); none for a list on the table's own
     /// partition (its records' keys).
-    pub fn entry(&self, id: &str) -> Option<Entry> {
+    pub fn entry(&self, sort: &str) -> Option<Entry> {
         Some(Entry {
             index: self.index?,
             partition: self.partition.clone(),
-            sort: id.to_owned(),
+            sort: sort.to_owned(),
         })
     }
 
@@ -291,17 +291,17 @@ pub trait Counted: Record + DeserializeOwned {
     }
 }
 
-/// The entries of the record `id` in `lists` (a record's narrowings).
-pub fn entries_in(lists: &[CountedList], id: &str) -> Vec<Entry> {
-    lists.iter().filter_map(|l| l.entry(id)).collect()
+/// The entries of a record (its id, `sort`) in `lists` (its narrowings).
+pub fn entries_in(lists: &[CountedList], sort: &str) -> Vec<Entry> {
+    lists.iter().filter_map(|l| l.entry(sort)).collect()
 }
 
-/// The counter writes counting the record `id` (created at `created`) in
-/// every one of `lists`, folded per counter item.
-pub fn counts_in(lists: &[CountedList], id: &str, created: Timestamp) -> Vec<TxOp> {
+/// The counter writes counting a record (its id, `sort`; created at
+/// `created`) in every one of `lists`, folded per counter item.
+pub fn counts_in(lists: &[CountedList], sort: &str, created: Timestamp) -> Vec<TxOp> {
     let mut ops = Vec::new();
     for list in lists {
-        super::merge_counts(&mut ops, list.count_new(id, created));
+        super::merge_counts(&mut ops, list.count_new(sort, created));
     }
     ops
 }
@@ -317,7 +317,7 @@ pub fn value_change<R: Narrowed>(
     as_read: Cond,
     changes: Changes<R>,
     (from, to): (&CountedList, &CountedList),
-    (id, created): (&str, Timestamp),
+    (sort, created): (&str, Timestamp),
 ) -> super::StatusChange<R> {
     if !r.is_narrowed() {
         return super::StatusChange {
@@ -327,9 +327,9 @@ pub fn value_change<R: Narrowed>(
         };
     }
     super::StatusChange {
-        changes: changes.enter(to.entry(id)),
+        changes: changes.enter(to.entry(sort)),
         cond: Cond::And(vec![as_read, R::NARROWED.exists()]),
-        also: from.count_moved(to, id, created),
+        also: from.count_moved(to, sort, created),
     }
 }
 
